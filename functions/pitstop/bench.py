@@ -1,0 +1,165 @@
+"""Benchmarks (`pitstop bench ...`): speed is measured here, never asserted in tests."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from .classify import Classifier
+
+_XID_LINES = [
+    "[Fri Aug  9 13:32:56 2024] NVRM: Xid (PCI:0000:00:08): 94, pid='<unknown>', name=<unknown>, "
+    "Contained: SM (0x1). RST: No, D-RST: No",
+    "[Fri Apr  5 21:29:39 2024] NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, "
+    "GPU has fallen off the bus.",
+    "NVRM: Xid (PCI:0000:b5:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp Exception on "
+    "(GPC 1, TPC 3, SM 0): Out Of Range Address",
+    "kernel: NVRM: Xid (PCI:0000:ed:00): 45, pid=1818992, name=python3, Ch 0000000c "
+    "caused by previous Xid 145",
+    "[ 3947.590120] NVRM: Xid (PCI:0000:61:00): 119, pid=123417, name=nv-hostengine, Timeout after 6s of "
+    "waiting for RPC response from GPU0 GSP! Expected function 10 (FREE) (0xc0000005 0x0).",
+    "NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x00000001 "
+    "0x00000000 0x00100000 0x00000004)",
+]
+_NOISE = [
+    "systemd[1]: Started Session 42 of user root.",
+    "kernel: [ 12.345678] EXT4-fs (sda1): mounted filesystem with ordered data mode.",
+    "google_guest_agent[812]: Updating keys for user alice.",
+]
+
+
+def realistic_mix(n: int, seed: int = 7) -> list[bytes]:
+    """A storm-shaped corpus: mostly Xid lines (Ops Agent, legacy agent, GKE), some noise and audit events."""
+    rnd = random.Random(seed)  # noqa: S311 - a reproducible corpus, not a secret
+    out: list[bytes] = []
+    for i in range(n):
+        node = f"a3-node-{rnd.randrange(64):03d}"
+        base: dict[str, Any] = {
+            "insertId": f"{i:012x}",
+            "timestamp": "2026-11-21T10:42:31.325309Z",
+            "receiveTimestamp": "2026-11-21T10:42:31.782066320Z",
+            "severity": "ERROR",
+        }
+        r = rnd.random()
+        if r < 0.80:
+            line = rnd.choice(_XID_LINES) if r < 0.70 else rnd.choice(_NOISE)
+            flavour = rnd.randrange(3)
+            if flavour == 0:
+                base |= {
+                    "logName": "projects/train-prod/logs/syslog",
+                    "jsonPayload": {"message": line},
+                    "resource": {
+                        "type": "gce_instance",
+                        "labels": {
+                            "instance_id": str(7_000_000_000 + i),
+                            "zone": "us-central1-a",
+                            "project_id": "train-prod",
+                        },
+                    },
+                    "labels": {"compute.googleapis.com/resource_name": node},
+                }
+            elif flavour == 1:
+                base |= {
+                    "logName": "projects/train-prod/logs/syslog",
+                    "textPayload": line,
+                    "resource": {
+                        "type": "gce_instance",
+                        "labels": {
+                            "instance_id": str(7_000_000_000 + i),
+                            "zone": "us-central1-a",
+                            "project_id": "train-prod",
+                        },
+                    },
+                    "labels": {"compute.googleapis.com/resource_name": node},
+                }
+            else:
+                base |= {
+                    "logName": "projects/train-prod/logs/node-journal",
+                    "jsonPayload": {"MESSAGE": line},
+                    "resource": {
+                        "type": "k8s_node",
+                        "labels": {
+                            "project_id": "train-prod",
+                            "location": "us-central1-a",
+                            "cluster_name": "train",
+                            "node_name": node,
+                        },
+                    },
+                }
+        else:
+            method = rnd.choice(
+                [
+                    "compute.instances.preempted",
+                    "compute.instances.hostError",
+                    "compute.instances.upcomingMaintenance",
+                ]
+            )
+            base |= {
+                "logName": "projects/train-prod/logs/cloudaudit.googleapis.com%2Fsystem_event",
+                "severity": "INFO",
+                "protoPayload": {
+                    "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
+                    "status": {"message": "Instance was preempted."},
+                    "serviceName": "compute.googleapis.com",
+                    "methodName": method,
+                    "resourceName": f"projects/train-prod/zones/us-central1-a/instances/{node}",
+                    "metadata": {
+                        "maintenanceStatus": "PENDING",
+                        "type": "SCHEDULED",
+                        "windowStartTime": "2026-11-22T19:00:00Z",
+                        "windowEndTime": "2026-11-22T22:00:00Z",
+                    },
+                },
+                "resource": {
+                    "type": "gce_instance",
+                    "labels": {
+                        "instance_id": str(7_000_000_000 + i),
+                        "zone": "us-central1-a",
+                        "project_id": "train-prod",
+                    },
+                },
+            }
+        out.append(json.dumps(base).encode())
+    return out
+
+
+def _best_of(runs: int, fn: Callable[[], None]) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def bench_classify(n: int = 100_000, runs: int = 3) -> dict[str, Any]:
+    lines = realistic_mix(n)
+    clf = Classifier.default()
+
+    def baseline() -> None:
+        for raw in lines:
+            json.dumps(json.loads(raw))
+
+    def pipeline() -> None:
+        for raw in lines:
+            orjson.dumps(clf.classify_bytes(raw))
+
+    t_base = _best_of(runs, baseline)
+    t_clf = _best_of(runs, pipeline)
+    kinds: dict[str, int] = {}
+    for raw in lines[:5000]:
+        k = clf.classify_bytes(raw)["kind"]
+        kinds[k] = kinds.get(k, 0) + 1
+    return {
+        "benchmark": "classify",
+        "lines": n,
+        "classify_lines_per_s": round(n / t_clf),
+        "json_roundtrip_lines_per_s": round(n / t_base),
+        "cost_vs_json_roundtrip": round(t_clf / t_base, 3),
+        "mix_first_5000": kinds,
+    }

@@ -1,0 +1,464 @@
+"""The incident engine's judgement, as pure functions over plain documents.
+
+The store (store.py) reads the node, its latest incident and the budget documents inside
+one Firestore transaction, calls :func:`apply_event`, and writes back what it returns.
+Keeping the judgement pure makes every rule testable without a database and lets
+``pitstop replay`` run the very same code against past logs.
+
+Documents (all times are epoch seconds):
+- node: ``{node, latest_incident, remediations: [{at, action, incident}], last_action_at: {action: t}}``
+- incident: see :func:`new_incident`
+- budget: ``{scope, slots: {incident_id: {at, active}}, paged_until}``
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+from collections import ChainMap
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .actions import NODE_ACTIONS, RANK, higher
+from .policy import Policy
+
+OPEN_STATES = ("OPEN", "HELD", "FENCED", "ACTING", "VERIFYING", "FAILED")
+ACTIVE_STATES = ("FENCED", "ACTING", "VERIFYING")
+RECORD_ONLY_ACTIONS = ("NONE", "RESTART_JOB")
+JOB_ACTIONS = ("RESTART_JOB", "RESCHEDULE_JOB")
+MAX_EVIDENCE = 10
+MAX_HISTORY = 50
+TIMELINE_KEYS = (
+    "detected",
+    "classified",
+    "fenced",
+    "acted",
+    "healthy",
+    "job_resumed",
+    "notified",
+    "resolved",
+)
+
+
+def node_key(node: Mapping[str, Any]) -> str:
+    """Document id for a node: validated names only, so it is safe as a path segment."""
+    return f"{node['project']}.{node['zone']}.{node['instance']}".replace(":", "~")
+
+
+def incident_id(key: str, trigger: str) -> str:
+    """Short (10 chars, Slurm shows 20 of a reason) and deterministic for its triggering event."""
+    digest = hashlib.sha256(f"{key}|{trigger}".encode()).digest()
+    return "i" + base64.b32encode(digest).decode().lower()[:9]
+
+
+def event_key(ev: Mapping[str, Any]) -> str:
+    """The idempotency key of a delivery: LogEntry insertId (with its log), else the message id."""
+    src = ev["source"]
+    ident = src.get("insert_id") or src.get("message_id") or repr(sorted(ev.get("detail", {}).items()))
+    return hashlib.sha256(f"{src.get('log_name')}|{ident}".encode()).hexdigest()[:32]
+
+
+def summary(ev: Mapping[str, Any]) -> dict[str, Any]:
+    """What an incident keeps of one event (evidence for humans and the host report)."""
+    d = ev.get("detail", {})
+    return {
+        "kind": ev["kind"],
+        "xid": ev["xid"],
+        "action": ev["action"],
+        "gpu": (ev.get("gpu") or {}).get("pci"),
+        "observed_at": ev.get("observed_at"),
+        "insert_id": ev["source"].get("insert_id"),
+        "reason": ev["reason"],
+        "message": str(d.get("message") or d.get("status_message") or "")[:200],
+    }
+
+
+@dataclass
+class Outcome:
+    """What one event did. ``writes`` lists the documents the store must persist."""
+
+    result: str  # duplicate | ignored | absorbed | opened | raised | held | suppressed
+    incident: dict[str, Any] | None = None
+    closed: dict[str, Any] | None = None  # a previous record-only incident whose burst ended
+    node: dict[str, Any] | None = None
+    budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    start_step: int | None = None  # a workflow execution is due for this incident step
+    page: str | None = None  # a human must be paged, with this reason
+    notes: list[str] = field(default_factory=list)
+
+
+def new_node(node: Mapping[str, Any]) -> dict[str, Any]:
+    return {"node": dict(node), "latest_incident": None, "remediations": [], "last_action_at": {}}
+
+
+def new_incident(iid: str, ev: Mapping[str, Any], cluster: Any, policy: Policy, now: float) -> dict[str, Any]:
+    detected = ev.get("_observed_ts") or now
+    inc: dict[str, Any] = {
+        "id": iid,
+        "node_key": node_key(ev["node"]),
+        "node": dict(ev["node"]),
+        "cluster": cluster.name if cluster else None,
+        "scheduler": cluster.scheduler if cluster else "none",
+        "state": "OPEN",
+        "mode": policy.mode,
+        "kind": ev["kind"],
+        "xid": ev["xid"],
+        "proposed_action": ev["action"],
+        "action": ev["action"],
+        "reason": ev["reason"],
+        "escalations": [],
+        "counts": {"events": 0},
+        "gpus": {},
+        "evidence": [],
+        "first_seen": detected,
+        "last_seen": detected,
+        "burst_until": detected + policy.window("burst_silence_s"),
+        "timeline": {"detected": detected, "classified": now},
+        "step": 0,
+        "workflow": None,
+        "held": None,
+        "budget_scopes": [],
+        "escalate_to": None,
+        "created_at": now,
+        "updated_at": now,
+    }
+    if ev["kind"] == "maintenance":
+        d = ev.get("detail", {})
+        inc["maintenance"] = {k: d.get(k) for k in ("window_start", "window_end", "maintenance_status")}
+    return inc
+
+
+def _count(inc: dict[str, Any], ev: Mapping[str, Any], ts: float, tie_s: float) -> None:
+    counts = inc["counts"]
+    counts["events"] = counts.get("events", 0) + 1
+    key = f"xid_{ev['xid']}" if ev["xid"] is not None else ev["kind"]
+    counts[key] = counts.get(key, 0) + 1
+    pci = (ev.get("gpu") or {}).get("pci")
+    if pci:
+        g = inc["gpus"].setdefault(pci.replace(":", "_"), {"pci": pci, "first_seen": ts, "xids": {}})
+        if ev["xid"] is not None:
+            xid = str(ev["xid"])
+            g["xids"][xid] = g["xids"].get(xid, 0) + 1
+            d = ev.get("detail", {})
+            primary = d.get("primary_xid")
+            tied = primary is not None and str(primary) in g["xids"] and ts - g.get("last_seen", ts) <= tie_s
+            if ev["xid"] == 45 and tied:
+                g.setdefault("secondary", {})["45"] = primary
+            if ev["xid"] == 154:
+                g["recovery_to"] = d.get("recovery_to")
+        g["last_seen"] = ts
+    if len(inc["evidence"]) < MAX_EVIDENCE:
+        inc["evidence"].append(summary(ev))
+    inc["last_seen"] = max(inc["last_seen"], ts)
+
+
+def escalate(proposed: str, node_doc: Mapping[str, Any], policy: Policy, now: float) -> tuple[str, list[str]]:
+    """Ladder and lemon rules: a repeat offender gets a stronger action, never a weaker one."""
+    if proposed not in NODE_ACTIONS or proposed == "DRAIN_NODE":
+        return proposed, []
+    why: list[str] = []
+    action = proposed
+    history = [r for r in node_doc.get("remediations", []) if r.get("action") in NODE_ACTIONS]
+    lemon = policy.doc["lemon"]
+    recent = [r for r in history if now - r["at"] <= lemon["window_d"] * 86400]
+    if len(recent) >= lemon["remediations"] and action != "REPLACE_NODE":
+        why.append(f"lemon host: {len(recent)} remediations in {lemon['window_d']} days")
+        action = "REPLACE_NODE"
+    steps: list[str] = policy.doc["ladder"]["steps"]
+    window = policy.doc["ladder"]["window_h"] * 3600
+    last = max((r for r in history if now - r["at"] <= window), key=lambda r: r["at"], default=None)
+    if last is not None and last["action"] in steps and action in steps:
+        nxt = steps[min(steps.index(last["action"]) + 1, len(steps) - 1)]
+        if RANK[nxt] > RANK[action]:
+            why.append(f"faulted again {int((now - last['at']) // 60)} min after {last['action']}")
+            action = nxt
+    return action, why
+
+
+def cooldown_left(action: str, node_doc: Mapping[str, Any], policy: Policy, now: float) -> float:
+    last = node_doc.get("last_action_at", {}).get(action)
+    if last is None:
+        return 0.0
+    return max(0.0, float(last) + policy.cooldown_s(action) - now)
+
+
+def budget_scopes(inc: Mapping[str, Any], node_doc: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(scope kind, document id) for every budget an incident counts against."""
+    scopes = [("zone", f"zone-{inc['node']['zone']}")]
+    if inc.get("cluster"):
+        scopes.insert(0, ("cluster", f"cluster-{inc['cluster']}"))
+    block = node_doc.get("block")
+    if block:
+        scopes.append(("block", "block-" + hashlib.sha256(str(block).encode()).hexdigest()[:16]))
+    return scopes
+
+
+def _live_slots(budget: Mapping[str, Any], policy: Policy, now: float) -> dict[str, Any]:
+    window = policy.budget_window_s
+    return {k: s for k, s in budget.get("slots", {}).items() if s.get("active") or now - s["at"] < window}
+
+
+def try_claim(
+    inc: dict[str, Any],
+    node_doc: Mapping[str, Any],
+    budgets: Mapping[str, dict[str, Any] | None],
+    policy: Policy,
+    cluster_size: int | None,
+    now: float,
+    force: bool = False,
+) -> tuple[dict[str, dict[str, Any]], str | None, str | None]:
+    """Claim one slot in every scope, or none. Returns (budget docs to write, failed scope, page reason)."""
+    out: dict[str, dict[str, Any]] = {}
+    for kind, doc_id in budget_scopes(inc, node_doc):
+        b = copy.deepcopy(budgets.get(doc_id) or {"scope": doc_id, "slots": {}, "paged_until": 0})
+        slots = _live_slots(b, policy, now)
+        cap = policy.budget_cap(kind, cluster_size if kind == "cluster" else None)
+        if inc["id"] not in slots and len(slots) >= cap and not force:
+            page = None
+            if b.get("paged_until", 0) <= now:
+                b["paged_until"] = now + policy.budget_window_s
+                page = (
+                    f"blast-radius budget {doc_id} exhausted: {len(slots)} of {cap} nodes in "
+                    f"remediation within {int(policy.budget_window_s)} s; holding new incidents"
+                )
+            b["slots"] = slots
+            return {doc_id: b}, doc_id, page
+        slots[inc["id"]] = {"at": now, "active": True}
+        b["slots"] = slots
+        out[doc_id] = b
+    return out, None, None
+
+
+def release_slots(budgets: Mapping[str, dict[str, Any] | None], iid: str) -> dict[str, dict[str, Any]]:
+    """Mark an incident's slots inactive; they still count until the window slides past them."""
+    out = {}
+    for doc_id, b in budgets.items():
+        if b and iid in b.get("slots", {}):
+            nb = copy.deepcopy(b)
+            nb["slots"][iid]["active"] = False
+            out[doc_id] = nb
+    return out
+
+
+def absorbs(latest: Mapping[str, Any] | None, ev: Mapping[str, Any], ts: float) -> bool:
+    """Does this event belong to the node's latest incident (same fault episode)?"""
+    if latest is None:
+        return False
+    if latest["state"] in OPEN_STATES:
+        return True
+    if latest["state"] != "RESOLVED":
+        return False
+    resolved = latest["timeline"].get("resolved") or 0
+    if latest["action"] in RECORD_ONLY_ACTIONS or latest.get("mode") == "observe":
+        # Record-only episodes end with the burst (3 minutes of silence).
+        return ts < latest["burst_until"] and RANK[ev["action"]] <= RANK[latest["action"]]
+    # A node action's incident absorbs lines logged before it was resolved (late deliveries).
+    return ts <= resolved
+
+
+def _record_remediation(node_doc: dict[str, Any], inc: Mapping[str, Any], now: float) -> None:
+    node_doc.setdefault("remediations", []).append(
+        {"at": now, "action": inc["action"], "incident": inc["id"], "mode": inc["mode"]}
+    )
+    node_doc["remediations"] = node_doc["remediations"][-MAX_HISTORY:]
+    node_doc.setdefault("last_action_at", {})[inc["action"]] = now
+
+
+def _decide_start(
+    inc: dict[str, Any],
+    node_doc: dict[str, Any],
+    budgets: Mapping[str, dict[str, Any] | None],
+    policy: Policy,
+    cluster_size: int | None,
+    now: float,
+    out: Outcome,
+    force: bool = False,
+) -> None:
+    """Given a (new or raised) incident action: hold it, suppress it, or schedule a workflow step."""
+    action = inc["action"]
+    if action == "NONE":
+        return
+    if not policy.enabled(action):
+        inc["state"], inc["held"] = (
+            "HELD",
+            {"reason": f"action {action} is not enabled by policy", "since": now},
+        )
+        out.result, out.page = "held", f"incident {inc['id']}: {action} needs a human (not enabled by policy)"
+        return
+    left = cooldown_left(action, node_doc, policy, now)
+    if left > 0:
+        if action in JOB_ACTIONS:
+            inc["state"] = "RESOLVED"
+            inc["timeline"]["resolved"] = now
+            inc["reason"] = (
+                f"{inc['reason']} [suppressed: {action} ran on this node {int(left)} s before cooldown end]"
+            )
+            out.result = "suppressed"
+            return
+        inc["state"], inc["held"] = (
+            "HELD",
+            {"reason": f"cooldown: {action} again within {int(left)} s", "since": now},
+        )
+        out.result, out.page = (
+            "held",
+            f"incident {inc['id']}: {action} repeated inside its cooldown; needs a human",
+        )
+        return
+    if action in NODE_ACTIONS:
+        claims, failed, page = try_claim(inc, node_doc, budgets, policy, cluster_size, now, force)
+        out.budgets.update(claims)
+        if failed is not None:
+            inc["state"] = "HELD"
+            inc["held"] = {"reason": f"blast-radius budget {failed} exhausted", "scope": failed, "since": now}
+            out.result, out.page = "held", page
+            return
+        inc["budget_scopes"] = sorted(claims)
+    inc["step"] += 1
+    _record_remediation(node_doc, inc, now)
+    if policy.enforce:
+        inc["workflow"] = {"step": inc["step"], "state": "pending", "lease_until": 0, "execution": None}
+        out.start_step = inc["step"]
+    else:
+        inc["workflow"] = {"step": inc["step"], "state": "observe", "would_start": True, "execution": None}
+
+
+def apply_event(
+    ev: Mapping[str, Any],
+    node_doc: dict[str, Any] | None,
+    latest: dict[str, Any] | None,
+    budgets: Mapping[str, dict[str, Any] | None],
+    policy: Policy,
+    now: float,
+    trigger: str,
+) -> Outcome:
+    """Fold one classified event into the node's state. ``ev['_observed_ts']`` is its log time."""
+    ts = float(ev.get("_observed_ts") or now)
+    node_doc = copy.deepcopy(node_doc) if node_doc else new_node(ev["node"])
+    latest = copy.deepcopy(latest) if latest else None
+    cluster = policy.cluster_for(ev["node"])
+    out = Outcome("ignored", node=node_doc)
+
+    if latest is not None and close_if_burst_over(latest, ts):
+        out.closed = latest
+        out.budgets.update(
+            release_slots({d: budgets.get(d) for d in latest.get("budget_scopes", [])}, latest["id"])
+        )
+        budgets = ChainMap(out.budgets, budgets)  # type: ignore[arg-type]
+    if absorbs(latest, ev, ts):
+        assert latest is not None
+        _count(latest, ev, ts, policy.window("tie_s"))
+        latest["burst_until"] = max(latest["burst_until"], ts + policy.window("burst_silence_s"))
+        latest["updated_at"] = now
+        out.incident, out.result, out.closed = latest, "absorbed", None
+        if RANK[ev["action"]] > RANK[latest["action"]]:
+            proposed = higher(latest["proposed_action"], ev["action"])
+            action, why = escalate(proposed, node_doc, policy, now)
+            latest["proposed_action"] = proposed
+            if latest["state"] in ("OPEN", "HELD"):
+                latest["escalations"].append(
+                    {"from": latest["action"], "to": action, "at": now, "why": [ev["reason"], *why]}
+                )
+                latest["action"], latest["reason"] = action, ev["reason"]
+                out.result = "raised"
+                if latest["state"] == "OPEN" or (latest["held"] or {}).get("scope") is None:
+                    latest["state"], latest["held"] = "OPEN", None
+                    _decide_start(
+                        latest, node_doc, budgets, policy, cluster.size if cluster else None, now, out
+                    )
+            elif latest["state"] in ACTIVE_STATES:
+                latest["escalate_to"] = higher(latest.get("escalate_to") or "NONE", action)
+                out.result = "raised"
+            # FAILED stays with its human; the higher verdict is kept as evidence.
+        return out
+
+    if ev["action"] == "NONE":
+        return out  # nothing to remember: no open episode and nothing to do
+
+    iid = incident_id(node_key(ev["node"]), trigger)
+    inc = new_incident(iid, ev, cluster, policy, now)
+    action, why = escalate(ev["action"], node_doc, policy, now)
+    if why:
+        inc["escalations"].append({"from": ev["action"], "to": action, "at": now, "why": why})
+        inc["action"] = action
+        inc["reason"] = f"{ev['reason']} [escalated to {action}: {'; '.join(why)}]"
+    _count(inc, ev, ts, policy.window("tie_s"))
+    node_doc["latest_incident"] = iid
+    out.incident, out.result = inc, "opened"
+    _decide_start(inc, node_doc, budgets, policy, cluster.size if cluster else None, now, out)
+    return out
+
+
+def close_if_burst_over(inc: dict[str, Any], now: float) -> bool:
+    """Record-only and observe-mode incidents resolve when their burst ends."""
+    if inc["state"] not in ("OPEN",) or now < inc["burst_until"]:
+        return False
+    if (
+        inc["action"] in RECORD_ONLY_ACTIONS
+        and inc.get("workflow")
+        and inc["workflow"].get("state") != "observe"
+    ):
+        return False  # a real workflow owns it
+    if inc["action"] not in RECORD_ONLY_ACTIONS and inc.get("mode") != "observe":
+        return False
+    inc["state"] = "RESOLVED"
+    inc["timeline"]["resolved"] = now
+    inc["updated_at"] = now
+    return True
+
+
+def merge_deltas(inc: dict[str, Any], deltas: Mapping[str, Any], policy: Policy) -> None:
+    """Add coalesced counts (built with the same counting as :func:`apply_event`) to an incident."""
+    for k, n in deltas["counts"].items():
+        inc["counts"][k] = inc["counts"].get(k, 0) + n
+    for gk, g in deltas["gpus"].items():
+        cur = inc["gpus"].setdefault(gk, {"pci": g["pci"], "first_seen": g["first_seen"], "xids": {}})
+        for x, n in g["xids"].items():
+            cur["xids"][x] = cur["xids"].get(x, 0) + n
+        cur["last_seen"] = max(cur.get("last_seen", 0), g.get("last_seen", 0))
+        for k in ("recovery_to", "secondary"):
+            if k in g:
+                cur[k] = g[k]
+    room = MAX_EVIDENCE - len(inc["evidence"])
+    if room > 0:
+        inc["evidence"].extend(deltas["evidence"][:room])
+    inc["last_seen"] = max(inc["last_seen"], deltas["last_seen"])
+    inc["burst_until"] = max(inc["burst_until"], deltas["last_seen"] + policy.window("burst_silence_s"))
+
+
+def empty_deltas() -> dict[str, Any]:
+    return {"counts": {}, "gpus": {}, "evidence": [], "last_seen": 0.0}
+
+
+def count_into(deltas: dict[str, Any], ev: Mapping[str, Any], ts: float, policy: Policy) -> None:
+    _count(deltas, ev, ts, policy.window("tie_s"))
+
+
+def release_held(
+    inc: dict[str, Any],
+    node_doc: dict[str, Any],
+    budgets: Mapping[str, dict[str, Any] | None],
+    policy: Policy,
+    now: float,
+    by: str,
+    force: bool,
+) -> Outcome:
+    """Give a HELD incident another try (the sweep) or release it (an operator, past the budget)."""
+    inc, node_doc = copy.deepcopy(inc), copy.deepcopy(node_doc)
+    out = Outcome("released", incident=inc, node=node_doc)
+    held = inc.get("held") or {}
+    inc["state"], inc["held"] = "OPEN", None
+    cluster = policy.cluster_for(inc["node"])
+    if force:
+        inc.setdefault("escalations", []).append(
+            {"from": inc["action"], "to": inc["action"], "at": now, "why": [f"released by {by}"]}
+        )
+        # An operator's release is the human decision the hold asked for: past budget and cooldown.
+        node_doc.get("last_action_at", {}).pop(inc["action"], None)
+    _decide_start(inc, node_doc, budgets, policy, cluster.size if cluster else None, now, out, force)
+    if inc["state"] == "HELD":
+        inc["held"]["since"] = held.get("since", now)
+        out.result = "held" if out.page else "still_held"
+    inc["updated_at"] = now
+    return out

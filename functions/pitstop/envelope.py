@@ -1,0 +1,85 @@
+"""Unwrapping what a sink delivers: a bare LogEntry, a Pub/Sub push body, or a CloudEvent.
+
+Shapes: reference/gcp-events.md §3-§4. Real deliveries carry camelCase and snake_case
+duplicates (messageId/message_id, publishTime/publish_time); either is accepted.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+PUBSUB_PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"
+_LOG_ENTRY_KEYS = ("logName", "insertId", "protoPayload", "jsonPayload", "textPayload")
+MAX_ID = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """The LogEntry inside an envelope, with the transport's identity of the message."""
+
+    entry: dict[str, Any] | None
+    message_id: str | None = None
+    publish_time: str | None = None
+    error: str | None = None
+
+
+def _str(v: Any) -> str | None:
+    return v[:MAX_ID] if isinstance(v, str) and v else None
+
+
+def _from_message(msg: Any, fallback_id: Any = None, fallback_time: Any = None) -> Delivery:
+    if not isinstance(msg, dict):
+        return Delivery(None, error="Pub/Sub message is not an object")
+    mid = _str(msg.get("messageId")) or _str(msg.get("message_id")) or _str(fallback_id)
+    ptime = _str(msg.get("publishTime")) or _str(msg.get("publish_time")) or _str(fallback_time)
+    data = msg.get("data")
+    if not isinstance(data, str) or not data:
+        return Delivery(None, mid, ptime, "Pub/Sub message has no data")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        return Delivery(None, mid, ptime, "Pub/Sub message data is not valid base64")
+    try:
+        entry = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return Delivery(None, mid, ptime, "Pub/Sub message data is not JSON")
+    if not isinstance(entry, dict):
+        return Delivery(None, mid, ptime, "Pub/Sub message data is not a JSON object")
+    return Delivery(entry, mid, ptime)
+
+
+def unwrap(obj: Any) -> Delivery:
+    """Find the LogEntry in any of the three envelopes; never raises."""
+    if not isinstance(obj, dict):
+        return Delivery(None, error="input is not a JSON object")
+    if "specversion" in obj:
+        ctype = obj.get("type")
+        if ctype != PUBSUB_PUBLISHED:
+            return Delivery(
+                None, _str(obj.get("id")), error=f"unsupported CloudEvent type {str(ctype)[:80]!r}"
+            )
+        data = obj.get("data")
+        if data is None and isinstance(obj.get("data_base64"), str):
+            try:
+                data = orjson.loads(base64.b64decode(obj["data_base64"], validate=True))
+            except (binascii.Error, ValueError):
+                return Delivery(None, _str(obj.get("id")), error="CloudEvent data_base64 is not base64 JSON")
+        elif isinstance(data, str):
+            try:
+                data = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                return Delivery(None, _str(obj.get("id")), error="CloudEvent data is not JSON")
+        if not isinstance(data, dict) or "message" not in data:
+            return Delivery(None, _str(obj.get("id")), error="CloudEvent data carries no Pub/Sub message")
+        return _from_message(data["message"], obj.get("id"), obj.get("time"))
+    msg = obj.get("message")
+    if isinstance(msg, dict) and ("data" in msg or "messageId" in msg or "message_id" in msg):
+        return _from_message(msg)
+    if any(k in obj for k in _LOG_ENTRY_KEYS):
+        return Delivery(obj)
+    return Delivery(None, error="unknown envelope: not a LogEntry, a Pub/Sub push body or a CloudEvent")

@@ -1,0 +1,170 @@
+"""The ingest service: delivery → FaultEvent → incident store → workflow start / page.
+
+At-least-once in, exactly-once effect out. Unrelated and invalid entries are logged and
+acknowledged. A delivery whose envelope cannot be decoded at all is a poison message: it
+raises, so Pub/Sub retries it and then moves it to the dead-letter topic, where the
+original bytes stay for inspection. Transient infrastructure errors propagate (retry).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from . import engine, log
+from .classify import Classifier
+from .coalesce import Coalescer
+from .envelope import unwrap
+from .parse import parse_entry
+from .policy import Policy
+from .store import IncidentStore
+
+
+class PoisonMessageError(ValueError):
+    """The delivery cannot be decoded; retrying is pointless, dead-lettering keeps it."""
+
+
+class Starter(Protocol):
+    def find(self, incident_id: str, step: int) -> str | None: ...
+    def start(self, incident_id: str, step: int, argument: Mapping[str, Any]) -> str: ...
+
+
+class Publisher(Protocol):
+    def publish(self, notification: Mapping[str, Any]) -> str: ...
+
+
+def to_epoch(ts: str | None) -> float | None:
+    if not ts:
+        return None
+    s = ts.replace("Z", "+00:00")
+    if "." in s:  # Python parses at most 6 fractional digits; Cloud Logging sends 9
+        head, _, rest = s.partition(".")
+        digits = "".join(c for c in rest if c.isdigit())
+        tz = rest[len(digits) :]
+        s = f"{head}.{digits[:6]}{tz}"
+    try:
+        return dt.datetime.fromisoformat(s).timestamp()
+    except ValueError:
+        return None
+
+
+def workflow_argument(inc: Mapping[str, Any], step: int) -> dict[str, Any]:
+    return {
+        "incident_id": inc["id"],
+        "step": step,
+        "action": inc["action"],
+        "kind": inc["kind"],
+        "xid": inc["xid"],
+        "node": inc["node"],
+        "cluster": inc["cluster"],
+        "scheduler": inc["scheduler"],
+        "reason": inc["reason"],
+        "maintenance": inc.get("maintenance"),
+    }
+
+
+class Ingest:
+    def __init__(
+        self,
+        policy: Policy,
+        store: IncidentStore,
+        starter: Starter | None,
+        notifier: Publisher | None,
+        classifier: Classifier | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.policy, self.store, self.starter, self.notifier = policy, store, starter, notifier
+        self.classifier = classifier or Classifier(policy.xids, Classifier.default().system_events)
+        self.clock = clock
+        self.coalescer = Coalescer(store, policy)
+        self.coalescer.on_outcome = lambda out: self.follow_up(out, self.clock())
+        self.started: list[tuple[str, int, str]] = []  # (incident, step, execution) by this process
+
+    def handle_payload(self, payload: Any) -> engine.Outcome:
+        delivery = unwrap(payload)
+        if delivery.entry is None:
+            log.emit("ERROR", "poison delivery", reason=delivery.error, message_id=delivery.message_id)
+            raise PoisonMessageError(delivery.error or "undecodable delivery")
+        ev = self.classifier.decide(parse_entry(delivery.entry, delivery))
+        return self.handle_event(ev)
+
+    def handle_event(self, ev: dict[str, Any]) -> engine.Outcome:
+        now = self.clock()
+        if ev["kind"] in ("unrelated", "invalid"):
+            sev = "WARNING" if ev["kind"] == "invalid" else "DEBUG"
+            log.emit(sev, f"{ev['kind']} entry acknowledged", reason=ev["reason"], source=ev["source"])
+            return engine.Outcome("ignored")
+        observed = to_epoch(ev.get("observed_at"))
+        ev["_observed_ts"] = min(observed, now) if observed else now
+        out = self.coalescer.handle(ev, now)
+        if out.notes != ["coalesced"]:
+            log.emit(
+                "INFO",
+                f"event {out.result}",
+                kind=ev["kind"],
+                action=ev["action"],
+                xid=ev["xid"],
+                node=ev["node"]["instance"],
+                incident=(out.incident or {}).get("id"),
+                mode=self.policy.mode,
+            )
+        self.follow_up(out, now)
+        return out
+
+    def follow_up(self, out: engine.Outcome, now: float) -> None:
+        inc = out.incident
+        if out.page and self.notifier is not None:
+            self.notifier.publish(
+                {
+                    "kind": "page",
+                    "severity": "critical",
+                    "summary": out.page,
+                    "incident": {
+                        k: (inc or {}).get(k) for k in ("id", "node", "cluster", "action", "state", "held")
+                    },
+                }
+            )
+        if out.start_step is not None and inc is not None:
+            self.start_workflow(inc["id"], out.start_step, now)
+        elif out.result == "duplicate" and out.notes and out.notes[0] not in ("None", ""):
+            self.recover_start(out.notes[0], now)
+
+    def start_workflow(self, iid: str, step: int, now: float) -> str | None:
+        """Start (at most once) the execution for one incident step."""
+        if self.starter is None or not self.policy.enforce:
+            return None
+        inc = self.store.lease_start(iid, step, now)
+        if inc is None:
+            return None  # another starter holds the lease, or it is already started
+        name = self.starter.find(iid, step) or self.starter.start(iid, step, workflow_argument(inc, step))
+        self.store.record_started(iid, step, name, now)
+        self.started.append((iid, step, name))
+        log.emit("INFO", "remediation started", incident=iid, step=step, execution=name)
+        return name
+
+    def recover_start(self, iid: str, now: float) -> None:
+        inc = self.store.get(iid)
+        wf = (inc or {}).get("workflow") or {}
+        if wf.get("state") == "pending" and wf.get("lease_until", 0) <= now:
+            self.start_workflow(iid, int(wf["step"]), now)
+
+    def sweep(self) -> dict[str, int]:
+        """Periodic upkeep: flush storm counts, end bursts, retry held incidents and lost starts."""
+        now = self.clock()
+        self.coalescer.flush_all(now)
+        closed = self.store.close_bursts(now)
+        released = 0
+        for inc in self.store.list(("HELD",)):
+            if (inc.get("held") or {}).get("scope") is None:
+                continue  # held for a human (policy, cooldown), not for a budget
+            out = self.store.release(inc["id"], self.policy, now, by="sweep")
+            if out.result == "released":
+                released += 1
+            self.follow_up(out, now)
+        restarted = 0
+        for inc in self.store.pending_starts(now):
+            restarted += self.start_workflow(inc["id"], int(inc["workflow"]["step"]), now) is not None
+        self.coalescer.forget()
+        return {"closed": closed, "released": released, "restarted": restarted}

@@ -1,0 +1,1 @@
+"""Local stand-ins for services that have no Google emulator (Workflows, Compute Engine, ...)."""

@@ -1,0 +1,104 @@
+"""Starting and stopping the local background processes (emulators, servers) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str] | None = None
+    popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def start(self) -> Proc:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        self.popen = subprocess.Popen(
+            self.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(timeout)
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def wait_http(url: str, proc: Proc, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited early:\n{proc.tail()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):  # noqa: S310 - loopback only
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"{proc.name} not ready after {timeout}s:\n{proc.tail()}")
+
+
+def start_emulator(kind: str, workdir: Path, project: str = "pitstop-local") -> tuple[Proc, str]:
+    """Google's own emulator from the installed gcloud SDK, bound to a free loopback port."""
+    port = free_port()
+    host = f"127.0.0.1:{port}"
+    if kind == "firestore":
+        argv = ["gcloud", "emulators", "firestore", "start", f"--host-port={host}", "--quiet"]
+    elif kind == "pubsub":
+        data = tempfile.mkdtemp(prefix="pubsub-", dir=workdir)
+        argv = [
+            "gcloud",
+            "beta",
+            "emulators",
+            "pubsub",
+            "start",
+            f"--host-port={host}",
+            f"--project={project}",
+            f"--data-dir={data}",
+            "--quiet",
+        ]
+    else:
+        raise ValueError(kind)
+    env = {**os.environ, "CLOUDSDK_CORE_DISABLE_PROMPTS": "1"}
+    proc = Proc(f"{kind}-emulator", argv, workdir / f"{kind}-emulator.log", env).start()
+    wait_http(f"http://{host}/", proc)
+    return proc, host

@@ -1,0 +1,131 @@
+"""The deployment's policy: shipped defaults merged with policy.yaml, validated, with lookups."""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import resources
+from .catalog import XidPolicy, default_xid_policy
+
+_MIG_MEMBER = re.compile(r"-[a-z0-9]{4}$")
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """Maps merge key by key; lists and scalars from ``over`` replace."""
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    scheduler: str
+    size: int | None
+    match: Mapping[str, Any]
+    raw: Mapping[str, Any]
+
+    def matches(self, node: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> bool:
+        m = self.match
+        inst = node["instance"]
+        if "name_pattern" in m and not fnmatch.fnmatchcase(inst, m["name_pattern"]):
+            return False
+        if "mig" in m and not (inst.startswith(m["mig"] + "-") and _MIG_MEMBER.search(inst)):
+            return False
+        if "gke_cluster" in m and node.get("cluster") != m["gke_cluster"]:
+            return False
+        if "zones" in m and node.get("zone") not in m["zones"]:
+            return False
+        if "labels" in m:
+            if labels is None:
+                return False
+            if any(labels.get(k) != v for k, v in m["labels"].items()):
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class Policy:
+    doc: Mapping[str, Any]
+    xids: XidPolicy
+    clusters: tuple[Cluster, ...]
+
+    @property
+    def enforce(self) -> bool:
+        return bool(self.doc["mode"] == "enforce")
+
+    @property
+    def mode(self) -> str:
+        return str(self.doc["mode"])
+
+    def enabled(self, action: str) -> bool:
+        return action == "NONE" or action in self.doc["enabled_actions"]
+
+    def window(self, name: str) -> float:
+        return float(self.doc["windows"][name])
+
+    def cooldown_s(self, action: str) -> float:
+        return float(self.doc["cooldowns"].get(action, 0))
+
+    def cluster_for(self, node: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> Cluster | None:
+        for c in self.clusters:
+            if c.matches(node, labels):
+                return c
+        return None
+
+    def budget_cap(self, scope: str, size: int | None) -> int:
+        """How many nodes of a scope may start remediation in one window."""
+        b = self.doc["budgets"][scope]
+        cap = int(b["max_nodes"])
+        if size:
+            cap = min(cap, max(1, math.ceil(size * float(b["max_percent"]) / 100)))
+        return cap
+
+    @property
+    def budget_window_s(self) -> float:
+        return float(self.doc["budgets"]["window_s"])
+
+
+def from_doc(user: Mapping[str, Any] | None, where: str = "policy") -> Policy:
+    defaults = resources.load_yaml(resources.schema_dir() / "policy.defaults.yaml", "policy.schema.json")
+    if user is not None and not isinstance(user, Mapping):
+        raise resources.DataFileError(f"{where}: (top level): must be a mapping")
+    doc = deep_merge(defaults, user or {})
+    resources.validate(doc, "policy.schema.json", where)
+    seen: set[str] = set()
+    clusters = []
+    for i, c in enumerate(doc["clusters"]):
+        if c["name"] in seen:
+            raise resources.DataFileError(f"{where}: clusters/{i}/name: duplicate cluster {c['name']!r}")
+        seen.add(c["name"])
+        clusters.append(Cluster(c["name"], c["scheduler"], c.get("size"), c["match"], c))
+    xids = default_xid_policy()
+    if doc["xid_overrides"]:
+        xids = xids.with_overrides({int(k): v for k, v in doc["xid_overrides"].items()})
+    return Policy(doc, xids, tuple(clusters))
+
+
+def load(path: str | Path | None = None) -> Policy:
+    """policy.yaml from ``path``, $PITSTOP_POLICY, or the shipped defaults alone."""
+    path = path or os.environ.get("PITSTOP_POLICY")
+    if not path:
+        return from_doc(None)
+    try:
+        with open(path, encoding="utf-8") as f:
+            user = yaml.safe_load(f)
+    except yaml.YAMLError as exc:
+        raise resources.DataFileError(f"{path}: not valid YAML: {exc}") from exc
+    return from_doc(user, str(path))

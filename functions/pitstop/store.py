@@ -1,0 +1,287 @@
+"""The incident store on Firestore: every state change is one transaction.
+
+Collections (``<prefix>_...``): ``nodes`` (one per node: latest incident, remediation
+history, cooldown clocks), ``incidents``, ``budgets`` (blast-radius slots per scope) and
+``dedup`` (one record per state-changing delivery, with an ``expire_at`` field for the
+Firestore TTL policy that infra/ deploys).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from google.cloud import firestore
+
+from . import engine
+from .policy import Policy
+
+# Contended documents (one node during a storm) abort transactions; each retry keeps its
+# place in line, so more attempts cost little and avoid failing a delivery needlessly.
+MAX_ATTEMPTS = 25
+
+
+class _LazyBudgets(Mapping[str, dict[str, Any] | None]):
+    """Budget documents read inside the transaction only if the engine asks for them.
+
+    Most events are absorbed and never touch a budget; reading every scope on every event
+    would serialise a whole zone's events on one document.
+    """
+
+    def __init__(self, coll: Any, txn: Any) -> None:
+        self._coll, self._txn, self._cache = coll, txn, dict[str, dict[str, Any] | None]()
+
+    def __getitem__(self, key: str) -> dict[str, Any] | None:
+        if key not in self._cache:
+            snap = self._coll.document(key).get(transaction=self._txn)
+            self._cache[key] = snap.to_dict() if snap.exists else None
+        return self._cache[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._cache)
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
+class IncidentStore:
+    def __init__(self, client: firestore.Client, prefix: str = "pitstop") -> None:
+        self.db = client
+        self.nodes = client.collection(f"{prefix}_nodes")
+        self.incidents = client.collection(f"{prefix}_incidents")
+        self.budgets = client.collection(f"{prefix}_budgets")
+        self.dedup = client.collection(f"{prefix}_dedup")
+        self._lock = threading.Lock()
+        self._node_locks: dict[str, threading.Lock] = {}
+        self.writes = 0  # documents written by this process, for `pitstop bench ingest`
+
+    def _count_writes(self, n: int) -> None:
+        with self._lock:
+            self.writes += n
+
+    def _node_lock(self, nkey: str) -> threading.Lock:
+        with self._lock:
+            return self._node_locks.setdefault(nkey, threading.Lock())
+
+    # -- events ------------------------------------------------------------------------
+
+    def apply(self, ev: Mapping[str, Any], policy: Policy, now: float) -> engine.Outcome:
+        """Fold one event in, exactly once per delivery identity.
+
+        Transactions on one node are serialised inside this process (a storm on one node
+        lands on few instances); across instances Firestore's transactions decide, and a
+        transaction that keeps losing is retried after a jittered pause.
+        """
+        nkey = engine.node_key(ev["node"])
+        for attempt in range(4):
+            try:
+                with self._node_lock(nkey):
+                    return self._apply(ev, policy, now, nkey)
+            except ValueError:  # the client's "failed to commit in N attempts"
+                if attempt == 3:
+                    raise
+                time.sleep(random.uniform(0.05, 0.5) * (attempt + 1))  # noqa: S311 - jitter, not a secret
+        raise AssertionError("unreachable")
+
+    def _apply(self, ev: Mapping[str, Any], policy: Policy, now: float, nkey: str) -> engine.Outcome:
+        key = engine.event_key(ev)
+        node_ref = self.nodes.document(nkey)
+        dedup_ref = self.dedup.document(key)
+        ttl = dt.datetime.fromtimestamp(now + policy.window("dedup_ttl_h") * 3600, tz=dt.UTC)
+
+        @firestore.transactional
+        def txn(t: Any) -> engine.Outcome:
+            seen = dedup_ref.get(transaction=t)
+            if seen.exists:
+                return engine.Outcome("duplicate", notes=[str((seen.to_dict() or {}).get("incident"))])
+            node_snap = node_ref.get(transaction=t)
+            node_doc = node_snap.to_dict() if node_snap.exists else None
+            latest = None
+            if node_doc and node_doc.get("latest_incident"):
+                snap = self.incidents.document(node_doc["latest_incident"]).get(transaction=t)
+                latest = snap.to_dict() if snap.exists else None
+            budgets = _LazyBudgets(self.budgets, t)
+            out = engine.apply_event(ev, node_doc, latest, budgets, policy, now, key)
+            if out.result == "ignored":
+                return out
+            writes = 0
+            if out.closed is not None:
+                t.set(self.incidents.document(out.closed["id"]), out.closed)
+                writes += 1
+            if out.incident is not None:
+                t.set(self.incidents.document(out.incident["id"]), out.incident)
+                writes += 1
+            if out.node is not None and out.result != "absorbed":
+                t.set(node_ref, out.node)
+                writes += 1
+            for doc_id, doc in out.budgets.items():
+                t.set(self.budgets.document(doc_id), doc)
+                writes += 1
+            inc_id = out.incident["id"] if out.incident else None
+            t.set(dedup_ref, {"expire_at": ttl, "incident": inc_id, "node": nkey})
+            self._count_writes(writes + 1)
+            return out
+
+        result: engine.Outcome = txn(self.db.transaction(max_attempts=MAX_ATTEMPTS))
+        return result
+
+    def merge_counts(
+        self,
+        iid: str,
+        representative: Mapping[str, Any],
+        deltas: Mapping[str, Any],
+        policy: Policy,
+        now: float,
+    ) -> engine.Outcome | None:
+        """Write coalesced storm counts into an incident; if it stopped absorbing, replay instead.
+
+        Returns None when merged, or the Outcome of replaying the representative event.
+        """
+        ref = self.incidents.document(iid)
+
+        @firestore.transactional
+        def txn(t: Any) -> bool:
+            snap = ref.get(transaction=t)
+            inc = snap.to_dict() if snap.exists else None
+            ts = float(representative.get("_observed_ts") or now)
+            if inc is None or not engine.absorbs(inc, representative, ts):
+                return False
+            engine.merge_deltas(inc, deltas, policy)
+            inc["updated_at"] = now
+            t.set(ref, inc)
+            self._count_writes(1)
+            return True
+
+        if txn(self.db.transaction(max_attempts=MAX_ATTEMPTS)):
+            return None
+        return self.apply(representative, policy, now)
+
+    # -- workflow starts ---------------------------------------------------------------
+
+    def lease_start(self, iid: str, step: int, now: float, lease_s: float = 60.0) -> dict[str, Any] | None:
+        """Claim the right to start the execution of one incident step (one starter at a time)."""
+        ref = self.incidents.document(iid)
+
+        @firestore.transactional
+        def txn(t: Any) -> dict[str, Any] | None:
+            snap = ref.get(transaction=t)
+            inc = snap.to_dict() if snap.exists else None
+            wf = (inc or {}).get("workflow") or {}
+            if inc is None or wf.get("step") != step or wf.get("state") != "pending":
+                return None
+            if wf.get("lease_until", 0) > now:
+                return None
+            wf["lease_until"] = now + lease_s
+            wf["attempts"] = wf.get("attempts", 0) + 1
+            t.update(ref, {"workflow": wf})
+            self._count_writes(1)
+            return inc
+
+        result: dict[str, Any] | None = txn(self.db.transaction(max_attempts=MAX_ATTEMPTS))
+        return result
+
+    def record_started(self, iid: str, step: int, execution: str, now: float) -> None:
+        ref = self.incidents.document(iid)
+
+        @firestore.transactional
+        def txn(t: Any) -> None:
+            inc = ref.get(transaction=t).to_dict() or {}
+            wf = inc.get("workflow") or {}
+            if wf.get("step") == step:
+                wf.update({"state": "started", "execution": execution, "started_at": now})
+                t.update(ref, {"workflow": wf, "updated_at": now})
+                self._count_writes(1)
+
+        txn(self.db.transaction(max_attempts=MAX_ATTEMPTS))
+
+    def pending_starts(self, now: float) -> list[dict[str, Any]]:
+        """Incidents whose decided workflow step has not been started (crash recovery)."""
+        q = self.incidents.where(filter=firestore.FieldFilter("workflow.state", "==", "pending"))
+        return [
+            d for d in (s.to_dict() for s in q.stream()) if d and d["workflow"].get("lease_until", 0) <= now
+        ]
+
+    # -- operator views and actions ----------------------------------------------------
+
+    def get(self, iid: str) -> dict[str, Any] | None:
+        snap = self.incidents.document(iid).get()
+        return snap.to_dict() if snap.exists else None
+
+    def get_node(self, key: str) -> dict[str, Any] | None:
+        snap = self.nodes.document(key).get()
+        return snap.to_dict() if snap.exists else None
+
+    def put_node(self, key: str, doc: Mapping[str, Any]) -> None:
+        self.nodes.document(key).set(dict(doc))
+
+    def list(self, states: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        q: Any = self.incidents
+        if states:
+            q = q.where(filter=firestore.FieldFilter("state", "in", list(states)))
+        docs = [s.to_dict() for s in q.stream()]
+        return sorted((d for d in docs if d), key=lambda d: d.get("created_at", 0))
+
+    def budget(self, doc_id: str) -> dict[str, Any] | None:
+        snap = self.budgets.document(doc_id).get()
+        return snap.to_dict() if snap.exists else None
+
+    def release(self, iid: str, policy: Policy, now: float, by: str) -> engine.Outcome:
+        """Retry a HELD incident against its budgets now (operator release or the periodic sweep).
+
+        An operator release (``by`` not ``sweep``) bypasses the budget; the sweep does not.
+        """
+        ref = self.incidents.document(iid)
+        force = by != "sweep"
+
+        @firestore.transactional
+        def txn(t: Any) -> engine.Outcome:
+            inc = ref.get(transaction=t).to_dict()
+            if not inc or inc["state"] != "HELD":
+                return engine.Outcome("ignored", incident=inc)
+            node_ref = self.nodes.document(inc["node_key"])
+            node_doc = node_ref.get(transaction=t).to_dict() or engine.new_node(inc["node"])
+            budgets = _LazyBudgets(self.budgets, t)
+            out = engine.release_held(inc, node_doc, budgets, policy, now, by, force)
+            if out.result == "ignored":
+                return out
+            t.set(ref, out.incident)
+            t.set(node_ref, out.node)
+            for doc_id, doc in out.budgets.items():
+                t.set(self.budgets.document(doc_id), doc)
+            self._count_writes(2 + len(out.budgets))
+            return out
+
+        result: engine.Outcome = txn(self.db.transaction(max_attempts=MAX_ATTEMPTS))
+        return result
+
+    def close_bursts(self, now: float) -> int:
+        """Resolve record-only/observe incidents whose burst has ended (the periodic sweep)."""
+        closed = 0
+        for inc in self.list(("OPEN",)):
+            ref = self.incidents.document(inc["id"])
+
+            @firestore.transactional
+            def txn(t: Any, ref: Any = ref) -> bool:
+                cur = ref.get(transaction=t).to_dict()
+                if not cur:
+                    return False
+                budgets = {
+                    d: self.budgets.document(d).get(transaction=t).to_dict()
+                    for d in cur.get("budget_scopes", [])
+                }
+                if not engine.close_if_burst_over(cur, now):
+                    return False
+                t.set(ref, cur)
+                for doc_id, doc in engine.release_slots(budgets, cur["id"]).items():
+                    t.set(self.budgets.document(doc_id), doc)
+                return True
+
+            closed += bool(txn(self.db.transaction(max_attempts=MAX_ATTEMPTS)))
+        return closed

@@ -1,0 +1,146 @@
+"""Builders for log entries in every carrier and envelope the pipeline receives."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pitstop import resources
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PROJECT = "train-prod"
+ZONE = "us-central1-a"
+
+
+def load_fixture(name: str) -> list[dict[str, Any]]:
+    with open(FIXTURES / name, encoding="utf-8") as f:
+        data: list[dict[str, Any]] = yaml.safe_load(f)
+    return data
+
+
+def ops_agent_entry(line: str, instance: str = "a3-node-001", insert_id: str = "ins-1") -> dict[str, Any]:
+    return {
+        "insertId": insert_id,
+        "jsonPayload": {"message": line},
+        "labels": {"compute.googleapis.com/resource_name": instance},
+        "logName": f"projects/{PROJECT}/logs/syslog",
+        "receiveTimestamp": "2026-11-21T10:42:31.782066320Z",
+        "resource": {
+            "type": "gce_instance",
+            "labels": {"instance_id": "4425062612213358012", "project_id": PROJECT, "zone": ZONE},
+        },
+        "severity": "DEFAULT",
+        "timestamp": "2026-11-21T10:42:31.325309Z",
+    }
+
+
+def legacy_agent_entry(line: str, instance: str = "a3-node-001", insert_id: str = "ins-1") -> dict[str, Any]:
+    e = ops_agent_entry(line, instance, insert_id)
+    del e["jsonPayload"]
+    e["textPayload"] = line
+    return e
+
+
+def gke_journal_entry(line: str, instance: str = "a3-node-001", insert_id: str = "ins-1") -> dict[str, Any]:
+    return {
+        "insertId": insert_id,
+        "jsonPayload": {"MESSAGE": line, "SYSLOG_IDENTIFIER": "kernel", "_HOSTNAME": instance},
+        "logName": f"projects/{PROJECT}/logs/node-journal",
+        "resource": {
+            "type": "k8s_node",
+            "labels": {
+                "project_id": PROJECT,
+                "location": ZONE,
+                "cluster_name": "train",
+                "node_name": instance,
+            },
+        },
+        "timestamp": "2026-11-21T10:42:31.325309Z",
+    }
+
+
+CARRIERS = {
+    "ops_agent": ops_agent_entry,
+    "legacy_agent": legacy_agent_entry,
+    "gke_journal": gke_journal_entry,
+}
+
+
+def system_event_entry(case: dict[str, Any]) -> dict[str, Any]:
+    """A fixture's real entry, or the real host-error shape with the case's method/status/metadata."""
+    if "entry" in case:
+        entry: dict[str, Any] = copy.deepcopy(case["entry"])
+        return entry
+    base: dict[str, Any] = copy.deepcopy(
+        next(c for c in load_fixture("system_events.yaml") if c["id"] == "host-error")["entry"]
+    )
+    method = case["method"]
+    base["protoPayload"]["methodName"] = method
+    base["protoPayload"]["request"]["@type"] = f"type.googleapis.com/{method}"
+    base["operation"]["producer"] = method
+    if "status" in case:
+        base["protoPayload"]["status"]["message"] = case["status"]
+    if "metadata" in case:
+        base["protoPayload"]["metadata"] = case["metadata"]
+    if "resource_name" in case:
+        base["protoPayload"]["resourceName"] = case["resource_name"]
+        base["resource"]["labels"]["project_id"] = "my-training-proj"
+    return base
+
+
+def push_body(entry: dict[str, Any], message_id: str = "4711") -> dict[str, Any]:
+    data = base64.b64encode(json.dumps(entry).encode()).decode()
+    return {
+        "subscription": f"projects/{PROJECT}/subscriptions/pitstop-events-push",
+        "message": {
+            "data": data,
+            "attributes": {"logging.googleapis.com/timestamp": "2026-11-21T10:42:31Z"},
+            "messageId": message_id,
+            "message_id": message_id,
+            "publishTime": "2026-11-21T10:42:32.100Z",
+            "publish_time": "2026-11-21T10:42:32.100Z",
+        },
+    }
+
+
+def cloud_event(entry: dict[str, Any], message_id: str = "4711") -> dict[str, Any]:
+    push = push_body(entry, message_id)
+    return {
+        "specversion": "1.0",
+        "type": "google.cloud.pubsub.topic.v1.messagePublished",
+        "source": f"//pubsub.googleapis.com/projects/{PROJECT}/topics/pitstop-events",
+        "id": message_id,
+        "time": "2026-11-21T10:42:32.100Z",
+        "datacontenttype": "application/json",
+        "data": {
+            "subscription": push["subscription"],
+            "message": {"@type": "type.googleapis.com/google.pubsub.v1.PubsubMessage", **push["message"]},
+        },
+    }
+
+
+def bare(entry: dict[str, Any]) -> dict[str, Any]:
+    return entry
+
+
+ENVELOPES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "bare": bare,
+    "push": push_body,
+    "cloudevent": cloud_event,
+}
+
+
+def assert_valid_event(ev: dict[str, Any]) -> None:
+    resources.validate(ev, "fault_event.schema.json", "FaultEvent")
+
+
+def subset(expected: dict[str, Any], actual: dict[str, Any]) -> None:
+    for k, v in expected.items():
+        assert k in actual, f"missing {k!r} in {actual}"
+        assert actual[k] == v, f"{k}: expected {v!r}, got {actual[k]!r}"

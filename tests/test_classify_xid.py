@@ -1,0 +1,77 @@
+"""Every reference driver line, in every carrier and envelope, yields the expected FaultEvent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pitstop.classify import Classifier
+
+from .helpers import CARRIERS, ENVELOPES, assert_valid_event, load_fixture, subset
+
+CASES = load_fixture("xid_lines.yaml")
+CLF = Classifier.default()
+
+
+@pytest.mark.parametrize("envelope", sorted(ENVELOPES))
+@pytest.mark.parametrize("carrier", sorted(CARRIERS))
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_xid_line(case: dict[str, Any], carrier: str, envelope: str) -> None:
+    entry = CARRIERS[carrier](case["line"], instance="a3-megagpu-7", insert_id="ins-42")
+    ev = CLF.classify(ENVELOPES[envelope](entry))
+    assert_valid_event(ev)
+    exp = case["expect"]
+    assert ev["kind"] == "gpu_xid"
+    assert ev["xid"] == exp["xid"]
+    assert ev["action"] == exp["action"], ev["reason"]
+    if "pci" in exp:
+        assert (ev["gpu"] or {}).get("pci") == exp["pci"]
+    if "mig" in exp:
+        assert ev["gpu"]["mig"] == exp["mig"]
+    subset(exp.get("detail", {}), ev["detail"])
+    assert ev["node"]["instance"] == "a3-megagpu-7"
+    assert ev["node"]["zone"] == "us-central1-a"
+    assert ev["node"]["project"] == "train-prod"
+    assert ev["source"]["insert_id"] == "ins-42"
+    assert ev["observed_at"] == "2026-11-21T10:42:31.325309Z"
+    assert ev["reason"].startswith(f"Xid {exp['xid']}")
+    if envelope != "bare":
+        assert ev["source"]["message_id"] == "4711"
+    if carrier == "gke_journal":
+        assert ev["node"]["cluster"] == "train"
+        assert ev["node"]["instance_id"] is None
+    else:
+        assert ev["node"]["instance_id"] == "4425062612213358012"
+
+
+def test_fixture_corpus_marks_provenance() -> None:
+    for case in CASES:
+        assert case["provenance"], case["id"]
+        assert isinstance(case["synthetic"], bool), case["id"]
+    assert len({c["id"] for c in CASES}) == len(CASES)
+
+
+APP_FAULTS = [13, 31, 43, 45, 137]
+
+
+@pytest.mark.parametrize("xid", APP_FAULTS)
+def test_application_faults_never_take_node_action(xid: int) -> None:
+    line = f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=991, name=python3, Ch 00000010"
+    ev = CLF.classify(CARRIERS["ops_agent"](line))
+    assert ev["action"] in ("NONE", "RESTART_JOB")
+    assert ev["detail"]["app_fault"] is True
+
+
+def test_unknown_code_says_so() -> None:
+    ev = CLF.classify(CARRIERS["ops_agent"]("NVRM: Xid (PCI:0000:01:00): 4242, something"))
+    assert ev["action"] == "RESET_GPU"
+    assert "not in NVIDIA's catalog" in ev["reason"]
+
+
+def test_override_replaces_action() -> None:
+    clf = Classifier(CLF.xids.with_overrides({79: "REPLACE_NODE"}), CLF.system_events)
+    line = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    ev = clf.classify(CARRIERS["ops_agent"](line))
+    assert ev["action"] == "REPLACE_NODE"
+    assert "override" in ev["reason"]

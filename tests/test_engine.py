@@ -1,0 +1,289 @@
+"""The incident engine's rules, on plain documents (no database)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pitstop import engine, policy
+from pitstop.classify import Classifier
+
+from .helpers import load_fixture, ops_agent_entry, system_event_entry
+
+CLF = Classifier.default()
+T0 = 1_800_000_000.0
+CLUSTER = {"name": "train", "scheduler": "slurm", "size": 8, "match": {"name_pattern": "a3-node-*"}}
+XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+XID48 = "NVRM: Xid (PCI:0000:1b:00): 48, An uncorrectable double bit error (DBE) has been detected in the FB"
+XID13 = (
+    "NVRM: Xid (PCI:0000:b5:00): 13, Graphics SM Warp Exception on (GPC 1, TPC 3, SM 0): Out Of Range Address"
+)
+XID63 = "NVRM: Xid (PCI:0000:1b:00): 63, Row Remapper: New row marked for remapping, reset gpu to activate"
+
+
+def pol(**over: Any) -> policy.Policy:
+    doc: dict[str, Any] = {"mode": "enforce", "clusters": [CLUSTER]}
+    doc.update(over)
+    return policy.from_doc(doc)
+
+
+def ev(line: str, node: str = "a3-node-001", ts: float = T0, iid: str | None = None) -> dict[str, Any]:
+    e = CLF.classify(ops_agent_entry(line, instance=node, insert_id=iid or f"{node}-{line[:30]}-{ts}"))
+    e["_observed_ts"] = ts
+    return e
+
+
+class World:
+    """Documents as the store would hold them, updated from each outcome."""
+
+    def __init__(self, p: policy.Policy) -> None:
+        self.p = p
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.incidents: dict[str, dict[str, Any]] = {}
+        self.budgets: dict[str, dict[str, Any]] = {}
+
+    def feed(self, e: dict[str, Any], now: float | None = None) -> engine.Outcome:
+        now = e["_observed_ts"] if now is None else now
+        key = engine.node_key(e["node"])
+        node = self.nodes.get(key)
+        latest = self.incidents.get(node["latest_incident"]) if node and node.get("latest_incident") else None
+        out = engine.apply_event(e, node, latest, self.budgets, self.p, now, engine.event_key(e))
+        self.save(out)
+        return out
+
+    def save(self, out: engine.Outcome) -> None:
+        for inc in (out.closed, out.incident):
+            if inc is not None:
+                self.incidents[inc["id"]] = inc
+        if out.node is not None and out.result != "ignored":
+            self.nodes[engine.node_key(out.node["node"])] = out.node
+        self.budgets.update(out.budgets)
+
+    def resolve(self, iid: str, at: float) -> None:
+        inc = self.incidents[iid]
+        inc["state"] = "RESOLVED"
+        inc["timeline"]["resolved"] = at
+        self.budgets.update(engine.release_slots(self.budgets, iid))
+
+
+def test_node_fault_opens_incident_and_starts_once() -> None:
+    w = World(pol())
+    out = w.feed(ev(XID79))
+    assert out.result == "opened"
+    assert out.start_step == 1
+    inc = out.incident
+    assert inc is not None
+    assert inc["state"] == "OPEN" and inc["action"] == "REBOOT_NODE"
+    assert inc["cluster"] == "train" and inc["scheduler"] == "slurm"
+    assert inc["budget_scopes"] == ["cluster-train", "zone-us-central1-a"]
+    assert inc["timeline"]["detected"] == T0
+    assert len(inc["id"]) == 10
+    again = w.feed(ev(XID79, ts=T0 + 1))
+    assert again.result == "absorbed" and again.start_step is None
+    assert w.incidents[inc["id"]]["counts"] == {"events": 2, "xid_79": 2}
+
+
+def test_observe_mode_decides_but_starts_nothing() -> None:
+    w = World(pol(mode="observe"))
+    out = w.feed(ev(XID79))
+    assert out.result == "opened" and out.start_step is None
+    assert out.incident is not None
+    assert out.incident["workflow"] == {"step": 1, "state": "observe", "would_start": True, "execution": None}
+
+
+def test_raise_never_lower() -> None:
+    w = World(pol())
+    first = w.feed(ev(XID48))
+    assert first.incident is not None and first.incident["action"] == "RESET_GPU"
+    raised = w.feed(ev(XID79, ts=T0 + 5))
+    assert raised.result == "raised" and raised.start_step == 2
+    inc = w.incidents[first.incident["id"]]
+    assert inc["action"] == "REBOOT_NODE"
+    assert inc["escalations"][0]["from"] == "RESET_GPU"
+    lower = w.feed(ev(XID48, ts=T0 + 6))
+    assert lower.result == "absorbed"
+    assert w.incidents[first.incident["id"]]["action"] == "REBOOT_NODE"
+
+
+def test_raise_during_remediation_is_recorded_not_started() -> None:
+    w = World(pol())
+    first = w.feed(ev(XID48))
+    assert first.incident is not None
+    w.incidents[first.incident["id"]]["state"] = "ACTING"
+    out = w.feed(ev(XID79, ts=T0 + 5))
+    assert out.result == "raised" and out.start_step is None
+    assert w.incidents[first.incident["id"]]["escalate_to"] == "REBOOT_NODE"
+
+
+def test_none_without_episode_is_ignored() -> None:
+    w = World(pol())
+    out = w.feed(ev(XID63))
+    assert out.result == "ignored"
+    assert w.incidents == {}
+
+
+def test_record_only_burst_ends_after_silence() -> None:
+    w = World(pol())
+    first = w.feed(ev(XID13))
+    assert first.result == "opened" and first.incident is not None
+    assert first.incident["action"] == "RESTART_JOB"
+    w.resolve(first.incident["id"], T0 + 10)  # the workflow notified the job owner and closed it
+    for i in range(1, 50):
+        assert w.feed(ev(XID13, ts=T0 + i * 2)).result == "absorbed"
+    # 3 minutes of silence end the burst; the next line is a new episode
+    later = w.feed(ev(XID13, ts=T0 + 98 + 181))
+    assert later.result == "opened" and later.start_step == 1
+    assert later.incident is not None and later.incident["id"] != first.incident["id"]
+
+
+ROOMY = {"cluster": {"max_nodes": 4, "max_percent": 50}}
+
+
+def test_observe_mode_episode_closes_when_burst_ends() -> None:
+    w = World(pol(mode="observe", budgets=ROOMY))
+    first = w.feed(ev(XID79))
+    assert first.incident is not None
+    assert w.feed(ev(XID79, ts=T0 + 100)).result == "absorbed"
+    later = w.feed(ev(XID79, ts=T0 + 100 + 181))
+    assert later.result == "opened"
+    assert later.closed is not None and later.closed["id"] == first.incident["id"]
+    assert later.closed["state"] == "RESOLVED"
+
+
+def test_ladder_steps_up_after_recent_remediation() -> None:
+    w = World(pol())
+    first = w.feed(ev(XID48))
+    assert first.incident is not None
+    w.resolve(first.incident["id"], T0 + 600)
+    again = w.feed(ev(XID48, ts=T0 + 3600))
+    assert again.result == "opened" and again.incident is not None
+    assert again.incident["action"] == "REBOOT_NODE"
+    assert "after RESET_GPU" in again.incident["reason"]
+
+
+def test_ladder_forgets_after_window() -> None:
+    w = World(pol())
+    first = w.feed(ev(XID48))
+    assert first.incident is not None
+    w.resolve(first.incident["id"], T0 + 600)
+    again = w.feed(ev(XID48, ts=T0 + 25 * 3600))
+    assert again.incident is not None and again.incident["action"] == "RESET_GPU"
+
+
+def test_lemon_host_is_replaced() -> None:
+    w = World(pol())
+    key = "train-prod.us-central1-a.a3-node-001"
+    w.nodes[key] = engine.new_node(ev(XID48)["node"])
+    w.nodes[key]["remediations"] = [
+        {"at": T0 - d * 86400, "action": "RESET_GPU", "incident": f"old{d}"} for d in (1.5, 3, 6)
+    ]
+    out = w.feed(ev(XID48))
+    assert out.incident is not None and out.incident["action"] == "REPLACE_NODE"
+    assert "lemon host: 3 remediations" in out.incident["reason"]
+
+
+def test_late_lines_are_absorbed_but_new_fault_after_resolution_is_not() -> None:
+    w = World(pol(budgets=ROOMY))
+    first = w.feed(ev(XID79))
+    assert first.incident is not None
+    w.resolve(first.incident["id"], T0 + 300)
+    late = w.feed(ev(XID79, ts=T0 + 200), now=T0 + 400)
+    assert late.result == "absorbed"
+    fresh = w.feed(ev(XID79, ts=T0 + 900))
+    assert fresh.result == "opened"
+    assert (
+        fresh.incident is not None and fresh.incident["action"] == "REPLACE_NODE"
+    )  # the reboot did not help
+
+
+def test_cooldown_holds_repeat_and_pages() -> None:
+    w = World(pol(ladder={"window_h": 24, "steps": ["REPLACE_NODE"]}))
+    first = w.feed(ev(XID79))
+    assert first.incident is not None
+    assert first.incident["action"] == "REBOOT_NODE"
+    w.resolve(first.incident["id"], T0 + 60)
+    again = w.feed(ev(XID79, ts=T0 + 600))
+    assert again.result == "held" and again.incident is not None
+    assert "cooldown" in again.incident["held"]["reason"]
+    assert again.page is not None
+
+
+def test_job_action_in_cooldown_is_suppressed_quietly() -> None:
+    w = World(pol())
+    case = next(c for c in load_fixture("system_events.yaml") if c["id"] == "preempted")
+    entry = system_event_entry(case)
+    entry["protoPayload"]["resourceName"] = "projects/train-prod/zones/us-central1-a/instances/a3-node-002"
+    entry["resource"]["labels"].update({"zone": "us-central1-a", "project_id": "train-prod"})
+    e1 = CLF.classify(entry)
+    e1["_observed_ts"] = T0
+    first = w.feed(e1)
+    assert first.incident is not None and first.incident["action"] == "RESCHEDULE_JOB"
+    w.resolve(first.incident["id"], T0 + 30)
+    entry["insertId"] = "another"
+    entry["protoPayload"]["methodName"] = "compute.instances.automaticRestart"
+    e2 = CLF.classify(entry)
+    e2["_observed_ts"] = T0 + 60
+    out = w.feed(e2)
+    assert out.result == "suppressed" and out.page is None and out.start_step is None
+
+
+def test_blast_radius_holds_and_pages_once_then_closes_itself() -> None:
+    w = World(pol())  # cluster of 8 at 10 % -> 1 node per 30 minutes
+    outs = [w.feed(ev(XID79, node=f"a3-node-00{i}", ts=T0 + i)) for i in range(1, 6)]
+    assert [o.result for o in outs] == ["opened", "held", "held", "held", "held"]
+    assert [o.page is not None for o in outs] == [False, True, False, False, False]
+    assert sum(o.start_step is not None for o in outs) == 1
+    held = outs[1].incident
+    assert held is not None and held["held"]["scope"] == "cluster-train"
+    # the first finishes; its slot still counts until the window slides past it
+    assert outs[0].incident is not None
+    w.resolve(outs[0].incident["id"], T0 + 600)
+    retry = engine.release_held(held, w.nodes[held["node_key"]], w.budgets, w.p, T0 + 900, "sweep", False)
+    assert retry.result == "still_held"
+    retry = engine.release_held(held, w.nodes[held["node_key"]], w.budgets, w.p, T0 + 1801, "sweep", False)
+    assert retry.result == "released" and retry.start_step == 1
+
+
+def test_operator_release_bypasses_budget() -> None:
+    w = World(pol())
+    w.feed(ev(XID79, node="a3-node-001"))
+    held = w.feed(ev(XID79, node="a3-node-002", ts=T0 + 1)).incident
+    assert held is not None and held["state"] == "HELD"
+    out = engine.release_held(held, w.nodes[held["node_key"]], w.budgets, w.p, T0 + 2, "alice", True)
+    assert out.result == "released" and out.start_step == 1
+    assert out.incident is not None and out.incident["escalations"][-1]["why"] == ["released by alice"]
+
+
+def test_disabled_action_is_held_for_a_human() -> None:
+    w = World(pol(enabled_actions=["RESET_GPU", "RESTART_JOB"]))
+    out = w.feed(ev(XID79))
+    assert out.result == "held" and out.page is not None
+    assert out.incident is not None and "not enabled" in out.incident["held"]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("size", "pct", "cap"), [(8, 10, 1), (8, 25, 2), (100, 10, 4), (None, 10, 4), (3, 1, 1)]
+)
+def test_budget_cap(size: int | None, pct: float, cap: int) -> None:
+    p = pol(budgets={"cluster": {"max_nodes": 4, "max_percent": pct}})
+    assert p.budget_cap("cluster", size) == cap
+
+
+def test_secondary_45_tied_to_primary_on_same_gpu() -> None:
+    w = World(pol())
+    primary = "NVRM: Xid (PCI:0000:ed:00): 119, pid=1, name=x, Timeout waiting for RPC from GSP!"
+    secondary = "NVRM: Xid (PCI:0000:ed:00): 45, pid=1, name=python3, Ch 0000000c caused by previous Xid 119"
+    first = w.feed(ev(primary))
+    assert first.incident is not None
+    w.feed(ev(secondary, ts=T0 + 3))
+    gpu = w.incidents[first.incident["id"]]["gpus"]["0000_ed_00"]
+    assert gpu["xids"] == {"119": 1, "45": 1}
+    assert gpu["secondary"] == {"45": 119}
+
+
+def test_incident_ids_are_deterministic_and_short() -> None:
+    a = engine.incident_id("p.z.n", "trigger-1")
+    assert a == engine.incident_id("p.z.n", "trigger-1")
+    assert a != engine.incident_id("p.z.n", "trigger-2")
+    assert len(a) == 10 and a.isalnum()

@@ -1,0 +1,271 @@
+"""The incident store and ingest on the Firestore and Pub/Sub emulators, under contention."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from google.cloud import firestore
+from google.cloud.pubsub_v1 import SubscriberClient
+
+from pitstop import engine, policy
+from pitstop.ingest import Ingest, PoisonMessageError
+from pitstop.local.executions_server import ExecutionsService
+from pitstop.notifier import Notifier
+from pitstop.store import IncidentStore
+from pitstop.workflows_client import WorkflowStarter
+
+from .helpers import ops_agent_entry, push_body
+
+pytestmark = pytest.mark.emulator
+
+T0 = 1_800_000_000.0
+CLUSTER = {"name": "train", "scheduler": "slurm", "size": 8, "match": {"name_pattern": "a3-node-*"}}
+XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+XID94 = (
+    "NVRM: Xid (PCI:0000:1b:00): 94, pid='<unknown>', name=<unknown>, Contained: SM (0x1). RST: No, D-RST: No"
+)
+XID48 = "NVRM: Xid (PCI:0000:1b:00): 48, An uncorrectable double bit error (DBE) has been detected in the FB"
+
+
+class Clock:
+    def __init__(self, t: float = T0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make_policy(**over: Any) -> policy.Policy:
+    doc: dict[str, Any] = {"mode": "enforce", "clusters": [CLUSTER]}
+    doc.update(over)
+    return policy.from_doc(doc)
+
+
+def entry(line: str, node: str, n: int, ts: str = "2027-01-15T08:00:00Z") -> dict[str, Any]:
+    e = ops_agent_entry(line, instance=node, insert_id=f"{node}-{n}")
+    e["timestamp"] = ts
+    return e
+
+
+def make_ingest(
+    fs: firestore.Client,
+    ex_endpoint: str | None,
+    pol: policy.Policy,
+    clock: Clock,
+    notifier: Notifier | None = None,
+    project: str = "train-prod",
+) -> Ingest:
+    store = IncidentStore(fs, "pitstop")
+    starter = (
+        WorkflowStarter(project, "us-central1", "pitstop-remediate", ex_endpoint) if ex_endpoint else None
+    )
+    return Ingest(pol, store, starter, notifier, clock=clock)
+
+
+def test_concurrent_deliveries_make_one_incident_and_one_start(
+    fs_client: firestore.Client, executions: tuple[ExecutionsService, str]
+) -> None:
+    svc, endpoint = executions
+    pol, clock = make_policy(), Clock()
+    # five function instances (separate coalescers), 50 deliveries of 10 distinct events
+    instances = [make_ingest(fs_client, endpoint, pol, clock) for _ in range(5)]
+    payloads = [push_body(entry(XID79, "a3-node-003", i % 10), message_id=str(i % 10)) for i in range(50)]
+    barrier = threading.Barrier(10)
+
+    def deliver(i: int) -> str:
+        if i < 10:
+            barrier.wait()
+        return instances[i % 5].handle_payload(payloads[i]).result
+
+    with ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(deliver, range(50)))
+    incidents = list(fs_client.collection("pitstop_incidents").stream())
+    assert len(incidents) == 1, results
+    assert svc.created == 1
+    inc = incidents[0].to_dict()
+    assert inc is not None
+    assert inc["action"] == "REBOOT_NODE"
+    assert inc["workflow"]["state"] == "started"
+    assert results.count("opened") == 1
+    assert inc["counts"]["events"] == 10
+    dedup = list(fs_client.collection("pitstop_dedup").stream())
+    assert len(dedup) <= 10
+
+
+def test_step_up_starts_one_new_execution(
+    fs_client: firestore.Client, executions: tuple[ExecutionsService, str]
+) -> None:
+    svc, endpoint = executions
+    ing = make_ingest(fs_client, endpoint, make_policy(), Clock())
+    first = ing.handle_payload(entry(XID48, "a3-node-009", 1))
+    assert first.result == "opened" and first.start_step == 1
+    assert ing.handle_payload(entry(XID48, "a3-node-009", 2)).result == "absorbed"
+    raised = ing.handle_payload(entry(XID79, "a3-node-009", 3))
+    assert raised.result == "raised" and raised.start_step == 2
+    assert svc.created == 2
+    labels = sorted(r.labels["pitstop-step"] for r in svc.records.values())
+    assert labels == ["1", "2"]
+
+
+def test_two_nodes_race_for_the_last_budget_slot(fs_client: firestore.Client) -> None:
+    pol = make_policy()  # cap 1 for an 8-node cluster
+    store = IncidentStore(fs_client, "pitstop")
+    from pitstop.classify import Classifier
+
+    clf = Classifier.default()
+    evs = []
+    for node in ("a3-node-004", "a3-node-005"):
+        e = clf.classify(entry(XID79, node, 1))
+        e["_observed_ts"] = T0
+        evs.append(e)
+    barrier = threading.Barrier(2)
+
+    def go(e: dict[str, Any]) -> engine.Outcome:
+        barrier.wait()
+        return store.apply(e, pol, T0)
+
+    with ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(go, evs))
+    assert sorted(o.result for o in outs) == ["held", "opened"]
+    budget = store.budget("cluster-train")
+    assert budget is not None and len(budget["slots"]) == 1
+    winner = next(o for o in outs if o.result == "opened")
+    assert winner.incident is not None and list(budget["slots"]) == [winner.incident["id"]]
+
+
+def test_redelivery_changes_nothing(
+    fs_client: firestore.Client, executions: tuple[ExecutionsService, str]
+) -> None:
+    svc, endpoint = executions
+    pol, clock = make_policy(), Clock()
+    body = push_body(entry(XID79, "a3-node-006", 1), message_id="77")
+    first = make_ingest(fs_client, endpoint, pol, clock).handle_payload(body)
+    assert first.result == "opened"
+    before = first.incident
+    # a different instance (no shared memory) gets the redelivery
+    second = make_ingest(fs_client, endpoint, pol, clock).handle_payload(body)
+    assert second.result == "duplicate"
+    assert before is not None
+    after = IncidentStore(fs_client).get(before["id"])
+    assert after is not None
+    assert after["counts"] == {"events": 1, "xid_79": 1}
+    assert svc.created == 1
+
+
+def test_crash_between_decided_and_started_recovers_once(
+    fs_client: firestore.Client, executions: tuple[ExecutionsService, str]
+) -> None:
+    svc, endpoint = executions
+    pol, clock = make_policy(), Clock()
+    ing = make_ingest(fs_client, endpoint, pol, clock)
+    # the decision is committed, then the instance dies before starting the workflow
+    from pitstop.classify import Classifier
+
+    e = Classifier.default().classify(entry(XID79, "a3-node-007", 1))
+    e["_observed_ts"] = T0
+    out = ing.store.apply(e, pol, T0)
+    assert out.start_step == 1 and out.incident is not None
+    iid = out.incident["id"]
+    # Pub/Sub redelivers (the function never acked): the duplicate path starts it
+    again = make_ingest(fs_client, endpoint, pol, clock).handle_payload(
+        push_body(entry(XID79, "a3-node-007", 1))
+    )
+    assert again.result == "duplicate"
+    assert svc.created == 1
+    inc = ing.store.get(iid)
+    assert inc is not None and inc["workflow"]["state"] == "started"
+    # a second redelivery does nothing more
+    make_ingest(fs_client, endpoint, pol, clock).handle_payload(push_body(entry(XID79, "a3-node-007", 1)))
+    assert svc.created == 1
+
+
+def test_crash_after_create_before_record_finds_the_execution(
+    fs_client: firestore.Client, executions: tuple[ExecutionsService, str]
+) -> None:
+    svc, endpoint = executions
+    pol, clock = make_policy(), Clock()
+    ing = make_ingest(fs_client, endpoint, pol, clock)
+    assert ing.starter is not None
+    from pitstop.classify import Classifier
+
+    e = Classifier.default().classify(entry(XID79, "a3-node-008", 1))
+    e["_observed_ts"] = T0
+    out = ing.store.apply(e, pol, T0)
+    assert out.incident is not None
+    iid = out.incident["id"]
+    assert ing.store.lease_start(iid, 1, T0) is not None
+    ing.starter.start(iid, 1, {"incident_id": iid})  # created; the instance dies before recording it
+    assert svc.created == 1
+    # another holder cannot start while the lease runs
+    assert ing.start_workflow(iid, 1, T0 + 10) is None
+    # after the lease, the sweep finds the execution by its labels instead of creating another
+    clock.t = T0 + 120
+    assert ing.sweep()["restarted"] == 1
+    assert svc.created == 1
+    inc = ing.store.get(iid)
+    assert inc is not None and inc["workflow"]["state"] == "started"
+    assert inc["workflow"]["execution"] == next(iter(svc.records))
+
+
+def test_storm_coalesces_to_few_writes(fs_client: firestore.Client) -> None:
+    pol, clock = make_policy(budgets={"cluster": {"max_nodes": 8, "max_percent": 100}}), Clock()
+    ing = make_ingest(fs_client, None, pol, clock)
+    nodes = [f"a3-node-{i:03d}" for i in range(8)]
+    n = 0
+    for second in range(10):
+        clock.t = T0 + second
+        for k in range(100):
+            node = nodes[k % 8]
+            line = XID94 if k % 3 else XID79
+            ing.handle_payload(entry(line, node, n, ts=f"2027-01-15T08:00:{second:02d}Z"))
+            n += 1
+    ing.coalescer.flush_all(clock.t)
+    incidents = [d.to_dict() for d in fs_client.collection("pitstop_incidents").stream()]
+    assert len(incidents) == 8
+    assert sum(i["counts"]["events"] for i in incidents if i) == n
+    assert ing.store.writes / n < 0.2, ing.store.writes
+
+
+def test_held_incident_pages_a_human_once(
+    fs_client: firestore.Client, notifications: tuple[str, str, SubscriberClient]
+) -> None:
+    project, topic, sub = notifications
+    pol, clock = make_policy(), Clock()
+    ing = make_ingest(fs_client, None, pol, clock, notifier=Notifier(project, topic))
+    results = [ing.handle_payload(entry(XID79, f"a3-node-01{i}", i)).result for i in range(4)]
+    assert results == ["opened", "held", "held", "held"]
+    resp = sub.pull(subscription=sub.subscription_path(project, "pull"), max_messages=10, timeout=10)
+    pages = [json.loads(m.message.data) for m in resp.received_messages]
+    assert len(pages) == 1
+    assert pages[0]["kind"] == "page" and "cluster-train" in pages[0]["summary"]
+    assert pages[0]["incident"]["state"] == "HELD"
+
+
+def test_sweep_releases_held_when_window_slides(fs_client: firestore.Client) -> None:
+    pol, clock = make_policy(mode="observe"), Clock()
+    ing = make_ingest(fs_client, None, pol, clock)
+    ing.handle_payload(entry(XID79, "a3-node-020", 1))
+    held = ing.handle_payload(entry(XID79, "a3-node-021", 2))
+    assert held.result == "held" and held.incident is not None
+    clock.t = T0 + 60
+    assert ing.sweep()["released"] == 0
+    clock.t = T0 + 1900
+    assert ing.sweep()["released"] == 1
+    inc = ing.store.get(held.incident["id"])
+    assert inc is not None and inc["state"] == "OPEN"
+    assert inc["workflow"]["would_start"] is True
+
+
+def test_poison_raises_and_others_flow(fs_client: firestore.Client) -> None:
+    pol, clock = make_policy(), Clock()
+    ing = make_ingest(fs_client, None, pol, clock)
+    with pytest.raises(PoisonMessageError):
+        ing.handle_payload({"message": {"data": "%%%notbase64", "messageId": "1"}})
+    assert ing.handle_payload(push_body({"logName": "x", "textPayload": "hello"})).result == "ignored"
+    bad_node = entry(XID79, "Bad Node;reboot", 1)
+    assert ing.handle_payload(push_body(bad_node)).result == "ignored"
+    assert ing.handle_payload(push_body(entry(XID79, "a3-node-030", 2))).result == "opened"
