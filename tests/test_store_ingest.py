@@ -269,3 +269,48 @@ def test_poison_raises_and_others_flow(fs_client: firestore.Client) -> None:
     bad_node = entry(XID79, "Bad Node;reboot", 1)
     assert ing.handle_payload(push_body(bad_node)).result == "ignored"
     assert ing.handle_payload(push_body(entry(XID79, "a3-node-030", 2))).result == "opened"
+
+
+def test_incidents_cli_lists_and_releases(fs_client: firestore.Client, firestore_host: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    pol, clock = make_policy(), Clock()
+    ing = make_ingest(fs_client, None, pol, clock)
+    ing.handle_payload(entry(XID79, "a3-node-040", 1))
+    held = ing.handle_payload(entry(XID79, "a3-node-041", 2)).incident
+    assert held is not None
+    env = {**os.environ, "GOOGLE_CLOUD_PROJECT": fs_client.project, "FIRESTORE_EMULATOR_HOST": firestore_host}
+    policy_file = f"/tmp/pitstop-policy-{fs_client.project}.yaml"
+    with open(policy_file, "w") as f:
+        f.write(
+            "mode: enforce\nclusters:\n"
+            "- {name: train, scheduler: slurm, size: 8, match: {name_pattern: 'a3-*'}}\n"
+        )
+    env["PITSTOP_POLICY"] = policy_file
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pitstop.cli", "incidents", *args],
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+
+    table = run("--open", "--timeline")
+    assert table.returncode == 0, table.stderr
+    assert "a3-node-040" in table.stdout and "HELD" in table.stdout
+    assert "blast-radius budget cluster-train exhausted" in table.stdout
+    assert "detected" in table.stdout and "classified" in table.stdout
+    rows = [json.loads(x) for x in run("--json").stdout.splitlines()]
+    assert {r["state"] for r in rows} == {"OPEN", "HELD"}
+    assert all("classified" in r["durations_s"] for r in rows)
+    rel = run("--release", held["id"], "--by", "alice")
+    assert rel.returncode == 0 and "released" in rel.stdout
+    after = IncidentStore(fs_client).get(held["id"])
+    assert after is not None and after["state"] == "OPEN"
+    assert after["workflow"]["state"] == "pending"
+    assert run("--release", held["id"]).returncode == 1  # no longer held

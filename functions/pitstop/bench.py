@@ -163,3 +163,121 @@ def bench_classify(n: int = 100_000, runs: int = 3) -> dict[str, Any]:
         "cost_vs_json_roundtrip": round(t_clf / t_base, 3),
         "mix_first_5000": kinds,
     }
+
+
+class _CountingStarter:
+    """Stands in for Workflows in the ingest benchmark: records starts, runs nothing."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[str, int]] = []
+
+    def find(self, incident_id: str, step: int) -> str | None:
+        return None
+
+    def start(self, incident_id: str, step: int, argument: Any) -> str:
+        self.started.append((incident_id, step))
+        return f"executions/{incident_id}-{step}"
+
+
+def storm(lines: int, nodes: int, seconds: float = 10.0, seed: int = 11) -> list[dict[str, Any]]:
+    """Push bodies of an Xid storm: ``lines`` driver lines across ``nodes`` nodes within ``seconds``."""
+    import base64
+
+    rnd = random.Random(seed)  # noqa: S311 - a reproducible corpus, not a secret
+    start = 1_800_000_000.0
+    out = []
+    for i in range(lines):
+        node = f"a3-node-{i % nodes:03d}"
+        ts = start + seconds * i / lines
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int((ts % 1) * 1e6):06d}Z"
+        entry = {
+            "insertId": f"storm-{i:08d}",
+            "logName": "projects/train-prod/logs/syslog",
+            "timestamp": stamp,
+            "jsonPayload": {"message": rnd.choice(_XID_LINES[:2] + _XID_LINES[4:5])},
+            "resource": {
+                "type": "gce_instance",
+                "labels": {
+                    "instance_id": str(7_000_000_000 + i % nodes),
+                    "zone": "us-central1-a",
+                    "project_id": "train-prod",
+                },
+            },
+            "labels": {"compute.googleapis.com/resource_name": node},
+        }
+        data = base64.b64encode(json.dumps(entry).encode()).decode()
+        out.append({"message": {"data": data, "messageId": str(i), "publishTime": stamp}})
+    return out
+
+
+def bench_ingest(
+    lines: int = 20_000, nodes: int = 64, workers: int = 8, instances: int = 2
+) -> dict[str, Any]:
+    """Events/s through ingest on the Firestore emulator, and Firestore writes per input event."""
+    import os
+    import tempfile
+    import uuid
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    from google.cloud import firestore
+
+    from .ingest import Ingest
+    from .local import procs
+    from .policy import from_doc
+    from .store import IncidentStore
+
+    proc = None
+    if not os.environ.get("FIRESTORE_EMULATOR_HOST"):
+        proc, host = procs.start_emulator("firestore", Path(tempfile.mkdtemp(prefix="pitstop-bench-")))
+        os.environ["FIRESTORE_EMULATOR_HOST"] = host
+    try:
+        policy = from_doc(
+            {
+                "mode": "enforce",
+                "clusters": [
+                    {
+                        "name": "train",
+                        "scheduler": "slurm",
+                        "size": nodes,
+                        "match": {"name_pattern": "a3-node-*"},
+                    }
+                ],
+            }
+        )
+        client = firestore.Client(project=f"bench-{uuid.uuid4().hex[:8]}")
+        starter = _CountingStarter()
+        services = [Ingest(policy, IncidentStore(client), starter, None) for _ in range(instances)]
+        bodies = storm(lines, nodes)
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(workers) as pool:
+            results = list(
+                pool.map(
+                    lambda ib: services[ib[0] % instances].handle_payload(ib[1]).result, enumerate(bodies)
+                )
+            )
+        for s in services:
+            s.coalescer.flush_all(time.time())
+        elapsed = time.perf_counter() - t0
+        incidents = [d.to_dict() for d in client.collection("pitstop_incidents").stream()]
+        writes = sum(s.store.writes for s in services)
+        counted = sum((i or {}).get("counts", {}).get("events", 0) for i in incidents)
+        return {
+            "benchmark": "ingest",
+            "lines": lines,
+            "nodes": nodes,
+            "instances": instances,
+            "workers": workers,
+            "events_per_s": round(lines / elapsed),
+            "incidents": len(incidents),
+            "workflow_starts": len(starter.started),
+            "held": sum(1 for i in incidents if i and i["state"] == "HELD"),
+            "firestore_writes": writes,
+            "writes_per_event": round(writes / lines, 4),
+            "events_counted_on_incidents": counted,
+            "results": {r: results.count(r) for r in sorted(set(results))},
+        }
+    finally:
+        if proc is not None:
+            proc.stop()
+            os.environ.pop("FIRESTORE_EMULATOR_HOST", None)

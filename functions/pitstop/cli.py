@@ -10,6 +10,7 @@ from typing import IO, Any
 import orjson
 
 from .classify import Classifier
+from .resources import DataFileError
 
 
 def _lines(path: str) -> Iterator[bytes]:
@@ -59,11 +60,100 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
     if args.target == "classify":
-        result = bench.bench_classify(args.lines)
-    else:  # pragma: no cover - argparse restricts choices
-        raise SystemExit(f"unknown benchmark {args.target}")
+        result = bench.bench_classify(args.lines or 100_000)
+    else:
+        runs = [
+            bench.bench_ingest(args.lines or 20_000, args.nodes, args.workers, int(n))
+            for n in args.instances.split(",")
+        ]
+        result = {"benchmark": "ingest", "runs": runs}
     sys.stdout.buffer.write(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
     return 0
+
+
+def _store(project: str | None) -> Any:
+    import os
+
+    from google.cloud import firestore
+
+    from . import policy as policy_mod
+    from .store import IncidentStore
+
+    pol = policy_mod.load()
+    client = firestore.Client(project=project or os.environ.get("GOOGLE_CLOUD_PROJECT"))
+    return IncidentStore(client, pol.doc["store"]["collection_prefix"]), pol
+
+
+def cmd_incidents(args: argparse.Namespace) -> int:
+    import time
+
+    from .timeline import durations, iso, render
+
+    store, pol = _store(args.project)
+    if args.release:
+        out = store.release(args.release, pol, time.time(), by=args.by)
+        print(f"{args.release}: {out.result}")
+        return 0 if out.result == "released" else 1
+    states = ("OPEN", "HELD", "FENCED", "ACTING", "VERIFYING", "FAILED") if args.open else None
+    incidents = store.list(states)
+    if args.json:
+        for inc in incidents:
+            sys.stdout.buffer.write(orjson.dumps({**inc, "durations_s": durations(inc)}, default=str) + b"\n")
+        return 0
+    print(f"{'ID':<11} {'STATE':<10} {'ACTION':<14} {'NODE':<28} {'CLUSTER':<10} {'EVENTS':>7}  DETECTED")
+    for inc in incidents:
+        print(
+            f"{inc['id']:<11} {inc['state']:<10} {inc['action']:<14} {inc['node']['instance']:<28} "
+            f"{inc.get('cluster') or '-':<10} {inc['counts']['events']:>7}  "
+            f"{iso(inc['timeline'].get('detected'))}"
+        )
+        if inc.get("held"):
+            print(f"    held: {inc['held']['reason']}")
+        if args.timeline:
+            print("\n".join(render(inc)))
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    import time
+
+    from . import policy as policy_mod
+    from . import replay as replay_mod
+
+    pol = policy_mod.load(args.policy)
+    if args.path:
+        items = replay_mod.read_jsonl(args.path)
+    else:
+        if not args.project:
+            raise SystemExit("pitstop replay --since needs --project (or GOOGLE_CLOUD_PROJECT)")
+        items = replay_mod.cloud_logging_entries(
+            args.project, _duration_s(args.since), time.time(), endpoint=args.logging_endpoint
+        )
+    report = replay_mod.replay(items, pol)
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+        return 0
+    t = report["totals"]
+    print(f"{report['entries']} entries: {report['by_kind']}")
+    print(
+        f"{t['incidents']} incidents, {t['would_start']} remediations would start, "
+        f"{t['held_by_budget']} held by budget ({t['released_later']} released as the window slid), "
+        f"{t['held_for_human']} held for a human; by action {t['by_action']}"
+    )
+    for inc in report["incidents"]:
+        held = f"  HELD: {inc['held']['reason']}" if inc["held"] else ""
+        print(
+            f"  {inc['id']} {inc['node']:<28} {inc['action']:<14} events={inc['events']:<6} "
+            f"{inc['reason']}{held}"
+        )
+    return 0
+
+
+def _duration_s(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if not text or text[-1] not in units or not text[:-1].replace(".", "", 1).isdigit():
+        raise SystemExit(f"--since takes a duration like 90m, 6h or 2d, not {text!r}")
+    return float(text[:-1]) * units[text[-1]]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,9 +168,31 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_classify)
 
     b = sub.add_parser("bench", help="measure speed")
-    b.add_argument("target", choices=("classify",))
-    b.add_argument("--lines", type=int, default=100_000)
+    b.add_argument("target", choices=("classify", "ingest"))
+    b.add_argument("--lines", type=int, default=None, help="input lines (classify: 100000, ingest: 20000)")
+    b.add_argument("--nodes", type=int, default=64, help="ingest: nodes the storm spreads over")
+    b.add_argument("--workers", type=int, default=8, help="ingest: concurrent deliveries")
+    b.add_argument("--instances", default="1,2", help="ingest: function instances to simulate, one run each")
     b.set_defaults(func=cmd_bench)
+
+    i = sub.add_parser("incidents", help="list incidents (Firestore) or release a held one")
+    i.add_argument("--open", action="store_true", help="only open, held and failed incidents")
+    i.add_argument("--json", action="store_true")
+    i.add_argument("--timeline", action="store_true", help="print each incident's timeline")
+    i.add_argument("--release", metavar="ID", help="release a HELD incident past its budget")
+    i.add_argument("--by", default="operator", help="who releases (recorded on the incident)")
+    i.add_argument("--project", default=None)
+    i.set_defaults(func=cmd_incidents)
+
+    r = sub.add_parser("replay", help="what the policy would have done with past log entries (observe mode)")
+    src = r.add_mutually_exclusive_group(required=True)
+    src.add_argument("path", nargs="?", help="JSON Lines export of LogEntries")
+    src.add_argument("--since", help="read Cloud Logging with the pipeline's filters, e.g. 6h")
+    r.add_argument("--policy", help="policy.yaml to evaluate (default: $PITSTOP_POLICY or shipped defaults)")
+    r.add_argument("--project", default=None)
+    r.add_argument("--logging-endpoint", default=None, help=argparse.SUPPRESS)
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_replay)
     return p
 
 
@@ -90,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rc: int = args.func(args)
     except BrokenPipeError:
         return 0
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+    except (FileNotFoundError, IsADirectoryError, PermissionError, DataFileError) as exc:
         print(f"pitstop: {exc}", file=sys.stderr)
         return 2
     return rc

@@ -62,60 +62,81 @@ class Coalescer:
             if key in self._seen:
                 return engine.Outcome("duplicate")
             st = self._nodes.get(nkey)
-            if st is not None and now - st.fetched_at < self.cache_ttl:
-                latest = st.latest
-                if latest is None and ev["action"] == "NONE":
-                    self._remember(key)
-                    return engine.Outcome("ignored")
-                if (
-                    latest is not None
-                    and RANK[ev["action"]] <= RANK[latest["action"]]
-                    and engine.absorbs(latest, ev, ts)
-                ):
-                    engine.count_into(st.deltas, ev, ts, self.policy)
-                    if st.representative is None or RANK[ev["action"]] >= RANK[st.representative["action"]]:
-                        st.representative = dict(ev)
-                    st.buffered += 1
-                    self.coalesced += 1
-                    self._remember(key)
-                    if now - st.last_flush >= self.flush_interval:
-                        self._flush(nkey, st, now)
-                    return engine.Outcome("absorbed", incident=latest, notes=["coalesced"])
-            if st is not None and st.buffered:
-                self._flush(nkey, st, now)
+            fresh = st is not None and now - st.fetched_at < self.cache_ttl
+        if not fresh:
+            latest = self.store.latest_incident(nkey)  # plain reads: no write to refresh a cache
+            with self._lock:
+                st = self._nodes.setdefault(nkey, _Node(None, now, now))
+                st.latest, st.fetched_at = latest, now
+                for k in (latest or {}).get("recent_keys", []):
+                    self._remember(k)
+                if key in self._seen:
+                    return engine.Outcome("duplicate", incident=latest)
+        assert st is not None
+        job = None
+        with self._lock:
+            latest = st.latest
+            if latest is None and ev["action"] == "NONE":
+                self._remember(key)
+                return engine.Outcome("ignored")
+            if (
+                latest is not None
+                and RANK[ev["action"]] <= RANK[latest["action"]]
+                and engine.absorbs(latest, ev, ts)
+            ):
+                engine.count_into(st.deltas, ev, ts, self.policy)
+                if st.representative is None or RANK[ev["action"]] >= RANK[st.representative["action"]]:
+                    st.representative = dict(ev)
+                st.buffered += 1
+                self.coalesced += 1
+                self._remember(key)
+                if now - st.last_flush >= self.flush_interval:
+                    job = self._take(st, now)
+                absorbed = True
+            else:
+                job = self._take(st, now)
+                absorbed = False
+        if job is not None:
+            self._merge(nkey, job, now)
+        if absorbed:
+            return engine.Outcome("absorbed", incident=latest, notes=["coalesced"])
         out = self.store.apply(ev, self.policy, now)
         with self._lock:
             if out.result != "duplicate":
-                latest = out.incident if out.incident is not None else (st.latest if st else None)
-                if out.result == "ignored" and st is None:
-                    latest = None
-                cur = self._nodes.get(nkey)
-                self._nodes[nkey] = _Node(latest, now, cur.last_flush if cur else now)
+                if out.incident is not None:
+                    st.latest = out.incident
+                st.fetched_at = now
             self._remember(key)
         return out
 
-    def _flush(self, nkey: str, st: _Node, now: float) -> engine.Outcome | None:
+    def _take(self, st: _Node, now: float) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
+        """Detach a node's buffered counts (under the lock) so they can be written outside it."""
+        st.last_flush = now
         if not st.buffered or st.latest is None or st.representative is None:
-            st.last_flush = now
             return None
-        deltas, rep, iid = st.deltas, st.representative, st.latest["id"]
-        st.deltas, st.representative, st.buffered, st.last_flush = engine.empty_deltas(), None, 0, now
-        out = self.store.merge_counts(iid, rep, deltas, self.policy, now)
-        if out is not None and out.incident is not None:
-            st.latest, st.fetched_at = out.incident, now
-        if out is not None and self.on_outcome is not None:
-            self.on_outcome(out)
-        return out
+        job = (st.latest["id"], st.representative, st.deltas)
+        st.deltas, st.representative, st.buffered = engine.empty_deltas(), None, 0
+        return job
 
-    def flush_all(self, now: float) -> list[engine.Outcome]:
-        """Write every buffered count now (end of a benchmark, SIGTERM, the periodic sweep)."""
-        outs = []
+    def _merge(self, nkey: str, job: tuple[str, dict[str, Any], dict[str, Any]], now: float) -> None:
+        iid, rep, deltas = job
+        out = self.store.merge_counts(iid, rep, deltas, self.policy, now)
+        if out is None:
+            return
         with self._lock:
-            for nkey, st in list(self._nodes.items()):
-                out = self._flush(nkey, st, now)
-                if out is not None:
-                    outs.append(out)
-        return outs
+            st = self._nodes.get(nkey)
+            if st is not None and out.incident is not None:
+                st.latest, st.fetched_at = out.incident, now
+        if self.on_outcome is not None:
+            self.on_outcome(out)
+
+    def flush_all(self, now: float) -> None:
+        """Write every buffered count now (end of a benchmark, SIGTERM, the periodic sweep)."""
+        with self._lock:
+            jobs = [(k, self._take(st, now)) for k, st in self._nodes.items()]
+        for nkey, job in jobs:
+            if job is not None:
+                self._merge(nkey, job, now)
 
     def forget(self, nkey: str | None = None) -> None:
         with self._lock:

@@ -30,6 +30,7 @@ RECORD_ONLY_ACTIONS = ("NONE", "RESTART_JOB")
 JOB_ACTIONS = ("RESTART_JOB", "RESCHEDULE_JOB")
 MAX_EVIDENCE = 10
 MAX_HISTORY = 50
+MAX_RECENT_KEYS = 1000  # delivery keys an incident remembers, so any instance can spot a redelivery
 TIMELINE_KEYS = (
     "detected",
     "classified",
@@ -130,7 +131,12 @@ def new_incident(iid: str, ev: Mapping[str, Any], cluster: Any, policy: Policy, 
     return inc
 
 
+def remember_keys(inc: dict[str, Any], keys: list[str]) -> None:
+    inc["recent_keys"] = (inc.get("recent_keys", []) + keys)[-MAX_RECENT_KEYS:]
+
+
 def _count(inc: dict[str, Any], ev: Mapping[str, Any], ts: float, tie_s: float) -> None:
+    remember_keys(inc, [event_key(ev)])
     counts = inc["counts"]
     counts["events"] = counts.get("events", 0) + 1
     key = f"xid_{ev['xid']}" if ev["xid"] is not None else ev["kind"]
@@ -410,6 +416,7 @@ def close_if_burst_over(inc: dict[str, Any], now: float) -> bool:
 
 def merge_deltas(inc: dict[str, Any], deltas: Mapping[str, Any], policy: Policy) -> None:
     """Add coalesced counts (built with the same counting as :func:`apply_event`) to an incident."""
+    remember_keys(inc, deltas.get("recent_keys", []))
     for k, n in deltas["counts"].items():
         inc["counts"][k] = inc["counts"].get(k, 0) + n
     for gk, g in deltas["gpus"].items():

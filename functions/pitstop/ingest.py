@@ -128,6 +128,10 @@ class Ingest:
             )
         if out.start_step is not None and inc is not None:
             self.start_workflow(inc["id"], out.start_step, now)
+        elif inc is not None:
+            wf = inc.get("workflow") or {}
+            if wf.get("state") == "pending" and wf.get("lease_until", 0) <= now:
+                self.recover_start(inc["id"], now)  # its starter died: whoever sees it next starts it
         elif out.result == "duplicate" and out.notes and out.notes[0] not in ("None", ""):
             self.recover_start(out.notes[0], now)
 

@@ -8,21 +8,26 @@ Firestore TTL policy that infra/ deploys).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import random
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 from google.cloud import firestore
 
 from . import engine
+from .actions import NODE_ACTIONS
 from .policy import Policy
 
-# Contended documents (one node during a storm) abort transactions; each retry keeps its
-# place in line, so more attempts cost little and avoid failing a delivery needlessly.
-MAX_ATTEMPTS = 25
+T = TypeVar("T")
+
+# Contended documents (one node during a storm) abort transactions. The client retries at
+# once, which can livelock two contenders; a few quick attempts, then jittered backoff.
+MAX_ATTEMPTS = 3
+RETRIES = 12
 
 
 class _LazyBudgets(Mapping[str, dict[str, Any] | None]):
@@ -60,11 +65,17 @@ class IncidentStore:
         self.dedup = client.collection(f"{prefix}_dedup")
         self._lock = threading.Lock()
         self._node_locks: dict[str, threading.Lock] = {}
+        # Only node actions claim blast-radius slots; their transactions all touch the same
+        # budget documents, so inside one instance they take turns instead of aborting each other.
+        self._claim_lock = threading.Lock()
         self.writes = 0  # documents written by this process, for `pitstop bench ingest`
 
     def _count_writes(self, n: int) -> None:
         with self._lock:
             self.writes += n
+
+    def _txn(self) -> Any:
+        return self.db.transaction(max_attempts=MAX_ATTEMPTS)
 
     def _node_lock(self, nkey: str) -> threading.Lock:
         with self._lock:
@@ -72,23 +83,30 @@ class IncidentStore:
 
     # -- events ------------------------------------------------------------------------
 
-    def apply(self, ev: Mapping[str, Any], policy: Policy, now: float) -> engine.Outcome:
-        """Fold one event in, exactly once per delivery identity.
+    def _serialised(self, nkey: str, claims: bool, fn: Callable[[], T]) -> T:
+        """Run one transaction for a node: in turn with this process's others on that node.
 
-        Transactions on one node are serialised inside this process (a storm on one node
-        lands on few instances); across instances Firestore's transactions decide, and a
-        transaction that keeps losing is retried after a jittered pause.
+        A storm on one node lands on few instances, so taking turns in-process removes most
+        aborts; across instances Firestore's transactions decide, and one that keeps losing
+        is retried after a jittered pause. ``claims``: it may claim blast-radius slots, whose
+        documents every node shares, so such transactions also take turns across nodes.
         """
-        nkey = engine.node_key(ev["node"])
         for attempt in range(4):
             try:
-                with self._node_lock(nkey):
-                    return self._apply(ev, policy, now, nkey)
+                with self._node_lock(nkey), self._claim_lock if claims else contextlib.nullcontext():
+                    return fn()
             except ValueError:  # the client's "failed to commit in N attempts"
                 if attempt == 3:
                     raise
                 time.sleep(random.uniform(0.05, 0.5) * (attempt + 1))  # noqa: S311 - jitter, not a secret
         raise AssertionError("unreachable")
+
+    def apply(self, ev: Mapping[str, Any], policy: Policy, now: float) -> engine.Outcome:
+        """Fold one event in, exactly once per delivery identity."""
+        nkey = engine.node_key(ev["node"])
+        return self._serialised(
+            nkey, ev["action"] in NODE_ACTIONS, lambda: self._apply(ev, policy, now, nkey)
+        )
 
     def _apply(self, ev: Mapping[str, Any], policy: Policy, now: float, nkey: str) -> engine.Outcome:
         key = engine.event_key(ev)
@@ -129,8 +147,16 @@ class IncidentStore:
             self._count_writes(writes + 1)
             return out
 
-        result: engine.Outcome = txn(self.db.transaction(max_attempts=MAX_ATTEMPTS))
+        result: engine.Outcome = txn(self._txn())
         return result
+
+    def latest_incident(self, nkey: str) -> dict[str, Any] | None:
+        """The node's latest incident, read without a transaction (to refresh a cache)."""
+        node = self.nodes.document(nkey).get().to_dict()
+        if not node or not node.get("latest_incident"):
+            return None
+        snap = self.incidents.document(node["latest_incident"]).get()
+        return snap.to_dict() if snap.exists else None
 
     def merge_counts(
         self,
@@ -159,7 +185,8 @@ class IncidentStore:
             self._count_writes(1)
             return True
 
-        if txn(self.db.transaction(max_attempts=MAX_ATTEMPTS)):
+        nkey = engine.node_key(representative["node"])
+        if self._serialised(nkey, False, lambda: txn(self._txn())):
             return None
         return self.apply(representative, policy, now)
 
@@ -184,7 +211,7 @@ class IncidentStore:
             self._count_writes(1)
             return inc
 
-        result: dict[str, Any] | None = txn(self.db.transaction(max_attempts=MAX_ATTEMPTS))
+        result: dict[str, Any] | None = self._serialised(iid, False, lambda: txn(self._txn()))
         return result
 
     def record_started(self, iid: str, step: int, execution: str, now: float) -> None:
@@ -199,7 +226,7 @@ class IncidentStore:
                 t.update(ref, {"workflow": wf, "updated_at": now})
                 self._count_writes(1)
 
-        txn(self.db.transaction(max_attempts=MAX_ATTEMPTS))
+        self._serialised(iid, False, lambda: txn(self._txn()))
 
     def pending_starts(self, now: float) -> list[dict[str, Any]]:
         """Incidents whose decided workflow step has not been started (crash recovery)."""
@@ -258,7 +285,7 @@ class IncidentStore:
             self._count_writes(2 + len(out.budgets))
             return out
 
-        result: engine.Outcome = txn(self.db.transaction(max_attempts=MAX_ATTEMPTS))
+        result: engine.Outcome = self._serialised(iid, True, lambda: txn(self._txn()))
         return result
 
     def close_bursts(self, now: float) -> int:
@@ -283,5 +310,8 @@ class IncidentStore:
                     t.set(self.budgets.document(doc_id), doc)
                 return True
 
-            closed += bool(txn(self.db.transaction(max_attempts=MAX_ATTEMPTS)))
+            def run(txn: Callable[[Any], bool] = txn) -> bool:
+                return txn(self._txn())  # a fresh transaction per retry
+
+            closed += bool(self._serialised(inc["id"], True, run))
         return closed

@@ -1,0 +1,192 @@
+"""`pitstop replay`: past log entries through classify + the incident engine, in observe mode.
+
+The same pure engine as production, on an in-memory store, with event time as the clock
+and the periodic sweep simulated every minute, so the report shows what the policy would
+have done: incidents, actions, escalations, and what the blast-radius budget would have held.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from . import engine
+from .classify import Classifier
+from .envelope import unwrap
+from .ingest import to_epoch
+from .parse import invalid, parse_entry
+from .policy import Policy, from_doc
+
+SWEEP_EVERY_S = 60.0
+
+
+class MemoryStore:
+    """IncidentStore's transaction semantics on dictionaries (single-threaded)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.incidents: dict[str, dict[str, Any]] = {}
+        self.budgets: dict[str, dict[str, Any]] = {}
+        self.dedup: set[str] = set()
+
+    def _save(self, out: engine.Outcome) -> None:
+        for inc in (out.closed, out.incident):
+            if inc is not None:
+                self.incidents[inc["id"]] = inc
+        if out.node is not None:
+            self.nodes[engine.node_key(out.node["node"])] = out.node
+        self.budgets.update(out.budgets)
+
+    def apply(self, ev: Mapping[str, Any], policy: Policy, now: float) -> engine.Outcome:
+        key = engine.event_key(ev)
+        if key in self.dedup:
+            return engine.Outcome("duplicate")
+        node = self.nodes.get(engine.node_key(ev["node"]))
+        latest = self.incidents.get(node["latest_incident"]) if node and node.get("latest_incident") else None
+        out = engine.apply_event(ev, node, latest, self.budgets, policy, now, key)
+        if out.result != "ignored":
+            self._save(out)
+            self.dedup.add(key)
+        return out
+
+    def sweep(self, policy: Policy, now: float) -> None:
+        for inc in list(self.incidents.values()):
+            if inc["state"] == "OPEN" and engine.close_if_burst_over(inc, now):
+                self.budgets.update(
+                    engine.release_slots(
+                        {d: self.budgets.get(d) for d in inc.get("budget_scopes", [])}, inc["id"]
+                    )
+                )
+        held = sorted(
+            (i for i in self.incidents.values() if i["state"] == "HELD"), key=lambda i: i["created_at"]
+        )
+        for inc in held:
+            if (inc.get("held") or {}).get("scope") is None:
+                continue
+            node = self.nodes.get(inc["node_key"]) or engine.new_node(inc["node"])
+            out = engine.release_held(inc, node, self.budgets, policy, now, "sweep", False)
+            if out.result == "released":
+                inc_after = out.incident
+                assert inc_after is not None
+                inc_after.setdefault("released_by_sweep_at", now)
+                self._save(out)
+
+
+def observe_policy(policy: Policy) -> Policy:
+    doc = copy.deepcopy(dict(policy.doc))
+    doc["mode"] = "observe"
+    return from_doc(doc, "replay policy")
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Entries (or any envelope) from a JSON Lines export; a broken line becomes an invalid marker."""
+    with open(path, "rb") as f:
+        for raw in f:
+            if not raw.strip():
+                continue
+            try:
+                yield {"_payload": orjson.loads(raw)}
+            except orjson.JSONDecodeError as exc:
+                yield {"_invalid": f"malformed JSON: {str(exc)[:120]}"}
+
+
+def replay(
+    items: Iterable[Mapping[str, Any]], policy: Policy, classifier: Classifier | None = None
+) -> dict[str, Any]:
+    pol = observe_policy(policy)
+    clf = classifier or Classifier(pol.xids, Classifier.default().system_events)
+    events: list[dict[str, Any]] = []
+    kinds: Counter[str] = Counter()
+    for item in items:
+        if "_invalid" in item:
+            ev = invalid(str(item["_invalid"]))
+        else:
+            delivery = unwrap(item.get("_payload", item))
+            ev = (
+                clf.decide(parse_entry(delivery.entry, delivery))
+                if delivery.entry is not None
+                else invalid(delivery.error or "no log entry")
+            )
+        kinds[ev["kind"]] += 1
+        if ev["kind"] not in ("unrelated", "invalid"):
+            ts = to_epoch(ev.get("observed_at"))
+            if ts is None:
+                kinds["no_timestamp"] += 1
+                continue
+            ev["_observed_ts"] = ts
+            events.append(ev)
+    events.sort(key=lambda e: e["_observed_ts"])
+    store = MemoryStore()
+    results: Counter[str] = Counter()
+    next_sweep = events[0]["_observed_ts"] + SWEEP_EVERY_S if events else 0.0
+    for ev in events:
+        now = ev["_observed_ts"]
+        while now >= next_sweep:
+            store.sweep(pol, next_sweep)
+            next_sweep += SWEEP_EVERY_S
+        results[store.apply(ev, pol, now).result] += 1
+    incidents = sorted(store.incidents.values(), key=lambda i: i["created_at"])
+    return {
+        "entries": sum(kinds.values()),
+        "by_kind": dict(kinds),
+        "results": dict(results),
+        "incidents": [_summary(i) for i in incidents],
+        "totals": {
+            "incidents": len(incidents),
+            "would_start": sum(1 for i in incidents if (i.get("workflow") or {}).get("would_start")),
+            "held_by_budget": sum(1 for i in incidents if i.get("held") and i["held"].get("scope")),
+            "released_later": sum(1 for i in incidents if "released_by_sweep_at" in i),
+            "held_for_human": sum(1 for i in incidents if i.get("held") and not i["held"].get("scope")),
+            "by_action": dict(Counter(i["action"] for i in incidents)),
+        },
+    }
+
+
+def _summary(inc: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "id": inc["id"],
+        "node": inc["node"]["instance"],
+        "zone": inc["node"]["zone"],
+        "cluster": inc["cluster"],
+        "kind": inc["kind"],
+        "xid": inc["xid"],
+        "action": inc["action"],
+        "state": inc["state"],
+        "held": inc.get("held"),
+        "would_start": bool((inc.get("workflow") or {}).get("would_start")),
+        "events": inc["counts"]["events"],
+        "first_seen": inc["first_seen"],
+        "last_seen": inc["last_seen"],
+        "escalations": inc["escalations"],
+        "reason": inc["reason"],
+    }
+
+
+def cloud_logging_entries(
+    project: str, since_s: float, now: float, endpoint: str | None = None, filters_dir: Path | None = None
+) -> Iterator[dict[str, Any]]:
+    """Past entries from Cloud Logging's entries.list, selected with the pipeline's own sink filters."""
+    import datetime as dt
+
+    from google.cloud import logging as gcl
+
+    from .sinks import combined_filter
+
+    start = dt.datetime.fromtimestamp(now - since_s, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    flt = f'({combined_filter(filters_dir)}) AND timestamp >= "{start}"'
+    kwargs: dict[str, Any] = {"project": project}
+    if endpoint:
+        from google.auth.credentials import AnonymousCredentials
+
+        anonymous = AnonymousCredentials()  # type: ignore[no-untyped-call]
+        kwargs |= {"credentials": anonymous, "_use_grpc": False, "client_options": {"api_endpoint": endpoint}}
+    client: Any = gcl.Client(**kwargs)  # type: ignore[no-untyped-call]
+    for entry in client.list_entries(
+        resource_names=[f"projects/{project}"], filter_=flt, order_by=gcl.ASCENDING
+    ):
+        yield {"_payload": entry.to_api_repr()}

@@ -1,0 +1,31 @@
+"""The sink filter files in infra/filters/: one source of truth for deploy, replay and the local router."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+SINK_FILTERS = {"pitstop-gpu-xid": "gpu-xid.filter", "pitstop-system-events": "system-events.filter"}
+
+
+def filters_dir() -> Path:
+    env = os.environ.get("PITSTOP_FILTERS")
+    here = Path(__file__).resolve().parent
+    for c in ([Path(env)] if env else []) + [here / "filters", here.parents[1] / "infra" / "filters"]:
+        if (c / "gpu-xid.filter").is_file():
+            return c
+    raise FileNotFoundError("infra/filters not found")
+
+
+def read_filter(name: str, directory: Path | None = None) -> str:
+    """A filter file as one line (whitespace folded), as gcloud and the API receive it."""
+    text = ((directory or filters_dir()) / name).read_text(encoding="utf-8")
+    return " ".join(text.split())
+
+
+def sink_filters(directory: Path | None = None) -> dict[str, str]:
+    return {sink: read_filter(f, directory) for sink, f in SINK_FILTERS.items()}
+
+
+def combined_filter(directory: Path | None = None) -> str:
+    return " OR ".join(f"({f})" for f in sink_filters(directory).values())

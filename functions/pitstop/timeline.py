@@ -1,0 +1,38 @@
+"""Reading an incident's timeline: MTTD, time to isolate, MTTR, time to job resumed."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from .engine import TIMELINE_KEYS
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def durations(inc: Mapping[str, Any]) -> dict[str, float | None]:
+    """Seconds from detection (the fault's log timestamp) to each later milestone."""
+    tl = inc.get("timeline") or {}
+    start = tl.get("detected")
+    return {
+        k: (round(tl[k] - start, 3) if start is not None and tl.get(k) is not None else None)
+        for k in TIMELINE_KEYS
+        if k != "detected"
+    }
+
+
+def render(inc: Mapping[str, Any]) -> list[str]:
+    tl = inc.get("timeline") or {}
+    d = durations(inc)
+    rows = []
+    for k in TIMELINE_KEYS:
+        if tl.get(k) is None:
+            continue
+        after = "" if k == "detected" else f"  +{d[k]:.1f}s"
+        rows.append(f"    {k:<12} {iso(tl[k])}{after}")
+    return rows

@@ -1,0 +1,86 @@
+"""The deployed entry points under functions-framework: Pub/Sub push in, incident out, poison → 500."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from functions_framework import create_app
+from google.cloud import firestore
+
+from pitstop.local.executions_server import ExecutionsService
+
+from .helpers import ops_agent_entry
+
+ROOT = Path(__file__).resolve().parents[1]
+XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+
+
+@pytest.fixture
+def ingest_app(
+    firestore_host: str, pubsub_host: str, executions: tuple[ExecutionsService, str], tmp_path: Path
+) -> Iterator[Any]:
+    import main  # functions/main.py, as Cloud Functions loads it
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("mode: enforce\n")
+    env = {
+        "GOOGLE_CLOUD_PROJECT": "fn-entry-test",
+        "PITSTOP_POLICY": str(policy),
+        "PITSTOP_WORKFLOWS_ENDPOINT": executions[1],
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    main._ingest.cache_clear()
+    try:
+        app = create_app("ingest", str(ROOT / "functions" / "main.py"), "cloudevent")  # type: ignore[no-untyped-call]
+        yield app.test_client()
+    finally:
+        main._ingest.cache_clear()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _push(entry: dict[str, Any] | None, data: str | None = None) -> dict[str, Any]:
+    payload = data if data is not None else base64.b64encode(json.dumps(entry).encode()).decode()
+    return {
+        "subscription": "projects/fn-entry-test/subscriptions/pitstop-ingest",
+        "message": {"data": payload, "messageId": "m-1", "publishTime": "2027-01-15T08:00:00Z"},
+    }
+
+
+def test_push_delivery_opens_incident_and_starts_workflow(
+    ingest_app: Any, executions: tuple[ExecutionsService, str]
+) -> None:
+    resp = ingest_app.post(
+        "/projects/fn-entry-test/topics/pitstop-events",
+        json=_push(ops_agent_entry(XID79, instance="a3-node-042")),
+    )
+    assert resp.status_code == 200
+    docs = [
+        d.to_dict()
+        for d in firestore.Client(project="fn-entry-test").collection("pitstop_incidents").stream()
+    ]
+    assert len(docs) == 1 and docs[0] is not None
+    assert docs[0]["node"]["instance"] == "a3-node-042"
+    assert executions[0].created == 1
+
+
+def test_unrelated_is_acknowledged(ingest_app: Any) -> None:
+    resp = ingest_app.post(
+        "/projects/fn-entry-test/topics/pitstop-events", json=_push(ops_agent_entry("systemd[1]: hi"))
+    )
+    assert resp.status_code == 200
+
+
+def test_poison_is_retried_for_dead_lettering(ingest_app: Any) -> None:
+    resp = ingest_app.post("/projects/fn-entry-test/topics/pitstop-events", json=_push(None, data="%%%"))
+    assert resp.status_code == 500
