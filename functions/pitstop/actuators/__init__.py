@@ -1,0 +1,1 @@
+"""Adapters to the systems Pitstop acts on: one class per external system."""

@@ -1,0 +1,624 @@
+"""A stateful fake of the Compute Engine REST subset Pitstop uses, for the real google-cloud-compute client.
+
+Faithful where tests depend on it (reference/fidelity.md §2): error bodies and reasons
+(404 notFound, 400 resourceInUseByAnotherResource, 412 conditionNotMet for a stale label
+fingerprint, 403 rateLimitExceeded / forbidden, 503 backendError), operations that take time
+and end DONE (failed ones with ``error``, ``httpErrorStatusCode`` and ``httpErrorMessage`` so
+the client raises), instance states moving with time, reportHostAsFaulty's preconditions and
+its delayed stop and restart on a new host, MIG recreate (same name, new id), and Spot
+preemption / maintenance notices together with the system-event LogEntry a sink would deliver.
+
+State advances lazily from a scaled clock on every request: no background threads.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import json
+import random
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+BASE = "https://www.googleapis.com/compute/v1"
+FAULTY_HOST_FAMILIES = ("a4x-", "a4-", "a3-ultragpu", "a3-megagpu", "a3-highgpu-8g")
+# Real durations in seconds; the server's time_scale shrinks them for tests and the demo.
+DURATIONS = {
+    "reset": 30.0,
+    "report": 660.0,
+    "report_restart": 90.0,
+    "recreate": 120.0,
+    "maintenance": 180.0,
+    "label": 1.0,
+    "preempted_restart": 60.0,
+}
+_IDS = itertools.count(1)
+
+
+def _rfc3339(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, tz=dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str, domain: str = "global") -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message, self.domain = code, reason, message, domain
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "code": self.code,
+                "message": self.message,
+                "errors": [{"message": self.message, "domain": self.domain, "reason": self.reason}],
+            }
+        }
+
+
+def not_found(path: str) -> ApiError:
+    return ApiError(404, "notFound", f"The resource '{path}' was not found")
+
+
+@dataclass
+class Instance:
+    project: str
+    zone: str
+    name: str
+    machine_type: str
+    provisioning: str = "RESERVATION_BOUND"
+    mig: str | None = None
+    status: str = "RUNNING"
+    id: str = field(default_factory=lambda: str(4_400_000_000_000_000_000 + random.randrange(10**15)))
+    labels: dict[str, str] = field(default_factory=dict)
+    fingerprint: str = "42WmSpB8rSM="
+    host: str = field(default_factory=lambda: f"host-{random.randrange(16**8):08x}")
+    block: str = "block-1"
+    plan: list[tuple[float, dict[str, Any]]] = field(default_factory=list)  # (at, changes)
+    maintenance: dict[str, Any] | None = None
+    reports: int = 0
+
+    @property
+    def zone_path(self) -> str:
+        return f"projects/{self.project}/zones/{self.zone}"
+
+    @property
+    def path(self) -> str:
+        return f"{self.zone_path}/instances/{self.name}"
+
+    def advance(self, now: float) -> None:
+        while self.plan and self.plan[0][0] <= now:
+            _, changes = self.plan.pop(0)
+            for k, v in changes.items():
+                setattr(self, k, v)
+
+    def busy(self) -> bool:
+        return bool(self.plan)
+
+    def to_api(self) -> dict[str, Any]:
+        rs: dict[str, Any] = {
+            "physicalHost": self.host,
+            "physicalHostTopology": {"cluster": "c1", "block": self.block, "host": self.host},
+        }
+        if self.maintenance:
+            rs["upcomingMaintenance"] = self.maintenance
+        doc: dict[str, Any] = {
+            "kind": "compute#instance",
+            "id": self.id,
+            "name": self.name,
+            "status": self.status,
+            "zone": f"{BASE}/projects/{self.project}/zones/{self.zone}",
+            "machineType": f"{BASE}/{self.zone_path}/machineTypes/{self.machine_type}",
+            "selfLink": f"{BASE}/{self.path}",
+            "labels": dict(self.labels),
+            "labelFingerprint": self.fingerprint,
+            "scheduling": {
+                "provisioningModel": self.provisioning,
+                "automaticRestart": self.provisioning != "SPOT",
+                "onHostMaintenance": "TERMINATE",
+                "preemptible": self.provisioning == "SPOT",
+            },
+            "reservationAffinity": {
+                "consumeReservationType": "SPECIFIC_RESERVATION"
+                if self.provisioning == "RESERVATION_BOUND"
+                else "NO_RESERVATION"
+            },
+            "resourceStatus": rs,
+        }
+        if self.mig:
+            doc["metadata"] = {
+                "items": [
+                    {
+                        "key": "created-by",
+                        "value": f"{self.zone_path}/instanceGroupManagers/{self.mig}",
+                    }
+                ]
+            }
+        return doc
+
+
+@dataclass
+class Operation:
+    project: str
+    zone: str
+    op_type: str
+    target: str
+    target_id: str
+    start: float
+    done_at: float
+    error: ApiError | None = None
+    name: str = field(default_factory=lambda: f"operation-{int(time.time() * 1000)}-{next(_IDS):06d}")
+
+    def to_api(self, now: float) -> dict[str, Any]:
+        done = now >= self.done_at
+        doc: dict[str, Any] = {
+            "kind": "compute#operation",
+            "id": str(7_000_000_000 + next(_IDS)),
+            "name": self.name,
+            "operationType": self.op_type,
+            "targetLink": f"{BASE}/{self.target}",
+            "targetId": self.target_id,
+            "status": "DONE" if done else "RUNNING",
+            "progress": 100 if done else 50,
+            "insertTime": _rfc3339(self.start),
+            "startTime": _rfc3339(self.start),
+            "zone": f"{BASE}/projects/{self.project}/zones/{self.zone}",
+            "selfLink": f"{BASE}/projects/{self.project}/zones/{self.zone}/operations/{self.name}",
+            "user": "pitstop-actuate@example.iam.gserviceaccount.com",
+        }
+        if done:
+            doc["endTime"] = _rfc3339(self.done_at)
+            if self.error is not None:
+                doc["error"] = {"errors": [{"code": self.error.reason, "message": self.error.message}]}
+                doc["httpErrorStatusCode"] = self.error.code
+                doc["httpErrorMessage"] = {
+                    400: "BAD REQUEST",
+                    409: "CONFLICT",
+                    412: "PRECONDITION FAILED",
+                    503: "SERVICE UNAVAILABLE",
+                }.get(self.error.code, "ERROR")
+        return doc
+
+
+@dataclass
+class Injected:
+    method: str
+    code: int
+    reason: str
+    message: str
+    count: int
+
+
+class FakeCompute:
+    def __init__(self, time_scale: float = 1.0, clock: Callable[[], float] = time.time) -> None:
+        self.scale, self.clock = time_scale, clock
+        self.instances: dict[str, Instance] = {}
+        self.migs: dict[str, str] = {}  # "project/zone/name" -> base instance name
+        self.ops: dict[str, Operation] = {}
+        self.calls: list[dict[str, Any]] = []  # every mutating request received, for tests and `local status`
+        self.injected: list[Injected] = []
+        self.lock = threading.RLock()
+
+    # -- world setup ---------------------------------------------------------------
+
+    def add_instance(
+        self,
+        project: str,
+        zone: str,
+        name: str,
+        machine_type: str = "a3-megagpu-8g",
+        provisioning: str = "RESERVATION_BOUND",
+        mig: str | None = None,
+    ) -> Instance:
+        inst = Instance(project, zone, name, machine_type, provisioning, mig)
+        with self.lock:
+            self.instances[inst.path] = inst
+            if mig:
+                self.migs[f"{project}/{zone}/{mig}"] = mig
+        return inst
+
+    def inject(self, method: str, code: int, reason: str, message: str = "", count: int = 1) -> None:
+        msg = message or {
+            "rateLimitExceeded": "Rate Limit Exceeded",
+            "forbidden": "Required 'compute.instances.reset' permission",
+            "backendError": "Backend Error",
+        }.get(reason, reason)
+        with self.lock:
+            self.injected.append(Injected(method, code, reason, msg, count))
+
+    def _dur(self, key: str) -> float:
+        return DURATIONS[key] * self.scale
+
+    def _instance(self, project: str, zone: str, name: str) -> Instance:
+        path = f"projects/{project}/zones/{zone}/instances/{name}"
+        inst = self.instances.get(path)
+        if inst is None:
+            raise not_found(path)
+        inst.advance(self.clock())
+        return inst
+
+    def _op(
+        self, inst: Instance, op_type: str, seconds: float, error: ApiError | None = None
+    ) -> dict[str, Any]:
+        now = self.clock()
+        op = Operation(inst.project, inst.zone, op_type, inst.path, inst.id, now, now + seconds, error)
+        self.ops[op.name] = op
+        return op.to_api(now)
+
+    def _check_injected(self, method: str) -> None:
+        for inj in self.injected:
+            if inj.count > 0 and inj.method in (method, "*"):
+                inj.count -= 1
+                domain = "usageLimits" if inj.reason == "rateLimitExceeded" else "global"
+                raise ApiError(inj.code, inj.reason, inj.message, domain)
+
+    # -- API methods ---------------------------------------------------------------
+
+    def get_instance(self, p: str, z: str, i: str) -> dict[str, Any]:
+        return self._instance(p, z, i).to_api()
+
+    def reset(self, p: str, z: str, i: str) -> dict[str, Any]:
+        inst = self._instance(p, z, i)
+        if inst.status not in ("RUNNING",):
+            raise ApiError(400, "resourceNotReady", f"The resource '{inst.path}' is not ready")
+        if inst.busy():
+            raise ApiError(
+                400,
+                "resourceInUseByAnotherResource",
+                f"The resource '{inst.path}' is already being used by another operation",
+            )
+        now, d = self.clock(), self._dur("reset")
+        inst.plan = [
+            (now, {"status": "STOPPING"}),
+            (now + d * 0.3, {"status": "STAGING"}),
+            (now + d, {"status": "RUNNING"}),
+        ]
+        inst.advance(now)
+        return self._op(inst, "reset", d)
+
+    def set_labels(self, p: str, z: str, i: str, body: dict[str, Any]) -> dict[str, Any]:
+        inst = self._instance(p, z, i)
+        if body.get("labelFingerprint") != inst.fingerprint:
+            raise ApiError(
+                412,
+                "conditionNotMet",
+                "Labels fingerprint either invalid or resource labels have changed",
+                "global",
+            )
+        labels = body.get("labels") or {}
+        if not all(
+            re.fullmatch(r"[a-z][-_a-z0-9]{0,62}", k) and re.fullmatch(r"[-_a-z0-9]{0,63}", v)
+            for k, v in labels.items()
+        ):
+            raise ApiError(400, "invalid", "Invalid value for field 'labels'")
+        inst.labels = dict(labels)
+        inst.fingerprint = f"{random.randrange(16**11):011x}="
+        return self._op(inst, "setLabels", self._dur("label"))
+
+    def report_host_as_faulty(self, p: str, z: str, i: str, body: dict[str, Any]) -> dict[str, Any]:
+        inst = self._instance(p, z, i)
+        if not inst.machine_type.startswith(FAULTY_HOST_FAMILIES):
+            raise ApiError(
+                400, "invalid", f"Machine type {inst.machine_type} does not support reportHostAsFaulty"
+            )
+        if inst.provisioning != "RESERVATION_BOUND":
+            raise ApiError(400, "invalid", "reportHostAsFaulty requires a reservation-bound instance")
+        if inst.status != "RUNNING":
+            raise ApiError(400, "resourceNotReady", f"Instance {inst.name} is not RUNNING")
+        if inst.busy():
+            raise ApiError(409, "conflict", "A faulty-host report for this instance is already in progress")
+        if body.get("disruptionSchedule") not in ("IMMEDIATE", "FUTURE"):
+            raise ApiError(400, "invalid", "Invalid value for field 'disruptionSchedule'")
+        if not body.get("faultReasons"):
+            raise ApiError(400, "invalid", "Required field 'faultReasons' not specified")
+        now, d, r = self.clock(), self._dur("report"), self._dur("report_restart")
+        new_host = f"host-{random.randrange(16**8):08x}"
+        # The report runs with the VM still RUNNING, then the VM stops and restarts on a healthy host.
+        inst.plan = [
+            (now + d, {"status": "STOPPING"}),
+            (now + d + r * 0.3, {"status": "REPAIRING"}),
+            (now + d + r * 0.6, {"status": "STAGING", "host": new_host}),
+            (now + d + r, {"status": "RUNNING"}),
+        ]
+        inst.reports += 1
+        return self._op(inst, "reportHostAsFaulty", d)
+
+    def perform_maintenance(self, p: str, z: str, i: str) -> dict[str, Any]:
+        inst = self._instance(p, z, i)
+        if not inst.maintenance or not inst.maintenance.get("canReschedule"):
+            raise ApiError(
+                400, "invalid", "No pending maintenance that can be started early for this instance"
+            )
+        now, d = self.clock(), self._dur("maintenance")
+        inst.plan = [
+            (now, {"status": "STOPPING"}),
+            (now + d * 0.2, {"status": "TERMINATED"}),
+            (now + d * 0.8, {"status": "STAGING", "maintenance": None}),
+            (now + d, {"status": "RUNNING"}),
+        ]
+        inst.advance(now)
+        return self._op(inst, "performMaintenance", d)
+
+    def recreate(self, p: str, z: str, mig: str, body: dict[str, Any]) -> dict[str, Any]:
+        if f"{p}/{z}/{mig}" not in self.migs:
+            raise not_found(f"projects/{p}/zones/{z}/instanceGroupManagers/{mig}")
+        targets = []
+        for ref in body.get("instances") or []:
+            name = ref.rsplit("/", 1)[-1]
+            inst = self._instance(p, z, name)
+            if inst.mig != mig:
+                raise ApiError(400, "invalid", f"Instance {name} is not a member of {mig}")
+            targets.append(inst)
+        now, d = self.clock(), self._dur("recreate")
+        for inst in targets:
+            new_id = str(4_400_000_000_000_000_000 + random.randrange(10**15))
+            inst.plan = [
+                (now, {"status": "STOPPING"}),
+                (
+                    now + d * 0.4,
+                    {"status": "STAGING", "id": new_id, "host": f"host-{random.randrange(16**8):08x}"},
+                ),
+                (now + d, {"status": "RUNNING"}),
+            ]
+            inst.advance(now)
+        path = f"projects/{p}/zones/{z}/instanceGroupManagers/{mig}"
+        op = Operation(p, z, "compute.instanceGroupManagers.recreateInstances", path, "0", now, now + d * 0.1)
+        self.ops[op.name] = op
+        return op.to_api(now)
+
+    def list_managed(self, p: str, z: str, mig: str) -> dict[str, Any]:
+        if f"{p}/{z}/{mig}" not in self.migs:
+            raise not_found(f"projects/{p}/zones/{z}/instanceGroupManagers/{mig}")
+        out = []
+        for inst in self.instances.values():
+            if inst.project == p and inst.zone == z and inst.mig == mig:
+                inst.advance(self.clock())
+                action = "NONE" if inst.status == "RUNNING" and not inst.busy() else "RECREATING"
+                out.append(
+                    {
+                        "instance": f"{BASE}/{inst.path}",
+                        "id": inst.id,
+                        "name": inst.name,
+                        "instanceStatus": inst.status,
+                        "currentAction": action,
+                    }
+                )
+        return {"managedInstances": out}
+
+    def get_operation(self, p: str, z: str, name: str) -> dict[str, Any]:
+        op = self.ops.get(name)
+        if op is None or op.project != p or op.zone != z:
+            raise not_found(f"projects/{p}/zones/{z}/operations/{name}")
+        return op.to_api(self.clock())
+
+    # -- what the platform does on its own (driven by tests and the demo) ---------
+
+    def preempt(self, p: str, z: str, i: str) -> dict[str, Any]:
+        """Spot preemption: the VM goes TERMINATED; the MIG (if any) recreates it. Returns the LogEntry."""
+        inst = self._instance(p, z, i)
+        now = self.clock()
+        inst.status = "TERMINATED"
+        if inst.mig:
+            d = self._dur("preempted_restart")
+            inst.plan = [
+                (
+                    now + d * 0.5,
+                    {"status": "STAGING", "id": str(4_400_000_000_000_000_000 + random.randrange(10**15))},
+                ),
+                (now + d, {"status": "RUNNING"}),
+            ]
+        return self.system_event(inst, "compute.instances.preempted", "Instance was preempted.")
+
+    def schedule_maintenance(self, p: str, z: str, i: str, starts_in_s: float) -> dict[str, Any]:
+        inst = self._instance(p, z, i)
+        now = self.clock()
+        start, end = _rfc3339(now + starts_in_s), _rfc3339(now + starts_in_s + 3 * 3600)
+        inst.maintenance = {
+            "type": "SCHEDULED",
+            "maintenanceStatus": "PENDING",
+            "canReschedule": True,
+            "windowStartTime": start,
+            "windowEndTime": end,
+            "latestWindowStartTime": start,
+            "maintenanceReasons": ["PLANNED_UPDATE"],
+        }
+        entry = self.system_event(inst, "compute.instances.upcomingMaintenance", "Maintenance is scheduled.")
+        entry["protoPayload"]["metadata"] = {
+            "maintenanceStatus": "PENDING",
+            "type": "SCHEDULED",
+            "windowStartTime": start,
+            "windowEndTime": end,
+        }
+        return entry
+
+    def system_event(self, inst: Instance, method: str, message: str) -> dict[str, Any]:
+        now = self.clock()
+        return {
+            "protoPayload": {
+                "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
+                "status": {"message": message},
+                "authenticationInfo": {"principalEmail": "system@google.com"},
+                "serviceName": "compute.googleapis.com",
+                "methodName": method,
+                "resourceName": inst.path,
+                "request": {"@type": f"type.googleapis.com/{method}"},
+            },
+            "insertId": f"{random.randrange(36**12):012x}",
+            "resource": {
+                "type": "gce_instance",
+                "labels": {"instance_id": inst.id, "project_id": inst.project, "zone": inst.zone},
+            },
+            "timestamp": _rfc3339(now),
+            "severity": "INFO",
+            "logName": f"projects/{inst.project}/logs/cloudaudit.googleapis.com%2Fsystem_event",
+            "operation": {
+                "id": f"systemevent-{int(now * 1000)}",
+                "producer": method,
+                "first": True,
+                "last": True,
+            },
+            "receiveTimestamp": _rfc3339(now),
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            for inst in self.instances.values():
+                inst.advance(self.clock())
+            return {
+                "instances": [
+                    {
+                        "name": i.name,
+                        "zone": i.zone,
+                        "status": i.status,
+                        "id": i.id,
+                        "host": i.host,
+                        "labels": i.labels,
+                        "mig": i.mig,
+                        "provisioning": i.provisioning,
+                        "maintenance": i.maintenance,
+                    }
+                    for i in self.instances.values()
+                ],
+                "calls": list(self.calls),
+            }
+
+    # -- HTTP ----------------------------------------------------------------------
+
+    _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+        ("GET", re.compile(r"/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/:]+)"), "get_instance"),
+        ("POST", re.compile(r"/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)/reset"), "reset"),
+        (
+            "POST",
+            re.compile(r"/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)/setLabels"),
+            "set_labels",
+        ),
+        (
+            "POST",
+            re.compile(r"/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)/reportHostAsFaulty"),
+            "report_host_as_faulty",
+        ),
+        (
+            "POST",
+            re.compile(r"/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)/performMaintenance"),
+            "perform_maintenance",
+        ),
+        (
+            "POST",
+            re.compile(
+                r"/compute/v1/projects/([^/]+)/zones/([^/]+)/instanceGroupManagers/([^/]+)/recreateInstances"
+            ),
+            "recreate",
+        ),
+        (
+            "POST",
+            re.compile(
+                r"/compute/v1/projects/([^/]+)/zones/([^/]+)/instanceGroupManagers/([^/]+)/listManagedInstances"
+            ),
+            "list_managed",
+        ),
+        (
+            "GET",
+            re.compile(r"/compute/v1/projects/([^/]+)/zones/([^/]+)/operations/([^/]+)"),
+            "get_operation",
+        ),
+        (
+            "POST",
+            re.compile(r"/compute/v1/projects/([^/]+)/zones/([^/]+)/operations/([^/]+)/wait"),
+            "get_operation",
+        ),
+    ]
+    _WITH_BODY = frozenset({"set_labels", "report_host_as_faulty", "recreate"})
+    _MUTATING = frozenset({"reset", "set_labels", "report_host_as_faulty", "perform_maintenance", "recreate"})
+
+    def dispatch(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        path = path.split("?", 1)[0]
+        if path.startswith("/_admin/"):
+            return self._admin(path, body)
+        for verb, pattern, fn in self._ROUTES:
+            m = pattern.fullmatch(path)
+            if m and verb == method:
+                with self.lock:
+                    try:
+                        if fn in self._MUTATING:
+                            self.calls.append({"method": fn, "path": path, "body": body, "at": self.clock()})
+                        self._check_injected(fn)
+                        args: list[Any] = list(m.groups())
+                        if fn in self._WITH_BODY:
+                            args.append(body)
+                        return 200, getattr(self, fn)(*args)
+                    except ApiError as e:
+                        return e.code, e.body()
+        return 404, not_found(path).body()
+
+    def _admin(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        try:
+            with self.lock:
+                if path == "/_admin/state":
+                    return 200, self.snapshot()
+                if path == "/_admin/inject":
+                    self.inject(
+                        body["method"],
+                        int(body["code"]),
+                        body["reason"],
+                        body.get("message", ""),
+                        int(body.get("count", 1)),
+                    )
+                    return 200, {}
+                if path == "/_admin/preempt":
+                    return 200, self.preempt(body["project"], body["zone"], body["instance"])
+                if path == "/_admin/maintenance":
+                    return 200, self.schedule_maintenance(
+                        body["project"], body["zone"], body["instance"], float(body.get("starts_in_s", 3600))
+                    )
+                if path == "/_admin/add":
+                    self.add_instance(
+                        body["project"],
+                        body["zone"],
+                        body["name"],
+                        body.get("machine_type", "a3-megagpu-8g"),
+                        body.get("provisioning", "RESERVATION_BOUND"),
+                        body.get("mig"),
+                    )
+                    return 200, {}
+        except ApiError as e:
+            return e.code, e.body()
+        except (KeyError, ValueError) as e:
+            return 400, {"error": {"code": 400, "message": f"bad admin request: {e}"}}
+        return 404, {"error": {"code": 404, "message": "no such admin path"}}
+
+
+def serve(fake: FakeCompute, host: str = "127.0.0.1", port: int = 0) -> tuple[ThreadingHTTPServer, str]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _handle(self, method: str) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw) if raw else {}
+            except json.JSONDecodeError:
+                code, resp = 400, ApiError(400, "parseError", "Parse Error").body()
+            else:
+                code, resp = fake.dispatch(method, self.path, body if isinstance(body, dict) else {})
+            data = json.dumps(resp).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json; charset=UTF-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            self._handle("GET")
+
+        def do_POST(self) -> None:
+            self._handle("POST")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True, name="fake-compute").start()
+    return server, f"http://{host}:{server.server_address[1]}"

@@ -1,0 +1,190 @@
+"""A real Slurm cluster on one machine: munge, slurmctld, one slurmd per node (reference/local-slurm.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .procs import Proc, free_port
+
+
+def ensure_munge() -> None:
+    """Create the key once and start munged as user munge (idempotent)."""
+    if subprocess.run(["pgrep", "-x", "munged"], capture_output=True, check=False).returncode == 0:
+        return
+    for d in ("/etc/munge", "/run/munge", "/var/lib/munge", "/var/log/munge"):
+        os.makedirs(d, exist_ok=True)
+        shutil.chown(d, "munge", "munge")
+    if not os.path.exists("/etc/munge/munge.key"):
+        subprocess.run(["/usr/sbin/mungekey", "--create"], check=True, capture_output=True)
+    shutil.chown("/etc/munge/munge.key", "munge", "munge")
+    os.chmod("/etc/munge/munge.key", 0o400)
+    subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], check=True, capture_output=True)
+
+
+@dataclass
+class SlurmCluster:
+    workdir: Path
+    nodes: list[str]
+    cluster: str = "pitstop"
+    procs: list[Proc] = field(default_factory=list)
+    daemons: dict[str, Proc] = field(default_factory=dict)
+
+    @property
+    def conf(self) -> Path:
+        return self.workdir / "slurm.conf"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def write_conf(self) -> None:
+        ctld = free_port()
+        d = self.workdir
+        for sub in ("state", "spool", "log"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        node_lines = [
+            f"NodeName={n} NodeHostname=localhost Port={free_port()} CPUs=1 RealMemory=1000 State=UNKNOWN"
+            for n in self.nodes
+        ]
+        self.conf.write_text(
+            "\n".join(
+                [
+                    f"ClusterName={self.cluster}",
+                    "SlurmctldHost=localhost",
+                    f"SlurmctldPort={ctld}",
+                    "SlurmdPort=6818",
+                    "AuthType=auth/munge",
+                    "CryptoType=crypto/munge",
+                    "SlurmUser=root",
+                    f"StateSaveLocation={d}/state",
+                    f"SlurmdSpoolDir={d}/spool/%n",
+                    f"SlurmctldPidFile={d}/ctld.pid",
+                    f"SlurmdPidFile={d}/d-%n.pid",
+                    f"SlurmctldLogFile={d}/log/ctld.log",
+                    f"SlurmdLogFile={d}/log/d-%n.log",
+                    "ProctrackType=proctrack/pgid",
+                    "TaskPlugin=task/none",
+                    "SelectType=select/cons_tres",
+                    "SelectTypeParameters=CR_CPU",
+                    "ReturnToService=2",
+                    "SchedulerType=sched/backfill",
+                    "MpiDefault=none",
+                    "JobRequeue=1",
+                    "SlurmdTimeout=30",
+                    "InactiveLimit=0",
+                    "KillWait=2",
+                    "MinJobAge=300",
+                    "SchedulerParameters=sched_interval=1,bf_interval=1",
+                    *node_lines,
+                    f"PartitionName=gpu Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP",
+                ]
+            )
+            + "\n"
+        )
+
+    def start(self, timeout: float = 60.0) -> SlurmCluster:
+        ensure_munge()
+        self.write_conf()
+        ctld = Proc(
+            "slurmctld",
+            ["slurmctld", "-D", "-c", "-f", str(self.conf)],
+            self.workdir / "slurmctld.out",
+            self.env,
+        ).start()
+        self.procs.append(ctld)
+        self._wait(
+            lambda: self._ok(["scontrol", "ping"]) and "UP" in self._out(["scontrol", "ping"]),
+            timeout,
+            "slurmctld",
+        )
+        for n in self.nodes:
+            self.start_node(n)
+        self._wait(lambda: self.idle_count() == len(self.nodes), timeout, "slurmd nodes idle")
+        return self
+
+    def start_node(self, node: str) -> None:
+        (self.workdir / "spool" / node).mkdir(parents=True, exist_ok=True)
+        p = Proc(
+            f"slurmd-{node}",
+            ["slurmd", "-D", "-f", str(self.conf), "-N", node],
+            self.workdir / f"slurmd-{node}.out",
+            self.env,
+        ).start()
+        self.daemons[node] = p
+        self.procs.append(p)
+
+    def stop_node(self, node: str) -> None:
+        """The VM is gone (preempted): its slurmd stops answering."""
+        p = self.daemons.pop(node, None)
+        if p is not None:
+            p.stop()
+
+    def _ok(self, argv: list[str]) -> bool:
+        return subprocess.run(argv, env=self.env, capture_output=True, check=False).returncode == 0
+
+    def _out(self, argv: list[str]) -> str:
+        return subprocess.run(argv, env=self.env, capture_output=True, text=True, check=False).stdout
+
+    def idle_count(self) -> int:
+        out = self._out(["sinfo", "-h", "-N", "-o", "%N %t"])
+        return sum(1 for line in out.splitlines() if line.split()[1:2] == ["idle"])
+
+    def node_states(self) -> dict[str, str]:
+        out = self._out(["sinfo", "-h", "-N", "-o", "%N|%T|%E"])
+        return {
+            p[0]: f"{p[1]}{' (' + p[2] + ')' if p[2] and p[2] != 'none' else ''}"
+            for p in (line.split("|") for line in out.splitlines())
+            if len(p) == 3
+        }
+
+    def jobs(self) -> list[dict[str, str]]:
+        out = self._out(["squeue", "-h", "-o", "%i|%T|%N|%j|%r"])
+        return [
+            dict(zip(("id", "state", "nodes", "name", "reason"), line.split("|", 4), strict=False))
+            for line in out.splitlines()
+        ]
+
+    def submit(self, nodes: int, name: str = "train", seconds: int = 3600) -> str:
+        out = subprocess.run(
+            [
+                "sbatch",
+                "--parsable",
+                "-N",
+                str(nodes),
+                "--requeue",
+                "-J",
+                name,
+                "-o",
+                "/dev/null",
+                "--wrap",
+                f"sleep {seconds}",
+            ],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=self.workdir,
+        ).stdout
+        return out.strip().split(";")[0]
+
+    @staticmethod
+    def _wait(cond: object, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                if cond():  # type: ignore[operator]
+                    return
+            time.sleep(0.3)
+        raise TimeoutError(f"{what} not ready after {timeout}s")
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+        self.procs.clear()
+        self.daemons.clear()

@@ -1,0 +1,344 @@
+"""Each Workflows construct the remediation workflow relies on, proven against the runner."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from pitstop.local.wf_expr import WorkflowError
+from pitstop.local.workflows_runner import ExecutionTrace, Workflow, WorkflowDefinitionError
+
+
+def run(src: str, arg: Any = None, env: dict[str, str] | None = None) -> tuple[Any, ExecutionTrace]:
+    trace = ExecutionTrace()
+    out = Workflow(src, env, time_scale=0.0, sleep=lambda s: None).run(arg, trace)
+    return out, trace
+
+
+class Scripted:
+    """An HTTP server answering from a script of (status, body) per call."""
+
+    def __init__(self, script: list[tuple[int, Any]]) -> None:
+        self.script = list(script)
+        self.calls: list[dict[str, Any]] = []
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"] or 0)) or b"null")
+                outer.calls.append({"body": body, "auth": self.headers.get("Authorization")})
+                status, resp = outer.script.pop(0) if outer.script else (200, {"ok": True})
+                data = json.dumps(resp).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/op"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def scripted() -> Iterator[type[Scripted]]:
+    made: list[Scripted] = []
+
+    class Factory(Scripted):
+        def __init__(self, script: list[tuple[int, Any]]) -> None:
+            super().__init__(script)
+            made.append(self)
+
+    yield Factory
+    for s in made:
+        s.server.shutdown()
+
+
+def test_switch_runs_only_the_first_match() -> None:
+    src = """
+main:
+  steps:
+    - init: {assign: [{x: 5}, {hits: []}]}
+    - pick:
+        switch:
+          - condition: ${x > 1}
+            assign: [{hits: '${hits + ["first"]}'}]
+          - condition: ${x > 2}
+            assign: [{hits: '${hits + ["second"]}'}]
+          - condition: true
+            assign: [{hits: '${hits + ["default"]}'}]
+    - done: {return: '${hits}'}
+"""
+    assert run(src)[0] == ["first"]
+
+
+def test_switch_without_match_continues_and_next_end_returns_null() -> None:
+    src = """
+main:
+  steps:
+    - s:
+        switch:
+          - condition: ${false}
+            return: "no"
+    - after: {next: end}
+    - never: {return: "unreachable"}
+"""
+    out, trace = run(src)
+    assert out is None and "never" not in trace.steps
+
+
+def test_expressions_precedence_and_types() -> None:
+    src = """
+main:
+  params: [a]
+  steps:
+    - r:
+        return:
+          div: ${4 / 2}
+          floor: ${7 // 2}
+          prec: ${1 + 2 * 3}
+          logic: ${not false and (a.n > 1 or a.n < 0)}
+          inlist: ${"x" in a.tags}
+          concat: ${"n=" + string(a.n)}
+          get: ${map.get(a, "missing")}
+          dflt: ${default(map.get(a, ["deep", "er"]), "d")}
+"""
+    out, _ = run(src, {"n": 3, "tags": ["x"]})
+    assert out == {
+        "div": 2.0,
+        "floor": 3,
+        "prec": 7,
+        "logic": True,
+        "inlist": True,
+        "concat": "n=3",
+        "get": None,
+        "dflt": "d",
+    }
+
+
+@pytest.mark.parametrize(
+    ("expr", "tag"),
+    [
+        ("${a.missing}", "KeyError"),
+        ("${a.tags[5]}", "IndexError"),
+        ("${1 / 0}", "ZeroDivisionError"),
+        ('${"a" + 1}', "TypeError"),
+        ("${1 and true}", "TypeError"),
+    ],
+)
+def test_runtime_errors_are_tagged(expr: str, tag: str) -> None:
+    src = f"""
+main:
+  params: [a]
+  steps:
+    - r: {{return: '{expr}'}}
+"""
+    with pytest.raises(WorkflowError) as ei:
+        run(src, {"tags": []})
+    assert ei.value.value["tags"] == [tag]
+
+
+def test_retry_default_predicate_retries_503_then_succeeds(scripted: type[Scripted]) -> None:
+    srv = scripted([(503, {"e": 1}), (503, {"e": 2}), (200, {"ok": 1})])
+    src = f"""
+main:
+  steps:
+    - call_it:
+        try:
+          call: http.post
+          args: {{url: "{srv.url}", auth: {{type: OIDC}}, body: {{k: v}}}}
+          result: r
+        retry:
+          predicate: ${{http.default_retry_predicate}}
+          max_retries: 5
+          backoff: {{initial_delay: 1, max_delay: 60, multiplier: 2}}
+    - done: {{return: '${{r.body}}'}}
+"""
+    out, trace = run(src)
+    assert out == {"ok": 1}
+    assert trace.sleeps == [1.0, 2.0]
+    assert len(srv.calls) == 3
+    assert srv.calls[0]["auth"] is not None and srv.calls[0]["body"] == {"k": "v"}
+
+
+def test_retry_gives_up_and_except_binds_the_http_error(scripted: type[Scripted]) -> None:
+    srv = scripted([(429, {})] * 4)
+    src = f"""
+main:
+  steps:
+    - call_it:
+        try:
+          call: http.post
+          args: {{url: "{srv.url}"}}
+        retry: {{predicate: '${{http.default_retry_predicate}}', max_retries: 3,
+                 backoff: {{initial_delay: 1, max_delay: 3, multiplier: 2}}}}
+        except:
+          as: e
+          steps:
+            - caught: {{return: {{code: '${{e.code}}', http: '${{"HttpError" in e.tags}}'}}}}
+"""
+    out, trace = run(src)
+    assert out == {"code": 429, "http": True}
+    assert trace.sleeps == [1.0, 2.0, 3.0]
+    assert len(srv.calls) == 4
+
+
+def test_permanent_4xx_is_not_retried(scripted: type[Scripted]) -> None:
+    srv = scripted([(403, {"error": "forbidden"})])
+    src = f"""
+main:
+  steps:
+    - call_it:
+        try:
+          call: http.post
+          args: {{url: "{srv.url}"}}
+        retry: ${{http.default_retry}}
+"""
+    with pytest.raises(WorkflowError) as ei:
+        run(src)
+    assert ei.value.value["code"] == 403 and ei.value.value["body"] == {"error": "forbidden"}
+    assert len(srv.calls) == 1
+
+
+def test_connection_refused_is_connection_failed() -> None:
+    src = """
+main:
+  steps:
+    - c:
+        try:
+          call: http.post
+          args: {url: "http://127.0.0.1:9/nothing"}
+        except:
+          as: e
+          steps:
+            - r: {return: '${e.tags}'}
+"""
+    assert run(src)[0] == ["ConnectionFailedError"]
+
+
+def test_retry_reruns_the_whole_try_block_with_custom_predicate(scripted: type[Scripted]) -> None:
+    srv = scripted([(500, {}), (200, {})])
+    src = f"""
+main:
+  steps:
+    - init: {{assign: [{{n: 0}}]}}
+    - block:
+        try:
+          steps:
+            - count: {{assign: [{{n: '${{n + 1}}'}}]}}
+            - post: {{call: http.post, args: {{url: "{srv.url}"}}}}
+        retry:
+          predicate: ${{only_500}}
+          max_retries: 2
+          backoff: {{initial_delay: 1, max_delay: 1, multiplier: 1}}
+    - done: {{return: '${{n}}'}}
+only_500:
+  params: [e]
+  steps:
+    - check: {{return: '${{e.code == 500}}'}}
+"""
+    assert run(src)[0] == 2
+
+
+def test_subworkflow_params_defaults_and_raise_map() -> None:
+    src = """
+main:
+  steps:
+    - a: {call: add, args: {x: 2}, result: r}
+    - b:
+        try:
+          call: boom
+        except:
+          as: e
+          steps:
+            - r2: {return: {sum: '${r}', code: '${e.code}'}}
+add:
+  params: [x, y: 40]
+  steps:
+    - s: {return: '${x + y}'}
+boom:
+  steps:
+    - r: {raise: {code: 55, message: "custom"}}
+"""
+    assert run(src)[0] == {"sum": 42, "code": 55}
+
+
+def test_raised_string_is_the_error_value() -> None:
+    with pytest.raises(WorkflowError) as ei:
+        run('main:\n  steps:\n    - r: {raise: "Something went wrong."}\n')
+    assert ei.value.value == "Something went wrong."
+
+
+def test_for_loop_scope_and_next_jumps() -> None:
+    src = """
+main:
+  steps:
+    - init: {assign: [{total: 0}, {i: 0}]}
+    - loop:
+        for:
+          value: v
+          in: [1, 2, 3, 4]
+          steps:
+            - skip:
+                switch:
+                  - condition: ${v == 2}
+                    next: continue
+                  - condition: ${v == 4}
+                    next: break
+            - add: {assign: [{total: '${total + v}'}, {inner: true}]}
+    - poll: {assign: [{i: '${i + 1}'}]}
+    - again:
+        switch:
+          - condition: ${i < 3}
+            next: poll
+    - done: {return: {total: '${total}', i: '${i}'}}
+"""
+    out, _ = run(src)
+    assert out == {"total": 4, "i": 3}
+
+
+def test_loop_variables_do_not_outlive_the_loop() -> None:
+    src = """
+main:
+  steps:
+    - loop: {for: {value: v, in: [1], steps: [{a: {assign: [{made: 1}]}}]}}
+    - r: {return: '${made}'}
+"""
+    with pytest.raises(WorkflowError) as ei:
+        run(src)
+    assert ei.value.value["tags"] == ["KeyError"]
+
+
+def test_env_and_sleep_scaling() -> None:
+    src = """
+main:
+  steps:
+    - z: {call: sys.sleep, args: {seconds: 30}}
+    - r: {return: '${sys.get_env("PITSTOP_ACTUATE_URL")}'}
+"""
+    out, trace = run(src, env={"PITSTOP_ACTUATE_URL": "http://x"})
+    assert out == "http://x" and trace.sleeps == [30.0]
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        "main:\n  steps:\n    - p: {parallel: {branches: []}}\n",
+        "main:\n  steps:\n    - c: {call: googleapis.compute.v1.instances.reset, args: {}}\n",
+        "main:\n  steps:\n    - c: {call: events.await_callback, args: {}}\n",
+        "main:\n  steps:\n    - a: {assign: [{x: 'prefix ${1}'}]}\n",
+        "main:\n  steps:\n    - a: {assign: [{x: '${1 +}'}]}\n",
+        "main:\n  steps:\n    - a: {assign: [{x: 1}], bogus: 2}\n",
+    ],
+)
+def test_unsupported_constructs_are_refused_at_load(src: str) -> None:
+    with pytest.raises(WorkflowDefinitionError):
+        Workflow(src)
