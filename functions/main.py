@@ -2,13 +2,17 @@
 
 Each handler builds its service once per instance from the environment:
 GOOGLE_CLOUD_PROJECT, PITSTOP_POLICY (path to policy.yaml), PITSTOP_NOTIFICATIONS_TOPIC,
-PITSTOP_WORKFLOWS_ENDPOINT (local runner only), and the emulator variables in tests.
+PITSTOP_WEBHOOK_URL (from Secret Manager via --set-secrets) and PITSTOP_WEBHOOK_FORMAT
+(chat|slack); local endpoints PITSTOP_WORKFLOWS_ENDPOINT, PITSTOP_COMPUTE_ENDPOINT,
+PITSTOP_MONITORING_ENDPOINT only when running on the local stack; emulator variables in tests.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
+import json
 import os
 import signal
 import time
@@ -17,10 +21,16 @@ from typing import Any
 import functions_framework
 from cloudevents.http import CloudEvent
 from google.cloud import firestore
+from google.cloud.pubsub_v1 import PublisherClient
 
+from pitstop import log
 from pitstop import policy as policy_mod
+from pitstop.actuate import Actuator
+from pitstop.actuators.compute import ComputeAdapter
+from pitstop.actuators.scheduler import Scheduler, SlurmScheduler
 from pitstop.ingest import Ingest
 from pitstop.notifier import Notifier
+from pitstop.notify import MetricsWriter, Notify
 from pitstop.store import IncidentStore
 from pitstop.workflows_client import WorkflowStarter
 
@@ -50,6 +60,54 @@ def _ingest() -> Ingest:
     return service
 
 
+@functools.cache
+def _actuator() -> Actuator:
+    project = _project()
+    pol = policy_mod.load()
+    prefix = pol.doc["store"]["collection_prefix"]
+    db = firestore.Client(project=project)
+    publisher = PublisherClient()
+    schedulers: dict[str, Scheduler] = {}
+    for c in pol.clusters:
+        if c.scheduler == "slurm":
+            topic = (c.raw.get("slurm") or {}).get("command_topic") or f"pitstop-slurm-{c.name}"
+            schedulers[c.name] = SlurmScheduler(
+                publisher, publisher.topic_path(project, topic), db.collection(f"{prefix}_slurm_results")
+            )
+    wf = pol.doc["workflow"]
+    starter = WorkflowStarter(
+        project, wf["location"], wf["name"], os.environ.get("PITSTOP_WORKFLOWS_ENDPOINT")
+    )
+    notifier = Notifier(
+        project, os.environ.get("PITSTOP_NOTIFICATIONS_TOPIC", "pitstop-notifications"), publisher
+    )
+    return Actuator(
+        pol,
+        IncidentStore(db, prefix),
+        ComputeAdapter(os.environ.get("PITSTOP_COMPUTE_ENDPOINT")),
+        schedulers,
+        notifier,
+        starter,
+    )
+
+
+@functools.cache
+def _notify() -> Notify:
+    project = _project()
+    pol = policy_mod.load()
+    endpoint = os.environ.get("PITSTOP_MONITORING_ENDPOINT")
+    metrics = MetricsWriter(project, endpoint) if os.environ.get("PITSTOP_METRICS", "on") != "off" else None
+    ledger = firestore.Client(project=project).collection(
+        f"{pol.doc['store']['collection_prefix']}_notifications"
+    )
+    return Notify(
+        os.environ.get("PITSTOP_WEBHOOK_URL"),
+        os.environ.get("PITSTOP_WEBHOOK_FORMAT", "chat"),
+        metrics,
+        ledger,
+    )
+
+
 @functions_framework.cloud_event
 def ingest(cloud_event: CloudEvent) -> None:
     """Pub/Sub messagePublished: one LogEntry from the Cloud Logging sink."""
@@ -60,3 +118,27 @@ def ingest(cloud_event: CloudEvent) -> None:
 def sweep(request: Any) -> tuple[dict[str, int], int]:
     """Cloud Scheduler, every minute: flush counts, end bursts, retry held incidents and lost starts."""
     return _ingest().sweep(), 200
+
+
+@functions_framework.http
+def actuate(request: Any) -> tuple[dict[str, Any], int]:
+    """Called by the remediation workflow (OIDC; only the workflow's account may invoke it)."""
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        return {"error": "request body must be a JSON object"}, 400
+    return _actuator().handle(body)
+
+
+@functions_framework.cloud_event
+def notify(cloud_event: CloudEvent) -> None:
+    """Pub/Sub messagePublished on the notifications topic."""
+    message = (cloud_event.data or {}).get("message") or {}
+    try:
+        notification = json.loads(base64.b64decode(message.get("data") or ""))
+    except ValueError:
+        log.emit("ERROR", "notification is not base64 JSON; dropped", message_id=message.get("messageId"))
+        return
+    if not isinstance(notification, dict):
+        log.emit("ERROR", "notification is not a JSON object; dropped", message_id=message.get("messageId"))
+        return
+    _notify().handle(notification, str(message.get("messageId") or cloud_event["id"]))

@@ -235,6 +235,70 @@ class IncidentStore:
             d for d in (s.to_dict() for s in q.stream()) if d and d["workflow"].get("lease_until", 0) <= now
         ]
 
+    # -- remediation steps (actuate) ---------------------------------------------------
+
+    def mutate(self, iid: str, fn: Callable[[dict[str, Any]], T]) -> T:
+        """Change one incident in a transaction: ``fn`` edits the document in place and returns a value."""
+        ref = self.incidents.document(iid)
+
+        @firestore.transactional
+        def txn(t: Any) -> T:
+            inc = ref.get(transaction=t).to_dict()
+            if inc is None:
+                raise KeyError(iid)
+            before = repr(inc)
+            out = fn(inc)
+            if repr(inc) != before:
+                t.set(ref, inc)
+                self._count_writes(1)
+            return out
+
+        result: T = self._serialised(iid, False, lambda: txn(self._txn()))
+        return result
+
+    def step_record(self, iid: str, key: str) -> dict[str, Any] | None:
+        snap = self.incidents.document(iid).collection("steps").document(key).get()
+        return snap.to_dict() if snap.exists else None
+
+    def put_step_record(self, iid: str, key: str, record: Mapping[str, Any]) -> None:
+        self.incidents.document(iid).collection("steps").document(key).set(dict(record))
+        self._count_writes(1)
+
+    def release_budget(self, inc: Mapping[str, Any]) -> None:
+        """Mark an incident's blast-radius slots inactive (they still count until the window slides)."""
+
+        @firestore.transactional
+        def txn(t: Any) -> None:
+            docs = {
+                d: self.budgets.document(d).get(transaction=t).to_dict() for d in inc.get("budget_scopes", [])
+            }
+            for doc_id, doc in engine.release_slots(docs, inc["id"]).items():
+                t.set(self.budgets.document(doc_id), doc)
+
+        self._serialised(inc["id"], True, lambda: txn(self._txn()))
+
+    def mark_job_requeue(self, key: str, incident: str, now: float, cooldown_s: float) -> bool:
+        """A gang moves once: claim the right to requeue a job unless another incident just did."""
+        ref = self.db.collection(self.incidents.id.replace("_incidents", "_jobs")).document(key)
+
+        @firestore.transactional
+        def txn(t: Any) -> bool:
+            cur = ref.get(transaction=t).to_dict() or {}
+            if cur.get("requeued_at", 0) + cooldown_s > now and cur.get("incident") != incident:
+                return False
+            t.set(
+                ref,
+                {
+                    "requeued_at": now,
+                    "incident": incident,
+                    "history": ([*cur.get("history", []), {"at": now, "incident": incident}])[-20:],
+                },
+            )
+            return True
+
+        claimed: bool = self._serialised(key, False, lambda: txn(self._txn()))
+        return claimed
+
     # -- operator views and actions ----------------------------------------------------
 
     def get(self, iid: str) -> dict[str, Any] | None:

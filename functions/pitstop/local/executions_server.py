@@ -24,7 +24,7 @@ _PARENT = re.compile(r"projects/[^/]+/locations/[^/]+/workflows/[^/]+")
 _LABEL_TERM = re.compile(r'\s*labels\.([a-z][-_a-z0-9]*)\s*=\s*"([^"]*)"\s*')
 
 Runner = Callable[[str, str, dict[str, str]], tuple[str, str | None, str | None]]
-"""(workflow parent, argument JSON, labels) -> (state, result JSON, error payload)."""
+"""(execution name, argument JSON, labels) -> (state, result JSON, error payload)."""
 
 
 @dataclass
@@ -82,7 +82,7 @@ class ExecutionsService:
             self.records[name] = rec
             self.created += 1
         if self.runner is not None:
-            self._pool.submit(self._run, req.parent, rec)
+            self._pool.submit(self._run, rec)
         return ex
 
     def get(self, req: t.GetExecutionRequest, ctx: grpc.ServicerContext) -> t.Execution:
@@ -113,10 +113,10 @@ class ExecutionsService:
 
     # -- running -------------------------------------------------------------------
 
-    def _run(self, parent: str, rec: Record) -> None:
+    def _run(self, rec: Record) -> None:
         assert self.runner is not None
         try:
-            state, result, error = self.runner(parent, rec.execution.argument, rec.labels)
+            state, result, error = self.runner(rec.execution.name, rec.execution.argument, rec.labels)
         except Exception as exc:  # the runner's own failure is an execution failure, not a crash
             state, result, error = "FAILED", None, repr(exc)
         ex = rec.execution

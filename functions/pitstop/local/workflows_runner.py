@@ -16,6 +16,7 @@ import json
 import math
 import os
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -136,6 +137,7 @@ class Workflow:
             self.routines[name] = body
         self.env = dict(env or {})
         self.time_scale, self._sleep = time_scale, sleep
+        self._run_env = threading.local()  # built-in per-execution variables
         self._exprs: dict[str, Node] = {}
         for rname, body in self.routines.items():
             self._check_steps(body["steps"], where=rname)
@@ -233,6 +235,9 @@ class Workflow:
             return cur
 
         def get_env(name: str) -> Any:
+            per_run = getattr(self._run_env, "env", {})
+            if name in per_run:
+                return per_run[name]
             if name in self.env:
                 return self.env[name]
             raise error("KeyError", f"environment variable {name} is not set")
@@ -274,9 +279,12 @@ class Workflow:
             return [self.value(x, scope) for x in v]
         return v
 
-    def run(self, argument: Any = None, trace: ExecutionTrace | None = None) -> Any:
+    def run(
+        self, argument: Any = None, trace: ExecutionTrace | None = None, env: Mapping[str, str] | None = None
+    ) -> Any:
         """Run main; return its result or raise WorkflowError (the execution FAILED)."""
         trace = trace or ExecutionTrace()
+        self._run_env.env = dict(env or {})
         params = self.routines["main"].get("params") or []
         args = {params[0]: argument} if params else {}
         return self._call_routine("main", args, trace, depth=0)
@@ -553,9 +561,16 @@ def runner_for(
     with open(source_path, encoding="utf-8") as f:
         wf = Workflow(f.read(), env or dict(os.environ), time_scale)
 
-    def run(parent: str, argument: str, labels: dict[str, str]) -> tuple[str, str | None, str | None]:
+    def run(name: str, argument: str, labels: dict[str, str]) -> tuple[str, str | None, str | None]:
+        parts = name.split("/")  # projects/P/locations/L/workflows/W/executions/E
+        builtin = {
+            "GOOGLE_CLOUD_WORKFLOW_EXECUTION_ID": parts[-1],
+            "GOOGLE_CLOUD_PROJECT_ID": parts[1],
+            "GOOGLE_CLOUD_LOCATION": parts[3],
+            "GOOGLE_CLOUD_WORKFLOW_ID": parts[5],
+        }
         try:
-            result = wf.run(json.loads(argument or "null"))
+            result = wf.run(json.loads(argument or "null"), env=builtin)
         except WorkflowError as exc:
             return "FAILED", None, json.dumps(exc.value)
         return "SUCCEEDED", json.dumps(result), None

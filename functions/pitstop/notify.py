@@ -1,0 +1,170 @@
+"""The notify service: notifications topic → webhook (Google Chat or Slack), Cloud Monitoring, logs.
+
+Decoupled from remediation by Pub/Sub: a webhook outage makes this function raise, so the
+message is redelivered with backoff while remediation carries on. Each message is handled
+once per sink (webhook, metrics), tracked in Firestore by message id, so a redelivery after
+a partial failure neither double-posts nor double-counts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import log
+
+SEVERITY_ICON = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
+
+
+def _escape_slack(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def render(n: Mapping[str, Any], fmt: str) -> dict[str, Any]:
+    """The webhook body. Text comes from validated names and policy reasons, never raw log lines."""
+    inc = n.get("incident") or {}
+    sev = str(n.get("severity", "info"))
+    node = (inc.get("node") or {}).get("instance", "?")
+    lines = [f"{SEVERITY_ICON.get(sev, '')} [{sev.upper()}] {n.get('summary', '')}"]
+    facts = [
+        ("incident", inc.get("id")),
+        ("node", node),
+        ("cluster", inc.get("cluster")),
+        ("action", inc.get("action")),
+        ("state", inc.get("state")),
+    ]
+    lines.append(" · ".join(f"{k}: {v}" for k, v in facts if v))
+    d = n.get("durations_s") or {}
+    if d.get("resolved") is not None:
+        lines.append(
+            f"time to remediate: {d['resolved']:.0f} s (isolated after {d.get('fenced') or 0:.0f} s)"
+        )
+    if n.get("jobs"):
+        lines.append(f"jobs on the node: {', '.join(map(str, n['jobs']))}")
+    if n.get("todo"):
+        lines.append(f"what to do: {n['todo']}")
+    text = "\n".join(lines)
+    if fmt == "slack":
+        safe = _escape_slack(text)
+        return {"text": safe, "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": safe}}]}
+    return {"text": text}
+
+
+class MetricsWriter:
+    """Custom metrics through google-cloud-monitoring (endpoint configurable for a local server)."""
+
+    PREFIX = "custom.googleapis.com/pitstop"
+
+    def __init__(self, project: str, endpoint: str | None = None) -> None:
+        from google.cloud import monitoring_v3
+
+        self.mv3 = monitoring_v3
+        if endpoint:
+            import grpc
+            from google.auth.credentials import AnonymousCredentials
+            from google.cloud.monitoring_v3.services.metric_service.transports import (
+                MetricServiceGrpcTransport,
+            )
+
+            anonymous = AnonymousCredentials()  # type: ignore[no-untyped-call]
+            transport = MetricServiceGrpcTransport(
+                channel=grpc.insecure_channel(endpoint), credentials=anonymous
+            )
+            self.client = monitoring_v3.MetricServiceClient(transport=transport)
+        else:
+            self.client = monitoring_v3.MetricServiceClient()
+        self.project = project
+
+    def _series(self, metric: str, labels: Mapping[str, str], value: float | int, now: float) -> Any:
+        s = self.mv3.TimeSeries()
+        s.metric.type = f"{self.PREFIX}/{metric}"
+        for k, v in labels.items():
+            s.metric.labels[k] = v
+        s.resource.type = "global"
+        s.resource.labels["project_id"] = self.project
+        sec = int(now)
+        val = {"int64_value": value} if isinstance(value, int) else {"double_value": value}
+        s.points = [
+            self.mv3.Point(
+                {"interval": {"end_time": {"seconds": sec, "nanos": int((now - sec) * 1e9)}}, "value": val}
+            )
+        ]
+        return s
+
+    def write(self, n: Mapping[str, Any], now: float) -> int:
+        inc = n.get("incident") or {}
+        base = {
+            "kind": str(inc.get("kind") or "none"),
+            "action": str(inc.get("action") or "NONE"),
+            "cluster": str(inc.get("cluster") or "none"),
+        }
+        series = []
+        if n.get("kind") == "page":
+            series.append(self._series("incidents_held", {"cluster": base["cluster"]}, 1, now))
+        elif inc.get("state") == "FAILED":
+            series.append(self._series("remediations_failed", base, 1, now))
+        elif inc.get("state") == "RESOLVED":
+            series.append(self._series("incidents_resolved", base, 1, now))
+            resolved = (n.get("durations_s") or {}).get("resolved")
+            if resolved is not None:
+                series.append(
+                    self._series("time_to_remediate_s", {"action": base["action"]}, float(resolved), now)
+                )
+        for s in series:  # one point per series per call, as the API wants
+            self.client.create_time_series(name=f"projects/{self.project}", time_series=[s])
+        return len(series)
+
+
+class Notify:
+    def __init__(
+        self,
+        webhook_url: str | None,
+        fmt: str,
+        metrics: MetricsWriter | None,
+        ledger: Any | None,
+        post: Callable[[str, bytes], int] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.url, self.fmt, self.metrics, self.ledger = webhook_url, fmt, metrics, ledger
+        self.post, self.clock = post or self._post, clock
+
+    @staticmethod
+    def _post(url: str, data: bytes) -> int:
+        if not url.startswith(("https://", "http://127.0.0.1", "http://localhost")):
+            raise ValueError("webhook URL must be https (or a local http endpoint)")
+        req = urllib.request.Request(  # noqa: S310 - scheme checked above
+            url,
+            data=data,
+            method="POST",
+            headers={"Content-Type": "application/json; charset=UTF-8"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310
+            return int(resp.status)
+
+    def handle(self, n: Mapping[str, Any], message_id: str) -> dict[str, Any]:
+        done: dict[str, Any] = {}
+        ref = self.ledger.document(message_id) if self.ledger is not None and message_id else None
+        if ref is not None:
+            done = ref.get().to_dict() or {}
+        log.emit(
+            {"critical": "CRITICAL", "warning": "WARNING"}.get(str(n.get("severity")), "INFO"),
+            str(n.get("summary", "")),
+            notification=n.get("kind"),
+            incident=(n.get("incident") or {}).get("id"),
+        )
+        if self.url and not done.get("webhook"):
+            status = self.post(self.url, json.dumps(render(n, self.fmt)).encode())
+            if status >= 300:
+                raise RuntimeError(f"webhook answered {status}")
+            done["webhook"] = self.clock()
+            if ref is not None:
+                ref.set(done)
+        if self.metrics is not None and not done.get("metrics"):
+            done["metrics_series"] = self.metrics.write(n, self.clock())
+            done["metrics"] = self.clock()
+            if ref is not None:
+                ref.set(done)
+        return done

@@ -1,0 +1,380 @@
+"""The remediation workflow end to end: runner + actuate (functions-framework) + fake Compute + real Slurm.
+
+One test per action and per failure path of issue 4. Time is scaled: the fake Compute's
+operations take ~1 % of their real duration and the workflow's sleeps ~20 %.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.cloud import firestore
+from google.cloud.pubsub_v1 import PublisherClient, SubscriberClient
+from werkzeug.serving import make_server
+
+from pitstop import engine, policy
+from pitstop.ingest import Ingest
+from pitstop.local import executions_server
+from pitstop.local.fake_compute import FakeCompute, serve
+from pitstop.local.slurm import SlurmCluster
+from pitstop.local.workflows_runner import runner_for
+from pitstop.notifier import Notifier
+from pitstop.slurm_agent import Agent, SlurmCommands
+from pitstop.store import IncidentStore
+
+from .helpers import PROJECT, ops_agent_entry
+
+ROOT = Path(__file__).resolve().parents[1]
+NODES = [f"a3-node-{i:03d}" for i in range(4)]
+ZONE = "us-central1-a"
+XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+XID48 = "NVRM: Xid (PCI:0000:1b:00): 48, An uncorrectable double bit error (DBE) has been detected on GPU"
+XID13 = (
+    "NVRM: Xid (PCI:0000:b5:00): 13, Graphics SM Warp Exception on (GPC 1, TPC 3, SM 0): Out Of Range Address"
+)
+
+pytestmark = pytest.mark.emulator
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[SlurmCluster]:
+    cluster = SlurmCluster(Path(tempfile.mkdtemp(prefix="pitstop-slurm-")), NODES).start()
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+class World:
+    """Everything one scenario needs, on a project of its own."""
+
+    def __init__(self, slurm: SlurmCluster, tmp: Path, **policy_over: Any) -> None:
+        self.project = f"rem-{uuid.uuid4().hex[:8]}"
+        self.slurm = slurm
+        self.compute = FakeCompute(time_scale=0.01)
+        for n in NODES[:3]:  # the fault entries name helpers.PROJECT; documents live in self.project
+            self.compute.add_instance(PROJECT, ZONE, n, mig="a3-node")
+        # the last node is a Spot VM: not eligible for reportHostAsFaulty
+        self.compute.add_instance(
+            PROJECT, ZONE, NODES[3], machine_type="a3-highgpu-8g", provisioning="SPOT", mig="a3-node"
+        )
+        self.compute_srv, compute_ep = serve(self.compute)
+        pol_doc: dict[str, Any] = {
+            "mode": "enforce",
+            "clusters": [
+                {
+                    "name": "train",
+                    "scheduler": "slurm",
+                    "size": 8,
+                    "match": {"name_pattern": "a3-*"},
+                    "slurm": {"checkpoint_signal": "SIGUSR1"},
+                }
+            ],
+            "budgets": {
+                "cluster": {"max_nodes": 8, "max_percent": 100},
+                "zone": {"max_nodes": 8, "max_percent": 100},
+            },
+            "cooldowns": {"RESCHEDULE_JOB": 0},
+        }
+        pol_doc.update(policy_over)
+        self.policy_file = tmp / f"{self.project}.yaml"
+        self.policy_file.write_text(json.dumps(pol_doc))
+        self.policy = policy.load(self.policy_file)
+        pub, self.sub = PublisherClient(), SubscriberClient()
+        for t in ("pitstop-notifications", "pitstop-slurm-train"):
+            pub.create_topic(name=pub.topic_path(self.project, t))
+        self.sub.create_subscription(
+            name=self.sub.subscription_path(self.project, "agent"),
+            topic=pub.topic_path(self.project, "pitstop-slurm-train"),
+        )
+        self.sub.create_subscription(
+            name=self.sub.subscription_path(self.project, "notes"),
+            topic=pub.topic_path(self.project, "pitstop-notifications"),
+        )
+        self.db = firestore.Client(project=self.project)
+        self.agent = Agent(SlurmCommands(release_requeued=True), self.db.collection("pitstop_slurm_results"))
+        self.stop = threading.Event()
+        threading.Thread(
+            target=self.agent.serve,
+            args=(self.sub.subscription_path(self.project, "agent"), self.stop),
+            daemon=True,
+        ).start()
+        # actuate under functions-framework, over real HTTP; the runner calls it
+        from functions_framework import create_app
+
+        import main
+
+        app = create_app("actuate", str(ROOT / "functions" / "main.py"), "http")  # type: ignore[no-untyped-call]
+        self.http = make_server("127.0.0.1", 0, app, threaded=True)
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{self.http.server_port}/"
+        self.executions = executions_server.ExecutionsService(
+            runner_for(
+                str(ROOT / "workflows" / "remediate.yaml"),
+                {
+                    "PITSTOP_ACTUATE_URL": url,
+                    "PITSTOP_POLL_S": "2",
+                    "PITSTOP_OP_TIMEOUT_S": "120",
+                    "PITSTOP_VERIFY_TIMEOUT_S": "40",
+                },
+                time_scale=0.1,
+            )
+        )
+        self.grpc, port = executions_server.serve(self.executions)
+        os.environ.update(
+            {
+                "GOOGLE_CLOUD_PROJECT": self.project,
+                "PITSTOP_POLICY": str(self.policy_file),
+                "PITSTOP_COMPUTE_ENDPOINT": compute_ep,
+                "PITSTOP_WORKFLOWS_ENDPOINT": f"127.0.0.1:{port}",
+            }
+        )
+        main._actuator.cache_clear()
+        self.actuator = main._actuator()
+        self.store = IncidentStore(self.db)
+        self.ingest = Ingest(
+            self.policy,
+            self.store,
+            self.actuator.starter,  # the same Workflows client
+            Notifier(self.project, "pitstop-notifications"),
+        )
+        self.n = 0
+
+    def fault(self, line: str, node: str) -> engine.Outcome:
+        self.n += 1
+        return self.ingest.handle_payload(
+            ops_agent_entry(line, instance=node, insert_id=f"{self.project}-{self.n}")
+        )
+
+    def event(self, entry: dict[str, Any]) -> engine.Outcome:
+        return self.ingest.handle_payload(entry)
+
+    def wait(self, iid: str, timeout: float = 90.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.executions.records and self.executions.wait_all(0.2):
+                inc = self.store.get(iid)
+                if (
+                    (inc
+                    and inc["state"] in ("RESOLVED", "FAILED"))
+                    or (inc and inc["state"] == "OPEN" and inc["workflow"]["state"] == "pending")
+                ):
+                    if self.executions.wait_all(0.1):
+                        return inc
+            time.sleep(0.2)
+        execs = [
+            (r.execution.state, r.execution.result, r.execution.error.payload)
+            for r in self.executions.records.values()
+        ]
+        raise TimeoutError(f"{iid}: executions {execs}; incident {self.store.get(iid)}")
+
+    def notes(self) -> list[dict[str, Any]]:
+        resp = self.sub.pull(
+            subscription=self.sub.subscription_path(self.project, "notes"), max_messages=50, timeout=10
+        )
+        if resp.received_messages:
+            self.sub.acknowledge(
+                subscription=self.sub.subscription_path(self.project, "notes"),
+                ack_ids=[m.ack_id for m in resp.received_messages],
+            )
+        return [json.loads(m.message.data) for m in resp.received_messages]
+
+    def calls(self, method: str) -> list[dict[str, Any]]:
+        return [c for c in self.compute.calls if c["method"] == method]
+
+    def close(self) -> None:
+        self.stop.set()
+        self.http.shutdown()
+        self.grpc.stop(0)
+        self.compute_srv.shutdown()
+        for n in NODES:  # leave Slurm as found
+            self.slurm._out(["scontrol", "update", f"NodeName={n}", "State=RESUME"])
+        self.slurm._out(["scancel", "--full", "-u", "root"])
+
+
+@pytest.fixture
+def world(firestore_host: str, pubsub_host: str, slurm: SlurmCluster, tmp_path: Path) -> Iterator[World]:
+    w = World(slurm, tmp_path)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def _job_on(slurm: SlurmCluster, nodes: int = 2) -> str:
+    job = slurm.submit(nodes, name="train-gang")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if any(j["id"] == job and j["state"] == "RUNNING" for j in slurm.jobs()):
+            return job
+        time.sleep(0.3)
+    raise TimeoutError(f"job {job} did not start: {slurm.jobs()}")
+
+
+def test_reboot_node_requeues_the_gang_once(world: World) -> None:
+    job = _job_on(world.slurm)
+    node = next(j for j in world.slurm.jobs() if j["id"] == job)["nodes"]
+    target = "a3-node-000" if "000" in node else NODES[0]
+    out = world.fault(XID79, target)
+    assert out.result == "opened"
+    inc = world.wait(out.incident["id"])  # type: ignore[index]
+    assert inc["state"] == "RESOLVED", inc.get("failure")
+    assert len(world.calls("reset")) == 1
+    tl = inc["timeline"]
+    assert (
+        tl["detected"] <= tl["classified"] <= tl["fenced"] <= tl["acted"] <= tl["healthy"] <= tl["resolved"]
+    )
+    assert "job_resumed" in tl
+    steps = {
+        d.id: d.to_dict()
+        for d in world.db.collection("pitstop_incidents").document(inc["id"]).collection("steps").stream()
+    }
+    assert steps["1-reschedule"]["result"]["requeued"] == [job]
+    assert "drain" not in world.slurm.node_states()[target]  # resumed
+    notes = world.notes()
+    assert any(n["kind"] == "incident" and n["incident"]["state"] == "RESOLVED" for n in notes)
+
+
+def test_reset_gpu_for_xid48(world: World) -> None:
+    out = world.fault(XID48, "a3-node-001")
+    inc = world.wait(out.incident["id"])  # type: ignore[index]
+    assert inc["state"] == "RESOLVED" and inc["action"] == "RESET_GPU"
+    assert len(world.calls("reset")) == 1
+
+
+def test_lemon_host_is_reported_faulty(world: World) -> None:
+    key = engine.node_key({"project": PROJECT, "zone": ZONE, "instance": "a3-node-002"})
+    now = time.time()
+    world.store.put_node(
+        key,
+        {
+            **engine.new_node(
+                {"project": PROJECT, "zone": ZONE, "instance": "a3-node-002", "instance_id": None}
+            ),
+            "remediations": [
+                {"at": now - d * 86400, "action": "RESET_GPU", "incident": f"o{d}"} for d in (1, 2, 5)
+            ],
+        },
+    )
+    out = world.fault(XID48, "a3-node-002")
+    assert out.incident is not None and out.incident["action"] == "REPLACE_NODE"
+    inc = world.wait(out.incident["id"])
+    assert inc["state"] == "RESOLVED", inc.get("failure")
+    reports = world.calls("report_host_as_faulty")
+    assert len(reports) == 1
+    body = reports[0]["body"]
+    assert body["disruptionSchedule"] == "IMMEDIATE"
+    assert body["faultReasons"][0]["behavior"] == "UNRECOVERABLE_GPU_ERROR"
+    assert (
+        "Xid 48" in body["faultReasons"][0]["description"]
+        and "lemon" in body["faultReasons"][0]["description"]
+    )
+
+
+def test_replace_falls_back_to_mig_recreate_when_not_reservation_bound(world: World) -> None:
+    clf_over = policy.from_doc(
+        {
+            "mode": "enforce",
+            "xid_overrides": {"79": "REPLACE_NODE"},
+            "clusters": world.policy.doc["clusters"],
+            "budgets": world.policy.doc["budgets"],
+        }
+    )
+    world.ingest.policy = clf_over
+    world.ingest.coalescer.policy = clf_over
+    from pitstop.classify import Classifier
+
+    world.ingest.classifier = Classifier(clf_over.xids, world.ingest.classifier.system_events)
+    out = world.fault(XID79, NODES[3])
+    inc = world.wait(out.incident["id"])  # type: ignore[index]
+    assert inc["state"] == "RESOLVED", inc.get("failure")
+    assert world.calls("report_host_as_faulty") == []
+    assert len(world.calls("recreate")) == 1
+    act = world.store.step_record(inc["id"], "1-act")
+    assert act is not None and act["result"]["method"] == "recreateInstances"
+    assert "reservation-bound" in act["result"]["why_not_report"]
+
+
+def test_maintenance_checkpoints_then_drains_and_performs_maintenance(world: World) -> None:
+    job = _job_on(world.slurm, 1)
+    node = next(j for j in world.slurm.jobs() if j["id"] == job)["nodes"]
+    entry = world.compute.schedule_maintenance(PROJECT, ZONE, node, starts_in_s=310)
+    out = world.event(entry)
+    assert out.incident is not None and out.incident["action"] == "DRAIN_NODE"
+    inc = world.wait(out.incident["id"], timeout=120)
+    assert inc["state"] == "RESOLVED", inc.get("failure")
+    ck = world.store.step_record(inc["id"], "1-checkpoint")
+    assert ck is not None and ck["result"]["signalled"] == [job] and ck["result"]["signal"] == "SIGUSR1"
+    assert len(world.calls("perform_maintenance")) == 1
+
+
+def test_restart_job_only_notifies(world: World) -> None:
+    out = world.fault(XID13, "a3-node-003")
+    inc = world.wait(out.incident["id"])  # type: ignore[index]
+    assert inc["state"] == "RESOLVED" and inc["action"] == "RESTART_JOB"
+    assert world.compute.calls == []
+    assert "fenced" not in inc["timeline"]
+    assert world.slurm.node_states()["a3-node-003"].startswith("idle")
+
+
+def test_transient_503_is_retried(world: World) -> None:
+    world.compute.inject("reset", 503, "backendError", count=2)
+    out = world.fault(XID79, "a3-node-001")
+    inc = world.wait(out.incident["id"])  # type: ignore[index]
+    assert inc["state"] == "RESOLVED", inc.get("failure")
+    assert len(world.calls("reset")) == 3  # two refused, one taken; the node was reset once
+
+
+def test_rate_limit_is_backed_off(world: World) -> None:
+    world.compute.inject("reset", 403, "rateLimitExceeded", count=1)
+    out = world.fault(XID79, "a3-node-001")
+    inc = world.wait(out.incident["id"])  # type: ignore[index]
+    assert inc["state"] == "RESOLVED", inc.get("failure")
+    assert len(world.calls("reset")) == 2
+
+
+def test_permission_denied_fails_and_node_stays_fenced(world: World) -> None:
+    world.compute.inject("reset", 403, "forbidden", count=1)
+    out = world.fault(XID79, "a3-node-002")
+    inc = world.wait(out.incident["id"])  # type: ignore[index]
+    assert inc["state"] == "FAILED"
+    assert inc["failure"]["stage"] == "act" and "403" in inc["failure"]["error"]
+    assert len(world.calls("reset")) == 1
+    assert "drain" in world.slurm.node_states()["a3-node-002"]
+    assert any(n["severity"] == "critical" and "stays fenced" in n.get("todo", "") for n in world.notes())
+
+
+def test_node_never_healthy_fails_after_timeout(world: World) -> None:
+    # the node's slurmd does not come back after the reboot: slurmctld marks it DOWN
+    world.slurm._out(["scontrol", "update", "NodeName=a3-node-001", "State=DOWN", "Reason=no-slurmd"])
+    out = world.fault(XID79, "a3-node-001")
+    inc = world.wait(out.incident["id"], timeout=120)  # type: ignore[index]
+    assert inc["state"] == "FAILED" and inc["failure"]["stage"] == "verify"
+    assert "gave up waiting for verify" in inc["failure"]["error"]
+    assert len(world.calls("reset")) == 1
+    assert "drain" in world.slurm.node_states()["a3-node-001"]  # never returned to service
+
+
+def test_duplicate_execution_does_not_reset_twice(world: World) -> None:
+    out = world.fault(XID79, "a3-node-000")
+    assert out.incident is not None
+    iid = out.incident["id"]
+    # a second execution of the same step (e.g. a re-run by hand)
+    world.actuator.starter.start(iid, 1, {"incident_id": iid, "step": 1})  # type: ignore[union-attr]
+    inc = world.wait(iid)
+    assert inc["state"] == "RESOLVED"
+    assert len(world.calls("reset")) == 1
+    results = [
+        json.loads(r.execution.result) for r in world.executions.records.values() if r.execution.result
+    ]
+    assert sorted(r["outcome"] for r in results) == ["resolved", "stale"]
