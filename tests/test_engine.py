@@ -287,3 +287,16 @@ def test_incident_ids_are_deterministic_and_short() -> None:
     assert a == engine.incident_id("p.z.n", "trigger-1")
     assert a != engine.incident_id("p.z.n", "trigger-2")
     assert len(a) == 10 and a.isalnum()
+
+
+def test_stronger_line_of_the_same_burst_reopens_a_record_only_incident() -> None:
+    w = World(pol())
+    xid94 = "NVRM: Xid (PCI:0000:1b:00): 94, Contained: SM (0x1). RST: No, D-RST: No"
+    first = w.feed(ev(xid94, ts=T0 + 2))
+    assert first.incident is not None and first.incident["action"] == "RESTART_JOB"
+    w.resolve(first.incident["id"], T0 + 5)  # its notify-only workflow finished
+    late = w.feed(ev(XID48, ts=T0 + 1), now=T0 + 6)  # logged first, delivered last
+    assert late.result == "raised" and late.start_step == 2
+    inc = w.incidents[first.incident["id"]]
+    assert inc["state"] == "OPEN" and inc["action"] == "RESET_GPU" and "resolved" not in inc["timeline"]
+    assert len(w.incidents) == 1

@@ -164,10 +164,8 @@ class World:
         while time.monotonic() < deadline:
             if self.executions.records and self.executions.wait_all(0.2):
                 inc = self.store.get(iid)
-                if (
-                    (inc
-                    and inc["state"] in ("RESOLVED", "FAILED"))
-                    or (inc and inc["state"] == "OPEN" and inc["workflow"]["state"] == "pending")
+                if (inc and inc["state"] in ("RESOLVED", "FAILED")) or (
+                    inc and inc["state"] == "OPEN" and inc["workflow"]["state"] == "pending"
                 ):
                     if self.executions.wait_all(0.1):
                         return inc

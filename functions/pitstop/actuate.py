@@ -66,6 +66,8 @@ class Actuator:
                 done = self.store.step_record(iid, key)
                 if done is not None:
                     return {**done["result"], "replayed": True}, 200
+                if inc["step"] != step:  # a newer step owns the incident: this execution only winds down
+                    return {"outcome": "superseded", "current_step": inc["step"], "operation": None}, 200
                 result = getattr(self, f"_{op}")(inc, step, req.get("extra") or {})
                 self.store.put_step_record(iid, key, {"result": result, "at": self.clock()})
                 return result, 200
@@ -288,7 +290,10 @@ class Actuator:
         requeued, skipped = [], []
         for job in self._jobs(inc, step):
             state = sched.job_state(job, ctx)
-            if state in ("PENDING", "COMPLETED", "CANCELLED", "UNKNOWN"):
+            # After a checkpoint request a job exits on purpose: it must come back. Otherwise a job
+            # that completed, was cancelled, or is already pending again is left alone.
+            finished_ok = state == "COMPLETED" and plan_for(inc["action"]) == "drain"
+            if state in ("PENDING", "CANCELLED", "UNKNOWN") or (state == "COMPLETED" and not finished_ok):
                 skipped.append({"job": job, "why": f"job is {state}"})
                 continue
             key = f"{inc.get('cluster') or 'none'}-{job}"

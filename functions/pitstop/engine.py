@@ -258,8 +258,9 @@ def absorbs(latest: Mapping[str, Any] | None, ev: Mapping[str, Any], ts: float) 
         return False
     resolved = latest["timeline"].get("resolved") or 0
     if latest["action"] in RECORD_ONLY_ACTIONS or latest.get("mode") == "observe":
-        # Record-only episodes end with the burst (3 minutes of silence).
-        return ts < latest["burst_until"] and RANK[ev["action"]] <= RANK[latest["action"]]
+        # Record-only episodes end with the burst (3 minutes of silence); a stronger line of the
+        # same burst (delivered late: push delivery is unordered) reopens the episode.
+        return ts < latest["burst_until"]
     # A node action's incident absorbs lines logged before it was resolved (late deliveries).
     return ts <= resolved
 
@@ -359,6 +360,9 @@ def apply_event(
         latest["updated_at"] = now
         out.incident, out.result, out.closed = latest, "absorbed", None
         if RANK[ev["action"]] > RANK[latest["action"]]:
+            if latest["state"] == "RESOLVED":  # a record-only episode that turns out to be worse
+                latest["state"] = "OPEN"
+                latest["timeline"].pop("resolved", None)
             proposed = higher(latest["proposed_action"], ev["action"])
             action, why = escalate(proposed, node_doc, policy, now)
             latest["proposed_action"] = proposed

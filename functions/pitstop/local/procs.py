@@ -9,6 +9,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +65,8 @@ class Proc:
             return ""
 
 
-def wait_http(url: str, proc: Proc, timeout: float = 60.0) -> None:
+def wait_http(url: str, proc: Proc, timeout: float = 60.0, accept_errors: bool = False) -> None:
+    """Until the server answers; with ``accept_errors`` any HTTP status counts as up."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not proc.alive():
@@ -72,6 +74,10 @@ def wait_http(url: str, proc: Proc, timeout: float = 60.0) -> None:
         try:
             with urllib.request.urlopen(url, timeout=2):  # noqa: S310 - loopback only
                 return
+        except urllib.error.HTTPError:
+            if accept_errors:
+                return
+            time.sleep(0.2)
         except OSError:
             time.sleep(0.2)
     raise TimeoutError(f"{proc.name} not ready after {timeout}s:\n{proc.tail()}")

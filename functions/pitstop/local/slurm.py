@@ -88,7 +88,7 @@ class SlurmCluster:
             + "\n"
         )
 
-    def start(self, timeout: float = 60.0) -> SlurmCluster:
+    def start_controller(self, timeout: float = 60.0) -> None:
         ensure_munge()
         self.write_conf()
         ctld = Proc(
@@ -103,9 +103,15 @@ class SlurmCluster:
             timeout,
             "slurmctld",
         )
+
+    def wait_idle(self, count: int, timeout: float = 60.0) -> None:
+        self._wait(lambda: self.idle_count() >= count, timeout, f"{count} slurmd nodes idle")
+
+    def start(self, timeout: float = 60.0) -> SlurmCluster:
+        self.start_controller(timeout)
         for n in self.nodes:
             self.start_node(n)
-        self._wait(lambda: self.idle_count() == len(self.nodes), timeout, "slurmd nodes idle")
+        self.wait_idle(len(self.nodes), timeout)
         return self
 
     def start_node(self, node: str) -> None:

@@ -1,0 +1,201 @@
+"""Run one local stand-in as a process: ``python -m pitstop.local.serve NAME [options]``.
+
+fake-compute, executions (the Workflows runner behind the Executions gRPC API), monitoring,
+webhook (a sink that records notifications and can be taken down), and vm-sync (starts and
+stops each node's slurmd as its fake VM goes down and comes back, like a real host would).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+
+def _wait_forever(on_stop: Any = None) -> None:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    signal.signal(signal.SIGINT, lambda *a: stop.set())
+    stop.wait()
+    if on_stop:
+        on_stop()
+
+
+def fake_compute(args: argparse.Namespace) -> None:
+    from .fake_compute import FakeCompute, serve
+
+    fake = FakeCompute(time_scale=args.time_scale)
+    cluster = json.loads(Path(args.cluster).read_text())
+    for inst in cluster["instances"]:
+        fake.add_instance(
+            cluster["project"],
+            cluster["zone"],
+            inst["name"],
+            inst.get("machine_type", "a3-megagpu-8g"),
+            inst.get("provisioning", "RESERVATION_BOUND"),
+            inst.get("mig"),
+        )
+    server, _ = serve(fake, port=args.port)
+    _wait_forever(server.shutdown)
+
+
+def executions(args: argparse.Namespace) -> None:
+    from .executions_server import ExecutionsService, serve
+    from .workflows_runner import runner_for
+
+    env = json.loads(Path(args.env).read_text())
+    svc = ExecutionsService(runner_for(args.workflow, env, args.time_scale))
+    server, _ = serve(svc, port=args.port)
+    _wait_forever(lambda: server.stop(0))
+
+
+def monitoring(args: argparse.Namespace) -> None:
+    import grpc
+
+    from .fake_monitoring import FakeMonitoring
+
+    out = Path(args.out)
+
+    class Recording(FakeMonitoring):
+        def create(self, req: Any, ctx: grpc.ServicerContext) -> Any:
+            n = len(self.series)
+            resp = super().create(req, ctx)
+            with out.open("a") as f:
+                for s in self.series[n:]:
+                    f.write(json.dumps(s) + "\n")
+            return resp
+
+    from concurrent import futures
+
+    from google.cloud.monitoring_v3.types import metric_service
+    from google.protobuf import empty_pb2
+
+    fake = Recording()
+    handler = grpc.method_handlers_generic_handler(
+        "google.monitoring.v3.MetricService",
+        {
+            "CreateTimeSeries": grpc.unary_unary_rpc_method_handler(
+                fake.create,
+                metric_service.CreateTimeSeriesRequest.deserialize,
+                empty_pb2.Empty.SerializeToString,
+            )
+        },
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"127.0.0.1:{args.port}")
+    server.start()
+    _wait_forever(lambda: server.stop(0))
+
+
+def webhook(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    state = {"down": False}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.path == "/_down":
+                state["down"] = True
+            elif self.path == "/_up":
+                state["down"] = False
+            elif state["down"]:
+                self.send_response(503)
+                self.end_headers()
+                return
+            else:
+                with out.open("a") as f:
+                    f.write(
+                        json.dumps(
+                            {"at": time.time(), "path": self.path, "body": json.loads(body or b"null")}
+                        )
+                        + "\n"
+                    )
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _wait_forever(server.shutdown)
+
+
+def vm_sync(args: argparse.Namespace) -> None:
+    """Each fake VM's slurmd runs only while the VM is RUNNING (a preempted or rebooting host drops out)."""
+    import urllib.request
+
+    from .procs import Proc
+
+    conf, workdir = args.slurm_conf, Path(args.workdir)
+    nodes = args.nodes.split(",")
+    daemons: dict[str, Proc] = {}
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    signal.signal(signal.SIGINT, lambda *a: stop.set())
+    env = {"SLURM_CONF": conf, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    while not stop.is_set():
+        try:
+            req = urllib.request.Request(f"{args.compute}/_admin/state", data=b"{}", method="POST")  # noqa: S310
+            with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310 - loopback
+                state = {i["name"]: i["status"] for i in json.loads(resp.read())["instances"]}
+        except OSError:
+            state = {}
+        for n in nodes:
+            running = state.get(n) == "RUNNING" if state else True
+            p = daemons.get(n)
+            if running and (p is None or not p.alive()):
+                (workdir / "spool" / n).mkdir(parents=True, exist_ok=True)
+                daemons[n] = Proc(
+                    f"slurmd-{n}", ["slurmd", "-D", "-f", conf, "-N", n], workdir / f"slurmd-{n}.out", env
+                ).start()
+            elif not running and p is not None and p.alive():
+                p.stop()
+        stop.wait(0.5)
+    for p in daemons.values():
+        p.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pitstop.local.serve")
+    sub = p.add_subparsers(dest="name", required=True)
+    c = sub.add_parser("fake-compute")
+    c.add_argument("--port", type=int, required=True)
+    c.add_argument("--time-scale", type=float, default=1.0)
+    c.add_argument("--cluster", required=True)
+    e = sub.add_parser("executions")
+    e.add_argument("--port", type=int, required=True)
+    e.add_argument("--workflow", required=True)
+    e.add_argument("--env", required=True)
+    e.add_argument("--time-scale", type=float, default=1.0)
+    for name in ("monitoring", "webhook"):
+        s = sub.add_parser(name)
+        s.add_argument("--port", type=int, required=True)
+        s.add_argument("--out", required=True)
+    v = sub.add_parser("vm-sync")
+    v.add_argument("--compute", required=True)
+    v.add_argument("--slurm-conf", required=True)
+    v.add_argument("--workdir", required=True)
+    v.add_argument("--nodes", required=True)
+    args = p.parse_args(argv)
+    {
+        "fake-compute": fake_compute,
+        "executions": executions,
+        "monitoring": monitoring,
+        "webhook": webhook,
+        "vm-sync": vm_sync,
+    }[args.name](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

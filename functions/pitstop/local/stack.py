@@ -1,0 +1,415 @@
+"""The whole pipeline on one machine: `pitstop local up|down|status|inject`, the demo and the e2e tests.
+
+On 127.0.0.1 and free ports: the Pub/Sub and Firestore emulators, the fake Compute Engine
+with a simulated cluster, a real Slurm (slurmctld + one slurmd per node, kept in step with
+the fake VMs) with the Pitstop Slurm agent, functions-framework servers for ingest, actuate
+and notify fed by real push subscriptions (with dead-letter topics), the Workflows runner,
+a fake Cloud Monitoring, and a webhook sink. The log router applies infra/filters/ to
+injected entries and publishes what a real sink would. State lives in ``<workdir>/stack.json``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import sinks
+from .lql import compile_filter
+from .procs import Proc, free_port, start_emulator, wait_http
+from .slurm import SlurmCluster
+
+ROOT = Path(__file__).resolve().parents[3]
+PROJECT = "pitstop-local"
+ZONE = "us-central1-a"
+
+
+@dataclass
+class ClusterSpec:
+    nodes: int = 8
+    prefix: str = "a3-node"
+    spot: list[str] = field(default_factory=list)
+    machine_type: str = "a3-megagpu-8g"
+    mig: str = "a3-node"
+    name: str = "train"
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"{self.prefix}-{i:03d}" for i in range(self.nodes)]
+
+
+@dataclass
+class StackState:
+    workdir: str
+    project: str
+    endpoints: dict[str, str]
+    pids: dict[str, int]
+    cluster: dict[str, Any]
+    slurm_conf: str
+
+    def save(self) -> None:
+        Path(self.workdir, "stack.json").write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, workdir: str | Path) -> StackState:
+        return cls(**json.loads(Path(workdir, "stack.json").read_text()))
+
+
+def default_workdir() -> Path:
+    return Path(os.environ.get("PITSTOP_LOCAL_DIR", ROOT / ".local"))
+
+
+def policy_for(spec: ClusterSpec, over: dict[str, Any] | None = None) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "mode": "enforce",
+        "clusters": [
+            {
+                "name": spec.name,
+                "scheduler": "slurm",
+                "size": spec.nodes,
+                "match": {"name_pattern": f"{spec.prefix}-*"},
+                "mig": {"name": spec.mig, "zone": ZONE},
+                "slurm": {"checkpoint_signal": "SIGUSR1", "command_topic": f"pitstop-slurm-{spec.name}"},
+            }
+        ],
+        # A short window keeps the demo quick; production defaults are 30 min (policy.defaults.yaml).
+        "budgets": {"window_s": 8, "cluster": {"max_nodes": 4, "max_percent": 25}},
+        "cooldowns": {"RESCHEDULE_JOB": 5},
+        "store": {"flush_interval_s": 0.5},
+    }
+    for k, v in (over or {}).items():
+        doc[k] = v
+    return doc
+
+
+class Stack:
+    def __init__(
+        self,
+        workdir: Path,
+        spec: ClusterSpec | None = None,
+        compute_scale: float = 0.01,
+        workflow_scale: float = 0.1,
+        policy_over: dict[str, Any] | None = None,
+    ) -> None:
+        self.workdir, self.spec = workdir, spec or ClusterSpec()
+        self.compute_scale, self.workflow_scale, self.policy_over = compute_scale, workflow_scale, policy_over
+        self.procs: dict[str, Proc] = {}
+        self.slurm: SlurmCluster | None = None
+        self.state: StackState | None = None
+
+    # -- up --------------------------------------------------------------------------
+
+    def _py(self, name: str, args: list[str], env: dict[str, str]) -> Proc:
+        p = Proc(
+            name, [sys.executable, "-m", "pitstop.local.serve", *args], self.workdir / f"{name}.log", env
+        ).start()
+        self.procs[name] = p
+        return p
+
+    def up(self) -> StackState:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for stale in ("webhook.jsonl", "metrics.jsonl"):
+            (self.workdir / stale).unlink(missing_ok=True)
+        base_env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("PITSTOP_", "FIRESTORE_", "PUBSUB_"))
+        }
+        with ThreadPoolExecutor(2) as pool:
+            fs = pool.submit(start_emulator, "firestore", self.workdir, PROJECT)
+            ps = pool.submit(start_emulator, "pubsub", self.workdir, PROJECT)
+            (fs_proc, fs_host), (ps_proc, ps_host) = fs.result(), ps.result()
+        self.procs["firestore"], self.procs["pubsub"] = fs_proc, ps_proc
+        env = {
+            **base_env,
+            "FIRESTORE_EMULATOR_HOST": fs_host,
+            "PUBSUB_EMULATOR_HOST": ps_host,
+            "GOOGLE_CLOUD_PROJECT": PROJECT,
+            "PYTHONPATH": str(ROOT / "functions"),
+        }
+        ports = {
+            k: free_port()
+            for k in ("compute", "executions", "monitoring", "webhook", "ingest", "actuate", "notify")
+        }
+        ep = {
+            "firestore": fs_host,
+            "pubsub": ps_host,
+            "compute": f"http://127.0.0.1:{ports['compute']}",
+            "executions": f"127.0.0.1:{ports['executions']}",
+            "monitoring": f"127.0.0.1:{ports['monitoring']}",
+            "webhook": f"http://127.0.0.1:{ports['webhook']}/hook",
+            **{f: f"http://127.0.0.1:{ports[f]}" for f in ("ingest", "actuate", "notify")},
+        }
+        cluster_file = self.workdir / "cluster.json"
+        cluster_file.write_text(
+            json.dumps(
+                {
+                    "project": PROJECT,
+                    "zone": ZONE,
+                    "instances": [
+                        {
+                            "name": n,
+                            "machine_type": self.spec.machine_type,
+                            "mig": self.spec.mig,
+                            "provisioning": "SPOT" if n in self.spec.spot else "RESERVATION_BOUND",
+                        }
+                        for n in self.spec.node_names
+                    ],
+                }
+            )
+        )
+        policy_file = self.workdir / "policy.yaml"
+        policy_file.write_text(json.dumps(policy_for(self.spec, self.policy_over), indent=2))
+        wf_env = self.workdir / "workflow-env.json"
+        wf_env.write_text(
+            json.dumps(
+                {
+                    "PITSTOP_ACTUATE_URL": ep["actuate"] + "/",
+                    "PITSTOP_POLL_S": "2",
+                    "PITSTOP_OP_TIMEOUT_S": "1800",
+                    "PITSTOP_VERIFY_TIMEOUT_S": "300",
+                }
+            )
+        )
+        self._py(
+            "fake-compute",
+            [
+                "fake-compute",
+                "--port",
+                str(ports["compute"]),
+                "--time-scale",
+                str(self.compute_scale),
+                "--cluster",
+                str(cluster_file),
+            ],
+            env,
+        )
+        self._py(
+            "executions",
+            [
+                "executions",
+                "--port",
+                str(ports["executions"]),
+                "--workflow",
+                str(ROOT / "workflows" / "remediate.yaml"),
+                "--env",
+                str(wf_env),
+                "--time-scale",
+                str(self.workflow_scale),
+            ],
+            env,
+        )
+        self._py(
+            "monitoring",
+            ["monitoring", "--port", str(ports["monitoring"]), "--out", str(self.workdir / "metrics.jsonl")],
+            env,
+        )
+        self._py(
+            "webhook",
+            ["webhook", "--port", str(ports["webhook"]), "--out", str(self.workdir / "webhook.jsonl")],
+            env,
+        )
+        fn_env = {
+            **env,
+            "PITSTOP_POLICY": str(policy_file),
+            "PITSTOP_WORKFLOWS_ENDPOINT": ep["executions"],
+            "PITSTOP_COMPUTE_ENDPOINT": ep["compute"],
+            "PITSTOP_MONITORING_ENDPOINT": ep["monitoring"],
+            "PITSTOP_WEBHOOK_URL": ep["webhook"],
+            "PITSTOP_WEBHOOK_FORMAT": "chat",
+            "PITSTOP_NOTIFICATIONS_TOPIC": "pitstop-notifications",
+        }
+        ff = str(Path(sys.executable).parent / "functions-framework")
+        for fn, sig in (("ingest", "cloudevent"), ("actuate", "http"), ("notify", "cloudevent")):
+            p = Proc(
+                fn,
+                [
+                    ff,
+                    "--target",
+                    fn,
+                    "--source",
+                    str(ROOT / "functions" / "main.py"),
+                    "--signature-type",
+                    sig,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(ports[fn]),
+                ],
+                self.workdir / f"{fn}.log",
+                fn_env,
+            ).start()
+            self.procs[fn] = p
+        self._wire_pubsub(ep, ps_host)
+        self.slurm = SlurmCluster(self.workdir / "slurm", self.spec.node_names, cluster=self.spec.name)
+        self.slurm.workdir.mkdir(parents=True, exist_ok=True)
+        self.slurm.start_controller()
+        self._py(
+            "vm-sync",
+            [
+                "vm-sync",
+                "--compute",
+                ep["compute"],
+                "--slurm-conf",
+                str(self.slurm.conf),
+                "--workdir",
+                str(self.slurm.workdir),
+                "--nodes",
+                ",".join(self.spec.node_names),
+            ],
+            env,
+        )
+        agent_env = {**env, "SLURM_CONF": str(self.slurm.conf)}
+        self.procs["slurm-agent"] = Proc(
+            "slurm-agent",
+            [
+                sys.executable,
+                "-m",
+                "pitstop.slurm_agent",
+                "--project",
+                PROJECT,
+                "--subscription",
+                "slurm-agent-train",
+                "--release-requeued",
+            ],
+            self.workdir / "slurm-agent.log",
+            agent_env,
+        ).start()
+        for fn in ("ingest", "actuate", "notify"):
+            wait_http(ep[fn] + "/", self.procs[fn], timeout=60, accept_errors=True)
+        self.slurm.wait_idle(len(self.spec.node_names), timeout=60)
+        pids = {name: p.popen.pid for name, p in self.procs.items() if p.popen is not None}
+        pids |= {f"slurm-{p.name}": p.popen.pid for p in self.slurm.procs if p.popen is not None}
+        self.state = StackState(
+            str(self.workdir),
+            PROJECT,
+            ep,
+            pids,
+            {**asdict(self.spec), "node_names": self.spec.node_names},
+            str(self.slurm.conf),
+        )
+        self.state.save()
+        return self.state
+
+    def _wire_pubsub(self, ep: dict[str, str], ps_host: str) -> None:
+        os.environ["PUBSUB_EMULATOR_HOST"] = ps_host
+        from google.cloud import pubsub_v1
+
+        pub, sub = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+        t = {
+            n: pub.topic_path(PROJECT, n)
+            for n in (
+                "pitstop-events",
+                "pitstop-events-dead",
+                "pitstop-notifications",
+                "pitstop-notifications-dead",
+                f"pitstop-slurm-{self.spec.name}",
+            )
+        }
+        for topic in t.values():
+            pub.create_topic(name=topic)
+
+        def push(name: str, topic: str, endpoint: str, dlq: str, attempts: int) -> None:
+            sub.create_subscription(
+                request={
+                    "name": sub.subscription_path(PROJECT, name),
+                    "topic": t[topic],
+                    "ack_deadline_seconds": 60,
+                    "push_config": {"push_endpoint": f"{endpoint}/projects/{PROJECT}/topics/{topic}"},
+                    "dead_letter_policy": {"dead_letter_topic": t[dlq], "max_delivery_attempts": attempts},
+                    "retry_policy": {"minimum_backoff": {"seconds": 1}, "maximum_backoff": {"seconds": 5}},
+                }
+            )
+
+        push("ingest-push", "pitstop-events", ep["ingest"], "pitstop-events-dead", 5)
+        push("notify-push", "pitstop-notifications", ep["notify"], "pitstop-notifications-dead", 10)
+        for name, topic in (
+            ("slurm-agent-train", f"pitstop-slurm-{self.spec.name}"),
+            ("events-dead-inspect", "pitstop-events-dead"),
+            ("notifications-dead-inspect", "pitstop-notifications-dead"),
+        ):
+            sub.create_subscription(name=sub.subscription_path(PROJECT, name), topic=t[topic])
+
+    # -- down ------------------------------------------------------------------------
+
+    def down(self) -> None:
+        for p in reversed(list(self.procs.values())):
+            p.stop()
+        if self.slurm is not None:
+            self.slurm.stop()
+        self.procs.clear()
+
+
+def down(workdir: Path) -> list[str]:
+    """Stop a stack started by another process (``pitstop local down``)."""
+    import signal
+
+    try:
+        state = StackState.load(workdir)
+    except FileNotFoundError:
+        return []
+    stopped = []
+    for name, pid in reversed(list(state.pids.items())):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+            stopped.append(name)
+    time.sleep(1.0)
+    for pid in state.pids.values():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    subprocess.run(["pkill", "-f", f"slurmd -D -f {state.slurm_conf}"], check=False)
+    (Path(workdir) / "stack.json").unlink(missing_ok=True)
+    return stopped
+
+
+class Router:
+    """The sink side: apply infra/filters/ and publish each selected LogEntry as one Pub/Sub message."""
+
+    def __init__(self, state: StackState) -> None:
+        os.environ["PUBSUB_EMULATOR_HOST"] = state.endpoints["pubsub"]
+        from google.cloud import pubsub_v1
+
+        self.filters = [compile_filter(f) for f in sinks.sink_filters().values()]
+        self.pub = pubsub_v1.PublisherClient()
+        self.topic = self.pub.topic_path(state.project, "pitstop-events")
+
+    def matches(self, entry: dict[str, Any]) -> bool:
+        return any(f(entry) for f in self.filters)
+
+    def publish(self, entry: dict[str, Any]) -> bool:
+        if not self.matches(entry):
+            return False
+        attrs = {"logging.googleapis.com/timestamp": str(entry.get("timestamp", ""))}
+        self.pub.publish(self.topic, json.dumps(entry).encode(), **attrs).result(timeout=30)
+        return True
+
+    def publish_raw(self, data: bytes) -> None:
+        """Bytes no sink would send (for the poison-message scenario)."""
+        self.pub.publish(self.topic, data).result(timeout=30)
+
+
+def admin(state: StackState, path: str, body: dict[str, Any] | None = None) -> Any:
+    req = urllib.request.Request(
+        state.endpoints["compute"] + path,
+        data=json.dumps(body or {}).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - loopback
+        return json.loads(resp.read())
+
+
+def webhook_records(state: StackState) -> list[dict[str, Any]]:
+    path = Path(state.workdir, "webhook.jsonl")
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def decode_data(data: str) -> Any:
+    return json.loads(base64.b64decode(data))
