@@ -162,13 +162,16 @@ class World:
     def wait(self, iid: str, timeout: float = 90.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.executions.records and self.executions.wait_all(0.2):
-                inc = self.store.get(iid)
-                if (inc and inc["state"] in ("RESOLVED", "FAILED")) or (
-                    inc and inc["state"] == "OPEN" and inc["workflow"]["state"] == "pending"
-                ):
-                    if self.executions.wait_all(0.1):
-                        return inc
+            inc = self.store.get(iid) if self.executions.records and self.executions.wait_all(0.2) else None
+            if (
+                inc is not None
+                and (
+                    inc["state"] in ("RESOLVED", "FAILED")
+                    or (inc["state"] == "OPEN" and inc["workflow"]["state"] == "pending")
+                )
+                and self.executions.wait_all(0.1)
+            ):
+                return inc
             time.sleep(0.2)
         execs = [
             (r.execution.state, r.execution.result, r.execution.error.payload)

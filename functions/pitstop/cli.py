@@ -156,6 +156,157 @@ def _duration_s(text: str) -> float:
     return float(text[:-1]) * units[text[-1]]
 
 
+def cmd_local(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .local import stack as st
+
+    workdir = Path(args.workdir) if args.workdir else st.default_workdir()
+    if args.action == "up":
+        spec = st.ClusterSpec()
+        if args.config:
+            import yaml
+
+            conf = yaml.safe_load(Path(args.config).read_text()) or {}
+            for k in ("nodes", "prefix", "spot", "machine_type", "mig", "name"):
+                if k in conf:
+                    setattr(spec, k, conf[k])
+            args.job_nodes = conf.get("job_nodes", args.job_nodes)
+        if args.nodes:
+            spec.nodes = args.nodes
+        if args.spot:
+            spec.spot = args.spot.split(",")
+        stack = st.Stack(workdir, spec)
+        try:
+            state = stack.up()
+        except BaseException:
+            stack.down()
+            raise
+        if args.job_nodes:
+            assert stack.slurm is not None
+            print(
+                f"submitted job {stack.slurm.submit(args.job_nodes, name='train')} on {args.job_nodes} nodes"
+            )
+        print(f"local stack up in {workdir} (stop it with: pitstop local down)")
+        for k, v in state.endpoints.items():
+            print(f"  {k:<11} {v}")
+        print(f"  slurm       SLURM_CONF={state.slurm_conf}")
+        return 0
+    if args.action == "down":
+        stopped = st.down(workdir)
+        print(f"stopped {len(stopped)} processes" if stopped else "no local stack running")
+        return 0
+    state = st.StackState.load(workdir)
+    if args.action == "inject":
+        import time
+
+        router = st.Router(state)
+        sent = dropped = 0
+        gap = 1.0 / args.at_rate if args.at_rate else 0.0
+        for raw in _lines(args.path):
+            try:
+                entry = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                router.publish_raw(raw)  # what a broken producer would send; ingest dead-letters it
+                sent += 1
+                continue
+            if isinstance(entry, dict) and router.publish(entry):
+                sent += 1
+            else:
+                dropped += 1
+            if gap:
+                time.sleep(gap)
+        print(f"published {sent} entries; {dropped} did not match the sink filters")
+        return 0
+    return _local_status(state, args.json)
+
+
+def _local_status(state: Any, as_json: bool) -> int:
+    import os
+    import subprocess
+
+    from google.cloud import firestore
+
+    from .local.stack import admin, webhook_records
+    from .timeline import durations
+
+    os.environ["FIRESTORE_EMULATOR_HOST"] = state.endpoints["firestore"]
+    db = firestore.Client(project=state.project)
+    incidents = sorted(
+        (d.to_dict() for d in db.collection("pitstop_incidents").stream()),
+        key=lambda d: d["created_at"] if d else 0,
+    )
+    env = {**os.environ, "SLURM_CONF": state.slurm_conf}
+    sinfo = subprocess.run(
+        ["sinfo", "-h", "-N", "-o", "%N|%T|%E"], env=env, capture_output=True, text=True, check=False
+    ).stdout.splitlines()
+    squeue = subprocess.run(
+        ["squeue", "-h", "-o", "%i|%T|%N|%j"], env=env, capture_output=True, text=True, check=False
+    ).stdout.splitlines()
+    compute = admin(state, "/_admin/state")
+    notes = webhook_records(state)
+    report = {
+        "incidents": [
+            {
+                "id": i["id"],
+                "node": i["node"]["instance"],
+                "state": i["state"],
+                "action": i["action"],
+                "events": i["counts"]["events"],
+                "held": i.get("held"),
+                "failure": i.get("failure"),
+                "durations_s": durations(i),
+            }
+            for i in incidents
+            if i
+        ],
+        "slurm_nodes": [dict(zip(("node", "state", "reason"), x.split("|"), strict=False)) for x in sinfo],
+        "slurm_jobs": [
+            dict(zip(("id", "state", "nodes", "name"), x.split("|"), strict=False)) for x in squeue
+        ],
+        "instances": compute["instances"],
+        "operations": [{"method": c["method"], "path": c["path"]} for c in compute["calls"]],
+        "notifications": [n["body"]["text"] for n in notes],
+    }
+    if as_json:
+        sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+        return 0
+    print("INCIDENTS")
+    for i in report["incidents"]:
+        d = i["durations_s"]
+        print(
+            f"  {i['id']} {i['node']:<14} {i['state']:<9} {i['action']:<14} events={i['events']:<5} "
+            f"resolved={d.get('resolved')}s {('held: ' + i['held']['reason']) if i['held'] else ''}"
+        )
+    print("SLURM NODES")
+    for n in report["slurm_nodes"]:
+        print(f"  {n.get('node'):<14} {n.get('state'):<12} {n.get('reason', '')}")
+    print("SLURM JOBS")
+    for j in report["slurm_jobs"]:
+        print(f"  {j.get('id'):<5} {j.get('state'):<11} {j.get('nodes')}")
+    print("INSTANCES")
+    for inst in report["instances"]:
+        print(f"  {inst['name']:<14} {inst['status']:<10} id={inst['id']} host={inst['host']}")
+    print("OPERATIONS RECEIVED")
+    for op in report["operations"]:
+        print(f"  {op['method']:<22} {op['path']}")
+    print("NOTIFICATIONS")
+    for text in report["notifications"]:
+        print("  " + text.replace("\n", "\n    "))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from . import demo
+    from .local.stack import default_workdir
+
+    return demo.run(
+        Path(args.workdir) if args.workdir else default_workdir() / "demo", args.only or None, keep=args.keep
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pitstop", description="GPU-cluster fault remediation on Google Cloud.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -193,6 +344,27 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--logging-endpoint", default=None, help=argparse.SUPPRESS)
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_replay)
+    lo = sub.add_parser("local", help="the whole pipeline on this machine (emulators, fakes, real Slurm)")
+    lo.add_argument("action", choices=("up", "down", "status", "inject"))
+    lo.add_argument("path", nargs="?", default="-", help="inject: JSON Lines of LogEntries, or -")
+    lo.add_argument("--workdir", default=None, help="state and logs (default .local/ in the repo)")
+    lo.add_argument("--nodes", type=int, default=None, help="up: simulated nodes (default 8)")
+    lo.add_argument("--spot", default="", help="up: comma-separated node names that are Spot VMs")
+    lo.add_argument("--job-nodes", type=int, default=0, help="up: submit a running job on this many nodes")
+    lo.add_argument(
+        "--config", default=None, help="up: YAML with nodes, prefix, spot, machine_type, mig, job_nodes"
+    )
+    lo.add_argument("--at-rate", type=float, default=0.0, help="inject: entries per second (storms)")
+    lo.add_argument("--json", action="store_true", help="status: machine-readable")
+    lo.set_defaults(func=cmd_local)
+
+    d = sub.add_parser("demo", help="start the local stack, run the fault scenarios, stop it")
+    d.add_argument(
+        "--only", nargs="*", help="xid79 xid13 preemption maintenance duplicates lemon blast_radius poison"
+    )
+    d.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
+    d.add_argument("--workdir", default=None)
+    d.set_defaults(func=cmd_demo)
     return p
 
 

@@ -9,6 +9,7 @@ JSON object: ``{"scenarios": [...], "latency_ms": {...}}``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -196,8 +197,8 @@ class Scenarios:
 
     def xid13_storm(self) -> Result:
         node = self.nodes[2]
-        for _ in range(300):
-            self.router.publish(self.entry(node, XID13))
+        for e in [self.entry(node, XID13) for _ in range(300)]:
+            self.router.publish(e)
         inc = self.finished(node)
         time.sleep(3)  # let stragglers of the storm arrive
         incs = self.incidents(node)
@@ -283,10 +284,11 @@ class Scenarios:
     def duplicate_storm(self) -> Result:
         node = self.nodes[6]
         dup = self.entry(node, XID48, insert_id="dup-48-" + uuid.uuid4().hex[:6])
+        burst = [self.entry(node, XID94) for _ in range(500)]  # logged within moments; delivered after
         for _ in range(20):
             self.router.publish(dup)
-        for _ in range(500):
-            self.router.publish(self.entry(node, XID94))
+        for e in burst:
+            self.router.publish(e)
         inc = self.finished(node)
         time.sleep(3)
         incs = self.incidents(node)
@@ -341,34 +343,52 @@ class Scenarios:
     def blast_radius(self) -> Result:
         targets = [self.nodes[i] for i in (0, 1, 2, 3, 4)]
         before = len(webhook_records(self.state))
+
+        def xid79s(n: str) -> tuple[str | None, int]:
+            last = self.incidents(n)[-1:]
+            return (last[0]["id"], last[0]["counts"].get("xid_79", 0)) if last else (None, 0)
+
+        seen_before = {n: xid79s(n) for n in targets}
         for n in targets:
             self.router.publish(self.entry(n, XID79))
 
         def settled() -> list[dict[str, Any]] | None:
-            latest = [self.incidents(n)[-1] for n in targets if self.incidents(n)]
-            fresh = [
-                i for i in latest if i["action"] in ("REBOOT_NODE", "REPLACE_NODE") and i["created_at"] > now0
-            ]
-            if len(fresh) == len(targets) and all(
-                i["state"] in ("RESOLVED", "HELD", "FAILED") for i in fresh
-            ):
-                return fresh
-            return None
+            out = []
+            for n in targets:  # each node's episode has taken this Xid 79 (a new incident or a raised one)
+                last = self.incidents(n)[-1:]
+                if (
+                    not last
+                    or xid79s(n) == seen_before[n]
+                    or last[0]["state"] not in ("RESOLVED", "HELD", "FAILED")
+                ):
+                    return None
+                out.append(last[0])
+            return out
 
-        now0 = time.time() - 5
-        incs: list[dict[str, Any]] = self.wait(settled, 120, "all five incidents to settle")
+        try:
+            incs: list[dict[str, Any]] = self.wait(settled, 120, "all five incidents to settle")
+        except TimeoutError:
+            seen = [
+                (i["node"]["instance"], i["state"], i["action"], i.get("held"), i.get("failure"))
+                for n in targets
+                for i in self.incidents(n)[-1:]
+            ]
+            raise TimeoutError(f"incidents did not settle: {seen}") from None
         held = [i for i in incs if i["state"] == "HELD"]
         done = [i for i in incs if i["state"] == "RESOLVED"]
         time.sleep(2)
         pages = [
             w for w in webhook_records(self.state)[before:] if "blast-radius budget" in w["body"]["text"]
         ]
-        ok = len(done) == 2 and len(held) == 3 and len(pages) == 1
+        pol = json.loads(Path(self.state.workdir, "policy.yaml").read_text())
+        b = pol["budgets"]["cluster"]
+        cap = min(b["max_nodes"], max(1, math.ceil(len(self.nodes) * b["max_percent"] / 100)))
+        ok = len(done) == cap and len(held) == len(targets) - cap and len(pages) == 1
         return Result(
             "blast_radius",
             ok,
-            f"Xid 79 on 5 of 8 nodes: {len(done)} remediated (25 % budget), "
-            f"{len(held)} held, {len(pages)} page",
+            f"Xid 79 on {len(targets)} of {len(self.nodes)} nodes: {len(done)} "
+            f"remediated ({b['max_percent']} % budget), {len(held)} held, {len(pages)} page",
             durations(done[0]) if done else {},
             done[0]["id"] if done else None,
         )

@@ -260,7 +260,7 @@ def absorbs(latest: Mapping[str, Any] | None, ev: Mapping[str, Any], ts: float) 
     if latest["action"] in RECORD_ONLY_ACTIONS or latest.get("mode") == "observe":
         # Record-only episodes end with the burst (3 minutes of silence); a stronger line of the
         # same burst (delivered late: push delivery is unordered) reopens the episode.
-        return ts < latest["burst_until"]
+        return ts < float(latest["burst_until"])
     # A node action's incident absorbs lines logged before it was resolved (late deliveries).
     return ts <= resolved
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
+from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
 from . import engine
@@ -95,7 +96,7 @@ class IncidentStore:
             try:
                 with self._node_lock(nkey), self._claim_lock if claims else contextlib.nullcontext():
                     return fn()
-            except ValueError:  # the client's "failed to commit in N attempts"
+            except (ValueError, gexc.Aborted):  # commit retries exhausted, or a read hit a lock timeout
                 if attempt == 3:
                     raise
                 time.sleep(random.uniform(0.05, 0.5) * (attempt + 1))  # noqa: S311 - jitter, not a secret

@@ -70,9 +70,8 @@ def _compare(have: Any, op: str, want: str) -> bool:
         if op == ":" and want == "*":
             return h is not _MISSING
         if h is _MISSING or isinstance(h, dict | list):
-            if op == ":" and isinstance(h, dict):
-                if want.lower() in (k.lower() for k in h):
-                    return True
+            if op == ":" and isinstance(h, dict) and want.lower() in (k.lower() for k in h):
+                return True
             continue
         hs = ("true" if h else "false") if isinstance(h, bool) else str(h)
         if op == "=" and hs.lower() == want.lower():

@@ -396,7 +396,8 @@ class Router:
 
 
 def admin(state: StackState, path: str, body: dict[str, Any] | None = None) -> Any:
-    req = urllib.request.Request(
+    """The fake Compute's admin API (loopback http only)."""
+    req = urllib.request.Request(  # noqa: S310 - a loopback URL from stack.json
         state.endpoints["compute"] + path,
         data=json.dumps(body or {}).encode(),
         method="POST",
