@@ -307,6 +307,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from . import deploy
+
+    conf = deploy.load_config(args.config)
+    region = args.region or conf["region"]
+    if args.command == "teardown":
+        return deploy.teardown(deploy.plan(args.project, region, conf), args.purge)
+    if args.dry_run:
+        for line in deploy.dry_run_lines(args.project, region, conf):
+            print(line)
+        return 0
+    source = deploy.stage_source(conf.get("policy"))
+    return deploy.apply(deploy.plan(args.project, region, conf, str(source)), args.project, region)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pitstop", description="GPU-cluster fault remediation on Google Cloud.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -357,6 +372,20 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--at-rate", type=float, default=0.0, help="inject: entries per second (storms)")
     lo.add_argument("--json", action="store_true", help="status: machine-readable")
     lo.set_defaults(func=cmd_local)
+
+    for name, text in (
+        ("deploy", "deploy the pipeline into a project with gcloud (idempotent)"),
+        ("teardown", "remove what deploy created"),
+    ):
+        dp = sub.add_parser(name, help=text)
+        dp.add_argument("--project", required=True)
+        dp.add_argument("--region", default=None)
+        dp.add_argument("--config", default=None, help="deploy.yaml (see infra/deploy.defaults.yaml)")
+        if name == "deploy":
+            dp.add_argument("--dry-run", action="store_true", help="print the gcloud commands, one per line")
+        else:
+            dp.add_argument("--purge", action="store_true", help="also say how to delete incident data")
+        dp.set_defaults(func=cmd_deploy)
 
     d = sub.add_parser("demo", help="start the local stack, run the fault scenarios, stop it")
     d.add_argument(

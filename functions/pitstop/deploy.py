@@ -1,0 +1,642 @@
+"""`pitstop deploy` / `pitstop teardown`: the whole pipeline into one project with gcloud.
+
+The plan is an ordered list of gcloud commands built from infra/ (filters, IAM, roles,
+monitoring) and the deploy config. ``--dry-run`` prints it, one command per line, with
+values known only at run time as ``<placeholders>``. A real run is idempotent: each step
+that creates something first asks gcloud whether it exists and then updates or skips it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import sinks
+from .policy import deep_merge
+
+ROOT = Path(__file__).resolve().parents[2]
+INFRA = ROOT / "infra"
+APIS = [
+    "cloudfunctions.googleapis.com",
+    "run.googleapis.com",
+    "cloudbuild.googleapis.com",
+    "artifactregistry.googleapis.com",
+    "eventarc.googleapis.com",
+    "pubsub.googleapis.com",
+    "workflows.googleapis.com",
+    "workflowexecutions.googleapis.com",
+    "firestore.googleapis.com",
+    "logging.googleapis.com",
+    "monitoring.googleapis.com",
+    "secretmanager.googleapis.com",
+    "compute.googleapis.com",
+    "cloudscheduler.googleapis.com",
+    "iam.googleapis.com",
+]
+TOPICS = ["pitstop-events", "pitstop-events-dead", "pitstop-notifications", "pitstop-notifications-dead"]
+
+
+@dataclass
+class Step:
+    what: str
+    argv: list[str]
+    check: list[str] | None = None  # exits 0 when the resource already exists
+    update: list[str] | None = None  # run instead of argv when it exists (None: skip)
+    captures: dict[str, str] = field(default_factory=dict)  # placeholder -> gcloud --format value(...)
+    delete: list[str] | None = None  # for teardown
+
+    def line(self) -> str:
+        return shlex.join(["gcloud", *self.argv])
+
+
+def load_config(path: str | None) -> dict[str, Any]:
+    conf: dict[str, Any] = yaml.safe_load((INFRA / "deploy.defaults.yaml").read_text())
+    if path:
+        conf = deep_merge(conf, yaml.safe_load(Path(path).read_text()) or {})
+    return conf
+
+
+def sa_email(component: str, project: str) -> str:
+    return f"pitstop-{component}@{project}.iam.gserviceaccount.com"
+
+
+def plan(
+    project: str, region: str, conf: Mapping[str, Any], source_dir: str = "<staged-source>"
+) -> list[Step]:
+    p, r = ["--project", project], region
+    steps: list[Step] = [Step("enable APIs", ["services", "enable", *APIS, *p])]
+    iam = yaml.safe_load((INFRA / "iam.yaml").read_text())["service_accounts"]
+    clusters: list[str] = list(conf.get("slurm_clusters") or [])
+
+    # -- identities ------------------------------------------------------------------
+    role_id = "pitstopActuator"
+    steps.append(
+        Step(
+            "custom role for actuate",
+            ["iam", "roles", "create", role_id, *p, f"--file={INFRA / 'roles' / 'pitstop-actuator.yaml'}"],
+            check=["iam", "roles", "describe", role_id, *p],
+            update=[
+                "iam",
+                "roles",
+                "update",
+                role_id,
+                *p,
+                f"--file={INFRA / 'roles' / 'pitstop-actuator.yaml'}",
+            ],
+            delete=["iam", "roles", "delete", role_id, *p, "--quiet"],
+        )
+    )
+    for comp, spec in iam.items():
+        email = sa_email(comp, project)
+        steps.append(
+            Step(
+                f"service account {comp}",
+                [
+                    "iam",
+                    "service-accounts",
+                    "create",
+                    f"pitstop-{comp}",
+                    *p,
+                    f"--display-name={spec['display']}",
+                ],
+                check=["iam", "service-accounts", "describe", email, *p],
+                delete=["iam", "service-accounts", "delete", email, *p, "--quiet"],
+            )
+        )
+        for b in spec.get("project_roles", []):
+            steps.append(
+                Step(
+                    f"{comp}: {b['role']}",
+                    [
+                        "projects",
+                        "add-iam-policy-binding",
+                        project,
+                        f"--member=serviceAccount:{email}",
+                        f"--role={b['role'].format(project=project)}",
+                        "--condition=None",
+                        "--quiet",
+                    ],
+                )
+            )
+
+    # -- Pub/Sub ---------------------------------------------------------------------
+    for t in TOPICS + [f"pitstop-slurm-{c}" for c in clusters]:
+        steps.append(
+            Step(
+                f"topic {t}",
+                ["pubsub", "topics", "create", t, *p],
+                check=["pubsub", "topics", "describe", t, *p],
+                delete=["pubsub", "topics", "delete", t, *p, "--quiet"],
+            )
+        )
+    for dead in ("pitstop-events-dead", "pitstop-notifications-dead"):
+        steps.append(
+            Step(
+                f"inspection subscription on {dead}",
+                [
+                    "pubsub",
+                    "subscriptions",
+                    "create",
+                    f"{dead}-inspect",
+                    f"--topic={dead}",
+                    "--message-retention-duration=7d",
+                    *p,
+                ],
+                check=["pubsub", "subscriptions", "describe", f"{dead}-inspect", *p],
+                delete=["pubsub", "subscriptions", "delete", f"{dead}-inspect", *p, "--quiet"],
+            )
+        )
+        steps.append(
+            Step(
+                f"Pub/Sub service agent may publish to {dead}",
+                [
+                    "pubsub",
+                    "topics",
+                    "add-iam-policy-binding",
+                    dead,
+                    *p,
+                    "--member=serviceAccount:service-<project-number>@gcp-sa-pubsub.iam.gserviceaccount.com",
+                    "--role=roles/pubsub.publisher",
+                ],
+                captures={"<project-number>": "projects describe"},
+            )
+        )
+    for comp, spec in iam.items():
+        for b in spec.get("topic_roles", []):
+            for c in clusters if "{cluster}" in b["topic"] else [None]:
+                topic = b["topic"].format(cluster=c)
+                steps.append(
+                    Step(
+                        f"{comp} publishes to {topic}",
+                        [
+                            "pubsub",
+                            "topics",
+                            "add-iam-policy-binding",
+                            topic,
+                            *p,
+                            f"--member=serviceAccount:{sa_email(comp, project)}",
+                            f"--role={b['role']}",
+                        ],
+                    )
+                )
+    for c in clusters:
+        sub = f"pitstop-slurm-{c}-agent"
+        steps.append(
+            Step(
+                f"agent subscription for {c}",
+                [
+                    "pubsub",
+                    "subscriptions",
+                    "create",
+                    sub,
+                    f"--topic=pitstop-slurm-{c}",
+                    "--ack-deadline=120",
+                    "--message-retention-duration=1h",
+                    *p,
+                ],
+                check=["pubsub", "subscriptions", "describe", sub, *p],
+                delete=["pubsub", "subscriptions", "delete", sub, *p, "--quiet"],
+            )
+        )
+        steps.append(
+            Step(
+                f"agent of {c} pulls its subscription",
+                [
+                    "pubsub",
+                    "subscriptions",
+                    "add-iam-policy-binding",
+                    sub,
+                    *p,
+                    f"--member=serviceAccount:{sa_email('slurm-agent', project)}",
+                    "--role=roles/pubsub.subscriber",
+                ],
+            )
+        )
+
+    # -- Firestore ---------------------------------------------------------------------
+    steps.append(
+        Step(
+            "Firestore (native mode)",
+            ["firestore", "databases", "create", f"--location={r}", "--type=firestore-native", *p],
+            check=["firestore", "databases", "describe", "--database=(default)", *p],
+        )
+    )
+    steps.append(
+        Step(
+            "TTL on dedup records",
+            [
+                "firestore",
+                "fields",
+                "ttls",
+                "update",
+                "expire_at",
+                "--collection-group=pitstop_dedup",
+                "--enable-ttl",
+                "--async",
+                *p,
+            ],
+        )
+    )
+
+    # -- secret ------------------------------------------------------------------------
+    steps.append(
+        Step(
+            "webhook secret",
+            ["secrets", "create", "pitstop-webhook", "--replication-policy=automatic", *p],
+            check=["secrets", "describe", "pitstop-webhook", *p],
+            delete=["secrets", "delete", "pitstop-webhook", *p, "--quiet"],
+        )
+    )
+    steps.append(
+        Step(
+            "notify reads the webhook secret",
+            [
+                "secrets",
+                "add-iam-policy-binding",
+                "pitstop-webhook",
+                *p,
+                f"--member=serviceAccount:{sa_email('notify', project)}",
+                "--role=roles/secretmanager.secretAccessor",
+            ],
+        )
+    )
+
+    # -- functions ---------------------------------------------------------------------
+    env = "PITSTOP_POLICY=/workspace/policy.yaml,PITSTOP_NOTIFICATIONS_TOPIC=pitstop-notifications"
+    common = [
+        "--gen2",
+        f"--runtime={conf['runtime']}",
+        f"--region={r}",
+        f"--source={source_dir}",
+        "--no-allow-unauthenticated",
+        *p,
+    ]
+    fn_specs = [
+        ("ingest", "ingest", ["--trigger-topic=pitstop-events", "--retry"], "ingest", env),
+        ("actuate", "actuate", ["--trigger-http", "--timeout=300"], "actuate", env),
+        (
+            "notify",
+            "notify",
+            [
+                "--trigger-topic=pitstop-notifications",
+                "--retry",
+                "--set-secrets=PITSTOP_WEBHOOK_URL=pitstop-webhook:latest",
+            ],
+            "notify",
+            f"{env},PITSTOP_WEBHOOK_FORMAT={conf['webhook_format']}",
+        ),
+        ("sweep", "sweep", ["--trigger-http"], "ingest", env),
+    ]
+    for name, entry, extra, sa, fn_env in fn_specs:
+        fn = f"pitstop-{name}"
+        steps.append(
+            Step(
+                f"function {fn}",
+                [
+                    "functions",
+                    "deploy",
+                    fn,
+                    f"--entry-point={entry}",
+                    *extra,
+                    f"--set-env-vars={fn_env}",
+                    f"--service-account={sa_email(sa, project)}",
+                    *common,
+                ],
+                delete=["functions", "delete", fn, "--gen2", f"--region={r}", *p, "--quiet"],
+            )
+        )
+    for fn, caller in (("pitstop-actuate", "workflow"), ("pitstop-sweep", "scheduler")):
+        steps.append(
+            Step(
+                f"only {caller} may invoke {fn}",
+                [
+                    "functions",
+                    "add-invoker-policy-binding",
+                    fn,
+                    f"--region={r}",
+                    f"--member=serviceAccount:{sa_email(caller, project)}",
+                    *p,
+                ],
+            )
+        )
+    for fn, dlq, attempts in (
+        ("pitstop-ingest", "pitstop-events-dead", 5),
+        ("pitstop-notify", "pitstop-notifications-dead", 10),
+    ):
+        placeholder = f"<{fn}-trigger-subscription>"
+        steps.append(
+            Step(
+                f"dead-letter policy on {fn}'s trigger",
+                [
+                    "pubsub",
+                    "subscriptions",
+                    "update",
+                    placeholder,
+                    f"--dead-letter-topic={dlq}",
+                    f"--max-delivery-attempts={attempts}",
+                    "--min-retry-delay=10s",
+                    "--max-retry-delay=600s",
+                    *p,
+                ],
+                captures={placeholder: f"functions describe {fn}"},
+            )
+        )
+        steps.append(
+            Step(
+                f"Pub/Sub service agent may ack {fn}'s trigger subscription",
+                [
+                    "pubsub",
+                    "subscriptions",
+                    "add-iam-policy-binding",
+                    placeholder,
+                    *p,
+                    "--member=serviceAccount:service-<project-number>@gcp-sa-pubsub.iam.gserviceaccount.com",
+                    "--role=roles/pubsub.subscriber",
+                ],
+                captures={placeholder: f"functions describe {fn}"},
+            )
+        )
+
+    # -- workflow ----------------------------------------------------------------------
+    wf_env = (
+        "PITSTOP_ACTUATE_URL=<pitstop-actuate-url>,PITSTOP_POLL_S=30,PITSTOP_OP_TIMEOUT_S=1800,"
+        "PITSTOP_VERIFY_TIMEOUT_S=2700"
+    )
+    steps.append(
+        Step(
+            "workflow pitstop-remediate",
+            [
+                "workflows",
+                "deploy",
+                "pitstop-remediate",
+                f"--source={ROOT / 'workflows' / 'remediate.yaml'}",
+                f"--location={r}",
+                f"--service-account={sa_email('workflow', project)}",
+                f"--set-env-vars={wf_env}",
+                "--call-log-level=log-errors-only",
+                *p,
+            ],
+            captures={"<pitstop-actuate-url>": "functions describe"},
+            delete=["workflows", "delete", "pitstop-remediate", f"--location={r}", *p, "--quiet"],
+        )
+    )
+
+    # -- sinks -------------------------------------------------------------------------
+    agg = conf.get("aggregated_sink") or {}
+    scope = (
+        [f"--folder={agg['folder']}"]
+        if "folder" in agg
+        else [f"--organization={agg['organization']}"]
+        if "organization" in agg
+        else []
+    )
+    for sink, flt in sinks.sink_filters().items():
+        dest = f"pubsub.googleapis.com/projects/{project}/topics/pitstop-events"
+        where = [*scope, "--include-children"] if scope else p
+        steps.append(
+            Step(
+                f"log sink {sink}",
+                ["logging", "sinks", "create", sink, dest, f"--log-filter={flt}", *where],
+                check=["logging", "sinks", "describe", sink, *(scope or p)],
+                update=["logging", "sinks", "update", sink, dest, f"--log-filter={flt}", *(scope or p)],
+                delete=["logging", "sinks", "delete", sink, *(scope or p), "--quiet"],
+            )
+        )
+        placeholder = f"<{sink}-writer-identity>"
+        steps.append(
+            Step(
+                f"{sink} may publish to pitstop-events (only)",
+                [
+                    "pubsub",
+                    "topics",
+                    "add-iam-policy-binding",
+                    "pitstop-events",
+                    *p,
+                    f"--member={placeholder}",
+                    "--role=roles/pubsub.publisher",
+                ],
+                captures={placeholder: f"logging sinks describe {sink}"},
+            )
+        )
+    steps.append(
+        Step(
+            "log-based metric pitstop_xid_lines (by Xid code)",
+            [
+                "logging",
+                "metrics",
+                "create",
+                "pitstop_xid_lines",
+                f"--config-from-file={xid_metric_config()}",
+                *p,
+            ],
+            check=["logging", "metrics", "describe", "pitstop_xid_lines", *p],
+            delete=["logging", "metrics", "delete", "pitstop_xid_lines", *p, "--quiet"],
+        )
+    )
+
+    # -- schedule, monitoring ------------------------------------------------------------
+    steps.append(
+        Step(
+            "sweep every minute",
+            [
+                "scheduler",
+                "jobs",
+                "create",
+                "http",
+                "pitstop-sweep",
+                f"--location={r}",
+                "--schedule=* * * * *",
+                "--uri=<pitstop-sweep-url>",
+                "--http-method=POST",
+                f"--oidc-service-account-email={sa_email('scheduler', project)}",
+                *p,
+            ],
+            check=["scheduler", "jobs", "describe", "pitstop-sweep", f"--location={r}", *p],
+            captures={"<pitstop-sweep-url>": "functions describe"},
+            delete=["scheduler", "jobs", "delete", "pitstop-sweep", f"--location={r}", *p, "--quiet"],
+        )
+    )
+    steps.append(
+        Step(
+            "dashboard",
+            [
+                "monitoring",
+                "dashboards",
+                "create",
+                f"--config-from-file={INFRA / 'monitoring' / 'dashboard.json'}",
+                *p,
+            ],
+        )
+    )
+    for alert in sorted((INFRA / "monitoring").glob("alert-*.json")):
+        steps.append(
+            Step(
+                f"alert {alert.stem}",
+                ["alpha", "monitoring", "policies", "create", f"--policy-from-file={alert}", *p],
+            )
+        )
+    return steps
+
+
+def xid_metric_config() -> Path:
+    """The log-based metric behind the dashboard's Xid-rate chart, from the same filter file."""
+    conf = {
+        "description": "GPU Xid log lines (Ops Agent syslog; the label reads jsonPayload.message)",
+        "filter": sinks.read_filter("gpu-xid.filter"),
+        "labelExtractors": {"xid": r'REGEXP_EXTRACT(jsonPayload.message, "NVRM: Xid \\([^)]*\\): (\\d+)")'},
+        "metricDescriptor": {
+            "metricKind": "DELTA",
+            "valueType": "INT64",
+            "labels": [{"key": "xid", "valueType": "STRING", "description": "Xid code"}],
+        },
+    }
+    path = Path(tempfile.gettempdir()) / "pitstop-xid-metric.json"
+    path.write_text(json.dumps(conf, indent=2))
+    return path
+
+
+def stage_source(policy_path: str | None, into: Path | None = None) -> Path:
+    """functions/ plus the data it reads at run time (schemas, filters, policy), as Cloud Build uploads it."""
+    out = into or Path(tempfile.mkdtemp(prefix="pitstop-src-"))
+    shutil.copytree(ROOT / "functions", out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "schemas", out / "pitstop" / "schemas", dirs_exist_ok=True)
+    shutil.copytree(INFRA / "filters", out / "pitstop" / "filters", dirs_exist_ok=True)
+    src = Path(policy_path) if policy_path else ROOT / "schemas" / "policy.defaults.yaml"
+    text = src.read_text() if policy_path else "{}\n"  # shipped defaults: observe mode
+    (out / "policy.yaml").write_text(text)
+    return out
+
+
+Runner = Callable[[list[str]], subprocess.CompletedProcess[str]]
+
+
+def _gcloud(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["gcloud", *argv], capture_output=True, text=True, check=False)
+
+
+def resolve(project: str, region: str, run: Runner = _gcloud) -> dict[str, str]:
+    """Values known only at run time, read back from what the earlier steps created."""
+    out: dict[str, str] = {}
+    num = run(["projects", "describe", project, "--format=value(projectNumber)"])
+    out["<project-number>"] = num.stdout.strip()
+    for fn in ("pitstop-actuate", "pitstop-sweep"):
+        d = run(
+            [
+                "functions",
+                "describe",
+                fn,
+                "--gen2",
+                f"--region={region}",
+                "--project",
+                project,
+                "--format=value(serviceConfig.uri)",
+            ]
+        )
+        out[f"<{fn}-url>"] = d.stdout.strip()
+    for fn in ("pitstop-ingest", "pitstop-notify"):
+        d = run(
+            [
+                "functions",
+                "describe",
+                fn,
+                "--gen2",
+                f"--region={region}",
+                "--project",
+                project,
+                "--format=value(eventTrigger.trigger)",
+            ]
+        )
+        trigger = d.stdout.strip().rsplit("/", 1)[-1]
+        t = (
+            run(
+                [
+                    "eventarc",
+                    "triggers",
+                    "describe",
+                    trigger,
+                    f"--location={region}",
+                    "--project",
+                    project,
+                    "--format=value(transport.pubsub.subscription)",
+                ]
+            )
+            if trigger
+            else None
+        )
+        out[f"<{fn}-trigger-subscription>"] = t.stdout.strip().rsplit("/", 1)[-1] if t else ""
+    for sink in sinks.SINK_FILTERS:
+        d = run(
+            ["logging", "sinks", "describe", sink, "--project", project, "--format=value(writerIdentity)"]
+        )
+        out[f"<{sink}-writer-identity>"] = d.stdout.strip()
+    return out
+
+
+def apply(
+    steps: list[Step], project: str, region: str, run: Runner = _gcloud, log: Callable[[str], None] = print
+) -> int:
+    values: dict[str, str] = {}
+    for step in steps:
+        argv = step.argv
+        if any("<" in a for a in argv):
+            values = values or {}
+            if not all(ph in values and values[ph] for ph in _placeholders(argv)):
+                values.update(resolve(project, region, run))
+            argv = [_fill(a, values) for a in argv]
+        if step.check is not None and run(step.check).returncode == 0:
+            if step.update is None:
+                log(f"exists   {step.what}")
+                continue
+            argv = [_fill(a, values) for a in step.update]
+        res = run(argv)
+        if res.returncode != 0:
+            log(f"FAILED   {step.what}: {res.stderr.strip()[:500]}")
+            return 1
+        log(f"ok       {step.what}")
+    return 0
+
+
+def _placeholders(argv: list[str]) -> list[str]:
+    import re
+
+    return [m for a in argv for m in re.findall(r"<[a-z0-9-]+>", a)]
+
+
+def _fill(arg: str, values: Mapping[str, str]) -> str:
+    for k, v in values.items():
+        arg = arg.replace(k, v)
+    return arg
+
+
+def teardown(
+    steps: list[Step], purge: bool, run: Runner = _gcloud, log: Callable[[str], None] = print
+) -> int:
+    for step in reversed(steps):
+        if step.delete is None:
+            continue
+        res = run(step.delete)
+        log(("deleted  " if res.returncode == 0 else "skipped  ") + step.what)
+    if purge:
+        log(
+            "incident data: delete the pitstop_* collections with `gcloud firestore bulk-delete "
+            "--collection-ids=pitstop_incidents,pitstop_nodes,pitstop_budgets,pitstop_dedup,pitstop_jobs,"
+            "pitstop_slurm_results,pitstop_notifications`"
+        )
+    return 0
+
+
+def dry_run_lines(project: str, region: str, conf: Mapping[str, Any]) -> list[str]:
+    return [s.line() for s in plan(project, region, conf)]
+
+
+def summary(steps: list[Step]) -> str:
+    return json.dumps({"steps": len(steps), "creates": sum(1 for s in steps if s.check is not None)})

@@ -1,0 +1,192 @@
+"""`pitstop deploy`: the plan, least privilege, and every command accepted by the real gcloud parser."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pitstop import deploy, sinks
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = {**deploy.load_config(None), "slurm_clusters": ["train", "infer"], "webhook_format": "slack"}
+
+
+@pytest.fixture(scope="module")
+def steps() -> list[deploy.Step]:
+    return deploy.plan("my-train-proj", "us-central1", CONF, str(deploy.stage_source(None)))
+
+
+def test_dry_run_prints_one_gcloud_command_per_line() -> None:
+    proc = subprocess.run(
+        ["pitstop", "deploy", "--project", "my-train-proj", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PATH": f"{ROOT}/.venv/bin:" + os.environ["PATH"]},
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) > 30
+    assert all(shlex.split(line)[0] == "gcloud" for line in lines)
+    assert any("<pitstop-gpu-xid-writer-identity>" in line for line in lines)
+    assert any("<pitstop-actuate-url>" in line for line in lines)
+
+
+def test_least_privilege(steps: list[deploy.Step]) -> None:
+    roles = [a.split("=", 1)[1] for s in steps for a in s.argv if a.startswith("--role=")]
+    assert roles and not {"roles/owner", "roles/editor", "roles/compute.admin"} & set(roles)
+    iam = yaml.safe_load((ROOT / "infra" / "iam.yaml").read_text())["service_accounts"]
+    assert all(b["why"] for spec in iam.values() for k in spec if k.endswith("_roles") for b in spec[k])
+    fns = {s.argv[2]: s.argv for s in steps if s.argv[:2] == ["functions", "deploy"]}
+    assert set(fns) == {"pitstop-ingest", "pitstop-actuate", "pitstop-notify", "pitstop-sweep"}
+    for argv in fns.values():
+        assert "--no-allow-unauthenticated" in argv
+    assert "--retry" in fns["pitstop-ingest"]
+    assert any(
+        a.startswith("--set-secrets=PITSTOP_WEBHOOK_URL=pitstop-webhook") for a in fns["pitstop-notify"]
+    )
+    invokers = [s.argv for s in steps if s.argv[:2] == ["functions", "add-invoker-policy-binding"]]
+    assert [
+        invokers[0][2],
+        invokers[0][4].split("=", 1)[1],
+    ] == ["pitstop-actuate", "serviceAccount:pitstop-workflow@my-train-proj.iam.gserviceaccount.com"]
+    role = yaml.safe_load((ROOT / "infra" / "roles" / "pitstop-actuator.yaml").read_text())
+    assert "compute.instances.reportHostAsFaulty" in role["includedPermissions"]
+    assert not any(p.endswith((".delete", ".setIamPolicy", ".insert")) for p in role["includedPermissions"])
+
+
+def test_sinks_use_the_filter_files(steps: list[deploy.Step]) -> None:
+    created = {s.argv[3]: s.argv for s in steps if s.argv[:3] == ["logging", "sinks", "create"]}
+    for sink, flt in sinks.sink_filters().items():
+        assert f"--log-filter={flt}" in created[sink]
+        assert created[sink][4] == "pubsub.googleapis.com/projects/my-train-proj/topics/pitstop-events"
+
+
+def test_every_slurm_cluster_gets_a_topic_a_subscription_and_the_agent_pull_right(
+    steps: list[deploy.Step],
+) -> None:
+    lines = [s.line() for s in steps]
+    for c in ("train", "infer"):
+        assert any(f"pubsub topics create pitstop-slurm-{c}" in x for x in lines)
+        assert any(
+            f"pubsub subscriptions add-iam-policy-binding pitstop-slurm-{c}-agent" in x
+            and "roles/pubsub.subscriber" in x
+            for x in lines
+        )
+
+
+def test_staged_source_carries_its_data(tmp_path: Path) -> None:
+    out = deploy.stage_source(None, tmp_path / "src")
+    assert (out / "main.py").is_file() and (out / "requirements.txt").is_file()
+    assert (out / "pitstop" / "schemas" / "xid-policy.yaml").is_file()
+    assert (out / "pitstop" / "filters" / "gpu-xid.filter").is_file()
+    assert (out / "policy.yaml").read_text().strip() == "{}"
+
+
+def test_apply_is_idempotent_and_fills_placeholders(steps: list[deploy.Step]) -> None:
+    existing: set[str] = set()
+    calls: list[list[str]] = []
+
+    def fake_gcloud(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        out = ""
+        if "describe" in argv or argv[:2] == ["projects", "describe"]:
+            key = " ".join(argv[:4])
+            rc = 0 if key in existing or "--format" in " ".join(argv) else 1
+            if "projectNumber" in " ".join(argv):
+                out = "123456789"
+            elif "serviceConfig.uri" in " ".join(argv):
+                out = f"https://{argv[2]}-xyz.a.run.app"
+            elif "eventTrigger.trigger" in " ".join(argv):
+                out = f"projects/p/locations/us-central1/triggers/{argv[2]}-trigger"
+            elif "transport.pubsub.subscription" in " ".join(argv):
+                out = f"projects/p/subscriptions/eventarc-us-central1-{argv[3]}-sub-123"
+            elif "writerIdentity" in " ".join(argv):
+                out = "serviceAccount:service-123@gcp-sa-logging.iam.gserviceaccount.com"
+            return subprocess.CompletedProcess(argv, rc, out, "")
+        for s in steps:
+            if s.argv == argv and s.check is not None:
+                existing.add(" ".join(s.check[:4]))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    logs: list[str] = []
+    assert deploy.apply(steps, "my-train-proj", "us-central1", fake_gcloud, logs.append) == 0
+    first = [c for c in calls if "create" in c]
+    assert not any("<" in a for c in calls for a in c)
+    assert any(
+        "--member=serviceAccount:service-123@gcp-sa-logging.iam.gserviceaccount.com" in c for c in calls
+    )
+    assert any("eventarc-us-central1-pitstop-ingest-trigger-sub-123" in c for c in calls)
+    calls.clear()
+    logs.clear()
+    assert deploy.apply(steps, "my-train-proj", "us-central1", fake_gcloud, logs.append) == 0
+    second = [c for c in calls if "create" in c]
+    assert len(second) < len(first)
+    assert not any(c[:3] == ["pubsub", "topics", "create"] for c in second)
+    assert any(line.startswith("exists") for line in logs)
+    assert any(c[:3] == ["logging", "sinks", "update"] for c in calls)  # filters converge on re-run
+
+
+SAMPLE_VALUES = {  # what the placeholders hold at run time, so gcloud's own validation applies
+    "<project-number>": "123456789012",
+    "<pitstop-actuate-url>": "https://pitstop-actuate-abc123-uc.a.run.app",
+    "<pitstop-sweep-url>": "https://pitstop-sweep-abc123-uc.a.run.app",
+    "<pitstop-ingest-trigger-subscription>": "eventarc-us-central1-pitstop-ingest-123456-sub-781",
+    "<pitstop-notify-trigger-subscription>": "eventarc-us-central1-pitstop-notify-123456-sub-782",
+    "<pitstop-gpu-xid-writer-identity>": "serviceAccount:service-1234@gcp-sa-logging.iam.gserviceaccount.com",
+    "<pitstop-system-events-writer-identity>": "serviceAccount:service-1234@gcp-sa-logging.iam.gserviceaccount.com",
+}
+
+
+def _gcloud_parse(line: str, cfg: str) -> tuple[str, int, str]:
+    for k, v in SAMPLE_VALUES.items():
+        line = line.replace(k, v)
+    env = {
+        **os.environ,
+        "CLOUDSDK_CONFIG": cfg,
+        "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
+        "CLOUDSDK_CORE_CHECK_GCE_METADATA": "false",
+        "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "true",
+        "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "true",
+    }
+    for api in (
+        "CLOUDFUNCTIONS",
+        "RUN",
+        "PUBSUB",
+        "WORKFLOWS",
+        "FIRESTORE",
+        "LOGGING",
+        "MONITORING",
+        "SECRETMANAGER",
+        "CLOUDSCHEDULER",
+        "IAM",
+        "SERVICEUSAGE",
+        "CLOUDRESOURCEMANAGER",
+        "EVENTARC",
+    ):
+        env[f"CLOUDSDK_API_ENDPOINT_OVERRIDES_{api}"] = "http://127.0.0.1:9/"  # never a real Google endpoint
+    proc = subprocess.run(
+        shlex.split(line), capture_output=True, text=True, timeout=120, env=env, check=False
+    )
+    return line, proc.returncode, proc.stderr
+
+
+def test_every_command_is_accepted_by_the_real_gcloud_parser(steps: list[deploy.Step]) -> None:
+    lines = [s.line() for s in steps]
+    lines += [shlex.join(["gcloud", *s.check]) for s in steps if s.check]
+    lines += [shlex.join(["gcloud", *s.update]) for s in steps if s.update]
+    lines += [shlex.join(["gcloud", *s.delete]) for s in steps if s.delete]
+    cfg = tempfile.mkdtemp(prefix="gcloud-config-")
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda ln: _gcloud_parse(ln, cfg), lines))
+    usage = [(ln, err.strip().splitlines()[-1:]) for ln, rc, err in results if rc == 2]
+    assert usage == [], usage  # 2 = usage error; without credentials a valid command stops at auth (1)
+    assert all(rc == 1 for _, rc, _ in results), [(ln, rc) for ln, rc, _ in results if rc != 1]
