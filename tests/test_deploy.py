@@ -135,14 +135,15 @@ def test_apply_is_idempotent_and_fills_placeholders(steps: list[deploy.Step]) ->
     assert any(c[:3] == ["logging", "sinks", "update"] for c in calls)  # filters converge on re-run
 
 
+SINK_WRITER = "serviceAccount:service-1234@gcp-sa-logging.iam.gserviceaccount.com"
 SAMPLE_VALUES = {  # what the placeholders hold at run time, so gcloud's own validation applies
     "<project-number>": "123456789012",
     "<pitstop-actuate-url>": "https://pitstop-actuate-abc123-uc.a.run.app",
     "<pitstop-sweep-url>": "https://pitstop-sweep-abc123-uc.a.run.app",
     "<pitstop-ingest-trigger-subscription>": "eventarc-us-central1-pitstop-ingest-123456-sub-781",
     "<pitstop-notify-trigger-subscription>": "eventarc-us-central1-pitstop-notify-123456-sub-782",
-    "<pitstop-gpu-xid-writer-identity>": "serviceAccount:service-1234@gcp-sa-logging.iam.gserviceaccount.com",
-    "<pitstop-system-events-writer-identity>": "serviceAccount:service-1234@gcp-sa-logging.iam.gserviceaccount.com",
+    "<pitstop-gpu-xid-writer-identity>": SINK_WRITER,
+    "<pitstop-system-events-writer-identity>": SINK_WRITER,
 }
 
 
