@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from google.api_core import exceptions as gexc
+
 from . import log
 from .actions import RANK
 from .actuators.compute import ComputeAdapter
@@ -86,6 +88,18 @@ class Actuator:
                 error=exc.message,
             )
             return {"error": exc.message, "retryable": exc.retryable}, exc.status
+        except (gexc.GoogleAPICallError, gexc.RetryError, ValueError) as exc:
+            # Firestore or Pub/Sub trouble on our side (an outage, a contended transaction): the
+            # workflow retries 503 with backoff, and recorded steps make the retry safe.
+            log.emit(
+                "WARNING",
+                "actuate: backing service unavailable, asking for a retry",
+                op=op,
+                incident=iid,
+                step=step,
+                error=str(exc)[:300],
+            )
+            return {"error": f"backing service unavailable: {str(exc)[:200]}", "retryable": True}, 503
 
     # -- helpers ---------------------------------------------------------------------
 
