@@ -300,3 +300,24 @@ def test_stronger_line_of_the_same_burst_reopens_a_record_only_incident() -> Non
     inc = w.incidents[first.incident["id"]]
     assert inc["state"] == "OPEN" and inc["action"] == "RESET_GPU" and "resolved" not in inc["timeline"]
     assert len(w.incidents) == 1
+
+
+def test_reservation_block_budget_applies_once_the_block_is_known() -> None:
+    w = World(
+        pol(
+            budgets={
+                "cluster": {"max_nodes": 8, "max_percent": 100},
+                "block": {"max_nodes": 2, "max_percent": 25},
+            }
+        )
+    )
+    for i in range(1, 4):
+        e = ev(XID79, node=f"a3-node-00{i}")
+        w.nodes[engine.node_key(e["node"])] = {**engine.new_node(e["node"]), "block": "c1/block-7"}
+    outs = [w.feed(ev(XID79, node=f"a3-node-00{i}", ts=T0 + i)) for i in range(1, 4)]
+    assert [o.result for o in outs] == ["opened", "opened", "held"]
+    held = outs[2].incident
+    assert held is not None and held["held"]["scope"].startswith("block-")
+    assert outs[0].incident is not None and any(
+        s.startswith("block-") for s in outs[0].incident["budget_scopes"]
+    )

@@ -251,6 +251,31 @@ def test_reset_gpu_for_xid48(world: World) -> None:
     inc = world.wait(out.incident["id"])  # type: ignore[index]
     assert inc["state"] == "RESOLVED" and inc["action"] == "RESET_GPU"
     assert len(world.calls("reset")) == 1
+    node = world.store.get_node(inc["node_key"])
+    assert node is not None and node["block"] == "c1/block-1"  # learned from Compute: block budgets apply now
+
+
+def test_fault_worsening_during_remediation_steps_up(world: World) -> None:
+    # the first step is decided in observe mode, so no execution runs it and the test controls the order
+    out = world.ingest.store.apply(
+        {
+            **world.ingest.classifier.classify(
+                ops_agent_entry(XID48, instance="a3-node-002", insert_id="w1")
+            ),
+            "_observed_ts": time.time(),
+        },
+        policy.from_doc({**world.policy.doc, "mode": "observe"}),
+        time.time(),
+    )
+    assert out.incident is not None and out.incident["action"] == "RESET_GPU"
+    iid = out.incident["id"]
+    world.store.mutate(iid, lambda d: d.update(escalate_to="REBOOT_NODE", state="VERIFYING"))
+    body, status = world.actuator.handle({"op": "close", "incident": iid, "step": 1})
+    assert status == 200 and body["outcome"] == "escalated to REBOOT_NODE (step 2)"
+    inc = world.wait(iid)
+    assert inc["state"] == "RESOLVED" and inc["action"] == "REBOOT_NODE" and inc["step"] == 2
+    assert len(world.calls("reset")) == 1
+    assert inc["escalations"][-1]["why"] == ["a stronger fault arrived during remediation"]
 
 
 def test_lemon_host_is_reported_faulty(world: World) -> None:

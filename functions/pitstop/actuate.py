@@ -197,6 +197,11 @@ class Actuator:
         p, z, i = self._node(inc)
         action = inc["action"]
         before = self.compute.get(p, z, i)
+        topo = (before.get("resource_status") or {}).get("physical_host_topology") or {}
+        if topo.get("block"):  # from now on this node also counts against its reservation block's budget
+            self.store.set_node_fields(
+                inc["node_key"], {"block": f"{topo.get('cluster', '')}/{topo['block']}"}
+            )
         record: dict[str, Any] = {
             "operation": None,
             "method": "none",

@@ -227,11 +227,11 @@ def _local_status(state: Any, as_json: bool) -> int:
 
     from google.cloud import firestore
 
-    from .local.stack import admin, webhook_records
+    from .local.stack import admin, emulator_env, webhook_records
     from .timeline import durations
 
-    os.environ["FIRESTORE_EMULATOR_HOST"] = state.endpoints["firestore"]
-    db = firestore.Client(project=state.project)
+    with emulator_env(state.endpoints):
+        db = firestore.Client(project=state.project)
     incidents = sorted(
         (d.to_dict() for d in db.collection("pitstop_incidents").stream()),
         key=lambda d: d["created_at"] if d else 0,

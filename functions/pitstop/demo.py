@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import subprocess
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import engine
-from .local.stack import PROJECT, ZONE, Router, Stack, StackState, admin, webhook_records
+from .local.stack import PROJECT, ZONE, Router, Stack, StackState, admin, emulator_env, webhook_records
 from .timeline import durations
 
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
@@ -54,10 +53,10 @@ class Scenarios:
         assert stack.state is not None and stack.slurm is not None
         self.stack, self.state, self.slurm = stack, stack.state, stack.slurm
         self.router = Router(self.state)
-        os.environ["FIRESTORE_EMULATOR_HOST"] = self.state.endpoints["firestore"]
         from google.cloud import firestore
 
-        self.db = firestore.Client(project=PROJECT)
+        with emulator_env(self.state.endpoints):
+            self.db = firestore.Client(project=PROJECT)
         self.nodes: list[str] = self.state.cluster["node_names"]
         self.latencies: list[float] = []
 
@@ -399,7 +398,8 @@ class Scenarios:
         self.router.publish_raw(b"\x00this is not a log entry")
         node = self.nodes[6]
         self.router.publish(self.entry(node, XID13))
-        sub = pubsub_v1.SubscriberClient()
+        with emulator_env(self.state.endpoints):
+            sub = pubsub_v1.SubscriberClient()
         path = sub.subscription_path(PROJECT, "events-dead-inspect")
 
         def dead() -> list[Any]:

@@ -310,6 +310,11 @@ class IncidentStore:
         snap = self.nodes.document(key).get()
         return snap.to_dict() if snap.exists else None
 
+    def set_node_fields(self, key: str, fields: Mapping[str, Any]) -> None:
+        """Facts learned while acting (e.g. the reservation block from Compute's host topology)."""
+        self.nodes.document(key).set(dict(fields), merge=True)
+        self._count_writes(1)
+
     def put_node(self, key: str, doc: Mapping[str, Any]) -> None:
         self.nodes.document(key).set(dict(doc))
 

@@ -37,7 +37,7 @@ class FakeMonitoring:
         return empty_pb2.Empty()
 
 
-def serve(fake: FakeMonitoring, host: str = "127.0.0.1") -> tuple[grpc.Server, str]:
+def serve(fake: FakeMonitoring, host: str = "127.0.0.1", port: int = 0) -> tuple[grpc.Server, str]:
     handler = grpc.method_handlers_generic_handler(
         SERVICE,
         {
@@ -50,6 +50,6 @@ def serve(fake: FakeMonitoring, host: str = "127.0.0.1") -> tuple[grpc.Server, s
     )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port(f"{host}:0")
+    port = server.add_insecure_port(f"{host}:{port}")
     server.start()
     return server, f"{host}:{port}"

@@ -59,11 +59,13 @@ def executions(args: argparse.Namespace) -> None:
 def monitoring(args: argparse.Namespace) -> None:
     import grpc
 
-    from .fake_monitoring import FakeMonitoring
+    from .fake_monitoring import FakeMonitoring, serve
 
     out = Path(args.out)
 
     class Recording(FakeMonitoring):
+        """Also appends every series to a JSON Lines file that tests and `local status` read."""
+
         def create(self, req: Any, ctx: grpc.ServicerContext) -> Any:
             n = len(self.series)
             resp = super().create(req, ctx)
@@ -72,26 +74,7 @@ def monitoring(args: argparse.Namespace) -> None:
                     f.write(json.dumps(s) + "\n")
             return resp
 
-    from concurrent import futures
-
-    from google.cloud.monitoring_v3.types import metric_service
-    from google.protobuf import empty_pb2
-
-    fake = Recording()
-    handler = grpc.method_handlers_generic_handler(
-        "google.monitoring.v3.MetricService",
-        {
-            "CreateTimeSeries": grpc.unary_unary_rpc_method_handler(
-                fake.create,
-                metric_service.CreateTimeSeriesRequest.deserialize,
-                empty_pb2.Empty.SerializeToString,
-            )
-        },
-    )
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    server.add_generic_rpc_handlers((handler,))
-    server.add_insecure_port(f"127.0.0.1:{args.port}")
-    server.start()
+    server, _ = serve(Recording(), port=args.port)
     _wait_forever(lambda: server.stop(0))
 
 

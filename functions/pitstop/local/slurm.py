@@ -190,6 +190,16 @@ class SlurmCluster:
         raise TimeoutError(f"{what} not ready after {timeout}s")
 
     def stop(self) -> None:
+        if self.procs and self.procs[0].alive():  # cancel this cluster's jobs so no job process outlives it
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(
+                    ["scancel", "--full", "--quiet", "-u", "root"],
+                    env=self.env,
+                    timeout=10,
+                    capture_output=True,
+                    check=False,
+                )
+        subprocess.run(["pkill", "-f", f"{self.workdir}/spool/"], capture_output=True, check=False)
         for p in reversed(self.procs):
             p.stop()
         self.procs.clear()

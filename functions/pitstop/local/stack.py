@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -62,6 +63,26 @@ class StackState:
     @classmethod
     def load(cls, workdir: str | Path) -> StackState:
         return cls(**json.loads(Path(workdir, "stack.json").read_text()))
+
+
+@contextlib.contextmanager
+def emulator_env(endpoints: dict[str, str]) -> Iterator[None]:
+    """Point new Google clients at this stack's emulators without changing the process for good.
+
+    Clients read the emulator variables when they are built; other code in the same process
+    (tests, another stack) must keep seeing its own values afterwards.
+    """
+    keys = {"PUBSUB_EMULATOR_HOST": endpoints["pubsub"], "FIRESTORE_EMULATOR_HOST": endpoints["firestore"]}
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update(keys)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def default_workdir() -> Path:
@@ -299,10 +320,10 @@ class Stack:
         return self.state
 
     def _wire_pubsub(self, ep: dict[str, str], ps_host: str) -> None:
-        os.environ["PUBSUB_EMULATOR_HOST"] = ps_host
         from google.cloud import pubsub_v1
 
-        pub, sub = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+        with emulator_env(ep):
+            pub, sub = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
         t = {
             n: pub.topic_path(PROJECT, n)
             for n in (
@@ -373,11 +394,11 @@ class Router:
     """The sink side: apply infra/filters/ and publish each selected LogEntry as one Pub/Sub message."""
 
     def __init__(self, state: StackState) -> None:
-        os.environ["PUBSUB_EMULATOR_HOST"] = state.endpoints["pubsub"]
         from google.cloud import pubsub_v1
 
         self.filters = [compile_filter(f) for f in sinks.sink_filters().values()]
-        self.pub = pubsub_v1.PublisherClient()
+        with emulator_env(state.endpoints):
+            self.pub = pubsub_v1.PublisherClient()
         self.topic = self.pub.topic_path(state.project, "pitstop-events")
 
     def matches(self, entry: dict[str, Any]) -> bool:
