@@ -23,7 +23,7 @@ pytestmark = pytest.mark.emulator
 
 @pytest.fixture(scope="module")
 def sc() -> Iterator[Scenarios]:
-    stack = Stack(Path(tempfile.mkdtemp(prefix="pitstop-e2e-")), ClusterSpec(nodes=11))
+    stack = Stack(Path(tempfile.mkdtemp(prefix="pitstop-e2e-")), ClusterSpec(nodes=12))
     try:
         stack.up()
         yield Scenarios(stack)
@@ -100,3 +100,23 @@ def test_webhook_down_does_not_block_remediation(sc: Scenarios) -> None:
     assert any(m["type"].endswith("/incidents_resolved") for m in metrics)
     assert any(m["type"].endswith("/time_to_remediate_s") for m in metrics)
     assert webhook_records(sc.state)
+
+
+def test_firestore_restarted_mid_incident_completes_exactly_once(sc: Scenarios) -> None:
+    node = sc.nodes[11]
+    sc.settle()
+    sc.router.publish(sc.entry(node, XID79))
+    sc.wait(
+        lambda: [i for i in sc.incidents(node) if i["state"] in ("FENCED", "ACTING", "VERIFYING")],
+        60,
+        "the incident to be under way",
+    )
+    sc.stack.restart_firestore(down_s=3.0)  # every function and the agent lose Firestore for a while
+    inc = sc.wait(
+        lambda: next((i for i in sc.incidents(node)[-1:] if i["state"] in ("RESOLVED", "FAILED")), None),
+        180,
+        "the incident to finish after the restart",
+    )
+    assert inc["state"] == "RESOLVED", inc.get("failure")
+    assert len([i for i in sc.incidents(node) if i["action"] in ("REBOOT_NODE", "REPLACE_NODE")]) == 1
+    assert len(sc.calls("reset", node)) + len(sc.calls("report_host_as_faulty", node)) == 1

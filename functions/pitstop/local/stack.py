@@ -358,6 +358,35 @@ class Stack:
         ):
             sub.create_subscription(name=sub.subscription_path(PROJECT, name), topic=t[topic])
 
+    # -- faults ----------------------------------------------------------------------
+
+    def restart_firestore(self, down_s: float = 2.0) -> None:
+        """Kill the Firestore emulator and bring it back on the same port with its data (fault injection)."""
+        assert self.state is not None
+        host = self.state.endpoints["firestore"]
+        export = self.workdir / f"firestore-export-{int(time.time())}"
+        export.mkdir(parents=True)  # the emulator exports into an existing directory
+        req = urllib.request.Request(
+            f"http://{host}/emulator/v1/projects/{PROJECT}:export",
+            data=json.dumps(
+                {"database": f"projects/{PROJECT}/databases/(default)", "export_directory": str(export)}
+            ).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=30):  # noqa: S310
+            pass
+        old = self.procs["firestore"]
+        old.stop()
+        time.sleep(down_s)
+        # the emulator writes a dated subfolder; importing takes its overall metadata file
+        metadata = next(export.glob("*/*.overall_export_metadata"))
+        argv = [*old.argv, f"--import-data={metadata}"]
+        self.procs["firestore"] = Proc(
+            "firestore-emulator", argv, self.workdir / "firestore-emulator-2.log", old.env
+        ).start()
+        wait_http(f"http://{host}/", self.procs["firestore"])
+
     # -- down ------------------------------------------------------------------------
 
     def down(self) -> None:
