@@ -189,16 +189,27 @@ class SlurmCluster:
             time.sleep(0.3)
         raise TimeoutError(f"{what} not ready after {timeout}s")
 
+    def cancel_jobs(self) -> None:
+        """Cancel this cluster's jobs and let them finish while the slurmds still run.
+
+        A job whose slurmd is gone leaves a slurmstepd waiting forever, so this comes first.
+        """
+        if not (self.procs and self.procs[0].alive()):
+            return
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                ["scancel", "--full", "--quiet", "-u", "root"],
+                env=self.env,
+                timeout=10,
+                capture_output=True,
+                check=False,
+            )
+            deadline = time.monotonic() + 15
+            while self._out(["squeue", "-h"]).strip() and time.monotonic() < deadline:
+                time.sleep(0.3)
+
     def stop(self) -> None:
-        if self.procs and self.procs[0].alive():  # cancel this cluster's jobs so no job process outlives it
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                subprocess.run(
-                    ["scancel", "--full", "--quiet", "-u", "root"],
-                    env=self.env,
-                    timeout=10,
-                    capture_output=True,
-                    check=False,
-                )
+        self.cancel_jobs()
         subprocess.run(["pkill", "-f", f"{self.workdir}/spool/"], capture_output=True, check=False)
         for p in reversed(self.procs):
             p.stop()

@@ -390,6 +390,8 @@ class Stack:
     # -- down ------------------------------------------------------------------------
 
     def down(self) -> None:
+        if self.slurm is not None:
+            self.slurm.cancel_jobs()  # while vm-sync's slurmds still run
         for p in reversed(list(self.procs.values())):
             p.stop()
         if self.slurm is not None:
