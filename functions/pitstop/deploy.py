@@ -636,7 +636,3 @@ def teardown(
 
 def dry_run_lines(project: str, region: str, conf: Mapping[str, Any]) -> list[str]:
     return [s.line() for s in plan(project, region, conf)]
-
-
-def summary(steps: list[Step]) -> str:
-    return json.dumps({"steps": len(steps), "creates": sum(1 for s in steps if s.check is not None)})

@@ -125,12 +125,6 @@ class SlurmCluster:
         self.daemons[node] = p
         self.procs.append(p)
 
-    def stop_node(self, node: str) -> None:
-        """The VM is gone (preempted): its slurmd stops answering."""
-        p = self.daemons.pop(node, None)
-        if p is not None:
-            p.stop()
-
     def _ok(self, argv: list[str]) -> bool:
         return subprocess.run(argv, env=self.env, capture_output=True, check=False).returncode == 0
 

@@ -10,7 +10,6 @@ injected entries and publishes what a real sink would. State lives in ``<workdir
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -462,7 +461,3 @@ def admin(state: StackState, path: str, body: dict[str, Any] | None = None) -> A
 def webhook_records(state: StackState) -> list[dict[str, Any]]:
     path = Path(state.workdir, "webhook.jsonl")
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-
-
-def decode_data(data: str) -> Any:
-    return json.loads(base64.b64decode(data))
