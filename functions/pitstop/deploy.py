@@ -528,34 +528,24 @@ def resolve(project: str, region: str, run: Runner = _gcloud) -> dict[str, str]:
     out: dict[str, str] = {}
     num = run(["projects", "describe", project, "--format=value(projectNumber)"])
     out["<project-number>"] = num.stdout.strip()
+
+    def describe_function(fn: str, fmt: str) -> str:
+        args = [
+            "functions",
+            "describe",
+            fn,
+            "--gen2",
+            f"--region={region}",
+            "--project",
+            project,
+            f"--format={fmt}",
+        ]
+        return run(args).stdout.strip()
+
     for fn in ("pitstop-actuate", "pitstop-sweep"):
-        d = run(
-            [
-                "functions",
-                "describe",
-                fn,
-                "--gen2",
-                f"--region={region}",
-                "--project",
-                project,
-                "--format=value(serviceConfig.uri)",
-            ]
-        )
-        out[f"<{fn}-url>"] = d.stdout.strip()
+        out[f"<{fn}-url>"] = describe_function(fn, "value(serviceConfig.uri)")
     for fn in ("pitstop-ingest", "pitstop-notify"):
-        d = run(
-            [
-                "functions",
-                "describe",
-                fn,
-                "--gen2",
-                f"--region={region}",
-                "--project",
-                project,
-                "--format=value(eventTrigger.trigger)",
-            ]
-        )
-        trigger = d.stdout.strip().rsplit("/", 1)[-1]
+        trigger = describe_function(fn, "value(eventTrigger.trigger)").rsplit("/", 1)[-1]
         t = (
             run(
                 [
@@ -588,7 +578,6 @@ def apply(
     for step in steps:
         argv = step.argv
         if any("<" in a for a in argv):
-            values = values or {}
             if not all(ph in values and values[ph] for ph in _placeholders(argv)):
                 values.update(resolve(project, region, run))
             argv = [_fill(a, values) for a in argv]

@@ -80,7 +80,6 @@ class Ingest:
         self.clock = clock
         self.coalescer = Coalescer(store, policy)
         self.coalescer.on_outcome = lambda out: self.follow_up(out, self.clock())
-        self.started: list[tuple[str, int, str]] = []  # (incident, step, execution) by this process
 
     def handle_payload(self, payload: Any) -> engine.Outcome:
         delivery = unwrap(payload)
@@ -144,7 +143,6 @@ class Ingest:
             return None  # another starter holds the lease, or it is already started
         name = self.starter.find(iid, step) or self.starter.start(iid, step, workflow_argument(inc, step))
         self.store.record_started(iid, step, name, now)
-        self.started.append((iid, step, name))
         log.emit("INFO", "remediation started", incident=iid, step=step, execution=name)
         return name
 
