@@ -53,11 +53,18 @@ def test_least_privilege(steps: list[deploy.Step]) -> None:
     assert any(
         a.startswith("--set-secrets=PITSTOP_WEBHOOK_URL=pitstop-webhook") for a in fns["pitstop-notify"]
     )
-    invokers = [s.argv for s in steps if s.argv[:2] == ["functions", "add-invoker-policy-binding"]]
-    assert [
-        invokers[0][2],
-        invokers[0][4].split("=", 1)[1],
-    ] == ["pitstop-actuate", "serviceAccount:pitstop-workflow@my-train-proj.iam.gserviceaccount.com"]
+    invokers = {
+        (s.argv[2], s.argv[4].split("=", 1)[1])
+        for s in steps
+        if s.argv[:2] == ["functions", "add-invoker-policy-binding"]
+    }
+    sa = "serviceAccount:pitstop-{}@my-train-proj.iam.gserviceaccount.com".format
+    assert invokers == {  # callers, and each Pub/Sub function's own trigger identity
+        ("pitstop-actuate", sa("workflow")),
+        ("pitstop-sweep", sa("scheduler")),
+        ("pitstop-ingest", sa("ingest")),
+        ("pitstop-notify", sa("notify")),
+    }
     role = yaml.safe_load((ROOT / "infra" / "roles" / "pitstop-actuator.yaml").read_text())
     assert "compute.instances.reportHostAsFaulty" in role["includedPermissions"]
     assert not any(p.endswith((".delete", ".setIamPolicy", ".insert")) for p in role["includedPermissions"])
@@ -89,6 +96,8 @@ def test_staged_source_carries_its_data(tmp_path: Path) -> None:
     assert (out / "pitstop" / "schemas" / "xid-policy.yaml").is_file()
     assert (out / "pitstop" / "filters" / "gpu-xid.filter").is_file()
     assert (out / "policy.yaml").read_text().strip() == "{}"
+    assert not (out / "pitstop" / "local").exists()  # the stand-ins stay home
+    assert not list(out.rglob("__pycache__"))
 
 
 def test_apply_is_idempotent_and_fills_placeholders(steps: list[deploy.Step]) -> None:
@@ -111,7 +120,7 @@ def test_apply_is_idempotent_and_fills_placeholders(steps: list[deploy.Step]) ->
                 out = f"projects/p/subscriptions/eventarc-us-central1-{argv[3]}-sub-123"
             elif "writerIdentity" in " ".join(argv):
                 out = "serviceAccount:service-123@gcp-sa-logging.iam.gserviceaccount.com"
-            return subprocess.CompletedProcess(argv, rc, out, "")
+            return subprocess.CompletedProcess(argv, rc, out or ("name: x" if rc == 0 else ""), "")
         for s in steps:
             if s.argv == argv and s.check is not None:
                 existing.add(" ".join(s.check[:4]))
@@ -144,6 +153,7 @@ SAMPLE_VALUES = {  # what the placeholders hold at run time, so gcloud's own val
     "<pitstop-notify-trigger-subscription>": "eventarc-us-central1-pitstop-notify-123456-sub-782",
     "<pitstop-gpu-xid-writer-identity>": SINK_WRITER,
     "<pitstop-system-events-writer-identity>": SINK_WRITER,
+    "<existing>": "1234567890",  # a dashboard or alert policy id a check printed
 }
 
 

@@ -1,64 +1,382 @@
-"""The real deploy code and the real gcloud, pointed at the Pub/Sub emulator: it creates, then converges."""
+"""The real deploy: `pitstop deploy`'s apply() driving the real gcloud at local endpoints.
+
+Pub/Sub is Google's emulator (behind the recording fake, which adds the IAM methods the emulator
+lacks); every other API is the recording fake in pitstop/local/fake_gcp.py. One module-wide
+run deploys, deploys again, and tears down; the tests read what gcloud sent and what exists.
+"""
 
 from __future__ import annotations
 
+import copy
+import io
+import json
 import os
+import re
 import subprocess
-import tempfile
 import uuid
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from google.cloud.pubsub_v1 import PublisherClient, SubscriberClient
 
-from pitstop import deploy
+from pitstop import deploy, sinks
+from pitstop.local import fake_gcp
 
 pytestmark = pytest.mark.emulator
+ROOT = Path(__file__).resolve().parents[1]
+REGION = "us-central1"
+PUBSUB_AGENT = f"serviceAccount:service-{fake_gcp.PROJECT_NUMBER}@gcp-sa-pubsub.iam.gserviceaccount.com"
+LOGGING_AGENT = f"serviceAccount:service-{fake_gcp.PROJECT_NUMBER}@gcp-sa-logging.iam.gserviceaccount.com"
 
 
-def test_pubsub_part_of_the_plan_creates_then_changes_nothing(pubsub_host: str) -> None:
+@dataclass
+class Deployed:
+    project: str
+    fake: fake_gcp.FakeGcp
+    steps: list[deploy.Step]
+    logs: list[list[str]] = field(default_factory=list)  # per phase: deploy, deploy, teardown, deploy
+    calls: list[list[fake_gcp.Call]] = field(default_factory=list)
+    rcs: list[int] = field(default_factory=list)
+    states: list[dict[str, Any]] = field(default_factory=list)  # after each phase
+    topics: list[set[str]] = field(default_factory=list)
+    subscriptions: list[dict[str, Any]] = field(default_factory=list)
+
+    def sa(self, component: str) -> str:
+        return f"serviceAccount:{deploy.sa_email(component, self.project)}"
+
+    def created(self, api: str, collection: str) -> list[dict[str, Any]]:
+        """Bodies of the first run's create requests to a collection (as gcloud sent them)."""
+        return [
+            c.body
+            for c in self.calls[0]
+            if c.api == api and c.method == "POST" and not c.verb and c.path.endswith(collection)
+        ]
+
+
+def _state(fake: fake_gcp.FakeGcp) -> dict[str, Any]:
+    """Everything the fake holds, minus what changes on every write (etags, operations)."""
+
+    def clean(obj: Any) -> Any:
+        if isinstance(obj, dict):
+            return {k: clean(v) for k, v in obj.items() if k != "etag"}
+        if isinstance(obj, list):
+            return [clean(v) for v in obj]
+        return obj
+
+    with fake.lock:
+        res = {
+            f"{a} {n}": clean(copy.deepcopy(v))
+            for (a, n), v in fake.resources.items()
+            if "/operations/" not in n
+        }
+        pol = {f"{a} {n}": clean(copy.deepcopy(v)) for (a, n), v in fake.policies.items()}
+    return {"resources": res, "policies": pol}
+
+
+@pytest.fixture(scope="module")
+def deployed(pubsub_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
     project = f"dep-{uuid.uuid4().hex[:8]}"
-    token = tempfile.NamedTemporaryFile("w", delete=False, suffix=".token")  # noqa: SIM115
-    token.write("local-token")
-    token.close()
+    fake = fake_gcp.FakeGcp(pubsub_upstream=pubsub_host)
+    server = fake_gcp.serve(fake)
+    tmp = tmp_path_factory.mktemp("deploy")
+    token = tmp / "token"
+    token.write_text("local-token")
     env = {
-        **os.environ,
-        "CLOUDSDK_CONFIG": tempfile.mkdtemp(prefix="gcloud-"),
-        "CLOUDSDK_API_ENDPOINT_OVERRIDES_PUBSUB": f"http://{pubsub_host}/",
-        "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": token.name,
+        **{k: v for k, v in os.environ.items() if not k.endswith("_EMULATOR_HOST")},
+        **fake.env(),
+        "CLOUDSDK_CONFIG": str(tmp / "gcloud"),
+        "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(token),
         "CLOUDSDK_CORE_CHECK_GCE_METADATA": "false",
         "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
         "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "true",
+        "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "true",
     }
-    calls: list[list[str]] = []
 
     def gcloud(argv: list[str]) -> subprocess.CompletedProcess[str]:
-        calls.append(argv)
         return subprocess.run(
-            ["gcloud", *argv], capture_output=True, text=True, env=env, timeout=120, check=False
+            ["gcloud", *argv], capture_output=True, text=True, env=env, timeout=180, check=False
         )
 
-    conf = {**deploy.load_config(None), "slurm_clusters": ["train"]}
-    steps = [
-        s
-        for s in deploy.plan(project, "us-central1", conf)
-        if s.argv[:2] in (["pubsub", "topics"], ["pubsub", "subscriptions"]) and s.argv[2] == "create"
-    ]
-    assert len(steps) >= 7
-    logs: list[str] = []
-    assert deploy.apply(steps, project, "us-central1", gcloud, logs.append) == 0, logs
+    conf = {**deploy.load_config(None), "slurm_clusters": ["train"], "webhook_format": "slack"}
+    steps = deploy.plan(project, REGION, conf, str(deploy.stage_source(None, tmp / "src")))
+    d = Deployed(project, fake, steps)
     pub, sub = PublisherClient(), SubscriberClient()
-    topics = {t.name.rsplit("/", 1)[-1] for t in pub.list_topics(project=f"projects/{project}")}
-    assert topics == set(deploy.TOPICS) | {"pitstop-slurm-train"}
-    subs = {s.name.rsplit("/", 1)[-1] for s in sub.list_subscriptions(project=f"projects/{project}")}
-    assert subs == {
+
+    def phase(fn: Any) -> None:
+        start, logs = len(fake.calls), list[str]()
+        d.rcs.append(fn(logs.append))
+        d.logs.append(logs)
+        d.calls.append(fake.calls[start:])
+        d.states.append(_state(fake))
+        d.topics.append({t.name.rsplit("/", 1)[-1] for t in pub.list_topics(project=f"projects/{project}")})
+        d.subscriptions.append(
+            {s.name.rsplit("/", 1)[-1]: s for s in sub.list_subscriptions(project=f"projects/{project}")}
+        )
+
+    try:
+        phase(lambda log: deploy.apply(steps, project, REGION, gcloud, log))
+        phase(lambda log: deploy.apply(steps, project, REGION, gcloud, log))
+        phase(lambda log: deploy.teardown(steps, False, gcloud, log))
+        phase(lambda log: deploy.apply(steps, project, REGION, gcloud, log))
+        yield d
+    finally:
+        server.shutdown()
+        sub.close()
+
+
+def test_every_step_ran_and_gcloud_sent_no_placeholder(deployed: Deployed) -> None:
+    assert deployed.rcs == [0, 0, 0, 0], deployed.logs
+    assert len(deployed.logs[0]) == len(deployed.steps)
+    assert [line for line in deployed.logs[0] if not line.startswith("ok ")] == [
+        "skipped  restore the custom role if a teardown deleted it (IAM keeps its id for 37 days)"
+    ]
+    leftovers = [
+        str(c) for c in deployed.calls[0] if re.search(r"<[a-z0-9-]+>", json.dumps([c.path, c.query, c.body]))
+    ]
+    assert leftovers == []
+
+
+def test_pubsub_resources_exist_in_the_emulator(deployed: Deployed) -> None:
+    assert deployed.topics[0] == set(deploy.TOPICS) | {"pitstop-slurm-train"}
+    subs = deployed.subscriptions[0]
+    assert {
         "pitstop-events-dead-inspect",
         "pitstop-notifications-dead-inspect",
         "pitstop-slurm-train-agent",
+    } <= set(subs)
+    assert subs["pitstop-slurm-train-agent"].ack_deadline_seconds == 120
+    # Eventarc's push subscriptions (made by the fake, as Google does) got the dead-letter policies
+    triggers = {name: s for name, s in subs.items() if name.startswith("eventarc-")}
+    assert len(triggers) == 2
+    dlq = {
+        name.split("-pitstop-")[1].split("-")[0]: (
+            s.dead_letter_policy.dead_letter_topic,
+            s.dead_letter_policy.max_delivery_attempts,
+        )
+        for name, s in triggers.items()
     }
-    agent = sub.get_subscription(subscription=f"projects/{project}/subscriptions/pitstop-slurm-train-agent")
-    assert agent.ack_deadline_seconds == 120
-    calls.clear()
-    logs.clear()
-    assert deploy.apply(steps, project, "us-central1", gcloud, logs.append) == 0
-    assert all(line.startswith("exists") for line in logs), logs
-    assert not any("create" in c for c in calls)  # a second run only looked
+    p = deployed.project
+    assert dlq == {
+        "ingest": (f"projects/{p}/topics/pitstop-events-dead", 5),
+        "notify": (f"projects/{p}/topics/pitstop-notifications-dead", 10),
+    }
+
+
+def _expected_project_bindings(project: str) -> dict[str, set[str]]:
+    iam = yaml.safe_load((ROOT / "infra" / "iam.yaml").read_text())["service_accounts"]
+    out: dict[str, set[str]] = {}
+    for comp, spec in iam.items():
+        for b in spec.get("project_roles", []):
+            out.setdefault(b["role"].format(project=project), set()).add(
+                f"serviceAccount:{deploy.sa_email(comp, project)}"
+            )
+    return out
+
+
+def test_project_iam_policy_holds_exactly_the_roles_in_iam_yaml(deployed: Deployed) -> None:
+    policy = deployed.states[0]["policies"][f"cloudresourcemanager projects/{deployed.project}"]
+    got = {b["role"]: set(b["members"]) for b in policy["bindings"]}
+    assert got == _expected_project_bindings(deployed.project)
+    assert not {"roles/owner", "roles/editor"} & set(got)
+    role = deployed.states[0]["resources"][f"iam projects/{deployed.project}/roles/pitstopActuator"]
+    spec = yaml.safe_load((ROOT / "infra" / "roles" / "pitstop-actuator.yaml").read_text())
+    assert role["includedPermissions"] == spec["includedPermissions"]
+    assert set(role["includedPermissions"]) <= fake_gcp.TESTABLE_PERMISSIONS
+    accounts = {b["accountId"] for b in deployed.created("iam", "/serviceAccounts")}
+    assert accounts == {
+        f"pitstop-{c}" for c in ("ingest", "actuate", "notify", "workflow", "slurm-agent", "scheduler")
+    }
+
+
+def test_resource_level_bindings_reach_only_their_resource(deployed: Deployed) -> None:
+    f, p, sa = deployed.fake, deployed.project, deployed.sa
+    # (state after the first run is what the fake holds until teardown; read the snapshot)
+    pol = deployed.states[0]["policies"]
+
+    def members(api: str, name: str, role: str) -> set[str]:
+        return {
+            m
+            for b in pol.get(f"{api} {name}", {}).get("bindings", [])
+            if b["role"] == role
+            for m in b["members"]
+        }
+
+    pub, subr, inv = "roles/pubsub.publisher", "roles/pubsub.subscriber", "roles/run.invoker"
+    assert members("pubsub", f"projects/{p}/topics/pitstop-events", pub) == {LOGGING_AGENT}  # the sinks only
+    assert members("pubsub", f"projects/{p}/topics/pitstop-notifications", pub) == {
+        sa("ingest"),
+        sa("actuate"),
+    }
+    assert members("pubsub", f"projects/{p}/topics/pitstop-slurm-train", pub) == {sa("actuate")}
+    assert members("pubsub", f"projects/{p}/subscriptions/pitstop-slurm-train-agent", subr) == {
+        sa("slurm-agent")
+    }
+    for dead in ("pitstop-events-dead", "pitstop-notifications-dead"):
+        assert members("pubsub", f"projects/{p}/topics/{dead}", pub) == {PUBSUB_AGENT}
+    secret = f"projects/{p}/secrets/pitstop-webhook"
+    assert members("secretmanager", secret, "roles/secretmanager.secretAccessor") == {sa("notify")}
+    run = f"projects/{p}/locations/{REGION}/services"
+    assert members("run", f"{run}/pitstop-actuate", inv) == {sa("workflow")}
+    assert members("run", f"{run}/pitstop-sweep", inv) == {sa("scheduler")}
+    assert members("run", f"{run}/pitstop-ingest", inv) == {sa("ingest")}  # its Eventarc trigger identity
+    assert members("run", f"{run}/pitstop-notify", inv) == {sa("notify")}
+    for comp in ("ingest", "notify"):
+        account = f"projects/{p}/serviceAccounts/{deploy.sa_email(comp, p)}"
+        assert members("iam", account, "roles/iam.serviceAccountTokenCreator") == {PUBSUB_AGENT}
+    every_member = {m for v in pol.values() for b in v.get("bindings", []) for m in b["members"]}
+    assert not {"allUsers", "allAuthenticatedUsers"} & every_member
+    assert f is deployed.fake
+
+
+def test_sinks_carry_the_filter_files_and_unique_writer_identities(deployed: Deployed) -> None:
+    sent = {
+        c.body["name"]: c
+        for c in deployed.calls[0]
+        if c.api == "logging" and c.path.endswith("/sinks") and c.method == "POST"
+    }
+    assert set(sent) == set(sinks.SINK_FILTERS)
+    for name, flt in sinks.sink_filters().items():
+        assert sent[name].body["filter"] == flt
+        assert (
+            sent[name].body["destination"]
+            == f"pubsub.googleapis.com/projects/{deployed.project}/topics/pitstop-events"
+        )
+        assert sent[name].query.get("uniqueWriterIdentity") == "True"
+    metric = deployed.created("logging", "/metrics")[0]
+    assert metric["name"] == "pitstop_xid_lines" and metric["filter"] == sinks.read_filter("gpu-xid.filter")
+
+
+def test_functions_are_deployed_with_their_flags_and_the_staged_source(deployed: Deployed) -> None:
+    bodies = {
+        c.query["functionId"]: c.body
+        for c in deployed.calls[0]
+        if c.api == "cloudfunctions" and c.method == "POST" and "functionId" in c.query
+    }
+    assert set(bodies) == {"pitstop-ingest", "pitstop-actuate", "pitstop-notify", "pitstop-sweep"}
+    p = deployed.project
+    for fn, body in bodies.items():
+        assert body["buildConfig"]["runtime"] == "python312"
+        assert body["buildConfig"]["entryPoint"] == fn.removeprefix("pitstop-")
+        env = body["serviceConfig"]["environmentVariables"]
+        assert env["PITSTOP_POLICY"] == "/workspace/policy.yaml"
+        assert env["PITSTOP_NOTIFICATIONS_TOPIC"] == "pitstop-notifications"
+        assert re.fullmatch(r"[0-9a-f]{20}", body["labels"][deploy.DIGEST_LABEL])
+    for fn, topic, sa in (
+        ("pitstop-ingest", "pitstop-events", "ingest"),
+        ("pitstop-notify", "pitstop-notifications", "notify"),
+    ):
+        trig = bodies[fn]["eventTrigger"]
+        assert trig["pubsubTopic"] == f"projects/{p}/topics/{topic}"
+        assert trig["retryPolicy"] == "RETRY_POLICY_RETRY"
+        assert trig["serviceAccountEmail"] == deploy.sa_email(sa, p)
+    assert "eventTrigger" not in bodies["pitstop-actuate"] and "eventTrigger" not in bodies["pitstop-sweep"]
+    assert bodies["pitstop-actuate"]["serviceConfig"]["serviceAccountEmail"] == deploy.sa_email("actuate", p)
+    assert bodies["pitstop-actuate"]["serviceConfig"]["timeoutSeconds"] == 300
+    notify = bodies["pitstop-notify"]["serviceConfig"]
+    assert notify["environmentVariables"]["PITSTOP_WEBHOOK_FORMAT"] == "slack"
+    assert [(s["key"], s["secret"], s["version"]) for s in notify["secretEnvironmentVariables"]] == [
+        ("PITSTOP_WEBHOOK_URL", "pitstop-webhook", "latest")
+    ]
+    # the archive gcloud uploaded is the staged source: code, its data, and the policy
+    objects = {b["buildConfig"]["source"]["storageSource"]["object"] for b in bodies.values()}
+    assert len(objects) == 4 and objects <= set(deployed.fake.uploads)
+    archive = zipfile.ZipFile(io.BytesIO(deployed.fake.uploads[min(objects)]))
+    names = set(archive.namelist())
+    assert not [n for n in names if n.startswith("pitstop/local/") or "__pycache__" in n]
+    assert {
+        "main.py",
+        "requirements.txt",
+        "policy.yaml",
+        "pitstop/engine.py",
+        "pitstop/schemas/xid-policy.yaml",
+    } <= names
+    assert {"pitstop/filters/gpu-xid.filter", "pitstop/filters/system-events.filter"} <= names
+
+
+def test_workflow_source_env_and_identity(deployed: Deployed) -> None:
+    (wf,) = deployed.created("workflows", "/workflows")
+    assert wf["sourceContents"] == (ROOT / "workflows" / "remediate.yaml").read_text()
+    assert wf["serviceAccount"].endswith(deploy.sa_email("workflow", deployed.project))
+    fns = deployed.states[0]["resources"]
+    actuate = fns[f"cloudfunctions projects/{deployed.project}/locations/{REGION}/functions/pitstop-actuate"]
+    assert wf["userEnvVars"]["PITSTOP_ACTUATE_URL"] == actuate["serviceConfig"]["uri"]
+    (job,) = deployed.created("cloudscheduler", "/jobs")
+    sweep = fns[f"cloudfunctions projects/{deployed.project}/locations/{REGION}/functions/pitstop-sweep"]
+    assert job["httpTarget"]["uri"] == sweep["serviceConfig"]["uri"]
+    assert job["httpTarget"]["oidcToken"]["serviceAccountEmail"] == deploy.sa_email(
+        "scheduler", deployed.project
+    )
+    assert job["schedule"] == "* * * * *"
+
+
+def test_firestore_monitoring_and_secret(deployed: Deployed) -> None:
+    (db,) = deployed.created("firestore", "/databases")
+    assert db["type"] == "FIRESTORE_NATIVE" and db["locationId"] == REGION
+    ttl = [c for c in deployed.calls[0] if c.api == "firestore" and c.method == "PATCH"]
+    assert [(c.path.split("/collectionGroups/")[1], c.query["updateMask"]) for c in ttl] == [
+        ("pitstop_dedup/fields/expire_at", "ttlConfig")
+    ]
+    (dash,) = deployed.created("monitoring", "/dashboards")
+    assert dash == json.loads((ROOT / "infra" / "monitoring" / "dashboard.json").read_text())
+    alerts = {a["displayName"] for a in deployed.created("monitoring", "/alertPolicies")}
+    files = sorted((ROOT / "infra" / "monitoring").glob("alert-*.json"))
+    assert alerts == {json.loads(f.read_text())["displayName"] for f in files} and len(alerts) == 3
+    (secret,) = deployed.created("secretmanager", "/secrets")
+    assert secret["replication"] == {"automatic": {}}
+
+
+def test_second_run_creates_nothing_and_changes_nothing(deployed: Deployed) -> None:
+    second = deployed.calls[1]
+    creates = [str(c) for c in second if c.method == "POST" and not c.verb] + [
+        str(c) for c in second if c.api == "pubsub" and c.method == "PUT"
+    ]
+    assert creates == []
+    assert not [
+        c
+        for c in second
+        if c.verb == "generateUploadUrl" or (c.api in ("cloudfunctions", "workflows") and c.method != "GET")
+    ]
+    assert sum(line.startswith("current") for line in deployed.logs[1]) == 5  # 4 functions + the workflow
+    assert deployed.states[1] == deployed.states[0]
+    assert deployed.topics[1] == deployed.topics[0] and set(deployed.subscriptions[1]) == set(
+        deployed.subscriptions[0]
+    )
+
+
+def test_teardown_leaves_only_the_database_and_enabled_apis(deployed: Deployed) -> None:
+    p = deployed.project
+    left = {
+        k.split(" ")[0]
+        for k in deployed.states[2]["resources"]
+        if k != f"iam projects/{p}/roles/pitstopActuator"
+    }
+    assert left <= {"firestore", "serviceusage"}, sorted(deployed.states[2]["resources"])
+    assert deployed.states[2]["resources"][f"iam projects/{p}/roles/pitstopActuator"]["deleted"] is True
+    remaining = [
+        m
+        for v in deployed.states[2]["policies"].values()
+        for b in v.get("bindings", [])
+        for m in b["members"]
+    ]
+    assert not [m for m in remaining if "pitstop-" in m], remaining
+    assert deployed.topics[2] == set() and deployed.subscriptions[2] == {}
+    assert f"cloudresourcemanager projects/{p}" in deployed.states[2]["policies"]
+
+
+def test_deploying_again_after_teardown_restores_the_soft_deleted_role(deployed: Deployed) -> None:
+    assert (
+        "ok       restore the custom role if a teardown deleted it (IAM keeps its id for 37 days)"
+        in deployed.logs[3]
+    )
+    role = deployed.states[3]["resources"][f"iam projects/{deployed.project}/roles/pitstopActuator"]
+    assert "deleted" not in role
+    assert deployed.topics[3] == deployed.topics[0]
+    policy = deployed.states[3]["policies"][f"cloudresourcemanager projects/{deployed.project}"]
+    assert {b["role"]: set(b["members"]) for b in policy["bindings"]} == _expected_project_bindings(
+        deployed.project
+    )

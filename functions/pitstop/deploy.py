@@ -8,6 +8,7 @@ that creates something first asks gcloud whether it exists and then updates or s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import shutil
@@ -52,7 +53,9 @@ class Step:
     check: list[str] | None = None  # exits 0 when the resource already exists
     update: list[str] | None = None  # run instead of argv when it exists (None: skip)
     captures: dict[str, str] = field(default_factory=dict)  # placeholder -> gcloud --format value(...)
-    delete: list[str] | None = None  # for teardown
+    delete: list[str] | None = None  # for teardown; "<existing>" is each name the check printed
+    expect: str | None = None  # the check prints exactly this when what is deployed is current
+    when: str | None = None  # run only when the check prints exactly this
 
     def line(self) -> str:
         return shlex.join(["gcloud", *self.argv])
@@ -74,11 +77,20 @@ def plan(
 ) -> list[Step]:
     p, r = ["--project", project], region
     steps: list[Step] = [Step("enable APIs", ["services", "enable", *APIS, *p])]
-    iam = yaml.safe_load((INFRA / "iam.yaml").read_text())["service_accounts"]
+    iam_doc = yaml.safe_load((INFRA / "iam.yaml").read_text())
+    iam: dict[str, Any] = iam_doc["service_accounts"]
     clusters: list[str] = list(conf.get("slurm_clusters") or [])
 
     # -- identities ------------------------------------------------------------------
     role_id = "pitstopActuator"
+    steps.append(
+        Step(
+            "restore the custom role if a teardown deleted it (IAM keeps its id for 37 days)",
+            ["iam", "roles", "undelete", role_id, *p],
+            check=["iam", "roles", "describe", role_id, *p, "--format=value(deleted)"],
+            when="True",
+        )
+    )
     steps.append(
         Step(
             "custom role for actuate",
@@ -115,10 +127,19 @@ def plan(
         for b in spec.get("project_roles", []):
             steps.append(
                 Step(
-                    f"{comp}: {b['role']}",
+                    f"{comp}: {b['role'].format(project=project)}",
                     [
                         "projects",
                         "add-iam-policy-binding",
+                        project,
+                        f"--member=serviceAccount:{email}",
+                        f"--role={b['role'].format(project=project)}",
+                        "--condition=None",
+                        "--quiet",
+                    ],
+                    delete=[
+                        "projects",
+                        "remove-iam-policy-binding",
                         project,
                         f"--member=serviceAccount:{email}",
                         f"--role={b['role'].format(project=project)}",
@@ -256,19 +277,21 @@ def plan(
             delete=["secrets", "delete", "pitstop-webhook", *p, "--quiet"],
         )
     )
-    steps.append(
-        Step(
-            "notify reads the webhook secret",
-            [
-                "secrets",
-                "add-iam-policy-binding",
-                "pitstop-webhook",
-                *p,
-                f"--member=serviceAccount:{sa_email('notify', project)}",
-                "--role=roles/secretmanager.secretAccessor",
-            ],
-        )
-    )
+    for comp, spec in iam.items():
+        for b in spec.get("secret_roles", []):
+            steps.append(
+                Step(
+                    f"{comp} reads secret {b['secret']}",
+                    [
+                        "secrets",
+                        "add-iam-policy-binding",
+                        b["secret"],
+                        *p,
+                        f"--member=serviceAccount:{sa_email(comp, project)}",
+                        f"--role={b['role']}",
+                    ],
+                )
+            )
 
     # -- functions ---------------------------------------------------------------------
     env = "PITSTOP_POLICY=/workspace/policy.yaml,PITSTOP_NOTIFICATIONS_TOPIC=pitstop-notifications"
@@ -296,36 +319,63 @@ def plan(
         ),
         ("sweep", "sweep", ["--trigger-http"], "ingest", env),
     ]
+    source = source_digest(conf.get("policy"))
     for name, entry, extra, sa, fn_env in fn_specs:
         fn = f"pitstop-{name}"
+        argv = [
+            "functions",
+            "deploy",
+            fn,
+            f"--entry-point={entry}",
+            *extra,
+            f"--set-env-vars={fn_env}",
+            f"--service-account={sa_email(sa, project)}",
+            *common,
+        ]
+        digest = config_digest([a for a in argv if not a.startswith("--source=")], source)
         steps.append(
             Step(
                 f"function {fn}",
-                [
+                [*argv, f"--update-labels={DIGEST_LABEL}={digest}"],
+                check=[
                     "functions",
-                    "deploy",
+                    "describe",
                     fn,
-                    f"--entry-point={entry}",
-                    *extra,
-                    f"--set-env-vars={fn_env}",
-                    f"--service-account={sa_email(sa, project)}",
-                    *common,
+                    "--gen2",
+                    f"--region={r}",
+                    *p,
+                    f"--format=value(labels.{DIGEST_LABEL})",
                 ],
+                expect=digest,
                 delete=["functions", "delete", fn, "--gen2", f"--region={r}", *p, "--quiet"],
             )
         )
-    for fn, caller in (("pitstop-actuate", "workflow"), ("pitstop-sweep", "scheduler")):
+    for comp, spec in iam.items():
+        for b in spec.get("function_roles", []):
+            member = f"--member=serviceAccount:{sa_email(comp, project)}"
+            where = [b["function"], f"--region={r}", member, *p]
+            steps.append(
+                Step(
+                    f"{comp} may invoke {b['function']}",
+                    ["functions", "add-invoker-policy-binding", *where],
+                )
+            )
+    agent = iam_doc["service_agents"]["pubsub"]
+    for b in agent.get("account_roles", []):
+        email = sa_email(b["account"], project)
         steps.append(
             Step(
-                f"only {caller} may invoke {fn}",
+                f"Pub/Sub service agent: {b['role']} on {b['account']}",
                 [
-                    "functions",
-                    "add-invoker-policy-binding",
-                    fn,
-                    f"--region={r}",
-                    f"--member=serviceAccount:{sa_email(caller, project)}",
+                    "iam",
+                    "service-accounts",
+                    "add-iam-policy-binding",
+                    email,
                     *p,
+                    f"--member={agent['member'].format(project_number='<project-number>')}",
+                    f"--role={b['role']}",
                 ],
+                captures={"<project-number>": "projects describe"},
             )
         )
     for fn, dlq, attempts in (
@@ -371,6 +421,8 @@ def plan(
         "PITSTOP_ACTUATE_URL=<pitstop-actuate-url>,PITSTOP_POLL_S=30,PITSTOP_OP_TIMEOUT_S=1800,"
         "PITSTOP_VERIFY_TIMEOUT_S=2700"
     )
+    wf_source = ROOT / "workflows" / "remediate.yaml"
+    wf_digest = config_digest([project, r, wf_env, sa_email("workflow", project)], _digest_files([wf_source]))
     steps.append(
         Step(
             "workflow pitstop-remediate",
@@ -378,13 +430,23 @@ def plan(
                 "workflows",
                 "deploy",
                 "pitstop-remediate",
-                f"--source={ROOT / 'workflows' / 'remediate.yaml'}",
+                f"--source={wf_source}",
                 f"--location={r}",
                 f"--service-account={sa_email('workflow', project)}",
                 f"--set-env-vars={wf_env}",
                 "--call-log-level=log-errors-only",
+                f"--labels={DIGEST_LABEL}={wf_digest}",
                 *p,
             ],
+            check=[
+                "workflows",
+                "describe",
+                "pitstop-remediate",
+                f"--location={r}",
+                *p,
+                f"--format=value(labels.{DIGEST_LABEL})",
+            ],
+            expect=wf_digest,
             captures={"<pitstop-actuate-url>": "functions describe"},
             delete=["workflows", "delete", "pitstop-remediate", f"--location={r}", *p, "--quiet"],
         )
@@ -439,52 +501,120 @@ def plan(
                 *p,
             ],
             check=["logging", "metrics", "describe", "pitstop_xid_lines", *p],
+            update=[
+                "logging",
+                "metrics",
+                "update",
+                "pitstop_xid_lines",
+                f"--config-from-file={xid_metric_config()}",
+                *p,
+            ],
             delete=["logging", "metrics", "delete", "pitstop_xid_lines", *p, "--quiet"],
         )
     )
 
     # -- schedule, monitoring ------------------------------------------------------------
+    job = [
+        "pitstop-sweep",
+        f"--location={r}",
+        "--schedule=* * * * *",
+        "--uri=<pitstop-sweep-url>",
+        "--http-method=POST",
+        f"--oidc-service-account-email={sa_email('scheduler', project)}",
+        *p,
+    ]
     steps.append(
         Step(
             "sweep every minute",
-            [
-                "scheduler",
-                "jobs",
-                "create",
-                "http",
-                "pitstop-sweep",
-                f"--location={r}",
-                "--schedule=* * * * *",
-                "--uri=<pitstop-sweep-url>",
-                "--http-method=POST",
-                f"--oidc-service-account-email={sa_email('scheduler', project)}",
-                *p,
-            ],
+            ["scheduler", "jobs", "create", "http", *job],
             check=["scheduler", "jobs", "describe", "pitstop-sweep", f"--location={r}", *p],
+            update=["scheduler", "jobs", "update", "http", *job],
             captures={"<pitstop-sweep-url>": "functions describe"},
             delete=["scheduler", "jobs", "delete", "pitstop-sweep", f"--location={r}", *p, "--quiet"],
         )
     )
+    dashboard = INFRA / "monitoring" / "dashboard.json"
+    title = json.loads(dashboard.read_text())["displayName"]
     steps.append(
         Step(
             "dashboard",
-            [
+            ["monitoring", "dashboards", "create", f"--config-from-file={dashboard}", *p],
+            check=[
                 "monitoring",
                 "dashboards",
-                "create",
-                f"--config-from-file={INFRA / 'monitoring' / 'dashboard.json'}",
+                "list",
+                *p,
+                f"--filter=displayName={json.dumps(title)}",
+                "--format=value(name)",
+            ],
+            update=[
+                "monitoring",
+                "dashboards",
+                "update",
+                "<existing>",
+                f"--config-from-file={dashboard}",
                 *p,
             ],
+            delete=["monitoring", "dashboards", "delete", "<existing>", *p, "--quiet"],
         )
     )
     for alert in sorted((INFRA / "monitoring").glob("alert-*.json")):
+        title = json.loads(alert.read_text())["displayName"]
+        policies = ["alpha", "monitoring", "policies"]
         steps.append(
             Step(
                 f"alert {alert.stem}",
-                ["alpha", "monitoring", "policies", "create", f"--policy-from-file={alert}", *p],
+                [*policies, "create", f"--policy-from-file={alert}", *p],
+                check=[
+                    *policies,
+                    "list",
+                    *p,
+                    f"--filter=displayName={json.dumps(title)}",
+                    "--format=value(name)",
+                ],
+                update=[*policies, "update", "<existing>", f"--policy-from-file={alert}", *p],
+                delete=[*policies, "delete", "<existing>", *p, "--quiet"],
             )
         )
     return steps
+
+
+DIGEST_LABEL = "pitstop_config"
+
+
+def config_digest(argv: list[str], content: str) -> str:
+    """A label value that changes when a deployment's flags or sources do (a rerun skips it otherwise)."""
+    h = hashlib.sha256("\0".join(argv).encode())
+    h.update(content.encode())
+    return h.hexdigest()[:20]
+
+
+def _digest_files(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+SKIPPED_DIRS = {"__pycache__", "local"}  # local/: the emulator-side stand-ins never run in the cloud
+
+
+def _not_shipped(directory: str, names: list[str]) -> set[str]:
+    return {n for n in names if n in SKIPPED_DIRS or n.endswith((".pyc", ".pyo"))} | (
+        set(names) if Path(directory).name in SKIPPED_DIRS else set()
+    )
+
+
+def source_digest(policy_path: str | None) -> str:
+    """The content stage_source would upload, without staging it (a dry run prints the same label)."""
+    files = [
+        f
+        for d in (ROOT / "functions", ROOT / "schemas", INFRA / "filters")
+        for f in sorted(d.rglob("*"))
+        if f.is_file() and not _not_shipped(str(f.parent), [f.name]) and not set(f.parts) & SKIPPED_DIRS
+    ]
+    policy = Path(policy_path).read_bytes() if policy_path else b"{}\n"
+    return hashlib.sha256(_digest_files(files).encode() + policy).hexdigest()
 
 
 def xid_metric_config() -> Path:
@@ -507,7 +637,7 @@ def xid_metric_config() -> Path:
 def stage_source(policy_path: str | None, into: Path | None = None) -> Path:
     """functions/ plus the data it reads at run time (schemas, filters, policy), as Cloud Build uploads it."""
     out = into or Path(tempfile.mkdtemp(prefix="pitstop-src-"))
-    shutil.copytree(ROOT / "functions", out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "functions", out, dirs_exist_ok=True, ignore=_not_shipped)
     shutil.copytree(ROOT / "schemas", out / "pitstop" / "schemas", dirs_exist_ok=True)
     shutil.copytree(INFRA / "filters", out / "pitstop" / "filters", dirs_exist_ok=True)
     src = Path(policy_path) if policy_path else ROOT / "schemas" / "policy.defaults.yaml"
@@ -574,6 +704,7 @@ def resolve(project: str, region: str, run: Runner = _gcloud) -> dict[str, str]:
 def apply(
     steps: list[Step], project: str, region: str, run: Runner = _gcloud, log: Callable[[str], None] = print
 ) -> int:
+    """Run the plan; a step whose check finds the resource is skipped, updated or redeployed."""
     values: dict[str, str] = {}
     for step in steps:
         argv = step.argv
@@ -581,17 +712,35 @@ def apply(
             if not all(ph in values and values[ph] for ph in _placeholders(argv)):
                 values.update(resolve(project, region, run))
             argv = [_fill(a, values) for a in argv]
-        if step.check is not None and run(step.check).returncode == 0:
-            if step.update is None:
+        found = _existing(step, run)
+        if step.when is not None and found != step.when:
+            log(f"skipped  {step.what}")
+            continue
+        if found is not None and step.when is None:
+            if step.expect is not None and found == step.expect:
+                log(f"current  {step.what}")
+                continue
+            if step.expect is None and step.update is None:
                 log(f"exists   {step.what}")
                 continue
-            argv = [_fill(a, values) for a in step.update]
+            if step.update is not None:
+                existing = found.splitlines()[0]
+                argv = [_fill(a, {**values, "<existing>": existing}) for a in step.update]
         res = run(argv)
         if res.returncode != 0:
             log(f"FAILED   {step.what}: {res.stderr.strip()[:500]}")
             return 1
         log(f"ok       {step.what}")
     return 0
+
+
+def _existing(step: Step, run: Runner) -> str | None:
+    """What the step's check printed, or None when the resource is not there."""
+    if step.check is None:
+        return None
+    res = run(step.check)
+    out = res.stdout.strip()
+    return out if res.returncode == 0 and out else None
 
 
 def _placeholders(argv: list[str]) -> list[str]:
@@ -609,11 +758,20 @@ def _fill(arg: str, values: Mapping[str, str]) -> str:
 def teardown(
     steps: list[Step], purge: bool, run: Runner = _gcloud, log: Callable[[str], None] = print
 ) -> int:
+    """Undo the plan in reverse; resources named only at creation are found through the step's check."""
     for step in reversed(steps):
         if step.delete is None:
             continue
-        res = run(step.delete)
-        log(("deleted  " if res.returncode == 0 else "skipped  ") + step.what)
+        targets = [step.delete]
+        if any("<existing>" in a for a in step.delete):
+            found = _existing(step, run)
+            names = found.splitlines() if found else []
+            targets = [[_fill(a, {"<existing>": n}) for a in step.delete] for n in names]
+        if not targets:
+            log(f"absent   {step.what}")
+        for argv in targets:
+            res = run(argv)
+            log(("deleted  " if res.returncode == 0 else "absent   ") + step.what)
     if purge:
         log(
             "incident data: delete the pitstop_* collections with `gcloud firestore bulk-delete "

@@ -22,8 +22,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
+
+from .json_http import serve_json
 
 BASE = "https://www.googleapis.com/compute/v1"
 FAULTY_HOST_FAMILIES = ("a4x-", "a4-", "a3-ultragpu", "a3-megagpu", "a3-highgpu-8g")
@@ -591,34 +593,12 @@ class FakeCompute:
 
 
 def serve(fake: FakeCompute, host: str = "127.0.0.1", port: int = 0) -> tuple[ThreadingHTTPServer, str]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def dispatch(method: str, path: str, raw: bytes) -> tuple[int, Any]:
+        try:
+            body = json.loads(raw) if raw else {}
+        except json.JSONDecodeError:
+            return 400, ApiError(400, "parseError", "Parse Error").body()
+        return fake.dispatch(method, path, body if isinstance(body, dict) else {})
 
-        def _handle(self, method: str) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            try:
-                body = json.loads(raw) if raw else {}
-            except json.JSONDecodeError:
-                code, resp = 400, ApiError(400, "parseError", "Parse Error").body()
-            else:
-                code, resp = fake.dispatch(method, self.path, body if isinstance(body, dict) else {})
-            data = json.dumps(resp).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json; charset=UTF-8")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:
-            self._handle("GET")
-
-        def do_POST(self) -> None:
-            self._handle("POST")
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True, name="fake-compute").start()
+    server = serve_json(dispatch, "fake-compute", host, port)
     return server, f"http://{host}:{server.server_address[1]}"

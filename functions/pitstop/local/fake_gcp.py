@@ -1,0 +1,521 @@
+"""A recording, stateful stand-in for the Google REST APIs `pitstop deploy` drives through gcloud.
+
+gcloud reaches it through ``CLOUDSDK_API_ENDPOINT_OVERRIDES_<API>=http://127.0.0.1:PORT/<api>/``,
+so the first path segment names the API. Every request is recorded (method, path, verb,
+query, JSON body) for tests to assert on; resources live in memory so a create is seen by
+a later describe, a second create of the same name is a 409, and a describe of a missing
+resource is a 404 in Google's error shape. The long-running operations of the APIs that
+return them are born done, so gcloud's pollers finish at their first look.
+
+Where Google does something on the caller's behalf the fake does too: a Logging sink gets
+a writer identity, a Pub/Sub-triggered function gets an Eventarc trigger whose push
+subscription is created on the Pub/Sub emulator, a function gets a Cloud Run service and URI.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import itertools
+import json
+import re
+import threading
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from http.server import ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from .json_http import serve_json
+
+# API prefix -> the gcloud endpoint-override property that routes it here.
+OVERRIDES = {
+    "serviceusage": "SERVICEUSAGE",
+    "iam": "IAM",
+    "cloudresourcemanager": "CLOUDRESOURCEMANAGER",
+    "logging": "LOGGING",
+    "firestore": "FIRESTORE",
+    "secretmanager": "SECRETMANAGER",
+    "cloudfunctions": "CLOUDFUNCTIONS",
+    "run": "RUN",
+    "eventarc": "EVENTARC",
+    "workflows": "WORKFLOWS",
+    "cloudscheduler": "CLOUDSCHEDULER",
+    "monitoring": "MONITORING",
+    "artifactregistry": "ARTIFACTREGISTRY",
+    "cloudbuild": "CLOUDBUILD",
+    "storage": "STORAGE",
+    "pubsub": "PUBSUB",  # IAM here, everything else forwarded to the Pub/Sub emulator
+}
+# APIs whose mutations answer with a google.longrunning Operation.
+LRO_APIS = frozenset({"serviceusage", "firestore", "cloudfunctions", "workflows", "eventarc"})
+PROJECT_NUMBER = "424242424242"
+# Real Compute permissions a custom role on a project may hold (a subset of what IAM lists).
+TESTABLE_PERMISSIONS = frozenset(
+    {
+        "compute.instances.get",
+        "compute.instances.list",
+        "compute.instances.reset",
+        "compute.instances.start",
+        "compute.instances.stop",
+        "compute.instances.delete",
+        "compute.instances.setLabels",
+        "compute.instances.setMetadata",
+        "compute.instances.reportHostAsFaulty",
+        "compute.instances.performMaintenance",
+        "compute.instances.simulateMaintenanceEvent",
+        "compute.instanceGroupManagers.get",
+        "compute.instanceGroupManagers.list",
+        "compute.instanceGroupManagers.update",
+        "compute.instanceGroupManagers.delete",
+        "compute.zoneOperations.get",
+        "compute.zoneOperations.list",
+        "compute.globalOperations.get",
+        "compute.reservations.get",
+        "compute.reservations.list",
+    }
+)
+
+
+class ApiError(Exception):
+    STATUS = {
+        400: "INVALID_ARGUMENT",
+        403: "PERMISSION_DENIED",
+        404: "NOT_FOUND",
+        409: "ALREADY_EXISTS",
+        503: "UNAVAILABLE",
+    }
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, "status": self.STATUS.get(self.code)}}
+
+
+@dataclass
+class Call:
+    api: str
+    method: str
+    path: str  # resource path after the version, verb removed
+    verb: str  # the ":verb" custom method, or ""
+    query: dict[str, str]
+    body: Any
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.api} {self.path}{':' + self.verb if self.verb else ''}"
+
+
+@dataclass
+class FakeGcp:
+    """Resources by full name per API; IAM policies by resource; every call in order."""
+
+    pubsub_upstream: str | None = None  # the Pub/Sub emulator ("host:port"), which has no IAM
+    resources: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    policies: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    uploads: dict[str, bytes] = field(default_factory=dict)
+    calls: list[Call] = field(default_factory=list)
+    base_url: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    _pending_subscriptions: list[tuple[str, str]] = field(default_factory=list)
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    # -- what tests ask ---------------------------------------------------------------
+    def mutations(self, api: str | None = None) -> list[Call]:
+        return [c for c in self.calls if c.method != "GET" and (api is None or c.api == api)]
+
+    def get(self, api: str, name: str) -> dict[str, Any] | None:
+        return self.resources.get((api, name))
+
+    def policy(self, api: str, name: str) -> dict[str, Any]:
+        return self.policies.get((api, name), {"bindings": []})
+
+    def members(self, api: str, name: str, role: str) -> set[str]:
+        return {
+            m for b in self.policy(api, name).get("bindings", []) if b["role"] == role for m in b["members"]
+        }
+
+    def env(self) -> dict[str, str]:
+        return {
+            f"CLOUDSDK_API_ENDPOINT_OVERRIDES_{prop}": f"{self.base_url}/{api}/"
+            for api, prop in OVERRIDES.items()
+            if prop
+        }
+
+    # -- dispatch ---------------------------------------------------------------------
+    def handle(self, method: str, raw_path: str, body: Any) -> tuple[int, Any]:
+        parts = urlsplit(raw_path)
+        segs = [unquote(s) for s in parts.path.strip("/").split("/")]
+        query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+        api, rest = segs[0], segs[1:]
+        upstream_path = "/" + "/".join(parts.path.strip("/").split("/")[1:])
+        # strip the version segment(s): v1, v2, v3, v1beta1 ...
+        while rest and re.fullmatch(r"v\d+(?:(?:alpha|beta)\d*)?", rest[0]):
+            rest = rest[1:]
+        path = "/".join(rest)
+        verb = ""
+        last = rest[-1] if rest else ""
+        if ":" in last and not last.startswith("("):
+            head, verb = last.rsplit(":", 1)
+            path = "/".join([*rest[:-1], head])
+        call = Call(api, method, path, verb, query, body)
+        with self.lock:
+            self.calls.append(call)
+        if api == "pubsub":
+            if verb not in ("getIamPolicy", "setIamPolicy"):
+                code, res = self._proxy(
+                    method, upstream_path + (f"?{parts.query}" if parts.query else ""), body
+                )
+                if method == "DELETE" and code == 200:
+                    with self.lock:
+                        self.policies.pop((api, path), None)
+                return code, res
+            code, res = self._proxy("GET", "/v1/" + path, None)  # the emulator knows what exists
+            if code != 200:
+                return code, res
+        with self.lock:
+            try:
+                out = self._route(call)
+            except ApiError as e:
+                return e.code, e.body()
+            pending, self._pending_subscriptions = self._pending_subscriptions, []
+        for sub, topic in pending:  # Eventarc's push subscription for a Pub/Sub trigger
+            if topic:
+                self._proxy("PUT", f"/v1/{sub}", {"topic": topic, "ackDeadlineSeconds": 600})
+            else:
+                self._proxy("DELETE", f"/v1/{sub}", None)
+        return 200, out
+
+    def _proxy(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        if not self.pubsub_upstream:
+            return 404, ApiError(404, "no Pub/Sub emulator behind this fake").body()
+        data = json.dumps(body).encode() if body is not None and method != "GET" else None
+        req = urllib.request.Request(
+            f"http://{self.pubsub_upstream}{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 (http://host:port only)
+                raw = resp.read()
+                return resp.status, json.loads(raw) if raw else {}
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                return e.code, json.loads(raw)
+            except json.JSONDecodeError:
+                return e.code, ApiError(e.code, raw.decode(errors="replace")).body()
+        except OSError as e:  # the emulator is down: what a client sees from an unavailable backend
+            return 503, ApiError(503, f"Pub/Sub emulator unreachable: {e}").body()
+
+    def _route(self, c: Call) -> Any:
+        special = getattr(self, f"_{c.api}", None)
+        if special is not None:
+            out = special(c)
+            if out is not None:
+                return out
+        if c.verb == "getIamPolicy":
+            if c.api != "pubsub":  # Pub/Sub resources live in the emulator, checked before
+                self._need(c.api, c.path)
+            return self._policy(c.api, c.path)
+        if c.verb == "setIamPolicy":
+            if c.api != "pubsub":  # Pub/Sub resources live in the emulator, checked before
+                self._need(c.api, c.path)
+            return self._set_policy(c.api, c.path, c.body.get("policy", {}))
+        if c.verb:
+            raise ApiError(400, f"{c.api}: custom method {c.verb} not modelled")
+        if c.method == "GET":
+            if (c.api, c.path) in self.resources:
+                return self._answer(c.api, self.resources[(c.api, c.path)], lro=False)
+            if _is_collection(c.path):
+                return self._list(c.api, c.path)
+            raise ApiError(404, f"Resource '{c.path}' was not found")
+        if c.method == "POST":
+            return self._create(c)
+        if c.method in ("PATCH", "PUT"):
+            res = self._need(c.api, c.path)
+            _merge(res, c.body or {}, c.query.get("updateMask"))
+            res["name"] = res.get("name", c.path)
+            return self._answer(c.api, res)
+        if c.method == "DELETE":
+            self._need(c.api, c.path)
+            del self.resources[(c.api, c.path)]
+            self.policies.pop((c.api, c.path), None)
+            return self._answer(c.api, {}, at=c.path) if c.api in LRO_APIS else {}
+        raise ApiError(400, f"method {c.method} not modelled")
+
+    # -- generic REST semantics ---------------------------------------------------------
+    def _need(self, api: str, name: str) -> dict[str, Any]:
+        res = self.resources.get((api, name))
+        if res is None and api != "cloudresourcemanager":
+            raise ApiError(404, f"Resource '{name}' was not found")
+        return res if res is not None else {}
+
+    def _create(self, c: Call) -> Any:
+        body = copy.deepcopy(c.body or {})  # the recorded request stays as it was sent
+        id_key = next((k for k in c.query if k.endswith("Id") and k != "requestId"), None)
+        if id_key:
+            name = f"{c.path}/{c.query[id_key]}"
+        elif isinstance(body.get("name"), str) and body["name"]:
+            name = body["name"] if "/" in body["name"] else f"{c.path}/{body['name']}"
+        else:
+            name = f"{c.path}/{uuid.uuid4().hex[:12]}"
+        if (c.api, name) in self.resources:
+            raise ApiError(409, f"Resource '{name}' already exists")
+        body["name"] = name
+        body.setdefault("etag", f"etag-{next(self._ids)}")
+        self.resources[(c.api, name)] = body
+        return self._answer(c.api, body)
+
+    def _list(self, api: str, coll: str) -> dict[str, Any]:
+        key = coll.rsplit("/", 1)[-1]
+        items = [
+            copy.deepcopy(v)
+            for (a, n), v in sorted(self.resources.items())
+            if a == api and n.rsplit("/", 1)[0] == coll
+        ]
+        return {key: items}
+
+    def _answer(
+        self, api: str, res: dict[str, Any], lro: bool = True, at: str | None = None
+    ) -> dict[str, Any]:
+        if not (lro and api in LRO_APIS):
+            return copy.deepcopy(res)
+        n = next(self._ids)
+        where = "/".join((at or res.get("name") or "projects/-").split("/")[:4])
+        op: dict[str, Any] = {
+            "name": f"{where}/operations/op-{n}",
+            "done": True,
+            "response": copy.deepcopy(res),
+        }
+        if api == "cloudfunctions":  # gcloud tracks a deploy by the stages in the metadata
+            stages = ["BUILD", "SERVICE"] + (["TRIGGER"] if res.get("eventTrigger") else [])
+            op["metadata"] = {
+                "@type": "type.googleapis.com/google.cloud.functions.v2.OperationMetadata",
+                "target": res.get("name", ""),
+                "stages": [{"name": st, "state": "COMPLETE"} for st in stages],
+            }
+        self.resources[(api, op["name"])] = op
+        return op
+
+    def _policy(self, api: str, name: str) -> dict[str, Any]:
+        return copy.deepcopy(
+            self.policies.get((api, name), {"version": 1, "etag": "BwAAAA==", "bindings": []})
+        )
+
+    def _set_policy(self, api: str, name: str, policy: dict[str, Any]) -> dict[str, Any]:
+        current = self.policies.get((api, name), {"etag": "BwAAAA=="})
+        if policy.get("etag") and policy["etag"] != current.get("etag"):
+            raise ApiError(409, "There were concurrent policy changes")
+        stored = {**policy, "etag": base64.b64encode(f"etag-{next(self._ids)}".encode()).decode()}
+        self.policies[(api, name)] = stored
+        return copy.deepcopy(stored)
+
+    # -- where Google acts on the caller's behalf ----------------------------------------
+    def _cloudresourcemanager(self, c: Call) -> Any:
+        m = re.fullmatch(r"projects/([^/]+)", c.path)
+        if m and c.method == "GET" and not c.verb:
+            return {"projectId": m.group(1), "projectNumber": PROJECT_NUMBER, "lifecycleState": "ACTIVE"}
+        return None
+
+    def _serviceusage(self, c: Call) -> Any:
+        if c.verb == "batchEnable":
+            for svc in c.body.get("serviceIds", []):
+                name = f"{c.path}/{svc}"
+                self.resources[("serviceusage", name)] = {"name": name, "state": "ENABLED"}
+            return self._answer("serviceusage", {"name": c.path})
+        if c.verb == "enable":
+            self.resources[("serviceusage", c.path)] = {"name": c.path, "state": "ENABLED"}
+            return self._answer("serviceusage", {"name": c.path})
+        return None
+
+    def _iam(self, c: Call) -> Any:
+        if c.verb == "queryTestablePermissions":
+            return {
+                "permissions": [
+                    {"name": p, "stage": "GA", "customRolesSupportLevel": "SUPPORTED"}
+                    for p in sorted(TESTABLE_PERMISSIONS)
+                ]
+            }
+        m = re.fullmatch(r"projects/([^/]+)/serviceAccounts", c.path)
+        if m and c.method == "POST":
+            project, account = m.group(1), c.body["accountId"]
+            email = f"{account}@{project}.iam.gserviceaccount.com"
+            name = f"projects/{project}/serviceAccounts/{email}"
+            if ("iam", name) in self.resources:
+                raise ApiError(409, f"Service account {account} already exists within project")
+            sa = {**c.body.get("serviceAccount", {}), "name": name, "email": email, "projectId": project}
+            self.resources[("iam", name)] = sa
+            return copy.deepcopy(sa)
+        m = re.fullmatch(r"projects/-/serviceAccounts/([^/]+)", c.path)
+        if m:  # gcloud addresses accounts by email under the wildcard project
+            email = m.group(1)
+            real = f"projects/{email.split('@')[1].split('.')[0]}/serviceAccounts/{email}"
+            return self._route(Call(c.api, c.method, real, c.verb, c.query, c.body))
+        m = re.fullmatch(r"(projects/[^/]+/roles)", c.path)
+        if m and c.method == "POST":
+            name = f"{m.group(1)}/{c.body['roleId']}"
+            if ("iam", name) in self.resources:
+                raise ApiError(409, f"A role named {c.body['roleId']} in {m.group(1)} already exists.")
+            role = {**c.body.get("role", {}), "name": name, "etag": "BwAAAA=="}
+            self.resources[("iam", name)] = role
+            return copy.deepcopy(role)
+        if re.fullmatch(r"projects/[^/]+/roles/[^/]+", c.path) and c.method != "GET":
+            return self._custom_role(c)
+        return None
+
+    def _custom_role(self, c: Call) -> Any:
+        """Deleting a custom role only marks it deleted (undeletable for 7 days; the id stays taken)."""
+        role = self._need("iam", c.path)
+        if c.method == "DELETE":
+            role["deleted"] = True
+            return copy.deepcopy(role)
+        if c.verb == "undelete":
+            if not role.get("deleted"):
+                raise ApiError(400, f"Role {c.path} is not deleted.")
+            role.pop("deleted")
+            return copy.deepcopy(role)
+        if c.method == "PATCH" and role.get("deleted"):
+            raise ApiError(400, f"You can't update a deleted role: {c.path}")
+        return None
+
+    def _logging(self, c: Call) -> Any:
+        if c.method == "POST" and c.path.endswith("/sinks") and not c.verb:
+            sink = self._create(c)
+            sink["writerIdentity"] = (
+                f"serviceAccount:service-{PROJECT_NUMBER}@gcp-sa-logging.iam.gserviceaccount.com"
+            )
+            self.resources[("logging", sink["name"])]["writerIdentity"] = sink["writerIdentity"]
+            return sink
+        return None
+
+    def _cloudfunctions(self, c: Call) -> Any:
+        if c.method == "DELETE" and not c.verb:  # the function takes its service and trigger with it
+            doomed = self.resources.get(("cloudfunctions", c.path)) or {}
+            self.resources.pop(("run", doomed.get("serviceConfig", {}).get("service", "")), None)
+            self.policies.pop(("run", doomed.get("serviceConfig", {}).get("service", "")), None)
+            gone = self.resources.pop(("eventarc", doomed.get("eventTrigger", {}).get("trigger", "")), None)
+            if gone:
+                self._pending_subscriptions.append((gone["transport"]["pubsub"]["subscription"], ""))
+            return None
+        if c.method == "GET" and c.path.endswith("/runtimes"):
+            return {
+                "runtimes": [
+                    {"name": r, "displayName": r, "stage": "GA", "environment": "GEN_2"}
+                    for r in ("python310", "python311", "python312", "python313", "nodejs20", "go122")
+                ]
+            }
+        if c.verb == "generateUploadUrl":
+            obj = f"fn-source-{next(self._ids)}.zip"
+            return {
+                "uploadUrl": f"{self.base_url}/upload/{obj}",
+                "storageSource": {"bucket": "gcf-v2-uploads", "object": obj},
+            }
+        if c.method in ("POST", "PATCH") and not c.verb:
+            m = re.fullmatch(r"(projects/([^/]+)/locations/([^/]+))/functions(?:/([^/]+))?", c.path)
+            if not m:
+                return None
+            where, project, region = m.group(1), m.group(2), m.group(3)
+            fn = m.group(4) or c.query.get("functionId", "")
+            out = self._create(c) if c.method == "POST" else None
+            name = f"{where}/functions/{fn}"
+            if out is None:
+                res = self._need("cloudfunctions", name)
+                _merge(res, c.body or {}, c.query.get("updateMask"))
+            res = self.resources[("cloudfunctions", name)]
+            res["state"] = "ACTIVE"
+            res.setdefault("environment", "GEN_2")
+            svc = res.setdefault("serviceConfig", {})
+            svc["service"] = f"{where}/services/{fn}"
+            svc["uri"] = f"https://{fn}-{uuid.uuid5(uuid.NAMESPACE_DNS, project).hex[:10]}-uc.a.run.app"
+            self.resources.setdefault(("run", svc["service"]), {"name": svc["service"], "uri": svc["uri"]})
+            trig = res.get("eventTrigger")
+            if trig and trig.get("pubsubTopic"):
+                trigger = f"{where}/triggers/{fn}-{next(self._ids):06d}"
+                trig["trigger"] = trig.get("trigger") or trigger
+                sub = f"eventarc-{region}-{fn}-{trigger.rsplit('-', 1)[-1]}-sub-{next(self._ids):03d}"
+                if ("eventarc", trig["trigger"]) not in self.resources:
+                    self.resources[("eventarc", trig["trigger"])] = {
+                        "name": trig["trigger"],
+                        "transport": {
+                            "pubsub": {
+                                "topic": trig["pubsubTopic"],
+                                "subscription": f"projects/{project}/subscriptions/{sub}",
+                            }
+                        },
+                    }
+                    self._pending_subscriptions.append(
+                        (f"projects/{project}/subscriptions/{sub}", trig["pubsubTopic"])
+                    )
+            return self._answer("cloudfunctions", res)
+        return None
+
+    def _cloudbuild(self, c: Call) -> Any:
+        if c.method == "GET" and c.path.endswith("/defaultServiceAccount"):
+            project = c.path.split("/")[1]
+            email = f"{PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
+            return {"name": c.path, "serviceAccountEmail": f"projects/{project}/serviceAccounts/{email}"}
+        return None
+
+    def _firestore(self, c: Call) -> Any:
+        m = re.fullmatch(r"(projects/[^/]+/databases/[^/]+)/collectionGroups/[^/]+/fields/[^/]+", c.path)
+        if m and c.method == "PATCH":  # every field has an index config; the database must exist
+            self._need("firestore", m.group(1))
+            self.resources.setdefault(("firestore", c.path), {"name": c.path})
+        return None
+
+    def _monitoring(self, c: Call) -> Any:
+        m = re.fullmatch(r"projects/([^/]+)/(dashboards|alertPolicies)", c.path)
+        if m and c.method == "POST" and not c.verb:
+            body = dict(c.body or {})
+            body.pop("name", None)  # the service names new dashboards and policies itself
+            return self._create(Call(c.api, c.method, c.path, c.verb, {}, body))
+        return None
+
+
+def _is_collection(path: str) -> bool:
+    return len(path.split("/")) % 2 == 1
+
+
+def _merge(res: dict[str, Any], body: dict[str, Any], mask: str | None) -> None:
+    if not mask:
+        res.update(copy.deepcopy(body))
+        return
+    for field_path in mask.split(","):
+        keys = [_camel(k) for k in field_path.strip().split(".")]
+        src: Any = body
+        for k in keys:
+            src = src.get(k) if isinstance(src, dict) else None
+        dst = res
+        for k in keys[:-1]:
+            dst = dst.setdefault(k, {})
+        if src is None:
+            dst.pop(keys[-1], None)
+        else:
+            dst[keys[-1]] = copy.deepcopy(src)
+
+
+def _camel(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(w[:1].upper() + w[1:] for w in rest)
+
+
+def serve(fake: FakeGcp, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    def dispatch(method: str, path: str, raw: bytes) -> tuple[int, Any]:
+        if path.startswith("/upload/"):  # the signed URL a source archive is PUT to
+            with fake.lock:
+                fake.uploads[path.rsplit("/", 1)[-1]] = raw
+            return 200, {}
+        try:
+            body = json.loads(raw) if raw else None
+        except json.JSONDecodeError:
+            body = {"_raw": raw.decode(errors="replace")}
+        return fake.handle(method, path, body)
+
+    server = serve_json(dispatch, "fake-gcp", host, port)
+    fake.base_url = f"http://{host}:{server.server_address[1]}"
+    return server
