@@ -88,6 +88,24 @@ def test_every_slurm_cluster_gets_a_topic_a_subscription_and_the_agent_pull_righ
             and "roles/pubsub.subscriber" in x
             for x in lines
         )
+    pulls = {
+        s.argv[3]: s.argv[6]
+        for s in steps
+        if s.argv[:3] == ["pubsub", "subscriptions", "add-iam-policy-binding"]
+    }
+    for c in ("train", "infer"):  # its own account, and no other cluster's
+        assert pulls[f"pitstop-slurm-{c}-agent"] == (
+            f"--member=serviceAccount:pitstop-slurm-{c}@my-train-proj.iam.gserviceaccount.com"
+        )
+
+
+@pytest.mark.parametrize("name", ["Train", "a_b", "-x", "x-", "", "seventeen-chars-x", "a b", "x;rm"])
+def test_cluster_names_that_cannot_name_an_account_are_refused(name: str, tmp_path: Path) -> None:
+    conf = tmp_path / "deploy.yaml"
+    conf.write_text(yaml.safe_dump({"slurm_clusters": [name]}))
+    with pytest.raises(ValueError, match="slurm_clusters"):
+        deploy.load_config(str(conf))
+    assert deploy.CLUSTER_NAME.fullmatch("train-2") and deploy.CLUSTER_NAME.fullmatch("a")
 
 
 def test_staged_source_carries_its_data(tmp_path: Path) -> None:

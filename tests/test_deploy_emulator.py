@@ -31,6 +31,7 @@ pytestmark = pytest.mark.emulator
 ROOT = Path(__file__).resolve().parents[1]
 REGION = "us-central1"
 PUBSUB_AGENT = f"serviceAccount:service-{fake_gcp.PROJECT_NUMBER}@gcp-sa-pubsub.iam.gserviceaccount.com"
+CLUSTERS = ("train", "infer")
 LOGGING_AGENT = f"serviceAccount:service-{fake_gcp.PROJECT_NUMBER}@gcp-sa-logging.iam.gserviceaccount.com"
 
 
@@ -102,7 +103,7 @@ def deployed(pubsub_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
             ["gcloud", *argv], capture_output=True, text=True, env=env, timeout=180, check=False
         )
 
-    conf = {**deploy.load_config(None), "slurm_clusters": ["train"], "webhook_format": "slack"}
+    conf = {**deploy.load_config(None), "slurm_clusters": list(CLUSTERS), "webhook_format": "slack"}
     steps = deploy.plan(project, REGION, conf, str(deploy.stage_source(None, tmp / "src")))
     d = Deployed(project, fake, steps)
     pub, sub = PublisherClient(), SubscriberClient()
@@ -142,12 +143,13 @@ def test_every_step_ran_and_gcloud_sent_no_placeholder(deployed: Deployed) -> No
 
 
 def test_pubsub_resources_exist_in_the_emulator(deployed: Deployed) -> None:
-    assert deployed.topics[0] == set(deploy.TOPICS) | {"pitstop-slurm-train"}
+    assert deployed.topics[0] == set(deploy.TOPICS) | {"pitstop-slurm-train", "pitstop-slurm-infer"}
     subs = deployed.subscriptions[0]
     assert {
         "pitstop-events-dead-inspect",
         "pitstop-notifications-dead-inspect",
         "pitstop-slurm-train-agent",
+        "pitstop-slurm-infer-agent",
     } <= set(subs)
     assert subs["pitstop-slurm-train-agent"].ack_deadline_seconds == 120
     # Eventarc's push subscriptions (made by the fake, as Google does) got the dead-letter policies
@@ -171,10 +173,11 @@ def _expected_project_bindings(project: str) -> dict[str, set[str]]:
     iam = yaml.safe_load((ROOT / "infra" / "iam.yaml").read_text())["service_accounts"]
     out: dict[str, set[str]] = {}
     for comp, spec in iam.items():
-        for b in spec.get("project_roles", []):
-            out.setdefault(b["role"].format(project=project), set()).add(
-                f"serviceAccount:{deploy.sa_email(comp, project)}"
-            )
+        for account in [comp.format(cluster=c) for c in CLUSTERS] if "{cluster}" in comp else [comp]:
+            for b in spec.get("project_roles", []):
+                out.setdefault(b["role"].format(project=project), set()).add(
+                    f"serviceAccount:{deploy.sa_email(account, project)}"
+                )
     return out
 
 
@@ -189,7 +192,8 @@ def test_project_iam_policy_holds_exactly_the_roles_in_iam_yaml(deployed: Deploy
     assert set(role["includedPermissions"]) <= fake_gcp.TESTABLE_PERMISSIONS
     accounts = {b["accountId"] for b in deployed.created("iam", "/serviceAccounts")}
     assert accounts == {
-        f"pitstop-{c}" for c in ("ingest", "actuate", "notify", "workflow", "slurm-agent", "scheduler")
+        f"pitstop-{c}"
+        for c in ("ingest", "actuate", "notify", "workflow", "scheduler", "slurm-train", "slurm-infer")
     }
 
 
@@ -212,10 +216,11 @@ def test_resource_level_bindings_reach_only_their_resource(deployed: Deployed) -
         sa("ingest"),
         sa("actuate"),
     }
-    assert members("pubsub", f"projects/{p}/topics/pitstop-slurm-train", pub) == {sa("actuate")}
-    assert members("pubsub", f"projects/{p}/subscriptions/pitstop-slurm-train-agent", subr) == {
-        sa("slurm-agent")
-    }
+    for c in CLUSTERS:  # each cluster's agent pulls its own commands only
+        assert members("pubsub", f"projects/{p}/topics/pitstop-slurm-{c}", pub) == {sa("actuate")}
+        assert members("pubsub", f"projects/{p}/subscriptions/pitstop-slurm-{c}-agent", subr) == {
+            sa(f"slurm-{c}")
+        }
     for dead in ("pitstop-events-dead", "pitstop-notifications-dead"):
         assert members("pubsub", f"projects/{p}/topics/{dead}", pub) == {PUBSUB_AGENT}
     secret = f"projects/{p}/secrets/pitstop-webhook"

@@ -381,14 +381,20 @@ def test_permission_denied_fails_and_node_stays_fenced(world: World) -> None:
 
 
 def test_node_never_healthy_fails_after_timeout(world: World) -> None:
-    # the node's slurmd does not come back after the reboot: slurmctld marks it DOWN
-    world.slurm._out(["scontrol", "update", "NodeName=a3-node-001", "State=DOWN", "Reason=no-slurmd"])
-    out = world.fault(XID79, "a3-node-001")
-    inc = world.wait(out.incident["id"], timeout=120)  # type: ignore[index]
-    assert inc["state"] == "FAILED" and inc["failure"]["stage"] == "verify"
-    assert "gave up waiting for verify" in inc["failure"]["error"]
-    assert len(world.calls("reset")) == 1
-    assert "drain" in world.slurm.node_states()["a3-node-001"]  # never returned to service
+    # the node's slurmd does not come back after the reboot, so slurmctld keeps it DOWN
+    world.slurm.stop_node("a3-node-001")
+    try:
+        world.slurm._out(["scontrol", "update", "NodeName=a3-node-001", "State=DOWN", "Reason=no-slurmd"])
+        out = world.fault(XID79, "a3-node-001")
+        inc = world.wait(out.incident["id"], timeout=120)  # type: ignore[index]
+        assert inc["state"] == "FAILED" and inc["failure"]["stage"] == "verify"
+        assert "gave up waiting for verify" in inc["failure"]["error"]
+        assert len(world.calls("reset")) == 1
+        assert "drain" in world.slurm.node_states()["a3-node-001"]  # never returned to service
+    finally:
+        world.slurm.start_node("a3-node-001")
+        world.slurm._out(["scontrol", "update", "NodeName=a3-node-001", "State=RESUME"])
+        world.slurm.wait_idle(len(NODES))
 
 
 def test_duplicate_execution_does_not_reset_twice(world: World) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
 import orjson
+import yaml
 
 from .classify import Classifier
 from .resources import DataFileError
@@ -310,7 +311,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_deploy(args: argparse.Namespace) -> int:
     from . import deploy
 
-    conf = deploy.load_config(args.config)
+    try:
+        conf = deploy.load_config(args.config)
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        print(f"pitstop deploy: {e}", file=sys.stderr)
+        return 2
     region = args.region or conf["region"]
     if args.command == "teardown":
         return deploy.teardown(deploy.plan(args.project, region, conf), args.purge)

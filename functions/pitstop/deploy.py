@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -65,7 +66,33 @@ def load_config(path: str | None) -> dict[str, Any]:
     conf: dict[str, Any] = yaml.safe_load((INFRA / "deploy.defaults.yaml").read_text())
     if path:
         conf = deep_merge(conf, yaml.safe_load(Path(path).read_text()) or {})
+    expand_accounts({}, list(conf.get("slurm_clusters") or []))  # names fit the account-id rules
     return conf
+
+
+CLUSTER_NAME = re.compile(r"[a-z](?:[a-z0-9-]{0,14}[a-z0-9])?")  # fits pitstop-slurm-<name> (30 max)
+
+
+def expand_accounts(specs: Mapping[str, Any], clusters: list[str]) -> dict[str, dict[str, Any]]:
+    """iam.yaml's accounts, a `{cluster}` one once per Slurm cluster (its `cluster` key set)."""
+    for c in clusters:
+        if not CLUSTER_NAME.fullmatch(c):
+            raise ValueError(f"slurm_clusters: {c!r} must be 1-16 lowercase letters, digits or '-'")
+    out: dict[str, dict[str, Any]] = {}
+    for comp, spec in specs.items():
+        if "{cluster}" not in comp:
+            out[comp] = spec
+            continue
+        for c in clusters:
+            out[comp.format(cluster=c)] = {**spec, "display": spec["display"].format(cluster=c), "cluster": c}
+    return out
+
+
+def _targets(pattern: str, spec: Mapping[str, Any], clusters: list[str]) -> list[str]:
+    """A resource name for each cluster it covers: the account's own cluster, or all of them."""
+    if "{cluster}" not in pattern:
+        return [pattern]
+    return [pattern.format(cluster=c) for c in ([spec["cluster"]] if "cluster" in spec else clusters)]
 
 
 def sa_email(component: str, project: str) -> str:
@@ -78,8 +105,8 @@ def plan(
     p, r = ["--project", project], region
     steps: list[Step] = [Step("enable APIs", ["services", "enable", *APIS, *p])]
     iam_doc = yaml.safe_load((INFRA / "iam.yaml").read_text())
-    iam: dict[str, Any] = iam_doc["service_accounts"]
     clusters: list[str] = list(conf.get("slurm_clusters") or [])
+    accounts = expand_accounts(iam_doc["service_accounts"], clusters)
 
     # -- identities ------------------------------------------------------------------
     role_id = "pitstopActuator"
@@ -107,7 +134,7 @@ def plan(
             delete=["iam", "roles", "delete", role_id, *p, "--quiet"],
         )
     )
-    for comp, spec in iam.items():
+    for comp, spec in accounts.items():
         email = sa_email(comp, project)
         steps.append(
             Step(
@@ -191,10 +218,9 @@ def plan(
                 captures={"<project-number>": "projects describe"},
             )
         )
-    for comp, spec in iam.items():
+    for comp, spec in accounts.items():
         for b in spec.get("topic_roles", []):
-            for c in clusters if "{cluster}" in b["topic"] else [None]:
-                topic = b["topic"].format(cluster=c)
+            for topic in _targets(b["topic"], spec, clusters):
                 steps.append(
                     Step(
                         f"{comp} publishes to {topic}",
@@ -228,20 +254,23 @@ def plan(
                 delete=["pubsub", "subscriptions", "delete", sub, *p, "--quiet"],
             )
         )
-        steps.append(
-            Step(
-                f"agent of {c} pulls its subscription",
-                [
-                    "pubsub",
-                    "subscriptions",
-                    "add-iam-policy-binding",
-                    sub,
-                    *p,
-                    f"--member=serviceAccount:{sa_email('slurm-agent', project)}",
-                    "--role=roles/pubsub.subscriber",
-                ],
-            )
-        )
+    for comp, spec in accounts.items():
+        for b in spec.get("subscription_roles", []):
+            for sub in _targets(b["subscription"], spec, clusters):
+                steps.append(
+                    Step(
+                        f"{comp} pulls {sub}",
+                        [
+                            "pubsub",
+                            "subscriptions",
+                            "add-iam-policy-binding",
+                            sub,
+                            *p,
+                            f"--member=serviceAccount:{sa_email(comp, project)}",
+                            f"--role={b['role']}",
+                        ],
+                    )
+                )
 
     # -- Firestore ---------------------------------------------------------------------
     steps.append(
@@ -277,7 +306,7 @@ def plan(
             delete=["secrets", "delete", "pitstop-webhook", *p, "--quiet"],
         )
     )
-    for comp, spec in iam.items():
+    for comp, spec in accounts.items():
         for b in spec.get("secret_roles", []):
             steps.append(
                 Step(
@@ -350,7 +379,7 @@ def plan(
                 delete=["functions", "delete", fn, "--gen2", f"--region={r}", *p, "--quiet"],
             )
         )
-    for comp, spec in iam.items():
+    for comp, spec in accounts.items():
         for b in spec.get("function_roles", []):
             member = f"--member=serviceAccount:{sa_email(comp, project)}"
             where = [b["function"], f"--region={r}", member, *p]
@@ -744,8 +773,6 @@ def _existing(step: Step, run: Runner) -> str | None:
 
 
 def _placeholders(argv: list[str]) -> list[str]:
-    import re
-
     return [m for a in argv for m in re.findall(r"<[a-z0-9-]+>", a)]
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the Pitstop Slurm agent on a Slurm controller. Run as root on the controller VM,
-# whose service account is the cluster's pitstop-slurm-agent account (see `pitstop deploy`).
+# whose service account is the cluster's own pitstop-slurm-CLUSTER account (see `pitstop deploy`):
+# it may pull this cluster's commands and write their results, nothing else.
 #   sudo bash install-agent.sh PROJECT CLUSTER [PITSTOP_SOURCE_DIR]
 set -euo pipefail
 project=${1:?project}; cluster=${2:?cluster name}; src=${3:-$(cd "$(dirname "$0")/../.." && pwd)}

@@ -125,6 +125,12 @@ class SlurmCluster:
         self.daemons[node] = p
         self.procs.append(p)
 
+    def stop_node(self, node: str) -> None:
+        """A node whose slurmd is gone: it cannot register, so slurmctld cannot return it to service."""
+        p = self.daemons.pop(node)
+        p.stop()
+        self.procs.remove(p)
+
     def _ok(self, argv: list[str]) -> bool:
         return subprocess.run(argv, env=self.env, capture_output=True, check=False).returncode == 0
 
