@@ -135,7 +135,7 @@ def test_apply_is_idempotent_and_fills_placeholders(steps: list[deploy.Step]) ->
             elif "eventTrigger.trigger" in " ".join(argv):
                 out = f"projects/p/locations/us-central1/triggers/{argv[2]}-trigger"
             elif "transport.pubsub.subscription" in " ".join(argv):
-                out = f"projects/p/subscriptions/eventarc-us-central1-{argv[3]}-sub-123"
+                out = f"projects/p/subscriptions/eventarc-us-central1-{argv[3].rsplit('/', 1)[-1]}-sub-123"
             elif "writerIdentity" in " ".join(argv):
                 out = "serviceAccount:service-123@gcp-sa-logging.iam.gserviceaccount.com"
             return subprocess.CompletedProcess(argv, rc, out or ("name: x" if rc == 0 else ""), "")
@@ -145,16 +145,16 @@ def test_apply_is_idempotent_and_fills_placeholders(steps: list[deploy.Step]) ->
         return subprocess.CompletedProcess(argv, 0, "", "")
 
     logs: list[str] = []
-    assert deploy.apply(steps, "my-train-proj", "us-central1", fake_gcloud, logs.append) == 0
+    assert deploy.apply(steps, fake_gcloud, logs.append) == 0
     first = [c for c in calls if "create" in c]
     assert not any("<" in a for c in calls for a in c)
     assert any(
         "--member=serviceAccount:service-123@gcp-sa-logging.iam.gserviceaccount.com" in c for c in calls
     )
-    assert any("eventarc-us-central1-pitstop-ingest-trigger-sub-123" in c for c in calls)
+    assert any("eventarc-us-central1-pitstop-ingest-trigger-sub-123" in a for c in calls for a in c)
     calls.clear()
     logs.clear()
-    assert deploy.apply(steps, "my-train-proj", "us-central1", fake_gcloud, logs.append) == 0
+    assert deploy.apply(steps, fake_gcloud, logs.append) == 0
     second = [c for c in calls if "create" in c]
     assert len(second) < len(first)
     assert not any(c[:3] == ["pubsub", "topics", "create"] for c in second)
@@ -167,6 +167,8 @@ SAMPLE_VALUES = {  # what the placeholders hold at run time, so gcloud's own val
     "<project-number>": "123456789012",
     "<pitstop-actuate-url>": "https://pitstop-actuate-abc123-uc.a.run.app",
     "<pitstop-sweep-url>": "https://pitstop-sweep-abc123-uc.a.run.app",
+    "<pitstop-ingest-trigger>": "projects/my-train-proj/locations/us-central1/triggers/pitstop-ingest-123456",
+    "<pitstop-notify-trigger>": "projects/my-train-proj/locations/us-central1/triggers/pitstop-notify-123456",
     "<pitstop-ingest-trigger-subscription>": "eventarc-us-central1-pitstop-ingest-123456-sub-781",
     "<pitstop-notify-trigger-subscription>": "eventarc-us-central1-pitstop-notify-123456-sub-782",
     "<pitstop-gpu-xid-writer-identity>": SINK_WRITER,
@@ -213,6 +215,7 @@ def test_every_command_is_accepted_by_the_real_gcloud_parser(steps: list[deploy.
     lines += [shlex.join(["gcloud", *s.check]) for s in steps if s.check]
     lines += [shlex.join(["gcloud", *s.update]) for s in steps if s.update]
     lines += [shlex.join(["gcloud", *s.delete]) for s in steps if s.delete]
+    lines += sorted({shlex.join(["gcloud", *argv]) for s in steps for argv in s.captures.values()})
     cfg = tempfile.mkdtemp(prefix="gcloud-config-")
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda ln: _gcloud_parse(ln, cfg), lines))

@@ -79,12 +79,8 @@ def _state(fake: fake_gcp.FakeGcp) -> dict[str, Any]:
     return {"resources": res, "policies": pol}
 
 
-@pytest.fixture(scope="module")
-def deployed(pubsub_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
-    project = f"dep-{uuid.uuid4().hex[:8]}"
-    fake = fake_gcp.FakeGcp(pubsub_upstream=pubsub_host)
-    server = fake_gcp.serve(fake)
-    tmp = tmp_path_factory.mktemp("deploy")
+def _gcloud_at(fake: fake_gcp.FakeGcp, tmp: Path) -> deploy.Runner:
+    """The real gcloud, with every API it calls pointed at the fake and a dummy access token."""
     token = tmp / "token"
     token.write_text("local-token")
     env = {
@@ -103,6 +99,16 @@ def deployed(pubsub_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
             ["gcloud", *argv], capture_output=True, text=True, env=env, timeout=180, check=False
         )
 
+    return gcloud
+
+
+@pytest.fixture(scope="module")
+def deployed(pubsub_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
+    project = f"dep-{uuid.uuid4().hex[:8]}"
+    fake = fake_gcp.FakeGcp(pubsub_upstream=pubsub_host)
+    server = fake_gcp.serve(fake)
+    tmp = tmp_path_factory.mktemp("deploy")
+    gcloud = _gcloud_at(fake, tmp)
     conf = {**deploy.load_config(None), "slurm_clusters": list(CLUSTERS), "webhook_format": "slack"}
     steps = deploy.plan(project, REGION, conf, str(deploy.stage_source(None, tmp / "src")))
     d = Deployed(project, fake, steps)
@@ -120,10 +126,10 @@ def deployed(pubsub_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         )
 
     try:
-        phase(lambda log: deploy.apply(steps, project, REGION, gcloud, log))
-        phase(lambda log: deploy.apply(steps, project, REGION, gcloud, log))
+        phase(lambda log: deploy.apply(steps, gcloud, log))
+        phase(lambda log: deploy.apply(steps, gcloud, log))
         phase(lambda log: deploy.teardown(steps, False, gcloud, log))
-        phase(lambda log: deploy.apply(steps, project, REGION, gcloud, log))
+        phase(lambda log: deploy.apply(steps, gcloud, log))
         yield d
     finally:
         server.shutdown()
@@ -385,3 +391,33 @@ def test_deploying_again_after_teardown_restores_the_soft_deleted_role(deployed:
     assert {b["role"]: set(b["members"]) for b in policy["bindings"]} == _expected_project_bindings(
         deployed.project
     )
+
+
+def test_folder_sinks_include_children_and_their_writers_publish_to_the_project_topic(
+    pubsub_host: str, tmp_path: Path
+) -> None:
+    project = f"agg-{uuid.uuid4().hex[:8]}"
+    fake = fake_gcp.FakeGcp(pubsub_upstream=pubsub_host)
+    server = fake_gcp.serve(fake)
+    try:
+        conf = {**deploy.load_config(None), "aggregated_sink": {"folder": "123456789"}}
+        steps = [
+            s
+            for s in deploy.plan(project, REGION, conf)
+            if s.argv[:2] == ["logging", "sinks"]
+            or ("pitstop-events" in s.argv[3:4] and s.argv[0] == "pubsub")
+        ]
+        logs: list[str] = []
+        assert deploy.apply(steps, _gcloud_at(fake, tmp_path), logs.append) == 0, logs
+        made = {c.path: c for c in fake.calls if c.api == "logging" and c.method == "POST"}
+        assert set(made) == {"folders/123456789/sinks"}
+        sent = [c for c in fake.calls if c.api == "logging" and c.method == "POST"]
+        assert {c.body["name"] for c in sent} == set(sinks.SINK_FILTERS)
+        assert all(c.body["includeChildren"] is True for c in sent)
+        writer = "serviceAccount:service-folder-123456789@gcp-sa-logging.iam.gserviceaccount.com"
+        topic = fake.policy("pubsub", f"projects/{project}/topics/pitstop-events")
+        assert [(b["role"], b["members"]) for b in topic["bindings"]] == [
+            ("roles/pubsub.publisher", [writer])
+        ]
+    finally:
+        server.shutdown()

@@ -324,7 +324,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             print(line)
         return 0
     source = deploy.stage_source(conf.get("policy"))
-    return deploy.apply(deploy.plan(args.project, region, conf, str(source)), args.project, region)
+    return deploy.apply(deploy.plan(args.project, region, conf, str(source)))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -44,6 +44,7 @@ APIS = [
     "cloudscheduler.googleapis.com",
     "iam.googleapis.com",
 ]
+EXISTING = "<existing>"  # in update/delete commands: the name the step's check printed
 TOPICS = ["pitstop-events", "pitstop-events-dead", "pitstop-notifications", "pitstop-notifications-dead"]
 
 
@@ -53,7 +54,7 @@ class Step:
     argv: list[str]
     check: list[str] | None = None  # exits 0 when the resource already exists
     update: list[str] | None = None  # run instead of argv when it exists (None: skip)
-    captures: dict[str, str] = field(default_factory=dict)  # placeholder -> gcloud --format value(...)
+    captures: dict[str, list[str]] = field(default_factory=dict)  # placeholder -> gcloud printing it
     delete: list[str] | None = None  # for teardown; "<existing>" is each name the check printed
     expect: str | None = None  # the check prints exactly this when what is deployed is current
     when: str | None = None  # run only when the check prints exactly this
@@ -215,26 +216,8 @@ def plan(
                     "--member=serviceAccount:service-<project-number>@gcp-sa-pubsub.iam.gserviceaccount.com",
                     "--role=roles/pubsub.publisher",
                 ],
-                captures={"<project-number>": "projects describe"},
             )
         )
-    for comp, spec in accounts.items():
-        for b in spec.get("topic_roles", []):
-            for topic in _targets(b["topic"], spec, clusters):
-                steps.append(
-                    Step(
-                        f"{comp} publishes to {topic}",
-                        [
-                            "pubsub",
-                            "topics",
-                            "add-iam-policy-binding",
-                            topic,
-                            *p,
-                            f"--member=serviceAccount:{sa_email(comp, project)}",
-                            f"--role={b['role']}",
-                        ],
-                    )
-                )
     for c in clusters:
         sub = f"pitstop-slurm-{c}-agent"
         steps.append(
@@ -255,22 +238,23 @@ def plan(
             )
         )
     for comp, spec in accounts.items():
-        for b in spec.get("subscription_roles", []):
-            for sub in _targets(b["subscription"], spec, clusters):
-                steps.append(
-                    Step(
-                        f"{comp} pulls {sub}",
-                        [
-                            "pubsub",
-                            "subscriptions",
-                            "add-iam-policy-binding",
-                            sub,
-                            *p,
-                            f"--member=serviceAccount:{sa_email(comp, project)}",
-                            f"--role={b['role']}",
-                        ],
+        for kind in ("topic", "subscription"):
+            for b in spec.get(f"{kind}_roles", []):
+                for name in _targets(b[kind], spec, clusters):
+                    steps.append(
+                        Step(
+                            f"{comp}: {b['role']} on {name}",
+                            [
+                                "pubsub",
+                                f"{kind}s",
+                                "add-iam-policy-binding",
+                                name,
+                                *p,
+                                f"--member=serviceAccount:{sa_email(comp, project)}",
+                                f"--role={b['role']}",
+                            ],
+                        )
                     )
-                )
 
     # -- Firestore ---------------------------------------------------------------------
     steps.append(
@@ -404,7 +388,6 @@ def plan(
                     f"--member={agent['member'].format(project_number='<project-number>')}",
                     f"--role={b['role']}",
                 ],
-                captures={"<project-number>": "projects describe"},
             )
         )
     for fn, dlq, attempts in (
@@ -426,7 +409,6 @@ def plan(
                     "--max-retry-delay=600s",
                     *p,
                 ],
-                captures={placeholder: f"functions describe {fn}"},
             )
         )
         steps.append(
@@ -441,7 +423,6 @@ def plan(
                     "--member=serviceAccount:service-<project-number>@gcp-sa-pubsub.iam.gserviceaccount.com",
                     "--role=roles/pubsub.subscriber",
                 ],
-                captures={placeholder: f"functions describe {fn}"},
             )
         )
 
@@ -476,7 +457,6 @@ def plan(
                 f"--format=value(labels.{DIGEST_LABEL})",
             ],
             expect=wf_digest,
-            captures={"<pitstop-actuate-url>": "functions describe"},
             delete=["workflows", "delete", "pitstop-remediate", f"--location={r}", *p, "--quiet"],
         )
     )
@@ -515,7 +495,6 @@ def plan(
                     f"--member={placeholder}",
                     "--role=roles/pubsub.publisher",
                 ],
-                captures={placeholder: f"logging sinks describe {sink}"},
             )
         )
     steps.append(
@@ -558,7 +537,6 @@ def plan(
             ["scheduler", "jobs", "create", "http", *job],
             check=["scheduler", "jobs", "describe", "pitstop-sweep", f"--location={r}", *p],
             update=["scheduler", "jobs", "update", "http", *job],
-            captures={"<pitstop-sweep-url>": "functions describe"},
             delete=["scheduler", "jobs", "delete", "pitstop-sweep", f"--location={r}", *p, "--quiet"],
         )
     )
@@ -580,11 +558,11 @@ def plan(
                 "monitoring",
                 "dashboards",
                 "update",
-                "<existing>",
+                EXISTING,
                 f"--config-from-file={dashboard}",
                 *p,
             ],
-            delete=["monitoring", "dashboards", "delete", "<existing>", *p, "--quiet"],
+            delete=["monitoring", "dashboards", "delete", EXISTING, *p, "--quiet"],
         )
     )
     for alert in sorted((INFRA / "monitoring").glob("alert-*.json")):
@@ -601,10 +579,13 @@ def plan(
                     f"--filter=displayName={json.dumps(title)}",
                     "--format=value(name)",
                 ],
-                update=[*policies, "update", "<existing>", f"--policy-from-file={alert}", *p],
-                delete=[*policies, "delete", "<existing>", *p, "--quiet"],
+                update=[*policies, "update", EXISTING, f"--policy-from-file={alert}", *p],
+                delete=[*policies, "delete", EXISTING, *p, "--quiet"],
             )
         )
+    learn = runtime_values(project, r, scope or p)
+    for step in steps:
+        step.captures = _captures([*step.argv, *(step.update or [])], learn)
     return steps
 
 
@@ -682,65 +663,72 @@ def _gcloud(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["gcloud", *argv], capture_output=True, text=True, check=False)
 
 
-def resolve(project: str, region: str, run: Runner = _gcloud) -> dict[str, str]:
-    """Values known only at run time, read back from what the earlier steps created."""
-    out: dict[str, str] = {}
-    num = run(["projects", "describe", project, "--format=value(projectNumber)"])
-    out["<project-number>"] = num.stdout.strip()
+def runtime_values(project: str, region: str, sink_scope: list[str]) -> dict[str, list[str]]:
+    """How to learn each value known only at run time: the gcloud command that prints it."""
+    p = ["--project", project]
 
-    def describe_function(fn: str, fmt: str) -> str:
-        args = [
+    def function(fn: str, field_path: str) -> list[str]:
+        return [
             "functions",
             "describe",
             fn,
             "--gen2",
             f"--region={region}",
-            "--project",
-            project,
-            f"--format={fmt}",
+            *p,
+            f"--format=value({field_path})",
         ]
-        return run(args).stdout.strip()
 
+    out = {"<project-number>": ["projects", "describe", project, "--format=value(projectNumber)"]}
     for fn in ("pitstop-actuate", "pitstop-sweep"):
-        out[f"<{fn}-url>"] = describe_function(fn, "value(serviceConfig.uri)")
+        out[f"<{fn}-url>"] = function(fn, "serviceConfig.uri")
     for fn in ("pitstop-ingest", "pitstop-notify"):
-        trigger = describe_function(fn, "value(eventTrigger.trigger)").rsplit("/", 1)[-1]
-        t = (
-            run(
-                [
-                    "eventarc",
-                    "triggers",
-                    "describe",
-                    trigger,
-                    f"--location={region}",
-                    "--project",
-                    project,
-                    "--format=value(transport.pubsub.subscription)",
-                ]
-            )
-            if trigger
-            else None
-        )
-        out[f"<{fn}-trigger-subscription>"] = t.stdout.strip().rsplit("/", 1)[-1] if t else ""
-    for sink in sinks.SINK_FILTERS:
-        d = run(
-            ["logging", "sinks", "describe", sink, "--project", project, "--format=value(writerIdentity)"]
-        )
-        out[f"<{sink}-writer-identity>"] = d.stdout.strip()
+        out[f"<{fn}-trigger>"] = function(fn, "eventTrigger.trigger")
+        out[f"<{fn}-trigger-subscription>"] = [
+            "eventarc",
+            "triggers",
+            "describe",
+            f"<{fn}-trigger>",
+            f"--location={region}",
+            *p,
+            "--format=value(transport.pubsub.subscription)",
+        ]
+    for sink in sinks.SINK_FILTERS:  # an aggregated sink lives in its folder or organization
+        out[f"<{sink}-writer-identity>"] = ["logging", "sinks", "describe", sink, *sink_scope]
+        out[f"<{sink}-writer-identity>"].append("--format=value(writerIdentity)")
     return out
 
 
-def apply(
-    steps: list[Step], project: str, region: str, run: Runner = _gcloud, log: Callable[[str], None] = print
-) -> int:
+def _captures(argv: list[str], learn: Mapping[str, list[str]]) -> dict[str, list[str]]:
+    """The commands a step needs run first, including those its own commands depend on."""
+    out: dict[str, list[str]] = {}
+    todo = _placeholders(argv)
+    while todo:
+        ph = todo.pop()
+        if ph in learn and ph not in out:
+            out[ph] = learn[ph]
+            todo += _placeholders(learn[ph])
+    return out
+
+
+def _learn(ph: str, step: Step, values: dict[str, str], run: Runner) -> str:
+    if not values.get(ph) and ph in step.captures:
+        argv = [
+            _fill(a, {d: _learn(d, step, values, run) for d in _placeholders([a])}) for a in step.captures[ph]
+        ]
+        values[ph] = run(argv).stdout.strip()
+    return values.get(ph, "")
+
+
+def apply(steps: list[Step], run: Runner = _gcloud, log: Callable[[str], None] = print) -> int:
     """Run the plan; a step whose check finds the resource is skipped, updated or redeployed."""
     values: dict[str, str] = {}
     for step in steps:
-        argv = step.argv
-        if any("<" in a for a in argv):
-            if not all(ph in values and values[ph] for ph in _placeholders(argv)):
-                values.update(resolve(project, region, run))
-            argv = [_fill(a, values) for a in argv]
+        needed = [ph for ph in _placeholders([*step.argv, *(step.update or [])]) if ph != EXISTING]
+        missing = [ph for ph in needed if not _learn(ph, step, values, run)]
+        if missing:
+            log(f"FAILED   {step.what}: could not learn {', '.join(missing)} from gcloud")
+            return 1
+        argv = [_fill(a, values) for a in step.argv]
         found = _existing(step, run)
         if step.when is not None and found != step.when:
             log(f"skipped  {step.what}")
@@ -754,7 +742,7 @@ def apply(
                 continue
             if step.update is not None:
                 existing = found.splitlines()[0]
-                argv = [_fill(a, {**values, "<existing>": existing}) for a in step.update]
+                argv = [_fill(a, {**values, EXISTING: existing}) for a in step.update]
         res = run(argv)
         if res.returncode != 0:
             log(f"FAILED   {step.what}: {res.stderr.strip()[:500]}")
@@ -790,10 +778,10 @@ def teardown(
         if step.delete is None:
             continue
         targets = [step.delete]
-        if any("<existing>" in a for a in step.delete):
+        if any(EXISTING in a for a in step.delete):
             found = _existing(step, run)
             names = found.splitlines() if found else []
-            targets = [[_fill(a, {"<existing>": n}) for a in step.delete] for n in names]
+            targets = [[_fill(a, {EXISTING: n}) for a in step.delete] for n in names]
         if not targets:
             log(f"absent   {step.what}")
         for argv in targets:

@@ -386,8 +386,14 @@ class FakeGcp:
     def _logging(self, c: Call) -> Any:
         if c.method == "POST" and c.path.endswith("/sinks") and not c.verb:
             sink = self._create(c)
+            kind, parent = c.path.split("/")[:2]  # projects/P, folders/F or organizations/O
+            agent = {
+                "projects": PROJECT_NUMBER,
+                "folders": f"folder-{parent}",
+                "organizations": f"org-{parent}",
+            }
             sink["writerIdentity"] = (
-                f"serviceAccount:service-{PROJECT_NUMBER}@gcp-sa-logging.iam.gserviceaccount.com"
+                f"serviceAccount:service-{agent[kind]}@gcp-sa-logging.iam.gserviceaccount.com"
             )
             self.resources[("logging", sink["name"])]["writerIdentity"] = sink["writerIdentity"]
             return sink
