@@ -222,3 +222,20 @@ def test_every_command_is_accepted_by_the_real_gcloud_parser(steps: list[deploy.
     usage = [(ln, err.strip().splitlines()[-1:]) for ln, rc, err in results if rc == 2]
     assert usage == [], usage  # 2 = usage error; without credentials a valid command stops at auth (1)
     assert all(rc == 1 for _, rc, _ in results), [(ln, rc) for ln, rc, _ in results if rc != 1]
+
+
+def test_a_changed_policy_redeploys_the_functions_and_nothing_else(tmp_path: Path) -> None:
+    def labels(policy_text: str | None) -> dict[str, str]:
+        conf = dict(CONF)
+        if policy_text is not None:
+            (tmp_path / "policy.yaml").write_text(policy_text)
+            conf["policy"] = str(tmp_path / "policy.yaml")
+        return {s.what: s.expect for s in deploy.plan("my-train-proj", "us-central1", conf) if s.expect}
+
+    shipped, observe, enforce = labels(None), labels("mode: observe\n"), labels("mode: enforce\n")
+    assert set(shipped) == {f"function pitstop-{f}" for f in ("ingest", "actuate", "notify", "sweep")} | {
+        "workflow pitstop-remediate"
+    }
+    assert shipped == labels(None)  # stable: a rerun with the same inputs is "current"
+    changed = {k for k in shipped if observe[k] != enforce[k]}
+    assert changed == {k for k in shipped if k.startswith("function ")}

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 REGION = "us-central1"
 PUBSUB_AGENT = f"serviceAccount:service-{fake_gcp.PROJECT_NUMBER}@gcp-sa-pubsub.iam.gserviceaccount.com"
 CLUSTERS = ("train", "infer")
+ENFORCE_POLICY = "mode: enforce\n"
 LOGGING_AGENT = f"serviceAccount:service-{fake_gcp.PROJECT_NUMBER}@gcp-sa-logging.iam.gserviceaccount.com"
 
 
@@ -109,8 +110,15 @@ def deployed(pubsub_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     server = fake_gcp.serve(fake)
     tmp = tmp_path_factory.mktemp("deploy")
     gcloud = _gcloud_at(fake, tmp)
-    conf = {**deploy.load_config(None), "slurm_clusters": list(CLUSTERS), "webhook_format": "slack"}
-    steps = deploy.plan(project, REGION, conf, str(deploy.stage_source(None, tmp / "src")))
+    policy = tmp / "policy.yaml"  # the operator's policy, switched to enforce
+    policy.write_text(ENFORCE_POLICY)
+    conf = {
+        **deploy.load_config(None),
+        "slurm_clusters": list(CLUSTERS),
+        "webhook_format": "slack",
+        "policy": str(policy),
+    }
+    steps = deploy.plan(project, REGION, conf, str(deploy.stage_source(conf["policy"], tmp / "src")))
     d = Deployed(project, fake, steps)
     pub, sub = PublisherClient(), SubscriberClient()
 
@@ -298,6 +306,7 @@ def test_functions_are_deployed_with_their_flags_and_the_staged_source(deployed:
     assert len(objects) == 4 and objects <= set(deployed.fake.uploads)
     archive = zipfile.ZipFile(io.BytesIO(deployed.fake.uploads[min(objects)]))
     names = set(archive.namelist())
+    assert archive.read("policy.yaml").decode() == ENFORCE_POLICY  # deploy.yaml's policy, as given
     assert not [n for n in names if n.startswith("pitstop/local/") or "__pycache__" in n]
     assert {
         "main.py",
