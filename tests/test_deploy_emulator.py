@@ -13,6 +13,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import uuid
 import zipfile
 from collections.abc import Iterator
@@ -80,8 +81,8 @@ def _state(fake: fake_gcp.FakeGcp) -> dict[str, Any]:
     return {"resources": res, "policies": pol}
 
 
-def _gcloud_at(fake: fake_gcp.FakeGcp, tmp: Path) -> deploy.Runner:
-    """The real gcloud, with every API it calls pointed at the fake and a dummy access token."""
+def _env_at(fake: fake_gcp.FakeGcp, tmp: Path) -> dict[str, str]:
+    """gcloud's environment with every API it calls pointed at the fake and a dummy access token."""
     token = tmp / "token"
     token.write_text("local-token")
     env = {
@@ -94,6 +95,11 @@ def _gcloud_at(fake: fake_gcp.FakeGcp, tmp: Path) -> deploy.Runner:
         "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "true",
         "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "true",
     }
+    return env
+
+
+def _gcloud_at(fake: fake_gcp.FakeGcp, tmp: Path) -> deploy.Runner:
+    env = _env_at(fake, tmp)
 
     def gcloud(argv: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -101,6 +107,23 @@ def _gcloud_at(fake: fake_gcp.FakeGcp, tmp: Path) -> deploy.Runner:
         )
 
     return gcloud
+
+
+def _cli_deploy(project: str, conf: dict[str, Any], tmp: Path, fake: fake_gcp.FakeGcp, log: Any) -> int:
+    config = tmp / "deploy.yaml"
+    config.write_text(yaml.safe_dump({k: conf[k] for k in ("slurm_clusters", "webhook_format", "policy")}))
+    argv = [sys.executable, "-m", "pitstop.cli", "deploy", "--project", project, "--region", REGION]
+    proc = subprocess.run(
+        [*argv, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env={**_env_at(fake, tmp), "PYTHONPATH": str(ROOT / "functions")},
+        timeout=900,
+        check=False,
+    )
+    for line in proc.stdout.splitlines() + [f"stderr   {x}" for x in proc.stderr.splitlines()]:
+        log(line)
+    return proc.returncode
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +160,7 @@ def deployed(pubsub_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         phase(lambda log: deploy.apply(steps, gcloud, log))
         phase(lambda log: deploy.apply(steps, gcloud, log))
         phase(lambda log: deploy.teardown(steps, False, gcloud, log))
-        phase(lambda log: deploy.apply(steps, gcloud, log))
+        phase(lambda log: _cli_deploy(project, conf, tmp, fake, log))  # the command a user runs
         yield d
     finally:
         server.shutdown()
@@ -388,7 +411,8 @@ def test_teardown_leaves_only_the_database_and_enabled_apis(deployed: Deployed) 
     assert f"cloudresourcemanager projects/{p}" in deployed.states[2]["policies"]
 
 
-def test_deploying_again_after_teardown_restores_the_soft_deleted_role(deployed: Deployed) -> None:
+def test_pitstop_deploy_after_teardown_restores_the_soft_deleted_role(deployed: Deployed) -> None:
+    assert not [line for line in deployed.logs[3] if line.startswith(("FAILED", "stderr"))]
     assert (
         "ok       restore the custom role if a teardown deleted it (IAM keeps its id for 37 days)"
         in deployed.logs[3]
