@@ -108,6 +108,8 @@ def plan(
     iam_doc = yaml.safe_load((INFRA / "iam.yaml").read_text())
     clusters: list[str] = list(conf.get("slurm_clusters") or [])
     accounts = expand_accounts(iam_doc["service_accounts"], clusters)
+    agent = iam_doc["service_agents"]["pubsub"]
+    pubsub_agent = agent["member"].format(project_number="<project-number>")
 
     # -- identities ------------------------------------------------------------------
     role_id = "pitstopActuator"
@@ -213,7 +215,7 @@ def plan(
                     "add-iam-policy-binding",
                     dead,
                     *p,
-                    "--member=serviceAccount:service-<project-number>@gcp-sa-pubsub.iam.gserviceaccount.com",
+                    f"--member={pubsub_agent}",
                     "--role=roles/pubsub.publisher",
                 ],
             )
@@ -373,7 +375,6 @@ def plan(
                     ["functions", "add-invoker-policy-binding", *where],
                 )
             )
-    agent = iam_doc["service_agents"]["pubsub"]
     for b in agent.get("account_roles", []):
         email = sa_email(b["account"], project)
         steps.append(
@@ -385,7 +386,7 @@ def plan(
                     "add-iam-policy-binding",
                     email,
                     *p,
-                    f"--member={agent['member'].format(project_number='<project-number>')}",
+                    f"--member={pubsub_agent}",
                     f"--role={b['role']}",
                 ],
             )
@@ -420,7 +421,7 @@ def plan(
                     "add-iam-policy-binding",
                     placeholder,
                     *p,
-                    "--member=serviceAccount:service-<project-number>@gcp-sa-pubsub.iam.gserviceaccount.com",
+                    f"--member={pubsub_agent}",
                     "--role=roles/pubsub.subscriber",
                 ],
             )

@@ -20,7 +20,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from typing import Any
@@ -221,6 +221,11 @@ class FakeCompute:
             if mig:
                 self.migs[f"{project}/{zone}/{mig}"] = mig
         return inst
+
+    def add_from_spec(self, project: str, zone: str, spec: Mapping[str, Any]) -> Instance:
+        """An instance described in JSON (admin API, cluster file); absent keys take the defaults above."""
+        optional = {k: spec[k] for k in ("machine_type", "provisioning", "mig") if k in spec}
+        return self.add_instance(project, zone, spec["name"], **optional)
 
     def inject(self, method: str, code: int, reason: str, message: str = "", count: int = 1) -> None:
         msg = message or {
@@ -576,14 +581,7 @@ class FakeCompute:
                         body["project"], body["zone"], body["instance"], float(body.get("starts_in_s", 3600))
                     )
                 if path == "/_admin/add":
-                    self.add_instance(
-                        body["project"],
-                        body["zone"],
-                        body["name"],
-                        body.get("machine_type", "a3-megagpu-8g"),
-                        body.get("provisioning", "RESERVATION_BOUND"),
-                        body.get("mig"),
-                    )
+                    self.add_from_spec(body["project"], body["zone"], body)
                     return 200, {}
         except ApiError as e:
             return e.code, e.body()

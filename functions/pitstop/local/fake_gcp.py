@@ -124,19 +124,8 @@ class FakeGcp:
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     # -- what tests ask ---------------------------------------------------------------
-    def mutations(self, api: str | None = None) -> list[Call]:
-        return [c for c in self.calls if c.method != "GET" and (api is None or c.api == api)]
-
-    def get(self, api: str, name: str) -> dict[str, Any] | None:
-        return self.resources.get((api, name))
-
     def policy(self, api: str, name: str) -> dict[str, Any]:
         return self.policies.get((api, name), {"bindings": []})
-
-    def members(self, api: str, name: str, role: str) -> set[str]:
-        return {
-            m for b in self.policy(api, name).get("bindings", []) if b["role"] == role for m in b["members"]
-        }
 
     def env(self) -> dict[str, str]:
         return {
@@ -218,13 +207,11 @@ class FakeGcp:
             out = special(c)
             if out is not None:
                 return out
-        if c.verb == "getIamPolicy":
+        if c.verb in ("getIamPolicy", "setIamPolicy"):
             if c.api != "pubsub":  # Pub/Sub resources live in the emulator, checked before
                 self._need(c.api, c.path)
-            return self._policy(c.api, c.path)
-        if c.verb == "setIamPolicy":
-            if c.api != "pubsub":  # Pub/Sub resources live in the emulator, checked before
-                self._need(c.api, c.path)
+            if c.verb == "getIamPolicy":
+                return self._policy(c.api, c.path)
             return self._set_policy(c.api, c.path, c.body.get("policy", {}))
         if c.verb:
             raise ApiError(400, f"{c.api}: custom method {c.verb} not modelled")

@@ -34,14 +34,7 @@ def fake_compute(args: argparse.Namespace) -> None:
     fake = FakeCompute(time_scale=args.time_scale)
     cluster = json.loads(Path(args.cluster).read_text())
     for inst in cluster["instances"]:
-        fake.add_instance(
-            cluster["project"],
-            cluster["zone"],
-            inst["name"],
-            inst.get("machine_type", "a3-megagpu-8g"),
-            inst.get("provisioning", "RESERVATION_BOUND"),
-            inst.get("mig"),
-        )
+        fake.add_from_spec(cluster["project"], cluster["zone"], inst)
     server, _ = serve(fake, port=args.port)
     _wait_forever(server.shutdown)
 
