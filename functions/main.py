@@ -23,16 +23,16 @@ from cloudevents.http import CloudEvent
 from google.cloud import firestore
 from google.cloud.pubsub_v1 import PublisherClient
 
-from pitstop import log
-from pitstop import policy as policy_mod
-from pitstop.actuate import Actuator
-from pitstop.actuators.compute import ComputeAdapter
-from pitstop.actuators.scheduler import Scheduler, SlurmScheduler
-from pitstop.ingest import Ingest
-from pitstop.notifier import Notifier
-from pitstop.notify import MetricsWriter, Notify
-from pitstop.store import IncidentStore
-from pitstop.workflows_client import WorkflowStarter
+from pitstop.adapters import log
+from pitstop.adapters.compute import ComputeAdapter
+from pitstop.adapters.firestore import IncidentStore
+from pitstop.adapters.pubsub import Notifier
+from pitstop.adapters.scheduler import Scheduler, SlurmScheduler
+from pitstop.adapters.workflows import WorkflowStarter
+from pitstop.core import policy as policy_mod
+from pitstop.services.actuate import Actuator
+from pitstop.services.ingest import Ingest
+from pitstop.services.notify import MetricsWriter, Notify
 
 
 def _project() -> str:

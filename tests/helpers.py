@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from pitstop import resources
+from pitstop.core import resources
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PROJECT = "train-prod"

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from pitstop.classify import Classifier
+from pitstop.core.classify import Classifier
 
 from .helpers import CARRIERS, ENVELOPES, assert_valid_event, load_fixture, subset
 

@@ -16,7 +16,7 @@ from .helpers import (
     system_event_entry,
 )
 
-PITSTOP = [sys.executable, "-m", "pitstop.cli"]
+PITSTOP = [sys.executable, "-m", "pitstop.tools.cli"]
 
 
 def _run(args: list[str], stdin: bytes) -> subprocess.CompletedProcess[bytes]:

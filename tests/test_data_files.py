@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pitstop import catalog, resources
-from pitstop.actions import RANK, Action
+from pitstop.core import catalog, resources
+from pitstop.core.actions import RANK, Action
 
 
 def test_xid_policy_covers_nvidia_catalog() -> None:

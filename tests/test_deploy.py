@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pitstop import deploy, sinks
+from pitstop.core import sinks
+from pitstop.tools import deploy
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = {**deploy.load_config(None), "slurm_clusters": ["train", "infer"], "webhook_format": "slack"}

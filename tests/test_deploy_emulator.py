@@ -25,10 +25,12 @@ import pytest
 import yaml
 from google.cloud.pubsub_v1 import PublisherClient, SubscriberClient
 
-from pitstop import deploy, sinks
+from pitstop.core import sinks
 from pitstop.local import fake_gcp
+from pitstop.tools import deploy
 
-pytestmark = pytest.mark.emulator
+# Four real-gcloud deploy runs (~70 s each) happen in one fixture: a hang guard, not a speed check.
+pytestmark = [pytest.mark.emulator, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[1]
 REGION = "us-central1"
 PUBSUB_AGENT = f"serviceAccount:service-{fake_gcp.PROJECT_NUMBER}@gcp-sa-pubsub.iam.gserviceaccount.com"
@@ -112,7 +114,7 @@ def _gcloud_at(fake: fake_gcp.FakeGcp, tmp: Path) -> deploy.Runner:
 def _cli_deploy(project: str, conf: dict[str, Any], tmp: Path, fake: fake_gcp.FakeGcp, log: Any) -> int:
     config = tmp / "deploy.yaml"
     config.write_text(yaml.safe_dump({k: conf[k] for k in ("slurm_clusters", "webhook_format", "policy")}))
-    argv = [sys.executable, "-m", "pitstop.cli", "deploy", "--project", project, "--region", REGION]
+    argv = [sys.executable, "-m", "pitstop.tools.cli", "deploy", "--project", project, "--region", REGION]
     proc = subprocess.run(
         [*argv, "--config", str(config)],
         capture_output=True,

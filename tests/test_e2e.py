@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pitstop.demo import XID79, Scenarios
 from pitstop.local.stack import ClusterSpec, Stack, admin, webhook_records
+from pitstop.tools.demo import XID79, Scenarios
 
 pytestmark = pytest.mark.emulator
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from pitstop import engine, policy
-from pitstop.classify import Classifier
+from pitstop.core import engine, policy
+from pitstop.core.classify import Classifier
 
 from .helpers import load_fixture, ops_agent_entry, system_event_entry
 

@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pitstop.classify import Classifier
-from pitstop.xid_line import parse_nvrm
+from pitstop.core.classify import Classifier
+from pitstop.core.xid_line import parse_nvrm
 
 from .helpers import ENVELOPES, assert_valid_event, ops_agent_entry
 

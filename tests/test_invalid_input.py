@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pitstop.classify import Classifier
+from pitstop.core.classify import Classifier
 
 from .helpers import ENVELOPES, assert_valid_event, load_fixture, ops_agent_entry, system_event_entry
 

@@ -21,15 +21,15 @@ from google.cloud import firestore
 from google.cloud.pubsub_v1 import PublisherClient, SubscriberClient
 from werkzeug.serving import make_server
 
-from pitstop import engine, policy
-from pitstop.ingest import Ingest
+from pitstop.adapters.firestore import IncidentStore
+from pitstop.adapters.pubsub import Notifier
+from pitstop.agent.slurm import Agent, SlurmCommands
+from pitstop.core import engine, policy
 from pitstop.local import executions_server
 from pitstop.local.fake_compute import FakeCompute, serve
 from pitstop.local.slurm import SlurmCluster
 from pitstop.local.workflows_runner import runner_for
-from pitstop.notifier import Notifier
-from pitstop.slurm_agent import Agent, SlurmCommands
-from pitstop.store import IncidentStore
+from pitstop.services.ingest import Ingest
 
 from .helpers import PROJECT, ops_agent_entry
 
@@ -318,7 +318,7 @@ def test_replace_falls_back_to_mig_recreate_when_not_reservation_bound(world: Wo
     )
     world.ingest.policy = clf_over
     world.ingest.coalescer.policy = clf_over
-    from pitstop.classify import Classifier
+    from pitstop.core.classify import Classifier
 
     world.ingest.classifier = Classifier(clf_over.xids, world.ingest.classifier.system_events)
     out = world.fault(XID79, NODES[3])

@@ -10,7 +10,8 @@ from typing import Any
 
 import yaml
 
-from pitstop import policy, replay, sinks
+from pitstop.core import policy, sinks
+from pitstop.tools import replay
 
 from .fake_logging import FakeLogging
 from .helpers import load_fixture, ops_agent_entry, system_event_entry
@@ -63,7 +64,7 @@ def test_replay_jsonl_cli(tmp_path: Path) -> None:
         yaml.safe_dump({"clusters": [CLUSTER], "budgets": {"cluster": {"max_nodes": 2, "max_percent": 50}}})
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "pitstop.cli", "replay", str(src), "--policy", str(pol), "--json"],
+        [sys.executable, "-m", "pitstop.tools.cli", "replay", str(src), "--policy", str(pol), "--json"],
         capture_output=True,
         timeout=60,
         check=False,
@@ -80,7 +81,7 @@ def test_bad_policy_fails_loudly(tmp_path: Path) -> None:
     src = tmp_path / "e.jsonl"
     src.write_text("")
     proc = subprocess.run(
-        [sys.executable, "-m", "pitstop.cli", "replay", str(src), "--policy", str(pol)],
+        [sys.executable, "-m", "pitstop.tools.cli", "replay", str(src), "--policy", str(pol)],
         capture_output=True,
         timeout=60,
         check=False,

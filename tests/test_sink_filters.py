@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from pitstop import sinks
+from pitstop.core import sinks
 from pitstop.local.lql import FilterSyntaxError, compile_filter
 
 from .helpers import CARRIERS, load_fixture, ops_agent_entry, system_event_entry

@@ -12,12 +12,12 @@ import pytest
 from google.cloud import firestore
 from google.cloud.pubsub_v1 import SubscriberClient
 
-from pitstop import engine, policy
-from pitstop.ingest import Ingest, PoisonMessageError
+from pitstop.adapters.firestore import IncidentStore
+from pitstop.adapters.pubsub import Notifier
+from pitstop.adapters.workflows import WorkflowStarter
+from pitstop.core import engine, policy
 from pitstop.local.executions_server import ExecutionsService
-from pitstop.notifier import Notifier
-from pitstop.store import IncidentStore
-from pitstop.workflows_client import WorkflowStarter
+from pitstop.services.ingest import Ingest, PoisonMessageError
 
 from .helpers import ops_agent_entry, push_body
 
@@ -129,7 +129,7 @@ def test_step_up_starts_one_new_execution(
 def test_two_nodes_race_for_the_last_budget_slot(fs_client: firestore.Client) -> None:
     pol = make_policy()  # cap 1 for an 8-node cluster
     store = IncidentStore(fs_client, "pitstop")
-    from pitstop.classify import Classifier
+    from pitstop.core.classify import Classifier
 
     clf = Classifier.default()
     evs = []
@@ -178,7 +178,7 @@ def test_crash_between_decided_and_started_recovers_once(
     pol, clock = make_policy(), Clock()
     ing = make_ingest(fs_client, endpoint, pol, clock)
     # the decision is committed, then the instance dies before starting the workflow
-    from pitstop.classify import Classifier
+    from pitstop.core.classify import Classifier
 
     e = Classifier.default().classify(entry(XID79, "a3-node-007", 1))
     e["_observed_ts"] = T0
@@ -205,7 +205,7 @@ def test_crash_after_create_before_record_finds_the_execution(
     pol, clock = make_policy(), Clock()
     ing = make_ingest(fs_client, endpoint, pol, clock)
     assert ing.starter is not None
-    from pitstop.classify import Classifier
+    from pitstop.core.classify import Classifier
 
     e = Classifier.default().classify(entry(XID79, "a3-node-008", 1))
     e["_observed_ts"] = T0
@@ -307,7 +307,7 @@ def test_incidents_cli_lists_and_releases(fs_client: firestore.Client, firestore
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "pitstop.cli", "incidents", *args],
+            [sys.executable, "-m", "pitstop.tools.cli", "incidents", *args],
             env=env,
             text=True,
             capture_output=True,

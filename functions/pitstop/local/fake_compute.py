@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from .json_http import serve_json
+from pitstop.local.json_http import serve_json
 
 BASE = "https://www.googleapis.com/compute/v1"
 FAULTY_HOST_FAMILIES = ("a4x-", "a4-", "a3-ultragpu", "a3-megagpu", "a3-highgpu-8g")

@@ -28,7 +28,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from .json_http import serve_json
+from pitstop.local.json_http import serve_json
 
 # API prefix -> the gcloud endpoint-override property that routes it here.
 OVERRIDES = {

@@ -29,7 +29,7 @@ def _wait_forever(on_stop: Any = None) -> None:
 
 
 def fake_compute(args: argparse.Namespace) -> None:
-    from .fake_compute import FakeCompute, serve
+    from pitstop.local.fake_compute import FakeCompute, serve
 
     fake = FakeCompute(time_scale=args.time_scale)
     cluster = json.loads(Path(args.cluster).read_text())
@@ -40,8 +40,8 @@ def fake_compute(args: argparse.Namespace) -> None:
 
 
 def executions(args: argparse.Namespace) -> None:
-    from .executions_server import ExecutionsService, serve
-    from .workflows_runner import runner_for
+    from pitstop.local.executions_server import ExecutionsService, serve
+    from pitstop.local.workflows_runner import runner_for
 
     env = json.loads(Path(args.env).read_text())
     svc = ExecutionsService(runner_for(args.workflow, env, args.time_scale))
@@ -52,7 +52,7 @@ def executions(args: argparse.Namespace) -> None:
 def monitoring(args: argparse.Namespace) -> None:
     import grpc
 
-    from .fake_monitoring import FakeMonitoring, serve
+    from pitstop.local.fake_monitoring import FakeMonitoring, serve
 
     out = Path(args.out)
 
@@ -110,7 +110,7 @@ def vm_sync(args: argparse.Namespace) -> None:
     """Each fake VM's slurmd runs only while the VM is RUNNING (a preempted or rebooting host drops out)."""
     import urllib.request
 
-    from .procs import Proc
+    from pitstop.local.procs import Proc
 
     conf, workdir = args.slurm_conf, Path(args.workdir)
     nodes = args.nodes.split(",")

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .procs import Proc, free_port
+from pitstop.local.procs import Proc, free_port
 
 
 def ensure_munge() -> None:

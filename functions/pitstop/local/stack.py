@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import sinks
-from .lql import compile_filter
-from .procs import Proc, free_port, start_emulator, wait_http
-from .slurm import SlurmCluster
+from pitstop.core import sinks
+from pitstop.local.lql import compile_filter
+from pitstop.local.procs import Proc, free_port, start_emulator, wait_http
+from pitstop.local.slurm import SlurmCluster
 
 ROOT = Path(__file__).resolve().parents[3]
 PROJECT = "pitstop-local"
@@ -292,7 +292,7 @@ class Stack:
             [
                 sys.executable,
                 "-m",
-                "pitstop.slurm_agent",
+                "pitstop.agent.slurm",
                 "--project",
                 PROJECT,
                 "--subscription",

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from .wf_expr import Evaluator, Node, WorkflowError, error, parse
+from pitstop.local.wf_expr import Evaluator, Node, WorkflowError, error, parse
 
 STEP_KINDS = {
     "assign": {"assign", "next"},

@@ -10,8 +10,8 @@ from typing import IO, Any
 import orjson
 import yaml
 
-from .classify import Classifier
-from .resources import DataFileError
+from pitstop.core.classify import Classifier
+from pitstop.core.resources import DataFileError
 
 
 def _lines(path: str) -> Iterator[bytes]:
@@ -58,7 +58,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from . import bench
+    from pitstop.tools import bench
 
     if args.target == "classify":
         result = bench.bench_classify(args.lines or 100_000)
@@ -77,8 +77,8 @@ def _store(project: str | None) -> Any:
 
     from google.cloud import firestore
 
-    from . import policy as policy_mod
-    from .store import IncidentStore
+    from pitstop.adapters.firestore import IncidentStore
+    from pitstop.core import policy as policy_mod
 
     pol = policy_mod.load()
     client = firestore.Client(project=project or os.environ.get("GOOGLE_CLOUD_PROJECT"))
@@ -88,7 +88,7 @@ def _store(project: str | None) -> Any:
 def cmd_incidents(args: argparse.Namespace) -> int:
     import time
 
-    from .timeline import durations, iso, render
+    from pitstop.core.timeline import durations, iso, render
 
     store, pol = _store(args.project)
     if args.release:
@@ -118,8 +118,8 @@ def cmd_incidents(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     import time
 
-    from . import policy as policy_mod
-    from . import replay as replay_mod
+    from pitstop.core import policy as policy_mod
+    from pitstop.tools import replay as replay_mod
 
     pol = policy_mod.load(args.policy)
     if args.path:
@@ -160,7 +160,7 @@ def _duration_s(text: str) -> float:
 def cmd_local(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .local import stack as st
+    from pitstop.local import stack as st
 
     workdir = Path(args.workdir) if args.workdir else st.default_workdir()
     if args.action == "up":
@@ -228,8 +228,8 @@ def _local_status(state: Any, as_json: bool) -> int:
 
     from google.cloud import firestore
 
-    from .local.stack import admin, emulator_env, webhook_records
-    from .timeline import durations
+    from pitstop.core.timeline import durations
+    from pitstop.local.stack import admin, emulator_env, webhook_records
 
     with emulator_env(state.endpoints):
         db = firestore.Client(project=state.project)
@@ -300,8 +300,8 @@ def _local_status(state: Any, as_json: bool) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from . import demo
-    from .local.stack import default_workdir
+    from pitstop.local.stack import default_workdir
+    from pitstop.tools import demo
 
     return demo.run(
         Path(args.workdir) if args.workdir else default_workdir() / "demo", args.only or None, keep=args.keep
@@ -309,7 +309,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from . import deploy
+    from pitstop.tools import deploy
 
     try:
         conf = deploy.load_config(args.config)

@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from . import resources
-from .catalog import XidPolicy, default_xid_policy
+from pitstop.core import resources
+from pitstop.core.catalog import XidPolicy, default_xid_policy
 
 _MIG_MEMBER = re.compile(r"-[a-z0-9]{4}$")
 

@@ -13,13 +13,14 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from . import engine, log
-from .classify import Classifier
-from .coalesce import Coalescer
-from .envelope import unwrap
-from .parse import parse_entry
-from .policy import Policy
-from .store import IncidentStore
+from pitstop.adapters import log
+from pitstop.adapters.firestore import IncidentStore
+from pitstop.core import engine
+from pitstop.core.classify import Classifier
+from pitstop.core.envelope import unwrap
+from pitstop.core.parse import parse_entry
+from pitstop.core.policy import Policy
+from pitstop.services.coalesce import Coalescer
 
 
 class PoisonMessageError(ValueError):

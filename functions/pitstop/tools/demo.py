@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import engine
-from .local.stack import PROJECT, ZONE, Router, Stack, StackState, admin, emulator_env, webhook_records
-from .timeline import durations
+from pitstop.core import engine
+from pitstop.core.timeline import durations
+from pitstop.local.stack import PROJECT, ZONE, Router, Stack, StackState, admin, emulator_env, webhook_records
 
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 XID48 = (
@@ -256,7 +256,7 @@ class Scenarios:
         self.router.publish(entry)
         inc = self.finished(node, timeout=120)
         window = entry["protoPayload"]["metadata"]["windowStartTime"]
-        from .ingest import to_epoch
+        from pitstop.services.ingest import to_epoch
 
         before_window = (inc["timeline"].get("fenced") or 1e18) < (to_epoch(window) or 0)
         maint = self.calls("perform_maintenance", node)

@@ -6,7 +6,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from .engine import TIMELINE_KEYS
+from pitstop.core.engine import TIMELINE_KEYS
 
 
 def iso(ts: float | None) -> str | None:

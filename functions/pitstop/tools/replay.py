@@ -15,12 +15,12 @@ from typing import Any
 
 import orjson
 
-from . import engine
-from .classify import Classifier
-from .envelope import unwrap
-from .ingest import to_epoch
-from .parse import invalid, parse_entry
-from .policy import Policy, from_doc
+from pitstop.core import engine
+from pitstop.core.classify import Classifier
+from pitstop.core.envelope import unwrap
+from pitstop.core.parse import invalid, parse_entry
+from pitstop.core.policy import Policy, from_doc
+from pitstop.services.ingest import to_epoch
 
 SWEEP_EVERY_S = 60.0
 
@@ -175,7 +175,7 @@ def cloud_logging_entries(
 
     from google.cloud import logging as gcl
 
-    from .sinks import combined_filter
+    from pitstop.core.sinks import combined_filter
 
     start = dt.datetime.fromtimestamp(now - since_s, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     flt = f'({combined_filter(filters_dir)}) AND timestamp >= "{start}"'

@@ -10,8 +10,8 @@ SINK_FILTERS = {"pitstop-gpu-xid": "gpu-xid.filter", "pitstop-system-events": "s
 
 def filters_dir() -> Path:
     env = os.environ.get("PITSTOP_FILTERS")
-    here = Path(__file__).resolve().parent
-    for c in ([Path(env)] if env else []) + [here / "filters", here.parents[1] / "infra" / "filters"]:
+    package = Path(__file__).resolve().parents[1]  # pitstop/: staged copies sit inside it
+    for c in ([Path(env)] if env else []) + [package / "filters", package.parents[1] / "infra" / "filters"]:
         if (c / "gpu-xid.filter").is_file():
             return c
     raise FileNotFoundError("infra/filters not found")

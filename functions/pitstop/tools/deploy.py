@@ -22,10 +22,10 @@ from typing import Any
 
 import yaml
 
-from . import sinks
-from .policy import deep_merge
+from pitstop.core import sinks
+from pitstop.core.policy import deep_merge
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 INFRA = ROOT / "infra"
 APIS = [
     "cloudfunctions.googleapis.com",

@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from . import names
-from .envelope import Delivery
-from .xid_line import MAX_MESSAGE, parse_nvrm
+from pitstop.core import names
+from pitstop.core.envelope import Delivery
+from pitstop.core.xid_line import MAX_MESSAGE, parse_nvrm
 
 SYSTEM_EVENT_LOG_IDS = ("cloudaudit.googleapis.com%2Fsystem_event", "cloudaudit.googleapis.com/system_event")
 RESOURCE_NAME_LABEL = "compute.googleapis.com/resource_name"

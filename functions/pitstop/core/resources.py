@@ -20,8 +20,8 @@ def schema_dir() -> Path:
     """schemas/ beside the repo, or bundled into the package when staged for deployment."""
     env = os.environ.get("PITSTOP_SCHEMAS")
     candidates = [Path(env)] if env else []
-    here = Path(__file__).resolve().parent
-    candidates += [here / "schemas", here.parents[1] / "schemas"]
+    package = Path(__file__).resolve().parents[1]  # pitstop/: staged copies sit inside it
+    candidates += [package / "schemas", package.parents[1] / "schemas"]
     for c in candidates:
         if (c / "fault_event.schema.json").is_file():
             return c

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .errors import ActuatorError
+from pitstop.adapters.errors import ActuatorError
 
 COMMAND_DEADLINE_S = 300.0
 

@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .actions import NODE_ACTIONS, RANK, higher
-from .policy import Policy
+from pitstop.core.actions import NODE_ACTIONS, RANK, higher
+from pitstop.core.policy import Policy
 
 OPEN_STATES = ("OPEN", "HELD", "FENCED", "ACTING", "VERIFYING", "FAILED")
 ACTIVE_STATES = ("FENCED", "ACTING", "VERIFYING")

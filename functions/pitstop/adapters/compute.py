@@ -15,7 +15,7 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
-from .errors import ActuatorError, from_google
+from pitstop.adapters.errors import ActuatorError, from_google
 
 FAULTY_HOST_FAMILIES = ("a4x-", "a4-", "a3-ultragpu", "a3-megagpu", "a3-highgpu-8g")
 BEHAVIORS = ("UNRECOVERABLE_GPU_ERROR", "PERFORMANCE", "SILENT_DATA_CORRUPTION", "BEHAVIOR_UNSPECIFIED")

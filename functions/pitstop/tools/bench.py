@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from .classify import Classifier
+from pitstop.core.classify import Classifier
 
 _XID_LINES = [
     "[Fri Aug  9 13:32:56 2024] NVRM: Xid (PCI:0000:00:08): 94, pid='<unknown>', name=<unknown>, "
@@ -222,10 +222,10 @@ def bench_ingest(
 
     from google.cloud import firestore
 
-    from .ingest import Ingest
-    from .local import procs
-    from .policy import from_doc
-    from .store import IncidentStore
+    from pitstop.adapters.firestore import IncidentStore
+    from pitstop.core.policy import from_doc
+    from pitstop.local import procs
+    from pitstop.services.ingest import Ingest
 
     proc = None
     if not os.environ.get("FIRESTORE_EMULATOR_HOST"):

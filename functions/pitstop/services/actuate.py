@@ -16,14 +16,14 @@ from typing import Any
 
 from google.api_core import exceptions as gexc
 
-from . import log
-from .actions import RANK
-from .actuators.compute import ComputeAdapter
-from .actuators.errors import ActuatorError
-from .actuators.scheduler import NoScheduler, Scheduler
-from .policy import Policy
-from .store import IncidentStore
-from .timeline import durations
+from pitstop.adapters import log
+from pitstop.adapters.compute import ComputeAdapter
+from pitstop.adapters.errors import ActuatorError
+from pitstop.adapters.firestore import IncidentStore
+from pitstop.adapters.scheduler import NoScheduler, Scheduler
+from pitstop.core.actions import RANK
+from pitstop.core.policy import Policy
+from pitstop.core.timeline import durations
 
 MUTATING = ("fence", "checkpoint", "act", "unfence", "reschedule", "close", "fail")
 PROBES = ("jobs_done", "operation", "verify")
@@ -182,7 +182,7 @@ class Actuator:
         for job in jobs:
             sched.checkpoint(job, signal, ctx)
         start = (inc.get("maintenance") or {}).get("window_start")
-        from .ingest import to_epoch
+        from pitstop.services.ingest import to_epoch
 
         ws = to_epoch(start)
         wait = CHECKPOINT_DEFAULT_WAIT_S if ws is None else max(0.0, ws - self.clock() - CHECKPOINT_MARGIN_S)
@@ -368,7 +368,7 @@ class Actuator:
 
         new_step = self.store.mutate(inc["id"], up)
         if self.starter is not None:
-            from .ingest import workflow_argument
+            from pitstop.services.ingest import workflow_argument
 
             lease = self.store.lease_start(inc["id"], new_step, now)
             if lease is not None:

@@ -20,10 +20,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import engine
-from .actions import RANK
-from .policy import Policy
-from .store import IncidentStore
+from pitstop.adapters.firestore import IncidentStore
+from pitstop.core import engine
+from pitstop.core.actions import RANK
+from pitstop.core.policy import Policy
 
 
 @dataclass

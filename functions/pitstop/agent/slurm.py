@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import log
+from pitstop.adapters import log
 
 NODE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,62})")
 JOB = re.compile(r"[0-9]{1,10}")

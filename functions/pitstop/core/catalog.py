@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import resources
-from .actions import Action
+from pitstop.core import resources
+from pitstop.core.actions import Action
 
 ANY = "any"  # in a refine clause: the detail key is present
 

@@ -19,9 +19,9 @@ from typing import Any, TypeVar
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
-from . import engine
-from .actions import NODE_ACTIONS
-from .policy import Policy
+from pitstop.core import engine
+from pitstop.core.actions import NODE_ACTIONS
+from pitstop.core.policy import Policy
 
 T = TypeVar("T")
 

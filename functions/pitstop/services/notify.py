@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import log
+from pitstop.adapters import log
 
 SEVERITY_ICON = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
 

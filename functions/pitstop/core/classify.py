@@ -11,9 +11,9 @@ from typing import Any
 
 import orjson
 
-from .catalog import SystemEventRule, XidPolicy, default_system_events, default_xid_policy
-from .envelope import unwrap
-from .parse import Event, invalid, new_event, parse_entry
+from pitstop.core.catalog import SystemEventRule, XidPolicy, default_system_events, default_xid_policy
+from pitstop.core.envelope import unwrap
+from pitstop.core.parse import Event, invalid, new_event, parse_entry
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,0 @@
-"""Adapters to the systems Pitstop acts on: one class per external system."""
