@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 lint: install
 	$(BIN)/ruff check functions tests
 	$(BIN)/ruff format --check functions tests
+	$(BIN)/lint-imports
 
 typecheck: install
 	$(BIN)/mypy
@@ -33,4 +34,4 @@ demo: system install
 	$(BIN)/pitstop demo
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .import_linter_cache

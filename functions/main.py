@@ -26,13 +26,15 @@ from google.cloud.pubsub_v1 import PublisherClient
 from pitstop.adapters import log
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.firestore import IncidentStore
+from pitstop.adapters.monitoring import MetricsWriter
 from pitstop.adapters.pubsub import Notifier
 from pitstop.adapters.scheduler import Scheduler, SlurmScheduler
 from pitstop.adapters.workflows import WorkflowStarter
 from pitstop.core import policy as policy_mod
 from pitstop.services.actuate import Actuator
 from pitstop.services.ingest import Ingest
-from pitstop.services.notify import MetricsWriter, Notify
+from pitstop.services.notify import Notify
+from pitstop.services.sweep import Sweep
 
 
 def _project() -> str:
@@ -58,6 +60,11 @@ def _ingest() -> Ingest:
     with contextlib.suppress(ValueError):  # not the main thread (some test servers)
         signal.signal(signal.SIGTERM, _flush_on_term)
     return service
+
+
+def _sweep() -> Sweep:
+    """Not cached on its own: it works on the ingest service's store and coalescer."""
+    return Sweep(_ingest())
 
 
 @functools.cache
@@ -117,7 +124,7 @@ def ingest(cloud_event: CloudEvent) -> None:
 @functions_framework.http
 def sweep(request: Any) -> tuple[dict[str, int], int]:
     """Cloud Scheduler, every minute: flush counts, end bursts, retry held incidents and lost starts."""
-    return _ingest().sweep(), 200
+    return _sweep().run(), 200
 
 
 @functions_framework.http

@@ -1,4 +1,4 @@
-"""`pitstop classify`: one JSON line out per input line, in order, never a traceback."""
+"""The `pitstop` CLI: classify (one JSON line per input line, in order, never a traceback), bench, local."""
 
 from __future__ import annotations
 
@@ -6,6 +6,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
 
 from .helpers import (
     assert_valid_event,
@@ -71,3 +75,92 @@ def test_bench_reports_both_figures() -> None:
     assert result["classify_lines_per_s"] > 0
     assert result["cost_vs_json_roundtrip"] > 0
     assert set(result["mix_first_5000"]) >= {"gpu_xid", "unrelated", "preemption"}
+
+
+def test_subcommands_in_help_order() -> None:
+    from pitstop.tools.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert list(sub.choices or {}) == [
+        "classify",
+        "bench",
+        "incidents",
+        "replay",
+        "local",
+        "deploy",
+        "teardown",
+        "demo",
+    ]
+
+
+class _Doc:
+    def __init__(self, d: dict[str, Any]) -> None:
+        self.d = d
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.d
+
+
+def test_local_status_table(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`local status` reads Firestore, Slurm, the fake Compute and the webhook sink (faked here)."""
+    from google.cloud import firestore
+
+    from pitstop.local import stack as st
+    from pitstop.tools import cli
+
+    incidents = [
+        {
+            "id": "inc-b",
+            "created_at": 2,
+            "node": {"instance": "a3-node-001"},
+            "state": "HELD",
+            "action": "REBOOT_NODE",
+            "counts": {"events": 3},
+            "held": {"reason": "cluster budget"},
+            "timeline": {"detected": 1.0},
+        },
+        {
+            "id": "inc-a",
+            "created_at": 1,
+            "node": {"instance": "a3-node-000"},
+            "state": "RESOLVED",
+            "action": "RESET_GPU",
+            "counts": {"events": 1},
+            "timeline": {"detected": 1.0, "resolved": 31.0},
+        },
+    ]
+    collection = SimpleNamespace(stream=lambda: [_Doc(d) for d in incidents])
+    monkeypatch.setattr(firestore, "Client", lambda project: SimpleNamespace(collection=lambda n: collection))
+    slurm = {
+        "sinfo": "a3-node-000|idle|\na3-node-001|drained|pitstop\n",
+        "squeue": "7|RUNNING|a3-node-000|x\n",
+    }
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: SimpleNamespace(stdout=slurm[argv[0]]))
+    compute = {
+        "instances": [{"name": "a3-node-000", "status": "RUNNING", "id": 7, "host": "h-1"}],
+        "calls": [{"method": "POST", "path": "/zones/z/instances/a3-node-000/reset"}],
+    }
+    monkeypatch.setattr(st, "admin", lambda state, path: compute)
+    monkeypatch.setattr(
+        st, "webhook_records", lambda state: [{"body": {"text": "resolved\nnode: a3-node-000"}}]
+    )
+    state = st.StackState("/w", "p", {"pubsub": "127.0.0.1:1", "firestore": "127.0.0.1:2"}, {}, {}, "/s.conf")
+
+    assert cli._local_status(state, as_json=False) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "INCIDENTS",
+        "  inc-a a3-node-000    RESOLVED  RESET_GPU      events=1     resolved=30.0s ",
+        "  inc-b a3-node-001    HELD      REBOOT_NODE    events=3     resolved=Nones held: cluster budget",
+        "SLURM NODES",
+        "  a3-node-000    idle         ",
+        "  a3-node-001    drained      pitstop",
+        "SLURM JOBS",
+        "  7     RUNNING     a3-node-000",
+        "INSTANCES",
+        "  a3-node-000    RUNNING    id=7 host=h-1",
+        "OPERATIONS RECEIVED",
+        "  POST                   /zones/z/instances/a3-node-000/reset",
+        "NOTIFICATIONS",
+        "  resolved",
+        "    node: a3-node-000",
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import subprocess
@@ -20,8 +21,9 @@ CONF = {**deploy.load_config(None), "slurm_clusters": ["train", "infer"], "webho
 
 
 @pytest.fixture(scope="module")
-def steps() -> list[deploy.Step]:
-    return deploy.plan("my-train-proj", "us-central1", CONF, str(deploy.stage_source(None)))
+def steps(tmp_path_factory: pytest.TempPathFactory) -> list[deploy.Step]:
+    source = deploy.stage_source(None, tmp_path_factory.mktemp("src"))
+    return deploy.plan("my-train-proj", "us-central1", CONF, str(source))
 
 
 def test_dry_run_prints_one_gcloud_command_per_line() -> None:
@@ -109,14 +111,44 @@ def test_cluster_names_that_cannot_name_an_account_are_refused(name: str, tmp_pa
     assert deploy.CLUSTER_NAME.fullmatch("train-2") and deploy.CLUSTER_NAME.fullmatch("a")
 
 
-def test_staged_source_carries_its_data(tmp_path: Path) -> None:
+def _tree(root: Path) -> dict[str, bytes]:
+    return {f.relative_to(root).as_posix(): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+def test_staged_source_holds_the_shipped_packages_and_their_data_only(tmp_path: Path) -> None:
     out = deploy.stage_source(None, tmp_path / "src")
-    assert (out / "main.py").is_file() and (out / "requirements.txt").is_file()
+    assert {p.name for p in out.iterdir()} == {"main.py", "requirements.txt", "policy.yaml", "pitstop"}
+    assert {p.name for p in (out / "pitstop").iterdir()} == {
+        "__init__.py",
+        "core",
+        "services",
+        "adapters",
+        "schemas",
+        "filters",
+    }  # no tools (CLI, deploy), agent (runs on the Slurm controller) or local (the stand-ins)
+    packages = {p.parent.relative_to(out).as_posix() for p in out.rglob("__init__.py")}
+    assert packages == {"pitstop", "pitstop/core", "pitstop/services", "pitstop/adapters"}
+    assert not [p for p in out.rglob("*") if p.name == "__pycache__" or p.suffix in (".pyc", ".pyo")]
+    functions = ROOT / "functions" / "pitstop"
+    for pkg in ("core", "services", "adapters"):
+        assert {p.name for p in (out / "pitstop" / pkg).glob("*.py")} == {
+            p.name for p in (functions / pkg).glob("*.py")
+        }
     assert (out / "pitstop" / "schemas" / "xid-policy.yaml").is_file()
     assert (out / "pitstop" / "filters" / "gpu-xid.filter").is_file()
     assert (out / "policy.yaml").read_text().strip() == "{}"
-    assert not (out / "pitstop" / "local").exists()  # the stand-ins stay home
-    assert not list(out.rglob("__pycache__"))
+
+
+def test_source_digest_hashes_exactly_what_is_staged(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("mode: enforce\n")
+    out = deploy.stage_source(str(policy), tmp_path / "src")
+    assert (out / "policy.yaml").read_text() == "mode: enforce\n"
+    h = hashlib.sha256()
+    for name, data in sorted(_tree(out).items()):  # every staged file, path-ordered: path NUL content NUL
+        h.update(name.encode() + b"\0" + data + b"\0")
+    assert deploy.source_digest(str(policy)) == h.hexdigest()
+    assert deploy.source_digest(None) != h.hexdigest()
 
 
 def test_apply_is_idempotent_and_fills_placeholders(steps: list[deploy.Step]) -> None:
@@ -217,6 +249,8 @@ def test_every_command_is_accepted_by_the_real_gcloud_parser(steps: list[deploy.
     lines += [shlex.join(["gcloud", *s.update]) for s in steps if s.update]
     lines += [shlex.join(["gcloud", *s.delete]) for s in steps if s.delete]
     lines += sorted({shlex.join(["gcloud", *argv]) for s in steps for argv in s.captures.values()})
+    for s in steps:  # files gcloud reads at parse time, written by apply() just before use
+        deploy.write_config_files([*s.argv, *(s.update or [])])
     cfg = tempfile.mkdtemp(prefix="gcloud-config-")
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda ln: _gcloud_parse(ln, cfg), lines))

@@ -36,6 +36,7 @@ REGION = "us-central1"
 PUBSUB_AGENT = f"serviceAccount:service-{fake_gcp.PROJECT_NUMBER}@gcp-sa-pubsub.iam.gserviceaccount.com"
 CLUSTERS = ("train", "infer")
 ENFORCE_POLICY = "mode: enforce\n"
+NOT_SHIPPED = ("pitstop/local/", "pitstop/tools/", "pitstop/agent/")  # the CLI, the Slurm agent, stand-ins
 LOGGING_AGENT = f"serviceAccount:service-{fake_gcp.PROJECT_NUMBER}@gcp-sa-logging.iam.gserviceaccount.com"
 
 
@@ -332,12 +333,12 @@ def test_functions_are_deployed_with_their_flags_and_the_staged_source(deployed:
     archive = zipfile.ZipFile(io.BytesIO(deployed.fake.uploads[min(objects)]))
     names = set(archive.namelist())
     assert archive.read("policy.yaml").decode() == ENFORCE_POLICY  # deploy.yaml's policy, as given
-    assert not [n for n in names if n.startswith("pitstop/local/") or "__pycache__" in n]
+    assert not [n for n in names if n.startswith(NOT_SHIPPED) or "__pycache__" in n]
     assert {
         "main.py",
         "requirements.txt",
         "policy.yaml",
-        "pitstop/engine.py",
+        "pitstop/core/engine.py",
         "pitstop/schemas/xid-policy.yaml",
     } <= names
     assert {"pitstop/filters/gpu-xid.filter", "pitstop/filters/system-events.filter"} <= names

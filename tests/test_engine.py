@@ -321,3 +321,90 @@ def test_reservation_block_budget_applies_once_the_block_is_known() -> None:
     assert outs[0].incident is not None and any(
         s.startswith("block-") for s in outs[0].incident["budget_scopes"]
     )
+
+
+def _worsening(w: World, node: str = "a3-node-001", ts: float = T0) -> str:
+    """An incident whose first step (RESET_GPU) is being verified when a fault asks for a reboot."""
+    first = w.feed(ev(XID48, node=node, ts=ts))
+    assert first.incident is not None and first.start_step == 1
+    iid = str(first.incident["id"])
+    w.incidents[iid]["state"] = "VERIFYING"
+    assert w.feed(ev(XID79, node=node, ts=ts + 5)).result == "raised"
+    assert w.incidents[iid]["escalate_to"] == "REBOOT_NODE"
+    return iid
+
+
+def _step_up(w: World, iid: str, now: float) -> engine.Outcome:
+    inc = w.incidents[iid]
+    out = engine.step_up(inc, w.nodes[inc["node_key"]], w.budgets, w.p, now)
+    w.save(out)
+    return out
+
+
+def test_step_up_decides_like_a_raise_from_an_event() -> None:
+    # the same stronger fault, once while the incident is still OPEN (ingest raises it) and once
+    # while its workflow works on the node (actuate's close steps up): the same next step
+    by_event = World(pol())
+    first = by_event.feed(ev(XID48))
+    assert first.incident is not None
+    raised = by_event.feed(ev(XID79, ts=T0 + 5), now=T0 + 60)
+    by_close = World(pol())
+    iid = _worsening(by_close)
+    stepped = _step_up(by_close, iid, T0 + 60)
+    assert stepped.result == raised.result == "raised"
+    assert stepped.start_step == raised.start_step == 2
+    a, b = by_event.incidents[first.incident["id"]], by_close.incidents[iid]
+    fields = ("state", "action", "step", "workflow", "budget_scopes", "held")
+    assert {k: a[k] for k in fields} == {k: b[k] for k in fields}
+    assert b["state"] == "OPEN" and b["escalate_to"] is None
+    assert b["escalations"][-1]["why"] == ["a stronger fault arrived during remediation"]
+    node = by_close.nodes[b["node_key"]]
+    assert [r["action"] for r in node["remediations"]] == ["RESET_GPU", "REBOOT_NODE"]
+    assert node["last_action_at"]["REBOOT_NODE"] == T0 + 60
+
+
+def test_step_up_in_observe_mode_starts_nothing() -> None:
+    w = World(pol())
+    iid = _worsening(w)
+    w.p = pol(mode="observe")  # the operator switched to observe while the first step ran
+    out = _step_up(w, iid, T0 + 60)
+    assert out.result == "raised" and out.start_step is None
+    assert out.incident is not None
+    assert out.incident["workflow"] == {"step": 2, "state": "observe", "would_start": True, "execution": None}
+
+
+def test_step_up_past_a_budget_is_held_and_pages() -> None:
+    w = World(pol(budgets={"cluster": {"max_nodes": 8, "max_percent": 100}, "block": {"max_nodes": 1}}))
+    iid = _worsening(w, node="a3-node-001")
+    # acting on the first node taught Pitstop its reservation block; another node of the
+    # block has taken the block's only slot since
+    key = w.incidents[iid]["node_key"]
+    w.nodes[key]["block"] = "c1/block-7"
+    other = ev(XID79, node="a3-node-002", ts=T0 + 10)
+    w.nodes[engine.node_key(other["node"])] = {**engine.new_node(other["node"]), "block": "c1/block-7"}
+    assert w.feed(other).result == "opened"
+    out = _step_up(w, iid, T0 + 60)
+    assert out.result == "held" and out.start_step is None
+    assert out.page is not None and "block-" in out.page
+    inc = w.incidents[iid]
+    assert inc["state"] == "HELD" and inc["held"]["scope"].startswith("block-")
+    assert inc["action"] == "REBOOT_NODE" and inc["step"] == 1
+    assert [r["action"] for r in w.nodes[key]["remediations"]] == ["RESET_GPU"]
+
+
+def test_step_up_to_a_disabled_action_is_held_for_a_human() -> None:
+    w = World(pol())
+    iid = _worsening(w)
+    w.p = pol(enabled_actions=["RESET_GPU", "RESTART_JOB"])
+    out = _step_up(w, iid, T0 + 60)
+    assert out.result == "held" and out.page is not None and out.start_step is None
+    assert out.incident is not None and "not enabled" in out.incident["held"]["reason"]
+
+
+def test_step_up_without_a_stronger_action_changes_nothing() -> None:
+    w = World(pol())
+    first = w.feed(ev(XID79))
+    assert first.incident is not None
+    inc = w.incidents[first.incident["id"]]
+    out = engine.step_up(inc, w.nodes[inc["node_key"]], w.budgets, w.p, T0 + 60)
+    assert out.result == "ignored" and out.start_step is None and out.node is None

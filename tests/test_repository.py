@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import tomllib
 from pathlib import Path
@@ -33,3 +34,63 @@ def test_layout_from_the_brief() -> None:
         assert (ROOT / d).is_dir(), d
     assert (ROOT / "functions/main.py").is_file()
     assert (ROOT / "functions/pitstop/__init__.py").is_file()
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def _long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int, int]]:
+    """(qualified name, def line, length) of each function or method longer than ``limit`` lines.
+
+    Length runs from the ``def`` line to the function's last line; decorators are not counted,
+    nested functions count both on their own and inside their parent.
+    """
+    found: list[tuple[str, int, int]] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    length = (child.end_lineno or child.lineno) - child.lineno + 1
+                    if length > limit:
+                        found.append((name, child.lineno, length))
+                visit(child, f"{name}.")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def test_long_function_check_counts_def_to_last_line() -> None:
+    def lines(n: int, indent: str) -> str:
+        return "".join(f"{indent}x{i} = {i}\n" for i in range(n))
+
+    # 80 lines with its def (the decorator is not counted), then a method of 81 lines at line 83
+    source = "@decorator\ndef fits():\n" + lines(79, "    ") + "class C:\n    def over(self):\n"
+    source += lines(80, "        ")
+    assert _long_functions(source) == [("C.over", 83, 81)]
+
+
+def test_no_function_longer_than_80_lines() -> None:
+    """Long functions hide their steps. functions/pitstop/local/ is exempt: test stand-ins, not shipped."""
+    exempt = ROOT / "functions/pitstop/local"
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} {name} ({length} lines)"
+        for path in sorted((ROOT / "functions").rglob("*.py"))
+        if not path.is_relative_to(exempt)
+        for name, line, length in _long_functions(path.read_text())
+    ]
+    assert not offenders, f"longer than {MAX_FUNCTION_LINES} lines (split them):\n" + "\n".join(offenders)
+
+
+def test_entry_points_import_only_shipped_layers() -> None:
+    """main.py is deployed with core, services and adapters only; import-linter cannot see it."""
+    tree = ast.parse((ROOT / "functions/main.py").read_text())
+    modules = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.module:
+            modules += [f"{n.module}.{a.name}" for a in n.names] if n.module == "pitstop" else [n.module]
+    layers = {m.split(".")[1] for m in modules if m.split(".")[0] == "pitstop"}
+    assert layers and layers <= {"core", "services", "adapters"}, layers

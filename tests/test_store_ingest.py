@@ -6,20 +6,22 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from google.cloud import firestore
 from google.cloud.pubsub_v1 import SubscriberClient
 
+from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.firestore import IncidentStore
 from pitstop.adapters.pubsub import Notifier
 from pitstop.adapters.workflows import WorkflowStarter
 from pitstop.core import engine, policy
 from pitstop.local.executions_server import ExecutionsService
+from pitstop.services.actuate import Actuator
 from pitstop.services.ingest import Ingest, PoisonMessageError
 
-from .helpers import ops_agent_entry, push_body
+from .helpers import PROJECT, ZONE, ops_agent_entry, push_body
 
 pytestmark = pytest.mark.emulator
 
@@ -124,6 +126,101 @@ def test_step_up_starts_one_new_execution(
     assert svc.created == 2
     labels = sorted(r.labels["pitstop-step"] for r in svc.records.values())
     assert labels == ["1", "2"]
+
+
+def make_actuator(
+    ing: Ingest, pol: policy.Policy, clock: Clock, notifier: Notifier | None = None
+) -> Actuator:
+    """actuate's service on ingest's store and Workflows client (close never calls Compute)."""
+    return Actuator(pol, ing.store, cast(ComputeAdapter, None), {}, notifier, ing.starter, clock=clock)
+
+
+def worsening(ing: Ingest, node: str) -> str:
+    """An incident (RESET_GPU) being verified when a fault that asks for a reboot arrives."""
+    first = ing.handle_payload(entry(XID48, node, 1))
+    assert first.result == "opened" and first.incident is not None
+    iid = str(first.incident["id"])
+    ing.store.mutate(iid, lambda d: d.update(state="VERIFYING"))
+    assert ing.handle_payload(entry(XID79, node, 2)).result == "raised"
+    return iid
+
+
+def test_step_up_from_actuate_starts_once_like_ingest(
+    fs_client: firestore.Client, executions: tuple[ExecutionsService, str]
+) -> None:
+    svc, endpoint = executions
+    pol, clock = make_policy(), Clock()
+    ing = make_ingest(fs_client, endpoint, pol, clock)
+    iid = worsening(ing, "a3-node-050")
+    assert svc.created == 1
+    act = make_actuator(ing, pol, clock)
+    clock.t += 60
+    body, status = act.handle({"op": "close", "incident": iid, "step": 1})
+    assert status == 200 and body["outcome"] == "escalated to REBOOT_NODE (step 2)"
+    assert svc.created == 2
+    inc = ing.store.get(iid)
+    assert inc is not None and inc["state"] == "OPEN" and inc["action"] == "REBOOT_NODE"
+    assert inc["workflow"]["state"] == "started" and inc["workflow"]["step"] == 2
+    node = ing.store.get_node(inc["node_key"])
+    assert node is not None and [r["action"] for r in node["remediations"]] == ["RESET_GPU", "REBOOT_NODE"]
+    # a retried close replays its record, and nothing is left for the sweep to start
+    again, _ = act.handle({"op": "close", "incident": iid, "step": 1})
+    assert again["replayed"] is True
+    clock.t += 120
+    assert ing.sweep()["restarted"] == 0
+    assert svc.created == 2
+    assert sorted(r.labels["pitstop-step"] for r in svc.records.values()) == ["1", "2"]
+
+
+def test_step_up_from_actuate_in_observe_mode_starts_nothing(
+    fs_client: firestore.Client, executions: tuple[ExecutionsService, str]
+) -> None:
+    svc, endpoint = executions
+    pol, clock = make_policy(), Clock()
+    ing = make_ingest(fs_client, endpoint, pol, clock)
+    iid = worsening(ing, "a3-node-051")
+    act = make_actuator(ing, make_policy(mode="observe"), clock)
+    body, status = act.handle({"op": "close", "incident": iid, "step": 1})
+    assert status == 200 and body["outcome"] == "escalated to REBOOT_NODE (step 2)"
+    inc = ing.store.get(iid)
+    assert inc is not None
+    assert inc["workflow"] == {"step": 2, "state": "observe", "would_start": True, "execution": None}
+    clock.t += 120
+    assert ing.sweep()["restarted"] == 0
+    assert svc.created == 1
+
+
+def test_step_up_from_actuate_past_a_budget_is_held_and_pages(
+    fs_client: firestore.Client,
+    executions: tuple[ExecutionsService, str],
+    notifications: tuple[str, str, SubscriberClient],
+) -> None:
+    svc, endpoint = executions
+    project, topic, sub = notifications
+    pol = make_policy(budgets={"cluster": {"max_nodes": 8, "max_percent": 100}, "block": {"max_nodes": 1}})
+    clock = Clock()
+    ing = make_ingest(fs_client, endpoint, pol, clock, notifier=Notifier(project, topic))
+    iid = worsening(ing, "a3-node-052")
+    inc = ing.store.get(iid)
+    assert inc is not None
+    # acting on the node taught Pitstop its reservation block, whose only slot another node took since
+    ing.store.set_node_fields(inc["node_key"], {"block": "c1/block-9"})
+    other = {"project": PROJECT, "zone": ZONE, "instance": "a3-node-053", "instance_id": None}
+    ing.store.put_node(engine.node_key(other), {**engine.new_node(other), "block": "c1/block-9"})
+    assert ing.handle_payload(entry(XID79, "a3-node-053", 1)).result == "opened"
+    assert svc.created == 2
+    act = make_actuator(ing, pol, clock, notifier=Notifier(project, topic))
+    body, status = act.handle({"op": "close", "incident": iid, "step": 1})
+    assert status == 200
+    assert body["outcome"].startswith("escalation to REBOOT_NODE held: blast-radius budget block-")
+    assert svc.created == 2
+    held = ing.store.get(iid)
+    assert held is not None and held["state"] == "HELD" and held["held"]["scope"].startswith("block-")
+    resp = sub.pull(subscription=sub.subscription_path(project, "pull"), max_messages=10, timeout=10)
+    pages = [json.loads(m.message.data) for m in resp.received_messages]
+    assert [p["kind"] for p in pages] == ["page"] and "block-" in pages[0]["summary"]
+    assert pages[0]["incident"]["id"] == iid and pages[0]["incident"]["state"] == "HELD"
+    assert ing.sweep()["released"] == 0  # the block is still full
 
 
 def test_two_nodes_race_for_the_last_budget_slot(fs_client: firestore.Client) -> None:

@@ -3,10 +3,18 @@
 Every client honours the endpoint, including the operations client the library uses
 internally to poll ExtendedOperations (reference/gcp-events.md §5); Pitstop uses the unary
 methods and polls operations itself, so a long reportHostAsFaulty never blocks a request.
+
+Every mutating method takes a ``request_id`` (pitstop.core.ids.request_id: deterministic per
+incident, step and operation) and sends it as the request's ``requestId``. Compute Engine
+documents the field on each of these requests: "Specify a unique request ID so that if you
+must retry your request, the server will know to ignore the request if it has already been
+completed" (compute_v1 ``ResetInstanceRequest.request_id`` and siblings; it must be a valid,
+non-zero UUID). A retried call with the same id is recognised and not acted on again.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +24,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
 from pitstop.adapters.errors import ActuatorError, from_google
+from pitstop.core.ids import derived_request_id
 
 FAULTY_HOST_FAMILIES = ("a4x-", "a4-", "a3-ultragpu", "a3-megagpu", "a3-highgpu-8g")
 BEHAVIORS = ("UNRECOVERABLE_GPU_ERROR", "PERFORMANCE", "SILENT_DATA_CORRUPTION", "BEHAVIOR_UNSPECIFIED")
@@ -41,23 +50,49 @@ class ComputeAdapter:
         except gexc.GoogleAPICallError as exc:
             raise from_google(exc, what) from exc
 
+    @staticmethod
+    def _request_id(what: str, request_id: str | None) -> dict[str, str]:
+        """The request's ``request_id`` field, checked: Compute accepts only a non-zero UUID.
+
+        None sends no id (callers not yet passing one); such a call is not deduplicated.
+        """
+        if request_id is None:
+            return {}
+        try:
+            parsed = uuid.UUID(request_id)
+        except (ValueError, TypeError, AttributeError):
+            raise ActuatorError(400, f"{what}: request id {request_id!r} is not a UUID", False) from None
+        if parsed.int == 0:
+            raise ActuatorError(400, f"{what}: the zero UUID is not a valid request id", False)
+        return {"request_id": str(parsed)}
+
     def get(self, project: str, zone: str, instance: str) -> dict[str, Any]:
         inst = self._call("instances.get", self.instances.get, project=project, zone=zone, instance=instance)
         doc: dict[str, Any] = compute_v1.Instance.to_dict(inst)
         return doc
 
-    def reset(self, project: str, zone: str, instance: str) -> str:
-        op = self._call(
-            "instances.reset", self.instances.reset_unary, project=project, zone=zone, instance=instance
+    def reset(self, project: str, zone: str, instance: str, *, request_id: str | None = None) -> str:
+        what = "instances.reset"
+        req = compute_v1.ResetInstanceRequest(
+            project=project, zone=zone, instance=instance, **self._request_id(what, request_id)
         )
+        op = self._call(what, self.instances.reset_unary, request=req)
         return str(op.name)
 
     def report_host_as_faulty(
-        self, project: str, zone: str, instance: str, behavior: str, description: str
+        self,
+        project: str,
+        zone: str,
+        instance: str,
+        behavior: str,
+        description: str,
+        *,
+        request_id: str | None = None,
     ) -> str:
+        what = "instances.reportHostAsFaulty"
         if behavior not in BEHAVIORS:
             raise ActuatorError(400, f"unknown fault behavior {behavior!r}", False)
-        req = compute_v1.InstancesReportHostAsFaultyRequest(
+        body = compute_v1.InstancesReportHostAsFaultyRequest(
             disruption_schedule="IMMEDIATE",
             fault_reasons=[
                 compute_v1.InstancesReportHostAsFaultyRequestFaultReason(
@@ -65,42 +100,62 @@ class ComputeAdapter:
                 )
             ],
         )
-        op = self._call(
-            "instances.reportHostAsFaulty",
-            self.instances.report_host_as_faulty_unary,
+        req = compute_v1.ReportHostAsFaultyInstanceRequest(
             project=project,
             zone=zone,
             instance=instance,
-            instances_report_host_as_faulty_request_resource=req,
+            instances_report_host_as_faulty_request_resource=body,
+            **self._request_id(what, request_id),
         )
+        op = self._call(what, self.instances.report_host_as_faulty_unary, request=req)
         return str(op.name)
 
-    def perform_maintenance(self, project: str, zone: str, instance: str) -> str:
-        op = self._call(
-            "instances.performMaintenance",
-            self.instances.perform_maintenance_unary,
-            project=project,
-            zone=zone,
-            instance=instance,
+    def perform_maintenance(
+        self, project: str, zone: str, instance: str, *, request_id: str | None = None
+    ) -> str:
+        what = "instances.performMaintenance"
+        req = compute_v1.PerformMaintenanceInstanceRequest(
+            project=project, zone=zone, instance=instance, **self._request_id(what, request_id)
         )
+        op = self._call(what, self.instances.perform_maintenance_unary, request=req)
         return str(op.name)
 
-    def recreate(self, project: str, zone: str, mig: str, instance: str) -> str:
-        req = compute_v1.InstanceGroupManagersRecreateInstancesRequest(
+    def recreate(
+        self, project: str, zone: str, mig: str, instance: str, *, request_id: str | None = None
+    ) -> str:
+        what = "instanceGroupManagers.recreateInstances"
+        body = compute_v1.InstanceGroupManagersRecreateInstancesRequest(
             instances=[f"zones/{zone}/instances/{instance}"]
         )
-        op = self._call(
-            "instanceGroupManagers.recreateInstances",
-            self.migs.recreate_instances_unary,
+        req = compute_v1.RecreateInstancesInstanceGroupManagerRequest(
             project=project,
             zone=zone,
             instance_group_manager=mig,
-            instance_group_managers_recreate_instances_request_resource=req,
+            instance_group_managers_recreate_instances_request_resource=body,
+            **self._request_id(what, request_id),
         )
+        op = self._call(what, self.migs.recreate_instances_unary, request=req)
         return str(op.name)
 
-    def set_labels(self, project: str, zone: str, instance: str, updates: Mapping[str, str | None]) -> None:
-        """Merge label updates (None removes), with the fingerprint; a stale fingerprint is re-read once."""
+    def set_labels(
+        self,
+        project: str,
+        zone: str,
+        instance: str,
+        updates: Mapping[str, str | None],
+        *,
+        request_id: str | None = None,
+    ) -> None:
+        """Merge label updates (None removes), with the fingerprint; a stale fingerprint is re-read once.
+
+        The re-read attempt sends an id derived from ``request_id``: the first request was
+        refused (412) and changed nothing, so the second is a new request, not a repeat.
+        """
+        what = "instances.setLabels"
+        ids = [
+            request_id,
+            None if request_id is None else derived_request_id(request_id, "fingerprint-retry"),
+        ]
         for attempt in range(2):
             inst = self.get(project, zone, instance)
             labels = dict(inst.get("labels") or {})
@@ -109,19 +164,24 @@ class ComputeAdapter:
                     labels.pop(k, None)
                 else:
                     labels[k] = v
-            req = compute_v1.InstancesSetLabelsRequest(
+            body = compute_v1.InstancesSetLabelsRequest(
                 label_fingerprint=inst.get("label_fingerprint"), labels=labels
             )
+            req = compute_v1.SetLabelsInstanceRequest(
+                project=project,
+                zone=zone,
+                instance=instance,
+                instances_set_labels_request_resource=body,
+                **self._request_id(what, ids[attempt]),
+            )
             try:
-                self.instances.set_labels_unary(
-                    project=project, zone=zone, instance=instance, instances_set_labels_request_resource=req
-                )
+                self.instances.set_labels_unary(request=req)
                 return
             except gexc.PreconditionFailed as exc:
                 if attempt == 1:
-                    raise from_google(exc, "instances.setLabels") from exc
+                    raise from_google(exc, what) from exc
             except gexc.GoogleAPICallError as exc:
-                raise from_google(exc, "instances.setLabels") from exc
+                raise from_google(exc, what) from exc
 
     def operation(self, project: str, zone: str, name: str) -> dict[str, Any]:
         op = self._call("zoneOperations.get", self.zone_ops.get, project=project, zone=zone, operation=name)

@@ -9,11 +9,12 @@ Firestore TTL policy that infra/ deploys).
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime as dt
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from google.api_core import exceptions as gexc
@@ -22,6 +23,7 @@ from google.cloud import firestore
 from pitstop.core import engine
 from pitstop.core.actions import NODE_ACTIONS
 from pitstop.core.policy import Policy
+from pitstop.core.states import RunState, State
 
 T = TypeVar("T")
 
@@ -119,7 +121,7 @@ class IncidentStore:
         def txn(t: Any) -> engine.Outcome:
             seen = dedup_ref.get(transaction=t)
             if seen.exists:
-                return engine.Outcome("duplicate", notes=[str((seen.to_dict() or {}).get("incident"))])
+                return engine.Outcome("duplicate", duplicate_of=(seen.to_dict() or {}).get("incident"))
             node_snap = node_ref.get(transaction=t)
             node_doc = node_snap.to_dict() if node_snap.exists else None
             latest = None
@@ -202,7 +204,7 @@ class IncidentStore:
             snap = ref.get(transaction=t)
             inc = snap.to_dict() if snap.exists else None
             wf = (inc or {}).get("workflow") or {}
-            if inc is None or wf.get("step") != step or wf.get("state") != "pending":
+            if inc is None or wf.get("step") != step or wf.get("state") != RunState.PENDING:
                 return None
             if wf.get("lease_until", 0) > now:
                 return None
@@ -223,7 +225,7 @@ class IncidentStore:
             inc = ref.get(transaction=t).to_dict() or {}
             wf = inc.get("workflow") or {}
             if wf.get("step") == step:
-                wf.update({"state": "started", "execution": execution, "started_at": now})
+                wf.update({"state": RunState.STARTED, "execution": execution, "started_at": now})
                 t.update(ref, {"workflow": wf, "updated_at": now})
                 self._count_writes(1)
 
@@ -231,7 +233,7 @@ class IncidentStore:
 
     def pending_starts(self, now: float) -> list[dict[str, Any]]:
         """Incidents whose decided workflow step has not been started (crash recovery)."""
-        q = self.incidents.where(filter=firestore.FieldFilter("workflow.state", "==", "pending"))
+        q = self.incidents.where(filter=firestore.FieldFilter("workflow.state", "==", RunState.PENDING))
         return [
             d for d in (s.to_dict() for s in q.stream()) if d and d["workflow"].get("lease_until", 0) <= now
         ]
@@ -247,9 +249,9 @@ class IncidentStore:
             inc = ref.get(transaction=t).to_dict()
             if inc is None:
                 raise KeyError(iid)
-            before = repr(inc)
+            before = copy.deepcopy(inc)
             out = fn(inc)
-            if repr(inc) != before:
+            if inc != before:  # by value: a state written as State.X equals the stored "X"
                 t.set(ref, inc)
                 self._count_writes(1)
             return out
@@ -318,10 +320,11 @@ class IncidentStore:
     def put_node(self, key: str, doc: Mapping[str, Any]) -> None:
         self.nodes.document(key).set(dict(doc))
 
-    def list(self, states: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    def list(self, states: Iterable[State] | None = None) -> list[dict[str, Any]]:
         q: Any = self.incidents
-        if states:
-            q = q.where(filter=firestore.FieldFilter("state", "in", list(states)))
+        wanted = sorted(states or ())
+        if wanted:
+            q = q.where(filter=firestore.FieldFilter("state", "in", wanted))
         docs = [s.to_dict() for s in q.stream()]
         return sorted((d for d in docs if d), key=lambda d: d.get("created_at", 0))
 
@@ -334,18 +337,37 @@ class IncidentStore:
 
         An operator release (``by`` not ``sweep``) bypasses the budget; the sweep does not.
         """
-        ref = self.incidents.document(iid)
         force = by != "sweep"
+        return self._decide(
+            iid, lambda inc, node, budgets: engine.release_held(inc, node, budgets, policy, now, by, force)
+        )
+
+    def step_up(self, iid: str, policy: Policy, now: float) -> engine.Outcome:
+        """Decide the stronger action a fault asked for while it was being fixed (actuate's close)."""
+        return self._decide(iid, lambda inc, node, budgets: engine.step_up(inc, node, budgets, policy, now))
+
+    def _decide(
+        self,
+        iid: str,
+        decide: Callable[
+            [dict[str, Any], dict[str, Any], Mapping[str, dict[str, Any] | None]], engine.Outcome
+        ],
+    ) -> engine.Outcome:
+        """Run one engine decision on an existing incident and write what it returns, in one transaction.
+
+        A workflow step it schedules is recorded ``pending`` together with the decision, so
+        the start that follows happens once, or is recovered by the sweep.
+        """
+        ref = self.incidents.document(iid)
 
         @firestore.transactional
         def txn(t: Any) -> engine.Outcome:
             inc = ref.get(transaction=t).to_dict()
-            if not inc or inc["state"] != "HELD":
+            if not inc:
                 return engine.Outcome("ignored", incident=inc)
             node_ref = self.nodes.document(inc["node_key"])
             node_doc = node_ref.get(transaction=t).to_dict() or engine.new_node(inc["node"])
-            budgets = _LazyBudgets(self.budgets, t)
-            out = engine.release_held(inc, node_doc, budgets, policy, now, by, force)
+            out = decide(inc, node_doc, _LazyBudgets(self.budgets, t))
             if out.result == "ignored":
                 return out
             t.set(ref, out.incident)
@@ -361,7 +383,7 @@ class IncidentStore:
     def close_bursts(self, now: float) -> int:
         """Resolve record-only/observe incidents whose burst has ended (the periodic sweep)."""
         closed = 0
-        for inc in self.list(("OPEN",)):
+        for inc in self.list((State.OPEN,)):
             ref = self.incidents.document(inc["id"])
 
             @firestore.transactional

@@ -9,23 +9,50 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from pitstop.adapters.errors import ActuatorError
 
 COMMAND_DEADLINE_S = 300.0
 
+# -- the result documents the Slurm agent writes (``<prefix>_slurm_results/<command id>``) ---------
+# Shared with pitstop.agent.slurm, which imports these names. One document per command id, moved
+# through these states; the agent claims it with a create() precondition before it runs anything.
+RESULT_RUNNING = "running"  # claimed: an agent is executing it until ``claim_until`` (epoch s)
+RESULT_DONE = "done"  # executed; ``result`` holds the answer; replayed to every later call
+RESULT_TRANSIENT = "transient"  # the last attempt hit a passing Slurm hiccup; a retry runs again
+RESULT_FAILED = "failed"  # final: refused (``refused``) or a Slurm error a retry would repeat
+FINAL_STATES = frozenset({RESULT_DONE, RESULT_FAILED})
+
+# Every drain Pitstop sets carries this reason, so it can tell its own fences from other people's.
+DRAIN_REASON_PREFIX = "pitstop "
+_INCIDENT = re.compile(r"i[a-z2-7]{9}")
+
+
+def drain_reason(incident: str, action: str) -> str:
+    """The Slurm reason of Pitstop's drain for one incident (validated parts only)."""
+    return f"{DRAIN_REASON_PREFIX}{incident} {action}"
+
+
+def result_state(doc: Mapping[str, Any]) -> str:
+    """A result document's state; documents from agents before the claim protocol have only ``ok``."""
+    state = doc.get("state")
+    if isinstance(state, str) and state:
+        return state
+    return RESULT_DONE if doc.get("ok") else RESULT_FAILED
+
 
 class Scheduler(Protocol):
     def jobs_on(self, node: str, ctx: str) -> list[dict[str, Any]]: ...
-    def fence(self, node: str, incident: str, action: str, ctx: str) -> None: ...
+    def fence(self, node: str, incident: str, action: str, ctx: str) -> dict[str, Any] | None: ...
     def checkpoint(self, job: str, signal: str, ctx: str) -> None: ...
     def job_running(self, job: str, ctx: str) -> bool: ...
     def job_state(self, job: str, ctx: str) -> str: ...
     def node_healthy(self, node: str, ctx: str) -> bool: ...
-    def unfence(self, node: str, ctx: str) -> None: ...
+    def unfence(self, node: str, ctx: str, incident: str | None = None) -> dict[str, Any] | None: ...
     def requeue(self, job: str, ctx: str) -> None: ...
 
 
@@ -35,7 +62,7 @@ class NoScheduler:
     def jobs_on(self, node: str, ctx: str) -> list[dict[str, Any]]:
         return []
 
-    def fence(self, node: str, incident: str, action: str, ctx: str) -> None:
+    def fence(self, node: str, incident: str, action: str, ctx: str) -> dict[str, Any] | None:
         return None
 
     def checkpoint(self, job: str, signal: str, ctx: str) -> None:
@@ -50,7 +77,7 @@ class NoScheduler:
     def node_healthy(self, node: str, ctx: str) -> bool:
         return True
 
-    def unfence(self, node: str, ctx: str) -> None:
+    def unfence(self, node: str, ctx: str, incident: str | None = None) -> dict[str, Any] | None:
         return None
 
     def requeue(self, job: str, ctx: str) -> None:
@@ -63,6 +90,13 @@ class SlurmScheduler:
     Command ids are deterministic per (context, operation, arguments), so a retried actuate
     call waits for the same command instead of sending another; read-only probes add a
     time bucket so each poll sees fresh state.
+
+    The agent runs each command id once (it claims the result document before running it).
+    What a call sees: ``done`` → the result; ``failed`` → a final ActuatorError (409: the
+    workflow does not retry it; the same answer is replayed to every later call); no document,
+    ``transient`` (the last attempt hit a passing Slurm hiccup) or ``running`` whose claim ran
+    out (the agent died) → the command is published again (same id, fresh deadline) so an agent
+    runs a new attempt; ``running`` → wait. Still unanswered after ``wait_s`` → a retryable 503.
     """
 
     def __init__(
@@ -77,6 +111,20 @@ class SlurmScheduler:
         self.publisher, self.topic, self.results = publisher, topic, results
         self.wait_s, self.clock, self.sleep = wait_s, clock, sleep
 
+    def _needs_attempt(self, res: Mapping[str, Any] | None) -> bool:
+        """Whether an agent must be asked (again) to run the command."""
+        if res is None:
+            return True
+        state = result_state(res)
+        if state == RESULT_TRANSIENT:
+            return True
+        if state == RESULT_RUNNING:
+            try:
+                return float(res.get("claim_until", 0)) < self.clock()
+            except (TypeError, ValueError):
+                return True
+        return False
+
     def _call(self, op: str, args: dict[str, Any], ctx: str, fresh: bool = False) -> Any:
         digest = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:8]
         cid = f"{ctx}-{op}-{digest}".lower().replace("_", "-")
@@ -84,29 +132,48 @@ class SlurmScheduler:
             cid += f"-{int(self.clock() // 2)}"
         ref = self.results.document(cid)
         snap = ref.get()
-        if not snap.exists:
+        res: dict[str, Any] | None = (snap.to_dict() or {}) if snap.exists else None
+        if self._needs_attempt(res):
             now = self.clock()
             cmd = {"id": cid, "op": op, "args": args, "issued_at": now, "deadline": now + COMMAND_DEADLINE_S}
             self.publisher.publish(self.topic, json.dumps(cmd).encode(), op=op).result(timeout=30)
-            deadline = self.clock() + self.wait_s
-            while not snap.exists and self.clock() < deadline:
-                self.sleep(0.2)
-                snap = ref.get()
-            if not snap.exists:
-                raise ActuatorError(503, f"slurm agent has not answered {op} yet", True)
-        res = snap.to_dict() or {}
-        if not res.get("ok"):
+        deadline = self.clock() + self.wait_s
+        while res is None or result_state(res) not in FINAL_STATES:
+            if self.clock() >= deadline:
+                break
+            self.sleep(0.2)
+            snap = ref.get()
+            res = (snap.to_dict() or {}) if snap.exists else None
+        if res is None:
+            raise ActuatorError(503, f"slurm agent has not answered {op} yet", True)
+        state = result_state(res)
+        if state == RESULT_DONE:
+            return res.get("result")
+        if state == RESULT_FAILED:
+            why = "refused" if res.get("refused") else "failed"
+            raise ActuatorError(409, f"slurm {op} {why}: {res.get('error')}", False)
+        if state == RESULT_TRANSIENT:
             raise ActuatorError(
-                409 if res.get("refused") else 502, f"slurm {op}: {res.get('error')}", not res.get("refused")
+                503, f"slurm {op}: transient failure, will be tried again: {res.get('error')}", True
             )
-        return res.get("result")
+        if state == RESULT_RUNNING:
+            raise ActuatorError(503, f"slurm {op} is still running (attempt {res.get('attempt', 1)})", True)
+        raise ActuatorError(409, f"slurm {op}: unknown result state {state!r}", False)
 
     def jobs_on(self, node: str, ctx: str) -> list[dict[str, Any]]:
         jobs: list[dict[str, Any]] = self._call("jobs_on_node", {"node": node}, ctx)
         return jobs
 
-    def fence(self, node: str, incident: str, action: str, ctx: str) -> None:
-        self._call("drain", {"node": node, "incident": incident, "action": action}, ctx)
+    def fence(self, node: str, incident: str, action: str, ctx: str) -> dict[str, Any] | None:
+        """Drain the node for this incident, unless someone else already took it out of service.
+
+        The answer says what was there before: ``previous_state``, ``previous_reason`` and
+        ``already_drained_by_other`` (then Pitstop left the node and its reason alone).
+        """
+        res: dict[str, Any] | None = self._call(
+            "drain", {"node": node, "incident": incident, "action": action}, ctx
+        )
+        return res
 
     def checkpoint(self, job: str, signal: str, ctx: str) -> None:
         self._call("signal", {"job": job, "signal": signal}, ctx)
@@ -122,8 +189,17 @@ class SlurmScheduler:
         # "*" marks a node whose slurmd does not respond (e.g. IDLE*+DRAIN).
         return "*" not in state and not any(b in state for b in ("DOWN", "NOT_RESPONDING", "FAIL", "UNKNOWN"))
 
-    def unfence(self, node: str, ctx: str) -> None:
-        self._call("resume", {"node": node}, ctx)
+    def unfence(self, node: str, ctx: str, incident: str | None = None) -> dict[str, Any] | None:
+        """Resume the node only if the drain on it is Pitstop's own for this incident.
+
+        The incident is the one in ``ctx`` (``<incident>-<step>``) unless given. A node drained
+        for another reason stays drained; the answer then carries ``left_drained: <reason>``.
+        """
+        iid = incident if incident is not None else ctx.rsplit("-", 1)[0]
+        if _INCIDENT.fullmatch(iid) is None:
+            raise ActuatorError(400, f"cannot tell which incident's drain to lift from {ctx!r}", False)
+        res: dict[str, Any] | None = self._call("resume", {"node": node, "incident": iid}, ctx)
+        return res
 
     def requeue(self, job: str, ctx: str) -> None:
         self._call("requeue", {"job": job}, ctx)

@@ -4,9 +4,37 @@ It pulls commands from its cluster's Pub/Sub subscription (outbound connections 
 private cluster needs no inbound path), executes a closed set of operations with
 scontrol/scancel/squeue (argument lists, never a shell; every argument validated), and
 writes each result to Firestore (``<prefix>_slurm_results/<command id>``) where actuate
-waits for it. A command past its deadline is refused, not replayed; a command already
-answered is acknowledged without running again. Why an agent and not slurmrestd: its REST
-API has no requeue in any version up to v0.0.42 and no node update before v0.0.39.
+waits for it. Why an agent and not slurmrestd: its REST API has no requeue in any version up
+to v0.0.42 and no node update before v0.0.39.
+
+Exactly once. Pub/Sub delivers a command at least once, actuate republishes the same command
+id on every retry, and streaming pull runs callbacks concurrently, so the agent claims a
+command before it runs it (the pattern idempotency libraries use: record "in progress" under a
+precondition, act, record the result):
+
+1. ``create()`` the result document as ``running`` with an owner, a claim token and
+   ``claim_until``. Firestore lets exactly one create of a document id succeed.
+2. A delivery whose create fails reads the document: ``done`` or ``failed`` (final) → nothing to
+   do, the answer is already there; ``running`` within its claim → another delivery is executing
+   it, so this one is acknowledged and left (the result appears when that one finishes);
+   ``transient`` (the last attempt hit a passing Slurm hiccup) or ``running`` past its claim
+   (its agent died) → taken over by an update conditioned on the document's update time (only
+   one taker wins; the others see the precondition fail and leave).
+3. Run the command, then write the final state, again conditioned on the update time of the
+   claim, so an agent that lost its claim never overwrites the next attempt's answer.
+
+The claim (``CLAIM_S``) outlasts the longest command (its subprocesses' timeouts), so a live
+agent is never overtaken. A command past its deadline is refused if it was never seen, and
+ignored if it was (a fresher copy carries the retry); it is never run.
+
+Failures: ``transient`` for a passing hiccup (slurmctld unreachable or slow, a timeout, a
+controller in standby, "try again"): a retry runs a new attempt. ``failed`` for everything
+else (refused commands, invalid node, unknown job, unexpected output): replayed, never re-run.
+
+Fences: Pitstop drains with the reason ``pitstop <incident> <action>`` and lifts only that. A
+node someone else drained (or failed) keeps its state and reason; a node that is only DOWN
+(which Slurm itself returns to service when its slurmd registers again) gets Pitstop's drain
+on top, with the previous reason kept in the new one.
 """
 
 from __future__ import annotations
@@ -15,27 +43,84 @@ import argparse
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from google.api_core import exceptions as gexc
+from google.cloud import firestore
+
 from pitstop.adapters import log
+from pitstop.adapters.scheduler import (
+    DRAIN_REASON_PREFIX,
+    FINAL_STATES,
+    RESULT_DONE,
+    RESULT_FAILED,
+    RESULT_RUNNING,
+    RESULT_TRANSIENT,
+    drain_reason,
+    result_state,
+)
 
 NODE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,62})")
-JOB = re.compile(r"[0-9]{1,10}")
+# A job, an array task (123_4) or a heterogeneous job component (123+0); nothing else.
+JOB = re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10}|\+[0-9]{1,10})?")
 INCIDENT = re.compile(r"i[a-z2-7]{9}")
+COMMAND_ID = re.compile(r"[-a-z0-9_]{1,128}")
 ACTIONS = frozenset(
     {"RESTART_JOB", "DRAIN_NODE", "RESET_GPU", "RESCHEDULE_JOB", "REBOOT_NODE", "REPLACE_NODE"}
 )
 SIGNALS = frozenset({"SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGCONT"})
 OPS = frozenset({"jobs_on_node", "drain", "resume", "requeue", "signal", "job_state", "node_state"})
 
+RUN_TIMEOUT_S = 60.0  # one scontrol/squeue/scancel call
+# The longest command runs three subprocesses (drain: show, update; requeue: requeue, update);
+# the claim outlasts them with room to spare, so a live agent is never overtaken.
+CLAIM_S = 4 * RUN_TIMEOUT_S
+FINISH_TRIES = 3
+
+# Slurm's messages for a passing hiccup (slurm_errno.c strings, as scontrol prints them), plus
+# the OS's. Anything else from Slurm is final: a retry would get the same answer.
+TRANSIENT_MARKERS = (
+    "unable to contact slurm controller",
+    "socket timed out",
+    "zero bytes were transmitted or received",
+    "communication connection failure",
+    "communication send failure",
+    "communication receive failure",
+    "communication shutdown failure",
+    "standby mode",
+    "try again",
+    "resource temporarily unavailable",
+    "connection refused",
+    "connection timed out",
+    "connection reset by peer",
+    "munge encode failed",
+    # what `scontrol requeue` and `scancel` print when slurmctld cannot be reached (22.05, observed)
+    "unexpected message received",
+)
+
+# `scontrol show node -o`: State=BASE[suffix][+FLAG...], e.g. IDLE, DOWN*, MIXED+DRAIN, IDLE+FAIL.
+_STATE = re.compile(r"(?:^| )State=([A-Z_]+[*~#!%$@^-]?(?:\+[A-Z_]+[*~#!%$@^-]?)*)(?= |$)")
+_SUFFIXES = "*~#!%$@^-"  # Slurm's marks on a state word: not responding, powered down, ...
+# Reason=<text> [user@YYYY-MM-DDTHH:MM:SS]: the first such stamp that ends the line or precedes a
+# further Key= field (SLURM_TIME_FORMAT=standard pins the time format).
+_REASON = re.compile(r"(.*?) \[[^\s\[\]@]+@\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\](?= [A-Za-z]+=|$)")
+_REASON_TEXT = re.compile(r"[^A-Za-z0-9 _.,:;()/@+-]")
+
 
 class CommandRefusedError(ValueError):
     """The command is malformed, unknown, expired or carries an argument that fails validation."""
+
+
+class SlurmOutputError(RuntimeError):
+    """Slurm answered something this agent does not understand; never guessed at."""
 
 
 def _need(args: Mapping[str, Any], key: str, pattern: re.Pattern[str]) -> str:
@@ -58,6 +143,69 @@ def _kv(text: str) -> dict[str, str]:
     return out
 
 
+def is_transient(exc: BaseException) -> bool:
+    """A passing hiccup (try again later) rather than an answer a retry would repeat."""
+    if isinstance(exc, subprocess.TimeoutExpired):
+        return True
+    if isinstance(exc, FileNotFoundError | PermissionError):
+        return False  # scontrol missing or not allowed: a broken installation, not a hiccup
+    if isinstance(exc, OSError):
+        return True  # fork/pipe trouble (EAGAIN, ENOMEM): the host is busy
+    if isinstance(exc, RuntimeError) and not isinstance(exc, SlurmOutputError):
+        text = str(exc).lower()
+        return any(m in text for m in TRANSIENT_MARKERS)
+    return False
+
+
+def job_leader(job: str) -> str:
+    """The job Slurm acts on as a whole: a heterogeneous job's leader (123 for 123+1), else the id.
+
+    Slurm requeues a heterogeneous job only as a whole (``scontrol requeue 123+0`` answers
+    "Invalid job id specified"); an array task (123_4) is a job of its own and stays as it is.
+    """
+    return job.split("+", 1)[0]
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node: str
+    state: str  # as Slurm prints it, e.g. "IDLE+DRAIN", "DOWN*"
+    reason: str  # without Slurm's "[user@time]" stamp; "" when none
+
+    @property
+    def base(self) -> str:
+        return self.state.split("+", 1)[0].rstrip(_SUFFIXES)
+
+    @property
+    def flags(self) -> frozenset[str]:
+        return frozenset(f.rstrip(_SUFFIXES) for f in self.state.split("+")[1:])
+
+    @property
+    def drained(self) -> bool:
+        """Taken out of service on purpose: DRAIN (draining or drained) or FAIL (failing or failed)."""
+        return "DRAIN" in self.flags or "FAIL" in self.flags or self.base == "FAIL"
+
+    @property
+    def out_of_service(self) -> bool:
+        return self.drained or self.base == "DOWN"
+
+
+def parse_node(text: str, node: str) -> NodeInfo:
+    """One node from ``scontrol show node -o NODE``, parsed strictly: anything unexpected raises."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) != 1 or not lines[0].startswith(f"NodeName={node} "):
+        raise SlurmOutputError(f"unexpected scontrol show node output for {node}: {text[:200]!r}")
+    head, sep, tail = lines[0].partition(" Reason=")
+    states = _STATE.findall(head)
+    if len(states) != 1:
+        raise SlurmOutputError(f"no single State= for {node} in {head[:200]!r}")
+    reason = ""
+    if sep:
+        m = _REASON.match(tail)
+        reason = (m.group(1) if m else tail).strip()
+    return NodeInfo(node, states[0], reason)
+
+
 class SlurmCommands:
     """The closed set of operations, each a fixed argv with validated arguments."""
 
@@ -67,14 +215,19 @@ class SlurmCommands:
 
     @staticmethod
     def _subprocess(argv: list[str]) -> str:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        env = {**os.environ, "SLURM_TIME_FORMAT": "standard"}  # the reason stamp format parse_node reads
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, env=env
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"{argv[0]} exited {proc.returncode}: {proc.stderr.strip()[:300]}")
         return proc.stdout
 
-    def execute(self, op: str, args: Mapping[str, Any]) -> Any:
+    def execute(self, op: str, args: Any) -> Any:
         if op not in OPS:
             raise CommandRefusedError(f"unknown operation {op!r}")
+        if not isinstance(args, Mapping):
+            raise CommandRefusedError("arguments must be an object")
         return getattr(self, op)(args)
 
     def jobs_on_node(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -94,7 +247,12 @@ class SlurmCommands:
                         "name": parts[5][:128],
                     }
                 )
+            elif line.strip():
+                log.emit("WARNING", "slurm agent: squeue line not understood, skipped", line=line[:200])
         return jobs
+
+    def node_info(self, node: str) -> NodeInfo:
+        return parse_node(self._run(["scontrol", "show", "node", "-o", node]), node)
 
     def drain(self, args: Mapping[str, Any]) -> dict[str, Any]:
         node = _need(args, "node", NODE)
@@ -103,40 +261,88 @@ class SlurmCommands:
         if action not in ACTIONS:
             raise CommandRefusedError("argument action is missing or invalid")
         # The reason is built here from validated parts only: no log text ever reaches Slurm.
-        reason = f"pitstop {incident} {action}"
+        reason = drain_reason(incident, action)
+        before = self.node_info(node)
+        out: dict[str, Any] = {
+            "node": node,
+            "previous_state": before.state,
+            "previous_reason": before.reason,
+            "already_drained_by_other": False,
+        }
+        ours = before.reason.startswith(f"{DRAIN_REASON_PREFIX}{incident} ")
+        if before.drained and not ours:
+            # Someone else's drain (a person, or Pitstop for another incident): left as it is.
+            log.emit(
+                "INFO",
+                "slurm agent: node already drained by someone else; left alone",
+                node=node,
+                state=before.state,
+                reason=before.reason,
+            )
+            return {**out, "reason": None, "already_drained_by_other": True}
+        if before.base == "DOWN" and before.reason and not ours:
+            # DOWN alone is not a fence: Slurm returns the node to service when its slurmd registers
+            # again (ReturnToService), i.e. right after the reboot Pitstop is about to do. Drain it,
+            # keeping what was there in the reason.
+            kept = _REASON_TEXT.sub("", before.reason)[:80]
+            reason = f"{reason} (was {before.base}: {kept})"
         self._run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
-        return {"node": node, "reason": reason}
+        return {**out, "reason": reason}
 
     def resume(self, args: Mapping[str, Any]) -> dict[str, Any]:
         node = _need(args, "node", NODE)
-        state = self.node_state({"node": node})
-        if "DRAIN" in state["state"] or "DOWN" in state["state"]:
-            self._run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
-        return {"node": node}
+        prefix = DRAIN_REASON_PREFIX
+        if args.get("incident") is not None:  # commands from before the incident was sent: any Pitstop drain
+            prefix += _need(args, "incident", INCIDENT) + " "
+        info = self.node_info(node)
+        out: dict[str, Any] = {"node": node, "state": info.state, "reason": info.reason}
+        if not info.out_of_service:
+            return {**out, "resumed": False}
+        if not info.reason.startswith(prefix):
+            log.emit(
+                "INFO",
+                "slurm agent: node drained by someone else; left drained",
+                node=node,
+                state=info.state,
+                reason=info.reason,
+            )
+            return {**out, "resumed": False, "left_drained": info.reason}
+        self._run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+        return {**out, "resumed": True}
 
     def requeue(self, args: Mapping[str, Any]) -> dict[str, Any]:
         job = _need(args, "job", JOB)
-        self._run(["scontrol", "requeue", job])
+        target = job_leader(job)
+        try:
+            self._run(["scontrol", "requeue", target])
+        except RuntimeError as exc:
+            if "Job is pending execution" not in str(exc):
+                raise
+            # Already back in the queue (e.g. the other component of a heterogeneous job requeued it).
+            return {"job": job, "requeued": target, "already_pending": True}
         if self.release_requeued:  # a requeued job is otherwise held ~120 s (BeginTime)
-            self._run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
-        return {"job": job}
+            self._run(["scontrol", "update", f"JobId={target}", "StartTime=now"])
+        return {"job": job, "requeued": target}
 
     def signal(self, args: Mapping[str, Any]) -> dict[str, Any]:
         job = _need(args, "job", JOB)
         sig = args.get("signal")
         if sig not in SIGNALS:
             raise CommandRefusedError("argument signal is missing or not allowed")
-        self._run(["scancel", f"--signal={sig.removeprefix('SIG')}", "--full", job])
-        return {"job": job, "signal": sig}
+        target = job_leader(job)  # every component of a heterogeneous job checkpoints together
+        self._run(["scancel", f"--signal={sig.removeprefix('SIG')}", "--full", target])
+        return {"job": job, "signal": sig, "signalled": target}
 
     def job_state(self, args: Mapping[str, Any]) -> dict[str, Any]:
         job = _need(args, "job", JOB)
         try:
-            kv = _kv(self._run(["scontrol", "show", "job", "-o", job]))
+            out = self._run(["scontrol", "show", "job", "-o", job])
         except RuntimeError as exc:
             if "Invalid job id" in str(exc):
                 return {"job": job, "state": "UNKNOWN"}
             raise
+        lines = [line for line in out.splitlines() if line.strip()]
+        kv = _kv(lines[0]) if lines else {}
         return {
             "job": job,
             "state": kv.get("JobState", "UNKNOWN"),
@@ -146,55 +352,218 @@ class SlurmCommands:
         }
 
     def node_state(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        node = _need(args, "node", NODE)
-        kv = _kv(self._run(["scontrol", "show", "node", "-o", node]))
-        return {"node": node, "state": kv.get("State", "UNKNOWN"), "reason": kv.get("Reason", "")}
+        info = self.node_info(_need(args, "node", NODE))
+        return {"node": info.node, "state": info.state, "reason": info.reason}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """This delivery's right to run a command: the attempt, and the document version it wrote."""
+
+    token: str
+    attempt: int
+    update_time: Any
 
 
 class Agent:
-    def __init__(self, commands: SlurmCommands, results: Any, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        commands: SlurmCommands,
+        results: Any,
+        clock: Callable[[], float] = time.time,
+        owner: str | None = None,
+        claim_s: float = CLAIM_S,
+    ) -> None:
         self.commands, self.results, self.clock = commands, results, clock  # results: a Firestore collection
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.claim_s = claim_s
         self.handled = 0
 
-    def handle(self, raw: bytes) -> dict[str, Any] | None:
-        """One command message → its result document (None if it was already answered)."""
+    @staticmethod
+    def _parse(raw: bytes) -> dict[str, Any] | None:
         try:
             cmd = json.loads(raw)
             if (
                 not isinstance(cmd, dict)
                 or not isinstance(cmd.get("id"), str)
-                or not re.fullmatch(r"[-a-z0-9_]{1,128}", cmd["id"])
+                or COMMAND_ID.fullmatch(cmd["id"]) is None
             ):
                 raise CommandRefusedError("command without a valid id")
-        except (json.JSONDecodeError, CommandRefusedError) as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, CommandRefusedError) as exc:
             log.emit("ERROR", "slurm agent: malformed command dropped", reason=str(exc))
             return None
-        ref = self.results.document(cmd["id"])
-        if ref.get().exists:
+        return cmd
+
+    def handle(self, raw: bytes) -> dict[str, Any] | None:
+        """One delivery of a command → the result it recorded, or None when it ran nothing.
+
+        None: malformed, already answered, being run by another delivery, or an expired copy.
+        Raises only on Firestore trouble (the caller nacks; Pub/Sub redelivers).
+        """
+        cmd = self._parse(raw)
+        if cmd is None:
             return None
+        ref = self.results.document(cmd["id"])
         now = self.clock()
-        result: dict[str, Any] = {"id": cmd["id"], "op": cmd.get("op"), "done_at": now}
         try:
             deadline = float(cmd.get("deadline", 0))
-            if now > deadline:
-                raise CommandRefusedError(f"command expired {int(now - deadline)} s ago; not replayed")
-            result["result"] = self.commands.execute(str(cmd.get("op")), cmd.get("args") or {})
-            result["ok"] = True
-        except CommandRefusedError as exc:
-            result.update(ok=False, refused=True, error=str(exc))
-        except (RuntimeError, subprocess.SubprocessError, OSError) as exc:
-            result.update(ok=False, refused=False, error=str(exc)[:500])
-        ref.set(result)
+        except (TypeError, ValueError):
+            deadline = 0.0
+        if now > deadline:
+            return self._refuse_expired(ref, cmd, now, deadline)
+        claim = self._claim(ref, cmd, now)
+        if claim is None:
+            return None
+        result = self._execute(cmd, claim)
+        if not self._finish(ref, cmd, claim, result):
+            return None
         self.handled += 1
         log.emit(
             "INFO" if result["ok"] else "WARNING",
             "slurm agent: command done",
             id=cmd["id"],
             op=cmd.get("op"),
-            ok=result["ok"],
+            state=result["state"],
+            attempt=claim.attempt,
             error=result.get("error"),
         )
         return result
+
+    def _refuse_expired(
+        self, ref: Any, cmd: Mapping[str, Any], now: float, deadline: float
+    ) -> dict[str, Any] | None:
+        """An expired command is refused if it was never seen, and otherwise left: it never runs."""
+        doc = {
+            "id": cmd["id"],
+            "op": cmd.get("op"),
+            "state": RESULT_FAILED,
+            "ok": False,
+            "refused": True,
+            "transient": False,
+            "result": None,
+            "error": f"command expired {int(now - deadline)} s ago; not replayed",
+            "owner": self.owner,
+            "attempt": 0,
+            "done_at": now,
+        }
+        try:
+            ref.create(doc)
+        except gexc.Conflict:  # AlreadyExists: seen before; a fresher copy carries any retry
+            log.emit("INFO", "slurm agent: expired copy of a known command ignored", id=cmd["id"])
+            return None
+        self.handled += 1
+        log.emit("WARNING", "slurm agent: expired command refused", id=cmd["id"], op=cmd.get("op"))
+        return doc
+
+    def _claim_fields(self, cmd: Mapping[str, Any], now: float, token: str, attempt: int) -> dict[str, Any]:
+        return {
+            "id": cmd["id"],
+            "op": cmd.get("op"),
+            "state": RESULT_RUNNING,
+            "owner": self.owner,
+            "token": token,
+            "attempt": attempt,
+            "claimed_at": now,
+            "claim_until": now + self.claim_s,
+        }
+
+    def _claim(self, ref: Any, cmd: Mapping[str, Any], now: float) -> Claim | None:
+        """Make this delivery the one that runs the command, or say why not (None)."""
+        token = uuid.uuid4().hex
+        for _ in range(3):  # a document deleted between create and read is simply tried again
+            try:
+                written = ref.create(self._claim_fields(cmd, now, token, 1))
+                return Claim(token, 1, written.update_time)
+            except gexc.Conflict:
+                pass
+            snap = ref.get()
+            if not snap.exists:
+                continue
+            doc = snap.to_dict() or {}
+            state = result_state(doc)
+            if doc.get("token") == token and state == RESULT_RUNNING:
+                return Claim(token, int(doc.get("attempt", 1)), snap.update_time)  # our create, retried
+            if state in FINAL_STATES:
+                log.emit("INFO", "slurm agent: command already answered; not run again", id=cmd["id"])
+                return None
+            if state == RESULT_RUNNING and _number(doc.get("claim_until")) > now:
+                log.emit(
+                    "INFO",
+                    "slurm agent: command is being run by another delivery; left to it",
+                    id=cmd["id"],
+                    owner=doc.get("owner"),
+                )
+                return None
+            # transient, or running past its claim (that agent is gone): take it over, once
+            attempt = int(_number(doc.get("attempt")) or 1) + 1
+            try:
+                written = ref.update(
+                    {**self._claim_fields(cmd, now, token, attempt), "previous_error": doc.get("error")},
+                    option=firestore.Client.write_option(last_update_time=snap.update_time),
+                )
+            except gexc.FailedPrecondition:
+                log.emit("INFO", "slurm agent: another delivery took the command over", id=cmd["id"])
+                return None
+            except gexc.NotFound:
+                continue
+            log.emit(
+                "INFO",
+                "slurm agent: command taken over for a new attempt",
+                id=cmd["id"],
+                was=state,
+                attempt=attempt,
+            )
+            return Claim(token, attempt, written.update_time)
+        return None
+
+    def _execute(self, cmd: Mapping[str, Any], claim: Claim) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "state": RESULT_DONE,
+            "ok": True,
+            "refused": False,
+            "transient": False,
+            "result": None,
+            "error": None,
+        }
+        try:
+            result["result"] = self.commands.execute(str(cmd.get("op")), cmd.get("args") or {})
+        except CommandRefusedError as exc:
+            result.update(state=RESULT_FAILED, ok=False, refused=True, error=str(exc))
+        except Exception as exc:  # classified, recorded: never an endless redelivery
+            transient = is_transient(exc)
+            result.update(
+                state=RESULT_TRANSIENT if transient else RESULT_FAILED,
+                ok=False,
+                transient=transient,
+                error=f"{type(exc).__name__}: {exc}"[:500],
+            )
+        result.update(done_at=self.clock(), attempt=claim.attempt)
+        return result
+
+    def _finish(self, ref: Any, cmd: Mapping[str, Any], claim: Claim, result: dict[str, Any]) -> bool:
+        """Record the result if the claim is still ours; a lost claim never overwrites a newer attempt."""
+        option = firestore.Client.write_option(last_update_time=claim.update_time)
+        for n in range(FINISH_TRIES):
+            try:
+                ref.update(result, option=option)
+                return True
+            except gexc.FailedPrecondition:
+                doc = ref.get().to_dict() or {}
+                if doc.get("token") == claim.token and result_state(doc) == result["state"]:
+                    return True  # our own write, retried after its answer was lost
+                log.emit(
+                    "ERROR",
+                    "slurm agent: claim lost while running; result not recorded",
+                    id=cmd["id"],
+                    owner=doc.get("owner"),
+                    state=result_state(doc),
+                )
+                return False
+            except (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.InternalServerError):
+                if n == FINISH_TRIES - 1:
+                    raise
+                time.sleep(0.5 * 2**n)
+        return False
 
     def serve(self, subscription: str, stop: threading.Event) -> None:
         from google.cloud.pubsub_v1 import SubscriberClient
@@ -215,6 +584,13 @@ class Agent:
         sub.close()
 
 
+def _number(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pitstop-slurm-agent", description=__doc__.splitlines()[0])
     p.add_argument("--project", default=os.environ.get("GOOGLE_CLOUD_PROJECT"))
@@ -226,8 +602,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="let requeued jobs start at once instead of after Slurm's ~120 s BeginTime",
     )
     args = p.parse_args(argv)
-    from google.cloud import firestore
-
     db = firestore.Client(project=args.project)
     agent = Agent(
         SlurmCommands(release_requeued=args.release_requeued),
@@ -238,7 +612,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     sig.signal(sig.SIGTERM, lambda *a: stop.set())
     sig.signal(sig.SIGINT, lambda *a: stop.set())
-    log.emit("INFO", "slurm agent started", subscription=args.subscription)
+    log.emit("INFO", "slurm agent started", subscription=args.subscription, owner=agent.owner)
     agent.serve(f"projects/{args.project}/subscriptions/{args.subscription}", stop)
     return 0
 

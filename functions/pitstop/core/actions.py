@@ -22,6 +22,13 @@ RANK: dict[str, int] = {a.value: i for i, a in enumerate(Action)}
 # Actions that touch the node itself (fence it first); the rest only touch the job.
 NODE_ACTIONS = frozenset({Action.DRAIN_NODE, Action.RESET_GPU, Action.REBOOT_NODE, Action.REPLACE_NODE})
 
+# Nothing to do on the node: the incident is a record, and its workflow only notifies. Such an
+# episode ends with its burst.
+RECORD_ONLY_ACTIONS = frozenset({Action.NONE, Action.RESTART_JOB})
+
+# Actions on the job alone: repeated inside their cooldown they are dropped quietly, not held.
+JOB_ACTIONS = frozenset({Action.RESTART_JOB, Action.RESCHEDULE_JOB})
+
 
 def higher(a: str, b: str) -> str:
     """The more disruptive of two actions."""

@@ -1,6 +1,6 @@
 """The incident engine's judgement, as pure functions over plain documents.
 
-The store (store.py) reads the node, its latest incident and the budget documents inside
+The store (adapters/firestore.py) reads the node, its latest incident and the budget documents inside
 one Firestore transaction, calls :func:`apply_event`, and writes back what it returns.
 Keeping the judgement pure makes every rule testable without a database and lets
 ``pitstop replay`` run the very same code against past logs.
@@ -19,15 +19,12 @@ import hashlib
 from collections import ChainMap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from pitstop.core.actions import NODE_ACTIONS, RANK, higher
+from pitstop.core.actions import JOB_ACTIONS, NODE_ACTIONS, RANK, RECORD_ONLY_ACTIONS, Action, higher
 from pitstop.core.policy import Policy
+from pitstop.core.states import ACTIVE_STATES, OPEN_STATES, RunState, State
 
-OPEN_STATES = ("OPEN", "HELD", "FENCED", "ACTING", "VERIFYING", "FAILED")
-ACTIVE_STATES = ("FENCED", "ACTING", "VERIFYING")
-RECORD_ONLY_ACTIONS = ("NONE", "RESTART_JOB")
-JOB_ACTIONS = ("RESTART_JOB", "RESCHEDULE_JOB")
 MAX_EVIDENCE = 10
 MAX_HISTORY = 50
 MAX_RECENT_KEYS = 1000  # delivery keys an incident remembers, so any instance can spot a redelivery
@@ -76,18 +73,33 @@ def summary(ev: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+# What one event (or a release, or a step-up) did. Only returned and compared, never stored.
+Result = Literal[
+    "duplicate",  # this delivery was folded in before
+    "ignored",  # nothing to remember
+    "absorbed",  # counted into the node's open incident
+    "opened",  # a new incident
+    "raised",  # the incident's action went up
+    "held",  # a human or a budget must let it go on
+    "suppressed",  # a job action inside its cooldown: dropped quietly
+    "released",  # a held incident goes on
+    "still_held",  # ... or does not yet
+]
+
+
 @dataclass
 class Outcome:
-    """What one event did. ``writes`` lists the documents the store must persist."""
+    """What one event did; the documents in it are what the store must persist."""
 
-    result: str  # duplicate | ignored | absorbed | opened | raised | held | suppressed
+    result: Result
     incident: dict[str, Any] | None = None
     closed: dict[str, Any] | None = None  # a previous record-only incident whose burst ended
     node: dict[str, Any] | None = None
     budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
     start_step: int | None = None  # a workflow execution is due for this incident step
     page: str | None = None  # a human must be paged, with this reason
-    notes: list[str] = field(default_factory=list)
+    coalesced: bool = False  # absorbed in memory only; the store was not written
+    duplicate_of: str | None = None  # a duplicate delivery: the incident its first delivery touched
 
 
 def new_node(node: Mapping[str, Any]) -> dict[str, Any]:
@@ -102,7 +114,7 @@ def new_incident(iid: str, ev: Mapping[str, Any], cluster: Any, policy: Policy, 
         "node": dict(ev["node"]),
         "cluster": cluster.name if cluster else None,
         "scheduler": cluster.scheduler if cluster else "none",
-        "state": "OPEN",
+        "state": State.OPEN,
         "mode": policy.mode,
         "kind": ev["kind"],
         "xid": ev["xid"],
@@ -162,16 +174,16 @@ def _count(inc: dict[str, Any], ev: Mapping[str, Any], ts: float, tie_s: float) 
 
 def escalate(proposed: str, node_doc: Mapping[str, Any], policy: Policy, now: float) -> tuple[str, list[str]]:
     """Ladder and lemon rules: a repeat offender gets a stronger action, never a weaker one."""
-    if proposed not in NODE_ACTIONS or proposed == "DRAIN_NODE":
+    if proposed not in NODE_ACTIONS or proposed == Action.DRAIN_NODE:
         return proposed, []
     why: list[str] = []
     action = proposed
     history = [r for r in node_doc.get("remediations", []) if r.get("action") in NODE_ACTIONS]
     lemon = policy.doc["lemon"]
     recent = [r for r in history if now - r["at"] <= lemon["window_d"] * 86400]
-    if len(recent) >= lemon["remediations"] and action != "REPLACE_NODE":
+    if len(recent) >= lemon["remediations"] and action != Action.REPLACE_NODE:
         why.append(f"lemon host: {len(recent)} remediations in {lemon['window_d']} days")
-        action = "REPLACE_NODE"
+        action = Action.REPLACE_NODE
     steps: list[str] = policy.doc["ladder"]["steps"]
     window = policy.doc["ladder"]["window_h"] * 3600
     last = max((r for r in history if now - r["at"] <= window), key=lambda r: r["at"], default=None)
@@ -254,7 +266,7 @@ def absorbs(latest: Mapping[str, Any] | None, ev: Mapping[str, Any], ts: float) 
         return False
     if latest["state"] in OPEN_STATES:
         return True
-    if latest["state"] != "RESOLVED":
+    if latest["state"] != State.RESOLVED:
         return False
     resolved = latest["timeline"].get("resolved") or 0
     if latest["action"] in RECORD_ONLY_ACTIONS or latest.get("mode") == "observe":
@@ -273,6 +285,82 @@ def _record_remediation(node_doc: dict[str, Any], inc: Mapping[str, Any], now: f
     node_doc.setdefault("last_action_at", {})[inc["action"]] = now
 
 
+def _cluster_size(policy: Policy, node: Mapping[str, Any]) -> int | None:
+    cluster = policy.cluster_for(node)
+    return cluster.size if cluster else None
+
+
+def _hold(inc: dict[str, Any], out: Outcome, held: dict[str, Any], page: str | None) -> None:
+    """Stop here until a person (or, for a budget, the sweep) lets the incident go on."""
+    inc["state"], inc["held"] = State.HELD, held
+    out.result, out.page = "held", page
+
+
+def _cooled_down(
+    inc: dict[str, Any], node_doc: Mapping[str, Any], policy: Policy, now: float, out: Outcome
+) -> bool:
+    """False if the action ran on this node too recently: a job action is dropped, a node action held."""
+    action = inc["action"]
+    left = cooldown_left(action, node_doc, policy, now)
+    if left <= 0:
+        return True
+    if action in JOB_ACTIONS:
+        inc["state"] = State.RESOLVED
+        inc["timeline"]["resolved"] = now
+        inc["reason"] = (
+            f"{inc['reason']} [suppressed: {action} ran on this node {int(left)} s before cooldown end]"
+        )
+        out.result = "suppressed"
+        return False
+    held = {"reason": f"cooldown: {action} again within {int(left)} s", "since": now}
+    _hold(inc, out, held, f"incident {inc['id']}: {action} repeated inside its cooldown; needs a human")
+    return False
+
+
+def _claimed(
+    inc: dict[str, Any],
+    node_doc: Mapping[str, Any],
+    budgets: Mapping[str, dict[str, Any] | None],
+    policy: Policy,
+    cluster_size: int | None,
+    now: float,
+    out: Outcome,
+    force: bool,
+) -> bool:
+    """A node action needs a slot in every blast-radius budget it counts against, or it is held."""
+    claims, failed, page = try_claim(inc, node_doc, budgets, policy, cluster_size, now, force)
+    out.budgets.update(claims)
+    if failed is not None:
+        held = {"reason": f"blast-radius budget {failed} exhausted", "scope": failed, "since": now}
+        _hold(inc, out, held, page)
+        return False
+    inc["budget_scopes"] = sorted(claims)
+    return True
+
+
+def _schedule(
+    inc: dict[str, Any], node_doc: dict[str, Any], policy: Policy, now: float, out: Outcome
+) -> None:
+    """Decide the next workflow step. It is started after the store commits this decision."""
+    inc["step"] += 1
+    _record_remediation(node_doc, inc, now)
+    if policy.enforce:
+        inc["workflow"] = {
+            "step": inc["step"],
+            "state": RunState.PENDING,
+            "lease_until": 0,
+            "execution": None,
+        }
+        out.start_step = inc["step"]
+    else:
+        inc["workflow"] = {
+            "step": inc["step"],
+            "state": RunState.OBSERVE,
+            "would_start": True,
+            "execution": None,
+        }
+
+
 def _decide_start(
     inc: dict[str, Any],
     node_doc: dict[str, Any],
@@ -283,52 +371,112 @@ def _decide_start(
     out: Outcome,
     force: bool = False,
 ) -> None:
-    """Given a (new or raised) incident action: hold it, suppress it, or schedule a workflow step."""
+    """Given a (new, raised, released or stepped-up) action: hold it, suppress it, or schedule a step.
+
+    Every workflow step is decided here, so policy, cooldowns, budgets and the mode apply to
+    each one alike, whoever asks.
+    """
     action = inc["action"]
-    if action == "NONE":
+    if action == Action.NONE:
         return
     if not policy.enabled(action):
-        inc["state"], inc["held"] = (
-            "HELD",
-            {"reason": f"action {action} is not enabled by policy", "since": now},
-        )
-        out.result, out.page = "held", f"incident {inc['id']}: {action} needs a human (not enabled by policy)"
+        held = {"reason": f"action {action} is not enabled by policy", "since": now}
+        _hold(inc, out, held, f"incident {inc['id']}: {action} needs a human (not enabled by policy)")
         return
-    left = cooldown_left(action, node_doc, policy, now)
-    if left > 0:
-        if action in JOB_ACTIONS:
-            inc["state"] = "RESOLVED"
-            inc["timeline"]["resolved"] = now
-            inc["reason"] = (
-                f"{inc['reason']} [suppressed: {action} ran on this node {int(left)} s before cooldown end]"
-            )
-            out.result = "suppressed"
-            return
-        inc["state"], inc["held"] = (
-            "HELD",
-            {"reason": f"cooldown: {action} again within {int(left)} s", "since": now},
-        )
-        out.result, out.page = (
-            "held",
-            f"incident {inc['id']}: {action} repeated inside its cooldown; needs a human",
-        )
+    if not _cooled_down(inc, node_doc, policy, now, out):
         return
-    if action in NODE_ACTIONS:
-        claims, failed, page = try_claim(inc, node_doc, budgets, policy, cluster_size, now, force)
-        out.budgets.update(claims)
-        if failed is not None:
-            inc["state"] = "HELD"
-            inc["held"] = {"reason": f"blast-radius budget {failed} exhausted", "scope": failed, "since": now}
-            out.result, out.page = "held", page
-            return
-        inc["budget_scopes"] = sorted(claims)
-    inc["step"] += 1
-    _record_remediation(node_doc, inc, now)
-    if policy.enforce:
-        inc["workflow"] = {"step": inc["step"], "state": "pending", "lease_until": 0, "execution": None}
-        out.start_step = inc["step"]
-    else:
-        inc["workflow"] = {"step": inc["step"], "state": "observe", "would_start": True, "execution": None}
+    if action in NODE_ACTIONS and not _claimed(inc, node_doc, budgets, policy, cluster_size, now, out, force):
+        return
+    _schedule(inc, node_doc, policy, now, out)
+
+
+def _end_burst(
+    latest: dict[str, Any] | None, budgets: Mapping[str, dict[str, Any] | None], ts: float, out: Outcome
+) -> Mapping[str, dict[str, Any] | None]:
+    """Close the latest incident if its burst is over; the budgets as they stand after that."""
+    if latest is None or not close_if_burst_over(latest, ts):
+        return budgets
+    out.closed = latest
+    out.budgets.update(
+        release_slots({d: budgets.get(d) for d in latest.get("budget_scopes", [])}, latest["id"])
+    )
+    return ChainMap(out.budgets, budgets)  # type: ignore[arg-type]
+
+
+def _raise(
+    latest: dict[str, Any],
+    ev: Mapping[str, Any],
+    node_doc: dict[str, Any],
+    budgets: Mapping[str, dict[str, Any] | None],
+    policy: Policy,
+    now: float,
+    out: Outcome,
+) -> None:
+    """A stronger verdict for an open episode: act on it now, or leave it for the running workflow."""
+    if latest["state"] == State.RESOLVED:  # a record-only episode that turns out to be worse
+        latest["state"] = State.OPEN
+        latest["timeline"].pop("resolved", None)
+    proposed = higher(latest["proposed_action"], ev["action"])
+    action, why = escalate(proposed, node_doc, policy, now)
+    latest["proposed_action"] = proposed
+    if latest["state"] in (State.OPEN, State.HELD):
+        latest["escalations"].append(
+            {"from": latest["action"], "to": action, "at": now, "why": [ev["reason"], *why]}
+        )
+        latest["action"], latest["reason"] = action, ev["reason"]
+        out.result = "raised"
+        if latest["state"] == State.OPEN or (latest["held"] or {}).get("scope") is None:
+            latest["state"], latest["held"] = State.OPEN, None
+            _decide_start(latest, node_doc, budgets, policy, _cluster_size(policy, ev["node"]), now, out)
+    elif latest["state"] in ACTIVE_STATES:
+        latest["escalate_to"] = higher(latest.get("escalate_to") or Action.NONE, action)
+        out.result = "raised"
+    # FAILED stays with its human; the higher verdict is kept as evidence.
+
+
+def _absorb(
+    latest: dict[str, Any],
+    ev: Mapping[str, Any],
+    ts: float,
+    node_doc: dict[str, Any],
+    budgets: Mapping[str, dict[str, Any] | None],
+    policy: Policy,
+    now: float,
+    out: Outcome,
+) -> Outcome:
+    """Count an event into the node's episode; a stronger one raises the episode's action."""
+    _count(latest, ev, ts, policy.window("tie_s"))
+    latest["burst_until"] = max(latest["burst_until"], ts + policy.window("burst_silence_s"))
+    latest["updated_at"] = now
+    out.incident, out.result, out.closed = latest, "absorbed", None
+    if RANK[ev["action"]] > RANK[latest["action"]]:
+        _raise(latest, ev, node_doc, budgets, policy, now, out)
+    return out
+
+
+def _open(
+    ev: Mapping[str, Any],
+    ts: float,
+    node_doc: dict[str, Any],
+    budgets: Mapping[str, dict[str, Any] | None],
+    policy: Policy,
+    now: float,
+    trigger: str,
+    out: Outcome,
+) -> Outcome:
+    """A new episode on the node: a new incident, escalated by the node's history."""
+    cluster = policy.cluster_for(ev["node"])
+    inc = new_incident(incident_id(node_key(ev["node"]), trigger), ev, cluster, policy, now)
+    action, why = escalate(ev["action"], node_doc, policy, now)
+    if why:
+        inc["escalations"].append({"from": ev["action"], "to": action, "at": now, "why": why})
+        inc["action"] = action
+        inc["reason"] = f"{ev['reason']} [escalated to {action}: {'; '.join(why)}]"
+    _count(inc, ev, ts, policy.window("tie_s"))
+    node_doc["latest_incident"] = inc["id"]
+    out.incident, out.result = inc, "opened"
+    _decide_start(inc, node_doc, budgets, policy, cluster.size if cluster else None, now, out)
+    return out
 
 
 def apply_event(
@@ -344,75 +492,28 @@ def apply_event(
     ts = float(ev.get("_observed_ts") or now)
     node_doc = copy.deepcopy(node_doc) if node_doc else new_node(ev["node"])
     latest = copy.deepcopy(latest) if latest else None
-    cluster = policy.cluster_for(ev["node"])
     out = Outcome("ignored", node=node_doc)
-
-    if latest is not None and close_if_burst_over(latest, ts):
-        out.closed = latest
-        out.budgets.update(
-            release_slots({d: budgets.get(d) for d in latest.get("budget_scopes", [])}, latest["id"])
-        )
-        budgets = ChainMap(out.budgets, budgets)  # type: ignore[arg-type]
-    if absorbs(latest, ev, ts):
-        assert latest is not None
-        _count(latest, ev, ts, policy.window("tie_s"))
-        latest["burst_until"] = max(latest["burst_until"], ts + policy.window("burst_silence_s"))
-        latest["updated_at"] = now
-        out.incident, out.result, out.closed = latest, "absorbed", None
-        if RANK[ev["action"]] > RANK[latest["action"]]:
-            if latest["state"] == "RESOLVED":  # a record-only episode that turns out to be worse
-                latest["state"] = "OPEN"
-                latest["timeline"].pop("resolved", None)
-            proposed = higher(latest["proposed_action"], ev["action"])
-            action, why = escalate(proposed, node_doc, policy, now)
-            latest["proposed_action"] = proposed
-            if latest["state"] in ("OPEN", "HELD"):
-                latest["escalations"].append(
-                    {"from": latest["action"], "to": action, "at": now, "why": [ev["reason"], *why]}
-                )
-                latest["action"], latest["reason"] = action, ev["reason"]
-                out.result = "raised"
-                if latest["state"] == "OPEN" or (latest["held"] or {}).get("scope") is None:
-                    latest["state"], latest["held"] = "OPEN", None
-                    _decide_start(
-                        latest, node_doc, budgets, policy, cluster.size if cluster else None, now, out
-                    )
-            elif latest["state"] in ACTIVE_STATES:
-                latest["escalate_to"] = higher(latest.get("escalate_to") or "NONE", action)
-                out.result = "raised"
-            # FAILED stays with its human; the higher verdict is kept as evidence.
-        return out
-
-    if ev["action"] == "NONE":
+    budgets = _end_burst(latest, budgets, ts, out)
+    if latest is not None and absorbs(latest, ev, ts):
+        return _absorb(latest, ev, ts, node_doc, budgets, policy, now, out)
+    if ev["action"] == Action.NONE:
         return out  # nothing to remember: no open episode and nothing to do
-
-    iid = incident_id(node_key(ev["node"]), trigger)
-    inc = new_incident(iid, ev, cluster, policy, now)
-    action, why = escalate(ev["action"], node_doc, policy, now)
-    if why:
-        inc["escalations"].append({"from": ev["action"], "to": action, "at": now, "why": why})
-        inc["action"] = action
-        inc["reason"] = f"{ev['reason']} [escalated to {action}: {'; '.join(why)}]"
-    _count(inc, ev, ts, policy.window("tie_s"))
-    node_doc["latest_incident"] = iid
-    out.incident, out.result = inc, "opened"
-    _decide_start(inc, node_doc, budgets, policy, cluster.size if cluster else None, now, out)
-    return out
+    return _open(ev, ts, node_doc, budgets, policy, now, trigger, out)
 
 
 def close_if_burst_over(inc: dict[str, Any], now: float) -> bool:
     """Record-only and observe-mode incidents resolve when their burst ends."""
-    if inc["state"] not in ("OPEN",) or now < inc["burst_until"]:
+    if inc["state"] != State.OPEN or now < inc["burst_until"]:
         return False
     if (
         inc["action"] in RECORD_ONLY_ACTIONS
         and inc.get("workflow")
-        and inc["workflow"].get("state") != "observe"
+        and inc["workflow"].get("state") != RunState.OBSERVE
     ):
         return False  # a real workflow owns it
     if inc["action"] not in RECORD_ONLY_ACTIONS and inc.get("mode") != "observe":
         return False
-    inc["state"] = "RESOLVED"
+    inc["state"] = State.RESOLVED
     inc["timeline"]["resolved"] = now
     inc["updated_at"] = now
     return True
@@ -456,20 +557,46 @@ def release_held(
     force: bool,
 ) -> Outcome:
     """Give a HELD incident another try (the sweep) or release it (an operator, past the budget)."""
+    if inc["state"] != State.HELD:
+        return Outcome("ignored", incident=inc)
     inc, node_doc = copy.deepcopy(inc), copy.deepcopy(node_doc)
     out = Outcome("released", incident=inc, node=node_doc)
     held = inc.get("held") or {}
-    inc["state"], inc["held"] = "OPEN", None
-    cluster = policy.cluster_for(inc["node"])
+    inc["state"], inc["held"] = State.OPEN, None
     if force:
         inc.setdefault("escalations", []).append(
             {"from": inc["action"], "to": inc["action"], "at": now, "why": [f"released by {by}"]}
         )
         # An operator's release is the human decision the hold asked for: past budget and cooldown.
         node_doc.get("last_action_at", {}).pop(inc["action"], None)
-    _decide_start(inc, node_doc, budgets, policy, cluster.size if cluster else None, now, out, force)
-    if inc["state"] == "HELD":
+    _decide_start(inc, node_doc, budgets, policy, _cluster_size(policy, inc["node"]), now, out, force)
+    if inc["state"] == State.HELD:
         inc["held"]["since"] = held.get("since", now)
         out.result = "held" if out.page else "still_held"
+    inc["updated_at"] = now
+    return out
+
+
+def step_up(
+    inc: dict[str, Any],
+    node_doc: dict[str, Any],
+    budgets: Mapping[str, dict[str, Any] | None],
+    policy: Policy,
+    now: float,
+) -> Outcome:
+    """The fault got worse while it was being fixed: same incident, stronger action, next step.
+
+    The stronger action (``escalate_to``, kept while a workflow worked on the node) is decided
+    like any other: it may be held (policy, cooldown, budget), dropped, or only observed.
+    """
+    action = inc.get("escalate_to")
+    if not action or RANK[action] <= RANK[inc["action"]]:
+        return Outcome("ignored", incident=inc)
+    inc, node_doc = copy.deepcopy(inc), copy.deepcopy(node_doc)
+    out = Outcome("raised", incident=inc, node=node_doc)
+    why = ["a stronger fault arrived during remediation"]
+    inc["escalations"].append({"from": inc["action"], "to": action, "at": now, "why": why})
+    inc["action"], inc["escalate_to"], inc["state"] = action, None, State.OPEN
+    _decide_start(inc, node_doc, budgets, policy, _cluster_size(policy, inc["node"]), now, out)
     inc["updated_at"] = now
     return out

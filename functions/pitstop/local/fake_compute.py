@@ -8,6 +8,21 @@ the client raises), instance states moving with time, reportHostAsFaulty's preco
 its delayed stop and restart on a new host, MIG recreate (same name, new id), and Spot
 preemption / maintenance notices together with the system-event LogEntry a sink would deliver.
 
+Request ids: every mutating method takes a ``requestId`` query parameter, which Compute
+documents as "Specify a unique request ID so that if you must retry your request, the server
+will know to ignore the request if it has already been completed ... the server can check if
+original operation with the same request ID was received, and if so, will ignore the second
+request" (google-cloud-compute 1.57.0, ``ResetInstanceRequest.request_id`` and siblings; the
+id "must be a valid UUID with the exception that zero UUID is not supported"). The fake
+honours that: a repeat of an id it has seen in the same project answers with the original
+Operation (its current state) and does nothing again. Compute does not say how long it
+remembers an id; other Google Cloud APIs document the same field with "The server will
+guarantee that for at least 60 minutes after the first request" (e.g. Network Connectivity's
+DeleteHubRequest, Memorystore's DeleteInstanceRequest), so the fake remembers an id for exactly
+that long (``REQUEST_ID_WINDOW_S`` of its clock, not scaled) and then forgets it. ``calls`` records
+every mutating request received (refused and repeated ones too); ``effects`` only the ones
+that changed something, so tests can count effects per VM.
+
 State advances lazily from a scaled clock on every request: no background threads.
 """
 
@@ -20,10 +35,12 @@ import random
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 from pitstop.local.json_http import serve_json
 
@@ -40,6 +57,9 @@ DURATIONS = {
     "preempted_restart": 60.0,
 }
 _IDS = itertools.count(1)
+# How long a request id is remembered: the "at least 60 minutes" other Google APIs promise for the
+# same field (Compute states no figure). Real seconds of the fake's clock, never time-scaled.
+REQUEST_ID_WINDOW_S = 3600.0
 
 
 def _rfc3339(t: float) -> str:
@@ -186,6 +206,15 @@ class Operation:
 
 
 @dataclass
+class SeenRequest:
+    """A request id Compute has acted on: when it was first seen and the operation it started."""
+
+    first_at: float
+    operation: str
+    method: str
+
+
+@dataclass
 class Injected:
     method: str
     code: int
@@ -201,6 +230,8 @@ class FakeCompute:
         self.migs: dict[str, str] = {}  # "project/zone/name" -> base instance name
         self.ops: dict[str, Operation] = {}
         self.calls: list[dict[str, Any]] = []  # every mutating request received, for tests and `local status`
+        self.effects: list[dict[str, Any]] = []  # every mutating request that changed something
+        self.request_ids: dict[tuple[str, str], SeenRequest] = {}  # (project, requestId) -> first use
         self.injected: list[Injected] = []
         self.lock = threading.RLock()
 
@@ -261,6 +292,41 @@ class FakeCompute:
                 inj.count -= 1
                 domain = "usageLimits" if inj.reason == "rateLimitExceeded" else "global"
                 raise ApiError(inj.code, inj.reason, inj.message, domain)
+
+    def effects_on(self, instance: str, method: str | None = None) -> list[dict[str, Any]]:
+        """The effects performed on one VM (by name), optionally of one method."""
+        with self.lock:
+            return [
+                e
+                for e in self.effects
+                if instance in e["instances"] and (method is None or e["method"] == method)
+            ]
+
+    @staticmethod
+    def _valid_request_id(rid: str) -> None:
+        try:
+            parsed = uuid.UUID(rid)
+        except ValueError:
+            parsed = None
+        if parsed is None or parsed.int == 0:
+            raise ApiError(400, "invalid", f"Invalid value for field 'requestId': '{rid}'. Must be a UUID.")
+
+    def _seen(self, project: str, rid: str | None) -> SeenRequest | None:
+        """The earlier request with this id, if Compute would still recognise it."""
+        if rid is None:
+            return None
+        seen = self.request_ids.get((project, rid))
+        if seen is not None and self.clock() - seen.first_at > REQUEST_ID_WINDOW_S:
+            del self.request_ids[(project, rid)]
+            return None
+        return seen
+
+    @staticmethod
+    def _targets(fn: str, groups: tuple[str, ...], body: Mapping[str, Any]) -> list[str]:
+        """The VM names a mutating request acts on."""
+        if fn == "recreate":
+            return [str(ref).rsplit("/", 1)[-1] for ref in body.get("instances") or []]
+        return [groups[2]]
 
     # -- API methods ---------------------------------------------------------------
 
@@ -490,6 +556,7 @@ class FakeCompute:
                     for i in self.instances.values()
                 ],
                 "calls": list(self.calls),
+                "effects": list(self.effects),
             }
 
     # -- HTTP ----------------------------------------------------------------------
@@ -541,24 +608,58 @@ class FakeCompute:
     _MUTATING = frozenset({"reset", "set_labels", "report_host_as_faulty", "perform_maintenance", "recreate"})
 
     def dispatch(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        path = path.split("?", 1)[0]
+        path, _, query = path.partition("?")
         if path.startswith("/_admin/"):
             return self._admin(path, body)
+        rids = parse_qs(query).get("requestId") or []
+        rid = rids[-1] if rids else None
         for verb, pattern, fn in self._ROUTES:
             m = pattern.fullmatch(path)
             if m and verb == method:
                 with self.lock:
                     try:
                         if fn in self._MUTATING:
-                            self.calls.append({"method": fn, "path": path, "body": body, "at": self.clock()})
-                        self._check_injected(fn)
+                            return self._mutate(fn, path, m.groups(), body, rid)
                         args: list[Any] = list(m.groups())
-                        if fn in self._WITH_BODY:
-                            args.append(body)
+                        self._check_injected(fn)
                         return 200, getattr(self, fn)(*args)
                     except ApiError as e:
                         return e.code, e.body()
         return 404, not_found(path).body()
+
+    def _mutate(
+        self, fn: str, path: str, groups: tuple[str, ...], body: dict[str, Any], rid: str | None
+    ) -> tuple[int, dict[str, Any]]:
+        """One mutating request: recorded, checked for a repeated request id, then performed once."""
+        now = self.clock()
+        call: dict[str, Any] = {"method": fn, "path": path, "body": body, "at": now, "request_id": rid}
+        self.calls.append(call)
+        self._check_injected(fn)
+        if rid is not None:
+            self._valid_request_id(rid)
+        project = groups[0]
+        seen = self._seen(project, rid)
+        if seen is not None and seen.operation in self.ops:
+            call["replayed"] = True  # Compute ignores the repeat and answers with the original operation
+            return 200, self.ops[seen.operation].to_api(now)
+        args: list[Any] = list(groups)
+        if fn in self._WITH_BODY:
+            args.append(body)
+        op: dict[str, Any] = getattr(self, fn)(*args)
+        if rid is not None:
+            self.request_ids[(project, rid)] = SeenRequest(now, op["name"], fn)
+        self.effects.append(
+            {
+                "method": fn,
+                "project": project,
+                "zone": groups[1],
+                "instances": self._targets(fn, groups, body),
+                "request_id": rid,
+                "operation": op["name"],
+                "at": now,
+            }
+        )
+        return 200, op
 
     def _admin(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         try:

@@ -46,6 +46,12 @@ class Proc:
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
 
+    def signal(self, sig: int) -> None:
+        """Signal the whole process group (functions-framework and gcloud wrappers have children)."""
+        if self.popen is not None and self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, sig)
+
     def stop(self, timeout: float = 10.0) -> None:
         if self.popen is None or self.popen.poll() is not None:
             return

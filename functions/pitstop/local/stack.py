@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ from pitstop.local.slurm import SlurmCluster
 
 ROOT = Path(__file__).resolve().parents[3]
 PROJECT = "pitstop-local"
+FIRESTORE_WRITERS = ("ingest", "actuate", "notify", "slurm-agent")  # the processes with Firestore clients
 ZONE = "us-central1-a"
 
 
@@ -111,6 +113,19 @@ def policy_for(spec: ClusterSpec, over: dict[str, Any] | None = None) -> dict[st
     return doc
 
 
+def _endpoints(fs_host: str, ps_host: str, ports: dict[str, int]) -> dict[str, str]:
+    """Where each part of the stack answers, in the form its clients take (host:port or URL)."""
+    return {
+        "firestore": fs_host,
+        "pubsub": ps_host,
+        "compute": f"http://127.0.0.1:{ports['compute']}",
+        "executions": f"127.0.0.1:{ports['executions']}",
+        "monitoring": f"127.0.0.1:{ports['monitoring']}",
+        "webhook": f"http://127.0.0.1:{ports['webhook']}/hook",
+        **{f: f"http://127.0.0.1:{ports[f]}" for f in ("ingest", "actuate", "notify")},
+    }
+
+
 class Stack:
     def __init__(
         self,
@@ -136,59 +151,73 @@ class Stack:
         return p
 
     def up(self) -> StackState:
+        """Start every process in dependency order, wait until all answer, record them in stack.json."""
+        self._clean_workdir()
+        fs_host, ps_host = self._start_emulators()
+        env = self._base_env(fs_host, ps_host)
+        ports = {
+            k: free_port()
+            for k in ("compute", "executions", "monitoring", "webhook", "ingest", "actuate", "notify")
+        }
+        ep = _endpoints(fs_host, ps_host, ports)
+        files = self._write_inputs(ep)
+        self._start_fakes(ports, files, env)
+        self._start_functions(ports, ep, files["policy"], env)
+        self._wire_pubsub(ep, ps_host)
+        slurm = self._start_slurm(ep, env)
+        for fn in ("ingest", "actuate", "notify"):
+            wait_http(ep[fn] + "/", self.procs[fn], timeout=60, accept_errors=True)
+        slurm.wait_idle(len(self.spec.node_names), timeout=60)
+        return self._save_state(ep, slurm)
+
+    def _clean_workdir(self) -> None:
+        """Outputs of an earlier run would be read as this run's webhook posts and metrics."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         for stale in ("webhook.jsonl", "metrics.jsonl"):
             (self.workdir / stale).unlink(missing_ok=True)
-        base_env = {
-            k: v for k, v in os.environ.items() if not k.startswith(("PITSTOP_", "FIRESTORE_", "PUBSUB_"))
-        }
+
+    def _start_emulators(self) -> tuple[str, str]:
+        """Firestore and Pub/Sub emulators, in parallel (each takes seconds to boot); their hosts."""
         with ThreadPoolExecutor(2) as pool:
             fs = pool.submit(start_emulator, "firestore", self.workdir, PROJECT)
             ps = pool.submit(start_emulator, "pubsub", self.workdir, PROJECT)
             (fs_proc, fs_host), (ps_proc, ps_host) = fs.result(), ps.result()
         self.procs["firestore"], self.procs["pubsub"] = fs_proc, ps_proc
-        env = {
+        return fs_host, ps_host
+
+    @staticmethod
+    def _base_env(fs_host: str, ps_host: str) -> dict[str, str]:
+        """The caller's environment minus its own Pitstop/emulator settings, pointed at this stack."""
+        base_env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("PITSTOP_", "FIRESTORE_", "PUBSUB_"))
+        }
+        return {
             **base_env,
             "FIRESTORE_EMULATOR_HOST": fs_host,
             "PUBSUB_EMULATOR_HOST": ps_host,
             "GOOGLE_CLOUD_PROJECT": PROJECT,
             "PYTHONPATH": str(ROOT / "functions"),
         }
-        ports = {
-            k: free_port()
-            for k in ("compute", "executions", "monitoring", "webhook", "ingest", "actuate", "notify")
+
+    def _write_inputs(self, ep: dict[str, str]) -> dict[str, Path]:
+        """The files the processes start from: the simulated cluster, the policy, the workflow's env."""
+        files = {
+            "cluster": self.workdir / "cluster.json",
+            "policy": self.workdir / "policy.yaml",
+            "workflow_env": self.workdir / "workflow-env.json",
         }
-        ep = {
-            "firestore": fs_host,
-            "pubsub": ps_host,
-            "compute": f"http://127.0.0.1:{ports['compute']}",
-            "executions": f"127.0.0.1:{ports['executions']}",
-            "monitoring": f"127.0.0.1:{ports['monitoring']}",
-            "webhook": f"http://127.0.0.1:{ports['webhook']}/hook",
-            **{f: f"http://127.0.0.1:{ports[f]}" for f in ("ingest", "actuate", "notify")},
-        }
-        cluster_file = self.workdir / "cluster.json"
-        cluster_file.write_text(
-            json.dumps(
-                {
-                    "project": PROJECT,
-                    "zone": ZONE,
-                    "instances": [
-                        {
-                            "name": n,
-                            "machine_type": self.spec.machine_type,
-                            "mig": self.spec.mig,
-                            "provisioning": "SPOT" if n in self.spec.spot else "RESERVATION_BOUND",
-                        }
-                        for n in self.spec.node_names
-                    ],
-                }
-            )
-        )
-        policy_file = self.workdir / "policy.yaml"
-        policy_file.write_text(json.dumps(policy_for(self.spec, self.policy_over), indent=2))
-        wf_env = self.workdir / "workflow-env.json"
-        wf_env.write_text(
+        instances = [
+            {
+                "name": n,
+                "machine_type": self.spec.machine_type,
+                "mig": self.spec.mig,
+                "provisioning": "SPOT" if n in self.spec.spot else "RESERVATION_BOUND",
+            }
+            for n in self.spec.node_names
+        ]
+        files["cluster"].write_text(json.dumps({"project": PROJECT, "zone": ZONE, "instances": instances}))
+        files["policy"].write_text(json.dumps(policy_for(self.spec, self.policy_over), indent=2))
+        files["workflow_env"].write_text(
             json.dumps(
                 {
                     "PITSTOP_ACTUATE_URL": ep["actuate"] + "/",
@@ -198,19 +227,13 @@ class Stack:
                 }
             )
         )
-        self._py(
-            "fake-compute",
-            [
-                "fake-compute",
-                "--port",
-                str(ports["compute"]),
-                "--time-scale",
-                str(self.compute_scale),
-                "--cluster",
-                str(cluster_file),
-            ],
-            env,
-        )
+        return files
+
+    def _start_fakes(self, ports: dict[str, int], files: dict[str, Path], env: dict[str, str]) -> None:
+        """The stand-ins for Compute Engine, Workflows executions, Cloud Monitoring and the webhook."""
+        compute_args = ["--time-scale", str(self.compute_scale), "--cluster", str(files["cluster"])]
+        self._py("fake-compute", ["fake-compute", "--port", str(ports["compute"]), *compute_args], env)
+        workflow = str(ROOT / "workflows" / "remediate.yaml")
         self._py(
             "executions",
             [
@@ -218,27 +241,24 @@ class Stack:
                 "--port",
                 str(ports["executions"]),
                 "--workflow",
-                str(ROOT / "workflows" / "remediate.yaml"),
+                workflow,
                 "--env",
-                str(wf_env),
+                str(files["workflow_env"]),
                 "--time-scale",
                 str(self.workflow_scale),
             ],
             env,
         )
-        self._py(
-            "monitoring",
-            ["monitoring", "--port", str(ports["monitoring"]), "--out", str(self.workdir / "metrics.jsonl")],
-            env,
-        )
-        self._py(
-            "webhook",
-            ["webhook", "--port", str(ports["webhook"]), "--out", str(self.workdir / "webhook.jsonl")],
-            env,
-        )
+        for name, out in (("monitoring", "metrics.jsonl"), ("webhook", "webhook.jsonl")):
+            self._py(name, [name, "--port", str(ports[name]), "--out", str(self.workdir / out)], env)
+
+    def _start_functions(
+        self, ports: dict[str, int], ep: dict[str, str], policy: Path, env: dict[str, str]
+    ) -> None:
+        """ingest, actuate and notify under functions-framework, configured as deploy configures them."""
         fn_env = {
             **env,
-            "PITSTOP_POLICY": str(policy_file),
+            "PITSTOP_POLICY": str(policy),
             "PITSTOP_WORKFLOWS_ENDPOINT": ep["executions"],
             "PITSTOP_COMPUTE_ENDPOINT": ep["compute"],
             "PITSTOP_MONITORING_ENDPOINT": ep["monitoring"],
@@ -247,27 +267,14 @@ class Stack:
             "PITSTOP_NOTIFICATIONS_TOPIC": "pitstop-notifications",
         }
         ff = str(Path(sys.executable).parent / "functions-framework")
+        source = str(ROOT / "functions" / "main.py")
         for fn, sig in (("ingest", "cloudevent"), ("actuate", "http"), ("notify", "cloudevent")):
-            p = Proc(
-                fn,
-                [
-                    ff,
-                    "--target",
-                    fn,
-                    "--source",
-                    str(ROOT / "functions" / "main.py"),
-                    "--signature-type",
-                    sig,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(ports[fn]),
-                ],
-                self.workdir / f"{fn}.log",
-                fn_env,
-            ).start()
-            self.procs[fn] = p
-        self._wire_pubsub(ep, ps_host)
+            argv = [ff, "--target", fn, "--source", source, "--signature-type", sig]
+            argv += ["--host", "127.0.0.1", "--port", str(ports[fn])]
+            self.procs[fn] = Proc(fn, argv, self.workdir / f"{fn}.log", fn_env).start()
+
+    def _start_slurm(self, ep: dict[str, str], env: dict[str, str]) -> SlurmCluster:
+        """A real slurmctld, vm-sync keeping slurmds in step with the fake VMs, and the Pitstop agent."""
         self.slurm = SlurmCluster(self.workdir / "slurm", self.spec.node_names, cluster=self.spec.name)
         self.slurm.workdir.mkdir(parents=True, exist_ok=True)
         self.slurm.start_controller()
@@ -287,33 +294,24 @@ class Stack:
             env,
         )
         agent_env = {**env, "SLURM_CONF": str(self.slurm.conf)}
+        argv = [sys.executable, "-m", "pitstop.agent.slurm", "--project", PROJECT]
+        argv += ["--subscription", "slurm-agent-train", "--release-requeued"]
         self.procs["slurm-agent"] = Proc(
-            "slurm-agent",
-            [
-                sys.executable,
-                "-m",
-                "pitstop.agent.slurm",
-                "--project",
-                PROJECT,
-                "--subscription",
-                "slurm-agent-train",
-                "--release-requeued",
-            ],
-            self.workdir / "slurm-agent.log",
-            agent_env,
+            "slurm-agent", argv, self.workdir / "slurm-agent.log", agent_env
         ).start()
-        for fn in ("ingest", "actuate", "notify"):
-            wait_http(ep[fn] + "/", self.procs[fn], timeout=60, accept_errors=True)
-        self.slurm.wait_idle(len(self.spec.node_names), timeout=60)
+        return self.slurm
+
+    def _save_state(self, ep: dict[str, str], slurm: SlurmCluster) -> StackState:
+        """stack.json: what `pitstop local status|down|inject` in another process finds this stack by."""
         pids = {name: p.popen.pid for name, p in self.procs.items() if p.popen is not None}
-        pids |= {f"slurm-{p.name}": p.popen.pid for p in self.slurm.procs if p.popen is not None}
+        pids |= {f"slurm-{p.name}": p.popen.pid for p in slurm.procs if p.popen is not None}
         self.state = StackState(
             str(self.workdir),
             PROJECT,
             ep,
             pids,
             {**asdict(self.spec), "node_names": self.spec.node_names},
-            str(self.slurm.conf),
+            str(slurm.conf),
         )
         self.state.save()
         return self.state
@@ -360,9 +358,34 @@ class Stack:
     # -- faults ----------------------------------------------------------------------
 
     def restart_firestore(self, down_s: float = 2.0) -> None:
-        """Kill the Firestore emulator and bring it back on the same port with its data (fault injection)."""
+        """Kill the Firestore emulator and bring it back on the same port with its data (fault injection).
+
+        Real Firestore loses no committed write in an outage, but the emulator keeps its data only
+        through an export. The processes that write are frozen (SIGSTOP) from the export until the
+        emulator is gone, so nothing commits into the gap and is lost; they then run on against a
+        dead emulator for ``down_s``, which is the outage they are meant to survive.
+        """
         assert self.state is not None
         host = self.state.endpoints["firestore"]
+        writers = [p for name, p in self.procs.items() if name in FIRESTORE_WRITERS and p.alive()]
+        for p in writers:
+            p.signal(signal.SIGSTOP)
+        try:
+            export = self._export_and_stop_firestore(host)
+        finally:
+            for p in writers:
+                p.signal(signal.SIGCONT)
+        time.sleep(down_s)
+        # the emulator writes a dated subfolder; importing takes its overall metadata file
+        old = self.procs["firestore"]
+        metadata = next(export.glob("*/*.overall_export_metadata"))
+        argv = [*old.argv, f"--import-data={metadata}"]
+        self.procs["firestore"] = Proc(
+            "firestore-emulator", argv, self.workdir / "firestore-emulator-2.log", old.env
+        ).start()
+        wait_http(f"http://{host}/", self.procs["firestore"])
+
+    def _export_and_stop_firestore(self, host: str) -> Path:
         export = self.workdir / f"firestore-export-{int(time.time())}"
         export.mkdir(parents=True)  # the emulator exports into an existing directory
         req = urllib.request.Request(
@@ -375,16 +398,8 @@ class Stack:
         )
         with urllib.request.urlopen(req, timeout=30):  # noqa: S310
             pass
-        old = self.procs["firestore"]
-        old.stop()
-        time.sleep(down_s)
-        # the emulator writes a dated subfolder; importing takes its overall metadata file
-        metadata = next(export.glob("*/*.overall_export_metadata"))
-        argv = [*old.argv, f"--import-data={metadata}"]
-        self.procs["firestore"] = Proc(
-            "firestore-emulator", argv, self.workdir / "firestore-emulator-2.log", old.env
-        ).start()
-        wait_http(f"http://{host}/", self.procs["firestore"])
+        self.procs["firestore"].stop()
+        return export
 
     # -- down ------------------------------------------------------------------------
 

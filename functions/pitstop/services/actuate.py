@@ -21,22 +21,19 @@ from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.firestore import IncidentStore
 from pitstop.adapters.scheduler import NoScheduler, Scheduler
-from pitstop.core.actions import RANK
+from pitstop.core.actions import RANK, RECORD_ONLY_ACTIONS, Action
+from pitstop.core.ops import MUTATING_OPS, Op, Plan, plan_for, step_key
 from pitstop.core.policy import Policy
+from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
 from pitstop.core.timeline import durations
+from pitstop.services.ingest import to_epoch
+from pitstop.services.launch import Launcher, Publisher, Starter
 
-MUTATING = ("fence", "checkpoint", "act", "unfence", "reschedule", "close", "fail")
-PROBES = ("jobs_done", "operation", "verify")
 CHECKPOINT_MARGIN_S = 300.0
 CHECKPOINT_DEFAULT_WAIT_S = 600.0
 
 
-def plan_for(action: str) -> str:
-    if action in ("NONE", "RESTART_JOB"):
-        return "notify_only"
-    if action == "DRAIN_NODE":
-        return "drain"
-    return "remediate"
+_OP_VALUES = frozenset(o.value for o in Op)
 
 
 class Actuator:
@@ -46,37 +43,32 @@ class Actuator:
         store: IncidentStore,
         compute: ComputeAdapter,
         schedulers: Mapping[str, Scheduler],
-        notifier: Any | None,
-        starter: Any | None = None,
+        notifier: Publisher | None,
+        starter: Starter | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.policy, self.store, self.compute, self.schedulers = policy, store, compute, schedulers
-        self.notifier, self.starter, self.clock = notifier, starter, clock
+        self.notifier, self.clock = notifier, clock
+        self.launcher = Launcher(store, starter, notifier)
+
+    @property
+    def starter(self) -> Starter | None:
+        return self.launcher.starter
 
     # -- entry -----------------------------------------------------------------------
 
     def handle(self, req: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
-        op, iid, step = req.get("op"), req.get("incident"), req.get("step")
-        if op not in ("claim", *MUTATING, *PROBES) or not isinstance(iid, str) or not isinstance(step, int):
+        raw, iid, step = req.get("op"), req.get("incident"), req.get("step")
+        if (
+            not isinstance(raw, str)
+            or raw not in _OP_VALUES
+            or not isinstance(iid, str)
+            or not isinstance(step, int)
+        ):
             return {"error": "request needs op (known), incident (string) and step (integer)"}, 400
+        op = Op(raw)
         try:
-            inc = self.store.get(iid)
-            if inc is None:
-                return {"error": f"no incident {iid}"}, 404
-            if op in MUTATING:
-                key = f"{step}-{op}"
-                done = self.store.step_record(iid, key)
-                if done is not None:
-                    return {**done["result"], "replayed": True}, 200
-                if inc["step"] != step:  # a newer step owns the incident: this execution only winds down
-                    return {"outcome": "superseded", "current_step": inc["step"], "operation": None}, 200
-                result = getattr(self, f"_{op}")(inc, step, req.get("extra") or {})
-                self.store.put_step_record(iid, key, {"result": result, "at": self.clock()})
-                return result, 200
-            if op == "claim":
-                return self._claim(inc, step, str(req.get("execution") or "")), 200
-            result = getattr(self, f"_{op}")(inc, step)
-            return result, 200
+            return self._run(op, iid, step, req)
         except ActuatorError as exc:
             log.emit(
                 "WARNING" if exc.retryable else "ERROR",
@@ -101,6 +93,29 @@ class Actuator:
             )
             return {"error": f"backing service unavailable: {str(exc)[:200]}", "retryable": True}, 503
 
+    def _run(self, op: Op, iid: str, step: int, req: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+        inc = self.store.get(iid)
+        if inc is None:
+            return {"error": f"no incident {iid}"}, 404
+        if op in MUTATING_OPS:
+            return self._once(op, inc, step, req.get("extra") or {}), 200
+        if op == Op.CLAIM:
+            return self._claim(inc, step, str(req.get("execution") or "")), 200
+        result: dict[str, Any] = getattr(self, f"_{op}")(inc, step)  # a probe: asked again, answered fresh
+        return result, 200
+
+    def _once(self, op: Op, inc: Mapping[str, Any], step: int, extra: Mapping[str, Any]) -> dict[str, Any]:
+        """Run an effect once per step: a retried call or a re-run execution gets the recorded result."""
+        key = step_key(step, op)
+        done = self.store.step_record(inc["id"], key)
+        if done is not None:
+            return {**done["result"], "replayed": True}
+        if inc["step"] != step:  # a newer step owns the incident: this execution only winds down
+            return {"outcome": "superseded", "current_step": inc["step"], "operation": None}
+        result: dict[str, Any] = getattr(self, f"_{op}")(inc, step, extra)
+        self.store.put_step_record(inc["id"], key, {"result": result, "at": self.clock()})
+        return result
+
     # -- helpers ---------------------------------------------------------------------
 
     def _scheduler(self, inc: Mapping[str, Any]) -> Scheduler:
@@ -115,7 +130,7 @@ class Actuator:
         return n["project"], n["zone"], n["instance"]
 
     def _set_state(
-        self, iid: str, state: str | None, milestone: str | None = None, **fields: Any
+        self, iid: str, state: State | None, milestone: str | None = None, **fields: Any
     ) -> dict[str, Any]:
         """Move an incident (``state`` None keeps it) and stamp a timeline milestone once."""
         now = self.clock()
@@ -141,20 +156,25 @@ class Actuator:
         except ActuatorError as exc:
             log.emit("WARNING", "could not label instance", incident=inc["id"], error=exc.message)
 
+    def _recorded(self, inc: Mapping[str, Any], step: int, op: Op) -> dict[str, Any]:
+        """The result an earlier op of this step recorded (empty if it has not run)."""
+        rec = self.store.step_record(inc["id"], step_key(step, op)) or {}
+        return dict(rec.get("result") or {})
+
     # -- operations ------------------------------------------------------------------
 
     def _claim(self, inc: Mapping[str, Any], step: int, execution: str) -> dict[str, Any]:
         def claim(doc: dict[str, Any]) -> tuple[bool, str]:
             if doc["step"] != step:
                 return False, f"superseded by step {doc['step']}"
-            if doc["state"] in ("RESOLVED", "FAILED", "HELD"):
+            if doc["state"] in UNCLAIMABLE_STATES:
                 return False, f"incident is {doc['state']}"
             wf = doc.get("workflow") or {}
             owner = wf.get("claimed_by")
             if owner and execution and owner != execution:
                 return False, "another execution owns this step"
             wf["claimed_by"] = execution or owner or "unknown"
-            wf["state"] = "started"
+            wf["state"] = RunState.STARTED
             doc["workflow"] = wf
             return True, ""
 
@@ -167,12 +187,11 @@ class Actuator:
         jobs = sched.jobs_on(node, ctx)
         sched.fence(node, inc["id"], inc["action"], ctx)
         self._label(inc, "fenced")
-        self._set_state(inc["id"], "FENCED", "fenced", jobs=jobs)
+        self._set_state(inc["id"], State.FENCED, "fenced", jobs=jobs)
         return {"fenced": node, "jobs": [j["id"] for j in jobs]}
 
     def _jobs(self, inc: Mapping[str, Any], step: int) -> list[str]:
-        rec = self.store.step_record(inc["id"], f"{step}-fence") or {}
-        return list((rec.get("result") or {}).get("jobs", []))
+        return list(self._recorded(inc, step, Op.FENCE).get("jobs", []))
 
     def _checkpoint(self, inc: Mapping[str, Any], step: int, extra: Mapping[str, Any]) -> dict[str, Any]:
         cluster = self.policy.cluster_for(inc["node"])
@@ -181,10 +200,7 @@ class Actuator:
         jobs = self._jobs(inc, step)
         for job in jobs:
             sched.checkpoint(job, signal, ctx)
-        start = (inc.get("maintenance") or {}).get("window_start")
-        from pitstop.services.ingest import to_epoch
-
-        ws = to_epoch(start)
+        ws = to_epoch((inc.get("maintenance") or {}).get("window_start"))
         wait = CHECKPOINT_DEFAULT_WAIT_S if ws is None else max(0.0, ws - self.clock() - CHECKPOINT_MARGIN_S)
         return {"signalled": jobs, "signal": signal, "wait_s": min(wait, CHECKPOINT_DEFAULT_WAIT_S)}
 
@@ -194,14 +210,10 @@ class Actuator:
         return {"done": not running, "running": running}
 
     def _act(self, inc: Mapping[str, Any], step: int, extra: Mapping[str, Any]) -> dict[str, Any]:
+        """Take the incident's action on the VM; what it was before is kept for verify."""
         p, z, i = self._node(inc)
-        action = inc["action"]
         before = self.compute.get(p, z, i)
-        topo = (before.get("resource_status") or {}).get("physical_host_topology") or {}
-        if topo.get("block"):  # from now on this node also counts against its reservation block's budget
-            self.store.set_node_fields(
-                inc["node_key"], {"block": f"{topo.get('cluster', '')}/{topo['block']}"}
-            )
+        self._learn_block(inc, before)
         record: dict[str, Any] = {
             "operation": None,
             "method": "none",
@@ -211,48 +223,67 @@ class Actuator:
                 "status": before.get("status"),
             },
         }
-        if action in ("RESET_GPU", "REBOOT_NODE"):
-            record.update(method="reset", operation=self.compute.reset(p, z, i))
-        elif action == "REPLACE_NODE":
-            ok, why = self.compute.report_eligible(before)
-            if ok:
-                behavior = "UNRECOVERABLE_GPU_ERROR" if inc.get("xid") is not None else "PERFORMANCE"
-                record.update(
-                    method="reportHostAsFaulty",
-                    behavior=behavior,
-                    operation=self.compute.report_host_as_faulty(p, z, i, behavior, self._evidence(inc)),
-                )
-            else:
-                mig = self.compute.mig_of(before) or self._policy_mig(inc)
-                if mig is None:
-                    raise ActuatorError(
-                        409, f"cannot replace {i}: {why}, and it is not in a managed instance group", False
-                    )
-                record.update(
-                    method="recreateInstances",
-                    mig=mig,
-                    why_not_report=why,
-                    operation=self.compute.recreate(p, z, mig, i),
-                )
-        elif action == "DRAIN_NODE":
-            maint = (before.get("resource_status") or {}).get("upcoming_maintenance") or {}
-            if maint.get("can_reschedule"):
-                record.update(
-                    method="performMaintenance", operation=self.compute.perform_maintenance(p, z, i)
-                )
-            else:
-                record.update(method="wait_for_platform")
-        self._set_state(inc["id"], "ACTING", "acted")
+        record.update(self._compute_call(inc, before))
+        self._set_state(inc["id"], State.ACTING, "acted")
         log.emit(
             "INFO",
             "remediation action taken",
             incident=inc["id"],
             node=i,
-            action=action,
+            action=inc["action"],
             method=record["method"],
             operation=record["operation"],
         )
         return record
+
+    def _learn_block(self, inc: Mapping[str, Any], before: Mapping[str, Any]) -> None:
+        """From now on this node also counts against its reservation block's budget."""
+        topo = (before.get("resource_status") or {}).get("physical_host_topology") or {}
+        if topo.get("block"):
+            self.store.set_node_fields(
+                inc["node_key"], {"block": f"{topo.get('cluster', '')}/{topo['block']}"}
+            )
+
+    def _compute_call(self, inc: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
+        """The Compute Engine call for the action: its method and the operation to wait for."""
+        p, z, i = self._node(inc)
+        action = inc["action"]
+        if action in (Action.RESET_GPU, Action.REBOOT_NODE):
+            return {"method": "reset", "operation": self.compute.reset(p, z, i)}
+        if action == Action.REPLACE_NODE:
+            return self._replace(inc, before)
+        if action == Action.DRAIN_NODE:
+            maint = (before.get("resource_status") or {}).get("upcoming_maintenance") or {}
+            if maint.get("can_reschedule"):
+                return {
+                    "method": "performMaintenance",
+                    "operation": self.compute.perform_maintenance(p, z, i),
+                }
+            return {"method": "wait_for_platform"}
+        return {}
+
+    def _replace(self, inc: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
+        """Report the host faulty where Compute allows it (reservation-bound VMs), else recreate the VM."""
+        p, z, i = self._node(inc)
+        ok, why = self.compute.report_eligible(before)
+        if ok:
+            behavior = "UNRECOVERABLE_GPU_ERROR" if inc.get("xid") is not None else "PERFORMANCE"
+            return {
+                "method": "reportHostAsFaulty",
+                "behavior": behavior,
+                "operation": self.compute.report_host_as_faulty(p, z, i, behavior, self._evidence(inc)),
+            }
+        mig = self.compute.mig_of(before) or self._policy_mig(inc)
+        if mig is None:
+            raise ActuatorError(
+                409, f"cannot replace {i}: {why}, and it is not in a managed instance group", False
+            )
+        return {
+            "method": "recreateInstances",
+            "mig": mig,
+            "why_not_report": why,
+            "operation": self.compute.recreate(p, z, mig, i),
+        }
 
     def _policy_mig(self, inc: Mapping[str, Any]) -> str | None:
         cluster = self.policy.cluster_for(inc["node"])
@@ -272,8 +303,7 @@ class Actuator:
         return f"pitstop {inc['id']}: {counts} on GPU {gpus or 'n/a'}{'; ' + why if why else ''}"[:256]
 
     def _operation(self, inc: Mapping[str, Any], step: int) -> dict[str, Any]:
-        rec = self.store.step_record(inc["id"], f"{step}-act") or {}
-        act = rec.get("result") or {}
+        act = self._recorded(inc, step, Op.ACT)
         if not act.get("operation"):
             return {"done": True}
         p, z, _ = self._node(inc)
@@ -284,7 +314,7 @@ class Actuator:
 
     def _verify(self, inc: Mapping[str, Any], step: int) -> dict[str, Any]:
         p, z, i = self._node(inc)
-        act = (self.store.step_record(inc["id"], f"{step}-act") or {}).get("result") or {}
+        act = self._recorded(inc, step, Op.ACT)
         before = act.get("before") or {}
         cur = self.compute.get(p, z, i)
         vm_ok = cur.get("status") == "RUNNING"
@@ -294,8 +324,8 @@ class Actuator:
         elif act.get("method") == "recreateInstances":
             vm_ok = vm_ok and cur.get("id") != before.get("id")  # the replacement, not the old VM
         sched_ok = vm_ok and self._scheduler(inc).node_healthy(i, self._ctx(inc, step))
-        if inc["state"] != "VERIFYING" or (vm_ok and sched_ok):
-            self._set_state(inc["id"], "VERIFYING", "healthy" if vm_ok and sched_ok else None)
+        if inc["state"] != State.VERIFYING or (vm_ok and sched_ok):
+            self._set_state(inc["id"], State.VERIFYING, "healthy" if vm_ok and sched_ok else None)
         return {"done": vm_ok and sched_ok, "vm": cur.get("status"), "scheduler_ok": sched_ok}
 
     def _unfence(self, inc: Mapping[str, Any], step: int, extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -311,12 +341,14 @@ class Actuator:
             state = sched.job_state(job, ctx)
             # After a checkpoint request a job exits on purpose: it must come back. Otherwise a job
             # that completed, was cancelled, or is already pending again is left alone.
-            finished_ok = state == "COMPLETED" and plan_for(inc["action"]) == "drain"
+            finished_ok = state == "COMPLETED" and plan_for(inc["action"]) == Plan.DRAIN
             if state in ("PENDING", "CANCELLED", "UNKNOWN") or (state == "COMPLETED" and not finished_ok):
                 skipped.append({"job": job, "why": f"job is {state}"})
                 continue
             key = f"{inc.get('cluster') or 'none'}-{job}"
-            if not self.store.mark_job_requeue(key, inc["id"], now, self.policy.cooldown_s("RESCHEDULE_JOB")):
+            if not self.store.mark_job_requeue(
+                key, inc["id"], now, self.policy.cooldown_s(Action.RESCHEDULE_JOB)
+            ):
                 skipped.append({"job": job, "why": "its gang was just requeued by another incident"})
                 continue
             sched.requeue(job, ctx)
@@ -329,52 +361,41 @@ class Actuator:
         fresh = self.store.get(inc["id"]) or dict(inc)
         escalate = fresh.get("escalate_to")
         if escalate and RANK[escalate] > RANK[fresh["action"]]:
-            return self._step_up(fresh, escalate, now)
+            stepped = self._step_up(inc["id"], now)
+            if stepped is not None:
+                return stepped
+        return self._resolve(inc["id"], now)
 
+    def _resolve(self, iid: str, now: float) -> dict[str, Any]:
         def resolve(doc: dict[str, Any]) -> dict[str, Any]:
-            doc["state"] = "RESOLVED"
+            doc["state"] = State.RESOLVED
             doc["timeline"].setdefault("notified", now)
             doc["timeline"]["resolved"] = now
             doc["updated_at"] = now
             return doc
 
-        done = self.store.mutate(inc["id"], resolve)
+        done = self.store.mutate(iid, resolve)
         self.store.release_budget(done)
         jobs = [j["id"] for j in done.get("jobs", [])] if isinstance(done.get("jobs"), list) else []
-        self._notify(
-            done,
-            "info" if done["action"] in ("NONE", "RESTART_JOB") else "warning",
-            self._summary(done),
-            jobs=jobs,
-        )
+        severity = "info" if done["action"] in RECORD_ONLY_ACTIONS else "warning"
+        self._notify(done, severity, self._summary(done), jobs=jobs)
         return {"outcome": "resolved", "durations_s": durations(done)}
 
-    def _step_up(self, inc: dict[str, Any], action: str, now: float) -> dict[str, Any]:
-        """The fault got worse while it was being fixed: same incident, next step, stronger action."""
+    def _step_up(self, iid: str, now: float) -> dict[str, Any] | None:
+        """The fault got worse while it was being fixed: its next step goes the way every step does.
 
-        def up(doc: dict[str, Any]) -> int:
-            doc["escalations"].append(
-                {
-                    "from": doc["action"],
-                    "to": action,
-                    "at": now,
-                    "why": ["a stronger fault arrived during remediation"],
-                }
-            )
-            doc["action"], doc["escalate_to"], doc["state"] = action, None, "OPEN"
-            doc["step"] += 1
-            doc["workflow"] = {"step": doc["step"], "state": "pending", "lease_until": 0, "execution": None}
-            return int(doc["step"])
-
-        new_step = self.store.mutate(inc["id"], up)
-        if self.starter is not None:
-            from pitstop.services.ingest import workflow_argument
-
-            lease = self.store.lease_start(inc["id"], new_step, now)
-            if lease is not None:
-                name = self.starter.start(inc["id"], new_step, workflow_argument(lease, new_step))
-                self.store.record_started(inc["id"], new_step, name, now)
-        return {"outcome": f"escalated to {action} (step {new_step})"}
+        The engine decides it (policy, cooldown, budgets, mode), the store records it, and the
+        launcher pages or starts it, exactly as for an event. None when the engine dropped the
+        stronger action (a job action inside its cooldown): this step then closes as usual.
+        """
+        out = self.store.step_up(iid, self.policy, now)
+        self.launcher.follow_up(out, self.policy, now)
+        inc = out.incident
+        if inc is None or out.result in ("ignored", "suppressed"):
+            return None
+        if out.result == "held":
+            return {"outcome": f"escalation to {inc['action']} held: {inc['held']['reason']}"}
+        return {"outcome": f"escalated to {inc['action']} (step {inc['step']})"}
 
     def _fail(self, inc: Mapping[str, Any], step: int, extra: Mapping[str, Any]) -> dict[str, Any]:
         stage = str(extra.get("stage", "?"))
@@ -384,7 +405,7 @@ class Actuator:
         detail = body.get("error") if isinstance(body, dict) else None
         what = f"{stage} failed: {detail or message}"[:500]
         done = self._set_state(
-            inc["id"], "FAILED", None, failure={"stage": stage, "error": what, "at": self.clock()}
+            inc["id"], State.FAILED, None, failure={"stage": stage, "error": what, "at": self.clock()}
         )
         node = inc["node"]["instance"]
         todo = (
@@ -400,7 +421,7 @@ class Actuator:
     @staticmethod
     def _summary(inc: Mapping[str, Any]) -> str:
         node = inc["node"]["instance"]
-        if inc["action"] in ("NONE", "RESTART_JOB"):
+        if inc["action"] in RECORD_ONLY_ACTIONS:
             return f"{node}: {inc['reason']} No node action taken."
         return f"{node}: {inc['action']} done; node healthy and back in service. {inc['reason']}"
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from pitstop.adapters.firestore import IncidentStore
 from pitstop.core import engine
-from pitstop.core.actions import RANK
+from pitstop.core.actions import RANK, Action
 from pitstop.core.policy import Policy
 
 
@@ -76,7 +76,7 @@ class Coalescer:
         job = None
         with self._lock:
             latest = st.latest
-            if latest is None and ev["action"] == "NONE":
+            if latest is None and ev["action"] == Action.NONE:
                 self._remember(key)
                 return engine.Outcome("ignored")
             if (
@@ -99,7 +99,7 @@ class Coalescer:
         if job is not None:
             self._merge(nkey, job, now)
         if absorbed:
-            return engine.Outcome("absorbed", incident=latest, notes=["coalesced"])
+            return engine.Outcome("absorbed", incident=latest, coalesced=True)
         out = self.store.apply(ev, self.policy, now)
         with self._lock:
             if out.result != "duplicate":

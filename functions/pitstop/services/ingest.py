@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from pitstop.adapters import log
 from pitstop.adapters.firestore import IncidentStore
@@ -20,20 +20,13 @@ from pitstop.core.classify import Classifier
 from pitstop.core.envelope import unwrap
 from pitstop.core.parse import parse_entry
 from pitstop.core.policy import Policy
+from pitstop.core.states import State
 from pitstop.services.coalesce import Coalescer
+from pitstop.services.launch import Launcher, Publisher, Starter
 
 
 class PoisonMessageError(ValueError):
     """The delivery cannot be decoded; retrying is pointless, dead-lettering keeps it."""
-
-
-class Starter(Protocol):
-    def find(self, incident_id: str, step: int) -> str | None: ...
-    def start(self, incident_id: str, step: int, argument: Mapping[str, Any]) -> str: ...
-
-
-class Publisher(Protocol):
-    def publish(self, notification: Mapping[str, Any]) -> str: ...
 
 
 def to_epoch(ts: str | None) -> float | None:
@@ -51,21 +44,6 @@ def to_epoch(ts: str | None) -> float | None:
         return None
 
 
-def workflow_argument(inc: Mapping[str, Any], step: int) -> dict[str, Any]:
-    return {
-        "incident_id": inc["id"],
-        "step": step,
-        "action": inc["action"],
-        "kind": inc["kind"],
-        "xid": inc["xid"],
-        "node": inc["node"],
-        "cluster": inc["cluster"],
-        "scheduler": inc["scheduler"],
-        "reason": inc["reason"],
-        "maintenance": inc.get("maintenance"),
-    }
-
-
 class Ingest:
     def __init__(
         self,
@@ -76,7 +54,8 @@ class Ingest:
         classifier: Classifier | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.policy, self.store, self.starter, self.notifier = policy, store, starter, notifier
+        self.policy, self.store = policy, store
+        self.launcher = Launcher(store, starter, notifier)
         self.classifier = classifier or Classifier(policy.xids, Classifier.default().system_events)
         self.clock = clock
         self.coalescer = Coalescer(store, policy)
@@ -99,7 +78,7 @@ class Ingest:
         observed = to_epoch(ev.get("observed_at"))
         ev["_observed_ts"] = min(observed, now) if observed else now
         out = self.coalescer.handle(ev, now)
-        if out.notes != ["coalesced"]:
+        if not out.coalesced:
             log.emit(
                 "INFO",
                 f"event {out.result}",
@@ -113,45 +92,17 @@ class Ingest:
         self.follow_up(out, now)
         return out
 
+    @property
+    def starter(self) -> Starter | None:
+        return self.launcher.starter
+
     def follow_up(self, out: engine.Outcome, now: float) -> None:
-        inc = out.incident
-        if out.page and self.notifier is not None:
-            self.notifier.publish(
-                {
-                    "kind": "page",
-                    "severity": "critical",
-                    "summary": out.page,
-                    "incident": {
-                        k: (inc or {}).get(k) for k in ("id", "node", "cluster", "action", "state", "held")
-                    },
-                }
-            )
-        if out.start_step is not None and inc is not None:
-            self.start_workflow(inc["id"], out.start_step, now)
-        elif inc is not None:
-            wf = inc.get("workflow") or {}
-            if wf.get("state") == "pending" and wf.get("lease_until", 0) <= now:
-                self.recover_start(inc["id"], now)  # its starter died: whoever sees it next starts it
-        elif out.result == "duplicate" and out.notes and out.notes[0] not in ("None", ""):
-            self.recover_start(out.notes[0], now)
+        """Page, start or recover what the committed decision asks for (the one start path)."""
+        self.launcher.follow_up(out, self.policy, now)
 
     def start_workflow(self, iid: str, step: int, now: float) -> str | None:
         """Start (at most once) the execution for one incident step."""
-        if self.starter is None or not self.policy.enforce:
-            return None
-        inc = self.store.lease_start(iid, step, now)
-        if inc is None:
-            return None  # another starter holds the lease, or it is already started
-        name = self.starter.find(iid, step) or self.starter.start(iid, step, workflow_argument(inc, step))
-        self.store.record_started(iid, step, name, now)
-        log.emit("INFO", "remediation started", incident=iid, step=step, execution=name)
-        return name
-
-    def recover_start(self, iid: str, now: float) -> None:
-        inc = self.store.get(iid)
-        wf = (inc or {}).get("workflow") or {}
-        if wf.get("state") == "pending" and wf.get("lease_until", 0) <= now:
-            self.start_workflow(iid, int(wf["step"]), now)
+        return self.launcher.start(iid, step, self.policy, now)
 
     def sweep(self) -> dict[str, int]:
         """Periodic upkeep: flush storm counts, end bursts, retry held incidents and lost starts."""
@@ -159,7 +110,7 @@ class Ingest:
         self.coalescer.flush_all(now)
         closed = self.store.close_bursts(now)
         released = 0
-        for inc in self.store.list(("HELD",)):
+        for inc in self.store.list((State.HELD,)):
             if (inc.get("held") or {}).get("scope") is None:
                 continue  # held for a human (policy, cooldown), not for a budget
             out = self.store.release(inc["id"], self.policy, now, by="sweep")

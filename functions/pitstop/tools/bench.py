@@ -33,6 +33,78 @@ _NOISE = [
 ]
 
 
+_AUDIT_METHODS = [
+    "compute.instances.preempted",
+    "compute.instances.hostError",
+    "compute.instances.upcomingMaintenance",
+]
+
+
+def _gce_instance(i: int) -> dict[str, Any]:
+    """The monitored resource a VM's log lines and system events carry."""
+    return {
+        "type": "gce_instance",
+        "labels": {
+            "instance_id": str(7_000_000_000 + i),
+            "zone": "us-central1-a",
+            "project_id": "train-prod",
+        },
+    }
+
+
+def _driver_entry(flavour: int, line: str, node: str, i: int) -> dict[str, Any]:
+    """A kernel line as each collector ships it: 0 Ops Agent, 1 legacy agent, 2 GKE node journal."""
+    if flavour == 0:
+        return {
+            "logName": "projects/train-prod/logs/syslog",
+            "jsonPayload": {"message": line},
+            "resource": _gce_instance(i),
+            "labels": {"compute.googleapis.com/resource_name": node},
+        }
+    if flavour == 1:
+        return {
+            "logName": "projects/train-prod/logs/syslog",
+            "textPayload": line,
+            "resource": _gce_instance(i),
+            "labels": {"compute.googleapis.com/resource_name": node},
+        }
+    return {
+        "logName": "projects/train-prod/logs/node-journal",
+        "jsonPayload": {"MESSAGE": line},
+        "resource": {
+            "type": "k8s_node",
+            "labels": {
+                "project_id": "train-prod",
+                "location": "us-central1-a",
+                "cluster_name": "train",
+                "node_name": node,
+            },
+        },
+    }
+
+
+def _audit_entry(method: str, node: str, i: int) -> dict[str, Any]:
+    """A Compute Engine system event (preemption, host error, upcoming maintenance)."""
+    return {
+        "logName": "projects/train-prod/logs/cloudaudit.googleapis.com%2Fsystem_event",
+        "severity": "INFO",
+        "protoPayload": {
+            "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
+            "status": {"message": "Instance was preempted."},
+            "serviceName": "compute.googleapis.com",
+            "methodName": method,
+            "resourceName": f"projects/train-prod/zones/us-central1-a/instances/{node}",
+            "metadata": {
+                "maintenanceStatus": "PENDING",
+                "type": "SCHEDULED",
+                "windowStartTime": "2026-11-22T19:00:00Z",
+                "windowEndTime": "2026-11-22T22:00:00Z",
+            },
+        },
+        "resource": _gce_instance(i),
+    }
+
+
 def realistic_mix(n: int, seed: int = 7) -> list[bytes]:
     """A storm-shaped corpus: mostly Xid lines (Ops Agent, legacy agent, GKE), some noise and audit events."""
     rnd = random.Random(seed)  # noqa: S311 - a reproducible corpus, not a secret
@@ -48,82 +120,9 @@ def realistic_mix(n: int, seed: int = 7) -> list[bytes]:
         r = rnd.random()
         if r < 0.80:
             line = rnd.choice(_XID_LINES) if r < 0.70 else rnd.choice(_NOISE)
-            flavour = rnd.randrange(3)
-            if flavour == 0:
-                base |= {
-                    "logName": "projects/train-prod/logs/syslog",
-                    "jsonPayload": {"message": line},
-                    "resource": {
-                        "type": "gce_instance",
-                        "labels": {
-                            "instance_id": str(7_000_000_000 + i),
-                            "zone": "us-central1-a",
-                            "project_id": "train-prod",
-                        },
-                    },
-                    "labels": {"compute.googleapis.com/resource_name": node},
-                }
-            elif flavour == 1:
-                base |= {
-                    "logName": "projects/train-prod/logs/syslog",
-                    "textPayload": line,
-                    "resource": {
-                        "type": "gce_instance",
-                        "labels": {
-                            "instance_id": str(7_000_000_000 + i),
-                            "zone": "us-central1-a",
-                            "project_id": "train-prod",
-                        },
-                    },
-                    "labels": {"compute.googleapis.com/resource_name": node},
-                }
-            else:
-                base |= {
-                    "logName": "projects/train-prod/logs/node-journal",
-                    "jsonPayload": {"MESSAGE": line},
-                    "resource": {
-                        "type": "k8s_node",
-                        "labels": {
-                            "project_id": "train-prod",
-                            "location": "us-central1-a",
-                            "cluster_name": "train",
-                            "node_name": node,
-                        },
-                    },
-                }
+            base |= _driver_entry(rnd.randrange(3), line, node, i)
         else:
-            method = rnd.choice(
-                [
-                    "compute.instances.preempted",
-                    "compute.instances.hostError",
-                    "compute.instances.upcomingMaintenance",
-                ]
-            )
-            base |= {
-                "logName": "projects/train-prod/logs/cloudaudit.googleapis.com%2Fsystem_event",
-                "severity": "INFO",
-                "protoPayload": {
-                    "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
-                    "status": {"message": "Instance was preempted."},
-                    "serviceName": "compute.googleapis.com",
-                    "methodName": method,
-                    "resourceName": f"projects/train-prod/zones/us-central1-a/instances/{node}",
-                    "metadata": {
-                        "maintenanceStatus": "PENDING",
-                        "type": "SCHEDULED",
-                        "windowStartTime": "2026-11-22T19:00:00Z",
-                        "windowEndTime": "2026-11-22T22:00:00Z",
-                    },
-                },
-                "resource": {
-                    "type": "gce_instance",
-                    "labels": {
-                        "instance_id": str(7_000_000_000 + i),
-                        "zone": "us-central1-a",
-                        "project_id": "train-prod",
-                    },
-                },
-            }
+            base |= _audit_entry(rnd.choice(_AUDIT_METHODS), node, i)
         out.append(json.dumps(base).encode())
     return out
 
@@ -195,14 +194,7 @@ def storm(lines: int, nodes: int, seconds: float = 10.0, seed: int = 11) -> list
             "logName": "projects/train-prod/logs/syslog",
             "timestamp": stamp,
             "jsonPayload": {"message": rnd.choice(_XID_LINES[:2] + _XID_LINES[4:5])},
-            "resource": {
-                "type": "gce_instance",
-                "labels": {
-                    "instance_id": str(7_000_000_000 + i % nodes),
-                    "zone": "us-central1-a",
-                    "project_id": "train-prod",
-                },
-            },
+            "resource": _gce_instance(i % nodes),
             "labels": {"compute.googleapis.com/resource_name": node},
         }
         data = base64.b64encode(json.dumps(entry).encode()).decode()

@@ -5,13 +5,20 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator, Sequence
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 import yaml
 
 from pitstop.core.classify import Classifier
 from pitstop.core.resources import DataFileError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from pitstop.local.stack import ClusterSpec, StackState
+
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def _lines(path: str) -> Iterator[bytes]:
@@ -88,6 +95,7 @@ def _store(project: str | None) -> Any:
 def cmd_incidents(args: argparse.Namespace) -> int:
     import time
 
+    from pitstop.core.states import OPEN_STATES
     from pitstop.core.timeline import durations, iso, render
 
     store, pol = _store(args.project)
@@ -95,7 +103,7 @@ def cmd_incidents(args: argparse.Namespace) -> int:
         out = store.release(args.release, pol, time.time(), by=args.by)
         print(f"{args.release}: {out.result}")
         return 0 if out.result == "released" else 1
-    states = ("OPEN", "HELD", "FENCED", "ACTING", "VERIFYING", "FAILED") if args.open else None
+    states = OPEN_STATES if args.open else None
     incidents = store.list(states)
     if args.json:
         for inc in incidents:
@@ -164,103 +172,106 @@ def cmd_local(args: argparse.Namespace) -> int:
 
     workdir = Path(args.workdir) if args.workdir else st.default_workdir()
     if args.action == "up":
-        spec = st.ClusterSpec()
-        if args.config:
-            import yaml
-
-            conf = yaml.safe_load(Path(args.config).read_text()) or {}
-            for k in ("nodes", "prefix", "spot", "machine_type", "mig", "name"):
-                if k in conf:
-                    setattr(spec, k, conf[k])
-            args.job_nodes = conf.get("job_nodes", args.job_nodes)
-        if args.nodes:
-            spec.nodes = args.nodes
-        if args.spot:
-            spec.spot = args.spot.split(",")
-        stack = st.Stack(workdir, spec)
-        try:
-            state = stack.up()
-        except BaseException:
-            stack.down()
-            raise
-        if args.job_nodes:
-            assert stack.slurm is not None
-            print(
-                f"submitted job {stack.slurm.submit(args.job_nodes, name='train')} on {args.job_nodes} nodes"
-            )
-        print(f"local stack up in {workdir} (stop it with: pitstop local down)")
-        for k, v in state.endpoints.items():
-            print(f"  {k:<11} {v}")
-        print(f"  slurm       SLURM_CONF={state.slurm_conf}")
-        return 0
+        return _local_up(args, workdir)
     if args.action == "down":
         stopped = st.down(workdir)
         print(f"stopped {len(stopped)} processes" if stopped else "no local stack running")
         return 0
     state = st.StackState.load(workdir)
     if args.action == "inject":
-        import time
-
-        router = st.Router(state)
-        sent = dropped = 0
-        gap = 1.0 / args.at_rate if args.at_rate else 0.0
-        for raw in _lines(args.path):
-            try:
-                entry = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                router.publish_raw(raw)  # what a broken producer would send; ingest dead-letters it
-                sent += 1
-                continue
-            if isinstance(entry, dict) and router.publish(entry):
-                sent += 1
-            else:
-                dropped += 1
-            if gap:
-                time.sleep(gap)
-        print(f"published {sent} entries; {dropped} did not match the sink filters")
-        return 0
+        return _local_inject(state, args.path, args.at_rate)
     return _local_status(state, args.json)
 
 
-def _local_status(state: Any, as_json: bool) -> int:
-    import os
-    import subprocess
+def _cluster_spec(args: argparse.Namespace) -> ClusterSpec:
+    """The simulated cluster: defaults, then --config's YAML, then --nodes/--spot (the last word wins).
 
-    from google.cloud import firestore
+    --config may also set job_nodes, which is written back to ``args``.
+    """
+    from pathlib import Path
 
-    from pitstop.core.timeline import durations
-    from pitstop.local.stack import admin, emulator_env, webhook_records
+    from pitstop.local import stack as st
 
-    with emulator_env(state.endpoints):
-        db = firestore.Client(project=state.project)
-    incidents = sorted(
-        (d.to_dict() for d in db.collection("pitstop_incidents").stream()),
-        key=lambda d: d["created_at"] if d else 0,
-    )
-    env = {**os.environ, "SLURM_CONF": state.slurm_conf}
-    sinfo = subprocess.run(
-        ["sinfo", "-h", "-N", "-o", "%N|%T|%E"], env=env, capture_output=True, text=True, check=False
-    ).stdout.splitlines()
-    squeue = subprocess.run(
-        ["squeue", "-h", "-o", "%i|%T|%N|%j"], env=env, capture_output=True, text=True, check=False
-    ).stdout.splitlines()
+    spec = st.ClusterSpec()
+    if args.config:
+        conf = yaml.safe_load(Path(args.config).read_text()) or {}
+        for k in ("nodes", "prefix", "spot", "machine_type", "mig", "name"):
+            if k in conf:
+                setattr(spec, k, conf[k])
+        args.job_nodes = conf.get("job_nodes", args.job_nodes)
+    if args.nodes:
+        spec.nodes = args.nodes
+    if args.spot:
+        spec.spot = args.spot.split(",")
+    return spec
+
+
+def _local_up(args: argparse.Namespace, workdir: Path) -> int:
+    """Start the stack (stopping what did start if any part fails), then print where it answers."""
+    from pitstop.local import stack as st
+
+    stack = st.Stack(workdir, _cluster_spec(args))
+    try:
+        state = stack.up()
+    except BaseException:
+        stack.down()
+        raise
+    if args.job_nodes:
+        assert stack.slurm is not None
+        print(f"submitted job {stack.slurm.submit(args.job_nodes, name='train')} on {args.job_nodes} nodes")
+    print(f"local stack up in {workdir} (stop it with: pitstop local down)")
+    for k, v in state.endpoints.items():
+        print(f"  {k:<11} {v}")
+    print(f"  slurm       SLURM_CONF={state.slurm_conf}")
+    return 0
+
+
+def _local_inject(state: StackState, path: str, at_rate: float) -> int:
+    """Publish entries the way the log sink would: only those its filters select; bad JSON as is."""
+    import time
+
+    from pitstop.local import stack as st
+
+    router = st.Router(state)
+    sent = dropped = 0
+    gap = 1.0 / at_rate if at_rate else 0.0
+    for raw in _lines(path):
+        try:
+            entry = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            router.publish_raw(raw)  # what a broken producer would send; ingest dead-letters it
+            sent += 1
+            continue
+        if isinstance(entry, dict) and router.publish(entry):
+            sent += 1
+        else:
+            dropped += 1
+        if gap:
+            time.sleep(gap)
+    print(f"published {sent} entries; {dropped} did not match the sink filters")
+    return 0
+
+
+def _local_status(state: StackState, as_json: bool) -> int:
+    report = _status_report(state)
+    if as_json:
+        sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+        return 0
+    _print_status(report)
+    return 0
+
+
+def _status_report(state: StackState) -> dict[str, Any]:
+    """One picture of the stack: incidents, Slurm's view, the fake VMs and calls, what was notified."""
+    from pitstop.local.stack import admin, webhook_records
+
+    incidents = _incident_rows(state)
+    sinfo = _slurm_lines(state, ["sinfo", "-h", "-N", "-o", "%N|%T|%E"])
+    squeue = _slurm_lines(state, ["squeue", "-h", "-o", "%i|%T|%N|%j"])
     compute = admin(state, "/_admin/state")
     notes = webhook_records(state)
-    report = {
-        "incidents": [
-            {
-                "id": i["id"],
-                "node": i["node"]["instance"],
-                "state": i["state"],
-                "action": i["action"],
-                "events": i["counts"]["events"],
-                "held": i.get("held"),
-                "failure": i.get("failure"),
-                "durations_s": durations(i),
-            }
-            for i in incidents
-            if i
-        ],
+    return {
+        "incidents": incidents,
         "slurm_nodes": [dict(zip(("node", "state", "reason"), x.split("|"), strict=False)) for x in sinfo],
         "slurm_jobs": [
             dict(zip(("id", "state", "nodes", "name"), x.split("|"), strict=False)) for x in squeue
@@ -269,9 +280,47 @@ def _local_status(state: Any, as_json: bool) -> int:
         "operations": [{"method": c["method"], "path": c["path"]} for c in compute["calls"]],
         "notifications": [n["body"]["text"] for n in notes],
     }
-    if as_json:
-        sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
-        return 0
+
+
+def _incident_rows(state: StackState) -> list[dict[str, Any]]:
+    """The stack's incidents from its Firestore emulator, oldest first."""
+    from google.cloud import firestore
+
+    from pitstop.core.timeline import durations
+    from pitstop.local.stack import emulator_env
+
+    with emulator_env(state.endpoints):
+        db = firestore.Client(project=state.project)
+    incidents = sorted(
+        (d.to_dict() for d in db.collection("pitstop_incidents").stream()),
+        key=lambda d: d["created_at"] if d else 0,
+    )
+    return [
+        {
+            "id": i["id"],
+            "node": i["node"]["instance"],
+            "state": i["state"],
+            "action": i["action"],
+            "events": i["counts"]["events"],
+            "held": i.get("held"),
+            "failure": i.get("failure"),
+            "durations_s": durations(i),
+        }
+        for i in incidents
+        if i
+    ]
+
+
+def _slurm_lines(state: StackState, argv: list[str]) -> list[str]:
+    """A Slurm client command's output lines against the stack's controller (none if it fails)."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "SLURM_CONF": state.slurm_conf}
+    return subprocess.run(argv, env=env, capture_output=True, text=True, check=False).stdout.splitlines()
+
+
+def _print_status(report: dict[str, Any]) -> None:
     print("INCIDENTS")
     for i in report["incidents"]:
         d = i["durations_s"]
@@ -294,7 +343,6 @@ def _local_status(state: Any, as_json: bool) -> int:
     print("NOTIFICATIONS")
     for text in report["notifications"]:
         print("  " + text.replace("\n", "\n    "))
-    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -330,7 +378,13 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pitstop", description="GPU-cluster fault remediation on Google Cloud.")
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (_add_classify, _add_bench, _add_incidents, _add_replay, _add_local, _add_deploy, _add_demo):
+        add(sub)  # in this order: it is the order `pitstop --help` lists them
+    return p
 
+
+def _add_classify(sub: Subparsers) -> None:
+    """classify: JSON Lines of LogEntries in, one FaultEvent line (or table row) out each."""
     c = sub.add_parser(
         "classify", help="classify log entries (JSON Lines in, one FaultEvent JSON line out each)"
     )
@@ -338,6 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--format", choices=("json", "table"), default="json")
     c.set_defaults(func=cmd_classify)
 
+
+def _add_bench(sub: Subparsers) -> None:
+    """bench: speed figures, measured on demand and never asserted in tests."""
     b = sub.add_parser("bench", help="measure speed")
     b.add_argument("target", choices=("classify", "ingest"))
     b.add_argument("--lines", type=int, default=None, help="input lines (classify: 100000, ingest: 20000)")
@@ -346,6 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--instances", default="1,2", help="ingest: function instances to simulate, one run each")
     b.set_defaults(func=cmd_bench)
 
+
+def _add_incidents(sub: Subparsers) -> None:
+    """incidents: read the incident store, or release one held past its budget."""
     i = sub.add_parser("incidents", help="list incidents (Firestore) or release a held one")
     i.add_argument("--open", action="store_true", help="only open, held and failed incidents")
     i.add_argument("--json", action="store_true")
@@ -355,6 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--project", default=None)
     i.set_defaults(func=cmd_incidents)
 
+
+def _add_replay(sub: Subparsers) -> None:
+    """replay: what the policy would have done with past entries (observe mode, no side effects)."""
     r = sub.add_parser("replay", help="what the policy would have done with past log entries (observe mode)")
     src = r.add_mutually_exclusive_group(required=True)
     src.add_argument("path", nargs="?", help="JSON Lines export of LogEntries")
@@ -364,6 +427,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--logging-endpoint", default=None, help=argparse.SUPPRESS)
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_replay)
+
+
+def _add_local(sub: Subparsers) -> None:
+    """local: the whole pipeline on this machine."""
     lo = sub.add_parser("local", help="the whole pipeline on this machine (emulators, fakes, real Slurm)")
     lo.add_argument("action", choices=("up", "down", "status", "inject"))
     lo.add_argument("path", nargs="?", default="-", help="inject: JSON Lines of LogEntries, or -")
@@ -378,6 +445,9 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--json", action="store_true", help="status: machine-readable")
     lo.set_defaults(func=cmd_local)
 
+
+def _add_deploy(sub: Subparsers) -> None:
+    """deploy and teardown share their options; each has one flag of its own."""
     for name, text in (
         ("deploy", "deploy the pipeline into a project with gcloud (idempotent)"),
         ("teardown", "remove what deploy created"),
@@ -392,6 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
             dp.add_argument("--purge", action="store_true", help="also say how to delete incident data")
         dp.set_defaults(func=cmd_deploy)
 
+
+def _add_demo(sub: Subparsers) -> None:
+    """demo: the local stack plus the fault scenarios."""
     d = sub.add_parser("demo", help="start the local stack, run the fault scenarios, stop it")
     d.add_argument(
         "--only", nargs="*", help="xid79 xid13 preemption maintenance duplicates lemon blast_radius poison"
@@ -399,7 +472,6 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
     d.add_argument("--workdir", default=None)
     d.set_defaults(func=cmd_demo)
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,23 +1,25 @@
 """`pitstop deploy` / `pitstop teardown`: the whole pipeline into one project with gcloud.
 
-The plan is an ordered list of gcloud commands built from infra/ (filters, IAM, roles,
-monitoring) and the deploy config. ``--dry-run`` prints it, one command per line, with
-values known only at run time as ``<placeholders>``. A real run is idempotent: each step
-that creates something first asks gcloud whether it exists and then updates or skips it.
+What gets deployed is data: infra/resources.yaml lists the resources in order, and the IAM
+bindings come from infra/iam.yaml. This module is the interpreter: each resource ``kind`` has a
+builder that turns an entry into gcloud commands (create, describe, update, delete). ``--dry-run``
+prints the plan, one command per line, with values known only at run time as ``<placeholders>``.
+A real run is idempotent: each step that creates something first asks gcloud whether it exists
+and then updates or skips it. Planning reads files and writes none.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
-import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
@@ -27,25 +29,10 @@ from pitstop.core.policy import deep_merge
 
 ROOT = Path(__file__).resolve().parents[3]
 INFRA = ROOT / "infra"
-APIS = [
-    "cloudfunctions.googleapis.com",
-    "run.googleapis.com",
-    "cloudbuild.googleapis.com",
-    "artifactregistry.googleapis.com",
-    "eventarc.googleapis.com",
-    "pubsub.googleapis.com",
-    "workflows.googleapis.com",
-    "workflowexecutions.googleapis.com",
-    "firestore.googleapis.com",
-    "logging.googleapis.com",
-    "monitoring.googleapis.com",
-    "secretmanager.googleapis.com",
-    "compute.googleapis.com",
-    "cloudscheduler.googleapis.com",
-    "iam.googleapis.com",
-]
+RESOURCES = INFRA / "resources.yaml"
 EXISTING = "<existing>"  # in update/delete commands: the name the step's check printed
-TOPICS = ["pitstop-events", "pitstop-events-dead", "pitstop-notifications", "pitstop-notifications-dead"]
+DIGEST_LABEL = "pitstop_config"
+Entry = dict[str, Any]
 
 
 @dataclass
@@ -61,6 +48,15 @@ class Step:
 
     def line(self) -> str:
         return shlex.join(["gcloud", *self.argv])
+
+
+def _resources() -> list[Entry]:
+    entries: list[Entry] = yaml.safe_load(RESOURCES.read_text())["resources"]
+    return entries
+
+
+APIS: list[str] = next(e["names"] for e in _resources() if e.get("kind") == "apis")
+TOPICS: list[str] = [e["name"] for e in _resources() if e.get("kind") == "topic" and "for_each" not in e]
 
 
 def load_config(path: str | None) -> dict[str, Any]:
@@ -100,497 +96,428 @@ def sa_email(component: str, project: str) -> str:
     return f"pitstop-{component}@{project}.iam.gserviceaccount.com"
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where a plan deploys, and what its entries may refer to."""
+
+    project: str
+    region: str
+    conf: Mapping[str, Any]
+    source_dir: str
+    iam: Mapping[str, Any]
+    accounts: dict[str, dict[str, Any]]
+    clusters: list[str]
+    sink_scope: list[str]  # --folder=/--organization= of an aggregated sink, else empty
+    variables: dict[str, str]  # what {name} in resources.yaml stands for
+    source: str  # source_digest of the function source
+
+    @property
+    def p(self) -> list[str]:
+        return ["--project", self.project]
+
+    def member(self, component: str) -> str:
+        return f"serviceAccount:{sa_email(component, self.project)}"
+
+
+def _target(project: str, region: str, conf: Mapping[str, Any], source_dir: str) -> Target:
+    iam = yaml.safe_load((INFRA / "iam.yaml").read_text())
+    clusters = list(conf.get("slurm_clusters") or [])
+    agg = conf.get("aggregated_sink") or {}
+    scope = [f"--{k}={agg[k]}" for k in ("folder", "organization") if k in agg][:1]
+    variables = {k: v for k, v in conf.items() if isinstance(v, str)} | {"project": project, "region": region}
+    for name, agent in iam["service_agents"].items():
+        variables[f"{name}_agent"] = agent["member"].format(project_number="<project-number>")
+    return Target(
+        project,
+        region,
+        conf,
+        source_dir,
+        iam,
+        expand_accounts(iam["service_accounts"], clusters),
+        clusters,
+        scope,
+        variables,
+        source_digest(conf.get("policy")),
+    )
+
+
 def plan(
     project: str, region: str, conf: Mapping[str, Any], source_dir: str = "<staged-source>"
 ) -> list[Step]:
-    p, r = ["--project", project], region
-    steps: list[Step] = [Step("enable APIs", ["services", "enable", *APIS, *p])]
-    iam_doc = yaml.safe_load((INFRA / "iam.yaml").read_text())
-    clusters: list[str] = list(conf.get("slurm_clusters") or [])
-    accounts = expand_accounts(iam_doc["service_accounts"], clusters)
-    agent = iam_doc["service_agents"]["pubsub"]
-    pubsub_agent = agent["member"].format(project_number="<project-number>")
-
-    # -- identities ------------------------------------------------------------------
-    role_id = "pitstopActuator"
-    steps.append(
-        Step(
-            "restore the custom role if a teardown deleted it (IAM keeps its id for 37 days)",
-            ["iam", "roles", "undelete", role_id, *p],
-            check=["iam", "roles", "describe", role_id, *p, "--format=value(deleted)"],
-            when="True",
-        )
-    )
-    steps.append(
-        Step(
-            "custom role for actuate",
-            ["iam", "roles", "create", role_id, *p, f"--file={INFRA / 'roles' / 'pitstop-actuator.yaml'}"],
-            check=["iam", "roles", "describe", role_id, *p],
-            update=[
-                "iam",
-                "roles",
-                "update",
-                role_id,
-                *p,
-                f"--file={INFRA / 'roles' / 'pitstop-actuator.yaml'}",
-            ],
-            delete=["iam", "roles", "delete", role_id, *p, "--quiet"],
-        )
-    )
-    for comp, spec in accounts.items():
-        email = sa_email(comp, project)
-        steps.append(
-            Step(
-                f"service account {comp}",
-                [
-                    "iam",
-                    "service-accounts",
-                    "create",
-                    f"pitstop-{comp}",
-                    *p,
-                    f"--display-name={spec['display']}",
-                ],
-                check=["iam", "service-accounts", "describe", email, *p],
-                delete=["iam", "service-accounts", "delete", email, *p, "--quiet"],
-            )
-        )
-        for b in spec.get("project_roles", []):
-            steps.append(
-                Step(
-                    f"{comp}: {b['role'].format(project=project)}",
-                    [
-                        "projects",
-                        "add-iam-policy-binding",
-                        project,
-                        f"--member=serviceAccount:{email}",
-                        f"--role={b['role'].format(project=project)}",
-                        "--condition=None",
-                        "--quiet",
-                    ],
-                    delete=[
-                        "projects",
-                        "remove-iam-policy-binding",
-                        project,
-                        f"--member=serviceAccount:{email}",
-                        f"--role={b['role'].format(project=project)}",
-                        "--condition=None",
-                        "--quiet",
-                    ],
-                )
-            )
-
-    # -- Pub/Sub ---------------------------------------------------------------------
-    for t in TOPICS + [f"pitstop-slurm-{c}" for c in clusters]:
-        steps.append(
-            Step(
-                f"topic {t}",
-                ["pubsub", "topics", "create", t, *p],
-                check=["pubsub", "topics", "describe", t, *p],
-                delete=["pubsub", "topics", "delete", t, *p, "--quiet"],
-            )
-        )
-    for dead in ("pitstop-events-dead", "pitstop-notifications-dead"):
-        steps.append(
-            Step(
-                f"inspection subscription on {dead}",
-                [
-                    "pubsub",
-                    "subscriptions",
-                    "create",
-                    f"{dead}-inspect",
-                    f"--topic={dead}",
-                    "--message-retention-duration=7d",
-                    *p,
-                ],
-                check=["pubsub", "subscriptions", "describe", f"{dead}-inspect", *p],
-                delete=["pubsub", "subscriptions", "delete", f"{dead}-inspect", *p, "--quiet"],
-            )
-        )
-        steps.append(
-            Step(
-                f"Pub/Sub service agent may publish to {dead}",
-                [
-                    "pubsub",
-                    "topics",
-                    "add-iam-policy-binding",
-                    dead,
-                    *p,
-                    f"--member={pubsub_agent}",
-                    "--role=roles/pubsub.publisher",
-                ],
-            )
-        )
-    for c in clusters:
-        sub = f"pitstop-slurm-{c}-agent"
-        steps.append(
-            Step(
-                f"agent subscription for {c}",
-                [
-                    "pubsub",
-                    "subscriptions",
-                    "create",
-                    sub,
-                    f"--topic=pitstop-slurm-{c}",
-                    "--ack-deadline=120",
-                    "--message-retention-duration=1h",
-                    *p,
-                ],
-                check=["pubsub", "subscriptions", "describe", sub, *p],
-                delete=["pubsub", "subscriptions", "delete", sub, *p, "--quiet"],
-            )
-        )
-    for comp, spec in accounts.items():
-        for kind in ("topic", "subscription"):
-            for b in spec.get(f"{kind}_roles", []):
-                for name in _targets(b[kind], spec, clusters):
-                    steps.append(
-                        Step(
-                            f"{comp}: {b['role']} on {name}",
-                            [
-                                "pubsub",
-                                f"{kind}s",
-                                "add-iam-policy-binding",
-                                name,
-                                *p,
-                                f"--member=serviceAccount:{sa_email(comp, project)}",
-                                f"--role={b['role']}",
-                            ],
-                        )
-                    )
-
-    # -- Firestore ---------------------------------------------------------------------
-    steps.append(
-        Step(
-            "Firestore (native mode)",
-            ["firestore", "databases", "create", f"--location={r}", "--type=firestore-native", *p],
-            check=["firestore", "databases", "describe", "--database=(default)", *p],
-        )
-    )
-    steps.append(
-        Step(
-            "TTL on dedup records",
-            [
-                "firestore",
-                "fields",
-                "ttls",
-                "update",
-                "expire_at",
-                "--collection-group=pitstop_dedup",
-                "--enable-ttl",
-                "--async",
-                *p,
-            ],
-        )
-    )
-
-    # -- secret ------------------------------------------------------------------------
-    steps.append(
-        Step(
-            "webhook secret",
-            ["secrets", "create", "pitstop-webhook", "--replication-policy=automatic", *p],
-            check=["secrets", "describe", "pitstop-webhook", *p],
-            delete=["secrets", "delete", "pitstop-webhook", *p, "--quiet"],
-        )
-    )
-    for comp, spec in accounts.items():
-        for b in spec.get("secret_roles", []):
-            steps.append(
-                Step(
-                    f"{comp} reads secret {b['secret']}",
-                    [
-                        "secrets",
-                        "add-iam-policy-binding",
-                        b["secret"],
-                        *p,
-                        f"--member=serviceAccount:{sa_email(comp, project)}",
-                        f"--role={b['role']}",
-                    ],
-                )
-            )
-
-    # -- functions ---------------------------------------------------------------------
-    env = "PITSTOP_POLICY=/workspace/policy.yaml,PITSTOP_NOTIFICATIONS_TOPIC=pitstop-notifications"
-    common = [
-        "--gen2",
-        f"--runtime={conf['runtime']}",
-        f"--region={r}",
-        f"--source={source_dir}",
-        "--no-allow-unauthenticated",
-        *p,
-    ]
-    fn_specs = [
-        ("ingest", "ingest", ["--trigger-topic=pitstop-events", "--retry"], "ingest", env),
-        ("actuate", "actuate", ["--trigger-http", "--timeout=300"], "actuate", env),
-        (
-            "notify",
-            "notify",
-            [
-                "--trigger-topic=pitstop-notifications",
-                "--retry",
-                "--set-secrets=PITSTOP_WEBHOOK_URL=pitstop-webhook:latest",
-            ],
-            "notify",
-            f"{env},PITSTOP_WEBHOOK_FORMAT={conf['webhook_format']}",
-        ),
-        ("sweep", "sweep", ["--trigger-http"], "ingest", env),
-    ]
-    source = source_digest(conf.get("policy"))
-    for name, entry, extra, sa, fn_env in fn_specs:
-        fn = f"pitstop-{name}"
-        argv = [
-            "functions",
-            "deploy",
-            fn,
-            f"--entry-point={entry}",
-            *extra,
-            f"--set-env-vars={fn_env}",
-            f"--service-account={sa_email(sa, project)}",
-            *common,
-        ]
-        digest = config_digest([a for a in argv if not a.startswith("--source=")], source)
-        steps.append(
-            Step(
-                f"function {fn}",
-                [*argv, f"--update-labels={DIGEST_LABEL}={digest}"],
-                check=[
-                    "functions",
-                    "describe",
-                    fn,
-                    "--gen2",
-                    f"--region={r}",
-                    *p,
-                    f"--format=value(labels.{DIGEST_LABEL})",
-                ],
-                expect=digest,
-                delete=["functions", "delete", fn, "--gen2", f"--region={r}", *p, "--quiet"],
-            )
-        )
-    for comp, spec in accounts.items():
-        for b in spec.get("function_roles", []):
-            member = f"--member=serviceAccount:{sa_email(comp, project)}"
-            where = [b["function"], f"--region={r}", member, *p]
-            steps.append(
-                Step(
-                    f"{comp} may invoke {b['function']}",
-                    ["functions", "add-invoker-policy-binding", *where],
-                )
-            )
-    for b in agent.get("account_roles", []):
-        email = sa_email(b["account"], project)
-        steps.append(
-            Step(
-                f"Pub/Sub service agent: {b['role']} on {b['account']}",
-                [
-                    "iam",
-                    "service-accounts",
-                    "add-iam-policy-binding",
-                    email,
-                    *p,
-                    f"--member={pubsub_agent}",
-                    f"--role={b['role']}",
-                ],
-            )
-        )
-    for fn, dlq, attempts in (
-        ("pitstop-ingest", "pitstop-events-dead", 5),
-        ("pitstop-notify", "pitstop-notifications-dead", 10),
-    ):
-        placeholder = f"<{fn}-trigger-subscription>"
-        steps.append(
-            Step(
-                f"dead-letter policy on {fn}'s trigger",
-                [
-                    "pubsub",
-                    "subscriptions",
-                    "update",
-                    placeholder,
-                    f"--dead-letter-topic={dlq}",
-                    f"--max-delivery-attempts={attempts}",
-                    "--min-retry-delay=10s",
-                    "--max-retry-delay=600s",
-                    *p,
-                ],
-            )
-        )
-        steps.append(
-            Step(
-                f"Pub/Sub service agent may ack {fn}'s trigger subscription",
-                [
-                    "pubsub",
-                    "subscriptions",
-                    "add-iam-policy-binding",
-                    placeholder,
-                    *p,
-                    f"--member={pubsub_agent}",
-                    "--role=roles/pubsub.subscriber",
-                ],
-            )
-        )
-
-    # -- workflow ----------------------------------------------------------------------
-    wf_env = (
-        "PITSTOP_ACTUATE_URL=<pitstop-actuate-url>,PITSTOP_POLL_S=30,PITSTOP_OP_TIMEOUT_S=1800,"
-        "PITSTOP_VERIFY_TIMEOUT_S=2700"
-    )
-    wf_source = ROOT / "workflows" / "remediate.yaml"
-    wf_digest = config_digest([project, r, wf_env, sa_email("workflow", project)], _digest_files([wf_source]))
-    steps.append(
-        Step(
-            "workflow pitstop-remediate",
-            [
-                "workflows",
-                "deploy",
-                "pitstop-remediate",
-                f"--source={wf_source}",
-                f"--location={r}",
-                f"--service-account={sa_email('workflow', project)}",
-                f"--set-env-vars={wf_env}",
-                "--call-log-level=log-errors-only",
-                f"--labels={DIGEST_LABEL}={wf_digest}",
-                *p,
-            ],
-            check=[
-                "workflows",
-                "describe",
-                "pitstop-remediate",
-                f"--location={r}",
-                *p,
-                f"--format=value(labels.{DIGEST_LABEL})",
-            ],
-            expect=wf_digest,
-            delete=["workflows", "delete", "pitstop-remediate", f"--location={r}", *p, "--quiet"],
-        )
-    )
-
-    # -- sinks -------------------------------------------------------------------------
-    agg = conf.get("aggregated_sink") or {}
-    scope = (
-        [f"--folder={agg['folder']}"]
-        if "folder" in agg
-        else [f"--organization={agg['organization']}"]
-        if "organization" in agg
-        else []
-    )
-    for sink, flt in sinks.sink_filters().items():
-        dest = f"pubsub.googleapis.com/projects/{project}/topics/pitstop-events"
-        where = [*scope, "--include-children"] if scope else p
-        steps.append(
-            Step(
-                f"log sink {sink}",
-                ["logging", "sinks", "create", sink, dest, f"--log-filter={flt}", *where],
-                check=["logging", "sinks", "describe", sink, *(scope or p)],
-                update=["logging", "sinks", "update", sink, dest, f"--log-filter={flt}", *(scope or p)],
-                delete=["logging", "sinks", "delete", sink, *(scope or p), "--quiet"],
-            )
-        )
-        placeholder = f"<{sink}-writer-identity>"
-        steps.append(
-            Step(
-                f"{sink} may publish to pitstop-events (only)",
-                [
-                    "pubsub",
-                    "topics",
-                    "add-iam-policy-binding",
-                    "pitstop-events",
-                    *p,
-                    f"--member={placeholder}",
-                    "--role=roles/pubsub.publisher",
-                ],
-            )
-        )
-    steps.append(
-        Step(
-            "log-based metric pitstop_xid_lines (by Xid code)",
-            [
-                "logging",
-                "metrics",
-                "create",
-                "pitstop_xid_lines",
-                f"--config-from-file={xid_metric_config()}",
-                *p,
-            ],
-            check=["logging", "metrics", "describe", "pitstop_xid_lines", *p],
-            update=[
-                "logging",
-                "metrics",
-                "update",
-                "pitstop_xid_lines",
-                f"--config-from-file={xid_metric_config()}",
-                *p,
-            ],
-            delete=["logging", "metrics", "delete", "pitstop_xid_lines", *p, "--quiet"],
-        )
-    )
-
-    # -- schedule, monitoring ------------------------------------------------------------
-    job = [
-        "pitstop-sweep",
-        f"--location={r}",
-        "--schedule=* * * * *",
-        "--uri=<pitstop-sweep-url>",
-        "--http-method=POST",
-        f"--oidc-service-account-email={sa_email('scheduler', project)}",
-        *p,
-    ]
-    steps.append(
-        Step(
-            "sweep every minute",
-            ["scheduler", "jobs", "create", "http", *job],
-            check=["scheduler", "jobs", "describe", "pitstop-sweep", f"--location={r}", *p],
-            update=["scheduler", "jobs", "update", "http", *job],
-            delete=["scheduler", "jobs", "delete", "pitstop-sweep", f"--location={r}", *p, "--quiet"],
-        )
-    )
-    dashboard = INFRA / "monitoring" / "dashboard.json"
-    title = json.loads(dashboard.read_text())["displayName"]
-    steps.append(
-        Step(
-            "dashboard",
-            ["monitoring", "dashboards", "create", f"--config-from-file={dashboard}", *p],
-            check=[
-                "monitoring",
-                "dashboards",
-                "list",
-                *p,
-                f"--filter=displayName={json.dumps(title)}",
-                "--format=value(name)",
-            ],
-            update=[
-                "monitoring",
-                "dashboards",
-                "update",
-                EXISTING,
-                f"--config-from-file={dashboard}",
-                *p,
-            ],
-            delete=["monitoring", "dashboards", "delete", EXISTING, *p, "--quiet"],
-        )
-    )
-    for alert in sorted((INFRA / "monitoring").glob("alert-*.json")):
-        title = json.loads(alert.read_text())["displayName"]
-        policies = ["alpha", "monitoring", "policies"]
-        steps.append(
-            Step(
-                f"alert {alert.stem}",
-                [*policies, "create", f"--policy-from-file={alert}", *p],
-                check=[
-                    *policies,
-                    "list",
-                    *p,
-                    f"--filter=displayName={json.dumps(title)}",
-                    "--format=value(name)",
-                ],
-                update=[*policies, "update", EXISTING, f"--policy-from-file={alert}", *p],
-                delete=[*policies, "delete", EXISTING, *p, "--quiet"],
-            )
-        )
-    learn = runtime_values(project, r, scope or p)
+    """The ordered steps that deploy infra/resources.yaml into the project (nothing is run)."""
+    t = _target(project, region, conf, source_dir)
+    steps = [step for entry in _entries(_resources(), t, {}) for step in _build(entry, t)]
+    learn = runtime_values(project, region, t.sink_scope or t.p)
     for step in steps:
         step.captures = _captures([*step.argv, *(step.update or [])], learn)
     return steps
 
 
-DIGEST_LABEL = "pitstop_config"
+def dry_run_lines(project: str, region: str, conf: Mapping[str, Any]) -> list[str]:
+    return [s.line() for s in plan(project, region, conf)]
+
+
+# -- reading resources.yaml: repetition, generated entries, {variables} ------------------------
+
+
+def _entries(entries: Iterable[Entry], t: Target, scope: Mapping[str, str]) -> Iterator[Entry]:
+    """Each resource entry once per `for_each` value, groups and `expand` generators flattened."""
+    for entry in entries:
+        for values in FOR_EACH[entry["for_each"]](entry, t) if "for_each" in entry else [{}]:
+            inner = {**scope, **values}
+            if "resources" in entry:
+                yield from _entries(entry["resources"], t, inner)
+            elif "expand" in entry:
+                for generated, own in EXPAND[entry["expand"]](entry, t):
+                    yield _render(generated, {**t.variables, **inner, **own})
+            else:
+                yield _render(entry, {**t.variables, **inner})
+
+
+def _render(value: Any, variables: Mapping[str, str]) -> Any:
+    """{name} replaced in every string; unknown names stay (they are not templates)."""
+    if isinstance(value, str):
+        return re.sub(r"\{([a-z_]+)\}", lambda m: variables.get(m[1], m[0]), value)
+    if isinstance(value, list):
+        return [_render(v, variables) for v in value]
+    if isinstance(value, dict):
+        return {k: _render(v, variables) for k, v in value.items()}
+    return value
+
+
+FOR_EACH: dict[str, Callable[[Entry, Target], list[dict[str, str]]]] = {
+    "cluster": lambda _, t: [{"cluster": c} for c in t.clusters],
+    "sink": lambda _, t: [{"sink": s} for s in sinks.SINK_FILTERS],
+    "file": lambda e, _: [
+        {"file": str(f.relative_to(INFRA)), "stem": f.stem} for f in sorted(INFRA.glob(e["files"]))
+    ],
+}
+Generated = Iterator[tuple[Entry, dict[str, str]]]  # an entry and the variables it is rendered with
+
+
+def _expand_accounts(entry: Entry, t: Target) -> Generated:
+    """iam.yaml's service accounts, each followed by its project-level roles."""
+    for comp, spec in t.accounts.items():
+        account = {"kind": "service-account", "name": comp, "display": spec["display"]}
+        yield {**account, "what": entry["what"]}, {"account": comp}
+        for b in spec.get("project_roles", []):
+            role = _render(b["role"], t.variables)
+            binding = {"kind": "project-binding", "member": t.member(comp), "role": role}
+            yield {**binding, "what": entry["role_what"]}, {"account": comp, "role": role}
+
+
+def _expand_account_roles(entry: Entry, t: Target) -> Generated:
+    """iam.yaml's resource-level roles (`topic_roles` ...) as `topic-binding` ... entries."""
+    for comp, spec in t.accounts.items():
+        for key in entry["roles"]:
+            on = key.removesuffix("_roles")
+            for b in spec.get(key, []):
+                for name in _targets(b[on], spec, t.clusters):
+                    grant = {"name": name, "member": t.member(comp), "role": b["role"]}
+                    yield (
+                        {"kind": f"{on}-binding", **grant, "what": entry["what"]},
+                        {"account": comp, **grant},
+                    )
+
+
+def _expand_agent_roles(entry: Entry, t: Target) -> Generated:
+    """A Google service agent's roles on Pitstop's own accounts (iam.yaml service_agents)."""
+    member = t.variables[f"{entry['agent']}_agent"]
+    for b in t.iam["service_agents"][entry["agent"]].get("account_roles", []):
+        name = sa_email(b["account"], t.project)
+        binding = {"kind": "service-account-binding", "name": name, "member": member, "role": b["role"]}
+        yield {**binding, "what": entry["what"]}, {"account": b["account"], "role": b["role"]}
+
+
+EXPAND: dict[str, Callable[[Entry, Target], Generated]] = {
+    "accounts": _expand_accounts,
+    "account-roles": _expand_account_roles,
+    "agent-roles": _expand_agent_roles,
+}
+
+
+# -- the kinds: one builder per resource kind -------------------------------------------------
+
+
+def _build(entry: Entry, t: Target) -> list[Step]:
+    if entry.get("kind") not in KINDS:
+        raise ValueError(f"{RESOURCES.name}: unknown kind {entry.get('kind')!r} in {entry}")
+    return KINDS[entry["kind"]](entry, t)
+
+
+def _crud(
+    what: str,
+    group: list[str],
+    name: str,
+    where: list[str],
+    pre: Iterable[str] = (),
+    post: Iterable[str] = (),
+) -> Step:
+    """A resource gcloud names on its command line: `group create|describe|delete name`."""
+    return Step(
+        what,
+        [*group, "create", name, *pre, *where, *post],
+        check=[*group, "describe", name, *where],
+        delete=[*group, "delete", name, *where, "--quiet"],
+    )
+
+
+def _updatable(step: Step) -> Step:
+    """The same step with `update` in place of `create`: rerunning converges instead of skipping."""
+    verb = step.argv.index("create")
+    step.update = [*step.argv[:verb], "update", *step.argv[verb + 1 :]]
+    return step
+
+
+def _apis(e: Entry, t: Target) -> list[Step]:
+    return [Step(e.get("what", "enable APIs"), ["services", "enable", *e["names"], *t.p])]
+
+
+def _custom_role(e: Entry, t: Target) -> list[Step]:
+    """The role, and first its restore: IAM keeps a deleted role's id for 37 days, so create fails."""
+    role, p = e["name"], t.p
+    restore = Step(
+        "restore the custom role if a teardown deleted it (IAM keeps its id for 37 days)",
+        ["iam", "roles", "undelete", role, *p],
+        check=["iam", "roles", "describe", role, *p, "--format=value(deleted)"],
+        when="True",
+    )
+    create = _crud(e["what"], ["iam", "roles"], role, p, post=[f"--file={INFRA / e['file']}"])
+    return [restore, _updatable(create)]
+
+
+def _service_account(e: Entry, t: Target) -> list[Step]:
+    """Created by its account id, then known by its email."""
+    group, email = ["iam", "service-accounts"], sa_email(e["name"], t.project)
+    create = [*group, "create", f"pitstop-{e['name']}", *t.p, f"--display-name={e['display']}"]
+    where = [email, *t.p]
+    return [
+        Step(
+            e["what"],
+            create,
+            check=[*group, "describe", *where],
+            delete=[*group, "delete", *where, "--quiet"],
+        )
+    ]
+
+
+def _topic(e: Entry, t: Target) -> list[Step]:
+    return [_crud(e.get("what", f"topic {e['name']}"), ["pubsub", "topics"], e["name"], t.p)]
+
+
+def _subscription(e: Entry, t: Target) -> list[Step]:
+    pre = [f"--topic={e['topic']}", *e.get("flags", [])]
+    return [_crud(e["what"], ["pubsub", "subscriptions"], e["name"], t.p, pre=pre)]
+
+
+def _subscription_update(e: Entry, t: Target) -> list[Step]:
+    return [Step(e["what"], ["pubsub", "subscriptions", "update", e["name"], *e["flags"], *t.p])]
+
+
+def _secret(e: Entry, t: Target) -> list[Step]:
+    pre = ["--replication-policy=automatic"]
+    return [_crud(e["what"], ["secrets"], e["name"], t.p, pre=pre)]
+
+
+def _firestore_database(e: Entry, t: Target) -> list[Step]:
+    create = ["firestore", "databases", "create", f"--location={t.region}", "--type=firestore-native"]
+    check = ["firestore", "databases", "describe", "--database=(default)", *t.p]
+    return [Step(e["what"], [*create, *t.p], check=check)]  # never deleted: it holds the incidents
+
+
+def _firestore_ttl(e: Entry, t: Target) -> list[Step]:
+    ttl = ["firestore", "fields", "ttls", "update", e["field"], f"--collection-group={e['collection_group']}"]
+    return [Step(e["what"], [*ttl, "--enable-ttl", "--async", *t.p])]
+
+
+def _binding(group: list[str]) -> Callable[[Entry, Target], list[Step]]:
+    """`group add-iam-policy-binding`: on a topic, subscription, secret or service account."""
+
+    def build(e: Entry, t: Target) -> list[Step]:
+        grant = [f"--member={e['member']}", f"--role={e['role']}"]
+        return [Step(e["what"], [*group, "add-iam-policy-binding", e["name"], *t.p, *grant])]
+
+    return build
+
+
+def _project_binding(e: Entry, t: Target) -> list[Step]:
+    """Project-level: the only bindings teardown removes (the others go with their resource)."""
+    grant = [f"--member={e['member']}", f"--role={e['role']}", "--condition=None", "--quiet"]
+    return [
+        Step(
+            e["what"],
+            ["projects", "add-iam-policy-binding", t.project, *grant],
+            delete=["projects", "remove-iam-policy-binding", t.project, *grant],
+        )
+    ]
+
+
+def _function_binding(e: Entry, t: Target) -> list[Step]:
+    where = [e["name"], f"--region={t.region}", f"--member={e['member']}", *t.p]
+    return [Step(e["what"], ["functions", "add-invoker-policy-binding", *where])]
+
+
+def _env(env: Mapping[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in env.items())
+
+
+def _function(e: Entry, t: Target) -> list[Step]:
+    """A gen2 function from the staged source, labelled with a digest of its flags and source."""
+    fn, where = e["name"], [e["name"], "--gen2", f"--region={t.region}", *t.p]
+    argv = ["functions", "deploy", fn, f"--entry-point={e['entry_point']}", *e.get("flags", [])]
+    argv += [f"--set-env-vars={_env(e['env'])}", f"--service-account={sa_email(e['account'], t.project)}"]
+    argv += ["--gen2", f"--runtime={t.conf['runtime']}", f"--region={t.region}", f"--source={t.source_dir}"]
+    argv += ["--no-allow-unauthenticated", *t.p]
+    digest = config_digest([a for a in argv if not a.startswith("--source=")], t.source)
+    return [
+        Step(
+            e.get("what", f"function {fn}"),
+            [*argv, f"--update-labels={DIGEST_LABEL}={digest}"],
+            check=["functions", "describe", *where, f"--format=value(labels.{DIGEST_LABEL})"],
+            expect=digest,
+            delete=["functions", "delete", *where, "--quiet"],
+        )
+    ]
+
+
+def _workflow(e: Entry, t: Target) -> list[Step]:
+    """The workflow as is from workflows/, labelled like a function."""
+    name, source, env = e["name"], ROOT / e["source"], _env(e["env"])
+    email, where = sa_email(e["account"], t.project), [e["name"], f"--location={t.region}"]
+    digest = config_digest([t.project, t.region, env, email], _digest_files([source]))
+    argv = ["workflows", "deploy", name, f"--source={source}", f"--location={t.region}"]
+    argv += [f"--service-account={email}", f"--set-env-vars={env}", *e.get("flags", [])]
+    return [
+        Step(
+            e.get("what", f"workflow {name}"),
+            [*argv, f"--labels={DIGEST_LABEL}={digest}", *t.p],
+            check=["workflows", "describe", *where, *t.p, f"--format=value(labels.{DIGEST_LABEL})"],
+            expect=digest,
+            delete=["workflows", "delete", *where, *t.p, "--quiet"],
+        )
+    ]
+
+
+def _log_sink(e: Entry, t: Target) -> list[Step]:
+    """A sink with its filter file; an aggregated one lives in its folder or organization."""
+    sink, where = e["name"], t.sink_scope or t.p
+    dest = f"pubsub.googleapis.com/projects/{t.project}/topics/{e['topic']}"
+    pre = [dest, f"--log-filter={sinks.read_filter(sinks.SINK_FILTERS[sink])}"]
+    step = _updatable(_crud(e.get("what", f"log sink {sink}"), ["logging", "sinks"], sink, where, pre))
+    step.argv += ["--include-children"] if t.sink_scope else []
+    return [step]
+
+
+def _log_metric(e: Entry, t: Target) -> list[Step]:
+    pre = [f"--config-from-file={_config_path(e)}"]
+    return [_updatable(_crud(e["what"], ["logging", "metrics"], e["name"], t.p, pre))]
+
+
+def _scheduler_job(e: Entry, t: Target) -> list[Step]:
+    name, where = e["name"], [e["name"], f"--location={t.region}"]
+    job = [*where, f"--schedule={e['schedule']}", f"--uri={e['uri']}", "--http-method=POST"]
+    job += [f"--oidc-service-account-email={sa_email(e['account'], t.project)}", *t.p]
+    return [
+        Step(
+            e.get("what", f"scheduler job {name}"),
+            ["scheduler", "jobs", "create", "http", *job],
+            check=["scheduler", "jobs", "describe", *where, *t.p],
+            update=["scheduler", "jobs", "update", "http", *job],
+            delete=["scheduler", "jobs", "delete", *where, *t.p, "--quiet"],
+        )
+    ]
+
+
+def _by_title(group: list[str], flag: str) -> Callable[[Entry, Target], list[Step]]:
+    """Monitoring objects get server-chosen ids: found (and updated, deleted) by display name."""
+
+    def build(e: Entry, t: Target) -> list[Step]:
+        path = INFRA / e["file"]
+        title = json.loads(path.read_text())["displayName"]
+        listed = [*t.p, f"--filter=displayName={json.dumps(title)}", "--format=value(name)"]
+        return [
+            Step(
+                e["what"],
+                [*group, "create", f"--{flag}={path}", *t.p],
+                check=[*group, "list", *listed],
+                update=[*group, "update", EXISTING, f"--{flag}={path}", *t.p],
+                delete=[*group, "delete", EXISTING, *t.p, "--quiet"],
+            )
+        ]
+
+    return build
+
+
+KINDS: dict[str, Callable[[Entry, Target], list[Step]]] = {
+    "apis": _apis,
+    "custom-role": _custom_role,
+    "service-account": _service_account,
+    "project-binding": _project_binding,
+    "topic": _topic,
+    "topic-binding": _binding(["pubsub", "topics"]),
+    "subscription": _subscription,
+    "subscription-update": _subscription_update,
+    "subscription-binding": _binding(["pubsub", "subscriptions"]),
+    "firestore-database": _firestore_database,
+    "firestore-ttl": _firestore_ttl,
+    "secret": _secret,
+    "secret-binding": _binding(["secrets"]),
+    "service-account-binding": _binding(["iam", "service-accounts"]),
+    "function": _function,
+    "function-binding": _function_binding,
+    "workflow": _workflow,
+    "log-sink": _log_sink,
+    "log-metric": _log_metric,
+    "scheduler-job": _scheduler_job,
+    "dashboard": _by_title(["monitoring", "dashboards"], "config-from-file"),
+    "alert-policy": _by_title(["alpha", "monitoring", "policies"], "policy-from-file"),
+}
+
+
+# -- files gcloud reads that are derived, not kept in infra/ ------------------------------------
+
+
+def _config_path(entry: Entry) -> Path:
+    return Path(tempfile.gettempdir()) / str(entry["config_file"])
+
+
+def _configs() -> dict[str, str]:
+    """Each `config_file` of resources.yaml by its path, as JSON (a `filter_file` folded in)."""
+    out = {}
+    for e in _resources():
+        if "config_file" in e:
+            conf = {
+                ("filter" if k == "filter_file" else k): sinks.read_filter(v) if k == "filter_file" else v
+                for k, v in e["config"].items()
+            }
+            out[str(_config_path(e))] = json.dumps(conf, indent=2)
+    return out
+
+
+def write_config_files(argv: list[str]) -> None:
+    """Write the derived files a command names, just before it runs (planning writes nothing).
+
+    Replaced atomically, never written through: the path is in the shared temp directory.
+    """
+    for path, text in _configs().items():
+        if any(a.endswith(f"={path}") for a in argv):
+            fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=".pitstop-")
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+
+
+# -- the function source --------------------------------------------------------------------
+
+SHIPPED = (
+    "main.py",
+    "requirements.txt",
+    "pitstop/__init__.py",
+    "pitstop/core",
+    "pitstop/services",
+    "pitstop/adapters",
+)
+BUNDLED = {"pitstop/schemas": ROOT / "schemas", "pitstop/filters": INFRA / "filters"}  # data read at run time
 
 
 def config_digest(argv: list[str], content: str) -> str:
@@ -607,53 +534,42 @@ def _digest_files(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
-SKIPPED_DIRS = {"__pycache__", "local"}  # local/: the emulator-side stand-ins never run in the cloud
+def _shipped(policy_path: str | None) -> dict[str, bytes]:
+    """The function source, file by file (path in the upload -> content).
 
-
-def _not_shipped(directory: str, names: list[str]) -> set[str]:
-    return {n for n in names if n in SKIPPED_DIRS or n.endswith((".pyc", ".pyo"))} | (
-        set(names) if Path(directory).name in SKIPPED_DIRS else set()
-    )
+    An allow-list: only what the functions import or read at run time, so the CLI, the Slurm agent
+    and the local stand-ins never ship, and nothing new ships by accident.
+    """
+    roots = {name: ROOT / "functions" / name for name in SHIPPED} | BUNDLED
+    out: dict[str, bytes] = {}
+    for name, src in roots.items():
+        files = [src] if src.is_file() else sorted(f for f in src.rglob("*") if f.is_file())
+        for f in files:
+            rel = f.relative_to(src).parts
+            if any(p == "__pycache__" or p.startswith(".") for p in rel) or f.suffix in (".pyc", ".pyo"):
+                continue
+            out[str(PurePosixPath(name, *rel))] = f.read_bytes()
+    out["policy.yaml"] = Path(policy_path).read_bytes() if policy_path else b"{}\n"  # {}: observe mode
+    return out
 
 
 def source_digest(policy_path: str | None) -> str:
-    """The content stage_source would upload, without staging it (a dry run prints the same label)."""
-    files = [
-        f
-        for d in (ROOT / "functions", ROOT / "schemas", INFRA / "filters")
-        for f in sorted(d.rglob("*"))
-        if f.is_file() and not _not_shipped(str(f.parent), [f.name]) and not set(f.parts) & SKIPPED_DIRS
-    ]
-    policy = Path(policy_path).read_bytes() if policy_path else b"{}\n"
-    return hashlib.sha256(_digest_files(files).encode() + policy).hexdigest()
+    """sha256 over each staged file's path, NUL, content, NUL in path order: what stage_source writes.
 
-
-def xid_metric_config() -> Path:
-    """The log-based metric behind the dashboard's Xid-rate chart, from the same filter file."""
-    conf = {
-        "description": "GPU Xid log lines (Ops Agent syslog; the label reads jsonPayload.message)",
-        "filter": sinks.read_filter("gpu-xid.filter"),
-        "labelExtractors": {"xid": r'REGEXP_EXTRACT(jsonPayload.message, "NVRM: Xid \\([^)]*\\): (\\d+)")'},
-        "metricDescriptor": {
-            "metricKind": "DELTA",
-            "valueType": "INT64",
-            "labels": [{"key": "xid", "valueType": "STRING", "description": "Xid code"}],
-        },
-    }
-    path = Path(tempfile.gettempdir()) / "pitstop-xid-metric.json"
-    path.write_text(json.dumps(conf, indent=2))
-    return path
+    Computed without staging, so a dry run prints the same labels as a real run.
+    """
+    h = hashlib.sha256()
+    for name, data in sorted(_shipped(policy_path).items()):
+        h.update(name.encode() + b"\0" + data + b"\0")
+    return h.hexdigest()
 
 
 def stage_source(policy_path: str | None, into: Path | None = None) -> Path:
-    """functions/ plus the data it reads at run time (schemas, filters, policy), as Cloud Build uploads it."""
+    """The function source as gcloud uploads it: the shipped code, its data and the policy."""
     out = into or Path(tempfile.mkdtemp(prefix="pitstop-src-"))
-    shutil.copytree(ROOT / "functions", out, dirs_exist_ok=True, ignore=_not_shipped)
-    shutil.copytree(ROOT / "schemas", out / "pitstop" / "schemas", dirs_exist_ok=True)
-    shutil.copytree(INFRA / "filters", out / "pitstop" / "filters", dirs_exist_ok=True)
-    src = Path(policy_path) if policy_path else ROOT / "schemas" / "policy.defaults.yaml"
-    text = src.read_text() if policy_path else "{}\n"  # shipped defaults: observe mode
-    (out / "policy.yaml").write_text(text)
+    for name, data in _shipped(policy_path).items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
     return out
 
 
@@ -744,6 +660,7 @@ def apply(steps: list[Step], run: Runner = _gcloud, log: Callable[[str], None] =
             if step.update is not None:
                 existing = found.splitlines()[0]
                 argv = [_fill(a, {**values, EXISTING: existing}) for a in step.update]
+        write_config_files(argv)
         res = run(argv)
         if res.returncode != 0:
             log(f"FAILED   {step.what}: {res.stderr.strip()[:500]}")
@@ -795,7 +712,3 @@ def teardown(
             "pitstop_slurm_results,pitstop_notifications`"
         )
     return 0
-
-
-def dry_run_lines(project: str, region: str, conf: Mapping[str, Any]) -> list[str]:
-    return [s.line() for s in plan(project, region, conf)]

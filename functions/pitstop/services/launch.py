@@ -1,0 +1,102 @@
+"""The one path from a decided incident step to a running workflow execution.
+
+Whoever asks for a step — ingest for a new or raised incident, the sweep for a released
+one, actuate for a step-up at close — the same three things happen: the engine decides
+(policy, cooldown, budgets, mode), the store commits that decision with the step marked
+``pending`` in the same transaction, and :meth:`Launcher.follow_up` pages a human if the
+engine asked for one and starts the step at most once (lease, find-or-create by labels,
+record). A starter that dies half-way leaves the step pending; the sweep picks it up once
+the lease has run out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from pitstop.adapters import log
+from pitstop.adapters.firestore import IncidentStore
+from pitstop.core.engine import Outcome
+from pitstop.core.policy import Policy
+from pitstop.core.states import RunState
+
+
+class Starter(Protocol):
+    def find(self, incident_id: str, step: int) -> str | None: ...
+    def start(self, incident_id: str, step: int, argument: Mapping[str, Any]) -> str: ...
+
+
+class Publisher(Protocol):
+    def publish(self, notification: Mapping[str, Any]) -> str: ...
+
+
+def workflow_argument(inc: Mapping[str, Any], step: int) -> dict[str, Any]:
+    """What one execution of remediate.yaml is given about its incident."""
+    return {
+        "incident_id": inc["id"],
+        "step": step,
+        "action": inc["action"],
+        "kind": inc["kind"],
+        "xid": inc["xid"],
+        "node": inc["node"],
+        "cluster": inc["cluster"],
+        "scheduler": inc["scheduler"],
+        "reason": inc["reason"],
+        "maintenance": inc.get("maintenance"),
+    }
+
+
+def start_lost(inc: Mapping[str, Any], now: float) -> bool:
+    """A step was decided but its starter's lease ran out before it recorded a start."""
+    wf = inc.get("workflow") or {}
+    return bool(wf.get("state") == RunState.PENDING and wf.get("lease_until", 0) <= now)
+
+
+class Launcher:
+    def __init__(self, store: IncidentStore, starter: Starter | None, notifier: Publisher | None) -> None:
+        self.store, self.starter, self.notifier = store, starter, notifier
+
+    def follow_up(self, out: Outcome, policy: Policy, now: float) -> None:
+        """Act on a committed decision: page a human, start its step, or recover a lost start."""
+        inc = out.incident
+        if out.page:
+            self._page(out.page, inc)
+        if out.start_step is not None and inc is not None:
+            self.start(inc["id"], out.start_step, policy, now)
+        elif inc is not None:
+            if start_lost(inc, now):
+                self.recover(inc["id"], policy, now)  # its starter died: whoever sees it next starts it
+        elif out.result == "duplicate" and out.duplicate_of:
+            self.recover(out.duplicate_of, policy, now)
+
+    def start(self, iid: str, step: int, policy: Policy, now: float) -> str | None:
+        """Start (at most once) the execution for one incident step."""
+        if self.starter is None or not policy.enforce:
+            return None
+        inc = self.store.lease_start(iid, step, now)
+        if inc is None:
+            return None  # another starter holds the lease, or it is already started
+        name = self.starter.find(iid, step) or self.starter.start(iid, step, workflow_argument(inc, step))
+        self.store.record_started(iid, step, name, now)
+        log.emit("INFO", "remediation started", incident=iid, step=step, execution=name)
+        return name
+
+    def recover(self, iid: str, policy: Policy, now: float) -> None:
+        """Start a decided step whose starter died, if it is still pending (read fresh)."""
+        inc = self.store.get(iid)
+        if inc is not None and start_lost(inc, now):
+            self.start(iid, int(inc["workflow"]["step"]), policy, now)
+
+    def _page(self, reason: str, inc: Mapping[str, Any] | None) -> None:
+        if self.notifier is None:
+            return
+        self.notifier.publish(
+            {
+                "kind": "page",
+                "severity": "critical",
+                "summary": reason,
+                "incident": {
+                    k: (inc or {}).get(k) for k in ("id", "node", "cluster", "action", "state", "held")
+                },
+            }
+        )

@@ -1,0 +1,571 @@
+"""The Slurm agent: each command runs once, hiccups are retried, other people's drains are respected.
+
+The claim protocol runs against the Firestore emulator; Slurm itself is either a scripted
+``run`` (to control timing and failures exactly) or the real slurmctld/slurmd of
+pitstop.local.slurm (drains, requeues of array tasks and heterogeneous jobs, an unreachable
+controller).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.cloud import firestore
+
+from pitstop.adapters.errors import ActuatorError
+from pitstop.adapters.scheduler import RESULT_DONE, RESULT_FAILED, RESULT_RUNNING, SlurmScheduler
+from pitstop.agent.slurm import (
+    JOB,
+    Agent,
+    CommandRefusedError,
+    SlurmCommands,
+    SlurmOutputError,
+    is_transient,
+    parse_node,
+)
+from pitstop.local.slurm import SlurmCluster
+
+INCIDENT = "iabcdefgh2"
+OTHER_INCIDENT = "izyxwvut76"
+CTX = f"{INCIDENT}-1"
+SOCKET_TIMEOUT = "scontrol exited 1: slurm_update error: Socket timed out on send/recv operation"
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+class Script:
+    """A scripted Slurm: records every argv; ``answer`` decides what each call returns or raises."""
+
+    def __init__(self, answer: Callable[[list[str]], str] | None = None) -> None:
+        self.argvs: list[list[str]] = []
+        self.answer = answer or (lambda argv: "")
+        self.lock = threading.Lock()
+
+    def __call__(self, argv: list[str]) -> str:
+        with self.lock:
+            self.argvs.append(list(argv))
+        return self.answer(argv)
+
+    def count(self, *head: str) -> int:
+        return sum(1 for a in self.argvs if a[: len(head)] == list(head))
+
+
+def command(cid: str, op: str, args: dict[str, Any], deadline_in: float = 300.0) -> bytes:
+    now = time.time()
+    return json.dumps(
+        {"id": cid, "op": op, "args": args, "issued_at": now, "deadline": now + deadline_in}
+    ).encode()
+
+
+def doc(results: Any, cid: str) -> dict[str, Any]:
+    snap = results.document(cid).get()
+    assert snap.exists
+    d: dict[str, Any] = snap.to_dict()
+    return d
+
+
+class Loopback:
+    """A Pub/Sub publisher that hands each command straight to an agent on its own thread."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.published: list[dict[str, Any]] = []
+
+    def publish(self, topic: str, data: bytes, **attrs: str) -> Future[str]:
+        self.published.append(json.loads(data))
+        threading.Thread(target=self.agent.handle, args=(data,), daemon=True).start()
+        done: Future[str] = Future()
+        done.set_result(str(len(self.published)))
+        return done
+
+
+@pytest.fixture
+def results(fs_client: firestore.Client) -> Any:
+    return fs_client.collection("pitstop_slurm_results")
+
+
+# -- job ids, node output, failure classes (no Slurm, no emulator) ---------------------------
+
+
+def test_job_ids_are_strict_and_array_and_het_ids_reach_slurm() -> None:
+    for ok in ("123", "123_4", "123+0", "4294967294_4000000"):
+        assert JOB.fullmatch(ok), ok
+    for bad in (
+        "123_",
+        "123+",
+        "_4",
+        "123_4_5",
+        "123+0+1",
+        "123_4+0",
+        "1_[2-3]",
+        "123.batch",
+        "12 3",
+        "-1",
+        "1;x",
+    ):
+        assert JOB.fullmatch(bad) is None, bad
+    run = Script(
+        lambda argv: (
+            "123_4|RUNNING|alice|1|gpu-0|train\n77+1|RUNNING|bob|1|gpu-0|het\n9|RUNNING|c|1|gpu-0|x\n"
+            if argv[0] == "squeue"
+            else ""
+        )
+    )
+    cmds = SlurmCommands(run, release_requeued=True)
+    assert [j["id"] for j in cmds.jobs_on_node({"node": "gpu-0"})] == ["123_4", "77+1", "9"]
+    assert cmds.requeue({"job": "123_4"})["requeued"] == "123_4"
+    # Slurm requeues a heterogeneous job only as a whole: "scontrol requeue 77+1" is "Invalid job id"
+    assert cmds.requeue({"job": "77+1"})["requeued"] == "77"
+    cmds.signal({"job": "77+1", "signal": "SIGUSR1"})
+    assert run.argvs[1:] == [
+        ["scontrol", "requeue", "123_4"],
+        ["scontrol", "update", "JobId=123_4", "StartTime=now"],
+        ["scontrol", "requeue", "77"],
+        ["scontrol", "update", "JobId=77", "StartTime=now"],
+        ["scancel", "--signal=USR1", "--full", "77"],
+    ]
+    for bad in ("1_[2-3]", "123+0;reboot", "123 4"):
+        with pytest.raises(CommandRefusedError):
+            cmds.requeue({"job": bad})
+
+
+def test_node_output_is_parsed_strictly() -> None:
+    line = (
+        "NodeName=gpu-0 Arch=x86_64 CoresPerSocket=1 OS=Linux 6.1 #1 SMP PREEMPT_DYNAMIC @0 RealMemory=1000 "
+        "State=IDLE+DRAIN ThreadsPerCore=1 Partitions=gpu CfgTRES=cpu=1 "
+        "Reason=admin: bad dimm x=y State=UP [root@2026-11-22T07:48:58]"
+    )
+    info = parse_node(line, "gpu-0")
+    assert (info.state, info.reason, info.drained) == ("IDLE+DRAIN", "admin: bad dimm x=y State=UP", True)
+    down = parse_node("NodeName=gpu-1 State=DOWN* Reason=Not responding [slurm@2026-11-22T07:48:58]", "gpu-1")
+    assert (down.base, down.drained, down.out_of_service, down.reason) == (
+        "DOWN",
+        False,
+        True,
+        "Not responding",
+    )
+    idle = parse_node("NodeName=gpu-2 State=IDLE ThreadsPerCore=1\n", "gpu-2")
+    assert (idle.reason, idle.out_of_service) == ("", False)
+    assert parse_node("NodeName=gpu-2 State=IDLE+FAIL Reason=x [root@2026-11-22T07:48:58]", "gpu-2").drained
+    for bad in (
+        "",
+        "NodeName=gpu-2 Arch=x86_64",  # no state
+        "NodeName=gpu-3 State=IDLE",  # another node
+        "NodeName=gpu-2 State=IDLE\nNodeName=gpu-2 State=IDLE",  # two records
+        "NodeName=gpu-2 State=idle",  # not Slurm's spelling
+    ):
+        with pytest.raises(SlurmOutputError):
+            parse_node(bad, "gpu-2")
+
+
+def test_failures_are_classified_transient_or_final() -> None:
+    import subprocess
+
+    for text in (
+        SOCKET_TIMEOUT,
+        "scontrol exited 1: slurm_load_node error: Unable to contact slurm controller (connect failure)",
+        "scontrol exited 1: Unexpected message received for job 5",  # requeue with slurmctld down (22.05)
+        "scontrol exited 1: Slurm backup controller in standby mode",
+        "scontrol exited 1: Job can not be altered now, try again later",
+    ):
+        assert is_transient(RuntimeError(text)), text
+    assert is_transient(subprocess.TimeoutExpired(["scontrol"], 60))
+    assert is_transient(BlockingIOError(11, "Resource temporarily unavailable"))
+    for final in (
+        RuntimeError("scontrol exited 1: slurm_update error: Invalid node name specified"),
+        RuntimeError("scontrol exited 1: Invalid job id specified for job 99"),
+        RuntimeError("scontrol exited 1: Job has already finished"),
+        SlurmOutputError("unexpected scontrol show node output"),
+        FileNotFoundError(2, "No such file or directory: 'scontrol'"),
+        ValueError("bug"),
+    ):
+        assert not is_transient(final), final
+
+
+# -- the claim protocol (Firestore emulator, scripted Slurm) --------------------------------
+
+
+@pytest.mark.emulator
+def test_concurrent_deliveries_run_a_command_once(results: Any) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow(argv: list[str]) -> str:
+        if argv[:2] == ["scontrol", "requeue"]:
+            started.set()
+            assert release.wait(30)
+        return ""
+
+    run = Script(slow)
+    agent = Agent(SlurmCommands(run), results)
+    raw = command("c-requeue-1", "requeue", {"job": "4242"})
+    first: list[dict[str, Any] | None] = []
+    t = threading.Thread(target=lambda: first.append(agent.handle(raw)))
+    t.start()
+    assert started.wait(30)
+    # the same command redelivered (and republished by a retrying actuate) while the first runs
+    assert agent.handle(raw) is None
+    assert Agent(SlurmCommands(run), results).handle(raw) is None  # another agent process
+    running = doc(results, "c-requeue-1")
+    assert running["state"] == RESULT_RUNNING and running["owner"] == agent.owner
+    assert running["claim_until"] > time.time()
+    release.set()
+    t.join(30)
+    assert first and first[0] is not None and first[0]["state"] == RESULT_DONE
+    assert agent.handle(raw) is None  # answered: replayed, not run
+    assert run.count("scontrol", "requeue") == 1
+    final = doc(results, "c-requeue-1")
+    assert final["state"] == RESULT_DONE and final["ok"] and final["result"]["requeued"] == "4242"
+
+
+@pytest.mark.emulator
+def test_claim_of_a_dead_agent_is_taken_over_by_exactly_one_delivery(results: Any) -> None:
+    run = Script()
+    raw = command("c-requeue-2", "requeue", {"job": "77"})
+    # a live claim is left alone
+    results.document("c-requeue-2").create(
+        {
+            "id": "c-requeue-2",
+            "state": RESULT_RUNNING,
+            "owner": "other",
+            "attempt": 1,
+            "claim_until": time.time() + 60,
+        }
+    )
+    assert Agent(SlurmCommands(run), results).handle(raw) is None
+    assert run.argvs == []
+    # the claim runs out (its agent died): two deliveries race to take it over; one wins
+    results.document("c-requeue-2").update({"claim_until": time.time() - 1})
+    both_read = threading.Barrier(2)
+
+    class RacingResults:
+        def document(self, cid: str) -> Any:
+            ref = results.document(cid)
+
+            class Ref:
+                def create(self, data: dict[str, Any]) -> Any:
+                    return ref.create(data)
+
+                def get(self) -> Any:
+                    snap = ref.get()
+                    both_read.wait(10)  # both have read the same expired claim before either writes
+                    return snap
+
+                def update(self, data: dict[str, Any], option: Any = None) -> Any:
+                    return ref.update(data, option=option)
+
+            return Ref()
+
+    outcomes: list[dict[str, Any] | None] = []
+    threads = [
+        threading.Thread(
+            target=lambda: outcomes.append(Agent(SlurmCommands(run), RacingResults()).handle(raw))
+        )
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert run.count("scontrol", "requeue") == 1
+    assert sorted(o is None for o in outcomes) == [False, True]
+    final = doc(results, "c-requeue-2")
+    assert final["state"] == RESULT_DONE and final["attempt"] == 2
+
+
+@pytest.mark.emulator
+def test_transient_failure_runs_again_final_failure_is_replayed(results: Any) -> None:
+    hiccups = [SOCKET_TIMEOUT]
+
+    def flaky(argv: list[str]) -> str:
+        if argv[:2] == ["scontrol", "requeue"] and hiccups:
+            raise RuntimeError(hiccups.pop())
+        return ""
+
+    run = Script(flaky)
+    agent = Agent(SlurmCommands(run), results)
+    raw = command("c-requeue-3", "requeue", {"job": "88"})
+    first = agent.handle(raw)
+    assert first is not None and first["state"] == "transient" and "Socket timed out" in first["error"]
+    second = agent.handle(raw)  # the retry runs a new attempt
+    assert second is not None and second["state"] == RESULT_DONE and second["attempt"] == 2
+    assert agent.handle(raw) is None
+    assert run.count("scontrol", "requeue") == 2
+
+    def invalid(argv: list[str]) -> str:
+        raise RuntimeError("scontrol exited 1: slurm_update error: Invalid node name specified")
+
+    bad = Script(invalid)
+    agent = Agent(SlurmCommands(bad), results)
+    raw = command("c-drain-4", "drain", {"node": "gpu-9", "incident": INCIDENT, "action": "REBOOT_NODE"})
+    failed = agent.handle(raw)
+    assert failed is not None and failed["state"] == RESULT_FAILED and not failed["refused"]
+    assert agent.handle(raw) is None  # final: replayed, never run again
+    assert len(bad.argvs) == 1
+
+
+@pytest.mark.emulator
+def test_expired_command_is_refused_once_and_never_run(results: Any) -> None:
+    run = Script()
+    agent = Agent(SlurmCommands(run), results)
+    refused = agent.handle(command("c-requeue-5", "requeue", {"job": "5"}, deadline_in=-10))
+    assert refused is not None and refused["state"] == RESULT_FAILED and refused["refused"]
+    # an old copy of a command whose last attempt failed transiently: left for the fresh copy
+    results.document("c-requeue-6").create(
+        {"id": "c-requeue-6", "state": "transient", "ok": False, "attempt": 1, "error": SOCKET_TIMEOUT}
+    )
+    assert agent.handle(command("c-requeue-6", "requeue", {"job": "6"}, deadline_in=-10)) is None
+    assert doc(results, "c-requeue-6")["state"] == "transient"
+    assert run.argvs == []
+    fresh = agent.handle(command("c-requeue-6", "requeue", {"job": "6"}))
+    assert fresh is not None and fresh["state"] == RESULT_DONE
+    assert doc(results, "c-requeue-6")["previous_error"] == SOCKET_TIMEOUT
+
+
+class Publisher:
+    def __init__(self) -> None:
+        self.published: list[dict[str, Any]] = []
+
+    def publish(self, topic: str, data: bytes, **attrs: str) -> Future[str]:
+        self.published.append(json.loads(data))
+        done: Future[str] = Future()
+        done.set_result("1")
+        return done
+
+
+@pytest.mark.emulator
+def test_reader_retries_running_and_transient_and_stops_on_final(results: Any) -> None:
+    pub = Publisher()
+    sched = SlurmScheduler(pub, "t", results, wait_s=0.3)
+
+    def put(op: str, args: dict[str, Any], fields: dict[str, Any]) -> None:
+        import hashlib
+
+        digest = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:8]
+        results.document(f"{CTX}-{op}-{digest}".lower()).set({"op": op, **fields})
+
+    def status(fn: Callable[[], Any]) -> tuple[int, bool]:
+        with pytest.raises(ActuatorError) as e:
+            fn()
+        return e.value.status, e.value.retryable
+
+    put(
+        "requeue",
+        {"job": "1"},
+        {"state": RESULT_FAILED, "ok": False, "refused": False, "error": "Invalid job id"},
+    )
+    assert status(lambda: sched.requeue("1", CTX)) == (409, False)  # final: the workflow stops
+    put("requeue", {"job": "2"}, {"ok": False, "refused": False, "error": "from an agent of before"})
+    assert status(lambda: sched.requeue("2", CTX)) == (409, False)
+    assert pub.published == []
+    put("requeue", {"job": "3"}, {"state": RESULT_RUNNING, "attempt": 1, "claim_until": time.time() + 60})
+    assert status(lambda: sched.requeue("3", CTX)) == (503, True)
+    assert pub.published == []  # running: wait, do not ask again
+    put("requeue", {"job": "4"}, {"state": RESULT_RUNNING, "attempt": 1, "claim_until": time.time() - 1})
+    assert status(lambda: sched.requeue("4", CTX)) == (503, True)
+    put("requeue", {"job": "5"}, {"state": "transient", "ok": False, "error": SOCKET_TIMEOUT})
+    assert status(lambda: sched.requeue("5", CTX)) == (503, True)
+    assert [p["args"]["job"] for p in pub.published] == ["4", "5"]  # a new attempt asked for each
+    put("requeue", {"job": "6"}, {"state": RESULT_DONE, "ok": True, "result": {"job": "6"}})
+    sched.requeue("6", CTX)
+
+
+@pytest.mark.emulator
+def test_scheduler_sees_a_hiccup_as_retryable_and_the_retry_runs_it(results: Any) -> None:
+    hiccups = [SOCKET_TIMEOUT]
+
+    def flaky(argv: list[str]) -> str:
+        if argv[:2] == ["scontrol", "requeue"] and hiccups:
+            raise RuntimeError(hiccups.pop())
+        return ""
+
+    run = Script(flaky)
+    pub = Loopback(Agent(SlurmCommands(run), results))
+    sched = SlurmScheduler(pub, "t", results, wait_s=10)
+    with pytest.raises(ActuatorError) as e:
+        sched.requeue("123_4", CTX)
+    assert (e.value.status, e.value.retryable) == (503, True)  # actuate answers 503; the workflow retries
+    sched.requeue("123_4", CTX)  # the workflow's retry: same command id, a new attempt
+    sched.requeue("123_4", CTX)  # a later replay: answered from the record
+    assert run.count("scontrol", "requeue", "123_4") == 2
+    assert len(pub.published) == 2
+
+
+# -- the real Slurm ------------------------------------------------------------------------
+
+NODES = ["pa-0", "pa-1", "pa-2"]
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[SlurmCluster]:
+    cluster = SlurmCluster(Path(tempfile.mkdtemp(prefix="pitstop-agent-slurm-")), NODES).start()
+    before = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        if before is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = before
+
+
+@pytest.fixture
+def real(slurm: SlurmCluster, results: Any) -> Iterator[tuple[SlurmCluster, SlurmScheduler]]:
+    agent = Agent(SlurmCommands(release_requeued=False), results)
+    yield slurm, SlurmScheduler(Loopback(agent), "t", results, wait_s=30)
+    slurm._out(["scancel", "--full", "--quiet", "-u", "root"])
+    for n in NODES:
+        slurm._out(["scontrol", "update", f"NodeName={n}", "State=RESUME"])
+    slurm.wait_idle(len(NODES))
+
+
+def _reason(slurm: SlurmCluster, node: str) -> tuple[str, str]:
+    info = parse_node(slurm._out(["scontrol", "show", "node", "-o", node]), node)
+    return info.state, info.reason
+
+
+def _wait(cond: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.3)
+    raise TimeoutError(what)
+
+
+def _restarts(slurm: SlurmCluster, job: str) -> int:
+    out = slurm._out(["scontrol", "show", "job", "-o", job]).splitlines()[0]
+    return int(next(t for t in out.split() if t.startswith("Restarts=")).split("=", 1)[1])
+
+
+def _sbatch(slurm: SlurmCluster, *args: str) -> str:
+    import subprocess
+
+    out = subprocess.run(
+        ["sbatch", "--parsable", "--requeue", "-o", "/dev/null", *args],
+        env=slurm.env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=slurm.workdir,
+    ).stdout
+    return out.strip().split(";")[0]
+
+
+@pytest.mark.emulator
+def test_array_task_and_het_job_component_are_requeued(real: tuple[SlurmCluster, SlurmScheduler]) -> None:
+    slurm, sched = real
+    array = _sbatch(slurm, "-a", "0-1", "-N", "1", "--wrap", "sleep 600")
+    _wait(lambda: sum(j["state"] == "RUNNING" for j in slurm.jobs()) == 2, "array tasks running")
+    task = next(j for j in slurm.jobs() if j["id"] == f"{array}_0")
+    assert [j["id"] for j in sched.jobs_on(task["nodes"], CTX)] == [f"{array}_0"]
+    sched.requeue(f"{array}_0", CTX)
+    assert _restarts(slurm, f"{array}_0") == 1 and _restarts(slurm, f"{array}_1") == 0
+    slurm._out(["scancel", "--full", "--quiet", array])
+    _wait(lambda: not slurm.jobs(), "array cancelled")
+
+    het = _sbatch(slurm, "-N", "1", "--wrap", "sleep 600", ":", "-N", "1", "--wrap", "sleep 600")
+    _wait(lambda: sum(j["state"] == "RUNNING" for j in slurm.jobs()) == 2, "het job running")
+    comp = next(j for j in slurm.jobs() if j["id"] == f"{het}+1")
+    assert [j["id"] for j in sched.jobs_on(comp["nodes"], CTX)] == [f"{het}+1"]
+    sched.requeue(f"{het}+1", CTX)
+    assert _restarts(slurm, het) == 1  # the whole heterogeneous job went back to the queue
+    assert sched.job_state(f"{het}+1", CTX) in ("PENDING", "COMPLETING", "REQUEUED")
+
+
+@pytest.mark.emulator
+def test_admin_drain_before_the_fault_stays_after_the_incident(
+    real: tuple[SlurmCluster, SlurmScheduler],
+) -> None:
+    slurm, sched = real
+    slurm._out(["scontrol", "update", "NodeName=pa-1", "State=DRAIN", "Reason=admin: bad DIMM, ticket 42"])
+    fenced = sched.fence("pa-1", INCIDENT, "REBOOT_NODE", CTX)
+    assert fenced is not None
+    assert fenced["already_drained_by_other"] is True
+    assert (fenced["previous_state"], fenced["previous_reason"]) == (
+        "IDLE+DRAIN",
+        "admin: bad DIMM, ticket 42",
+    )
+    assert _reason(slurm, "pa-1") == ("IDLE+DRAIN", "admin: bad DIMM, ticket 42")
+    unfenced = sched.unfence("pa-1", CTX)
+    assert unfenced is not None and unfenced["left_drained"] == "admin: bad DIMM, ticket 42"
+    assert _reason(slurm, "pa-1") == ("IDLE+DRAIN", "admin: bad DIMM, ticket 42")
+
+
+@pytest.mark.emulator
+def test_own_drain_is_lifted_only_for_its_incident(real: tuple[SlurmCluster, SlurmScheduler]) -> None:
+    slurm, sched = real
+    fenced = sched.fence("pa-2", INCIDENT, "REBOOT_NODE", CTX)
+    assert fenced is not None and fenced["already_drained_by_other"] is False
+    assert fenced["previous_state"] == "IDLE" and fenced["reason"] == f"pitstop {INCIDENT} REBOOT_NODE"
+    assert _reason(slurm, "pa-2") == ("IDLE+DRAIN", f"pitstop {INCIDENT} REBOOT_NODE")
+    # another incident (or a later one on the same node) does not lift this incident's drain
+    other = sched.unfence("pa-2", f"{OTHER_INCIDENT}-1")
+    assert other is not None and other["left_drained"] == f"pitstop {INCIDENT} REBOOT_NODE"
+    assert "DRAIN" in _reason(slurm, "pa-2")[0]
+    own = sched.unfence("pa-2", CTX)
+    assert own is not None and own["resumed"] is True
+    _wait(lambda: _reason(slurm, "pa-2")[0] == "IDLE", "pa-2 back in service")
+
+
+@pytest.mark.emulator
+def test_down_node_gets_pitstops_drain_keeping_the_old_reason(
+    real: tuple[SlurmCluster, SlurmScheduler],
+) -> None:
+    # DOWN alone is no fence: with ReturnToService=2 Slurm returns the node as soon as its slurmd
+    # registers again, i.e. right after Pitstop's reboot, before it is validated.
+    slurm, sched = real
+    slurm._out(["scontrol", "update", "NodeName=pa-0", "State=DOWN", "Reason=no-slurmd"])
+    fenced = sched.fence("pa-0", INCIDENT, "REBOOT_NODE", CTX)
+    assert fenced is not None and fenced["already_drained_by_other"] is False
+    assert (fenced["previous_state"], fenced["previous_reason"]) == ("DOWN", "no-slurmd")
+    want = f"pitstop {INCIDENT} REBOOT_NODE (was DOWN: no-slurmd)"
+    assert _reason(slurm, "pa-0") == ("DOWN+DRAIN", want)
+    own = sched.unfence("pa-0", CTX)
+    assert own is not None and own["resumed"] is True
+
+
+@pytest.mark.emulator
+def test_unreachable_controller_is_a_transient_failure_then_the_retry_runs(
+    real: tuple[SlurmCluster, SlurmScheduler], results: Any
+) -> None:
+    slurm, _ = real
+    dead = slurm.workdir / "dead.conf"
+    dead.write_text(
+        "\n".join(
+            "SlurmctldPort=1" if line.startswith("SlurmctldPort=") else line
+            for line in slurm.conf.read_text().splitlines()
+        )
+        + "\n"
+    )
+
+    def via(conf: Path) -> Callable[[list[str]], str]:
+        import subprocess
+
+        def run(argv: list[str]) -> str:
+            env = {**os.environ, "SLURM_CONF": str(conf), "SLURM_TIME_FORMAT": "standard"}
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, env=env)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{argv[0]} exited {proc.returncode}: {proc.stderr.strip()[:300]}")
+            return proc.stdout
+
+        return run
+
+    raw = command("c-drain-7", "drain", {"node": "pa-1", "incident": INCIDENT, "action": "RESET_GPU"})
+    first = Agent(SlurmCommands(via(dead)), results).handle(raw)
+    assert first is not None and first["state"] == "transient"
+    assert "Unable to contact slurm controller" in first["error"]
+    second = Agent(SlurmCommands(via(slurm.conf)), results).handle(raw)
+    assert second is not None and second["state"] == RESULT_DONE and second["attempt"] == 2
+    assert _reason(slurm, "pa-1") == ("IDLE+DRAIN", f"pitstop {INCIDENT} RESET_GPU")
