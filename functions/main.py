@@ -9,12 +9,14 @@ PITSTOP_MONITORING_ENDPOINT only when running on the local stack; emulator varia
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import functools
 import json
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -28,10 +30,10 @@ from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.firestore import IncidentStore
 from pitstop.adapters.monitoring import MetricsWriter
 from pitstop.adapters.pubsub import Notifier
-from pitstop.adapters.scheduler import Scheduler, SlurmScheduler
 from pitstop.adapters.workflows import WorkflowStarter
 from pitstop.core import policy as policy_mod
 from pitstop.services.actuate import Actuator
+from pitstop.services.close import schedulers_for
 from pitstop.services.ingest import Ingest
 from pitstop.services.notify import Notify
 from pitstop.services.sweep import Sweep
@@ -51,20 +53,54 @@ def _ingest() -> Ingest:
         project, wf["location"], wf["name"], os.environ.get("PITSTOP_WORKFLOWS_ENDPOINT")
     )
     notifier = Notifier(project, os.environ.get("PITSTOP_NOTIFICATIONS_TOPIC", "pitstop-notifications"))
-    service = Ingest(pol, store, starter, notifier)
-
-    def _flush_on_term(signum: int, frame: Any) -> None:  # Cloud Run sends SIGTERM before scale-in
-        service.coalescer.flush_all(time.time())
-        raise SystemExit(0)
-
-    with contextlib.suppress(ValueError):  # not the main thread (some test servers)
-        signal.signal(signal.SIGTERM, _flush_on_term)
-    return service
+    return Ingest(pol, store, starter, notifier)
 
 
 def _sweep() -> Sweep:
-    """Not cached on its own: it works on the ingest service's store and coalescer."""
+    """Not cached on its own: it works on the ingest service's store and coalescer; the
+    watchdog asks Workflows through ingest's starter."""
     return Sweep(_ingest())
+
+
+# -- storm counts reach Firestore when the instance stops ------------------------------------
+# Handlers run in worker threads, where no signal handler can be installed; this module is
+# imported in the main thread, so the hooks are installed here, once. Counts are also merged
+# every store.flush_interval_s by the coalescer's own timer thread while the instance lives.
+
+SHUTDOWN_FLUSH_S = 8.0  # Cloud Run allows 10 s between SIGTERM and SIGKILL
+_previous_sigterm: Any = None
+
+
+def flush_counts() -> None:
+    """Merge this instance's buffered storm counts, if ingest was ever built here."""
+    if _ingest.cache_info().currsize:
+        _ingest().coalescer.flush_all(time.time(), wait_s=SHUTDOWN_FLUSH_S)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """Flush (in a thread, so a lock the interrupted code holds cannot block it), then go on
+    with what SIGTERM did before (the server's own graceful stop, or the default exit)."""
+    worker = threading.Thread(target=flush_counts, name="pitstop-flush-on-term", daemon=True)
+    worker.start()
+    worker.join(SHUTDOWN_FLUSH_S)
+    prev = _previous_sigterm
+    if callable(prev):
+        prev(signum, frame)
+    elif prev != signal.SIG_IGN:
+        raise SystemExit(0)
+
+
+def _install_shutdown_hooks() -> None:
+    global _previous_sigterm
+    atexit.register(flush_counts)
+    if threading.current_thread() is not threading.main_thread():
+        return  # imported by a worker thread: only atexit and the timer remain
+    with contextlib.suppress(ValueError, OSError):
+        _previous_sigterm = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+_install_shutdown_hooks()
 
 
 @functools.cache
@@ -74,13 +110,7 @@ def _actuator() -> Actuator:
     prefix = pol.doc["store"]["collection_prefix"]
     db = firestore.Client(project=project)
     publisher = PublisherClient()
-    schedulers: dict[str, Scheduler] = {}
-    for c in pol.clusters:
-        if c.scheduler == "slurm":
-            topic = (c.raw.get("slurm") or {}).get("command_topic") or f"pitstop-slurm-{c.name}"
-            schedulers[c.name] = SlurmScheduler(
-                publisher, publisher.topic_path(project, topic), db.collection(f"{prefix}_slurm_results")
-            )
+    schedulers = schedulers_for(pol, publisher, project, db.collection(f"{prefix}_slurm_results"))
     wf = pol.doc["workflow"]
     starter = WorkflowStarter(
         project, wf["location"], wf["name"], os.environ.get("PITSTOP_WORKFLOWS_ENDPOINT")
@@ -123,7 +153,7 @@ def ingest(cloud_event: CloudEvent) -> None:
 
 @functions_framework.http
 def sweep(request: Any) -> tuple[dict[str, int], int]:
-    """Cloud Scheduler, every minute: flush counts, end bursts, retry held incidents and lost starts."""
+    """Cloud Scheduler, every minute: end bursts, retry held incidents and lost starts, the watchdog."""
     return _sweep().run(), 200
 
 

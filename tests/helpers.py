@@ -24,33 +24,91 @@ def load_fixture(name: str) -> list[dict[str, Any]]:
     return data
 
 
+KERNEL_LOG_ID = "pitstop-kernel"  # the systemd_journald receiver's id in infra/ops-agent/config.yaml
+_GCE_RESOURCE = {
+    "type": "gce_instance",
+    "labels": {"instance_id": "4425062612213358012", "project_id": PROJECT, "zone": ZONE},
+}
+
+
+def journald_entry(
+    line: str,
+    instance: str = "a3-node-001",
+    insert_id: str = "ins-1",
+    transport: str | None = "kernel",
+    facility: str | None = "0",
+) -> dict[str, Any]:
+    """One journal record as the Ops Agent's systemd_journald receiver ships it (infra/ops-agent/).
+
+    Journal fields pass through unchanged (string values, trusted fields keep their leading
+    underscore). ``transport="kernel"`` is a line the kernel logged: verified evidence. Any other
+    transport (``syslog`` for logger, ``stdout`` for systemd-cat, ``journal`` for sd_journal_send)
+    or none is what a process on the VM can write: unverified.
+    """
+    payload: dict[str, Any] = {
+        "MESSAGE": line,
+        "PRIORITY": "4",
+        "SYSLOG_FACILITY": facility,
+        "SYSLOG_IDENTIFIER": "kernel",
+        "_BOOT_ID": "3f1c0a9d2b8e4c6f9a7d5e1b2c3d4e5f",
+        "_MACHINE_ID": "9b2e6d4c1a0f4e3d8c7b6a5f4e3d2c1b",
+        "_HOSTNAME": instance,
+        "_SOURCE_MONOTONIC_TIMESTAMP": "6781741548779",
+        "_TRANSPORT": transport,
+    }
+    if transport != "kernel":
+        payload.update({"SYSLOG_IDENTIFIER": "mallory", "_PID": "4242", "_UID": "1000", "_COMM": "logger"})
+    payload = {k: v for k, v in payload.items() if v is not None}
+    return {
+        "insertId": insert_id,
+        "jsonPayload": payload,
+        "labels": {"compute.googleapis.com/resource_name": instance},
+        "logName": f"projects/{PROJECT}/logs/{KERNEL_LOG_ID}",
+        "receiveTimestamp": "2026-11-21T10:42:31.782066320Z",
+        "resource": copy.deepcopy(_GCE_RESOURCE),
+        "severity": "WARNING",
+        "timestamp": "2026-11-21T10:42:31.325309Z",
+    }
+
+
 def ops_agent_entry(line: str, instance: str = "a3-node-001", insert_id: str = "ins-1") -> dict[str, Any]:
+    """The default: a driver line as the kernel logged it, from Pitstop's Ops Agent config (verified)."""
+    return journald_entry(line, instance, insert_id)
+
+
+def syslog_entry(line: str, instance: str = "a3-node-001", insert_id: str = "ins-1") -> dict[str, Any]:
+    """The Ops Agent's built-in text syslog receiver (/var/log/syslog, /var/log/messages): unverified."""
     return {
         "insertId": insert_id,
         "jsonPayload": {"message": line},
         "labels": {"compute.googleapis.com/resource_name": instance},
         "logName": f"projects/{PROJECT}/logs/syslog",
         "receiveTimestamp": "2026-11-21T10:42:31.782066320Z",
-        "resource": {
-            "type": "gce_instance",
-            "labels": {"instance_id": "4425062612213358012", "project_id": PROJECT, "zone": ZONE},
-        },
+        "resource": copy.deepcopy(_GCE_RESOURCE),
         "severity": "DEFAULT",
         "timestamp": "2026-11-21T10:42:31.325309Z",
     }
 
 
 def legacy_agent_entry(line: str, instance: str = "a3-node-001", insert_id: str = "ins-1") -> dict[str, Any]:
-    e = ops_agent_entry(line, instance, insert_id)
+    """The legacy (fluentd) logging agent's text syslog: textPayload, unverified."""
+    e = syslog_entry(line, instance, insert_id)
     del e["jsonPayload"]
     e["textPayload"] = line
     return e
 
 
-def gke_journal_entry(line: str, instance: str = "a3-node-001", insert_id: str = "ins-1") -> dict[str, Any]:
+def gke_journal_entry(
+    line: str, instance: str = "a3-node-001", insert_id: str = "ins-1", transport: str | None = "kernel"
+) -> dict[str, Any]:
+    """GKE's node-journal (k8s_node). Its exact field set is unverified (reference/gke.md §1);
+    kernel records are assumed to keep journald's ``_TRANSPORT``."""
+    payload: dict[str, Any] = {"MESSAGE": line, "SYSLOG_IDENTIFIER": "kernel", "_HOSTNAME": instance}
+    if transport is not None:
+        payload["_TRANSPORT"] = transport
     return {
         "insertId": insert_id,
-        "jsonPayload": {"MESSAGE": line, "SYSLOG_IDENTIFIER": "kernel", "_HOSTNAME": instance},
+        "jsonPayload": payload,
         "logName": f"projects/{PROJECT}/logs/node-journal",
         "resource": {
             "type": "k8s_node",
@@ -67,8 +125,16 @@ def gke_journal_entry(line: str, instance: str = "a3-node-001", insert_id: str =
 
 CARRIERS = {
     "ops_agent": ops_agent_entry,
+    "syslog": syslog_entry,
     "legacy_agent": legacy_agent_entry,
     "gke_journal": gke_journal_entry,
+}
+# What each carrier's lines count as (core/trust.py).
+CARRIER_TRUST = {
+    "ops_agent": "verified",
+    "syslog": "unverified",
+    "legacy_agent": "unverified",
+    "gke_journal": "verified",
 }
 
 
@@ -91,7 +157,19 @@ def system_event_entry(case: dict[str, Any]) -> dict[str, Any]:
     if "resource_name" in case:
         base["protoPayload"]["resourceName"] = case["resource_name"]
         base["resource"]["labels"]["project_id"] = "my-training-proj"
+        base["logName"] = "projects/my-training-proj/logs/cloudaudit.googleapis.com%2Fsystem_event"
     return base
+
+
+def retarget_system_event(
+    entry: dict[str, Any], instance: str, project: str = PROJECT, zone: str = ZONE
+) -> dict[str, Any]:
+    """Point a system event at another VM and keep it Google's: the resource, its labels and the
+    log name (which must name the resource's project) move together."""
+    entry["protoPayload"]["resourceName"] = f"projects/{project}/zones/{zone}/instances/{instance}"
+    entry["resource"]["labels"].update({"project_id": project, "zone": zone})
+    entry["logName"] = f"projects/{project}/logs/cloudaudit.googleapis.com%2Fsystem_event"
+    return entry
 
 
 def push_body(entry: dict[str, Any], message_id: str = "4711") -> dict[str, Any]:

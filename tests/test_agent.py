@@ -127,7 +127,8 @@ def test_job_ids_are_strict_and_array_and_het_ids_reach_slurm() -> None:
     # Slurm requeues a heterogeneous job only as a whole: "scontrol requeue 77+1" is "Invalid job id"
     assert cmds.requeue({"job": "77+1"})["requeued"] == "77"
     cmds.signal({"job": "77+1", "signal": "SIGUSR1"})
-    assert run.argvs[1:] == [
+    assert run.argvs[1:4] == [["scontrol", "show", "job", "-o", j] for j in ("123_4", "77+1", "9")]
+    assert run.argvs[4:] == [
         ["scontrol", "requeue", "123_4"],
         ["scontrol", "update", "JobId=123_4", "StartTime=now"],
         ["scontrol", "requeue", "77"],
@@ -137,6 +138,36 @@ def test_job_ids_are_strict_and_array_and_het_ids_reach_slurm() -> None:
     for bad in ("1_[2-3]", "123+0;reboot", "123 4"):
         with pytest.raises(CommandRefusedError):
             cmds.requeue({"job": bad})
+
+
+def test_jobs_carry_their_run_from_scontrol_show_job() -> None:
+    shown = {
+        "5": "JobId=5 JobName=train UserId=alice(1000) JobState=RUNNING Reason=None Restarts=2 "
+        "BatchFlag=1 RunTime=00:01:02 StartTime=2026-11-22T08:29:20 EndTime=Unknown NodeList=gpu-[0-1]",
+        "6": "JobId=6 JobState=RUNNING Restarts=x StartTime= NodeList=gpu-0",
+    }
+
+    def answer(argv: list[str]) -> str:
+        if argv[0] == "squeue":
+            return "5|RUNNING|alice|2|gpu-[0-1]|train\n6|RUNNING|bob|1|gpu-0|odd\n7|RUNNING|c|1|gpu-0|gone\n"
+        if argv[:4] == ["scontrol", "show", "job", "-o"]:
+            if argv[4] in shown:
+                return shown[argv[4]]
+            raise RuntimeError("scontrol exited 1: slurm_load_jobs error: Invalid job id specified")
+        return ""
+
+    cmds = SlurmCommands(Script(answer))
+    jobs = {j["id"]: (j["restarts"], j["start_time"]) for j in cmds.jobs_on_node({"node": "gpu-0"})}
+    # malformed fields and a job that ended meanwhile are unknown (None), never guessed
+    assert jobs == {"5": (2, "2026-11-22T08:29:20"), "6": (None, None), "7": (None, None)}
+    state = cmds.job_state({"job": "5"})
+    assert (state["state"], state["restarts"], state["start_time"]) == ("RUNNING", 2, "2026-11-22T08:29:20")
+    assert cmds.job_state({"job": "7"}) == {
+        "job": "7",
+        "state": "UNKNOWN",
+        "restarts": None,
+        "start_time": None,
+    }
 
 
 def test_node_output_is_parsed_strictly() -> None:
@@ -482,6 +513,21 @@ def test_array_task_and_het_job_component_are_requeued(real: tuple[SlurmCluster,
     sched.requeue(f"{het}+1", CTX)
     assert _restarts(slurm, het) == 1  # the whole heterogeneous job went back to the queue
     assert sched.job_state(f"{het}+1", CTX) in ("PENDING", "COMPLETING", "REQUEUED")
+
+
+@pytest.mark.emulator
+def test_a_requeue_starts_a_new_run_of_the_job(real: tuple[SlurmCluster, SlurmScheduler]) -> None:
+    slurm, sched = real
+    job = _sbatch(slurm, "-N", "1", "--wrap", "sleep 600")
+    _wait(lambda: any(j["id"] == job and j["state"] == "RUNNING" for j in slurm.jobs()), "job running")
+    node = next(j for j in slurm.jobs() if j["id"] == job)["nodes"]
+    (fenced,) = sched.jobs_on(node, CTX)
+    assert fenced["id"] == job and fenced["restarts"] == 0 and fenced["start_time"]
+    now = sched.job_info(job, CTX)
+    assert (now["restarts"], now["start_time"]) == (fenced["restarts"], fenced["start_time"])  # same run
+    sched.requeue(job, CTX)
+    # another run, whatever its start time reads while it waits (probes are answered per 2 s bucket)
+    _wait(lambda: sched.job_info(job, CTX)["restarts"] == 1, "the requeue counted")
 
 
 @pytest.mark.emulator

@@ -8,7 +8,7 @@ import pytest
 
 from pitstop.core.classify import Classifier
 
-from .helpers import CARRIERS, ENVELOPES, assert_valid_event, load_fixture, subset
+from .helpers import CARRIER_TRUST, CARRIERS, ENVELOPES, assert_valid_event, load_fixture, subset
 
 CASES = load_fixture("xid_lines.yaml")
 CLF = Classifier.default()
@@ -36,6 +36,8 @@ def test_xid_line(case: dict[str, Any], carrier: str, envelope: str) -> None:
     assert ev["source"]["insert_id"] == "ins-42"
     assert ev["observed_at"] == "2026-11-21T10:42:31.325309Z"
     assert ev["reason"].startswith(f"Xid {exp['xid']}")
+    assert ev["source"]["trust"] == CARRIER_TRUST[carrier]
+    assert ("[unverified: " in ev["reason"]) is (CARRIER_TRUST[carrier] == "unverified")
     if envelope != "bare":
         assert ev["source"]["message_id"] == "4711"
     if carrier == "gke_journal":

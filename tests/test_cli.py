@@ -77,6 +77,24 @@ def test_bench_reports_both_figures() -> None:
     assert set(result["mix_first_5000"]) >= {"gpu_xid", "unrelated", "preemption"}
 
 
+@pytest.mark.emulator
+def test_bench_ingest_reports_store_operations_and_memory(firestore_host: str) -> None:
+    """`bench ingest` reports Firestore reads and writes per line and the process's memory."""
+    import os
+
+    args = ["bench", "ingest", "--lines", "400", "--nodes", "4", "--instances", "1", "--report-memory"]
+    env = {**os.environ, "FIRESTORE_EMULATOR_HOST": firestore_host}
+    proc = subprocess.run(PITSTOP + args, capture_output=True, timeout=300, check=False, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (run,) = json.loads(proc.stdout)["runs"]
+    assert run["lines"] == 400 and run["nodes"] == 4 and run["incidents"] == 4
+    assert run["events_counted_on_incidents"] == 400  # every line counted once the counts are merged
+    assert run["firestore_reads"] > 0 and run["firestore_writes"] > 0
+    assert run["store_ops_per_line"] == round((run["firestore_reads"] + run["firestore_writes"]) / 400, 5)
+    assert run["peak_rss_mib"] > 0 and run["traced_peak_mib"] > 0
+    assert run["coalescer"][0]["nodes"] == 4
+
+
 def test_subcommands_in_help_order() -> None:
     from pitstop.tools.cli import build_parser
 
@@ -94,19 +112,18 @@ def test_subcommands_in_help_order() -> None:
 
 
 class _Doc:
-    def __init__(self, d: dict[str, Any]) -> None:
-        self.d = d
+    def __init__(self, d: dict[str, Any], doc_id: str = "") -> None:
+        self.d, self.id = d, doc_id
 
     def to_dict(self) -> dict[str, Any]:
         return self.d
 
 
-def test_local_status_table(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """`local status` reads Firestore, Slurm, the fake Compute and the webhook sink (faked here)."""
+def _fake_stack(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """`local status`'s sources, faked: Firestore, Slurm, the fake Compute and the webhook sink."""
     from google.cloud import firestore
 
     from pitstop.local import stack as st
-    from pitstop.tools import cli
 
     incidents = [
         {
@@ -129,28 +146,59 @@ def test_local_status_table(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
             "timeline": {"detected": 1.0, "resolved": 31.0},
         },
     ]
-    collection = SimpleNamespace(stream=lambda: [_Doc(d) for d in incidents])
-    monkeypatch.setattr(firestore, "Client", lambda project: SimpleNamespace(collection=lambda n: collection))
+    results: dict[
+        str, dict[str, Any]
+    ] = {  # the agent's result documents, by command id (<incident>-<step>-<op>-<digest>)
+        "inc-a-1-jobs-on-node-0a1b2c3d": {"op": "jobs_on_node", "state": "done", "result": []},
+        "inc-a-1-drain-1a2b3c4d": {"op": "drain", "state": "done", "result": {"reason": "pitstop inc-a R"}},
+        "inc-a-1-resume-2a2b3c4d": {"op": "resume", "state": "done", "result": {"resumed": True}},
+        "inc-b-1-drain-3a2b3c4d": {
+            "op": "drain",
+            "state": "done",
+            "result": {"reason": None, "already_drained_by_other": True},
+        },
+    }
+    collections = {
+        "pitstop_incidents": SimpleNamespace(stream=lambda: [_Doc(d) for d in incidents]),
+        "pitstop_slurm_results": SimpleNamespace(stream=lambda: [_Doc(d, k) for k, d in results.items()]),
+    }
+    monkeypatch.setattr(
+        firestore, "Client", lambda project: SimpleNamespace(collection=lambda n: collections[n])
+    )
     slurm = {
         "sinfo": "a3-node-000|idle|\na3-node-001|drained|pitstop\n",
         "squeue": "7|RUNNING|a3-node-000|x\n",
     }
     monkeypatch.setattr(subprocess, "run", lambda argv, **kw: SimpleNamespace(stdout=slurm[argv[0]]))
+    path = "/zones/z/instances/a3-node-000/reset"
     compute = {
         "instances": [{"name": "a3-node-000", "status": "RUNNING", "id": 7, "host": "h-1"}],
-        "calls": [{"method": "POST", "path": "/zones/z/instances/a3-node-000/reset"}],
+        "calls": [{"method": "POST", "path": path}],
+        "effects": [
+            {"method": "reset", "instances": ["a3-node-000"], "at": 5.0},
+            {"method": "set_labels", "instances": ["a3-node-000"], "at": 4.0},  # a label: not an effect
+            {"method": "reset", "instances": ["a3-node-001"], "at": 0.5},  # before inc-b: not its effect
+        ],
     }
     monkeypatch.setattr(st, "admin", lambda state, path: compute)
     monkeypatch.setattr(
         st, "webhook_records", lambda state: [{"body": {"text": "resolved\nnode: a3-node-000"}}]
     )
-    state = st.StackState("/w", "p", {"pubsub": "127.0.0.1:1", "firestore": "127.0.0.1:2"}, {}, {}, "/s.conf")
+    return st.StackState("/w", "p", {"pubsub": "127.0.0.1:1", "firestore": "127.0.0.1:2"}, {}, {}, "/s.conf")
 
+
+def test_local_status_table(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`local status` reads Firestore, Slurm, the fake Compute and the webhook sink (faked here)."""
+    from pitstop.tools import cli
+
+    state = _fake_stack(monkeypatch)
     assert cli._local_status(state, as_json=False) == 0
     assert capsys.readouterr().out.splitlines() == [
         "INCIDENTS",
-        "  inc-a a3-node-000    RESOLVED  RESET_GPU      events=1     resolved=30.0s ",
-        "  inc-b a3-node-001    HELD      REBOOT_NODE    events=3     resolved=Nones held: cluster budget",
+        "  inc-a a3-node-000    RESOLVED  RESET_GPU      events=1     effects=reset:1,drain:1,resume:1     "
+        "resolved=30.0s ",
+        "  inc-b a3-node-001    HELD      REBOOT_NODE    events=3     effects=-                            "
+        "resolved=Nones held: cluster budget",
         "SLURM NODES",
         "  a3-node-000    idle         ",
         "  a3-node-001    drained      pitstop",
@@ -164,3 +212,126 @@ def test_local_status_table(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
         "  resolved",
         "    node: a3-node-000",
     ]
+
+
+def test_local_status_json_reports_effects_per_incident(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pitstop.tools import cli
+
+    state = _fake_stack(monkeypatch)
+    assert cli._local_status(state, as_json=True) == 0
+    report = json.loads(capsys.readouterr().out)
+    by_id = {i["id"]: i for i in report["incidents"]}
+    assert by_id["inc-a"]["state"] == "RESOLVED"
+    assert by_id["inc-a"]["action"] == "RESET_GPU"
+    assert by_id["inc-a"]["effects"] == {"compute": {"reset": 1}, "slurm": {"drain": 1, "resume": 1}}
+    assert by_id["inc-b"]["effects"] == {"compute": {}, "slurm": {}}
+    assert report["chaos"] is None  # no controller endpoint in this stack
+
+
+def test_effects_belong_to_the_incident_that_caused_them() -> None:
+    """A late retry after an incident closed still counts against it, until the node's next incident."""
+    from pitstop.local.effects import by_incident
+
+    incs = [
+        {"id": "iaaaaaaaa1", "node": {"instance": "n1"}, "created_at": 10.0},
+        {"id": "iaaaaaaaa2", "node": {"instance": "n1"}, "created_at": 100.0},
+        {"id": "iaaaaaaaa3", "node": {"instance": "n2"}, "created_at": 50.0},
+    ]
+    effects = [
+        {"method": "reset", "instances": ["n1"], "at": 11.0},
+        {"method": "reset", "instances": ["n1"], "at": 99.0},  # after the first closed: still the first's
+        {"method": "report_host_as_faulty", "instances": ["n1"], "at": 101.0},
+        {"method": "recreate", "instances": ["n2", "n3"], "at": 51.0},
+        {"method": "reset", "instances": ["n2"], "at": 49.0},  # before any incident on n2
+    ]
+    results: dict[str, dict[str, Any]] = {
+        "iaaaaaaaa2-1-requeue-00000000": {"op": "requeue", "state": "done", "result": {"requeued": "7"}},
+        "iaaaaaaaa2-2-requeue-11111111": {
+            "op": "requeue",
+            "state": "done",
+            "result": {"already_pending": True},
+        },
+        "iaaaaaaaa2-1-signal-22222222": {"op": "signal", "state": "failed", "result": None},
+    }
+    assert by_incident(incs, effects, results) == {
+        "iaaaaaaaa1": {"compute": {"reset": 2}, "slurm": {}},
+        "iaaaaaaaa2": {"compute": {"report_host_as_faulty": 1}, "slurm": {"requeue": 1}},
+        "iaaaaaaaa3": {"compute": {"recreate": 1}, "slurm": {}},
+    }
+
+
+def test_local_chaos_options_parse() -> None:
+    from pitstop.tools.cli import build_parser
+
+    args = build_parser().parse_args(
+        [
+            "local",
+            "chaos",
+            "compute-error",
+            "503",
+            "--times",
+            "2",
+            "--node",
+            "a3-node-001",
+            "--method",
+            "reset",
+        ]
+    )
+    assert (args.action, args.path, args.arg, args.times, args.node, args.method) == (
+        "chaos",
+        "compute-error",
+        "503",
+        2,
+        "a3-node-001",
+        "reset",
+    )
+    up = build_parser().parse_args(["local", "up", "--sweep-interval", "5"])
+    assert up.sweep_interval == 5.0
+
+
+def test_chaos_flags_are_used_up_per_node_and_method(tmp_path: Path) -> None:
+    """`local chaos actuate-crash-after-effect --times 2 --node n1 --method reset`, as the wrapper sees it."""
+    from pitstop.local import chaos
+
+    chaos.arm_flag(tmp_path, "actuate-crash-after-effect", 2, "n1", "reset")
+    assert not chaos.take_flag(tmp_path, "actuate-crash-after-effect", "n2", "reset")
+    assert not chaos.take_flag(tmp_path, "actuate-crash-after-effect", "n1", "set_labels")
+    assert chaos.take_flag(tmp_path, "actuate-crash-after-effect", "n1", "reset")
+    assert chaos.armed_flags(tmp_path)["actuate-crash-after-effect"]["left"] == 1
+    assert chaos.take_flag(tmp_path, "actuate-crash-after-effect", "n1", "reset")
+    assert not chaos.take_flag(tmp_path, "actuate-crash-after-effect", "n1", "reset")
+    assert chaos.armed_flags(tmp_path) == {}
+    chaos.arm_flag(tmp_path, "publish-timeout", 1, None, None)  # no filter: any call
+    assert chaos.take_flag(tmp_path, "publish-timeout", "anything")
+
+
+def test_fake_compute_armed_fault_answers_with_computes_error_body() -> None:
+    """`local chaos compute-error 503 --node a`: only a's next mutating call fails, as Compute would."""
+    from pitstop.local.fake_compute import FakeCompute
+
+    fake = FakeCompute()
+    for name in ("a", "b"):
+        fake.add_instance("p", "z", name)
+    code, body = fake.dispatch("POST", "/_admin/faults", {"code": 503, "times": 1, "node": "a"})
+    assert code == 200 and body["armed"][0]["left"] == 1
+    base = "/compute/v1/projects/p/zones/z/instances"
+    assert fake.dispatch("GET", f"{base}/a", {})[0] == 200  # reads are not armed
+    assert fake.dispatch("POST", f"{base}/b/reset", {})[0] == 200  # another VM
+    code, body = fake.dispatch("POST", f"{base}/a/reset", {})
+    assert code == 503
+    assert body == {
+        "error": {
+            "code": 503,
+            "message": "Backend Error",
+            "errors": [{"message": "Backend Error", "domain": "global", "reason": "backendError"}],
+        }
+    }
+    assert fake.dispatch("POST", f"{base}/a/reset", {})[0] == 200  # used up
+    assert [e["instances"] for e in fake.effects] == [["b"], ["a"]]
+    code, body = fake.dispatch("POST", "/_admin/faults", {"code": 403, "node": "a", "method": "set_labels"})
+    assert body["armed"] == [
+        {"method": "set_labels", "code": 403, "reason": "rateLimitExceeded", "left": 1, "node": "a"}
+    ]
+    assert fake.dispatch("POST", "/_admin/faults", {"code": 418})[0] == 400  # no default body: name a reason

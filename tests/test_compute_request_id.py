@@ -162,3 +162,12 @@ def test_request_ids_must_be_uuids(world: tuple[FakeCompute, ComputeAdapter, Clo
     )
     assert status == 400 and body["error"]["errors"][0]["reason"] == "invalid"
     assert fake.effects == []
+
+
+def test_every_mutating_method_requires_a_request_id() -> None:
+    import inspect
+
+    for name in ("reset", "report_host_as_faulty", "perform_maintenance", "recreate", "set_labels"):
+        param = inspect.signature(getattr(ComputeAdapter, name)).parameters["request_id"]
+        assert param.kind is inspect.Parameter.KEYWORD_ONLY, name
+        assert param.default is inspect.Parameter.empty, f"{name}: an effect without an id is not deduped"

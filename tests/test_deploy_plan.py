@@ -2,7 +2,9 @@
 
 tests/fixtures/deploy/ holds every field of every step, and the dry-run output, of the code this
 replaced. Only the `pitstop_config` label values may differ: they digest the shipped code, which
-changes with every edit. The fixtures are never regenerated from the code under test.
+changes with every edit. The fixtures are never regenerated from the code under test. The
+`channels` case was written by hand from the `default` one: the same plan, with each alert
+policy's create given `--notification-channels` and its update `--set-notification-channels`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,11 @@ CASES = [  # name, --project, --region, --config
     ("default", "demo-proj", None, None),
     ("slurm-folder", "demo-proj", None, "tests/fixtures/deploy/slurm-folder.yaml"),
     ("org", "p-2", "asia-southeast1", "tests/fixtures/deploy/org.yaml"),
+    ("channels", "demo-proj", None, "tests/fixtures/deploy/channels.yaml"),
 ]
+CHANNELS = (
+    "projects/demo-proj/notificationChannels/1234567890123456789,projects/ops-oncall/notificationChannels/42"
+)
 
 
 def _normalised(text: str) -> str:
@@ -130,3 +136,60 @@ def test_every_kind_in_resources_yaml_has_a_builder() -> None:
         "pitstop-notifications",
         "pitstop-notifications-dead",
     ]
+
+
+def test_alert_policies_notify_the_configured_channels_and_only_they_change() -> None:
+    plain = deploy.plan("demo-proj", "us-central1", deploy.load_config(None))
+    wired = deploy.plan("demo-proj", "us-central1", deploy.load_config("tests/fixtures/deploy/channels.yaml"))
+    alerts = [w for w in wired if w.argv[:3] == ["alpha", "monitoring", "policies"]]
+    assert len(alerts) == len(list((deploy.INFRA / "monitoring").glob("alert-*.json"))) == 3
+    for w in alerts:
+        assert w.argv[-1] == f"--notification-channels={CHANNELS}"
+        assert w.update is not None and w.update[-1] == f"--set-notification-channels={CHANNELS}"
+    for p, w in zip(plain, wired, strict=True):
+        if w not in alerts:
+            assert dataclasses.asdict(p) == dataclasses.asdict(w), w.what
+
+
+@pytest.mark.parametrize(
+    "channels",
+    [
+        "projects/demo-proj/notificationChannels/1",  # a string, not a list
+        ["1234567890"],  # an id without its project
+        ["projects/demo-proj/notificationChannels/1,projects/x/notificationChannels/2"],
+        ["projects/demo-proj/notificationChannels/abc"],
+        ["projects/Demo_Proj/notificationChannels/1"],
+        [None],
+    ],
+)
+def test_notification_channels_must_be_full_resource_names(channels: Any, tmp_path: Path) -> None:
+    conf = tmp_path / "deploy.yaml"
+    conf.write_text(yaml.safe_dump({"notification_channels": channels}))
+    with pytest.raises(ValueError, match="notification_channels"):
+        deploy.load_config(str(conf))
+    with pytest.raises(ValueError, match="notification_channels"):
+        bad = {**deploy.load_config(None), "notification_channels": channels}
+        deploy.plan("demo-proj", "us-central1", bad)
+
+
+def test_channel_flags_are_accepted_by_the_real_gcloud_parser(tmp_path: Path) -> None:
+    """2 is gcloud's usage error; a command it accepts stops at authentication (1), offline."""
+    conf = deploy.load_config("tests/fixtures/deploy/channels.yaml")
+    steps = deploy.plan("demo-proj", "us-central1", conf)
+    alerts = [s for s in steps if s.argv[:2] == ["alpha", "monitoring"]]
+    env = {
+        **os.environ,
+        "CLOUDSDK_CONFIG": str(tmp_path),
+        "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
+        "CLOUDSDK_CORE_CHECK_GCE_METADATA": "false",
+        "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "true",
+        "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "true",
+        "CLOUDSDK_API_ENDPOINT_OVERRIDES_MONITORING": "http://127.0.0.1:9/",  # never a real endpoint
+    }
+    step = alerts[0]
+    assert step.update is not None
+    for argv in (step.argv, [a.replace(deploy.EXISTING, "1234567890") for a in step.update]):
+        proc = subprocess.run(
+            ["gcloud", *argv], capture_output=True, text=True, timeout=120, env=env, check=False
+        )
+        assert proc.returncode == 1, (argv, proc.stderr[-500:])

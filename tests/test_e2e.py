@@ -1,21 +1,28 @@
 """The whole pipeline on one machine: every demo scenario, plus fault injection, on one shared stack.
 
 Sink router -> Pub/Sub emulator push -> ingest (functions-framework) -> Firestore emulator ->
-Workflows runner -> actuate -> fake Compute + real Slurm via the agent -> notify -> webhook.
+Workflows runner -> actuate -> fake Compute + real Slurm via the agent -> notify -> webhook,
+with the sweep called by the scheduler stand-in every minute, as in production.
+
+Node use (each fault needs a node of its own: a node's action cooldowns outlast this module):
+the demo scenarios use 0-7, the Compute/webhook/Firestore faults 8-11, the chaos tests 12-17.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from pitstop.local.stack import ClusterSpec, Stack, admin, webhook_records
+from pitstop.local.stack import PROJECT, ClusterSpec, Stack, admin, webhook_records
 from pitstop.tools.demo import XID79, Scenarios
 
 pytestmark = pytest.mark.emulator
@@ -23,12 +30,12 @@ pytestmark = pytest.mark.emulator
 
 @pytest.fixture(scope="module")
 def sc() -> Iterator[Scenarios]:
-    stack = Stack(Path(tempfile.mkdtemp(prefix="pitstop-e2e-")), ClusterSpec(nodes=12))
+    stack = Stack(Path(tempfile.mkdtemp(prefix="pitstop-e2e-")), ClusterSpec(nodes=18))
     try:
         stack.up()
         yield Scenarios(stack)
     except BaseException:
-        for name in ("ingest", "actuate", "notify", "executions", "slurm-agent"):
+        for name in ("ingest", "actuate", "notify", "sweep", "executions", "slurm-agent"):
             log = stack.workdir / f"{name}.log"
             if log.exists():
                 print(f"--- {name}.log ---\n" + "\n".join(log.read_text().splitlines()[-20:]))
@@ -120,3 +127,236 @@ def test_firestore_restarted_mid_incident_completes_exactly_once(sc: Scenarios) 
     assert inc["state"] == "RESOLVED", inc.get("failure")
     assert len([i for i in sc.incidents(node) if i["action"] in ("REBOOT_NODE", "REPLACE_NODE")]) == 1
     assert len(sc.calls("reset", node)) + len(sc.calls("report_host_as_faulty", node)) == 1
+
+
+# -- chaos: the failures `pitstop local chaos` rehearses ------------------------------------------
+
+
+# These wait through outages and virtual minutes by design (and the first may also start the stack).
+LONG = pytest.mark.timeout(1200)
+
+
+def _local(sc: Scenarios, *args: str) -> subprocess.CompletedProcess[str]:
+    """`pitstop local ...` against this module's stack, from another process, as a user runs it."""
+    argv = [sys.executable, "-m", "pitstop.tools.cli", "local", *args, "--workdir", sc.state.workdir]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
+
+
+def _chaos(sc: Scenarios, *args: str) -> None:
+    proc = _local(sc, "chaos", *args)
+    assert proc.returncode == 0, proc.stderr
+
+
+def _reported(sc: Scenarios, iid: str) -> dict[str, Any]:
+    """The incident as `pitstop local status --json` reports it (state, action, effects)."""
+    proc = _local(sc, "status", "--json")
+    assert proc.returncode == 0, proc.stderr
+    found: dict[str, Any] = next(i for i in json.loads(proc.stdout)["incidents"] if i["id"] == iid)
+    return found
+
+
+def _effects(sc: Scenarios, node: str, method: str) -> list[dict[str, Any]]:
+    """What the fake Compute did to the VM (a request id seen before is not a second effect)."""
+    return [
+        e
+        for e in admin(sc.state, "/_admin/state")["effects"]
+        if e["method"] == method and node in e["instances"]
+    ]
+
+
+def _executions_done(sc: Scenarios, iid: str) -> bool:
+    from google.cloud.workflows import executions_v1
+
+    from pitstop.adapters.workflows import make_client
+
+    client = make_client(sc.state.endpoints["executions"])
+    parent = client.workflow_path(PROJECT, "us-central1", "pitstop-remediate")
+    found = list(
+        client.list_executions(request={"parent": parent, "filter": f'labels.pitstop-incident="{iid}"'})
+    )
+    return bool(found) and all(e.state != executions_v1.Execution.State.ACTIVE for e in found)
+
+
+def _ended(sc: Scenarios, node: str, timeout: float) -> dict[str, Any]:
+    """The node's last incident once it is RESOLVED or FAILED and no execution of it still runs."""
+
+    def ended() -> dict[str, Any] | None:
+        last = sc.incidents(node)[-1:]
+        if not last or last[0]["state"] not in ("RESOLVED", "FAILED"):
+            return None
+        return sc.incidents(node)[-1] if _executions_done(sc, last[0]["id"]) else None
+
+    inc: dict[str, Any] = sc.wait(ended, timeout, f"the incident on {node} to end")
+    return inc
+
+
+def _settle(sc: Scenarios) -> None:
+    """``sc.settle()``, except for the slots of FAILED incidents: a failed remediation keeps its node
+    fenced and its budget slot until a person closes it, so one failed test must not stall the next."""
+    window = float(json.loads(Path(sc.state.workdir, "policy.yaml").read_text())["budgets"]["window_s"])
+
+    def clear() -> bool:
+        now = time.time()
+        live = {
+            iid
+            for d in sc.db.collection("pitstop_budgets").stream()
+            for iid, slot in ((d.to_dict() or {}).get("slots") or {}).items()
+            if slot.get("active") or now - slot["at"] < window
+        }
+        failed = {
+            d.id
+            for d in sc.db.collection("pitstop_incidents").stream()
+            if (d.to_dict() or {}).get("state") == "FAILED"
+        }
+        return live <= failed
+
+    sc.wait(clear, window + 120, "the blast-radius window to clear")
+
+
+@LONG
+def test_actuate_dying_after_a_reset_resets_exactly_once(sc: Scenarios) -> None:
+    """actuate resets the VM and its instance dies before answering; the retry must not reset again."""
+    node = sc.nodes[12]
+    assert sc.stack.controller is not None
+    restarts = sc.stack.controller.restarts["actuate"]
+    _settle(sc)
+    _chaos(sc, "actuate-crash-after-effect", "--node", node, "--method", "reset")
+    sc.router.publish(sc.entry(node, XID79))
+    inc = _ended(sc, node, 300)
+    assert sc.stack.controller.restarts["actuate"] > restarts, "actuate never died: the fault did not fire"
+    assert len(_effects(sc, node, "reset")) == 1
+    assert inc["state"] == "RESOLVED", inc.get("failure")
+    reported = _reported(sc, inc["id"])
+    assert (reported["state"], reported["action"]) == ("RESOLVED", "REBOOT_NODE")
+    assert reported["effects"]["compute"] == {"reset": 1}
+    assert reported["effects"]["slurm"].get("drain") == 1
+
+
+# The agent's outage, in real seconds. What it models: the Slurm controller's agent is away for the
+# first two minutes of an incident, so fence cannot drain. actuate waits up to 20 s (real) for each
+# command's answer, then asks the workflow to retry (503); the workflow's backoff (2, 4, 8 ... 60 s,
+# 8 retries) runs at the stack's workflow time scale (x0.1), so locally the retry budget is about
+# 9 x 20 s + 24 s = 204 s against about 7 min in production: two real minutes here use more of the
+# budget than two minutes would in production, so a shorter real outage would model less, not more.
+AGENT_OUTAGE_S = 120.0
+
+
+@LONG
+def test_agent_down_for_two_minutes_then_back_resolves(sc: Scenarios) -> None:
+    node = sc.nodes[13]
+    _settle(sc)
+    _chaos(sc, "agent-down")
+    try:
+        sc.router.publish(sc.entry(node, XID79))
+        sc.wait(lambda: sc.incidents(node), 60, "the incident to open")
+        time.sleep(AGENT_OUTAGE_S)  # the outage itself (what is modelled), not a claim about speed
+        during = sc.incidents(node)[-1]
+        assert during["state"] not in ("FENCED", "ACTING", "VERIFYING", "RESOLVED"), (
+            "drained without an agent"
+        )
+    finally:
+        _chaos(sc, "agent-up")
+    inc = _ended(sc, node, 300)
+    assert inc["state"] == "RESOLVED", inc.get("failure")
+    assert len(_effects(sc, node, "reset")) == 1
+    assert "drain" not in sc.slurm.node_states().get(node, "")
+
+
+def _scontrol(sc: Scenarios, *args: str) -> None:
+    subprocess.run(["scontrol", *args], env=sc.slurm.env, check=True, capture_output=True)
+
+
+def _gang(sc: Scenarios, members: list[str], spare: str) -> str:
+    """A two-node job on ``members`` that may move to ``spare`` (and nowhere else) when requeued.
+
+    Its script ignores the checkpoint signal, so a drain's checkpoint wait runs its full length.
+    The spare is held (drained, as someone else would) until the job runs, so it starts on the members.
+    """
+    others = [n for n in sc.nodes if n not in (*members, spare)]
+    _scontrol(sc, "update", f"NodeName={spare}", "State=DRAIN", "Reason=e2e-hold")
+    try:
+        argv = ["sbatch", "--parsable", "--requeue", "-J", "gang", "-o", "/dev/null", "-N", "2"]
+        argv += ["-x", ",".join(others), "--wrap", "trap '' USR1; sleep 3600"]
+        job = subprocess.run(
+            argv, env=sc.slurm.env, capture_output=True, text=True, check=True, cwd=sc.slurm.workdir
+        ).stdout.strip()
+        sc.wait(lambda: _job(sc, job).get("state") == "RUNNING", 30, f"job {job} to run")
+    finally:
+        _scontrol(sc, "update", f"NodeName={spare}", "State=RESUME")
+    return job
+
+
+def _job(sc: Scenarios, job: str) -> dict[str, str]:
+    return next((j for j in sc.slurm.jobs() if j["id"] == job), {})
+
+
+def _job_nodes(sc: Scenarios, job: str) -> set[str]:
+    argv = ["scontrol", "show", "hostnames", _job(sc, job).get("nodes", "")]
+    return set(
+        subprocess.run(argv, env=sc.slurm.env, capture_output=True, text=True, check=True).stdout.split()
+    )
+
+
+@LONG
+def test_gang_members_remediated_ten_minutes_apart_requeue_the_job_once(sc: Scenarios) -> None:
+    """One gang run, two members hit: the run is requeued once, not once per member.
+
+    a gets an upcoming-maintenance notice: its drain checkpoints the job and waits for it up to ten
+    minutes (the workflow's virtual time; the script ignores the signal, so the wait runs out).
+    Meanwhile b hits Xid 79: its reboot finishes first and requeues the gang, which restarts on b
+    and the spare. About ten minutes after b's requeue, a's remediation reaches its own reschedule:
+    the run it fenced was already requeued and the run now going is on healthy nodes, so it must
+    not be requeued again (a gang moves once per fault, keyed by the job's run, not by a timer).
+
+    So that a cannot reach its reschedule before the gang runs again, whatever Slurm's restart
+    delay, the Slurm agent is away from b's resolution until the gang runs (a's workflow retries
+    through it, as in the agent outage test); the order is then certain, not a race.
+    """
+    a, b, spare = sc.nodes[14], sc.nodes[15], sc.nodes[16]
+    _settle(sc)
+    job = _gang(sc, [a, b], spare)
+    assert _job_nodes(sc, job) == {a, b}
+    notice = admin(
+        sc.state,
+        "/_admin/maintenance",
+        {"project": PROJECT, "zone": "us-central1-a", "instance": a, "starts_in_s": 900},
+    )
+    sc.router.publish(notice)
+    sc.wait(lambda: [i for i in sc.incidents(a) if i["state"] == "FENCED"], 60, f"{a} to be fenced")
+    sc.router.publish(sc.entry(b, XID79))
+    inc_b = _ended(sc, b, 180)
+    assert inc_b["state"] == "RESOLVED", inc_b.get("failure")
+    assert sc.restarts(job) == 1
+    _chaos(sc, "agent-down")
+    try:
+        assert sc.incidents(a)[-1]["state"] not in ("RESOLVED", "FAILED"), "a ended before b: no overlap"
+        sc.wait(lambda: _job(sc, job).get("state") == "RUNNING", 180, "the gang to run again")
+        assert _job_nodes(sc, job) == {b, spare}
+    finally:
+        _chaos(sc, "agent-up")
+    inc_a = _ended(sc, a, 600)
+    assert inc_a["state"] == "RESOLVED", inc_a.get("failure")
+    assert inc_a["action"] == "DRAIN_NODE"
+    assert sc.restarts(job) == 1, "the restarted gang was requeued again"
+    assert _reported(sc, inc_b["id"])["effects"]["slurm"].get("requeue") == 1
+    assert "requeue" not in _reported(sc, inc_a["id"])["effects"]["slurm"]
+
+
+@LONG
+def test_publish_timeout_at_close_keeps_the_incident_resolved(sc: Scenarios) -> None:
+    """The resolution notice's publish times out after the incident was resolved: it stays RESOLVED,
+    and the notice still goes out once."""
+    node = sc.nodes[17]
+    _settle(sc)
+    _chaos(sc, "publish-timeout", "--node", node)
+    sc.router.publish(sc.entry(node, XID79))
+    inc = _ended(sc, node, 180)
+    assert not (sc.stack.chaos_dir / "publish-timeout.json").exists(), "the publish never timed out"
+    assert inc["state"] == "RESOLVED", inc.get("failure")
+    assert len(_effects(sc, node, "reset")) == 1
+    notes = sc.wait(lambda: sc.notes_for(inc["id"]), 180, "the resolution notice (re-sent by the sweep)")
+    time.sleep(3)
+    notes = sc.notes_for(inc["id"])
+    assert len(notes) == 1
+    assert "FAILED" not in notes[0]["body"]["text"]
+    assert sc.incidents(node)[-1]["state"] == "RESOLVED"

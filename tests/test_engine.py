@@ -408,3 +408,148 @@ def test_step_up_without_a_stronger_action_changes_nothing() -> None:
     inc = w.incidents[first.incident["id"]]
     out = engine.step_up(inc, w.nodes[inc["node_key"]], w.budgets, w.p, T0 + 60)
     assert out.result == "ignored" and out.start_step is None and out.node is None
+
+
+# -- how incidents end: FAILED, closed by a person, failed by the watchdog ----------------------
+
+
+def _started(w: World, node: str = "a3-node-001", ts: float = T0, line: str = XID79) -> str:
+    """An incident whose step 1 execution was started (and claimed) for ``node``."""
+    out = w.feed(ev(line, node=node, ts=ts))
+    assert out.incident is not None and out.start_step == 1
+    iid = str(out.incident["id"])
+    name = f"projects/p/locations/l/workflows/w/executions/ex-{iid}"
+    w.incidents[iid]["workflow"].update(
+        state="started", execution=name, started_at=ts, claimed_by=f"ex-{iid}"
+    )
+    return iid
+
+
+def _failed(w: World, iid: str, at: float) -> engine.Outcome:
+    inc = w.incidents[iid]
+    name = engine.watched_execution(inc)
+    assert name is not None
+    out = engine.fail_stuck(inc, w.nodes[inc["node_key"]], w.budgets, name, "ended SUCCEEDED", at)
+    w.save(out)
+    return out
+
+
+def test_failed_incident_counts_new_faults_without_acting() -> None:
+    w = World(pol())
+    iid = _started(w, line=XID48)
+    w.incidents[iid]["state"] = "ACTING"
+    assert _failed(w, iid, T0 + 60).result == "failed"
+    for i, line in enumerate((XID48, XID79, XID79)):
+        out = w.feed(ev(line, ts=T0 + 100 + i))
+        assert out.result == "absorbed" and out.start_step is None and out.page is None
+        assert out.incident is not None and out.incident["id"] == iid
+    inc = w.incidents[iid]
+    assert inc["state"] == "FAILED" and inc["action"] == "RESET_GPU" and inc["step"] == 1
+    assert inc["counts"]["events"] == 4 and inc["proposed_action"] == "REBOOT_NODE"
+    # nor does a step-up revive it (an overrunning execution's close after the watchdog failed it)
+    inc["escalate_to"] = "REBOOT_NODE"
+    assert _step_up(w, iid, T0 + 200).result == "ignored"
+    assert w.incidents[iid]["state"] == "FAILED"
+
+
+def test_watchdog_failure_pages_and_lets_the_budget_slot_expire_with_the_window() -> None:
+    w = World(pol())  # cluster of 8 at 10 %: one node per 30-minute window
+    iid = _started(w)
+    w.incidents[iid]["state"] = "FENCED"
+    out = _failed(w, iid, T0 + 120)
+    assert out.incident is not None and out.incident["failure"]["stage"] == "watchdog"
+    assert out.page is not None and "stays fenced" in out.page and f"--close {iid}" in out.page
+    assert all(not s["slots"][iid]["active"] for s in w.budgets.values())
+    # the window slides past the failed incident's claim: another node's fault may act
+    other = w.feed(ev(XID79, node="a3-node-002", ts=T0 + 1801))
+    assert other.result == "opened" and other.start_step == 1
+
+
+def test_watchdog_leaves_an_incident_its_execution_moved_on() -> None:
+    w = World(pol())
+    iid = _started(w)
+    inc = w.incidents[iid]
+    name = engine.watched_execution(inc)
+    assert name is not None and name.endswith(f"/ex-{iid}")
+    node = w.nodes[inc["node_key"]]
+    for state in ("RESOLVED", "FAILED", "HELD"):
+        gone = {**inc, "state": state}
+        assert engine.fail_stuck(gone, node, w.budgets, name, "x", T0 + 60).result == "ignored"
+    next_step = {**inc, "workflow": {"step": 2, "state": "started", "execution": name + "-2"}}
+    assert engine.fail_stuck(next_step, node, w.budgets, name, "x", T0 + 60).result == "ignored"
+    # another execution of the step claimed it: that one is watched
+    other = {**inc, "workflow": {**inc["workflow"], "claimed_by": "ex-other"}}
+    assert engine.watched_execution(other) == name.rsplit("/", 1)[0] + "/ex-other"
+
+
+def test_a_person_closes_a_failed_incident_and_a_later_fault_opens_a_new_one() -> None:
+    w = World(pol())
+    iid = _started(w)
+    w.incidents[iid]["state"] = "VERIFYING"
+    _failed(w, iid, T0 + 60)
+    inc = w.incidents[iid]
+    out = engine.close_by_person(inc, w.nodes[inc["node_key"]], w.budgets, "alice", T0 + 600, True)
+    w.save(out)
+    assert out.result == "closed" and out.start_step is None
+    closed = w.incidents[iid]
+    assert closed["state"] == "RESOLVED" and closed["timeline"]["closed"] == T0 + 600
+    assert closed["closure"] == {"by": "alice", "at": T0 + 600, "from_state": "FAILED", "unfence": True}
+    assert "resolved" not in closed["timeline"]  # MTTR is not a person's close
+    late = w.feed(ev(XID79, ts=T0 + 300))  # logged before the close: a late line of the episode
+    assert late.result == "absorbed" and w.incidents[iid]["state"] == "RESOLVED"
+    fresh = w.feed(ev(XID79, ts=T0 + 2000))
+    assert fresh.result == "opened" and fresh.incident is not None and fresh.incident["id"] != iid
+
+
+def test_close_by_person_takes_open_held_and_failed_but_not_a_running_step() -> None:
+    w = World(pol())
+    w.feed(ev(XID79, node="a3-node-001"))
+    held = w.feed(ev(XID79, node="a3-node-002", ts=T0 + 1)).incident
+    assert held is not None and held["state"] == "HELD"
+    out = engine.close_by_person(held, w.nodes[held["node_key"]], w.budgets, "bob", T0 + 5, False)
+    assert out.result == "closed" and out.incident is not None
+    assert out.incident["closure"]["from_state"] == "HELD" and out.incident["held"] is None
+    pending = w.feed(ev(XID79, node="a3-node-003", ts=T0 + 2)).incident  # held too: one slot
+    assert pending is not None
+    iid = _started(World(pol()), node="a3-node-004")
+    for state, started, ok in (
+        ("OPEN", False, True),
+        ("OPEN", True, False),
+        ("FENCED", True, False),
+        ("ACTING", True, False),
+        ("VERIFYING", True, False),
+        ("RESOLVED", True, False),
+    ):
+        wf = {"step": 1, "state": "started" if started else "pending", "execution": None}
+        inc = {**pending, "id": iid, "state": state, "workflow": wf}
+        got = engine.close_by_person(inc, engine.new_node(inc["node"]), {}, "bob", T0 + 9, False)
+        assert (got.result == "closed") is ok, (state, started)
+
+
+def test_an_incident_counts_at_most_32_gpus_and_32_xid_codes_by_name() -> None:
+    w = World(pol())
+    base = ev(XID79)
+    first = w.feed(base)
+    assert first.incident is not None
+    iid = first.incident["id"]
+    for i in range(200):  # forged lines: a new GPU and a new Xid code each
+        e = dict(base, xid=1000 + i, gpu={"pci": f"0000:{i // 256:02x}:{i % 256:02x}", "mig": None})
+        e["source"] = dict(base["source"], insert_id=f"forged-{i}")
+        w.feed(e)
+    inc = w.incidents[iid]
+    assert inc["counts"]["events"] == 201
+    assert sum(n for k, n in inc["counts"].items() if k != "events") == 201
+    assert len(inc["counts"]) <= engine.MAX_XIDS + 2 and inc["counts"]["other"] > 0
+    assert len(inc["gpus"]) == engine.MAX_GPUS + 1 and inc["gpus"]["other"]["pci"] == "other"
+    assert sum(sum(g["xids"].values()) for g in inc["gpus"].values()) == 201
+    assert all(len(g["xids"]) <= engine.MAX_XIDS + 1 for g in inc["gpus"].values())
+    # coalesced counts merge under the same bounds
+    deltas = engine.empty_deltas()
+    for i in range(100):
+        e = dict(base, xid=3000 + i, gpu={"pci": f"0001:00:{i:02x}", "mig": None})
+        e["source"] = dict(base["source"], insert_id=f"storm-{i}")
+        engine.count_into(deltas, e, T0 + 1, w.p)
+    assert len(deltas["recent_keys"]) <= engine.MAX_DELTA_KEYS
+    engine.merge_deltas(inc, deltas, w.p)
+    assert inc["counts"]["events"] == 301 and len(inc["gpus"]) == engine.MAX_GPUS + 1
+    assert len(inc["counts"]) <= engine.MAX_XIDS + 2

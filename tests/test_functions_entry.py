@@ -84,3 +84,42 @@ def test_unrelated_is_acknowledged(ingest_app: Any) -> None:
 def test_poison_is_retried_for_dead_lettering(ingest_app: Any) -> None:
     resp = ingest_app.post("/projects/fn-entry-test/topics/pitstop-events", json=_push(None, data="%%%"))
     assert resp.status_code == 500
+
+
+def test_sigterm_merges_counts_buffered_by_handlers_in_worker_threads(
+    ingest_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Handlers run in worker threads (where no signal handler can be installed); the hook is
+    installed when main.py is imported, in the main thread, and flushes what they buffered."""
+    import signal
+    from concurrent.futures import ThreadPoolExecutor
+
+    import main
+
+    assert signal.getsignal(signal.SIGTERM) is main._on_sigterm
+    lines = 40
+
+    def deliver() -> None:
+        main._ingest().coalescer.timer = False  # only the shutdown hook merges here
+        for i in range(lines):
+            e = ops_agent_entry(XID79, instance="a3-node-043", insert_id=f"term-{i}")
+            body = _push(e)
+            body["message"]["messageId"] = f"term-{i}"
+            assert (
+                ingest_app.post("/projects/fn-entry-test/topics/pitstop-events", json=body).status_code == 200
+            )
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(deliver).result()
+    incidents = firestore.Client(project="fn-entry-test").collection("pitstop_incidents")
+
+    def counted() -> int:
+        docs = [d.to_dict() or {} for d in incidents.stream()]
+        return sum(d["counts"]["events"] for d in docs if d["node"]["instance"] == "a3-node-043")
+
+    assert counted() < lines  # a storm's counts wait in memory
+    chained: list[int] = []
+    monkeypatch.setattr(main, "_previous_sigterm", lambda signum, frame: chained.append(signum))
+    main._on_sigterm(signal.SIGTERM, None)
+    assert counted() == lines
+    assert chained == [signal.SIGTERM]  # then the server's own SIGTERM handling goes on

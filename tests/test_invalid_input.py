@@ -6,11 +6,20 @@ import base64
 import copy
 from typing import Any
 
+import orjson
 import pytest
 
 from pitstop.core.classify import Classifier
+from pitstop.core.xid_line import MAX_LINE, parse_nvrm
 
-from .helpers import ENVELOPES, assert_valid_event, load_fixture, ops_agent_entry, system_event_entry
+from .helpers import (
+    ENVELOPES,
+    assert_valid_event,
+    load_fixture,
+    ops_agent_entry,
+    syslog_entry,
+    system_event_entry,
+)
 
 CLF = Classifier.default()
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
@@ -60,6 +69,14 @@ HOSTILE_NAMES = [
     "",
     "$(reboot)",
     "node-1 state=resume",
+    "all",
+    "ALL",
+    "All",
+    "default",
+    "a3-node-[000-003]",
+    "a3-node-001,a3-node-002",
+    "a3-node-[1]",
+    "a3-node-001,",
 ]
 
 
@@ -142,3 +159,129 @@ def test_input_not_mutated() -> None:
     before = copy.deepcopy(entry)
     CLF.classify(entry)
     assert entry == before
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("all", "Slurm keyword ALL"),
+        ("ALL", "Slurm keyword ALL"),
+        ("default", "Slurm keyword DEFAULT"),
+        ("a3-node-[000-003]", "hostlist"),
+        ("a3-node-001,a3-node-002", "hostlist"),
+        ("A3-NODE-001", "RFC 1035"),
+        ("a" * 64, "longer than 63"),
+    ],
+)
+def test_slurm_expressions_are_never_node_names(name: str, why: str) -> None:
+    for make in (ops_agent_entry, syslog_entry):
+        ev = CLF.classify(make(XID79, instance=name))
+        assert ev["kind"] == "invalid" and ev["action"] == "NONE" and ev["node"] is None
+        assert why in ev["reason"]
+        assert name not in ev["reason"] or name.lower() in ("all", "default")  # hostile text is not echoed
+
+
+def test_allish_names_are_still_names() -> None:
+    for name in ("all-nodes", "ball", "alla", "default-pool-1"):
+        ev = CLF.classify(ops_agent_entry(XID79, instance=name))
+        assert ev["kind"] == "gpu_xid" and ev["node"]["instance"] == name
+
+
+HEAD = "NVRM: Xid (PCI:0000:a1:00): "
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        (HEAD + "79, pid=" + "9" * 5000 + ", name=x, GPU has fallen off the bus.", "pid is out of range"),
+        (HEAD + "79, pid=4194305, name=x, GPU has fallen off the bus.", "pid is out of range"),
+        (HEAD + "0, something", "xid is out of range"),
+        (HEAD + "12345, something", "xid is out of range"),
+        (HEAD + "9" * 5000 + ", something", "xid is out of range"),
+        ("NVRM: Xid (PCI:0000:a1:20): 79, GPU has fallen off the bus.", "pci device is out of range"),
+        ("NVRM: GPU 0000:91:ff.0: GPU has fallen off the bus.", "pci device is out of range"),
+        ("NVRM: Xid (PCI:0000:3b:00 GPU-I:256): 43, pid=1, name=p, Ch 1", "gi is out of range"),
+        ("NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:" + "7" * 400 + "): 43, Ch 1", "ci is out of range"),
+        (HEAD + "13, Graphics SM Warp Exception on (GPC 99999, TPC 3, SM 0): x", "gpc is out of range"),
+        (HEAD + "13, Graphics SM Warp Exception on (GPC 1, TPC " + "3" * 600 + "): x", "tpc is out of range"),
+        (HEAD + "45, pid=1, name=p, Ch 0000000c caused by previous Xid 0", "primary xid is out of range"),
+        (HEAD + "74, NVLink: fatal error detected on link 4096", "link is out of range"),
+        (HEAD + "149, NETIR Fatal XC0 i0 Link -2 (0x0)", "link is out of range"),
+        (
+            HEAD + "154, GPU recovery action changed from 0x0 (None) to 0x100000000 (Big)",
+            "recovery to is out",
+        ),
+        (
+            HEAD + "154, GPU recovery action changed from 0x" + "f" * 400 + " (x) to 0x1 (y)",
+            "recovery from is out",
+        ),
+    ],
+    ids=lambda v: v[:40] if isinstance(v, str) else None,
+)
+def test_numbers_out_of_range_make_the_line_invalid(line: str, why: str) -> None:
+    assert "error" in (parse_nvrm(line) or {})
+    for make in (ops_agent_entry, syslog_entry):
+        ev = CLF.classify(make(line))
+        assert_valid_event(ev)
+        assert ev["kind"] == "invalid" and ev["action"] == "NONE"
+        assert why in ev["reason"], ev["reason"]
+        orjson.dumps(ev)
+
+
+def test_numbers_at_their_limits_are_accepted() -> None:
+    ev = CLF.classify(ops_agent_entry(HEAD + "79, pid=4194304, name=x, GPU has fallen off the bus."))
+    assert ev["kind"] == "gpu_xid" and ev["detail"]["pid"] == 4194304
+    ev = CLF.classify(ops_agent_entry("NVRM: Xid (PCI:ffff:ff:1f): 9999, pid=0, name=x, new"))
+    assert ev["kind"] == "gpu_xid" and ev["xid"] == 9999 and ev["gpu"]["pci"] == "ffff:ff:1f"
+
+
+@pytest.mark.parametrize("digits", ["\u0667\u0669", "\uff17\uff19", "7\u0669"])
+def test_non_ascii_digits_are_not_numbers(digits: str) -> None:
+    ev = CLF.classify(ops_agent_entry(HEAD + digits + ", GPU has fallen off the bus."))
+    assert ev["kind"] in ("invalid", "gpu_xid")
+    assert ev["xid"] != 79 or ev["detail"].get("inferred_from")  # only the off-the-bus words may say 79
+
+
+@pytest.mark.parametrize(
+    "stamp",
+    [
+        "9999-99-99T99:99:99Z",
+        "2026-02-30T10:00:00Z",
+        "0001-01-01T00:00:00+23:59",
+        "2026-11-21T10:42:31+99:00",
+    ],
+)
+def test_impossible_timestamps_are_dropped(stamp: str) -> None:
+    entry = ops_agent_entry(XID79)
+    entry["timestamp"] = entry["receiveTimestamp"] = stamp
+    ev = CLF.classify(entry)
+    assert_valid_event(ev)
+    assert ev["observed_at"] is None
+
+
+@pytest.mark.parametrize(
+    ("body", "cut"),
+    [
+        ("x" * (MAX_LINE - len(XID79) - 1), False),  # exactly 64 KiB
+        ("x" * (MAX_LINE - len(XID79)), True),  # one byte more
+        ("\u00e9" * 40_000, True),  # two bytes a character: cut on a character boundary
+        ("\U0001f525" * 20_000, True),
+    ],
+)
+def test_messages_over_64_kib_are_cut_and_say_so(body: str, cut: bool) -> None:
+    ev = CLF.classify(ops_agent_entry(XID79 + " " + body))
+    assert_valid_event(ev)
+    assert ev["kind"] == "gpu_xid" and ev["xid"] == 79
+    assert bool(ev["detail"].get("truncated")) is cut
+    if cut:
+        assert ev["detail"]["original_bytes"] == len((XID79 + " " + body).encode())
+        assert "cut before parsing" in ev["reason"]
+
+
+def test_lone_surrogates_become_valid_utf8() -> None:
+    entry = ops_agent_entry(XID79[:-1] + " \ud800 tail")
+    entry["insertId"] = "ins-\udfff"
+    ev = CLF.classify(entry)
+    assert_valid_event(ev)
+    assert "\ud800" not in ev["detail"]["message"]
+    orjson.dumps(ev)

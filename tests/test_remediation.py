@@ -6,8 +6,12 @@ operations take ~1 % of their real duration and the workflow's sleeps ~20 %.
 
 from __future__ import annotations
 
+import concurrent.futures
+import io
 import json
 import os
+import socket
+import sys
 import tempfile
 import threading
 import time
@@ -17,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from google.api_core import exceptions as gexc
 from google.cloud import firestore
 from google.cloud.pubsub_v1 import PublisherClient, SubscriberClient
 from werkzeug.serving import make_server
@@ -29,6 +34,7 @@ from pitstop.local import executions_server
 from pitstop.local.fake_compute import FakeCompute, serve
 from pitstop.local.slurm import SlurmCluster
 from pitstop.local.workflows_runner import runner_for
+from pitstop.services.actuate import Actuator
 from pitstop.services.ingest import Ingest
 
 from .helpers import PROJECT, ops_agent_entry
@@ -112,9 +118,8 @@ class World:
         # actuate under functions-framework, over real HTTP; the runner calls it
         from functions_framework import create_app
 
-        import main
-
         app = create_app("actuate", str(ROOT / "functions" / "main.py"), "http")  # type: ignore[no-untyped-call]
+        served = sys.modules["main"]  # the module functions-framework loaded: its actuator serves HTTP
         self.http = make_server("127.0.0.1", 0, app, threaded=True)
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
         url = f"http://127.0.0.1:{self.http.server_port}/"
@@ -139,8 +144,8 @@ class World:
                 "PITSTOP_WORKFLOWS_ENDPOINT": f"127.0.0.1:{port}",
             }
         )
-        main._actuator.cache_clear()
-        self.actuator = main._actuator()
+        served._actuator.cache_clear()
+        self.actuator: Actuator = served._actuator()  # the very instance actuate's HTTP requests reach
         self.store = IncidentStore(self.db)
         self.ingest = Ingest(
             self.policy,
@@ -410,3 +415,215 @@ def test_duplicate_execution_does_not_reset_twice(world: World) -> None:
         json.loads(r.execution.result) for r in world.executions.records.values() if r.execution.result
     ]
     assert sorted(r["outcome"] for r in results) == ["resolved", "stale"]
+
+
+# -- exactly once, never stuck (issue "Exactly once, never stuck") -------------------------------
+
+
+class DropFirstAnswer:
+    """WSGI middleware: the first call of one op runs (its effect happens), then its answer is lost."""
+
+    def __init__(self, app: Any, op: str) -> None:
+        self.app, self.op, self.dropped = app, op, 0
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        raw = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        environ["wsgi.input"] = io.BytesIO(raw)
+        if self.dropped or json.loads(raw or b"{}").get("op") != self.op:
+            return self.app(environ, start_response)
+        self.dropped += 1
+        list(self.app(environ, lambda *a, **k: lambda data: None))  # actuate runs the op
+        environ["werkzeug.socket"].shutdown(socket.SHUT_RDWR)  # ... and the connection drops
+        start_response("500 INTERNAL SERVER ERROR", [("Content-Length", "0")])
+        return [b""]
+
+
+def _steps(world: World, iid: str) -> dict[str, dict[str, Any]]:
+    coll = world.db.collection("pitstop_incidents").document(iid).collection("steps")
+    return {d.id: d.to_dict() or {} for d in coll.stream()}
+
+
+def _restarts(world: World, job: str) -> int:
+    out = world.slurm._out(["scontrol", "show", "job", "-o", job]).splitlines()[0]
+    return int(next(t for t in out.split() if t.startswith("Restarts=")).split("=", 1)[1])
+
+
+def _observed_incident(world: World, line: str, node: str) -> str:
+    """An incident decided in observe mode: no execution runs its step until the test starts one."""
+    ev = world.ingest.classifier.classify(ops_agent_entry(line, instance=node, insert_id=uuid.uuid4().hex))
+    out = world.ingest.store.apply(
+        {**ev, "_observed_ts": time.time()},
+        policy.from_doc({**world.policy.doc, "mode": "observe"}),
+        time.time(),
+    )
+    assert out.incident is not None and out.incident["step"] == 1
+    return str(out.incident["id"])
+
+
+def test_a_result_lost_after_the_reset_does_not_reset_again(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = world.actuator.store
+    put = store.put_step_record
+    lost: list[str] = []
+
+    def flaky_put(iid: str, key: str, record: Any) -> None:
+        if key == "1-act" and not lost:  # Firestore answers 503 for the write after the reset
+            lost.append(key)
+            raise gexc.ServiceUnavailable("firestore: unavailable")  # type: ignore[no-untyped-call]
+        put(iid, key, record)
+
+    monkeypatch.setattr(store, "put_step_record", flaky_put)
+    out = world.fault(XID79, "a3-node-001")
+    inc = world.wait(out.incident["id"])  # type: ignore[index]
+    assert lost and inc["state"] == "RESOLVED", inc.get("failure")
+    assert len(world.compute.effects_on("a3-node-001", "reset")) == 1
+    assert len(world.calls("reset")) == 2  # asked again, under the same request id, and ignored
+
+
+def test_an_answer_lost_after_the_effect_is_asked_again(world: World) -> None:
+    world.http.app = DropFirstAnswer(world.http.app, "act")
+    out = world.fault(XID79, "a3-node-000")
+    inc = world.wait(out.incident["id"])  # type: ignore[index]
+    assert inc["state"] == "RESOLVED", inc.get("failure")
+    assert world.http.app.dropped == 1
+    assert len(world.compute.effects_on("a3-node-000", "reset")) == 1
+
+
+def test_a_publish_timeout_at_close_keeps_the_incident_resolved(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    notifier = world.actuator.notifier
+    assert notifier is not None
+    publish = notifier.publish
+    timed_out: list[str] = []
+
+    def slow_publish(notification: Any) -> str:
+        if notification.get("kind") == "incident" and not timed_out:
+            timed_out.append(notification["summary"])
+            raise concurrent.futures.TimeoutError()  # what the publish future's result(timeout=30) raises
+        return str(publish(notification))
+
+    monkeypatch.setattr(notifier, "publish", slow_publish)
+    out = world.fault(XID79, "a3-node-002")
+    inc = world.wait(out.incident["id"])  # type: ignore[index]
+    assert timed_out and inc["state"] == "RESOLVED", inc.get("failure")
+    assert "failure" not in inc
+    assert not [n for n in world.notes() if n.get("severity") == "critical"]  # no false page
+
+
+def test_a_failing_claim_fails_the_incident_with_a_page(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    claim = world.actuator._claim
+    broken: list[int] = []
+
+    def broken_claim(*args: Any) -> Any:
+        if not broken:
+            broken.append(1)
+            raise RuntimeError("a bug in claim")  # functions-framework answers 500
+        return claim(*args)
+
+    monkeypatch.setattr(world.actuator, "_claim", broken_claim)
+    out = world.fault(XID79, "a3-node-001")
+    inc = world.wait(out.incident["id"])  # type: ignore[index]
+    assert inc["state"] == "FAILED" and inc["failure"]["stage"] == "claim"
+    (page,) = [n for n in world.notes() if n.get("severity") == "critical"]
+    assert "was not fenced" in page["todo"]
+    assert world.calls("reset") == [] and "drain" not in world.slurm.node_states()["a3-node-001"]
+
+
+def test_a_failure_that_cannot_be_recorded_ends_the_execution_in_error(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("Firestore is gone")
+
+    monkeypatch.setattr(world.actuator, "_claim", broken)
+    monkeypatch.setattr(world.actuator, "_fail", broken)
+    out = world.fault(XID79, "a3-node-001")
+    assert out.incident is not None
+    assert world.executions.wait_all(90)
+    (rec,) = world.executions.records.values()
+    assert rec.execution.state == rec.execution.State.FAILED  # the watchdog finds it
+    error = json.loads(rec.execution.error.payload)
+    assert error["tags"] == ["UnrecordedFailure"] and error["stage"] == "claim"
+    assert error["error"]["code"] == 500 and error["record_error"]["code"] == 500
+
+
+def test_an_escalation_is_decided_before_the_node_returns_to_slurm(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _job_on(world.slurm)
+    node = world.slurm._out(
+        ["scontrol", "show", "hostnames", next(j for j in world.slurm.jobs() if j["id"] == job)["nodes"]]
+    ).split()[0]
+    verify = world.actuator._verify
+    worse: list[str] = []
+
+    def fault_gets_worse(inc: Any, step: int) -> Any:
+        if step == 1 and not worse:  # a stronger fault arrives while step 1 is being verified
+            worse.append(inc["id"])
+            world.store.mutate(inc["id"], lambda d: d.update(escalate_to="REBOOT_NODE"))
+        return verify(inc, step)
+
+    monkeypatch.setattr(world.actuator, "_verify", fault_gets_worse)
+    out = world.fault(XID48, node)
+    assert out.incident is not None and out.incident["action"] == "RESET_GPU"
+    iid = out.incident["id"]
+    inc = world.wait(iid, timeout=150)
+    assert inc["state"] == "RESOLVED" and inc["step"] == 2 and inc["action"] == "REBOOT_NODE"
+    steps = _steps(world, iid)
+    assert steps["1-escalate"]["result"]["handed_over"] is True
+    assert "1-unfence" not in steps and "1-reschedule" not in steps
+    resumes = [d.id for d in world.db.collection("pitstop_slurm_results").stream() if "-resume-" in d.id]
+    assert resumes and all(r.startswith(f"{iid}-2-") for r in resumes)  # never back in Slurm at step 1
+    assert steps["2-reschedule"]["result"]["requeued"] == [job]  # the gang moves once, at step 2
+    assert len(world.compute.effects_on(node, "reset")) == 2
+
+
+def test_a_gang_whose_members_finish_apart_is_requeued_once(world: World) -> None:
+    job = _job_on(world.slurm)
+    first, second = world.slurm._out(
+        ["scontrol", "show", "hostnames", next(j for j in world.slurm.jobs() if j["id"] == job)["nodes"]]
+    ).split()[:2]
+    # both members fail in the same run; the second one's remediation is slow (a host report)
+    late = _observed_incident(world, XID79, second)
+    body, status = world.actuator.handle({"op": "fence", "incident": late, "step": 1})
+    assert status == 200 and body["jobs"] == [job]
+    out = world.fault(XID79, first)
+    inc = world.wait(out.incident["id"])  # type: ignore[index]
+    assert inc["state"] == "RESOLVED" and _steps(world, inc["id"])["1-reschedule"]["result"]["requeued"] == [
+        job
+    ]
+    deadline = time.monotonic() + 60  # the gang runs again, elsewhere
+    while not any(j["id"] == job and j["state"] == "RUNNING" for j in world.slurm.jobs()):
+        assert time.monotonic() < deadline, world.slurm._out(["scontrol", "show", "job", "-o", job])
+        # a requeue caught while the job was still completing gets Slurm's ~120 s BeginTime anyway
+        world.slurm._out(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+        time.sleep(0.5)
+    world.actuator.starter.start(late, 1, {"incident_id": late, "step": 1})  # type: ignore[union-attr]
+    inc = world.wait(late)
+    assert inc["state"] == "RESOLVED", inc.get("failure")
+    result = _steps(world, late)["1-reschedule"]["result"]
+    assert result["requeued"] == [] and "moved on since the fence" in result["skipped"][0]["why"]
+    assert _restarts(world, job) == 1
+
+
+@pytest.mark.parametrize("outcome", ["RESOLVED", "FAILED"])
+def test_a_node_someone_else_drained_stays_drained_and_the_note_says_so(world: World, outcome: str) -> None:
+    node, reason = "a3-node-002", "admin: bad DIMM, ticket 42"
+    world.slurm._out(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+    if outcome == "FAILED":
+        world.compute.inject("reset", 403, "forbidden", count=1)
+    out = world.fault(XID79, node)
+    inc = world.wait(out.incident["id"])  # type: ignore[index]
+    assert inc["state"] == outcome, inc.get("failure")
+    info = world.slurm._out(["scontrol", "show", "node", "-o", node])
+    assert "DRAIN" in info and reason in info  # still drained, with the admin's reason
+    (note,) = [n for n in world.notes() if n["kind"] == "incident" and n["incident"]["state"] == outcome]
+    text = note["summary"] if outcome == "RESOLVED" else note["todo"]
+    assert "back in service" not in text and "stays fenced" not in text
+    assert "stays drained by someone else" in text and reason in text
+    assert inc["fence"]["already_drained_by_other"] is True and inc["fence"]["previous_reason"] == reason
+    assert _steps(world, inc["id"])["1-fence"]["result"]["fence"]["previous_reason"] == reason

@@ -36,6 +36,7 @@ def history() -> list[dict[str, Any]]:
     pre = system_event_entry(next(c for c in load_fixture("system_events.yaml") if c["id"] == "preempted"))
     pre["protoPayload"]["resourceName"] = "projects/train-prod/zones/us-central1-a/instances/a3-node-008"
     pre["resource"]["labels"].update({"project_id": "train-prod", "zone": "us-central1-a"})
+    pre["logName"] = "projects/train-prod/logs/cloudaudit.googleapis.com%2Fsystem_event"
     pre["timestamp"] = "2027-01-15T08:00:30Z"
     out.append(pre)
     out.append(ops_agent_entry("systemd[1]: Started Session 1."))

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from pitstop.core import sinks
 from pitstop.local.lql import FilterSyntaxError, compile_filter
 
-from .helpers import CARRIERS, load_fixture, ops_agent_entry, system_event_entry
+from .helpers import (
+    CARRIERS,
+    KERNEL_LOG_ID,
+    journald_entry,
+    load_fixture,
+    ops_agent_entry,
+    syslog_entry,
+    system_event_entry,
+)
 
 FILTERS = [compile_filter(f) for f in sinks.sink_filters().values()]
 
@@ -33,28 +44,50 @@ def test_every_system_event_is_selected(case: dict[str, Any]) -> None:
     assert selected(system_event_entry(case))
 
 
-NOISE = [
-    ops_agent_entry("systemd[1]: Started Session 42 of user root."),
-    ops_agent_entry("kernel: EXT4-fs (sda1): mounted filesystem"),
-    {
-        **ops_agent_entry("NVRM: Xid (PCI:0000:a1:00): 79, GPU has fallen off the bus."),
-        "logName": "projects/train-prod/logs/my-app",
-    },
-    {
-        **ops_agent_entry("NVRM: Xid (PCI:0000:a1:00): 79"),
-        "resource": {"type": "cloud_run_revision", "labels": {}},
-    },
-]
+XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, GPU has fallen off the bus."
+NOISE = {
+    "systemd": syslog_entry("systemd[1]: Started Session 42 of user root."),
+    "ext4": syslog_entry("kernel: EXT4-fs (sda1): mounted filesystem"),
+    "kernel-ext4": ops_agent_entry("EXT4-fs (sda1): mounted filesystem"),
+    "other-log": {**syslog_entry(XID79), "logName": "projects/train-prod/logs/my-app"},
+    "other-journal-log": {**ops_agent_entry(XID79), "logName": "projects/train-prod/logs/journald"},
+    "other-resource": {**syslog_entry(XID79), "resource": {"type": "cloud_run_revision", "labels": {}}},
+    "journal-by-logger": journald_entry(XID79, transport="syslog", facility="1"),
+    "journal-by-systemd-cat": journald_entry(XID79, transport="stdout", facility="3"),
+    "journal-no-transport": journald_entry(XID79, transport=None),
+}
 
 
-@pytest.mark.parametrize("entry", NOISE, ids=["systemd", "ext4", "other-log", "other-resource"])
-def test_noise_is_not_selected(entry: dict[str, Any]) -> None:
+@pytest.mark.parametrize("name", sorted(NOISE))
+def test_noise_is_not_selected(name: str) -> None:
+    assert not selected(NOISE[name])
+
+
+def _forged(case_id: str, path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    entry = system_event_entry(next(c for c in load_fixture("system_events.yaml") if c["id"] == case_id))
+    target = entry
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return entry
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        _forged("preempted", ("protoPayload", "authenticationInfo", "principalEmail"), "mallory@example.com"),
+        _forged("preempted", ("protoPayload", "serviceName"), "evil.googleapis.com"),
+        _forged(
+            "preempted",
+            ("logName",),
+            "projects/mock-project/logs/evil-cloudaudit.googleapis.com%2Fsystem_event",
+        ),
+        _forged("host-error", ("logName",), "projects/skilled-adapter-452/logs/system_event"),
+    ],
+    ids=["user-principal", "other-service", "lookalike-log", "other-log-id"],
+)
+def test_forged_system_events_are_not_selected(entry: dict[str, Any]) -> None:
     assert not selected(entry)
-
-
-def test_unrelated_system_event_is_not_selected() -> None:
-    case = next(c for c in load_fixture("system_events.yaml") if c["expect"]["kind"] == "unrelated")
-    assert not selected(system_event_entry(case))
 
 
 E = {
@@ -102,3 +135,55 @@ def test_filter_language_rules(flt: str, want: bool) -> None:
 def test_bad_filters_are_refused(flt: str) -> None:
     with pytest.raises(FilterSyntaxError):
         compile_filter(flt)
+
+
+# -- the Ops Agent configuration GPU VMs run (infra/ops-agent/config.yaml) --------------------
+
+OPS_AGENT = yaml.safe_load((Path(__file__).resolve().parents[1] / "infra/ops-agent/config.yaml").read_text())
+
+
+def _shipped(entry: dict[str, Any], receiver: str) -> bool:
+    """Whether the agent sends ``entry`` from ``receiver``: no exclude_logs processor of its pipeline
+    matches it (their conditions use the Cloud Logging filter syntax the local router reads)."""
+    logging = OPS_AGENT["logging"]
+    (pipeline,) = [p for p in logging["service"]["pipelines"].values() if receiver in p["receivers"]]
+    for pid in pipeline.get("processors", []):
+        proc = logging["processors"][pid]
+        assert proc["type"] == "exclude_logs"
+        if any(compile_filter(cond)(entry) for cond in proc["match_any"]):
+            return False
+    return True
+
+
+def test_ops_agent_ships_the_kernel_journal_under_the_filters_log_id() -> None:
+    receivers = OPS_AGENT["logging"]["receivers"]
+    assert receivers[KERNEL_LOG_ID] == {"type": "systemd_journald"}
+    assert f'log_id("{KERNEL_LOG_ID}")' in sinks.read_filter("gpu-xid.filter")
+    assert re.fullmatch(r"[A-Za-z0-9_.-]+", KERNEL_LOG_ID)  # a receiver id is used as the log id as is
+    assert OPS_AGENT["logging"]["service"]["pipelines"]["default_pipeline"]["receivers"] == ["syslog"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "receiver", "shipped", "picked"),
+    [
+        (ops_agent_entry(XID79), KERNEL_LOG_ID, True, True),
+        (ops_agent_entry("EXT4-fs (sda1): mounted filesystem"), KERNEL_LOG_ID, True, False),
+        (journald_entry(XID79, transport="syslog", facility="1"), KERNEL_LOG_ID, False, False),
+        (journald_entry(XID79, transport="journal"), KERNEL_LOG_ID, False, False),
+        (journald_entry(XID79, transport=None), KERNEL_LOG_ID, False, False),
+        (syslog_entry(XID79), "syslog", False, True),  # selected when a VM without this config sends it
+        (syslog_entry("systemd[1]: Started Session 42."), "syslog", True, False),
+    ],
+    ids=[
+        "kernel-xid",
+        "kernel-noise",
+        "logger",
+        "sd-journal-send",
+        "no-transport",
+        "syslog-xid",
+        "syslog-noise",
+    ],
+)
+def test_agent_and_sink_together(entry: dict[str, Any], receiver: str, shipped: bool, picked: bool) -> None:
+    assert _shipped(entry, receiver) is shipped
+    assert selected(entry) is picked

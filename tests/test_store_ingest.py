@@ -20,6 +20,7 @@ from pitstop.core import engine, policy
 from pitstop.local.executions_server import ExecutionsService
 from pitstop.services.actuate import Actuator
 from pitstop.services.ingest import Ingest, PoisonMessageError
+from pitstop.services.sweep import Sweep
 
 from .helpers import PROJECT, ZONE, ops_agent_entry, push_body
 
@@ -100,7 +101,7 @@ def test_concurrent_deliveries_make_one_incident_and_one_start(
         # the starter raised after creating the execution (its delivery was redelivered as a
         # duplicate): the minute sweep finds the execution by its labels once the lease expires
         clock.t += 61
-        assert instances[0].sweep()["restarted"] == 1
+        assert Sweep(instances[0]).run()["restarted"] == 1
         incidents = list(fs_client.collection("pitstop_incidents").stream())
     assert svc.created == 1
     inc = incidents[0].to_dict()
@@ -167,7 +168,7 @@ def test_step_up_from_actuate_starts_once_like_ingest(
     again, _ = act.handle({"op": "close", "incident": iid, "step": 1})
     assert again["replayed"] is True
     clock.t += 120
-    assert ing.sweep()["restarted"] == 0
+    assert Sweep(ing).run()["restarted"] == 0
     assert svc.created == 2
     assert sorted(r.labels["pitstop-step"] for r in svc.records.values()) == ["1", "2"]
 
@@ -186,7 +187,7 @@ def test_step_up_from_actuate_in_observe_mode_starts_nothing(
     assert inc is not None
     assert inc["workflow"] == {"step": 2, "state": "observe", "would_start": True, "execution": None}
     clock.t += 120
-    assert ing.sweep()["restarted"] == 0
+    assert Sweep(ing).run()["restarted"] == 0
     assert svc.created == 1
 
 
@@ -220,7 +221,7 @@ def test_step_up_from_actuate_past_a_budget_is_held_and_pages(
     pages = [json.loads(m.message.data) for m in resp.received_messages]
     assert [p["kind"] for p in pages] == ["page"] and "block-" in pages[0]["summary"]
     assert pages[0]["incident"]["id"] == iid and pages[0]["incident"]["state"] == "HELD"
-    assert ing.sweep()["released"] == 0  # the block is still full
+    assert Sweep(ing).run()["released"] == 0  # the block is still full
 
 
 def test_two_nodes_race_for_the_last_budget_slot(fs_client: firestore.Client) -> None:
@@ -316,7 +317,7 @@ def test_crash_after_create_before_record_finds_the_execution(
     assert ing.start_workflow(iid, 1, T0 + 10) is None
     # after the lease, the sweep finds the execution by its labels instead of creating another
     clock.t = T0 + 120
-    assert ing.sweep()["restarted"] == 1
+    assert Sweep(ing).run()["restarted"] == 1
     assert svc.created == 1
     inc = ing.store.get(iid)
     assert inc is not None and inc["workflow"]["state"] == "started"
@@ -364,9 +365,9 @@ def test_sweep_releases_held_when_window_slides(fs_client: firestore.Client) -> 
     held = ing.handle_payload(entry(XID79, "a3-node-021", 2))
     assert held.result == "held" and held.incident is not None
     clock.t = T0 + 60
-    assert ing.sweep()["released"] == 0
+    assert Sweep(ing).run()["released"] == 0
     clock.t = T0 + 1900
-    assert ing.sweep()["released"] == 1
+    assert Sweep(ing).run()["released"] == 1
     inc = ing.store.get(held.incident["id"])
     assert inc is not None and inc["state"] == "OPEN"
     assert inc["workflow"]["would_start"] is True

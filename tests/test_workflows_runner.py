@@ -6,6 +6,7 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -271,6 +272,52 @@ boom:
     assert run(src)[0] == {"sum": 42, "code": 55}
 
 
+def test_except_can_jump_back_out_and_raise_a_map_from_a_nested_except(scripted: type[Scripted]) -> None:
+    # the constructs remediate.yaml's mutate and record_failure use: a retry loop built from an
+    # except block that jumps to an outer step, and a nested try whose except raises a new map
+    srv = scripted([(502, {}), (502, {}), (200, {"ok": 1}), (500, {})])
+    src = f"""
+main:
+  steps:
+    - init: {{assign: [{{round: 1}}]}}
+    - ask:
+        try:
+          call: http.post
+          args: {{url: "{srv.url}"}}
+          result: r
+        except:
+          as: e
+          steps:
+            - tags: {{assign: [{{code: '${{default(map.get(e, "code"), 0)}}'}}]}}
+            - again:
+                switch:
+                  - condition: ${{round < 3 and code == 502}}
+                    next: bump
+            - out: {{raise: '${{e}}'}}
+    - second:
+        try:
+          call: http.post
+          args: {{url: "{srv.url}"}}
+        except:
+          as: first
+          steps:
+            - nested:
+                try:
+                  steps:
+                    - boom: {{raise: {{code: 1}}}}
+                except:
+                  as: inner
+                  steps:
+                    - both: {{raise: {{tags: ["Both"], first: '${{first.code}}', inner: '${{inner.code}}',
+                                       round: '${{round}}', ok: '${{r.body.ok}}'}}}}
+    - bump: {{assign: [{{round: '${{round + 1}}'}}], next: ask}}
+"""
+    with pytest.raises(WorkflowError) as ei:
+        run(src)
+    assert ei.value.value == {"tags": ["Both"], "first": 500, "inner": 1, "round": 3, "ok": 1}
+    assert len(srv.calls) == 4
+
+
 def test_raised_string_is_the_error_value() -> None:
     with pytest.raises(WorkflowError) as ei:
         run('main:\n  steps:\n    - r: {raise: "Something went wrong."}\n')
@@ -342,3 +389,210 @@ main:
 def test_unsupported_constructs_are_refused_at_load(src: str) -> None:
     with pytest.raises(WorkflowDefinitionError):
         Workflow(src)
+
+
+# -- workflows/remediate.yaml against a scripted actuate --------------------------------------
+
+REMEDIATE = Path(__file__).resolve().parents[1] / "workflows" / "remediate.yaml"
+DEFAULT_ANSWERS: dict[str, Any] = {
+    "claim": {"ours": True, "why": "", "plan": "remediate", "action": "REBOOT_NODE"},
+    "act": {"operation": None, "method": "reset"},
+    "verify": {"done": True},
+    "escalate": {"outcome": "continue", "handed_over": False},
+    "close": {"outcome": "resolved"},
+    "fail": {"outcome": "failed"},
+}
+DROP = "drop"  # the request reached actuate, but the connection closed before any answer
+
+
+class FakeActuate:
+    """actuate over HTTP, answering each op from its script (then a default), counting every call."""
+
+    def __init__(self, script: dict[str, list[Any]]) -> None:
+        self.script = {op: list(answers) for op, answers in script.items()}
+        self.calls: list[dict[str, Any]] = []
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"] or 0)) or b"null")
+                outer.calls.append(body)
+                queue = outer.script.get(body["op"]) or []
+                answer = queue.pop(0) if queue else (200, DEFAULT_ANSWERS.get(body["op"], {}))
+                if answer == DROP:
+                    self.close_connection = True
+                    return
+                status, resp = answer
+                data = json.dumps(resp).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def ops(self) -> list[str]:
+        return [c["op"] for c in self.calls]
+
+
+class LateAnswers(Workflow):
+    """The runner, with some answers arriving after the workflow's HTTP timeout (the effect happened)."""
+
+    def __init__(self, source: str, env: dict[str, str], late: dict[str, int]) -> None:
+        super().__init__(source, env, time_scale=0.0, sleep=lambda s: None)
+        self.late = dict(late)  # op -> how many of its answers come too late
+
+    def _http(self, method: str, args: Any, trace: ExecutionTrace) -> Any:
+        out = super()._http(method, args, trace)
+        op = str((args.get("body") or {}).get("op"))
+        if self.late.get(op, 0) > 0:
+            self.late[op] -= 1
+            raise WorkflowError({"tags": ["TimeoutError", "OSError"], "message": "request timed out"})
+        return out
+
+
+@pytest.fixture
+def actuate() -> Iterator[type[FakeActuate]]:
+    made: list[FakeActuate] = []
+
+    class Factory(FakeActuate):
+        def __init__(self, script: dict[str, list[Any]]) -> None:
+            super().__init__(script)
+            made.append(self)
+
+    yield Factory
+    for s in made:
+        s.server.shutdown()
+
+
+def remediate(fake: FakeActuate, late: dict[str, int] | None = None) -> tuple[Any, ExecutionTrace]:
+    env = {
+        "PITSTOP_ACTUATE_URL": fake.url,
+        "PITSTOP_POLL_S": "1",
+        "PITSTOP_OP_TIMEOUT_S": "10",
+        "PITSTOP_VERIFY_TIMEOUT_S": "10",
+        "GOOGLE_CLOUD_WORKFLOW_EXECUTION_ID": "exec-1",
+    }
+    trace = ExecutionTrace()
+    out = LateAnswers(REMEDIATE.read_text(), env, late or {}).run(
+        {"incident_id": "iabcdefgh2", "step": 1}, trace
+    )
+    return out, trace
+
+
+def test_remediate_calls_each_op_in_order_once(actuate: type[FakeActuate]) -> None:
+    fake = actuate({})
+    out, _ = remediate(fake)
+    assert out == {"incident": "iabcdefgh2", "step": 1, "outcome": "resolved"}
+    assert fake.ops() == ["claim", "fence", "act", "verify", "escalate", "unfence", "reschedule", "close"]
+    assert {c["execution"] for c in fake.calls} == {"exec-1"}
+
+
+def test_remediate_asks_again_for_a_lost_answer_and_an_op_long_in_progress(
+    actuate: type[FakeActuate],
+) -> None:
+    busy = (503, {"error": "act of step 1 is in progress", "retryable": True, "in_progress": True})
+    # act: the connection drops after the request went out, then actuate says "in progress" for
+    # longer than one round of retries (6), then answers; unfence's first answer comes too late
+    fake = actuate({"act": [DROP, *[busy] * 8]})
+    out, trace = remediate(fake, late={"unfence": 1})
+    assert out["outcome"] == "resolved"
+    assert fake.ops().count("act") == 10
+    assert fake.ops().count("unfence") == 2
+    assert "fail" not in fake.ops()
+    assert trace.steps.count("next_round") == 3  # act took three rounds, unfence two
+
+
+def test_remediate_does_not_ask_again_after_a_final_refusal(actuate: type[FakeActuate]) -> None:
+    fake = actuate({"act": [(403, {"error": "forbidden", "retryable": False})]})
+    out, _ = remediate(fake)
+    assert out == {"incident": "iabcdefgh2", "step": 1, "outcome": "failed", "stage": "act"}
+    assert fake.ops() == ["claim", "fence", "act", "fail"]
+    fail = fake.calls[-1]
+    assert fail["extra"]["stage"] == "act" and fail["extra"]["error"]["code"] == 403
+
+
+def test_remediate_gives_up_after_its_rounds(actuate: type[FakeActuate]) -> None:
+    fake = actuate({"fence": [DROP] * 40})
+    out, _ = remediate(fake)
+    assert out["outcome"] == "failed" and out["stage"] == "fence"
+    assert fake.ops().count("fence") == 4  # a dropped connection is not retried at once: one per round
+    assert fake.calls[-1]["extra"]["error"]["tags"] == ["ConnectionError"]
+
+
+def test_a_failing_claim_is_recorded_as_a_failure(actuate: type[FakeActuate]) -> None:
+    fake = actuate({"claim": [(500, "Internal Server Error")]})
+    out, _ = remediate(fake)
+    assert out == {"incident": "iabcdefgh2", "step": 1, "outcome": "failed", "stage": "claim"}
+    assert fake.ops() == ["claim", "fail"]
+
+
+def test_an_unrecorded_failure_ends_the_execution_in_error(actuate: type[FakeActuate]) -> None:
+    fake = actuate({"claim": [(500, "boom")], "fail": [(500, "still broken")]})
+    with pytest.raises(WorkflowError) as ei:
+        remediate(fake)
+    err = ei.value.value
+    assert err["tags"] == ["UnrecordedFailure"] and err["stage"] == "claim"
+    assert err["error"]["code"] == 500 and err["record_error"]["code"] == 500
+    assert fake.ops() == ["claim", "fail"]
+
+
+def test_a_stale_execution_stops_without_failing(actuate: type[FakeActuate]) -> None:
+    fake = actuate({"claim": [(200, {"ours": False, "why": "superseded by step 2", "plan": "remediate"})]})
+    out, _ = remediate(fake)
+    assert out["outcome"] == "stale" and fake.ops() == ["claim"]
+
+
+def test_an_escalation_hands_over_before_the_node_returns(actuate: type[FakeActuate]) -> None:
+    answer = {"outcome": "escalated to REBOOT_NODE (step 2)", "handed_over": True}
+    fake = actuate({"escalate": [(200, answer)]})
+    out, _ = remediate(fake)
+    assert out == {"incident": "iabcdefgh2", "step": 1, "outcome": "escalated to REBOOT_NODE (step 2)"}
+    assert fake.ops() == ["claim", "fence", "act", "verify", "escalate"]  # no unfence, no requeue
+
+
+def test_mutations_and_probes_use_their_retry_predicates() -> None:
+    import yaml
+
+    doc = yaml.safe_load(REMEDIATE.read_text())
+
+    def calls(steps: Any) -> Iterator[dict[str, Any]]:
+        for item in steps or []:
+            for body in item.values():
+                if isinstance(body, dict):
+                    if "call" in body:
+                        yield body
+                    for key in ("steps",):
+                        yield from calls(body.get(key))
+                    if isinstance(body.get("try"), dict):
+                        yield from calls(body["try"].get("steps") or [{"t": body["try"]}])
+                    yield from calls((body.get("except") or {}).get("steps"))
+
+    main = list(calls(doc["main"]["steps"]))
+    posts = {c["call"] for c in main}
+    assert "http.post" not in posts  # every actuate call goes through mutate or probe
+    mutated = {c["args"]["op"] for c in main if c["call"] == "mutate"}
+    polled = {c["args"]["op"] for c in main if c["call"] == "poll"}
+    assert mutated == {
+        "claim",
+        "fence",
+        "checkpoint",
+        "act",
+        "escalate",
+        "unfence",
+        "reschedule",
+        "close",
+        "fail",
+    }
+    assert polled == {"jobs_done", "operation", "verify"}
+    assert (
+        doc["mutate"]["steps"][1]["ask"]["retry"]["predicate"]
+        == "${http.default_retry_predicate_non_idempotent}"
+    )
+    assert doc["probe"]["steps"][0]["ask"]["retry"]["predicate"] == "${http.default_retry_predicate}"

@@ -9,7 +9,8 @@ incident, step and operation) and sends it as the request's ``requestId``. Compu
 documents the field on each of these requests: "Specify a unique request ID so that if you
 must retry your request, the server will know to ignore the request if it has already been
 completed" (compute_v1 ``ResetInstanceRequest.request_id`` and siblings; it must be a valid,
-non-zero UUID). A retried call with the same id is recognised and not acted on again.
+non-zero UUID). A retried call with the same id is recognised and not acted on again. The id
+is required (keyword-only, no default): an effect without one could not be deduplicated.
 """
 
 from __future__ import annotations
@@ -51,13 +52,8 @@ class ComputeAdapter:
             raise from_google(exc, what) from exc
 
     @staticmethod
-    def _request_id(what: str, request_id: str | None) -> dict[str, str]:
-        """The request's ``request_id`` field, checked: Compute accepts only a non-zero UUID.
-
-        None sends no id (callers not yet passing one); such a call is not deduplicated.
-        """
-        if request_id is None:
-            return {}
+    def _request_id(what: str, request_id: str) -> dict[str, str]:
+        """The request's ``request_id`` field, checked: Compute accepts only a non-zero UUID."""
         try:
             parsed = uuid.UUID(request_id)
         except (ValueError, TypeError, AttributeError):
@@ -71,7 +67,7 @@ class ComputeAdapter:
         doc: dict[str, Any] = compute_v1.Instance.to_dict(inst)
         return doc
 
-    def reset(self, project: str, zone: str, instance: str, *, request_id: str | None = None) -> str:
+    def reset(self, project: str, zone: str, instance: str, *, request_id: str) -> str:
         what = "instances.reset"
         req = compute_v1.ResetInstanceRequest(
             project=project, zone=zone, instance=instance, **self._request_id(what, request_id)
@@ -87,7 +83,7 @@ class ComputeAdapter:
         behavior: str,
         description: str,
         *,
-        request_id: str | None = None,
+        request_id: str,
     ) -> str:
         what = "instances.reportHostAsFaulty"
         if behavior not in BEHAVIORS:
@@ -110,9 +106,7 @@ class ComputeAdapter:
         op = self._call(what, self.instances.report_host_as_faulty_unary, request=req)
         return str(op.name)
 
-    def perform_maintenance(
-        self, project: str, zone: str, instance: str, *, request_id: str | None = None
-    ) -> str:
+    def perform_maintenance(self, project: str, zone: str, instance: str, *, request_id: str) -> str:
         what = "instances.performMaintenance"
         req = compute_v1.PerformMaintenanceInstanceRequest(
             project=project, zone=zone, instance=instance, **self._request_id(what, request_id)
@@ -120,9 +114,7 @@ class ComputeAdapter:
         op = self._call(what, self.instances.perform_maintenance_unary, request=req)
         return str(op.name)
 
-    def recreate(
-        self, project: str, zone: str, mig: str, instance: str, *, request_id: str | None = None
-    ) -> str:
+    def recreate(self, project: str, zone: str, mig: str, instance: str, *, request_id: str) -> str:
         what = "instanceGroupManagers.recreateInstances"
         body = compute_v1.InstanceGroupManagersRecreateInstancesRequest(
             instances=[f"zones/{zone}/instances/{instance}"]
@@ -144,7 +136,7 @@ class ComputeAdapter:
         instance: str,
         updates: Mapping[str, str | None],
         *,
-        request_id: str | None = None,
+        request_id: str,
     ) -> None:
         """Merge label updates (None removes), with the fingerprint; a stale fingerprint is re-read once.
 
@@ -152,10 +144,7 @@ class ComputeAdapter:
         refused (412) and changed nothing, so the second is a new request, not a repeat.
         """
         what = "instances.setLabels"
-        ids = [
-            request_id,
-            None if request_id is None else derived_request_id(request_id, "fingerprint-retry"),
-        ]
+        ids = [request_id, derived_request_id(request_id, "fingerprint-retry")]
         for attempt in range(2):
             inst = self.get(project, zone, instance)
             labels = dict(inst.get("labels") or {})

@@ -3,7 +3,8 @@
 Collections (``<prefix>_...``): ``nodes`` (one per node: latest incident, remediation
 history, cooldown clocks), ``incidents``, ``budgets`` (blast-radius slots per scope) and
 ``dedup`` (one record per state-changing delivery, with an ``expire_at`` field for the
-Firestore TTL policy that infra/ deploys).
+Firestore TTL policy that infra/ deploys) and ``outbox`` (notifications to publish, each
+recorded with the decision that causes it; see services/outbox.py).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from google.cloud import firestore
 
 from pitstop.core import engine
 from pitstop.core.actions import NODE_ACTIONS
+from pitstop.core.ops import STEP_IN_PROGRESS, ClaimVerdict, claim_verdict
 from pitstop.core.policy import Policy
-from pitstop.core.states import RunState, State
+from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
 
 T = TypeVar("T")
 
@@ -31,6 +33,9 @@ T = TypeVar("T")
 # once, which can livelock two contenders; a few quick attempts, then jittered backoff.
 MAX_ATTEMPTS = 3
 RETRIES = 12
+# In-process turn-taking per node: a fixed set of locks, keys hashed onto them, so a long-lived
+# instance that sees many nodes and incidents holds no per-key state.
+LOCK_STRIPES = 512
 
 
 class _LazyBudgets(Mapping[str, dict[str, Any] | None]):
@@ -66,8 +71,11 @@ class IncidentStore:
         self.incidents = client.collection(f"{prefix}_incidents")
         self.budgets = client.collection(f"{prefix}_budgets")
         self.dedup = client.collection(f"{prefix}_dedup")
+        self.outbox = client.collection(f"{prefix}_outbox")
+        # Called inside each decision's transaction (services/outbox.py records its page there).
+        self.on_decision: Callable[[Any, engine.Outcome], None] | None = None
         self._lock = threading.Lock()
-        self._node_locks: dict[str, threading.Lock] = {}
+        self._node_locks = [threading.RLock() for _ in range(LOCK_STRIPES)]
         # Only node actions claim blast-radius slots; their transactions all touch the same
         # budget documents, so inside one instance they take turns instead of aborting each other.
         self._claim_lock = threading.Lock()
@@ -80,9 +88,8 @@ class IncidentStore:
     def _txn(self) -> Any:
         return self.db.transaction(max_attempts=MAX_ATTEMPTS)
 
-    def _node_lock(self, nkey: str) -> threading.Lock:
-        with self._lock:
-            return self._node_locks.setdefault(nkey, threading.Lock())
+    def _node_lock(self, nkey: str) -> threading.RLock:
+        return self._node_locks[hash(nkey) % LOCK_STRIPES]
 
     # -- events ------------------------------------------------------------------------
 
@@ -148,6 +155,7 @@ class IncidentStore:
             inc_id = out.incident["id"] if out.incident else None
             t.set(dedup_ref, {"expire_at": ttl, "incident": inc_id, "node": nkey})
             self._count_writes(writes + 1)
+            self._decided(t, out)
             return out
 
         result: engine.Outcome = txn(self._txn())
@@ -168,29 +176,31 @@ class IncidentStore:
         deltas: Mapping[str, Any],
         policy: Policy,
         now: float,
-    ) -> engine.Outcome | None:
+    ) -> engine.Outcome:
         """Write coalesced storm counts into an incident; if it stopped absorbing, replay instead.
 
-        Returns None when merged, or the Outcome of replaying the representative event.
+        Returns ``absorbed`` (``coalesced``) with the incident as merged, which refreshes the
+        caller's cache for free, or the Outcome of replaying the representative event.
         """
         ref = self.incidents.document(iid)
 
         @firestore.transactional
-        def txn(t: Any) -> bool:
+        def txn(t: Any) -> dict[str, Any] | None:
             snap = ref.get(transaction=t)
             inc = snap.to_dict() if snap.exists else None
             ts = float(representative.get("_observed_ts") or now)
             if inc is None or not engine.absorbs(inc, representative, ts):
-                return False
+                return None
             engine.merge_deltas(inc, deltas, policy)
             inc["updated_at"] = now
             t.set(ref, inc)
             self._count_writes(1)
-            return True
+            return inc
 
         nkey = engine.node_key(representative["node"])
-        if self._serialised(nkey, False, lambda: txn(self._txn())):
-            return None
+        merged = self._serialised(nkey, False, lambda: txn(self._txn()))
+        if merged is not None:
+            return engine.Outcome("absorbed", incident=merged, coalesced=True)
         return self.apply(representative, policy, now)
 
     # -- workflow starts ---------------------------------------------------------------
@@ -205,6 +215,8 @@ class IncidentStore:
             inc = snap.to_dict() if snap.exists else None
             wf = (inc or {}).get("workflow") or {}
             if inc is None or wf.get("step") != step or wf.get("state") != RunState.PENDING:
+                return None
+            if inc["state"] in UNCLAIMABLE_STATES:  # closed by a person (or failed) before it started
                 return None
             if wf.get("lease_until", 0) > now:
                 return None
@@ -267,6 +279,59 @@ class IncidentStore:
         self.incidents.document(iid).collection("steps").document(key).set(dict(record))
         self._count_writes(1)
 
+    def claim_step(
+        self, iid: str, key: str, claim: Mapping[str, Any], now: float
+    ) -> tuple[ClaimVerdict, dict[str, Any]]:
+        """Take the right to run one recorded op (actuate's in-progress record ``steps/<key>``).
+
+        ``create()`` the in-progress ``claim`` (exactly one create of an id succeeds), or take over a
+        record whose claim expired or was released, by an update conditioned on its update time (one
+        taker wins; what an earlier attempt saved stays). ``("take", record)`` when this call holds
+        the claim, ``("done", record)`` when the op has a result, ``("busy", record)`` while another
+        attempt runs it.
+        """
+        ref = self.incidents.document(iid).collection("steps").document(key)
+        for _ in range(3):  # a record deleted between create and read is simply tried again
+            try:
+                ref.create(dict(claim))
+                self._count_writes(1)
+                return "take", dict(claim)
+            except gexc.Conflict:
+                pass
+            snap = ref.get()
+            if not snap.exists:
+                continue
+            cur = snap.to_dict() or {}
+            if cur.get("token") == claim["token"]:
+                return "take", cur  # our own create, retried after its answer was lost
+            verdict = claim_verdict(cur, now)
+            if verdict != "take":
+                return verdict, cur
+            taken = {**claim, "attempt": int(cur.get("attempt") or 1) + 1}
+            try:
+                ref.update(taken, option=firestore.Client.write_option(last_update_time=snap.update_time))
+            except (gexc.FailedPrecondition, gexc.NotFound):
+                continue  # another attempt took it first: read again
+            self._count_writes(1)
+            return "take", {**cur, **taken}
+        return "busy", {}
+
+    def note_step(self, iid: str, key: str, token: str, fields: Mapping[str, Any]) -> bool:
+        """Update an in-progress record while this attempt (``token``) still holds it; else False."""
+        ref = self.incidents.document(iid).collection("steps").document(key)
+
+        @firestore.transactional
+        def txn(t: Any) -> bool:
+            cur = ref.get(transaction=t).to_dict() or {}
+            if cur.get("token") != token or cur.get("state") != STEP_IN_PROGRESS:
+                return False
+            t.update(ref, dict(fields))
+            self._count_writes(1)
+            return True
+
+        held: bool = self._serialised(f"{iid}/{key}", False, lambda: txn(self._txn()))
+        return held
+
     def release_budget(self, inc: Mapping[str, Any]) -> None:
         """Mark an incident's blast-radius slots inactive (they still count until the window slides)."""
 
@@ -280,27 +345,22 @@ class IncidentStore:
 
         self._serialised(inc["id"], True, lambda: txn(self._txn()))
 
-    def mark_job_requeue(self, key: str, incident: str, now: float, cooldown_s: float) -> bool:
-        """A gang moves once: claim the right to requeue a job unless another incident just did."""
+    def mark_job_requeue(self, key: str, incident: str, now: float) -> bool:
+        """A gang moves once per fault: claim the requeue of one run of a job, whatever the time.
+
+        ``key`` names the cluster, the job and its run (pitstop.core.ids.requeue_key). The first
+        incident to claim a run requeues it, and its own retries may again (the Slurm command is
+        replayed, not repeated); any other incident finds the run taken. A later run of the job
+        has another key.
+        """
         ref = self.db.collection(self.incidents.id.replace("_incidents", "_jobs")).document(key)
-
-        @firestore.transactional
-        def txn(t: Any) -> bool:
-            cur = ref.get(transaction=t).to_dict() or {}
-            if cur.get("requeued_at", 0) + cooldown_s > now and cur.get("incident") != incident:
-                return False
-            t.set(
-                ref,
-                {
-                    "requeued_at": now,
-                    "incident": incident,
-                    "history": ([*cur.get("history", []), {"at": now, "incident": incident}])[-20:],
-                },
-            )
+        try:
+            ref.create({"incident": incident, "at": now})
+            self._count_writes(1)
             return True
-
-        claimed: bool = self._serialised(key, False, lambda: txn(self._txn()))
-        return claimed
+        except gexc.Conflict:
+            cur = ref.get().to_dict() or {}
+            return bool(cur.get("incident") == incident)
 
     # -- operator views and actions ----------------------------------------------------
 
@@ -346,6 +406,22 @@ class IncidentStore:
         """Decide the stronger action a fault asked for while it was being fixed (actuate's close)."""
         return self._decide(iid, lambda inc, node, budgets: engine.step_up(inc, node, budgets, policy, now))
 
+    def close(self, iid: str, by: str, now: float, unfence: bool) -> engine.Outcome:
+        """A person ends an OPEN, HELD or FAILED incident (``pitstop incidents --close``)."""
+        return self._decide(
+            iid, lambda inc, node, budgets: engine.close_by_person(inc, node, budgets, by, now, unfence)
+        )
+
+    def fail_stuck(self, iid: str, execution: str, why: str, now: float) -> engine.Outcome:
+        """The watchdog fails an incident whose execution died or overran (if it is still there)."""
+        return self._decide(
+            iid, lambda inc, node, budgets: engine.fail_stuck(inc, node, budgets, execution, why, now)
+        )
+
+    def settle_failed(self, iid: str, now: float) -> engine.Outcome:
+        """Let a FAILED incident's blast-radius slots go (its node stays fenced)."""
+        return self._decide(iid, lambda inc, node, budgets: engine.settle_failed(inc, node, budgets, now))
+
     def _decide(
         self,
         iid: str,
@@ -375,6 +451,7 @@ class IncidentStore:
             for doc_id, doc in out.budgets.items():
                 t.set(self.budgets.document(doc_id), doc)
             self._count_writes(2 + len(out.budgets))
+            self._decided(t, out)
             return out
 
         result: engine.Outcome = self._serialised(iid, True, lambda: txn(self._txn()))
@@ -407,3 +484,44 @@ class IncidentStore:
 
             closed += bool(self._serialised(inc["id"], True, run))
         return closed
+
+    # -- outbox: notifications recorded with the decision that causes them -------------------
+
+    def _decided(self, t: Any, out: engine.Outcome) -> None:
+        """Inside a decision's transaction: let the outbox record what the decision announces."""
+        if self.on_decision is not None:
+            self.on_decision(t, out)
+
+    def outbox_put_in(self, t: Any, nid: str, entry: Mapping[str, Any]) -> None:
+        """Record an outbox entry in the caller's transaction (committed with its decision or not at all)."""
+        t.set(self.outbox.document(nid), dict(entry))
+        self._count_writes(1)
+
+    def outbox_add(self, nid: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+        """Record an outbox entry unless one with this id exists; the stored entry either way."""
+        ref = self.outbox.document(nid)
+        try:
+            ref.create(dict(entry))
+        except gexc.AlreadyExists:
+            return ref.get().to_dict() or dict(entry)
+        self._count_writes(1)
+        return dict(entry)
+
+    def outbox_mark_sent(self, nid: str, message_id: str, now: float, keep_s: float) -> None:
+        """The entry's notification reached the topic; it expires (Firestore TTL) ``keep_s`` later."""
+        expire = dt.datetime.fromtimestamp(now + keep_s, tz=dt.UTC)
+        fields = {"sent": True, "sent_at": now, "message_id": message_id, "expire_at": expire}
+        self.outbox.document(nid).set(fields, merge=True)
+        self._count_writes(1)
+
+    def outbox_note_failure(self, nid: str, now: float) -> None:
+        """A publish of the entry failed (the sweep retries it without waiting)."""
+        self.outbox.document(nid).update({"failed_at": now, "failures": firestore.Increment(1)})
+        self._count_writes(1)
+
+    def outbox_unsent(self, created_before: float) -> Iterator[dict[str, Any]]:
+        """Unsent entries whose publish failed or that were recorded before ``created_before``."""
+        q = self.outbox.where(filter=firestore.FieldFilter("sent", "==", False))
+        docs = [d for d in (s.to_dict() for s in q.stream()) if d]
+        due = [d for d in docs if d.get("failed_at") is not None or d.get("created_at", 0) <= created_before]
+        yield from sorted(due, key=lambda d: float(d.get("created_at", 0)))  # oldest first

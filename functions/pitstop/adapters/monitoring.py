@@ -70,6 +70,6 @@ class MetricsWriter:
                 series.append(
                     self._series("time_to_remediate_s", {"action": base["action"]}, float(resolved), now)
                 )
-        for s in series:  # one point per series per call, as the API wants
-            self.client.create_time_series(name=f"projects/{self.project}", time_series=[s])
+        if series:  # one request, one point per series: a retry cannot count part of it twice
+            self.client.create_time_series(name=f"projects/{self.project}", time_series=series)
         return len(series)

@@ -46,11 +46,19 @@ def result_state(doc: Mapping[str, Any]) -> str:
 
 
 class Scheduler(Protocol):
+    """What a remediation asks of a cluster's scheduler.
+
+    ``jobs_on`` and ``job_info`` describe each job with its run: ``restarts`` (how often it was
+    requeued) and ``start_time`` (as the scheduler prints it), None where unknown. A job is
+    requeued for a fault only while it is still the run the fault hit (pitstop.core.ops.job_run).
+    """
+
     def jobs_on(self, node: str, ctx: str) -> list[dict[str, Any]]: ...
     def fence(self, node: str, incident: str, action: str, ctx: str) -> dict[str, Any] | None: ...
     def checkpoint(self, job: str, signal: str, ctx: str) -> None: ...
     def job_running(self, job: str, ctx: str) -> bool: ...
     def job_state(self, job: str, ctx: str) -> str: ...
+    def job_info(self, job: str, ctx: str) -> dict[str, Any]: ...
     def node_healthy(self, node: str, ctx: str) -> bool: ...
     def unfence(self, node: str, ctx: str, incident: str | None = None) -> dict[str, Any] | None: ...
     def requeue(self, job: str, ctx: str) -> None: ...
@@ -73,6 +81,9 @@ class NoScheduler:
 
     def job_state(self, job: str, ctx: str) -> str:
         return "UNKNOWN"
+
+    def job_info(self, job: str, ctx: str) -> dict[str, Any]:
+        return {"job": job, "state": "UNKNOWN", "restarts": None, "start_time": None}
 
     def node_healthy(self, node: str, ctx: str) -> bool:
         return True
@@ -161,6 +172,7 @@ class SlurmScheduler:
         raise ActuatorError(409, f"slurm {op}: unknown result state {state!r}", False)
 
     def jobs_on(self, node: str, ctx: str) -> list[dict[str, Any]]:
+        """The jobs on the node, each with its run (``restarts``, ``start_time``) as Slurm shows it."""
         jobs: list[dict[str, Any]] = self._call("jobs_on_node", {"node": node}, ctx)
         return jobs
 
@@ -178,8 +190,13 @@ class SlurmScheduler:
     def checkpoint(self, job: str, signal: str, ctx: str) -> None:
         self._call("signal", {"job": job, "signal": signal}, ctx)
 
+    def job_info(self, job: str, ctx: str) -> dict[str, Any]:
+        """The job now: ``state``, ``restarts`` and ``start_time`` (``scontrol show job``), asked fresh."""
+        info: dict[str, Any] = self._call("job_state", {"job": job}, ctx, fresh=True)
+        return info
+
     def job_state(self, job: str, ctx: str) -> str:
-        return str(self._call("job_state", {"job": job}, ctx, fresh=True)["state"])
+        return str(self.job_info(job, ctx)["state"])
 
     def job_running(self, job: str, ctx: str) -> bool:
         return self.job_state(job, ctx) in ("RUNNING", "COMPLETING", "SUSPENDED")

@@ -80,8 +80,10 @@ SIGNALS = frozenset({"SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGCONT"})
 OPS = frozenset({"jobs_on_node", "drain", "resume", "requeue", "signal", "job_state", "node_state"})
 
 RUN_TIMEOUT_S = 60.0  # one scontrol/squeue/scancel call
-# The longest command runs three subprocesses (drain: show, update; requeue: requeue, update);
-# the claim outlasts them with room to spare, so a live agent is never overtaken.
+# The longest mutating command runs three subprocesses (drain: show, update; requeue: requeue,
+# update); the claim outlasts them with room to spare, so a live agent is never overtaken.
+# (jobs_on_node runs one `scontrol show job` per job on the node and may take longer with many jobs,
+# but it only reads: a second delivery running it alongside changes nothing.)
 CLAIM_S = 4 * RUN_TIMEOUT_S
 FINISH_TRIES = 3
 
@@ -141,6 +143,20 @@ def _kv(text: str) -> dict[str, str]:
     if reason:
         out["Reason"] = reason.group(1)
     return out
+
+
+def _run_fields(kv: Mapping[str, str]) -> dict[str, Any]:
+    """A job's run from ``scontrol show job -o``: ``Restarts=`` (requeues so far) and ``StartTime=``.
+
+    Requeued, a job's restart count goes up and it starts again later, so the pair names one run.
+    Missing or malformed fields are None (unknown), never guessed.
+    """
+    restarts = kv.get("Restarts", "")
+    start = kv.get("StartTime", "")
+    return {
+        "restarts": int(restarts) if restarts.isdigit() else None,
+        "start_time": start if start and start != "None" else None,
+    }
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -231,6 +247,10 @@ class SlurmCommands:
         return getattr(self, op)(args)
 
     def jobs_on_node(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The jobs on a node, each with its run (``restarts``, ``start_time``) from ``scontrol show job``.
+
+        The run tells a later requeue whether the job is still the one the fault hit.
+        """
         node = _need(args, "node", NODE)
         out = self._run(["squeue", "-h", "-w", node, "-o", "%i|%T|%u|%D|%N|%j"])
         jobs = []
@@ -245,11 +265,23 @@ class SlurmCommands:
                         "nodes": int(parts[3] or 0),
                         "nodelist": parts[4],
                         "name": parts[5][:128],
+                        **_run_fields(self._show_job(parts[0]) or {}),
                     }
                 )
             elif line.strip():
                 log.emit("WARNING", "slurm agent: squeue line not understood, skipped", line=line[:200])
         return jobs
+
+    def _show_job(self, job: str) -> dict[str, str] | None:
+        """``scontrol show job -o JOB`` as key/value pairs; None for a job Slurm no longer knows."""
+        try:
+            out = self._run(["scontrol", "show", "job", "-o", job])
+        except RuntimeError as exc:
+            if "Invalid job id" in str(exc):
+                return None
+            raise
+        lines = [line for line in out.splitlines() if line.strip()]
+        return _kv(lines[0]) if lines else {}
 
     def node_info(self, node: str) -> NodeInfo:
         return parse_node(self._run(["scontrol", "show", "node", "-o", node]), node)
@@ -335,20 +367,15 @@ class SlurmCommands:
 
     def job_state(self, args: Mapping[str, Any]) -> dict[str, Any]:
         job = _need(args, "job", JOB)
-        try:
-            out = self._run(["scontrol", "show", "job", "-o", job])
-        except RuntimeError as exc:
-            if "Invalid job id" in str(exc):
-                return {"job": job, "state": "UNKNOWN"}
-            raise
-        lines = [line for line in out.splitlines() if line.strip()]
-        kv = _kv(lines[0]) if lines else {}
+        kv = self._show_job(job)
+        if kv is None:
+            return {"job": job, "state": "UNKNOWN", "restarts": None, "start_time": None}
         return {
             "job": job,
             "state": kv.get("JobState", "UNKNOWN"),
             "nodelist": kv.get("NodeList", ""),
-            "restarts": int(kv.get("Restarts", "0") or 0),
             "user": kv.get("UserId", "").split("(")[0],
+            **_run_fields(kv),
         }
 
     def node_state(self, args: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """The stateless classifier: any delivered payload → one FaultEvent with a proposed action.
 
-Never raises on input: broken payloads become ``invalid`` events with a reason.
+Never raises on input: broken payloads become ``invalid`` events with a reason. The action
+proposed here is what the evidence would call for if it is true; whether unverified evidence
+may start it is core/trust.py's decision, made by the engine with the policy.
 """
 
 from __future__ import annotations
@@ -11,9 +13,26 @@ from typing import Any
 
 import orjson
 
+from pitstop.core import trust
 from pitstop.core.catalog import SystemEventRule, XidPolicy, default_system_events, default_xid_policy
 from pitstop.core.envelope import unwrap
-from pitstop.core.parse import Event, invalid, new_event, parse_entry
+from pitstop.core.parse import INTERNAL_ERROR, Event, clean, invalid, new_event, parse_entry
+from pitstop.core.xid_line import MAX_LINE
+
+MAX_REASON = 512
+
+
+def annotate(ev: Event) -> Event:
+    """Say in the reason what a reader must know about the evidence: unverified, or cut."""
+    notes = []
+    src = ev["source"]
+    if ev["kind"] not in ("invalid", "unrelated") and src.get("trust") != trust.VERIFIED:
+        notes.append(f"unverified: {src.get('trust_reason') or 'source not checked'}")
+    if ev["detail"].get("truncated"):
+        notes.append(f"message over {MAX_LINE // 1024} KiB, cut before parsing")
+    if notes:
+        ev["reason"] = clean(f"{ev['reason']} [{'; '.join(notes)}]", MAX_REASON)
+    return ev
 
 
 @dataclass(frozen=True)
@@ -25,41 +44,49 @@ class Classifier:
     def default(cls) -> Classifier:
         return cls(default_xid_policy(), default_system_events())
 
-    def decide(self, ev: Event) -> Event:
-        """Fill in kind (for system events), action and reason of a parsed event."""
-        kind = ev["kind"]
-        if kind == "gpu_xid":
-            rule = self.xids.rule(ev["xid"])
-            d = self.xids.decide(ev["xid"], ev["detail"])
-            ev["action"], ev["reason"] = d.action, d.reason
-            ev["detail"]["xid_name"] = rule.name
-            if rule.app_fault:
-                ev["detail"]["app_fault"] = True
-            if ev["detail"].get("inferred_from"):
-                ev["reason"] = f"{d.reason} (no Xid line: the driver reported the GPU off the bus)"
-        elif kind == "system_event":
-            method = ev["detail"]["method"]
-            se = self.system_events.get(method)
-            if se is None:
-                return new_event(
-                    "unrelated",
-                    f"system event {method} needs no action",
-                    ev["source"],
-                    observed_at=ev["observed_at"],
-                )
-            ev["kind"] = se.kind
-            decision_action, decision_reason = se.action, se.reason
-            if se.completed is not None and ev["detail"].get("completed"):
-                decision_action, decision_reason = se.completed.action, se.completed.reason
-            ev["action"], ev["reason"] = decision_action, f"{method}: {decision_reason}"
+    def _decide_xid(self, ev: Event) -> None:
+        rule = self.xids.rule(ev["xid"])
+        d = self.xids.decide(ev["xid"], ev["detail"])
+        ev["action"], ev["reason"] = d.action, d.reason
+        ev["detail"]["xid_name"] = rule.name
+        if rule.app_fault:
+            ev["detail"]["app_fault"] = True
+        if ev["detail"].get("inferred_from"):
+            ev["reason"] = f"{d.reason} (no Xid line: the driver reported the GPU off the bus)"
+
+    def _decide_system_event(self, ev: Event) -> Event:
+        method = ev["detail"]["method"]
+        se = self.system_events.get(method)
+        if se is None:
+            return new_event(
+                "unrelated",
+                f"system event {method} needs no action",
+                ev["source"],
+                observed_at=ev["observed_at"],
+            )
+        ev["kind"] = se.kind
+        decision_action, decision_reason = se.action, se.reason
+        if se.completed is not None and ev["detail"].get("completed"):
+            decision_action, decision_reason = se.completed.action, se.completed.reason
+        ev["action"], ev["reason"] = decision_action, f"{method}: {decision_reason}"
         return ev
+
+    def decide(self, ev: Event) -> Event:
+        """Fill in kind (for system events), action and reason of a parsed event; never raises."""
+        try:
+            if ev["kind"] == "gpu_xid":
+                self._decide_xid(ev)
+            elif ev["kind"] == "system_event":
+                ev = self._decide_system_event(ev)
+            return annotate(ev)
+        except Exception as exc:  # the last guard of "never raises"; the fuzz tests keep it idle
+            return invalid(f"{INTERNAL_ERROR}: {type(exc).__name__}", ev.get("source"))
 
     def classify(self, payload: Any) -> Event:
         """A decoded JSON payload in any envelope."""
         delivery = unwrap(payload)
         if delivery.entry is None:
-            src = {"log_name": None, "insert_id": None, "message_id": delivery.message_id}
-            return invalid(delivery.error or "no log entry", src)
+            return invalid(delivery.error or "no log entry", {"message_id": delivery.message_id})
         return self.decide(parse_entry(delivery.entry, delivery))
 
     def classify_bytes(self, raw: bytes | str) -> Event:

@@ -23,11 +23,18 @@ from typing import Any, Literal
 
 from pitstop.core.actions import JOB_ACTIONS, NODE_ACTIONS, RANK, RECORD_ONLY_ACTIONS, Action, higher
 from pitstop.core.policy import Policy
-from pitstop.core.states import ACTIVE_STATES, OPEN_STATES, RunState, State
+from pitstop.core.states import ACTIVE_STATES, OPEN_STATES, UNCLAIMABLE_STATES, RunState, State
 
 MAX_EVIDENCE = 10
 MAX_HISTORY = 50
 MAX_RECENT_KEYS = 1000  # delivery keys an incident remembers, so any instance can spot a redelivery
+MAX_DELTA_KEYS = 100  # ... and that one node's counts buffered in memory carry (bounded instance memory)
+# Distinct GPUs, and distinct Xid codes (per incident and per GPU), an incident counts by name;
+# the rest are counted under OTHER. Forged lines cannot grow a document toward Firestore's
+# 1 MiB / 40,000-index-entry limits.
+MAX_GPUS = 32
+MAX_XIDS = 32
+OTHER = "other"
 TIMELINE_KEYS = (
     "detected",
     "classified",
@@ -37,6 +44,7 @@ TIMELINE_KEYS = (
     "job_resumed",
     "notified",
     "resolved",
+    "closed",
 )
 
 
@@ -84,6 +92,9 @@ Result = Literal[
     "suppressed",  # a job action inside its cooldown: dropped quietly
     "released",  # a held incident goes on
     "still_held",  # ... or does not yet
+    "closed",  # a person ended the incident
+    "failed",  # the watchdog found its execution dead or overrunning
+    "settled",  # a failed incident's blast-radius slots were let go
 ]
 
 
@@ -143,30 +154,53 @@ def new_incident(iid: str, ev: Mapping[str, Any], cluster: Any, policy: Policy, 
     return inc
 
 
-def remember_keys(inc: dict[str, Any], keys: list[str]) -> None:
-    inc["recent_keys"] = (inc.get("recent_keys", []) + keys)[-MAX_RECENT_KEYS:]
+def remember_keys(inc: dict[str, Any], keys: list[str], limit: int = MAX_RECENT_KEYS) -> None:
+    """Append delivery keys, keeping the newest ``limit`` (in place: a storm appends often)."""
+    kept = inc.setdefault("recent_keys", [])
+    kept.extend(keys)
+    if len(kept) > limit:
+        del kept[: len(kept) - limit]
 
 
-def _count(inc: dict[str, Any], ev: Mapping[str, Any], ts: float, tie_s: float) -> None:
-    remember_keys(inc, [event_key(ev)])
+def bounded_key(table: Mapping[str, Any], key: str, limit: int) -> str:
+    """``key`` if the table already has it or has room for it; else the shared OTHER bucket."""
+    if key in table or len(table) < limit:
+        return key
+    return OTHER
+
+
+def _xid_key(ev: Mapping[str, Any]) -> str:
+    return f"xid_{ev['xid']}" if ev["xid"] is not None else str(ev["kind"])
+
+
+def _count_gpu(inc: dict[str, Any], ev: Mapping[str, Any], pci: str, ts: float, tie_s: float) -> None:
+    """Per-GPU counts: at most MAX_GPUS GPUs and MAX_XIDS codes each by name, the rest under OTHER."""
+    gk = bounded_key(inc["gpus"], pci.replace(":", "_"), MAX_GPUS)
+    g = inc["gpus"].setdefault(gk, {"pci": pci if gk != OTHER else OTHER, "first_seen": ts, "xids": {}})
+    if ev["xid"] is not None:
+        xid = bounded_key(g["xids"], str(ev["xid"]), MAX_XIDS)
+        g["xids"][xid] = g["xids"].get(xid, 0) + 1
+        d = ev.get("detail", {})
+        primary = d.get("primary_xid")
+        tied = primary is not None and str(primary) in g["xids"] and ts - g.get("last_seen", ts) <= tie_s
+        if ev["xid"] == 45 and tied and gk != OTHER:
+            g.setdefault("secondary", {})["45"] = primary
+        if ev["xid"] == 154 and gk != OTHER:
+            g["recovery_to"] = d.get("recovery_to")
+    g["last_seen"] = ts
+
+
+def _count(
+    inc: dict[str, Any], ev: Mapping[str, Any], ts: float, tie_s: float, keys: int = MAX_RECENT_KEYS
+) -> None:
+    remember_keys(inc, [event_key(ev)], keys)
     counts = inc["counts"]
     counts["events"] = counts.get("events", 0) + 1
-    key = f"xid_{ev['xid']}" if ev["xid"] is not None else ev["kind"]
+    key = bounded_key(counts, _xid_key(ev), MAX_XIDS + 1)  # + "events"
     counts[key] = counts.get(key, 0) + 1
     pci = (ev.get("gpu") or {}).get("pci")
     if pci:
-        g = inc["gpus"].setdefault(pci.replace(":", "_"), {"pci": pci, "first_seen": ts, "xids": {}})
-        if ev["xid"] is not None:
-            xid = str(ev["xid"])
-            g["xids"][xid] = g["xids"].get(xid, 0) + 1
-            d = ev.get("detail", {})
-            primary = d.get("primary_xid")
-            tied = primary is not None and str(primary) in g["xids"] and ts - g.get("last_seen", ts) <= tie_s
-            if ev["xid"] == 45 and tied:
-                g.setdefault("secondary", {})["45"] = primary
-            if ev["xid"] == 154:
-                g["recovery_to"] = d.get("recovery_to")
-        g["last_seen"] = ts
+        _count_gpu(inc, ev, pci, ts, tie_s)
     if len(inc["evidence"]) < MAX_EVIDENCE:
         inc["evidence"].append(summary(ev))
     inc["last_seen"] = max(inc["last_seen"], ts)
@@ -268,6 +302,9 @@ def absorbs(latest: Mapping[str, Any] | None, ev: Mapping[str, Any], ts: float) 
         return True
     if latest["state"] != State.RESOLVED:
         return False
+    closure = latest.get("closure")
+    if closure:  # closed by a person: only lines logged before that are late lines of its episode
+        return ts <= float(closure["at"])
     resolved = latest["timeline"].get("resolved") or 0
     if latest["action"] in RECORD_ONLY_ACTIONS or latest.get("mode") == "observe":
         # Record-only episodes end with the burst (3 minutes of silence); a stronger line of the
@@ -449,7 +486,7 @@ def _absorb(
     latest["burst_until"] = max(latest["burst_until"], ts + policy.window("burst_silence_s"))
     latest["updated_at"] = now
     out.incident, out.result, out.closed = latest, "absorbed", None
-    if RANK[ev["action"]] > RANK[latest["action"]]:
+    if RANK[ev["action"]] > RANK[latest["action"]] and not latest.get("closure"):
         _raise(latest, ev, node_doc, budgets, policy, now, out)
     return out
 
@@ -519,23 +556,36 @@ def close_if_burst_over(inc: dict[str, Any], now: float) -> bool:
     return True
 
 
-def merge_deltas(inc: dict[str, Any], deltas: Mapping[str, Any], policy: Policy) -> None:
-    """Add coalesced counts (built with the same counting as :func:`apply_event`) to an incident."""
-    remember_keys(inc, deltas.get("recent_keys", []))
+def _merge_gpu(inc: dict[str, Any], gk: str, g: Mapping[str, Any]) -> None:
+    key = bounded_key(inc["gpus"], gk, MAX_GPUS)
+    pci = g["pci"] if key != OTHER else OTHER
+    cur = inc["gpus"].setdefault(key, {"pci": pci, "first_seen": g["first_seen"], "xids": {}})
+    for x, n in g["xids"].items():
+        xk = bounded_key(cur["xids"], x, MAX_XIDS)
+        cur["xids"][xk] = cur["xids"].get(xk, 0) + n
+    cur["last_seen"] = max(cur.get("last_seen", 0), g.get("last_seen", 0))
+    for k in ("recovery_to", "secondary"):
+        if k in g and key != OTHER:
+            cur[k] = g[k]
+
+
+def add_deltas(inc: dict[str, Any], deltas: Mapping[str, Any]) -> None:
+    """Add coalesced counts to an incident, or to other deltas (same bounds as :func:`apply_event`)."""
+    remember_keys(inc, list(deltas.get("recent_keys", [])))
     for k, n in deltas["counts"].items():
-        inc["counts"][k] = inc["counts"].get(k, 0) + n
+        key = bounded_key(inc["counts"], k, MAX_XIDS + 1)
+        inc["counts"][key] = inc["counts"].get(key, 0) + n
     for gk, g in deltas["gpus"].items():
-        cur = inc["gpus"].setdefault(gk, {"pci": g["pci"], "first_seen": g["first_seen"], "xids": {}})
-        for x, n in g["xids"].items():
-            cur["xids"][x] = cur["xids"].get(x, 0) + n
-        cur["last_seen"] = max(cur.get("last_seen", 0), g.get("last_seen", 0))
-        for k in ("recovery_to", "secondary"):
-            if k in g:
-                cur[k] = g[k]
+        _merge_gpu(inc, gk, g)
     room = MAX_EVIDENCE - len(inc["evidence"])
     if room > 0:
         inc["evidence"].extend(deltas["evidence"][:room])
     inc["last_seen"] = max(inc["last_seen"], deltas["last_seen"])
+
+
+def merge_deltas(inc: dict[str, Any], deltas: Mapping[str, Any], policy: Policy) -> None:
+    """Add coalesced counts (built with the same counting as :func:`apply_event`) to an incident."""
+    add_deltas(inc, deltas)
     inc["burst_until"] = max(inc["burst_until"], deltas["last_seen"] + policy.window("burst_silence_s"))
 
 
@@ -544,7 +594,8 @@ def empty_deltas() -> dict[str, Any]:
 
 
 def count_into(deltas: dict[str, Any], ev: Mapping[str, Any], ts: float, policy: Policy) -> None:
-    _count(deltas, ev, ts, policy.window("tie_s"))
+    """Count an event into in-memory deltas; they keep fewer delivery keys than an incident does."""
+    _count(deltas, ev, ts, policy.window("tie_s"), MAX_DELTA_KEYS)
 
 
 def release_held(
@@ -590,8 +641,8 @@ def step_up(
     like any other: it may be held (policy, cooldown, budget), dropped, or only observed.
     """
     action = inc.get("escalate_to")
-    if not action or RANK[action] <= RANK[inc["action"]]:
-        return Outcome("ignored", incident=inc)
+    if not action or RANK[action] <= RANK[inc["action"]] or inc["state"] in UNCLAIMABLE_STATES:
+        return Outcome("ignored", incident=inc)  # an ended, failed or held incident is not stepped up
     inc, node_doc = copy.deepcopy(inc), copy.deepcopy(node_doc)
     out = Outcome("raised", incident=inc, node=node_doc)
     why = ["a stronger fault arrived during remediation"]
@@ -600,3 +651,102 @@ def step_up(
     _decide_start(inc, node_doc, budgets, policy, _cluster_size(policy, inc["node"]), now, out)
     inc["updated_at"] = now
     return out
+
+
+# -- how every incident ends: a person closes it, or the watchdog fails it --------------------
+
+# A person may end these: an incident that waits (HELD), has failed (FAILED), or has no execution
+# working on the node (OPEN). A fenced, acting or verifying one belongs to its execution, which
+# ends it, or which the watchdog fails once it dies or overruns.
+CLOSABLE_STATES = frozenset({State.OPEN, State.HELD, State.FAILED})
+# States the watchdog checks, when a started execution owns the step.
+WATCHED_STATES = ACTIVE_STATES | {State.OPEN}
+
+
+def _own_slots(inc: Mapping[str, Any], budgets: Mapping[str, dict[str, Any] | None]) -> dict[str, Any]:
+    """The incident's blast-radius slots let go: they count on only until the window slides past."""
+    return release_slots({d: budgets.get(d) for d in inc.get("budget_scopes", [])}, inc["id"])
+
+
+def closable(inc: Mapping[str, Any]) -> bool:
+    """Whether a person may close the incident now (an OPEN one whose execution started is its own)."""
+    started = (inc.get("workflow") or {}).get("state") == RunState.STARTED
+    return inc["state"] in CLOSABLE_STATES and not (inc["state"] == State.OPEN and started)
+
+
+def close_by_person(
+    inc: dict[str, Any],
+    node_doc: dict[str, Any],
+    budgets: Mapping[str, dict[str, Any] | None],
+    by: str,
+    now: float,
+    unfence: bool,
+) -> Outcome:
+    """A person ends an incident: RESOLVED, with who and when (``closure``) and timeline ``closed``.
+
+    Its budget slots are let go. Lines logged before the close are still counted on it (late
+    deliveries); a fault after it opens a new incident. ``unfence`` records that the person asked
+    for the node to be returned to service (the caller sends that request).
+    """
+    if not closable(inc):
+        return Outcome("ignored", incident=inc)
+    inc, node_doc = copy.deepcopy(inc), copy.deepcopy(node_doc)
+    inc["closure"] = {"by": by, "at": now, "from_state": str(inc["state"]), "unfence": unfence}
+    inc["state"], inc["held"], inc["escalate_to"] = State.RESOLVED, None, None
+    inc["timeline"]["closed"] = now
+    inc["budget_released_at"] = now
+    inc["updated_at"] = now
+    return Outcome("closed", incident=inc, node=node_doc, budgets=_own_slots(inc, budgets))
+
+
+def watched_execution(inc: Mapping[str, Any]) -> str | None:
+    """The execution that owns the incident's current step, if one was started and it is watched."""
+    wf = inc.get("workflow") or {}
+    if inc.get("state") not in WATCHED_STATES or wf.get("state") != RunState.STARTED:
+        return None
+    name = wf.get("execution")
+    owner = wf.get("claimed_by")
+    if name and owner and owner != "unknown" and not str(name).endswith("/" + str(owner)):
+        # another execution of this step claimed it (the Workflows execution id, not its full name)
+        return f"{str(name).rsplit('/', 1)[0]}/{owner}" if "/" not in str(owner) else str(owner)
+    return str(name) if name else None
+
+
+def fail_stuck(
+    inc: dict[str, Any],
+    node_doc: dict[str, Any],
+    budgets: Mapping[str, dict[str, Any] | None],
+    execution: str,
+    why: str,
+    now: float,
+) -> Outcome:
+    """The watchdog's verdict: the step's execution died or overran. FAILED, slots let go, a page.
+
+    Only if the incident is still where the watchdog saw it (same state family, step and
+    execution); otherwise the execution moved it on meanwhile and nothing changes. The node
+    stays fenced: nothing unfences a FAILED incident's node but a person (``close --unfence``).
+    """
+    if watched_execution(inc) != execution:
+        return Outcome("ignored", incident=inc)
+    inc, node_doc = copy.deepcopy(inc), copy.deepcopy(node_doc)
+    inc["state"] = State.FAILED
+    inc["failure"] = {"stage": "watchdog", "error": why, "at": now}
+    inc["budget_released_at"] = now
+    inc["updated_at"] = now
+    node = inc["node"]["instance"]
+    page = (
+        f"incident {inc['id']}: remediation of {node} ({inc['action']}, step {inc['step']}) {why}. "
+        f"The node stays fenced. Investigate, then: pitstop incidents --close {inc['id']} --unfence --by NAME"
+    )
+    return Outcome("failed", incident=inc, node=node_doc, budgets=_own_slots(inc, budgets), page=page)
+
+
+def settle_failed(
+    inc: dict[str, Any], node_doc: dict[str, Any], budgets: Mapping[str, dict[str, Any] | None], now: float
+) -> Outcome:
+    """A FAILED incident keeps its node fenced, not its blast-radius slots: they expire with the window."""
+    if inc["state"] != State.FAILED or inc.get("budget_released_at"):
+        return Outcome("ignored", incident=inc)
+    inc, node_doc = copy.deepcopy(inc), copy.deepcopy(node_doc)
+    inc["budget_released_at"] = now
+    return Outcome("settled", incident=inc, node=node_doc, budgets=_own_slots(inc, budgets))

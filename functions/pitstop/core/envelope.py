@@ -29,7 +29,14 @@ class Delivery:
 
 
 def _str(v: Any) -> str | None:
-    return v[:MAX_ID] if isinstance(v, str) and v else None
+    """A short identifier kept from the envelope: at most MAX_ID characters of valid UTF-8."""
+    return v[:MAX_ID].encode("utf-8", "replace").decode("utf-8") if isinstance(v, str) and v else None
+
+
+def _type_name(v: Any) -> str:
+    """A CloudEvent type for an error message, without echoing arbitrary input."""
+    s = _str(v)
+    return repr(s[:80]) if s else type(v).__name__
 
 
 def _from_message(msg: Any, fallback_id: Any = None, fallback_time: Any = None) -> Delivery:
@@ -61,7 +68,7 @@ def unwrap(obj: Any) -> Delivery:
         ctype = obj.get("type")
         if ctype != PUBSUB_PUBLISHED:
             return Delivery(
-                None, _str(obj.get("id")), error=f"unsupported CloudEvent type {str(ctype)[:80]!r}"
+                None, _str(obj.get("id")), error=f"unsupported CloudEvent type {_type_name(ctype)}"
             )
         data = obj.get("data")
         if data is None and isinstance(obj.get("data_base64"), str):

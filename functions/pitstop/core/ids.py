@@ -9,8 +9,12 @@ the operation and, where one step makes several calls, something that tells them
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 # Fixed for ever: changing it would change every id and defeat deduplication of in-flight retries.
 PITSTOP_NAMESPACE = uuid.UUID("f09170ed-d601-49f3-afe2-6a2e14305987")
@@ -41,3 +45,18 @@ def derived_request_id(parent: str, label: str) -> str:
     (setLabels after a stale fingerprint: the first request was refused and changed nothing).
     """
     return str(uuid.uuid5(uuid.UUID(parent), label))
+
+
+def requeue_key(cluster: str, job: str, run: Mapping[str, Any]) -> str:
+    """The id of one run of one job (cluster, job, restart count, start time): a requeue's record.
+
+    A gang moves once per fault: the first incident to claim a run requeues it; a later run of
+    the same job (already requeued, by Pitstop or anyone) has another key. A Firestore document
+    id: no ``/``, bounded length; the parts are hashed so no choice of strings can collide.
+    """
+    parts = json.dumps(
+        [cluster, job, run.get("restarts"), run.get("start_time")], separators=(",", ":"), default=str
+    )
+    digest = hashlib.sha256(parts.encode()).hexdigest()[:24]
+    safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", f"{cluster}-{job}")[:100]
+    return f"{safe}-{digest}"

@@ -1,34 +1,88 @@
-"""LogEntry → the facts of a FaultEvent (kind, node, GPU, detail); the action comes later.
+"""LogEntry → the facts of a FaultEvent (kind, node, GPU, detail, trust); the action comes later.
 
 Pure and total: every input yields an event, broken ones as ``invalid`` with a reason.
 Node identity is validated here because these strings later reach API paths, Slurm
-reasons and labels.
+reasons, node lists and labels. Evidence is checked here too (DESIGN.md, "Believe evidence
+only after checking it"):
+
+* a driver line is ``verified`` only from the systemd journal's kernel transport
+  (core/trust.py); text syslog and other journal transports are ``unverified``;
+* a system event counts only from Compute Engine's own ``system_event`` audit log of the
+  entry's project, written by ``compute.googleapis.com`` for ``system@google.com``;
+  anything else that claims to be one is ``invalid``.
+
+One message is cut to 64 KiB (UTF-8) before any pattern sees it, and the event says so.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import Any
 
-from pitstop.core import names
+from pitstop.core import names, trust
 from pitstop.core.envelope import Delivery
-from pitstop.core.xid_line import MAX_MESSAGE, parse_nvrm
+from pitstop.core.xid_line import MAX_LINE, MAX_MESSAGE, parse_nvrm
 
-SYSTEM_EVENT_LOG_IDS = ("cloudaudit.googleapis.com%2Fsystem_event", "cloudaudit.googleapis.com/system_event")
+SYSTEM_EVENT_LOG_ID = "cloudaudit.googleapis.com%2Fsystem_event"  # URL-encoded, as Cloud Logging stores it
+COMPUTE_SERVICE = "compute.googleapis.com"
+GOOGLE_PRINCIPAL = "system@google.com"
+WHY_SYSTEM_EVENT = (
+    f"Compute Engine system event: the project's own {SYSTEM_EVENT_LOG_ID} log,"
+    f" serviceName {COMPUTE_SERVICE}, principal {GOOGLE_PRINCIPAL}"
+)
+INTERNAL_ERROR = "internal parser error"  # the last guard; tests assert it never fires
 RESOURCE_NAME_LABEL = "compute.googleapis.com/resource_name"
-_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)")
+MAX_LOG_NAME, MAX_ID, MAX_RESOURCE_NAME = 512, 256, 1024
+_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)", re.ASCII)
 _AUDIT_RESOURCE = re.compile(r"projects/([^/]+)/zones/([^/]+)/instances/([^/]+)")
 _LOG_PROJECT = re.compile(r"projects/([^/]+)/logs/")
+_METHOD = re.compile(r"compute\.instances\.[A-Za-z]{1,64}", re.ASCII)
+_ENUM_WORD = re.compile(r"[A-Z][A-Z_]{0,31}", re.ASCII)
 
 Event = dict[str, Any]
 
 
+def clean(v: str, limit: int) -> str:
+    """At most ``limit`` characters, valid UTF-8 (a lone surrogate becomes '?')."""
+    v = v[:limit]
+    return v if v.isascii() else v.encode("utf-8", "replace").decode("utf-8")
+
+
+def bounded_text(text: str) -> tuple[str, int | None]:
+    """The message cut to MAX_LINE bytes of UTF-8 (on a character boundary), and its original size if cut."""
+    if len(text) <= MAX_LINE and text.isascii():
+        return text, None
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= MAX_LINE:
+        return raw.decode("utf-8"), None
+    return raw[:MAX_LINE].decode("utf-8", "ignore"), len(raw)
+
+
 def _ts(v: Any) -> str | None:
-    return v if isinstance(v, str) and _TIMESTAMP.fullmatch(v) else None
+    """An RFC 3339 timestamp that is a real moment (1971-9998), or None."""
+    if not isinstance(v, str) or len(v) > 40 or not _TIMESTAMP.fullmatch(v):
+        return None
+    offset = "+00:00" if v.endswith("Z") else v[-6:]
+    try:
+        moment = dt.datetime.fromisoformat(v[:19] + offset)
+    except ValueError:
+        return None
+    return v if 1971 <= moment.year <= 9998 else None
+
+
+def new_source(log_name: Any = None, insert_id: Any = None, message_id: str | None = None) -> dict[str, Any]:
+    return {
+        "log_name": clean(log_name, MAX_LOG_NAME) if isinstance(log_name, str) else None,
+        "insert_id": clean(insert_id, MAX_ID) if isinstance(insert_id, str) else None,
+        "message_id": message_id,
+        "trust": trust.UNVERIFIED,
+        "trust_reason": None,
+    }
 
 
 def new_event(kind: str, reason: str, source: dict[str, Any] | None = None, **fields: Any) -> Event:
-    """A FaultEvent with every key present (the schema requires them all)."""
+    """A FaultEvent with every key present (the schema requires them all); trust defaults to unverified."""
     ev: Event = {
         "kind": kind,
         "action": "NONE",
@@ -36,7 +90,7 @@ def new_event(kind: str, reason: str, source: dict[str, Any] | None = None, **fi
         "node": None,
         "gpu": None,
         "observed_at": None,
-        "source": source or {"log_name": None, "insert_id": None, "message_id": None},
+        "source": source if source is not None and "trust" in source else {**new_source(), **(source or {})},
         "reason": reason,
         "detail": {},
     }
@@ -44,42 +98,45 @@ def new_event(kind: str, reason: str, source: dict[str, Any] | None = None, **fi
     return ev
 
 
-def invalid(reason: str, source: dict[str, Any] | None = None) -> Event:
-    return new_event("invalid", reason[:512], source)
+def invalid(reason: str, source: dict[str, Any] | None = None, **fields: Any) -> Event:
+    return new_event("invalid", clean(reason, 512), source, **fields)
 
 
-def _text_payload(entry: dict[str, Any]) -> str | None:
-    jp = entry.get("jsonPayload")
-    if isinstance(jp, dict):
-        for key in ("message", "MESSAGE"):
-            v = jp.get(key)
-            if isinstance(v, str):
-                return v
-    tp = entry.get("textPayload")
-    return tp if isinstance(tp, str) else None
+def _labels(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+def _audit_match(proto: dict[str, Any] | None) -> re.Match[str] | None:
+    rn = proto.get("resourceName") if proto is not None else None
+    if not isinstance(rn, str) or len(rn) > MAX_RESOURCE_NAME:
+        return None
+    return _AUDIT_RESOURCE.fullmatch(rn)
+
+
+def _project(entry: dict[str, Any], rl: dict[str, Any], audit: re.Match[str] | None) -> Any:
+    project = rl.get("project_id")
+    if project is None:
+        ln = entry.get("logName")
+        lm = _LOG_PROJECT.match(ln[:MAX_LOG_NAME]) if isinstance(ln, str) else None
+        project = lm.group(1) if lm else (audit.group(1) if audit else None)
+    return project
 
 
 def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
     """(node, "") or (None, why not). Sources in the order the brief gives them."""
     res = entry.get("resource")
-    rl = res.get("labels") if isinstance(res, dict) else None
-    rl = rl if isinstance(rl, dict) else {}
-    labels = entry.get("labels")
-    labels = labels if isinstance(labels, dict) else {}
-    audit = None
-    if proto is not None and isinstance(proto.get("resourceName"), str):
-        audit = _AUDIT_RESOURCE.fullmatch(proto["resourceName"])
+    rl = _labels(res.get("labels") if isinstance(res, dict) else None)
+    labels = _labels(entry.get("labels"))
+    audit = _audit_match(proto)
     instance = labels.get(RESOURCE_NAME_LABEL) or rl.get("node_name") or (audit.group(3) if audit else None)
     if instance is None:
         return None, "the node cannot be identified (no resource_name label, node_name or audit resourceName)"
     zone = rl.get("zone") or rl.get("location") or (audit.group(2) if audit else None)
-    project = rl.get("project_id")
-    if project is None:
-        lm = _LOG_PROJECT.match(entry.get("logName") or "") if isinstance(entry.get("logName"), str) else None
-        project = lm.group(1) if lm else (audit.group(1) if audit else None)
+    project = _project(entry, rl, audit)
     instance_id = rl.get("instance_id")
-    if not names.valid_instance(instance):
-        return None, "instance name is not a valid Compute Engine name"
+    problem = names.instance_problem(instance)
+    if problem is not None:
+        return None, problem
     if not names.valid_zone(zone):
         return None, "zone is missing or not a valid Compute Engine zone"
     if not names.valid_project(project):
@@ -101,86 +158,128 @@ def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[
 
 
 def _maintenance_detail(proto: dict[str, Any]) -> dict[str, Any]:
-    md = proto.get("metadata")
-    md = md if isinstance(md, dict) else {}
+    md = _labels(proto.get("metadata"))
     inner = md.get("upcomingMaintenance")
     if isinstance(inner, dict):
         md = {**md, **inner}
     status = proto.get("status")
     status_msg = status.get("message") if isinstance(status, dict) else None
-    d: dict[str, Any] = {
-        "maintenance_status": md.get("maintenanceStatus")
-        if isinstance(md.get("maintenanceStatus"), str)
-        else None,
-        "maintenance_type": md.get("type") if isinstance(md.get("type"), str) else None,
+
+    def word(v: Any) -> str | None:
+        return v if isinstance(v, str) and _ENUM_WORD.fullmatch(v) else None
+
+    return {
+        "maintenance_status": word(md.get("maintenanceStatus")),
+        "maintenance_type": word(md.get("type")),
         "window_start": _ts(md.get("windowStartTime")),
         "window_end": _ts(md.get("windowEndTime")),
-        "completed": isinstance(status_msg, str) and "has completed" in status_msg,
+        "completed": isinstance(status_msg, str) and "has completed" in status_msg[:MAX_LINE],
     }
-    return d
 
 
-def parse_entry(entry: dict[str, Any], delivery: Delivery | None = None) -> Event:
-    log_name = entry.get("logName")
-    insert_id = entry.get("insertId")
-    source = {
-        "log_name": log_name[:512] if isinstance(log_name, str) else None,
-        "insert_id": insert_id[:256] if isinstance(insert_id, str) else None,
-        "message_id": delivery.message_id if delivery else None,
-    }
-    observed_at = (
-        _ts(entry.get("timestamp"))
-        or _ts(entry.get("receiveTimestamp"))
-        or (_ts(delivery.publish_time) if delivery else None)
-    )
-    if isinstance(log_name, str) and log_name.endswith(SYSTEM_EVENT_LOG_IDS):
-        proto = entry.get("protoPayload")
-        if not isinstance(proto, dict):
-            return invalid("system_event entry without a protoPayload", source)
-        method = proto.get("methodName")
-        if not isinstance(method, str) or not method.startswith("compute.instances."):
-            return new_event(
-                "unrelated",
-                "system event not about a Compute Engine instance",
-                source,
-                observed_at=observed_at,
-            )
-        node, why = identify_node(entry, proto)
-        if node is None:
-            return invalid(why, source)
-        detail: dict[str, Any] = {"method": method[:128]}
-        status = proto.get("status")
-        if isinstance(status, dict) and isinstance(status.get("message"), str):
-            detail["status_message"] = status["message"][:MAX_MESSAGE]
-        if "aintenance" in method:
-            detail.update(_maintenance_detail(proto))
-        # "system_event" is provisional: the classifier maps the method to its kind.
-        return new_event("system_event", method, source, node=node, observed_at=observed_at, detail=detail)
-    text = _text_payload(entry)
-    if text is None:
-        return new_event(
-            "unrelated", "no text payload and not a system event", source, observed_at=observed_at
+def system_event_problem(entry: dict[str, Any], proto: dict[str, Any]) -> str | None:
+    """Why an entry that claims to be a Compute Engine system event is not Google's; None if it is."""
+    res = entry.get("resource")
+    project = _labels(res.get("labels") if isinstance(res, dict) else None).get("project_id")
+    if not names.valid_project(project):
+        return "system event without a valid resource.labels.project_id"
+    if entry.get("logName") != f"projects/{project}/logs/{SYSTEM_EVENT_LOG_ID}":
+        return (
+            "not Compute Engine's system event log: the log name must be exactly"
+            f" projects/<the entry's project>/logs/{SYSTEM_EVENT_LOG_ID}"
         )
+    if proto.get("serviceName") != COMPUTE_SERVICE:
+        return (
+            f"system event not written by Compute Engine: protoPayload.serviceName is not {COMPUTE_SERVICE}"
+        )
+    auth = proto.get("authenticationInfo")
+    if not isinstance(auth, dict) or auth.get("principalEmail") != GOOGLE_PRINCIPAL:
+        return (
+            "system event not authored by Google: protoPayload.authenticationInfo.principalEmail"
+            f" is not {GOOGLE_PRINCIPAL}"
+        )
+    return None
+
+
+def _system_event(entry: dict[str, Any], source: dict[str, Any], observed_at: str | None) -> Event:
+    proto = entry.get("protoPayload")
+    if not isinstance(proto, dict):
+        source["trust_reason"] = "no protoPayload: not an audit log entry"
+        return invalid("system event entry without a protoPayload object", source)
+    problem = system_event_problem(entry, proto)
+    if problem is not None:
+        source["trust_reason"] = problem
+        return invalid(problem, source, observed_at=observed_at)
+    source["trust"], source["trust_reason"] = trust.VERIFIED, WHY_SYSTEM_EVENT
+    method = proto.get("methodName")
+    if not isinstance(method, str) or not _METHOD.fullmatch(method):
+        why = "system event not about a Compute Engine instance"
+        return new_event("unrelated", why, source, observed_at=observed_at)
+    node, why = identify_node(entry, proto)
+    if node is None:
+        return invalid(why, source, observed_at=observed_at)
+    detail: dict[str, Any] = {"method": method}
+    status = proto.get("status")
+    if isinstance(status, dict) and isinstance(status.get("message"), str):
+        detail["status_message"] = clean(status["message"], MAX_MESSAGE)
+    if "aintenance" in method:
+        detail.update(_maintenance_detail(proto))
+    # "system_event" is provisional: the classifier maps the method to its kind.
+    return new_event("system_event", method, source, node=node, observed_at=observed_at, detail=detail)
+
+
+def _text_event(entry: dict[str, Any], source: dict[str, Any], observed_at: str | None) -> Event:
+    prov = trust.text_provenance(entry)
+    source["trust"], source["trust_reason"] = prov.trust, prov.reason
+    if prov.text is None:
+        why = "no text payload and not a system event"
+        return new_event("unrelated", why, source, observed_at=observed_at)
+    text, original = bounded_text(prov.text)
+    cut: dict[str, Any] = {"truncated": True, "original_bytes": original} if original else {}
     parsed = parse_nvrm(text)
     if parsed is None:
-        return new_event("unrelated", "not a GPU driver fault line", source, observed_at=observed_at)
+        why = "not a GPU driver fault line"
+        return new_event("unrelated", why, source, observed_at=observed_at, detail=cut)
     if "error" in parsed:
-        return invalid(parsed["error"], source)
+        return invalid(parsed["error"], source, observed_at=observed_at, detail=cut)
     node, why = identify_node(entry, None)
     if node is None:
-        return invalid(why, source)
+        return invalid(why, source, observed_at=observed_at, detail=cut)
     gpu = None
     if parsed["pci"] is not None:
         gpu = {"pci": parsed["pci"]}
         if parsed["mig"] is not None:
             gpu["mig"] = parsed["mig"]
+    detail = {**parsed["detail"], **cut}
     return new_event(
-        "gpu_xid",
-        "",
-        source,
-        xid=parsed["xid"],
-        node=node,
-        gpu=gpu,
-        observed_at=observed_at,
-        detail=parsed["detail"],
+        "gpu_xid", "", source, xid=parsed["xid"], node=node, gpu=gpu, observed_at=observed_at, detail=detail
     )
+
+
+def _claims_system_event(entry: dict[str, Any]) -> bool:
+    """Anything that looks like an audit entry is judged as a system event, strictly."""
+    ln = entry.get("logName")
+    named = isinstance(ln, str) and ("cloudaudit" in ln or "system_event" in ln)
+    return "protoPayload" in entry or named
+
+
+def _parse(entry: dict[str, Any], delivery: Delivery | None) -> Event:
+    source = new_source(
+        entry.get("logName"), entry.get("insertId"), delivery.message_id if delivery else None
+    )
+    observed_at = (
+        _ts(entry.get("timestamp"))
+        or _ts(entry.get("receiveTimestamp"))
+        or (_ts(delivery.publish_time) if delivery else None)
+    )
+    if _claims_system_event(entry):
+        return _system_event(entry, source, observed_at)
+    return _text_event(entry, source, observed_at)
+
+
+def parse_entry(entry: dict[str, Any], delivery: Delivery | None = None) -> Event:
+    """One LogEntry → one event; never raises."""
+    try:
+        return _parse(entry, delivery)
+    except Exception as exc:  # the last guard of "never raises"; the fuzz tests keep it idle
+        return invalid(f"{INTERNAL_ERROR}: {type(exc).__name__}")

@@ -98,6 +98,17 @@ class Policy:
     def budget_window_s(self) -> float:
         return float(self.doc["budgets"]["window_s"])
 
+    def watchdog_deadline_s(self, action: str) -> float:
+        """How long an execution for this action may run before the watchdog fails its incident."""
+        deadlines = self.doc["watchdog"]["deadline_s"]
+        return float(deadlines.get(action, deadlines["default"]))
+
+    @property
+    def trust_text_syslog(self) -> str:
+        """What unverified evidence may start: ``record`` (nothing) or ``act`` (see core/trust.py)."""
+        trust = self.doc.get("trust")
+        return str(trust.get("text_syslog", "record")) if isinstance(trust, Mapping) else "record"
+
 
 def from_doc(user: Mapping[str, Any] | None, where: str = "policy") -> Policy:
     defaults = resources.load_yaml(resources.schema_dir() / "policy.defaults.yaml", "policy.schema.json")

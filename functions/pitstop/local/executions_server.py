@@ -129,6 +129,15 @@ class ExecutionsService:
             ex.end_time = _now()
         rec.done.set()
 
+    def finish(self, name: str, state: str, error: str | None = None) -> None:
+        """End an execution from outside (a crashed runner, a test): what GetExecution then answers."""
+        rec = self.records[name]
+        rec.execution.state = cast(t.Execution.State, t.Execution.State.__members__[state])
+        if error is not None:
+            rec.execution.error = t.Execution.Error(payload=error, context=error)
+        rec.execution.end_time = _now()
+        rec.done.set()
+
     def wait_all(self, timeout: float) -> bool:
         return all(r.done.wait(timeout) for r in list(self.records.values()))
 

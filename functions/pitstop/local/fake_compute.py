@@ -23,6 +23,10 @@ that long (``REQUEST_ID_WINDOW_S`` of its clock, not scaled) and then forgets it
 every mutating request received (refused and repeated ones too); ``effects`` only the ones
 that changed something, so tests can count effects per VM.
 
+Faults: ``/_admin/faults`` arms an error for the next N mutating requests (optionally only those
+on one VM, or of one method), answered with the body Compute gives for that status
+(``DEFAULT_ERRORS``, or a named reason); ``pitstop local chaos compute-error`` arms them.
+
 State advances lazily from a scaled clock on every request: no background threads.
 """
 
@@ -216,11 +220,39 @@ class SeenRequest:
 
 @dataclass
 class Injected:
+    """A fault armed for the next ``count`` matching requests (``method`` ``*``: any; ``*mutating``:
+    any request that changes something), optionally only for requests on one VM (``instance``)."""
+
     method: str
     code: int
     reason: str
     message: str
     count: int
+    domain: str = "global"
+    instance: str | None = None
+
+
+KNOWN_MESSAGES = {
+    "rateLimitExceeded": "Rate Limit Exceeded",
+    "forbidden": "Required 'compute.instances.reset' permission",
+    "backendError": "Backend Error",
+}
+# The error each status answers with when a fault names only the status (reference/fidelity.md §2.1):
+# (reason, domain, message; ``{path}`` is the target resource's path).
+DEFAULT_ERRORS: dict[int, tuple[str, str, str]] = {
+    400: ("resourceNotReady", "global", "The resource '{path}' is not ready"),
+    403: ("rateLimitExceeded", "usageLimits", "Rate Limit Exceeded"),
+    404: ("notFound", "global", "The resource '{path}' was not found"),
+    409: ("alreadyExists", "global", "The resource '{path}' already exists"),
+    412: ("conditionNotMet", "global", "Labels fingerprint either invalid or resource labels have changed"),
+    429: (
+        "RESOURCE_EXHAUSTED",
+        "global",
+        "Quota exceeded for quota metric 'Queries' and limit 'Queries per minute'",
+    ),
+    500: ("internalError", "global", "Internal Error"),
+    503: ("backendError", "global", "Backend Error"),
+}
 
 
 class FakeCompute:
@@ -259,11 +291,7 @@ class FakeCompute:
         return self.add_instance(project, zone, spec["name"], **optional)
 
     def inject(self, method: str, code: int, reason: str, message: str = "", count: int = 1) -> None:
-        msg = message or {
-            "rateLimitExceeded": "Rate Limit Exceeded",
-            "forbidden": "Required 'compute.instances.reset' permission",
-            "backendError": "Backend Error",
-        }.get(reason, reason)
+        msg = message or KNOWN_MESSAGES.get(reason, reason)
         with self.lock:
             self.injected.append(Injected(method, code, reason, msg, count))
 
@@ -286,12 +314,51 @@ class FakeCompute:
         self.ops[op.name] = op
         return op.to_api(now)
 
-    def _check_injected(self, method: str) -> None:
+    def arm(
+        self,
+        code: int,
+        count: int = 1,
+        method: str = "*mutating",
+        instance: str | None = None,
+        reason: str | None = None,
+    ) -> Injected:
+        """Answer the next ``count`` matching requests with ``code`` and Compute's error body for it."""
+        default = DEFAULT_ERRORS.get(code)
+        if reason is None or (default is not None and reason == default[0]):
+            if default is None:
+                raise ValueError(f"no default error for HTTP {code}; name its reason")
+            reason, domain, message = default
+        else:
+            domain = "usageLimits" if reason == "rateLimitExceeded" else "global"
+            message = KNOWN_MESSAGES.get(reason, reason)
+        inj = Injected(method, code, reason, message, count, domain, instance)
+        with self.lock:
+            self.injected.append(inj)
+        return inj
+
+    def _check_injected(self, method: str, path: str = "", instances: tuple[str, ...] = ()) -> None:
         for inj in self.injected:
-            if inj.count > 0 and inj.method in (method, "*"):
-                inj.count -= 1
-                domain = "usageLimits" if inj.reason == "rateLimitExceeded" else "global"
-                raise ApiError(inj.code, inj.reason, inj.message, domain)
+            if inj.count <= 0:
+                continue
+            if inj.method == "*mutating":
+                if method not in self._MUTATING:
+                    continue
+            elif inj.method not in (method, "*"):
+                continue
+            if inj.instance is not None and inj.instance not in instances:
+                continue
+            inj.count -= 1
+            domain = "usageLimits" if inj.reason == "rateLimitExceeded" else inj.domain
+            raise ApiError(inj.code, inj.reason, inj.message.replace("{path}", path), domain)
+
+    def armed(self) -> list[dict[str, Any]]:
+        """The faults still armed (for the admin API and `pitstop local status`)."""
+        with self.lock:
+            return [
+                {"method": i.method, "code": i.code, "reason": i.reason, "left": i.count, "node": i.instance}
+                for i in self.injected
+                if i.count > 0
+            ]
 
     def effects_on(self, instance: str, method: str | None = None) -> list[dict[str, Any]]:
         """The effects performed on one VM (by name), optionally of one method."""
@@ -557,6 +624,7 @@ class FakeCompute:
                 ],
                 "calls": list(self.calls),
                 "effects": list(self.effects),
+                "faults": self.armed(),
             }
 
     # -- HTTP ----------------------------------------------------------------------
@@ -634,7 +702,11 @@ class FakeCompute:
         now = self.clock()
         call: dict[str, Any] = {"method": fn, "path": path, "body": body, "at": now, "request_id": rid}
         self.calls.append(call)
-        self._check_injected(fn)
+        targets = self._targets(fn, groups, body)
+        resource = "instanceGroupManagers" if fn == "recreate" else "instances"
+        self._check_injected(
+            fn, f"projects/{groups[0]}/zones/{groups[1]}/{resource}/{groups[2]}", tuple(targets)
+        )
         if rid is not None:
             self._valid_request_id(rid)
         project = groups[0]
@@ -653,7 +725,7 @@ class FakeCompute:
                 "method": fn,
                 "project": project,
                 "zone": groups[1],
-                "instances": self._targets(fn, groups, body),
+                "instances": targets,
                 "request_id": rid,
                 "operation": op["name"],
                 "at": now,
@@ -675,6 +747,8 @@ class FakeCompute:
                         int(body.get("count", 1)),
                     )
                     return 200, {}
+                if path == "/_admin/faults":
+                    return 200, self._admin_faults(body)
                 if path == "/_admin/preempt":
                     return 200, self.preempt(body["project"], body["zone"], body["instance"])
                 if path == "/_admin/maintenance":
@@ -689,6 +763,21 @@ class FakeCompute:
         except (KeyError, ValueError) as e:
             return 400, {"error": {"code": 400, "message": f"bad admin request: {e}"}}
         return 404, {"error": {"code": 404, "message": "no such admin path"}}
+
+    def _admin_faults(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Arm a fault (``code``; optional ``times``, ``node``, ``method``, ``reason``) or ``clear`` all."""
+        if body.get("clear"):
+            self.injected.clear()
+        if "code" in body:
+            node, reason = body.get("node"), body.get("reason")
+            self.arm(
+                int(body["code"]),
+                int(body.get("times", 1)),
+                str(body.get("method") or "*mutating"),
+                None if node is None else str(node),
+                None if reason is None else str(reason),
+            )
+        return {"armed": self.armed()}
 
 
 def serve(fake: FakeCompute, host: str = "127.0.0.1", port: int = 0) -> tuple[ThreadingHTTPServer, str]:

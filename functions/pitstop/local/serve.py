@@ -1,8 +1,9 @@
 """Run one local stand-in as a process: ``python -m pitstop.local.serve NAME [options]``.
 
 fake-compute, executions (the Workflows runner behind the Executions gRPC API), monitoring,
-webhook (a sink that records notifications and can be taken down), and vm-sync (starts and
-stops each node's slurmd as its fake VM goes down and comes back, like a real host would).
+webhook (a sink that records notifications and can be taken down), vm-sync (starts and
+stops each node's slurmd as its fake VM goes down and comes back, like a real host would),
+and scheduler (Cloud Scheduler's job that calls the sweep function every interval).
 """
 
 from __future__ import annotations
@@ -106,6 +107,40 @@ def webhook(args: argparse.Namespace) -> None:
     _wait_forever(server.shutdown)
 
 
+def scheduler(args: argparse.Namespace) -> None:
+    """Cloud Scheduler's HTTP job: POST the sweep every ``--interval`` seconds, one line logged per run.
+
+    As Cloud Scheduler does: a fixed schedule (a run that overruns skips the ticks it missed, never
+    runs twice at once), its headers, an attempt deadline of 180 s, no retry of a failed run. There
+    is no OIDC token: like every local call, the local function accepts the request without one.
+    """
+    import urllib.error
+    import urllib.request
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    signal.signal(signal.SIGINT, lambda *a: stop.set())
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "Google-Cloud-Scheduler",
+        "X-CloudScheduler": "true",
+        "X-CloudScheduler-JobName": "pitstop-sweep",
+    }
+    start = time.monotonic()
+    while not stop.wait(args.interval - (time.monotonic() - start) % args.interval):
+        at = time.time()
+        req = urllib.request.Request(args.url, data=b"{}", method="POST", headers=headers)  # noqa: S310
+        try:
+            with urllib.request.urlopen(req, timeout=180) as resp:  # noqa: S310 - loopback
+                status, body = resp.status, resp.read()[:500].decode(errors="replace")
+        except urllib.error.HTTPError as exc:
+            status, body = exc.code, exc.read()[:500].decode(errors="replace")
+        except OSError as exc:
+            status, body = 0, str(exc)
+        line = {"at": at, "status": status, "took_s": round(time.time() - at, 3), "body": body}
+        print(json.dumps(line), flush=True)
+
+
 def vm_sync(args: argparse.Namespace) -> None:
     """Each fake VM's slurmd runs only while the VM is RUNNING (a preempted or rebooting host drops out)."""
     import urllib.request
@@ -157,6 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         s = sub.add_parser(name)
         s.add_argument("--port", type=int, required=True)
         s.add_argument("--out", required=True)
+    sc = sub.add_parser("scheduler")
+    sc.add_argument("--url", required=True)
+    sc.add_argument("--interval", type=float, default=60.0)
     v = sub.add_parser("vm-sync")
     v.add_argument("--compute", required=True)
     v.add_argument("--slurm-conf", required=True)
@@ -169,6 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "monitoring": monitoring,
         "webhook": webhook,
         "vm-sync": vm_sync,
+        "scheduler": scheduler,
     }[args.name](args)
     return 0
 

@@ -1,11 +1,14 @@
-"""The whole pipeline on one machine: `pitstop local up|down|status|inject`, the demo and the e2e tests.
+"""The whole pipeline on one machine: `pitstop local up|down|status|inject|chaos`, the demo and the e2e tests.
 
 On 127.0.0.1 and free ports: the Pub/Sub and Firestore emulators, the fake Compute Engine
 with a simulated cluster, a real Slurm (slurmctld + one slurmd per node, kept in step with
 the fake VMs) with the Pitstop Slurm agent, functions-framework servers for ingest, actuate
-and notify fed by real push subscriptions (with dead-letter topics), the Workflows runner,
-a fake Cloud Monitoring, and a webhook sink. The log router applies infra/filters/ to
-injected entries and publishes what a real sink would. State lives in ``<workdir>/stack.json``.
+and notify fed by real push subscriptions (with dead-letter topics) and for sweep, called
+every ``sweep_interval`` seconds by a Cloud Scheduler stand-in, the Workflows runner, a fake
+Cloud Monitoring, and a webhook sink. The log router applies infra/filters/ to injected
+entries and publishes what a real sink would. actuate runs from ``local/chaos_main.py``
+(main's handler with chaos hooks); the stack's controller (``local/control.py``) restarts a
+function process that died and takes chaos requests. State lives in ``<workdir>/stack.json``.
 """
 
 from __future__ import annotations
@@ -25,14 +28,24 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.core import sinks
+from pitstop.local.chaos import CHAOS_DIR_ENV, clear_flags
+from pitstop.local.control import Controller
 from pitstop.local.lql import compile_filter
 from pitstop.local.procs import Proc, free_port, start_emulator, wait_http
 from pitstop.local.slurm import SlurmCluster
 
 ROOT = Path(__file__).resolve().parents[3]
 PROJECT = "pitstop-local"
-FIRESTORE_WRITERS = ("ingest", "actuate", "notify", "slurm-agent")  # the processes with Firestore clients
+FIRESTORE_WRITERS = (
+    "ingest",
+    "actuate",
+    "notify",
+    "sweep",
+    "slurm-agent",
+)  # the processes with Firestore clients
 ZONE = "us-central1-a"
+FUNCTIONS = (("ingest", "cloudevent"), ("actuate", "http"), ("notify", "cloudevent"), ("sweep", "http"))
+SWEEP_INTERVAL_S = 60.0  # Cloud Scheduler calls the sweep every minute in production
 
 
 @dataclass
@@ -57,6 +70,7 @@ class StackState:
     pids: dict[str, int]
     cluster: dict[str, Any]
     slurm_conf: str
+    daemon_pid: int | None = None  # the background process that owns the stack (`pitstop local up`)
 
     def save(self) -> None:
         Path(self.workdir, "stack.json").write_text(json.dumps(asdict(self), indent=2))
@@ -122,7 +136,7 @@ def _endpoints(fs_host: str, ps_host: str, ports: dict[str, int]) -> dict[str, s
         "executions": f"127.0.0.1:{ports['executions']}",
         "monitoring": f"127.0.0.1:{ports['monitoring']}",
         "webhook": f"http://127.0.0.1:{ports['webhook']}/hook",
-        **{f: f"http://127.0.0.1:{ports[f]}" for f in ("ingest", "actuate", "notify")},
+        **{f: f"http://127.0.0.1:{ports[f]}" for f in ("ingest", "actuate", "notify", "sweep", "control")},
     }
 
 
@@ -134,12 +148,26 @@ class Stack:
         compute_scale: float = 0.01,
         workflow_scale: float = 0.1,
         policy_over: dict[str, Any] | None = None,
+        sweep_interval: float = SWEEP_INTERVAL_S,
     ) -> None:
         self.workdir, self.spec = workdir, spec or ClusterSpec()
         self.compute_scale, self.workflow_scale, self.policy_over = compute_scale, workflow_scale, policy_over
+        self.sweep_interval = sweep_interval
         self.procs: dict[str, Proc] = {}
         self.slurm: SlurmCluster | None = None
         self.state: StackState | None = None
+        self.controller: Controller | None = None
+        self._agent_restarts = 0
+
+    @property
+    def endpoints(self) -> dict[str, str]:
+        assert self.state is not None, "the stack is not up"
+        return self.state.endpoints
+
+    @property
+    def chaos_dir(self) -> Path:
+        """Where chaos flags for the function processes are armed (see pitstop.local.chaos)."""
+        return self.workdir / "chaos"
 
     # -- up --------------------------------------------------------------------------
 
@@ -155,26 +183,32 @@ class Stack:
         self._clean_workdir()
         fs_host, ps_host = self._start_emulators()
         env = self._base_env(fs_host, ps_host)
-        ports = {
-            k: free_port()
-            for k in ("compute", "executions", "monitoring", "webhook", "ingest", "actuate", "notify")
-        }
+        names = ("compute", "executions", "monitoring", "webhook", *(f for f, _ in FUNCTIONS), "control")
+        ports = {k: free_port() for k in names}
         ep = _endpoints(fs_host, ps_host, ports)
         files = self._write_inputs(ep)
         self._start_fakes(ports, files, env)
         self._start_functions(ports, ep, files["policy"], env)
         self._wire_pubsub(ep, ps_host)
         slurm = self._start_slurm(ep, env)
-        for fn in ("ingest", "actuate", "notify"):
+        for fn, _ in FUNCTIONS:
             wait_http(ep[fn] + "/", self.procs[fn], timeout=60, accept_errors=True)
+        self._py(
+            "scheduler",
+            ["scheduler", "--url", ep["sweep"] + "/", "--interval", str(self.sweep_interval)],
+            env,
+        )
         slurm.wait_idle(len(self.spec.node_names), timeout=60)
-        return self._save_state(ep, slurm)
+        state = self._save_state(ep, slurm)
+        self.controller = Controller(self, ports["control"]).start()
+        return state
 
     def _clean_workdir(self) -> None:
         """Outputs of an earlier run would be read as this run's webhook posts and metrics."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         for stale in ("webhook.jsonl", "metrics.jsonl"):
             (self.workdir / stale).unlink(missing_ok=True)
+        clear_flags(self.chaos_dir)  # a fault armed for an earlier stack must not fire in this one
 
     def _start_emulators(self) -> tuple[str, str]:
         """Firestore and Pub/Sub emulators, in parallel (each takes seconds to boot); their hosts."""
@@ -255,7 +289,11 @@ class Stack:
     def _start_functions(
         self, ports: dict[str, int], ep: dict[str, str], policy: Path, env: dict[str, str]
     ) -> None:
-        """ingest, actuate and notify under functions-framework, configured as deploy configures them."""
+        """ingest, actuate, notify and sweep under functions-framework, configured as deploy configures them.
+
+        actuate's source is local/chaos_main.py: main's own handler, with the chaos hooks armed
+        through files in ``chaos_dir`` (pitstop.local.chaos); the others run main.py as deployed.
+        """
         fn_env = {
             **env,
             "PITSTOP_POLICY": str(policy),
@@ -267,11 +305,13 @@ class Stack:
             "PITSTOP_NOTIFICATIONS_TOPIC": "pitstop-notifications",
         }
         ff = str(Path(sys.executable).parent / "functions-framework")
-        source = str(ROOT / "functions" / "main.py")
-        for fn, sig in (("ingest", "cloudevent"), ("actuate", "http"), ("notify", "cloudevent")):
+        main = str(ROOT / "functions" / "main.py")
+        wrapper = str(Path(__file__).with_name("chaos_main.py"))
+        for fn, sig in FUNCTIONS:
+            source, extra = (wrapper, {CHAOS_DIR_ENV: str(self.chaos_dir)}) if fn == "actuate" else (main, {})
             argv = [ff, "--target", fn, "--source", source, "--signature-type", sig]
             argv += ["--host", "127.0.0.1", "--port", str(ports[fn])]
-            self.procs[fn] = Proc(fn, argv, self.workdir / f"{fn}.log", fn_env).start()
+            self.procs[fn] = Proc(fn, argv, self.workdir / f"{fn}.log", {**fn_env, **extra}).start()
 
     def _start_slurm(self, ep: dict[str, str], env: dict[str, str]) -> SlurmCluster:
         """A real slurmctld, vm-sync keeping slurmds in step with the fake VMs, and the Pitstop agent."""
@@ -302,19 +342,63 @@ class Stack:
         return self.slurm
 
     def _save_state(self, ep: dict[str, str], slurm: SlurmCluster) -> StackState:
-        """stack.json: what `pitstop local status|down|inject` in another process finds this stack by."""
-        pids = {name: p.popen.pid for name, p in self.procs.items() if p.popen is not None}
-        pids |= {f"slurm-{p.name}": p.popen.pid for p in slurm.procs if p.popen is not None}
+        """stack.json: how `pitstop local status|down|inject|chaos` in another process finds this stack."""
         self.state = StackState(
             str(self.workdir),
             PROJECT,
             ep,
-            pids,
+            self._pids(),
             {**asdict(self.spec), "node_names": self.spec.node_names},
             str(slurm.conf),
         )
         self.state.save()
         return self.state
+
+    def _pids(self) -> dict[str, int]:
+        pids = {name: p.popen.pid for name, p in self.procs.items() if p.popen is not None}
+        if self.slurm is not None:
+            pids |= {f"slurm-{p.name}": p.popen.pid for p in self.slurm.procs if p.popen is not None}
+        return pids
+
+    def refresh_pids(self) -> None:
+        """Record processes started again (supervisor, chaos) so `pitstop local down` finds them."""
+        if self.state is not None:
+            self.state.pids = self._pids()
+            self.state.save()
+
+    def set_agent(self, up: bool) -> str:
+        """Stop or start the Slurm agent (chaos ``agent-down``/``agent-up``); its state afterwards.
+
+        A stopped agent comes back reading a new subscription to its command topic, created as it
+        stops, so that subscription holds every command published while it was away. Not the old
+        one: the Pub/Sub emulator never forgets a subscriber stream that was closed (its handler
+        for a cancelled stream fails with NoSuchMethodError, see pubsub-emulator.log) and keeps
+        sending a share of the messages to that dead stream, each redelivered only after its ack
+        deadline, so a restarted agent would answer many commands a minute late. Commands the old
+        agent held unanswered are published again by actuate's next try, as with real Pub/Sub.
+        """
+        agent = self.procs["slurm-agent"]
+        if up and not agent.alive():
+            agent.start()
+        elif not up and agent.alive():
+            self._agent_restarts += 1
+            name = f"slurm-agent-{self.spec.name}-{self._agent_restarts}"
+            self._subscribe(name, f"pitstop-slurm-{self.spec.name}")
+            agent.stop()
+            at = agent.argv.index("--subscription") + 1
+            agent.argv = [*agent.argv[:at], name, *agent.argv[at + 1 :]]
+        self.refresh_pids()
+        return "up" if agent.alive() else "down"
+
+    def _subscribe(self, name: str, topic: str) -> None:
+        from google.cloud import pubsub_v1
+
+        with emulator_env(self.endpoints):
+            sub = pubsub_v1.SubscriberClient()
+        sub.create_subscription(
+            name=sub.subscription_path(PROJECT, name), topic=sub.topic_path(PROJECT, topic)
+        )
+        sub.close()
 
     def _wire_pubsub(self, ep: dict[str, str], ps_host: str) -> None:
         from google.cloud import pubsub_v1
@@ -404,6 +488,9 @@ class Stack:
     # -- down ------------------------------------------------------------------------
 
     def down(self) -> None:
+        if self.controller is not None:  # first, or it would start the functions again
+            self.controller.stop()
+            self.controller = None
         if self.slurm is not None:
             self.slurm.cancel_jobs()  # while vm-sync's slurmds still run
         for p in reversed(list(self.procs.values())):
@@ -414,13 +501,17 @@ class Stack:
 
 
 def down(workdir: Path) -> list[str]:
-    """Stop a stack started by another process (``pitstop local down``)."""
-    import signal
+    """Stop a stack started by another process (``pitstop local down``); the names of what was running.
 
+    A stack owned by `pitstop local up`'s background process is asked to stop (SIGTERM) and given
+    a minute to stop every part itself; whatever is still running after that is killed.
+    """
     try:
         state = StackState.load(workdir)
     except FileNotFoundError:
         return []
+    if state.daemon_pid is not None and _stop_daemon(state.daemon_pid):
+        return list(state.pids)
     stopped = []
     for name, pid in reversed(list(state.pids.items())):
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -433,6 +524,33 @@ def down(workdir: Path) -> list[str]:
     subprocess.run(["pkill", "-f", f"slurmd -D -f {state.slurm_conf}"], check=False)
     (Path(workdir) / "stack.json").unlink(missing_ok=True)
     return stopped
+
+
+def daemon_alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # an exited process nobody has reaped yet (a container's init may not) is not alive
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _stop_daemon(pid: int, timeout: float = 60.0) -> bool:
+    """SIGTERM the stack's owner and wait until it has exited; False if it is still there."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while daemon_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
 
 
 class Router:

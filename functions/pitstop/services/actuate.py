@@ -1,17 +1,34 @@
-"""The actuate service: every side effect of a remediation, one idempotent operation at a time.
+"""The actuate service: every side effect of a remediation, exactly once per incident step.
 
-The workflow calls ``{op, incident, step, execution}``. Mutating operations record their
-outcome under the incident (``steps/<step>-<op>``) and replay it when called again, so a
-retried call or a re-run execution never resets a node twice. Read-only probes (operation
-status, verification, job state) are not recorded. Answers: 200 with a JSON body; 429/503
-for transient trouble (the workflow retries); 4xx for a final refusal (the workflow fails
-the incident and leaves the node fenced).
+The workflow calls ``{op, incident, step, execution, extra}``. Each mutating op runs under an
+idempotency record ``steps/<step>-<op>`` under its incident, the pattern idempotency libraries
+use (AWS Lambda Powertools' idempotency utility, for one):
+
+1. **Claim.** ``create()`` the record as ``in_progress`` with its owner (the execution), a
+   token and ``expires_at``; Firestore lets exactly one create of an id succeed.
+2. **Act.** What an op decides before its first effect is saved in the record first (act: the
+   Compute method and its arguments, and the VM as it was), and every later attempt reuses it.
+3. **Save.** The record becomes ``done`` with the result, which every later call replays.
+
+A call that finds the record in progress answers 503 (the workflow asks again) until that
+attempt finishes or its claim expires (``STEP_CLAIM_S``, longer than the function's own
+timeout, so the attempt is dead by then). An attempt that raised releases its claim at once.
+Either way the next call takes the record over (one taker wins) and runs the op again. That is
+safe because every effect carries a deterministic id: Compute's ``requestId``
+(pitstop.core.ids.request_id), the Slurm agent's command id, and store writes that set rather
+than add. Read-only probes (operation status, verification, job state) are not recorded.
+
+Answers: 200 with a JSON body; 429/503 for transient trouble (the workflow retries); 4xx for a
+final refusal (the workflow fails the incident and leaves the node fenced).
 """
 
 from __future__ import annotations
 
+import concurrent.futures as futures
 import time
+import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from google.api_core import exceptions as gexc
@@ -22,18 +39,83 @@ from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.firestore import IncidentStore
 from pitstop.adapters.scheduler import NoScheduler, Scheduler
 from pitstop.core.actions import RANK, RECORD_ONLY_ACTIONS, Action
-from pitstop.core.ops import MUTATING_OPS, Op, Plan, plan_for, step_key
+from pitstop.core.ids import request_id, requeue_key
+from pitstop.core.ops import (
+    CONTINUE,
+    MUTATING_OPS,
+    STEP_DONE,
+    STEP_IN_PROGRESS,
+    STEP_RELEASED,
+    Op,
+    Plan,
+    job_run,
+    known_run,
+    plan_for,
+    step_key,
+    step_state,
+)
 from pitstop.core.policy import Policy
-from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
+from pitstop.core.states import ACTIVE_STATES, UNCLAIMABLE_STATES, RunState, State
 from pitstop.core.timeline import durations
 from pitstop.services.ingest import to_epoch
 from pitstop.services.launch import Launcher, Publisher, Starter
+from pitstop.services.outbox import notification_id
 
 CHECKPOINT_MARGIN_S = 300.0
 CHECKPOINT_DEFAULT_WAIT_S = 600.0
+# How long an attempt's claim on a step op holds: the function's own timeout (--timeout=300 in
+# infra/resources.yaml) and a margin. An attempt still holding it is alive; past it, it is dead.
+STEP_CLAIM_S = 330.0
+# Trouble in a backing service that a retry can outlast (Firestore or Pub/Sub unavailable or slow,
+# a contended transaction): answered 503. A Pub/Sub publish whose future times out raises
+# concurrent.futures.TimeoutError, which is the builtin TimeoutError since Python 3.11.
+_TRANSIENT = (gexc.GoogleAPICallError, gexc.RetryError, TimeoutError, futures.TimeoutError, ValueError)
+# The fence answer fields kept on the incident and in the fence record (the agent's drain answer).
+_FENCE_FIELDS = ("previous_state", "previous_reason", "already_drained_by_other", "reason")
+# States a failed step may still turn into FAILED: the incident has not ended, nor waits for a person.
+_FAILABLE = ACTIVE_STATES | {State.OPEN}
 
 
 _OP_VALUES = frozenset(o.value for o in Op)
+
+
+class StepBusyError(ActuatorError):
+    """Another attempt holds the op's in-progress record: ask again later (503, retryable)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(503, message, True)
+
+
+@dataclass
+class Attempt:
+    """One run of a recorded op: the claim it holds (with what an earlier attempt saved) and its request."""
+
+    iid: str
+    key: str
+    claim: dict[str, Any]
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    execution: str = ""
+
+
+def _merge_jobs(first: list[dict[str, Any]], then: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Jobs from two sources, once each; for a job in both, the first source's entry (its run) wins."""
+    seen = {str(j["id"]) for j in first}
+    return [*first, *(j for j in then if str(j["id"]) not in seen)]
+
+
+def _fence_answer(answer: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What the scheduler said about the node when it was fenced (empty outside any scheduler)."""
+    return {k: answer[k] for k in _FENCE_FIELDS if k in answer} if answer else {}
+
+
+def _failure(extra: Mapping[str, Any]) -> tuple[str, str]:
+    """The stage that failed and one line saying how, from the workflow's error map."""
+    stage = str(extra.get("stage", "?"))
+    err = extra.get("error")
+    message = err.get("message") if isinstance(err, dict) else str(err)
+    body = err.get("body") if isinstance(err, dict) else None
+    detail = body.get("error") if isinstance(body, dict) else None
+    return stage, f"{stage} failed: {detail or message}"[:500]
 
 
 class Actuator:
@@ -46,9 +128,10 @@ class Actuator:
         notifier: Publisher | None,
         starter: Starter | None = None,
         clock: Callable[[], float] = time.time,
+        claim_s: float = STEP_CLAIM_S,
     ) -> None:
         self.policy, self.store, self.compute, self.schedulers = policy, store, compute, schedulers
-        self.notifier, self.clock = notifier, clock
+        self.notifier, self.clock, self.claim_s = notifier, clock, claim_s
         self.launcher = Launcher(store, starter, notifier)
 
     @property
@@ -79,42 +162,106 @@ class Actuator:
                 status=exc.status,
                 error=exc.message,
             )
-            return {"error": exc.message, "retryable": exc.retryable}, exc.status
-        except (gexc.GoogleAPICallError, gexc.RetryError, ValueError) as exc:
-            # Firestore or Pub/Sub trouble on our side (an outage, a contended transaction): the
-            # workflow retries 503 with backoff, and recorded steps make the retry safe.
+            body: dict[str, Any] = {"error": exc.message, "retryable": exc.retryable}
+            if isinstance(exc, StepBusyError):
+                body["in_progress"] = True
+            return body, exc.status
+        except _TRANSIENT as exc:
+            # Firestore or Pub/Sub trouble on our side (an outage, a publish that timed out, a
+            # contended transaction): the workflow asks again, and step records make that safe.
             log.emit(
                 "WARNING",
                 "actuate: backing service unavailable, asking for a retry",
                 op=op,
                 incident=iid,
                 step=step,
-                error=str(exc)[:300],
+                error=f"{type(exc).__name__}: {exc}"[:300],
             )
-            return {"error": f"backing service unavailable: {str(exc)[:200]}", "retryable": True}, 503
+            what = f"{type(exc).__name__}: {str(exc)[:200]}"
+            return {"error": f"backing service unavailable: {what}", "retryable": True}, 503
 
     def _run(self, op: Op, iid: str, step: int, req: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
         inc = self.store.get(iid)
         if inc is None:
             return {"error": f"no incident {iid}"}, 404
+        execution = str(req.get("execution") or "")
         if op in MUTATING_OPS:
-            return self._once(op, inc, step, req.get("extra") or {}), 200
+            extra = req.get("extra")
+            return self._once(op, inc, step, extra if isinstance(extra, Mapping) else {}, execution), 200
         if op == Op.CLAIM:
-            return self._claim(inc, step, str(req.get("execution") or "")), 200
+            return self._claim(inc, step, execution), 200
         result: dict[str, Any] = getattr(self, f"_{op}")(inc, step)  # a probe: asked again, answered fresh
         return result, 200
 
-    def _once(self, op: Op, inc: Mapping[str, Any], step: int, extra: Mapping[str, Any]) -> dict[str, Any]:
-        """Run an effect once per step: a retried call or a re-run execution gets the recorded result."""
-        key = step_key(step, op)
-        done = self.store.step_record(inc["id"], key)
-        if done is not None:
-            return {**done["result"], "replayed": True}
+    # -- exactly once: the in-progress record of each op ---------------------------------
+
+    def _once(
+        self, op: Op, inc: Mapping[str, Any], step: int, extra: Mapping[str, Any], execution: str
+    ) -> dict[str, Any]:
+        """Run an effect once per step (claim, act, save): a result is replayed; 503 while busy."""
+        iid, key = inc["id"], step_key(step, op)
+        rec = self.store.step_record(iid, key)
+        if rec is not None and step_state(rec) == STEP_DONE:
+            return {**rec["result"], "replayed": True}
         if inc["step"] != step:  # a newer step owns the incident: this execution only winds down
             return {"outcome": "superseded", "current_step": inc["step"], "operation": None}
-        result: dict[str, Any] = getattr(self, f"_{op}")(inc, step, extra)
-        self.store.put_step_record(inc["id"], key, {"result": result, "at": self.clock()})
+        now = self.clock()
+        claim = {
+            "state": STEP_IN_PROGRESS,
+            "op": str(op),
+            "owner": execution or "unknown",
+            "token": uuid.uuid4().hex,
+            "claimed_at": now,
+            "expires_at": now + self.claim_s,
+        }
+        verdict, held = self.store.claim_step(iid, key, claim, now)
+        if verdict == "done":
+            return {**held["result"], "replayed": True}
+        if verdict == "busy":
+            raise StepBusyError(
+                f"{op} of step {step} is in progress (attempt {held.get('attempt', 1)} of "
+                f"{held.get('owner')}, claimed until {held.get('expires_at')})"
+            )
+        attempt = Attempt(iid, key, held, extra, execution)
+        try:
+            result: dict[str, Any] = getattr(self, f"_{op}")(inc, step, attempt)
+            if result.get("recorded") is False:  # it changed nothing: the next call is answered afresh
+                self._release(attempt, "nothing done: " + str(result.get("why")))
+                return result
+            done = {"state": STEP_DONE, "result": result, "at": self.clock(), "owner": claim["owner"]}
+            done.update({k: held[k] for k in ("attempt", "plan") if k in held})
+            self.store.put_step_record(iid, key, done)
+        except Exception as exc:
+            self._release(attempt, f"{type(exc).__name__}: {exc}")
+            raise
         return result
+
+    def _save(self, attempt: Attempt, fields: Mapping[str, Any]) -> None:
+        """Save what this attempt decided, before its first effect; stop if its claim passed to another."""
+        if not self.store.note_step(attempt.iid, attempt.key, attempt.claim["token"], fields):
+            raise StepBusyError(f"the claim on {attempt.key} passed to another attempt")
+        attempt.claim.update(fields)
+
+    def _release(self, attempt: Attempt, why: str) -> None:
+        """Give the claim up at once (keeping what the attempt saved): the next call runs the op again.
+
+        For an attempt that raised, or did nothing. Best effort: if this write fails, the claim expires.
+        """
+        try:
+            self.store.note_step(
+                attempt.iid,
+                attempt.key,
+                attempt.claim["token"],
+                {"state": STEP_RELEASED, "error": why[:300], "released_at": self.clock()},
+            )
+        except Exception as again:
+            log.emit(
+                "WARNING",
+                "actuate: step claim not released; it expires",
+                incident=attempt.iid,
+                record=attempt.key,
+                error=f"{type(again).__name__}: {again}"[:300],
+            )
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -146,20 +293,24 @@ class Actuator:
 
         return self.store.mutate(iid, change)
 
-    def _label(self, inc: Mapping[str, Any], state: str | None) -> None:
+    def _label(self, inc: Mapping[str, Any], step: int, op: Op, state: str | None) -> None:
         """Mark the VM's Pitstop state in labels (best effort: a label is a courtesy, not a control)."""
         p, z, i = self._node(inc)
         try:
             self.compute.set_labels(
-                p, z, i, {"pitstop-state": state, "pitstop-incident": inc["id"] if state else None}
+                p,
+                z,
+                i,
+                {"pitstop-state": state, "pitstop-incident": inc["id"] if state else None},
+                request_id=request_id(inc["id"], step, op, "setLabels"),
             )
         except ActuatorError as exc:
             log.emit("WARNING", "could not label instance", incident=inc["id"], error=exc.message)
 
     def _recorded(self, inc: Mapping[str, Any], step: int, op: Op) -> dict[str, Any]:
-        """The result an earlier op of this step recorded (empty if it has not run)."""
+        """The result an earlier op of this step recorded (empty if it has not finished)."""
         rec = self.store.step_record(inc["id"], step_key(step, op)) or {}
-        return dict(rec.get("result") or {})
+        return dict(rec.get("result") or {}) if step_state(rec) == STEP_DONE else {}
 
     # -- operations ------------------------------------------------------------------
 
@@ -181,19 +332,39 @@ class Actuator:
         ours, why = self.store.mutate(inc["id"], claim)
         return {"ours": ours, "why": why, "plan": plan_for(inc["action"]), "action": inc["action"]}
 
-    def _fence(self, inc: Mapping[str, Any], step: int, extra: Mapping[str, Any]) -> dict[str, Any]:
-        sched, node = self._scheduler(inc), inc["node"]["instance"]
-        ctx = self._ctx(inc, step)
-        jobs = sched.jobs_on(node, ctx)
-        sched.fence(node, inc["id"], inc["action"], ctx)
-        self._label(inc, "fenced")
-        self._set_state(inc["id"], State.FENCED, "fenced", jobs=jobs)
-        return {"fenced": node, "jobs": [j["id"] for j in jobs]}
+    def _fence(self, inc: Mapping[str, Any], step: int, attempt: Attempt) -> dict[str, Any]:
+        """Drain the node and record the jobs on it, each with the run the fault hit, and what was there."""
+        sched, node, ctx = self._scheduler(inc), inc["node"]["instance"], self._ctx(inc, step)
+        jobs = _merge_jobs(self._handed_over_jobs(inc, step), sched.jobs_on(node, ctx))
+        fence = _fence_answer(sched.fence(node, inc["id"], inc["action"], ctx))
+        self._label(inc, step, Op.FENCE, "fenced")
+        self._set_state(inc["id"], State.FENCED, "fenced", jobs=jobs, fence=fence)
+        if fence.get("already_drained_by_other"):
+            log.emit(
+                "INFO", "node was already drained by someone else; left as it is", incident=inc["id"], **fence
+            )
+        return {
+            "fenced": node,
+            "jobs": [str(j["id"]) for j in jobs],
+            "runs": {str(j["id"]): job_run(j) for j in jobs},
+            "fence": fence,
+        }
+
+    def _handed_over_jobs(self, inc: Mapping[str, Any], step: int) -> list[dict[str, Any]]:
+        """The jobs of the previous step if it handed the node over to this one (escalated before unfence).
+
+        That step requeued nothing: its jobs, with the runs its fault hit, are this step's to move.
+        """
+        if step <= 1 or not self._recorded(inc, step - 1, Op.ESCALATE).get("handed_over"):
+            return []
+        prev = self._recorded(inc, step - 1, Op.FENCE)
+        runs = prev.get("runs") or {}
+        return [{"id": j, **(runs.get(j) or {})} for j in prev.get("jobs", [])]
 
     def _jobs(self, inc: Mapping[str, Any], step: int) -> list[str]:
         return list(self._recorded(inc, step, Op.FENCE).get("jobs", []))
 
-    def _checkpoint(self, inc: Mapping[str, Any], step: int, extra: Mapping[str, Any]) -> dict[str, Any]:
+    def _checkpoint(self, inc: Mapping[str, Any], step: int, attempt: Attempt) -> dict[str, Any]:
         cluster = self.policy.cluster_for(inc["node"])
         signal = ((cluster.raw.get("slurm") or {}).get("checkpoint_signal") if cluster else None) or "SIGUSR1"
         sched, ctx = self._scheduler(inc), self._ctx(inc, step)
@@ -209,32 +380,44 @@ class Actuator:
         running = [j for j in self._jobs(inc, step) if sched.job_running(j, ctx)]
         return {"done": not running, "running": running}
 
-    def _act(self, inc: Mapping[str, Any], step: int, extra: Mapping[str, Any]) -> dict[str, Any]:
-        """Take the incident's action on the VM; what it was before is kept for verify."""
+    def _act(self, inc: Mapping[str, Any], step: int, attempt: Attempt) -> dict[str, Any]:
+        """Take the incident's action on the VM, once: the call is decided and saved before it is made.
+
+        A retry reuses the saved plan, so a reportHostAsFaulty that ran but went unrecorded is
+        repeated under its own request id (and ignored by Compute), never followed by a recreate.
+        """
+        plan = attempt.claim.get("plan")
+        if not isinstance(plan, dict):
+            plan = self._act_plan(inc)
+            self._save(attempt, {"plan": plan})
+        record = {**plan, "operation": self._compute_call(inc, step, plan)}
+        self._set_state(inc["id"], State.ACTING, "acted")
+        log.emit(
+            "INFO",
+            "remediation action taken",
+            incident=inc["id"],
+            node=inc["node"]["instance"],
+            action=inc["action"],
+            method=record["method"],
+            operation=record["operation"],
+            attempt=attempt.claim.get("attempt", 1),
+        )
+        return record
+
+    def _act_plan(self, inc: Mapping[str, Any]) -> dict[str, Any]:
+        """What act will do, decided from the VM before any effect; what the VM was is kept for verify."""
         p, z, i = self._node(inc)
         before = self.compute.get(p, z, i)
         self._learn_block(inc, before)
-        record: dict[str, Any] = {
-            "operation": None,
+        return {
             "method": "none",
             "before": {
                 "id": before.get("id"),
                 "host": (before.get("resource_status") or {}).get("physical_host"),
                 "status": before.get("status"),
             },
+            **self._choose_call(inc, before),
         }
-        record.update(self._compute_call(inc, before))
-        self._set_state(inc["id"], State.ACTING, "acted")
-        log.emit(
-            "INFO",
-            "remediation action taken",
-            incident=inc["id"],
-            node=i,
-            action=inc["action"],
-            method=record["method"],
-            operation=record["operation"],
-        )
-        return record
 
     def _learn_block(self, inc: Mapping[str, Any], before: Mapping[str, Any]) -> None:
         """From now on this node also counts against its reservation block's budget."""
@@ -244,46 +427,48 @@ class Actuator:
                 inc["node_key"], {"block": f"{topo.get('cluster', '')}/{topo['block']}"}
             )
 
-    def _compute_call(self, inc: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
-        """The Compute Engine call for the action: its method and the operation to wait for."""
-        p, z, i = self._node(inc)
+    def _choose_call(self, inc: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
+        """The Compute Engine method for the action, and its arguments."""
         action = inc["action"]
         if action in (Action.RESET_GPU, Action.REBOOT_NODE):
-            return {"method": "reset", "operation": self.compute.reset(p, z, i)}
+            return {"method": "reset"}
         if action == Action.REPLACE_NODE:
-            return self._replace(inc, before)
+            return self._choose_replace(inc, before)
         if action == Action.DRAIN_NODE:
             maint = (before.get("resource_status") or {}).get("upcoming_maintenance") or {}
-            if maint.get("can_reschedule"):
-                return {
-                    "method": "performMaintenance",
-                    "operation": self.compute.perform_maintenance(p, z, i),
-                }
-            return {"method": "wait_for_platform"}
+            return {"method": "performMaintenance" if maint.get("can_reschedule") else "wait_for_platform"}
         return {}
 
-    def _replace(self, inc: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
+    def _choose_replace(self, inc: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
         """Report the host faulty where Compute allows it (reservation-bound VMs), else recreate the VM."""
-        p, z, i = self._node(inc)
         ok, why = self.compute.report_eligible(before)
         if ok:
             behavior = "UNRECOVERABLE_GPU_ERROR" if inc.get("xid") is not None else "PERFORMANCE"
-            return {
-                "method": "reportHostAsFaulty",
-                "behavior": behavior,
-                "operation": self.compute.report_host_as_faulty(p, z, i, behavior, self._evidence(inc)),
-            }
+            return {"method": "reportHostAsFaulty", "behavior": behavior, "description": self._evidence(inc)}
         mig = self.compute.mig_of(before) or self._policy_mig(inc)
         if mig is None:
+            i = inc["node"]["instance"]
             raise ActuatorError(
                 409, f"cannot replace {i}: {why}, and it is not in a managed instance group", False
             )
-        return {
-            "method": "recreateInstances",
-            "mig": mig,
-            "why_not_report": why,
-            "operation": self.compute.recreate(p, z, mig, i),
-        }
+        return {"method": "recreateInstances", "mig": mig, "why_not_report": why}
+
+    def _compute_call(self, inc: Mapping[str, Any], step: int, plan: Mapping[str, Any]) -> str | None:
+        """Make the planned call under its deterministic request id; the operation to wait for, if any."""
+        p, z, i = self._node(inc)
+        method = str(plan.get("method"))
+        rid = request_id(inc["id"], step, Op.ACT, method)
+        if method == "reset":
+            return self.compute.reset(p, z, i, request_id=rid)
+        if method == "performMaintenance":
+            return self.compute.perform_maintenance(p, z, i, request_id=rid)
+        if method == "reportHostAsFaulty":
+            return self.compute.report_host_as_faulty(
+                p, z, i, str(plan["behavior"]), str(plan["description"]), request_id=rid
+            )
+        if method == "recreateInstances":
+            return self.compute.recreate(p, z, str(plan["mig"]), i, request_id=rid)
+        return None
 
     def _policy_mig(self, inc: Mapping[str, Any]) -> str | None:
         cluster = self.policy.cluster_for(inc["node"])
@@ -328,45 +513,96 @@ class Actuator:
             self._set_state(inc["id"], State.VERIFYING, "healthy" if vm_ok and sched_ok else None)
         return {"done": vm_ok and sched_ok, "vm": cur.get("status"), "scheduler_ok": sched_ok}
 
-    def _unfence(self, inc: Mapping[str, Any], step: int, extra: Mapping[str, Any]) -> dict[str, Any]:
-        self._scheduler(inc).unfence(inc["node"]["instance"], self._ctx(inc, step))
-        self._label(inc, None)
-        return {"unfenced": inc["node"]["instance"]}
+    def _escalate(self, inc: Mapping[str, Any], step: int, attempt: Attempt) -> dict[str, Any]:
+        """Decide a step-up while the node is still fenced: after verify, before unfence.
 
-    def _reschedule(self, inc: Mapping[str, Any], step: int, extra: Mapping[str, Any]) -> dict[str, Any]:
+        A stronger fault that arrived during this step starts the next step (or is held), which
+        keeps the node fenced: this step then neither unfences nor requeues (``handed_over``; the
+        next step's fence takes its jobs over). Otherwise ``continue``.
+        """
+        fresh = self.store.get(inc["id"]) or dict(inc)
+        if fresh["step"] != step:
+            return {"outcome": f"superseded by step {fresh['step']}", "handed_over": True}
+        if fresh["state"] == State.HELD:  # this op's own step-up, held, whose answer was lost
+            return {
+                "outcome": f"escalation held: {(fresh.get('held') or {}).get('reason')}",
+                "handed_over": True,
+            }
+        escalate = fresh.get("escalate_to")
+        if escalate and RANK[escalate] > RANK[fresh["action"]]:
+            stepped = self._step_up(inc["id"], self.clock())
+            if stepped is not None:
+                log.emit("INFO", "escalated before returning the node", incident=inc["id"], **stepped)
+                return {**stepped, "handed_over": True}
+        return {"outcome": CONTINUE, "handed_over": False}
+
+    def _unfence(self, inc: Mapping[str, Any], step: int, attempt: Attempt) -> dict[str, Any]:
+        """Lift Pitstop's drain for this incident; a drain someone else set stays (``left_drained``)."""
+        node = inc["node"]["instance"]
+        answer = self._scheduler(inc).unfence(node, self._ctx(inc, step)) or {}
+        self._label(inc, step, Op.UNFENCE, None)
+        out: dict[str, Any] = {"unfenced": node, "resumed": answer.get("resumed")}
+        if answer.get("left_drained"):
+            out["left_drained"] = str(answer["left_drained"])[:200]
+        return out
+
+    def _reschedule(self, inc: Mapping[str, Any], step: int, attempt: Attempt) -> dict[str, Any]:
+        """Requeue each job the fault hit, once: only while it is still the run the fence recorded."""
         sched, ctx = self._scheduler(inc), self._ctx(inc, step)
-        now = self.clock()
-        requeued, skipped = [], []
-        for job in self._jobs(inc, step):
-            state = sched.job_state(job, ctx)
-            # After a checkpoint request a job exits on purpose: it must come back. Otherwise a job
-            # that completed, was cancelled, or is already pending again is left alone.
-            finished_ok = state == "COMPLETED" and plan_for(inc["action"]) == Plan.DRAIN
-            if state in ("PENDING", "CANCELLED", "UNKNOWN") or (state == "COMPLETED" and not finished_ok):
-                skipped.append({"job": job, "why": f"job is {state}"})
-                continue
-            key = f"{inc.get('cluster') or 'none'}-{job}"
-            if not self.store.mark_job_requeue(
-                key, inc["id"], now, self.policy.cooldown_s(Action.RESCHEDULE_JOB)
-            ):
-                skipped.append({"job": job, "why": "its gang was just requeued by another incident"})
-                continue
-            sched.requeue(job, ctx)
-            requeued.append(job)
+        fence = self._recorded(inc, step, Op.FENCE)
+        runs = fence.get("runs") or {}
+        requeued: list[str] = []
+        skipped: list[dict[str, Any]] = []
+        for job in fence.get("jobs", []):
+            why = self._requeue(inc, sched, ctx, str(job), runs.get(job) or {})
+            if why is None:
+                requeued.append(job)
+            else:
+                skipped.append({"job": job, "why": why})
         self._set_state(inc["id"], None, "job_resumed")
         return {"requeued": requeued, "skipped": skipped}
 
-    def _close(self, inc: Mapping[str, Any], step: int, extra: Mapping[str, Any]) -> dict[str, Any]:
+    def _requeue(
+        self, inc: Mapping[str, Any], sched: Scheduler, ctx: str, job: str, fenced: Mapping[str, Any]
+    ) -> str | None:
+        """Requeue one job unless it moved on since the fence: None when requeued, else why not.
+
+        A job already requeued (by Pitstop for another member of its gang, by Slurm, by anyone) has
+        a new run: it is not requeued again. Two incidents that see the same run race for its
+        requeue record (cluster, job, run): one wins. No clock decides.
+        """
+        info = sched.job_info(job, ctx)
+        state = str(info.get("state") or "UNKNOWN")
+        # After a checkpoint request a job exits on purpose: it must come back. Otherwise a job
+        # that completed, was cancelled, or is already pending again is left alone.
+        finished_ok = state == "COMPLETED" and plan_for(inc["action"]) == Plan.DRAIN
+        if state in ("PENDING", "CANCELLED", "UNKNOWN") or (state == "COMPLETED" and not finished_ok):
+            return f"job is {state}"
+        now_run, then = job_run(info), job_run(fenced)
+        if known_run(then) and now_run != then:
+            return (
+                f"job moved on since the fence (restarts {then['restarts']} -> {now_run['restarts']}, "
+                f"start {then['start_time']} -> {now_run['start_time']}): already requeued"
+            )
+        key = requeue_key(inc.get("cluster") or "none", job, now_run)
+        if not self.store.mark_job_requeue(key, inc["id"], self.clock()):
+            return "this run of the job was already requeued for another incident"
+        sched.requeue(job, ctx)
+        return None
+
+    def _close(self, inc: Mapping[str, Any], step: int, attempt: Attempt) -> dict[str, Any]:
         now = self.clock()
         fresh = self.store.get(inc["id"]) or dict(inc)
         escalate = fresh.get("escalate_to")
         if escalate and RANK[escalate] > RANK[fresh["action"]]:
+            # A stronger fault that arrived after escalate decided, when the node was back in service:
+            # it is a new fault for the next step (which fences the node again).
             stepped = self._step_up(inc["id"], now)
             if stepped is not None:
                 return stepped
-        return self._resolve(inc["id"], now)
+        return self._resolve(inc["id"], step, now)
 
-    def _resolve(self, iid: str, now: float) -> dict[str, Any]:
+    def _resolve(self, iid: str, step: int, now: float) -> dict[str, Any]:
         def resolve(doc: dict[str, Any]) -> dict[str, Any]:
             doc["state"] = State.RESOLVED
             doc["timeline"].setdefault("notified", now)
@@ -378,7 +614,7 @@ class Actuator:
         self.store.release_budget(done)
         jobs = [j["id"] for j in done.get("jobs", [])] if isinstance(done.get("jobs"), list) else []
         severity = "info" if done["action"] in RECORD_ONLY_ACTIONS else "warning"
-        self._notify(done, severity, self._summary(done), jobs=jobs)
+        self._notify(done, severity, self._summary(done, step), jobs=jobs)
         return {"outcome": "resolved", "durations_s": durations(done)}
 
     def _step_up(self, iid: str, now: float) -> dict[str, Any] | None:
@@ -397,39 +633,103 @@ class Actuator:
             return {"outcome": f"escalation to {inc['action']} held: {inc['held']['reason']}"}
         return {"outcome": f"escalated to {inc['action']} (step {inc['step']})"}
 
-    def _fail(self, inc: Mapping[str, Any], step: int, extra: Mapping[str, Any]) -> dict[str, Any]:
-        stage = str(extra.get("stage", "?"))
-        err = extra.get("error")
-        message = err.get("message") if isinstance(err, dict) else str(err)
-        body = err.get("body") if isinstance(err, dict) else None
-        detail = body.get("error") if isinstance(body, dict) else None
-        what = f"{stage} failed: {detail or message}"[:500]
-        done = self._set_state(
-            inc["id"], State.FAILED, None, failure={"stage": stage, "error": what, "at": self.clock()}
-        )
+    def _fail(self, inc: Mapping[str, Any], step: int, attempt: Attempt) -> dict[str, Any]:
+        """Record a failed step and page a person, unless the incident is past failing.
+
+        A RESOLVED incident stays RESOLVED (e.g. a close whose answer was lost, then an error in its
+        retry); so does a HELD or already FAILED one. A step another execution owns is left to it.
+        The answer then says what the incident is, and is not recorded (``recorded: False``): the
+        step's real failure, if one comes, is still recorded when it is reported.
+        """
+        stage, what = _failure(attempt.extra)
+        now = self.clock()
+
+        def fail(doc: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+            owner = (doc.get("workflow") or {}).get("claimed_by")
+            if doc["step"] != step:
+                return f"superseded by step {doc['step']}", dict(doc)
+            if doc["state"] not in _FAILABLE:
+                return f"incident is {doc['state']}", dict(doc)
+            if owner and attempt.execution and owner not in (attempt.execution, "unknown"):
+                return "another execution owns this step", dict(doc)
+            doc["state"] = State.FAILED
+            doc["failure"] = {"stage": stage, "error": what, "at": now}
+            doc["updated_at"] = now
+            return None, dict(doc)
+
+        why_not, done = self.store.mutate(inc["id"], fail)
+        if why_not is not None:
+            log.emit(
+                "WARNING", "failure not recorded", incident=inc["id"], stage=stage, why=why_not, error=what
+            )
+            state = str(done["state"])
+            return {
+                "outcome": state.lower(),
+                "state": state,
+                "stage": stage,
+                "error": what,
+                "why": why_not,
+                "recorded": False,
+            }
         node = inc["node"]["instance"]
-        todo = (
-            f"{node} stays fenced (drained) with reason 'pitstop {inc['id']}'. Investigate ({what}); "
-            f"when the "
-            f"node is healthy, resume it in the scheduler and close the incident."
-        )
-        self._notify(done, "critical", f"Remediation of {node} FAILED at {stage}", todo=todo)
+        where, todo = self._node_note(done, step)
+        page = f"{where} Investigate ({what}); when the node is healthy, {todo}close the incident."
+        self._notify(done, "critical", f"Remediation of {node} FAILED at {stage}", todo=page)
         return {"outcome": "failed", "stage": stage, "error": what}
 
     # -- notifications -----------------------------------------------------------------
 
-    @staticmethod
-    def _summary(inc: Mapping[str, Any]) -> str:
+    def _node_note(self, inc: Mapping[str, Any], step: int) -> tuple[str, str]:
+        """Where the node stands in its scheduler (one sentence), and what a person does about its drain.
+
+        Only what is true: a drain someone else set is theirs (Pitstop neither replaced nor lifts
+        it), a node never fenced was not, and one already returned is back in service.
+        """
+        node, fence = inc["node"]["instance"], inc.get("fence") or {}
+        unfence = self._recorded(inc, step, Op.UNFENCE)
+        if fence.get("already_drained_by_other"):
+            return (
+                f"{node} stays drained by someone else: it was already {fence.get('previous_state')} with "
+                f"reason '{fence.get('previous_reason')}' before Pitstop's fence, and Pitstop neither "
+                "replaced nor lifts that drain.",
+                "let whoever drained it return it to service, then ",
+            )
+        if unfence.get("left_drained"):
+            return (
+                f"{node} stays drained with reason '{unfence['left_drained']}', which is not Pitstop's "
+                "drain for this incident, so Pitstop did not lift it.",
+                "let whoever drained it return it to service, then ",
+            )
+        if unfence:
+            return f"{node} is back in service.", ""
+        if not (inc.get("timeline") or {}).get("fenced"):
+            return f"{node} was not fenced by Pitstop (the remediation stopped before its fence).", ""
+        reason = fence.get("reason") or f"pitstop {inc['id']}"
+        return (
+            f"{node} stays fenced (drained) with reason '{reason}'.",
+            "resume it in the scheduler and ",
+        )
+
+    def _summary(self, inc: Mapping[str, Any], step: int) -> str:
         node = inc["node"]["instance"]
         if inc["action"] in RECORD_ONLY_ACTIONS:
             return f"{node}: {inc['reason']} No node action taken."
+        where, todo = self._node_note(inc, step)
+        if todo:  # a drain Pitstop did not set still holds the node
+            return f"{node}: {inc['action']} done; node healthy, but {where} {inc['reason']}"
         return f"{node}: {inc['action']} done; node healthy and back in service. {inc['reason']}"
 
     def _notify(self, inc: Mapping[str, Any], severity: str, summary: str, **extra: Any) -> None:
-        if self.notifier is None:
+        """Recorded in the outbox, then published: a failed publish is the sweep's to retry, not lost.
+
+        Its id is fixed by the incident, its step and its state, so a retried close or fail announces once.
+        """
+        outbox = self.launcher.outbox
+        if outbox is None:
             return
-        self.notifier.publish(
+        outbox.deliver(
             {
+                "id": notification_id("incident", inc.get("id"), inc.get("step"), inc.get("state")),
                 "kind": "incident",
                 "severity": severity,
                 "summary": summary,

@@ -1,29 +1,66 @@
-"""Coalescing storms in memory so that 800 000 identical lines cost a handful of writes.
+"""Coalescing storms in memory so that 1 000 000 identical lines cost a handful of writes.
 
-An event that cannot change anything — its node's latest incident (read from Firestore
-less than ``cache_ttl_s`` ago) absorbs it and it does not raise the action — is only
-counted in memory. Counts are merged into the incident at most every ``flush_interval_s``
-per node, in a transaction that re-checks the incident; if the incident stopped absorbing
-meanwhile (it was resolved), the strongest buffered event is replayed through the full
-path, so no fault is lost to a stale cache.
+A node's first lines on an instance (``DIRECT_LINES``) are committed one by one, so an
+ordinary fault's few lines are counted exactly and at once. After that, an event that cannot
+change anything — its node's latest incident (read from Firestore less than ``cache_ttl_s``
+ago, or as this instance last wrote or merged it) absorbs it and it does not raise the
+action — is only counted in memory. Such an event asks nothing of Firestore: no read, no
+write, no workflow follow-up.
+
+Buffered counts are merged into the incident at most every ``flush_interval_s`` per node, in
+a transaction that re-checks the incident; if the incident stopped absorbing meanwhile (it
+was resolved), the strongest buffered event is replayed through the full path, so no fault is
+lost to a stale cache. The merge happens on the next line of that node once the interval has
+passed, or on the instance's own timer (a daemon thread, :meth:`Coalescer.flush_due`), or at
+shutdown (:meth:`Coalescer.flush_all`; functions/main.py wires SIGTERM and atexit). Each
+merge returns the incident as written, which refreshes the cache without a read.
+
+Memory is bounded: at most ``max_nodes`` node states (least recently used dropped first, after
+their counts are merged; idle ones dropped after ``IDLE_S``), at most ``seen_max`` delivery
+keys, and per node at most the engine's bounds (GPUs, Xid codes, evidence, ``MAX_DELTA_KEYS``).
 
 Guarantees: incident creation, raises, holds and workflow starts are exactly once (the
 transactional path with its dedup record). Event *counts* are a lower bound: an instance
-that dies between flushes loses at most one interval of counts, never a decision.
+that dies without SIGTERM loses at most one interval of counts, never a decision.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pitstop.adapters import log
 from pitstop.adapters.firestore import IncidentStore
 from pitstop.core import engine
 from pitstop.core.actions import RANK, Action
 from pitstop.core.policy import Policy
+
+DIRECT_LINES = 4  # a node's first lines on an instance are committed one by one
+MAX_NODES = 10_000  # node states an instance keeps
+SEEN_MAX = 100_000  # delivery keys an instance remembers (redeliveries to it are dropped at once)
+IDLE_S = 600.0  # a node state untouched this long, with nothing buffered, is dropped
+IDLE_TICKS = 30  # the timer thread stops after this many ticks with nothing buffered
+# What the cache keeps of an incident: what engine.absorbs and the coalescing rule read, and no
+# more (an incident's 1000 recent keys times thousands of nodes would not fit an instance).
+_CACHED = ("id", "state", "action", "mode", "burst_until", "closure", "node_key")
+_CACHED_RUN = ("step", "state", "lease_until")  # of ``workflow``: enough to see a start was lost
+
+Job = tuple[str, dict[str, Any], dict[str, Any], int]  # incident id, representative, deltas, lines
+
+
+def slim(inc: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The cached view of an incident."""
+    if inc is None:
+        return None
+    out = {k: inc.get(k) for k in _CACHED}
+    out["timeline"] = {"resolved": (inc.get("timeline") or {}).get("resolved")}
+    wf = inc.get("workflow")
+    out["workflow"] = {k: wf.get(k) for k in _CACHED_RUN} if wf else None
+    return out
 
 
 @dataclass
@@ -31,21 +68,36 @@ class _Node:
     latest: dict[str, Any] | None
     fetched_at: float
     last_flush: float
+    touched: float
+    direct: int = 0  # lines of this node this instance committed through the store
     deltas: dict[str, Any] = field(default_factory=engine.empty_deltas)
     representative: dict[str, Any] | None = None
     buffered: int = 0
 
 
 class Coalescer:
-    def __init__(self, store: IncidentStore, policy: Policy, seen_max: int = 200_000) -> None:
-        self.store, self.policy = store, policy
+    def __init__(
+        self,
+        store: IncidentStore,
+        policy: Policy,
+        clock: Callable[[], float] = time.time,
+        seen_max: int = SEEN_MAX,
+        max_nodes: int = MAX_NODES,
+    ) -> None:
+        self.store, self.policy, self.clock = store, policy, clock
         self.cache_ttl = float(policy.doc["store"]["cache_ttl_s"])
         self.flush_interval = float(policy.doc["store"]["flush_interval_s"])
-        self._nodes: dict[str, _Node] = {}
+        self._nodes: OrderedDict[str, _Node] = OrderedDict()
+        self._pending: set[str] = set()  # nodes with buffered counts
         self._seen: OrderedDict[str, None] = OrderedDict()
-        self._seen_max = seen_max
+        self._seen_max, self._max_nodes = seen_max, max_nodes
         self._lock = threading.RLock()
+        self._merged = threading.Condition(self._lock)  # notified as each detached merge finishes
+        self._inflight = 0  # counts detached by _take and not yet merged (or restored)
+        self._flusher: threading.Thread | None = None
+        self._stop = threading.Event()
         self.coalesced = 0
+        self.timer = True  # merge buffered counts on a daemon thread (off: only lines and flushes merge)
         # Follow-ups (workflow starts, pages) of events replayed at flush time.
         self.on_outcome: Callable[[engine.Outcome], None] | None = None
 
@@ -54,10 +106,11 @@ class Coalescer:
         if len(self._seen) > self._seen_max:
             self._seen.popitem(last=False)
 
+    # -- one event -------------------------------------------------------------------
+
     def handle(self, ev: Mapping[str, Any], now: float) -> engine.Outcome:
         key = engine.event_key(ev)
         nkey = engine.node_key(ev["node"])
-        ts = float(ev.get("_observed_ts") or now)
         with self._lock:
             if key in self._seen:
                 return engine.Outcome("duplicate")
@@ -66,81 +119,196 @@ class Coalescer:
         if not fresh:
             latest = self.store.latest_incident(nkey)  # plain reads: no write to refresh a cache
             with self._lock:
-                st = self._nodes.setdefault(nkey, _Node(None, now, now))
-                st.latest, st.fetched_at = latest, now
+                st, jobs = self._admit(nkey, now)
+                st.latest, st.fetched_at = slim(latest), now
                 for k in (latest or {}).get("recent_keys", []):
                     self._remember(k)
-                if key in self._seen:
-                    return engine.Outcome("duplicate", incident=latest)
+                dup = key in self._seen
+            self._merge_all(jobs, now)
+            if dup:
+                return engine.Outcome("duplicate", incident=slim(latest))
         assert st is not None
-        job = None
         with self._lock:
-            latest = st.latest
-            if latest is None and ev["action"] == Action.NONE:
-                self._remember(key)
-                return engine.Outcome("ignored")
-            if (
-                latest is not None
-                and RANK[ev["action"]] <= RANK[latest["action"]]
-                and engine.absorbs(latest, ev, ts)
-            ):
-                engine.count_into(st.deltas, ev, ts, self.policy)
-                if st.representative is None or RANK[ev["action"]] >= RANK[st.representative["action"]]:
-                    st.representative = dict(ev)
-                st.buffered += 1
-                self.coalesced += 1
-                self._remember(key)
-                if now - st.last_flush >= self.flush_interval:
-                    job = self._take(st, now)
-                absorbed = True
-            else:
-                job = self._take(st, now)
-                absorbed = False
+            absorbed, job = self._buffer(st, nkey, ev, key, now)
         if job is not None:
             self._merge(nkey, job, now)
-        if absorbed:
-            return engine.Outcome("absorbed", incident=latest, coalesced=True)
+        if absorbed is not None:
+            return absorbed
+        return self._commit(st, ev, key, now)
+
+    def _buffer(
+        self, st: _Node, nkey: str, ev: Mapping[str, Any], key: str, now: float
+    ) -> tuple[engine.Outcome | None, Job | None]:
+        """Under the lock: count the event in memory if it cannot change anything (and say so)."""
+        ts = float(ev.get("_observed_ts") or now)
+        latest, st.touched = st.latest, now
+        if latest is None and ev["action"] == Action.NONE:
+            self._remember(key)
+            return engine.Outcome("ignored"), None
+        if (
+            latest is None
+            or st.direct < DIRECT_LINES
+            or RANK[ev["action"]] > RANK[latest["action"]]
+            or not engine.absorbs(latest, ev, ts)
+        ):
+            return None, self._take(st, now)  # counts so far go first: the store path may change things
+        engine.count_into(st.deltas, ev, ts, self.policy)
+        if st.representative is None or RANK[ev["action"]] >= RANK[st.representative["action"]]:
+            st.representative = dict(ev)
+        st.buffered += 1
+        self.coalesced += 1
+        self._remember(key)
+        self._pending.add(nkey)
+        # The timer merges; a line only does when no timer runs here (it merges on the request's time).
+        due = not self._ensure_timer() and now - st.last_flush >= self.flush_interval
+        job = self._take(st, now) if due else None
+        return engine.Outcome("absorbed", incident=latest, coalesced=True), job
+
+    def _commit(self, st: _Node, ev: Mapping[str, Any], key: str, now: float) -> engine.Outcome:
+        """The full, transactional path; its answer refreshes the cache."""
         out = self.store.apply(ev, self.policy, now)
         with self._lock:
             if out.result != "duplicate":
                 if out.incident is not None:
-                    st.latest = out.incident
+                    st.latest = slim(out.incident)
                 st.fetched_at = now
+                st.direct += 1
             self._remember(key)
         return out
 
-    def _take(self, st: _Node, now: float) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
-        """Detach a node's buffered counts (under the lock) so they can be written outside it."""
+    # -- node states -----------------------------------------------------------------
+
+    def _admit(self, nkey: str, now: float) -> tuple[_Node, list[tuple[str, Job]]]:
+        """Under the lock: the node's state (new or touched), and the counts of any state it evicted."""
+        st = self._nodes.get(nkey)
+        if st is None:
+            st = self._nodes[nkey] = _Node(None, now, now, now)
+        self._nodes.move_to_end(nkey)
+        jobs: list[tuple[str, Job]] = []
+        while len(self._nodes) > self._max_nodes:
+            old_key, old = self._nodes.popitem(last=False)
+            job = self._take(old, now)
+            if job is not None:
+                jobs.append((old_key, job))
+        return st, jobs
+
+    def _take(self, st: _Node, now: float) -> Job | None:
+        """Under the lock: detach a node's buffered counts so they can be written outside it."""
         st.last_flush = now
         if not st.buffered or st.latest is None or st.representative is None:
             return None
-        job = (st.latest["id"], st.representative, st.deltas)
+        job = (st.latest["id"], st.representative, st.deltas, st.buffered)
+        self._pending.discard(engine.node_key(st.representative["node"]))
         st.deltas, st.representative, st.buffered = engine.empty_deltas(), None, 0
+        self._inflight += 1
         return job
 
-    def _merge(self, nkey: str, job: tuple[str, dict[str, Any], dict[str, Any]], now: float) -> None:
-        iid, rep, deltas = job
-        out = self.store.merge_counts(iid, rep, deltas, self.policy, now)
-        if out is None:
+    def _restore(self, nkey: str, job: Job) -> None:
+        """A merge failed: its counts go back into the node's buffer for the next flush."""
+        _, rep, deltas, lines = job
+        with self._lock:
+            st = self._nodes.get(nkey)
+            if st is None:
+                st = self._nodes[nkey] = _Node(None, 0.0, 0.0, self.clock())
+                st.latest = {"id": job[0]}
+            engine.add_deltas(st.deltas, deltas)
+            if st.representative is None or RANK[rep["action"]] > RANK[st.representative["action"]]:
+                st.representative = rep
+            st.buffered += lines
+            self._pending.add(nkey)
+
+    def _merge(self, nkey: str, job: Job, now: float) -> None:
+        """Write one detached job (every job _take returns comes here exactly once)."""
+        iid, rep, deltas, _ = job
+        try:
+            out = self.store.merge_counts(iid, rep, deltas, self.policy, now)
+        except Exception as exc:  # Firestore trouble: keep the counts, the next flush tries again
+            log.emit("WARNING", "storm counts not merged yet", node=nkey, incident=iid, error=repr(exc)[:300])
+            self._restore(nkey, job)
+            self._done_merging()
             return
         with self._lock:
             st = self._nodes.get(nkey)
             if st is not None and out.incident is not None:
-                st.latest, st.fetched_at = out.incident, now
-        if self.on_outcome is not None:
+                st.latest, st.fetched_at = slim(out.incident), now
+        self._done_merging()
+        if not out.coalesced and self.on_outcome is not None:
             self.on_outcome(out)
 
-    def flush_all(self, now: float) -> None:
-        """Write every buffered count now (end of a benchmark, SIGTERM, the periodic sweep)."""
+    def _done_merging(self) -> None:
         with self._lock:
-            jobs = [(k, self._take(st, now)) for k, st in self._nodes.items()]
+            self._inflight -= 1
+            self._merged.notify_all()
+
+    def _merge_all(self, jobs: list[tuple[str, Job]], now: float) -> int:
         for nkey, job in jobs:
-            if job is not None:
-                self._merge(nkey, job, now)
+            self._merge(nkey, job, now)
+        return len(jobs)
+
+    # -- flushing --------------------------------------------------------------------
+
+    def flush_all(self, now: float, wait_s: float = 30.0) -> int:
+        """Write every buffered count now (SIGTERM, exit, the sweep, the end of a benchmark).
+
+        Returns once merges already under way elsewhere (the timer, another line) have finished
+        too, so whoever reads the incidents next sees every count this instance had.
+        """
+        with self._lock:
+            jobs = [(k, job) for k in list(self._pending) if (job := self._take(self._nodes[k], now))]
+        merged = self._merge_all(jobs, now)
+        with self._lock:
+            self._merged.wait_for(lambda: self._inflight == 0, timeout=wait_s)
+        return merged
+
+    def flush_due(self, now: float) -> int:
+        """Write the counts buffered for a flush interval or longer; drop idle node states."""
+        with self._lock:
+            due = [k for k in self._pending if now - self._nodes[k].last_flush >= self.flush_interval]
+            jobs = [(k, job) for k in due if (job := self._take(self._nodes[k], now))]
+            idle = [k for k, st in self._nodes.items() if not st.buffered and now - st.touched >= IDLE_S]
+            for k in idle:
+                del self._nodes[k]
+        return self._merge_all(jobs, now)
+
+    def _ensure_timer(self) -> bool:
+        """Under the lock: make sure the timer thread runs while counts are buffered (False: off)."""
+        if not self.timer or self._stop.is_set():
+            return False
+        if self._flusher is None or not self._flusher.is_alive():
+            self._flusher = threading.Thread(target=self._tick, name="pitstop-flush", daemon=True)
+            self._flusher.start()
+        return True
+
+    def _tick(self) -> None:
+        """The timer: merge due counts every interval; stop when nothing has been buffered for a while."""
+        quiet = 0
+        while not self._stop.wait(max(self.flush_interval / 2, 0.25)):
+            try:
+                self.flush_due(self.clock())
+            except Exception as exc:  # never let the timer die silently with counts buffered
+                log.emit("ERROR", "storm count flush failed", error=repr(exc)[:300])
+            with self._lock:
+                quiet = 0 if self._pending else quiet + 1
+                if quiet >= IDLE_TICKS:
+                    self._flusher = None
+                    return
+
+    def close(self) -> None:
+        """Stop the timer thread (tests, benchmarks); buffered counts stay until flushed."""
+        self._stop.set()
+        flusher = self._flusher
+        if flusher is not None:
+            flusher.join(timeout=5)
 
     def forget(self, nkey: str | None = None) -> None:
+        """Drop cached node states (all, or one), except those with counts still to merge."""
         with self._lock:
-            if nkey is None:
-                self._nodes.clear()
-            else:
-                self._nodes.pop(nkey, None)
+            for k in [nkey] if nkey is not None else list(self._nodes):
+                st = self._nodes.get(k)
+                if st is not None and not st.buffered:
+                    del self._nodes[k]
+
+    def stats(self) -> dict[str, int]:
+        """Sizes of the in-memory maps (bounded; see the module docstring)."""
+        with self._lock:
+            return {"nodes": len(self._nodes), "seen": len(self._seen), "buffered_nodes": len(self._pending)}

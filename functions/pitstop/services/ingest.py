@@ -3,7 +3,12 @@
 At-least-once in, exactly-once effect out. Unrelated and invalid entries are logged and
 acknowledged. A delivery whose envelope cannot be decoded at all is a poison message: it
 raises, so Pub/Sub retries it and then moves it to the dead-letter topic, where the
-original bytes stay for inspection. Transient infrastructure errors propagate (retry).
+original bytes stay for inspection. Transient infrastructure errors before the decision
+commits propagate (Pub/Sub retries). What follows a committed decision (a workflow start, a
+page) is recorded with it — a pending step, an outbox entry — so trouble there is logged and
+left to the sweep (services/sweep.py) instead of turning a done delivery into a retry.
+
+The periodic upkeep (what happens with no entry arriving) is services/sweep.py.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from google.api_core import exceptions as gexc
+
 from pitstop.adapters import log
 from pitstop.adapters.firestore import IncidentStore
 from pitstop.core import engine
@@ -20,9 +27,11 @@ from pitstop.core.classify import Classifier
 from pitstop.core.envelope import unwrap
 from pitstop.core.parse import parse_entry
 from pitstop.core.policy import Policy
-from pitstop.core.states import State
 from pitstop.services.coalesce import Coalescer
 from pitstop.services.launch import Launcher, Publisher, Starter
+
+# Trouble in a backing service after a decision committed: the sweep finishes what was left.
+FOLLOW_UP_ERRORS = (gexc.GoogleAPICallError, gexc.RetryError, ValueError, TimeoutError, ConnectionError)
 
 
 class PoisonMessageError(ValueError):
@@ -58,7 +67,7 @@ class Ingest:
         self.launcher = Launcher(store, starter, notifier)
         self.classifier = classifier or Classifier(policy.xids, Classifier.default().system_events)
         self.clock = clock
-        self.coalescer = Coalescer(store, policy)
+        self.coalescer = Coalescer(store, policy, clock)
         self.coalescer.on_outcome = lambda out: self.follow_up(out, self.clock())
 
     def handle_payload(self, payload: Any) -> engine.Outcome:
@@ -78,17 +87,18 @@ class Ingest:
         observed = to_epoch(ev.get("observed_at"))
         ev["_observed_ts"] = min(observed, now) if observed else now
         out = self.coalescer.handle(ev, now)
-        if not out.coalesced:
-            log.emit(
-                "INFO",
-                f"event {out.result}",
-                kind=ev["kind"],
-                action=ev["action"],
-                xid=ev["xid"],
-                node=ev["node"]["instance"],
-                incident=(out.incident or {}).get("id"),
-                mode=self.policy.mode,
-            )
+        if out.coalesced:
+            return out  # counted in memory: it decided nothing, so nothing follows (no read, no write)
+        log.emit(
+            "INFO",
+            f"event {out.result}",
+            kind=ev["kind"],
+            action=ev["action"],
+            xid=ev["xid"],
+            node=ev["node"]["instance"],
+            incident=(out.incident or {}).get("id"),
+            mode=self.policy.mode,
+        )
         self.follow_up(out, now)
         return out
 
@@ -97,28 +107,22 @@ class Ingest:
         return self.launcher.starter
 
     def follow_up(self, out: engine.Outcome, now: float) -> None:
-        """Page, start or recover what the committed decision asks for (the one start path)."""
-        self.launcher.follow_up(out, self.policy, now)
+        """Page, start or recover what the committed decision asks for (the one start path).
+
+        The decision is committed; a start that fails here stays pending (a lease at most) and
+        the sweep starts it, a page stays in the outbox and the sweep publishes it.
+        """
+        try:
+            self.launcher.follow_up(out, self.policy, now)
+        except FOLLOW_UP_ERRORS as exc:
+            log.emit(
+                "WARNING",
+                "follow-up left to the sweep",
+                result=out.result,
+                incident=(out.incident or {}).get("id") or out.duplicate_of,
+                error=repr(exc)[:300],
+            )
 
     def start_workflow(self, iid: str, step: int, now: float) -> str | None:
         """Start (at most once) the execution for one incident step."""
         return self.launcher.start(iid, step, self.policy, now)
-
-    def sweep(self) -> dict[str, int]:
-        """Periodic upkeep: flush storm counts, end bursts, retry held incidents and lost starts."""
-        now = self.clock()
-        self.coalescer.flush_all(now)
-        closed = self.store.close_bursts(now)
-        released = 0
-        for inc in self.store.list((State.HELD,)):
-            if (inc.get("held") or {}).get("scope") is None:
-                continue  # held for a human (policy, cooldown), not for a budget
-            out = self.store.release(inc["id"], self.policy, now, by="sweep")
-            if out.result == "released":
-                released += 1
-            self.follow_up(out, now)
-        restarted = 0
-        for inc in self.store.pending_starts(now):
-            restarted += self.start_workflow(inc["id"], int(inc["workflow"]["step"]), now) is not None
-        self.coalescer.forget()
-        return {"closed": closed, "released": released, "restarted": restarted}

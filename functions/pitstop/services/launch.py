@@ -18,7 +18,8 @@ from pitstop.adapters import log
 from pitstop.adapters.firestore import IncidentStore
 from pitstop.core.engine import Outcome
 from pitstop.core.policy import Policy
-from pitstop.core.states import RunState
+from pitstop.core.states import UNCLAIMABLE_STATES, RunState
+from pitstop.services.outbox import Outbox, page_notification
 
 
 class Starter(Protocol):
@@ -47,14 +48,21 @@ def workflow_argument(inc: Mapping[str, Any], step: int) -> dict[str, Any]:
 
 
 def start_lost(inc: Mapping[str, Any], now: float) -> bool:
-    """A step was decided but its starter's lease ran out before it recorded a start."""
+    """A step was decided but its starter's lease ran out before it recorded a start.
+
+    Not for an incident that ended or waits meanwhile (closed by a person before it started).
+    """
     wf = inc.get("workflow") or {}
+    if inc.get("state") in UNCLAIMABLE_STATES:
+        return False
     return bool(wf.get("state") == RunState.PENDING and wf.get("lease_until", 0) <= now)
 
 
 class Launcher:
     def __init__(self, store: IncidentStore, starter: Starter | None, notifier: Publisher | None) -> None:
         self.store, self.starter, self.notifier = store, starter, notifier
+        # Pages are recorded with the decision that causes them (the outbox attaches to the store).
+        self.outbox = Outbox(store, notifier) if notifier is not None else None
 
     def follow_up(self, out: Outcome, policy: Policy, now: float) -> None:
         """Act on a committed decision: page a human, start its step, or recover a lost start."""
@@ -88,15 +96,7 @@ class Launcher:
             self.start(iid, int(inc["workflow"]["step"]), policy, now)
 
     def _page(self, reason: str, inc: Mapping[str, Any] | None) -> None:
-        if self.notifier is None:
+        """Publish the page the committed decision recorded in the outbox; if that fails, the sweep will."""
+        if self.outbox is None:
             return
-        self.notifier.publish(
-            {
-                "kind": "page",
-                "severity": "critical",
-                "summary": reason,
-                "incident": {
-                    k: (inc or {}).get(k) for k in ("id", "node", "cluster", "action", "state", "held")
-                },
-            }
-        )
+        self.outbox.send(page_notification(reason, inc))

@@ -1,14 +1,20 @@
 """The notify service: notifications topic → webhook (Google Chat or Slack), Cloud Monitoring, logs.
 
 Decoupled from remediation by Pub/Sub: a webhook outage makes this function raise, so the
-message is redelivered with backoff while remediation carries on. Each message is handled
-once per sink (webhook, metrics), tracked in Firestore by message id, so a redelivery after
-a partial failure neither double-posts nor double-counts.
+message is redelivered with backoff while remediation carries on. Each notification is
+handled once per sink (metrics, webhook), tracked in Firestore by its own deterministic id
+(the outbox gives every page and incident notification one, so a re-published copy is the
+same notification) or else by message id, so a redelivery after a partial failure neither
+double-posts nor double-counts. Metrics are written first and neither sink blocks the other:
+a dead webhook does not hide a failed remediation from Cloud Monitoring, and a Monitoring
+outage does not silence the webhook (the function raises after posting, so the metrics are
+retried on redelivery).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -18,6 +24,13 @@ from pitstop.adapters import log
 from pitstop.adapters.monitoring import MetricsWriter
 
 SEVERITY_ICON = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
+NOTIFICATION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")  # usable as a Firestore document id
+
+
+def ledger_key(n: Mapping[str, Any], message_id: str) -> str:
+    """The notification's own id when it carries a valid one, else the Pub/Sub message id."""
+    nid = n.get("id")
+    return nid if isinstance(nid, str) and NOTIFICATION_ID.fullmatch(nid) else message_id
 
 
 def _escape_slack(text: str) -> str:
@@ -82,7 +95,8 @@ class Notify:
 
     def handle(self, n: Mapping[str, Any], message_id: str) -> dict[str, Any]:
         done: dict[str, Any] = {}
-        ref = self.ledger.document(message_id) if self.ledger is not None and message_id else None
+        key = ledger_key(n, message_id)
+        ref = self.ledger.document(key) if self.ledger is not None and key else None
         if ref is not None:
             done = ref.get().to_dict() or {}
         log.emit(
@@ -91,6 +105,7 @@ class Notify:
             notification=n.get("kind"),
             incident=(n.get("incident") or {}).get("id"),
         )
+        metrics_error = self._write_metrics(n, done, ref, key)
         if self.url and not done.get("webhook"):
             status = self.post(self.url, json.dumps(render(n, self.fmt)).encode())
             if status >= 300:
@@ -98,9 +113,22 @@ class Notify:
             done["webhook"] = self.clock()
             if ref is not None:
                 ref.set(done)
-        if self.metrics is not None and not done.get("metrics"):
-            done["metrics_series"] = self.metrics.write(n, self.clock())
-            done["metrics"] = self.clock()
-            if ref is not None:
-                ref.set(done)
+        if metrics_error is not None:  # posted; the redelivery retries only the metrics
+            raise RuntimeError("metrics not written; retried on redelivery") from metrics_error
         return done
+
+    def _write_metrics(
+        self, n: Mapping[str, Any], done: dict[str, Any], ref: Any, key: str
+    ) -> Exception | None:
+        """Write the notification's metric points once; a failure is logged and returned, not raised."""
+        if self.metrics is None or done.get("metrics"):
+            return None
+        try:
+            done["metrics_series"] = self.metrics.write(n, self.clock())
+        except Exception as e:  # any Monitoring error: the webhook must still be tried
+            log.emit("ERROR", "metrics not written", notification=key, error=repr(e)[:500])
+            return e
+        done["metrics"] = self.clock()
+        if ref is not None:
+            ref.set(done)
+        return None

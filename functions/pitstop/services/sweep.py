@@ -1,31 +1,151 @@
 """The sweep service: what Cloud Scheduler's once-a-minute call does.
 
 Ingest only acts when an entry arrives, so whatever must happen with no entry arriving
-lives here: flush coalesced storm counts, end bursts, release incidents held for a budget
-that has freed up, and restart workflow starts whose starter died mid-lease.
+lives here:
 
-The work still runs in `Ingest.sweep` (services/ingest.py), because it shares ingest's
-coalescer, workflow starting and follow-up; this class is the function's own entry so
-that body can move here without touching functions/main.py again.
+- flush this instance's coalesced storm counts (ingest instances also flush on their own
+  timer and at shutdown; see services/coalesce.py),
+- end bursts of record-only and observe-mode incidents,
+- release incidents held for a budget that has freed up,
+- restart workflow starts whose starter died mid-lease,
+- the watchdog: every incident a started execution owns (OPEN, FENCED, ACTING, VERIFYING)
+  is checked against Workflows. An execution that ended without resolving or failing its
+  incident, or that has run past its deadline (policy ``watchdog.deadline_s``, per action),
+  fails the incident (``failure.stage: watchdog``; an overrunning execution is cancelled),
+  keeps the node fenced, and pages a human,
+- let FAILED incidents' blast-radius slots go, so they expire with the window like any other,
+- publish notifications still in the outbox (services/outbox.py) after a failed publish.
+
+So every incident ends: resolved, failed with a page, or closed by a person.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from pitstop.adapters import log
+from pitstop.adapters.workflows import ExecutionStatus
+from pitstop.core import engine
+from pitstop.core.states import State
+from pitstop.services.ingest import FOLLOW_UP_ERRORS, Ingest
 
 
-class Sweeper(Protocol):
-    """What the sweep needs from ingest: its periodic upkeep (see `Ingest.sweep`)."""
+@runtime_checkable
+class Executions(Protocol):
+    """What the watchdog asks Workflows (adapters/workflows.py WorkflowStarter)."""
 
-    def sweep(self) -> dict[str, int]: ...
+    def get(self, name: str) -> ExecutionStatus: ...
+    def cancel(self, name: str) -> bool: ...
 
 
 class Sweep:
-    """One sweep run over the ingest side's store and in-memory coalescer."""
+    """One sweep run over the ingest side's store, launcher and in-memory coalescer.
 
-    def __init__(self, ingest: Sweeper) -> None:
+    ``executions`` is what the watchdog asks; by default ingest's own starter when it can
+    answer (the WorkflowStarter does), else the watchdog is off.
+    """
+
+    def __init__(self, ingest: Ingest, executions: Executions | None = None) -> None:
         self.ingest = ingest
+        starter = ingest.starter
+        self.executions = executions or (starter if isinstance(starter, Executions) else None)
 
     def run(self) -> dict[str, int]:
-        """Counts of what the run did: bursts `closed`, incidents `released`, starts `restarted`."""
-        return self.ingest.sweep()
+        """Counts of what the run did: bursts `closed`, incidents `released`, starts `restarted`,
+        incidents `failed` by the watchdog, failed incidents whose slots were `settled`, and
+        notifications `republished` from the outbox after a failed publish."""
+        ing = self.ingest
+        now = ing.clock()
+        ing.coalescer.flush_all(now)
+        counts = {
+            "closed": ing.store.close_bursts(now),
+            "released": self._release_held(now),
+            "restarted": self._restart_lost(now),
+            "failed": self.watchdog(now),
+            "settled": self._settle_failed(now),
+        }
+        ing.coalescer.forget()  # re-read what the sweep may have changed (buffered counts stay)
+        outbox = ing.launcher.outbox
+        counts["republished"] = outbox.publish_pending(time.time()) if outbox is not None else 0
+        return counts
+
+    def _release_held(self, now: float) -> int:
+        """Retry incidents held for a budget; those held for a human (policy, cooldown) stay."""
+        released = 0
+        for inc in self.ingest.store.list((State.HELD,)):
+            if (inc.get("held") or {}).get("scope") is None:
+                continue
+            out = self.ingest.store.release(inc["id"], self.ingest.policy, now, by="sweep")
+            released += out.result == "released"
+            self.ingest.follow_up(out, now)
+        return released
+
+    def _restart_lost(self, now: float) -> int:
+        """Start decided steps whose starter died before recording the start (its lease ran out)."""
+        restarted = 0
+        for inc in self.ingest.store.pending_starts(now):
+            restarted += self.ingest.start_workflow(inc["id"], int(inc["workflow"]["step"]), now) is not None
+        return restarted
+
+    # -- the watchdog --------------------------------------------------------------------
+
+    def watchdog(self, now: float) -> int:
+        """Fail (and page for) every incident whose execution died or overran; how many."""
+        if self.executions is None:
+            return 0
+        failed = 0
+        for inc in self.ingest.store.list(engine.WATCHED_STATES):
+            name = engine.watched_execution(inc)
+            verdict = self._verdict(inc, name, now) if name else None
+            if name is None or verdict is None:
+                continue
+            why, overran = verdict
+            out = self.ingest.store.fail_stuck(inc["id"], name, why, now)
+            if out.result != "failed":
+                continue  # the execution moved the incident on meanwhile
+            failed += 1
+            log.emit("ERROR", "watchdog failed an incident", incident=inc["id"], execution=name, why=why)
+            if overran:
+                self._cancel(name)
+            self.ingest.follow_up(out, now)  # the page, recorded in the outbox with the decision
+        return failed
+
+    def _verdict(self, inc: Mapping[str, Any], name: str, now: float) -> tuple[str, bool] | None:
+        """Why the execution no longer looks after the incident, and whether it overran; None if it does."""
+        assert self.executions is not None
+        try:
+            status = self.executions.get(name)
+        except FOLLOW_UP_ERRORS as exc:  # Workflows unreachable: ask again next minute
+            log.emit("WARNING", "watchdog could not read an execution", execution=name, error=repr(exc)[:300])
+            return None
+        short = name.rsplit("/", 1)[-1]
+        if status.ended:
+            detail = f": {status.error[:200]}" if status.error else ""
+            return f"execution {short} ended {status.state} without closing the incident{detail}", False
+        started = (inc.get("workflow") or {}).get("started_at") or status.started_at
+        deadline = self.ingest.policy.watchdog_deadline_s(str(inc["action"]))
+        if started is not None and now - float(started) > deadline:
+            ran = int(now - float(started))
+            return f"execution {short} still {status.state} after {ran} s (deadline {int(deadline)} s)", True
+        return None
+
+    def _cancel(self, name: str) -> None:
+        """Stop an overrunning execution, so it cannot act on the node after its incident failed."""
+        assert self.executions is not None
+        try:
+            self.executions.cancel(name)
+        except FOLLOW_UP_ERRORS as exc:
+            log.emit(
+                "WARNING", "watchdog could not cancel an execution", execution=name, error=repr(exc)[:300]
+            )
+
+    def _settle_failed(self, now: float) -> int:
+        """FAILED incidents (by actuate or the watchdog) let their blast-radius slots go, once."""
+        settled = 0
+        for inc in self.ingest.store.list((State.FAILED,)):
+            if inc.get("budget_released_at") or not inc.get("budget_scopes"):
+                continue
+            settled += self.ingest.store.settle_failed(inc["id"], now).result == "settled"
+        return settled

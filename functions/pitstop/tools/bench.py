@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import os
 import random
+import resource
+import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -91,6 +97,7 @@ def _audit_entry(method: str, node: str, i: int) -> dict[str, Any]:
         "protoPayload": {
             "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
             "status": {"message": "Instance was preempted."},
+            "authenticationInfo": {"principalEmail": "system@google.com"},
             "serviceName": "compute.googleapis.com",
             "methodName": method,
             "resourceName": f"projects/train-prod/zones/us-central1-a/instances/{node}",
@@ -178,98 +185,184 @@ class _CountingStarter:
         return f"executions/{incident_id}-{step}"
 
 
-def storm(lines: int, nodes: int, seconds: float = 10.0, seed: int = 11) -> list[dict[str, Any]]:
-    """Push bodies of an Xid storm: ``lines`` driver lines across ``nodes`` nodes within ``seconds``."""
+def storm(lines: int, nodes: int, seconds: float = 10.0, seed: int = 11) -> Iterator[dict[str, Any]]:
+    """Push bodies of an Xid storm, made as they are consumed (a million bodies would not fit).
+
+    ``lines`` kernel lines from the Ops Agent's journald receiver (``_TRANSPORT=kernel``:
+    evidence Pitstop acts on) across ``nodes`` nodes within ``seconds`` of log time.
+    """
     import base64
 
     rnd = random.Random(seed)  # noqa: S311 - a reproducible corpus, not a secret
     start = 1_800_000_000.0
-    out = []
+    texts = _XID_LINES[:2] + _XID_LINES[4:5]
     for i in range(lines):
         node = f"a3-node-{i % nodes:03d}"
         ts = start + seconds * i / lines
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int((ts % 1) * 1e6):06d}Z"
+        payload = {"MESSAGE": rnd.choice(texts), "SYSLOG_FACILITY": "0", "_TRANSPORT": "kernel"}
         entry = {
             "insertId": f"storm-{i:08d}",
-            "logName": "projects/train-prod/logs/syslog",
+            "logName": "projects/train-prod/logs/pitstop-kernel",
             "timestamp": stamp,
-            "jsonPayload": {"message": rnd.choice(_XID_LINES[:2] + _XID_LINES[4:5])},
+            "jsonPayload": {**payload, "SYSLOG_IDENTIFIER": "kernel", "_HOSTNAME": node},
             "resource": _gce_instance(i % nodes),
             "labels": {"compute.googleapis.com/resource_name": node},
         }
         data = base64.b64encode(json.dumps(entry).encode()).decode()
-        out.append({"message": {"data": data, "messageId": str(i), "publishTime": stamp}})
-    return out
+        yield {"message": {"data": data, "messageId": str(i), "publishTime": stamp}}
+
+
+class _FirestoreOps:
+    """Counts billed document reads and writes at the client's API (every path: store, cache, sweep)."""
+
+    def __init__(self, client: Any) -> None:
+        self.reads = self.writes = 0
+        self._lock = threading.Lock()
+        api = client._firestore_api  # the GAPIC client every Firestore call goes through
+        get, commit, query = api.batch_get_documents, api.commit, api.run_query
+
+        def counted_get(*a: Any, **kw: Any) -> Iterator[Any]:
+            for resp in get(*a, **kw):
+                if resp.found or resp.missing:
+                    self._add(reads=1)
+                yield resp
+
+        def counted_query(*a: Any, **kw: Any) -> Iterator[Any]:
+            docs = 0
+            for resp in query(*a, **kw):
+                docs += bool(resp.document)
+                yield resp
+            self._add(reads=max(docs, 1))  # a query is billed at least one read
+
+        def counted_commit(*a: Any, **kw: Any) -> Any:
+            request = kw.get("request") or (a[0] if a else {})
+            writes = request.get("writes") if isinstance(request, dict) else request.writes
+            self._add(writes=len(writes or ()))
+            return commit(*a, **kw)
+
+        api.batch_get_documents, api.commit, api.run_query = counted_get, counted_commit, counted_query
+
+    def _add(self, reads: int = 0, writes: int = 0) -> None:
+        with self._lock:
+            self.reads += reads
+            self.writes += writes
+
+
+def _rss_mib() -> float:
+    """This process's resident memory now (Linux), MiB."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _bench_policy(nodes: int) -> Any:
+    from pitstop.core.policy import from_doc
+
+    cluster = {"name": "train", "scheduler": "slurm", "size": nodes, "match": {"name_pattern": "a3-node-*"}}
+    return from_doc({"mode": "enforce", "clusters": [cluster]})
+
+
+def _drive(services: list[Any], bodies: Iterator[dict[str, Any]], workers: int) -> dict[str, int]:
+    """Deliver every body with ``workers`` threads, round-robin over the instances; outcome counts."""
+    lock, results = threading.Lock(), dict[str, int]()
+    counter = itertools.count()
+
+    def worker() -> None:
+        seen: dict[str, int] = {}
+        while True:
+            with lock:
+                body, i = next(bodies, None), next(counter)
+            if body is None:
+                break
+            r = services[i % len(services)].handle_payload(body).result
+            seen[r] = seen.get(r, 0) + 1
+        with lock:
+            for r, n in seen.items():
+                results[r] = results.get(r, 0) + n
+
+    threads = [threading.Thread(target=worker) for _ in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return dict(sorted(results.items()))
 
 
 def bench_ingest(
-    lines: int = 20_000, nodes: int = 64, workers: int = 8, instances: int = 2
+    lines: int = 20_000, nodes: int = 64, workers: int = 8, instances: int = 2, report_memory: bool = False
 ) -> dict[str, Any]:
-    """Events/s through ingest on the Firestore emulator, and Firestore writes per input event."""
-    import os
+    """Events/s through ingest on the Firestore emulator, Firestore operations per line, and memory."""
     import tempfile
+    import tracemalloc
     import uuid
-    from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
 
     from google.cloud import firestore
 
-    from pitstop.adapters.firestore import IncidentStore
-    from pitstop.core.policy import from_doc
     from pitstop.local import procs
-    from pitstop.services.ingest import Ingest
 
     proc = None
     if not os.environ.get("FIRESTORE_EMULATOR_HOST"):
         proc, host = procs.start_emulator("firestore", Path(tempfile.mkdtemp(prefix="pitstop-bench-")))
         os.environ["FIRESTORE_EMULATOR_HOST"] = host
     try:
-        policy = from_doc(
-            {
-                "mode": "enforce",
-                "clusters": [
-                    {
-                        "name": "train",
-                        "scheduler": "slurm",
-                        "size": nodes,
-                        "match": {"name_pattern": "a3-node-*"},
-                    }
-                ],
-            }
-        )
         client = firestore.Client(project=f"bench-{uuid.uuid4().hex[:8]}")
-        starter = _CountingStarter()
-        services = [Ingest(policy, IncidentStore(client), starter, None) for _ in range(instances)]
-        bodies = storm(lines, nodes)
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(workers) as pool:
-            results = list(
-                pool.map(
-                    lambda ib: services[ib[0] % instances].handle_payload(ib[1]).result, enumerate(bodies)
-                )
-            )
-        for s in services:
-            s.coalescer.flush_all(time.time())
-        elapsed = time.perf_counter() - t0
-        incidents = [d.to_dict() for d in client.collection("pitstop_incidents").stream()]
-        writes = sum(s.store.writes for s in services)
-        counted = sum((i or {}).get("counts", {}).get("events", 0) for i in incidents)
-        return {
-            "benchmark": "ingest",
-            "lines": lines,
-            "nodes": nodes,
-            "instances": instances,
-            "workers": workers,
-            "events_per_s": round(lines / elapsed),
-            "incidents": len(incidents),
-            "workflow_starts": len(starter.started),
-            "held": sum(1 for i in incidents if i and i["state"] == "HELD"),
-            "firestore_writes": writes,
-            "writes_per_event": round(writes / lines, 4),
-            "events_counted_on_incidents": counted,
-            "results": {r: results.count(r) for r in sorted(set(results))},
-        }
+        ops = _FirestoreOps(client)
+        rss_before = _rss_mib()
+        if report_memory:
+            tracemalloc.start()
+        with contextlib.redirect_stdout(sys.stderr):  # the pipeline's logs; stdout is for the figures
+            result = _run_ingest(client, ops, lines, nodes, workers, instances)
+        if report_memory:
+            result["traced_peak_mib"] = round(tracemalloc.get_traced_memory()[1] / 2**20, 1)
+            tracemalloc.stop()
+        result["rss_before_mib"] = round(rss_before, 1)
+        result["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        return result
     finally:
         if proc is not None:
             proc.stop()
             os.environ.pop("FIRESTORE_EMULATOR_HOST", None)
+
+
+def _run_ingest(
+    client: Any, ops: _FirestoreOps, lines: int, nodes: int, workers: int, instances: int
+) -> dict[str, Any]:
+    from pitstop.adapters.firestore import IncidentStore
+    from pitstop.services.ingest import Ingest
+
+    policy, starter = _bench_policy(nodes), _CountingStarter()
+    services = [Ingest(policy, IncidentStore(client), starter, None) for _ in range(instances)]
+    t0 = time.perf_counter()
+    results = _drive(services, storm(lines, nodes), workers)
+    ingest_s = time.perf_counter() - t0
+    for s in services:
+        s.coalescer.flush_all(time.time())
+    elapsed = time.perf_counter() - t0
+    reads, writes = ops.reads, ops.writes  # the pipeline's own; reading the results below is not
+    coalescers = [s.coalescer.stats() for s in services]
+    for s in services:
+        s.coalescer.close()
+    incidents = [d.to_dict() or {} for d in client.collection("pitstop_incidents").stream()]
+    return {
+        "benchmark": "ingest",
+        "lines": lines,
+        "nodes": nodes,
+        "instances": instances,
+        "workers": workers,
+        "events_per_s": round(lines / elapsed),
+        "ingest_seconds": round(ingest_s, 1),
+        "incidents": len(incidents),
+        "workflow_starts": len(starter.started),
+        "held": sum(1 for i in incidents if i.get("state") == "HELD"),
+        "events_counted_on_incidents": sum(i.get("counts", {}).get("events", 0) for i in incidents),
+        "firestore_reads": reads,
+        "firestore_writes": writes,
+        "store_ops_per_line": round((reads + writes) / lines, 5),
+        "writes_per_event": round(writes / lines, 5),
+        "coalescer": coalescers,
+        "results": results,
+    }

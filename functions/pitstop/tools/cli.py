@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import orjson
@@ -71,7 +73,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         result = bench.bench_classify(args.lines or 100_000)
     else:
         runs = [
-            bench.bench_ingest(args.lines or 20_000, args.nodes, args.workers, int(n))
+            bench.bench_ingest(args.lines or 20_000, args.nodes, args.workers, int(n), args.report_memory)
             for n in args.instances.split(",")
         ]
         result = {"benchmark": "ingest", "runs": runs}
@@ -100,9 +102,11 @@ def cmd_incidents(args: argparse.Namespace) -> int:
 
     store, pol = _store(args.project)
     if args.release:
-        out = store.release(args.release, pol, time.time(), by=args.by)
+        out = store.release(args.release, pol, time.time(), by=args.by or "operator")
         print(f"{args.release}: {out.result}")
         return 0 if out.result == "released" else 1
+    if args.close:
+        return _close_incident(store, pol, args)
     states = OPEN_STATES if args.open else None
     incidents = store.list(states)
     if args.json:
@@ -118,9 +122,33 @@ def cmd_incidents(args: argparse.Namespace) -> int:
         )
         if inc.get("held"):
             print(f"    held: {inc['held']['reason']}")
+        if inc.get("failure"):
+            print(f"    failed at {inc['failure'].get('stage')}: {inc['failure'].get('error')}")
+        if inc.get("closure"):
+            print(f"    closed by {inc['closure']['by']} at {iso(inc['closure']['at'])}")
         if args.timeline:
             print("\n".join(render(inc)))
     return 0
+
+
+def _close_incident(store: Any, pol: Any, args: argparse.Namespace) -> int:
+    """`--close ID [--unfence] --by NAME`: see services/close.py."""
+    import time
+
+    if not args.by:
+        print("pitstop: --close needs --by NAME (recorded on the incident)", file=sys.stderr)
+        return 2
+    from pitstop.services.close import close_incident, schedulers_for
+
+    schedulers = {}
+    if args.unfence and any(c.scheduler == "slurm" for c in pol.clusters):
+        from google.cloud.pubsub_v1 import PublisherClient
+
+        results = store.db.collection(f"{pol.doc['store']['collection_prefix']}_slurm_results")
+        schedulers = schedulers_for(pol, PublisherClient(), store.db.project, results)
+    done = close_incident(store, schedulers, args.close, args.by, time.time(), args.unfence)
+    print("\n".join(done.lines))
+    return 0 if done.ok else 1
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -180,6 +208,8 @@ def cmd_local(args: argparse.Namespace) -> int:
     state = st.StackState.load(workdir)
     if args.action == "inject":
         return _local_inject(state, args.path, args.at_rate)
+    if args.action == "chaos":
+        return _local_chaos(state, args)
     return _local_status(state, args.json)
 
 
@@ -207,23 +237,78 @@ def _cluster_spec(args: argparse.Namespace) -> ClusterSpec:
 
 
 def _local_up(args: argparse.Namespace, workdir: Path) -> int:
-    """Start the stack (stopping what did start if any part fails), then print where it answers."""
+    """Start the stack in a background process that owns it until `local down`; print where it answers.
+
+    That process keeps the stack's supervisor and chaos endpoint alive after this command returns.
+    If any part fails to start it stops what did start, and the reason is printed here.
+    """
+    import contextlib
+    import json
+    import os
+    import signal
+    import subprocess
+    from dataclasses import asdict
+
+    from pitstop.local import daemon
     from pitstop.local import stack as st
 
-    stack = st.Stack(workdir, _cluster_spec(args))
+    with contextlib.suppress(FileNotFoundError, ValueError, TypeError):
+        if st.daemon_alive(st.StackState.load(workdir).daemon_pid):
+            print(
+                f"pitstop: a local stack is already running in {workdir} (pitstop local down)",
+                file=sys.stderr,
+            )
+            return 1
+    spec = _cluster_spec(args)
+    workdir.mkdir(parents=True, exist_ok=True)
+    for name in (daemon.READY, daemon.FAILED):
+        (workdir / name).unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "pitstop.local.daemon", "--workdir", str(workdir)]
+    argv += ["--spec", json.dumps(asdict(spec)), "--sweep-interval", str(args.sweep_interval)]
+    argv += ["--job-nodes", str(args.job_nodes or 0)]
+    with open(workdir / "stack.log", "ab") as log:
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     try:
-        state = stack.up()
+        ready = _await_stack(workdir, proc)
     except BaseException:
-        stack.down()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
         raise
-    if args.job_nodes:
-        assert stack.slurm is not None
-        print(f"submitted job {stack.slurm.submit(args.job_nodes, name='train')} on {args.job_nodes} nodes")
+    if ready is None:
+        failed = workdir / daemon.FAILED
+        why = failed.read_text() if failed.exists() else f"see {workdir / 'stack.log'}"
+        print(f"pitstop: the local stack did not start:\n{why}", file=sys.stderr)
+        return 1
+    state = st.StackState.load(workdir)
+    if ready.get("job"):
+        print(f"submitted job {ready['job']} on {args.job_nodes} nodes")
     print(f"local stack up in {workdir} (stop it with: pitstop local down)")
     for k, v in state.endpoints.items():
         print(f"  {k:<11} {v}")
     print(f"  slurm       SLURM_CONF={state.slurm_conf}")
     return 0
+
+
+def _await_stack(workdir: Path, proc: Any, timeout: float = 600.0) -> dict[str, Any] | None:
+    """The background process's ready.json once it is up; None if it exited first or took too long."""
+    import json
+    import time
+
+    from pitstop.local import daemon
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready = workdir / daemon.READY
+        if ready.exists():
+            doc: dict[str, Any] = json.loads(ready.read_text())
+            return doc
+        if proc.poll() is not None:
+            return None
+        time.sleep(0.5)
+    proc.terminate()
+    return None
 
 
 def _local_inject(state: StackState, path: str, at_rate: float) -> int:
@@ -252,6 +337,59 @@ def _local_inject(state: StackState, path: str, at_rate: float) -> int:
     return 0
 
 
+def _local_chaos(state: StackState, args: argparse.Namespace) -> int:
+    """Hand one chaos request to the stack's controller (pitstop.local.chaos lists the kinds)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    if "control" not in state.endpoints:
+        print("pitstop: this stack has no controller (started before chaos existed)", file=sys.stderr)
+        return 1
+    body = {"kind": args.path, "arg": args.arg, "times": args.times, "node": args.node, "method": args.method}
+    req = urllib.request.Request(  # noqa: S310 - the loopback URL from stack.json
+        state.endpoints["control"] + "/chaos",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:  # noqa: S310
+            result = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        print(f"pitstop: {json.loads(exc.read() or b'{}').get('error', exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(
+            f"pitstop: the stack's controller does not answer ({exc}); is the stack up? "
+            "(a stack left by `pitstop demo --keep` has none)",
+            file=sys.stderr,
+        )
+        return 1
+    print(_chaos_line(args, result))
+    return 0
+
+
+def _chaos_line(args: argparse.Namespace, result: dict[str, Any]) -> str:
+    """One human line about what a chaos request did."""
+    where = (f" on {args.node}" if args.node else "") + (f" ({args.method})" if args.method else "")
+    kind = result.get("kind")
+    if kind == "compute-error":
+        armed = ", ".join(f"{f['code']} {f['reason']} x{f['left']}" for f in result.get("armed", []))
+        return f"armed: the next {args.times} mutating Compute call(s){where} fail; now armed: {armed}"
+    if kind == "actuate-crash-after-effect":
+        return f"armed: actuate dies after its next {args.times} mutating Compute call(s){where}"
+    if kind == "publish-timeout":
+        return f"armed: the next {args.times} notification publish(es) from actuate{where} time out"
+    if kind in ("agent-down", "agent-up"):
+        return f"slurm agent: {result.get('agent')}"
+    if kind in ("webhook-down", "webhook-up"):
+        return f"webhook sink: {'down (503)' if kind == 'webhook-down' else 'up'}"
+    if kind == "firestore-restart":
+        return "firestore emulator restarted with its data"
+    return "every armed fault and flag cleared"
+
+
 def _local_status(state: StackState, as_json: bool) -> int:
     report = _status_report(state)
     if as_json:
@@ -265,10 +403,10 @@ def _status_report(state: StackState) -> dict[str, Any]:
     """One picture of the stack: incidents, Slurm's view, the fake VMs and calls, what was notified."""
     from pitstop.local.stack import admin, webhook_records
 
-    incidents = _incident_rows(state)
+    compute = admin(state, "/_admin/state")
+    incidents = _incident_rows(state, compute.get("effects", []))
     sinfo = _slurm_lines(state, ["sinfo", "-h", "-N", "-o", "%N|%T|%E"])
     squeue = _slurm_lines(state, ["squeue", "-h", "-o", "%i|%T|%N|%j"])
-    compute = admin(state, "/_admin/state")
     notes = webhook_records(state)
     return {
         "incidents": incidents,
@@ -279,22 +417,42 @@ def _status_report(state: StackState) -> dict[str, Any]:
         "instances": compute["instances"],
         "operations": [{"method": c["method"], "path": c["path"]} for c in compute["calls"]],
         "notifications": [n["body"]["text"] for n in notes],
+        "chaos": _chaos_status(state, compute.get("faults", [])),
     }
 
 
-def _incident_rows(state: StackState) -> list[dict[str, Any]]:
-    """The stack's incidents from its Firestore emulator, oldest first."""
+def _chaos_status(state: StackState, faults: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Armed faults and the controller's view (restarts, agent); None if no controller answers."""
+    import json
+    import urllib.request
+
+    if "control" not in state.endpoints:
+        return None
+    req = urllib.request.Request(state.endpoints["control"] + "/status", data=b"{}", method="POST")  # noqa: S310
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310 - loopback
+            ctl: dict[str, Any] = json.loads(resp.read())
+    except OSError:
+        return None
+    return {**ctl, "compute_faults": faults}
+
+
+def _incident_rows(state: StackState, compute_effects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stack's incidents from its Firestore emulator, oldest first, with the effects each caused."""
     from google.cloud import firestore
 
     from pitstop.core.timeline import durations
+    from pitstop.local import effects
     from pitstop.local.stack import emulator_env
 
     with emulator_env(state.endpoints):
         db = firestore.Client(project=state.project)
     incidents = sorted(
-        (d.to_dict() for d in db.collection("pitstop_incidents").stream()),
-        key=lambda d: d["created_at"] if d else 0,
+        (d for d in (d.to_dict() for d in db.collection("pitstop_incidents").stream()) if d),
+        key=lambda d: d["created_at"],
     )
+    results = {d.id: d.to_dict() or {} for d in db.collection("pitstop_slurm_results").stream()}
+    caused = effects.by_incident(incidents, compute_effects, results)
     return [
         {
             "id": i["id"],
@@ -305,9 +463,9 @@ def _incident_rows(state: StackState) -> list[dict[str, Any]]:
             "held": i.get("held"),
             "failure": i.get("failure"),
             "durations_s": durations(i),
+            "effects": caused[i["id"]],
         }
         for i in incidents
-        if i
     ]
 
 
@@ -321,11 +479,14 @@ def _slurm_lines(state: StackState, argv: list[str]) -> list[str]:
 
 
 def _print_status(report: dict[str, Any]) -> None:
+    from pitstop.local.effects import compact
+
     print("INCIDENTS")
     for i in report["incidents"]:
         d = i["durations_s"]
         print(
             f"  {i['id']} {i['node']:<14} {i['state']:<9} {i['action']:<14} events={i['events']:<5} "
+            f"effects={compact(i['effects']):<28} "
             f"resolved={d.get('resolved')}s {('held: ' + i['held']['reason']) if i['held'] else ''}"
         )
     print("SLURM NODES")
@@ -371,8 +532,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         for line in deploy.dry_run_lines(args.project, region, conf):
             print(line)
         return 0
-    source = deploy.stage_source(conf.get("policy"))
-    return deploy.apply(deploy.plan(args.project, region, conf, str(source)))
+    with tempfile.TemporaryDirectory(prefix="pitstop-src-") as staged:  # gone once gcloud has uploaded it
+        source = deploy.stage_source(conf.get("policy"), Path(staged))
+        return deploy.apply(deploy.plan(args.project, region, conf, str(source)))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -401,17 +563,22 @@ def _add_bench(sub: Subparsers) -> None:
     b.add_argument("--nodes", type=int, default=64, help="ingest: nodes the storm spreads over")
     b.add_argument("--workers", type=int, default=8, help="ingest: concurrent deliveries")
     b.add_argument("--instances", default="1,2", help="ingest: function instances to simulate, one run each")
+    b.add_argument(
+        "--report-memory", action="store_true", help="ingest: also trace Python allocations (slower)"
+    )
     b.set_defaults(func=cmd_bench)
 
 
 def _add_incidents(sub: Subparsers) -> None:
-    """incidents: read the incident store, or release one held past its budget."""
-    i = sub.add_parser("incidents", help="list incidents (Firestore) or release a held one")
+    """incidents: read the incident store, release one held past its budget, or close one."""
+    i = sub.add_parser("incidents", help="list incidents (Firestore), release a held one, or close one")
     i.add_argument("--open", action="store_true", help="only open, held and failed incidents")
     i.add_argument("--json", action="store_true")
     i.add_argument("--timeline", action="store_true", help="print each incident's timeline")
     i.add_argument("--release", metavar="ID", help="release a HELD incident past its budget")
-    i.add_argument("--by", default="operator", help="who releases (recorded on the incident)")
+    i.add_argument("--close", metavar="ID", help="end an OPEN, HELD or FAILED incident (RESOLVED by you)")
+    i.add_argument("--unfence", action="store_true", help="with --close: lift Pitstop's drain on the node")
+    i.add_argument("--by", default=None, help="who releases (default operator) or closes (required)")
     i.add_argument("--project", default=None)
     i.set_defaults(func=cmd_incidents)
 
@@ -432,8 +599,17 @@ def _add_replay(sub: Subparsers) -> None:
 def _add_local(sub: Subparsers) -> None:
     """local: the whole pipeline on this machine."""
     lo = sub.add_parser("local", help="the whole pipeline on this machine (emulators, fakes, real Slurm)")
-    lo.add_argument("action", choices=("up", "down", "status", "inject"))
-    lo.add_argument("path", nargs="?", default="-", help="inject: JSON Lines of LogEntries, or -")
+    lo.add_argument("action", choices=("up", "down", "status", "inject", "chaos"))
+    lo.add_argument(
+        "path", nargs="?", default="-", help="inject: JSON Lines of LogEntries, or -; chaos: the KIND"
+    )
+    lo.add_argument(
+        "arg",
+        nargs="?",
+        default=None,
+        help="chaos compute-error: the HTTP status (503, 403:rateLimitExceeded); "
+        "firestore-restart: seconds down",
+    )
     lo.add_argument("--workdir", default=None, help="state and logs (default .local/ in the repo)")
     lo.add_argument("--nodes", type=int, default=None, help="up: simulated nodes (default 8)")
     lo.add_argument("--spot", default="", help="up: comma-separated node names that are Spot VMs")
@@ -443,6 +619,17 @@ def _add_local(sub: Subparsers) -> None:
     )
     lo.add_argument("--at-rate", type=float, default=0.0, help="inject: entries per second (storms)")
     lo.add_argument("--json", action="store_true", help="status: machine-readable")
+    lo.add_argument(
+        "--sweep-interval", type=float, default=60.0, help="up: seconds between sweeps (Cloud Scheduler: 60)"
+    )
+    lo.add_argument("--times", type=int, default=1, help="chaos: how many calls the fault hits")
+    lo.add_argument("--node", default=None, help="chaos: only calls about this node")
+    lo.add_argument(
+        "--method",
+        default=None,
+        help="chaos compute-error/actuate-crash-after-effect: only this Compute call "
+        "(reset, set_labels, report_host_as_faulty, perform_maintenance, recreate)",
+    )
     lo.set_defaults(func=cmd_local)
 
 

@@ -64,7 +64,23 @@ def load_config(path: str | None) -> dict[str, Any]:
     if path:
         conf = deep_merge(conf, yaml.safe_load(Path(path).read_text()) or {})
     expand_accounts({}, list(conf.get("slurm_clusters") or []))  # names fit the account-id rules
+    notification_channels(conf)
     return conf
+
+
+PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]|[0-9]{1,19}"  # a project id or number
+CHANNEL = re.compile(rf"projects/(?:{PROJECT_ID})/notificationChannels/[0-9]{{1,19}}")
+
+
+def notification_channels(conf: Mapping[str, Any]) -> list[str]:
+    """`notification_channels`: full resource names (projects/P/notificationChannels/ID), checked."""
+    channels = conf.get("notification_channels") or []
+    if not isinstance(channels, list):
+        raise ValueError("notification_channels: a list of projects/P/notificationChannels/ID names")
+    for c in channels:
+        if not isinstance(c, str) or not CHANNEL.fullmatch(c):
+            raise ValueError(f"notification_channels: {c!r} is not projects/P/notificationChannels/ID")
+    return list(channels)
 
 
 CLUSTER_NAME = re.compile(r"[a-z](?:[a-z0-9-]{0,14}[a-z0-9])?")  # fits pitstop-slurm-<name> (30 max)
@@ -448,6 +464,16 @@ def _by_title(group: list[str], flag: str) -> Callable[[Entry, Target], list[Ste
     return build
 
 
+def _alert_policy(e: Entry, t: Target) -> list[Step]:
+    """An alert policy from its file, sent to `notification_channels` (with none, the file as is)."""
+    steps = _by_title(["alpha", "monitoring", "policies"], "policy-from-file")(e, t)
+    channels = ",".join(notification_channels(t.conf))
+    for step in steps if channels else []:
+        step.argv.append(f"--notification-channels={channels}")
+        step.update = [*(step.update or []), f"--set-notification-channels={channels}"]
+    return steps
+
+
 KINDS: dict[str, Callable[[Entry, Target], list[Step]]] = {
     "apis": _apis,
     "custom-role": _custom_role,
@@ -470,7 +496,7 @@ KINDS: dict[str, Callable[[Entry, Target], list[Step]]] = {
     "log-metric": _log_metric,
     "scheduler-job": _scheduler_job,
     "dashboard": _by_title(["monitoring", "dashboards"], "config-from-file"),
-    "alert-policy": _by_title(["alpha", "monitoring", "policies"], "policy-from-file"),
+    "alert-policy": _alert_policy,
 }
 
 

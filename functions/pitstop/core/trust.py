@@ -1,0 +1,154 @@
+"""Believe evidence only after checking it: where a driver line came from, and what it may start.
+
+Two pure pieces, both total:
+
+* :func:`text_provenance` — given a LogEntry that carries a text line, which text is the
+  evidence and whether a sender on the VM could have written it. Only the systemd journal's
+  trusted ``_TRANSPORT`` field (set by journald itself, never by the writer) says a line came
+  from the kernel; text syslog files and journal entries of any other transport are
+  ``unverified``.
+* :func:`allowed_action` / :func:`decide` — given the event's trust, the action proposed for
+  it (by the classifier, or after the engine's escalation) and the policy's
+  ``trust.text_syslog`` knob, the action this evidence alone may start and why.
+
+Unverified evidence is always recorded (the engine keeps and notifies it). With
+``text_syslog: record`` (the default) it starts nothing; with ``act`` it may fence, reset
+and reboot, but never replace a host on its own (REPLACE_NODE is lowered to REBOOT_NODE).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pitstop.core.actions import RANK, Action
+from pitstop.core.policy import Policy
+
+VERIFIED = "verified"
+UNVERIFIED = "unverified"
+TRUST_LEVELS = (VERIFIED, UNVERIFIED)
+TEXT_SYSLOG_MODES = ("record", "act")
+DEFAULT_TEXT_SYSLOG = "record"
+# The strongest action unverified evidence may start under ``act``: it is reversible.
+UNVERIFIED_CEILING: str = Action.REBOOT_NODE.value
+
+KERNEL_TRANSPORT = "kernel"
+KERNEL_FACILITY = "0"  # the kernel's own records; user-space writes to /dev/kmsg are forced to LOG_USER
+# journald's transports (systemd.journal-fields(7)); only these fixed words are ever echoed.
+_TRANSPORTS = frozenset({"audit", "driver", "syslog", "journal", "stdout", "kernel"})
+
+WHY_JOURNAL_KERNEL = "systemd journal, _TRANSPORT=kernel: set by journald, not by the sender"
+WHY_TEXT_SYSLOG = "text syslog: anyone on the VM can write this line"
+WHY_LEGACY_AGENT = "text syslog (legacy logging agent): anyone on the VM can write this line"
+WHY_NO_TRANSPORT = "journal entry without _TRANSPORT=kernel: any process on the VM can write this line"
+WHY_USER_KMSG = (
+    "journal kernel transport with a user-space syslog facility: written to /dev/kmsg from user space"
+)
+WHY_NO_TEXT = "no text payload"
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """The text an entry carries, and how far it can be believed."""
+
+    text: str | None
+    trust: str
+    reason: str
+    carrier: str  # journald | syslog | legacy_agent | none
+
+
+def _journald(jp: Mapping[str, Any]) -> Provenance:
+    msg = jp.get("MESSAGE")
+    text = msg if isinstance(msg, str) else None  # journald sends binary messages as byte arrays
+    transport = jp.get("_TRANSPORT")
+    if transport != KERNEL_TRANSPORT:
+        why = WHY_NO_TRANSPORT
+        if isinstance(transport, str) and transport in _TRANSPORTS:
+            why = f"{why} (this one came in by the {transport} transport)"
+        return Provenance(text, UNVERIFIED, why, "journald")
+    facility = jp.get("SYSLOG_FACILITY")
+    if facility is not None and facility != KERNEL_FACILITY:
+        return Provenance(text, UNVERIFIED, WHY_USER_KMSG, "journald")
+    return Provenance(text, VERIFIED, WHY_JOURNAL_KERNEL, "journald")
+
+
+def text_provenance(entry: Mapping[str, Any]) -> Provenance:
+    """Which text of a LogEntry is the evidence, and its trust. Never raises.
+
+    A journald-shaped payload (``jsonPayload.MESSAGE``: the Ops Agent ``systemd_journald``
+    receiver, GKE ``node-journal``) is judged, and parsed, by its MESSAGE alone, so the trust
+    always belongs to the text that is read.
+    """
+    jp = entry.get("jsonPayload")
+    if isinstance(jp, Mapping) and "MESSAGE" in jp:
+        return _journald(jp)
+    if isinstance(jp, Mapping) and "message" in jp:
+        msg = jp["message"]
+        return Provenance(msg if isinstance(msg, str) else None, UNVERIFIED, WHY_TEXT_SYSLOG, "syslog")
+    tp = entry.get("textPayload")
+    if isinstance(tp, str):
+        return Provenance(tp, UNVERIFIED, WHY_LEGACY_AGENT, "legacy_agent")
+    return Provenance(None, UNVERIFIED, WHY_NO_TEXT, "none")
+
+
+@dataclass(frozen=True, slots=True)
+class TrustDecision:
+    """What one piece of evidence may start.
+
+    ``action`` replaces the proposed action in every later decision. When ``lowered``, the
+    engine keeps the event anyway (a record-only incident when ``action`` is NONE), adds
+    ``reason`` to the incident's reason and notifies.
+    """
+
+    action: str
+    proposed: str
+    reason: str
+
+    @property
+    def lowered(self) -> bool:
+        return self.action != self.proposed
+
+
+def allowed_action(
+    trust: str, proposed: str, text_syslog: str = DEFAULT_TEXT_SYSLOG, why: str = ""
+) -> TrustDecision:
+    """The pure rule. An unknown trust or mode counts as the stricter one (fail closed)."""
+    if trust == VERIFIED or proposed == Action.NONE:
+        return TrustDecision(proposed, proposed, "")
+    source = f"unverified evidence ({why})" if why else "unverified evidence"
+    if text_syslog == "act" and proposed in RANK:
+        if RANK[proposed] <= RANK[UNVERIFIED_CEILING]:
+            return TrustDecision(proposed, proposed, "")
+        return TrustDecision(
+            UNVERIFIED_CEILING,
+            proposed,
+            f"{source} never replaces a host by itself: {proposed} lowered to {UNVERIFIED_CEILING}"
+            " until a diagnostic or a verified signal confirms it",
+        )
+    mode = text_syslog if text_syslog in TEXT_SYSLOG_MODES else "not a known mode"
+    return TrustDecision(
+        Action.NONE.value,
+        proposed,
+        f"{source}: recorded and notified, not acted on"
+        f" ({proposed} proposed; policy trust.text_syslog is {mode})",
+    )
+
+
+def decide(ev: Mapping[str, Any], policy: Policy, action: str | None = None) -> TrustDecision:
+    """:func:`allowed_action` for a FaultEvent: ``action`` defaults to the event's own proposal.
+
+    Pass the action after escalation (ladder, lemon host) so history cannot turn unverified
+    evidence into more than it may start.
+    """
+    src = ev.get("source")
+    src = src if isinstance(src, Mapping) else {}
+    trust = src.get("trust")
+    why = src.get("trust_reason")
+    proposed = action if action is not None else str(ev.get("action", Action.NONE))
+    return allowed_action(
+        trust if isinstance(trust, str) else UNVERIFIED,
+        proposed,
+        policy.trust_text_syslog,
+        why if isinstance(why, str) else "",
+    )

@@ -1,0 +1,193 @@
+"""Chaos on the local stack: rehearse the failures Pitstop must survive (`pitstop local chaos KIND`).
+
+Kinds and what they break:
+
+- ``compute-error CODE``: the next N mutating Compute calls (optionally only on ``node``, or of one
+  ``method``) answer CODE with Compute's real error body (the fake Compute's ``/_admin/faults``).
+- ``actuate-crash-after-effect``: the next N mutating Compute calls actuate makes (optionally only
+  on ``node`` / of ``method``) are performed, and then the actuate instance dies before it answers
+  (a flag file read by ``chaos_main``, the wrapper actuate runs from locally). The stack's
+  supervisor starts a new instance, as Cloud Run would.
+- ``publish-timeout``: the next N notifications actuate publishes (optionally only about ``node``)
+  are not sent and the publish times out (again through ``chaos_main``).
+- ``agent-down`` / ``agent-up``: stop and start the Slurm agent process.
+- ``webhook-down`` / ``webhook-up``: the webhook sink answers 503 / OK.
+- ``firestore-restart``: the Firestore emulator goes away and comes back with its data
+  (``Stack.restart_firestore``).
+- ``clear``: disarm every armed fault and flag.
+
+Flags live in ``<workdir>/chaos/<kind>.json`` (``{"left": N, "node": ..., "method": ...}``); a
+process that acts on one takes it under an exclusive file lock, so N means N across threads and
+processes. Nothing here is imported by shipped code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pitstop.local.stack import Stack
+
+FLAG_KINDS = ("actuate-crash-after-effect", "publish-timeout")
+KINDS = (
+    "compute-error",
+    *FLAG_KINDS,
+    "agent-down",
+    "agent-up",
+    "webhook-down",
+    "webhook-up",
+    "firestore-restart",
+    "clear",
+)
+# The fake Compute's (and ComputeAdapter's) names of the calls that change something.
+MUTATING_METHODS = ("reset", "set_labels", "report_host_as_faulty", "perform_maintenance", "recreate")
+CHAOS_DIR_ENV = "PITSTOP_CHAOS_DIR"
+
+
+class ChaosError(ValueError):
+    """A chaos request that cannot be carried out (unknown kind, bad argument, stack part missing)."""
+
+
+# -- flag files (shared by the stack, which arms them, and chaos_main, which takes them) ----------
+
+
+def arm_flag(chaos_dir: Path, kind: str, times: int, node: str | None, method: str | None) -> dict[str, Any]:
+    if kind not in FLAG_KINDS:
+        raise ChaosError(f"{kind} is not a flag kind")
+    chaos_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"left": times, "node": node, "method": method}
+    with _locked(chaos_dir / f"{kind}.json") as f:
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(doc))
+    return doc
+
+
+def armed_flags(chaos_dir: Path) -> dict[str, dict[str, Any]]:
+    out = {}
+    for kind in FLAG_KINDS:
+        path = chaos_dir / f"{kind}.json"
+        with contextlib.suppress(OSError, ValueError):
+            out[kind] = json.loads(path.read_text())
+    return out
+
+
+def clear_flags(chaos_dir: Path) -> None:
+    for kind in FLAG_KINDS:
+        (chaos_dir / f"{kind}.json").unlink(missing_ok=True)
+
+
+def take_flag(chaos_dir: Path, kind: str, node: str | None, method: str | None = None) -> bool:
+    """Use up one arming of ``kind`` if it applies to this call (``node``, ``method``); False if none."""
+    path = chaos_dir / f"{kind}.json"
+    if not path.exists():
+        return False
+    with _locked(path) as f:
+        if os.fstat(f.fileno()).st_nlink == 0:  # used up and removed while this one waited
+            return False
+        f.seek(0)
+        try:
+            doc = json.loads(f.read() or "{}")
+        except ValueError:
+            return False
+        if int(doc.get("left") or 0) <= 0 or not _applies(doc, node, method):
+            return False
+        doc["left"] = int(doc["left"]) - 1
+        if doc["left"] <= 0:
+            path.unlink(missing_ok=True)
+        else:
+            f.seek(0)
+            f.truncate()
+            f.write(json.dumps(doc))
+    return True
+
+
+def flag_applies(chaos_dir: Path, kind: str, node: str | None, method: str | None = None) -> bool:
+    """Whether an arming of ``kind`` is waiting for a call like this one (without using it up)."""
+    doc = armed_flags(chaos_dir).get(kind)
+    return doc is not None and int(doc.get("left") or 0) > 0 and _applies(doc, node, method)
+
+
+def _applies(doc: dict[str, Any], node: str | None, method: str | None) -> bool:
+    return doc.get("node") in (None, node) and doc.get("method") in (None, method)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[IO[str]]:
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield f
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# -- applying a kind to a running stack (the stack's controller calls this) ----------------------
+
+
+def apply(
+    stack: Stack,
+    kind: str,
+    arg: str | None = None,
+    times: int = 1,
+    node: str | None = None,
+    method: str | None = None,
+) -> dict[str, Any]:
+    """Carry out one chaos request on ``stack``; what was done, as JSON."""
+    if kind not in KINDS:
+        raise ChaosError(f"unknown chaos kind {kind!r}; one of: {', '.join(KINDS)}")
+    if times < 1:
+        raise ChaosError("--times must be at least 1")
+    if method is not None and method not in MUTATING_METHODS:
+        raise ChaosError(f"--method must be one of {', '.join(MUTATING_METHODS)}")
+    if node is not None and node not in stack.spec.node_names:
+        raise ChaosError(f"no node {node!r} in this stack")
+    if kind == "compute-error":
+        return {"kind": kind, **_compute_error(stack, arg, times, node, method)}
+    if kind in FLAG_KINDS:
+        return {"kind": kind, "armed": arm_flag(stack.chaos_dir, kind, times, node, method)}
+    if kind in ("agent-down", "agent-up"):
+        return {"kind": kind, "agent": stack.set_agent(kind == "agent-up")}
+    if kind in ("webhook-down", "webhook-up"):
+        hook = stack.endpoints["webhook"].rsplit("/", 1)[0]
+        _post(hook + ("/_up" if kind == "webhook-up" else "/_down"), {})
+        return {"kind": kind}
+    if kind == "firestore-restart":
+        stack.restart_firestore(down_s=float(arg) if arg else 2.0)
+        return {"kind": kind}
+    clear_flags(stack.chaos_dir)
+    _post(stack.endpoints["compute"] + "/_admin/faults", {"clear": True})
+    return {"kind": kind}
+
+
+def _compute_error(
+    stack: Stack, arg: str | None, times: int, node: str | None, method: str | None
+) -> dict[str, Any]:
+    code, _, reason = (arg or "").partition(":")
+    if not code.isdigit() or not 400 <= int(code) <= 599:
+        raise ChaosError("compute-error needs an HTTP error status, e.g. 503 or 403:rateLimitExceeded")
+    body: dict[str, Any] = {"code": int(code), "times": times, "node": node, "method": method}
+    if reason:
+        body["reason"] = reason
+    try:
+        armed: dict[str, Any] = _post(stack.endpoints["compute"] + "/_admin/faults", body)
+    except urllib.error.HTTPError as exc:
+        raise ChaosError(f"fake Compute refused the fault: {exc.read().decode(errors='replace')}") from None
+    return armed
+
+
+def _post(url: str, body: dict[str, Any]) -> Any:
+    req = urllib.request.Request(  # noqa: S310 - loopback URLs from the stack's own state
+        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310
+        raw = resp.read()
+    return json.loads(raw) if raw else {}

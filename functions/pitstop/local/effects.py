@@ -1,0 +1,71 @@
+"""What each incident did to the world, as the local stack saw it (`pitstop local status`).
+
+- Compute: the fake Compute's ``effects`` (mutating requests that changed something; a repeat
+  of a request id is not one) on the incident's VM, from the incident's creation until the
+  next incident on that VM was created, so a late retry still counts against the incident that
+  made it. ``set_labels`` is left out: a label is Pitstop's courtesy mark, not a remediation.
+- Slurm: the agent's result documents (``<prefix>_slurm_results/<command id>``); a command id
+  starts with ``<incident>-<step>``. Only commands that changed something count: a drain that
+  set Pitstop's reason, a resume that resumed, a requeue that requeued, every signal.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+NOT_EFFECTS = frozenset({"set_labels"})
+
+
+def _slurm_effect(doc: Mapping[str, Any]) -> str | None:
+    """The effect one finished agent command had, or None (a probe, a refusal, nothing changed)."""
+    if doc.get("state", "done" if doc.get("ok") else "failed") != "done":
+        return None
+    op, res = doc.get("op"), doc.get("result") or {}
+    if not isinstance(res, Mapping):
+        return None
+    if op == "drain" and res.get("reason") and not res.get("already_drained_by_other"):
+        return "drain"
+    if op == "resume" and res.get("resumed"):
+        return "resume"
+    if op == "requeue" and not res.get("already_pending"):
+        return "requeue"
+    if op == "signal":
+        return "signal"
+    return None
+
+
+def by_incident(
+    incidents: Iterable[Mapping[str, Any]],
+    compute_effects: Iterable[Mapping[str, Any]],
+    slurm_results: Mapping[str, Mapping[str, Any]],
+) -> dict[str, dict[str, dict[str, int]]]:
+    """``{incident id: {"compute": {method: n}, "slurm": {op: n}}}``; slurm_results by document id."""
+    per_node: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for inc in incidents:
+        per_node[inc["node"]["instance"]].append(inc)
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    effects = [e for e in compute_effects if e.get("method") not in NOT_EFFECTS]
+    for node, incs in per_node.items():
+        incs.sort(key=lambda i: float(i.get("created_at") or 0))
+        for n, inc in enumerate(incs):
+            start = float(inc.get("created_at") or 0)
+            end = float(incs[n + 1].get("created_at") or 0) if n + 1 < len(incs) else float("inf")
+            compute = Counter(
+                str(e["method"]) for e in effects if node in e.get("instances", ()) and start <= e["at"] < end
+            )
+            prefix = f"{str(inc['id']).lower()}-"
+            slurm = Counter(
+                op
+                for cid, doc in slurm_results.items()
+                if cid.startswith(prefix) and (op := _slurm_effect(doc)) is not None
+            )
+            out[str(inc["id"])] = {"compute": dict(compute), "slurm": dict(slurm)}
+    return out
+
+
+def compact(effects: Mapping[str, Mapping[str, int]]) -> str:
+    """``reset:1,drain:1,requeue:1`` (Compute first, then Slurm), or ``-`` for none."""
+    parts = [f"{k}:{v}" for side in ("compute", "slurm") for k, v in (effects.get(side) or {}).items()]
+    return ",".join(parts) or "-"

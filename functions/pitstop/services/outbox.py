@@ -1,0 +1,161 @@
+"""The outbox: every page and incident notification is recorded before it is published.
+
+Publishing after a commit can fail, and the redelivery that follows is a duplicate with
+nothing left to announce. So a notification is first an entry ``<prefix>_outbox/<id>``:
+
+- A page is born in a decision (an incident held for a budget or a cooldown). The store calls
+  :meth:`Outbox.record_decision` inside that decision's transaction, so the entry commits with
+  the incident or not at all. Right after the commit the launcher publishes it (:meth:`send`)
+  and marks it sent.
+- A notification born outside a transaction (actuate's resolved and failed summaries) is
+  recorded first, then published, then marked sent (:meth:`deliver`).
+- Whatever is still unsent the sweep publishes (:meth:`publish_pending`): at once if a publish
+  of it already failed, else once it is older than a few seconds (its publisher died, or is
+  still on its way: the grace keeps the sweep from racing it).
+
+Each entry's id is deterministic and travels in the notification as ``id``; notify keys its
+ledger by it, so a notification published twice (a lost mark-sent, a sweep that raced a slow
+publisher) is posted and counted once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from pitstop.adapters import log
+from pitstop.adapters.firestore import IncidentStore
+from pitstop.core.engine import Outcome
+
+PUBLISH_GRACE_S = 10.0  # an entry this old, never tried, has lost its publisher
+KEEP_SENT_S = 7 * 86400.0  # a sent entry keeps this long: its expire_at, for a Firestore TTL policy
+MAX_PER_SWEEP = 200
+MAX_FAILURES_IN_A_ROW = 3  # then the topic is down: stop, do not wait out every publish timeout
+PAGE_FIELDS = ("id", "node", "cluster", "action", "state", "held")
+
+
+class Publisher(Protocol):
+    def publish(self, notification: Mapping[str, Any]) -> str: ...
+
+
+def notification_id(kind: str, incident_id: Any, *facts: Any) -> str:
+    """Deterministic for what it announces: the same decision always yields the same id."""
+    digest = hashlib.sha256("\0".join(map(str, (incident_id, *facts))).encode()).hexdigest()[:16]
+    readable = re.sub(r"[^A-Za-z0-9_.-]", "-", str(incident_id))[:64]
+    return f"{kind}-{readable}-{digest}"
+
+
+def page_notification(reason: str, inc: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The page for a decision: its id is fixed by the incident, the reason and the decision's time."""
+    inc = inc or {}
+    return {
+        "id": notification_id("page", inc.get("id"), reason, inc.get("updated_at")),
+        "kind": "page",
+        "severity": "critical",
+        "summary": reason,
+        "incident": {k: inc.get(k) for k in PAGE_FIELDS},
+    }
+
+
+def _plain(notification: Mapping[str, Any]) -> dict[str, Any]:
+    """The notification as JSON carries it (what is published is what is stored)."""
+    out: dict[str, Any] = json.loads(json.dumps(notification, default=str))
+    return out
+
+
+class Outbox:
+    """Notifications kept in Firestore until the topic has them.
+
+    Constructing one attaches it to the store: the store's decision transactions then record
+    the pages they decide.
+    """
+
+    def __init__(
+        self,
+        store: IncidentStore,
+        publisher: Publisher | None,
+        clock: Callable[[], float] = time.time,
+        grace_s: float = PUBLISH_GRACE_S,
+    ) -> None:
+        self.store, self.publisher, self.clock, self.grace_s = store, publisher, clock, grace_s
+        store.on_decision = self.record_decision
+
+    def record_decision(self, txn: Any, out: Outcome) -> None:
+        """In a decision's transaction: the page it asks for, if any."""
+        if out.page:
+            self.record_in(txn, page_notification(out.page, out.incident))
+
+    def _entry(self, notification: Mapping[str, Any]) -> dict[str, Any]:
+        nid = str(notification["id"])
+        return {"id": nid, "notification": _plain(notification), "created_at": self.clock(), "sent": False}
+
+    def record_in(self, txn: Any, notification: Mapping[str, Any]) -> str:
+        """Record a notification (it carries its ``id``) in the caller's transaction."""
+        entry = self._entry(notification)
+        self.store.outbox_put_in(txn, entry["id"], entry)
+        return str(entry["id"])
+
+    def send(self, notification: Mapping[str, Any]) -> bool:
+        """Publish a recorded notification and mark it sent; on failure it stays for the sweep."""
+        nid = str(notification["id"])
+        if self.publisher is None:
+            return False
+        try:
+            message_id = self.publisher.publish(notification)
+        except Exception as exc:  # any publish failure: the entry is safe, the sweep retries it
+            log.emit(
+                "ERROR",
+                "notification not published; the sweep retries it",
+                notification=nid,
+                error=repr(exc)[:300],
+            )
+            self._note_failure(nid)
+            return False
+        try:
+            self.store.outbox_mark_sent(nid, message_id, self.clock(), KEEP_SENT_S)
+        except Exception as exc:  # published: a copy the sweep sends again is one to notify's ledger
+            log.emit(
+                "WARNING",
+                "notification published but not marked sent",
+                notification=nid,
+                error=repr(exc)[:300],
+            )
+        return True
+
+    def _note_failure(self, nid: str) -> None:
+        """Remember that a publish failed, so the sweep retries it without waiting for the grace."""
+        try:
+            self.store.outbox_note_failure(nid, self.clock())
+        except Exception as exc:  # the grace period covers it
+            log.emit(
+                "WARNING",
+                "outbox entry not updated after a failed publish",
+                notification=nid,
+                error=repr(exc)[:300],
+            )
+
+    def deliver(self, notification: Mapping[str, Any]) -> bool:
+        """Record (once per id), publish, mark sent: for a notification no transaction produced."""
+        stored = self.store.outbox_add(str(notification["id"]), self._entry(notification))
+        if stored.get("sent"):
+            return True  # a retried caller: this notification already went out
+        return self.send(stored.get("notification") or _plain(notification))
+
+    def publish_pending(self, now: float) -> int:
+        """Publish what is still unsent (failed, or older than the grace); how many went out."""
+        sent = failed = 0
+        for entry in itertools.islice(self.store.outbox_unsent(now - self.grace_s), MAX_PER_SWEEP):
+            if self.send(entry["notification"]):
+                sent, failed = sent + 1, 0
+                continue
+            failed += 1
+            if failed == MAX_FAILURES_IN_A_ROW:
+                break  # the topic is unreachable: the next sweep tries again
+        if sent:
+            log.emit("INFO", "outbox: unsent notifications published", count=sent)
+        return sent
