@@ -32,7 +32,7 @@ from pitstop.adapters.monitoring import MetricsWriter
 from pitstop.adapters.pubsub import Notifier
 from pitstop.adapters.workflows import WorkflowStarter
 from pitstop.core import policy as policy_mod
-from pitstop.services.actuate import Actuator
+from pitstop.services.actuate import STEP_CLAIM_S, Actuator
 from pitstop.services.close import schedulers_for
 from pitstop.services.ingest import Ingest
 from pitstop.services.notify import Notify
@@ -125,6 +125,8 @@ def _actuator() -> Actuator:
         schedulers,
         notifier,
         starter,
+        # the local stack runs the workflow's waits scaled down, so it scales the claim with them
+        claim_s=float(os.environ.get("PITSTOP_STEP_CLAIM_S", STEP_CLAIM_S)),
     )
 
 

@@ -33,6 +33,7 @@ from pitstop.local.control import Controller
 from pitstop.local.lql import compile_filter
 from pitstop.local.procs import Proc, free_port, start_emulator, wait_http
 from pitstop.local.slurm import SlurmCluster
+from pitstop.services.actuate import STEP_CLAIM_S
 
 ROOT = Path(__file__).resolve().parents[3]
 PROJECT = "pitstop-local"
@@ -303,6 +304,8 @@ class Stack:
             "PITSTOP_WEBHOOK_URL": ep["webhook"],
             "PITSTOP_WEBHOOK_FORMAT": "chat",
             "PITSTOP_NOTIFICATIONS_TOPIC": "pitstop-notifications",
+            # a crashed attempt's claim must lapse within the workflow's (scaled) re-asking budget
+            "PITSTOP_STEP_CLAIM_S": str(STEP_CLAIM_S * self.workflow_scale),
         }
         ff = str(Path(sys.executable).parent / "functions-framework")
         main = str(ROOT / "functions" / "main.py")
