@@ -215,6 +215,7 @@ def test_job_action_in_cooldown_is_suppressed_quietly() -> None:
     entry = system_event_entry(case)
     entry["protoPayload"]["resourceName"] = "projects/train-prod/zones/us-central1-a/instances/a3-node-002"
     entry["resource"]["labels"].update({"zone": "us-central1-a", "project_id": "train-prod"})
+    entry["logName"] = "projects/train-prod/logs/cloudaudit.googleapis.com%2Fsystem_event"  # the VM's project
     e1 = CLF.classify(entry)
     e1["_observed_ts"] = T0
     first = w.feed(e1)

@@ -29,10 +29,14 @@ from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
 
 T = TypeVar("T")
 
-# Contended documents (one node during a storm) abort transactions. The client retries at
-# once, which can livelock two contenders; a few quick attempts, then jittered backoff.
-MAX_ATTEMPTS = 3
-RETRIES = 12
+# Contended documents (one node during a storm) abort transactions. A retry at once meets the
+# same contenders again (a livelock: five instances absorbing into one incident kept failing for
+# tens of seconds), so a transaction is tried once and then again after an exponentially growing,
+# fully jittered pause (up to RETRIES tries, pauses capped at BACKOFF_CAP_S).
+MAX_ATTEMPTS = 1
+RETRIES = 10
+BACKOFF_S = 0.1
+BACKOFF_CAP_S = 4.0
 # In-process turn-taking per node: a fixed set of locks, keys hashed onto them, so a long-lived
 # instance that sees many nodes and incidents holds no per-key state.
 LOCK_STRIPES = 512
@@ -97,18 +101,19 @@ class IncidentStore:
         """Run one transaction for a node: in turn with this process's others on that node.
 
         A storm on one node lands on few instances, so taking turns in-process removes most
-        aborts; across instances Firestore's transactions decide, and one that keeps losing
-        is retried after a jittered pause. ``claims``: it may claim blast-radius slots, whose
+        aborts; across instances Firestore's transactions decide, and one that loses is retried
+        after a fully jittered exponential pause. ``claims``: it may claim blast-radius slots, whose
         documents every node shares, so such transactions also take turns across nodes.
         """
-        for attempt in range(4):
+        for attempt in range(RETRIES):
             try:
                 with self._node_lock(nkey), self._claim_lock if claims else contextlib.nullcontext():
                     return fn()
-            except (ValueError, gexc.Aborted):  # commit retries exhausted, or a read hit a lock timeout
-                if attempt == 3:
+            except (ValueError, gexc.Aborted):  # the commit lost, or a read hit a lock timeout
+                if attempt == RETRIES - 1:
                     raise
-                time.sleep(random.uniform(0.05, 0.5) * (attempt + 1))  # noqa: S311 - jitter, not a secret
+                pause = min(BACKOFF_CAP_S, BACKOFF_S * 2**attempt)
+                time.sleep(random.uniform(0, pause))  # noqa: S311 - jitter, not a secret
         raise AssertionError("unreachable")
 
     def apply(self, ev: Mapping[str, Any], policy: Policy, now: float) -> engine.Outcome:

@@ -90,6 +90,7 @@ class Coalescer:
         self._nodes: OrderedDict[str, _Node] = OrderedDict()
         self._pending: set[str] = set()  # nodes with buffered counts
         self._seen: OrderedDict[str, None] = OrderedDict()
+        self._applying: dict[str, threading.Event] = {}  # keys in a store transaction right now
         self._seen_max, self._max_nodes = seen_max, max_nodes
         self._lock = threading.RLock()
         self._merged = threading.Condition(self._lock)  # notified as each detached merge finishes
@@ -115,7 +116,7 @@ class Coalescer:
             if key in self._seen:
                 return engine.Outcome("duplicate")
             st = self._nodes.get(nkey)
-            fresh = st is not None and now - st.fetched_at < self.cache_ttl
+            fresh = st is not None and self._fresh(st, now)
         if not fresh:
             latest = self.store.latest_incident(nkey)  # plain reads: no write to refresh a cache
             with self._lock:
@@ -135,6 +136,17 @@ class Coalescer:
         if absorbed is not None:
             return absorbed
         return self._commit(st, ev, key, now)
+
+    def _fresh(self, st: _Node, now: float) -> bool:
+        """Whether the cached incident may decide without a read.
+
+        Read less than ``cache_ttl_s`` ago; or counts are buffered for it and the timer runs: their
+        merge reads the incident in its transaction, re-checks that it absorbs (replaying the
+        strongest buffered event if not) and refreshes this cache, so a storm costs no reads.
+        """
+        if now - st.fetched_at < self.cache_ttl:
+            return True
+        return bool(st.buffered) and self._flusher is not None and self._flusher.is_alive()
 
     def _buffer(
         self, st: _Node, nkey: str, ev: Mapping[str, Any], key: str, now: float
@@ -165,7 +177,28 @@ class Coalescer:
         return engine.Outcome("absorbed", incident=latest, coalesced=True), job
 
     def _commit(self, st: _Node, ev: Mapping[str, Any], key: str, now: float) -> engine.Outcome:
-        """The full, transactional path; its answer refreshes the cache."""
+        """The full, transactional path; its answer refreshes the cache.
+
+        A redelivery that arrives while this instance still applies its first delivery waits for
+        that one instead of racing it in a second transaction on the same documents: then it is
+        a duplicate, or (the first failed) it is applied itself.
+        """
+        while True:
+            with self._lock:
+                if key in self._seen:
+                    return engine.Outcome("duplicate", incident=st.latest)
+                running = self._applying.get(key)
+                if running is None:
+                    self._applying[key] = threading.Event()
+                    break
+            running.wait()
+        try:
+            return self._apply(st, ev, key, now)
+        finally:
+            with self._lock:
+                self._applying.pop(key).set()
+
+    def _apply(self, st: _Node, ev: Mapping[str, Any], key: str, now: float) -> engine.Outcome:
         out = self.store.apply(ev, self.policy, now)
         with self._lock:
             if out.result != "duplicate":
@@ -230,7 +263,7 @@ class Coalescer:
         with self._lock:
             st = self._nodes.get(nkey)
             if st is not None and out.incident is not None:
-                st.latest, st.fetched_at = slim(out.incident), now
+                st.latest, st.fetched_at = slim(out.incident), self.clock()  # as of the merge
         self._done_merging()
         if not out.coalesced and self.on_outcome is not None:
             self.on_outcome(out)

@@ -340,7 +340,10 @@ class Scenarios:
         )
 
     def blast_radius(self) -> Result:
-        targets = [self.nodes[i] for i in (0, 1, 2, 3, 4)]
+        pol = json.loads(Path(self.state.workdir, "policy.yaml").read_text())
+        b = pol["budgets"]["cluster"]
+        cap = min(b["max_nodes"], max(1, math.ceil(len(self.nodes) * b["max_percent"] / 100)))
+        targets = self.nodes[: cap + 1]  # one more than the budget allows, whatever the cluster size
         before = len(webhook_records(self.state))
 
         def xid79s(n: str) -> tuple[str | None, int]:
@@ -365,7 +368,7 @@ class Scenarios:
             return out
 
         try:
-            incs: list[dict[str, Any]] = self.wait(settled, 120, "all five incidents to settle")
+            incs: list[dict[str, Any]] = self.wait(settled, 120, f"all {len(targets)} incidents to settle")
         except TimeoutError:
             seen = [
                 (i["node"]["instance"], i["state"], i["action"], i.get("held"), i.get("failure"))
@@ -379,9 +382,6 @@ class Scenarios:
         pages = [
             w for w in webhook_records(self.state)[before:] if "blast-radius budget" in w["body"]["text"]
         ]
-        pol = json.loads(Path(self.state.workdir, "policy.yaml").read_text())
-        b = pol["budgets"]["cluster"]
-        cap = min(b["max_nodes"], max(1, math.ceil(len(self.nodes) * b["max_percent"] / 100)))
         ok = len(done) == cap and len(held) == len(targets) - cap and len(pages) == 1
         return Result(
             "blast_radius",
