@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from pitstop.core import resources
+from pitstop.local.fake_compute import default_id
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PROJECT = "train-prod"
@@ -25,10 +26,13 @@ def load_fixture(name: str) -> list[dict[str, Any]]:
 
 
 KERNEL_LOG_ID = "pitstop-kernel"  # the systemd_journald receiver's id in infra/ops-agent/config.yaml
-_GCE_RESOURCE = {
-    "type": "gce_instance",
-    "labels": {"instance_id": "4425062612213358012", "project_id": PROJECT, "zone": ZONE},
-}
+
+
+def gce_resource(instance: str) -> dict[str, Any]:
+    """The monitored resource the logging pipeline attaches: the VM's numeric id (here the id the
+    fake Compute Engine gives that VM before any recreate), project and zone."""
+    iid = default_id(PROJECT, ZONE, instance)
+    return {"type": "gce_instance", "labels": {"instance_id": iid, "project_id": PROJECT, "zone": ZONE}}
 
 
 def journald_entry(
@@ -65,7 +69,7 @@ def journald_entry(
         "labels": {"compute.googleapis.com/resource_name": instance},
         "logName": f"projects/{PROJECT}/logs/{KERNEL_LOG_ID}",
         "receiveTimestamp": "2026-11-21T10:42:31.782066320Z",
-        "resource": copy.deepcopy(_GCE_RESOURCE),
+        "resource": gce_resource(instance),
         "severity": "WARNING",
         "timestamp": "2026-11-21T10:42:31.325309Z",
     }
@@ -84,7 +88,7 @@ def syslog_entry(line: str, instance: str = "a3-node-001", insert_id: str = "ins
         "labels": {"compute.googleapis.com/resource_name": instance},
         "logName": f"projects/{PROJECT}/logs/syslog",
         "receiveTimestamp": "2026-11-21T10:42:31.782066320Z",
-        "resource": copy.deepcopy(_GCE_RESOURCE),
+        "resource": gce_resource(instance),
         "severity": "DEFAULT",
         "timestamp": "2026-11-21T10:42:31.325309Z",
     }

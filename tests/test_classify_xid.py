@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from pitstop.core.classify import Classifier
+from pitstop.local.fake_compute import default_id
 
 from .helpers import CARRIER_TRUST, CARRIERS, ENVELOPES, assert_valid_event, load_fixture, subset
 
@@ -44,7 +45,7 @@ def test_xid_line(case: dict[str, Any], carrier: str, envelope: str) -> None:
         assert ev["node"]["cluster"] == "train"
         assert ev["node"]["instance_id"] is None
     else:
-        assert ev["node"]["instance_id"] == "4425062612213358012"
+        assert ev["node"]["instance_id"] == default_id("train-prod", "us-central1-a", "a3-megagpu-7")
 
 
 def test_fixture_corpus_marks_provenance() -> None:

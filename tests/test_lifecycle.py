@@ -24,7 +24,7 @@ from pitstop.local.executions_server import ExecutionsService
 from pitstop.services.ingest import Ingest
 from pitstop.services.sweep import Sweep
 
-from .helpers import ops_agent_entry
+from .helpers import ops_agent_entry, syslog_entry
 
 pytestmark = pytest.mark.emulator
 
@@ -346,6 +346,30 @@ def test_no_store_operation_per_line_after_a_start(
     ing.coalescer.flush_all(clock.t)  # as the instance's timer or its shutdown would
     inc = ing.store.get(iid)
     assert inc is not None and inc["counts"]["events"] == FIRST_LINES + 300
+
+
+def test_a_forged_storm_costs_no_store_operation_per_line(
+    fs_client: firestore.Client, executions: tuple[ExecutionsService, str]
+) -> None:
+    """Text lines proposing more than the record-only episode they land in raise nothing (core/trust.py),
+    so the coalescer counts them in memory like any storm: forging lines cannot buy transactions."""
+    _, endpoint = executions
+    clock = Clock()
+    ing = make_ingest(fs_client, endpoint, make_policy(), clock)
+    ing.coalescer.timer = False
+
+    def text(n: int) -> dict[str, Any]:
+        e = syslog_entry(XID94, instance="a3-node-101", insert_id=f"forged-{n}")
+        e["timestamp"] = "2027-01-15T08:00:00Z"
+        return e
+
+    outs = [ing.handle_payload(text(n)) for n in range(FIRST_LINES)]
+    assert outs[0].result == "opened" and outs[0].incident is not None
+    assert outs[0].incident["action"] == "NONE" and outs[0].start_step is None
+    calls = _counting(ing.store)
+    results = {ing.handle_payload(text(1000 + i)).result for i in range(200)}
+    assert results == {"absorbed"}
+    assert calls == {}
 
 
 def test_the_instance_timer_merges_buffered_counts(fs_client: firestore.Client) -> None:

@@ -627,3 +627,37 @@ def test_a_node_someone_else_drained_stays_drained_and_the_note_says_so(world: W
     assert "stays drained by someone else" in text and reason in text
     assert inc["fence"]["already_drained_by_other"] is True and inc["fence"]["previous_reason"] == reason
     assert _steps(world, inc["id"])["1-fence"]["result"]["fence"]["previous_reason"] == reason
+
+
+# -- the live VM must be the one the evidence names (core/trust.py vm_identity_problem) --------
+
+
+def _rejected(world: World, out: engine.Outcome, node: str) -> dict[str, Any]:
+    assert out.result == "opened" and out.incident is not None
+    inc = world.wait(out.incident["id"])
+    assert inc["state"] == "RESOLVED" and "fenced" not in inc["timeline"], inc
+    assert world.calls("reset") == [] and world.calls("set_labels") == []
+    assert "drain" not in world.slurm.node_states()[node]
+    notes = [n for n in world.notes() if n["kind"] == "incident"]
+    assert any("rejected, nothing done" in n["summary"] for n in notes), notes
+    return inc
+
+
+def test_evidence_naming_another_vm_id_is_rejected_before_the_fence(world: World) -> None:
+    """The entry's resource.labels.instance_id comes from the VM's metadata server, not from the line."""
+    world.n += 1
+    entry = ops_agent_entry(XID79, instance="a3-node-001", insert_id=f"{world.project}-{world.n}")
+    entry["resource"]["labels"]["instance_id"] = "4400000000000000001"
+    inc = _rejected(world, world.event(entry), "a3-node-001")
+    assert "names VM id 4400000000000000001" in inc["rejected"]["why"]
+
+
+def test_evidence_older_than_the_live_vm_is_rejected(world: World) -> None:
+    """Compute's creationTimestamp (docs: Instance resource) is later than the line: an earlier VM's fault."""
+    inst = world.compute.instances[f"projects/{PROJECT}/zones/{ZONE}/instances/a3-node-002"]
+    inst.created = time.time() + 3600  # the VM of that name was created after the line was logged
+    world.n += 1
+    entry = ops_agent_entry(XID79, instance="a3-node-002", insert_id=f"{world.project}-{world.n}")
+    del entry["resource"]["labels"]["instance_id"]  # as on GKE's k8s_node entries: no id to compare
+    inc = _rejected(world, world.event(entry), "a3-node-002")
+    assert "created" in inc["rejected"]["why"] and "earlier VM" in inc["rejected"]["why"]

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pitstop.core import trust
 from pitstop.core.actions import JOB_ACTIONS, NODE_ACTIONS, RANK, RECORD_ONLY_ACTIONS, Action, higher
 from pitstop.core.policy import Policy
 from pitstop.core.states import ACTIVE_STATES, OPEN_STATES, UNCLAIMABLE_STATES, RunState, State
@@ -149,6 +150,7 @@ def new_incident(iid: str, ev: Mapping[str, Any], cluster: Any, policy: Policy, 
         "held": None,
         "budget_scopes": [],
         "escalate_to": None,
+        "trust": _trust_of(ev),
         "created_at": now,
         "updated_at": now,
     }
@@ -459,6 +461,8 @@ def _raise(
         latest["timeline"].pop("resolved", None)
     proposed = higher(latest["proposed_action"], ev["action"])
     action, why = escalate(proposed, node_doc, policy, now)
+    action, lowered = _capped(latest, action, policy)
+    why += lowered
     latest["proposed_action"] = proposed
     if latest["state"] in (State.OPEN, State.HELD):
         latest["escalations"].append(
@@ -487,6 +491,8 @@ def _absorb(
 ) -> Outcome:
     """Count an event into the node's episode; a stronger one raises the episode's action."""
     _count(latest, ev, ts, policy.window("tie_s"))
+    if _trust_of(ev) == trust.VERIFIED:
+        latest["trust"] = trust.VERIFIED
     latest["burst_until"] = max(latest["burst_until"], ts + policy.window("burst_silence_s"))
     latest["updated_at"] = now
     out.incident, out.result, out.closed = latest, "absorbed", None
@@ -509,6 +515,8 @@ def _open(
     cluster = policy.cluster_for(ev["node"])
     inc = new_incident(incident_id(node_key(ev["node"]), trigger), ev, cluster, policy, now)
     action, why = escalate(ev["action"], node_doc, policy, now)
+    action, lowered = _capped(inc, action, policy)
+    why += lowered
     if why:
         inc["escalations"].append({"from": ev["action"], "to": action, "at": now, "why": why})
         inc["action"] = action
@@ -518,6 +526,31 @@ def _open(
     out.incident, out.result = inc, "opened"
     _decide_start(inc, node_doc, budgets, policy, cluster.size if cluster else None, now, out)
     return out
+
+
+def _trust_of(ev: Mapping[str, Any]) -> str:
+    src = ev.get("source")
+    return (
+        trust.VERIFIED
+        if isinstance(src, Mapping) and src.get("trust") == trust.VERIFIED
+        else trust.UNVERIFIED
+    )
+
+
+def believed(ev: Mapping[str, Any], policy: Policy) -> tuple[Mapping[str, Any], trust.TrustDecision]:
+    """The event as far as its evidence may be believed: its action lowered to what it may start."""
+    td = trust.decide(ev, policy)
+    if not td.lowered:
+        return ev, td
+    return {**ev, "action": td.action, "reason": f"{ev['reason']} [{td.reason}]"}, td
+
+
+def _capped(inc: dict[str, Any], action: str, policy: Policy) -> tuple[str, list[str]]:
+    """History may raise an action; for an episode without verified evidence only as far as trust allows."""
+    if inc.get("trust") == trust.VERIFIED:
+        return action, []
+    td = trust.allowed_action(trust.UNVERIFIED, action, policy.trust_text_syslog)
+    return td.action, [td.reason] if td.lowered else []
 
 
 def apply_event(
@@ -535,11 +568,15 @@ def apply_event(
     latest = copy.deepcopy(latest) if latest else None
     out = Outcome("ignored", node=node_doc)
     budgets = _end_burst(latest, budgets, ts, out)
+    ev, td = believed(ev, policy)
     if latest is not None and absorbs(latest, ev, ts):
         return _absorb(latest, ev, ts, node_doc, budgets, policy, now, out)
-    if ev["action"] == Action.NONE:
+    if ev["action"] == Action.NONE and not td.lowered:
         return out  # nothing to remember: no open episode and nothing to do
-    return _open(ev, ts, node_doc, budgets, policy, now, trigger, out)
+    out = _open(ev, ts, node_doc, budgets, policy, now, trigger, out)
+    if td.lowered and out.page is None and out.incident is not None:
+        out.page = f"incident {out.incident['id']}: {td.reason}"  # once per episode: absorbs are quiet
+    return out
 
 
 def close_if_burst_over(inc: dict[str, Any], now: float) -> bool:

@@ -5,8 +5,8 @@ Two pure pieces, both total:
 * :func:`text_provenance` — given a LogEntry that carries a text line, which text is the
   evidence and whether a sender on the VM could have written it. Only the systemd journal's
   trusted ``_TRANSPORT`` field (set by journald itself, never by the writer) says a line came
-  from the kernel; text syslog files and journal entries of any other transport are
-  ``unverified``.
+  from the kernel; text syslog files, serial-console output (the guest's own bytes, with no
+  record of the writer) and journal entries of any other transport are ``unverified``.
 * :func:`allowed_action` / :func:`decide` — given the event's trust, the action proposed for
   it (by the classifier, or after the engine's escalation) and the policy's
   ``trust.text_syslog`` knob, the action this evidence alone may start and why.
@@ -18,6 +18,7 @@ and reboot, but never replace a host on its own (REPLACE_NODE is lowered to REBO
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,11 @@ WHY_USER_KMSG = (
     "journal kernel transport with a user-space syslog facility: written to /dev/kmsg from user space"
 )
 WHY_NO_TEXT = "no text payload"
+# GCE serial-port logging (log id serialconsole.googleapis.com/serial_port_1_output): the console
+# bytes the guest wrote. The kernel prints there, but so can any process that may write the
+# serial device, and the entry keeps no record of which wrote it.
+WHY_SERIAL_CONSOLE = "serial console output: written by the guest, any process on the VM can write this line"
+SERIAL_PORT_LOG = re.compile(r"serialconsole\.googleapis\.com(?:%2F|/)serial_port_[1-4]_output", re.I)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +61,7 @@ class Provenance:
     text: str | None
     trust: str
     reason: str
-    carrier: str  # journald | syslog | legacy_agent | none
+    carrier: str  # journald | syslog | legacy_agent | serial_console | none
 
 
 def _journald(jp: Mapping[str, Any]) -> Provenance:
@@ -87,6 +93,9 @@ def text_provenance(entry: Mapping[str, Any]) -> Provenance:
         msg = jp["message"]
         return Provenance(msg if isinstance(msg, str) else None, UNVERIFIED, WHY_TEXT_SYSLOG, "syslog")
     tp = entry.get("textPayload")
+    ln = entry.get("logName")
+    if isinstance(tp, str) and isinstance(ln, str) and SERIAL_PORT_LOG.search(ln[-80:]):
+        return Provenance(tp, UNVERIFIED, WHY_SERIAL_CONSOLE, "serial_console")
     if isinstance(tp, str):
         return Provenance(tp, UNVERIFIED, WHY_LEGACY_AGENT, "legacy_agent")
     return Provenance(None, UNVERIFIED, WHY_NO_TEXT, "none")
@@ -152,3 +161,30 @@ def decide(ev: Mapping[str, Any], policy: Policy, action: str | None = None) -> 
         policy.trust_text_syslog,
         why if isinstance(why, str) else "",
     )
+
+
+# A VM created this long after the first line of evidence is a later VM of the same name (clocks
+# of the logging agent and of Compute Engine may disagree by a little).
+CREATED_AFTER_MARGIN_S = 5.0
+
+
+def vm_identity_problem(
+    node: Mapping[str, Any], first_seen: float, live_id: str | None, created: float | None
+) -> str | None:
+    """Why the live VM is not the one the evidence names (None when it is, as far as can be told).
+
+    Checked before the node is touched: the numeric id the log entry carries (set by the
+    logging pipeline from the VM's metadata, not by the line's text) must be the live VM's, and
+    the live VM must have existed when the first line was logged. A line about a VM that was
+    since deleted and recreated under the same name says nothing about the new one.
+    """
+    name = node.get("instance")
+    want = node.get("instance_id")
+    if want and live_id and str(want) != str(live_id):
+        return f"the evidence names VM id {want}; {name} is now VM id {live_id}"
+    if created is not None and created > first_seen + CREATED_AFTER_MARGIN_S:
+        return (
+            f"{name} was created {int(created - first_seen)} s after the first line of evidence:"
+            " the evidence is about an earlier VM of that name"
+        )
+    return None

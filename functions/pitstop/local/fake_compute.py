@@ -33,6 +33,7 @@ State advances lazily from a scaled clock on every request: no background thread
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import itertools
 import json
 import random
@@ -89,6 +90,21 @@ def not_found(path: str) -> ApiError:
     return ApiError(404, "notFound", f"The resource '{path}' was not found")
 
 
+# The fake's VMs exist since before any log line tests and the demo send (2020-01-01T00:00:00Z).
+CREATED_LONG_AGO = 1_577_836_800.0
+
+
+def new_id() -> str:
+    return str(4_400_000_000_000_000_000 + random.randrange(10**15))
+
+
+def default_id(project: str, zone: str, name: str) -> str:
+    """A VM's numeric id before any recreate: fixed by its path, so a log entry can carry it
+    the way the logging agent does (tests and the demo build entries without asking the fake)."""
+    digest = hashlib.sha256(f"{project}/{zone}/{name}".encode()).digest()
+    return str(4_400_000_000_000_000_000 + int.from_bytes(digest[:8], "big") % 10**15)
+
+
 @dataclass
 class Instance:
     project: str
@@ -98,7 +114,8 @@ class Instance:
     provisioning: str = "RESERVATION_BOUND"
     mig: str | None = None
     status: str = "RUNNING"
-    id: str = field(default_factory=lambda: str(4_400_000_000_000_000_000 + random.randrange(10**15)))
+    id: str = ""  # default_id(project, zone, name) unless given
+    created: float = CREATED_LONG_AGO  # epoch s; a VM the fake (re)creates at run time gets its time
     labels: dict[str, str] = field(default_factory=dict)
     fingerprint: str = "42WmSpB8rSM="
     host: str = field(default_factory=lambda: f"host-{random.randrange(16**8):08x}")
@@ -106,6 +123,9 @@ class Instance:
     plan: list[tuple[float, dict[str, Any]]] = field(default_factory=list)  # (at, changes)
     maintenance: dict[str, Any] | None = None
     reports: int = 0
+
+    def __post_init__(self) -> None:
+        self.id = self.id or default_id(self.project, self.zone, self.name)
 
     @property
     def zone_path(self) -> str:
@@ -134,6 +154,7 @@ class Instance:
         doc: dict[str, Any] = {
             "kind": "compute#instance",
             "id": self.id,
+            "creationTimestamp": _rfc3339(self.created),
             "name": self.name,
             "status": self.status,
             "zone": f"{BASE}/projects/{self.project}/zones/{self.zone}",
@@ -494,13 +515,10 @@ class FakeCompute:
             targets.append(inst)
         now, d = self.clock(), self._dur("recreate")
         for inst in targets:
-            new_id = str(4_400_000_000_000_000_000 + random.randrange(10**15))
+            fresh = {"id": new_id(), "created": now + d * 0.4, "host": f"host-{random.randrange(16**8):08x}"}
             inst.plan = [
                 (now, {"status": "STOPPING"}),
-                (
-                    now + d * 0.4,
-                    {"status": "STAGING", "id": new_id, "host": f"host-{random.randrange(16**8):08x}"},
-                ),
+                (now + d * 0.4, {"status": "STAGING", **fresh}),
                 (now + d, {"status": "RUNNING"}),
             ]
             inst.advance(now)
@@ -546,7 +564,7 @@ class FakeCompute:
             inst.plan = [
                 (
                     now + d * 0.5,
-                    {"status": "STAGING", "id": str(4_400_000_000_000_000_000 + random.randrange(10**15))},
+                    {"status": "STAGING", "id": new_id(), "created": now + d * 0.5},
                 ),
                 (now + d, {"status": "RUNNING"}),
             ]

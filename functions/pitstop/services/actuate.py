@@ -38,7 +38,8 @@ from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.firestore import IncidentStore
 from pitstop.adapters.scheduler import NoScheduler, Scheduler
-from pitstop.core.actions import RANK, RECORD_ONLY_ACTIONS, Action
+from pitstop.core import trust
+from pitstop.core.actions import NODE_ACTIONS, RANK, RECORD_ONLY_ACTIONS, Action
 from pitstop.core.ids import request_id, requeue_key
 from pitstop.core.ops import (
     CONTINUE,
@@ -330,7 +331,47 @@ class Actuator:
             return True, ""
 
         ours, why = self.store.mutate(inc["id"], claim)
+        if ours:
+            problem = self._identity_problem(inc)
+            if problem is not None:
+                self._reject(inc["id"], problem)
+                ours, why = False, f"rejected: {problem}"
         return {"ours": ours, "why": why, "plan": plan_for(inc["action"]), "action": inc["action"]}
+
+    def _identity_problem(self, inc: Mapping[str, Any]) -> str | None:
+        """Before a node action first touches the VM: is the live VM the one the evidence names?
+
+        Job actions are not checked (a preempted VM may already be a new one; the job still needs
+        its restart), nor a node already acted on (Pitstop's own recreate gives it a new id).
+        """
+        if inc["action"] not in NODE_ACTIONS or inc["timeline"].get("acted"):
+            return None
+        p, z, i = self._node(inc)
+        try:
+            vm = self.compute.get(p, z, i)
+        except ActuatorError as exc:
+            if exc.status == 404:
+                return f"no VM {i} in {p}/{z}"
+            raise
+        created = to_epoch(str(vm.get("creation_timestamp") or "")) or None
+        live_id = str(vm["id"]) if vm.get("id") is not None else None
+        return trust.vm_identity_problem(inc["node"], float(inc["first_seen"]), live_id, created)
+
+    def _reject(self, iid: str, problem: str) -> None:
+        """End the incident without touching anything: the evidence does not match the live VM."""
+        now = self.clock()
+
+        def reject(doc: dict[str, Any]) -> dict[str, Any]:
+            doc["state"] = State.RESOLVED
+            doc["rejected"] = {"why": problem, "at": now}
+            doc["timeline"]["resolved"] = now
+            doc["updated_at"] = now
+            return doc
+
+        done = self.store.mutate(iid, reject)
+        self.store.release_budget(done)
+        log.emit("WARNING", "evidence rejected: not the live VM", incident=iid, why=problem)
+        self._notify(done, "warning", f"Incident {iid} rejected, nothing done: {problem}")
 
     def _fence(self, inc: Mapping[str, Any], step: int, attempt: Attempt) -> dict[str, Any]:
         """Drain the node and record the jobs on it, each with the run the fault hit, and what was there."""
@@ -746,6 +787,7 @@ class Actuator:
                         "reason",
                         "counts",
                         "failure",
+                        "rejected",
                     )
                 },
                 "durations_s": durations(inc),

@@ -157,10 +157,11 @@ class Coalescer:
         if latest is None and ev["action"] == Action.NONE:
             self._remember(key)
             return engine.Outcome("ignored"), None
+        action = engine.believed(ev, self.policy)[0]["action"]  # a forged line raises nothing
         if (
             latest is None
             or st.direct < DIRECT_LINES
-            or RANK[ev["action"]] > RANK[latest["action"]]
+            or RANK[action] > RANK[latest["action"]]
             or not engine.absorbs(latest, ev, ts)
         ):
             return None, self._take(st, now)  # counts so far go first: the store path may change things

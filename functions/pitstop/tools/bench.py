@@ -59,11 +59,12 @@ def _gce_instance(i: int) -> dict[str, Any]:
 
 
 def _driver_entry(flavour: int, line: str, node: str, i: int) -> dict[str, Any]:
-    """A kernel line as each collector ships it: 0 Ops Agent, 1 legacy agent, 2 GKE node journal."""
+    """A kernel line as each collector ships it: 0 Pitstop's Ops Agent journald receiver (verified),
+    1 legacy agent text (unverified), 2 GKE node journal (kernel transport)."""
     if flavour == 0:
         return {
-            "logName": "projects/train-prod/logs/syslog",
-            "jsonPayload": {"message": line},
+            "logName": "projects/train-prod/logs/pitstop-kernel",
+            "jsonPayload": {"MESSAGE": line, "_TRANSPORT": "kernel", "SYSLOG_FACILITY": "0"},
             "resource": _gce_instance(i),
             "labels": {"compute.googleapis.com/resource_name": node},
         }
@@ -76,7 +77,7 @@ def _driver_entry(flavour: int, line: str, node: str, i: int) -> dict[str, Any]:
         }
     return {
         "logName": "projects/train-prod/logs/node-journal",
-        "jsonPayload": {"MESSAGE": line},
+        "jsonPayload": {"MESSAGE": line, "_TRANSPORT": "kernel"},
         "resource": {
             "type": "k8s_node",
             "labels": {

@@ -59,23 +59,40 @@ class Scenarios:
             self.db = firestore.Client(project=PROJECT)
         self.nodes: list[str] = self.state.cluster["node_names"]
         self.latencies: list[float] = []
+        self._ids: dict[str, str] = {}
+        self._ids_at = -1e9
 
     # -- helpers -------------------------------------------------------------------
 
     def entry(self, node: str, line: str, insert_id: str | None = None) -> dict[str, Any]:
         now = time.time()
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int((now % 1) * 1e6):06d}Z"
+        # What Pitstop's Ops Agent config (infra/ops-agent/) ships: the kernel's own journal record,
+        # whose _TRANSPORT journald sets (verified evidence; text syslog would only be recorded).
         return {
             "insertId": insert_id or uuid.uuid4().hex[:16],
-            "logName": f"projects/{PROJECT}/logs/syslog",
+            "logName": f"projects/{PROJECT}/logs/pitstop-kernel",
             "timestamp": stamp,
-            "jsonPayload": {"message": f"kernel: {line}"},
+            "jsonPayload": {
+                "MESSAGE": line,
+                "_TRANSPORT": "kernel",
+                "SYSLOG_FACILITY": "0",
+                "_HOSTNAME": node,
+            },
             "resource": {
                 "type": "gce_instance",
-                "labels": {"instance_id": "4425062612213358012", "project_id": PROJECT, "zone": ZONE},
+                "labels": {"instance_id": self.vm_id(node), "project_id": PROJECT, "zone": ZONE},
             },
             "labels": {"compute.googleapis.com/resource_name": node},
         }
+
+    def vm_id(self, node: str) -> str:
+        """The live VM's numeric id, as the logging agent on it would report it (a recreate changes it)."""
+        now = time.monotonic()
+        if now - self._ids_at > 1.0:
+            self._ids = {i["name"]: str(i["id"]) for i in admin(self.state, "/_admin/state")["instances"]}
+            self._ids_at = now
+        return self._ids[node]
 
     def incidents(self, node: str) -> list[dict[str, Any]]:
         docs = [d.to_dict() for d in self.db.collection("pitstop_incidents").stream()]
