@@ -43,15 +43,23 @@ SOCKET_TIMEOUT = "scontrol exited 1: slurm_update error: Socket timed out on sen
 # -- helpers -------------------------------------------------------------------------------
 
 
+SCRIPT_NODES = tuple(f"gpu-{i}" for i in range(10))
+
+
 class Script:
     """A scripted Slurm: records every argv; ``answer`` decides what each call returns or raises."""
 
-    def __init__(self, answer: Callable[[list[str]], str] | None = None) -> None:
+    def __init__(
+        self, answer: Callable[[list[str]], str] | None = None, nodes: tuple[str, ...] = SCRIPT_NODES
+    ) -> None:
         self.argvs: list[list[str]] = []
         self.answer = answer or (lambda argv: "")
+        self.nodes = nodes
         self.lock = threading.Lock()
 
     def __call__(self, argv: list[str]) -> str:
+        if argv[0] == "sinfo":  # the node list, answered here (not recorded) so scripts stay short
+            return "".join(f"{n}\n" for n in self.nodes)
         with self.lock:
             self.argvs.append(list(argv))
         return self.answer(argv)
@@ -615,3 +623,32 @@ def test_unreachable_controller_is_a_transient_failure_then_the_retry_runs(
     second = Agent(SlurmCommands(via(slurm.conf)), results).handle(raw)
     assert second is not None and second["state"] == RESULT_DONE and second["attempt"] == 2
     assert _reason(slurm, "pa-1") == ("IDLE+DRAIN", f"pitstop {INCIDENT} RESET_GPU")
+
+
+def test_only_nodes_slurm_lists_are_acted_on() -> None:
+    """A command naming a host that is not one of this cluster's Slurm nodes runs nothing."""
+    run = Script(nodes=("gpu-0", "gpu-1"))
+    cmds = SlurmCommands(run)
+    for op, args in (
+        ("drain", {"node": "gpu-7", "incident": INCIDENT, "action": "REBOOT_NODE"}),
+        ("resume", {"node": "gpu-7", "incident": INCIDENT}),
+        ("jobs_on_node", {"node": "other-cluster-vm"}),
+        ("node_state", {"node": "gpu-7"}),
+    ):
+        with pytest.raises(CommandRefusedError, match="not a node of this Slurm cluster"):
+            cmds.execute(op, args)
+    assert run.argvs == []  # not one scontrol or squeue
+    assert cmds.execute("jobs_on_node", {"node": "gpu-1"}) == []
+    assert run.argvs == [["squeue", "-h", "-w", "gpu-1", "-o", "%i|%T|%u|%D|%N|%j"]]
+
+
+def test_a_node_added_to_slurm_is_accepted_once_the_list_is_read_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = Script(nodes=("gpu-0",))
+    cmds = SlurmCommands(run)
+    assert cmds.execute("jobs_on_node", {"node": "gpu-0"}) == []
+    run.nodes = ("gpu-0", "gpu-1")
+    clock = [time.monotonic() + 10]  # past MEMBERS_REFRESH_S
+    monkeypatch.setattr("pitstop.agent.slurm.time.monotonic", lambda: clock[0])
+    assert cmds.execute("jobs_on_node", {"node": "gpu-1"}) == []

@@ -117,6 +117,12 @@ _REASON = re.compile(r"(.*?) \[[^\s\[\]@]+@\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\](?= [
 _REASON_TEXT = re.compile(r"[^A-Za-z0-9 _.,:;()/@+-]")
 
 
+# The cluster's node list (sinfo) is trusted for this long; a name missing from it re-reads it,
+# at most this often.
+MEMBERS_TTL_S = 300.0
+MEMBERS_REFRESH_S = 5.0
+
+
 class CommandRefusedError(ValueError):
     """The command is malformed, unknown, expired or carries an argument that fails validation."""
 
@@ -228,6 +234,28 @@ class SlurmCommands:
     def __init__(self, run: Callable[[list[str]], str] | None = None, release_requeued: bool = False) -> None:
         self._run = run or self._subprocess
         self.release_requeued = release_requeued
+        self._nodes: frozenset[str] = frozenset()
+        self._nodes_at = -1e18
+        self._nodes_lock = threading.Lock()
+
+    def _member(self, args: Mapping[str, Any]) -> str:
+        """A node argument this agent may act on: a valid name Slurm lists as one of its nodes.
+
+        A command naming any other host (a VM of another cluster, a name a log line made up) is
+        refused before any scontrol runs. The list is re-read when a name is missing from it
+        (a node just added), at most every MEMBERS_REFRESH_S.
+        """
+        node = _need(args, "node", NODE)
+        with self._nodes_lock:
+            now = time.monotonic()
+            stale = now - self._nodes_at > MEMBERS_TTL_S
+            if stale or (node not in self._nodes and now - self._nodes_at > MEMBERS_REFRESH_S):
+                out = self._run(["sinfo", "-h", "-N", "-o", "%N"])  # one line per node (and partition)
+                self._nodes = frozenset(w for w in out.split() if NODE.fullmatch(w))
+                self._nodes_at = now
+            if node not in self._nodes:
+                raise CommandRefusedError(f"node {node} is not a node of this Slurm cluster (sinfo)")
+        return node
 
     @staticmethod
     def _subprocess(argv: list[str]) -> str:
@@ -251,7 +279,7 @@ class SlurmCommands:
 
         The run tells a later requeue whether the job is still the one the fault hit.
         """
-        node = _need(args, "node", NODE)
+        node = self._member(args)
         out = self._run(["squeue", "-h", "-w", node, "-o", "%i|%T|%u|%D|%N|%j"])
         jobs = []
         for line in out.splitlines():
@@ -287,7 +315,7 @@ class SlurmCommands:
         return parse_node(self._run(["scontrol", "show", "node", "-o", node]), node)
 
     def drain(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        node = _need(args, "node", NODE)
+        node = self._member(args)
         incident = _need(args, "incident", INCIDENT)
         action = args.get("action")
         if action not in ACTIONS:
@@ -322,7 +350,7 @@ class SlurmCommands:
         return {**out, "reason": reason}
 
     def resume(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        node = _need(args, "node", NODE)
+        node = self._member(args)
         prefix = DRAIN_REASON_PREFIX
         if args.get("incident") is not None:  # commands from before the incident was sent: any Pitstop drain
             prefix += _need(args, "incident", INCIDENT) + " "
@@ -379,7 +407,7 @@ class SlurmCommands:
         }
 
     def node_state(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        info = self.node_info(_need(args, "node", NODE))
+        info = self.node_info(self._member(args))
         return {"node": info.node, "state": info.state, "reason": info.reason}
 
 
