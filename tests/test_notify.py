@@ -7,6 +7,8 @@ MetricServiceClient to the local CreateTimeSeries server; the webhook is a recor
 from __future__ import annotations
 
 import json
+import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +20,7 @@ from google.protobuf import empty_pb2
 
 from pitstop.adapters.monitoring import MetricsWriter
 from pitstop.local.fake_monitoring import FakeMonitoring, serve
-from pitstop.services.notify import Notify
+from pitstop.services.notify import SINK_CLAIM_S, Notify, SinkBusyError
 
 pytestmark = pytest.mark.emulator
 
@@ -145,3 +147,57 @@ def test_a_notification_without_a_usable_id_is_keyed_by_its_message(
         svc.handle(n, mid)
     assert len(hook.posts) == 2
     assert {d.id for d in fs_client.collection("pitstop_notifications").stream()} == {"m-6", "m-7"}
+
+
+def test_two_deliveries_at_once_post_once(
+    fs_client: firestore.Client, monitoring: tuple[Monitoring, MetricsWriter]
+) -> None:
+    """A redelivery that arrives while the first delivery is still posting finds its claim and is
+    redelivered later (SinkBusyError); neither reads "not done yet" and posts a second time."""
+    _, metrics = monitoring
+    posting, release = threading.Event(), threading.Event()
+    posts: list[bytes] = []
+
+    def slow(url: str, data: bytes) -> int:
+        posts.append(data)
+        posting.set()
+        assert release.wait(30)
+        return 200
+
+    note = {**FAILED, "id": f"incident-race-{uuid.uuid4().hex[:8]}"}
+    svc = _notify(fs_client, metrics, slow)  # type: ignore[arg-type]
+    first = threading.Thread(target=svc.handle, args=(note, "m-10"))
+    first.start()
+    assert posting.wait(30)
+    with pytest.raises(SinkBusyError):
+        svc.handle(dict(note), "m-11")
+    release.set()
+    first.join(30)
+    done = svc.handle(dict(note), "m-12")  # the redelivery after the first finished: nothing to do
+    assert len(posts) == 1 and done["webhook"] and done["metrics"]
+
+
+def test_a_delivery_that_died_holding_the_webhook_is_taken_over_after_its_claim(
+    fs_client: firestore.Client, monitoring: tuple[Monitoring, MetricsWriter]
+) -> None:
+    _, metrics = monitoring
+    note = {**FAILED, "id": f"incident-dead-{uuid.uuid4().hex[:8]}"}
+    now = [T0]
+    hook = Webhook()
+    svc = Notify(
+        "https://chat.example/hook",
+        "chat",
+        metrics,
+        fs_client.collection("pitstop_notifications"),
+        post=hook,
+        clock=lambda: now[0],
+    )
+    ref = fs_client.collection("pitstop_notifications").document(str(note["id"]))
+    ref.set({"webhook_claim": {"token": "dead", "until": T0 + SINK_CLAIM_S}})  # a delivery that died
+    with pytest.raises(SinkBusyError):
+        svc.handle(note, "m-20")
+    assert hook.posts == []
+    now[0] = T0 + SINK_CLAIM_S + 1
+    svc.handle(note, "m-21")
+    assert len(hook.posts) == 1
+    assert "webhook_claim" not in (ref.get().to_dict() or {})
