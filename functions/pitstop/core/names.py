@@ -16,6 +16,8 @@ import re
 _INSTANCE = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
 # e.g. us-central1-a, europe-west4-b, me-central2-c
 _ZONE = re.compile(r"[a-z]+(?:-[a-z]+)*[0-9]+-[a-z]", re.ASCII)
+# e.g. us-central1: a regional GKE cluster's location, which is not a zone
+_REGION = re.compile(r"[a-z]+(?:-[a-z]+)*[0-9]+", re.ASCII)
 # Project IDs (6-30 chars), optionally domain-scoped ("example.com:proj"), or a project number.
 _PROJECT = re.compile(
     r"(?:[a-z][-a-z0-9.]{0,61}[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]|[0-9]{1,20}", re.ASCII
@@ -59,6 +61,15 @@ def valid_instance(s: object) -> bool:
 
 def valid_zone(s: object) -> bool:
     return isinstance(s, str) and len(s) <= 63 and _ZONE.fullmatch(s) is not None
+
+
+def valid_region(s: object) -> bool:
+    return isinstance(s, str) and len(s) <= 61 and _REGION.fullmatch(s) is not None
+
+
+def zone_in_region(zone: object, region: object) -> bool:
+    """Whether ``zone`` is a valid zone of ``region`` (``us-central1-a`` of ``us-central1``)."""
+    return valid_zone(zone) and valid_region(region) and str(zone).rsplit("-", 1)[0] == region
 
 
 def valid_project(s: object) -> bool:

@@ -11,6 +11,10 @@ only after checking it"):
   entry's project, written by ``compute.googleapis.com`` for ``system@google.com``;
   anything else that claims to be one is ``invalid``.
 
+A GKE entry (``k8s_node``) names the cluster's location; for a regional cluster that is a
+region, not a zone. Such an event keeps ``node.region`` and ``node.zone: null``: ingest fills
+the zone from the node itself (adapters/gke_zone.py) before the engine sees it.
+
 One message is cut to 64 KiB (UTF-8) before any pattern sees it, and the event says so.
 """
 
@@ -33,6 +37,7 @@ WHY_SYSTEM_EVENT = (
 )
 INTERNAL_ERROR = "internal parser error"  # the last guard; tests assert it never fires
 RESOURCE_NAME_LABEL = "compute.googleapis.com/resource_name"
+GKE_RESOURCES = ("k8s_node", "k8s_cluster", "k8s_pod", "k8s_container")  # labelled by cluster location
 MAX_LOG_NAME, MAX_ID, MAX_RESOURCE_NAME = 512, 256, 1024
 _TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)", re.ASCII)
 _AUDIT_RESOURCE = re.compile(r"projects/([^/]+)/zones/([^/]+)/instances/([^/]+)")
@@ -132,12 +137,18 @@ def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[
     if instance is None:
         return None, "the node cannot be identified (no resource_name label, node_name or audit resourceName)"
     zone = rl.get("zone") or rl.get("location") or (audit.group(2) if audit else None)
+    region = None
+    rtype = res.get("type") if isinstance(res, dict) else None
+    if rtype in GKE_RESOURCES and "zone" not in rl and names.valid_region(zone):
+        # A regional GKE cluster's entries name its region (reference/gke.md §1): the zone is
+        # looked up later from the node (adapters/gke_zone.py), before anything acts on it.
+        region, zone = zone, None
     project = _project(entry, rl, audit)
     instance_id = rl.get("instance_id")
     problem = names.instance_problem(instance)
     if problem is not None:
         return None, problem
-    if not names.valid_zone(zone):
+    if region is None and not names.valid_zone(zone):
         return None, "zone is missing or not a valid Compute Engine zone"
     if not names.valid_project(project):
         return None, "project is missing or not a valid project id"
@@ -149,6 +160,8 @@ def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[
         "instance": instance,
         "instance_id": instance_id,
     }
+    if region is not None:
+        node["region"] = region
     cluster = rl.get("cluster_name")
     if cluster is not None:
         if not names.valid_cluster(cluster):
