@@ -4,7 +4,8 @@ Each handler builds its service once per instance from the environment:
 GOOGLE_CLOUD_PROJECT, PITSTOP_POLICY (path to policy.yaml), PITSTOP_NOTIFICATIONS_TOPIC,
 PITSTOP_WEBHOOK_URL (from Secret Manager via --set-secrets) and PITSTOP_WEBHOOK_FORMAT
 (chat|slack); local endpoints PITSTOP_WORKFLOWS_ENDPOINT, PITSTOP_COMPUTE_ENDPOINT,
-PITSTOP_MONITORING_ENDPOINT only when running on the local stack; emulator variables in tests.
+PITSTOP_MONITORING_ENDPOINT and PITSTOP_KUBE_ENDPOINT (the fake Kubernetes API server every GKE
+cluster is reached at) only when running on the local stack; emulator variables in tests.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from google.cloud.pubsub_v1 import PublisherClient
 from pitstop.adapters import log
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.firestore import IncidentStore
+from pitstop.adapters.gke_zone import ZoneResolver
 from pitstop.adapters.monitoring import MetricsWriter
 from pitstop.adapters.pubsub import Notifier
 from pitstop.adapters.workflows import WorkflowStarter
@@ -53,7 +55,9 @@ def _ingest() -> Ingest:
         project, wf["location"], wf["name"], os.environ.get("PITSTOP_WORKFLOWS_ENDPOINT")
     )
     notifier = Notifier(project, os.environ.get("PITSTOP_NOTIFICATIONS_TOPIC", "pitstop-notifications"))
-    return Ingest(pol, store, starter, notifier)
+    # A regional GKE cluster's entries name no zone: Compute's aggregatedList finds the node's.
+    zones = ZoneResolver(instances=ComputeAdapter(os.environ.get("PITSTOP_COMPUTE_ENDPOINT")).instances)
+    return Ingest(pol, store, starter, notifier, zones=zones)
 
 
 def _sweep() -> Sweep:
@@ -110,7 +114,13 @@ def _actuator() -> Actuator:
     prefix = pol.doc["store"]["collection_prefix"]
     db = firestore.Client(project=project)
     publisher = PublisherClient()
-    schedulers = schedulers_for(pol, publisher, project, db.collection(f"{prefix}_slurm_results"))
+    schedulers = schedulers_for(
+        pol,
+        publisher,
+        project,
+        db.collection(f"{prefix}_slurm_results"),
+        kube_endpoint=os.environ.get("PITSTOP_KUBE_ENDPOINT"),
+    )
     wf = pol.doc["workflow"]
     starter = WorkflowStarter(
         project, wf["location"], wf["name"], os.environ.get("PITSTOP_WORKFLOWS_ENDPOINT")

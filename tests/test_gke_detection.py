@@ -15,15 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from google.api_core import exceptions as gexc
+from google.cloud import firestore
 
+from pitstop.adapters.compute import ComputeAdapter
+from pitstop.adapters.firestore import IncidentStore
 from pitstop.adapters.gke_zone import ZoneLookupError, ZoneResolver, fill_zone, zone_from_provider_id
-from pitstop.core import trust
+from pitstop.core import policy, trust
 from pitstop.core.classify import Classifier
 from pitstop.core.resources import DataFileError
+from pitstop.local.fake_compute import FakeCompute
+from pitstop.local.fake_compute import serve as serve_compute
 from pitstop.local.fake_k8s import FakeKube
+from pitstop.services.ingest import Ingest
 
-from .helpers import PROJECT, assert_valid_event, gke_journal_entry, legacy_agent_entry
+from .helpers import PROJECT, assert_valid_event, gke_journal_entry, legacy_agent_entry, push_body
 
 CLF = Classifier.default()
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
@@ -162,17 +167,33 @@ def test_zone_from_provider_id_is_strict(pid: Any, zone: str | None) -> None:
 
 
 class Instances:
-    """A stand-in for compute_v1.InstancesClient.aggregated_list: (scope, scoped list) pairs."""
+    """compute_v1.InstancesClient (the real client) against the fake Compute Engine's
+    instances.aggregatedList, with the requests it made recorded for the tests."""
 
-    def __init__(self, scopes: dict[str, list[str]], error: Exception | None = None) -> None:
-        self.scopes, self.error = scopes, error
+    servers: list[Any] = []
+
+    def __init__(self, scopes: dict[str, list[str]], unavailable: int = 0) -> None:
+        self.fake = FakeCompute()
+        for scope, names in scopes.items():
+            for n in names:
+                self.fake.add_instance(PROJECT, scope.removeprefix("zones/"), n)
+        if unavailable:
+            self.fake.inject("aggregated_list", 503, "backendError", count=unavailable)
+        server, endpoint = serve_compute(self.fake)
+        Instances.servers.append(server)
+        self.client = ComputeAdapter(endpoint).instances
         self.requests: list[dict[str, Any]] = []
 
-    def aggregated_list(self, request: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    def aggregated_list(self, request: dict[str, Any], **options: Any) -> Any:
         self.requests.append(request)
-        if self.error is not None:
-            raise self.error
-        return [(scope, {"instances": [{"name": n} for n in names]}) for scope, names in self.scopes.items()]
+        return self.client.aggregated_list(request=request, **options)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _stop_fake_computes() -> Any:
+    yield
+    for server in Instances.servers:
+        server.shutdown()
 
 
 class Clock:
@@ -184,7 +205,7 @@ class Clock:
 
 
 def test_compute_lookup_takes_the_zone_inside_the_region_and_caches_it() -> None:
-    compute = Instances({"zones/europe-west4-a": [NODE], "zones/us-central1-f": [NODE], "regions/x": [NODE]})
+    compute = Instances({"zones/europe-west4-a": [NODE], "zones/us-central1-f": [NODE]})
     clock = Clock()
     r = ZoneResolver(instances=compute, ttl_s=100, clock=clock)
     assert r.resolve(PROJECT, REGION, NODE).zone == "us-central1-f"
@@ -223,11 +244,11 @@ def test_cache_is_bounded() -> None:
 
 
 def test_api_trouble_is_a_retryable_lookup_error_and_not_cached() -> None:
-    compute = Instances({"zones/us-central1-a": [NODE]}, error=gexc.ServiceUnavailable("down"))  # type: ignore[no-untyped-call]
+    compute = Instances({"zones/us-central1-a": [NODE]}, unavailable=100)  # 503 until cleared
     r = ZoneResolver(instances=compute)
     with pytest.raises(ZoneLookupError):
         r.resolve(PROJECT, REGION, NODE)
-    compute.error = None
+    compute.fake.injected.clear()  # Compute is back
     assert r.resolve(PROJECT, REGION, NODE).zone == "us-central1-a"
     with pytest.raises(ZoneLookupError):
         ZoneResolver().resolve(PROJECT, REGION, NODE)  # no source at all
@@ -279,3 +300,22 @@ def test_provider_id_from_the_node_wins_and_compute_is_not_asked(kube: Any, tmp_
     # an unknown node falls back to Compute
     assert r.resolve(PROJECT, REGION, "gke-train-other", cluster="train").zone is None
     assert len(compute.requests) == 1
+
+
+@pytest.mark.emulator
+def test_ingest_gives_a_regional_event_its_zone_before_the_engine_keys_it(
+    fs_client: firestore.Client,
+) -> None:
+    compute = Instances({"zones/us-central1-c": [NODE]})
+    store = IncidentStore(fs_client, "pitstop")
+    pol = policy.from_doc({"mode": "observe"})
+    ing = Ingest(pol, store, None, None, zones=ZoneResolver(instances=compute))
+    out = ing.handle_payload(push_body(regional_journal()))
+    assert out.result == "opened" and out.incident is not None
+    assert out.incident["node"]["zone"] == "us-central1-c"
+    assert out.incident["node_key"] == f"{PROJECT}.us-central1-c.{NODE}"
+    lost = Ingest(pol, store, None, None, zones=ZoneResolver(instances=Instances({})))
+    other = regional_journal()
+    other["resource"]["labels"]["node_name"] = "gke-gone-1"
+    assert lost.handle_payload(push_body(other)).result == "ignored"  # acknowledged, logged, never keyed
+    assert store.latest_incident(f"{PROJECT}.None.gke-gone-1") is None

@@ -26,10 +26,14 @@ from typing import Any
 
 import urllib3
 from google.api_core import exceptions as gexc
+from google.api_core import retry as gretry
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from pitstop.core import names
+
+LOOKUP_TIMEOUT_S = 5.0
+LOOKUP_RETRY = gretry.Retry(initial=0.2, maximum=2.0, timeout=10.0)
 
 # Strict: one project (optionally domain-scoped), one zone, one RFC 1035 instance name.
 PROVIDER_ID = re.compile(
@@ -139,7 +143,9 @@ class ZoneResolver:
     def _from_compute(self, project: str, region: str, instance: str) -> ZoneAnswer:
         try:
             pairs = self.instances.aggregated_list(
-                request={"project": project, "filter": f'name = "{instance}"', "return_partial_success": True}
+                request={"project": project, "filter": f'name = "{instance}"'},
+                retry=LOOKUP_RETRY,  # bounded: an outage fails the delivery (redelivered), not hangs it
+                timeout=LOOKUP_TIMEOUT_S,
             )
             zones = sorted(_zones_holding(pairs, instance))
         except (gexc.GoogleAPICallError, gexc.RetryError) as exc:

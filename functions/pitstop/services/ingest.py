@@ -22,6 +22,7 @@ from google.api_core import exceptions as gexc
 
 from pitstop.adapters import log
 from pitstop.adapters.firestore import IncidentStore
+from pitstop.adapters.gke_zone import ZoneResolver, fill_zone
 from pitstop.core import engine
 from pitstop.core.classify import Classifier
 from pitstop.core.envelope import unwrap
@@ -62,8 +63,9 @@ class Ingest:
         notifier: Publisher | None,
         classifier: Classifier | None = None,
         clock: Callable[[], float] = time.time,
+        zones: ZoneResolver | None = None,
     ) -> None:
-        self.policy, self.store = policy, store
+        self.policy, self.store, self.zones = policy, store, zones
         self.launcher = Launcher(store, starter, notifier)
         self.classifier = classifier or Classifier(policy.xids, Classifier.default().system_events)
         self.clock = clock
@@ -84,6 +86,13 @@ class Ingest:
             sev = "WARNING" if ev["kind"] == "invalid" else "DEBUG"
             log.emit(sev, f"{ev['kind']} entry acknowledged", reason=ev["reason"], source=ev["source"])
             return engine.Outcome("ignored")
+        if ev["node"].get("zone") is None:  # a regional GKE cluster's entry: the node's zone first
+            why = fill_zone(ev, self.zones) if self.zones is not None else "no zone resolver configured"
+            if why is not None:  # ZoneLookupError (Compute or Kubernetes unreachable) is redelivered
+                log.emit(
+                    "WARNING", "regional event without a zone acknowledged", reason=why, source=ev["source"]
+                )
+                return engine.Outcome("ignored")
         observed = to_epoch(ev.get("observed_at"))
         ev["_observed_ts"] = min(observed, now) if observed else now
         out = self.coalescer.handle(ev, now)
