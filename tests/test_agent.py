@@ -29,7 +29,9 @@ from pitstop.agent.slurm import (
     CommandRefusedError,
     SlurmCommands,
     SlurmOutputError,
+    commands_for,
     is_transient,
+    parse_args,
     parse_node,
 )
 from pitstop.local.slurm import SlurmCluster
@@ -652,3 +654,10 @@ def test_a_node_added_to_slurm_is_accepted_once_the_list_is_read_again(
     clock = [time.monotonic() + 10]  # past MEMBERS_REFRESH_S
     monkeypatch.setattr("pitstop.agent.slurm.time.monotonic", lambda: clock[0])
     assert cmds.execute("jobs_on_node", {"node": "gpu-1"}) == []
+
+
+def test_requeued_jobs_are_released_at_once_unless_the_hold_is_kept() -> None:
+    """scontrol requeue holds a job until BeginTime (~2 min on); the agent lifts it by default."""
+    assert commands_for(parse_args(["--subscription", "s"])).release_requeued is True
+    assert commands_for(parse_args(["--subscription", "s", "--keep-requeue-hold"])).release_requeued is False
+    assert commands_for(parse_args(["--subscription", "s", "--release-requeued"])).release_requeued is True

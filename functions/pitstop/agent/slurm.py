@@ -646,20 +646,31 @@ def _number(v: Any) -> float:
         return 0.0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="pitstop-slurm-agent", description=__doc__.splitlines()[0])
     p.add_argument("--project", default=os.environ.get("GOOGLE_CLOUD_PROJECT"))
     p.add_argument("--subscription", required=True, help="the cluster's command subscription id")
     p.add_argument("--collection-prefix", default="pitstop")
     p.add_argument(
-        "--release-requeued",
+        "--keep-requeue-hold",
         action="store_true",
-        help="let requeued jobs start at once instead of after Slurm's ~120 s BeginTime",
+        help="leave a requeued job held until Slurm's BeginTime (~120 s later); by default it may "
+        "start at once on healthy nodes (the faulty node is drained first)",
     )
-    args = p.parse_args(argv)
+    p.add_argument("--release-requeued", action="store_true", help=argparse.SUPPRESS)  # now the default
+    return p.parse_args(argv)
+
+
+def commands_for(args: argparse.Namespace) -> SlurmCommands:
+    """The job should run again within a minute: Slurm's requeue hold is lifted unless asked not to."""
+    return SlurmCommands(release_requeued=not args.keep_requeue_hold)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     db = firestore.Client(project=args.project)
     agent = Agent(
-        SlurmCommands(release_requeued=args.release_requeued),
+        commands_for(args),
         db.collection(f"{args.collection_prefix}_slurm_results"),
     )
     stop = threading.Event()

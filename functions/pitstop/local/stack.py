@@ -2,13 +2,15 @@
 
 On 127.0.0.1 and free ports: the Pub/Sub and Firestore emulators, the fake Compute Engine
 with a simulated cluster, a real Slurm (slurmctld + one slurmd per node, kept in step with
-the fake VMs) with the Pitstop Slurm agent, functions-framework servers for ingest, actuate
-and notify fed by real push subscriptions (with dead-letter topics) and for sweep, called
-every ``sweep_interval`` seconds by a Cloud Scheduler stand-in, the Workflows runner, a fake
-Cloud Monitoring, and a webhook sink. The log router applies infra/filters/ to injected
-entries and publishes what a real sink would. actuate runs from ``local/chaos_main.py``
-(main's handler with chaos hooks); the stack's controller (``local/control.py``) restarts a
-function process that died and takes chaos requests. State lives in ``<workdir>/stack.json``.
+the fake VMs) with the Pitstop Slurm agent (or, for a cluster with ``scheduler="gke"``, a fake
+Kubernetes API server whose nodes are the fake VMs: local/gke_stack.py), functions-framework
+servers for ingest, actuate and notify fed by real push subscriptions (with dead-letter
+topics) and for sweep, called every ``sweep_interval`` seconds by a Cloud Scheduler stand-in,
+the Workflows runner, a fake Cloud Monitoring, and a webhook sink. The log router applies
+infra/filters/ to injected entries and publishes what a real sink would. actuate runs from
+``local/chaos_main.py`` (main's handler with chaos hooks); the stack's controller
+(``local/control.py``) restarts a function process that died and takes chaos requests. State
+lives in ``<workdir>/stack.json``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.core import sinks
+from pitstop.local import gke_stack
 from pitstop.local.chaos import CHAOS_DIR_ENV, clear_flags
 from pitstop.local.control import Controller
 from pitstop.local.lql import compile_filter
@@ -47,6 +50,8 @@ FIRESTORE_WRITERS = (
 ZONE = "us-central1-a"
 FUNCTIONS = (("ingest", "cloudevent"), ("actuate", "http"), ("notify", "cloudevent"), ("sweep", "http"))
 SWEEP_INTERVAL_S = 60.0  # Cloud Scheduler calls the sweep every minute in production
+GKE_POOL = "gke-train-a3-pool-1f2e3d4c"  # GKE names a node pool's VMs gke-<cluster>-<pool>-<hash>-...
+GKE_EVICT_DEADLINE_S = 10  # a PodDisruptionBudget that refuses an eviction fails the checkpoint after this
 
 
 @dataclass
@@ -57,10 +62,24 @@ class ClusterSpec:
     machine_type: str = "a3-megagpu-8g"
     mig: str = "a3-node"
     name: str = "train"
+    scheduler: str = "slurm"  # or "gke": a fake Kubernetes API server in place of Slurm
+    jobset_nodes: int = 0  # gke: a JobSet with the host-maintenance failure policy on this many nodes
 
     @property
     def node_names(self) -> list[str]:
         return [f"{self.prefix}-{i:03d}" for i in range(self.nodes)]
+
+    @classmethod
+    def gke(cls, nodes: int = 8, spot: list[str] | None = None, jobset_nodes: int = 0) -> ClusterSpec:
+        """A GKE node pool: VMs named as GKE names them, in the pool's MIG, nodes of cluster ``train``."""
+        return cls(
+            nodes=nodes,
+            prefix=GKE_POOL,
+            spot=list(spot or []),
+            mig=f"{GKE_POOL}-grp",
+            scheduler="gke",
+            jobset_nodes=jobset_nodes,
+        )
 
 
 @dataclass
@@ -70,8 +89,9 @@ class StackState:
     endpoints: dict[str, str]
     pids: dict[str, int]
     cluster: dict[str, Any]
-    slurm_conf: str
+    slurm_conf: str  # "" on a GKE stack
     daemon_pid: int | None = None  # the background process that owns the stack (`pitstop local up`)
+    kubeconfig: str | None = None  # a GKE stack's fake API server, for kubectl and the kubernetes client
 
     def save(self) -> None:
         Path(self.workdir, "stack.json").write_text(json.dumps(asdict(self), indent=2))
@@ -105,19 +125,26 @@ def default_workdir() -> Path:
     return Path(os.environ.get("PITSTOP_LOCAL_DIR", ROOT / ".local"))
 
 
+def _cluster_policy(spec: ClusterSpec) -> dict[str, Any]:
+    """The policy's entry for the simulated cluster; a GKE one is reached at PITSTOP_KUBE_ENDPOINT."""
+    cluster: dict[str, Any] = {
+        "name": spec.name,
+        "scheduler": spec.scheduler,
+        "size": spec.nodes,
+        "match": {"name_pattern": f"{spec.prefix}-*"},
+        "mig": {"name": spec.mig, "zone": ZONE},
+    }
+    if spec.scheduler == "gke":
+        cluster["gke"] = {"location": ZONE, "cluster": spec.name, "evict_deadline_s": GKE_EVICT_DEADLINE_S}
+    else:
+        cluster["slurm"] = {"checkpoint_signal": "SIGUSR1", "command_topic": f"pitstop-slurm-{spec.name}"}
+    return cluster
+
+
 def policy_for(spec: ClusterSpec, over: dict[str, Any] | None = None) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "mode": "enforce",
-        "clusters": [
-            {
-                "name": spec.name,
-                "scheduler": "slurm",
-                "size": spec.nodes,
-                "match": {"name_pattern": f"{spec.prefix}-*"},
-                "mig": {"name": spec.mig, "zone": ZONE},
-                "slurm": {"checkpoint_signal": "SIGUSR1", "command_topic": f"pitstop-slurm-{spec.name}"},
-            }
-        ],
+        "clusters": [_cluster_policy(spec)],
         # A short window keeps the demo quick; production defaults are 30 min (policy.defaults.yaml).
         "budgets": {"window_s": 8, "cluster": {"max_nodes": 4, "max_percent": 25}},
         "cooldowns": {"RESCHEDULE_JOB": 5},
@@ -138,6 +165,7 @@ def _endpoints(fs_host: str, ps_host: str, ports: dict[str, int]) -> dict[str, s
         "monitoring": f"127.0.0.1:{ports['monitoring']}",
         "webhook": f"http://127.0.0.1:{ports['webhook']}/hook",
         **{f: f"http://127.0.0.1:{ports[f]}" for f in ("ingest", "actuate", "notify", "sweep", "control")},
+        **({"kube": f"http://127.0.0.1:{ports['kube']}"} if "kube" in ports else {}),
     }
 
 
@@ -166,6 +194,10 @@ class Stack:
         return self.state.endpoints
 
     @property
+    def gke(self) -> bool:
+        return self.spec.scheduler == "gke"
+
+    @property
     def chaos_dir(self) -> Path:
         """Where chaos flags for the function processes are armed (see pitstop.local.chaos)."""
         return self.workdir / "chaos"
@@ -185,13 +217,15 @@ class Stack:
         fs_host, ps_host = self._start_emulators()
         env = self._base_env(fs_host, ps_host)
         names = ("compute", "executions", "monitoring", "webhook", *(f for f, _ in FUNCTIONS), "control")
-        ports = {k: free_port() for k in names}
+        ports = {k: free_port() for k in (*names, *(("kube",) if self.gke else ()))}
         ep = _endpoints(fs_host, ps_host, ports)
         files = self._write_inputs(ep)
         self._start_fakes(ports, files, env)
+        if self.gke:
+            self.procs["kube"] = gke_stack.start(self.workdir, ep, files["cluster"], env)
         self._start_functions(ports, ep, files["policy"], env)
         self._wire_pubsub(ep, ps_host)
-        slurm = self._start_slurm(ep, env)
+        slurm = None if self.gke else self._start_slurm(ep, env)
         for fn, _ in FUNCTIONS:
             wait_http(ep[fn] + "/", self.procs[fn], timeout=60, accept_errors=True)
         self._py(
@@ -199,7 +233,10 @@ class Stack:
             ["scheduler", "--url", ep["sweep"] + "/", "--interval", str(self.sweep_interval)],
             env,
         )
-        slurm.wait_idle(len(self.spec.node_names), timeout=60)
+        if slurm is not None:
+            slurm.wait_idle(len(self.spec.node_names), timeout=60)
+        else:
+            gke_stack.ready(ep["kube"], self.spec.node_names, self.spec.jobset_nodes)
         state = self._save_state(ep, slurm)
         self.controller = Controller(self, ports["control"]).start()
         return state
@@ -306,6 +343,7 @@ class Stack:
             "PITSTOP_NOTIFICATIONS_TOPIC": "pitstop-notifications",
             # a crashed attempt's claim must lapse within the workflow's (scaled) re-asking budget
             "PITSTOP_STEP_CLAIM_S": str(STEP_CLAIM_S * self.workflow_scale),
+            **({"PITSTOP_KUBE_ENDPOINT": ep["kube"]} if "kube" in ep else {}),
         }
         ff = str(Path(sys.executable).parent / "functions-framework")
         main = str(ROOT / "functions" / "main.py")
@@ -338,13 +376,13 @@ class Stack:
         )
         agent_env = {**env, "SLURM_CONF": str(self.slurm.conf)}
         argv = [sys.executable, "-m", "pitstop.agent.slurm", "--project", PROJECT]
-        argv += ["--subscription", "slurm-agent-train", "--release-requeued"]
+        argv += ["--subscription", "slurm-agent-train"]  # requeued jobs start at once (the default)
         self.procs["slurm-agent"] = Proc(
             "slurm-agent", argv, self.workdir / "slurm-agent.log", agent_env
         ).start()
         return self.slurm
 
-    def _save_state(self, ep: dict[str, str], slurm: SlurmCluster) -> StackState:
+    def _save_state(self, ep: dict[str, str], slurm: SlurmCluster | None) -> StackState:
         """stack.json: how `pitstop local status|down|inject|chaos` in another process finds this stack."""
         self.state = StackState(
             str(self.workdir),
@@ -352,7 +390,8 @@ class Stack:
             ep,
             self._pids(),
             {**asdict(self.spec), "node_names": self.spec.node_names},
-            str(slurm.conf),
+            str(slurm.conf) if slurm is not None else "",
+            kubeconfig=str(gke_stack.kubeconfig(self.workdir)) if self.gke else None,
         )
         self.state.save()
         return self.state
@@ -380,7 +419,9 @@ class Stack:
         deadline, so a restarted agent would answer many commands a minute late. Commands the old
         agent held unanswered are published again by actuate's next try, as with real Pub/Sub.
         """
-        agent = self.procs["slurm-agent"]
+        agent = self.procs.get("slurm-agent")
+        if agent is None:
+            raise ValueError("this stack runs no Slurm agent (a GKE stack)")
         if up and not agent.alive():
             agent.start()
         elif not up and agent.alive():
@@ -408,6 +449,7 @@ class Stack:
 
         with emulator_env(ep):
             pub, sub = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+        slurm_topic = () if self.gke else (f"pitstop-slurm-{self.spec.name}",)
         t = {
             n: pub.topic_path(PROJECT, n)
             for n in (
@@ -415,7 +457,7 @@ class Stack:
                 "pitstop-events-dead",
                 "pitstop-notifications",
                 "pitstop-notifications-dead",
-                f"pitstop-slurm-{self.spec.name}",
+                *slurm_topic,
             )
         }
         for topic in t.values():
@@ -435,11 +477,12 @@ class Stack:
 
         push("ingest-push", "pitstop-events", ep["ingest"], "pitstop-events-dead", 5)
         push("notify-push", "pitstop-notifications", ep["notify"], "pitstop-notifications-dead", 10)
-        for name, topic in (
+        pulls = [
             ("slurm-agent-train", f"pitstop-slurm-{self.spec.name}"),
             ("events-dead-inspect", "pitstop-events-dead"),
             ("notifications-dead-inspect", "pitstop-notifications-dead"),
-        ):
+        ]
+        for name, topic in pulls[1:] if self.gke else pulls:
             sub.create_subscription(name=sub.subscription_path(PROJECT, name), topic=t[topic])
 
     # -- faults ----------------------------------------------------------------------
@@ -524,7 +567,8 @@ def down(workdir: Path) -> list[str]:
     for pid in state.pids.values():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-    subprocess.run(["pkill", "-f", f"slurmd -D -f {state.slurm_conf}"], check=False)
+    if state.slurm_conf:  # a GKE stack has no slurmd (and an empty pattern would match any stack's)
+        subprocess.run(["pkill", "-f", f"slurmd -D -f {state.slurm_conf}"], check=False)
     (Path(workdir) / "stack.json").unlink(missing_ok=True)
     return stopped
 
