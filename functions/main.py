@@ -45,18 +45,37 @@ def _project() -> str:
     return os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ["GCP_PROJECT"]
 
 
+class _LazyInstances:
+    """Compute's instances client, made on first use: only a regional GKE entry needs it."""
+
+    def aggregated_list(self, **kwargs: Any) -> Any:
+        return _compute().instances.aggregated_list(**kwargs)
+
+
+@functools.cache
+def _compute() -> ComputeAdapter:
+    return ComputeAdapter(os.environ.get("PITSTOP_COMPUTE_ENDPOINT"))
+
+
+def _db(project: str) -> firestore.Client:
+    """Pitstop's own Firestore database (deploy creates it; IAM conditions grant only it)."""
+    return firestore.Client(
+        project=project, database=os.environ.get("PITSTOP_FIRESTORE_DATABASE", "(default)")
+    )
+
+
 @functools.cache
 def _ingest() -> Ingest:
     project = _project()
     pol = policy_mod.load()
-    store = IncidentStore(firestore.Client(project=project), pol.doc["store"]["collection_prefix"])
+    store = IncidentStore(_db(project), pol.doc["store"]["collection_prefix"])
     wf = pol.doc["workflow"]
     starter = WorkflowStarter(
         project, wf["location"], wf["name"], os.environ.get("PITSTOP_WORKFLOWS_ENDPOINT")
     )
     notifier = Notifier(project, os.environ.get("PITSTOP_NOTIFICATIONS_TOPIC", "pitstop-notifications"))
     # A regional GKE cluster's entries name no zone: Compute's aggregatedList finds the node's.
-    zones = ZoneResolver(instances=ComputeAdapter(os.environ.get("PITSTOP_COMPUTE_ENDPOINT")).instances)
+    zones = ZoneResolver(instances=_LazyInstances())
     return Ingest(pol, store, starter, notifier, zones=zones)
 
 
@@ -112,7 +131,7 @@ def _actuator() -> Actuator:
     project = _project()
     pol = policy_mod.load()
     prefix = pol.doc["store"]["collection_prefix"]
-    db = firestore.Client(project=project)
+    db = _db(project)
     publisher = PublisherClient()
     schedulers = schedulers_for(
         pol,
@@ -146,9 +165,7 @@ def _notify() -> Notify:
     pol = policy_mod.load()
     endpoint = os.environ.get("PITSTOP_MONITORING_ENDPOINT")
     metrics = MetricsWriter(project, endpoint) if os.environ.get("PITSTOP_METRICS", "on") != "off" else None
-    ledger = firestore.Client(project=project).collection(
-        f"{pol.doc['store']['collection_prefix']}_notifications"
-    )
+    ledger = _db(project).collection(f"{pol.doc['store']['collection_prefix']}_notifications")
     return Notify(
         os.environ.get("PITSTOP_WEBHOOK_URL"),
         os.environ.get("PITSTOP_WEBHOOK_FORMAT", "chat"),

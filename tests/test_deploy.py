@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
+import re
 import shlex
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -18,12 +22,26 @@ from pitstop.tools import deploy
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = {**deploy.load_config(None), "slurm_clusters": ["train", "infer"], "webhook_format": "slack"}
+GKE_CONF = {  # the same, acting on VMs in two zones and two GKE clusters, one in another project
+    **CONF,
+    "compute_zones": ["us-central1-a", {"zone": "us-east5-b", "name_prefix": "a3-node-"}],
+    "gke_clusters": [
+        {"name": "gpu-a3", "location": "us-central1"},
+        {"name": "tpu-b", "location": "europe-west4-b", "project": "ml-other-proj"},
+    ],
+}
 
 
 @pytest.fixture(scope="module")
 def steps(tmp_path_factory: pytest.TempPathFactory) -> list[deploy.Step]:
     source = deploy.stage_source(None, tmp_path_factory.mktemp("src"))
     return deploy.plan("my-train-proj", "us-central1", CONF, str(source))
+
+
+@pytest.fixture(scope="module")
+def gke_steps(tmp_path_factory: pytest.TempPathFactory) -> list[deploy.Step]:
+    source = deploy.stage_source(None, tmp_path_factory.mktemp("src"))
+    return deploy.plan("my-train-proj", "us-central1", GKE_CONF, str(source))
 
 
 def test_dry_run_prints_one_gcloud_command_per_line() -> None:
@@ -46,6 +64,7 @@ def test_dry_run_prints_one_gcloud_command_per_line() -> None:
 def test_least_privilege(steps: list[deploy.Step]) -> None:
     roles = [a.split("=", 1)[1] for s in steps for a in s.argv if a.startswith("--role=")]
     assert roles and not {"roles/owner", "roles/editor", "roles/compute.admin"} & set(roles)
+    assert not {"roles/workflows.invoker", "roles/datastore.owner", "roles/pubsub.editor"} & set(roles)
     iam = yaml.safe_load((ROOT / "infra" / "iam.yaml").read_text())["service_accounts"]
     assert all(b["why"] for spec in iam.values() for k in spec if k.endswith("_roles") for b in spec[k])
     fns = {s.argv[2]: s.argv for s in steps if s.argv[:2] == ["functions", "deploy"]}
@@ -71,6 +90,172 @@ def test_least_privilege(steps: list[deploy.Step]) -> None:
     role = yaml.safe_load((ROOT / "infra" / "roles" / "pitstop-actuator.yaml").read_text())
     assert "compute.instances.reportHostAsFaulty" in role["includedPermissions"]
     assert not any(p.endswith((".delete", ".setIamPolicy", ".insert")) for p in role["includedPermissions"])
+
+
+PERMISSIONS = {  # each custom role, exactly: what the code calls (adapters/compute.py, workflows.py)
+    "pitstop-actuator.yaml": {
+        "compute.instances.get",
+        "compute.instances.reset",
+        "compute.instances.setLabels",
+        "compute.instances.reportHostAsFaulty",
+        "compute.instances.performMaintenance",
+        "compute.instanceGroupManagers.get",
+        "compute.instanceGroupManagers.update",
+    },
+    "pitstop-operations-reader.yaml": {"compute.zoneOperations.get"},
+    "pitstop-node-lookup.yaml": {"compute.instances.list"},
+    "pitstop-workflow-starter.yaml": {
+        "workflows.executions.create",
+        "workflows.executions.get",
+        "workflows.executions.list",
+        "workflows.executions.cancel",
+    },
+}
+
+
+def test_custom_roles_hold_exactly_the_permissions_pitstop_uses() -> None:
+    files = {f.name: f for f in (ROOT / "infra" / "roles").glob("*.yaml")}
+    assert set(files) == set(PERMISSIONS)
+    for name, want in PERMISSIONS.items():
+        role = yaml.safe_load(files[name].read_text())
+        assert len(role["includedPermissions"]) == len(set(role["includedPermissions"]))
+        assert set(role["includedPermissions"]) == want, name
+
+
+Grant = tuple[str, str, str, str]  # where (gcloud group), resource, role, condition title or ""
+
+
+def _grants(steps: list[deploy.Step]) -> dict[str, set[Grant]]:
+    """Every binding the plan makes, by member: the whole of what each identity may do."""
+    out: dict[str, set[Grant]] = {}
+    for s in steps:
+        verbs = [
+            i for i, a in enumerate(s.argv) if a in ("add-iam-policy-binding", "add-invoker-policy-binding")
+        ]
+        if not verbs:
+            continue
+        flags = dict(a.removeprefix("--").split("=", 1) for a in s.argv if a.startswith("--") and "=" in a)
+        cond = flags.get("condition", "None")
+        title = "" if cond == "None" else cond.rsplit(",title=", 1)[1]
+        where = " ".join(s.argv[: verbs[0]])
+        grant = (where, s.argv[verbs[0] + 1], flags.get("role", "roles/run.invoker"), title)
+        out.setdefault(flags["member"], set()).add(grant)
+    return out
+
+
+def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.Step]) -> None:
+    """The complete set per account: nothing project-wide that a resource or a condition can narrow."""
+    p, other = "my-train-proj", "ml-other-proj"
+    sa = "serviceAccount:pitstop-{}@my-train-proj.iam.gserviceaccount.com".format
+    prj, topic, sub = "projects", "pubsub topics", "pubsub subscriptions"
+    db, zones, starter = (
+        "pitstop-database-only",
+        "pitstop-actuator-zones",
+        f"projects/{p}/roles/pitstopWorkflowStarter",
+    )
+    logs = (prj, p, "roles/logging.logWriter", "")
+    want = {
+        sa("ingest"): {
+            (prj, p, "roles/datastore.user", db),
+            (prj, p, starter, ""),
+            logs,
+            (topic, "pitstop-notifications", "roles/pubsub.publisher", ""),
+            ("functions", "pitstop-ingest", "roles/run.invoker", ""),
+        },
+        sa("actuate"): {
+            (prj, p, "roles/datastore.user", db),
+            (prj, p, starter, ""),
+            logs,
+            (prj, p, f"projects/{p}/roles/pitstopActuator", zones),
+            (prj, other, f"projects/{other}/roles/pitstopActuator", zones),
+            (prj, p, f"projects/{p}/roles/pitstopOperationsReader", ""),
+            (prj, other, f"projects/{other}/roles/pitstopOperationsReader", ""),
+            (prj, p, "roles/container.clusterViewer", ""),
+            (prj, other, "roles/container.clusterViewer", ""),
+            (prj, p, f"projects/{p}/roles/pitstopNodeLookup", ""),
+            (prj, other, f"projects/{other}/roles/pitstopNodeLookup", ""),
+            (topic, "pitstop-notifications", "roles/pubsub.publisher", ""),
+            (topic, "pitstop-slurm-train", "roles/pubsub.publisher", ""),
+            (topic, "pitstop-slurm-infer", "roles/pubsub.publisher", ""),
+            (sub, "pitstop-slurm-train-results-actuate", "roles/pubsub.subscriber", ""),
+            (sub, "pitstop-slurm-infer-results-actuate", "roles/pubsub.subscriber", ""),
+        },
+        sa("notify"): {
+            (prj, p, "roles/monitoring.metricWriter", ""),
+            (prj, p, "roles/datastore.user", db),
+            logs,
+            ("secrets", "pitstop-webhook", "roles/secretmanager.secretAccessor", ""),
+            ("functions", "pitstop-notify", "roles/run.invoker", ""),
+        },
+        sa("workflow"): {logs, ("functions", "pitstop-actuate", "roles/run.invoker", "")},
+        sa("scheduler"): {("functions", "pitstop-sweep", "roles/run.invoker", "")},
+        **{
+            sa(f"slurm-{c}"): {  # no Firestore at all: results go to its own topic
+                logs,
+                (sub, f"pitstop-slurm-{c}-agent", "roles/pubsub.subscriber", ""),
+                (topic, f"pitstop-slurm-{c}-results", "roles/pubsub.publisher", ""),
+            }
+            for c in ("train", "infer")
+        },
+    }
+    got = _grants(gke_steps)
+    pitstop = {m: g for m, g in got.items() if m.startswith("serviceAccount:pitstop-")}
+    assert pitstop == want
+    others = {(m, g) for m, gs in got.items() if m not in want for g in gs}
+    assert {g[2] for _, g in others} == {
+        "roles/pubsub.publisher",
+        "roles/pubsub.subscriber",
+        "roles/iam.serviceAccountTokenCreator",
+    }
+    assert {m for m, _ in others} == {
+        "serviceAccount:service-<project-number>@gcp-sa-pubsub.iam.gserviceaccount.com",
+        "<pitstop-gpu-xid-writer-identity>",
+        "<pitstop-system-events-writer-identity>",
+    }
+
+
+def test_conditions_confine_firestore_to_pitstops_database_and_compute_to_the_zones(
+    gke_steps: list[deploy.Step],
+) -> None:
+    conds = {
+        (s.argv[2], next(a for a in s.argv if a.startswith("--role="))): a.removeprefix("--condition=")
+        for s in gke_steps
+        if s.argv[:2] == ["projects", "add-iam-policy-binding"]
+        for a in s.argv
+        if a.startswith("--condition=") and a != "--condition=None"
+    }
+    database = (
+        'expression=resource.name == "projects/my-train-proj/databases/pitstop" || '
+        'resource.name.startsWith("projects/my-train-proj/databases/pitstop/"),title=pitstop-database-only'
+    )
+    assert conds[("my-train-proj", "--role=roles/datastore.user")] == database
+    local = conds[("my-train-proj", "--role=projects/my-train-proj/roles/pitstopActuator")]
+    assert local == (
+        'expression=resource.name.startsWith("projects/my-train-proj/zones/us-central1-a/") || '
+        'resource.name.startsWith("projects/my-train-proj/zones/us-east5-b/instances/a3-node-") || '
+        'resource.name.startsWith("projects/my-train-proj/zones/us-east5-b/instanceGroupManagers/") || '
+        'resource.name.startsWith("projects/my-train-proj/zones/us-central1-"),title=pitstop-actuator-zones'
+    )  # the regional GKE cluster: every us-central1 zone
+    assert conds[("ml-other-proj", "--role=projects/ml-other-proj/roles/pitstopActuator")] == (
+        'expression=resource.name.startsWith("projects/ml-other-proj/zones/europe-west4-b/"),'
+        "title=pitstop-actuator-zones"
+    )
+    assert len(conds) == 3  # the Firestore condition is one binding of three members
+
+
+def test_without_zones_or_gke_clusters_actuate_gets_no_compute_role(steps: list[deploy.Step]) -> None:
+    roles = {a for s in steps for a in s.argv if a.startswith("--role=")}
+    assert not [r for r in roles if "pitstopActuator" in r or "compute" in r or "container" in r]
+    assert not [s for s in steps if s.argv[:3] == ["iam", "roles", "create"] and "pitstopActuator" in s.argv]
+
+
+def test_many_zones_are_split_over_conditions_iam_accepts() -> None:
+    scope = [(f"us-central1-{z}", "") for z in "abcdef"] + [(f"us-east{n}-a", "a3-") for n in range(1, 6)]
+    conds = deploy.compute_conditions("p-1234", scope)
+    assert [c["title"] for c in conds] == ["pitstop-actuator-zones", "pitstop-actuator-zones-2"]
+    clauses = [c["expression"].split(" || ") for c in conds]
+    assert [len(c) for c in clauses] == [12, 4]  # 6 zones + 5 x (instances, MIGs) = 16 clauses
+    assert all(c["expression"].count("||") <= 11 and "," not in c["expression"] for c in conds)
 
 
 def test_sinks_use_the_filter_files(steps: list[deploy.Step]) -> None:
@@ -100,6 +285,21 @@ def test_every_slurm_cluster_gets_a_topic_a_subscription_and_the_agent_pull_righ
         assert pulls[f"pitstop-slurm-{c}-agent"] == (
             f"--member=serviceAccount:pitstop-slurm-{c}@my-train-proj.iam.gserviceaccount.com"
         )
+        assert pulls[f"pitstop-slurm-{c}-results-actuate"] == (
+            "--member=serviceAccount:pitstop-actuate@my-train-proj.iam.gserviceaccount.com"
+        )
+    publishers = {
+        (s.argv[3], s.argv[6])
+        for s in steps
+        if s.argv[:3] == ["pubsub", "topics", "add-iam-policy-binding"] and s.argv[3].endswith("-results")
+    }
+    assert publishers == {  # only a cluster's own agent can answer for that cluster
+        (
+            f"pitstop-slurm-{c}-results",
+            f"--member=serviceAccount:pitstop-slurm-{c}@my-train-proj.iam.gserviceaccount.com",
+        )
+        for c in ("train", "infer")
+    }
 
 
 @pytest.mark.parametrize("name", ["Train", "a_b", "-x", "x-", "", "seventeen-chars-x", "a b", "x;rm"])
@@ -207,6 +407,7 @@ SAMPLE_VALUES = {  # what the placeholders hold at run time, so gcloud's own val
     "<pitstop-gpu-xid-writer-identity>": SINK_WRITER,
     "<pitstop-system-events-writer-identity>": SINK_WRITER,
     "<existing>": "1234567890",  # a dashboard or alert policy id a check printed
+    "<gke-credentials>": "/tmp/pitstop-deploy-x",
 }
 
 
@@ -235,6 +436,7 @@ def _gcloud_parse(line: str, cfg: str) -> tuple[str, int, str]:
         "SERVICEUSAGE",
         "CLOUDRESOURCEMANAGER",
         "EVENTARC",
+        "CONTAINER",
     ):
         env[f"CLOUDSDK_API_ENDPOINT_OVERRIDES_{api}"] = "http://127.0.0.1:9/"  # never a real Google endpoint
     proc = subprocess.run(
@@ -243,12 +445,42 @@ def _gcloud_parse(line: str, cfg: str) -> tuple[str, int, str]:
     return line, proc.returncode, proc.stderr
 
 
-def test_every_command_is_accepted_by_the_real_gcloud_parser(steps: list[deploy.Step]) -> None:
-    lines = [s.line() for s in steps]
+def _gcloud_lines(steps: list[deploy.Step]) -> list[str]:
+    """Every gcloud command a plan can run: steps, checks, updates, deletes, captures, credentials."""
+    plain = [s for s in steps if s.program == "gcloud"]
+    lines = [shlex.join(["gcloud", *s.argv]) for s in plain]
     lines += [shlex.join(["gcloud", *s.check]) for s in steps if s.check]
     lines += [shlex.join(["gcloud", *s.update]) for s in steps if s.update]
-    lines += [shlex.join(["gcloud", *s.delete]) for s in steps if s.delete]
-    lines += sorted({shlex.join(["gcloud", *argv]) for s in steps for argv in s.captures.values()})
+    lines += [shlex.join(["gcloud", *s.delete]) for s in plain if s.delete]
+    lines += [shlex.join(["gcloud", *s.purge]) for s in steps if s.purge]
+    lines += [shlex.join(["gcloud", *s.credentials]) for s in steps if s.credentials]
+    lines += [shlex.join(["gcloud", *argv]) for s in steps for argv in s.captures.values()]
+    return sorted(set(lines))
+
+
+def _shape(line: str) -> tuple[str, tuple[str, ...]]:
+    """A command's grammar: its command path and the flags it passes (a condition counted apart).
+
+    Lines of one shape differ only in names the same builder filled in, so one of each is parsed.
+    """
+    words = shlex.split(line)
+    path = next((words[:i] for i, w in enumerate(words) if w.startswith("-")), words)
+    flags = [w.split("=", 1)[0] + ("(if)" if w.startswith("--condition=expr") else "") for w in words]
+    return " ".join(path[:4]), tuple(sorted(f for f in flags if f.startswith("-")))
+
+
+@pytest.mark.timeout(900)  # ~80 gcloud start-ups: a hang guard, not a speed check (minutes on a busy box)
+def test_every_command_is_accepted_by_the_real_gcloud_parser(
+    steps: list[deploy.Step], gke_steps: list[deploy.Step]
+) -> None:
+    every = _gcloud_lines([*steps, *gke_steps])
+    lines = list({_shape(ln): ln for ln in every}.values())  # one of each shape: minutes under load
+    assert len(lines) < len(every)
+    assert any(" container clusters get-credentials " in ln for ln in lines)
+    assert any(" container node-pools list --cluster=" in ln for ln in lines)
+    assert any(" firestore bulk-delete --database=pitstop " in ln for ln in lines)
+    assert any(" resource-manager org-policies describe " in ln for ln in lines)
+    assert any("--condition=expression=resource.name.startsWith(" in ln for ln in lines)
     for s in steps:  # files gcloud reads at parse time, written by apply() just before use
         deploy.write_config_files([*s.argv, *(s.update or [])])
     cfg = tempfile.mkdtemp(prefix="gcloud-config-")
@@ -257,6 +489,18 @@ def test_every_command_is_accepted_by_the_real_gcloud_parser(steps: list[deploy.
     usage = [(ln, err.strip().splitlines()[-1:]) for ln, rc, err in results if rc == 2]
     assert usage == [], usage  # 2 = usage error; without credentials a valid command stops at auth (1)
     assert all(rc == 1 for _, rc, _ in results), [(ln, rc) for ln, rc, _ in results if rc != 1]
+
+
+def test_kubectl_accepts_the_rbac_commands(gke_steps: list[deploy.Step]) -> None:
+    """kubectl parses flags before --help: an unknown flag is an error (1), a valid line prints help (0)."""
+    rbac = [s for s in gke_steps if s.program == "kubectl"]
+    assert len(rbac) == 2
+    for s in rbac:
+        for argv in (s.argv, s.delete or []):
+            proc = subprocess.run(["kubectl", *argv, "--help"], capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 0, (argv, proc.stderr)
+    bad = subprocess.run(["kubectl", "apply", "-f", "-", "--no-such-flag", "--help"], capture_output=True)
+    assert bad.returncode != 0
 
 
 def test_a_changed_policy_redeploys_the_functions_and_nothing_else(tmp_path: Path) -> None:
@@ -274,3 +518,168 @@ def test_a_changed_policy_redeploys_the_functions_and_nothing_else(tmp_path: Pat
     assert shipped == labels(None)  # stable: a rerun with the same inputs is "current"
     changed = {k for k in shipped if observe[k] != enforce[k]}
     assert changed == {k for k in shipped if k.startswith("function ")}
+
+
+def test_gke_rbac_is_applied_with_the_actuator_named_and_credentials_kept_private(
+    gke_steps: list[deploy.Step], tmp_path: Path
+) -> None:
+    manifest = tmp_path / "clusterrole.yaml"  # infra/gke/clusterrole.yaml is another change's; a stand-in
+    manifest.write_text("kind: ClusterRoleBinding\nsubjects: [{kind: User, name: ${ACTUATOR_SA}}]\n")
+    rbac = [dataclasses.replace(s, stdin=str(manifest)) for s in gke_steps if s.program == "kubectl"]
+    seen: list[tuple[str, list[str], dict[str, str], str | None]] = []
+
+    def tool(program: str, argv: list[str], env: Mapping[str, str], stdin: str | None) -> Proc:
+        seen.append((program, argv, dict(env), stdin))
+        kubeconfig = Path(env["KUBECONFIG"])
+        if program == "gcloud":
+            assert oct(kubeconfig.parent.stat().st_mode & 0o777) == "0o700"
+            kubeconfig.write_text("credentials")
+        else:
+            assert kubeconfig.read_text() == "credentials"  # kubectl uses what gcloud just wrote
+        return Proc(argv, 0, "", "")
+
+    logs: list[str] = []
+    assert deploy.apply(rbac, _never_gcloud, logs.append, tool) == 0
+    assert [x[0] for x in seen] == ["gcloud", "kubectl", "gcloud", "kubectl"]
+    creds = ["container", "clusters", "get-credentials", "gpu-a3", "--location=us-central1"]
+    assert seen[0][1] == [*creds, "--project", "my-train-proj"]
+    assert seen[2][1][3:] == ["tpu-b", "--location=europe-west4-b", "--project", "ml-other-proj"]
+    assert seen[1][1] == ["apply", "-f", "-"]
+    actuator = "pitstop-actuate@my-train-proj.iam.gserviceaccount.com"
+    assert seen[1][3] == f"kind: ClusterRoleBinding\nsubjects: [{{kind: User, name: {actuator}}}]\n"
+    assert seen[0][2] == seen[1][2] != seen[2][2]  # one kubeconfig per cluster, shared by its two commands
+    assert not Path(seen[0][2]["KUBECONFIG"]).parent.exists()  # removed when the run ends
+    seen.clear()
+    assert deploy.teardown(rbac, False, _never_gcloud, logs.append, tool) == 0
+    assert [(x[0], x[1][:1]) for x in seen] == [("gcloud", ["container"]), ("kubectl", ["delete"])] * 2
+
+
+def _never_gcloud(argv: list[str]) -> Proc:
+    raise AssertionError(f"plain gcloud was not expected: {argv}")
+
+
+Proc = subprocess.CompletedProcess[str]
+
+
+@pytest.mark.parametrize(
+    ("pools", "policy", "rc", "want"),
+    [
+        ("", "", 0, ["ok", "ok"]),
+        ("old-a3\nold-h100\n", "", 0, ["ok", "warning: old-a3 old-h100"]),
+        ("", "True", 0, ["warning", "ok"]),
+        ("", "", 1, ["could not check", "could not check"]),
+    ],
+)
+def test_gke_logging_checks_warn_and_never_fail_the_deploy(
+    gke_steps: list[deploy.Step], pools: str, policy: str, rc: int, want: list[str]
+) -> None:
+    checks = [s for s in gke_steps if s.warn is not None and "my-train-proj" in s.argv]
+    assert [s.argv[:2] for s in checks] == [["resource-manager", "org-policies"], ["container", "node-pools"]]
+
+    def gcloud(argv: list[str]) -> Proc:
+        out = policy if argv[0] == "resource-manager" else pools
+        return Proc(argv, rc, out, "permission denied" if rc else "")
+
+    logs: list[str] = []
+    assert deploy.apply(checks, gcloud, logs.append) == 0
+    for line, w in zip(logs, want, strict=True):
+        if w == "ok":
+            assert line.startswith("ok "), line
+        elif w == "could not check":
+            assert line.startswith("warning ") and "could not check: permission denied" in line, line
+        else:
+            assert line.startswith("warning "), line
+            assert line.endswith(w.removeprefix("warning")) or w == "warning", line
+    if policy == "True":
+        assert "compute.disableSerialPortLogging is enforced" in logs[0]
+
+
+def _collections_the_code_writes() -> set[str]:
+    """Collection ids in the shipped code and the agent, as `<prefix>_<name>` names or subcollections."""
+    names: set[str] = set()
+    for f in (ROOT / "functions").rglob("*.py"):
+        if "local" in f.parts:
+            continue
+        src = f.read_text()
+        names |= set(re.findall(r'collection\(\s*f"\{[^}]*\}_([a-z_]+)"', src))
+        names |= set(re.findall(r'replace\("_incidents", "_([a-z_]+)"\)', src))
+        names |= {n.removeprefix("pitstop_") for n in re.findall(r'\.collection\("([a-z_]+)"\)', src)}
+    return names
+
+
+def test_purge_deletes_every_collection_pitstop_writes_and_only_when_asked(steps: list[deploy.Step]) -> None:
+    calls: list[list[str]] = []
+
+    def gcloud(argv: list[str]) -> Proc:
+        calls.append(argv)
+        return Proc(argv, 0, "", "")
+
+    logs: list[str] = []
+    assert deploy.teardown(steps, False, gcloud, logs.append) == 0
+    assert not [c for c in calls if "bulk-delete" in c]
+    assert not [c for c in calls if c[:3] == ["firestore", "databases", "delete"]]
+    calls.clear()
+    assert deploy.teardown(steps, True, gcloud, logs.append) == 0
+    purge = calls[-1]
+    assert purge[:3] == ["firestore", "bulk-delete", "--database=pitstop"] and "--quiet" in purge
+    ids = next(a for a in purge if a.startswith("--collection-ids=")).split("=", 1)[1].split(",")
+    code = _collections_the_code_writes()
+    assert {"outbox", "dedup", "incidents", "slurm_results", "notifications", "jobs", "steps"} <= code
+    assert {i.removeprefix("pitstop_") for i in ids} == code  # every one, and nothing else
+    assert "pitstop_outbox" in ids and "steps" in ids
+    assert any(line.startswith("purging ") and "pitstop_outbox" in line for line in logs)
+
+
+def test_purge_uses_the_policys_collection_prefix(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("store: {collection_prefix: team_a}\n")
+    (step,) = [
+        s for s in deploy.plan("my-train-proj", "us-central1", {**CONF, "policy": str(policy)}) if s.purge
+    ]
+    assert step.purge is not None
+    assert "--collection-ids=team_a_incidents,team_a_nodes," in " ".join(step.purge)
+    ttls = [
+        s
+        for s in deploy.plan("my-train-proj", "us-central1", {**CONF, "policy": str(policy)})
+        if "ttls" in s.argv
+    ]
+    assert [s.argv[5] for s in ttls] == [
+        "--collection-group=team_a_dedup",
+        "--collection-group=team_a_outbox",
+    ]
+
+
+def test_ttls_cover_the_dedup_records_and_the_outbox_in_pitstops_database(steps: list[deploy.Step]) -> None:
+    ttls = [s.argv for s in steps if s.argv[:4] == ["firestore", "fields", "ttls", "update"]]
+    assert [(a[4], a[5], a[6]) for a in ttls] == [
+        ("expire_at", "--collection-group=pitstop_dedup", "--database=pitstop"),
+        ("expire_at", "--collection-group=pitstop_outbox", "--database=pitstop"),
+    ]
+    (db,) = [s for s in steps if s.argv[:3] == ["firestore", "databases", "create"]]
+    assert "--database=pitstop" in db.argv and db.check is not None and "--database=pitstop" in db.check
+    assert db.delete is None  # teardown keeps the incidents unless --purge
+    fns = [s.argv for s in steps if s.argv[:2] == ["functions", "deploy"]]
+    assert all(any("PITSTOP_FIRESTORE_DATABASE=pitstop" in a for a in argv) for argv in fns)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("gke_clusters", [{"name": "Bad_Name", "location": "us-central1"}]),
+        ("gke_clusters", [{"name": "a", "location": "mars"}]),
+        ("gke_clusters", [{"name": "a", "location": "us-central1", "project": "X;rm"}]),
+        ("gke_clusters", [{"name": "a", "location": "us-central1", "zone": "x"}]),
+        ("gke_clusters", ["just-a-name"]),
+        ("compute_zones", ["us-central1-a/a3"]),
+        ("compute_zones", [{"zone": "us-central1", "name_prefix": "a3-"}]),  # a prefix needs a zone
+        ("compute_zones", [{"zone": "us-central1-a", "name_prefix": "A3*"}]),
+        ("compute_zones", [{"zone": "us-central1-a", "project": "1"}]),
+        ("firestore_database", "(default)"),
+        ("firestore_database", "x"),
+    ],
+)
+def test_gke_zone_and_database_settings_are_checked(key: str, value: Any, tmp_path: Path) -> None:
+    conf = tmp_path / "deploy.yaml"
+    conf.write_text(yaml.safe_dump({key: value}))
+    with pytest.raises(ValueError, match=key):
+        deploy.load_config(str(conf))

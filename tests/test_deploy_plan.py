@@ -1,10 +1,15 @@
-"""The deploy plan read from infra/resources.yaml equals the baseline of the hand-written plan.
+"""The deploy plan read from infra/resources.yaml equals the reviewed baseline.
 
-tests/fixtures/deploy/ holds every field of every step, and the dry-run output, of the code this
-replaced. Only the `pitstop_config` label values may differ: they digest the shipped code, which
-changes with every edit. The fixtures are never regenerated from the code under test. The
-`channels` case was written by hand from the `default` one: the same plan, with each alert
-policy's create given `--notification-channels` and its update `--set-notification-channels`.
+tests/fixtures/deploy/ holds every field of every step, and the dry-run output, per case. Only
+the `pitstop_config` label values may differ: they digest the shipped code, which changes with
+every edit. The baseline first recorded the hand-written plan this interpreter replaced; the
+`channels` case was written by hand from the `default` one (each alert policy's create given
+`--notification-channels`, its update `--set-notification-channels`). It is regenerated only
+when the plan is meant to change, and the change is reviewed step by step; the last time for
+least privilege (issue 12: Pitstop's own Firestore database and conditional datastore.user,
+a workflow-starter custom role instead of project-wide workflows.invoker, the actuator's roles
+only in configured zones, the Slurm agent without Firestore but with a results topic), the
+outbox TTL (issue 11) and GKE clusters (issue 13: the `gke` case is new).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ CASES = [  # name, --project, --region, --config
     ("slurm-folder", "demo-proj", None, "tests/fixtures/deploy/slurm-folder.yaml"),
     ("org", "p-2", "asia-southeast1", "tests/fixtures/deploy/org.yaml"),
     ("channels", "demo-proj", None, "tests/fixtures/deploy/channels.yaml"),
+    ("gke", "demo-proj", None, "tests/fixtures/deploy/gke.yaml"),
 ]
 CHANNELS = (
     "projects/demo-proj/notificationChannels/1234567890123456789,projects/ops-oncall/notificationChannels/42"

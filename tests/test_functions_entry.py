@@ -33,6 +33,7 @@ def ingest_app(
         "GOOGLE_CLOUD_PROJECT": "fn-entry-test",
         "PITSTOP_POLICY": str(policy),
         "PITSTOP_WORKFLOWS_ENDPOINT": executions[1],
+        "PITSTOP_FIRESTORE_DATABASE": "pitstop",  # as deploy sets it: Pitstop's own database
     }
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -65,11 +66,11 @@ def test_push_delivery_opens_incident_and_starts_workflow(
         json=_push(ops_agent_entry(XID79, instance="a3-node-042")),
     )
     assert resp.status_code == 200
-    docs = [
-        d.to_dict()
-        for d in firestore.Client(project="fn-entry-test").collection("pitstop_incidents").stream()
-    ]
+    db = firestore.Client(project="fn-entry-test", database="pitstop")
+    docs = [d.to_dict() for d in db.collection("pitstop_incidents").stream()]
     assert len(docs) == 1 and docs[0] is not None
+    default = firestore.Client(project="fn-entry-test").collection("pitstop_incidents")
+    assert list(default.stream()) == []  # nothing in the project's default database
     assert docs[0]["node"]["instance"] == "a3-node-042"
     assert executions[0].created == 1
 
@@ -111,7 +112,7 @@ def test_sigterm_merges_counts_buffered_by_handlers_in_worker_threads(
 
     with ThreadPoolExecutor(1) as pool:
         pool.submit(deliver).result()
-    incidents = firestore.Client(project="fn-entry-test").collection("pitstop_incidents")
+    incidents = firestore.Client(project="fn-entry-test", database="pitstop").collection("pitstop_incidents")
 
     def counted() -> int:
         docs = [d.to_dict() or {} for d in incidents.stream()]

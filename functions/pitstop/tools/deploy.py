@@ -6,6 +6,10 @@ builder that turns an entry into gcloud commands (create, describe, update, dele
 prints the plan, one command per line, with values known only at run time as ``<placeholders>``.
 A real run is idempotent: each step that creates something first asks gcloud whether it exists
 and then updates or skips it. Planning reads files and writes none.
+
+A few steps are not plain gcloud: a GKE cluster's RBAC is applied with kubectl (after gcloud
+fetched the cluster's credentials into a private directory), and read-only checks warn about
+settings Pitstop depends on but must not change (serial-port logging on GKE nodes).
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -25,12 +31,13 @@ from typing import Any
 import yaml
 
 from pitstop.core import sinks
-from pitstop.core.policy import deep_merge
+from pitstop.core.policy import deep_merge, from_doc
 
 ROOT = Path(__file__).resolve().parents[3]
 INFRA = ROOT / "infra"
 RESOURCES = INFRA / "resources.yaml"
 EXISTING = "<existing>"  # in update/delete commands: the name the step's check printed
+WORKDIR = "<gke-credentials>"  # a private directory apply/teardown make for kubeconfig files
 DIGEST_LABEL = "pitstop_config"
 Entry = dict[str, Any]
 
@@ -44,10 +51,25 @@ class Step:
     captures: dict[str, list[str]] = field(default_factory=dict)  # placeholder -> gcloud printing it
     delete: list[str] | None = None  # for teardown; "<existing>" is each name the check printed
     expect: str | None = None  # the check prints exactly this when what is deployed is current
-    when: str | None = None  # run only when the check prints exactly this
+    when: str | None = None  # run only when the check prints exactly this (warn: warn when argv does)
+    warn: str | None = None  # a read-only check: argv's output (or `when`) is reported, never fatal
+    program: str = "gcloud"  # kubectl for GKE RBAC
+    env: dict[str, str] = field(default_factory=dict)  # e.g. KUBECONFIG under <gke-credentials>
+    stdin: str | None = None  # a file fed on standard input, each stdin_vars key replaced
+    stdin_vars: dict[str, str] = field(default_factory=dict)
+    credentials: list[str] | None = None  # a gcloud command run first (with env), before argv or delete
+    purge: list[str] | None = None  # what `teardown --purge` runs: delete the data kept by default
 
     def line(self) -> str:
-        return shlex.join(["gcloud", *self.argv])
+        """The step as a shell line: what a person would type to do it by hand."""
+        env = "".join(f"{k}={shlex.quote(v)} " for k, v in self.env.items())  # an assignment, not a word
+        cmd = env + shlex.join([self.program, *self.argv])
+        if self.stdin is not None:
+            subst = [x for k, v in self.stdin_vars.items() for x in ("-e", f"s|{k}|{v}|g")]
+            cmd = f"{shlex.join(['sed', *subst, self.stdin])} | {cmd}"
+        if self.credentials is not None:
+            cmd = f"{env}{shlex.join(['gcloud', *self.credentials])} && {cmd}"
+        return cmd
 
 
 def _resources() -> list[Entry]:
@@ -65,10 +87,21 @@ def load_config(path: str | None) -> dict[str, Any]:
         conf = deep_merge(conf, yaml.safe_load(Path(path).read_text()) or {})
     expand_accounts({}, list(conf.get("slurm_clusters") or []))  # names fit the account-id rules
     notification_channels(conf)
+    gke_clusters(conf, "my-project")
+    compute_scope(conf, "my-project")
+    db = conf.get("firestore_database")
+    if not isinstance(db, str) or not DATABASE.fullmatch(db):
+        raise ValueError(f"firestore_database: {db!r} is not a database id (and not (default))")
     return conf
 
 
 PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]|[0-9]{1,19}"  # a project id or number
+PROJECT_NAME = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")  # an id: resource names in conditions use it
+DATABASE = re.compile(r"[a-z][a-z0-9-]{2,61}[a-z0-9]")  # a Firestore database id, never (default)
+ZONE = re.compile(r"[a-z]+-[a-z]+[0-9]{1,2}-[a-z]")
+REGION = re.compile(r"[a-z]+-[a-z]+[0-9]{1,2}")
+GKE_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?")
+NAME_PREFIX = re.compile(r"[a-z][-a-z0-9]{0,61}")
 CHANNEL = re.compile(rf"projects/(?:{PROJECT_ID})/notificationChannels/[0-9]{{1,19}}")
 
 
@@ -81,6 +114,75 @@ def notification_channels(conf: Mapping[str, Any]) -> list[str]:
         if not isinstance(c, str) or not CHANNEL.fullmatch(c):
             raise ValueError(f"notification_channels: {c!r} is not projects/P/notificationChannels/ID")
     return list(channels)
+
+
+def gke_clusters(conf: Mapping[str, Any], project: str) -> list[dict[str, str]]:
+    """`gke_clusters`: {name, location, project?} each, checked (they end up in commands and conditions)."""
+    out = []
+    for c in conf.get("gke_clusters") or []:
+        if not isinstance(c, Mapping) or set(c) - {"name", "location", "project"}:
+            raise ValueError(f"gke_clusters: {c!r} is not {{name, location, project?}}")
+        name, loc, proj = c.get("name"), c.get("location"), c.get("project", project)
+        if not isinstance(name, str) or not GKE_NAME.fullmatch(name):
+            raise ValueError(f"gke_clusters: {name!r} is not a GKE cluster name")
+        if not isinstance(loc, str) or not (ZONE.fullmatch(loc) or REGION.fullmatch(loc)):
+            raise ValueError(f"gke_clusters: location {loc!r} of {name} is not a zone or region")
+        if not isinstance(proj, str) or not PROJECT_NAME.fullmatch(proj):
+            raise ValueError(f"gke_clusters: project {proj!r} of {name} is not a project id")
+        out.append({"name": name, "location": loc, "project": proj})
+    return out
+
+
+def compute_scope(conf: Mapping[str, Any], project: str) -> dict[str, list[tuple[str, str]]]:
+    """Where actuate may act on VMs: project -> [(zone or region, instance name prefix)].
+
+    From `compute_zones` (a zone or region, or {zone, project?, name_prefix?}) and each GKE
+    cluster's location (its node pools' VMs, whatever their names).
+    """
+    entries = [{"zone": z} if isinstance(z, str) else z for z in conf.get("compute_zones") or []]
+    entries += [{"zone": c["location"], "project": c["project"]} for c in gke_clusters(conf, project)]
+    out: dict[str, list[tuple[str, str]]] = {}
+    for e in entries:
+        if not isinstance(e, Mapping) or set(e) - {"zone", "project", "name_prefix"}:
+            raise ValueError(f"compute_zones: {e!r} is not a zone or {{zone, project?, name_prefix?}}")
+        zone, proj, prefix = e.get("zone"), e.get("project", project), e.get("name_prefix", "")
+        if not isinstance(zone, str) or not (ZONE.fullmatch(zone) or REGION.fullmatch(zone)):
+            raise ValueError(f"compute_zones: {zone!r} is not a zone or region")
+        if not isinstance(proj, str) or not PROJECT_NAME.fullmatch(proj):
+            raise ValueError(f"compute_zones: project {proj!r} is not a project id")
+        if prefix and (not isinstance(prefix, str) or not NAME_PREFIX.fullmatch(prefix)):
+            raise ValueError(f"compute_zones: name_prefix {prefix!r} is not the start of an instance name")
+        if prefix and not ZONE.fullmatch(zone):
+            raise ValueError(f"compute_zones: a name_prefix needs a zone, not the region {zone}")
+        if (zone, prefix) not in out.setdefault(proj, []):
+            out[proj].append((zone, prefix))
+    return out
+
+
+CLAUSES_PER_CONDITION = 12  # IAM allows 12 logical operators per condition: 12 clauses is 11 ORs
+
+
+def compute_conditions(project: str, scope: list[tuple[str, str]]) -> list[dict[str, str]]:
+    """The IAM conditions that limit the actuator role in one project to its zones and names.
+
+    A zone admits every resource under projects/P/zones/Z/ (its VMs and MIGs); a region every
+    zone whose name starts with it (a regional GKE cluster); a name prefix only VMs so named, and
+    the zone's MIGs (a recreate names the MIG, not the VM). Past 12 clauses the scope is split
+    over several bindings of the same role.
+    """
+    clauses: list[str] = []
+    for zone, prefix in scope:
+        where = f"projects/{project}/zones/{zone}" + ("/" if ZONE.fullmatch(zone) else "-")
+        if not prefix:
+            clauses.append(f'resource.name.startsWith("{where}")')
+            continue
+        clauses.append(f'resource.name.startsWith("{where}instances/{prefix}")')
+        clauses.append(f'resource.name.startsWith("{where}instanceGroupManagers/")')
+    chunks = [clauses[i : i + CLAUSES_PER_CONDITION] for i in range(0, len(clauses), CLAUSES_PER_CONDITION)]
+    return [
+        {"title": "pitstop-actuator-zones" + (f"-{n}" if n > 1 else ""), "expression": " || ".join(chunk)}
+        for n, chunk in enumerate(chunks, 1)
+    ]
 
 
 CLUSTER_NAME = re.compile(r"[a-z](?:[a-z0-9-]{0,14}[a-z0-9])?")  # fits pitstop-slurm-<name> (30 max)
@@ -126,10 +228,17 @@ class Target:
     sink_scope: list[str]  # --folder=/--organization= of an aggregated sink, else empty
     variables: dict[str, str]  # what {name} in resources.yaml stands for
     source: str  # source_digest of the function source
+    gke: list[dict[str, str]]  # gke_clusters, each with its project
+    compute: dict[str, list[tuple[str, str]]]  # compute_scope: project -> [(zone, name prefix)]
+    prefix: str  # the policy's store.collection_prefix
 
     @property
     def p(self) -> list[str]:
         return ["--project", self.project]
+
+    def at(self, e: Entry) -> list[str]:
+        """--project of an entry that names its own (a GKE cluster's project), else the plan's."""
+        return ["--project", str(e.get("project") or self.project)]
 
     def member(self, component: str) -> str:
         return f"serviceAccount:{sa_email(component, self.project)}"
@@ -143,6 +252,8 @@ def _target(project: str, region: str, conf: Mapping[str, Any], source_dir: str)
     variables = {k: v for k, v in conf.items() if isinstance(v, str)} | {"project": project, "region": region}
     for name, agent in iam["service_agents"].items():
         variables[f"{name}_agent"] = agent["member"].format(project_number="<project-number>")
+    policy_path = conf.get("policy")
+    policy_doc = yaml.safe_load(Path(policy_path).read_text()) if policy_path else None
     return Target(
         project,
         region,
@@ -153,7 +264,10 @@ def _target(project: str, region: str, conf: Mapping[str, Any], source_dir: str)
         clusters,
         scope,
         variables,
-        source_digest(conf.get("policy")),
+        source_digest(policy_path),
+        gke_clusters(conf, project),
+        compute_scope(conf, project),
+        str(from_doc(policy_doc, str(policy_path)).doc["store"]["collection_prefix"]),
     )
 
 
@@ -203,12 +317,28 @@ def _render(value: Any, variables: Mapping[str, str]) -> Any:
 
 FOR_EACH: dict[str, Callable[[Entry, Target], list[dict[str, str]]]] = {
     "cluster": lambda _, t: [{"cluster": c} for c in t.clusters],
+    "compute_project": lambda _, t: [{"compute_project": p} for p in t.compute],
+    "gke_project": lambda _, t: [{"gke_project": p} for p in dict.fromkeys(c["project"] for c in t.gke)],
+    "gke_cluster": lambda _, t: [
+        {"gke_cluster": c["name"], "gke_location": c["location"], "gke_project": c["project"]} for c in t.gke
+    ],
+    "ttl": lambda e, t: [
+        {"ttl_collection": f"{t.prefix}_{name}", "ttl_field": fld} for name, fld in e["ttls"].items()
+    ],
     "sink": lambda _, t: [{"sink": s} for s in sinks.SINK_FILTERS],
     "file": lambda e, _: [
         {"file": str(f.relative_to(INFRA)), "stem": f.stem} for f in sorted(INFRA.glob(e["files"]))
     ],
 }
 Generated = Iterator[tuple[Entry, dict[str, str]]]  # an entry and the variables it is rendered with
+
+
+def _condition(name: str | None, t: Target) -> dict[str, str] | None:
+    """An iam.yaml `conditions` entry, rendered for this plan (None: unconditional)."""
+    if name is None:
+        return None
+    cond = t.iam["conditions"][name]
+    return {"title": cond["title"], "expression": " ".join(_render(cond["expression"], t.variables).split())}
 
 
 def _expand_accounts(entry: Entry, t: Target) -> Generated:
@@ -219,7 +349,28 @@ def _expand_accounts(entry: Entry, t: Target) -> Generated:
         for b in spec.get("project_roles", []):
             role = _render(b["role"], t.variables)
             binding = {"kind": "project-binding", "member": t.member(comp), "role": role}
+            binding["condition"] = _condition(b.get("condition"), t)
             yield {**binding, "what": entry["role_what"]}, {"account": comp, "role": role}
+
+
+def _expand_scoped_roles(entry: Entry, t: Target) -> Generated:
+    """iam.yaml's compute_roles (each compute project, zone-conditioned) and gke_roles (each GKE project)."""
+    gke_projects = list(dict.fromkeys(c["project"] for c in t.gke))
+    for comp, spec in t.accounts.items():
+        for key, projects, var in (
+            ("compute_roles", list(t.compute), "compute_project"),
+            ("gke_roles", gke_projects, "gke_project"),
+        ):
+            for b, proj in ((b, proj) for b in spec.get(key, []) for proj in projects):
+                role = _render(b["role"], {**t.variables, var: proj})
+                conds: list[dict[str, str] | None] = [None]
+                if b.get("condition") == "compute-zones":
+                    conds = list(compute_conditions(proj, t.compute[proj]))
+                for cond in conds:
+                    binding = {"kind": "project-binding", "member": t.member(comp), "role": role}
+                    binding |= {"project": proj, "condition": cond}
+                    own = {"account": comp, "role": role, "on_project": proj}
+                    yield {**binding, "what": entry["what"]}, own
 
 
 def _expand_account_roles(entry: Entry, t: Target) -> Generated:
@@ -247,6 +398,7 @@ def _expand_agent_roles(entry: Entry, t: Target) -> Generated:
 
 EXPAND: dict[str, Callable[[Entry, Target], Generated]] = {
     "accounts": _expand_accounts,
+    "scoped-roles": _expand_scoped_roles,
     "account-roles": _expand_account_roles,
     "agent-roles": _expand_agent_roles,
 }
@@ -286,12 +438,12 @@ def _updatable(step: Step) -> Step:
 
 
 def _apis(e: Entry, t: Target) -> list[Step]:
-    return [Step(e.get("what", "enable APIs"), ["services", "enable", *e["names"], *t.p])]
+    return [Step(e.get("what", "enable APIs"), ["services", "enable", *e["names"], *t.at(e)])]
 
 
 def _custom_role(e: Entry, t: Target) -> list[Step]:
     """The role, and first its restore: IAM keeps a deleted role's id for 37 days, so create fails."""
-    role, p = e["name"], t.p
+    role, p = e["name"], t.at(e)
     restore = Step(
         "restore the custom role if a teardown deleted it (IAM keeps its id for 37 days)",
         ["iam", "roles", "undelete", role, *p],
@@ -336,14 +488,23 @@ def _secret(e: Entry, t: Target) -> list[Step]:
 
 
 def _firestore_database(e: Entry, t: Target) -> list[Step]:
-    create = ["firestore", "databases", "create", f"--location={t.region}", "--type=firestore-native"]
-    check = ["firestore", "databases", "describe", "--database=(default)", *t.p]
-    return [Step(e["what"], [*create, *t.p], check=check)]  # never deleted: it holds the incidents
+    """Pitstop's own database: never deleted by teardown (it holds the incidents) unless --purge.
+
+    The purge deletes every collection Pitstop writes, the outbox included, and leaves the
+    database (its id cannot be reused for a while after a delete).
+    """
+    db = f"--database={e['name']}"
+    create = ["firestore", "databases", "create", db, f"--location={t.region}", "--type=firestore-native"]
+    ids = [f"{t.prefix}_{c}" for c in e["collections"]] + list(e.get("subcollections", []))
+    purge = ["firestore", "bulk-delete", db, f"--collection-ids={','.join(ids)}", *t.p, "--quiet"]
+    check = ["firestore", "databases", "describe", db, *t.p]
+    return [Step(e["what"], [*create, *t.p], check=check, purge=purge)]
 
 
 def _firestore_ttl(e: Entry, t: Target) -> list[Step]:
     ttl = ["firestore", "fields", "ttls", "update", e["field"], f"--collection-group={e['collection_group']}"]
-    return [Step(e["what"], [*ttl, "--enable-ttl", "--async", *t.p])]
+    db = f"--database={t.conf['firestore_database']}"
+    return [Step(e["what"], [*ttl, db, "--enable-ttl", "--async", *t.p])]
 
 
 def _binding(group: list[str]) -> Callable[[Entry, Target], list[Step]]:
@@ -357,13 +518,56 @@ def _binding(group: list[str]) -> Callable[[Entry, Target], list[Step]]:
 
 
 def _project_binding(e: Entry, t: Target) -> list[Step]:
-    """Project-level: the only bindings teardown removes (the others go with their resource)."""
-    grant = [f"--member={e['member']}", f"--role={e['role']}", "--condition=None", "--quiet"]
+    """Project-level: the only bindings teardown removes (the others go with their resource).
+
+    With a condition, teardown removes exactly that conditional binding (gcloud matches it whole).
+    """
+    cond = e.get("condition")
+    flag = "--condition=None"
+    if cond:
+        flag = f"--condition=expression={cond['expression']},title={cond['title']}"
+    grant = [f"--member={e['member']}", f"--role={e['role']}", flag, "--quiet"]
+    project = str(e.get("project") or t.project)
     return [
         Step(
             e["what"],
-            ["projects", "add-iam-policy-binding", t.project, *grant],
-            delete=["projects", "remove-iam-policy-binding", t.project, *grant],
+            ["projects", "add-iam-policy-binding", project, *grant],
+            delete=["projects", "remove-iam-policy-binding", project, *grant],
+        )
+    ]
+
+
+def _org_policy_check(e: Entry, t: Target) -> list[Step]:
+    """Warn (never fail) when an organization policy Pitstop depends on is set against it."""
+    argv = ["resource-manager", "org-policies", "describe", e["constraint"], *t.at(e), "--effective"]
+    argv.append("--format=value(booleanPolicy.enforced)")
+    return [Step(e["what"], argv, warn=e["warn"], when=e["when"])]
+
+
+def _gke_node_pool_check(e: Entry, t: Target) -> list[Step]:
+    """Warn about a GKE cluster's node pools that match `filter` (printed by name)."""
+    where = [f"--cluster={e['cluster']}", f"--location={e['location']}", *t.at(e)]
+    argv = ["container", "node-pools", "list", *where, f"--filter={e['filter']}", "--format=value(name)"]
+    return [Step(e["what"], argv, warn=e["warn"])]
+
+
+def _gke_rbac(e: Entry, t: Target) -> list[Step]:
+    """actuate's ClusterRole and binding, applied with kubectl in the cluster itself.
+
+    gcloud writes the cluster's credentials (the caller's identity, not actuate's) into a private
+    directory of this run; the manifest names actuate's account where it says ${ACTUATOR_SA}.
+    """
+    name, loc, proj = e["cluster"], e["location"], str(e.get("project") or t.project)
+    return [
+        Step(
+            e["what"],
+            ["apply", "-f", "-"],
+            program="kubectl",
+            env={"KUBECONFIG": f"{WORKDIR}/{proj}.{loc}.{name}.kubeconfig"},
+            stdin=str(INFRA / e["file"]),
+            stdin_vars={"${ACTUATOR_SA}": sa_email("actuate", t.project)},
+            credentials=["container", "clusters", "get-credentials", name, f"--location={loc}", *t.at(e)],
+            delete=["delete", "-f", "-", "--ignore-not-found"],
         )
     ]
 
@@ -497,6 +701,9 @@ KINDS: dict[str, Callable[[Entry, Target], list[Step]]] = {
     "scheduler-job": _scheduler_job,
     "dashboard": _by_title(["monitoring", "dashboards"], "config-from-file"),
     "alert-policy": _alert_policy,
+    "org-policy-check": _org_policy_check,
+    "gke-node-pool-check": _gke_node_pool_check,
+    "gke-rbac": _gke_rbac,
 }
 
 
@@ -662,36 +869,99 @@ def _learn(ph: str, step: Step, values: dict[str, str], run: Runner) -> str:
     return values.get(ph, "")
 
 
-def apply(steps: list[Step], run: Runner = _gcloud, log: Callable[[str], None] = print) -> int:
+Tool = Callable[[str, list[str], Mapping[str, str], str | None], subprocess.CompletedProcess[str]]
+
+
+def _tool(
+    program: str, argv: list[str], env: Mapping[str, str], stdin: str | None
+) -> subprocess.CompletedProcess[str]:
+    """A command other than plain gcloud: kubectl, or gcloud with its own KUBECONFIG."""
+    return subprocess.run(
+        [program, *argv], input=stdin, env={**os.environ, **env}, capture_output=True, text=True, check=False
+    )
+
+
+def _plain(step: Step) -> bool:
+    return step.program == "gcloud" and not step.env and step.stdin is None and step.credentials is None
+
+
+def _execute(
+    step: Step, argv: list[str], values: Mapping[str, str], run: Runner, tool: Tool
+) -> subprocess.CompletedProcess[str]:
+    """One of the step's commands: plain gcloud through `run`, the rest (credentials first) through `tool`."""
+    if _plain(step):
+        return run(argv)
+    env = {k: _fill(v, values) for k, v in step.env.items()}
+    if step.credentials is not None:
+        got = tool("gcloud", [_fill(a, values) for a in step.credentials], env, None)
+        if got.returncode != 0:
+            return got
+    stdin = None
+    if step.stdin is not None:
+        stdin = Path(step.stdin).read_text()
+        for k, v in step.stdin_vars.items():
+            stdin = stdin.replace(k, v)
+    return tool(step.program, argv, env, stdin)
+
+
+@contextmanager
+def _workdir(steps: list[Step]) -> Iterator[dict[str, str]]:
+    """The run's values, with a private directory for kubeconfig files when a step needs one."""
+    if not any(WORKDIR in v for s in steps for v in s.env.values()):
+        yield {}
+        return
+    path = tempfile.mkdtemp(prefix="pitstop-deploy-")  # 0700: credentials never land in shared /tmp
+    try:
+        yield {WORKDIR: path}
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _warned(step: Step, res: subprocess.CompletedProcess[str]) -> str:
+    """A check step's log line: ok, or a warning with what it found (or why it could not look)."""
+    out = res.stdout.strip()
+    if res.returncode != 0:
+        return f"warning  {step.what}: could not check: {res.stderr.strip()[:300]}"
+    if (out == step.when) if step.when is not None else bool(out):
+        return f"warning  {step.what}: {step.warn}" + ("" if step.when else f": {' '.join(out.split())}")
+    return f"ok       {step.what}"
+
+
+def apply(
+    steps: list[Step], run: Runner = _gcloud, log: Callable[[str], None] = print, tool: Tool = _tool
+) -> int:
     """Run the plan; a step whose check finds the resource is skipped, updated or redeployed."""
-    values: dict[str, str] = {}
-    for step in steps:
-        needed = [ph for ph in _placeholders([*step.argv, *(step.update or [])]) if ph != EXISTING]
-        missing = [ph for ph in needed if not _learn(ph, step, values, run)]
-        if missing:
-            log(f"FAILED   {step.what}: could not learn {', '.join(missing)} from gcloud")
-            return 1
-        argv = [_fill(a, values) for a in step.argv]
-        found = _existing(step, run)
-        if step.when is not None and found != step.when:
-            log(f"skipped  {step.what}")
-            continue
-        if found is not None and step.when is None:
-            if step.expect is not None and found == step.expect:
-                log(f"current  {step.what}")
+    with _workdir(steps) as values:
+        for step in steps:
+            needed = [ph for ph in _placeholders([*step.argv, *(step.update or [])]) if ph != EXISTING]
+            missing = [ph for ph in needed if not _learn(ph, step, values, run)]
+            if missing:
+                log(f"FAILED   {step.what}: could not learn {', '.join(missing)} from gcloud")
+                return 1
+            argv = [_fill(a, values) for a in step.argv]
+            if step.warn is not None:
+                log(_warned(step, run(argv)))
                 continue
-            if step.expect is None and step.update is None:
-                log(f"exists   {step.what}")
+            found = _existing(step, run)
+            if step.when is not None and found != step.when:
+                log(f"skipped  {step.what}")
                 continue
-            if step.update is not None:
-                existing = found.splitlines()[0]
-                argv = [_fill(a, {**values, EXISTING: existing}) for a in step.update]
-        write_config_files(argv)
-        res = run(argv)
-        if res.returncode != 0:
-            log(f"FAILED   {step.what}: {res.stderr.strip()[:500]}")
-            return 1
-        log(f"ok       {step.what}")
+            if found is not None and step.when is None:
+                if step.expect is not None and found == step.expect:
+                    log(f"current  {step.what}")
+                    continue
+                if step.expect is None and step.update is None:
+                    log(f"exists   {step.what}")
+                    continue
+                if step.update is not None:
+                    existing = found.splitlines()[0]
+                    argv = [_fill(a, {**values, EXISTING: existing}) for a in step.update]
+            write_config_files(argv)
+            res = _execute(step, argv, values, run, tool)
+            if res.returncode != 0:
+                log(f"FAILED   {step.what}: {res.stderr.strip()[:500]}")
+                return 1
+            log(f"ok       {step.what}")
     return 0
 
 
@@ -715,26 +985,38 @@ def _fill(arg: str, values: Mapping[str, str]) -> str:
 
 
 def teardown(
-    steps: list[Step], purge: bool, run: Runner = _gcloud, log: Callable[[str], None] = print
+    steps: list[Step],
+    purge: bool,
+    run: Runner = _gcloud,
+    log: Callable[[str], None] = print,
+    tool: Tool = _tool,
 ) -> int:
-    """Undo the plan in reverse; resources named only at creation are found through the step's check."""
-    for step in reversed(steps):
-        if step.delete is None:
-            continue
-        targets = [step.delete]
-        if any(EXISTING in a for a in step.delete):
-            found = _existing(step, run)
-            names = found.splitlines() if found else []
-            targets = [[_fill(a, {EXISTING: n}) for a in step.delete] for n in names]
-        if not targets:
-            log(f"absent   {step.what}")
-        for argv in targets:
-            res = run(argv)
-            log(("deleted  " if res.returncode == 0 else "absent   ") + step.what)
-    if purge:
-        log(
-            "incident data: delete the pitstop_* collections with `gcloud firestore bulk-delete "
-            "--collection-ids=pitstop_incidents,pitstop_nodes,pitstop_budgets,pitstop_dedup,pitstop_jobs,"
-            "pitstop_slurm_results,pitstop_notifications`"
-        )
+    """Undo the plan in reverse; resources named only at creation are found through the step's check.
+
+    Pitstop's Firestore data stays unless ``purge``: then every collection it writes is deleted
+    (listed first), after everything that could write one is gone.
+    """
+    with _workdir(steps) as values:
+        for step in reversed(steps):
+            if step.delete is None:
+                continue
+            targets = [step.delete]
+            if any(EXISTING in a for a in step.delete):
+                found = _existing(step, run)
+                names = found.splitlines() if found else []
+                targets = [[_fill(a, {EXISTING: n}) for a in step.delete] for n in names]
+            if not targets:
+                log(f"absent   {step.what}")
+            for argv in targets:
+                res = _execute(step, argv, values, run, tool)
+                log(("deleted  " if res.returncode == 0 else "absent   ") + step.what)
+    for step in [s for s in steps if s.purge is not None] if purge else []:
+        assert step.purge is not None
+        ids = next(a for a in step.purge if a.startswith("--collection-ids=")).split("=", 1)[1]
+        log(f"purging  {step.what}: collections {ids.replace(',', ', ')}")
+        res = run(step.purge)
+        if res.returncode != 0:
+            log(f"FAILED   purge {step.what}: {res.stderr.strip()[:500]}")
+            return 1
+        log(f"purged   {step.what}")
     return 0
