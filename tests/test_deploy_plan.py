@@ -30,6 +30,8 @@ import yaml
 from pitstop.core import sinks
 from pitstop.tools import deploy
 
+from .helpers import ops_agent_entry
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "deploy"
 BASELINE_ROOT, BASELINE_TMP = "/work/main", "/tmp"  # where the fixtures were recorded
@@ -126,6 +128,17 @@ def test_apply_writes_the_metric_config_the_command_names(
     (metric,) = seen
     assert metric["filter"] == sinks.read_filter("gpu-xid.filter")
     assert set(metric) == {"description", "filter", "labelExtractors", "metricDescriptor"}
+    # REGEXP_EXTRACT(field, re): the first group of re in that field of a verified kernel entry
+    field, regex = re.fullmatch(
+        r'REGEXP_EXTRACT\(([\w.]+), "(.*)"\)', metric["labelExtractors"]["xid"]
+    ).groups()  # type: ignore[union-attr]
+    entry: Any = ops_agent_entry(
+        "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', GPU has fallen off the bus."
+    )
+    for key in field.split("."):
+        entry = entry[key]
+    found = re.search(regex.encode().decode("unicode_escape"), entry)
+    assert found is not None and found.group(1) == "79"
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # replaced whole, no stray temp file
 
 

@@ -16,6 +16,7 @@ from .helpers import (
     CARRIERS,
     KERNEL_LOG_ID,
     journald_entry,
+    legacy_agent_entry,
     load_fixture,
     ops_agent_entry,
     syslog_entry,
@@ -186,4 +187,24 @@ def test_ops_agent_ships_the_kernel_journal_under_the_filters_log_id() -> None:
 )
 def test_agent_and_sink_together(entry: dict[str, Any], receiver: str, shipped: bool, picked: bool) -> None:
     assert _shipped(entry, receiver) is shipped
+    assert selected(entry) is picked
+
+
+def _serial(line: str, log_id: str = "serialconsole.googleapis.com%2Fserial_port_1_output") -> dict[str, Any]:
+    """GKE's route for kernel lines: the node VM's serial console (README, GKE clusters)."""
+    entry = legacy_agent_entry(f"[ 7341.112233] {line}")
+    entry["logName"] = f"projects/train-prod/logs/{log_id}"
+    return entry
+
+
+@pytest.mark.parametrize(
+    ("entry", "picked"),
+    [
+        (_serial(XID79), True),
+        (_serial("EXT4-fs (sda1): mounted filesystem"), False),
+        (_serial(XID79, "serialconsole.googleapis.com%2Fserial_port_2_output"), False),
+    ],
+    ids=["serial-xid", "serial-noise", "other-serial-port"],
+)
+def test_gke_serial_console_route(entry: dict[str, Any], picked: bool) -> None:
     assert selected(entry) is picked
