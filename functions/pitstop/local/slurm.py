@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -14,9 +15,15 @@ from pitstop.local.procs import Proc, free_port
 
 
 def ensure_munge() -> None:
-    """Create the key once and start munged as user munge (idempotent)."""
-    if subprocess.run(["pgrep", "-x", "munged"], capture_output=True, check=False).returncode == 0:
-        return
+    """Create the key once and start munged as user munge (idempotent, and safe when several test
+    processes start clusters at once: they take turns on a lock file)."""
+    with open("/run/pitstop-munge.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if subprocess.run(["pgrep", "-x", "munged"], capture_output=True, check=False).returncode != 0:
+            _start_munge()
+
+
+def _start_munge() -> None:
     for d in ("/etc/munge", "/run/munge", "/var/lib/munge", "/var/log/munge"):
         os.makedirs(d, exist_ok=True)
         shutil.chown(d, "munge", "munge")
