@@ -1,0 +1,302 @@
+"""Diagnose before an irreversible action: does the node itself confirm what the log line claimed?
+
+REPLACE_NODE takes a host out for days. When the evidence is log text alone, a short diagnostic on
+the fenced node (``nvidia-smi -q``, ``nvidia-smi nvlink --status``, ``dcgmi diag -r 1 -j``) must
+confirm it; otherwise the incident steps down to REBOOT_NODE and records why. Parsers are total.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pitstop.core.validation import DcgmResult, ValidationTable, default_validation_table
+
+# ---------------------------------------------------------------- nvidia-smi -q
+
+_KV = re.compile(r"^(?P<indent>\s*)(?P<key>[^:]+?)\s*:\s*(?P<value>.*?)\s*$")
+_GPU_HEADER = re.compile(r"^GPU (?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\s*$")
+_LOST = re.compile(
+    r"Unable to determine the device handle for (?:GPU\s*\d*:?\s*)?(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:"
+    r"[0-9A-Fa-f]{2})(?:\.[0-7])?:\s*(?P<why>.*)",
+    re.IGNORECASE,
+)
+
+
+def pci_key(pci: Any) -> tuple[int, int, int] | None:
+    """(domain, bus, device) from "0000:10:1c", "00000000:10:1C.0" or "PCI:0000:10:1c"; else None."""
+    if not isinstance(pci, str):
+        return None
+    parts = pci.strip().lower().removeprefix("pci:").split(".")[0].split(":")
+    if len(parts) != 3:
+        return None
+    try:
+        dom, bus, dev = (int(p, 16) for p in parts)
+    except ValueError:
+        return None
+    return (dom, bus, dev) if dom < 1 << 32 and bus < 256 and dev < 32 else None
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """One GPU block of ``nvidia-smi -q``; None = the field was not printed (or N/A)."""
+
+    index: int  # position in the output: nvidia-smi lists GPUs in index order
+    pci: str
+    product: str | None = None
+    remapped_correctable: int | None = None
+    remapped_uncorrectable: int | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    retired_pending: bool | None = None
+
+
+@dataclass(frozen=True)
+class SmiResult:
+    ok: bool
+    attached: int | None = None
+    gpus: tuple[GpuHealth, ...] = ()
+    lost: tuple[str, ...] = ()  # PCI ids nvidia-smi could not open ("GPU is lost")
+    driver: str | None = None
+    error: str | None = None
+
+    @property
+    def visible(self) -> int:
+        """GPUs the driver can use: the attached count minus the lost ones, else the blocks printed."""
+        base = self.attached if self.attached is not None else len(self.gpus)
+        return max(0, base - len(self.lost))
+
+
+def _yes_no(v: str) -> bool | None:
+    return {"yes": True, "no": False}.get(v.strip().lower())
+
+
+def _int(v: str) -> int | None:
+    v = v.strip()
+    return int(v) if re.fullmatch(r"[0-9]{1,11}", v) else None
+
+
+_REMAP_FIELDS = {
+    "Correctable Error": ("remapped_correctable", _int),
+    "Uncorrectable Error": ("remapped_uncorrectable", _int),
+    "Pending": ("remap_pending", _yes_no),
+    "Remapping Failure Occurred": ("remap_failure", _yes_no),
+}
+
+
+def _gpu_block(index: int, pci: str, lines: list[str]) -> GpuHealth:
+    """Fields of one GPU block; the section a key sits in decides what it means ("Pending")."""
+    fields: dict[str, Any] = {}
+    section = ""
+    for line in lines:
+        depth = len(line) - len(line.lstrip())
+        m = _KV.match(line)
+        if not m:  # a section title ("    Remapped Rows") has no colon
+            section = line.strip() if depth <= 4 else section
+            continue
+        key, value = m["key"].strip(), m["value"]
+        if depth <= 4:
+            section = key if not value else ""
+            if key == "Product Name":
+                fields["product"] = value[:100]
+        elif section == "Remapped Rows" and key in _REMAP_FIELDS:
+            name, conv = _REMAP_FIELDS[key]
+            fields[name] = conv(value)
+        elif section == "Retired Pages" and key == "Pending Page Blacklist":
+            fields["retired_pending"] = _yes_no(value)
+    return GpuHealth(index, pci, **fields)
+
+
+def parse_nvidia_smi_q(text: str) -> SmiResult:
+    """Parse ``nvidia-smi -q`` for what diagnosis needs: GPU count, lost GPUs, row remapping."""
+    if not isinstance(text, str):
+        return SmiResult(False, error="output is not text")
+    attached: int | None = None
+    driver: str | None = None
+    lost: list[str] = []
+    blocks: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if m := _LOST.search(line):
+            lost.append(m["pci"].lower())
+        elif m := _GPU_HEADER.match(line):
+            blocks.append((m["pci"], []))
+        elif blocks and line.startswith((" ", "\t")):
+            blocks[-1][1].append(line.expandtabs(4))
+        elif (kv := _KV.match(line)) and not kv["indent"]:
+            if kv["key"] == "Attached GPUs":
+                attached = _int(kv["value"])
+            elif kv["key"] == "Driver Version":
+                driver = kv["value"][:40]
+    gpus = tuple(_gpu_block(i, pci, body) for i, (pci, body) in enumerate(blocks))
+    if attached is None and not gpus and not lost:
+        if "No devices were found" in text:  # nvidia-smi's words when the driver sees no GPU at all
+            return SmiResult(True, 0)
+        return SmiResult(False, error="no 'Attached GPUs' and no GPU blocks: not nvidia-smi -q output")
+    return SmiResult(True, attached, gpus, tuple(dict.fromkeys(lost)), driver)
+
+
+# ---------------------------------------------------------------- nvidia-smi nvlink --status
+
+_NV_GPU = re.compile(r"^GPU (?P<idx>\d+): ")
+_NV_LINK = re.compile(r"^\s+Link (?P<link>\d+): (?P<state>.+?)\s*$")
+
+
+@dataclass(frozen=True)
+class NvlinkResult:
+    ok: bool
+    active: Mapping[int, int] = field(default_factory=dict)  # GPU index -> links up
+    inactive: Mapping[int, tuple[int, ...]] = field(default_factory=dict)  # GPU index -> links down
+    error: str | None = None
+
+
+def parse_nvlink_status(text: str) -> NvlinkResult:
+    """Parse ``nvidia-smi nvlink --status``: a link prints a speed, or "<inactive>" when down."""
+    if not isinstance(text, str):
+        return NvlinkResult(False, error="output is not text")
+    active: dict[int, int] = {}
+    inactive: dict[int, list[int]] = {}
+    gpu: int | None = None
+    for line in text.splitlines():
+        if m := _NV_GPU.match(line):
+            gpu = int(m["idx"])
+            active.setdefault(gpu, 0)
+            inactive.setdefault(gpu, [])
+        elif (m := _NV_LINK.match(line)) and gpu is not None:
+            state = m["state"].lower()
+            if "inactive" in state or state.startswith("0 gb/s"):
+                inactive[gpu].append(int(m["link"]))
+            elif "gb/s" in state:
+                active[gpu] += 1
+    if not active:
+        return NvlinkResult(False, error="no 'GPU n:' lines: not nvidia-smi nvlink --status output")
+    return NvlinkResult(True, active, {g: tuple(v) for g, v in inactive.items()})
+
+
+# ---------------------------------------------------------------- the decision
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """confirmed: the node's own state backs the planned replacement; why: one human sentence."""
+
+    confirmed: bool
+    why: str
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _evidence_gpu(evidence: Mapping[str, Any], smi: SmiResult) -> tuple[int | None, str | None]:
+    """The GPU the log named, as (index, pci), from the event's gpu.pci matched to nvidia-smi."""
+    gpu = evidence.get("gpu")
+    pci = gpu.get("pci") if isinstance(gpu, Mapping) else None
+    key = pci_key(pci)
+    if key is None:
+        return None, None
+    for g in smi.gpus:
+        if pci_key(g.pci) == key:
+            return g.index, g.pci
+    return None, pci if isinstance(pci, str) else None
+
+
+def _smi_findings(smi: SmiResult, expected_gpus: int, pci: str | None) -> list[str]:
+    out: list[str] = []
+    if smi.visible < expected_gpus:
+        lost = f" (lost: {', '.join(smi.lost)})" if smi.lost else ""
+        out.append(f"{smi.visible} of {expected_gpus} GPUs visible{lost}")
+    elif pci and pci_key(pci) in {pci_key(p) for p in smi.lost}:
+        out.append(f"GPU {pci} is lost")
+    for g in smi.gpus:
+        if g.remap_failure:
+            out.append(f"GPU {g.index} ({g.pci}) row remapping failed")
+        if g.remap_pending:
+            out.append(f"GPU {g.index} ({g.pci}) row remap pending")
+    return out
+
+
+def _nvlink_findings(nvlink: NvlinkResult | None) -> list[str]:
+    """Links down on a GPU whose peers have more up: a fault, not a PCIe part without NVLink."""
+    if nvlink is None or not nvlink.ok:
+        return []
+    most = max(len(nvlink.inactive.get(g, ())) + n for g, n in nvlink.active.items())
+    return [
+        f"GPU {g} NVLink {n} of {most} links up (down: {','.join(map(str, nvlink.inactive.get(g, ())))})"
+        for g, n in sorted(nvlink.active.items())
+        if n < most
+    ]
+
+
+def _dcgm_findings(
+    dcgm: DcgmResult | None, table: ValidationTable, index: int | None
+) -> tuple[list[str], list[str]]:
+    """(hardware failures, configuration-only failures); the GPU the log named comes first."""
+    if dcgm is None or not dcgm.ok:
+        return [], []
+    hw: list[tuple[bool, str]] = []
+    cfg: list[str] = []
+    for t in dcgm.failing:
+        named = index is not None and index in t.gpus
+        text = f"DCGM {t.name} failed on GPU {','.join(map(str, t.gpus)) or '?'}"
+        if t.name in table.config_only_tests:
+            cfg.append(text)
+        else:
+            hw.append((not named, text + (" (the GPU the log named)" if named else "")))
+    return [text for _, text in sorted(hw)], cfg
+
+
+def diagnose(
+    inc_evidence: Mapping[str, Any],
+    nvidia_smi: SmiResult,
+    dcgm: DcgmResult | None,
+    expected_gpus: int,
+    nvlink: NvlinkResult | None = None,
+    table: ValidationTable | None = None,
+) -> Diagnosis:
+    """Confirm a replacement from the node itself, or say why not (then step down to REBOOT_NODE).
+
+    Confirmed by: fewer GPUs visible than expected or the named GPU lost (fallen off the bus), a row
+    remap failure or pending remap, NVLink links down, or a DCGM hardware test failing (on the named
+    GPU or another: the host is the unit replaced). Not by: DCGM warnings, configuration-only DCGM
+    checks, or diagnostic output that could not be read, which is no evidence either way.
+    """
+    table = table or default_validation_table()
+    index, pci = _evidence_gpu(inc_evidence, nvidia_smi) if nvidia_smi.ok else (None, None)
+    found = _smi_findings(nvidia_smi, expected_gpus, pci) if nvidia_smi.ok else []
+    found += _nvlink_findings(nvlink)
+    hw, cfg = _dcgm_findings(dcgm, table, index)
+    found += hw
+    detail: dict[str, Any] = {
+        "gpus_visible": nvidia_smi.visible if nvidia_smi.ok else None,
+        "gpus_expected": expected_gpus,
+        "evidence_gpu": {"index": index, "pci": pci},
+        "dcgm": dcgm.verdict if dcgm else None,
+        "findings": found,
+        "config_findings": cfg,
+        "unreadable": [
+            name
+            for name, r in (("nvidia-smi", nvidia_smi), ("dcgmi", dcgm), ("nvlink", nvlink))
+            if r is not None and not r.ok
+        ],
+    }
+    if found:
+        return Diagnosis(True, "diagnostic confirms a hardware fault: " + "; ".join(found), detail)
+    why = "diagnostic found no hardware fault"
+    if detail["unreadable"]:
+        why += f" it could read ({', '.join(detail['unreadable'])} output unusable)"
+    if cfg:
+        why += f"; only configuration checks failed ({'; '.join(cfg)})"
+    elif dcgm is not None and dcgm.verdict == "warn":
+        why += "; DCGM only warned"
+    return Diagnosis(False, why + ": stepping down to REBOOT_NODE", detail)
+
+
+__all__ = [
+    "Diagnosis",
+    "GpuHealth",
+    "NvlinkResult",
+    "SmiResult",
+    "diagnose",
+    "parse_nvidia_smi_q",
+    "parse_nvlink_status",
+    "pci_key",
+]

@@ -1,0 +1,89 @@
+"""Stand-in nccl-tests ``all_gather_perf``: the result table for this node and one peer.
+
+busbw rises with message size and reaches the node's ``busbw`` at the largest size (-e), so a
+"degraded" node (busbw 120 on a3-megagpu-8g) prints a table whose large rows fail validation.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from pitstop.local.gpu_tools.state import NodeState, StateError, load
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+_HALF = 64 << 20  # the size at which the curve reaches half its peak
+_COLS = "   time   algbw   busbw #wrong  "
+_UNITS_ROW = "   (us)  (GB/s)  (GB/s)         "
+_HEADER = (
+    "#       size         count      type   redop    root  " + _COLS + _COLS,
+    "#        (B)    (elements)                            " + _UNITS_ROW + _UNITS_ROW,
+)
+
+
+def size_arg(text: str) -> int:
+    m = re.fullmatch(r"(\d+)([KMG]?)", text.strip().upper())
+    if not m:
+        raise ValueError(f"bad size {text!r}")
+    return int(m[1]) * _UNITS[m[2]]
+
+
+def _args(argv: list[str]) -> tuple[int, int, int]:
+    opts = {"-b": "8", "-e": "8G", "-f": "2"}
+    for i, a in enumerate(argv[:-1]):
+        if a in opts:
+            opts[a] = argv[i + 1]
+    lo, hi, factor = size_arg(opts["-b"]), size_arg(opts["-e"]), int(opts["-f"])
+    if not 0 < lo <= hi or factor < 2:
+        raise ValueError("need 0 < -b <= -e and -f >= 2")
+    return lo, hi, factor
+
+
+def _row(size: int, ranks: int, busbw: float) -> str:
+    algbw = busbw * ranks / (ranks - 1)
+    t_us = size / (algbw * 1e3) if algbw > 0 else 0.0
+    count = size // (4 * ranks)
+    cols = f"{t_us:8.1f} {algbw:7.2f} {busbw:7.2f} {0:6d}"
+    return f"{size:12d}  {count:12d}     float    none      -1  {cols}  {cols}"
+
+
+def table(s: NodeState, lo: int, hi: int, factor: int) -> str:
+    ranks = 2 * s.gpus  # this node and one healthy peer
+    out = [
+        f"# nThread 1 nGpus 1 minBytes {lo} maxBytes {hi} step: {factor}(factor) warmup iters: 5 iters: 20 "
+        "agg iters: 1 validation: 1 graph: 0",
+        "#",
+        "# Using devices",
+    ]
+    for r in range(ranks):
+        host, dev = (s.node, r) if r < s.gpus else ("peer", r - s.gpus)
+        where = f"device {dev:2d} [0000:{s.pci(dev)[9:11].lower()}:00] {s.product}"
+        out.append(f"#  Rank {r:2d} Group  0 Pid {1000 + r:6d} on {host} {where}")
+    out += ["#", "#" + " " * 62 + "out-of-place" + " " * 23 + "in-place", *_HEADER]
+    sizes, size = [], lo
+    while size <= hi:
+        sizes.append(size)
+        size *= factor
+    peak = s.busbw * (hi + _HALF) / hi
+    values = [round(peak * z / (z + _HALF), 2) for z in sizes]
+    out += [_row(z, ranks, v) for z, v in zip(sizes, values, strict=True)]
+    out += ["# Out of bounds values : 0 OK", f"# Avg bus bandwidth    : {sum(values) / len(values):.4f}", "#"]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    try:
+        lo, hi, factor = _args(argv)
+        s = load()
+    except (ValueError, StateError) as exc:
+        print(f"all_gather_perf stand-in: {exc}", file=sys.stderr)
+        return 2
+    if s.gpus <= 0:
+        print("Test NCCL failure: no CUDA devices", file=sys.stderr)
+        return 1
+    sys.stdout.write(table(s, lo, hi, factor))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
