@@ -22,8 +22,10 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+# Three processes, one test file each at a time (fixtures are per module): most of the suite
+# waits on emulators, Slurm and workflow timers rather than on the CPU.
 unit: system install
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 3 --dist loadfile
 
 test: lint typecheck unit
 

@@ -1,6 +1,7 @@
 """The Slurm agent: each command runs once, hiccups are retried, other people's drains are respected.
 
-The claim protocol runs against the Firestore emulator; Slurm itself is either a scripted
+The claim protocol runs against the agent's SQLite ledger, its results go over the Pub/Sub
+emulator and actuate's side merges them into the Firestore emulator; Slurm itself is either a scripted
 ``run`` (to control timing and failures exactly) or the real slurmctld/slurmd of
 pitstop.local.slurm (drains, requeues of array tasks and heterogeneous jobs, an unreachable
 controller).
@@ -13,26 +14,42 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from google.cloud import firestore
+from google.cloud.pubsub_v1 import SubscriberClient
 
 from pitstop.adapters.errors import ActuatorError
-from pitstop.adapters.scheduler import RESULT_DONE, RESULT_FAILED, RESULT_RUNNING, SlurmScheduler
+from pitstop.adapters.scheduler import (
+    RESULT_DONE,
+    RESULT_FAILED,
+    RESULT_RUNNING,
+    RESULT_TRANSIENT,
+    ResultsMerger,
+    SlurmScheduler,
+    supersedes,
+)
 from pitstop.agent.slurm import (
+    DEFAULT_LEDGER,
     JOB,
+    KEEP_S,
     Agent,
     CommandRefusedError,
+    Ledger,
+    ResultsTopic,
     SlurmCommands,
     SlurmOutputError,
     commands_for,
     is_transient,
     parse_args,
     parse_node,
+    results_topic,
 )
 from pitstop.local.slurm import SlurmCluster
 
@@ -77,6 +94,12 @@ def command(cid: str, op: str, args: dict[str, Any], deadline_in: float = 300.0)
     ).encode()
 
 
+def row(ledger: Ledger, cid: str) -> dict[str, Any]:
+    got = ledger.get(cid)
+    assert got is not None
+    return got[0]
+
+
 def doc(results: Any, cid: str) -> dict[str, Any]:
     snap = results.document(cid).get()
     assert snap.exists
@@ -99,9 +122,71 @@ class Loopback:
         return done
 
 
+@dataclass
+class Wire:
+    """One cluster's result path on the emulators: the agent's ledger file, its results topic,
+    actuate's ordered pull subscription on it, and the Firestore collection actuate merges into."""
+
+    ledger_path: Path
+    topic: str
+    subscription: str
+    results: Any
+    sub: SubscriberClient
+    out: ResultsTopic
+
+    def agent(self, run: Callable[[list[str]], str] | None = None, **kw: Any) -> Agent:
+        """An agent (a process of its own: its own ledger connection) on this cluster's ledger."""
+        return Agent(SlurmCommands(run), Ledger(self.ledger_path), kw.pop("sink", self.out), **kw)
+
+    def merger(self) -> ResultsMerger:
+        return ResultsMerger(self.sub, self.subscription, self.results)
+
+    def scheduler(self, agent: Agent, wait_s: float, **kw: Any) -> tuple[SlurmScheduler, Loopback]:
+        pub = Loopback(agent)
+        return SlurmScheduler(pub, "t", self.results, wait_s=wait_s, merger=self.merger(), **kw), pub
+
+    def published(self, want: int) -> list[tuple[dict[str, str], dict[str, Any]]]:
+        """The next ``want`` result messages (attributes, body), acknowledged; fewer if none come."""
+        got: list[tuple[dict[str, str], dict[str, Any]]] = []
+        deadline = time.monotonic() + 10
+        while len(got) < want and time.monotonic() < deadline:
+            resp = self.sub.pull(request={"subscription": self.subscription, "max_messages": 50}, timeout=5)
+            for m in resp.received_messages:
+                got.append((dict(m.message.attributes), json.loads(m.message.data)))
+                assert m.message.ordering_key == m.message.attributes["id"]
+            if resp.received_messages:
+                self.sub.acknowledge(
+                    request={
+                        "subscription": self.subscription,
+                        "ack_ids": [m.ack_id for m in resp.received_messages],
+                    }
+                )
+        return got
+
+    def send(self, body: dict[str, Any], attrs: dict[str, str] | None = None) -> None:
+        """A result message as an agent would publish it (or a malformed one)."""
+        cid = str(body.get("id", "x"))
+        attributes = attrs if attrs is not None else {"id": cid, "state": str(body.get("state"))}
+        self.out.publisher.publish(
+            self.topic, json.dumps(body).encode(), ordering_key=cid, **attributes
+        ).result(timeout=30)
+
+
 @pytest.fixture
 def results(fs_client: firestore.Client) -> Any:
     return fs_client.collection("pitstop_slurm_results")
+
+
+@pytest.fixture
+def wire(pubsub_host: str, results: Any, tmp_path: Path) -> Iterator[Wire]:
+    project = f"t-{uuid.uuid4().hex[:10]}"
+    sub = SubscriberClient()
+    out = ResultsTopic(f"projects/{project}/topics/pitstop-slurm-train-results")
+    out.publisher.create_topic(name=out.topic)
+    path = sub.subscription_path(project, "pitstop-slurm-train-results-actuate")
+    sub.create_subscription(request={"name": path, "topic": out.topic, "enable_message_ordering": True})
+    yield Wire(tmp_path / "ledger" / "agent.sqlite", out.topic, path, results, sub, out)
+    sub.close()
 
 
 # -- job ids, node output, failure classes (no Slurm, no emulator) ---------------------------
@@ -233,11 +318,18 @@ def test_failures_are_classified_transient_or_final() -> None:
         assert not is_transient(final), final
 
 
-# -- the claim protocol (Firestore emulator, scripted Slurm) --------------------------------
+# -- the claim protocol (SQLite ledger, results on the Pub/Sub emulator, scripted Slurm) ------
+
+
+def states(msgs: list[tuple[dict[str, str], dict[str, Any]]], cid: str) -> list[str]:
+    """The states published for one command, in order; attributes and body must agree."""
+    for attrs, body in msgs:
+        assert attrs == {"id": body["id"], "state": body["state"]}
+    return [body["state"] for _, body in msgs if body["id"] == cid]
 
 
 @pytest.mark.emulator
-def test_concurrent_deliveries_run_a_command_once(results: Any) -> None:
+def test_concurrent_deliveries_run_a_command_once(wire: Wire) -> None:
     started, release = threading.Event(), threading.Event()
 
     def slow(argv: list[str]) -> str:
@@ -247,7 +339,7 @@ def test_concurrent_deliveries_run_a_command_once(results: Any) -> None:
         return ""
 
     run = Script(slow)
-    agent = Agent(SlurmCommands(run), results)
+    agent = wire.agent(run)
     raw = command("c-requeue-1", "requeue", {"job": "4242"})
     first: list[dict[str, Any] | None] = []
     t = threading.Thread(target=lambda: first.append(agent.handle(raw)))
@@ -255,8 +347,8 @@ def test_concurrent_deliveries_run_a_command_once(results: Any) -> None:
     assert started.wait(30)
     # the same command redelivered (and republished by a retrying actuate) while the first runs
     assert agent.handle(raw) is None
-    assert Agent(SlurmCommands(run), results).handle(raw) is None  # another agent process
-    running = doc(results, "c-requeue-1")
+    assert wire.agent(run).handle(raw) is None  # another agent process on the same controller
+    running = row(agent.ledger, "c-requeue-1")
     assert running["state"] == RESULT_RUNNING and running["owner"] == agent.owner
     assert running["claim_until"] > time.time()
     release.set()
@@ -264,67 +356,52 @@ def test_concurrent_deliveries_run_a_command_once(results: Any) -> None:
     assert first and first[0] is not None and first[0]["state"] == RESULT_DONE
     assert agent.handle(raw) is None  # answered: replayed, not run
     assert run.count("scontrol", "requeue") == 1
-    final = doc(results, "c-requeue-1")
+    final = row(agent.ledger, "c-requeue-1")
     assert final["state"] == RESULT_DONE and final["ok"] and final["result"]["requeued"] == "4242"
+    msgs = wire.published(3)
+    # the claim, the answer, and the answer again for the redelivery after it
+    assert states(msgs, "c-requeue-1") == [RESULT_RUNNING, RESULT_DONE, RESULT_DONE]
+    assert msgs[1][1] == final and msgs[1][1]["token"] == running["token"]
 
 
 @pytest.mark.emulator
-def test_claim_of_a_dead_agent_is_taken_over_by_exactly_one_delivery(results: Any) -> None:
+def test_claim_of_a_dead_agent_is_taken_over_by_exactly_one_delivery(wire: Wire) -> None:
     run = Script()
     raw = command("c-requeue-2", "requeue", {"job": "77"})
     # a live claim is left alone
-    results.document("c-requeue-2").create(
-        {
-            "id": "c-requeue-2",
-            "state": RESULT_RUNNING,
-            "owner": "other",
-            "attempt": 1,
-            "claim_until": time.time() + 60,
-        }
-    )
-    assert Agent(SlurmCommands(run), results).handle(raw) is None
+    ledger = Ledger(wire.ledger_path)
+    claim = {"id": "c-requeue-2", "state": RESULT_RUNNING, "owner": "other", "attempt": 1}
+    assert ledger.create("c-requeue-2", {**claim, "claim_until": time.time() + 60}, time.time()) == 1
+    assert ledger.create("c-requeue-2", claim, time.time()) is None  # one insert of an id wins
+    assert wire.agent(run).handle(raw) is None
     assert run.argvs == []
     # the claim runs out (its agent died): two deliveries race to take it over; one wins
-    results.document("c-requeue-2").update({"claim_until": time.time() - 1})
+    assert ledger.update("c-requeue-2", {"claim_until": time.time() - 1}, 1, time.time()) is not None
+    assert ledger.update("c-requeue-2", {"claim_until": 0}, 1, time.time()) is None  # a stale version
     both_read = threading.Barrier(2)
 
-    class RacingResults:
-        def document(self, cid: str) -> Any:
-            ref = results.document(cid)
-
-            class Ref:
-                def create(self, data: dict[str, Any]) -> Any:
-                    return ref.create(data)
-
-                def get(self) -> Any:
-                    snap = ref.get()
-                    both_read.wait(10)  # both have read the same expired claim before either writes
-                    return snap
-
-                def update(self, data: dict[str, Any], option: Any = None) -> Any:
-                    return ref.update(data, option=option)
-
-            return Ref()
+    class RacingLedger(Ledger):
+        def get(self, cid: str) -> tuple[dict[str, Any], int] | None:
+            got = super().get(cid)
+            both_read.wait(10)  # both have read the same expired claim before either writes
+            return got
 
     outcomes: list[dict[str, Any] | None] = []
-    threads = [
-        threading.Thread(
-            target=lambda: outcomes.append(Agent(SlurmCommands(run), RacingResults()).handle(raw))
-        )
-        for _ in range(2)
-    ]
+    agents = [Agent(SlurmCommands(run), RacingLedger(wire.ledger_path), wire.out) for _ in range(2)]
+    threads = [threading.Thread(target=lambda a=a: outcomes.append(a.handle(raw))) for a in agents]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
     assert run.count("scontrol", "requeue") == 1
     assert sorted(o is None for o in outcomes) == [False, True]
-    final = doc(results, "c-requeue-2")
+    final = row(ledger, "c-requeue-2")
     assert final["state"] == RESULT_DONE and final["attempt"] == 2
+    assert states(wire.published(2), "c-requeue-2") == [RESULT_RUNNING, RESULT_DONE]
 
 
 @pytest.mark.emulator
-def test_transient_failure_runs_again_final_failure_is_replayed(results: Any) -> None:
+def test_transient_failure_runs_again_final_failure_is_replayed(wire: Wire) -> None:
     hiccups = [SOCKET_TIMEOUT]
 
     def flaky(argv: list[str]) -> str:
@@ -333,20 +410,24 @@ def test_transient_failure_runs_again_final_failure_is_replayed(results: Any) ->
         return ""
 
     run = Script(flaky)
-    agent = Agent(SlurmCommands(run), results)
+    agent = wire.agent(run)
     raw = command("c-requeue-3", "requeue", {"job": "88"})
     first = agent.handle(raw)
     assert first is not None and first["state"] == "transient" and "Socket timed out" in first["error"]
     second = agent.handle(raw)  # the retry runs a new attempt
     assert second is not None and second["state"] == RESULT_DONE and second["attempt"] == 2
+    assert second["previous_error"] == first["error"]
     assert agent.handle(raw) is None
     assert run.count("scontrol", "requeue") == 2
+    msgs = wire.published(5)
+    assert states(msgs, "c-requeue-3") == ["running", "transient", "running", "done", "done"]
+    assert [m[1]["attempt"] for m in msgs] == [1, 1, 2, 2, 2]
 
     def invalid(argv: list[str]) -> str:
         raise RuntimeError("scontrol exited 1: slurm_update error: Invalid node name specified")
 
     bad = Script(invalid)
-    agent = Agent(SlurmCommands(bad), results)
+    agent = wire.agent(bad)
     raw = command("c-drain-4", "drain", {"node": "gpu-9", "incident": INCIDENT, "action": "REBOOT_NODE"})
     failed = agent.handle(raw)
     assert failed is not None and failed["state"] == RESULT_FAILED and not failed["refused"]
@@ -355,21 +436,57 @@ def test_transient_failure_runs_again_final_failure_is_replayed(results: Any) ->
 
 
 @pytest.mark.emulator
-def test_expired_command_is_refused_once_and_never_run(results: Any) -> None:
+def test_expired_command_is_refused_once_and_never_run(wire: Wire) -> None:
     run = Script()
-    agent = Agent(SlurmCommands(run), results)
+    agent = wire.agent(run)
     refused = agent.handle(command("c-requeue-5", "requeue", {"job": "5"}, deadline_in=-10))
     assert refused is not None and refused["state"] == RESULT_FAILED and refused["refused"]
     # an old copy of a command whose last attempt failed transiently: left for the fresh copy
-    results.document("c-requeue-6").create(
-        {"id": "c-requeue-6", "state": "transient", "ok": False, "attempt": 1, "error": SOCKET_TIMEOUT}
-    )
+    transient = {
+        "id": "c-requeue-6",
+        "state": "transient",
+        "ok": False,
+        "attempt": 1,
+        "error": SOCKET_TIMEOUT,
+    }
+    agent.ledger.create("c-requeue-6", transient, time.time())
     assert agent.handle(command("c-requeue-6", "requeue", {"job": "6"}, deadline_in=-10)) is None
-    assert doc(results, "c-requeue-6")["state"] == "transient"
+    assert row(agent.ledger, "c-requeue-6")["state"] == "transient"
     assert run.argvs == []
     fresh = agent.handle(command("c-requeue-6", "requeue", {"job": "6"}))
     assert fresh is not None and fresh["state"] == RESULT_DONE
-    assert doc(results, "c-requeue-6")["previous_error"] == SOCKET_TIMEOUT
+    assert row(agent.ledger, "c-requeue-6")["previous_error"] == SOCKET_TIMEOUT
+    assert states(wire.published(3), "c-requeue-5") == [RESULT_FAILED]
+
+
+def test_ledger_is_wal_and_old_rows_are_pruned(tmp_path: Path) -> None:
+    """The ledger stays bounded: rows older than KEEP_S go (every command expires long before)."""
+    ledger = Ledger(tmp_path / "deep" / "ledger.sqlite")
+    assert ledger._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    now = time.time()
+    ledger.create("old", {"id": "old", "state": RESULT_DONE}, now - KEEP_S - 60)
+    ledger.create("new", {"id": "new", "state": RESULT_DONE}, now - 60)
+    agent = Agent(SlurmCommands(Script()), ledger, Sink(), clock=lambda: now)
+    agent.prune()
+    assert ledger.get("old") is None and ledger.get("new") is not None
+    # a copy of the pruned command is past its deadline: refused, never run
+    assert ledger.get("old") is None
+    again = agent.handle(json.dumps({"id": "old", "op": "requeue", "deadline": now - KEEP_S}).encode())
+    assert again is not None and again["refused"]
+
+
+class Sink:
+    """Records what the agent publishes; ``fail`` drops (raises) the next answer in that state."""
+
+    def __init__(self, fail: str | None = None) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.fail = fail
+
+    def send(self, doc: Mapping[str, Any]) -> None:
+        if doc["state"] == self.fail:
+            self.fail = None
+            raise RuntimeError("503 publish failed")
+        self.sent.append(dict(doc))
 
 
 class Publisher:
@@ -421,7 +538,7 @@ def test_reader_retries_running_and_transient_and_stops_on_final(results: Any) -
 
 
 @pytest.mark.emulator
-def test_scheduler_sees_a_hiccup_as_retryable_and_the_retry_runs_it(results: Any) -> None:
+def test_scheduler_sees_a_hiccup_as_retryable_and_the_retry_runs_it(wire: Wire) -> None:
     hiccups = [SOCKET_TIMEOUT]
 
     def flaky(argv: list[str]) -> str:
@@ -430,8 +547,7 @@ def test_scheduler_sees_a_hiccup_as_retryable_and_the_retry_runs_it(results: Any
         return ""
 
     run = Script(flaky)
-    pub = Loopback(Agent(SlurmCommands(run), results))
-    sched = SlurmScheduler(pub, "t", results, wait_s=10)
+    sched, pub = wire.scheduler(wire.agent(run), wait_s=10)
     with pytest.raises(ActuatorError) as e:
         sched.requeue("123_4", CTX)
     assert (e.value.status, e.value.retryable) == (503, True)  # actuate answers 503; the workflow retries
@@ -439,6 +555,125 @@ def test_scheduler_sees_a_hiccup_as_retryable_and_the_retry_runs_it(results: Any
     sched.requeue("123_4", CTX)  # a later replay: answered from the record
     assert run.count("scontrol", "requeue", "123_4") == 2
     assert len(pub.published) == 2
+
+
+# -- results over Pub/Sub: merged forward only, a lost one recovered -------------------------
+
+
+def test_a_result_only_ever_moves_forward() -> None:
+    def r(state: str, attempt: int) -> dict[str, Any]:
+        return {"state": state, "attempt": attempt}
+
+    assert supersedes(r("running", 1), None)
+    assert not supersedes(r("running", 1), r("done", 1))  # a late claim never hides the answer
+    assert not supersedes(r("failed", 3), r("done", 1))  # nothing replaces a final state
+    assert supersedes(r("done", 1), r("running", 2))
+    assert not supersedes(r("running", 1), r("transient", 1))  # its own attempt's later state
+    assert supersedes(r("running", 2), r("transient", 1))  # a new attempt
+    assert not supersedes(r("transient", 1), r("running", 2))
+    assert not supersedes(r("running", 1), r("running", 1))
+
+
+def take(merger: ResultsMerger, n: int) -> None:
+    """Pull until ``n`` result messages have been merged (or dropped) and acknowledged."""
+    got, deadline = 0, time.monotonic() + 20
+    while got < n and time.monotonic() < deadline:
+        got += merger.pull()
+    assert got == n
+
+
+@pytest.mark.emulator
+def test_scheduler_merges_results_forward_only(wire: Wire) -> None:
+    import hashlib
+
+    cid = f"{CTX}-requeue-{hashlib.sha256(json.dumps({'job': '9'}).encode()).hexdigest()[:8]}".lower()
+    merger = wire.merger()
+    done = {
+        "id": cid,
+        "op": "requeue",
+        "state": RESULT_DONE,
+        "ok": True,
+        "attempt": 1,
+        "result": {"job": "9"},
+    }
+    wire.send(done)
+    # a claim message that arrives late (an earlier publish, a redelivery) must not undo the answer
+    wire.send({"id": cid, "op": "requeue", "state": RESULT_RUNNING, "attempt": 1, "claim_until": 1e12})
+    wire.send({"id": "other-cmd", "state": RESULT_TRANSIENT, "attempt": 1})  # another command's
+    wire.send({"id": "x-1", "state": RESULT_DONE}, attrs={"id": "x-2", "state": "done"})  # mismatched
+    wire.send({"id": "x-3", "state": "exploded"})  # no such state
+    take(merger, 5)
+    stored = doc(wire.results, cid)
+    assert stored == {**done, "source": wire.subscription}
+    pub = Publisher()
+    sched = SlurmScheduler(pub, "t", wire.results, wait_s=5, merger=merger)
+    sched.requeue("9", CTX)
+    assert pub.published == []  # answered from the merged record: not asked again
+    assert doc(wire.results, "other-cmd")["state"] == RESULT_TRANSIENT  # merged for other instances
+    assert not wire.results.document("x-1").get().exists and not wire.results.document("x-3").get().exists
+    # within an attempt: running never hides the transient answer; a new attempt does move on
+    wire.send({"id": "other-cmd", "state": RESULT_RUNNING, "attempt": 1})
+    take(merger, 1)
+    assert doc(wire.results, "other-cmd")["state"] == RESULT_TRANSIENT
+    wire.send({"id": "other-cmd", "state": RESULT_RUNNING, "attempt": 2})
+    take(merger, 1)
+    assert doc(wire.results, "other-cmd") == {
+        "id": "other-cmd",
+        "state": RESULT_RUNNING,
+        "attempt": 2,
+        "source": wire.subscription,
+    }
+    # a record another cluster's agent put there is not taken as this cluster's answer
+    infer = "projects/p/subscriptions/pitstop-slurm-infer-results-actuate"
+    wire.results.document(cid).update({"source": infer})
+    with pytest.raises(ActuatorError) as e:
+        sched.requeue("9", CTX)
+    assert (e.value.status, e.value.retryable) == (409, False) and "another cluster" in str(e.value)
+
+
+class Lossy:
+    """The results topic, except that the first final answer is lost without a trace."""
+
+    def __init__(self, out: ResultsTopic) -> None:
+        self.out, self.lost = out, 0
+
+    def send(self, doc: Mapping[str, Any]) -> None:
+        if doc["state"] in (RESULT_DONE, RESULT_FAILED) and not self.lost:
+            self.lost += 1
+            return
+        self.out.send(doc)
+
+
+@pytest.mark.emulator
+def test_a_lost_result_is_recovered_by_the_commands_redelivery(wire: Wire) -> None:
+    run = Script()
+    # the answer's publish fails: the delivery raises (serve nacks it), the ledger keeps the answer
+    sink = Sink(fail=RESULT_DONE)
+    agent = wire.agent(run, sink=sink)
+    raw = command("c-requeue-8", "requeue", {"job": "8"})
+    with pytest.raises(RuntimeError, match="publish failed"):
+        agent.handle(raw)
+    assert row(agent.ledger, "c-requeue-8")["state"] == RESULT_DONE
+    assert [d["state"] for d in sink.sent] == [RESULT_RUNNING]
+    assert agent.handle(raw) is None  # Pub/Sub's redelivery: not run again, the answer published
+    assert [d["state"] for d in sink.sent] == [RESULT_RUNNING, RESULT_DONE]
+    assert sink.sent[1] == row(agent.ledger, "c-requeue-8")
+    assert run.count("scontrol", "requeue") == 1
+
+    # end to end: the answer's message is lost without a trace (the command was acknowledged);
+    # actuate asks again once the claim has lapsed, and that delivery publishes the answer again
+    lossy = Lossy(wire.out)
+    later = [0.0]
+    sched, pub = wire.scheduler(
+        wire.agent(run, sink=lossy, claim_s=60), wait_s=3, clock=lambda: time.time() + later[0]
+    )
+    with pytest.raises(ActuatorError) as e:
+        sched.requeue("31", CTX)
+    assert (e.value.status, e.value.retryable) == (503, True)
+    assert lossy.lost == 1 and len(pub.published) == 1 and run.count("scontrol", "requeue", "31") == 1
+    later[0] = 120.0  # past the claim: actuate asks again (same id), the agent replays its ledger
+    sched.requeue("31", CTX)
+    assert len(pub.published) == 2 and run.count("scontrol", "requeue", "31") == 1
 
 
 # -- the real Slurm ------------------------------------------------------------------------
@@ -462,9 +697,9 @@ def slurm() -> Iterator[SlurmCluster]:
 
 
 @pytest.fixture
-def real(slurm: SlurmCluster, results: Any) -> Iterator[tuple[SlurmCluster, SlurmScheduler]]:
-    agent = Agent(SlurmCommands(release_requeued=False), results)
-    yield slurm, SlurmScheduler(Loopback(agent), "t", results, wait_s=30)
+def real(slurm: SlurmCluster, wire: Wire) -> Iterator[tuple[SlurmCluster, SlurmScheduler]]:
+    agent = Agent(SlurmCommands(release_requeued=False), Ledger(wire.ledger_path), wire.out)
+    yield slurm, wire.scheduler(agent, wait_s=30)[0]
     slurm._out(["scancel", "--full", "--quiet", "-u", "root"])
     for n in NODES:
         slurm._out(["scontrol", "update", f"NodeName={n}", "State=RESUME"])
@@ -594,7 +829,7 @@ def test_down_node_gets_pitstops_drain_keeping_the_old_reason(
 
 @pytest.mark.emulator
 def test_unreachable_controller_is_a_transient_failure_then_the_retry_runs(
-    real: tuple[SlurmCluster, SlurmScheduler], results: Any
+    real: tuple[SlurmCluster, SlurmScheduler], wire: Wire
 ) -> None:
     slurm, _ = real
     dead = slurm.workdir / "dead.conf"
@@ -619,10 +854,10 @@ def test_unreachable_controller_is_a_transient_failure_then_the_retry_runs(
         return run
 
     raw = command("c-drain-7", "drain", {"node": "pa-1", "incident": INCIDENT, "action": "RESET_GPU"})
-    first = Agent(SlurmCommands(via(dead)), results).handle(raw)
+    first = wire.agent(via(dead)).handle(raw)
     assert first is not None and first["state"] == "transient"
     assert "Unable to contact slurm controller" in first["error"]
-    second = Agent(SlurmCommands(via(slurm.conf)), results).handle(raw)
+    second = wire.agent(via(slurm.conf)).handle(raw)
     assert second is not None and second["state"] == RESULT_DONE and second["attempt"] == 2
     assert _reason(slurm, "pa-1") == ("IDLE+DRAIN", f"pitstop {INCIDENT} RESET_GPU")
 
@@ -658,6 +893,24 @@ def test_a_node_added_to_slurm_is_accepted_once_the_list_is_read_again(
 
 def test_requeued_jobs_are_released_at_once_unless_the_hold_is_kept() -> None:
     """scontrol requeue holds a job until BeginTime (~2 min on); the agent lifts it by default."""
-    assert commands_for(parse_args(["--subscription", "s"])).release_requeued is True
-    assert commands_for(parse_args(["--subscription", "s", "--keep-requeue-hold"])).release_requeued is False
-    assert commands_for(parse_args(["--subscription", "s", "--release-requeued"])).release_requeued is True
+    base = ["--subscription", "s", "--results-topic", "r"]
+    assert commands_for(parse_args(base)).release_requeued is True
+    assert commands_for(parse_args([*base, "--keep-requeue-hold"])).release_requeued is False
+    assert commands_for(parse_args([*base, "--release-requeued"])).release_requeued is True
+
+
+def test_results_topic_and_ledger_arguments() -> None:
+    """The unit passes a topic id (``pitstop-slurm-<c>-results``); a full path works too. No
+    Firestore option is left: the agent answers only over its results topic."""
+    args = parse_args(
+        ["--project", "p", "--subscription", "s", "--results-topic", "pitstop-slurm-a3-results"]
+    )
+    assert results_topic(args) == "projects/p/topics/pitstop-slurm-a3-results"
+    assert args.ledger == DEFAULT_LEDGER == "/var/lib/pitstop/agent-ledger.sqlite"
+    full = parse_args(["--subscription", "s", "--results-topic", "projects/q/topics/t", "--ledger", "/x.db"])
+    assert results_topic(full) == "projects/q/topics/t" and full.ledger == "/x.db"
+    with pytest.raises(SystemExit):
+        parse_args(["--subscription", "s"])  # without a results topic the agent could answer nothing
+    import pitstop.agent.slurm as agent_mod
+
+    assert "firestore" not in Path(agent_mod.__file__).read_text().split('"""', 2)[2]

@@ -28,7 +28,7 @@ from werkzeug.serving import make_server
 
 from pitstop.adapters.firestore import IncidentStore
 from pitstop.adapters.pubsub import Notifier
-from pitstop.agent.slurm import Agent, SlurmCommands
+from pitstop.agent.slurm import Agent, Ledger, ResultsTopic, SlurmCommands
 from pitstop.core import engine, policy
 from pitstop.local import executions_server
 from pitstop.local.fake_compute import FakeCompute, serve
@@ -97,18 +97,13 @@ class World:
         self.policy_file.write_text(json.dumps(pol_doc))
         self.policy = policy.load(self.policy_file)
         pub, self.sub = PublisherClient(), SubscriberClient()
-        for t in ("pitstop-notifications", "pitstop-slurm-train"):
-            pub.create_topic(name=pub.topic_path(self.project, t))
-        self.sub.create_subscription(
-            name=self.sub.subscription_path(self.project, "agent"),
-            topic=pub.topic_path(self.project, "pitstop-slurm-train"),
-        )
-        self.sub.create_subscription(
-            name=self.sub.subscription_path(self.project, "notes"),
-            topic=pub.topic_path(self.project, "pitstop-notifications"),
-        )
+        self._wire_pubsub(pub)
         self.db = firestore.Client(project=self.project)
-        self.agent = Agent(SlurmCommands(release_requeued=True), self.db.collection("pitstop_slurm_results"))
+        self.agent = Agent(
+            SlurmCommands(release_requeued=True),
+            Ledger(tmp / f"{self.project}-ledger.sqlite"),
+            ResultsTopic(pub.topic_path(self.project, "pitstop-slurm-train-results")),
+        )
         self.stop = threading.Event()
         threading.Thread(
             target=self.agent.serve,
@@ -154,6 +149,23 @@ class World:
             Notifier(self.project, "pitstop-notifications"),
         )
         self.n = 0
+
+    def _wire_pubsub(self, pub: PublisherClient) -> None:
+        """The topics and pull subscriptions deploy creates for cluster train, and the notes tap."""
+        for t in ("pitstop-notifications", "pitstop-slurm-train", "pitstop-slurm-train-results"):
+            pub.create_topic(name=pub.topic_path(self.project, t))
+        # the agent answers on its results topic; actuate pulls this subscription into Firestore
+        self.sub.create_subscription(
+            request={
+                "name": self.sub.subscription_path(self.project, "pitstop-slurm-train-results-actuate"),
+                "topic": pub.topic_path(self.project, "pitstop-slurm-train-results"),
+                "enable_message_ordering": True,
+            }
+        )
+        for name, topic in (("agent", "pitstop-slurm-train"), ("notes", "pitstop-notifications")):
+            self.sub.create_subscription(
+                name=self.sub.subscription_path(self.project, name), topic=pub.topic_path(self.project, topic)
+            )
 
     def fault(self, line: str, node: str) -> engine.Outcome:
         self.n += 1

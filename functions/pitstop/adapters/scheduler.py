@@ -11,21 +11,29 @@ import hashlib
 import json
 import re
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 
 COMMAND_DEADLINE_S = 300.0
 
-# -- the result documents the Slurm agent writes (``<prefix>_slurm_results/<command id>``) ---------
-# Shared with pitstop.agent.slurm, which imports these names. One document per command id, moved
-# through these states; the agent claims it with a create() precondition before it runs anything.
+# -- the results of Slurm commands (``<prefix>_slurm_results/<command id>``) -------------------------
+# Shared with pitstop.agent.slurm, which imports these names. One record per command id, moved
+# through these states: the agent claims it in its own ledger before it runs anything, publishes
+# every state to its cluster's results topic, and actuate merges them into Firestore (ResultsMerger).
 RESULT_RUNNING = "running"  # claimed: an agent is executing it until ``claim_until`` (epoch s)
 RESULT_DONE = "done"  # executed; ``result`` holds the answer; replayed to every later call
 RESULT_TRANSIENT = "transient"  # the last attempt hit a passing Slurm hiccup; a retry runs again
 RESULT_FAILED = "failed"  # final: refused (``refused``) or a Slurm error a retry would repeat
 FINAL_STATES = frozenset({RESULT_DONE, RESULT_FAILED})
+# How far along a command's record is within one attempt; a later attempt is further still.
+_STATE_ORDER = {RESULT_RUNNING: 0, RESULT_TRANSIENT: 1, RESULT_DONE: 2, RESULT_FAILED: 2}
+_COMMAND_ID = re.compile(r"[-a-z0-9_]{1,128}")
+PULL_MAX = 100  # results merged per pull
+PULL_TIMEOUT_S = 5.0
 
 # Every drain Pitstop sets carries this reason, so it can tell its own fences from other people's.
 DRAIN_REASON_PREFIX = "pitstop "
@@ -43,6 +51,112 @@ def result_state(doc: Mapping[str, Any]) -> str:
     if isinstance(state, str) and state:
         return state
     return RESULT_DONE if doc.get("ok") else RESULT_FAILED
+
+
+def _attempt(doc: Mapping[str, Any]) -> int:
+    v = doc.get("attempt")
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def supersedes(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+    """Whether a result moves a command's record forward, so messages arriving late or twice
+    never undo what is known: nothing replaces a final state (done, failed); a final state
+    replaces any other; otherwise a later attempt wins, and within one attempt running <
+    transient (a late ``running`` never hides the transient answer of its own attempt)."""
+    if old is None:
+        return True
+    if result_state(old) in FINAL_STATES:
+        return False
+    if result_state(new) in FINAL_STATES:
+        return True
+    rank_new = (_attempt(new), _STATE_ORDER.get(result_state(new), -1))
+    return rank_new > (_attempt(old), _STATE_ORDER.get(result_state(old), -1))
+
+
+class ResultsMerger:
+    """actuate's side of a cluster's results topic: pulls what its agent published and merges it
+    into ``<prefix>_slurm_results`` (forward only, in a transaction), so every actuate instance
+    reads every command's answer from Firestore, whichever instance pulled the message.
+
+    Each merged record carries ``source`` (the subscription it came through): only the cluster's
+    own agent may publish to its topic, so a record of another source is another agent's forgery.
+    """
+
+    def __init__(self, subscriber: Any, subscription: str, results: Any) -> None:
+        self.subscriber, self.subscription, self.results = subscriber, subscription, results
+
+    def pull(self) -> int:
+        """Merge what is waiting now (up to PULL_MAX) and acknowledge it; how many messages came.
+
+        Never waits for messages; Pub/Sub trouble is logged and the caller reads Firestore anyway.
+        """
+        try:
+            with warnings.catch_warnings():  # return_immediately is deprecated, and exactly what is meant
+                warnings.simplefilter("ignore", DeprecationWarning)
+                resp = self.subscriber.pull(
+                    request={
+                        "subscription": self.subscription,
+                        "max_messages": PULL_MAX,
+                        "return_immediately": True,
+                    },
+                    timeout=PULL_TIMEOUT_S,
+                )
+        except Exception as exc:
+            log.emit(
+                "WARNING", "slurm results: pull failed", subscription=self.subscription, error=str(exc)[:300]
+            )
+            return 0
+        acks = []
+        for received in resp.received_messages:
+            doc = self._parse(received.message)
+            try:
+                if doc is not None:
+                    self._merge(doc)
+            except Exception as exc:  # left unacknowledged: redelivered after its ack deadline
+                log.emit("WARNING", "slurm results: merge failed", id=doc and doc["id"], error=str(exc)[:300])
+                continue
+            acks.append(received.ack_id)
+        if acks:
+            try:
+                self.subscriber.acknowledge(request={"subscription": self.subscription, "ack_ids": acks})
+            except Exception as exc:  # redelivered, merged again: harmless
+                log.emit("WARNING", "slurm results: ack failed", error=str(exc)[:300])
+        return len(resp.received_messages)
+
+    def _parse(self, message: Any) -> dict[str, Any] | None:
+        """A result message, checked: a JSON object whose ``id`` is a command id and matches its
+        attribute, in a known state. Anything else is logged and dropped (acknowledged)."""
+        try:
+            doc = json.loads(message.data)
+        except (ValueError, UnicodeDecodeError):
+            doc = None
+        if (
+            not isinstance(doc, dict)
+            or not isinstance(doc.get("id"), str)
+            or _COMMAND_ID.fullmatch(doc["id"]) is None
+            or dict(message.attributes).get("id") != doc["id"]
+            or result_state(doc) not in _STATE_ORDER
+        ):
+            log.emit("ERROR", "slurm results: malformed result dropped", subscription=self.subscription)
+            return None
+        return {**doc, "source": self.subscription}
+
+    def _merge(self, doc: dict[str, Any]) -> bool:
+        """Write the result if it moves the record forward, atomically with reading the record."""
+        from google.cloud import firestore
+
+        ref = self.results.document(doc["id"])
+
+        @firestore.transactional
+        def forward(tx: Any) -> bool:
+            snap = ref.get(transaction=tx)
+            if not supersedes(doc, snap.to_dict() if snap.exists else None):
+                return False
+            tx.set(ref, doc)
+            return True
+
+        moved: bool = forward(self.results._client.transaction())  # the collection's own client
+        return moved
 
 
 class Scheduler(Protocol):
@@ -98,6 +212,9 @@ class NoScheduler:
 class SlurmScheduler:
     """Commands to the cluster's pitstop-slurm-agent over Pub/Sub; results read back from Firestore.
 
+    The agent has no Firestore access: it publishes results to its cluster's results topic, and
+    before every read ``merger`` (when given) pulls what is waiting there into Firestore.
+
     Command ids are deterministic per (context, operation, arguments), so a retried actuate
     call waits for the same command instead of sending another; read-only probes add a
     time bucket so each poll sees fresh state.
@@ -118,9 +235,23 @@ class SlurmScheduler:
         wait_s: float = 20.0,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        merger: ResultsMerger | None = None,
     ) -> None:
         self.publisher, self.topic, self.results = publisher, topic, results
         self.wait_s, self.clock, self.sleep = wait_s, clock, sleep
+        self.merger = merger
+
+    def _read(self, ref: Any) -> dict[str, Any] | None:
+        """The command's record after merging what its agent has published; None when there is none."""
+        if self.merger is not None:
+            self.merger.pull()
+        snap = ref.get()
+        res: dict[str, Any] | None = (snap.to_dict() or {}) if snap.exists else None
+        source = res.get("source") if res is not None else None
+        if source is not None and self.merger is not None and source != self.merger.subscription:
+            # only this cluster's agent publishes to its topic: another cluster's agent made this up
+            raise ActuatorError(409, f"slurm result {ref.id} came from another cluster ({source})", False)
+        return res
 
     def _needs_attempt(self, res: Mapping[str, Any] | None) -> bool:
         """Whether an agent must be asked (again) to run the command."""
@@ -142,8 +273,7 @@ class SlurmScheduler:
         if fresh:
             cid += f"-{int(self.clock() // 2)}"
         ref = self.results.document(cid)
-        snap = ref.get()
-        res: dict[str, Any] | None = (snap.to_dict() or {}) if snap.exists else None
+        res = self._read(ref)
         if self._needs_attempt(res):
             now = self.clock()
             cmd = {"id": cid, "op": op, "args": args, "issued_at": now, "deadline": now + COMMAND_DEADLINE_S}
@@ -153,8 +283,7 @@ class SlurmScheduler:
             if self.clock() >= deadline:
                 break
             self.sleep(0.2)
-            snap = ref.get()
-            res = (snap.to_dict() or {}) if snap.exists else None
+            res = self._read(ref)
         if res is None:
             raise ActuatorError(503, f"slurm agent has not answered {op} yet", True)
         state = result_state(res)

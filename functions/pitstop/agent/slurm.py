@@ -3,25 +3,36 @@
 It pulls commands from its cluster's Pub/Sub subscription (outbound connections only: a
 private cluster needs no inbound path), executes a closed set of operations with
 scontrol/scancel/squeue (argument lists, never a shell; every argument validated), and
-writes each result to Firestore (``<prefix>_slurm_results/<command id>``) where actuate
-waits for it. Why an agent and not slurmrestd: its REST API has no requeue in any version up
+publishes each state of each command to its cluster's results topic
+(``pitstop-slurm-<cluster>-results``), which only this cluster's agent may publish to.
+actuate pulls that topic's subscription and merges the results into Firestore
+(``<prefix>_slurm_results/<command id>``), forward only; the agent itself holds no Firestore
+access at all. Why an agent and not slurmrestd: its REST API has no requeue in any version up
 to v0.0.42 and no node update before v0.0.39.
 
 Exactly once. Pub/Sub delivers a command at least once, actuate republishes the same command
 id on every retry, and streaming pull runs callbacks concurrently, so the agent claims a
 command before it runs it (the pattern idempotency libraries use: record "in progress" under a
-precondition, act, record the result):
+precondition, act, record the result). The record is a local SQLite ledger (``--ledger``, one
+row per command id with a ``version`` bumped on every write):
 
-1. ``create()`` the result document as ``running`` with an owner, a claim token and
-   ``claim_until``. Firestore lets exactly one create of a document id succeed.
-2. A delivery whose create fails reads the document: ``done`` or ``failed`` (final) → nothing to
-   do, the answer is already there; ``running`` within its claim → another delivery is executing
-   it, so this one is acknowledged and left (the result appears when that one finishes);
-   ``transient`` (the last attempt hit a passing Slurm hiccup) or ``running`` past its claim
-   (its agent died) → taken over by an update conditioned on the document's update time (only
-   one taker wins; the others see the precondition fail and leave).
-3. Run the command, then write the final state, again conditioned on the update time of the
-   claim, so an agent that lost its claim never overwrites the next attempt's answer.
+1. Insert the row as ``running`` with an owner, a claim token and ``claim_until``
+   (``INSERT OR IGNORE``: exactly one insert of a command id succeeds).
+2. A delivery whose insert is ignored reads the row: ``done`` or ``failed`` (final) → the answer
+   is known: it is published again (so a result message that was lost is recovered) and nothing
+   runs; ``running`` within its claim → another delivery is executing it, so this one is
+   acknowledged and left (the result appears when that one finishes); ``transient`` (the last
+   attempt hit a passing Slurm hiccup) or ``running`` past its claim (its agent died) → taken
+   over by an UPDATE conditioned on the row's version (only one taker wins; the others see no
+   row updated and leave).
+3. Run the command, then write the final state, again conditioned on the version of the claim,
+   so an agent that lost its claim never overwrites the next attempt's answer.
+
+Every state written (running, transient, done, failed) is published as the whole row, JSON,
+with attributes ``id`` and ``state`` and the command id as ordering key. A final state is
+published before the command's message is acknowledged; if that publish fails the message is
+redelivered and step 2 publishes the answer again. Rows older than ``KEEP_S`` are deleted at
+start and hourly: every command expires within minutes, so a copy that old is never run.
 
 The claim (``CLAIM_S``) outlasts the longest command (its subprocesses' timeouts), so a live
 agent is never overtaken. A command past its deadline is refused if it was never seen, and
@@ -40,10 +51,12 @@ on top, with the previous reason kept in the new one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -51,10 +64,8 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from google.api_core import exceptions as gexc
-from google.cloud import firestore
+from pathlib import Path
+from typing import Any, Protocol
 
 from pitstop.adapters import log
 from pitstop.adapters.scheduler import (
@@ -85,7 +96,12 @@ RUN_TIMEOUT_S = 60.0  # one scontrol/squeue/scancel call
 # (jobs_on_node runs one `scontrol show job` per job on the node and may take longer with many jobs,
 # but it only reads: a second delivery running it alongside changes nothing.)
 CLAIM_S = 4 * RUN_TIMEOUT_S
-FINISH_TRIES = 3
+PUBLISH_TIMEOUT_S = 30.0  # one result message; past it the command's delivery is nacked and redelivered
+# Ledger rows are kept a week: long past any command's deadline (COMMAND_DEADLINE_S), so a copy
+# of a pruned command is refused as expired, never run again.
+KEEP_S = 7 * 86400.0
+PRUNE_EVERY_S = 3600.0
+DEFAULT_LEDGER = "/var/lib/pitstop/agent-ledger.sqlite"
 
 # Slurm's messages for a passing hiccup (slurm_errno.c strings, as scontrol prints them), plus
 # the OS's. Anything else from Slurm is final: a retry would get the same answer.
@@ -411,25 +427,131 @@ class SlurmCommands:
         return {"node": info.node, "state": info.state, "reason": info.reason}
 
 
+class Ledger:
+    """The agent's claims and results, in SQLite on the controller: one row per command id.
+
+    ``version`` goes up with every write; an UPDATE conditioned on it is the claim's
+    precondition. One connection used under a lock (callbacks run on a thread pool), each
+    read-modify-write inside ``BEGIN IMMEDIATE`` so two processes on one file serialize too; WAL
+    with full sync so a claim that was answered survives a crash of the controller.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._lock = threading.Lock()
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS results (id TEXT PRIMARY KEY, version INTEGER NOT NULL,"
+                " state TEXT NOT NULL, updated_at REAL NOT NULL, doc TEXT NOT NULL)"
+            )
+
+    def create(self, cid: str, doc: Mapping[str, Any], now: float) -> int | None:
+        """Insert the row at version 1 unless the id exists (then None): one insert of an id wins."""
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO results (id, version, state, updated_at, doc) VALUES (?, 1, ?, ?, ?)",
+                (cid, result_state(doc), now, json.dumps(doc)),
+            )
+        return 1 if cur.rowcount == 1 else None
+
+    def get(self, cid: str) -> tuple[dict[str, Any], int] | None:
+        """The row's document and version, or None."""
+        with self._lock:
+            row = self._db.execute("SELECT doc, version FROM results WHERE id = ?", (cid,)).fetchone()
+        return None if row is None else (dict(json.loads(row[0])), int(row[1]))
+
+    def update(
+        self, cid: str, fields: Mapping[str, Any], version: int, now: float
+    ) -> tuple[dict[str, Any], int] | None:
+        """Merge ``fields`` into the row if it is still at ``version``: (document, new version), or
+        None when another write came first (the precondition failed) or the row is gone."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._db.execute(
+                    "SELECT doc FROM results WHERE id = ? AND version = ?", (cid, version)
+                ).fetchone()
+                doc = None if row is None else {**json.loads(row[0]), **fields}
+                if doc is not None:
+                    self._db.execute(
+                        "UPDATE results SET doc = ?, state = ?, updated_at = ?, version = version + 1"
+                        " WHERE id = ? AND version = ?",
+                        (json.dumps(doc), result_state(doc), now, cid, version),
+                    )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return None if doc is None else (doc, version + 1)
+
+    def prune(self, before: float) -> int:
+        """Delete rows last written before ``before``; how many."""
+        with self._lock:
+            return self._db.execute("DELETE FROM results WHERE updated_at < ?", (before,)).rowcount
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class ResultSink(Protocol):
+    """Where the agent answers (ResultsTopic; tests may record instead)."""
+
+    def send(self, doc: Mapping[str, Any]) -> None: ...
+
+
+class ResultsTopic:
+    """The cluster's results topic: each command id is one ordered stream (``ordering_key``).
+
+    ``send`` waits until Pub/Sub has the message and raises if it could not be published, so a
+    caller can leave the command unacknowledged and answer again on its redelivery.
+    """
+
+    def __init__(self, topic: str, publisher: Any = None) -> None:
+        if publisher is None:
+            from google.cloud.pubsub_v1 import PublisherClient
+            from google.cloud.pubsub_v1.types import PublisherOptions
+
+            publisher = PublisherClient(publisher_options=PublisherOptions(enable_message_ordering=True))
+        self.topic, self.publisher = topic, publisher
+
+    def send(self, doc: Mapping[str, Any]) -> None:
+        cid, state = str(doc["id"]), result_state(doc)
+        data = json.dumps(doc, default=str).encode()
+        try:
+            self.publisher.publish(self.topic, data, ordering_key=cid, id=cid, state=state).result(
+                timeout=PUBLISH_TIMEOUT_S
+            )
+        except Exception:
+            # A failed publish pauses its ordering key; resumed, the redelivery's answer can go out.
+            with contextlib.suppress(Exception):
+                self.publisher.resume_publish(self.topic, cid)
+            raise
+
+
 @dataclass(frozen=True)
 class Claim:
-    """This delivery's right to run a command: the attempt, and the document version it wrote."""
+    """This delivery's right to run a command: the attempt, and the ledger row version it wrote."""
 
     token: str
     attempt: int
-    update_time: Any
+    version: int
 
 
 class Agent:
     def __init__(
         self,
         commands: SlurmCommands,
-        results: Any,
+        ledger: Ledger,
+        results: ResultSink,
         clock: Callable[[], float] = time.time,
         owner: str | None = None,
         claim_s: float = CLAIM_S,
     ) -> None:
-        self.commands, self.results, self.clock = commands, results, clock  # results: a Firestore collection
+        self.commands, self.ledger, self.results, self.clock = commands, ledger, results, clock
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.claim_s = claim_s
         self.handled = 0
@@ -450,28 +572,30 @@ class Agent:
         return cmd
 
     def handle(self, raw: bytes) -> dict[str, Any] | None:
-        """One delivery of a command → the result it recorded, or None when it ran nothing.
+        """One delivery of a command → the result document it recorded, or None when it ran nothing.
 
-        None: malformed, already answered, being run by another delivery, or an expired copy.
-        Raises only on Firestore trouble (the caller nacks; Pub/Sub redelivers).
+        None: malformed, already answered (the answer is published again), being run by another
+        delivery, or an expired copy. Raises when a final answer could not be published (the
+        caller nacks; the redelivery publishes it again from the ledger).
         """
         cmd = self._parse(raw)
         if cmd is None:
             return None
-        ref = self.results.document(cmd["id"])
         now = self.clock()
         try:
             deadline = float(cmd.get("deadline", 0))
         except (TypeError, ValueError):
             deadline = 0.0
         if now > deadline:
-            return self._refuse_expired(ref, cmd, now, deadline)
-        claim = self._claim(ref, cmd, now)
+            return self._refuse_expired(cmd, now, deadline)
+        claim = self._claim(cmd, now)
         if claim is None:
             return None
         result = self._execute(cmd, claim)
-        if not self._finish(ref, cmd, claim, result):
+        doc = self._finish(cmd, claim, result)
+        if doc is None:
             return None
+        self.results.send(doc)
         self.handled += 1
         log.emit(
             "INFO" if result["ok"] else "WARNING",
@@ -482,11 +606,21 @@ class Agent:
             attempt=claim.attempt,
             error=result.get("error"),
         )
-        return result
+        return doc
 
-    def _refuse_expired(
-        self, ref: Any, cmd: Mapping[str, Any], now: float, deadline: float
-    ) -> dict[str, Any] | None:
+    def _replay(self, cid: str, doc: Mapping[str, Any]) -> None:
+        """A known final answer, published again: the earlier message may have been lost."""
+        log.emit("INFO", "slurm agent: command already answered; answer published again", id=cid)
+        self.results.send(doc)
+
+    def _announce(self, doc: Mapping[str, Any]) -> None:
+        """Publish a claim (``running``); best effort: the final answer is what actuate waits for."""
+        try:
+            self.results.send(doc)
+        except Exception as exc:
+            log.emit("WARNING", "slurm agent: claim not published", id=doc.get("id"), error=str(exc)[:300])
+
+    def _refuse_expired(self, cmd: Mapping[str, Any], now: float, deadline: float) -> dict[str, Any] | None:
         """An expired command is refused if it was never seen, and otherwise left: it never runs."""
         doc = {
             "id": cmd["id"],
@@ -501,11 +635,14 @@ class Agent:
             "attempt": 0,
             "done_at": now,
         }
-        try:
-            ref.create(doc)
-        except gexc.Conflict:  # AlreadyExists: seen before; a fresher copy carries any retry
-            log.emit("INFO", "slurm agent: expired copy of a known command ignored", id=cmd["id"])
+        if self.ledger.create(cmd["id"], doc, now) is None:  # seen before; a fresher copy carries any retry
+            known = self.ledger.get(cmd["id"])
+            if known is not None and result_state(known[0]) in FINAL_STATES:
+                self._replay(cmd["id"], known[0])
+            else:
+                log.emit("INFO", "slurm agent: expired copy of a known command ignored", id=cmd["id"])
             return None
+        self.results.send(doc)
         self.handled += 1
         log.emit("WARNING", "slurm agent: expired command refused", id=cmd["id"], op=cmd.get("op"))
         return doc
@@ -522,53 +659,46 @@ class Agent:
             "claim_until": now + self.claim_s,
         }
 
-    def _claim(self, ref: Any, cmd: Mapping[str, Any], now: float) -> Claim | None:
+    def _claim(self, cmd: Mapping[str, Any], now: float) -> Claim | None:
         """Make this delivery the one that runs the command, or say why not (None)."""
-        token = uuid.uuid4().hex
-        for _ in range(3):  # a document deleted between create and read is simply tried again
-            try:
-                written = ref.create(self._claim_fields(cmd, now, token, 1))
-                return Claim(token, 1, written.update_time)
-            except gexc.Conflict:
-                pass
-            snap = ref.get()
-            if not snap.exists:
+        token, cid = uuid.uuid4().hex, cmd["id"]
+        for _ in range(3):  # a row pruned between insert and read is simply tried again
+            fields = self._claim_fields(cmd, now, token, 1)
+            if self.ledger.create(cid, fields, now) is not None:
+                self._announce(fields)
+                return Claim(token, 1, 1)
+            row = self.ledger.get(cid)
+            if row is None:
                 continue
-            doc = snap.to_dict() or {}
+            doc, version = row
             state = result_state(doc)
-            if doc.get("token") == token and state == RESULT_RUNNING:
-                return Claim(token, int(doc.get("attempt", 1)), snap.update_time)  # our create, retried
             if state in FINAL_STATES:
-                log.emit("INFO", "slurm agent: command already answered; not run again", id=cmd["id"])
+                self._replay(cid, doc)
                 return None
             if state == RESULT_RUNNING and _number(doc.get("claim_until")) > now:
                 log.emit(
                     "INFO",
                     "slurm agent: command is being run by another delivery; left to it",
-                    id=cmd["id"],
+                    id=cid,
                     owner=doc.get("owner"),
                 )
                 return None
             # transient, or running past its claim (that agent is gone): take it over, once
             attempt = int(_number(doc.get("attempt")) or 1) + 1
-            try:
-                written = ref.update(
-                    {**self._claim_fields(cmd, now, token, attempt), "previous_error": doc.get("error")},
-                    option=firestore.Client.write_option(last_update_time=snap.update_time),
-                )
-            except gexc.FailedPrecondition:
-                log.emit("INFO", "slurm agent: another delivery took the command over", id=cmd["id"])
+            fields = {**self._claim_fields(cmd, now, token, attempt), "previous_error": doc.get("error")}
+            taken = self.ledger.update(cid, fields, version, now)
+            if taken is None:
+                log.emit("INFO", "slurm agent: another delivery took the command over", id=cid)
                 return None
-            except gexc.NotFound:
-                continue
             log.emit(
                 "INFO",
                 "slurm agent: command taken over for a new attempt",
-                id=cmd["id"],
+                id=cid,
                 was=state,
                 attempt=attempt,
             )
-            return Claim(token, attempt, written.update_time)
+            self._announce(taken[0])
+            return Claim(token, attempt, taken[1])
         return None
 
     def _execute(self, cmd: Mapping[str, Any], claim: Claim) -> dict[str, Any]:
@@ -595,30 +725,27 @@ class Agent:
         result.update(done_at=self.clock(), attempt=claim.attempt)
         return result
 
-    def _finish(self, ref: Any, cmd: Mapping[str, Any], claim: Claim, result: dict[str, Any]) -> bool:
-        """Record the result if the claim is still ours; a lost claim never overwrites a newer attempt."""
-        option = firestore.Client.write_option(last_update_time=claim.update_time)
-        for n in range(FINISH_TRIES):
-            try:
-                ref.update(result, option=option)
-                return True
-            except gexc.FailedPrecondition:
-                doc = ref.get().to_dict() or {}
-                if doc.get("token") == claim.token and result_state(doc) == result["state"]:
-                    return True  # our own write, retried after its answer was lost
-                log.emit(
-                    "ERROR",
-                    "slurm agent: claim lost while running; result not recorded",
-                    id=cmd["id"],
-                    owner=doc.get("owner"),
-                    state=result_state(doc),
-                )
-                return False
-            except (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.InternalServerError):
-                if n == FINISH_TRIES - 1:
-                    raise
-                time.sleep(0.5 * 2**n)
-        return False
+    def _finish(self, cmd: Mapping[str, Any], claim: Claim, result: dict[str, Any]) -> dict[str, Any] | None:
+        """Record the result if the claim is still ours (its document); a lost claim never
+        overwrites a newer attempt's answer (None)."""
+        written = self.ledger.update(cmd["id"], result, claim.version, self.clock())
+        if written is None:
+            row = self.ledger.get(cmd["id"])
+            log.emit(
+                "ERROR",
+                "slurm agent: claim lost while running; result not recorded",
+                id=cmd["id"],
+                owner=row[0].get("owner") if row else None,
+                state=result_state(row[0]) if row else None,
+            )
+            return None
+        return written[0]
+
+    def prune(self) -> None:
+        """Forget rows older than KEEP_S (the ledger stays bounded)."""
+        gone = self.ledger.prune(self.clock() - KEEP_S)
+        if gone:
+            log.emit("INFO", "slurm agent: old ledger rows deleted", rows=gone)
 
     def serve(self, subscription: str, stop: threading.Event) -> None:
         from google.cloud.pubsub_v1 import SubscriberClient
@@ -629,12 +756,14 @@ class Agent:
             try:
                 self.handle(message.data)
                 message.ack()
-            except Exception as exc:  # a Firestore hiccup: let Pub/Sub redeliver
+            except Exception as exc:  # an answer not published (or a ledger error): let Pub/Sub redeliver
                 log.emit("ERROR", "slurm agent: command failed, will be redelivered", error=str(exc)[:300])
                 message.nack()
 
         future = sub.subscribe(subscription, callback)
-        stop.wait()
+        self.prune()
+        while not stop.wait(PRUNE_EVERY_S):
+            self.prune()
         future.cancel()
         sub.close()
 
@@ -650,7 +779,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="pitstop-slurm-agent", description=__doc__.splitlines()[0])
     p.add_argument("--project", default=os.environ.get("GOOGLE_CLOUD_PROJECT"))
     p.add_argument("--subscription", required=True, help="the cluster's command subscription id")
-    p.add_argument("--collection-prefix", default="pitstop")
+    p.add_argument(
+        "--results-topic",
+        required=True,
+        help="the cluster's results topic: an id (pitstop-slurm-CLUSTER-results) or projects/P/topics/T",
+    )
+    p.add_argument("--ledger", default=DEFAULT_LEDGER, help="the SQLite file of claims and results")
     p.add_argument(
         "--keep-requeue-hold",
         action="store_true",
@@ -666,19 +800,28 @@ def commands_for(args: argparse.Namespace) -> SlurmCommands:
     return SlurmCommands(release_requeued=not args.keep_requeue_hold)
 
 
+def results_topic(args: argparse.Namespace) -> str:
+    """The full topic path; an id is taken to be in ``--project``."""
+    topic = str(args.results_topic)
+    return topic if topic.startswith("projects/") else f"projects/{args.project}/topics/{topic}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    db = firestore.Client(project=args.project)
-    agent = Agent(
-        commands_for(args),
-        db.collection(f"{args.collection_prefix}_slurm_results"),
-    )
+    agent = Agent(commands_for(args), Ledger(args.ledger), ResultsTopic(results_topic(args)))
     stop = threading.Event()
     import signal as sig
 
     sig.signal(sig.SIGTERM, lambda *a: stop.set())
     sig.signal(sig.SIGINT, lambda *a: stop.set())
-    log.emit("INFO", "slurm agent started", subscription=args.subscription, owner=agent.owner)
+    log.emit(
+        "INFO",
+        "slurm agent started",
+        subscription=args.subscription,
+        results_topic=results_topic(args),
+        ledger=args.ledger,
+        owner=agent.owner,
+    )
     agent.serve(f"projects/{args.project}/subscriptions/{args.subscription}", stop)
     return 0
 

@@ -45,8 +45,7 @@ FIRESTORE_WRITERS = (
     "actuate",
     "notify",
     "sweep",
-    "slurm-agent",
-)  # the processes with Firestore clients
+)  # the processes with Firestore clients (the Slurm agent has none: it answers over Pub/Sub)
 ZONE = "us-central1-a"
 FUNCTIONS = (("ingest", "cloudevent"), ("actuate", "http"), ("notify", "cloudevent"), ("sweep", "http"))
 SWEEP_INTERVAL_S = 60.0  # Cloud Scheduler calls the sweep every minute in production
@@ -377,6 +376,10 @@ class Stack:
         agent_env = {**env, "SLURM_CONF": str(self.slurm.conf)}
         argv = [sys.executable, "-m", "pitstop.agent.slurm", "--project", PROJECT]
         argv += ["--subscription", "slurm-agent-train"]  # requeued jobs start at once (the default)
+        # results go to the cluster's results topic (actuate pulls pitstop-slurm-<c>-results-actuate);
+        # claims live in the agent's own SQLite ledger, kept across agent restarts (chaos agent-down)
+        argv += ["--results-topic", f"pitstop-slurm-{self.spec.name}-results"]
+        argv += ["--ledger", str(self.workdir / "slurm-agent-ledger.sqlite")]
         self.procs["slurm-agent"] = Proc(
             "slurm-agent", argv, self.workdir / "slurm-agent.log", agent_env
         ).start()
@@ -449,7 +452,9 @@ class Stack:
 
         with emulator_env(ep):
             pub, sub = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
-        slurm_topic = () if self.gke else (f"pitstop-slurm-{self.spec.name}",)
+        slurm_topic = (
+            () if self.gke else (f"pitstop-slurm-{self.spec.name}", f"pitstop-slurm-{self.spec.name}-results")
+        )
         t = {
             n: pub.topic_path(PROJECT, n)
             for n in (
@@ -484,6 +489,16 @@ class Stack:
         ]
         for name, topic in pulls[1:] if self.gke else pulls:
             sub.create_subscription(name=sub.subscription_path(PROJECT, name), topic=t[topic])
+        if not self.gke:  # what actuate reads the agent's results from (close.slurm_results_subscription)
+            results = f"pitstop-slurm-{self.spec.name}-results"
+            sub.create_subscription(
+                request={
+                    "name": sub.subscription_path(PROJECT, f"{results}-actuate"),
+                    "topic": t[results],
+                    "ack_deadline_seconds": 60,
+                    "enable_message_ordering": True,
+                }
+            )
 
     # -- faults ----------------------------------------------------------------------
 

@@ -24,19 +24,86 @@ from google.api_core import exceptions as gexc
 
 from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.firestore import IncidentStore
-from pitstop.adapters.scheduler import NoScheduler, Scheduler, SlurmScheduler
+from pitstop.adapters.gke import GkeScheduler, gke_api_client
+from pitstop.adapters.scheduler import NoScheduler, ResultsMerger, Scheduler, SlurmScheduler
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
 
 
-def schedulers_for(policy: Policy, publisher: Any, project: str, results: Any) -> dict[str, Scheduler]:
-    """The scheduler adapter of each Slurm cluster in the policy (commands over its Pub/Sub topic)."""
+def schedulers_for(
+    policy: Policy,
+    publisher: Any,
+    project: str,
+    results: Any,
+    kube_endpoint: str | None = None,
+    subscriber: Any = None,
+) -> dict[str, Scheduler]:
+    """The scheduler adapter of each cluster in the policy: a Slurm cluster's commands go over its
+    Pub/Sub topic; a GKE cluster is reached through its control plane (``kube_endpoint``, the
+    local stack's fake API server, stands in for every GKE cluster when set)."""
     out: dict[str, Scheduler] = {}
     for c in policy.clusters:
         if c.scheduler == "slurm":
             topic = (c.raw.get("slurm") or {}).get("command_topic") or f"pitstop-slurm-{c.name}"
-            out[c.name] = SlurmScheduler(publisher, publisher.topic_path(project, topic), results)
+            subscriber = subscriber or _subscriber()
+            sub_path = slurm_results_subscription(subscriber, project, c.name)
+            out[c.name] = SlurmScheduler(
+                publisher,
+                publisher.topic_path(project, topic),
+                results,
+                merger=ResultsMerger(subscriber, sub_path, results),
+            )
+        elif c.scheduler == "gke":
+            out[c.name] = gke_scheduler(c.name, c.raw.get("gke") or {}, project, kube_endpoint)
     return out
+
+
+def slurm_results_subscription(subscriber: Any, project: str, cluster: str) -> str:
+    """Where actuate reads a Slurm cluster's results (deploy: infra/resources.yaml); the agent
+    publishes them to ``pitstop-slurm-<cluster>-results`` and holds no Firestore access."""
+    path: str = subscriber.subscription_path(project, f"pitstop-slurm-{cluster}-results-actuate")
+    return path
+
+
+def _subscriber() -> Any:
+    """A Pub/Sub subscriber, created only when a Slurm cluster needs one (the CLI passes none)."""
+    from google.cloud.pubsub_v1 import SubscriberClient
+
+    return SubscriberClient()
+
+
+def gke_scheduler(
+    name: str, conf: Mapping[str, Any], project: str, kube_endpoint: str | None
+) -> GkeScheduler:
+    """A GKE cluster's adapter, connected on first use (a cold start never waits on the cluster).
+
+    In production the control plane comes from ``container.clusters.get`` for the policy's
+    ``gke: {location, cluster?, project?}``, called as the function's own identity.
+    """
+    deadline = float(conf.get("evict_deadline_s") or 120.0)
+    if kube_endpoint:
+        return GkeScheduler(local_api_client(kube_endpoint), evict_deadline_s=deadline)
+    proj, cluster = str(conf.get("project") or project), str(conf.get("cluster") or name)
+    location = conf.get("location")
+
+    def connect() -> Any:
+        if not isinstance(location, str):
+            raise ActuatorError(409, f"cluster {name} has no gke.location in the policy", False)
+        import google.auth
+
+        credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+        return gke_api_client(proj, location, cluster, credentials)
+
+    return GkeScheduler(connect=connect, evict_deadline_s=deadline)
+
+
+def local_api_client(endpoint: str) -> Any:
+    """A Kubernetes client for an unauthenticated loopback API server (the local stack's fake)."""
+    from kubernetes import client as k8s
+
+    cfg: Any = k8s.Configuration()
+    cfg.host = endpoint.rstrip("/")
+    return k8s.ApiClient(cfg)
 
 
 @dataclass

@@ -81,6 +81,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _database() -> str:
+    """The database deploy creates (``pitstop``); the emulator's local stack keeps the default one."""
+    import os
+
+    named = os.environ.get("PITSTOP_FIRESTORE_DATABASE")
+    return named or ("(default)" if os.environ.get("FIRESTORE_EMULATOR_HOST") else "pitstop")
+
+
 def _store(project: str | None) -> Any:
     import os
 
@@ -90,7 +98,10 @@ def _store(project: str | None) -> Any:
     from pitstop.core import policy as policy_mod
 
     pol = policy_mod.load()
-    client = firestore.Client(project=project or os.environ.get("GOOGLE_CLOUD_PROJECT"))
+    client = firestore.Client(
+        project=project or os.environ.get("GOOGLE_CLOUD_PROJECT"),
+        database=_database(),
+    )
     return IncidentStore(client, pol.doc["store"]["collection_prefix"]), pol
 
 
@@ -141,11 +152,14 @@ def _close_incident(store: Any, pol: Any, args: argparse.Namespace) -> int:
     from pitstop.services.close import close_incident, schedulers_for
 
     schedulers = {}
-    if args.unfence and any(c.scheduler == "slurm" for c in pol.clusters):
+    if args.unfence and any(c.scheduler in ("slurm", "gke") for c in pol.clusters):
+        import os
+
         from google.cloud.pubsub_v1 import PublisherClient
 
         results = store.db.collection(f"{pol.doc['store']['collection_prefix']}_slurm_results")
-        schedulers = schedulers_for(pol, PublisherClient(), store.db.project, results)
+        kube = os.environ.get("PITSTOP_KUBE_ENDPOINT")  # the local stack's fake API server, if any
+        schedulers = schedulers_for(pol, PublisherClient(), store.db.project, results, kube_endpoint=kube)
     done = close_incident(store, schedulers, args.close, args.by, time.time(), args.unfence)
     print("\n".join(done.lines))
     return 0 if done.ok else 1
@@ -216,13 +230,14 @@ def cmd_local(args: argparse.Namespace) -> int:
 def _cluster_spec(args: argparse.Namespace) -> ClusterSpec:
     """The simulated cluster: defaults, then --config's YAML, then --nodes/--spot (the last word wins).
 
-    --config may also set job_nodes, which is written back to ``args``.
+    --config may also set job_nodes, which is written back to ``args``. On GKE the job is a JobSet
+    the stack creates as it starts (``jobset_nodes``), not a Slurm job the daemon submits.
     """
     from pathlib import Path
 
     from pitstop.local import stack as st
 
-    spec = st.ClusterSpec()
+    spec = st.ClusterSpec.gke() if args.scheduler == "gke" else st.ClusterSpec()
     if args.config:
         conf = yaml.safe_load(Path(args.config).read_text()) or {}
         for k in ("nodes", "prefix", "spot", "machine_type", "mig", "name"):
@@ -233,6 +248,8 @@ def _cluster_spec(args: argparse.Namespace) -> ClusterSpec:
         spec.nodes = args.nodes
     if args.spot:
         spec.spot = args.spot.split(",")
+    if spec.scheduler == "gke":
+        spec.jobset_nodes, args.job_nodes = args.job_nodes or 0, 0
     return spec
 
 
@@ -284,10 +301,15 @@ def _local_up(args: argparse.Namespace, workdir: Path) -> int:
     state = st.StackState.load(workdir)
     if ready.get("job"):
         print(f"submitted job {ready['job']} on {args.job_nodes} nodes")
+    if spec.jobset_nodes:
+        print(f"created JobSet train on {spec.jobset_nodes} nodes (kubectl get jobsets)")
     print(f"local stack up in {workdir} (stop it with: pitstop local down)")
     for k, v in state.endpoints.items():
         print(f"  {k:<11} {v}")
-    print(f"  slurm       SLURM_CONF={state.slurm_conf}")
+    if state.kubeconfig:
+        print(f"  kubernetes  KUBECONFIG={state.kubeconfig}")
+    else:
+        print(f"  slurm       SLURM_CONF={state.slurm_conf}")
     return 0
 
 
@@ -400,20 +422,31 @@ def _local_status(state: StackState, as_json: bool) -> int:
 
 
 def _status_report(state: StackState) -> dict[str, Any]:
-    """One picture of the stack: incidents, Slurm's view, the fake VMs and calls, what was notified."""
+    """One picture of the stack: incidents, the scheduler's view (Slurm's, or the Kubernetes nodes
+    and JobSets of a GKE stack), the fake VMs and calls, what was notified."""
+    from pitstop.local import gke_stack
     from pitstop.local.stack import admin, webhook_records
 
     compute = admin(state, "/_admin/state")
     incidents = _incident_rows(state, compute.get("effects", []))
-    sinfo = _slurm_lines(state, ["sinfo", "-h", "-N", "-o", "%N|%T|%E"])
-    squeue = _slurm_lines(state, ["squeue", "-h", "-o", "%i|%T|%N|%j"])
+    scheduler: dict[str, Any]
+    if "kube" in state.endpoints:
+        scheduler = gke_stack.status(state.endpoints["kube"])
+    else:
+        sinfo = _slurm_lines(state, ["sinfo", "-h", "-N", "-o", "%N|%T|%E"])
+        squeue = _slurm_lines(state, ["squeue", "-h", "-o", "%i|%T|%N|%j"])
+        scheduler = {
+            "slurm_nodes": [
+                dict(zip(("node", "state", "reason"), x.split("|"), strict=False)) for x in sinfo
+            ],
+            "slurm_jobs": [
+                dict(zip(("id", "state", "nodes", "name"), x.split("|"), strict=False)) for x in squeue
+            ],
+        }
     notes = webhook_records(state)
     return {
         "incidents": incidents,
-        "slurm_nodes": [dict(zip(("node", "state", "reason"), x.split("|"), strict=False)) for x in sinfo],
-        "slurm_jobs": [
-            dict(zip(("id", "state", "nodes", "name"), x.split("|"), strict=False)) for x in squeue
-        ],
+        **scheduler,
         "instances": compute["instances"],
         "operations": [{"method": c["method"], "path": c["path"]} for c in compute["calls"]],
         "notifications": [n["body"]["text"] for n in notes],
@@ -489,12 +522,15 @@ def _print_status(report: dict[str, Any]) -> None:
             f"effects={compact(i['effects']):<28} "
             f"resolved={d.get('resolved')}s {('held: ' + i['held']['reason']) if i['held'] else ''}"
         )
-    print("SLURM NODES")
-    for n in report["slurm_nodes"]:
-        print(f"  {n.get('node'):<14} {n.get('state'):<12} {n.get('reason', '')}")
-    print("SLURM JOBS")
-    for j in report["slurm_jobs"]:
-        print(f"  {j.get('id'):<5} {j.get('state'):<11} {j.get('nodes')}")
+    if "k8s_nodes" in report:
+        _print_k8s(report)
+    else:
+        print("SLURM NODES")
+        for n in report["slurm_nodes"]:
+            print(f"  {n.get('node'):<14} {n.get('state'):<12} {n.get('reason', '')}")
+        print("SLURM JOBS")
+        for j in report["slurm_jobs"]:
+            print(f"  {j.get('id'):<5} {j.get('state'):<11} {j.get('nodes')}")
     print("INSTANCES")
     for inst in report["instances"]:
         print(f"  {inst['name']:<14} {inst['status']:<10} id={inst['id']} host={inst['host']}")
@@ -504,6 +540,18 @@ def _print_status(report: dict[str, Any]) -> None:
     print("NOTIFICATIONS")
     for text in report["notifications"]:
         print("  " + text.replace("\n", "\n    "))
+
+
+def _print_k8s(report: dict[str, Any]) -> None:
+    """A GKE stack's scheduler view, as kubectl would summarise it (cordon, taints, GPUs, restarts)."""
+    print("KUBERNETES NODES")
+    for n in report["k8s_nodes"]:
+        flags = "Ready" if n["ready"] else "NotReady"
+        flags += ",SchedulingDisabled" if n["unschedulable"] else ""
+        print(f"  {n['name']:<32} {flags:<28} gpu={n['gpu_allocatable']} {' '.join(n['taints'])}")
+    print("JOBSETS")
+    for j in report["jobsets"]:
+        print(f"  {j['name']:<14} restarts={j['restarts']:<3} {','.join(j['nodes'])}")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -598,7 +646,9 @@ def _add_replay(sub: Subparsers) -> None:
 
 def _add_local(sub: Subparsers) -> None:
     """local: the whole pipeline on this machine."""
-    lo = sub.add_parser("local", help="the whole pipeline on this machine (emulators, fakes, real Slurm)")
+    lo = sub.add_parser(
+        "local", help="the whole pipeline on this machine (emulators, fakes, real Slurm or a fake GKE)"
+    )
     lo.add_argument("action", choices=("up", "down", "status", "inject", "chaos"))
     lo.add_argument(
         "path", nargs="?", default="-", help="inject: JSON Lines of LogEntries, or -; chaos: the KIND"
@@ -613,7 +663,18 @@ def _add_local(sub: Subparsers) -> None:
     lo.add_argument("--workdir", default=None, help="state and logs (default .local/ in the repo)")
     lo.add_argument("--nodes", type=int, default=None, help="up: simulated nodes (default 8)")
     lo.add_argument("--spot", default="", help="up: comma-separated node names that are Spot VMs")
-    lo.add_argument("--job-nodes", type=int, default=0, help="up: submit a running job on this many nodes")
+    lo.add_argument(
+        "--scheduler",
+        choices=("slurm", "gke"),
+        default="slurm",
+        help="up: the cluster's scheduler (gke: a fake Kubernetes API server; writes <workdir>/kubeconfig)",
+    )
+    lo.add_argument(
+        "--job-nodes",
+        type=int,
+        default=0,
+        help="up: a running job on this many nodes (gke: a JobSet with the host-maintenance failure policy)",
+    )
     lo.add_argument(
         "--config", default=None, help="up: YAML with nodes, prefix, spot, machine_type, mig, job_nodes"
     )

@@ -21,7 +21,30 @@ from typing import Any
 
 from pitstop.core import engine
 from pitstop.core.timeline import durations
-from pitstop.local.stack import PROJECT, ZONE, Router, Stack, StackState, admin, emulator_env, webhook_records
+from pitstop.local.gke_stack import (
+    FENCE_KEY,
+    GPU,
+    JOBSET_LABEL,
+    NAMESPACE,
+    POOL_LABEL,
+    Kube,
+    Watch,
+    jobset,
+    jobset_summary,
+    node_summary,
+    running,
+)
+from pitstop.local.stack import (
+    PROJECT,
+    ZONE,
+    ClusterSpec,
+    Router,
+    Stack,
+    StackState,
+    admin,
+    emulator_env,
+    webhook_records,
+)
 
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 XID48 = (
@@ -44,14 +67,21 @@ class Result:
     detail: str
     timeline: dict[str, float | None] = field(default_factory=dict)
     incident: str | None = None
+    facts: dict[str, Any] = field(default_factory=dict)  # what was observed, for tests to assert one by one
 
 
-class Scenarios:
-    """The checks behind every scenario, against a running stack."""
+def _stamp() -> str:
+    """Now, as Cloud Logging writes a LogEntry's timestamp (RFC 3339, microseconds, UTC)."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int((now % 1) * 1e6):06d}Z"
+
+
+class Pipeline:
+    """What every scenario needs of a running stack: entries in, incidents, calls and notes out."""
 
     def __init__(self, stack: Stack) -> None:
-        assert stack.state is not None and stack.slurm is not None
-        self.stack, self.state, self.slurm = stack, stack.state, stack.slurm
+        assert stack.state is not None
+        self.stack, self.state = stack, stack.state
         self.router = Router(self.state)
         from google.cloud import firestore
 
@@ -59,14 +89,14 @@ class Scenarios:
             self.db = firestore.Client(project=PROJECT)
         self.nodes: list[str] = self.state.cluster["node_names"]
         self.latencies: list[float] = []
+        self.results: list[Result] = []
         self._ids: dict[str, str] = {}
         self._ids_at = -1e9
 
     # -- helpers -------------------------------------------------------------------
 
     def entry(self, node: str, line: str, insert_id: str | None = None) -> dict[str, Any]:
-        now = time.time()
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int((now % 1) * 1e6):06d}Z"
+        stamp = _stamp()
         # What Pitstop's Ops Agent config (infra/ops-agent/) ships: the kernel's own journal record,
         # whose _TRANSPORT journald sets (verified evidence; text syslog would only be recorded).
         return {
@@ -128,6 +158,50 @@ class Scenarios:
     def notes_for(self, iid: str) -> list[dict[str, Any]]:
         return [w for w in webhook_records(self.state) if iid in w["body"]["text"]]
 
+    def settle(self) -> None:
+        """Let the blast-radius window slide so scenarios do not spend each other's budget."""
+        window = float(json.loads(Path(self.state.workdir, "policy.yaml").read_text())["budgets"]["window_s"])
+
+        def clear() -> bool:
+            now = time.time()
+            return all(
+                not any(
+                    s.get("active") or now - s["at"] < window
+                    for s in (d.to_dict() or {}).get("slots", {}).values()
+                )
+                for d in self.db.collection("pitstop_budgets").stream()
+            )
+
+        self.wait(clear, window + 120, "the blast-radius window to clear")
+
+    def latency_ms(self) -> dict[str, Any]:
+        return latency_summary(self.latencies)
+
+    def run_all(self, only: list[str] | None = None) -> list[Result]:
+        raise NotImplementedError
+
+
+def latency_summary(latencies: list[float]) -> dict[str, Any]:
+    xs = sorted(x * 1000 for x in latencies)
+    if not xs:
+        return {"n": 0}
+    p99 = xs[min(len(xs) - 1, round(0.99 * (len(xs) - 1)))]
+    return {
+        "detect_to_first_action_p50": round(statistics.median(xs)),
+        "detect_to_first_action_p99": round(p99),
+        "n": len(xs),
+        "note": "log timestamp to node fenced; excludes deliberate waits",
+    }
+
+
+class Scenarios(Pipeline):
+    """The checks behind every Slurm scenario, against a running stack."""
+
+    def __init__(self, stack: Stack) -> None:
+        super().__init__(stack)
+        assert stack.slurm is not None
+        self.slurm = stack.slurm
+
     def job(self, nodes: list[str], script: str | None = None) -> str:
         argv = [
             "sbatch",
@@ -166,22 +240,6 @@ class Scenarios:
             if tok.startswith("Restarts="):
                 return int(tok.split("=", 1)[1])
         return -1
-
-    def settle(self) -> None:
-        """Let the blast-radius window slide so scenarios do not spend each other's budget."""
-        window = float(json.loads(Path(self.state.workdir, "policy.yaml").read_text())["budgets"]["window_s"])
-
-        def clear() -> bool:
-            now = time.time()
-            return all(
-                not any(
-                    s.get("active") or now - s["at"] < window
-                    for s in (d.to_dict() or {}).get("slots", {}).values()
-                )
-                for d in self.db.collection("pitstop_budgets").stream()
-            )
-
-        self.wait(clear, window + 120, "the blast-radius window to clear")
 
     # -- scenarios -------------------------------------------------------------------
 
@@ -464,17 +522,466 @@ class Scenarios:
             print_result(results[-1])
         return results
 
-    def latency_ms(self) -> dict[str, Any]:
-        xs = sorted(x * 1000 for x in self.latencies)
-        if not xs:
-            return {"n": 0}
-        p99 = xs[min(len(xs) - 1, round(0.99 * (len(xs) - 1)))]
+
+REGION = ZONE.rsplit("-", 1)[0]
+GKE_NODES = 9  # seven nodes that take a fault each (cooldowns outlast the demo), a gang partner and a spare
+GKE_COMPUTE_SCALE = 0.03  # a reset keeps the VM down ~1 s: time for the gang to restart off a preempted node
+POD_GRACE_S = 30  # the JobSets' terminationGracePeriodSeconds: what a checkpoint gets after SIGTERM
+
+
+def gke_spec(nodes: int = GKE_NODES) -> ClusterSpec:
+    """The demo's GKE node pool; its fourth node is a Spot VM (the preemption scenario's)."""
+    spec = ClusterSpec.gke(nodes)
+    spec.spot = [spec.node_names[3]]
+    return spec
+
+
+@dataclass
+class Gang:
+    """One scenario's JobSet: where it started, and the nodes it may move to."""
+
+    name: str
+    members: list[str]
+    spares: list[str]
+
+
+class GkeScenarios(Pipeline):
+    """The GKE scenarios: faults on JobSet members, checked in the fake API server, Compute and Firestore.
+
+    Nodes: the faults use nodes 0-6, one each; every gang runs on its faulty member(s) and the
+    partner (node 7) and may move to the spare (node 8), both freed after each scenario.
+    """
+
+    def __init__(self, stack: Stack) -> None:
+        super().__init__(stack)
+        assert "kube" in self.state.endpoints, "not a GKE stack"
+        self.kube = Kube(self.state.endpoints["kube"])
+        self.partner, self.spare = self.nodes[-2], self.nodes[-1]
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def k8s_entry(self, node: str, line: str, location: str = ZONE) -> dict[str, Any]:
+        """A kernel line as GKE's node-journal log ships it: a k8s_node entry with the journal record
+        (``_TRANSPORT=kernel``: verified); ``location`` is the cluster's (a region for a regional one)."""
         return {
-            "detect_to_first_action_p50": round(statistics.median(xs)),
-            "detect_to_first_action_p99": round(p99),
-            "n": len(xs),
-            "note": "log timestamp to node fenced; excludes deliberate waits",
+            "insertId": uuid.uuid4().hex[:16],
+            "logName": f"projects/{PROJECT}/logs/node-journal",
+            "timestamp": _stamp(),
+            "jsonPayload": {
+                "MESSAGE": line,
+                "_TRANSPORT": "kernel",
+                "SYSLOG_IDENTIFIER": "kernel",
+                "PRIORITY": "3",
+                "_HOSTNAME": node,
+            },
+            "resource": {
+                "type": "k8s_node",
+                "labels": {
+                    "project_id": PROJECT,
+                    "location": location,
+                    "cluster_name": self.state.cluster["name"],
+                    "node_name": node,
+                },
+            },
         }
+
+    def gang(self, name: str, members: list[str], spares: list[str]) -> Gang:
+        """A JobSet running on exactly ``members``, free to move to ``spares`` once it started."""
+        for n in members:
+            self.kube.label_node(n, POOL_LABEL, name)
+        self.kube.create_jobset(jobset(name, len(members), pool=name, grace_s=POD_GRACE_S))
+        self.wait(
+            lambda: self.placed(name) == sorted(members) and running(self.kube, name) == len(members),
+            30,
+            f"JobSet {name} to run on {members}",
+        )
+        for n in spares:
+            self.kube.label_node(n, POOL_LABEL, name)
+        return Gang(name, members, spares)
+
+    def placed(self, name: str) -> list[str]:
+        """The nodes the JobSet's current attempt runs on."""
+        js = self.kube.jobset(name)
+        return (
+            [] if js is None else list(jobset_summary(js, self.kube.pods(f"{JOBSET_LABEL}={name}"))["nodes"])
+        )
+
+    def restarts(self, name: str) -> int:
+        js = self.kube.jobset(name)
+        return -1 if js is None else int((js.get("status") or {}).get("restarts") or 0)
+
+    def moved(self, g: Gang, bad: list[str]) -> list[str]:
+        """Once the gang runs again in full, the nodes it runs on (none of them ``bad``)."""
+        want = len(g.members)
+
+        def off_bad() -> list[str] | None:
+            where = self.placed(g.name)
+            ok = len(where) == want and running(self.kube, g.name) == want and not set(where) & set(bad)
+            return where if ok else None
+
+        where: list[str] = self.wait(off_bad, 60, f"JobSet {g.name} to run again off {bad}")
+        return where
+
+    def done_with(self, g: Gang) -> None:
+        """Remove the gang and its pool labels, so the partner and spare are free for the next one."""
+        self.kube.delete_jobset(g.name)
+        self.wait(lambda: not self.kube.pods(f"{JOBSET_LABEL}={g.name}"), 60, f"JobSet {g.name}'s pods to go")
+        for n in [*g.members, *g.spares]:
+            self.kube.label_node(n, POOL_LABEL, None)
+
+    def device_plugin_xid(self, node: str, xid: int) -> None:
+        """What GKE's GPU device plugin does on a critical Xid: XidCriticalError under this boot, one
+        GPU less allocatable (reference/gke.md §2); only a reboot clears them."""
+        boot = self.kube.node(node)["status"]["nodeInfo"]["bootID"]
+        cond = {"type": "XidCriticalError", "status": "True", "reason": json.dumps({str(xid): True})}
+        self.kube.set_node_status(
+            node, {"conditions": [{**cond, "message": boot}], "allocatable": {GPU: "7"}}
+        )
+
+    def node_back(self, node: str) -> bool:
+        """In service: Ready, schedulable, no Pitstop taint, every GPU allocatable, no Xid condition."""
+        n = node_summary(self.kube.node(node))
+        pitstop = [t for t in n["taints"] if t.startswith(FENCE_KEY)]
+        return (
+            n["ready"]
+            and not n["unschedulable"]
+            and not pitstop
+            and n["gpu_allocatable"] == 8
+            and not n["xid_critical"]
+        )
+
+    @staticmethod
+    def fenced_by(events: list[dict[str, Any]], node: str, iid: str) -> bool:
+        """Whether the node was seen cordoned with Pitstop's taint for this incident."""
+        taint = {"key": FENCE_KEY, "value": iid, "effect": "NoSchedule"}
+        return any(
+            e["object"]["metadata"]["name"] == node
+            and e["object"].get("spec", {}).get("unschedulable")
+            and any({k: t.get(k) for k in taint} == taint for t in e["object"]["spec"].get("taints") or [])
+            for e in events
+        )
+
+    @staticmethod
+    def evictions(events: list[dict[str, Any]], node: str) -> list[dict[str, Any]]:
+        """Pods on the node evicted through the Eviction API: when, and the grace period they got."""
+        out: dict[str, dict[str, Any]] = {}
+        for e in events:
+            pod = e["object"]
+            conds = (pod.get("status") or {}).get("conditions") or []
+            evicted = any(
+                c["type"] == "DisruptionTarget" and c.get("reason") == "EvictionByEvictionAPI" for c in conds
+            )
+            if pod.get("spec", {}).get("nodeName") != node or not evicted:
+                continue
+            seen = out.setdefault(
+                pod["metadata"]["name"], {"pod": pod["metadata"]["name"], "at": e["at"], "grace": None}
+            )
+            if seen["grace"] is None:  # the grace period the deletion started with (it ends at 0)
+                seen["grace"] = pod["metadata"].get("deletionGracePeriodSeconds")
+        return list(out.values())
+
+    def close_with_unfence(self, iid: str) -> dict[str, Any]:
+        """What `pitstop incidents --close ID --unfence` does, through the GKE adapter (services/close.py)."""
+        from pitstop.adapters.firestore import IncidentStore
+        from pitstop.core import policy as policy_mod
+        from pitstop.services.close import close_incident, schedulers_for
+
+        pol = policy_mod.load(Path(self.state.workdir, "policy.yaml"))
+        store = IncidentStore(self.db, pol.doc["store"]["collection_prefix"])
+        schedulers = schedulers_for(pol, None, PROJECT, None, kube_endpoint=self.state.endpoints["kube"])
+        done = close_incident(store, schedulers, iid, "demo", time.time(), unfence=True)
+        inc: dict[str, Any] = {**(store.get(iid) or {}), "lines": done.lines}
+        return inc
+
+    # -- scenarios ----------------------------------------------------------------------
+
+    def xid79(self) -> Result:
+        bad = self.nodes[0]
+        g = self.gang("xid79", [bad, self.partner], [self.spare])
+        watch = Watch(self.kube.url, "/api/v1/nodes")
+        try:
+            self.device_plugin_xid(bad, 79)
+            self.router.publish(self.k8s_entry(bad, XID79))
+            inc = self.finished(bad)
+            where = self.moved(g, [bad])
+            back, restarts = self.node_back(bad), self.restarts(g.name)
+            notes = self.wait(lambda: self.notes_for(inc["id"]), 30, "the notification")
+        finally:
+            watch.stop()
+            self.done_with(g)
+        fenced = self.fenced_by(watch.events, bad, inc["id"])
+        resets = self.calls("reset", bad)
+        ok = (
+            inc["state"] == "RESOLVED"
+            and inc["action"] == "REBOOT_NODE"
+            and fenced
+            and len(resets) == 1
+            and restarts == 1
+            and back
+            and len(notes) == 1
+        )
+        return Result(
+            "gke_xid79_on_jobset_member",
+            ok,
+            f"{bad} cordoned+tainted={fenced}, VM reset {len(resets)}x, JobSet restarted {restarts}x onto "
+            f"{','.join(where)}, node verified and back in service={back}, {len(notes)} notification",
+            durations(inc),
+            inc["id"],
+            {
+                "state": inc["state"],
+                "action": inc["action"],
+                "fenced": fenced,
+                "resets": len(resets),
+                "restarts": restarts,
+                "moved_to": where,
+                "back": back,
+                "notifications": len(notes),
+            },
+        )
+
+    def two_members(self) -> Result:
+        a, b = self.nodes[1], self.nodes[2]
+        g = self.gang("pair", [a, b], [self.partner, self.spare])
+        try:
+            for n in (a, b):
+                self.device_plugin_xid(n, 79)
+            for n in (a, b):
+                self.router.publish(self.k8s_entry(n, XID79))
+            incs = [self.finished(a), self.finished(b)]
+            where = self.moved(g, [a, b])
+            back, restarts = [self.node_back(n) for n in (a, b)], self.restarts(g.name)
+        finally:
+            self.done_with(g)
+        resets = [len(self.calls("reset", n)) for n in (a, b)]
+        ok = (
+            all(i["state"] == "RESOLVED" and i["action"] == "REBOOT_NODE" for i in incs)
+            and resets == [1, 1]
+            and restarts == 1
+            and all(back)
+        )
+        return Result(
+            "gke_two_members_fail_together",
+            ok,
+            f"Xid 79 on {a} and {b} of one JobSet: {len(incs)} incidents, resets {resets}, the JobSet "
+            f"restarted {restarts}x (once) onto {','.join(where)}, both back in service={all(back)}",
+            durations(incs[0]),
+            incs[0]["id"],
+            {
+                "states": [i["state"] for i in incs],
+                "resets": resets,
+                "restarts": restarts,
+                "moved_to": where,
+                "back": back,
+            },
+        )
+
+    def preemption(self) -> Result:
+        bad = self.nodes[3]
+        g = self.gang("spot", [bad, self.partner], [self.spare])
+        try:
+            before = self._instance(bad)["id"]
+            self.router.publish(
+                admin(self.state, "/_admin/preempt", {"project": PROJECT, "zone": ZONE, "instance": bad})
+            )
+            inc = self.finished(bad)
+            where = self.moved(g, [bad])
+            after, back, restarts = self._instance(bad), self.node_back(bad), self.restarts(g.name)
+        finally:
+            self.done_with(g)
+        ok = (
+            inc["state"] == "RESOLVED"
+            and inc["action"] == "RESCHEDULE_JOB"
+            and after["id"] != before
+            and after["status"] == "RUNNING"
+            and restarts == 1
+            and back
+        )
+        return Result(
+            "gke_spot_preemption",
+            ok,
+            f"Spot node {bad} preempted; the MIG recreated it (new id={after['id'] != before}), the JobSet "
+            f"restarted {restarts}x onto {','.join(where)}, node back in service={back}",
+            durations(inc),
+            inc["id"],
+            {
+                "state": inc["state"],
+                "action": inc["action"],
+                "new_vm": after["id"] != before,
+                "vm": after["status"],
+                "restarts": restarts,
+                "moved_to": where,
+                "back": back,
+            },
+        )
+
+    def _instance(self, node: str) -> dict[str, Any]:
+        found: dict[str, Any] = next(
+            i for i in admin(self.state, "/_admin/state")["instances"] if i["name"] == node
+        )
+        return found
+
+    def _maintenance_notice(self, node: str) -> tuple[dict[str, Any], float]:
+        """Upcoming maintenance of the node's VM: the system event, published; the window's start."""
+        entry = admin(
+            self.state,
+            "/_admin/maintenance",
+            {"project": PROJECT, "zone": ZONE, "instance": node, "starts_in_s": 400},
+        )
+        self.router.publish(entry)
+        from pitstop.services.ingest import to_epoch
+
+        return entry, to_epoch(entry["protoPayload"]["metadata"]["windowStartTime"]) or 0.0
+
+    def maintenance(self) -> Result:
+        bad = self.nodes[4]
+        g = self.gang("maint", [bad, self.partner], [self.spare])
+        watch = Watch(self.kube.url, f"/api/v1/namespaces/{NAMESPACE}/pods")
+        try:
+            _, window = self._maintenance_notice(bad)
+            inc = self.finished(bad, timeout=120)
+            where = self.moved(g, [bad])
+            back, restarts = self.node_back(bad), self.restarts(g.name)
+        finally:
+            watch.stop()
+            self.done_with(g)
+        evicted = self.evictions(watch.events, bad)
+        graceful = bool(evicted) and all(e["grace"] == POD_GRACE_S and e["at"] < window for e in evicted)
+        maint = self.calls("perform_maintenance", bad)
+        ok = (
+            inc["state"] == "RESOLVED"
+            and inc["action"] == "DRAIN_NODE"
+            and len(evicted) == 1
+            and graceful
+            and len(maint) == 1
+            and restarts == 1
+            and back
+        )
+        return Result(
+            "gke_upcoming_maintenance",
+            ok,
+            f"{len(evicted)} pod on {bad} evicted with its {POD_GRACE_S}s grace, before the window="
+            f"{graceful}, "
+            f"the JobSet restarted {restarts}x onto {','.join(where)}, performMaintenance x{len(maint)}, "
+            f"node back in service={back}",
+            durations(inc),
+            inc["id"],
+            {
+                "state": inc["state"],
+                "action": inc["action"],
+                "evicted": evicted,
+                "window_start": window,
+                "perform_maintenance": len(maint),
+                "restarts": restarts,
+                "moved_to": where,
+                "back": back,
+            },
+        )
+
+    def pdb_blocks(self) -> Result:
+        bad, pdb = self.nodes[5], "train-pdb"
+        g = self.gang("pdb", [bad, self.partner], [self.spare])
+        self.kube.create_pdb(pdb, {JOBSET_LABEL: g.name}, min_available=2)
+        try:
+            self._maintenance_notice(bad)
+            inc = self.finished(bad, timeout=120)
+            held = node_summary(self.kube.node(bad))
+            stayed, restarts = bad in self.placed(g.name), self.restarts(g.name)
+            closed = self.close_with_unfence(inc["id"])
+            back = self.node_back(bad)
+        finally:
+            self.kube.delete_pdb(pdb)
+            self.done_with(g)
+        why = str((inc.get("failure") or {}).get("error") or "")
+        unfence = ((closed.get("closure") or {}).get("unfence") or {}).get("outcome")
+        ok = (
+            inc["state"] == "FAILED"
+            and f"PodDisruptionBudget {pdb}" in why
+            and held["unschedulable"]
+            and stayed
+            and restarts == 0
+            and not self.calls("perform_maintenance", bad)
+            and closed.get("state") == "RESOLVED"
+            and unfence == "done"
+            and back
+        )
+        return Result(
+            "gke_pdb_blocks_eviction",
+            ok,
+            f"eviction refused by {pdb}: incident {inc['state']} ({why[:160]}); {bad} stayed fenced="
+            f"{held['unschedulable']}, the pod kept running={stayed}; closed with --unfence: {unfence}",
+            durations(inc),
+            inc["id"],
+            {
+                "state": inc["state"],
+                "failure": why,
+                "node_while_failed": held,
+                "pod_stayed": stayed,
+                "restarts": restarts,
+                "perform_maintenance": len(self.calls("perform_maintenance", bad)),
+                "closed": closed.get("state"),
+                "unfence": unfence,
+                "back": back,
+            },
+        )
+
+    def regional(self) -> Result:
+        bad = self.nodes[6]
+        g = self.gang("regional", [bad, self.partner], [self.spare])
+        try:
+            self.device_plugin_xid(bad, 79)
+            self.router.publish(self.k8s_entry(bad, XID79, location=REGION))
+            inc = self.finished(bad)
+            where = self.moved(g, [bad])
+            back, restarts = self.node_back(bad), self.restarts(g.name)
+        finally:
+            self.done_with(g)
+        resets = self.calls("reset", bad)
+        ok = (
+            inc["state"] == "RESOLVED"
+            and inc["node"]["zone"] == ZONE
+            and inc["action"] == "REBOOT_NODE"
+            and len(resets) == 1
+            and restarts == 1
+            and back
+        )
+        return Result(
+            "gke_regional_cluster_xid",
+            ok,
+            f"Xid 79 logged with location {REGION}: zone resolved to {inc['node']['zone']}, VM reset "
+            f"{len(resets)}x, the JobSet restarted {restarts}x onto {','.join(where)}, node back={back}",
+            durations(inc),
+            inc["id"],
+            {
+                "state": inc["state"],
+                "action": inc["action"],
+                "zone": inc["node"]["zone"],
+                "resets": len(resets),
+                "restarts": restarts,
+                "moved_to": where,
+                "back": back,
+            },
+        )
+
+    def run_all(self, only: list[str] | None = None) -> list[Result]:
+        plan: list[tuple[str, Callable[[], Result]]] = [
+            ("gke_xid79", self.xid79),
+            ("gke_two_members", self.two_members),
+            ("gke_preemption", self.preemption),
+            ("gke_maintenance", self.maintenance),
+            ("gke_pdb", self.pdb_blocks),
+            ("gke_regional", self.regional),
+        ]
+        results = []
+        for key, fn in plan:
+            if only and key not in only:
+                continue
+            try:
+                self.settle()
+                results.append(fn())
+            except Exception as exc:  # a scenario that breaks is a failed scenario, reported with its reason
+                results.append(Result(key, False, f"{type(exc).__name__}: {exc}"))
+            print_result(results[-1])
+        return results
 
 
 def print_result(r: Result) -> None:
@@ -486,34 +993,51 @@ def print_result(r: Result) -> None:
         print(f"       incident {r.incident}: detected -> " + " -> ".join(steps))
 
 
-def run(workdir: Path, only: list[str] | None = None, keep: bool = False) -> int:
-    stack = Stack(workdir)
+SLURM_KEYS = ("xid79", "xid13", "preemption", "maintenance", "duplicates", "lemon", "blast_radius", "poison")
+GKE_KEYS = ("gke_xid79", "gke_two_members", "gke_preemption", "gke_maintenance", "gke_pdb", "gke_regional")
+
+
+def _on_stack(stack: Stack, scenarios: type[Pipeline], only: list[str] | None, keep: bool) -> Pipeline:
+    """Bring the stack up, run its scenarios (kept in ``.results``), bring it down unless ``keep``."""
     t0 = time.time()
-    print(f"starting the local stack in {workdir} ...", flush=True)
+    print(f"starting the local stack in {stack.workdir} ...", flush=True)
     try:
         state: StackState = stack.up()
         print(
             f"stack up in {time.time() - t0:.1f}s: "
             + ", ".join(f"{k}={v}" for k, v in state.endpoints.items())
         )
-        sc = Scenarios(stack)
-        results = sc.run_all(only)
-        summary = {
-            "scenarios": [
-                {"name": r.name, "passed": r.passed, "detail": r.detail, "timeline": r.timeline}
-                for r in results
-            ],
-            "latency_ms": sc.latency_ms(),
-            "wall_s": round(time.time() - t0, 1),
-        }
-        print(json.dumps(summary))
-        return 0 if results and all(r.passed for r in results) else 1
+        sc = scenarios(stack)
+        sc.results = sc.run_all(only)
+        return sc
     except Exception:
-        for name in ("ingest", "actuate", "notify", "executions", "slurm-agent", "fake-compute"):
-            log = workdir / f"{name}.log"
+        for name in ("ingest", "actuate", "notify", "executions", "slurm-agent", "fake-compute", "kube"):
+            log = stack.workdir / f"{name}.log"
             if log.exists():
                 print(f"--- {name}.log (tail) ---\n" + "\n".join(log.read_text().splitlines()[-15:]))
         raise
     finally:
         if not keep:
             stack.down()
+
+
+def run(workdir: Path, only: list[str] | None = None, keep: bool = False) -> int:
+    """The Slurm scenarios on a Slurm stack in ``workdir``, then the GKE ones on a GKE stack in
+    ``workdir/gke`` (``only`` picks scenarios; a stack none of them needs is not started)."""
+    t0 = time.time()
+    runs: list[Pipeline] = []
+    if not only or set(only) & set(SLURM_KEYS):
+        runs.append(_on_stack(Stack(workdir), Scenarios, only, keep))
+    if not only or set(only) & set(GKE_KEYS):
+        gke = Stack(workdir / "gke", gke_spec(), compute_scale=GKE_COMPUTE_SCALE)
+        runs.append(_on_stack(gke, GkeScenarios, only, keep))
+    results = [r for sc in runs for r in sc.results]
+    summary = {
+        "scenarios": [
+            {"name": r.name, "passed": r.passed, "detail": r.detail, "timeline": r.timeline} for r in results
+        ],
+        "latency_ms": latency_summary([x for sc in runs for x in sc.latencies]),
+        "wall_s": round(time.time() - t0, 1),
+    }
+    print(json.dumps(summary))
+    return 0 if results and all(r.passed for r in results) else 1

@@ -1,0 +1,430 @@
+"""The GKE half of the local stack: a fake Kubernetes API server in place of Slurm.
+
+``python -m pitstop.local.gke_stack --port P --compute URL --cluster cluster.json --kubeconfig K``
+runs ``FakeKube`` (local/fake_k8s.py) as one of the stack's supervised processes, as the fake
+Compute runs. Its nodes are the fake Compute's VMs (same names, ``providerID
+gce://PROJECT/ZONE/NAME``), and its kubelet follows their status: a VM that is not RUNNING makes
+its Node NotReady and fails its pods, a VM back up boots the Node anew (new bootID, the GPU
+device plugin's XidCriticalError cleared). The kubelet reads the VMs through the fake Compute's
+admin API, polled; a VM seen down stays down for the kubelet until it has read it once, so a reset
+that the time-scaled fake finishes within a poll still reboots the Node, as a real reset would.
+
+The rest is what the stack, the demo, the e2e tests and ``pitstop local status`` need to look at
+and drive the cluster through its HTTP API (never through the server's memory): a JobSet with the
+upstream host-maintenance failure policy, node and JobSet summaries, a watch recorder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pitstop.local.procs import Proc, wait_http
+
+NAMESPACE = "default"
+GPU = "nvidia.com/gpu"
+GPUS_PER_NODE = 8
+POOL_LABEL = "pitstop.dev/demo-pool"  # which nodes a demo JobSet may use (its nodeSelector)
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2"
+FENCE_KEY = "pitstop.dev/remediation"  # the taint and label Pitstop's GKE adapter sets
+
+# kubernetes-sigs/jobset@v0.12.0 site/static/examples/failure-policy/host-maintenance-event-model.yaml:
+# an evicted or disrupted pod fails its Job (podFailurePolicy FailJob on DisruptionTarget) and that
+# failure restarts the whole JobSet without spending its restart budget.
+HOST_MAINTENANCE_POLICY: dict[str, Any] = {
+    "maxRestarts": 0,
+    "rules": [
+        {
+            "name": "host-maintenance",
+            "action": "RestartJobSetAndIgnoreMaxRestarts",
+            "onJobFailureReasons": ["PodFailurePolicy"],
+        }
+    ],
+}
+DISRUPTION_FAILS_JOB: dict[str, Any] = {
+    "rules": [{"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget"}]}]
+}
+
+
+def jobset(name: str, nodes: int, *, pool: str | None = None, grace_s: int = 30) -> dict[str, Any]:
+    """A training JobSet of ``nodes`` single-pod workers, each taking a whole node's GPUs.
+
+    ``pool`` limits it to nodes labelled ``pitstop.dev/demo-pool=<pool>``; ``grace_s`` is the
+    pods' termination grace period (the time a checkpoint gets after SIGTERM).
+    """
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": grace_s,
+        "containers": [
+            {
+                "name": "trainer",
+                "image": "us-docker.pkg.dev/pitstop-local/train/trainer:1",
+                "resources": {"limits": {GPU: str(GPUS_PER_NODE)}},
+            }
+        ],
+    }
+    if pool is not None:
+        pod_spec["nodeSelector"] = {POOL_LABEL: pool}
+    job_spec = {
+        "parallelism": 1,
+        "completions": 1,
+        "backoffLimit": 0,
+        "podFailurePolicy": DISRUPTION_FAILS_JOB,
+        "template": {"spec": pod_spec},
+    }
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "failurePolicy": HOST_MAINTENANCE_POLICY,
+            "replicatedJobs": [{"name": "workers", "replicas": nodes, "template": {"spec": job_spec}}],
+        },
+    }
+
+
+# -- the API, over HTTP ------------------------------------------------------------------------
+
+
+class Kube:
+    """The fake API server as any client sees it (loopback JSON over HTTP)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(  # noqa: S310 - a loopback URL from stack.json
+            self.url + path, data=data, method=method, headers={"Content-Type": content_type}
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - loopback
+            out: dict[str, Any] = json.loads(resp.read() or b"{}")
+            return out
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        try:
+            return self.call("GET", path)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+    def items(self, path: str, labels: str | None = None) -> list[dict[str, Any]]:
+        query = f"?labelSelector={urllib.parse.quote(labels)}" if labels else ""
+        found = self.call("GET", path + query).get("items") or []
+        return [i for i in found if isinstance(i, dict)]
+
+    def patch(self, path: str, body: dict[str, Any], kind: str = "merge") -> dict[str, Any]:
+        return self.call("PATCH", path, body, f"application/{kind}-patch+json")
+
+    # -- objects the demo and the tests use --------------------------------------------
+
+    def node(self, name: str) -> dict[str, Any]:
+        node = self.get(f"/api/v1/nodes/{name}")
+        if node is None:
+            raise KeyError(f"no node {name}")
+        return node
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return self.items("/api/v1/nodes")
+
+    def jobset(self, name: str) -> dict[str, Any] | None:
+        return self.get(f"{JOBSETS}/namespaces/{NAMESPACE}/jobsets/{name}")
+
+    def jobsets(self) -> list[dict[str, Any]]:
+        return self.items(f"{JOBSETS}/jobsets")
+
+    def create_jobset(self, js: dict[str, Any]) -> dict[str, Any]:
+        return self.call("POST", f"{JOBSETS}/namespaces/{NAMESPACE}/jobsets", js)
+
+    def delete_jobset(self, name: str) -> None:
+        with contextlib.suppress(urllib.error.HTTPError):
+            self.call("DELETE", f"{JOBSETS}/namespaces/{NAMESPACE}/jobsets/{name}")
+
+    def pods(self, labels: str | None = None) -> list[dict[str, Any]]:
+        return self.items(f"/api/v1/namespaces/{NAMESPACE}/pods", labels)
+
+    def label_node(self, name: str, key: str, value: str | None) -> None:
+        self.patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": {key: value}}})
+
+    def set_node_status(self, name: str, status: dict[str, Any]) -> None:
+        """What a node agent writes through ``nodes/status`` (strategic merge, conditions by type)."""
+        self.patch(f"/api/v1/nodes/{name}/status", {"status": status}, "strategic-merge")
+
+    def create_pdb(self, name: str, selector: dict[str, str], min_available: int) -> None:
+        pdb = {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"minAvailable": min_available, "selector": {"matchLabels": selector}},
+        }
+        self.call("POST", f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets", pdb)
+
+    def delete_pdb(self, name: str) -> None:
+        with contextlib.suppress(urllib.error.HTTPError):
+            self.call("DELETE", f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets/{name}")
+
+
+# -- summaries (`pitstop local status`, the demo's lines, the tests' assertions) ---------------
+
+
+def _cond(obj: dict[str, Any], kind: str) -> str | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return str(c.get("status"))
+    return None
+
+
+def live(pod: dict[str, Any]) -> bool:
+    """A pod that runs or will run: not terminating, not ended."""
+    return not pod["metadata"].get("deletionTimestamp") and (pod.get("status") or {}).get("phase") in (
+        "Pending",
+        "Running",
+    )
+
+
+def node_summary(node: dict[str, Any]) -> dict[str, Any]:
+    taints = node.get("spec", {}).get("taints") or []
+    return {
+        "name": node["metadata"]["name"],
+        "ready": _cond(node, "Ready") == "True",
+        "unschedulable": bool(node.get("spec", {}).get("unschedulable")),
+        "taints": [f"{t['key']}{'=' + t['value'] if t.get('value') else ''}:{t['effect']}" for t in taints],
+        "gpu_allocatable": int((node.get("status", {}).get("allocatable") or {}).get(GPU, 0)),
+        "xid_critical": _cond(node, "XidCriticalError") == "True",
+    }
+
+
+def jobset_summary(js: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
+    """Name, restarts and the nodes its current attempt's live pods run on (or are bound to)."""
+    name, restarts = js["metadata"]["name"], int((js.get("status") or {}).get("restarts") or 0)
+    mine = [
+        p
+        for p in pods
+        if p["metadata"].get("labels", {}).get(JOBSET_LABEL) == name
+        and p["metadata"]["labels"].get(ATTEMPT_LABEL) == str(restarts)
+        and live(p)
+    ]
+    return {
+        "name": name,
+        "restarts": restarts,
+        "nodes": sorted(str(p["spec"].get("nodeName")) for p in mine if p["spec"].get("nodeName")),
+        "running": sum(1 for p in mine if p["status"].get("phase") == "Running"),
+        "conditions": [
+            c["type"] for c in (js.get("status") or {}).get("conditions") or [] if c["status"] == "True"
+        ],
+    }
+
+
+def status(url: str) -> dict[str, Any]:
+    """``k8s_nodes`` and ``jobsets`` for ``pitstop local status``."""
+    kube = Kube(url)
+    pods = kube.items("/api/v1/pods")
+    return {
+        "k8s_nodes": [node_summary(n) for n in kube.nodes()],
+        "jobsets": [jobset_summary(js, pods) for js in kube.jobsets()],
+    }
+
+
+class Watch:
+    """Every event of one watched collection from now on (re-watching from the last version seen).
+
+    A pod evicted and deleted within a fraction of a second (grace periods are time-scaled) can
+    be missed by polling; its watch events cannot.
+    """
+
+    def __init__(self, url: str, path: str) -> None:
+        self.url, self.path = url.rstrip("/"), path
+        self.events: list[dict[str, Any]] = []
+        self.gaps = 0  # times the history was gone and events may have been missed
+        self._stop = threading.Event()
+        listing = Kube(url).call("GET", path)
+        self._rv = str(listing["metadata"]["resourceVersion"])
+        self._thread = threading.Thread(target=self._run, name=f"watch {path}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            query = urllib.parse.urlencode(
+                {"watch": "true", "resourceVersion": self._rv, "timeoutSeconds": 2}
+            )
+            try:
+                with urllib.request.urlopen(f"{self.url}{self.path}?{query}", timeout=10) as resp:  # noqa: S310
+                    for raw in resp:
+                        ev = json.loads(raw)
+                        if ev.get("type") == "ERROR":  # 410 Gone: history compacted; go on from now
+                            self.gaps += 1
+                            self._rv = str(
+                                Kube(self.url).call("GET", self.path)["metadata"]["resourceVersion"]
+                            )
+                            break
+                        self._rv = str(ev["object"]["metadata"]["resourceVersion"])
+                        self.events.append({"at": time.time(), **ev})
+            except (OSError, ValueError):
+                self._stop.wait(0.2)
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._stop.set()
+        self._thread.join(timeout=15)
+        return self.events
+
+
+# -- in the stack -------------------------------------------------------------------------------
+
+
+def kubeconfig(workdir: Path) -> Path:
+    """Where the stack writes the kubeconfig kubectl and the kubernetes client use against it."""
+    return workdir / "kubeconfig"
+
+
+def start(workdir: Path, ep: dict[str, str], cluster: Path, env: dict[str, str]) -> Proc:
+    """Start the fake API server (nodes = the VMs in ``cluster``) and wait until it answers."""
+    port = urllib.parse.urlsplit(ep["kube"]).port
+    argv = [sys.executable, "-m", "pitstop.local.gke_stack", "--port", str(port), "--compute", ep["compute"]]
+    argv += ["--cluster", str(cluster), "--kubeconfig", str(kubeconfig(workdir))]
+    proc = Proc("kube", argv, workdir / "kube.log", env).start()
+    wait_http(ep["kube"] + "/version", proc, timeout=60)
+    return proc
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def ready(url: str, names: list[str], jobset_nodes: int = 0, timeout: float = 60.0) -> None:
+    """Every node Ready; with ``jobset_nodes``, JobSet ``train`` created and running on that many."""
+    kube = Kube(url)
+
+    def all_ready() -> bool:
+        up = {n["metadata"]["name"] for n in kube.nodes() if _cond(n, "Ready") == "True"}
+        return up >= set(names)
+
+    wait_for(all_ready, timeout, "every Kubernetes node to be Ready")
+    if jobset_nodes:
+        kube.create_jobset(jobset("train", jobset_nodes))
+        wait_for(lambda: running(kube, "train") == jobset_nodes, timeout, "JobSet train to run")
+
+
+def running(kube: Kube, name: str) -> int:
+    """How many pods of the JobSet's current attempt run."""
+    js = kube.jobset(name)
+    return 0 if js is None else int(jobset_summary(js, kube.pods(f"{JOBSET_LABEL}={name}"))["running"])
+
+
+# -- the process --------------------------------------------------------------------------------
+
+
+class ComputeVms:
+    """The kubelet's view of the fake Compute's VMs: name -> status, polled in the background.
+
+    A status other than RUNNING is latched until the kubelet read it once, so no down period is
+    shorter than the kubelet's loop. None (unknown) while the fake Compute cannot be reached.
+    """
+
+    def __init__(self, compute_url: str, interval: float = 0.05) -> None:
+        self.url, self.interval = compute_url.rstrip("/"), interval
+        self._now: dict[str, str] = {}
+        self._latched: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="compute-vms", daemon=True)
+
+    def start(self) -> ComputeVms:
+        self.poll()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def fetch(self) -> dict[str, str]:
+        """Every VM's status now; empty when the fake Compute does not answer."""
+        req = urllib.request.Request(self.url + "/_admin/state", data=b"{}", method="POST")  # noqa: S310
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310 - loopback
+                return {i["name"]: str(i["status"]) for i in json.loads(resp.read())["instances"]}
+        except (OSError, ValueError, KeyError):
+            return {}
+
+    def poll(self) -> None:
+        now = self.fetch()
+        with self._lock:
+            self._now = now
+            self._latched.update({n: s for n, s in now.items() if s != "RUNNING"})
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.poll()
+
+    def __call__(self, name: str) -> str | None:
+        with self._lock:
+            return self._latched.pop(name, None) or self._now.get(name)
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Run the fake API server until SIGTERM, its nodes the cluster's VMs."""
+    from pitstop.local.fake_k8s import FakeKube
+
+    cluster = json.loads(Path(args.cluster).read_text())
+    vms = ComputeVms(args.compute).start()
+    kube = FakeKube(vms, time_scale=args.time_scale)
+    for inst in cluster["instances"]:
+        labels = {
+            "node.kubernetes.io/instance-type": inst.get("machine_type", "a3-megagpu-8g"),
+            "cloud.google.com/gke-nodepool": args.pool,
+        }
+        if inst.get("provisioning") == "SPOT":
+            labels["cloud.google.com/gke-spot"] = "true"
+        kube.add_node(
+            inst["name"], project=cluster["project"], zone=cluster["zone"], gpus=GPUS_PER_NODE, labels=labels
+        )
+    kube.start(port=args.port)
+    kube.write_kubeconfig(args.kubeconfig)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    signal.signal(signal.SIGINT, lambda *a: stop.set())
+    stop.wait()
+    kube.stop()
+    vms.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pitstop.local.gke_stack")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--compute", required=True, help="the fake Compute's URL (its /_admin/state)")
+    p.add_argument("--cluster", required=True, help="cluster.json: the VMs that are this cluster's nodes")
+    p.add_argument("--kubeconfig", required=True)
+    p.add_argument("--pool", default="a3-pool")
+    p.add_argument("--time-scale", type=float, default=0.01, help="real seconds per Kubernetes second")
+    serve(p.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
