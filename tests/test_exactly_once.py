@@ -80,7 +80,7 @@ class Gang:
     def unfence(self, node: str, ctx: str, incident: str | None = None) -> dict[str, Any] | None:
         return {"node": node, "resumed": True}
 
-    def requeue(self, job: str, ctx: str) -> None:
+    def requeue(self, job: str, ctx: str, restarts: int | None = None) -> None:
         self.requeues.append(ctx)
         self.run = {**self.run, "restarts": int(str(self.run["restarts"])) + 1, "start_time": "Unknown"}
 
@@ -301,7 +301,11 @@ def test_two_incidents_that_see_the_same_run_requeue_it_once(rig: Rig) -> None:
     for iid in (first, second):
         rig.call("fence", iid)
     requeue = rig.gang.requeue
-    rig.gang.requeue = lambda job, ctx: rig.gang.requeues.append(ctx)  # type: ignore[method-assign]
+
+    def unseen(job: str, ctx: str, restarts: int | None = None) -> None:
+        rig.gang.requeues.append(ctx)
+
+    rig.gang.requeue = unseen  # type: ignore[method-assign]
     try:  # the first requeue has not shown in Slurm yet when the second incident looks
         assert rig.call("reschedule", first)[0]["requeued"] == [JOB]
         body, _ = rig.call("reschedule", second)

@@ -175,7 +175,7 @@ class Scheduler(Protocol):
     def job_info(self, job: str, ctx: str) -> dict[str, Any]: ...
     def node_healthy(self, node: str, ctx: str) -> bool: ...
     def unfence(self, node: str, ctx: str, incident: str | None = None) -> dict[str, Any] | None: ...
-    def requeue(self, job: str, ctx: str) -> None: ...
+    def requeue(self, job: str, ctx: str, restarts: int | None = None) -> None: ...
 
 
 class NoScheduler:
@@ -205,7 +205,7 @@ class NoScheduler:
     def unfence(self, node: str, ctx: str, incident: str | None = None) -> dict[str, Any] | None:
         return None
 
-    def requeue(self, job: str, ctx: str) -> None:
+    def requeue(self, job: str, ctx: str, restarts: int | None = None) -> None:
         return None
 
 
@@ -347,5 +347,5 @@ class SlurmScheduler:
         res: dict[str, Any] | None = self._call("resume", {"node": node, "incident": iid}, ctx)
         return res
 
-    def requeue(self, job: str, ctx: str) -> None:
+    def requeue(self, job: str, ctx: str, restarts: int | None = None) -> None:
         self._call("requeue", {"job": job}, ctx)

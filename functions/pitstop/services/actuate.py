@@ -628,7 +628,8 @@ class Actuator:
         key = requeue_key(inc.get("cluster") or "none", job, now_run)
         if not self.store.mark_job_requeue(key, inc["id"], self.clock()):
             return "this run of the job was already requeued for another incident"
-        sched.requeue(job, ctx)
+        restarts = now_run.get("restarts")
+        sched.requeue(job, ctx, restarts if isinstance(restarts, int) else None)  # the run it may move
         return None
 
     def _close(self, inc: Mapping[str, Any], step: int, attempt: Attempt) -> dict[str, Any]:
