@@ -590,6 +590,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_add_classify, _add_bench, _add_incidents, _add_replay, _add_local, _add_deploy, _add_demo):
         add(sub)  # in this order: it is the order `pitstop --help` lists them
+    from pitstop.tools import simulate  # its own module: the fleet model lives in tools/sim/
+
+    simulate.register(sub)
     return p
 
 

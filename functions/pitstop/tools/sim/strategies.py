@@ -1,0 +1,325 @@
+"""The remediation strategies compared on one fault trace.
+
+``pitstop`` decides with the real classifier and incident engine, keeping node, incident and
+budget documents between calls as the store does. The others are small models of what their
+systems are documented to do (reference/peers.md); they read the same NVIDIA catalog (the
+classifier's proposed action) where their real counterparts read it too.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+from pitstop.core import engine, policy
+from pitstop.core.actions import JOB_ACTIONS, RECORD_ONLY_ACTIONS, Action, higher
+from pitstop.core.classify import Classifier
+from pitstop.core.states import State
+from pitstop.tools.sim.fleet import Fleet, Response
+from pitstop.tools.sim.trace import Fault, entries
+
+T0 = 1_800_000_000.0  # epoch seconds of simulated time 0 (the engine works in epoch time)
+LADDER = (Action.RESET_GPU, Action.REBOOT_NODE, Action.REPLACE_NODE)
+SWEEP_S = 60.0  # Cloud Scheduler runs the sweep once a minute
+
+
+@functools.cache
+def _classifier() -> Classifier:
+    return Classifier.default()
+
+
+@functools.cache
+def catalog_action(burst: tuple[str, ...], signal: str) -> str:
+    """What the NVIDIA catalog (via the classifier) proposes for a burst, strongest line first."""
+    probe = Fault("probe", 0.0, 0, "probe", signal, burst, "NONE", "0000:1b:00", 0.0, 0.0)
+    action: str = Action.NONE
+    for entry in entries(probe):
+        action = higher(action, _classifier().classify(entry)["action"])
+    return action
+
+
+class _Base:
+    """Durations in seconds and what every strategy does when only the job notices."""
+
+    name = "base"
+
+    def __init__(self, scn: dict[str, Any]) -> None:
+        self.scn = scn
+        # seconds; human_detect is a range the trace draws from, not a duration of its own
+        self.d = {k: float(v) * 60.0 for k, v in scn["durations"].items() if not isinstance(v, list)}
+        self.self_detect = scn["jobs"]["self_detect_min"] * 60.0
+        self.history: dict[int, list[tuple[float, str]]] = {}
+
+    def respond(self, f: Fault, t: float, sim: Fleet) -> Response:
+        raise NotImplementedError
+
+    def repair_s(self, action: str) -> float:
+        """How long a node action keeps the node out (reportHostAsFaulty for a replacement)."""
+        d = self.d
+        durations: dict[str, float] = {
+            Action.RESET_GPU: d["reset_gpu"],
+            Action.REBOOT_NODE: d["reboot"],
+            Action.REPLACE_NODE: d["report_host_faulty"] + d["host_swap"],
+        }
+        return durations.get(action, 0.0)
+
+    def job_notices(self, t: float) -> Response:
+        """No node signal (or none acted on): the job's own timeout restarts it in place."""
+        return Response(t + self.self_detect, None, Action.RESTART_JOB)
+
+    def unattended_maintenance(self, f: Fault, t: float) -> Response:
+        """The VM is terminated at the window; the job dies with it and restarts itself."""
+        window = t + self.d["maintenance_notice"]
+        back = window + self.d["maintenance"]
+        return Response(window + self.self_detect, back, Action.NONE, interrupt_at=window, fixed=True)
+
+    def host_error(self, t: float, requeue_after: float) -> Response:
+        """Compute Engine restarts the VM on its own; the job must still be restarted."""
+        return Response(
+            t + requeue_after, t + self.d["host_error_restart"], Action.RESCHEDULE_JOB, fixed=True
+        )
+
+    def human_ladder(self, node: int, proposed: str, t: float) -> str:
+        """A person repeats the catalog's action, one step stronger if the node failed within a day."""
+        past = [h for h in self.history.get(node, []) if t - h[0] <= 86400.0]
+        action: str = proposed
+        if past and past[-1][1] in LADDER and proposed in LADDER:
+            nxt = LADDER[min(LADDER.index(Action(past[-1][1])) + 1, len(LADDER) - 1)]
+            action = higher(proposed, nxt)
+        self.history.setdefault(node, []).append((t, action))
+        return action
+
+    def by_a_person(self, f: Fault, t: float) -> Response:
+        """Manual operations: a person notices, takes the node out and requeues the job."""
+        proposed = catalog_action(f.burst, f.signal)
+        if proposed in RECORD_ONLY_ACTIONS:
+            return self.job_notices(t)
+        action = self.human_ladder(f.node, proposed, t)
+        noticed = t + f.human_s
+        replaced = action == Action.REPLACE_NODE
+        return Response(noticed, noticed + self.repair_s(action), action, replaced=replaced)
+
+
+class Manual(_Base):
+    """People watch dashboards: 15-30 minutes to notice, then the runbook's action."""
+
+    name = "manual"
+
+    def respond(self, f: Fault, t: float, sim: Fleet) -> Response:
+        if f.signal == "none":
+            return self.job_notices(t)
+        if f.signal == "maintenance":
+            r = self.unattended_maintenance(f, t)
+            r.requeue_at = r.interrupt_at + f.human_s if r.interrupt_at is not None else r.requeue_at
+            return r
+        if f.signal == "host_error":
+            return self.host_error(t, self.self_detect)
+        return self.by_a_person(f, t)
+
+
+class Gke(_Base):
+    """GKE node auto-repair: acts on a node NotReady for ~10 min (recreates it); Xids on a
+    node that stays Ready are invisible to it, so a person finds those."""
+
+    name = "gke"
+
+    def respond(self, f: Fault, t: float, sim: Fleet) -> Response:
+        d = self.d
+        if f.signal == "none":
+            return self.job_notices(t)
+        if f.signal == "maintenance":
+            return self.unattended_maintenance(f, t)
+        if f.signal == "host_error":
+            if d["host_error_restart"] <= d["gke_not_ready"]:
+                return self.host_error(t, d["gke_not_ready"])
+            back = t + d["gke_not_ready"] + d["mig_recreate"]
+            return Response(t + d["gke_not_ready"], back, Action.REPLACE_NODE, fixed=True, replaced=True)
+        return self.by_a_person(f, t)
+
+
+class NvSentinel(_Base):
+    """NVSentinel: cordon and drain within seconds and remediate by the catalog (a replacement is
+    a VM recreate, no host report); it does not requeue the job, which waits for its own
+    timeout. Five remediations on a node within 7 days go to a person (CONTACT_SUPPORT)."""
+
+    name = "nvsentinel"
+
+    def respond(self, f: Fault, t: float, sim: Fleet) -> Response:
+        d = self.d
+        if f.signal == "none":
+            return self.job_notices(t)
+        if f.signal == "maintenance":
+            window = t + d["maintenance_notice"]
+            quarantine = max(t + SWEEP_S, window - d["nvsentinel_quarantine_before"])
+            back = window + d["maintenance"] + d["nvsentinel_after_window"]
+            return Response(
+                quarantine + self.self_detect, back, Action.DRAIN_NODE, interrupt_at=quarantine, fixed=True
+            )
+        if f.signal == "host_error":
+            return self.host_error(t, self.self_detect)
+        proposed = catalog_action(f.burst, f.signal)
+        if proposed in RECORD_ONLY_ACTIONS:
+            return self.job_notices(t)
+        past = [h for h in self.history.get(f.node, []) if t - h[0] <= 7 * 86400.0]
+        cordoned = t + d["nvsentinel_cordon"]
+        action: str
+        if len(past) >= 5:
+            action, back = Action.REPLACE_NODE, cordoned + f.human_s + self.repair_s(Action.REPLACE_NODE)
+        elif proposed == Action.REPLACE_NODE:
+            action, back = proposed, cordoned + d["mig_recreate"]
+        else:
+            action, back = proposed, cordoned + self.repair_s(proposed)
+        self.history.setdefault(f.node, []).append((t, action))
+        replaced = action == Action.REPLACE_NODE
+        return Response(t + self.self_detect, back, action, replaced=replaced)
+
+
+class World:
+    """Node, incident and budget documents as the store keeps them between engine calls."""
+
+    def __init__(self, pol: policy.Policy) -> None:
+        self.p = pol
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.incidents: dict[str, dict[str, Any]] = {}
+        self.budgets: dict[str, dict[str, Any]] = {}
+        self.results: dict[str, int] = {}
+
+    def feed(self, ev: dict[str, Any], now: float) -> engine.Outcome:
+        key = engine.node_key(ev["node"])
+        node = self.nodes.get(key)
+        latest = self.incidents.get(node["latest_incident"]) if node and node.get("latest_incident") else None
+        out = engine.apply_event(ev, node, latest, self.budgets, self.p, now, engine.event_key(ev))
+        self.save(out)
+        return out
+
+    def save(self, out: engine.Outcome) -> None:
+        self.results[out.result] = self.results.get(out.result, 0) + 1
+        for inc in (out.closed, out.incident):
+            if inc is not None:
+                self.incidents[inc["id"]] = inc
+        if out.node is not None and out.result != "ignored":
+            self.nodes[engine.node_key(out.node["node"])] = out.node
+        self.budgets.update(out.budgets)
+
+    def resolve(self, iid: str, at: float) -> None:
+        """What the workflow's close step records once the node is back (or the job requeued)."""
+        inc = self.incidents[iid]
+        if inc["state"] == State.RESOLVED:
+            return
+        inc["state"] = State.RESOLVED
+        inc["timeline"]["resolved"] = at
+        self.budgets.update(engine.release_slots(self.budgets, iid))
+
+
+def pitstop_policy(scn: dict[str, Any]) -> policy.Policy:
+    """The shipped policy with the scenario's overlay, one cluster over the fleet, enforcing."""
+    physical = scn["fleet"]["nodes"] + scn["fleet"]["spares"]
+    cluster = {
+        "name": "train",
+        "scheduler": "slurm",
+        "size": physical,
+        "match": {"name_pattern": "a3-node-*"},
+    }
+    doc = policy.deep_merge({"clusters": [cluster]}, copy.deepcopy(scn["policy"]))
+    doc["mode"] = "enforce"
+    return policy.from_doc(doc, "scenario policy")
+
+
+class Pitstop(_Base):
+    """Today's policy: each fault's log entries go through the classifier and the incident
+    engine; the engine's decision (after bursts, ladder, lemon, cooldowns and budgets) is acted
+    on. The gang is requeued as soon as the node is fenced (onto a spare if one is free);
+    replacements are diagnosed first, and every repaired node is validated before it returns."""
+
+    name = "pitstop"
+
+    def __init__(self, scn: dict[str, Any]) -> None:
+        super().__init__(scn)
+        self.world = World(pitstop_policy(scn))
+
+    def respond(self, f: Fault, t: float, sim: Fleet) -> Response:
+        if f.signal == "none":
+            return self.job_notices(t)
+        decided = t + self.d["pitstop_detect"]
+        iid = self._feed(f, t, decided)
+        inc = self.world.incidents.get(iid) if iid else None
+        if iid is None or inc is None or inc["state"] == State.RESOLVED or inc["action"] == Action.NONE:
+            return self._unhandled(f, t)
+        start = decided
+        held = inc["state"] == State.HELD
+        if held:
+            start = self._release(iid, decided, decided + f.human_s)
+            inc = self.world.incidents[iid]
+        r = self._act(f, t, start, inc["action"], sim)
+        r.held = held
+        r.on_back = functools.partial(self._close, iid)
+        if inc["action"] in RECORD_ONLY_ACTIONS:
+            self._close(iid, start)
+        return r
+
+    def _feed(self, f: Fault, t: float, decided: float) -> str | None:
+        """Every line of the fault through the classifier and the engine, a second apart."""
+        iid = None
+        for k, entry in enumerate(entries(f)):
+            ev = _classifier().classify(entry)
+            ev["_observed_ts"] = T0 + t + k
+            out = self.world.feed(ev, T0 + decided + k)
+            if out.incident is not None:
+                iid = out.incident["id"]
+        return iid
+
+    def _release(self, iid: str, decided: float, human_at: float) -> float:
+        """A held incident: the sweep retries it each minute; the paged person releases it."""
+        w = self.world
+        tick = decided + SWEEP_S
+        while tick < human_at:
+            inc = w.incidents[iid]
+            out = engine.release_held(
+                inc, w.nodes[inc["node_key"]], w.budgets, w.p, T0 + tick, "sweep", False
+            )
+            if out.result == "released":
+                w.save(out)
+                return tick
+            tick += SWEEP_S
+        inc = w.incidents[iid]
+        out = engine.release_held(
+            inc, w.nodes[inc["node_key"]], w.budgets, w.p, T0 + human_at, "operator", True
+        )
+        w.save(out)
+        return human_at
+
+    def _close(self, iid: str, at: float) -> None:
+        self.world.resolve(iid, T0 + at)
+
+    def _unhandled(self, f: Fault, t: float) -> Response:
+        if f.signal == "maintenance":
+            return self.unattended_maintenance(f, t)
+        if f.signal == "host_error":
+            return self.host_error(t, self.self_detect)
+        return self.job_notices(t)
+
+    def _act(self, f: Fault, t: float, start: float, action: str, sim: Fleet) -> Response:
+        d = self.d
+        fenced = start + d["fence"]
+        if action in JOB_ACTIONS and f.signal == "host_error":
+            return Response(fenced, t + d["host_error_restart"], action, fixed=True)
+        if action in RECORD_ONLY_ACTIONS:
+            return Response(fenced, None, action)
+        if action == Action.DRAIN_NODE:
+            window = t + d["maintenance_notice"]
+            stop = fenced if sim.pool else window  # checkpoint and move now if a spare is free
+            stop = min(stop, window)
+            back = window + d["maintenance"] + d["validate"]
+            return Response(stop, back, action, interrupt_at=stop, checkpointed=True, fixed=True)
+        diagnose = d["diagnose"] if action == Action.REPLACE_NODE else 0.0
+        back = fenced + diagnose + self.repair_s(action) + d["validate"]
+        return Response(fenced, back, action, replaced=action == Action.REPLACE_NODE)
+
+
+STRATEGIES: dict[str, type[_Base]] = {
+    "manual": Manual,
+    "gke": Gke,
+    "nvsentinel": NvSentinel,
+    "pitstop": Pitstop,
+}

@@ -1,0 +1,345 @@
+"""`pitstop simulate`: what each remediation strategy would cost a training fleet, on one fault trace.
+
+A scenario (schemas/simulate.default.yaml, validated against simulate.schema.json) fixes the
+fleet, the jobs, the fault mix and the action durations. One seeded trace is drawn and every
+strategy runs over it (tools/sim/), so differences come from the strategies alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pitstop.core import resources
+from pitstop.tools.sim import trace as trace_mod
+from pitstop.tools.sim.fleet import PHASES, Fleet, Ledger
+from pitstop.tools.sim.strategies import STRATEGIES, Pitstop
+
+SCHEMA = "simulate.schema.json"
+# --sweep and the override flags: a short name for each scenario field they may set.
+FIELDS = {
+    "nodes": ("fleet", "nodes"),
+    "spares": ("fleet", "spares"),
+    "days": ("days",),
+    "seed": ("seed",),
+    "rate": ("faults", "rate"),
+    "gang_nodes": ("jobs", "gang_nodes"),
+    "checkpoint_interval_min": ("jobs", "checkpoint_interval_min"),
+    "checkpoint_write_min": ("jobs", "checkpoint_write_min"),
+    "restart_min": ("jobs", "restart_min"),
+}
+
+
+def default_path() -> Path:
+    return resources.schema_dir() / "simulate.default.yaml"
+
+
+def load_scenario(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The scenario file (or the shipped default) with overrides applied, validated."""
+    where = str(path or default_path())
+    scn = resources.load_yaml(Path(where), SCHEMA)
+    return with_fields(scn, overrides or {}, where)
+
+
+def with_fields(scn: dict[str, Any], fields: dict[str, Any], where: str = "scenario") -> dict[str, Any]:
+    """A copy with short-named fields set; validated again, and the rate must be known."""
+    out = copy.deepcopy(scn)
+    for name, value in fields.items():
+        if name not in FIELDS:
+            raise resources.DataFileError(f"{where}: unknown field {name!r} (one of {', '.join(FIELDS)})")
+        *parents, leaf = FIELDS[name]
+        target = out
+        for p in parents:
+            target = target[p]
+        target[leaf] = value
+    resources.validate(out, SCHEMA, where)
+    rate = out["faults"]["rate"]
+    if rate != "llama3" and rate not in out["faults"]["presets_per_1000_node_days"]:
+        raise resources.DataFileError(f"{where}: faults/rate: unknown rate preset {rate!r}")
+    return out
+
+
+def _gpu_hours(seconds: float, scn: dict[str, Any], gang: int) -> float:
+    return seconds * gang * float(scn["fleet"]["gpus_per_node"]) / 3600.0
+
+
+def _p95(values: list[float]) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+def summarize(name: str, led: Ledger, sim: Fleet, scn: dict[str, Any]) -> dict[str, Any]:
+    """One strategy's figures: ETTR, GPU-hours lost by phase and by fault, resume times, money."""
+    gang = sim.jobs[0].gang
+    wall = sim.horizon * len(sim.jobs)
+    lost = {"checkpoint": led.checkpoint, "lost_work": led.lost_work, **led.phases}
+    lost_gh = {k: round(_gpu_hours(v, scn, gang), 1) for k, v in lost.items()}
+    total_lost = _gpu_hours(sum(lost.values()), scn, gang)
+    out: dict[str, Any] = {
+        "strategy": name,
+        "ettr": round(led.productive / wall, 5) if wall else 0.0,
+        "productive_gpu_hours": round(_gpu_hours(led.productive, scn, gang), 1),
+        "wall_gpu_hours": round(_gpu_hours(wall, scn, gang), 1),
+        "gpu_hours_lost": lost_gh,
+        "gpu_hours_lost_by_fault": {
+            k: round(_gpu_hours(v, scn, gang), 1) for k, v in sorted(led.by_fault.items()) if v > 0
+        },
+        "faults": led.faults_seen,
+        "interruptions": led.interruptions,
+        "time_to_resume_min": {
+            "mean": round(sum(led.resume_s) / len(led.resume_s) / 60.0, 1) if led.resume_s else 0.0,
+            "p95": round(_p95(led.resume_s) / 60.0, 1),
+        },
+        "actions": dict(sorted(led.actions.items())),
+        "nodes_held": led.held,
+        "nodes_replaced": led.replaced,
+        "nodes_wrongly_replaced": led.wrongly_replaced,
+        "money_lost_usd": round(total_lost * scn["fleet"]["usd_per_gpu_hour"], 0),
+    }
+    if isinstance(sim.strategy, Pitstop):
+        w = sim.strategy.world
+        out["engine"] = {
+            "results": dict(sorted(w.results.items())),
+            "incidents": len(w.incidents),
+            "escalated": sum(1 for i in w.incidents.values() if i["escalations"]),
+            "decided": _decided(w.incidents.values()),
+        }
+    return out
+
+
+def _decided(incidents: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for inc in incidents:
+        counts[inc["action"]] = counts.get(inc["action"], 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def simulate(scn: dict[str, Any]) -> dict[str, Any]:
+    """Every strategy of the scenario over one trace: ``{"strategies": [...], "scenario": {...}}``."""
+    faults = trace_mod.generate(scn)
+    rows = []
+    for name in scn["strategies"]:
+        sim = Fleet(scn, STRATEGIES[name](scn))
+        rows.append(summarize(name, sim.run(faults), sim, scn))
+    return {"strategies": rows, "scenario": scn, "trace": _trace_counts(faults)}
+
+
+def _trace_counts(faults: list[trace_mod.Fault]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for f in faults:
+        counts[f.category] = counts.get(f.category, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def parse_sweep(text: str) -> tuple[str, list[Any]]:
+    """``nodes=256,512`` → ("nodes", [256, 512]); numbers stay numbers."""
+    key, sep, values = text.partition("=")
+    if not sep or key not in FIELDS or not values:
+        raise argparse.ArgumentTypeError(
+            f"--sweep wants FIELD=V1,V2,... with FIELD one of {', '.join(FIELDS)}"
+        )
+    return key, [_number(v) for v in values.split(",") if v]
+
+
+def _number(v: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return v
+
+
+def sweep(scn: dict[str, Any], key: str, values: list[Any]) -> list[dict[str, Any]]:
+    """One full comparison per value of a field (each with its own trace from the same seed)."""
+    return [
+        {"value": v, "strategies": simulate(with_fields(scn, {key: v}, "--sweep"))["strategies"]}
+        for v in values
+    ]
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The comparison as a fixed-width text table, one row per strategy."""
+    scn = result["scenario"]
+    head = (
+        f"{scn['fleet']['nodes']} nodes x {scn['fleet']['gpus_per_node']} GPUs, "
+        f"{scn['fleet']['spares']} spares, "
+        f"{scn['days']} days, rate {scn['faults']['rate']}, checkpoint every "
+        f"{scn['jobs']['checkpoint_interval_min']} min, seed {scn['seed']}"
+    )
+    cols = (
+        "strategy",
+        "ETTR",
+        "lost kGPU-h",
+        "ckpt",
+        "work",
+        "detect",
+        "wait",
+        "restart",
+        "intr",
+        "resume",
+        "p95",
+        "held",
+        "repl",
+        "wrong",
+        "$M lost",
+    )
+    fmt = "{:<11}{:>7}{:>12}{:>8}{:>8}{:>8}{:>8}{:>9}{:>6}{:>8}{:>7}{:>6}{:>6}{:>6}{:>9}"
+    lines = [head, "GPU-hours lost in thousands by cause; resume and p95 in minutes", fmt.format(*cols)]
+    for r in result["strategies"]:
+        lost = r["gpu_hours_lost"]
+        lines.append(
+            fmt.format(
+                r["strategy"],
+                f"{r['ettr']:.4f}",
+                f"{sum(lost.values()) / 1e3:,.1f}",
+                *(f"{lost[k] / 1e3:,.1f}" for k in ("checkpoint", "lost_work", *PHASES)),
+                r["interruptions"],
+                r["time_to_resume_min"]["mean"],
+                r["time_to_resume_min"]["p95"],
+                r["nodes_held"],
+                r["nodes_replaced"],
+                r["nodes_wrongly_replaced"],
+                f"{r['money_lost_usd'] / 1e6:,.2f}",
+            )
+        )
+    return "\n".join(lines)
+
+
+def format_sweep(key: str, runs: list[dict[str, Any]]) -> str:
+    names = [r["strategy"] for r in runs[0]["strategies"]] if runs else []
+    lines = [f"ETTR by {key}", "".join(f"{c:>12}" for c in (key, *names))]
+    for run in runs:
+        cells = [f"{r['ettr']:.4f}" for r in run["strategies"]]
+        lines.append("".join(f"{c:>12}" for c in (str(run["value"]), *cells)))
+    return "\n".join(lines)
+
+
+def plot(path: str, result: dict[str, Any], sweep_key: str | None, runs: list[dict[str, Any]]) -> None:
+    """ETTR (per strategy, against the swept field when there is one) and GPU-hours lost by cause."""
+    import matplotlib  # only with --plot: the rest of pitstop does not need it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = [r["strategy"] for r in result["strategies"]]
+    if sweep_key and runs:
+        xs = [run["value"] for run in runs]
+        for i, name in enumerate(names):
+            left.plot(xs, [run["strategies"][i]["ettr"] for run in runs], marker="o", label=name)
+        left.set_xlabel(sweep_key)
+        if min(xs) > 0 and max(xs) / min(xs) >= 10:
+            left.set_xscale("log", base=2)  # fleet sizes double; a linear axis hides the small ones
+        left.legend()
+    else:
+        left.bar(names, [r["ettr"] for r in result["strategies"]], color="tab:blue")
+    left.set_ylabel("ETTR (productive / wall time)")
+    left.set_title("Effective training time ratio")
+    left.grid(alpha=0.3)
+    bottom = [0.0] * len(names)
+    for cause in ("checkpoint", "lost_work", *PHASES):
+        vals = [r["gpu_hours_lost"][cause] for r in result["strategies"]]
+        right.bar(names, vals, bottom=bottom, label=cause.replace("_", " "))
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    right.set_ylabel("GPU-hours lost")
+    right.set_title("GPU-hours lost by cause")
+    right.legend()
+    scn = result["scenario"]
+    fig.suptitle(
+        f"pitstop simulate: {scn['fleet']['nodes']} nodes, {scn['days']} days, rate {scn['faults']['rate']}, "
+        f"seed {scn['seed']}"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+def bench(scn: dict[str, Any], out: Any = sys.stdout) -> dict[str, float]:
+    """Speed of one full comparison (trace + every strategy), measured here, never in tests."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    result = simulate(scn)
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    faults = sum(r["faults"] for r in result["strategies"])
+    figures = {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "faults_handled": faults}
+    print(
+        f"simulate: {scn['fleet']['nodes']} nodes, {scn['days']} days, {len(scn['strategies'])} strategies, "
+        f"{faults} faults handled: {wall:.2f} s wall, {cpu:.2f} s CPU",
+        file=out,
+    )
+    return figures
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    overrides = {
+        k: getattr(args, k)
+        for k in ("nodes", "spares", "days", "seed", "rate")
+        if getattr(args, k) is not None
+    }
+    scn = load_scenario(args.scenario, overrides)
+    if args.strategies:
+        scn = copy.deepcopy(scn)
+        scn["strategies"] = [s for s in args.strategies.split(",") if s]
+        resources.validate(scn, SCHEMA, "--strategies")
+    if args.bench:
+        bench(scn)
+        return 0
+    result = simulate(scn)
+    key, runs = None, []
+    if args.sweep:
+        key, values = args.sweep
+        runs = sweep(scn, key, values)
+        result["sweep"] = {"field": key, "runs": runs}
+    if args.plot:
+        plot(args.plot, result, key, runs)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(format_table(result))
+        if key:
+            print("\n" + format_sweep(key, runs))
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add ``simulate`` to the pitstop CLI."""
+    s = sub.add_parser(
+        "simulate", help="compare remediation strategies on a simulated fleet (ETTR, GPU-hours, $)"
+    )
+    s.add_argument("--scenario", default=None, help="scenario YAML (default: schemas/simulate.default.yaml)")
+    s.add_argument(
+        "--rate", default=None, help="fault rate: llama3, or a preset of the scenario (rsc1, rsc2)"
+    )
+    s.add_argument("--nodes", type=int, default=None, help="nodes running jobs")
+    s.add_argument("--spares", type=int, default=None)
+    s.add_argument("--days", type=float, default=None)
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--strategies", default=None, help="comma-separated: manual,gke,nvsentinel,pitstop")
+    s.add_argument("--sweep", type=parse_sweep, default=None, help="FIELD=V1,V2,... e.g. nodes=256,512,1024")
+    s.add_argument("--json", action="store_true", help='{"strategies": [...], "scenario": {...}}')
+    s.add_argument("--plot", metavar="FILE.png", default=None, help="ETTR and GPU-hours lost by cause")
+    s.add_argument("--bench", action="store_true", help="time one comparison instead of printing it")
+    s.set_defaults(func=cmd_simulate)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pitstop")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    rc: int = args.func(args)
+    return rc
