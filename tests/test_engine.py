@@ -241,9 +241,13 @@ def test_blast_radius_holds_and_pages_once_then_closes_itself() -> None:
     assert outs[0].incident is not None
     w.resolve(outs[0].incident["id"], T0 + 600)
     retry = engine.release_held(held, w.nodes[held["node_key"]], w.budgets, w.p, T0 + 900, "sweep", False)
-    assert retry.result == "still_held"
+    assert retry.result == "still_held" and "holds" not in (retry.incident or {})
     retry = engine.release_held(held, w.nodes[held["node_key"]], w.budgets, w.p, T0 + 1801, "sweep", False)
     assert retry.result == "released" and retry.start_step == 1
+    assert retry.incident is not None  # the hold is remembered: what, since, until, who let go
+    (hold,) = retry.incident["holds"]
+    assert hold["scope"] == "cluster-train" and hold["since"] == T0 + 2 and hold["until"] == T0 + 1801
+    assert hold["by"] == "sweep"
 
 
 def test_operator_release_bypasses_budget() -> None:

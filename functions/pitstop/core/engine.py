@@ -665,6 +665,8 @@ def release_held(
     if inc["state"] == State.HELD:
         inc["held"]["since"] = held.get("since", now)
         out.result = "held" if out.page else "still_held"
+    else:  # the hold is over: what held it, and for how long, stays on the incident
+        inc["holds"] = [*inc.get("holds", []), {**held, "until": now, "by": by}][-MAX_HISTORY:]
     inc["updated_at"] = now
     return out
 
