@@ -8,6 +8,9 @@ two members, a Kueue Workload deactivated and reactivated, node health, doctor's
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -596,6 +599,22 @@ def test_doctor_flags_jobsets_that_cannot_restart(kube: FakeKube, api: Any) -> N
     assert "Ignore on DisruptionTarget" in text
     assert "no failurePolicy" in text
     assert "maxRestarts is 0" in text
+
+
+def test_pitstop_doctor_reads_the_cluster_from_a_kubeconfig(kube: FakeKube, tmp_path: Path) -> None:
+    """The operator's command: kubeconfig in, one line per JobSet that cannot restart, exit 1."""
+    config = tmp_path / "kubeconfig"
+    kube.write_kubeconfig(config)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "functions")}
+    argv = [sys.executable, "-m", "pitstop.tools.cli", "doctor", "--kubeconfig", str(config)]
+    clean = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert clean.returncode == 0, clean.stderr
+    bad = jobset("nopolicy", policy="none")
+    bad["spec"]["suspend"] = True
+    kube.create(bad)
+    found = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert found.returncode == 1, found.stderr
+    assert found.stdout.startswith("jobset/default/nopolicy: ") and "no failurePolicy" in found.stdout
 
 
 # -- access to a real control plane (no network: the REST call is stubbed) -------------------------

@@ -588,7 +588,16 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pitstop", description="GPU-cluster fault remediation on Google Cloud.")
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (_add_classify, _add_bench, _add_incidents, _add_replay, _add_local, _add_deploy, _add_demo):
+    for add in (
+        _add_classify,
+        _add_bench,
+        _add_incidents,
+        _add_replay,
+        _add_local,
+        _add_deploy,
+        _add_demo,
+        _add_doctor,
+    ):
         add(sub)  # in this order: it is the order `pitstop --help` lists them
     from pitstop.tools import simulate  # its own module: the fleet model lives in tools/sim/
 
@@ -718,11 +727,39 @@ def _add_demo(sub: Subparsers) -> None:
     """demo: the local stack plus the fault scenarios."""
     d = sub.add_parser("demo", help="start the local stack, run the fault scenarios, stop it")
     d.add_argument(
-        "--only", nargs="*", help="xid79 xid13 preemption maintenance duplicates lemon blast_radius poison"
+        "--only",
+        nargs="*",
+        help="xid79 xid13 preemption maintenance duplicates lemon blast_radius poison; GKE: gke_xid79 "
+        "gke_two_members gke_preemption gke_maintenance gke_pdb gke_regional",
     )
     d.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
     d.add_argument("--workdir", default=None)
     d.set_defaults(func=cmd_demo)
+
+
+def _add_doctor(sub: Subparsers) -> None:
+    """doctor: what in a cluster would keep Pitstop from restarting a gang once."""
+    d = sub.add_parser("doctor", help="check a GKE cluster's JobSets can restart as a gang after a fault")
+    d.add_argument("--kubeconfig", default=None, help="kubeconfig of the cluster (default: kubectl's)")
+    d.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
+    d.set_defaults(func=cmd_doctor)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """One line per JobSet that cannot restart on a disruption; exit 1 when there is any."""
+    from kubernetes import config
+
+    from pitstop.adapters.gke import doctor_findings
+
+    api = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)  # type: ignore[no-untyped-call]
+    findings = doctor_findings(api)
+    for line in findings:
+        print(line)
+    if not findings:
+        print(
+            "every JobSet restarts as a gang on a disruption (failure policy, no Ignore on DisruptionTarget)"
+        )
+    return 1 if findings else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
