@@ -108,6 +108,8 @@ def test_subcommands_in_help_order() -> None:
         "deploy",
         "teardown",
         "demo",
+        "doctor",
+        "simulate",
     ]
 
 
