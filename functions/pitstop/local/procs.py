@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,12 +15,36 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# Ports handed to child processes come from below the kernel's ephemeral range (32768-60999 by
+# default), where every port-0 bind lands: a port picked, released and bound a moment later by
+# the child cannot be taken in between by another server's port-0 bind. Each test process
+# (pytest-xdist worker gwN) draws from a band of its own, so parallel stacks never pick alike.
+PORT_BASE, PORT_BAND = 20000, 2500
+_handed_out: set[int] = set()
+
+
+def _band() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    n = int(worker[2:]) + 1 if worker.startswith("gw") and worker[2:].isdigit() else 0
+    lo = PORT_BASE + (n % 4) * PORT_BAND
+    return range(lo, lo + PORT_BAND)
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
+    """A port on 127.0.0.1 that nothing listens on now, not handed out before by this process."""
+    band = _band()
+    for _ in range(500):
+        port = random.choice(band)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
         return port
+    raise RuntimeError(f"no free port in {band.start}-{band.stop - 1}")
 
 
 @dataclass
