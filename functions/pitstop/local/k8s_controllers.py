@@ -241,7 +241,10 @@ class Controllers:
             m = meta(pod)
             if not m.get("deletionTimestamp") or not m.get("deletionGracePeriodSeconds"):
                 continue
-            if pod["spec"].get("nodeName") in self.down or not self.store.grace_over(pod):
+            node = pod["spec"].get("nodeName")
+            # A pod no node runs has nothing to wait for (the API server deletes an unscheduled pod
+            # at once); one bound while its deletion was pending must not be stranded Terminating.
+            if node and (node in self.down or not self.store.grace_over(pod)):
                 continue
 
             def end(p: Obj) -> None:
