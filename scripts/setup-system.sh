@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# System packages the local stack needs (Slurm, munge, the gcloud emulators, Java).
+# System packages the local stack needs (Slurm, munge, the gcloud emulators, Java), and Chromium
+# (headless) for the test that opens `pitstop report`'s page in a browser.
 # Idempotent; needs root (CI and the dev machines run as root). Safe to run every time.
 set -euo pipefail
 need=()
-for pkg in slurmctld slurmd slurm-client munge; do
+for pkg in slurmctld slurmd slurm-client munge chromium; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 command -v java >/dev/null 2>&1 || need+=(default-jre-headless)

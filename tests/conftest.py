@@ -6,6 +6,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from google.cloud import firestore
@@ -66,3 +67,13 @@ def notifications(pubsub_host: str) -> Iterator[tuple[str, str, SubscriberClient
     sub.create_subscription(name=sub.subscription_path(project, "pull"), topic=topic)
     yield project, "pitstop-notifications", sub
     sub.close()
+
+
+@pytest.fixture
+def api(kube: Any, tmp_path: Path) -> Any:
+    """The official Kubernetes client against the module's fake API server (its ``kube`` fixture)."""
+    from kubernetes import config
+
+    path = tmp_path / "kubeconfig"
+    kube.write_kubeconfig(path)
+    return config.new_client_from_config(config_file=str(path))  # type: ignore[no-untyped-call]

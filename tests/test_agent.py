@@ -213,6 +213,8 @@ def test_job_ids_are_strict_and_array_and_het_ids_reach_slurm() -> None:
         lambda argv: (
             "123_4|RUNNING|alice|1|gpu-0|train\n77+1|RUNNING|bob|1|gpu-0|het\n9|RUNNING|c|1|gpu-0|x\n"
             if argv[0] == "squeue"
+            else f"JobId={argv[-1]} JobState=PENDING Restarts=1"
+            if argv[:3] == ["scontrol", "show", "job"]
             else ""
         )
     )
@@ -225,8 +227,10 @@ def test_job_ids_are_strict_and_array_and_het_ids_reach_slurm() -> None:
     assert run.argvs[1:4] == [["scontrol", "show", "job", "-o", j] for j in ("123_4", "77+1", "9")]
     assert run.argvs[4:] == [
         ["scontrol", "requeue", "123_4"],
+        ["scontrol", "show", "job", "-o", "123_4"],  # the hold is lifted once the job is PENDING again
         ["scontrol", "update", "JobId=123_4", "StartTime=now"],
         ["scontrol", "requeue", "77"],
+        ["scontrol", "show", "job", "-o", "77"],
         ["scontrol", "update", "JobId=77", "StartTime=now"],
         ["scancel", "--signal=USR1", "--full", "77"],
     ]

@@ -95,6 +95,24 @@ def test_bench_ingest_reports_store_operations_and_memory(firestore_host: str) -
     assert run["coalescer"][0]["nodes"] == 4
 
 
+def test_bench_simulate_reports_one_run_and_a_sweep() -> None:
+    """The simulate bench's JSON at a tiny size: one comparison and a fleet-size sweep, timed."""
+    args = ["simulate", "--bench", "--nodes", "128", "--days", "10", "--sweep", "nodes=64,128"]
+    proc = _run(args, b"")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["benchmark"] == "simulate"
+    assert result["rate"] == "llama3" and result["days"] == 10
+    assert result["strategies"] == ["manual", "gke", "nvsentinel", "pitstop"]
+    assert result["cpus"] >= 1
+    single, sweep = result["single"], result["sweep"]
+    assert single["nodes"] == 128 and single["target_s"] == 30
+    assert single["faults_handled"] >= single["trace_faults"] >= 0
+    assert sweep["nodes"] == [64, 128] and sweep["runs"] == 2 and sweep["target_s"] == 300
+    for figures in (single, sweep):
+        assert isinstance(figures["wall_s"], float) and isinstance(figures["cpu_s"], float)
+
+
 def test_subcommands_in_help_order() -> None:
     from pitstop.tools.cli import build_parser
 
@@ -110,6 +128,7 @@ def test_subcommands_in_help_order() -> None:
         "demo",
         "doctor",
         "simulate",
+        "report",
     ]
 
 

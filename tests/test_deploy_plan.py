@@ -9,7 +9,8 @@ when the plan is meant to change, and the change is reviewed step by step; the l
 least privilege (issue 12: Pitstop's own Firestore database and conditional datastore.user,
 a workflow-starter custom role instead of project-wide workflows.invoker, the actuator's roles
 only in configured zones, the Slurm agent without Firestore but with a results topic), the
-outbox TTL (issue 11) and GKE clusters (issue 13: the `gke` case is new).
+outbox TTL (issue 11) and GKE clusters (issue 13: the `gke` case is new); then for the workflow's
+PITSTOP_CHECK_TIMEOUT_S and PITSTOP_RESUME_WAIT_S (issue 14: diagnose, validate, early requeue).
 """
 
 from __future__ import annotations

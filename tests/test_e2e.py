@@ -5,7 +5,8 @@ Workflows runner -> actuate -> fake Compute + real Slurm via the agent -> notify
 with the sweep called by the scheduler stand-in every minute, as in production.
 
 Node use (each fault needs a node of its own: a node's action cooldowns outlast this module):
-the demo scenarios use 0-7, the Compute/webhook/Firestore faults 8-11, the chaos tests 12-17.
+the demo scenarios use 0-7, the Compute/webhook/Firestore faults 8-11, the chaos tests 12-17, the
+back-to-training scenarios (early requeue, diagnose, validate) the last ten, 18-27.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.emulator
 
 @pytest.fixture(scope="module")
 def sc() -> Iterator[Scenarios]:
-    stack = Stack(Path(tempfile.mkdtemp(prefix="pitstop-e2e-")), ClusterSpec(nodes=18))
+    stack = Stack(Path(tempfile.mkdtemp(prefix="pitstop-e2e-")), ClusterSpec(nodes=28))
     try:
         stack.up()
         yield Scenarios(stack)
@@ -60,6 +61,33 @@ def sc() -> Iterator[Scenarios]:
 def test_scenario(sc: Scenarios, name: str) -> None:
     if name != "xid13_storm" and name != "poison":
         sc.settle()
+    result = getattr(sc, name)()
+    assert result.passed, result.detail
+
+
+def test_xid79_with_a_spare_the_gang_runs_again_before_the_node_is_back(sc: Scenarios) -> None:
+    sc.settle()
+    r = sc.xid79_spare()
+    assert r.facts.get("resume", {}).get("mode") == "early", r.detail
+    assert r.resume_s is not None and r.repair_s is not None and r.resume_s < r.repair_s, r.detail
+    assert r.facts["validation"]["passed"] and r.facts["validation"]["busbw_gbps"] == 190.0, r.detail
+    assert r.passed, r.detail
+
+
+def test_a_lemon_with_a_spare_resumes_within_a_minute_while_the_host_report_takes_ten(sc: Scenarios) -> None:
+    sc.settle()
+    r = sc.lemon_spare()
+    assert r.resume_s is not None and r.resume_s <= 60, r.detail
+    assert r.repair_s is not None and r.repair_s >= 600, r.detail
+    assert "row" in r.facts["diagnosis"]["why"].lower() or "remap" in r.facts["diagnosis"]["why"].lower(), (
+        r.facts
+    )
+    assert r.passed, r.detail
+
+
+@pytest.mark.parametrize("name", ["degraded_after_reset", "replace_not_confirmed", "no_spare"])
+def test_diagnose_and_validate(sc: Scenarios, name: str) -> None:
+    sc.settle()
     result = getattr(sc, name)()
     assert result.passed, result.detail
 

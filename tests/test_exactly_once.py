@@ -84,6 +84,15 @@ class Gang:
         self.requeues.append(ctx)
         self.run = {**self.run, "restarts": int(str(self.run["restarts"])) + 1, "start_time": "Unknown"}
 
+    def capacity(self, job: str, node: str, ctx: str) -> dict[str, Any]:
+        return {"enough": False, "need": 2, "free": 1, "why": "the gang's own nodes only"}
+
+    def start_check(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]:
+        return {"started": check["name"], "peer": None, "note": "this gang runs no checks"}
+
+    def check_result(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]:
+        return {"done": False, "outputs": {}, "peer": None, "error": "this gang runs no checks"}
+
 
 class Notes:
     def __init__(self) -> None:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import config
 
 from pitstop.adapters import gke
 from pitstop.adapters.errors import ActuatorError
@@ -63,13 +62,6 @@ def kube() -> Iterator[FakeKube]:
         k.add_node(n, project=PROJECT, zone=ZONE)
     yield k
     k.stop()
-
-
-@pytest.fixture
-def api(kube: FakeKube, tmp_path: Path) -> Any:
-    path = tmp_path / "kubeconfig"
-    kube.write_kubeconfig(path)
-    return config.new_client_from_config(config_file=str(path))  # type: ignore[no-untyped-call]
 
 
 @pytest.fixture

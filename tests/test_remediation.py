@@ -28,7 +28,7 @@ from werkzeug.serving import make_server
 
 from pitstop.adapters.firestore import IncidentStore
 from pitstop.adapters.pubsub import Notifier
-from pitstop.agent.slurm import Agent, Ledger, ResultsTopic, SlurmCommands
+from pitstop.agent.slurm import Agent, CheckTools, Ledger, ResultsTopic, SlurmCommands
 from pitstop.core import engine, policy
 from pitstop.local import executions_server
 from pitstop.local.fake_compute import FakeCompute, serve
@@ -61,13 +61,29 @@ def slurm() -> Iterator[SlurmCluster]:
         cluster.stop()
 
 
+def _stand_in_tools(directory: Path) -> CheckTools:
+    """Checks run the GPU stand-ins (real output formats; every GPU healthy here)."""
+
+    def tool(name: str) -> tuple[str, ...]:
+        return (sys.executable, "-m", f"pitstop.local.gpu_tools.{name}")
+
+    return CheckTools(
+        nvidia_smi=tool("nvidia_smi"),
+        dcgmi=tool("dcgmi"),
+        all_gather_perf=tool("all_gather_perf"),
+        directory=str(directory),
+    )
+
+
 class World:
     """Everything one scenario needs, on a project of its own."""
 
     def __init__(self, slurm: SlurmCluster, tmp: Path, **policy_over: Any) -> None:
         self.project = f"rem-{uuid.uuid4().hex[:8]}"
         self.slurm = slurm
-        self.compute = FakeCompute(time_scale=0.01)
+        # what the GPU tools report per host (set_gpu_state); the checks' stand-ins read this file
+        self.gpu_state = tmp / f"{self.project}-gpu-state.json"
+        self.compute = FakeCompute(time_scale=0.01, gpu_state_path=self.gpu_state)
         for n in NODES[:3]:  # the fault entries name helpers.PROJECT; documents live in self.project
             self.compute.add_instance(PROJECT, ZONE, n, mig="a3-node")
         # the last node is a Spot VM: not eligible for reportHostAsFaulty
@@ -100,7 +116,7 @@ class World:
         self._wire_pubsub(pub)
         self.db = firestore.Client(project=self.project)
         self.agent = Agent(
-            SlurmCommands(release_requeued=True),
+            SlurmCommands(release_requeued=True, checks=_stand_in_tools(tmp / f"{self.project}-checks")),
             Ledger(tmp / f"{self.project}-ledger.sqlite"),
             ResultsTopic(pub.topic_path(self.project, "pitstop-slurm-train-results")),
         )
@@ -126,6 +142,8 @@ class World:
                     "PITSTOP_POLL_S": "2",
                     "PITSTOP_OP_TIMEOUT_S": "120",
                     "PITSTOP_VERIFY_TIMEOUT_S": "40",
+                    "PITSTOP_CHECK_TIMEOUT_S": "600",
+                    "PITSTOP_RESUME_WAIT_S": "100",
                 },
                 time_scale=0.1,
             )
@@ -137,6 +155,7 @@ class World:
                 "PITSTOP_POLICY": str(self.policy_file),
                 "PITSTOP_COMPUTE_ENDPOINT": compute_ep,
                 "PITSTOP_WORKFLOWS_ENDPOINT": f"127.0.0.1:{port}",
+                "PITSTOP_GPU_STATE": str(self.gpu_state),
             }
         )
         served._actuator.cache_clear()
@@ -252,12 +271,17 @@ def test_reboot_node_requeues_the_gang_once(world: World) -> None:
     assert (
         tl["detected"] <= tl["classified"] <= tl["fenced"] <= tl["acted"] <= tl["healthy"] <= tl["resolved"]
     )
-    assert "job_resumed" in tl
+    assert "job_requeued" in tl
     steps = {
         d.id: d.to_dict()
         for d in world.db.collection("pitstop_incidents").document(inc["id"]).collection("steps").stream()
     }
-    assert steps["1-reschedule"]["result"]["requeued"] == [job]
+    # idle nodes to spare: the gang moved right after the fence, once; the late reschedule finds it moved on
+    assert [r["job"] for r in steps["1-reschedule_early"]["result"]["requeued"]] == [job]
+    assert steps["1-reschedule"]["result"]["requeued"] == []
+    assert tl["fenced"] <= tl["job_requeued"] <= tl["acted"]
+    assert tl["job_running"] >= tl["job_requeued"]
+    assert inc["validation"]["passed"] is True
     assert "drain" not in world.slurm.node_states()[target]  # resumed
     notes = world.notes()
     assert any(n["kind"] == "incident" and n["incident"]["state"] == "RESOLVED" for n in notes)
@@ -309,12 +333,16 @@ def test_lemon_host_is_reported_faulty(world: World) -> None:
             ],
         },
     )
+    # the diagnostic on the fenced node finds a row-remap failure on GPU 1: the replacement is confirmed
+    world.compute.set_gpu_state(PROJECT, ZONE, "a3-node-002", {"remap": "failure", "remap_gpu": 1})
     out = world.fault(XID48, "a3-node-002")
     assert out.incident is not None and out.incident["action"] == "REPLACE_NODE"
     inc = world.wait(out.incident["id"])
     assert inc["state"] == "RESOLVED", inc.get("failure")
+    assert inc["diagnosis"]["confirmed"] is True and inc["validation"]["passed"] is True  # on the new host
     reports = world.calls("report_host_as_faulty")
     assert len(reports) == 1
+    assert "diagnostic confirms" in reports[0]["body"]["faultReasons"][0]["description"]
     body = reports[0]["body"]
     assert body["disruptionSchedule"] == "IMMEDIATE"
     assert body["faultReasons"][0]["behavior"] == "UNRECOVERABLE_GPU_ERROR"
@@ -338,6 +366,7 @@ def test_replace_falls_back_to_mig_recreate_when_not_reservation_bound(world: Wo
     from pitstop.core.classify import Classifier
 
     world.ingest.classifier = Classifier(clf_over.xids, world.ingest.classifier.system_events)
+    world.compute.set_gpu_state(PROJECT, ZONE, NODES[3], {"gpus": 7})  # the diagnostic sees a GPU gone
     out = world.fault(XID79, NODES[3])
     inc = world.wait(out.incident["id"])  # type: ignore[index]
     assert inc["state"] == "RESOLVED", inc.get("failure")
@@ -453,6 +482,16 @@ class DropFirstAnswer:
 def _steps(world: World, iid: str) -> dict[str, dict[str, Any]]:
     coll = world.db.collection("pitstop_incidents").document(iid).collection("steps")
     return {d.id: d.to_dict() or {} for d in coll.stream()}
+
+
+def _requeued(world: World, iid: str) -> list[str]:
+    """Every job an incident requeued, early or once its node was back, in step order."""
+    steps = _steps(world, iid)
+    out: list[str] = []
+    for key in sorted(k for k in steps if k.endswith(("-reschedule_early", "-reschedule"))):
+        result = steps[key].get("result") or {}
+        out += [r["job"] if isinstance(r, dict) else str(r) for r in result.get("requeued", [])]
+    return out
 
 
 def _restarts(world: World, job: str) -> int:
@@ -590,7 +629,7 @@ def test_an_escalation_is_decided_before_the_node_returns_to_slurm(
     assert "1-unfence" not in steps and "1-reschedule" not in steps
     resumes = [d.id for d in world.db.collection("pitstop_slurm_results").stream() if "-resume-" in d.id]
     assert resumes and all(r.startswith(f"{iid}-2-") for r in resumes)  # never back in Slurm at step 1
-    assert steps["2-reschedule"]["result"]["requeued"] == [job]  # the gang moves once, at step 2
+    assert _requeued(world, iid) == [job]  # the gang moves once (right after step 1's fence: a spare is idle)
     assert len(world.compute.effects_on(node, "reset")) == 2
 
 
@@ -605,14 +644,11 @@ def test_a_gang_whose_members_finish_apart_is_requeued_once(world: World) -> Non
     assert status == 200 and body["jobs"] == [job]
     out = world.fault(XID79, first)
     inc = world.wait(out.incident["id"])  # type: ignore[index]
-    assert inc["state"] == "RESOLVED" and _steps(world, inc["id"])["1-reschedule"]["result"]["requeued"] == [
-        job
-    ]
+    assert inc["state"] == "RESOLVED" and _requeued(world, inc["id"]) == [job]
     deadline = time.monotonic() + 60  # the gang runs again, elsewhere
     while not any(j["id"] == job and j["state"] == "RUNNING" for j in world.slurm.jobs()):
         assert time.monotonic() < deadline, world.slurm._out(["scontrol", "show", "job", "-o", job])
-        # a requeue caught while the job was still completing gets Slurm's ~120 s BeginTime anyway
-        world.slurm._out(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+        # no help from here: the agent lifts Slurm's ~120 s BeginTime hold once the requeued job is PENDING
         time.sleep(0.5)
     world.actuator.starter.start(late, 1, {"incident_id": late, "step": 1})  # type: ignore[union-attr]
     inc = world.wait(late)

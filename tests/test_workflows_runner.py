@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from pitstop.core.ops import MUTATING_OPS, PROBE_OPS
 from pitstop.local.wf_expr import WorkflowError
 from pitstop.local.workflows_runner import ExecutionTrace, Workflow, WorkflowDefinitionError
 
@@ -398,11 +399,31 @@ DEFAULT_ANSWERS: dict[str, Any] = {
     "claim": {"ours": True, "why": "", "plan": "remediate", "action": "REBOOT_NODE"},
     "act": {"operation": None, "method": "reset"},
     "verify": {"done": True},
+    "diagnose": {"run": False, "why": "a diagnostic runs only before REPLACE_NODE"},
+    "validate": {"run": False, "why": "validation.enabled is false in policy"},
+    "diagnosis": {"done": True},
+    "validation": {"done": True},
+    "resumed": {"done": True},
     "escalate": {"outcome": "continue", "handed_over": False},
     "close": {"outcome": "resolved"},
     "fail": {"outcome": "failed"},
 }
 DROP = "drop"  # the request reached actuate, but the connection closed before any answer
+# One step that needs no checkpoint, diagnostic or validation, each op asked once, in order.
+STEP_OPS = [
+    "claim",
+    "fence",
+    "reschedule_early",
+    "diagnose",
+    "act",
+    "verify",
+    "validate",
+    "escalate",
+    "unfence",
+    "reschedule",
+    "resumed",
+    "close",
+]
 
 
 class FakeActuate:
@@ -477,6 +498,8 @@ def remediate(fake: FakeActuate, late: dict[str, int] | None = None) -> tuple[An
         "PITSTOP_POLL_S": "1",
         "PITSTOP_OP_TIMEOUT_S": "10",
         "PITSTOP_VERIFY_TIMEOUT_S": "10",
+        "PITSTOP_CHECK_TIMEOUT_S": "10",
+        "PITSTOP_RESUME_WAIT_S": "4",
         "GOOGLE_CLOUD_WORKFLOW_EXECUTION_ID": "exec-1",
     }
     trace = ExecutionTrace()
@@ -490,8 +513,51 @@ def test_remediate_calls_each_op_in_order_once(actuate: type[FakeActuate]) -> No
     fake = actuate({})
     out, _ = remediate(fake)
     assert out == {"incident": "iabcdefgh2", "step": 1, "outcome": "resolved"}
-    assert fake.ops() == ["claim", "fence", "act", "verify", "escalate", "unfence", "reschedule", "close"]
+    assert fake.ops() == STEP_OPS
     assert {c["execution"] for c in fake.calls} == {"exec-1"}
+
+
+def test_diagnose_and_validate_wait_for_their_runs_then_judge(actuate: type[FakeActuate]) -> None:
+    running = (200, {"done": False})
+    fake = actuate(
+        {
+            "diagnose": [(200, {"run": True})],
+            "diagnosis": [running, running, (200, {"done": True})],
+            "validate": [(200, {"run": True})],
+            "validation": [running, (200, {"done": True})],
+            "resumed": [running, running],
+        }
+    )
+    out, _ = remediate(fake)
+    assert out["outcome"] == "resolved"
+    ops = fake.ops()
+    assert ops[ops.index("diagnose") :][:5] == [
+        "diagnose",
+        "diagnosis",
+        "diagnosis",
+        "diagnosis",
+        "judge_diagnosis",
+    ]
+    assert ops[ops.index("validate") :][:4] == ["validate", "validation", "validation", "judge_validation"]
+    assert ops.index("judge_diagnosis") < ops.index("act") and ops.index("judge_validation") < ops.index(
+        "unfence"
+    )
+    assert ops.count("resumed") == 3 and ops[-1] == "close"
+
+
+def test_checks_that_never_finish_are_judged_when_the_wait_runs_out(actuate: type[FakeActuate]) -> None:
+    fake = actuate({"diagnose": [(200, {"run": True})], "diagnosis": [(200, {"done": False})] * 40})
+    out, _ = remediate(fake)
+    assert out["outcome"] == "resolved"  # judge_diagnosis decides (a step-down), the step goes on
+    assert 10 <= fake.ops().count("diagnosis") <= 12 and "judge_diagnosis" in fake.ops()
+
+
+def test_a_failed_validation_fails_the_step_before_the_node_returns(actuate: type[FakeActuate]) -> None:
+    refusal = (409, {"error": "validation failed: DCGM diagnostic failed", "retryable": False})
+    fake = actuate({"validate": [(200, {"run": True})], "judge_validation": [refusal]})
+    out, _ = remediate(fake)
+    assert out == {"incident": "iabcdefgh2", "step": 1, "outcome": "failed", "stage": "validate"}
+    assert "unfence" not in fake.ops() and fake.ops()[-1] == "fail"
 
 
 def test_remediate_asks_again_for_a_lost_answer_and_an_op_long_in_progress(
@@ -513,7 +579,7 @@ def test_remediate_does_not_ask_again_after_a_final_refusal(actuate: type[FakeAc
     fake = actuate({"act": [(403, {"error": "forbidden", "retryable": False})]})
     out, _ = remediate(fake)
     assert out == {"incident": "iabcdefgh2", "step": 1, "outcome": "failed", "stage": "act"}
-    assert fake.ops() == ["claim", "fence", "act", "fail"]
+    assert fake.ops() == [*STEP_OPS[: STEP_OPS.index("act") + 1], "fail"]
     fail = fake.calls[-1]
     assert fail["extra"]["stage"] == "act" and fail["extra"]["error"]["code"] == 403
 
@@ -554,7 +620,7 @@ def test_an_escalation_hands_over_before_the_node_returns(actuate: type[FakeActu
     fake = actuate({"escalate": [(200, answer)]})
     out, _ = remediate(fake)
     assert out == {"incident": "iabcdefgh2", "step": 1, "outcome": "escalated to REBOOT_NODE (step 2)"}
-    assert fake.ops() == ["claim", "fence", "act", "verify", "escalate"]  # no unfence, no requeue
+    assert fake.ops() == STEP_OPS[: STEP_OPS.index("escalate") + 1]  # no unfence, no late requeue
 
 
 def test_mutations_and_probes_use_their_retry_predicates() -> None:
@@ -579,18 +645,9 @@ def test_mutations_and_probes_use_their_retry_predicates() -> None:
     assert "http.post" not in posts  # every actuate call goes through mutate or probe
     mutated = {c["args"]["op"] for c in main if c["call"] == "mutate"}
     polled = {c["args"]["op"] for c in main if c["call"] == "poll"}
-    assert mutated == {
-        "claim",
-        "fence",
-        "checkpoint",
-        "act",
-        "escalate",
-        "unfence",
-        "reschedule",
-        "close",
-        "fail",
-    }
-    assert polled == {"jobs_done", "operation", "verify"}
+    # every effect through mutate (asked again only where safe), every probe through poll
+    assert mutated == {"claim", *(str(o) for o in MUTATING_OPS)}
+    assert polled == {str(o) for o in PROBE_OPS}
     assert (
         doc["mutate"]["steps"][1]["ask"]["retry"]["predicate"]
         == "${http.default_retry_predicate_non_idempotent}"

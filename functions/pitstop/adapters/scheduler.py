@@ -177,6 +177,34 @@ class Scheduler(Protocol):
     def unfence(self, node: str, ctx: str, incident: str | None = None) -> dict[str, Any] | None: ...
     def requeue(self, job: str, ctx: str, restarts: int | None = None) -> None: ...
 
+    def capacity(self, job: str, node: str, ctx: str) -> dict[str, Any]:
+        """Whether the job's gang can run again now without ``node`` (early requeue).
+
+        ``{"enough": bool, "need": int | None, "free": int | None, "why": str}``: ``why`` is one
+        line for the incident's timeline (what was counted, or what will place the gang).
+        """
+        ...
+
+    def start_check(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]:
+        """Start a diagnostic or validation run pinned to the fenced node, once per ``check["name"]``.
+
+        ``check``: ``kind`` (``diagnose`` | ``validate``), ``name`` (``pitstop-<incident>-<step>-<kind>``,
+        a DNS label), ``incident``, ``dcgm_level``, ``gpus``; validate adds ``message_bytes`` and
+        ``peer: true`` (one healthy peer joins the NCCL all_gather). The node stays out of other
+        jobs' reach throughout. Answers ``{"started": name, "peer": str | None, "note": str}``.
+        """
+        ...
+
+    def check_result(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]:
+        """The run's state: ``{"done": bool, "outputs": {...}, "peer": str | None, "error": str | None}``.
+
+        ``outputs`` holds each tool's raw stdout, never interpreted here: ``nvidia_smi_q``
+        (``nvidia-smi -q``), ``nvlink`` (``nvidia-smi nvlink --status``), ``dcgm`` (``dcgmi diag -r N
+        -j``) for diagnose; ``dcgm`` and ``nccl`` (``all_gather_perf``) for validate (no ``nccl``
+        when no healthy peer was free: ``peer`` None and ``note`` says why).
+        """
+        ...
+
 
 class NoScheduler:
     """Nodes outside any scheduler: nothing to fence, no jobs, healthy when the VM is."""
@@ -207,6 +235,15 @@ class NoScheduler:
 
     def requeue(self, job: str, ctx: str, restarts: int | None = None) -> None:
         return None
+
+    def capacity(self, job: str, node: str, ctx: str) -> dict[str, Any]:
+        return {"enough": False, "need": None, "free": None, "why": "no scheduler: nothing to requeue"}
+
+    def start_check(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]:
+        raise ActuatorError(409, "no scheduler to run a check on the node through", False)
+
+    def check_result(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]:
+        raise ActuatorError(409, "no scheduler to run a check on the node through", False)
 
 
 class SlurmScheduler:
@@ -349,3 +386,30 @@ class SlurmScheduler:
 
     def requeue(self, job: str, ctx: str, restarts: int | None = None) -> None:
         self._call("requeue", {"job": job}, ctx)
+
+    def capacity(self, job: str, node: str, ctx: str) -> dict[str, Any]:
+        """Idle healthy unreserved nodes of the job's partition plus its own healthy nodes, against
+        its node count (the agent's ``capacity``, asked fresh): ``enough``, ``need``, ``free``, ``why``."""
+        res: dict[str, Any] = self._call("capacity", {"job": job, "node": node}, ctx, fresh=True)
+        return res
+
+    def start_check(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]:
+        """The agent reserves the node (and a peer) for itself, lifts the drain, starts a job pinned
+        there that runs the tools as job steps, and afterwards drains the node again with the same
+        reason and deletes the reservation. One command id per check, so a retry waits for the
+        same start; the agent answers a start delivered again with what the first one began."""
+        res: dict[str, Any] = self._call("start_check", {"node": node, **_check_args(check, start=True)}, ctx)
+        return res
+
+    def check_result(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]:
+        """A fresh probe: ``done`` only once the tools ran and the node is fenced again as before."""
+        res: dict[str, Any] = self._call(
+            "check_result", {"node": node, **_check_args(check, start=False)}, ctx, fresh=True
+        )
+        return res
+
+
+def _check_args(check: Mapping[str, Any], start: bool) -> dict[str, Any]:
+    """What the agent takes of a check (it validates every value); the rest stays here."""
+    keys = ("name", "kind", "incident") + (("dcgm_level", "gpus", "message_bytes", "peer") if start else ())
+    return {k: check[k] for k in keys if k in check}

@@ -46,15 +46,54 @@ Fences: Pitstop drains with the reason ``pitstop <incident> <action>`` and lifts
 node someone else drained (or failed) keeps its state and reason; a node that is only DOWN
 (which Slurm itself returns to service when its slurmd registers again) gets Pitstop's drain
 on top, with the previous reason kept in the new one.
+
+Capacity (``capacity``, read-only): whether a job's gang could start again now without the
+fenced node: idle, responding, undrained nodes of its partition outside any active reservation,
+plus the job's own healthy nodes (they free up when it is requeued), against its node count.
+A count, not a promise: GRES, features and higher-priority pending jobs are not weighed.
+
+Checks on a fenced node (``start_check``, ``check_result``). Slurm never starts a job on a DRAIN
+node, whatever reservation the job names (checked on 22.05: it stays pending with
+ReqNodeNotAvail), and a person's or Pitstop's drain is the only fence Slurm has. So the agent
+swaps the fence for a reservation, for the length of the check only:
+
+1. ``scontrol create reservation ReservationName=<check name> Users=<agent user>
+   Nodes=<node>[,<peer>] StartTime=now Duration=UNLIMITED Flags=MAINT``. MAINT lets it overlap
+   a reservation the node already sits in, and an overlapping MAINT reservation keeps that
+   reservation's jobs off the node too (checked: "Required nodes outside of the reservation").
+   Without IGNORE_JOBS, so a peer that got busy since it was picked fails the creation and the
+   next idle peer is tried. UNLIMITED, so an agent that died mid-check leaves the node reserved
+   (out of everyone's reach), never free.
+2. Only then the node is resumed: reserved for the agent's user, it takes only jobs that name
+   the reservation.
+3. ``sbatch`` a holder job named after the check (``--reservation``, ``-w``, ``--exclusive``,
+   a time limit per DCGM level), which sleeps; the tools run as job steps in it (``srun
+   --jobid --overlap``), started by a runner process the agent spawns (``--run-check``), so
+   each tool's stdout comes back to the controller over srun's own I/O: no shared filesystem.
+4. When the tools are done (or the job ended, or its time ran out) the node is drained again
+   with exactly the reason it had before, then the job is cancelled, and once it has left the
+   node the reservation is deleted. The drain comes first, so the node is never unfenced
+   and unreserved at once; a node someone drained meanwhile keeps their drain.
+
+Every step is idempotent and recorded in ``<check dir>/<name>/state.json``: a start delivered
+again answers what the first one started (the job is also found by name in squeue), and a
+start interrupted midway continues where it stopped. ``check_result`` is a fresh probe: not
+done while the runner lives; a runner that died (an agent restart under systemd kills it) is
+started again while the job runs, else the check ends with an error. Creating reservations
+takes root or SlurmUser, which the agent runs as (the systemd unit runs it as root).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
+import math
 import os
+import pwd
 import re
+import shlex
 import socket
 import sqlite3
 import subprocess
@@ -62,7 +101,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -88,13 +127,50 @@ ACTIONS = frozenset(
     {"RESTART_JOB", "DRAIN_NODE", "RESET_GPU", "RESCHEDULE_JOB", "REBOOT_NODE", "REPLACE_NODE"}
 )
 SIGNALS = frozenset({"SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGCONT"})
-OPS = frozenset({"jobs_on_node", "drain", "resume", "requeue", "signal", "job_state", "node_state"})
+OPS = frozenset(
+    {
+        "jobs_on_node",
+        "drain",
+        "resume",
+        "requeue",
+        "signal",
+        "job_state",
+        "node_state",
+        "capacity",
+        "start_check",
+        "check_result",
+    }
+)
+# A check's name, as pitstop.core.checks.check_name builds it: its reservation and job name too.
+CHECK_NAME = re.compile(r"pitstop-(i[a-z2-7]{9})-([0-9]{1,6})-(diagnose|validate)")
+CHECK_KEYS = frozenset({"node", "name", "kind", "incident", "dcgm_level", "gpus", "message_bytes", "peer"})
+USER = re.compile(r"[a-z_][-a-z0-9_]{0,31}")
+PARTITION = re.compile(r"[A-Za-z0-9_][-A-Za-z0-9_.]{0,63}")
+DEFAULT_CHECK_DIR = "/var/lib/pitstop/checks"
+# How long each tool may run (s): dcgmi diag -r 1 takes seconds, -r 2 ~2 min, -r 3 ~30 min, -r 4 1-2 h.
+DCGM_TIMEOUT_S = {1: 300, 2: 900, 3: 3600, 4: 3 * 3600}
+SMI_TIMEOUT_S = 120
+NCCL_TIMEOUT_S = 900
+START_WAIT_S = 600.0  # for the holder job to start (a powered-down peer may have to boot)
+LEAVE_WAIT_S = 120.0  # for the cancelled holder job to leave its nodes before the reservation goes
+RUNNER_RESPAWNS = 3  # a runner that died is started again this often while the job runs
+OUTPUT_MAX = 256 * 1024  # characters kept of one tool's stdout (a result must fit in Firestore)
+ACTIVE_JOB_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING"})
+# Node flags that leave a node usable: cloud nodes that are up, a job on it finishing.
+_IDLE_FLAGS = frozenset({"CLOUD"})
+_OWN_FLAGS = frozenset({"CLOUD", "COMPLETING"})
+_OWN_BASES = frozenset({"ALLOCATED", "MIXED", "IDLE", "COMPLETING"})
+# States of a job that holds its nodes: they free up when it is requeued.
+_HOLDING_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"})
 
 RUN_TIMEOUT_S = 60.0  # one scontrol/squeue/scancel call
+REQUEUE_SETTLE_S = 15.0  # how long a requeue waits for the old run to finish completing
 # The longest mutating command runs three subprocesses (drain: show, update; requeue: requeue,
 # update); the claim outlasts them with room to spare, so a live agent is never overtaken.
 # (jobs_on_node runs one `scontrol show job` per job on the node and may take longer with many jobs,
-# but it only reads: a second delivery running it alongside changes nothing.)
+# but it only reads: a second delivery running it alongside changes nothing. start_check runs more
+# calls, each taken once and recorded in the check's state under a lock of its own, so a delivery
+# that took a slow start over continues it instead of doing it twice.)
 CLAIM_S = 4 * RUN_TIMEOUT_S
 PUBLISH_TIMEOUT_S = 30.0  # one result message; past it the command's delivery is nacked and redelivered
 # Ledger rows are kept a week: long past any command's deadline (COMMAND_DEADLINE_S), so a copy
@@ -147,6 +223,10 @@ class SlurmOutputError(RuntimeError):
     """Slurm answered something this agent does not understand; never guessed at."""
 
 
+class CheckNotReadyError(RuntimeError):
+    """The node cannot take a check yet (not responding, still running jobs): a retry may."""
+
+
 def _need(args: Mapping[str, Any], key: str, pattern: re.Pattern[str]) -> str:
     v = args.get(key)
     if not isinstance(v, str) or pattern.fullmatch(v) is None:
@@ -189,6 +269,8 @@ def is_transient(exc: BaseException) -> bool:
         return False  # scontrol missing or not allowed: a broken installation, not a hiccup
     if isinstance(exc, OSError):
         return True  # fork/pipe trouble (EAGAIN, ENOMEM): the host is busy
+    if isinstance(exc, CheckNotReadyError):
+        return True
     if isinstance(exc, RuntimeError) and not isinstance(exc, SlurmOutputError):
         text = str(exc).lower()
         return any(m in text for m in TRANSIENT_MARKERS)
@@ -227,6 +309,21 @@ class NodeInfo:
     def out_of_service(self) -> bool:
         return self.drained or self.base == "DOWN"
 
+    @property
+    def marked(self) -> bool:
+        """Slurm marks a state word when the node is not responding (*), powered down (~), ..."""
+        return any(w[-1:] in _SUFFIXES for w in self.state.split("+") if w)
+
+    @property
+    def free_idle(self) -> bool:
+        """Idle, responding and in service: a job could start on it now (reservations aside)."""
+        return self.base == "IDLE" and not self.marked and self.flags <= _IDLE_FLAGS
+
+    @property
+    def usable_own(self) -> bool:
+        """A node of a running job that returns to service when the job is requeued."""
+        return self.base in _OWN_BASES and not self.marked and self.flags <= _OWN_FLAGS
+
 
 def parse_node(text: str, node: str) -> NodeInfo:
     """One node from ``scontrol show node -o NODE``, parsed strictly: anything unexpected raises."""
@@ -244,15 +341,135 @@ def parse_node(text: str, node: str) -> NodeInfo:
     return NodeInfo(node, states[0], reason)
 
 
+def parse_nodes(text: str) -> dict[str, tuple[NodeInfo, tuple[str, ...]]]:
+    """Every node from ``scontrol show node -o``: name -> (state, partitions). Strict per line."""
+    out: dict[str, tuple[NodeInfo, tuple[str, ...]]] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        m = re.match(r"NodeName=(\S+) ", line)
+        if m is None or NODE.fullmatch(m.group(1)) is None:
+            raise SlurmOutputError(f"unexpected scontrol show node line: {line[:200]!r}")
+        parts = _kv(line.partition(" Reason=")[0]).get("Partitions", "")
+        names = tuple(p for p in parts.split(",") if p and PARTITION.fullmatch(p))
+        out[m.group(1)] = (parse_node(line, m.group(1)), names)
+    return out
+
+
+@dataclass(frozen=True)
+class Reservation:
+    name: str
+    state: str  # ACTIVE or INACTIVE
+    nodes: str  # Slurm's host list, "(null)" when it reserves no nodes
+    users: str
+    flags: str
+
+
+def parse_reservations(text: str) -> dict[str, Reservation]:
+    """``scontrol show reservation -o``: name -> reservation ("No reservations in the system": none)."""
+    out: dict[str, Reservation] = {}
+    for line in text.splitlines():
+        if not line.startswith("ReservationName="):
+            continue
+        kv = _kv(line)
+        r = Reservation(
+            kv["ReservationName"],
+            kv.get("State", ""),
+            kv.get("Nodes", ""),
+            kv.get("Users", ""),
+            kv.get("Flags", ""),
+        )
+        out[r.name] = r
+    return out
+
+
+@dataclass(frozen=True)
+class CheckTools:
+    """How checks run: each tool a command prefix (the real names by default; locally the stand-ins
+    in pitstop.local.gpu_tools), srun's MPI plugin for the NCCL test (nccl-tests built with MPI
+    needs one, e.g. ``pmix``), the GRES name GPUs are scheduled as (``gpu``; none: whole nodes
+    through ``--exclusive``), and where checks keep their state and outputs."""
+
+    nvidia_smi: tuple[str, ...] = ("nvidia-smi",)
+    dcgmi: tuple[str, ...] = ("dcgmi",)
+    all_gather_perf: tuple[str, ...] = ("all_gather_perf",)
+    srun_mpi: str | None = None
+    gres: str | None = None
+    directory: str = DEFAULT_CHECK_DIR
+
+
+def check_steps(st: Mapping[str, Any]) -> list[tuple[str, list[str], float]]:
+    """The srun of each tool of a check: (output key, argv, timeout s), from its recorded state.
+
+    Each tool is a job step of the holder job (``--overlap`` shares the job's resources with its
+    sleeping batch step); its stdout comes back to the runner through srun.
+    """
+    tools, job, node = st["tools"], str(st["job"]), str(st["node"])
+    gres = [f"--gres={tools['gres']}:{int(st['gpus'])}"] if tools.get("gres") else []
+    base = ["srun", f"--jobid={job}", "--overlap", "--chdir=/tmp", "--quiet", *gres]
+    one = [*base, "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--"]
+    level = int(st["dcgm_level"])
+    dcgm = ("dcgm", [*one, *tools["dcgmi"], "diag", "-r", str(level), "-j"], float(DCGM_TIMEOUT_S[level]))
+    if st["kind"] == "diagnose":
+        return [
+            ("nvidia_smi_q", [*one, *tools["nvidia_smi"], "-q"], float(SMI_TIMEOUT_S)),
+            ("nvlink", [*one, *tools["nvidia_smi"], "nvlink", "--status"], float(SMI_TIMEOUT_S)),
+            dcgm,
+        ]
+    steps = [dcgm]
+    if st.get("peer"):
+        mpi = [f"--mpi={tools['srun_mpi']}"] if tools.get("srun_mpi") else []
+        both = [
+            *base,
+            *mpi,
+            "--nodes=2",
+            "--ntasks=2",
+            "--ntasks-per-node=1",
+            f"--nodelist={node},{st['peer']}",
+        ]
+        top = int(st["message_bytes"])  # the size judged (512 MiB on a3-highgpu-8g, 8 GiB on most)
+        gather = [*tools["all_gather_perf"], "-b", str(min(1 << 30, top)), "-e", str(top), "-f", "2"]
+        steps.append(("nccl", [*both, "--", *gather, "-g", str(int(st["gpus"]))], float(NCCL_TIMEOUT_S)))
+    return steps
+
+
+def check_minutes(kind: str, level: int) -> int:
+    """The holder job's time limit: every tool's timeout, the wait for it to start, and a margin."""
+    total = DCGM_TIMEOUT_S[level] + (2 * SMI_TIMEOUT_S if kind == "diagnose" else NCCL_TIMEOUT_S)
+    return math.ceil(total / 60) + 10
+
+
+def _agent_user() -> str:
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+def _step_env() -> dict[str, str]:
+    """The environment of srun/sbatch: the agent's, without a Slurm job's own variables (the agent
+    is no job) and without PITSTOP_NODE (which node a step runs on is Slurm's to say)."""
+    keep = {"SLURM_CONF", "SLURM_TIME_FORMAT"}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if (not k.startswith("SLURM_") or k in keep) and k != "PITSTOP_NODE"
+    }
+
+
 class SlurmCommands:
     """The closed set of operations, each a fixed argv with validated arguments."""
 
-    def __init__(self, run: Callable[[list[str]], str] | None = None, release_requeued: bool = False) -> None:
+    def __init__(
+        self,
+        run: Callable[[list[str]], str] | None = None,
+        release_requeued: bool = False,
+        checks: CheckTools | None = None,
+    ) -> None:
         self._run = run or self._subprocess
         self.release_requeued = release_requeued
+        self.checks = checks or CheckTools()
         self._nodes: frozenset[str] = frozenset()
         self._nodes_at = -1e18
         self._nodes_lock = threading.Lock()
+        self._children: list[subprocess.Popen[bytes]] = []  # check runners, reaped as they exit
 
     def _member(self, args: Mapping[str, Any]) -> str:
         """A node argument this agent may act on: a valid name Slurm lists as one of its nodes.
@@ -262,6 +479,8 @@ class SlurmCommands:
         (a node just added), at most every MEMBERS_REFRESH_S.
         """
         node = _need(args, "node", NODE)
+        if node.lower() == "all":  # NodeName=ALL and Nodes=ALL mean every node to scontrol
+            raise CommandRefusedError("argument node is missing or invalid")
         with self._nodes_lock:
             now = time.monotonic()
             stale = now - self._nodes_at > MEMBERS_TTL_S
@@ -396,9 +615,29 @@ class SlurmCommands:
                 raise
             # Already back in the queue (e.g. the other component of a heterogeneous job requeued it).
             return {"job": job, "requeued": target, "already_pending": True}
-        if self.release_requeued:  # a requeued job is otherwise held ~120 s (BeginTime)
-            self._run(["scontrol", "update", f"JobId={target}", "StartTime=now"])
-        return {"job": job, "requeued": target}
+        if not self.release_requeued:
+            return {"job": job, "requeued": target}
+        return {"job": job, "requeued": target, "released": self._release_hold(target)}
+
+    def _release_hold(self, target: str) -> bool:
+        """Lift the BeginTime hold Slurm puts on a requeued batch job (about 120 s), so the gang
+        starts again at once.
+
+        Slurm sets that hold when the requeued job leaves COMPLETING (its old run's steps ended on
+        every node), so lifting it earlier is undone: wait until the job is PENDING, then lift it.
+        Bounded: a job still completing after ``REQUEUE_SETTLE_S`` keeps Slurm's hold.
+        """
+        deadline = time.monotonic() + REQUEUE_SETTLE_S
+        while time.monotonic() < deadline:
+            kv = self._show_job(target)
+            state = (kv or {}).get("JobState", "UNKNOWN")
+            if state == "PENDING":
+                self._run(["scontrol", "update", f"JobId={target}", "StartTime=now"])
+                return True
+            if state not in ("COMPLETING", "RUNNING", "CONFIGURING", "REQUEUED"):
+                return False  # started already, or gone
+            time.sleep(0.25)
+        return False
 
     def signal(self, args: Mapping[str, Any]) -> dict[str, Any]:
         job = _need(args, "job", JOB)
@@ -425,6 +664,627 @@ class SlurmCommands:
     def node_state(self, args: Mapping[str, Any]) -> dict[str, Any]:
         info = self.node_info(self._member(args))
         return {"node": info.node, "state": info.state, "reason": info.reason}
+
+    # -- capacity: could the gang start again now without the fenced node? ---------------------
+
+    def _hostnames(self, lists: Sequence[str]) -> set[str]:
+        """Slurm host lists (``a3-node-[001-003]``) expanded by Slurm itself."""
+        wanted = [x for x in lists if x and x != "(null)"]
+        if not wanted:
+            return set()
+        names = self._run(["scontrol", "show", "hostnames", ",".join(wanted)]).split()
+        if any(NODE.fullmatch(n) is None for n in names):
+            raise SlurmOutputError(f"unexpected host names from scontrol show hostnames: {names[:5]}")
+        return set(names)
+
+    def _reservations(self) -> dict[str, Reservation]:
+        return parse_reservations(self._run(["scontrol", "show", "reservation", "-o"]))
+
+    def _reserved(self, reservations: Mapping[str, Reservation], but: str | None = None) -> set[str]:
+        """The nodes in an active reservation (other than ``but``)."""
+        return self._hostnames(
+            [r.nodes for r in reservations.values() if r.state == "ACTIVE" and r.name != but]
+        )
+
+    def capacity(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """Whether the job's gang could start again now without ``node``: ``enough``, ``need``
+        (its node count), ``free`` (what was counted) and ``why`` (one line saying so).
+
+        Counted, in each of the job's partitions (the best one answers): nodes that are idle,
+        responding, neither drained, down, failed nor in maintenance, and in no active
+        reservation (a job in a reservation counts only that reservation's nodes) nor in the
+        job's ExcNodeList, plus the job's own nodes that are healthy (they free up when it is
+        requeued), never the fenced node. A job Slurm does not know, one already pending, or one
+        pinned to the fenced node (ReqNodeList) cannot move now: ``enough`` is False and ``why``
+        says so. One that ended on the fault has freed its nodes, which count as idle.
+        """
+        job = _need(args, "job", JOB)
+        fenced = self._member(args)
+        kv = self._show_job(job)
+        if kv is None:
+            why = f"job {job} is not known to Slurm: nothing to requeue"
+            return {"job": job, "state": "UNKNOWN", "enough": False, "need": None, "free": None, "why": why}
+        state = kv.get("JobState", "UNKNOWN")
+        count = re.match(r"[0-9]+", kv.get("NumNodes", ""))
+        partitions = [p for p in kv.get("Partition", "").split(",") if p]
+        if count is None or not partitions:
+            raise SlurmOutputError(f"no NumNodes or Partition for job {job}")
+        need = int(count.group(0))
+        nodes = parse_nodes(self._run(["scontrol", "show", "node", "-o"]))
+        reservations = self._reservations()
+        resv = kv.get("Reservation") or None
+        reserved = self._reserved(reservations, but=resv)
+        allowed = self._hostnames([reservations[resv].nodes]) if resv in reservations else None
+        if resv is not None and allowed is None:
+            allowed = set()  # its reservation is gone: it can start nowhere
+        own = self._hostnames([kv.get("NodeList", "")]) if state in _HOLDING_STATES else set()
+        excluded = self._hostnames([kv.get("ExcNodeList", "")])
+        required = self._hostnames([kv.get("ReqNodeList", "")])
+        best: tuple[int, str, list[str], list[str]] | None = None
+        for part in partitions:
+            idle = sorted(
+                n
+                for n, (info, parts) in nodes.items()
+                if part in parts
+                and n != fenced
+                and n not in own
+                and info.free_idle
+                and n not in reserved
+                and n not in excluded
+                and (allowed is None or n in allowed)
+            )
+            mine = sorted(n for n in own if n != fenced and n in nodes and nodes[n][0].usable_own)
+            if best is None or len(idle) + len(mine) > best[0]:
+                best = (len(idle) + len(mine), part, idle, mine)
+        assert best is not None
+        free, part, idle, mine = best
+        where = f"partition {part}" + (f", reservation {resv}" if resv else "")
+        why = (
+            f"{len(idle)} idle healthy node{'' if len(idle) == 1 else 's'} in {where} + {len(mine)} of the"
+            f" job's own; needs {need}"
+        )
+        enough = free >= need
+        if state == "PENDING":
+            enough, why = False, f"job {job} is already pending, nothing to move ({why})"
+        elif fenced in required:
+            enough, why = False, f"job {job} requires the fenced node {fenced} (its node list is pinned)"
+        # A job that ended on the fault (FAILED, NODE_FAIL, ...) has freed its nodes: they count as
+        # idle above, and whether it is requeued at all is actuate's call (it knows the run).
+        return {
+            "job": job,
+            "state": state,
+            "enough": enough,
+            "need": need,
+            "free": free,
+            "partition": part,
+            "idle": idle[:64],
+            "own": mine[:64],
+            "why": why,
+        }
+
+    # -- checks on a fenced node (diagnose / validate): see the module docstring ----------------
+
+    def _check_spec(self, args: Mapping[str, Any], start: bool) -> dict[str, Any]:
+        """A check's arguments, each validated; the name must be the one its incident and kind make."""
+        unknown = sorted(str(k) for k in args if k not in CHECK_KEYS)
+        if unknown:
+            raise CommandRefusedError(f"unknown check arguments: {', '.join(unknown)[:120]}")
+        name = _need(args, "name", CHECK_NAME)
+        incident = _need(args, "incident", INCIDENT)
+        kind = args.get("kind")
+        m = CHECK_NAME.fullmatch(name)
+        if kind not in ("diagnose", "validate") or m is None or (m.group(1), m.group(3)) != (incident, kind):
+            raise CommandRefusedError("check name, incident and kind do not agree")
+        node = self._member(args)
+        spec: dict[str, Any] = {"node": node, "name": name, "incident": incident, "kind": kind}
+        if not start:
+            return spec
+        spec["dcgm_level"] = _int_arg(args, "dcgm_level", 1, 4)
+        spec["gpus"] = _int_arg(args, "gpus", 1, 16)
+        if kind == "validate":
+            spec["message_bytes"] = _int_arg(args, "message_bytes", 1 << 20, 64 << 30)
+            want_peer = args.get("peer", True)
+            if not isinstance(want_peer, bool):
+                raise CommandRefusedError("argument peer is missing or invalid")
+            spec["want_peer"] = want_peer
+        return spec
+
+    def _check_path(self, name: str) -> Path:
+        return Path(self.checks.directory) / name  # a CHECK_NAME: no separators, no dots
+
+    @contextlib.contextmanager
+    def _check_lock(self, name: str) -> Iterator[Path]:
+        """The check's directory, held exclusively (starts, results and the runner's finish take turns)."""
+        Path(self.checks.directory).mkdir(parents=True, exist_ok=True, mode=0o700)
+        d = self._check_path(name)
+        d.mkdir(exist_ok=True, mode=0o700)
+        fd = os.open(d / "state.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield d
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _load(d: Path) -> dict[str, Any] | None:
+        try:
+            st: dict[str, Any] = json.loads((d / "state.json").read_text())
+        except FileNotFoundError:
+            return None
+        return st
+
+    @staticmethod
+    def _save(d: Path, st: Mapping[str, Any]) -> None:
+        tmp = d / "state.json.tmp"
+        tmp.write_text(json.dumps(st, indent=1))
+        os.replace(tmp, d / "state.json")
+
+    def start_check(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """Start a diagnostic or validation on the fenced node, once per check name; returns at once.
+
+        ``{"started": name, "peer": str | None, "note": str, "job": id}``. A start delivered again
+        answers what the first one started. The node must carry Pitstop's drain for this
+        incident (someone else's drain is left alone: refused), respond, and run no job
+        (else a retryable "not ready").
+        """
+        spec = self._check_spec(args, start=True)
+        node, name = spec["node"], spec["name"]
+        with self._check_lock(name) as d:
+            st = self._load(d)
+            if st is not None and st.get("node") != node:
+                raise CommandRefusedError(f"check {name} runs on {st.get('node')}, not {node}")
+            if st is not None and st.get("started"):
+                return dict(st["started"])
+            if st is None or st.get("undone"):
+                st = self._new_check(spec)
+                self._save(d, st)
+            try:
+                self._begin(d, st)
+            except Exception as exc:
+                self._undo_start(d, st, exc)
+                raise
+            return dict(st["started"])
+
+    def _new_check(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        node, incident = spec["node"], spec["incident"]
+        nodes = parse_nodes(self._run(["scontrol", "show", "node", "-o"]))
+        if node not in nodes:
+            raise SlurmOutputError(f"scontrol show node does not list {node}")
+        info, partitions = nodes[node]
+        if "DRAIN" not in info.flags or not info.reason.startswith(f"{DRAIN_REASON_PREFIX}{incident} "):
+            raise CommandRefusedError(
+                f"node {node} is not fenced by Pitstop for {incident} (state {info.state}, reason"
+                f" {info.reason[:80]!r}): a check runs only on a node Pitstop drained"
+            )
+        if info.marked or "NOT_RESPONDING" in info.flags or info.base in ("DOWN", "FAIL"):
+            raise CheckNotReadyError(
+                f"node {node} is {info.state}, not responding: try again once it is back"
+            )
+        if info.base != "IDLE" or info.flags - {"DRAIN", "CLOUD", "RESERVED", "MAINTENANCE"}:
+            raise CheckNotReadyError(f"node {node} is {info.state}: a check needs it idle; try again")
+        if not partitions:
+            raise CommandRefusedError(f"node {node} is in no partition: no job can run on it")
+        user = _agent_user()
+        if USER.fullmatch(user) is None:
+            raise CommandRefusedError("the agent's user name is not one a reservation can name")
+        tools = self.checks
+        return {
+            **spec,
+            "reason": info.reason,  # the drain put back afterwards, exactly
+            "partitions": list(partitions),
+            "partition": partitions[0],
+            "peer": None,
+            "note": ""
+            if spec.get("want_peer", True)
+            else "no peer asked for: validated without the NCCL test",
+            "user": user,
+            "job": None,
+            "tools": {
+                "nvidia_smi": list(tools.nvidia_smi),
+                "dcgmi": list(tools.dcgmi),
+                "all_gather_perf": list(tools.all_gather_perf),
+                "srun_mpi": tools.srun_mpi,
+                "gres": tools.gres,
+            },
+            "minutes": check_minutes(spec["kind"], spec["dcgm_level"]),
+            "started": None,
+            "finished": False,
+            "respawns": 0,
+            "created_at": time.time(),
+        }
+
+    def _begin(self, d: Path, st: dict[str, Any]) -> None:
+        """The start's steps, each skipped when an earlier attempt already took it."""
+        node, name = st["node"], st["name"]
+        self._reserve(d, st)  # first: once resumed, the reservation is the node's only fence
+        info = self.node_info(node)
+        if info.drained:
+            if info.reason != st["reason"]:
+                raise CommandRefusedError(
+                    f"node {node} was drained meanwhile by someone else ({info.reason[:80]!r}): no check"
+                )
+            self._run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+        if st["job"] is None:
+            st["job"] = self._find_job(name, st["user"]) or self._submit(st)
+            self._save(d, st)
+        self._reap()
+        if not self._runner_alive(d):
+            self._spawn_runner(d)
+        st["started"] = {"started": name, "peer": st["peer"], "note": st["note"], "job": st["job"]}
+        self._save(d, st)
+        log.emit("INFO", "slurm agent: check started", check=name, node=node, peer=st["peer"], job=st["job"])
+
+    def _peers(self, st: Mapping[str, Any]) -> tuple[str, list[str]]:
+        """A partition of the node with idle healthy unreserved peers, and those peers (fresh)."""
+        nodes = parse_nodes(self._run(["scontrol", "show", "node", "-o"]))
+        reserved = self._reserved(self._reservations())
+        for part in st["partitions"]:
+            found = sorted(
+                n
+                for n, (info, parts) in nodes.items()
+                if part in parts
+                and n != st["node"]
+                and info.free_idle
+                and n not in reserved
+                and n.lower() != "all"
+            )
+            if found:
+                return part, found
+        return st["partitions"][0], []
+
+    def _reserve(self, d: Path, st: dict[str, Any]) -> None:
+        """The check's reservation: the node (and for validate one idle peer), for the agent's user."""
+        name, node = st["name"], st["node"]
+        existing = self._reservations().get(name)
+        if existing is not None:
+            want = {node} | ({st["peer"]} if st["peer"] else set())
+            if self._hostnames([existing.nodes]) != want:
+                raise SlurmOutputError(f"reservation {name} holds {existing.nodes}, not {sorted(want)}")
+            self._save(d, st)
+            return
+        candidates: list[str] = []
+        if st["kind"] == "validate" and st.get("want_peer", True):
+            st["partition"], candidates = self._peers(st)
+            if not candidates:
+                st["note"] = f"no idle unreserved peer in partition {st['partition']}: no NCCL test"
+        for peer in [*candidates[:4], None]:
+            nodes = node if peer is None else f"{node},{peer}"
+            st["peer"] = peer
+            try:
+                self._run(
+                    [
+                        "scontrol",
+                        "create",
+                        "reservation",
+                        f"ReservationName={name}",
+                        f"Users={st['user']}",
+                        f"Nodes={nodes}",
+                        "StartTime=now",
+                        "Duration=UNLIMITED",
+                        "Flags=MAINT",
+                    ]
+                )
+            except RuntimeError as exc:
+                if peer is not None and "nodes are busy" in str(exc).lower():
+                    continue  # the peer took a job since it was picked: the next one
+                if "duplicate reservation name" in str(exc).lower():
+                    return self._reserve(d, st)  # an answer lost on its way: made after all
+                raise
+            if peer is None and candidates:
+                st["note"] = f"every idle peer in partition {st['partition']} got busy: no NCCL test"
+            self._save(d, st)
+            return
+
+    def _find_job(self, name: str, user: str) -> str | None:
+        """The check's holder job if an earlier attempt submitted it (found by name)."""
+        out = self._run(["squeue", "-h", "-n", name, "-u", user, "-o", "%i|%T"])
+        for line in out.splitlines():
+            job, _, state = line.partition("|")
+            if JOB.fullmatch(job) and state in ACTIVE_JOB_STATES:
+                return job
+        return None
+
+    def _submit(self, st: Mapping[str, Any]) -> str:
+        """The holder job: pinned to the node (and peer) through the reservation; it only sleeps."""
+        peer, minutes = st["peer"], int(st["minutes"])
+        gres = [f"--gres={st['tools']['gres']}:{int(st['gpus'])}"] if st["tools"].get("gres") else []
+        out = self._run(
+            [
+                "sbatch",
+                "--parsable",
+                f"--job-name={st['name']}",
+                f"--reservation={st['name']}",
+                f"--partition={st['partition']}",
+                f"--nodelist={st['node']}" + (f",{peer}" if peer else ""),
+                f"--nodes={2 if peer else 1}",
+                "--ntasks-per-node=1",
+                "--exclusive",
+                "--no-requeue",
+                f"--time={minutes}",
+                "--output=/dev/null",
+                "--error=/dev/null",
+                "--chdir=/tmp",
+                *gres,
+                "--wrap",
+                f"sleep {minutes * 60}",
+            ]
+        )
+        job = out.strip().split(";", 1)[0]
+        if JOB.fullmatch(job) is None:
+            raise SlurmOutputError(f"unexpected sbatch answer {out[:100]!r}")
+        return job
+
+    def _reap(self) -> None:
+        self._children = [p for p in self._children if p.poll() is None]
+
+    @staticmethod
+    def _runner_alive(d: Path) -> bool:
+        """Whether a runner holds the check's runner lock (it holds it for as long as it lives)."""
+        fd = os.open(d / "runner.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        finally:
+            os.close(fd)
+
+    def _spawn_runner(self, d: Path) -> None:
+        """Start the runner in a session of its own, handing it the runner lock already taken, so
+        there is no moment at which a started check has no runner to be seen."""
+        fd = os.open(d / "runner.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with open(d / "runner.log", "ab") as out:
+                argv = [
+                    sys.executable,
+                    "-m",
+                    "pitstop.agent.slurm",
+                    "--run-check",
+                    str(d),
+                    "--lock-fd",
+                    str(fd),
+                ]
+                proc = subprocess.Popen(  # a fixed argv; the directory is a check name
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(fd,),
+                    start_new_session=True,
+                )
+            self._children.append(proc)
+        finally:
+            os.close(fd)  # the runner keeps the lock through its inherited descriptor
+
+    def _undo_start(self, d: Path, st: dict[str, Any], exc: BaseException) -> None:
+        """A start that failed midway is taken back (the fence restored, the reservation gone) and
+        forgotten, so a retry starts afresh; if that fails too, the next try continues from the record."""
+        try:
+            if self._finish(d, st, wait_s=30.0):
+                self._save(d, {"name": st["name"], "node": st["node"], "undone": str(exc)[:300]})
+        except Exception as undo:
+            log.emit(
+                "WARNING",
+                "slurm agent: a failed check start could not be taken back yet",
+                check=st["name"],
+                error=str(undo)[:300],
+            )
+
+    def _job_gone(self, job: str | None, wait_s: float) -> bool:
+        """Whether the job has left its nodes, waiting up to ``wait_s``."""
+        if job is None:
+            return True
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                states = self._run(["squeue", "-h", "-j", job, "-o", "%T"]).split()
+            except RuntimeError as exc:
+                if "Invalid job id" in str(exc):
+                    return True
+                raise
+            if not set(states) & ACTIVE_JOB_STATES:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
+
+    def _finish(self, d: Path, st: dict[str, Any], wait_s: float) -> bool:
+        """Put the node back as it was: drained with its reason first, then the job cancelled, then
+        (once the job has left) the reservation deleted. True when all of it is done. Idempotent."""
+        if st.get("finished"):
+            return True
+        node, name = st["node"], st["name"]
+        job = st.get("job") or self._find_job(name, st["user"])  # submitted, its answer lost
+        info = self.node_info(node)
+        if not info.drained:
+            self._run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={st['reason']}"])
+            info = self.node_info(node)
+            if not info.drained:
+                raise SlurmOutputError(f"node {node} is {info.state} after the drain")
+        elif info.reason != st["reason"] and "restored" not in st:
+            st["note"] = f"{st['note']}; " if st["note"] else ""
+            st["note"] += f"node drained meanwhile by someone else ({info.reason[:80]}): left so"
+        st["restored"] = {"state": info.state, "reason": info.reason}
+        if job is not None:
+            self._run(["scancel", job])  # a job that already ended: nothing to do, exit 0
+        self._save(d, st)
+        if not self._job_gone(job, wait_s):
+            return False
+        try:
+            self._run(["scontrol", "delete", f"ReservationName={name}"])
+        except RuntimeError as exc:
+            if "in use" in str(exc):
+                return False  # the job is still leaving: next time
+            if "reservation is invalid" not in str(exc):
+                raise
+        info = self.node_info(node)  # as the check leaves it
+        if not info.drained:
+            raise SlurmOutputError(f"node {node} is {info.state} after the check; expected it drained")
+        st["restored"] = {"state": info.state, "reason": info.reason}
+        st["finished"], st["finished_at"] = True, time.time()
+        self._save(d, st)
+        log.emit(
+            "INFO", "slurm agent: check finished; node fenced again", check=name, node=node, state=info.state
+        )
+        return True
+
+    def check_result(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """The check's state now (a fresh probe): ``done`` only once the tools ran (or could not)
+        and the node is fenced again as before; then ``outputs`` (each tool's stdout), ``peer``,
+        ``note``, ``error`` (None, or why a tool or the run failed) and ``exit_codes``."""
+        spec = self._check_spec(args, start=False)
+        node, name = spec["node"], spec["name"]
+        if not (self._check_path(name) / "state.json").exists():
+            raise CommandRefusedError(f"no check {name} was started")
+        with self._check_lock(name) as d:
+            st = self._load(d)
+            if st is None or st.get("node") != node:
+                raise CommandRefusedError(f"no check {name} was started on {node}")
+            if st.get("undone"):
+                raise CommandRefusedError(f"check {name} did not start: {st['undone']}")
+            if st.get("finished"):
+                return self._answer(d, st)
+            if not st.get("started"):
+                return self._pending(st, "the check is still being started")
+            self._reap()
+            if self._runner_alive(d):
+                return self._pending(st, "running")
+            if not (d / "result.json").exists():
+                if st["respawns"] < RUNNER_RESPAWNS and not self._job_gone(st["job"], 0.0):
+                    st["respawns"] += 1
+                    self._save(d, st)
+                    self._spawn_runner(d)
+                    log.emit("WARNING", "slurm agent: check runner had stopped; started again", check=name)
+                    return self._pending(st, "runner started again")
+                _write_json(
+                    d / "result.json",
+                    {
+                        "keys": [],
+                        "exit_codes": {},
+                        "error": "the check's runner stopped before the tools finished",
+                    },
+                )
+            if self._finish(d, st, wait_s=3.0):
+                return self._answer(d, st)
+            return self._pending(st, "fencing the node again")
+
+    @staticmethod
+    def _pending(st: Mapping[str, Any], phase: str) -> dict[str, Any]:
+        return {
+            "done": False,
+            "name": st["name"],
+            "node": st["node"],
+            "peer": st.get("peer"),
+            "note": st.get("note", ""),
+            "job": st.get("job"),
+            "phase": phase,
+            "outputs": {},
+            "error": None,
+        }
+
+    @staticmethod
+    def _answer(d: Path, st: Mapping[str, Any]) -> dict[str, Any]:
+        res = json.loads((d / "result.json").read_text())
+        outputs, stderr = {}, {}
+        for key in res.get("keys", []):
+            out, err = d / f"{key}.out", d / f"{key}.err"
+            if out.exists():
+                outputs[key] = out.read_text(errors="replace")[:OUTPUT_MAX]
+            if err.exists() and err.stat().st_size:
+                stderr[key] = err.read_text(errors="replace")[-1000:]
+        return {
+            "done": True,
+            "name": st["name"],
+            "node": st["node"],
+            "peer": st.get("peer"),
+            "note": st.get("note", ""),
+            "job": st.get("job"),
+            "outputs": outputs,
+            "exit_codes": res.get("exit_codes", {}),
+            "stderr": stderr,
+            "error": res.get("error"),
+            "restored": st.get("restored"),
+        }
+
+    # -- the runner (``--run-check DIR``): the tools as job steps, then the fence back ------------
+
+    def _wait_running(self, job: str, wait_s: float) -> str:
+        """The holder job's state once it runs (or has ended, or ``wait_s`` passed)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                state = self._run(["squeue", "-h", "-j", job, "-o", "%T"]).strip()
+            except RuntimeError as exc:
+                if "Invalid job id" not in str(exc):
+                    raise
+                state = ""
+            if state not in ("PENDING", "CONFIGURING") or time.monotonic() >= deadline:
+                return state
+            time.sleep(1.0)
+
+    def run_check(self, d: Path) -> int:
+        """Run the check recorded in ``d`` (called in the runner process, holding the runner lock)."""
+        st = self._load(d)
+        if st is None or not st.get("job") or st.get("finished"):
+            return 0
+        job = str(st["job"])
+        codes: dict[str, int] = {}
+        errors: list[str] = []
+        keys: list[str] = []
+        state = self._wait_running(job, START_WAIT_S)
+        if state != "RUNNING":
+            errors.append(f"the check job {job} did not run ({state or 'gone'})")
+        else:
+            for key, argv, timeout in check_steps(st):
+                rc, out, err = _srun(argv, timeout)
+                (d / f"{key}.out").write_text(out)
+                (d / f"{key}.err").write_text(err[-4000:])
+                codes[key], keys = rc, [*keys, key]
+                if rc != 0 and not out.strip():
+                    errors.append(f"{key}: exited {rc} without output: {err.strip()[-200:]}")
+        _write_json(
+            d / "result.json", {"keys": keys, "exit_codes": codes, "error": "; ".join(errors) or None}
+        )
+        for _ in range(10):
+            with self._check_lock(d.name):
+                st = self._load(d) or st
+                if self._finish(d, st, wait_s=0.0):
+                    return 0
+            self._job_gone(job, LEAVE_WAIT_S)
+        return 1
+
+
+def _int_arg(args: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
+    v = args.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise CommandRefusedError(f"argument {key} is missing or invalid")
+    return v
+
+
+def _write_json(path: Path, doc: Mapping[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)
+
+
+def _srun(argv: list[str], timeout: float) -> tuple[int, str, str]:
+    """One tool as a job step: (exit code, stdout, stderr); 124 when it ran out of time."""
+
+    def text(v: str | bytes | None) -> str:
+        return v.decode(errors="replace") if isinstance(v, bytes) else (v or "")
+
+    try:
+        proc = subprocess.run(  # argv built by check_steps from validated parts
+            argv, capture_output=True, text=True, timeout=timeout, check=False, env=_step_env()
+        )
+    except subprocess.TimeoutExpired as exc:
+        return 124, text(exc.stdout), text(exc.stderr) + f"\n(timed out after {timeout:.0f} s)"
+    except OSError as exc:
+        return 127, "", str(exc)
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 class Ledger:
@@ -792,12 +1652,61 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "start at once on healthy nodes (the faulty node is drained first)",
     )
     p.add_argument("--release-requeued", action="store_true", help=argparse.SUPPRESS)  # now the default
+    checks = p.add_argument_group("checks on a fenced node (diagnose, validate)")
+    checks.add_argument(
+        "--nvidia-smi", default="nvidia-smi", help="command prefix of nvidia-smi on the nodes"
+    )
+    checks.add_argument("--dcgmi", default="dcgmi", help="command prefix of dcgmi on the nodes")
+    checks.add_argument(
+        "--all-gather-perf", default="all_gather_perf", help="command prefix of nccl-tests' all_gather_perf"
+    )
+    checks.add_argument("--srun-mpi", default=None, help="srun --mpi plugin for the NCCL test (e.g. pmix)")
+    checks.add_argument(
+        "--check-gres", default=None, help="GRES name of GPUs (e.g. gpu): checks ask --gres=NAME:<gpus>"
+    )
+    checks.add_argument("--check-dir", default=DEFAULT_CHECK_DIR, help="checks' state and tool outputs")
     return p.parse_args(argv)
+
+
+def _prefix(flag: str, value: str) -> tuple[str, ...]:
+    argv = tuple(shlex.split(value))
+    if not argv:
+        raise SystemExit(f"pitstop-slurm-agent: {flag} must name a command")
+    return argv
 
 
 def commands_for(args: argparse.Namespace) -> SlurmCommands:
     """The job should run again within a minute: Slurm's requeue hold is lifted unless asked not to."""
-    return SlurmCommands(release_requeued=not args.keep_requeue_hold)
+    for flag, value in (("--srun-mpi", args.srun_mpi), ("--check-gres", args.check_gres)):
+        if value is not None and re.fullmatch(r"[a-z0-9_]{1,32}", value) is None:
+            raise SystemExit(f"pitstop-slurm-agent: {flag} must be a plain name")
+    tools = CheckTools(
+        nvidia_smi=_prefix("--nvidia-smi", args.nvidia_smi),
+        dcgmi=_prefix("--dcgmi", args.dcgmi),
+        all_gather_perf=_prefix("--all-gather-perf", args.all_gather_perf),
+        srun_mpi=args.srun_mpi,
+        gres=args.check_gres,
+        directory=args.check_dir,
+    )
+    return SlurmCommands(release_requeued=not args.keep_requeue_hold, checks=tools)
+
+
+def run_check_main(argv: Sequence[str]) -> int:
+    """``--run-check DIR --lock-fd N``: the runner of one check (spawned by the agent, which hands
+    it the check's runner lock as descriptor N; it holds it until it exits)."""
+    p = argparse.ArgumentParser(prog="pitstop-slurm-agent --run-check")
+    p.add_argument("directory")
+    p.add_argument("--lock-fd", type=int, default=None)
+    args = p.parse_args(argv)
+    d = Path(args.directory)
+    if CHECK_NAME.fullmatch(d.name) is None:
+        raise SystemExit("not a check directory")
+    cmds = SlurmCommands(checks=CheckTools(directory=str(d.parent)))
+    try:
+        return cmds.run_check(d)
+    except Exception as exc:  # check_result finishes what the runner could not
+        log.emit("ERROR", "slurm agent: check runner failed", check=d.name, error=str(exc)[:300])
+        return 1
 
 
 def results_topic(args: argparse.Namespace) -> str:
@@ -807,7 +1716,10 @@ def results_topic(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["--run-check"]:
+        return run_check_main(given[1:])
+    args = parse_args(given)
     agent = Agent(commands_for(args), Ledger(args.ledger), ResultsTopic(results_topic(args)))
     stop = threading.Event()
     import signal as sig

@@ -44,9 +44,12 @@ TIMELINE_KEYS = (
     "detected",
     "classified",
     "fenced",
+    "job_requeued",  # the gang's requeue asked for: early (right after the fence) or once the node is back
+    "job_running",  # the gang observed running again (a new run of each job)
+    "diagnosed",
     "acted",
     "healthy",
-    "job_resumed",
+    "validated",
     "notified",
     "resolved",
     "closed",
@@ -688,9 +691,10 @@ def step_up(
         return Outcome("ignored", incident=inc)  # an ended, failed or held incident is not stepped up
     inc, node_doc = copy.deepcopy(inc), copy.deepcopy(node_doc)
     out = Outcome("raised", incident=inc, node=node_doc)
-    why = ["a stronger fault arrived during remediation"]
+    why = list(inc.get("escalate_why") or ["a stronger fault arrived during remediation"])
     inc["escalations"].append({"from": inc["action"], "to": action, "at": now, "why": why})
     inc["action"], inc["escalate_to"], inc["state"] = action, None, State.OPEN
+    inc.pop("escalate_why", None)
     _decide_start(inc, node_doc, budgets, policy, _cluster_size(policy, inc["node"]), now, out)
     inc["updated_at"] = now
     return out

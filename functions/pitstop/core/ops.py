@@ -23,6 +23,14 @@ class Op(StrEnum):
     ACT = "act"
     OPERATION = "operation"
     VERIFY = "verify"
+    RESCHEDULE_EARLY = "reschedule_early"
+    DIAGNOSE = "diagnose"
+    DIAGNOSIS = "diagnosis"
+    JUDGE_DIAGNOSIS = "judge_diagnosis"
+    VALIDATE = "validate"
+    VALIDATION = "validation"
+    JUDGE_VALIDATION = "judge_validation"
+    RESUMED = "resumed"
     ESCALATE = "escalate"
     UNFENCE = "unfence"
     RESCHEDULE = "reschedule"
@@ -32,10 +40,25 @@ class Op(StrEnum):
 
 # Effects: recorded under the incident and replayed when called again, so a retry acts once.
 MUTATING_OPS = frozenset(
-    {Op.FENCE, Op.CHECKPOINT, Op.ACT, Op.ESCALATE, Op.UNFENCE, Op.RESCHEDULE, Op.CLOSE, Op.FAIL}
+    {
+        Op.FENCE,
+        Op.CHECKPOINT,
+        Op.RESCHEDULE_EARLY,
+        Op.DIAGNOSE,
+        Op.JUDGE_DIAGNOSIS,
+        Op.ACT,
+        Op.VALIDATE,
+        Op.JUDGE_VALIDATION,
+        Op.ESCALATE,
+        Op.UNFENCE,
+        Op.RESCHEDULE,
+        Op.CLOSE,
+        Op.FAIL,
+    }
 )
-# Read-only probes the workflow polls; recording them would replay a stale answer.
-PROBE_OPS = frozenset({Op.JOBS_DONE, Op.OPERATION, Op.VERIFY})
+# Probes the workflow polls; recording them would replay a stale answer. They change nothing but
+# timeline stamps of what they observe (healthy, job_running).
+PROBE_OPS = frozenset({Op.JOBS_DONE, Op.OPERATION, Op.VERIFY, Op.DIAGNOSIS, Op.VALIDATION, Op.RESUMED})
 # What escalate answers when no stronger action takes over: the step goes on to unfence.
 CONTINUE = "continue"
 

@@ -109,6 +109,19 @@ class Policy:
         trust = self.doc.get("trust")
         return str(trust.get("text_syslog", "record")) if isinstance(trust, Mapping) else "record"
 
+    def reschedule(self, cluster: Cluster | None) -> str:
+        """``early`` or ``after_repair``: the cluster's own choice, else the policy's."""
+        own = cluster.raw.get("reschedule") if cluster else None
+        return str(own or self.doc["resume"]["reschedule"])
+
+    @property
+    def diagnose(self) -> Mapping[str, Any]:
+        return dict(self.doc["diagnose"])
+
+    @property
+    def validation(self) -> Mapping[str, Any]:
+        return dict(self.doc["validation"])
+
 
 def from_doc(user: Mapping[str, Any] | None, where: str = "policy") -> Policy:
     defaults = resources.load_yaml(resources.schema_dir() / "policy.defaults.yaml", "policy.schema.json")

@@ -1,4 +1,4 @@
-"""Reading an incident's timeline: MTTD, time to isolate, MTTR, time to job resumed."""
+"""Reading an incident's timeline: MTTD, time to isolate, MTTR, time until the job runs again."""
 
 from __future__ import annotations
 
@@ -24,6 +24,23 @@ def durations(inc: Mapping[str, Any]) -> dict[str, float | None]:
         for k in TIMELINE_KEYS
         if k != "detected"
     }
+
+
+def resume_s(inc: Mapping[str, Any]) -> float | None:
+    """Detected → the gang observed running again: how long the job stood still."""
+    tl = inc.get("timeline") or {}
+    if tl.get("detected") is None or tl.get("job_running") is None:
+        return None
+    return round(float(tl["job_running"]) - float(tl["detected"]), 3)
+
+
+def repair_s(inc: Mapping[str, Any]) -> float | None:
+    """Acted → the node healthy (validated, where a validation ran): how long the node was away."""
+    tl = inc.get("timeline") or {}
+    end = tl.get("validated") or tl.get("healthy")
+    if tl.get("acted") is None or end is None:
+        return None
+    return round(float(end) - float(tl["acted"]), 3)
 
 
 def render(inc: Mapping[str, Any]) -> list[str]:

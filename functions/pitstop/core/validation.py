@@ -380,7 +380,7 @@ class Validation:
         }
 
 
-def _dcgm_gate(dcgm: DcgmResult) -> Validation | None:
+def dcgm_gate(dcgm: DcgmResult) -> Validation | None:
     """A DCGM result that already decides the validation, or None when it passed."""
     names = tuple(f"{t.name} (GPU {','.join(map(str, t.gpus)) or '?'})" for t in dcgm.failing)
     if dcgm.verdict == "error":
@@ -421,7 +421,7 @@ def validate(
             + ": cannot judge the node, so it stays fenced"
         )
         return Validation(False, "no_expectation", why, dcgm_verdict=dcgm.verdict)
-    if gate := _dcgm_gate(dcgm):
+    if gate := dcgm_gate(dcgm):
         return gate
     return _judge_busbw(machine_type, exp, fraction, nccl, dcgm.verdict)
 
@@ -491,6 +491,7 @@ __all__ = [
     "NcclRow",
     "Validation",
     "ValidationTable",
+    "dcgm_gate",
     "default_validation_table",
     "load_validation_table",
     "next_action",

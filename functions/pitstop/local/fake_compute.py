@@ -27,6 +27,14 @@ Faults: ``/_admin/faults`` arms an error for the next N mutating requests (optio
 on one VM, or of one method), answered with the body Compute gives for that status
 (``DEFAULT_ERRORS``, or a named reason); ``pitstop local chaos compute-error`` arms them.
 
+GPU outcomes: ``/_admin/gpu_state`` marks the physical host an instance runs on now with a GPU
+state (the keys of pitstop.local.gpu_tools.state.NodeState, or a preset such as ``"degraded"``:
+busbw 120 GB/s; ``null`` clears it). The fake keeps a JSON file (``gpu_state_path``, by default
+the path in env ``PITSTOP_GPU_STATE``) mapping each instance name to the state of the host it
+runs on, rewritten whenever that changes, and the GPU stand-ins read it. A state belongs to the
+host, not the VM: a reset keeps the host and so the state; a reportHostAsFaulty or a MIG recreate
+moves the VM to a new host, and the node is healthy again.
+
 State advances lazily from a scaled clock on every request: no background threads.
 """
 
@@ -36,6 +44,7 @@ import datetime as dt
 import hashlib
 import itertools
 import json
+import os
 import random
 import re
 import threading
@@ -47,6 +56,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
+from pitstop.local.gpu_tools.state import StateError, check_entry
 from pitstop.local.json_http import serve_json
 
 BASE = "https://www.googleapis.com/compute/v1"
@@ -278,8 +288,17 @@ DEFAULT_ERRORS: dict[int, tuple[str, str, str]] = {
 
 
 class FakeCompute:
-    def __init__(self, time_scale: float = 1.0, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        time_scale: float = 1.0,
+        clock: Callable[[], float] = time.time,
+        gpu_state_path: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.scale, self.clock = time_scale, clock
+        path = gpu_state_path if gpu_state_path is not None else os.environ.get("PITSTOP_GPU_STATE")
+        self.gpu_state_path = str(path) if path else None
+        self.host_gpu: dict[str, dict[str, Any]] = {}  # physical host -> its GPU state
+        self._gpu_written: dict[str, Any] | None = None
         self.instances: dict[str, Instance] = {}
         self.migs: dict[str, str] = {}  # "project/zone/name" -> base instance name
         self.ops: dict[str, Operation] = {}
@@ -288,6 +307,8 @@ class FakeCompute:
         self.request_ids: dict[tuple[str, str], SeenRequest] = {}  # (project, requestId) -> first use
         self.injected: list[Injected] = []
         self.lock = threading.RLock()
+        if self.gpu_state_path:
+            self._sync_gpu_state()  # a file left by an earlier run describes hosts that are gone
 
     # -- world setup ---------------------------------------------------------------
 
@@ -416,6 +437,48 @@ class FakeCompute:
         if fn == "recreate":
             return [str(ref).rsplit("/", 1)[-1] for ref in body.get("instances") or []]
         return [groups[2]]
+
+    # -- GPU outcomes per physical host ----------------------------------------------
+
+    def set_gpu_state(self, p: str, z: str, i: str, state: Any) -> dict[str, Any]:
+        """Mark the host the instance runs on now with a GPU state (None clears it)."""
+        inst = self._instance(p, z, i)
+        if state is None:
+            self.host_gpu.pop(inst.host, None)
+        else:
+            try:
+                self.host_gpu[inst.host] = check_entry(state)
+            except StateError as exc:
+                raise ApiError(400, "invalid", f"bad GPU state: {exc}") from exc
+        self._sync_gpu_state()
+        return {"instance": inst.name, "host": inst.host, "state": self.host_gpu.get(inst.host)}
+
+    def gpu_states(self) -> dict[str, dict[str, Any]]:
+        """Instance name -> the GPU state of the host it runs on now (instances on healthy hosts left out)."""
+        with self.lock:
+            if not self.host_gpu:
+                return {}
+            now = self.clock()
+            out: dict[str, dict[str, Any]] = {}
+            for inst in self.instances.values():
+                inst.advance(now)
+                if inst.host in self.host_gpu:
+                    out[inst.name] = dict(self.host_gpu[inst.host])
+            return out
+
+    def _sync_gpu_state(self) -> None:
+        """Rewrite the state file when what it should say changed (atomically: a stand-in reading
+        it never sees half a file)."""
+        if not self.gpu_state_path:
+            return
+        states = self.gpu_states()
+        if states == self._gpu_written:
+            return
+        tmp = f"{self.gpu_state_path}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(states, f, sort_keys=True)
+        os.replace(tmp, self.gpu_state_path)
+        self._gpu_written = states
 
     # -- API methods ---------------------------------------------------------------
 
@@ -671,6 +734,7 @@ class FakeCompute:
                         "mig": i.mig,
                         "provisioning": i.provisioning,
                         "maintenance": i.maintenance,
+                        "gpu_state": self.host_gpu.get(i.host),
                     }
                     for i in self.instances.values()
                 ],
@@ -729,6 +793,14 @@ class FakeCompute:
     _MUTATING = frozenset({"reset", "set_labels", "report_host_as_faulty", "perform_maintenance", "recreate"})
 
     def dispatch(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """One request; afterwards the GPU state file follows any host a VM moved to meanwhile."""
+        try:
+            return self._dispatch(method, path, body)
+        finally:
+            with self.lock:
+                self._sync_gpu_state()
+
+    def _dispatch(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         path, _, query = path.partition("?")
         if path.startswith("/_admin/"):
             return self._admin(path, body)
@@ -813,6 +885,12 @@ class FakeCompute:
                 if path == "/_admin/add":
                     self.add_from_spec(body["project"], body["zone"], body)
                     return 200, {}
+                if path == "/_admin/gpu_state":
+                    if "state" not in body:
+                        raise KeyError("state")
+                    return 200, self.set_gpu_state(
+                        body["project"], body["zone"], body["instance"], body["state"]
+                    )
         except ApiError as e:
             return e.code, e.body()
         except (KeyError, ValueError) as e:

@@ -19,6 +19,11 @@ drives, with the behaviour observed from kubectl 1.32 and the ``kubernetes`` 37.
   delete. A body without Content-Type, apiVersion or kind (the Python client's) is accepted.
 - watch: ``?watch=true`` streams newline-delimited events (chunked) until ``timeoutSeconds``;
   a resourceVersion older than the history is a 410 ``ERROR`` event.
+- logs: ``GET .../pods/P/log[?container=C]`` answers the container's output as ``text/plain``
+  (400 without ``container`` for a pod of several containers, or for one not started yet). With
+  ``run_containers`` (opt-in: the server has no authentication) the kubelet runs the ``command``
+  of pods bound to a node as local processes (k8s_controllers.py ``ContainerRunner``), and their
+  output is the log; other pods print nothing.
 
 Accepted and ignored: ``fieldManager``, ``fieldValidation``, ``limit``/``continue`` (lists are
 never paged), ``dryRun`` is not honoured. Answers are always JSON: a protobuf-first or Table
@@ -36,7 +41,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -45,7 +50,14 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
-from pitstop.local.k8s_controllers import Controllers, VmStatus, cond_true, pdb_status, set_cond
+from pitstop.local.k8s_controllers import (
+    ContainerRunner,
+    Controllers,
+    VmStatus,
+    cond_true,
+    pdb_status,
+    set_cond,
+)
 from pitstop.local.k8s_patch import (
     PatchError,
     fields_match,
@@ -130,6 +142,8 @@ def resource_list(group: str, version: str) -> Obj | None:
             entry: Obj = {"name": f"{r.plural}/{sub}", "singularName": "", "namespaced": r.namespaced}
             if sub == "eviction":
                 entry.update(group="policy", version="v1", kind="Eviction", verbs=["create"])
+            elif sub == "log":
+                entry.update(kind=r.kind, verbs=["get"])
             else:
                 entry.update(kind=r.kind, verbs=["get", "patch", "update"])
             items.append(entry)
@@ -343,6 +357,15 @@ def _send(h: BaseHTTPRequestHandler, code: int, body: Any) -> None:
     h.wfile.write(data)
 
 
+def _send_text(h: BaseHTTPRequestHandler, code: int, data: bytes) -> None:
+    """A log as the API server sends it: the bytes the container wrote, ``text/plain``."""
+    h.send_response(code)
+    h.send_header("Content-Type", "text/plain")
+    h.send_header("Content-Length", str(len(data)))
+    h.end_headers()
+    h.wfile.write(data)
+
+
 def _chunk(h: BaseHTTPRequestHandler, event: Obj) -> None:
     data = json.dumps(event, separators=(",", ":")).encode() + b"\n"
     h.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
@@ -360,10 +383,15 @@ class FakeKube:
         time_scale: float = 0.01,
         history: int = 10_000,
         interval: float = 0.1,
+        run_containers: bool = False,
+        container_env: Mapping[str, str] | None = None,
     ) -> None:
         self.store = Store(time_scale=time_scale, history=history)
         self.store.admission.append(api_defaults)
-        self.controllers = Controllers(self.store, vm_status)
+        # Opt-in: a pod whose containers name a command runs it on this machine (k8s_controllers.py
+        # ContainerRunner). Off unless asked for: the server has no authentication.
+        self.runner = ContainerRunner(self.store, container_env) if run_containers else None
+        self.controllers = Controllers(self.store, vm_status, self.runner)
         self.auto, self.interval = auto, interval
         self.requests: list[tuple[str, str, str]] = []  # (method, path with query, content type)
         self.errors: list[str] = []  # controller exceptions from the background loop
@@ -397,6 +425,8 @@ class FakeKube:
             self._server.server_close()
         for t in self._threads:
             t.join(timeout=5)
+        if self.runner is not None:
+            self.runner.close()
 
     @property
     def url(self) -> str:
@@ -582,6 +612,8 @@ class FakeKube:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             if h.command == "GET" and r.name is None and query.get("watch") in ("true", "1"):
                 return self._watch(h, r, query)
+            if h.command == "GET" and r.res.kind == "Pod" and r.name and r.sub == "log":
+                return _send_text(h, 200, self._log(r.namespace or "default", r.name, query))
             code, resp = self._dispatch(h.command, r, query, body, ctype)
         except ApiError as err:
             code, resp = err.code, err.status()
@@ -698,6 +730,45 @@ class FakeKube:
                 self.store.delete(r.res.kind, m["name"], m.get("namespace"), options=_delete_query(query))
             )
         return {"kind": f"{r.res.kind}List", "apiVersion": r.res.api_version, "metadata": {}, "items": items}
+
+    # --- logs ---------------------------------------------------------------------------------
+    def _log(self, namespace: str, name: str, query: dict[str, str]) -> bytes:
+        """``GET .../pods/P/log`` (``pkg/registry/core/pod/strategy.go`` LogLocation, then the kubelet).
+
+        ``container`` may be left out only when the pod has one container; a container that has not
+        started is 400 "waiting to start". ``tailLines`` and ``limitBytes`` are honoured; ``follow``,
+        ``previous``, ``timestamps`` and ``sinceSeconds`` are accepted and ignored.
+        """
+        pod = self.store.get("Pod", name, namespace)
+        if pod is None:
+            raise not_found(BY_KIND["Pod"], name)
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        mains = [str(c.get("name")) for c in spec.get("containers") or []]
+        inits = [str(c.get("name")) for c in spec.get("initContainers") or []]
+        container = query.get("container") or ""
+        if not container:
+            if len(mains) != 1:
+                msg = f"a container name must be specified for pod {name}, choose one of: [{' '.join(mains)}]"
+                if inits:
+                    msg += f" or one of the init containers: [{' '.join(inits)}]"
+                raise ApiError(400, "BadRequest", msg)
+            container = mains[0]
+        if container not in mains + inits:
+            raise ApiError(400, "BadRequest", f"container {container} is not valid for pod {name}")
+        key = "initContainerStatuses" if container in inits else "containerStatuses"
+        cs = next((c for c in status.get(key) or [] if c.get("name") == container), None)
+        data = self.runner.log(pod["metadata"]["uid"], container) if self.runner is not None else None
+        if cs is None or ("waiting" in (cs.get("state") or {}) and data is None):
+            why = "PodInitializing" if container in mains and inits else "ContainerCreating"
+            msg = f'container "{container}" in pod "{name}" is waiting to start: {why}'
+            raise ApiError(400, "BadRequest", msg)
+        data = data or b""
+        if (query.get("tailLines") or "").isdigit():
+            lines = data.splitlines(keepends=True)
+            data = b"".join(lines[-int(query["tailLines"]) :]) if int(query["tailLines"]) else b""
+        if (query.get("limitBytes") or "").isdigit() and int(query["limitBytes"]) > 0:
+            data = data[: int(query["limitBytes"])]
+        return data
 
     # --- eviction -----------------------------------------------------------------------------
     def _evict(self, namespace: str, name: str, body: bytes) -> Obj:

@@ -8,6 +8,8 @@ its Node NotReady and fails its pods, a VM back up boots the Node anew (new boot
 device plugin's XidCriticalError cleared). The kubelet reads the VMs through the fake Compute's
 admin API, polled; a VM seen down stays down for the kubelet until it has read it once, so a reset
 that the time-scaled fake finishes within a poll still reboots the Node, as a real reset would.
+Its kubelet also runs the GKE adapter's check pods (diagnose, validate) as local processes, the
+stand-in GPU tools reading ``<workdir>/gpu-state.json`` (``--run-containers``, ``local_checks``).
 
 The rest is what the stack, the demo, the e2e tests and ``pitstop local status`` need to look at
 and drive the cluster through its HTTP API (never through the server's memory): a JobSet with the
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -40,6 +43,7 @@ JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2"
 FENCE_KEY = "pitstop.dev/remediation"  # the taint and label Pitstop's GKE adapter sets
+CHECK_NAMESPACE = "pitstop-system"  # where the adapter runs its check Jobs (infra/gke/clusterrole.yaml)
 
 # kubernetes-sigs/jobset@v0.12.0 site/static/examples/failure-policy/host-maintenance-event-model.yaml:
 # an evicted or disrupted pod fails its Job (podFailurePolicy FailJob on DisruptionTarget) and that
@@ -296,11 +300,41 @@ def kubeconfig(workdir: Path) -> Path:
     return workdir / "kubeconfig"
 
 
+def gpu_state(workdir: Path) -> Path:
+    """The per-node GPU outcomes the stand-in tools print (written by the fake Compute's admin API)."""
+    return workdir / "gpu-state.json"
+
+
+def local_checks(python: str = sys.executable) -> dict[str, Any]:
+    """The policy's ``gke: {checks: ...}`` for the local stack: the stand-in GPU tools in place of
+    nvidia-smi, dcgmi and all_gather_perf, and no DCGM host engine, sshd or mpirun to start (the
+    stand-in all_gather_perf prints the two-node table by itself). The fake kubelet runs the check
+    pods' ``/bin/sh -c`` scripts as processes on this machine (fake_k8s.py ``run_containers``)."""
+    module = "pitstop.local.gpu_tools."
+    return {
+        "namespace": CHECK_NAMESPACE,
+        "tools": {
+            "nvidia-smi": [python, "-m", module + "nvidia_smi"],
+            "dcgmi": [python, "-m", module + "dcgmi"],
+            "all_gather_perf": [python, "-m", module + "all_gather_perf"],
+        },
+        "dcgm_setup": "",
+        "nccl_setup": "",
+        "mpirun": [],
+        "peer_wait": "",
+    }
+
+
 def start(workdir: Path, ep: dict[str, str], cluster: Path, env: dict[str, str]) -> Proc:
-    """Start the fake API server (nodes = the VMs in ``cluster``) and wait until it answers."""
+    """Start the fake API server (nodes = the VMs in ``cluster``) and wait until it answers.
+
+    Its kubelet runs check pods as processes that read ``<workdir>/gpu-state.json``
+    (PITSTOP_GPU_STATE, the same file the fake Compute keeps for the Slurm stack).
+    """
     port = urllib.parse.urlsplit(ep["kube"]).port
     argv = [sys.executable, "-m", "pitstop.local.gke_stack", "--port", str(port), "--compute", ep["compute"]]
-    argv += ["--cluster", str(cluster), "--kubeconfig", str(kubeconfig(workdir))]
+    argv += ["--cluster", str(cluster), "--kubeconfig", str(kubeconfig(workdir)), "--run-containers"]
+    env = {**env, "PITSTOP_GPU_STATE": str(gpu_state(workdir))}
     proc = Proc("kube", argv, workdir / "kube.log", env).start()
     wait_http(ep["kube"] + "/version", proc, timeout=60)
     return proc
@@ -393,7 +427,14 @@ def serve(args: argparse.Namespace) -> None:
 
     cluster = json.loads(Path(args.cluster).read_text())
     vms = ComputeVms(args.compute).start()
-    kube = FakeKube(vms, time_scale=args.time_scale)
+    passed = ("PATH", "PYTHONPATH", "LANG", "PITSTOP_GPU_STATE")  # what a check pod's process sees
+    kube = FakeKube(
+        vms,
+        time_scale=args.time_scale,
+        run_containers=args.run_containers,
+        container_env={k: os.environ[k] for k in passed if k in os.environ},
+    )
+    kube.create({"kind": "Namespace", "metadata": {"name": CHECK_NAMESPACE}})  # deploy creates it
     for inst in cluster["instances"]:
         labels = {
             "node.kubernetes.io/instance-type": inst.get("machine_type", "a3-megagpu-8g"),
@@ -422,6 +463,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kubeconfig", required=True)
     p.add_argument("--pool", default="a3-pool")
     p.add_argument("--time-scale", type=float, default=0.01, help="real seconds per Kubernetes second")
+    p.add_argument(
+        "--run-containers",
+        action="store_true",
+        help="run the commands of pods bound to a node as local processes (check pods)",
+    )
     serve(p.parse_args(argv))
     return 0
 

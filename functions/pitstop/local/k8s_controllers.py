@@ -11,9 +11,14 @@ upstream trees where the brief names a tag.
   allocatable again (the device plugin re-registers), and the GPU device plugin removes a
   ``XidCriticalError=True`` condition whose message (the bootID it was raised under) is not the new
   bootID (``GoogleCloudPlatform/container-engine-accelerators:pkg/gpu/nvidia/health_check/
-  health_checker.go`` resetXIDCondition). Pods bound to a Ready node start (Running, Ready); a
+  health_checker.go`` resetXIDCondition). Pods bound to a Ready node are admitted against the GPUs
+  its started pods leave (else Failed ``OutOfnvidia.com/gpu``, as ``pkg/kubelet/lifecycle/
+  predicate.go`` rejects them) and start (Running, Ready); with a ``ContainerRunner`` a pod whose
+  containers name a command runs them as processes and ends with their exit codes; a
   deleted pod ends when its grace period is over (Failed, then removed once finalizers are gone);
   on a node that is down it stays Terminating, as with a real unreachable kubelet.
+- TTL-after-finished controller: a finished Job with ``ttlSecondsAfterFinished`` is deleted
+  (Foreground) that many seconds after it finished. Job ``activeDeadlineSeconds`` is not modelled.
 - garbage collector: dependents of a removed owner are deleted (Background); a
   ``foregroundDeletion`` owner deletes its dependents and goes once they are gone. PodGC: a pod
   bound to a Node that was deleted fails with ``DisruptionTarget`` reason ``DeletionByPodGC``
@@ -59,13 +64,21 @@ upstream trees where the brief names a tag.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
+import os
 import random
 import re
+import shutil
+import signal
 import string
+import subprocess
+import tempfile
+import threading
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pitstop.local.k8s_patch import selector_matches
@@ -157,19 +170,30 @@ def pods_per_job(job_spec: Obj) -> int:
 
 
 class Controllers:
-    """Every controller of the fake cluster; ``step()`` runs each once, in dependency order."""
+    """Every controller of the fake cluster; ``step()`` runs each once, in dependency order.
 
-    def __init__(self, store: Store, vm_status: VmStatus | None = None) -> None:
+    ``runner`` (when given) runs the containers of pods that name a ``command`` as local processes
+    (``ContainerRunner``); without it, or for a container without a command, a started pod simply
+    runs until something ends it.
+    """
+
+    def __init__(
+        self, store: Store, vm_status: VmStatus | None = None, runner: ContainerRunner | None = None
+    ) -> None:
         self.store = store
         self.vm_status = vm_status
+        self.runner = runner
         self.down: set[str] = set()
+        self._finished_at: dict[str, float] = {}  # Job uid -> store clock when it finished (TTL)
         store.admission.append(kueue_webhook)
 
     def step(self) -> None:
         for run in (
             self.kubelet_nodes,
             self.kubelet_terminate,
+            self.kubelet_processes,
             self.garbage_collector,
+            self.ttl_after_finished,
             self.job_controller,
             self.jobset_controller,
             self.kueue_controller,
@@ -257,14 +281,67 @@ class Controllers:
             self.store.mutate("Pod", m["name"], m["namespace"], end)
 
     def kubelet_start(self) -> None:
-        """Run pods bound to a Ready node: phase Running, containers started, Ready."""
-        ready = {meta(n)["name"] for n in self.store.list("Node") if node_ready(n)} - self.down
+        """Admit and run pods bound to a Ready node: phase Running, containers started, Ready.
+
+        Admission (``pkg/kubelet/lifecycle/predicate.go``): a pod whose ``nvidia.com/gpu`` request
+        exceeds what the node's admitted pods leave of its allocatable fails at once, reason
+        ``OutOfnvidia.com/gpu`` (a pod bound by ``spec.nodeName`` skips the scheduler's check,
+        not the kubelet's). A pod whose containers name a ``command`` runs them as processes when
+        the cluster has a ``runner`` (it goes Running when its main containers start).
+        """
+        nodes = {meta(n)["name"]: n for n in self.store.list("Node")}
+        ready = {name for name, n in nodes.items() if node_ready(n)} - self.down
         now = self.store.wall()
+        used = self._admitted_gpus()
         for pod in self.store.list("Pod", fields="status.phase=Pending"):
-            if pod["spec"].get("nodeName") in ready and not meta(pod).get("deletionTimestamp"):
+            node, m = pod["spec"].get("nodeName"), meta(pod)
+            if node not in ready or m.get("deletionTimestamp") or pod["status"].get("startTime"):
+                continue
+            want, have = gpu_request(pod), int(nodes[node]["status"].get("allocatable", {}).get(GPU, 0))
+            if want > have - used.get(node, 0):
                 self.store.mutate(
-                    "Pod", meta(pod)["name"], meta(pod)["namespace"], lambda p: start_pod(p, now)
+                    "Pod", m["name"], m["namespace"], reject(want, used.get(node, 0), have, now)
                 )
+                continue
+            used[node] = used.get(node, 0) + want
+            if self.runner is not None and self.runner.runnable(pod):
+                self.store.mutate(
+                    "Pod", m["name"], m["namespace"], lambda p: p["status"].update(startTime=now)
+                )
+                self.runner.start(pod, node)
+            else:
+                self.store.mutate("Pod", m["name"], m["namespace"], lambda p: start_pod(p, now))
+
+    def _admitted_gpus(self) -> dict[str, int]:
+        """GPUs held on each node by the pods its kubelet admitted (started) and that have not ended."""
+        used: dict[str, int] = {}
+        for pod in self.store.list("Pod"):
+            node = pod["spec"].get("nodeName")
+            if node and pod["status"].get("startTime") and not is_terminal(pod):
+                used[node] = used.get(node, 0) + gpu_request(pod)
+        return used
+
+    def kubelet_processes(self) -> None:
+        """Stop the processes of pods that were deleted, ended by the node, or are gone."""
+        if self.runner is not None:
+            self.runner.reap()
+
+    # --- TTL-after-finished controller ------------------------------------------------------------
+    def ttl_after_finished(self) -> None:
+        """A finished Job with ``ttlSecondsAfterFinished`` is deleted (Foreground) that long after it
+        finished (``pkg/controller/ttlafterfinished``; "Automatic Cleanup for Finished Jobs")."""
+        now = self.store.now()
+        for job in self.store.list("Job"):
+            m = meta(job)
+            ttl = job["spec"].get("ttlSecondsAfterFinished")
+            if ttl is None or m.get("deletionTimestamp"):
+                continue
+            if not (cond_true(job, "Complete") or cond_true(job, "Failed")):
+                continue
+            done = self._finished_at.setdefault(m["uid"], now)
+            if now >= done + int(ttl):
+                self._delete("Job", job, "Foreground")
+                self._finished_at.pop(m["uid"], None)
 
     # --- garbage collector --------------------------------------------------------------------
     def garbage_collector(self) -> None:
@@ -752,6 +829,19 @@ def start_pod(pod: Obj, now: str) -> None:
         set_cond(pod, kind, "True", "", "", now)
 
 
+def reject(want: int, used: int, have: int, now: str) -> Callable[[Obj], None]:
+    """The kubelet refusing a pod it has no room for (``OutOf<resource>``); the pod fails at once."""
+
+    def edit(pod: Obj) -> None:
+        msg = (
+            f"Pod was rejected: Node didn't have enough resource: {GPU}, requested: {want}, "
+            f"used: {used}, capacity: {have}"
+        )
+        pod["status"].update(phase="Failed", reason=f"OutOf{GPU}", message=msg, startTime=now)
+
+    return edit
+
+
 def bind(pod: Obj, node: str | None, now: str) -> None:
     if node is None:
         set_cond(pod, "PodScheduled", "False", "Unschedulable", "0 nodes can hold the whole gang", now)
@@ -1084,3 +1174,236 @@ def scaled(value: Any, total: int) -> int:
     if isinstance(value, str) and value.endswith("%"):
         return -(-int(value[:-1]) * total // 100)
     return int(value)
+
+
+# --- the kubelet's container runtime, for pods that name a command ----------------------------------
+def exit_code(returncode: int) -> int:
+    """A process status as a container runtime reports it: killed by signal N is 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class ContainerRunner:
+    """Runs the containers of pods bound to a node as local processes, in place of a container runtime.
+
+    The rule: a container whose ``command`` names a program found on this machine runs it with its
+    ``args``; the image is not pulled, not looked at. Init containers run one after the other, each to
+    exit 0 (restartPolicy Never: one that fails fails the pod); then the main containers run side by
+    side and the pod goes Running; when they have all exited it is Succeeded (all 0) or Failed, each
+    container ``terminated`` with its exit code. A program that cannot be found ends its container
+    with exit code 128, reason ``StartError``, as containerd does. A pod deleted, or ended by its node
+    going down, has its processes stopped (SIGTERM to the process group, then SIGKILL after
+    ``kill_after_s``).
+
+    Each process gets the container's ``env`` values plus ``env`` given here (what the fake's kubelet
+    passes to every process, e.g. PATH, PYTHONPATH and PITSTOP_GPU_STATE), ``PITSTOP_NODE`` = the node's
+    name and ``HOSTNAME`` = the pod's hostname. stdout and stderr together are the container's log,
+    readable while it runs (``log``), gone with the pod.
+    """
+
+    def __init__(self, store: Store, env: Mapping[str, str] | None = None, kill_after_s: float = 2.0) -> None:
+        self.store, self.env, self.kill_after_s = store, dict(env or {}), kill_after_s
+        self._logs: dict[tuple[str, str], bytearray] = {}  # (pod uid, container) -> output so far
+        self._procs: dict[str, list[subprocess.Popen[bytes]]] = {}  # pod uid -> its live processes
+        self._threads: dict[str, threading.Thread] = {}
+        self._stopping: dict[str, float] = {}  # pod uid -> when SIGTERM was sent
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def runnable(pod: Obj) -> bool:
+        """Whether every container of the pod names a command (else the pod is left to "run" forever)."""
+        spec = pod.get("spec") or {}
+        containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+        return bool(containers) and all(
+            isinstance(c.get("command"), list)
+            and c["command"]
+            and all(isinstance(w, str) for w in c["command"])
+            for c in containers
+        )
+
+    def start(self, pod: Obj, node: str) -> None:
+        uid = meta(pod)["uid"]
+        with self._lock:
+            if uid in self._threads:
+                return
+            t = threading.Thread(
+                target=self._run, args=(copy.deepcopy(pod), node), name=f"kubelet {uid}", daemon=True
+            )
+            self._threads[uid] = t
+        t.start()
+
+    def log(self, uid: str, container: str) -> bytes | None:
+        """What the container printed so far; None if it never started."""
+        with self._lock:
+            buf = self._logs.get((uid, container))
+            return bytes(buf) if buf is not None else None
+
+    def reap(self) -> None:
+        """Signal the processes of pods that are deleted, ended by someone else, or gone (never waits)."""
+        with self._lock:
+            uids = list(self._procs)
+        live = {meta(p)["uid"]: p for p in self.store.list("Pod")}
+        for uid in uids:
+            pod = live.get(uid)
+            if pod is None or meta(pod).get("deletionTimestamp") or is_terminal(pod):
+                self._stop(uid)
+        with self._lock:  # logs of pods that are gone go with them
+            for key in [k for k in self._logs if k[0] not in live]:
+                del self._logs[key]
+
+    def close(self) -> None:
+        with self._lock:
+            uids, threads = list(self._procs), list(self._threads.values())
+        for uid in uids:
+            self._stop(uid, force=True)
+        for t in threads:
+            t.join(timeout=5)
+
+    def _stop(self, uid: str, force: bool = False) -> None:
+        now = time.monotonic()
+        with self._lock:
+            procs = list(self._procs.get(uid, []))
+            first = self._stopping.setdefault(uid, now)
+        sig = signal.SIGKILL if force or now - first >= self.kill_after_s else signal.SIGTERM
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
+
+    # --- one pod ---------------------------------------------------------------------------------
+    def _env(self, pod: Obj, node: str, container: Obj) -> dict[str, str]:
+        env = dict(self.env)
+        state = env.get("PITSTOP_GPU_STATE", "")
+        if state and not state.lstrip().startswith("{") and not os.path.exists(state):
+            env.pop("PITSTOP_GPU_STATE")  # no state file yet: every node is healthy
+        for e in container.get("env") or []:
+            if isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("value"), str):
+                env[e["name"]] = e["value"]
+        env["PITSTOP_NODE"] = node
+        env["HOSTNAME"] = str(pod["spec"].get("hostname") or meta(pod)["name"])
+        return env
+
+    def _exec(self, pod: Obj, node: str, container: Obj, workdir: str) -> int:
+        """Run one container to its end; its exit code (128 when the program cannot be started)."""
+        uid, name = meta(pod)["uid"], str(container.get("name"))
+        argv = [*container["command"], *[str(a) for a in container.get("args") or []]]
+        buf = bytearray()
+        with self._lock:
+            self._logs[(uid, name)] = buf
+            if uid in self._stopping:
+                return 137
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self._env(pod, node, container),
+                cwd=workdir,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            with self._lock:
+                buf += f"exec {argv[0]!r}: {exc.strerror}\n".encode()
+            return 128
+        with self._lock:
+            self._procs.setdefault(uid, []).append(proc)
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        for chunk in iter(lambda: os.read(fd, 65536), b""):
+            with self._lock:
+                buf += chunk
+        proc.stdout.close()
+        return exit_code(proc.wait())
+
+    def _run(self, pod: Obj, node: str) -> None:
+        m, spec = meta(pod), pod["spec"]
+        uid, ns, name = m["uid"], m["namespace"], m["name"]
+        workdir = tempfile.mkdtemp(prefix="pitstop-kubelet-")
+        try:
+            for c in spec.get("initContainers") or []:
+                self._update(ns, name, uid, container_running(c, self.store.wall(), init=True))
+                code = self._exec(pod, node, c, workdir)
+                self._update(ns, name, uid, container_ended(c, code, init=True))
+                if code != 0:
+                    self._update(ns, name, uid, pod_ended({}, self.store.wall(), str(c.get("name"))))
+                    return
+            mains = spec.get("containers") or []
+            self._update(ns, name, uid, lambda p: start_pod(p, self.store.wall()))
+            codes: dict[str, int] = {}
+
+            def one(c: Obj) -> None:
+                codes[str(c.get("name"))] = self._exec(pod, node, c, workdir)
+
+            threads = [threading.Thread(target=one, args=(c,), daemon=True) for c in mains]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            self._update(ns, name, uid, pod_ended(codes, self.store.wall()))
+        finally:
+            with self._lock:
+                self._procs.pop(uid, None)
+                self._stopping.pop(uid, None)
+                self._threads.pop(uid, None)
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def _update(self, ns: str, name: str, uid: str, fn: Callable[[Obj], None]) -> None:
+        """Change the pod's status unless it was replaced or has already ended (node down, deletion)."""
+
+        def guarded(p: Obj) -> None:
+            if meta(p).get("uid") == uid and not is_terminal(p):
+                fn(p)
+
+        with contextlib.suppress(ApiError):
+            self.store.mutate("Pod", name, ns, guarded)
+
+
+def container_running(c: Obj, now: str, *, init: bool) -> Callable[[Obj], None]:
+    key = "initContainerStatuses" if init else "containerStatuses"
+
+    def edit(pod: Obj) -> None:
+        statuses = [s for s in pod["status"].get(key) or [] if s.get("name") != c.get("name")]
+        statuses.append(
+            {
+                "name": c.get("name"),
+                "image": c.get("image", ""),
+                "imageID": "",
+                "ready": False,
+                "started": True,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": now}},
+            }
+        )
+        pod["status"][key] = statuses
+
+    return edit
+
+
+def container_ended(c: Obj, code: int, *, init: bool) -> Callable[[Obj], None]:
+    key = "initContainerStatuses" if init else "containerStatuses"
+
+    def edit(pod: Obj) -> None:
+        for s in pod["status"].get(key) or []:
+            if s.get("name") == c.get("name"):
+                started = (s.get("state") or {}).get("running", {}).get("startedAt")
+                reason = "Completed" if code == 0 else "StartError" if code == 128 else "Error"
+                s.update(ready=init and code == 0, started=False)
+                s["state"] = {"terminated": {"exitCode": code, "reason": reason, "startedAt": started}}
+
+    return edit
+
+
+def pod_ended(codes: Mapping[str, int], now: str, failed_init: str | None = None) -> Callable[[Obj], None]:
+    """Every main container exited (``codes``), or an init container failed: the pod's final phase."""
+
+    def edit(pod: Obj) -> None:
+        for name, code in codes.items():
+            container_ended({"name": name}, code, init=False)(pod)
+        ok = failed_init is None and all(code == 0 for code in codes.values())
+        pod["status"]["phase"] = "Succeeded" if ok else "Failed"
+        set_cond(pod, "Ready", "False", "PodCompleted", "", now)
+        if failed_init is not None:
+            msg = f"containers with incomplete status: [{failed_init}]"
+            set_cond(pod, "Initialized", "False", "ContainersNotInitialized", msg, now)
+
+    return edit

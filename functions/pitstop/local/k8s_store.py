@@ -74,7 +74,7 @@ class Resource:
 RESOURCES: tuple[Resource, ...] = (
     Resource("Namespace", "namespaces", "", "v1", False, ("status",), ("ns",)),
     Resource("Node", "nodes", "", "v1", False, ("status",), ("no",)),
-    Resource("Pod", "pods", "", "v1", True, ("status", "eviction"), ("po",)),
+    Resource("Pod", "pods", "", "v1", True, ("status", "eviction", "log"), ("po",)),
     Resource("Job", "jobs", "batch", "v1", True),
     Resource("PodDisruptionBudget", "poddisruptionbudgets", "policy", "v1", True, ("status",), ("pdb",)),
     Resource("JobSet", "jobsets", "jobset.x-k8s.io", "v1alpha2", True, custom=True),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -51,6 +52,22 @@ FUNCTIONS = (("ingest", "cloudevent"), ("actuate", "http"), ("notify", "cloudeve
 SWEEP_INTERVAL_S = 60.0  # Cloud Scheduler calls the sweep every minute in production
 GKE_POOL = "gke-train-a3-pool-1f2e3d4c"  # GKE names a node pool's VMs gke-<cluster>-<pool>-<hash>-...
 GKE_EVICT_DEADLINE_S = 10  # a PodDisruptionBudget that refuses an eviction fails the checkpoint after this
+# Per-node GPU outcomes (pitstop.local.gpu_tools): the fake Compute writes <workdir>/gpu-state.json
+# and names it in PITSTOP_GPU_STATE; the stand-ins in checks read it from there.
+GPU_STATE_ENV = "PITSTOP_GPU_STATE"
+GPU_STATE_FILE = "gpu-state.json"
+
+
+def gpu_tool_flags() -> list[str]:
+    """The Slurm agent's tool flags pointing at the GPU stand-ins (same interpreter as the stack)."""
+    flags = []
+    for flag, tool in (
+        ("--nvidia-smi", "nvidia_smi"),
+        ("--dcgmi", "dcgmi"),
+        ("--all-gather-perf", "all_gather_perf"),
+    ):
+        flags += [flag, shlex.join([sys.executable, "-m", f"pitstop.local.gpu_tools.{tool}"])]
+    return flags
 
 
 @dataclass
@@ -134,7 +151,12 @@ def _cluster_policy(spec: ClusterSpec) -> dict[str, Any]:
         "mig": {"name": spec.mig, "zone": ZONE},
     }
     if spec.scheduler == "gke":
-        cluster["gke"] = {"location": ZONE, "cluster": spec.name, "evict_deadline_s": GKE_EVICT_DEADLINE_S}
+        cluster["gke"] = {
+            "location": ZONE,
+            "cluster": spec.name,
+            "evict_deadline_s": GKE_EVICT_DEADLINE_S,
+            "checks": gke_stack.local_checks(),  # the GPU stand-ins run in the check pods
+        }
     else:
         cluster["slurm"] = {"checkpoint_signal": "SIGUSR1", "command_topic": f"pitstop-slurm-{spec.name}"}
     return cluster
@@ -195,6 +217,11 @@ class Stack:
     @property
     def gke(self) -> bool:
         return self.spec.scheduler == "gke"
+
+    @property
+    def gpu_state_file(self) -> Path:
+        """Per-node GPU outcomes: written by the fake Compute, read by the GPU stand-ins."""
+        return self.workdir / GPU_STATE_FILE
 
     @property
     def chaos_dir(self) -> Path:
@@ -295,6 +322,8 @@ class Stack:
                     "PITSTOP_POLL_S": "2",
                     "PITSTOP_OP_TIMEOUT_S": "1800",
                     "PITSTOP_VERIFY_TIMEOUT_S": "300",
+                    "PITSTOP_CHECK_TIMEOUT_S": "600",
+                    "PITSTOP_RESUME_WAIT_S": "300",
                 }
             )
         )
@@ -303,7 +332,11 @@ class Stack:
     def _start_fakes(self, ports: dict[str, int], files: dict[str, Path], env: dict[str, str]) -> None:
         """The stand-ins for Compute Engine, Workflows executions, Cloud Monitoring and the webhook."""
         compute_args = ["--time-scale", str(self.compute_scale), "--cluster", str(files["cluster"])]
-        self._py("fake-compute", ["fake-compute", "--port", str(ports["compute"]), *compute_args], env)
+        # per-host GPU outcomes (/_admin/gpu_state), written where the GPU stand-ins read them
+        compute_env = {**env, GPU_STATE_ENV: str(self.gpu_state_file)}
+        self._py(
+            "fake-compute", ["fake-compute", "--port", str(ports["compute"]), *compute_args], compute_env
+        )
         workflow = str(ROOT / "workflows" / "remediate.yaml")
         self._py(
             "executions",
@@ -373,8 +406,11 @@ class Stack:
             ],
             env,
         )
-        agent_env = {**env, "SLURM_CONF": str(self.slurm.conf)}
+        # The agent's checks run as Slurm job steps, which inherit its environment: the GPU stand-ins
+        # in them read the fake Compute's per-host outcomes from the same file.
+        agent_env = {**env, "SLURM_CONF": str(self.slurm.conf), GPU_STATE_ENV: str(self.gpu_state_file)}
         argv = [sys.executable, "-m", "pitstop.agent.slurm", "--project", PROJECT]
+        argv += ["--check-dir", str(self.workdir / "slurm-checks"), *gpu_tool_flags()]
         argv += ["--subscription", "slurm-agent-train"]  # requeued jobs start at once (the default)
         # results go to the cluster's results topic (actuate pulls pitstop-slurm-<c>-results-actuate);
         # claims live in the agent's own SQLite ledger, kept across agent restarts (chaos agent-down)

@@ -38,7 +38,7 @@ from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.firestore import IncidentStore
 from pitstop.adapters.scheduler import NoScheduler, Scheduler
-from pitstop.core import trust
+from pitstop.core import checks, trust
 from pitstop.core.actions import NODE_ACTIONS, RANK, RECORD_ONLY_ACTIONS, Action
 from pitstop.core.ids import request_id, requeue_key
 from pitstop.core.ops import (
@@ -57,7 +57,8 @@ from pitstop.core.ops import (
 )
 from pitstop.core.policy import Policy
 from pitstop.core.states import ACTIVE_STATES, UNCLAIMABLE_STATES, RunState, State
-from pitstop.core.timeline import durations
+from pitstop.core.timeline import durations, repair_s, resume_s
+from pitstop.core.validation import PAGE, ValidationTable, default_validation_table
 from pitstop.services.ingest import to_epoch
 from pitstop.services.launch import Launcher, Publisher, Starter
 from pitstop.services.outbox import notification_id
@@ -109,6 +110,16 @@ def _fence_answer(answer: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: answer[k] for k in _FENCE_FIELDS if k in answer} if answer else {}
 
 
+def _measured(doc: Mapping[str, Any], record: Mapping[str, Any], step: int) -> list[dict[str, Any]]:
+    """The incident's measurements with this one (one per kind and step: a retried judge replaces it)."""
+    kept = [
+        dict(m)
+        for m in doc.get("measured") or []
+        if isinstance(m, Mapping) and (m.get("kind"), m.get("step")) != (record.get("kind"), step)
+    ]
+    return [*kept, {**record, "step": step}][-checks.MAX_MEASURED :]
+
+
 def _failure(extra: Mapping[str, Any]) -> tuple[str, str]:
     """The stage that failed and one line saying how, from the workflow's error map."""
     stage = str(extra.get("stage", "?"))
@@ -130,9 +141,11 @@ class Actuator:
         starter: Starter | None = None,
         clock: Callable[[], float] = time.time,
         claim_s: float = STEP_CLAIM_S,
+        validation_table: ValidationTable | None = None,
     ) -> None:
         self.policy, self.store, self.compute, self.schedulers = policy, store, compute, schedulers
         self.notifier, self.clock, self.claim_s = notifier, clock, claim_s
+        self.validation_table = validation_table or default_validation_table()
         self.launcher = Launcher(store, starter, notifier)
 
     @property
@@ -421,6 +434,241 @@ class Actuator:
         running = [j for j in self._jobs(inc, step) if sched.job_running(j, ctx)]
         return {"done": not running, "running": running}
 
+    # -- back to training at once: the gang moves before the repair ------------------------
+
+    def _reschedule_early(self, inc: Mapping[str, Any], step: int, attempt: Attempt) -> dict[str, Any]:
+        """Requeue each job now when the scheduler can run its gang without the node; else say why.
+
+        The repair then goes on in the background of the job. A job left waiting is requeued by
+        ``reschedule`` once the node is back (the old order), and the incident's ``resume`` says why.
+        """
+        sched, ctx, node = self._scheduler(inc), self._ctx(inc, step), inc["node"]["instance"]
+        choice = self.policy.reschedule(self.policy.cluster_for(inc["node"]))
+        fence = self._recorded(inc, step, Op.FENCE)
+        runs = fence.get("runs") or {}
+        requeued: list[dict[str, Any]] = []
+        waiting: list[dict[str, Any]] = []
+        moved: list[dict[str, Any]] = []
+        for job in (str(j) for j in fence.get("jobs", [])):
+            cap = sched.capacity(job, node, ctx) if choice == checks.EARLY else {}
+            go, why = checks.early_requeue(choice, cap)
+            if not go:
+                waiting.append({"job": job, "why": why})
+                continue
+            skipped = self._requeue(inc, sched, ctx, job, runs.get(job) or {})
+            (requeued if skipped is None else moved).append(
+                {"job": job, "why": why if skipped is None else skipped}
+            )
+        resume = {
+            "mode": checks.EARLY if requeued else checks.AFTER_REPAIR,
+            "requeued": requeued,
+            "waiting": waiting,
+        }
+        if moved:
+            resume["skipped"] = moved
+        gang_moved = requeued or any("requeued" in m["why"] for m in moved)
+        self._set_state(inc["id"], None, "job_requeued" if gang_moved else None, resume=resume)
+        if requeued:
+            log.emit(
+                "INFO",
+                "gang requeued before the repair",
+                incident=inc["id"],
+                jobs=[r["job"] for r in requeued],
+            )
+        return resume
+
+    def _watch_resume(self, inc: Mapping[str, Any], step: int) -> bool:
+        """Stamp ``job_running`` once every requeued job runs a new run; whether it is stamped.
+
+        Called by the probes the workflow polls anyway (operation, verify, checks, resumed), so the
+        moment the gang runs again is seen while the node is still being repaired.
+        """
+        tl = inc.get("timeline") or {}
+        if tl.get("job_running"):
+            return True
+        if not tl.get("job_requeued"):
+            return False
+        sched, ctx = self._scheduler(inc), self._ctx(inc, step)
+        runs = self._recorded(inc, step, Op.FENCE).get("runs") or {}
+        watched = 0
+        for job, then in runs.items():
+            info = sched.job_info(str(job), ctx)
+            state = str(info.get("state") or "UNKNOWN")
+            if state in ("COMPLETED", "CANCELLED"):
+                continue  # ended on its own: nothing to wait for
+            watched += 1
+            # RUNNING only: a requeued job is COMPLETING its old run first (with its new restart count)
+            if state != "RUNNING" or job_run(info) == job_run(then or {}):
+                return False
+        if watched:
+            self._set_state(inc["id"], None, "job_running")
+        return watched > 0
+
+    def _resumed(self, inc: Mapping[str, Any], step: int) -> dict[str, Any]:
+        """Probe after the last requeue: done once the gang is seen running again (or nothing waits)."""
+        if not (inc.get("timeline") or {}).get("job_requeued"):
+            return {"done": True, "running": False}
+        running = self._watch_resume(inc, step)
+        return {"done": running, "running": running}
+
+    # -- diagnose before an irreversible action --------------------------------------------
+
+    def _table(self) -> ValidationTable:
+        return checks.table_for(self.policy, self.validation_table)
+
+    def _machine_type(self, inc: Mapping[str, Any]) -> str:
+        p, z, i = self._node(inc)
+        return checks.machine_type_of(self.compute.get(p, z, i))
+
+    def _start_check(
+        self, inc: Mapping[str, Any], step: int, attempt: Attempt, spec: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Start a check run once: its spec is saved before the scheduler is asked."""
+        saved = attempt.claim.get("check")
+        if not isinstance(saved, dict):
+            self._save(attempt, {"check": dict(spec)})
+            saved = dict(spec)
+        started = self._scheduler(inc).start_check(inc["node"]["instance"], saved, self._ctx(inc, step))
+        return {"run": True, "check": saved, "peer": started.get("peer"), "note": started.get("note")}
+
+    def _check_result(self, inc: Mapping[str, Any], step: int, op: Op) -> dict[str, Any] | None:
+        """The scheduler's answer for this step's check run (None when none ran)."""
+        rec = self._recorded(inc, step, op)
+        if not rec.get("run"):
+            return None
+        return self._scheduler(inc).check_result(inc["node"]["instance"], rec["check"], self._ctx(inc, step))
+
+    def _final_result(self, inc: Mapping[str, Any], step: int, op: Op) -> dict[str, Any] | None:
+        """The check's result for its judge: a scheduler's final refusal is a run that did not finish."""
+        try:
+            return self._check_result(inc, step, op)
+        except ActuatorError as exc:
+            if exc.retryable:
+                raise
+            return {"done": False, "error": exc.message}
+
+    def _diagnose(self, inc: Mapping[str, Any], step: int, attempt: Attempt) -> dict[str, Any]:
+        need, why = checks.needs_diagnosis(inc, self.policy)
+        if need and isinstance(self._scheduler(inc), NoScheduler):
+            need, why = False, "no scheduler to run a diagnostic through: replacing on the evidence as it is"
+        if not need:
+            return {"run": False, "why": why}
+        freed = self._free_node(inc, step)
+        exp = self._table().expectation(self._machine_type(inc))
+        spec = checks.diagnose_spec(inc, step, self.policy, exp.gpus if exp else 8)
+        return {**self._start_check(inc, step, attempt, spec), "why": why, **freed}
+
+    def _free_node(self, inc: Mapping[str, Any], step: int) -> dict[str, Any]:
+        """Requeue the fenced jobs still on the node (no capacity moved them early): a check needs its GPUs.
+
+        Any repair ends them anyway; requeued now, they wait in the queue for capacity instead. Once
+        per run (``_requeue``'s record); the check's start is answered 503 until the node is empty.
+        """
+        sched, ctx = self._scheduler(inc), self._ctx(inc, step)
+        runs = self._recorded(inc, step, Op.FENCE).get("runs") or {}
+        moved: list[str] = []
+        for job, then in runs.items():
+            info = sched.job_info(str(job), ctx)
+            here = str(info.get("state")) in ("RUNNING", "SUSPENDED") and job_run(info) == job_run(then)
+            if here and self._requeue(inc, sched, ctx, str(job), then) is None:
+                moved.append(str(job))
+        if moved:
+            self._set_state(inc["id"], None, "job_requeued")
+            log.emit("INFO", "jobs requeued to free the node for a check", incident=inc["id"], jobs=moved)
+        return {"requeued_to_free": moved} if moved else {}
+
+    def _diagnosis(self, inc: Mapping[str, Any], step: int) -> dict[str, Any]:
+        res = self._check_result(inc, step, Op.DIAGNOSE)
+        self._watch_resume(inc, step)
+        return {"done": res is None or bool(res.get("done"))}
+
+    def _judge_diagnosis(self, inc: Mapping[str, Any], step: int, attempt: Attempt) -> dict[str, Any]:
+        """Replace on what the node itself shows, or step down to REBOOT_NODE and record why."""
+        rec = self._recorded(inc, step, Op.DIAGNOSE)
+        if not rec.get("run"):
+            return {"action": inc["action"], "confirmed": None, "why": rec.get("why")}
+        res = self._final_result(inc, step, Op.DIAGNOSE)
+        gpus = int(rec["check"].get("gpus") or 8)
+        verdict = checks.judge_diagnosis(inc, res, gpus, self._table())
+        self._record_diagnosis(inc, step, verdict)
+        return {"action": verdict.action, "confirmed": verdict.confirmed, "why": verdict.why}
+
+    def _record_diagnosis(self, inc: Mapping[str, Any], step: int, verdict: checks.DiagnosisVerdict) -> None:
+        """The diagnosis on the incident; not confirmed, this step steps down (and says why)."""
+        now = self.clock()
+        record = verdict.record(now)
+
+        def judged(doc: dict[str, Any]) -> dict[str, Any]:
+            doc["diagnosis"] = record
+            doc["measured"] = _measured(doc, record, step)
+            if not verdict.confirmed and doc["action"] == Action.REPLACE_NODE:
+                doc["action"] = verdict.action
+                doc.setdefault("escalations", []).append(
+                    {"from": Action.REPLACE_NODE, "to": verdict.action, "at": now, "why": [verdict.why]}
+                )
+            if not doc["timeline"].get("diagnosed"):
+                doc["timeline"]["diagnosed"] = now
+            doc["updated_at"] = now
+            return doc
+
+        self.store.mutate(inc["id"], judged)
+        log.emit("INFO", "diagnosed", incident=inc["id"], confirmed=verdict.confirmed, why=verdict.why)
+
+    # -- validate before returning to service ------------------------------------------------
+
+    def _validate(self, inc: Mapping[str, Any], step: int, attempt: Attempt) -> dict[str, Any]:
+        has_scheduler = not isinstance(self._scheduler(inc), NoScheduler)
+        need, why = checks.needs_validation(inc, self.policy, has_scheduler)
+        if need and (inc.get("fence") or {}).get("already_drained_by_other"):
+            need, why = False, "the node stays drained by someone else, who returns it to service"
+        if not need:
+            return {"run": False, "why": why}
+        mt = attempt.claim.get("machine_type")
+        if not isinstance(mt, str):
+            mt = self._machine_type(inc)
+            self._save(attempt, {"machine_type": mt})
+        freed = self._free_node(inc, step)
+        spec = checks.validate_spec(inc, step, self.policy, mt, self._table())
+        return {**self._start_check(inc, step, attempt, spec), "why": why, "machine_type": mt, **freed}
+
+    def _validation(self, inc: Mapping[str, Any], step: int) -> dict[str, Any]:
+        res = self._check_result(inc, step, Op.VALIDATE)
+        self._watch_resume(inc, step)
+        return {"done": res is None or bool(res.get("done"))}
+
+    def _judge_validation(self, inc: Mapping[str, Any], step: int, attempt: Attempt) -> dict[str, Any]:
+        """Return the node on a pass; hardware evidence steps up to REPLACE_NODE; anything else pages."""
+        rec = self._recorded(inc, step, Op.VALIDATE)
+        if not rec.get("run"):
+            return {"outcome": "skipped", "why": rec.get("why")}
+        res = self._final_result(inc, step, Op.VALIDATE)
+        verdict = checks.judge_validation(
+            inc["action"], str(rec["machine_type"]), res, self.policy, self._table()
+        )
+        now = self.clock()
+        record = verdict.record(now)
+        passed = verdict.validation.passed
+
+        def judged(doc: dict[str, Any]) -> dict[str, Any]:
+            doc["validation"] = record
+            doc["measured"] = _measured(doc, record, step)
+            if passed and not doc["timeline"].get("validated"):
+                doc["timeline"]["validated"] = now
+            if verdict.next == Action.REPLACE_NODE and RANK[Action.REPLACE_NODE] > RANK[doc["action"]]:
+                doc["escalate_to"] = Action.REPLACE_NODE
+                doc["escalate_why"] = [f"validation failed: {verdict.validation.why}"]
+            doc["updated_at"] = now
+            return doc
+
+        self.store.mutate(inc["id"], judged)
+        log.emit(
+            "INFO", "validated", incident=inc["id"], verdict=verdict.validation.verdict, next=verdict.next
+        )
+        if verdict.next == PAGE:
+            raise ActuatorError(409, f"validation failed: {verdict.validation.why}", False)
+        outcome = "pass" if passed else "step_up"
+        return {"outcome": outcome, "verdict": verdict.validation.verdict, "why": verdict.validation.why}
+
     def _act(self, inc: Mapping[str, Any], step: int, attempt: Attempt) -> dict[str, Any]:
         """Take the incident's action on the VM, once: the call is decided and saved before it is made.
 
@@ -526,6 +774,9 @@ class Actuator:
         why = "; ".join(
             w for e in inc.get("escalations", []) for w in e.get("why", []) if w.startswith("lemon")
         )
+        diagnosis = inc.get("diagnosis") or {}
+        if diagnosis.get("confirmed"):
+            why = "; ".join(w for w in (why, str(diagnosis.get("why"))) if w)
         return f"pitstop {inc['id']}: {counts} on GPU {gpus or 'n/a'}{'; ' + why if why else ''}"[:256]
 
     def _operation(self, inc: Mapping[str, Any], step: int) -> dict[str, Any]:
@@ -533,6 +784,7 @@ class Actuator:
         if not act.get("operation"):
             return {"done": True}
         p, z, _ = self._node(inc)
+        self._watch_resume(inc, step)
         st = self.compute.operation(p, z, act["operation"])
         if st["error"]:
             raise ActuatorError(409, f"{act['method']} operation failed: {st['error']}", False)
@@ -550,6 +802,7 @@ class Actuator:
         elif act.get("method") == "recreateInstances":
             vm_ok = vm_ok and cur.get("id") != before.get("id")  # the replacement, not the old VM
         sched_ok = vm_ok and self._scheduler(inc).node_healthy(i, self._ctx(inc, step))
+        self._watch_resume(inc, step)
         if inc["state"] != State.VERIFYING or (vm_ok and sched_ok):
             self._set_state(inc["id"], State.VERIFYING, "healthy" if vm_ok and sched_ok else None)
         return {"done": vm_ok and sched_ok, "vm": cur.get("status"), "scheduler_ok": sched_ok}
@@ -600,7 +853,8 @@ class Actuator:
                 requeued.append(job)
             else:
                 skipped.append({"job": job, "why": why})
-        self._set_state(inc["id"], None, "job_resumed")
+        moved = any("requeued" in sk["why"] for sk in skipped)
+        self._set_state(inc["id"], None, "job_requeued" if requeued or moved else None)
         return {"requeued": requeued, "skipped": skipped}
 
     def _requeue(
@@ -789,9 +1043,14 @@ class Actuator:
                         "counts",
                         "failure",
                         "rejected",
+                        "resume",
+                        "diagnosis",
+                        "validation",
                     )
                 },
                 "durations_s": durations(inc),
+                "resume_s": resume_s(inc),
+                "repair_s": repair_s(inc),
                 **extra,
             }
         )

@@ -24,7 +24,7 @@ from google.api_core import exceptions as gexc
 
 from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.firestore import IncidentStore
-from pitstop.adapters.gke import GkeScheduler, gke_api_client
+from pitstop.adapters.gke import CheckSettings, GkeScheduler, gke_api_client
 from pitstop.adapters.scheduler import NoScheduler, ResultsMerger, Scheduler, SlurmScheduler
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
@@ -81,8 +81,9 @@ def gke_scheduler(
     ``gke: {location, cluster?, project?}``, called as the function's own identity.
     """
     deadline = float(conf.get("evict_deadline_s") or 120.0)
+    checks = CheckSettings.from_conf(conf)
     if kube_endpoint:
-        return GkeScheduler(local_api_client(kube_endpoint), evict_deadline_s=deadline)
+        return GkeScheduler(local_api_client(kube_endpoint), evict_deadline_s=deadline, checks=checks)
     proj, cluster = str(conf.get("project") or project), str(conf.get("cluster") or name)
     location = conf.get("location")
 
@@ -94,7 +95,7 @@ def gke_scheduler(
         credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
         return gke_api_client(proj, location, cluster, credentials)
 
-    return GkeScheduler(connect=connect, evict_deadline_s=deadline)
+    return GkeScheduler(connect=connect, evict_deadline_s=deadline, checks=checks)
 
 
 def local_api_client(endpoint: str) -> Any:

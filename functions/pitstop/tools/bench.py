@@ -367,3 +367,75 @@ def _run_ingest(
         "coalescer": coalescers,
         "results": results,
     }
+
+
+# -- pitstop simulate ----------------------------------------------------------------------------
+
+# Issue 15's targets: one 2,048-node, 54-day Llama-3-rate comparison under 30 s on one core, and
+# a sweep of 10 fleet sizes under 5 min. The sweep's sizes bracket the default fleet.
+SIMULATE_SWEEP_NODES = tuple(256 * k for k in range(1, 11))
+SIMULATE_TARGETS_S = {"single": 30.0, "sweep": 300.0}
+
+
+@contextlib.contextmanager
+def _one_core() -> Iterator[int]:
+    """Pin this process to one CPU for the duration (Linux); yields the CPUs it may run on."""
+    getaff = getattr(os, "sched_getaffinity", None)
+    setaff = getattr(os, "sched_setaffinity", None)
+    if getaff is None or setaff is None:
+        yield os.cpu_count() or 1
+        return
+    before = getaff(0)
+    setaff(0, {min(before)})
+    try:
+        yield len(getaff(0))
+    finally:
+        setaff(0, before)
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - wall0, time.process_time() - cpu0
+
+
+def bench_simulate(
+    scn: dict[str, Any] | None = None,
+    nodes: int | None = None,
+    sweep_nodes: tuple[int, ...] | list[int] = SIMULATE_SWEEP_NODES,
+) -> dict[str, Any]:
+    """Wall time of one full comparison (trace + every strategy) and of a sweep over fleet sizes.
+
+    ``scn``: a loaded scenario (default: the shipped one, 2,048 nodes for 54 days at the Llama 3
+    rate); ``nodes`` overrides its fleet for the single run. Both run in this one process, pinned
+    to one CPU, one after the other.
+    """
+    from pitstop.tools import simulate as sim
+
+    base = scn if scn is not None else sim.load_scenario()
+    one = sim.with_fields(base, {"nodes": nodes}, "bench") if nodes is not None else base
+    with _one_core() as cpus:
+        result, wall, cpu = _timed(lambda: sim.simulate(one))
+        runs, sweep_wall, sweep_cpu = _timed(lambda: sim.sweep(base, "nodes", list(sweep_nodes)))
+    return {
+        "benchmark": "simulate",
+        "rate": one["faults"]["rate"],
+        "days": one["days"],
+        "strategies": list(one["strategies"]),
+        "cpus": cpus,
+        "single": {
+            "nodes": one["fleet"]["nodes"],
+            "wall_s": round(wall, 3),
+            "cpu_s": round(cpu, 3),
+            "trace_faults": sum(result["trace"].values()),
+            "faults_handled": sum(r["faults"] for r in result["strategies"]),
+            "target_s": SIMULATE_TARGETS_S["single"],
+        },
+        "sweep": {
+            "nodes": list(sweep_nodes),
+            "runs": len(runs),
+            "wall_s": round(sweep_wall, 3),
+            "cpu_s": round(sweep_cpu, 3),
+            "target_s": SIMULATE_TARGETS_S["sweep"],
+        },
+    }

@@ -71,6 +71,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.target == "classify":
         result = bench.bench_classify(args.lines or 100_000)
+    elif args.target == "simulate":
+        result = bench.bench_simulate()
     else:
         runs = [
             bench.bench_ingest(args.lines or 20_000, args.nodes, args.workers, int(n), args.report_memory)
@@ -602,6 +604,9 @@ def build_parser() -> argparse.ArgumentParser:
     from pitstop.tools import simulate  # its own module: the fleet model lives in tools/sim/
 
     simulate.register(sub)
+    from pitstop.tools import report  # the HTML page: report_model.py computes, report.py lays out
+
+    report.register(sub)
     return p
 
 
@@ -618,7 +623,7 @@ def _add_classify(sub: Subparsers) -> None:
 def _add_bench(sub: Subparsers) -> None:
     """bench: speed figures, measured on demand and never asserted in tests."""
     b = sub.add_parser("bench", help="measure speed")
-    b.add_argument("target", choices=("classify", "ingest"))
+    b.add_argument("target", choices=("classify", "ingest", "simulate"))
     b.add_argument("--lines", type=int, default=None, help="input lines (classify: 100000, ingest: 20000)")
     b.add_argument("--nodes", type=int, default=64, help="ingest: nodes the storm spreads over")
     b.add_argument("--workers", type=int, default=8, help="ingest: concurrent deliveries")

@@ -14,13 +14,14 @@ import statistics
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pitstop.core import engine
 from pitstop.core.timeline import durations
+from pitstop.local.fake_compute import DURATIONS
 from pitstop.local.gke_stack import (
     FENCE_KEY,
     GPU,
@@ -68,6 +69,8 @@ class Result:
     timeline: dict[str, float | None] = field(default_factory=dict)
     incident: str | None = None
     facts: dict[str, Any] = field(default_factory=dict)  # what was observed, for tests to assert one by one
+    resume_s: float | None = None  # detected -> the gang running again, real-time equivalent
+    repair_s: float | None = None  # acted -> the node healthy (validated), real-time equivalent
 
 
 def _stamp() -> str:
@@ -177,8 +180,60 @@ class Pipeline:
     def latency_ms(self) -> dict[str, Any]:
         return latency_summary(self.latencies)
 
+    def real_s(self, inc: Mapping[str, Any], start: str, end: str) -> float | None:
+        """Seconds between two milestones as they would pass in production.
+
+        Only the fake Compute's operations run shortened (``compute_scale``); detection, fencing,
+        Slurm and the checks run at real speed. So the operations on the node that started in the
+        interval count at their real length; everything else as measured.
+        """
+        tl, node = inc.get("timeline") or {}, inc["node"]["instance"]
+        a, b = tl.get(start), tl.get(end)
+        if a is None or b is None:
+            return None
+        scale = self.stack.compute_scale
+        effects = admin(self.state, "/_admin/state")["effects"]
+        shortened = sum(
+            _OPERATION_S.get(e["method"], 0.0)
+            for e in effects
+            if node in e.get("instances", []) and a - 2.0 <= float(e["at"]) <= b
+        )
+        return round(float(b) - float(a) + shortened * (1.0 - scale), 1)
+
+    def with_times(self, r: Result) -> Result:
+        """A scenario's result with resume_s and repair_s from its incident (as it is now)."""
+        if r.incident is None or (r.resume_s is not None and r.repair_s is not None):
+            return r
+        inc = self.db.collection("pitstop_incidents").document(r.incident).get().to_dict()
+        return self.timed(r, inc) if inc else r
+
+    def timed(self, r: Result, inc: Mapping[str, Any]) -> Result:
+        """The scenario's result with its resume_s and repair_s.
+
+        A gang that ran again before its node was healthy did not wait for any Compute operation:
+        its resume_s is as measured. One that waited for the node (no spare) waited for them too.
+        """
+        tl = inc["timeline"]
+        healed = tl.get("validated") or tl.get("healthy")
+        waited = tl.get("job_running") is not None and healed is not None and tl["job_running"] >= healed
+        if waited:
+            r.resume_s = self.real_s(inc, "detected", "job_running")
+        elif tl.get("job_running") is not None:
+            r.resume_s = round(float(tl["job_running"]) - float(tl["detected"]), 1)
+        r.repair_s = self.real_s(inc, "acted", "validated" if tl.get("validated") else "healthy")
+        return r
+
     def run_all(self, only: list[str] | None = None) -> list[Result]:
         raise NotImplementedError
+
+
+# What each Compute method's operation lasts for real (the fake shortens it by its time scale).
+_OPERATION_S = {
+    "reset": DURATIONS["reset"],
+    "report_host_as_faulty": DURATIONS["report"] + DURATIONS["report_restart"],
+    "perform_maintenance": DURATIONS["maintenance"],
+    "recreate": DURATIONS["recreate"],
+}
 
 
 def latency_summary(latencies: list[float]) -> dict[str, Any]:
@@ -240,6 +295,74 @@ class Scenarios(Pipeline):
             if tok.startswith("Restarts="):
                 return int(tok.split("=", 1)[1])
         return -1
+
+    def job_among(self, size: int, candidates: list[str]) -> tuple[str, list[str]]:
+        """A gang of ``size`` nodes Slurm may place on any of ``candidates`` (the rest excluded).
+
+        Not pinned (``-w``): after a requeue Slurm may run it on a spare, as a training job would.
+        Returns the job and the nodes it got.
+        """
+        others = [n for n in self.nodes if n not in candidates]
+        argv = ["sbatch", "--parsable", "--requeue", "-J", "train", "-o", "/dev/null", "-N", str(size)]
+        argv += ["-x", ",".join(others)] if others else []
+        job = subprocess.run(
+            [*argv, "--wrap", "sleep 3600"],
+            env=self.slurm.env,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=self.slurm.workdir,
+        ).stdout.strip()
+        return job, self.wait(lambda: self.job_nodes(job), 30, f"job {job} to run")
+
+    def job_nodes(self, job: str) -> list[str]:
+        """The nodes a running job holds (empty while it is not running)."""
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job, "-t", "RUNNING", "-o", "%N"],
+            env=self.slurm.env,
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        if not out:
+            return []
+        names = subprocess.run(
+            ["scontrol", "show", "hostnames", out],
+            env=self.slurm.env,
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.split()
+        return names
+
+    def cancel(self, job: str) -> None:
+        subprocess.run(["scancel", job], env=self.slurm.env, capture_output=True, check=False)
+
+    def gpu_state(self, node: str, state: dict[str, Any] | None) -> None:
+        """What the GPU tools will report on the node's current host (the fake Compute's admin API)."""
+        admin(
+            self.state,
+            "/_admin/gpu_state",
+            {"project": PROJECT, "zone": ZONE, "instance": node, "state": state},
+        )
+
+    def lemon_history(self, node: str) -> None:
+        """Three remediations in the last week: the next fault makes the node a lemon (REPLACE_NODE)."""
+        key = engine.node_key({"project": PROJECT, "zone": ZONE, "instance": node})
+        now = time.time()
+        self.db.collection("pitstop_nodes").document(key).set(
+            {
+                **engine.new_node({"project": PROJECT, "zone": ZONE, "instance": node, "instance_id": None}),
+                "remediations": [
+                    {"at": now - d * 86400, "action": "RESET_GPU", "incident": f"past{d}"} for d in (1, 3, 6)
+                ],
+            }
+        )
+
+    @property
+    def fresh(self) -> list[str]:
+        """Nodes the back-to-training scenarios use: the last ten, after every other scenario's."""
+        return self.nodes[-10:]
 
     # -- scenarios -------------------------------------------------------------------
 
@@ -384,16 +507,8 @@ class Scenarios(Pipeline):
 
     def lemon(self) -> Result:
         node = self.nodes[7]
-        key = engine.node_key({"project": PROJECT, "zone": ZONE, "instance": node})
-        now = time.time()
-        self.db.collection("pitstop_nodes").document(key).set(
-            {
-                **engine.new_node({"project": PROJECT, "zone": ZONE, "instance": node, "instance_id": None}),
-                "remediations": [
-                    {"at": now - d * 86400, "action": "RESET_GPU", "incident": f"past{d}"} for d in (1, 3, 6)
-                ],
-            }
-        )
+        self.lemon_history(node)
+        self.gpu_state(node, {"nvlink_down": [2]})  # what the diagnostic on the fenced node finds
         self.router.publish(self.entry(node, XID48))
         inc = self.finished(node, timeout=120)
         reports = self.calls("report_host_as_faulty", node)
@@ -403,15 +518,19 @@ class Scenarios(Pipeline):
             and inc["state"] == "RESOLVED"
             and len(reports) == 1
             and not resets
+            and (inc.get("diagnosis") or {}).get("confirmed") is True
         )
         why = reports[0]["body"]["faultReasons"][0] if reports else {}
-        return Result(
-            "lemon_host_replaced",
-            ok,
-            f"3 remediations in 7 days + Xid 48 -> {inc['action']}: "
-            f"reportHostAsFaulty x{len(reports)} ({why.get('behavior')}: {why.get('description')})",
-            durations(inc),
-            inc["id"],
+        return self.timed(
+            Result(
+                "lemon_host_replaced",
+                ok,
+                f"3 remediations in 7 days + Xid 48 -> {inc['action']}, confirmed by the diagnostic: "
+                f"reportHostAsFaulty x{len(reports)} ({why.get('behavior')}: {why.get('description')})",
+                durations(inc),
+                inc["id"],
+            ),
+            inc,
         )
 
     def blast_radius(self) -> Result:
@@ -500,6 +619,150 @@ class Scenarios(Pipeline):
             flowed[-1]["id"],
         )
 
+    # -- back to training at once; diagnose; validate ------------------------------------
+
+    def xid79_spare(self) -> Result:
+        """Xid 79 on a gang with a spare: the job runs again long before the node is back."""
+        job, held = self.job_among(2, self.fresh[0:3])
+        bad = held[0]
+        self.router.publish(self.entry(bad, XID79))
+        inc = self.finished(bad, timeout=150)
+        now_on = self.job_nodes(job)
+        r = self.timed(Result("xid79_with_spare", False, "", durations(inc), inc["id"]), inc)
+        resume = inc.get("resume") or {}
+        val = inc.get("validation") or {}
+        r.passed = bool(
+            inc["state"] == "RESOLVED"
+            and resume.get("mode") == "early"
+            and self.restarts(job) == 1
+            and bad not in now_on
+            and len(now_on) == 2
+            and val.get("passed")
+            and r.resume_s is not None
+            and r.repair_s is not None
+            and r.resume_s < r.repair_s
+        )
+        r.detail = (
+            f"job {job} on {','.join(held)}; Xid 79 on {bad}: gang requeued after the fence, running on "
+            f"{','.join(now_on)} after {r.resume_s} s while {bad} was reset and validated "
+            f"(busbw {val.get('busbw_gbps')} GB/s via {val.get('peer')}) in {r.repair_s} s"
+        )
+        r.facts = {"resume": resume, "validation": val, "restarts": self.restarts(job), "now_on": now_on}
+        self.cancel(job)
+        return r
+
+    def lemon_spare(self) -> Result:
+        """A lemon host with a spare: the job runs again within a minute, the host report takes 10+ min."""
+        job, held = self.job_among(2, self.fresh[3:6])
+        bad = held[0]
+        self.lemon_history(bad)
+        self.gpu_state(bad, {"remap": "failure", "remap_gpu": 1})  # what the diagnostic will find
+        self.router.publish(self.entry(bad, XID48))
+        inc = self.finished(bad, timeout=180)
+        reports = self.calls("report_host_as_faulty", bad)
+        now_on = self.job_nodes(job)
+        r = self.timed(Result("lemon_with_spare", False, "", durations(inc), inc["id"]), inc)
+        diagnosis = inc.get("diagnosis") or {}
+        desc = reports[0]["body"]["faultReasons"][0]["description"] if reports else ""
+        r.passed = bool(
+            inc["state"] == "RESOLVED"
+            and inc["action"] == "REPLACE_NODE"
+            and diagnosis.get("confirmed")
+            and len(reports) == 1
+            and "diagnostic" in desc
+            and (inc.get("resume") or {}).get("mode") == "early"
+            and bad not in now_on
+            and (inc.get("validation") or {}).get("passed")
+            and r.resume_s is not None
+            and r.resume_s <= 60
+            and r.repair_s is not None
+            and r.repair_s >= 600
+        )
+        r.detail = (
+            f"lemon {bad} (row remap failure found by the diagnostic): job {job} running again on "
+            f"{','.join(now_on)} after {r.resume_s} s; reportHostAsFaulty x{len(reports)} and validation "
+            f"took {r.repair_s} s real-time equivalent"
+        )
+        r.facts = {"diagnosis": diagnosis, "description": desc}
+        self.cancel(job)
+        return r
+
+    def degraded_after_reset(self) -> Result:
+        """A reset node that fails validation (busbw 120 GB/s) steps up to REPLACE_NODE, then passes."""
+        node = self.fresh[6]
+        self.gpu_state(node, {"busbw": 120})
+        self.router.publish(self.entry(node, XID79))
+        inc = self.finished(node, timeout=180)
+        resets, reports = self.calls("reset", node), self.calls("report_host_as_faulty", node)
+        steps = [(e["from"], e["to"]) for e in inc.get("escalations", [])]
+        failed_first = [
+            m for m in inc.get("measured", []) if m.get("kind") == "validate" and not m.get("passed")
+        ]
+        val = inc.get("validation") or {}
+        r = self.timed(Result("degraded_after_reset", False, "", durations(inc), inc["id"]), inc)
+        r.passed = bool(
+            inc["state"] == "RESOLVED"
+            and ("REBOOT_NODE", "REPLACE_NODE") in steps
+            and len(resets) == 1
+            and len(reports) == 1
+            and failed_first
+            and failed_first[0].get("busbw_gbps") == 120.0
+            and val.get("passed")
+            and not inc.get("diagnosis")
+        )
+        first = failed_first[0] if failed_first else {}
+        r.detail = (
+            f"{node} reset, validation busbw {first.get('busbw_gbps')} GB/s < {first.get('threshold_gbps')} "
+            f"-> REPLACE_NODE (no diagnostic: measured), reportHostAsFaulty x{len(reports)}, new host "
+            f"validated at {val.get('busbw_gbps')} GB/s"
+        )
+        return r
+
+    def replace_not_confirmed(self) -> Result:
+        """A REPLACE on log text alone whose diagnostic finds nothing: the node is rebooted instead."""
+        node = self.fresh[7]
+        self.lemon_history(node)
+        self.router.publish(self.entry(node, XID48))
+        inc = self.finished(node, timeout=150)
+        resets, reports = self.calls("reset", node), self.calls("report_host_as_faulty", node)
+        diagnosis = inc.get("diagnosis") or {}
+        r = self.timed(Result("replace_not_confirmed", False, "", durations(inc), inc["id"]), inc)
+        r.passed = bool(
+            inc["state"] == "RESOLVED"
+            and inc["action"] == "REBOOT_NODE"
+            and diagnosis.get("confirmed") is False
+            and len(resets) == 1
+            and not reports
+            and (inc.get("validation") or {}).get("passed")
+        )
+        r.detail = f"lemon {node}, but {diagnosis.get('why')}: reset x{len(resets)}, no host report"
+        return r
+
+    def no_spare(self) -> Result:
+        """No spare for the gang: the old order (requeue once the node is back), and the incident says why."""
+        pair = self.fresh[8:10]
+        job, held = self.job_among(2, pair)
+        bad = held[0]
+        self.router.publish(self.entry(bad, XID79))
+        inc = self.finished(bad, timeout=150)
+        tl = inc["timeline"]
+        resume = inc.get("resume") or {}
+        waiting = resume.get("waiting") or []
+        r = self.timed(Result("no_spare_old_order", False, "", durations(inc), inc["id"]), inc)
+        r.passed = bool(
+            inc["state"] == "RESOLVED"
+            and resume.get("mode") == "after_repair"
+            and waiting
+            and "not enough healthy capacity" in waiting[0]["why"]
+            # requeued once the node was repaired (to free it for its validation), running once it was back
+            and tl.get("job_requeued", 0) >= (tl.get("healthy") or 1e18)
+            and tl.get("job_running", 0) >= (tl.get("validated") or 1e18)
+            and self.restarts(job) == 1
+        )
+        r.detail = f"job {job} on {','.join(held)}; {waiting[0]['why'] if waiting else 'no reason recorded'}"
+        self.cancel(job)
+        return r
+
     def run_all(self, only: list[str] | None = None) -> list[Result]:
         plan: list[tuple[str, Callable[[], Result], bool]] = [
             ("xid79", self.xid79_gang, True),
@@ -510,6 +773,11 @@ class Scenarios(Pipeline):
             ("lemon", self.lemon, True),
             ("blast_radius", self.blast_radius, False),
             ("poison", self.poison, False),
+            ("xid79_spare", self.xid79_spare, True),
+            ("lemon_spare", self.lemon_spare, True),
+            ("degraded", self.degraded_after_reset, True),
+            ("replace_not_confirmed", self.replace_not_confirmed, True),
+            ("no_spare", self.no_spare, True),
         ]
         results = []
         for key, fn, needs_budget in plan:
@@ -518,7 +786,7 @@ class Scenarios(Pipeline):
             try:
                 if needs_budget or key == "blast_radius":
                     self.settle()
-                results.append(fn())
+                results.append(self.with_times(fn()))
             except Exception as exc:  # a scenario that breaks is a failed scenario, reported with its reason
                 results.append(Result(key, False, f"{type(exc).__name__}: {exc}"))
             print_result(results[-1])
@@ -979,7 +1247,7 @@ class GkeScenarios(Pipeline):
                 continue
             try:
                 self.settle()
-                results.append(fn())
+                results.append(self.with_times(fn()))
             except Exception as exc:  # a scenario that breaks is a failed scenario, reported with its reason
                 results.append(Result(key, False, f"{type(exc).__name__}: {exc}"))
             print_result(results[-1])
@@ -990,12 +1258,32 @@ def print_result(r: Result) -> None:
     mark = "PASS" if r.passed else "FAIL"
     print(f"\n[{mark}] {r.name}: {r.detail}")
     if r.timeline:
-        order = ("classified", "fenced", "acted", "healthy", "job_resumed", "notified", "resolved")
-        steps = [f"{k} +{r.timeline[k]:.1f}s" for k in order if r.timeline.get(k) is not None]
+        steps = [f"{k} +{v:.1f}s" for k, v in sorted(_set(r.timeline), key=lambda kv: kv[1])]
         print(f"       incident {r.incident}: detected -> " + " -> ".join(steps))
+    if r.resume_s is not None or r.repair_s is not None:
+        print(f"       resume_s {r.resume_s}  repair_s {r.repair_s}  (real-time equivalent)")
 
 
-SLURM_KEYS = ("xid79", "xid13", "preemption", "maintenance", "duplicates", "lemon", "blast_radius", "poison")
+def _set(timeline: Mapping[str, float | None]) -> list[tuple[str, float]]:
+    return [(k, v) for k, v in timeline.items() if v is not None]
+
+
+SLURM_KEYS = (
+    "xid79",
+    "xid13",
+    "preemption",
+    "maintenance",
+    "duplicates",
+    "lemon",
+    "blast_radius",
+    "poison",
+    "xid79_spare",
+    "lemon_spare",
+    "degraded",
+    "replace_not_confirmed",
+    "no_spare",
+)
+SLURM_NODES = 18  # eight for the first scenarios, ten for the back-to-training ones
 GKE_KEYS = ("gke_xid79", "gke_two_members", "gke_preemption", "gke_maintenance", "gke_pdb", "gke_regional")
 
 
@@ -1029,14 +1317,22 @@ def run(workdir: Path, only: list[str] | None = None, keep: bool = False) -> int
     t0 = time.time()
     runs: list[Pipeline] = []
     if not only or set(only) & set(SLURM_KEYS):
-        runs.append(_on_stack(Stack(workdir), Scenarios, only, keep))
+        runs.append(_on_stack(Stack(workdir, ClusterSpec(nodes=SLURM_NODES)), Scenarios, only, keep))
     if not only or set(only) & set(GKE_KEYS):
         gke = Stack(workdir / "gke", gke_spec(), compute_scale=GKE_COMPUTE_SCALE)
         runs.append(_on_stack(gke, GkeScenarios, only, keep))
     results = [r for sc in runs for r in sc.results]
     summary = {
         "scenarios": [
-            {"name": r.name, "passed": r.passed, "detail": r.detail, "timeline": r.timeline} for r in results
+            {
+                "name": r.name,
+                "passed": r.passed,
+                "detail": r.detail,
+                "timeline": r.timeline,
+                "resume_s": r.resume_s,
+                "repair_s": r.repair_s,
+            }
+            for r in results
         ],
         "latency_ms": latency_summary([x for sc in runs for x in sc.latencies]),
         "wall_s": round(time.time() - t0, 1),

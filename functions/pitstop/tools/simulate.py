@@ -11,8 +11,6 @@ import argparse
 import copy
 import json
 import math
-import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -270,21 +268,6 @@ def plot(path: str, result: dict[str, Any], sweep_key: str | None, runs: list[di
 # -- the command -------------------------------------------------------------------------------
 
 
-def bench(scn: dict[str, Any], out: Any = sys.stdout) -> dict[str, float]:
-    """Speed of one full comparison (trace + every strategy), measured here, never in tests."""
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    result = simulate(scn)
-    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    faults = sum(r["faults"] for r in result["strategies"])
-    figures = {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "faults_handled": faults}
-    print(
-        f"simulate: {scn['fleet']['nodes']} nodes, {scn['days']} days, {len(scn['strategies'])} strategies, "
-        f"{faults} faults handled: {wall:.2f} s wall, {cpu:.2f} s CPU",
-        file=out,
-    )
-    return figures
-
-
 def cmd_simulate(args: argparse.Namespace) -> int:
     overrides = {
         k: getattr(args, k)
@@ -296,8 +279,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         scn = copy.deepcopy(scn)
         scn["strategies"] = [s for s in args.strategies.split(",") if s]
         resources.validate(scn, SCHEMA, "--strategies")
-    if args.bench:
-        bench(scn)
+    if args.bench:  # bench.bench_simulate on this scenario: one comparison and a fleet-size sweep, timed
+        from pitstop.tools import bench
+
+        sizes = args.sweep[1] if args.sweep and args.sweep[0] == "nodes" else bench.SIMULATE_SWEEP_NODES
+        print(json.dumps(bench.bench_simulate(scn, sweep_nodes=sizes), indent=2))
         return 0
     result = simulate(scn)
     key, runs = None, []
@@ -333,7 +319,11 @@ def register(sub: Any) -> None:
     s.add_argument("--sweep", type=parse_sweep, default=None, help="FIELD=V1,V2,... e.g. nodes=256,512,1024")
     s.add_argument("--json", action="store_true", help='{"strategies": [...], "scenario": {...}}')
     s.add_argument("--plot", metavar="FILE.png", default=None, help="ETTR and GPU-hours lost by cause")
-    s.add_argument("--bench", action="store_true", help="time one comparison instead of printing it")
+    s.add_argument(
+        "--bench",
+        action="store_true",
+        help="time one comparison and a sweep of fleet sizes (--sweep nodes=...) instead; JSON",
+    )
     s.set_defaults(func=cmd_simulate)
 
 

@@ -2,14 +2,21 @@
 
 busbw rises with message size and reaches the node's ``busbw`` at the largest size (-e), so a
 "degraded" node (busbw 120 on a3-megagpu-8g) prints a table whose large rows fail validation.
+
+Launched by ``srun`` across several nodes (one task per node, as nccl-tests built with MPI
+runs), it behaves like the real thing: only rank 0 prints, the ranks are listed per node of
+the step (SLURM_STEP_NODELIST), and the ring runs at the speed of its slowest node, so one
+degraded node shows in the table whichever node rank 0 landed on.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 import sys
 
-from pitstop.local.gpu_tools.state import NodeState, StateError, load
+from pitstop.local.gpu_tools.state import NodeState, StateError, expand_hostlist, load
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _HALF = 64 << 20  # the size at which the curve reaches half its peak
@@ -47,8 +54,10 @@ def _row(size: int, ranks: int, busbw: float) -> str:
     return f"{size:12d}  {count:12d}     float    none      -1  {cols}  {cols}"
 
 
-def table(s: NodeState, lo: int, hi: int, factor: int) -> str:
-    ranks = 2 * s.gpus  # this node and one healthy peer
+def table(s: NodeState, lo: int, hi: int, factor: int, hosts: list[str] | None = None) -> str:
+    """The table for ``s`` (its GPUs on each of ``hosts``; default: this node and one peer)."""
+    hosts = hosts or [s.node, "peer"]
+    ranks = len(hosts) * s.gpus
     out = [
         f"# nThread 1 nGpus 1 minBytes {lo} maxBytes {hi} step: {factor}(factor) warmup iters: 5 iters: 20 "
         "agg iters: 1 validation: 1 graph: 0",
@@ -56,7 +65,7 @@ def table(s: NodeState, lo: int, hi: int, factor: int) -> str:
         "# Using devices",
     ]
     for r in range(ranks):
-        host, dev = (s.node, r) if r < s.gpus else ("peer", r - s.gpus)
+        host, dev = hosts[r // s.gpus], r % s.gpus
         where = f"device {dev:2d} [0000:{s.pci(dev)[9:11].lower()}:00] {s.product}"
         out.append(f"#  Rank {r:2d} Group  0 Pid {1000 + r:6d} on {host} {where}")
     out += ["#", "#" + " " * 62 + "out-of-place" + " " * 23 + "in-place", *_HEADER]
@@ -71,17 +80,35 @@ def table(s: NodeState, lo: int, hi: int, factor: int) -> str:
     return "\n".join(out) + "\n"
 
 
+def _rank() -> int:
+    for var in ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def step_states(s: NodeState) -> tuple[NodeState, list[str] | None]:
+    """Under a multi-node Slurm step: the ring's state (this node's, at the slowest node's busbw)
+    and the step's hosts; else this node alone (and a nameless peer)."""
+    hosts = expand_hostlist(os.environ.get("SLURM_STEP_NODELIST", ""))
+    if len(hosts) < 2:
+        return s, None
+    slowest = min((load(node=h) for h in hosts), key=lambda n: n.busbw)
+    return dataclasses.replace(s, busbw=min(s.busbw, slowest.busbw)), hosts
+
+
 def main(argv: list[str]) -> int:
     try:
         lo, hi, factor = _args(argv)
-        s = load()
+        s, hosts = step_states(load())
     except (ValueError, StateError) as exc:
         print(f"all_gather_perf stand-in: {exc}", file=sys.stderr)
         return 2
     if s.gpus <= 0:
         print("Test NCCL failure: no CUDA devices", file=sys.stderr)
         return 1
-    sys.stdout.write(table(s, lo, hi, factor))
+    if _rank() == 0:  # as with nccl-tests under MPI, the other ranks print nothing
+        sys.stdout.write(table(s, lo, hi, factor, hosts))
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,55 @@ class NodeState:
         return f"00000000:{PCI_BUSES[index % len(PCI_BUSES)].upper()}:00.0"
 
 
+# What the fake Compute's admin API (``/_admin/gpu_state``) may set for a host, key by key.
+_INT_KEYS = ("total_gpus", "gpus", "dcgm_gpu", "remap_gpu")
+_CHOICES = {
+    "dcgm": ("pass", "fail", "warn"),
+    "dcgm_schema": ("v4", "v3"),
+    "remap": ("none", "pending", "failure"),
+}
+# Named outcomes for the admin API and the demo: ``{"state": "degraded"}``.
+PRESETS: dict[str, dict[str, Any]] = {
+    "degraded": {"busbw": 120.0},  # NVLink/NIC trouble: all_gather far below a3-megagpu-8g's ~190 GB/s
+    "gpu_lost": {"gpus": 7},  # one GPU fallen off the bus
+    "dcgm_fail": {"dcgm": "fail"},
+    "remap_failure": {"remap": "failure", "dcgm": "fail"},
+}
+
+
+def check_entry(entry: Any) -> dict[str, Any]:
+    """One node's state, checked key by key (unknown keys and wrong types are refused): the
+    entry as the stand-ins will read it. A preset name stands for its entry."""
+    if isinstance(entry, str):
+        if entry not in PRESETS:
+            raise StateError(f"unknown GPU state preset {entry!r} (known: {', '.join(sorted(PRESETS))})")
+        entry = PRESETS[entry]
+    if not isinstance(entry, dict):
+        raise StateError("a GPU state must be an object or a preset name")
+    out: dict[str, Any] = {}
+    for k, v in entry.items():
+        if k in _INT_KEYS:
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 64:
+                raise StateError(f"{k} must be an integer 0-64")
+        elif k == "busbw":
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 10_000:
+                raise StateError("busbw must be a number of GB/s")
+            v = float(v)
+        elif k in _CHOICES:
+            if v not in _CHOICES[k]:
+                raise StateError(f"{k} must be one of {', '.join(_CHOICES[k])}")
+        elif k == "nvlink_down":
+            if not isinstance(v, list) or not all(isinstance(g, int) and not isinstance(g, bool) for g in v):
+                raise StateError("nvlink_down must be a list of GPU indices")
+        elif k == "product":
+            if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9 ._-]{1,64}", v):
+                raise StateError("product must be a short name")
+        else:
+            raise StateError(f"unknown GPU state key {k!r}")
+        out[k] = v
+    return out
+
+
 def _entry(doc: Any, node: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise StateError("state must be a JSON object keyed by node name")
@@ -45,10 +95,18 @@ def _entry(doc: Any, node: str) -> dict[str, Any]:
     return entry
 
 
-def load(env: dict[str, str] | None = None) -> NodeState:
-    """This node's state from PITSTOP_GPU_STATE (path or inline JSON); defaults when absent."""
+def node_name(env: dict[str, str] | None = None) -> str:
+    """The node this process runs on: PITSTOP_NODE, else Slurm's SLURMD_NODENAME (a job step's
+    node, right also when several slurmd run on one machine), else the host name."""
     env = dict(os.environ) if env is None else env
-    node = env.get("PITSTOP_NODE") or env.get("SLURMD_NODENAME") or socket.gethostname()
+    return env.get("PITSTOP_NODE") or env.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def load(env: dict[str, str] | None = None, node: str | None = None) -> NodeState:
+    """A node's state (this node's unless named) from PITSTOP_GPU_STATE (path or inline JSON);
+    defaults when absent."""
+    env = dict(os.environ) if env is None else env
+    node = node or node_name(env)
     raw = env.get("PITSTOP_GPU_STATE", "")
     if not raw:
         return NodeState(node)
@@ -75,3 +133,31 @@ def load(env: dict[str, str] | None = None) -> NodeState:
         )
     except (OSError, ValueError, TypeError) as exc:
         raise StateError(f"PITSTOP_GPU_STATE: {exc}") from exc
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compressed host list (``a3-node-[001-003,007],login``) as names, in order.
+
+    Enough of the syntax for SLURM_STEP_NODELIST: comma-separated names, each with bracketed
+    ranges (zero padding kept); a name may carry several bracket groups.
+    """
+    names: list[str] = []
+    for part in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text.strip()):
+        names.extend(_expand_one(part))
+    return names
+
+
+def _expand_one(name: str) -> list[str]:
+    m = re.search(r"\[([^\]]*)\]", name)
+    if m is None:
+        return [name] if name else []
+    head, tail = name[: m.start()], name[m.end() :]
+    out: list[str] = []
+    for rng in m.group(1).split(","):
+        lo, _, hi = rng.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise StateError(f"bad host range {rng!r} in {name!r}")
+        width = len(lo)
+        for n in range(int(lo), int(hi or lo) + 1):
+            out.extend(_expand_one(f"{head}{n:0{width}d}{tail}"))
+    return out

@@ -1,0 +1,252 @@
+"""Back to training at once, back to service only on measured health: the decisions around a repair.
+
+Three questions a remediation step asks, each answered here without I/O:
+
+- **early requeue**: may the gang move before the repair? Policy (``reschedule``) and what the
+  scheduler says about its healthy capacity decide; otherwise the old order holds (requeue once
+  the node is back) and the incident says why.
+- **diagnose**: a REPLACE_NODE on log text alone first runs a short diagnostic on the fenced
+  node; confirmed → replace (the finding goes into the host report), else step down to
+  REBOOT_NODE. A diagnostic that never finished is no evidence either: step down too, since a
+  reboot that does not heal the node fails its validation, which is measured evidence.
+- **validate**: after a repair, DCGM and an NCCL all_gather with one healthy peer; pass → the
+  node returns; evidence against the hardware → REPLACE_NODE (measured, so no diagnostic); else a
+  person is paged and the node stays fenced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pitstop.core import diagnose as diag
+from pitstop.core import validation as val
+from pitstop.core.actions import Action
+from pitstop.core.policy import Policy
+
+DIAGNOSE = "diagnose"
+VALIDATE = "validate"
+EARLY = "early"
+AFTER_REPAIR = "after_repair"
+# Measured evidence an incident keeps (``measured``), newest last; bounded like every list on it.
+MAX_MEASURED = 8
+
+
+def check_name(iid: str, step: int, kind: str) -> str:
+    """The run's name in the scheduler (a Slurm job name, a pod name): a DNS label, fixed per step."""
+    return f"pitstop-{iid}-{step}-{kind}"
+
+
+def machine_type_of(vm: Mapping[str, Any]) -> str:
+    """``a3-megagpu-8g`` from Compute's ``machine_type`` URL (or a bare name)."""
+    return str(vm.get("machine_type") or "").rsplit("/", 1)[-1]
+
+
+# -- early requeue ---------------------------------------------------------------------------
+
+
+def early_requeue(policy_choice: str, capacity: Mapping[str, Any]) -> tuple[bool, str]:
+    """Whether to requeue a job now, before the repair, and one line saying why (or why not)."""
+    if policy_choice != EARLY:
+        return False, "policy reschedule: after_repair (the gang is requeued once the node is back)"
+    why = str(capacity.get("why") or "")
+    if capacity.get("enough") is True:
+        return True, f"healthy capacity for the gang now: {why}"
+    return False, f"not enough healthy capacity to move the gang now ({why}): requeued once the node is back"
+
+
+# -- diagnose before an irreversible action -----------------------------------------------------
+
+
+def hardware_measured(inc: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The latest measurement on this incident that found a hardware fault, if any."""
+    for m in reversed(inc.get("measured") or []):
+        if isinstance(m, Mapping) and m.get("hardware_fault"):
+            return m
+    return None
+
+
+def needs_diagnosis(inc: Mapping[str, Any], policy: Policy) -> tuple[bool, str]:
+    if inc.get("action") != Action.REPLACE_NODE:
+        return False, "a diagnostic runs only before REPLACE_NODE"
+    if not policy.diagnose["enabled"]:
+        return False, "diagnose.enabled is false in policy"
+    found = hardware_measured(inc)
+    if found is not None:
+        return False, f"already measured on the node: {found.get('why')}"
+    return True, "REPLACE_NODE on log text alone: the node is examined first"
+
+
+def diagnose_spec(inc: Mapping[str, Any], step: int, policy: Policy, gpus: int) -> dict[str, Any]:
+    return {
+        "kind": DIAGNOSE,
+        "name": check_name(str(inc["id"]), step, DIAGNOSE),
+        "incident": inc["id"],
+        "dcgm_level": int(policy.diagnose["dcgm_level"]),
+        "gpus": gpus,
+    }
+
+
+def evidence_gpu(inc: Mapping[str, Any]) -> dict[str, Any]:
+    """The GPU the log lines named most, as ``{"gpu": {"pci": ...}}`` for the diagnostic."""
+    gpus = [g for g in (inc.get("gpus") or {}).values() if isinstance(g, Mapping) and g.get("pci")]
+    if not gpus:
+        return {}
+
+    def hits(g: Mapping[str, Any]) -> int:
+        xids = g.get("xids") or {}
+        return sum(int(v) for v in xids.values() if isinstance(v, int)) if isinstance(xids, Mapping) else 0
+
+    return {"gpu": {"pci": str(max(gpus, key=hits)["pci"])}}
+
+
+@dataclass(frozen=True)
+class DiagnosisVerdict:
+    confirmed: bool
+    action: str  # what this step does now: REPLACE_NODE, or REBOOT_NODE after a step-down
+    why: str
+    detail: Mapping[str, Any]
+
+    def record(self, at: float) -> dict[str, Any]:
+        return {
+            "kind": DIAGNOSE,
+            "at": at,
+            "confirmed": self.confirmed,
+            "hardware_fault": self.confirmed,
+            "action": self.action,
+            "why": self.why,
+            **{k: v for k, v in self.detail.items() if k in _DIAG_KEYS},
+        }
+
+
+_DIAG_KEYS = (
+    "gpus_visible",
+    "gpus_expected",
+    "evidence_gpu",
+    "dcgm",
+    "findings",
+    "config_findings",
+    "unreadable",
+)
+
+
+def judge_diagnosis(
+    inc: Mapping[str, Any],
+    result: Mapping[str, Any] | None,
+    expected_gpus: int,
+    table: val.ValidationTable | None = None,
+) -> DiagnosisVerdict:
+    """Confirm the replacement from what the node itself says, or step down and say why."""
+    if not result or not result.get("done"):
+        why = "the diagnostic did not finish" + (
+            f" ({result.get('error')})" if result and result.get("error") else ""
+        )
+        return DiagnosisVerdict(
+            False, Action.REBOOT_NODE, f"{why}: no evidence either way, stepping down to REBOOT_NODE", {}
+        )
+    out = result.get("outputs") or {}
+    smi = diag.parse_nvidia_smi_q(str(out.get("nvidia_smi_q") or ""))
+    nvlink = diag.parse_nvlink_status(str(out["nvlink"])) if out.get("nvlink") is not None else None
+    dcgm = val.parse_dcgm_diag(str(out["dcgm"])) if out.get("dcgm") is not None else None
+    d = diag.diagnose(evidence_gpu(inc), smi, dcgm, expected_gpus, nvlink, table)
+    return DiagnosisVerdict(
+        d.confirmed, Action.REPLACE_NODE if d.confirmed else Action.REBOOT_NODE, d.why, d.detail
+    )
+
+
+# -- validate before returning to service ------------------------------------------------------
+
+
+def needs_validation(inc: Mapping[str, Any], policy: Policy, has_scheduler: bool) -> tuple[bool, str]:
+    cfg = policy.validation
+    if not cfg["enabled"]:
+        return False, "validation.enabled is false in policy"
+    if inc.get("action") not in cfg["actions"]:
+        return False, f"validation.actions does not list {inc.get('action')}"
+    if not has_scheduler:
+        return False, "the node is in no scheduler to run a validation through"
+    return True, "the node returns to service only on measured health"
+
+
+def table_for(policy: Policy, table: val.ValidationTable | None = None) -> val.ValidationTable:
+    base = table or val.default_validation_table()
+    expected = policy.validation["expected"]
+    return base.with_overrides(expected) if expected else base
+
+
+def validate_spec(
+    inc: Mapping[str, Any], step: int, policy: Policy, machine_type: str, table: val.ValidationTable
+) -> dict[str, Any]:
+    exp = table.expectation(machine_type)
+    return {
+        "kind": VALIDATE,
+        "name": check_name(str(inc["id"]), step, VALIDATE),
+        "incident": inc["id"],
+        "dcgm_level": int(policy.validation["dcgm_level"]),
+        "gpus": exp.gpus if exp else 8,
+        "message_bytes": exp.message_bytes if exp else 8 << 30,
+        "peer": True,
+    }
+
+
+@dataclass(frozen=True)
+class ValidationVerdict:
+    validation: val.Validation
+    next: str  # RETURN_TO_SERVICE, REPLACE_NODE, or PAGE
+    peer: str | None
+    note: str
+
+    def record(self, at: float) -> dict[str, Any]:
+        return {
+            "kind": VALIDATE,
+            "at": at,
+            "hardware_fault": self.next == Action.REPLACE_NODE,
+            "next": self.next,
+            "peer": self.peer,
+            "note": self.note,
+            **self.validation.as_record(),
+        }
+
+
+def judge_validation(
+    action: str,
+    machine_type: str,
+    result: Mapping[str, Any] | None,
+    policy: Policy,
+    table: val.ValidationTable,
+) -> ValidationVerdict:
+    """Judge the repaired node from its DCGM and NCCL outputs; fail closed on anything missing."""
+    cfg = policy.validation
+    if not result or not result.get("done"):
+        why = "validation did not finish" + (
+            f" ({result.get('error')})" if result and result.get("error") else ""
+        )
+        v = val.Validation(False, "incomplete", why + ": the node stays fenced")
+        return ValidationVerdict(v, val.PAGE, None, "")
+    out = result.get("outputs") or {}
+    peer = result.get("peer")
+    note = str(result.get("note") or "")
+    dcgm = val.parse_dcgm_diag(str(out.get("dcgm") or ""))
+    if out.get("nccl") is None:
+        v = _dcgm_only(dcgm, note, bool(cfg["require_peer"]))
+    else:
+        v = val.validate(
+            machine_type, val.parse_all_gather(str(out["nccl"])), dcgm, float(cfg["busbw_fraction"]), table
+        )
+    return ValidationVerdict(v, val.next_action(action, v), str(peer) if peer else None, note)
+
+
+def _dcgm_only(dcgm: val.DcgmResult, note: str, require_peer: bool) -> val.Validation:
+    """No healthy peer was free for the NCCL test: DCGM alone decides, unless policy requires a peer."""
+    why_peer = note or "no healthy peer was free for the NCCL test"
+    if require_peer:
+        return val.Validation(
+            False, "no_peer", f"{why_peer}; validation.require_peer is true", dcgm_verdict=dcgm.verdict
+        )
+    gate = val.dcgm_gate(dcgm)
+    if gate is not None:
+        return gate
+    return val.Validation(
+        True, "pass", f"DCGM pass; busbw not measured: {why_peer}", dcgm_verdict=dcgm.verdict
+    )
