@@ -485,12 +485,15 @@ def _steps(world: World, iid: str) -> dict[str, dict[str, Any]]:
 
 
 def _requeued(world: World, iid: str) -> list[str]:
-    """Every job an incident requeued, early or once its node was back, in step order."""
+    """Every job an incident requeued: early, to free the node for a check, or once the node was back."""
     steps = _steps(world, iid)
     out: list[str] = []
-    for key in sorted(k for k in steps if k.endswith(("-reschedule_early", "-reschedule"))):
+    for key in sorted(steps):
         result = steps[key].get("result") or {}
-        out += [r["job"] if isinstance(r, dict) else str(r) for r in result.get("requeued", [])]
+        moved = result.get("requeued_to_free", []) if key.endswith(("-diagnose", "-validate")) else []
+        if key.endswith(("-reschedule_early", "-reschedule")):
+            moved = result.get("requeued", [])
+        out += [r["job"] if isinstance(r, dict) else str(r) for r in moved]
     return out
 
 

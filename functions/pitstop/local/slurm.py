@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -222,3 +223,17 @@ class SlurmCluster:
             p.stop()
         self.procs.clear()
         self.daemons.clear()
+        self._end_strays()
+
+    def _end_strays(self) -> None:
+        """Job steps (slurmstepd and the job's own processes) can outlive their slurmd: end the ones
+        of this cluster, known by the SLURM_CONF in their environment."""
+        mine = f"SLURM_CONF={self.conf}".encode()
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                if mine in (proc / "environ").read_bytes().split(b"\0"):
+                    os.kill(int(proc.name), signal.SIGKILL)
+            except (OSError, ValueError):
+                continue  # gone meanwhile, or not ours to read
