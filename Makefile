@@ -23,9 +23,11 @@ typecheck: install
 	$(BIN)/mypy
 
 # Three processes, one test file each at a time (fixtures are per module): most of the suite
-# waits on emulators, Slurm and workflow timers rather than on the CPU.
+# waits on emulators, Slurm and workflow timers rather than on the CPU. A worker killed by a
+# timeout ends the run: xdist's loadfile scheduler can deadlock replacing a crashed worker
+# (pytest-xdist #784, #1378). The slowest tests are listed so CI shows where its time went.
 unit: system install
-	$(BIN)/pytest -q -n 3 --dist loadfile
+	$(BIN)/pytest -q -n 3 --dist loadfile --max-worker-restart=0 --durations=25
 
 test: lint typecheck unit
 
