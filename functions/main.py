@@ -29,6 +29,7 @@ from google.cloud.pubsub_v1 import PublisherClient
 from pitstop.adapters import log
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.firestore import IncidentStore
+from pitstop.adapters.gke_node import KubeClients, NodeReader
 from pitstop.adapters.gke_zone import ZoneResolver
 from pitstop.adapters.monitoring import MetricsWriter
 from pitstop.adapters.pubsub import Notifier
@@ -74,9 +75,11 @@ def _ingest() -> Ingest:
         project, wf["location"], wf["name"], os.environ.get("PITSTOP_WORKFLOWS_ENDPOINT")
     )
     notifier = Notifier(project, os.environ.get("PITSTOP_NOTIFICATIONS_TOPIC", "pitstop-notifications"))
-    # A regional GKE cluster's entries name no zone: Compute's aggregatedList finds the node's.
-    zones = ZoneResolver(instances=_LazyInstances())
-    return Ingest(pol, store, starter, notifier, zones=zones)
+    # GKE: the Node an entry names gives a regional node's zone (spec.providerID; else Compute's
+    # aggregatedList) and its device plugin's word on a serial-console Xid line (XidCriticalError).
+    kube = KubeClients(pol, project, os.environ.get("PITSTOP_KUBE_ENDPOINT"))
+    zones = ZoneResolver(kube_for=kube, instances=_LazyInstances())
+    return Ingest(pol, store, starter, notifier, zones=zones, nodes=NodeReader(kube))
 
 
 def _sweep() -> Sweep:

@@ -918,3 +918,33 @@ def test_results_topic_and_ledger_arguments() -> None:
     import pitstop.agent.slurm as agent_mod
 
     assert "firestore" not in Path(agent_mod.__file__).read_text().split('"""', 2)[2]
+
+
+def test_stopping_a_cluster_ends_its_job_processes_and_nothing_that_only_inherited_its_conf(
+    tmp_path: Path,
+) -> None:
+    """A job step can outlive slurmd, so stop() ends it; an emulator a test started while SLURM_CONF
+    was set (seen in CI: the session's Pub/Sub emulator killed, every later test hanging) is not
+    a job's, and lives on."""
+    import shutil
+    import subprocess
+
+    cluster = SlurmCluster(tmp_path, ["n1"])
+    stepd = tmp_path / "slurmstepd"  # /proc/PID/comm is the executable's name
+    shutil.copy("/bin/sleep", stepd)
+    conf = {**os.environ, "SLURM_CONF": str(cluster.conf)}
+    job = subprocess.Popen(["sleep", "300"], env={**conf, "SLURM_JOB_ID": "7"})
+    step = subprocess.Popen([str(stepd), "300"], env=conf)
+    bystander = subprocess.Popen(["sleep", "300"], env=conf)
+    other = subprocess.Popen(
+        ["sleep", "300"], env={**conf, "SLURM_CONF": "/elsewhere/slurm.conf", "SLURM_JOB_ID": "7"}
+    )
+    try:
+        time.sleep(0.2)  # exec done: /proc shows the new image's name
+        cluster._end_strays()
+        assert job.wait(10) == -9 and step.wait(10) == -9
+        assert bystander.poll() is None and other.poll() is None
+    finally:
+        for p in (job, step, bystander, other):
+            p.kill()
+            p.wait()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -161,6 +162,11 @@ def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.
             logs,
             (topic, "pitstop-notifications", "roles/pubsub.publisher", ""),
             ("functions", "pitstop-ingest", "roles/run.invoker", ""),
+            # reads a node (RBAC: nodes get only): a regional node's zone, XidCriticalError
+            (prj, p, "roles/container.clusterViewer", ""),
+            (prj, other, "roles/container.clusterViewer", ""),
+            (prj, p, f"projects/{p}/roles/pitstopNodeLookup", ""),
+            (prj, other, f"projects/{other}/roles/pitstopNodeLookup", ""),
         },
         sa("actuate"): {
             (prj, p, "roles/datastore.user", db),
@@ -172,8 +178,6 @@ def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.
             (prj, other, f"projects/{other}/roles/pitstopOperationsReader", ""),
             (prj, p, "roles/container.clusterViewer", ""),
             (prj, other, "roles/container.clusterViewer", ""),
-            (prj, p, f"projects/{p}/roles/pitstopNodeLookup", ""),
-            (prj, other, f"projects/{other}/roles/pitstopNodeLookup", ""),
             (topic, "pitstop-notifications", "roles/pubsub.publisher", ""),
             (topic, "pitstop-slurm-train", "roles/pubsub.publisher", ""),
             (topic, "pitstop-slurm-infer", "roles/pubsub.publisher", ""),
@@ -520,11 +524,11 @@ def test_a_changed_policy_redeploys_the_functions_and_nothing_else(tmp_path: Pat
     assert changed == {k for k in shipped if k.startswith("function ")}
 
 
-def test_gke_rbac_is_applied_with_the_actuator_named_and_credentials_kept_private(
+def test_gke_rbac_is_applied_with_its_accounts_named_and_credentials_kept_private(
     gke_steps: list[deploy.Step], tmp_path: Path
 ) -> None:
     manifest = tmp_path / "clusterrole.yaml"  # infra/gke/clusterrole.yaml is another change's; a stand-in
-    manifest.write_text("kind: ClusterRoleBinding\nsubjects: [{kind: User, name: ${ACTUATOR_SA}}]\n")
+    manifest.write_text("subjects: [{kind: User, name: ${ACTUATOR_SA}}, {kind: User, name: ${INGEST_SA}}]\n")
     rbac = [dataclasses.replace(s, stdin=str(manifest)) for s in gke_steps if s.program == "kubectl"]
     seen: list[tuple[str, list[str], dict[str, str], str | None]] = []
 
@@ -545,13 +549,54 @@ def test_gke_rbac_is_applied_with_the_actuator_named_and_credentials_kept_privat
     assert seen[0][1] == [*creds, "--project", "my-train-proj"]
     assert seen[2][1][3:] == ["tpu-b", "--location=europe-west4-b", "--project", "ml-other-proj"]
     assert seen[1][1] == ["apply", "-f", "-"]
-    actuator = "pitstop-actuate@my-train-proj.iam.gserviceaccount.com"
-    assert seen[1][3] == f"kind: ClusterRoleBinding\nsubjects: [{{kind: User, name: {actuator}}}]\n"
+    actuator, ingest = (f"pitstop-{a}@my-train-proj.iam.gserviceaccount.com" for a in ("actuate", "ingest"))
+    assert seen[1][3] == f"subjects: [{{kind: User, name: {actuator}}}, {{kind: User, name: {ingest}}}]\n"
     assert seen[0][2] == seen[1][2] != seen[2][2]  # one kubeconfig per cluster, shared by its two commands
     assert not Path(seen[0][2]["KUBECONFIG"]).parent.exists()  # removed when the run ends
     seen.clear()
     assert deploy.teardown(rbac, False, _never_gcloud, logs.append, tool) == 0
     assert [(x[0], x[1][:1]) for x in seen] == [("gcloud", ["container"]), ("kubectl", ["delete"])] * 2
+
+
+def test_gke_rbac_lets_ingest_get_nodes_and_nothing_else(gke_steps: list[deploy.Step]) -> None:
+    """ingest reads one Node by name (spec.providerID: a regional node's zone; the XidCriticalError
+    condition that corroborates a serial-console Xid line); a get of a node returns its status too."""
+    rbac = [s for s in gke_steps if s.program == "kubectl"]
+    assert len(rbac) == 2 and all(s.stdin == rbac[0].stdin for s in rbac)
+    email = "pitstop-{}@my-train-proj.iam.gserviceaccount.com".format
+    assert rbac[0].stdin_vars == {"${ACTUATOR_SA}": email("actuate"), "${INGEST_SA}": email("ingest")}
+    assert rbac[0].stdin is not None
+    text = Path(rbac[0].stdin).read_text()
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    named = [d for d in docs if "${INGEST_SA}" in json.dumps(d)]  # ingest's account, in one binding only
+    assert [(d["kind"], d["metadata"]["name"]) for d in named] == [
+        ("ClusterRoleBinding", "pitstop-ingest-reader")
+    ]
+    (binding,) = named
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "pitstop-ingest-reader",
+    }
+    assert binding["subjects"] == [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "${INGEST_SA}"}
+    ]
+    (role,) = [
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == binding["roleRef"]["name"]
+    ]
+    assert set(role) == {"apiVersion", "kind", "metadata", "rules"}  # no aggregationRule to widen it
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    bound = [
+        d for d in docs if d["kind"].endswith("Binding") and d["roleRef"]["name"] == role["metadata"]["name"]
+    ]
+    assert bound == [binding]  # and no other account holds ingest's role
+    for k, v in rbac[0].stdin_vars.items():
+        text = text.replace(k, v)
+    applied = {
+        d["metadata"]["name"]: d for d in yaml.safe_load_all(text) if d and d["kind"] == "ClusterRoleBinding"
+    }
+    assert [x["name"] for x in applied["pitstop-ingest-reader"]["subjects"]] == [email("ingest")]
+    assert [x["name"] for x in applied["pitstop-actuator"]["subjects"]] == [email("actuate")]
 
 
 def _never_gcloud(argv: list[str]) -> Proc:

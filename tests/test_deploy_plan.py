@@ -10,7 +10,9 @@ least privilege (issue 12: Pitstop's own Firestore database and conditional data
 a workflow-starter custom role instead of project-wide workflows.invoker, the actuator's roles
 only in configured zones, the Slurm agent without Firestore but with a results topic), the
 outbox TTL (issue 11) and GKE clusters (issue 13: the `gke` case is new); then for the workflow's
-PITSTOP_CHECK_TIMEOUT_S and PITSTOP_RESUME_WAIT_S (issue 14: diagnose, validate, early requeue).
+PITSTOP_CHECK_TIMEOUT_S and PITSTOP_RESUME_WAIT_S (issue 14: diagnose, validate, early requeue);
+then (`gke` only) for ingest's GKE grants: clusterViewer, pitstopNodeLookup (no longer actuate's)
+and ${INGEST_SA} in the RBAC manifest (ingest reads a node: a regional node's zone, XidCriticalError).
 """
 
 from __future__ import annotations

@@ -138,6 +138,19 @@ def test_xid_from_a_regional_cluster_resolves_the_zone(sc: GkeScenarios) -> None
     assert r.passed, r.detail
 
 
+def test_a_serial_console_xid_is_acted_on_only_with_the_device_plugins_word(sc: GkeScenarios) -> None:
+    r = _run(sc, "serial")
+    f = r.facts
+    assert f["lone"] == {"trust": "unverified", "action": "NONE", "untouched": True}
+    assert (f["state"], f["trust"], f["action"]) == ("RESOLVED", "verified", "REBOOT_NODE")
+    assert f["cluster"] == sc.state.cluster["name"]  # a gce_instance line, placed in its cluster
+    assert f["resets"] == 1
+    assert f["restarts"] == 1
+    _healthy_elsewhere(sc, f, [sc.nodes[8]])
+    assert f["back"]
+    assert r.passed, r.detail
+
+
 # -- the stack from the outside: kubectl and `pitstop local status` ------------------------------
 
 

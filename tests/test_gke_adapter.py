@@ -324,6 +324,21 @@ def test_node_healthy_needs_ready_all_gpus_and_no_xid_condition(kube: FakeKube, 
     assert sched.node_healthy(n, CTX) is False
 
 
+def test_a_node_gke_is_maintaining_or_terminating_is_not_healthy(kube: FakeKube, sched: GkeScheduler) -> None:
+    """GKE labels a GPU node under host maintenance and taints one it will terminate (reference/gke.md
+    §5, GKE's handle-disruption-gpu-tpu docs); the node may stay Ready through both."""
+    n = NODES[0]
+    label = "cloud.google.com/active-node-maintenance"
+    kube.mutate("Node", n, lambda o: o["metadata"]["labels"].update({label: "ONGOING"}))
+    assert sched.node_healthy(n, CTX) is False
+    kube.mutate("Node", n, lambda o: o["metadata"]["labels"].pop(label))
+    assert sched.node_healthy(n, CTX) is True
+    taint = {"key": "cloud.google.com/impending-node-termination", "effect": "NoSchedule"}
+    kube.mutate("Node", n, lambda o: o["spec"].setdefault("taints", []).append(taint))
+    assert sched.node_healthy(n, CTX) is False
+    assert gke.node_health(kube.get("Node", n) or {})[1].startswith("GKE is about to terminate the node")
+
+
 # -- jobs --------------------------------------------------------------------------------------
 
 

@@ -629,6 +629,22 @@ def test_kueue_deactivate_evicts_and_reactivate_requeues(kube: FakeKube) -> None
     assert len([p for p in pods(kube) if p["status"]["phase"] == "Running"]) == 4
 
 
+def test_pod_gc_ends_an_unscheduled_pod_being_deleted_so_its_job_can_go(kube: FakeKube) -> None:
+    """PodGC's gcUnscheduledTerminating (kubernetes pkg/controller/podgc/gc_controller.go): no kubelet
+    ends a terminating pod bound to no node, and the Job controller's tracking finalizer holds it, so
+    PodGC fails it (DeletionByPodGC). Without that, a Job deleted in the foreground (a JobSet restart)
+    never goes, the JobSet cannot recreate it, and the gang waits forever (seen in the GKE e2e)."""
+    for n in kube.list("Node"):
+        kube.mutate("Node", n["metadata"]["name"], lambda o: o["spec"].update(unschedulable=True))
+    kube.create(make_jobset(replicas=1, pods=2))
+    cycle(kube)
+    waiting = pods(kube)
+    assert len(waiting) == 2 and not any(p["spec"].get("nodeName") for p in waiting)
+    kube.delete("JobSet", "train", NS, propagationPolicy="Foreground")
+    cycle(kube, rounds=3)
+    assert pods(kube) == [] and kube.list("Job", NS) == [] and kube.get("JobSet", "train", NS) is None
+
+
 def test_pod_gc_fails_pods_of_a_deleted_node(kube: FakeKube) -> None:
     """PodGC (gke.md §2 DisruptionTarget reasons): DeletionByPodGC, so a FailJob policy restarts the gang."""
     kube.create(make_jobset(replicas=1, pods=2, failure_policy=HOST_MAINTENANCE))

@@ -52,6 +52,9 @@ REQUEUED_FOR = "pitstop.dev/requeued-for"  # Workload annotation: the ctx of Pit
 GPU_RESOURCE = "nvidia.com/gpu"
 XID_CONDITION = "XidCriticalError"  # set by GKE's GPU device plugin (reference/gke.md §2)
 GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
+# GKE's own word on host maintenance of GPU nodes (GKE >= 1.31.1-gke.2008000; reference/gke.md §5).
+MAINTENANCE_ONGOING_LABEL = "cloud.google.com/active-node-maintenance"  # "ONGOING" while it runs
+TERMINATION_TAINT = "cloud.google.com/impending-node-termination"
 
 JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 KUEUE_GROUP, KUEUE_VERSION, WORKLOADS = "kueue.x-k8s.io", "v1beta2", "workloads"
@@ -247,11 +250,17 @@ def restart_blockers(js: Mapping[str, Any]) -> list[str]:
 
 
 def node_health(node: Mapping[str, Any]) -> tuple[bool, str]:
-    """(healthy, why not): Ready, every GPU allocatable, no XidCriticalError from the device plugin."""
+    """(healthy, why not): Ready, every GPU allocatable, no XidCriticalError from the device plugin,
+    and GKE not in the middle of maintaining or terminating it (a Ready node can still be either)."""
     if not condition_true(node, "Ready"):
         return False, "node is not Ready"
     if condition_true(node, XID_CONDITION):
         return False, f"{XID_CONDITION} is True"
+    if _labels(node).get(MAINTENANCE_ONGOING_LABEL) == "ONGOING":
+        return False, f"GKE reports host maintenance in progress ({MAINTENANCE_ONGOING_LABEL}=ONGOING)"
+    taints = _spec(node).get("taints") or []
+    if any(isinstance(t, Mapping) and t.get("key") == TERMINATION_TAINT for t in taints):
+        return False, f"GKE is about to terminate the node ({TERMINATION_TAINT})"
     st = _status(node)
     cap = (st.get("capacity") or {}).get(GPU_RESOURCE)
     alloc = (st.get("allocatable") or {}).get(GPU_RESOURCE)

@@ -1,6 +1,6 @@
 """Believe evidence only after checking it: where a driver line came from, and what it may start.
 
-Two pure pieces, both total:
+Three pure pieces, all total:
 
 * :func:`text_provenance` — given a LogEntry that carries a text line, which text is the
   evidence and whether a sender on the VM could have written it. Only the systemd journal's
@@ -10,6 +10,10 @@ Two pure pieces, both total:
 * :func:`allowed_action` / :func:`decide` — given the event's trust, the action proposed for
   it (by the classifier, or after the engine's escalation) and the policy's
   ``trust.text_syslog`` knob, the action this evidence alone may start and why.
+* :func:`xid_condition_confirms` / :func:`corroborated` — a second signal the writer of a line
+  cannot set: on GKE, the GPU device plugin's ``XidCriticalError`` Node condition (from NVML, for
+  the Xids it watches, under the node's current boot) makes an unverified Xid line verified.
+  Ingest reads the Node (adapters/gke_node.py); the rule is here.
 
 Unverified evidence is always recorded (the engine keeps and notifies it). With
 ``text_syslog: record`` (the default) it starts nothing; with ``act`` it may fence, reset
@@ -18,6 +22,7 @@ and reboot, but never replace a host on its own (REPLACE_NODE is lowered to REBO
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -188,3 +193,61 @@ def vm_identity_problem(
             " the evidence is about an earlier VM of that name"
         )
     return None
+
+
+# -- a second, trusted signal for a GKE node's text line -----------------------------------------
+# GKE's GPU device plugin learns Xids from NVML's event API, not from any text, and for these
+# ("monitored") Xids sets the node condition XidCriticalError: reason a JSON map {"<xid>": true},
+# message the node's bootID; a new boot clears it (container-engine-accelerators
+# pkg/gpu/nvidia/health_check/health_checker.go; reference/gke.md §2). A process on the VM that
+# can write the serial console cannot write the Node's status.
+DEVICE_PLUGIN_XIDS = frozenset({48, 63, 64, 79, 119, 120, 123, 140})
+XID_CONDITION = "XidCriticalError"
+WHY_XID_CONDITION = (
+    "corroborated by the node's XidCriticalError condition (GKE GPU device plugin, from NVML events)"
+)
+
+
+def wants_corroboration(ev: Mapping[str, Any]) -> bool:
+    """An unverified Xid line that a GKE node's device plugin would also have seen."""
+    src = ev.get("source")
+    return (
+        isinstance(src, Mapping)
+        and src.get("trust") != VERIFIED
+        and ev.get("kind") == "gpu_xid"
+        and ev.get("xid") in DEVICE_PLUGIN_XIDS
+    )
+
+
+def xid_condition_confirms(node_obj: Mapping[str, Any], xid: int) -> str | None:
+    """Why the Node's own XidCriticalError condition confirms ``xid`` on its current boot, or None.
+
+    All of: the condition is True, its reason map names the Xid, and its message is the bootID the
+    node runs now (a condition of an earlier boot says nothing about this one).
+    """
+    status = node_obj.get("status")
+    status = status if isinstance(status, Mapping) else {}
+    info = status.get("nodeInfo")
+    boot = info.get("bootID") if isinstance(info, Mapping) else None
+    conds = status.get("conditions")
+    for c in conds if isinstance(conds, list) else []:
+        if not (isinstance(c, Mapping) and c.get("type") == XID_CONDITION and c.get("status") == "True"):
+            continue
+        if not (isinstance(boot, str) and boot and c.get("message") == boot):
+            return None
+        try:
+            xids = json.loads(str(c.get("reason") or ""))
+        except ValueError:
+            return None
+        if isinstance(xids, dict) and xids.get(str(xid)) is True:
+            return f"{WHY_XID_CONDITION} for Xid {xid} on the current boot"
+    return None
+
+
+def corroborated(ev: Mapping[str, Any], why: str) -> dict[str, Any]:
+    """The event, believed on the second signal; the line's own trust stays in the reason."""
+    src = dict(ev["source"])
+    line = src.get("trust_reason") or "unverified line"
+    src["trust"], src["trust_reason"] = VERIFIED, f"{why}; the line itself: {line}"[:512]
+    reason = str(ev.get("reason", "")).replace(f"unverified: {line}", f"corroborated: {why}")[:512]
+    return {**ev, "source": src, "reason": reason}

@@ -369,14 +369,18 @@ class Controllers:
         self._pod_gc()
 
     def _pod_gc(self) -> None:
-        """PodGC: a pod bound to a Node that no longer exists fails (``DeletionByPodGC``) and is removed."""
+        """PodGC (``pkg/controller/podgc/gc_controller.go``): a pod bound to a Node that no longer
+        exists (``gcOrphaned``), or a terminating pod bound to no node (``gcUnscheduledTerminating``:
+        no kubelet will ever end it), fails (``DeletionByPodGC``) and is removed. A finalizer (the Job
+        controller's tracking one) keeps it until its owner lets the failed pod go."""
         nodes = {meta(n)["name"] for n in self.store.list("Node")}
         now = self.store.wall()
         for pod in self.store.list("Pod"):
             node = pod["spec"].get("nodeName")
-            if not node or node in nodes:
-                continue
             m = meta(pod)
+            unscheduled_terminating = not node and m.get("deletionTimestamp")
+            if not unscheduled_terminating and (not node or node in nodes):
+                continue
             if not is_terminal(pod):
                 self.store.mutate("Pod", m["name"], m["namespace"], lambda p: pod_gc_failed(p, now))
             with contextlib.suppress(ApiError):

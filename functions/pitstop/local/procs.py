@@ -135,7 +135,9 @@ def start_emulator(kind: str, workdir: Path, project: str = "pitstop-local") -> 
         ]
     else:
         raise ValueError(kind)
-    env = {**os.environ, "CLOUDSDK_CORE_DISABLE_PROMPTS": "1"}
+    # An emulator outlives whatever Slurm cluster the caller pointed at: it takes none of its settings.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["CLOUDSDK_CORE_DISABLE_PROMPTS"] = "1"
     proc = Proc(f"{kind}-emulator", argv, workdir / f"{kind}-emulator.log", env).start()
     wait_http(f"http://{host}/", proc)
     return proc, host

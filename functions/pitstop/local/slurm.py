@@ -227,13 +227,17 @@ class SlurmCluster:
 
     def _end_strays(self) -> None:
         """Job steps (slurmstepd and the job's own processes) can outlive their slurmd: end the ones
-        of this cluster, known by the SLURM_CONF in their environment."""
+        of this cluster, known by the SLURM_CONF in their environment and by being a step (a
+        slurmstepd) or a job's process (SLURM_JOB_ID). Anything else that merely inherited
+        SLURM_CONF from a caller (an emulator a test started meanwhile) is not Slurm's to end."""
         mine = f"SLURM_CONF={self.conf}".encode()
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit() or int(proc.name) == os.getpid():
                 continue
             try:
-                if mine in (proc / "environ").read_bytes().split(b"\0"):
+                env = (proc / "environ").read_bytes().split(b"\0")
+                step = (proc / "comm").read_text().strip() == "slurmstepd"
+                if mine in env and (step or any(v.startswith(b"SLURM_JOB_ID=") for v in env)):
                     os.kill(int(proc.name), signal.SIGKILL)
             except (OSError, ValueError):
                 continue  # gone meanwhile, or not ours to read

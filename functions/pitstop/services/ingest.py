@@ -22,6 +22,7 @@ from google.api_core import exceptions as gexc
 
 from pitstop.adapters import log
 from pitstop.adapters.firestore import IncidentStore
+from pitstop.adapters.gke_node import NodeReader, corroborate
 from pitstop.adapters.gke_zone import ZoneResolver, fill_zone
 from pitstop.core import engine
 from pitstop.core.classify import Classifier
@@ -64,8 +65,9 @@ class Ingest:
         classifier: Classifier | None = None,
         clock: Callable[[], float] = time.time,
         zones: ZoneResolver | None = None,
+        nodes: NodeReader | None = None,
     ) -> None:
-        self.policy, self.store, self.zones = policy, store, zones
+        self.policy, self.store, self.zones, self.nodes = policy, store, zones, nodes
         self.launcher = Launcher(store, starter, notifier)
         self.classifier = classifier or Classifier(policy.xids, Classifier.default().system_events)
         self.clock = clock
@@ -93,6 +95,8 @@ class Ingest:
                     "WARNING", "regional event without a zone acknowledged", reason=why, source=ev["source"]
                 )
                 return engine.Outcome("ignored")
+        if self.nodes is not None:  # a GKE node's text line, confirmed by its device plugin's condition
+            ev = self._corroborated(ev, self.nodes)
         observed = to_epoch(ev.get("observed_at"))
         ev["_observed_ts"] = min(observed, now) if observed else now
         out = self.coalescer.handle(ev, now)
@@ -109,6 +113,19 @@ class Ingest:
             mode=self.policy.mode,
         )
         self.follow_up(out, now)
+        return out
+
+    @staticmethod
+    def _corroborated(ev: dict[str, Any], nodes: NodeReader) -> dict[str, Any]:
+        out = corroborate(ev, nodes)
+        if out["source"]["trust"] != ev["source"]["trust"]:
+            log.emit(
+                "INFO",
+                "unverified line corroborated",
+                xid=ev["xid"],
+                node=ev["node"]["instance"],
+                reason=out["source"]["trust_reason"],
+            )
         return out
 
     @property

@@ -794,7 +794,7 @@ class Scenarios(Pipeline):
 
 
 REGION = ZONE.rsplit("-", 1)[0]
-GKE_NODES = 9  # seven nodes that take a fault each (cooldowns outlast the demo), a gang partner and a spare
+GKE_NODES = 11  # nine nodes that take a fault each (cooldowns outlast the demo), a gang partner and a spare
 GKE_COMPUTE_SCALE = 0.03  # a reset keeps the VM down ~1 s: time for the gang to restart off a preempted node
 POD_GRACE_S = 30  # the JobSets' terminationGracePeriodSeconds: what a checkpoint gets after SIGTERM
 
@@ -853,6 +853,21 @@ class GkeScenarios(Pipeline):
                     "node_name": node,
                 },
             },
+        }
+
+    def serial_entry(self, node: str, line: str) -> dict[str, Any]:
+        """A kernel line as GCE serial-port logging ships it (the GKE node's usual route): the console's
+        text on a gce_instance entry, which anyone on the VM could have written (unverified)."""
+        return {
+            "insertId": uuid.uuid4().hex[:16],
+            "logName": f"projects/{PROJECT}/logs/serialconsole.googleapis.com%2Fserial_port_1_output",
+            "timestamp": _stamp(),
+            "textPayload": f"[ 7341.112233] {line}",
+            "resource": {
+                "type": "gce_instance",
+                "labels": {"instance_id": self.vm_id(node), "project_id": PROJECT, "zone": ZONE},
+            },
+            "labels": {"compute.googleapis.com/resource_name": node},
         }
 
     def gang(self, name: str, members: list[str], spares: list[str]) -> Gang:
@@ -1232,6 +1247,56 @@ class GkeScenarios(Pipeline):
             },
         )
 
+    def serial(self) -> Result:
+        """The serial console's word alone is recorded; with the device plugin's condition it is acted on."""
+        forged, bad = self.nodes[7], self.nodes[8]
+        self.router.publish(self.serial_entry(forged, XID79))
+        self.wait(lambda: self.incidents(forged), 30, f"the record of {forged}'s line")
+        g = self.gang("serial", [bad, self.partner], [self.spare])
+        try:
+            self.device_plugin_xid(bad, 79)
+            self.router.publish(self.serial_entry(bad, XID79))
+            inc = self.finished(bad)
+            where = self.moved(g, [bad])
+            back, restarts = self.node_back(bad), self.restarts(g.name)
+        finally:
+            self.done_with(g)
+        lone = self.incidents(forged)[-1]
+        untouched = (
+            not self.calls("reset", forged) and not node_summary(self.kube.node(forged))["unschedulable"]
+        )
+        resets = self.calls("reset", bad)
+        ok = (
+            (lone["trust"], lone["action"]) == ("unverified", "NONE")
+            and untouched
+            and inc["state"] == "RESOLVED"
+            and (inc["trust"], inc["action"]) == ("verified", "REBOOT_NODE")
+            and len(resets) == 1
+            and restarts == 1
+            and back
+        )
+        return Result(
+            "gke_serial_console_xid",
+            ok,
+            f"serial-console Xid 79 alone on {forged}: {lone['action']} ({lone['trust']}), node untouched="
+            f"{untouched}; with the device plugin's XidCriticalError on {bad}: {inc['action']} "
+            f"({inc['trust']}), VM reset {len(resets)}x, JobSet restarted {restarts}x onto "
+            f"{','.join(where)}, back={back}",
+            durations(inc),
+            inc["id"],
+            {
+                "lone": {"trust": lone["trust"], "action": lone["action"], "untouched": untouched},
+                "state": inc["state"],
+                "trust": inc["trust"],
+                "action": inc["action"],
+                "cluster": inc["node"].get("cluster"),
+                "resets": len(resets),
+                "restarts": restarts,
+                "moved_to": where,
+                "back": back,
+            },
+        )
+
     def run_all(self, only: list[str] | None = None) -> list[Result]:
         plan: list[tuple[str, Callable[[], Result]]] = [
             ("gke_xid79", self.xid79),
@@ -1240,6 +1305,7 @@ class GkeScenarios(Pipeline):
             ("gke_maintenance", self.maintenance),
             ("gke_pdb", self.pdb_blocks),
             ("gke_regional", self.regional),
+            ("gke_serial", self.serial),
         ]
         results = []
         for key, fn in plan:

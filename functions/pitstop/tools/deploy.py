@@ -552,10 +552,11 @@ def _gke_node_pool_check(e: Entry, t: Target) -> list[Step]:
 
 
 def _gke_rbac(e: Entry, t: Target) -> list[Step]:
-    """actuate's ClusterRole and binding, applied with kubectl in the cluster itself.
+    """actuate's and ingest's ClusterRoles and bindings, applied with kubectl in the cluster itself.
 
-    gcloud writes the cluster's credentials (the caller's identity, not actuate's) into a private
-    directory of this run; the manifest names actuate's account where it says ${ACTUATOR_SA}.
+    gcloud writes the cluster's credentials (the caller's identity, not Pitstop's) into a private
+    directory of this run; the manifest names actuate's account where it says ${ACTUATOR_SA} and
+    ingest's where it says ${INGEST_SA}. Teardown deletes the same manifest's objects.
     """
     name, loc, proj = e["cluster"], e["location"], str(e.get("project") or t.project)
     return [
@@ -565,7 +566,10 @@ def _gke_rbac(e: Entry, t: Target) -> list[Step]:
             program="kubectl",
             env={"KUBECONFIG": f"{WORKDIR}/{proj}.{loc}.{name}.kubeconfig"},
             stdin=str(INFRA / e["file"]),
-            stdin_vars={"${ACTUATOR_SA}": sa_email("actuate", t.project)},
+            stdin_vars={
+                "${ACTUATOR_SA}": sa_email("actuate", t.project),
+                "${INGEST_SA}": sa_email("ingest", t.project),
+            },
             credentials=["container", "clusters", "get-credentials", name, f"--location={loc}", *t.at(e)],
             delete=["delete", "-f", "-", "--ignore-not-found"],
         )
