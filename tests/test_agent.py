@@ -218,7 +218,18 @@ def test_job_ids_are_strict_and_array_and_het_ids_reach_slurm() -> None:
             else ""
         )
     )
-    cmds = SlurmCommands(run, release_requeued=True)
+    clock = [1000.25]
+    lifted_at: list[float] = []
+
+    def sleep(s: float) -> None:
+        clock[0] += s
+
+    def run_at(argv: list[str]) -> str:
+        if argv[:2] == ["scontrol", "update"]:
+            lifted_at.append(clock[0])
+        return run(argv)
+
+    cmds = SlurmCommands(run_at, release_requeued=True, sleep=sleep, wall=lambda: clock[0])
     assert [j["id"] for j in cmds.jobs_on_node({"node": "gpu-0"})] == ["123_4", "77+1", "9"]
     assert cmds.requeue({"job": "123_4"})["requeued"] == "123_4"
     # Slurm requeues a heterogeneous job only as a whole: "scontrol requeue 77+1" is "Invalid job id"
@@ -234,6 +245,8 @@ def test_job_ids_are_strict_and_array_and_het_ids_reach_slurm() -> None:
         ["scontrol", "update", "JobId=77", "StartTime=now"],
         ["scancel", "--signal=USR1", "--full", "77"],
     ]
+    # seen PENDING at 1000.25: lifted at 1002.0, a whole second after the one the old run ended in
+    assert lifted_at[0] == pytest.approx(1002.0)
     for bad in ("1_[2-3]", "123+0;reboot", "123 4"):
         with pytest.raises(CommandRefusedError):
             cmds.requeue({"job": bad})

@@ -356,3 +356,21 @@ def test_fake_compute_armed_fault_answers_with_computes_error_body() -> None:
         {"method": "set_labels", "code": 403, "reason": "rateLimitExceeded", "left": 1, "node": "a"}
     ]
     assert fake.dispatch("POST", "/_admin/faults", {"code": 418})[0] == 400  # no default body: name a reason
+
+
+def test_demo_only_help_names_every_scenario_key_and_each_key_picks_a_stack() -> None:
+    """`pitstop demo --only KEY` starts a stack only for a key it knows: a key left out of the
+    tuples would run nothing."""
+    import argparse
+    import re
+
+    from pitstop.tools import cli, demo
+
+    parser: Any = cli.build_parser()
+    sub: Any = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    action = next(a for a in sub.choices["demo"]._actions if "--only" in a.option_strings)
+    named = set(re.findall(r"[a-z0-9_]+", str(action.help))) - {"gke"}
+    assert named == set(demo.SLURM_KEYS) | set(demo.GKE_KEYS)
+    source = Path(demo.__file__).read_text()
+    planned = set(re.findall(r'\("([a-z0-9_]+)", self\.[a-z0-9_]+(?:, (?:True|False))?\)', source))
+    assert planned == set(demo.SLURM_KEYS) | set(demo.GKE_KEYS)

@@ -40,18 +40,27 @@ def sc() -> Iterator[GkeScenarios]:
         stack.up()
         yield GkeScenarios(stack)
     except BaseException:
-        for name in ("ingest", "actuate", "notify", "executions", "kube"):
-            log = stack.workdir / f"{name}.log"
-            if log.exists():
-                print(f"--- {name}.log ---\n" + "\n".join(log.read_text().splitlines()[-20:]))
+        _print_logs(stack, 20)
         raise
     finally:
         stack.down()
 
 
+def _print_logs(stack: Stack, lines: int) -> None:
+    """The stack's log tails, so a failure in CI says what each process did."""
+    for name in ("ingest", "actuate", "notify", "executions", "kube"):
+        log = stack.workdir / f"{name}.log"
+        if log.exists():
+            print(f"--- {name}.log ---\n" + "\n".join(log.read_text().splitlines()[-lines:]))
+
+
 def _run(sc: GkeScenarios, name: str) -> Result:
     sc.settle()
-    result: Result = getattr(sc, name)()
+    try:
+        result: Result = getattr(sc, name)()
+    except BaseException:
+        _print_logs(sc.stack, 60)
+        raise
     print(result.detail, json.dumps(result.facts, default=str))
     return result
 

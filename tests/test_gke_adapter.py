@@ -703,3 +703,26 @@ def test_a_scheduler_connects_lazily(kube: FakeKube, api: Any) -> None:
     assert calls == [1]
     with pytest.raises(ValueError):
         GkeScheduler()
+
+
+def test_a_member_seen_after_the_gang_restarted_belongs_to_the_old_run(
+    kube: FakeKube, sched: GkeScheduler
+) -> None:
+    """The JobSet controller counts the restart before the old Jobs' pods are gone
+    (jobset_controller.go: ``status.restarts`` is bumped, then the previous attempt's Jobs are
+    deleted in the foreground, and their pods run out their grace period). A second member's
+    incident that looks at its node in that window sees the old pod: the fault hit the old
+    run, and the gang must not be restarted again for it (seen under load in the GKE e2e)."""
+    started(kube, jobset())
+    a, b = node_of(kube, 0), node_of(kube, 1)
+    sched.fence(a, INC, "REBOOT_NODE", CTX)
+    assert sched.requeue_outcome(JOB, CTX, 0)["outcome"] == "restart triggered"
+    kube.mutate("JobSet", "train", lambda o: o["status"].update(restarts=1), "default")
+    sched.fence(b, INC2, "REBOOT_NODE", CTX2)
+    (job,) = sched.jobs_on(b, CTX2)
+    assert job["restarts"] == 0  # the attempt of the pod on b, not status.restarts
+    before = len([r for r in kube.requests if r[1].endswith("/eviction")])
+    assert (
+        sched.requeue_outcome(JOB, CTX2, job["restarts"])["outcome"] == "already restarted (restarts 0 -> 1)"
+    )
+    assert len([r for r in kube.requests if r[1].endswith("/eviction")]) == before

@@ -164,6 +164,12 @@ def _restarts(js: Mapping[str, Any]) -> int:
     return r if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else 0
 
 
+def _attempt(pod: Mapping[str, Any]) -> int | None:
+    """The JobSet restart attempt a pod belongs to (its label), if it says one."""
+    raw = _labels(pod).get(RESTART_ATTEMPT_LABEL)
+    return int(raw) if isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) < 10 else None
+
+
 def _live(pod: Mapping[str, Any]) -> bool:
     """A pod that still runs or may run (terminating pods still run their checkpoint)."""
     return _status(pod).get("phase") not in _TERMINAL_PHASES
@@ -872,15 +878,29 @@ class GkeScheduler:
     # -- jobs ------------------------------------------------------------------------------
 
     def jobs_on(self, node: str, ctx: str) -> list[dict[str, Any]]:
-        """The jobs with live pods on the node, each with its run (JobSet ``status.restarts``)."""
+        """The jobs with live pods on the node, each with the run that has pods there."""
         if not valid_object_name(node):
             raise ActuatorError(400, f"not a valid node name: {str(node)[:100]!r}", False)
-        on_node: dict[JobRef, list[str]] = {}
+        on_node: dict[JobRef, list[Mapping[str, Any]]] = {}
         for pod in self._pods_on(node):
             ref = owner_ref(pod) if _live(pod) else None
             if ref is not None:
-                on_node.setdefault(ref, []).append(str(_meta(pod).get("name")))
-        return [{**self._info(ref), "pods_on_node": sorted(pods)} for ref, pods in on_node.items()]
+                on_node.setdefault(ref, []).append(pod)
+        return [self._on_node(ref, pods) for ref, pods in on_node.items()]
+
+    def _on_node(self, ref: JobRef, pods: list[Mapping[str, Any]]) -> dict[str, Any]:
+        """The job as the fault on this node hit it: a JobSet's run is its pods' restart attempt.
+
+        Not ``status.restarts``: when another member's incident restarted the gang a moment ago,
+        the old pod here still runs, and the fault belongs to that older run (seen under load:
+        the new run was taken as the one hit and restarted a second time).
+        """
+        info = {**self._info(ref), "pods_on_node": sorted(str(_meta(p).get("name")) for p in pods)}
+        attempts = [_attempt(p) for p in pods]
+        known = [a for a in attempts if a is not None]
+        if ref.kind == "jobset" and known and info["restarts"] is not None:
+            info["restarts"] = min([*known, int(info["restarts"])])
+        return info
 
     def job_info(self, job: str, ctx: str) -> dict[str, Any]:
         """The job now: ``state``, ``restarts`` (JobSets only) and ``start_time``, asked fresh."""

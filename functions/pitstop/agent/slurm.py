@@ -165,6 +165,9 @@ _HOLDING_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"
 
 RUN_TIMEOUT_S = 60.0  # one scontrol/squeue/scancel call
 REQUEUE_SETTLE_S = 15.0  # how long a requeue waits for the old run to finish completing
+# Seconds past the one in which the requeued job was seen PENDING before its hold is lifted:
+# slurmd rejects a job credential created no later than its revocation (whole seconds).
+REVOKE_MARGIN_S = 1.0
 # The longest mutating command runs three subprocesses (drain: show, update; requeue: requeue,
 # update); the claim outlasts them with room to spare, so a live agent is never overtaken.
 # (jobs_on_node runs one `scontrol show job` per job on the node and may take longer with many jobs,
@@ -462,8 +465,11 @@ class SlurmCommands:
         run: Callable[[list[str]], str] | None = None,
         release_requeued: bool = False,
         checks: CheckTools | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._run = run or self._subprocess
+        self._sleep, self._wall = sleep, wall
         self.release_requeued = release_requeued
         self.checks = checks or CheckTools()
         self._nodes: frozenset[str] = frozenset()
@@ -625,6 +631,10 @@ class SlurmCommands:
 
         Slurm sets that hold when the requeued job leaves COMPLETING (its old run's steps ended on
         every node), so lifting it earlier is undone: wait until the job is PENDING, then lift it.
+        Not in the same second, though: each slurmd revoked the job's old credential when it ended
+        the old run, and rejects a credential created in the second of that revocation or before
+        it ("Job credential revoked": the relaunch fails and the job ends; seen in CI). So the
+        hold is lifted from the start of a later whole second on.
         Bounded: a job still completing after ``REQUEUE_SETTLE_S`` keeps Slurm's hold.
         """
         deadline = time.monotonic() + REQUEUE_SETTLE_S
@@ -632,11 +642,12 @@ class SlurmCommands:
             kv = self._show_job(target)
             state = (kv or {}).get("JobState", "UNKNOWN")
             if state == "PENDING":
+                self._sleep(REVOKE_MARGIN_S + 1.0 - self._wall() % 1.0)
                 self._run(["scontrol", "update", f"JobId={target}", "StartTime=now"])
                 return True
             if state not in ("COMPLETING", "RUNNING", "CONFIGURING", "REQUEUED"):
                 return False  # started already, or gone
-            time.sleep(0.25)
+            self._sleep(0.25)
         return False
 
     def signal(self, args: Mapping[str, Any]) -> dict[str, Any]:

@@ -734,8 +734,9 @@ def _add_demo(sub: Subparsers) -> None:
     d.add_argument(
         "--only",
         nargs="*",
-        help="xid79 xid13 preemption maintenance duplicates lemon blast_radius poison; GKE: gke_xid79 "
-        "gke_two_members gke_preemption gke_maintenance gke_pdb gke_regional",
+        help="xid79 xid13 preemption maintenance duplicates lemon blast_radius poison xid79_spare "
+        "lemon_spare degraded replace_not_confirmed no_spare; GKE: gke_xid79 gke_two_members "
+        "gke_preemption gke_maintenance gke_pdb gke_regional gke_serial",
     )
     d.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
     d.add_argument("--workdir", default=None)

@@ -23,6 +23,7 @@ from pitstop.core import engine
 from pitstop.core.timeline import durations
 from pitstop.local.fake_compute import DURATIONS
 from pitstop.local.gke_stack import (
+    ATTEMPT_LABEL,
     FENCE_KEY,
     GPU,
     JOBSET_LABEL,
@@ -138,7 +139,11 @@ class Pipeline:
             if v:
                 return v
             time.sleep(0.5)
-        raise TimeoutError(f"timed out waiting for {what}")
+        raise TimeoutError(f"timed out waiting for {what}{self.state_on_timeout()}")
+
+    def state_on_timeout(self) -> str:
+        """What a timed-out wait adds to its error, so a failed run says what it saw."""
+        return ""
 
     def finished(self, node: str, timeout: float = 90.0) -> dict[str, Any]:
         def done() -> dict[str, Any] | None:
@@ -884,6 +889,27 @@ class GkeScenarios(Pipeline):
             self.kube.label_node(n, POOL_LABEL, name)
         return Gang(name, members, spares)
 
+    def state_on_timeout(self) -> str:
+        try:
+            pods = [
+                {
+                    "pod": p["metadata"]["name"],
+                    "node": p["spec"].get("nodeName"),
+                    "phase": (p.get("status") or {}).get("phase"),
+                    "attempt": p["metadata"].get("labels", {}).get(ATTEMPT_LABEL),
+                    "deleting": bool(p["metadata"].get("deletionTimestamp")),
+                }
+                for p in self.kube.pods()
+            ]
+            seen = {
+                "jobsets": [jobset_summary(js, self.kube.pods()) for js in self.kube.jobsets()],
+                "pods": pods,
+                "nodes": [node_summary(n) for n in self.kube.nodes()],
+            }
+        except (OSError, KeyError, ValueError) as exc:
+            return f" (state unreadable: {exc})"
+        return f"; seen: {json.dumps(seen, default=str)}"
+
     def placed(self, name: str) -> list[str]:
         """The nodes the JobSet's current attempt runs on."""
         js = self.kube.jobset(name)
@@ -1350,7 +1376,15 @@ SLURM_KEYS = (
     "no_spare",
 )
 SLURM_NODES = 18  # eight for the first scenarios, ten for the back-to-training ones
-GKE_KEYS = ("gke_xid79", "gke_two_members", "gke_preemption", "gke_maintenance", "gke_pdb", "gke_regional")
+GKE_KEYS = (
+    "gke_xid79",
+    "gke_two_members",
+    "gke_preemption",
+    "gke_maintenance",
+    "gke_pdb",
+    "gke_regional",
+    "gke_serial",
+)
 
 
 def _on_stack(stack: Stack, scenarios: type[Pipeline], only: list[str] | None, keep: bool) -> Pipeline:
