@@ -374,3 +374,26 @@ def test_demo_only_help_names_every_scenario_key_and_each_key_picks_a_stack() ->
     source = Path(demo.__file__).read_text()
     planned = set(re.findall(r'\("([a-z0-9_]+)", self\.[a-z0-9_]+(?:, (?:True|False))?\)', source))
     assert planned == set(demo.SLURM_KEYS) | set(demo.GKE_KEYS)
+
+
+def test_kubernetes_effects_go_to_the_incident_whose_taint_it_is_or_by_node_and_time() -> None:
+    from pitstop.local.effects import by_incident, compact
+
+    incs = [
+        {"id": "ia", "node": {"instance": "n1"}, "created_at": 10.0},
+        {"id": "ib", "node": {"instance": "n2"}, "created_at": 12.0},
+    ]
+    kube = [
+        {"method": "cordon", "node": "n1", "at": 11.0},
+        {"method": "taint", "node": "n1", "value": "ia", "at": 11.0},
+        {"method": "taint", "node": "n2", "value": "ib", "at": 13.0},
+        {"method": "evict", "node": "n1", "pod": "default/p0", "at": 14.0},
+        {"method": "evict", "node": "n1", "pod": "default/old", "at": 9.0},  # before its incident
+        {"method": "untaint", "node": "n1", "value": "ia", "at": 20.0},
+        {"method": "uncordon", "node": "n1", "at": 20.0},
+    ]
+    got = by_incident(incs, [{"method": "reset", "instances": ["n1"], "at": 15.0}], {}, kube)
+    assert got["ia"]["kube"] == {"cordon": 1, "taint": 1, "evict": 1, "untaint": 1, "uncordon": 1}
+    assert got["ib"]["kube"] == {"taint": 1}
+    assert compact(got["ia"]) == "reset:1,cordon:1,taint:1,evict:1,untaint:1,uncordon:1"
+    assert "kube" not in by_incident(incs, [], {})["ia"]  # a Slurm stack has no Kubernetes side

@@ -203,6 +203,14 @@ def test_local_status_json_reports_k8s_nodes_and_jobsets(sc: GkeScenarios) -> No
         assert nodes[sc.partner]["ready"] and nodes[sc.partner]["gpu_allocatable"] == 8
         jobsets = {j["name"]: j for j in report["jobsets"]}
         assert jobsets["status"]["restarts"] == 0 and jobsets["status"]["nodes"] == [sc.partner]
+        # what each GKE incident did, from the fake API server's record (the xid79 scenario's
+        # incident, when it ran before this test: fenced, one pod evicted, reset, unfenced)
+        for inc in report["incidents"]:
+            kube = inc["effects"]["kube"]
+            assert set(kube) <= {"cordon", "taint", "evict", "untaint", "uncordon"}, inc
+            if inc["action"] == "REBOOT_NODE" and inc["state"] == "RESOLVED":
+                assert kube.get("taint") == kube.get("untaint") == 1, inc
+                assert inc["effects"]["compute"].get("reset") == 1, inc
     finally:
         sc.done_with(g)
 

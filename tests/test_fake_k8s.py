@@ -616,3 +616,36 @@ def wait_for(cond: Any, timeout: float = 10.0) -> None:
             return
         done.wait(0.05)
     raise AssertionError("condition not reached")
+
+
+def test_effects_record_cordons_pitstop_taints_and_evictions_only(
+    kube: FakeKube, tmp_path: Path, api: Any
+) -> None:
+    """`pitstop local status` attributes GKE effects from this record: what changed, never a refusal."""
+    assert kubectl(tmp_path, "cordon", "gke-n0").returncode == 0
+    assert kubectl(tmp_path, "cordon", "gke-n0").returncode == 0  # already cordoned: no change
+    assert (
+        kubectl(tmp_path, "taint", "nodes", "gke-n0", "pitstop.dev/remediation=inc-1:NoSchedule").returncode
+        == 0
+    )
+    assert kubectl(tmp_path, "taint", "nodes", "gke-n0", "someone.else/x=y:NoSchedule").returncode == 0
+    v1 = k8s.CoreV1Api(api)
+    for i in range(2):
+        running(kube, f"p{i}", f"gke-n{i}", {"app": "t"})
+    kube.create(pdb("budget", {"app": "t"}, minAvailable=1))
+    kube.step()
+    v1.create_namespaced_pod_eviction("p0", "default", {"metadata": {"name": "p0"}})
+    with pytest.raises(ApiException):  # the budget refuses: no effect
+        v1.create_namespaced_pod_eviction("p1", "default", {"metadata": {"name": "p1"}})
+    assert kubectl(tmp_path, "taint", "nodes", "gke-n0", "pitstop.dev/remediation-").returncode == 0
+    assert kubectl(tmp_path, "uncordon", "gke-n0").returncode == 0
+    seen = [(e["method"], e["node"], e.get("value") or e.get("pod")) for e in kube.effects]
+    assert seen == [
+        ("cordon", "gke-n0", None),
+        ("taint", "gke-n0", "inc-1"),
+        ("evict", "gke-n0", "default/p0"),
+        ("untaint", "gke-n0", "inc-1"),
+        ("uncordon", "gke-n0", None),
+    ]
+    served = raw(kube, "/_admin/effects")
+    assert served[0] == 200 and len(served[1]["effects"]) == 5

@@ -7,6 +7,10 @@
 - Slurm: the agent's result documents (``<prefix>_slurm_results/<command id>``); a command id
   starts with ``<incident>-<step>``. Only commands that changed something count: a drain that
   set Pitstop's reason, a resume that resumed, a requeue that requeued, every signal.
+- Kubernetes (a GKE stack): the fake API server's ``effects``. Pitstop's taint names its incident,
+  so ``taint``/``untaint`` go to that incident; a cordon, an uncordon and an eviction (of a pod
+  on the node) go by node and time, as Compute's do. A JobSet's restart is the controller's
+  doing, not a request, so it is not counted here (the JobSet's ``status.restarts`` tells it).
 """
 
 from __future__ import annotations
@@ -40,13 +44,18 @@ def by_incident(
     incidents: Iterable[Mapping[str, Any]],
     compute_effects: Iterable[Mapping[str, Any]],
     slurm_results: Mapping[str, Mapping[str, Any]],
+    kube_effects: Iterable[Mapping[str, Any]] | None = None,
 ) -> dict[str, dict[str, dict[str, int]]]:
-    """``{incident id: {"compute": {method: n}, "slurm": {op: n}}}``; slurm_results by document id."""
+    """``{incident id: {"compute": {method: n}, "slurm": {op: n}[, "kube": {method: n}]}}``.
+
+    ``slurm_results`` by document id; ``"kube"`` only when ``kube_effects`` is given (a GKE stack).
+    """
     per_node: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for inc in incidents:
         per_node[inc["node"]["instance"]].append(inc)
     out: dict[str, dict[str, dict[str, int]]] = {}
     effects = [e for e in compute_effects if e.get("method") not in NOT_EFFECTS]
+    kube = None if kube_effects is None else list(kube_effects)
     for node, incs in per_node.items():
         incs.sort(key=lambda i: float(i.get("created_at") or 0))
         for n, inc in enumerate(incs):
@@ -62,10 +71,26 @@ def by_incident(
                 if cid.startswith(prefix) and (op := _slurm_effect(doc)) is not None
             )
             out[str(inc["id"])] = {"compute": dict(compute), "slurm": dict(slurm)}
+            if kube is not None:
+                out[str(inc["id"])]["kube"] = _kube_counts(kube, str(inc["id"]), node, start, end)
     return out
 
 
+def _kube_counts(
+    effects: list[Mapping[str, Any]], iid: str, node: str, start: float, end: float
+) -> dict[str, int]:
+    """A taint by its value (the incident id); anything else by node and time."""
+
+    def mine(e: Mapping[str, Any]) -> bool:
+        if e.get("method") in ("taint", "untaint"):
+            return e.get("value") == iid
+        return e.get("node") == node and start <= float(e.get("at") or 0) < end
+
+    return dict(Counter(str(e["method"]) for e in effects if mine(e)))
+
+
 def compact(effects: Mapping[str, Mapping[str, int]]) -> str:
-    """``reset:1,drain:1,requeue:1`` (Compute first, then Slurm), or ``-`` for none."""
-    parts = [f"{k}:{v}" for side in ("compute", "slurm") for k, v in (effects.get(side) or {}).items()]
+    """``reset:1,drain:1,requeue:1`` (Compute, then Slurm, then Kubernetes), or ``-`` for none."""
+    sides = ("compute", "slurm", "kube")
+    parts = [f"{k}:{v}" for side in sides for k, v in (effects.get(side) or {}).items()]
     return ",".join(parts) or "-"

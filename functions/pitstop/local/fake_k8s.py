@@ -25,6 +25,11 @@ drives, with the behaviour observed from kubectl 1.32 and the ``kubernetes`` 37.
   of pods bound to a node as local processes (k8s_controllers.py ``ContainerRunner``), and their
   output is the log; other pods print nothing.
 
+Not Kubernetes: ``GET /_admin/effects`` lists what mutating requests changed on nodes (cordon,
+uncordon, a ``pitstop.dev/remediation`` taint added or removed, with its value) and every pod
+evicted (with its node), each with the time, so ``pitstop local status`` can say what each GKE
+incident did.
+
 Accepted and ignored: ``fieldManager``, ``fieldValidation``, ``limit``/``continue`` (lists are
 never paged), ``dryRun`` is not honoured. Answers are always JSON: a protobuf-first or Table
 ``Accept`` gets plain JSON objects and Lists, which kubectl and the client take. No OpenAPI (kubectl
@@ -87,6 +92,7 @@ APPLY = "application/apply-patch+yaml"
 PDB_VIOLATION = "Cannot evict pod as it would violate the pod's disruption budget."
 VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+FENCE_TAINT = "pitstop.dev/remediation"  # what Pitstop's GKE adapter taints a fenced node with
 
 
 @dataclass(frozen=True)
@@ -372,6 +378,24 @@ def _chunk(h: BaseHTTPRequestHandler, event: Obj) -> None:
     h.wfile.flush()
 
 
+def node_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+    """What a node write changed that a remediation does: the cordon, and Pitstop's taint."""
+
+    def cordoned(n: Mapping[str, Any]) -> bool:
+        return bool((n.get("spec") or {}).get("unschedulable"))
+
+    def fences(n: Mapping[str, Any]) -> set[str]:
+        taints = (n.get("spec") or {}).get("taints") or []
+        return {str(t.get("value")) for t in taints if isinstance(t, dict) and t.get("key") == FENCE_TAINT}
+
+    out: list[tuple[str, str | None]] = []
+    if cordoned(before) != cordoned(after):
+        out.append(("cordon" if cordoned(after) else "uncordon", None))
+    out += [("taint", v) for v in sorted(fences(after) - fences(before))]
+    out += [("untaint", v) for v in sorted(fences(before) - fences(after))]
+    return out
+
+
 class FakeKube:
     """The fake API server, its object store and its controllers (see the module docstrings)."""
 
@@ -394,6 +418,7 @@ class FakeKube:
         self.controllers = Controllers(self.store, vm_status, self.runner)
         self.auto, self.interval = auto, interval
         self.requests: list[tuple[str, str, str]] = []  # (method, path with query, content type)
+        self.effects: list[dict[str, Any]] = []  # what mutating requests changed (GET /_admin/effects)
         self.errors: list[str] = []  # controller exceptions from the background loop
         self._server: _Server | None = None
         self._stop = threading.Event()
@@ -607,6 +632,8 @@ class FakeKube:
                 return _send(h, 200, static)
             if parsed.path in ("/healthz", "/readyz", "/livez"):
                 return _send(h, 200, "ok")
+            if h.command == "GET" and parsed.path == "/_admin/effects":
+                return _send(h, 200, {"effects": list(self.effects)})
             r = route(parsed.path)
             if r is None:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -614,13 +641,36 @@ class FakeKube:
                 return self._watch(h, r, query)
             if h.command == "GET" and r.res.kind == "Pod" and r.name and r.sub == "log":
                 return _send_text(h, 200, self._log(r.namespace or "default", r.name, query))
+            before = self._effect_subject(h.command, r)
             code, resp = self._dispatch(h.command, r, query, body, ctype)
+            self._note_effects(r, before, resp)
         except ApiError as err:
             code, resp = err.code, err.status()
         except Exception as err:  # a bug in the fake: answer as the API server would, and show it
             traceback.print_exc()
             code, resp = 500, ApiError(500, "InternalError", f"fake API server error: {err!r}").status()
         return _send(h, code, resp)
+
+    def _effect_subject(self, method: str, r: Route) -> Obj | None:
+        """The node a write may change, or the pod an eviction takes, as it is before the request."""
+        node_write = r.res.kind == "Node" and method in ("PATCH", "PUT") and r.sub == ""
+        eviction = r.res.kind == "Pod" and method == "POST" and r.sub == "eviction"
+        if not (node_write or eviction) or not r.name:
+            return None
+        return self.store.get(r.res.kind, r.name, r.namespace)
+
+    def _note_effects(self, r: Route, before: Obj | None, after: Any) -> None:
+        if before is None:
+            return
+        at = time.time()
+        if r.res.kind == "Pod":
+            node = (before.get("spec") or {}).get("nodeName")
+            pod = f"{before['metadata'].get('namespace')}/{before['metadata']['name']}"
+            self.effects.append({"method": "evict", "node": node, "pod": pod, "at": at})
+            return
+        if isinstance(after, dict):
+            for method, value in node_changes(before, after):
+                self.effects.append({"method": method, "node": r.name, "value": value, "at": at})
 
     def _dispatch(
         self, method: str, r: Route, query: dict[str, str], body: bytes, ctype: str

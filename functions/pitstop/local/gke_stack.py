@@ -151,6 +151,11 @@ class Kube:
     def nodes(self) -> list[dict[str, Any]]:
         return self.items("/api/v1/nodes")
 
+    def effects(self) -> list[dict[str, Any]]:
+        """What mutating requests changed (the fake server's own record, not a Kubernetes API)."""
+        found = (self.get("/_admin/effects") or {}).get("effects") or []
+        return [e for e in found if isinstance(e, dict)]
+
     def jobset(self, name: str) -> dict[str, Any] | None:
         return self.get(f"{JOBSETS}/namespaces/{NAMESPACE}/jobsets/{name}")
 

@@ -430,7 +430,8 @@ def _status_report(state: StackState) -> dict[str, Any]:
     from pitstop.local.stack import admin, webhook_records
 
     compute = admin(state, "/_admin/state")
-    incidents = _incident_rows(state, compute.get("effects", []))
+    kube = gke_stack.Kube(state.endpoints["kube"]).effects() if "kube" in state.endpoints else None
+    incidents = _incident_rows(state, compute.get("effects", []), kube)
     scheduler: dict[str, Any]
     if "kube" in state.endpoints:
         scheduler = gke_stack.status(state.endpoints["kube"])
@@ -472,7 +473,9 @@ def _chaos_status(state: StackState, faults: list[dict[str, Any]]) -> dict[str, 
     return {**ctl, "compute_faults": faults}
 
 
-def _incident_rows(state: StackState, compute_effects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _incident_rows(
+    state: StackState, compute_effects: list[dict[str, Any]], kube_effects: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """The stack's incidents from its Firestore emulator, oldest first, with the effects each caused."""
     from google.cloud import firestore
 
@@ -487,7 +490,7 @@ def _incident_rows(state: StackState, compute_effects: list[dict[str, Any]]) -> 
         key=lambda d: d["created_at"],
     )
     results = {d.id: d.to_dict() or {} for d in db.collection("pitstop_slurm_results").stream()}
-    caused = effects.by_incident(incidents, compute_effects, results)
+    caused = effects.by_incident(incidents, compute_effects, results, kube_effects)
     return [
         {
             "id": i["id"],
