@@ -891,6 +891,7 @@ class GkeScenarios(Pipeline):
 
     def state_on_timeout(self) -> str:
         try:
+            listed = self.kube.pods()
             pods = [
                 {
                     "pod": p["metadata"]["name"],
@@ -899,10 +900,10 @@ class GkeScenarios(Pipeline):
                     "attempt": p["metadata"].get("labels", {}).get(ATTEMPT_LABEL),
                     "deleting": bool(p["metadata"].get("deletionTimestamp")),
                 }
-                for p in self.kube.pods()
+                for p in listed
             ]
             seen = {
-                "jobsets": [jobset_summary(js, self.kube.pods()) for js in self.kube.jobsets()],
+                "jobsets": [jobset_summary(js, listed) for js in self.kube.jobsets()],
                 "pods": pods,
                 "nodes": [node_summary(n) for n in self.kube.nodes()],
             }
@@ -1004,6 +1005,17 @@ class GkeScenarios(Pipeline):
         inc: dict[str, Any] = {**(store.get(iid) or {}), "lines": done.lines}
         return inc
 
+    def remediated(
+        self, g: Gang, bad: str, entry: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[str], bool, int]:
+        """An Xid 79 the device plugin confirms on ``bad``, logged as ``entry``: the finished incident,
+        where the gang runs again, whether the node came back, and the JobSet's restarts."""
+        self.device_plugin_xid(bad, 79)
+        self.router.publish(entry)
+        inc = self.finished(bad)
+        where = self.moved(g, [bad])
+        return inc, where, self.node_back(bad), self.restarts(g.name)
+
     # -- scenarios ----------------------------------------------------------------------
 
     def xid79(self) -> Result:
@@ -1011,11 +1023,7 @@ class GkeScenarios(Pipeline):
         g = self.gang("xid79", [bad, self.partner], [self.spare])
         watch = Watch(self.kube.url, "/api/v1/nodes")
         try:
-            self.device_plugin_xid(bad, 79)
-            self.router.publish(self.k8s_entry(bad, XID79))
-            inc = self.finished(bad)
-            where = self.moved(g, [bad])
-            back, restarts = self.node_back(bad), self.restarts(g.name)
+            inc, where, back, restarts = self.remediated(g, bad, self.k8s_entry(bad, XID79))
             notes = self.wait(lambda: self.notes_for(inc["id"]), 30, "the notification")
         finally:
             watch.stop()
@@ -1280,11 +1288,7 @@ class GkeScenarios(Pipeline):
         self.wait(lambda: self.incidents(forged), 30, f"the record of {forged}'s line")
         g = self.gang("serial", [bad, self.partner], [self.spare])
         try:
-            self.device_plugin_xid(bad, 79)
-            self.router.publish(self.serial_entry(bad, XID79))
-            inc = self.finished(bad)
-            where = self.moved(g, [bad])
-            back, restarts = self.node_back(bad), self.restarts(g.name)
+            inc, where, back, restarts = self.remediated(g, bad, self.serial_entry(bad, XID79))
         finally:
             self.done_with(g)
         lone = self.incidents(forged)[-1]
