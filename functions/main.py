@@ -19,27 +19,43 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import functions_framework
 from cloudevents.http import CloudEvent
 from google.cloud import firestore
-from google.cloud.pubsub_v1 import PublisherClient
 
 from pitstop.adapters import log
-from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.firestore import IncidentStore
-from pitstop.adapters.gke_node import KubeClients, NodeReader
-from pitstop.adapters.gke_zone import ZoneResolver
-from pitstop.adapters.monitoring import MetricsWriter
-from pitstop.adapters.pubsub import Notifier
-from pitstop.adapters.workflows import WorkflowStarter
 from pitstop.core import policy as policy_mod
-from pitstop.services.actuate import STEP_CLAIM_S, Actuator
-from pitstop.services.close import schedulers_for
-from pitstop.services.ingest import Ingest
-from pitstop.services.notify import Notify
-from pitstop.services.sweep import Sweep
+
+if TYPE_CHECKING:
+    from google.cloud.pubsub_v1 import PublisherClient
+
+    from pitstop.adapters.compute import ComputeAdapter
+    from pitstop.services.actuate import Actuator
+    from pitstop.services.ingest import Ingest
+    from pitstop.services.notify import Notify
+    from pitstop.services.sweep import Sweep
+
+# Every function is deployed from this one module, so a client library imported here is loaded
+# by every instance. Each builder below imports what its own function needs: google-cloud-compute's
+# types alone are ~94 MiB resident, which ingest (whose instances hold a storm's state) never needs
+# but for a rare regional-node lookup, and monitoring's ~40 MiB only notify needs.
+
+
+def _compute_adapter(endpoint: str | None) -> ComputeAdapter:
+    """The Compute adapter (the local chaos entry point swaps in one that can crash)."""
+    from pitstop.adapters.compute import ComputeAdapter
+
+    return ComputeAdapter(endpoint)
+
+
+def _publisher() -> PublisherClient:
+    """actuate's Pub/Sub publisher (the local chaos entry point swaps in one that can time out)."""
+    from google.cloud.pubsub_v1 import PublisherClient
+
+    return PublisherClient()
 
 
 def _project() -> str:
@@ -55,7 +71,7 @@ class _LazyInstances:
 
 @functools.cache
 def _compute() -> ComputeAdapter:
-    return ComputeAdapter(os.environ.get("PITSTOP_COMPUTE_ENDPOINT"))
+    return _compute_adapter(os.environ.get("PITSTOP_COMPUTE_ENDPOINT"))
 
 
 def _db(project: str) -> firestore.Client:
@@ -67,6 +83,12 @@ def _db(project: str) -> firestore.Client:
 
 @functools.cache
 def _ingest() -> Ingest:
+    from pitstop.adapters.gke_node import KubeClients, NodeReader
+    from pitstop.adapters.gke_zone import ZoneResolver
+    from pitstop.adapters.pubsub import Notifier
+    from pitstop.adapters.workflows import WorkflowStarter
+    from pitstop.services.ingest import Ingest
+
     project = _project()
     pol = policy_mod.load()
     store = IncidentStore(_db(project), pol.doc["store"]["collection_prefix"])
@@ -85,6 +107,8 @@ def _ingest() -> Ingest:
 def _sweep() -> Sweep:
     """Not cached on its own: it works on the ingest service's store and coalescer; the
     watchdog asks Workflows through ingest's starter."""
+    from pitstop.services.sweep import Sweep
+
     return Sweep(_ingest())
 
 
@@ -131,11 +155,16 @@ _install_shutdown_hooks()
 
 @functools.cache
 def _actuator() -> Actuator:
+    from pitstop.adapters.pubsub import Notifier
+    from pitstop.adapters.workflows import WorkflowStarter
+    from pitstop.services.actuate import STEP_CLAIM_S, Actuator
+    from pitstop.services.close import schedulers_for
+
     project = _project()
     pol = policy_mod.load()
     prefix = pol.doc["store"]["collection_prefix"]
     db = _db(project)
-    publisher = PublisherClient()
+    publisher = _publisher()
     schedulers = schedulers_for(
         pol,
         publisher,
@@ -153,7 +182,7 @@ def _actuator() -> Actuator:
     return Actuator(
         pol,
         IncidentStore(db, prefix),
-        ComputeAdapter(os.environ.get("PITSTOP_COMPUTE_ENDPOINT")),
+        _compute_adapter(os.environ.get("PITSTOP_COMPUTE_ENDPOINT")),
         schedulers,
         notifier,
         starter,
@@ -164,6 +193,9 @@ def _actuator() -> Actuator:
 
 @functools.cache
 def _notify() -> Notify:
+    from pitstop.adapters.monitoring import MetricsWriter
+    from pitstop.services.notify import Notify
+
     project = _project()
     pol = policy_mod.load()
     endpoint = os.environ.get("PITSTOP_MONITORING_ENDPOINT")

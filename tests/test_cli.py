@@ -92,7 +92,21 @@ def test_bench_ingest_reports_store_operations_and_memory(firestore_host: str) -
     assert run["firestore_reads"] > 0 and run["firestore_writes"] > 0
     assert run["store_ops_per_line"] == round((run["firestore_reads"] + run["firestore_writes"]) / 400, 5)
     assert run["peak_rss_mib"] > 0 and run["traced_peak_mib"] > 0
+    assert run["peak_rss_covers"] == "the storm and the flush"  # not the process's whole life
+    assert run["entry_module_loaded"]  # memory starts where a deployed ingest instance's does
+    assert run["peak_rss_with_readback_mib"] >= run["peak_rss_mib"]
     assert run["coalescer"][0]["nodes"] == 4
+
+
+def test_bench_peak_memory_covers_only_the_phase_after_its_reset() -> None:
+    """A peak reached before the storm (here a 256 MiB buffer, freed) is not the storm's peak."""
+    from pitstop.tools import bench
+
+    buf = bytearray(256 * 2**20)  # zero-filled: every page touched
+    del buf
+    assert bench._peak_rss_mib(False) >= 256
+    assert bench._reset_peak_rss()
+    assert bench._peak_rss_mib(True) < 256
 
 
 def test_bench_simulate_reports_one_run_and_a_sweep() -> None:

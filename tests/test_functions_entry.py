@@ -21,20 +21,25 @@ ROOT = Path(__file__).resolve().parents[1]
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 
 
+def _function_env(tmp_path: Path, project: str, workflows: str) -> dict[str, str]:
+    """What deploy sets for a function, on the emulators: a policy file, Pitstop's own database."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("mode: enforce\n")
+    return {
+        "GOOGLE_CLOUD_PROJECT": project,
+        "PITSTOP_POLICY": str(policy),
+        "PITSTOP_WORKFLOWS_ENDPOINT": workflows,
+        "PITSTOP_FIRESTORE_DATABASE": "pitstop",  # as deploy sets it: Pitstop's own database
+    }
+
+
 @pytest.fixture
 def ingest_app(
     firestore_host: str, pubsub_host: str, executions: tuple[ExecutionsService, str], tmp_path: Path
 ) -> Iterator[Any]:
     import main  # functions/main.py, as Cloud Functions loads it
 
-    policy = tmp_path / "policy.yaml"
-    policy.write_text("mode: enforce\n")
-    env = {
-        "GOOGLE_CLOUD_PROJECT": "fn-entry-test",
-        "PITSTOP_POLICY": str(policy),
-        "PITSTOP_WORKFLOWS_ENDPOINT": executions[1],
-        "PITSTOP_FIRESTORE_DATABASE": "pitstop",  # as deploy sets it: Pitstop's own database
-    }
+    env = _function_env(tmp_path, "fn-entry-test", executions[1])
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     main._ingest.cache_clear()
@@ -124,3 +129,56 @@ def test_sigterm_merges_counts_buffered_by_handlers_in_worker_threads(
     main._on_sigterm(signal.SIGTERM, None)
     assert counted() == lines
     assert chained == [signal.SIGTERM]  # then the server's own SIGTERM handling goes on
+
+
+_LOADED_BY = """
+import json, sys
+import main
+
+def loaded():
+    heavy = ("google.cloud.compute_v1", "google.cloud.monitoring_v3")
+    return sorted(h for h in heavy if h in sys.modules)
+
+seen = {"import": loaded()}
+seen["result"] = main._ingest().handle_payload(json.loads(sys.argv[1])).result
+main._ingest().coalescer.flush_all(0.0)
+main._sweep().run()
+seen["ingest_and_sweep"] = loaded()
+main._actuator()
+main._notify()
+seen["actuate_and_notify"] = loaded()
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.emulator
+def test_an_ingest_instance_never_loads_the_clients_only_other_functions_need(
+    firestore_host: str, pubsub_host: str, executions: tuple[ExecutionsService, str], tmp_path: Path
+) -> None:
+    """Every function is deployed from main.py; google-cloud-compute's types are ~94 MiB resident
+    and monitoring's ~40 MiB. Ingest's instances hold a storm's state, so they load neither."""
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        **_function_env(tmp_path, "fn-entry-imports", executions[1]),
+        "PITSTOP_COMPUTE_ENDPOINT": "http://127.0.0.1:9",  # built by actuate, never called here
+        "PITSTOP_MONITORING_ENDPOINT": "http://127.0.0.1:9",
+        "PITSTOP_KUBE_ENDPOINT": "http://127.0.0.1:9",
+    }
+    body = json.dumps(_push(ops_agent_entry(XID79, instance="a3-node-044")))
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOADED_BY, body],
+        cwd=ROOT / "functions",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["result"] == "opened"  # the whole ingest path ran: classify, store, start
+    assert seen["import"] == [] and seen["ingest_and_sweep"] == []
+    assert seen["actuate_and_notify"] == ["google.cloud.compute_v1", "google.cloud.monitoring_v3"]

@@ -405,6 +405,7 @@ def test_the_coalescer_keeps_bounded_maps_and_loses_no_count(fs_client: firestor
         for node in nodes:
             ing.handle_payload(entry(XID94, node, round_))
         assert c.stats()["nodes"] <= 4 and c.stats()["seen"] <= 40
+        assert len(c._seen_order) == len(c._seen)  # the order and the set forget the same keys
     c.flush_all(clock.t)
     incidents = [d.to_dict() or {} for d in fs_client.collection("pitstop_incidents").stream()]
     assert len(incidents) == len(nodes)

@@ -348,6 +348,33 @@ def test_storm_coalesces_to_few_writes(fs_client: firestore.Client) -> None:
     assert ing.store.writes / n < 0.2, ing.store.writes
 
 
+def test_a_buffer_keeps_only_the_evidence_its_incident_has_room_for(fs_client: firestore.Client) -> None:
+    """An incident keeps its first MAX_EVIDENCE summaries and a merge drops the rest, so buffering
+    more is memory spent for nothing: ~0.9 KB a line, ~8 KB a node, 40 MiB over 5,000 nodes."""
+    from pitstop.core import engine
+
+    pol, clock = make_policy(), Clock()
+    ing = make_ingest(fs_client, None, pol, clock)
+    ing.coalescer.timer = False  # only flush_all merges here
+    first = ing.handle_payload(entry(XID94, "a3-node-050", 0))
+    assert first.incident is not None
+    nkey, iid = first.incident["node_key"], first.incident["id"]
+    for n in range(1, 20):
+        ing.handle_payload(entry(XID94, "a3-node-050", n))
+    buffered = ing.coalescer._nodes[nkey]
+    direct = 20 - buffered.buffered  # a node's first lines are committed one by one
+    assert buffered.buffered > 0 and len(buffered.deltas["evidence"]) == engine.MAX_EVIDENCE - direct
+    ing.coalescer.flush_all(clock.t)
+    for n in range(20, 40):
+        ing.handle_payload(entry(XID94, "a3-node-050", n))
+    assert buffered.buffered == 20 and buffered.deltas["evidence"] == []  # the incident is full
+    ing.coalescer.flush_all(clock.t)
+    inc = ing.store.get(iid)
+    assert inc is not None and inc["counts"]["events"] == 40
+    kept = [e["insert_id"] for e in inc["evidence"]]
+    assert kept == [f"a3-node-050-{n}" for n in range(engine.MAX_EVIDENCE)]
+
+
 def test_held_incident_pages_a_human_once(
     fs_client: firestore.Client, notifications: tuple[str, str, SubscriberClient]
 ) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import copy
 import hashlib
+import sys
 from collections import ChainMap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -84,7 +85,8 @@ def summary(ev: Mapping[str, Any]) -> dict[str, Any]:
         "gpu": (ev.get("gpu") or {}).get("pci"),
         "observed_at": ev.get("observed_at"),
         "insert_id": ev["source"].get("insert_id"),
-        "reason": ev["reason"],
+        # One string per rule, not per line: a storm buffers thousands of these (see count_into).
+        "reason": sys.intern(str(ev["reason"])),
         "message": str(d.get("message") or d.get("status_message") or "")[:200],
     }
 
@@ -200,7 +202,12 @@ def _count_gpu(inc: dict[str, Any], ev: Mapping[str, Any], pci: str, ts: float, 
 
 
 def _count(
-    inc: dict[str, Any], ev: Mapping[str, Any], ts: float, tie_s: float, keys: int = MAX_RECENT_KEYS
+    inc: dict[str, Any],
+    ev: Mapping[str, Any],
+    ts: float,
+    tie_s: float,
+    keys: int = MAX_RECENT_KEYS,
+    evidence: int = MAX_EVIDENCE,
 ) -> None:
     remember_keys(inc, [event_key(ev)], keys)
     counts = inc["counts"]
@@ -210,7 +217,7 @@ def _count(
     pci = (ev.get("gpu") or {}).get("pci")
     if pci:
         _count_gpu(inc, ev, pci, ts, tie_s)
-    if len(inc["evidence"]) < MAX_EVIDENCE:
+    if len(inc["evidence"]) < evidence:
         inc["evidence"].append(summary(ev))
     inc["last_seen"] = max(inc["last_seen"], ts)
 
@@ -621,7 +628,7 @@ def add_deltas(inc: dict[str, Any], deltas: Mapping[str, Any]) -> None:
         inc["counts"][key] = inc["counts"].get(key, 0) + n
     for gk, g in deltas["gpus"].items():
         _merge_gpu(inc, gk, g)
-    room = MAX_EVIDENCE - len(inc["evidence"])
+    room = evidence_room(inc)
     if room > 0:
         inc["evidence"].extend(deltas["evidence"][:room])
     inc["last_seen"] = max(inc["last_seen"], deltas["last_seen"])
@@ -637,9 +644,21 @@ def empty_deltas() -> dict[str, Any]:
     return {"counts": {}, "gpus": {}, "evidence": [], "last_seen": 0.0}
 
 
-def count_into(deltas: dict[str, Any], ev: Mapping[str, Any], ts: float, policy: Policy) -> None:
-    """Count an event into in-memory deltas; they keep fewer delivery keys than an incident does."""
-    _count(deltas, ev, ts, policy.window("tie_s"), MAX_DELTA_KEYS)
+def count_into(
+    deltas: dict[str, Any],
+    ev: Mapping[str, Any],
+    ts: float,
+    policy: Policy,
+    evidence_room: int = MAX_EVIDENCE,
+) -> None:
+    """Count an event into in-memory deltas; they keep fewer delivery keys than an incident does,
+    and only as much evidence as the incident still has room for (a merge drops the rest)."""
+    _count(deltas, ev, ts, policy.window("tie_s"), MAX_DELTA_KEYS, min(evidence_room, MAX_EVIDENCE))
+
+
+def evidence_room(inc: Mapping[str, Any]) -> int:
+    """How many more evidence summaries an incident keeps (it keeps its first MAX_EVIDENCE)."""
+    return max(0, MAX_EVIDENCE - len(inc.get("evidence") or ()))
 
 
 def release_held(

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from google.cloud.pubsub_v1 import PublisherClient
+
 import main
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.local import chaos
@@ -36,7 +38,6 @@ from pitstop.local import chaos
 PUBLISH_WAIT_S = 2.0
 CRASH = "actuate-crash-after-effect"
 TIMEOUT = "publish-timeout"
-_REAL_PUBLISHER: Any = vars(main)["PublisherClient"]
 
 
 def _chaos_dir() -> Path:
@@ -94,7 +95,7 @@ class ChaosPublisher:
     """A PublisherClient (built the same way) whose notification publishes can time out."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._real = _REAL_PUBLISHER(*args, **kwargs)
+        self._real = PublisherClient(*args, **kwargs)
         self._notifications = "/topics/" + os.environ.get(
             "PITSTOP_NOTIFICATIONS_TOPIC", "pitstop-notifications"
         )
@@ -110,7 +111,7 @@ class ChaosPublisher:
 
 
 if os.environ.get(chaos.CHAOS_DIR_ENV):
-    vars(main)["ComputeAdapter"] = ChaosComputeAdapter
-    vars(main)["PublisherClient"] = ChaosPublisher
+    vars(main)["_compute_adapter"] = ChaosComputeAdapter
+    vars(main)["_publisher"] = ChaosPublisher
 
 actuate = main.actuate

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +57,7 @@ def slim(inc: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if inc is None:
         return None
     out = {k: inc.get(k) for k in _CACHED}
+    out["evidence_room"] = engine.evidence_room(inc)  # buffered evidence past it would be dropped
     out["timeline"] = {"resolved": (inc.get("timeline") or {}).get("resolved")}
     wf = inc.get("workflow")
     out["workflow"] = {k: wf.get(k) for k in _CACHED_RUN} if wf else None
@@ -89,7 +90,9 @@ class Coalescer:
         self.flush_interval = float(policy.doc["store"]["flush_interval_s"])
         self._nodes: OrderedDict[str, _Node] = OrderedDict()
         self._pending: set[str] = set()  # nodes with buffered counts
-        self._seen: OrderedDict[str, None] = OrderedDict()
+        # Delivery keys, oldest first in the deque: half the bytes of an OrderedDict per key.
+        self._seen: set[str] = set()
+        self._seen_order: deque[str] = deque()
         self._applying: dict[str, threading.Event] = {}  # keys in a store transaction right now
         self._seen_max, self._max_nodes = seen_max, max_nodes
         self._lock = threading.RLock()
@@ -103,9 +106,12 @@ class Coalescer:
         self.on_outcome: Callable[[engine.Outcome], None] | None = None
 
     def _remember(self, key: str) -> None:
-        self._seen[key] = None
-        if len(self._seen) > self._seen_max:
-            self._seen.popitem(last=False)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self._seen_order.append(key)
+        if len(self._seen_order) > self._seen_max:
+            self._seen.discard(self._seen_order.popleft())
 
     # -- one event -------------------------------------------------------------------
 
@@ -165,7 +171,7 @@ class Coalescer:
             or not engine.absorbs(latest, ev, ts)
         ):
             return None, self._take(st, now)  # counts so far go first: the store path may change things
-        engine.count_into(st.deltas, ev, ts, self.policy)
+        engine.count_into(st.deltas, ev, ts, self.policy, latest.get("evidence_room", engine.MAX_EVIDENCE))
         if st.representative is None or RANK[ev["action"]] >= RANK[st.representative["action"]]:
             st.representative = dict(ev)
         st.buffered += 1
