@@ -12,7 +12,8 @@ only in configured zones, the Slurm agent without Firestore but with a results t
 outbox TTL (issue 11) and GKE clusters (issue 13: the `gke` case is new); then for the workflow's
 PITSTOP_CHECK_TIMEOUT_S and PITSTOP_RESUME_WAIT_S (issue 14: diagnose, validate, early requeue);
 then (`gke` only) for ingest's GKE grants: clusterViewer, pitstopNodeLookup (no longer actuate's)
-and ${INGEST_SA} in the RBAC manifest (ingest reads a node: a regional node's zone, XidCriticalError).
+and ${INGEST_SA} in the RBAC manifest (ingest reads a node: a regional node's zone, XidCriticalError);
+then for actuate's --memory=512Mi (issue 11: google-cloud-compute puts it at ~200 MiB before a request).
 """
 
 from __future__ import annotations

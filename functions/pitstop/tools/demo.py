@@ -543,7 +543,7 @@ class Scenarios(Pipeline):
         b = pol["budgets"]["cluster"]
         cap = min(b["max_nodes"], max(1, math.ceil(len(self.nodes) * b["max_percent"] / 100)))
         targets = self.nodes[: cap + 1]  # one more than the budget allows, whatever the cluster size
-        before = len(webhook_records(self.state))
+        before, t0 = len(webhook_records(self.state)), time.monotonic()
 
         def xid79s(n: str) -> tuple[str | None, int]:
             last = self.incidents(n)[-1:]
@@ -583,7 +583,10 @@ class Scenarios(Pipeline):
         pages = [
             w for w in webhook_records(self.state)[before:] if "blast-radius budget" in w["body"]["text"]
         ]
-        ok = len(done) == cap and len(held) == len(targets) - cap and len(pages) == 1
+        # One page per budget window while incidents are held (engine.try_claim's paged_until): a
+        # slow machine whose remediations outlast the 8 s window sees a reminder, never one per try.
+        windows = 1 + int((time.monotonic() - t0) / float(pol["budgets"]["window_s"]))
+        ok = len(done) == cap and len(held) == len(targets) - cap and 1 <= len(pages) <= windows
         return Result(
             "blast_radius",
             ok,
