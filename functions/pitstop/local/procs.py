@@ -24,10 +24,16 @@ _handed_out: set[int] = set()
 
 
 def _band() -> range:
+    """This process's band; ``PITSTOP_PORT_RANGE=lo-hi`` gives a whole checkout a range of its own
+    (split four ways like the default), so test runs of several checkouts on one machine never meet."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     n = int(worker[2:]) + 1 if worker.startswith("gw") and worker[2:].isdigit() else 0
-    lo = PORT_BASE + (n % 4) * PORT_BAND
-    return range(lo, lo + PORT_BAND)
+    base, band = PORT_BASE, PORT_BAND
+    lo_hi = os.environ.get("PITSTOP_PORT_RANGE", "").split("-")
+    if len(lo_hi) == 2 and all(x.isdigit() for x in lo_hi) and int(lo_hi[1]) - int(lo_hi[0]) >= 400:
+        base, band = int(lo_hi[0]), (int(lo_hi[1]) - int(lo_hi[0])) // 4
+    lo = base + (n % 4) * band
+    return range(lo, lo + band)
 
 
 def free_port() -> int:
