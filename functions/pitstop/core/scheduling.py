@@ -1,0 +1,205 @@
+"""What a remediation asks of a cluster's scheduler, in meanings rather than one scheduler's words.
+
+actuate never knows which scheduler runs a cluster: it holds a :class:`Scheduler` for the
+incident's cluster (the registry in services/schedulers.py builds one per policy entry) and asks
+it these questions. Each adapter (adapters/slurm.py, adapters/gke/, adapters/k8s_job.py)
+translates them into its own system's words and back: Slurm's ``RUNNING``/``COMPLETING``, a
+JobSet's ``restarts``, a Kueue Workload's admission all become a :class:`JobState` and a
+:class:`JobRun` here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+_INCIDENT = re.compile(r"i[a-z2-7]{9}")
+
+
+class JobState(StrEnum):
+    """Where a job is, as far as a remediation cares."""
+
+    PENDING = "PENDING"  # waiting for resources (requeued, or not yet started)
+    RUNNING = "RUNNING"
+    SUSPENDED = "SUSPENDED"  # stopped in place; still holds its nodes
+    COMPLETING = "COMPLETING"  # its processes are ending (a requeued Slurm job passes through it)
+    COMPLETED = "COMPLETED"  # ended on its own, successfully
+    FAILED = "FAILED"  # ended on its own, unsuccessfully
+    CANCELLED = "CANCELLED"  # ended by someone
+    UNKNOWN = "UNKNOWN"  # gone, or the scheduler cannot say
+
+    @classmethod
+    def of(cls, word: object) -> JobState:
+        """The state a scheduler's word means; anything unknown is UNKNOWN."""
+        try:
+            return cls(str(word).upper())
+        except ValueError:
+            return cls.UNKNOWN
+
+    @property
+    def on_nodes(self) -> bool:
+        """Whether the job still holds nodes (it has not been requeued or ended)."""
+        return self in (JobState.RUNNING, JobState.SUSPENDED, JobState.COMPLETING)
+
+    @property
+    def ended(self) -> bool:
+        return self in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """Which execution of a job a fault hit: a gang is restarted once per run, whatever the time."""
+
+    restarts: int | None = None  # how often the scheduler restarted or requeued it
+    start_time: str | None = None  # when this run started, as the scheduler prints it
+
+    @property
+    def known(self) -> bool:
+        return self.restarts is not None and self.start_time is not None
+
+    def doc(self) -> dict[str, Any]:
+        return {"restarts": self.restarts, "start_time": self.start_time}
+
+    @classmethod
+    def of(cls, doc: Mapping[str, Any] | None) -> JobRun:
+        """The run a stored record or an adapter's answer names (None where unknown)."""
+        doc = doc or {}
+        restarts = doc.get("restarts")
+        start = doc.get("start_time")
+        return cls(
+            restarts if isinstance(restarts, int) and not isinstance(restarts, bool) else None,
+            start if isinstance(start, str) and start else None,
+        )
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job: str
+    state: JobState
+    run: JobRun = field(default_factory=JobRun)
+
+    def doc(self) -> dict[str, Any]:
+        return {"id": self.job, "state": str(self.state), **self.run.doc()}
+
+
+@dataclass(frozen=True)
+class FenceAnswer:
+    """What the scheduler said about the node when Pitstop fenced it."""
+
+    previous_state: str | None = None
+    previous_reason: str | None = None
+    # someone else had already taken the node out of service: Pitstop left it (and never lifts it)
+    fenced_by_other: bool = False
+    reason: str | None = None  # the reason Pitstop's own fence carries
+
+    def doc(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "previous_state": self.previous_state,
+            "previous_reason": self.previous_reason,
+            "already_drained_by_other": self.fenced_by_other,
+        }
+        if self.reason is not None:
+            out["reason"] = self.reason
+        return {k: v for k, v in out.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class UnfenceAnswer:
+    resumed: bool
+    left_fenced: str | None = None  # a fence that is not Pitstop's for this incident, left in place
+
+
+@dataclass(frozen=True)
+class RequeueOutcome:
+    """How the gang was restarted once, or why nothing was done (and what its owner must do)."""
+
+    job: str
+    restarted: bool
+    how: str
+    owner_action: str | None = None
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Whether the job's gang can run again now without the fenced node (early requeue)."""
+
+    enough: bool
+    why: str
+    need: int | None = None
+    free: int | None = None
+
+
+@dataclass(frozen=True)
+class CheckStart:
+    started: str
+    peer: str | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """A check run's state; ``outputs`` holds each tool's raw output, interpreted in core/checks."""
+
+    done: bool
+    outputs: Mapping[str, str] = field(default_factory=dict)
+    peer: str | None = None
+    error: str | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class StepRef:
+    """Which incident step asks: it keys every command a scheduler sends for it (retries find them)."""
+
+    incident: str
+    step: int
+
+    def __post_init__(self) -> None:
+        if _INCIDENT.fullmatch(self.incident) is None or self.step < 0:
+            raise ValueError(f"not an incident step: {self.incident!r} {self.step!r}")
+
+    @property
+    def key(self) -> str:
+        """``<incident>-<step>``: a DNS-label-safe prefix for command ids and object names."""
+        return f"{self.incident}-{self.step}"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """How to ask a job to save its state before a planned disruption."""
+
+    signal: str = "SIGUSR1"  # Slurm: the signal sent to the job's steps
+    grace_s: float | None = None  # Kubernetes: the pods' own terminationGracePeriodSeconds when None
+
+
+class Scheduler(Protocol):
+    """What a remediation asks of a cluster's scheduler."""
+
+    name: str
+
+    def jobs_on(self, node: str, ref: StepRef) -> list[JobInfo]:
+        """The jobs on the node, each with the run the fault hit."""
+        ...
+
+    def fence(self, node: str, ref: StepRef, action: str) -> FenceAnswer:
+        """Keep new work off the node; leave a fence someone else set alone and say so."""
+        ...
+
+    def unfence(self, node: str, ref: StepRef) -> UnfenceAnswer:
+        """Lift Pitstop's own fence for this incident only."""
+        ...
+
+    def checkpoint(self, job: str, ref: StepRef, how: Checkpoint) -> None: ...
+    def job_info(self, job: str, ref: StepRef) -> JobInfo: ...
+    def node_healthy(self, node: str, ref: StepRef) -> bool: ...
+
+    def requeue(self, job: str, ref: StepRef, run: JobRun) -> RequeueOutcome:
+        """Restart the gang once, if it is still the run the fault hit."""
+        ...
+
+    def capacity(self, job: str, node: str, ref: StepRef) -> Capacity: ...
+    def start_check(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckStart: ...
+    def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult: ...
