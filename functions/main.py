@@ -194,6 +194,8 @@ def _actuator() -> Actuator:
 @functools.cache
 def _notify() -> Notify:
     from pitstop.adapters.monitoring import MetricsWriter
+    from pitstop.adapters.step_records import FirestoreStepStore
+    from pitstop.services.channels import configured
     from pitstop.services.notify import Notify
 
     project = _project()
@@ -201,12 +203,7 @@ def _notify() -> Notify:
     endpoint = os.environ.get("PITSTOP_MONITORING_ENDPOINT")
     metrics = MetricsWriter(project, endpoint) if os.environ.get("PITSTOP_METRICS", "on") != "off" else None
     ledger = _db(project).collection(f"{pol.doc['store']['collection_prefix']}_notifications")
-    return Notify(
-        os.environ.get("PITSTOP_WEBHOOK_URL"),
-        os.environ.get("PITSTOP_WEBHOOK_FORMAT", "chat"),
-        metrics,
-        ledger,
-    )
+    return Notify(configured(os.environ), metrics, FirestoreStepStore(ledger))
 
 
 @functions_framework.cloud_event

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import grpc
@@ -19,7 +19,10 @@ from google.cloud.monitoring_v3.types import metric_service
 from google.protobuf import empty_pb2
 
 from pitstop.adapters.monitoring import MetricsWriter
+from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.local.fake_monitoring import FakeMonitoring, serve
+from pitstop.services import channels
+from pitstop.services.channels import Post
 from pitstop.services.notify import SINK_CLAIM_S, Notify, SinkBusyError
 
 pytestmark = pytest.mark.emulator
@@ -60,9 +63,9 @@ class Webhook:
     def __init__(self, status: int = 200) -> None:
         self.status, self.posts = status, list[dict[str, Any]]()
 
-    def __call__(self, url: str, data: bytes) -> int:
+    def __call__(self, url: str, body: Mapping[str, Any]) -> int:
         if self.status < 300:
-            self.posts.append(json.loads(data))
+            self.posts.append(json.loads(json.dumps(body)))
         return self.status
 
 
@@ -76,9 +79,14 @@ def monitoring() -> Iterator[tuple[Monitoring, MetricsWriter]]:
         server.stop(0)
 
 
-def _notify(fs: firestore.Client, metrics: MetricsWriter, hook: Webhook) -> Notify:
-    ledger = fs.collection("pitstop_notifications")
-    return Notify("https://chat.example/hook", "chat", metrics, ledger, post=hook, clock=lambda: T0)
+def _ledger(fs: firestore.Client) -> FirestoreStepStore:
+    return FirestoreStepStore(fs.collection("pitstop_notifications"))
+
+
+def _notify(
+    fs: firestore.Client, metrics: MetricsWriter | None, hook: Post, clock: Callable[[], float] = lambda: T0
+) -> Notify:
+    return Notify([channels.Webhook("https://chat.example/hook", "chat", hook)], metrics, _ledger(fs), clock)
 
 
 def _failures(fake: FakeMonitoring) -> list[dict[str, Any]]:
@@ -146,7 +154,8 @@ def test_a_notification_without_a_usable_id_is_keyed_by_its_message(
         svc.handle(n, mid)
         svc.handle(n, mid)
     assert len(hook.posts) == 2
-    assert {d.id for d in fs_client.collection("pitstop_notifications").stream()} == {"m-6", "m-7"}
+    keys = {d.id for d in fs_client.collection("pitstop_notifications").stream()}
+    assert keys == {"m-6.metrics", "m-6.webhook", "m-7.metrics", "m-7.webhook"}
 
 
 def test_two_deliveries_at_once_post_once(
@@ -165,7 +174,11 @@ def test_two_deliveries_at_once_post_once(
         return 200
 
     note = {**FAILED, "id": f"incident-race-{uuid.uuid4().hex[:8]}"}
-    svc = _notify(fs_client, metrics, slow)  # type: ignore[arg-type]
+
+    def slow_post(url: str, body: Mapping[str, Any]) -> int:
+        return slow(url, json.dumps(body).encode())
+
+    svc = _notify(fs_client, metrics, slow_post)
     first = threading.Thread(target=svc.handle, args=(note, "m-10"))
     first.start()
     assert posting.wait(30)
@@ -184,20 +197,123 @@ def test_a_delivery_that_died_holding_the_webhook_is_taken_over_after_its_claim(
     note = {**FAILED, "id": f"incident-dead-{uuid.uuid4().hex[:8]}"}
     now = [T0]
     hook = Webhook()
-    svc = Notify(
-        "https://chat.example/hook",
-        "chat",
-        metrics,
-        fs_client.collection("pitstop_notifications"),
-        post=hook,
-        clock=lambda: now[0],
-    )
-    ref = fs_client.collection("pitstop_notifications").document(str(note["id"]))
-    ref.set({"webhook_claim": {"token": "dead", "until": T0 + SINK_CLAIM_S}})  # a delivery that died
+    svc = _notify(fs_client, metrics, hook, clock=lambda: now[0])
+    ref = fs_client.collection("pitstop_notifications").document(f"{note['id']}.webhook")
+    dead = {"state": "in_progress", "token": "dead", "owner": "gone", "expires_at": T0 + SINK_CLAIM_S}
+    ref.set(dead)  # a delivery that died while posting
     with pytest.raises(SinkBusyError):
         svc.handle(note, "m-20")
     assert hook.posts == []
     now[0] = T0 + SINK_CLAIM_S + 1
     svc.handle(note, "m-21")
     assert len(hook.posts) == 1
-    assert "webhook_claim" not in (ref.get().to_dict() or {})
+    rec = ref.get().to_dict() or {}
+    assert rec["state"] == "done" and rec["attempt"] == 2 and rec["token"] != "dead"
+
+
+# -- PagerDuty Events API v2 (a second channel beside the webhook) ------------------------------
+
+
+class PagerDutySink:
+    """Answers as PagerDuty's /v2/enqueue does: 202 with a status body, 400 for an invalid event."""
+
+    def __init__(self, status: int = 202) -> None:
+        self.status, self.events = status, list[dict[str, Any]]()
+
+    def __call__(self, url: str, body: Mapping[str, Any]) -> int:
+        assert url == "https://events.pagerduty.com/v2/enqueue"
+        if self.status < 300:
+            self.events.append(json.loads(json.dumps(body)))
+        return self.status
+
+
+def _both(fs: firestore.Client, hook: Webhook, pd: PagerDutySink) -> Notify:
+    env = {
+        "PITSTOP_WEBHOOK_URL": "https://chat.example/hook",
+        "PITSTOP_PAGERDUTY_ROUTING_KEY": "R0UT1NGKEY0123456789abcdefABCDEF",
+    }
+
+    def post(url: str, body: Mapping[str, Any]) -> int:
+        return pd(url, body) if "pagerduty" in url else hook(url, body)
+
+    return Notify(channels.configured(env, post), None, _ledger(fs), lambda: T0)
+
+
+def test_a_failure_triggers_one_pagerduty_alert_per_incident_and_its_end_resolves_it(
+    fs_client: firestore.Client,
+) -> None:
+    hook, pd = Webhook(), PagerDutySink()
+    svc = _both(fs_client, hook, pd)
+    svc.handle(FAILED, "m-30")
+    svc.handle(dict(FAILED), "m-31")  # the outbox published it again
+    closed = {
+        "id": "incident-ifailed123-closed",
+        "kind": "incident",
+        "severity": "info",
+        "summary": "a3-node-007 closed by ops",
+        "incident": {**FAILED["incident"], "state": "RESOLVED"},  # type: ignore[dict-item]
+    }
+    svc.handle(closed, "m-32")
+    assert [e["event_action"] for e in pd.events] == ["trigger", "resolve"]
+    trigger, resolve = pd.events
+    assert trigger["routing_key"] == resolve["routing_key"] == "R0UT1NGKEY0123456789abcdefABCDEF"
+    assert trigger["dedup_key"] == resolve["dedup_key"] == "pitstop-ifailed123"
+    payload = trigger["payload"]
+    assert payload["severity"] == "critical" and payload["source"] == "a3-node-007"
+    assert payload["summary"] == "Remediation of a3-node-007 FAILED at act"
+    assert payload["class"] == "REBOOT_NODE" and payload["component"] == "train"
+    assert "payload" not in resolve
+    assert len(hook.posts) == 2  # the chat channel hears both, the republished copy once
+
+
+def test_pagerduty_is_not_woken_for_a_remediation_that_went_well(fs_client: firestore.Client) -> None:
+    hook, pd = Webhook(), PagerDutySink()
+    done = _both(fs_client, hook, pd).handle(
+        {
+            "id": "incident-iok1234567-x",
+            "kind": "incident",
+            "severity": "warning",
+            "summary": "a3-node-001: RESET_GPU done; node healthy and back in service.",
+            "incident": {"id": "iok1234567", "node": {"instance": "a3-node-001"}, "state": "VERIFYING"},
+        },
+        "m-40",
+    )
+    assert pd.events == [] and done["pagerduty"] == {"skipped": "nothing for a person to do"}
+
+
+def test_a_pagerduty_outage_does_not_silence_the_webhook_and_is_retried_alone(
+    fs_client: firestore.Client,
+) -> None:
+    hook, pd = Webhook(), PagerDutySink(status=503)
+    note = {**FAILED, "id": f"incident-pd-{uuid.uuid4().hex[:8]}"}
+    with pytest.raises(RuntimeError, match="pagerduty answered 503"):
+        _both(fs_client, hook, pd).handle(note, "m-50")
+    assert len(hook.posts) == 1
+    pd.status = 202
+    _both(fs_client, hook, pd).handle(note, "m-51")  # Pub/Sub redelivers
+    assert len(hook.posts) == 1 and [e["event_action"] for e in pd.events] == ["trigger"]
+
+
+def test_an_event_pagerduty_calls_invalid_is_recorded_not_retried_forever(
+    fs_client: firestore.Client,
+) -> None:
+    hook, pd = Webhook(), PagerDutySink(status=400)
+    done = _both(fs_client, hook, pd).handle({**FAILED, "id": "incident-bad-event"}, "m-60")
+    assert done["pagerduty"] == {"rejected": 400, "event_action": "trigger"}
+
+
+def test_the_local_pagerduty_endpoint_refuses_what_pagerduty_would() -> None:
+    from pitstop.core.notifications import pagerduty_event
+    from pitstop.local.serve import pagerduty_errors
+
+    good = pagerduty_event(FAILED, "R0UT1NGKEY0123456789abcdefABCDEF", "trigger")
+    assert pagerduty_errors(good) == []
+    assert pagerduty_errors(pagerduty_event(FAILED, "R0UT1NGKEY0123456789abcdefABCDEF", "resolve")) == []
+    assert pagerduty_errors({**good, "routing_key": "short"}) == [
+        "'routing_key' must be a 32-character integration key"
+    ]
+    assert "'payload.summary' is missing or blank" in pagerduty_errors(
+        {**good, "payload": {**good["payload"], "summary": ""}}
+    )
+    assert pagerduty_errors({**good, "event_action": "page"})[0].startswith("'event_action' is invalid")
+    assert pagerduty_errors("not an event") == ["Event object is invalid"]

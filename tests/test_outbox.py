@@ -20,8 +20,10 @@ from google.cloud.pubsub_v1 import SubscriberClient
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.firestore import IncidentStore
 from pitstop.adapters.pubsub import Notifier
+from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.core import policy
 from pitstop.services.actuate import Actuator
+from pitstop.services.channels import Webhook
 from pitstop.services.ingest import Ingest
 from pitstop.services.notify import Notify
 from pitstop.services.sweep import Sweep
@@ -114,11 +116,12 @@ def _posted(fs: firestore.Client, messages: list[tuple[str, dict[str, Any]]]) ->
     """Run notify over the messages; what it posted to the webhook."""
     posts: list[dict[str, Any]] = []
 
-    def hook(url: str, data: bytes) -> int:
-        posts.append(json.loads(data))
+    def hook(url: str, body: Mapping[str, Any]) -> int:
+        posts.append(dict(body))
         return 200
 
-    svc = Notify("https://chat.example/hook", "chat", None, fs.collection("pitstop_notifications"), hook)
+    ledger = FirestoreStepStore(fs.collection("pitstop_notifications"))
+    svc = Notify([Webhook("https://chat.example/hook", "chat", hook)], None, ledger)
     for message_id, n in messages:
         svc.handle(n, message_id)
     return posts

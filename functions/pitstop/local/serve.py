@@ -72,32 +72,70 @@ def monitoring(args: argparse.Namespace) -> None:
     _wait_forever(lambda: server.stop(0))
 
 
+PAGERDUTY_PATH = "/pagerduty/v2/enqueue"
+_PD_ACTIONS = frozenset({"trigger", "acknowledge", "resolve"})
+_PD_SEVERITIES = frozenset({"critical", "error", "warning", "info"})
+
+
+def pagerduty_errors(event: Any) -> list[str]:
+    """What PagerDuty's Events API v2 would refuse in an event (an empty list: accepted)."""
+    if not isinstance(event, dict):
+        return ["Event object is invalid"]
+    errors = []
+    if not isinstance(event.get("routing_key"), str) or len(event["routing_key"]) != 32:
+        errors.append("'routing_key' must be a 32-character integration key")
+    if event.get("event_action") not in _PD_ACTIONS:
+        errors.append("'event_action' is invalid (must be one of: trigger, acknowledge, resolve)")
+    if len(str(event.get("dedup_key") or "")) > 255:
+        errors.append("'dedup_key' must be 255 characters or less")
+    if event.get("event_action") == "trigger":
+        found = event.get("payload")
+        payload: dict[str, Any] = found if isinstance(found, dict) else {}
+        for key in ("summary", "source", "severity"):
+            if not payload.get(key):
+                errors.append(f"'payload.{key}' is missing or blank")
+        if payload.get("severity") and payload["severity"] not in _PD_SEVERITIES:
+            errors.append("'payload.severity' is invalid")
+        if len(str(payload.get("summary") or "")) > 1024:
+            errors.append("'payload.summary' must be 1024 characters or less")
+    return errors
+
+
 def webhook(args: argparse.Namespace) -> None:
+    """The chat webhook sink (answers 200 or, while down, 503) and PagerDuty's Events v2 endpoint
+    (202 with PagerDuty's body; 400 with its error list for an event it would refuse)."""
     out = Path(args.out)
     state = {"down": False}
 
     class Handler(BaseHTTPRequestHandler):
+        def _answer(self, status: int, body: Any = None) -> None:
+            data = b"" if body is None else json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if self.path == "/_down":
-                state["down"] = True
-            elif self.path == "/_up":
-                state["down"] = False
-            elif state["down"]:
-                self.send_response(503)
-                self.end_headers()
-                return
-            else:
-                with out.open("a") as f:
-                    f.write(
-                        json.dumps(
-                            {"at": time.time(), "path": self.path, "body": json.loads(body or b"null")}
-                        )
-                        + "\n"
-                    )
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+            if self.path in ("/_down", "/_up"):
+                state["down"] = self.path == "/_down"
+                return self._answer(200)
+            if state["down"]:
+                return self._answer(503)
+            doc = json.loads(body or b"null")
+            errors = pagerduty_errors(doc) if self.path == PAGERDUTY_PATH else []
+            if errors:
+                return self._answer(
+                    400, {"status": "invalid event", "message": "Event object is invalid", "errors": errors}
+                )
+            with out.open("a") as f:
+                f.write(json.dumps({"at": time.time(), "path": self.path, "body": doc}) + "\n")
+            if self.path == PAGERDUTY_PATH:
+                return self._answer(
+                    202,
+                    {"status": "success", "message": "Event processed", "dedup_key": doc.get("dedup_key")},
+                )
+            return self._answer(200)
 
         def log_message(self, *a: Any) -> None:
             pass

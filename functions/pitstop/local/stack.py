@@ -36,6 +36,7 @@ from pitstop.local.chaos import CHAOS_DIR_ENV, clear_flags
 from pitstop.local.control import Controller
 from pitstop.local.lql import compile_filter
 from pitstop.local.procs import Proc, free_port, start_emulator, wait_http
+from pitstop.local.serve import PAGERDUTY_PATH
 from pitstop.local.slurm import SlurmCluster
 from pitstop.services.actuate import STEP_CLAIM_S
 
@@ -55,6 +56,8 @@ GKE_EVICT_DEADLINE_S = 10  # a PodDisruptionBudget that refuses an eviction fail
 # Per-node GPU outcomes (pitstop.local.gpu_tools): the fake Compute writes <workdir>/gpu-state.json
 # and names it in PITSTOP_GPU_STATE; the stand-ins in checks read it from there.
 GPU_STATE_ENV = "PITSTOP_GPU_STATE"
+# the local PagerDuty endpoint takes any 32-character integration key, as PagerDuty would shape-check it
+LOCAL_ROUTING_KEY = "pitstoplocalroutingkey0000000000"
 GPU_STATE_FILE = "gpu-state.json"
 
 
@@ -372,6 +375,8 @@ class Stack:
             "PITSTOP_MONITORING_ENDPOINT": ep["monitoring"],
             "PITSTOP_WEBHOOK_URL": ep["webhook"],
             "PITSTOP_WEBHOOK_FORMAT": "chat",
+            "PITSTOP_PAGERDUTY_URL": ep["webhook"].rsplit("/", 1)[0] + PAGERDUTY_PATH,
+            "PITSTOP_PAGERDUTY_ROUTING_KEY": LOCAL_ROUTING_KEY,
             "PITSTOP_NOTIFICATIONS_TOPIC": "pitstop-notifications",
             # a crashed attempt's claim must lapse within the workflow's (scaled) re-asking budget
             "PITSTOP_STEP_CLAIM_S": str(STEP_CLAIM_S * self.workflow_scale),
@@ -689,6 +694,8 @@ def admin(state: StackState, path: str, body: dict[str, Any] | None = None) -> A
         return json.loads(resp.read())
 
 
-def webhook_records(state: StackState) -> list[dict[str, Any]]:
-    path = Path(state.workdir, "webhook.jsonl")
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+def webhook_records(state: StackState, path: str = "/hook") -> list[dict[str, Any]]:
+    """What the chat webhook (``/hook``) or PagerDuty's endpoint (PAGERDUTY_PATH) received."""
+    out = Path(state.workdir, "webhook.jsonl")
+    records = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
+    return [r for r in records if r.get("path") == path]

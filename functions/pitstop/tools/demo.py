@@ -36,6 +36,9 @@ from pitstop.local.gke_stack import (
     node_summary,
     running,
 )
+from pitstop.local.serve import (
+    PAGERDUTY_PATH,
+)
 from pitstop.local.stack import (
     PROJECT,
     ZONE,
@@ -544,6 +547,7 @@ class Scenarios(Pipeline):
         cap = min(b["max_nodes"], max(1, math.ceil(len(self.nodes) * b["max_percent"] / 100)))
         targets = self.nodes[: cap + 1]  # one more than the budget allows, whatever the cluster size
         before, t0 = len(webhook_records(self.state)), time.monotonic()
+        pd_before = len(webhook_records(self.state, PAGERDUTY_PATH))
 
         def xid79s(n: str) -> tuple[str | None, int]:
             last = self.incidents(n)[-1:]
@@ -586,12 +590,22 @@ class Scenarios(Pipeline):
         # One page per budget window while incidents are held (engine.try_claim's paged_until): a
         # slow machine whose remediations outlast the 8 s window sees a reminder, never one per try.
         windows = 1 + int((time.monotonic() - t0) / float(pol["budgets"]["window_s"]))
-        ok = len(done) == cap and len(held) == len(targets) - cap and 1 <= len(pages) <= windows
+        # the same page on the second channel: a PagerDuty alert triggered (one per page)
+        alerts = [
+            w["body"]
+            for w in webhook_records(self.state, PAGERDUTY_PATH)[pd_before:]
+            if w["body"]["event_action"] == "trigger"
+            and "blast-radius budget" in w["body"]["payload"]["summary"]
+        ]
+        ok = (
+            len(done) == cap and len(held) == len(targets) - cap and 1 <= len(pages) == len(alerts) <= windows
+        )
         return Result(
             "blast_radius",
             ok,
             f"Xid 79 on {len(targets)} of {len(self.nodes)} nodes: {len(done)} "
-            f"remediated ({b['max_percent']} % budget), {len(held)} held, {len(pages)} page",
+            f"remediated ({b['max_percent']} % budget), {len(held)} held, {len(pages)} page "
+            f"(and {len(alerts)} PagerDuty alert)",
             durations(done[0]) if done else {},
             done[0]["id"] if done else None,
         )
