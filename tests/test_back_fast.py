@@ -22,6 +22,7 @@ from google.cloud import firestore
 from pitstop.core import policy as policy_mod
 from pitstop.services.actuate import Actuator
 
+from .helpers import PROJECT, ZONE
 from .test_exactly_once import JOB, NODES, XID79, Gang, Rig
 
 pytestmark = pytest.mark.emulator
@@ -265,17 +266,53 @@ def test_a_job_that_could_not_move_early_is_requeued_before_the_check_needs_its_
     assert rig.ok("reschedule", iid)["requeued"] == [] and len(rig.gang.requeues) == 1
 
 
-def test_no_diagnostic_before_a_reboot_or_once_the_hardware_was_measured(make: Any) -> None:
+def test_no_diagnostic_before_a_reboot(make: Any) -> None:
     rig = make()
     iid = rig.open(NODES[0])  # REBOOT_NODE
     rig.ok("fence", iid)
     assert rig.ok("diagnose", iid) == {"run": False, "why": "a diagnostic runs only before REPLACE_NODE"}
+
+
+def test_a_replacement_a_measurement_asked_for_is_diagnosed_and_pages_when_not_confirmed(make: Any) -> None:
+    """Issue 21 (5): validation's busbw shortfall alone never condemns a host: REPLACE always passes
+    the diagnostic, and a diagnostic that finds nothing pages instead of rebooting again."""
+    rig = make()
     measured = {"kind": "validate", "hardware_fault": True, "why": "busbw 120.00 GB/s < 169.86"}
-    other = _replace(rig, NODES[1])
-    rig.store.mutate(other, lambda d: d.update(measured=[measured]))
-    rig.ok("fence", other)
-    skipped = rig.ok("diagnose", other)
-    assert skipped["run"] is False and "busbw 120.00" in skipped["why"]
+    iid = _replace(rig, NODES[1])
+    rig.store.mutate(iid, lambda d: d.update(measured=[measured]))
+    rig.ok("fence", iid)
+    started = rig.ok("diagnose", iid)
+    assert started["run"] is True and "busbw 120.00" in started["why"]
+    assert rig.ok("diagnosis", iid)["done"]
+    body, status = rig.call("judge_diagnosis", iid)
+    assert status == 409 and body["retryable"] is False and "a person decides" in body["error"]
+    inc = rig.store.get(iid)
+    assert inc is not None and inc["action"] == "REPLACE_NODE" and inc["diagnosis"]["confirmed"] is False
+    assert rig.fake.effects_on(NODES[1], "report_host_as_faulty") == []
+    assert rig.fake.effects_on(NODES[1], "reset") == []
+
+
+@pytest.mark.parametrize(("machine_type", "expected"), [("a3-highgpu-4g", 4), ("n1-standard-8", None)])
+def test_a_healthy_vm_with_fewer_than_eight_gpus_is_never_condemned_on_a_count(
+    make: Any, machine_type: str, expected: int | None
+) -> None:
+    """Issue 21 (4): the expected GPU count is the VM's own (guestAccelerators); a machine type that
+    lists none never confirms on a count. Before, any type outside the validation table expected 8."""
+    rig = make()
+    node = "a3-node-011"
+    rig.fake.add_instance(PROJECT, ZONE, node, machine_type=machine_type, mig="a3-node")
+    rig.gang.gpu_state = {node: {"total_gpus": 4, "gpus": 4}}  # all of its 4 GPUs healthy
+    iid = _replace(rig, node)
+    rig.repair(iid)
+    spec = rig.gang.started[-1]
+    assert spec["kind"] == "diagnose" and spec["expected_gpus"] == expected
+    inc = rig.store.get(iid)
+    assert inc is not None and inc["diagnosis"]["confirmed"] is False and inc["action"] == "REBOOT_NODE"
+    assert inc["diagnosis"]["gpus_visible"] == 4 and inc["diagnosis"]["gpus_expected"] == expected
+    assert (
+        rig.fake.effects_on(node, "report_host_as_faulty") == []
+        and rig.fake.effects_on(node, "recreate") == []
+    )
 
 
 def test_policy_can_turn_the_diagnostic_off(make: Any) -> None:
@@ -327,7 +364,7 @@ def test_a_reset_node_with_degraded_busbw_steps_up_to_replace(make: Any) -> None
     assert inc is not None and inc["step"] == 2 and inc["action"] == "REPLACE_NODE"
     assert "validation failed: busbw 120.00" in inc["escalations"][-1]["why"][0]
     rig.ok("fence", iid, 2)
-    assert rig.ok("diagnose", iid, 2)["run"] is False  # measured evidence: no diagnostic first
+    assert rig.ok("diagnose", iid, 2)["run"] is True  # REPLACE always passes the diagnostic
 
 
 def test_a_replaced_node_that_fails_pages_and_stays_fenced(make: Any) -> None:

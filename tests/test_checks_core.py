@@ -149,9 +149,27 @@ def test_what_needs_a_diagnostic_or_a_validation() -> None:
     assert checks.needs_diagnosis({"action": "REPLACE_NODE"}, POLICY)[0] is True
     assert checks.needs_diagnosis({"action": "REBOOT_NODE"}, POLICY)[0] is False
     measured = {"action": "REPLACE_NODE", "measured": [{"hardware_fault": True, "why": "busbw 120"}]}
-    assert checks.needs_diagnosis(measured, POLICY) == (False, "already measured on the node: busbw 120")
+    need, why = checks.needs_diagnosis(measured, POLICY)  # REPLACE always passes the diagnostic
+    assert need is True and "after a measurement (busbw 120)" in why
     assert checks.needs_validation({"action": "RESET_GPU"}, POLICY, True)[0] is True
     assert checks.needs_validation({"action": "RESCHEDULE_JOB"}, POLICY, True)[0] is False
     assert checks.needs_validation({"action": "RESET_GPU"}, POLICY, False)[0] is False
     off = policy_mod.from_doc({"validation": {"enabled": False}})
     assert checks.needs_validation({"action": "RESET_GPU"}, off, True)[0] is False
+
+
+def test_the_expected_gpu_count_is_the_vms_own() -> None:
+    vm = {"guest_accelerators": [{"accelerator_type": "x/nvidia-h100-80gb", "accelerator_count": 4}]}
+    assert checks.gpus_of(vm) == 4
+    assert checks.gpus_of({}) is None and checks.gpus_of({"guest_accelerators": "8"}) is None
+    assert (
+        checks.gpus_of({"guest_accelerators": [{"accelerator_count": True}, {"accelerator_count": 999}]})
+        is None
+    )
+
+
+def test_an_unknown_gpu_count_never_confirms_on_what_is_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = {"nvidia_smi_q": _run(nvidia_smi.main, ["-q"], {"total_gpus": 4, "gpus": 4}, monkeypatch)}
+    d = checks.judge_diagnosis({}, {"done": True, "outputs": out}, None)
+    assert d.confirmed is False and d.action == "REBOOT_NODE"
+    assert checks.judge_diagnosis({}, {"done": True, "outputs": out}, 8).confirmed is True  # 4 of 8

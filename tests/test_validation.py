@@ -322,6 +322,25 @@ def test_dcgm_decides_before_bandwidth() -> None:
     assert bad.verdict == "bad_output" and not bad.hardware_suspect
 
 
+def _named_test(name: str, status: str) -> dict[str, Any]:
+    return {"name": name, "results": [{"entity_group": "GPU", "entity_id": 0, "status": status}]}
+
+
+def test_a_failed_configuration_check_or_an_unknown_status_pages_and_never_replaces() -> None:
+    """Issue 21 (5): persistence mode or a graphics process says the node is set up wrong, and a
+    status word the parser does not know says nothing: neither is evidence against the hardware."""
+    for name in ("Persistence Mode", "Graphics Processes"):
+        cfg = validate("a3-megagpu-8g", row(188.0), parse_dcgm_diag(dcgm_v4([_named_test(name, "Fail")])))
+        assert cfg.verdict == "dcgm_config" and not cfg.hardware_suspect and not cfg.passed, cfg
+        assert next_action("REBOOT_NODE", cfg) == PAGE
+    odd = validate("a3-megagpu-8g", row(188.0), parse_dcgm_diag(dcgm_v4([_named_test("memtest", "Borked")])))
+    assert odd.verdict == "dcgm_unknown" and next_action("RESET_GPU", odd) == PAGE
+    both = [_named_test("Persistence Mode", "Fail"), _named_test("memtest", "Fail")]
+    hw = validate("a3-megagpu-8g", row(188.0), parse_dcgm_diag(dcgm_v4(both)))
+    assert hw.verdict == "dcgm_fail" and hw.dcgm_failed == ("memtest (GPU 0)",)  # hardware still counts
+    assert next_action("RESET_GPU", hw) == "REPLACE_NODE"
+
+
 def test_bad_nccl_output_missing_row_corrupt_data_and_bad_policy() -> None:
     assert validate("a3-megagpu-8g", parse_all_gather(""), DCGM_PASS).verdict == "bad_output"
     high = parse_all_gather(fixture("all_gather_a3_highgpu_8g.txt"))  # ends at 512 MiB

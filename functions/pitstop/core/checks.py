@@ -43,6 +43,20 @@ def machine_type_of(vm: Mapping[str, Any]) -> str:
     return str(vm.get("machine_type") or "").rsplit("/", 1)[-1]
 
 
+def gpus_of(vm: Mapping[str, Any]) -> int | None:
+    """The GPUs the VM has, from its ``guestAccelerators`` (None when it lists none: then a count
+    of visible GPUs proves nothing, since Pitstop cannot know how many there should be)."""
+    accs = vm.get("guest_accelerators")
+    if not isinstance(accs, list):
+        return None
+    total = 0
+    for a in accs:
+        n = a.get("accelerator_count") if isinstance(a, Mapping) else None
+        if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 64:
+            total += n
+    return total or None
+
+
 # -- early requeue ---------------------------------------------------------------------------
 
 
@@ -74,17 +88,22 @@ def needs_diagnosis(inc: Mapping[str, Any], policy: Policy) -> tuple[bool, str]:
         return False, "diagnose.enabled is false in policy"
     found = hardware_measured(inc)
     if found is not None:
-        return False, f"already measured on the node: {found.get('why')}"
+        return True, f"REPLACE_NODE after a measurement ({found.get('why')}): the node is examined first"
     return True, "REPLACE_NODE on log text alone: the node is examined first"
 
 
-def diagnose_spec(inc: Mapping[str, Any], step: int, policy: Policy, gpus: int) -> dict[str, Any]:
+def diagnose_spec(
+    inc: Mapping[str, Any], step: int, policy: Policy, gpus: int, expected_gpus: int | None
+) -> dict[str, Any]:
+    """``gpus``: what the check asks the scheduler for; ``expected_gpus``: what the VM has (None:
+    unknown, and then no count of visible GPUs confirms anything)."""
     return {
         "kind": DIAGNOSE,
         "name": check_name(str(inc["id"]), step, DIAGNOSE),
         "incident": inc["id"],
         "dcgm_level": int(policy.diagnose["dcgm_level"]),
         "gpus": gpus,
+        "expected_gpus": expected_gpus,
     }
 
 
@@ -134,25 +153,42 @@ _DIAG_KEYS = (
 def judge_diagnosis(
     inc: Mapping[str, Any],
     result: Mapping[str, Any] | None,
-    expected_gpus: int,
+    expected_gpus: int | None,
     table: val.ValidationTable | None = None,
 ) -> DiagnosisVerdict:
-    """Confirm the replacement from what the node itself says, or step down and say why."""
+    """Confirm the replacement from what the node itself says, or step down (or page) and say why.
+
+    A replacement that a measurement asked for (validation found the repaired node short) and the
+    diagnostic does not confirm pages a person: rebooting again would only measure the same again.
+    """
+    measured = hardware_measured(inc)
     if not result or not result.get("done"):
         why = "the diagnostic did not finish" + (
             f" ({result.get('error')})" if result and result.get("error") else ""
         )
-        return DiagnosisVerdict(
-            False, Action.REBOOT_NODE, f"{why}: no evidence either way, stepping down to REBOOT_NODE", {}
-        )
+        return _not_confirmed(f"{why}: no evidence either way", measured, {})
     out = result.get("outputs") or {}
     smi = diag.parse_nvidia_smi_q(str(out.get("nvidia_smi_q") or ""))
     nvlink = diag.parse_nvlink_status(str(out["nvlink"])) if out.get("nvlink") is not None else None
     dcgm = val.parse_dcgm_diag(str(out["dcgm"])) if out.get("dcgm") is not None else None
     d = diag.diagnose(evidence_gpu(inc), smi, dcgm, expected_gpus, nvlink, table)
-    return DiagnosisVerdict(
-        d.confirmed, Action.REPLACE_NODE if d.confirmed else Action.REBOOT_NODE, d.why, d.detail
-    )
+    if d.confirmed:
+        return DiagnosisVerdict(True, Action.REPLACE_NODE, d.why, d.detail)
+    return _not_confirmed(d.why.removesuffix(": stepping down to REBOOT_NODE"), measured, d.detail)
+
+
+def _not_confirmed(
+    why: str, measured: Mapping[str, Any] | None, detail: Mapping[str, Any]
+) -> DiagnosisVerdict:
+    if measured is not None:
+        return DiagnosisVerdict(
+            False,
+            val.PAGE,
+            f"{why}, though {measured.get('kind')} measured: {measured.get('why')}; a person decides"
+            " whether to replace the host (the node stays fenced)",
+            detail,
+        )
+    return DiagnosisVerdict(False, Action.REBOOT_NODE, f"{why}: stepping down to REBOOT_NODE", detail)
 
 
 # -- validate before returning to service ------------------------------------------------------
@@ -176,7 +212,12 @@ def table_for(policy: Policy, table: val.ValidationTable | None = None) -> val.V
 
 
 def validate_spec(
-    inc: Mapping[str, Any], step: int, policy: Policy, machine_type: str, table: val.ValidationTable
+    inc: Mapping[str, Any],
+    step: int,
+    policy: Policy,
+    machine_type: str,
+    table: val.ValidationTable,
+    gpus: int | None = None,
 ) -> dict[str, Any]:
     exp = table.expectation(machine_type)
     return {
@@ -184,7 +225,7 @@ def validate_spec(
         "name": check_name(str(inc["id"]), step, VALIDATE),
         "incident": inc["id"],
         "dcgm_level": int(policy.validation["dcgm_level"]),
-        "gpus": exp.gpus if exp else 8,
+        "gpus": gpus if gpus is not None else exp.gpus if exp else 8,
         "message_bytes": exp.message_bytes if exp else 8 << 30,
         "peer": True,
     }
@@ -229,7 +270,7 @@ def judge_validation(
     note = str(result.get("note") or "")
     dcgm = val.parse_dcgm_diag(str(out.get("dcgm") or ""))
     if out.get("nccl") is None:
-        v = _dcgm_only(dcgm, note, bool(cfg["require_peer"]))
+        v = _dcgm_only(dcgm, note, bool(cfg["require_peer"]), table.config_only_tests)
     else:
         v = val.validate(
             machine_type, val.parse_all_gather(str(out["nccl"])), dcgm, float(cfg["busbw_fraction"]), table
@@ -237,14 +278,16 @@ def judge_validation(
     return ValidationVerdict(v, val.next_action(action, v), str(peer) if peer else None, note)
 
 
-def _dcgm_only(dcgm: val.DcgmResult, note: str, require_peer: bool) -> val.Validation:
+def _dcgm_only(
+    dcgm: val.DcgmResult, note: str, require_peer: bool, config_only: frozenset[str]
+) -> val.Validation:
     """No healthy peer was free for the NCCL test: DCGM alone decides, unless policy requires a peer."""
     why_peer = note or "no healthy peer was free for the NCCL test"
     if require_peer:
         return val.Validation(
             False, "no_peer", f"{why_peer}; validation.require_peer is true", dcgm_verdict=dcgm.verdict
         )
-    gate = val.dcgm_gate(dcgm)
+    gate = val.dcgm_gate(dcgm, config_only)
     if gate is not None:
         return gate
     return val.Validation(

@@ -199,9 +199,9 @@ def _evidence_gpu(evidence: Mapping[str, Any], smi: SmiResult) -> tuple[int | No
     return None, pci if isinstance(pci, str) else None
 
 
-def _smi_findings(smi: SmiResult, expected_gpus: int, pci: str | None) -> list[str]:
+def _smi_findings(smi: SmiResult, expected_gpus: int | None, pci: str | None) -> list[str]:
     out: list[str] = []
-    if smi.visible < expected_gpus:
+    if expected_gpus is not None and smi.visible < expected_gpus:
         lost = f" (lost: {', '.join(smi.lost)})" if smi.lost else ""
         out.append(f"{smi.visible} of {expected_gpus} GPUs visible{lost}")
     elif pci and pci_key(pci) in {pci_key(p) for p in smi.lost}:
@@ -248,12 +248,14 @@ def diagnose(
     inc_evidence: Mapping[str, Any],
     nvidia_smi: SmiResult,
     dcgm: DcgmResult | None,
-    expected_gpus: int,
+    expected_gpus: int | None,
     nvlink: NvlinkResult | None = None,
     table: ValidationTable | None = None,
 ) -> Diagnosis:
     """Confirm a replacement from the node itself, or say why not (then step down to REBOOT_NODE).
 
+    ``expected_gpus`` is what the VM has (its guestAccelerators); None when unknown, and then no
+    count confirms anything (a healthy 4-GPU VM must never look like an 8-GPU one missing four).
     Confirmed by: fewer GPUs visible than expected or the named GPU lost (fallen off the bus), a row
     remap failure or pending remap, NVLink links down, or a DCGM hardware test failing (on the named
     GPU or another: the host is the unit replaced). Not by: DCGM warnings, configuration-only DCGM

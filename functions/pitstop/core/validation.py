@@ -347,8 +347,9 @@ RETURN_TO_SERVICE = "RETURN_TO_SERVICE"
 class Validation:
     """The verdict on a repaired node; ``as_record()`` goes on the incident and into the notification.
 
-    verdict: pass | degraded (busbw short) | dcgm_fail | dcgm_warn | corrupt (#wrong > 0) |
-    bad_output (unparseable nccl/dcgm) | no_expectation (machine type without a figure) | bad_policy.
+    verdict: pass | degraded (busbw short) | dcgm_fail | dcgm_warn | dcgm_config (a configuration
+    check failed) | dcgm_unknown (a status word not understood) | corrupt (#wrong > 0) | bad_output
+    (unparseable nccl/dcgm) | no_expectation (machine type without a figure) | bad_policy.
     Only "degraded", "dcgm_fail" and "corrupt" are evidence against the hardware.
     """
 
@@ -380,16 +381,36 @@ class Validation:
         }
 
 
-def dcgm_gate(dcgm: DcgmResult) -> Validation | None:
-    """A DCGM result that already decides the validation, or None when it passed."""
-    names = tuple(f"{t.name} (GPU {','.join(map(str, t.gpus)) or '?'})" for t in dcgm.failing)
+def _named(tests: tuple[DcgmTest, ...]) -> tuple[str, ...]:
+    return tuple(f"{t.name} (GPU {','.join(map(str, t.gpus)) or '?'})" for t in tests)
+
+
+def dcgm_gate(dcgm: DcgmResult, config_only: frozenset[str] = frozenset()) -> Validation | None:
+    """A DCGM result that already decides the validation, or None when it passed.
+
+    Only a hardware test that failed is evidence against the hardware (``dcgm_fail``). A failed
+    configuration-only check (``config_only``: persistence mode, graphics processes, ...) says the
+    node is set up wrong, and a status word this parser does not know says nothing: both keep the
+    node fenced and page (``dcgm_config``, ``dcgm_unknown``), never replace a host.
+    """
     if dcgm.verdict == "error":
         return Validation(
             False, "bad_output", f"DCGM diagnostic unusable: {dcgm.error}", dcgm_verdict="error"
         )
-    if dcgm.verdict == "fail":
+    hardware = tuple(t for t in dcgm.failing if t.status == "fail" and t.name not in config_only)
+    if hardware:
+        names = _named(hardware)
         why = f"DCGM diagnostic failed: {'; '.join(names)}"
         return Validation(False, "dcgm_fail", why, dcgm_verdict="fail", dcgm_failed=names)
+    config = tuple(t for t in dcgm.failing if t.status == "fail")
+    if config:
+        names = _named(config)
+        why = f"DCGM configuration checks failed ({'; '.join(names)}): the node is set up wrong, not broken"
+        return Validation(False, "dcgm_config", why, dcgm_verdict="fail", dcgm_failed=names)
+    if dcgm.failing:  # only statuses this parser does not know
+        names = _named(dcgm.failing)
+        why = f"DCGM reported a status Pitstop cannot read ({'; '.join(names)}): no evidence either way"
+        return Validation(False, "dcgm_unknown", why, dcgm_verdict="unknown", dcgm_failed=names)
     if dcgm.verdict == "warn":
         warned = tuple(t.name for t in dcgm.warned)
         why = f"DCGM diagnostic warned ({', '.join(warned)}): a node returns only on a clean pass"
@@ -421,7 +442,7 @@ def validate(
             + ": cannot judge the node, so it stays fenced"
         )
         return Validation(False, "no_expectation", why, dcgm_verdict=dcgm.verdict)
-    if gate := dcgm_gate(dcgm):
+    if gate := dcgm_gate(dcgm, table.config_only_tests):
         return gate
     return _judge_busbw(machine_type, exp, fraction, nccl, dcgm.verdict)
 

@@ -116,6 +116,20 @@ def default_id(project: str, zone: str, name: str) -> str:
     return str(4_400_000_000_000_000_000 + int.from_bytes(digest[:8], "big") % 10**15)
 
 
+# machine type -> (accelerator type, count), from Compute Engine's GPU machine types page
+ACCELERATORS: dict[str, tuple[str, int]] = {
+    "a3-highgpu-1g": ("nvidia-h100-80gb", 1),
+    "a3-highgpu-2g": ("nvidia-h100-80gb", 2),
+    "a3-highgpu-4g": ("nvidia-h100-80gb", 4),
+    "a3-highgpu-8g": ("nvidia-h100-80gb", 8),
+    "a3-edgegpu-8g": ("nvidia-h100-80gb", 8),
+    "a3-megagpu-8g": ("nvidia-h100-mega-80gb", 8),
+    "a3-ultragpu-8g": ("nvidia-h200-141gb", 8),
+    "a4-highgpu-8g": ("nvidia-b200", 8),
+    "a4x-highgpu-4g": ("nvidia-gb200", 4),
+}
+
+
 @dataclass
 class Instance:
     project: str
@@ -155,6 +169,16 @@ class Instance:
     def busy(self) -> bool:
         return bool(self.plan)
 
+    def accelerators(self) -> list[dict[str, Any]]:
+        """``guestAccelerators`` as instances.get shows them: accelerator-optimized types attach their
+        GPUs with the machine type (A3 high 1/2/4/8, mega, ultra; A4); a type not listed has none."""
+        kind, count = ACCELERATORS.get(self.machine_type, (None, 0))
+        if kind is None:
+            return []
+        return [
+            {"acceleratorType": f"{BASE}/{self.zone_path}/acceleratorTypes/{kind}", "acceleratorCount": count}
+        ]
+
     def to_api(self) -> dict[str, Any]:
         rs: dict[str, Any] = {
             "physicalHost": self.host,
@@ -186,6 +210,8 @@ class Instance:
             },
             "resourceStatus": rs,
         }
+        if self.accelerators():
+            doc["guestAccelerators"] = self.accelerators()
         if self.mig:
             doc["metadata"] = {
                 "items": [

@@ -516,10 +516,6 @@ class Actuator:
     def _table(self) -> ValidationTable:
         return checks.table_for(self.policy, self.validation_table)
 
-    def _machine_type(self, inc: Mapping[str, Any]) -> str:
-        p, z, i = self._node(inc)
-        return checks.machine_type_of(self.compute.get(p, z, i))
-
     def _start_check(
         self, inc: Mapping[str, Any], step: int, attempt: Attempt, spec: Mapping[str, Any]
     ) -> dict[str, Any]:
@@ -554,8 +550,12 @@ class Actuator:
         if not need:
             return {"run": False, "why": why}
         freed = self._free_node(inc, step)
-        exp = self._table().expectation(self._machine_type(inc))
-        spec = checks.diagnose_spec(inc, step, self.policy, exp.gpus if exp else 8)
+        p, z, i = self._node(inc)
+        vm = self.compute.get(p, z, i)
+        expected = checks.gpus_of(vm)  # what the VM has; None: no count can confirm anything
+        exp = self._table().expectation(checks.machine_type_of(vm))
+        ask = expected or (exp.gpus if exp else 8)
+        spec = checks.diagnose_spec(inc, step, self.policy, ask, expected)
         return {**self._start_check(inc, step, attempt, spec), "why": why, **freed}
 
     def _free_node(self, inc: Mapping[str, Any], step: int) -> dict[str, Any]:
@@ -588,9 +588,13 @@ class Actuator:
         if not rec.get("run"):
             return {"action": inc["action"], "confirmed": None, "why": rec.get("why")}
         res = self._final_result(inc, step, Op.DIAGNOSE)
-        gpus = int(rec["check"].get("gpus") or 8)
-        verdict = checks.judge_diagnosis(inc, res, gpus, self._table())
+        expected = rec["check"].get("expected_gpus")
+        verdict = checks.judge_diagnosis(
+            inc, res, expected if isinstance(expected, int) else None, self._table()
+        )
         self._record_diagnosis(inc, step, verdict)
+        if verdict.action == PAGE:
+            raise ActuatorError(409, f"diagnosis: {verdict.why}", False)
         return {"action": verdict.action, "confirmed": verdict.confirmed, "why": verdict.why}
 
     def _record_diagnosis(self, inc: Mapping[str, Any], step: int, verdict: checks.DiagnosisVerdict) -> None:
@@ -601,7 +605,7 @@ class Actuator:
         def judged(doc: dict[str, Any]) -> dict[str, Any]:
             doc["diagnosis"] = record
             doc["measured"] = _measured(doc, record, step)
-            if not verdict.confirmed and doc["action"] == Action.REPLACE_NODE:
+            if not verdict.confirmed and doc["action"] == Action.REPLACE_NODE and verdict.action != PAGE:
                 doc["action"] = verdict.action
                 doc.setdefault("escalations", []).append(
                     {"from": Action.REPLACE_NODE, "to": verdict.action, "at": now, "why": [verdict.why]}
@@ -625,10 +629,15 @@ class Actuator:
             return {"run": False, "why": why}
         mt = attempt.claim.get("machine_type")
         if not isinstance(mt, str):
-            mt = self._machine_type(inc)
-            self._save(attempt, {"machine_type": mt})
+            p, z, i = self._node(inc)
+            vm = self.compute.get(p, z, i)
+            mt = checks.machine_type_of(vm)
+            self._save(attempt, {"machine_type": mt, "gpus": checks.gpus_of(vm)})
+        gpus = attempt.claim.get("gpus")
         freed = self._free_node(inc, step)
-        spec = checks.validate_spec(inc, step, self.policy, mt, self._table())
+        spec = checks.validate_spec(
+            inc, step, self.policy, mt, self._table(), gpus if isinstance(gpus, int) else None
+        )
         return {**self._start_check(inc, step, attempt, spec), "why": why, "machine_type": mt, **freed}
 
     def _validation(self, inc: Mapping[str, Any], step: int) -> dict[str, Any]:

@@ -710,9 +710,10 @@ class Scenarios(Pipeline):
         return r
 
     def degraded_after_reset(self) -> Result:
-        """A reset node that fails validation (busbw 120 GB/s) steps up to REPLACE_NODE, then passes."""
+        """A reset node that fails validation (busbw 120 GB/s: an NVLink link is down) steps up to
+        REPLACE_NODE; the diagnostic confirms it (the link down), the new host passes."""
         node = self.fresh[6]
-        self.gpu_state(node, {"busbw": 120})
+        self.gpu_state(node, {"busbw": 120, "nvlink_down": [3]})
         self.router.publish(self.entry(node, XID79))
         inc = self.finished(node, timeout=180)
         resets, reports = self.calls("reset", node), self.calls("report_host_as_faulty", node)
@@ -730,12 +731,13 @@ class Scenarios(Pipeline):
             and failed_first
             and failed_first[0].get("busbw_gbps") == 120.0
             and val.get("passed")
-            and not inc.get("diagnosis")
+            and (inc.get("diagnosis") or {}).get("confirmed") is True
         )
         first = failed_first[0] if failed_first else {}
         r.detail = (
             f"{node} reset, validation busbw {first.get('busbw_gbps')} GB/s < {first.get('threshold_gbps')} "
-            f"-> REPLACE_NODE (no diagnostic: measured), reportHostAsFaulty x{len(reports)}, new host "
+            f"-> REPLACE_NODE, diagnostic: {(inc.get('diagnosis') or {}).get('why')}, "
+            f"reportHostAsFaulty x{len(reports)}, new host "
             f"validated at {val.get('busbw_gbps')} GB/s"
         )
         return r
