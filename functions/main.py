@@ -158,20 +158,20 @@ def _actuator() -> Actuator:
     from pitstop.adapters.pubsub import Notifier
     from pitstop.adapters.workflows import WorkflowStarter
     from pitstop.services.actuate import STEP_CLAIM_S, Actuator
-    from pitstop.services.close import schedulers_for
+    from pitstop.services.schedulers import Wiring, schedulers_for
 
     project = _project()
     pol = policy_mod.load()
     prefix = pol.doc["store"]["collection_prefix"]
     db = _db(project)
     publisher = _publisher()
-    schedulers = schedulers_for(
-        pol,
-        publisher,
+    wiring = Wiring(
         project,
+        publisher,
         db.collection(f"{prefix}_slurm_results"),
         kube_endpoint=os.environ.get("PITSTOP_KUBE_ENDPOINT"),
     )
+    schedulers = schedulers_for(pol, wiring)
     wf = pol.doc["workflow"]
     starter = WorkflowStarter(
         project, wf["location"], wf["name"], os.environ.get("PITSTOP_WORKFLOWS_ENDPOINT")

@@ -21,6 +21,7 @@ from google.cloud import firestore
 
 from pitstop.core import policy as policy_mod
 from pitstop.services.actuate import Actuator
+from pitstop.services.schedulers import Translated
 
 from .helpers import PROJECT, ZONE
 from .test_exactly_once import JOB, NODES, XID79, Gang, Rig
@@ -91,7 +92,12 @@ class FastRig(Rig):
         self.policy = policy_mod.from_doc({k: v for k, v in doc.items() if k != "version"})
         self.gang = CheckingGang()
         self.actuator = Actuator(
-            self.policy, self.store, self.compute, {"train": self.gang}, self.notes, clock=self.clock
+            self.policy,
+            self.store,
+            self.compute,
+            {"train": Translated(self.gang, "slurm")},
+            self.notes,
+            clock=self.clock,
         )
 
     def ok(self, op: str, iid: str, step: int = 1) -> dict[str, Any]:

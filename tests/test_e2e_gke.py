@@ -259,7 +259,7 @@ def test_the_gke_stack_policy_validates_and_names_its_control_plane() -> None:
     from pitstop.core import policy as policy_mod
     from pitstop.core.resources import DataFileError
     from pitstop.local.stack import policy_for
-    from pitstop.services.close import schedulers_for
+    from pitstop.services.schedulers import Translated, Wiring, schedulers_for
 
     doc = policy_for(gke_spec())
     pol = policy_mod.from_doc(doc)
@@ -269,11 +269,14 @@ def test_the_gke_stack_policy_validates_and_names_its_control_plane() -> None:
         ZONE,
         "train",
     )
-    local = schedulers_for(pol, None, "pitstop-local", None, kube_endpoint="http://127.0.0.1:9")
-    assert isinstance(local["train"], GkeScheduler) and local["train"].evict_deadline_s == 10
-    assert local["train"].client.configuration.host == "http://127.0.0.1:9"
-    remote = schedulers_for(pol, None, "pitstop-local", None)["train"]
-    assert isinstance(remote, GkeScheduler) and remote._client is None  # connects on first use only
+    local = schedulers_for(pol, Wiring("pitstop-local", kube_endpoint="http://127.0.0.1:9"))["train"]
+    assert isinstance(local, Translated) and isinstance(local.inner, GkeScheduler)
+    assert (
+        local.inner.evict_deadline_s == 10 and local.inner.client.configuration.host == "http://127.0.0.1:9"
+    )
+    remote = schedulers_for(pol, Wiring("pitstop-local"))["train"]
+    assert isinstance(remote, Translated) and isinstance(remote.inner, GkeScheduler)
+    assert remote.inner._client is None  # connects on first use only
     del doc["clusters"][0]["gke"]
     with pytest.raises(DataFileError):
         policy_mod.from_doc(doc)  # a GKE cluster must say where its control plane is

@@ -20,11 +20,14 @@ from google.cloud import firestore
 
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.firestore import IncidentStore
+from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.core import policy as policy_mod
 from pitstop.core.classify import Classifier
+from pitstop.core.domain import StepRecord
 from pitstop.core.ids import request_id
 from pitstop.local.fake_compute import DURATIONS, FakeCompute, serve
 from pitstop.services.actuate import Actuator
+from pitstop.services.schedulers import Translated
 
 from .helpers import PROJECT, ZONE, ops_agent_entry
 
@@ -103,6 +106,24 @@ class Notes:
         return str(len(self.sent))
 
 
+class FlakySteps(FirestoreStepStore):
+    """Step records whose writes fail where the store says (503, as an outage answers)."""
+
+    def __init__(self, coll: Any, store: FlakyStore) -> None:
+        super().__init__(coll)
+        self.store = store
+
+    def update_held(self, key: str, token: str, fields: StepRecord) -> bool:
+        st = self.store
+        if fields.get("state") == "done" and st.fail_put.get(key, 0) > 0:
+            st.fail_put[key] -= 1
+            raise gexc.ServiceUnavailable("firestore: unavailable")  # type: ignore[no-untyped-call]
+        if fields.get("state") == "released" and st.fail_release > 0:
+            st.fail_release -= 1
+            raise gexc.ServiceUnavailable("firestore: unavailable")  # type: ignore[no-untyped-call]
+        return super().update_held(key, token, fields)
+
+
 class FlakyStore(IncidentStore):
     """The incident store, with Firestore failing where a test says (503, as an outage answers)."""
 
@@ -111,17 +132,8 @@ class FlakyStore(IncidentStore):
         self.fail_put: dict[str, int] = {}  # step record key -> failures of its result write
         self.fail_release = 0  # failures of the write that releases a claim
 
-    def put_step_record(self, iid: str, key: str, record: Mapping[str, Any]) -> None:
-        if self.fail_put.get(key, 0) > 0:
-            self.fail_put[key] -= 1
-            raise gexc.ServiceUnavailable("firestore: unavailable")  # type: ignore[no-untyped-call]
-        super().put_step_record(iid, key, record)
-
-    def note_step(self, iid: str, key: str, token: str, fields: Mapping[str, Any]) -> bool:
-        if self.fail_release > 0 and fields.get("state") == "released":
-            self.fail_release -= 1
-            raise gexc.ServiceUnavailable("firestore: unavailable")  # type: ignore[no-untyped-call]
-        return super().note_step(iid, key, token, fields)
+    def steps(self, iid: str) -> FirestoreStepStore:
+        return FlakySteps(self.incidents.document(iid).collection("steps"), self)
 
 
 class Rig:
@@ -148,7 +160,12 @@ class Rig:
         self.gang = Gang()
         self.notes = Notes()
         self.actuator = Actuator(
-            self.policy, self.store, self.compute, {"train": self.gang}, self.notes, clock=self.clock
+            self.policy,
+            self.store,
+            self.compute,
+            {"train": Translated(self.gang, "slurm")},
+            self.notes,
+            clock=self.clock,
         )
         self.n = 0
 

@@ -22,6 +22,7 @@ from pitstop.adapters.workflows import WorkflowStarter
 from pitstop.core import policy
 from pitstop.local.executions_server import ExecutionsService
 from pitstop.services.ingest import Ingest
+from pitstop.services.schedulers import Translated
 from pitstop.services.sweep import Sweep
 
 from .helpers import ops_agent_entry, syslog_entry
@@ -251,7 +252,9 @@ def test_close_unfence_sends_the_resume_actuate_would_and_records_the_answer(
     results = fs_client.collection("pitstop_slurm_results")
     agent = _Agent(results, {"resumed": True})
     slurm = SlurmScheduler(agent, agent.topic_path("train-prod", "pitstop-slurm-train"), results, wait_s=5)
-    done = close_incident(ing.store, {"train": slurm}, first["id"], "carol", T0 + 60, unfence=True)
+    done = close_incident(
+        ing.store, {"train": Translated(slurm, "slurm")}, first["id"], "carol", T0 + 60, True
+    )
     assert done.ok and done.lines[-1].endswith("unfence done: a3-node-090 resumed")
     (cmd,) = agent.commands
     assert cmd["op"] == "resume" and cmd["args"] == {"node": "a3-node-090", "incident": first["id"]}
@@ -271,7 +274,8 @@ def test_close_unfence_sends_the_resume_actuate_would_and_records_the_answer(
         def unfence(self, node: str, ctx: str, incident: str | None = None) -> dict[str, Any] | None:
             raise ActuatorError(503, "slurm agent has not answered resume yet", True)
 
-    sent = close_incident(other.store, {"train": Silent()}, second["id"], "carol", T0 + 7260, True)  # type: ignore[dict-item]
+    silent = Translated(Silent(), "slurm")  # type: ignore[arg-type]
+    sent = close_incident(other.store, {"train": silent}, second["id"], "carol", T0 + 7260, True)
     assert sent.ok and "unfence sent: the agent has not answered yet" in sent.lines[-1]
 
 
@@ -313,7 +317,7 @@ def test_incidents_cli_close(fs_client: firestore.Client, firestore_host: str, t
 # -- C: the coalescer: no per-line reads, a timer that merges, bounded memory ---------------------
 
 
-def _counting(store: IncidentStore) -> dict[str, int]:
+def _counting(store: Any) -> dict[str, int]:
     """Count every call the ingest side makes to the store (each is at least one Firestore operation)."""
     calls: dict[str, int] = {}
     for name in ("apply", "latest_incident", "merge_counts", "lease_start", "record_started", "get"):

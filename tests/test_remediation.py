@@ -28,13 +28,16 @@ from werkzeug.serving import make_server
 
 from pitstop.adapters.firestore import IncidentStore
 from pitstop.adapters.pubsub import Notifier
+from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.agent.slurm import Agent, CheckTools, Ledger, ResultsTopic, SlurmCommands
 from pitstop.core import engine, policy
+from pitstop.core.ops import Op
 from pitstop.local import executions_server
 from pitstop.local.fake_compute import FakeCompute, serve
 from pitstop.local.slurm import SlurmCluster
 from pitstop.local.workflows_runner import runner_for
-from pitstop.services.actuate import Actuator
+from pitstop.services.actuate import Actuator, registry
+from pitstop.services.actuate.context import Step
 from pitstop.services.ingest import Ingest
 
 from .helpers import PROJECT, ops_agent_entry
@@ -448,7 +451,8 @@ def test_duplicate_execution_does_not_reset_twice(world: World) -> None:
     assert out.incident is not None
     iid = out.incident["id"]
     # a second execution of the same step (e.g. a re-run by hand)
-    world.actuator.starter.start(iid, 1, {"incident_id": iid, "step": 1})  # type: ignore[union-attr]
+    assert world.actuator.starter is not None
+    world.actuator.starter.start(iid, 1, {"incident_id": iid, "step": 1})
     inc = world.wait(iid)
     assert inc["state"] == "RESOLVED"
     assert len(world.calls("reset")) == 1
@@ -517,17 +521,16 @@ def _observed_incident(world: World, line: str, node: str) -> str:
 def test_a_result_lost_after_the_reset_does_not_reset_again(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = world.actuator.store
-    put = store.put_step_record
     lost: list[str] = []
+    update_held = FirestoreStepStore.update_held
 
-    def flaky_put(iid: str, key: str, record: Any) -> None:
-        if key == "1-act" and not lost:  # Firestore answers 503 for the write after the reset
+    def flaky_update(self: FirestoreStepStore, key: str, token: str, fields: Any) -> bool:
+        if key == "1-act" and fields.get("state") == "done" and not lost:  # the write after the reset
             lost.append(key)
             raise gexc.ServiceUnavailable("firestore: unavailable")  # type: ignore[no-untyped-call]
-        put(iid, key, record)
+        return update_held(self, key, token, fields)
 
-    monkeypatch.setattr(store, "put_step_record", flaky_put)
+    monkeypatch.setattr(FirestoreStepStore, "update_held", flaky_update)
     out = world.fault(XID79, "a3-node-001")
     inc = world.wait(out.incident["id"])  # type: ignore[index]
     assert lost and inc["state"] == "RESOLVED", inc.get("failure")
@@ -569,16 +572,16 @@ def test_a_publish_timeout_at_close_keeps_the_incident_resolved(
 def test_a_failing_claim_fails_the_incident_with_a_page(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    claim = world.actuator._claim
+    claim = registry.OPS[Op.CLAIM]
     broken: list[int] = []
 
-    def broken_claim(*args: Any) -> Any:
+    def broken_claim(s: Step) -> Any:
         if not broken:
             broken.append(1)
             raise RuntimeError("a bug in claim")  # functions-framework answers 500
-        return claim(*args)
+        return claim.run(s)
 
-    monkeypatch.setattr(world.actuator, "_claim", broken_claim)
+    monkeypatch.setitem(registry.OPS, Op.CLAIM, registry.OpSpec(broken_claim, claim.kind))
     out = world.fault(XID79, "a3-node-001")
     inc = world.wait(out.incident["id"])  # type: ignore[index]
     assert inc["state"] == "FAILED" and inc["failure"]["stage"] == "claim"
@@ -593,8 +596,8 @@ def test_a_failure_that_cannot_be_recorded_ends_the_execution_in_error(
     def broken(*args: Any) -> Any:
         raise RuntimeError("Firestore is gone")
 
-    monkeypatch.setattr(world.actuator, "_claim", broken)
-    monkeypatch.setattr(world.actuator, "_fail", broken)
+    for op in (Op.CLAIM, Op.FAIL):
+        monkeypatch.setitem(registry.OPS, op, registry.OpSpec(broken, registry.OPS[op].kind))
     out = world.fault(XID79, "a3-node-001")
     assert out.incident is not None
     assert world.executions.wait_all(90)
@@ -612,16 +615,16 @@ def test_an_escalation_is_decided_before_the_node_returns_to_slurm(
     node = world.slurm._out(
         ["scontrol", "show", "hostnames", next(j for j in world.slurm.jobs() if j["id"] == job)["nodes"]]
     ).split()[0]
-    verify = world.actuator._verify
+    verify = registry.OPS[Op.VERIFY]
     worse: list[str] = []
 
-    def fault_gets_worse(inc: Any, step: int) -> Any:
-        if step == 1 and not worse:  # a stronger fault arrives while step 1 is being verified
-            worse.append(inc["id"])
-            world.store.mutate(inc["id"], lambda d: d.update(escalate_to="REBOOT_NODE"))
-        return verify(inc, step)
+    def fault_gets_worse(s: Step) -> Any:
+        if s.step == 1 and not worse:  # a stronger fault arrives while step 1 is being verified
+            worse.append(s.iid)
+            world.store.mutate(s.iid, lambda d: d.update(escalate_to="REBOOT_NODE"))
+        return verify.run(s)
 
-    monkeypatch.setattr(world.actuator, "_verify", fault_gets_worse)
+    monkeypatch.setitem(registry.OPS, Op.VERIFY, registry.OpSpec(fault_gets_worse, verify.kind))
     out = world.fault(XID48, node)
     assert out.incident is not None and out.incident["action"] == "RESET_GPU"
     iid = out.incident["id"]
@@ -653,7 +656,8 @@ def test_a_gang_whose_members_finish_apart_is_requeued_once(world: World) -> Non
         assert time.monotonic() < deadline, world.slurm._out(["scontrol", "show", "job", "-o", job])
         # no help from here: the agent lifts Slurm's ~120 s BeginTime hold once the requeued job is PENDING
         time.sleep(0.5)
-    world.actuator.starter.start(late, 1, {"incident_id": late, "step": 1})  # type: ignore[union-attr]
+    assert world.actuator.starter is not None
+    world.actuator.starter.start(late, 1, {"incident_id": late, "step": 1})
     inc = world.wait(late)
     assert inc["state"] == "RESOLVED", inc.get("failure")
     result = _steps(world, late)["1-reschedule"]["result"]

@@ -21,11 +21,12 @@ from typing import Any, TypeVar
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
+from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.core import engine
 from pitstop.core.actions import NODE_ACTIONS
-from pitstop.core.ops import STEP_IN_PROGRESS, ClaimVerdict, claim_verdict
 from pitstop.core.policy import Policy
 from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
+from pitstop.core.store import commit_of
 
 T = TypeVar("T")
 
@@ -144,23 +145,10 @@ class IncidentStore:
             out = engine.apply_event(ev, node_doc, latest, budgets, policy, now, key)
             if out.result == "ignored":
                 return out
-            writes = 0
-            if out.closed is not None:
-                t.set(self.incidents.document(out.closed["id"]), out.closed)
-                writes += 1
-            if out.incident is not None:
-                t.set(self.incidents.document(out.incident["id"]), out.incident)
-                writes += 1
-            if out.node is not None and out.result != "absorbed":
-                t.set(node_ref, out.node)
-                writes += 1
-            for doc_id, doc in out.budgets.items():
-                t.set(self.budgets.document(doc_id), doc)
-                writes += 1
+            self._write(t, out)
             inc_id = out.incident["id"] if out.incident else None
             t.set(dedup_ref, {"expire_at": ttl, "incident": inc_id, "node": nkey})
-            self._count_writes(writes + 1)
-            self._decided(t, out)
+            self._count_writes(1)
             return out
 
         result: engine.Outcome = txn(self._txn())
@@ -280,62 +268,9 @@ class IncidentStore:
         snap = self.incidents.document(iid).collection("steps").document(key).get()
         return snap.to_dict() if snap.exists else None
 
-    def put_step_record(self, iid: str, key: str, record: Mapping[str, Any]) -> None:
-        self.incidents.document(iid).collection("steps").document(key).set(dict(record))
-        self._count_writes(1)
-
-    def claim_step(
-        self, iid: str, key: str, claim: Mapping[str, Any], now: float
-    ) -> tuple[ClaimVerdict, dict[str, Any]]:
-        """Take the right to run one recorded op (actuate's in-progress record ``steps/<key>``).
-
-        ``create()`` the in-progress ``claim`` (exactly one create of an id succeeds), or take over a
-        record whose claim expired or was released, by an update conditioned on its update time (one
-        taker wins; what an earlier attempt saved stays). ``("take", record)`` when this call holds
-        the claim, ``("done", record)`` when the op has a result, ``("busy", record)`` while another
-        attempt runs it.
-        """
-        ref = self.incidents.document(iid).collection("steps").document(key)
-        for _ in range(3):  # a record deleted between create and read is simply tried again
-            try:
-                ref.create(dict(claim))
-                self._count_writes(1)
-                return "take", dict(claim)
-            except gexc.Conflict:
-                pass
-            snap = ref.get()
-            if not snap.exists:
-                continue
-            cur = snap.to_dict() or {}
-            if cur.get("token") == claim["token"]:
-                return "take", cur  # our own create, retried after its answer was lost
-            verdict = claim_verdict(cur, now)
-            if verdict != "take":
-                return verdict, cur
-            taken = {**claim, "attempt": int(cur.get("attempt") or 1) + 1}
-            try:
-                ref.update(taken, option=firestore.Client.write_option(last_update_time=snap.update_time))
-            except (gexc.FailedPrecondition, gexc.NotFound):
-                continue  # another attempt took it first: read again
-            self._count_writes(1)
-            return "take", {**cur, **taken}
-        return "busy", {}
-
-    def note_step(self, iid: str, key: str, token: str, fields: Mapping[str, Any]) -> bool:
-        """Update an in-progress record while this attempt (``token``) still holds it; else False."""
-        ref = self.incidents.document(iid).collection("steps").document(key)
-
-        @firestore.transactional
-        def txn(t: Any) -> bool:
-            cur = ref.get(transaction=t).to_dict() or {}
-            if cur.get("token") != token or cur.get("state") != STEP_IN_PROGRESS:
-                return False
-            t.update(ref, dict(fields))
-            self._count_writes(1)
-            return True
-
-        held: bool = self._serialised(f"{iid}/{key}", False, lambda: txn(self._txn()))
-        return held
+    def steps(self, iid: str) -> FirestoreStepStore:
+        """The incident's step records (``steps/<step>-<op>``), for the step runner."""
+        return FirestoreStepStore(self.incidents.document(iid).collection("steps"))
 
     def release_budget(self, inc: Mapping[str, Any]) -> None:
         """Mark an incident's blast-radius slots inactive (they still count until the window slides)."""
@@ -449,14 +384,8 @@ class IncidentStore:
             node_ref = self.nodes.document(inc["node_key"])
             node_doc = node_ref.get(transaction=t).to_dict() or engine.new_node(inc["node"])
             out = decide(inc, node_doc, _LazyBudgets(self.budgets, t))
-            if out.result == "ignored":
-                return out
-            t.set(ref, out.incident)
-            t.set(node_ref, out.node)
-            for doc_id, doc in out.budgets.items():
-                t.set(self.budgets.document(doc_id), doc)
-            self._count_writes(2 + len(out.budgets))
-            self._decided(t, out)
+            if out.result != "ignored":
+                self._write(t, out)
             return out
 
         result: engine.Outcome = self._serialised(iid, True, lambda: txn(self._txn()))
@@ -490,12 +419,21 @@ class IncidentStore:
             closed += bool(self._serialised(inc["id"], True, run))
         return closed
 
-    # -- outbox: notifications recorded with the decision that causes them -------------------
-
-    def _decided(self, t: Any, out: engine.Outcome) -> None:
-        """Inside a decision's transaction: let the outbox record what the decision announces."""
+    def _write(self, t: Any, out: engine.Outcome) -> None:
+        """Write a decision in its transaction (core/store.commit_of says what), with what the
+        outbox records of it: the same rule as every other store."""
+        done = commit_of(out)
+        for inc in done.incidents:
+            t.set(self.incidents.document(inc["id"]), inc)
+        if done.node is not None:
+            t.set(self.nodes.document(engine.node_key(done.node["node"])), done.node)
+        for doc_id, doc in done.budgets.items():
+            t.set(self.budgets.document(doc_id), doc)
+        self._count_writes(done.count)
         if self.on_decision is not None:
             self.on_decision(t, out)
+
+    # -- outbox: notifications recorded with the decision that causes them -------------------
 
     def outbox_put_in(self, t: Any, nid: str, entry: Mapping[str, Any]) -> None:
         """Record an outbox entry in the caller's transaction (committed with its decision or not at all)."""

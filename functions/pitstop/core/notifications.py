@@ -8,11 +8,19 @@ policy reasons, never from raw log lines, and each body escapes what its channel
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from typing import Any
 
 SEVERITY_ICON = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
+
+
+def notification_id(kind: str, incident_id: Any, *facts: Any) -> str:
+    """Deterministic for what it announces: the same decision always yields the same id."""
+    digest = hashlib.sha256("\0".join(map(str, (incident_id, *facts))).encode()).hexdigest()[:16]
+    readable = re.sub(r"[^A-Za-z0-9_.-]", "-", str(incident_id))[:64]
+    return f"{kind}-{readable}-{digest}"
 
 
 def _escape_slack(text: str) -> str:

@@ -150,29 +150,30 @@ class CheckResult:
     note: str | None = None
 
 
+_LABEL = re.compile(r"[a-z]{1,16}")
+
+
 @dataclass(frozen=True)
 class StepRef:
-    """Which incident step asks: it keys every command a scheduler sends for it (retries find them)."""
+    """Which incident step asks: it keys every command a scheduler sends for it (retries find them).
+
+    ``label`` names a request made outside a workflow step (``closed``: a person's close).
+    """
 
     incident: str
-    step: int
+    step: int = 0
+    label: str = ""
 
     def __post_init__(self) -> None:
         if _INCIDENT.fullmatch(self.incident) is None or self.step < 0:
             raise ValueError(f"not an incident step: {self.incident!r} {self.step!r}")
+        if self.label and _LABEL.fullmatch(self.label) is None:
+            raise ValueError(f"not a request label: {self.label!r}")
 
     @property
     def key(self) -> str:
-        """``<incident>-<step>``: a DNS-label-safe prefix for command ids and object names."""
-        return f"{self.incident}-{self.step}"
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """How to ask a job to save its state before a planned disruption."""
-
-    signal: str = "SIGUSR1"  # Slurm: the signal sent to the job's steps
-    grace_s: float | None = None  # Kubernetes: the pods' own terminationGracePeriodSeconds when None
+        """``<incident>-<step>`` (or ``-<label>``): a DNS-label-safe prefix for command ids and names."""
+        return f"{self.incident}-{self.label or self.step}"
 
 
 class Scheduler(Protocol):
@@ -192,7 +193,11 @@ class Scheduler(Protocol):
         """Lift Pitstop's own fence for this incident only."""
         ...
 
-    def checkpoint(self, job: str, ref: StepRef, how: Checkpoint) -> None: ...
+    def checkpoint(self, job: str, ref: StepRef) -> str:
+        """Ask the job to save its state before a planned disruption; how it was asked (Slurm: the
+        cluster's checkpoint signal; Kubernetes: graceful eviction of its pods on the fenced node)."""
+        ...
+
     def job_info(self, job: str, ref: StepRef) -> JobInfo: ...
     def node_healthy(self, node: str, ref: StepRef) -> bool: ...
 

@@ -23,88 +23,10 @@ from typing import Any
 from google.api_core import exceptions as gexc
 
 from pitstop.adapters.errors import ActuatorError
-from pitstop.adapters.firestore import IncidentStore
-from pitstop.adapters.gke import CheckSettings, GkeScheduler, gke_api_client
-from pitstop.adapters.scheduler import NoScheduler, ResultsMerger, Scheduler, SlurmScheduler
-from pitstop.core.policy import Policy
+from pitstop.core.scheduling import Scheduler, StepRef
 from pitstop.core.states import State
-
-
-def schedulers_for(
-    policy: Policy,
-    publisher: Any,
-    project: str,
-    results: Any,
-    kube_endpoint: str | None = None,
-    subscriber: Any = None,
-) -> dict[str, Scheduler]:
-    """The scheduler adapter of each cluster in the policy: a Slurm cluster's commands go over its
-    Pub/Sub topic; a GKE cluster is reached through its control plane (``kube_endpoint``, the
-    local stack's fake API server, stands in for every GKE cluster when set)."""
-    out: dict[str, Scheduler] = {}
-    for c in policy.clusters:
-        if c.scheduler == "slurm":
-            topic = (c.raw.get("slurm") or {}).get("command_topic") or f"pitstop-slurm-{c.name}"
-            subscriber = subscriber or _subscriber()
-            sub_path = slurm_results_subscription(subscriber, project, c.name)
-            out[c.name] = SlurmScheduler(
-                publisher,
-                publisher.topic_path(project, topic),
-                results,
-                merger=ResultsMerger(subscriber, sub_path, results),
-            )
-        elif c.scheduler == "gke":
-            out[c.name] = gke_scheduler(c.name, c.raw.get("gke") or {}, project, kube_endpoint)
-    return out
-
-
-def slurm_results_subscription(subscriber: Any, project: str, cluster: str) -> str:
-    """Where actuate reads a Slurm cluster's results (deploy: infra/resources.yaml); the agent
-    publishes them to ``pitstop-slurm-<cluster>-results`` and holds no Firestore access."""
-    path: str = subscriber.subscription_path(project, f"pitstop-slurm-{cluster}-results-actuate")
-    return path
-
-
-def _subscriber() -> Any:
-    """A Pub/Sub subscriber, created only when a Slurm cluster needs one (the CLI passes none)."""
-    from google.cloud.pubsub_v1 import SubscriberClient
-
-    return SubscriberClient()
-
-
-def gke_scheduler(
-    name: str, conf: Mapping[str, Any], project: str, kube_endpoint: str | None
-) -> GkeScheduler:
-    """A GKE cluster's adapter, connected on first use (a cold start never waits on the cluster).
-
-    In production the control plane comes from ``container.clusters.get`` for the policy's
-    ``gke: {location, cluster?, project?}``, called as the function's own identity.
-    """
-    deadline = float(conf.get("evict_deadline_s") or 120.0)
-    checks = CheckSettings.from_conf(conf)
-    if kube_endpoint:
-        return GkeScheduler(local_api_client(kube_endpoint), evict_deadline_s=deadline, checks=checks)
-    proj, cluster = str(conf.get("project") or project), str(conf.get("cluster") or name)
-    location = conf.get("location")
-
-    def connect() -> Any:
-        if not isinstance(location, str):
-            raise ActuatorError(409, f"cluster {name} has no gke.location in the policy", False)
-        import google.auth
-
-        credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
-        return gke_api_client(proj, location, cluster, credentials)
-
-    return GkeScheduler(connect=connect, evict_deadline_s=deadline, checks=checks)
-
-
-def local_api_client(endpoint: str) -> Any:
-    """A Kubernetes client for an unauthenticated loopback API server (the local stack's fake)."""
-    from kubernetes import client as k8s
-
-    cfg: Any = k8s.Configuration()
-    cfg.host = endpoint.rstrip("/")
-    return k8s.ApiClient(cfg)
+from pitstop.core.store import IncidentStore
+from pitstop.services.schedulers import NoScheduler
 
 
 @dataclass
@@ -158,18 +80,18 @@ def request_unfence(inc: Mapping[str, Any], scheduler: Scheduler) -> dict[str, A
     """Ask the scheduler to lift Pitstop's drain for this incident; what happened, for the record."""
     node = inc["node"]["instance"]
     manual = f"resume {node} in its scheduler yourself (Slurm: scontrol update nodename=<node> state=resume)"
-    if isinstance(scheduler, NoScheduler):
+    if scheduler.name == NoScheduler.name:
         return {"outcome": "not needed", "detail": f"{node} is in no scheduler Pitstop fences"}
     try:
-        answer = scheduler.unfence(node, f"{inc['id']}-closed", inc["id"]) or {}
+        answer = scheduler.unfence(node, StepRef(inc["id"], label="closed"))
     except ActuatorError as exc:
         if exc.retryable:
             return {"outcome": "sent", "detail": f"the agent has not answered yet ({exc.message})"}
         return {"outcome": "refused", "detail": f"{exc.message}; {manual}"}
     except (gexc.GoogleAPICallError, gexc.RetryError, TimeoutError) as exc:
         return {"outcome": "not sent", "detail": f"{str(exc)[:200]}; {manual}"}
-    if answer.get("left_drained"):
-        why = str(answer["left_drained"])[:200]
+    if answer.left_fenced:
+        why = answer.left_fenced
         return {
             "outcome": "left drained",
             "detail": f"drained by someone else ({why}), not by Pitstop",

@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pitstop.adapters import log
-from pitstop.adapters.firestore import IncidentStore
 from pitstop.core import engine
 from pitstop.core.actions import RANK, Action
 from pitstop.core.policy import Policy
+from pitstop.core.store import IncidentStore
 
 DIRECT_LINES = 4  # a node's first lines on an instance are committed one by one
 MAX_NODES = 10_000  # node states an instance keeps

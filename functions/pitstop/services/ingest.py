@@ -21,7 +21,6 @@ from typing import Any
 from google.api_core import exceptions as gexc
 
 from pitstop.adapters import log
-from pitstop.adapters.firestore import IncidentStore
 from pitstop.adapters.gke_node import NodeReader, corroborate
 from pitstop.adapters.gke_zone import ZoneResolver, fill_zone
 from pitstop.core import engine
@@ -29,6 +28,7 @@ from pitstop.core.classify import Classifier
 from pitstop.core.envelope import unwrap
 from pitstop.core.parse import parse_entry
 from pitstop.core.policy import Policy
+from pitstop.core.store import IncidentStore
 from pitstop.services.coalesce import Coalescer
 from pitstop.services.launch import Launcher, Publisher, Starter
 

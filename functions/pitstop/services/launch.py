@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from pitstop.adapters import log
-from pitstop.adapters.firestore import IncidentStore
 from pitstop.core.engine import Outcome
 from pitstop.core.policy import Policy
 from pitstop.core.states import UNCLAIMABLE_STATES, RunState
+from pitstop.core.store import IncidentStore
 from pitstop.services.outbox import Outbox, page_notification
 
 

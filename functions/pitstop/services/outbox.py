@@ -20,17 +20,16 @@ publisher) is posted and counted once.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
-import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from pitstop.adapters import log
-from pitstop.adapters.firestore import IncidentStore
 from pitstop.core.engine import Outcome
+from pitstop.core.notifications import notification_id as notification_id
+from pitstop.core.store import IncidentStore
 
 PUBLISH_GRACE_S = 10.0  # an entry this old, never tried, has lost its publisher
 KEEP_SENT_S = 7 * 86400.0  # a sent entry keeps this long: its expire_at, for a Firestore TTL policy
@@ -41,13 +40,6 @@ PAGE_FIELDS = ("id", "node", "cluster", "action", "state", "held")
 
 class Publisher(Protocol):
     def publish(self, notification: Mapping[str, Any]) -> str: ...
-
-
-def notification_id(kind: str, incident_id: Any, *facts: Any) -> str:
-    """Deterministic for what it announces: the same decision always yields the same id."""
-    digest = hashlib.sha256("\0".join(map(str, (incident_id, *facts))).encode()).hexdigest()[:16]
-    readable = re.sub(r"[^A-Za-z0-9_.-]", "-", str(incident_id))[:64]
-    return f"{kind}-{readable}-{digest}"
 
 
 def page_notification(reason: str, inc: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -22,14 +22,33 @@ So every incident ends: resolved, failed with a page, or closed by a person.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from pitstop.adapters import log
 from pitstop.adapters.workflows import ExecutionStatus
 from pitstop.core import engine
+from pitstop.core.engine import Outcome
+from pitstop.core.policy import Policy
 from pitstop.core.states import State
+from pitstop.core.store import IncidentStore
 from pitstop.services.ingest import FOLLOW_UP_ERRORS, Ingest
+
+
+def release_held(
+    store: IncidentStore, policy: Policy, now: float, follow_up: Callable[[Outcome], None] | None = None
+) -> int:
+    """Retry incidents held for a budget, oldest first; those held for a human (policy, cooldown)
+    stay. Shared with ``pitstop replay``, which runs the sweep's rules on its own store."""
+    released = 0
+    for inc in store.list((State.HELD,)):
+        if (inc.get("held") or {}).get("scope") is None:
+            continue
+        out = store.release(inc["id"], policy, now, by="sweep")
+        released += out.result == "released"
+        if follow_up is not None:
+            follow_up(out)
+    return released
 
 
 @runtime_checkable
@@ -72,15 +91,9 @@ class Sweep:
         return counts
 
     def _release_held(self, now: float) -> int:
-        """Retry incidents held for a budget; those held for a human (policy, cooldown) stay."""
-        released = 0
-        for inc in self.ingest.store.list((State.HELD,)):
-            if (inc.get("held") or {}).get("scope") is None:
-                continue
-            out = self.ingest.store.release(inc["id"], self.ingest.policy, now, by="sweep")
-            released += out.result == "released"
-            self.ingest.follow_up(out, now)
-        return released
+        return release_held(
+            self.ingest.store, self.ingest.policy, now, lambda out: self.ingest.follow_up(out, now)
+        )
 
     def _restart_lost(self, now: float) -> int:
         """Start decided steps whose starter died before recording the start (its lease ran out)."""

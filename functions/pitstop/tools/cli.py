@@ -151,7 +151,8 @@ def _close_incident(store: Any, pol: Any, args: argparse.Namespace) -> int:
     if not args.by:
         print("pitstop: --close needs --by NAME (recorded on the incident)", file=sys.stderr)
         return 2
-    from pitstop.services.close import close_incident, schedulers_for
+    from pitstop.services.close import close_incident
+    from pitstop.services.schedulers import Wiring, schedulers_for
 
     schedulers = {}
     if args.unfence and any(c.scheduler in ("slurm", "gke") for c in pol.clusters):
@@ -161,7 +162,8 @@ def _close_incident(store: Any, pol: Any, args: argparse.Namespace) -> int:
 
         results = store.db.collection(f"{pol.doc['store']['collection_prefix']}_slurm_results")
         kube = os.environ.get("PITSTOP_KUBE_ENDPOINT")  # the local stack's fake API server, if any
-        schedulers = schedulers_for(pol, PublisherClient(), store.db.project, results, kube_endpoint=kube)
+        wiring = Wiring(store.db.project, PublisherClient(), results, kube_endpoint=kube)
+        schedulers = schedulers_for(pol, wiring)
     done = close_incident(store, schedulers, args.close, args.by, time.time(), args.unfence)
     print("\n".join(done.lines))
     return 0 if done.ok else 1

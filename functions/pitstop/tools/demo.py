@@ -1015,11 +1015,12 @@ class GkeScenarios(Pipeline):
         """What `pitstop incidents --close ID --unfence` does, through the GKE adapter (services/close.py)."""
         from pitstop.adapters.firestore import IncidentStore
         from pitstop.core import policy as policy_mod
-        from pitstop.services.close import close_incident, schedulers_for
+        from pitstop.services.close import close_incident
+        from pitstop.services.schedulers import Wiring, schedulers_for
 
         pol = policy_mod.load(Path(self.state.workdir, "policy.yaml"))
         store = IncidentStore(self.db, pol.doc["store"]["collection_prefix"])
-        schedulers = schedulers_for(pol, None, PROJECT, None, kube_endpoint=self.state.endpoints["kube"])
+        schedulers = schedulers_for(pol, Wiring(PROJECT, kube_endpoint=self.state.endpoints["kube"]))
         done = close_incident(store, schedulers, iid, "demo", time.time(), unfence=True)
         inc: dict[str, Any] = {**(store.get(iid) or {}), "lines": done.lines}
         return inc

@@ -12,7 +12,8 @@ import copy
 import functools
 from typing import Any
 
-from pitstop.core import engine, policy
+from pitstop.adapters.memory_store import MemoryStore
+from pitstop.core import engine, lifecycle, policy
 from pitstop.core.actions import JOB_ACTIONS, RECORD_ONLY_ACTIONS, Action, higher
 from pitstop.core.classify import Classifier
 from pitstop.core.states import State
@@ -175,41 +176,34 @@ class NvSentinel(_Base):
         return Response(t + self.self_detect, back, action, replaced=replaced)
 
 
-class World:
-    """Node, incident and budget documents as the store keeps them between engine calls."""
+class World(MemoryStore):
+    """The incident store between engine calls (the same store ``pitstop replay`` uses), and a
+    count of the engine's verdicts."""
 
     def __init__(self, pol: policy.Policy) -> None:
+        super().__init__()
         self.p = pol
-        self.nodes: dict[str, dict[str, Any]] = {}
-        self.incidents: dict[str, dict[str, Any]] = {}
-        self.budgets: dict[str, dict[str, Any]] = {}
         self.results: dict[str, int] = {}
 
-    def feed(self, ev: dict[str, Any], now: float) -> engine.Outcome:
-        key = engine.node_key(ev["node"])
-        node = self.nodes.get(key)
-        latest = self.incidents.get(node["latest_incident"]) if node and node.get("latest_incident") else None
-        out = engine.apply_event(ev, node, latest, self.budgets, self.p, now, engine.event_key(ev))
-        self.save(out)
+    def count(self, out: engine.Outcome) -> engine.Outcome:
+        self.results[out.result] = self.results.get(out.result, 0) + 1
         return out
 
-    def save(self, out: engine.Outcome) -> None:
-        self.results[out.result] = self.results.get(out.result, 0) + 1
-        for inc in (out.closed, out.incident):
-            if inc is not None:
-                self.incidents[inc["id"]] = inc
-        if out.node is not None and out.result != "ignored":
-            self.nodes[engine.node_key(out.node["node"])] = out.node
-        self.budgets.update(out.budgets)
+    def feed(self, ev: dict[str, Any], now: float) -> engine.Outcome:
+        return self.count(self.apply(ev, self.p, now))
 
     def resolve(self, iid: str, at: float) -> None:
         """What the workflow's close step records once the node is back (or the job requeued)."""
-        inc = self.incidents[iid]
-        if inc["state"] == State.RESOLVED:
-            return
-        inc["state"] = State.RESOLVED
-        inc["timeline"]["resolved"] = at
-        self.budgets.update(engine.release_slots(self.budgets, iid))
+
+        def close(doc: dict[str, Any]) -> bool:
+            if doc["state"] == State.RESOLVED:
+                return False
+            lifecycle.move(doc, State.RESOLVED, "simulated close")
+            doc["timeline"]["resolved"] = at
+            return True
+
+        if self.mutate(iid, close):
+            self.release_budget(self.incidents[iid])
 
 
 def pitstop_policy(scn: dict[str, Any]) -> policy.Policy:
@@ -274,19 +268,11 @@ class Pitstop(_Base):
         w = self.world
         tick = decided + SWEEP_S
         while tick < human_at:
-            inc = w.incidents[iid]
-            out = engine.release_held(
-                inc, w.nodes[inc["node_key"]], w.budgets, w.p, T0 + tick, "sweep", False
-            )
-            if out.result == "released":
-                w.save(out)
+            if w.release(iid, w.p, T0 + tick, "sweep").result == "released":
+                w.count(engine.Outcome("released"))
                 return tick
             tick += SWEEP_S
-        inc = w.incidents[iid]
-        out = engine.release_held(
-            inc, w.nodes[inc["node_key"]], w.budgets, w.p, T0 + human_at, "operator", True
-        )
-        w.save(out)
+        w.count(w.release(iid, w.p, T0 + human_at, "operator"))
         return human_at
 
     def _close(self, iid: str, at: float) -> None:

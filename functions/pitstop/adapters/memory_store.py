@@ -1,0 +1,257 @@
+"""The incident store in memory: the Firestore store's semantics with a lock for a transaction.
+
+For unit tests of remediation, ``pitstop replay`` and the simulator: every decision goes through
+the same engine and the same commit rule (core/store.commit_of) as in production, documents are
+copied in and out as Firestore copies them, and ids are created once. It imports nothing from
+google, so tools may use it without the client libraries.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
+
+from pitstop.core import engine
+from pitstop.core.engine import Outcome
+from pitstop.core.policy import Policy
+from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
+from pitstop.core.steps import MemoryStepStore, record_state
+from pitstop.core.store import Commit, commit_of
+
+T = TypeVar("T")
+Decide = Callable[[dict[str, Any], dict[str, Any], Mapping[str, dict[str, Any] | None]], Outcome]
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.incidents: dict[str, dict[str, Any]] = {}
+        self.budgets: dict[str, dict[str, Any]] = {}
+        self.dedup: dict[str, str | None] = {}
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.outbox: dict[str, dict[str, Any]] = {}
+        self.step_stores: dict[str, MemoryStepStore] = {}
+        self.on_decision: Callable[[Any, Outcome], None] | None = None
+        self.writes = 0
+        self._lock = threading.RLock()
+
+    # -- one decision, one "transaction" -------------------------------------------------------
+
+    def _commit(self, out: Outcome) -> Commit:
+        """Keep the decision's documents: the engine made them fresh, and ``get`` hands out copies."""
+        done = commit_of(out)
+        for inc in done.incidents:
+            self.incidents[inc["id"]] = inc
+        if done.node is not None:
+            self.nodes[engine.node_key(done.node["node"])] = done.node
+        self.budgets.update(done.budgets)
+        self.writes += done.count
+        if self.on_decision is not None:
+            self.on_decision(None, out)
+        return done
+
+    def apply(self, ev: Mapping[str, Any], policy: Policy, now: float) -> Outcome:
+        """Fold one event in, exactly once per delivery identity."""
+        key = engine.event_key(ev)
+        with self._lock:
+            if key in self.dedup:
+                return Outcome("duplicate", duplicate_of=self.dedup[key])
+            node = self.nodes.get(engine.node_key(ev["node"]))  # the engine works on its own copies
+            latest = (
+                self.incidents.get(node["latest_incident"]) if node and node.get("latest_incident") else None
+            )
+            out = engine.apply_event(ev, node, latest, self.budgets, policy, now, key)
+            if out.result != "ignored":
+                self._commit(out)
+                self.dedup[key] = out.incident["id"] if out.incident else None
+                self.writes += 1
+            return out
+
+    def merge_counts(
+        self,
+        iid: str,
+        representative: Mapping[str, Any],
+        deltas: Mapping[str, Any],
+        policy: Policy,
+        now: float,
+    ) -> Outcome:
+        """Add coalesced counts to the incident; if it stopped absorbing, replay the representative."""
+        with self._lock:
+            inc = self.get(iid)
+            ts = float(representative.get("_observed_ts") or now)
+            if inc is None or not engine.absorbs(inc, representative, ts):
+                return self.apply(representative, policy, now)
+            engine.merge_deltas(inc, deltas, policy)
+            inc["updated_at"] = now
+            self.incidents[iid] = inc
+            self.writes += 1
+            return Outcome("absorbed", incident=copy.deepcopy(inc), coalesced=True)
+
+    def _decide(self, iid: str, decide: Decide) -> Outcome:
+        with self._lock:
+            inc = self.get(iid)
+            if not inc:
+                return Outcome("ignored", incident=inc)
+            node = self.get_node(inc["node_key"]) or engine.new_node(inc["node"])
+            out = decide(inc, node, self.budgets)
+            if out.result != "ignored":
+                self._commit(out)
+            return out
+
+    def release(self, iid: str, policy: Policy, now: float, by: str) -> Outcome:
+        force = by != "sweep"
+        return self._decide(iid, lambda i, n, b: engine.release_held(i, n, b, policy, now, by, force))
+
+    def step_up(self, iid: str, policy: Policy, now: float) -> Outcome:
+        return self._decide(iid, lambda i, n, b: engine.step_up(i, n, b, policy, now))
+
+    def close(self, iid: str, by: str, now: float, unfence: bool) -> Outcome:
+        return self._decide(iid, lambda i, n, b: engine.close_by_person(i, n, b, by, now, unfence))
+
+    def fail_stuck(self, iid: str, execution: str, why: str, now: float) -> Outcome:
+        return self._decide(iid, lambda i, n, b: engine.fail_stuck(i, n, b, execution, why, now))
+
+    def settle_failed(self, iid: str, now: float) -> Outcome:
+        return self._decide(iid, lambda i, n, b: engine.settle_failed(i, n, b, now))
+
+    def close_bursts(self, now: float) -> int:
+        closed = 0
+        with self._lock:
+            for inc in self.list((State.OPEN,)):
+                if engine.close_if_burst_over(inc, now):
+                    self.incidents[inc["id"]] = inc
+                    scopes = {d: self.budgets.get(d) for d in inc.get("budget_scopes", [])}
+                    self.budgets.update(engine.release_slots(scopes, inc["id"]))
+                    closed += 1
+        return closed
+
+    # -- workflow starts ---------------------------------------------------------------------
+
+    def lease_start(self, iid: str, step: int, now: float, lease_s: float = 60.0) -> dict[str, Any] | None:
+        with self._lock:
+            inc = self.get(iid)
+            wf = (inc or {}).get("workflow") or {}
+            if inc is None or wf.get("step") != step or wf.get("state") != RunState.PENDING:
+                return None
+            if inc["state"] in UNCLAIMABLE_STATES or wf.get("lease_until", 0) > now:
+                return None
+            wf["lease_until"] = now + lease_s
+            wf["attempts"] = wf.get("attempts", 0) + 1
+            self.incidents[iid]["workflow"] = copy.deepcopy(wf)
+            return inc
+
+    def record_started(self, iid: str, step: int, execution: str, now: float) -> None:
+        with self._lock:
+            inc = self.incidents.get(iid) or {}
+            wf = inc.get("workflow") or {}
+            if wf.get("step") == step:
+                wf.update({"state": RunState.STARTED, "execution": execution, "started_at": now})
+                inc["updated_at"] = now
+
+    def pending_starts(self, now: float) -> list[dict[str, Any]]:
+        with self._lock:
+            return [
+                copy.deepcopy(i)
+                for i in self.incidents.values()
+                if (i.get("workflow") or {}).get("state") == RunState.PENDING
+                and i["workflow"].get("lease_until", 0) <= now
+            ]
+
+    # -- records -------------------------------------------------------------------------------
+
+    def get(self, iid: str) -> dict[str, Any] | None:
+        with self._lock:
+            return copy.deepcopy(self.incidents.get(iid))
+
+    def list(self, states: Iterable[State] | None = None) -> list[dict[str, Any]]:
+        wanted = {str(s) for s in states or ()}
+        with self._lock:
+            docs = [
+                copy.deepcopy(d) for d in self.incidents.values() if not wanted or str(d["state"]) in wanted
+            ]
+        return sorted(docs, key=lambda d: d.get("created_at", 0))
+
+    def latest_incident(self, nkey: str) -> dict[str, Any] | None:
+        node = self.get_node(nkey)
+        return self.get(node["latest_incident"]) if node and node.get("latest_incident") else None
+
+    def mutate(self, iid: str, fn: Callable[[dict[str, Any]], T]) -> T:
+        with self._lock:
+            inc = self.get(iid)
+            if inc is None:
+                raise KeyError(iid)
+            before = copy.deepcopy(inc)
+            out = fn(inc)
+            if inc != before:
+                self.incidents[iid] = inc
+                self.writes += 1
+            return out
+
+    def get_node(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            return copy.deepcopy(self.nodes.get(key))
+
+    def put_node(self, key: str, doc: Mapping[str, Any]) -> None:
+        with self._lock:
+            self.nodes[key] = copy.deepcopy(dict(doc))
+
+    def set_node_fields(self, key: str, fields: Mapping[str, Any]) -> None:
+        with self._lock:
+            self.nodes.setdefault(key, {}).update(copy.deepcopy(dict(fields)))
+            self.writes += 1
+
+    def budget(self, doc_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            return copy.deepcopy(self.budgets.get(doc_id))
+
+    def release_budget(self, inc: Mapping[str, Any]) -> None:
+        with self._lock:
+            docs = {d: self.budgets.get(d) for d in inc.get("budget_scopes", [])}
+            self.budgets.update(engine.release_slots(docs, inc["id"]))
+
+    def mark_job_requeue(self, key: str, incident: str, now: float) -> bool:
+        with self._lock:
+            cur = self.jobs.setdefault(key, {"incident": incident, "at": now})
+            return bool(cur["incident"] == incident)
+
+    def steps(self, iid: str) -> MemoryStepStore:
+        with self._lock:
+            return self.step_stores.setdefault(iid, MemoryStepStore())
+
+    def step_record(self, iid: str, key: str) -> dict[str, Any] | None:
+        got = self.steps(iid).read(key)
+        return None if got is None else dict(got.record)
+
+    def done_steps(self, iid: str) -> dict[str, dict[str, Any]]:
+        """The incident's finished step records by key (what tests look at)."""
+        store = self.steps(iid)
+        return {k: dict(r) for k, (r, _) in store.records.items() if record_state(r) == "done"}
+
+    # -- the outbox ------------------------------------------------------------------------------
+
+    def outbox_put_in(self, t: Any, nid: str, entry: Mapping[str, Any]) -> None:
+        self.outbox[nid] = copy.deepcopy(dict(entry))
+        self.writes += 1
+
+    def outbox_add(self, nid: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            return copy.deepcopy(self.outbox.setdefault(nid, copy.deepcopy(dict(entry))))
+
+    def outbox_mark_sent(self, nid: str, message_id: str, now: float, keep_s: float) -> None:
+        with self._lock:
+            self.outbox.setdefault(nid, {}).update(
+                {"sent": True, "sent_at": now, "message_id": message_id, "expire_at": now + keep_s}
+            )
+
+    def outbox_note_failure(self, nid: str, now: float) -> None:
+        with self._lock:
+            e = self.outbox.setdefault(nid, {})
+            e.update({"failed_at": now, "failures": int(e.get("failures") or 0) + 1})
+
+    def outbox_unsent(self, created_before: float) -> Iterator[dict[str, Any]]:
+        with self._lock:
+            docs = [copy.deepcopy(d) for d in self.outbox.values() if d.get("sent") is False]
+        due = [d for d in docs if d.get("failed_at") is not None or d.get("created_at", 0) <= created_before]
+        yield from sorted(due, key=lambda d: float(d.get("created_at", 0)))

@@ -1,0 +1,286 @@
+"""A remediation step's decisions, without I/O: which op may run now, which Compute call an action
+takes, whether a job may be requeued, and what the incident and its notifications say.
+
+actuate (services/actuate/) asks the world (Compute, the scheduler, the store) and hands the
+answers here; everything it decides from them is decided in this module, so it is tested alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pitstop.core import checks
+from pitstop.core.actions import RECORD_ONLY_ACTIONS, Action
+from pitstop.core.notifications import notification_id
+from pitstop.core.ops import Op, Plan, plan_for
+from pitstop.core.scheduling import JobInfo, JobRun, JobState
+from pitstop.core.states import State
+from pitstop.core.timeline import durations, repair_s, resume_s
+
+# -- which op may run on the incident as it stands ------------------------------------------------
+
+_WORKING = frozenset({State.OPEN, State.FENCED, State.ACTING, State.VERIFYING})
+# The states each mutating op may find its incident in (the workflow's order: claim and fence on
+# OPEN; checkpoint, early requeue and diagnosis while FENCED; act moves it to ACTING; verify to
+# VERIFYING). An op that finds its incident anywhere else (closed by a person, failed by the
+# watchdog, held) must not act: the execution that asks is stale.
+OP_STATES: Mapping[Op, frozenset[State]] = {
+    Op.FENCE: frozenset({State.OPEN, State.FENCED}),
+    Op.CHECKPOINT: frozenset({State.FENCED}),
+    Op.RESCHEDULE_EARLY: frozenset({State.FENCED}),
+    Op.DIAGNOSE: frozenset({State.FENCED}),
+    Op.JUDGE_DIAGNOSIS: frozenset({State.FENCED}),
+    Op.ACT: frozenset({State.FENCED, State.ACTING}),
+    Op.VALIDATE: _WORKING - {State.OPEN},
+    Op.JUDGE_VALIDATION: _WORKING - {State.OPEN},
+    Op.ESCALATE: _WORKING,
+    Op.UNFENCE: _WORKING - {State.OPEN},
+    Op.RESCHEDULE: _WORKING,
+    Op.CLOSE: _WORKING,
+}
+
+
+def refusal(inc: Mapping[str, Any], op: Op, step: int, execution: str) -> str | None:
+    """Why this execution may not run ``op`` on the incident now; None when it may.
+
+    Checked before every mutating op (``fail`` has its own rules): the step must still be the
+    incident's, the incident in a state the op belongs to, and the step owned by this execution
+    (once an execution claimed it).
+    """
+    if inc["step"] != step:
+        return f"superseded by step {inc['step']}"
+    allowed = OP_STATES.get(op)
+    if allowed is not None and str(inc["state"]) not in allowed:
+        return f"incident is {inc['state']}: {op} is not for an incident in that state"
+    owner = (inc.get("workflow") or {}).get("claimed_by")
+    if owner and execution and owner not in (execution, "unknown"):
+        return f"another execution ({owner}) owns step {step}"
+    return None
+
+
+# -- what the scheduler said ---------------------------------------------------------------------
+
+
+def merge_jobs(first: Iterable[JobInfo], then: Iterable[JobInfo]) -> list[JobInfo]:
+    """Jobs from two sources, once each; for a job in both, the first source's entry (its run) wins."""
+    out = list(first)
+    seen = {j.job for j in out}
+    return [*out, *(j for j in then if j.job not in seen)]
+
+
+def handed_over(fence: Mapping[str, Any]) -> list[JobInfo]:
+    """The jobs a previous step's fence recorded, with the runs its fault hit (for the next step)."""
+    runs = fence.get("runs") or {}
+    return [JobInfo(str(j), JobState.UNKNOWN, JobRun.of(runs.get(j))) for j in fence.get("jobs", [])]
+
+
+def requeue_refusal(action: str, info: JobInfo, fenced: JobRun) -> str | None:
+    """Why a job must not be requeued for this fault (None: requeue it).
+
+    After a checkpoint request a job exits on purpose: it must come back. Otherwise a job that
+    completed, was cancelled, or is already pending again is left alone; so is one whose run moved
+    on since the fence (requeued already, by Pitstop for another member of its gang or by anyone).
+    """
+    state = info.state
+    finished_ok = state == JobState.COMPLETED and plan_for(action) == Plan.DRAIN
+    if state in (JobState.PENDING, JobState.CANCELLED, JobState.UNKNOWN) or (
+        state == JobState.COMPLETED and not finished_ok
+    ):
+        return f"job is {state}"
+    if fenced.known and info.run != fenced:
+        return (
+            f"job moved on since the fence (restarts {fenced.restarts} -> {info.run.restarts}, "
+            f"start {fenced.start_time} -> {info.run.start_time}): already requeued"
+        )
+    return None
+
+
+def gang_running(watched: Mapping[str, JobRun], now: Mapping[str, JobInfo]) -> bool | None:
+    """Whether every requeued job runs a new run (True), not yet (False), or none is watched (None).
+
+    A job that ended on its own is not waited for. RUNNING only: a requeued Slurm job is COMPLETING
+    its old run first (already with its new restart count).
+    """
+    seen = 0
+    for job, then in watched.items():
+        info = now[job]
+        if info.state in (JobState.COMPLETED, JobState.CANCELLED):
+            continue
+        seen += 1
+        if info.state != JobState.RUNNING or info.run == then:
+            return False
+    return True if seen else None
+
+
+# -- the Compute call an action takes -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallChoice:
+    """The Compute Engine method for the action and its arguments, or why none can be made."""
+
+    fields: Mapping[str, Any]
+    error: str | None = None
+
+
+def choose_call(
+    inc: Mapping[str, Any],
+    vm: Mapping[str, Any],
+    report_ok: tuple[bool, str],
+    mig: str | None,
+) -> CallChoice:
+    """``reset`` for a GPU reset or reboot; for a replacement, report the host faulty where Compute
+    allows it (reservation-bound VMs), else recreate the VM in its managed instance group; for a
+    drain, ``performMaintenance`` when the platform lets Pitstop start the window now."""
+    action = inc["action"]
+    if action in (Action.RESET_GPU, Action.REBOOT_NODE):
+        return CallChoice({"method": "reset"})
+    if action == Action.DRAIN_NODE:
+        maint = (vm.get("resource_status") or {}).get("upcoming_maintenance") or {}
+        return CallChoice(
+            {"method": "performMaintenance" if maint.get("can_reschedule") else "wait_for_platform"}
+        )
+    if action != Action.REPLACE_NODE:
+        return CallChoice({})
+    ok, why = report_ok
+    if ok:
+        behavior = "UNRECOVERABLE_GPU_ERROR" if inc.get("xid") is not None else "PERFORMANCE"
+        return CallChoice(
+            {"method": "reportHostAsFaulty", "behavior": behavior, "description": evidence(inc)}
+        )
+    if mig is None:
+        node = inc["node"]["instance"]
+        return CallChoice({}, f"cannot replace {node}: {why}, and it is not in a managed instance group")
+    return CallChoice({"method": "recreateInstances", "mig": mig, "why_not_report": why})
+
+
+def vm_before(vm: Mapping[str, Any]) -> dict[str, Any]:
+    """What the VM was before the call, for verify: its id, host and status."""
+    return {
+        "id": vm.get("id"),
+        "host": (vm.get("resource_status") or {}).get("physical_host"),
+        "status": vm.get("status"),
+    }
+
+
+def block_of(vm: Mapping[str, Any]) -> str | None:
+    """The VM's reservation block (``cluster/block``) from Compute's physical host topology."""
+    topo = (vm.get("resource_status") or {}).get("physical_host_topology") or {}
+    return f"{topo.get('cluster', '')}/{topo['block']}" if topo.get("block") else None
+
+
+def verified(method: str, before: Mapping[str, Any], vm: Mapping[str, Any]) -> bool:
+    """The VM is back: RUNNING, on a new host after a host report, a new VM after a recreate."""
+    ok = vm.get("status") == "RUNNING"
+    if method == "reportHostAsFaulty":
+        return ok and (vm.get("resource_status") or {}).get("physical_host") != before.get("host")
+    if method == "recreateInstances":
+        return ok and vm.get("id") != before.get("id")
+    return ok
+
+
+def evidence(inc: Mapping[str, Any]) -> str:
+    """The host report's description: what Pitstop saw, from validated fields only."""
+    counts = ", ".join(f"{k.replace('xid_', 'Xid ')} x{v}" for k, v in inc["counts"].items() if k != "events")
+    gpus = ", ".join(g["pci"] for g in inc.get("gpus", {}).values())
+    why = "; ".join(w for e in inc.get("escalations", []) for w in e.get("why", []) if w.startswith("lemon"))
+    diagnosis = inc.get("diagnosis") or {}
+    if diagnosis.get("confirmed"):
+        why = "; ".join(w for w in (why, str(diagnosis.get("why"))) if w)
+    return f"pitstop {inc['id']}: {counts} on GPU {gpus or 'n/a'}{'; ' + why if why else ''}"[:256]
+
+
+# -- what the incident records and says -----------------------------------------------------------
+
+
+def measured(doc: Mapping[str, Any], record: Mapping[str, Any], step: int) -> list[dict[str, Any]]:
+    """The incident's measurements with this one (one per kind and step: a retried judge replaces it)."""
+    kept = [
+        dict(m)
+        for m in doc.get("measured") or []
+        if isinstance(m, Mapping) and (m.get("kind"), m.get("step")) != (record.get("kind"), step)
+    ]
+    return [*kept, {**record, "step": step}][-checks.MAX_MEASURED :]
+
+
+def failure(extra: Mapping[str, Any]) -> tuple[str, str]:
+    """The stage that failed and one line saying how, from the workflow's error map."""
+    stage = str(extra.get("stage", "?"))
+    err = extra.get("error")
+    message = err.get("message") if isinstance(err, dict) else str(err)
+    body = err.get("body") if isinstance(err, dict) else None
+    detail = body.get("error") if isinstance(body, dict) else None
+    return stage, f"{stage} failed: {detail or message}"[:500]
+
+
+def node_note(inc: Mapping[str, Any], unfenced: Mapping[str, Any]) -> tuple[str, str]:
+    """Where the node stands in its scheduler (one sentence), and what a person does about its fence.
+
+    Only what is true: a fence someone else set is theirs (Pitstop neither replaced nor lifts it),
+    a node never fenced was not, and one already returned is back in service.
+    """
+    node, fence = inc["node"]["instance"], inc.get("fence") or {}
+    if fence.get("already_drained_by_other"):
+        return (
+            f"{node} stays drained by someone else: it was already {fence.get('previous_state')} with "
+            f"reason '{fence.get('previous_reason')}' before Pitstop's fence, and Pitstop neither "
+            "replaced nor lifts that drain.",
+            "let whoever drained it return it to service, then ",
+        )
+    if unfenced.get("left_drained"):
+        return (
+            f"{node} stays drained with reason '{unfenced['left_drained']}', which is not Pitstop's "
+            "drain for this incident, so Pitstop did not lift it.",
+            "let whoever drained it return it to service, then ",
+        )
+    if unfenced:
+        return f"{node} is back in service.", ""
+    if not (inc.get("timeline") or {}).get("fenced"):
+        return f"{node} was not fenced by Pitstop (the remediation stopped before its fence).", ""
+    reason = fence.get("reason") or f"pitstop {inc['id']}"
+    return f"{node} stays fenced (drained) with reason '{reason}'.", "resume it in the scheduler and "
+
+
+def summary(inc: Mapping[str, Any], unfenced: Mapping[str, Any]) -> str:
+    node = inc["node"]["instance"]
+    if inc["action"] in RECORD_ONLY_ACTIONS:
+        return f"{node}: {inc['reason']} No node action taken."
+    where, todo = node_note(inc, unfenced)
+    if todo:  # a drain Pitstop did not set still holds the node
+        return f"{node}: {inc['action']} done; node healthy, but {where} {inc['reason']}"
+    return f"{node}: {inc['action']} done; node healthy and back in service. {inc['reason']}"
+
+
+NOTIFIED_FIELDS = (
+    "id",
+    "node",
+    "cluster",
+    "kind",
+    "xid",
+    "action",
+    "state",
+    "reason",
+    "counts",
+    "failure",
+    "rejected",
+    "resume",
+    "diagnosis",
+    "validation",
+)
+
+
+def notification(inc: Mapping[str, Any], severity: str, text: str, **extra: Any) -> dict[str, Any]:
+    """An incident notification (its id is fixed by the incident, its step and its state)."""
+    return {
+        "id": notification_id("incident", inc.get("id"), inc.get("step"), inc.get("state")),
+        "kind": "incident",
+        "severity": severity,
+        "summary": text,
+        "incident": {k: inc.get(k) for k in NOTIFIED_FIELDS},
+        "durations_s": durations(inc),
+        "resume_s": resume_s(inc),
+        "repair_s": repair_s(inc),
+        **extra,
+    }

@@ -1,0 +1,113 @@
+"""The incident store, as a port: what the services ask of it, and the one rule for committing a decision.
+
+Two implementations keep the same semantics: adapters/firestore.py (one Firestore transaction per
+decision, for the functions) and adapters/memory_store.py (a lock standing for the transaction,
+for unit tests, ``pitstop replay`` and the simulator). tests/test_store_port.py runs one suite
+against both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from pitstop.core.engine import Outcome, node_key
+from pitstop.core.policy import Policy
+from pitstop.core.states import State
+from pitstop.core.steps import StepStore
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Commit:
+    """The documents one engine decision writes, all in one transaction or none."""
+
+    incidents: list[dict[str, Any]] = field(default_factory=list)
+    node: dict[str, Any] | None = None
+    budgets: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return len(self.incidents) + (self.node is not None) + len(self.budgets)
+
+
+def commit_of(out: Outcome) -> Commit:
+    """What a decision writes: the incident a burst's end closed, the incident it decided, the node
+    document (unless the event was only absorbed, which leaves the node as it was) and every
+    budget document it claimed or released. Nothing for an ignored or duplicate delivery."""
+    if out.result in ("ignored", "duplicate"):
+        return Commit()
+    incidents = [inc for inc in (out.closed, out.incident) if inc is not None]
+    node = out.node if out.result != "absorbed" else None
+    return Commit(incidents, node, dict(out.budgets))
+
+
+def node_key_of(commit: Commit) -> str | None:
+    return node_key(commit.node["node"]) if commit.node is not None else None
+
+
+class Decisions(Protocol):
+    """Engine decisions, each read-decide-write in one transaction."""
+
+    on_decision: Callable[[Any, Outcome], None] | None
+
+    def apply(self, ev: Mapping[str, Any], policy: Policy, now: float) -> Outcome: ...
+    def merge_counts(
+        self,
+        iid: str,
+        representative: Mapping[str, Any],
+        deltas: Mapping[str, Any],
+        policy: Policy,
+        now: float,
+    ) -> Outcome: ...
+    def release(self, iid: str, policy: Policy, now: float, by: str) -> Outcome: ...
+    def step_up(self, iid: str, policy: Policy, now: float) -> Outcome: ...
+    def close(self, iid: str, by: str, now: float, unfence: bool) -> Outcome: ...
+    def fail_stuck(self, iid: str, execution: str, why: str, now: float) -> Outcome: ...
+    def settle_failed(self, iid: str, now: float) -> Outcome: ...
+    def close_bursts(self, now: float) -> int: ...
+
+
+class Starts(Protocol):
+    """Workflow starts under a lease (one starter per step)."""
+
+    def lease_start(
+        self, iid: str, step: int, now: float, lease_s: float = 60.0
+    ) -> dict[str, Any] | None: ...
+    def record_started(self, iid: str, step: int, execution: str, now: float) -> None: ...
+    def pending_starts(self, now: float) -> list[dict[str, Any]]: ...
+
+
+class Records(Protocol):
+    """Incidents, nodes and budgets as documents, and what remediation records beside them."""
+
+    def get(self, iid: str) -> dict[str, Any] | None: ...
+    def list(self, states: Iterable[State] | None = None) -> list[dict[str, Any]]: ...
+    def latest_incident(self, nkey: str) -> dict[str, Any] | None: ...
+    def mutate(self, iid: str, fn: Callable[[dict[str, Any]], T]) -> T: ...
+    def get_node(self, key: str) -> dict[str, Any] | None: ...
+    def put_node(self, key: str, doc: Mapping[str, Any]) -> None: ...
+    def set_node_fields(self, key: str, fields: Mapping[str, Any]) -> None: ...
+    def budget(self, doc_id: str) -> dict[str, Any] | None: ...
+    def release_budget(self, inc: Mapping[str, Any]) -> None: ...
+    def mark_job_requeue(self, key: str, incident: str, now: float) -> bool: ...
+    def step_record(self, iid: str, key: str) -> dict[str, Any] | None: ...
+    def steps(self, iid: str) -> StepStore[Any]: ...
+
+
+class Outbox(Protocol):
+    """Notifications recorded before they are published (services/outbox.py)."""
+
+    def outbox_put_in(self, t: Any, nid: str, entry: Mapping[str, Any]) -> None: ...
+    def outbox_add(self, nid: str, entry: Mapping[str, Any]) -> dict[str, Any]: ...
+    def outbox_mark_sent(self, nid: str, message_id: str, now: float, keep_s: float) -> None: ...
+    def outbox_note_failure(self, nid: str, now: float) -> None: ...
+    def outbox_unsent(self, created_before: float) -> Iterator[dict[str, Any]]: ...
+
+
+class IncidentStore(Decisions, Starts, Records, Outbox, Protocol):
+    """Everything services ask of the store."""
+
+    writes: int  # documents written by this process (``pitstop bench ingest``)

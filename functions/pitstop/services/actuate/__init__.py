@@ -1,0 +1,174 @@
+"""The actuate service: every side effect of a remediation, exactly once per incident step.
+
+The workflow calls ``{op, incident, step, execution, extra}``. The op's handler comes from one
+table (registry.py); its phases live in one module each: fence.py (claim, fence, checkpoint,
+unfence), gang.py (early requeue, requeue, the gang running again), checks.py (diagnose, validate),
+repair.py (the Compute call, its operation, verify) and ending.py (escalate, close, fail). What
+they decide without I/O is in core/remediation.py.
+
+Each effect runs under the step runner (core/steps.py), its record ``steps/<step>-<op>`` under its
+incident: claimed ``in_progress`` before the effect (with its owner, the execution), ``done``
+with the result after, which every later call replays. What an op decides before its first
+effect (act: the Compute method and its arguments, and the VM as it was) is saved in the record
+first, and every later attempt reuses it. A call that finds the record in progress answers 503
+(the workflow asks again) until that attempt finishes or its claim expires (longer than the
+function's own timeout, so the attempt is dead by then). That is safe because every effect
+carries a deterministic id: Compute's ``requestId`` (pitstop.core.ids.request_id), the Slurm
+agent's command id, and store writes that set rather than add.
+
+Before any effect the incident itself is checked (core/remediation.refusal): still this step's,
+in a state the op belongs to, owned by this execution. A closed, failed or held incident is never
+acted on by an execution that did not notice (answered 409: the workflow ends). Every state change
+goes through the state table (core/lifecycle.py). Read-only probes are answered fresh.
+
+Answers: 200 with a JSON body; 429/503 for transient trouble (the workflow retries); 4xx for a
+final refusal (the workflow fails the incident and leaves the node fenced).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from google.api_core import exceptions as gexc
+
+from pitstop.adapters import log
+from pitstop.adapters.compute import ComputeAdapter
+from pitstop.adapters.errors import ActuatorError
+from pitstop.core import lifecycle, remediation, steps
+from pitstop.core.ops import Op, step_key
+from pitstop.core.policy import Policy
+from pitstop.core.scheduling import Scheduler
+from pitstop.core.store import IncidentStore
+from pitstop.core.validation import ValidationTable
+from pitstop.services.actuate.context import STEP_CLAIM_S, Deps, Step, StepBusyError
+from pitstop.services.actuate.registry import OPS, Kind, OpSpec
+from pitstop.services.launch import Launcher, Publisher, Starter
+
+__all__ = ["STEP_CLAIM_S", "Actuator", "StepBusyError"]
+
+# Trouble in a backing service that a retry can outlast (Firestore or Pub/Sub unavailable or slow,
+# a contended transaction): answered 503. A Pub/Sub publish whose future times out raises
+# concurrent.futures.TimeoutError, which is the builtin TimeoutError since Python 3.11.
+_TRANSIENT = (gexc.GoogleAPICallError, gexc.RetryError, TimeoutError, futures.TimeoutError, ValueError)
+_OP_VALUES = frozenset(o.value for o in Op)
+
+
+def _warn(message: str, fields: Mapping[str, Any]) -> None:
+    log.emit("WARNING", f"actuate: {message}", **fields)
+
+
+class Actuator:
+    def __init__(
+        self,
+        policy: Policy,
+        store: IncidentStore,
+        compute: ComputeAdapter,
+        schedulers: Mapping[str, Scheduler],
+        notifier: Publisher | None,
+        starter: Starter | None = None,
+        clock: Callable[[], float] = time.time,
+        claim_s: float = STEP_CLAIM_S,
+        validation_table: ValidationTable | None = None,
+    ) -> None:
+        launcher = Launcher(store, starter, notifier)
+        self.deps = Deps(policy, store, compute, schedulers, launcher, clock, claim_s, validation_table)
+
+    @property
+    def store(self) -> IncidentStore:
+        return self.deps.store
+
+    @property
+    def claim_s(self) -> float:
+        return self.deps.claim_s
+
+    @property
+    def launcher(self) -> Launcher:
+        return self.deps.launcher
+
+    @property
+    def starter(self) -> Starter | None:
+        return self.deps.launcher.starter
+
+    @property
+    def notifier(self) -> Publisher | None:
+        return self.deps.launcher.notifier
+
+    def handle(self, req: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+        raw, iid, step = req.get("op"), req.get("incident"), req.get("step")
+        if (
+            not isinstance(raw, str)
+            or raw not in _OP_VALUES
+            or not isinstance(iid, str)
+            or not isinstance(step, int)
+        ):
+            return {"error": "request needs op (known), incident (string) and step (integer)"}, 400
+        op = Op(raw)
+        try:
+            return self._run(op, iid, step, req)
+        except ActuatorError as exc:
+            return _refused(op, iid, step, exc)
+        except lifecycle.IllegalTransitionError as exc:
+            return _refused(op, iid, step, ActuatorError(409, str(exc), False))
+        except _TRANSIENT as exc:
+            # Firestore or Pub/Sub trouble on our side (an outage, a publish that timed out, a
+            # contended transaction): the workflow asks again, and step records make that safe.
+            what = f"{type(exc).__name__}: {str(exc)[:200]}"
+            log.emit("WARNING", "actuate: backing service unavailable, asking for a retry", op=op,
+                     incident=iid, step=step, error=what[:300])  # fmt: skip
+            return {"error": f"backing service unavailable: {what}", "retryable": True}, 503
+
+    def _run(self, op: Op, iid: str, step: int, req: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+        inc = self.deps.store.get(iid)
+        if inc is None:
+            return {"error": f"no incident {iid}"}, 404
+        extra = req.get("extra")
+        s = Step(
+            self.deps,
+            inc,
+            step,
+            op,
+            str(req.get("execution") or ""),
+            extra if isinstance(extra, Mapping) else {},
+        )
+        spec = OPS[op]
+        if spec.kind is Kind.EFFECT:
+            return self._once(s, spec), 200
+        out = spec.run(s)  # the claim, or a probe: asked again, answered fresh
+        return (out.answer if isinstance(out, steps.Release) else out), 200
+
+    def _once(self, s: Step, spec: OpSpec) -> dict[str, Any]:
+        """Run an effect once per step: a result is replayed; 503 while another attempt runs it."""
+        key = step_key(s.step, s.op)
+        rec = self.deps.store.step_record(s.iid, key)
+        if rec is not None and steps.record_state(rec) == steps.DONE:
+            return {**(rec.get("result") or {}), "replayed": True}
+        if s.inc["step"] != s.step:  # a newer step owns the incident: this execution only winds down
+            return {"outcome": "superseded", "current_step": s.inc["step"], "operation": None}
+        why = remediation.refusal(s.inc, s.op, s.step, s.execution) if s.op != Op.FAIL else None
+        if why is not None:
+            raise ActuatorError(409, f"{s.op} refused: {why}", False)
+        runner: steps.StepRunner[Any] = steps.StepRunner(
+            self.deps.store.steps(s.iid), self.deps.claim_s, self.deps.clock, _warn
+        )
+        payload = {"op": str(s.op), "incident": s.iid, "step": s.step}
+        try:
+            return runner.run(
+                key, payload, lambda c: spec.run(replace(s, claim=c, runner=runner)), s.execution
+            )
+        except steps.BusyError as exc:
+            raise StepBusyError(str(exc)) from None
+        except steps.PayloadMismatchError as exc:
+            raise ActuatorError(409, str(exc), False) from None
+
+
+def _refused(op: Op, iid: str, step: int, exc: ActuatorError) -> tuple[dict[str, Any], int]:
+    log.emit("WARNING" if exc.retryable else "ERROR", "actuate failed", op=op, incident=iid, step=step,
+             status=exc.status, error=exc.message)  # fmt: skip
+    body: dict[str, Any] = {"error": exc.message, "retryable": exc.retryable}
+    if isinstance(exc, StepBusyError):
+        body["in_progress"] = True
+    return body, exc.status

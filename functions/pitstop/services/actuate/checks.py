@@ -1,0 +1,164 @@
+"""Checks on the fenced node: diagnose before an irreversible action, validate before returning it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from pitstop.adapters import log
+from pitstop.adapters.errors import ActuatorError
+from pitstop.core import checks, remediation
+from pitstop.core.actions import RANK, Action
+from pitstop.core.ops import Op
+from pitstop.core.validation import PAGE
+from pitstop.services.actuate.context import Step
+from pitstop.services.actuate.gang import free_node, watch_resume
+
+
+def _start(s: Step, spec: dict[str, Any]) -> dict[str, Any]:
+    """Start a check run once: its spec is saved before the scheduler is asked."""
+    saved = s.saved("check")
+    if not isinstance(saved, dict):
+        s.save({"check": dict(spec)})
+        saved = dict(spec)
+    started = s.scheduler.start_check(s.instance, saved, s.ref)
+    return {"run": True, "check": saved, "peer": started.peer, "note": started.note}
+
+
+def _result(s: Step, op: Op) -> dict[str, Any] | None:
+    """The scheduler's answer for this step's check run (None when none ran)."""
+    rec = s.recorded(op)
+    if not rec.get("run"):
+        return None
+    return asdict(s.scheduler.check_result(s.instance, rec["check"], s.ref))
+
+
+def _final(s: Step, op: Op) -> dict[str, Any] | None:
+    """The check's result for its judge: a scheduler's final refusal is a run that did not finish."""
+    try:
+        return _result(s, op)
+    except ActuatorError as exc:
+        if exc.retryable:
+            raise
+        return {"done": False, "error": exc.message}
+
+
+def _has_scheduler(s: Step) -> bool:
+    return s.scheduler.name != "none"
+
+
+def diagnose(s: Step) -> dict[str, Any]:
+    need, why = checks.needs_diagnosis(s.inc, s.deps.policy)
+    if need and not _has_scheduler(s):
+        need, why = False, "no scheduler to run a diagnostic through: replacing on the evidence as it is"
+    if not need:
+        return {"run": False, "why": why}
+    freed = free_node(s)
+    vm = s.vm()
+    expected = checks.gpus_of(vm)  # what the VM has; None: no count can confirm anything
+    exp = s.deps.table().expectation(checks.machine_type_of(vm))
+    spec = checks.diagnose_spec(s.inc, s.step, s.deps.policy, expected or (exp.gpus if exp else 8), expected)
+    return {**_start(s, spec), "why": why, **freed}
+
+
+def _finished(s: Step, op: Op) -> dict[str, Any]:
+    """A probe the workflow polls: has the check run ended (or none ran)? It also watches the gang."""
+    res = _result(s, op)
+    watch_resume(s)
+    return {"done": res is None or bool(res.get("done"))}
+
+
+def diagnosis(s: Step) -> dict[str, Any]:
+    return _finished(s, Op.DIAGNOSE)
+
+
+def judge_diagnosis(s: Step) -> dict[str, Any]:
+    """Replace on what the node itself shows, or step down to REBOOT_NODE (or page) and record why."""
+    rec = s.recorded(Op.DIAGNOSE)
+    if not rec.get("run"):
+        return {"action": s.inc["action"], "confirmed": None, "why": rec.get("why")}
+    expected = rec["check"].get("expected_gpus")
+    verdict = checks.judge_diagnosis(
+        s.inc, _final(s, Op.DIAGNOSE), expected if isinstance(expected, int) else None, s.deps.table()
+    )
+    _record_diagnosis(s, verdict)
+    if verdict.action == PAGE:
+        raise ActuatorError(409, f"diagnosis: {verdict.why}", False)
+    return {"action": verdict.action, "confirmed": verdict.confirmed, "why": verdict.why}
+
+
+def _record_diagnosis(s: Step, verdict: checks.DiagnosisVerdict) -> None:
+    """The diagnosis on the incident; not confirmed, this step steps down (and says why)."""
+    now = s.deps.clock()
+    record = verdict.record(now)
+
+    def judged(doc: dict[str, Any]) -> dict[str, Any]:
+        doc["diagnosis"] = record
+        doc["measured"] = remediation.measured(doc, record, s.step)
+        if not verdict.confirmed and doc["action"] == Action.REPLACE_NODE and verdict.action != PAGE:
+            doc["action"] = verdict.action
+            doc.setdefault("escalations", []).append(
+                {"from": Action.REPLACE_NODE, "to": verdict.action, "at": now, "why": [verdict.why]}
+            )
+        if not doc["timeline"].get("diagnosed"):
+            doc["timeline"]["diagnosed"] = now
+        doc["updated_at"] = now
+        return doc
+
+    s.deps.store.mutate(s.iid, judged)
+    log.emit("INFO", "diagnosed", incident=s.iid, confirmed=verdict.confirmed, why=verdict.why)
+
+
+def validate(s: Step) -> dict[str, Any]:
+    need, why = checks.needs_validation(s.inc, s.deps.policy, _has_scheduler(s))
+    if need and (s.inc.get("fence") or {}).get("already_drained_by_other"):
+        need, why = False, "the node stays drained by someone else, who returns it to service"
+    if not need:
+        return {"run": False, "why": why}
+    mt = s.saved("machine_type")
+    if not isinstance(mt, str):
+        vm = s.vm()
+        mt = checks.machine_type_of(vm)
+        s.save({"machine_type": mt, "gpus": checks.gpus_of(vm)})
+    gpus = s.saved("gpus")
+    freed = free_node(s)
+    table = s.deps.table()
+    spec = checks.validate_spec(
+        s.inc, s.step, s.deps.policy, mt, table, gpus if isinstance(gpus, int) else None
+    )
+    return {**_start(s, spec), "why": why, "machine_type": mt, **freed}
+
+
+def validation(s: Step) -> dict[str, Any]:
+    return _finished(s, Op.VALIDATE)
+
+
+def judge_validation(s: Step) -> dict[str, Any]:
+    """Return the node on a pass; hardware evidence steps up to REPLACE_NODE; anything else pages."""
+    rec = s.recorded(Op.VALIDATE)
+    if not rec.get("run"):
+        return {"outcome": "skipped", "why": rec.get("why")}
+    verdict = checks.judge_validation(
+        s.inc["action"], str(rec["machine_type"]), _final(s, Op.VALIDATE), s.deps.policy, s.deps.table()
+    )
+    now = s.deps.clock()
+    record = verdict.record(now)
+    passed = verdict.validation.passed
+
+    def judged(doc: dict[str, Any]) -> dict[str, Any]:
+        doc["validation"] = record
+        doc["measured"] = remediation.measured(doc, record, s.step)
+        if passed and not doc["timeline"].get("validated"):
+            doc["timeline"]["validated"] = now
+        if verdict.next == Action.REPLACE_NODE and RANK[Action.REPLACE_NODE] > RANK[doc["action"]]:
+            doc["escalate_to"] = Action.REPLACE_NODE
+            doc["escalate_why"] = [f"validation failed: {verdict.validation.why}"]
+        doc["updated_at"] = now
+        return doc
+
+    s.deps.store.mutate(s.iid, judged)
+    log.emit("INFO", "validated", incident=s.iid, verdict=verdict.validation.verdict, next=verdict.next)
+    if verdict.next == PAGE:
+        raise ActuatorError(409, f"validation failed: {verdict.validation.why}", False)
+    outcome = "pass" if passed else "step_up"
+    return {"outcome": outcome, "verdict": verdict.validation.verdict, "why": verdict.validation.why}

@@ -1,0 +1,144 @@
+"""What every op of a remediation step works with: its dependencies, and the call it answers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pitstop.adapters import log
+from pitstop.adapters.compute import ComputeAdapter
+from pitstop.adapters.errors import ActuatorError
+from pitstop.core import checks, lifecycle, remediation, steps
+from pitstop.core.ids import request_id
+from pitstop.core.ops import Op, step_key
+from pitstop.core.policy import Policy
+from pitstop.core.scheduling import Scheduler, StepRef
+from pitstop.core.states import State
+from pitstop.core.store import IncidentStore
+from pitstop.core.validation import ValidationTable
+from pitstop.services.launch import Launcher
+from pitstop.services.schedulers import NoScheduler
+
+# How long an attempt's claim on a step op holds: actuate's deployed timeout (--timeout=300 in
+# infra/resources.yaml) and a margin. An attempt still holding it is alive; past it, it is dead.
+ACTUATE_TIMEOUT_S = 300.0
+STEP_CLAIM_S = steps.claim_seconds(ACTUATE_TIMEOUT_S)
+
+
+class StepBusyError(ActuatorError):
+    """Another attempt holds the op's in-progress record: ask again later (503, retryable)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(503, message, True)
+
+
+@dataclass
+class Deps:
+    """actuate's dependencies, built once per instance."""
+
+    policy: Policy
+    store: IncidentStore
+    compute: ComputeAdapter
+    schedulers: Mapping[str, Scheduler]
+    launcher: Launcher
+    clock: Callable[[], float] = time.time
+    claim_s: float = STEP_CLAIM_S
+    validation_table: ValidationTable | None = None
+
+    def table(self) -> ValidationTable:
+        return checks.table_for(self.policy, self.validation_table)
+
+
+@dataclass
+class Step:
+    """One call of the workflow: an op of an incident's step, by one execution."""
+
+    deps: Deps
+    inc: dict[str, Any]
+    step: int
+    op: Op
+    execution: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    claim: steps.Claim | None = None
+    runner: steps.StepRunner[Any] | None = None
+
+    # -- what the op acts on ----------------------------------------------------------------
+
+    @property
+    def iid(self) -> str:
+        return str(self.inc["id"])
+
+    @property
+    def instance(self) -> str:
+        return str(self.inc["node"]["instance"])
+
+    def node(self) -> tuple[str, str, str]:
+        n = self.inc["node"]
+        return n["project"], n["zone"], n["instance"]
+
+    @property
+    def ref(self) -> StepRef:
+        return StepRef(self.iid, self.step)
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.deps.schedulers.get(self.inc.get("cluster") or "", NoScheduler())
+
+    def vm(self) -> dict[str, Any]:
+        return self.deps.compute.get(*self.node())
+
+    # -- records -----------------------------------------------------------------------------
+
+    def recorded(self, op: Op, step: int | None = None) -> dict[str, Any]:
+        """The result an op of this (or another) step recorded; empty if it has not finished."""
+        rec = self.deps.store.step_record(self.iid, step_key(self.step if step is None else step, op)) or {}
+        return dict(rec.get("result") or {}) if steps.record_state(rec) == steps.DONE else {}
+
+    def saved(self, key: str) -> Any:
+        """What an earlier attempt of this op decided before its first effect (None: nothing)."""
+        return self.claim.saved.get(key) if self.claim is not None else None
+
+    def save(self, fields: Mapping[str, Any]) -> None:
+        """Keep what this attempt decided, before its first effect; stop if its claim passed on."""
+        if self.runner is None or self.claim is None:
+            raise AssertionError("save() outside a recorded op")
+        try:
+            self.runner.save(self.claim, fields)
+        except steps.ClaimLostError as exc:
+            raise StepBusyError(f"the claim on {exc.key} passed to another attempt") from None
+
+    # -- changes to the incident -----------------------------------------------------------------
+
+    def set_state(self, state: State | None, milestone: str | None = None, **fields: Any) -> dict[str, Any]:
+        """Move the incident through the state table (``None`` keeps its state), stamp a milestone once."""
+        now = self.deps.clock()
+
+        def change(doc: dict[str, Any]) -> dict[str, Any]:
+            if state is not None:
+                lifecycle.move(doc, state, f"{self.op} of step {self.step}")
+            if milestone and not doc["timeline"].get(milestone):
+                doc["timeline"][milestone] = now
+            doc.update(fields)
+            doc["updated_at"] = now
+            return doc
+
+        return self.deps.store.mutate(self.iid, change)
+
+    def label(self, op: Op, state: str | None) -> None:
+        """Mark the VM's Pitstop state in labels (best effort: a label is a courtesy, not a control)."""
+        try:
+            self.deps.compute.set_labels(
+                *self.node(),
+                {"pitstop-state": state, "pitstop-incident": self.iid if state else None},
+                request_id=request_id(self.iid, self.step, op, "setLabels"),
+            )
+        except ActuatorError as exc:
+            log.emit("WARNING", "could not label instance", incident=self.iid, error=exc.message)
+
+    def notify(self, inc: Mapping[str, Any], severity: str, text: str, **extra: Any) -> None:
+        """Recorded in the outbox, then published: a failed publish is the sweep's to retry, not lost."""
+        outbox = self.deps.launcher.outbox
+        if outbox is not None:
+            outbox.deliver(remediation.notification(inc, severity, text, **extra))

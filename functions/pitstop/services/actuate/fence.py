@@ -1,0 +1,139 @@
+"""Taking the node out of its scheduler and giving it back: claim, fence, checkpoint, unfence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pitstop.adapters import log
+from pitstop.adapters.errors import ActuatorError
+from pitstop.core import remediation, trust
+from pitstop.core.actions import NODE_ACTIONS
+from pitstop.core.ops import Op, plan_for
+from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
+from pitstop.services.actuate.context import Step
+from pitstop.services.ingest import to_epoch
+
+CHECKPOINT_MARGIN_S = 300.0
+CHECKPOINT_DEFAULT_WAIT_S = 600.0
+
+
+def claim(s: Step) -> dict[str, Any]:
+    """This execution takes the step (one owner), after the live VM is checked against the evidence."""
+
+    def take(doc: dict[str, Any]) -> tuple[bool, str]:
+        if doc["step"] != s.step:
+            return False, f"superseded by step {doc['step']}"
+        if doc["state"] in UNCLAIMABLE_STATES:
+            return False, f"incident is {doc['state']}"
+        wf = doc.get("workflow") or {}
+        owner = wf.get("claimed_by")
+        if owner and s.execution and owner != s.execution:
+            return False, "another execution owns this step"
+        wf["claimed_by"] = s.execution or owner or "unknown"
+        wf["state"] = RunState.STARTED
+        doc["workflow"] = wf
+        return True, ""
+
+    ours, why = s.deps.store.mutate(s.iid, take)
+    if ours:
+        problem = _identity_problem(s)
+        if problem is not None:
+            _reject(s, problem)
+            ours, why = False, f"rejected: {problem}"
+    action = s.inc["action"]
+    return {"ours": ours, "why": why, "plan": plan_for(action), "action": action}
+
+
+def _identity_problem(s: Step) -> str | None:
+    """Before a node action first touches the VM: is the live VM the one the evidence names?
+
+    Job actions are not checked (a preempted VM may already be a new one; the job still needs
+    its restart), nor a node already acted on (Pitstop's own recreate gives it a new id).
+    """
+    if s.inc["action"] not in NODE_ACTIONS or s.inc["timeline"].get("acted"):
+        return None
+    try:
+        vm = s.vm()
+    except ActuatorError as exc:
+        if exc.status == 404:
+            p, z, i = s.node()
+            return f"no VM {i} in {p}/{z}"
+        raise
+    created = to_epoch(str(vm.get("creation_timestamp") or "")) or None
+    live_id = str(vm["id"]) if vm.get("id") is not None else None
+    return trust.vm_identity_problem(s.inc["node"], float(s.inc["first_seen"]), live_id, created)
+
+
+def _reject(s: Step, problem: str) -> None:
+    """End the incident without touching anything: the evidence does not match the live VM."""
+    now = s.deps.clock()
+
+    def reject(doc: dict[str, Any]) -> dict[str, Any]:
+        from pitstop.core import lifecycle
+
+        lifecycle.move(doc, State.RESOLVED, "rejected")
+        doc["rejected"] = {"why": problem, "at": now}
+        doc["timeline"]["resolved"] = now
+        doc["updated_at"] = now
+        return doc
+
+    done = s.deps.store.mutate(s.iid, reject)
+    s.deps.store.release_budget(done)
+    log.emit("WARNING", "evidence rejected: not the live VM", incident=s.iid, why=problem)
+    s.notify(done, "warning", f"Incident {s.iid} rejected, nothing done: {problem}")
+
+
+def fence(s: Step) -> dict[str, Any]:
+    """Drain the node and record the jobs on it, each with the run the fault hit, and what was there."""
+    sched = s.scheduler
+    before = remediation.handed_over(s.recorded(Op.FENCE, s.step - 1)) if _handed_over(s) else []
+    jobs = remediation.merge_jobs(before, sched.jobs_on(s.instance, s.ref))
+    answer = sched.fence(s.instance, s.ref, s.inc["action"]).doc()
+    s.label(Op.FENCE, "fenced")
+    s.set_state(State.FENCED, "fenced", jobs=[j.doc() for j in jobs], fence=answer)
+    if answer.get("already_drained_by_other"):
+        log.emit("INFO", "node was already drained by someone else; left as it is", incident=s.iid, **answer)
+    return {
+        "fenced": s.instance,
+        "jobs": [j.job for j in jobs],
+        "runs": {j.job: j.run.doc() for j in jobs},
+        "fence": answer,
+    }
+
+
+def _handed_over(s: Step) -> bool:
+    """The previous step handed the node over to this one (escalated before unfence): its jobs,
+    with the runs its fault hit, are this step's to move (that step requeued nothing)."""
+    return s.step > 1 and bool(s.recorded(Op.ESCALATE, s.step - 1).get("handed_over"))
+
+
+def fenced_jobs(s: Step) -> list[str]:
+    return [str(j) for j in s.recorded(Op.FENCE).get("jobs", [])]
+
+
+def checkpoint(s: Step) -> dict[str, Any]:
+    """Ask each fenced job to save its state, and say how long to wait for it (before the window)."""
+    jobs = fenced_jobs(s)
+    how = sorted({s.scheduler.checkpoint(job, s.ref) for job in jobs})
+    ws = to_epoch((s.inc.get("maintenance") or {}).get("window_start"))
+    wait = CHECKPOINT_DEFAULT_WAIT_S if ws is None else max(0.0, ws - s.deps.clock() - CHECKPOINT_MARGIN_S)
+    return {
+        "signalled": jobs,
+        "signal": ", ".join(how) or None,
+        "wait_s": min(wait, CHECKPOINT_DEFAULT_WAIT_S),
+    }
+
+
+def jobs_done(s: Step) -> dict[str, Any]:
+    running = [j for j in fenced_jobs(s) if s.scheduler.job_info(j, s.ref).state.on_nodes]
+    return {"done": not running, "running": running}
+
+
+def unfence(s: Step) -> dict[str, Any]:
+    """Lift Pitstop's fence for this incident; a fence someone else set stays (``left_drained``)."""
+    answer = s.scheduler.unfence(s.instance, s.ref)
+    s.label(Op.UNFENCE, None)
+    out: dict[str, Any] = {"unfenced": s.instance, "resumed": answer.resumed}
+    if answer.left_fenced:
+        out["left_drained"] = answer.left_fenced
+    return out

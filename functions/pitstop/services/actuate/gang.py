@@ -1,0 +1,139 @@
+"""The gang moves together, once, and soon: early requeue, requeue once the node is back, and
+watching for the gang to run again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pitstop.adapters import log
+from pitstop.core import checks, remediation
+from pitstop.core.ids import requeue_key
+from pitstop.core.ops import Op
+from pitstop.core.scheduling import JobInfo, JobRun, JobState
+from pitstop.services.actuate.context import Step
+
+
+def _runs(s: Step) -> dict[str, JobRun]:
+    """Each fenced job with the run the fault hit."""
+    fence = s.recorded(Op.FENCE)
+    runs = fence.get("runs") or {}
+    return {str(j): JobRun.of(runs.get(j)) for j in fence.get("jobs", [])}
+
+
+def requeue_one(s: Step, job: str, fenced: JobRun) -> str | None:
+    """Requeue one job unless it moved on since the fence: None when requeued, else why not.
+
+    Two incidents that see the same run race for its requeue record (cluster, job, run): one
+    wins. No clock decides.
+    """
+    info = s.scheduler.job_info(job, s.ref)
+    why = remediation.requeue_refusal(s.inc["action"], info, fenced)
+    if why is not None:
+        return why
+    key = requeue_key(s.inc.get("cluster") or "none", job, info.run.doc())
+    if not s.deps.store.mark_job_requeue(key, s.iid, s.deps.clock()):
+        return "this run of the job was already requeued for another incident"
+    s.scheduler.requeue(job, s.ref, info.run)  # the run it may move
+    return None
+
+
+def reschedule_early(s: Step) -> dict[str, Any]:
+    """Requeue each job now when the scheduler can run its gang without the node; else say why.
+
+    The repair then goes on in the background of the job. A job left waiting is requeued by
+    ``reschedule`` once the node is back (the old order), and the incident's ``resume`` says why.
+    """
+    choice = s.deps.policy.reschedule(s.deps.policy.cluster_for(s.inc["node"]))
+    requeued: list[dict[str, Any]] = []
+    waiting: list[dict[str, Any]] = []
+    moved: list[dict[str, Any]] = []
+    for job, then in _runs(s).items():
+        cap = s.scheduler.capacity(job, s.instance, s.ref) if choice == checks.EARLY else None
+        go, why = checks.early_requeue(choice, _capacity_doc(cap))
+        if not go:
+            waiting.append({"job": job, "why": why})
+            continue
+        skipped = requeue_one(s, job, then)
+        (requeued if skipped is None else moved).append(
+            {"job": job, "why": why if skipped is None else skipped}
+        )
+    resume: dict[str, Any] = {
+        "mode": checks.EARLY if requeued else checks.AFTER_REPAIR,
+        "requeued": requeued,
+        "waiting": waiting,
+    }
+    if moved:
+        resume["skipped"] = moved
+    gang_moved = requeued or any("requeued" in m["why"] for m in moved)
+    s.set_state(None, "job_requeued" if gang_moved else None, resume=resume)
+    if requeued:
+        log.emit("INFO", "gang requeued before the repair", incident=s.iid, jobs=[r["job"] for r in requeued])
+    return resume
+
+
+def _capacity_doc(cap: Any) -> dict[str, Any]:
+    return {} if cap is None else {"enough": cap.enough, "need": cap.need, "free": cap.free, "why": cap.why}
+
+
+def reschedule(s: Step) -> dict[str, Any]:
+    """Requeue each job the fault hit, once: only while it is still the run the fence recorded."""
+    requeued: list[str] = []
+    skipped: list[dict[str, Any]] = []
+    for job, then in _runs(s).items():
+        why = requeue_one(s, job, then)
+        if why is None:
+            requeued.append(job)
+        else:
+            skipped.append({"job": job, "why": why})
+    moved = any("requeued" in sk["why"] for sk in skipped)
+    s.set_state(None, "job_requeued" if requeued or moved else None)
+    return {"requeued": requeued, "skipped": skipped}
+
+
+def free_node(s: Step) -> dict[str, Any]:
+    """Requeue the fenced jobs still on the node (no capacity moved them early): a check needs its GPUs.
+
+    Any repair ends them anyway; requeued now, they wait in the queue for capacity instead. Once
+    per run (``requeue_one``'s record); the check's start is answered 503 until the node is empty.
+    """
+    moved: list[str] = []
+    for job, then in _runs(s).items():
+        info = s.scheduler.job_info(job, s.ref)
+        here = info.state in (JobState.RUNNING, JobState.SUSPENDED) and info.run == then
+        if here and requeue_one(s, job, then) is None:
+            moved.append(job)
+    if moved:
+        s.set_state(None, "job_requeued")
+        log.emit("INFO", "jobs requeued to free the node for a check", incident=s.iid, jobs=moved)
+    return {"requeued_to_free": moved} if moved else {}
+
+
+def watch_resume(s: Step) -> bool:
+    """Stamp ``job_running`` once every requeued job runs a new run; whether it is stamped.
+
+    Called by the probes the workflow polls anyway (operation, verify, checks, resumed), so the
+    moment the gang runs again is seen while the node is still being repaired.
+    """
+    tl = s.inc.get("timeline") or {}
+    if tl.get("job_running"):
+        return True
+    if not tl.get("job_requeued"):
+        return False
+    runs = _runs(s)
+    now: dict[str, JobInfo] = {}
+    for job in runs:  # ask job by job: stop at the first still on its old run
+        now[job] = s.scheduler.job_info(job, s.ref)
+        if remediation.gang_running({job: runs[job]}, {job: now[job]}) is False:
+            return False
+    running = remediation.gang_running(runs, now)
+    if running:
+        s.set_state(None, "job_running")
+    return bool(running)
+
+
+def resumed(s: Step) -> dict[str, Any]:
+    """Probe after the last requeue: done once the gang is seen running again (or nothing waits)."""
+    if not (s.inc.get("timeline") or {}).get("job_requeued"):
+        return {"done": True, "running": False}
+    running = watch_resume(s)
+    return {"done": running, "running": running}

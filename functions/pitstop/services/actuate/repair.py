@@ -1,0 +1,104 @@
+"""The node action itself: the Compute Engine call, the operation it started, and the VM back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pitstop.adapters import log
+from pitstop.adapters.errors import ActuatorError
+from pitstop.core import remediation
+from pitstop.core.ids import request_id
+from pitstop.core.ops import Op
+from pitstop.core.states import State
+from pitstop.services.actuate.context import Step
+from pitstop.services.actuate.gang import watch_resume
+
+
+def act(s: Step) -> dict[str, Any]:
+    """Take the incident's action on the VM, once: the call is decided and saved before it is made.
+
+    A retry reuses the saved plan, so a reportHostAsFaulty that ran but went unrecorded is
+    repeated under its own request id (and ignored by Compute), never followed by a recreate.
+    """
+    plan = s.saved("plan")
+    if not isinstance(plan, dict):
+        plan = _plan(s)
+        s.save({"plan": plan})
+    record = {**plan, "operation": _call(s, plan)}
+    s.set_state(State.ACTING, "acted")
+    log.emit(
+        "INFO",
+        "remediation action taken",
+        incident=s.iid,
+        node=s.instance,
+        action=s.inc["action"],
+        method=record["method"],
+        operation=record["operation"],
+        attempt=s.claim.attempt if s.claim else 1,
+    )
+    return record
+
+
+def _plan(s: Step) -> dict[str, Any]:
+    """What act will do, decided from the VM before any effect; what the VM was is kept for verify."""
+    vm = s.vm()
+    block = remediation.block_of(vm)
+    if block:  # from now on this node also counts against its reservation block's budget
+        s.deps.store.set_node_fields(s.inc["node_key"], {"block": block})
+    compute = s.deps.compute  # a replacement: host report where Compute allows it, else the MIG
+    choice = remediation.choose_call(
+        s.inc, vm, compute.report_eligible(vm), compute.mig_of(vm) or _policy_mig(s)
+    )
+    if choice.error is not None:
+        raise ActuatorError(409, choice.error, False)
+    return {"method": "none", "before": remediation.vm_before(vm), **choice.fields}
+
+
+def _policy_mig(s: Step) -> str | None:
+    cluster = s.deps.policy.cluster_for(s.inc["node"])
+    mig = (cluster.raw.get("mig") or {}) if cluster else {}
+    return str(mig["name"]) if mig.get("zone") == s.inc["node"]["zone"] else None
+
+
+def _call(s: Step, plan: Mapping[str, Any]) -> str | None:
+    """Make the planned call under its deterministic request id; the operation to wait for, if any."""
+    p, z, i = s.node()
+    method = str(plan.get("method"))
+    rid = request_id(s.iid, s.step, Op.ACT, method)
+    compute = s.deps.compute
+    if method == "reset":
+        return compute.reset(p, z, i, request_id=rid)
+    if method == "performMaintenance":
+        return compute.perform_maintenance(p, z, i, request_id=rid)
+    if method == "reportHostAsFaulty":
+        return compute.report_host_as_faulty(
+            p, z, i, str(plan["behavior"]), str(plan["description"]), request_id=rid
+        )
+    if method == "recreateInstances":
+        return compute.recreate(p, z, str(plan["mig"]), i, request_id=rid)
+    return None
+
+
+def operation(s: Step) -> dict[str, Any]:
+    acted = s.recorded(Op.ACT)
+    if not acted.get("operation"):
+        return {"done": True}
+    p, z, _ = s.node()
+    watch_resume(s)
+    st = s.deps.compute.operation(p, z, acted["operation"])
+    if st["error"]:
+        raise ActuatorError(409, f"{acted['method']} operation failed: {st['error']}", False)
+    return {"done": st["done"]}
+
+
+def verify(s: Step) -> dict[str, Any]:
+    """The VM is back (after a host report or recreate: the new one), its scheduler sees it healthy."""
+    acted = s.recorded(Op.ACT)
+    cur = s.vm()
+    vm_ok = remediation.verified(str(acted.get("method")), acted.get("before") or {}, cur)
+    sched_ok = vm_ok and s.scheduler.node_healthy(s.instance, s.ref)
+    watch_resume(s)
+    if s.inc["state"] != State.VERIFYING or (vm_ok and sched_ok):
+        s.set_state(State.VERIFYING, "healthy" if vm_ok and sched_ok else None)
+    return {"done": vm_ok and sched_ok, "vm": cur.get("status"), "scheduler_ok": sched_ok}
