@@ -83,8 +83,8 @@ def _db(project: str) -> firestore.Client:
 
 @functools.cache
 def _ingest() -> Ingest:
-    from pitstop.adapters.gke_node import KubeClients, NodeReader
-    from pitstop.adapters.gke_zone import ZoneResolver
+    from pitstop.adapters.gke.node import KubeClients, NodeReader
+    from pitstop.adapters.gke.zone import ZoneResolver
     from pitstop.adapters.pubsub import Notifier
     from pitstop.adapters.workflows import WorkflowStarter
     from pitstop.services.ingest import Ingest

@@ -259,7 +259,7 @@ def test_the_gke_stack_policy_validates_and_names_its_control_plane() -> None:
     from pitstop.core import policy as policy_mod
     from pitstop.core.resources import DataFileError
     from pitstop.local.stack import policy_for
-    from pitstop.services.schedulers import Translated, Wiring, schedulers_for
+    from pitstop.services.schedulers import Wiring, schedulers_for
 
     doc = policy_for(gke_spec())
     pol = policy_mod.from_doc(doc)
@@ -270,13 +270,10 @@ def test_the_gke_stack_policy_validates_and_names_its_control_plane() -> None:
         "train",
     )
     local = schedulers_for(pol, Wiring("pitstop-local", kube_endpoint="http://127.0.0.1:9"))["train"]
-    assert isinstance(local, Translated) and isinstance(local.inner, GkeScheduler)
-    assert (
-        local.inner.evict_deadline_s == 10 and local.inner.client.configuration.host == "http://127.0.0.1:9"
-    )
+    assert isinstance(local, GkeScheduler) and local.cluster.evict_deadline_s == 10
+    assert local.cluster.kube.client.configuration.host == "http://127.0.0.1:9"
     remote = schedulers_for(pol, Wiring("pitstop-local"))["train"]
-    assert isinstance(remote, Translated) and isinstance(remote.inner, GkeScheduler)
-    assert remote.inner._client is None  # connects on first use only
+    assert isinstance(remote, GkeScheduler) and remote.cluster.kube._client is None  # connects on first use
     del doc["clusters"][0]["gke"]
     with pytest.raises(DataFileError):
         policy_mod.from_doc(doc)  # a GKE cluster must say where its control plane is

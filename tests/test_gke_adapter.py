@@ -24,15 +24,18 @@ from pitstop.adapters.gke import (
     FENCE_KEY,
     REQUEUED_FOR,
     WAS_UNSCHEDULABLE,
+    GkeCluster,
     GkeScheduler,
     doctor_findings,
     parse_job_id,
 )
+from pitstop.adapters.gke.client import Kube
+from pitstop.core.scheduling import JobRun, StepRef
 from pitstop.local.fake_k8s import FakeKube
 
 PROJECT, ZONE = "train-prod", "us-central1-a"
 INC, INC2 = "iaaaaaaaaa", "ibbbbbbbbb"
-CTX, CTX2 = f"{INC}-1", f"{INC2}-1"
+CTX, CTX2 = StepRef(INC, 1), StepRef(INC2, 1)
 NODES = [f"gke-train-gpu-{i:04d}" for i in range(4)]
 JOB = "jobset/default/train"
 ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
@@ -70,8 +73,8 @@ def clock(kube: FakeKube) -> Clock:
 
 
 @pytest.fixture
-def sched(api: Any, clock: Clock) -> GkeScheduler:
-    return GkeScheduler(api, evict_deadline_s=10, wait_s=10, clock=clock, sleep=clock.sleep)
+def sched(api: Any, clock: Clock) -> GkeCluster:
+    return GkeCluster(api, evict_deadline_s=10, wait_s=10, clock=clock, sleep=clock.sleep)
 
 
 def settle(kube: FakeKube, done: Callable[[], bool], timeout: float = 60.0) -> None:
@@ -199,11 +202,9 @@ def started(kube: FakeKube, obj: dict[str, Any], attempt: int = 0, n: int = 2) -
 # -- fence / unfence ---------------------------------------------------------------------------
 
 
-def test_fence_cordons_and_taints_once_and_unfence_lifts_only_that(
-    kube: FakeKube, sched: GkeScheduler
-) -> None:
+def test_fence_cordons_and_taints_once_and_unfence_lifts_only_that(kube: FakeKube, sched: GkeCluster) -> None:
     n = NODES[0]
-    answer = sched.fence(n, INC, "REBOOT_NODE", CTX)
+    answer = sched.fence(n, CTX, "REBOOT_NODE")
     assert answer == {
         "node": n,
         "previous_state": "schedulable",
@@ -219,7 +220,7 @@ def test_fence_cordons_and_taints_once_and_unfence_lifts_only_that(
     patches = [r for r in kube.requests if r[0] == "PATCH"]
     assert patches == [("PATCH", f"/api/v1/nodes/{n}", "application/strategic-merge-patch+json")]
 
-    assert sched.fence(n, INC, "REBOOT_NODE", CTX) == answer  # a retry: same answer, nothing written
+    assert sched.fence(n, CTX, "REBOOT_NODE") == answer  # a retry: same answer, nothing written
     assert len([r for r in kube.requests if r[0] == "PATCH"]) == 1
     assert len(our_taints(node(kube, n))) == 1
 
@@ -236,11 +237,11 @@ def test_fence_cordons_and_taints_once_and_unfence_lifts_only_that(
     assert WAS_UNSCHEDULABLE not in (cur["metadata"].get("annotations") or {})
 
 
-def test_someone_elses_cordon_and_taints_are_kept(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_someone_elses_cordon_and_taints_are_kept(kube: FakeKube, sched: GkeCluster) -> None:
     n = NODES[1]
     theirs = {"key": "aiinfra.diagrunner/bad-for-all", "value": "true", "effect": "NoSchedule"}
     sched.core.patch_node(n, {"spec": {"unschedulable": True, "taints": [theirs]}})
-    answer = sched.fence(n, INC, "REBOOT_NODE", CTX)
+    answer = sched.fence(n, CTX, "REBOOT_NODE")
     assert answer is not None
     assert answer["already_drained_by_other"] is True
     assert answer["previous_state"] == "cordoned"
@@ -260,10 +261,10 @@ def test_someone_elses_cordon_and_taints_are_kept(kube: FakeKube, sched: GkeSche
     assert again is not None and again["resumed"] is False and "someone else" in again["left_drained"]
 
 
-def test_another_incidents_fence_is_left_alone(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_another_incidents_fence_is_left_alone(kube: FakeKube, sched: GkeCluster) -> None:
     n = NODES[2]
-    sched.fence(n, INC, "REBOOT_NODE", CTX)
-    answer = sched.fence(n, INC2, "REPLACE_NODE", CTX2)
+    sched.fence(n, CTX, "REBOOT_NODE")
+    answer = sched.fence(n, CTX2, "REPLACE_NODE")
     assert answer is not None
     assert answer["already_drained_by_other"] is True and answer["reason"] is None
     assert our_taints(node(kube, n)) == [{"key": FENCE_KEY, "value": INC, "effect": "NoSchedule"}]
@@ -274,28 +275,29 @@ def test_a_concurrent_node_change_is_kept_and_the_fence_retried(
 ) -> None:
     """The taint list is replaced whole: a patch built on a stale read must be refused (409) and redone."""
 
-    class Racing(GkeScheduler):
+    class Racing(Kube):
         raced = False
 
-        def _node(self, name: str) -> dict[str, Any]:
-            cur = super()._node(name)
+        def node(self, name: str) -> dict[str, Any]:
+            cur = super().node(name)
             if not self.raced:  # another writer changes the node between our read and our write
                 self.raced = True
                 taint = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
                 kube.mutate("Node", name, lambda n: n["spec"].setdefault("taints", []).append(taint))
             return cur
 
-    sched = Racing(api, clock=clock, sleep=clock.sleep)
-    sched.fence(NODES[3], INC, "REBOOT_NODE", CTX)
+    sched = GkeCluster(api, clock=clock, sleep=clock.sleep)
+    sched.kube = Racing(api)
+    gke.fence.fence(sched.kube, NODES[3], INC)
     keys = [t["key"] for t in node(kube, NODES[3])["spec"]["taints"]]
     assert sorted(keys) == ["node.kubernetes.io/unschedulable", FENCE_KEY]
     assert len([r for r in kube.requests if r[0] == "PATCH"]) == 2
 
 
-def test_a_node_that_is_gone_has_nothing_to_fence(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_a_node_that_is_gone_has_nothing_to_fence(kube: FakeKube, sched: GkeCluster) -> None:
     """A preempted Spot VM's Node may be removed: the step goes on (verify waits for it to return)."""
     gone = "gke-train-gpu-0099"
-    assert sched.fence(gone, INC, "RESCHEDULE_JOB", CTX) == {
+    assert sched.fence(gone, CTX, "RESCHEDULE_JOB") == {
         "node": gone,
         "state": "absent",
         "previous_state": "absent",
@@ -310,7 +312,7 @@ def test_a_node_that_is_gone_has_nothing_to_fence(kube: FakeKube, sched: GkeSche
 # -- node health -------------------------------------------------------------------------------
 
 
-def test_node_healthy_needs_ready_all_gpus_and_no_xid_condition(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_node_healthy_needs_ready_all_gpus_and_no_xid_condition(kube: FakeKube, sched: GkeCluster) -> None:
     n = NODES[0]
     assert sched.node_healthy(n, CTX) is True
     kube.set_node_condition(n, "XidCriticalError", "True", '{"79":true}', "boot-1")
@@ -324,7 +326,7 @@ def test_node_healthy_needs_ready_all_gpus_and_no_xid_condition(kube: FakeKube, 
     assert sched.node_healthy(n, CTX) is False
 
 
-def test_a_node_gke_is_maintaining_or_terminating_is_not_healthy(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_a_node_gke_is_maintaining_or_terminating_is_not_healthy(kube: FakeKube, sched: GkeCluster) -> None:
     """GKE labels a GPU node under host maintenance and taints one it will terminate (reference/gke.md
     §5, GKE's handle-disruption-gpu-tpu docs); the node may stay Ready through both."""
     n = NODES[0]
@@ -342,7 +344,7 @@ def test_a_node_gke_is_maintaining_or_terminating_is_not_healthy(kube: FakeKube,
 # -- jobs --------------------------------------------------------------------------------------
 
 
-def test_jobs_on_reports_the_jobset_and_its_run(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_jobs_on_reports_the_jobset_and_its_run(kube: FakeKube, sched: GkeCluster) -> None:
     started(kube, jobset())
     n = node_of(kube, 0)
     jobs = sched.jobs_on(n, CTX)
@@ -358,7 +360,7 @@ def test_jobs_on_reports_the_jobset_and_its_run(kube: FakeKube, sched: GkeSchedu
     assert sched.job_info("jobset/default/gone", CTX)["state"] == "UNKNOWN"
 
 
-def test_a_bare_pod_is_its_own_job(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_a_bare_pod_is_its_own_job(kube: FakeKube, sched: GkeCluster) -> None:
     kube.create(
         {
             "apiVersion": "v1",
@@ -370,7 +372,7 @@ def test_a_bare_pod_is_its_own_job(kube: FakeKube, sched: GkeScheduler) -> None:
     settle(kube, lambda: (kube.get("Pod", "notebook", "default") or {})["status"].get("phase") == "Running")
     jobs = sched.jobs_on(NODES[2], CTX)
     assert [(j["id"], j["state"], j["restarts"]) for j in jobs] == [("pod/default/notebook", "RUNNING", None)]
-    sched.fence(NODES[2], INC, "REBOOT_NODE", CTX)
+    sched.fence(NODES[2], CTX, "REBOOT_NODE")
     out = sched.requeue_outcome("pod/default/notebook", CTX)
     assert out["evicted"] == ["default/notebook"]
     assert "no controller" in out["owner_action"]
@@ -381,7 +383,7 @@ def test_a_bare_pod_is_its_own_job(kube: FakeKube, sched: GkeScheduler) -> None:
     "job",
     ["jobset/default", "jobset/Default/x", "cronjob/default/x", "pod/default/a/../b", "pod/default/x;y", ""],
 )
-def test_invalid_job_ids_are_refused_before_any_call(job: str, sched: GkeScheduler, kube: FakeKube) -> None:
+def test_invalid_job_ids_are_refused_before_any_call(job: str, sched: GkeCluster, kube: FakeKube) -> None:
     with pytest.raises(ActuatorError) as err:
         sched.job_info(job, CTX)
     assert err.value.status == 400
@@ -392,12 +394,12 @@ def test_invalid_job_ids_are_refused_before_any_call(job: str, sched: GkeSchedul
 
 
 def test_checkpoint_evicts_only_the_pods_on_the_fenced_node_with_their_grace(
-    kube: FakeKube, sched: GkeScheduler
+    kube: FakeKube, sched: GkeCluster
 ) -> None:
     started(kube, jobset())
     bad, good = node_of(kube, 0), node_of(kube, 1)
-    sched.fence(bad, INC, "DRAIN_NODE", CTX)
-    sched.checkpoint(JOB, "SIGUSR1", CTX)
+    sched.fence(bad, CTX, "DRAIN_NODE")
+    sched.checkpoint(JOB, CTX)
     evictions = [r for r in kube.requests if r[0] == "POST" and r[1].endswith("/eviction")]
     assert len(evictions) == 1 and evictions[0][2] == "application/json"
     by_node = {p["spec"]["nodeName"]: p for p in pods(kube)}
@@ -420,15 +422,15 @@ def pdb(name: str, min_available: int, app: str = "train") -> dict[str, Any]:
 
 
 def test_a_pdb_that_keeps_refusing_is_named_after_the_deadline(
-    kube: FakeKube, sched: GkeScheduler, clock: Clock
+    kube: FakeKube, sched: GkeCluster, clock: Clock
 ) -> None:
     started(kube, jobset())
     kube.create(pdb("train-all-up", 2))
     kube.settle()
     bad = node_of(kube, 0)
-    sched.fence(bad, INC, "DRAIN_NODE", CTX)
+    sched.fence(bad, CTX, "DRAIN_NODE")
     with pytest.raises(ActuatorError) as err:
-        sched.checkpoint(JOB, "SIGTERM", CTX)
+        sched.checkpoint(JOB, CTX)
     assert err.value.status == 409 and err.value.retryable is False
     assert "PodDisruptionBudget train-all-up" in err.value.message
     evictions = [r for r in kube.requests if r[1].endswith("/eviction")]
@@ -438,13 +440,13 @@ def test_a_pdb_that_keeps_refusing_is_named_after_the_deadline(
 
 
 def test_a_pdb_that_allows_it_later_lets_the_eviction_through(
-    kube: FakeKube, sched: GkeScheduler, clock: Clock
+    kube: FakeKube, sched: GkeCluster, clock: Clock
 ) -> None:
     started(kube, jobset())
     kube.create(pdb("train-budget", 2))
     kube.settle()
     bad = node_of(kube, 0)
-    sched.fence(bad, INC, "DRAIN_NODE", CTX)
+    sched.fence(bad, CTX, "DRAIN_NODE")
     original = clock.sleep
 
     def relax(s: float) -> None:  # the owner lowers the budget while Pitstop waits
@@ -454,39 +456,39 @@ def test_a_pdb_that_allows_it_later_lets_the_eviction_through(
         original(s)
 
     sched.sleep = relax
-    sched.checkpoint(JOB, "SIGTERM", CTX)
+    sched.checkpoint(JOB, CTX)
     assert [p["spec"]["nodeName"] for p in pods(kube) if p["metadata"].get("deletionTimestamp")] == [bad]
 
 
-def test_two_budgets_on_one_pod_are_a_final_refusal(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_two_budgets_on_one_pod_are_a_final_refusal(kube: FakeKube, sched: GkeCluster) -> None:
     """The Eviction API answers 500 when more than one PDB matches: no retry can fix that."""
     started(kube, jobset())
     kube.create(pdb("budget-a", 1))
     kube.create(pdb("budget-b", 1))
     kube.settle()
-    sched.fence(node_of(kube, 0), INC, "DRAIN_NODE", CTX)
+    sched.fence(node_of(kube, 0), CTX, "DRAIN_NODE")
     with pytest.raises(ActuatorError) as err:
-        sched.checkpoint(JOB, "SIGTERM", CTX)
+        sched.checkpoint(JOB, CTX)
     assert err.value.status == 409 and err.value.retryable is False
     assert "more than one PodDisruptionBudget" in err.value.message
     assert len([r for r in kube.requests if r[1].endswith("/eviction")]) == 1
 
 
-def test_a_pod_already_gone_counts_as_evicted(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_a_pod_already_gone_counts_as_evicted(kube: FakeKube, sched: GkeCluster) -> None:
     started(kube, jobset())
     victim = pods(kube)[0]
     kube.delete("Pod", victim["metadata"]["name"], "default", gracePeriodSeconds=0)
-    assert sched._evict(victim, deadline=5.0) in ("gone", "evicted")
+    assert sched.evictor.evict(victim, deadline=5.0) in ("gone", "evicted")
 
 
 # -- requeue: the gang restarts once ---------------------------------------------------------------
 
 
-def test_two_members_failing_restart_the_jobset_exactly_once(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_two_members_failing_restart_the_jobset_exactly_once(kube: FakeKube, sched: GkeCluster) -> None:
     started(kube, jobset())
     a, b = node_of(kube, 0), node_of(kube, 1)
-    sched.fence(a, INC, "REBOOT_NODE", CTX)
-    sched.fence(b, INC2, "REBOOT_NODE", CTX2)
+    sched.fence(a, CTX, "REBOOT_NODE")
+    sched.fence(b, CTX2, "REBOOT_NODE")
     seen = sched.jobs_on(a, CTX)[0]["restarts"]
     assert seen == 0
     first = sched.requeue_outcome(JOB, CTX, seen)
@@ -508,10 +510,10 @@ def test_two_members_failing_restart_the_jobset_exactly_once(kube: FakeKube, sch
     assert restarts(kube) == 1
 
 
-def test_a_restart_in_progress_is_not_restarted_again(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_a_restart_in_progress_is_not_restarted_again(kube: FakeKube, sched: GkeCluster) -> None:
     started(kube, jobset())
     a = node_of(kube, 0)
-    sched.fence(a, INC, "REBOOT_NODE", CTX)
+    sched.fence(a, CTX, "REBOOT_NODE")
     assert sched.requeue_outcome(JOB, CTX, 0)["outcome"] == "restart triggered"
     settle(kube, lambda: restarts(kube) == 1)
     js = kube.get("JobSet", "train", "default")
@@ -524,9 +526,11 @@ def test_a_restart_in_progress_is_not_restarted_again(kube: FakeKube, sched: Gke
     assert len([r for r in kube.requests if r[1].endswith("/eviction")]) == before
 
 
-def test_requeue_protocol_method_restarts_and_returns_none(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_the_typed_requeue_restarts_once_and_says_so(kube: FakeKube, api: Any, clock: Clock) -> None:
     started(kube, jobset())
-    assert sched.requeue(JOB, CTX) is None  # type: ignore[func-returns-value]
+    typed = GkeScheduler(api, evict_deadline_s=10, wait_s=10, clock=clock, sleep=clock.sleep)
+    out = typed.requeue(JOB, CTX, JobRun(0, None))
+    assert out.restarted and out.how == "restart triggered" and out.owner_action is None
     settle(kube, lambda: restarts(kube) == 1)
 
 
@@ -545,7 +549,7 @@ def cond(obj: dict[str, Any], kind: str) -> tuple[str, str] | None:
 
 
 def test_kueue_workload_without_failure_policy_is_deactivated_then_reactivated(
-    kube: FakeKube, sched: GkeScheduler
+    kube: FakeKube, sched: GkeCluster
 ) -> None:
     started(kube, jobset(policy="none", queue="team-a"))
     first = {p["metadata"]["name"] for p in pods(kube)}
@@ -556,7 +560,7 @@ def test_kueue_workload_without_failure_policy_is_deactivated_then_reactivated(
     assert [r[2] for r in wl_patches] == ["application/merge-patch+json"] * 2
     wl = workload(kube)
     assert wl["spec"]["active"] is True
-    assert wl["metadata"]["annotations"][REQUEUED_FOR] == CTX
+    assert wl["metadata"]["annotations"][REQUEUED_FOR] == CTX.key
     assert cond(wl, "Evicted") == ("True", "Deactivated")
     settle(kube, lambda: running(kube) and not first & {p["metadata"]["name"] for p in pods(kube)})
     assert cond(workload(kube), "Requeued") == ("True", "Reactivated")
@@ -565,7 +569,7 @@ def test_kueue_workload_without_failure_policy_is_deactivated_then_reactivated(
     assert len([r for r in kube.requests if r[0] == "PATCH" and "/workloads/" in r[1]]) == 2
 
 
-def test_a_workload_someone_else_deactivated_stays_inactive(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_a_workload_someone_else_deactivated_stays_inactive(kube: FakeKube, sched: GkeCluster) -> None:
     started(kube, jobset(policy="none", queue="team-a"))
     name = workload(kube)["metadata"]["name"]
     sched.custom.patch_namespaced_custom_object(
@@ -577,11 +581,11 @@ def test_a_workload_someone_else_deactivated_stays_inactive(kube: FakeKube, sche
 
 
 def test_a_jobset_without_any_restart_path_is_evicted_and_its_owner_told(
-    kube: FakeKube, sched: GkeScheduler
+    kube: FakeKube, sched: GkeCluster
 ) -> None:
     started(kube, jobset(policy="none"))
     bad = node_of(kube, 0)
-    sched.fence(bad, INC, "REBOOT_NODE", CTX)
+    sched.fence(bad, CTX, "REBOOT_NODE")
     out = sched.requeue_outcome(JOB, CTX)
     assert len(out["evicted"]) == 1
     assert "no failurePolicy" in out["owner_action"] and JOB in out["owner_action"]
@@ -706,7 +710,7 @@ def test_a_scheduler_connects_lazily(kube: FakeKube, api: Any) -> None:
 
 
 def test_a_member_seen_after_the_gang_restarted_belongs_to_the_old_run(
-    kube: FakeKube, sched: GkeScheduler
+    kube: FakeKube, sched: GkeCluster
 ) -> None:
     """The JobSet controller counts the restart before the old Jobs' pods are gone
     (jobset_controller.go: ``status.restarts`` is bumped, then the previous attempt's Jobs are
@@ -715,10 +719,10 @@ def test_a_member_seen_after_the_gang_restarted_belongs_to_the_old_run(
     run, and the gang must not be restarted again for it (seen under load in the GKE e2e)."""
     started(kube, jobset())
     a, b = node_of(kube, 0), node_of(kube, 1)
-    sched.fence(a, INC, "REBOOT_NODE", CTX)
+    sched.fence(a, CTX, "REBOOT_NODE")
     assert sched.requeue_outcome(JOB, CTX, 0)["outcome"] == "restart triggered"
     kube.mutate("JobSet", "train", lambda o: o["status"].update(restarts=1), "default")
-    sched.fence(b, INC2, "REBOOT_NODE", CTX2)
+    sched.fence(b, CTX2, "REBOOT_NODE")
     (job,) = sched.jobs_on(b, CTX2)
     assert job["restarts"] == 0  # the attempt of the pod on b, not status.restarts
     before = len([r for r in kube.requests if r[1].endswith("/eviction")])

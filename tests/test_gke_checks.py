@@ -45,11 +45,12 @@ from pitstop.adapters.gke import (
     FENCE_KEY,
     NCCL_IMAGE,
     CheckSettings,
-    GkeScheduler,
+    GkeCluster,
     check_script,
     split_outputs,
 )
 from pitstop.core.diagnose import parse_nvidia_smi_q
+from pitstop.core.scheduling import StepRef
 from pitstop.core.validation import parse_all_gather, parse_dcgm_diag
 from pitstop.local import gke_stack
 from pitstop.local.fake_k8s import FakeKube
@@ -104,10 +105,10 @@ def kube(state: Path) -> Iterator[FakeKube]:
 
 
 @pytest.fixture
-def sched(api: Any) -> GkeScheduler:
+def sched(api: Any) -> GkeCluster:
     checks = CheckSettings.from_conf({"checks": gke_stack.local_checks(sys.executable)})
-    s = GkeScheduler(api, evict_deadline_s=10, wait_s=10, checks=checks)
-    s.fence(BAD, INC, "REBOOT_NODE", f"{INC}-1")
+    s = GkeCluster(api, evict_deadline_s=10, wait_s=10, checks=checks)
+    s.fence(BAD, StepRef(INC, 1), "REBOOT_NODE")
     return s
 
 
@@ -121,9 +122,9 @@ def wait(cond: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:
     raise AssertionError(f"timed out waiting for {what or cond}")
 
 
-def result(sched: GkeScheduler, node: str, check: dict[str, Any]) -> dict[str, Any]:
+def result(sched: GkeCluster, node: str, check: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = wait(
-        lambda: (r := sched.check_result(node, check, f"{INC}-9"))["done"] and r, what="the check to end"
+        lambda: (r := sched.check_result(node, check, StepRef(INC, 9)))["done"] and r, what="the check to end"
     )
     return out
 
@@ -166,39 +167,39 @@ def occupy(kube: FakeKube, node: str, name: str) -> None:
 # -- capacity ------------------------------------------------------------------------------------
 
 
-def test_capacity_counts_the_gang_onto_healthy_schedulable_nodes(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_capacity_counts_the_gang_onto_healthy_schedulable_nodes(kube: FakeKube, sched: GkeCluster) -> None:
     kube.create(jobset("train", 2))
     wait(lambda: running(kube, "train", 2), what="the JobSet to run")
     # NODES[0] is fenced: the gang runs on 1 and 2, node 3 is the spare; the gang's own GPUs count free
-    got = sched.capacity("jobset/default/train", NODES[1], f"{INC}-2")
+    got = sched.capacity("jobset/default/train", NODES[1], StepRef(INC, 2))
     assert got["enough"] is True and (got["need"], got["free"]) == (2, 2)
     assert "all 2 pods of jobset/default/train fit on 2 healthy schedulable nodes" in got["why"]
     occupy(kube, NODES[3], "other-team")
-    short = sched.capacity("jobset/default/train", NODES[1], f"{INC}-2")
+    short = sched.capacity("jobset/default/train", NODES[1], StepRef(INC, 2))
     assert (short["enough"], short["need"], short["free"]) == (False, 2, 1)
     assert short["why"].startswith("only 1 of 2 pods")
 
 
-def test_capacity_honours_the_gangs_node_selector(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_capacity_honours_the_gangs_node_selector(kube: FakeKube, sched: GkeCluster) -> None:
     kube.mutate("Node", NODES[3], lambda n: n["metadata"]["labels"].update({gke_stack.POOL_LABEL: "a"}))
     kube.create(jobset("pooled", 1, pool="a"))
     wait(lambda: running(kube, "pooled", 1), what="the JobSet to run")
-    got = sched.capacity("jobset/default/pooled", NODES[3], f"{INC}-2")
+    got = sched.capacity("jobset/default/pooled", NODES[3], StepRef(INC, 2))
     assert got["enough"] is False and got["free"] == 0  # the only node of pool a is the one lost
     assert f"{gke_stack.POOL_LABEL}=a" in got["why"]
 
 
-def test_capacity_leaves_a_kueue_workload_to_kueue(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_capacity_leaves_a_kueue_workload_to_kueue(kube: FakeKube, sched: GkeCluster) -> None:
     kube.create(jobset("queued", 2, queue="team-a"))
     wait(lambda: kube.list("Workload", "default"), what="Kueue's Workload")
     for n in NODES[1:]:
         occupy(kube, n, f"hog-{n[-1]}")  # nothing is free now, and yet Kueue will place it
-    got = sched.capacity("jobset/default/queued", NODES[1], f"{INC}-2")
+    got = sched.capacity("jobset/default/queued", NODES[1], StepRef(INC, 2))
     assert got["enough"] is True and got["need"] == 2 and "Kueue" in got["why"]
 
 
-def test_capacity_of_a_job_that_is_gone(sched: GkeScheduler) -> None:
-    got = sched.capacity("jobset/default/nothing", NODES[1], f"{INC}-2")
+def test_capacity_of_a_job_that_is_gone(sched: GkeCluster) -> None:
+    got = sched.capacity("jobset/default/nothing", NODES[1], StepRef(INC, 2))
     assert got["enough"] is False and "no longer exists" in got["why"]
 
 
@@ -206,14 +207,14 @@ def test_capacity_of_a_job_that_is_gone(sched: GkeScheduler) -> None:
 
 
 def test_diagnose_runs_on_the_fenced_node_and_returns_its_three_outputs(
-    kube: FakeKube, sched: GkeScheduler
+    kube: FakeKube, sched: GkeCluster
 ) -> None:
     node = kube.get("Node", BAD)
     assert node is not None and node["spec"]["unschedulable"] is True
     assert any(t["key"] == FENCE_KEY for t in node["spec"]["taints"])
     watch = gke_stack.Watch(kube.url, f"/api/v1/namespaces/{CHECK_NAMESPACE}/pods")
     check = diagnose()
-    started = sched.start_check(BAD, check, f"{INC}-3")
+    started = sched.start_check(BAD, check, StepRef(INC, 3))
     assert started == {"started": check["name"], "peer": None, "note": ""}
     got = result(sched, BAD, check)
     phases = [e["object"]["status"].get("phase") for e in watch.stop()]
@@ -237,29 +238,29 @@ def test_diagnose_runs_on_the_fenced_node_and_returns_its_three_outputs(
     assert parse_dcgm_diag(got["outputs"]["dcgm"]).verdict == "pass"
 
 
-def test_a_healthy_node_diagnoses_healthy(kube: FakeKube, sched: GkeScheduler) -> None:
-    sched.fence(NODES[2], "ibbbbbbbbb", "REBOOT_NODE", "ibbbbbbbbb-1")
+def test_a_healthy_node_diagnoses_healthy(kube: FakeKube, sched: GkeCluster) -> None:
+    sched.fence(NODES[2], StepRef("ibbbbbbbbb", 1), "REBOOT_NODE")
     check = {**diagnose(), "name": "pitstop-ibbbbbbbbb-3-diagnose", "incident": "ibbbbbbbbb"}
-    sched.start_check(NODES[2], check, "ibbbbbbbbb-3")
+    sched.start_check(NODES[2], check, StepRef("ibbbbbbbbb", 3))
     smi = parse_nvidia_smi_q(result(sched, NODES[2], check)["outputs"]["nvidia_smi_q"])
     assert smi.visible == 8 and not smi.lost
 
 
-def test_a_retried_start_check_creates_no_second_pod(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_a_retried_start_check_creates_no_second_pod(kube: FakeKube, sched: GkeCluster) -> None:
     check = diagnose()
-    first = sched.start_check(BAD, check, f"{INC}-3")
-    again = sched.start_check(BAD, check, f"{INC}-3")
+    first = sched.start_check(BAD, check, StepRef(INC, 3))
+    again = sched.start_check(BAD, check, StepRef(INC, 3))
     assert again == first
     got = result(sched, BAD, check)
-    assert sched.start_check(BAD, check, f"{INC}-3") == first  # after the run, too
+    assert sched.start_check(BAD, check, StepRef(INC, 3)) == first  # after the run, too
     assert len(check_pods(kube, check["name"])) == 1 and len(kube.list("Job", CHECK_NAMESPACE)) == 1
-    assert sched.check_result(BAD, check, f"{INC}-9") == got  # a retried result reads the same log
+    assert sched.check_result(BAD, check, StepRef(INC, 9)) == got  # a retried result reads the same log
     with pytest.raises(ActuatorError) as err:
-        sched.start_check(NODES[1], check, f"{INC}-3")  # the same name for another node is refused
+        sched.start_check(NODES[1], check, StepRef(INC, 3))  # the same name for another node is refused
     assert err.value.status == 409
 
 
-def test_an_ordinary_pod_is_still_kept_off_the_fenced_node(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_an_ordinary_pod_is_still_kept_off_the_fenced_node(kube: FakeKube, sched: GkeCluster) -> None:
     for n in NODES[1:]:
         occupy(kube, n, f"hog-{n[-1]}")  # the fenced node is the only one with free GPUs
     ordinary = {
@@ -271,7 +272,7 @@ def test_an_ordinary_pod_is_still_kept_off_the_fenced_node(kube: FakeKube, sched
     }
     kube.create(ordinary)
     check = diagnose(gpus=7)
-    sched.start_check(BAD, check, f"{INC}-3")
+    sched.start_check(BAD, check, StepRef(INC, 3))
     assert result(sched, BAD, check)["error"] is None  # the check ran there
     pod = kube.get("Pod", "ordinary", "default")
     assert pod is not None and not pod["spec"].get("nodeName") and pod["status"]["phase"] == "Pending"
@@ -279,25 +280,25 @@ def test_an_ordinary_pod_is_still_kept_off_the_fenced_node(kube: FakeKube, sched
     assert scheduled["status"] == "False" and scheduled["reason"] == "Unschedulable"
 
 
-def test_a_check_waits_for_pods_still_holding_the_nodes_gpus(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_a_check_waits_for_pods_still_holding_the_nodes_gpus(kube: FakeKube, sched: GkeCluster) -> None:
     occupy(kube, BAD, "checkpointing")
     with pytest.raises(ActuatorError) as err:
-        sched.start_check(BAD, diagnose(), f"{INC}-3")
+        sched.start_check(BAD, diagnose(), StepRef(INC, 3))
     assert err.value.status == 503 and err.value.retryable and "default/checkpointing" in err.value.message
     assert not kube.list("Job", CHECK_NAMESPACE)
     kube.delete("Pod", "checkpointing", "default", gracePeriodSeconds=0)
     wait(lambda: kube.get("Pod", "checkpointing", "default") is None)
-    assert sched.start_check(BAD, diagnose(), f"{INC}-3")["started"] == diagnose()["name"]
+    assert sched.start_check(BAD, diagnose(), StepRef(INC, 3))["started"] == diagnose()["name"]
 
 
 # -- validate ------------------------------------------------------------------------------------
 
 
-def test_validate_runs_dcgm_and_nccl_with_one_healthy_peer(kube: FakeKube, sched: GkeScheduler) -> None:
-    sched.fence(NODES[1], "ibbbbbbbbb", "REBOOT_NODE", "ibbbbbbbbb-1")  # another fence: never a peer
+def test_validate_runs_dcgm_and_nccl_with_one_healthy_peer(kube: FakeKube, sched: GkeCluster) -> None:
+    sched.fence(NODES[1], StepRef("ibbbbbbbbb", 1), "REBOOT_NODE")  # another fence: never a peer
     occupy(kube, NODES[2], "busy")  # no free GPUs: never a peer
     check = validate()
-    started = sched.start_check(BAD, check, f"{INC}-5")
+    started = sched.start_check(BAD, check, StepRef(INC, 5))
     assert started == {"started": check["name"], "peer": NODES[3], "note": ""}
     wait(lambda: len(check_pods(kube, check["name"])) == 2, what="the two check pods")
     by_role = {p["metadata"]["labels"]["pitstop.dev/check-role"]: p for p in check_pods(kube, check["name"])}
@@ -319,28 +320,26 @@ def test_validate_runs_dcgm_and_nccl_with_one_healthy_peer(kube: FakeKube, sched
     )  # the fenced node's degraded NCCL
     assert f"on {BAD} " in got["outputs"]["nccl"] and "on peer " in got["outputs"]["nccl"]
     wait(lambda: len(check_pods(kube, check["name"])) == 1, what="the peer to be deleted")
-    assert sched.start_check(BAD, check, f"{INC}-5") == started  # a retry keeps the same peer
+    assert sched.start_check(BAD, check, StepRef(INC, 5)) == started  # a retry keeps the same peer
 
 
 def test_validate_without_a_healthy_peer_runs_dcgm_alone_and_says_why(
-    kube: FakeKube, sched: GkeScheduler
+    kube: FakeKube, sched: GkeCluster
 ) -> None:
     for n in NODES[1:]:
         occupy(kube, n, f"hog-{n[-1]}")
     check = validate()
-    started = sched.start_check(BAD, check, f"{INC}-5")
+    started = sched.start_check(BAD, check, StepRef(INC, 5))
     assert started["peer"] is None and "no healthy Ready node of type a3-megagpu-8g" in started["note"]
     got = result(sched, BAD, check)
     assert got["peer"] is None and set(got["outputs"]) == {"dcgm"} and got["error"] is None
     assert len(check_pods(kube, check["name"])) == 1
 
 
-def test_the_kubelet_refuses_a_pinned_pod_the_node_has_no_gpus_for(
-    kube: FakeKube, sched: GkeScheduler
-) -> None:
+def test_the_kubelet_refuses_a_pinned_pod_the_node_has_no_gpus_for(kube: FakeKube, sched: GkeCluster) -> None:
     occupy(kube, BAD, "squatter")
     with pytest.raises(ActuatorError):
-        sched.start_check(BAD, diagnose(), f"{INC}-3")  # the adapter waits instead of being refused
+        sched.start_check(BAD, diagnose(), StepRef(INC, 3))  # the adapter waits instead of being refused
     pinned = {
         "kind": "Pod",
         "metadata": {"name": "pinned", "namespace": "default"},
@@ -367,9 +366,9 @@ def test_a_check_pod_the_kubelet_refused_is_done_with_its_reason(tmp_path: Path)
         kube.create({"kind": "Namespace", "metadata": {"name": CHECK_NAMESPACE}})
         kube.write_kubeconfig(tmp_path / "kc")
         api = config.new_client_from_config(config_file=str(tmp_path / "kc"))  # type: ignore[no-untyped-call]
-        sched = GkeScheduler(api, checks=CheckSettings.from_conf({"checks": gke_stack.local_checks()}))
+        sched = GkeCluster(api, checks=CheckSettings.from_conf({"checks": gke_stack.local_checks()}))
         check = diagnose()
-        sched.start_check(BAD, check, f"{INC}-3")
+        sched.start_check(BAD, check, StepRef(INC, 3))
         pinned = {
             "kind": "Pod",
             "metadata": {"name": "pinned", "namespace": "default"},
@@ -380,7 +379,7 @@ def test_a_check_pod_the_kubelet_refused_is_done_with_its_reason(tmp_path: Path)
         }
         kube.create(pinned)  # bound between the adapter's look and the kubelet's admission
         kube.settle()
-        got = sched.check_result(BAD, check, f"{INC}-9")
+        got = sched.check_result(BAD, check, StepRef(INC, 9))
         assert got["done"] is True and got["outputs"] == {}
         assert "Failed: OutOfnvidia.com/gpu Pod was rejected" in got["error"]
         job = kube.get("Job", check["name"], CHECK_NAMESPACE)
@@ -473,17 +472,17 @@ def test_a_deleted_pods_process_is_stopped(kube: FakeKube, tmp_path: Path) -> No
     wait(gone, timeout=10, what="the process to end")
 
 
-def test_finished_check_jobs_go_after_their_ttl(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_finished_check_jobs_go_after_their_ttl(kube: FakeKube, sched: GkeCluster) -> None:
     check = diagnose()
-    sched.start_check(BAD, check, f"{INC}-3")
+    sched.start_check(BAD, check, StepRef(INC, 3))
     result(sched, BAD, check)
     job = kube.get("Job", check["name"], CHECK_NAMESPACE)
-    assert job is not None and job["spec"]["ttlSecondsAfterFinished"] == sched.checks.ttl_s
-    kube.advance(sched.checks.ttl_s + 1)
+    assert job is not None and job["spec"]["ttlSecondsAfterFinished"] == sched.settings.ttl_s
+    kube.advance(sched.settings.ttl_s + 1)
     wait(lambda: kube.get("Job", check["name"], CHECK_NAMESPACE) is None, what="the TTL controller")
     wait(lambda: not check_pods(kube, check["name"]), what="its pod")
     with pytest.raises(ActuatorError) as err:
-        sched.check_result(BAD, check, f"{INC}-9")
+        sched.check_result(BAD, check, StepRef(INC, 9))
     assert err.value.status == 409 and "ttl" in err.value.message
 
 
@@ -537,11 +536,11 @@ def test_check_settings_from_the_policy_and_their_defaults() -> None:
     ],
 )
 def test_bad_check_requests_are_refused_before_any_call(
-    kube: FakeKube, sched: GkeScheduler, bad: dict[str, Any]
+    kube: FakeKube, sched: GkeCluster, bad: dict[str, Any]
 ) -> None:
     before = len(kube.requests)
     with pytest.raises(ActuatorError) as err:
-        sched.start_check(BAD, {**diagnose(), **bad}, f"{INC}-3")
+        sched.start_check(BAD, {**diagnose(), **bad}, StepRef(INC, 3))
     assert err.value.status == 400 and len(kube.requests) == before
 
 
@@ -566,7 +565,7 @@ def _request(method: str, path: str) -> tuple[str, str, str, str | None]:
     return verb, m["g"] or "", res, m["ns"]
 
 
-def test_every_call_of_a_check_is_granted_by_the_shipped_rbac(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_every_call_of_a_check_is_granted_by_the_shipped_rbac(kube: FakeKube, sched: GkeCluster) -> None:
     docs = [d for d in yaml.safe_load_all((ROOT / "infra/gke/clusterrole.yaml").read_text()) if d]
     actuator = [d for d in docs if d["kind"] != "ClusterRole" or d["metadata"]["name"] == "pitstop-actuator"]
     cluster, ns_rules = _rules(actuator, "ClusterRole"), _rules(docs, "Role")  # not ingest's reader
@@ -584,8 +583,8 @@ def test_every_call_of_a_check_is_granted_by_the_shipped_rbac(kube: FakeKube, sc
     kube.create(jobset("train", 2))
     wait(lambda: running(kube, "train", 2), what="the JobSet to run")
     before = len(kube.requests)
-    sched.capacity("jobset/default/train", NODES[1], f"{INC}-2")
-    sched.start_check(BAD, validate(), f"{INC}-5")
+    sched.capacity("jobset/default/train", NODES[1], StepRef(INC, 2))
+    sched.start_check(BAD, validate(), StepRef(INC, 5))
     result(sched, BAD, validate())
     sent = {_request(m, p) for m, p, _ in kube.requests[before:]}
     assert ("create", "batch", "jobs", CHECK_NAMESPACE) in sent and (

@@ -4,7 +4,7 @@ The serial console is the route a GKE node's kernel lines usually take, and anyo
 write it (core/trust.py). GKE's GPU device plugin sets the Node condition XidCriticalError from
 NVML events for the Xids it watches: reason a JSON map {"79": true}, message the node's bootID,
 cleared by a new boot (container-engine-accelerators pkg/gpu/nvidia/health_check/
-health_checker.go; reference/gke.md §2). Ingest reads the Node (adapters/gke_node.py) through the
+health_checker.go; reference/gke.md §2). Ingest reads the Node (adapters/gke/node.py) through the
 real `kubernetes` client against the fake API server.
 """
 
@@ -18,7 +18,7 @@ import pytest
 from google.cloud import firestore
 
 from pitstop.adapters.firestore import IncidentStore
-from pitstop.adapters.gke_node import KubeClients, NodeReader, corroborate
+from pitstop.adapters.gke.node import KubeClients, NodeReader, corroborate
 from pitstop.core import policy, trust
 from pitstop.core.classify import Classifier
 from pitstop.local.fake_k8s import FakeKube

@@ -2,7 +2,7 @@
 
 A regional cluster's ``k8s_node`` entry names its region (reference/gke.md §1). It parses to a
 real event with ``node.region`` and ``zone: null`` (never ``invalid``); ingest fills the zone
-from the Node's providerID or Compute's aggregatedList (adapters/gke_zone.py).
+from the Node's providerID or Compute's aggregatedList (adapters/gke/zone.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from google.cloud import firestore
 
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.firestore import IncidentStore
-from pitstop.adapters.gke_zone import ZoneLookupError, ZoneResolver, fill_zone, zone_from_provider_id
+from pitstop.adapters.gke.zone import ZoneLookupError, ZoneResolver, fill_zone, zone_from_provider_id
 from pitstop.core import policy, trust
 from pitstop.core.classify import Classifier
 from pitstop.core.resources import DataFileError

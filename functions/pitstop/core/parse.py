@@ -13,7 +13,7 @@ only after checking it"):
 
 A GKE entry (``k8s_node``) names the cluster's location; for a regional cluster that is a
 region, not a zone. Such an event keeps ``node.region`` and ``node.zone: null``: ingest fills
-the zone from the node itself (adapters/gke_zone.py) before the engine sees it.
+the zone from the node itself (adapters/gke/zone.py) before the engine sees it.
 
 One message is cut to 64 KiB (UTF-8) before any pattern sees it, and the event says so.
 """
@@ -141,7 +141,7 @@ def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[
     rtype = res.get("type") if isinstance(res, dict) else None
     if rtype in GKE_RESOURCES and "zone" not in rl and names.valid_region(zone):
         # A regional GKE cluster's entries name its region (reference/gke.md §1): the zone is
-        # looked up later from the node (adapters/gke_zone.py), before anything acts on it.
+        # looked up later from the node (adapters/gke/zone.py), before anything acts on it.
         region, zone = zone, None
     project = _project(entry, rl, audit)
     instance_id = rl.get("instance_id")

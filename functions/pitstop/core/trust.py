@@ -13,7 +13,7 @@ Three pure pieces, all total:
 * :func:`xid_condition_confirms` / :func:`corroborated` — a second signal the writer of a line
   cannot set: on GKE, the GPU device plugin's ``XidCriticalError`` Node condition (from NVML, for
   the Xids it watches, under the node's current boot) makes an unverified Xid line verified.
-  Ingest reads the Node (adapters/gke_node.py); the rule is here.
+  Ingest reads the Node (adapters/gke/node.py); the rule is here.
 
 Unverified evidence is always recorded (the engine keeps and notifies it). With
 ``text_syslog: record`` (the default) it starts nothing; with ``act`` it may fence, reset

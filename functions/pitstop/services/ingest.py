@@ -21,8 +21,8 @@ from typing import Any
 from google.api_core import exceptions as gexc
 
 from pitstop.adapters import log
-from pitstop.adapters.gke_node import NodeReader, corroborate
-from pitstop.adapters.gke_zone import ZoneResolver, fill_zone
+from pitstop.adapters.gke.node import NodeReader, corroborate
+from pitstop.adapters.gke.zone import ZoneResolver, fill_zone
 from pitstop.core import engine
 from pitstop.core.classify import Classifier
 from pitstop.core.envelope import unwrap

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pitstop.core.policy import Cluster, Policy
+
+if TYPE_CHECKING:
+    from pitstop.adapters.gke import GkeScheduler
 from pitstop.core.scheduling import (
     Capacity,
     CheckResult,
@@ -177,8 +180,7 @@ def _slurm(c: Cluster, w: Wiring) -> Scheduler:
 
 
 def _gke(c: Cluster, w: Wiring) -> Scheduler:
-    inner = gke_scheduler(c.name, c.raw.get("gke") or {}, w.project, w.kube_endpoint)
-    return Translated(inner, "gke", how="graceful eviction of its pods on the fenced node")
+    return gke_scheduler(c.name, c.raw.get("gke") or {}, w.project, w.kube_endpoint)
 
 
 # policy ``scheduler:`` -> how its adapter is built
@@ -204,7 +206,9 @@ def _subscriber() -> Any:
     return SubscriberClient()
 
 
-def gke_scheduler(name: str, conf: Mapping[str, Any], project: str, kube_endpoint: str | None) -> Any:
+def gke_scheduler(
+    name: str, conf: Mapping[str, Any], project: str, kube_endpoint: str | None
+) -> GkeScheduler:
     """A GKE cluster's adapter, connected on first use (a cold start never waits on the cluster).
 
     In production the control plane comes from ``container.clusters.get`` for the policy's

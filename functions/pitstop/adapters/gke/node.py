@@ -3,7 +3,7 @@
 Ingest reads Nodes only, as its own identity, in the clusters the policy configures
 (``clusters.<name>.gke``) and nowhere else; RBAC grants it ``nodes get`` (infra/gke/). Two uses:
 
-* the zone of a regional cluster's node from ``spec.providerID`` (adapters/gke_zone.py);
+* the zone of a regional cluster's node from ``spec.providerID`` (adapters/gke/zone.py);
 * corroboration: the serial console is the route a GKE node's kernel lines usually take, and
   anyone on the VM can write it. The GPU device plugin's ``XidCriticalError`` condition comes
   from NVML, not from text; when it names the line's Xid under the node's current boot, the
@@ -29,8 +29,8 @@ from kubernetes.client.exceptions import ApiException
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
-from pitstop.adapters.gke import gke_api_client
-from pitstop.adapters.gke_zone import PROVIDER_ID
+from pitstop.adapters.gke.client import gke_api_client
+from pitstop.adapters.gke.zone import PROVIDER_ID
 from pitstop.core import names, trust
 from pitstop.core.policy import Policy
 

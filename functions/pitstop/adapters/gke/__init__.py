@@ -1,0 +1,276 @@
+"""GKE as a scheduler: the Kubernetes API through the official ``kubernetes`` client.
+
+One module per concern: objects (reading API objects, names Pitstop writes), client (the API,
+its errors and shared reads), fence (cordon + taint for an incident, lifted only as set),
+evict (the Eviction API, budgets honoured), kinds (JobSet, batch Job and bare pod as strategies),
+restart (a JobSet's restart once, a Kueue Workload's cycle), capacity (can the gang run without
+the node), checks (diagnose and validate Jobs on the fenced node), doctor, node and zone (what
+ingest reads of a Node). reference/gke.md §2-§4.
+
+:class:`GkeCluster` answers in the adapter's own detail (dicts with every fact a test or an
+operator may want); :class:`GkeScheduler` is the typed contract of core/scheduling.py over it,
+which is what actuate holds. Job ids are ``jobset/<ns>/<name>``, ``job/<ns>/<name>`` or
+``pod/<ns>/<name>``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pitstop.adapters import log
+from pitstop.adapters.errors import ActuatorError
+from pitstop.adapters.gke import fence as fencing
+from pitstop.adapters.gke.capacity import capacity
+from pitstop.adapters.gke.checks import (
+    CHECK_LABEL,
+    CHECK_NAMESPACE,
+    CHECK_SERVICE,
+    DCGM_IMAGE,
+    NCCL_IMAGE,
+    CheckSettings,
+    GkeChecks,
+    check_script,
+    split_outputs,
+)
+from pitstop.adapters.gke.client import DEFAULT_TIMEOUT, Kube, KubeApiError, control_plane, gke_api_client
+from pitstop.adapters.gke.doctor import doctor_findings
+from pitstop.adapters.gke.evict import Evictor
+from pitstop.adapters.gke.kinds import JobKind, kinds
+from pitstop.adapters.gke.objects import (
+    FENCE_KEY,
+    REQUEUED_FOR,
+    WAS_UNSCHEDULABLE,
+    JobRef,
+    attempt_of,
+    live,
+    meta_of,
+    node_health,
+    owner_ref,
+    parse_job_id,
+    valid_object_name,
+)
+from pitstop.adapters.gke.restart import WorkloadCycle
+from pitstop.core.scheduling import (
+    Capacity,
+    CheckResult,
+    CheckStart,
+    FenceAnswer,
+    JobInfo,
+    JobRun,
+    JobState,
+    RequeueOutcome,
+    StepRef,
+    UnfenceAnswer,
+)
+
+__all__ = [
+    "CHECK_LABEL",
+    "CHECK_NAMESPACE",
+    "CHECK_SERVICE",
+    "DCGM_IMAGE",
+    "FENCE_KEY",
+    "NCCL_IMAGE",
+    "REQUEUED_FOR",
+    "WAS_UNSCHEDULABLE",
+    "CheckSettings",
+    "GkeCluster",
+    "GkeScheduler",
+    "JobRef",
+    "KubeApiError",
+    "check_script",
+    "control_plane",
+    "doctor_findings",
+    "gke_api_client",
+    "node_health",
+    "parse_job_id",
+    "split_outputs",
+]
+
+
+class GkeCluster:
+    """One GKE cluster's scheduler side, in the adapter's own answers.
+
+    ``evict_deadline_s`` bounds how long one call keeps retrying an eviction a budget blocks;
+    ``wait_s`` how long it waits for Kueue to stop a deactivated Workload before answering 503
+    (the workflow asks again and the wait resumes).
+    """
+
+    def __init__(
+        self,
+        api_client: Any = None,
+        *,
+        connect: Callable[[], Any] | None = None,
+        evict_deadline_s: float = 120.0,
+        wait_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        timeout: tuple[float, float] = DEFAULT_TIMEOUT,
+        checks: CheckSettings | None = None,
+    ) -> None:
+        self.kube = Kube(api_client, connect, timeout)
+        self.settings = checks or CheckSettings()
+        self.settings.check()
+        self.evict_deadline_s, self.wait_s, self.clock, self.sleep = evict_deadline_s, wait_s, clock, sleep
+        self.evictor = Evictor(self.kube, evict_deadline_s, lambda: self.clock(), lambda s: self.sleep(s))
+        cycle = WorkloadCycle(self.kube, wait_s, lambda: self.clock(), lambda s: self.sleep(s))
+        self.kinds = kinds(self.kube, self.evictor, cycle)
+        self.checks = GkeChecks(self.kube, self.settings)
+
+    @property
+    def core(self) -> Any:
+        return self.kube.core
+
+    @property
+    def custom(self) -> Any:
+        return self.kube.custom
+
+    def kind(self, ref: JobRef) -> JobKind:
+        return self.kinds[ref.kind]
+
+    # -- the node --------------------------------------------------------------------------
+
+    def fence(self, node: str, ref: StepRef, action: str) -> dict[str, Any]:
+        return fencing.fence(self.kube, node, ref.incident)
+
+    def unfence(self, node: str, ref: StepRef) -> dict[str, Any]:
+        return fencing.unfence(self.kube, node, ref.incident)
+
+    def node_healthy(self, node: str, ref: StepRef) -> bool:
+        return fencing.node_healthy(self.kube, node)
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    def jobs_on(self, node: str, ref: StepRef) -> list[dict[str, Any]]:
+        """The jobs with live pods on the node, each with the run that has pods there."""
+        if not valid_object_name(node):
+            raise ActuatorError(400, f"not a valid node name: {str(node)[:100]!r}", False)
+        on_node: dict[JobRef, list[Mapping[str, Any]]] = {}
+        for pod in self.kube.pods_on(node):
+            owner = owner_ref(pod) if live(pod) else None
+            if owner is not None:
+                on_node.setdefault(owner, []).append(pod)
+        return [self._on_node(owner, pods) for owner, pods in on_node.items()]
+
+    def _on_node(self, ref: JobRef, pods: list[Mapping[str, Any]]) -> dict[str, Any]:
+        """The job as the fault on this node hit it: a JobSet's run is its pods' restart attempt.
+
+        Not ``status.restarts``: when another member's incident restarted the gang a moment ago,
+        the old pod here still runs, and the fault belongs to that older run (seen under load:
+        the new run was taken as the one hit and restarted a second time).
+        """
+        info = {**self.kind(ref).info(ref), "pods_on_node": sorted(str(meta_of(p).get("name")) for p in pods)}
+        known = [a for a in (attempt_of(p) for p in pods) if a is not None]
+        if ref.kind == "jobset" and known and info["restarts"] is not None:
+            info["restarts"] = min([*known, int(info["restarts"])])
+        return info
+
+    def job_info(self, job: str, ref: StepRef) -> dict[str, Any]:
+        """The job now: ``state``, ``restarts`` (JobSets only) and ``start_time``, asked fresh."""
+        jr = parse_job_id(job)
+        return self.kind(jr).info(jr)
+
+    def job_running(self, job: str, ref: StepRef) -> bool:
+        """Whether the job still has pods on the node fenced for this incident (after a checkpoint).
+
+        A JobSet that restarted elsewhere has left the node: the checkpoint is done. Without a
+        node fenced for the incident, whether the job runs at all.
+        """
+        jr = parse_job_id(job)
+        nodes = self.kube.fenced_nodes(ref.incident)
+        if not nodes:
+            return bool(self.kind(jr).info(jr)["state"] == "RUNNING")
+        return any(owner_ref(p) == jr and live(p) for n in nodes for p in self.kube.pods_on(n))
+
+    def checkpoint(self, job: str, ref: StepRef) -> list[str]:
+        """Evict the job's pods on the fenced node, each with its grace period (SIGTERM, then the wait)."""
+        jr = parse_job_id(job)
+        evicted = self.evictor.on_fenced(jr, ref.incident)
+        log.emit("INFO", "gke checkpoint: pods evicted with their grace period", job=jr.id, pods=evicted)
+        return evicted
+
+    def requeue_outcome(self, job: str, ref: StepRef, restarts: int | None = None) -> dict[str, Any]:
+        """Restart the gang exactly once; the answer says how, or why nothing was done.
+
+        ``restarts`` is the JobSet run the incident saw: a JobSet already past it is left alone.
+        ``owner_action`` is set when nothing restarts the job and its owner must act.
+        """
+        jr = parse_job_id(job)
+        out = self.kind(jr).restart(jr, ref.key, ref.incident, restarts)
+        log.emit("WARNING" if out.get("owner_action") else "INFO", "gke requeue", **out)
+        return out
+
+    def capacity(self, job: str, node: str, ref: StepRef) -> dict[str, Any]:
+        jr = parse_job_id(job)
+        return capacity(self.kube, self.kind(jr), jr, node)
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def start_check(self, node: str, check: Mapping[str, Any], ref: StepRef) -> dict[str, Any]:
+        return self.checks.start(node, check, ref.key)
+
+    def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> dict[str, Any]:
+        return self.checks.result(node, check)
+
+
+class GkeScheduler:
+    """The typed scheduler contract (core/scheduling.Scheduler) for one GKE cluster."""
+
+    name = "gke"
+
+    def __init__(self, api_client: Any = None, **kwargs: Any) -> None:
+        self.cluster = GkeCluster(api_client, **kwargs)
+
+    def jobs_on(self, node: str, ref: StepRef) -> list[JobInfo]:
+        return [_job(j) for j in self.cluster.jobs_on(node, ref)]
+
+    def fence(self, node: str, ref: StepRef, action: str) -> FenceAnswer:
+        a = self.cluster.fence(node, ref, action)
+        return FenceAnswer(
+            a.get("previous_state"),
+            a.get("previous_reason"),
+            bool(a.get("already_drained_by_other")),
+            a.get("reason"),
+        )
+
+    def unfence(self, node: str, ref: StepRef) -> UnfenceAnswer:
+        a = self.cluster.unfence(node, ref)
+        left = a.get("left_drained")
+        return UnfenceAnswer(bool(a.get("resumed")), str(left)[:200] if left else None)
+
+    def checkpoint(self, job: str, ref: StepRef) -> str:
+        self.cluster.checkpoint(job, ref)
+        return "graceful eviction of its pods on the fenced node"
+
+    def job_info(self, job: str, ref: StepRef) -> JobInfo:
+        return _job(self.cluster.job_info(job, ref))
+
+    def node_healthy(self, node: str, ref: StepRef) -> bool:
+        return self.cluster.node_healthy(node, ref)
+
+    def requeue(self, job: str, ref: StepRef, run: JobRun) -> RequeueOutcome:
+        a = self.cluster.requeue_outcome(job, ref, run.restarts)
+        owner = a.get("owner_action")
+        restarted = not owner and str(a.get("outcome", "")).startswith(
+            ("restart triggered", "workload deactivated")
+        )
+        return RequeueOutcome(job, restarted, str(a.get("outcome")), owner)
+
+    def capacity(self, job: str, node: str, ref: StepRef) -> Capacity:
+        a = self.cluster.capacity(job, node, ref)
+        return Capacity(a.get("enough") is True, str(a.get("why") or ""), a.get("need"), a.get("free"))
+
+    def start_check(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckStart:
+        a = self.cluster.start_check(node, check, ref)
+        return CheckStart(str(a.get("started")), a.get("peer"), a.get("note"))
+
+    def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult:
+        a = self.cluster.check_result(node, check, ref)
+        return CheckResult(
+            bool(a.get("done")), dict(a.get("outputs") or {}), a.get("peer"), a.get("error"), a.get("note")
+        )
+
+
+def _job(doc: Mapping[str, Any]) -> JobInfo:
+    return JobInfo(str(doc.get("id") or doc.get("job")), JobState.of(doc.get("state")), JobRun.of(doc))

@@ -1,0 +1,105 @@
+"""A node's fence: Pitstop's cordon and taint for one incident, and lifting only what Pitstop set.
+
+**fence** cordons the node and adds the taint ``pitstop.dev/remediation=<incident>:NoSchedule``
+and a label of the same key (so later steps find the node by incident). Whether the node was
+already cordoned is kept in the annotation ``pitstop.dev/was-unschedulable``, written in the same
+patch, so **unfence** lifts only what Pitstop set: its own taint, and the cordon only if the node
+was schedulable before. Every change is a read-modify-write guarded by ``resourceVersion``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pitstop.adapters import log
+from pitstop.adapters.errors import ActuatorError
+from pitstop.adapters.gke.client import Kube
+from pitstop.adapters.gke.objects import (
+    FENCE_KEY,
+    INCIDENT,
+    WAS_UNSCHEDULABLE,
+    annotations_of,
+    node_health,
+    other_cordon_reason,
+    refence_answer,
+    spec_of,
+)
+
+
+def fence(kube: Kube, node: str, incident: str) -> dict[str, Any]:
+    """Cordon and taint the node for this incident; another's cordon is kept and reported.
+
+    The answer mirrors the Slurm agent's drain: ``previous_state`` (schedulable | cordoned),
+    ``previous_reason``, ``already_drained_by_other`` and ``reason`` (Pitstop's taint, or None
+    when another Pitstop incident's fence already holds the node and was left alone).
+    """
+    if not INCIDENT.fullmatch(incident or ""):
+        raise ActuatorError(400, f"not an incident id: {str(incident)[:40]!r}", False)
+    taint = {"key": FENCE_KEY, "value": incident, "effect": "NoSchedule"}
+
+    def decide(cur: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        taints = [t for t in spec_of(cur).get("taints") or [] if isinstance(t, dict)]
+        ours = next((t for t in taints if t.get("key") == FENCE_KEY), None)
+        cordoned = bool(spec_of(cur).get("unschedulable"))
+        if ours is not None:  # fenced already: this incident's (a retry) or another's
+            return None, refence_answer(node, cur, ours, incident)
+        answer = {
+            "node": node,
+            "previous_state": "cordoned" if cordoned else "schedulable",
+            "previous_reason": other_cordon_reason(cur) if cordoned else None,
+            "already_drained_by_other": cordoned,
+            "reason": f"{FENCE_KEY}={incident}:NoSchedule",
+        }
+        patch = {
+            "metadata": {
+                "labels": {FENCE_KEY: incident},
+                "annotations": {WAS_UNSCHEDULABLE: "true" if cordoned else "false"},
+            },
+            "spec": {"unschedulable": True, "taints": [*taints, taint]},
+        }
+        return patch, answer
+
+    return kube.update_node(node, decide)
+
+
+def unfence(kube: Kube, node: str, incident: str) -> dict[str, Any]:
+    """Lift Pitstop's taint for this incident, and its cordon unless the node was cordoned before.
+
+    A cordon or taint someone else set stays; the answer then says ``left_drained: <what>``.
+    """
+    if not INCIDENT.fullmatch(incident or ""):
+        raise ActuatorError(400, f"cannot tell which incident's fence to lift: {str(incident)[:40]!r}", False)
+
+    def decide(cur: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        taints = [t for t in spec_of(cur).get("taints") or [] if isinstance(t, dict)]
+        ours = next((t for t in taints if t.get("key") == FENCE_KEY), None)
+        cordoned = bool(spec_of(cur).get("unschedulable"))
+        out: dict[str, Any] = {"node": node, "state": "cordoned" if cordoned else "schedulable"}
+        if ours is None:
+            if cordoned:
+                return None, {**out, "resumed": False, "left_drained": other_cordon_reason(cur)}
+            return None, {**out, "resumed": False}
+        if ours.get("value") != incident:
+            other = f"{FENCE_KEY}={ours.get('value')} (another Pitstop incident's fence)"
+            return None, {**out, "resumed": False, "left_drained": other}
+        # A missing annotation is read as "cordoned before": leaving a cordon beats lifting another's.
+        was = annotations_of(cur).get(WAS_UNSCHEDULABLE) != "false"
+        patch: dict[str, Any] = {
+            "metadata": {"labels": {FENCE_KEY: None}, "annotations": {WAS_UNSCHEDULABLE: None}},
+            "spec": {"taints": [t for t in taints if t.get("key") != FENCE_KEY]},
+        }
+        if was:
+            left = "cordoned before Pitstop's fence (" + other_cordon_reason(cur) + ")"
+            return patch, {**out, "resumed": False, "left_drained": left}
+        patch["spec"]["unschedulable"] = False
+        return patch, {**out, "state": "schedulable", "resumed": True}
+
+    return kube.update_node(node, decide)
+
+
+def node_healthy(kube: Kube, node: str) -> bool:
+    cur = kube.node_or_none(node)
+    ok, why = node_health(cur) if cur is not None else (False, "no such node (yet)")
+    if not ok:
+        log.emit("INFO", "gke node not healthy yet", node=node, why=why)
+    return ok

@@ -1,0 +1,171 @@
+"""Job kinds as strategies: how a JobSet, a batch Job and a bare pod are described, counted and
+restarted. The adapter picks the strategy once from the job id (``kind/namespace/name``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from pitstop.adapters.gke.client import Kube
+from pitstop.adapters.gke.evict import Evictor
+from pitstop.adapters.gke.objects import (
+    JOBSET_NAME_LABEL,
+    KUEUE_QUEUE_LABEL,
+    POD_STATES,
+    JobRef,
+    batch_job_state,
+    jobset_state,
+    labels_of,
+    meta_of,
+    pods_per_job,
+    restarts_of,
+    spec_of,
+    status_of,
+)
+from pitstop.adapters.gke.restart import WorkloadCycle, jobset_once
+
+Templates = list[tuple[int, dict[str, Any]]]  # (pod count, pod spec) per template
+
+
+class JobKind(Protocol):
+    def info(self, ref: JobRef) -> dict[str, Any]:
+        """``state`` (Slurm's words), ``restarts`` (JobSets only), ``start_time``, ``workload``."""
+        ...
+
+    def templates(self, ref: JobRef) -> tuple[Templates | None, str | None]:
+        """Its pod templates, and what admits it when Kueue does (None: gone / not Kueue)."""
+        ...
+
+    def restart(self, ref: JobRef, key: str, incident: str, seen: int | None) -> dict[str, Any]:
+        """Restart the gang once: how, or why nothing restarts it (``owner_action``)."""
+        ...
+
+
+def base_info(ref: JobRef) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": ref.id, "job": ref.id, "kind": ref.kind, "namespace": ref.namespace}
+    out.update(name=ref.name, state="UNKNOWN", restarts=None, start_time=None, workload=None)
+    return out
+
+
+def _nothing_restarts(ev: Evictor, ref: JobRef, incident: str, why: str) -> dict[str, Any]:
+    return {
+        "job": ref.id,
+        "outcome": "evicted from the fenced node; nothing restarts it as a gang",
+        "evicted": ev.on_fenced(ref, incident),
+        "owner_action": f"{ref.id}: {why}. Check it and resubmit it if needed "
+        "(a JobSet restarts once per fault with a failurePolicy; see pitstop doctor).",
+    }
+
+
+class JobSetKind:
+    def __init__(self, kube: Kube, ev: Evictor, cycle: WorkloadCycle) -> None:
+        self.kube, self.ev, self.cycle = kube, ev, cycle
+
+    def info(self, ref: JobRef) -> dict[str, Any]:
+        base = base_info(ref)
+        js = self.kube.jobset(ref)
+        if js is None:
+            return base
+        pods = self.kube.items(
+            f"list pods of {ref.id}",
+            self.kube.core.list_namespaced_pod,
+            ref.namespace,
+            label_selector=f"{JOBSET_NAME_LABEL}={ref.name}",
+        )
+        wl = self.kube.workload(ref.namespace, meta_of(js).get("uid"))
+        return {
+            **base,
+            "state": jobset_state(js, pods),
+            "restarts": restarts_of(js),
+            "start_time": meta_of(js).get("creationTimestamp"),  # with restarts: one run of this JobSet
+            "workload": meta_of(wl).get("name") if wl else None,
+            "failure_policy": isinstance(spec_of(js).get("failurePolicy"), dict),
+        }
+
+    def templates(self, ref: JobRef) -> tuple[Templates | None, str | None]:
+        js = self.kube.jobset(ref)
+        if js is None:
+            return None, None
+        out: Templates = []
+        for rj in spec_of(js).get("replicatedJobs") or []:
+            job_spec = spec_of((rj or {}).get("template") or {})
+            replicas = rj.get("replicas", 1) if isinstance(rj.get("replicas", 1), int) else 1
+            out.append((replicas * pods_per_job(job_spec), spec_of(job_spec.get("template") or {})))
+        wl = self.kube.workload(ref.namespace, meta_of(js).get("uid"))
+        queued = labels_of(js).get(KUEUE_QUEUE_LABEL)
+        return out, f"Workload {meta_of(wl).get('name')}" if wl else f"queue {queued}" if queued else None
+
+    def restart(self, ref: JobRef, key: str, incident: str, seen: int | None) -> dict[str, Any]:
+        js = self.kube.jobset(ref)
+        if js is None:
+            return {"job": ref.id, "outcome": "jobset no longer exists"}
+        if isinstance(spec_of(js).get("failurePolicy"), dict):
+            return jobset_once(self.ev, ref, incident, seen)
+        wl = self.kube.workload(ref.namespace, meta_of(js).get("uid"))
+        if wl is not None:
+            return self.cycle.run(ref, wl, key)
+        why = "it has no failurePolicy and no Kueue Workload: a failed child Job fails the JobSet"
+        return _nothing_restarts(self.ev, ref, incident, why)
+
+
+class BatchJobKind:
+    """A plain batch/v1 Job: its own pods restart per its backoffLimit, never as a gang."""
+
+    def __init__(self, kube: Kube, ev: Evictor) -> None:
+        self.kube, self.ev = kube, ev
+
+    def _read(self, ref: JobRef) -> dict[str, Any] | None:
+        return self.kube.get_or_none(
+            f"get {ref.id}", self.kube.batch.read_namespaced_job, ref.name, ref.namespace
+        )
+
+    def info(self, ref: JobRef) -> dict[str, Any]:
+        obj = self._read(ref)
+        if obj is None:
+            return base_info(ref)
+        wl = self.kube.workload(ref.namespace, meta_of(obj).get("uid"))
+        state = {"state": batch_job_state(obj), "start_time": status_of(obj).get("startTime")}
+        return {**base_info(ref), **state, "workload": meta_of(wl).get("name") if wl else None}
+
+    def templates(self, ref: JobRef) -> tuple[Templates | None, str | None]:
+        obj = self._read(ref)
+        if obj is None:
+            return None, None
+        queued = labels_of(obj).get(KUEUE_QUEUE_LABEL)
+        pods = [(pods_per_job(spec_of(obj)), spec_of(spec_of(obj).get("template") or {}))]
+        return pods, f"queue {queued}" if queued else None
+
+    def restart(self, ref: JobRef, key: str, incident: str, seen: int | None) -> dict[str, Any]:
+        why = "a plain Job restarts only its own pods, per its backoffLimit"
+        return _nothing_restarts(self.ev, ref, incident, why)
+
+
+class PodKind:
+    """A bare pod: no controller brings it back."""
+
+    def __init__(self, kube: Kube, ev: Evictor) -> None:
+        self.kube, self.ev = kube, ev
+
+    def _read(self, ref: JobRef) -> dict[str, Any] | None:
+        return self.kube.get_or_none(
+            f"get {ref.id}", self.kube.core.read_namespaced_pod, ref.name, ref.namespace
+        )
+
+    def info(self, ref: JobRef) -> dict[str, Any]:
+        obj = self._read(ref)
+        if obj is None:
+            return base_info(ref)
+        state = POD_STATES.get(str(status_of(obj).get("phase")), "UNKNOWN")
+        return {**base_info(ref), "state": state, "start_time": status_of(obj).get("startTime")}
+
+    def templates(self, ref: JobRef) -> tuple[Templates | None, str | None]:
+        obj = self._read(ref)
+        return ([(1, spec_of(obj))], None) if obj is not None else (None, None)
+
+    def restart(self, ref: JobRef, key: str, incident: str, seen: int | None) -> dict[str, Any]:
+        return _nothing_restarts(self.ev, ref, incident, "a bare pod has no controller to bring it back")
+
+
+def kinds(kube: Kube, ev: Evictor, cycle: WorkloadCycle) -> Mapping[str, JobKind]:
+    """The strategy of each job kind a job id may name (objects.JOB_KINDS)."""
+    return {"jobset": JobSetKind(kube, ev, cycle), "job": BatchJobKind(kube, ev), "pod": PodKind(kube, ev)}

@@ -1,0 +1,352 @@
+"""Kubernetes objects as GKE and its controllers write them, read without I/O.
+
+Names Pitstop writes and reads on nodes, pods, JobSets and Kueue Workloads; job ids and their
+validation (every name is checked against DNS-1123 before it reaches a URL or a selector); and
+the readings the adapter's decisions rest on: a JobSet's or Job's state, a pod's owner and run,
+a node's health and fence, whether a pod template fits a node. reference/gke.md §2-§4.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pitstop.adapters.errors import ActuatorError
+
+# -- names Pitstop writes and reads -----------------------------------------------------------
+FENCE_KEY = "pitstop.dev/remediation"  # taint key and node label; value: the incident id
+WAS_UNSCHEDULABLE = "pitstop.dev/was-unschedulable"  # node annotation: "true" | "false"
+REQUEUED_FOR = "pitstop.dev/requeued-for"  # Workload annotation: the ctx of Pitstop's deactivation
+GPU_RESOURCE = "nvidia.com/gpu"
+XID_CONDITION = "XidCriticalError"  # set by GKE's GPU device plugin (reference/gke.md §2)
+GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
+# GKE's own word on host maintenance of GPU nodes (GKE >= 1.31.1-gke.2008000; reference/gke.md §5).
+MAINTENANCE_ONGOING_LABEL = "cloud.google.com/active-node-maintenance"  # "ONGOING" while it runs
+TERMINATION_TAINT = "cloud.google.com/impending-node-termination"
+
+JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
+KUEUE_GROUP, KUEUE_VERSION, WORKLOADS = "kueue.x-k8s.io", "v1beta2", "workloads"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+JOB_KINDS = ("jobset", "job", "pod")
+DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?", re.ASCII)
+INCIDENT = re.compile(r"i[a-z2-7]{9}", re.ASCII)
+PDB_IN_MESSAGE = re.compile(r"disruption budget ([a-z0-9][-a-z0-9.]{0,252})", re.ASCII)
+TERMINAL_PHASES = ("Succeeded", "Failed")
+CONFLICT_RETRIES = 5
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """One job Pitstop tracks on GKE: its kind (jobset | job | pod), namespace and name."""
+
+    kind: str
+    namespace: str
+    name: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.kind}/{self.namespace}/{self.name}"
+
+
+def valid_namespace(s: object) -> bool:
+    return isinstance(s, str) and DNS_LABEL.fullmatch(s) is not None
+
+
+def valid_object_name(s: object) -> bool:
+    return isinstance(s, str) and len(s) <= 253 and DNS_SUBDOMAIN.fullmatch(s) is not None
+
+
+def parse_job_id(job: str) -> JobRef:
+    """``kind/namespace/name`` checked part by part; a 400 for anything else (it reaches URLs)."""
+    parts = job.split("/") if isinstance(job, str) else []
+    if len(parts) != 3 or parts[0] not in JOB_KINDS:
+        raise ActuatorError(400, f"not a GKE job id (kind/namespace/name): {str(job)[:100]!r}", False)
+    if not valid_namespace(parts[1]) or not valid_object_name(parts[2]):
+        raise ActuatorError(400, f"GKE job id has an invalid namespace or name: {job[:300]!r}", False)
+    return JobRef(*parts)
+
+
+# -- pure reading of API objects ----------------------------------------------------------------
+
+
+def meta_of(obj: Mapping[str, Any]) -> dict[str, Any]:
+    m = obj.get("metadata")
+    return m if isinstance(m, dict) else {}
+
+
+def labels_of(obj: Mapping[str, Any]) -> dict[str, Any]:
+    v = meta_of(obj).get("labels")
+    return v if isinstance(v, dict) else {}
+
+
+def annotations_of(obj: Mapping[str, Any]) -> dict[str, Any]:
+    v = meta_of(obj).get("annotations")
+    return v if isinstance(v, dict) else {}
+
+
+def spec_of(obj: Mapping[str, Any]) -> dict[str, Any]:
+    v = obj.get("spec")
+    return v if isinstance(v, dict) else {}
+
+
+def status_of(obj: Mapping[str, Any]) -> dict[str, Any]:
+    v = obj.get("status")
+    return v if isinstance(v, dict) else {}
+
+
+def condition_true(obj: Mapping[str, Any], ctype: str) -> bool:
+    conds = status_of(obj).get("conditions")
+    return any(
+        isinstance(c, dict) and c.get("type") == ctype and c.get("status") == "True"
+        for c in (conds if isinstance(conds, list) else [])
+    )
+
+
+def restarts_of(js: Mapping[str, Any]) -> int:
+    r = status_of(js).get("restarts")
+    return r if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else 0
+
+
+def attempt_of(pod: Mapping[str, Any]) -> int | None:
+    """The JobSet restart attempt a pod belongs to (its label), if it says one."""
+    raw = labels_of(pod).get(RESTART_ATTEMPT_LABEL)
+    return int(raw) if isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) < 10 else None
+
+
+def live(pod: Mapping[str, Any]) -> bool:
+    """A pod that still runs or may run (terminating pods still run their checkpoint)."""
+    return status_of(pod).get("phase") not in TERMINAL_PHASES
+
+
+def owner_ref(pod: Mapping[str, Any]) -> JobRef | None:
+    """The job a pod belongs to: its JobSet, else its controlling Job, else the pod itself.
+
+    None for pods that are no job (DaemonSet and static mirror pods: node agents) and for
+    names that fail validation (they never reach a URL).
+    """
+    meta, labels = meta_of(pod), labels_of(pod)
+    ns, name = meta.get("namespace"), meta.get("name")
+    if "kubernetes.io/config.mirror" in annotations_of(pod):
+        return None
+    owners = [o for o in meta.get("ownerReferences") or [] if isinstance(o, dict) and o.get("controller")]
+    if any(o.get("kind") == "DaemonSet" for o in owners):
+        return None
+    ref: JobRef | None = None
+    if JOBSET_NAME_LABEL in labels:
+        ref = JobRef("jobset", str(ns), str(labels[JOBSET_NAME_LABEL]))
+    elif any(o.get("kind") == "Job" for o in owners):
+        ref = JobRef("job", str(ns), str(next(o for o in owners if o.get("kind") == "Job").get("name")))
+    else:
+        ref = JobRef("pod", str(ns), str(name))
+    return ref if valid_namespace(ref.namespace) and valid_object_name(ref.name) else None
+
+
+def jobset_state(js: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> str:
+    """A JobSet's state in the words actuate compares, from its conditions, suspend flag and pods."""
+    if condition_true(js, "Completed"):
+        return "COMPLETED"
+    if condition_true(js, "Failed"):
+        return "FAILED"
+    if spec_of(js).get("suspend") or condition_true(js, "Suspended"):
+        return "PENDING" if KUEUE_QUEUE_LABEL in labels_of(js) else "SUSPENDED"
+    phases = [status_of(p).get("phase") for p in pods if live(p)]
+    if "Running" in phases or condition_true(js, "RestartingJobSet"):
+        return "RUNNING"
+    return "PENDING"
+
+
+def batch_job_state(job: Mapping[str, Any]) -> str:
+    if condition_true(job, "Complete"):
+        return "COMPLETED"
+    if condition_true(job, "Failed"):
+        return "FAILED"
+    if spec_of(job).get("suspend"):
+        return "PENDING" if KUEUE_QUEUE_LABEL in labels_of(job) else "SUSPENDED"
+    return "RUNNING" if (status_of(job).get("active") or 0) > 0 else "PENDING"
+
+
+POD_STATES = {"Pending": "PENDING", "Running": "RUNNING", "Succeeded": "COMPLETED", "Failed": "FAILED"}
+
+
+def restart_blockers(js: Mapping[str, Any]) -> list[str]:
+    """Why this JobSet's template cannot restart its gang after a disruption (empty if it can).
+
+    No failure policy: a failed child Job fails the JobSet. ``Ignore`` on DisruptionTarget: an
+    evicted pod is replaced alone and the Job never fails (reference/gke.md §3).
+    """
+    why: list[str] = []
+    policy = spec_of(js).get("failurePolicy")
+    if not isinstance(policy, dict):
+        why.append("no failurePolicy: a failed child Job fails the whole JobSet instead of restarting it")
+    else:
+        rules = [r for r in policy.get("rules") or [] if isinstance(r, dict)]
+        ignores_max = any(str(r.get("action", "")).endswith("IgnoreMaxRestarts") for r in rules)
+        if not policy.get("maxRestarts") and not ignores_max:
+            why.append("failurePolicy.maxRestarts is 0 and no rule ignores it: the first restart fails it")
+    for rj in spec_of(js).get("replicatedJobs") or []:
+        if not isinstance(rj, dict):
+            continue
+        job_spec = spec_of(rj.get("template") or {})
+        rules = (job_spec.get("podFailurePolicy") or {}).get("rules") or []
+        for rule in rules:
+            conds = [c.get("type") for c in rule.get("onPodConditions") or [] if isinstance(c, dict)]
+            if rule.get("action") == "Ignore" and "DisruptionTarget" in conds:
+                why.append(
+                    f"replicatedJob {rj.get('name')}: podFailurePolicy Ignore on DisruptionTarget: an "
+                    "evicted pod is replaced alone, the gang is never restarted"
+                )
+    return why
+
+
+def node_health(node: Mapping[str, Any]) -> tuple[bool, str]:
+    """(healthy, why not): Ready, every GPU allocatable, no XidCriticalError from the device plugin,
+    and GKE not in the middle of maintaining or terminating it (a Ready node can still be either)."""
+    if not condition_true(node, "Ready"):
+        return False, "node is not Ready"
+    if condition_true(node, XID_CONDITION):
+        return False, f"{XID_CONDITION} is True"
+    if labels_of(node).get(MAINTENANCE_ONGOING_LABEL) == "ONGOING":
+        return False, f"GKE reports host maintenance in progress ({MAINTENANCE_ONGOING_LABEL}=ONGOING)"
+    taints = spec_of(node).get("taints") or []
+    if any(isinstance(t, Mapping) and t.get("key") == TERMINATION_TAINT for t in taints):
+        return False, f"GKE is about to terminate the node ({TERMINATION_TAINT})"
+    st = status_of(node)
+    cap = (st.get("capacity") or {}).get(GPU_RESOURCE)
+    alloc = (st.get("allocatable") or {}).get(GPU_RESOURCE)
+    if cap is None:
+        if GKE_ACCELERATOR_LABEL in labels_of(node):
+            return False, f"GPU node reports no {GPU_RESOURCE} capacity yet (device plugin not registered)"
+        return True, ""
+    if str(alloc) != str(cap):
+        return False, f"{GPU_RESOURCE} allocatable {alloc} != capacity {cap}"
+    return True, ""
+
+
+def other_cordon_reason(node: Mapping[str, Any]) -> str:
+    """What a person reads about a cordon Pitstop did not set (Kubernetes keeps no reason)."""
+    taints = [
+        f"{t.get('key')}{'=' + str(t['value']) if t.get('value') else ''}:{t.get('effect')}"
+        for t in spec_of(node).get("taints") or []
+        if isinstance(t, dict) and t.get("key") != FENCE_KEY
+    ]
+    return "cordoned (spec.unschedulable) by someone else" + (
+        f"; taints: {', '.join(taints)}" if taints else ""
+    )
+
+
+def refence_answer(
+    node: str, cur: Mapping[str, Any], ours: Mapping[str, Any], incident: str
+) -> dict[str, Any]:
+    """Fence's answer for a node that already carries Pitstop's taint: the same answer a retry of
+    this incident's fence gave the first time, or another incident's fence, left alone."""
+    if ours.get("value") != incident:
+        return {
+            "node": node,
+            "previous_state": "cordoned",
+            "previous_reason": f"{FENCE_KEY}={ours.get('value')} (another Pitstop incident's fence)",
+            "already_drained_by_other": True,
+            "reason": None,
+        }
+    was = annotations_of(cur).get(WAS_UNSCHEDULABLE) != "false"
+    return {
+        "node": node,
+        "previous_state": "cordoned" if was else "schedulable",
+        "previous_reason": other_cordon_reason(cur) if was else None,
+        "already_drained_by_other": was,
+        "reason": f"{FENCE_KEY}={incident}:NoSchedule",
+    }
+
+
+def pdb_names(body: Mapping[str, Any]) -> list[str]:
+    """The budget names a 429 eviction answer gives in its causes or message."""
+    texts = [str(body.get("message") or "")]
+    causes = (body.get("details") or {}).get("causes") if isinstance(body.get("details"), dict) else None
+    texts += [str(c.get("message") or "") for c in causes or [] if isinstance(c, dict)]
+    return sorted({m.group(1) for t in texts for m in PDB_IN_MESSAGE.finditer(t[:2000])})
+
+
+def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
+    """matchLabels and the In/NotIn/Exists/DoesNotExist expressions of a label selector."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e.get("key"), e.get("operator"), e.get("values") or []
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }.get(op, False)
+        if not ok:
+            return False
+    return True
+
+
+def tolerates(tolerations: Iterable[Any], taint: Mapping[str, Any]) -> bool:
+    """Whether a pod's tolerations cover one taint (key, operator Equal/Exists, effect)."""
+    for tol in tolerations:
+        if not isinstance(tol, dict):
+            continue
+        if tol.get("effect") and tol.get("effect") != taint.get("effect"):
+            continue
+        if tol.get("operator") == "Exists" and (not tol.get("key") or tol.get("key") == taint.get("key")):
+            return True
+        if tol.get("key") == taint.get("key") and str(tol.get("value") or "") == str(
+            taint.get("value") or ""
+        ):
+            return True
+    return False
+
+
+def pod_gpus(pod_spec: Mapping[str, Any]) -> int:
+    """The ``nvidia.com/gpu`` a pod spec asks for (its containers' limits, else requests)."""
+    total = 0
+    for c in pod_spec.get("containers") or []:
+        res = (c.get("resources") or {}) if isinstance(c, dict) else {}
+        raw = (res.get("limits") or {}).get(GPU_RESOURCE) or (res.get("requests") or {}).get(GPU_RESOURCE)
+        total += count_of(raw)
+    return total
+
+
+def count_of(raw: Any) -> int:
+    """A resource quantity that is a plain count ("8", 8); 0 for anything else."""
+    text = str(raw if raw is not None else "")
+    return int(text) if text.isdigit() and len(text) < 6 else 0
+
+
+def allocatable_gpus(node: Mapping[str, Any]) -> int:
+    return count_of((status_of(node).get("allocatable") or {}).get(GPU_RESOURCE))
+
+
+def pods_per_job(job_spec: Mapping[str, Any]) -> int:
+    par, comp = job_spec.get("parallelism", 1), job_spec.get("completions")
+    par = par if isinstance(par, int) and par >= 0 else 1
+    return min(par, comp) if isinstance(comp, int) and comp >= 0 else par
+
+
+def fenced_by_pitstop(node: Mapping[str, Any]) -> bool:
+    return any(isinstance(t, dict) and t.get("key") == FENCE_KEY for t in spec_of(node).get("taints") or [])
+
+
+def placeable(node: Mapping[str, Any], pod_spec: Mapping[str, Any]) -> bool:
+    """A node the scheduler may place this pod template on: Ready, healthy, schedulable, not fenced
+    by Pitstop, every NoSchedule/NoExecute taint tolerated, its nodeSelector matched."""
+    if spec_of(node).get("unschedulable") or fenced_by_pitstop(node) or not node_health(node)[0]:
+        return False
+    tolerations = pod_spec.get("tolerations") or []
+    for t in spec_of(node).get("taints") or []:
+        if (
+            isinstance(t, dict)
+            and t.get("effect") in ("NoSchedule", "NoExecute")
+            and not tolerates(tolerations, t)
+        ):
+            return False
+    labels = labels_of(node)
+    return all(labels.get(k) == v for k, v in (pod_spec.get("nodeSelector") or {}).items())
