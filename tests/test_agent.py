@@ -26,15 +26,7 @@ from google.cloud import firestore
 from google.cloud.pubsub_v1 import SubscriberClient
 
 from pitstop.adapters.errors import ActuatorError
-from pitstop.adapters.scheduler import (
-    RESULT_DONE,
-    RESULT_FAILED,
-    RESULT_RUNNING,
-    RESULT_TRANSIENT,
-    ResultsMerger,
-    SlurmScheduler,
-    supersedes,
-)
+from pitstop.adapters.slurm import ResultsMerger, SlurmAgentClient
 from pitstop.agent.slurm import (
     DEFAULT_LEDGER,
     JOB,
@@ -51,11 +43,13 @@ from pitstop.agent.slurm import (
     parse_node,
     results_topic,
 )
+from pitstop.core.scheduling import StepRef
+from pitstop.core.slurm_wire import RESULT_DONE, RESULT_FAILED, RESULT_RUNNING, RESULT_TRANSIENT, supersedes
 from pitstop.local.slurm import SlurmCluster
 
 INCIDENT = "iabcdefgh2"
 OTHER_INCIDENT = "izyxwvut76"
-CTX = f"{INCIDENT}-1"
+CTX = StepRef(INCIDENT, 1)
 SOCKET_TIMEOUT = "scontrol exited 1: slurm_update error: Socket timed out on send/recv operation"
 
 
@@ -141,9 +135,9 @@ class Wire:
     def merger(self) -> ResultsMerger:
         return ResultsMerger(self.sub, self.subscription, self.results)
 
-    def scheduler(self, agent: Agent, wait_s: float, **kw: Any) -> tuple[SlurmScheduler, Loopback]:
+    def scheduler(self, agent: Agent, wait_s: float, **kw: Any) -> tuple[SlurmAgentClient, Loopback]:
         pub = Loopback(agent)
-        return SlurmScheduler(pub, "t", self.results, wait_s=wait_s, merger=self.merger(), **kw), pub
+        return SlurmAgentClient(pub, "t", self.results, wait_s=wait_s, merger=self.merger(), **kw), pub
 
     def published(self, want: int) -> list[tuple[dict[str, str], dict[str, Any]]]:
         """The next ``want`` result messages (attributes, body), acknowledged; fewer if none come."""
@@ -520,13 +514,13 @@ class Publisher:
 @pytest.mark.emulator
 def test_reader_retries_running_and_transient_and_stops_on_final(results: Any) -> None:
     pub = Publisher()
-    sched = SlurmScheduler(pub, "t", results, wait_s=0.3)
+    sched = SlurmAgentClient(pub, "t", results, wait_s=0.3)
 
     def put(op: str, args: dict[str, Any], fields: dict[str, Any]) -> None:
         import hashlib
 
         digest = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:8]
-        results.document(f"{CTX}-{op}-{digest}".lower()).set({"op": op, **fields})
+        results.document(f"{CTX.key}-{op}-{digest}".lower()).set({"op": op, **fields})
 
     def status(fn: Callable[[], Any]) -> tuple[int, bool]:
         with pytest.raises(ActuatorError) as e:
@@ -603,7 +597,7 @@ def take(merger: ResultsMerger, n: int) -> None:
 def test_scheduler_merges_results_forward_only(wire: Wire) -> None:
     import hashlib
 
-    cid = f"{CTX}-requeue-{hashlib.sha256(json.dumps({'job': '9'}).encode()).hexdigest()[:8]}".lower()
+    cid = f"{CTX.key}-requeue-{hashlib.sha256(json.dumps({'job': '9'}).encode()).hexdigest()[:8]}".lower()
     merger = wire.merger()
     done = {
         "id": cid,
@@ -623,7 +617,7 @@ def test_scheduler_merges_results_forward_only(wire: Wire) -> None:
     stored = doc(wire.results, cid)
     assert stored == {**done, "source": wire.subscription}
     pub = Publisher()
-    sched = SlurmScheduler(pub, "t", wire.results, wait_s=5, merger=merger)
+    sched = SlurmAgentClient(pub, "t", wire.results, wait_s=5, merger=merger)
     sched.requeue("9", CTX)
     assert pub.published == []  # answered from the merged record: not asked again
     assert doc(wire.results, "other-cmd")["state"] == RESULT_TRANSIENT  # merged for other instances
@@ -714,7 +708,7 @@ def slurm() -> Iterator[SlurmCluster]:
 
 
 @pytest.fixture
-def real(slurm: SlurmCluster, wire: Wire) -> Iterator[tuple[SlurmCluster, SlurmScheduler]]:
+def real(slurm: SlurmCluster, wire: Wire) -> Iterator[tuple[SlurmCluster, SlurmAgentClient]]:
     agent = Agent(SlurmCommands(release_requeued=False), Ledger(wire.ledger_path), wire.out)
     yield slurm, wire.scheduler(agent, wait_s=30)[0]
     slurm._out(["scancel", "--full", "--quiet", "-u", "root"])
@@ -757,7 +751,7 @@ def _sbatch(slurm: SlurmCluster, *args: str) -> str:
 
 
 @pytest.mark.emulator
-def test_array_task_and_het_job_component_are_requeued(real: tuple[SlurmCluster, SlurmScheduler]) -> None:
+def test_array_task_and_het_job_component_are_requeued(real: tuple[SlurmCluster, SlurmAgentClient]) -> None:
     slurm, sched = real
     array = _sbatch(slurm, "-a", "0-1", "-N", "1", "--wrap", "sleep 600")
     _wait(lambda: sum(j["state"] == "RUNNING" for j in slurm.jobs()) == 2, "array tasks running")
@@ -778,7 +772,7 @@ def test_array_task_and_het_job_component_are_requeued(real: tuple[SlurmCluster,
 
 
 @pytest.mark.emulator
-def test_a_requeue_starts_a_new_run_of_the_job(real: tuple[SlurmCluster, SlurmScheduler]) -> None:
+def test_a_requeue_starts_a_new_run_of_the_job(real: tuple[SlurmCluster, SlurmAgentClient]) -> None:
     slurm, sched = real
     job = _sbatch(slurm, "-N", "1", "--wrap", "sleep 600")
     _wait(lambda: any(j["id"] == job and j["state"] == "RUNNING" for j in slurm.jobs()), "job running")
@@ -794,11 +788,11 @@ def test_a_requeue_starts_a_new_run_of_the_job(real: tuple[SlurmCluster, SlurmSc
 
 @pytest.mark.emulator
 def test_admin_drain_before_the_fault_stays_after_the_incident(
-    real: tuple[SlurmCluster, SlurmScheduler],
+    real: tuple[SlurmCluster, SlurmAgentClient],
 ) -> None:
     slurm, sched = real
     slurm._out(["scontrol", "update", "NodeName=pa-1", "State=DRAIN", "Reason=admin: bad DIMM, ticket 42"])
-    fenced = sched.fence("pa-1", INCIDENT, "REBOOT_NODE", CTX)
+    fenced = sched.fence("pa-1", CTX, "REBOOT_NODE")
     assert fenced is not None
     assert fenced["already_drained_by_other"] is True
     assert (fenced["previous_state"], fenced["previous_reason"]) == (
@@ -812,14 +806,14 @@ def test_admin_drain_before_the_fault_stays_after_the_incident(
 
 
 @pytest.mark.emulator
-def test_own_drain_is_lifted_only_for_its_incident(real: tuple[SlurmCluster, SlurmScheduler]) -> None:
+def test_own_drain_is_lifted_only_for_its_incident(real: tuple[SlurmCluster, SlurmAgentClient]) -> None:
     slurm, sched = real
-    fenced = sched.fence("pa-2", INCIDENT, "REBOOT_NODE", CTX)
+    fenced = sched.fence("pa-2", CTX, "REBOOT_NODE")
     assert fenced is not None and fenced["already_drained_by_other"] is False
     assert fenced["previous_state"] == "IDLE" and fenced["reason"] == f"pitstop {INCIDENT} REBOOT_NODE"
     assert _reason(slurm, "pa-2") == ("IDLE+DRAIN", f"pitstop {INCIDENT} REBOOT_NODE")
     # another incident (or a later one on the same node) does not lift this incident's drain
-    other = sched.unfence("pa-2", f"{OTHER_INCIDENT}-1")
+    other = sched.unfence("pa-2", StepRef(OTHER_INCIDENT, 1))
     assert other is not None and other["left_drained"] == f"pitstop {INCIDENT} REBOOT_NODE"
     assert "DRAIN" in _reason(slurm, "pa-2")[0]
     own = sched.unfence("pa-2", CTX)
@@ -829,13 +823,13 @@ def test_own_drain_is_lifted_only_for_its_incident(real: tuple[SlurmCluster, Slu
 
 @pytest.mark.emulator
 def test_down_node_gets_pitstops_drain_keeping_the_old_reason(
-    real: tuple[SlurmCluster, SlurmScheduler],
+    real: tuple[SlurmCluster, SlurmAgentClient],
 ) -> None:
     # DOWN alone is no fence: with ReturnToService=2 Slurm returns the node as soon as its slurmd
     # registers again, i.e. right after Pitstop's reboot, before it is validated.
     slurm, sched = real
     slurm._out(["scontrol", "update", "NodeName=pa-0", "State=DOWN", "Reason=no-slurmd"])
-    fenced = sched.fence("pa-0", INCIDENT, "REBOOT_NODE", CTX)
+    fenced = sched.fence("pa-0", CTX, "REBOOT_NODE")
     assert fenced is not None and fenced["already_drained_by_other"] is False
     assert (fenced["previous_state"], fenced["previous_reason"]) == ("DOWN", "no-slurmd")
     want = f"pitstop {INCIDENT} REBOOT_NODE (was DOWN: no-slurmd)"
@@ -846,7 +840,7 @@ def test_down_node_gets_pitstops_drain_keeping_the_old_reason(
 
 @pytest.mark.emulator
 def test_unreachable_controller_is_a_transient_failure_then_the_retry_runs(
-    real: tuple[SlurmCluster, SlurmScheduler], wire: Wire
+    real: tuple[SlurmCluster, SlurmAgentClient], wire: Wire
 ) -> None:
     slurm, _ = real
     dead = slurm.workdir / "dead.conf"

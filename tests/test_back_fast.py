@@ -20,8 +20,8 @@ import pytest
 from google.cloud import firestore
 
 from pitstop.core import policy as policy_mod
+from pitstop.core.scheduling import Capacity, CheckResult, CheckStart, StepRef
 from pitstop.services.actuate import Actuator
-from pitstop.services.schedulers import Translated
 
 from .helpers import PROJECT, ZONE
 from .test_exactly_once import JOB, NODES, XID79, Gang, Rig
@@ -56,21 +56,20 @@ class CheckingGang(Gang):
         self.peer: str | None = PEER
         self.finish = True
 
-    def capacity(self, job: str, node: str, ctx: str) -> dict[str, Any]:
+    def capacity(self, job: str, node: str, ref: StepRef) -> Capacity:
         self.capacity_asked.append(job)
-        need = 2
-        free = self.free + 1  # the gang's other node frees up when it is requeued
-        return {"enough": free >= need, "need": need, "free": free, "why": f"{free} free, needs {need}"}
+        need, free = 2, self.free + 1  # the gang's other node frees up when it is requeued
+        return Capacity(free >= need, f"{free} free, needs {need}", need, free)
 
-    def start_check(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]:
+    def start_check(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckStart:
         self.started.append(dict(check))
         peer = self.peer if check.get("peer") else None
         note = "" if peer or not check.get("peer") else "no idle healthy node in partition gpu"
-        return {"started": check["name"], "peer": peer, "note": note}
+        return CheckStart(str(check["name"]), peer, note)
 
-    def check_result(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]:
+    def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult:
         if not self.finish:
-            return {"done": False, "outputs": {}, "peer": None, "error": None}
+            return CheckResult(False)
         level = str(check["dcgm_level"])
         out = {"dcgm": _tool("dcgmi", ["diag", "-r", level, "-j"], node, self.gpu_state)}
         peer = self.peer if check.get("peer") else None
@@ -82,7 +81,7 @@ class CheckingGang(Gang):
             args = ["-b", "1G", "-e", size, "-f", "2", "-g", str(check["gpus"])]
             out["nccl"] = _tool("all_gather_perf", args, node, self.gpu_state)
         note = "" if peer or check["kind"] == "diagnose" else "no idle healthy node in partition gpu"
-        return {"done": True, "outputs": out, "peer": peer, "error": None, "note": note}
+        return CheckResult(True, out, peer, None, note)
 
 
 class FastRig(Rig):
@@ -95,7 +94,7 @@ class FastRig(Rig):
             self.policy,
             self.store,
             self.compute,
-            {"train": Translated(self.gang, "slurm")},
+            {"train": self.gang},
             self.notes,
             clock=self.clock,
         )

@@ -25,9 +25,20 @@ from pitstop.core import policy as policy_mod
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import StepRecord
 from pitstop.core.ids import request_id
+from pitstop.core.scheduling import (
+    Capacity,
+    CheckResult,
+    CheckStart,
+    FenceAnswer,
+    JobInfo,
+    JobRun,
+    JobState,
+    RequeueOutcome,
+    StepRef,
+    UnfenceAnswer,
+)
 from pitstop.local.fake_compute import DURATIONS, FakeCompute, serve
 from pitstop.services.actuate import Actuator
-from pitstop.services.schedulers import Translated
 
 from .helpers import PROJECT, ZONE, ops_agent_entry
 
@@ -48,53 +59,52 @@ class Clock:
 
 
 class Gang:
-    """A scheduler with one gang job on every node. A requeue starts a new run of it."""
+    """A scheduler (the typed contract) with one gang job on every node. A requeue starts a new run."""
+
+    name = "slurm"
 
     def __init__(self) -> None:
         self.run = {"state": "RUNNING", "restarts": 0, "start_time": "2026-11-22T08:00:00"}
         self.requeues: list[str] = []
         self.fence_error: BaseException | None = None
 
-    def jobs_on(self, node: str, ctx: str) -> list[dict[str, Any]]:
-        return [{"id": JOB, "user": "alice", "nodes": 2, **self.run}]
+    def info(self) -> JobInfo:
+        return JobInfo(JOB, JobState.of(self.run["state"]), JobRun.of(self.run))
 
-    def fence(self, node: str, incident: str, action: str, ctx: str) -> dict[str, Any] | None:
+    def jobs_on(self, node: str, ref: StepRef) -> list[JobInfo]:
+        return [self.info()]
+
+    def fence(self, node: str, ref: StepRef, action: str) -> FenceAnswer:
         if self.fence_error is not None:
             err, self.fence_error = self.fence_error, None
             raise err
-        reason = f"pitstop {incident} {action}"
-        return {"node": node, "previous_state": "MIXED", "previous_reason": "", "reason": reason}
+        return FenceAnswer("MIXED", "", False, f"pitstop {ref.incident} {action}")
 
-    def checkpoint(self, job: str, signal: str, ctx: str) -> None:
-        return None
+    def checkpoint(self, job: str, ref: StepRef) -> str:
+        return "SIGUSR1"
 
-    def job_info(self, job: str, ctx: str) -> dict[str, Any]:
-        return {"job": job, **self.run}
+    def job_info(self, job: str, ref: StepRef) -> JobInfo:
+        return self.info()
 
-    def job_state(self, job: str, ctx: str) -> str:
-        return str(self.run["state"])
-
-    def job_running(self, job: str, ctx: str) -> bool:
-        return self.run["state"] == "RUNNING"
-
-    def node_healthy(self, node: str, ctx: str) -> bool:
+    def node_healthy(self, node: str, ref: StepRef) -> bool:
         return True
 
-    def unfence(self, node: str, ctx: str, incident: str | None = None) -> dict[str, Any] | None:
-        return {"node": node, "resumed": True}
+    def unfence(self, node: str, ref: StepRef) -> UnfenceAnswer:
+        return UnfenceAnswer(True)
 
-    def requeue(self, job: str, ctx: str, restarts: int | None = None) -> None:
-        self.requeues.append(ctx)
+    def requeue(self, job: str, ref: StepRef, run: JobRun) -> RequeueOutcome:
+        self.requeues.append(ref.key)
         self.run = {**self.run, "restarts": int(str(self.run["restarts"])) + 1, "start_time": "Unknown"}
+        return RequeueOutcome(job, True, "requeued")
 
-    def capacity(self, job: str, node: str, ctx: str) -> dict[str, Any]:
-        return {"enough": False, "need": 2, "free": 1, "why": "the gang's own nodes only"}
+    def capacity(self, job: str, node: str, ref: StepRef) -> Capacity:
+        return Capacity(False, "the gang's own nodes only", 2, 1)
 
-    def start_check(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]:
-        return {"started": check["name"], "peer": None, "note": "this gang runs no checks"}
+    def start_check(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckStart:
+        return CheckStart(str(check["name"]), None, "this gang runs no checks")
 
-    def check_result(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]:
-        return {"done": False, "outputs": {}, "peer": None, "error": "this gang runs no checks"}
+    def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult:
+        return CheckResult(False, error="this gang runs no checks")
 
 
 class Notes:
@@ -163,7 +173,7 @@ class Rig:
             self.policy,
             self.store,
             self.compute,
-            {"train": Translated(self.gang, "slurm")},
+            {"train": self.gang},
             self.notes,
             clock=self.clock,
         )
@@ -328,8 +338,9 @@ def test_two_incidents_that_see_the_same_run_requeue_it_once(rig: Rig) -> None:
         rig.call("fence", iid)
     requeue = rig.gang.requeue
 
-    def unseen(job: str, ctx: str, restarts: int | None = None) -> None:
-        rig.gang.requeues.append(ctx)
+    def unseen(job: str, ref: StepRef, run: JobRun) -> RequeueOutcome:
+        rig.gang.requeues.append(ref.key)
+        return RequeueOutcome(job, True, "requeued (not yet visible)")
 
     rig.gang.requeue = unseen  # type: ignore[method-assign]
     try:  # the first requeue has not shown in Slurm yet when the second incident looks

@@ -17,12 +17,12 @@ from google.cloud import firestore
 
 from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.firestore import IncidentStore
-from pitstop.adapters.scheduler import SlurmScheduler
+from pitstop.adapters.slurm import SlurmAgentClient, SlurmScheduler
 from pitstop.adapters.workflows import WorkflowStarter
 from pitstop.core import policy
+from pitstop.core.scheduling import StepRef, UnfenceAnswer
 from pitstop.local.executions_server import ExecutionsService
 from pitstop.services.ingest import Ingest
-from pitstop.services.schedulers import Translated
 from pitstop.services.sweep import Sweep
 
 from .helpers import ops_agent_entry, syslog_entry
@@ -251,10 +251,8 @@ def test_close_unfence_sends_the_resume_actuate_would_and_records_the_answer(
     ing.store.mutate(first["id"], lambda d: d.update(state="FAILED"))
     results = fs_client.collection("pitstop_slurm_results")
     agent = _Agent(results, {"resumed": True})
-    slurm = SlurmScheduler(agent, agent.topic_path("train-prod", "pitstop-slurm-train"), results, wait_s=5)
-    done = close_incident(
-        ing.store, {"train": Translated(slurm, "slurm")}, first["id"], "carol", T0 + 60, True
-    )
+    client = SlurmAgentClient(agent, agent.topic_path("train-prod", "pitstop-slurm-train"), results, wait_s=5)
+    done = close_incident(ing.store, {"train": SlurmScheduler(client)}, first["id"], "carol", T0 + 60, True)
     assert done.ok and done.lines[-1].endswith("unfence done: a3-node-090 resumed")
     (cmd,) = agent.commands
     assert cmd["op"] == "resume" and cmd["args"] == {"node": "a3-node-090", "incident": first["id"]}
@@ -270,11 +268,11 @@ def test_close_unfence_sends_the_resume_actuate_would_and_records_the_answer(
     assert second is not None
     other.store.mutate(second["id"], lambda d: d.update(state="FAILED"))
 
-    class Silent:
-        def unfence(self, node: str, ctx: str, incident: str | None = None) -> dict[str, Any] | None:
+    class Silent(SlurmScheduler):
+        def unfence(self, node: str, ref: StepRef) -> UnfenceAnswer:
             raise ActuatorError(503, "slurm agent has not answered resume yet", True)
 
-    silent = Translated(Silent(), "slurm")  # type: ignore[arg-type]
+    silent = Silent(client)
     sent = close_incident(other.store, {"train": silent}, second["id"], "carol", T0 + 7260, True)
     assert sent.ok and "unfence sent: the agent has not answered yet" in sent.lines[-1]
 

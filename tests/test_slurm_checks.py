@@ -4,7 +4,7 @@ A real slurmctld with four slurmd (pitstop.local.slurm) and the agent's SlurmCom
 process (its check runners are real child processes, its job steps real sruns); the GPU tools are
 the stand-ins of pitstop.local.gpu_tools, reading per-node outcomes that an in-process fake
 Compute writes through its admin API (``/_admin/gpu_state``). One test goes the whole way through
-SlurmScheduler, Pub/Sub and Firestore (the emulators), as actuate does.
+SlurmAgentClient, Pub/Sub and Firestore (the emulators), as actuate does.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pytest
 from google.cloud import firestore
 from google.cloud.pubsub_v1 import SubscriberClient
 
-from pitstop.adapters.scheduler import ResultsMerger, SlurmScheduler, drain_reason
+from pitstop.adapters.slurm import ResultsMerger, SlurmAgentClient
 from pitstop.agent.slurm import (
     Agent,
     CheckTools,
@@ -42,6 +42,8 @@ from pitstop.agent.slurm import (
 )
 from pitstop.core.checks import check_name
 from pitstop.core.diagnose import parse_nvidia_smi_q, parse_nvlink_status
+from pitstop.core.scheduling import StepRef
+from pitstop.core.slurm_wire import drain_reason
 from pitstop.core.validation import NcclResult, parse_all_gather, parse_dcgm_diag
 from pitstop.local import stack
 from pitstop.local.fake_compute import DURATIONS, FakeCompute
@@ -544,13 +546,13 @@ def test_the_scheduler_adapter_runs_a_validation_once(
     sub.create_subscription(request={"name": path, "topic": out.topic, "enable_message_ordering": True})
     results = fs_client.collection("pitstop_slurm_results")
     pub = Loopback(Agent(c, Ledger(tmp_path / "ledger.sqlite"), out))
-    sched = SlurmScheduler(pub, "t", results, wait_s=30, merger=ResultsMerger(sub, path, results))
-    ctx = f"{INCIDENT}-5"
+    sched = SlurmAgentClient(pub, "t", results, wait_s=30, merger=ResultsMerger(sub, path, results))
+    ctx = StepRef(INCIDENT, 5)
 
     job = sbatch(slurm, "-N", "2", "--requeue", "--wrap", "sleep 600")
     target, _ = running(slurm, job)
     gpu_state(compute, target, "degraded")
-    sched.fence(target, INCIDENT, "RESET_GPU", ctx)
+    sched.fence(target, ctx, "RESET_GPU")
     cap = sched.capacity(job, target, ctx)
     assert cap["enough"] is True and cap["need"] == 2 and cap["free"] == 3
     sched.requeue(job, ctx)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from pitstop.core.policy import Cluster, Policy
 
@@ -84,99 +84,20 @@ class NoScheduler:
         raise ActuatorError(409, "no scheduler to run a check on the node through", False)
 
 
-class DictScheduler(Protocol):
-    """The older adapter shape: methods keyed by a ``<incident>-<step>`` string, answers as dicts."""
-
-    def jobs_on(self, node: str, ctx: str) -> list[dict[str, Any]]: ...
-    def fence(self, node: str, incident: str, action: str, ctx: str) -> dict[str, Any] | None: ...
-    def unfence(self, node: str, ctx: str, incident: str | None = None) -> dict[str, Any] | None: ...
-    def checkpoint(self, job: str, signal: str, ctx: str) -> None: ...
-    def job_info(self, job: str, ctx: str) -> dict[str, Any]: ...
-    def node_healthy(self, node: str, ctx: str) -> bool: ...
-    def requeue(self, job: str, ctx: str, restarts: int | None = None) -> None: ...
-    def capacity(self, job: str, node: str, ctx: str) -> dict[str, Any]: ...
-    def start_check(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]: ...
-    def check_result(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]: ...
-
-
-def job_of(doc: Mapping[str, Any], job: str | None = None) -> JobInfo:
-    """A job as an adapter's dict describes it (``id`` or ``job``, ``state``, its run)."""
-    return JobInfo(str(job or doc.get("id") or doc.get("job")), JobState.of(doc.get("state")), JobRun.of(doc))
-
-
-class Translated:
-    """An adapter of the dict shape behind the typed contract: the one place its answers are read."""
-
-    def __init__(self, inner: DictScheduler, name: str, signal: str = "SIGUSR1", how: str = "") -> None:
-        """``signal``: what the adapter's checkpoint sends; ``how``: how that asks the job to save
-        its state, for the record (the signal itself when empty)."""
-        self.inner, self.name, self.signal, self.how = inner, name, signal, how or signal
-
-    def jobs_on(self, node: str, ref: StepRef) -> list[JobInfo]:
-        return [job_of(j) for j in self.inner.jobs_on(node, ref.key)]
-
-    def fence(self, node: str, ref: StepRef, action: str) -> FenceAnswer:
-        a = self.inner.fence(node, ref.incident, action, ref.key) or {}
-        return FenceAnswer(
-            a.get("previous_state"),
-            a.get("previous_reason"),
-            bool(a.get("already_drained_by_other")),
-            a.get("reason"),
-        )
-
-    def unfence(self, node: str, ref: StepRef) -> UnfenceAnswer:
-        a = self.inner.unfence(node, ref.key, ref.incident) or {}
-        left = a.get("left_drained")
-        return UnfenceAnswer(bool(a.get("resumed")), str(left)[:200] if left else None)
-
-    def checkpoint(self, job: str, ref: StepRef) -> str:
-        self.inner.checkpoint(job, self.signal, ref.key)
-        return self.how
-
-    def job_info(self, job: str, ref: StepRef) -> JobInfo:
-        return job_of(self.inner.job_info(job, ref.key), job)
-
-    def node_healthy(self, node: str, ref: StepRef) -> bool:
-        return bool(self.inner.node_healthy(node, ref.key))
-
-    def requeue(self, job: str, ref: StepRef, run: JobRun) -> RequeueOutcome:
-        outcome = getattr(self.inner, "requeue_outcome", None)
-        if outcome is None:
-            self.inner.requeue(job, ref.key, run.restarts)
-            return RequeueOutcome(job, True, "requeued")
-        a: Mapping[str, Any] = outcome(job, ref.key, run.restarts)
-        return RequeueOutcome(job, not a.get("owner_action"), str(a.get("outcome")), a.get("owner_action"))
-
-    def capacity(self, job: str, node: str, ref: StepRef) -> Capacity:
-        a = self.inner.capacity(job, node, ref.key)
-        return Capacity(a.get("enough") is True, str(a.get("why") or ""), a.get("need"), a.get("free"))
-
-    def start_check(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckStart:
-        a = self.inner.start_check(node, check, ref.key)
-        return CheckStart(str(a.get("started") or check.get("name")), a.get("peer"), a.get("note"))
-
-    def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult:
-        a = self.inner.check_result(node, check, ref.key)
-        outputs = a.get("outputs") if isinstance(a.get("outputs"), Mapping) else {}
-        return CheckResult(
-            bool(a.get("done")), dict(outputs or {}), a.get("peer"), a.get("error"), a.get("note")
-        )
-
-
 def _slurm(c: Cluster, w: Wiring) -> Scheduler:
-    from pitstop.adapters.scheduler import ResultsMerger, SlurmScheduler
+    from pitstop.adapters.slurm import ResultsMerger, SlurmAgentClient, SlurmScheduler
 
     conf = c.raw.get("slurm") or {}
     topic = conf.get("command_topic") or f"pitstop-slurm-{c.name}"
     subscriber = w.subscriber or _subscriber()
     sub_path = slurm_results_subscription(subscriber, w.project, c.name)
-    inner = SlurmScheduler(
+    client = SlurmAgentClient(
         w.publisher,
         w.publisher.topic_path(w.project, topic),
         w.results,
         merger=ResultsMerger(subscriber, sub_path, w.results),
     )
-    return Translated(inner, "slurm", str(conf.get("checkpoint_signal") or "SIGUSR1"))
+    return SlurmScheduler(client, str(conf.get("checkpoint_signal") or "SIGUSR1"))
 
 
 def _gke(c: Cluster, w: Wiring) -> Scheduler:

@@ -1,76 +1,48 @@
-"""The scheduler side of a remediation, behind one interface (Slurm today; GKE can follow).
+"""Slurm as a scheduler: commands to the cluster's pitstop-slurm-agent over Pub/Sub, answers read
+back from Firestore (core/slurm_wire.py is the protocol both sides share).
 
-The workflow never knows which scheduler a cluster runs: actuate maps the incident's
-cluster to an adapter with these operations. A GKE adapter would cordon (fence), evict
-honouring PDBs (checkpoint), and restart the JobSet or Kueue workload (requeue).
+:class:`SlurmAgentClient` speaks the agent's own answers; :class:`SlurmScheduler` is the typed
+contract of core/scheduling.py over it, which is what actuate holds.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
+from pitstop.core.scheduling import (
+    Capacity,
+    CheckResult,
+    CheckStart,
+    FenceAnswer,
+    JobInfo,
+    JobRun,
+    JobState,
+    RequeueOutcome,
+    StepRef,
+    UnfenceAnswer,
+)
+from pitstop.core.slurm_wire import (
+    COMMAND_DEADLINE_S,
+    COMMAND_ID,
+    FINAL_STATES,
+    RESULT_DONE,
+    RESULT_FAILED,
+    RESULT_RUNNING,
+    RESULT_TRANSIENT,
+    STATE_ORDER,
+    result_state,
+    supersedes,
+)
 
-COMMAND_DEADLINE_S = 300.0
-
-# -- the results of Slurm commands (``<prefix>_slurm_results/<command id>``) -------------------------
-# Shared with pitstop.agent.slurm, which imports these names. One record per command id, moved
-# through these states: the agent claims it in its own ledger before it runs anything, publishes
-# every state to its cluster's results topic, and actuate merges them into Firestore (ResultsMerger).
-RESULT_RUNNING = "running"  # claimed: an agent is executing it until ``claim_until`` (epoch s)
-RESULT_DONE = "done"  # executed; ``result`` holds the answer; replayed to every later call
-RESULT_TRANSIENT = "transient"  # the last attempt hit a passing Slurm hiccup; a retry runs again
-RESULT_FAILED = "failed"  # final: refused (``refused``) or a Slurm error a retry would repeat
-FINAL_STATES = frozenset({RESULT_DONE, RESULT_FAILED})
-# How far along a command's record is within one attempt; a later attempt is further still.
-_STATE_ORDER = {RESULT_RUNNING: 0, RESULT_TRANSIENT: 1, RESULT_DONE: 2, RESULT_FAILED: 2}
-_COMMAND_ID = re.compile(r"[-a-z0-9_]{1,128}")
 PULL_MAX = 100  # results merged per pull
 PULL_TIMEOUT_S = 5.0
-
-# Every drain Pitstop sets carries this reason, so it can tell its own fences from other people's.
-DRAIN_REASON_PREFIX = "pitstop "
-_INCIDENT = re.compile(r"i[a-z2-7]{9}")
-
-
-def drain_reason(incident: str, action: str) -> str:
-    """The Slurm reason of Pitstop's drain for one incident (validated parts only)."""
-    return f"{DRAIN_REASON_PREFIX}{incident} {action}"
-
-
-def result_state(doc: Mapping[str, Any]) -> str:
-    """A result document's state; documents from agents before the claim protocol have only ``ok``."""
-    state = doc.get("state")
-    if isinstance(state, str) and state:
-        return state
-    return RESULT_DONE if doc.get("ok") else RESULT_FAILED
-
-
-def _attempt(doc: Mapping[str, Any]) -> int:
-    v = doc.get("attempt")
-    return v if isinstance(v, int) and not isinstance(v, bool) else 0
-
-
-def supersedes(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
-    """Whether a result moves a command's record forward, so messages arriving late or twice
-    never undo what is known: nothing replaces a final state (done, failed); a final state
-    replaces any other; otherwise a later attempt wins, and within one attempt running <
-    transient (a late ``running`` never hides the transient answer of its own attempt)."""
-    if old is None:
-        return True
-    if result_state(old) in FINAL_STATES:
-        return False
-    if result_state(new) in FINAL_STATES:
-        return True
-    rank_new = (_attempt(new), _STATE_ORDER.get(result_state(new), -1))
-    return rank_new > (_attempt(old), _STATE_ORDER.get(result_state(old), -1))
 
 
 class ResultsMerger:
@@ -133,9 +105,9 @@ class ResultsMerger:
         if (
             not isinstance(doc, dict)
             or not isinstance(doc.get("id"), str)
-            or _COMMAND_ID.fullmatch(doc["id"]) is None
+            or COMMAND_ID.fullmatch(doc["id"]) is None
             or dict(message.attributes).get("id") != doc["id"]
-            or result_state(doc) not in _STATE_ORDER
+            or result_state(doc) not in STATE_ORDER
         ):
             log.emit("ERROR", "slurm results: malformed result dropped", subscription=self.subscription)
             return None
@@ -159,94 +131,7 @@ class ResultsMerger:
         return moved
 
 
-class Scheduler(Protocol):
-    """What a remediation asks of a cluster's scheduler.
-
-    ``jobs_on`` and ``job_info`` describe each job with its run: ``restarts`` (how often it was
-    requeued) and ``start_time`` (as the scheduler prints it), None where unknown. A job is
-    requeued for a fault only while it is still the run the fault hit (pitstop.core.ops.job_run).
-    """
-
-    def jobs_on(self, node: str, ctx: str) -> list[dict[str, Any]]: ...
-    def fence(self, node: str, incident: str, action: str, ctx: str) -> dict[str, Any] | None: ...
-    def checkpoint(self, job: str, signal: str, ctx: str) -> None: ...
-    def job_running(self, job: str, ctx: str) -> bool: ...
-    def job_state(self, job: str, ctx: str) -> str: ...
-    def job_info(self, job: str, ctx: str) -> dict[str, Any]: ...
-    def node_healthy(self, node: str, ctx: str) -> bool: ...
-    def unfence(self, node: str, ctx: str, incident: str | None = None) -> dict[str, Any] | None: ...
-    def requeue(self, job: str, ctx: str, restarts: int | None = None) -> None: ...
-
-    def capacity(self, job: str, node: str, ctx: str) -> dict[str, Any]:
-        """Whether the job's gang can run again now without ``node`` (early requeue).
-
-        ``{"enough": bool, "need": int | None, "free": int | None, "why": str}``: ``why`` is one
-        line for the incident's timeline (what was counted, or what will place the gang).
-        """
-        ...
-
-    def start_check(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]:
-        """Start a diagnostic or validation run pinned to the fenced node, once per ``check["name"]``.
-
-        ``check``: ``kind`` (``diagnose`` | ``validate``), ``name`` (``pitstop-<incident>-<step>-<kind>``,
-        a DNS label), ``incident``, ``dcgm_level``, ``gpus``; validate adds ``message_bytes`` and
-        ``peer: true`` (one healthy peer joins the NCCL all_gather). The node stays out of other
-        jobs' reach throughout. Answers ``{"started": name, "peer": str | None, "note": str}``.
-        """
-        ...
-
-    def check_result(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]:
-        """The run's state: ``{"done": bool, "outputs": {...}, "peer": str | None, "error": str | None}``.
-
-        ``outputs`` holds each tool's raw stdout, never interpreted here: ``nvidia_smi_q``
-        (``nvidia-smi -q``), ``nvlink`` (``nvidia-smi nvlink --status``), ``dcgm`` (``dcgmi diag -r N
-        -j``) for diagnose; ``dcgm`` and ``nccl`` (``all_gather_perf``) for validate (no ``nccl``
-        when no healthy peer was free: ``peer`` None and ``note`` says why).
-        """
-        ...
-
-
-class NoScheduler:
-    """Nodes outside any scheduler: nothing to fence, no jobs, healthy when the VM is."""
-
-    def jobs_on(self, node: str, ctx: str) -> list[dict[str, Any]]:
-        return []
-
-    def fence(self, node: str, incident: str, action: str, ctx: str) -> dict[str, Any] | None:
-        return None
-
-    def checkpoint(self, job: str, signal: str, ctx: str) -> None:
-        return None
-
-    def job_running(self, job: str, ctx: str) -> bool:
-        return False
-
-    def job_state(self, job: str, ctx: str) -> str:
-        return "UNKNOWN"
-
-    def job_info(self, job: str, ctx: str) -> dict[str, Any]:
-        return {"job": job, "state": "UNKNOWN", "restarts": None, "start_time": None}
-
-    def node_healthy(self, node: str, ctx: str) -> bool:
-        return True
-
-    def unfence(self, node: str, ctx: str, incident: str | None = None) -> dict[str, Any] | None:
-        return None
-
-    def requeue(self, job: str, ctx: str, restarts: int | None = None) -> None:
-        return None
-
-    def capacity(self, job: str, node: str, ctx: str) -> dict[str, Any]:
-        return {"enough": False, "need": None, "free": None, "why": "no scheduler: nothing to requeue"}
-
-    def start_check(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]:
-        raise ActuatorError(409, "no scheduler to run a check on the node through", False)
-
-    def check_result(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]:
-        raise ActuatorError(409, "no scheduler to run a check on the node through", False)
-
-
-class SlurmScheduler:
+class SlurmAgentClient:
     """Commands to the cluster's pitstop-slurm-agent over Pub/Sub; results read back from Firestore.
 
     The agent has no Firestore access: it publishes results to its cluster's results topic, and
@@ -304,13 +189,13 @@ class SlurmScheduler:
                 return True
         return False
 
-    def _call(self, op: str, args: dict[str, Any], ctx: str, fresh: bool = False) -> Any:
+    def _call(self, op: str, args: dict[str, Any], ref: StepRef, fresh: bool = False) -> Any:
         digest = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:8]
-        cid = f"{ctx}-{op}-{digest}".lower().replace("_", "-")
+        cid = f"{ref.key}-{op}-{digest}".lower().replace("_", "-")
         if fresh:
             cid += f"-{int(self.clock() // 2)}"
-        ref = self.results.document(cid)
-        res = self._read(ref)
+        doc = self.results.document(cid)
+        res = self._read(doc)
         if self._needs_attempt(res):
             now = self.clock()
             cmd = {"id": cid, "op": op, "args": args, "issued_at": now, "deadline": now + COMMAND_DEADLINE_S}
@@ -320,7 +205,7 @@ class SlurmScheduler:
             if self.clock() >= deadline:
                 break
             self.sleep(0.2)
-            res = self._read(ref)
+            res = self._read(doc)
         if res is None:
             raise ActuatorError(503, f"slurm agent has not answered {op} yet", True)
         state = result_state(res)
@@ -337,74 +222,72 @@ class SlurmScheduler:
             raise ActuatorError(503, f"slurm {op} is still running (attempt {res.get('attempt', 1)})", True)
         raise ActuatorError(409, f"slurm {op}: unknown result state {state!r}", False)
 
-    def jobs_on(self, node: str, ctx: str) -> list[dict[str, Any]]:
+    def jobs_on(self, node: str, ref: StepRef) -> list[dict[str, Any]]:
         """The jobs on the node, each with its run (``restarts``, ``start_time``) as Slurm shows it."""
-        jobs: list[dict[str, Any]] = self._call("jobs_on_node", {"node": node}, ctx)
+        jobs: list[dict[str, Any]] = self._call("jobs_on_node", {"node": node}, ref)
         return jobs
 
-    def fence(self, node: str, incident: str, action: str, ctx: str) -> dict[str, Any] | None:
+    def fence(self, node: str, ref: StepRef, action: str) -> dict[str, Any]:
         """Drain the node for this incident, unless someone else already took it out of service.
 
         The answer says what was there before: ``previous_state``, ``previous_reason`` and
         ``already_drained_by_other`` (then Pitstop left the node and its reason alone).
         """
         res: dict[str, Any] | None = self._call(
-            "drain", {"node": node, "incident": incident, "action": action}, ctx
+            "drain", {"node": node, "incident": ref.incident, "action": action}, ref
         )
-        return res
+        return res or {}
 
-    def checkpoint(self, job: str, signal: str, ctx: str) -> None:
-        self._call("signal", {"job": job, "signal": signal}, ctx)
+    def checkpoint(self, job: str, signal: str, ref: StepRef) -> None:
+        self._call("signal", {"job": job, "signal": signal}, ref)
 
-    def job_info(self, job: str, ctx: str) -> dict[str, Any]:
+    def job_info(self, job: str, ref: StepRef) -> dict[str, Any]:
         """The job now: ``state``, ``restarts`` and ``start_time`` (``scontrol show job``), asked fresh."""
-        info: dict[str, Any] = self._call("job_state", {"job": job}, ctx, fresh=True)
+        info: dict[str, Any] = self._call("job_state", {"job": job}, ref, fresh=True)
         return info
 
-    def job_state(self, job: str, ctx: str) -> str:
-        return str(self.job_info(job, ctx)["state"])
+    def job_state(self, job: str, ref: StepRef) -> str:
+        return str(self.job_info(job, ref)["state"])
 
-    def job_running(self, job: str, ctx: str) -> bool:
-        return self.job_state(job, ctx) in ("RUNNING", "COMPLETING", "SUSPENDED")
+    def job_running(self, job: str, ref: StepRef) -> bool:
+        return self.job_state(job, ref) in ("RUNNING", "COMPLETING", "SUSPENDED")
 
-    def node_healthy(self, node: str, ctx: str) -> bool:
-        state = str(self._call("node_state", {"node": node}, ctx, fresh=True)["state"])
+    def node_healthy(self, node: str, ref: StepRef) -> bool:
+        state = str(self._call("node_state", {"node": node}, ref, fresh=True)["state"])
         # "*" marks a node whose slurmd does not respond (e.g. IDLE*+DRAIN).
         return "*" not in state and not any(b in state for b in ("DOWN", "NOT_RESPONDING", "FAIL", "UNKNOWN"))
 
-    def unfence(self, node: str, ctx: str, incident: str | None = None) -> dict[str, Any] | None:
+    def unfence(self, node: str, ref: StepRef) -> dict[str, Any]:
         """Resume the node only if the drain on it is Pitstop's own for this incident.
 
-        The incident is the one in ``ctx`` (``<incident>-<step>``) unless given. A node drained
-        for another reason stays drained; the answer then carries ``left_drained: <reason>``.
+        A node drained for another reason stays drained; the answer then carries
+        ``left_drained: <reason>``.
         """
-        iid = incident if incident is not None else ctx.rsplit("-", 1)[0]
-        if _INCIDENT.fullmatch(iid) is None:
-            raise ActuatorError(400, f"cannot tell which incident's drain to lift from {ctx!r}", False)
-        res: dict[str, Any] | None = self._call("resume", {"node": node, "incident": iid}, ctx)
+        res: dict[str, Any] = self._call("resume", {"node": node, "incident": ref.incident}, ref)
         return res
 
-    def requeue(self, job: str, ctx: str, restarts: int | None = None) -> None:
-        self._call("requeue", {"job": job}, ctx)
+    def requeue(self, job: str, ref: StepRef) -> dict[str, Any]:
+        res: dict[str, Any] = self._call("requeue", {"job": job}, ref) or {}
+        return res
 
-    def capacity(self, job: str, node: str, ctx: str) -> dict[str, Any]:
+    def capacity(self, job: str, node: str, ref: StepRef) -> dict[str, Any]:
         """Idle healthy unreserved nodes of the job's partition plus its own healthy nodes, against
         its node count (the agent's ``capacity``, asked fresh): ``enough``, ``need``, ``free``, ``why``."""
-        res: dict[str, Any] = self._call("capacity", {"job": job, "node": node}, ctx, fresh=True)
+        res: dict[str, Any] = self._call("capacity", {"job": job, "node": node}, ref, fresh=True)
         return res
 
-    def start_check(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]:
+    def start_check(self, node: str, check: Mapping[str, Any], ref: StepRef) -> dict[str, Any]:
         """The agent reserves the node (and a peer) for itself, lifts the drain, starts a job pinned
         there that runs the tools as job steps, and afterwards drains the node again with the same
         reason and deletes the reservation. One command id per check, so a retry waits for the
         same start; the agent answers a start delivered again with what the first one began."""
-        res: dict[str, Any] = self._call("start_check", {"node": node, **_check_args(check, start=True)}, ctx)
+        res: dict[str, Any] = self._call("start_check", {"node": node, **_check_args(check, start=True)}, ref)
         return res
 
-    def check_result(self, node: str, check: Mapping[str, Any], ctx: str) -> dict[str, Any]:
+    def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> dict[str, Any]:
         """A fresh probe: ``done`` only once the tools ran and the node is fenced again as before."""
         res: dict[str, Any] = self._call(
-            "check_result", {"node": node, **_check_args(check, start=False)}, ctx, fresh=True
+            "check_result", {"node": node, **_check_args(check, start=False)}, ref, fresh=True
         )
         return res
 
@@ -413,3 +296,64 @@ def _check_args(check: Mapping[str, Any], start: bool) -> dict[str, Any]:
     """What the agent takes of a check (it validates every value); the rest stays here."""
     keys = ("name", "kind", "incident") + (("dcgm_level", "gpus", "message_bytes", "peer") if start else ())
     return {k: check[k] for k in keys if k in check}
+
+
+class SlurmScheduler:
+    """The typed scheduler contract (core/scheduling.Scheduler) for one Slurm cluster."""
+
+    name = "slurm"
+
+    def __init__(self, client: SlurmAgentClient, signal: str = "SIGUSR1") -> None:
+        self.client, self.signal = client, signal
+
+    def jobs_on(self, node: str, ref: StepRef) -> list[JobInfo]:
+        return [_job(j) for j in self.client.jobs_on(node, ref)]
+
+    def fence(self, node: str, ref: StepRef, action: str) -> FenceAnswer:
+        a = self.client.fence(node, ref, action) or {}
+        return FenceAnswer(
+            a.get("previous_state"),
+            a.get("previous_reason"),
+            bool(a.get("already_drained_by_other")),
+            a.get("reason"),
+        )
+
+    def unfence(self, node: str, ref: StepRef) -> UnfenceAnswer:
+        a = self.client.unfence(node, ref) or {}
+        left = a.get("left_drained")
+        return UnfenceAnswer(bool(a.get("resumed")), str(left)[:200] if left else None)
+
+    def checkpoint(self, job: str, ref: StepRef) -> str:
+        self.client.checkpoint(job, self.signal, ref)
+        return self.signal
+
+    def job_info(self, job: str, ref: StepRef) -> JobInfo:
+        return _job(self.client.job_info(job, ref), job)
+
+    def node_healthy(self, node: str, ref: StepRef) -> bool:
+        return self.client.node_healthy(node, ref)
+
+    def requeue(self, job: str, ref: StepRef, run: JobRun) -> RequeueOutcome:
+        a = self.client.requeue(job, ref)
+        how = "already pending" if a.get("already_pending") else f"requeued {a.get('requeued') or job}"
+        return RequeueOutcome(job, not a.get("already_pending"), how)
+
+    def capacity(self, job: str, node: str, ref: StepRef) -> Capacity:
+        a = self.client.capacity(job, node, ref)
+        return Capacity(a.get("enough") is True, str(a.get("why") or ""), a.get("need"), a.get("free"))
+
+    def start_check(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckStart:
+        a = self.client.start_check(node, check, ref)
+        return CheckStart(str(a.get("started") or check.get("name")), a.get("peer"), a.get("note"))
+
+    def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult:
+        a = self.client.check_result(node, check, ref)
+        outputs = a.get("outputs") if isinstance(a.get("outputs"), Mapping) else {}
+        return CheckResult(
+            bool(a.get("done")), dict(outputs or {}), a.get("peer"), a.get("error"), a.get("note")
+        )
+
+
+def _job(doc: Mapping[str, Any], job: str | None = None) -> JobInfo:
+    """A job as the agent describes it (``id`` or ``job``, ``state``, its run)."""
+    return JobInfo(str(job or doc.get("id") or doc.get("job")), JobState.of(doc.get("state")), JobRun.of(doc))

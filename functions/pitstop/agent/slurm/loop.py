@@ -1,0 +1,317 @@
+"""The agent's loop: parse a command, claim it in the ledger, run it, publish every state of it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pitstop.adapters import log
+from pitstop.agent.slurm.commands import (
+    SlurmCommands,
+)
+from pitstop.agent.slurm.ledger import (
+    Ledger,
+)
+from pitstop.agent.slurm.text import (
+    CLAIM_S,
+    KEEP_S,
+    PRUNE_EVERY_S,
+    PUBLISH_TIMEOUT_S,
+    CommandRefusedError,
+    is_transient,
+)
+from pitstop.core.slurm_wire import (
+    COMMAND_ID,
+    FINAL_STATES,
+    RESULT_DONE,
+    RESULT_FAILED,
+    RESULT_RUNNING,
+    RESULT_TRANSIENT,
+    result_state,
+)
+
+
+class ResultSink(Protocol):
+    """Where the agent answers (ResultsTopic; tests may record instead)."""
+
+    def send(self, doc: Mapping[str, Any]) -> None: ...
+
+
+class ResultsTopic:
+    """The cluster's results topic: each command id is one ordered stream (``ordering_key``).
+
+    ``send`` waits until Pub/Sub has the message and raises if it could not be published, so a
+    caller can leave the command unacknowledged and answer again on its redelivery.
+    """
+
+    def __init__(self, topic: str, publisher: Any = None) -> None:
+        if publisher is None:
+            from google.cloud.pubsub_v1 import PublisherClient
+            from google.cloud.pubsub_v1.types import PublisherOptions
+
+            publisher = PublisherClient(publisher_options=PublisherOptions(enable_message_ordering=True))
+        self.topic, self.publisher = topic, publisher
+
+    def send(self, doc: Mapping[str, Any]) -> None:
+        cid, state = str(doc["id"]), result_state(doc)
+        data = json.dumps(doc, default=str).encode()
+        try:
+            self.publisher.publish(self.topic, data, ordering_key=cid, id=cid, state=state).result(
+                timeout=PUBLISH_TIMEOUT_S
+            )
+        except Exception:
+            # A failed publish pauses its ordering key; resumed, the redelivery's answer can go out.
+            with contextlib.suppress(Exception):
+                self.publisher.resume_publish(self.topic, cid)
+            raise
+
+
+@dataclass(frozen=True)
+class Claim:
+    """This delivery's right to run a command: the attempt, and the ledger row version it wrote."""
+
+    token: str
+    attempt: int
+    version: int
+
+
+class Agent:
+    def __init__(
+        self,
+        commands: SlurmCommands,
+        ledger: Ledger,
+        results: ResultSink,
+        clock: Callable[[], float] = time.time,
+        owner: str | None = None,
+        claim_s: float = CLAIM_S,
+    ) -> None:
+        self.commands, self.ledger, self.results, self.clock = commands, ledger, results, clock
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.claim_s = claim_s
+        self.handled = 0
+
+    @staticmethod
+    def _parse(raw: bytes) -> dict[str, Any] | None:
+        try:
+            cmd = json.loads(raw)
+            if (
+                not isinstance(cmd, dict)
+                or not isinstance(cmd.get("id"), str)
+                or COMMAND_ID.fullmatch(cmd["id"]) is None
+            ):
+                raise CommandRefusedError("command without a valid id")
+        except (json.JSONDecodeError, UnicodeDecodeError, CommandRefusedError) as exc:
+            log.emit("ERROR", "slurm agent: malformed command dropped", reason=str(exc))
+            return None
+        return cmd
+
+    def handle(self, raw: bytes) -> dict[str, Any] | None:
+        """One delivery of a command → the result document it recorded, or None when it ran nothing.
+
+        None: malformed, already answered (the answer is published again), being run by another
+        delivery, or an expired copy. Raises when a final answer could not be published (the
+        caller nacks; the redelivery publishes it again from the ledger).
+        """
+        cmd = self._parse(raw)
+        if cmd is None:
+            return None
+        now = self.clock()
+        try:
+            deadline = float(cmd.get("deadline", 0))
+        except (TypeError, ValueError):
+            deadline = 0.0
+        if now > deadline:
+            return self._refuse_expired(cmd, now, deadline)
+        claim = self._claim(cmd, now)
+        if claim is None:
+            return None
+        result = self._execute(cmd, claim)
+        doc = self._finish(cmd, claim, result)
+        if doc is None:
+            return None
+        self.results.send(doc)
+        self.handled += 1
+        log.emit(
+            "INFO" if result["ok"] else "WARNING",
+            "slurm agent: command done",
+            id=cmd["id"],
+            op=cmd.get("op"),
+            state=result["state"],
+            attempt=claim.attempt,
+            error=result.get("error"),
+        )
+        return doc
+
+    def _replay(self, cid: str, doc: Mapping[str, Any]) -> None:
+        """A known final answer, published again: the earlier message may have been lost."""
+        log.emit("INFO", "slurm agent: command already answered; answer published again", id=cid)
+        self.results.send(doc)
+
+    def _announce(self, doc: Mapping[str, Any]) -> None:
+        """Publish a claim (``running``); best effort: the final answer is what actuate waits for."""
+        try:
+            self.results.send(doc)
+        except Exception as exc:
+            log.emit("WARNING", "slurm agent: claim not published", id=doc.get("id"), error=str(exc)[:300])
+
+    def _refuse_expired(self, cmd: Mapping[str, Any], now: float, deadline: float) -> dict[str, Any] | None:
+        """An expired command is refused if it was never seen, and otherwise left: it never runs."""
+        doc = {
+            "id": cmd["id"],
+            "op": cmd.get("op"),
+            "state": RESULT_FAILED,
+            "ok": False,
+            "refused": True,
+            "transient": False,
+            "result": None,
+            "error": f"command expired {int(now - deadline)} s ago; not replayed",
+            "owner": self.owner,
+            "attempt": 0,
+            "done_at": now,
+        }
+        if self.ledger.create(cmd["id"], doc, now) is None:  # seen before; a fresher copy carries any retry
+            known = self.ledger.get(cmd["id"])
+            if known is not None and result_state(known[0]) in FINAL_STATES:
+                self._replay(cmd["id"], known[0])
+            else:
+                log.emit("INFO", "slurm agent: expired copy of a known command ignored", id=cmd["id"])
+            return None
+        self.results.send(doc)
+        self.handled += 1
+        log.emit("WARNING", "slurm agent: expired command refused", id=cmd["id"], op=cmd.get("op"))
+        return doc
+
+    def _claim_fields(self, cmd: Mapping[str, Any], now: float, token: str, attempt: int) -> dict[str, Any]:
+        return {
+            "id": cmd["id"],
+            "op": cmd.get("op"),
+            "state": RESULT_RUNNING,
+            "owner": self.owner,
+            "token": token,
+            "attempt": attempt,
+            "claimed_at": now,
+            "claim_until": now + self.claim_s,
+        }
+
+    def _claim(self, cmd: Mapping[str, Any], now: float) -> Claim | None:
+        """Make this delivery the one that runs the command, or say why not (None)."""
+        token, cid = uuid.uuid4().hex, cmd["id"]
+        for _ in range(3):  # a row pruned between insert and read is simply tried again
+            fields = self._claim_fields(cmd, now, token, 1)
+            if self.ledger.create(cid, fields, now) is not None:
+                self._announce(fields)
+                return Claim(token, 1, 1)
+            row = self.ledger.get(cid)
+            if row is None:
+                continue
+            doc, version = row
+            state = result_state(doc)
+            if state in FINAL_STATES:
+                self._replay(cid, doc)
+                return None
+            if state == RESULT_RUNNING and _number(doc.get("claim_until")) > now:
+                log.emit(
+                    "INFO",
+                    "slurm agent: command is being run by another delivery; left to it",
+                    id=cid,
+                    owner=doc.get("owner"),
+                )
+                return None
+            # transient, or running past its claim (that agent is gone): take it over, once
+            attempt = int(_number(doc.get("attempt")) or 1) + 1
+            fields = {**self._claim_fields(cmd, now, token, attempt), "previous_error": doc.get("error")}
+            taken = self.ledger.update(cid, fields, version, now)
+            if taken is None:
+                log.emit("INFO", "slurm agent: another delivery took the command over", id=cid)
+                return None
+            log.emit(
+                "INFO",
+                "slurm agent: command taken over for a new attempt",
+                id=cid,
+                was=state,
+                attempt=attempt,
+            )
+            self._announce(taken[0])
+            return Claim(token, attempt, taken[1])
+        return None
+
+    def _execute(self, cmd: Mapping[str, Any], claim: Claim) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "state": RESULT_DONE,
+            "ok": True,
+            "refused": False,
+            "transient": False,
+            "result": None,
+            "error": None,
+        }
+        try:
+            result["result"] = self.commands.execute(str(cmd.get("op")), cmd.get("args") or {})
+        except CommandRefusedError as exc:
+            result.update(state=RESULT_FAILED, ok=False, refused=True, error=str(exc))
+        except Exception as exc:  # classified, recorded: never an endless redelivery
+            transient = is_transient(exc)
+            result.update(
+                state=RESULT_TRANSIENT if transient else RESULT_FAILED,
+                ok=False,
+                transient=transient,
+                error=f"{type(exc).__name__}: {exc}"[:500],
+            )
+        result.update(done_at=self.clock(), attempt=claim.attempt)
+        return result
+
+    def _finish(self, cmd: Mapping[str, Any], claim: Claim, result: dict[str, Any]) -> dict[str, Any] | None:
+        """Record the result if the claim is still ours (its document); a lost claim never
+        overwrites a newer attempt's answer (None)."""
+        written = self.ledger.update(cmd["id"], result, claim.version, self.clock())
+        if written is None:
+            row = self.ledger.get(cmd["id"])
+            log.emit(
+                "ERROR",
+                "slurm agent: claim lost while running; result not recorded",
+                id=cmd["id"],
+                owner=row[0].get("owner") if row else None,
+                state=result_state(row[0]) if row else None,
+            )
+            return None
+        return written[0]
+
+    def prune(self) -> None:
+        """Forget rows older than KEEP_S (the ledger stays bounded)."""
+        gone = self.ledger.prune(self.clock() - KEEP_S)
+        if gone:
+            log.emit("INFO", "slurm agent: old ledger rows deleted", rows=gone)
+
+    def serve(self, subscription: str, stop: threading.Event) -> None:
+        from google.cloud.pubsub_v1 import SubscriberClient
+
+        sub = SubscriberClient()
+
+        def callback(message: Any) -> None:
+            try:
+                self.handle(message.data)
+                message.ack()
+            except Exception as exc:  # an answer not published (or a ledger error): let Pub/Sub redeliver
+                log.emit("ERROR", "slurm agent: command failed, will be redelivered", error=str(exc)[:300])
+                message.nack()
+
+        future = sub.subscribe(subscription, callback)
+        self.prune()
+        while not stop.wait(PRUNE_EVERY_S):
+            self.prune()
+        future.cancel()
+        sub.close()
+
+
+def _number(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return 0.0

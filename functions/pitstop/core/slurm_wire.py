@@ -1,0 +1,96 @@
+"""The Slurm wire protocol: what actuate publishes to a cluster's agent and what the agent answers.
+
+Shared by both sides (adapters/slurm.py and agent/slurm/), which import it from here only. A
+command is ``{id, op, args, issued_at, deadline}`` on ``pitstop-slurm-<cluster>``; every state of
+its result is the whole record on ``pitstop-slurm-<cluster>-results`` (ordering key: the id).
+One record per command id, moved through these states: the agent claims it in its own ledger
+before it runs anything, publishes every state, and actuate merges them forward only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, NotRequired, TypedDict
+
+
+class Command(TypedDict):
+    id: str
+    op: str
+    args: dict[str, Any]
+    issued_at: float
+    deadline: float
+
+
+class Result(TypedDict, total=False):
+    """A command's record as the agent publishes it (and actuate stores it)."""
+
+    id: str
+    op: str | None
+    state: str
+    ok: bool
+    refused: bool
+    transient: bool
+    result: Any
+    error: str | None
+    owner: str
+    token: str
+    attempt: int
+    claimed_at: float
+    claim_until: float
+    done_at: float
+    previous_error: str | None
+    source: NotRequired[str]
+
+
+COMMAND_DEADLINE_S = 300.0
+
+# -- the results of Slurm commands (``<prefix>_slurm_results/<command id>``) -------------------------
+# Shared with pitstop.agent.slurm, which imports these names. One record per command id, moved
+# through these states: the agent claims it in its own ledger before it runs anything, publishes
+# every state to its cluster's results topic, and actuate merges them into Firestore (ResultsMerger).
+RESULT_RUNNING = "running"  # claimed: an agent is executing it until ``claim_until`` (epoch s)
+RESULT_DONE = "done"  # executed; ``result`` holds the answer; replayed to every later call
+RESULT_TRANSIENT = "transient"  # the last attempt hit a passing Slurm hiccup; a retry runs again
+RESULT_FAILED = "failed"  # final: refused (``refused``) or a Slurm error a retry would repeat
+FINAL_STATES = frozenset({RESULT_DONE, RESULT_FAILED})
+# How far along a command's record is within one attempt; a later attempt is further still.
+STATE_ORDER = {RESULT_RUNNING: 0, RESULT_TRANSIENT: 1, RESULT_DONE: 2, RESULT_FAILED: 2}
+COMMAND_ID = re.compile(r"[-a-z0-9_]{1,128}")
+
+# Every drain Pitstop sets carries this reason, so it can tell its own fences from other people's.
+DRAIN_REASON_PREFIX = "pitstop "
+INCIDENT = re.compile(r"i[a-z2-7]{9}")
+
+
+def drain_reason(incident: str, action: str) -> str:
+    """The Slurm reason of Pitstop's drain for one incident (validated parts only)."""
+    return f"{DRAIN_REASON_PREFIX}{incident} {action}"
+
+
+def result_state(doc: Mapping[str, Any]) -> str:
+    """A result document's state; documents from agents before the claim protocol have only ``ok``."""
+    state = doc.get("state")
+    if isinstance(state, str) and state:
+        return state
+    return RESULT_DONE if doc.get("ok") else RESULT_FAILED
+
+
+def _attempt(doc: Mapping[str, Any]) -> int:
+    v = doc.get("attempt")
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def supersedes(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+    """Whether a result moves a command's record forward, so messages arriving late or twice
+    never undo what is known: nothing replaces a final state (done, failed); a final state
+    replaces any other; otherwise a later attempt wins, and within one attempt running <
+    transient (a late ``running`` never hides the transient answer of its own attempt)."""
+    if old is None:
+        return True
+    if result_state(old) in FINAL_STATES:
+        return False
+    if result_state(new) in FINAL_STATES:
+        return True
+    rank_new = (_attempt(new), STATE_ORDER.get(result_state(new), -1))
+    return rank_new > (_attempt(old), STATE_ORDER.get(result_state(old), -1))
