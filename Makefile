@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install system test lint typecheck unit demo clean
+.PHONY: install system test lint typecheck unit demo golden clean
 
 install: $(STAMP)
 
@@ -36,6 +36,10 @@ system:
 
 demo: system install
 	$(BIN)/pitstop demo
+
+# The deploy baselines (tests/fixtures/deploy/) from the code and data as they are: review the diff.
+golden: install
+	$(BIN)/python -m pitstop.tools.golden
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .import_linter_cache

@@ -225,10 +225,10 @@ def _fake_stack(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def test_local_status_table(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """`local status` reads Firestore, Slurm, the fake Compute and the webhook sink (faked here)."""
-    from pitstop.tools import cli
+    from pitstop.tools.cli import local as cli_local
 
     state = _fake_stack(monkeypatch)
-    assert cli._local_status(state, as_json=False) == 0
+    assert cli_local.local_status(state, as_json=False) == 0
     assert capsys.readouterr().out.splitlines() == [
         "INCIDENTS",
         "  inc-a a3-node-000    RESOLVED  RESET_GPU      events=1     effects=reset:1,drain:1,resume:1     "
@@ -253,10 +253,10 @@ def test_local_status_table(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
 def test_local_status_json_reports_effects_per_incident(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pitstop.tools import cli
+    from pitstop.tools.cli import local as cli_local
 
     state = _fake_stack(monkeypatch)
-    assert cli._local_status(state, as_json=True) == 0
+    assert cli_local.local_status(state, as_json=True) == 0
     report = json.loads(capsys.readouterr().out)
     by_id = {i["id"]: i for i in report["incidents"]}
     assert by_id["inc-a"]["state"] == "RESOLVED"
@@ -412,3 +412,30 @@ def test_kubernetes_effects_go_to_the_incident_whose_taint_it_is_or_by_node_and_
     assert got["ib"]["kube"] == {"taint": 1}
     assert compact(got["ia"]) == "reset:1,cordon:1,taint:1,evict:1,untaint:1,uncordon:1"
     assert "kube" not in by_incident(incs, [], {})["ia"]  # a Slurm stack has no Kubernetes side
+
+
+@pytest.mark.parametrize(
+    ("verb", "own", "others"),
+    [
+        (
+            "up",
+            ["--nodes", "--scheduler", "--job-nodes", "--sweep-interval"],
+            ["--times", "--at-rate", "--json"],
+        ),
+        ("chaos", ["--times", "--node", "--method"], ["--nodes", "--at-rate", "--sweep-interval"]),
+        ("inject", ["--at-rate"], ["--times", "--nodes", "--json"]),
+        ("status", ["--json"], ["--times", "--nodes", "--at-rate"]),
+        ("down", ["--workdir"], ["--times", "--nodes", "--json"]),
+    ],
+)
+def test_each_local_sub_verb_lists_only_its_own_flags(
+    verb: str, own: list[str], others: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`pitstop local up -h` once listed `--times` (chaos's) beside `up`: one parser per sub-verb."""
+    from pitstop.tools.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["local", verb, "-h"])
+    text = capsys.readouterr().out
+    assert all(f in text for f in own), text
+    assert not [f for f in others if f in text], text

@@ -1,8 +1,8 @@
 """The deploy plan read from infra/resources.yaml equals the reviewed baseline.
 
-tests/fixtures/deploy/ holds every field of every step, and the dry-run output, per case. Only
-the `pitstop_config` label values may differ: they digest the shipped code, which changes with
-every edit. The baseline first recorded the hand-written plan this interpreter replaced; the
+tests/fixtures/deploy/ holds every field of every step, and the dry-run output, per case,
+written by `make golden` (pitstop.tools.golden) with the `pitstop_config` label values as
+`<digest>`: they digest the shipped code, which changes with every edit. The baseline first recorded the hand-written plan this interpreter replaced; the
 `channels` case was written by hand from the `default` one (each alert policy's create given
 `--notification-channels`, its update `--set-notification-channels`). It is regenerated only
 when the plan is meant to change, and the change is reviewed step by step; the last time for
@@ -32,38 +32,31 @@ import pytest
 import yaml
 
 from pitstop.core import sinks
-from pitstop.tools import deploy
+from pitstop.tools import deploy, golden
 
 from .helpers import ops_agent_entry
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "deploy"
-BASELINE_ROOT, BASELINE_TMP = "/work/main", "/tmp"  # where the fixtures were recorded
-CASES = [  # name, --project, --region, --config
-    ("default", "demo-proj", None, None),
-    ("slurm-folder", "demo-proj", None, "tests/fixtures/deploy/slurm-folder.yaml"),
-    ("org", "p-2", "asia-southeast1", "tests/fixtures/deploy/org.yaml"),
-    ("channels", "demo-proj", None, "tests/fixtures/deploy/channels.yaml"),
-    ("gke", "demo-proj", None, "tests/fixtures/deploy/gke.yaml"),
-]
+CASES = golden.CASES
+_normalised = golden.normalised
 CHANNELS = (
     "projects/demo-proj/notificationChannels/1234567890123456789,projects/ops-oncall/notificationChannels/42"
 )
 
 
-def _normalised(text: str) -> str:
-    """Digest labels (and the expect values equal to them) as a token; paths as recorded."""
-    for digest in set(re.findall(r"pitstop_config=([0-9a-f]+)", text)):
-        text = text.replace(f'"{digest}"', '"<digest>"')  # a step's expect: the label it checks for
-    text = re.sub(r"pitstop_config=[0-9a-f]+", "pitstop_config=<digest>", text)
-    metric = "pitstop-xid-metric.json"
-    text = text.replace(str(Path(tempfile.gettempdir()) / metric), f"{BASELINE_TMP}/{metric}")
-    return text.replace(str(deploy.ROOT), BASELINE_ROOT)
-
-
 @pytest.fixture(autouse=True)
 def _at_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)  # the fixture configs name their policy file relative to the repository
+
+
+def test_the_baselines_are_what_the_golden_command_writes(tmp_path: Path) -> None:
+    """A deploy change is reviewed as a diff of the baselines: `make golden` regenerates them, and a
+    stale one (the code changed, the baseline did not) fails here, byte for byte."""
+    written = golden.write(tmp_path)
+    assert {p.name for p in written} == {f"{c[0]}.{k}" for c in CASES for k in ("plan.json", "dry-run.txt")}
+    for path in written:
+        assert path.read_text() == (FIXTURES / path.name).read_text(), f"{path.name} is stale: make golden"
 
 
 @pytest.mark.parametrize(("name", "project", "region", "config"), CASES, ids=[c[0] for c in CASES])

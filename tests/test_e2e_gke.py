@@ -25,7 +25,7 @@ import pytest
 
 from pitstop.local import gke_stack
 from pitstop.local.stack import ZONE, Stack, StackState
-from pitstop.tools import cli
+from pitstop.tools.cli import local as cli_local
 from pitstop.tools.demo import GKE_COMPUTE_SCALE, POD_GRACE_S, GkeScenarios, Result, gke_spec
 
 pytestmark = pytest.mark.emulator
@@ -219,10 +219,10 @@ def test_local_up_gke_options_make_a_gke_spec_with_a_jobset() -> None:
     """`pitstop local up --scheduler gke --nodes 5 --job-nodes 3`: the daemon gets a GKE spec whose
     stack creates the JobSet (the daemon's own --job-nodes, a Slurm job, is left at 0)."""
     args = argparse.Namespace(scheduler="gke", config=None, nodes=5, spot="", job_nodes=3)
-    spec = cli._cluster_spec(args)
+    spec = cli_local.cluster_spec(args)
     assert (spec.scheduler, spec.nodes, spec.jobset_nodes, args.job_nodes) == ("gke", 5, 3, 0)
     assert all(n.startswith("gke-train-") for n in spec.node_names)
-    slurm = cli._cluster_spec(
+    slurm = cli_local.cluster_spec(
         argparse.Namespace(scheduler="slurm", config=None, nodes=5, spot="", job_nodes=3)
     )
     assert (slurm.scheduler, slurm.jobset_nodes) == ("slurm", 0)

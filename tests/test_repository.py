@@ -94,3 +94,82 @@ def test_entry_points_import_only_shipped_layers() -> None:
             modules += [f"{n.module}.{a.name}" for a in n.names] if n.module == "pitstop" else [n.module]
     layers = {m.split(".")[1] for m in modules if m.split(".")[0] == "pitstop"}
     assert layers and layers <= {"core", "services", "adapters"}, layers
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import cycle (each once, as a path that returns to its first module): Tarjan's SCCs."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in graph.get(v, ()):
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_cycle_finder_finds_a_cycle_and_nothing_else() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_among_pitstop_modules() -> None:
+    """A cycle means two rooms that cannot change apart (type-only imports count too)."""
+    import grimp
+
+    g = grimp.build_graph("pitstop")
+    graph = {m: set(g.find_modules_directly_imported_by(m)) & g.modules for m in g.modules}
+    assert _cycles(graph) == []
+
+
+MAX_CLASS_LINES = 400
+PRODUCT = ("core", "services", "adapters", "agent")
+
+
+def test_no_product_class_over_400_lines() -> None:
+    """A class that large holds several concerns: split it by concern (the house's second shape)."""
+    offenders = []
+    for room in PRODUCT:
+        for path in sorted((ROOT / "functions/pitstop" / room).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    length = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if length > MAX_CLASS_LINES:
+                        offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length})")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_no_dispatch_by_name() -> None:
+    """``getattr(self, f"_{op}")`` hides what runs from a reader and from mypy: dispatch by a table."""
+    pattern = re.compile(r"getattr\(\s*self\s*,\s*(f[\"']|op\b|name\b)")
+    offenders = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for room in PRODUCT
+        for p in sorted((ROOT / "functions/pitstop" / room).rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not offenders, offenders

@@ -31,10 +31,27 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, Protocol
 
-if TYPE_CHECKING:
-    from pitstop.local.stack import Stack
+
+class _Spec(Protocol):
+    @property
+    def node_names(self) -> list[str]: ...
+
+
+class Stack(Protocol):
+    """What a chaos request needs of the running stack (pitstop.local.stack.Stack is one)."""
+
+    @property
+    def spec(self) -> _Spec: ...
+    @property
+    def endpoints(self) -> dict[str, str]: ...
+    @property
+    def chaos_dir(self) -> Path: ...
+
+    def set_agent(self, up: bool) -> Any: ...
+    def restart_firestore(self, down_s: float = 2.0) -> None: ...
+
 
 FLAG_KINDS = ("actuate-crash-after-effect", "publish-timeout")
 KINDS = (

@@ -18,13 +18,20 @@ import json
 import threading
 import time
 from http.server import ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pitstop.local import chaos
 from pitstop.local.json_http import serve_json
+from pitstop.local.procs import Proc
 
-if TYPE_CHECKING:
-    from pitstop.local.stack import Stack
+
+class Stack(chaos.Stack, Protocol):
+    """What supervision needs of the running stack (pitstop.local.stack.Stack is one)."""
+
+    procs: dict[str, Proc]
+
+    def refresh_pids(self) -> None: ...
+
 
 SUPERVISED = ("ingest", "actuate", "notify", "sweep", "scheduler")
 CHECK_EVERY_S = 0.5

@@ -592,15 +592,15 @@ def from_store(store: Any, policy: Any, since_s: float, now: float) -> rm.Report
 
 def cmd_report(args: argparse.Namespace) -> int:
     from pitstop.core import policy as policy_mod
-    from pitstop.tools import cli
+    from pitstop.tools import common
 
     if args.from_replay:
         rep = from_replay(args.from_replay, policy_mod.load(args.policy))
     else:
-        store, pol = cli._store(args.project)
+        store, pol = common.store_and_policy(args.project)
         if args.policy:
             pol = policy_mod.load(args.policy)
-        rep = from_store(store, pol, cli._duration_s(args.since or "7d"), time.time())
+        rep = from_store(store, pol, common.duration_s(args.since or "7d"), time.time())
     page = render(rep, charts(rep))
     Path(args.out).write_text(page, encoding="utf-8")
     print(
@@ -610,7 +610,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: Any) -> None:
+def add(sub: Any) -> None:
     """Add ``report`` to the pitstop CLI."""
     r = sub.add_parser("report", help="one self-contained HTML page on what Pitstop did (or would have done)")
     r.add_argument("--out", required=True, metavar="FILE.html", help="where to write the page")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.core import resources
+from pitstop.tools import timing
 from pitstop.tools.sim import trace as trace_mod
 from pitstop.tools.sim.fleet import PHASES, Fleet, Ledger
 from pitstop.tools.sim.strategies import STRATEGIES, Pitstop
@@ -280,10 +281,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         scn["strategies"] = [s for s in args.strategies.split(",") if s]
         resources.validate(scn, SCHEMA, "--strategies")
     if args.bench:  # bench.bench_simulate on this scenario: one comparison and a fleet-size sweep, timed
-        from pitstop.tools import bench
-
-        sizes = args.sweep[1] if args.sweep and args.sweep[0] == "nodes" else bench.SIMULATE_SWEEP_NODES
-        print(json.dumps(bench.bench_simulate(scn, sweep_nodes=sizes), indent=2))
+        sizes = args.sweep[1] if args.sweep and args.sweep[0] == "nodes" else SIMULATE_SWEEP_NODES
+        print(json.dumps(bench_simulate(scn, sweep_nodes=sizes), indent=2))
         return 0
     result = simulate(scn)
     key, runs = None, []
@@ -302,7 +301,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: Any) -> None:
+def add(sub: Any) -> None:
     """Add ``simulate`` to the pitstop CLI."""
     s = sub.add_parser(
         "simulate", help="compare remediation strategies on a simulated fleet (ETTR, GPU-hours, $)"
@@ -329,7 +328,53 @@ def register(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pitstop")
-    register(parser.add_subparsers(dest="command", required=True))
+    add(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     rc: int = args.func(args)
     return rc
+
+
+# Issue 15's targets: one 2,048-node, 54-day Llama-3-rate comparison under 30 s on one core, and
+# a sweep of 10 fleet sizes under 5 min. The sweep's sizes bracket the default fleet.
+SIMULATE_SWEEP_NODES = tuple(256 * k for k in range(1, 11))
+SIMULATE_TARGETS_S = {"single": 30.0, "sweep": 300.0}
+
+
+def bench_simulate(
+    scn: dict[str, Any] | None = None,
+    nodes: int | None = None,
+    sweep_nodes: tuple[int, ...] | list[int] = SIMULATE_SWEEP_NODES,
+) -> dict[str, Any]:
+    """Wall time of one full comparison (trace + every strategy) and of a sweep over fleet sizes.
+
+    ``scn``: a loaded scenario (default: the shipped one, 2,048 nodes for 54 days at the Llama 3
+    rate); ``nodes`` overrides its fleet for the single run. Both run in this one process, pinned
+    to one CPU, one after the other.
+    """
+    base = scn if scn is not None else load_scenario()
+    one = with_fields(base, {"nodes": nodes}, "bench") if nodes is not None else base
+    with timing.one_core() as cpus:
+        result, wall, cpu = timing.timed(lambda: simulate(one))
+        runs, sweep_wall, sweep_cpu = timing.timed(lambda: sweep(base, "nodes", list(sweep_nodes)))
+    return {
+        "benchmark": "simulate",
+        "rate": one["faults"]["rate"],
+        "days": one["days"],
+        "strategies": list(one["strategies"]),
+        "cpus": cpus,
+        "single": {
+            "nodes": one["fleet"]["nodes"],
+            "wall_s": round(wall, 3),
+            "cpu_s": round(cpu, 3),
+            "trace_faults": sum(result["trace"].values()),
+            "faults_handled": sum(r["faults"] for r in result["strategies"]),
+            "target_s": SIMULATE_TARGETS_S["single"],
+        },
+        "sweep": {
+            "nodes": list(sweep_nodes),
+            "runs": len(runs),
+            "wall_s": round(sweep_wall, 3),
+            "cpu_s": round(sweep_cpu, 3),
+            "target_s": SIMULATE_TARGETS_S["sweep"],
+        },
+    }

@@ -1,0 +1,56 @@
+"""``pitstop classify``: JSON Lines of LogEntries in, one FaultEvent line (or table row) out each."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from pitstop.core.classify import Classifier
+
+if TYPE_CHECKING:
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+from pitstop.tools.common import lines
+
+_TABLE_COLS = (("kind", 10), ("action", 14), ("xid", 4), ("node", 28), ("gpu", 12), ("reason", 0))
+
+
+def _table_row(ev: dict[str, Any]) -> str:
+    node = ev["node"]["instance"] if ev.get("node") else "-"
+    gpu = (ev.get("gpu") or {}).get("pci") or "-"
+    vals = {
+        "kind": ev["kind"],
+        "action": ev["action"],
+        "xid": "" if ev["xid"] is None else str(ev["xid"]),
+        "node": node,
+        "gpu": gpu,
+        "reason": ev["reason"],
+    }
+    return "  ".join(vals[c].ljust(w) if w else vals[c] for c, w in _TABLE_COLS)
+
+
+def cmd_classify(args: argparse.Namespace) -> int:
+    clf = Classifier.default()
+    out = sys.stdout.buffer
+    if args.format == "table":
+        out.write(("  ".join(c.upper().ljust(w) if w else c.upper() for c, w in _TABLE_COLS) + "\n").encode())
+    for raw in lines(args.path):
+        ev = clf.classify_bytes(raw)
+        if args.format == "table":
+            out.write((_table_row(ev) + "\n").encode())
+        else:
+            out.write(orjson.dumps(ev) + b"\n")
+    out.flush()
+    return 0
+
+
+def add(sub: Subparsers) -> None:
+    """classify: JSON Lines of LogEntries in, one FaultEvent line (or table row) out each."""
+    c = sub.add_parser(
+        "classify", help="classify log entries (JSON Lines in, one FaultEvent JSON line out each)"
+    )
+    c.add_argument("path", nargs="?", default="-", help="JSON Lines file, or - for standard input")
+    c.add_argument("--format", choices=("json", "table"), default="json")
+    c.set_defaults(func=cmd_classify)
