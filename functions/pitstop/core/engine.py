@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pitstop.core import trust
+from pitstop.core import lifecycle, trust
 from pitstop.core.actions import JOB_ACTIONS, NODE_ACTIONS, RANK, RECORD_ONLY_ACTIONS, Action, higher
 from pitstop.core.policy import Policy
 from pitstop.core.states import ACTIVE_STATES, OPEN_STATES, UNCLAIMABLE_STATES, RunState, State
@@ -343,68 +343,79 @@ def _cluster_size(policy: Policy, node: Mapping[str, Any]) -> int | None:
     return cluster.size if cluster else None
 
 
-def _hold(inc: dict[str, Any], out: Outcome, held: dict[str, Any], page: str | None) -> None:
+Budgets = Mapping[str, dict[str, Any] | None]
+
+
+@dataclass
+class Decision:
+    """What one decision works on besides the incident: the node's document, the budgets as they
+    stand, the policy, the cluster's size, the time, the Outcome being built, and whether a person
+    forces it past its budget (an operator's release)."""
+
+    node_doc: dict[str, Any]
+    budgets: Budgets
+    policy: Policy
+    now: float
+    out: Outcome
+    cluster_size: int | None = None
+    force: bool = False
+
+    @classmethod
+    def on(cls, inc: Mapping[str, Any], node_doc: dict[str, Any], budgets: Budgets, policy: Policy,
+           now: float, out: Outcome, force: bool = False) -> Decision:  # fmt: skip
+        return cls(node_doc, budgets, policy, now, out, _cluster_size(policy, inc["node"]), force)
+
+
+def _hold(inc: dict[str, Any], d: Decision, held: dict[str, Any], page: str | None) -> None:
     """Stop here until a person (or, for a budget, the sweep) lets the incident go on."""
-    inc["state"], inc["held"] = State.HELD, held
-    out.result, out.page = "held", page
+    lifecycle.move(inc, State.HELD, "held")
+    inc["held"] = held
+    d.out.result, d.out.page = "held", page
 
 
-def _cooled_down(
-    inc: dict[str, Any], node_doc: Mapping[str, Any], policy: Policy, now: float, out: Outcome
-) -> bool:
+def _cooled_down(inc: dict[str, Any], d: Decision) -> bool:
     """False if the action ran on this node too recently: a job action is dropped, a node action held."""
     action = inc["action"]
-    left = cooldown_left(action, node_doc, policy, now)
+    left = cooldown_left(action, d.node_doc, d.policy, d.now)
     if left <= 0:
         return True
     if action in JOB_ACTIONS:
-        inc["state"] = State.RESOLVED
-        inc["timeline"]["resolved"] = now
+        lifecycle.move(inc, State.RESOLVED, "suppressed inside its cooldown")
+        inc["timeline"]["resolved"] = d.now
         inc["reason"] = (
             f"{inc['reason']} [suppressed: {action} ran on this node {int(left)} s before cooldown end]"
         )
-        out.result = "suppressed"
+        d.out.result = "suppressed"
         return False
-    held = {"reason": f"cooldown: {action} again within {int(left)} s", "since": now}
-    _hold(inc, out, held, f"incident {inc['id']}: {action} repeated inside its cooldown; needs a human")
+    held = {"reason": f"cooldown: {action} again within {int(left)} s", "since": d.now}
+    _hold(inc, d, held, f"incident {inc['id']}: {action} repeated inside its cooldown; needs a human")
     return False
 
 
-def _claimed(
-    inc: dict[str, Any],
-    node_doc: Mapping[str, Any],
-    budgets: Mapping[str, dict[str, Any] | None],
-    policy: Policy,
-    cluster_size: int | None,
-    now: float,
-    out: Outcome,
-    force: bool,
-) -> bool:
+def _claimed(inc: dict[str, Any], d: Decision) -> bool:
     """A node action needs a slot in every blast-radius budget it counts against, or it is held."""
-    claims, failed, page = try_claim(inc, node_doc, budgets, policy, cluster_size, now, force)
-    out.budgets.update(claims)
+    claims, failed, page = try_claim(inc, d.node_doc, d.budgets, d.policy, d.cluster_size, d.now, d.force)
+    d.out.budgets.update(claims)
     if failed is not None:
-        held = {"reason": f"blast-radius budget {failed} exhausted", "scope": failed, "since": now}
-        _hold(inc, out, held, page)
+        held = {"reason": f"blast-radius budget {failed} exhausted", "scope": failed, "since": d.now}
+        _hold(inc, d, held, page)
         return False
     inc["budget_scopes"] = sorted(claims)
     return True
 
 
-def _schedule(
-    inc: dict[str, Any], node_doc: dict[str, Any], policy: Policy, now: float, out: Outcome
-) -> None:
+def _schedule(inc: dict[str, Any], d: Decision) -> None:
     """Decide the next workflow step. It is started after the store commits this decision."""
     inc["step"] += 1
-    _record_remediation(node_doc, inc, now)
-    if policy.enforce:
+    _record_remediation(d.node_doc, inc, d.now)
+    if d.policy.enforce:
         inc["workflow"] = {
             "step": inc["step"],
             "state": RunState.PENDING,
             "lease_until": 0,
             "execution": None,
         }
-        out.start_step = inc["step"]
+        d.out.start_step = inc["step"]
     else:
         inc["workflow"] = {
             "step": inc["step"],
@@ -414,16 +425,7 @@ def _schedule(
         }
 
 
-def _decide_start(
-    inc: dict[str, Any],
-    node_doc: dict[str, Any],
-    budgets: Mapping[str, dict[str, Any] | None],
-    policy: Policy,
-    cluster_size: int | None,
-    now: float,
-    out: Outcome,
-    force: bool = False,
-) -> None:
+def _decide_start(inc: dict[str, Any], d: Decision) -> None:
     """Given a (new, raised, released or stepped-up) action: hold it, suppress it, or schedule a step.
 
     Every workflow step is decided here, so policy, cooldowns, budgets and the mode apply to
@@ -432,20 +434,18 @@ def _decide_start(
     action = inc["action"]
     if action == Action.NONE:
         return
-    if not policy.enabled(action):
-        held = {"reason": f"action {action} is not enabled by policy", "since": now}
-        _hold(inc, out, held, f"incident {inc['id']}: {action} needs a human (not enabled by policy)")
+    if not d.policy.enabled(action):
+        held = {"reason": f"action {action} is not enabled by policy", "since": d.now}
+        _hold(inc, d, held, f"incident {inc['id']}: {action} needs a human (not enabled by policy)")
         return
-    if not _cooled_down(inc, node_doc, policy, now, out):
+    if not _cooled_down(inc, d):
         return
-    if action in NODE_ACTIONS and not _claimed(inc, node_doc, budgets, policy, cluster_size, now, out, force):
+    if action in NODE_ACTIONS and not _claimed(inc, d):
         return
-    _schedule(inc, node_doc, policy, now, out)
+    _schedule(inc, d)
 
 
-def _end_burst(
-    latest: dict[str, Any] | None, budgets: Mapping[str, dict[str, Any] | None], ts: float, out: Outcome
-) -> Mapping[str, dict[str, Any] | None]:
+def _end_burst(latest: dict[str, Any] | None, budgets: Budgets, ts: float, out: Outcome) -> Budgets:
     """Close the latest incident if its burst is over; the budgets as they stand after that."""
     if latest is None or not close_if_burst_over(latest, ts):
         return budgets
@@ -456,86 +456,62 @@ def _end_burst(
     return ChainMap(out.budgets, budgets)  # type: ignore[arg-type]
 
 
-def _raise(
-    latest: dict[str, Any],
-    ev: Mapping[str, Any],
-    node_doc: dict[str, Any],
-    budgets: Mapping[str, dict[str, Any] | None],
-    policy: Policy,
-    now: float,
-    out: Outcome,
-) -> None:
+def _raise(latest: dict[str, Any], ev: Mapping[str, Any], d: Decision) -> None:
     """A stronger verdict for an open episode: act on it now, or leave it for the running workflow."""
     if latest["state"] == State.RESOLVED:  # a record-only episode that turns out to be worse
-        latest["state"] = State.OPEN
+        lifecycle.move(latest, State.OPEN, "reopened by a stronger line of its burst")
         latest["timeline"].pop("resolved", None)
     proposed = higher(latest["proposed_action"], ev["action"])
-    action, why = escalate(proposed, node_doc, policy, now)
-    action, lowered = _capped(latest, action, policy)
+    action, why = escalate(proposed, d.node_doc, d.policy, d.now)
+    action, lowered = _capped(latest, action, d.policy)
     why += lowered
     latest["proposed_action"] = proposed
     if latest["state"] in (State.OPEN, State.HELD):
         latest["escalations"].append(
-            {"from": latest["action"], "to": action, "at": now, "why": [ev["reason"], *why]}
+            {"from": latest["action"], "to": action, "at": d.now, "why": [ev["reason"], *why]}
         )
         latest["action"], latest["reason"] = action, ev["reason"]
-        out.result = "raised"
+        d.out.result = "raised"
         if latest["state"] == State.OPEN or (latest["held"] or {}).get("scope") is None:
-            latest["state"], latest["held"] = State.OPEN, None
-            _decide_start(latest, node_doc, budgets, policy, _cluster_size(policy, ev["node"]), now, out)
+            lifecycle.move(latest, State.OPEN, "raised")
+            latest["held"] = None
+            _decide_start(latest, d)
     elif latest["state"] in ACTIVE_STATES:
         latest["escalate_to"] = higher(latest.get("escalate_to") or Action.NONE, action)
-        out.result = "raised"
+        d.out.result = "raised"
     # FAILED stays with its human; the higher verdict is kept as evidence.
 
 
-def _absorb(
-    latest: dict[str, Any],
-    ev: Mapping[str, Any],
-    ts: float,
-    node_doc: dict[str, Any],
-    budgets: Mapping[str, dict[str, Any] | None],
-    policy: Policy,
-    now: float,
-    out: Outcome,
-) -> Outcome:
+def _absorb(latest: dict[str, Any], ev: Mapping[str, Any], ts: float, d: Decision) -> Outcome:
     """Count an event into the node's episode; a stronger one raises the episode's action."""
-    _count(latest, ev, ts, policy.window("tie_s"))
+    _count(latest, ev, ts, d.policy.window("tie_s"))
     if _trust_of(ev) == trust.VERIFIED:
         latest["trust"] = trust.VERIFIED
-    latest["burst_until"] = max(latest["burst_until"], ts + policy.window("burst_silence_s"))
-    latest["updated_at"] = now
-    out.incident, out.result, out.closed = latest, "absorbed", None
+    latest["burst_until"] = max(latest["burst_until"], ts + d.policy.window("burst_silence_s"))
+    latest["updated_at"] = d.now
+    d.out.incident, d.out.result, d.out.closed = latest, "absorbed", None
     if RANK[ev["action"]] > RANK[latest["action"]] and not latest.get("closure"):
-        _raise(latest, ev, node_doc, budgets, policy, now, out)
-    return out
+        _raise(latest, ev, d)
+    return d.out
 
 
-def _open(
-    ev: Mapping[str, Any],
-    ts: float,
-    node_doc: dict[str, Any],
-    budgets: Mapping[str, dict[str, Any] | None],
-    policy: Policy,
-    now: float,
-    trigger: str,
-    out: Outcome,
-) -> Outcome:
+def _open(ev: Mapping[str, Any], ts: float, trigger: str, d: Decision) -> Outcome:
     """A new episode on the node: a new incident, escalated by the node's history."""
-    cluster = policy.cluster_for(ev["node"])
-    inc = new_incident(incident_id(node_key(ev["node"]), trigger), ev, cluster, policy, now)
-    action, why = escalate(ev["action"], node_doc, policy, now)
-    action, lowered = _capped(inc, action, policy)
+    cluster = d.policy.cluster_for(ev["node"])
+    inc = new_incident(incident_id(node_key(ev["node"]), trigger), ev, cluster, d.policy, d.now)
+    action, why = escalate(ev["action"], d.node_doc, d.policy, d.now)
+    action, lowered = _capped(inc, action, d.policy)
     why += lowered
     if why:
-        inc["escalations"].append({"from": ev["action"], "to": action, "at": now, "why": why})
+        inc["escalations"].append({"from": ev["action"], "to": action, "at": d.now, "why": why})
         inc["action"] = action
         inc["reason"] = f"{ev['reason']} [escalated to {action}: {'; '.join(why)}]"
-    _count(inc, ev, ts, policy.window("tie_s"))
-    node_doc["latest_incident"] = inc["id"]
-    out.incident, out.result = inc, "opened"
-    _decide_start(inc, node_doc, budgets, policy, cluster.size if cluster else None, now, out)
-    return out
+    _count(inc, ev, ts, d.policy.window("tie_s"))
+    d.node_doc["latest_incident"] = inc["id"]
+    d.out.incident, d.out.result = inc, "opened"
+    d.cluster_size = cluster.size if cluster else None
+    _decide_start(inc, d)
+    return d.out
 
 
 def _trust_of(ev: Mapping[str, Any]) -> str:
@@ -579,11 +555,12 @@ def apply_event(
     out = Outcome("ignored", node=node_doc)
     budgets = _end_burst(latest, budgets, ts, out)
     ev, td = believed(ev, policy)
+    d = Decision(node_doc, budgets, policy, now, out, _cluster_size(policy, ev["node"]))
     if latest is not None and absorbs(latest, ev, ts):
-        return _absorb(latest, ev, ts, node_doc, budgets, policy, now, out)
+        return _absorb(latest, ev, ts, d)
     if ev["action"] == Action.NONE and not td.lowered:
         return out  # nothing to remember: no open episode and nothing to do
-    out = _open(ev, ts, node_doc, budgets, policy, now, trigger, out)
+    out = _open(ev, ts, trigger, d)
     if td.lowered and out.page is None and out.incident is not None:
         out.page = f"incident {out.incident['id']}: {td.reason}"  # once per episode: absorbs are quiet
     return out
@@ -601,7 +578,7 @@ def close_if_burst_over(inc: dict[str, Any], now: float) -> bool:
         return False  # a real workflow owns it
     if inc["action"] not in RECORD_ONLY_ACTIONS and inc.get("mode") != "observe":
         return False
-    inc["state"] = State.RESOLVED
+    lifecycle.move(inc, State.RESOLVED, "its burst ended")
     inc["timeline"]["resolved"] = now
     inc["updated_at"] = now
     return True
@@ -676,14 +653,15 @@ def release_held(
     inc, node_doc = copy.deepcopy(inc), copy.deepcopy(node_doc)
     out = Outcome("released", incident=inc, node=node_doc)
     held = inc.get("held") or {}
-    inc["state"], inc["held"] = State.OPEN, None
+    lifecycle.move(inc, State.OPEN, f"released by {by}")
+    inc["held"] = None
     if force:
         inc.setdefault("escalations", []).append(
             {"from": inc["action"], "to": inc["action"], "at": now, "why": [f"released by {by}"]}
         )
         # An operator's release is the human decision the hold asked for: past budget and cooldown.
         node_doc.get("last_action_at", {}).pop(inc["action"], None)
-    _decide_start(inc, node_doc, budgets, policy, _cluster_size(policy, inc["node"]), now, out, force)
+    _decide_start(inc, Decision.on(inc, node_doc, budgets, policy, now, out, force))
     if inc["state"] == State.HELD:
         inc["held"]["since"] = held.get("since", now)
         out.result = "held" if out.page else "still_held"
@@ -712,9 +690,10 @@ def step_up(
     out = Outcome("raised", incident=inc, node=node_doc)
     why = list(inc.get("escalate_why") or ["a stronger fault arrived during remediation"])
     inc["escalations"].append({"from": inc["action"], "to": action, "at": now, "why": why})
-    inc["action"], inc["escalate_to"], inc["state"] = action, None, State.OPEN
+    lifecycle.move(inc, State.OPEN, "stepped up")
+    inc["action"], inc["escalate_to"] = action, None
     inc.pop("escalate_why", None)
-    _decide_start(inc, node_doc, budgets, policy, _cluster_size(policy, inc["node"]), now, out)
+    _decide_start(inc, Decision.on(inc, node_doc, budgets, policy, now, out))
     inc["updated_at"] = now
     return out
 
@@ -758,7 +737,8 @@ def close_by_person(
         return Outcome("ignored", incident=inc)
     inc, node_doc = copy.deepcopy(inc), copy.deepcopy(node_doc)
     inc["closure"] = {"by": by, "at": now, "from_state": str(inc["state"]), "unfence": unfence}
-    inc["state"], inc["held"], inc["escalate_to"] = State.RESOLVED, None, None
+    lifecycle.move(inc, State.RESOLVED, f"closed by {by}")
+    inc["held"], inc["escalate_to"] = None, None
     inc["timeline"]["closed"] = now
     inc["budget_released_at"] = now
     inc["updated_at"] = now
@@ -795,7 +775,7 @@ def fail_stuck(
     if watched_execution(inc) != execution:
         return Outcome("ignored", incident=inc)
     inc, node_doc = copy.deepcopy(inc), copy.deepcopy(node_doc)
-    inc["state"] = State.FAILED
+    lifecycle.move(inc, State.FAILED, "the watchdog")
     inc["failure"] = {"stage": "watchdog", "error": why, "at": now}
     inc["budget_released_at"] = now
     inc["updated_at"] = now
