@@ -34,6 +34,12 @@ def ev(line: str, node: str = "a3-node-001", ts: float = T0, iid: str | None = N
     return e
 
 
+def held_of(inc: Any) -> Any:
+    """What holds an incident (it must be held)."""
+    assert inc is not None and inc["held"] is not None, inc
+    return inc["held"]
+
+
 class World:
     """Documents as the store would hold them, updated from each outcome."""
 
@@ -55,7 +61,7 @@ class World:
     def save(self, out: engine.Outcome) -> None:
         for inc in (out.closed, out.incident):
             if inc is not None:
-                self.incidents[inc["id"]] = inc
+                self.incidents[inc["id"]] = dict(inc)
         if out.node is not None and out.result != "ignored":
             self.nodes[engine.node_key(out.node["node"])] = out.node
         self.budgets.update(out.budgets)
@@ -205,7 +211,7 @@ def test_cooldown_holds_repeat_and_pages() -> None:
     w.resolve(first.incident["id"], T0 + 60)
     again = w.feed(ev(XID79, ts=T0 + 600))
     assert again.result == "held" and again.incident is not None
-    assert "cooldown" in again.incident["held"]["reason"]
+    assert "cooldown" in held_of(again.incident)["reason"]
     assert again.page is not None
 
 
@@ -236,7 +242,7 @@ def test_blast_radius_holds_and_pages_once_then_closes_itself() -> None:
     assert [o.page is not None for o in outs] == [False, True, False, False, False]
     assert sum(o.start_step is not None for o in outs) == 1
     held = outs[1].incident
-    assert held is not None and held["held"]["scope"] == "cluster-train"
+    assert held is not None and held_of(held)["scope"] == "cluster-train"
     # the first finishes; its slot still counts until the window slides past it
     assert outs[0].incident is not None
     w.resolve(outs[0].incident["id"], T0 + 600)
@@ -264,7 +270,7 @@ def test_disabled_action_is_held_for_a_human() -> None:
     w = World(pol(enabled_actions=["RESET_GPU", "RESTART_JOB"]))
     out = w.feed(ev(XID79))
     assert out.result == "held" and out.page is not None
-    assert out.incident is not None and "not enabled" in out.incident["held"]["reason"]
+    assert out.incident is not None and "not enabled" in held_of(out.incident)["reason"]
 
 
 @pytest.mark.parametrize(
@@ -322,7 +328,7 @@ def test_reservation_block_budget_applies_once_the_block_is_known() -> None:
     outs = [w.feed(ev(XID79, node=f"a3-node-00{i}", ts=T0 + i)) for i in range(1, 4)]
     assert [o.result for o in outs] == ["opened", "opened", "held"]
     held = outs[2].incident
-    assert held is not None and held["held"]["scope"].startswith("block-")
+    assert held is not None and held_of(held)["scope"].startswith("block-")
     assert outs[0].incident is not None and any(
         s.startswith("block-") for s in outs[0].incident["budget_scopes"]
     )
@@ -392,7 +398,7 @@ def test_step_up_past_a_budget_is_held_and_pages() -> None:
     assert out.result == "held" and out.start_step is None
     assert out.page is not None and "block-" in out.page
     inc = w.incidents[iid]
-    assert inc["state"] == "HELD" and inc["held"]["scope"].startswith("block-")
+    assert inc["state"] == "HELD" and held_of(inc)["scope"].startswith("block-")
     assert inc["action"] == "REBOOT_NODE" and inc["step"] == 1
     assert [r["action"] for r in w.nodes[key]["remediations"]] == ["RESET_GPU"]
 
@@ -403,7 +409,7 @@ def test_step_up_to_a_disabled_action_is_held_for_a_human() -> None:
     w.p = pol(enabled_actions=["RESET_GPU", "RESTART_JOB"])
     out = _step_up(w, iid, T0 + 60)
     assert out.result == "held" and out.page is not None and out.start_step is None
-    assert out.incident is not None and "not enabled" in out.incident["held"]["reason"]
+    assert out.incident is not None and "not enabled" in held_of(out.incident)["reason"]
 
 
 def test_step_up_without_a_stronger_action_changes_nothing() -> None:
@@ -527,7 +533,7 @@ def test_close_by_person_takes_open_held_and_failed_but_not_a_running_step() -> 
     ):
         wf = {"step": 1, "state": "started" if started else "pending", "execution": None}
         inc = {**pending, "id": iid, "state": state, "workflow": wf}
-        got = engine.close_by_person(inc, engine.new_node(inc["node"]), {}, "bob", T0 + 9, False)
+        got = engine.close_by_person(inc, engine.new_node(pending["node"]), {}, "bob", T0 + 9, False)
         assert (got.result == "closed") is ok, (state, started)
 
 

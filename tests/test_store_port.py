@@ -155,8 +155,10 @@ def test_the_outbox_keeps_what_is_unsent(store: IncidentStore) -> None:
 
 
 def test_one_rule_says_what_a_decision_writes() -> None:
-    out = engine.Outcome("absorbed", incident={"id": "i1"}, node={"node": {}})
+    out = engine.Outcome("absorbed", incident=engine.as_incident({"id": "i1"}), node={"node": {}})
     assert commit_of(out).incidents == [{"id": "i1"}] and commit_of(out).node is None
-    raised = engine.Outcome("raised", incident={"id": "i1"}, node={"node": {}}, budgets={"b": {}})
+    raised = engine.Outcome(
+        "raised", incident=engine.as_incident({"id": "i1"}), node={"node": {}}, budgets={"b": {}}
+    )
     assert commit_of(raised).count == 3
     assert commit_of(engine.Outcome("duplicate")).count == 0

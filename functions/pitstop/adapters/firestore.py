@@ -380,7 +380,7 @@ class IncidentStore:
         def txn(t: Any) -> engine.Outcome:
             inc = ref.get(transaction=t).to_dict()
             if not inc:
-                return engine.Outcome("ignored", incident=inc)
+                return engine.Outcome("ignored")
             node_ref = self.nodes.document(inc["node_key"])
             node_doc = node_ref.get(transaction=t).to_dict() or engine.new_node(inc["node"])
             out = decide(inc, node_doc, _LazyBudgets(self.budgets, t))

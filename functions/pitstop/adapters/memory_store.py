@@ -43,7 +43,7 @@ class MemoryStore:
         """Keep the decision's documents: the engine made them fresh, and ``get`` hands out copies."""
         done = commit_of(out)
         for inc in done.incidents:
-            self.incidents[inc["id"]] = inc
+            self.incidents[inc["id"]] = dict(inc)
         if done.node is not None:
             self.nodes[engine.node_key(done.node["node"])] = done.node
         self.budgets.update(done.budgets)
@@ -87,13 +87,13 @@ class MemoryStore:
             inc["updated_at"] = now
             self.incidents[iid] = inc
             self.writes += 1
-            return Outcome("absorbed", incident=copy.deepcopy(inc), coalesced=True)
+            return Outcome("absorbed", incident=engine.as_incident(inc), coalesced=True)
 
     def _decide(self, iid: str, decide: Decide) -> Outcome:
         with self._lock:
             inc = self.get(iid)
             if not inc:
-                return Outcome("ignored", incident=inc)
+                return Outcome("ignored")
             node = self.get_node(inc["node_key"]) or engine.new_node(inc["node"])
             out = decide(inc, node, self.budgets)
             if out.result != "ignored":

@@ -20,10 +20,11 @@ import sys
 from collections import ChainMap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pitstop.core import lifecycle, trust
 from pitstop.core.actions import JOB_ACTIONS, NODE_ACTIONS, RANK, RECORD_ONLY_ACTIONS, Action, higher
+from pitstop.core.domain import Evidence, Held, Incident, Maintenance, NodeRef
 from pitstop.core.policy import Policy
 from pitstop.core.states import ACTIVE_STATES, OPEN_STATES, UNCLAIMABLE_STATES, RunState, State
 
@@ -75,7 +76,7 @@ def event_key(ev: Mapping[str, Any]) -> str:
     return hashlib.sha256(f"{src.get('log_name')}|{ident}".encode()).hexdigest()[:32]
 
 
-def summary(ev: Mapping[str, Any]) -> dict[str, Any]:
+def summary(ev: Mapping[str, Any]) -> Evidence:
     """What an incident keeps of one event (evidence for humans and the host report)."""
     d = ev.get("detail", {})
     return {
@@ -113,8 +114,8 @@ class Outcome:
     """What one event did; the documents in it are what the store must persist."""
 
     result: Result
-    incident: dict[str, Any] | None = None
-    closed: dict[str, Any] | None = None  # a previous record-only incident whose burst ended
+    incident: Incident | None = None
+    closed: Incident | None = None  # a previous record-only incident whose burst ended
     node: dict[str, Any] | None = None
     budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
     start_step: int | None = None  # a workflow execution is due for this incident step
@@ -123,16 +124,26 @@ class Outcome:
     duplicate_of: str | None = None  # a duplicate delivery: the incident its first delivery touched
 
 
+# What counting works on: an incident, or the in-memory deltas of one (services/coalesce.py), or a
+# stored document of either, as the stores hand them over.
+Counted = Incident | dict[str, Any]
+
+
+def as_incident(doc: Mapping[str, Any]) -> Incident:
+    """A stored incident document as the engine works on it: a copy (the caller's stays as it was)."""
+    return cast(Incident, copy.deepcopy(dict(doc)))
+
+
 def new_node(node: Mapping[str, Any]) -> dict[str, Any]:
     return {"node": dict(node), "latest_incident": None, "remediations": [], "last_action_at": {}}
 
 
-def new_incident(iid: str, ev: Mapping[str, Any], cluster: Any, policy: Policy, now: float) -> dict[str, Any]:
+def new_incident(iid: str, ev: Mapping[str, Any], cluster: Any, policy: Policy, now: float) -> Incident:
     detected = ev.get("_observed_ts") or now
-    inc: dict[str, Any] = {
+    inc: Incident = {
         "id": iid,
         "node_key": node_key(ev["node"]),
-        "node": dict(ev["node"]),
+        "node": cast(NodeRef, dict(ev["node"])),
         "cluster": cluster.name if cluster else None,
         "scheduler": cluster.scheduler if cluster else "none",
         "state": State.OPEN,
@@ -161,11 +172,15 @@ def new_incident(iid: str, ev: Mapping[str, Any], cluster: Any, policy: Policy, 
     }
     if ev["kind"] == "maintenance":
         d = ev.get("detail", {})
-        inc["maintenance"] = {k: d.get(k) for k in ("window_start", "window_end", "maintenance_status")}
+        inc["maintenance"] = Maintenance(
+            window_start=d.get("window_start"),
+            window_end=d.get("window_end"),
+            maintenance_status=d.get("maintenance_status"),
+        )
     return inc
 
 
-def remember_keys(inc: dict[str, Any], keys: list[str], limit: int = MAX_RECENT_KEYS) -> None:
+def remember_keys(inc: Counted, keys: list[str], limit: int = MAX_RECENT_KEYS) -> None:
     """Append delivery keys, keeping the newest ``limit`` (in place: a storm appends often)."""
     kept = inc.setdefault("recent_keys", [])
     kept.extend(keys)
@@ -184,7 +199,7 @@ def _xid_key(ev: Mapping[str, Any]) -> str:
     return f"xid_{ev['xid']}" if ev["xid"] is not None else str(ev["kind"])
 
 
-def _count_gpu(inc: dict[str, Any], ev: Mapping[str, Any], pci: str, ts: float, tie_s: float) -> None:
+def _count_gpu(inc: Counted, ev: Mapping[str, Any], pci: str, ts: float, tie_s: float) -> None:
     """Per-GPU counts: at most MAX_GPUS GPUs and MAX_XIDS codes each by name, the rest under OTHER."""
     gk = bounded_key(inc["gpus"], pci.replace(":", "_"), MAX_GPUS)
     g = inc["gpus"].setdefault(gk, {"pci": pci if gk != OTHER else OTHER, "first_seen": ts, "xids": {}})
@@ -202,7 +217,7 @@ def _count_gpu(inc: dict[str, Any], ev: Mapping[str, Any], pci: str, ts: float, 
 
 
 def _count(
-    inc: dict[str, Any],
+    inc: Counted,
     ev: Mapping[str, Any],
     ts: float,
     tie_s: float,
@@ -269,7 +284,7 @@ def _live_slots(budget: Mapping[str, Any], policy: Policy, now: float) -> dict[s
 
 
 def try_claim(
-    inc: dict[str, Any],
+    inc: Incident,
     node_doc: Mapping[str, Any],
     budgets: Mapping[str, dict[str, Any] | None],
     policy: Policy,
@@ -366,14 +381,14 @@ class Decision:
         return cls(node_doc, budgets, policy, now, out, _cluster_size(policy, inc["node"]), force)
 
 
-def _hold(inc: dict[str, Any], d: Decision, held: dict[str, Any], page: str | None) -> None:
+def _hold(inc: Incident, d: Decision, held: Held, page: str | None) -> None:
     """Stop here until a person (or, for a budget, the sweep) lets the incident go on."""
     lifecycle.move(inc, State.HELD, "held")
     inc["held"] = held
     d.out.result, d.out.page = "held", page
 
 
-def _cooled_down(inc: dict[str, Any], d: Decision) -> bool:
+def _cooled_down(inc: Incident, d: Decision) -> bool:
     """False if the action ran on this node too recently: a job action is dropped, a node action held."""
     action = inc["action"]
     left = cooldown_left(action, d.node_doc, d.policy, d.now)
@@ -387,24 +402,24 @@ def _cooled_down(inc: dict[str, Any], d: Decision) -> bool:
         )
         d.out.result = "suppressed"
         return False
-    held = {"reason": f"cooldown: {action} again within {int(left)} s", "since": d.now}
+    held: Held = {"reason": f"cooldown: {action} again within {int(left)} s", "since": d.now}
     _hold(inc, d, held, f"incident {inc['id']}: {action} repeated inside its cooldown; needs a human")
     return False
 
 
-def _claimed(inc: dict[str, Any], d: Decision) -> bool:
+def _claimed(inc: Incident, d: Decision) -> bool:
     """A node action needs a slot in every blast-radius budget it counts against, or it is held."""
     claims, failed, page = try_claim(inc, d.node_doc, d.budgets, d.policy, d.cluster_size, d.now, d.force)
     d.out.budgets.update(claims)
     if failed is not None:
-        held = {"reason": f"blast-radius budget {failed} exhausted", "scope": failed, "since": d.now}
+        held: Held = {"reason": f"blast-radius budget {failed} exhausted", "scope": failed, "since": d.now}
         _hold(inc, d, held, page)
         return False
     inc["budget_scopes"] = sorted(claims)
     return True
 
 
-def _schedule(inc: dict[str, Any], d: Decision) -> None:
+def _schedule(inc: Incident, d: Decision) -> None:
     """Decide the next workflow step. It is started after the store commits this decision."""
     inc["step"] += 1
     _record_remediation(d.node_doc, inc, d.now)
@@ -425,7 +440,7 @@ def _schedule(inc: dict[str, Any], d: Decision) -> None:
         }
 
 
-def _decide_start(inc: dict[str, Any], d: Decision) -> None:
+def _decide_start(inc: Incident, d: Decision) -> None:
     """Given a (new, raised, released or stepped-up) action: hold it, suppress it, or schedule a step.
 
     Every workflow step is decided here, so policy, cooldowns, budgets and the mode apply to
@@ -435,7 +450,7 @@ def _decide_start(inc: dict[str, Any], d: Decision) -> None:
     if action == Action.NONE:
         return
     if not d.policy.enabled(action):
-        held = {"reason": f"action {action} is not enabled by policy", "since": d.now}
+        held: Held = {"reason": f"action {action} is not enabled by policy", "since": d.now}
         _hold(inc, d, held, f"incident {inc['id']}: {action} needs a human (not enabled by policy)")
         return
     if not _cooled_down(inc, d):
@@ -445,7 +460,7 @@ def _decide_start(inc: dict[str, Any], d: Decision) -> None:
     _schedule(inc, d)
 
 
-def _end_burst(latest: dict[str, Any] | None, budgets: Budgets, ts: float, out: Outcome) -> Budgets:
+def _end_burst(latest: Incident | None, budgets: Budgets, ts: float, out: Outcome) -> Budgets:
     """Close the latest incident if its burst is over; the budgets as they stand after that."""
     if latest is None or not close_if_burst_over(latest, ts):
         return budgets
@@ -456,7 +471,7 @@ def _end_burst(latest: dict[str, Any] | None, budgets: Budgets, ts: float, out: 
     return ChainMap(out.budgets, budgets)  # type: ignore[arg-type]
 
 
-def _raise(latest: dict[str, Any], ev: Mapping[str, Any], d: Decision) -> None:
+def _raise(latest: Incident, ev: Mapping[str, Any], d: Decision) -> None:
     """A stronger verdict for an open episode: act on it now, or leave it for the running workflow."""
     if latest["state"] == State.RESOLVED:  # a record-only episode that turns out to be worse
         lifecycle.move(latest, State.OPEN, "reopened by a stronger line of its burst")
@@ -482,7 +497,7 @@ def _raise(latest: dict[str, Any], ev: Mapping[str, Any], d: Decision) -> None:
     # FAILED stays with its human; the higher verdict is kept as evidence.
 
 
-def _absorb(latest: dict[str, Any], ev: Mapping[str, Any], ts: float, d: Decision) -> Outcome:
+def _absorb(latest: Incident, ev: Mapping[str, Any], ts: float, d: Decision) -> Outcome:
     """Count an event into the node's episode; a stronger one raises the episode's action."""
     _count(latest, ev, ts, d.policy.window("tie_s"))
     if _trust_of(ev) == trust.VERIFIED:
@@ -531,7 +546,7 @@ def believed(ev: Mapping[str, Any], policy: Policy) -> tuple[Mapping[str, Any], 
     return {**ev, "action": td.action, "reason": f"{ev['reason']} [{td.reason}]"}, td
 
 
-def _capped(inc: dict[str, Any], action: str, policy: Policy) -> tuple[str, list[str]]:
+def _capped(inc: Incident, action: str, policy: Policy) -> tuple[str, list[str]]:
     """History may raise an action; for an episode without verified evidence only as far as trust allows."""
     if inc.get("trust") == trust.VERIFIED:
         return action, []
@@ -542,7 +557,7 @@ def _capped(inc: dict[str, Any], action: str, policy: Policy) -> tuple[str, list
 def apply_event(
     ev: Mapping[str, Any],
     node_doc: dict[str, Any] | None,
-    latest: dict[str, Any] | None,
+    latest: Mapping[str, Any] | None,
     budgets: Mapping[str, dict[str, Any] | None],
     policy: Policy,
     now: float,
@@ -551,7 +566,7 @@ def apply_event(
     """Fold one classified event into the node's state. ``ev['_observed_ts']`` is its log time."""
     ts = float(ev.get("_observed_ts") or now)
     node_doc = copy.deepcopy(node_doc) if node_doc else new_node(ev["node"])
-    latest = copy.deepcopy(latest) if latest else None
+    latest = as_incident(latest) if latest else None
     out = Outcome("ignored", node=node_doc)
     budgets = _end_burst(latest, budgets, ts, out)
     ev, td = believed(ev, policy)
@@ -566,14 +581,14 @@ def apply_event(
     return out
 
 
-def close_if_burst_over(inc: dict[str, Any], now: float) -> bool:
+def close_if_burst_over(inc: Counted, now: float) -> bool:
     """Record-only and observe-mode incidents resolve when their burst ends."""
     if inc["state"] != State.OPEN or now < inc["burst_until"]:
         return False
     if (
         inc["action"] in RECORD_ONLY_ACTIONS
         and inc.get("workflow")
-        and inc["workflow"].get("state") != RunState.OBSERVE
+        and (inc.get("workflow") or {}).get("state") != RunState.OBSERVE
     ):
         return False  # a real workflow owns it
     if inc["action"] not in RECORD_ONLY_ACTIONS and inc.get("mode") != "observe":
@@ -584,7 +599,7 @@ def close_if_burst_over(inc: dict[str, Any], now: float) -> bool:
     return True
 
 
-def _merge_gpu(inc: dict[str, Any], gk: str, g: Mapping[str, Any]) -> None:
+def _merge_gpu(inc: Counted, gk: str, g: Mapping[str, Any]) -> None:
     key = bounded_key(inc["gpus"], gk, MAX_GPUS)
     pci = g["pci"] if key != OTHER else OTHER
     cur = inc["gpus"].setdefault(key, {"pci": pci, "first_seen": g["first_seen"], "xids": {}})
@@ -597,7 +612,7 @@ def _merge_gpu(inc: dict[str, Any], gk: str, g: Mapping[str, Any]) -> None:
             cur[k] = g[k]
 
 
-def add_deltas(inc: dict[str, Any], deltas: Mapping[str, Any]) -> None:
+def add_deltas(inc: Counted, deltas: Mapping[str, Any]) -> None:
     """Add coalesced counts to an incident, or to other deltas (same bounds as :func:`apply_event`)."""
     remember_keys(inc, list(deltas.get("recent_keys", [])))
     for k, n in deltas["counts"].items():
@@ -611,7 +626,7 @@ def add_deltas(inc: dict[str, Any], deltas: Mapping[str, Any]) -> None:
     inc["last_seen"] = max(inc["last_seen"], deltas["last_seen"])
 
 
-def merge_deltas(inc: dict[str, Any], deltas: Mapping[str, Any], policy: Policy) -> None:
+def merge_deltas(inc: Counted, deltas: Mapping[str, Any], policy: Policy) -> None:
     """Add coalesced counts (built with the same counting as :func:`apply_event`) to an incident."""
     add_deltas(inc, deltas)
     inc["burst_until"] = max(inc["burst_until"], deltas["last_seen"] + policy.window("burst_silence_s"))
@@ -639,7 +654,7 @@ def evidence_room(inc: Mapping[str, Any]) -> int:
 
 
 def release_held(
-    inc: dict[str, Any],
+    inc: Mapping[str, Any],
     node_doc: dict[str, Any],
     budgets: Mapping[str, dict[str, Any] | None],
     policy: Policy,
@@ -649,10 +664,10 @@ def release_held(
 ) -> Outcome:
     """Give a HELD incident another try (the sweep) or release it (an operator, past the budget)."""
     if inc["state"] != State.HELD:
-        return Outcome("ignored", incident=inc)
-    inc, node_doc = copy.deepcopy(inc), copy.deepcopy(node_doc)
+        return Outcome("ignored", incident=as_incident(inc))
+    inc, node_doc = as_incident(inc), copy.deepcopy(node_doc)
     out = Outcome("released", incident=inc, node=node_doc)
-    held = inc.get("held") or {}
+    held: Held = inc.get("held") or {}
     lifecycle.move(inc, State.OPEN, f"released by {by}")
     inc["held"] = None
     if force:
@@ -662,17 +677,19 @@ def release_held(
         # An operator's release is the human decision the hold asked for: past budget and cooldown.
         node_doc.get("last_action_at", {}).pop(inc["action"], None)
     _decide_start(inc, Decision.on(inc, node_doc, budgets, policy, now, out, force))
-    if inc["state"] == State.HELD:
-        inc["held"]["since"] = held.get("since", now)
+    now_held = inc["held"]
+    if inc["state"] == State.HELD and now_held is not None:
+        now_held["since"] = held.get("since", now)
         out.result = "held" if out.page else "still_held"
     else:  # the hold is over: what held it, and for how long, stays on the incident
-        inc["holds"] = [*inc.get("holds", []), {**held, "until": now, "by": by}][-MAX_HISTORY:]
+        ended: Held = {**held, "until": now, "by": by}
+        inc["holds"] = [*inc.get("holds", []), ended][-MAX_HISTORY:]
     inc["updated_at"] = now
     return out
 
 
 def step_up(
-    inc: dict[str, Any],
+    inc: Mapping[str, Any],
     node_doc: dict[str, Any],
     budgets: Mapping[str, dict[str, Any] | None],
     policy: Policy,
@@ -685,8 +702,8 @@ def step_up(
     """
     action = inc.get("escalate_to")
     if not action or RANK[action] <= RANK[inc["action"]] or inc["state"] in UNCLAIMABLE_STATES:
-        return Outcome("ignored", incident=inc)  # an ended, failed or held incident is not stepped up
-    inc, node_doc = copy.deepcopy(inc), copy.deepcopy(node_doc)
+        return Outcome("ignored", incident=as_incident(inc))  # an ended, failed or held one is not stepped up
+    inc, node_doc = as_incident(inc), copy.deepcopy(node_doc)
     out = Outcome("raised", incident=inc, node=node_doc)
     why = list(inc.get("escalate_why") or ["a stronger fault arrived during remediation"])
     inc["escalations"].append({"from": inc["action"], "to": action, "at": now, "why": why})
@@ -720,7 +737,7 @@ def closable(inc: Mapping[str, Any]) -> bool:
 
 
 def close_by_person(
-    inc: dict[str, Any],
+    inc: Mapping[str, Any],
     node_doc: dict[str, Any],
     budgets: Mapping[str, dict[str, Any] | None],
     by: str,
@@ -734,8 +751,8 @@ def close_by_person(
     for the node to be returned to service (the caller sends that request).
     """
     if not closable(inc):
-        return Outcome("ignored", incident=inc)
-    inc, node_doc = copy.deepcopy(inc), copy.deepcopy(node_doc)
+        return Outcome("ignored", incident=as_incident(inc))
+    inc, node_doc = as_incident(inc), copy.deepcopy(node_doc)
     inc["closure"] = {"by": by, "at": now, "from_state": str(inc["state"]), "unfence": unfence}
     lifecycle.move(inc, State.RESOLVED, f"closed by {by}")
     inc["held"], inc["escalate_to"] = None, None
@@ -759,7 +776,7 @@ def watched_execution(inc: Mapping[str, Any]) -> str | None:
 
 
 def fail_stuck(
-    inc: dict[str, Any],
+    inc: Mapping[str, Any],
     node_doc: dict[str, Any],
     budgets: Mapping[str, dict[str, Any] | None],
     execution: str,
@@ -773,8 +790,8 @@ def fail_stuck(
     stays fenced: nothing unfences a FAILED incident's node but a person (``close --unfence``).
     """
     if watched_execution(inc) != execution:
-        return Outcome("ignored", incident=inc)
-    inc, node_doc = copy.deepcopy(inc), copy.deepcopy(node_doc)
+        return Outcome("ignored", incident=as_incident(inc))
+    inc, node_doc = as_incident(inc), copy.deepcopy(node_doc)
     lifecycle.move(inc, State.FAILED, "the watchdog")
     inc["failure"] = {"stage": "watchdog", "error": why, "at": now}
     inc["budget_released_at"] = now
@@ -788,11 +805,11 @@ def fail_stuck(
 
 
 def settle_failed(
-    inc: dict[str, Any], node_doc: dict[str, Any], budgets: Mapping[str, dict[str, Any] | None], now: float
+    inc: Mapping[str, Any], node_doc: dict[str, Any], budgets: Mapping[str, dict[str, Any] | None], now: float
 ) -> Outcome:
     """A FAILED incident keeps its node fenced, not its blast-radius slots: they expire with the window."""
     if inc["state"] != State.FAILED or inc.get("budget_released_at"):
-        return Outcome("ignored", incident=inc)
-    inc, node_doc = copy.deepcopy(inc), copy.deepcopy(node_doc)
+        return Outcome("ignored", incident=as_incident(inc))
+    inc, node_doc = as_incident(inc), copy.deepcopy(node_doc)
     inc["budget_released_at"] = now
     return Outcome("settled", incident=inc, node=node_doc, budgets=_own_slots(inc, budgets))

@@ -24,7 +24,7 @@ T = TypeVar("T")
 class Commit:
     """The documents one engine decision writes, all in one transaction or none."""
 
-    incidents: list[dict[str, Any]] = field(default_factory=list)
+    incidents: list[Mapping[str, Any]] = field(default_factory=list)
     node: dict[str, Any] | None = None
     budgets: Mapping[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -39,7 +39,7 @@ def commit_of(out: Outcome) -> Commit:
     budget document it claimed or released. Nothing for an ignored or duplicate delivery."""
     if out.result in ("ignored", "duplicate"):
         return Commit()
-    incidents = [inc for inc in (out.closed, out.incident) if inc is not None]
+    incidents: list[Mapping[str, Any]] = [inc for inc in (out.closed, out.incident) if inc is not None]
     node = out.node if out.result != "absorbed" else None
     return Commit(incidents, node, dict(out.budgets))
 

@@ -31,11 +31,12 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from pitstop.adapters import log
 from pitstop.core import engine
 from pitstop.core.actions import RANK, Action
+from pitstop.core.domain import Incident
 from pitstop.core.policy import Policy
 from pitstop.core.store import IncidentStore
 
@@ -62,6 +63,12 @@ def slim(inc: Mapping[str, Any] | None) -> dict[str, Any] | None:
     wf = inc.get("workflow")
     out["workflow"] = {k: wf.get(k) for k in _CACHED_RUN} if wf else None
     return out
+
+
+def as_view(view: Mapping[str, Any] | None) -> Incident | None:
+    """The cached, slim view of an incident where an Outcome carries one: only the fields the
+    caller reads of a coalesced answer (id, state, step, workflow) are in it."""
+    return cast(Incident, view) if view is not None else None
 
 
 @dataclass
@@ -133,7 +140,7 @@ class Coalescer:
                 dup = key in self._seen
             self._merge_all(jobs, now)
             if dup:
-                return engine.Outcome("duplicate", incident=slim(latest))
+                return engine.Outcome("duplicate", incident=as_view(slim(latest)))
         assert st is not None
         with self._lock:
             absorbed, job = self._buffer(st, nkey, ev, key, now)
@@ -181,7 +188,7 @@ class Coalescer:
         # The timer merges; a line only does when no timer runs here (it merges on the request's time).
         due = not self._ensure_timer() and now - st.last_flush >= self.flush_interval
         job = self._take(st, now) if due else None
-        return engine.Outcome("absorbed", incident=latest, coalesced=True), job
+        return engine.Outcome("absorbed", incident=as_view(latest), coalesced=True), job
 
     def _commit(self, st: _Node, ev: Mapping[str, Any], key: str, now: float) -> engine.Outcome:
         """The full, transactional path; its answer refreshes the cache.
@@ -193,7 +200,7 @@ class Coalescer:
         while True:
             with self._lock:
                 if key in self._seen:
-                    return engine.Outcome("duplicate", incident=st.latest)
+                    return engine.Outcome("duplicate", incident=as_view(st.latest))
                 running = self._applying.get(key)
                 if running is None:
                     self._applying[key] = threading.Event()

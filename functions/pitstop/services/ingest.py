@@ -109,7 +109,7 @@ class Ingest:
             action=ev["action"],
             xid=ev["xid"],
             node=ev["node"]["instance"],
-            incident=(out.incident or {}).get("id"),
+            incident=out.incident["id"] if out.incident else None,
             mode=self.policy.mode,
         )
         self.follow_up(out, now)
@@ -145,7 +145,7 @@ class Ingest:
                 "WARNING",
                 "follow-up left to the sweep",
                 result=out.result,
-                incident=(out.incident or {}).get("id") or out.duplicate_of,
+                incident=(out.incident["id"] if out.incident else None) or out.duplicate_of,
                 error=repr(exc)[:300],
             )
 

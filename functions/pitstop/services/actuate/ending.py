@@ -83,7 +83,7 @@ def _step_up(s: Step, now: float) -> dict[str, Any] | None:
     if inc is None or out.result in ("ignored", "suppressed"):
         return None
     if out.result == "held":
-        return {"outcome": f"escalation to {inc['action']} held: {inc['held']['reason']}"}
+        return {"outcome": f"escalation to {inc['action']} held: {(inc['held'] or {}).get('reason')}"}
     return {"outcome": f"escalated to {inc['action']} (step {inc['step']})"}
 
 
