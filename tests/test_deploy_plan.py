@@ -2,7 +2,8 @@
 
 tests/fixtures/deploy/ holds every field of every step, and the dry-run output, per case,
 written by `make golden` (pitstop.tools.golden) with the `pitstop_config` label values as
-`<digest>`: they digest the shipped code, which changes with every edit. The baseline first recorded the hand-written plan this interpreter replaced; the
+`<digest>`: they digest the shipped code, which changes with every edit. The baseline first
+recorded the hand-written plan this interpreter replaced; the
 `channels` case was written by hand from the `default` one (each alert policy's create given
 `--notification-channels`, its update `--set-notification-channels`). It is regenerated only
 when the plan is meant to change, and the change is reviewed step by step; the last time for

@@ -104,8 +104,18 @@ def _gke(c: Cluster, w: Wiring) -> Scheduler:
     return gke_scheduler(c.name, c.raw.get("gke") or {}, w.project, w.kube_endpoint)
 
 
+def _kubernetes(c: Cluster, w: Wiring) -> Scheduler:
+    from pitstop.adapters.gke import CheckSettings
+    from pitstop.adapters.kubernetes import KubernetesScheduler
+
+    conf = c.raw.get("kubernetes") or {}
+    if w.kube_endpoint:  # the local stack's fake API server stands in for every cluster
+        return KubernetesScheduler(local_api_client(w.kube_endpoint), checks=CheckSettings.from_conf(conf))
+    return KubernetesScheduler.from_policy(c.name, conf)
+
+
 # policy ``scheduler:`` -> how its adapter is built
-FACTORIES: dict[str, Factory] = {"slurm": _slurm, "gke": _gke}
+FACTORIES: dict[str, Factory] = {"slurm": _slurm, "gke": _gke, "kubernetes": _kubernetes}
 
 
 def schedulers_for(policy: Policy, wiring: Wiring) -> dict[str, Scheduler]:
