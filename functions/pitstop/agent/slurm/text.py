@@ -44,7 +44,7 @@ NCCL_TIMEOUT_S = 900
 START_WAIT_S = 600.0  # for the holder job to start (a powered-down peer may have to boot)
 LEAVE_WAIT_S = 120.0  # for the cancelled holder job to leave its nodes before the reservation goes
 RUNNER_RESPAWNS = 3  # a runner that died is started again this often while the job runs
-OUTPUT_MAX = 256 * 1024  # characters kept of one tool's stdout (a result must fit in Firestore)
+OUTPUT_MAX = 256 * 1024  # characters kept of one tool's stdout (a result must fit in actuate's record of it)
 ACTIVE_JOB_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING"})
 # Node flags that leave a node usable: cloud nodes that are up, a job on it finishing.
 _IDLE_FLAGS = frozenset({"CLOUD"})
