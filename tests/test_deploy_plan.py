@@ -210,3 +210,21 @@ def test_channel_flags_are_accepted_by_the_real_gcloud_parser(tmp_path: Path) ->
             ["gcloud", *argv], capture_output=True, text=True, timeout=120, env=env, check=False
         )
         assert proc.returncode == 1, (argv, proc.stderr[-500:])
+
+
+def test_pagerduty_is_deployed_only_when_asked_for() -> None:
+    """The second channel is opt-in: its secret, notify's read of it and its variable come with
+    `pagerduty: true` in deploy.yaml, and not otherwise (services/channels.py reads the variable)."""
+    plain = "\n".join(deploy.dry_run_lines("demo-proj", "us-central1", deploy.load_config(None)))
+    assert "pitstop-pagerduty" not in plain and "PITSTOP_PAGERDUTY_ROUTING_KEY" not in plain
+    lines = deploy.dry_run_lines(
+        "demo-proj", "us-central1", deploy.load_config("tests/fixtures/deploy/pagerduty.yaml")
+    )
+    notify = next(ln for ln in lines if ln.startswith("gcloud functions deploy pitstop-notify "))
+    assert (
+        "--set-secrets=PITSTOP_WEBHOOK_URL=pitstop-webhook:latest,PITSTOP_PAGERDUTY_ROUTING_KEY=pitstop-pagerduty:latest"
+        in notify
+    )
+    assert any(ln.startswith("gcloud secrets create pitstop-pagerduty ") for ln in lines)
+    grant = [ln for ln in lines if ln.startswith("gcloud secrets add-iam-policy-binding pitstop-pagerduty ")]
+    assert len(grant) == 1 and "pitstop-notify@" in grant[0] and "secretAccessor" in grant[0]

@@ -293,6 +293,8 @@ def dry_run_lines(project: str, region: str, conf: Mapping[str, Any]) -> list[st
 def _entries(entries: Iterable[Entry], t: Target, scope: Mapping[str, str]) -> Iterator[Entry]:
     """Each resource entry once per `for_each` value, groups and `expand` generators flattened."""
     for entry in entries:
+        if not _configured(entry, t):
+            continue
         for values in FOR_EACH[entry["for_each"]](entry, t) if "for_each" in entry else [{}]:
             inner = {**scope, **values}
             if "resources" in entry:
@@ -302,6 +304,12 @@ def _entries(entries: Iterable[Entry], t: Target, scope: Mapping[str, str]) -> I
                     yield _render(generated, {**t.variables, **inner, **own})
             else:
                 yield _render(entry, {**t.variables, **inner})
+
+
+def _configured(entry: Mapping[str, Any], t: Target) -> bool:
+    """An entry (or a grant) with ``if_config: KEY`` exists only when deploy.yaml sets KEY."""
+    key = entry.get("if_config")
+    return key is None or bool(t.conf.get(key))
 
 
 def _render(value: Any, variables: Mapping[str, str]) -> Any:
@@ -379,6 +387,8 @@ def _expand_account_roles(entry: Entry, t: Target) -> Generated:
         for key in entry["roles"]:
             on = key.removesuffix("_roles")
             for b in spec.get(key, []):
+                if not _configured(b, t):
+                    continue
                 for name in _targets(b[on], spec, t.clusters):
                     grant = {"name": name, "member": t.member(comp), "role": b["role"]}
                     yield (
@@ -585,10 +595,25 @@ def _env(env: Mapping[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in env.items())
 
 
+def _secrets(e: Entry, t: Target) -> list[str]:
+    """``--set-secrets`` for the function's secrets, with those whose deploy.yaml key is set."""
+    secrets = dict(e.get("secrets") or {})
+    for key, more in (e.get("secrets_if") or {}).items():
+        secrets.update(more if t.conf.get(key) else {})
+    return [f"--set-secrets={','.join(f'{k}={v}:latest' for k, v in secrets.items())}"] if secrets else []
+
+
 def _function(e: Entry, t: Target) -> list[Step]:
     """A gen2 function from the staged source, labelled with a digest of its flags and source."""
     fn, where = e["name"], [e["name"], "--gen2", f"--region={t.region}", *t.p]
-    argv = ["functions", "deploy", fn, f"--entry-point={e['entry_point']}", *e.get("flags", [])]
+    argv = [
+        "functions",
+        "deploy",
+        fn,
+        f"--entry-point={e['entry_point']}",
+        *e.get("flags", []),
+        *_secrets(e, t),
+    ]
     argv += [f"--set-env-vars={_env(e['env'])}", f"--service-account={sa_email(e['account'], t.project)}"]
     argv += ["--gen2", f"--runtime={t.conf['runtime']}", f"--region={t.region}", f"--source={t.source_dir}"]
     argv += ["--no-allow-unauthenticated", *t.p]

@@ -27,6 +27,7 @@ CASES = (  # name, --project, --region, --config (relative to the repository)
     ("org", "p-2", "asia-southeast1", "tests/fixtures/deploy/org.yaml"),
     ("channels", "demo-proj", None, "tests/fixtures/deploy/channels.yaml"),
     ("gke", "demo-proj", None, "tests/fixtures/deploy/gke.yaml"),
+    ("pagerduty", "demo-proj", None, "tests/fixtures/deploy/pagerduty.yaml"),
 )
 DEFAULT_DIR = deploy.ROOT / "tests" / "fixtures" / "deploy"
 
