@@ -85,6 +85,7 @@ class IncidentStore:
         # budget documents, so inside one instance they take turns instead of aborting each other.
         self._claim_lock = threading.Lock()
         self.writes = 0  # documents written by this process, for `pitstop bench ingest`
+        self.retries = 0  # transactions that lost to a contender and ran again (`pitstop bench ingest`)
 
     def _count_writes(self, n: int) -> None:
         with self._lock:
@@ -113,6 +114,8 @@ class IncidentStore:
             except (ValueError, gexc.Aborted):  # the commit lost, or a read hit a lock timeout
                 if attempt == RETRIES - 1:
                     raise
+                with self._lock:
+                    self.retries += 1
                 pause = min(BACKOFF_CAP_S, BACKOFF_S * 2**attempt)
                 time.sleep(random.uniform(0, pause))  # noqa: S311 - jitter, not a secret
         raise AssertionError("unreachable")
