@@ -99,6 +99,8 @@ def test_concurrent_deliveries_make_one_incident_and_one_start(
 
     with ThreadPoolExecutor(10) as pool:
         results = list(pool.map(deliver, range(50)))
+    for one in instances:  # an incident's first lines are committed one by one, the rest merged
+        one.coalescer.flush_all(clock.t)
     incidents = list(fs_client.collection("pitstop_incidents").stream())
     assert len(incidents) == 1, results
     assert svc.created == 1
@@ -459,3 +461,82 @@ def test_incidents_cli_lists_and_releases(fs_client: firestore.Client, firestore
     assert after is not None and after["state"] == "OPEN"
     assert after["workflow"]["state"] == "pending"
     assert run("--release", held["id"]).returncode == 1  # no longer held
+
+
+def test_merges_from_many_instances_into_one_incident_lose_no_count(fs_client: firestore.Client) -> None:
+    """Merges are a read and a conditional write, not a transaction: five instances merging into
+    the same incident at once must still add up, each merge exactly once."""
+    from pitstop.core.classify import Classifier
+
+    pol = make_policy()
+    first = Classifier.default().classify(entry(XID94, "a3-node-060", 0))
+    opened = IncidentStore(fs_client).apply({**first, "_observed_ts": T0}, pol, T0)
+    assert opened.incident is not None
+    iid = opened.incident["id"]
+    stores = [IncidentStore(fs_client) for _ in range(5)]
+
+    def merge(i: int) -> str:
+        ev = {**Classifier.default().classify(entry(XID94, "a3-node-060", 1 + i)), "_observed_ts": T0 + 1}
+        deltas = engine.empty_deltas()
+        for _ in range(7):  # seven lines buffered on this instance
+            engine.count_into(deltas, ev, T0 + 1, pol)
+        return stores[i % 5].merge_counts(iid, ev, deltas, pol, T0 + 1).result
+
+    with ThreadPoolExecutor(5) as pool:
+        results = list(pool.map(merge, range(20)))
+    assert results == ["absorbed"] * 20
+    inc = IncidentStore(fs_client).get(iid)
+    assert inc is not None and inc["counts"]["events"] == 1 + 20 * 7 and inc["counts"]["xid_94"] == 141
+
+
+def test_a_merge_that_meets_a_write_since_its_read_reads_again(
+    fs_client: firestore.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lost update a plain write would make: another instance writes the incident between
+    this merge's read and its write. The conditional write refuses, the merge reads again."""
+    from pitstop.core.classify import Classifier
+
+    pol = make_policy()
+    ev = {**Classifier.default().classify(entry(XID94, "a3-node-061", 0)), "_observed_ts": T0}
+    store, other = IncidentStore(fs_client), IncidentStore(fs_client)
+    opened = store.apply(ev, pol, T0)
+    assert opened.incident is not None
+    iid = opened.incident["id"]
+    deltas = engine.empty_deltas()
+    engine.count_into(deltas, ev, T0, pol)
+    real_merge, raced = engine.merge_deltas, list[bool]()
+
+    def racing(inc: Any, d: Any, p: Any) -> None:
+        if not raced:  # the first merge's read is done: another instance merges 3 lines now
+            raced.append(True)
+            more = engine.empty_deltas()
+            for _ in range(3):
+                engine.count_into(more, ev, T0, pol)
+            assert other.merge_counts(iid, ev, more, pol, T0).result == "absorbed"
+        real_merge(inc, d, p)
+
+    monkeypatch.setattr(engine, "merge_deltas", racing)  # the store calls it between read and write
+    assert store.merge_counts(iid, ev, deltas, pol, T0).result == "absorbed"
+    assert store.retries == 1  # refused once, then read again
+    inc = store.get(iid)
+    assert inc is not None and inc["counts"]["events"] == 1 + 3 + 1
+
+
+def test_an_incidents_first_lines_are_committed_once_not_once_per_instance(
+    fs_client: firestore.Client,
+) -> None:
+    """A second instance meets an incident that already has its first lines: it counts in memory
+    at once (no transaction, no write) and the merge brings every line in."""
+    from pitstop.services.coalesce import DIRECT_LINES
+
+    pol, clock = make_policy(), Clock()
+    a, b = make_ingest(fs_client, None, pol, clock), make_ingest(fs_client, None, pol, clock)
+    for one in (a, b):
+        one.coalescer.timer = False  # only flush_all merges here
+    results = [a.handle_payload(entry(XID94, "a3-node-062", n)).result for n in range(DIRECT_LINES)]
+    assert results == ["opened", *["absorbed"] * (DIRECT_LINES - 1)]
+    assert b.handle_payload(entry(XID94, "a3-node-062", 100)).coalesced
+    assert b.store.writes == 0  # it read the incident, and wrote nothing
+    b.coalescer.flush_all(clock.t)
+    inc = a.store.latest_incident(a.store.list()[0]["node_key"])
+    assert inc is not None and inc["counts"]["events"] == DIRECT_LINES + 1

@@ -1,19 +1,23 @@
 """Coalescing storms in memory so that 1 000 000 identical lines cost a handful of writes.
 
-A node's first lines on an instance (``DIRECT_LINES``) are committed one by one, so an
-ordinary fault's few lines are counted exactly and at once. After that, an event that cannot
+An incident's first lines (``DIRECT_LINES``, as its stored count says, whichever instance
+committed them) are committed one by one, so an ordinary fault's few lines are counted exactly
+and at once. Judged by the incident, not by the instance: a storm spread over N instances
+commits its first lines once, not N times on the same documents. After that, an event that cannot
 change anything — its node's latest incident (read from Firestore less than ``cache_ttl_s``
 ago, or as this instance last wrote or merged it) absorbs it and it does not raise the
 action — is only counted in memory. Such an event asks nothing of Firestore: no read, no
 write, no workflow follow-up.
 
-Buffered counts are merged into the incident at most every ``flush_interval_s`` per node, in
-a transaction that re-checks the incident; if the incident stopped absorbing meanwhile (it
-was resolved), the strongest buffered event is replayed through the full path, so no fault is
-lost to a stale cache. The merge happens on the next line of that node once the interval has
-passed, or on the instance's own timer (a daemon thread, :meth:`Coalescer.flush_due`), or at
-shutdown (:meth:`Coalescer.flush_all`; functions/main.py wires SIGTERM and atexit). Each
-merge returns the incident as written, which refreshes the cache without a read.
+Buffered counts are merged into the incident at most every ``flush_interval_s`` per node, by
+a read and a write on condition that the incident is still as read (no transaction, no lock:
+many instances merging into the same incidents do not queue; the store's merge_counts), which
+re-checks the incident; if the incident stopped absorbing meanwhile (it was resolved), the
+strongest buffered event is replayed through the full path, so no fault is lost to a stale
+cache. The merge happens on the next line of that node once the interval has passed, or on the
+instance's own timer (a daemon thread, :meth:`Coalescer.flush_due`), or at shutdown
+(:meth:`Coalescer.flush_all`; functions/main.py wires SIGTERM and atexit). Each merge returns
+the incident as written, which refreshes the cache without a read.
 
 Memory is bounded: at most ``max_nodes`` node states (least recently used dropped first, after
 their counts are merged; idle ones dropped after ``IDLE_S``), at most ``seen_max`` delivery
@@ -40,7 +44,7 @@ from pitstop.core.domain import Incident
 from pitstop.core.policy import Policy
 from pitstop.core.store import IncidentStore
 
-DIRECT_LINES = 4  # a node's first lines on an instance are committed one by one
+DIRECT_LINES = 4  # an incident's first lines are committed one by one (by any instance)
 MAX_NODES = 10_000  # node states an instance keeps
 SEEN_MAX = 100_000  # delivery keys an instance remembers (redeliveries to it are dropped at once)
 IDLE_S = 600.0  # a node state untouched this long, with nothing buffered, is dropped
@@ -59,6 +63,7 @@ def slim(inc: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None
     out = {k: inc.get(k) for k in _CACHED}
     out["evidence_room"] = engine.evidence_room(inc)  # buffered evidence past it would be dropped
+    out["events"] = int((inc.get("counts") or {}).get("events", 0))  # lines committed (DIRECT_LINES)
     out["timeline"] = {"resolved": (inc.get("timeline") or {}).get("resolved")}
     wf = inc.get("workflow")
     out["workflow"] = {k: wf.get(k) for k in _CACHED_RUN} if wf else None
@@ -77,7 +82,6 @@ class _Node:
     fetched_at: float
     last_flush: float
     touched: float
-    direct: int = 0  # lines of this node this instance committed through the store
     deltas: dict[str, Any] = field(default_factory=engine.empty_deltas)
     representative: dict[str, Any] | None = None
     buffered: int = 0
@@ -173,7 +177,8 @@ class Coalescer:
         action = engine.believed(ev, self.policy)[0]["action"]  # a forged line raises nothing
         if (
             latest is None
-            or st.direct < DIRECT_LINES
+            or key in self._applying  # a copy of it is in a transaction now: wait for that one
+            or latest.get("events", 0) < DIRECT_LINES
             or RANK[action] > RANK[latest["action"]]
             or not engine.absorbs(latest, ev, ts)
         ):
@@ -219,7 +224,6 @@ class Coalescer:
                 if out.incident is not None:
                     st.latest = slim(out.incident)
                 st.fetched_at = now
-                st.direct += 1
             self._remember(key)
         return out
 
