@@ -540,3 +540,28 @@ def test_an_incidents_first_lines_are_committed_once_not_once_per_instance(
     b.coalescer.flush_all(clock.t)
     inc = a.store.latest_incident(a.store.list()[0]["node_key"])
     assert inc is not None and inc["counts"]["events"] == DIRECT_LINES + 1
+
+
+def test_a_verified_line_is_committed_at_once_where_the_incident_holds_only_unverified_ones(
+    fs_client: firestore.Client,
+) -> None:
+    """Counting in memory is for lines that change nothing: the first kernel-verified line of an
+    incident opened from text syslog makes its evidence trusted, so it is a decision, committed
+    at once, whichever instance receives it."""
+    from pitstop.core import trust
+
+    from .helpers import syslog_entry
+
+    pol, clock = make_policy(trust={"text_syslog": "act"}), Clock()  # same action either way
+    a, b = make_ingest(fs_client, None, pol, clock), make_ingest(fs_client, None, pol, clock)
+    for one in (a, b):
+        one.coalescer.timer = False
+    for n in range(6):
+        line = syslog_entry(XID94, instance="a3-node-063", insert_id=f"s-{n}")
+        a.handle_payload({**line, "timestamp": "2027-01-15T08:00:00Z"})
+    (inc,) = a.store.list()
+    assert inc["trust"] == trust.UNVERIFIED and inc["action"] == "RESTART_JOB"
+    assert inc["counts"]["events"] < 6  # the lines past its first were counted in memory
+    out = b.handle_payload(entry(XID94, "a3-node-063", 1))
+    assert out.result == "absorbed" and not out.coalesced
+    assert (a.store.get(inc["id"]) or {})["trust"] == trust.VERIFIED

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from pitstop.adapters import log
-from pitstop.core import engine
+from pitstop.core import engine, trust
 from pitstop.core.actions import RANK, Action
 from pitstop.core.domain import Incident
 from pitstop.core.policy import Policy
@@ -51,7 +51,7 @@ IDLE_S = 600.0  # a node state untouched this long, with nothing buffered, is dr
 IDLE_TICKS = 30  # the timer thread stops after this many ticks with nothing buffered
 # What the cache keeps of an incident: what engine.absorbs and the coalescing rule read, and no
 # more (an incident's 1000 recent keys times thousands of nodes would not fit an instance).
-_CACHED = ("id", "state", "action", "mode", "burst_until", "closure", "node_key")
+_CACHED = ("id", "state", "action", "mode", "burst_until", "closure", "node_key", "trust")
 _CACHED_RUN = ("step", "state", "lease_until")  # of ``workflow``: enough to see a start was lost
 
 Job = tuple[str, dict[str, Any], dict[str, Any], int]  # incident id, representative, deltas, lines
@@ -68,6 +68,11 @@ def slim(inc: Mapping[str, Any] | None) -> dict[str, Any] | None:
     wf = inc.get("workflow")
     out["workflow"] = {k: wf.get(k) for k in _CACHED_RUN} if wf else None
     return out
+
+
+def _verified(ev: Mapping[str, Any]) -> bool:
+    src = ev.get("source")
+    return isinstance(src, Mapping) and src.get("trust") == trust.VERIFIED
 
 
 def as_view(view: Mapping[str, Any] | None) -> Incident | None:
@@ -178,6 +183,7 @@ class Coalescer:
         if (
             latest is None
             or key in self._applying  # a copy of it is in a transaction now: wait for that one
+            or (_verified(ev) and latest.get("trust") != trust.VERIFIED)  # it makes the evidence trusted
             or latest.get("events", 0) < DIRECT_LINES
             or RANK[action] > RANK[latest["action"]]
             or not engine.absorbs(latest, ev, ts)
