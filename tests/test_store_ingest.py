@@ -565,3 +565,42 @@ def test_a_verified_line_is_committed_at_once_where_the_incident_holds_only_unve
     out = b.handle_payload(entry(XID94, "a3-node-063", 1))
     assert out.result == "absorbed" and not out.coalesced
     assert (a.store.get(inc["id"]) or {})["trust"] == trust.VERIFIED
+
+
+def test_instances_take_turns_for_the_budget_and_claim_no_more_than_it_allows(
+    fs_client: firestore.Client,
+) -> None:
+    """Five instances (stores of their own) decide twelve node faults at once against a budget of
+    three: decisions that read the budget take the turn across instances one by one (no deadlock
+    on the budget documents), exactly three claim a slot, the rest are held, no turn is left."""
+    from pitstop.core.classify import Classifier
+
+    pol = make_policy(
+        clusters=[{**CLUSTER, "size": 12}], budgets={"cluster": {"max_nodes": 3, "max_percent": 100}}
+    )
+    stores = [IncidentStore(fs_client, "pitstop") for _ in range(5)]
+    clf = Classifier.default()
+    evs = [{**clf.classify(entry(XID79, f"a3-node-{i:03d}", 1)), "_observed_ts": T0} for i in range(12)]
+    barrier = threading.Barrier(12)
+
+    def go(i: int) -> str:
+        barrier.wait()
+        return stores[i % 5].apply(evs[i], pol, T0).result
+
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(go, range(12)))
+    assert sorted(results) == ["held"] * 9 + ["opened"] * 3
+    budget = stores[0].budget("cluster-train")
+    assert budget is not None and len(budget["slots"]) == 3
+    assert not stores[0].turn.get().exists
+
+
+def test_a_turn_its_holder_left_behind_expires(fs_client: firestore.Client) -> None:
+    """An instance that died holding the turn blocks the others for CLAIM_TURN_S, not for ever."""
+    from pitstop.core.classify import Classifier
+
+    store = IncidentStore(fs_client, "pitstop")
+    store.turn.create({"until": time.time() - 1, "at": time.time() - 6})  # a dead holder's
+    ev = {**Classifier.default().classify(entry(XID79, "a3-node-070", 1)), "_observed_ts": T0}
+    assert store.apply(ev, make_policy(), T0).result == "opened"
+    assert not store.turn.get().exists
