@@ -49,6 +49,7 @@ MAX_NODES = 10_000  # node states an instance keeps
 SEEN_MAX = 100_000  # delivery keys an instance remembers (redeliveries to it are dropped at once)
 IDLE_S = 600.0  # a node state untouched this long, with nothing buffered, is dropped
 IDLE_TICKS = 30  # the timer thread stops after this many ticks with nothing buffered
+GATE_STRIPES = 256  # per-node gates for lines that must be decided (node keys hashed onto them)
 # What the cache keeps of an incident: what engine.absorbs and the coalescing rule read, and no
 # more (an incident's 1000 recent keys times thousands of nodes would not fit an instance).
 _CACHED = ("id", "state", "action", "mode", "burst_until", "closure", "node_key", "trust")
@@ -112,6 +113,7 @@ class Coalescer:
         self._applying: dict[str, threading.Event] = {}  # keys in a store transaction right now
         self._seen_max, self._max_nodes = seen_max, max_nodes
         self._lock = threading.RLock()
+        self._gates = [threading.Lock() for _ in range(GATE_STRIPES)]
         self._merged = threading.Condition(self._lock)  # notified as each detached merge finishes
         self._inflight = 0  # counts detached by _take and not yet merged (or restored)
         self._flusher: threading.Thread | None = None
@@ -132,11 +134,38 @@ class Coalescer:
     # -- one event -------------------------------------------------------------------
 
     def handle(self, ev: Mapping[str, Any], now: float) -> engine.Outcome:
+        """Count the event in memory if the cached incident says it changes nothing; else decide it.
+
+        Only a line that cannot be counted in memory passes its node's gate, one at a time: it
+        reads the node's incident or commits itself, and the lines waiting behind it look at the
+        cache again when their turn comes. So the C concurrent first lines of a node make one
+        read and the incident's first DIRECT_LINES commits, not C of each.
+        """
         key = engine.event_key(ev)
         nkey = engine.node_key(ev["node"])
+        counted = self._counted(ev, key, nkey, now)
+        if counted is not None:
+            return counted
+        with self._gates[hash(nkey) % GATE_STRIPES]:
+            counted = self._counted(ev, key, nkey, now)  # the cache may have changed meanwhile
+            return counted if counted is not None else self._decide(ev, key, nkey, now)
+
+    def _counted(self, ev: Mapping[str, Any], key: str, nkey: str, now: float) -> engine.Outcome | None:
+        """A duplicate, or the event counted in memory by a fresh cache; None: it must be decided."""
         with self._lock:
             if key in self._seen:
                 return engine.Outcome("duplicate")
+            st = self._nodes.get(nkey)
+            if st is None or not self._fresh(st, now):
+                return None
+            absorbed, job = self._buffer(st, nkey, ev, key, now)
+        if job is not None:
+            self._merge(nkey, job, now)
+        return absorbed
+
+    def _decide(self, ev: Mapping[str, Any], key: str, nkey: str, now: float) -> engine.Outcome:
+        """Behind the node's gate: refresh the cache if it is stale, then count or commit the event."""
+        with self._lock:
             st = self._nodes.get(nkey)
             fresh = st is not None and self._fresh(st, now)
         if not fresh:
@@ -150,13 +179,13 @@ class Coalescer:
             self._merge_all(jobs, now)
             if dup:
                 return engine.Outcome("duplicate", incident=as_view(slim(latest)))
+            with self._lock:
+                absorbed, job = self._buffer(st, nkey, ev, key, now)
+            if job is not None:
+                self._merge(nkey, job, now)
+            if absorbed is not None:
+                return absorbed
         assert st is not None
-        with self._lock:
-            absorbed, job = self._buffer(st, nkey, ev, key, now)
-        if job is not None:
-            self._merge(nkey, job, now)
-        if absorbed is not None:
-            return absorbed
         return self._commit(st, ev, key, now)
 
     def _fresh(self, st: _Node, now: float) -> bool:
