@@ -152,6 +152,7 @@ class _Instance:
     proc: procs.Proc
     port: int
     peak_pss_mib: float = 0.0
+    ready_s: float = 0.0  # from its start until it answered (a cold start, on a loaded machine)
 
 
 def _pids_of(pid: int) -> list[int]:
@@ -224,8 +225,10 @@ def _start_instances(shape: Shape, workdir: Path, env: dict[str, str]) -> list[_
         inst_env = {**env, "THREADS": str(shape.concurrency)}
         proc = procs.Proc(f"ingest-{i}", argv, workdir / f"ingest-{i}.log", inst_env)
         out.append(_Instance(proc.start(), port))
+    t0 = time.perf_counter()
     for inst in out:
         procs.wait_http(f"http://127.0.0.1:{inst.port}/", inst.proc, timeout=120, accept_errors=True)
+        inst.ready_s = time.perf_counter() - t0
     return out
 
 
@@ -334,6 +337,7 @@ def _figures(
         "peak_mib_per_instance": round(max((i.peak_pss_mib for i in instances), default=0.0), 1),
         "peak_mib_by_instance": [round(i.peak_pss_mib, 1) for i in instances],
         "worker_hwm_mib_max": max((r["peak_mib"] for r in reports), default=0.0),
+        "ready_s_max": round(max((i.ready_s for i in instances), default=0.0), 1),
     }
 
 

@@ -28,7 +28,7 @@ def _storms(text: str) -> list[tuple[int, int]]:
 
 def _counts(text: str) -> list[int]:
     if not all(p.isdigit() and int(p) > 0 for p in text.split(",")):
-        raise argparse.ArgumentTypeError(f"instance counts are positive integers, e.g. 1,2,5,10; got {text!r}")
+        raise argparse.ArgumentTypeError(f"instance counts are positive integers (1,2,5,10); got {text!r}")
     return [int(p) for p in text.split(",")]
 
 
@@ -73,7 +73,7 @@ def add(sub: Subparsers) -> None:
         help="ingest: function instances, one run each per storm (1,2,5,10)",
     )
     b.add_argument(
-        "--concurrency", type=int, default=8, help="ingest: concurrent deliveries per instance (THREADS)"
+        "--concurrency", type=int, default=16, help="ingest: concurrent deliveries per instance (THREADS)"
     )
     b.add_argument(
         "--ack-deadline", type=float, default=60.0, help="ingest: seconds before a delivery is redelivered"
