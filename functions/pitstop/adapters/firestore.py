@@ -40,8 +40,11 @@ RETRIES = 10
 BACKOFF_S = 0.1
 BACKOFF_CAP_S = 4.0
 # A count merge is tried this often without a transaction (a read, then a write on condition
-# that the incident is as read) before it takes the transactional path.
-OPTIMISTIC_TRIES = 2
+# that the incident is as read), after jittered pauses growing from MERGE_PAUSE_S, before it takes
+# the transactional path (ten instances merging into one incident lost the race twice in a row
+# often enough, and their transactions then deadlocked until the lock timeout).
+OPTIMISTIC_TRIES = 6
+MERGE_PAUSE_S = 0.01
 # What engine.merge_deltas changes in an incident (and the merge's updated_at): all a merge writes.
 MERGED_FIELDS = ("counts", "gpus", "evidence", "last_seen", "burst_until", "recent_keys", "updated_at")
 # Decisions that read blast-radius budgets all read and write the same few documents. Two
@@ -50,7 +53,7 @@ MERGED_FIELDS = ("counts", "gpus", "evidence", "last_seen", "burst_until", "rece
 # that asks for a budget takes a turn across instances first: a turn document its holder creates
 # and deletes after the decision (CLAIM_TURN_S: how long a dead holder's turn blocks the others).
 CLAIM_TURN_S = 5.0
-TURN_WAIT_S = (0.005, 0.2)  # first and longest pause between looks at a taken turn
+TURN_WAIT_S = (0.02, 0.2)  # first and longest pause between looks at a taken turn (a decision: ~20 ms)
 # In-process turn-taking per node: a fixed set of locks, keys hashed onto them, so a long-lived
 # instance that sees many nodes and incidents holds no per-key state.
 LOCK_STRIPES = 512
@@ -172,7 +175,7 @@ class IncidentStore:
                     with contextlib.suppress(gexc.FailedPrecondition, gexc.NotFound):
                         self.turn.delete(option=self.db.write_option(last_update_time=snap.update_time))
                     continue
-                time.sleep(random.uniform(0, pause))  # noqa: S311 - jitter, not a secret
+                time.sleep(random.uniform(pause / 2, pause))  # noqa: S311 - jitter, not a secret
                 pause = min(TURN_WAIT_S[1], pause * 2)
         try:
             yield
@@ -264,12 +267,13 @@ class IncidentStore:
             self._count_writes(1)
             return engine.Outcome("absorbed", incident=cast(Incident, inc), coalesced=True)
 
-        for _ in range(OPTIMISTIC_TRIES):
+        for attempt in range(OPTIMISTIC_TRIES):
             out = unlocked()
             if out is not None:
                 return out
             with self._lock:
                 self.retries += 1
+            time.sleep(random.uniform(0, MERGE_PAUSE_S * 2**attempt))  # noqa: S311 - jitter
 
         @firestore.transactional
         def txn(t: Any) -> dict[str, Any] | None:

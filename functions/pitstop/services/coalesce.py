@@ -30,6 +30,7 @@ that dies without SIGTERM loses at most one interval of counts, never a decision
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections import OrderedDict, deque
@@ -368,7 +369,9 @@ class Coalescer:
     def _tick(self) -> None:
         """The timer: merge due counts every interval; stop when nothing has been buffered for a while."""
         quiet = 0
-        while not self._stop.wait(max(self.flush_interval / 2, 0.25)):
+        tick = max(self.flush_interval / 2, 0.25)
+        # Jittered, so that instances started together do not merge into the same incidents at once.
+        while not self._stop.wait(tick * random.uniform(0.75, 1.25)):  # noqa: S311 - not a secret
             try:
                 self.flush_due(self.clock())
             except Exception as exc:  # never let the timer die silently with counts buffered
