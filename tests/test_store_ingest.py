@@ -604,3 +604,47 @@ def test_a_turn_its_holder_left_behind_expires(fs_client: firestore.Client) -> N
     ev = {**Classifier.default().classify(entry(XID79, "a3-node-070", 1)), "_observed_ts": T0}
     assert store.apply(ev, make_policy(), T0).result == "opened"
     assert not store.turn.get().exists
+
+
+def test_a_shutdown_flush_takes_what_the_timer_has_not_merged_yet() -> None:
+    """The timer merges one node at a time, so counts it has not reached are still buffered when
+    SIGTERM's flush_all runs, which merges them itself (and several at once)."""
+    from pitstop.adapters.memory_store import MemoryStore
+    from pitstop.core.classify import Classifier
+    from pitstop.services.coalesce import DIRECT_LINES, Coalescer
+
+    class SlowFirstMerge(MemoryStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.entered, self.release, self.calls = threading.Event(), threading.Event(), 0
+
+        def merge_counts(self, *args: Any, **kwargs: Any) -> engine.Outcome:
+            self.calls += 1
+            if self.calls == 1:
+                self.entered.set()
+                assert self.release.wait(30)
+            return super().merge_counts(*args, **kwargs)
+
+    pol, store, clf = make_policy(), SlowFirstMerge(), Classifier.default()
+    coal = Coalescer(store, pol, clock=lambda: T0)
+    coal.timer = False
+    nodes = [f"a3-node-{i:03d}" for i in range(80, 83)]
+    for n in range(DIRECT_LINES + 3):
+        for node in nodes:
+            ev = {**clf.classify(entry(XID94, node, n)), "_observed_ts": T0}
+            coal.handle(ev, T0)
+    assert coal.stats()["buffered_nodes"] == 3
+    timer = threading.Thread(target=coal.flush_due, args=(T0 + 60,))
+    timer.start()
+    assert store.entered.wait(30)  # the timer is inside its first merge
+    merged_by_flush: list[int] = []
+    flushed = threading.Thread(target=lambda: merged_by_flush.append(coal.flush_all(T0 + 60)))
+    flushed.start()
+    while coal.stats()["buffered_nodes"]:  # flush_all takes the two the timer has not reached
+        time.sleep(0.01)
+    store.release.set()
+    timer.join(30)
+    flushed.join(30)
+    assert merged_by_flush == [2]  # not left to a timer thread that dies with the instance
+    total = sum(i["counts"]["events"] for i in store.list())
+    assert total == 3 * (DIRECT_LINES + 3) and store.calls == 3

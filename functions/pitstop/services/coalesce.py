@@ -35,6 +35,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -50,6 +51,7 @@ MAX_NODES = 10_000  # node states an instance keeps
 SEEN_MAX = 100_000  # delivery keys an instance remembers (redeliveries to it are dropped at once)
 IDLE_S = 600.0  # a node state untouched this long, with nothing buffered, is dropped
 IDLE_TICKS = 30  # the timer thread stops after this many ticks with nothing buffered
+FLUSH_WORKERS = 8  # merges at once when everything is flushed (SIGTERM leaves an instance 10 s)
 GATE_STRIPES = 256  # per-node gates for lines that must be decided (node keys hashed onto them)
 # What the cache keeps of an incident: what engine.absorbs and the coalescing rule read, and no
 # more (an incident's 1000 recent keys times thousands of nodes would not fit an instance).
@@ -337,25 +339,42 @@ class Coalescer:
     def flush_all(self, now: float, wait_s: float = 30.0) -> int:
         """Write every buffered count now (SIGTERM, exit, the sweep, the end of a benchmark).
 
-        Returns once merges already under way elsewhere (the timer, another line) have finished
-        too, so whoever reads the incidents next sees every count this instance had.
+        Merges FLUSH_WORKERS at a time: at SIGTERM an instance has seconds, and a storm over
+        2,000 nodes leaves as many merges. Returns once merges already under way elsewhere (the
+        timer, another line) have finished too, so whoever reads the incidents next sees every
+        count this instance had.
         """
         with self._lock:
             jobs = [(k, job) for k in list(self._pending) if (job := self._take(self._nodes[k], now))]
-        merged = self._merge_all(jobs, now)
+        if len(jobs) > 1:
+            with ThreadPoolExecutor(FLUSH_WORKERS, thread_name_prefix="pitstop-flush") as pool:
+                list(pool.map(lambda kj: self._merge(kj[0], kj[1], now), jobs))
+        else:
+            self._merge_all(jobs, now)
         with self._lock:
             self._merged.wait_for(lambda: self._inflight == 0, timeout=wait_s)
-        return merged
+        return len(jobs)
 
     def flush_due(self, now: float) -> int:
-        """Write the counts buffered for a flush interval or longer; drop idle node states."""
+        """Write the counts buffered for a flush interval or longer; drop idle node states.
+
+        One node at a time (taken, merged, the next): what is not merged yet stays buffered, where
+        a shutdown's flush_all finds it, instead of being held by this thread when the instance stops.
+        """
         with self._lock:
             due = [k for k in self._pending if now - self._nodes[k].last_flush >= self.flush_interval]
-            jobs = [(k, job) for k in due if (job := self._take(self._nodes[k], now))]
             idle = [k for k, st in self._nodes.items() if not st.buffered and now - st.touched >= IDLE_S]
             for k in idle:
                 del self._nodes[k]
-        return self._merge_all(jobs, now)
+        merged = 0
+        for k in due:
+            with self._lock:
+                st = self._nodes.get(k)
+                job = self._take(st, now) if st is not None and k in self._pending else None
+            if job is not None:
+                self._merge(k, job, now)
+                merged += 1
+        return merged
 
     def _ensure_timer(self) -> bool:
         """Under the lock: make sure the timer thread runs while counts are buffered (False: off)."""
