@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -616,13 +617,13 @@ def test_a_shutdown_flush_takes_what_the_timer_has_not_merged_yet() -> None:
     class SlowFirstMerge(MemoryStore):
         def __init__(self) -> None:
             super().__init__()
-            self.entered, self.release, self.calls = threading.Event(), threading.Event(), 0
+            self.entered, self.go_on, self.calls = threading.Event(), threading.Event(), 0
 
         def merge_counts(self, *args: Any, **kwargs: Any) -> engine.Outcome:
             self.calls += 1
             if self.calls == 1:
                 self.entered.set()
-                assert self.release.wait(30)
+                assert self.go_on.wait(30)
             return super().merge_counts(*args, **kwargs)
 
     pol, store, clf = make_policy(), SlowFirstMerge(), Classifier.default()
@@ -642,9 +643,49 @@ def test_a_shutdown_flush_takes_what_the_timer_has_not_merged_yet() -> None:
     flushed.start()
     while coal.stats()["buffered_nodes"]:  # flush_all takes the two the timer has not reached
         time.sleep(0.01)
-    store.release.set()
+    store.go_on.set()
     timer.join(30)
     flushed.join(30)
     assert merged_by_flush == [2]  # not left to a timer thread that dies with the instance
     total = sum(i["counts"]["events"] for i in store.list())
     assert total == 3 * (DIRECT_LINES + 3) and store.calls == 3
+
+
+def test_counts_buffered_at_exit_are_merged_by_the_exit_hook() -> None:
+    """main.py merges what an instance buffers from an atexit hook (gunicorn's worker exits on
+    SIGTERM), where no executor takes work any more: every count still reaches the store."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = """
+import atexit
+from pitstop.adapters.memory_store import MemoryStore
+from pitstop.core import policy
+from pitstop.core.classify import Classifier
+from pitstop.services.coalesce import Coalescer
+from tests.helpers import ops_agent_entry
+
+line = XID_LINE
+pol = policy.from_doc({"mode": "enforce"})
+store = MemoryStore()
+coal = Coalescer(store, pol, clock=lambda: 1.8e9)
+coal.timer = False
+for n in range(12):
+    for node in range(20):
+        entry = ops_agent_entry(line, instance=f"a3-node-{node:03d}", insert_id=f"{node}-{n}")
+        coal.handle({**Classifier.default().classify(entry), "_observed_ts": 1.8e9}, 1.8e9)
+
+def at_exit():
+    coal.flush_all(1.8e9 + 60)
+    print(sum(i["counts"]["events"] for i in store.list()), flush=True)
+
+atexit.register(at_exit)
+""".replace("XID_LINE", repr(XID94))
+    env = {**os.environ, "PYTHONPATH": f"{root / 'functions'}:{root}"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env, cwd=root
+    )
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stdout.split() == [str(12 * 20)]

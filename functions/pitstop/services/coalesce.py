@@ -35,7 +35,6 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -346,14 +345,35 @@ class Coalescer:
         """
         with self._lock:
             jobs = [(k, job) for k in list(self._pending) if (job := self._take(self._nodes[k], now))]
-        if len(jobs) > 1:
-            with ThreadPoolExecutor(FLUSH_WORKERS, thread_name_prefix="pitstop-flush") as pool:
-                list(pool.map(lambda kj: self._merge(kj[0], kj[1], now), jobs))
-        else:
-            self._merge_all(jobs, now)
+        self._merge_parallel(jobs, now)
         with self._lock:
             self._merged.wait_for(lambda: self._inflight == 0, timeout=wait_s)
         return len(jobs)
+
+    def _merge_parallel(self, jobs: list[tuple[str, Job]], now: float) -> None:
+        """Merge these jobs FLUSH_WORKERS at a time, this thread among them: at interpreter exit
+        (atexit) no executor takes work and Python 3.12 starts no thread, so this one merges
+        whatever the others cannot."""
+        todo, lock = list(jobs), threading.Lock()
+
+        def work() -> None:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    nkey, job = todo.pop()
+                self._merge(nkey, job, now)
+
+        helpers: list[threading.Thread] = []
+        try:
+            for _ in range(min(FLUSH_WORKERS, len(jobs)) - 1):
+                helpers.append(threading.Thread(target=work, name="pitstop-flush", daemon=True))
+                helpers[-1].start()
+        except RuntimeError:  # no new thread at interpreter shutdown
+            helpers = [t for t in helpers if t.is_alive()]
+        work()
+        for t in helpers:
+            t.join()
 
     def flush_due(self, now: float) -> int:
         """Write the counts buffered for a flush interval or longer; drop idle node states.
