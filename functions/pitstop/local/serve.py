@@ -120,7 +120,10 @@ def webhook(args: argparse.Namespace) -> None:
             if self.path in ("/_down", "/_up"):
                 state["down"] = self.path == "/_down"
                 return self._answer(200)
-            if state["down"]:
+            if state["down"]:  # refused, and kept apart: a test can see a delivery was tried
+                with out.with_name(out.stem + "-refused.jsonl").open("a") as f:
+                    seen = {"at": time.time(), "path": self.path, "body": body.decode(errors="replace")}
+                    f.write(json.dumps(seen) + "\n")
                 return self._answer(503)
             doc = json.loads(body or b"null")
             errors = pagerduty_errors(doc) if self.path == PAGERDUTY_PATH else []

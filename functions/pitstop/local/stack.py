@@ -274,7 +274,7 @@ class Stack:
     def _clean_workdir(self) -> None:
         """Outputs of an earlier run would be read as this run's webhook posts and metrics."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        for stale in ("webhook.jsonl", "metrics.jsonl"):
+        for stale in ("webhook.jsonl", "webhook-refused.jsonl", "metrics.jsonl"):
             (self.workdir / stale).unlink(missing_ok=True)
         clear_flags(self.chaos_dir)  # a fault armed for an earlier stack must not fire in this one
 
