@@ -77,25 +77,51 @@ def test_bench_reports_both_figures() -> None:
     assert set(result["mix_first_5000"]) >= {"gpu_xid", "unrelated", "preemption"}
 
 
-@pytest.mark.emulator
-def test_bench_ingest_reports_store_operations_and_memory(firestore_host: str) -> None:
-    """`bench ingest` reports Firestore reads and writes per line and the process's memory."""
+def _bench_ingest(firestore_host: str, *flags: str) -> list[dict[str, Any]]:
     import os
 
-    args = ["bench", "ingest", "--lines", "400", "--nodes", "4", "--instances", "1", "--report-memory"]
     env = {**os.environ, "FIRESTORE_EMULATOR_HOST": firestore_host}
-    proc = subprocess.run(PITSTOP + args, capture_output=True, timeout=300, check=False, env=env)
+    proc = subprocess.run(
+        [*PITSTOP, "bench", "ingest", *flags], capture_output=True, timeout=600, check=False, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    (run,) = json.loads(proc.stdout)["runs"]
-    assert run["lines"] == 400 and run["nodes"] == 4 and run["incidents"] == 4
-    assert run["events_counted_on_incidents"] == 400  # every line counted once the counts are merged
-    assert run["firestore_reads"] > 0 and run["firestore_writes"] > 0
-    assert run["store_ops_per_line"] == round((run["firestore_reads"] + run["firestore_writes"]) / 400, 5)
-    assert run["peak_rss_mib"] > 0 and run["traced_peak_mib"] > 0
-    assert run["peak_rss_covers"] == "the storm and the flush"  # not the process's whole life
-    assert run["entry_module_loaded"]  # memory starts where a deployed ingest instance's does
-    assert run["peak_rss_with_readback_mib"] >= run["peak_rss_mib"]
-    assert run["coalescer"][0]["nodes"] == 4
+    runs: list[dict[str, Any]] = json.loads(proc.stdout)["runs"]
+    return runs
+
+
+@pytest.mark.emulator
+def test_bench_ingest_runs_each_storm_through_each_instance_count(firestore_host: str) -> None:
+    """`bench ingest` deploys N separate instances per run and reports what the issue asks for."""
+    flags = ["--storms", "300x4,40x20", "--instances", "1,2", "--concurrency", "3", "--retry-scale", "0.01"]
+    runs = _bench_ingest(firestore_host, *flags)
+    assert [(r["lines"], r["nodes"], r["instances"]) for r in runs] == [
+        (300, 4, 1),
+        (300, 4, 2),
+        (40, 20, 1),
+        (40, 20, 2),
+    ]
+    for run in runs:
+        assert run["instances_reporting"] == run["instances"]  # each a process of its own, each counted
+        assert len(run["peak_mib_by_instance"]) == run["instances"]
+        assert all(mib > 30 for mib in run["peak_mib_by_instance"])  # an interpreter with main loaded
+        assert run["incidents"] == run["nodes"]
+        assert run["every_line_counted"] and run["lines_counted"] == run["lines"]
+        assert run["duplicate_starts"] == 0 and run["starts_per_step_max"] == 1
+        ops = run["firestore_reads"] + run["firestore_writes"]
+        assert run["store_ops_per_line"] == round(ops / run["lines"], 4)
+        assert run["deliveries"] >= run["lines"] and run["dead_lettered"] == 0
+
+
+@pytest.mark.emulator
+def test_bench_ingest_redelivers_what_was_not_answered_in_time(firestore_host: str) -> None:
+    """An ack deadline no answer meets: every delivery is redelivered until the subscription
+    dead-letters it, and still each line is counted once and each step started once."""
+    flags = ["--storms", "60x2", "--instances", "1", "--concurrency", "2", "--ack-deadline", "0.001"]
+    (run,) = _bench_ingest(firestore_host, *flags, "--retry-scale", "0.01")
+    assert run["timed_out"] > 0 and run["deliveries"] > run["lines"]
+    assert run["deliveries"] == run["answers"].get("200", 0) + run["timed_out"] + run["refused"]
+    assert run["lines_counted"] == run["lines"]
+    assert run["duplicate_starts"] == 0
 
 
 def test_bench_peak_memory_covers_only_the_phase_after_its_reset() -> None:

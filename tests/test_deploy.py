@@ -194,6 +194,12 @@ def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.
             ("secrets", "pitstop-webhook", "roles/secretmanager.secretAccessor", ""),
             ("functions", "pitstop-notify", "roles/run.invoker", ""),
         },
+        sa("sweep"): {  # its own account: no GKE reads, no trigger identity
+            (prj, p, "roles/datastore.user", db),
+            (prj, p, starter, ""),
+            logs,
+            (topic, "pitstop-notifications", "roles/pubsub.publisher", ""),
+        },
         sa("workflow"): {logs, ("functions", "pitstop-actuate", "roles/run.invoker", "")},
         sa("scheduler"): {("functions", "pitstop-sweep", "roles/run.invoker", "")},
         **{
@@ -814,3 +820,39 @@ def test_check_pods_run_where_pod_security_forbids_root_on_the_node() -> None:
     assert CHECK_SECURITY["privileged"] is False and CHECK_SECURITY["allowPrivilegeEscalation"] is False
     assert CHECK_SECURITY["capabilities"] == {"drop": ["ALL"]}
     assert CHECK_SECURITY["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def _deploy_argv(steps: list[deploy.Step], fn: str) -> list[str]:
+    return next(s.argv for s in steps if s.argv[:3] == ["functions", "deploy", fn])
+
+
+def test_every_function_is_deployed_with_its_measured_size(steps: list[deploy.Step]) -> None:
+    """Left to defaults, a gen2 function takes one request per instance on up to 100 instances:
+    a storm spread over that many coalescers. Each function states all five, and functions-framework
+    gets as many threads as the concurrency Cloud Run sends it (THREADS)."""
+    spec = {e["name"]: e for e in yaml.safe_load(deploy.RESOURCES.read_text())["resources"] if "scale" in e}
+    assert set(spec) == {f"pitstop-{f}" for f in ("ingest", "actuate", "notify", "sweep")}
+    for fn, entry in spec.items():
+        argv = _deploy_argv(steps, fn)
+        flags = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+        for key in ("concurrency", "cpu", "memory", "max-instances", "min-instances"):
+            assert flags[key] == str(entry["scale"][key.replace("-", "_")]), (fn, key)
+        env = dict(kv.split("=", 1) for kv in flags["set-env-vars"].split(","))
+        assert env["THREADS"] == flags["concurrency"], fn
+        if int(flags["concurrency"]) > 1:  # Cloud Run functions: concurrency > 1 needs >= 1 vCPU
+            assert float(flags["cpu"]) >= 1, fn
+    ingest = dict(a[2:].split("=", 1) for a in _deploy_argv(steps, "pitstop-ingest") if "=" in a)
+    assert int(ingest["concurrency"]) > 1 and int(ingest["max-instances"]) <= 10
+
+
+@pytest.mark.parametrize("dropped", ["concurrency", "cpu", "memory", "max_instances", "min_instances"])
+def test_ingest_without_its_size_is_not_deployed(dropped: str) -> None:
+    doc = yaml.safe_load(deploy.RESOURCES.read_text())
+    ingest = next(e for e in doc["resources"] if e.get("name") == "pitstop-ingest")
+    assert len(deploy.scale_flags(ingest)) == 5
+    del ingest["scale"][dropped]
+    with pytest.raises(ValueError, match=f"pitstop-ingest: scale sets no {dropped}"):
+        deploy.scale_flags(ingest)
+    ingest["scale"] = {**ingest["scale"], dropped: 1, "concurrency": 80, "cpu": 0.5}
+    with pytest.raises(ValueError, match="concurrency above 1 needs cpu 1 or more"):
+        deploy.scale_flags(ingest)

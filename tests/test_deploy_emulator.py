@@ -279,10 +279,8 @@ def test_project_iam_policy_holds_exactly_the_roles_in_iam_yaml(deployed: Deploy
     assert role["includedPermissions"] == spec["includedPermissions"]
     assert set(role["includedPermissions"]) <= fake_gcp.TESTABLE_PERMISSIONS
     accounts = {b["accountId"] for b in deployed.created("iam", "/serviceAccounts")}
-    assert accounts == {
-        f"pitstop-{c}"
-        for c in ("ingest", "actuate", "notify", "workflow", "scheduler", "slurm-train", "slurm-infer")
-    }
+    components = ("ingest", "sweep", "actuate", "notify", "workflow", "scheduler", "slurm-train")
+    assert accounts == {f"pitstop-{c}" for c in (*components, "slurm-infer")}
 
 
 def test_resource_level_bindings_reach_only_their_resource(deployed: Deployed) -> None:
@@ -302,6 +300,7 @@ def test_resource_level_bindings_reach_only_their_resource(deployed: Deployed) -
     assert members("pubsub", f"projects/{p}/topics/pitstop-events", pub) == {LOGGING_AGENT}  # the sinks only
     assert members("pubsub", f"projects/{p}/topics/pitstop-notifications", pub) == {
         sa("ingest"),
+        sa("sweep"),
         sa("actuate"),
     }
     for c in CLUSTERS:  # each cluster's agent pulls its own commands and answers on its own topic

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -99,6 +100,8 @@ def test_concurrent_deliveries_make_one_incident_and_one_start(
 
     with ThreadPoolExecutor(10) as pool:
         results = list(pool.map(deliver, range(50)))
+    for one in instances:  # an incident's first lines are committed one by one, the rest merged
+        one.coalescer.flush_all(clock.t)
     incidents = list(fs_client.collection("pitstop_incidents").stream())
     assert len(incidents) == 1, results
     assert svc.created == 1
@@ -459,3 +462,230 @@ def test_incidents_cli_lists_and_releases(fs_client: firestore.Client, firestore
     assert after is not None and after["state"] == "OPEN"
     assert after["workflow"]["state"] == "pending"
     assert run("--release", held["id"]).returncode == 1  # no longer held
+
+
+def test_merges_from_many_instances_into_one_incident_lose_no_count(fs_client: firestore.Client) -> None:
+    """Merges are a read and a conditional write, not a transaction: five instances merging into
+    the same incident at once must still add up, each merge exactly once."""
+    from pitstop.core.classify import Classifier
+
+    pol = make_policy()
+    first = Classifier.default().classify(entry(XID94, "a3-node-060", 0))
+    opened = IncidentStore(fs_client).apply({**first, "_observed_ts": T0}, pol, T0)
+    assert opened.incident is not None
+    iid = opened.incident["id"]
+    stores = [IncidentStore(fs_client) for _ in range(5)]
+
+    def merge(i: int) -> str:
+        ev = {**Classifier.default().classify(entry(XID94, "a3-node-060", 1 + i)), "_observed_ts": T0 + 1}
+        deltas = engine.empty_deltas()
+        for _ in range(7):  # seven lines buffered on this instance
+            engine.count_into(deltas, ev, T0 + 1, pol)
+        return stores[i % 5].merge_counts(iid, ev, deltas, pol, T0 + 1).result
+
+    with ThreadPoolExecutor(5) as pool:
+        results = list(pool.map(merge, range(20)))
+    assert results == ["absorbed"] * 20
+    inc = IncidentStore(fs_client).get(iid)
+    assert inc is not None and inc["counts"]["events"] == 1 + 20 * 7 and inc["counts"]["xid_94"] == 141
+
+
+def test_a_merge_that_meets_a_write_since_its_read_reads_again(
+    fs_client: firestore.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lost update a plain write would make: another instance writes the incident between
+    this merge's read and its write. The conditional write refuses, the merge reads again."""
+    from pitstop.core.classify import Classifier
+
+    pol = make_policy()
+    ev = {**Classifier.default().classify(entry(XID94, "a3-node-061", 0)), "_observed_ts": T0}
+    store, other = IncidentStore(fs_client), IncidentStore(fs_client)
+    opened = store.apply(ev, pol, T0)
+    assert opened.incident is not None
+    iid = opened.incident["id"]
+    deltas = engine.empty_deltas()
+    engine.count_into(deltas, ev, T0, pol)
+    real_merge, raced = engine.merge_deltas, list[bool]()
+
+    def racing(inc: Any, d: Any, p: Any) -> None:
+        if not raced:  # the first merge's read is done: another instance merges 3 lines now
+            raced.append(True)
+            more = engine.empty_deltas()
+            for _ in range(3):
+                engine.count_into(more, ev, T0, pol)
+            assert other.merge_counts(iid, ev, more, pol, T0).result == "absorbed"
+        real_merge(inc, d, p)
+
+    monkeypatch.setattr(engine, "merge_deltas", racing)  # the store calls it between read and write
+    assert store.merge_counts(iid, ev, deltas, pol, T0).result == "absorbed"
+    assert store.retries == 1  # refused once, then read again
+    inc = store.get(iid)
+    assert inc is not None and inc["counts"]["events"] == 1 + 3 + 1
+
+
+def test_an_incidents_first_lines_are_committed_once_not_once_per_instance(
+    fs_client: firestore.Client,
+) -> None:
+    """A second instance meets an incident that already has its first lines: it counts in memory
+    at once (no transaction, no write) and the merge brings every line in."""
+    from pitstop.services.coalesce import DIRECT_LINES
+
+    pol, clock = make_policy(), Clock()
+    a, b = make_ingest(fs_client, None, pol, clock), make_ingest(fs_client, None, pol, clock)
+    for one in (a, b):
+        one.coalescer.timer = False  # only flush_all merges here
+    results = [a.handle_payload(entry(XID94, "a3-node-062", n)).result for n in range(DIRECT_LINES)]
+    assert results == ["opened", *["absorbed"] * (DIRECT_LINES - 1)]
+    assert b.handle_payload(entry(XID94, "a3-node-062", 100)).coalesced
+    assert b.store.writes == 0  # it read the incident, and wrote nothing
+    b.coalescer.flush_all(clock.t)
+    inc = a.store.latest_incident(a.store.list()[0]["node_key"])
+    assert inc is not None and inc["counts"]["events"] == DIRECT_LINES + 1
+
+
+def test_a_verified_line_is_committed_at_once_where_the_incident_holds_only_unverified_ones(
+    fs_client: firestore.Client,
+) -> None:
+    """Counting in memory is for lines that change nothing: the first kernel-verified line of an
+    incident opened from text syslog makes its evidence trusted, so it is a decision, committed
+    at once, whichever instance receives it."""
+    from pitstop.core import trust
+
+    from .helpers import syslog_entry
+
+    pol, clock = make_policy(trust={"text_syslog": "act"}), Clock()  # same action either way
+    a, b = make_ingest(fs_client, None, pol, clock), make_ingest(fs_client, None, pol, clock)
+    for one in (a, b):
+        one.coalescer.timer = False
+    for n in range(6):
+        line = syslog_entry(XID94, instance="a3-node-063", insert_id=f"s-{n}")
+        a.handle_payload({**line, "timestamp": "2027-01-15T08:00:00Z"})
+    (inc,) = a.store.list()
+    assert inc["trust"] == trust.UNVERIFIED and inc["action"] == "RESTART_JOB"
+    assert inc["counts"]["events"] < 6  # the lines past its first were counted in memory
+    out = b.handle_payload(entry(XID94, "a3-node-063", 1))
+    assert out.result == "absorbed" and not out.coalesced
+    assert (a.store.get(inc["id"]) or {})["trust"] == trust.VERIFIED
+
+
+def test_instances_take_turns_for_the_budget_and_claim_no_more_than_it_allows(
+    fs_client: firestore.Client,
+) -> None:
+    """Five instances (stores of their own) decide twelve node faults at once against a budget of
+    three: decisions that read the budget take the turn across instances one by one (no deadlock
+    on the budget documents), exactly three claim a slot, the rest are held, no turn is left."""
+    from pitstop.core.classify import Classifier
+
+    pol = make_policy(
+        clusters=[{**CLUSTER, "size": 12}], budgets={"cluster": {"max_nodes": 3, "max_percent": 100}}
+    )
+    stores = [IncidentStore(fs_client, "pitstop") for _ in range(5)]
+    clf = Classifier.default()
+    evs = [{**clf.classify(entry(XID79, f"a3-node-{i:03d}", 1)), "_observed_ts": T0} for i in range(12)]
+    barrier = threading.Barrier(12)
+
+    def go(i: int) -> str:
+        barrier.wait()
+        return stores[i % 5].apply(evs[i], pol, T0).result
+
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(go, range(12)))
+    assert sorted(results) == ["held"] * 9 + ["opened"] * 3
+    budget = stores[0].budget("cluster-train")
+    assert budget is not None and len(budget["slots"]) == 3
+    assert not stores[0].turn.get().exists
+
+
+def test_a_turn_its_holder_left_behind_expires(fs_client: firestore.Client) -> None:
+    """An instance that died holding the turn blocks the others for CLAIM_TURN_S, not for ever."""
+    from pitstop.core.classify import Classifier
+
+    store = IncidentStore(fs_client, "pitstop")
+    store.turn.create({"until": time.time() - 1, "at": time.time() - 6})  # a dead holder's
+    ev = {**Classifier.default().classify(entry(XID79, "a3-node-070", 1)), "_observed_ts": T0}
+    assert store.apply(ev, make_policy(), T0).result == "opened"
+    assert not store.turn.get().exists
+
+
+def test_a_shutdown_flush_takes_what_the_timer_has_not_merged_yet() -> None:
+    """The timer merges one node at a time, so counts it has not reached are still buffered when
+    SIGTERM's flush_all runs, which merges them itself (and several at once)."""
+    from pitstop.adapters.memory_store import MemoryStore
+    from pitstop.core.classify import Classifier
+    from pitstop.services.coalesce import DIRECT_LINES, Coalescer
+
+    class SlowFirstMerge(MemoryStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.entered, self.go_on, self.calls = threading.Event(), threading.Event(), 0
+
+        def merge_counts(self, *args: Any, **kwargs: Any) -> engine.Outcome:
+            self.calls += 1
+            if self.calls == 1:
+                self.entered.set()
+                assert self.go_on.wait(30)
+            return super().merge_counts(*args, **kwargs)
+
+    pol, store, clf = make_policy(), SlowFirstMerge(), Classifier.default()
+    coal = Coalescer(store, pol, clock=lambda: T0)
+    coal.timer = False
+    nodes = [f"a3-node-{i:03d}" for i in range(80, 83)]
+    for n in range(DIRECT_LINES + 3):
+        for node in nodes:
+            ev = {**clf.classify(entry(XID94, node, n)), "_observed_ts": T0}
+            coal.handle(ev, T0)
+    assert coal.stats()["buffered_nodes"] == 3
+    timer = threading.Thread(target=coal.flush_due, args=(T0 + 60,))
+    timer.start()
+    assert store.entered.wait(30)  # the timer is inside its first merge
+    merged_by_flush: list[int] = []
+    flushed = threading.Thread(target=lambda: merged_by_flush.append(coal.flush_all(T0 + 60)))
+    flushed.start()
+    while coal.stats()["buffered_nodes"]:  # flush_all takes the two the timer has not reached
+        time.sleep(0.01)
+    store.go_on.set()
+    timer.join(30)
+    flushed.join(30)
+    assert merged_by_flush == [2]  # not left to a timer thread that dies with the instance
+    total = sum(i["counts"]["events"] for i in store.list())
+    assert total == 3 * (DIRECT_LINES + 3) and store.calls == 3
+
+
+def test_counts_buffered_at_exit_are_merged_by_the_exit_hook() -> None:
+    """main.py merges what an instance buffers from an atexit hook (gunicorn's worker exits on
+    SIGTERM), where no executor takes work any more: every count still reaches the store."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = """
+import atexit
+from pitstop.adapters.memory_store import MemoryStore
+from pitstop.core import policy
+from pitstop.core.classify import Classifier
+from pitstop.services.coalesce import Coalescer
+from tests.helpers import ops_agent_entry
+
+line = XID_LINE
+pol = policy.from_doc({"mode": "enforce"})
+store = MemoryStore()
+coal = Coalescer(store, pol, clock=lambda: 1.8e9)
+coal.timer = False
+for n in range(12):
+    for node in range(20):
+        entry = ops_agent_entry(line, instance=f"a3-node-{node:03d}", insert_id=f"{node}-{n}")
+        coal.handle({**Classifier.default().classify(entry), "_observed_ts": 1.8e9}, 1.8e9)
+
+def at_exit():
+    coal.flush_all(1.8e9 + 60)
+    print(sum(i["counts"]["events"] for i in store.list()), flush=True)
+
+atexit.register(at_exit)
+""".replace("XID_LINE", repr(XID94))
+    env = {**os.environ, "PYTHONPATH": f"{root / 'functions'}:{root}"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env, cwd=root
+    )
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stdout.split() == [str(12 * 20)]

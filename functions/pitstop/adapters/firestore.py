@@ -16,7 +16,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
@@ -25,6 +25,7 @@ from pitstop.adapters.firestore_jobs import JobRecords
 from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.core import engine
 from pitstop.core.actions import NODE_ACTIONS
+from pitstop.core.domain import Incident
 from pitstop.core.policy import Policy
 from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
 from pitstop.core.store import commit_of
@@ -39,9 +40,28 @@ MAX_ATTEMPTS = 1
 RETRIES = 10
 BACKOFF_S = 0.1
 BACKOFF_CAP_S = 4.0
+# A count merge is tried this often without a transaction (a read, then a write on condition
+# that the incident is as read), after jittered pauses growing from MERGE_PAUSE_S, before it takes
+# the transactional path (ten instances merging into one incident lost the race twice in a row
+# often enough, and their transactions then deadlocked until the lock timeout).
+OPTIMISTIC_TRIES = 6
+MERGE_PAUSE_S = 0.01
+# What engine.merge_deltas changes in an incident (and the merge's updated_at): all a merge writes.
+MERGED_FIELDS = ("counts", "gpus", "evidence", "last_seen", "burst_until", "recent_keys", "updated_at")
+# Decisions that read blast-radius budgets all read and write the same few documents. Two
+# instances' transactions that both read one deadlock until the database's lock timeout (2 s on
+# the emulator) and a storm's decisions over five instances stalled for minutes. So a decision
+# that asks for a budget takes a turn across instances first: a turn document its holder creates
+# and deletes after the decision (CLAIM_TURN_S: how long a dead holder's turn blocks the others).
+CLAIM_TURN_S = 5.0
+TURN_WAIT_S = (0.02, 0.2)  # first and longest pause between looks at a taken turn (a decision: ~20 ms)
 # In-process turn-taking per node: a fixed set of locks, keys hashed onto them, so a long-lived
 # instance that sees many nodes and incidents holds no per-key state.
 LOCK_STRIPES = 512
+
+
+class _TurnNeededError(Exception):
+    """The decision reads a budget: run it again, holding the claim turn from its start."""
 
 
 class _LazyBudgets(Mapping[str, dict[str, Any] | None]):
@@ -51,10 +71,13 @@ class _LazyBudgets(Mapping[str, dict[str, Any] | None]):
     would serialise a whole zone's events on one document.
     """
 
-    def __init__(self, coll: Any, txn: Any) -> None:
+    def __init__(self, coll: Any, txn: Any, turn: bool = True) -> None:
         self._coll, self._txn, self._cache = coll, txn, dict[str, dict[str, Any] | None]()
+        self._turn = turn  # whether this decision holds the claim turn across instances
 
     def __getitem__(self, key: str) -> dict[str, Any] | None:
+        if not self._turn:
+            raise _TurnNeededError(key)
         if key not in self._cache:
             snap = self._coll.document(key).get(transaction=self._txn)
             self._cache[key] = snap.to_dict() if snap.exists else None
@@ -78,6 +101,8 @@ class IncidentStore(JobRecords):
         self.budgets = client.collection(f"{prefix}_budgets")
         self.dedup = client.collection(f"{prefix}_dedup")
         self.outbox = client.collection(f"{prefix}_outbox")
+        self.turn = client.collection(f"{prefix}_turns").document("budgets")  # see CLAIM_TURN_S
+        self._holding = threading.local()  # .turn: this thread's decision holds the claim turn
         # Called inside each decision's transaction (services/outbox.py records its page there).
         self.on_decision: Callable[[Any, engine.Outcome], None] | None = None
         self._lock = threading.Lock()
@@ -86,6 +111,7 @@ class IncidentStore(JobRecords):
         # budget documents, so inside one instance they take turns instead of aborting each other.
         self._claim_lock = threading.Lock()
         self.writes = 0  # documents written by this process, for `pitstop bench ingest`
+        self.retries = 0  # transactions that lost to a contender and ran again (`pitstop bench ingest`)
 
     def _count_writes(self, n: int) -> None:
         with self._lock:
@@ -105,18 +131,59 @@ class IncidentStore(JobRecords):
         A storm on one node lands on few instances, so taking turns in-process removes most
         aborts; across instances Firestore's transactions decide, and one that loses is retried
         after a fully jittered exponential pause. ``claims``: it may claim blast-radius slots, whose
-        documents every node shares, so such transactions also take turns across nodes.
+        documents every node shares, so such transactions also take turns across nodes; one that
+        reads a budget runs again holding the turn across instances (:meth:`_claim_turn`).
         """
+        turn = False
         for attempt in range(RETRIES):
             try:
-                with self._node_lock(nkey), self._claim_lock if claims else contextlib.nullcontext():
+                with (
+                    self._node_lock(nkey),
+                    self._claim_lock if claims else contextlib.nullcontext(),
+                    self._claim_turn() if turn else contextlib.nullcontext(),
+                ):
+                    self._holding.turn = turn
                     return fn()
+            except _TurnNeededError:  # not a lost race: the decision asks for a budget
+                turn = True
             except (ValueError, gexc.Aborted):  # the commit lost, or a read hit a lock timeout
                 if attempt == RETRIES - 1:
                     raise
+                with self._lock:
+                    self.retries += 1
                 pause = min(BACKOFF_CAP_S, BACKOFF_S * 2**attempt)
                 time.sleep(random.uniform(0, pause))  # noqa: S311 - jitter, not a secret
         raise AssertionError("unreachable")
+
+    @contextlib.contextmanager
+    def _claim_turn(self) -> Iterator[None]:
+        """Hold the claim turn across instances: create the turn document, delete it after.
+
+        A turn whose holder died (past its ``until``) is taken over; the holder deletes only its
+        own (on condition of the update time its create returned).
+        """
+        pause = TURN_WAIT_S[0]
+        while True:
+            now = time.time()
+            try:
+                made = self.turn.create({"until": now + CLAIM_TURN_S, "at": now})
+                self._count_writes(1)
+                break
+            except gexc.Conflict:  # taken
+                snap = self.turn.get()
+                held = snap.to_dict() if snap.exists else None
+                if held is not None and float(held.get("until", 0)) < now:  # its holder died
+                    with contextlib.suppress(gexc.FailedPrecondition, gexc.NotFound):
+                        self.turn.delete(option=self.db.write_option(last_update_time=snap.update_time))
+                    continue
+                time.sleep(random.uniform(pause / 2, pause))  # noqa: S311 - jitter, not a secret
+                pause = min(TURN_WAIT_S[1], pause * 2)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(gexc.FailedPrecondition, gexc.NotFound):
+                self.turn.delete(option=self.db.write_option(last_update_time=made.update_time))
+                self._count_writes(1)
 
     def apply(self, ev: Mapping[str, Any], policy: Policy, now: float) -> engine.Outcome:
         """Fold one event in, exactly once per delivery identity."""
@@ -142,7 +209,7 @@ class IncidentStore(JobRecords):
             if node_doc and node_doc.get("latest_incident"):
                 snap = self.incidents.document(node_doc["latest_incident"]).get(transaction=t)
                 latest = snap.to_dict() if snap.exists else None
-            budgets = _LazyBudgets(self.budgets, t)
+            budgets = _LazyBudgets(self.budgets, t, self._holding.turn)
             out = engine.apply_event(ev, node_doc, latest, budgets, policy, now, key)
             if out.result == "ignored":
                 return out
@@ -175,14 +242,44 @@ class IncidentStore(JobRecords):
 
         Returns ``absorbed`` (``coalesced``) with the incident as merged, which refreshes the
         caller's cache for free, or the Outcome of replaying the representative event.
+
+        Optimistic first: a plain read, then a write of the fields a merge changes on condition
+        that the incident is as read (its update time). No lock is held in between, so N
+        instances merging into the same incidents do not queue behind each other's transactions
+        (on the emulator: lock timeouts, aborted commits, jittered pauses). Only a merge that lost
+        that race more than once goes through the transaction.
         """
         ref = self.incidents.document(iid)
+        ts = float(representative.get("_observed_ts") or now)
+
+        def unlocked() -> engine.Outcome | None:
+            """One optimistic merge: the Outcome, or None if the incident changed since it was read."""
+            snap = ref.get()
+            inc = snap.to_dict() if snap.exists else None
+            if inc is None or not engine.absorbs(inc, representative, ts):
+                return self.apply(representative, policy, now)
+            engine.merge_deltas(inc, deltas, policy)
+            inc["updated_at"] = now
+            try:
+                fields = {k: inc[k] for k in MERGED_FIELDS if k in inc}
+                ref.update(fields, option=self.db.write_option(last_update_time=snap.update_time))
+            except (gexc.FailedPrecondition, gexc.Aborted):  # written meanwhile: read again
+                return None
+            self._count_writes(1)
+            return engine.Outcome("absorbed", incident=cast(Incident, inc), coalesced=True)
+
+        for attempt in range(OPTIMISTIC_TRIES):
+            out = unlocked()
+            if out is not None:
+                return out
+            with self._lock:
+                self.retries += 1
+            time.sleep(random.uniform(0, MERGE_PAUSE_S * 2**attempt))  # noqa: S311 - jitter
 
         @firestore.transactional
         def txn(t: Any) -> dict[str, Any] | None:
             snap = ref.get(transaction=t)
             inc = snap.to_dict() if snap.exists else None
-            ts = float(representative.get("_observed_ts") or now)
             if inc is None or not engine.absorbs(inc, representative, ts):
                 return None
             engine.merge_deltas(inc, deltas, policy)
@@ -367,7 +464,7 @@ class IncidentStore(JobRecords):
                 return engine.Outcome("ignored")
             node_ref = self.nodes.document(inc["node_key"])
             node_doc = node_ref.get(transaction=t).to_dict() or engine.new_node(inc["node"])
-            out = decide(inc, node_doc, _LazyBudgets(self.budgets, t))
+            out = decide(inc, node_doc, _LazyBudgets(self.budgets, t, self._holding.turn))
             if out.result != "ignored":
                 self._write(t, out)
             return out

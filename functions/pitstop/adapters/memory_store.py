@@ -36,6 +36,7 @@ class MemoryStore:
         self.step_stores: dict[str, MemoryStepStore] = {}
         self.on_decision: Callable[[Any, Outcome], None] | None = None
         self.writes = 0
+        self.retries = 0  # a lock stands for the transaction: nothing ever loses and runs again
         self._lock = threading.RLock()
 
     # -- one decision, one "transaction" -------------------------------------------------------

@@ -114,3 +114,4 @@ class IncidentStore(Decisions, Starts, Records, Outbox, Protocol):
     """Everything services ask of the store."""
 
     writes: int  # documents written by this process (``pitstop bench ingest``)
+    retries: int  # decisions that lost to a contender and ran again (``pitstop bench ingest``)

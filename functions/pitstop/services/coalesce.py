@@ -1,19 +1,23 @@
 """Coalescing storms in memory so that 1 000 000 identical lines cost a handful of writes.
 
-A node's first lines on an instance (``DIRECT_LINES``) are committed one by one, so an
-ordinary fault's few lines are counted exactly and at once. After that, an event that cannot
+An incident's first lines (``DIRECT_LINES``, as its stored count says, whichever instance
+committed them) are committed one by one, so an ordinary fault's few lines are counted exactly
+and at once. Judged by the incident, not by the instance: a storm spread over N instances
+commits its first lines once, not N times on the same documents. After that, an event that cannot
 change anything — its node's latest incident (read from Firestore less than ``cache_ttl_s``
 ago, or as this instance last wrote or merged it) absorbs it and it does not raise the
 action — is only counted in memory. Such an event asks nothing of Firestore: no read, no
 write, no workflow follow-up.
 
-Buffered counts are merged into the incident at most every ``flush_interval_s`` per node, in
-a transaction that re-checks the incident; if the incident stopped absorbing meanwhile (it
-was resolved), the strongest buffered event is replayed through the full path, so no fault is
-lost to a stale cache. The merge happens on the next line of that node once the interval has
-passed, or on the instance's own timer (a daemon thread, :meth:`Coalescer.flush_due`), or at
-shutdown (:meth:`Coalescer.flush_all`; functions/main.py wires SIGTERM and atexit). Each
-merge returns the incident as written, which refreshes the cache without a read.
+Buffered counts are merged into the incident at most every ``flush_interval_s`` per node, by
+a read and a write on condition that the incident is still as read (no transaction, no lock:
+many instances merging into the same incidents do not queue; the store's merge_counts), which
+re-checks the incident; if the incident stopped absorbing meanwhile (it was resolved), the
+strongest buffered event is replayed through the full path, so no fault is lost to a stale
+cache. The merge happens on the next line of that node once the interval has passed, or on the
+instance's own timer (a daemon thread, :meth:`Coalescer.flush_due`), or at shutdown
+(:meth:`Coalescer.flush_all`; functions/main.py wires SIGTERM and atexit). Each merge returns
+the incident as written, which refreshes the cache without a read.
 
 Memory is bounded: at most ``max_nodes`` node states (least recently used dropped first, after
 their counts are merged; idle ones dropped after ``IDLE_S``), at most ``seen_max`` delivery
@@ -26,6 +30,7 @@ that dies without SIGTERM loses at most one interval of counts, never a decision
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections import OrderedDict, deque
@@ -34,20 +39,22 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from pitstop.adapters import log
-from pitstop.core import engine
+from pitstop.core import engine, trust
 from pitstop.core.actions import RANK, Action
 from pitstop.core.domain import Incident
 from pitstop.core.policy import Policy
 from pitstop.core.store import IncidentStore
 
-DIRECT_LINES = 4  # a node's first lines on an instance are committed one by one
+DIRECT_LINES = 4  # an incident's first lines are committed one by one (by any instance)
 MAX_NODES = 10_000  # node states an instance keeps
 SEEN_MAX = 100_000  # delivery keys an instance remembers (redeliveries to it are dropped at once)
 IDLE_S = 600.0  # a node state untouched this long, with nothing buffered, is dropped
 IDLE_TICKS = 30  # the timer thread stops after this many ticks with nothing buffered
+FLUSH_WORKERS = 8  # merges at once when everything is flushed (SIGTERM leaves an instance 10 s)
+GATE_STRIPES = 256  # per-node gates for lines that must be decided (node keys hashed onto them)
 # What the cache keeps of an incident: what engine.absorbs and the coalescing rule read, and no
 # more (an incident's 1000 recent keys times thousands of nodes would not fit an instance).
-_CACHED = ("id", "state", "action", "mode", "burst_until", "closure", "node_key")
+_CACHED = ("id", "state", "action", "mode", "burst_until", "closure", "node_key", "trust")
 _CACHED_RUN = ("step", "state", "lease_until")  # of ``workflow``: enough to see a start was lost
 
 Job = tuple[str, dict[str, Any], dict[str, Any], int]  # incident id, representative, deltas, lines
@@ -59,10 +66,16 @@ def slim(inc: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None
     out = {k: inc.get(k) for k in _CACHED}
     out["evidence_room"] = engine.evidence_room(inc)  # buffered evidence past it would be dropped
+    out["events"] = int((inc.get("counts") or {}).get("events", 0))  # lines committed (DIRECT_LINES)
     out["timeline"] = {"resolved": (inc.get("timeline") or {}).get("resolved")}
     wf = inc.get("workflow")
     out["workflow"] = {k: wf.get(k) for k in _CACHED_RUN} if wf else None
     return out
+
+
+def _verified(ev: Mapping[str, Any]) -> bool:
+    src = ev.get("source")
+    return isinstance(src, Mapping) and src.get("trust") == trust.VERIFIED
 
 
 def as_view(view: Mapping[str, Any] | None) -> Incident | None:
@@ -77,7 +90,6 @@ class _Node:
     fetched_at: float
     last_flush: float
     touched: float
-    direct: int = 0  # lines of this node this instance committed through the store
     deltas: dict[str, Any] = field(default_factory=engine.empty_deltas)
     representative: dict[str, Any] | None = None
     buffered: int = 0
@@ -103,6 +115,7 @@ class Coalescer:
         self._applying: dict[str, threading.Event] = {}  # keys in a store transaction right now
         self._seen_max, self._max_nodes = seen_max, max_nodes
         self._lock = threading.RLock()
+        self._gates = [threading.Lock() for _ in range(GATE_STRIPES)]
         self._merged = threading.Condition(self._lock)  # notified as each detached merge finishes
         self._inflight = 0  # counts detached by _take and not yet merged (or restored)
         self._flusher: threading.Thread | None = None
@@ -123,11 +136,38 @@ class Coalescer:
     # -- one event -------------------------------------------------------------------
 
     def handle(self, ev: Mapping[str, Any], now: float) -> engine.Outcome:
+        """Count the event in memory if the cached incident says it changes nothing; else decide it.
+
+        Only a line that cannot be counted in memory passes its node's gate, one at a time: it
+        reads the node's incident or commits itself, and the lines waiting behind it look at the
+        cache again when their turn comes. So the C concurrent first lines of a node make one
+        read and the incident's first DIRECT_LINES commits, not C of each.
+        """
         key = engine.event_key(ev)
         nkey = engine.node_key(ev["node"])
+        counted = self._counted(ev, key, nkey, now)
+        if counted is not None:
+            return counted
+        with self._gates[hash(nkey) % GATE_STRIPES]:
+            counted = self._counted(ev, key, nkey, now)  # the cache may have changed meanwhile
+            return counted if counted is not None else self._decide(ev, key, nkey, now)
+
+    def _counted(self, ev: Mapping[str, Any], key: str, nkey: str, now: float) -> engine.Outcome | None:
+        """A duplicate, or the event counted in memory by a fresh cache; None: it must be decided."""
         with self._lock:
             if key in self._seen:
                 return engine.Outcome("duplicate")
+            st = self._nodes.get(nkey)
+            if st is None or not self._fresh(st, now):
+                return None
+            absorbed, job = self._buffer(st, nkey, ev, key, now)
+        if job is not None:
+            self._merge(nkey, job, now)
+        return absorbed
+
+    def _decide(self, ev: Mapping[str, Any], key: str, nkey: str, now: float) -> engine.Outcome:
+        """Behind the node's gate: refresh the cache if it is stale, then count or commit the event."""
+        with self._lock:
             st = self._nodes.get(nkey)
             fresh = st is not None and self._fresh(st, now)
         if not fresh:
@@ -141,13 +181,13 @@ class Coalescer:
             self._merge_all(jobs, now)
             if dup:
                 return engine.Outcome("duplicate", incident=as_view(slim(latest)))
+            with self._lock:
+                absorbed, job = self._buffer(st, nkey, ev, key, now)
+            if job is not None:
+                self._merge(nkey, job, now)
+            if absorbed is not None:
+                return absorbed
         assert st is not None
-        with self._lock:
-            absorbed, job = self._buffer(st, nkey, ev, key, now)
-        if job is not None:
-            self._merge(nkey, job, now)
-        if absorbed is not None:
-            return absorbed
         return self._commit(st, ev, key, now)
 
     def _fresh(self, st: _Node, now: float) -> bool:
@@ -173,7 +213,9 @@ class Coalescer:
         action = engine.believed(ev, self.policy)[0]["action"]  # a forged line raises nothing
         if (
             latest is None
-            or st.direct < DIRECT_LINES
+            or key in self._applying  # a copy of it is in a transaction now: wait for that one
+            or (_verified(ev) and latest.get("trust") != trust.VERIFIED)  # it makes the evidence trusted
+            or latest.get("events", 0) < DIRECT_LINES
             or RANK[action] > RANK[latest["action"]]
             or not engine.absorbs(latest, ev, ts)
         ):
@@ -219,7 +261,6 @@ class Coalescer:
                 if out.incident is not None:
                     st.latest = slim(out.incident)
                 st.fetched_at = now
-                st.direct += 1
             self._remember(key)
         return out
 
@@ -297,25 +338,63 @@ class Coalescer:
     def flush_all(self, now: float, wait_s: float = 30.0) -> int:
         """Write every buffered count now (SIGTERM, exit, the sweep, the end of a benchmark).
 
-        Returns once merges already under way elsewhere (the timer, another line) have finished
-        too, so whoever reads the incidents next sees every count this instance had.
+        Merges FLUSH_WORKERS at a time: at SIGTERM an instance has seconds, and a storm over
+        2,000 nodes leaves as many merges. Returns once merges already under way elsewhere (the
+        timer, another line) have finished too, so whoever reads the incidents next sees every
+        count this instance had.
         """
         with self._lock:
             jobs = [(k, job) for k in list(self._pending) if (job := self._take(self._nodes[k], now))]
-        merged = self._merge_all(jobs, now)
+        self._merge_parallel(jobs, now)
         with self._lock:
             self._merged.wait_for(lambda: self._inflight == 0, timeout=wait_s)
-        return merged
+        return len(jobs)
+
+    def _merge_parallel(self, jobs: list[tuple[str, Job]], now: float) -> None:
+        """Merge these jobs FLUSH_WORKERS at a time, this thread among them: at interpreter exit
+        (atexit) no executor takes work and Python 3.12 starts no thread, so this one merges
+        whatever the others cannot."""
+        todo, lock = list(jobs), threading.Lock()
+
+        def work() -> None:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    nkey, job = todo.pop()
+                self._merge(nkey, job, now)
+
+        helpers: list[threading.Thread] = []
+        try:
+            for _ in range(min(FLUSH_WORKERS, len(jobs)) - 1):
+                helpers.append(threading.Thread(target=work, name="pitstop-flush", daemon=True))
+                helpers[-1].start()
+        except RuntimeError:  # no new thread at interpreter shutdown
+            helpers = [t for t in helpers if t.is_alive()]
+        work()
+        for t in helpers:
+            t.join()
 
     def flush_due(self, now: float) -> int:
-        """Write the counts buffered for a flush interval or longer; drop idle node states."""
+        """Write the counts buffered for a flush interval or longer; drop idle node states.
+
+        One node at a time (taken, merged, the next): what is not merged yet stays buffered, where
+        a shutdown's flush_all finds it, instead of being held by this thread when the instance stops.
+        """
         with self._lock:
             due = [k for k in self._pending if now - self._nodes[k].last_flush >= self.flush_interval]
-            jobs = [(k, job) for k in due if (job := self._take(self._nodes[k], now))]
             idle = [k for k, st in self._nodes.items() if not st.buffered and now - st.touched >= IDLE_S]
             for k in idle:
                 del self._nodes[k]
-        return self._merge_all(jobs, now)
+        merged = 0
+        for k in due:
+            with self._lock:
+                st = self._nodes.get(k)
+                job = self._take(st, now) if st is not None and k in self._pending else None
+            if job is not None:
+                self._merge(k, job, now)
+                merged += 1
+        return merged
 
     def _ensure_timer(self) -> bool:
         """Under the lock: make sure the timer thread runs while counts are buffered (False: off)."""
@@ -329,7 +408,9 @@ class Coalescer:
     def _tick(self) -> None:
         """The timer: merge due counts every interval; stop when nothing has been buffered for a while."""
         quiet = 0
-        while not self._stop.wait(max(self.flush_interval / 2, 0.25)):
+        tick = max(self.flush_interval / 2, 0.25)
+        # Jittered, so that instances started together do not merge into the same incidents at once.
+        while not self._stop.wait(tick * random.uniform(0.75, 1.25)):  # noqa: S311 - not a secret
             try:
                 self.flush_due(self.clock())
             except Exception as exc:  # never let the timer die silently with counts buffered

@@ -616,6 +616,24 @@ def _secrets(e: Entry, t: Target) -> list[str]:
     return [f"--set-secrets={','.join(f'{k}={v}:latest' for k, v in secrets.items())}"] if secrets else []
 
 
+SCALE_FLAGS = ("concurrency", "cpu", "memory", "max_instances", "min_instances")
+
+
+def scale_flags(e: Entry) -> list[str]:
+    """A function's size as measured (resources.yaml ``scale``): each flag set, none left to a default.
+
+    Left out, a gen2 function takes one request per instance on up to 100 instances: a storm
+    spread over that many coalescers (README "Storms as deployed").
+    """
+    scale = e.get("scale") or {}
+    missing = [k for k in SCALE_FLAGS if k not in scale]
+    if missing:
+        raise ValueError(f"function {e['name']}: scale sets no {', '.join(missing)} (infra/resources.yaml)")
+    if int(scale["concurrency"]) > 1 and float(scale["cpu"]) < 1:
+        raise ValueError(f"function {e['name']}: concurrency above 1 needs cpu 1 or more")
+    return [f"--{k.replace('_', '-')}={scale[k]}" for k in SCALE_FLAGS]
+
+
 def _function(e: Entry, t: Target) -> list[Step]:
     """A gen2 function from the staged source, labelled with a digest of its flags and source."""
     fn, where = e["name"], [e["name"], "--gen2", f"--region={t.region}", *t.p]
@@ -625,9 +643,13 @@ def _function(e: Entry, t: Target) -> list[Step]:
         fn,
         f"--entry-point={e['entry_point']}",
         *e.get("flags", []),
+        *scale_flags(e),
         *_secrets(e, t),
     ]
-    argv += [f"--set-env-vars={_env(e['env'])}", f"--service-account={sa_email(e['account'], t.project)}"]
+    # functions-framework serves a Python function with THREADS threads: as many as the
+    # concurrency Cloud Run sends it (cloud.google.com/functions/docs/configuring/concurrency).
+    env = {**e["env"], "THREADS": e["scale"]["concurrency"]}
+    argv += [f"--set-env-vars={_env(env)}", f"--service-account={sa_email(e['account'], t.project)}"]
     argv += ["--gen2", f"--runtime={t.conf['runtime']}", f"--region={t.region}", f"--source={t.source_dir}"]
     argv += ["--no-allow-unauthenticated", *t.p]
     digest = config_digest([a for a in argv if not a.startswith("--source=")], t.source)

@@ -11,22 +11,46 @@ import orjson
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
+# The issue's two storms: many lines on few nodes, and few lines each on many nodes.
+DEFAULT_STORMS = "50000x64,20000x2000"
+
+
+def _storms(text: str) -> list[tuple[int, int]]:
+    """``LINESxNODES[,LINESxNODES...]``."""
+    out = []
+    for part in text.split(","):
+        lines, _, nodes = part.partition("x")
+        if not (lines.isdigit() and nodes.isdigit() and int(lines) > 0 and int(nodes) > 0):
+            raise argparse.ArgumentTypeError(f"a storm is LINESxNODES, e.g. 50000x64; got {part!r}")
+        out.append((int(lines), int(nodes)))
+    return out
+
+
+def _counts(text: str) -> list[int]:
+    if not all(p.isdigit() and int(p) > 0 for p in text.split(",")):
+        raise argparse.ArgumentTypeError(f"instance counts are positive integers (1,2,5,10); got {text!r}")
+    return [int(p) for p in text.split(",")]
+
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pitstop.tools import bench
-
     if args.target == "classify":
+        from pitstop.tools import bench
+
         result = bench.bench_classify(args.lines or 100_000)
     elif args.target == "simulate":
         from pitstop.tools import simulate
 
         result = simulate.bench_simulate()
     else:
-        runs = [
-            bench.bench_ingest(args.lines or 20_000, args.nodes, args.workers, int(n), args.report_memory)
-            for n in args.instances.split(",")
-        ]
-        result = {"benchmark": "ingest", "runs": runs}
+        from pitstop.tools import bench_fleet
+
+        result = bench_fleet.bench_ingest(
+            args.storms,
+            args.instances,
+            args.concurrency,
+            ack_deadline_s=args.ack_deadline,
+            retry_scale=args.retry_scale,
+        )
     sys.stdout.buffer.write(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
     return 0
 
@@ -35,11 +59,29 @@ def add(sub: Subparsers) -> None:
     """bench: speed figures, measured on demand and never asserted in tests."""
     b = sub.add_parser("bench", help="measure speed")
     b.add_argument("target", choices=("classify", "ingest", "simulate"))
-    b.add_argument("--lines", type=int, default=None, help="input lines (classify: 100000, ingest: 20000)")
-    b.add_argument("--nodes", type=int, default=64, help="ingest: nodes the storm spreads over")
-    b.add_argument("--workers", type=int, default=8, help="ingest: concurrent deliveries")
-    b.add_argument("--instances", default="1,2", help="ingest: function instances to simulate, one run each")
+    b.add_argument("--lines", type=int, default=None, help="classify: input lines (100000)")
     b.add_argument(
-        "--report-memory", action="store_true", help="ingest: also trace Python allocations (slower)"
+        "--storms",
+        type=_storms,
+        default=_storms(DEFAULT_STORMS),
+        help=f"ingest: storms as LINESxNODES, comma-separated ({DEFAULT_STORMS})",
+    )
+    b.add_argument(
+        "--instances",
+        type=_counts,
+        default=[1, 2, 5, 10],
+        help="ingest: function instances, one run each per storm (1,2,5,10)",
+    )
+    b.add_argument(
+        "--concurrency", type=int, default=16, help="ingest: concurrent deliveries per instance (THREADS)"
+    )
+    b.add_argument(
+        "--ack-deadline", type=float, default=60.0, help="ingest: seconds before a delivery is redelivered"
+    )
+    b.add_argument(
+        "--retry-scale",
+        type=float,
+        default=0.1,
+        help="ingest: Pub/Sub's 10-600 s retry delays times this (0.1: 1-60 s)",
     )
     b.set_defaults(func=cmd_bench)

@@ -1,0 +1,94 @@
+"""One ingest instance of ``pitstop bench ingest``: functions/main.py's own handler, counted.
+
+Run as ``functions-framework --source functions/pitstop/tools/bench_instance.py --target ingest``
+with THREADS set to the instance's concurrency, as deploy sets it. The handler is main's,
+unchanged; before main first builds its Ingest, two things are swapped in:
+
+- ``main._db``: the Firestore client it returns counts its billed operations (tools/firestore_ops.py);
+- the notifier: a page is counted, not published (the bench runs no Pub/Sub emulator).
+
+When the instance stops (SIGTERM: gunicorn's worker exits, and main's exit hook merges the
+counts it still buffers), it writes its figures to ``$PITSTOP_BENCH_STATS_DIR/<pid>.json``:
+Firestore reads and writes, contention retries, pages, the coalescer's sizes and the worker's
+peak resident memory. Shipped code knows nothing of this module.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import main
+from main import ingest  # the target functions-framework serves
+from pitstop.adapters import pubsub
+from pitstop.tools.firestore_ops import FirestoreOps
+
+STATS_DIR_ENV = "PITSTOP_BENCH_STATS_DIR"
+__all__ = ["ingest"]
+
+_ops: list[FirestoreOps] = []
+_pages = [0]
+_lock = threading.Lock()
+_shipped_db = main._db
+
+
+def _counted_db(project: str) -> Any:
+    client = _shipped_db(project)
+    with _lock:
+        _ops.append(FirestoreOps(client))
+    return client
+
+
+class _CountedPages:
+    """Stands in for the notifications topic: counts pages, publishes nothing."""
+
+    def __init__(self, project: str, topic: str, publisher: Any = None) -> None:
+        self.topic = topic
+
+    def publish(self, notification: Mapping[str, Any]) -> str:
+        with _lock:
+            _pages[0] += 1
+            return f"bench-page-{_pages[0]}"
+
+
+def _peak_mib() -> float:
+    """This process's peak resident memory (VmHWM), MiB."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def figures() -> dict[str, Any]:
+    """What this instance did, for the bench to add up."""
+    built = main._ingest.cache_info().currsize > 0
+    svc = main._ingest() if built else None
+    return {
+        "pid": os.getpid(),
+        "reads": sum(o.reads for o in _ops),
+        "writes": sum(o.writes for o in _ops),
+        "retries": svc.store.retries if svc is not None else 0,
+        "coalesced": svc.coalescer.coalesced if svc is not None else 0,
+        "coalescer": svc.coalescer.stats() if svc is not None else {},
+        "pages": _pages[0],
+        "peak_mib": round(_peak_mib(), 1),
+    }
+
+
+def _flush_then_report() -> None:
+    main.flush_counts()
+    out = os.environ.get(STATS_DIR_ENV)
+    if out and main._ingest.cache_info().currsize:  # the worker that served, not gunicorn's master
+        Path(out, f"{os.getpid()}.json").write_text(json.dumps(figures()))
+
+
+main._db = _counted_db
+pubsub.Notifier = _CountedPages  # type: ignore[misc,assignment]
+atexit.unregister(main.flush_counts)  # one hook, in order: merge what is buffered, then report
+atexit.register(_flush_then_report)
