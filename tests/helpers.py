@@ -226,3 +226,31 @@ def subset(expected: dict[str, Any], actual: dict[str, Any]) -> None:
     for k, v in expected.items():
         assert k in actual, f"missing {k!r} in {actual}"
         assert actual[k] == v, f"{k}: expected {v!r}, got {actual[k]!r}"
+
+
+ALERTS_TOPIC = "pitstop-alerts"
+
+
+def alert_delivery(
+    notification: dict[str, Any], topic: str = ALERTS_TOPIC, project: str = PROJECT, message_id: str = "9001"
+) -> dict[str, Any]:
+    """A Monitoring notification as Eventarc hands it to ingest: a CloudEvent whose ``source`` is the
+    topic it came through (reference/gcp-events.md §4), the notification as the message's data."""
+    data = base64.b64encode(json.dumps(notification).encode()).decode()
+    return {
+        "specversion": "1.0",
+        "type": "google.cloud.pubsub.topic.v1.messagePublished",
+        "source": f"//pubsub.googleapis.com/projects/{project}/topics/{topic}",
+        "id": message_id,
+        "time": "2026-11-21T10:42:32.100Z",
+        "datacontenttype": "application/json",
+        "data": {
+            "subscription": f"projects/{project}/subscriptions/eventarc-us-central1-pitstop-ingest-alerts",
+            "message": {
+                "@type": "type.googleapis.com/google.pubsub.v1.PubsubMessage",
+                "data": data,
+                "messageId": message_id,
+                "publishTime": "2026-11-21T10:42:32.100Z",
+            },
+        },
+    }

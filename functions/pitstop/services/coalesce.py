@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from pitstop.adapters import log
-from pitstop.core import engine
+from pitstop.core import alerts, engine
 from pitstop.core.actions import RANK, Action
 from pitstop.core.domain import Incident
 from pitstop.core.policy import Policy
@@ -124,7 +124,7 @@ class Coalescer:
 
     def handle(self, ev: Mapping[str, Any], now: float) -> engine.Outcome:
         key = engine.event_key(ev)
-        nkey = engine.node_key(ev["node"])
+        nkey = engine.subject_key(ev)
         with self._lock:
             if key in self._seen:
                 return engine.Outcome("duplicate")
@@ -167,6 +167,8 @@ class Coalescer:
         """Under the lock: count the event in memory if it cannot change anything (and say so)."""
         ts = float(ev.get("_observed_ts") or now)
         latest, st.touched = st.latest, now
+        if alerts.is_alert(ev) and latest is not None:
+            return None, self._take(st, now)  # an alert's open or close may end or reopen an episode
         if latest is None and ev["action"] == Action.NONE:
             self._remember(key)
             return engine.Outcome("ignored"), None
@@ -245,7 +247,7 @@ class Coalescer:
         if not st.buffered or st.latest is None or st.representative is None:
             return None
         job = (st.latest["id"], st.representative, st.deltas, st.buffered)
-        self._pending.discard(engine.node_key(st.representative["node"]))
+        self._pending.discard(engine.subject_key(st.representative))
         st.deltas, st.representative, st.buffered = engine.empty_deltas(), None, 0
         self._inflight += 1
         return job
