@@ -254,3 +254,49 @@ def alert_delivery(
             },
         },
     }
+
+
+def node_alert(
+    stem: str,
+    state: str,
+    incident: str,
+    started_at: int,
+    ended_at: int | None,
+    node: str = "a3-node-003",
+    observed: str = "0.6",
+) -> dict[str, Any]:
+    """A notification of a node policy (infra/monitoring/telemetry/<stem>.json) on a VM of PROJECT."""
+    from pitstop.local import alerting
+
+    return alerting.notification(
+        stem,
+        state,
+        incident_id=incident,
+        project=PROJECT,
+        metric_labels={},
+        resource_type="gce_instance",
+        resource_labels={"project_id": PROJECT, "zone": ZONE, "instance_id": "7000000003"},
+        display_name=node,
+        started_at=started_at,
+        ended_at=ended_at,
+        observed=observed,
+    )
+
+
+def job_alert(
+    state: str, incident: str, started_at: int, ended_at: int | None, job: str = "4242"
+) -> dict[str, Any]:
+    """A notification of the heartbeat policy about one job of cluster ``train``."""
+    from pitstop.local import alerting
+
+    return alerting.notification(
+        "job-heartbeat",
+        state,
+        incident_id=incident,
+        project=PROJECT,
+        metric_labels={"cluster": "train", "job": job},
+        resource_type="global",
+        resource_labels={"project_id": PROJECT},
+        started_at=started_at,
+        ended_at=ended_at,
+    )

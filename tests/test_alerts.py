@@ -17,41 +17,30 @@ from pitstop.core import alerts
 from pitstop.core.classify import Classifier
 from pitstop.local import alerting
 
-from .helpers import ALERTS_TOPIC, PROJECT, ZONE, alert_delivery, assert_valid_event, load_fixture, push_body
+from .helpers import (
+    ALERTS_TOPIC,
+    PROJECT,
+    ZONE,
+    alert_delivery,
+    assert_valid_event,
+    job_alert,
+    load_fixture,
+    node_alert,
+    push_body,
+)
 
 REAL = {c["id"]: c["notification"] for c in load_fixture("alert_notifications.yaml")}
 CLF = Classifier.default()
 T_OPEN, T_CLOSE = 1_790_000_000, 1_790_000_300
 
 
-def hang(state: str = "open", job: str = "4242", **over: Any) -> dict[str, Any]:
-    return alerting.notification(
-        "job-heartbeat",
-        state,
-        incident_id="0.hang4242",
-        project=PROJECT,
-        metric_labels={"cluster": "train", "job": job},
-        resource_type="global",
-        resource_labels={"project_id": PROJECT},
-        started_at=T_OPEN,
-        ended_at=T_CLOSE if state == "closed" else None,
-        **over,
-    )
+def hang(state: str = "open", job: str = "4242") -> dict[str, Any]:
+    return job_alert(state, "0.hang4242", T_OPEN, T_CLOSE if state == "closed" else None, job=job)
 
 
 def throttle(state: str = "open", node: str = "a3-node-003", incident: str = "0.thr003") -> dict[str, Any]:
-    return alerting.notification(
-        "gpu-throttle",
-        state,
-        incident_id=incident,
-        project=PROJECT,
-        metric_labels={},
-        resource_type="gce_instance",
-        resource_labels={"project_id": PROJECT, "zone": ZONE, "instance_id": "7000000003"},
-        display_name=node,
-        started_at=T_OPEN,
-        ended_at=T_CLOSE if state == "closed" else None,
-        observed="0.62",
+    return node_alert(
+        "gpu-throttle", state, incident, T_OPEN, T_CLOSE if state == "closed" else None, node, "0.62"
     )
 
 

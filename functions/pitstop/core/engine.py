@@ -700,8 +700,11 @@ def apply_event(
 
 
 def close_if_burst_over(inc: Counted, now: float) -> bool:
-    """Record-only and observe-mode incidents resolve when their burst ends."""
+    """Record-only and observe-mode incidents resolve when their burst ends; an alert's episode
+    lasts while its alert is open (an alert sends no lines while it holds: its close ends it)."""
     if inc["state"] != State.OPEN or now < inc["burst_until"]:
+        return False
+    if any(a.get("state") == "open" for a in inc.get("alerts") or ()):
         return False
     if (
         inc["action"] in RECORD_ONLY_ACTIONS
