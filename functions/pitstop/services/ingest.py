@@ -126,7 +126,7 @@ class Ingest:
                 "INFO",
                 "unverified line corroborated",
                 xid=ev["xid"],
-                node=ev["node"]["instance"],
+                node=engine.subject_name(ev),
                 reason=out["source"]["trust_reason"],
             )
         return out

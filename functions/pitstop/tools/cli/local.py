@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from pitstop.local.stack import ClusterSpec, StackState
 
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+from pitstop.core import engine
 from pitstop.tools.common import lines
 
 
@@ -303,7 +304,7 @@ def _incident_rows(
     return [
         {
             "id": i["id"],
-            "node": i["node"]["instance"],
+            "node": engine.subject_name(i),
             "state": i["state"],
             "action": i["action"],
             "events": i["counts"]["events"],
