@@ -7,6 +7,7 @@ are built from the deployed policy files by pitstop.local.alerting (the shape of
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import pytest
@@ -152,7 +153,7 @@ def test_a_policy_may_name_the_job_label_and_the_cluster() -> None:
 
 @pytest.mark.parametrize("stem", sorted(s for s in alerting.policies() if s != "job-heartbeat"))
 def test_every_node_policy_opens_a_degraded_event_on_its_node(stem: str) -> None:
-    gke = alerting.policies()[stem]["userLabels"].get("pitstop_node_label") == "Hostname"
+    gke = alerting.policies()[stem]["userLabels"].get("pitstop_node_label") == "hostname"
     common: dict[str, Any] = {"incident_id": f"0.{stem}", "project": PROJECT, "started_at": T_OPEN}
     if gke:
         doc = alerting.notification(
@@ -311,3 +312,32 @@ def test_any_field_replaced_by_anything_never_raises(field: str, value: Any) -> 
     doc["incident"][field] = value
     ev = on_topic(doc)
     assert ev["kind"] in ("hang", "invalid", "unrelated")
+
+
+# -- the policies as data ---------------------------------------------------------------------
+
+LABEL = re.compile(r"[a-z][a-z0-9_-]{0,62}")  # Monitoring user label keys and values
+SOURCES = ("NVIDIA/", "dcgm", "Greyhound", "ByteRobust", "opentelemetry-operations-collector")
+
+
+@pytest.mark.parametrize("stem", sorted(alerting.policies()))
+def test_each_telemetry_policy_is_an_alert_policy_that_says_what_it_raises_and_why(stem: str) -> None:
+    """Each file parses, strictly, as the Monitoring API's AlertPolicy (gcloud sends it as is), names its
+    Pitstop signal in user labels the parser reads, and cites where its metric and threshold come from."""
+    from google.cloud import monitoring_v3
+
+    text = (alerting.TELEMETRY / f"{stem}.json").read_text()
+    policy = monitoring_v3.AlertPolicy.from_json(text)  # unknown fields raise
+    labels = dict(policy.user_labels)
+    assert all(LABEL.fullmatch(k) and LABEL.fullmatch(v) for k, v in labels.items())
+    assert labels[alerts.SIGNAL_LABEL] in alerts.SIGNALS
+    if labels[alerts.SIGNAL_LABEL] == "degraded":
+        assert labels[alerts.SYMPTOM_LABEL] in alerts.SYMPTOMS
+    assert len(policy.conditions) == 1 and policy.alert_strategy.auto_close.total_seconds() > 0
+    assert any(s in policy.documentation.content for s in SOURCES), "cite the metric's and threshold's source"
+
+
+def test_deploy_accepts_exactly_the_signals_the_parser_knows() -> None:
+    from pitstop.tools import deploy
+
+    assert tuple(alerts.SIGNALS) == deploy.SIGNALS

@@ -22,7 +22,8 @@ telemetry/*.json), echoed in every notification as ``policy_user_labels``:
 * ``pitstop_signal``: ``hang`` (job-level: the incident is on the job) or ``degraded`` (node-level);
 * ``pitstop_job_label`` (hang): the metric label that carries the scheduler's job id (default ``job``),
   ``pitstop_cluster``: the cluster when the metric has no ``cluster`` label;
-* ``pitstop_node_label`` (degraded, Managed Prometheus): the metric label naming the node;
+* ``pitstop_node_label`` (degraded, Managed Prometheus): the metric label naming the node (label
+  values are lowercase, so ``hostname`` names dcgm-exporter's ``Hostname``);
 * ``pitstop_symptom`` (degraded): what crossed the line (throttle, ecc, row_remap, nvlink, pcie).
 
 Provenance, as for the other sources (core/trust.py): a notification counts only if it came in on
@@ -151,11 +152,18 @@ def _source(inc: Mapping[str, Any], delivery: Delivery | None, state: str) -> di
     return new_source(log_name, insert_id, delivery.message_id if delivery else None)
 
 
+def _label(labels: Mapping[str, str], name: str) -> str | None:
+    """A metric label by the name a policy user label gives, which Monitoring keeps lowercase."""
+    if name in labels:
+        return labels[name]
+    return next((v for k, v in labels.items() if k.lower() == name.lower()), None)
+
+
 def _job(inc: Mapping[str, Any], labels: dict[str, str], policy: dict[str, str]) -> tuple[JobRef | None, str]:
     """The hung job: the metric label the policy names, the cluster label (or the policy's cluster)."""
     _, res = _typed(inc.get("resource"))
     job_label = policy.get(JOB_LABEL, "job")
-    job = labels.get(job_label)
+    job = _label(labels, job_label)
     cluster = labels.get("cluster") or policy.get(CLUSTER_LABEL)
     project = res.get("project_id") or inc.get("scoping_project_id")
     if not names.valid_job_id(job):
@@ -176,7 +184,7 @@ def _node(
     res: dict[str, Any] = dict(typed)
     display = inc.get("resource_display_name")
     keys = (policy[NODE_LABEL],) if NODE_LABEL in policy else NODE_LABELS
-    name = next((labels[k] for k in keys if k in labels), None)
+    name = next((v for k in keys if (v := _label(labels, k)) is not None), None)
     meta = inc.get("metadata")
     system = _labels(meta.get("system_labels")) if isinstance(meta, Mapping) else {}
     if (
