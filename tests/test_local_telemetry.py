@@ -9,6 +9,10 @@ ingest reads them from the alerts topic.
 from __future__ import annotations
 
 import json
+import os
+import textwrap
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -190,3 +194,51 @@ def test_node_faults_need_their_node(tmp_path: Path) -> None:
     chaos.apply(stack, "straggler", node="a3-node-000")
     chaos.apply(stack, "heal", node="a3-node-000")
     assert stack.gpu == {"a3-node-000": None}
+
+
+# -- README's heartbeat snippet, as a training loop runs it --------------------------------------
+
+
+def test_the_readme_heartbeat_snippet_is_five_lines_that_write_the_policys_metric(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The snippet in README "Telemetry", run as is against the Monitoring stand-in (only the
+    client's endpoint differs): it writes what the heartbeat policy watches."""
+    from google.cloud import monitoring_v3
+
+    from pitstop.local.fake_monitoring import FakeMonitoring, serve
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    snippet = (
+        readme.split("Five lines in the training loop", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    )
+    code = textwrap.dedent(snippet)
+    assert len(code.strip().splitlines()) == 5
+    beats: list[Mapping[str, str]] = []
+    fake = FakeMonitoring(on_heartbeat=beats.append)
+    server, endpoint = serve(fake)
+    try:
+        client = trainer.heartbeat_client(endpoint)
+        monkeypatch.setattr(monitoring_v3, "MetricServiceClient", lambda: client)
+        monkeypatch.setenv("SLURM_JOB_ID", "4242")
+        scope: dict[str, Any] = {"os": os, "time": time, "PROJECT": "train-prod"}
+        exec(compile(code, "README.md", "exec"), scope)
+        scope["beat"](7)
+    finally:
+        server.stop(0)
+    assert fake.series == [
+        {
+            "type": trainer.METRIC,
+            "labels": {"cluster": "train", "job": "4242"},
+            "value": 7,
+            "resource": "global",
+        }
+    ]
+    assert beats == [{"cluster": "train", "job": "4242"}]
+    policy = json.loads(
+        (Path(__file__).resolve().parents[1] / "infra/monitoring/telemetry/job-heartbeat.json").read_text()
+    )
+    assert (
+        f'metric.type="{trainer.METRIC}" AND resource.type="global"'
+        == policy["conditions"][0]["conditionAbsent"]["filter"]
+    )
