@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pitstop.core import alerts
+from pitstop.core import alerts, engine
 from pitstop.core.classify import Classifier
 from pitstop.local import alerting
 
@@ -351,3 +351,61 @@ def test_a_page_about_a_hang_names_its_job_where_others_name_their_node() -> Non
     assert "node: job 4242 of train" in notifications.text_lines(page)[1]
     event = notifications.pagerduty_event(page, "k" * 32, "trigger")
     assert "job 4242 of train" in str(event["payload"])
+
+
+# -- the engine on alert episodes (the memory store: the same engine and commit rules) -------------
+
+T_NOW = 1_800_000_000
+
+
+def _feed(store: Any, pol: Any, doc: dict[str, Any], at: float) -> Any:
+    ev = CLF.classify(alert_delivery(doc, message_id=f"m{at}"))
+    ev["_observed_ts"] = at
+    return store.apply(ev, pol, at)
+
+
+def _policy(**over: Any) -> Any:
+    from pitstop.core import policy
+
+    cluster = {"name": "train", "scheduler": "slurm", "size": 8, "match": {"name_pattern": "a3-node-*"}}
+    return policy.from_doc({"mode": "enforce", "clusters": [cluster], **over})
+
+
+def test_a_held_episode_ends_with_its_alert_and_an_earlier_cooldown_stays() -> None:
+    from pitstop.adapters.memory_store import MemoryStore
+
+    store, pol = MemoryStore(), _policy(enabled_actions=["RESTART_JOB"])  # DRAIN_NODE needs a person
+    node_key = f"{PROJECT}.{ZONE}.a3-node-003"
+    vm = {"project": PROJECT, "zone": ZONE, "instance": "a3-node-003", "instance_id": "7000000003"}
+    earlier = {"at": 42.0, "action": "REBOOT_NODE", "incident": "iold", "mode": "enforce"}
+    store.nodes[node_key] = {
+        **engine.new_node(vm),
+        "last_action_at": {"REBOOT_NODE": 42.0},
+        "remediations": [earlier],
+    }
+    opened = _feed(store, pol, node_alert("gpu-throttle", "open", "0.a", T_NOW, None), T_NOW)
+    assert opened.result == "held" and opened.page is not None
+    ended = _feed(store, pol, node_alert("gpu-throttle", "closed", "0.a", T_NOW, T_NOW + 60), T_NOW + 60)
+    assert ended.result == "ended" and ended.incident is not None and ended.incident["held"] is None
+    assert store.nodes[node_key]["last_action_at"] == {"REBOOT_NODE": 42.0}  # not its own: kept
+
+
+def test_a_close_that_overtakes_its_open_is_dropped_and_the_open_starts_an_episode() -> None:
+    """Push delivery is unordered: a close with no episode asks nothing; its open still opens one
+    (the policy's autoClose and a person bound it; the alert's own close is what ends it)."""
+    from pitstop.adapters.memory_store import MemoryStore
+
+    store, pol = MemoryStore(), _policy(mode="observe")
+    assert _feed(store, pol, job_alert("closed", "0.z", T_NOW, T_NOW + 30), T_NOW + 30).result == "ignored"
+    assert _feed(store, pol, job_alert("open", "0.z", T_NOW, None), T_NOW + 31).result == "opened"
+
+
+def test_an_alert_opening_after_the_flap_window_is_a_new_episode() -> None:
+    from pitstop.adapters.memory_store import MemoryStore
+
+    store, pol = MemoryStore(), _policy(mode="observe")
+    first = _feed(store, pol, job_alert("open", "0.1", T_NOW, None), T_NOW)
+    assert _feed(store, pol, job_alert("closed", "0.1", T_NOW, T_NOW + 10), T_NOW + 10).result == "ended"
+    late = _feed(store, pol, job_alert("open", "0.2", T_NOW + 1000, None), T_NOW + 1000)  # flap window: 900 s
+    assert late.result == "opened" and late.incident is not None and first.incident is not None
+    assert late.incident["id"] != first.incident["id"]
