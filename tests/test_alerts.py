@@ -356,6 +356,7 @@ def test_a_page_about_a_hang_names_its_job_where_others_name_their_node() -> Non
 # -- the engine on alert episodes (the memory store: the same engine and commit rules) -------------
 
 T_NOW = 1_800_000_000
+XID79_LINE = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 
 
 def _feed(store: Any, pol: Any, doc: dict[str, Any], at: float) -> Any:
@@ -409,3 +410,24 @@ def test_an_alert_opening_after_the_flap_window_is_a_new_episode() -> None:
     late = _feed(store, pol, job_alert("open", "0.2", T_NOW + 1000, None), T_NOW + 1000)  # flap window: 900 s
     assert late.result == "opened" and late.incident is not None and first.incident is not None
     assert late.incident["id"] != first.incident["id"]
+
+
+def test_an_alert_closing_does_not_end_an_episode_its_open_did_not_start() -> None:
+    """A degraded alert absorbed into an Xid episode (held for a person) is recorded on it; its
+    close leaves the Xid's episode as it was."""
+    from pitstop.adapters.memory_store import MemoryStore
+
+    from .helpers import journald_entry
+
+    store, pol = MemoryStore(), _policy(enabled_actions=["RESTART_JOB"])  # REBOOT_NODE needs a person
+    xid = CLF.classify(journald_entry(XID79_LINE, instance="a3-node-003"))
+    xid["_observed_ts"] = T_NOW
+    held = store.apply(xid, pol, T_NOW)
+    assert held.result == "held" and held.incident is not None
+    assert (
+        _feed(store, pol, node_alert("gpu-throttle", "open", "0.q", T_NOW, None), T_NOW + 5).result
+        == "absorbed"
+    )
+    after = _feed(store, pol, node_alert("gpu-throttle", "closed", "0.q", T_NOW, T_NOW + 9), T_NOW + 9)
+    assert after.result == "absorbed" and after.incident is not None
+    assert after.incident["state"] == "HELD" and after.incident["alerts"][0]["state"] == "closed"

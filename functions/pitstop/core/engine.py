@@ -579,6 +579,13 @@ def _note_alert(inc: Incident, ev: Mapping[str, Any], ts: float) -> None:
         ref["opened_at"] = ts
 
 
+def alert_started(inc: Mapping[str, Any]) -> bool:
+    """The episode is its alerts' alone: opened by one, and nothing but alerts counted into it (an
+    Xid episode that also absorbed an alert is not ended by that alert's close)."""
+    alert_kinds = set(alerts.SIGNALS)
+    return inc["kind"] in alert_kinds and set(inc["counts"]) <= {"events", *alert_kinds}
+
+
 def untouched(inc: Mapping[str, Any]) -> bool:
     """Nothing was done for the episode yet: no execution started on it (OPEN), or it waits (HELD)."""
     started = (inc.get("workflow") or {}).get("state") == RunState.STARTED
@@ -614,8 +621,10 @@ def _alert_changes(inc: Incident, ev: Mapping[str, Any], ts: float, d: Decision)
         _decide_start(inc, d)
         return True
     refs = inc.get("alerts") or []
-    if inc["state"] == State.RESOLVED or not untouched(inc) or any(r["state"] != "closed" for r in refs):
-        return False  # another alert still open, or remediation under way: the close is only recorded
+    if inc["state"] == State.RESOLVED or not untouched(inc) or not alert_started(inc):
+        return False  # remediation under way, or other evidence in it: the close is only recorded
+    if any(r["state"] != "closed" for r in refs):
+        return False  # another of its alerts is still open
     lifecycle.move(inc, State.RESOLVED, "its alerts closed before anything was done")
     inc["timeline"]["resolved"] = d.now
     inc["held"] = None
