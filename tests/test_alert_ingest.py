@@ -120,7 +120,10 @@ def test_a_flapping_alert_is_one_incident(fs_client: firestore.Client) -> None:
     assert (
         inc["workflow"]["step"] == 2 and inc["workflow"]["state"] == "pending"
     )  # not held by its own cooldown
-    assert [(a["id"], a["state"]) for a in inc["alerts"]] == [("0.a", "closed"), ("0.b", "open")]
+    assert [(a["id"], a["state"], a["symptom"]) for a in inc["alerts"]] == [
+        ("0.a", "closed", "throttle"),
+        ("0.b", "open", "throttle"),
+    ]
     assert len(docs(fs_client, "incidents")) == 1
 
 

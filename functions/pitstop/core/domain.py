@@ -180,6 +180,7 @@ class AlertRef(TypedDict):
     state: str  # open | closed
     policy: str
     signal: str
+    symptom: str | None  # degraded: throttle | ecc | row_remap | nvlink | pcie | ... (what to diagnose)
     opened_at: float | None
     closed_at: float | None
 

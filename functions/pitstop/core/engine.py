@@ -571,7 +571,7 @@ def _note_alert(inc: Incident, ev: Mapping[str, Any], ts: float) -> None:
         if len(refs) >= MAX_ALERTS:
             return
         ref = AlertRef(id=a["incident_id"], state=a["state"], policy=a["policy"], signal=a["signal"],
-                       opened_at=None, closed_at=None)  # fmt: skip
+                       symptom=a.get("symptom"), opened_at=None, closed_at=None)  # fmt: skip
         refs.append(ref)
     if a["state"] == "closed":
         ref["state"], ref["closed_at"] = "closed", ts
