@@ -90,6 +90,7 @@ class Timeline(TypedDict, total=False):
     fenced: float
     job_requeued: float
     job_running: float
+    corroborated: float
     diagnosed: float
     acted: float
     healthy: float
@@ -237,6 +238,7 @@ class Incident(TypedDict):
     job: NotRequired[JobRef]  # a job-level episode's subject (kind ``hang``)
     alerts: NotRequired[list[AlertRef]]  # the Monitoring alerts it absorbed (kinds hang, degraded)
     alert_ended: NotRequired[AlertEnd]
+    start_refusals: NotRequired[int]  # Workflows refused this step's start (services/sweep.py)
     # what the remediation learned (actuate): the scheduler's jobs and fence, the checks' records
     jobs: NotRequired[list[dict[str, Any]]]
     fence: NotRequired[dict[str, Any]]

@@ -119,12 +119,27 @@ def _audit_match(proto: dict[str, Any] | None) -> re.Match[str] | None:
 
 
 def _project(entry: dict[str, Any], rl: dict[str, Any], audit: re.Match[str] | None) -> Any:
+    ln = entry.get("logName")
+    lm = _LOG_PROJECT.match(ln[:MAX_LOG_NAME]) if isinstance(ln, str) else None
     project = rl.get("project_id")
     if project is None:
-        ln = entry.get("logName")
-        lm = _LOG_PROJECT.match(ln[:MAX_LOG_NAME]) if isinstance(ln, str) else None
         project = lm.group(1) if lm else (audit.group(1) if audit else None)
     return project
+
+
+def project_mismatch(entry: dict[str, Any], project: Any) -> str | None:
+    """Why an entry whose log lives in one project but whose resource names another is no evidence.
+
+    Logging writes an entry into the log of the project the writer named; a folder or organization
+    sink routes every project's entries: one project's writer must not speak for another's VMs.
+    """
+    ln = entry.get("logName")
+    lm = _LOG_PROJECT.match(ln[:MAX_LOG_NAME]) if isinstance(ln, str) else None
+    if lm is not None and project is not None and lm.group(1) != project:
+        return (
+            f"logName is in project {clean(lm.group(1), 64)} but the resource is in {clean(str(project), 64)}"
+        )
+    return None
 
 
 def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
@@ -152,6 +167,9 @@ def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[
         return None, "zone is missing or not a valid Compute Engine zone"
     if not names.valid_project(project):
         return None, "project is missing or not a valid project id"
+    mismatch = project_mismatch(entry, project)
+    if mismatch is not None:
+        return None, mismatch
     if instance_id is not None and not names.valid_instance_id(instance_id):
         return None, "instance_id is not numeric"
     node: dict[str, Any] = {
