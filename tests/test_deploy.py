@@ -222,6 +222,7 @@ def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.
     }
     assert {m for m, _ in others} == {
         "serviceAccount:service-<project-number>@gcp-sa-pubsub.iam.gserviceaccount.com",
+        "serviceAccount:service-<project-number>@gcp-sa-monitoring-notification.iam.gserviceaccount.com",
         "<pitstop-gpu-xid-writer-identity>",
         "<pitstop-system-events-writer-identity>",
     }
@@ -390,6 +391,13 @@ def test_apply_is_idempotent_and_fills_placeholders(steps: list[deploy.Step]) ->
             elif "writerIdentity" in " ".join(argv):
                 out = "serviceAccount:service-123@gcp-sa-logging.iam.gserviceaccount.com"
             return subprocess.CompletedProcess(argv, rc, out or ("name: x" if rc == 0 else ""), "")
+        if argv[:4] == ["beta", "monitoring", "channels", "list"]:  # the channel, found by its name once made
+            made = (
+                "beta monitoring channels create" in existing or "beta monitoring channels list" in existing
+            )
+            return subprocess.CompletedProcess(
+                argv, 0, "projects/p/notificationChannels/7\n" if made else "", ""
+            )
         for s in steps:
             if s.argv == argv and s.check is not None:
                 existing.add(" ".join(s.check[:4]))
@@ -403,6 +411,7 @@ def test_apply_is_idempotent_and_fills_placeholders(steps: list[deploy.Step]) ->
         "--member=serviceAccount:service-123@gcp-sa-logging.iam.gserviceaccount.com" in c for c in calls
     )
     assert any("eventarc-us-central1-pitstop-ingest-trigger-sub-123" in a for c in calls for a in c)
+    assert any("--notification-channels=projects/p/notificationChannels/7" in c for c in calls)
     calls.clear()
     logs.clear()
     assert deploy.apply(steps, fake_gcloud, logs.append) == 0
@@ -422,6 +431,8 @@ SAMPLE_VALUES = {  # what the placeholders hold at run time, so gcloud's own val
     "<pitstop-notify-trigger>": "projects/my-train-proj/locations/us-central1/triggers/pitstop-notify-123456",
     "<pitstop-ingest-trigger-subscription>": "eventarc-us-central1-pitstop-ingest-123456-sub-781",
     "<pitstop-notify-trigger-subscription>": "eventarc-us-central1-pitstop-notify-123456-sub-782",
+    "<pitstop-ingest-alerts-trigger-subscription>": "eventarc-us-central1-pitstop-ingest-alerts-sub-783",
+    "<pitstop-alerts-channel>": "projects/my-train-proj/notificationChannels/4242",
     "<pitstop-gpu-xid-writer-identity>": SINK_WRITER,
     "<pitstop-system-events-writer-identity>": SINK_WRITER,
     "<existing>": "1234567890",  # a dashboard or alert policy id a check printed

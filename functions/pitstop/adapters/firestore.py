@@ -187,7 +187,7 @@ class IncidentStore(JobRecords):
 
     def apply(self, ev: Mapping[str, Any], policy: Policy, now: float) -> engine.Outcome:
         """Fold one event in, exactly once per delivery identity."""
-        nkey = engine.node_key(ev["node"])
+        nkey = engine.subject_key(ev)
         return self._serialised(
             nkey, ev["action"] in NODE_ACTIONS, lambda: self._apply(ev, policy, now, nkey)
         )
@@ -288,7 +288,7 @@ class IncidentStore(JobRecords):
             self._count_writes(1)
             return inc
 
-        nkey = engine.node_key(representative["node"])
+        nkey = engine.subject_key(representative)
         merged = self._serialised(nkey, False, lambda: txn(self._txn()))
         if merged is not None:
             return engine.Outcome("absorbed", incident=merged, coalesced=True)
@@ -463,7 +463,7 @@ class IncidentStore(JobRecords):
             if not inc:
                 return engine.Outcome("ignored")
             node_ref = self.nodes.document(inc["node_key"])
-            node_doc = node_ref.get(transaction=t).to_dict() or engine.new_node(inc["node"])
+            node_doc = node_ref.get(transaction=t).to_dict() or engine.new_node(inc["node"], inc.get("job"))
             out = decide(inc, node_doc, _LazyBudgets(self.budgets, t, self._holding.turn))
             if out.result != "ignored":
                 self._write(t, out)
@@ -507,7 +507,7 @@ class IncidentStore(JobRecords):
         for inc in done.incidents:
             t.set(self.incidents.document(inc["id"]), inc)
         if done.node is not None:
-            t.set(self.nodes.document(engine.node_key(done.node["node"])), done.node)
+            t.set(self.nodes.document(engine.subject_key(done.node)), done.node)
         for doc_id, doc in done.budgets.items():
             t.set(self.budgets.document(doc_id), doc)
         self._count_writes(done.count)

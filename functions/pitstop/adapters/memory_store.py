@@ -47,7 +47,7 @@ class MemoryStore:
         for inc in done.incidents:
             self.incidents[inc["id"]] = dict(inc)
         if done.node is not None:
-            self.nodes[engine.node_key(done.node["node"])] = done.node
+            self.nodes[engine.subject_key(done.node)] = done.node
         self.budgets.update(done.budgets)
         self.writes += done.count
         if self.on_decision is not None:
@@ -60,7 +60,7 @@ class MemoryStore:
         with self._lock:
             if key in self.dedup:
                 return Outcome("duplicate", duplicate_of=self.dedup[key])
-            node = self.nodes.get(engine.node_key(ev["node"]))  # the engine works on its own copies
+            node = self.nodes.get(engine.subject_key(ev))  # the engine works on its own copies
             latest = (
                 self.incidents.get(node["latest_incident"]) if node and node.get("latest_incident") else None
             )
@@ -96,7 +96,7 @@ class MemoryStore:
             inc = self.get(iid)
             if not inc:
                 return Outcome("ignored")
-            node = self.get_node(inc["node_key"]) or engine.new_node(inc["node"])
+            node = self.get_node(inc["node_key"]) or engine.new_node(inc["node"], inc.get("job"))
             out = decide(inc, node, self.budgets)
             if out.result != "ignored":
                 self._commit(out)

@@ -13,9 +13,9 @@ from typing import Any
 
 import orjson
 
-from pitstop.core import trust
+from pitstop.core import alerts, trust
 from pitstop.core.catalog import SystemEventRule, XidPolicy, default_system_events, default_xid_policy
-from pitstop.core.envelope import unwrap
+from pitstop.core.envelope import Delivery, unwrap
 from pitstop.core.parse import INTERNAL_ERROR, Event, clean, invalid, new_event, parse_entry
 from pitstop.core.xid_line import MAX_LINE
 
@@ -39,6 +39,7 @@ def annotate(ev: Event) -> Event:
 class Classifier:
     xids: XidPolicy
     system_events: Mapping[str, SystemEventRule]
+    alerts_topic: str = alerts.DEFAULT_TOPIC  # the topic Monitoring's Pub/Sub channel publishes to
 
     @classmethod
     def default(cls) -> Classifier:
@@ -82,12 +83,28 @@ class Classifier:
         except Exception as exc:  # the last guard of "never raises"; the fuzz tests keep it idle
             return invalid(f"{INTERNAL_ERROR}: {type(exc).__name__}", ev.get("source"))
 
+    def from_delivery(self, delivery: Delivery, source: str | None = None) -> Event:
+        """The event of an unwrapped delivery: a Monitoring notification (core/alerts.py) or a
+        LogEntry, told apart by shape and by the topic it came through (``source``: the
+        CloudEvent's, when the caller holds it apart from the message); never raises."""
+        entry = delivery.entry
+        if entry is None:
+            return invalid(delivery.error or "no log entry", {"message_id": delivery.message_id})
+        try:
+            topic = alerts.topic_of(source or delivery.source)
+            notification = alerts.looks_like_notification(entry)
+            if topic is not None and topic[1] == self.alerts_topic and not notification:
+                why = f"the {self.alerts_topic} topic carries Cloud Monitoring notifications only"
+                return invalid(why, {"message_id": delivery.message_id})
+            if notification:
+                return annotate(alerts.parse_notification(entry, delivery, topic, self.alerts_topic))
+        except Exception as exc:  # the last guard of "never raises"; the fuzz tests keep it idle
+            return invalid(f"{INTERNAL_ERROR}: {type(exc).__name__}", {"message_id": delivery.message_id})
+        return self.decide(parse_entry(entry, delivery))
+
     def classify(self, payload: Any) -> Event:
         """A decoded JSON payload in any envelope."""
-        delivery = unwrap(payload)
-        if delivery.entry is None:
-            return invalid(delivery.error or "no log entry", {"message_id": delivery.message_id})
-        return self.decide(parse_entry(delivery.entry, delivery))
+        return self.from_delivery(unwrap(payload))
 
     def classify_bytes(self, raw: bytes | str) -> Event:
         """One JSON document (a JSON Lines line); malformed JSON is an invalid event."""

@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-from pitstop.core import lifecycle, trust
+from pitstop.core import alerts, lifecycle, trust
 from pitstop.core.actions import JOB_ACTIONS, NODE_ACTIONS, RANK, RECORD_ONLY_ACTIONS, Action, higher
-from pitstop.core.domain import Evidence, Held, Incident, Maintenance, NodeRef
-from pitstop.core.policy import Policy
+from pitstop.core.domain import AlertRef, Evidence, Held, Incident, JobRef, Maintenance, NodeRef
+from pitstop.core.policy import Cluster, Policy
 from pitstop.core.states import ACTIVE_STATES, OPEN_STATES, UNCLAIMABLE_STATES, RunState, State
 
 MAX_EVIDENCE = 10
@@ -62,6 +62,39 @@ TIMELINE_KEYS = (
 def node_key(node: Mapping[str, Any]) -> str:
     """Document id for a node: validated names only, so it is safe as a path segment."""
     return f"{node['project']}.{node['zone']}.{node['instance']}".replace(":", "~")
+
+
+def job_key(job: Mapping[str, Any]) -> str:
+    """Document id for a job's episodes (a hung job): validated names, '/' and ':' made path-safe.
+
+    A project id is at least 6 characters, so no node key starts with ``job.``.
+    """
+    return f"job.{job['project']}.{job['cluster']}.{job['job']}".replace(":", "~").replace("/", "~")
+
+
+def subject_key(doc: Mapping[str, Any]) -> str:
+    """Where an event's (or incident's, or node document's) episodes are kept: its node's key,
+    or its job's for a job-level signal, which names a ``job`` and no ``node``."""
+    job = doc.get("job")
+    if doc.get("node") is None and isinstance(job, Mapping):
+        return job_key(job)
+    return node_key(doc["node"])
+
+
+def subject_name(inc: Mapping[str, Any]) -> str:
+    """How a person knows the subject: the node's name, or ``job J of cluster C``."""
+    job = inc.get("job")
+    if inc.get("node") is None and isinstance(job, Mapping):
+        return f"job {job['job']} of cluster {job['cluster']}"
+    return str(inc["node"]["instance"])
+
+
+def cluster_of(policy: Policy, doc: Mapping[str, Any]) -> Cluster | None:
+    """The configured cluster an event's (or incident's) subject belongs to."""
+    job = doc.get("job")
+    if doc.get("node") is None and isinstance(job, Mapping):
+        return policy.cluster_named(str(job["cluster"]))
+    return policy.cluster_for(doc["node"])
 
 
 def incident_id(key: str, trigger: str) -> str:
@@ -107,6 +140,8 @@ Result = Literal[
     "closed",  # a person ended the incident
     "failed",  # the watchdog found its execution dead or overrunning
     "settled",  # a failed incident's blast-radius slots were let go
+    "ended",  # its alerts closed before anything was done: the episode ended
+    "reopened",  # ... and one of them opened again within the flap window: the same episode goes on
 ]
 
 
@@ -135,16 +170,20 @@ def as_incident(doc: Mapping[str, Any]) -> Incident:
     return cast(Incident, copy.deepcopy(dict(doc)))
 
 
-def new_node(node: Mapping[str, Any]) -> dict[str, Any]:
-    return {"node": dict(node), "latest_incident": None, "remediations": [], "last_action_at": {}}
+def new_node(node: Mapping[str, Any] | None, job: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A node's document, or a job's (``node`` None) for job-level episodes."""
+    doc: dict[str, Any] = {"node": dict(node) if node is not None else None}
+    if node is None and job is not None:
+        doc["job"] = dict(job)
+    return doc | {"latest_incident": None, "remediations": [], "last_action_at": {}}
 
 
 def new_incident(iid: str, ev: Mapping[str, Any], cluster: Any, policy: Policy, now: float) -> Incident:
     detected = ev.get("_observed_ts") or now
     inc: Incident = {
         "id": iid,
-        "node_key": node_key(ev["node"]),
-        "node": cast(NodeRef, dict(ev["node"])),
+        "node_key": subject_key(ev),
+        "node": cast(NodeRef, dict(ev["node"])) if ev.get("node") is not None else None,
         "cluster": cluster.name if cluster else None,
         "scheduler": cluster.scheduler if cluster else "none",
         "state": State.OPEN,
@@ -171,6 +210,8 @@ def new_incident(iid: str, ev: Mapping[str, Any], cluster: Any, policy: Policy, 
         "created_at": now,
         "updated_at": now,
     }
+    if ev.get("node") is None and ev.get("job"):
+        inc["job"] = cast(JobRef, dict(ev["job"]))
     if ev["kind"] == "maintenance":
         d = ev.get("detail", {})
         inc["maintenance"] = Maintenance(
@@ -270,7 +311,7 @@ def cooldown_left(action: str, node_doc: Mapping[str, Any], policy: Policy, now:
 
 def budget_scopes(inc: Mapping[str, Any], node_doc: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(scope kind, document id) for every budget an incident counts against."""
-    scopes = [("zone", f"zone-{inc['node']['zone']}")]
+    scopes = [("zone", f"zone-{inc['node']['zone']}")] if inc.get("node") else []
     if inc.get("cluster"):
         scopes.insert(0, ("cluster", f"cluster-{inc['cluster']}"))
     block = node_doc.get("block")
@@ -334,6 +375,9 @@ def absorbs(latest: Mapping[str, Any] | None, ev: Mapping[str, Any], ts: float) 
         return True
     if latest["state"] != State.RESOLVED:
         return False
+    ended = latest.get("alert_ended")
+    if ended and alerts.is_alert(ev) and ts < float(ended["flap_until"]):
+        return True  # its alert closed before anything was done and opens (or closes) again: flapping
     closure = latest.get("closure")
     if closure:  # closed by a person: only lines logged before that are late lines of its episode
         return ts <= float(closure["at"])
@@ -354,8 +398,8 @@ def _record_remediation(node_doc: dict[str, Any], inc: Mapping[str, Any], now: f
     node_doc.setdefault("last_action_at", {})[inc["action"]] = now
 
 
-def _cluster_size(policy: Policy, node: Mapping[str, Any]) -> int | None:
-    cluster = policy.cluster_for(node)
+def _cluster_size(policy: Policy, doc: Mapping[str, Any]) -> int | None:
+    cluster = cluster_of(policy, doc)
     return cluster.size if cluster else None
 
 
@@ -379,7 +423,7 @@ class Decision:
     @classmethod
     def on(cls, inc: Mapping[str, Any], node_doc: dict[str, Any], budgets: Budgets, policy: Policy,
            now: float, out: Outcome, force: bool = False) -> Decision:  # fmt: skip
-        return cls(node_doc, budgets, policy, now, out, _cluster_size(policy, inc["node"]), force)
+        return cls(node_doc, budgets, policy, now, out, _cluster_size(policy, inc), force)
 
 
 def _hold(inc: Incident, d: Decision, held: Held, page: str | None) -> None:
@@ -506,15 +550,96 @@ def _absorb(latest: Incident, ev: Mapping[str, Any], ts: float, d: Decision) -> 
     latest["burst_until"] = max(latest["burst_until"], ts + d.policy.window("burst_silence_s"))
     latest["updated_at"] = d.now
     d.out.incident, d.out.result, d.out.closed = latest, "absorbed", None
+    if alerts.is_alert(ev) and _alert_changes(latest, ev, ts, d):
+        return d.out
     if RANK[ev["action"]] > RANK[latest["action"]] and not latest.get("closure"):
         _raise(latest, ev, d)
     return d.out
 
 
+# -- episodes of Monitoring alerts (core/alerts.py): an open starts one, its close may end it ----
+
+MAX_ALERTS = 16  # alert incidents an episode tracks by id (a node's several policies, a flapping one)
+
+
+def _note_alert(inc: Incident, ev: Mapping[str, Any], ts: float) -> None:
+    """Record the alert incident an event opens or closes on the episode (a late open after its
+    close changes nothing: push delivery is unordered)."""
+    a = ev["detail"]["alert"]
+    refs = inc.setdefault("alerts", [])
+    ref = next((r for r in refs if r["id"] == a["incident_id"]), None)
+    if ref is None:
+        if len(refs) >= MAX_ALERTS:
+            return
+        ref = AlertRef(id=a["incident_id"], state=a["state"], policy=a["policy"], signal=a["signal"],
+                       symptom=a.get("symptom"), opened_at=None, closed_at=None)  # fmt: skip
+        refs.append(ref)
+    if a["state"] == "closed":
+        ref["state"], ref["closed_at"] = "closed", ts
+    elif ref["opened_at"] is None:
+        ref["opened_at"] = ts
+
+
+def alert_started(inc: Mapping[str, Any]) -> bool:
+    """The episode is its alerts' alone: opened by one, and nothing but alerts counted into it (an
+    Xid episode that also absorbed an alert is not ended by that alert's close)."""
+    alert_kinds = set(alerts.SIGNALS)
+    return inc["kind"] in alert_kinds and set(inc["counts"]) <= {"events", *alert_kinds}
+
+
+def untouched(inc: Mapping[str, Any]) -> bool:
+    """Nothing was done for the episode yet: no execution started on it (OPEN), or it waits (HELD)."""
+    started = (inc.get("workflow") or {}).get("state") == RunState.STARTED
+    return inc["state"] == State.HELD or (inc["state"] == State.OPEN and not started)
+
+
+def _forget_remediation(node_doc: dict[str, Any], iid: str) -> None:
+    """An episode that ended before anything was done leaves no remediation behind (cooldowns, ladder)."""
+    mine = [r for r in node_doc.get("remediations", []) if r.get("incident") == iid]
+    kept = [r for r in node_doc.get("remediations", []) if r.get("incident") != iid]
+    node_doc["remediations"] = kept
+    last = node_doc.setdefault("last_action_at", {})
+    for r in mine:
+        if last.get(r["action"]) == r["at"]:
+            earlier = [k["at"] for k in kept if k["action"] == r["action"]]
+            if earlier:
+                last[r["action"]] = max(earlier)
+            else:
+                last.pop(r["action"], None)
+
+
+def _alert_changes(inc: Incident, ev: Mapping[str, Any], ts: float, d: Decision) -> bool:
+    """An alert's open or close, absorbed into its episode: whether it ended or reopened it."""
+    _note_alert(inc, ev, ts)
+    ended = inc.get("alert_ended")
+    if ev["detail"]["alert"]["state"] == "open":
+        if inc["state"] != State.RESOLVED or not ended:
+            return False
+        lifecycle.move(inc, State.OPEN, "its alert opened again (flapping)")
+        inc["timeline"].pop("resolved", None)
+        inc.pop("alert_ended", None)
+        d.out.result = "reopened"
+        _decide_start(inc, d)
+        return True
+    refs = inc.get("alerts") or []
+    if inc["state"] == State.RESOLVED or not untouched(inc) or not alert_started(inc):
+        return False  # remediation under way, or other evidence in it: the close is only recorded
+    if any(r["state"] != "closed" for r in refs):
+        return False  # another of its alerts is still open
+    lifecycle.move(inc, State.RESOLVED, "its alerts closed before anything was done")
+    inc["timeline"]["resolved"] = d.now
+    inc["held"] = None
+    inc["alert_ended"] = {"at": d.now, "flap_until": ts + d.policy.window("alert_flap_s")}
+    d.out.budgets.update(_own_slots(inc, d.budgets))
+    _forget_remediation(d.node_doc, inc["id"])
+    d.out.result = "ended"
+    return True
+
+
 def _open(ev: Mapping[str, Any], ts: float, trigger: str, d: Decision) -> Outcome:
     """A new episode on the node: a new incident, escalated by the node's history."""
-    cluster = d.policy.cluster_for(ev["node"])
-    inc = new_incident(incident_id(node_key(ev["node"]), trigger), ev, cluster, d.policy, d.now)
+    cluster = cluster_of(d.policy, ev)
+    inc = new_incident(incident_id(subject_key(ev), trigger), ev, cluster, d.policy, d.now)
     action, why = escalate(ev["action"], d.node_doc, d.policy, d.now)
     action, lowered = _capped(inc, action, d.policy)
     why += lowered
@@ -523,6 +648,8 @@ def _open(ev: Mapping[str, Any], ts: float, trigger: str, d: Decision) -> Outcom
         inc["action"] = action
         inc["reason"] = f"{ev['reason']} [escalated to {action}: {'; '.join(why)}]"
     _count(inc, ev, ts, d.policy.window("tie_s"))
+    if alerts.is_alert(ev):
+        _note_alert(inc, ev, ts)
     d.node_doc["latest_incident"] = inc["id"]
     d.out.incident, d.out.result = inc, "opened"
     d.cluster_size = cluster.size if cluster else None
@@ -566,12 +693,12 @@ def apply_event(
 ) -> Outcome:
     """Fold one classified event into the node's state. ``ev['_observed_ts']`` is its log time."""
     ts = float(ev.get("_observed_ts") or now)
-    node_doc = copy.deepcopy(node_doc) if node_doc else new_node(ev["node"])
+    node_doc = copy.deepcopy(node_doc) if node_doc else new_node(ev.get("node"), ev.get("job"))
     latest = as_incident(latest) if latest else None
     out = Outcome("ignored", node=node_doc)
     budgets = _end_burst(latest, budgets, ts, out)
     ev, td = believed(ev, policy)
-    d = Decision(node_doc, budgets, policy, now, out, _cluster_size(policy, ev["node"]))
+    d = Decision(node_doc, budgets, policy, now, out, _cluster_size(policy, ev))
     if latest is not None and absorbs(latest, ev, ts):
         return _absorb(latest, ev, ts, d)
     if ev["action"] == Action.NONE and not td.lowered:
@@ -583,8 +710,11 @@ def apply_event(
 
 
 def close_if_burst_over(inc: Counted, now: float) -> bool:
-    """Record-only and observe-mode incidents resolve when their burst ends."""
+    """Record-only and observe-mode incidents resolve when their burst ends; an alert's episode
+    lasts while its alert is open (an alert sends no lines while it holds: its close ends it)."""
     if inc["state"] != State.OPEN or now < inc["burst_until"]:
+        return False
+    if any(a.get("state") == "open" for a in inc.get("alerts") or ()):
         return False
     if (
         inc["action"] in RECORD_ONLY_ACTIONS
@@ -797,7 +927,7 @@ def fail_stuck(
     inc["failure"] = {"stage": "watchdog", "error": why, "at": now}
     inc["budget_released_at"] = now
     inc["updated_at"] = now
-    node = inc["node"]["instance"]
+    node = subject_name(inc)
     page = (
         f"incident {inc['id']}: remediation of {node} ({inc['action']}, step {inc['step']}) {why}. "
         f"The node stays fenced. Investigate, then: pitstop incidents --close {inc['id']} --unfence --by NAME"

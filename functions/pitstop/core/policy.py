@@ -86,6 +86,10 @@ class Policy:
                 return c
         return None
 
+    def cluster_named(self, name: str) -> Cluster | None:
+        """The configured cluster of that name (a job-level signal names its cluster)."""
+        return next((c for c in self.clusters if c.name == name), None)
+
     def budget_cap(self, scope: str, size: int | None) -> int:
         """How many nodes of a scope may start remediation in one window."""
         b = self.doc["budgets"][scope]

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from pitstop.core.engine import Outcome, node_key
+from pitstop.core.engine import Outcome, subject_key
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
 from pitstop.core.steps import StepStore
@@ -45,7 +45,7 @@ def commit_of(out: Outcome) -> Commit:
 
 
 def node_key_of(commit: Commit) -> str | None:
-    return node_key(commit.node["node"]) if commit.node is not None else None
+    return subject_key(commit.node) if commit.node is not None else None
 
 
 class Decisions(Protocol):

@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[3]
 INFRA = ROOT / "infra"
 RESOURCES = INFRA / "resources.yaml"
 EXISTING = "<existing>"  # in update/delete commands: the name the step's check printed
+PUBSUB_PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"  # an Eventarc Pub/Sub trigger's event type
+
 WORKDIR = "<gke-credentials>"  # a private directory apply/teardown make for kubeconfig files
 DIGEST_LABEL = "pitstop_config"
 Entry = dict[str, Any]
@@ -78,6 +80,7 @@ def _resources() -> list[Entry]:
 
 
 APIS: list[str] = next(e["names"] for e in _resources() if e.get("kind") == "apis")
+ALERTS_CHANNEL: str = next(e["name"] for e in _resources() if e.get("kind") == "notification-channel")
 TOPICS: list[str] = [e["name"] for e in _resources() if e.get("kind") == "topic" and "for_each" not in e]
 
 
@@ -87,6 +90,7 @@ def load_config(path: str | None) -> dict[str, Any]:
         conf = deep_merge(conf, yaml.safe_load(Path(path).read_text()) or {})
     expand_accounts({}, list(conf.get("slurm_clusters") or []))  # names fit the account-id rules
     notification_channels(conf)
+    telemetry_files(conf)
     gke_clusters(conf, "my-project")
     compute_scope(conf, "my-project")
     db = conf.get("firestore_database")
@@ -114,6 +118,30 @@ def notification_channels(conf: Mapping[str, Any]) -> list[str]:
         if not isinstance(c, str) or not CHANNEL.fullmatch(c):
             raise ValueError(f"notification_channels: {c!r} is not projects/P/notificationChannels/ID")
     return list(channels)
+
+
+TELEMETRY = INFRA / "monitoring" / "telemetry"
+SIGNALS = ("hang", "degraded")  # core/alerts.SIGNALS: what a telemetry policy may raise
+
+
+def telemetry_files(conf: Mapping[str, Any]) -> list[Path]:
+    """The telemetry policies (shipped, then deploy.yaml's `telemetry_policies`), each checked: a
+    policy JSON whose user labels name the Pitstop signal it raises (core/alerts.py reads them)."""
+    extra = conf.get("telemetry_policies") or []
+    if not isinstance(extra, list) or not all(isinstance(p, str) for p in extra):
+        raise ValueError("telemetry_policies: a list of paths to alert policy JSON files")
+    files = sorted(TELEMETRY.glob("*.json")) + [Path(p).resolve() for p in extra]
+    for f in files:
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"telemetry_policies: {f}: {exc}") from None
+        labels = doc.get("userLabels") if isinstance(doc, dict) else None
+        if not isinstance(labels, dict) or labels.get("pitstop_signal") not in SIGNALS:
+            raise ValueError(f"telemetry_policies: {f}: userLabels.pitstop_signal must be one of {SIGNALS}")
+        if not isinstance(doc.get("displayName"), str):
+            raise ValueError(f"telemetry_policies: {f}: no displayName (deploy finds a policy again by it)")
+    return files
 
 
 def gke_clusters(conf: Mapping[str, Any], project: str) -> list[dict[str, str]]:
@@ -349,6 +377,10 @@ FOR_EACH: dict[str, Callable[[Entry, Target], list[dict[str, str]]]] = {
     "sink": lambda _, t: [{"sink": s} for s in sinks.SINK_FILTERS],
     "file": lambda e, _: [
         {"file": str(f.relative_to(INFRA)), "stem": f.stem} for f in sorted(INFRA.glob(e["files"]))
+    ],
+    "telemetry_file": lambda _, t: [
+        {"file": str(f.relative_to(INFRA)) if f.is_relative_to(INFRA) else str(f), "stem": f.stem}
+        for f in telemetry_files(t.conf)
     ],
 }
 Generated = Iterator[tuple[Entry, dict[str, str]]]  # an entry and the variables it is rendered with
@@ -733,13 +765,53 @@ def _by_title(group: list[str], flag: str) -> Callable[[Entry, Target], list[Ste
 
 
 def _alert_policy(e: Entry, t: Target) -> list[Step]:
-    """An alert policy from its file, sent to `notification_channels` (with none, the file as is)."""
+    """An alert policy from its file, sent to `notification_channels` (with none, the file as is),
+    or, for a telemetry policy, to its own `channel` (Pitstop's, learned at run time)."""
     steps = _by_title(["alpha", "monitoring", "policies"], "policy-from-file")(e, t)
-    channels = ",".join(notification_channels(t.conf))
+    channels = e.get("channel") or ",".join(notification_channels(t.conf))
     for step in steps if channels else []:
         step.argv.append(f"--notification-channels={channels}")
         step.update = [*(step.update or []), f"--set-notification-channels={channels}"]
     return steps
+
+
+def _notification_channel(e: Entry, t: Target) -> list[Step]:
+    """A Pub/Sub notification channel to a Pitstop topic, found again (and deleted) by its display name."""
+    group = ["beta", "monitoring", "channels"]
+    topic = f"projects/{t.project}/topics/{e['topic']}"
+    create = [
+        *group,
+        "create",
+        f"--display-name={e['name']}",
+        "--type=pubsub",
+        f"--channel-labels=topic={topic}",
+    ]
+    listed = [*t.p, f"--filter=displayName={json.dumps(e['name'])}", "--format=value(name)"]
+    return [
+        Step(
+            e["what"],
+            [*create, *t.p],
+            check=[*group, "list", *listed],
+            delete=[*group, "delete", EXISTING, *t.p, "--quiet"],
+        )
+    ]
+
+
+def _eventarc_trigger(e: Entry, t: Target) -> list[Step]:
+    """A further Pub/Sub trigger of a gen2 function (its Cloud Run service has the function's name)."""
+    where = [e["name"], f"--location={t.region}", *t.p]
+    argv = ["eventarc", "triggers", "create", *where, f"--destination-run-service={e['function']}"]
+    argv += [f"--destination-run-region={t.region}", f"--event-filters=type={PUBSUB_PUBLISHED}"]
+    argv += [f"--transport-topic=projects/{t.project}/topics/{e['topic']}"]
+    argv += [f"--service-account={sa_email(e['account'], t.project)}"]
+    return [
+        Step(
+            e["what"],
+            argv,
+            check=["eventarc", "triggers", "describe", *where],
+            delete=["eventarc", "triggers", "delete", *where, "--quiet"],
+        )
+    ]
 
 
 KINDS: dict[str, Callable[[Entry, Target], list[Step]]] = {
@@ -765,6 +837,8 @@ KINDS: dict[str, Callable[[Entry, Target], list[Step]]] = {
     "scheduler-job": _scheduler_job,
     "dashboard": _by_title(["monitoring", "dashboards"], "config-from-file"),
     "alert-policy": _alert_policy,
+    "notification-channel": _notification_channel,
+    "eventarc-trigger": _eventarc_trigger,
     "org-policy-check": _org_policy_check,
     "gke-node-pool-check": _gke_node_pool_check,
     "gke-rbac": _gke_rbac,
@@ -906,6 +980,20 @@ def runtime_values(project: str, region: str, sink_scope: list[str]) -> dict[str
             *p,
             "--format=value(transport.pubsub.subscription)",
         ]
+    out["<pitstop-ingest-alerts-trigger-subscription>"] = [
+        "eventarc",
+        "triggers",
+        "describe",
+        "pitstop-ingest-alerts",
+        f"--location={region}",
+        *p,
+        "--format=value(transport.pubsub.subscription)",
+    ]
+    out["<pitstop-alerts-channel>"] = [
+        *["beta", "monitoring", "channels", "list", *p],
+        f"--filter=displayName={json.dumps(ALERTS_CHANNEL)}",
+        "--format=value(name)",
+    ]
     for sink in sinks.SINK_FILTERS:  # an aggregated sink lives in its folder or organization
         out[f"<{sink}-writer-identity>"] = ["logging", "sinks", "describe", sink, *sink_scope]
         out[f"<{sink}-writer-identity>"].append("--format=value(writerIdentity)")
