@@ -1,6 +1,9 @@
 """LogEntry → the facts of a FaultEvent (kind, node, GPU, detail, trust); the action comes later.
 
-Pure and total: every input yields an event, broken ones as ``invalid`` with a reason.
+Pure and total: every input yields an event, broken ones as ``invalid`` with a reason. A
+driver line is a GPU Xid (``gpu_xid``) or an NVSwitch SXid (``nvswitch_sxid``) whenever its
+code can be read, however odd its other fields (core/xid_line.py); a line whose code cannot
+be read is ``invalid``, and keeps the node its envelope names, so it is recorded against it.
 Node identity is validated here because these strings later reach API paths, Slurm
 reasons, node lists and labels. Evidence is checked here too (DESIGN.md, "Believe evidence
 only after checking it"):
@@ -26,6 +29,7 @@ from typing import Any
 
 from pitstop.core import names, trust
 from pitstop.core.envelope import Delivery
+from pitstop.core.sxid_line import parse_sxid
 from pitstop.core.xid_line import MAX_LINE, MAX_MESSAGE, parse_nvrm
 
 SYSTEM_EVENT_LOG_ID = "cloudaudit.googleapis.com%2Fsystem_event"  # URL-encoded, as Cloud Logging stores it
@@ -127,24 +131,14 @@ def _project(entry: dict[str, Any], rl: dict[str, Any], audit: re.Match[str] | N
     return project
 
 
-def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
-    """(node, "") or (None, why not). Sources in the order the brief gives them."""
-    res = entry.get("resource")
-    rl = _labels(res.get("labels") if isinstance(res, dict) else None)
-    labels = _labels(entry.get("labels"))
-    audit = _audit_match(proto)
-    instance = labels.get(RESOURCE_NAME_LABEL) or rl.get("node_name") or (audit.group(3) if audit else None)
-    if instance is None:
-        return None, "the node cannot be identified (no resource_name label, node_name or audit resourceName)"
-    zone = rl.get("zone") or rl.get("location") or (audit.group(2) if audit else None)
+def _identify(
+    instance: Any, zone: Any, rtype: Any, has_zone_label: bool, project: Any, instance_id: Any, cluster: Any
+) -> tuple[dict[str, Any] | None, str]:
     region = None
-    rtype = res.get("type") if isinstance(res, dict) else None
-    if rtype in GKE_RESOURCES and "zone" not in rl and names.valid_region(zone):
+    if rtype in GKE_RESOURCES and not has_zone_label and names.valid_region(zone):
         # A regional GKE cluster's entries name its region (reference/gke.md §1): the zone is
         # looked up later from the node (adapters/gke/zone.py), before anything acts on it.
         region, zone = zone, None
-    project = _project(entry, rl, audit)
-    instance_id = rl.get("instance_id")
     problem = names.instance_problem(instance)
     if problem is not None:
         return None, problem
@@ -162,12 +156,50 @@ def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[
     }
     if region is not None:
         node["region"] = region
-    cluster = rl.get("cluster_name")
     if cluster is not None:
         if not names.valid_cluster(cluster):
             return None, "cluster_name is not a valid cluster name"
         node["cluster"] = cluster
     return node, ""
+
+
+# Validated identities by the raw values they came from: a storm names a few nodes a million
+# times, and validating each name costs more than the rest of the parse. Bounded; cleared when full.
+_NODES: dict[tuple[Any, ...], tuple[dict[str, Any] | None, str]] = {}
+MAX_NODE_MEMO = 4096
+_HASHABLE = (str, int, float, bool, type(None))
+
+
+def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
+    """(node, "") or (None, why not). Sources in the order the brief gives them."""
+    res = entry.get("resource")
+    rl = _labels(res.get("labels") if isinstance(res, dict) else None)
+    labels = _labels(entry.get("labels"))
+    audit = _audit_match(proto)
+    instance = labels.get(RESOURCE_NAME_LABEL) or rl.get("node_name") or (audit.group(3) if audit else None)
+    if instance is None:
+        return None, "the node cannot be identified (no resource_name label, node_name or audit resourceName)"
+    zone = rl.get("zone") or rl.get("location") or (audit.group(2) if audit else None)
+    rtype = res.get("type") if isinstance(res, dict) else None
+    key = (
+        instance,
+        zone,
+        rtype,
+        "zone" in rl,
+        _project(entry, rl, audit),
+        rl.get("instance_id"),
+        rl.get("cluster_name"),
+    )
+    if not all(isinstance(k, _HASHABLE) for k in key):
+        node, why = _identify(*key)
+        return (dict(node) if node else None), why
+    hit = _NODES.get(key)
+    if hit is None:
+        if len(_NODES) >= MAX_NODE_MEMO:
+            _NODES.clear()
+        hit = _NODES[key] = _identify(*key)
+    node, why = hit
+    return (dict(node) if node else None), why
 
 
 def _maintenance_detail(proto: dict[str, Any]) -> dict[str, Any]:
@@ -241,6 +273,29 @@ def _system_event(entry: dict[str, Any], source: dict[str, Any], observed_at: st
     return new_event("system_event", method, source, node=node, observed_at=observed_at, detail=detail)
 
 
+def _driver_line(text: str) -> dict[str, Any] | None:
+    """A GPU driver (NVRM) or NVSwitch driver (SXid) line, parsed; None if it is neither."""
+    parsed = parse_nvrm(text)
+    if parsed is None and "SXid" in text:
+        return parse_sxid(text)
+    return parsed
+
+
+def _fault_event(
+    parsed: dict[str, Any], node: dict[str, Any], source: dict[str, Any], **fields: Any
+) -> Event:
+    if "sxid" in parsed:  # an NVSwitch: it names no GPU; its own address stays in the detail
+        return new_event("nvswitch_sxid", "", source, node=node, detail=parsed["detail"], **fields)
+    gpu = None
+    if parsed["pci"] is not None:
+        gpu = {"pci": parsed["pci"]}
+        if parsed["mig"] is not None:
+            gpu["mig"] = parsed["mig"]
+    return new_event(
+        "gpu_xid", "", source, xid=parsed["xid"], node=node, gpu=gpu, detail=parsed["detail"], **fields
+    )
+
+
 def _text_event(entry: dict[str, Any], source: dict[str, Any], observed_at: str | None) -> Event:
     prov = trust.text_provenance(entry)
     source["trust"], source["trust_reason"] = prov.trust, prov.reason
@@ -249,24 +304,18 @@ def _text_event(entry: dict[str, Any], source: dict[str, Any], observed_at: str 
         return new_event("unrelated", why, source, observed_at=observed_at)
     text, original = bounded_text(prov.text)
     cut: dict[str, Any] = {"truncated": True, "original_bytes": original} if original else {}
-    parsed = parse_nvrm(text)
+    parsed = _driver_line(text)
     if parsed is None:
         why = "not a GPU driver fault line"
         return new_event("unrelated", why, source, observed_at=observed_at, detail=cut)
-    if "error" in parsed:
-        return invalid(parsed["error"], source, observed_at=observed_at, detail=cut)
     node, why = identify_node(entry, None)
+    if "error" in parsed:  # undecodable, but still recorded against the node the envelope names
+        return invalid(parsed["error"], source, observed_at=observed_at, node=node, detail=cut)
     if node is None:
         return invalid(why, source, observed_at=observed_at, detail=cut)
-    gpu = None
-    if parsed["pci"] is not None:
-        gpu = {"pci": parsed["pci"]}
-        if parsed["mig"] is not None:
-            gpu["mig"] = parsed["mig"]
-    detail = {**parsed["detail"], **cut}
-    return new_event(
-        "gpu_xid", "", source, xid=parsed["xid"], node=node, gpu=gpu, observed_at=observed_at, detail=detail
-    )
+    if cut:
+        parsed["detail"].update(cut)
+    return _fault_event(parsed, node, source, observed_at=observed_at)
 
 
 def _claims_system_event(entry: dict[str, Any]) -> bool:
