@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from pitstop.core.classify import Classifier
-from pitstop.core.xid_line import MAX_LINE, parse_nvrm
+from pitstop.core.xid_line import MAX_LINE
 
 from .helpers import (
     ENVELOPES,
@@ -184,17 +184,18 @@ def test_allish_names_are_still_names() -> None:
 HEAD = "NVRM: Xid (PCI:0000:a1:00): "
 OFF_BUS = "GPU has fallen off the bus."
 NO_GPU = object()  # the event names no GPU: its PCI address is not one a GPU can have
+A1, B3 = "0000:a1:00", "0000:3b:00"
 
 # Degrade, never drop (issue 22): a line whose Xid code can be read is a fault whatever else it
 # carries. Each row: the line, its Xid, its action, the GPU the event names (NO_GPU: none), a
 # fact that must be left out, and a word of the anomaly that says why.
 DEGRADED = [
-    (HEAD + "79, pid=" + "9" * 5000 + ", name=x, " + OFF_BUS, 79, "REBOOT_NODE", "0000:a1:00", "pid", "pid"),
-    (HEAD + "79, pid=4194305, name=x, " + OFF_BUS, 79, "REBOOT_NODE", "0000:a1:00", "pid", "pid 4194305"),
+    (HEAD + "79, pid=" + "9" * 5000 + ", name=x, " + OFF_BUS, 79, "REBOOT_NODE", A1, "pid", "pid"),
+    (HEAD + "79, pid=4194305, name=x, " + OFF_BUS, 79, "REBOOT_NODE", A1, "pid", "pid 4194305"),
     # the issue's GSP timeout with an 8-digit pid (beyond PID_MAX_LIMIT): still a GPU reset
     (HEAD + "119, pid=15822503, name=nv-hostengine, Timeout waiting for RPC from GSP!", 119, "RESET_GPU",
-     "0000:a1:00", "pid", "15822503"),
-    (HEAD + "79, pid=abc, name=x, " + OFF_BUS, 79, "REBOOT_NODE", "0000:a1:00", "pid", "not a process id"),
+     A1, "pid", "15822503"),
+    (HEAD + "79, pid=abc, name=x, " + OFF_BUS, 79, "REBOOT_NODE", A1, "pid", "not a process id"),
     ("NVRM: Xid (PCI:0000:a1:20): 79, " + OFF_BUS, 79, "REBOOT_NODE", NO_GPU, None, "PCI device"),
     ("NVRM: GPU 0000:91:ff.0: " + OFF_BUS, 79, "REBOOT_NODE", NO_GPU, None, "PCI device"),
     ("NVRM: Xid (PCI:zzzz): 79, " + OFF_BUS, 79, "REBOOT_NODE", NO_GPU, None, "not readable"),
@@ -204,30 +205,32 @@ DEGRADED = [
     # a GPU-scoped action on an unknown GPU becomes the node-level one for that code
     ("NVRM: Xid (PCI:0000:18:20): 119, Timeout waiting for RPC from GSP!", 119, "REBOOT_NODE", NO_GPU, None,
      "PCI device"),
-    ("NVRM: Xid (PCI:0000:3b:00 GPU-I:256): 43, pid=1, name=p, Ch 1", 43, "NONE", "0000:3b:00", None, "gi 256"),
-    ("NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:" + "7" * 400 + "): 43, Ch 1", 43, "NONE", "0000:3b:00", None,
+    ("NVRM: Xid (PCI:0000:3b:00 GPU-I:256): 43, pid=1, name=p, Ch 1", 43, "NONE", B3, None, "gi 256"),
+    ("NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:" + "7" * 400 + "): 43, Ch 1", 43, "NONE", B3, None,
      "ci 777"),
-    (HEAD + "13, Graphics SM Warp Exception on (GPC 99999, TPC 3, SM 0): x", 13, "RESTART_JOB", "0000:a1:00",
+    (HEAD + "13, Graphics SM Warp Exception on (GPC 99999, TPC 3, SM 0): x", 13, "RESTART_JOB", A1,
      "gpc", "gpc 99999"),
     (HEAD + "13, Graphics SM Warp Exception on (GPC 1, TPC " + "3" * 600 + "): x", 13, "RESTART_JOB",
-     "0000:a1:00", "tpc", "(600 chars)"),
-    (HEAD + "45, pid=1, name=p, Ch 0000000c caused by previous Xid 0", 45, "NONE", "0000:a1:00", "primary_xid",
+     A1, "tpc", "(600 chars)"),
+    (HEAD + "45, pid=1, name=p, Ch 0000000c caused by previous Xid 0", 45, "NONE", A1, "primary_xid",
      "primary xid 0"),
-    (HEAD + "74, NVLink: fatal error detected on link 4096", 74, "RESET_GPU", "0000:a1:00", "link", "link 4096"),
-    (HEAD + "149, NETIR Fatal XC0 i0 Link -2 (0x0)", 149, "RESET_GPU", "0000:a1:00", "link", "link -2"),
+    (HEAD + "74, NVLink: fatal error detected on link 4096", 74, "RESET_GPU", A1, "link", "link 4096"),
+    (HEAD + "149, NETIR Fatal XC0 i0 Link -2 (0x0)", 149, "RESET_GPU", A1, "link", "link -2"),
     (HEAD + "154, GPU recovery action changed from 0x0 (None) to 0x100000000 (Big)", 154, "RESET_GPU",
-     "0000:a1:00", "recovery_to", "recovery to"),
+     A1, "recovery_to", "recovery to"),
     (HEAD + "154, GPU recovery action changed from 0x" + "f" * 400 + " (x) to 0x1 (y)", 154, "RESET_GPU",
-     "0000:a1:00", "recovery_from", "recovery from"),
-    (HEAD + "79, pid=1, name=" + "p" * 200 + ", " + OFF_BUS, 79, "REBOOT_NODE", "0000:a1:00", None,
+     A1, "recovery_from", "recovery from"),
+    (HEAD + "79, pid=1, name=" + "p" * 200 + ", " + OFF_BUS, 79, "REBOOT_NODE", A1, None,
      "process name"),
-    (HEAD + "79, pid=1, name=x, " + OFF_BUS + " " + "y" * 600, 79, "REBOOT_NODE", "0000:a1:00", None,
+    (HEAD + "79, pid=1, name=x, " + OFF_BUS + " " + "y" * 600, 79, "REBOOT_NODE", A1, None,
      "cut to 512"),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("line", "xid", "action", "pci", "left_out", "why"), DEGRADED, ids=lambda v: v[:40] if isinstance(v, str) else None
+    ("line", "xid", "action", "pci", "left_out", "why"),
+    DEGRADED,
+    ids=lambda v: v[:40] if isinstance(v, str) else None,
 )
 def test_an_odd_field_degrades_the_event_never_drops_it(
     line: str, xid: int, action: str, pci: object, left_out: str | None, why: str
@@ -258,7 +261,10 @@ def test_the_process_name_and_message_stay_bounded() -> None:
         (HEAD + "12345, something", "xid 12345 is out of range"),
         (HEAD + "9" * 5000 + ", something", "(5000 chars) is out of range"),
         ("NVRM: Xid (PCI:zzzz): seventy-nine", "no known Xid format"),
-        ("nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 1234567, Fatal, Link 1 x", "sxid 1234567 is out of range"),
+        (
+            "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 1234567, Fatal, Link 1 x",
+            "sxid 1234567 is out of range",
+        ),
         ("nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): Fatal", "no known SXid format"),
     ],
     ids=lambda v: v[:40],

@@ -167,7 +167,7 @@ class Coalescer:
         """Under the lock: count the event in memory if it cannot change anything (and say so)."""
         ts = float(ev.get("_observed_ts") or now)
         latest, st.touched = st.latest, now
-        if latest is None and ev["action"] == Action.NONE:
+        if latest is None and ev["action"] == Action.NONE and not engine.counts_toward_lemon(ev):
             self._remember(key)
             return engine.Outcome("ignored"), None
         action = engine.believed(ev, self.policy)[0]["action"]  # a forged line raises nothing
@@ -175,6 +175,7 @@ class Coalescer:
             latest is None
             or st.direct < DIRECT_LINES
             or RANK[action] > RANK[latest["action"]]
+            or engine.ends_recovery(ev, self.policy)  # may end the episode: decided in the store
             or not engine.absorbs(latest, ev, ts)
         ):
             return None, self._take(st, now)  # counts so far go first: the store path may change things
