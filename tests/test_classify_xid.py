@@ -48,11 +48,42 @@ def test_xid_line(case: dict[str, Any], carrier: str, envelope: str) -> None:
         assert ev["node"]["instance_id"] == default_id("train-prod", "us-central1-a", "a3-megagpu-7")
 
 
+SXID_CASES = load_fixture("sxid_lines.yaml")
+
+
+@pytest.mark.parametrize("envelope", sorted(ENVELOPES))
+@pytest.mark.parametrize("carrier", sorted(CARRIERS))
+@pytest.mark.parametrize("case", SXID_CASES, ids=[c["id"] for c in SXID_CASES])
+def test_sxid_line(case: dict[str, Any], carrier: str, envelope: str) -> None:
+    entry = CARRIERS[carrier](case["line"], instance="a3-megagpu-7", insert_id="ins-42")
+    ev = CLF.classify(ENVELOPES[envelope](entry))
+    assert_valid_event(ev)
+    exp = case["expect"]
+    assert (ev["kind"], ev["xid"], ev["gpu"]) == ("nvswitch_sxid", None, None)
+    assert ev["detail"]["sxid"] == exp["sxid"]
+    assert ev["action"] == exp["action"], ev["reason"]
+    subset(exp.get("detail", {}), ev["detail"])
+    assert ev["node"]["instance"] == "a3-megagpu-7"
+    assert ev["reason"].startswith(f"SXid {exp['sxid']}")
+    assert ev["source"]["trust"] == CARRIER_TRUST[carrier]
+    assert ("severity" in ev["detail"]) is ("anomalies" not in ev["detail"])  # no severity word: flagged
+
+
 def test_fixture_corpus_marks_provenance() -> None:
-    for case in CASES:
+    for case in CASES + SXID_CASES:
         assert case["provenance"], case["id"]
         assert isinstance(case["synthetic"], bool), case["id"]
-    assert len({c["id"] for c in CASES}) == len(CASES)
+    assert len({c["id"] for c in CASES + SXID_CASES}) == len(CASES) + len(SXID_CASES)
+
+
+def test_an_undecodable_nvlink_combination_says_so() -> None:
+    line = (
+        "NVRM: Xid (PCI:0018:01:00): 145, RLW_SRC_TRACK Fatal XC0 i0 Link 5 "
+        "(0x00000007 0x00000040 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"
+    )
+    ev = CLF.classify(CARRIERS["ops_agent"](line))
+    assert ev["detail"]["decoded"] is False
+    assert any("0x40 is not in NVIDIA's Xid 144-150 decode table" in a for a in ev["detail"]["anomalies"])
 
 
 APP_FAULTS = [13, 31, 43, 45, 137]

@@ -274,10 +274,15 @@ def _system_event(entry: dict[str, Any], source: dict[str, Any], observed_at: st
 
 
 def _driver_line(text: str) -> dict[str, Any] | None:
-    """A GPU driver (NVRM) or NVSwitch driver (SXid) line, parsed; None if it is neither."""
+    """A GPU driver (NVRM) or NVSwitch driver (SXid) line, parsed; None if it is neither.
+
+    A line that mentions both is whichever of them has a code that can be read.
+    """
     parsed = parse_nvrm(text)
-    if parsed is None and "SXid" in text:
-        return parse_sxid(text)
+    if (parsed is None or "error" in parsed) and "SXid" in text:
+        sxid = parse_sxid(text)
+        if sxid is not None and (parsed is None or "error" not in sxid):
+            return sxid
     return parsed
 
 

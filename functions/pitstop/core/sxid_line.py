@@ -14,10 +14,11 @@ PCI address, link or switch number is left out and named in ``detail.anomalies``
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
-from pitstop.core.xid_line import MAX_LINE, MAX_MESSAGE, Anomalies, bounded_int, excerpt
+from pitstop.core.xid_line import MAX_HEADS, MAX_LINE, MAX_MESSAGE, Anomalies, bounded_int, excerpt
 
 SXID_RANGE = (1, 99_999)  # codes are five decimal digits (Fabric Manager guide, SXid tables)
 MAX_SWITCH = 63
@@ -66,6 +67,11 @@ def _body(rest: str, d: dict[str, Any], found: Anomalies) -> None:
     d["message"] = rest[:MAX_MESSAGE]
 
 
+def _code(digits: str) -> int:
+    """The code's value, or 0 (out of range) for more digits than any code has."""
+    return int(digits) if len(digits) <= 6 else 0
+
+
 def parse_sxid(text: str) -> dict[str, Any] | None:
     """Parse one NVSwitch driver line; never raises.
 
@@ -75,13 +81,16 @@ def parse_sxid(text: str) -> dict[str, Any] | None:
     text = text[:MAX_LINE]
     if "SXid" not in text:
         return None
-    m = _SXID.search(text)
-    if m is None:
+    heads = list(itertools.islice(_SXID.finditer(text), MAX_HEADS))
+    if not heads:
         return {"error": "line names an NVSwitch SXid but matches no known SXid format"}
-    digits, (lo, hi) = m["code"], SXID_RANGE
-    code = int(digits) if len(digits) <= 6 else 0
-    if not lo <= code <= hi:
-        return {"error": f"SXid line rejected: sxid {excerpt(digits)} is out of range ({lo} to {hi})"}
+    lo, hi = SXID_RANGE
+    m = next((h for h in heads if lo <= _code(h["code"]) <= hi), None)
+    if m is None:
+        return {
+            "error": f"SXid line rejected: sxid {excerpt(heads[0]['code'])} is out of range ({lo} to {hi})"
+        }
+    code = _code(m["code"])
     found = Anomalies()
     d: dict[str, Any] = {"sxid": code}
     if m["switch"] is not None:

@@ -14,6 +14,7 @@ node-level action for the code. Only a line whose code cannot be read is an erro
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
@@ -26,6 +27,7 @@ MAX_ANOMALIES = 8  # anomalies kept per line (each at most MAX_ANOMALY character
 MAX_ANOMALY = 160
 MAX_EXCERPT = 24  # characters of an implausible field quoted in its anomaly
 MAX_REGISTERS = 8
+MAX_HEADS = 8  # "NVRM: Xid (...): <code>" heads tried per line for one whose code can be read
 
 # Every number a line carries, with the range a real driver line can hold. The code itself
 # outside its range makes the line unreadable (an error); any other number outside its range
@@ -322,13 +324,15 @@ def parse_nvrm(text: str) -> dict[str, Any] | None:
     text = text[:MAX_LINE]
     if "NVRM" not in text:
         return None
-    m = _XID.search(text)
-    if m is not None:
+    first = None
+    for m in itertools.islice(_XID.finditer(text), MAX_HEADS):
         xid = bounded_int(m["xid"], "xid")
-        if xid is None:
-            lo, hi = LIMITS["xid"]
-            return {"error": f"Xid line rejected: xid {excerpt(m['xid'])} is out of range ({lo} to {hi})"}
-        return _xid_line(m, xid)
+        if xid is not None:
+            return _xid_line(m, xid)
+        first = first or m
+    if first is not None:
+        lo, hi = LIMITS["xid"]
+        return {"error": f"Xid line rejected: xid {excerpt(first['xid'])} is out of range ({lo} to {hi})"}
     if "fallen off the bus" in text:
         return _off_bus(text)
     if "NVRM: Xid" in text:
