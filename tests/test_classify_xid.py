@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,16 +13,28 @@ from pitstop.local.fake_compute import default_id
 from .helpers import CARRIER_TRUST, CARRIERS, ENVELOPES, assert_valid_event, load_fixture, subset
 
 CASES = load_fixture("xid_lines.yaml")
+SXID_CASES = load_fixture("sxid_lines.yaml")
 CLF = Classifier.default()
 
 
-@pytest.mark.parametrize("envelope", sorted(ENVELOPES))
-@pytest.mark.parametrize("carrier", sorted(CARRIERS))
-@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
-def test_xid_line(case: dict[str, Any], carrier: str, envelope: str) -> None:
+def in_every_carrier_and_envelope(test: Callable[..., None]) -> Callable[..., None]:
+    """Run the test once per carrier and envelope the pipeline receives."""
+    by_carrier = pytest.mark.parametrize("carrier", sorted(CARRIERS))(test)
+    return pytest.mark.parametrize("envelope", sorted(ENVELOPES))(by_carrier)
+
+
+def classified(case: dict[str, Any], carrier: str, envelope: str) -> dict[str, Any]:
+    """The fixture's line as one carrier ships it, in one envelope, classified (and schema-valid)."""
     entry = CARRIERS[carrier](case["line"], instance="a3-megagpu-7", insert_id="ins-42")
     ev = CLF.classify(ENVELOPES[envelope](entry))
     assert_valid_event(ev)
+    return ev
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+@in_every_carrier_and_envelope
+def test_xid_line(case: dict[str, Any], carrier: str, envelope: str) -> None:
+    ev = classified(case, carrier, envelope)
     exp = case["expect"]
     assert ev["kind"] == "gpu_xid"
     assert ev["xid"] == exp["xid"]
@@ -48,16 +61,10 @@ def test_xid_line(case: dict[str, Any], carrier: str, envelope: str) -> None:
         assert ev["node"]["instance_id"] == default_id("train-prod", "us-central1-a", "a3-megagpu-7")
 
 
-SXID_CASES = load_fixture("sxid_lines.yaml")
-
-
-@pytest.mark.parametrize("envelope", sorted(ENVELOPES))
-@pytest.mark.parametrize("carrier", sorted(CARRIERS))
 @pytest.mark.parametrize("case", SXID_CASES, ids=[c["id"] for c in SXID_CASES])
+@in_every_carrier_and_envelope
 def test_sxid_line(case: dict[str, Any], carrier: str, envelope: str) -> None:
-    entry = CARRIERS[carrier](case["line"], instance="a3-megagpu-7", insert_id="ins-42")
-    ev = CLF.classify(ENVELOPES[envelope](entry))
-    assert_valid_event(ev)
+    ev = classified(case, carrier, envelope)
     exp = case["expect"]
     assert (ev["kind"], ev["xid"], ev["gpu"]) == ("nvswitch_sxid", None, None)
     assert ev["detail"]["sxid"] == exp["sxid"]
