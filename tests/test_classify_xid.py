@@ -19,8 +19,9 @@ CLF = Classifier.default()
 
 def in_every_carrier_and_envelope(test: Callable[..., None]) -> Callable[..., None]:
     """Run the test once per carrier and envelope the pipeline receives."""
-    by_carrier = pytest.mark.parametrize("carrier", sorted(CARRIERS))(test)
-    return pytest.mark.parametrize("envelope", sorted(ENVELOPES))(by_carrier)
+    by_carrier: Callable[..., None] = pytest.mark.parametrize("carrier", sorted(CARRIERS))(test)
+    both: Callable[..., None] = pytest.mark.parametrize("envelope", sorted(ENVELOPES))(by_carrier)
+    return both
 
 
 def classified(case: dict[str, Any], carrier: str, envelope: str) -> dict[str, Any]:
