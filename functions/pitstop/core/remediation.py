@@ -13,6 +13,7 @@ from typing import Any
 
 from pitstop.core import checks
 from pitstop.core.actions import RECORD_ONLY_ACTIONS, Action
+from pitstop.core.catalog import SXID_KIND
 from pitstop.core.notifications import notification_id
 from pitstop.core.ops import Op, Plan, plan_for
 from pitstop.core.scheduling import JobInfo, JobRun, JobState
@@ -146,7 +147,10 @@ def choose_call(
         return CallChoice({})
     ok, why = report_ok
     if ok:
-        behavior = "UNRECOVERABLE_GPU_ERROR" if inc.get("xid") is not None else "PERFORMANCE"
+        gpu_fault = (
+            inc.get("xid") is not None or inc.get("kind") == SXID_KIND
+        )  # an NVSwitch is the GPU baseboard's
+        behavior = "UNRECOVERABLE_GPU_ERROR" if gpu_fault else "PERFORMANCE"
         return CallChoice(
             {"method": "reportHostAsFaulty", "behavior": behavior, "description": evidence(inc)}
         )
@@ -183,7 +187,11 @@ def verified(method: str, before: Mapping[str, Any], vm: Mapping[str, Any]) -> b
 
 def evidence(inc: Mapping[str, Any]) -> str:
     """The host report's description: what Pitstop saw, from validated fields only."""
-    counts = ", ".join(f"{k.replace('xid_', 'Xid ')} x{v}" for k, v in inc["counts"].items() if k != "events")
+    counts = ", ".join(
+        f"{k.replace('sxid_', 'SXid ').replace('xid_', 'Xid ')} x{v}"
+        for k, v in inc["counts"].items()
+        if k != "events"
+    )
     gpus = ", ".join(g["pci"] for g in inc.get("gpus", {}).values())
     why = "; ".join(w for e in inc.get("escalations", []) for w in e.get("why", []) if w.startswith("lemon"))
     diagnosis = inc.get("diagnosis") or {}
