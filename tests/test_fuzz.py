@@ -11,6 +11,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pitstop.core import parse
 from pitstop.core.classify import Classifier
 from pitstop.core.parse import INTERNAL_ERROR, SYSTEM_EVENT_LOG_ID
 from pitstop.core.xid_line import parse_nvrm
@@ -340,3 +341,30 @@ def test_a_readable_sxid_code_on_a_named_node_is_always_a_fault(
     ev = check(CLF.classify(ops_agent_entry(line, instance=node)))
     assert (ev["kind"], ev["detail"].get("sxid")) == ("nvswitch_sxid", code), ev["reason"]
     assert ev["node"]["instance"] == node and ev["gpu"] is None
+
+
+SAMPLE_LINES = [
+    "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+    "NVRM: Xid (PCI:0000:3b:00 GPU-I:02 GPU-CI:01): 31, pid=4211, name=python, Ch 00000010, MMU Fault",
+    "NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.",
+    "nvidia-nvswitch2: SXid (PCI:0000:87:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV (First)",
+    "NVRM: Xid (PCI:0000:ab:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (PF FLR)",
+    "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prefixes | st.sampled_from(["fallen off the bus ", "SXid ", "nvidia-nvswitch3: "]),
+    st.sampled_from(SAMPLE_LINES),
+)
+def test_remembered_parses_are_the_parse(prefix: str, line: str) -> None:
+    """A storm's repeated line is parsed once: what is remembered (keyed past the line's prefix)
+    is exactly what parsing the whole text gives, and no caller's changes reach the next one."""
+    text = prefix + line
+    first = parse._driver_line(text)
+    assert first == parse._read_driver_line(text)
+    if first is not None and "detail" in first:
+        first["detail"]["mutated"] = True
+        (first.get("mig") or {})["gi"] = 99
+    assert parse._driver_line(text) == parse._read_driver_line(text)

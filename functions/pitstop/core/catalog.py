@@ -7,7 +7,7 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pitstop.core import resources
 from pitstop.core.actions import Action
@@ -53,8 +53,9 @@ TIE_PRIMARY = "primary"  # a secondary line naming its primary Xid (45)
 TIE_RECOVERY = "recovery"  # the driver's recovery verdict for the GPU (154)
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
+    """An action and why (one per classified line: a tuple, cheaper to make than a frozen dataclass)."""
+
     action: str
     reason: str
     anomaly: str | None = None  # what a decode table did not know (the rule decided instead)

@@ -36,14 +36,18 @@ def _flag(detail: dict[str, Any], note: str) -> None:
 
 
 def annotate(ev: Event) -> Event:
-    """Say in the reason what a reader must know about the evidence: unverified, or cut."""
+    """Say in the reason what a reader must know about the evidence: unverified, cut, or odd."""
+    src, detail = ev["source"], ev["detail"]
+    judged = ev["kind"] not in ("invalid", "unrelated")
+    unverified = judged and src.get("trust") != trust.VERIFIED
+    if not (unverified or "truncated" in detail or "anomalies" in detail):
+        return ev  # the common case: verified evidence, nothing to add
     notes = []
-    src = ev["source"]
-    if ev["kind"] not in ("invalid", "unrelated") and src.get("trust") != trust.VERIFIED:
+    if unverified:
         notes.append(f"unverified: {src.get('trust_reason') or 'source not checked'}")
-    if ev["detail"].get("truncated"):
+    if detail.get("truncated"):
         notes.append(f"message over {MAX_LINE // 1024} KiB, cut before parsing")
-    if ev["detail"].get("anomalies") and ev["kind"] not in ("invalid", "unrelated"):
+    if detail.get("anomalies") and judged:
         notes.append("implausible fields left out or cut: see detail.anomalies")
     if notes:
         ev["reason"] = clean(f"{ev['reason']} [{'; '.join(notes)}]", MAX_REASON)

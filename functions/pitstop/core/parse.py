@@ -43,7 +43,12 @@ INTERNAL_ERROR = "internal parser error"  # the last guard; tests assert it neve
 RESOURCE_NAME_LABEL = "compute.googleapis.com/resource_name"
 GKE_RESOURCES = ("k8s_node", "k8s_cluster", "k8s_pod", "k8s_container")  # labelled by cluster location
 MAX_LOG_NAME, MAX_ID, MAX_RESOURCE_NAME = 512, 256, 1024
-_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)", re.ASCII)
+_TIMESTAMP = re.compile(
+    r"\d{4}-\d\d-\d\dT(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)",
+    re.ASCII,
+)
+_DATES: dict[str, bool] = {}
+MAX_DATE_MEMO = 1024
 _AUDIT_RESOURCE = re.compile(r"projects/([^/]+)/zones/([^/]+)/instances/([^/]+)")
 _LOG_PROJECT = re.compile(r"projects/([^/]+)/logs/")
 _METHOD = re.compile(r"compute\.instances\.[A-Za-z]{1,64}", re.ASCII)
@@ -68,16 +73,28 @@ def bounded_text(text: str) -> tuple[str, int | None]:
     return raw[:MAX_LINE].decode("utf-8", "ignore"), len(raw)
 
 
+def _real_date(date: str) -> bool:
+    """Whether ``YYYY-MM-DD`` is a calendar date of 1971-9998 (remembered: a day's lines share it)."""
+    known = _DATES.get(date)
+    if known is None:
+        try:
+            known = 1971 <= dt.date.fromisoformat(date).year <= 9998
+        except ValueError:
+            known = False
+        if len(_DATES) >= MAX_DATE_MEMO:
+            _DATES.clear()
+        _DATES[date] = known
+    return known
+
+
 def _ts(v: Any) -> str | None:
-    """An RFC 3339 timestamp that is a real moment (1971-9998), or None."""
+    """An RFC 3339 timestamp that is a real moment (1971-9998), or None.
+
+    The pattern bounds the time of day and the offset; only the date needs the calendar.
+    """
     if not isinstance(v, str) or len(v) > 40 or not _TIMESTAMP.fullmatch(v):
         return None
-    offset = "+00:00" if v.endswith("Z") else v[-6:]
-    try:
-        moment = dt.datetime.fromisoformat(v[:19] + offset)
-    except ValueError:
-        return None
-    return v if 1971 <= moment.year <= 9998 else None
+    return v if _real_date(v[:10]) else None
 
 
 def new_source(log_name: Any = None, insert_id: Any = None, message_id: str | None = None) -> dict[str, Any]:
@@ -165,9 +182,9 @@ def _identify(
 
 # Validated identities by the raw values they came from: a storm names a few nodes a million
 # times, and validating each name costs more than the rest of the parse. Bounded; cleared when full.
+# Values of other types than str may share a key (1 == True) only with values as invalid as they.
 _NODES: dict[tuple[Any, ...], tuple[dict[str, Any] | None, str]] = {}
 MAX_NODE_MEMO = 4096
-_HASHABLE = (str, int, float, bool, type(None))
 
 
 def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
@@ -190,14 +207,15 @@ def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[
         rl.get("instance_id"),
         rl.get("cluster_name"),
     )
-    if not all(isinstance(k, _HASHABLE) for k in key):
-        node, why = _identify(*key)
-        return (dict(node) if node else None), why
-    hit = _NODES.get(key)
-    if hit is None:
-        if len(_NODES) >= MAX_NODE_MEMO:
-            _NODES.clear()
-        hit = _NODES[key] = _identify(*key)
+    try:
+        hit = _NODES.get(key)
+    except TypeError:  # a list or object where a name belongs: judged, not remembered
+        hit = _identify(*key)
+    else:
+        if hit is None:
+            if len(_NODES) >= MAX_NODE_MEMO:
+                _NODES.clear()
+            hit = _NODES[key] = _identify(*key)
     node, why = hit
     return (dict(node) if node else None), why
 
@@ -273,11 +291,47 @@ def _system_event(entry: dict[str, Any], source: dict[str, Any], observed_at: st
     return new_event("system_event", method, source, node=node, observed_at=observed_at, detail=detail)
 
 
+# Parsed driver lines by their text: a storm repeats one line verbatim (a journal MESSAGE has no
+# time in it) hundreds of thousands of times. Short lines only, bounded, cleared when full; each
+# caller gets its own copy of the facts, so the remembered ones never change.
+_LINES: dict[str, dict[str, Any] | None] = {}
+MAX_LINE_MEMO, MAX_MEMO_TEXT = 1024, 512
+
+
+def _copy(parsed: dict[str, Any] | None) -> dict[str, Any] | None:
+    if parsed is None or "detail" not in parsed:
+        return parsed if parsed is None else dict(parsed)
+    out = {**parsed, "detail": dict(parsed["detail"])}
+    if out.get("mig") is not None:
+        out["mig"] = dict(out["mig"])
+    return out
+
+
+_MARKERS = ("NVRM", "nvidia-nvswitch", "SXid")  # where the parsers' patterns can start
+
+
 def _driver_line(text: str) -> dict[str, Any] | None:
     """A GPU driver (NVRM) or NVSwitch driver (SXid) line, parsed; None if it is neither.
 
-    A line that mentions both is whichever of them has a code that can be read.
+    Remembered by the text from its first driver marker on: what precedes it (a syslog header,
+    the kernel's time) changes from line to line and no pattern reads it, except the words
+    "fallen off the bus", which keep the whole line as the key.
     """
+    if "NVRM" not in text and "SXid" not in text:
+        return None  # most noise: no parser would read it
+    anchor = min(i for i in (text.find(m) for m in _MARKERS) if i >= 0)
+    key = text[anchor:] if "fallen off the bus" not in text[:anchor] else text
+    if len(key) > MAX_MEMO_TEXT:
+        return _read_driver_line(key)
+    if key not in _LINES:
+        if len(_LINES) >= MAX_LINE_MEMO:
+            _LINES.clear()
+        _LINES[key] = _read_driver_line(key)
+    return _copy(_LINES[key])
+
+
+def _read_driver_line(text: str) -> dict[str, Any] | None:
+    """The parse itself. A line that mentions both drivers is whichever has a code that can be read."""
     parsed = parse_nvrm(text)
     if (parsed is None or "error" in parsed) and "SXid" in text:
         sxid = parse_sxid(text)

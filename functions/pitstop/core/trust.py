@@ -26,7 +26,7 @@ import json
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pitstop.core.actions import RANK, Action
 from pitstop.core.catalog import default_xid_policy
@@ -60,9 +60,8 @@ WHY_SERIAL_CONSOLE = "serial console output: written by the guest, any process o
 SERIAL_PORT_LOG = re.compile(r"serialconsole\.googleapis\.com(?:%2F|/)serial_port_[1-4]_output", re.I)
 
 
-@dataclass(frozen=True, slots=True)
-class Provenance:
-    """The text an entry carries, and how far it can be believed."""
+class Provenance(NamedTuple):
+    """The text an entry carries, and how far it can be believed (one per entry: a tuple is cheap)."""
 
     text: str | None
     trust: str

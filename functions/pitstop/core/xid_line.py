@@ -91,10 +91,7 @@ _SRAM = re.compile(r"SRAM|GSP-RISCV", re.I | _A)
 _HEXREG = re.compile(r"0x[0-9a-fA-F]+", _A)
 _PRINTABLE = re.compile(r"[\x20-\x7e]*", _A)
 
-_DIGITS = {
-    10: re.compile(rf"[0-9]{{1,{_MAX_DIGITS}}}"),
-    16: re.compile(rf"[0-9a-fA-F]{{1,{_MAX_DIGITS}}}"),
-}
+_HEX = re.compile(r"[0-9a-fA-F]+", _A)
 
 
 def printable(text: str, limit: int) -> str:
@@ -124,7 +121,11 @@ def bounded_int(digits: str, what: str, found: Anomalies | None = None, base: in
     """
     lo, hi = LIMITS[what]
     body = digits[1:] if digits[:1] == "-" else digits
-    if _DIGITS[base].fullmatch(body):
+    if (
+        0 < len(body) <= _MAX_DIGITS
+        and (body.isdigit() if base == 10 else _HEX.fullmatch(body))
+        and body.isascii()
+    ):
         value = int(digits, base)
         if lo <= value <= hi:
             return value
@@ -136,8 +137,8 @@ def bounded_int(digits: str, what: str, found: Anomalies | None = None, base: in
 
 def normalise_pci(pci: str, found: Anomalies) -> str | None:
     """``DDDD:BB:DD`` lower-case without the function digit: one key per GPU; None if no GPU has it."""
-    pci = pci[:10].lower()
-    if bounded_int(pci[8:10], "pci_device", None, 16) is None:
+    pci = pci[:10].lower()  # matched as dddd:bb:dd hex: the device is two hex digits
+    if int(pci[8:10], 16) > LIMITS["pci_device"][1]:
         found.add(f"PCI device {pci} is out of range (0 to 0x1f): the GPU is unknown")
         return None
     return pci
@@ -290,7 +291,7 @@ def _gpu(where: str, found: Anomalies) -> tuple[str | None, dict[str, Any] | Non
         found.add(f"PCI address {excerpt(where)!r} is not readable: the GPU is unknown")
         return None, None
     pci = normalise_pci(wm["pci"], found)
-    gm = _GI.search(where, wm.end())
+    gm = _GI.search(where, wm.end()) if "GPU-I" in where else None
     if pci is None or gm is None:
         return pci, None
     gi = bounded_int(gm["v"], "gi", found)
@@ -324,13 +325,15 @@ def parse_nvrm(text: str) -> dict[str, Any] | None:
     text = text[:MAX_LINE]
     if "NVRM" not in text:
         return None
-    first = None
-    for m in itertools.islice(_XID.finditer(text), MAX_HEADS):
-        xid = bounded_int(m["xid"], "xid")
+    first = _XID.search(text)
+    if first is not None:  # the common case first: one head, a readable code
+        xid = bounded_int(first["xid"], "xid")
         if xid is not None:
-            return _xid_line(m, xid)
-        first = first or m
-    if first is not None:
+            return _xid_line(first, xid)
+        for m in itertools.islice(_XID.finditer(text, first.end("xid")), MAX_HEADS - 1):
+            xid = bounded_int(m["xid"], "xid")
+            if xid is not None:
+                return _xid_line(m, xid)
         lo, hi = LIMITS["xid"]
         return {"error": f"Xid line rejected: xid {excerpt(first['xid'])} is out of range ({lo} to {hi})"}
     if "fallen off the bus" in text:
