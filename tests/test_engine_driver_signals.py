@@ -10,8 +10,10 @@ from typing import Any
 
 import yaml
 
+from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import engine, resources
 from pitstop.core.catalog import load_xid_policy
+from pitstop.services.coalesce import Coalescer
 
 from .test_engine import ROOMY, T0, XID79, World, ev, pol
 
@@ -148,3 +150,20 @@ def test_engine_decisions_stay_pure_for_a_node_document_without_new_fields() -> 
     }
     out = w.feed(ev(SXID_FATAL))
     assert out.incident is not None and out.incident["action"] == "REBOOT_NODE"
+
+
+def test_the_coalescer_never_buffers_what_ends_or_records_an_episode() -> None:
+    """In a storm the coalescer counts lines in memory; a 154 back to None (which may end the episode)
+    and a non-fatal SXid on a quiet node (which opens a record) still go through the store."""
+    store = MemoryStore()
+    c = Coalescer(store, pol(mode="observe"), clock=lambda: T0)
+    c.timer = False
+    assert c.handle(ev(TO_RESET), T0).result == "opened"
+    for i in range(1, 8):  # past the direct lines: counted in memory
+        c.handle(ev(TO_RESET, ts=T0 + i), T0 + i)
+    assert c.coalesced > 0
+    out = c.handle(ev(TO_NONE, ts=T0 + 9), T0 + 9)
+    assert out.result == "recovered" and out.incident is not None and out.incident["state"] == "RESOLVED"
+    first = c.handle(ev(SXID_NONFATAL, node="a3-node-002"), T0 + 10)
+    assert first.result == "opened" and first.incident is not None and first.incident["action"] == "NONE"
+    assert len(store.nodes[first.incident["node_key"]]["strikes"]) == 1
