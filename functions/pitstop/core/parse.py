@@ -319,8 +319,12 @@ def _driver_line(text: str) -> dict[str, Any] | None:
     """
     if "NVRM" not in text and "SXid" not in text:
         return None  # most noise: no parser would read it
-    anchor = min(i for i in (text.find(m) for m in _MARKERS) if i >= 0)
-    key = text[anchor:] if "fallen off the bus" not in text[:anchor] else text
+    anchor = len(text)
+    for marker in _MARKERS:  # the first marker: each search stops where the best so far starts
+        i = text.find(marker, 0, anchor)
+        if i >= 0:
+            anchor = i
+    key = text[anchor:] if anchor and "fallen off the bus" not in text[:anchor] else text
     if len(key) > MAX_MEMO_TEXT:
         return _read_driver_line(key)
     if key not in _LINES:
