@@ -1,10 +1,12 @@
 """The engine on what the drivers say beyond one Xid: the 154 verdict back to None, NVSwitch SXids
 (fatal: reset the node, again: replace; non-fatal: recorded, counted toward a lemon), and the
-per-GPU ties, all as the XID policy's data says."""
+per-GPU ties, all as the XID policy's data says; and ingest logging an undecodable line against
+the node its envelope names."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,9 @@ from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import engine, resources
 from pitstop.core.catalog import load_xid_policy
 from pitstop.services.coalesce import Coalescer
+from pitstop.services.ingest import Ingest
 
+from .helpers import ops_agent_entry
 from .test_engine import ROOMY, T0, XID79, World, ev, pol
 
 GPU = "0000:ab:00"
@@ -167,3 +171,14 @@ def test_the_coalescer_never_buffers_what_ends_or_records_an_episode() -> None:
     first = c.handle(ev(SXID_NONFATAL, node="a3-node-002"), T0 + 10)
     assert first.result == "opened" and first.incident is not None and first.incident["action"] == "NONE"
     assert len(store.nodes[first.incident["node_key"]]["strikes"]) == 1
+
+
+def test_an_undecodable_line_is_logged_against_the_node_its_envelope_names(capsys: Any) -> None:
+    ingest = Ingest(pol(), MemoryStore(), None, None, clock=lambda: T0)
+    entry = ops_agent_entry(
+        "NVRM: Xid (PCI:0000:a1:00): 0, pid=1, name=x, zero is no code", instance="a3-node-009"
+    )
+    assert ingest.handle_payload(entry).result == "ignored"
+    (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert record["message"] == "invalid entry acknowledged" and record["node"] == "a3-node-009"
+    assert "xid 0 is out of range" in record["reason"]
