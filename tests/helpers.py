@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -226,3 +226,24 @@ def subset(expected: dict[str, Any], actual: dict[str, Any]) -> None:
     for k, v in expected.items():
         assert k in actual, f"missing {k!r} in {actual}"
         assert actual[k] == v, f"{k}: expected {v!r}, got {actual[k]!r}"
+
+
+class ManualClock:
+    """A clock a test moves by hand (``clock.t += 60``)."""
+
+    def __init__(self, t: float = 1_800_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class RecordingTopic:
+    """An in-memory notifications topic: what was published, as JSON carried it."""
+
+    def __init__(self) -> None:
+        self.published: list[dict[str, Any]] = []
+
+    def publish(self, notification: Mapping[str, Any]) -> str:
+        self.published.append(json.loads(json.dumps(notification)))
+        return str(len(self.published))

@@ -37,7 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 REGION = "us-central1"
 PUBSUB_AGENT = f"serviceAccount:service-{fake_gcp.PROJECT_NUMBER}@gcp-sa-pubsub.iam.gserviceaccount.com"
 CLUSTERS = ("train", "infer")
-ZONES = ["us-central1-a", {"zone": "us-central1-b", "name_prefix": "a3-"}]  # where actuate may act
+ZONES = [
+    "us-central1-a",
+    {"zone": "us-central1-b", "name_prefix": "a3-", "migs": ["a3-node"]},
+]  # actuate's VMs
 CUSTOM_ROLES = ("pitstopWorkflowStarter", "pitstopActuator", "pitstopOperationsReader")
 ENFORCE_POLICY = "mode: enforce\n"
 NOT_SHIPPED = ("pitstop/local/", "pitstop/tools/", "pitstop/agent/")  # the CLI, the Slurm agent, stand-ins
@@ -268,7 +271,7 @@ def test_project_iam_policy_holds_exactly_the_roles_in_iam_yaml(deployed: Deploy
         "title": "pitstop-actuator-zones",
         "expression": f'resource.name.startsWith("projects/{p}/zones/us-central1-a/") || '
         f'resource.name.startsWith("projects/{p}/zones/us-central1-b/instances/a3-") || '
-        f'resource.name.startsWith("projects/{p}/zones/us-central1-b/instanceGroupManagers/")',
+        f'resource.name == "projects/{p}/zones/us-central1-b/instanceGroupManagers/a3-node"',
     }
     assert policy["version"] == 3  # conditional bindings need policy version 3
     role = deployed.states[0]["resources"][f"iam projects/{p}/roles/pitstopActuator"]

@@ -24,15 +24,15 @@ from typing import Any
 
 import pytest
 
-from pitstop.local.stack import PROJECT, ClusterSpec, Stack, admin, webhook_records
-from pitstop.tools.demo import XID79, Scenarios
+from pitstop.local.stack import PROJECT, Stack, admin, webhook_records
+from pitstop.tools.demo import XID79, Scenarios, slurm_spec
 
 pytestmark = pytest.mark.emulator
 
 
 @pytest.fixture(scope="module")
 def sc() -> Iterator[Scenarios]:
-    stack = Stack(Path(tempfile.mkdtemp(prefix="pitstop-e2e-")), ClusterSpec(nodes=34))
+    stack = Stack(Path(tempfile.mkdtemp(prefix="pitstop-e2e-")), slurm_spec(34))
     try:
         stack.up()
         yield Scenarios(stack)
@@ -95,7 +95,7 @@ def test_diagnose_and_validate(sc: Scenarios, name: str) -> None:
 
 def _fault(sc: Scenarios, node: str) -> dict[str, object]:
     sc.settle()
-    sc.router.publish(sc.entry(node, XID79))
+    sc.fault(node, XID79)
     return sc.finished(node)
 
 
@@ -141,7 +141,7 @@ def test_webhook_down_does_not_block_remediation(sc: Scenarios) -> None:
 def test_firestore_restarted_mid_incident_completes_exactly_once(sc: Scenarios) -> None:
     node = sc.nodes[11]
     sc.settle()
-    sc.router.publish(sc.entry(node, XID79))
+    sc.fault(node, XID79)
     sc.wait(
         lambda: [i for i in sc.incidents(node) if i["state"] in ("FENCED", "ACTING", "VERIFYING")],
         60,
@@ -254,7 +254,7 @@ def test_actuate_dying_after_a_reset_resets_exactly_once(sc: Scenarios) -> None:
     restarts = sc.stack.controller.restarts["actuate"]
     _settle(sc)
     _chaos(sc, "actuate-crash-after-effect", "--node", node, "--method", "reset")
-    sc.router.publish(sc.entry(node, XID79))
+    sc.fault(node, XID79)
     inc = _ended(sc, node, 300)
     assert sc.stack.controller.restarts["actuate"] > restarts, "actuate never died: the fault did not fire"
     assert len(_effects(sc, node, "reset")) == 1
@@ -280,7 +280,7 @@ def test_agent_down_for_two_minutes_then_back_resolves(sc: Scenarios) -> None:
     _settle(sc)
     _chaos(sc, "agent-down")
     try:
-        sc.router.publish(sc.entry(node, XID79))
+        sc.fault(node, XID79)
         sc.wait(lambda: sc.incidents(node), 60, "the incident to open")
         time.sleep(AGENT_OUTAGE_S)  # the outage itself (what is modelled), not a claim about speed
         during = sc.incidents(node)[-1]
@@ -353,7 +353,7 @@ def test_gang_members_remediated_ten_minutes_apart_requeue_the_job_once(sc: Scen
     )
     sc.router.publish(notice)
     sc.wait(lambda: [i for i in sc.incidents(a) if i["state"] == "FENCED"], 60, f"{a} to be fenced")
-    sc.router.publish(sc.entry(b, XID79))
+    sc.fault(b, XID79)
     inc_b = _ended(sc, b, 180)
     assert inc_b["state"] == "RESOLVED", inc_b.get("failure")
     assert sc.restarts(job) == 1
@@ -374,7 +374,7 @@ def test_publish_timeout_at_close_keeps_the_incident_resolved(sc: Scenarios) -> 
     node = sc.nodes[17]
     _settle(sc)
     _chaos(sc, "publish-timeout", "--node", node)
-    sc.router.publish(sc.entry(node, XID79))
+    sc.fault(node, XID79)
     inc = _ended(sc, node, 180)
     assert not (sc.stack.chaos_dir / "publish-timeout.json").exists(), "the publish never timed out"
     assert inc["state"] == "RESOLVED", inc.get("failure")
@@ -401,7 +401,7 @@ def _gang_fault(sc: Scenarios, members: list[str], spare: str, line: str) -> tup
     _settle(sc)
     job = _gang(sc, members, spare)
     assert _job_nodes(sc, job) == set(members)
-    sc.router.publish(sc.entry(members[0], line))
+    sc.fault(members[0], line)  # the kernel prints it (what corroboration reads), the agent ships it
     return job, _ended(sc, members[0], 300)
 
 

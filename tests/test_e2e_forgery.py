@@ -221,6 +221,13 @@ def _invalid_cases() -> dict[str, Case]:
             },
             "log name must be exactly",
         ),
+        "logname-of-another-project": (
+            lambda sc: {
+                **sc.entry(sc.nodes[6], XID79),
+                "logName": "projects/someone-elses-project/logs/pitstop-kernel",
+            },
+            "logName is in project someone-elses-project",
+        ),
         "name-all": (lambda sc: _named(sc, "all"), "Slurm keyword ALL"),
         "name-ALL": (lambda sc: _named(sc, "ALL"), "Slurm keyword ALL"),
         "name-hostlist-range": (lambda sc: _named(sc, "a3-node-[000-003]"), "hostlist"),
@@ -298,3 +305,49 @@ def test_ten_thousand_gpus_on_one_node_keep_the_incident_bounded(sc: Scenarios, 
     assert len(json.dumps(inc)) < 64 * 1024
     assert (inc["trust"], inc["workflow"]) == ("unverified", None)
     assert _effects(sc) == before
+
+
+def test_a_verified_looking_line_the_node_never_printed_disrupts_nothing(sc: Scenarios, job: str) -> None:
+    """Issue 21 (1): a journald kernel-transport entry for a live VM, with its real numeric id, written
+    through the Logging API (any principal with logging.logEntries.create can). The node is fenced
+    and asked through the Slurm agent; its kernel ring buffer never held the line: the incident fails
+    with a page, the gang is not requeued and Compute is never called."""
+    node = sc.nodes[6]
+    calls_before = len(admin(sc.state, "/_admin/state")["calls"])
+    restarts = sc.restarts(job)
+    assert _publish(sc, sc.entry(node, XID79))  # the sink selects it: it looks like the kernel's own
+    inc = _incident_of(sc, node, lambda i: i["state"] == "FAILED")
+    try:
+        _paged(sc, inc["id"])
+        assert inc["trust"] == "verified" and inc["failure"]["stage"] == "corroborate", inc
+        rec = inc["corroboration"]
+        assert rec["confirmed"] is False and any("kernel ring buffer" in c for c in rec["checked"]), rec
+        assert "not confirmed on the node" in inc["failure"]["error"]
+        assert len(admin(sc.state, "/_admin/state")["calls"]) == calls_before  # no label, no reset
+        assert sc.restarts(job) == restarts
+        assert "drain" in sc.slurm.node_states()[node]  # fenced, for a person to look at
+        assert "job_requeued" not in inc["timeline"]
+    finally:
+        subprocess.run(
+            ["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=sc.slurm.env, check=False
+        )
+
+
+def test_a_system_event_published_straight_to_the_topic_restarts_nothing(sc: Scenarios, job: str) -> None:
+    """Issue 21 (3): anyone who may publish to the events topic (project Editors, the default Compute
+    service account) posts Google's exact preemption shape for a VM that runs on. Compute is asked:
+    the VM is not Spot and never stopped, so the incident fails with a page, the gang stays."""
+    node = sc.nodes[7]
+    calls_before = len(admin(sc.state, "/_admin/state")["calls"])
+    restarts = sc.restarts(job)
+    _publish(sc, _system_event(sc, node))
+    inc = _incident_of(sc, node, lambda i: i["kind"] == "preemption" and i["state"] == "FAILED")
+    try:
+        _paged(sc, inc["id"])
+        assert inc["failure"]["stage"] == "corroborate" and not inc["corroboration"]["confirmed"], inc
+        assert len(admin(sc.state, "/_admin/state")["calls"]) == calls_before
+        assert sc.restarts(job) == restarts and "job_requeued" not in inc["timeline"]
+    finally:
+        subprocess.run(
+            ["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=sc.slurm.env, check=False
+        )

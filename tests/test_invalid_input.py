@@ -336,3 +336,16 @@ def test_lone_surrogates_become_valid_utf8() -> None:
     assert_valid_event(ev)
     assert "\ud800" not in ev["detail"]["message"]
     orjson.dumps(ev)
+
+
+def test_a_log_of_another_project_may_not_speak_for_our_vm() -> None:
+    """Issue 21 (2): through a folder or organization sink, a writer in project B logs an entry whose
+    resource names project A's VM; the logName says where it was written, and it must agree."""
+    entry = ops_agent_entry(XID79)
+    ours = entry["resource"]["labels"]["project_id"]
+    assert CLF.classify(entry)["kind"] == "gpu_xid"
+    entry["logName"] = entry["logName"].replace(f"projects/{ours}/", "projects/someone-elses/")
+    ev = CLF.classify(entry)
+    assert_valid_event(ev)
+    assert ev["kind"] == "invalid" and ev["action"] == "NONE"
+    assert f"logName is in project someone-elses but the resource is in {ours}" in ev["reason"]

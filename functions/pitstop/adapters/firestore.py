@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
+from pitstop.adapters.firestore_jobs import JobRecords
 from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.core import engine
 from pitstop.core.actions import NODE_ACTIONS
@@ -69,9 +70,9 @@ class _LazyBudgets(Mapping[str, dict[str, Any] | None]):
         return len(self._cache)
 
 
-class IncidentStore:
+class IncidentStore(JobRecords):
     def __init__(self, client: firestore.Client, prefix: str = "pitstop") -> None:
-        self.db = client
+        self.db, self.prefix = client, prefix
         self.nodes = client.collection(f"{prefix}_nodes")
         self.incidents = client.collection(f"{prefix}_incidents")
         self.budgets = client.collection(f"{prefix}_budgets")
@@ -284,23 +285,6 @@ class IncidentStore:
                 t.set(self.budgets.document(doc_id), doc)
 
         self._serialised(inc["id"], True, lambda: txn(self._txn()))
-
-    def mark_job_requeue(self, key: str, incident: str, now: float) -> bool:
-        """A gang moves once per fault: claim the requeue of one run of a job, whatever the time.
-
-        ``key`` names the cluster, the job and its run (pitstop.core.ids.requeue_key). The first
-        incident to claim a run requeues it, and its own retries may again (the Slurm command is
-        replayed, not repeated); any other incident finds the run taken. A later run of the job
-        has another key.
-        """
-        ref = self.db.collection(self.incidents.id.replace("_incidents", "_jobs")).document(key)
-        try:
-            ref.create({"incident": incident, "at": now})
-            self._count_writes(1)
-            return True
-        except gexc.Conflict:
-            cur = ref.get().to_dict() or {}
-            return bool(cur.get("incident") == incident)
 
     # -- operator views and actions ----------------------------------------------------
 

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from pitstop.core import engine
+from pitstop.core import engine, remediation
 from pitstop.core.engine import Outcome
 from pitstop.core.policy import Policy
 from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
@@ -31,6 +31,7 @@ class MemoryStore:
         self.budgets: dict[str, dict[str, Any]] = {}
         self.dedup: dict[str, str | None] = {}
         self.jobs: dict[str, dict[str, Any]] = {}
+        self.job_restarts: dict[str, dict[str, Any]] = {}
         self.outbox: dict[str, dict[str, Any]] = {}
         self.step_stores: dict[str, MemoryStepStore] = {}
         self.on_decision: Callable[[Any, Outcome], None] | None = None
@@ -210,6 +211,12 @@ class MemoryStore:
         with self._lock:
             docs = {d: self.budgets.get(d) for d in inc.get("budget_scopes", [])}
             self.budgets.update(engine.release_slots(docs, inc["id"]))
+
+    def claim_job_restart(self, job_key: str, run_key: str, now: float, cap: int, window_s: float) -> bool:
+        with self._lock:
+            ok, doc = remediation.admit_restart(self.job_restarts.get(job_key), run_key, now, cap, window_s)
+            self.job_restarts[job_key] = doc
+            return ok
 
     def mark_job_requeue(self, key: str, incident: str, now: float) -> bool:
         with self._lock:

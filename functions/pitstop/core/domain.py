@@ -76,6 +76,7 @@ class Timeline(TypedDict, total=False):
     fenced: float
     job_requeued: float
     job_running: float
+    corroborated: float
     diagnosed: float
     acted: float
     healthy: float
@@ -198,6 +199,7 @@ class Incident(TypedDict):
     failure: NotRequired[Failure]
     rejected: NotRequired[Rejected]
     budget_released_at: NotRequired[float]
+    start_refusals: NotRequired[int]  # Workflows refused this step's start (services/sweep.py)
     # what the remediation learned (actuate): the scheduler's jobs and fence, the checks' records
     jobs: NotRequired[list[dict[str, Any]]]
     fence: NotRequired[dict[str, Any]]

@@ -49,6 +49,7 @@ TIMELINE_KEYS = (
     "fenced",
     "job_requeued",  # the gang's requeue asked for: early (right after the fence) or once the node is back
     "job_running",  # the gang observed running again (a new run of each job)
+    "corroborated",  # the fault confirmed on the node itself (ring buffer, nvidia-smi, Node condition)
     "diagnosed",
     "acted",
     "healthy",

@@ -139,17 +139,42 @@ def _audit_match(proto: dict[str, Any] | None) -> re.Match[str] | None:
     return _AUDIT_RESOURCE.fullmatch(rn)
 
 
-def _project(entry: dict[str, Any], rl: dict[str, Any], audit: re.Match[str] | None) -> Any:
+def _log_project(entry: dict[str, Any]) -> Any:
+    """The project whose log holds the entry (``projects/<p>/logs/...``), or None."""
+    ln = entry.get("logName")
+    lm = _LOG_PROJECT.match(ln[:MAX_LOG_NAME]) if isinstance(ln, str) else None
+    return lm.group(1) if lm else None
+
+
+def _project(rl: dict[str, Any], log_project: Any, audit: re.Match[str] | None) -> Any:
     project = rl.get("project_id")
     if project is None:
-        ln = entry.get("logName")
-        lm = _LOG_PROJECT.match(ln[:MAX_LOG_NAME]) if isinstance(ln, str) else None
-        project = lm.group(1) if lm else (audit.group(1) if audit else None)
+        project = log_project if log_project is not None else (audit.group(1) if audit else None)
     return project
 
 
+def project_mismatch(log_project: Any, project: Any) -> str | None:
+    """Why an entry whose log lives in one project but whose resource names another is no evidence.
+
+    Logging writes an entry into the log of the project the writer named; a folder or organization
+    sink routes every project's entries: one project's writer must not speak for another's VMs.
+    """
+    if isinstance(log_project, str) and project is not None and log_project != project:
+        return (
+            f"logName is in project {clean(log_project, 64)} but the resource is in {clean(str(project), 64)}"
+        )
+    return None
+
+
 def _identify(
-    instance: Any, zone: Any, rtype: Any, has_zone_label: bool, project: Any, instance_id: Any, cluster: Any
+    instance: Any,
+    zone: Any,
+    rtype: Any,
+    has_zone_label: bool,
+    project: Any,
+    log_project: Any,
+    instance_id: Any,
+    cluster: Any,
 ) -> tuple[dict[str, Any] | None, str]:
     region = None
     if rtype in GKE_RESOURCES and not has_zone_label and names.valid_region(zone):
@@ -163,6 +188,9 @@ def _identify(
         return None, "zone is missing or not a valid Compute Engine zone"
     if not names.valid_project(project):
         return None, "project is missing or not a valid project id"
+    mismatch = project_mismatch(log_project, project)
+    if mismatch is not None:
+        return None, mismatch
     if instance_id is not None and not names.valid_instance_id(instance_id):
         return None, "instance_id is not numeric"
     node: dict[str, Any] = {
@@ -198,12 +226,15 @@ def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[
         return None, "the node cannot be identified (no resource_name label, node_name or audit resourceName)"
     zone = rl.get("zone") or rl.get("location") or (audit.group(2) if audit else None)
     rtype = res.get("type") if isinstance(res, dict) else None
+    log_project = _log_project(entry)
+    project = _project(rl, log_project, audit)
     key = (
         instance,
         zone,
         rtype,
         "zone" in rl,
-        _project(entry, rl, audit),
+        project,
+        log_project,
         rl.get("instance_id"),
         rl.get("cluster_name"),
     )

@@ -67,6 +67,7 @@ def gpu_tool_flags() -> list[str]:
     for flag, tool in (
         ("--nvidia-smi", "nvidia_smi"),
         ("--dcgmi", "dcgmi"),
+        ("--dmesg", "dmesg"),
         ("--all-gather-perf", "all_gather_perf"),
     ):
         flags += [flag, shlex.join([sys.executable, "-m", f"pitstop.local.gpu_tools.{tool}"])]

@@ -133,18 +133,28 @@ def gke_clusters(conf: Mapping[str, Any], project: str) -> list[dict[str, str]]:
     return out
 
 
+MIG_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
+
+
 def compute_scope(conf: Mapping[str, Any], project: str) -> dict[str, list[tuple[str, str]]]:
     """Where actuate may act on VMs: project -> [(zone or region, instance name prefix)].
 
-    From `compute_zones` (a zone or region, or {zone, project?, name_prefix?}) and each GKE
-    cluster's location (its node pools' VMs, whatever their names).
+    From `compute_zones` (a zone or region, or {zone, project?, name_prefix?, migs?}) and each GKE
+    cluster's location (its node pools' VMs, whatever their names). A named prefix admits only the
+    MIGs listed by exact name in ``migs`` (a recreate names the MIG); the scope entry for each is
+    ``(zone, "mig:<name>")``.
     """
     entries = [{"zone": z} if isinstance(z, str) else z for z in conf.get("compute_zones") or []]
     entries += [{"zone": c["location"], "project": c["project"]} for c in gke_clusters(conf, project)]
     out: dict[str, list[tuple[str, str]]] = {}
     for e in entries:
-        if not isinstance(e, Mapping) or set(e) - {"zone", "project", "name_prefix"}:
-            raise ValueError(f"compute_zones: {e!r} is not a zone or {{zone, project?, name_prefix?}}")
+        if not isinstance(e, Mapping) or set(e) - {"zone", "project", "name_prefix", "migs"}:
+            raise ValueError(f"compute_zones: {e!r} is not a zone or {{zone, project?, name_prefix?, migs?}}")
+        migs = e.get("migs") or []
+        if not isinstance(migs, list) or not all(isinstance(m, str) and MIG_NAME.fullmatch(m) for m in migs):
+            raise ValueError(f"compute_zones: migs {migs!r} must be a list of instance group names")
+        if migs and not e.get("name_prefix"):
+            raise ValueError("compute_zones: migs narrow a name_prefix entry (a whole zone admits its MIGs)")
         zone, proj, prefix = e.get("zone"), e.get("project", project), e.get("name_prefix", "")
         if not isinstance(zone, str) or not (ZONE.fullmatch(zone) or REGION.fullmatch(zone)):
             raise ValueError(f"compute_zones: {zone!r} is not a zone or region")
@@ -154,8 +164,9 @@ def compute_scope(conf: Mapping[str, Any], project: str) -> dict[str, list[tuple
             raise ValueError(f"compute_zones: name_prefix {prefix!r} is not the start of an instance name")
         if prefix and not ZONE.fullmatch(zone):
             raise ValueError(f"compute_zones: a name_prefix needs a zone, not the region {zone}")
-        if (zone, prefix) not in out.setdefault(proj, []):
-            out[proj].append((zone, prefix))
+        for item in [(zone, prefix), *((zone, f"mig:{m}") for m in migs)]:
+            if item not in out.setdefault(proj, []):
+                out[proj].append(item)
     return out
 
 
@@ -166,8 +177,9 @@ def compute_conditions(project: str, scope: list[tuple[str, str]]) -> list[dict[
     """The IAM conditions that limit the actuator role in one project to its zones and names.
 
     A zone admits every resource under projects/P/zones/Z/ (its VMs and MIGs); a region every
-    zone whose name starts with it (a regional GKE cluster); a name prefix only VMs so named, and
-    the zone's MIGs (a recreate names the MIG, not the VM). Past 12 clauses the scope is split
+    zone whose name starts with it (a regional GKE cluster); a name prefix only VMs so named; a
+    ``mig:<name>`` entry that one MIG by its exact name (instanceGroupManagers.update can resize,
+    abandon or re-template a group: never a whole zone's). Past 12 clauses the scope is split
     over several bindings of the same role.
     """
     clauses: list[str] = []
@@ -175,9 +187,10 @@ def compute_conditions(project: str, scope: list[tuple[str, str]]) -> list[dict[
         where = f"projects/{project}/zones/{zone}" + ("/" if ZONE.fullmatch(zone) else "-")
         if not prefix:
             clauses.append(f'resource.name.startsWith("{where}")')
-            continue
-        clauses.append(f'resource.name.startsWith("{where}instances/{prefix}")')
-        clauses.append(f'resource.name.startsWith("{where}instanceGroupManagers/")')
+        elif prefix.startswith("mig:"):
+            clauses.append(f'resource.name == "{where}instanceGroupManagers/{prefix[4:]}"')
+        else:
+            clauses.append(f'resource.name.startsWith("{where}instances/{prefix}")')
     chunks = [clauses[i : i + CLAUSES_PER_CONDITION] for i in range(0, len(clauses), CLAUSES_PER_CONDITION)]
     return [
         {"title": "pitstop-actuator-zones" + (f"-{n}" if n > 1 else ""), "expression": " || ".join(chunk)}

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import socket
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ class NodeState:
     remap_gpu: int = 0
     nvlink_down: tuple[int, ...] = field(default=())  # GPU indices with links down
     product: str = "NVIDIA H100 80GB HBM3"
+    kmsg: tuple[tuple[int, str], ...] = field(default=())  # (facility, message) since boot
 
     def pci(self, index: int) -> str:
         return f"00000000:{PCI_BUSES[index % len(PCI_BUSES)].upper()}:00.0"
@@ -51,6 +53,21 @@ PRESETS: dict[str, dict[str, Any]] = {
     "dcgm_fail": {"dcgm": "fail"},
     "remap_failure": {"remap": "failure", "dcgm": "fail"},
 }
+
+
+KMSG_MAX = 256  # lines a stand-in ring buffer keeps (the oldest fall out, as in a real one)
+
+
+def check_kmsg_line(line: Any) -> dict[str, Any]:
+    """One ring-buffer line: printable text up to 512 characters, a syslog facility 0-23."""
+    if not isinstance(line, dict) or set(line) - {"msg", "facility"}:
+        raise StateError("a kernel line is {msg, facility}")
+    msg, fac = line.get("msg"), line.get("facility", 0)
+    if not isinstance(msg, str) or not msg.isprintable() or not 0 < len(msg) <= 512:
+        raise StateError("msg must be printable text of 1-512 characters")
+    if isinstance(fac, bool) or not isinstance(fac, int) or not 0 <= fac <= 23:
+        raise StateError("facility must be a syslog facility 0-23")
+    return {"msg": msg, "facility": fac}
 
 
 def check_entry(entry: Any) -> dict[str, Any]:
@@ -77,6 +94,10 @@ def check_entry(entry: Any) -> dict[str, Any]:
         elif k == "nvlink_down":
             if not isinstance(v, list) or not all(isinstance(g, int) and not isinstance(g, bool) for g in v):
                 raise StateError("nvlink_down must be a list of GPU indices")
+        elif k == "kmsg":
+            if not isinstance(v, list) or len(v) > KMSG_MAX:
+                raise StateError(f"kmsg must be a list of at most {KMSG_MAX} kernel lines")
+            v = [check_kmsg_line(x) for x in v]
         elif k == "product":
             if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9 ._-]{1,64}", v):
                 raise StateError("product must be a short name")
@@ -130,9 +151,19 @@ def load(env: dict[str, str] | None = None, node: str | None = None) -> NodeStat
             int(e.get("remap_gpu", 0)),
             tuple(int(g) for g in e.get("nvlink_down", ())),
             str(e.get("product", "NVIDIA H100 80GB HBM3")),
+            tuple((int(x.get("facility", 0)), str(x["msg"])) for x in e.get("kmsg", ())),
         )
     except (OSError, ValueError, TypeError) as exc:
         raise StateError(f"PITSTOP_GPU_STATE: {exc}") from exc
+
+
+def load_or_say(tool: str) -> NodeState | None:
+    """This node's state for a stand-in tool; None (said on stderr) when it cannot be read."""
+    try:
+        return load()
+    except StateError as exc:
+        print(f"{tool}: {exc}", file=sys.stderr)
+        return None
 
 
 def expand_hostlist(text: str) -> list[str]:
