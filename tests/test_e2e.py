@@ -412,6 +412,7 @@ def test_xid79_with_an_eight_digit_pid_on_a_running_gang_is_remediated(sc: Scena
     assert inc["state"] == "RESOLVED", inc.get("failure")
     assert (inc["kind"], inc["xid"], inc["action"]) == ("gpu_xid", 79, "REBOOT_NODE")
     assert "implausible fields" in inc["reason"]
+    assert (inc.get("corroboration") or {}).get("confirmed") is True, inc.get("corroboration")
     assert len(_effects(sc, a, "reset")) == 1
     assert sc.restarts(job) == 1
     assert _reported(sc, inc["id"])["effects"]["slurm"].get("requeue") == 1
@@ -426,6 +427,8 @@ def test_a_fatal_sxid_on_a_gang_member_fences_the_node_and_restarts_the_gang_onc
     assert inc["state"] == "RESOLVED", inc.get("failure")
     assert (inc["kind"], inc["xid"], inc["action"]) == ("nvswitch_sxid", None, "REBOOT_NODE")
     assert inc["timeline"].get("fenced") and inc["counts"] == {"events": 1, "sxid_24007": 1}
+    proof = inc.get("corroboration") or {}  # the node's own ring buffer holds the SXid: believed
+    assert proof.get("confirmed") is True and "SXid 24007" in proof.get("why", ""), proof
     reported = _reported(sc, inc["id"])
     assert reported["effects"]["slurm"].get("drain") == 1 and reported["effects"]["slurm"].get("requeue") == 1
     assert len(_effects(sc, a, "reset")) == 1
