@@ -155,3 +155,31 @@ def test_judge_system(inc: dict[str, Any], vm: c.VmFacts | None, confirmed: bool
 def test_system_events_need_corroboration_unless_record_only() -> None:
     assert c.needs_corroboration(PREEMPTED, True)[0]
     assert not c.needs_corroboration({**PREEMPTED, "action": "NONE"}, True)[0]
+
+
+SXID = "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 sourcetrack timeout error"
+SXID_CHECK = {"kind": "corroborate", "xids": [], "sxids": [24007], "expected_gpus": 8}
+
+
+@pytest.mark.parametrize(
+    ("dmesg", "confirmed", "in_why"),
+    [
+        (f"<4>[ 1.5] {SXID}\n", True, "SXid 24007 on 0000:c3:00.0"),
+        (f"<12>[ 1.5] {SXID}\n", False, "not confirmed"),  # written to /dev/kmsg from user space
+        (f"<4>[ 1.5] {SXID.replace('24007', '20034')}\n", False, "not confirmed"),  # another SXid
+        ("<4>[ 1.5] NVRM: Xid (PCI:0000:c3:00): 24007, x\n", False, "not confirmed"),  # an Xid is no SXid
+    ],
+    ids=["kernel-sxid", "user-kmsg", "other-sxid", "xid-of-that-number"],
+)
+def test_an_nvswitch_incident_is_confirmed_by_its_sxid_in_the_ring_buffer(
+    dmesg: str, confirmed: bool, in_why: str
+) -> None:
+    v = c.judge(SXID_CHECK, {"done": True, "outputs": {"dmesg": dmesg, "nvidia_smi_q": smi()}}, {})
+    assert v.confirmed is confirmed and in_why in v.why
+
+
+def test_an_nvswitch_incident_asks_the_node_for_its_sxids() -> None:
+    inc = {"id": "i1", "kind": "nvswitch_sxid", "action": "REBOOT_NODE", "xid": None, "gpus": {},
+           "counts": {"events": 3, "sxid_24007": 2, "sxid_20034": 1}}  # fmt: skip
+    assert c.needs_corroboration(inc, True)[0]
+    assert c.spec(inc, 1, 8, 8)["sxids"] == [24007, 20034]

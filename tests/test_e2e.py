@@ -6,7 +6,8 @@ with the sweep called by the scheduler stand-in every minute, as in production.
 
 Node use (each fault needs a node of its own: a node's action cooldowns outlast this module):
 the demo scenarios use 0-7, the Compute/webhook/Firestore faults 8-11, the chaos tests 12-17, the
-back-to-training scenarios (early requeue, diagnose, validate) the last ten, 18-27.
+driver lines a parser once dropped (issue 22: an odd pid, an NVSwitch SXid) on running gangs 18-23,
+the back-to-training scenarios (early requeue, diagnose, validate) the last ten, 24-33.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.emulator
 
 @pytest.fixture(scope="module")
 def sc() -> Iterator[Scenarios]:
-    stack = Stack(Path(tempfile.mkdtemp(prefix="pitstop-e2e-")), slurm_spec(28))
+    stack = Stack(Path(tempfile.mkdtemp(prefix="pitstop-e2e-")), slurm_spec(34))
     try:
         stack.up()
         yield Scenarios(stack)
@@ -389,3 +390,52 @@ def test_publish_timeout_at_close_keeps_the_incident_resolved(sc: Scenarios) -> 
     assert len(notes) == 1
     assert "FAILED" not in notes[0]["body"]["text"]
     assert sc.incidents(node)[-1]["state"] == "RESOLVED"
+
+
+# -- driver lines a stricter parser once dropped (issue 22), through the whole pipeline -------------
+
+# A journald Xid 79 whose pid is beyond Linux's PID_MAX_LIMIT: the fault stands, the pid is left out.
+XID79_ODD_PID = "NVRM: Xid (PCI:0000:a1:00): 79, pid=15822503, name=python3, GPU has fallen off the bus."
+# A fatal NVSwitch error as the NVSwitch driver prints it (Fabric Manager user guide: reset the node).
+SXID_FATAL = "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 sourcetrack timeout error"
+
+
+def _gang_fault(sc: Scenarios, members: list[str], spare: str, line: str) -> tuple[str, dict[str, Any]]:
+    """A two-node gang runs on ``members``; the kernel of the first logs ``line``. The gang's job and
+    the first member's incident once it ended."""
+    _settle(sc)
+    job = _gang(sc, members, spare)
+    assert _job_nodes(sc, job) == set(members)
+    sc.fault(members[0], line)  # the kernel prints it (what corroboration reads), the agent ships it
+    return job, _ended(sc, members[0], 300)
+
+
+@LONG
+def test_xid79_with_an_eight_digit_pid_on_a_running_gang_is_remediated(sc: Scenarios) -> None:
+    a, b, spare = sc.nodes[18], sc.nodes[19], sc.nodes[20]
+    job, inc = _gang_fault(sc, [a, b], spare, XID79_ODD_PID)
+    assert inc["state"] == "RESOLVED", inc.get("failure")
+    assert (inc["kind"], inc["xid"], inc["action"]) == ("gpu_xid", 79, "REBOOT_NODE")
+    assert "implausible fields" in inc["reason"]
+    assert (inc.get("corroboration") or {}).get("confirmed") is True, inc.get("corroboration")
+    assert len(_effects(sc, a, "reset")) == 1
+    assert sc.restarts(job) == 1
+    assert _reported(sc, inc["id"])["effects"]["slurm"].get("requeue") == 1
+    sc.wait(lambda: _job(sc, job).get("state") == "RUNNING", 180, "the gang to run again")
+    assert len(_job_nodes(sc, job)) == 2 and sc.restarts(job) == 1
+
+
+@LONG
+def test_a_fatal_sxid_on_a_gang_member_fences_the_node_and_restarts_the_gang_once(sc: Scenarios) -> None:
+    a, b, spare = sc.nodes[21], sc.nodes[22], sc.nodes[23]
+    job, inc = _gang_fault(sc, [a, b], spare, SXID_FATAL)
+    assert inc["state"] == "RESOLVED", inc.get("failure")
+    assert (inc["kind"], inc["xid"], inc["action"]) == ("nvswitch_sxid", None, "REBOOT_NODE")
+    assert inc["timeline"].get("fenced") and inc["counts"] == {"events": 1, "sxid_24007": 1}
+    proof = inc.get("corroboration") or {}  # the node's own ring buffer holds the SXid: believed
+    assert proof.get("confirmed") is True and "SXid 24007" in proof.get("why", ""), proof
+    reported = _reported(sc, inc["id"])
+    assert reported["effects"]["slurm"].get("drain") == 1 and reported["effects"]["slurm"].get("requeue") == 1
+    assert len(_effects(sc, a, "reset")) == 1
+    sc.wait(lambda: _job(sc, job).get("state") == "RUNNING", 180, "the gang to run again")
+    assert sc.restarts(job) == 1, "the gang was restarted more than once"

@@ -3,7 +3,8 @@
 Each case is evidence someone other than the kernel or Google can produce: a `logger` line, a
 journal record without the kernel transport, an entry naming another VM or an earlier one, a
 user-written system event, a look-alike log name, Slurm keywords and hostlists as names, a node of
-another project, a 9 MB line, a 5,000-digit pid, 10,000 GPUs on one node. Every entry is
+another project, a 9 MB line, a 5,000-digit pid (a fault since issue 22, asked about on the node),
+10,000 GPUs on one node. Every entry is
 published straight to the events topic (past the sink filters, as if a filter were widened), so
 the functions' own checks are what is tested; whether the shipped filters select it is asserted
 too. For each: no Compute mutation, no change to any Slurm node or job, and the incident (or, for
@@ -33,7 +34,7 @@ from .helpers import load_fixture, system_event_entry
 
 pytestmark = pytest.mark.emulator
 
-NODES = 8
+NODES = 9  # 8: the issue-22 pid case of its own
 AUDIT = "cloudaudit.googleapis.com%2Fsystem_event"
 MALLORY = "mallory@example.com"
 Case = tuple[Callable[[Scenarios], dict[str, Any]], str]
@@ -232,10 +233,6 @@ def _invalid_cases() -> dict[str, Case]:
         "name-ALL": (lambda sc: _named(sc, "ALL"), "Slurm keyword ALL"),
         "name-hostlist-range": (lambda sc: _named(sc, "a3-node-[000-003]"), "hostlist"),
         "name-hostlist-list": (lambda sc: _named(sc, "a3-node-001,a3-node-002"), "hostlist"),
-        "pid-of-5000-digits": (
-            lambda sc: sc.entry(sc.nodes[6], XID79.replace("pid='<unknown>'", "pid=" + "7" * 5000)),
-            "pid is out of range",
-        ),
     }
 
 
@@ -307,6 +304,13 @@ def test_ten_thousand_gpus_on_one_node_keep_the_incident_bounded(sc: Scenarios, 
     assert _effects(sc) == before
 
 
+def _never_printed(sc: Scenarios, node: str, line: str) -> dict[str, Any]:
+    """A kernel-transport journal entry of ``line`` for ``node``, which its kernel never printed, and
+    the incident once it failed."""
+    assert _publish(sc, sc.entry(node, line))  # the sink selects it: it looks like the kernel's own
+    return _incident_of(sc, node, lambda i: i["state"] == "FAILED")
+
+
 def test_a_verified_looking_line_the_node_never_printed_disrupts_nothing(sc: Scenarios, job: str) -> None:
     """Issue 21 (1): a journald kernel-transport entry for a live VM, with its real numeric id, written
     through the Logging API (any principal with logging.logEntries.create can). The node is fenced
@@ -315,8 +319,7 @@ def test_a_verified_looking_line_the_node_never_printed_disrupts_nothing(sc: Sce
     node = sc.nodes[6]
     calls_before = len(admin(sc.state, "/_admin/state")["calls"])
     restarts = sc.restarts(job)
-    assert _publish(sc, sc.entry(node, XID79))  # the sink selects it: it looks like the kernel's own
-    inc = _incident_of(sc, node, lambda i: i["state"] == "FAILED")
+    inc = _never_printed(sc, node, XID79)
     try:
         _paged(sc, inc["id"])
         assert inc["trust"] == "verified" and inc["failure"]["stage"] == "corroborate", inc
@@ -327,6 +330,24 @@ def test_a_verified_looking_line_the_node_never_printed_disrupts_nothing(sc: Sce
         assert sc.restarts(job) == restarts
         assert "drain" in sc.slurm.node_states()[node]  # fenced, for a person to look at
         assert "job_requeued" not in inc["timeline"]
+    finally:
+        subprocess.run(
+            ["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=sc.slurm.env, check=False
+        )
+
+
+def test_a_five_thousand_digit_pid_is_a_fault_the_node_is_asked_about(sc: Scenarios, job: str) -> None:
+    """Issue 22: an Xid whose code is readable is a fault whatever its pid says (left out, flagged),
+    so it is no longer dropped as invalid; like any log line it is corroborated before anything is
+    disrupted, and this one its node's kernel never printed."""
+    node = sc.nodes[8]
+    before = len(admin(sc.state, "/_admin/state")["calls"]), sc.restarts(job)
+    inc = _never_printed(sc, node, XID79.replace("pid='<unknown>'", "pid=" + "7" * 5000))
+    try:
+        assert (inc["kind"], inc["xid"], inc["trust"]) == ("gpu_xid", 79, "verified"), inc
+        assert "implausible fields" in inc["reason"] and "7" * 100 not in json.dumps(inc)  # kept bounded
+        assert inc["failure"]["stage"] == "corroborate", inc["failure"]
+        assert (len(admin(sc.state, "/_admin/state")["calls"]), sc.restarts(job)) == before
     finally:
         subprocess.run(
             ["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=sc.slurm.env, check=False

@@ -7,10 +7,10 @@ restart or a Compute action taken on log evidence, Pitstop asks the node itself,
 scheduler (a channel the log writer does not control), what the kernel and the driver report
 there now:
 
-- the kernel ring buffer (``dmesg --raw``): an ``NVRM: Xid`` line for one of the incident's Xids,
-  with the kernel's own syslog facility (0). User space may write ``/dev/kmsg``, but the kernel
-  forces its records to LOG_USER (facility 1), so such a line never counts. The ring buffer
-  holds the current boot only.
+- the kernel ring buffer (``dmesg --raw``): an ``NVRM: Xid`` line for one of the incident's Xids
+  (or an NVSwitch ``SXid`` line for one of its SXids), with the kernel's own syslog facility (0).
+  User space may write ``/dev/kmsg``, but the kernel forces its records to LOG_USER (facility 1),
+  so such a line never counts. The ring buffer holds the current boot only.
 - ``nvidia-smi -q``: fewer GPUs than the VM has, a GPU lost, a row remap pending or failed, a
   retired page pending (the same findings the diagnostic uses).
 - on GKE, the GPU device plugin's ``XidCriticalError`` Node condition for the Xid on the
@@ -31,6 +31,7 @@ from typing import Any
 from pitstop.core import diagnose as diag
 from pitstop.core import trust
 from pitstop.core.actions import RECORD_ONLY_ACTIONS
+from pitstop.core.catalog import SXID_KIND
 from pitstop.core.checks import check_name
 
 CORROBORATE = "corroborate"
@@ -42,14 +43,24 @@ _XID = re.compile(
     r"\s*(?P<xid>\d{1,4})\b",
     re.ASCII,
 )
+# The NVSwitch driver's "nvidia-nvswitch<N>: SXid (PCI:<dddd:bb:dd.f>): <code>, ..." (core/sxid_line.py).
+_SXID = re.compile(
+    r"SXid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\):\s*(?P<sxid>\d{1,6})\b",
+    re.ASCII,
+)
 MAX_LINES = 20_000  # a ring buffer is a few MiB at most; beyond this the output is not dmesg's
 
 
 @dataclass(frozen=True)
 class KernelXid:
-    xid: int
+    xid: int  # the Xid, or an NVSwitch's SXid code when ``nvswitch``
     pci: str
     facility: int
+    nvswitch: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"SXid {self.xid}" if self.nvswitch else f"Xid {self.xid}"
 
 
 def parse_dmesg_raw(text: str) -> tuple[list[KernelXid], int]:
@@ -64,6 +75,8 @@ def parse_dmesg_raw(text: str) -> tuple[list[KernelXid], int]:
         x = _XID.search(m["msg"])
         if x is not None:
             found.append(KernelXid(int(x["xid"]), x["pci"].lower(), int(m["prio"]) >> 3))
+        elif (sx := _SXID.search(m["msg"])) is not None:
+            found.append(KernelXid(int(sx["sxid"]), sx["pci"].lower(), int(m["prio"]) >> 3, nvswitch=True))
     return found, records
 
 
@@ -80,11 +93,18 @@ def incident_xids(inc: Mapping[str, Any]) -> list[int]:
     return out[:16]
 
 
+def incident_sxids(inc: Mapping[str, Any]) -> list[int]:
+    """Every NVSwitch SXid the incident's lines named (counted as ``sxid_<code>``)."""
+    counts = inc.get("counts") or {}
+    keys = counts if isinstance(counts, Mapping) else {}
+    return [int(k[5:]) for k in keys if isinstance(k, str) and k.startswith("sxid_") and k[5:].isdigit()][:16]
+
+
 def needs_corroboration(inc: Mapping[str, Any], enabled: bool) -> tuple[bool, str]:
     """Whether this step asks the node (or Compute) before it disrupts anything, and why (not)."""
     if inc.get("action") in RECORD_ONLY_ACTIONS:
         return False, "a record-only action disrupts nothing"
-    if inc.get("kind") not in ("gpu_xid", *SYSTEM_KINDS):
+    if inc.get("kind") not in ("gpu_xid", SXID_KIND, *SYSTEM_KINDS):
         return False, f"{inc.get('kind')} evidence is not a log line Pitstop acts on"
     if not enabled:
         return False, "corroboration.enabled is false in policy: log evidence is acted on as it is"
@@ -107,6 +127,7 @@ def spec(inc: Mapping[str, Any], step: int, gpus: int, expected_gpus: int | None
         "gpus": gpus,
         "expected_gpus": expected_gpus,
         "xids": incident_xids(inc),
+        "sxids": incident_sxids(inc),
     }
 
 
@@ -129,15 +150,17 @@ class Verdict:
         }
 
 
-def _kernel_findings(xids: Iterable[int], text: str | None) -> tuple[list[str], str]:
+def _kernel_findings(xids: Iterable[int], sxids: Iterable[int], text: str | None) -> tuple[list[str], str]:
     if not isinstance(text, str):
         return [], "kernel ring buffer: not read"
     lines, records = parse_dmesg_raw(text)
-    want = set(xids)
-    kern = [k for k in lines if k.facility == KERNEL_FACILITY and k.xid in want]
-    user = [k for k in lines if k.facility != KERNEL_FACILITY and k.xid in want]
-    found = [f"kernel ring buffer: Xid {k.xid} on {k.pci} (kernel facility)" for k in kern[:4]]
-    seen = f"kernel ring buffer: {records} records read, {len(kern)} kernel Xid lines for Xid {sorted(want)}"
+    want, want_s = set(xids), set(sxids)
+    named = [k for k in lines if k.xid in (want_s if k.nvswitch else want)]
+    kern = [k for k in named if k.facility == KERNEL_FACILITY]
+    user = [k for k in named if k.facility != KERNEL_FACILITY]
+    found = [f"kernel ring buffer: {k.name} on {k.pci} (kernel facility)" for k in kern[:4]]
+    wanted = f"Xid {sorted(want)}" + (f", SXid {sorted(want_s)}" if want_s else "")
+    seen = f"kernel ring buffer: {records} records read, {len(kern)} kernel driver lines for {wanted}"
     if user:
         seen += f"; {len(user)} such lines written from user space (facility != kern) ignored"
     return found, seen
@@ -193,12 +216,13 @@ def judge(check: Mapping[str, Any], result: Mapping[str, Any] | None, evidence: 
             False, f"the check on the node did not finish ({err}): nothing confirms the log line", ()
         )
     xids = [int(x) for x in check.get("xids") or [] if isinstance(x, int)]
+    sxids = [int(x) for x in check.get("sxids") or [] if isinstance(x, int)]
     expected = check.get("expected_gpus")
     expected = expected if isinstance(expected, int) else None
     findings: list[str] = []
     checked: list[str] = []
     for part in (
-        _kernel_findings(xids, outputs.get("dmesg")) if "dmesg" in outputs else None,
+        _kernel_findings(xids, sxids, outputs.get("dmesg")) if "dmesg" in outputs else None,
         _smi_findings(outputs.get("nvidia_smi_q"), expected, evidence) if "nvidia_smi_q" in outputs else None,
         _condition_findings(xids, outputs.get("node_condition")) if "node_condition" in outputs else None,
         _scheduler_findings(outputs.get("slurm_node")) if "slurm_node" in outputs else None,

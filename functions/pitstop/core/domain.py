@@ -257,6 +257,15 @@ class Remediation(TypedDict):
     action: str
     incident: str
     mode: str
+    kind: NotRequired[str]  # the incident's kind (a repeat of one kind may escalate: xid-policy ``repeat``)
+
+
+class Strike(TypedDict):
+    """A recorded fault episode that took no action but counts toward the lemon rule."""
+
+    at: float
+    incident: str
+    kind: str
 
 
 class NodeDoc(TypedDict):
@@ -268,6 +277,7 @@ class NodeDoc(TypedDict):
     latest_incident: str | None
     remediations: list[Remediation]
     last_action_at: dict[str, float]
+    strikes: NotRequired[list[Strike]]
     block: NotRequired[str]  # the reservation block, from Compute's physical host topology
 
 

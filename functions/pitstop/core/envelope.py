@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 PUBSUB_PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"
-_LOG_ENTRY_KEYS = ("logName", "insertId", "protoPayload", "jsonPayload", "textPayload")
+_LOG_ENTRY_KEYS = frozenset({"logName", "insertId", "protoPayload", "jsonPayload", "textPayload"})
 MAX_ID = 256
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """The LogEntry inside an envelope, with the transport's identity of the message."""
+class Delivery(NamedTuple):
+    """The LogEntry inside an envelope, with the transport's identity of the message.
+
+    A NamedTuple, not a frozen dataclass: one is made per delivery, and a frozen dataclass's
+    ``__init__`` (``object.__setattr__`` per field) costs several times a tuple's."""
 
     entry: dict[str, Any] | None
     message_id: str | None = None
@@ -34,7 +35,11 @@ class Delivery:
 
 def _str(v: Any) -> str | None:
     """A short identifier kept from the envelope: at most MAX_ID characters of valid UTF-8."""
-    return v[:MAX_ID].encode("utf-8", "replace").decode("utf-8") if isinstance(v, str) and v else None
+    if not isinstance(v, str) or not v:
+        return None
+    if len(v) <= MAX_ID and v.isascii():
+        return v
+    return v[:MAX_ID].encode("utf-8", "replace").decode("utf-8")
 
 
 def _type_name(v: Any) -> str:
@@ -54,8 +59,8 @@ def _from_message(
     data = msg.get("data")
     if not isinstance(data, str) or not data:
         return Delivery(None, mid, ptime, "Pub/Sub message has no data", src)
-    try:
-        raw = base64.b64decode(data, validate=True)
+    try:  # binascii directly: base64.b64decode(validate=True) is this call behind a Python wrapper
+        raw = binascii.a2b_base64(data, strict_mode=True)
     except (binascii.Error, ValueError):
         return Delivery(None, mid, ptime, "Pub/Sub message data is not valid base64", src)
     try:
@@ -94,7 +99,7 @@ def unwrap(obj: Any) -> Delivery:
     msg = obj.get("message")
     if isinstance(msg, dict) and ("data" in msg or "messageId" in msg or "message_id" in msg):
         return _from_message(msg)
-    if any(k in obj for k in _LOG_ENTRY_KEYS) or (isinstance(obj.get("incident"), dict) and "version" in obj):
+    if not _LOG_ENTRY_KEYS.isdisjoint(obj) or (isinstance(obj.get("incident"), dict) and "version" in obj):
         return Delivery(obj)  # a bare LogEntry, or a bare notification (judged by core/alerts.py)
     return Delivery(
         None, error="unknown envelope: not a LogEntry, a notification, a Pub/Sub push body or a CloudEvent"

@@ -13,6 +13,7 @@ from typing import Any
 
 from pitstop.core import checks, corroboration
 from pitstop.core.actions import RECORD_ONLY_ACTIONS, Action
+from pitstop.core.catalog import SXID_KIND
 from pitstop.core.notifications import notification_id
 from pitstop.core.ops import Op, Plan, plan_for
 from pitstop.core.scheduling import JobInfo, JobRun, JobState
@@ -176,7 +177,10 @@ def choose_call(
         return CallChoice({})
     ok, why = report_ok
     if ok:
-        behavior = "UNRECOVERABLE_GPU_ERROR" if inc.get("xid") is not None else "PERFORMANCE"
+        gpu_fault = (
+            inc.get("xid") is not None or inc.get("kind") == SXID_KIND
+        )  # an NVSwitch is the GPU baseboard's
+        behavior = "UNRECOVERABLE_GPU_ERROR" if gpu_fault else "PERFORMANCE"
         return CallChoice(
             {"method": "reportHostAsFaulty", "behavior": behavior, "description": evidence(inc)}
         )
@@ -225,7 +229,11 @@ def platform_wait_s(vm: Mapping[str, Any], now: float, default: float, to_epoch:
 
 def evidence(inc: Mapping[str, Any]) -> str:
     """The host report's description: what Pitstop saw, from validated fields only."""
-    counts = ", ".join(f"{k.replace('xid_', 'Xid ')} x{v}" for k, v in inc["counts"].items() if k != "events")
+    counts = ", ".join(
+        f"{k.replace('sxid_', 'SXid ').replace('xid_', 'Xid ')} x{v}"
+        for k, v in inc["counts"].items()
+        if k != "events"
+    )
     gpus = ", ".join(g["pci"] for g in inc.get("gpus", {}).values())
     why = "; ".join(w for e in inc.get("escalations", []) for w in e.get("why", []) if w.startswith("lemon"))
     diagnosis = inc.get("diagnosis") or {}

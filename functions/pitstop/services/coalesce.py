@@ -209,7 +209,7 @@ class Coalescer:
         latest, st.touched = st.latest, now
         if alerts.is_alert(ev) and latest is not None:
             return None, self._take(st, now)  # an alert's open or close may end or reopen an episode
-        if latest is None and ev["action"] == Action.NONE:
+        if latest is None and ev["action"] == Action.NONE and not engine.counts_toward_lemon(ev):
             self._remember(key)
             return engine.Outcome("ignored"), None
         action = engine.believed(ev, self.policy)[0]["action"]  # a forged line raises nothing
@@ -219,6 +219,7 @@ class Coalescer:
             or (_verified(ev) and latest.get("trust") != trust.VERIFIED)  # it makes the evidence trusted
             or latest.get("events", 0) < DIRECT_LINES
             or RANK[action] > RANK[latest["action"]]
+            or engine.ends_recovery(ev, self.policy)  # may end the episode: decided in the store
             or not engine.absorbs(latest, ev, ts)
         ):
             return None, self._take(st, now)  # counts so far go first: the store path may change things

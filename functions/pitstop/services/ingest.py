@@ -89,7 +89,10 @@ class Ingest:
         now = self.clock()
         if ev["kind"] in ("unrelated", "invalid"):
             sev = "WARNING" if ev["kind"] == "invalid" else "DEBUG"
-            log.emit(sev, f"{ev['kind']} entry acknowledged", reason=ev["reason"], source=ev["source"])
+            node = (ev.get("node") or {}).get("instance")  # an undecodable line is recorded against its node
+            log.emit(
+                sev, f"{ev['kind']} entry acknowledged", reason=ev["reason"], source=ev["source"], node=node
+            )
             return engine.Outcome("ignored")
         if ev["node"] is not None and ev["node"].get("zone") is None:  # a regional GKE cluster's entry
             why = fill_zone(ev, self.zones) if self.zones is not None else "no zone resolver configured"
@@ -99,7 +102,7 @@ class Ingest:
                 )
                 return engine.Outcome("ignored")
         if self.nodes is not None:  # a GKE node's text line, confirmed by its device plugin's condition
-            ev = self._corroborated(ev, self.nodes)
+            ev = self._corroborated(ev, self.nodes, self.policy.xids.device_plugin_xids)
         observed = to_epoch(ev.get("observed_at"))
         ev["_observed_ts"] = min(observed, now) if observed else now
         out = self.coalescer.handle(ev, now)
@@ -119,8 +122,8 @@ class Ingest:
         return out
 
     @staticmethod
-    def _corroborated(ev: dict[str, Any], nodes: NodeReader) -> dict[str, Any]:
-        out = corroborate(ev, nodes)
+    def _corroborated(ev: dict[str, Any], nodes: NodeReader, watched: frozenset[int]) -> dict[str, Any]:
+        out = corroborate(ev, nodes, watched)
         if out["source"]["trust"] != ev["source"]["trust"]:
             log.emit(
                 "INFO",
