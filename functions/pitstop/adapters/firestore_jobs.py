@@ -19,12 +19,9 @@ class JobRecords:
     def _count_writes(self, n: int) -> None:
         raise NotImplementedError
 
-    def _collection(self, suffix: str) -> Any:
-        return self.db.collection(f"{self.prefix}{suffix}")
-
     def claim_job_restart(self, job_key: str, run_key: str, now: float, cap: int, window_s: float) -> bool:
         """The job-disruption budget in one transaction on the job's record (remediation.admit_restart)."""
-        ref = self._collection("_job_restarts").document(job_key)
+        ref = self.db.collection(f"{self.prefix}_job_restarts").document(job_key)
 
         @firestore.transactional
         def claim(t: Any) -> bool:
@@ -47,7 +44,7 @@ class JobRecords:
         replayed, not repeated); any other incident finds the run taken. A later run of the job
         has another key.
         """
-        ref = self._collection("_jobs").document(key)
+        ref = self.db.collection(f"{self.prefix}_jobs").document(key)
         try:
             ref.create({"incident": incident, "at": now})
             self._count_writes(1)
