@@ -50,7 +50,6 @@ MAX_NODES = 10_000  # node states an instance keeps
 SEEN_MAX = 100_000  # delivery keys an instance remembers (redeliveries to it are dropped at once)
 IDLE_S = 600.0  # a node state untouched this long, with nothing buffered, is dropped
 IDLE_TICKS = 30  # the timer thread stops after this many ticks with nothing buffered
-DECIDE_FRESH_S = 1.0  # a line that must be committed re-reads a cache older than this first
 FLUSH_WORKERS = 8  # merges at once when everything is flushed (SIGTERM leaves an instance 10 s)
 GATE_STRIPES = 256  # per-node gates for lines that must be decided (node keys hashed onto them)
 # What the cache keeps of an incident: what engine.absorbs and the coalescing rule read, and no
@@ -167,16 +166,10 @@ class Coalescer:
         return absorbed
 
     def _decide(self, ev: Mapping[str, Any], key: str, nkey: str, now: float) -> engine.Outcome:
-        """Behind the node's gate: refresh the cache unless it was read this very moment, then count
-        or commit the event.
-
-        A commit is a transaction on the node's documents, which other instances may be in too;
-        a plain read first finds what another instance already did (raised the incident, committed
-        its first lines), and then the line is only counted: a read instead of a contended commit.
-        """
+        """Behind the node's gate: refresh the cache if it is stale, then count or commit the event."""
         with self._lock:
             st = self._nodes.get(nkey)
-            fresh = st is not None and now - st.fetched_at < DECIDE_FRESH_S
+            fresh = st is not None and self._fresh(st, now)
         if not fresh:
             latest = self.store.latest_incident(nkey)  # plain reads: no write to refresh a cache
             with self._lock:

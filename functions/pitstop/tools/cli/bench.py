@@ -50,6 +50,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             args.concurrency,
             ack_deadline_s=args.ack_deadline,
             retry_scale=args.retry_scale,
+            deadline_s=args.deadline,
         )
     sys.stdout.buffer.write(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
     return 0
@@ -83,5 +84,8 @@ def add(sub: Subparsers) -> None:
         type=float,
         default=0.1,
         help="ingest: Pub/Sub's 10-600 s retry delays times this (0.1: 1-60 s)",
+    )
+    b.add_argument(
+        "--deadline", type=float, default=600.0, help="ingest: seconds a run pushes new messages at most"
     )
     b.set_defaults(func=cmd_bench)
