@@ -1,7 +1,7 @@
 """Cloud Functions entry points (deployed from this folder; see infra/).
 
 Each handler builds its service once per instance from the environment:
-GOOGLE_CLOUD_PROJECT, PITSTOP_POLICY (path to policy.yaml), PITSTOP_NOTIFICATIONS_TOPIC,
+GOOGLE_CLOUD_PROJECT, PITSTOP_POLICY (path to policy.yaml), PITSTOP_NOTIFICATIONS_TOPIC, PITSTOP_ALERTS_TOPIC,
 PITSTOP_WEBHOOK_URL (from Secret Manager via --set-secrets) and PITSTOP_WEBHOOK_FORMAT
 (chat|slack); local endpoints PITSTOP_WORKFLOWS_ENDPOINT, PITSTOP_COMPUTE_ENDPOINT,
 PITSTOP_MONITORING_ENDPOINT and PITSTOP_KUBE_ENDPOINT (the fake Kubernetes API server every GKE
@@ -101,7 +101,10 @@ def _ingest() -> Ingest:
     # aggregatedList) and its device plugin's word on a serial-console Xid line (XidCriticalError).
     kube = KubeClients(pol, project, os.environ.get("PITSTOP_KUBE_ENDPOINT"))
     zones = ZoneResolver(kube_for=kube, instances=_LazyInstances())
-    return Ingest(pol, store, starter, notifier, zones=zones, nodes=NodeReader(kube))
+    alerts_topic = os.environ.get("PITSTOP_ALERTS_TOPIC", "pitstop-alerts")
+    return Ingest(
+        pol, store, starter, notifier, zones=zones, nodes=NodeReader(kube), alerts_topic=alerts_topic
+    )
 
 
 def _sweep() -> Sweep:
@@ -208,8 +211,9 @@ def _notify() -> Notify:
 
 @functions_framework.cloud_event
 def ingest(cloud_event: CloudEvent) -> None:
-    """Pub/Sub messagePublished: one LogEntry from the Cloud Logging sink."""
-    _ingest().handle_payload({"message": (cloud_event.data or {}).get("message")})
+    """Pub/Sub messagePublished: one LogEntry from the Cloud Logging sink, or one Cloud Monitoring
+    notification from the alerts topic (the CloudEvent's source says which topic it came through)."""
+    _ingest().handle_payload({"message": (cloud_event.data or {}).get("message")}, cloud_event["source"])
 
 
 @functions_framework.http

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -226,3 +226,98 @@ def subset(expected: dict[str, Any], actual: dict[str, Any]) -> None:
     for k, v in expected.items():
         assert k in actual, f"missing {k!r} in {actual}"
         assert actual[k] == v, f"{k}: expected {v!r}, got {actual[k]!r}"
+
+
+ALERTS_TOPIC = "pitstop-alerts"
+
+
+def alert_delivery(
+    notification: dict[str, Any], topic: str = ALERTS_TOPIC, project: str = PROJECT, message_id: str = "9001"
+) -> dict[str, Any]:
+    """A Monitoring notification as Eventarc hands it to ingest: a CloudEvent whose ``source`` is the
+    topic it came through (reference/gcp-events.md §4), the notification as the message's data."""
+    data = base64.b64encode(json.dumps(notification).encode()).decode()
+    return {
+        "specversion": "1.0",
+        "type": "google.cloud.pubsub.topic.v1.messagePublished",
+        "source": f"//pubsub.googleapis.com/projects/{project}/topics/{topic}",
+        "id": message_id,
+        "time": "2026-11-21T10:42:32.100Z",
+        "datacontenttype": "application/json",
+        "data": {
+            "subscription": f"projects/{project}/subscriptions/eventarc-us-central1-pitstop-ingest-alerts",
+            "message": {
+                "@type": "type.googleapis.com/google.pubsub.v1.PubsubMessage",
+                "data": data,
+                "messageId": message_id,
+                "publishTime": "2026-11-21T10:42:32.100Z",
+            },
+        },
+    }
+
+
+def node_alert(
+    stem: str,
+    state: str,
+    incident: str,
+    started_at: int,
+    ended_at: int | None,
+    node: str = "a3-node-003",
+    observed: str = "0.6",
+) -> dict[str, Any]:
+    """A notification of a node policy (infra/monitoring/telemetry/<stem>.json) on a VM of PROJECT."""
+    from pitstop.local import alerting
+
+    return alerting.notification(
+        stem,
+        state,
+        incident_id=incident,
+        project=PROJECT,
+        metric_labels={},
+        resource_type="gce_instance",
+        resource_labels={"project_id": PROJECT, "zone": ZONE, "instance_id": "7000000003"},
+        display_name=node,
+        started_at=started_at,
+        ended_at=ended_at,
+        observed=observed,
+    )
+
+
+def job_alert(
+    state: str, incident: str, started_at: int, ended_at: int | None, job: str = "4242"
+) -> dict[str, Any]:
+    """A notification of the heartbeat policy about one job of cluster ``train``."""
+    from pitstop.local import alerting
+
+    return alerting.notification(
+        "job-heartbeat",
+        state,
+        incident_id=incident,
+        project=PROJECT,
+        metric_labels={"cluster": "train", "job": job},
+        resource_type="global",
+        resource_labels={"project_id": PROJECT},
+        started_at=started_at,
+        ended_at=ended_at,
+    )
+
+
+class ManualClock:
+    """A clock a test moves by hand (``clock.t += 60``)."""
+
+    def __init__(self, t: float = 1_800_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class RecordingTopic:
+    """An in-memory notifications topic: what was published, as JSON carried it."""
+
+    def __init__(self) -> None:
+        self.published: list[dict[str, Any]] = []
+
+    def publish(self, notification: Mapping[str, Any]) -> str:
+        self.published.append(json.loads(json.dumps(notification)))
+        return str(len(self.published))

@@ -822,20 +822,31 @@ def test_own_drain_is_lifted_only_for_its_incident(real: tuple[SlurmCluster, Slu
 
 
 @pytest.mark.emulator
+@pytest.mark.parametrize(
+    ("reason", "theirs"),
+    [("bad fan, RMA 1234", True), ("Not responding", False)],
+    ids=["person", "slurmctld"],
+)
 def test_down_node_gets_pitstops_drain_keeping_the_old_reason(
-    real: tuple[SlurmCluster, SlurmAgentClient],
+    real: tuple[SlurmCluster, SlurmAgentClient], reason: str, theirs: bool
 ) -> None:
     # DOWN alone is no fence: with ReturnToService=2 Slurm returns the node as soon as its slurmd
-    # registers again, i.e. right after Pitstop's reboot, before it is validated.
+    # registers again, i.e. right after Pitstop's reboot, before it is validated. Issue 21 (9): a DOWN
+    # a person set ("bad fan, RMA 1234") is theirs: unfence leaves it out of service with their reason.
     slurm, sched = real
-    slurm._out(["scontrol", "update", "NodeName=pa-0", "State=DOWN", "Reason=no-slurmd"])
+    slurm._out(["scontrol", "update", "NodeName=pa-0", "State=DOWN", f"Reason={reason}"])
     fenced = sched.fence("pa-0", CTX, "REBOOT_NODE")
     assert fenced is not None and fenced["already_drained_by_other"] is False
-    assert (fenced["previous_state"], fenced["previous_reason"]) == ("DOWN", "no-slurmd")
-    want = f"pitstop {INCIDENT} REBOOT_NODE (was DOWN: no-slurmd)"
+    assert (fenced["previous_state"], fenced["previous_reason"]) == ("DOWN", reason)
+    want = f"pitstop {INCIDENT} REBOOT_NODE (was DOWN: {reason})"
     assert _reason(slurm, "pa-0") == ("DOWN+DRAIN", want)
     own = sched.unfence("pa-0", CTX)
-    assert own is not None and own["resumed"] is True
+    assert own is not None and own["resumed"] is not theirs
+    if theirs:
+        assert own["left_drained"].startswith(f"DOWN: {reason}")
+        state, kept = _reason(slurm, "pa-0")
+        assert "DRAIN" in state and kept == reason, (state, kept)  # out of service, with their reason
+        slurm._out(["scontrol", "update", "NodeName=pa-0", "State=RESUME"])
 
 
 @pytest.mark.emulator

@@ -62,12 +62,16 @@ class CheckingGang(Gang):
         return Capacity(free >= need, f"{free} free, needs {need}", need, free)
 
     def start_check(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckStart:
+        if check["kind"] == "corroborate":  # the fault confirmed on the node (Gang's ring buffer)
+            return super().start_check(node, check, ref)
         self.started.append(dict(check))
         peer = self.peer if check.get("peer") else None
         note = "" if peer or not check.get("peer") else "no idle healthy node in partition gpu"
         return CheckStart(str(check["name"]), peer, note)
 
     def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult:
+        if check["kind"] == "corroborate":
+            return super().check_result(node, check, ref)
         if not self.finish:
             return CheckResult(False)
         level = str(check["dcgm_level"])
@@ -417,7 +421,9 @@ def test_validation_that_never_finished_fails_closed(make: Any) -> None:
 
 
 def test_a_node_outside_any_scheduler_is_not_validated(make: Any) -> None:
-    rig = make(clusters=[])
+    # no scheduler, no channel to the node: corroboration could only page (tested in
+    # test_remediation_unit); off here, so validation's own rule is what this test sees
+    rig = make(clusters=[], corroboration={"enabled": False})
     iid = rig.open(NODES[0])
     rig.ok("fence", iid)
     skipped = rig.ok("validate", iid)

@@ -74,7 +74,17 @@ def test_bench_reports_both_figures() -> None:
     assert result["lines"] == 2000
     assert result["classify_lines_per_s"] > 0
     assert result["cost_vs_json_roundtrip"] > 0
-    assert set(result["mix_first_5000"]) >= {"gpu_xid", "unrelated", "preemption"}
+    assert result["every_line_distinct"]["classify_lines_per_s"] > 0
+    assert isinstance(result["targets_met"], bool)
+    # one run over every envelope and every form the parser reads
+    envelopes = {"envelope:bare", "envelope:push", "envelope:cloudevent"}
+    assert set(result["mix"]) == envelopes | {
+        "form:xid",
+        "form:other_form",
+        "form:noise",
+        "form:system_event",
+    }
+    assert set(result["mix_first_5000"]) >= {"gpu_xid", "nvswitch_sxid", "unrelated", "preemption"}
 
 
 def _bench_ingest(firestore_host: str, *flags: str) -> list[dict[str, Any]]:
@@ -145,7 +155,7 @@ def test_bench_simulate_reports_one_run_and_a_sweep() -> None:
     result = json.loads(proc.stdout)
     assert result["benchmark"] == "simulate"
     assert result["rate"] == "llama3" and result["days"] == 10
-    assert result["strategies"] == ["manual", "gke", "nvsentinel", "pitstop"]
+    assert result["strategies"] == ["manual", "gke", "nvsentinel", "pitstop", "pitstop+tel"]
     assert result["cpus"] >= 1
     single, sweep = result["single"], result["sweep"]
     assert single["nodes"] == 128 and single["target_s"] == 30

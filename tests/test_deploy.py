@@ -25,7 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = {**deploy.load_config(None), "slurm_clusters": ["train", "infer"], "webhook_format": "slack"}
 GKE_CONF = {  # the same, acting on VMs in two zones and two GKE clusters, one in another project
     **CONF,
-    "compute_zones": ["us-central1-a", {"zone": "us-east5-b", "name_prefix": "a3-node-"}],
+    "compute_zones": [
+        "us-central1-a",
+        {"zone": "us-east5-b", "name_prefix": "a3-node-", "migs": ["a3-node"]},
+    ],
     "gke_clusters": [
         {"name": "gpu-a3", "location": "us-central1"},
         {"name": "tpu-b", "location": "europe-west4-b", "project": "ml-other-proj"},
@@ -219,6 +222,7 @@ def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.
     }
     assert {m for m, _ in others} == {
         "serviceAccount:service-<project-number>@gcp-sa-pubsub.iam.gserviceaccount.com",
+        "serviceAccount:service-<project-number>@gcp-sa-monitoring-notification.iam.gserviceaccount.com",
         "<pitstop-gpu-xid-writer-identity>",
         "<pitstop-system-events-writer-identity>",
     }
@@ -243,7 +247,7 @@ def test_conditions_confine_firestore_to_pitstops_database_and_compute_to_the_zo
     assert local == (
         'expression=resource.name.startsWith("projects/my-train-proj/zones/us-central1-a/") || '
         'resource.name.startsWith("projects/my-train-proj/zones/us-east5-b/instances/a3-node-") || '
-        'resource.name.startsWith("projects/my-train-proj/zones/us-east5-b/instanceGroupManagers/") || '
+        'resource.name == "projects/my-train-proj/zones/us-east5-b/instanceGroupManagers/a3-node" || '
         'resource.name.startsWith("projects/my-train-proj/zones/us-central1-"),title=pitstop-actuator-zones'
     )  # the regional GKE cluster: every us-central1 zone
     assert conds[("ml-other-proj", "--role=projects/ml-other-proj/roles/pitstopActuator")] == (
@@ -260,7 +264,8 @@ def test_without_zones_or_gke_clusters_actuate_gets_no_compute_role(steps: list[
 
 
 def test_many_zones_are_split_over_conditions_iam_accepts() -> None:
-    scope = [(f"us-central1-{z}", "") for z in "abcdef"] + [(f"us-east{n}-a", "a3-") for n in range(1, 6)]
+    scope = [(f"us-central1-{z}", "") for z in "abcdef"]
+    scope += [(f"us-east{n}-a", w) for n in range(1, 6) for w in ("a3-", f"mig:a3-{n}")]
     conds = deploy.compute_conditions("p-1234", scope)
     assert [c["title"] for c in conds] == ["pitstop-actuator-zones", "pitstop-actuator-zones-2"]
     clauses = [c["expression"].split(" || ") for c in conds]
@@ -386,6 +391,13 @@ def test_apply_is_idempotent_and_fills_placeholders(steps: list[deploy.Step]) ->
             elif "writerIdentity" in " ".join(argv):
                 out = "serviceAccount:service-123@gcp-sa-logging.iam.gserviceaccount.com"
             return subprocess.CompletedProcess(argv, rc, out or ("name: x" if rc == 0 else ""), "")
+        if argv[:4] == ["beta", "monitoring", "channels", "list"]:  # the channel, found by its name once made
+            made = (
+                "beta monitoring channels create" in existing or "beta monitoring channels list" in existing
+            )
+            return subprocess.CompletedProcess(
+                argv, 0, "projects/p/notificationChannels/7\n" if made else "", ""
+            )
         for s in steps:
             if s.argv == argv and s.check is not None:
                 existing.add(" ".join(s.check[:4]))
@@ -399,6 +411,7 @@ def test_apply_is_idempotent_and_fills_placeholders(steps: list[deploy.Step]) ->
         "--member=serviceAccount:service-123@gcp-sa-logging.iam.gserviceaccount.com" in c for c in calls
     )
     assert any("eventarc-us-central1-pitstop-ingest-trigger-sub-123" in a for c in calls for a in c)
+    assert any("--notification-channels=projects/p/notificationChannels/7" in c for c in calls)
     calls.clear()
     logs.clear()
     assert deploy.apply(steps, fake_gcloud, logs.append) == 0
@@ -418,6 +431,8 @@ SAMPLE_VALUES = {  # what the placeholders hold at run time, so gcloud's own val
     "<pitstop-notify-trigger>": "projects/my-train-proj/locations/us-central1/triggers/pitstop-notify-123456",
     "<pitstop-ingest-trigger-subscription>": "eventarc-us-central1-pitstop-ingest-123456-sub-781",
     "<pitstop-notify-trigger-subscription>": "eventarc-us-central1-pitstop-notify-123456-sub-782",
+    "<pitstop-ingest-alerts-trigger-subscription>": "eventarc-us-central1-pitstop-ingest-alerts-sub-783",
+    "<pitstop-alerts-channel>": "projects/my-train-proj/notificationChannels/4242",
     "<pitstop-gpu-xid-writer-identity>": SINK_WRITER,
     "<pitstop-system-events-writer-identity>": SINK_WRITER,
     "<existing>": "1234567890",  # a dashboard or alert policy id a check printed
@@ -738,6 +753,84 @@ def test_gke_zone_and_database_settings_are_checked(key: str, value: Any, tmp_pa
     conf.write_text(yaml.safe_dump({key: value}))
     with pytest.raises(ValueError, match=key):
         deploy.load_config(str(conf))
+
+
+def test_a_named_prefix_admits_only_its_migs_by_exact_name() -> None:
+    """Issue 21 (12): instanceGroupManagers.update can resize, abandon or re-template a group; a
+    prefix once admitted every MIG of its zone. Now only the MIGs deploy.yaml names, by name."""
+    conf = {**CONF, "compute_zones": [{"zone": "us-east5-b", "name_prefix": "a3-", "migs": ["a3-node"]}]}
+    scope = deploy.compute_scope(conf, "p-1234")["p-1234"]
+    (cond,) = deploy.compute_conditions("p-1234", scope)
+    clauses = cond["expression"].split(" || ")
+    assert clauses == [
+        'resource.name.startsWith("projects/p-1234/zones/us-east5-b/instances/a3-")',
+        'resource.name == "projects/p-1234/zones/us-east5-b/instanceGroupManagers/a3-node"',
+    ]
+    assert not [c for c in clauses if 'instanceGroupManagers/")' in c]  # never a zone's every MIG
+    no_migs = deploy.compute_scope(
+        {**CONF, "compute_zones": [{"zone": "us-east5-b", "name_prefix": "a3-"}]}, "p-1234"
+    )
+    assert (
+        "instanceGroupManagers" not in deploy.compute_conditions("p-1234", no_migs["p-1234"])[0]["expression"]
+    )
+    for bad in (["A3 NODE"], "a3-node", [""]):
+        with pytest.raises(ValueError, match="migs"):
+            deploy.compute_scope(
+                {**CONF, "compute_zones": [{"zone": "us-east5-b", "name_prefix": "a3-", "migs": bad}]},
+                "p-1234",
+            )
+
+
+# Issue 21 (12): each Kubernetes grant of actuate, and why; widening any of them fails here.
+ACTUATOR_GRANTS = {
+    ("", "nodes"): ["get", "list", "patch"],  # fence/unfence (cordon, taint, annotations), health
+    ("", "nodes/status"): ["get"],  # the device plugin's XidCriticalError (corroboration)
+    ("", "pods"): ["get", "list"],  # the pods on a node and of a JobSet
+    ("", "pods/eviction"): ["create"],  # checkpoint and the one eviction that restarts a JobSet
+    ("batch", "jobs"): ["get"],  # a batch Job's pods (the kubernetes scheduler)
+    ("jobset.x-k8s.io", "jobsets"): ["get", "list"],  # restart count and conditions; no patch
+    ("kueue.x-k8s.io", "workloads"): ["get", "list", "patch"],  # deactivate/reactivate a Workload
+    ("policy", "poddisruptionbudgets"): ["get", "list"],  # name the PDB that blocks an eviction
+}
+CHECK_GRANTS = {("batch", "jobs"): ["get", "create", "delete"], ("", "pods/log"): ["get"]}
+
+
+def _rbac_docs() -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((ROOT / "infra" / "gke" / "clusterrole.yaml").read_text()) if d]
+
+
+def _rules(role: dict[str, Any]) -> dict[tuple[str, str], list[str]]:
+    out: dict[tuple[str, str], list[str]] = {}
+    for rule in role["rules"]:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}, rule  # no resourceNames games, no URLs
+        for g in rule["apiGroups"]:
+            for r in rule["resources"]:
+                out[(g, r)] = sorted(rule["verbs"])
+    return out
+
+
+def test_actuates_cluster_grants_are_exactly_the_ones_it_uses() -> None:
+    docs = _rbac_docs()
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "pitstop-actuator"]
+    assert _rules(role) == {k: sorted(v) for k, v in ACTUATOR_GRANTS.items()}
+    (checks,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "pitstop-checks"]
+    assert checks["metadata"]["namespace"] == "pitstop-system"
+    assert _rules(checks) == {k: sorted(v) for k, v in CHECK_GRANTS.items()}
+
+
+def test_check_pods_run_where_pod_security_forbids_root_on_the_node() -> None:
+    """The Role lets actuate create Jobs with any pod spec in pitstop-system: Pod Security `baseline`
+    enforced there refuses privileged pods, host namespaces and hostPath; the check template itself
+    drops every capability and forbids privilege escalation."""
+    from pitstop.adapters.gke.checks import CHECK_SECURITY
+
+    (ns,) = [d for d in _rbac_docs() if d["kind"] == "Namespace"]
+    labels = ns["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] in ("baseline", "restricted")
+    assert labels["pod-security.kubernetes.io/warn"] == "restricted"
+    assert CHECK_SECURITY["privileged"] is False and CHECK_SECURITY["allowPrivilegeEscalation"] is False
+    assert CHECK_SECURITY["capabilities"] == {"drop": ["ALL"]}
+    assert CHECK_SECURITY["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
 def _deploy_argv(steps: list[deploy.Step], fn: str) -> list[str]:

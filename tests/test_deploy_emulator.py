@@ -37,11 +37,17 @@ ROOT = Path(__file__).resolve().parents[1]
 REGION = "us-central1"
 PUBSUB_AGENT = f"serviceAccount:service-{fake_gcp.PROJECT_NUMBER}@gcp-sa-pubsub.iam.gserviceaccount.com"
 CLUSTERS = ("train", "infer")
-ZONES = ["us-central1-a", {"zone": "us-central1-b", "name_prefix": "a3-"}]  # where actuate may act
+ZONES = [
+    "us-central1-a",
+    {"zone": "us-central1-b", "name_prefix": "a3-", "migs": ["a3-node"]},
+]  # actuate's VMs
 CUSTOM_ROLES = ("pitstopWorkflowStarter", "pitstopActuator", "pitstopOperationsReader")
 ENFORCE_POLICY = "mode: enforce\n"
 NOT_SHIPPED = ("pitstop/local/", "pitstop/tools/", "pitstop/agent/")  # the CLI, the Slurm agent, stand-ins
 LOGGING_AGENT = f"serviceAccount:service-{fake_gcp.PROJECT_NUMBER}@gcp-sa-logging.iam.gserviceaccount.com"
+MONITORING_AGENT = (
+    f"serviceAccount:service-{fake_gcp.PROJECT_NUMBER}@gcp-sa-monitoring-notification.iam.gserviceaccount.com"
+)
 
 
 @dataclass
@@ -213,18 +219,20 @@ def test_pubsub_resources_exist_in_the_emulator(deployed: Deployed) -> None:
     assert subs["pitstop-slurm-train-agent"].ack_deadline_seconds == 120
     # Eventarc's push subscriptions (made by the fake, as Google does) got the dead-letter policies
     triggers = {name: s for name, s in subs.items() if name.startswith("eventarc-")}
-    assert len(triggers) == 2
+    assert len(triggers) == 3  # ingest's two (the sink's topic, the alerts topic) and notify's
     dlq = {
-        name.split("-pitstop-")[1].split("-")[0]: (
+        re.sub(r"-\d+$", "", name.split("-pitstop-")[1].split("-sub-")[0]): (
             s.dead_letter_policy.dead_letter_topic,
             s.dead_letter_policy.max_delivery_attempts,
+            s.topic.rsplit("/", 1)[-1],
         )
         for name, s in triggers.items()
     }
     p = deployed.project
     assert dlq == {
-        "ingest": (f"projects/{p}/topics/pitstop-events-dead", 5),
-        "notify": (f"projects/{p}/topics/pitstop-notifications-dead", 10),
+        "ingest": (f"projects/{p}/topics/pitstop-events-dead", 5, "pitstop-events"),
+        "ingest-alerts": (f"projects/{p}/topics/pitstop-events-dead", 5, "pitstop-alerts"),
+        "notify": (f"projects/{p}/topics/pitstop-notifications-dead", 10, "pitstop-notifications"),
     }
 
 
@@ -268,7 +276,7 @@ def test_project_iam_policy_holds_exactly_the_roles_in_iam_yaml(deployed: Deploy
         "title": "pitstop-actuator-zones",
         "expression": f'resource.name.startsWith("projects/{p}/zones/us-central1-a/") || '
         f'resource.name.startsWith("projects/{p}/zones/us-central1-b/instances/a3-") || '
-        f'resource.name.startsWith("projects/{p}/zones/us-central1-b/instanceGroupManagers/")',
+        f'resource.name == "projects/{p}/zones/us-central1-b/instanceGroupManagers/a3-node"',
     }
     assert policy["version"] == 3  # conditional bindings need policy version 3
     role = deployed.states[0]["resources"][f"iam projects/{p}/roles/pitstopActuator"]
@@ -310,6 +318,8 @@ def test_resource_level_bindings_reach_only_their_resource(deployed: Deployed) -
         assert members("pubsub", results, subr) == {sa("actuate")}
     for dead in ("pitstop-events-dead", "pitstop-notifications-dead"):
         assert members("pubsub", f"projects/{p}/topics/{dead}", pub) == {PUBSUB_AGENT}
+    # Monitoring's notifications count only from pitstop-alerts, so only its agent publishes there
+    assert members("pubsub", f"projects/{p}/topics/pitstop-alerts", pub) == {MONITORING_AGENT}
     secret = f"projects/{p}/secrets/pitstop-webhook"
     assert members("secretmanager", secret, "roles/secretmanager.secretAccessor") == {sa("notify")}
     run = f"projects/{p}/locations/{REGION}/services"
@@ -422,9 +432,26 @@ def test_firestore_monitoring_and_secret(deployed: Deployed) -> None:
     ]
     (dash,) = deployed.created("monitoring", "/dashboards")
     assert dash == json.loads((ROOT / "infra" / "monitoring" / "dashboard.json").read_text())
-    alerts = {a["displayName"] for a in deployed.created("monitoring", "/alertPolicies")}
+    (channel,) = deployed.created("monitoring", "/notificationChannels")
+    topic = f"projects/{deployed.project}/topics/pitstop-alerts"
+    assert (channel["type"], channel["labels"], channel["displayName"]) == (
+        "pubsub",
+        {"topic": topic},
+        deploy.ALERTS_CHANNEL,
+    )
+    policies = deployed.created("monitoring", "/alertPolicies")
+    people = {a["displayName"] for a in policies if not a.get("notificationChannels")}
     files = sorted((ROOT / "infra" / "monitoring").glob("alert-*.json"))
-    assert alerts == {json.loads(f.read_text())["displayName"] for f in files} and len(alerts) == 3
+    assert people == {json.loads(f.read_text())["displayName"] for f in files} and len(people) == 3
+    sent = {tuple(a.get("notificationChannels") or ()) for a in policies} - {()}
+    assert len(sent) == 1 and next(iter(sent))[0].startswith(
+        f"projects/{deployed.project}/notificationChannels/"
+    )
+    to_pitstop = {a["displayName"] for a in policies if a.get("notificationChannels")}
+    telemetry = sorted(deploy.TELEMETRY.glob("*.json"))
+    assert (
+        to_pitstop == {json.loads(f.read_text())["displayName"] for f in telemetry} and len(to_pitstop) == 7
+    )
     (secret,) = deployed.created("secretmanager", "/secrets")
     assert secret["replication"] == {"automatic": {}}
 

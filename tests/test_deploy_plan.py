@@ -14,7 +14,10 @@ outbox TTL (issue 11) and GKE clusters (issue 13: the `gke` case is new); then f
 PITSTOP_CHECK_TIMEOUT_S and PITSTOP_RESUME_WAIT_S (issue 14: diagnose, validate, early requeue);
 then (`gke` only) for ingest's GKE grants: clusterViewer, pitstopNodeLookup (no longer actuate's)
 and ${INGEST_SA} in the RBAC manifest (ingest reads a node: a regional node's zone, XidCriticalError);
-then for actuate's --memory=512Mi (issue 11: google-cloud-compute puts it at ~200 MiB before a request).
+then for actuate's --memory=512Mi (issue 11: google-cloud-compute puts it at ~200 MiB before a request);
+then for telemetry alerts (issue 24: the pitstop-alerts topic, Monitoring's Pub/Sub channel to it and
+its service agent's publisher grant, ingest's second trigger with its dead-letter policy, the telemetry
+policies sent to that channel, PITSTOP_ALERTS_TOPIC in every function's environment).
 """
 
 from __future__ import annotations
@@ -152,13 +155,15 @@ def test_every_kind_in_resources_yaml_has_a_builder() -> None:
         "pitstop-events-dead",
         "pitstop-notifications",
         "pitstop-notifications-dead",
+        "pitstop-alerts",
     ]
 
 
 def test_alert_policies_notify_the_configured_channels_and_only_they_change() -> None:
     plain = deploy.plan("demo-proj", "us-central1", deploy.load_config(None))
     wired = deploy.plan("demo-proj", "us-central1", deploy.load_config("tests/fixtures/deploy/channels.yaml"))
-    alerts = [w for w in wired if w.argv[:3] == ["alpha", "monitoring", "policies"]]
+    policies = [w for w in wired if w.argv[:3] == ["alpha", "monitoring", "policies"]]
+    alerts = [w for w in policies if "/monitoring/telemetry/" not in w.argv[4]]
     assert len(alerts) == len(list((deploy.INFRA / "monitoring").glob("alert-*.json"))) == 3
     for w in alerts:
         assert w.argv[-1] == f"--notification-channels={CHANNELS}"
@@ -189,20 +194,26 @@ def test_notification_channels_must_be_full_resource_names(channels: Any, tmp_pa
         deploy.plan("demo-proj", "us-central1", bad)
 
 
-def test_channel_flags_are_accepted_by_the_real_gcloud_parser(tmp_path: Path) -> None:
-    """2 is gcloud's usage error; a command it accepts stops at authentication (1), offline."""
-    conf = deploy.load_config("tests/fixtures/deploy/channels.yaml")
-    steps = deploy.plan("demo-proj", "us-central1", conf)
-    alerts = [s for s in steps if s.argv[:2] == ["alpha", "monitoring"]]
-    env = {
+def offline_gcloud(config_dir: Path) -> dict[str, str]:
+    """The environment of a gcloud that parses a command and stops at authentication, never online."""
+    return {
         **os.environ,
-        "CLOUDSDK_CONFIG": str(tmp_path),
+        "CLOUDSDK_CONFIG": str(config_dir),
         "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
         "CLOUDSDK_CORE_CHECK_GCE_METADATA": "false",
         "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "true",
         "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "true",
         "CLOUDSDK_API_ENDPOINT_OVERRIDES_MONITORING": "http://127.0.0.1:9/",  # never a real endpoint
+        "CLOUDSDK_API_ENDPOINT_OVERRIDES_EVENTARC": "http://127.0.0.1:9/",
     }
+
+
+def test_channel_flags_are_accepted_by_the_real_gcloud_parser(tmp_path: Path) -> None:
+    """2 is gcloud's usage error; a command it accepts stops at authentication (1), offline."""
+    conf = deploy.load_config("tests/fixtures/deploy/channels.yaml")
+    steps = deploy.plan("demo-proj", "us-central1", conf)
+    alerts = [s for s in steps if s.argv[:2] == ["alpha", "monitoring"]]
+    env = offline_gcloud(tmp_path)
     step = alerts[0]
     assert step.update is not None
     for argv in (step.argv, [a.replace(deploy.EXISTING, "1234567890") for a in step.update]):
@@ -228,3 +239,95 @@ def test_pagerduty_is_deployed_only_when_asked_for() -> None:
     assert any(ln.startswith("gcloud secrets create pitstop-pagerduty ") for ln in lines)
     grant = [ln for ln in lines if ln.startswith("gcloud secrets add-iam-policy-binding pitstop-pagerduty ")]
     assert len(grant) == 1 and "pitstop-notify@" in grant[0] and "secretAccessor" in grant[0]
+
+
+def test_telemetry_policies_notify_pitstop_through_its_own_channel_whatever_else_is_configured() -> None:
+    """The telemetry policies' notifications are ingest's input, not a page: they go to the Pub/Sub
+    channel deploy creates (learned by its display name at run time), never to the people's channels;
+    the channel exists before Monitoring's agent is granted its topic, and both before the policies."""
+    for config in (None, "tests/fixtures/deploy/channels.yaml"):
+        steps = deploy.plan("demo-proj", "us-central1", deploy.load_config(config))
+        whats = [s.what for s in steps]
+        telemetry = [s for s in steps if "/monitoring/telemetry/" in " ".join(s.argv)]
+        assert len(telemetry) == len(list(deploy.TELEMETRY.glob("*.json"))) >= 7
+        for s in telemetry:
+            assert s.argv[-1] == "--notification-channels=<pitstop-alerts-channel>"
+            assert (
+                s.update is not None
+                and s.update[-1] == "--set-notification-channels=<pitstop-alerts-channel>"
+            )
+            learn = s.captures["<pitstop-alerts-channel>"]
+            assert learn[:4] == ["beta", "monitoring", "channels", "list"]
+            assert f"--filter=displayName={json.dumps(deploy.ALERTS_CHANNEL)}" in learn
+        channel = whats.index("Cloud Monitoring notification channel to pitstop-alerts")
+        grant = whats.index("Monitoring's notification service agent may publish to pitstop-alerts (only it)")
+        assert whats.index("topic pitstop-alerts") < channel < grant < whats.index(telemetry[0].what)
+        binding = steps[grant].argv
+        assert "--member=serviceAccount:service-<project-number>@gcp-sa-monitoring-notification"
+        assert (
+            binding[-1] == "--role=roles/pubsub.publisher" and "gcp-sa-monitoring-notification" in binding[-2]
+        )
+
+
+def test_ingest_gets_a_second_trigger_on_the_alerts_topic_with_a_dead_letter_policy() -> None:
+    steps = deploy.plan("demo-proj", "us-central1", deploy.load_config(None))
+    trigger = next(s for s in steps if s.argv[:3] == ["eventarc", "triggers", "create"])
+    assert trigger.argv[3] == "pitstop-ingest-alerts"
+    assert "--destination-run-service=pitstop-ingest" in trigger.argv
+    assert "--transport-topic=projects/demo-proj/topics/pitstop-alerts" in trigger.argv
+    assert "--service-account=pitstop-ingest@demo-proj.iam.gserviceaccount.com" in trigger.argv
+    update = next(
+        s
+        for s in steps
+        if s.argv[:4] == ["pubsub", "subscriptions", "update", "<pitstop-ingest-alerts-trigger-subscription>"]
+    )
+    assert "--dead-letter-topic=pitstop-events-dead" in update.argv
+    assert update.captures["<pitstop-ingest-alerts-trigger-subscription>"][:4] == [
+        "eventarc",
+        "triggers",
+        "describe",
+        "pitstop-ingest-alerts",
+    ]
+    ingest = next(s for s in steps if s.argv[:3] == ["functions", "deploy", "pitstop-ingest"])
+    assert any(
+        a.startswith("--set-env-vars=") and "PITSTOP_ALERTS_TOPIC=pitstop-alerts" in a for a in ingest.argv
+    )
+
+
+def test_a_policy_of_your_own_may_notify_pitstop_when_it_says_what_it_raises(tmp_path: Path) -> None:
+    """deploy.yaml `telemetry_policies`: e.g. a heartbeat policy on a metric the jobs already write."""
+    mine = json.loads((deploy.TELEMETRY / "job-heartbeat.json").read_text())
+    mine["displayName"] = "My heartbeat"
+    mine["userLabels"] = {"pitstop_signal": "hang", "pitstop_job_label": "run_id", "pitstop_cluster": "train"}
+    path = tmp_path / "my-heartbeat.json"
+    path.write_text(json.dumps(mine))
+    conf = tmp_path / "deploy.yaml"
+    conf.write_text(yaml.safe_dump({"telemetry_policies": [str(path)]}))
+    steps = deploy.plan("demo-proj", "us-central1", deploy.load_config(str(conf)))
+    step = next(s for s in steps if f"--policy-from-file={path}" in s.argv)
+    assert step.argv[-1] == "--notification-channels=<pitstop-alerts-channel>"
+    del mine["userLabels"]["pitstop_signal"]
+    path.write_text(json.dumps(mine))
+    with pytest.raises(ValueError, match="pitstop_signal"):
+        deploy.load_config(str(conf))
+
+
+def test_the_new_commands_are_accepted_by_the_real_gcloud_parser(tmp_path: Path) -> None:
+    """2 is gcloud's usage error; a command it accepts stops at authentication (1), offline."""
+    steps = deploy.plan("demo-proj", "us-central1", deploy.load_config(None))
+    env = offline_gcloud(tmp_path)
+    picked = [
+        s
+        for s in steps
+        if s.argv[:3] in (["beta", "monitoring", "channels"], ["eventarc", "triggers", "create"])
+    ]
+    telemetry = next(s for s in steps if "/monitoring/telemetry/" in " ".join(s.argv))
+    assert len(picked) == 2
+    for argv in [p.argv for p in picked] + [p.check or [] for p in picked] + [telemetry.argv]:
+        argv = [
+            a.replace("<pitstop-alerts-channel>", "projects/demo-proj/notificationChannels/1") for a in argv
+        ]
+        proc = subprocess.run(
+            ["gcloud", *argv], capture_output=True, text=True, timeout=120, env=env, check=False
+        )
+        assert proc.returncode == 1, (argv, proc.stderr[-500:])

@@ -6,7 +6,8 @@ with the sweep called by the scheduler stand-in every minute, as in production.
 
 Node use (each fault needs a node of its own: a node's action cooldowns outlast this module):
 the demo scenarios use 0-7, the Compute/webhook/Firestore faults 8-11, the chaos tests 12-17, the
-back-to-training scenarios (early requeue, diagnose, validate) the last ten, 18-27.
+driver lines a parser once dropped (issue 22: an odd pid, an NVSwitch SXid) on running gangs 18-23,
+the back-to-training scenarios (early requeue, diagnose, validate) the last ten, 24-33.
 """
 
 from __future__ import annotations
@@ -23,15 +24,15 @@ from typing import Any
 
 import pytest
 
-from pitstop.local.stack import PROJECT, ClusterSpec, Stack, admin, webhook_records
-from pitstop.tools.demo import XID79, Scenarios
+from pitstop.local.stack import PROJECT, Stack, admin, webhook_records
+from pitstop.tools.demo import XID79, Scenarios, slurm_spec
 
 pytestmark = pytest.mark.emulator
 
 
 @pytest.fixture(scope="module")
 def sc() -> Iterator[Scenarios]:
-    stack = Stack(Path(tempfile.mkdtemp(prefix="pitstop-e2e-")), ClusterSpec(nodes=28))
+    stack = Stack(Path(tempfile.mkdtemp(prefix="pitstop-e2e-")), slurm_spec(34))
     try:
         stack.up()
         yield Scenarios(stack)
@@ -94,7 +95,7 @@ def test_diagnose_and_validate(sc: Scenarios, name: str) -> None:
 
 def _fault(sc: Scenarios, node: str) -> dict[str, object]:
     sc.settle()
-    sc.router.publish(sc.entry(node, XID79))
+    sc.fault(node, XID79)
     return sc.finished(node)
 
 
@@ -125,8 +126,13 @@ def test_webhook_down_does_not_block_remediation(sc: Scenarios) -> None:
     try:
         inc = _fault(sc, node)
         assert inc["state"] == "RESOLVED"  # remediation finished while the webhook was down
-        time.sleep(3)
-        assert not sc.notes_for(str(inc["id"]))
+        refused = Path(sc.state.workdir, "webhook-refused.jsonl")
+        sc.wait(
+            lambda: refused.exists() and str(inc["id"]) in refused.read_text(),
+            60,
+            "a delivery the webhook refused",
+        )
+        assert not sc.notes_for(str(inc["id"]))  # tried while down, and so not delivered
     finally:
         urllib.request.urlopen(urllib.request.Request(hook + "/_up", data=b"{}", method="POST"), timeout=5)
     notes = sc.wait(lambda: sc.notes_for(str(inc["id"])), 60, "the notification after the webhook returned")
@@ -140,7 +146,7 @@ def test_webhook_down_does_not_block_remediation(sc: Scenarios) -> None:
 def test_firestore_restarted_mid_incident_completes_exactly_once(sc: Scenarios) -> None:
     node = sc.nodes[11]
     sc.settle()
-    sc.router.publish(sc.entry(node, XID79))
+    sc.fault(node, XID79)
     sc.wait(
         lambda: [i for i in sc.incidents(node) if i["state"] in ("FENCED", "ACTING", "VERIFYING")],
         60,
@@ -253,7 +259,7 @@ def test_actuate_dying_after_a_reset_resets_exactly_once(sc: Scenarios) -> None:
     restarts = sc.stack.controller.restarts["actuate"]
     _settle(sc)
     _chaos(sc, "actuate-crash-after-effect", "--node", node, "--method", "reset")
-    sc.router.publish(sc.entry(node, XID79))
+    sc.fault(node, XID79)
     inc = _ended(sc, node, 300)
     assert sc.stack.controller.restarts["actuate"] > restarts, "actuate never died: the fault did not fire"
     assert len(_effects(sc, node, "reset")) == 1
@@ -279,7 +285,7 @@ def test_agent_down_for_two_minutes_then_back_resolves(sc: Scenarios) -> None:
     _settle(sc)
     _chaos(sc, "agent-down")
     try:
-        sc.router.publish(sc.entry(node, XID79))
+        sc.fault(node, XID79)
         sc.wait(lambda: sc.incidents(node), 60, "the incident to open")
         time.sleep(AGENT_OUTAGE_S)  # the outage itself (what is modelled), not a claim about speed
         during = sc.incidents(node)[-1]
@@ -352,7 +358,7 @@ def test_gang_members_remediated_ten_minutes_apart_requeue_the_job_once(sc: Scen
     )
     sc.router.publish(notice)
     sc.wait(lambda: [i for i in sc.incidents(a) if i["state"] == "FENCED"], 60, f"{a} to be fenced")
-    sc.router.publish(sc.entry(b, XID79))
+    sc.fault(b, XID79)
     inc_b = _ended(sc, b, 180)
     assert inc_b["state"] == "RESOLVED", inc_b.get("failure")
     assert sc.restarts(job) == 1
@@ -373,7 +379,7 @@ def test_publish_timeout_at_close_keeps_the_incident_resolved(sc: Scenarios) -> 
     node = sc.nodes[17]
     _settle(sc)
     _chaos(sc, "publish-timeout", "--node", node)
-    sc.router.publish(sc.entry(node, XID79))
+    sc.fault(node, XID79)
     inc = _ended(sc, node, 180)
     assert not (sc.stack.chaos_dir / "publish-timeout.json").exists(), "the publish never timed out"
     assert inc["state"] == "RESOLVED", inc.get("failure")
@@ -384,3 +390,52 @@ def test_publish_timeout_at_close_keeps_the_incident_resolved(sc: Scenarios) -> 
     assert len(notes) == 1
     assert "FAILED" not in notes[0]["body"]["text"]
     assert sc.incidents(node)[-1]["state"] == "RESOLVED"
+
+
+# -- driver lines a stricter parser once dropped (issue 22), through the whole pipeline -------------
+
+# A journald Xid 79 whose pid is beyond Linux's PID_MAX_LIMIT: the fault stands, the pid is left out.
+XID79_ODD_PID = "NVRM: Xid (PCI:0000:a1:00): 79, pid=15822503, name=python3, GPU has fallen off the bus."
+# A fatal NVSwitch error as the NVSwitch driver prints it (Fabric Manager user guide: reset the node).
+SXID_FATAL = "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 sourcetrack timeout error"
+
+
+def _gang_fault(sc: Scenarios, members: list[str], spare: str, line: str) -> tuple[str, dict[str, Any]]:
+    """A two-node gang runs on ``members``; the kernel of the first logs ``line``. The gang's job and
+    the first member's incident once it ended."""
+    _settle(sc)
+    job = _gang(sc, members, spare)
+    assert _job_nodes(sc, job) == set(members)
+    sc.fault(members[0], line)  # the kernel prints it (what corroboration reads), the agent ships it
+    return job, _ended(sc, members[0], 300)
+
+
+@LONG
+def test_xid79_with_an_eight_digit_pid_on_a_running_gang_is_remediated(sc: Scenarios) -> None:
+    a, b, spare = sc.nodes[18], sc.nodes[19], sc.nodes[20]
+    job, inc = _gang_fault(sc, [a, b], spare, XID79_ODD_PID)
+    assert inc["state"] == "RESOLVED", inc.get("failure")
+    assert (inc["kind"], inc["xid"], inc["action"]) == ("gpu_xid", 79, "REBOOT_NODE")
+    assert "implausible fields" in inc["reason"]
+    assert (inc.get("corroboration") or {}).get("confirmed") is True, inc.get("corroboration")
+    assert len(_effects(sc, a, "reset")) == 1
+    assert sc.restarts(job) == 1
+    assert _reported(sc, inc["id"])["effects"]["slurm"].get("requeue") == 1
+    sc.wait(lambda: _job(sc, job).get("state") == "RUNNING", 180, "the gang to run again")
+    assert len(_job_nodes(sc, job)) == 2 and sc.restarts(job) == 1
+
+
+@LONG
+def test_a_fatal_sxid_on_a_gang_member_fences_the_node_and_restarts_the_gang_once(sc: Scenarios) -> None:
+    a, b, spare = sc.nodes[21], sc.nodes[22], sc.nodes[23]
+    job, inc = _gang_fault(sc, [a, b], spare, SXID_FATAL)
+    assert inc["state"] == "RESOLVED", inc.get("failure")
+    assert (inc["kind"], inc["xid"], inc["action"]) == ("nvswitch_sxid", None, "REBOOT_NODE")
+    assert inc["timeline"].get("fenced") and inc["counts"] == {"events": 1, "sxid_24007": 1}
+    proof = inc.get("corroboration") or {}  # the node's own ring buffer holds the SXid: believed
+    assert proof.get("confirmed") is True and "SXid 24007" in proof.get("why", ""), proof
+    reported = _reported(sc, inc["id"])
+    assert reported["effects"]["slurm"].get("drain") == 1 and reported["effects"]["slurm"].get("requeue") == 1
+    assert len(_effects(sc, a, "reset")) == 1
+    sc.wait(lambda: _job(sc, job).get("state") == "RUNNING", 180, "the gang to run again")
+    assert sc.restarts(job) == 1, "the gang was restarted more than once"

@@ -3,7 +3,8 @@
 Each case is evidence someone other than the kernel or Google can produce: a `logger` line, a
 journal record without the kernel transport, an entry naming another VM or an earlier one, a
 user-written system event, a look-alike log name, Slurm keywords and hostlists as names, a node of
-another project, a 9 MB line, a 5,000-digit pid, 10,000 GPUs on one node. Every entry is
+another project, a 9 MB line, a 5,000-digit pid (a fault since issue 22, asked about on the node),
+10,000 GPUs on one node. Every entry is
 published straight to the events topic (past the sink filters, as if a filter were widened), so
 the functions' own checks are what is tested; whether the shipped filters select it is asserted
 too. For each: no Compute mutation, no change to any Slurm node or job, and the incident (or, for
@@ -33,7 +34,7 @@ from .helpers import load_fixture, system_event_entry
 
 pytestmark = pytest.mark.emulator
 
-NODES = 8
+NODES = 9  # 8: the issue-22 pid case of its own
 AUDIT = "cloudaudit.googleapis.com%2Fsystem_event"
 MALLORY = "mallory@example.com"
 Case = tuple[Callable[[Scenarios], dict[str, Any]], str]
@@ -221,14 +222,17 @@ def _invalid_cases() -> dict[str, Case]:
             },
             "log name must be exactly",
         ),
+        "logname-of-another-project": (
+            lambda sc: {
+                **sc.entry(sc.nodes[6], XID79),
+                "logName": "projects/someone-elses-project/logs/pitstop-kernel",
+            },
+            "logName is in project someone-elses-project",
+        ),
         "name-all": (lambda sc: _named(sc, "all"), "Slurm keyword ALL"),
         "name-ALL": (lambda sc: _named(sc, "ALL"), "Slurm keyword ALL"),
         "name-hostlist-range": (lambda sc: _named(sc, "a3-node-[000-003]"), "hostlist"),
         "name-hostlist-list": (lambda sc: _named(sc, "a3-node-001,a3-node-002"), "hostlist"),
-        "pid-of-5000-digits": (
-            lambda sc: sc.entry(sc.nodes[6], XID79.replace("pid='<unknown>'", "pid=" + "7" * 5000)),
-            "pid is out of range",
-        ),
     }
 
 
@@ -298,3 +302,73 @@ def test_ten_thousand_gpus_on_one_node_keep_the_incident_bounded(sc: Scenarios, 
     assert len(json.dumps(inc)) < 64 * 1024
     assert (inc["trust"], inc["workflow"]) == ("unverified", None)
     assert _effects(sc) == before
+
+
+def _never_printed(sc: Scenarios, node: str, line: str) -> dict[str, Any]:
+    """A kernel-transport journal entry of ``line`` for ``node``, which its kernel never printed, and
+    the incident once it failed."""
+    assert _publish(sc, sc.entry(node, line))  # the sink selects it: it looks like the kernel's own
+    return _incident_of(sc, node, lambda i: i["state"] == "FAILED")
+
+
+def test_a_verified_looking_line_the_node_never_printed_disrupts_nothing(sc: Scenarios, job: str) -> None:
+    """Issue 21 (1): a journald kernel-transport entry for a live VM, with its real numeric id, written
+    through the Logging API (any principal with logging.logEntries.create can). The node is fenced
+    and asked through the Slurm agent; its kernel ring buffer never held the line: the incident fails
+    with a page, the gang is not requeued and Compute is never called."""
+    node = sc.nodes[6]
+    calls_before = len(admin(sc.state, "/_admin/state")["calls"])
+    restarts = sc.restarts(job)
+    inc = _never_printed(sc, node, XID79)
+    try:
+        _paged(sc, inc["id"])
+        assert inc["trust"] == "verified" and inc["failure"]["stage"] == "corroborate", inc
+        rec = inc["corroboration"]
+        assert rec["confirmed"] is False and any("kernel ring buffer" in c for c in rec["checked"]), rec
+        assert "not confirmed on the node" in inc["failure"]["error"]
+        assert len(admin(sc.state, "/_admin/state")["calls"]) == calls_before  # no label, no reset
+        assert sc.restarts(job) == restarts
+        assert "drain" in sc.slurm.node_states()[node]  # fenced, for a person to look at
+        assert "job_requeued" not in inc["timeline"]
+    finally:
+        subprocess.run(
+            ["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=sc.slurm.env, check=False
+        )
+
+
+def test_a_five_thousand_digit_pid_is_a_fault_the_node_is_asked_about(sc: Scenarios, job: str) -> None:
+    """Issue 22: an Xid whose code is readable is a fault whatever its pid says (left out, flagged),
+    so it is no longer dropped as invalid; like any log line it is corroborated before anything is
+    disrupted, and this one its node's kernel never printed."""
+    node = sc.nodes[8]
+    before = len(admin(sc.state, "/_admin/state")["calls"]), sc.restarts(job)
+    inc = _never_printed(sc, node, XID79.replace("pid='<unknown>'", "pid=" + "7" * 5000))
+    try:
+        assert (inc["kind"], inc["xid"], inc["trust"]) == ("gpu_xid", 79, "verified"), inc
+        assert "implausible fields" in inc["reason"] and "7" * 100 not in json.dumps(inc)  # kept bounded
+        assert inc["failure"]["stage"] == "corroborate", inc["failure"]
+        assert (len(admin(sc.state, "/_admin/state")["calls"]), sc.restarts(job)) == before
+    finally:
+        subprocess.run(
+            ["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=sc.slurm.env, check=False
+        )
+
+
+def test_a_system_event_published_straight_to_the_topic_restarts_nothing(sc: Scenarios, job: str) -> None:
+    """Issue 21 (3): anyone who may publish to the events topic (project Editors, the default Compute
+    service account) posts Google's exact preemption shape for a VM that runs on. Compute is asked:
+    the VM is not Spot and never stopped, so the incident fails with a page, the gang stays."""
+    node = sc.nodes[7]
+    calls_before = len(admin(sc.state, "/_admin/state")["calls"])
+    restarts = sc.restarts(job)
+    _publish(sc, _system_event(sc, node))
+    inc = _incident_of(sc, node, lambda i: i["kind"] == "preemption" and i["state"] == "FAILED")
+    try:
+        _paged(sc, inc["id"])
+        assert inc["failure"]["stage"] == "corroborate" and not inc["corroboration"]["confirmed"], inc
+        assert len(admin(sc.state, "/_admin/state")["calls"]) == calls_before
+        assert sc.restarts(job) == restarts and "job_requeued" not in inc["timeline"]
+    finally:
+        subprocess.run(
+            ["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=sc.slurm.env, check=False
+        )

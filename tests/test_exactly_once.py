@@ -104,6 +104,8 @@ class Gang:
         return CheckStart(str(check["name"]), None, "this gang runs no checks")
 
     def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult:
+        if check["kind"] == "corroborate":  # the node's kernel printed the fault (dmesg --raw)
+            return CheckResult(True, {"dmesg": "".join(f"<4>[ 9.5] {x}\n" for x in (XID79, XID48))})
         return CheckResult(False, error="this gang runs no checks")
 
 
@@ -189,9 +191,20 @@ class Rig:
         return str(out.incident["id"])
 
     def call(self, op: str, iid: str, step: int = 1, execution: str = "exec-1", **extra: Any) -> Any:
-        return self.actuator.handle(
+        out = self.actuator.handle(
             {"op": op, "incident": iid, "step": step, "execution": execution, "extra": extra}
         )
+        if op == "fence" and out[1] == 200:  # every fault here is real: the node confirms it
+            for then in ("corroborate", "judge_corroboration"):
+                req: dict[str, Any] = {
+                    "op": then,
+                    "incident": iid,
+                    "step": step,
+                    "execution": execution,
+                    "extra": {},
+                }
+                assert self.actuator.handle(req)[1] == 200, then
+        return out
 
     def calls(self, method: str) -> list[dict[str, Any]]:
         return [c for c in self.fake.calls if c["method"] == method]

@@ -11,6 +11,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pitstop.core import parse
 from pitstop.core.classify import Classifier
 from pitstop.core.parse import INTERNAL_ERROR, SYSTEM_EVENT_LOG_ID
 from pitstop.core.xid_line import parse_nvrm
@@ -288,3 +289,82 @@ def test_arbitrary_instance_labels(name: str) -> None:
     if ev["node"] is not None:
         assert ev["node"]["instance"] == name
         assert name.lower() not in ("all", "default") and not set(name) & set("[],")
+
+
+# -- degrade, never drop (issue 22) ------------------------------------------------------------------
+
+# Anything before a driver line: collector headers, dmesg times, thread tags, or text (no parentheses,
+# so no second driver line hides in it).
+prefixes = st.sampled_from(
+    ["", "kernel: ", "[ 1843.308145] ", "[ T1946] ", "Nov 21 10:42:31 a3-node-007 kernel: [680111.646286] "]
+) | st.text(st.characters(codec="utf-8", exclude_characters="()"), max_size=40)
+# What the parentheses may hold: real forms, hostile numbers, or any text without a ")".
+wheres = st.sampled_from(
+    ["PCI:0000:3b:00", "0000:3B:00.0", "PCI:0018:01:00 GPU-I:02 GPU-CI:01", "PCI:0000:a1:20", "PCI:zzzz", ""]
+) | st.text(st.characters(codec="utf-8", exclude_characters=")"), max_size=60)
+# Whatever follows the code: pid and name of any size and text, then any message.
+rests = st.builds(
+    lambda pid, name, msg: f"pid={pid}, name={name}, {msg}",
+    st.text(alphabet="0123456789'<unknown>N/A", max_size=300),
+    st.text(max_size=100).filter(lambda t: "," not in t),
+    st.text(max_size=2000),
+) | st.text(max_size=2000)
+names = st.sampled_from(["a3-node-001", "a3-megagpu-7", "gke-train-pool-1-abcd"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(prefixes, wheres, st.integers(1, 9999), rests, names, st.sampled_from(sorted(ENVELOPES)))
+def test_a_readable_xid_code_on_a_named_node_is_always_a_fault(
+    prefix: str, where: str, code: int, rest: str, node: str, envelope: str
+) -> None:
+    line = f"{prefix}NVRM: Xid ({where}): {code}, {rest}"
+    for make in (ops_agent_entry, syslog_entry):
+        ev = check(CLF.classify(ENVELOPES[envelope](make(line, instance=node))))
+        assert (ev["kind"], ev["xid"]) == ("gpu_xid", code), ev["reason"]
+        assert ev["node"]["instance"] == node
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    prefixes,
+    st.sampled_from(["", "nvidia-nvswitch0: ", "nvidia-nvswitch17: ", "nvidia-nvswitch99999999: "]),
+    wheres,
+    st.integers(1, 99_999),
+    st.sampled_from(["Fatal, Link 28 ", "Non-fatal, Link 4 ", "Fatal, ", "Severity 1 ", "", "Link -9 "]),
+    st.text(max_size=500),
+    names,
+)
+def test_a_readable_sxid_code_on_a_named_node_is_always_a_fault(
+    prefix: str, device: str, where: str, code: int, head: str, rest: str, node: str
+) -> None:
+    line = f"{prefix}{device}SXid ({where}): {code}, {head}{rest}"
+    ev = check(CLF.classify(ops_agent_entry(line, instance=node)))
+    assert (ev["kind"], ev["detail"].get("sxid")) == ("nvswitch_sxid", code), ev["reason"]
+    assert ev["node"]["instance"] == node and ev["gpu"] is None
+
+
+SAMPLE_LINES = [
+    "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+    "NVRM: Xid (PCI:0000:3b:00 GPU-I:02 GPU-CI:01): 31, pid=4211, name=python, Ch 00000010, MMU Fault",
+    "NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.",
+    "nvidia-nvswitch2: SXid (PCI:0000:87:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV (First)",
+    "NVRM: Xid (PCI:0000:ab:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (PF FLR)",
+    "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prefixes | st.sampled_from(["fallen off the bus ", "SXid ", "nvidia-nvswitch3: "]),
+    st.sampled_from(SAMPLE_LINES),
+)
+def test_remembered_parses_are_the_parse(prefix: str, line: str) -> None:
+    """A storm's repeated line is parsed once: what is remembered (keyed past the line's prefix)
+    is exactly what parsing the whole text gives, and no caller's changes reach the next one."""
+    text = prefix + line
+    first = parse._driver_line(text)
+    assert first == parse._read_driver_line(text)
+    if first is not None and "detail" in first:
+        first["detail"]["mutated"] = True
+        (first.get("mig") or {})["gi"] = 99
+    assert parse._driver_line(text) == parse._read_driver_line(text)

@@ -261,6 +261,31 @@ def test_someone_elses_cordon_and_taints_are_kept(kube: FakeKube, sched: GkeClus
     assert again is not None and again["resumed"] is False and "someone else" in again["left_drained"]
 
 
+@pytest.mark.parametrize("how", ["taint", "owner"])
+def test_a_cordon_someone_set_while_pitstops_fence_held_is_kept(
+    kube: FakeKube, sched: GkeCluster, how: str
+) -> None:
+    """Issue 21 (9): an autoscaler, an upgrade or a remediator cordons the node while Pitstop's fence
+    holds it (kubectl cordon of a cordoned node changes nothing: its mark is a taint or the owner
+    annotation). Unfence lifts Pitstop's taint and leaves their cordon."""
+    n = NODES[2]
+    answer = sched.fence(n, CTX, "REBOOT_NODE")
+    assert answer is not None and answer["already_drained_by_other"] is False
+    assert node(kube, n)["metadata"]["annotations"]["pitstop.dev/cordoned-by"] == INC
+    cur = node(kube, n)
+    if how == "taint":
+        theirs = {"key": "ToBeDeletedByClusterAutoscaler", "value": "1732000000", "effect": "NoSchedule"}
+        sched.core.patch_node(n, {"spec": {"taints": [*cur["spec"]["taints"], theirs]}})
+    else:
+        sched.core.patch_node(n, {"metadata": {"annotations": {"pitstop.dev/cordoned-by": "remediator"}}})
+    back = sched.unfence(n, CTX)
+    assert back is not None and back["resumed"] is False
+    assert "cordoned by someone else while Pitstop's fence held" in back["left_drained"]
+    after = node(kube, n)
+    assert after["spec"]["unschedulable"] is True and our_taints(after) == []
+    sched.core.patch_node(n, {"spec": {"unschedulable": False, "taints": []}})
+
+
 def test_another_incidents_fence_is_left_alone(kube: FakeKube, sched: GkeCluster) -> None:
     n = NODES[2]
     sched.fence(n, CTX, "REBOOT_NODE")

@@ -222,7 +222,7 @@ def test_ingest_acts_on_a_corroborated_serial_line_and_records_a_bare_one(
     bare = ing.handle_payload(push_body(serial_entry(insert_id="bare-1")))
     assert bare.incident is not None
     assert (bare.incident["trust"], bare.incident["action"]) == ("unverified", "NONE")
-    assert bare.incident["node"]["cluster"] == "train"
+    assert bare.incident["node"] is not None and bare.incident["node"].get("cluster") == "train"
     device_plugin(kube, 79)
     now[0] += 10  # the Node is read again
     later = ing.handle_payload(push_body(serial_entry(insert_id="later-1"), message_id="4712"))

@@ -312,7 +312,7 @@ def test_ingest_gives_a_regional_event_its_zone_before_the_engine_keys_it(
     ing = Ingest(pol, store, None, None, zones=ZoneResolver(instances=compute))
     out = ing.handle_payload(push_body(regional_journal()))
     assert out.result == "opened" and out.incident is not None
-    assert out.incident["node"]["zone"] == "us-central1-c"
+    assert out.incident["node"] is not None and out.incident["node"]["zone"] == "us-central1-c"
     assert out.incident["node_key"] == f"{PROJECT}.us-central1-c.{NODE}"
     lost = Ingest(pol, store, None, None, zones=ZoneResolver(instances=Instances({})))
     other = regional_journal()

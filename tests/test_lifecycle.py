@@ -25,7 +25,7 @@ from pitstop.local.executions_server import ExecutionsService
 from pitstop.services.ingest import Ingest
 from pitstop.services.sweep import Sweep
 
-from .helpers import ops_agent_entry, syslog_entry
+from .helpers import ManualClock, RecordingTopic, ops_agent_entry, syslog_entry
 
 pytestmark = pytest.mark.emulator
 
@@ -38,23 +38,11 @@ XID94 = (
 )
 
 
-class Clock:
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
+Clock = ManualClock
 
 
-class Recorder:
+class Recorder(RecordingTopic):
     """An in-memory notifications topic."""
-
-    def __init__(self) -> None:
-        self.published: list[dict[str, Any]] = []
-
-    def publish(self, notification: Mapping[str, Any]) -> str:
-        self.published.append(json.loads(json.dumps(notification)))
-        return str(len(self.published))
 
     def pages(self) -> list[dict[str, Any]]:
         return [n for n in self.published if n["kind"] == "page"]
@@ -129,17 +117,17 @@ def test_watchdog_cancels_and_fails_an_execution_past_its_deadline(
 ) -> None:
     svc, endpoint = executions
     clock, topic = Clock(), Recorder()
-    pol = make_policy(watchdog={"deadline_s": {"REBOOT_NODE": 900}})
+    pol = make_policy(watchdog={"deadline_s": {"REBOOT_NODE": 90000}})
     ing = make_ingest(fs_client, endpoint, pol, clock, topic)
     iid, name = started(ing, "a3-node-061", state="ACTING")
-    clock.t = T0 + 899
+    clock.t = T0 + 89999
     assert Sweep(ing).run()["failed"] == 0
     assert svc.records[name].execution.state.name == "ACTIVE"
-    clock.t = T0 + 901
+    clock.t = T0 + 90001
     assert Sweep(ing).run()["failed"] == 1
     inc = ing.store.get(iid)
     assert inc is not None and inc["state"] == "FAILED"
-    assert "still ACTIVE after 901 s (deadline 900 s)" in inc["failure"]["error"]
+    assert "still ACTIVE after 90001 s (deadline 90000 s)" in inc["failure"]["error"]
     assert svc.records[name].execution.state.name == "CANCELLED"
     assert [p["incident"]["id"] for p in topic.pages()] == [iid]
 
@@ -412,3 +400,27 @@ def test_the_coalescer_keeps_bounded_maps_and_loses_no_count(fs_client: firestor
     incidents = [d.to_dict() or {} for d in fs_client.collection("pitstop_incidents").stream()]
     assert len(incidents) == len(nodes)
     assert sum(i["counts"]["events"] for i in incidents) == per_node * len(nodes)
+
+
+def test_a_deadline_shorter_than_the_workflows_own_waits_is_raised() -> None:
+    """Issue 21 (7): 45 min / 2 h deadlines failed steps the workflow was rightly still waiting on
+    (verify alone may take 2,700 s). The deadline is never shorter than the workflow's waits."""
+    from pitstop.core import watchdog
+
+    pol = make_policy(watchdog={"deadline_s": {"default": 2700, "REPLACE_NODE": 7200}})
+    for action in ("RESET_GPU", "REBOOT_NODE", "DRAIN_NODE", "REPLACE_NODE"):
+        waits = sum(watchdog.WORKFLOW_WAITS.values())
+        assert pol.watchdog_deadline_s(action) > waits, action
+    assert pol.watchdog_deadline_s("REPLACE_NODE") > pol.watchdog_deadline_s("REBOOT_NODE")
+
+
+def test_the_watchdogs_view_of_the_workflows_waits_is_what_deploy_sets() -> None:
+    import yaml
+
+    from pitstop.core import watchdog
+    from pitstop.tools.deploy import RESOURCES
+
+    doc = yaml.safe_load(RESOURCES.read_text())
+    (wf,) = [r for r in doc["resources"] if r.get("kind") == "workflow"]
+    deployed = {k: float(v) for k, v in wf["env"].items() if k in watchdog.WORKFLOW_WAITS}
+    assert deployed == dict(watchdog.WORKFLOW_WAITS)

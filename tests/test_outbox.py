@@ -28,7 +28,7 @@ from pitstop.services.ingest import Ingest
 from pitstop.services.notify import Notify
 from pitstop.services.sweep import Sweep
 
-from .helpers import ops_agent_entry
+from .helpers import RecordingTopic, ops_agent_entry
 
 pytestmark = pytest.mark.emulator
 
@@ -66,15 +66,7 @@ class Flaky:
         return message_id
 
 
-class Recorder:
-    """An in-memory topic."""
-
-    def __init__(self) -> None:
-        self.published: list[dict[str, Any]] = []
-
-    def publish(self, notification: Mapping[str, Any]) -> str:
-        self.published.append(json.loads(json.dumps(notification)))
-        return str(len(self.published))
+Recorder = RecordingTopic
 
 
 def _policy() -> policy.Policy:

@@ -38,7 +38,9 @@ def by_name(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_shipped_scenario_is_valid_and_a_broken_one_names_its_path(tmp_path: Path) -> None:
     scn = scenario()
     assert scn["fleet"]["nodes"] == 2048 and scn["faults"]["rate"] == "llama3"
-    assert sum(c["count"] for c in scn["faults"]["categories"].values()) == 419  # Llama 3 Table 5
+    cats = scn["faults"]["categories"].values()
+    assert sum(c["count"] for c in cats if c["signal"] != "straggler") == 419  # Llama 3 Table 5
+    assert sum(c["count"] for c in cats if c["signal"] == "straggler") == 58  # ByteRobust's ratio
     doc = yaml.safe_load(simulate.default_path().read_text())
     doc["faults"]["categories"]["gpu_hbm3"]["bursts"] = [["xid_nope"]]
     bad = tmp_path / "s.yaml"
@@ -58,6 +60,7 @@ def test_same_seed_same_result_other_seed_other_trace() -> None:
 
 def test_strategy_ordering_on_the_default_scenario() -> None:
     res = by_name(simulate.simulate(scenario()))
+    assert res["pitstop+tel"]["ettr"] > res["pitstop"]["ettr"]
     assert res["pitstop"]["ettr"] >= res["nvsentinel"]["ettr"] >= res["manual"]["ettr"]
     assert res["pitstop"]["time_to_resume_min"]["mean"] < res["manual"]["time_to_resume_min"]["mean"]
     assert res["pitstop"]["money_lost_usd"] < res["manual"]["money_lost_usd"]
@@ -110,11 +113,13 @@ def test_trace_reproduces_the_llama3_counts_within_sampling_error() -> None:
     scn = scenario(spares=0)
     totals = [len(trace.generate(simulate.with_fields(scn, {"seed": s}))) for s in range(5)]
     mean = sum(totals) / len(totals)
-    assert abs(mean - 419) < 3 * math.sqrt(419 / len(totals))
+    assert abs(mean - 477) < 3 * math.sqrt(477 / len(totals))  # 419 interruptions and 58 stragglers
     expected = trace.expected_count(scn)
     assert expected["faulty_gpu"] == pytest.approx(148) and expected["gpu_hbm3"] == pytest.approx(72)
     rsc1 = trace.expected_count(simulate.with_fields(scn, {"rate": "rsc1"}))
-    assert sum(rsc1.values()) == pytest.approx(6.50 / 1000 * 2048 * 54)
+    stragglers = rsc1.pop("gpu_straggler")
+    assert sum(rsc1.values()) == pytest.approx(6.50 / 1000 * 2048 * 54)  # a failure rate: without them
+    assert stragglers == pytest.approx(58)
 
 
 def _pitstop_run(scn: dict[str, Any]) -> tuple[dict[str, Any], Pitstop]:
@@ -167,10 +172,11 @@ def _cli(argv: list[str]) -> str:
 def test_cli_json_has_the_documented_shape() -> None:
     doc = json.loads(_cli(["simulate", "--json", "--nodes", "128", "--days", "5"]))
     assert set(doc) >= {"strategies", "scenario"}
-    assert [r["strategy"] for r in doc["strategies"]] == ["manual", "gke", "nvsentinel", "pitstop"]
+    names = [r["strategy"] for r in doc["strategies"]]
+    assert names == ["manual", "gke", "nvsentinel", "pitstop", "pitstop+tel"]
     for r in doc["strategies"]:
         assert 0 < r["ettr"] <= 1
-        assert set(r["gpu_hours_lost"]) == {"checkpoint", "lost_work", "detect", "wait", "restart"}
+        assert set(r["gpu_hours_lost"]) == {"checkpoint", "lost_work", "slowed", "detect", "wait", "restart"}
         assert set(r["time_to_resume_min"]) == {"mean", "p95"}
         for k in ("interruptions", "nodes_held", "nodes_wrongly_replaced", "money_lost_usd"):
             assert isinstance(r[k], int | float)
@@ -184,3 +190,45 @@ def test_cli_table_sweep_and_plot(tmp_path: Path) -> None:
     assert "pitstop" in out and "ETTR by nodes" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 10_000
+
+
+def test_a_straggler_slows_its_gang_until_a_person_notices_and_the_alert_moves_it_at_a_checkpoint() -> None:
+    """One job, stragglers only, a person always 60 min late: each straggler on the job costs the
+    gang 60 min x (1 - 1/1.34) of its time; with the alert, 10 min of it, then the planned move at
+    the next checkpoint loses no work."""
+    scn = only(
+        scenario(nodes=64, spares=8, days=20, seed=3),
+        "slow",
+        {"count": 6, "signal": "straggler", "needs": {"REBOOT_NODE": 1}},
+    )
+    scn["faults"]["basis"] = {"nodes": 64, "days": 20}
+    scn["durations"]["straggler_human"] = [60, 60]
+    scn["strategies"] = ["manual", "pitstop+tel"]
+    faults = trace.generate(scn)
+    on_job = [f for f in faults if f.node < 64]
+    assert on_job
+    res = by_name(simulate.simulate(scn))
+    gpus = 64 * 8
+    factor = 1 - 1 / 1.34
+    manual = res["manual"]["gpu_hours_lost"]["slowed"]
+    assert manual == pytest.approx(len(on_job) * 1.0 * factor * gpus, rel=0.05)
+    tel = res["pitstop+tel"]
+    assert tel["gpu_hours_lost"]["slowed"] < manual / 3
+    assert tel["gpu_hours_lost"]["lost_work"] < res["manual"]["gpu_hours_lost"]["lost_work"]
+    assert tel["engine"]["decided"].get("DRAIN_NODE", 0) == len(faults)  # each through the engine
+
+
+def test_a_hang_is_found_at_the_heartbeats_window_instead_of_the_jobs_timeout_and_a_person() -> None:
+    scn = only(
+        scenario(nodes=64, spares=8, days=20, seed=5),
+        "nic",
+        {"count": 6, "signal": "hang", "needs": {"REBOOT_NODE": 1}},
+    )
+    scn["faults"]["basis"] = {"nodes": 64, "days": 20}
+    scn["strategies"] = ["pitstop", "pitstop+tel"]
+    res = by_name(simulate.simulate(scn))
+    before, after = res["pitstop"], res["pitstop+tel"]
+    assert after["gpu_hours_lost"]["detect"] < before["gpu_hours_lost"]["detect"] / 4
+    assert after["time_to_resume_min"]["mean"] < before["time_to_resume_min"]["mean"]
+    assert after["engine"]["decided"] == {"RESTART_JOB": after["faults"]}  # one hang incident per fault
+    assert before["engine"]["incidents"] == 0  # today nothing Pitstop reads shows a hang

@@ -36,6 +36,12 @@ def test_every_xid_line_is_selected(case: dict[str, Any], carrier: str) -> None:
     assert selected(CARRIERS[carrier](case["line"]))
 
 
+@pytest.mark.parametrize("carrier", sorted(CARRIERS))
+@pytest.mark.parametrize("case", load_fixture("sxid_lines.yaml"), ids=lambda c: c["id"])
+def test_every_nvswitch_line_is_selected(case: dict[str, Any], carrier: str) -> None:
+    assert selected(CARRIERS[carrier](case["line"]))
+
+
 @pytest.mark.parametrize(
     "case",
     [c for c in load_fixture("system_events.yaml") if c["expect"]["kind"] != "unrelated"],
@@ -46,6 +52,7 @@ def test_every_system_event_is_selected(case: dict[str, Any]) -> None:
 
 
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, GPU has fallen off the bus."
+SXID = "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 sourcetrack timeout error"
 NOISE = {
     "systemd": syslog_entry("systemd[1]: Started Session 42 of user root."),
     "ext4": syslog_entry("kernel: EXT4-fs (sda1): mounted filesystem"),
@@ -174,6 +181,8 @@ def test_ops_agent_ships_the_kernel_journal_under_the_filters_log_id() -> None:
         (journald_entry(XID79, transport=None), KERNEL_LOG_ID, False, False),
         (syslog_entry(XID79), "syslog", False, True),  # selected when a VM without this config sends it
         (syslog_entry("systemd[1]: Started Session 42."), "syslog", True, False),
+        (ops_agent_entry(SXID), KERNEL_LOG_ID, True, True),
+        (syslog_entry(SXID), "syslog", False, True),
     ],
     ids=[
         "kernel-xid",
@@ -183,6 +192,8 @@ def test_ops_agent_ships_the_kernel_journal_under_the_filters_log_id() -> None:
         "no-transport",
         "syslog-xid",
         "syslog-noise",
+        "kernel-sxid",
+        "syslog-sxid",
     ],
 )
 def test_agent_and_sink_together(entry: dict[str, Any], receiver: str, shipped: bool, picked: bool) -> None:

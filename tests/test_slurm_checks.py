@@ -57,6 +57,7 @@ PROJECT, ZONE = "p-checks", "us-central1-a"
 TOOLS = CheckTools(
     nvidia_smi=(sys.executable, "-m", "pitstop.local.gpu_tools.nvidia_smi"),
     dcgmi=(sys.executable, "-m", "pitstop.local.gpu_tools.dcgmi"),
+    dmesg=(sys.executable, "-m", "pitstop.local.gpu_tools.dmesg"),
     all_gather_perf=(sys.executable, "-m", "pitstop.local.gpu_tools.all_gather_perf"),
 )
 

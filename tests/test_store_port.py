@@ -162,3 +162,12 @@ def test_one_rule_says_what_a_decision_writes() -> None:
     )
     assert commit_of(raised).count == 3
     assert commit_of(engine.Outcome("duplicate")).count == 0
+
+
+def test_the_job_disruption_budget_admits_runs_up_to_its_cap(store: IncidentStore) -> None:
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    assert store.claim_job_restart(job, "run-1", T0, 2, 3600)
+    assert store.claim_job_restart(job, "run-1", T0 + 5, 2, 3600)  # the same run again: admitted
+    assert store.claim_job_restart(job, "run-2", T0 + 10, 2, 3600)
+    assert not store.claim_job_restart(job, "run-3", T0 + 20, 2, 3600)  # spent
+    assert store.claim_job_restart(job, "run-3", T0 + 3601, 2, 3600)  # run-1 slid out of the window

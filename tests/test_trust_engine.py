@@ -47,7 +47,7 @@ def test_a_forged_line_is_recorded_and_paged_once_and_starts_nothing() -> None:
     again = w.feed(forged(XID79, T0 + 5))
     assert again.result == "absorbed" and again.page is None and again.start_step is None
     assert w.incidents[inc["id"]]["counts"]["events"] == 2
-    assert w.nodes[engine.node_key(inc["node"])]["remediations"] == []
+    assert w.nodes[engine.subject_key(inc)]["remediations"] == []
 
 
 def test_a_verified_line_of_the_same_episode_acts() -> None:

@@ -399,6 +399,9 @@ DEFAULT_ANSWERS: dict[str, Any] = {
     "claim": {"ours": True, "why": "", "plan": "remediate", "action": "REBOOT_NODE"},
     "act": {"operation": None, "method": "reset"},
     "verify": {"done": True},
+    "corroborate": {"run": True},
+    "corroboration": {"done": True},
+    "judge_corroboration": {"confirmed": True, "why": "confirmed on the node"},
     "diagnose": {"run": False, "why": "a diagnostic runs only before REPLACE_NODE"},
     "validate": {"run": False, "why": "validation.enabled is false in policy"},
     "diagnosis": {"done": True},
@@ -413,6 +416,9 @@ DROP = "drop"  # the request reached actuate, but the connection closed before a
 STEP_OPS = [
     "claim",
     "fence",
+    "corroborate",
+    "corroboration",
+    "judge_corroboration",
     "reschedule_early",
     "diagnose",
     "act",
@@ -515,6 +521,32 @@ def test_remediate_calls_each_op_in_order_once(actuate: type[FakeActuate]) -> No
     assert out == {"incident": "iabcdefgh2", "step": 1, "outcome": "resolved"}
     assert fake.ops() == STEP_OPS
     assert {c["execution"] for c in fake.calls} == {"exec-1"}
+
+
+def test_an_unconfirmed_fault_fails_the_step_before_any_disruption(actuate: type[FakeActuate]) -> None:
+    """judge_corroboration's 409: the step fails at once (a page); nothing after the fence runs."""
+    refused = (409, {"error": "corroboration: not confirmed on the node"})
+    fake = actuate(
+        {"corroboration": [(200, {"done": False}), (200, {"done": True})], "judge_corroboration": [refused]}
+    )
+    out, _ = remediate(fake)
+    assert out["outcome"] == "failed" and out["stage"] == "corroborate"
+    assert fake.ops() == [
+        "claim",
+        "fence",
+        "corroborate",
+        "corroboration",
+        "corroboration",
+        "judge_corroboration",
+        "fail",
+    ]
+
+
+def test_no_corroboration_run_goes_straight_to_its_judge(actuate: type[FakeActuate]) -> None:
+    fake = actuate({"corroborate": [(200, {"run": False, "why": "a record-only action"})]})
+    out, _ = remediate(fake)
+    assert out["outcome"] == "resolved"
+    assert fake.ops()[1:4] == ["fence", "corroborate", "judge_corroboration"]
 
 
 def test_diagnose_and_validate_wait_for_their_runs_then_judge(actuate: type[FakeActuate]) -> None:

@@ -21,12 +21,15 @@ from typing import Any, TypeVar, cast
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
+from pitstop.adapters.firestore_jobs import JobRecords
+from pitstop.adapters.firestore_outbox import OutboxRecords
+from pitstop.adapters.firestore_starts import StartRecords
 from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.core import engine
 from pitstop.core.actions import NODE_ACTIONS
 from pitstop.core.domain import Incident
 from pitstop.core.policy import Policy
-from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
+from pitstop.core.states import State
 from pitstop.core.store import commit_of
 
 T = TypeVar("T")
@@ -92,9 +95,9 @@ class _LazyBudgets(Mapping[str, dict[str, Any] | None]):
         return len(self._cache)
 
 
-class IncidentStore:
+class IncidentStore(JobRecords, OutboxRecords, StartRecords):
     def __init__(self, client: firestore.Client, prefix: str = "pitstop") -> None:
-        self.db = client
+        self.db, self.prefix = client, prefix
         self.nodes = client.collection(f"{prefix}_nodes")
         self.incidents = client.collection(f"{prefix}_incidents")
         self.budgets = client.collection(f"{prefix}_budgets")
@@ -115,6 +118,9 @@ class IncidentStore:
     def _count_writes(self, n: int) -> None:
         with self._lock:
             self.writes += n
+
+    def _incidents(self) -> Any:
+        return self.incidents
 
     def _txn(self) -> Any:
         return self.db.transaction(max_attempts=MAX_ATTEMPTS)
@@ -186,7 +192,7 @@ class IncidentStore:
 
     def apply(self, ev: Mapping[str, Any], policy: Policy, now: float) -> engine.Outcome:
         """Fold one event in, exactly once per delivery identity."""
-        nkey = engine.node_key(ev["node"])
+        nkey = engine.subject_key(ev)
         return self._serialised(
             nkey, ev["action"] in NODE_ACTIONS, lambda: self._apply(ev, policy, now, nkey)
         )
@@ -287,58 +293,11 @@ class IncidentStore:
             self._count_writes(1)
             return inc
 
-        nkey = engine.node_key(representative["node"])
+        nkey = engine.subject_key(representative)
         merged = self._serialised(nkey, False, lambda: txn(self._txn()))
         if merged is not None:
             return engine.Outcome("absorbed", incident=merged, coalesced=True)
         return self.apply(representative, policy, now)
-
-    # -- workflow starts ---------------------------------------------------------------
-
-    def lease_start(self, iid: str, step: int, now: float, lease_s: float = 60.0) -> dict[str, Any] | None:
-        """Claim the right to start the execution of one incident step (one starter at a time)."""
-        ref = self.incidents.document(iid)
-
-        @firestore.transactional
-        def txn(t: Any) -> dict[str, Any] | None:
-            snap = ref.get(transaction=t)
-            inc = snap.to_dict() if snap.exists else None
-            wf = (inc or {}).get("workflow") or {}
-            if inc is None or wf.get("step") != step or wf.get("state") != RunState.PENDING:
-                return None
-            if inc["state"] in UNCLAIMABLE_STATES:  # closed by a person (or failed) before it started
-                return None
-            if wf.get("lease_until", 0) > now:
-                return None
-            wf["lease_until"] = now + lease_s
-            wf["attempts"] = wf.get("attempts", 0) + 1
-            t.update(ref, {"workflow": wf})
-            self._count_writes(1)
-            return inc
-
-        result: dict[str, Any] | None = self._serialised(iid, False, lambda: txn(self._txn()))
-        return result
-
-    def record_started(self, iid: str, step: int, execution: str, now: float) -> None:
-        ref = self.incidents.document(iid)
-
-        @firestore.transactional
-        def txn(t: Any) -> None:
-            inc = ref.get(transaction=t).to_dict() or {}
-            wf = inc.get("workflow") or {}
-            if wf.get("step") == step:
-                wf.update({"state": RunState.STARTED, "execution": execution, "started_at": now})
-                t.update(ref, {"workflow": wf, "updated_at": now})
-                self._count_writes(1)
-
-        self._serialised(iid, False, lambda: txn(self._txn()))
-
-    def pending_starts(self, now: float) -> list[dict[str, Any]]:
-        """Incidents whose decided workflow step has not been started (crash recovery)."""
-        q = self.incidents.where(filter=firestore.FieldFilter("workflow.state", "==", RunState.PENDING))
-        return [
-            d for d in (s.to_dict() for s in q.stream()) if d and d["workflow"].get("lease_until", 0) <= now
-        ]
 
     # -- remediation steps (actuate) ---------------------------------------------------
 
@@ -381,23 +340,6 @@ class IncidentStore:
                 t.set(self.budgets.document(doc_id), doc)
 
         self._serialised(inc["id"], True, lambda: txn(self._txn()))
-
-    def mark_job_requeue(self, key: str, incident: str, now: float) -> bool:
-        """A gang moves once per fault: claim the requeue of one run of a job, whatever the time.
-
-        ``key`` names the cluster, the job and its run (pitstop.core.ids.requeue_key). The first
-        incident to claim a run requeues it, and its own retries may again (the Slurm command is
-        replayed, not repeated); any other incident finds the run taken. A later run of the job
-        has another key.
-        """
-        ref = self.db.collection(self.incidents.id.replace("_incidents", "_jobs")).document(key)
-        try:
-            ref.create({"incident": incident, "at": now})
-            self._count_writes(1)
-            return True
-        except gexc.Conflict:
-            cur = ref.get().to_dict() or {}
-            return bool(cur.get("incident") == incident)
 
     # -- operator views and actions ----------------------------------------------------
 
@@ -479,7 +421,7 @@ class IncidentStore:
             if not inc:
                 return engine.Outcome("ignored")
             node_ref = self.nodes.document(inc["node_key"])
-            node_doc = node_ref.get(transaction=t).to_dict() or engine.new_node(inc["node"])
+            node_doc = node_ref.get(transaction=t).to_dict() or engine.new_node(inc["node"], inc.get("job"))
             out = decide(inc, node_doc, _LazyBudgets(self.budgets, t, self._holding.turn))
             if out.result != "ignored":
                 self._write(t, out)
@@ -523,45 +465,9 @@ class IncidentStore:
         for inc in done.incidents:
             t.set(self.incidents.document(inc["id"]), inc)
         if done.node is not None:
-            t.set(self.nodes.document(engine.node_key(done.node["node"])), done.node)
+            t.set(self.nodes.document(engine.subject_key(done.node)), done.node)
         for doc_id, doc in done.budgets.items():
             t.set(self.budgets.document(doc_id), doc)
         self._count_writes(done.count)
         if self.on_decision is not None:
             self.on_decision(t, out)
-
-    # -- outbox: notifications recorded with the decision that causes them -------------------
-
-    def outbox_put_in(self, t: Any, nid: str, entry: Mapping[str, Any]) -> None:
-        """Record an outbox entry in the caller's transaction (committed with its decision or not at all)."""
-        t.set(self.outbox.document(nid), dict(entry))
-        self._count_writes(1)
-
-    def outbox_add(self, nid: str, entry: Mapping[str, Any]) -> dict[str, Any]:
-        """Record an outbox entry unless one with this id exists; the stored entry either way."""
-        ref = self.outbox.document(nid)
-        try:
-            ref.create(dict(entry))
-        except gexc.AlreadyExists:
-            return ref.get().to_dict() or dict(entry)
-        self._count_writes(1)
-        return dict(entry)
-
-    def outbox_mark_sent(self, nid: str, message_id: str, now: float, keep_s: float) -> None:
-        """The entry's notification reached the topic; it expires (Firestore TTL) ``keep_s`` later."""
-        expire = dt.datetime.fromtimestamp(now + keep_s, tz=dt.UTC)
-        fields = {"sent": True, "sent_at": now, "message_id": message_id, "expire_at": expire}
-        self.outbox.document(nid).set(fields, merge=True)
-        self._count_writes(1)
-
-    def outbox_note_failure(self, nid: str, now: float) -> None:
-        """A publish of the entry failed (the sweep retries it without waiting)."""
-        self.outbox.document(nid).update({"failed_at": now, "failures": firestore.Increment(1)})
-        self._count_writes(1)
-
-    def outbox_unsent(self, created_before: float) -> Iterator[dict[str, Any]]:
-        """Unsent entries whose publish failed or that were recorded before ``created_before``."""
-        q = self.outbox.where(filter=firestore.FieldFilter("sent", "==", False))
-        docs = [d for d in (s.to_dict() for s in q.stream()) if d]
-        due = [d for d in docs if d.get("failed_at") is not None or d.get("created_at", 0) <= created_before]
-        yield from sorted(due, key=lambda d: float(d.get("created_at", 0)))  # oldest first

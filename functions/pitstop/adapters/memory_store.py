@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from pitstop.core import engine
+from pitstop.core import engine, remediation
 from pitstop.core.engine import Outcome
 from pitstop.core.policy import Policy
 from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
@@ -31,6 +31,7 @@ class MemoryStore:
         self.budgets: dict[str, dict[str, Any]] = {}
         self.dedup: dict[str, str | None] = {}
         self.jobs: dict[str, dict[str, Any]] = {}
+        self.job_restarts: dict[str, dict[str, Any]] = {}
         self.outbox: dict[str, dict[str, Any]] = {}
         self.step_stores: dict[str, MemoryStepStore] = {}
         self.on_decision: Callable[[Any, Outcome], None] | None = None
@@ -46,7 +47,7 @@ class MemoryStore:
         for inc in done.incidents:
             self.incidents[inc["id"]] = dict(inc)
         if done.node is not None:
-            self.nodes[engine.node_key(done.node["node"])] = done.node
+            self.nodes[engine.subject_key(done.node)] = done.node
         self.budgets.update(done.budgets)
         self.writes += done.count
         if self.on_decision is not None:
@@ -59,7 +60,7 @@ class MemoryStore:
         with self._lock:
             if key in self.dedup:
                 return Outcome("duplicate", duplicate_of=self.dedup[key])
-            node = self.nodes.get(engine.node_key(ev["node"]))  # the engine works on its own copies
+            node = self.nodes.get(engine.subject_key(ev))  # the engine works on its own copies
             latest = (
                 self.incidents.get(node["latest_incident"]) if node and node.get("latest_incident") else None
             )
@@ -95,7 +96,7 @@ class MemoryStore:
             inc = self.get(iid)
             if not inc:
                 return Outcome("ignored")
-            node = self.get_node(inc["node_key"]) or engine.new_node(inc["node"])
+            node = self.get_node(inc["node_key"]) or engine.new_node(inc["node"], inc.get("job"))
             out = decide(inc, node, self.budgets)
             if out.result != "ignored":
                 self._commit(out)
@@ -211,6 +212,12 @@ class MemoryStore:
         with self._lock:
             docs = {d: self.budgets.get(d) for d in inc.get("budget_scopes", [])}
             self.budgets.update(engine.release_slots(docs, inc["id"]))
+
+    def claim_job_restart(self, job_key: str, run_key: str, now: float, cap: int, window_s: float) -> bool:
+        with self._lock:
+            ok, doc = remediation.admit_restart(self.job_restarts.get(job_key), run_key, now, cap, window_s)
+            self.job_restarts[job_key] = doc
+            return ok
 
     def mark_job_requeue(self, key: str, incident: str, now: float) -> bool:
         with self._lock:

@@ -1,15 +1,17 @@
-"""The XID and system-event policies loaded from schemas/, and the pure decision on one event."""
+"""The XID, SXid and system-event policies loaded from schemas/, and the pure decision on one event."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pitstop.core import resources
 from pitstop.core.actions import Action
+from pitstop.core.nvlink import Nvlink5Table, Verdict, Xid74Table
 
 ANY = "any"  # in a refine clause: the detail key is present
 
@@ -43,12 +45,80 @@ class XidRule:
     reason: str
     app_fault: bool = False
     refine: tuple[Refinement, ...] = ()
+    decode: str | None = None  # a table of ``decode:`` that decides before ``refine``
+    tie: str | None = None  # how the engine relates it to other lines of its GPU (TIES)
+
+
+TIE_PRIMARY = "primary"  # a secondary line naming its primary Xid (45)
+TIE_RECOVERY = "recovery"  # the driver's recovery verdict for the GPU (154)
+
+
+class Decision(NamedTuple):
+    """An action and why (one per classified line: a tuple, cheaper to make than a frozen dataclass)."""
+
+    action: str
+    reason: str
+    anomaly: str | None = None  # what a decode table did not know (the rule decided instead)
+    decoded: bool | None = None  # a decode table decided (True) or fell back (False); None: no table
 
 
 @dataclass(frozen=True)
-class Decision:
+class Repeat:
+    within_h: float
     action: str
     reason: str
+
+
+@dataclass(frozen=True)
+class SxidPolicy:
+    """NVSwitch SXid: the action by severity; a repeat of a fatal one on a node escalates."""
+
+    fatal: Decision
+    non_fatal: Decision
+    unknown: Decision
+    repeat: Repeat | None
+    lemon: bool  # a non-fatal episode counts toward the node's lemon tally
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> SxidPolicy:
+        f, nf, u = doc["fatal"], doc["non_fatal"], doc["unknown"]
+        rep = f.get("repeat")
+        return cls(
+            Decision(f["action"], f["reason"]),
+            Decision(nf["action"], nf["reason"]),
+            Decision(u["action"], u["reason"]),
+            Repeat(float(rep["within_h"]), rep["action"], rep["reason"]) if rep else None,
+            bool(nf.get("counts_toward_lemon", False)),
+        )
+
+    def decide(self, severity: str | None) -> Decision:
+        return {"fatal": self.fatal, "non_fatal": self.non_fatal}.get(severity or "", self.unknown)
+
+
+def _rules(doc: Mapping[str, Any], bucket_action: Any) -> dict[int, XidRule]:
+    rules: dict[int, XidRule] = {}
+    for i, r in enumerate(doc["rules"]):
+        action = r.get("action") or bucket_action(r["bucket"], f"rules/{i}")
+        bucket_action(r["bucket"], f"rules/{i}")
+        refine = tuple(Refinement(c["if"], c.get("action"), c.get("reason")) for c in r.get("refine", ()))
+        for code in r["codes"]:
+            if code in rules:
+                raise resources.DataFileError(f"xid policy: rules/{i}: Xid {code} is listed twice")
+            rules[code] = XidRule(
+                code, r["name"], r["bucket"], action, r["reason"], r.get("app_fault", False), refine,
+                r.get("decode"), r.get("tie"),
+            )  # fmt: skip
+    return rules
+
+
+def _decoders(doc: Mapping[str, Any]) -> dict[str, Callable[[Mapping[str, Any]], Verdict | None]]:
+    try:
+        return {
+            "xid74": Xid74Table.from_doc(doc["xid74"]).decode,
+            "nvlink5": Nvlink5Table.from_doc(doc["nvlink5"]).decode,
+        }
+    except ValueError as exc:
+        raise resources.DataFileError(f"xid policy: decode: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -58,6 +128,10 @@ class XidPolicy:
     recovery: Mapping[int, Decision]
     recovery_unknown: Decision
     overrides: Mapping[int, str] = field(default_factory=dict)
+    gpu_unknown: Mapping[str, str] = field(default_factory=dict)
+    device_plugin_xids: frozenset[int] = frozenset()
+    decoders: Mapping[str, Callable[[Mapping[str, Any]], Verdict | None]] = field(default_factory=dict)
+    sxid: SxidPolicy | None = None
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> XidPolicy:
@@ -68,42 +142,60 @@ class XidPolicy:
                 raise resources.DataFileError(f"xid policy: {where}: bucket {bucket!r} is not in buckets")
             return buckets[bucket]
 
-        rules: dict[int, XidRule] = {}
-        for i, r in enumerate(doc["rules"]):
-            action = r.get("action") or bucket_action(r["bucket"], f"rules/{i}")
-            bucket_action(r["bucket"], f"rules/{i}")
-            refine = tuple(Refinement(c["if"], c.get("action"), c.get("reason")) for c in r.get("refine", ()))
-            for code in r["codes"]:
-                if code in rules:
-                    raise resources.DataFileError(f"xid policy: rules/{i}: Xid {code} is listed twice")
-                rules[code] = XidRule(
-                    code, r["name"], r["bucket"], action, r["reason"], r.get("app_fault", False), refine
-                )
         u = doc["unknown"]
         unknown = XidRule(0, u["name"], u["bucket"], bucket_action(u["bucket"], "unknown"), u["reason"])
         recovery = {int(k): Decision(v["action"], v["reason"]) for k, v in doc["recovery_actions"].items()}
         ru = doc["recovery_unknown"]
-        return cls(rules, unknown, recovery, Decision(ru["action"], ru["reason"]))
+        return cls(
+            _rules(doc, bucket_action),
+            unknown,
+            recovery,
+            Decision(ru["action"], ru["reason"]),
+            gpu_unknown=dict(doc["gpu_unknown"]),
+            device_plugin_xids=frozenset(doc["gke_device_plugin_xids"]),
+            decoders=_decoders(doc["decode"]),
+            sxid=SxidPolicy.from_doc(doc["sxid"]),
+        )
 
     def with_overrides(self, overrides: Mapping[int, str]) -> XidPolicy:
         """Operator overrides from policy.yaml: the named code always yields that action."""
-        return XidPolicy(self.rules, self.unknown, self.recovery, self.recovery_unknown, dict(overrides))
+        return dataclasses.replace(self, overrides=dict(overrides))
 
     def rule(self, xid: int) -> XidRule:
         return self.rules.get(xid) or self.unknown
+
+    def codes_tied(self, tie: str) -> frozenset[int]:
+        """The codes whose rule names this ``tie`` (the engine's per-GPU relations)."""
+        return frozenset(c for c, r in self.rules.items() if r.tie == tie)
+
+    def repeat_for(self, kind: str) -> Repeat | None:
+        """The escalation a repeat of this kind of fault on one node gets, if its policy names one."""
+        return self.sxid.repeat if kind == SXID_KIND and self.sxid is not None else None
 
     def decide(self, xid: int, detail: Mapping[str, Any]) -> Decision:
         rule = self.rule(xid)
         head = f"Xid {xid} {rule.name}" if rule is not self.unknown else f"Xid {xid}"
         if xid in self.overrides:
             return Decision(self.overrides[xid], f"{head}: action set by policy override")
-        if xid == 154 and "recovery_to" in detail:
+        if rule.tie == TIE_RECOVERY and "recovery_to" in detail:
             rec = self.recovery.get(detail["recovery_to"], self.recovery_unknown)
             return Decision(rec.action, f"{head}: code 0x{detail['recovery_to']:x}: {rec.reason}")
+        anomaly, decoded = None, None
+        if rule.decode is not None:
+            verdict = self.decoders[rule.decode](detail)
+            if verdict is not None and verdict.action is not None:
+                return Decision(verdict.action, f"{head}: {verdict.why}", decoded=True)
+            if verdict is not None:
+                anomaly, decoded = verdict.why, False
         for ref in rule.refine:
             if ref.matches(detail):
-                return Decision(ref.action or rule.action, f"{head}: {ref.reason or rule.reason}")
-        return Decision(rule.action, f"{head}: {rule.reason}")
+                return Decision(
+                    ref.action or rule.action, f"{head}: {ref.reason or rule.reason}", anomaly, decoded
+                )
+        return Decision(rule.action, f"{head}: {rule.reason}", anomaly, decoded)
+
+
+SXID_KIND = "nvswitch_sxid"
 
 
 @dataclass(frozen=True)
@@ -143,8 +235,11 @@ def default_system_events() -> dict[str, SystemEventRule]:
 
 
 __all__ = [
+    "SXID_KIND",
     "Action",
     "Decision",
+    "Repeat",
+    "SxidPolicy",
     "SystemEventRule",
     "XidPolicy",
     "XidRule",

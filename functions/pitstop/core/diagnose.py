@@ -199,7 +199,7 @@ def _evidence_gpu(evidence: Mapping[str, Any], smi: SmiResult) -> tuple[int | No
     return None, pci if isinstance(pci, str) else None
 
 
-def _smi_findings(smi: SmiResult, expected_gpus: int | None, pci: str | None) -> list[str]:
+def smi_findings(smi: SmiResult, expected_gpus: int | None, pci: str | None) -> list[str]:
     out: list[str] = []
     if expected_gpus is not None and smi.visible < expected_gpus:
         lost = f" (lost: {', '.join(smi.lost)})" if smi.lost else ""
@@ -263,7 +263,7 @@ def diagnose(
     """
     table = table or default_validation_table()
     index, pci = _evidence_gpu(inc_evidence, nvidia_smi) if nvidia_smi.ok else (None, None)
-    found = _smi_findings(nvidia_smi, expected_gpus, pci) if nvidia_smi.ok else []
+    found = smi_findings(nvidia_smi, expected_gpus, pci) if nvidia_smi.ok else []
     found += _nvlink_findings(nvlink)
     hw, cfg = _dcgm_findings(dcgm, table, index)
     found += hw

@@ -46,8 +46,21 @@ class Source(TypedDict):
     trust_reason: str | None
 
 
+class JobRef(TypedDict):
+    """The subject of a job-level signal (a hung job): one job of a configured cluster.
+
+    ``job`` is the scheduler's own id (core/names.valid_job_id): Slurm's job id, or the GKE
+    adapter's ``kind/namespace/name``.
+    """
+
+    project: str
+    cluster: str
+    job: str
+
+
 class FaultEvent(TypedDict):
-    """One classified log entry. ``_observed_ts`` (epoch s) is added by ingest before the engine."""
+    """One classified log entry or alert notification. ``_observed_ts`` (epoch s) is added by
+    ingest before the engine. A job-level signal (``hang``) names a ``job`` and no ``node``."""
 
     kind: str
     action: str
@@ -58,6 +71,7 @@ class FaultEvent(TypedDict):
     source: Source
     reason: str
     detail: dict[str, Any]  # kind-specific, validated by the schema's ``detail`` properties
+    job: NotRequired[JobRef]
     _observed_ts: NotRequired[float]
 
 
@@ -76,6 +90,7 @@ class Timeline(TypedDict, total=False):
     fenced: float
     job_requeued: float
     job_running: float
+    corroborated: float
     diagnosed: float
     acted: float
     healthy: float
@@ -159,12 +174,34 @@ class Maintenance(TypedDict):
     maintenance_status: str | None
 
 
+class AlertRef(TypedDict):
+    """One Cloud Monitoring alert incident an episode absorbed (core/alerts.py), and its state."""
+
+    id: str
+    state: str  # open | closed
+    policy: str
+    signal: str
+    symptom: str | None  # degraded: throttle | ecc | row_remap | nvlink | pcie | ... (what to diagnose)
+    opened_at: float | None
+    closed_at: float | None
+
+
+class AlertEnd(TypedDict):
+    """The episode's alerts all closed before anything was done: it ended, and the same alert
+    opening again before ``flap_until`` reopens it (a flapping alert is one incident)."""
+
+    at: float
+    flap_until: float
+
+
 class Incident(TypedDict):
-    """One node fault episode (core/engine.new_incident makes it; actuate and the sweep move it)."""
+    """One fault episode of a node, or of a job for a job-level signal (``job`` set, ``node``
+    None, ``node_key`` the job's key: core/engine.subject_key). core/engine.new_incident makes
+    it; actuate and the sweep move it."""
 
     id: str
     node_key: str
-    node: NodeRef
+    node: NodeRef | None
     cluster: str | None
     scheduler: str
     state: str  # core.states.State
@@ -198,6 +235,10 @@ class Incident(TypedDict):
     failure: NotRequired[Failure]
     rejected: NotRequired[Rejected]
     budget_released_at: NotRequired[float]
+    job: NotRequired[JobRef]  # a job-level episode's subject (kind ``hang``)
+    alerts: NotRequired[list[AlertRef]]  # the Monitoring alerts it absorbed (kinds hang, degraded)
+    alert_ended: NotRequired[AlertEnd]
+    start_refusals: NotRequired[int]  # Workflows refused this step's start (services/sweep.py)
     # what the remediation learned (actuate): the scheduler's jobs and fence, the checks' records
     jobs: NotRequired[list[dict[str, Any]]]
     fence: NotRequired[dict[str, Any]]
@@ -216,15 +257,27 @@ class Remediation(TypedDict):
     action: str
     incident: str
     mode: str
+    kind: NotRequired[str]  # the incident's kind (a repeat of one kind may escalate: xid-policy ``repeat``)
+
+
+class Strike(TypedDict):
+    """A recorded fault episode that took no action but counts toward the lemon rule."""
+
+    at: float
+    incident: str
+    kind: str
 
 
 class NodeDoc(TypedDict):
-    """One per node, keyed by project/zone/instance (survives a MIG recreate)."""
+    """One per node, keyed by project/zone/instance (survives a MIG recreate); one per job for
+    job-level episodes (``job`` set, ``node`` None, keyed by core/engine.job_key)."""
 
-    node: NodeRef
+    node: NodeRef | None
+    job: NotRequired[JobRef]
     latest_incident: str | None
     remediations: list[Remediation]
     last_action_at: dict[str, float]
+    strikes: NotRequired[list[Strike]]
     block: NotRequired[str]  # the reservation block, from Compute's physical host topology
 
 

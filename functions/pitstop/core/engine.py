@@ -22,10 +22,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-from pitstop.core import lifecycle, trust
+from pitstop.core import alerts, lifecycle, trust
 from pitstop.core.actions import JOB_ACTIONS, NODE_ACTIONS, RANK, RECORD_ONLY_ACTIONS, Action, higher
-from pitstop.core.domain import Evidence, Held, Incident, Maintenance, NodeRef
-from pitstop.core.policy import Policy
+from pitstop.core.catalog import SXID_KIND, TIE_PRIMARY, TIE_RECOVERY
+from pitstop.core.domain import AlertRef, Evidence, GpuCounts, Held, Incident, JobRef, Maintenance, NodeRef
+from pitstop.core.policy import Cluster, Policy
 from pitstop.core.states import ACTIVE_STATES, OPEN_STATES, UNCLAIMABLE_STATES, RunState, State
 
 MAX_EVIDENCE = 10
@@ -48,6 +49,7 @@ TIMELINE_KEYS = (
     "fenced",
     "job_requeued",  # the gang's requeue asked for: early (right after the fence) or once the node is back
     "job_running",  # the gang observed running again (a new run of each job)
+    "corroborated",  # the fault confirmed on the node itself (ring buffer, nvidia-smi, Node condition)
     "diagnosed",
     "acted",
     "healthy",
@@ -61,6 +63,39 @@ TIMELINE_KEYS = (
 def node_key(node: Mapping[str, Any]) -> str:
     """Document id for a node: validated names only, so it is safe as a path segment."""
     return f"{node['project']}.{node['zone']}.{node['instance']}".replace(":", "~")
+
+
+def job_key(job: Mapping[str, Any]) -> str:
+    """Document id for a job's episodes (a hung job): validated names, '/' and ':' made path-safe.
+
+    A project id is at least 6 characters, so no node key starts with ``job.``.
+    """
+    return f"job.{job['project']}.{job['cluster']}.{job['job']}".replace(":", "~").replace("/", "~")
+
+
+def subject_key(doc: Mapping[str, Any]) -> str:
+    """Where an event's (or incident's, or node document's) episodes are kept: its node's key,
+    or its job's for a job-level signal, which names a ``job`` and no ``node``."""
+    job = doc.get("job")
+    if doc.get("node") is None and isinstance(job, Mapping):
+        return job_key(job)
+    return node_key(doc["node"])
+
+
+def subject_name(inc: Mapping[str, Any]) -> str:
+    """How a person knows the subject: the node's name, or ``job J of cluster C``."""
+    job = inc.get("job")
+    if inc.get("node") is None and isinstance(job, Mapping):
+        return f"job {job['job']} of cluster {job['cluster']}"
+    return str(inc["node"]["instance"])
+
+
+def cluster_of(policy: Policy, doc: Mapping[str, Any]) -> Cluster | None:
+    """The configured cluster an event's (or incident's) subject belongs to."""
+    job = doc.get("job")
+    if doc.get("node") is None and isinstance(job, Mapping):
+        return policy.cluster_named(str(job["cluster"]))
+    return policy.cluster_for(doc["node"])
 
 
 def incident_id(key: str, trigger: str) -> str:
@@ -104,8 +139,11 @@ Result = Literal[
     "released",  # a held incident goes on
     "still_held",  # ... or does not yet
     "closed",  # a person ended the incident
+    "recovered",  # the driver reported every GPU of a waiting episode recovered (Xid 154 to 0)
     "failed",  # the watchdog found its execution dead or overrunning
     "settled",  # a failed incident's blast-radius slots were let go
+    "ended",  # its alerts closed before anything was done: the episode ended
+    "reopened",  # ... and one of them opened again within the flap window: the same episode goes on
 ]
 
 
@@ -134,16 +172,20 @@ def as_incident(doc: Mapping[str, Any]) -> Incident:
     return cast(Incident, copy.deepcopy(dict(doc)))
 
 
-def new_node(node: Mapping[str, Any]) -> dict[str, Any]:
-    return {"node": dict(node), "latest_incident": None, "remediations": [], "last_action_at": {}}
+def new_node(node: Mapping[str, Any] | None, job: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A node's document, or a job's (``node`` None) for job-level episodes."""
+    doc: dict[str, Any] = {"node": dict(node) if node is not None else None}
+    if node is None and job is not None:
+        doc["job"] = dict(job)
+    return doc | {"latest_incident": None, "remediations": [], "last_action_at": {}}
 
 
 def new_incident(iid: str, ev: Mapping[str, Any], cluster: Any, policy: Policy, now: float) -> Incident:
     detected = ev.get("_observed_ts") or now
     inc: Incident = {
         "id": iid,
-        "node_key": node_key(ev["node"]),
-        "node": cast(NodeRef, dict(ev["node"])),
+        "node_key": subject_key(ev),
+        "node": cast(NodeRef, dict(ev["node"])) if ev.get("node") is not None else None,
         "cluster": cluster.name if cluster else None,
         "scheduler": cluster.scheduler if cluster else "none",
         "state": State.OPEN,
@@ -170,6 +212,8 @@ def new_incident(iid: str, ev: Mapping[str, Any], cluster: Any, policy: Policy, 
         "created_at": now,
         "updated_at": now,
     }
+    if ev.get("node") is None and ev.get("job"):
+        inc["job"] = cast(JobRef, dict(ev["job"]))
     if ev["kind"] == "maintenance":
         d = ev.get("detail", {})
         inc["maintenance"] = Maintenance(
@@ -196,23 +240,35 @@ def bounded_key(table: Mapping[str, Any], key: str, limit: int) -> str:
 
 
 def _xid_key(ev: Mapping[str, Any]) -> str:
-    return f"xid_{ev['xid']}" if ev["xid"] is not None else str(ev["kind"])
+    if ev["xid"] is not None:
+        return f"xid_{ev['xid']}"
+    if ev["kind"] == SXID_KIND:
+        return f"sxid_{ev.get('detail', {}).get('sxid')}"
+    return str(ev["kind"])
 
 
-def _count_gpu(inc: Counted, ev: Mapping[str, Any], pci: str, ts: float, tie_s: float) -> None:
+def _tie(g: GpuCounts, ev: Mapping[str, Any], tie: str, ts: float, tie_s: float) -> None:
+    """How a line relates to the GPU's other lines (xid-policy ``tie``): a secondary naming its
+    primary Xid seen on this GPU within ``tie_s``, or the driver's current recovery verdict."""
+    d = ev.get("detail", {})
+    if tie == TIE_PRIMARY:
+        primary = d.get("primary_xid")
+        if primary is not None and str(primary) in g["xids"] and ts - g.get("last_seen", ts) <= tie_s:
+            g.setdefault("secondary", {})[str(ev["xid"])] = primary
+    elif tie == TIE_RECOVERY:
+        g["recovery_to"] = d.get("recovery_to")
+
+
+def _count_gpu(inc: Counted, ev: Mapping[str, Any], pci: str, ts: float, policy: Policy) -> None:
     """Per-GPU counts: at most MAX_GPUS GPUs and MAX_XIDS codes each by name, the rest under OTHER."""
     gk = bounded_key(inc["gpus"], pci.replace(":", "_"), MAX_GPUS)
     g = inc["gpus"].setdefault(gk, {"pci": pci if gk != OTHER else OTHER, "first_seen": ts, "xids": {}})
     if ev["xid"] is not None:
         xid = bounded_key(g["xids"], str(ev["xid"]), MAX_XIDS)
         g["xids"][xid] = g["xids"].get(xid, 0) + 1
-        d = ev.get("detail", {})
-        primary = d.get("primary_xid")
-        tied = primary is not None and str(primary) in g["xids"] and ts - g.get("last_seen", ts) <= tie_s
-        if ev["xid"] == 45 and tied and gk != OTHER:
-            g.setdefault("secondary", {})["45"] = primary
-        if ev["xid"] == 154 and gk != OTHER:
-            g["recovery_to"] = d.get("recovery_to")
+        tie = policy.xids.rule(ev["xid"]).tie
+        if tie is not None and gk != OTHER:
+            _tie(g, ev, tie, ts, policy.window("tie_s"))
     g["last_seen"] = ts
 
 
@@ -220,7 +276,7 @@ def _count(
     inc: Counted,
     ev: Mapping[str, Any],
     ts: float,
-    tie_s: float,
+    policy: Policy,
     keys: int = MAX_RECENT_KEYS,
     evidence: int = MAX_EVIDENCE,
 ) -> None:
@@ -231,24 +287,59 @@ def _count(
     counts[key] = counts.get(key, 0) + 1
     pci = (ev.get("gpu") or {}).get("pci")
     if pci:
-        _count_gpu(inc, ev, pci, ts, tie_s)
+        _count_gpu(inc, ev, pci, ts, policy)
     if len(inc["evidence"]) < evidence:
         inc["evidence"].append(summary(ev))
     inc["last_seen"] = max(inc["last_seen"], ts)
 
 
-def escalate(proposed: str, node_doc: Mapping[str, Any], policy: Policy, now: float) -> tuple[str, list[str]]:
-    """Ladder and lemon rules: a repeat offender gets a stronger action, never a weaker one."""
+def _lemon(action: str, node_doc: Mapping[str, Any], policy: Policy, now: float) -> str | None:
+    """Why the node is a lemon (too many remediations and recorded strikes lately), or None."""
+    lemon = policy.doc["lemon"]
+    window = lemon["window_d"] * 86400
+    acted = [
+        r
+        for r in node_doc.get("remediations", [])
+        if r.get("action") in NODE_ACTIONS and now - r["at"] <= window
+    ]
+    strikes = [s for s in node_doc.get("strikes", []) if now - s["at"] <= window]
+    if len(acted) + len(strikes) < lemon["remediations"] or action == Action.REPLACE_NODE:
+        return None
+    also = f" and {len(strikes)} recorded fault episodes" if strikes else ""
+    return f"lemon host: {len(acted)} remediations{also} in {lemon['window_d']} days"
+
+
+def _repeated(
+    kind: str | None, history: list[dict[str, Any]], policy: Policy, now: float
+) -> tuple[str, str] | None:
+    """(action, why) when the node was remediated for this kind of fault within its policy's repeat window."""
+    repeat = policy.xids.repeat_for(kind) if kind else None
+    if repeat is None:
+        return None
+    prior = [r for r in history if r.get("kind") == kind and now - r["at"] <= repeat.within_h * 3600]
+    if not prior:
+        return None
+    last = max(prior, key=lambda r: r["at"])
+    return repeat.action, f"{repeat.reason} ({int((now - last['at']) // 60)} min after {last['action']})"
+
+
+def escalate(
+    proposed: str, node_doc: Mapping[str, Any], policy: Policy, now: float, kind: str | None = None
+) -> tuple[str, list[str]]:
+    """Ladder, repeat and lemon rules: a repeat offender gets a stronger action, never a weaker one."""
     if proposed not in NODE_ACTIONS or proposed == Action.DRAIN_NODE:
         return proposed, []
     why: list[str] = []
     action = proposed
     history = [r for r in node_doc.get("remediations", []) if r.get("action") in NODE_ACTIONS]
-    lemon = policy.doc["lemon"]
-    recent = [r for r in history if now - r["at"] <= lemon["window_d"] * 86400]
-    if len(recent) >= lemon["remediations"] and action != Action.REPLACE_NODE:
-        why.append(f"lemon host: {len(recent)} remediations in {lemon['window_d']} days")
+    lemon = _lemon(action, node_doc, policy, now)
+    if lemon is not None:
+        why.append(lemon)
         action = Action.REPLACE_NODE
+    repeated = _repeated(kind, history, policy, now)
+    if repeated is not None and RANK[repeated[0]] > RANK[action]:
+        action, reason = repeated
+        why.append(reason)
     steps: list[str] = policy.doc["ladder"]["steps"]
     window = policy.doc["ladder"]["window_h"] * 3600
     last = max((r for r in history if now - r["at"] <= window), key=lambda r: r["at"], default=None)
@@ -269,7 +360,7 @@ def cooldown_left(action: str, node_doc: Mapping[str, Any], policy: Policy, now:
 
 def budget_scopes(inc: Mapping[str, Any], node_doc: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(scope kind, document id) for every budget an incident counts against."""
-    scopes = [("zone", f"zone-{inc['node']['zone']}")]
+    scopes = [("zone", f"zone-{inc['node']['zone']}")] if inc.get("node") else []
     if inc.get("cluster"):
         scopes.insert(0, ("cluster", f"cluster-{inc['cluster']}"))
     block = node_doc.get("block")
@@ -333,6 +424,9 @@ def absorbs(latest: Mapping[str, Any] | None, ev: Mapping[str, Any], ts: float) 
         return True
     if latest["state"] != State.RESOLVED:
         return False
+    ended = latest.get("alert_ended")
+    if ended and alerts.is_alert(ev) and ts < float(ended["flap_until"]):
+        return True  # its alert closed before anything was done and opens (or closes) again: flapping
     closure = latest.get("closure")
     if closure:  # closed by a person: only lines logged before that are late lines of its episode
         return ts <= float(closure["at"])
@@ -347,14 +441,27 @@ def absorbs(latest: Mapping[str, Any] | None, ev: Mapping[str, Any], ts: float) 
 
 def _record_remediation(node_doc: dict[str, Any], inc: Mapping[str, Any], now: float) -> None:
     node_doc.setdefault("remediations", []).append(
-        {"at": now, "action": inc["action"], "incident": inc["id"], "mode": inc["mode"]}
+        {"at": now, "action": inc["action"], "incident": inc["id"], "mode": inc["mode"], "kind": inc["kind"]}
     )
     node_doc["remediations"] = node_doc["remediations"][-MAX_HISTORY:]
     node_doc.setdefault("last_action_at", {})[inc["action"]] = now
 
 
-def _cluster_size(policy: Policy, node: Mapping[str, Any]) -> int | None:
-    cluster = policy.cluster_for(node)
+def counts_toward_lemon(ev: Mapping[str, Any]) -> bool:
+    """An event whose episode is recorded and counted toward the node's lemon tally though it asks
+    for no action (a non-fatal NVSwitch error: xid-policy ``sxid.non_fatal``)."""
+    return bool(ev.get("detail", {}).get("counts_toward_lemon"))
+
+
+def _record_strike(node_doc: dict[str, Any], inc: Mapping[str, Any], now: float) -> None:
+    """One recorded fault episode that took no action, for the lemon rule (kept apart from the
+    remediations so the ladder and cooldowns never see it)."""
+    node_doc.setdefault("strikes", []).append({"at": now, "incident": inc["id"], "kind": inc["kind"]})
+    node_doc["strikes"] = node_doc["strikes"][-MAX_HISTORY:]
+
+
+def _cluster_size(policy: Policy, doc: Mapping[str, Any]) -> int | None:
+    cluster = cluster_of(policy, doc)
     return cluster.size if cluster else None
 
 
@@ -378,7 +485,7 @@ class Decision:
     @classmethod
     def on(cls, inc: Mapping[str, Any], node_doc: dict[str, Any], budgets: Budgets, policy: Policy,
            now: float, out: Outcome, force: bool = False) -> Decision:  # fmt: skip
-        return cls(node_doc, budgets, policy, now, out, _cluster_size(policy, inc["node"]), force)
+        return cls(node_doc, budgets, policy, now, out, _cluster_size(policy, inc), force)
 
 
 def _hold(inc: Incident, d: Decision, held: Held, page: str | None) -> None:
@@ -477,7 +584,7 @@ def _raise(latest: Incident, ev: Mapping[str, Any], d: Decision) -> None:
         lifecycle.move(latest, State.OPEN, "reopened by a stronger line of its burst")
         latest["timeline"].pop("resolved", None)
     proposed = higher(latest["proposed_action"], ev["action"])
-    action, why = escalate(proposed, d.node_doc, d.policy, d.now)
+    action, why = escalate(proposed, d.node_doc, d.policy, d.now, latest["kind"])
     action, lowered = _capped(latest, action, d.policy)
     why += lowered
     latest["proposed_action"] = proposed
@@ -498,31 +605,155 @@ def _raise(latest: Incident, ev: Mapping[str, Any], d: Decision) -> None:
 
 
 def _absorb(latest: Incident, ev: Mapping[str, Any], ts: float, d: Decision) -> Outcome:
-    """Count an event into the node's episode; a stronger one raises the episode's action."""
-    _count(latest, ev, ts, d.policy.window("tie_s"))
+    """Count an event into the node's episode; a stronger one raises the episode's action, and the
+    driver's word that every GPU of a waiting episode recovered ends it."""
+    _count(latest, ev, ts, d.policy)
+    if ends_recovery(ev, d.policy) and _driver_recovered(latest):
+        return _end_recovered(latest, ev, d)
     if _trust_of(ev) == trust.VERIFIED:
         latest["trust"] = trust.VERIFIED
     latest["burst_until"] = max(latest["burst_until"], ts + d.policy.window("burst_silence_s"))
     latest["updated_at"] = d.now
     d.out.incident, d.out.result, d.out.closed = latest, "absorbed", None
+    if alerts.is_alert(ev) and _alert_changes(latest, ev, ts, d):
+        return d.out
     if RANK[ev["action"]] > RANK[latest["action"]] and not latest.get("closure"):
         _raise(latest, ev, d)
     return d.out
 
 
+# -- episodes of Monitoring alerts (core/alerts.py): an open starts one, its close may end it ----
+
+MAX_ALERTS = 16  # alert incidents an episode tracks by id (a node's several policies, a flapping one)
+
+
+def _note_alert(inc: Incident, ev: Mapping[str, Any], ts: float) -> None:
+    """Record the alert incident an event opens or closes on the episode (a late open after its
+    close changes nothing: push delivery is unordered)."""
+    a = ev["detail"]["alert"]
+    refs = inc.setdefault("alerts", [])
+    ref = next((r for r in refs if r["id"] == a["incident_id"]), None)
+    if ref is None:
+        if len(refs) >= MAX_ALERTS:
+            return
+        ref = AlertRef(id=a["incident_id"], state=a["state"], policy=a["policy"], signal=a["signal"],
+                       symptom=a.get("symptom"), opened_at=None, closed_at=None)  # fmt: skip
+        refs.append(ref)
+    if a["state"] == "closed":
+        ref["state"], ref["closed_at"] = "closed", ts
+    elif ref["opened_at"] is None:
+        ref["opened_at"] = ts
+
+
+def alert_started(inc: Mapping[str, Any]) -> bool:
+    """The episode is its alerts' alone: opened by one, and nothing but alerts counted into it (an
+    Xid episode that also absorbed an alert is not ended by that alert's close)."""
+    alert_kinds = set(alerts.SIGNALS)
+    return inc["kind"] in alert_kinds and set(inc["counts"]) <= {"events", *alert_kinds}
+
+
+def untouched(inc: Mapping[str, Any]) -> bool:
+    """Nothing was done for the episode yet: no execution started on it (OPEN), or it waits (HELD)."""
+    started = (inc.get("workflow") or {}).get("state") == RunState.STARTED
+    return inc["state"] == State.HELD or (inc["state"] == State.OPEN and not started)
+
+
+def _forget_remediation(node_doc: dict[str, Any], iid: str) -> None:
+    """An episode that ended before anything was done leaves no remediation behind (cooldowns, ladder)."""
+    mine = [r for r in node_doc.get("remediations", []) if r.get("incident") == iid]
+    kept = [r for r in node_doc.get("remediations", []) if r.get("incident") != iid]
+    node_doc["remediations"] = kept
+    last = node_doc.setdefault("last_action_at", {})
+    for r in mine:
+        if last.get(r["action"]) == r["at"]:
+            earlier = [k["at"] for k in kept if k["action"] == r["action"]]
+            if earlier:
+                last[r["action"]] = max(earlier)
+            else:
+                last.pop(r["action"], None)
+
+
+def _alert_changes(inc: Incident, ev: Mapping[str, Any], ts: float, d: Decision) -> bool:
+    """An alert's open or close, absorbed into its episode: whether it ended or reopened it."""
+    _note_alert(inc, ev, ts)
+    ended = inc.get("alert_ended")
+    if ev["detail"]["alert"]["state"] == "open":
+        if inc["state"] != State.RESOLVED or not ended:
+            return False
+        lifecycle.move(inc, State.OPEN, "its alert opened again (flapping)")
+        inc["timeline"].pop("resolved", None)
+        inc.pop("alert_ended", None)
+        d.out.result = "reopened"
+        _decide_start(inc, d)
+        return True
+    refs = inc.get("alerts") or []
+    if inc["state"] == State.RESOLVED or not untouched(inc) or not alert_started(inc):
+        return False  # remediation under way, or other evidence in it: the close is only recorded
+    if any(r["state"] != "closed" for r in refs):
+        return False  # another of its alerts is still open
+    lifecycle.move(inc, State.RESOLVED, "its alerts closed before anything was done")
+    inc["timeline"]["resolved"] = d.now
+    inc["held"] = None
+    inc["alert_ended"] = {"at": d.now, "flap_until": ts + d.policy.window("alert_flap_s")}
+    d.out.budgets.update(_own_slots(inc, d.budgets))
+    _forget_remediation(d.node_doc, inc["id"])
+    d.out.result = "ended"
+    return True
+
+
+def ends_recovery(ev: Mapping[str, Any], policy: Policy) -> bool:
+    """The driver's recovery verdict back to 0 (None) for a GPU (Xid 154: xid-policy ``tie: recovery``)."""
+    xid = ev.get("xid")
+    return (
+        xid is not None
+        and ev.get("detail", {}).get("recovery_to") == 0
+        and policy.xids.rule(xid).tie == TIE_RECOVERY
+    )
+
+
+def _driver_recovered(inc: Incident) -> bool:
+    """Every line of an episode that is not under way was about a GPU whose driver now says no
+    recovery is needed: each GPU it counted has a recovery verdict, and every verdict is 0."""
+    wf_state = (inc.get("workflow") or {}).get("state")
+    waiting = inc["state"] == State.HELD or (
+        inc["state"] == State.OPEN and wf_state in (None, RunState.OBSERVE)
+    )
+    gpus = inc["gpus"].values()
+    if not waiting or not gpus or OTHER in inc["gpus"]:
+        return False
+    per_gpu = sum(sum(g["xids"].values()) for g in gpus)
+    return per_gpu == inc["counts"].get("events") and all(g.get("recovery_to") == 0 for g in gpus)
+
+
+def _end_recovered(inc: Incident, ev: Mapping[str, Any], d: Decision) -> Outcome:
+    """Resolve the episode: the recovery it was opened for is over by the driver's own word."""
+    lifecycle.move(inc, State.RESOLVED, "the driver reports every GPU recovered (Xid 154 to 0x0)")
+    inc["timeline"]["resolved"] = d.now
+    inc["held"], inc["escalate_to"] = None, None
+    inc["reason"] = f"{inc['reason']} [recovered: {ev['reason']}]"
+    inc["budget_released_at"] = d.now
+    d.out.budgets.update(_own_slots(inc, d.budgets))
+    d.out.incident, d.out.result, d.out.closed = inc, "recovered", None
+    return d.out
+
+
 def _open(ev: Mapping[str, Any], ts: float, trigger: str, d: Decision) -> Outcome:
     """A new episode on the node: a new incident, escalated by the node's history."""
-    cluster = d.policy.cluster_for(ev["node"])
-    inc = new_incident(incident_id(node_key(ev["node"]), trigger), ev, cluster, d.policy, d.now)
-    action, why = escalate(ev["action"], d.node_doc, d.policy, d.now)
+    cluster = cluster_of(d.policy, ev)
+    inc = new_incident(incident_id(subject_key(ev), trigger), ev, cluster, d.policy, d.now)
+    action, why = escalate(ev["action"], d.node_doc, d.policy, d.now, ev["kind"])
     action, lowered = _capped(inc, action, d.policy)
     why += lowered
     if why:
         inc["escalations"].append({"from": ev["action"], "to": action, "at": d.now, "why": why})
         inc["action"] = action
         inc["reason"] = f"{ev['reason']} [escalated to {action}: {'; '.join(why)}]"
-    _count(inc, ev, ts, d.policy.window("tie_s"))
+    _count(inc, ev, ts, d.policy)
+    if alerts.is_alert(ev):
+        _note_alert(inc, ev, ts)
     d.node_doc["latest_incident"] = inc["id"]
+    if counts_toward_lemon(ev):
+        _record_strike(d.node_doc, inc, d.now)
     d.out.incident, d.out.result = inc, "opened"
     d.cluster_size = cluster.size if cluster else None
     _decide_start(inc, d)
@@ -565,15 +796,15 @@ def apply_event(
 ) -> Outcome:
     """Fold one classified event into the node's state. ``ev['_observed_ts']`` is its log time."""
     ts = float(ev.get("_observed_ts") or now)
-    node_doc = copy.deepcopy(node_doc) if node_doc else new_node(ev["node"])
+    node_doc = copy.deepcopy(node_doc) if node_doc else new_node(ev.get("node"), ev.get("job"))
     latest = as_incident(latest) if latest else None
     out = Outcome("ignored", node=node_doc)
     budgets = _end_burst(latest, budgets, ts, out)
     ev, td = believed(ev, policy)
-    d = Decision(node_doc, budgets, policy, now, out, _cluster_size(policy, ev["node"]))
+    d = Decision(node_doc, budgets, policy, now, out, _cluster_size(policy, ev))
     if latest is not None and absorbs(latest, ev, ts):
         return _absorb(latest, ev, ts, d)
-    if ev["action"] == Action.NONE and not td.lowered:
+    if ev["action"] == Action.NONE and not td.lowered and not counts_toward_lemon(ev):
         return out  # nothing to remember: no open episode and nothing to do
     out = _open(ev, ts, trigger, d)
     if td.lowered and out.page is None and out.incident is not None:
@@ -582,8 +813,11 @@ def apply_event(
 
 
 def close_if_burst_over(inc: Counted, now: float) -> bool:
-    """Record-only and observe-mode incidents resolve when their burst ends."""
+    """Record-only and observe-mode incidents resolve when their burst ends; an alert's episode
+    lasts while its alert is open (an alert sends no lines while it holds: its close ends it)."""
     if inc["state"] != State.OPEN or now < inc["burst_until"]:
+        return False
+    if any(a.get("state") == "open" for a in inc.get("alerts") or ()):
         return False
     if (
         inc["action"] in RECORD_ONLY_ACTIONS
@@ -645,7 +879,7 @@ def count_into(
 ) -> None:
     """Count an event into in-memory deltas; they keep fewer delivery keys than an incident does,
     and only as much evidence as the incident still has room for (a merge drops the rest)."""
-    _count(deltas, ev, ts, policy.window("tie_s"), MAX_DELTA_KEYS, min(evidence_room, MAX_EVIDENCE))
+    _count(deltas, ev, ts, policy, MAX_DELTA_KEYS, min(evidence_room, MAX_EVIDENCE))
 
 
 def evidence_room(inc: Mapping[str, Any]) -> int:
@@ -796,7 +1030,7 @@ def fail_stuck(
     inc["failure"] = {"stage": "watchdog", "error": why, "at": now}
     inc["budget_released_at"] = now
     inc["updated_at"] = now
-    node = inc["node"]["instance"]
+    node = subject_name(inc)
     page = (
         f"incident {inc['id']}: remediation of {node} ({inc['action']}, step {inc['step']}) {why}. "
         f"The node stays fenced. Investigate, then: pitstop incidents --close {inc['id']} --unfence --by NAME"

@@ -47,6 +47,12 @@ def derived_request_id(parent: str, label: str) -> str:
     return str(uuid.uuid5(uuid.UUID(parent), label))
 
 
+def job_key(cluster: str, job: str) -> str:
+    """The id of one job of one cluster across its runs (the job-disruption budget's record)."""
+    parts = json.dumps([cluster, job], separators=(",", ":"))
+    return "job-" + hashlib.sha256(parts.encode()).hexdigest()[:24]
+
+
 def requeue_key(cluster: str, job: str, run: Mapping[str, Any]) -> str:
     """The id of one run of one job (cluster, job, restart count, start time): a requeue's record.
 

@@ -24,6 +24,13 @@ _PROJECT = re.compile(
 )
 _INSTANCE_ID = re.compile(r"[0-9]{1,20}", re.ASCII)
 _CLUSTER = re.compile(r"[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?", re.ASCII)
+# A scheduler's own job id: Slurm's (``1234``, an array task ``1234_7``, a het component ``1234+1``)
+# or the GKE adapter's ``kind/namespace/name`` (adapters/gke/objects.py parse_job_id).
+_JOB_ID = re.compile(
+    r"[0-9]{1,10}(?:[_+][0-9]{1,10})?"
+    r"|(?:jobset|job|pod)/[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?",
+    re.ASCII,
+)
 
 # Words Slurm reads as keywords where it expects node names (compared case-insensitively).
 SLURM_KEYWORDS = frozenset({"all", "default"})
@@ -82,3 +89,8 @@ def valid_instance_id(s: object) -> bool:
 
 def valid_cluster(s: object) -> bool:
     return isinstance(s, str) and len(s) <= 40 and _CLUSTER.fullmatch(s) is not None
+
+
+def valid_job_id(s: object) -> bool:
+    """One job of a scheduler Pitstop drives (it reaches scontrol and Kubernetes URLs), nothing more."""
+    return isinstance(s, str) and len(s) <= 330 and _JOB_ID.fullmatch(s) is not None

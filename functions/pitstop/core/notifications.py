@@ -27,11 +27,19 @@ def _escape_slack(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def subject(inc: Mapping[str, Any], missing: str = "?") -> str:
+    """What the incident is about: its node, or for a job's episode (a hang) the job."""
+    job = inc.get("job")
+    if not inc.get("node") and isinstance(job, Mapping):
+        return f"job {job.get('job')} of {job.get('cluster')}"
+    return str((inc.get("node") or {}).get("instance") or missing)
+
+
 def text_lines(n: Mapping[str, Any]) -> list[str]:
     """The notification as a few lines of plain text (chat messages, PagerDuty details)."""
     inc = n.get("incident") or {}
     sev = str(n.get("severity", "info"))
-    node = (inc.get("node") or {}).get("instance", "?")
+    node = subject(inc)
     lines = [f"{SEVERITY_ICON.get(sev, '')} [{sev.upper()}] {n.get('summary', '')}"]
     facts = [
         ("incident", inc.get("id")),
@@ -88,7 +96,7 @@ def pagerduty_event(n: Mapping[str, Any], routing_key: str, action: str) -> dict
     """One Events v2 body: all notifications of an incident share its dedup key (one alert)."""
     inc = n.get("incident") or {}
     iid = str(inc.get("id") or n.get("id") or "pitstop")
-    node = str((inc.get("node") or {}).get("instance") or "unknown-node")
+    node = subject(inc, "unknown-node")
     severity = str(n.get("severity") or "info")
     body: dict[str, Any] = {
         "routing_key": routing_key,

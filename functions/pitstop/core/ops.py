@@ -18,6 +18,9 @@ class Op(StrEnum):
 
     CLAIM = "claim"
     FENCE = "fence"
+    CORROBORATE = "corroborate"
+    CORROBORATION = "corroboration"
+    JUDGE_CORROBORATION = "judge_corroboration"
     CHECKPOINT = "checkpoint"
     JOBS_DONE = "jobs_done"
     ACT = "act"
@@ -42,6 +45,8 @@ class Op(StrEnum):
 MUTATING_OPS = frozenset(
     {
         Op.FENCE,
+        Op.CORROBORATE,
+        Op.JUDGE_CORROBORATION,
         Op.CHECKPOINT,
         Op.RESCHEDULE_EARLY,
         Op.DIAGNOSE,
@@ -58,7 +63,9 @@ MUTATING_OPS = frozenset(
 )
 # Probes the workflow polls; recording them would replay a stale answer. They change nothing but
 # timeline stamps of what they observe (healthy, job_running).
-PROBE_OPS = frozenset({Op.JOBS_DONE, Op.OPERATION, Op.VERIFY, Op.DIAGNOSIS, Op.VALIDATION, Op.RESUMED})
+PROBE_OPS = frozenset(
+    {Op.CORROBORATION, Op.JOBS_DONE, Op.OPERATION, Op.VERIFY, Op.DIAGNOSIS, Op.VALIDATION, Op.RESUMED}
+)
 # What escalate answers when no stronger action takes over: the step goes on to unfence.
 CONTINUE = "continue"
 

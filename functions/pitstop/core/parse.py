@@ -1,6 +1,9 @@
 """LogEntry → the facts of a FaultEvent (kind, node, GPU, detail, trust); the action comes later.
 
-Pure and total: every input yields an event, broken ones as ``invalid`` with a reason.
+Pure and total: every input yields an event, broken ones as ``invalid`` with a reason. A
+driver line is a GPU Xid (``gpu_xid``) or an NVSwitch SXid (``nvswitch_sxid``) whenever its
+code can be read, however odd its other fields (core/xid_line.py); a line whose code cannot
+be read is ``invalid``, and keeps the node its envelope names, so it is recorded against it.
 Node identity is validated here because these strings later reach API paths, Slurm
 reasons, node lists and labels. Evidence is checked here too (DESIGN.md, "Believe evidence
 only after checking it"):
@@ -26,6 +29,7 @@ from typing import Any
 
 from pitstop.core import names, trust
 from pitstop.core.envelope import Delivery
+from pitstop.core.sxid_line import parse_sxid
 from pitstop.core.xid_line import MAX_LINE, MAX_MESSAGE, parse_nvrm
 
 SYSTEM_EVENT_LOG_ID = "cloudaudit.googleapis.com%2Fsystem_event"  # URL-encoded, as Cloud Logging stores it
@@ -39,7 +43,12 @@ INTERNAL_ERROR = "internal parser error"  # the last guard; tests assert it neve
 RESOURCE_NAME_LABEL = "compute.googleapis.com/resource_name"
 GKE_RESOURCES = ("k8s_node", "k8s_cluster", "k8s_pod", "k8s_container")  # labelled by cluster location
 MAX_LOG_NAME, MAX_ID, MAX_RESOURCE_NAME = 512, 256, 1024
-_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)", re.ASCII)
+_TIMESTAMP = re.compile(
+    r"\d{4}-\d\d-\d\dT(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)",
+    re.ASCII,
+)
+_DATES: dict[str, bool] = {}
+MAX_DATE_MEMO = 1024
 _AUDIT_RESOURCE = re.compile(r"projects/([^/]+)/zones/([^/]+)/instances/([^/]+)")
 _LOG_PROJECT = re.compile(r"projects/([^/]+)/logs/")
 _METHOD = re.compile(r"compute\.instances\.[A-Za-z]{1,64}", re.ASCII)
@@ -64,16 +73,28 @@ def bounded_text(text: str) -> tuple[str, int | None]:
     return raw[:MAX_LINE].decode("utf-8", "ignore"), len(raw)
 
 
+def _real_date(date: str) -> bool:
+    """Whether ``YYYY-MM-DD`` is a calendar date of 1971-9998 (remembered: a day's lines share it)."""
+    known = _DATES.get(date)
+    if known is None:
+        try:
+            known = 1971 <= dt.date.fromisoformat(date).year <= 9998
+        except ValueError:
+            known = False
+        if len(_DATES) >= MAX_DATE_MEMO:
+            _DATES.clear()
+        _DATES[date] = known
+    return known
+
+
 def _ts(v: Any) -> str | None:
-    """An RFC 3339 timestamp that is a real moment (1971-9998), or None."""
+    """An RFC 3339 timestamp that is a real moment (1971-9998), or None.
+
+    The pattern bounds the time of day and the offset; only the date needs the calendar.
+    """
     if not isinstance(v, str) or len(v) > 40 or not _TIMESTAMP.fullmatch(v):
         return None
-    offset = "+00:00" if v.endswith("Z") else v[-6:]
-    try:
-        moment = dt.datetime.fromisoformat(v[:19] + offset)
-    except ValueError:
-        return None
-    return v if 1971 <= moment.year <= 9998 else None
+    return v if _real_date(v[:10]) else None
 
 
 def new_source(log_name: Any = None, insert_id: Any = None, message_id: str | None = None) -> dict[str, Any]:
@@ -118,13 +139,80 @@ def _audit_match(proto: dict[str, Any] | None) -> re.Match[str] | None:
     return _AUDIT_RESOURCE.fullmatch(rn)
 
 
-def _project(entry: dict[str, Any], rl: dict[str, Any], audit: re.Match[str] | None) -> Any:
+def _log_project(entry: dict[str, Any]) -> Any:
+    """The project whose log holds the entry (``projects/<p>/logs/...``), or None."""
+    ln = entry.get("logName")
+    lm = _LOG_PROJECT.match(ln[:MAX_LOG_NAME]) if isinstance(ln, str) else None
+    return lm.group(1) if lm else None
+
+
+def _project(rl: dict[str, Any], log_project: Any, audit: re.Match[str] | None) -> Any:
     project = rl.get("project_id")
     if project is None:
-        ln = entry.get("logName")
-        lm = _LOG_PROJECT.match(ln[:MAX_LOG_NAME]) if isinstance(ln, str) else None
-        project = lm.group(1) if lm else (audit.group(1) if audit else None)
+        project = log_project if log_project is not None else (audit.group(1) if audit else None)
     return project
+
+
+def project_mismatch(log_project: Any, project: Any) -> str | None:
+    """Why an entry whose log lives in one project but whose resource names another is no evidence.
+
+    Logging writes an entry into the log of the project the writer named; a folder or organization
+    sink routes every project's entries: one project's writer must not speak for another's VMs.
+    """
+    if isinstance(log_project, str) and project is not None and log_project != project:
+        return (
+            f"logName is in project {clean(log_project, 64)} but the resource is in {clean(str(project), 64)}"
+        )
+    return None
+
+
+def _identify(
+    instance: Any,
+    zone: Any,
+    rtype: Any,
+    has_zone_label: bool,
+    project: Any,
+    log_project: Any,
+    instance_id: Any,
+    cluster: Any,
+) -> tuple[dict[str, Any] | None, str]:
+    region = None
+    if rtype in GKE_RESOURCES and not has_zone_label and names.valid_region(zone):
+        # A regional GKE cluster's entries name its region (reference/gke.md §1): the zone is
+        # looked up later from the node (adapters/gke/zone.py), before anything acts on it.
+        region, zone = zone, None
+    problem = names.instance_problem(instance)
+    if problem is not None:
+        return None, problem
+    if region is None and not names.valid_zone(zone):
+        return None, "zone is missing or not a valid Compute Engine zone"
+    if not names.valid_project(project):
+        return None, "project is missing or not a valid project id"
+    mismatch = project_mismatch(log_project, project)
+    if mismatch is not None:
+        return None, mismatch
+    if instance_id is not None and not names.valid_instance_id(instance_id):
+        return None, "instance_id is not numeric"
+    node: dict[str, Any] = {
+        "project": project,
+        "zone": zone,
+        "instance": instance,
+        "instance_id": instance_id,
+    }
+    if region is not None:
+        node["region"] = region
+    if cluster is not None:
+        if not names.valid_cluster(cluster):
+            return None, "cluster_name is not a valid cluster name"
+        node["cluster"] = cluster
+    return node, ""
+
+
+# Validated identities by the raw values they came from: a storm names a few nodes a million
+# times, and validating each name costs more than the rest of the parse. Bounded; cleared when full.
+# Values of other types than str may share a key (1 == True) only with values as invalid as they.
+_NODES: dict[tuple[Any, ...], tuple[dict[str, Any] | None, str]] = {}
+MAX_NODE_MEMO = 4096
 
 
 def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
@@ -137,37 +225,30 @@ def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[
     if instance is None:
         return None, "the node cannot be identified (no resource_name label, node_name or audit resourceName)"
     zone = rl.get("zone") or rl.get("location") or (audit.group(2) if audit else None)
-    region = None
     rtype = res.get("type") if isinstance(res, dict) else None
-    if rtype in GKE_RESOURCES and "zone" not in rl and names.valid_region(zone):
-        # A regional GKE cluster's entries name its region (reference/gke.md §1): the zone is
-        # looked up later from the node (adapters/gke/zone.py), before anything acts on it.
-        region, zone = zone, None
-    project = _project(entry, rl, audit)
-    instance_id = rl.get("instance_id")
-    problem = names.instance_problem(instance)
-    if problem is not None:
-        return None, problem
-    if region is None and not names.valid_zone(zone):
-        return None, "zone is missing or not a valid Compute Engine zone"
-    if not names.valid_project(project):
-        return None, "project is missing or not a valid project id"
-    if instance_id is not None and not names.valid_instance_id(instance_id):
-        return None, "instance_id is not numeric"
-    node: dict[str, Any] = {
-        "project": project,
-        "zone": zone,
-        "instance": instance,
-        "instance_id": instance_id,
-    }
-    if region is not None:
-        node["region"] = region
-    cluster = rl.get("cluster_name")
-    if cluster is not None:
-        if not names.valid_cluster(cluster):
-            return None, "cluster_name is not a valid cluster name"
-        node["cluster"] = cluster
-    return node, ""
+    log_project = _log_project(entry)
+    project = _project(rl, log_project, audit)
+    key = (
+        instance,
+        zone,
+        rtype,
+        "zone" in rl,
+        project,
+        log_project,
+        rl.get("instance_id"),
+        rl.get("cluster_name"),
+    )
+    try:
+        hit = _NODES.get(key)
+    except TypeError:  # a list or object where a name belongs: judged, not remembered
+        hit = _identify(*key)
+    else:
+        if hit is None:
+            if len(_NODES) >= MAX_NODE_MEMO:
+                _NODES.clear()
+            hit = _NODES[key] = _identify(*key)
+    node, why = hit
+    return (dict(node) if node else None), why
 
 
 def _maintenance_detail(proto: dict[str, Any]) -> dict[str, Any]:
@@ -241,6 +322,74 @@ def _system_event(entry: dict[str, Any], source: dict[str, Any], observed_at: st
     return new_event("system_event", method, source, node=node, observed_at=observed_at, detail=detail)
 
 
+# Parsed driver lines by their text: a storm repeats one line verbatim (a journal MESSAGE has no
+# time in it) hundreds of thousands of times. Short lines only, bounded, cleared when full; each
+# caller gets its own copy of the facts, so the remembered ones never change.
+_LINES: dict[str, dict[str, Any] | None] = {}
+MAX_LINE_MEMO, MAX_MEMO_TEXT = 1024, 512
+
+
+def _copy(parsed: dict[str, Any] | None) -> dict[str, Any] | None:
+    if parsed is None or "detail" not in parsed:
+        return parsed if parsed is None else dict(parsed)
+    out = {**parsed, "detail": dict(parsed["detail"])}
+    if out.get("mig") is not None:
+        out["mig"] = dict(out["mig"])
+    return out
+
+
+_MARKERS = ("NVRM", "nvidia-nvswitch", "SXid")  # where the parsers' patterns can start
+
+
+def _driver_line(text: str) -> dict[str, Any] | None:
+    """A GPU driver (NVRM) or NVSwitch driver (SXid) line, parsed; None if it is neither.
+
+    Remembered by the text from its first driver marker on: what precedes it (a syslog header,
+    the kernel's time) changes from line to line and no pattern reads it, except the words
+    "fallen off the bus", which keep the whole line as the key.
+    """
+    if "NVRM" not in text and "SXid" not in text:
+        return None  # most noise: no parser would read it
+    anchor = len(text)
+    for marker in _MARKERS:  # the first marker: each search stops where the best so far starts
+        i = text.find(marker, 0, anchor)
+        if i >= 0:
+            anchor = i
+    key = text[anchor:] if anchor and "fallen off the bus" not in text[:anchor] else text
+    if len(key) > MAX_MEMO_TEXT:
+        return _read_driver_line(key)
+    if key not in _LINES:
+        if len(_LINES) >= MAX_LINE_MEMO:
+            _LINES.clear()
+        _LINES[key] = _read_driver_line(key)
+    return _copy(_LINES[key])
+
+
+def _read_driver_line(text: str) -> dict[str, Any] | None:
+    """The parse itself. A line that mentions both drivers is whichever has a code that can be read."""
+    parsed = parse_nvrm(text)
+    if (parsed is None or "error" in parsed) and "SXid" in text:
+        sxid = parse_sxid(text)
+        if sxid is not None and (parsed is None or "error" not in sxid):
+            return sxid
+    return parsed
+
+
+def _fault_event(
+    parsed: dict[str, Any], node: dict[str, Any], source: dict[str, Any], **fields: Any
+) -> Event:
+    if "sxid" in parsed:  # an NVSwitch: it names no GPU; its own address stays in the detail
+        return new_event("nvswitch_sxid", "", source, node=node, detail=parsed["detail"], **fields)
+    gpu = None
+    if parsed["pci"] is not None:
+        gpu = {"pci": parsed["pci"]}
+        if parsed["mig"] is not None:
+            gpu["mig"] = parsed["mig"]
+    return new_event(
+        "gpu_xid", "", source, xid=parsed["xid"], node=node, gpu=gpu, detail=parsed["detail"], **fields
+    )
+
+
 def _text_event(entry: dict[str, Any], source: dict[str, Any], observed_at: str | None) -> Event:
     prov = trust.text_provenance(entry)
     source["trust"], source["trust_reason"] = prov.trust, prov.reason
@@ -249,24 +398,18 @@ def _text_event(entry: dict[str, Any], source: dict[str, Any], observed_at: str 
         return new_event("unrelated", why, source, observed_at=observed_at)
     text, original = bounded_text(prov.text)
     cut: dict[str, Any] = {"truncated": True, "original_bytes": original} if original else {}
-    parsed = parse_nvrm(text)
+    parsed = _driver_line(text)
     if parsed is None:
         why = "not a GPU driver fault line"
         return new_event("unrelated", why, source, observed_at=observed_at, detail=cut)
-    if "error" in parsed:
-        return invalid(parsed["error"], source, observed_at=observed_at, detail=cut)
     node, why = identify_node(entry, None)
+    if "error" in parsed:  # undecodable, but still recorded against the node the envelope names
+        return invalid(parsed["error"], source, observed_at=observed_at, node=node, detail=cut)
     if node is None:
         return invalid(why, source, observed_at=observed_at, detail=cut)
-    gpu = None
-    if parsed["pci"] is not None:
-        gpu = {"pci": parsed["pci"]}
-        if parsed["mig"] is not None:
-            gpu["mig"] = parsed["mig"]
-    detail = {**parsed["detail"], **cut}
-    return new_event(
-        "gpu_xid", "", source, xid=parsed["xid"], node=node, gpu=gpu, observed_at=observed_at, detail=detail
-    )
+    if cut:
+        parsed["detail"].update(cut)
+    return _fault_event(parsed, node, source, observed_at=observed_at)
 
 
 def _claims_system_event(entry: dict[str, Any]) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from pitstop.core import resources
+from pitstop.core import resources, watchdog
 from pitstop.core.catalog import XidPolicy, default_xid_policy
 
 _MIG_MEMBER = re.compile(r"-[a-z0-9]{4}$")
@@ -86,6 +86,10 @@ class Policy:
                 return c
         return None
 
+    def cluster_named(self, name: str) -> Cluster | None:
+        """The configured cluster of that name (a job-level signal names its cluster)."""
+        return next((c for c in self.clusters if c.name == name), None)
+
     def budget_cap(self, scope: str, size: int | None) -> int:
         """How many nodes of a scope may start remediation in one window."""
         b = self.doc["budgets"][scope]
@@ -94,6 +98,11 @@ class Policy:
             cap = min(cap, max(1, math.ceil(size * float(b["max_percent"]) / 100)))
         return cap
 
+    def job_restarts(self) -> tuple[int, float]:
+        """The job-disruption budget: (gang restarts per job, within this many seconds)."""
+        jr = self.doc["budgets"]["job_restarts"]
+        return int(jr["max"]), float(jr["window_s"])
+
     @property
     def budget_window_s(self) -> float:
         return float(self.doc["budgets"]["window_s"])
@@ -101,7 +110,7 @@ class Policy:
     def watchdog_deadline_s(self, action: str) -> float:
         """How long an execution for this action may run before the watchdog fails its incident."""
         deadlines = self.doc["watchdog"]["deadline_s"]
-        return float(deadlines.get(action, deadlines["default"]))
+        return watchdog.deadline_s(action, float(deadlines.get(action, deadlines["default"])))
 
     @property
     def trust_text_syslog(self) -> str:
@@ -113,6 +122,11 @@ class Policy:
         """``early`` or ``after_repair``: the cluster's own choice, else the policy's."""
         own = cluster.raw.get("reschedule") if cluster else None
         return str(own or self.doc["resume"]["reschedule"])
+
+    @property
+    def corroborate(self) -> bool:
+        """Whether log evidence is confirmed on the node before anything is disrupted."""
+        return bool(self.doc["corroboration"]["enabled"])
 
     @property
     def diagnose(self) -> Mapping[str, Any]:

@@ -11,8 +11,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pitstop.core import checks
+from pitstop.core import checks, corroboration
 from pitstop.core.actions import RECORD_ONLY_ACTIONS, Action
+from pitstop.core.catalog import SXID_KIND
 from pitstop.core.notifications import notification_id
 from pitstop.core.ops import Op, Plan, plan_for
 from pitstop.core.scheduling import JobInfo, JobRun, JobState
@@ -28,6 +29,8 @@ _WORKING = frozenset({State.OPEN, State.FENCED, State.ACTING, State.VERIFYING})
 # watchdog, held) must not act: the execution that asks is stale.
 OP_STATES: Mapping[Op, frozenset[State]] = {
     Op.FENCE: frozenset({State.OPEN, State.FENCED}),
+    Op.CORROBORATE: frozenset({State.FENCED}),
+    Op.JUDGE_CORROBORATION: frozenset({State.FENCED}),
     Op.CHECKPOINT: frozenset({State.FENCED}),
     Op.RESCHEDULE_EARLY: frozenset({State.FENCED}),
     Op.DIAGNOSE: frozenset({State.FENCED}),
@@ -42,7 +45,13 @@ OP_STATES: Mapping[Op, frozenset[State]] = {
 }
 
 
-def refusal(inc: Mapping[str, Any], op: Op, step: int, execution: str) -> str | None:
+# Ops that disrupt the job or touch the VM: never on log evidence the node has not confirmed.
+DISRUPTIVE_OPS = frozenset({Op.CHECKPOINT, Op.RESCHEDULE_EARLY, Op.DIAGNOSE, Op.ACT, Op.RESCHEDULE})
+
+
+def refusal(
+    inc: Mapping[str, Any], op: Op, step: int, execution: str, corroborate: bool = True
+) -> str | None:
     """Why this execution may not run ``op`` on the incident now; None when it may.
 
     Checked before every mutating op (``fail`` has its own rules): the step must still be the
@@ -57,6 +66,8 @@ def refusal(inc: Mapping[str, Any], op: Op, step: int, execution: str) -> str | 
     owner = (inc.get("workflow") or {}).get("claimed_by")
     if owner and execution and owner not in (execution, "unknown"):
         return f"another execution ({owner}) owns step {step}"
+    if op in DISRUPTIVE_OPS and corroboration.needs_corroboration(inc, corroborate)[0]:
+        return f"the fault is not confirmed on the node: {op} waits for a confirmed corroboration"
     return None
 
 
@@ -74,6 +85,26 @@ def handed_over(fence: Mapping[str, Any]) -> list[JobInfo]:
     """The jobs a previous step's fence recorded, with the runs its fault hit (for the next step)."""
     runs = fence.get("runs") or {}
     return [JobInfo(str(j), JobState.UNKNOWN, JobRun.of(runs.get(j))) for j in fence.get("jobs", [])]
+
+
+def admit_restart(
+    doc: Mapping[str, Any] | None, run_key: str, now: float, cap: int, window_s: float
+) -> tuple[bool, dict[str, Any]]:
+    """The job-disruption budget: may this run of the job be requeued, and the job's record after.
+
+    The record holds the runs Pitstop requeued within the window (``runs: {run key: at}``); a run
+    already in it is admitted again (a retry, or another incident of the same fault).
+    """
+    runs = {
+        str(k): float(at)
+        for k, at in ((doc or {}).get("runs") or {}).items()
+        if isinstance(at, int | float) and now - float(at) < window_s
+    }
+    if run_key in runs:
+        return True, {"runs": runs}
+    if len(runs) >= cap:
+        return False, {"runs": runs}
+    return True, {"runs": {**runs, run_key: now}}
 
 
 def requeue_refusal(action: str, info: JobInfo, fenced: JobRun) -> str | None:
@@ -146,7 +177,10 @@ def choose_call(
         return CallChoice({})
     ok, why = report_ok
     if ok:
-        behavior = "UNRECOVERABLE_GPU_ERROR" if inc.get("xid") is not None else "PERFORMANCE"
+        gpu_fault = (
+            inc.get("xid") is not None or inc.get("kind") == SXID_KIND
+        )  # an NVSwitch is the GPU baseboard's
+        behavior = "UNRECOVERABLE_GPU_ERROR" if gpu_fault else "PERFORMANCE"
         return CallChoice(
             {"method": "reportHostAsFaulty", "behavior": behavior, "description": evidence(inc)}
         )
@@ -174,6 +208,8 @@ def block_of(vm: Mapping[str, Any]) -> str | None:
 def verified(method: str, before: Mapping[str, Any], vm: Mapping[str, Any]) -> bool:
     """The VM is back: RUNNING, on a new host after a host report, a new VM after a recreate."""
     ok = vm.get("status") == "RUNNING"
+    if method == "wait_for_platform":  # done only once the platform's window is over
+        return ok and not (vm.get("resource_status") or {}).get("upcoming_maintenance")
     if method == "reportHostAsFaulty":
         return ok and (vm.get("resource_status") or {}).get("physical_host") != before.get("host")
     if method == "recreateInstances":
@@ -181,9 +217,23 @@ def verified(method: str, before: Mapping[str, Any], vm: Mapping[str, Any]) -> b
     return ok
 
 
+PLATFORM_MARGIN_S = 1800.0  # after the window's end: the platform reports completion in that time
+
+
+def platform_wait_s(vm: Mapping[str, Any], now: float, default: float, to_epoch: Any) -> float:
+    """How long verify waits for maintenance Pitstop may not start itself: to the window's end."""
+    maint = (vm.get("resource_status") or {}).get("upcoming_maintenance") or {}
+    end = to_epoch(maint.get("window_end_time") or maint.get("latest_window_start_time"))
+    return default if end is None else max(default, end - now + PLATFORM_MARGIN_S)
+
+
 def evidence(inc: Mapping[str, Any]) -> str:
     """The host report's description: what Pitstop saw, from validated fields only."""
-    counts = ", ".join(f"{k.replace('xid_', 'Xid ')} x{v}" for k, v in inc["counts"].items() if k != "events")
+    counts = ", ".join(
+        f"{k.replace('sxid_', 'SXid ').replace('xid_', 'Xid ')} x{v}"
+        for k, v in inc["counts"].items()
+        if k != "events"
+    )
     gpus = ", ".join(g["pci"] for g in inc.get("gpus", {}).values())
     why = "; ".join(w for e in inc.get("escalations", []) for w in e.get("why", []) if w.startswith("lemon"))
     diagnosis = inc.get("diagnosis") or {}

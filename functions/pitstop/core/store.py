@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from pitstop.core.engine import Outcome, node_key
+from pitstop.core.engine import Outcome, subject_key
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
 from pitstop.core.steps import StepStore
@@ -45,7 +45,7 @@ def commit_of(out: Outcome) -> Commit:
 
 
 def node_key_of(commit: Commit) -> str | None:
-    return node_key(commit.node["node"]) if commit.node is not None else None
+    return subject_key(commit.node) if commit.node is not None else None
 
 
 class Decisions(Protocol):
@@ -93,6 +93,9 @@ class Records(Protocol):
     def budget(self, doc_id: str) -> dict[str, Any] | None: ...
     def release_budget(self, inc: Mapping[str, Any]) -> None: ...
     def mark_job_requeue(self, key: str, incident: str, now: float) -> bool: ...
+    def claim_job_restart(
+        self, job_key: str, run_key: str, now: float, cap: int, window_s: float
+    ) -> bool: ...
     def step_record(self, iid: str, key: str) -> dict[str, Any] | None: ...
     def steps(self, iid: str) -> StepStore[Any]: ...
 

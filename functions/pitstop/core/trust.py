@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pitstop.core.actions import RANK, Action
+from pitstop.core.catalog import default_xid_policy
 from pitstop.core.policy import Policy
 
 VERIFIED = "verified"
@@ -59,9 +60,8 @@ WHY_SERIAL_CONSOLE = "serial console output: written by the guest, any process o
 SERIAL_PORT_LOG = re.compile(r"serialconsole\.googleapis\.com(?:%2F|/)serial_port_[1-4]_output", re.I)
 
 
-@dataclass(frozen=True, slots=True)
-class Provenance:
-    """The text an entry carries, and how far it can be believed."""
+class Provenance(NamedTuple):
+    """The text an entry carries, and how far it can be believed (one per entry: a tuple is cheap)."""
 
     text: str | None
     trust: str
@@ -196,26 +196,30 @@ def vm_identity_problem(
 
 
 # -- a second, trusted signal for a GKE node's text line -----------------------------------------
-# GKE's GPU device plugin learns Xids from NVML's event API, not from any text, and for these
-# ("monitored") Xids sets the node condition XidCriticalError: reason a JSON map {"<xid>": true},
-# message the node's bootID; a new boot clears it (container-engine-accelerators
-# pkg/gpu/nvidia/health_check/health_checker.go; reference/gke.md §2). A process on the VM that
-# can write the serial console cannot write the Node's status.
-DEVICE_PLUGIN_XIDS = frozenset({48, 63, 64, 79, 119, 120, 123, 140})
+# GKE's GPU device plugin learns Xids from NVML's event API, not from any text, and for the Xids it
+# watches (schemas/xid-policy.yaml ``gke_device_plugin_xids``) sets the node condition
+# XidCriticalError: reason a JSON map {"<xid>": true}, message the node's bootID; a new boot clears
+# it (container-engine-accelerators pkg/gpu/nvidia/health_check/health_checker.go; reference/gke.md
+# §2). A process on the VM that can write the serial console cannot write the Node's status.
 XID_CONDITION = "XidCriticalError"
 WHY_XID_CONDITION = (
     "corroborated by the node's XidCriticalError condition (GKE GPU device plugin, from NVML events)"
 )
 
 
-def wants_corroboration(ev: Mapping[str, Any]) -> bool:
-    """An unverified Xid line that a GKE node's device plugin would also have seen."""
+def wants_corroboration(ev: Mapping[str, Any], watched: Collection[int] | None = None) -> bool:
+    """An unverified Xid line that a GKE node's device plugin would also have seen.
+
+    ``watched``: the Xids the device plugin watches (the XID policy's list by default).
+    """
     src = ev.get("source")
+    if watched is None:
+        watched = default_xid_policy().device_plugin_xids
     return (
         isinstance(src, Mapping)
         and src.get("trust") != VERIFIED
         and ev.get("kind") == "gpu_xid"
-        and ev.get("xid") in DEVICE_PLUGIN_XIDS
+        and ev.get("xid") in watched
     )
 
 

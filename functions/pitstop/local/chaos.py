@@ -14,7 +14,15 @@ Kinds and what they break:
 - ``webhook-down`` / ``webhook-up``: the webhook sink answers 503 / OK.
 - ``firestore-restart``: the Firestore emulator goes away and comes back with its data
   (``Stack.restart_firestore``).
-- ``clear``: disarm every armed fault and flag.
+- ``hang [--node N]``: every training run on the stack stops beating (local/trainer.py): a job
+  stuck in a collective; with ``--node``, that node's GPU is the culprit (the GPU stand-ins show a
+  GPU that fails its quick diagnostic); without, a software hang (no node to find). A requeued run
+  beats again.
+- ``straggler --node N``: N's GPU is held below its clocks (thermal) most of the time: the Monitoring
+  stand-in's throttle policy opens after its window; nvidia-smi -q shows the slowdown.
+- ``degrading --node N``: N's GPU's correctable ECC errors rise past the ECC trend policy's line.
+- ``heal --node N``: N's GPU healthy again (a straggler's or degrading node's alert closes).
+- ``clear``: disarm every armed fault and flag (and end a hang).
 
 Flags live in ``<workdir>/chaos/<kind>.json`` (``{"left": N, "node": ..., "method": ...}``); a
 process that acts on one takes it under an exclusive file lock, so N means N across threads and
@@ -51,9 +59,20 @@ class Stack(Protocol):
 
     def set_agent(self, up: bool) -> Any: ...
     def restart_firestore(self, down_s: float = 2.0) -> None: ...
+    def set_gpu_state(self, node: str, state: Any) -> dict[str, Any]: ...
 
 
 FLAG_KINDS = ("actuate-crash-after-effect", "publish-timeout")
+# Faults that print no Xid (issue 24): the GPU state preset (pitstop.local.gpu_tools.state) each puts
+# on its node, None for healthy again.
+TELEMETRY_KINDS = ("hang", "straggler", "degrading", "heal")
+GPU_PRESET: dict[str, str | None] = {
+    "hang": "hung",
+    "straggler": "straggler",
+    "degrading": "degrading",
+    "heal": None,
+}
+HANG_FILE = "hang.json"  # the runs a hang stopped (local/trainer.py reads it)
 KINDS = (
     "compute-error",
     *FLAG_KINDS,
@@ -62,6 +81,7 @@ KINDS = (
     "webhook-down",
     "webhook-up",
     "firestore-restart",
+    *TELEMETRY_KINDS,
     "clear",
 )
 # The fake Compute's (and ComputeAdapter's) names of the calls that change something.
@@ -100,6 +120,7 @@ def armed_flags(chaos_dir: Path) -> dict[str, dict[str, Any]]:
 def clear_flags(chaos_dir: Path) -> None:
     for kind in FLAG_KINDS:
         (chaos_dir / f"{kind}.json").unlink(missing_ok=True)
+    (chaos_dir / HANG_FILE).unlink(missing_ok=True)
 
 
 def take_flag(chaos_dir: Path, kind: str, node: str | None, method: str | None = None) -> bool:
@@ -180,9 +201,31 @@ def apply(
     if kind == "firestore-restart":
         stack.restart_firestore(down_s=float(arg) if arg else 2.0)
         return {"kind": kind}
+    if kind in TELEMETRY_KINDS:
+        return {"kind": kind, **_telemetry(stack, kind, node)}
     clear_flags(stack.chaos_dir)
     _post(stack.endpoints["compute"] + "/_admin/faults", {"clear": True})
     return {"kind": kind}
+
+
+def _telemetry(stack: Stack, kind: str, node: str | None) -> dict[str, Any]:
+    """A fault that prints no Xid: a hung job (its runs stop beating), a throttled or degrading GPU."""
+    if node is None and kind != "hang":
+        raise ChaosError(f"{kind} needs --node")
+    out: dict[str, Any] = {}
+    if node is not None:
+        out["gpu"] = stack.set_gpu_state(node, GPU_PRESET[kind])
+    if kind == "hang":
+        runs = {}
+        for f in sorted(stack.chaos_dir.glob("run-*.json")):
+            with contextlib.suppress(OSError, ValueError):
+                doc = json.loads(f.read_text())
+                runs[str(doc["job"])] = int(doc["run"])
+        if not runs:
+            raise ChaosError("no training run to hang: start one (Stack.submit_training)")
+        (stack.chaos_dir / HANG_FILE).write_text(json.dumps({"runs": runs}))
+        out["runs"] = runs
+    return out
 
 
 def _compute_error(

@@ -52,7 +52,8 @@ def by_incident(
     """
     per_node: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for inc in incidents:
-        per_node[inc["node"]["instance"]].append(inc)
+        if inc.get("node"):  # a job's episode (hang) has no node of its own to attribute effects to
+            per_node[inc["node"]["instance"]].append(inc)
     out: dict[str, dict[str, dict[str, int]]] = {}
     effects = [e for e in compute_effects if e.get("method") not in NOT_EFFECTS]
     kube = None if kube_effects is None else list(kube_effects)

@@ -56,7 +56,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
-from pitstop.local.gpu_tools.state import StateError, check_entry
+from pitstop.local.gpu_tools.state import KMSG_MAX, StateError, check_entry, check_kmsg_line
 from pitstop.local.json_http import serve_json
 
 BASE = "https://www.googleapis.com/compute/v1"
@@ -148,6 +148,14 @@ class Instance:
     plan: list[tuple[float, dict[str, Any]]] = field(default_factory=list)  # (at, changes)
     maintenance: dict[str, Any] | None = None
     reports: int = 0
+    # The guest kernel's ring buffer since this boot: [{"msg": ..., "facility": 0}], what the
+    # dmesg stand-in prints. A VM that stops (reset, preemption, maintenance, a new host) boots
+    # with an empty one.
+    kmsg: list[dict[str, Any]] = field(default_factory=list)
+    # Instance.lastStartTimestamp / lastStopTimestamp (Compute API reference, Instance resource):
+    # what a published system event is checked against (core/corroboration.judge_system)
+    last_start: float | None = None
+    last_stop: float | None = None
 
     def __post_init__(self) -> None:
         self.id = self.id or default_id(self.project, self.zone, self.name)
@@ -162,9 +170,14 @@ class Instance:
 
     def advance(self, now: float) -> None:
         while self.plan and self.plan[0][0] <= now:
-            _, changes = self.plan.pop(0)
+            at, changes = self.plan.pop(0)
             for k, v in changes.items():
                 setattr(self, k, v)
+            if changes.get("status") in ("STOPPING", "TERMINATED"):
+                self.kmsg = []
+                self.last_stop = at
+            elif changes.get("status") == "RUNNING":
+                self.last_start = at
 
     def busy(self) -> bool:
         return bool(self.plan)
@@ -212,6 +225,10 @@ class Instance:
         }
         if self.accelerators():
             doc["guestAccelerators"] = self.accelerators()
+        if self.last_start is not None:
+            doc["lastStartTimestamp"] = _rfc3339(self.last_start)
+        if self.last_stop is not None:
+            doc["lastStopTimestamp"] = _rfc3339(self.last_stop)
         if self.mig:
             doc["metadata"] = {
                 "items": [
@@ -479,17 +496,25 @@ class FakeCompute:
         self._sync_gpu_state()
         return {"instance": inst.name, "host": inst.host, "state": self.host_gpu.get(inst.host)}
 
+    def kernel_line(self, p: str, z: str, i: str, msg: Any, facility: Any) -> dict[str, Any]:
+        """A line the guest kernel prints (facility 0) or user space writes to /dev/kmsg (1: LOG_USER)."""
+        inst = self._instance(p, z, i)
+        line = check_kmsg_line({"msg": msg, "facility": facility})
+        inst.kmsg = [*inst.kmsg, line][-KMSG_MAX:]
+        self._sync_gpu_state()
+        return {"instance": inst.name, "lines": len(inst.kmsg)}
+
     def gpu_states(self) -> dict[str, dict[str, Any]]:
         """Instance name -> the GPU state of the host it runs on now (instances on healthy hosts left out)."""
         with self.lock:
-            if not self.host_gpu:
-                return {}
             now = self.clock()
             out: dict[str, dict[str, Any]] = {}
             for inst in self.instances.values():
                 inst.advance(now)
                 if inst.host in self.host_gpu:
                     out[inst.name] = dict(self.host_gpu[inst.host])
+                if inst.kmsg:
+                    out.setdefault(inst.name, {})["kmsg"] = [dict(k) for k in inst.kmsg]
             return out
 
     def _sync_gpu_state(self) -> None:
@@ -681,7 +706,7 @@ class FakeCompute:
         """Spot preemption: the VM goes TERMINATED; the MIG (if any) recreates it. Returns the LogEntry."""
         inst = self._instance(p, z, i)
         now = self.clock()
-        inst.status = "TERMINATED"
+        inst.status, inst.last_stop, inst.kmsg = "TERMINATED", now, []
         if inst.mig:
             d = self._dur("preempted_restart")
             inst.plan = [
@@ -911,6 +936,10 @@ class FakeCompute:
                 if path == "/_admin/add":
                     self.add_from_spec(body["project"], body["zone"], body)
                     return 200, {}
+                if path == "/_admin/kmsg":
+                    return 200, self.kernel_line(
+                        body["project"], body["zone"], body["instance"], body["msg"], body.get("facility", 0)
+                    )
                 if path == "/_admin/gpu_state":
                     if "state" not in body:
                         raise KeyError("state")

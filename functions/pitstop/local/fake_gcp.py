@@ -8,8 +8,8 @@ resource is a 404 in Google's error shape. The long-running operations of the AP
 return them are born done, so gcloud's pollers finish at their first look.
 
 Where Google does something on the caller's behalf the fake does too: a Logging sink gets
-a writer identity, a Pub/Sub-triggered function gets an Eventarc trigger whose push
-subscription is created on the Pub/Sub emulator, a function gets a Cloud Run service and URI.
+a writer identity, a Pub/Sub-triggered function (or an Eventarc trigger of its own) gets a push
+subscription created on the Pub/Sub emulator, a function gets a Cloud Run service and URI.
 """
 
 from __future__ import annotations
@@ -461,11 +461,36 @@ class FakeGcp:
             self.resources.setdefault(("firestore", c.path), {"name": c.path})
         return None
 
+    def _eventarc(self, c: Call) -> Any:
+        """A trigger on a Pub/Sub topic gets its push subscription, named as Eventarc names them."""
+        m = re.fullmatch(r"projects/([^/]+)/locations/([^/]+)/triggers", c.path)
+        if m and c.method == "POST" and not c.verb:
+            out = self._create(c)
+            res = self.resources[("eventarc", out["response"]["name"])]
+            pubsub = res.setdefault("transport", {}).setdefault("pubsub", {})
+            trigger = c.query.get("triggerId", "trigger")
+            sub_id = f"eventarc-{m.group(2)}-{trigger}-sub-{next(self._ids):03d}"
+            sub = f"projects/{m.group(1)}/subscriptions/{sub_id}"
+            pubsub["subscription"] = sub
+            self._pending_subscriptions.append((sub, pubsub.get("topic", "")))
+            out["response"] = copy.deepcopy(res)
+            return out
+        if c.method == "DELETE" and not c.verb and ("eventarc", c.path) in self.resources:
+            sub = (
+                self.resources[("eventarc", c.path)]
+                .get("transport", {})
+                .get("pubsub", {})
+                .get("subscription")
+            )
+            if sub:
+                self._pending_subscriptions.append((sub, ""))
+        return None
+
     def _monitoring(self, c: Call) -> Any:
-        m = re.fullmatch(r"projects/([^/]+)/(dashboards|alertPolicies)", c.path)
+        m = re.fullmatch(r"projects/([^/]+)/(dashboards|alertPolicies|notificationChannels)", c.path)
         if m and c.method == "POST" and not c.verb:
             body = dict(c.body or {})
-            body.pop("name", None)  # the service names new dashboards and policies itself
+            body.pop("name", None)  # the service names new dashboards, policies and channels itself
             return self._create(Call(c.api, c.method, c.path, c.verb, {}, body))
         return None
 

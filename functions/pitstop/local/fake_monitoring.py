@@ -1,7 +1,12 @@
-"""Cloud Monitoring's CreateTimeSeries over gRPC, served locally for the real MetricServiceClient."""
+"""Cloud Monitoring's CreateTimeSeries over gRPC, served locally for the real MetricServiceClient.
+
+Points of the job heartbeat metric also go to ``on_heartbeat`` (the stand-in's alerting,
+local/telemetry.py, which publishes the heartbeat policy's notifications).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from concurrent import futures
 from typing import Any
 
@@ -10,11 +15,13 @@ from google.cloud.monitoring_v3.types import metric_service
 from google.protobuf import empty_pb2
 
 SERVICE = "google.monitoring.v3.MetricService"
+HEARTBEAT = "custom.googleapis.com/pitstop/job/heartbeat"
 
 
 class FakeMonitoring:
-    def __init__(self) -> None:
+    def __init__(self, on_heartbeat: Callable[[Mapping[str, str]], None] | None = None) -> None:
         self.series: list[dict[str, Any]] = []
+        self.on_heartbeat = on_heartbeat
 
     def create(
         self, req: metric_service.CreateTimeSeriesRequest, ctx: grpc.ServicerContext
@@ -34,6 +41,8 @@ class FakeMonitoring:
                     "resource": ts.resource.type,
                 }
             )
+            if ts.metric.type == HEARTBEAT and self.on_heartbeat is not None:
+                self.on_heartbeat(dict(ts.metric.labels))
         return empty_pb2.Empty()
 
 

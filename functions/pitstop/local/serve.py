@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -50,12 +51,37 @@ def executions(args: argparse.Namespace) -> None:
     _wait_forever(lambda: server.stop(0))
 
 
+def _alerting(args: argparse.Namespace) -> Any:
+    """The stand-in's alerting (local/telemetry.py), publishing to the alerts topic on the emulator."""
+    from google.cloud import pubsub_v1
+
+    from pitstop.local.telemetry import Alerting, gpu_state_reader
+
+    pub = pubsub_v1.PublisherClient()
+    topic = pub.topic_path(args.project, args.alerts_topic)
+
+    def publish(doc: dict[str, Any]) -> None:
+        pub.publish(topic, json.dumps(doc).encode()).result(timeout=30)
+
+    def instance_id(node: str) -> str:
+        url = f"{args.compute}/compute/v1/projects/{args.project}/zones/{args.zone}/instances/{node}"
+        with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - the stack's loopback fake
+            return str(json.loads(resp.read())["id"])
+
+    alerts = Alerting(
+        args.project, args.zone, publish, gpu_state_reader(args.gpu_state), instance_id, args.alert_scale
+    )
+    threading.Thread(target=alerts.run, args=(threading.Event(),), daemon=True, name="alerting").start()
+    return alerts
+
+
 def monitoring(args: argparse.Namespace) -> None:
     import grpc
 
     from pitstop.local.fake_monitoring import FakeMonitoring, serve
 
     out = Path(args.out)
+    alerts = _alerting(args) if args.compute else None
 
     class Recording(FakeMonitoring):
         """Also appends every series to a JSON Lines file that tests and `local status` read."""
@@ -68,7 +94,7 @@ def monitoring(args: argparse.Namespace) -> None:
                     f.write(json.dumps(s) + "\n")
             return resp
 
-    server, _ = serve(Recording(), port=args.port)
+    server, _ = serve(Recording(alerts.heartbeat if alerts is not None else None), port=args.port)
     _wait_forever(lambda: server.stop(0))
 
 
@@ -120,7 +146,10 @@ def webhook(args: argparse.Namespace) -> None:
             if self.path in ("/_down", "/_up"):
                 state["down"] = self.path == "/_down"
                 return self._answer(200)
-            if state["down"]:
+            if state["down"]:  # refused, and kept apart: a test can see a delivery was tried
+                with out.with_name(out.stem + "-refused.jsonl").open("a") as f:
+                    seen = {"at": time.time(), "path": self.path, "body": body.decode(errors="replace")}
+                    f.write(json.dumps(seen) + "\n")
                 return self._answer(503)
             doc = json.loads(body or b"null")
             errors = pagerduty_errors(doc) if self.path == PAGERDUTY_PATH else []
@@ -230,6 +259,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         s = sub.add_parser(name)
         s.add_argument("--port", type=int, required=True)
         s.add_argument("--out", required=True)
+        if name == "monitoring":  # its alerting: publishes the telemetry policies' notifications
+            s.add_argument(
+                "--compute", default=None, help="the fake Compute (instance ids); none: no alerting"
+            )
+            s.add_argument("--project", default="pitstop-local")
+            s.add_argument("--zone", default="us-central1-a")
+            s.add_argument("--gpu-state", default=None, help="the fake Compute's GPU state file")
+            s.add_argument("--alerts-topic", default="pitstop-alerts")
+            s.add_argument("--alert-scale", type=float, default=1.0, help="policy windows times this")
     sc = sub.add_parser("scheduler")
     sc.add_argument("--url", required=True)
     sc.add_argument("--interval", type=float, default=60.0)

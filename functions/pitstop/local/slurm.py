@@ -164,7 +164,8 @@ class SlurmCluster:
             for line in out.splitlines()
         ]
 
-    def submit(self, nodes: int, name: str = "train", seconds: int = 3600) -> str:
+    def submit(self, nodes: int, name: str = "train", seconds: int = 3600, command: str | None = None) -> str:
+        """A batch job on ``nodes`` nodes, requeueable; it sleeps ``seconds`` unless given a ``command``."""
         out = subprocess.run(
             [
                 "sbatch",
@@ -177,7 +178,7 @@ class SlurmCluster:
                 "-o",
                 "/dev/null",
                 "--wrap",
-                f"sleep {seconds}",
+                command or f"sleep {seconds}",
             ],
             env=self.env,
             capture_output=True,

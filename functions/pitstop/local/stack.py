@@ -6,9 +6,10 @@ the fake VMs) with the Pitstop Slurm agent (or, for a cluster with ``scheduler="
 Kubernetes API server whose nodes are the fake VMs: local/gke_stack.py), functions-framework
 servers for ingest, actuate and notify fed by real push subscriptions (with dead-letter
 topics) and for sweep, called every ``sweep_interval`` seconds by a Cloud Scheduler stand-in,
-the Workflows runner, a fake Cloud Monitoring, and a webhook sink. The log router applies
-infra/filters/ to injected entries and publishes what a real sink would. actuate runs from
-``local/chaos_main.py`` (main's handler with chaos hooks); the stack's controller
+the Workflows runner, a fake Cloud Monitoring whose alerting publishes the telemetry policies'
+notifications to the alerts topic ingest also subscribes to (local/telemetry.py), and a webhook
+sink. The log router applies infra/filters/ to injected entries and publishes what a real sink
+would. actuate runs from ``local/chaos_main.py`` (main's handler with chaos hooks); the stack's controller
 (``local/control.py``) restarts a function process that died and takes chaos requests. State
 lives in ``<workdir>/stack.json``.
 """
@@ -59,6 +60,10 @@ GPU_STATE_ENV = "PITSTOP_GPU_STATE"
 # the local PagerDuty endpoint takes any 32-character integration key, as PagerDuty would shape-check it
 LOCAL_ROUTING_KEY = "pitstoplocalroutingkey0000000000"
 GPU_STATE_FILE = "gpu-state.json"
+# The telemetry policies' windows on the stack: the heartbeat's 2 min absence is 6 s, a 10 min
+# throttle 30 s (production windows: infra/monitoring/telemetry/).
+ALERT_SCALE = 0.05
+HEARTBEAT_EVERY_S = 1.0  # the training stand-in's step (local/trainer.py)
 
 
 def gpu_tool_flags() -> list[str]:
@@ -67,6 +72,7 @@ def gpu_tool_flags() -> list[str]:
     for flag, tool in (
         ("--nvidia-smi", "nvidia_smi"),
         ("--dcgmi", "dcgmi"),
+        ("--dmesg", "dmesg"),
         ("--all-gather-perf", "all_gather_perf"),
     ):
         flags += [flag, shlex.join([sys.executable, "-m", f"pitstop.local.gpu_tools.{tool}"])]
@@ -202,8 +208,10 @@ class Stack:
         workflow_scale: float = 0.1,
         policy_over: dict[str, Any] | None = None,
         sweep_interval: float = SWEEP_INTERVAL_S,
+        alert_scale: float = ALERT_SCALE,
     ) -> None:
         self.workdir, self.spec = workdir, spec or ClusterSpec()
+        self.alert_scale = alert_scale  # the telemetry policies' windows, scaled (local/telemetry.py)
         self.compute_scale, self.workflow_scale, self.policy_over = compute_scale, workflow_scale, policy_over
         self.sweep_interval = sweep_interval
         self.procs: dict[str, Proc] = {}
@@ -273,7 +281,7 @@ class Stack:
     def _clean_workdir(self) -> None:
         """Outputs of an earlier run would be read as this run's webhook posts and metrics."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        for stale in ("webhook.jsonl", "metrics.jsonl"):
+        for stale in ("webhook.jsonl", "webhook-refused.jsonl", "metrics.jsonl"):
             (self.workdir / stale).unlink(missing_ok=True)
         clear_flags(self.chaos_dir)  # a fault armed for an earlier stack must not fire in this one
 
@@ -356,8 +364,11 @@ class Stack:
             ],
             env,
         )
+        alerting = ["--compute", f"http://127.0.0.1:{ports['compute']}", "--project", PROJECT, "--zone", ZONE]
+        alerting += ["--gpu-state", str(self.gpu_state_file), "--alert-scale", str(self.alert_scale)]
         for name, out in (("monitoring", "metrics.jsonl"), ("webhook", "webhook.jsonl")):
-            self._py(name, [name, "--port", str(ports[name]), "--out", str(self.workdir / out)], env)
+            extra = alerting if name == "monitoring" else []
+            self._py(name, [name, "--port", str(ports[name]), "--out", str(self.workdir / out), *extra], env)
 
     def _start_functions(
         self, ports: dict[str, int], ep: dict[str, str], policy: Path, env: dict[str, str]
@@ -503,6 +514,7 @@ class Stack:
                 "pitstop-events-dead",
                 "pitstop-notifications",
                 "pitstop-notifications-dead",
+                "pitstop-alerts",
                 *slurm_topic,
             )
         }
@@ -522,6 +534,9 @@ class Stack:
             )
 
         push("ingest-push", "pitstop-events", ep["ingest"], "pitstop-events-dead", 5)
+        # Monitoring's notifications: pushed to ingest under the alerts topic's own path, so the
+        # CloudEvent's source names that topic, as Eventarc's does (core/alerts.py believes only it)
+        push("ingest-alerts-push", "pitstop-alerts", ep["ingest"], "pitstop-events-dead", 5)
         push("notify-push", "pitstop-notifications", ep["notify"], "pitstop-notifications-dead", 10)
         pulls = [
             ("slurm-agent-train", f"pitstop-slurm-{self.spec.name}"),
@@ -540,6 +555,27 @@ class Stack:
                     "enable_message_ordering": True,
                 }
             )
+
+    # -- training jobs and telemetry faults --------------------------------------------
+
+    def submit_training(self, nodes: int, name: str = "train") -> str:
+        """A Slurm job whose batch step writes the job heartbeat each step (local/trainer.py)."""
+        assert self.slurm is not None, "training jobs run on a Slurm stack"
+        argv = [sys.executable, "-m", "pitstop.local.trainer", "--monitoring", self.endpoints["monitoring"]]
+        argv += ["--project", PROJECT, "--cluster", self.spec.name, "--chaos-dir", str(self.chaos_dir)]
+        argv += ["--every", str(HEARTBEAT_EVERY_S)]
+        command = f"env PYTHONPATH={shlex.quote(str(ROOT / 'functions'))} {shlex.join(argv)}"
+        return self.slurm.submit(nodes, name, command=command)
+
+    def set_gpu_state(self, node: str, state: Any) -> dict[str, Any]:
+        """What the GPU stand-ins (and the Monitoring stand-in's node policies) report for ``node``."""
+        assert self.state is not None
+        result: dict[str, Any] = admin(
+            self.state,
+            "/_admin/gpu_state",
+            {"project": PROJECT, "zone": ZONE, "instance": node, "state": state},
+        )
+        return result
 
     # -- faults ----------------------------------------------------------------------
 

@@ -249,6 +249,15 @@ class Workflow:
                 return str(v)
             raise error("TypeError", "string() takes a number, boolean or string")
 
+        def number_pair(name: str, fn: Any) -> Any:
+            def call(a: Any, b: Any) -> Any:
+                ok = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b))
+                if not ok:
+                    raise error("TypeError", f"{name}() takes two numbers")
+                return fn(a, b)
+
+            return call
+
         def length(v: Any) -> int:
             if isinstance(v, str | list | dict):
                 return len(v)
@@ -265,6 +274,8 @@ class Workflow:
             "int": lambda v: int(v),
             "double": lambda v: float(v),
             "math.floor": lambda v: math.floor(v),
+            "math.min": number_pair("math.min", min),  # Workflows standard library: math.min, math.max
+            "math.max": number_pair("math.max", max),
             "json.encode_to_string": lambda v: json.dumps(v, separators=(",", ":")),
         }
 

@@ -23,6 +23,7 @@ from typing import Any
 from google.api_core import exceptions as gexc
 
 from pitstop.adapters.errors import ActuatorError
+from pitstop.core.engine import subject_name
 from pitstop.core.scheduling import Scheduler, StepRef
 from pitstop.core.states import State
 from pitstop.core.store import IncidentStore
@@ -72,12 +73,14 @@ def close_incident(
         store.mutate(iid, lambda d: d["closure"].update(unfence=answer))
         done.lines.append(f"{iid}: unfence {answer['outcome']}: {answer['detail']}")
     elif inc["closure"]["from_state"] == State.FAILED:
-        done.lines.append(f"{iid}: {inc['node']['instance']} stays fenced (use --unfence to return it)")
+        done.lines.append(f"{iid}: {subject_name(inc)} stays fenced (use --unfence to return it)")
     return done
 
 
 def request_unfence(inc: Mapping[str, Any], scheduler: Scheduler) -> dict[str, Any]:
     """Ask the scheduler to lift Pitstop's drain for this incident; what happened, for the record."""
+    if inc.get("node") is None:  # a job's episode: Pitstop fenced no node of its own for it
+        return {"outcome": "not needed", "detail": f"{subject_name(inc)} has no node of its own to return"}
     node = inc["node"]["instance"]
     manual = f"resume {node} in its scheduler yourself (Slurm: scontrol update nodename=<node> state=resume)"
     if scheduler.name == NoScheduler.name:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from pitstop.adapters import log
-from pitstop.core import engine, trust
+from pitstop.core import alerts, engine, trust
 from pitstop.core.actions import RANK, Action
 from pitstop.core.domain import Incident
 from pitstop.core.policy import Policy
@@ -144,7 +144,7 @@ class Coalescer:
         read and the incident's first DIRECT_LINES commits, not C of each.
         """
         key = engine.event_key(ev)
-        nkey = engine.node_key(ev["node"])
+        nkey = engine.subject_key(ev)
         counted = self._counted(ev, key, nkey, now)
         if counted is not None:
             return counted
@@ -207,7 +207,9 @@ class Coalescer:
         """Under the lock: count the event in memory if it cannot change anything (and say so)."""
         ts = float(ev.get("_observed_ts") or now)
         latest, st.touched = st.latest, now
-        if latest is None and ev["action"] == Action.NONE:
+        if alerts.is_alert(ev) and latest is not None:
+            return None, self._take(st, now)  # an alert's open or close may end or reopen an episode
+        if latest is None and ev["action"] == Action.NONE and not engine.counts_toward_lemon(ev):
             self._remember(key)
             return engine.Outcome("ignored"), None
         action = engine.believed(ev, self.policy)[0]["action"]  # a forged line raises nothing
@@ -217,6 +219,7 @@ class Coalescer:
             or (_verified(ev) and latest.get("trust") != trust.VERIFIED)  # it makes the evidence trusted
             or latest.get("events", 0) < DIRECT_LINES
             or RANK[action] > RANK[latest["action"]]
+            or engine.ends_recovery(ev, self.policy)  # may end the episode: decided in the store
             or not engine.absorbs(latest, ev, ts)
         ):
             return None, self._take(st, now)  # counts so far go first: the store path may change things
@@ -286,7 +289,7 @@ class Coalescer:
         if not st.buffered or st.latest is None or st.representative is None:
             return None
         job = (st.latest["id"], st.representative, st.deltas, st.buffered)
-        self._pending.discard(engine.node_key(st.representative["node"]))
+        self._pending.discard(engine.subject_key(st.representative))
         st.deltas, st.representative, st.buffered = engine.empty_deltas(), None, 0
         self._inflight += 1
         return job

@@ -23,10 +23,9 @@ from google.api_core import exceptions as gexc
 from pitstop.adapters import log
 from pitstop.adapters.gke.node import NodeReader, corroborate
 from pitstop.adapters.gke.zone import ZoneResolver, fill_zone
-from pitstop.core import engine
+from pitstop.core import alerts, engine
 from pitstop.core.classify import Classifier
 from pitstop.core.envelope import unwrap
-from pitstop.core.parse import parse_entry
 from pitstop.core.policy import Policy
 from pitstop.core.store import IncidentStore
 from pitstop.services.coalesce import Coalescer
@@ -66,29 +65,36 @@ class Ingest:
         clock: Callable[[], float] = time.time,
         zones: ZoneResolver | None = None,
         nodes: NodeReader | None = None,
+        alerts_topic: str = alerts.DEFAULT_TOPIC,
     ) -> None:
         self.policy, self.store, self.zones, self.nodes = policy, store, zones, nodes
         self.launcher = Launcher(store, starter, notifier)
-        self.classifier = classifier or Classifier(policy.xids, Classifier.default().system_events)
+        self.classifier = classifier or Classifier(
+            policy.xids, Classifier.default().system_events, alerts_topic
+        )
         self.clock = clock
         self.coalescer = Coalescer(store, policy, clock)
         self.coalescer.on_outcome = lambda out: self.follow_up(out, self.clock())
 
-    def handle_payload(self, payload: Any) -> engine.Outcome:
+    def handle_payload(self, payload: Any, source: str | None = None) -> engine.Outcome:
+        """One delivery; ``source`` is the CloudEvent's (the topic it came through), which tells a
+        Monitoring notification from the alerts topic (core/alerts.py) from anything else."""
         delivery = unwrap(payload)
         if delivery.entry is None:
             log.emit("ERROR", "poison delivery", reason=delivery.error, message_id=delivery.message_id)
             raise PoisonMessageError(delivery.error or "undecodable delivery")
-        ev = self.classifier.decide(parse_entry(delivery.entry, delivery))
-        return self.handle_event(ev)
+        return self.handle_event(self.classifier.from_delivery(delivery, source))
 
     def handle_event(self, ev: dict[str, Any]) -> engine.Outcome:
         now = self.clock()
         if ev["kind"] in ("unrelated", "invalid"):
             sev = "WARNING" if ev["kind"] == "invalid" else "DEBUG"
-            log.emit(sev, f"{ev['kind']} entry acknowledged", reason=ev["reason"], source=ev["source"])
+            node = (ev.get("node") or {}).get("instance")  # an undecodable line is recorded against its node
+            log.emit(
+                sev, f"{ev['kind']} entry acknowledged", reason=ev["reason"], source=ev["source"], node=node
+            )
             return engine.Outcome("ignored")
-        if ev["node"].get("zone") is None:  # a regional GKE cluster's entry: the node's zone first
+        if ev["node"] is not None and ev["node"].get("zone") is None:  # a regional GKE cluster's entry
             why = fill_zone(ev, self.zones) if self.zones is not None else "no zone resolver configured"
             if why is not None:  # ZoneLookupError (Compute or Kubernetes unreachable) is redelivered
                 log.emit(
@@ -96,7 +102,7 @@ class Ingest:
                 )
                 return engine.Outcome("ignored")
         if self.nodes is not None:  # a GKE node's text line, confirmed by its device plugin's condition
-            ev = self._corroborated(ev, self.nodes)
+            ev = self._corroborated(ev, self.nodes, self.policy.xids.device_plugin_xids)
         observed = to_epoch(ev.get("observed_at"))
         ev["_observed_ts"] = min(observed, now) if observed else now
         out = self.coalescer.handle(ev, now)
@@ -108,7 +114,7 @@ class Ingest:
             kind=ev["kind"],
             action=ev["action"],
             xid=ev["xid"],
-            node=ev["node"]["instance"],
+            node=engine.subject_name(ev),
             incident=out.incident["id"] if out.incident else None,
             mode=self.policy.mode,
         )
@@ -116,14 +122,14 @@ class Ingest:
         return out
 
     @staticmethod
-    def _corroborated(ev: dict[str, Any], nodes: NodeReader) -> dict[str, Any]:
-        out = corroborate(ev, nodes)
+    def _corroborated(ev: dict[str, Any], nodes: NodeReader, watched: frozenset[int]) -> dict[str, Any]:
+        out = corroborate(ev, nodes, watched)
         if out["source"]["trust"] != ev["source"]["trust"]:
             log.emit(
                 "INFO",
                 "unverified line corroborated",
                 xid=ev["xid"],
-                node=ev["node"]["instance"],
+                node=engine.subject_name(ev),
                 reason=out["source"]["trust_reason"],
             )
         return out

@@ -39,11 +39,13 @@ def workflow_argument(inc: Mapping[str, Any], step: int) -> dict[str, Any]:
         "action": inc["action"],
         "kind": inc["kind"],
         "xid": inc["xid"],
-        "node": inc["node"],
+        "node": inc["node"],  # None for a job's episode (kind hang): ``job`` names it
+        "job": inc.get("job"),
         "cluster": inc["cluster"],
         "scheduler": inc["scheduler"],
         "reason": inc["reason"],
         "maintenance": inc.get("maintenance"),
+        "alerts": inc.get("alerts"),
     }
 
 

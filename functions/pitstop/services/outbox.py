@@ -35,7 +35,7 @@ PUBLISH_GRACE_S = 10.0  # an entry this old, never tried, has lost its publisher
 KEEP_SENT_S = 7 * 86400.0  # a sent entry keeps this long: its expire_at, for a Firestore TTL policy
 MAX_PER_SWEEP = 200
 MAX_FAILURES_IN_A_ROW = 3  # then the topic is down: stop, do not wait out every publish timeout
-PAGE_FIELDS = ("id", "node", "cluster", "action", "state", "held")
+PAGE_FIELDS = ("id", "node", "job", "cluster", "action", "state", "held")  # job: a hang's subject
 
 
 class Publisher(Protocol):

@@ -25,14 +25,21 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from google.api_core import exceptions as gexc
+
 from pitstop.adapters import log
 from pitstop.adapters.workflows import ExecutionStatus
-from pitstop.core import engine
+from pitstop.core import engine, lifecycle
 from pitstop.core.engine import Outcome
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
 from pitstop.core.store import IncidentStore
-from pitstop.services.ingest import FOLLOW_UP_ERRORS, Ingest
+from pitstop.services.ingest import FOLLOW_UP_ERRORS, Ingest, to_epoch
+from pitstop.services.outbox import page_notification
+
+# Refused starts of one step before its incident fails with a page (a refusal that cannot pass
+# fails it at once). Each retry waits for the start's lease to run out.
+START_REFUSALS = 3
 
 
 def release_held(
@@ -77,18 +84,32 @@ class Sweep:
         notifications `republished` from the outbox after a failed publish."""
         ing = self.ingest
         now = ing.clock()
-        ing.coalescer.flush_all(now)
-        counts = {
-            "closed": ing.store.close_bursts(now),
-            "released": self._release_held(now),
-            "restarted": self._restart_lost(now),
-            "failed": self.watchdog(now),
-            "settled": self._settle_failed(now),
-        }
-        ing.coalescer.forget()  # re-read what the sweep may have changed (buffered counts stay)
         outbox = ing.launcher.outbox
-        counts["republished"] = outbox.publish_pending(time.time()) if outbox is not None else 0
+        phases: dict[str, Callable[[float], int]] = {
+            "flushed": lambda t: ing.coalescer.flush_all(t) or 0,
+            "closed": ing.store.close_bursts,
+            "released": self._release_held,
+            "restarted": self._restart_lost,
+            "failed": self.watchdog,
+            "settled": self._settle_failed,
+        }
+        counts = {name: self._phase(name, fn, now) for name, fn in phases.items()}
+        del counts["flushed"]
+        ing.coalescer.forget()  # re-read what the sweep may have changed (buffered counts stay)
+        counts["republished"] = (
+            self._phase("republished", lambda _: outbox.publish_pending(time.time()), now) if outbox else 0
+        )
         return counts
+
+    @staticmethod
+    def _phase(name: str, fn: Callable[[float], int], now: float) -> int:
+        """One phase of the run; its failure is logged and the next phase still runs (the watchdog
+        and the outbox must not wait on a broken release or start)."""
+        try:
+            return int(fn(now))
+        except Exception as exc:
+            log.emit("ERROR", "sweep phase failed", phase=name, error=repr(exc)[:500])
+            return 0
 
     def _release_held(self, now: float) -> int:
         return release_held(
@@ -99,8 +120,36 @@ class Sweep:
         """Start decided steps whose starter died before recording the start (its lease ran out)."""
         restarted = 0
         for inc in self.ingest.store.pending_starts(now):
-            restarted += self.ingest.start_workflow(inc["id"], int(inc["workflow"]["step"]), now) is not None
+            step = int(inc["workflow"]["step"])
+            try:
+                restarted += self.ingest.start_workflow(inc["id"], step, now) is not None
+            except Exception as exc:
+                self._start_refused(inc["id"], step, exc, now)
         return restarted
+
+    def _start_refused(self, iid: str, step: int, exc: Exception, now: float) -> None:
+        """Workflows refused the start (quota, permission, a wrong name): count it; a refusal that
+        will not pass (a 4xx other than 429), or the third one, fails the incident with a page."""
+        what = repr(exc)[:300]
+        permanent = isinstance(exc, gexc.ClientError) and not isinstance(exc, gexc.TooManyRequests)
+
+        def count(doc: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+            if doc["state"] != State.OPEN or int((doc.get("workflow") or {}).get("step", -1)) != step:
+                return False, dict(doc)
+            n = int(doc.get("start_refusals") or 0) + 1
+            doc["start_refusals"] = n
+            give_up = permanent or n >= START_REFUSALS
+            if give_up:
+                lifecycle.move(doc, State.FAILED, "start refused")
+                doc["failure"] = {"stage": "start", "error": what, "at": now}
+            doc["updated_at"] = now
+            return give_up, dict(doc)
+
+        failed, inc = self.ingest.store.mutate(iid, count)
+        log.emit("ERROR", "workflow start refused", incident=iid, step=step, error=what, failed=failed)
+        outbox = self.ingest.launcher.outbox
+        if failed and outbox is not None:
+            outbox.send(page_notification(f"Remediation of {iid} could not start: {what}", inc))
 
     # -- the watchdog --------------------------------------------------------------------
 
@@ -139,6 +188,9 @@ class Sweep:
             return f"execution {short} ended {status.state} without closing the incident{detail}", False
         started = (inc.get("workflow") or {}).get("started_at") or status.started_at
         deadline = self.ingest.policy.watchdog_deadline_s(str(inc["action"]))
+        window_end = to_epoch((inc.get("maintenance") or {}).get("window_end"))
+        if window_end is not None and started is not None:  # a platform window the step waits out
+            deadline = max(deadline, window_end - float(started) + deadline)
         if started is not None and now - float(started) > deadline:
             ran = int(now - float(started))
             return f"execution {short} still {status.state} after {ran} s (deadline {int(deadline)} s)", True

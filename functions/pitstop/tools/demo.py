@@ -123,6 +123,22 @@ class Pipeline:
             "labels": {"compute.googleapis.com/resource_name": node},
         }
 
+    def kernel_prints(self, node: str, line: str, facility: int = 0) -> None:
+        """The node's kernel prints ``line``: its ring buffer holds it until the VM next boots (what
+        corroboration reads through the scheduler); facility 1 is a line user space wrote to /dev/kmsg."""
+        admin(
+            self.state,
+            "/_admin/kmsg",
+            {"project": PROJECT, "zone": ZONE, "instance": node, "msg": line, "facility": facility},
+        )
+
+    def fault(self, node: str, line: str, insert_id: str | None = None) -> dict[str, Any]:
+        """A real driver fault on ``node``: the kernel prints it, the logging agent ships it."""
+        self.kernel_prints(node, line)
+        entry = self.entry(node, line, insert_id)
+        self.router.publish(entry)
+        return entry
+
     def vm_id(self, node: str) -> str:
         """The live VM's numeric id, as the logging agent on it would report it (a recreate changes it)."""
         now = time.monotonic()
@@ -377,7 +393,7 @@ class Scenarios(Pipeline):
     def xid79_gang(self) -> Result:
         a, b = self.nodes[0], self.nodes[1]
         job = self.job([a, b])
-        self.router.publish(self.entry(a, XID79))
+        self.fault(a, XID79)
         inc = self.finished(a)
         resets = self.calls("reset", a)
         rs = self.restarts(job)
@@ -490,6 +506,8 @@ class Scenarios(Pipeline):
         node = self.nodes[6]
         dup = self.entry(node, XID48, insert_id="dup-48-" + uuid.uuid4().hex[:6])
         burst = [self.entry(node, XID94) for _ in range(500)]  # logged within moments; delivered after
+        self.kernel_prints(node, XID48)
+        self.kernel_prints(node, XID94)
         for _ in range(20):
             self.router.publish(dup)
         for e in burst:
@@ -517,7 +535,7 @@ class Scenarios(Pipeline):
         node = self.nodes[7]
         self.lemon_history(node)
         self.gpu_state(node, {"nvlink_down": [2]})  # what the diagnostic on the fenced node finds
-        self.router.publish(self.entry(node, XID48))
+        self.fault(node, XID48)
         inc = self.finished(node, timeout=120)
         reports = self.calls("report_host_as_faulty", node)
         resets = self.calls("reset", node)
@@ -555,7 +573,7 @@ class Scenarios(Pipeline):
 
         seen_before = {n: xid79s(n) for n in targets}
         for n in targets:
-            self.router.publish(self.entry(n, XID79))
+            self.fault(n, XID79)
 
         def settled() -> list[dict[str, Any]] | None:
             out = []
@@ -615,7 +633,7 @@ class Scenarios(Pipeline):
 
         self.router.publish_raw(b"\x00this is not a log entry")
         node = self.nodes[6]
-        self.router.publish(self.entry(node, XID13))
+        self.fault(node, XID13)
         with emulator_env(self.state.endpoints):
             sub = pubsub_v1.SubscriberClient()
         path = sub.subscription_path(PROJECT, "events-dead-inspect")
@@ -647,7 +665,7 @@ class Scenarios(Pipeline):
         """Xid 79 on a gang with a spare: the job runs again long before the node is back."""
         job, held = self.job_among(2, self.fresh[0:3])
         bad = held[0]
-        self.router.publish(self.entry(bad, XID79))
+        self.fault(bad, XID79)
         inc = self.finished(bad, timeout=150)
         now_on = self.job_nodes(job)
         r = self.timed(Result("xid79_with_spare", False, "", durations(inc), inc["id"]), inc)
@@ -679,7 +697,7 @@ class Scenarios(Pipeline):
         bad = held[0]
         self.lemon_history(bad)
         self.gpu_state(bad, {"remap": "failure", "remap_gpu": 1})  # what the diagnostic will find
-        self.router.publish(self.entry(bad, XID48))
+        self.fault(bad, XID48)
         inc = self.finished(bad, timeout=180)
         reports = self.calls("report_host_as_faulty", bad)
         now_on = self.job_nodes(job)
@@ -714,7 +732,7 @@ class Scenarios(Pipeline):
         REPLACE_NODE; the diagnostic confirms it (the link down), the new host passes."""
         node = self.fresh[6]
         self.gpu_state(node, {"busbw": 120, "nvlink_down": [3]})
-        self.router.publish(self.entry(node, XID79))
+        self.fault(node, XID79)
         inc = self.finished(node, timeout=180)
         resets, reports = self.calls("reset", node), self.calls("report_host_as_faulty", node)
         steps = [(e["from"], e["to"]) for e in inc.get("escalations", [])]
@@ -746,7 +764,7 @@ class Scenarios(Pipeline):
         """A REPLACE on log text alone whose diagnostic finds nothing: the node is rebooted instead."""
         node = self.fresh[7]
         self.lemon_history(node)
-        self.router.publish(self.entry(node, XID48))
+        self.fault(node, XID48)
         inc = self.finished(node, timeout=150)
         resets, reports = self.calls("reset", node), self.calls("report_host_as_faulty", node)
         diagnosis = inc.get("diagnosis") or {}
@@ -767,7 +785,7 @@ class Scenarios(Pipeline):
         pair = self.fresh[8:10]
         job, held = self.job_among(2, pair)
         bad = held[0]
-        self.router.publish(self.entry(bad, XID79))
+        self.fault(bad, XID79)
         inc = self.finished(bad, timeout=150)
         tl = inc["timeline"]
         resume = inc.get("resume") or {}
@@ -821,6 +839,14 @@ REGION = ZONE.rsplit("-", 1)[0]
 GKE_NODES = 11  # nine nodes that take a fault each (cooldowns outlast the demo), a gang partner and a spare
 GKE_COMPUTE_SCALE = 0.03  # a reset keeps the VM down ~1 s: time for the gang to restart off a preempted node
 POD_GRACE_S = 30  # the JobSets' terminationGracePeriodSeconds: what a checkpoint gets after SIGTERM
+
+
+def slurm_spec(nodes: int) -> ClusterSpec:
+    """The demo's Slurm cluster; its fourth node is a Spot VM (the preemption scenario's: Compute
+    confirms a preemption only of a Spot VM, core/corroboration.judge_system)."""
+    spec = ClusterSpec(nodes=nodes)
+    spec.spot = [spec.node_names[3]]
+    return spec
 
 
 def gke_spec(nodes: int = GKE_NODES) -> ClusterSpec:
@@ -1441,7 +1467,7 @@ def run(workdir: Path, only: list[str] | None = None, keep: bool = False) -> int
     t0 = time.time()
     runs: list[Pipeline] = []
     if not only or set(only) & set(SLURM_KEYS):
-        runs.append(_on_stack(Stack(workdir, ClusterSpec(nodes=SLURM_NODES)), Scenarios, only, keep))
+        runs.append(_on_stack(Stack(workdir, slurm_spec(SLURM_NODES)), Scenarios, only, keep))
     if not only or set(only) & set(GKE_KEYS):
         gke = Stack(workdir / "gke", gke_spec(), compute_scale=GKE_COMPUTE_SCALE)
         runs.append(_on_stack(gke, GkeScenarios, only, keep))

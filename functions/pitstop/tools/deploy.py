@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[3]
 INFRA = ROOT / "infra"
 RESOURCES = INFRA / "resources.yaml"
 EXISTING = "<existing>"  # in update/delete commands: the name the step's check printed
+PUBSUB_PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"  # an Eventarc Pub/Sub trigger's event type
+
 WORKDIR = "<gke-credentials>"  # a private directory apply/teardown make for kubeconfig files
 DIGEST_LABEL = "pitstop_config"
 Entry = dict[str, Any]
@@ -78,6 +80,7 @@ def _resources() -> list[Entry]:
 
 
 APIS: list[str] = next(e["names"] for e in _resources() if e.get("kind") == "apis")
+ALERTS_CHANNEL: str = next(e["name"] for e in _resources() if e.get("kind") == "notification-channel")
 TOPICS: list[str] = [e["name"] for e in _resources() if e.get("kind") == "topic" and "for_each" not in e]
 
 
@@ -87,6 +90,7 @@ def load_config(path: str | None) -> dict[str, Any]:
         conf = deep_merge(conf, yaml.safe_load(Path(path).read_text()) or {})
     expand_accounts({}, list(conf.get("slurm_clusters") or []))  # names fit the account-id rules
     notification_channels(conf)
+    telemetry_files(conf)
     gke_clusters(conf, "my-project")
     compute_scope(conf, "my-project")
     db = conf.get("firestore_database")
@@ -116,6 +120,30 @@ def notification_channels(conf: Mapping[str, Any]) -> list[str]:
     return list(channels)
 
 
+TELEMETRY = INFRA / "monitoring" / "telemetry"
+SIGNALS = ("hang", "degraded")  # core/alerts.SIGNALS: what a telemetry policy may raise
+
+
+def telemetry_files(conf: Mapping[str, Any]) -> list[Path]:
+    """The telemetry policies (shipped, then deploy.yaml's `telemetry_policies`), each checked: a
+    policy JSON whose user labels name the Pitstop signal it raises (core/alerts.py reads them)."""
+    extra = conf.get("telemetry_policies") or []
+    if not isinstance(extra, list) or not all(isinstance(p, str) for p in extra):
+        raise ValueError("telemetry_policies: a list of paths to alert policy JSON files")
+    files = sorted(TELEMETRY.glob("*.json")) + [Path(p).resolve() for p in extra]
+    for f in files:
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"telemetry_policies: {f}: {exc}") from None
+        labels = doc.get("userLabels") if isinstance(doc, dict) else None
+        if not isinstance(labels, dict) or labels.get("pitstop_signal") not in SIGNALS:
+            raise ValueError(f"telemetry_policies: {f}: userLabels.pitstop_signal must be one of {SIGNALS}")
+        if not isinstance(doc.get("displayName"), str):
+            raise ValueError(f"telemetry_policies: {f}: no displayName (deploy finds a policy again by it)")
+    return files
+
+
 def gke_clusters(conf: Mapping[str, Any], project: str) -> list[dict[str, str]]:
     """`gke_clusters`: {name, location, project?} each, checked (they end up in commands and conditions)."""
     out = []
@@ -133,18 +161,28 @@ def gke_clusters(conf: Mapping[str, Any], project: str) -> list[dict[str, str]]:
     return out
 
 
+MIG_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
+
+
 def compute_scope(conf: Mapping[str, Any], project: str) -> dict[str, list[tuple[str, str]]]:
     """Where actuate may act on VMs: project -> [(zone or region, instance name prefix)].
 
-    From `compute_zones` (a zone or region, or {zone, project?, name_prefix?}) and each GKE
-    cluster's location (its node pools' VMs, whatever their names).
+    From `compute_zones` (a zone or region, or {zone, project?, name_prefix?, migs?}) and each GKE
+    cluster's location (its node pools' VMs, whatever their names). A named prefix admits only the
+    MIGs listed by exact name in ``migs`` (a recreate names the MIG); the scope entry for each is
+    ``(zone, "mig:<name>")``.
     """
     entries = [{"zone": z} if isinstance(z, str) else z for z in conf.get("compute_zones") or []]
     entries += [{"zone": c["location"], "project": c["project"]} for c in gke_clusters(conf, project)]
     out: dict[str, list[tuple[str, str]]] = {}
     for e in entries:
-        if not isinstance(e, Mapping) or set(e) - {"zone", "project", "name_prefix"}:
-            raise ValueError(f"compute_zones: {e!r} is not a zone or {{zone, project?, name_prefix?}}")
+        if not isinstance(e, Mapping) or set(e) - {"zone", "project", "name_prefix", "migs"}:
+            raise ValueError(f"compute_zones: {e!r} is not a zone or {{zone, project?, name_prefix?, migs?}}")
+        migs = e.get("migs") or []
+        if not isinstance(migs, list) or not all(isinstance(m, str) and MIG_NAME.fullmatch(m) for m in migs):
+            raise ValueError(f"compute_zones: migs {migs!r} must be a list of instance group names")
+        if migs and not e.get("name_prefix"):
+            raise ValueError("compute_zones: migs narrow a name_prefix entry (a whole zone admits its MIGs)")
         zone, proj, prefix = e.get("zone"), e.get("project", project), e.get("name_prefix", "")
         if not isinstance(zone, str) or not (ZONE.fullmatch(zone) or REGION.fullmatch(zone)):
             raise ValueError(f"compute_zones: {zone!r} is not a zone or region")
@@ -154,8 +192,9 @@ def compute_scope(conf: Mapping[str, Any], project: str) -> dict[str, list[tuple
             raise ValueError(f"compute_zones: name_prefix {prefix!r} is not the start of an instance name")
         if prefix and not ZONE.fullmatch(zone):
             raise ValueError(f"compute_zones: a name_prefix needs a zone, not the region {zone}")
-        if (zone, prefix) not in out.setdefault(proj, []):
-            out[proj].append((zone, prefix))
+        for item in [(zone, prefix), *((zone, f"mig:{m}") for m in migs)]:
+            if item not in out.setdefault(proj, []):
+                out[proj].append(item)
     return out
 
 
@@ -166,8 +205,9 @@ def compute_conditions(project: str, scope: list[tuple[str, str]]) -> list[dict[
     """The IAM conditions that limit the actuator role in one project to its zones and names.
 
     A zone admits every resource under projects/P/zones/Z/ (its VMs and MIGs); a region every
-    zone whose name starts with it (a regional GKE cluster); a name prefix only VMs so named, and
-    the zone's MIGs (a recreate names the MIG, not the VM). Past 12 clauses the scope is split
+    zone whose name starts with it (a regional GKE cluster); a name prefix only VMs so named; a
+    ``mig:<name>`` entry that one MIG by its exact name (instanceGroupManagers.update can resize,
+    abandon or re-template a group: never a whole zone's). Past 12 clauses the scope is split
     over several bindings of the same role.
     """
     clauses: list[str] = []
@@ -175,9 +215,10 @@ def compute_conditions(project: str, scope: list[tuple[str, str]]) -> list[dict[
         where = f"projects/{project}/zones/{zone}" + ("/" if ZONE.fullmatch(zone) else "-")
         if not prefix:
             clauses.append(f'resource.name.startsWith("{where}")')
-            continue
-        clauses.append(f'resource.name.startsWith("{where}instances/{prefix}")')
-        clauses.append(f'resource.name.startsWith("{where}instanceGroupManagers/")')
+        elif prefix.startswith("mig:"):
+            clauses.append(f'resource.name == "{where}instanceGroupManagers/{prefix[4:]}"')
+        else:
+            clauses.append(f'resource.name.startsWith("{where}instances/{prefix}")')
     chunks = [clauses[i : i + CLAUSES_PER_CONDITION] for i in range(0, len(clauses), CLAUSES_PER_CONDITION)]
     return [
         {"title": "pitstop-actuator-zones" + (f"-{n}" if n > 1 else ""), "expression": " || ".join(chunk)}
@@ -336,6 +377,10 @@ FOR_EACH: dict[str, Callable[[Entry, Target], list[dict[str, str]]]] = {
     "sink": lambda _, t: [{"sink": s} for s in sinks.SINK_FILTERS],
     "file": lambda e, _: [
         {"file": str(f.relative_to(INFRA)), "stem": f.stem} for f in sorted(INFRA.glob(e["files"]))
+    ],
+    "telemetry_file": lambda _, t: [
+        {"file": str(f.relative_to(INFRA)) if f.is_relative_to(INFRA) else str(f), "stem": f.stem}
+        for f in telemetry_files(t.conf)
     ],
 }
 Generated = Iterator[tuple[Entry, dict[str, str]]]  # an entry and the variables it is rendered with
@@ -720,13 +765,53 @@ def _by_title(group: list[str], flag: str) -> Callable[[Entry, Target], list[Ste
 
 
 def _alert_policy(e: Entry, t: Target) -> list[Step]:
-    """An alert policy from its file, sent to `notification_channels` (with none, the file as is)."""
+    """An alert policy from its file, sent to `notification_channels` (with none, the file as is),
+    or, for a telemetry policy, to its own `channel` (Pitstop's, learned at run time)."""
     steps = _by_title(["alpha", "monitoring", "policies"], "policy-from-file")(e, t)
-    channels = ",".join(notification_channels(t.conf))
+    channels = e.get("channel") or ",".join(notification_channels(t.conf))
     for step in steps if channels else []:
         step.argv.append(f"--notification-channels={channels}")
         step.update = [*(step.update or []), f"--set-notification-channels={channels}"]
     return steps
+
+
+def _notification_channel(e: Entry, t: Target) -> list[Step]:
+    """A Pub/Sub notification channel to a Pitstop topic, found again (and deleted) by its display name."""
+    group = ["beta", "monitoring", "channels"]
+    topic = f"projects/{t.project}/topics/{e['topic']}"
+    create = [
+        *group,
+        "create",
+        f"--display-name={e['name']}",
+        "--type=pubsub",
+        f"--channel-labels=topic={topic}",
+    ]
+    listed = [*t.p, f"--filter=displayName={json.dumps(e['name'])}", "--format=value(name)"]
+    return [
+        Step(
+            e["what"],
+            [*create, *t.p],
+            check=[*group, "list", *listed],
+            delete=[*group, "delete", EXISTING, *t.p, "--quiet"],
+        )
+    ]
+
+
+def _eventarc_trigger(e: Entry, t: Target) -> list[Step]:
+    """A further Pub/Sub trigger of a gen2 function (its Cloud Run service has the function's name)."""
+    where = [e["name"], f"--location={t.region}", *t.p]
+    argv = ["eventarc", "triggers", "create", *where, f"--destination-run-service={e['function']}"]
+    argv += [f"--destination-run-region={t.region}", f"--event-filters=type={PUBSUB_PUBLISHED}"]
+    argv += [f"--transport-topic=projects/{t.project}/topics/{e['topic']}"]
+    argv += [f"--service-account={sa_email(e['account'], t.project)}"]
+    return [
+        Step(
+            e["what"],
+            argv,
+            check=["eventarc", "triggers", "describe", *where],
+            delete=["eventarc", "triggers", "delete", *where, "--quiet"],
+        )
+    ]
 
 
 KINDS: dict[str, Callable[[Entry, Target], list[Step]]] = {
@@ -752,6 +837,8 @@ KINDS: dict[str, Callable[[Entry, Target], list[Step]]] = {
     "scheduler-job": _scheduler_job,
     "dashboard": _by_title(["monitoring", "dashboards"], "config-from-file"),
     "alert-policy": _alert_policy,
+    "notification-channel": _notification_channel,
+    "eventarc-trigger": _eventarc_trigger,
     "org-policy-check": _org_policy_check,
     "gke-node-pool-check": _gke_node_pool_check,
     "gke-rbac": _gke_rbac,
@@ -893,6 +980,20 @@ def runtime_values(project: str, region: str, sink_scope: list[str]) -> dict[str
             *p,
             "--format=value(transport.pubsub.subscription)",
         ]
+    out["<pitstop-ingest-alerts-trigger-subscription>"] = [
+        "eventarc",
+        "triggers",
+        "describe",
+        "pitstop-ingest-alerts",
+        f"--location={region}",
+        *p,
+        "--format=value(transport.pubsub.subscription)",
+    ]
+    out["<pitstop-alerts-channel>"] = [
+        *["beta", "monitoring", "channels", "list", *p],
+        f"--filter=displayName={json.dumps(ALERTS_CHANNEL)}",
+        "--format=value(name)",
+    ]
     for sink in sinks.SINK_FILTERS:  # an aggregated sink lives in its folder or organization
         out[f"<{sink}-writer-identity>"] = ["logging", "sinks", "describe", sink, *sink_scope]
         out[f"<{sink}-writer-identity>"].append("--format=value(writerIdentity)")

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from pitstop.adapters.memory_store import MemoryStore
+from pitstop.core import engine
 from pitstop.core.classify import Classifier
 from pitstop.core.envelope import unwrap
 from pitstop.core.parse import invalid, parse_entry
@@ -107,8 +108,8 @@ def replay(
 def _summary(inc: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "id": inc["id"],
-        "node": inc["node"]["instance"],
-        "zone": inc["node"]["zone"],
+        "node": engine.subject_name(inc),
+        "zone": (inc["node"] or {}).get("zone"),
         "cluster": inc["cluster"],
         "kind": inc["kind"],
         "xid": inc["xid"],

@@ -80,7 +80,7 @@ def summarize(name: str, led: Ledger, sim: Fleet, scn: dict[str, Any]) -> dict[s
     """One strategy's figures: ETTR, GPU-hours lost by phase and by fault, resume times, money."""
     gang = sim.jobs[0].gang
     wall = sim.horizon * len(sim.jobs)
-    lost = {"checkpoint": led.checkpoint, "lost_work": led.lost_work, **led.phases}
+    lost = {"checkpoint": led.checkpoint, "lost_work": led.lost_work, "slowed": led.slowed, **led.phases}
     lost_gh = {k: round(_gpu_hours(v, scn, gang), 1) for k, v in lost.items()}
     total_lost = _gpu_hours(sum(lost.values()), scn, gang)
     out: dict[str, Any] = {
@@ -184,6 +184,7 @@ def format_table(result: dict[str, Any]) -> str:
         "lost kGPU-h",
         "ckpt",
         "work",
+        "slow",
         "detect",
         "wait",
         "restart",
@@ -195,8 +196,13 @@ def format_table(result: dict[str, Any]) -> str:
         "wrong",
         "$M lost",
     )
-    fmt = "{:<11}{:>7}{:>12}{:>8}{:>8}{:>8}{:>8}{:>9}{:>6}{:>8}{:>7}{:>6}{:>6}{:>6}{:>9}"
-    lines = [head, "GPU-hours lost in thousands by cause; resume and p95 in minutes", fmt.format(*cols)]
+    fmt = "{:<11}{:>7}{:>12}{:>8}{:>8}{:>8}{:>8}{:>8}{:>9}{:>6}{:>8}{:>7}{:>6}{:>6}{:>6}{:>9}"
+    lines = [
+        head,
+        "GPU-hours lost in thousands by cause (slow: a straggler's gang running slower);"
+        " resume and p95 in minutes",
+        fmt.format(*cols),
+    ]
     for r in result["strategies"]:
         lost = r["gpu_hours_lost"]
         lines.append(
@@ -204,7 +210,7 @@ def format_table(result: dict[str, Any]) -> str:
                 r["strategy"],
                 f"{r['ettr']:.4f}",
                 f"{sum(lost.values()) / 1e3:,.1f}",
-                *(f"{lost[k] / 1e3:,.1f}" for k in ("checkpoint", "lost_work", *PHASES)),
+                *(f"{lost[k] / 1e3:,.1f}" for k in ("checkpoint", "lost_work", "slowed", *PHASES)),
                 r["interruptions"],
                 r["time_to_resume_min"]["mean"],
                 r["time_to_resume_min"]["p95"],
@@ -249,7 +255,7 @@ def plot(path: str, result: dict[str, Any], sweep_key: str | None, runs: list[di
     left.set_title("Effective training time ratio")
     left.grid(alpha=0.3)
     bottom = [0.0] * len(names)
-    for cause in ("checkpoint", "lost_work", *PHASES):
+    for cause in ("checkpoint", "lost_work", "slowed", *PHASES):
         vals = [r["gpu_hours_lost"][cause] for r in result["strategies"]]
         right.bar(names, vals, bottom=bottom, label=cause.replace("_", " "))
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
@@ -314,7 +320,9 @@ def add(sub: Any) -> None:
     s.add_argument("--spares", type=int, default=None)
     s.add_argument("--days", type=float, default=None)
     s.add_argument("--seed", type=int, default=None)
-    s.add_argument("--strategies", default=None, help="comma-separated: manual,gke,nvsentinel,pitstop")
+    s.add_argument(
+        "--strategies", default=None, help="comma-separated: manual,gke,nvsentinel,pitstop,pitstop+tel"
+    )
     s.add_argument("--sweep", type=parse_sweep, default=None, help="FIELD=V1,V2,... e.g. nodes=256,512,1024")
     s.add_argument("--json", action="store_true", help='{"strategies": [...], "scenario": {...}}')
     s.add_argument("--plot", metavar="FILE.png", default=None, help="ETTR and GPU-hours lost by cause")

@@ -15,6 +15,7 @@ which is what actuate holds. Job ids are ``jobset/<ns>/<name>``, ``job/<ns>/<nam
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -49,9 +50,11 @@ from pitstop.adapters.gke.objects import (
     node_health,
     owner_ref,
     parse_job_id,
+    status_of,
     valid_object_name,
 )
 from pitstop.adapters.gke.restart import WorkloadCycle
+from pitstop.core.corroboration import CORROBORATE
 from pitstop.core.scheduling import (
     Capacity,
     CheckResult,
@@ -64,6 +67,7 @@ from pitstop.core.scheduling import (
     StepRef,
     UnfenceAnswer,
 )
+from pitstop.core.trust import XID_CONDITION
 
 __all__ = [
     "CHECK_LABEL",
@@ -208,10 +212,33 @@ class GkeCluster:
     # -- checks ----------------------------------------------------------------------------
 
     def start_check(self, node: str, check: Mapping[str, Any], ref: StepRef) -> dict[str, Any]:
+        if check.get("kind") == CORROBORATE:  # read at once from the Node: nothing to start
+            return {"started": str(check.get("name")), "peer": None, "note": WHY_NODE_CONDITION}
         return self.checks.start(node, check, ref.key)
 
     def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> dict[str, Any]:
+        if check.get("kind") == CORROBORATE:
+            return {"done": True, "outputs": {"node_condition": self._xid_condition(node)}}
         return self.checks.result(node, check)
+
+    def _xid_condition(self, node: str) -> str:
+        """The Node's bootID and XidCriticalError condition (the device plugin's, from NVML): JSON."""
+        cur = self.kube.node_or_none(node)
+        if cur is None:
+            raise ActuatorError(503, f"node {node} does not exist (yet): cannot read its conditions", True)
+        status = status_of(cur)
+        got = status.get("nodeInfo")
+        info: Mapping[str, Any] = got if isinstance(got, Mapping) else {}
+        conds = [
+            c
+            for c in status.get("conditions") or []
+            if isinstance(c, Mapping) and c.get("type") == XID_CONDITION
+        ]
+        doc = {"status": {"nodeInfo": {"bootID": info.get("bootID")}, "conditions": conds[:1]}}
+        return json.dumps(doc)[:8192]
+
+
+WHY_NODE_CONDITION = "the Node's XidCriticalError condition (GKE GPU device plugin, from NVML events)"
 
 
 class GkeScheduler:

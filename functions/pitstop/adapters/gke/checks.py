@@ -47,6 +47,14 @@ from pitstop.adapters.gke.objects import (
 )
 
 CHECK_NAMESPACE = "pitstop-system"
+# Every check container's securityContext: Pod Security `baseline` holds in pitstop-system
+# (infra/gke/clusterrole.yaml); of `restricted`, all but a non-root user (dcgmi needs root).
+CHECK_SECURITY: Mapping[str, Any] = {
+    "privileged": False,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 CHECK_SERVICE = "pitstop-checks"  # headless Service (infra/gke/clusterrole.yaml): pods' DNS subdomain
 CHECK_LABEL = "pitstop.dev/check"  # Job and pod label: the check's name
 CHECK_ROLE_LABEL = "pitstop.dev/check-role"  # node (on the fenced node) | peer (the NCCL peer)
@@ -495,6 +503,7 @@ class GkeChecks:
             "image": image,
             "command": ["/bin/sh", "-c", script],
             "env": [{"name": "LD_LIBRARY_PATH", "value": "/usr/local/nvidia/lib64"}],
+            "securityContext": dict(CHECK_SECURITY),
         }
         if gpus > 0:
             c["resources"] = {"limits": {GPU_RESOURCE: str(gpus)}, "requests": {GPU_RESOURCE: str(gpus)}}

@@ -15,8 +15,10 @@ from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.gke.client import Kube
 from pitstop.adapters.gke.objects import (
+    CORDONED_BY,
     FENCE_KEY,
     INCIDENT,
+    TAINTS_BEFORE,
     WAS_UNSCHEDULABLE,
     annotations_of,
     node_health,
@@ -53,7 +55,11 @@ def fence(kube: Kube, node: str, incident: str) -> dict[str, Any]:
         patch = {
             "metadata": {
                 "labels": {FENCE_KEY: incident},
-                "annotations": {WAS_UNSCHEDULABLE: "true" if cordoned else "false"},
+                "annotations": {
+                    WAS_UNSCHEDULABLE: "true" if cordoned else "false",
+                    CORDONED_BY: None if cordoned else incident,
+                    TAINTS_BEFORE: ",".join(sorted(_blocking(taints)))[:1000],
+                },
             },
             "spec": {"unschedulable": True, "taints": [*taints, taint]},
         }
@@ -83,18 +89,45 @@ def unfence(kube: Kube, node: str, incident: str) -> dict[str, Any]:
             other = f"{FENCE_KEY}={ours.get('value')} (another Pitstop incident's fence)"
             return None, {**out, "resumed": False, "left_drained": other}
         # A missing annotation is read as "cordoned before": leaving a cordon beats lifting another's.
-        was = annotations_of(cur).get(WAS_UNSCHEDULABLE) != "false"
+        notes = annotations_of(cur)
+        was = notes.get(WAS_UNSCHEDULABLE) != "false"
         patch: dict[str, Any] = {
-            "metadata": {"labels": {FENCE_KEY: None}, "annotations": {WAS_UNSCHEDULABLE: None}},
+            "metadata": {
+                "labels": {FENCE_KEY: None},
+                "annotations": {WAS_UNSCHEDULABLE: None, CORDONED_BY: None, TAINTS_BEFORE: None},
+            },
             "spec": {"taints": [t for t in taints if t.get("key") != FENCE_KEY]},
         }
         if was:
             left = "cordoned before Pitstop's fence (" + other_cordon_reason(cur) + ")"
             return patch, {**out, "resumed": False, "left_drained": left}
+        since = _blocking(taints) - set(filter(None, str(notes.get(TAINTS_BEFORE) or "").split(",")))
+        if notes.get(CORDONED_BY) != incident or since:
+            # someone else cordoned or tainted it while Pitstop's fence held (an upgrade, auto-repair,
+            # a remediator): their cordon stays; Pitstop lifts only its own taint
+            who = f"new taints {', '.join(sorted(since))}" if since else "the cordon's owner changed"
+            left = f"cordoned by someone else while Pitstop's fence held ({who})"
+            return patch, {**out, "resumed": False, "left_drained": left}
         patch["spec"]["unschedulable"] = False
         return patch, {**out, "state": "schedulable", "resumed": True}
 
     return kube.update_node(node, decide)
+
+
+# Taints the node lifecycle controller sets from the node's own conditions and the cordon itself:
+# they come and go with the node, and say nothing about who fenced it.
+_OWN_TAINTS = ("node.kubernetes.io/", "node.cloudprovider.kubernetes.io/")
+
+
+def _blocking(taints: list[dict[str, Any]]) -> set[str]:
+    """Keys of taints that keep pods off the node, other than Pitstop's and the node's own."""
+    return {
+        str(t.get("key"))
+        for t in taints
+        if t.get("effect") in ("NoSchedule", "NoExecute")
+        and t.get("key") != FENCE_KEY
+        and not str(t.get("key")).startswith(_OWN_TAINTS)
+    }
 
 
 def node_healthy(kube: Kube, node: str) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import urllib3
@@ -163,13 +163,15 @@ class NodeReader:
         return None
 
 
-def corroborate(ev: dict[str, Any], reader: NodeReader) -> dict[str, Any]:
+def corroborate(
+    ev: dict[str, Any], reader: NodeReader, watched: Collection[int] | None = None
+) -> dict[str, Any]:
     """The event believed when its node's device plugin confirms the Xid; else unchanged.
 
     A line that names no cluster (the serial console's entries are ``gce_instance``) is first
     placed in the configured GKE cluster that has its VM as a Node, which the event then names.
     """
-    if not trust.wants_corroboration(ev):
+    if not trust.wants_corroboration(ev, watched):
         return ev
     node = ev["node"]
     if isinstance(node.get("cluster"), str):

@@ -18,6 +18,8 @@ from pitstop.adapters.errors import ActuatorError
 # -- names Pitstop writes and reads -----------------------------------------------------------
 FENCE_KEY = "pitstop.dev/remediation"  # taint key and node label; value: the incident id
 WAS_UNSCHEDULABLE = "pitstop.dev/was-unschedulable"  # node annotation: "true" | "false"
+CORDONED_BY = "pitstop.dev/cordoned-by"  # node annotation: the incident whose fence set the cordon
+TAINTS_BEFORE = "pitstop.dev/taints-before"  # node annotation: other taint keys when Pitstop fenced
 REQUEUED_FOR = "pitstop.dev/requeued-for"  # Workload annotation: the ctx of Pitstop's deactivation
 GPU_RESOURCE = "nvidia.com/gpu"
 XID_CONDITION = "XidCriticalError"  # set by GKE's GPU device plugin (reference/gke.md §2)

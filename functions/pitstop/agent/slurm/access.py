@@ -35,6 +35,7 @@ class CheckTools:
     through ``--exclusive``), and where checks keep their state and outputs."""
 
     nvidia_smi: tuple[str, ...] = ("nvidia-smi",)
+    dmesg: tuple[str, ...] = ("dmesg",)
     dcgmi: tuple[str, ...] = ("dcgmi",)
     all_gather_perf: tuple[str, ...] = ("all_gather_perf",)
     srun_mpi: str | None = None

@@ -53,6 +53,15 @@ def check_steps(st: Mapping[str, Any]) -> list[tuple[str, list[str], float]]:
     gres = [f"--gres={tools['gres']}:{int(st['gpus'])}"] if tools.get("gres") else []
     base = ["srun", f"--jobid={job}", "--overlap", "--chdir=/tmp", "--quiet", *gres]
     one = [*base, "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--"]
+    if st["kind"] == "corroborate":
+        # read-only, beside the job the node runs (its GRES by default: srun(1) --gres) or in the
+        # holder job; dmesg needs no GPU at all
+        if st.get("borrowed"):
+            one = [*base[:5], "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--"]
+        return [
+            ("dmesg", [*one, *tools.get("dmesg", ["dmesg"]), "--raw"], float(SMI_TIMEOUT_S)),
+            ("nvidia_smi_q", [*one, *tools["nvidia_smi"], "-q"], float(SMI_TIMEOUT_S)),
+        ]
     level = int(st["dcgm_level"])
     dcgm = ("dcgm", [*one, *tools["dcgmi"], "diag", "-r", str(level), "-j"], float(DCGM_TIMEOUT_S[level]))
     if st["kind"] == "diagnose":
@@ -80,6 +89,8 @@ def check_steps(st: Mapping[str, Any]) -> list[tuple[str, list[str], float]]:
 
 def check_minutes(kind: str, level: int) -> int:
     """The holder job's time limit: every tool's timeout, the wait for it to start, and a margin."""
+    if kind == "corroborate":
+        return math.ceil(2 * SMI_TIMEOUT_S / 60) + 10
     total = DCGM_TIMEOUT_S[level] + (2 * SMI_TIMEOUT_S if kind == "diagnose" else NCCL_TIMEOUT_S)
     return math.ceil(total / 60) + 10
 
@@ -111,13 +122,17 @@ class CheckSetup(SlurmAccess):
         incident = _need(args, "incident", INCIDENT)
         kind = args.get("kind")
         m = CHECK_NAME.fullmatch(name)
-        if kind not in ("diagnose", "validate") or m is None or (m.group(1), m.group(3)) != (incident, kind):
+        if (
+            kind not in ("diagnose", "validate", "corroborate")
+            or m is None
+            or (m.group(1), m.group(3)) != (incident, kind)
+        ):
             raise CommandRefusedError("check name, incident and kind do not agree")
         node = self._member(args)
         spec: dict[str, Any] = {"node": node, "name": name, "incident": incident, "kind": kind}
         if not start:
             return spec
-        spec["dcgm_level"] = _int_arg(args, "dcgm_level", 1, 4)
+        spec["dcgm_level"] = 1 if kind == "corroborate" else _int_arg(args, "dcgm_level", 1, 4)
         spec["gpus"] = _int_arg(args, "gpus", 1, 16)
         if kind == "validate":
             spec["message_bytes"] = _int_arg(args, "message_bytes", 1 << 20, 64 << 30)
@@ -172,7 +187,9 @@ class CheckSetup(SlurmAccess):
             raise CheckNotReadyError(
                 f"node {node} is {info.state}, not responding: try again once it is back"
             )
-        if info.base != "IDLE" or info.flags - {"DRAIN", "CLOUD", "RESERVED", "MAINTENANCE"}:
+        borrowed = self._running_job(node) if spec["kind"] == "corroborate" else None
+        busy = info.base != "IDLE" or info.flags - {"DRAIN", "CLOUD", "RESERVED", "MAINTENANCE"}
+        if busy and borrowed is None:
             raise CheckNotReadyError(f"node {node} is {info.state}: a check needs it idle; try again")
         if not partitions:
             raise CommandRefusedError(f"node {node} is in no partition: no job can run on it")
@@ -190,9 +207,11 @@ class CheckSetup(SlurmAccess):
             if spec.get("want_peer", True)
             else "no peer asked for: validated without the NCCL test",
             "user": user,
-            "job": None,
+            "job": borrowed,
+            "borrowed": borrowed is not None,
             "tools": {
                 "nvidia_smi": list(tools.nvidia_smi),
+                "dmesg": list(tools.dmesg),
                 "dcgmi": list(tools.dcgmi),
                 "all_gather_perf": list(tools.all_gather_perf),
                 "srun_mpi": tools.srun_mpi,
@@ -208,6 +227,8 @@ class CheckSetup(SlurmAccess):
     def _begin(self, d: Path, st: dict[str, Any]) -> None:
         """The start's steps, each skipped when an earlier attempt already took it."""
         node, name = st["node"], st["name"]
+        if st.get("borrowed"):
+            return self._begin_beside(d, st)
         self._reserve(d, st)  # first: once resumed, the reservation is the node's only fence
         info = self.node_info(node)
         if info.drained:
@@ -225,6 +246,21 @@ class CheckSetup(SlurmAccess):
         st["started"] = {"started": name, "peer": st["peer"], "note": st["note"], "job": st["job"]}
         self._save(d, st)
         log.emit("INFO", "slurm agent: check started", check=name, node=node, peer=st["peer"], job=st["job"])
+
+    def _running_job(self, node: str) -> str | None:
+        """A job running on the node now (a corroboration runs its read-only tools beside it)."""
+        out = self._run(["squeue", "-h", "-w", node, "-t", "RUNNING", "-o", "%i"])
+        jobs = [j for j in out.split() if JOB.fullmatch(j)]
+        return jobs[0] if jobs else None
+
+    def _begin_beside(self, d: Path, st: dict[str, Any]) -> None:
+        """Steps in the job already on the node (``--overlap``): no reservation, the drain untouched."""
+        self._reap()
+        if not self._runner_alive(d):
+            self._spawn_runner(d)
+        st["started"] = {"started": st["name"], "peer": None, "note": st["note"], "job": st["job"]}
+        self._save(d, st)
+        log.emit("INFO", "slurm agent: check started beside a job", check=st["name"], job=st["job"])
 
     def _peers(self, st: Mapping[str, Any]) -> tuple[str, list[str]]:
         """A partition of the node with idle healthy unreserved peers, and those peers (fresh)."""
@@ -392,6 +428,9 @@ class CheckRuns(CheckSetup):
             if st is not None and st.get("started"):
                 return dict(st["started"])
             if st is None or st.get("undone"):
+                gone = self._not_responding(spec) if spec["kind"] == "corroborate" else None
+                if gone is not None:
+                    return self._answered(d, spec, gone)
                 st = self._new_check(spec)
                 self._save(d, st)
             try:
@@ -400,6 +439,23 @@ class CheckRuns(CheckSetup):
                 self._undo_start(d, st, exc)
                 raise
             return dict(st["started"])
+
+    def _not_responding(self, spec: Mapping[str, Any]) -> str | None:
+        """The node's state when slurmctld sees it not responding (its slurmd gone): no tool can run
+        there, and that observation, slurmctld's own, is what a corroboration reports."""
+        info = self.node_info(spec["node"])
+        if info.marked or "NOT_RESPONDING" in info.flags:
+            return f"{info.state} {info.reason}".strip()[:200]
+        return None
+
+    def _answered(self, d: Path, spec: Mapping[str, Any], node_state: str) -> dict[str, Any]:
+        """A check answered without running anything: finished at once, its output the node's state."""
+        (d / "slurm_node.out").write_text(node_state)
+        _write_json(d / "result.json", {"keys": ["slurm_node"], "exit_codes": {}, "error": None})
+        started = {"started": spec["name"], "peer": None, "note": "node not responding", "job": None}
+        st = {**spec, "peer": None, "note": "node not responding", "job": None, "user": _agent_user()}
+        self._save(d, {**st, "started": started, "finished": True, "finished_at": time.time()})
+        return started
 
     def _undo_start(self, d: Path, st: dict[str, Any], exc: BaseException) -> None:
         """A start that failed midway is taken back (the fence restored, the reservation gone) and
@@ -437,6 +493,10 @@ class CheckRuns(CheckSetup):
         """Put the node back as it was: drained with its reason first, then the job cancelled, then
         (once the job has left) the reservation deleted. True when all of it is done. Idempotent."""
         if st.get("finished"):
+            return True
+        if st.get("borrowed"):  # nothing of the node's was changed: the job is not the check's
+            st["finished"], st["finished_at"] = True, time.time()
+            self._save(d, st)
             return True
         node, name = st["node"], st["name"]
         job = st.get("job") or self._find_job(name, st["user"])  # submitted, its answer lost

@@ -49,11 +49,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "start at once on healthy nodes (the faulty node is drained first)",
     )
     p.add_argument("--release-requeued", action="store_true", help=argparse.SUPPRESS)  # now the default
-    checks = p.add_argument_group("checks on a fenced node (diagnose, validate)")
+    checks = p.add_argument_group("checks on a fenced node (corroborate, diagnose, validate)")
     checks.add_argument(
         "--nvidia-smi", default="nvidia-smi", help="command prefix of nvidia-smi on the nodes"
     )
     checks.add_argument("--dcgmi", default="dcgmi", help="command prefix of dcgmi on the nodes")
+    checks.add_argument(
+        "--dmesg", default="dmesg", help="command prefix of dmesg on the nodes (corroboration reads --raw)"
+    )
     checks.add_argument(
         "--all-gather-perf", default="all_gather_perf", help="command prefix of nccl-tests' all_gather_perf"
     )
@@ -80,6 +83,7 @@ def commands_for(args: argparse.Namespace) -> SlurmCommands:
     tools = CheckTools(
         nvidia_smi=_prefix("--nvidia-smi", args.nvidia_smi),
         dcgmi=_prefix("--dcgmi", args.dcgmi),
+        dmesg=_prefix("--dmesg", args.dmesg),
         all_gather_perf=_prefix("--all-gather-perf", args.all_gather_perf),
         srun_mpi=args.srun_mpi,
         gres=args.check_gres,

@@ -138,6 +138,13 @@ class SlurmCommands(CheckRuns):
                 reason=info.reason,
             )
             return {**out, "resumed": False, "left_drained": info.reason}
+        theirs = _down_by_other(info.reason)
+        if theirs is not None:  # Pitstop's drain sat on a person's DOWN: leave the node to them
+            # kept out of service with their reason: a drain, since a DOWN node whose slurmd registers
+            # is returned to service by ReturnToService=2 (slurm.conf(5)), and never runs a job between
+            self._run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={theirs}"])
+            log.emit("INFO", "slurm agent: node left out of service as set", node=node, reason=theirs)
+            return {**out, "resumed": False, "left_drained": f"DOWN: {theirs} (set before Pitstop's fence)"}
         self._run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
         return {**out, "resumed": True}
 
@@ -285,3 +292,17 @@ class SlurmCommands(CheckRuns):
         }
 
     # -- checks on a fenced node (diagnose / validate): see the module docstring ----------------
+
+
+# DOWN reasons slurmctld sets itself (a slurmd that stopped answering, or came back after a reboot it
+# did not expect): Pitstop's repair is what they wait for. Any other DOWN reason is a person's.
+SLURM_DOWN_REASONS = frozenset({"Not responding", "Node unexpectedly rebooted"})
+_WAS_DOWN = re.compile(r" \(was DOWN: (?P<reason>.+)\)$")
+
+
+def _down_by_other(reason: str) -> str | None:
+    """The DOWN reason someone else had set before Pitstop's drain (kept in its reason), if any."""
+    m = _WAS_DOWN.search(reason)
+    if m is None or m["reason"] in SLURM_DOWN_REASONS:
+        return None
+    return m["reason"]

@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Any
 
-from pitstop.local.gpu_tools.state import NodeState, StateError, load
+from pitstop.local.gpu_tools.state import NodeState, load_or_say
 
 # (category, test) per level, cumulative, named as DCGM 4 names them.
 _SUITE = {
@@ -76,10 +76,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] != ["diag"] or level is None or not ({"-j", "--json"} & set(argv)):
         print("usage: dcgmi diag -r 1|2|3|4 -j", file=sys.stderr)
         return 2
-    try:
-        s = load()
-    except StateError as exc:
-        print(f"dcgmi stand-in: {exc}", file=sys.stderr)
+    s = load_or_say("dcgmi stand-in")
+    if s is None:
         return 2
     # jsoncpp's styled writer, as dcgmi prints it: tab indents, " : " between key and value.
     print(json.dumps(document(s, level), indent="\t", separators=(",", " : ")))

@@ -23,6 +23,38 @@ def _remap_rows(s: NodeState, index: int) -> list[str]:
     return out + [f"            {k:<30}: {n} bank(s)" for k, n in hist]
 
 
+def _clock_events(s: NodeState, index: int) -> list[str]:
+    """``Clocks Event Reasons`` (drivers from R535 on; "Clocks Throttle Reasons" before): a
+    throttled GPU shows its slowdown active."""
+    hot = index == s.throttle_gpu and s.throttle > 0
+    thermal, power = hot and s.throttle_reason == "thermal", hot and s.throttle_reason == "power"
+    rows = [
+        ("Idle", False, 8),
+        ("Applications Clocks Setting", False, 8),
+        ("SW Power Cap", power, 8),
+        ("HW Slowdown", thermal, 8),
+        ("HW Thermal Slowdown", thermal, 12),
+        ("HW Power Brake Slowdown", False, 12),
+        ("Sync Boost", False, 8),
+        ("SW Thermal Slowdown", thermal, 8),
+        ("Display Clock Setting", False, 8),
+    ]
+    out = ["    Clocks Event Reasons"]
+    return out + [f"{' ' * pad}{k:<{42 - pad}}: {'Active' if on else 'Not Active'}" for k, on, pad in rows]
+
+
+def _ecc(s: NodeState, index: int) -> list[str]:
+    """``ECC Errors``: a GPU whose correctable count rises shows it (an hour's worth so far)."""
+    dram = s.sbe_rate if index == s.ecc_gpu else 0
+    out = ["    ECC Errors"]
+    for scope in ("Volatile", "Aggregate"):
+        out.append(f"        {scope}")
+        rows = [("SRAM Correctable", 0), ("SRAM Uncorrectable Parity", 0), ("SRAM Uncorrectable SEC-DED", 0)]
+        rows += [("DRAM Correctable", dram), ("DRAM Uncorrectable", 0)]
+        out += [f"            {k:<30}: {n}" for k, n in rows]
+    return out
+
+
 def query(s: NodeState) -> str:
     """The parts of ``nvidia-smi -q`` Pitstop reads, laid out as the real tool lays them out."""
     lines = [
@@ -45,6 +77,7 @@ def query(s: NodeState) -> str:
         lines += [
             f"        {k:<34}: N/A" for k in ("Single Bit ECC", "Double Bit ECC", "Pending Page Blacklist")
         ]
+        lines += _clock_events(s, i) + _ecc(s, i)
         lines += _remap_rows(s, i)
     return "\n".join(lines) + "\n"
 

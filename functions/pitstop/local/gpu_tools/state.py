@@ -6,6 +6,7 @@ import json
 import os
 import re
 import socket
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,17 +33,26 @@ class NodeState:
     remap_gpu: int = 0
     nvlink_down: tuple[int, ...] = field(default=())  # GPU indices with links down
     product: str = "NVIDIA H100 80GB HBM3"
+    kmsg: tuple[tuple[int, str], ...] = field(default=())  # (facility, message) since boot
+    # Telemetry faults (what the Monitoring stand-in's policies read, and nvidia-smi -q shows):
+    throttle: float = 0.0  # share of the time GPU ``throttle_gpu`` is held below its clocks
+    throttle_reason: str = "thermal"  # thermal | power
+    throttle_gpu: int = 0
+    sbe_rate: int = 0  # correctable (single-bit) ECC errors an hour on GPU ``ecc_gpu``
+    ecc_gpu: int = 0
+    hung: bool = False  # a GPU stuck without an Xid: its collectives never finish
 
     def pci(self, index: int) -> str:
         return f"00000000:{PCI_BUSES[index % len(PCI_BUSES)].upper()}:00.0"
 
 
 # What the fake Compute's admin API (``/_admin/gpu_state``) may set for a host, key by key.
-_INT_KEYS = ("total_gpus", "gpus", "dcgm_gpu", "remap_gpu")
+_INT_KEYS = ("total_gpus", "gpus", "dcgm_gpu", "remap_gpu", "throttle_gpu", "ecc_gpu")
 _CHOICES = {
     "dcgm": ("pass", "fail", "warn"),
     "dcgm_schema": ("v4", "v3"),
     "remap": ("none", "pending", "failure"),
+    "throttle_reason": ("thermal", "power"),
 }
 # Named outcomes for the admin API and the demo: ``{"state": "degraded"}``.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -50,7 +60,26 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpu_lost": {"gpus": 7},  # one GPU fallen off the bus
     "dcgm_fail": {"dcgm": "fail"},
     "remap_failure": {"remap": "failure", "dcgm": "fail"},
+    # issue 24: faults that print no Xid (pitstop local chaos hang|straggler|degrading --node N)
+    "hung": {"hung": True, "dcgm": "fail"},  # a GPU stuck mid-collective: the quick diagnostic fails on it
+    "straggler": {"throttle": 0.6, "throttle_reason": "thermal"},  # held below its clocks 60 % of the time
+    "degrading": {"sbe_rate": 40},  # correctable ECC errors rising: 40 an hour (the policy's line is 10)
 }
+
+
+KMSG_MAX = 256  # lines a stand-in ring buffer keeps (the oldest fall out, as in a real one)
+
+
+def check_kmsg_line(line: Any) -> dict[str, Any]:
+    """One ring-buffer line: printable text up to 512 characters, a syslog facility 0-23."""
+    if not isinstance(line, dict) or set(line) - {"msg", "facility"}:
+        raise StateError("a kernel line is {msg, facility}")
+    msg, fac = line.get("msg"), line.get("facility", 0)
+    if not isinstance(msg, str) or not msg.isprintable() or not 0 < len(msg) <= 512:
+        raise StateError("msg must be printable text of 1-512 characters")
+    if isinstance(fac, bool) or not isinstance(fac, int) or not 0 <= fac <= 23:
+        raise StateError("facility must be a syslog facility 0-23")
+    return {"msg": msg, "facility": fac}
 
 
 def check_entry(entry: Any) -> dict[str, Any]:
@@ -74,9 +103,23 @@ def check_entry(entry: Any) -> dict[str, Any]:
         elif k in _CHOICES:
             if v not in _CHOICES[k]:
                 raise StateError(f"{k} must be one of {', '.join(_CHOICES[k])}")
+        elif k == "throttle":
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1:
+                raise StateError("throttle must be a share of the time, 0-1")
+            v = float(v)
+        elif k == "sbe_rate":
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1_000_000:
+                raise StateError("sbe_rate must be a whole number of errors an hour")
+        elif k == "hung":
+            if not isinstance(v, bool):
+                raise StateError("hung must be true or false")
         elif k == "nvlink_down":
             if not isinstance(v, list) or not all(isinstance(g, int) and not isinstance(g, bool) for g in v):
                 raise StateError("nvlink_down must be a list of GPU indices")
+        elif k == "kmsg":
+            if not isinstance(v, list) or len(v) > KMSG_MAX:
+                raise StateError(f"kmsg must be a list of at most {KMSG_MAX} kernel lines")
+            v = [check_kmsg_line(x) for x in v]
         elif k == "product":
             if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9 ._-]{1,64}", v):
                 raise StateError("product must be a short name")
@@ -130,9 +173,25 @@ def load(env: dict[str, str] | None = None, node: str | None = None) -> NodeStat
             int(e.get("remap_gpu", 0)),
             tuple(int(g) for g in e.get("nvlink_down", ())),
             str(e.get("product", "NVIDIA H100 80GB HBM3")),
+            tuple((int(x.get("facility", 0)), str(x["msg"])) for x in e.get("kmsg", ())),
+            float(e.get("throttle", 0.0)),
+            str(e.get("throttle_reason", "thermal")),
+            int(e.get("throttle_gpu", 0)),
+            int(e.get("sbe_rate", 0)),
+            int(e.get("ecc_gpu", 0)),
+            bool(e.get("hung", False)),
         )
     except (OSError, ValueError, TypeError) as exc:
         raise StateError(f"PITSTOP_GPU_STATE: {exc}") from exc
+
+
+def load_or_say(tool: str) -> NodeState | None:
+    """This node's state for a stand-in tool; None (said on stderr) when it cannot be read."""
+    try:
+        return load()
+    except StateError as exc:
+        print(f"{tool}: {exc}", file=sys.stderr)
+        return None
 
 
 def expand_hostlist(text: str) -> list[str]:

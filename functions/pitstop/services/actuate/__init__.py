@@ -148,7 +148,11 @@ class Actuator:
             return {**(rec.get("result") or {}), "replayed": True}
         if s.inc["step"] != s.step:  # a newer step owns the incident: this execution only winds down
             return {"outcome": "superseded", "current_step": s.inc["step"], "operation": None}
-        why = remediation.refusal(s.inc, s.op, s.step, s.execution) if s.op != Op.FAIL else None
+        why = (
+            remediation.refusal(s.inc, s.op, s.step, s.execution, self.deps.policy.corroborate)
+            if s.op != Op.FAIL
+            else None
+        )
         if why is not None:
             raise ActuatorError(409, f"{s.op} refused: {why}", False)
         runner: steps.StepRunner[Any] = steps.StepRunner(

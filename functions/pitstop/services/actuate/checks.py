@@ -7,12 +7,13 @@ from typing import Any
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
-from pitstop.core import checks, remediation
+from pitstop.core import checks, corroboration, remediation
 from pitstop.core.actions import RANK, Action
 from pitstop.core.ops import Op
 from pitstop.core.validation import PAGE
 from pitstop.services.actuate.context import Step
 from pitstop.services.actuate.gang import free_node, watch_resume
+from pitstop.services.ingest import to_epoch
 
 
 def _start(s: Step, spec: dict[str, Any]) -> dict[str, Any]:
@@ -45,6 +46,81 @@ def _final(s: Step, op: Op) -> dict[str, Any] | None:
 
 def _has_scheduler(s: Step) -> bool:
     return s.scheduler.name != "none"
+
+
+def corroborate(s: Step) -> dict[str, Any]:
+    """Ask the node, before anything is disrupted, whether it shows the fault the log names.
+
+    Read-only tools beside whatever runs there (the node is not freed: a forged line must cost the
+    job nothing). No scheduler, no channel: nothing confirms, and the judge pages.
+    """
+    need, why = corroboration.needs_corroboration(s.inc, s.deps.policy.corroborate)
+    if not need:
+        return {"run": False, "why": why}
+    if s.inc.get("kind") in corroboration.SYSTEM_KINDS:  # Compute answers at once
+        verdict = corroboration.judge_system(s.inc, _vm_facts(s))
+        return {"run": False, "system": verdict.record(s.deps.clock(), s.step), "why": why}
+    if not _has_scheduler(s):
+        return {"run": False, "unavailable": True, "why": "no scheduler to ask the node through"}
+    vm = s.vm()
+    expected = checks.gpus_of(vm)
+    spec = corroboration.spec(s.inc, s.step, expected or 1, expected)
+    return {**_start(s, spec), "why": why}
+
+
+def _vm_facts(s: Step) -> corroboration.VmFacts | None:
+    try:
+        vm = s.vm()
+    except ActuatorError as exc:
+        if exc.status == 404:
+            return None
+        raise
+    sched = vm.get("scheduling") or {}
+    return corroboration.VmFacts(
+        str(vm.get("status") or "UNKNOWN"),
+        sched.get("provisioning_model") == "SPOT" or bool(sched.get("preemptible")),
+        to_epoch(vm.get("creation_timestamp")),
+        to_epoch(vm.get("last_start_timestamp")),
+        to_epoch(vm.get("last_stop_timestamp")),
+        bool((vm.get("resource_status") or {}).get("upcoming_maintenance")),
+    )
+
+
+def corroboration_done(s: Step) -> dict[str, Any]:
+    """The probe the workflow polls until the corroboration check has ended (or none ran)."""
+    res = _result(s, Op.CORROBORATE)
+    return {"done": res is None or bool(res.get("done"))}
+
+
+def judge_corroboration(s: Step) -> dict[str, Any]:
+    """Go on when the node confirms the fault; else record what was checked and page (409)."""
+    rec = s.recorded(Op.CORROBORATE)
+    if not rec.get("run") and not rec.get("unavailable") and "system" not in rec:
+        return {"confirmed": None, "why": rec.get("why")}
+    now = s.deps.clock()
+    if "system" in rec:
+        record = dict(rec["system"])
+    else:
+        result = _final(s, Op.CORROBORATE) if rec.get("run") else None
+        verdict = corroboration.judge(rec.get("check") or {}, result, checks.evidence_gpu(s.inc))
+        record = verdict.record(now, s.step)
+    if rec.get("unavailable"):
+        record["why"] = f"{rec.get('why')}: {record['why']}"[:500]
+    confirmed = record["confirmed"] is True
+
+    def judged(doc: dict[str, Any]) -> dict[str, Any]:
+        doc["corroboration"] = record
+        if confirmed and not doc["timeline"].get("corroborated"):
+            doc["timeline"]["corroborated"] = now
+        doc["updated_at"] = now
+        return doc
+
+    s.deps.store.mutate(s.iid, judged)
+    log.emit("INFO", "corroborated", incident=s.iid, confirmed=confirmed, why=record["why"])
+    if not confirmed:
+        raise ActuatorError(409, f"corroboration: {record['why']}", False)
+    s.label(Op.FENCE, "fenced")  # the fence's courtesy label, held back until the node confirmed
+    return {"confirmed": True, "why": record["why"]}
 
 
 def diagnose(s: Step) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from typing import Any
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
-from pitstop.core import remediation, trust
+from pitstop.core import corroboration, remediation, trust, watchdog
 from pitstop.core.actions import NODE_ACTIONS
 from pitstop.core.ops import Op, plan_for
 from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
@@ -14,7 +14,7 @@ from pitstop.services.actuate.context import Step
 from pitstop.services.ingest import to_epoch
 
 CHECKPOINT_MARGIN_S = 300.0
-CHECKPOINT_DEFAULT_WAIT_S = 600.0
+CHECKPOINT_DEFAULT_WAIT_S = watchdog.CHECKPOINT_WAIT_S
 
 
 def claim(s: Step) -> dict[str, Any]:
@@ -89,7 +89,8 @@ def fence(s: Step) -> dict[str, Any]:
     before = remediation.handed_over(s.recorded(Op.FENCE, s.step - 1)) if _handed_over(s) else []
     jobs = remediation.merge_jobs(before, sched.jobs_on(s.instance, s.ref))
     answer = sched.fence(s.instance, s.ref, s.inc["action"]).doc()
-    s.label(Op.FENCE, "fenced")
+    if not corroboration.needs_corroboration(s.inc, s.deps.policy.corroborate)[0]:
+        s.label(Op.FENCE, "fenced")  # else once the node confirms: no Compute call on a forged line
     s.set_state(State.FENCED, "fenced", jobs=[j.doc() for j in jobs], fence=answer)
     if answer.get("already_drained_by_other"):
         log.emit("INFO", "node was already drained by someone else; left as it is", incident=s.iid, **answer)

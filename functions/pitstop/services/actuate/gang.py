@@ -7,7 +7,7 @@ from typing import Any
 
 from pitstop.adapters import log
 from pitstop.core import checks, remediation
-from pitstop.core.ids import requeue_key
+from pitstop.core.ids import job_key, requeue_key
 from pitstop.core.ops import Op
 from pitstop.core.scheduling import JobInfo, JobRun, JobState
 from pitstop.services.actuate.context import Step
@@ -30,11 +30,26 @@ def requeue_one(s: Step, job: str, fenced: JobRun) -> str | None:
     why = remediation.requeue_refusal(s.inc["action"], info, fenced)
     if why is not None:
         return why
-    key = requeue_key(s.inc.get("cluster") or "none", job, info.run.doc())
+    cluster = s.inc.get("cluster") or "none"
+    key = requeue_key(cluster, job, info.run.doc())
+    cap, window = s.deps.policy.job_restarts()
+    if not s.deps.store.claim_job_restart(job_key(cluster, job), key, s.deps.clock(), cap, window):
+        return _over_budget(s, job, cap, window)
     if not s.deps.store.mark_job_requeue(key, s.iid, s.deps.clock()):
         return "this run of the job was already requeued for another incident"
     s.scheduler.requeue(job, s.ref, info.run)  # the run it may move
     return None
+
+
+def _over_budget(s: Step, job: str, cap: int, window: float) -> str:
+    """The job-disruption budget is spent: not requeued, and a person is paged (once per step)."""
+    why = (
+        f"job {job} was restarted by Pitstop {cap} times within {int(window)} s (budgets.job_restarts):"
+        " not requeued again; a person decides"
+    )
+    log.emit("WARNING", "job-disruption budget spent", incident=s.iid, job=job, cap=cap, window_s=window)
+    s.notify(s.inc, "critical", f"Job {job} not restarted: disruption budget spent", todo=why)
+    return why
 
 
 def reschedule_early(s: Step) -> dict[str, Any]:

@@ -28,6 +28,9 @@ class OpSpec:
 OPS: dict[Op, OpSpec] = {
     Op.CLAIM: OpSpec(fence.claim, Kind.CLAIM),
     Op.FENCE: OpSpec(fence.fence, Kind.EFFECT),
+    Op.CORROBORATE: OpSpec(checks.corroborate, Kind.EFFECT),
+    Op.CORROBORATION: OpSpec(checks.corroboration_done, Kind.PROBE),
+    Op.JUDGE_CORROBORATION: OpSpec(checks.judge_corroboration, Kind.EFFECT),
     Op.CHECKPOINT: OpSpec(fence.checkpoint, Kind.EFFECT),
     Op.JOBS_DONE: OpSpec(fence.jobs_done, Kind.PROBE),
     Op.RESCHEDULE_EARLY: OpSpec(gang.reschedule_early, Kind.EFFECT),

@@ -13,6 +13,7 @@ from pitstop.core.ops import Op
 from pitstop.core.states import State
 from pitstop.services.actuate.context import Step
 from pitstop.services.actuate.gang import watch_resume
+from pitstop.services.ingest import to_epoch
 
 
 def act(s: Step) -> dict[str, Any]:
@@ -26,6 +27,8 @@ def act(s: Step) -> dict[str, Any]:
         plan = _plan(s)
         s.save({"plan": plan})
     record = {**plan, "operation": _call(s, plan)}
+    if plan.get("method") == "wait_for_platform":  # not done until the platform's window is over
+        record["verify_wait_s"] = remediation.platform_wait_s(s.vm(), s.deps.clock(), 0.0, to_epoch)
     s.set_state(State.ACTING, "acted")
     log.emit(
         "INFO",

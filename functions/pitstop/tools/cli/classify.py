@@ -14,16 +14,18 @@ if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 from pitstop.tools.common import lines
 
-_TABLE_COLS = (("kind", 10), ("action", 14), ("xid", 4), ("node", 28), ("gpu", 12), ("reason", 0))
+_TABLE_COLS = (("kind", 13), ("action", 14), ("xid", 6), ("node", 28), ("gpu", 12), ("reason", 0))
 
 
 def _table_row(ev: dict[str, Any]) -> str:
+    """One row; an NVSwitch SXid shows as S<code> on its switch's PCI address."""
     node = ev["node"]["instance"] if ev.get("node") else "-"
-    gpu = (ev.get("gpu") or {}).get("pci") or "-"
+    sxid = ev["detail"].get("sxid")
+    gpu = (ev.get("gpu") or {}).get("pci") or ev["detail"].get("switch_pci") or "-"
     vals = {
         "kind": ev["kind"],
         "action": ev["action"],
-        "xid": "" if ev["xid"] is None else str(ev["xid"]),
+        "xid": str(ev["xid"]) if ev["xid"] is not None else (f"S{sxid}" if sxid else ""),
         "node": node,
         "gpu": gpu,
         "reason": ev["reason"],

@@ -10,6 +10,7 @@ import orjson
 
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+from pitstop.core import engine
 from pitstop.tools.common import store_and_policy
 
 
@@ -35,7 +36,7 @@ def cmd_incidents(args: argparse.Namespace) -> int:
     print(f"{'ID':<11} {'STATE':<10} {'ACTION':<14} {'NODE':<28} {'CLUSTER':<10} {'EVENTS':>7}  DETECTED")
     for inc in incidents:
         print(
-            f"{inc['id']:<11} {inc['state']:<10} {inc['action']:<14} {inc['node']['instance']:<28} "
+            f"{inc['id']:<11} {inc['state']:<10} {inc['action']:<14} {engine.subject_name(inc):<28} "
             f"{inc.get('cluster') or '-':<10} {inc['counts']['events']:>7}  "
             f"{iso(inc['timeline'].get('detected'))}"
         )

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from pitstop.local.stack import ClusterSpec, StackState
 
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+from pitstop.core import engine
 from pitstop.tools.common import lines
 
 
@@ -220,6 +221,12 @@ def _chaos_line(args: argparse.Namespace, result: dict[str, Any]) -> str:
         return f"webhook sink: {'down (503)' if kind == 'webhook-down' else 'up'}"
     if kind == "firestore-restart":
         return "firestore emulator restarted with its data"
+    if kind == "hang":
+        runs = ", ".join(f"job {j} (run {r})" for j, r in (result.get("runs") or {}).items())
+        return f"hung: {runs} stop beating{where or ' (no culprit node: a software hang)'}"
+    if kind in ("straggler", "degrading", "heal"):
+        state = (result.get("gpu") or {}).get("state")
+        return f"{args.node}: GPU state {state or 'healthy'}; the Monitoring stand-in's node policies read it"
     return "every armed fault and flag cleared"
 
 
@@ -303,7 +310,7 @@ def _incident_rows(
     return [
         {
             "id": i["id"],
-            "node": i["node"]["instance"],
+            "node": engine.subject_name(i),
             "state": i["state"],
             "action": i["action"],
             "events": i["counts"]["events"],
@@ -429,7 +436,11 @@ def _chaos_flags(v: argparse.ArgumentParser) -> None:
         help="compute-error: the HTTP status (503, 403:rateLimitExceeded); firestore-restart: seconds down",
     )
     v.add_argument("--times", type=int, default=1, help="how many calls the fault hits")
-    v.add_argument("--node", default=None, help="only calls about this node")
+    v.add_argument(
+        "--node",
+        default=None,
+        help="only calls about this node; hang|straggler|degrading|heal: the node whose GPU is at fault",
+    )
     v.add_argument(
         "--method",
         default=None,

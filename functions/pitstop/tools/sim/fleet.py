@@ -4,6 +4,8 @@ A job runs, is interrupted by a fault on one of its nodes, waits for its strateg
 (``detect``), waits for enough healthy nodes (``wait``), restarts (``restart``) and runs again.
 Work since the last checkpoint is lost at an interruption. Checkpoints are not events: a run
 segment's committed work follows from its length, so a 54-day run costs one event per fault.
+A straggling node (a ``straggler`` fault) interrupts nothing: while it is a member, its gang runs
+``faults.straggler_slowdown`` times slower, and the difference is lost (``slowed``).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class Job:
     down_since: float = 0.0
     cause: str = ""
     gen: int = 0
+    slow_since: float | None = None  # a straggler among its members since (while running)
+    slow_cause: str = ""
 
 
 @dataclass
@@ -63,6 +67,7 @@ class Ledger:
     productive: float = 0.0
     checkpoint: float = 0.0
     lost_work: float = 0.0
+    slowed: float = 0.0  # run time lost to a straggling member (its gang ran slower)
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     by_fault: dict[str, float] = field(default_factory=dict)
     interruptions: int = 0
@@ -94,6 +99,8 @@ class Fleet:
             for n in job.members:
                 self.job_of[n] = job.idx
         self.healthy = [True] * physical
+        self.slowdown = float(scn["faults"]["straggler_slowdown"])
+        self.slow: dict[int, str] = {}  # straggling nodes (in service) and their fault category
         # Idle healthy nodes, longest idle first: a scheduler does not prefer the node just repaired.
         self.pool: dict[int, None] = dict.fromkeys(n for n in range(physical) if self.job_of[n] < 0)
         self.ledger = Ledger()
@@ -129,6 +136,11 @@ class Fleet:
         if not self.healthy[f.node]:
             return  # already out of service: this defect is repaired with it
         self.ledger.faults_seen += 1
+        if f.signal == "straggler":
+            self.slow[f.node] = f.category
+            j = self.job_of[f.node]
+            if j >= 0 and self.jobs[j].phase == "run" and self.jobs[j].slow_since is None:
+                self.jobs[j].slow_since, self.jobs[j].slow_cause = t, f.category
         r = self.strategy.respond(f, t, self)
         self._count_action(f, r)
         at = r.interrupt_at if r.interrupt_at is not None else t
@@ -152,6 +164,7 @@ class Fleet:
         j = self.job_of[f.node]
         if r.node_back_at is not None:
             self.healthy[f.node] = False
+            self.slow.pop(f.node, None)  # out of service: it slows no gang any more
             self.pool.pop(f.node, None)
             if j >= 0:
                 self.jobs[j].members.discard(f.node)
@@ -215,6 +228,8 @@ class Fleet:
             return
         self._enter(job, "run", t)
         job.run_start = t
+        slow = next((self.slow[n] for n in sorted(job.members) if n in self.slow), None)
+        job.slow_since, job.slow_cause = (t, slow) if slow is not None else (None, "")
         self.ledger.resume_s.append(t - job.down_since)
 
     # -- accounting --------------------------------------------------------------------------
@@ -227,8 +242,15 @@ class Fleet:
         job.phase, job.phase_since = phase, t
 
     def _close_run(self, job: Job, t: float, saved: bool, cause: str | None) -> None:
-        """Split a run segment into committed work, checkpoint writes and (at a fault) lost work."""
+        """Split a run segment into committed work, checkpoint writes and (at a fault) lost work;
+        a straggling member's share of it first (the gang's work went that much slower)."""
         length = t - job.run_start
+        if job.slow_since is not None:
+            slowed = (t - max(job.slow_since, job.run_start)) * (1.0 - 1.0 / self.slowdown)
+            length -= slowed
+            self.ledger.slowed += slowed
+            self.ledger.by_fault[job.slow_cause] = self.ledger.by_fault.get(job.slow_cause, 0.0) + slowed
+            job.slow_since = None
         cycle = self.cp_s + self.write_s
         k = math.floor(length / cycle)
         rest = length - k * cycle

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 from typing import Any
 
 from pitstop.adapters.memory_store import MemoryStore
-from pitstop.core import engine, lifecycle, policy
+from pitstop.core import alerts, engine, lifecycle, policy
 from pitstop.core.actions import JOB_ACTIONS, RECORD_ONLY_ACTIONS, Action, higher
 from pitstop.core.classify import Classifier
+from pitstop.core.envelope import Delivery
 from pitstop.core.states import State
+from pitstop.local import alerting
 from pitstop.tools.sim.fleet import Fleet, Response
-from pitstop.tools.sim.trace import Fault, entries
+from pitstop.tools.sim.trace import PROJECT, Fault, entries, node_ref
 
 T0 = 1_800_000_000.0  # epoch seconds of simulated time 0 (the engine works in epoch time)
 LADDER = (Action.RESET_GPU, Action.REBOOT_NODE, Action.REPLACE_NODE)
@@ -69,6 +72,28 @@ class _Base:
         """No node signal (or none acted on): the job's own timeout restarts it in place."""
         return Response(t + self.self_detect, None, Action.RESTART_JOB)
 
+    def unseen(self, f: Fault, t: float) -> Response | None:
+        """A fault that prints nothing this strategy reads (a hang, a straggler), or None.
+
+        A hang: the job's own timeout restarts it in place; when a node is at fault, a person
+        finds it after that (and it is repaired while the gang restarts without it). A straggler:
+        its gang runs slower until a person notices, stops the job and takes the node out.
+        """
+        if f.signal == "hang":
+            if f.needs == Action.RESTART_JOB:
+                return self.job_notices(t)
+            found = t + self.self_detect + f.human_s
+            return Response(
+                found, found + self.repair_s(f.needs), f.needs, replaced=f.needs == Action.REPLACE_NODE
+            )
+        if f.signal == "straggler":
+            noticed = t + f.human_s
+            back = noticed + self.repair_s(f.needs)
+            return Response(
+                noticed, back, f.needs, interrupt_at=noticed, replaced=f.needs == Action.REPLACE_NODE
+            )
+        return None
+
     def unattended_maintenance(self, f: Fault, t: float) -> Response:
         """The VM is terminated at the window; the job dies with it and restarts itself."""
         window = t + self.d["maintenance_notice"]
@@ -108,6 +133,8 @@ class Manual(_Base):
     name = "manual"
 
     def respond(self, f: Fault, t: float, sim: Fleet) -> Response:
+        if (r := self.unseen(f, t)) is not None:
+            return r
         if f.signal == "none":
             return self.job_notices(t)
         if f.signal == "maintenance":
@@ -127,6 +154,8 @@ class Gke(_Base):
 
     def respond(self, f: Fault, t: float, sim: Fleet) -> Response:
         d = self.d
+        if (r := self.unseen(f, t)) is not None:
+            return r
         if f.signal == "none":
             return self.job_notices(t)
         if f.signal == "maintenance":
@@ -148,6 +177,8 @@ class NvSentinel(_Base):
 
     def respond(self, f: Fault, t: float, sim: Fleet) -> Response:
         d = self.d
+        if (r := self.unseen(f, t)) is not None:
+            return r
         if f.signal == "none":
             return self.job_notices(t)
         if f.signal == "maintenance":
@@ -233,6 +264,8 @@ class Pitstop(_Base):
         self.world = World(pitstop_policy(scn))
 
     def respond(self, f: Fault, t: float, sim: Fleet) -> Response:
+        if (unseen := self.unseen(f, t)) is not None:
+            return unseen
         if f.signal == "none":
             return self.job_notices(t)
         decided = t + self.d["pitstop_detect"]
@@ -303,9 +336,87 @@ class Pitstop(_Base):
         return Response(fenced, back, action, replaced=action == Action.REPLACE_NODE)
 
 
+class PitstopTelemetry(Pitstop):
+    """Pitstop with its telemetry alerts (issue 24): the heartbeat policy's and the node policies'
+    notifications go through the real parser and engine like the kernel lines do. A hang is
+    detected at the heartbeat's window, localised on every node of the job at once (a node at
+    fault is fenced and repaired, the gang restarts without it) or restarted in place; a straggler
+    is found at its policy's window and the gang moved off it at its next checkpoint, onto a spare,
+    while the node is diagnosed and repaired (a planned move: nothing is lost)."""
+
+    name = "pitstop+tel"
+
+    def respond(self, f: Fault, t: float, sim: Fleet) -> Response:
+        if f.signal == "hang":
+            return self._hang(f, t, sim)
+        if f.signal == "straggler" and sim.pool:
+            return self._straggler(f, t, sim)
+        return super().respond(f, t, sim)
+
+    def _alert(self, doc: dict[str, Any], t: float, decided: float) -> str | None:
+        """One notification, as ingest takes it from the alerts topic, through the engine."""
+        source = f"//pubsub.googleapis.com/projects/{PROJECT}/topics/{alerts.DEFAULT_TOPIC}"
+        ev = _classifier().from_delivery(Delivery(doc, f"alert-{t}"), source)
+        ev["_observed_ts"] = T0 + t
+        out = self.world.feed(ev, T0 + decided)
+        return out.incident["id"] if out.incident is not None else None
+
+    def _hang(self, f: Fault, t: float, sim: Fleet) -> Response:
+        d = self.d
+        decided = t + d["hang_alert"]
+        job = {"cluster": "train", "job": str(max(sim.job_of[f.node], 0))}
+        notice = alerting.notification(
+            "job-heartbeat", "open", incident_id=f"0.{f.id}", project=PROJECT, metric_labels=job,
+            resource_type="global", resource_labels={"project_id": PROJECT}, started_at=int(T0 + t),
+        )  # fmt: skip
+        iid = self._alert(notice, t, decided)
+        found = decided + d["localise"] + d["fence"]
+        if iid is not None:
+            self._close(iid, found)
+        if f.needs == Action.RESTART_JOB:
+            return Response(found, None, Action.RESTART_JOB)  # nothing found: restarted in place once
+        back = found + self.repair_s(f.needs) + d["validate"]
+        return Response(found, back, f.needs, replaced=f.needs == Action.REPLACE_NODE)
+
+    def _straggler(self, f: Fault, t: float, sim: Fleet) -> Response:
+        d = self.d
+        decided = t + d["straggler_alert"]
+        ref = node_ref(f.node)
+        notice = alerting.notification(
+            "gpu-throttle", "open", incident_id=f"0.{f.id}", project=PROJECT, metric_labels={},
+            resource_type="gce_instance", display_name=ref["instance"], observed="0.6",
+            resource_labels={"project_id": PROJECT, "zone": ref["zone"], "instance_id": ref["instance_id"]},
+            started_at=int(T0 + t),
+        )  # fmt: skip
+        iid = self._alert(notice, t, decided)
+        inc = self.world.incidents.get(iid) if iid else None
+        start = decided
+        if inc is not None and inc["state"] == State.HELD:  # a budget or a cooldown: the sweep, then a person
+            start = self._release(inc["id"], decided, decided + f.human_s)
+        stop = self._next_checkpoint(sim, f.node, start)
+        back = stop + d["diagnose"] + self.repair_s(f.needs) + d["validate"]
+        r = Response(stop, back, f.needs, interrupt_at=stop, checkpointed=True, fixed=True)
+        r.replaced, r.held = f.needs == Action.REPLACE_NODE, start > decided
+        if iid is not None:
+            r.on_back = functools.partial(self._close, iid)
+        return r
+
+    @staticmethod
+    def _next_checkpoint(sim: Fleet, node: int, after: float) -> float:
+        """When the node's gang next finishes a checkpoint (at once if it is not running)."""
+        j = sim.job_of[node]
+        job = sim.jobs[j] if j >= 0 else None
+        if job is None or job.phase != "run":
+            return after
+        cycle = sim.cp_s + sim.write_s
+        done = math.floor((after - job.run_start) / cycle) + 1
+        return float(job.run_start + done * cycle)
+
+
 STRATEGIES: dict[str, type[_Base]] = {
     "manual": Manual,
     "gke": Gke,
     "nvsentinel": NvSentinel,
     "pitstop": Pitstop,
+    "pitstop+tel": PitstopTelemetry,
 }

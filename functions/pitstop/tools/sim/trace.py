@@ -51,11 +51,11 @@ class Fault:
     t: float
     node: int
     category: str
-    signal: str  # xid | host_error | maintenance | none
+    signal: str  # xid | host_error | maintenance | hang | straggler | none
     burst: tuple[str, ...]
     needs: str  # the weakest action that truly fixes it
     pci: str
-    human_s: float  # how long a person takes to notice this one
+    human_s: float  # how long a person takes to notice this one (a straggler: durations.straggler_human)
     recur_s: float  # if left unfixed, it comes back this long after the node returns
     gen: int = 0  # 0: from the trace; n: the n-th recurrence of an unfixed fault
 
@@ -137,15 +137,19 @@ def entries(f: Fault) -> list[dict[str, Any]]:
 
 def category_rates(scn: dict[str, Any]) -> dict[str, float]:
     """Faults per node per second, by category: the table's counts per node-day, rescaled to
-    a preset's total when the scenario names one."""
+    a preset's total when the scenario names one. Stragglers keep their own rate: they interrupt
+    nothing, so a failure rate (Kokolis et al.'s) does not count them."""
     faults = scn["faults"]
     basis = faults["basis"]["nodes"] * faults["basis"]["days"]
     per_node_day = {name: c["count"] / basis for name, c in faults["categories"].items()}
     rate = faults["rate"]
     if rate != "llama3":
-        total = sum(per_node_day.values())
+        failing = {k for k, c in faults["categories"].items() if c["signal"] != "straggler"}
+        total = sum(v for k, v in per_node_day.items() if k in failing)
         target = faults["presets_per_1000_node_days"][rate] / 1000.0
-        per_node_day = {k: v * target / total if total else 0.0 for k, v in per_node_day.items()}
+        per_node_day = {
+            k: v * target / total if total and k in failing else v for k, v in per_node_day.items()
+        }
     return {k: v / 86400.0 for k, v in per_node_day.items()}
 
 
@@ -161,9 +165,19 @@ def _draw_needs(rnd: random.Random, needs: dict[str, float] | None) -> str:
     return next(reversed(needs))
 
 
-def _human_s(scn: dict[str, Any], u: float) -> float:
-    lo, hi = scn["durations"]["human_detect"]
+def _human_s(scn: dict[str, Any], u: float, signal: str = "xid") -> float:
+    lo, hi = scn["durations"]["straggler_human" if signal == "straggler" else "human_detect"]
     return float(lo + (hi - lo) * u) * 60.0
+
+
+def _needs(scn: dict[str, Any], fid: str, cat: dict[str, Any], rnd: random.Random) -> str:
+    """What truly fixes the fault. Xids draw from the trace's own sequence; a hang or a straggler
+    from a sequence of its own (a fault class added to the table leaves the others' draws alone)."""
+    if cat["signal"] == "xid":
+        return _draw_needs(rnd, cat.get("needs"))
+    if cat["signal"] in ("hang", "straggler"):
+        return _draw_needs(random.Random(f"{scn['seed']}:{fid}:needs"), cat.get("needs"))  # noqa: S311
+    return "RESTART_JOB"
 
 
 def generate(scn: dict[str, Any]) -> list[Fault]:
@@ -186,7 +200,7 @@ def generate(scn: dict[str, Any]) -> list[Fault]:
         cat = scn["faults"]["categories"][name]
         bursts = cat.get("bursts") or [[]]
         burst = tuple(bursts[rnd.randrange(len(bursts))])
-        needs = _draw_needs(rnd, cat.get("needs")) if cat["signal"] == "xid" else "RESTART_JOB"
+        needs = _needs(scn, f"f{len(out)}", cat, rnd)
         out.append(
             Fault(
                 id=f"f{len(out)}",
@@ -197,7 +211,7 @@ def generate(scn: dict[str, Any]) -> list[Fault]:
                 burst=burst,
                 needs=needs,
                 pci=GPU_PCI[rnd.randrange(len(GPU_PCI))],
-                human_s=_human_s(scn, rnd.random()),
+                human_s=_human_s(scn, rnd.random(), cat["signal"]),
                 recur_s=rnd.expovariate(1.0 / recur_mean),
             )
         )
@@ -212,7 +226,7 @@ def recurrence(f: Fault, scn: dict[str, Any], at: float) -> Fault:
         f,
         id=f"{f.id}r{f.gen + 1}",
         t=at,
-        human_s=_human_s(scn, rnd.random()),
+        human_s=_human_s(scn, rnd.random(), f.signal),
         recur_s=rnd.expovariate(1.0 / recur_mean),
         gen=f.gen + 1,
     )

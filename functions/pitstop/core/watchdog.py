@@ -1,0 +1,42 @@
+"""How long a remediation step may legitimately run: the watchdog's deadline, derived from the
+workflow's own waits so the watchdog never fails a step the workflow is still rightly waiting on.
+
+workflows/remediate.yaml waits, at most, for each of: the corroboration check, the checkpoint
+(drain), the diagnostic (REPLACE_NODE), the Compute operation, verify, the validation, and the
+gang's resume; every mutating call may also spend its retry rounds once. The waits are the
+workflow's deployed environment (infra/resources.yaml, workflow pitstop-remediate); a test keeps
+WORKFLOW_WAITS equal to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pitstop.core.actions import Action
+
+WORKFLOW_WAITS: Mapping[str, float] = {
+    "PITSTOP_OP_TIMEOUT_S": 1800.0,
+    "PITSTOP_VERIFY_TIMEOUT_S": 2700.0,
+    "PITSTOP_CHECK_TIMEOUT_S": 1800.0,
+    "PITSTOP_RESUME_WAIT_S": 600.0,
+}
+CHECKPOINT_WAIT_S = 600.0  # the longest checkpoint wait (services/actuate/fence.py)
+MUTATE_ROUNDS_S = 660.0  # mutate's 4 rounds of retries (workflows/remediate.yaml), spent once
+MARGIN = 1.1
+
+
+def step_bound_s(action: str, waits: Mapping[str, float] = WORKFLOW_WAITS) -> float:
+    """The longest one step of ``action`` can run while the workflow still waits as designed."""
+    check, op = waits["PITSTOP_CHECK_TIMEOUT_S"], waits["PITSTOP_OP_TIMEOUT_S"]
+    total = check + waits["PITSTOP_RESUME_WAIT_S"] + MUTATE_ROUNDS_S  # corroboration, resume
+    if action == Action.DRAIN_NODE:
+        total += CHECKPOINT_WAIT_S
+    if action == Action.REPLACE_NODE:
+        total += check  # the diagnostic
+    total += op + waits["PITSTOP_VERIFY_TIMEOUT_S"] + check  # act, verify, validation
+    return total * MARGIN
+
+
+def deadline_s(action: str, configured: float) -> float:
+    """The policy's deadline, never shorter than what the workflow itself may wait."""
+    return max(configured, step_bound_s(action))
