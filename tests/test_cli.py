@@ -113,7 +113,8 @@ def test_bench_ingest_runs_each_storm_through_each_instance_count(firestore_host
     for run in runs:
         assert run["instances_reporting"] == run["instances"]  # each a process of its own, each counted
         assert len(run["peak_mib_by_instance"]) == run["instances"]
-        assert all(mib > 30 for mib in run["peak_mib_by_instance"])  # an interpreter with main loaded
+        assert all(mib > 0 for mib in run["peak_mib_by_instance"])  # each instance sampled
+        assert run["worker_hwm_mib_max"] > 30  # an interpreter with main loaded, as it reported
         assert run["incidents"] == run["nodes"]
         assert run["every_line_counted"] and run["lines_counted"] == run["lines"]
         assert run["duplicate_starts"] == 0 and run["starts_per_step_max"] == 1

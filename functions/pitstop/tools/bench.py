@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import base64
-import contextlib
-import itertools
 import json
 import os
 import random
 import resource
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -272,20 +268,6 @@ def bench_classify(n: int = 100_000, runs: int = 3) -> dict[str, Any]:
     }
 
 
-class _CountingStarter:
-    """Stands in for Workflows in the ingest benchmark: records starts, runs nothing."""
-
-    def __init__(self) -> None:
-        self.started: list[tuple[str, int]] = []
-
-    def find(self, incident_id: str, step: int) -> str | None:
-        return None
-
-    def start(self, incident_id: str, step: int, argument: Any) -> str:
-        self.started.append((incident_id, step))
-        return f"executions/{incident_id}-{step}"
-
-
 def storm(lines: int, nodes: int, seconds: float = 10.0, seed: int = 11) -> Iterator[dict[str, Any]]:
     """Push bodies of an Xid storm, made as they are consumed (a million bodies would not fit).
 
@@ -312,42 +294,6 @@ def storm(lines: int, nodes: int, seconds: float = 10.0, seed: int = 11) -> Iter
         }
         data = base64.b64encode(json.dumps(entry).encode()).decode()
         yield {"message": {"data": data, "messageId": str(i), "publishTime": stamp}}
-
-
-class _FirestoreOps:
-    """Counts billed document reads and writes at the client's API (every path: store, cache, sweep)."""
-
-    def __init__(self, client: Any) -> None:
-        self.reads = self.writes = 0
-        self._lock = threading.Lock()
-        api = client._firestore_api  # the GAPIC client every Firestore call goes through
-        get, commit, query = api.batch_get_documents, api.commit, api.run_query
-
-        def counted_get(*a: Any, **kw: Any) -> Iterator[Any]:
-            for resp in get(*a, **kw):
-                if resp.found or resp.missing:
-                    self._add(reads=1)
-                yield resp
-
-        def counted_query(*a: Any, **kw: Any) -> Iterator[Any]:
-            docs = 0
-            for resp in query(*a, **kw):
-                docs += bool(resp.document)
-                yield resp
-            self._add(reads=max(docs, 1))  # a query is billed at least one read
-
-        def counted_commit(*a: Any, **kw: Any) -> Any:
-            request = kw.get("request") or (a[0] if a else {})
-            writes = request.get("writes") if isinstance(request, dict) else request.writes
-            self._add(writes=len(writes or ()))
-            return commit(*a, **kw)
-
-        api.batch_get_documents, api.commit, api.run_query = counted_get, counted_commit, counted_query
-
-    def _add(self, reads: int = 0, writes: int = 0) -> None:
-        with self._lock:
-            self.reads += reads
-            self.writes += writes
 
 
 def _rss_mib() -> float:
@@ -384,141 +330,6 @@ def _peak_rss_mib(since_reset: bool) -> float:
         except (OSError, ValueError, IndexError):
             pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _load_entry_module() -> bool:
-    """Import functions/main.py as a deployed instance does, so memory starts where an ingest
-    instance's starts (functions-framework, the clients ingest builds); False outside a checkout."""
-    import importlib
-    import signal
-
-    before = signal.getsignal(signal.SIGTERM)
-    try:
-        importlib.import_module("main")
-    except ImportError:
-        return False
-    finally:
-        signal.signal(signal.SIGTERM, before)  # main's flush-on-SIGTERM hook is for served instances
-    return True
-
-
-def _bench_policy(nodes: int) -> Any:
-    from pitstop.core.policy import from_doc
-
-    cluster = {"name": "train", "scheduler": "slurm", "size": nodes, "match": {"name_pattern": "a3-node-*"}}
-    return from_doc({"mode": "enforce", "clusters": [cluster]})
-
-
-def _drive(services: list[Any], bodies: Iterator[dict[str, Any]], workers: int) -> dict[str, int]:
-    """Deliver every body with ``workers`` threads, round-robin over the instances; outcome counts."""
-    lock, results = threading.Lock(), dict[str, int]()
-    counter = itertools.count()
-
-    def worker() -> None:
-        seen: dict[str, int] = {}
-        while True:
-            with lock:
-                body, i = next(bodies, None), next(counter)
-            if body is None:
-                break
-            r = services[i % len(services)].handle_payload(body).result
-            seen[r] = seen.get(r, 0) + 1
-        with lock:
-            for r, n in seen.items():
-                results[r] = results.get(r, 0) + n
-
-    threads = [threading.Thread(target=worker) for _ in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return dict(sorted(results.items()))
-
-
-def bench_ingest(
-    lines: int = 20_000, nodes: int = 64, workers: int = 8, instances: int = 2, report_memory: bool = False
-) -> dict[str, Any]:
-    """Events/s through ingest on the Firestore emulator, Firestore operations per line, and memory."""
-    import tempfile
-    import tracemalloc
-    import uuid
-    from pathlib import Path
-
-    from google.cloud import firestore
-
-    from pitstop.local import procs
-
-    proc = None
-    if not os.environ.get("FIRESTORE_EMULATOR_HOST"):
-        proc, host = procs.start_emulator("firestore", Path(tempfile.mkdtemp(prefix="pitstop-bench-")))
-        os.environ["FIRESTORE_EMULATOR_HOST"] = host
-    try:
-        client = firestore.Client(project=f"bench-{uuid.uuid4().hex[:8]}")
-        ops = _FirestoreOps(client)
-        entry_module = _load_entry_module()
-        rss_before = _rss_mib()
-        if report_memory:
-            tracemalloc.start()
-        with contextlib.redirect_stdout(sys.stderr):  # the pipeline's logs; stdout is for the figures
-            result = _run_ingest(client, ops, lines, nodes, workers, instances)
-        if report_memory:
-            result["traced_peak_mib"] = round(tracemalloc.get_traced_memory()[1] / 2**20, 1)
-            tracemalloc.stop()
-        result["rss_before_mib"] = round(rss_before, 1)
-        result["entry_module_loaded"] = entry_module
-        return result
-    finally:
-        if proc is not None:
-            proc.stop()
-            os.environ.pop("FIRESTORE_EMULATOR_HOST", None)
-
-
-def _run_ingest(
-    client: Any, ops: _FirestoreOps, lines: int, nodes: int, workers: int, instances: int
-) -> dict[str, Any]:
-    from pitstop.adapters.firestore import IncidentStore
-    from pitstop.services.ingest import Ingest
-
-    policy, starter = _bench_policy(nodes), _CountingStarter()
-    services = [Ingest(policy, IncidentStore(client), starter, None) for _ in range(instances)]
-    phase_peak = _reset_peak_rss()
-    t0 = time.perf_counter()
-    results = _drive(services, storm(lines, nodes), workers)
-    ingest_s = time.perf_counter() - t0
-    for s in services:
-        s.coalescer.flush_all(time.time())
-    elapsed = time.perf_counter() - t0
-    peak = _peak_rss_mib(phase_peak)  # the storm and the flush: what an ingest instance holds
-    reads, writes = ops.reads, ops.writes  # the pipeline's own; reading the results below is not
-    coalescers = [s.coalescer.stats() for s in services]
-    for s in services:
-        s.coalescer.close()
-    # Only the two fields the figures need: 5,000 whole incidents would cost the bench ~70 MiB.
-    fields = client.collection("pitstop_incidents").select(["state", "counts.events"])
-    incidents = [d.to_dict() or {} for d in fields.stream()]
-    return {
-        "benchmark": "ingest",
-        "lines": lines,
-        "nodes": nodes,
-        "instances": instances,
-        "workers": workers,
-        "events_per_s": round(lines / elapsed),
-        "ingest_seconds": round(ingest_s, 1),
-        "incidents": len(incidents),
-        "workflow_starts": len(starter.started),
-        "held": sum(1 for i in incidents if i.get("state") == "HELD"),
-        "events_counted_on_incidents": sum(i.get("counts", {}).get("events", 0) for i in incidents),
-        "firestore_reads": reads,
-        "firestore_writes": writes,
-        "store_ops_per_line": round((reads + writes) / lines, 5),
-        "writes_per_event": round(writes / lines, 5),
-        "coalescer": coalescers,
-        "results": results,
-        "peak_rss_mib": round(peak, 1),
-        "peak_rss_covers": "the storm and the flush" if phase_peak else "the whole process",
-        # VmHWM folds in the current RSS, which the kernel counts per thread with some lag.
-        "peak_rss_with_readback_mib": round(max(peak, _peak_rss_mib(phase_peak)), 1),
-    }
 
 
 # -- pitstop simulate ----------------------------------------------------------------------------
