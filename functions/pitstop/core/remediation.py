@@ -220,11 +220,16 @@ def verified(method: str, before: Mapping[str, Any], vm: Mapping[str, Any]) -> b
 PLATFORM_MARGIN_S = 1800.0  # after the window's end: the platform reports completion in that time
 
 
-def platform_wait_s(vm: Mapping[str, Any], now: float, default: float, to_epoch: Any) -> float:
-    """How long verify waits for maintenance Pitstop may not start itself: to the window's end."""
+def platform_window_end(vm: Mapping[str, Any]) -> str | None:
+    """The end of the VM's pending maintenance window (RFC 3339), or its latest start."""
     maint = (vm.get("resource_status") or {}).get("upcoming_maintenance") or {}
-    end = to_epoch(maint.get("window_end_time") or maint.get("latest_window_start_time"))
-    return default if end is None else max(default, end - now + PLATFORM_MARGIN_S)
+    end = maint.get("window_end_time") or maint.get("latest_window_start_time")
+    return str(end) if end else None
+
+
+def platform_wait_s(window_end: float | None, now: float) -> float:
+    """How long verify waits for maintenance Pitstop may not start itself: to the window's end."""
+    return 0.0 if window_end is None else max(0.0, window_end - now + PLATFORM_MARGIN_S)
 
 
 def evidence(inc: Mapping[str, Any]) -> str:

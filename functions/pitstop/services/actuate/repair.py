@@ -27,8 +27,6 @@ def act(s: Step) -> dict[str, Any]:
         plan = _plan(s)
         s.save({"plan": plan})
     record = {**plan, "operation": _call(s, plan)}
-    if plan.get("method") == "wait_for_platform":  # not done until the platform's window is over
-        record["verify_wait_s"] = remediation.platform_wait_s(s.vm(), s.deps.clock(), 0.0, to_epoch)
     s.set_state(State.ACTING, "acted")
     log.emit(
         "INFO",
@@ -55,7 +53,11 @@ def _plan(s: Step) -> dict[str, Any]:
     )
     if choice.error is not None:
         raise ActuatorError(409, choice.error, False)
-    return {"method": "none", "before": remediation.vm_before(vm), **choice.fields}
+    plan = {"method": "none", "before": remediation.vm_before(vm), **choice.fields}
+    if plan["method"] == "wait_for_platform":  # not done until the platform's window is over
+        end = to_epoch(remediation.platform_window_end(vm))
+        plan["verify_wait_s"] = remediation.platform_wait_s(end, s.deps.clock())
+    return plan
 
 
 def _policy_mig(s: Step) -> str | None:
