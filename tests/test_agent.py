@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -25,6 +27,7 @@ import pytest
 from google.cloud import firestore
 from google.cloud.pubsub_v1 import SubscriberClient
 
+import pitstop
 from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.slurm import ResultsMerger, SlurmAgentClient
 from pitstop.agent.slurm import (
@@ -484,6 +487,55 @@ def test_ledger_is_wal_and_old_rows_are_pruned(tmp_path: Path) -> None:
     assert ledger.get("old") is None
     again = agent.handle(json.dumps({"id": "old", "op": "requeue", "deadline": now - KEEP_S}).encode())
     assert again is not None and again["refused"]
+
+
+# An agent process that dies inside its command: the Slurm call was made (written to a file),
+# nothing after it ran (no answer recorded, no release: os._exit skips every handler).
+CRASHING_AGENT = """
+import os, sys
+from pitstop.agent.slurm import Agent, Ledger, SlurmCommands
+
+def run(argv):
+    if argv[0] == "sinfo":
+        return "gpu-0\\n"
+    with open(sys.argv[2], "a") as f:
+        f.write(" ".join(argv) + "\\n")
+    os._exit(9)
+
+class Quiet:
+    def send(self, doc):
+        pass
+
+Agent(SlurmCommands(run), Ledger(sys.argv[1]), Quiet(), owner="crashed").handle(sys.argv[3].encode())
+"""
+
+
+def test_a_crash_between_running_and_done_is_found_on_retry_and_not_repeated(tmp_path: Path) -> None:
+    """The claim is recorded before the Slurm call, so a delivery after the agent died finds it:
+    while the claim holds nothing runs again; past it, exactly one new attempt runs, and its answer
+    is replayed from then on."""
+    path, effects = tmp_path / "ledger.sqlite", tmp_path / "effects"
+    raw = command("c-requeue-9", "requeue", {"job": "99"}, deadline_in=86400)
+    env = {**os.environ, "PYTHONPATH": str(Path(pitstop.__file__).parents[1])}
+    argv = [sys.executable, "-c", CRASHING_AGENT, str(path), str(effects), raw.decode()]
+    assert subprocess.run(argv, env=env, timeout=120, check=False).returncode == 9
+    assert effects.read_text().splitlines() == ["scontrol requeue 99"]
+    ledger = Ledger(path)
+    left = row(ledger, "c-requeue-9")
+    assert (left["state"], left["owner"], left["attempt"]) == (RESULT_RUNNING, "crashed", 1)
+    run, sink = Script(), Sink()
+    assert Agent(SlurmCommands(run), ledger, sink).handle(raw) is None  # found in progress: left
+    assert run.argvs == [] and sink.sent == []
+    assert row(ledger, "c-requeue-9") == left
+    later = float(left["claim_until"]) + 1  # the claim ran out: its agent is gone
+    taker = Agent(SlurmCommands(run), ledger, sink, clock=lambda: later)
+    done = taker.handle(raw)
+    assert done is not None and (done["state"], done["attempt"]) == (RESULT_DONE, 2)
+    assert done["previous_error"] is None and done["owner"] == taker.owner
+    assert taker.handle(raw) is None and Agent(SlurmCommands(run), ledger, sink).handle(raw) is None
+    assert run.count("scontrol", "requeue") == 1
+    assert [d["state"] for d in sink.sent] == [RESULT_RUNNING, RESULT_DONE, RESULT_DONE, RESULT_DONE]
+    assert sink.sent[1] == row(ledger, "c-requeue-9")
 
 
 class Sink:

@@ -84,6 +84,15 @@ def test_a_handler_that_did_nothing_releases_and_nothing_is_replayed() -> None:
     assert runner.run("k", PAYLOAD, lambda c: {"second": True}) == {"second": True}
 
 
+def test_a_kept_release_leaves_its_answer_on_the_record_and_still_runs_again() -> None:
+    runner, store, _ = _runner()
+    answer = runner.run("k", PAYLOAD, lambda c: Release({"state": "transient"}, "hiccup", keep=True))
+    got = store.read("k")
+    assert got is not None and got.record["state"] == steps.RELEASED
+    assert got.record["result"] == answer == {"state": "transient"}
+    assert runner.run("k", PAYLOAD, lambda c: {"second": True}) == {"second": True}
+
+
 def test_a_key_claimed_for_another_request_is_refused() -> None:
     runner, _, _ = _runner()
     runner.run("k", PAYLOAD, lambda c: {"ok": True})
