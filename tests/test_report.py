@@ -406,7 +406,7 @@ def test_from_the_incident_store(
     """What the ingest path writes to Firestore (the emulator), read back as `pitstop incidents` does."""
     from pitstop.adapters.firestore import IncidentStore
     from pitstop.core.classify import Classifier
-    from pitstop.services.ingest import to_epoch
+    from pitstop.core.timefmt import to_epoch
 
     for var in ("PITSTOP_FIRESTORE_DATABASE", "PITSTOP_POLICY"):
         monkeypatch.delenv(var, raising=False)

@@ -10,10 +10,10 @@ from pitstop.adapters.errors import ActuatorError
 from pitstop.core import checks, corroboration, remediation
 from pitstop.core.actions import RANK, Action
 from pitstop.core.ops import Op
+from pitstop.core.timefmt import to_epoch
 from pitstop.core.validation import PAGE
 from pitstop.services.actuate.context import Step
 from pitstop.services.actuate.gang import free_node, watch_resume
-from pitstop.services.ingest import to_epoch
 
 
 def _start(s: Step, spec: dict[str, Any]) -> dict[str, Any]:

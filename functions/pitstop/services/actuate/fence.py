@@ -10,8 +10,8 @@ from pitstop.core import corroboration, remediation, trust, watchdog
 from pitstop.core.actions import NODE_ACTIONS
 from pitstop.core.ops import Op, plan_for
 from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
+from pitstop.core.timefmt import to_epoch
 from pitstop.services.actuate.context import Step
-from pitstop.services.ingest import to_epoch
 
 CHECKPOINT_MARGIN_S = 300.0
 CHECKPOINT_DEFAULT_WAIT_S = watchdog.CHECKPOINT_WAIT_S

@@ -11,9 +11,9 @@ from pitstop.core import remediation
 from pitstop.core.ids import request_id
 from pitstop.core.ops import Op
 from pitstop.core.states import State
+from pitstop.core.timefmt import to_epoch
 from pitstop.services.actuate.context import Step
 from pitstop.services.actuate.gang import watch_resume
-from pitstop.services.ingest import to_epoch
 
 
 def act(s: Step) -> dict[str, Any]:
