@@ -7,11 +7,12 @@ import copy
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
 from pitstop.core import resources
+from pitstop.core.domain import Incident
 from pitstop.local.fake_compute import default_id
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -321,3 +322,8 @@ class RecordingTopic:
     def publish(self, notification: Mapping[str, Any]) -> str:
         self.published.append(json.loads(json.dumps(notification)))
         return str(len(self.published))
+
+
+def partial_incident(doc: Mapping[str, Any]) -> Incident:
+    """An incident document with only the fields a core decision reads (tests of one rule)."""
+    return cast(Incident, dict(doc))

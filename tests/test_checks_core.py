@@ -9,13 +9,16 @@ from __future__ import annotations
 import io
 import json
 from contextlib import redirect_stdout
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from pitstop.core import checks
 from pitstop.core import policy as policy_mod
+from pitstop.core.domain import CheckRun, Vm
 from pitstop.local.gpu_tools import all_gather_perf, dcgmi, nvidia_smi
+
+from .helpers import partial_incident
 
 POLICY = policy_mod.from_doc({})
 
@@ -29,7 +32,7 @@ def _run(main: Any, args: list[str], state: dict[str, Any], monkeypatch: pytest.
     return buf.getvalue()
 
 
-def _validate_out(state: dict[str, Any], mp: pytest.MonkeyPatch, peer: bool = True) -> dict[str, Any]:
+def _validate_out(state: dict[str, Any], mp: pytest.MonkeyPatch, peer: bool = True) -> CheckRun:
     out = {"dcgm": _run(dcgmi.main, ["diag", "-r", "2", "-j"], state, mp)}
     if peer:
         out["nccl"] = _run(all_gather_perf.main, ["-b", "1G", "-e", "8G", "-f", "2", "-g", "8"], state, mp)
@@ -54,8 +57,8 @@ def test_the_gpu_the_lines_named_most_is_the_evidence() -> None:
     inc = {
         "gpus": {"a": {"pci": "0000:04:00", "xids": {"79": 1}}, "b": {"pci": "0000:8c:00", "xids": {"48": 5}}}
     }
-    assert checks.evidence_gpu(inc) == {"gpu": {"pci": "0000:8c:00"}}
-    assert checks.evidence_gpu({"gpus": {}}) == {}
+    assert checks.evidence_gpu(partial_incident(inc)) == {"gpu": {"pci": "0000:8c:00"}}
+    assert checks.evidence_gpu(partial_incident({"gpus": {}})) == {}
 
 
 @pytest.mark.parametrize(
@@ -112,7 +115,11 @@ def test_no_peer_lets_dcgm_decide_or_pages_when_policy_requires_one(monkeypatch:
 def test_unfinished_or_garbled_validation_fails_closed() -> None:
     table = checks.table_for(POLICY)
     assert checks.judge_validation("RESET_GPU", "a3-megagpu-8g", None, POLICY, table).next == "PAGE"
-    garbled = {"done": True, "outputs": {"dcgm": "Segmentation fault", "nccl": "#  size"}, "peer": "n2"}
+    garbled: CheckRun = {
+        "done": True,
+        "outputs": {"dcgm": "Segmentation fault", "nccl": "#  size"},
+        "peer": "n2",
+    }
     v = checks.judge_validation("RESET_GPU", "a3-megagpu-8g", garbled, POLICY, table)
     assert v.validation.verdict == "bad_output" and v.next == "PAGE"
 
@@ -134,42 +141,45 @@ def test_diagnosis(state: dict[str, Any], confirmed: bool, monkeypatch: pytest.M
         "dcgm": _run(dcgmi.main, ["diag", "-r", "1", "-j"], state, monkeypatch),
     }
     inc = {"gpus": {"g": {"pci": "0000:04:00", "xids": {"79": 1}}}}
-    d = checks.judge_diagnosis(inc, {"done": True, "outputs": out}, 8)
+    d = checks.judge_diagnosis(partial_incident(inc), {"done": True, "outputs": out}, 8)
     assert d.confirmed is confirmed
     assert d.action == ("REPLACE_NODE" if confirmed else "REBOOT_NODE")
     assert d.record(1.0)["hardware_fault"] is confirmed
 
 
 def test_a_diagnostic_that_did_not_finish_steps_down() -> None:
-    d = checks.judge_diagnosis({}, {"done": False, "error": "node not responding"}, 8)
+    d = checks.judge_diagnosis(partial_incident({}), {"done": False, "error": "node not responding"}, 8)
     assert not d.confirmed and d.action == "REBOOT_NODE" and "node not responding" in d.why
 
 
 def test_what_needs_a_diagnostic_or_a_validation() -> None:
-    assert checks.needs_diagnosis({"action": "REPLACE_NODE"}, POLICY)[0] is True
-    assert checks.needs_diagnosis({"action": "REBOOT_NODE"}, POLICY)[0] is False
+    assert checks.needs_diagnosis(partial_incident({"action": "REPLACE_NODE"}), POLICY)[0] is True
+    assert checks.needs_diagnosis(partial_incident({"action": "REBOOT_NODE"}), POLICY)[0] is False
     measured = {"action": "REPLACE_NODE", "measured": [{"hardware_fault": True, "why": "busbw 120"}]}
-    need, why = checks.needs_diagnosis(measured, POLICY)  # REPLACE always passes the diagnostic
+    need, why = checks.needs_diagnosis(
+        partial_incident(measured), POLICY
+    )  # REPLACE always passes the diagnostic
     assert need is True and "after a measurement (busbw 120)" in why
-    assert checks.needs_validation({"action": "RESET_GPU"}, POLICY, True)[0] is True
-    assert checks.needs_validation({"action": "RESCHEDULE_JOB"}, POLICY, True)[0] is False
-    assert checks.needs_validation({"action": "RESET_GPU"}, POLICY, False)[0] is False
+    assert checks.needs_validation(partial_incident({"action": "RESET_GPU"}), POLICY, True)[0] is True
+    assert checks.needs_validation(partial_incident({"action": "RESCHEDULE_JOB"}), POLICY, True)[0] is False
+    assert checks.needs_validation(partial_incident({"action": "RESET_GPU"}), POLICY, False)[0] is False
     off = policy_mod.from_doc({"validation": {"enabled": False}})
-    assert checks.needs_validation({"action": "RESET_GPU"}, off, True)[0] is False
+    assert checks.needs_validation(partial_incident({"action": "RESET_GPU"}), off, True)[0] is False
 
 
 def test_the_expected_gpu_count_is_the_vms_own() -> None:
-    vm = {"guest_accelerators": [{"accelerator_type": "x/nvidia-h100-80gb", "accelerator_count": 4}]}
+    vm: Vm = {"guest_accelerators": [{"accelerator_type": "x/nvidia-h100-80gb", "accelerator_count": 4}]}
     assert checks.gpus_of(vm) == 4
-    assert checks.gpus_of({}) is None and checks.gpus_of({"guest_accelerators": "8"}) is None
-    assert (
-        checks.gpus_of({"guest_accelerators": [{"accelerator_count": True}, {"accelerator_count": 999}]})
-        is None
-    )
+    # what Compute must never send is still read safely (its answer is typed only at the edge)
+    assert checks.gpus_of({}) is None and checks.gpus_of(cast(Vm, {"guest_accelerators": "8"})) is None
+    odd = cast(Vm, {"guest_accelerators": [{"accelerator_count": True}, {"accelerator_count": 999}]})
+    assert checks.gpus_of(odd) is None
 
 
 def test_an_unknown_gpu_count_never_confirms_on_what_is_visible(monkeypatch: pytest.MonkeyPatch) -> None:
     out = {"nvidia_smi_q": _run(nvidia_smi.main, ["-q"], {"total_gpus": 4, "gpus": 4}, monkeypatch)}
-    d = checks.judge_diagnosis({}, {"done": True, "outputs": out}, None)
+    d = checks.judge_diagnosis(partial_incident({}), {"done": True, "outputs": out}, None)
     assert d.confirmed is False and d.action == "REBOOT_NODE"
-    assert checks.judge_diagnosis({}, {"done": True, "outputs": out}, 8).confirmed is True  # 4 of 8
+    assert (
+        checks.judge_diagnosis(partial_incident({}), {"done": True, "outputs": out}, 8).confirmed is True
+    )  # 4 of 8

@@ -9,16 +9,20 @@ device plugin's XidCriticalError (reference/gke.md §2).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from pitstop.core import corroboration as c
+from pitstop.core.domain import CheckSpec
 from pitstop.local.gpu_tools import nvidia_smi
 from pitstop.local.gpu_tools.state import NodeState
 
+from .helpers import partial_incident
+
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
-CHECK = {"kind": "corroborate", "xids": [79], "expected_gpus": 8}
+# the fields judge reads (a spec as corroboration.spec makes it carries a name and a GPU count too)
+CHECK = cast(CheckSpec, {"kind": "corroborate", "xids": [79], "expected_gpus": 8})
 
 
 def smi(visible: int = 8, **kw: Any) -> str:
@@ -85,17 +89,17 @@ def test_the_device_plugin_condition_confirms_on_the_current_boot_only() -> None
 
 def test_what_needs_corroboration() -> None:
     inc = {"action": "REBOOT_NODE", "kind": "gpu_xid"}
-    assert c.needs_corroboration(inc, True)[0]
-    assert not c.needs_corroboration(inc, False)[0]
-    assert not c.needs_corroboration({**inc, "action": "NONE"}, True)[0]
-    assert not c.needs_corroboration({**inc, "kind": "record_only_kind"}, True)[0]
-    assert not c.needs_corroboration({**inc, "corroboration": {"confirmed": True}}, True)[0]
-    assert c.needs_corroboration({**inc, "corroboration": {"confirmed": False}}, True)[0]
+    assert c.needs_corroboration(partial_incident(inc), True)[0]
+    assert not c.needs_corroboration(partial_incident(inc), False)[0]
+    assert not c.needs_corroboration(partial_incident({**inc, "action": "NONE"}), True)[0]
+    assert not c.needs_corroboration(partial_incident({**inc, "kind": "record_only_kind"}), True)[0]
+    assert not c.needs_corroboration(partial_incident({**inc, "corroboration": {"confirmed": True}}), True)[0]
+    assert c.needs_corroboration(partial_incident({**inc, "corroboration": {"confirmed": False}}), True)[0]
 
 
 def test_incident_xids_lists_every_code_once() -> None:
     inc = {"xid": 79, "gpus": {"a": {"xids": {"79": 2, "48": 1}}, "b": {"xids": {"bad": 1}}}}
-    assert c.incident_xids(inc) == [79, 48]
+    assert c.incident_xids(partial_incident(inc)) == [79, 48]
 
 
 # -- system events: Compute is asked (issue 21 (3)) -----------------------------------------------
@@ -148,17 +152,17 @@ PREEMPTED = {"kind": "preemption", "action": "RESCHEDULE_JOB", "first_seen": T0}
     ],
 )
 def test_judge_system(inc: dict[str, Any], vm: c.VmFacts | None, confirmed: bool) -> None:
-    v = c.judge_system(inc, vm)
+    v = c.judge_system(partial_incident(inc), vm)
     assert v.confirmed is confirmed, v.why
 
 
 def test_system_events_need_corroboration_unless_record_only() -> None:
-    assert c.needs_corroboration(PREEMPTED, True)[0]
-    assert not c.needs_corroboration({**PREEMPTED, "action": "NONE"}, True)[0]
+    assert c.needs_corroboration(partial_incident(PREEMPTED), True)[0]
+    assert not c.needs_corroboration(partial_incident({**PREEMPTED, "action": "NONE"}), True)[0]
 
 
 SXID = "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 sourcetrack timeout error"
-SXID_CHECK = {"kind": "corroborate", "xids": [], "sxids": [24007], "expected_gpus": 8}
+SXID_CHECK = cast(CheckSpec, {"kind": "corroborate", "xids": [], "sxids": [24007], "expected_gpus": 8})
 
 
 @pytest.mark.parametrize(
@@ -181,5 +185,5 @@ def test_an_nvswitch_incident_is_confirmed_by_its_sxid_in_the_ring_buffer(
 def test_an_nvswitch_incident_asks_the_node_for_its_sxids() -> None:
     inc = {"id": "i1", "kind": "nvswitch_sxid", "action": "REBOOT_NODE", "xid": None, "gpus": {},
            "counts": {"events": 3, "sxid_24007": 2, "sxid_20034": 1}}  # fmt: skip
-    assert c.needs_corroboration(inc, True)[0]
-    assert c.spec(inc, 1, 8, 8)["sxids"] == [24007, 20034]
+    assert c.needs_corroboration(partial_incident(inc), True)[0]
+    assert c.spec(partial_incident(inc), 1, 8, 8)["sxids"] == [24007, 20034]

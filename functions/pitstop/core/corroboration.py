@@ -33,6 +33,7 @@ from pitstop.core import trust
 from pitstop.core.actions import RECORD_ONLY_ACTIONS
 from pitstop.core.catalog import SXID_KIND
 from pitstop.core.checks import check_name
+from pitstop.core.domain import CheckRun, CheckSpec, EvidenceGpu, Incident, Measurement
 
 CORROBORATE = "corroborate"
 KERNEL_FACILITY = 0
@@ -80,7 +81,7 @@ def parse_dmesg_raw(text: str) -> tuple[list[KernelXid], int]:
     return found, records
 
 
-def incident_xids(inc: Mapping[str, Any]) -> list[int]:
+def incident_xids(inc: Incident) -> list[int]:
     """Every Xid the incident's lines named, the incident's own first."""
     out: list[int] = []
     first = inc.get("xid")
@@ -93,14 +94,14 @@ def incident_xids(inc: Mapping[str, Any]) -> list[int]:
     return out[:16]
 
 
-def incident_sxids(inc: Mapping[str, Any]) -> list[int]:
+def incident_sxids(inc: Incident) -> list[int]:
     """Every NVSwitch SXid the incident's lines named (counted as ``sxid_<code>``)."""
     counts = inc.get("counts") or {}
     keys = counts if isinstance(counts, Mapping) else {}
     return [int(k[5:]) for k in keys if isinstance(k, str) and k.startswith("sxid_") and k[5:].isdigit()][:16]
 
 
-def needs_corroboration(inc: Mapping[str, Any], enabled: bool) -> tuple[bool, str]:
+def needs_corroboration(inc: Incident, enabled: bool) -> tuple[bool, str]:
     """Whether this step asks the node (or Compute) before it disrupts anything, and why (not)."""
     if inc.get("action") in RECORD_ONLY_ACTIONS:
         return False, "a record-only action disrupts nothing"
@@ -113,16 +114,16 @@ def needs_corroboration(inc: Mapping[str, Any], enabled: bool) -> tuple[bool, st
     return True, "log evidence is unauthenticated: the node is asked before anything is disrupted"
 
 
-def corroborated_before(inc: Mapping[str, Any]) -> bool:
+def corroborated_before(inc: Incident) -> bool:
     rec = inc.get("corroboration")
     return isinstance(rec, Mapping) and rec.get("confirmed") is True
 
 
-def spec(inc: Mapping[str, Any], step: int, gpus: int, expected_gpus: int | None) -> dict[str, Any]:
+def spec(inc: Incident, step: int, gpus: int, expected_gpus: int | None) -> CheckSpec:
     """What the scheduler runs on the node: read-only tools, no GPU taken from a running job."""
     return {
         "kind": CORROBORATE,
-        "name": check_name(str(inc["id"]), step, CORROBORATE),
+        "name": check_name(inc["id"], step, CORROBORATE),
         "incident": inc["id"],
         "gpus": gpus,
         "expected_gpus": expected_gpus,
@@ -138,7 +139,7 @@ class Verdict:
     checked: tuple[str, ...]
     findings: tuple[str, ...] = field(default=())
 
-    def record(self, at: float, step: int) -> dict[str, Any]:
+    def record(self, at: float, step: int) -> Measurement:
         return {
             "kind": CORROBORATE,
             "at": at,
@@ -166,9 +167,7 @@ def _kernel_findings(xids: Iterable[int], sxids: Iterable[int], text: str | None
     return found, seen
 
 
-def _smi_findings(
-    text: str | None, expected: int | None, evidence: Mapping[str, Any]
-) -> tuple[list[str], str]:
+def _smi_findings(text: str | None, expected: int | None, evidence: EvidenceGpu) -> tuple[list[str], str]:
     if not isinstance(text, str):
         return [], "nvidia-smi -q: not read"
     smi = diag.parse_nvidia_smi_q(text)
@@ -204,12 +203,12 @@ def _scheduler_findings(text: Any) -> tuple[list[str], str]:
     return found, f"slurmctld: {state or 'no state'}"
 
 
-def judge(check: Mapping[str, Any], result: Mapping[str, Any] | None, evidence: Mapping[str, Any]) -> Verdict:
+def judge(check: CheckSpec, result: CheckRun | None, evidence: EvidenceGpu) -> Verdict:
     """Confirmed when the node shows the fault now through a channel the log writer cannot set."""
     if result is None:
         return Verdict(False, "no scheduler could run a check on the node: nothing confirms the log line", ())
     got = result.get("outputs")
-    outputs: Mapping[str, Any] = got if isinstance(got, Mapping) else {}
+    outputs: Mapping[str, str] = got if isinstance(got, Mapping) else {}
     if not result.get("done"):
         err = str(result.get("error") or "the check did not finish")[:200]
         return Verdict(
@@ -261,7 +260,7 @@ class VmFacts:
     upcoming_maintenance: bool
 
 
-def judge_system(inc: Mapping[str, Any], vm: VmFacts | None) -> Verdict:
+def judge_system(inc: Incident, vm: VmFacts | None) -> Verdict:
     """Confirmed when Compute shows the VM went through what the event says, around its time."""
     kind, first = str(inc.get("kind")), float(inc.get("first_seen") or 0.0)
     if vm is None:

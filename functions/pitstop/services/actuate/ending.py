@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from pitstop.adapters import log
 from pitstop.core import lifecycle, remediation
 from pitstop.core.actions import RANK, RECORD_ONLY_ACTIONS
+from pitstop.core.domain import Incident, Unfenced
 from pitstop.core.ops import CONTINUE, Op
 from pitstop.core.states import ACTIVE_STATES, State
 from pitstop.core.steps import Release
@@ -62,11 +63,12 @@ def _resolve(s: Step, now: float) -> dict[str, Any]:
         doc["updated_at"] = now
         return doc
 
-    done = s.deps.store.mutate(s.iid, resolve)
+    done = cast(Incident, s.deps.store.mutate(s.iid, resolve))  # the store's document
     s.deps.store.release_budget(done)
     jobs = [j["id"] for j in done.get("jobs", [])] if isinstance(done.get("jobs"), list) else []
     severity = "info" if done["action"] in RECORD_ONLY_ACTIONS else "warning"
-    s.notify(done, severity, remediation.summary(done, s.recorded(Op.UNFENCE)), jobs=jobs)
+    unfenced = cast(Unfenced, s.recorded(Op.UNFENCE))  # the unfence op's recorded result
+    s.notify(done, severity, remediation.summary(done, unfenced), jobs=jobs)
     return {"outcome": "resolved", "durations_s": durations(done)}
 
 
@@ -117,7 +119,7 @@ def fail(s: Step) -> dict[str, Any] | Release:
         state = str(done["state"])
         answer = {"outcome": state.lower(), "state": state, "stage": stage, "error": what, "why": why_not}
         return Release({**answer, "recorded": False}, f"nothing done: {why_not}")
-    where, todo = remediation.node_note(done, s.recorded(Op.UNFENCE))
+    where, todo = remediation.node_note(cast(Incident, done), cast(Unfenced, s.recorded(Op.UNFENCE)))
     page = f"{where} Investigate ({what}); when the node is healthy, {todo}close the incident."
-    s.notify(done, "critical", f"Remediation of {s.instance} FAILED at {stage}", todo=page)
+    s.notify(cast(Incident, done), "critical", f"Remediation of {s.instance} FAILED at {stage}", todo=page)
     return {"outcome": "failed", "stage": stage, "error": what}

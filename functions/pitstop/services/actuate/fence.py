@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import corroboration, remediation, trust, watchdog
 from pitstop.core.actions import NODE_ACTIONS
+from pitstop.core.domain import Fenced, Incident
 from pitstop.core.ops import Op, plan_for
+from pitstop.core.scheduling import JobInfo
 from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
 from pitstop.core.timefmt import to_epoch
 from pitstop.services.actuate.context import Step
@@ -61,7 +63,7 @@ def _identity_problem(s: Step) -> str | None:
         raise
     created = to_epoch(str(vm.get("creation_timestamp") or "")) or None
     live_id = str(vm["id"]) if vm.get("id") is not None else None
-    return trust.vm_identity_problem(s.inc["node"], float(s.inc["first_seen"]), live_id, created)
+    return trust.vm_identity_problem(s.inc["node"] or {}, float(s.inc["first_seen"]), live_id, created)
 
 
 def _reject(s: Step, problem: str) -> None:
@@ -77,7 +79,7 @@ def _reject(s: Step, problem: str) -> None:
         doc["updated_at"] = now
         return doc
 
-    done = s.deps.store.mutate(s.iid, reject)
+    done = cast(Incident, s.deps.store.mutate(s.iid, reject))  # the store's document
     s.deps.store.release_budget(done)
     log.emit("WARNING", "evidence rejected: not the live VM", incident=s.iid, why=problem)
     s.notify(done, "warning", f"Incident {s.iid} rejected, nothing done: {problem}")
@@ -86,7 +88,9 @@ def _reject(s: Step, problem: str) -> None:
 def fence(s: Step) -> dict[str, Any]:
     """Drain the node and record the jobs on it, each with the run the fault hit, and what was there."""
     sched = s.scheduler
-    before = remediation.handed_over(s.recorded(Op.FENCE, s.step - 1)) if _handed_over(s) else []
+    before: list[JobInfo] = []
+    if _handed_over(s):  # the jobs the last step's fence recorded, read from its step record
+        before = remediation.handed_over(cast(Fenced, s.recorded(Op.FENCE, s.step - 1)))
     jobs = remediation.merge_jobs(before, sched.jobs_on(s.instance, s.ref))
     answer = sched.fence(s.instance, s.ref, s.inc["action"]).doc()
     if not corroboration.needs_corroboration(s.inc, s.deps.policy.corroborate)[0]:
@@ -116,7 +120,8 @@ def checkpoint(s: Step) -> dict[str, Any]:
     """Ask each fenced job to save its state, and say how long to wait for it (before the window)."""
     jobs = fenced_jobs(s)
     how = sorted({s.scheduler.checkpoint(job, s.ref) for job in jobs})
-    ws = to_epoch((s.inc.get("maintenance") or {}).get("window_start"))
+    maint = s.inc.get("maintenance")
+    ws = to_epoch(maint.get("window_start") if maint else None)
     wait = CHECKPOINT_DEFAULT_WAIT_S if ws is None else max(0.0, ws - s.deps.clock() - CHECKPOINT_MARGIN_S)
     return {
         "signalled": jobs,
