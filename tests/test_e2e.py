@@ -25,17 +25,20 @@ from typing import Any
 import pytest
 
 from pitstop.local.stack import PROJECT, Stack, admin, webhook_records
-from pitstop.tools.demo import XID79, Scenarios, slurm_spec
+from pitstop.tools.demo import Scenarios, slurm_spec
+
+from .pipeline import XID79, Pipeline
 
 pytestmark = pytest.mark.emulator
 
 
 @pytest.fixture(scope="module")
-def sc() -> Iterator[Scenarios]:
+def stack() -> Iterator[Stack]:
+    """The demo's cluster (its scenarios run here too), up for the whole module."""
     stack = Stack(Path(tempfile.mkdtemp(prefix="pitstop-e2e-")), slurm_spec(34))
     try:
         stack.up()
-        yield Scenarios(stack)
+        yield stack
     except BaseException:
         for name in ("ingest", "actuate", "notify", "sweep", "executions", "slurm-agent"):
             log = stack.workdir / f"{name}.log"
@@ -44,6 +47,18 @@ def sc() -> Iterator[Scenarios]:
         raise
     finally:
         stack.down()
+
+
+@pytest.fixture(scope="module")
+def sc(stack: Stack) -> Pipeline:
+    """The pipeline actions the tests drive (tests/pipeline.py): the demo's are its own."""
+    return Pipeline(stack)
+
+
+@pytest.fixture(scope="module")
+def demo(stack: Stack) -> Scenarios:
+    """The demo's scenarios, each checked end to end on the same stack (nodes 0-7 and the last ten)."""
+    return Scenarios(stack)
 
 
 @pytest.mark.parametrize(
@@ -59,25 +74,27 @@ def sc() -> Iterator[Scenarios]:
         "poison",
     ],
 )
-def test_scenario(sc: Scenarios, name: str) -> None:
+def test_scenario(demo: Scenarios, name: str) -> None:
     if name != "xid13_storm" and name != "poison":
-        sc.settle()
-    result = getattr(sc, name)()
+        demo.settle()
+    result = getattr(demo, name)()
     assert result.passed, result.detail
 
 
-def test_xid79_with_a_spare_the_gang_runs_again_before_the_node_is_back(sc: Scenarios) -> None:
-    sc.settle()
-    r = sc.xid79_spare()
+def test_xid79_with_a_spare_the_gang_runs_again_before_the_node_is_back(demo: Scenarios) -> None:
+    demo.settle()
+    r = demo.xid79_spare()
     assert r.facts.get("resume", {}).get("mode") == "early", r.detail
     assert r.resume_s is not None and r.repair_s is not None and r.resume_s < r.repair_s, r.detail
     assert r.facts["validation"]["passed"] and r.facts["validation"]["busbw_gbps"] == 190.0, r.detail
     assert r.passed, r.detail
 
 
-def test_a_lemon_with_a_spare_resumes_within_a_minute_while_the_host_report_takes_ten(sc: Scenarios) -> None:
-    sc.settle()
-    r = sc.lemon_spare()
+def test_a_lemon_with_a_spare_resumes_within_a_minute_while_the_host_report_takes_ten(
+    demo: Scenarios,
+) -> None:
+    demo.settle()
+    r = demo.lemon_spare()
     assert r.resume_s is not None and r.resume_s <= 60, r.detail
     assert r.repair_s is not None and r.repair_s >= 600, r.detail
     assert "row" in r.facts["diagnosis"]["why"].lower() or "remap" in r.facts["diagnosis"]["why"].lower(), (
@@ -87,19 +104,19 @@ def test_a_lemon_with_a_spare_resumes_within_a_minute_while_the_host_report_take
 
 
 @pytest.mark.parametrize("name", ["degraded_after_reset", "replace_not_confirmed", "no_spare"])
-def test_diagnose_and_validate(sc: Scenarios, name: str) -> None:
-    sc.settle()
-    result = getattr(sc, name)()
+def test_diagnose_and_validate(demo: Scenarios, name: str) -> None:
+    demo.settle()
+    result = getattr(demo, name)()
     assert result.passed, result.detail
 
 
-def _fault(sc: Scenarios, node: str) -> dict[str, object]:
+def _fault(sc: Pipeline, node: str) -> dict[str, object]:
     sc.settle()
     sc.fault(node, XID79)
     return sc.finished(node)
 
 
-def test_actuate_answering_503_twice_is_retried(sc: Scenarios) -> None:
+def test_actuate_answering_503_twice_is_retried(sc: Pipeline) -> None:
     node = sc.nodes[8]
     admin(sc.state, "/_admin/inject", {"method": "reset", "code": 503, "reason": "backendError", "count": 2})
     inc = _fault(sc, node)
@@ -107,7 +124,7 @@ def test_actuate_answering_503_twice_is_retried(sc: Scenarios) -> None:
     assert len(sc.calls("reset", node)) == 3
 
 
-def test_compute_rate_limit_is_backed_off(sc: Scenarios) -> None:
+def test_compute_rate_limit_is_backed_off(sc: Pipeline) -> None:
     node = sc.nodes[9]
     admin(
         sc.state,
@@ -119,7 +136,7 @@ def test_compute_rate_limit_is_backed_off(sc: Scenarios) -> None:
     assert len(sc.calls("reset", node)) == 2
 
 
-def test_webhook_down_does_not_block_remediation(sc: Scenarios) -> None:
+def test_webhook_down_does_not_block_remediation(sc: Pipeline) -> None:
     node = sc.nodes[10]
     hook = sc.state.endpoints["webhook"].rsplit("/", 1)[0]
     urllib.request.urlopen(urllib.request.Request(hook + "/_down", data=b"{}", method="POST"), timeout=5)
@@ -143,7 +160,7 @@ def test_webhook_down_does_not_block_remediation(sc: Scenarios) -> None:
     assert webhook_records(sc.state)
 
 
-def test_firestore_restarted_mid_incident_completes_exactly_once(sc: Scenarios) -> None:
+def test_firestore_restarted_mid_incident_completes_exactly_once(sc: Pipeline) -> None:
     node = sc.nodes[11]
     sc.settle()
     sc.fault(node, XID79)
@@ -174,18 +191,18 @@ def test_firestore_restarted_mid_incident_completes_exactly_once(sc: Scenarios) 
 LONG = pytest.mark.timeout(1200)
 
 
-def _local(sc: Scenarios, *args: str) -> subprocess.CompletedProcess[str]:
+def _local(sc: Pipeline, *args: str) -> subprocess.CompletedProcess[str]:
     """`pitstop local ...` against this module's stack, from another process, as a user runs it."""
     argv = [sys.executable, "-m", "pitstop.tools.cli", "local", *args, "--workdir", sc.state.workdir]
     return subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
 
 
-def _chaos(sc: Scenarios, *args: str) -> None:
+def _chaos(sc: Pipeline, *args: str) -> None:
     proc = _local(sc, "chaos", *args)
     assert proc.returncode == 0, proc.stderr
 
 
-def _reported(sc: Scenarios, iid: str) -> dict[str, Any]:
+def _reported(sc: Pipeline, iid: str) -> dict[str, Any]:
     """The incident as `pitstop local status --json` reports it (state, action, effects)."""
     proc = _local(sc, "status", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -193,7 +210,7 @@ def _reported(sc: Scenarios, iid: str) -> dict[str, Any]:
     return found
 
 
-def _effects(sc: Scenarios, node: str, method: str) -> list[dict[str, Any]]:
+def _effects(sc: Pipeline, node: str, method: str) -> list[dict[str, Any]]:
     """What the fake Compute did to the VM (a request id seen before is not a second effect)."""
     return [
         e
@@ -202,7 +219,7 @@ def _effects(sc: Scenarios, node: str, method: str) -> list[dict[str, Any]]:
     ]
 
 
-def _executions_done(sc: Scenarios, iid: str) -> bool:
+def _executions_done(sc: Pipeline, iid: str) -> bool:
     from google.cloud.workflows import executions_v1
 
     from pitstop.adapters.workflows import make_client
@@ -215,7 +232,7 @@ def _executions_done(sc: Scenarios, iid: str) -> bool:
     return bool(found) and all(e.state != executions_v1.Execution.State.ACTIVE for e in found)
 
 
-def _ended(sc: Scenarios, node: str, timeout: float) -> dict[str, Any]:
+def _ended(sc: Pipeline, node: str, timeout: float) -> dict[str, Any]:
     """The node's last incident once it is RESOLVED or FAILED and no execution of it still runs."""
 
     def ended() -> dict[str, Any] | None:
@@ -228,7 +245,7 @@ def _ended(sc: Scenarios, node: str, timeout: float) -> dict[str, Any]:
     return inc
 
 
-def _settle(sc: Scenarios) -> None:
+def _settle(sc: Pipeline) -> None:
     """``sc.settle()``, except for the slots of FAILED incidents: a failed remediation keeps its node
     fenced and its budget slot until a person closes it, so one failed test must not stall the next."""
     window = float(json.loads(Path(sc.state.workdir, "policy.yaml").read_text())["budgets"]["window_s"])
@@ -252,7 +269,7 @@ def _settle(sc: Scenarios) -> None:
 
 
 @LONG
-def test_actuate_dying_after_a_reset_resets_exactly_once(sc: Scenarios) -> None:
+def test_actuate_dying_after_a_reset_resets_exactly_once(sc: Pipeline) -> None:
     """actuate resets the VM and its instance dies before answering; the retry must not reset again."""
     node = sc.nodes[12]
     assert sc.stack.controller is not None
@@ -280,7 +297,7 @@ AGENT_OUTAGE_S = 120.0
 
 
 @LONG
-def test_agent_down_for_two_minutes_then_back_resolves(sc: Scenarios) -> None:
+def test_agent_down_for_two_minutes_then_back_resolves(sc: Pipeline) -> None:
     node = sc.nodes[13]
     _settle(sc)
     _chaos(sc, "agent-down")
@@ -300,11 +317,11 @@ def test_agent_down_for_two_minutes_then_back_resolves(sc: Scenarios) -> None:
     assert "drain" not in sc.slurm.node_states().get(node, "")
 
 
-def _scontrol(sc: Scenarios, *args: str) -> None:
+def _scontrol(sc: Pipeline, *args: str) -> None:
     subprocess.run(["scontrol", *args], env=sc.slurm.env, check=True, capture_output=True)
 
 
-def _gang(sc: Scenarios, members: list[str], spare: str) -> str:
+def _gang(sc: Pipeline, members: list[str], spare: str) -> str:
     """A two-node job on ``members`` that may move to ``spare`` (and nowhere else) when requeued.
 
     Its script ignores the checkpoint signal, so a drain's checkpoint wait runs its full length.
@@ -324,11 +341,11 @@ def _gang(sc: Scenarios, members: list[str], spare: str) -> str:
     return job
 
 
-def _job(sc: Scenarios, job: str) -> dict[str, str]:
+def _job(sc: Pipeline, job: str) -> dict[str, str]:
     return next((j for j in sc.slurm.jobs() if j["id"] == job), {})
 
 
-def _job_nodes(sc: Scenarios, job: str) -> set[str]:
+def _job_nodes(sc: Pipeline, job: str) -> set[str]:
     argv = ["scontrol", "show", "hostnames", _job(sc, job).get("nodes", "")]
     return set(
         subprocess.run(argv, env=sc.slurm.env, capture_output=True, text=True, check=True).stdout.split()
@@ -336,7 +353,7 @@ def _job_nodes(sc: Scenarios, job: str) -> set[str]:
 
 
 @LONG
-def test_gang_members_remediated_ten_minutes_apart_requeue_the_job_once(sc: Scenarios) -> None:
+def test_gang_members_remediated_ten_minutes_apart_requeue_the_job_once(sc: Pipeline) -> None:
     """One gang run, two members hit: the run is requeued once, not once per member.
 
     a gets an upcoming-maintenance notice: its drain checkpoints the job and waits for it to leave
@@ -373,7 +390,7 @@ def test_gang_members_remediated_ten_minutes_apart_requeue_the_job_once(sc: Scen
 
 
 @LONG
-def test_publish_timeout_at_close_keeps_the_incident_resolved(sc: Scenarios) -> None:
+def test_publish_timeout_at_close_keeps_the_incident_resolved(sc: Pipeline) -> None:
     """The resolution notice's publish times out after the incident was resolved: it stays RESOLVED,
     and the notice still goes out once."""
     node = sc.nodes[17]
@@ -400,7 +417,7 @@ XID79_ODD_PID = "NVRM: Xid (PCI:0000:a1:00): 79, pid=15822503, name=python3, GPU
 SXID_FATAL = "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 sourcetrack timeout error"
 
 
-def _gang_fault(sc: Scenarios, members: list[str], spare: str, line: str) -> tuple[str, dict[str, Any]]:
+def _gang_fault(sc: Pipeline, members: list[str], spare: str, line: str) -> tuple[str, dict[str, Any]]:
     """A two-node gang runs on ``members``; the kernel of the first logs ``line``. The gang's job and
     the first member's incident once it ended."""
     _settle(sc)
@@ -411,7 +428,7 @@ def _gang_fault(sc: Scenarios, members: list[str], spare: str, line: str) -> tup
 
 
 @LONG
-def test_xid79_with_an_eight_digit_pid_on_a_running_gang_is_remediated(sc: Scenarios) -> None:
+def test_xid79_with_an_eight_digit_pid_on_a_running_gang_is_remediated(sc: Pipeline) -> None:
     a, b, spare = sc.nodes[18], sc.nodes[19], sc.nodes[20]
     job, inc = _gang_fault(sc, [a, b], spare, XID79_ODD_PID)
     assert inc["state"] == "RESOLVED", inc.get("failure")
@@ -426,7 +443,7 @@ def test_xid79_with_an_eight_digit_pid_on_a_running_gang_is_remediated(sc: Scena
 
 
 @LONG
-def test_a_fatal_sxid_on_a_gang_member_fences_the_node_and_restarts_the_gang_once(sc: Scenarios) -> None:
+def test_a_fatal_sxid_on_a_gang_member_fences_the_node_and_restarts_the_gang_once(sc: Pipeline) -> None:
     a, b, spare = sc.nodes[21], sc.nodes[22], sc.nodes[23]
     job, inc = _gang_fault(sc, [a, b], spare, SXID_FATAL)
     assert inc["state"] == "RESOLVED", inc.get("failure")

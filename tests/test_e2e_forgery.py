@@ -28,30 +28,30 @@ import pytest
 from pitstop.core.engine import MAX_GPUS, OTHER
 from pitstop.local.fake_compute import CREATED_LONG_AGO
 from pitstop.local.stack import PROJECT, ZONE, ClusterSpec, Stack, admin
-from pitstop.tools.demo import XID79, Scenarios
 
 from .helpers import load_fixture, system_event_entry
+from .pipeline import XID79, Pipeline
 
 pytestmark = pytest.mark.emulator
 
 NODES = 9  # 8: the issue-22 pid case of its own
 AUDIT = "cloudaudit.googleapis.com%2Fsystem_event"
 MALLORY = "mallory@example.com"
-Case = tuple[Callable[[Scenarios], dict[str, Any]], str]
+Case = tuple[Callable[[Pipeline], dict[str, Any]], str]
 
 
 @pytest.fixture(scope="module")
-def sc() -> Iterator[Scenarios]:
+def sc() -> Iterator[Pipeline]:
     stack = Stack(Path(tempfile.mkdtemp(prefix="pitstop-e2e-forgery-")), ClusterSpec(nodes=NODES))
     try:
         stack.up()
-        yield Scenarios(stack)
+        yield Pipeline(stack)
     finally:
         stack.down()
 
 
 @pytest.fixture(scope="module")
-def job(sc: Scenarios) -> str:
+def job(sc: Pipeline) -> str:
     """A gang on every node: a requeue, a drain or a signal anywhere would show on it."""
     return sc.job(sc.nodes)
 
@@ -59,7 +59,7 @@ def job(sc: Scenarios) -> str:
 # -- what an attacker can write --------------------------------------------------------------
 
 
-def _text_syslog(sc: Scenarios, node: str, line: str) -> dict[str, Any]:
+def _text_syslog(sc: Pipeline, node: str, line: str) -> dict[str, Any]:
     """What `logger` leaves in /var/log/syslog, shipped by the Ops Agent's syslog receiver."""
     e = sc.entry(node, line)
     e["logName"] = f"projects/{PROJECT}/logs/syslog"
@@ -67,13 +67,13 @@ def _text_syslog(sc: Scenarios, node: str, line: str) -> dict[str, Any]:
     return e
 
 
-def _journal(sc: Scenarios, node: str, transport: str, facility: str) -> dict[str, Any]:
+def _journal(sc: Pipeline, node: str, transport: str, facility: str) -> dict[str, Any]:
     e = sc.entry(node, XID79)
     e["jsonPayload"].update(_TRANSPORT=transport, SYSLOG_FACILITY=facility)
     return e
 
 
-def _system_event(sc: Scenarios, node: str, **proto: Any) -> dict[str, Any]:
+def _system_event(sc: Pipeline, node: str, **proto: Any) -> dict[str, Any]:
     """The real preemption shape (tests/fixtures/system_events.yaml) naming a live VM."""
     e = system_event_entry(next(c for c in load_fixture("system_events.yaml") if c["id"] == "preempted"))
     e["resource"]["labels"].update(project_id=PROJECT, zone=ZONE, instance_id=sc.vm_id(node))
@@ -84,20 +84,20 @@ def _system_event(sc: Scenarios, node: str, **proto: Any) -> dict[str, Any]:
     return e
 
 
-def _named(sc: Scenarios, name: str) -> dict[str, Any]:
+def _named(sc: Pipeline, name: str) -> dict[str, Any]:
     e = sc.entry(sc.nodes[0], XID79)
     e["labels"]["compute.googleapis.com/resource_name"] = name
     e["jsonPayload"]["_HOSTNAME"] = name
     return e
 
 
-def _another_vm(sc: Scenarios, node: str) -> dict[str, Any]:
+def _another_vm(sc: Pipeline, node: str) -> dict[str, Any]:
     e = sc.entry(node, XID79)
     e["resource"]["labels"]["instance_id"] = sc.vm_id(sc.nodes[-1])  # the metadata server of another VM
     return e
 
 
-def _before_the_vm(sc: Scenarios, node: str) -> dict[str, Any]:
+def _before_the_vm(sc: Pipeline, node: str) -> dict[str, Any]:
     """A line logged two hours before the live VM of that name was created (no id to compare)."""
     e = sc.entry(node, XID79)
     del e["resource"]["labels"]["instance_id"]
@@ -105,7 +105,7 @@ def _before_the_vm(sc: Scenarios, node: str) -> dict[str, Any]:
     return e
 
 
-def _other_project(sc: Scenarios, node: str) -> dict[str, Any]:
+def _other_project(sc: Pipeline, node: str) -> dict[str, Any]:
     e = sc.entry(node, XID79)
     e["resource"]["labels"]["project_id"] = "someone-elses-project"
     e["logName"] = "projects/someone-elses-project/logs/pitstop-kernel"
@@ -115,7 +115,7 @@ def _other_project(sc: Scenarios, node: str) -> dict[str, Any]:
 # -- what each must end as -------------------------------------------------------------------
 
 
-def _effects(sc: Scenarios) -> tuple[int, dict[str, str], str]:
+def _effects(sc: Pipeline) -> tuple[int, dict[str, str], str]:
     """Every Compute mutation so far, every Slurm node's state and reason, and the gang's jobs."""
     calls = len(admin(sc.state, "/_admin/state")["calls"])
     nodes = subprocess.run(
@@ -128,7 +128,7 @@ def _effects(sc: Scenarios) -> tuple[int, dict[str, str], str]:
     return calls, states, jobs
 
 
-def _ingest_said(sc: Scenarios, insert_id: str, message: str) -> dict[str, Any]:
+def _ingest_said(sc: Pipeline, insert_id: str, message: str) -> dict[str, Any]:
     def find() -> dict[str, Any] | None:
         for ln in (sc.stack.workdir / "ingest.log").read_text(errors="replace").splitlines():
             if insert_id in ln and message in ln:
@@ -140,7 +140,7 @@ def _ingest_said(sc: Scenarios, insert_id: str, message: str) -> dict[str, Any]:
     return found
 
 
-def _incident_of(sc: Scenarios, node: str, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+def _incident_of(sc: Pipeline, node: str, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
     def find() -> dict[str, Any] | None:
         return next((i for i in reversed(sc.incidents(node)) if done(i)), None)
 
@@ -148,11 +148,11 @@ def _incident_of(sc: Scenarios, node: str, done: Callable[[dict[str, Any]], bool
     return found
 
 
-def _paged(sc: Scenarios, iid: str) -> None:
+def _paged(sc: Pipeline, iid: str) -> None:
     sc.wait(lambda: sc.notes_for(iid), 60, f"a note for {iid}")
 
 
-def _publish(sc: Scenarios, entry: dict[str, Any]) -> bool:
+def _publish(sc: Pipeline, entry: dict[str, Any]) -> bool:
     """Straight to the events topic; answers whether the shipped sink filters would have sent it."""
     selected = sc.router.matches(entry)
     sc.router.pub.publish(sc.router.topic, json.dumps(entry).encode()).result(timeout=60)
@@ -168,7 +168,7 @@ UNVERIFIED: dict[str, Case] = {
 
 @pytest.mark.parametrize("case", list(UNVERIFIED))
 def test_unverified_evidence_is_recorded_and_paged_and_touches_nothing(
-    sc: Scenarios, job: str, case: str
+    sc: Pipeline, job: str, case: str
 ) -> None:
     make, words = UNVERIFIED[case]
     before = _effects(sc)
@@ -189,7 +189,7 @@ REJECTED: dict[str, Case] = {
 
 
 @pytest.mark.parametrize("case", list(REJECTED))
-def test_evidence_about_another_vm_is_rejected_before_any_effect(sc: Scenarios, job: str, case: str) -> None:
+def test_evidence_about_another_vm_is_rejected_before_any_effect(sc: Pipeline, job: str, case: str) -> None:
     """Verified kernel lines, but not of the VM that now has that name: checked live, then refused."""
     make, words = REJECTED[case]
     before = _effects(sc)
@@ -240,7 +240,7 @@ INVALID = _invalid_cases()
 
 
 @pytest.mark.parametrize("case", list(INVALID))
-def test_no_evidence_at_all_gets_an_error_record_and_no_incident(sc: Scenarios, job: str, case: str) -> None:
+def test_no_evidence_at_all_gets_an_error_record_and_no_incident(sc: Pipeline, job: str, case: str) -> None:
     make, words = INVALID[case]
     before, known = _effects(sc), {i["id"] for n in sc.nodes for i in sc.incidents(n)}
     entry = make(sc)
@@ -253,7 +253,7 @@ def test_no_evidence_at_all_gets_an_error_record_and_no_incident(sc: Scenarios, 
     assert _effects(sc) == before
 
 
-def test_a_node_of_another_project_with_the_same_name_is_not_ours(sc: Scenarios, job: str) -> None:
+def test_a_node_of_another_project_with_the_same_name_is_not_ours(sc: Pipeline, job: str) -> None:
     """Our VM's name in an entry of another project (an aggregated sink, or a forged label)."""
     before = _effects(sc)
     node = sc.nodes[7]
@@ -265,7 +265,7 @@ def test_a_node_of_another_project_with_the_same_name_is_not_ours(sc: Scenarios,
     assert _effects(sc) == before
 
 
-def test_a_nine_megabyte_line_is_cut_before_parsing(sc: Scenarios, job: str) -> None:
+def test_a_nine_megabyte_line_is_cut_before_parsing(sc: Pipeline, job: str) -> None:
     """Near Pub/Sub's 10 MB message limit (Cloud Logging itself caps an entry at 256 KB)."""
     before = _effects(sc)
     node = sc.nodes[1]
@@ -277,7 +277,7 @@ def test_a_nine_megabyte_line_is_cut_before_parsing(sc: Scenarios, job: str) -> 
     assert _effects(sc) == before
 
 
-def test_ten_thousand_gpus_on_one_node_keep_the_incident_bounded(sc: Scenarios, job: str) -> None:
+def test_ten_thousand_gpus_on_one_node_keep_the_incident_bounded(sc: Pipeline, job: str) -> None:
     """Each distinct PCI address once took a field of its own (a 500 KB, 20,000-field document)."""
     before = _effects(sc)
     node, n = sc.nodes[3], 10_000
@@ -304,14 +304,14 @@ def test_ten_thousand_gpus_on_one_node_keep_the_incident_bounded(sc: Scenarios, 
     assert _effects(sc) == before
 
 
-def _never_printed(sc: Scenarios, node: str, line: str) -> dict[str, Any]:
+def _never_printed(sc: Pipeline, node: str, line: str) -> dict[str, Any]:
     """A kernel-transport journal entry of ``line`` for ``node``, which its kernel never printed, and
     the incident once it failed."""
     assert _publish(sc, sc.entry(node, line))  # the sink selects it: it looks like the kernel's own
     return _incident_of(sc, node, lambda i: i["state"] == "FAILED")
 
 
-def test_a_verified_looking_line_the_node_never_printed_disrupts_nothing(sc: Scenarios, job: str) -> None:
+def test_a_verified_looking_line_the_node_never_printed_disrupts_nothing(sc: Pipeline, job: str) -> None:
     """Issue 21 (1): a journald kernel-transport entry for a live VM, with its real numeric id, written
     through the Logging API (any principal with logging.logEntries.create can). The node is fenced
     and asked through the Slurm agent; its kernel ring buffer never held the line: the incident fails
@@ -336,7 +336,7 @@ def test_a_verified_looking_line_the_node_never_printed_disrupts_nothing(sc: Sce
         )
 
 
-def test_a_five_thousand_digit_pid_is_a_fault_the_node_is_asked_about(sc: Scenarios, job: str) -> None:
+def test_a_five_thousand_digit_pid_is_a_fault_the_node_is_asked_about(sc: Pipeline, job: str) -> None:
     """Issue 22: an Xid whose code is readable is a fault whatever its pid says (left out, flagged),
     so it is no longer dropped as invalid; like any log line it is corroborated before anything is
     disrupted, and this one its node's kernel never printed."""
@@ -354,7 +354,7 @@ def test_a_five_thousand_digit_pid_is_a_fault_the_node_is_asked_about(sc: Scenar
         )
 
 
-def test_a_system_event_published_straight_to_the_topic_restarts_nothing(sc: Scenarios, job: str) -> None:
+def test_a_system_event_published_straight_to_the_topic_restarts_nothing(sc: Pipeline, job: str) -> None:
     """Issue 21 (3): anyone who may publish to the events topic (project Editors, the default Compute
     service account) posts Google's exact preemption shape for a VM that runs on. Compute is asked:
     the VM is not Spot and never stopped, so the incident fails with a page, the gang stays."""
