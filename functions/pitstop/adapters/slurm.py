@@ -37,6 +37,7 @@ from pitstop.core.slurm_wire import (
     RESULT_RUNNING,
     RESULT_TRANSIENT,
     STATE_ORDER,
+    expand_hostlist,
     result_state,
     supersedes,
 )
@@ -356,4 +357,5 @@ class SlurmScheduler:
 
 def _job(doc: Mapping[str, Any], job: str | None = None) -> JobInfo:
     """A job as the agent describes it (``id`` or ``job``, ``state``, its run)."""
-    return JobInfo(str(job or doc.get("id") or doc.get("job")), JobState.of(doc.get("state")), JobRun.of(doc))
+    name = str(job or doc.get("id") or doc.get("job"))
+    return JobInfo(name, JobState.of(doc.get("state")), JobRun.of(doc), expand_hostlist(doc.get("nodelist")))

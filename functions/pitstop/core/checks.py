@@ -82,6 +82,10 @@ def hardware_measured(inc: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def needs_diagnosis(inc: Mapping[str, Any], policy: Policy) -> tuple[bool, str]:
+    if inc.get("kind") == "degraded" and inc.get("action") == Action.DRAIN_NODE:
+        if not policy.diagnose["enabled"]:
+            return False, "diagnose.enabled is false in policy: the degraded node is only drained"
+        return True, "a degraded node, the gang off it: the node check's finding picks its repair"
     if inc.get("action") != Action.REPLACE_NODE:
         return False, "a diagnostic runs only before REPLACE_NODE"
     if not policy.diagnose["enabled"]:

@@ -15,7 +15,7 @@ from pitstop.core import checks, corroboration
 from pitstop.core.actions import RECORD_ONLY_ACTIONS, Action
 from pitstop.core.catalog import SXID_KIND
 from pitstop.core.notifications import notification_id
-from pitstop.core.ops import Op, Plan, plan_for
+from pitstop.core.ops import Op
 from pitstop.core.scheduling import JobInfo, JobRun, JobState
 from pitstop.core.states import State
 from pitstop.core.timeline import durations, repair_s, resume_s
@@ -107,15 +107,16 @@ def admit_restart(
     return True, {"runs": {**runs, run_key: now}}
 
 
-def requeue_refusal(action: str, info: JobInfo, fenced: JobRun) -> str | None:
+def requeue_refusal(checkpointed: bool, info: JobInfo, fenced: JobRun) -> str | None:
     """Why a job must not be requeued for this fault (None: requeue it).
 
-    After a checkpoint request a job exits on purpose: it must come back. Otherwise a job that
-    completed, was cancelled, or is already pending again is left alone; so is one whose run moved
-    on since the fence (requeued already, by Pitstop for another member of its gang or by anyone).
+    After a checkpoint request (``checkpointed``: a drain, or a degraded node's planned move, asked
+    it) a job exits on purpose: it must come back. Otherwise a job that completed, was cancelled,
+    or is already pending again is left alone; so is one whose run moved on since the fence
+    (requeued already, by Pitstop for another member of its gang or by anyone).
     """
     state = info.state
-    finished_ok = state == JobState.COMPLETED and plan_for(action) == Plan.DRAIN
+    finished_ok = state == JobState.COMPLETED and checkpointed
     if state in (JobState.PENDING, JobState.CANCELLED, JobState.UNKNOWN) or (
         state == JobState.COMPLETED and not finished_ok
     ):

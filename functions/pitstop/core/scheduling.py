@@ -80,6 +80,7 @@ class JobInfo:
     job: str
     state: JobState
     run: JobRun = field(default_factory=JobRun)
+    nodes: tuple[str, ...] = ()  # the nodes it holds, where the scheduler says (a degraded node's peers)
 
     def doc(self) -> dict[str, Any]:
         return {"id": self.job, "state": str(self.state), **self.run.doc()}

@@ -50,6 +50,7 @@ from pitstop.local.stack import (
     emulator_env,
     webhook_records,
 )
+from pitstop.tools import demo_planned
 
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 XID48 = (
@@ -320,7 +321,9 @@ class Scenarios(Pipeline):
                 return int(tok.split("=", 1)[1])
         return -1
 
-    def job_among(self, size: int, candidates: list[str]) -> tuple[str, list[str]]:
+    def job_among(
+        self, size: int, candidates: list[str], script: str = "sleep 3600"
+    ) -> tuple[str, list[str]]:
         """A gang of ``size`` nodes Slurm may place on any of ``candidates`` (the rest excluded).
 
         Not pinned (``-w``): after a requeue Slurm may run it on a spare, as a training job would.
@@ -330,7 +333,7 @@ class Scenarios(Pipeline):
         argv = ["sbatch", "--parsable", "--requeue", "-J", "train", "-o", "/dev/null", "-N", str(size)]
         argv += ["-x", ",".join(others)] if others else []
         job = subprocess.run(
-            [*argv, "--wrap", "sleep 3600"],
+            [*argv, "--wrap", script],
             env=self.slurm.env,
             capture_output=True,
             text=True,
@@ -820,6 +823,11 @@ class Scenarios(Pipeline):
             ("degraded", self.degraded_after_reset, True),
             ("replace_not_confirmed", self.replace_not_confirmed, True),
             ("no_spare", self.no_spare, True),
+            # issue 24: a degraded node is a planned move (pitstop.tools.demo_planned)
+            ("straggler_spare", lambda: demo_planned.straggler_spare(self), True),
+            ("ecc_trend", lambda: demo_planned.ecc_trend(self), True),
+            ("degraded_no_spare", lambda: demo_planned.degraded_no_spare(self), True),
+            ("gang_wide_throttle", lambda: demo_planned.gang_wide_throttle(self), True),
         ]
         results = []
         for key, fn, needs_budget in plan:
@@ -1424,8 +1432,13 @@ SLURM_KEYS = (
     "degraded",
     "replace_not_confirmed",
     "no_spare",
+    "straggler_spare",
+    "ecc_trend",
+    "degraded_no_spare",
+    "gang_wide_throttle",
 )
-SLURM_NODES = 18  # eight for the first scenarios, ten for the back-to-training ones
+# eight for the first scenarios, ten for the degraded-node ones, ten for the back-to-training ones
+SLURM_NODES = 28
 GKE_KEYS = (
     "gke_xid79",
     "gke_two_members",

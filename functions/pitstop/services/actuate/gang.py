@@ -27,7 +27,8 @@ def requeue_one(s: Step, job: str, fenced: JobRun) -> str | None:
     wins. No clock decides.
     """
     info = s.scheduler.job_info(job, s.ref)
-    why = remediation.requeue_refusal(s.inc["action"], info, fenced)
+    checkpointed = bool(s.recorded(Op.CHECKPOINT).get("signalled"))
+    why = remediation.requeue_refusal(checkpointed, info, fenced)
     if why is not None:
         return why
     cluster = s.inc.get("cluster") or "none"
