@@ -179,6 +179,9 @@ def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.
             (prj, other, f"projects/{other}/roles/pitstopActuator", zones),
             (prj, p, f"projects/{p}/roles/pitstopOperationsReader", ""),
             (prj, other, f"projects/{other}/roles/pitstopOperationsReader", ""),
+            # a degraded node's peers: the DCGM metrics of the job's nodes (read-only)
+            (prj, p, "roles/monitoring.viewer", ""),
+            (prj, other, "roles/monitoring.viewer", ""),
             (prj, p, "roles/container.clusterViewer", ""),
             (prj, other, "roles/container.clusterViewer", ""),
             (topic, "pitstop-notifications", "roles/pubsub.publisher", ""),

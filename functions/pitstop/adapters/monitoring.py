@@ -78,6 +78,16 @@ def _client(endpoint: str | None) -> Any:
     return monitoring_v3.MetricServiceClient(transport=transport)
 
 
+READ_TIMEOUT_S, READ_DEADLINE_S = 5.0, 15.0  # one attempt, and all of them (actuate answers within 120 s)
+
+
+def _read_retry() -> Any:
+    from google.api_core import exceptions, retry
+
+    transient = retry.if_exception_type(exceptions.ServiceUnavailable, exceptions.DeadlineExceeded)
+    return retry.Retry(predicate=transient, initial=0.5, maximum=4.0, timeout=READ_DEADLINE_S)
+
+
 ONE_OF_MAX = 100  # names per filter's one_of(...): a job's nodes are read in chunks of this many
 
 
@@ -122,7 +132,9 @@ class TelemetryReader:
                     "group_by_fields": ["metadata.system_labels.name"],
                 },
             }
-            for ts in self.client.list_time_series(request=request):
+            # bounded: a comparison that cannot read in READ_DEADLINE_S goes on the alert alone
+            pages = self.client.list_time_series(request=request, retry=_read_retry(), timeout=READ_TIMEOUT_S)
+            for ts in pages:
                 name = dict(ts.metadata.system_labels).get("name")
                 if name in out and ts.points:
                     v = ts.points[0].value
