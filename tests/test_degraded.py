@@ -103,7 +103,13 @@ def test_the_repair_follows_the_finding(
 
 
 def _inc(**over: Any) -> dict[str, Any]:
-    base = {"kind": "degraded", "node": {"instance": "a3-node-009"}, "action": "REPLACE_NODE", "reason": "r"}
+    base = {
+        "kind": "degraded",
+        "node": {"instance": "a3-node-009"},
+        "action": "REPLACE_NODE",
+        "reason": "r",
+        "timeline": {"fenced": 1.0},
+    }
     return {**base, **over}
 
 
@@ -120,6 +126,7 @@ def test_closing_words_for_each_outcome() -> None:
     waited = _inc(resume={"mode": "after_repair", "requeued": [], "waiting": [{"job": "7", "why": "x"}]})
     assert "NO SPARE" in (degraded.close_note(waited) or ("", ""))[0]
     assert degraded.close_note({"kind": "gpu_xid", "node": {"instance": "n"}}) is None
+    assert degraded.close_note(_inc(timeline={})) is None  # never fenced: nothing moved, the usual words
     assert degraded.stood_down(moved) is None and degraded.stood_down(gang) == "gang_wide"
 
 

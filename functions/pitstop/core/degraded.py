@@ -201,8 +201,8 @@ def close_note(inc: Mapping[str, Any]) -> tuple[str, str] | None:
     No move: why (a gang-wide cause is a page: a person checks what the nodes share). A move: the
     gang onto spares at its checkpoint, or, with no spare, what it waited for instead.
     """
-    if inc.get("kind") != KIND:
-        return None
+    if inc.get("kind") != KIND or not (inc.get("timeline") or {}).get("fenced"):
+        return None  # not a degraded node's move (or one that never began): the usual words
     node = inc["node"]["instance"]
     why = str((inc.get("corroboration") or {}).get("why") or "")
     verdict = stood_down(inc)
