@@ -141,7 +141,7 @@ def _judge_peers(s: Step, record: dict[str, Any]) -> dict[str, Any]:
         return doc
 
     s.deps.store.mutate(s.iid, judged)
-    return planned.judged(s, record)
+    return planned.judged(record)
 
 
 def diagnose(s: Step) -> dict[str, Any]:

@@ -57,7 +57,7 @@ def compare_peers(s: Step) -> dict[str, Any]:
     return {"run": False, "peers": record, "jobs": jobs, "why": "a degraded node is compared with its peers"}
 
 
-def judged(s: Step, record: dict[str, Any]) -> dict[str, Any]:
+def judged(record: dict[str, Any]) -> dict[str, Any]:
     """The judge's answer: go on (the planned move), or ``stand_down`` (no move: the workflow
     lifts the fence and closes; the close says why, and pages for a gang-wide cause)."""
     if record.get("confirmed") is True:
