@@ -142,3 +142,18 @@ def test_the_repair_follows_the_node_checks_finding(rig: Rig, reason: str, actio
     inc = rig.store.get(iid) or {}
     assert inc["action"] == action and inc["escalations"][-1]["from"] == "DRAIN_NODE"
     assert inc["diagnosis"]["confirmed"] is (action == "REPLACE_NODE")
+
+
+def test_no_replacement_on_the_alert_alone_when_the_node_check_never_finishes(rig: Rig) -> None:
+    """A REPLACE needs the node check's finding: a diagnostic that never ran to its end is none."""
+    rig.gpu = {NODE: {"throttle": 0.6}}
+    rig.gang.smi = ""  # the check produced nothing readable (it died, or timed out)
+    iid = rig.open()
+    rig.to_judge(iid)
+    for op in (Op.CHECKPOINT, Op.RESCHEDULE_EARLY, Op.DIAGNOSE):
+        rig.ok(op, iid)
+    judged = rig.ok(Op.JUDGE_DIAGNOSIS, iid)
+    assert judged["action"] == "REBOOT_NODE" and judged["confirmed"] is False
+    assert (
+        rig.ok(Op.ACT, iid)["method"] == "reset" and rig.fake.effects_on(NODE, "report_host_as_faulty") == []
+    )
