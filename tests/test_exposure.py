@@ -10,6 +10,7 @@ the Pub/Sub emulator, as ``pitstop deploy``'s own tests do.
 from __future__ import annotations
 
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from pitstop.tools import deploy, exposure
 
 from .test_deploy_emulator import _env_at
 
+FUNCTIONS = Path(__file__).resolve().parents[1] / "functions"
 PROJECT = "train-prod"
 COMPUTE_SA = f"serviceAccount:{fake_gcp.PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
 VM_SA = f"serviceAccount:trainer@{PROJECT}.iam.gserviceaccount.com"
@@ -115,5 +117,14 @@ def test_doctor_reads_the_policies_through_gcloud(pubsub_host: str, tmp_path: Pa
         asked = {(c.api, c.verb, c.path) for c in fake.calls if c.verb == "getIamPolicy"}
         assert ("cloudresourcemanager", "getIamPolicy", f"projects/{project}") in asked
         assert ("pubsub", "getIamPolicy", f"projects/{project}/topics/pitstop-events") in asked
+        cli = [sys.executable, "-m", "pitstop.tools.cli", "doctor", "--project", project]
+        run = subprocess.run(
+            cli, capture_output=True, text=True, timeout=300, env={**env, "PYTHONPATH": str(FUNCTIONS)}
+        )
+        assert run.returncode == 1, run.stderr  # findings: a person should look
+        assert run.stdout.splitlines() == lines
+        fake.policies[("cloudresourcemanager", f"projects/{project}")] = {"bindings": []}
+        fake.policies.pop(("pubsub", f"projects/{project}/topics/pitstop-events"))
+        assert exposure.report(project, {}, gcloud, lines.append) == 0 and lines[-1].startswith("ok ")
     finally:
         server.shutdown()
