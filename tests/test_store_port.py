@@ -168,6 +168,7 @@ BLOCK_POLICY = policy.from_doc(
             "cluster": {"max_nodes": 8, "max_percent": 100},
             "block": {"max_nodes": 1, "max_percent": 100},
         },
+        "cooldowns": {"REBOOT_NODE": 86400},
     }
 )
 
@@ -193,6 +194,13 @@ def test_a_node_joins_its_block_budget_before_it_is_fenced(store: IncidentStore)
     store.mutate(a, lambda d: d.update(state=State.FENCED))
     assert store.join_block(a, "c1/block-8", BLOCK_POLICY, T0 + 5).result == "joined"  # moved, fenced
     assert set((store.budget(engine.block_scope("c1/block-8")) or {})["slots"]) == {a}
+    store.mutate(a, lambda d: d.update(state=State.FAILED))
+    assert store.close(a, "ops", T0 + 6, unfence=True).result == "closed"
+    # the window slides past a's claim: b goes on; its held step was never a remediation, so the
+    # day-long cooldown of the policy does not hold it again
+    later = T0 + BLOCK_POLICY.budget_window_s + 10
+    released = store.release(b, BLOCK_POLICY, later, "sweep")
+    assert released.result == "released" and released.start_step == 2, released
 
 
 def test_the_outbox_keeps_what_is_unsent(store: IncidentStore) -> None:

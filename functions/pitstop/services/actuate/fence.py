@@ -74,7 +74,14 @@ def join_block(s: Step, vm: dict[str, Any] | None = None) -> str | None:
     """
     if s.inc["action"] not in NODE_ACTIONS:
         return None  # job actions claim no blast-radius slot
-    block = remediation.block_of(vm if vm is not None else s.vm())
+    if vm is None:
+        try:
+            vm = s.vm()
+        except ActuatorError as exc:
+            if exc.status == 404:
+                return None  # no VM (yet): no block to join; act reads it again
+            raise
+    block = remediation.block_of(vm)
     if block is None:
         return None
     now = s.deps.clock()
