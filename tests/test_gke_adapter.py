@@ -600,14 +600,16 @@ def test_kueue_workload_without_failure_policy_is_deactivated_then_reactivated(
     assert len([r for r in kube.requests if r[0] == "PATCH" and "/workloads/" in r[1]]) == 2
 
 
-def _stuck_setup(kube: FakeKube, api: Any, clock: Clock) -> tuple[GkeScheduler, str, str]:
+def _stuck_setup(
+    kube: FakeKube, api: Any, clock: Clock, pod_policy_on: bool = False, wait_s: float = 600
+) -> tuple[GkeScheduler, str, str]:
     """A Kueue JobSet without a failure policy running on two nodes; the adapter waits up to 10 min
     for Kueue, and counts a pod stuck 60 s past its deletionTimestamp on the cluster's own clock."""
-    started(kube, jobset(policy="none", queue="team-a", pod_policy_on=False))
+    started(kube, jobset(policy="none", queue="team-a", pod_policy_on=pod_policy_on))
     bad = node_of(kube, 0)
     (pod,) = [p["metadata"]["name"] for p in pods(kube) if p["spec"]["nodeName"] == bad]
     sched = GkeScheduler(
-        api, wait_s=600, clock=clock, sleep=clock.sleep, stuck_terminating_s=60, wall=kube.store.epoch
+        api, wait_s=wait_s, clock=clock, sleep=clock.sleep, stuck_terminating_s=60, wall=kube.store.epoch
     )
     return sched, bad, pod
 
@@ -634,6 +636,21 @@ def test_a_pod_stuck_terminating_on_an_unreachable_node_is_forced_and_the_worklo
     assert kube.get("Pod", pod, "default") is None  # the Job controller let it go: the API server removed it
     assert workload(kube)["spec"]["active"] is True
     settle(kube, lambda: running(kube) and bad not in {p["spec"]["nodeName"] for p in pods(kube)})
+
+
+def test_a_forced_pod_a_pod_failure_policy_keeps_is_named_while_the_step_waits(
+    kube: FakeKube, api: Any, clock: Clock
+) -> None:
+    """A Job with a podFailurePolicy replaces a pod only once it is terminal (podReplacementPolicy
+    Failed, KEP-3939), so its tracking finalizer keeps a force-deleted pod: the step keeps asking
+    (503) and says which pod it forced and still sees."""
+    sched, bad, pod = _stuck_setup(kube, api, clock, pod_policy_on=True, wait_s=150)
+    kube.kubelet_unreachable(bad)
+    with pytest.raises(ActuatorError) as err:
+        sched.cluster.requeue_outcome(JOB, CTX)
+    assert err.value.status == 503 and err.value.retryable
+    assert f"force-deleted, still there: {pod}@{bad}" in err.value.message
+    assert kube.get("Pod", pod, "default") is not None and workload(kube)["spec"]["active"] is False
 
 
 def test_a_pod_stuck_on_a_ready_node_is_not_forced_the_step_fails_and_the_close_reactivates(

@@ -159,7 +159,10 @@ class WorkloadCycle:
                 raise ActuatorError(409, _stuck_message(ref, name, held), False)
             forced.update((self._force(p), None) for p in stuck)
             if self.clock() >= deadline:
-                raise ActuatorError(503, f"waiting for Kueue to stop workload {name} of {ref.id}", True)
+                why = f"waiting for Kueue to stop workload {name} of {ref.id}"
+                if forced:  # a finalizer keeps it: a Job with a podFailurePolicy waits for a terminal phase
+                    why += f" (force-deleted, still there: {', '.join(forced)})"
+                raise ActuatorError(503, why, True)
             self.sleep(1.0)
         return list(forced)
 
