@@ -788,7 +788,7 @@ def test_a_named_prefix_admits_only_its_migs_by_exact_name() -> None:
 ACTUATOR_GRANTS = {
     ("", "nodes"): ["get", "list", "patch"],  # fence/unfence (cordon, taint, annotations), health
     ("", "nodes/status"): ["get"],  # the device plugin's XidCriticalError (corroboration)
-    ("", "pods"): ["get", "list"],  # the pods on a node and of a JobSet
+    ("", "pods"): ["get", "list", "delete"],  # ... and force-deleting one stuck on a NotReady node
     ("", "pods/eviction"): ["create"],  # checkpoint and the one eviction that restarts a JobSet
     ("batch", "jobs"): ["get"],  # a batch Job's pods (the kubernetes scheduler)
     ("jobset.x-k8s.io", "jobsets"): ["get", "list"],  # restart count and conditions; no patch

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 _INCIDENT = re.compile(r"i[a-z2-7]{9}")
 
@@ -209,3 +209,13 @@ class Scheduler(Protocol):
     def capacity(self, job: str, node: str, ref: StepRef) -> Capacity: ...
     def start_check(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckStart: ...
     def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult: ...
+
+
+@runtime_checkable
+class JobReleaser(Protocol):
+    """A scheduler on which a step can leave a job change of Pitstop's own half done (GKE: a Kueue
+    Workload deactivated while a pod stayed stuck Terminating): a person's close undoes it."""
+
+    def release_jobs(self, jobs: list[str], ref: StepRef) -> list[str]:
+        """Undo, for this incident, what is still Pitstop's on these jobs; what was done."""
+        ...

@@ -176,7 +176,13 @@ def policy_for(spec: ClusterSpec, over: dict[str, Any] | None = None) -> dict[st
         "mode": "enforce",
         "clusters": [_cluster_policy(spec)],
         # A short window keeps the demo quick; production defaults are 30 min (policy.defaults.yaml).
-        "budgets": {"window_s": 8, "cluster": {"max_nodes": 4, "max_percent": 25}},
+        # The fake Compute puts every VM in one reservation block, which each node joins from its
+        # claim: the block's cap matches the cluster's so the demo shows the cluster budget.
+        "budgets": {
+            "window_s": 8,
+            "cluster": {"max_nodes": 4, "max_percent": 25},
+            "block": {"max_nodes": 4, "max_percent": 100},
+        },
         "cooldowns": {"RESCHEDULE_JOB": 5},
         "store": {"flush_interval_s": 0.5},
     }
