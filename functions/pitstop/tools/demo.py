@@ -15,7 +15,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from pitstop.local.stack import (
     webhook_records,
 )
 from pitstop.tools import demo_planned
+from pitstop.tools.demo_stage import Result
 
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 XID48 = (
@@ -64,18 +65,6 @@ XID13 = (
     "NVRM: Xid (PCI:0000:b5:00): 13, pid=4242, name=python3, Graphics SM Warp Exception on "
     "(GPC 1, TPC 3, SM 0): Out Of Range Address"
 )
-
-
-@dataclass
-class Result:
-    name: str
-    passed: bool
-    detail: str
-    timeline: dict[str, float | None] = field(default_factory=dict)
-    incident: str | None = None
-    facts: dict[str, Any] = field(default_factory=dict)  # what was observed, for tests to assert one by one
-    resume_s: float | None = None  # detected -> the gang running again, real-time equivalent
-    repair_s: float | None = None  # acted -> the node healthy (validated), real-time equivalent
 
 
 def _stamp() -> str:

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pitstop.core.timeline import durations
-
-if TYPE_CHECKING:
-    from pitstop.tools.demo import Result, Scenarios
+from pitstop.tools.demo_stage import Result, SlurmStage
 
 STRAGGLER = {"throttle": 0.6, "throttle_reason": "thermal"}  # HW thermal slowdown: the finding
 ECC_TREND = {"sbe_rate": 40, "ecc_gpu": 2, "remap": "pending", "remap_gpu": 2}
@@ -26,13 +24,13 @@ POWER_CAPPED = {"throttle": 0.5, "throttle_reason": "power"}  # the job's own po
 TIMEOUT_S = 240.0
 
 
-def pool(sc: Scenarios) -> list[str]:
+def pool(sc: SlurmStage) -> list[str]:
     """The ten nodes these scenarios use: the ten before the back-to-training ones (``fresh``) on
     the demo's cluster, all of them on a cluster of their own (tests/test_e2e_planned.py)."""
     return sc.nodes[-20:-10] if len(sc.nodes) >= 20 else sc.nodes[-10:]
 
 
-def _checkpointing_job(sc: Scenarios, size: int, nodes: list[str]) -> tuple[str, list[str], Path]:
+def _checkpointing_job(sc: SlurmStage, size: int, nodes: list[str]) -> tuple[str, list[str], Path]:
     """A gang that checkpoints on SIGUSR1 (a marker file, exit 0), as a training job's handler would."""
     marker = Path(sc.slurm.workdir) / f"checkpoint-{uuid.uuid4().hex[:6]}"
     script = f"trap 'touch {marker}; exit 0' USR1; sleep 3600 & wait"
@@ -40,9 +38,8 @@ def _checkpointing_job(sc: Scenarios, size: int, nodes: list[str]) -> tuple[str,
     return job, held, marker
 
 
-def _moved(sc: Scenarios, name: str, kind: str, state: dict[str, Any]) -> Result:
+def _moved(sc: SlurmStage, name: str, kind: str, state: dict[str, Any]) -> Result:
     """A gang of two with one spare; one member degrades; the gang moves onto the spare."""
-    from pitstop.tools.demo import Result
 
     nodes = pool(sc)[0:3] if kind == "throttle" else pool(sc)[3:6]
     job, held, marker = _checkpointing_job(sc, 2, nodes)
@@ -80,21 +77,20 @@ def _moved(sc: Scenarios, name: str, kind: str, state: dict[str, Any]) -> Result
     return r
 
 
-def straggler_spare(sc: Scenarios) -> Result:
+def straggler_spare(sc: SlurmStage) -> Result:
     """A thermally throttled node among unthrottled peers: the gang moves at its checkpoint, the
     node check shows its hardware thermal slowdown active (the finding): host reported faulty, validated."""
     return _moved(sc, "straggler_spare", "throttle", STRAGGLER)
 
 
-def ecc_trend(sc: Scenarios) -> Result:
+def ecc_trend(sc: SlurmStage) -> Result:
     """Correctable ECC errors rising on one GPU (a row remap pending): the gang moves before any Xid."""
     return _moved(sc, "ecc_trend", "ecc", ECC_TREND)
 
 
-def degraded_no_spare(sc: Scenarios) -> Result:
+def degraded_no_spare(sc: SlurmStage) -> Result:
     """No spare for the gang: today's drain (checkpoint, drain, repair, requeue), and the
     notification says so."""
-    from pitstop.tools.demo import Result
 
     job, held, marker = _checkpointing_job(sc, 2, pool(sc)[6:8])
     bad = held[0]
@@ -118,9 +114,8 @@ def degraded_no_spare(sc: Scenarios) -> Result:
     return r
 
 
-def gang_wide_throttle(sc: Scenarios) -> Result:
+def gang_wide_throttle(sc: SlurmStage) -> Result:
     """Every node of the job throttles alike (its own power cap): no move, no repair, a page."""
-    from pitstop.tools.demo import Result
 
     job, held, _ = _checkpointing_job(sc, 2, pool(sc)[8:10])
     for n in held:
