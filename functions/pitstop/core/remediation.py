@@ -42,6 +42,9 @@ OP_STATES: Mapping[Op, frozenset[State]] = {
     Op.UNFENCE: _WORKING - {State.OPEN},
     Op.RESCHEDULE: _WORKING,
     Op.CLOSE: _WORKING,
+    Op.LOCALISE: frozenset({State.OPEN}),  # a hung job's incident: nothing of its own is fenced
+    Op.LINKS: frozenset({State.OPEN}),
+    Op.CONCLUDE: frozenset({State.OPEN}),
 }
 
 

@@ -41,7 +41,7 @@ def claim(s: Step) -> dict[str, Any]:
             _reject(s, problem)
             ours, why = False, f"rejected: {problem}"
     action = s.inc["action"]
-    return {"ours": ours, "why": why, "plan": plan_for(action), "action": action}
+    return {"ours": ours, "why": why, "plan": plan_for(action, s.inc), "action": action}
 
 
 def _identity_problem(s: Step) -> str | None:
