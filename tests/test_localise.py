@@ -138,11 +138,13 @@ def test_one_localisation_per_job_per_window() -> None:
     first = engine.apply_event(_hang("0.a", "1", T0), None, None, {}, pol, T0, "1")
     assert first.incident is not None and first.node is not None
     assert first.incident["localise"]["run"] is True and first.node["localised_at"] == T0
-    ended = dict(first.incident, state=State.RESOLVED)  # the first episode ended (its culprit fenced)
+    # the first episode ended (its culprit fenced, the gang restarted)
+    ended = dict(first.incident, state=State.RESOLVED, timeline={"resolved": T0 + 60})
     later = T0 + window / 2
     second = engine.apply_event(_hang("0.b", "2", later), first.node, ended, {}, pol, later, "2")
     assert second.result == "opened" and second.incident is not None
     assert second.incident["localise"]["run"] is False and "not again" in second.incident["localise"]["why"]
+    assert second.page is not None and "not again" in second.page  # a person decides
     assert second.node is not None and second.node["localised_at"] == T0
     after = T0 + window + 1
     third = engine.apply_event(

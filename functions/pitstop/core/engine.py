@@ -432,11 +432,13 @@ def absorbs(latest: Mapping[str, Any] | None, ev: Mapping[str, Any], ts: float) 
     if closure:  # closed by a person: only lines logged before that are late lines of its episode
         return ts <= float(closure["at"])
     resolved = latest["timeline"].get("resolved") or 0
-    if latest["action"] in RECORD_ONLY_ACTIONS or latest.get("mode") == "observe":
+    localised = (latest.get("localise") or {}).get("run") is True  # a hung job Pitstop acted on
+    if (latest["action"] in RECORD_ONLY_ACTIONS and not localised) or latest.get("mode") == "observe":
         # Record-only episodes end with the burst (3 minutes of silence); a stronger line of the
         # same burst (delivered late: push delivery is unordered) reopens the episode.
         return ts < float(latest["burst_until"])
-    # A node action's incident absorbs lines logged before it was resolved (late deliveries).
+    # A node action's (or a localised hang's) incident absorbs lines logged before it was resolved
+    # (late deliveries): a hang of the restarted run is a new episode.
     return ts <= resolved
 
 
@@ -772,6 +774,8 @@ def _plan_localisation(inc: Incident, d: Decision) -> None:
     inc["localise"] = p.doc(d.now)
     if p.run and d.policy.enforce:
         d.node_doc["localised_at"] = d.now
+    elif not p.run and d.out.page is None:
+        d.out.page = f"incident {inc['id']}: {subject_name(inc)} hung; {p.why}"
 
 
 def _trust_of(ev: Mapping[str, Any]) -> str:

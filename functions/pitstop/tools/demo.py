@@ -21,6 +21,7 @@ from typing import Any
 
 from pitstop.core import engine
 from pitstop.core.timeline import durations
+from pitstop.local import chaos
 from pitstop.local.fake_compute import DURATIONS
 from pitstop.local.gke_stack import (
     ATTEMPT_LABEL,
@@ -40,6 +41,7 @@ from pitstop.local.serve import (
     PAGERDUTY_PATH,
 )
 from pitstop.local.stack import (
+    HEARTBEAT_EVERY_S,
     PROJECT,
     ZONE,
     ClusterSpec,
@@ -50,6 +52,7 @@ from pitstop.local.stack import (
     emulator_env,
     webhook_records,
 )
+from pitstop.tools import demo_hang
 
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 XID48 = (
@@ -149,7 +152,8 @@ class Pipeline:
 
     def incidents(self, node: str) -> list[dict[str, Any]]:
         docs = [d.to_dict() for d in self.db.collection("pitstop_incidents").stream()]
-        return sorted((d for d in docs if d and d["node"]["instance"] == node), key=lambda d: d["created_at"])
+        mine = (d for d in docs if d and (d.get("node") or {}).get("instance") == node)  # a hang's: no node
+        return sorted(mine, key=lambda d: d["created_at"])
 
     def wait(self, cond: Callable[[], Any], timeout: float, what: str) -> Any:
         deadline = time.monotonic() + timeout
@@ -805,6 +809,108 @@ class Scenarios(Pipeline):
         self.cancel(job)
         return r
 
+    # -- a hung job: localised, then back to training --------------------------------------
+
+    @property
+    def hang_pool(self) -> list[str]:
+        """The hang scenarios' nodes: a gang of HANG_GANG and one spare, between the first scenarios'
+        eight and the back-to-training ten."""
+        return self.nodes[8 : 9 + HANG_GANG]
+
+    def training(self) -> tuple[str, list[str]]:
+        """A training run (it writes the job heartbeat) on HANG_GANG of the pool, beating."""
+        others = [n for n in self.nodes if n not in self.hang_pool]
+        job = self.stack.submit_training(HANG_GANG, exclude=others)
+        held: list[str] = self.wait(lambda: self.job_nodes(job), 60, f"job {job} to run")
+        self.wait(lambda: demo_hang.beats(self.stack, job) > 2, 60, f"job {job} to beat")
+        return job, held
+
+    def hang_ended(self, job: str, n: int = 1) -> dict[str, Any]:
+        def ended() -> dict[str, Any] | None:
+            incs = demo_hang.hang_incidents(self.db, job)
+            done = len(incs) >= n and incs[n - 1]["state"] in ("RESOLVED", "FAILED")
+            return incs[n - 1] if done else None
+
+        found: dict[str, Any] = self.wait(ended, 240, f"hang incident {n} of job {job} to end")
+        return found
+
+    def hang_bad_node(self) -> Result:
+        """A hang with one bad link and a spare: the node checks find nothing, the ring's NCCL test
+        finds the link, the culprit gets its own incident (fenced, rebooted, validated) and the gang
+        trains again on the spare; resume_s from the last heartbeat to the first of the new run."""
+        job, held = self.training()
+        bad = held[1]
+        chaos.apply(self.stack, "hang", "link", node=bad)
+        stopped = time.time()
+        time.sleep(2 * HEARTBEAT_EVERY_S)  # a beat already on its way is not the new run's
+        training = demo_hang.beating_again(self.stack, job, self.wait, 300)
+        hang = self.hang_ended(job)
+        loc = hang.get("localisation") or {}
+        culprit = self.finished(bad, timeout=240)
+        now_on = self.job_nodes(job)
+        times = demo_hang.breakdown(stopped, hang, culprit, training, self.stack.alert_scale)
+        r = Result("hang_bad_node", False, "", durations(culprit), culprit["id"], facts=times)
+        r.passed = bool(
+            hang["state"] == "RESOLVED"
+            and loc.get("culprits") == [bad]
+            and (loc.get("incidents") or {}).get(bad) == culprit["id"]
+            and (culprit["kind"], culprit["state"], culprit["action"])
+            == ("localised", "RESOLVED", "REBOOT_NODE")
+            and times["rounds"] == ["sweep", "links"]
+            and self.restarts(job) == 1
+            and bad not in now_on
+            and len(now_on) == HANG_GANG
+        )
+        r.resume_s = times["real_s"]
+        r.detail = (
+            f"job {job} on {','.join(held)}; {bad}'s link at a fifth: {len(held)} nodes swept, "
+            f"{len(held)} ring pairs tested, culprit {loc.get('culprits')} -> {culprit['id']} "
+            f"({culprit['action']}), training again on {','.join(now_on)} {times['local_s']} s after "
+            f"the last beat here, ~{times['real_s']} s with the real alert window: {times['parts']}"
+        )
+        self.cancel(job)
+        return r
+
+    def hang_software(self) -> Result:
+        """A hang with no bad node: every node and ring link checked, nothing found, the gang
+        restarted in place once and a person paged with what was checked; hung again within the
+        window, it is not localised again (a person decides)."""
+        job, held = self.training()
+        chaos.apply(self.stack, "hang")
+        time.sleep(2 * HEARTBEAT_EVERY_S)
+        demo_hang.beating_again(self.stack, job, self.wait, 300)
+        first = self.hang_ended(job)
+        loc = first.get("localisation") or {}
+
+        def paged() -> list[dict[str, Any]]:
+            return [w for w in self.notes_for(first["id"]) if "no culprit" in w["body"]["text"]]
+
+        pages = self.wait(paged, 30, "the page")
+        restarts = self.restarts(job)
+        chaos.apply(self.stack, "hang")  # the restarted run hangs too: the job's own fault
+        second = self.hang_ended(job, 2)
+        r = Result("hang_software", False, "", durations(first), first["id"])
+        text = pages[0]["body"]["text"] if pages else ""
+        r.passed = bool(
+            loc.get("outcome") == "nothing_found"
+            and [x.get("kind") for x in loc.get("rounds", [])] == ["sweep", "links"]
+            and restarts == 1
+            and all(n in text for n in held)
+            and second["id"] != first["id"]
+            and (second.get("localise") or {}).get("run") is False
+            and "localisation" not in second
+            and self.restarts(job) == 1
+        )
+        r.detail = (
+            f"job {job}: {len(held)} nodes and {len(held)} ring pairs clean; restarted in place "
+            f"{restarts}x, paged ({len(pages)}); hung again -> {second['id']}: "
+            f"{(second.get('localise') or {}).get('why')}"
+        )
+        r.facts = {"first": loc, "second": second.get("localise"), "page": text}
+        self.cancel(job)
+        chaos.apply(self.stack, "clear")
+        return r
+
     def run_all(self, only: list[str] | None = None) -> list[Result]:
         plan: list[tuple[str, Callable[[], Result], bool]] = [
             ("xid79", self.xid79_gang, True),
@@ -820,6 +926,8 @@ class Scenarios(Pipeline):
             ("degraded", self.degraded_after_reset, True),
             ("replace_not_confirmed", self.replace_not_confirmed, True),
             ("no_spare", self.no_spare, True),
+            ("hang_bad_node", self.hang_bad_node, True),
+            ("hang_software", self.hang_software, True),
         ]
         results = []
         for key, fn, needs_budget in plan:
@@ -1424,8 +1532,11 @@ SLURM_KEYS = (
     "degraded",
     "replace_not_confirmed",
     "no_spare",
+    "hang_bad_node",
+    "hang_software",
 )
-SLURM_NODES = 18  # eight for the first scenarios, ten for the back-to-training ones
+HANG_GANG = 4  # the hung training job's nodes (the pool has one spare more)
+SLURM_NODES = 23  # eight for the first scenarios, five for the hangs, ten for the back-to-training ones
 GKE_KEYS = (
     "gke_xid79",
     "gke_two_members",
