@@ -110,7 +110,7 @@ def links_spec(iid: str, step: int, job: str, nodes: Sequence[str], cfg: Mapping
         "incident": iid,
         "job": job,
         "nodes": sorted(set(nodes)),
-        "pairs": [list(p) for p in ring_pairs(nodes)],
+        "pairs": [pair_name(p) for p in ring_pairs(nodes)],  # "a+b": Firestore keeps no nested arrays
         "message_bytes": int(cfg["link_bytes"]),
         "timeout_s": int(cfg["link_timeout_s"]),
     }
@@ -247,6 +247,11 @@ def pair_busbw(text: Any) -> float | None:
     if not res.ok or not res.rows:
         return None
     return max(res.rows, key=lambda r: r.size_bytes).busbw
+
+
+def split_pair(name: str) -> tuple[str, str]:
+    a, _, b = name.partition("+")
+    return a, b
 
 
 def judge_links(

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pitstop.core import checks, corroboration
+from pitstop.core import checks, corroboration, notifications
 from pitstop.core.actions import RECORD_ONLY_ACTIONS, Action
 from pitstop.core.catalog import SXID_KIND
 from pitstop.core.notifications import notification_id
@@ -279,6 +279,8 @@ def node_note(inc: Mapping[str, Any], unfenced: Mapping[str, Any]) -> tuple[str,
     Only what is true: a fence someone else set is theirs (Pitstop neither replaced nor lifts it),
     a node never fenced was not, and one already returned is back in service.
     """
+    if not inc.get("node"):  # a hung job's episode: Pitstop fenced no node for it
+        return f"{notifications.subject(inc)} has no node of its own fenced.", ""
     node, fence = inc["node"]["instance"], inc.get("fence") or {}
     if fence.get("already_drained_by_other"):
         return (
@@ -302,7 +304,13 @@ def node_note(inc: Mapping[str, Any], unfenced: Mapping[str, Any]) -> tuple[str,
 
 
 def summary(inc: Mapping[str, Any], unfenced: Mapping[str, Any]) -> str:
-    node = inc["node"]["instance"]
+    node = notifications.subject(inc)  # a hung job's episode has no node: its job
+    loc = inc.get("localisation") or {}
+    if loc.get("culprits"):
+        handed = ", ".join(f"{n} ({i})" for n, i in sorted((loc.get("incidents") or {}).items()))
+        return f"{node}: {inc['reason']} Localised: culprits {handed} are remediated in their own incidents."
+    if loc.get("outcome") == "nothing_found":
+        return f"{node}: {inc['reason']} Localised: no culprit; {(inc.get('resume') or {}).get('why')}."
     if inc["action"] in RECORD_ONLY_ACTIONS:
         return f"{node}: {inc['reason']} No node action taken."
     where, todo = node_note(inc, unfenced)

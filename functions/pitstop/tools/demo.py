@@ -233,7 +233,7 @@ class Pipeline:
         if r.incident is None or (r.resume_s is not None and r.repair_s is not None):
             return r
         inc = self.db.collection("pitstop_incidents").document(r.incident).get().to_dict()
-        return self.timed(r, inc) if inc else r
+        return self.timed(r, inc) if inc and inc.get("node") else r  # a hung job's: its scenario times it
 
     def timed(self, r: Result, inc: Mapping[str, Any]) -> Result:
         """The scenario's result with its resume_s and repair_s.
@@ -836,8 +836,9 @@ class Scenarios(Pipeline):
 
     def hang_bad_node(self) -> Result:
         """A hang with one bad link and a spare: the node checks find nothing, the ring's NCCL test
-        finds the link, the culprit gets its own incident (fenced, rebooted, validated) and the gang
-        trains again on the spare; resume_s from the last heartbeat to the first of the new run."""
+        finds the link, the culprit gets its own incident (fenced, rebooted; its validation measures
+        the link still slow, so its host is replaced) and the gang trains again on the spare at once;
+        resume_s from the last heartbeat to the first of the new run."""
         job, held = self.training()
         bad = held[1]
         chaos.apply(self.stack, "hang", "link", node=bad)
@@ -849,7 +850,9 @@ class Scenarios(Pipeline):
         culprit = self.finished(bad, timeout=240)
         now_on = self.job_nodes(job)
         times = demo_hang.breakdown(stopped, hang, culprit, training, self.stack.alert_scale)
-        r = Result("hang_bad_node", False, "", durations(culprit), culprit["id"], facts=times)
+        r = self.timed(
+            Result("hang_bad_node", False, "", durations(culprit), culprit["id"], facts=times), culprit
+        )
         r.passed = bool(
             hang["state"] == "RESOLVED"
             and loc.get("culprits") == [bad]
@@ -877,8 +880,9 @@ class Scenarios(Pipeline):
         window, it is not localised again (a person decides)."""
         job, held = self.training()
         chaos.apply(self.stack, "hang")
+        stopped = time.time()
         time.sleep(2 * HEARTBEAT_EVERY_S)
-        demo_hang.beating_again(self.stack, job, self.wait, 300)
+        training = demo_hang.beating_again(self.stack, job, self.wait, 300)
         first = self.hang_ended(job)
         loc = first.get("localisation") or {}
 
@@ -890,6 +894,7 @@ class Scenarios(Pipeline):
         chaos.apply(self.stack, "hang")  # the restarted run hangs too: the job's own fault
         second = self.hang_ended(job, 2)
         r = Result("hang_software", False, "", durations(first), first["id"])
+        times = demo_hang.breakdown(stopped, first, None, training, self.stack.alert_scale)
         text = pages[0]["body"]["text"] if pages else ""
         r.passed = bool(
             loc.get("outcome") == "nothing_found"
@@ -904,9 +909,11 @@ class Scenarios(Pipeline):
         r.detail = (
             f"job {job}: {len(held)} nodes and {len(held)} ring pairs clean; restarted in place "
             f"{restarts}x, paged ({len(pages)}); hung again -> {second['id']}: "
-            f"{(second.get('localise') or {}).get('why')}"
+            f"{(second.get('localise') or {}).get('why')}; training again {times['local_s']} s after"
+            f" the last beat here, ~{times['real_s']} s with the real alert window: {times['parts']}"
         )
-        r.facts = {"first": loc, "second": second.get("localise"), "page": text}
+        r.resume_s = times["real_s"]
+        r.facts = {"first": loc, "second": second.get("localise"), "page": text, "times": times}
         self.cancel(job)
         chaos.apply(self.stack, "clear")
         return r

@@ -131,18 +131,15 @@ class GangCheckRuns(CheckRuns):
 
 
 def _pairs(v: Any) -> list[list[str]]:
+    """``["a+b", ...]``: each two distinct node names (``+`` is in no node name)."""
     if not isinstance(v, list) or not 0 < len(v) <= MAX_GANG_NODES:
         raise CommandRefusedError("argument pairs is missing or invalid")
     out = []
     for p in v:
-        if (
-            not isinstance(p, list)
-            or len(p) != 2
-            or not all(isinstance(n, str) and NODE.fullmatch(n) and n.lower() != "all" for n in p)
-            or p[0] == p[1]
-        ):
-            raise CommandRefusedError("each pair is two distinct node names")
-        out.append([str(p[0]), str(p[1])])
+        a, _, b = p.partition("+") if isinstance(p, str) else ("", "", "")
+        if not all(NODE.fullmatch(n) and n.lower() != "all" for n in (a, b)) or a == b:
+            raise CommandRefusedError("each pair is two distinct node names, a+b")
+        out.append([a, b])
     return out
 
 

@@ -140,7 +140,7 @@ def _rounds(s: Step) -> list[dict[str, Any]]:
     if judged.get("run"):
         cfg = s.deps.policy.localise
         v = localise.judge_links(
-            judged["check"]["pairs"],
+            [localise.split_pair(str(p)) for p in judged["check"]["pairs"]],
             _final(s, Op.LINKS),
             float(cfg["link_fraction"]),
             float(cfg["max_culprit_percent"]),
