@@ -16,8 +16,8 @@ Kinds and what they break:
   (``Stack.restart_firestore``).
 - ``hang [--node N]``: every training run on the stack stops beating (local/trainer.py): a job
   stuck in a collective; with ``--node``, that node's GPU is the culprit (the GPU stand-ins show a
-  GPU that fails its quick diagnostic and that NVML cannot open); ``hang link --node N``: the
-  node's NIC/link instead (its node check is clean, its NCCL bus bandwidth a fifth of its peers');
+  GPU that fails its quick diagnostic and that NVML cannot open); ``hang link --node N``: an
+  NVLink of the node down instead (its node check is clean, its NCCL busbw a fifth of its peers');
   without ``--node``, a software hang (no node to find). A requeued run beats again.
 - ``straggler --node N``: N's GPU is held below its clocks (thermal) most of the time: the Monitoring
   stand-in's throttle policy opens after its window; nvidia-smi -q shows the slowdown.

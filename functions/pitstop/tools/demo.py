@@ -836,9 +836,10 @@ class Scenarios(Pipeline):
 
     def hang_bad_node(self) -> Result:
         """A hang with one bad link and a spare: the node checks find nothing, the ring's NCCL test
-        finds the link, the culprit gets its own incident (fenced, rebooted; its validation measures
-        the link still slow, so its host is replaced) and the gang trains again on the spare at once;
-        resume_s from the last heartbeat to the first of the new run."""
+        finds the node with an NVLink down, the culprit gets its own incident (fenced, rebooted; its
+        validation measures it still slow, its diagnostic finds the link down, its host is replaced)
+        and the gang trains again on the spare at once; resume_s from the last heartbeat to the
+        first beat of the new run."""
         job, held = self.training()
         bad = held[1]
         chaos.apply(self.stack, "hang", "link", node=bad)
@@ -866,7 +867,7 @@ class Scenarios(Pipeline):
         )
         r.resume_s = times["real_s"]
         r.detail = (
-            f"job {job} on {','.join(held)}; {bad}'s link at a fifth: {len(held)} nodes swept, "
+            f"job {job} on {','.join(held)}; {bad}'s NVLink down: {len(held)} nodes swept, "
             f"{len(held)} ring pairs tested, culprit {loc.get('culprits')} -> {culprit['id']} "
             f"({culprit['action']}), training again on {','.join(now_on)} {times['local_s']} s after "
             f"the last beat here, ~{times['real_s']} s with the real alert window: {times['parts']}"
