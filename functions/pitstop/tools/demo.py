@@ -898,24 +898,33 @@ class Scenarios(Pipeline):
         r = Result("hang_software", False, "", durations(first), first["id"])
         times = demo_hang.breakdown(stopped, first, None, training, self.stack.alert_scale)
         text = pages[0]["body"]["text"] if pages else ""
-        r.passed = bool(
-            loc.get("outcome") == "nothing_found"
-            and [x.get("kind") for x in loc.get("rounds", [])] == ["sweep", "links"]
-            and restarts == 1
-            and all(n in text for n in held)
-            and second["id"] != first["id"]
-            and (second.get("localise") or {}).get("run") is False
-            and "localisation" not in second
-            and self.restarts(job) == 1
-        )
+        checks = {
+            "nothing found": loc.get("outcome") == "nothing_found",
+            "sweep then links": [x.get("kind") for x in loc.get("rounds", [])] == ["sweep", "links"],
+            "restarted in place once": restarts == 1,
+            "paged with every node": all(n in text for n in held),
+            "hung again: a new incident": second["id"] != first["id"],
+            "not localised again": (second.get("localise") or {}).get("run") is False
+            and "localisation" not in second,
+            "not restarted again": self.restarts(job) == 1,
+        }
+        r.passed = all(checks.values())
+        failed = [k for k, ok in checks.items() if not ok]
         r.detail = (
             f"job {job}: {len(held)} nodes and {len(held)} ring pairs clean; restarted in place "
             f"{restarts}x, paged ({len(pages)}); hung again -> {second['id']}: "
             f"{(second.get('localise') or {}).get('why')}; training again {times['local_s']} s after"
             f" the last beat here, ~{times['real_s']} s with the real alert window: {times['parts']}"
+            + (f"; failed: {failed}" if failed else "")
         )
         r.resume_s = times["real_s"]
-        r.facts = {"first": loc, "second": second.get("localise"), "page": text, "times": times}
+        r.facts = {
+            "first": loc,
+            "second": second.get("localise"),
+            "page": text,
+            "times": times,
+            "failed": failed,
+        }
         self.cancel(job)
         chaos.apply(self.stack, "clear")
         return r
