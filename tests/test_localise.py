@@ -14,6 +14,7 @@ from pitstop.core import engine, localise, policy
 from pitstop.core.actions import NODE_ACTIONS
 from pitstop.core.catalog import default_xid_policy
 from pitstop.core.classify import Classifier
+from pitstop.core.domain import NodeRef
 from pitstop.core.envelope import unwrap
 from pitstop.core.states import State
 from pitstop.local.gpu_tools import all_gather_perf, nvidia_smi
@@ -157,3 +158,22 @@ def test_one_localisation_per_job_per_window() -> None:
         "3",
     )
     assert third.incident is not None and third.incident["localise"]["run"] is True
+
+
+def test_a_culprit_is_handed_to_one_node_incident_however_often_the_conclusion_is_retried() -> None:
+    from pitstop.adapters.memory_store import MemoryStore
+
+    pol = policy.from_doc({"mode": "enforce", "clusters": [CLUSTER]})
+    hang = engine.apply_event(_hang("0.a", "1", T0), None, None, {}, pol, T0, "1").incident
+    assert hang is not None
+    node: NodeRef = {"project": "p", "zone": "us-central1-a", "instance": NODES[5], "instance_id": "42"}
+    ev = localise.culprit_event(hang, node, "REBOOT_NODE", "both ring links slow", 1)
+    assert (ev["kind"], ev["source"]["trust"], ev["node"]) == ("localised", "verified", node)
+    store = MemoryStore()
+    first = store.apply(ev, pol, T0 + 10)
+    again = store.apply(
+        localise.culprit_event(hang, node, "REBOOT_NODE", "both ring links slow", 1), pol, T0 + 20
+    )
+    assert first.result == "opened" and first.incident is not None and first.start_step == 1
+    assert first.incident["action"] == "REBOOT_NODE" and first.incident["trust"] == "verified"
+    assert again.result == "duplicate" and again.duplicate_of == first.incident["id"]
