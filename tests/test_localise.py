@@ -177,3 +177,14 @@ def test_a_culprit_is_handed_to_one_node_incident_however_often_the_conclusion_i
     assert first.result == "opened" and first.incident is not None and first.start_step == 1
     assert first.incident["action"] == "REBOOT_NODE" and first.incident["trust"] == "verified"
     assert again.result == "duplicate" and again.duplicate_of == first.incident["id"]
+
+
+def test_localisation_switched_off_only_notifies_and_an_unchecked_job_says_why() -> None:
+    off = localise.plan({}, {"enabled": False}, 3600, T0)
+    assert (off.run, off.page) == (False, False) and "localise.enabled is false" in off.why
+    again = localise.plan({"localised_at": T0 - 10}, {"enabled": True}, 3600, T0)
+    assert (again.run, again.page) == (False, True)
+    text = localise.page_text(
+        "4242", [], [], "requeued in place (run 0)", "the gke scheduler cannot check a job's nodes"
+    )
+    assert "could not be checked (the gke scheduler cannot check a job's nodes)" in text

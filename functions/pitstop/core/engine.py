@@ -774,7 +774,7 @@ def _plan_localisation(inc: Incident, d: Decision) -> None:
     inc["localise"] = p.doc(d.now)
     if p.run and d.policy.enforce:
         d.node_doc["localised_at"] = d.now
-    elif not p.run and d.out.page is None:
+    elif p.page and d.out.page is None:
         d.out.page = f"incident {inc['id']}: {subject_name(inc)} hung; {p.why}"
 
 

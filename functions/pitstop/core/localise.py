@@ -59,6 +59,7 @@ def pair_name(pair: Sequence[str]) -> str:
 class Plan:
     run: bool
     why: str
+    page: bool = False  # hung again within the window: a person decides
 
     def doc(self, at: float) -> dict[str, Any]:
         return {"run": self.run, "why": self.why, "at": at}
@@ -75,6 +76,7 @@ def plan(job_doc: Mapping[str, Any], cfg: Mapping[str, Any], window_s: float, no
             False,
             f"this job was localised {ago} s ago (windows.hang_localise_s {int(window_s)} s):"
             " not again; a person decides",
+            page=True,
         )
     return Plan(True, "every node of the job is checked at once, then its ring links if need be")
 
@@ -327,9 +329,14 @@ def culprit_event(inc: Mapping[str, Any], node: NodeRef, action: str, why: str, 
     }
 
 
-def page_text(job: str, nodes: Sequence[str], rounds: Sequence[Mapping[str, Any]], restart: str) -> str:
+def page_text(
+    job: str, nodes: Sequence[str], rounds: Sequence[Mapping[str, Any]], restart: str, unchecked: str = ""
+) -> str:
     """What the person is told when nothing was found: every node and every check, and the restart."""
-    lines = [f"Hung job {job}: no culprit found on its {len(nodes)} nodes ({', '.join(nodes[:64])})."]
+    if not nodes:
+        lines = [f"Hung job {job}: its nodes could not be checked ({unchecked or 'no answer'})."]
+    else:
+        lines = [f"Hung job {job}: no culprit fenced on its {len(nodes)} nodes ({', '.join(nodes[:64])})."]
     for r in rounds:
         lines.append(f"- {'; '.join(r.get('checked') or [])}: {r.get('why')}")
         if r.get("suspects"):

@@ -310,7 +310,9 @@ def summary(inc: Mapping[str, Any], unfenced: Mapping[str, Any]) -> str:
         handed = ", ".join(f"{n} ({i})" for n, i in sorted((loc.get("incidents") or {}).items()))
         return f"{node}: {inc['reason']} Localised: culprits {handed} are remediated in their own incidents."
     if loc.get("outcome") == "nothing_found":
-        return f"{node}: {inc['reason']} Localised: no culprit; {(inc.get('resume') or {}).get('why')}."
+        return (
+            f"{node}: {inc['reason']} Localised: no culprit fenced; {(inc.get('resume') or {}).get('why')}."
+        )
     if inc["action"] in RECORD_ONLY_ACTIONS:
         return f"{node}: {inc['reason']} No node action taken."
     where, todo = node_note(inc, unfenced)

@@ -889,7 +889,7 @@ class Scenarios(Pipeline):
         loc = first.get("localisation") or {}
 
         def paged() -> list[dict[str, Any]]:
-            return [w for w in self.notes_for(first["id"]) if "no culprit" in w["body"]["text"]]
+            return [w for w in self.notes_for(first["id"]) if "no culprit fenced" in w["body"]["text"]]
 
         pages = self.wait(paged, 30, "the page")
         restarts = self.restarts(job)

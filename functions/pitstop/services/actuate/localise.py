@@ -214,11 +214,11 @@ def _restart_in_place(
     then = JobRun.of((rec.get("runs") or {}).get(job))
     skipped = requeue_one(s, job, then)
     restart = f"requeued in place (run {then.restarts})" if skipped is None else f"not restarted: {skipped}"
-    text = localise.page_text(job, nodes, rounds, restart)
+    text = localise.page_text(job, nodes, rounds, restart, str(rec.get("why") or ""))
     resume = {"mode": "in_place", "requeued": [job] if skipped is None else [], "why": restart}
     s.set_state(None, "job_requeued" if skipped is None else None, resume=resume)
     _note(s, outcome="nothing_found", page=text)
-    s.notify(s.inc, "critical", f"Hung job {job}: no culprit found; {restart}", todo=text,
+    s.notify(s.inc, "critical", f"Hung job {job}: no culprit fenced; {restart}", todo=text,
              id=notifications.notification_id("localise", s.iid, s.step, "nothing_found"))  # fmt: skip
     log.emit("WARNING", "hang not localised: restarted in place, paged", incident=s.iid, job=job)
     return {"outcome": "nothing_found", "requeued": skipped is None, "why": restart}
