@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from pitstop.core import engine, localise, policy
-from pitstop.core.actions import NODE_ACTIONS
 from pitstop.core.catalog import default_xid_policy
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import NodeRef
@@ -23,7 +22,7 @@ from pitstop.local.gpu_tools.state import NodeState
 from .helpers import alert_delivery, job_alert
 
 NODES = [f"a3-node-{i:03d}" for i in range(16)]
-NODE_XIDS = frozenset(x for x in range(1, 200) if default_xid_policy().rule(x).action in NODE_ACTIONS)
+NODE_XIDS = localise.node_fault_xids(default_xid_policy())
 CLUSTER = {"name": "train", "scheduler": "slurm", "size": 16, "match": {"name_pattern": "a3-node-*"}}
 T0 = 1_800_000_000.0
 

@@ -23,14 +23,13 @@ import pytest
 
 from pitstop.agent.slurm import CheckTools, CommandRefusedError, SlurmCommands
 from pitstop.core import localise
-from pitstop.core.actions import NODE_ACTIONS
 from pitstop.core.catalog import default_xid_policy
 from pitstop.local.slurm import SlurmCluster
 
 NODES = [f"lc-{i:02d}" for i in range(16)]
 INCIDENT = "ilocaliz23"
 HUNG, SLOW = "lc-11", "lc-05"
-NODE_XIDS = frozenset(x for x in range(1, 200) if default_xid_policy().rule(x).action in NODE_ACTIONS)
+NODE_XIDS = localise.node_fault_xids(default_xid_policy())
 CFG = {"tool_timeout_s": 60, "link_timeout_s": 120, "link_bytes": 64 << 20}
 TOOLS = CheckTools(
     nvidia_smi=(sys.executable, "-m", "pitstop.local.gpu_tools.nvidia_smi"),

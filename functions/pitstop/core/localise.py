@@ -33,6 +33,8 @@ from typing import Any
 from pitstop.core import corroboration
 from pitstop.core import diagnose as diag
 from pitstop.core import validation as val
+from pitstop.core.actions import NODE_ACTIONS
+from pitstop.core.catalog import XidPolicy
 from pitstop.core.checks import check_name
 from pitstop.core.domain import FaultEvent, NodeRef
 
@@ -191,6 +193,11 @@ def node_findings(
                 found.append(f"kernel ring buffer: Xid {x.xid} on {x.pci}")
                 break
     return found
+
+
+def node_fault_xids(xids: XidPolicy) -> frozenset[int]:
+    """The Xids the catalog (with the policy's overrides) answers with a node action."""
+    return frozenset(x for x, rule in xids.rules.items() if rule.action in NODE_ACTIONS)
 
 
 def _expected_gpus(nodes: Sequence[str], outputs: Mapping[str, Any]) -> int | None:

@@ -18,7 +18,6 @@ from typing import Any
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import localise, notifications
-from pitstop.core.actions import NODE_ACTIONS
 from pitstop.core.domain import NodeRef
 from pitstop.core.ops import Op
 from pitstop.core.scheduling import GangChecks, JobRun, JobState
@@ -107,8 +106,7 @@ def links_done(s: Step) -> dict[str, Any]:
 
 def _node_xids(s: Step) -> frozenset[int]:
     """Xids the catalog answers with a node action: in a node's ring buffer, a finding."""
-    xids = s.deps.policy.xids
-    return frozenset(x for x in range(1, 200) if xids.rule(x).action in NODE_ACTIONS)
+    return localise.node_fault_xids(s.deps.policy.xids)
 
 
 def links(s: Step) -> dict[str, Any]:
