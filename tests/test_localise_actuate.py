@@ -107,10 +107,12 @@ def test_the_culprit_gets_one_node_incident_and_the_hang_hands_the_restart_to_it
     node_incidents = [i for i in checking.store.list() if i["kind"] == "localised"]
     assert len(node_incidents) == 1 and node_incidents[0]["node"]["instance"] == BAD
     assert node_incidents[0]["id"] == done["incidents"][BAD] and node_incidents[0]["action"] == "REBOOT_NODE"
-    assert node_incidents[0]["node"]["instance_id"] == str(checking.fake.get_instance(PROJECT, ZONE, BAD)["id"])
-    assert checking.gang.requeues == [] and checking.gang.gang_checks == [
-        "sweep"
-    ]  # the node incident requeues
+    assert node_incidents[0]["node"]["instance_id"] == str(
+        checking.fake.get_instance(PROJECT, ZONE, BAD)["id"]
+    )
+    gang = checking.gang
+    assert isinstance(gang, CheckingGang) and gang.gang_checks == ["sweep"]
+    assert gang.requeues == []  # the restart is the node incident's (fenced, then requeued once per run)
     assert checking.ok(Op.CLOSE, iid)["outcome"] == "resolved"
     hang = checking.store.get(iid)
     assert hang is not None and hang["state"] == State.RESOLVED and hang["timeline"]["localised"]
