@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-from pitstop.core import alerts, lifecycle, trust
+from pitstop.core import alerts, lifecycle, localise, trust
 from pitstop.core.actions import JOB_ACTIONS, NODE_ACTIONS, RANK, RECORD_ONLY_ACTIONS, Action, higher
 from pitstop.core.catalog import SXID_KIND, TIE_PRIMARY, TIE_RECOVERY
 from pitstop.core.domain import AlertRef, Evidence, GpuCounts, Held, Incident, JobRef, Maintenance, NodeRef
@@ -49,6 +49,7 @@ TIMELINE_KEYS = (
     "fenced",
     "job_requeued",  # the gang's requeue asked for: early (right after the fence) or once the node is back
     "job_running",  # the gang observed running again (a new run of each job)
+    "localised",  # a hung job's culprits handed to their own node incidents
     "corroborated",  # the fault confirmed on the node itself (ring buffer, nvidia-smi, Node condition)
     "diagnosed",
     "acted",
@@ -449,11 +450,13 @@ def absorbs(latest: Mapping[str, Any] | None, ev: Mapping[str, Any], ts: float) 
     if closure:  # closed by a person: only lines logged before that are late lines of its episode
         return ts <= float(closure["at"])
     resolved = latest["timeline"].get("resolved") or 0
-    if latest["action"] in RECORD_ONLY_ACTIONS or latest.get("mode") == "observe":
+    localised = (latest.get("localise") or {}).get("run") is True  # a hung job Pitstop acted on
+    if (latest["action"] in RECORD_ONLY_ACTIONS and not localised) or latest.get("mode") == "observe":
         # Record-only episodes end with the burst (3 minutes of silence); a stronger line of the
         # same burst (delivered late: push delivery is unordered) reopens the episode.
         return ts < float(latest["burst_until"])
-    # A node action's incident absorbs lines logged before it was resolved (late deliveries).
+    # A node action's (or a localised hang's) incident absorbs lines logged before it was resolved
+    # (late deliveries): a hang of the restarted run is a new episode.
     return ts <= resolved
 
 
@@ -715,6 +718,8 @@ def _alert_changes(inc: Incident, ev: Mapping[str, Any], ts: float, d: Decision)
     inc["alert_ended"] = {"at": d.now, "flap_until": ts + d.policy.window("alert_flap_s")}
     d.out.budgets.update(_own_slots(inc, d.budgets))
     _forget_remediation(d.node_doc, inc["id"])
+    if d.node_doc.get("localised_at") == (inc.get("localise") or {}).get("at"):
+        d.node_doc.pop("localised_at", None)  # nothing was localised: the window is not spent
     d.out.result = "ended"
     return True
 
@@ -775,7 +780,20 @@ def _open(ev: Mapping[str, Any], ts: float, trigger: str, d: Decision) -> Outcom
     d.out.incident, d.out.result = inc, "opened"
     d.cluster_size = cluster.size if cluster else None
     _decide_start(inc, d)
+    if ev["kind"] == "hang" and inc.get("workflow"):
+        _plan_localisation(inc, d)
     return d.out
+
+
+def _plan_localisation(inc: Incident, d: Decision) -> None:
+    """A hung job's step localises it first, once per job per window (core/localise.py): decided
+    here, on the job's document, in the transaction that opens the incident."""
+    p = localise.plan(d.node_doc, d.policy.localise, d.policy.window("hang_localise_s"), d.now)
+    inc["localise"] = p.doc(d.now)
+    if p.run and d.policy.enforce:
+        d.node_doc["localised_at"] = d.now
+    elif p.page and d.out.page is None:
+        d.out.page = f"incident {inc['id']}: {subject_name(inc)} hung; {p.why}"
 
 
 def _trust_of(ev: Mapping[str, Any]) -> str:

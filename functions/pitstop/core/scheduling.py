@@ -149,6 +149,15 @@ class CheckResult:
     peer: str | None = None
     error: str | None = None
     note: str | None = None
+    exit_codes: Mapping[str, int] = field(default_factory=dict)  # per tool (124: it ran out of time)
+
+
+@dataclass(frozen=True)
+class GangCheckStart:
+    """A check started on every node of a running job: the nodes the scheduler says it holds."""
+
+    started: str
+    nodes: tuple[str, ...]
 
 
 _LABEL = re.compile(r"[a-z]{1,16}")
@@ -219,3 +228,15 @@ class JobReleaser(Protocol):
     def release_jobs(self, jobs: list[str], ref: StepRef) -> list[str]:
         """Undo, for this incident, what is still Pitstop's on these jobs; what was done."""
         ...
+
+
+@runtime_checkable
+class GangChecks(Protocol):
+    """Checks on every node of a running job at once, beside it (a hung job's localisation).
+
+    Optional: a scheduler without it cannot localise, and a hung job is then restarted in place
+    once and a person paged (services/actuate/localise.py).
+    """
+
+    def start_gang_check(self, job: str, check: Mapping[str, Any], ref: StepRef) -> GangCheckStart: ...
+    def gang_check_result(self, job: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult: ...

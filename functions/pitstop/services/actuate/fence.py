@@ -43,7 +43,7 @@ def claim(s: Step) -> dict[str, Any]:
         elif (held := join_block(s, vm)) is not None:
             ours, why = False, held
     action = s.inc["action"]
-    return {"ours": ours, "why": why, "plan": plan_for(action), "action": action}
+    return {"ours": ours, "why": why, "plan": plan_for(action, s.inc), "action": action}
 
 
 def _identity_problem(s: Step) -> tuple[str | None, dict[str, Any] | None]:

@@ -14,8 +14,8 @@ from pitstop.services.actuate.context import Step
 
 
 def _runs(s: Step) -> dict[str, JobRun]:
-    """Each fenced job with the run the fault hit."""
-    fence = s.recorded(Op.FENCE)
+    """Each fenced job with the run the fault hit (a hung job's: the run its localisation saw)."""
+    fence = s.recorded(Op.FENCE) or s.recorded(Op.LOCALISE)
     runs = fence.get("runs") or {}
     return {str(j): JobRun.of(runs.get(j)) for j in fence.get("jobs", [])}
 
