@@ -16,7 +16,7 @@ import pytest
 
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.memory_store import MemoryStore
-from pitstop.core import engine, policy
+from pitstop.core import engine, policy, remediation
 from pitstop.core.classify import Classifier
 from pitstop.core.ops import MUTATING_OPS, PROBE_OPS, Op
 from pitstop.core.scheduling import (
@@ -36,7 +36,15 @@ from pitstop.local.fake_compute import FakeCompute, serve
 from pitstop.services.actuate import Actuator
 from pitstop.services.actuate.registry import OPS, Kind
 
-from .helpers import PROJECT, ZONE, load_fixture, ops_agent_entry, retarget_system_event, system_event_entry
+from .helpers import (
+    PROJECT,
+    ZONE,
+    load_fixture,
+    ops_agent_entry,
+    partial_incident,
+    retarget_system_event,
+    system_event_entry,
+)
 
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 
@@ -423,3 +431,12 @@ def test_a_node_counts_against_its_block_from_the_claim_and_a_full_block_holds_b
     body, status = rig.call(Op.FENCE, second)
     assert status == 409 and "incident is HELD" in body["error"] and rig.gang.fenced == [NODE]
     assert set((rig.store.budget(block) or {})["slots"]) == {first}
+
+
+def test_a_notification_carries_what_its_caller_adds_and_may_take_another_id() -> None:
+    """A hang's page names its own decision (localise), not the incident's state: its id is given."""
+    inc = partial_incident({"id": "iabcdefgh2", "step": 1, "state": "RESOLVED", "timeline": {}})
+    plain = remediation.notification(inc, "info", "done", jobs=["42"])
+    assert plain["id"].startswith("incident-iabcdefgh2-") and plain["jobs"] == ["42"]
+    paged = remediation.notification(inc, "critical", "hung", todo="look", id="localise-iabcdefgh2-x")
+    assert (paged["id"], paged["todo"], paged["summary"]) == ("localise-iabcdefgh2-x", "look", "hung")

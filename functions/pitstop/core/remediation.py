@@ -360,11 +360,9 @@ NOTIFIED_FIELDS = (
 )
 
 
-def notification(
-    inc: Incident, severity: str, text: str, *, jobs: list[str] | None = None, todo: str | None = None
-) -> Notice:
-    """An incident notification (its id is fixed by the incident, its step and its state); ``jobs``
-    the jobs it names, ``todo`` what a person does."""
+def notification(inc: Incident, severity: str, text: str, **extra: Any) -> Notice:
+    """An incident notification (its id is fixed by the incident, its step and its state); ``extra``
+    adds to it or overrides (``jobs``, ``todo``, or a notification ``id`` of another decision)."""
     out: Notice = {
         "id": notification_id("incident", inc.get("id"), inc.get("step"), inc.get("state")),
         "kind": "incident",
@@ -375,8 +373,4 @@ def notification(
         "resume_s": resume_s(inc),
         "repair_s": repair_s(inc),
     }
-    if jobs is not None:
-        out["jobs"] = jobs
-    if todo is not None:
-        out["todo"] = todo
-    return out
+    return cast(Notice, {**out, **extra})  # the extras are the caller's keys, unchecked here
