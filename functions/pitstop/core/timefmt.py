@@ -16,8 +16,8 @@ def to_epoch(ts: str | None) -> float | None:
     s = ts.replace("Z", "+00:00")
     if "." in s:
         head, _, rest = s.partition(".")
-        digits = "".join(c for c in rest if c.isdigit())
-        tz = rest[len(digits) :]
+        frac = len(rest) - len(rest.lstrip("0123456789"))  # the fraction ends where the offset starts
+        digits, tz = rest[:frac], rest[frac:]
         s = f"{head}.{digits[:6]}{tz}"
     try:
         return dt.datetime.fromisoformat(s).timestamp()
