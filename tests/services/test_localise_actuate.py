@@ -18,7 +18,7 @@ from pitstop.core import localise, policy
 from pitstop.core.classify import Classifier
 from pitstop.core.envelope import unwrap
 from pitstop.core.ops import Op
-from pitstop.core.scheduling import CheckResult, GangCheckStart, StepRef
+from pitstop.core.scheduling import CheckResult, GangCheckStart, JobInfo, JobRun, JobState, StepRef
 from pitstop.core.states import State
 from pitstop.local.fake_compute import FakeCompute, serve
 from pitstop.local.gpu_tools import nvidia_smi
@@ -131,3 +131,25 @@ def test_a_scheduler_that_cannot_check_a_jobs_nodes_restarts_it_in_place_once_an
     hang = blind.store.get(iid)
     assert hang is not None and "cannot check a job's nodes" in hang["localisation"]["page"]
     assert blind.ok(Op.CLOSE, iid)["outcome"] == "resolved"
+
+
+@pytest.mark.parametrize("state", [JobState.COMPLETED, JobState.CANCELLED, JobState.FAILED, JobState.PENDING])
+def test_a_heartbeat_that_stopped_because_the_job_is_not_running_restarts_and_pages_nothing(
+    checking: HangRig, state: JobState
+) -> None:
+    # A job that finished or was cancelled stops writing its heartbeat exactly like a hung one:
+    # the absence alert fires for both (infra/monitoring/telemetry/job-heartbeat.json); the scheduler
+    # tells them apart.
+    checking.gang.info = JobInfo(JOB, state, JobRun(0, "2026-11-24T08:00:00"))
+    iid = checking.hang()
+    assert checking.ok(Op.CLAIM, iid)["plan"] == "localise"
+    assert checking.ok(Op.LOCALISE, iid)["run"] is False
+    assert checking.ok(Op.LINKS, iid)["run"] is False
+    assert checking.ok(Op.CONCLUDE, iid)["outcome"] == "not_running"
+    gang = checking.gang
+    assert isinstance(gang, CheckingGang) and gang.gang_checks == [] and gang.requeues == []
+    assert checking.ok(Op.CLOSE, iid)["outcome"] == "resolved"
+    hang = checking.store.get(iid)
+    assert hang is not None and hang["state"] == State.RESOLVED
+    assert f"is {state}" in hang["localisation"]["page"]
+    assert [i for i in checking.store.list() if i["kind"] == "localised"] == []

@@ -65,11 +65,11 @@ def localise_job(s: Step) -> dict[str, Any]:
     job = _job(s)
     info = s.scheduler.job_info(job, s.ref)
     base = {"jobs": [job], "runs": {job: info.run.doc()}, "state": str(info.state)}
+    if info.state != JobState.RUNNING:
+        return {**base, "run": False, "why": f"job {job} is {info.state}: no nodes to check"}
     sched = _checks(s)
     if sched is None:
         return {**base, "run": False, "why": f"the {s.scheduler.name} scheduler cannot check a job's nodes"}
-    if info.state != JobState.RUNNING:
-        return {**base, "run": False, "why": f"job {job} is {info.state}: no nodes to check"}
     spec = localise.sweep_spec(s.iid, s.step, job, [], s.deps.policy.localise)
     out = {**base, **_start(s, sched, spec)}
     _note(s, nodes=out["nodes"], started_at=s.deps.clock())
@@ -152,6 +152,9 @@ def _rounds(s: Step) -> list[dict[str, Any]]:
 def conclude(s: Step) -> dict[str, Any]:
     """Culprits → a node incident each (the engine's, as any fault); else one restart in place and a page."""
     rec = s.recorded(Op.LOCALISE)
+    state = JobState.of(rec.get("state"))
+    if state in localise.NOT_HUNG:
+        return _not_hung(s, state)
     rounds = _rounds(s)
     culprits = [str(c) for r in rounds for c in r.get("culprits", [])]
     nodes = [str(n) for n in rec.get("nodes") or []]
@@ -162,6 +165,16 @@ def conclude(s: Step) -> dict[str, Any]:
             s.set_state(None, "localised")
             return {"outcome": "culprits", "culprits": sorted(set(culprits)), "incidents": opened}
     return _restart_in_place(s, rec, nodes, rounds)
+
+
+def _not_hung(s: Step, state: JobState) -> dict[str, Any]:
+    """The job ended, was suspended or is queued: no restart, no page, a note to its owner."""
+    job = _job(s)
+    text = localise.not_hung_text(job, str(state))
+    _note(s, outcome="not_running", page=text)
+    s.notify(s.inc, "info", text, id=notifications.notification_id("localise", s.iid, s.step, "not_running"))
+    log.emit("INFO", "hang alert for a job that is not running: nothing done", incident=s.iid, job=job)
+    return {"outcome": "not_running", "state": str(state)}
 
 
 def _node_ref(s: Step, node: str) -> NodeRef | None:
