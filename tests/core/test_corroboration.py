@@ -186,3 +186,58 @@ def test_an_nvswitch_incident_asks_the_node_for_its_sxids() -> None:
            "counts": {"events": 3, "sxid_24007": 2, "sxid_20034": 1}}  # fmt: skip
     assert c.needs_corroboration(partial_incident(inc), True)[0]
     assert c.spec(partial_incident(inc), 1, 8, 8)["sxids"] == [24007, 20034]
+
+
+# -- GKE: Pitstop's node-problem-detector condition (infra/gke/npd.yaml) ---------------------------
+XID13 = "NVRM: Xid (PCI:0000:a1:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0)"
+BOOT = 1_700_000_000.0  # the VM's lastStartTimestamp (Compute)
+
+
+def _npd(message: str, at: str, status: str = "True") -> str:
+    cond = {"type": c.NPD_CONDITION, "status": status, "reason": "NvrmXid", "message": message}
+    cond["lastTransitionTime"] = at
+    plugin = {"type": "XidCriticalError", "status": "False", "reason": "{}", "message": "b2"}
+    return json.dumps({"status": {"nodeInfo": {"bootID": "b2"}, "conditions": [plugin, cond]}})
+
+
+def _gke_check(xid: int, boot_after: float | None = BOOT) -> CheckSpec:
+    return cast(
+        CheckSpec, {"kind": "corroborate", "xids": [xid], "expected_gpus": 8, "boot_after": boot_after}
+    )
+
+
+AFTER_BOOT, BEFORE_BOOT = "2023-11-14T22:15:00Z", "2023-11-14T22:05:00Z"  # BOOT is 22:13:20 UTC
+
+
+@pytest.mark.parametrize(
+    ("xid", "node", "boot_after", "confirmed"),
+    [
+        (13, _npd(XID13, AFTER_BOOT), BOOT, True),  # an Xid the device plugin does not watch
+        (79, _npd(XID79, AFTER_BOOT), BOOT, True),
+        (13, _npd(XID79, AFTER_BOOT), BOOT, False),  # the kernel printed another Xid
+        (13, _npd("the kernel printed no NVRM Xid line this boot", AFTER_BOOT, "False"), BOOT, False),
+        (13, _npd(XID13, BEFORE_BOOT), BOOT, False),  # a condition of the previous boot
+        (13, _npd(XID13, AFTER_BOOT), None, False),  # no boot time to date it against
+        (13, _npd(XID13, "not a time"), BOOT, False),
+        (13, _npd("Xid 13 happened, trust me", AFTER_BOOT), BOOT, False),  # not the driver's line
+    ],
+)
+def test_the_npd_condition_confirms_its_xid_on_this_boot_only(
+    xid: int, node: str, boot_after: float | None, confirmed: bool
+) -> None:
+    v = c.judge(_gke_check(xid, boot_after), {"done": True, "outputs": {"node_condition": node}}, {})
+    assert v.confirmed is confirmed
+    if confirmed:
+        assert c.NPD_CONDITION in v.why and f"Xid {xid}" in v.why
+
+
+def test_a_forged_gke_line_with_no_kernel_line_is_refused_and_says_what_was_read() -> None:
+    node = json.dumps({"status": {"nodeInfo": {"bootID": "b2"}, "conditions": []}})
+    v = c.judge(_gke_check(13), {"done": True, "outputs": {"node_condition": node}}, {})
+    assert not v.confirmed and "does not show" in v.why
+    assert any(c.NPD_CONDITION in x and "XidCriticalError" in x for x in v.checked)
+
+
+def test_the_spec_carries_the_boot_the_condition_is_dated_against() -> None:
+    inc = partial_incident({"id": "i-1", "xid": 13, "kind": "gpu_xid", "action": "RESTART_JOB"})
+    assert c.spec(inc, 1, 8, 8, BOOT)["boot_after"] == BOOT

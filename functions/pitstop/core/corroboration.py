@@ -14,7 +14,10 @@ there now:
 - ``nvidia-smi -q``: fewer GPUs than the VM has, a GPU lost, a row remap pending or failed, a
   retired page pending (the same findings the diagnostic uses).
 - on GKE, the GPU device plugin's ``XidCriticalError`` Node condition for the Xid on the
-  current boot (set from NVML events, core/trust.py).
+  current boot (set from NVML events, core/trust.py), or, for any Xid, Pitstop's
+  node-problem-detector condition ``PitstopKernelXid`` (infra/gke/npd.yaml: NPD reads /dev/kmsg
+  and keeps the boot's first NVRM Xid line as the condition's message), believed only when it
+  changed after the VM's last start (an older one is about an earlier boot).
 
 Confirmed: the step goes on. Not confirmed: the node stays fenced, nothing is restarted, no VM
 is touched, and a person is paged with what was checked.
@@ -34,6 +37,7 @@ from pitstop.core.actions import RECORD_ONLY_ACTIONS
 from pitstop.core.catalog import SXID_KIND
 from pitstop.core.checks import check_name
 from pitstop.core.domain import CheckRun, CheckSpec, EvidenceGpu, Incident, Measurement
+from pitstop.core.timefmt import to_epoch
 
 CORROBORATE = "corroborate"
 KERNEL_FACILITY = 0
@@ -119,8 +123,14 @@ def corroborated_before(inc: Incident) -> bool:
     return isinstance(rec, Mapping) and rec.get("confirmed") is True
 
 
-def spec(inc: Incident, step: int, gpus: int, expected_gpus: int | None) -> CheckSpec:
-    """What the scheduler runs on the node: read-only tools, no GPU taken from a running job."""
+def spec(
+    inc: Incident, step: int, gpus: int, expected_gpus: int | None, boot_after: float | None = None
+) -> CheckSpec:
+    """What the scheduler runs on the node: read-only tools, no GPU taken from a running job.
+
+    ``boot_after``: the VM's last start (Compute), against which a GKE Node condition that carries
+    no bootID (node-problem-detector's) is dated.
+    """
     return {
         "kind": CORROBORATE,
         "name": check_name(inc["id"], step, CORROBORATE),
@@ -129,6 +139,7 @@ def spec(inc: Incident, step: int, gpus: int, expected_gpus: int | None) -> Chec
         "expected_gpus": expected_gpus,
         "xids": incident_xids(inc),
         "sxids": incident_sxids(inc),
+        "boot_after": boot_after,
     }
 
 
@@ -183,16 +194,47 @@ def _smi_findings(text: str | None, expected: int | None, evidence: EvidenceGpu)
     return found, f"nvidia-smi -q: {smi.visible} GPUs visible of {exp} expected"
 
 
-def _condition_findings(xids: Iterable[int], text: Any) -> tuple[list[str], str]:
+def _condition_findings(xids: Iterable[int], text: Any, boot_after: float | None) -> tuple[list[str], str]:
     """The Node's status as the adapter read it (JSON: nodeInfo.bootID and the conditions)."""
     try:
         node = json.loads(text) if isinstance(text, str) and len(text) < 65536 else None
     except ValueError:
         node = None
     if not isinstance(node, Mapping):
-        return [], "GKE Node condition XidCriticalError: unreadable"
-    found = [why for x in xids if (why := trust.xid_condition_confirms(node, x))]
-    return found[:2], "GKE Node condition XidCriticalError (device plugin, current boot)"
+        return [], "GKE Node conditions XidCriticalError, PitstopKernelXid: unreadable"
+    want = list(xids)
+    found = [why for x in want if (why := trust.xid_condition_confirms(node, x))]
+    found += _npd_findings(node, want, boot_after)
+    return found[:2], (
+        "GKE Node conditions XidCriticalError (device plugin, current boot) and"
+        f" {NPD_CONDITION} (node-problem-detector, changed after the VM's last start)"
+    )
+
+
+NPD_CONDITION = "PitstopKernelXid"  # infra/gke/npd.yaml's kernel-monitor rule file
+
+
+def _npd_findings(node: Mapping[str, Any], xids: list[int], boot_after: float | None) -> list[str]:
+    """NPD's condition names one of the Xids in its kernel line and changed during this boot.
+
+    NPD puts the matched kernel message in the condition's message and dates the change; a
+    condition that changed before the VM last started is about an earlier boot (NPD resets its
+    conditions to their defaults when it starts, so a True one older than the boot is stale).
+    """
+    status = node.get("status")
+    conds = status.get("conditions") if isinstance(status, Mapping) else None
+    out: list[str] = []
+    for c in conds if isinstance(conds, list) else []:
+        if not (isinstance(c, Mapping) and c.get("type") == NPD_CONDITION and c.get("status") == "True"):
+            continue
+        m = _XID.search(str(c.get("message") or "")[:2048])
+        at = to_epoch(str(c.get("lastTransitionTime") or "")) if c.get("lastTransitionTime") else None
+        if m is None or int(m.group("xid")) not in xids:
+            continue
+        if boot_after is None or at is None or at <= boot_after:
+            continue
+        out.append(f"{NPD_CONDITION} (node-problem-detector, /dev/kmsg): Xid {m.group('xid')} this boot")
+    return out
 
 
 def _scheduler_findings(text: Any) -> tuple[list[str], str]:
@@ -201,6 +243,11 @@ def _scheduler_findings(text: Any) -> tuple[list[str], str]:
     gone = "NOT_RESPONDING" in state or "*" in state.split(" ", 1)[0]
     found = [f"slurmctld sees the node not responding ({state})"] if gone else []
     return found, f"slurmctld: {state or 'no state'}"
+
+
+def _boot_after(check: CheckSpec) -> float | None:
+    got = check.get("boot_after")
+    return float(got) if isinstance(got, (int, float)) and not isinstance(got, bool) else None
 
 
 def judge(check: CheckSpec, result: CheckRun | None, evidence: EvidenceGpu) -> Verdict:
@@ -223,7 +270,9 @@ def judge(check: CheckSpec, result: CheckRun | None, evidence: EvidenceGpu) -> V
     for part in (
         _kernel_findings(xids, sxids, outputs.get("dmesg")) if "dmesg" in outputs else None,
         _smi_findings(outputs.get("nvidia_smi_q"), expected, evidence) if "nvidia_smi_q" in outputs else None,
-        _condition_findings(xids, outputs.get("node_condition")) if "node_condition" in outputs else None,
+        _condition_findings(xids, outputs.get("node_condition"), _boot_after(check))
+        if "node_condition" in outputs
+        else None,
         _scheduler_findings(outputs.get("slurm_node")) if "slurm_node" in outputs else None,
     ):
         if part is not None:

@@ -401,6 +401,7 @@ class CheckSpec(TypedDict):
     peer: NotRequired[bool]
     xids: NotRequired[list[int]]
     sxids: NotRequired[list[int]]
+    boot_after: NotRequired[float | None]  # the VM's last start (epoch s): a GKE condition older says nothing
 
 
 class CheckRun(TypedDict, total=False):

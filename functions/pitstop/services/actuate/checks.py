@@ -69,7 +69,8 @@ def corroborate(s: Step) -> dict[str, Any]:
         return {"run": False, "unavailable": True, "why": "no scheduler to ask the node through"}
     vm = s.vm()
     expected = checks.gpus_of(vm)
-    spec = corroboration.spec(s.inc, s.step, expected or 1, expected)
+    boot = to_epoch(vm.get("last_start_timestamp")) or to_epoch(vm.get("creation_timestamp"))
+    spec = corroboration.spec(s.inc, s.step, expected or 1, expected, boot)
     return {**_start(s, spec), "why": why}
 
 
