@@ -523,10 +523,14 @@ def test_every_command_is_accepted_by_the_real_gcloud_parser(
     assert all(rc == 1 for _, rc, _ in results), [(ln, rc) for ln, rc, _ in results if rc != 1]
 
 
+def _rbac_steps(gke_steps: list[deploy.Step]) -> list[deploy.Step]:
+    return [s for s in gke_steps if s.program == "kubectl" and str(s.stdin).endswith("clusterrole.yaml")]
+
+
 def test_kubectl_accepts_the_rbac_commands(gke_steps: list[deploy.Step]) -> None:
     """kubectl parses flags before --help: an unknown flag is an error (1), a valid line prints help (0)."""
     rbac = [s for s in gke_steps if s.program == "kubectl"]
-    assert len(rbac) == 2
+    assert len(rbac) == 4  # per cluster: clusterrole.yaml, npd.yaml
     for s in rbac:
         for argv in (s.argv, s.delete or []):
             proc = subprocess.run(["kubectl", *argv, "--help"], capture_output=True, text=True, timeout=60)
@@ -557,7 +561,7 @@ def test_gke_rbac_is_applied_with_its_accounts_named_and_credentials_kept_privat
 ) -> None:
     manifest = tmp_path / "clusterrole.yaml"  # infra/gke/clusterrole.yaml is another change's; a stand-in
     manifest.write_text("subjects: [{kind: User, name: ${ACTUATOR_SA}}, {kind: User, name: ${INGEST_SA}}]\n")
-    rbac = [dataclasses.replace(s, stdin=str(manifest)) for s in gke_steps if s.program == "kubectl"]
+    rbac = [dataclasses.replace(s, stdin=str(manifest)) for s in _rbac_steps(gke_steps)]
     seen: list[tuple[str, list[str], dict[str, str], str | None]] = []
 
     def tool(program: str, argv: list[str], env: Mapping[str, str], stdin: str | None) -> Proc:
@@ -589,7 +593,7 @@ def test_gke_rbac_is_applied_with_its_accounts_named_and_credentials_kept_privat
 def test_gke_rbac_lets_ingest_get_nodes_and_nothing_else(gke_steps: list[deploy.Step]) -> None:
     """ingest reads one Node by name (spec.providerID: a regional node's zone; the XidCriticalError
     condition that corroborates a serial-console Xid line); a get of a node returns its status too."""
-    rbac = [s for s in gke_steps if s.program == "kubectl"]
+    rbac = _rbac_steps(gke_steps)
     assert len(rbac) == 2 and all(s.stdin == rbac[0].stdin for s in rbac)
     email = "pitstop-{}@my-train-proj.iam.gserviceaccount.com".format
     assert rbac[0].stdin_vars == {"${ACTUATOR_SA}": email("actuate"), "${INGEST_SA}": email("ingest")}
@@ -834,6 +838,45 @@ def test_check_pods_run_where_pod_security_forbids_root_on_the_node() -> None:
     assert CHECK_SECURITY["privileged"] is False and CHECK_SECURITY["allowPrivilegeEscalation"] is False
     assert CHECK_SECURITY["capabilities"] == {"drop": ["ALL"]}
     assert CHECK_SECURITY["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+NPD_GRANTS = {
+    ("", "nodes"): ["get"],
+    ("", "nodes/status"): ["patch"],
+    ("", "events"): ["create", "patch", "update"],
+    ("events.k8s.io", "events"): ["create", "patch", "update"],
+}
+
+
+def test_node_problem_detector_runs_alone_in_its_namespace_with_only_what_it_needs(
+    gke_steps: list[deploy.Step],
+) -> None:
+    """infra/gke/npd.yaml: the one privileged pod Pitstop deploys (it reads /dev/kmsg), in a namespace
+    of its own that alone allows `privileged`; a pinned image; its account may set Node status and
+    events only; no Pitstop identity is named in it; deploy applies it once per GKE cluster."""
+    docs = [d for d in yaml.safe_load_all((ROOT / "infra" / "gke" / "npd.yaml").read_text()) if d]
+    (ns,) = [d for d in docs if d["kind"] == "Namespace"]
+    assert ns["metadata"]["name"] == "pitstop-npd" != "pitstop-system"
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    namespaced = [d for d in docs if d["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding")]
+    assert {d["metadata"]["namespace"] for d in namespaced} == {"pitstop-npd"}
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    assert _rules(role) == {k: sorted(v) for k, v in NPD_GRANTS.items()}
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "pitstop-npd", "namespace": "pitstop-npd"}
+    ]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    (ctr,) = ds["spec"]["template"]["spec"]["containers"]
+    image, _, tag = ctr["image"].rpartition(":")
+    assert image == "registry.k8s.io/node-problem-detector/node-problem-detector" and tag.startswith("v")
+    assert all(m["readOnly"] for m in ctr["volumeMounts"])
+    assert "${" not in (ROOT / "infra" / "gke" / "npd.yaml").read_text()
+    applied = [s for s in gke_steps if s.stdin and s.stdin.endswith("gke/npd.yaml")]
+    clusters = _rbac_steps(gke_steps)
+    assert len(applied) == len(clusters) > 0
+    for grants in (ACTUATOR_GRANTS, CHECK_GRANTS):  # nothing of Pitstop's can change the DaemonSet
+        assert not {r for _, r in grants} & {"daemonsets", "configmaps", "namespaces", "serviceaccounts"}
 
 
 def _deploy_argv(steps: list[deploy.Step], fn: str) -> list[str]:
