@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import socket
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from google.cloud import firestore
@@ -252,3 +252,54 @@ def test_a_control_plane_that_failed_is_not_asked_again_for_a_while() -> None:
     assert Failing.tries == 1
     now[0] += 30.0
     assert clients("train") is None and Failing.tries == 2
+
+
+# -- Pitstop's node-problem-detector (infra/gke/npd.yaml): any Xid, from the node's /dev/kmsg --------
+
+
+def _npd_check(xid: int, boot_after: float) -> Any:
+    from pitstop.core.corroboration import CORROBORATE
+
+    return {
+        "kind": CORROBORATE,
+        "name": "c",
+        "incident": "iaaaaaaaaa",
+        "gpus": 8,
+        "xids": [xid],
+        "boot_after": boot_after,
+    }
+
+
+def test_an_xid_the_device_plugin_does_not_watch_is_corroborated_by_npd_on_this_boot_only(
+    kube: FakeKube, api: Any
+) -> None:
+    """The NPD stand-in applies the deployed rule file to the VM's ring buffer and sets the Node
+    condition; actuate's adapter reads it through the real `kubernetes` client; the judge believes
+    Xid 13 (not one the device plugin watches) only when the kernel printed it after the VM started."""
+    from pitstop.adapters.gke import GkeCluster
+    from pitstop.core import corroboration
+    from pitstop.core.domain import CheckRun
+    from pitstop.core.scheduling import StepRef
+    from pitstop.core.timefmt import to_epoch
+    from pitstop.local.npd import Npd
+
+    assert not trust.wants_corroboration(CLF.classify(serial_entry(XID13)))  # the device plugin's gap
+    ring: dict[str, list[str]] = {NODE: []}
+    npd = Npd(lambda: ring, kube.set_node_condition)
+    sched = GkeCluster(api)
+    booted = (to_epoch(kube.store.wall()) or 0.0) - 60
+
+    def verdict(xid: int, boot_after: float = booted) -> corroboration.Verdict:
+        spec = _npd_check(xid, boot_after)
+        run = cast(CheckRun, sched.check_result(NODE, spec, StepRef("iaaaaaaaaa", 1)))
+        return corroboration.judge(spec, run, {})
+
+    npd.step()
+    assert not verdict(13).confirmed  # a forged log line: the kernel printed nothing
+    ring[NODE] = ["user-space noise", XID13]
+    npd.step()
+    ok = verdict(13)
+    assert ok.confirmed and corroboration.NPD_CONDITION in ok.why
+    assert not verdict(79).confirmed  # the kernel printed another Xid
+    later = (to_epoch(kube.store.wall()) or 0.0) + 60
+    assert not verdict(13, boot_after=later).confirmed  # the VM started again since: an old boot's word
