@@ -7,6 +7,7 @@ same ops through the workflow runner and real Slurm.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -439,3 +440,28 @@ def test_a_notification_carries_what_its_caller_adds_and_may_take_another_id() -
     assert plain["id"].startswith("incident-iabcdefgh2-") and plain["jobs"] == ["42"]
     paged = remediation.notification(inc, "critical", "hung", todo="look", id="localise-iabcdefgh2-x")
     assert (paged["id"], paged["todo"], paged["summary"]) == ("localise-iabcdefgh2-x", "look", "hung")
+
+
+def _npd_node(changed_at: str) -> str:
+    """A GKE Node as actuate's adapter returns it: Pitstop's NPD condition holding the kernel's line."""
+    cond = {"type": "PitstopKernelXid", "status": "True", "reason": "NvrmXid", "message": XID79}
+    cond["lastTransitionTime"] = changed_at
+    return json.dumps({"status": {"nodeInfo": {"bootID": "b"}, "conditions": [cond]}})
+
+
+@pytest.mark.parametrize(
+    ("changed_at", "confirmed"),
+    [("2999-01-01T00:00:00Z", True), ("2001-01-01T00:00:00Z", False)],  # this boot / an earlier one
+    ids=["after-the-vms-last-start", "before-it"],
+)
+def test_gke_npd_condition_is_dated_against_the_vms_last_start(
+    rig: Rig, changed_at: str, confirmed: bool
+) -> None:
+    """Issue 21: the spec carries Compute's lastStartTimestamp; the NPD condition counts only after it."""
+    seen = CheckResult(True, {"node_condition": _npd_node(changed_at)})
+    rig.gang.check_result = lambda node, check, ref: seen  # type: ignore[method-assign]
+    iid = _fenced(rig)
+    rec = rig.ok(Op.CORROBORATE, iid)
+    assert isinstance(rec["check"]["boot_after"], float)
+    body, status = rig.call(Op.JUDGE_CORROBORATION, iid)
+    assert (status == 200) is confirmed, body
