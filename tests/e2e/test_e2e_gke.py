@@ -235,6 +235,24 @@ def test_stack_state_of_a_gke_stack_names_its_kubeconfig(sc: GkeScenarios) -> No
     assert state.slurm_conf == "" and "kube" in state.endpoints
 
 
+def test_the_stacks_npd_sets_the_kernel_xid_condition_from_the_vms_ring_buffer(sc: GkeScenarios) -> None:
+    """The stack runs the NPD stand-in (local/npd.py) with infra/gke/npd.yaml's rule file: the kernel
+    of a VM prints an Xid the device plugin does not watch and its Node gets PitstopKernelXid with that
+    line (a driver line before it that is no Xid is passed over). The condition stays until the VM
+    next boots."""
+    node = sc.nodes[-1]
+    sc.kernel_prints(node, "NVRM: GPU at PCI:0000:a1:00: GPU-6b2e1f0c")  # the driver, but no Xid
+    line = "NVRM: Xid (PCI:0000:a1:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0)"
+    sc.kernel_prints(node, line)
+
+    def cond() -> dict[str, Any] | None:
+        got = [c for c in sc.kube.node(node)["status"]["conditions"] if c["type"] == "PitstopKernelXid"]
+        return got[0] if got and got[0]["status"] == "True" else None
+
+    got = gke_stack.wait_for(cond, 60.0, "the NPD stand-in to set PitstopKernelXid")
+    assert (got["reason"], got["message"]) == ("NvrmXid", line)
+
+
 # -- the pieces the stack is made of (no stack needed) ---------------------------------------------
 
 
