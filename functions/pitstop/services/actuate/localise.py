@@ -95,14 +95,18 @@ def _final(s: Step, op: Op) -> dict[str, Any] | None:
         return {"done": False, "error": exc.message}
 
 
-def sweep_done(s: Step) -> dict[str, Any]:
-    res = _result(s, Op.LOCALISE)
+def _done(s: Step, op: Op) -> dict[str, Any]:
+    """The probe the workflow polls until the check ``op`` started has ended (or none ran)."""
+    res = _result(s, op)
     return {"done": res is None or bool(res.get("done"))}
+
+
+def sweep_done(s: Step) -> dict[str, Any]:
+    return _done(s, Op.LOCALISE)
 
 
 def links_done(s: Step) -> dict[str, Any]:
-    res = _result(s, Op.LINKS)
-    return {"done": res is None or bool(res.get("done"))}
+    return _done(s, Op.LINKS)
 
 
 def _node_xids(s: Step) -> frozenset[int]:
