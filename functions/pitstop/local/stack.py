@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.core import sinks
-from pitstop.local import gke_stack
+from pitstop.local import gke_stack, gpu_tools
 from pitstop.local.chaos import CHAOS_DIR_ENV, clear_flags
 from pitstop.local.control import Controller
 from pitstop.local.lql import compile_filter
@@ -76,7 +76,8 @@ def gpu_tool_flags() -> list[str]:
         ("--all-gather-perf", "all_gather_perf"),
     ):
         flags += [flag, shlex.join([sys.executable, "-m", f"pitstop.local.gpu_tools.{tool}"])]
-    return flags
+    # the fabric's NCCL profiles (schemas/validation.yaml) as stand-ins under this tree
+    return [*flags, "--fabric-root", str(Path(gpu_tools.__file__).parent / "fabric")]
 
 
 @dataclass
