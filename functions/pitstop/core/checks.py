@@ -322,7 +322,8 @@ def judge_validation(
     exp = table.expectation(machine_type)
     off = val.off_fabric(exp, nccl, _applied(out)) if exp and v.verdict == "degraded" else None
     peers: tuple[PeerMeasurement, ...] = ({"peer": peer, "busbw_gbps": v.busbw, "verdict": v.verdict},)
-    if off is not None:
+    if off is not None:  # the figure says nothing of the host: said where a person reads it
+        v = dataclasses.replace(v, why=f"{v.why}; but {off}: no evidence against the host")
         note = f"{note}; " if note else ""
         note += f"busbw short, but {off}: no evidence against the host"
     return ValidationVerdict(v, val.next_action(action, v), peer, note, off, peers)
