@@ -723,8 +723,9 @@ class Scenarios(Pipeline):
         return r
 
     def degraded_after_reset(self) -> Result:
-        """A reset node that fails validation (busbw 120 GB/s: an NVLink link is down) steps up to
-        REPLACE_NODE; the diagnostic confirms it (the link down), the new host passes."""
+        """A reset node that fails validation (busbw 120 GB/s: an NVLink link is down) against two
+        different peers, each under the fabric's NCCL setup, steps up to REPLACE_NODE; the
+        diagnostic confirms it (the link down), the new host passes."""
         node = self.fresh[6]
         self.gpu_state(node, {"busbw": 120, "nvlink_down": [3]})
         self.fault(node, XID79)
@@ -735,6 +736,7 @@ class Scenarios(Pipeline):
             m for m in inc.get("measured", []) if m.get("kind") == "validate" and not m.get("passed")
         ]
         val = inc.get("validation") or {}
+        peers = (failed_first[0].get("peers") or []) if failed_first else []
         r = self.timed(Result("degraded_after_reset", False, "", durations(inc), inc["id"]), inc)
         r.passed = bool(
             inc["state"] == "RESOLVED"
@@ -743,13 +745,16 @@ class Scenarios(Pipeline):
             and len(reports) == 1
             and failed_first
             and failed_first[0].get("busbw_gbps") == 120.0
+            and len({p.get("peer") for p in peers}) == 2
+            and all(p.get("verdict") == "degraded" for p in peers)
             and val.get("passed")
             and (inc.get("diagnosis") or {}).get("confirmed") is True
         )
         first = failed_first[0] if failed_first else {}
         r.detail = (
             f"{node} reset, validation busbw {first.get('busbw_gbps')} GB/s < {first.get('threshold_gbps')} "
-            f"-> REPLACE_NODE, diagnostic: {(inc.get('diagnosis') or {}).get('why')}, "
+            f"against {', '.join(str(p.get('peer')) for p in peers)} -> REPLACE_NODE, "
+            f"diagnostic: {(inc.get('diagnosis') or {}).get('why')}, "
             f"reportHostAsFaulty x{len(reports)}, new host "
             f"validated at {val.get('busbw_gbps')} GB/s"
         )
