@@ -88,7 +88,7 @@ DEFAULT_TOOLS: dict[str, tuple[str, ...]] = {
 DEFAULT_MPIRUN = ("mpirun", "--allow-run-as-root", "-np", "{ranks}", "-H", "{hosts}", "--bind-to", "none",
                   "--mca", "plm_rsh_agent", SSH)  # fmt: skip
 DEFAULT_PEER_WAIT = f"for i in $(seq 120); do {SSH} {{peer}} true && break; sleep 5; done"
-CHECK_KINDS = ("diagnose", "validate")
+CHECK_KINDS = ("diagnose", "validate", "sweep")  # sweep: one node of a hung gang's stop-time checks
 LOG_LIMIT_BYTES = 8 << 20  # a check's log is tens of kB; more is read no further
 MARKER = re.compile(
     r"\n==> pitstop:(?P<key>[a-z][a-z0-9_]{0,30})(?::(?:(?P<err>stderr)|exit (?P<rc>-?[0-9]{1,4})))? <==\n"
@@ -238,9 +238,12 @@ def check_args(check: Mapping[str, Any]) -> tuple[str, str, int]:
         raise ActuatorError(400, f"check name must be a DNS label: {str(name)[:80]!r}", False)
     if not isinstance(gpus, int) or isinstance(gpus, bool) or not 0 <= gpus <= 64:
         raise ActuatorError(400, f"check gpus must be an integer 0..64, not {str(gpus)[:20]!r}", False)
-    level = check.get("dcgm_level")
+    level = check.get("dcgm_level", 1 if kind == "sweep" else None)
     if not isinstance(level, int) or isinstance(level, bool) or not 1 <= level <= 4:
         raise ActuatorError(400, f"check dcgm_level must be 1..4, not {str(level)[:20]!r}", False)
+    limit = check.get("timeout_s", 60)
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 3600:
+        raise ActuatorError(400, f"check timeout_s must be 1..3600, not {str(limit)[:20]!r}", False)
     size = check.get("message_bytes")
     if (
         kind == "validate"
@@ -515,13 +518,19 @@ class GkeChecks:
         cs, tools = self.settings, self.settings.tools
         level = str(check.get("dcgm_level"))
         dcgm = ("dcgm", (*tools["dcgmi"], "diag", "-r", level, "-j"))
-        if kind == "diagnose":
+        if kind == "sweep":  # the node check a hang's localisation asks of every node, bounded in time
+            limit = ("timeout", str(check.get("timeout_s", 60)))
+            smi = [("nvidia_smi_q", (*limit, *tools["nvidia-smi"], "-q"))]
+            spec: dict[str, Any] = {
+                "containers": [self._container("sweep", cs.image, check_script("", smi), gpus)]
+            }
+        elif kind == "diagnose":
             steps = [
                 ("nvidia_smi_q", (*tools["nvidia-smi"], "-q")),
                 ("nvlink", (*tools["nvidia-smi"], "nvlink", "--status")),
                 dcgm,
             ]
-            spec: dict[str, Any] = {
+            spec = {
                 "containers": [
                     self._container("diagnose", cs.image, check_script(cs.dcgm_setup, steps), gpus)
                 ]
