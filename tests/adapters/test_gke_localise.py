@@ -173,18 +173,40 @@ def test_a_failed_step_leaves_the_gang_stopped_and_the_close_resumes_it(
     assert sched.release_jobs([JOB], StepRef(INC, 0, "closed")) == []
 
 
-def test_no_link_test_on_gke_and_a_bare_pod_is_not_stopped(kube: FakeKube, sched: GkeScheduler) -> None:
+def test_when_no_node_shows_a_fault_the_ring_pairs_find_the_slow_link(
+    kube: FakeKube, sched: GkeScheduler, tmp_path: Path
+) -> None:
+    """An NVLink down on BAD: nvidia-smi -q is clean everywhere, and every ring pair runs at once
+    (half of each node's GPUs per pod: each node is in two pairs); BAD's two pairs are slow."""
+    (tmp_path / "gpu-state.json").write_text(json.dumps({BAD: {"busbw": 38.0, "nvlink_down": [3]}}))
     start_gang(kube)
-    links = localise.links_spec(INC, 1, JOB, NODES[:3], {"link_bytes": 1 << 30, "link_timeout_s": 60})
-    got = sched.start_gang_check(JOB, links, REF)
-    assert got.nodes == () and not got.stopped and "not run on GKE" in got.note
-    js = kube.get("JobSet", "train", "default") or {}
-    assert not js["spec"].get("suspend")  # nothing was stopped for it
+    started = start(sched, sweep())
+    swept = finished(sched, sweep(), started.nodes)
+    nodes = list(started.nodes)
+    assert localise.judge_sweep(nodes, asdict(swept), 34, [79]).culprits == ()
+    links = localise.links_spec(INC, 1, JOB, nodes, {"link_bytes": 64 << 20, "link_timeout_s": 60})
+    ring = sched.start_gang_check(JOB, links, REF)
+    assert ring.stopped and ring.nodes == started.nodes
+    pods = [
+        p for p in kube.list("Pod", CHECK_NAMESPACE) if p["metadata"]["labels"].get("pitstop.dev/check-role")
+    ]
+    gpus = {
+        p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] for p in pods if "link" in str(p)
+    }
+    assert gpus == {"4"}  # every pair at once: a node's launcher and its neighbour's peer side by side
+    res = finished(sched, links, started.nodes)
+    pairs = [localise.split_pair(p) for p in links["pairs"]]
+    verdict = localise.judge_links(pairs, asdict(res), 0.7, 34)
+    assert verdict.culprits == (BAD,), verdict.why
+    assert sched.resume_gang(JOB, REF).restarted
+
+
+def test_a_bare_pod_is_not_stopped(kube: FakeKube, sched: GkeScheduler) -> None:
     pod = {"kind": "Pod", "metadata": {"name": "solo", "namespace": "default"},
            "spec": {"nodeName": NODES[3], "containers": [{"name": "c", "image": "x"}]}}  # fmt: skip
     kube.create(pod)
     bare = sched.start_gang_check("pod/default/solo", sweep(2), REF)
-    assert bare.nodes == () and "bare pod" in bare.note
+    assert bare.nodes == () and not bare.stopped and "bare pod" in bare.note
     assert (kube.get("Pod", "solo", "default") or {}).get("metadata", {}).get("deletionTimestamp") is None
 
 

@@ -48,6 +48,8 @@ class _Spec(Protocol):
     @property
     def node_names(self) -> list[str]: ...
 
+    scheduler: str
+
 
 class Stack(Protocol):
     """What a chaos request needs of the running stack (pitstop.local.stack.Stack is one)."""
@@ -219,7 +221,7 @@ def _telemetry(stack: Stack, kind: str, node: str | None, arg: str | None = None
     out: dict[str, Any] = {}
     if node is not None:
         out["gpu"] = stack.set_gpu_state(node, "hung_link" if arg == "link" else GPU_PRESET[kind])
-    if kind == "hang" and stack.gke and node is not None:
+    if kind == "hang" and stack.spec.scheduler == "gke" and node is not None:
         return out  # a JobSet's heartbeat is its own (no training stand-in runs in the fake pods)
     if kind == "hang":
         runs = {}

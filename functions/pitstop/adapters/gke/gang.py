@@ -12,11 +12,11 @@ only against free GPUs, so a check beside a running gang cannot see its GPUs (re
   with its stuck-Terminating handling: forced on a node that is not Ready, refused on a Ready one).
 - **check**: one ``sweep`` Job per node (checks.py), pinned by ``spec.nodeName`` and holding all of
   the node's GPUs: ``nvidia-smi -q`` under ``timeout``; the node's Xid conditions are read beside it.
+  Nothing found: one ``link`` Job per ring pair, all at once, its NCCL peer on the pair's other node.
+  Each node is in two pairs (its launcher and its neighbour's peer), so each pod takes half of the
+  node's GPUs: the pairs are compared with each other, all measured alike.
 - **resume**: ``suspend`` cleared / the Workload reactivated, once, and the annotation removed. A
   step that fails in between leaves the mark; closing the incident resumes it (:meth:`release`).
-
-The ring-neighbour NCCL test is not run here: each node would be in two pairs at once, and a
-check pod holding all of a node's GPUs leaves no room for its second pair (see README).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from pitstop.adapters.gke.kinds import JobKind, Stoppable
 from pitstop.adapters.gke.objects import (
     CONFLICT_RETRIES,
     JobRef,
+    allocatable_gpus,
     annotations_of,
     live,
     meta_of,
@@ -44,16 +45,23 @@ from pitstop.adapters.gke.restart import WorkloadCycle
 STOPPED_FOR = "pitstop.dev/stopped-for"  # job annotation: the step key of Pitstop's stop
 STOPPED_NODES = "pitstop.dev/stopped-nodes"  # job annotation: where its pods ran when stopped
 SWEEP, LINKS = "sweep", "links"
-NO_LINKS = (
-    "the ring's NCCL test is not run on GKE: every node is in two ring pairs at once and a check pod"
-    " holds all of its node's GPUs, so the pairs cannot run side by side"
-)
 MAX_NODES = 512
 
 
 def node_check(check: Mapping[str, Any], index: int) -> dict[str, Any]:
-    """The check of one node of the gang: the gang check's name with the node's index."""
-    return {**check, "kind": SWEEP, "name": f"{check.get('name')}-{index}"}
+    """The check of one node (or ring pair) of the gang: the gang check's name with its index."""
+    kind = SWEEP if check.get("kind") == SWEEP else "link"
+    return {**check, "kind": kind, "name": f"{check.get('name')}-{index}", "group": check.get("name")}
+
+
+def pairs_of(check: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The ring pairs a links check names (``a+b``), both ends valid node names."""
+    out = []
+    for p in check.get("pairs") or []:
+        a, _, b = str(p).partition("+")
+        if valid_object_name(a) and valid_object_name(b):
+            out.append((a, b))
+    return out
 
 
 class GangStop:
@@ -79,7 +87,7 @@ class GangStop:
         jr = parse_job_id(job)
         name = str(check.get("name"))
         if check.get("kind") == LINKS:
-            return {"started": name, "nodes": [], "stopped": False, "note": NO_LINKS}
+            return self._links(jr, check, key)
         if check.get("kind") != SWEEP:
             raise ActuatorError(
                 400, f"a gang check is a sweep or links, not {str(check.get('kind'))[:40]!r}", False
@@ -100,6 +108,25 @@ class GangStop:
             self.checks.start(node, node_check(check, i), key)
         log.emit("INFO", "gke gang stopped and checked", job=jr.id, nodes=len(nodes), forced=forced, ctx=key)
         return {"started": name, "nodes": nodes, "stopped": True, "forced": forced}
+
+    def _links(self, jr: JobRef, check: Mapping[str, Any], key: str) -> dict[str, Any]:
+        """The ring pairs' NCCL test, all at once, on the gang this step stopped (half the GPUs each)."""
+        name, pairs = str(check.get("name")), pairs_of(check)
+        target = self.kinds[jr.kind].stoppable(jr)
+        obj = target.read() if target is not None else None
+        if obj is None or annotations_of(obj).get(STOPPED_FOR) != key:
+            return {
+                "started": name,
+                "nodes": [],
+                "stopped": False,
+                "note": f"{jr.id} is not stopped for {key}",
+            }
+        nodes = sorted({n for p in pairs for n in p})
+        half = min((allocatable_gpus(self.kube.node(n)) for n in nodes), default=0) // 2
+        for i, (a, b) in enumerate(pairs):
+            self.checks.start(a, {**node_check(check, i), "peer_node": b, "gpus": max(half, 1)}, key)
+        log.emit("INFO", "gke ring pairs started", job=jr.id, pairs=len(pairs), gpus=half, ctx=key)
+        return {"started": name, "nodes": nodes, "stopped": True}
 
     def _stop(self, jr: JobRef, target: Stoppable, key: str) -> tuple[list[str], str]:
         """Suspend it (or deactivate its Workload) with the mark and its nodes; (nodes, why none)."""
@@ -156,12 +183,17 @@ class GangStop:
     def result(self, job: str, check: Mapping[str, Any]) -> dict[str, Any]:
         """Every node's check, its tools' outputs keyed ``tool@node`` (core/localise.py reads them),
         with each node's Xid conditions as ``node_condition@node``; done once every node's is."""
-        nodes = [str(n) for n in check.get("nodes") or [] if valid_object_name(n)]
+        links = check.get("kind") == LINKS
+        units = (
+            [(a, f"{a}+{b}") for a, b in pairs_of(check)]
+            if links
+            else [(n, n) for n in (str(n) for n in check.get("nodes") or []) if valid_object_name(n)]
+        )
         outputs: dict[str, str] = {}
         codes: dict[str, int] = {}
         errors: list[str] = []
         done = True
-        for i, node in enumerate(nodes):
+        for i, (node, where) in enumerate(units):
             try:
                 res = self.checks.result(node, node_check(check, i))
             except ActuatorError as exc:
@@ -170,11 +202,11 @@ class GangStop:
                 errors.append(f"{node}: {exc.message}"[:300])
                 continue
             done = done and bool(res.get("done"))
-            outputs.update({f"{k}@{node}": v for k, v in (res.get("outputs") or {}).items()})
-            codes.update({f"{k}@{node}": v for k, v in (res.get("exit_codes") or {}).items()})
+            outputs.update({f"{k}@{where}": v for k, v in (res.get("outputs") or {}).items()})
+            codes.update({f"{k}@{where}": v for k, v in (res.get("exit_codes") or {}).items()})
             if res.get("error"):
-                errors.append(f"{node}: {res['error']}"[:300])
-            if res.get("done"):
+                errors.append(f"{where}: {res['error']}"[:300])
+            if res.get("done") and not links:
                 outputs[f"node_condition@{node}"] = self.node_status(node)
         return {"done": done, "outputs": outputs, "exit_codes": codes, "error": "; ".join(errors[:8]) or None}
 
