@@ -141,7 +141,8 @@ def test_a_hung_jobset_is_stopped_checked_on_every_node_and_resumed_past_its_cul
     assert BAD not in running_on(kube) and NODES[3] in running_on(kube)  # onto the spare
     assert after["status"]["restarts"] == 0
     again = sched.resume_gang(JOB, REF)  # a retried conclusion resumes nothing twice
-    assert not again.restarted and "not stopped" in again.how
+    assert again.restarted and "it runs (resumed already)" in again.how
+    assert len(gang_pods(kube)) == 3
 
 
 def test_a_kueue_jobset_is_stopped_through_its_workload_and_reactivated(

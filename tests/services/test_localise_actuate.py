@@ -34,6 +34,7 @@ from pitstop.local.fake_compute import FakeCompute, serve
 from pitstop.local.gpu_tools import nvidia_smi
 from pitstop.local.gpu_tools.state import NodeState
 from pitstop.services.actuate import Actuator
+from pitstop.services.close import close_incident
 from tests.helpers import PROJECT, ZONE, alert_delivery, job_alert
 from tests.services.test_remediation_unit import JOB, Clock, TypedGang
 
@@ -196,6 +197,10 @@ class StoppingGang(TypedGang):
         self.events.append(f"fence {node} for {ref.incident}")
         return super().fence(node, ref, action)
 
+    def release_jobs(self, jobs: list[str], ref: StepRef) -> list[str]:
+        self.events.append(f"release {','.join(jobs)} for {ref.key}")
+        return [f"{j}: resumed" for j in jobs]
+
     def resume_gang(self, job: str, ref: StepRef) -> RequeueOutcome:
         self.events.append(f"resume {ref.key}")
         self.info = JobInfo(JOB, JobState.RUNNING, self.info.run)  # the same run: a suspend is no restart
@@ -245,5 +250,23 @@ def test_a_stopped_gang_with_no_culprit_is_resumed_in_place_once_and_paged_sayin
         assert "links: not run" in page and "runs no link test" in page and "resumed in place once" in page
         assert all(n in page for n in NODES)
         assert rig.ok(Op.RESUMED, iid)["running"] is True
+    finally:
+        rig.server.shutdown()
+
+
+def test_a_person_closing_a_hang_that_failed_while_its_gang_was_stopped_resumes_the_gang() -> None:
+    rig = HangRig(StoppingGang())
+    try:
+        iid = rig.hang()
+        rig.ok(Op.CLAIM, iid)
+        rig.actuator.handle({"op": "localise", "incident": iid, "step": 1, "execution": "e1"})
+        assert rig.ok(Op.LOCALISE, iid)["stopped"] is True
+        rig.store.mutate(
+            iid, lambda d: d.update(state="FAILED")
+        )  # a later step failed: the gang stays stopped
+        done = close_incident(rig.store, {"train": rig.gang}, iid, "alice", rig.clock() + 60, unfence=False)
+        gang = rig.gang
+        assert done.ok and f"{iid}: {JOB}: resumed" in done.lines
+        assert isinstance(gang, StoppingGang) and gang.events == [f"release {JOB} for {iid}-closed"]
     finally:
         rig.server.shutdown()

@@ -217,8 +217,12 @@ class GangStop:
         obj = target.read() if target is not None else None
         if target is None or obj is None:
             return {"job": jr.id, "outcome": "no longer exists: nothing to resume", "resumed": False}
-        if annotations_of(obj).get(STOPPED_FOR) != key:
-            return {"job": jr.id, "outcome": "not stopped for this step (resumed already)", "resumed": False}
+        if annotations_of(obj).get(STOPPED_FOR) != key:  # a retry after the resume, or someone's resume
+            going = not spec_of(obj).get("suspend")
+            why = "not stopped for this step: " + (
+                "it runs (resumed already)" if going else "suspended by someone"
+            )
+            return {"job": jr.id, "outcome": why, "resumed": going}
         self._restart(jr, target, obj, key)
         log.emit("INFO", "gke gang resumed after its checks", job=jr.id, ctx=key)
         return {"job": jr.id, "outcome": "resumed: its pods are created again", "resumed": True}

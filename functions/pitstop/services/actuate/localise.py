@@ -221,8 +221,9 @@ def _resume_once(s: Step, rec: dict[str, Any]) -> str | None:
         return over_budget(s, job, cap, window)
     s.deps.store.mark_job_requeue(key, s.iid, s.deps.clock())
     out = sched.resume_gang(job, s.ref)
-    log.emit("INFO", "hung gang resumed after its checks", incident=s.iid, job=job, how=out.how)
-    return None
+    log.emit("INFO" if out.restarted else "WARNING", "hung gang resumed after its checks"
+             if out.restarted else "hung gang not resumed", incident=s.iid, job=job, how=out.how)  # fmt: skip
+    return None if out.restarted else out.how
 
 
 def _not_hung(s: Step, state: JobState) -> dict[str, Any]:
