@@ -8,8 +8,11 @@ compares each node with its peers:
 
 - **sweep** (every node, in parallel): a tool that did not answer (a stuck GPU hangs NVML), GPUs
   lost or fewer visible than on the job's other nodes, a row remap pending or failed, a kernel
-  Xid the catalog calls a node fault. Findings on more than ``max_culprit_percent`` of the nodes
-  are not one node's fault (a driver, the software, the fabric): nothing is fenced.
+  Xid the catalog calls a node fault (GKE, whose check pods cannot read the ring buffer: the Node's
+  XidCriticalError condition of its current boot instead; there the gang is stopped first, as its
+  pods hold the GPUs the checks need: adapters/gke/gang.py). Findings on more than
+  ``max_culprit_percent`` of the nodes are not one node's fault (a driver, the software, the
+  fabric): nothing is fenced.
 - **links** (only when the sweep finds nothing): an NCCL bus-bandwidth test between ring
   neighbours, n pairs for n nodes (not n²). A pair below ``link_fraction`` of the pairs' upper
   quartile (what the healthy links reach, even when up to three in four are slow) is slow; a
@@ -380,13 +383,6 @@ def page_text(
             lines.append(f"  suspects: {', '.join(r['suspects'])}")
     lines.append(f"The gang: {restart}. If it hangs again, look at the job itself (its software or data).")
     return "\n".join(lines)[:4000]
-
-
-def resume_text(outcome: str | None, stopped: bool) -> str:
-    """How the gang came back (or why not), for the page and the incident."""
-    if outcome is None:
-        return "resumed in place once (the checks stopped it)" if stopped else "requeued in place"
-    return f"not resumed: {outcome}" if stopped else f"not restarted: {outcome}"
 
 
 def not_hung_text(job: str, state: str) -> str:

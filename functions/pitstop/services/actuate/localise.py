@@ -8,6 +8,11 @@ their own node incidents fence, requeue the gang (once per run, onto a spare whe
 has one) and repair, exactly as for an Xid. Nothing found: the gang is requeued in place once
 (the job-restart budget and the run's requeue record, as every requeue) and a person is paged
 with every node and check.
+
+A scheduler whose checks stop the gang first (GKE: the hung pods hold the GPUs a check pod needs;
+``GangCheckStart.stopped``) gets it back from the conclusion, once (``GangResume``, the same budget
+and run record): past its culprits, each fenced first for its own node incident so the resumed
+pods cannot land on it, or in place when nothing was found.
 """
 
 from __future__ import annotations
@@ -286,7 +291,9 @@ def _restart_in_place(
     then = JobRun.of((rec.get("runs") or {}).get(job))
     if rec.get("stopped"):
         skipped = _resume_once(s, rec)
-        restart = localise.resume_text(skipped, True)
+        restart = (
+            "resumed in place once (its checks stopped it)" if skipped is None else f"not resumed: {skipped}"
+        )
     else:
         skipped = requeue_one(s, job, then)
         restart = (
