@@ -187,10 +187,12 @@ def test_capacity_honours_the_gangs_node_selector(kube: FakeKube, sched: GkeClus
 
 
 def test_capacity_leaves_a_kueue_workload_to_kueue(kube: FakeKube, sched: GkeCluster) -> None:
-    kube.create(jobset("queued", 2, queue="team-a"))
-    wait(lambda: kube.list("Workload", "default"), what="Kueue's Workload")
     for n in NODES[1:]:
         occupy(kube, n, f"hog-{n[-1]}")  # nothing is free now, and yet Kueue will place it
+    # created after the hogs hold every GPU: created first, Kueue could admit it and its pods take
+    # the nodes before a hog is bound (the hog then never runs)
+    kube.create(jobset("queued", 2, queue="team-a"))
+    wait(lambda: kube.list("Workload", "default"), what="Kueue's Workload")
     got = sched.capacity("jobset/default/queued", NODES[1], StepRef(INC, 2))
     assert got["enough"] is True and got["need"] == 2 and "Kueue" in got["why"]
 
