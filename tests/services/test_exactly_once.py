@@ -270,7 +270,7 @@ def test_a_concurrent_call_of_the_same_op_is_told_to_wait(rig: Rig) -> None:
 
 def test_a_retry_reuses_the_compute_method_chosen_before_the_call(rig: Rig) -> None:
     iid = rig.open(NODES[0])
-    rig.store.mutate(iid, lambda d: d.update(action="REPLACE_NODE"))
+    rig.store.mutate(iid, lambda d: d.update({"action": "REPLACE_NODE"}))
     assert rig.call("fence", iid)[1] == 200
     rig.store.fail_put["1-act"] = 1
     assert rig.call("act", iid)[1] == 503  # the host was reported faulty; the record was lost
@@ -301,11 +301,11 @@ def test_transient_pubsub_and_firestore_trouble_answers_503(rig: Rig) -> None:
 
 def test_fail_never_turns_a_resolved_incident_into_failed(rig: Rig) -> None:
     iid = rig.open(NODES[0])
-    rig.store.mutate(iid, lambda d: d.update(state="RESOLVED"))
+    rig.store.mutate(iid, lambda d: d.update({"state": "RESOLVED"}))
     error = {"tags": ["HttpError"], "code": 500, "message": "HTTP server responded with error code 500"}
     body, status = rig.call("fail", iid, stage="close", error=error)
     assert status == 200 and body["outcome"] == "resolved" and body["state"] == "RESOLVED"
-    inc = rig.store.get(iid)
+    inc: Any = rig.store.get(iid)
     assert inc is not None and inc["state"] == "RESOLVED" and "failure" not in inc
     assert not [n for n in rig.notes.sent if n.get("severity") == "critical"]
 
@@ -315,7 +315,7 @@ def test_fail_is_left_to_the_execution_that_owns_the_step(rig: Rig) -> None:
     assert rig.call("claim", iid, execution="exec-1")[0]["ours"] is True
     body, _ = rig.call("fail", iid, execution="exec-2", stage="claim", error={"message": "boom"})
     assert body["outcome"] == "open"
-    inc = rig.store.get(iid)
+    inc: Any = rig.store.get(iid)
     assert inc is not None and inc["state"] == "OPEN"
     body, _ = rig.call("fail", iid, step=1, execution="exec-1", stage="act", error={"message": "boom"})
     assert body["outcome"] == "failed"
@@ -370,10 +370,10 @@ def test_two_incidents_that_see_the_same_run_requeue_it_once(rig: Rig) -> None:
 def test_escalation_is_decided_before_unfence_and_hands_the_jobs_over(rig: Rig) -> None:
     iid = rig.open(NODES[0], XID48)  # RESET_GPU
     rig.call("fence", iid)
-    rig.store.mutate(iid, lambda d: d.update(escalate_to="REBOOT_NODE", state="VERIFYING"))
+    rig.store.mutate(iid, lambda d: d.update({"escalate_to": "REBOOT_NODE", "state": "VERIFYING"}))
     body, status = rig.call("escalate", iid)
     assert status == 200 and body["handed_over"] is True and "step 2" in body["outcome"]
-    inc = rig.store.get(iid)
+    inc: Any = rig.store.get(iid)
     assert inc is not None and inc["step"] == 2 and inc["action"] == "REBOOT_NODE"
     assert rig.call("escalate", iid)[0]["handed_over"] is True  # asked again: the same answer
     rig.gang.run = {**rig.gang.run, "start_time": "2026-11-22T09:00:00"}  # (not what step 1 saw)

@@ -103,7 +103,7 @@ def test_the_culprit_gets_one_node_incident_and_the_hang_hands_the_restart_to_it
     done = checking.ok(Op.CONCLUDE, iid)
     assert done["outcome"] == "culprits" and done["culprits"] == [BAD]
     assert checking.ok(Op.CONCLUDE, iid)["replayed"] is True
-    node_incidents = [i for i in checking.store.list() if i["kind"] == "localised"]
+    node_incidents: list[Any] = [i for i in checking.store.list() if i["kind"] == "localised"]
     assert len(node_incidents) == 1 and node_incidents[0]["node"]["instance"] == BAD
     assert node_incidents[0]["id"] == done["incidents"][BAD] and node_incidents[0]["action"] == "REBOOT_NODE"
     assert node_incidents[0]["node"]["instance_id"] == str(

@@ -13,12 +13,12 @@ with every node and check.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import localise, notifications
-from pitstop.core.domain import NodeRef
+from pitstop.core.domain import CheckRun, GangCheckSpec, Incident, LocaliseRound, NodeRef
 from pitstop.core.ops import Op
 from pitstop.core.scheduling import GangChecks, JobRun, JobState
 from pitstop.services.actuate.context import Step
@@ -35,7 +35,7 @@ def _checks(s: Step) -> GangChecks | None:
     return sched if isinstance(sched, GangChecks) else None
 
 
-def _start(s: Step, sched: GangChecks, spec: dict[str, Any]) -> dict[str, Any]:
+def _start(s: Step, sched: GangChecks, spec: GangCheckSpec) -> dict[str, Any]:
     """Start a gang check once: its spec is saved before the scheduler is asked."""
     saved = s.saved("check")
     if not isinstance(saved, dict):
@@ -48,7 +48,7 @@ def _start(s: Step, sched: GangChecks, spec: dict[str, Any]) -> dict[str, Any]:
 def _note(s: Step, **fields: Any) -> None:
     """Keep what localisation found on the incident (what the person and the demo read)."""
 
-    def change(doc: dict[str, Any]) -> dict[str, Any]:
+    def change(doc: Incident) -> Incident:
         loc = doc.setdefault("localisation", {"job": _job(s), "nodes": [], "rounds": []})
         rounds = fields.pop("round", None)
         loc.update(fields)
@@ -77,15 +77,17 @@ def localise_job(s: Step) -> dict[str, Any]:
     return out
 
 
-def _result(s: Step, op: Op) -> dict[str, Any] | None:
+def _result(s: Step, op: Op) -> CheckRun | None:
     rec = s.recorded(op)
     sched = _checks(s)
     if not rec.get("run") or sched is None:
         return None
-    return asdict(sched.gang_check_result(_job(s), rec["check"], s.ref))
+    return cast(
+        CheckRun, asdict(sched.gang_check_result(_job(s), rec["check"], s.ref))
+    )  # CheckResult's fields
 
 
-def _final(s: Step, op: Op) -> dict[str, Any] | None:
+def _final(s: Step, op: Op) -> CheckRun | None:
     """A check's result for its judge: a scheduler's final refusal is a check that did not finish."""
     try:
         return _result(s, op)
@@ -136,10 +138,10 @@ def links(s: Step) -> dict[str, Any]:
     return {**out, **_start(s, sched, spec)}
 
 
-def _rounds(s: Step) -> list[dict[str, Any]]:
+def _rounds(s: Step) -> list[LocaliseRound]:
     """Every round's verdict: the sweep's (judged by ``links``) and, if it ran, the link test's."""
     judged = s.recorded(Op.LINKS)
-    rounds = [judged["sweep"]] if judged.get("sweep") else []
+    rounds: list[LocaliseRound] = [judged["sweep"]] if judged.get("sweep") else []
     if judged.get("run"):
         cfg = s.deps.policy.localise
         v = localise.judge_links(
@@ -201,7 +203,7 @@ def _node_ref(s: Step, node: str) -> NodeRef | None:
     return {"project": project, "zone": str(zone), "instance": node, "instance_id": iid}
 
 
-def _hand_over(s: Step, culprits: list[str], rounds: list[dict[str, Any]]) -> dict[str, str]:
+def _hand_over(s: Step, culprits: list[str], rounds: list[LocaliseRound]) -> dict[str, str]:
     """Open each culprit's node incident through the engine; returns {node: incident id}."""
     action = str(s.deps.policy.localise["culprit_action"])
     why = "; ".join(str(r.get("why")) for r in rounds if r.get("culprits"))
@@ -224,7 +226,7 @@ def _hand_over(s: Step, culprits: list[str], rounds: list[dict[str, Any]]) -> di
 
 
 def _restart_in_place(
-    s: Step, rec: dict[str, Any], nodes: list[str], rounds: list[dict[str, Any]]
+    s: Step, rec: dict[str, Any], nodes: list[str], rounds: list[LocaliseRound]
 ) -> dict[str, Any]:
     """No culprit: requeue the gang once where it is (budget and run record as every requeue) and page."""
     job = _job(s)
