@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Mapping
 from typing import Any, cast
 
 from pitstop.core import names, trust
@@ -67,6 +68,8 @@ _METHOD = re.compile(r"compute\.instances\.[A-Za-z]{1,64}", re.ASCII)
 _ENUM_WORD = re.compile(r"[A-Z][A-Z_]{0,31}", re.ASCII)
 
 Event = FaultEvent
+# A LogEntry (or a part of one) as delivered: untrusted JSON, each field checked where it is read.
+Raw = Mapping[str, object]
 
 
 def clean(v: str, limit: int) -> str:
@@ -150,25 +153,25 @@ def invalid(reason: str, source: Source | None = None, **fields: Any) -> Event:
     return new_event("invalid", clean(reason, 512), source, **fields)
 
 
-def _labels(v: Any) -> dict[str, Any]:
+def _labels(v: object) -> Raw:
     return v if isinstance(v, dict) else {}
 
 
-def _audit_match(proto: dict[str, Any] | None) -> re.Match[str] | None:
+def _audit_match(proto: Raw | None) -> re.Match[str] | None:
     rn = proto.get("resourceName") if proto is not None else None
     if not isinstance(rn, str) or len(rn) > MAX_RESOURCE_NAME:
         return None
     return _AUDIT_RESOURCE.fullmatch(rn)
 
 
-def _log_project(entry: dict[str, Any]) -> Any:
+def _log_project(entry: Raw) -> Any:
     """The project whose log holds the entry (``projects/<p>/logs/...``), or None."""
     ln = entry.get("logName")
     lm = _LOG_PROJECT.match(ln[:MAX_LOG_NAME]) if isinstance(ln, str) else None
     return lm.group(1) if lm else None
 
 
-def _project(rl: dict[str, Any], log_project: Any, audit: re.Match[str] | None) -> Any:
+def _project(rl: Raw, log_project: Any, audit: re.Match[str] | None) -> Any:
     project = rl.get("project_id")
     if project is None:
         project = log_project if log_project is not None else (audit.group(1) if audit else None)
@@ -237,7 +240,7 @@ _NODES: dict[tuple[Any, ...], tuple[NodeRef | None, str]] = {}
 MAX_NODE_MEMO = 4096
 
 
-def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[NodeRef | None, str]:
+def identify_node(entry: Raw, proto: Raw | None) -> tuple[NodeRef | None, str]:
     """(node, "") or (None, why not). Sources in the order the brief gives them."""
     res = entry.get("resource")
     rl = _labels(res.get("labels") if isinstance(res, dict) else None)
@@ -273,7 +276,7 @@ def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[
     return (node.copy() if node else None), why
 
 
-def _maintenance_detail(proto: dict[str, Any]) -> SystemEventDetail:
+def _maintenance_detail(proto: Raw) -> SystemEventDetail:
     md = _labels(proto.get("metadata"))
     inner = md.get("upcomingMaintenance")
     if isinstance(inner, dict):
@@ -293,7 +296,7 @@ def _maintenance_detail(proto: dict[str, Any]) -> SystemEventDetail:
     }
 
 
-def system_event_problem(entry: dict[str, Any], proto: dict[str, Any]) -> str | None:
+def system_event_problem(entry: Raw, proto: Raw) -> str | None:
     """Why an entry that claims to be a Compute Engine system event is not Google's; None if it is."""
     res = entry.get("resource")
     project = _labels(res.get("labels") if isinstance(res, dict) else None).get("project_id")
@@ -317,7 +320,7 @@ def system_event_problem(entry: dict[str, Any], proto: dict[str, Any]) -> str | 
     return None
 
 
-def _system_event(entry: dict[str, Any], source: Source, observed_at: str | None) -> Event:
+def _system_event(entry: Raw, source: Source, observed_at: str | None) -> Event:
     proto = entry.get("protoPayload")
     if not isinstance(proto, dict):
         source["trust_reason"] = "no protoPayload: not an audit log entry"
@@ -422,7 +425,7 @@ def _fault_event(parsed: XidLine | SxidLine, node: NodeRef, source: Source, **fi
     return new_event("gpu_xid", "", source, xid=parsed["xid"], node=node, gpu=gpu, detail=detail, **fields)
 
 
-def _text_event(entry: dict[str, Any], source: Source, observed_at: str | None) -> Event:
+def _text_event(entry: Raw, source: Source, observed_at: str | None) -> Event:
     prov = trust.text_provenance(entry)
     source["trust"], source["trust_reason"] = prov.trust, prov.reason
     if prov.text is None:
@@ -444,14 +447,14 @@ def _text_event(entry: dict[str, Any], source: Source, observed_at: str | None) 
     return _fault_event(parsed, node, source, observed_at=observed_at)
 
 
-def _claims_system_event(entry: dict[str, Any]) -> bool:
+def _claims_system_event(entry: Raw) -> bool:
     """Anything that looks like an audit entry is judged as a system event, strictly."""
     ln = entry.get("logName")
     named = isinstance(ln, str) and ("cloudaudit" in ln or "system_event" in ln)
     return "protoPayload" in entry or named
 
 
-def _parse(entry: dict[str, Any], delivery: Delivery | None) -> Event:
+def _parse(entry: Raw, delivery: Delivery | None) -> Event:
     source = new_source(
         entry.get("logName"), entry.get("insertId"), delivery.message_id if delivery else None
     )
@@ -465,7 +468,7 @@ def _parse(entry: dict[str, Any], delivery: Delivery | None) -> Event:
     return _text_event(entry, source, observed_at)
 
 
-def parse_entry(entry: dict[str, Any], delivery: Delivery | None = None) -> Event:
+def parse_entry(entry: Raw, delivery: Delivery | None = None) -> Event:
     """One LogEntry → one event; never raises."""
     try:
         return _parse(entry, delivery)
