@@ -317,9 +317,10 @@ def _count(
     inc["last_seen"] = max(inc["last_seen"], ts)
 
 
-def _lemon(action: str, node_doc: NodeDoc, policy: Policy, now: float) -> str | None:
+def _lemon(action: str, d: Decision) -> str | None:
     """Why the node is a lemon (too many remediations and recorded strikes lately), or None."""
-    lemon = policy.doc["lemon"]
+    node_doc, now = d.node_doc, d.now
+    lemon = d.policy.doc["lemon"]
     window = lemon["window_d"] * 86400
     acted = [
         r
@@ -333,11 +334,10 @@ def _lemon(action: str, node_doc: NodeDoc, policy: Policy, now: float) -> str | 
     return f"lemon host: {len(acted)} remediations{also} in {lemon['window_d']} days"
 
 
-def _repeated(
-    kind: str | None, history: list[Remediation], policy: Policy, now: float
-) -> tuple[str, str] | None:
+def _repeated(kind: str | None, history: list[Remediation], d: Decision) -> tuple[str, str] | None:
     """(action, why) when the node was remediated for this kind of fault within its policy's repeat window."""
-    repeat = policy.xids.repeat_for(kind) if kind else None
+    now = d.now
+    repeat = d.policy.xids.repeat_for(kind) if kind else None
     if repeat is None:
         return None
     prior = [r for r in history if r.get("kind") == kind and now - r["at"] <= repeat.within_h * 3600]
@@ -347,20 +347,19 @@ def _repeated(
     return repeat.action, f"{repeat.reason} ({int((now - last['at']) // 60)} min after {last['action']})"
 
 
-def escalate(
-    proposed: str, node_doc: NodeDoc, policy: Policy, now: float, kind: str | None = None
-) -> tuple[str, list[str]]:
+def escalate(proposed: str, d: Decision, kind: str | None = None) -> tuple[str, list[str]]:
     """Ladder, repeat and lemon rules: a repeat offender gets a stronger action, never a weaker one."""
     if proposed not in NODE_ACTIONS or proposed == Action.DRAIN_NODE:
         return proposed, []
+    policy, now = d.policy, d.now
     why: list[str] = []
     action = proposed
-    history = [r for r in node_doc.get("remediations", []) if r.get("action") in NODE_ACTIONS]
-    lemon = _lemon(action, node_doc, policy, now)
+    history = [r for r in d.node_doc.get("remediations", []) if r.get("action") in NODE_ACTIONS]
+    lemon = _lemon(action, d)
     if lemon is not None:
         why.append(lemon)
         action = Action.REPLACE_NODE
-    repeated = _repeated(kind, history, policy, now)
+    repeated = _repeated(kind, history, d)
     if repeated is not None and RANK[repeated[0]] > RANK[action]:
         action, reason = repeated
         why.append(reason)
@@ -375,11 +374,11 @@ def escalate(
     return action, why
 
 
-def cooldown_left(action: str, node_doc: NodeDoc, policy: Policy, now: float) -> float:
-    last = node_doc.get("last_action_at", {}).get(action)
+def cooldown_left(action: str, d: Decision) -> float:
+    last = d.node_doc.get("last_action_at", {}).get(action)
     if last is None:
         return 0.0
-    return max(0.0, float(last) + policy.cooldown_s(action) - now)
+    return max(0.0, float(last) + d.policy.cooldown_s(action) - d.now)
 
 
 def budget_scopes(inc: Incident, node_doc: NodeDoc) -> list[tuple[str, str]]:
@@ -533,7 +532,7 @@ def _hold(inc: Incident, d: Decision, held: Held, page: str | None) -> None:
 def _cooled_down(inc: Incident, d: Decision) -> bool:
     """False if the action ran on this node too recently: a job action is dropped, a node action held."""
     action = inc["action"]
-    left = cooldown_left(action, d.node_doc, d.policy, d.now)
+    left = cooldown_left(action, d)
     if left <= 0:
         return True
     if action in JOB_ACTIONS:
@@ -619,7 +618,7 @@ def _raise(latest: Incident, ev: FaultEvent, d: Decision) -> None:
         lifecycle.move(latest, State.OPEN, "reopened by a stronger line of its burst")
         latest["timeline"].pop("resolved", None)
     proposed = higher(latest["proposed_action"], ev["action"])
-    action, why = escalate(proposed, d.node_doc, d.policy, d.now, latest["kind"])
+    action, why = escalate(proposed, d, latest["kind"])
     action, lowered = _capped(latest, action, d.policy)
     why += lowered
     latest["proposed_action"] = proposed
@@ -777,7 +776,7 @@ def _open(ev: FaultEvent, ts: float, trigger: str, d: Decision) -> Outcome:
     """A new episode on the node: a new incident, escalated by the node's history."""
     cluster = cluster_of(d.policy, ev)
     inc = new_incident(incident_id(subject_key(ev), trigger), ev, cluster, d.policy, d.now)
-    action, why = escalate(ev["action"], d.node_doc, d.policy, d.now, ev["kind"])
+    action, why = escalate(ev["action"], d, ev["kind"])
     action, lowered = _capped(inc, action, d.policy)
     why += lowered
     if why:
