@@ -362,7 +362,7 @@ class Incident(TypedDict):
     measured: NotRequired[list[Measurement]]
     corroboration: NotRequired[Measurement]
     localise: NotRequired[LocalisePlan]  # a hung job: whether it is localised, and why (engine)
-    localisation: NotRequired[dict[str, Any]]  # ... its nodes, each round's verdict, the outcome
+    localisation: NotRequired[Localisation]  # ... its nodes, each round's verdict, the outcome
 
 
 class LocalisePlan(TypedDict):
@@ -597,6 +597,19 @@ class GangCheckSpec(TypedDict):
     pairs: NotRequired[list[str]]  # links: "a+b" (Firestore keeps no nested arrays)
     message_bytes: NotRequired[int]
     gpus: NotRequired[int]
+
+
+class Localisation(TypedDict, total=False):
+    """What a hung job's localisation found, kept on its incident (services/actuate/localise.py)."""
+
+    job: str
+    nodes: list[str]
+    started_at: float
+    rounds: list[LocaliseRound]  # the last four
+    culprits: list[str]
+    incidents: dict[str, str]  # culprit node -> its own node incident
+    outcome: str  # culprits | nothing_found | not_running
+    page: str
 
 
 class LocaliseRound(TypedDict):

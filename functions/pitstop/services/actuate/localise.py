@@ -18,7 +18,7 @@ from typing import Any, cast
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import localise, notifications
-from pitstop.core.domain import CheckRun, GangCheckSpec, Incident, LocaliseRound, NodeRef
+from pitstop.core.domain import CheckRun, GangCheckSpec, Incident, Localisation, LocaliseRound, NodeRef
 from pitstop.core.ops import Op
 from pitstop.core.scheduling import GangChecks, JobRun, JobState
 from pitstop.services.actuate.context import Step
@@ -51,7 +51,7 @@ def _note(s: Step, **fields: Any) -> None:
     def change(doc: Incident) -> Incident:
         loc = doc.setdefault("localisation", {"job": _job(s), "nodes": [], "rounds": []})
         rounds = fields.pop("round", None)
-        loc.update(fields)
+        loc.update(cast(Localisation, fields))  # the keyword fields are Localisation's
         if rounds is not None:
             loc["rounds"] = [*loc.get("rounds", []), rounds][-4:]
         doc["updated_at"] = s.deps.clock()
