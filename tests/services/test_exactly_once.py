@@ -305,7 +305,7 @@ def test_fail_never_turns_a_resolved_incident_into_failed(rig: Rig) -> None:
     error = {"tags": ["HttpError"], "code": 500, "message": "HTTP server responded with error code 500"}
     body, status = rig.call("fail", iid, stage="close", error=error)
     assert status == 200 and body["outcome"] == "resolved" and body["state"] == "RESOLVED"
-    inc: Any = rig.store.get(iid)
+    inc = rig.store.get(iid)
     assert inc is not None and inc["state"] == "RESOLVED" and "failure" not in inc
     assert not [n for n in rig.notes.sent if n.get("severity") == "critical"]
 
@@ -315,7 +315,7 @@ def test_fail_is_left_to_the_execution_that_owns_the_step(rig: Rig) -> None:
     assert rig.call("claim", iid, execution="exec-1")[0]["ours"] is True
     body, _ = rig.call("fail", iid, execution="exec-2", stage="claim", error={"message": "boom"})
     assert body["outcome"] == "open"
-    inc: Any = rig.store.get(iid)
+    inc = rig.store.get(iid)
     assert inc is not None and inc["state"] == "OPEN"
     body, _ = rig.call("fail", iid, step=1, execution="exec-1", stage="act", error={"message": "boom"})
     assert body["outcome"] == "failed"
@@ -373,7 +373,7 @@ def test_escalation_is_decided_before_unfence_and_hands_the_jobs_over(rig: Rig) 
     rig.store.mutate(iid, lambda d: d.update({"escalate_to": "REBOOT_NODE", "state": "VERIFYING"}))
     body, status = rig.call("escalate", iid)
     assert status == 200 and body["handed_over"] is True and "step 2" in body["outcome"]
-    inc: Any = rig.store.get(iid)
+    inc = rig.store.get(iid)
     assert inc is not None and inc["step"] == 2 and inc["action"] == "REBOOT_NODE"
     assert rig.call("escalate", iid)[0]["handed_over"] is True  # asked again: the same answer
     rig.gang.run = {**rig.gang.run, "start_time": "2026-11-22T09:00:00"}  # (not what step 1 saw)

@@ -99,7 +99,7 @@ def test_watchdog_fails_an_incident_whose_execution_ended_without_closing_it(
     svc.finish(name, "FAILED", "actuate unreachable")
     clock.t += 60
     assert Sweep(ing).run()["failed"] == 1
-    inc: Any = ing.store.get(iid)
+    inc = ing.store.get(iid)
     assert inc is not None and inc["state"] == "FAILED"
     assert inc["failure"]["stage"] == "watchdog"
     assert "ended FAILED without closing the incident: actuate unreachable" in inc["failure"]["error"]
@@ -125,7 +125,7 @@ def test_watchdog_cancels_and_fails_an_execution_past_its_deadline(
     assert svc.records[name].execution.state.name == "ACTIVE"
     clock.t = T0 + 90001
     assert Sweep(ing).run()["failed"] == 1
-    inc: Any = ing.store.get(iid)
+    inc = ing.store.get(iid)
     assert inc is not None and inc["state"] == "FAILED"
     assert "still ACTIVE after 90001 s (deadline 90000 s)" in inc["failure"]["error"]
     assert svc.records[name].execution.state.name == "CANCELLED"
@@ -193,7 +193,7 @@ def test_close_ends_failed_held_and_open_incidents_for_a_person(fs_client: fires
     store, now = ing.store, T0 + 3600
     done = close_incident(store, {}, first["id"], "alice", now, unfence=False)
     assert done.ok and "stays fenced" in done.lines[-1]
-    inc: Any = store.get(first["id"])
+    inc = store.get(first["id"])
     assert inc is not None and inc["state"] == "RESOLVED" and inc["timeline"]["closed"] == now
     assert inc["closure"] == {"by": "alice", "at": now, "from_state": "FAILED", "unfence": False}
     assert close_incident(store, {}, held["id"], "bob", now, unfence=False).ok
@@ -215,7 +215,7 @@ def test_close_refuses_an_incident_an_execution_works_on(
     iid, _ = started(ing, "a3-node-082", state="OPEN")  # claimed, about to fence
     refused = close_incident(ing.store, {}, iid, "alice", T0 + 10, unfence=False)
     assert not refused.ok and "working on it" in refused.lines[0]
-    inc: Any = ing.store.get(iid)
+    inc = ing.store.get(iid)
     assert inc is not None and inc["state"] == "OPEN"
 
 
@@ -253,7 +253,7 @@ def test_close_unfence_sends_the_resume_actuate_would_and_records_the_answer(
     (cmd,) = agent.commands
     assert cmd["op"] == "resume" and cmd["args"] == {"node": "a3-node-090", "incident": first["id"]}
     assert cmd["topic"].endswith("/pitstop-slurm-train")
-    inc: Any = ing.store.get(first["id"])
+    inc = ing.store.get(first["id"])
     assert inc is not None and inc["closure"]["unfence"] == {
         "outcome": "done",
         "detail": "a3-node-090 resumed",
@@ -303,7 +303,7 @@ def test_incidents_cli_close(fs_client: firestore.Client, firestore_host: str, t
     assert closed.returncode == 0, closed.stderr
     assert f"{first['id']}: closed by dave (was FAILED)" in closed.stdout
     assert "unfence not needed" in closed.stdout
-    inc: Any = ing.store.get(first["id"])
+    inc = ing.store.get(first["id"])
     assert inc is not None and inc["state"] == "RESOLVED" and inc["closure"]["by"] == "dave"
     assert "closed" in inc["timeline"]
     assert run("--close", first["id"], "--by", "dave").returncode == 1

@@ -196,7 +196,7 @@ def test_a_reboot_runs_through_every_phase_once(rig: Rig) -> None:
     for op in (Op.VALIDATE, Op.ESCALATE, Op.UNFENCE, Op.RESCHEDULE, Op.RESUMED):
         rig.ok(op, iid)
     assert rig.ok(Op.CLOSE, iid)["outcome"] == "resolved"
-    inc: Any = rig.store.get(iid)
+    inc = rig.store.get(iid)
     assert inc is not None and inc["state"] == State.RESOLVED
     tl = inc["timeline"]
     assert tl["fenced"] <= tl["job_requeued"] <= tl["acted"] <= tl["healthy"] <= tl["resolved"]
@@ -218,7 +218,7 @@ def test_an_execution_that_missed_a_persons_close_never_acts(rig: Rig) -> None:
     body, status = rig.call(Op.ACT, iid)
     assert status == 409 and body["retryable"] is False and "incident is RESOLVED" in body["error"]
     assert rig.fake.effects_on(NODE, "reset") == []
-    inc: Any = rig.store.get(iid)
+    inc = rig.store.get(iid)
     assert inc is not None and inc["state"] == State.RESOLVED and "acted" not in inc["timeline"]
     failed = rig.ok(Op.FAIL, iid)  # the workflow reports its failure: nothing is recorded over the close
     assert failed["recorded"] is False and cast(Any, rig.store.get(iid) or {})["state"] == State.RESOLVED
@@ -260,7 +260,7 @@ def test_a_fault_the_node_confirms_goes_on_and_says_what_was_checked(rig: Rig) -
     assert rig.ok(Op.CORROBORATE, iid)["run"] is True and rig.gang.checks == ["corroborate"]
     assert rig.ok(Op.CORROBORATION, iid)["done"] is True
     assert rig.ok(Op.JUDGE_CORROBORATION, iid)["confirmed"] is True
-    inc: Any = rig.store.get(iid)
+    inc = rig.store.get(iid)
     assert inc is not None and inc["corroboration"]["confirmed"] is True
     assert any("kernel ring buffer" in c for c in inc["corroboration"]["checked"])
     assert "corroborated" in inc["timeline"] and rig.gang.requeues == []  # nothing moved yet
@@ -290,7 +290,7 @@ def test_a_fault_the_node_does_not_show_pages_and_disrupts_nothing(rig: Rig, kms
     assert rig.gang.requeues == [] and rig.gang.fenced == [NODE]
     assert rig.fake.effects_on(NODE, "reset") == []
     assert rig.ok(Op.FAIL, iid)["outcome"] == "failed"
-    inc: Any = rig.store.get(iid)
+    inc = rig.store.get(iid)
     assert inc is not None and inc["state"] == State.FAILED
     assert inc["corroboration"]["confirmed"] is False and inc["corroboration"]["checked"]
 
@@ -302,7 +302,7 @@ def test_a_gpu_missing_from_the_bus_confirms_without_a_kernel_line(rig: Rig) -> 
     iid = _fenced(rig)
     rig.ok(Op.CORROBORATE, iid)
     assert rig.ok(Op.JUDGE_CORROBORATION, iid)["confirmed"] is True
-    inc: Any = rig.store.get(iid)
+    inc = rig.store.get(iid)
     assert inc is not None and "7 of 8 GPUs visible" in inc["corroboration"]["why"]
 
 
@@ -424,7 +424,7 @@ def test_a_node_counts_against_its_block_from_the_claim_and_a_full_block_holds_b
     second = rig.open("a3-node-001")  # its node's block is not known yet: the decision lets it go
     claimed = rig.ok(Op.CLAIM, second)
     assert claimed["ours"] is False and block in claimed["why"]
-    inc: Any = rig.store.get(second)
+    inc = rig.store.get(second)
     assert inc is not None and inc["state"] == State.HELD and (inc["held"] or {})["scope"] == block
     assert rig.gang.fenced == []  # neither fenced by the claim; the held one never is
     rig.ok(Op.FENCE, first)

@@ -191,7 +191,7 @@ def test_step_up_from_actuate_in_observe_mode_starts_nothing(
     act = make_actuator(ing, make_policy(mode="observe"), clock)
     body, status = act.handle({"op": "close", "incident": iid, "step": 1})
     assert status == 200 and body["outcome"] == "escalated to REBOOT_NODE (step 2)"
-    inc: Any = ing.store.get(iid)
+    inc = ing.store.get(iid)
     assert inc is not None
     assert inc["workflow"] == {"step": 2, "state": "observe", "would_start": True, "execution": None}
     clock.t += 120
@@ -210,7 +210,7 @@ def test_step_up_from_actuate_past_a_budget_is_held_and_pages(
     clock = Clock()
     ing = make_ingest(fs_client, endpoint, pol, clock, notifier=Notifier(project, topic))
     iid = worsening(ing, "a3-node-052")
-    inc: Any = ing.store.get(iid)
+    inc = ing.store.get(iid)
     assert inc is not None
     # acting on the node taught Pitstop its reservation block, whose only slot another node took since
     ing.store.set_node_fields(inc["node_key"], {"block": "c1/block-9"})
@@ -372,7 +372,7 @@ def test_a_buffer_keeps_only_the_evidence_its_incident_has_room_for(fs_client: f
         ing.handle_payload(entry(XID94, "a3-node-050", n))
     assert buffered.buffered == 20 and buffered.deltas["evidence"] == []  # the incident is full
     ing.coalescer.flush_all(clock.t)
-    inc: Any = ing.store.get(iid)
+    inc = ing.store.get(iid)
     assert inc is not None and inc["counts"]["events"] == 40
     kept = [e["insert_id"] for e in inc["evidence"]]
     assert kept == [f"a3-node-050-{n}" for n in range(engine.MAX_EVIDENCE)]
@@ -522,7 +522,7 @@ def test_a_merge_that_meets_a_write_since_its_read_reads_again(
     monkeypatch.setattr(engine, "merge_deltas", racing)  # the store calls it between read and write
     assert store.merge_counts(iid, ev, deltas, pol, T0).result == "absorbed"
     assert store.retries == 1  # refused once, then read again
-    inc: Any = store.get(iid)
+    inc = store.get(iid)
     assert inc is not None and inc["counts"]["events"] == 1 + 3 + 1
 
 
