@@ -5,10 +5,13 @@ one Firestore transaction, calls :func:`apply_event`, and writes back what it re
 Keeping the judgement pure makes every rule testable without a database and lets
 ``pitstop replay`` run the very same code against past logs.
 
-Documents (all times are epoch seconds):
-- node: ``{node, latest_incident, remediations: [{at, action, incident}], last_action_at: {action: t}}``
-- incident: see :func:`new_incident`
-- budget: ``{scope, slots: {incident_id: {at, active}}, paged_until}``
+Documents (all times are epoch seconds; their shapes are core/domain.py's TypedDicts):
+- node: NodeDoc ``{node, latest_incident, remediations: [{at, action, incident}], last_action_at}``
+- incident: Incident, made by :func:`new_incident`
+- budget: Budget ``{scope, slots: {incident_id: {at, active}}, paged_until}``
+
+One decision's context (the node document, the budgets, the policy, the time, the Outcome being
+built, the cluster's size, whether a person forces it) travels as one frozen :class:`Decision`.
 """
 
 from __future__ import annotations
