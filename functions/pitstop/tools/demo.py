@@ -368,7 +368,7 @@ class Scenarios(Pipeline):
 
     def lemon_history(self, node: str) -> None:
         """Three remediations in the last week: the next fault makes the node a lemon (REPLACE_NODE)."""
-        key = engine.node_key({"project": PROJECT, "zone": ZONE, "instance": node})
+        key = engine.node_key({"project": PROJECT, "zone": ZONE, "instance": node, "instance_id": None})
         now = time.time()
         self.db.collection("pitstop_nodes").document(key).set(
             {
@@ -1182,7 +1182,8 @@ class GkeScenarios(Pipeline):
         store = IncidentStore(self.db, pol.doc["store"]["collection_prefix"])
         schedulers = schedulers_for(pol, Wiring(PROJECT, kube_endpoint=self.state.endpoints["kube"]))
         done = close_incident(store, schedulers, iid, "demo", time.time(), unfence=True)
-        inc: dict[str, Any] = {**(store.get(iid) or {}), "lines": done.lines}
+        got = store.get(iid)
+        inc: dict[str, Any] = {**(dict(got) if got else {}), "lines": done.lines}
         return inc
 
     def remediated(
