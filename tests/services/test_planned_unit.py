@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -94,7 +94,7 @@ def test_a_straggler_among_quiet_peers_moves_and_the_comparison_is_recorded_once
     iid = rig.open()
     judged = rig.to_judge(iid)
     assert judged["confirmed"] is True and "stand_down" not in judged
-    inc = rig.store.get(iid) or {}
+    inc: Any = rig.store.get(iid) or {}
     rec = inc["corroboration"]
     assert (rec["verdict"], rec["node_value"], rec["peers"]) == ("move", 0.6, {PEER: 0.0})
     rig.gpu = {NODE: {"throttle": 0.6}, PEER: {"throttle": 0.6}}  # the readings change after the fact ...
@@ -111,7 +111,7 @@ def test_a_gang_throttling_alike_stands_down_with_nothing_disrupted(rig: Rig) ->
     assert judged["stand_down"] is True and judged["verdict"] == "gang_wide"
     rig.ok(Op.UNFENCE, iid)  # the workflow's stand_down branch: unfence, then close
     assert rig.ok(Op.CLOSE, iid)["outcome"] == "resolved"
-    inc = rig.store.get(iid) or {}
+    inc: Any = rig.store.get(iid) or {}
     assert inc["state"] == State.RESOLVED and inc["action"] == "DRAIN_NODE"
     assert "corroborated" not in inc["timeline"] and "job_requeued" not in inc["timeline"]
     assert rig.gang.fenced == [] and rig.gang.requeues == [] and rig.fake.effects_on(NODE, "reset") == []
@@ -121,7 +121,7 @@ def test_telemetry_that_cannot_be_read_leaves_the_alert_standing(rig: Rig) -> No
     rig.monitoring.stop(0)  # Monitoring unreachable: no reading at all
     iid = rig.open()
     assert rig.to_judge(iid)["confirmed"] is True
-    rec = (rig.store.get(iid) or {})["corroboration"]
+    rec = cast(Any, rig.store.get(iid) or {})["corroboration"]
     assert rec["verdict"] == "move" and rec["why"].startswith("telemetry unreadable")
 
 
@@ -138,7 +138,7 @@ def test_the_repair_follows_the_node_checks_finding(rig: Rig, reason: str, actio
         rig.ok(op, iid)
     assert rig.ok(Op.DIAGNOSE, iid)["run"] is True and rig.gang.checks[-1] == "diagnose"
     assert rig.ok(Op.JUDGE_DIAGNOSIS, iid)["action"] == action
-    inc = rig.store.get(iid) or {}
+    inc: Any = rig.store.get(iid) or {}
     assert inc["action"] == action and inc["escalations"][-1]["from"] == "DRAIN_NODE"
     assert inc["diagnosis"]["confirmed"] is (action == "REPLACE_NODE")
 

@@ -27,6 +27,7 @@ from typing import Any, Literal, Protocol
 from pitstop.core import diagnose as diag
 from pitstop.core import resources
 from pitstop.core.actions import Action
+from pitstop.core.domain import Measurement
 
 KIND = "degraded"
 Verdict = Literal["move", "gang_wide", "cleared"]
@@ -103,7 +104,7 @@ class PeerVerdict:
     def move(self) -> bool:
         return self.verdict == "move"
 
-    def record(self, now: float, step: int) -> dict[str, Any]:
+    def record(self, now: float, step: int) -> Measurement:
         """What the incident keeps (its ``corroboration``: the signal held against the peers, or not)."""
         return {
             "kind": "peers",

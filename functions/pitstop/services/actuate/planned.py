@@ -21,7 +21,7 @@ from pitstop.core import degraded
 from pitstop.core import diagnose as diag
 from pitstop.core.actions import Action
 from pitstop.core.checks import DiagnosisVerdict
-from pitstop.core.domain import CheckRun
+from pitstop.core.domain import CheckRun, Measurement
 from pitstop.core.ops import Op
 from pitstop.services.actuate.context import Step
 
@@ -59,7 +59,7 @@ def compare_peers(s: Step) -> dict[str, Any]:
     return {"run": False, "peers": record, "jobs": jobs, "why": "a degraded node is compared with its peers"}
 
 
-def judged(record: dict[str, Any]) -> dict[str, Any]:
+def judged(record: Measurement) -> dict[str, Any]:
     """The judge's answer: go on (the planned move), or ``stand_down`` (no move: the workflow
     lifts the fence and closes; the close says why, and pages for a gang-wide cause)."""
     if record.get("confirmed") is True:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 import yaml
 
 if TYPE_CHECKING:
+    from pitstop.core.domain import Incident
     from pitstop.local.stack import ClusterSpec, StackState
 
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -301,9 +302,12 @@ def _incident_rows(
 
     with emulator_env(state.endpoints):
         db = firestore.Client(project=state.project)
-    incidents = sorted(
-        (d for d in (d.to_dict() for d in db.collection("pitstop_incidents").stream()) if d),
-        key=lambda d: d["created_at"],
+    incidents = cast(  # the store's documents, as it wrote them
+        list["Incident"],
+        sorted(
+            (d for d in (d.to_dict() for d in db.collection("pitstop_incidents").stream()) if d),
+            key=lambda d: d["created_at"],
+        ),
     )
     results = {d.id: d.to_dict() or {} for d in db.collection("pitstop_slurm_results").stream()}
     caused = effects.by_incident(incidents, compute_effects, results, kube_effects)
