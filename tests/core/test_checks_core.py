@@ -139,7 +139,7 @@ def test_a_shortfall_measured_the_fabrics_way_against_one_peer_asks_a_second(
         checks.table_for(POLICY),
     )
     assert v.wants_second_peer and v.next == "PAGE" and v.off_fabric is None
-    assert v.record(1.0)["peers"] == [{"peer": "n2", "busbw_gbps": 120.0, "verdict": "degraded"}]
+    assert v.record(1.0)["nccl_peers"] == [{"peer": "n2", "busbw_gbps": 120.0, "verdict": "degraded"}]
     first = {"kind": "validate", "name": "pitstop-iabcdefghi-1-validate", "incident": "iabcdefghi", "gpus": 8}
     again = checks.revalidate_spec(cast(Any, {**first, "fabric": MEGA.as_spec()}), 1, ["n2"])
     assert again["kind"] == "revalidate" and again["name"] == "pitstop-iabcdefghi-1-revalidate"
@@ -212,7 +212,7 @@ def test_the_second_peer_decides_what_a_shortfall_means(
     assert words in v.validation.why, v.validation.why
     rec = v.record(2.0)
     assert rec["hardware_fault"] is (next_action == "REPLACE_NODE")
-    assert rec["peers"][0] == {"peer": "n2", "busbw_gbps": 120.0, "verdict": "degraded"}
+    assert rec["nccl_peers"][0] == {"peer": "n2", "busbw_gbps": 120.0, "verdict": "degraded"}
     if next_action == "RETURN_TO_SERVICE":
         assert v.validation.passed and v.peer == "n3" and "n2" in v.note
 

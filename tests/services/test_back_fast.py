@@ -409,7 +409,7 @@ def test_a_reset_node_short_against_two_peers_steps_up_to_replace(make: Any) -> 
     inc = rig.store.get(iid)
     assert inc is not None and inc["escalate_to"] == "REPLACE_NODE"
     assert inc["validation"]["busbw_gbps"] == 120.0 and inc["validation"]["threshold_gbps"] == 169.86
-    assert [p["peer"] for p in inc["validation"]["peers"]] == [PEER, PEER2]
+    assert [p["peer"] for p in inc["validation"]["nccl_peers"]] == [PEER, PEER2]
     handed = rig.ok("escalate", iid)  # the node stays fenced: the next step replaces it
     assert handed["handed_over"] is True
     inc = rig.store.get(iid)
@@ -435,7 +435,7 @@ def test_a_shortfall_only_against_the_first_peer_returns_the_node_and_names_the_
     inc = rig.store.get(iid)
     assert inc is not None and not inc.get("escalate_to") and inc["validation"]["passed"] is True
     assert inc["validation"]["peer"] == PEER2 and inc["validation"]["hardware_fault"] is False
-    assert [(p["peer"], p["verdict"]) for p in inc["validation"]["peers"]] == [
+    assert [(p["peer"], p["verdict"]) for p in inc["validation"]["nccl_peers"]] == [
         (PEER, "degraded"),
         (PEER2, "pass"),
     ]

@@ -277,7 +277,7 @@ class ValidationVerdict:
             "peer": self.peer,
             "note": self.note,
             "off_fabric": self.off_fabric,
-            "peers": list(self.peers),
+            "nccl_peers": list(self.peers),
             **self.validation.as_record(),
         }
 

@@ -748,7 +748,7 @@ class Scenarios(Pipeline):
             m for m in inc.get("measured", []) if m.get("kind") == "validate" and not m.get("passed")
         ]
         val = inc.get("validation") or {}
-        peers = (failed_first[0].get("peers") or []) if failed_first else []
+        peers = (failed_first[0].get("nccl_peers") or []) if failed_first else []
         r = self.timed(Result("degraded_after_reset", False, "", durations(inc), inc["id"]), inc)
         r.passed = bool(
             inc["state"] == "RESOLVED"
