@@ -14,7 +14,7 @@ labels them (``gpu``, ``UUID``, ``device``, ``modelName``, ``Hostname``) plus Ma
 Prometheus' target labels (``project_id``, ``location``, ``cluster``, ``namespace``, ``job``,
 ``instance``), for every node of the cluster. Values come from the fake Compute's GPU state file
 (what the GPU stand-ins print): a straggler's throttle share as the clocks event reasons bitmap
-(HW thermal slowdown 0x40, or SW power cap 0x4) on that share of the samples and a lower SM clock,
+(HW slowdown, SW and HW thermal slowdown 0x68, or SW power cap 0x4) on that share of the samples and a lower SM clock,
 correctable ECC errors as a counter rising at ``sbe_rate`` an hour, a row remap, NVLink CRC errors
 on a link that is down. The stand-in keeps no history: a window shows the state now, held over
 the whole window (as the Cloud Monitoring stand-in answers timeSeries.list).
@@ -48,7 +48,9 @@ _PATH = re.compile(
 _SELECTOR = re.compile(r"\s*([A-Za-z_:][A-Za-z0-9_:]*)?\s*(\{(.*)\})?\s*(\[([0-9]+)([smhd])\])?\s*", re.S)
 _MATCHER = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(,|$)', re.S)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-THERMAL, POWER_CAP = 0x40, 0x4  # DCGM_CLOCKS_EVENT_REASON_HW_THERMAL, _SW_POWER_CAP (NVML's bits)
+# What the nvidia-smi stand-in shows active (gpu_tools/nvidia_smi.py), as DCGM's bitmap (NVML's bits):
+# thermal = HW slowdown 0x8 | SW thermal 0x20 | HW thermal 0x40; power = SW power cap 0x4
+THERMAL, POWER_CAP = 0x8 | 0x20 | 0x40, 0x4
 SM_CLOCK_MHZ = 1980  # an H100 SXM's boost clock
 
 
