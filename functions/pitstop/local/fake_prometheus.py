@@ -14,8 +14,8 @@ labels them (``gpu``, ``UUID``, ``device``, ``modelName``, ``Hostname``) plus Ma
 Prometheus' target labels (``project_id``, ``location``, ``cluster``, ``namespace``, ``job``,
 ``instance``), for every node of the cluster. Values come from the fake Compute's GPU state file
 (what the GPU stand-ins print): a straggler's throttle share as the clocks event reasons bitmap
-(HW slowdown, SW and HW thermal slowdown 0x68, or SW power cap 0x4) on that share of the samples and a lower SM clock,
-correctable ECC errors as a counter rising at ``sbe_rate`` an hour, a row remap, NVLink CRC errors
+(HW slowdown, SW and HW thermal slowdown 0x68, or SW power cap 0x4) on that share of the samples
+and a lower SM clock, correctable ECC errors as a counter rising at ``sbe_rate`` an hour, a row remap, NVLink CRC errors
 on a link that is down. The stand-in keeps no history: a window shows the state now, held over
 the whole window (as the Cloud Monitoring stand-in answers timeSeries.list).
 
