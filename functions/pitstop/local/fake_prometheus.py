@@ -15,9 +15,9 @@ Prometheus' target labels (``project_id``, ``location``, ``cluster``, ``namespac
 ``instance``), for every node of the cluster. Values come from the fake Compute's GPU state file
 (what the GPU stand-ins print): a straggler's throttle share as the clocks event reasons bitmap
 (HW slowdown, SW and HW thermal slowdown 0x68, or SW power cap 0x4) on that share of the samples
-and a lower SM clock, correctable ECC errors as a counter rising at ``sbe_rate`` an hour, a row remap, NVLink CRC errors
-on a link that is down. The stand-in keeps no history: a window shows the state now, held over
-the whole window (as the Cloud Monitoring stand-in answers timeSeries.list).
+and a lower SM clock, correctable ECC errors as a counter rising at ``sbe_rate`` an hour, a row
+remap, NVLink CRC errors on a link that is down. The stand-in keeps no history: a window shows
+the state now, held over the whole window (as the Cloud Monitoring stand-in answers timeSeries.list).
 
 PromQL: only a vector selector (``name{label op "value", ...}``, ops ``= != =~ !~``, an optional
 ``[5m]`` range on an instant query) is evaluated; anything else is refused with ``bad_data``,

@@ -990,8 +990,9 @@ class Gang:
 class GkeScenarios(Pipeline):
     """The GKE scenarios: faults on JobSet members, checked in the fake API server, Compute and Firestore.
 
-    Nodes: the faults use nodes 0-6, one each; every gang runs on its faulty member(s) and the
-    partner (node 7) and may move to the spare (node 8), both freed after each scenario.
+    Nodes: the faults use nodes 0-8, one each (7: the straggler, 8 with the partner: a gang-wide
+    throttle, pitstop.tools.demo_gke_planned); every gang runs on its faulty member(s) and the
+    partner (node 9) and may move to the spare (node 10), both freed after each scenario.
     """
 
     def __init__(self, stack: Stack) -> None:
@@ -1505,8 +1506,8 @@ class GkeScenarios(Pipeline):
             ("gke_regional", self.regional),
             ("gke_serial", self.serial),
             # issue 24: a degraded node's peers read from Managed Service for Prometheus
-            ("gke_straggler_spare", lambda: demo_gke_planned.straggler_spare(self, self.nodes[7])),
-            ("gke_gang_wide_throttle", lambda: demo_gke_planned.gang_wide_throttle(self, self.nodes[8:10])),
+            ("gke_straggler_spare", lambda: demo_gke_planned.straggler_spare(self)),
+            ("gke_gang_wide_throttle", lambda: demo_gke_planned.gang_wide_throttle(self)),
         ]
         results = []
         for key, fn in plan:

@@ -21,14 +21,16 @@ from pitstop.tools.demo_planned import POWER_CAPPED, STRAGGLER, TIMEOUT_S
 from pitstop.tools.demo_stage import GkeStage, Result
 
 
-def straggler_spare(sc: GkeStage, bad: str) -> Result:
+def straggler_spare(sc: GkeStage, bad: str | None = None) -> Result:
     """A thermally throttled JobSet member among unthrottled peers: moved at its checkpoint onto the
     spare; the node check shows its hardware thermal slowdown (the finding): host reported faulty.
 
     On GKE the checkpoint is the pod's eviction with its grace period, and the JobSet's own failure
     policy restarts the gang at once (onto the spare, the node being cordoned); Pitstop's requeue
     then finds it already moved and does not restart it again. ``resume_s``: from the alert's open
-    (the incident's ``detected``) to the gang seen running in full off the node."""
+    (the incident's ``detected``) to the gang seen running in full off the node. ``bad``: by default
+    the fourth node from the end (the demo's first free one; the last two are the partner and spare)."""
+    bad = bad or sc.nodes[-4]
     g = sc.gang("gke-straggler", [bad, sc.partner], [sc.spare])
     watch = Watch(sc.kube.url, f"/api/v1/namespaces/{NAMESPACE}/pods")
     since = time.time()
@@ -69,8 +71,10 @@ def straggler_spare(sc: GkeStage, bad: str) -> Result:
     return r
 
 
-def gang_wide_throttle(sc: GkeStage, members: list[str]) -> Result:
-    """Every member of the JobSet throttles alike (its own power cap): no move, no repair, a page."""
+def gang_wide_throttle(sc: GkeStage, members: list[str] | None = None) -> Result:
+    """Every member of the JobSet throttles alike (its own power cap): no move, no repair, a page.
+    ``members``: by default the third node from the end and the partner (neither is repaired)."""
+    members = members or [sc.nodes[-3], sc.partner]
     g = sc.gang("gke-capped", members, [])
     try:
         for n in members:
