@@ -15,16 +15,21 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from pitstop.local.stack import ClusterSpec, Stack
+from pitstop.adapters.prometheus import PromQLReader
+from pitstop.core import degraded
+from pitstop.local import chaos
+from pitstop.local.stack import PROJECT, ClusterSpec, Stack
 from pitstop.tools import demo_gke_planned
 from pitstop.tools.demo import GKE_COMPUTE_SCALE, POD_GRACE_S, GkeScenarios
 
 pytestmark = pytest.mark.emulator
+POL = degraded.default_policy()
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +83,21 @@ def test_a_gang_throttling_alike_is_not_moved_and_a_person_is_paged(sc: GkeScena
     assert all(f["back"].values()), r.detail  # the cordons and taints were lifted
     assert all("NOT moved" in t for t in f["texts"]), f["texts"]  # a page per node
     assert r.passed, r.detail
+
+
+def test_chaos_straggler_and_degrading_show_in_the_prometheus_stand_in(sc: GkeScenarios) -> None:
+    """`pitstop local chaos straggler|degrading --node N` on the GKE stack: what actuate's PromQL
+    reader then reads (healed again within the alert's window, so no incident opens)."""
+    slow, failing = sc.nodes[1], sc.nodes[2]
+    reader = PromQLReader(sc.stack.endpoints["prometheus"])
+    chaos.apply(sc.stack, "straggler", node=slow)
+    chaos.apply(sc.stack, "degrading", node=failing)
+    try:
+        now = time.time()
+        throttle = reader.node_values(PROJECT, POL.prometheus["throttle"], [slow, failing], now)
+        ecc = reader.node_values(PROJECT, POL.prometheus["ecc"], [slow, failing], now)
+    finally:
+        for n in (slow, failing):
+            chaos.apply(sc.stack, "heal", node=n)
+    assert throttle[slow] == pytest.approx(0.6, abs=0.05) and throttle[failing] == 0.0
+    assert ecc == {slow: 0.0, failing: 40.0}  # the preset's 40 correctable errors an hour
