@@ -17,7 +17,7 @@ from typing import Any
 
 from pitstop.core.timeline import durations
 from pitstop.local.gke_stack import NAMESPACE, Watch
-from pitstop.tools.demo_planned import POWER_CAPPED, STRAGGLER, TIMEOUT_S
+from pitstop.tools.demo_planned import POWER_CAPPED, STRAGGLER, TIMEOUT_S, note_text
 from pitstop.tools.demo_stage import GkeStage, Result
 
 
@@ -82,7 +82,7 @@ def gang_wide_throttle(sc: GkeStage, members: list[str] | None = None) -> Result
         incs = [sc.finished(n, timeout=TIMEOUT_S) for n in members]
         back = {n: sc.node_back(n) for n in members}
         restarts, where = sc.restarts(g.name), sc.placed(g.name)
-        texts = [" ".join(str(x["body"].get("text")) for x in sc.notes_for(i["id"])) for i in incs]
+        texts = [note_text(sc, str(i["id"])) for i in incs]  # notify delivers after the incident resolved
     finally:
         for n in members:
             sc.gpu_state(n, None)
