@@ -190,7 +190,9 @@ def test_a_gke_nodes_peers_are_read_through_prometheus(rig: Rig) -> None:
         assert rig.to_judge(iid)["confirmed"] is True
     finally:
         server.shutdown()
-    rec = (rig.store.get(iid) or {})["corroboration"]
+    inc = rig.store.get(iid)
+    assert inc is not None
+    rec = inc["corroboration"]
     assert (rec["source"], rec["verdict"], rec["peers"]) == ("prometheus", "move", {PEER: 0.0}), rec["why"]
     assert (
         rec["node_value"] == pytest.approx(0.6, abs=0.05)

@@ -737,6 +737,7 @@ class Measurement(DiagnosisDetail, total=False):
     node_value: float | None  # peers (a degraded node held against its gang: core/degraded.py)
     peers: dict[str, float | None]
     alike: list[str]
+    source: str  # peers: where the readings came from (monitoring | prometheus)
 
 
 class FenceDoc(TypedDict, total=False):
