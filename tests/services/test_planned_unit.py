@@ -16,13 +16,16 @@ from typing import Any, cast
 import pytest
 
 from pitstop.adapters.monitoring import TelemetryReader
-from pitstop.core import alerts
+from pitstop.adapters.prometheus import PromQLReader
+from pitstop.core import alerts, policy
 from pitstop.core.ops import Op
 from pitstop.core.scheduling import CheckResult, JobInfo, JobRun, JobState, StepRef
 from pitstop.core.states import State
 from pitstop.local import alerting
 from pitstop.local.fake_monitoring import FakeMonitoring
 from pitstop.local.fake_monitoring import serve as serve_monitoring
+from pitstop.local.fake_prometheus import FakePrometheus
+from pitstop.local.fake_prometheus import serve as serve_prometheus
 from pitstop.local.gpu_tools import nvidia_smi
 from pitstop.local.gpu_tools.state import NodeState
 from tests.helpers import PROJECT, ZONE
@@ -156,3 +159,43 @@ def test_no_replacement_on_the_alert_alone_when_the_node_check_never_finishes(ri
     assert (
         rig.ok(Op.ACT, iid)["method"] == "reset" and rig.fake.effects_on(NODE, "report_host_as_faulty") == []
     )
+
+
+def test_a_gke_nodes_peers_are_read_through_prometheus(rig: Rig) -> None:
+    """A GKE cluster's node: the comparison asks Managed Service for Prometheus (the PromQL stand-in,
+    dcgm-exporter's throttle reasons), not Cloud Monitoring's timeSeries (down here: never asked)."""
+    prom = FakePrometheus(PROJECT, "train", ZONE, [NODE, PEER], lambda: rig.gpu)
+    server, url = serve_prometheus(prom)
+    gke = {"location": ZONE, "cluster": "train"}
+    rig.actuator.deps.policy = policy.from_doc(
+        {
+            "mode": "enforce",
+            "clusters": [
+                {
+                    "name": "train",
+                    "scheduler": "gke",
+                    "size": 8,
+                    "match": {"name_pattern": "a3-*"},
+                    "gke": gke,
+                }
+            ],
+            "validation": {"enabled": False},
+        }
+    )
+    rig.actuator.deps.prometheus = PromQLReader(url)
+    rig.monitoring.stop(0)
+    try:
+        rig.gpu = {NODE: {"throttle": 0.6, "throttle_reason": "thermal"}}
+        iid = rig.open()
+        assert rig.to_judge(iid)["confirmed"] is True
+    finally:
+        server.shutdown()
+    inc = rig.store.get(iid)
+    assert inc is not None
+    rec = inc["corroboration"]
+    assert (rec["source"], rec["verdict"], rec["peers"]) == ("prometheus", "move", {PEER: 0.0}), rec["why"]
+    assert (
+        rec["node_value"] == pytest.approx(0.6, abs=0.05)
+        and "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS" in rec["why"]
+    )
+    assert prom.queries and all(NODE.replace("-", "\\\\-") in q for q in prom.queries)

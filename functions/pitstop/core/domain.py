@@ -739,6 +739,7 @@ class Measurement(DiagnosisDetail, total=False):
     node_value: float | None  # peers (a degraded node held against its gang: core/degraded.py)
     peers: dict[str, float | None]
     alike: list[str]
+    source: str  # peers: where the readings came from (monitoring | prometheus)
     off_fabric: str | None  # validate: why the NCCL figure was not measured the fabric's way
     nccl_peers: list[PeerMeasurement]  # validate: each NCCL measurement, first peer first
 

@@ -53,7 +53,7 @@ from pitstop.local.stack import (
     emulator_env,
     webhook_records,
 )
-from pitstop.tools import demo_hang, demo_planned
+from pitstop.tools import demo_gke_planned, demo_hang, demo_planned
 from pitstop.tools.demo_stage import Result
 
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
@@ -178,6 +178,14 @@ class Pipeline:
 
     def notes_for(self, iid: str) -> list[dict[str, Any]]:
         return [w for w in webhook_records(self.state) if iid in w["body"]["text"]]
+
+    def gpu_state(self, node: str, state: dict[str, Any] | None) -> None:
+        """What the GPU tools will report on the node's current host (the fake Compute's admin API)."""
+        admin(
+            self.state,
+            "/_admin/gpu_state",
+            {"project": PROJECT, "zone": ZONE, "instance": node, "state": state},
+        )
 
     def settle(self) -> None:
         """Let the blast-radius window slide so scenarios do not spend each other's budget."""
@@ -357,14 +365,6 @@ class Scenarios(Pipeline):
 
     def cancel(self, job: str) -> None:
         subprocess.run(["scancel", job], env=self.slurm.env, capture_output=True, check=False)
-
-    def gpu_state(self, node: str, state: dict[str, Any] | None) -> None:
-        """What the GPU tools will report on the node's current host (the fake Compute's admin API)."""
-        admin(
-            self.state,
-            "/_admin/gpu_state",
-            {"project": PROJECT, "zone": ZONE, "instance": node, "state": state},
-        )
 
     def lemon_history(self, node: str) -> None:
         """Three remediations in the last week: the next fault makes the node a lemon (REPLACE_NODE)."""
@@ -1007,8 +1007,9 @@ class Gang:
 class GkeScenarios(Pipeline):
     """The GKE scenarios: faults on JobSet members, checked in the fake API server, Compute and Firestore.
 
-    Nodes: the faults use nodes 0-6, one each; every gang runs on its faulty member(s) and the
-    partner (node 7) and may move to the spare (node 8), both freed after each scenario.
+    Nodes: the faults use nodes 0-8, one each (7: the straggler, 8 with the partner: a gang-wide
+    throttle, pitstop.tools.demo_gke_planned); every gang runs on its faulty member(s) and the
+    partner (node 9) and may move to the spare (node 10), both freed after each scenario.
     """
 
     def __init__(self, stack: Stack) -> None:
@@ -1522,6 +1523,9 @@ class GkeScenarios(Pipeline):
             ("gke_pdb", self.pdb_blocks),
             ("gke_regional", self.regional),
             ("gke_serial", self.serial),
+            # issue 24: a degraded node's peers read from Managed Service for Prometheus
+            ("gke_straggler_spare", lambda: demo_gke_planned.straggler_spare(self)),
+            ("gke_gang_wide_throttle", lambda: demo_gke_planned.gang_wide_throttle(self)),
         ]
         results = []
         for key, fn in plan:
@@ -1583,6 +1587,8 @@ GKE_KEYS = (
     "gke_pdb",
     "gke_regional",
     "gke_serial",
+    "gke_straggler_spare",
+    "gke_gang_wide_throttle",
 )
 
 

@@ -75,10 +75,20 @@ class Actuator:
         claim_s: float = STEP_CLAIM_S,
         validation_table: ValidationTable | None = None,
         telemetry: Telemetry | None = None,
+        prometheus: Telemetry | None = None,
     ) -> None:
         launcher = Launcher(store, starter, notifier)
         self.deps = Deps(
-            policy, store, compute, schedulers, launcher, clock, claim_s, validation_table, telemetry
+            policy,
+            store,
+            compute,
+            schedulers,
+            launcher,
+            clock,
+            claim_s,
+            validation_table,
+            telemetry,
+            prometheus,
         )
 
     @property

@@ -49,6 +49,7 @@ class Deps:
     claim_s: float = STEP_CLAIM_S
     validation_table: ValidationTable | None = None
     telemetry: Telemetry | None = None  # a degraded node's peers' readings (Cloud Monitoring)
+    prometheus: Telemetry | None = None  # the same on GKE (Managed Service for Prometheus, PromQL)
 
     def table(self) -> ValidationTable:
         return checks.table_for(self.policy, self.validation_table)

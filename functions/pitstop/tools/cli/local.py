@@ -227,7 +227,8 @@ def _chaos_line(args: argparse.Namespace, result: dict[str, Any]) -> str:
         return f"hung: {runs} stop beating{where or ' (no culprit node: a software hang)'}"
     if kind in ("straggler", "degrading", "heal"):
         state = (result.get("gpu") or {}).get("state")
-        return f"{args.node}: GPU state {state or 'healthy'}; the Monitoring stand-in's node policies read it"
+        readers = "the Monitoring stand-in's node policies (and, on GKE, the PromQL stand-in) read it"
+        return f"{args.node}: GPU state {state or 'healthy'}; {readers}"
     return "every armed fault and flag cleared"
 
 
