@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
-import functools
 import json
 import os
 import signal
@@ -71,18 +70,6 @@ class _LazyInstances:
         return _compute().instances.aggregated_list(**kwargs)
 
 
-@functools.cache
-def _compute() -> ComputeAdapter:
-    return _compute_adapter(os.environ.get("PITSTOP_COMPUTE_ENDPOINT"))
-
-
-def _db(project: str, env: str = "PITSTOP_FIRESTORE_DATABASE") -> firestore.Client:
-    """Pitstop's own Firestore database (deploy creates it; IAM conditions grant only it), or with
-    ``env`` PITSTOP_NOTIFY_DATABASE notify's ledger database (unset: the same database)."""
-    main = os.environ.get("PITSTOP_FIRESTORE_DATABASE", "(default)")
-    return firestore.Client(project=project, database=os.environ.get(env, main))
-
-
 T = TypeVar("T")
 
 
@@ -109,6 +96,18 @@ class _Once(Generic[T]):
     def cache_clear(self) -> None:
         with self._lock:
             self._made.clear()
+
+
+@_Once
+def _compute() -> ComputeAdapter:
+    return _compute_adapter(os.environ.get("PITSTOP_COMPUTE_ENDPOINT"))
+
+
+def _db(project: str, env: str = "PITSTOP_FIRESTORE_DATABASE") -> firestore.Client:
+    """Pitstop's own Firestore database (deploy creates it; IAM conditions grant only it), or with
+    ``env`` PITSTOP_NOTIFY_DATABASE notify's ledger database (unset: the same database)."""
+    main = os.environ.get("PITSTOP_FIRESTORE_DATABASE", "(default)")
+    return firestore.Client(project=project, database=os.environ.get(env, main))
 
 
 @_Once
@@ -186,7 +185,7 @@ def _install_shutdown_hooks() -> None:
 _install_shutdown_hooks()
 
 
-@functools.cache
+@_Once
 def _actuator() -> Actuator:
     from pitstop.adapters.monitoring import TelemetryReader
     from pitstop.adapters.prometheus import PromQLReader
@@ -228,7 +227,7 @@ def _actuator() -> Actuator:
     )
 
 
-@functools.cache
+@_Once
 def _notify() -> Notify:
     from pitstop.adapters.monitoring import MetricsWriter
     from pitstop.adapters.step_records import FirestoreStepStore
