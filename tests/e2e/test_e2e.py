@@ -15,18 +15,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pitstop.local.stack import PROJECT, Stack, admin, webhook_records
-from pitstop.tools.demo import Scenarios, slurm_spec
-from tests.pipeline import XID79, Pipeline
+from pitstop.tools import demo
+from pitstop.tools.demo_runner import Runner
+from pitstop.tools.demo_stage import Result, Stage
+from pitstop.tools.demo_steps import STEPS
+from tests.pipeline import XID79, Pipeline, stack_up
 
 pytestmark = pytest.mark.emulator
 
@@ -34,18 +36,8 @@ pytestmark = pytest.mark.emulator
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     """The demo's cluster (its scenarios run here too), up for the whole module."""
-    stack = Stack(Path(tempfile.mkdtemp(prefix="pitstop-e2e-")), slurm_spec(34))
-    try:
-        stack.up()
+    with stack_up("e2e", demo.slurm_spec(34)) as stack:
         yield stack
-    except BaseException:
-        for name in ("ingest", "actuate", "notify", "sweep", "executions", "slurm-agent"):
-            log = stack.workdir / f"{name}.log"
-            if log.exists():
-                print(f"--- {name}.log ---\n" + "\n".join(log.read_text().splitlines()[-20:]))
-        raise
-    finally:
-        stack.down()
 
 
 @pytest.fixture(scope="module")
@@ -55,34 +47,33 @@ def sc(stack: Stack) -> Pipeline:
 
 
 @pytest.fixture(scope="module")
-def demo(stack: Stack) -> Scenarios:
-    """The demo's scenarios, each checked end to end on the same stack (nodes 0-7 and the last ten)."""
-    return Scenarios(stack)
+def scenario(stack: Stack) -> Callable[[str], Result]:
+    """The demo's scenarios by key (schemas/demo-scenarios.yaml), each run end to end on the same
+    stack (nodes 0-7 and the last ten) as `make demo` runs it: this checks the demo's data and
+    runner; the pipeline's own tests below drive it through tests/pipeline.py."""
+    runner, by_key = Runner(Stage(stack), STEPS), {s["key"]: s for s in demo.scenarios()}
+
+    def run(key: str) -> Result:
+        spec = by_key[key]
+        if spec.get("settle", True):
+            runner.stage.settle()
+        return runner.run(spec)
+
+    return run
 
 
 @pytest.mark.parametrize(
-    "name",
-    [
-        "xid79_gang",
-        "xid13_storm",
-        "preemption",
-        "maintenance",
-        "duplicate_storm",
-        "lemon",
-        "blast_radius",
-        "poison",
-    ],
+    "key", ["xid79", "xid13", "preemption", "maintenance", "duplicates", "lemon", "blast_radius", "poison"]
 )
-def test_scenario(demo: Scenarios, name: str) -> None:
-    if name != "xid13_storm" and name != "poison":
-        demo.settle()
-    result = getattr(demo, name)()
+def test_scenario(scenario: Callable[[str], Result], key: str) -> None:
+    result = scenario(key)
     assert result.passed, result.detail
 
 
-def test_xid79_with_a_spare_the_gang_runs_again_before_the_node_is_back(demo: Scenarios) -> None:
-    demo.settle()
-    r = demo.xid79_spare()
+def test_xid79_with_a_spare_the_gang_runs_again_before_the_node_is_back(
+    scenario: Callable[[str], Result],
+) -> None:
+    r = scenario("xid79_spare")
     assert r.facts.get("resume", {}).get("mode") == "early", r.detail
     assert r.resume_s is not None and r.repair_s is not None and r.resume_s < r.repair_s, r.detail
     assert r.facts["validation"]["passed"] and r.facts["validation"]["busbw_gbps"] == 190.0, r.detail
@@ -90,10 +81,9 @@ def test_xid79_with_a_spare_the_gang_runs_again_before_the_node_is_back(demo: Sc
 
 
 def test_a_lemon_with_a_spare_resumes_within_a_minute_while_the_host_report_takes_ten(
-    demo: Scenarios,
+    scenario: Callable[[str], Result],
 ) -> None:
-    demo.settle()
-    r = demo.lemon_spare()
+    r = scenario("lemon_spare")
     assert r.resume_s is not None and r.resume_s <= 60, r.detail
     assert r.repair_s is not None and r.repair_s >= 600, r.detail
     assert "row" in r.facts["diagnosis"]["why"].lower() or "remap" in r.facts["diagnosis"]["why"].lower(), (
@@ -102,10 +92,9 @@ def test_a_lemon_with_a_spare_resumes_within_a_minute_while_the_host_report_take
     assert r.passed, r.detail
 
 
-@pytest.mark.parametrize("name", ["degraded_after_reset", "replace_not_confirmed", "no_spare"])
-def test_diagnose_and_validate(demo: Scenarios, name: str) -> None:
-    demo.settle()
-    result = getattr(demo, name)()
+@pytest.mark.parametrize("key", ["degraded", "replace_not_confirmed", "no_spare"])
+def test_diagnose_and_validate(scenario: Callable[[str], Result], key: str) -> None:
+    result = scenario(key)
     assert result.passed, result.detail
 
 
