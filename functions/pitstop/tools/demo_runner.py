@@ -98,8 +98,9 @@ def judged(stage: Stage, spec: Spec, seen: Seen) -> Result:
     r = Result(spec["name"], False, "", durations(inc) if inc else {}, inc["id"] if inc else None, facts=obs)
     if spec.get("timed") and inc is not None:
         stage.timed(r, inc)
-        obs.update(resume_s=r.resume_s, repair_s=r.repair_s)
-        obs["resume_before_repair"] = None not in (r.resume_s, r.repair_s) and r.resume_s < r.repair_s  # type: ignore[operator]
+        resume, repair = r.resume_s, r.repair_s
+        obs.update(resume_s=resume, repair_s=repair)
+        obs["resume_before_repair"] = resume is not None and repair is not None and resume < repair
     if seen.resume_s is not None:
         r.resume_s = obs["resume_s"] = seen.resume_s
     failed = unmet(spec["expect"], obs)
