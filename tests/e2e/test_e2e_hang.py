@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from pitstop.local import chaos
-from pitstop.local.heartbeats import beating_again, beats, hang_incidents
+from pitstop.local.heartbeats import beating_again, beats, hang_ended
 from pitstop.local.stack import HEARTBEAT_EVERY_S, ClusterSpec
 from tests.pipeline import Pipeline, stack_up
 
@@ -48,23 +48,12 @@ def _hung(sc: Pipeline, job: str) -> None:
     beating_again(sc.stack, job, sc.wait, 300)
 
 
-def _hang_ended(sc: Pipeline, job: str, n: int = 1) -> dict[str, Any]:
-    """The job's n-th hang incident, once resolved or failed."""
-
-    def ended() -> dict[str, Any] | None:
-        incs = hang_incidents(sc.db, job)
-        return incs[n - 1] if len(incs) >= n and incs[n - 1]["state"] in ("RESOLVED", "FAILED") else None
-
-    found: dict[str, Any] = sc.wait(ended, 240, f"hang incident {n} of job {job} to end")
-    return found
-
-
 def test_a_hang_with_a_bad_node_and_a_spare_trains_again_on_the_spare(sc: Pipeline) -> None:
     job, held = _training(sc)
     bad = held[1]
     chaos.apply(sc.stack, "hang", "link", node=bad)
     _hung(sc, job)
-    hang = _hang_ended(sc, job)
+    hang = hang_ended(sc.db, job, sc.wait)
     loc = hang.get("localisation") or {}
     culprit = sc.finished(bad, timeout=240)
     now_on = sc.slurm.job_nodes(job)
@@ -88,7 +77,7 @@ def test_a_hang_with_no_bad_node_restarts_in_place_once_pages_and_is_not_localis
     chaos.apply(sc.stack, "hang")
     try:
         _hung(sc, job)
-        first = _hang_ended(sc, job)
+        first = hang_ended(sc.db, job, sc.wait)
         loc = first.get("localisation") or {}
 
         def paged() -> list[dict[str, Any]]:
@@ -97,7 +86,7 @@ def test_a_hang_with_no_bad_node_restarts_in_place_once_pages_and_is_not_localis
         pages = sc.wait(paged, 30, "the page")
         restarts = sc.restarts(job)
         chaos.apply(sc.stack, "hang")  # the restarted run hangs too: the job's own fault
-        second = _hang_ended(sc, job, 2)
+        second = hang_ended(sc.db, job, sc.wait, 2)
         assert loc.get("outcome") == "nothing_found"
         assert [x.get("kind") for x in loc.get("rounds", [])] == ["sweep", "links"]
         assert restarts == 1  # restarted in place once

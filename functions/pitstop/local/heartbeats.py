@@ -38,3 +38,16 @@ def beating_again(stack: Stack, job: str, wait: Callable[..., Any], timeout: flo
 
     found: float = wait(moved, timeout, f"job {job} to beat again")
     return found
+
+
+def hang_ended(
+    db: Any, job: str, wait: Callable[..., Any], n: int = 1, timeout: float = 240.0
+) -> dict[str, Any]:
+    """The job's n-th hang incident, once resolved or failed."""
+
+    def ended() -> dict[str, Any] | None:
+        incs = hang_incidents(db, job)
+        return incs[n - 1] if len(incs) >= n and incs[n - 1]["state"] in ("RESOLVED", "FAILED") else None
+
+    found: dict[str, Any] = wait(ended, timeout, f"hang incident {n} of job {job} to end")
+    return found

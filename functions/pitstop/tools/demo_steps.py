@@ -24,7 +24,7 @@ from typing import Any
 
 from pitstop.local import chaos, inject
 from pitstop.local.gke_stack import JOBSET_LABEL, node_summary
-from pitstop.local.heartbeats import beating_again, beats, hang_incidents
+from pitstop.local.heartbeats import beating_again, beats, hang_ended
 from pitstop.local.serve import PAGERDUTY_PATH
 from pitstop.local.stack import HEARTBEAT_EVERY_S, PROJECT, emulator_env, webhook_records
 from pitstop.tools import demo_hang
@@ -178,15 +178,6 @@ def _training(st: Stage) -> tuple[str, list[str]]:
     return job, held
 
 
-def _hang_ended(st: Stage, job: str, n: int = 1) -> dict[str, Any]:
-    def ended() -> dict[str, Any] | None:
-        incs = hang_incidents(st.db, job)
-        return incs[n - 1] if len(incs) >= n and incs[n - 1]["state"] in ("RESOLVED", "FAILED") else None
-
-    found: dict[str, Any] = st.wait(ended, 240, f"hang incident {n} of job {job} to end")
-    return found
-
-
 def _hung(st: Stage, job: str) -> tuple[float, float]:
     """When the job stopped beating (now) and when it beat again (a new run training)."""
     stopped = time.time()
@@ -204,7 +195,7 @@ def hang_bad_node(st: Stage) -> Seen:
     bad = held[1]
     chaos.apply(st.stack, "hang", "link", node=bad)
     stopped, training = _hung(st, job)
-    hang = _hang_ended(st, job)
+    hang = hang_ended(st.db, job, st.wait)
     loc = hang.get("localisation") or {}
     culprit = st.finished(bad, timeout=240)
     now_on = st.slurm.job_nodes(job)
@@ -230,7 +221,7 @@ def hang_software(st: Stage) -> Seen:
     job, held = _training(st)
     chaos.apply(st.stack, "hang")
     stopped, training = _hung(st, job)
-    first = _hang_ended(st, job)
+    first = hang_ended(st.db, job, st.wait)
     loc = first.get("localisation") or {}
 
     def paged() -> list[dict[str, Any]]:
@@ -239,7 +230,7 @@ def hang_software(st: Stage) -> Seen:
     pages = st.wait(paged, 30, "the page")
     restarts = st.slurm.restarts(job)
     chaos.apply(st.stack, "hang")  # the restarted run hangs too: the job's own fault
-    second = _hang_ended(st, job, 2)
+    second = hang_ended(st.db, job, st.wait, 2)
     times = demo_hang.breakdown(stopped, first, None, training, st.stack.alert_scale)
     text = pages[0]["body"]["text"] if pages else ""
     obs: dict[str, Any] = {"job": job, "gang": len(held), "restarts": restarts, "pages": len(pages)}
