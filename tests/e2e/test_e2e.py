@@ -29,7 +29,7 @@ import pytest
 
 from pitstop.local import inject
 from pitstop.local.serve import PAGERDUTY_PATH
-from pitstop.local.stack import PROJECT, ClusterSpec, Stack, admin, emulator_env, webhook_records
+from pitstop.local.stack import PROJECT, ClusterSpec, Stack, admin, webhook_records
 from tests.pipeline import XID79, Pipeline, stack_up
 
 XID48 = (
@@ -220,18 +220,10 @@ def _last_xid79(sc: Pipeline, node: str) -> tuple[str | None, int]:
 
 
 def test_a_poison_message_is_dead_lettered_and_the_event_beside_it_flows(sc: Pipeline) -> None:
-    from google.cloud import pubsub_v1
-
     sc.router.publish_raw(b"\x00this is not a log entry")
     node = sc.nodes[6]
     sc.fault(node, XID13)
-    with emulator_env(sc.state.endpoints):
-        sub = pubsub_v1.SubscriberClient()
-    path = sub.subscription_path(PROJECT, "events-dead-inspect")
-
-    def dead() -> list[Any]:
-        return list(sub.pull(subscription=path, max_messages=10, timeout=5).received_messages)
-
+    dead = inject.dead_letter_reader(sc.state)
     msgs = sc.wait(dead, 90, "the poison message in the dead-letter topic")
     assert msgs[0].message.data.startswith(b"\x00this is not")
     assert sc.wait(

@@ -9,6 +9,7 @@ change to a demo scenario cannot change what a test means.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pitstop.core import engine
@@ -53,6 +54,23 @@ def lemon_history(db: Any, node: str, collection: str = "pitstop_nodes") -> None
     db.collection(collection).document(key).set(
         {**engine.new_node({**ref, "instance_id": None}), "remediations": past}
     )
+
+
+def dead_letter_reader(
+    state: StackState, subscription: str = "events-dead-inspect"
+) -> Callable[[], list[Any]]:
+    """A pull of up to ten messages from the dead-letter topic's inspection subscription (each call
+    takes what is there; an empty list when nothing was dead-lettered yet)."""
+    from google.cloud import pubsub_v1
+
+    with emulator_env(state.endpoints):
+        sub = pubsub_v1.SubscriberClient()
+    path = sub.subscription_path(PROJECT, subscription)
+
+    def pull() -> list[Any]:
+        return list(sub.pull(subscription=path, max_messages=10, timeout=5).received_messages)
+
+    return pull
 
 
 class Driver:

@@ -26,7 +26,7 @@ from pitstop.local import chaos, inject
 from pitstop.local.gke_stack import JOBSET_LABEL, node_summary
 from pitstop.local.heartbeats import beating_again, beats, hang_ended
 from pitstop.local.serve import PAGERDUTY_PATH
-from pitstop.local.stack import HEARTBEAT_EVERY_S, PROJECT, emulator_env, webhook_records
+from pitstop.local.stack import HEARTBEAT_EVERY_S, PROJECT, webhook_records
 from pitstop.tools import demo_hang
 from pitstop.tools.demo_runner import XID_LINES, Runner, Seen, incident_obs
 from pitstop.tools.demo_stage import Stage
@@ -121,18 +121,10 @@ def _settled(st: Stage, targets: list[str], took: Callable[[str], bool]) -> list
 
 
 def poison(st: Stage) -> Seen:
-    from google.cloud import pubsub_v1
-
     st.router.publish_raw(b"\x00this is not a log entry")
     node = st.nodes[6]
     st.fault(node, XID13)
-    with emulator_env(st.state.endpoints):
-        sub = pubsub_v1.SubscriberClient()
-    path = sub.subscription_path(PROJECT, "events-dead-inspect")
-
-    def dead() -> list[Any]:
-        return list(sub.pull(subscription=path, max_messages=10, timeout=5).received_messages)
-
+    dead = inject.dead_letter_reader(st.state)
     msgs = st.wait(dead, 90, "the poison message in the dead-letter topic")
     attempts = msgs[0].message.attributes.get("CloudPubSubDeadLetterSourceDeliveryCount")
     flowed = st.wait(
