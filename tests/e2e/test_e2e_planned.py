@@ -115,6 +115,11 @@ def test_no_spare_keeps_the_drain_and_the_notification_says_so(sc: Pipeline) -> 
     assert "NO SPARE" in text, text
 
 
+def _notes(sc: Pipeline, iid: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = sc.wait(lambda: sc.notes_for(iid), 30, "the notification")
+    return found
+
+
 def test_a_gang_throttling_alike_is_not_moved_and_a_person_is_paged(sc: Pipeline) -> None:
     sc.settle()
     job, held, _ = _checkpointing_job(sc, sc.nodes[8:10])
@@ -122,7 +127,8 @@ def test_a_gang_throttling_alike_is_not_moved_and_a_person_is_paged(sc: Pipeline
         sc.gpu_state(n, POWER_CAPPED)
     incs = [sc.finished(n, timeout=TIMEOUT_S) for n in held]
     drained = [sc.drained(n) for n in held]
-    texts = [" ".join(str(x["body"].get("text")) for x in sc.notes_for(i["id"])) for i in incs]
+    # notify delivers after the incident resolved: wait for each one's note, not read it at once
+    texts = [" ".join(str(x["body"].get("text")) for x in _notes(sc, i["id"])) for i in incs]
     restarts = sc.restarts(job)
     for n in held:
         sc.gpu_state(n, None)

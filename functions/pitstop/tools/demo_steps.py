@@ -15,6 +15,7 @@ result's line, are in schemas/demo-scenarios.yaml as for every scenario. Why eac
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import uuid
@@ -71,17 +72,29 @@ def blast_radius(st: Stage) -> Seen:
     # releases a held incident, which may end before all five are seen settled.
     held = [i for i in incs if i["state"] == "HELD" or i.get("holds")]
     done = [i for i in incs if i["state"] == "RESOLVED" and not i.get("holds")]
-    time.sleep(2)
-    pages = [w for w in webhook_records(st.state)[before:] if "blast-radius budget" in w["body"]["text"]]
+
+    def paged() -> tuple[list[Any], list[Any]]:
+        pages = [w for w in webhook_records(st.state)[before:] if "blast-radius budget" in w["body"]["text"]]
+        # the same page on the second channel: a PagerDuty alert triggered (one per page)
+        alerts = [
+            w["body"]
+            for w in webhook_records(st.state, PAGERDUTY_PATH)[pd_before:]
+            if w["body"]["event_action"] == "trigger"
+            and "blast-radius budget" in w["body"]["payload"]["summary"]
+        ]
+        return pages, alerts
+
+    def on_both() -> bool:
+        pages, alerts = paged()
+        return bool(pages) and len(pages) == len(alerts)
+
+    # the two sinks deliver independently: wait until both carried the page (or time out)
+    with contextlib.suppress(TimeoutError):
+        st.wait(on_both, 30, "the page on both sinks")
+    pages, alerts = paged()
     # One page per budget window while incidents are held (engine.try_claim's paged_until): a
     # slow machine whose remediations outlast the 8 s window sees a reminder, never one per try.
     windows = 1 + int((time.monotonic() - t0) / float(pol_budgets["window_s"]))
-    # the same page on the second channel: a PagerDuty alert triggered (one per page)
-    alerts = [
-        w["body"]
-        for w in webhook_records(st.state, PAGERDUTY_PATH)[pd_before:]
-        if w["body"]["event_action"] == "trigger" and "blast-radius budget" in w["body"]["payload"]["summary"]
-    ]
     obs = {"targets": len(targets), "nodes": len(st.nodes), "done": len(done), "held": len(held)}
     obs.update(max_percent=b["max_percent"], pages=len(pages), alerts=len(alerts))
     obs.update(remediated_within_budget=len(done) == cap, rest_held=len(held) == len(targets) - cap)
@@ -143,7 +156,8 @@ def gang_wide_throttle(st: Stage) -> Seen:
         st.stack.set_gpu_state(n, {"throttle": 0.5, "throttle_reason": "power"})  # the job's own power cap
     incs = [st.finished(n, timeout=240.0) for n in held]
     drained = {n: "drain" in st.slurm.node_states().get(n, "") for n in held}
-    texts = [" ".join(str(x["body"].get("text")) for x in st.notes_for(i["id"])) for i in incs]
+    # notify delivers after the incident resolved: wait for each one's note, not read it at once
+    texts = [_note_text(st, str(i["id"])) for i in incs]
     obs: dict[str, Any] = {"job": job, "held": ",".join(held), "drained": drained, "texts": texts}
     obs["why"] = (incs[0].get("corroboration") or {}).get("why")
     obs["all_resolved"] = all(i["state"] == "RESOLVED" for i in incs)
@@ -155,6 +169,12 @@ def gang_wide_throttle(st: Stage) -> Seen:
         st.stack.set_gpu_state(n, None)
     st.slurm.cancel(job)
     return Seen(incs[0], obs)
+
+
+def _note_text(st: Stage, iid: str) -> str:
+    """What the webhook said about an incident, once notify delivered it (after it resolved)."""
+    notes: list[dict[str, Any]] = st.wait(lambda: st.notes_for(iid), 30, "the notification")
+    return " ".join(str(x["body"].get("text")) for x in notes)
 
 
 # -- a hung job: localised, then back to training ------------------------------------------------
