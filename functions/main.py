@@ -159,6 +159,7 @@ _install_shutdown_hooks()
 @functools.cache
 def _actuator() -> Actuator:
     from pitstop.adapters.monitoring import TelemetryReader
+    from pitstop.adapters.prometheus import PromQLReader
     from pitstop.adapters.pubsub import Notifier
     from pitstop.adapters.workflows import WorkflowStarter
     from pitstop.services.actuate import STEP_CLAIM_S, Actuator
@@ -193,6 +194,7 @@ def _actuator() -> Actuator:
         # the local stack runs the workflow's waits scaled down, so it scales the claim with them
         claim_s=float(os.environ.get("PITSTOP_STEP_CLAIM_S", STEP_CLAIM_S)),
         telemetry=TelemetryReader(os.environ.get("PITSTOP_MONITORING_ENDPOINT")),
+        prometheus=PromQLReader(os.environ.get("PITSTOP_PROMETHEUS_ENDPOINT")),
     )
 
 

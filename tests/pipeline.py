@@ -33,7 +33,17 @@ from .helpers import gce_resource, gke_journal_entry, journald_entry
 
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 FINAL_STATES = ("RESOLVED", "FAILED")
-LOGS = ("ingest", "actuate", "notify", "sweep", "executions", "slurm-agent", "monitoring", "kube")
+LOGS = (
+    "ingest",
+    "actuate",
+    "notify",
+    "sweep",
+    "executions",
+    "slurm-agent",
+    "monitoring",
+    "kube",
+    "prometheus",
+)
 
 
 def print_logs(stack: Stack, lines: int = 20) -> None:

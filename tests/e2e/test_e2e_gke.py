@@ -199,7 +199,7 @@ def _close_with_unfence(gk: GkePipeline, iid: str) -> dict[str, Any]:
     store = IncidentStore(gk.db, pol.doc["store"]["collection_prefix"])
     schedulers = schedulers_for(pol, Wiring(PROJECT, kube_endpoint=gk.state.endpoints["kube"]))
     close_incident(store, schedulers, iid, "e2e", time.time(), unfence=True)
-    return store.get(iid) or {}
+    return dict(store.get(iid) or {})
 
 
 def test_a_pdb_that_blocks_eviction_is_named_in_the_incident(scenario: GkePipeline) -> None:

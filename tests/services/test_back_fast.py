@@ -135,7 +135,7 @@ def make(fs_client: firestore.Client) -> Iterator[Any]:
 
 def _replace(rig: FastRig, node: str = NODES[0]) -> str:
     iid = rig.open(node, XID79)
-    rig.store.mutate(iid, lambda d: d.update(action="REPLACE_NODE"))
+    rig.store.mutate(iid, lambda d: d.update({"action": "REPLACE_NODE"}))
     return iid
 
 

@@ -16,7 +16,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
@@ -27,12 +27,20 @@ from pitstop.adapters.firestore_starts import StartRecords
 from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.core import engine
 from pitstop.core.actions import NODE_ACTIONS
-from pitstop.core.domain import Incident
+from pitstop.core.domain import Budget, Deltas, FaultEvent, Incident, NodeDoc, NodeFields, StepRecord
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
 from pitstop.core.store import commit_of
 
 T = TypeVar("T")
+D = TypeVar("D")
+
+
+def _doc(snap: Any, kind: type[D]) -> D | None:
+    """A stored document as the type its writers wrote (``kind``: Incident, NodeDoc, Budget, ...),
+    or None if there is none. The edge: Firestore hands back untyped dicts."""
+    return cast(D | None, snap.to_dict() if snap.exists else None)
+
 
 # Contended documents (one node during a storm) abort transactions. A retry at once meets the
 # same contenders again (a livelock: five instances absorbing into one incident kept failing for
@@ -49,7 +57,16 @@ BACKOFF_CAP_S = 4.0
 OPTIMISTIC_TRIES = 6
 MERGE_PAUSE_S = 0.01
 # What engine.merge_deltas changes in an incident (and the merge's updated_at): all a merge writes.
-MERGED_FIELDS = ("counts", "gpus", "evidence", "last_seen", "burst_until", "recent_keys", "updated_at")
+MergedField = Literal["counts", "gpus", "evidence", "last_seen", "burst_until", "recent_keys", "updated_at"]
+MERGED_FIELDS: tuple[MergedField, ...] = (
+    "counts",
+    "gpus",
+    "evidence",
+    "last_seen",
+    "burst_until",
+    "recent_keys",
+    "updated_at",
+)
 # Decisions that read blast-radius budgets all read and write the same few documents. Two
 # instances' transactions that both read one deadlock until the database's lock timeout (2 s on
 # the emulator) and a storm's decisions over five instances stalled for minutes. So a decision
@@ -66,7 +83,7 @@ class _TurnNeededError(Exception):
     """The decision reads a budget: run it again, holding the claim turn from its start."""
 
 
-class _LazyBudgets(Mapping[str, dict[str, Any] | None]):
+class _LazyBudgets(Mapping[str, Budget | None]):
     """Budget documents read inside the transaction only if the engine asks for them.
 
     Most events are absorbed and never touch a budget; reading every scope on every event
@@ -74,15 +91,14 @@ class _LazyBudgets(Mapping[str, dict[str, Any] | None]):
     """
 
     def __init__(self, coll: Any, txn: Any, turn: bool = True) -> None:
-        self._coll, self._txn, self._cache = coll, txn, dict[str, dict[str, Any] | None]()
+        self._coll, self._txn, self._cache = coll, txn, dict[str, Budget | None]()
         self._turn = turn  # whether this decision holds the claim turn across instances
 
-    def __getitem__(self, key: str) -> dict[str, Any] | None:
+    def __getitem__(self, key: str) -> Budget | None:
         if not self._turn:
             raise _TurnNeededError(key)
         if key not in self._cache:
-            snap = self._coll.document(key).get(transaction=self._txn)
-            self._cache[key] = snap.to_dict() if snap.exists else None
+            self._cache[key] = _doc(self._coll.document(key).get(transaction=self._txn), Budget)
         return self._cache[key]
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -190,14 +206,14 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
                 self.turn.delete(option=self.db.write_option(last_update_time=made.update_time))
                 self._count_writes(1)
 
-    def apply(self, ev: Mapping[str, Any], policy: Policy, now: float) -> engine.Outcome:
+    def apply(self, ev: FaultEvent, policy: Policy, now: float) -> engine.Outcome:
         """Fold one event in, exactly once per delivery identity."""
         nkey = engine.subject_key(ev)
         return self._serialised(
             nkey, ev["action"] in NODE_ACTIONS, lambda: self._apply(ev, policy, now, nkey)
         )
 
-    def _apply(self, ev: Mapping[str, Any], policy: Policy, now: float, nkey: str) -> engine.Outcome:
+    def _apply(self, ev: FaultEvent, policy: Policy, now: float, nkey: str) -> engine.Outcome:
         key = engine.event_key(ev)
         node_ref = self.nodes.document(nkey)
         dedup_ref = self.dedup.document(key)
@@ -208,12 +224,11 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
             seen = dedup_ref.get(transaction=t)
             if seen.exists:
                 return engine.Outcome("duplicate", duplicate_of=(seen.to_dict() or {}).get("incident"))
-            node_snap = node_ref.get(transaction=t)
-            node_doc = node_snap.to_dict() if node_snap.exists else None
+            node_doc = _doc(node_ref.get(transaction=t), NodeDoc)
             latest = None
             if node_doc and node_doc.get("latest_incident"):
                 snap = self.incidents.document(node_doc["latest_incident"]).get(transaction=t)
-                latest = snap.to_dict() if snap.exists else None
+                latest = _doc(snap, Incident)
             budgets = _LazyBudgets(self.budgets, t, self._holding.turn)
             out = engine.apply_event(ev, node_doc, latest, budgets, policy, now, key)
             if out.result == "ignored":
@@ -227,19 +242,18 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
         result: engine.Outcome = txn(self._txn())
         return result
 
-    def latest_incident(self, nkey: str) -> dict[str, Any] | None:
+    def latest_incident(self, nkey: str) -> Incident | None:
         """The node's latest incident, read without a transaction (to refresh a cache)."""
         node = self.nodes.document(nkey).get().to_dict()
         if not node or not node.get("latest_incident"):
             return None
-        snap = self.incidents.document(node["latest_incident"]).get()
-        return snap.to_dict() if snap.exists else None
+        return _doc(self.incidents.document(node["latest_incident"]).get(), Incident)
 
     def merge_counts(
         self,
         iid: str,
-        representative: Mapping[str, Any],
-        deltas: Mapping[str, Any],
+        representative: FaultEvent,
+        deltas: Deltas,
         policy: Policy,
         now: float,
     ) -> engine.Outcome:
@@ -260,18 +274,18 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
         def unlocked() -> engine.Outcome | None:
             """One optimistic merge: the Outcome, or None if the incident changed since it was read."""
             snap = ref.get()
-            inc = snap.to_dict() if snap.exists else None
+            inc = _doc(snap, Incident)
             if inc is None or not engine.absorbs(inc, representative, ts):
                 return self.apply(representative, policy, now)
             engine.merge_deltas(inc, deltas, policy)
             inc["updated_at"] = now
             try:
-                fields = {k: inc[k] for k in MERGED_FIELDS if k in inc}
+                fields: dict[str, Any] = {k: inc[k] for k in MERGED_FIELDS if k in inc}  # Firestore's own API
                 ref.update(fields, option=self.db.write_option(last_update_time=snap.update_time))
             except (gexc.FailedPrecondition, gexc.Aborted):  # written meanwhile: read again
                 return None
             self._count_writes(1)
-            return engine.Outcome("absorbed", incident=cast(Incident, inc), coalesced=True)
+            return engine.Outcome("absorbed", incident=inc, coalesced=True)
 
         for attempt in range(OPTIMISTIC_TRIES):
             out = unlocked()
@@ -282,9 +296,8 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
             time.sleep(random.uniform(0, MERGE_PAUSE_S * 2**attempt))  # noqa: S311 - jitter
 
         @firestore.transactional
-        def txn(t: Any) -> dict[str, Any] | None:
-            snap = ref.get(transaction=t)
-            inc = snap.to_dict() if snap.exists else None
+        def txn(t: Any) -> Incident | None:
+            inc = _doc(ref.get(transaction=t), Incident)
             if inc is None or not engine.absorbs(inc, representative, ts):
                 return None
             engine.merge_deltas(inc, deltas, policy)
@@ -301,13 +314,13 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
 
     # -- remediation steps (actuate) ---------------------------------------------------
 
-    def mutate(self, iid: str, fn: Callable[[dict[str, Any]], T]) -> T:
+    def mutate(self, iid: str, fn: Callable[[Incident], T]) -> T:
         """Change one incident in a transaction: ``fn`` edits the document in place and returns a value."""
         ref = self.incidents.document(iid)
 
         @firestore.transactional
         def txn(t: Any) -> T:
-            inc = ref.get(transaction=t).to_dict()
+            inc = _doc(ref.get(transaction=t), Incident)
             if inc is None:
                 raise KeyError(iid)
             before = copy.deepcopy(inc)
@@ -320,21 +333,21 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
         result: T = self._serialised(iid, False, lambda: txn(self._txn()))
         return result
 
-    def step_record(self, iid: str, key: str) -> dict[str, Any] | None:
-        snap = self.incidents.document(iid).collection("steps").document(key).get()
-        return snap.to_dict() if snap.exists else None
+    def step_record(self, iid: str, key: str) -> StepRecord | None:
+        return _doc(self.incidents.document(iid).collection("steps").document(key).get(), StepRecord)
 
     def steps(self, iid: str) -> FirestoreStepStore:
         """The incident's step records (``steps/<step>-<op>``), for the step runner."""
         return FirestoreStepStore(self.incidents.document(iid).collection("steps"))
 
-    def release_budget(self, inc: Mapping[str, Any]) -> None:
+    def release_budget(self, inc: Incident) -> None:
         """Mark an incident's blast-radius slots inactive (they still count until the window slides)."""
 
         @firestore.transactional
         def txn(t: Any) -> None:
             docs = {
-                d: self.budgets.document(d).get(transaction=t).to_dict() for d in inc.get("budget_scopes", [])
+                d: _doc(self.budgets.document(d).get(transaction=t), Budget)
+                for d in inc.get("budget_scopes", [])
             }
             for doc_id, doc in engine.release_slots(docs, inc["id"]).items():
                 t.set(self.budgets.document(doc_id), doc)
@@ -343,33 +356,30 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
 
     # -- operator views and actions ----------------------------------------------------
 
-    def get(self, iid: str) -> dict[str, Any] | None:
-        snap = self.incidents.document(iid).get()
-        return snap.to_dict() if snap.exists else None
+    def get(self, iid: str) -> Incident | None:
+        return _doc(self.incidents.document(iid).get(), Incident)
 
-    def get_node(self, key: str) -> dict[str, Any] | None:
-        snap = self.nodes.document(key).get()
-        return snap.to_dict() if snap.exists else None
+    def get_node(self, key: str) -> NodeDoc | None:
+        return _doc(self.nodes.document(key).get(), NodeDoc)
 
-    def set_node_fields(self, key: str, fields: Mapping[str, Any]) -> None:
+    def set_node_fields(self, key: str, fields: NodeFields) -> None:
         """Facts learned while acting (e.g. the reservation block from Compute's host topology)."""
         self.nodes.document(key).set(dict(fields), merge=True)
         self._count_writes(1)
 
-    def put_node(self, key: str, doc: Mapping[str, Any]) -> None:
+    def put_node(self, key: str, doc: NodeDoc) -> None:
         self.nodes.document(key).set(dict(doc))
 
-    def list(self, states: Iterable[State] | None = None) -> list[dict[str, Any]]:
+    def list(self, states: Iterable[State] | None = None) -> list[Incident]:
         q: Any = self.incidents
         wanted = sorted(states or ())
         if wanted:
             q = q.where(filter=firestore.FieldFilter("state", "in", wanted))
-        docs = [s.to_dict() for s in q.stream()]
+        docs: list[Incident | None] = [s.to_dict() for s in q.stream()]  # the edge, as in _doc
         return sorted((d for d in docs if d), key=lambda d: d.get("created_at", 0))
 
-    def budget(self, doc_id: str) -> dict[str, Any] | None:
-        snap = self.budgets.document(doc_id).get()
-        return snap.to_dict() if snap.exists else None
+    def budget(self, doc_id: str) -> Budget | None:
+        return _doc(self.budgets.document(doc_id).get(), Budget)
 
     def release(self, iid: str, policy: Policy, now: float, by: str) -> engine.Outcome:
         """Retry a HELD incident against its budgets now (operator release or the periodic sweep).
@@ -406,9 +416,7 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
     def _decide(
         self,
         iid: str,
-        decide: Callable[
-            [dict[str, Any], dict[str, Any], Mapping[str, dict[str, Any] | None]], engine.Outcome
-        ],
+        decide: Callable[[Incident, NodeDoc, engine.Budgets], engine.Outcome],
     ) -> engine.Outcome:
         """Run one engine decision on an existing incident and write what it returns, in one transaction.
 
@@ -419,11 +427,13 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
 
         @firestore.transactional
         def txn(t: Any) -> engine.Outcome:
-            inc = ref.get(transaction=t).to_dict()
+            inc = _doc(ref.get(transaction=t), Incident)
             if not inc:
                 return engine.Outcome("ignored")
             node_ref = self.nodes.document(inc["node_key"])
-            node_doc = node_ref.get(transaction=t).to_dict() or engine.new_node(inc["node"], inc.get("job"))
+            node_doc = _doc(node_ref.get(transaction=t), NodeDoc) or engine.new_node(
+                inc["node"], inc.get("job")
+            )
             out = decide(inc, node_doc, _LazyBudgets(self.budgets, t, self._holding.turn))
             if out.result != "ignored":
                 self._write(t, out)
@@ -440,11 +450,11 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
 
             @firestore.transactional
             def txn(t: Any, ref: Any = ref) -> bool:
-                cur = ref.get(transaction=t).to_dict()
+                cur = _doc(ref.get(transaction=t), Incident)
                 if not cur:
                     return False
                 budgets = {
-                    d: self.budgets.document(d).get(transaction=t).to_dict()
+                    d: _doc(self.budgets.document(d).get(transaction=t), Budget)
                     for d in cur.get("budget_scopes", [])
                 }
                 if not engine.close_if_burst_over(cur, now):

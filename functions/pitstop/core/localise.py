@@ -8,8 +8,11 @@ compares each node with its peers:
 
 - **sweep** (every node, in parallel): a tool that did not answer (a stuck GPU hangs NVML), GPUs
   lost or fewer visible than on the job's other nodes, a row remap pending or failed, a kernel
-  Xid the catalog calls a node fault. Findings on more than ``max_culprit_percent`` of the nodes
-  are not one node's fault (a driver, the software, the fabric): nothing is fenced.
+  Xid the catalog calls a node fault (GKE, whose check pods cannot read the ring buffer: the Node's
+  XidCriticalError condition of its current boot instead; there the gang is stopped first, as its
+  pods hold the GPUs the checks need: adapters/gke/gang.py). Findings on more than
+  ``max_culprit_percent`` of the nodes are not one node's fault (a driver, the software, the
+  fabric): nothing is fenced.
 - **links** (only when the sweep finds nothing): an NCCL bus-bandwidth test between ring
   neighbours, n pairs for n nodes (not n²). A pair below ``link_fraction`` of the pairs' upper
   quartile (what the healthy links reach, even when up to three in four are slow) is slow; a
@@ -23,26 +26,40 @@ transaction that opens the incident).
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from pitstop.core import corroboration
+from pitstop.core import corroboration, trust
 from pitstop.core import diagnose as diag
 from pitstop.core import validation as val
 from pitstop.core.actions import NODE_ACTIONS
 from pitstop.core.catalog import XidPolicy
 from pitstop.core.checks import check_name
-from pitstop.core.domain import FaultEvent, NodeRef
+from pitstop.core.domain import (
+    CheckRun,
+    FaultEvent,
+    GangCheckSpec,
+    Incident,
+    LocaliseConfig,
+    LocalisePlan,
+    LocaliseRound,
+    NodeDoc,
+    NodeRef,
+)
 from pitstop.core.scheduling import JobState
 
 SWEEP = "sweep"
 LINKS = "links"
 MAX_NODES = 512  # nodes one localisation sweeps (a 4,096-GPU job); a bigger job is paged, not swept
 SMI, DMESG, NCCL = "nvidia_smi_q", "dmesg", "nccl"
+# GKE: the Node's status as the adapter reads it for corroboration (JSON: bootID, conditions). Its
+# check pods cannot read /dev/kmsg (no CAP_SYSLOG: Pod Security baseline), so the kernel's Xids come
+# from the device plugin's XidCriticalError condition (core/trust.py) instead of dmesg.
+NODE_CONDITION = "node_condition"
 # A job in these states is not hung: its heartbeat stopped because it ended, was suspended or waits
 # in the queue (a finished or cancelled job stops beating exactly like a hung one; the alert cannot
 # tell them apart, the scheduler can). Nothing is checked, restarted or paged; the owner gets a note.
@@ -70,11 +87,11 @@ class Plan:
     why: str
     page: bool = False  # hung again within the window: a person decides
 
-    def doc(self, at: float) -> dict[str, Any]:
+    def doc(self, at: float) -> LocalisePlan:
         return {"run": self.run, "why": self.why, "at": at}
 
 
-def plan(job_doc: Mapping[str, Any], cfg: Mapping[str, Any], window_s: float, now: float) -> Plan:
+def plan(job_doc: NodeDoc, cfg: LocaliseConfig, window_s: float, now: float) -> Plan:
     """Whether this hang is localised: policy on, and no localisation of the job within the window."""
     if not cfg.get("enabled", True):
         return Plan(False, "localise.enabled is false in policy: the job owner is notified")
@@ -103,7 +120,7 @@ def ring_pairs(nodes: Sequence[str]) -> list[tuple[str, str]]:
     return [(ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring))]
 
 
-def sweep_spec(iid: str, step: int, job: str, nodes: Sequence[str], cfg: Mapping[str, Any]) -> dict[str, Any]:
+def sweep_spec(iid: str, step: int, job: str, nodes: Sequence[str], cfg: LocaliseConfig) -> GangCheckSpec:
     return {
         "kind": SWEEP,
         "name": check_name(iid, step, SWEEP),
@@ -114,7 +131,7 @@ def sweep_spec(iid: str, step: int, job: str, nodes: Sequence[str], cfg: Mapping
     }
 
 
-def links_spec(iid: str, step: int, job: str, nodes: Sequence[str], cfg: Mapping[str, Any]) -> dict[str, Any]:
+def links_spec(iid: str, step: int, job: str, nodes: Sequence[str], cfg: LocaliseConfig) -> GangCheckSpec:
     return {
         "kind": LINKS,
         "name": check_name(iid, step, LINKS),
@@ -142,7 +159,7 @@ class Verdict:
     suspects: tuple[str, ...] = ()
     measured: Mapping[str, float | None] = field(default_factory=dict)
 
-    def record(self, at: float) -> dict[str, Any]:
+    def record(self, at: float) -> LocaliseRound:
         return {
             "kind": self.kind,
             "at": at,
@@ -160,7 +177,7 @@ def _cap(n: int, percent: float) -> int:
     return max(1, math.floor(n * percent / 100))
 
 
-def _tool_failed(key: str, outputs: Mapping[str, Any], codes: Mapping[str, Any]) -> str | None:
+def _tool_failed(key: str, outputs: Mapping[str, str], codes: Mapping[str, int]) -> str | None:
     """Why a tool gave nothing to judge on this node: it timed out, failed, or never ran there."""
     text = outputs.get(key)
     code = codes.get(key)
@@ -175,8 +192,8 @@ def _tool_failed(key: str, outputs: Mapping[str, Any], codes: Mapping[str, Any])
 
 def node_findings(
     node: str,
-    outputs: Mapping[str, Any],
-    codes: Mapping[str, Any],
+    outputs: Mapping[str, str],
+    codes: Mapping[str, int],
     expected_gpus: int | None,
     node_xids: frozenset[int],
 ) -> list[str]:
@@ -199,7 +216,25 @@ def node_findings(
             if x.facility == corroboration.KERNEL_FACILITY and not x.nvswitch and x.xid in node_xids:
                 found.append(f"kernel ring buffer: Xid {x.xid} on {x.pci}")
                 break
+    found += condition_findings(outputs.get(output_key(NODE_CONDITION, node)), node_xids)
     return found
+
+
+def condition_findings(text: object, node_xids: frozenset[int]) -> list[str]:
+    """A node-fault Xid in the Node's XidCriticalError condition of its current boot (GKE)."""
+    if not isinstance(text, str) or not text or len(text) > 65536:
+        return []
+    try:
+        node = json.loads(text)
+    except ValueError:
+        return []
+    if not isinstance(node, Mapping):
+        return []
+    for x in sorted(node_xids):
+        why = trust.xid_condition_confirms(node, x)
+        if why:
+            return [why]
+    return []
 
 
 def node_fault_xids(xids: XidPolicy) -> frozenset[int]:
@@ -207,7 +242,7 @@ def node_fault_xids(xids: XidPolicy) -> frozenset[int]:
     return frozenset(x for x, rule in xids.rules.items() if rule.action in NODE_ACTIONS)
 
 
-def _expected_gpus(nodes: Sequence[str], outputs: Mapping[str, Any]) -> int | None:
+def _expected_gpus(nodes: Sequence[str], outputs: Mapping[str, str]) -> int | None:
     """The GPU count most of the job's nodes show: a node with fewer visible is short of its peers."""
     counts: Counter[int] = Counter()
     for n in nodes:
@@ -221,7 +256,7 @@ def _expected_gpus(nodes: Sequence[str], outputs: Mapping[str, Any]) -> int | No
 
 def judge_sweep(
     nodes: Sequence[str],
-    result: Mapping[str, Any] | None,
+    result: CheckRun | None,
     max_culprit_percent: float,
     node_xids: Iterable[int],
 ) -> Verdict:
@@ -255,7 +290,7 @@ def judge_sweep(
     return Verdict(SWEEP, tuple(findings), why, checked, findings)
 
 
-def pair_busbw(text: Any) -> float | None:
+def pair_busbw(text: str | None) -> float | None:
     """The bus bandwidth a pair's NCCL test reached at its largest message (None: no result)."""
     if not isinstance(text, str):
         return None
@@ -272,7 +307,7 @@ def split_pair(name: str) -> tuple[str, str]:
 
 def judge_links(
     pairs: Sequence[Sequence[str]],
-    result: Mapping[str, Any] | None,
+    result: CheckRun | None,
     link_fraction: float,
     max_culprit_percent: float,
 ) -> Verdict:
@@ -316,14 +351,14 @@ def judge_links(
 # -- the conclusion ---------------------------------------------------------------------------
 
 
-def culprit_event(inc: Mapping[str, Any], node: NodeRef, action: str, why: str, step: int) -> FaultEvent:
+def culprit_event(inc: Incident, node: NodeRef, action: str, why: str, step: int) -> FaultEvent:
     """The FaultEvent that opens the culprit's own node incident (the engine takes it from there).
 
     Its source is Pitstop's own measurement through the scheduler (not a log line anyone can
     write), hence verified; its id is fixed per hang incident, step and node, so a retried
     conclusion is a duplicate delivery, not a second incident.
     """
-    job = inc.get("job") or {}
+    job = inc.get("job")
     return {
         "kind": "localised",
         "action": action,
@@ -338,13 +373,13 @@ def culprit_event(inc: Mapping[str, Any], node: NodeRef, action: str, why: str, 
             "trust": "verified",
             "trust_reason": "measured by Pitstop's own checks through the scheduler",
         },
-        "reason": f"localised as the culprit of hung job {job.get('job')}: {why}"[:512],
-        "detail": {"hang_incident": inc["id"], "job": job.get("job")},
+        "reason": f"localised as the culprit of hung job {job['job'] if job else None}: {why}"[:512],
+        "detail": {"hang_incident": inc["id"], "job": job["job"] if job else None},
     }
 
 
 def page_text(
-    job: str, nodes: Sequence[str], rounds: Sequence[Mapping[str, Any]], restart: str, unchecked: str = ""
+    job: str, nodes: Sequence[str], rounds: Sequence[LocaliseRound], restart: str, unchecked: str = ""
 ) -> str:
     """What the person is told when nothing was found: every node and every check, and the restart."""
     if not nodes:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pitstop.core import engine
+from pitstop.core.domain import NodeRef
 from pitstop.local.stack import PROJECT, ZONE, Router, Stack, StackState, admin, emulator_env
 
 
@@ -47,12 +48,11 @@ def maintenance(state: StackState, node: str, starts_in_s: float = 400) -> dict[
 
 def lemon_history(db: Any, node: str, collection: str = "pitstop_nodes") -> None:
     """Three remediations in the last week: the node's next fault makes it a lemon (REPLACE_NODE)."""
-    ref = {"project": PROJECT, "zone": ZONE, "instance": node}
-    key = engine.node_key(ref)
+    ref: NodeRef = {"project": PROJECT, "zone": ZONE, "instance": node, "instance_id": None}
     now = time.time()
     past = [{"at": now - d * 86400, "action": "RESET_GPU", "incident": f"past{d}"} for d in (1, 3, 6)]
-    db.collection(collection).document(key).set(
-        {**engine.new_node({**ref, "instance_id": None}), "remediations": past}
+    db.collection(collection).document(engine.node_key(ref)).set(
+        {**engine.new_node(ref), "remediations": past}
     )
 
 

@@ -196,6 +196,7 @@ def _endpoints(fs_host: str, ps_host: str, ports: dict[str, int]) -> dict[str, s
         "webhook": f"http://127.0.0.1:{ports['webhook']}/hook",
         **{f: f"http://127.0.0.1:{ports[f]}" for f in ("ingest", "actuate", "notify", "sweep", "control")},
         **({"kube": f"http://127.0.0.1:{ports['kube']}"} if "kube" in ports else {}),
+        **({"prometheus": f"http://127.0.0.1:{ports['prometheus']}"} if "prometheus" in ports else {}),
     }
 
 
@@ -254,7 +255,7 @@ class Stack:
         fs_host, ps_host = self._start_emulators()
         env = self._base_env(fs_host, ps_host)
         names = ("compute", "executions", "monitoring", "webhook", *(f for f, _ in FUNCTIONS), "control")
-        ports = {k: free_port() for k in (*names, *(("kube",) if self.gke else ()))}
+        ports = {k: free_port() for k in (*names, *(("kube", "prometheus") if self.gke else ()))}
         ep = _endpoints(fs_host, ps_host, ports)
         files = self._write_inputs(ep)
         self._start_fakes(ports, files, env)
@@ -387,6 +388,10 @@ class Stack:
         for name, out in (("monitoring", "metrics.jsonl"), ("webhook", "webhook.jsonl")):
             extra = alerting if name == "monitoring" else []
             self._py(name, [name, "--port", str(ports[name]), "--out", str(self.workdir / out), *extra], env)
+        if "prometheus" in ports:  # GKE's DCGM metrics: Managed Service for Prometheus' query API
+            prom = ["--port", str(ports["prometheus"]), "--gpu-state", str(self.gpu_state_file)]
+            prom += ["--project", PROJECT, "--zone", ZONE, "--cluster", self.spec.name]
+            self._py("prometheus", ["prometheus", *prom, "--nodes", ",".join(self.spec.node_names)], env)
 
     def _start_functions(
         self, ports: dict[str, int], ep: dict[str, str], policy: Path, env: dict[str, str]
@@ -410,6 +415,7 @@ class Stack:
             # a crashed attempt's claim must lapse within the workflow's (scaled) re-asking budget
             "PITSTOP_STEP_CLAIM_S": str(STEP_CLAIM_S * self.workflow_scale),
             **({"PITSTOP_KUBE_ENDPOINT": ep["kube"]} if "kube" in ep else {}),
+            **({"PITSTOP_PROMETHEUS_ENDPOINT": ep["prometheus"]} if "prometheus" in ep else {}),
         }
         ff = str(Path(sys.executable).parent / "functions-framework")
         main = str(ROOT / "functions" / "main.py")

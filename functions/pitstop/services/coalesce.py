@@ -41,7 +41,7 @@ from typing import Any, cast
 from pitstop.adapters import log
 from pitstop.core import alerts, engine, trust
 from pitstop.core.actions import RANK, Action
-from pitstop.core.domain import Incident
+from pitstop.core.domain import Deltas, FaultEvent, Incident
 from pitstop.core.policy import Policy
 from pitstop.core.store import IncidentStore
 
@@ -57,10 +57,10 @@ GATE_STRIPES = 256  # per-node gates for lines that must be decided (node keys h
 _CACHED = ("id", "state", "action", "mode", "burst_until", "closure", "node_key", "trust")
 _CACHED_RUN = ("step", "state", "lease_until")  # of ``workflow``: enough to see a start was lost
 
-Job = tuple[str, dict[str, Any], dict[str, Any], int]  # incident id, representative, deltas, lines
+Job = tuple[str, FaultEvent, Deltas, int]  # incident id, representative, deltas, lines
 
 
-def slim(inc: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def slim(inc: Incident | None) -> dict[str, Any] | None:
     """The cached view of an incident."""
     if inc is None:
         return None
@@ -73,7 +73,7 @@ def slim(inc: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return out
 
 
-def _verified(ev: Mapping[str, Any]) -> bool:
+def _verified(ev: FaultEvent) -> bool:
     src = ev.get("source")
     return isinstance(src, Mapping) and src.get("trust") == trust.VERIFIED
 
@@ -90,8 +90,8 @@ class _Node:
     fetched_at: float
     last_flush: float
     touched: float
-    deltas: dict[str, Any] = field(default_factory=engine.empty_deltas)
-    representative: dict[str, Any] | None = None
+    deltas: Deltas = field(default_factory=engine.empty_deltas)
+    representative: FaultEvent | None = None
     buffered: int = 0
 
 
@@ -135,7 +135,7 @@ class Coalescer:
 
     # -- one event -------------------------------------------------------------------
 
-    def handle(self, ev: Mapping[str, Any], now: float) -> engine.Outcome:
+    def handle(self, ev: FaultEvent, now: float) -> engine.Outcome:
         """Count the event in memory if the cached incident says it changes nothing; else decide it.
 
         Only a line that cannot be counted in memory passes its node's gate, one at a time: it
@@ -152,7 +152,7 @@ class Coalescer:
             counted = self._counted(ev, key, nkey, now)  # the cache may have changed meanwhile
             return counted if counted is not None else self._decide(ev, key, nkey, now)
 
-    def _counted(self, ev: Mapping[str, Any], key: str, nkey: str, now: float) -> engine.Outcome | None:
+    def _counted(self, ev: FaultEvent, key: str, nkey: str, now: float) -> engine.Outcome | None:
         """A duplicate, or the event counted in memory by a fresh cache; None: it must be decided."""
         with self._lock:
             if key in self._seen:
@@ -165,7 +165,7 @@ class Coalescer:
             self._merge(nkey, job, now)
         return absorbed
 
-    def _decide(self, ev: Mapping[str, Any], key: str, nkey: str, now: float) -> engine.Outcome:
+    def _decide(self, ev: FaultEvent, key: str, nkey: str, now: float) -> engine.Outcome:
         """Behind the node's gate: refresh the cache if it is stale, then count or commit the event."""
         with self._lock:
             st = self._nodes.get(nkey)
@@ -175,7 +175,7 @@ class Coalescer:
             with self._lock:
                 st, jobs = self._admit(nkey, now)
                 st.latest, st.fetched_at = slim(latest), now
-                for k in (latest or {}).get("recent_keys", []):
+                for k in latest.get("recent_keys", []) if latest else []:
                     self._remember(k)
                 dup = key in self._seen
             self._merge_all(jobs, now)
@@ -202,7 +202,7 @@ class Coalescer:
         return bool(st.buffered) and self._flusher is not None and self._flusher.is_alive()
 
     def _buffer(
-        self, st: _Node, nkey: str, ev: Mapping[str, Any], key: str, now: float
+        self, st: _Node, nkey: str, ev: FaultEvent, key: str, now: float
     ) -> tuple[engine.Outcome | None, Job | None]:
         """Under the lock: count the event in memory if it cannot change anything (and say so)."""
         ts = float(ev.get("_observed_ts") or now)
@@ -220,12 +220,12 @@ class Coalescer:
             or latest.get("events", 0) < DIRECT_LINES
             or RANK[action] > RANK[latest["action"]]
             or engine.ends_recovery(ev, self.policy)  # may end the episode: decided in the store
-            or not engine.absorbs(latest, ev, ts)
+            or not engine.absorbs(as_view(latest), ev, ts)
         ):
             return None, self._take(st, now)  # counts so far go first: the store path may change things
         engine.count_into(st.deltas, ev, ts, self.policy, latest.get("evidence_room", engine.MAX_EVIDENCE))
         if st.representative is None or RANK[ev["action"]] >= RANK[st.representative["action"]]:
-            st.representative = dict(ev)
+            st.representative = ev.copy()
         st.buffered += 1
         self.coalesced += 1
         self._remember(key)
@@ -235,7 +235,7 @@ class Coalescer:
         job = self._take(st, now) if due else None
         return engine.Outcome("absorbed", incident=as_view(latest), coalesced=True), job
 
-    def _commit(self, st: _Node, ev: Mapping[str, Any], key: str, now: float) -> engine.Outcome:
+    def _commit(self, st: _Node, ev: FaultEvent, key: str, now: float) -> engine.Outcome:
         """The full, transactional path; its answer refreshes the cache.
 
         A redelivery that arrives while this instance still applies its first delivery waits for
@@ -257,7 +257,7 @@ class Coalescer:
             with self._lock:
                 self._applying.pop(key).set()
 
-    def _apply(self, st: _Node, ev: Mapping[str, Any], key: str, now: float) -> engine.Outcome:
+    def _apply(self, st: _Node, ev: FaultEvent, key: str, now: float) -> engine.Outcome:
         out = self.store.apply(ev, self.policy, now)
         with self._lock:
             if out.result != "duplicate":

@@ -10,7 +10,10 @@ result's line, are in schemas/demo-scenarios.yaml as for every scenario. Why eac
 - hang_bad_node, hang_software: a training job's heartbeat stops (chaos), a hang incident then
   a culprit's; the second hangs twice;
 - gke_two_members: two faulty members of one JobSet; gke_pdb: a PodDisruptionBudget and the
-  incident closed with --unfence after; gke_serial: the same line on two nodes, one confirmed.
+  incident closed with --unfence after; gke_serial: the same line on two nodes, one confirmed;
+- gke_straggler_spare, gke_gang_wide_throttle (issue 24): a degraded JobSet member, its peers read
+  from the PromQL stand-in; the gang moves when the incident opens, before it ends (the straggler),
+  or a whole JobSet degrades alike (one incident per member, judged together).
 """
 
 from __future__ import annotations
@@ -23,17 +26,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pitstop.local import chaos, inject
-from pitstop.local.gke_stack import JOBSET_LABEL, node_summary
+from pitstop.local import chaos, inject, realtime
+from pitstop.local.gke_drive import evictions
+from pitstop.local.gke_stack import JOBSET_LABEL, NAMESPACE, Watch, node_summary
 from pitstop.local.heartbeats import beating_again, beats, hang_ended
 from pitstop.local.serve import PAGERDUTY_PATH
 from pitstop.local.stack import HEARTBEAT_EVERY_S, PROJECT, webhook_records
-from pitstop.tools import demo_hang
 from pitstop.tools.demo_runner import XID_LINES, Runner, Seen, incident_obs
 from pitstop.tools.demo_stage import Stage
 
 XID79, XID48, XID94, XID13 = (XID_LINES[x] for x in (79, 48, 94, 13))
 HANG_GANG = 4  # the hung training job's nodes (the pool has one spare more)
+STRAGGLER = {"throttle": 0.6, "throttle_reason": "thermal"}  # HW thermal slowdown: the finding
+POWER_CAPPED = {"throttle": 0.5, "throttle_reason": "power"}  # the job's own power cap: every node alike
 
 
 def duplicate_storm(st: Stage) -> Seen:
@@ -211,7 +216,7 @@ def hang_bad_node(st: Stage) -> Seen:
     loc = hang.get("localisation") or {}
     culprit = st.finished(bad, timeout=240)
     now_on = st.slurm.job_nodes(job)
-    times = demo_hang.breakdown(stopped, hang, culprit, training, st.stack.alert_scale)
+    times = realtime.breakdown(stopped, hang, culprit, training, st.stack.alert_scale)
     obs: dict[str, Any] = {"job": job, "held": ",".join(held), "bad": bad, "gang": len(held)}
     obs.update(culprits=loc.get("culprits"), culprit=culprit["id"], culprit_action=culprit["action"])
     obs.update(now_on=",".join(now_on), **times)
@@ -243,7 +248,7 @@ def hang_software(st: Stage) -> Seen:
     restarts = st.slurm.restarts(job)
     chaos.apply(st.stack, "hang")  # the restarted run hangs too: the job's own fault
     second = hang_ended(st.db, job, st.wait, 2)
-    times = demo_hang.breakdown(stopped, first, None, training, st.stack.alert_scale)
+    times = realtime.breakdown(stopped, first, None, training, st.stack.alert_scale)
     text = pages[0]["body"]["text"] if pages else ""
     obs: dict[str, Any] = {"job": job, "gang": len(held), "restarts": restarts, "pages": len(pages)}
     obs.update(second=second["id"], second_why=(second.get("localise") or {}).get("why"), **times)
@@ -365,6 +370,75 @@ def gke_serial(st: Stage) -> Seen:
     return Seen(inc, obs)
 
 
+def gke_straggler_spare(st: Stage) -> Seen:
+    """A thermally throttled JobSet member among unthrottled peers (read through the PromQL stand-in):
+    moved at its checkpoint onto the spare; the node check shows its hardware thermal slowdown (the
+    finding): host reported faulty.
+
+    On GKE the checkpoint is the pod's eviction with its grace period, and the JobSet's own failure
+    policy restarts the gang at once (onto the spare, the node being cordoned); Pitstop's requeue
+    then finds it already moved and does not restart it again. ``resume_s``: from the alert's open
+    (the incident's ``detected``) to the gang seen running in full off the node. The node: the
+    fourth from the end (the last two are the partner and the spare)."""
+    gangs = st.gangs
+    assert gangs is not None
+    bad, partner, spare = st.nodes[-4], st.nodes[-2], st.nodes[-1]
+    g = gangs.gang("gke-straggler", [bad, partner], [spare])
+    watch = Watch(gangs.kube.url, f"/api/v1/namespaces/{NAMESPACE}/pods")
+    since = time.time()
+    try:
+        st.stack.set_gpu_state(bad, STRAGGLER)
+        st.wait(lambda: [i for i in st.incidents(bad) if i["created_at"] >= since], 240.0, "the incident")
+        where = gangs.moved(g, [bad])
+        running_at = time.time()
+        inc = st.finished(bad, timeout=240.0)
+        restarts = gangs.restarts(g.name)
+    finally:
+        events = watch.stop()
+        st.stack.set_gpu_state(bad, None)
+        gangs.done_with(g)
+    obs = {
+        **incident_obs(inc),
+        "bad": bad,
+        "jobset": g.name,
+        "restarts": restarts,
+        "moved_to": ",".join(where),
+    }
+    obs.update(evicted=len(evictions(events, bad)), reports=len(st.calls("report_host_as_faulty", bad)))
+    obs.update(peers_source=(inc.get("corroboration") or {}).get("source"))
+    obs["onto_partner_and_spare"] = sorted(where) == sorted([partner, spare])
+    return Seen(inc, obs, resume_s=round(running_at - float(inc["timeline"]["detected"]), 1))
+
+
+def gke_gang_wide_throttle(st: Stage) -> Seen:
+    """Every member of the JobSet throttles alike (its own power cap): no move, no repair, a page.
+    The members: the third node from the end and the partner (neither is repaired)."""
+    gangs = st.gangs
+    assert gangs is not None
+    members = [st.nodes[-3], st.nodes[-2]]
+    g = gangs.gang("gke-capped", members, [])
+    try:
+        for n in members:
+            st.stack.set_gpu_state(n, POWER_CAPPED)
+        incs = [st.finished(n, timeout=240.0) for n in members]
+        back = {n: gangs.node_back(n) for n in members}
+        restarts, where = gangs.restarts(g.name), gangs.placed(g.name)
+        texts = [_note_text(st, str(i["id"])) for i in incs]  # notify delivers after the incident resolved
+    finally:
+        for n in members:
+            st.stack.set_gpu_state(n, None)
+        gangs.done_with(g)
+    peers: list[dict[str, Any]] = [i.get("corroboration") or {} for i in incs]
+    obs: dict[str, Any] = {"jobset": g.name, "members": ",".join(members), "why": peers[0].get("why")}
+    obs["all_resolved"] = all(i["state"] == "RESOLVED" for i in incs)
+    obs["all_gang_wide"] = all(p.get("verdict") == "gang_wide" for p in peers)
+    obs["all_from_prometheus"] = all(p.get("source") == "prometheus" for p in peers)
+    obs["none_acted"] = not any(i["timeline"].get("acted") or i["timeline"].get("job_requeued") for i in incs)
+    obs.update(restarts=restarts, stayed=sorted(where) == sorted(members), all_back=all(back.values()))
+    obs["all_not_moved"] = all("NOT moved" in t for t in texts)
+    return Seen(incs[0], obs)
+
+
 STEPS: dict[str, Callable[[Stage], Seen]] = {
     "duplicate_storm": duplicate_storm,
     "blast_radius": blast_radius,
@@ -375,4 +449,6 @@ STEPS: dict[str, Callable[[Stage], Seen]] = {
     "gke_two_members": gke_two_members,
     "gke_pdb": gke_pdb,
     "gke_serial": gke_serial,
+    "gke_straggler_spare": gke_straggler_spare,
+    "gke_gang_wide_throttle": gke_gang_wide_throttle,
 }

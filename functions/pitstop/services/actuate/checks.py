@@ -102,7 +102,7 @@ def judge_corroboration(s: Step) -> dict[str, Any]:
     """Go on when the node confirms the fault; else record what was checked and page (409)."""
     rec = s.recorded(Op.CORROBORATE)
     if "peers" in rec:
-        return _judge_peers(s, dict(rec["peers"]))
+        return _judge_peers(s, cast(Measurement, dict(rec["peers"])))  # the recorded comparison (planned.py)
     if not rec.get("run") and not rec.get("unavailable") and "system" not in rec:
         return {"confirmed": None, "why": rec.get("why")}
     now = s.deps.clock()
@@ -118,7 +118,7 @@ def judge_corroboration(s: Step) -> dict[str, Any]:
         record["why"] = f"{rec.get('why')}: {record['why']}"[:500]
     confirmed = record["confirmed"] is True
 
-    def judged(doc: dict[str, Any]) -> dict[str, Any]:
+    def judged(doc: Incident) -> Incident:
         doc["corroboration"] = record
         if confirmed and not doc["timeline"].get("corroborated"):
             doc["timeline"]["corroborated"] = now
@@ -133,11 +133,11 @@ def judge_corroboration(s: Step) -> dict[str, Any]:
     return {"confirmed": True, "why": record["why"]}
 
 
-def _judge_peers(s: Step, record: dict[str, Any]) -> dict[str, Any]:
+def _judge_peers(s: Step, record: Measurement) -> dict[str, Any]:
     """A degraded node's comparison on the incident; a move goes on, anything else stands down."""
     now = s.deps.clock()
 
-    def judged(doc: dict[str, Any]) -> dict[str, Any]:
+    def judged(doc: Incident) -> Incident:
         doc["corroboration"] = record
         if record.get("confirmed") and not doc["timeline"].get("corroborated"):
             doc["timeline"]["corroborated"] = now
@@ -196,9 +196,9 @@ def _record_diagnosis(s: Step, verdict: checks.DiagnosisVerdict) -> None:
     now = s.deps.clock()
     record = verdict.record(now)
 
-    def judged(doc: dict[str, Any]) -> dict[str, Any]:
+    def judged(doc: Incident) -> Incident:
         doc["diagnosis"] = record
-        doc["measured"] = remediation.measured(cast(Incident, doc), record, s.step)
+        doc["measured"] = remediation.measured(doc, record, s.step)
         chosen = planned.planned(doc) and verdict.action != doc["action"]
         stepped = not verdict.confirmed and doc["action"] == Action.REPLACE_NODE
         if (chosen or stepped) and verdict.action != PAGE:
@@ -251,9 +251,9 @@ def judge_validation(s: Step) -> dict[str, Any]:
     record = verdict.record(now)
     passed = verdict.validation.passed
 
-    def judged(doc: dict[str, Any]) -> dict[str, Any]:
+    def judged(doc: Incident) -> Incident:
         doc["validation"] = record
-        doc["measured"] = remediation.measured(cast(Incident, doc), record, s.step)
+        doc["measured"] = remediation.measured(doc, record, s.step)
         if passed and not doc["timeline"].get("validated"):
             doc["timeline"]["validated"] = now
         if verdict.next == Action.REPLACE_NODE and RANK[Action.REPLACE_NODE] > RANK[doc["action"]]:
