@@ -24,7 +24,9 @@ from pitstop.tools.demo_steps import STEPS
 # Slurm: eight nodes for the first scenarios, five for the hangs (8-12), ten for the degraded-node
 # ones, ten for the back-to-training ones.
 SLURM_NODES = 33
-GKE_NODES = 11  # nine nodes that take a fault each (cooldowns outlast the demo), a gang partner and a spare
+# GKE: nine nodes that take a fault each (cooldowns outlast the demo; the serial scenario's 7 keeps its
+# recorded incident open), two for the degraded-node ones (9, 10), a gang partner and a spare
+GKE_NODES = 13
 GKE_COMPUTE_SCALE = 0.03  # a reset keeps the VM down ~1 s: time for the gang to restart off a preempted node
 
 

@@ -379,7 +379,7 @@ def gke_straggler_spare(st: Stage) -> Seen:
     policy restarts the gang at once (onto the spare, the node being cordoned); Pitstop's requeue
     then finds it already moved and does not restart it again. ``resume_s``: from the alert's open
     (the incident's ``detected``) to the gang seen running in full off the node. The node: the
-    fourth from the end (the last two are the partner and the spare)."""
+    fourth from the end (node 9 of the demo's 13; the last two are the partner and the spare)."""
     gangs = st.gangs
     assert gangs is not None
     bad, partner, spare = st.nodes[-4], st.nodes[-2], st.nodes[-1]
