@@ -74,11 +74,11 @@ def _compute() -> ComputeAdapter:
     return _compute_adapter(os.environ.get("PITSTOP_COMPUTE_ENDPOINT"))
 
 
-def _db(project: str) -> firestore.Client:
-    """Pitstop's own Firestore database (deploy creates it; IAM conditions grant only it)."""
-    return firestore.Client(
-        project=project, database=os.environ.get("PITSTOP_FIRESTORE_DATABASE", "(default)")
-    )
+def _db(project: str, env: str = "PITSTOP_FIRESTORE_DATABASE") -> firestore.Client:
+    """Pitstop's own Firestore database (deploy creates it; IAM conditions grant only it), or with
+    ``env`` PITSTOP_NOTIFY_DATABASE notify's ledger database (unset: the same database)."""
+    main = os.environ.get("PITSTOP_FIRESTORE_DATABASE", "(default)")
+    return firestore.Client(project=project, database=os.environ.get(env, main))
 
 
 @functools.cache
@@ -209,7 +209,10 @@ def _notify() -> Notify:
     pol = policy_mod.load()
     endpoint = os.environ.get("PITSTOP_MONITORING_ENDPOINT")
     metrics = MetricsWriter(project, endpoint) if os.environ.get("PITSTOP_METRICS", "on") != "off" else None
-    ledger = _db(project).collection(f"{pol.doc['store']['collection_prefix']}_notifications")
+    # notify's own database: its IAM grant reaches no incident or step (infra/iam.yaml notify-database)
+    ledger = _db(project, "PITSTOP_NOTIFY_DATABASE").collection(
+        f"{pol.doc['store']['collection_prefix']}_notifications"
+    )
     return Notify(configured(os.environ), metrics, FirestoreStepStore(ledger))
 
 

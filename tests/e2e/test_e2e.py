@@ -286,6 +286,9 @@ def test_a_reset_node_that_fails_validation_is_replaced_once_the_diagnostic_conf
     assert ("REBOOT_NODE", "REPLACE_NODE") in [(e["from"], e["to"]) for e in inc.get("escalations", [])]
     assert len(sc.calls("reset", node)) == 1 and len(sc.calls("report_host_as_faulty", node)) == 1
     assert failed and failed[0].get("busbw_gbps") == 120.0, inc.get("measured")
+    peers = failed[0].get("nccl_peers") or []  # measured against two different peers, each degraded
+    assert len({p.get("peer") for p in peers}) == 2, peers
+    assert all(p.get("verdict") == "degraded" for p in peers), peers
     assert (inc.get("validation") or {}).get("passed"), inc  # the new host
     assert (inc.get("diagnosis") or {}).get("confirmed") is True
 

@@ -158,7 +158,7 @@ class FakeStack:
 
     @property
     def spec(self) -> Any:
-        return type("Spec", (), {"node_names": ["a3-node-000", "a3-node-001"]})()
+        return type("Spec", (), {"node_names": ["a3-node-000", "a3-node-001"], "scheduler": "slurm"})()
 
     endpoints: dict[str, str] = {}
 

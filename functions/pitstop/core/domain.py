@@ -556,6 +556,8 @@ class CheckSpec(TypedDict):
     xids: NotRequired[list[int]]
     sxids: NotRequired[list[int]]
     boot_after: NotRequired[float | None]  # the VM's last start (epoch s): a GKE condition older says nothing
+    fabric: NotRequired[dict[str, Any] | None]  # validate: the fabric's NCCL setup (Fabric.as_spec)
+    exclude_peers: NotRequired[list[str]]  # revalidate: peers already measured against
 
 
 class CheckRun(TypedDict, total=False):
@@ -738,6 +740,16 @@ class Measurement(DiagnosisDetail, total=False):
     peers: dict[str, float | None]
     alike: list[str]
     source: str  # peers: where the readings came from (monitoring | prometheus)
+    off_fabric: str | None  # validate: why the NCCL figure was not measured the fabric's way
+    nccl_peers: list[PeerMeasurement]  # validate: each NCCL measurement, first peer first
+
+
+class PeerMeasurement(TypedDict):
+    """One NCCL all_gather of a validation: the peer, its busbw (None: no figure) and verdict."""
+
+    peer: str | None
+    busbw_gbps: float | None
+    verdict: str
 
 
 class FenceDoc(TypedDict, total=False):

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.core import sinks
-from pitstop.local import gke_stack
+from pitstop.local import gke_stack, gpu_tools
 from pitstop.local.chaos import CHAOS_DIR_ENV, clear_flags
 from pitstop.local.control import Controller
 from pitstop.local.lql import compile_filter
@@ -54,6 +54,7 @@ GPU_STATE_ENV = "PITSTOP_GPU_STATE"
 # the local PagerDuty endpoint takes any 32-character integration key, as PagerDuty would shape-check it
 LOCAL_ROUTING_KEY = "pitstoplocalroutingkey0000000000"
 GPU_STATE_FILE = "gpu-state.json"
+NOTIFY_DATABASE = "pitstop-notify"  # notify's ledger database (deploy.defaults.yaml notify_database)
 # The telemetry policies' windows on the stack: the heartbeat's 2 min absence is 6 s, a 10 min
 # throttle 30 s (production windows: infra/monitoring/telemetry/).
 ALERT_SCALE = 0.05
@@ -70,7 +71,8 @@ def gpu_tool_flags() -> list[str]:
         ("--all-gather-perf", "all_gather_perf"),
     ):
         flags += [flag, shlex.join([sys.executable, "-m", f"pitstop.local.gpu_tools.{tool}"])]
-    return flags
+    # the fabric's NCCL profiles (schemas/validation.yaml) as stand-ins under this tree
+    return [*flags, "--fabric-root", str(Path(gpu_tools.__file__).parent / "fabric")]
 
 
 @dataclass
@@ -422,6 +424,8 @@ class Stack:
         wrapper = str(Path(__file__).with_name("chaos_main.py"))
         for fn, sig in FUNCTIONS:
             source, extra = (wrapper, {CHAOS_DIR_ENV: str(self.chaos_dir)}) if fn == "actuate" else (main, {})
+            if fn == "notify":  # its ledger in a database of its own, as deployed (infra/iam.yaml)
+                extra = {"PITSTOP_NOTIFY_DATABASE": NOTIFY_DATABASE}
             argv = [ff, "--target", fn, "--source", source, "--signature-type", sig]
             argv += ["--host", "127.0.0.1", "--port", str(ports[fn])]
             self.procs[fn] = Proc(fn, argv, self.workdir / f"{fn}.log", {**fn_env, **extra}).start()

@@ -37,8 +37,8 @@ _lock = threading.Lock()
 _shipped_db = main._db
 
 
-def _counted_db(project: str) -> Any:
-    client = _shipped_db(project)
+def _counted_db(project: str, env: str = "PITSTOP_FIRESTORE_DATABASE") -> Any:
+    client = _shipped_db(project, env)
     with _lock:
         _ops.append(FirestoreOps(client))
     return client

@@ -289,6 +289,7 @@ def incident_obs(inc: Mapping[str, Any]) -> dict[str, Any]:
     resume, peers = inc.get("resume") or {}, inc.get("corroboration") or {}
     failed = [m for m in inc.get("measured", []) if m.get("kind") == "validate" and not m.get("passed")]
     first, waiting = (failed or [{}])[0], resume.get("waiting") or []
+    nccl = first.get("nccl_peers") or []  # the failed validation's peers, each under the fabric's NCCL setup
     return {
         "incident": inc["id"],
         **{k: inc.get(k) for k in ("state", "action", "kind", "trust")},
@@ -311,6 +312,9 @@ def incident_obs(inc: Mapping[str, Any]) -> dict[str, Any]:
         "escalations": [f"{e['from']}->{e['to']}" for e in inc.get("escalations", [])],
         "first_failed_busbw": first.get("busbw_gbps"),
         "first_failed_threshold": first.get("threshold_gbps"),
+        "first_failed_peers": ", ".join(str(p.get("peer")) for p in nccl),
+        "first_failed_peer_count": len({p.get("peer") for p in nccl}),
+        "first_failed_all_degraded": all(p.get("verdict") == "degraded" for p in nccl),
         "requeued_after_repair": tl.get("job_requeued", 0) >= (tl.get("healthy") or 1e18),
         "running_after_validation": tl.get("job_running", 0) >= (tl.get("validated") or 1e18),
     }

@@ -239,14 +239,57 @@ def validation(s: Step) -> dict[str, Any]:
     return _finished(s, Op.VALIDATE)
 
 
+def _first_verdict(s: Step) -> checks.ValidationVerdict | None:
+    """The first validation run judged (None when none ran)."""
+    rec = s.recorded(Op.VALIDATE)
+    if not rec.get("run"):
+        return None
+    return checks.judge_validation(
+        s.inc["action"], str(rec["machine_type"]), _final(s, Op.VALIDATE), s.deps.policy, s.deps.table()
+    )
+
+
+def revalidate(s: Step) -> dict[str, Any]:
+    """A busbw shortfall against one peer, measured the fabric's way: the NCCL test again with a
+    different healthy peer, through the same scheduler (which picks it the way it picked the first).
+    One peer's low figure may be that peer's or the fabric's; it never condemns the node alone."""
+    first = _first_verdict(s)
+    if first is None or not first.wants_second_peer:
+        return {"run": False, "why": "no busbw shortfall measured the fabric's way to check again"}
+    spec = checks.revalidate_spec(
+        cast(CheckSpec, s.recorded(Op.VALIDATE)["check"]), s.step, [str(first.peer)]
+    )
+    saved = s.saved("recheck")
+    if not isinstance(saved, dict):
+        s.save({"recheck": dict(spec)})
+        saved = dict(spec)
+    started = s.scheduler.start_check(s.instance, saved, s.ref)
+    why = f"busbw short against {first.peer}: measured again against another healthy peer"
+    return {"run": True, "check": saved, "peer": started.peer, "note": started.note, "why": why}
+
+
+def revalidation(s: Step) -> dict[str, Any]:
+    return _finished(s, Op.REVALIDATE)
+
+
 def judge_validation(s: Step) -> dict[str, Any]:
     """Return the node on a pass; hardware evidence steps up to REPLACE_NODE; anything else pages."""
     rec = s.recorded(Op.VALIDATE)
     if not rec.get("run"):
         return {"outcome": "skipped", "why": rec.get("why")}
+    mt = str(rec["machine_type"])
     verdict = checks.judge_validation(
-        s.inc["action"], str(rec["machine_type"]), _final(s, Op.VALIDATE), s.deps.policy, s.deps.table()
+        s.inc["action"], mt, _final(s, Op.VALIDATE), s.deps.policy, s.deps.table()
     )
+    if verdict.wants_second_peer:
+        second = _final(s, Op.REVALIDATE) if s.recorded(Op.REVALIDATE).get("run") else None
+        verdict = checks.judge_second_peer(
+            s.inc["action"], mt, verdict, second, s.deps.policy, s.deps.table()
+        )
+    return _record_validation(s, verdict)
+
+
+def _record_validation(s: Step, verdict: checks.ValidationVerdict) -> dict[str, Any]:
     now = s.deps.clock()
     record = verdict.record(now)
     passed = verdict.validation.passed
