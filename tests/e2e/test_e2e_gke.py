@@ -17,7 +17,6 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ import pytest
 from pitstop.local import gke_stack, inject
 from pitstop.local.gke_drive import POD_GRACE_S, Gang, evictions, fenced_by
 from pitstop.local.gke_stack import JOBSET_LABEL, NAMESPACE, Watch
-from pitstop.local.stack import PROJECT, ZONE, ClusterSpec, StackState
+from pitstop.local.stack import ZONE, ClusterSpec, StackState
 from pitstop.tools.cli import local as cli_local
 from tests.pipeline import XID79, GkePipeline, print_logs, stack_up
 
@@ -188,20 +187,6 @@ def test_upcoming_maintenance_evicts_with_grace_before_the_window(scenario: GkeP
     assert back
 
 
-def _close_with_unfence(gk: GkePipeline, iid: str) -> dict[str, Any]:
-    """What `pitstop incidents --close ID --unfence` does, through the GKE adapter (services/close.py)."""
-    from pitstop.adapters.firestore import IncidentStore
-    from pitstop.core import policy as policy_mod
-    from pitstop.services.close import close_incident
-    from pitstop.services.schedulers import Wiring, schedulers_for
-
-    pol = policy_mod.load(Path(gk.state.workdir, "policy.yaml"))
-    store = IncidentStore(gk.db, pol.doc["store"]["collection_prefix"])
-    schedulers = schedulers_for(pol, Wiring(PROJECT, kube_endpoint=gk.state.endpoints["kube"]))
-    close_incident(store, schedulers, iid, "e2e", time.time(), unfence=True)
-    return dict(store.get(iid) or {})
-
-
 def test_a_pdb_that_blocks_eviction_is_named_in_the_incident(scenario: GkePipeline) -> None:
     gk, bad, pdb = scenario, scenario.nodes[5], "train-pdb"
     g = _gang(gk, "pdb", [bad])
@@ -211,7 +196,7 @@ def test_a_pdb_that_blocks_eviction_is_named_in_the_incident(scenario: GkePipeli
         inc = gk.finished(bad, timeout=120)
         held = gke_stack.node_summary(gk.kube.node(bad))
         stayed, restarts = bad in gk.gangs.placed(g.name), gk.gangs.restarts(g.name)
-        closed = _close_with_unfence(gk, inc["id"])
+        closed = inject.close_with_unfence(gk.state, gk.db, inc["id"], "e2e")
         back = gk.gangs.node_back(bad)
     finally:
         gk.kube.delete_pdb(pdb)

@@ -73,6 +73,23 @@ def dead_letter_reader(
     return pull
 
 
+def close_with_unfence(state: StackState, db: Any, iid: str, by: str) -> dict[str, Any]:
+    """What `pitstop incidents --close ID --unfence` does, through the GKE adapter
+    (services/close.py): the incident as it is after."""
+    from pathlib import Path
+
+    from pitstop.adapters.firestore import IncidentStore
+    from pitstop.core import policy as policy_mod
+    from pitstop.services.close import close_incident
+    from pitstop.services.schedulers import Wiring, schedulers_for
+
+    pol = policy_mod.load(Path(state.workdir, "policy.yaml"))
+    store = IncidentStore(db, pol.doc["store"]["collection_prefix"])
+    schedulers = schedulers_for(pol, Wiring(PROJECT, kube_endpoint=state.endpoints["kube"]))
+    close_incident(store, schedulers, iid, by, time.time(), unfence=True)
+    return dict(store.get(iid) or {})
+
+
 class Driver:
     """What a driver of a running stack holds: the stack, the sink's Router (entries in), a
     Firestore client on its emulator and the cluster's node names. The demo's Stage and the e2e

@@ -31,7 +31,7 @@ from pitstop.local.gke_drive import evictions
 from pitstop.local.gke_stack import JOBSET_LABEL, NAMESPACE, Watch, node_summary
 from pitstop.local.heartbeats import beating_again, beats, hang_ended
 from pitstop.local.serve import PAGERDUTY_PATH
-from pitstop.local.stack import HEARTBEAT_EVERY_S, PROJECT, webhook_records
+from pitstop.local.stack import HEARTBEAT_EVERY_S, webhook_records
 from pitstop.tools.demo_runner import XID_LINES, Runner, Seen, incident_obs
 from pitstop.tools.demo_stage import Stage
 
@@ -304,7 +304,7 @@ def gke_pdb(st: Stage) -> Seen:
         inc = st.finished(bad, timeout=120)
         held = node_summary(gangs.kube.node(bad))
         stayed, restarts = bad in gangs.placed(g.name), gangs.restarts(g.name)
-        closed = _close_with_unfence(st, inc["id"])
+        closed = inject.close_with_unfence(st.state, st.db, inc["id"], "demo")
         back = gangs.node_back(bad)
     finally:
         gangs.kube.delete_pdb(pdb)
@@ -318,20 +318,6 @@ def gke_pdb(st: Stage) -> Seen:
     obs.update(closed=closed.get("state"), back=back)
     obs["unfence"] = ((closed.get("closure") or {}).get("unfence") or {}).get("outcome")
     return Seen(inc, obs)
-
-
-def _close_with_unfence(st: Stage, iid: str) -> dict[str, Any]:
-    """What `pitstop incidents --close ID --unfence` does, through the GKE adapter (services/close.py)."""
-    from pitstop.adapters.firestore import IncidentStore
-    from pitstop.core import policy as policy_mod
-    from pitstop.services.close import close_incident
-    from pitstop.services.schedulers import Wiring, schedulers_for
-
-    pol = policy_mod.load(Path(st.state.workdir, "policy.yaml"))
-    store = IncidentStore(st.db, pol.doc["store"]["collection_prefix"])
-    schedulers = schedulers_for(pol, Wiring(PROJECT, kube_endpoint=st.state.endpoints["kube"]))
-    close_incident(store, schedulers, iid, "demo", time.time(), unfence=True)
-    return dict(store.get(iid) or {})
 
 
 def gke_serial(st: Stage) -> Seen:
