@@ -1009,3 +1009,90 @@ def test_ingest_without_its_size_is_not_deployed(dropped: str) -> None:
     ingest["scale"] = {**ingest["scale"], dropped: 1, "concurrency": 80, "cpu": 0.5}
     with pytest.raises(ValueError, match="concurrency above 1 needs cpu 1 or more"):
         deploy.scale_flags(ingest)
+
+
+# -- the admission policy that narrows actuate's JobSet/Job patch to spec.suspend ----------------
+
+ACTUATE_EMAIL = "pitstop-actuate@p-1234.iam.gserviceaccount.com"
+
+
+def _admission() -> tuple[dict[str, Any], dict[str, Any]]:
+    text = (ROOT / "infra" / "gke" / "clusterrole.yaml").read_text().replace("${ACTUATOR_SA}", ACTUATE_EMAIL)
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    (vap,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    return vap, binding
+
+
+def _cel(expr: str, **activation: Any) -> bool:
+    """The expression as the API server evaluates it (CEL, through cel-python)."""
+    import celpy
+    from celpy.adapter import json_to_cel
+
+    env = celpy.Environment()
+    prog = env.program(env.compile(expr))
+    return bool(prog.evaluate({k: json_to_cel(v) for k, v in activation.items()}))
+
+
+def _admitted(old: dict[str, Any], new: dict[str, Any], user: str = ACTUATE_EMAIL) -> bool:
+    vap, _ = _admission()
+    req = {"userInfo": {"username": user}}
+    if not all(_cel(m["expression"], request=req) for m in vap["spec"]["matchConditions"]):
+        return True  # not actuate's request: the policy does not apply
+    return all(
+        _cel(v["expression"], object=new, oldObject=old, request=req) for v in vap["spec"]["validations"]
+    )
+
+
+def _jobset(**over: Any) -> dict[str, Any]:
+    tpl = {"spec": {"template": {"spec": {"containers": [{"name": "t", "image": "trainer:1"}]}}}}
+    doc: dict[str, Any] = {
+        "metadata": {"name": "train", "labels": {"team": "a"}, "annotations": {"owner": "ml"}},
+        "spec": {"replicatedJobs": [{"name": "w", "replicas": 4, "template": tpl}], "suspend": False},
+    }
+    for path, value in over.items():
+        *parents, leaf = path.split("__")
+        node = doc
+        for p in parents:
+            node = node[p]
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return doc
+
+
+def test_actuate_may_change_a_jobsets_suspend_and_its_own_annotations_and_nothing_else() -> None:
+    """RBAC cannot narrow `jobsets patch` / `jobs patch` to a field; the admission policy deployed
+    beside the ClusterRole does: evaluated here with a CEL interpreter, as the API server would."""
+    old = _jobset()
+    stop = _jobset(spec__suspend=True)
+    stop["metadata"]["annotations"]["pitstop.dev/stopped-for"] = "iabc-1"
+    assert _admitted(old, stop) and _admitted(stop, old)  # Pitstop's stop, and its resume
+    assert _admitted(_jobset(spec__suspend=None), stop)  # a spec that never named suspend
+    image = _jobset()
+    image["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["image"] = (
+        "evil"
+    )
+    refused = [
+        image,  # the pod template: any container on the GPU nodes
+        _jobset(spec__failurePolicy={"maxRestarts": 99}),  # a spec field added
+        _jobset(spec__replicatedJobs=None),  # a spec field removed
+        _jobset(metadata__labels={"team": "b"}),  # a label (Kueue's queue is a label)
+        _jobset(metadata__annotations={}),  # someone else's annotation removed
+        _jobset(metadata__annotations={"owner": "ml", "x": "1"}),  # one added
+    ]
+    assert [_admitted(old, new) for new in refused] == [False] * len(refused)
+    assert _admitted(old, image, user="someone@example.com")  # other users are not Pitstop's to limit
+
+
+def test_the_admission_policy_covers_every_job_kind_actuate_may_patch() -> None:
+    vap, binding = _admission()
+    covered = {
+        (g, r) for rule in vap["spec"]["matchConstraints"]["resourceRules"] for g in rule["apiGroups"]
+        for r in rule["resources"] if rule["operations"] == ["UPDATE"]
+    }  # fmt: skip
+    patched = {k for k, verbs in ACTUATOR_GRANTS.items() if "patch" in verbs and k[1] in ("jobs", "jobsets")}
+    assert patched == {("batch", "jobs"), ("jobset.x-k8s.io", "jobsets")} and patched <= covered
+    assert vap["spec"]["failurePolicy"] == "Fail"  # an unevaluable request is refused, not let through
+    assert binding["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}
