@@ -626,7 +626,10 @@ def test_gke_rbac_lets_ingest_get_nodes_and_nothing_else(gke_steps: list[deploy.
     assert set(role) == {"apiVersion", "kind", "metadata", "rules"}  # no aggregationRule to widen it
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
     bound = [
-        d for d in docs if d["kind"].endswith("Binding") and d["roleRef"]["name"] == role["metadata"]["name"]
+        d
+        for d in docs
+        if d["kind"] in ("RoleBinding", "ClusterRoleBinding")  # RBAC's: an admission binding has no roleRef
+        and d["roleRef"]["name"] == role["metadata"]["name"]
     ]
     assert bound == [binding]  # and no other account holds ingest's role
     for k, v in rbac[0].stdin_vars.items():
