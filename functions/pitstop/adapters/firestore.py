@@ -3,8 +3,9 @@
 Collections (``<prefix>_...``): ``nodes`` (one per node: latest incident, remediation
 history, cooldown clocks), ``incidents``, ``budgets`` (blast-radius slots per scope) and
 ``dedup`` (one record per state-changing delivery, with an ``expire_at`` field for the
-Firestore TTL policy that infra/ deploys) and ``outbox`` (notifications to publish, each
-recorded with the decision that causes it; see services/outbox.py).
+Firestore TTL policy that infra/ deploys), ``outbox`` (notifications to publish, each
+recorded with the decision that causes it; see services/outbox.py), ``resolved`` and each
+incident's ``counts`` shards (storm counts; see adapters/firestore_counts.py).
 """
 
 from __future__ import annotations
@@ -16,18 +17,18 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
+from pitstop.adapters.firestore_counts import CountShards
 from pitstop.adapters.firestore_jobs import JobRecords
 from pitstop.adapters.firestore_outbox import OutboxRecords
 from pitstop.adapters.firestore_starts import StartRecords
 from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.core import engine
 from pitstop.core.actions import NODE_ACTIONS
-from pitstop.core.domain import Incident
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
 from pitstop.core.store import commit_of
@@ -42,14 +43,6 @@ MAX_ATTEMPTS = 1
 RETRIES = 10
 BACKOFF_S = 0.1
 BACKOFF_CAP_S = 4.0
-# A count merge is tried this often without a transaction (a read, then a write on condition
-# that the incident is as read), after jittered pauses growing from MERGE_PAUSE_S, before it takes
-# the transactional path (ten instances merging into one incident lost the race twice in a row
-# often enough, and their transactions then deadlocked until the lock timeout).
-OPTIMISTIC_TRIES = 6
-MERGE_PAUSE_S = 0.01
-# What engine.merge_deltas changes in an incident (and the merge's updated_at): all a merge writes.
-MERGED_FIELDS = ("counts", "gpus", "evidence", "last_seen", "burst_until", "recent_keys", "updated_at")
 # Decisions that read blast-radius budgets all read and write the same few documents. Two
 # instances' transactions that both read one deadlock until the database's lock timeout (2 s on
 # the emulator) and a storm's decisions over five instances stalled for minutes. So a decision
@@ -95,7 +88,7 @@ class _LazyBudgets(Mapping[str, dict[str, Any] | None]):
         return len(self._cache)
 
 
-class IncidentStore(JobRecords, OutboxRecords, StartRecords):
+class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
     def __init__(self, client: firestore.Client, prefix: str = "pitstop") -> None:
         self.db, self.prefix = client, prefix
         self.nodes = client.collection(f"{prefix}_nodes")
@@ -103,6 +96,7 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
         self.budgets = client.collection(f"{prefix}_budgets")
         self.dedup = client.collection(f"{prefix}_dedup")
         self.outbox = client.collection(f"{prefix}_outbox")
+        self.resolved = client.collection(f"{prefix}_resolved")
         self.turn = client.collection(f"{prefix}_turns").document("budgets")  # see CLAIM_TURN_S
         self._holding = threading.local()  # .turn: this thread's decision holds the claim turn
         # Called inside each decision's transaction (services/outbox.py records its page there).
@@ -228,76 +222,13 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
         return result
 
     def latest_incident(self, nkey: str) -> dict[str, Any] | None:
-        """The node's latest incident, read without a transaction (to refresh a cache)."""
+        """The node's latest incident as decided (no shards), read without a transaction (to
+        refresh a cache)."""
         node = self.nodes.document(nkey).get().to_dict()
         if not node or not node.get("latest_incident"):
             return None
         snap = self.incidents.document(node["latest_incident"]).get()
         return snap.to_dict() if snap.exists else None
-
-    def merge_counts(
-        self,
-        iid: str,
-        representative: Mapping[str, Any],
-        deltas: Mapping[str, Any],
-        policy: Policy,
-        now: float,
-    ) -> engine.Outcome:
-        """Write coalesced storm counts into an incident; if it stopped absorbing, replay instead.
-
-        Returns ``absorbed`` (``coalesced``) with the incident as merged, which refreshes the
-        caller's cache for free, or the Outcome of replaying the representative event.
-
-        Optimistic first: a plain read, then a write of the fields a merge changes on condition
-        that the incident is as read (its update time). No lock is held in between, so N
-        instances merging into the same incidents do not queue behind each other's transactions
-        (on the emulator: lock timeouts, aborted commits, jittered pauses). Only a merge that lost
-        that race more than once goes through the transaction.
-        """
-        ref = self.incidents.document(iid)
-        ts = float(representative.get("_observed_ts") or now)
-
-        def unlocked() -> engine.Outcome | None:
-            """One optimistic merge: the Outcome, or None if the incident changed since it was read."""
-            snap = ref.get()
-            inc = snap.to_dict() if snap.exists else None
-            if inc is None or not engine.absorbs(inc, representative, ts):
-                return self.apply(representative, policy, now)
-            engine.merge_deltas(inc, deltas, policy)
-            inc["updated_at"] = now
-            try:
-                fields = {k: inc[k] for k in MERGED_FIELDS if k in inc}
-                ref.update(fields, option=self.db.write_option(last_update_time=snap.update_time))
-            except (gexc.FailedPrecondition, gexc.Aborted):  # written meanwhile: read again
-                return None
-            self._count_writes(1)
-            return engine.Outcome("absorbed", incident=cast(Incident, inc), coalesced=True)
-
-        for attempt in range(OPTIMISTIC_TRIES):
-            out = unlocked()
-            if out is not None:
-                return out
-            with self._lock:
-                self.retries += 1
-            time.sleep(random.uniform(0, MERGE_PAUSE_S * 2**attempt))  # noqa: S311 - jitter
-
-        @firestore.transactional
-        def txn(t: Any) -> dict[str, Any] | None:
-            snap = ref.get(transaction=t)
-            inc = snap.to_dict() if snap.exists else None
-            if inc is None or not engine.absorbs(inc, representative, ts):
-                return None
-            engine.merge_deltas(inc, deltas, policy)
-            inc["updated_at"] = now
-            t.set(ref, inc)
-            self._count_writes(1)
-            return inc
-
-        nkey = engine.subject_key(representative)
-        merged = self._serialised(nkey, False, lambda: txn(self._txn()))
-        if merged is not None:
-            return engine.Outcome("absorbed", incident=merged, coalesced=True)
-        return self.apply(representative, policy, now)
 
     # -- remediation steps (actuate) ---------------------------------------------------
 
@@ -315,6 +246,8 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
             if inc != before:  # by value: a state written as State.X equals the stored "X"
                 t.set(ref, inc)
                 self._count_writes(1)
+                if inc.get("state") != before.get("state") or inc.get("closure") != before.get("closure"):
+                    self._note_resolved(t, inc)
             return out
 
         result: T = self._serialised(iid, False, lambda: txn(self._txn()))
@@ -344,8 +277,10 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
     # -- operator views and actions ----------------------------------------------------
 
     def get(self, iid: str) -> dict[str, Any] | None:
+        """The incident with its count shards summed (core/store.with_shards)."""
         snap = self.incidents.document(iid).get()
-        return snap.to_dict() if snap.exists else None
+        inc = snap.to_dict() if snap.exists else None
+        return self._summed(inc) if inc is not None else None
 
     def get_node(self, key: str) -> dict[str, Any] | None:
         snap = self.nodes.document(key).get()
@@ -364,8 +299,8 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
         wanted = sorted(states or ())
         if wanted:
             q = q.where(filter=firestore.FieldFilter("state", "in", wanted))
-        docs = [s.to_dict() for s in q.stream()]
-        return sorted((d for d in docs if d), key=lambda d: d.get("created_at", 0))
+        docs = [self._summed(d) for d in (s.to_dict() for s in q.stream()) if d]
+        return sorted(docs, key=lambda d: d.get("created_at", 0))
 
     def budget(self, doc_id: str) -> dict[str, Any] | None:
         snap = self.budgets.document(doc_id).get()
@@ -437,10 +372,12 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
             ref = self.incidents.document(inc["id"])
 
             @firestore.transactional
-            def txn(t: Any, ref: Any = ref) -> bool:
+            def txn(t: Any, ref: Any = ref, burst: float = float(inc["burst_until"])) -> bool:
                 cur = ref.get(transaction=t).to_dict()
                 if not cur:
                     return False
+                # The burst goes on while any shard says so (the listed view summed them).
+                cur["burst_until"] = max(float(cur["burst_until"]), burst)
                 budgets = {
                     d: self.budgets.document(d).get(transaction=t).to_dict()
                     for d in cur.get("budget_scopes", [])
@@ -448,6 +385,7 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
                 if not engine.close_if_burst_over(cur, now):
                     return False
                 t.set(ref, cur)
+                self._note_resolved(t, cur)
                 for doc_id, doc in engine.release_slots(budgets, cur["id"]).items():
                     t.set(self.budgets.document(doc_id), doc)
                 return True
@@ -464,6 +402,7 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
         done = commit_of(out)
         for inc in done.incidents:
             t.set(self.incidents.document(inc["id"]), inc)
+            self._note_resolved(t, inc)
         if done.node is not None:
             t.set(self.nodes.document(engine.subject_key(done.node)), done.node)
         for doc_id, doc in done.budgets.items():

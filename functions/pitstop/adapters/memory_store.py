@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
+from pitstop.adapters.memory_counts import MemoryCounts
 from pitstop.core import engine, remediation
 from pitstop.core.engine import Outcome
 from pitstop.core.policy import Policy
@@ -24,8 +26,9 @@ T = TypeVar("T")
 Decide = Callable[[dict[str, Any], dict[str, Any], Mapping[str, dict[str, Any] | None]], Outcome]
 
 
-class MemoryStore:
+class MemoryStore(MemoryCounts):
     def __init__(self) -> None:
+        super().__init__()
         self.nodes: dict[str, dict[str, Any]] = {}
         self.incidents: dict[str, dict[str, Any]] = {}
         self.budgets: dict[str, dict[str, Any]] = {}
@@ -46,6 +49,7 @@ class MemoryStore:
         done = commit_of(out)
         for inc in done.incidents:
             self.incidents[inc["id"]] = dict(inc)
+            self._note_resolved(inc, time.time())
         if done.node is not None:
             self.nodes[engine.subject_key(done.node)] = done.node
         self.budgets.update(done.budgets)
@@ -71,29 +75,9 @@ class MemoryStore:
                 self.writes += 1
             return out
 
-    def merge_counts(
-        self,
-        iid: str,
-        representative: Mapping[str, Any],
-        deltas: Mapping[str, Any],
-        policy: Policy,
-        now: float,
-    ) -> Outcome:
-        """Add coalesced counts to the incident; if it stopped absorbing, replay the representative."""
-        with self._lock:
-            inc = self.get(iid)
-            ts = float(representative.get("_observed_ts") or now)
-            if inc is None or not engine.absorbs(inc, representative, ts):
-                return self.apply(representative, policy, now)
-            engine.merge_deltas(inc, deltas, policy)
-            inc["updated_at"] = now
-            self.incidents[iid] = inc
-            self.writes += 1
-            return Outcome("absorbed", incident=engine.as_incident(inc), coalesced=True)
-
     def _decide(self, iid: str, decide: Decide) -> Outcome:
         with self._lock:
-            inc = self.get(iid)
+            inc = self.incident_as_decided(iid)
             if not inc:
                 return Outcome("ignored")
             node = self.get_node(inc["node_key"]) or engine.new_node(inc["node"], inc.get("job"))
@@ -121,9 +105,11 @@ class MemoryStore:
     def close_bursts(self, now: float) -> int:
         closed = 0
         with self._lock:
-            for inc in self.list((State.OPEN,)):
+            for listed in self.list((State.OPEN,)):  # summed: the burst goes on while a shard says so
+                inc = self.incidents[listed["id"]]
+                inc["burst_until"] = max(inc["burst_until"], listed["burst_until"])
                 if engine.close_if_burst_over(inc, now):
-                    self.incidents[inc["id"]] = inc
+                    self._note_resolved(inc, now)
                     scopes = {d: self.budgets.get(d) for d in inc.get("budget_scopes", [])}
                     self.budgets.update(engine.release_slots(scopes, inc["id"]))
                     closed += 1
@@ -133,7 +119,7 @@ class MemoryStore:
 
     def lease_start(self, iid: str, step: int, now: float, lease_s: float = 60.0) -> dict[str, Any] | None:
         with self._lock:
-            inc = self.get(iid)
+            inc = self.incident_as_decided(iid)
             wf = (inc or {}).get("workflow") or {}
             if inc is None or wf.get("step") != step or wf.get("state") != RunState.PENDING:
                 return None
@@ -164,24 +150,31 @@ class MemoryStore:
     # -- records -------------------------------------------------------------------------------
 
     def get(self, iid: str) -> dict[str, Any] | None:
-        with self._lock:
-            return copy.deepcopy(self.incidents.get(iid))
+        """The incident with its count shards summed (core/store.with_shards)."""
+        inc = self.incident_as_decided(iid)
+        return self._summed(inc) if inc is not None else None
 
     def list(self, states: Iterable[State] | None = None) -> list[dict[str, Any]]:
         wanted = {str(s) for s in states or ()}
         with self._lock:
             docs = [
-                copy.deepcopy(d) for d in self.incidents.values() if not wanted or str(d["state"]) in wanted
+                self._summed(copy.deepcopy(d))
+                for d in self.incidents.values()
+                if not wanted or str(d["state"]) in wanted
             ]
         return sorted(docs, key=lambda d: d.get("created_at", 0))
 
     def latest_incident(self, nkey: str) -> dict[str, Any] | None:
         node = self.get_node(nkey)
-        return self.get(node["latest_incident"]) if node and node.get("latest_incident") else None
+        return (
+            self.incident_as_decided(node["latest_incident"])
+            if node and node.get("latest_incident")
+            else None
+        )
 
     def mutate(self, iid: str, fn: Callable[[dict[str, Any]], T]) -> T:
         with self._lock:
-            inc = self.get(iid)
+            inc = self.incident_as_decided(iid)
             if inc is None:
                 raise KeyError(iid)
             before = copy.deepcopy(inc)
@@ -189,6 +182,8 @@ class MemoryStore:
             if inc != before:
                 self.incidents[iid] = inc
                 self.writes += 1
+                if inc.get("state") != before.get("state") or inc.get("closure") != before.get("closure"):
+                    self._note_resolved(inc, time.time())
             return out
 
     def get_node(self, key: str) -> dict[str, Any] | None:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from pitstop.core import engine
 from pitstop.core.engine import Outcome, subject_key
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
@@ -48,26 +49,63 @@ def node_key_of(commit: Commit) -> str | None:
     return subject_key(commit.node) if commit.node is not None else None
 
 
+# -- storm counts in shards beside the incident ----------------------------------------------
+#
+# Google's distributed counter: "each counter is a document with a subcollection of shards, and
+# the value of the counter is the sum of the value of the shards", because a single document
+# cannot be updated at an unlimited rate (https://cloud.google.com/firestore/docs/solutions/counters).
+# Here each shard has one writer (one node state of one ingest instance), which holds the shard's
+# totals in memory and writes them whole: a blind write (no read, no transaction, no contender),
+# idempotent if retried, bounded as the incident's own counts are (the same counting rule).
+RESOLVED_KEEP_S = 86_400.0  # a resolution's record in the resolved feed, for instances' caches
+
+
+def with_shards(inc: dict[str, Any], shards: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The incident as reports, notifications and people see it: its decided counts plus every
+    shard's (in place; the incident's bounds apply to the sum: engine.add_deltas)."""
+    for shard in shards:
+        engine.add_deltas(inc, shard)
+        inc["burst_until"] = max(float(inc.get("burst_until") or 0), float(shard.get("burst_until") or 0))
+    return inc
+
+
+def resolution(inc: Mapping[str, Any], now: float) -> dict[str, Any] | None:
+    """The resolved feed's record of an incident written RESOLVED (None if it is not): instances
+    that count its node's lines in memory learn from it that it stopped absorbing."""
+    if inc.get("state") != State.RESOLVED:
+        return None
+    at = max(now, float(inc.get("updated_at") or 0))  # a test's fake clock may run ahead of now
+    return {"incident": inc["id"], "node": inc.get("node_key"), "at": at, "expire_at": at + RESOLVED_KEEP_S}
+
+
 class Decisions(Protocol):
     """Engine decisions, each read-decide-write in one transaction."""
 
     on_decision: Callable[[Any, Outcome], None] | None
 
     def apply(self, ev: Mapping[str, Any], policy: Policy, now: float) -> Outcome: ...
-    def merge_counts(
-        self,
-        iid: str,
-        representative: Mapping[str, Any],
-        deltas: Mapping[str, Any],
-        policy: Policy,
-        now: float,
-    ) -> Outcome: ...
     def release(self, iid: str, policy: Policy, now: float, by: str) -> Outcome: ...
     def step_up(self, iid: str, policy: Policy, now: float) -> Outcome: ...
     def close(self, iid: str, by: str, now: float, unfence: bool) -> Outcome: ...
     def fail_stuck(self, iid: str, execution: str, why: str, now: float) -> Outcome: ...
     def settle_failed(self, iid: str, now: float) -> Outcome: ...
     def close_bursts(self, now: float) -> int: ...
+
+
+class Counts(Protocol):
+    """Storm counts in shards (see :func:`with_shards`) and what tells a cache they may be stale."""
+
+    def put_count_shard(self, iid: str, shard: str, totals: Mapping[str, Any]) -> None:
+        """Write one shard's totals whole, blindly (one write, no read)."""
+        ...
+
+    def incident_as_decided(self, iid: str) -> dict[str, Any] | None:
+        """The incident document without its shards (one read): what a cache keeps."""
+        ...
+
+    def resolved_since(self, since: float) -> list[dict[str, Any]]:
+        """Resolutions recorded at ``since`` or later (one query: at least one read)."""
+        ...
 
 
 class Starts(Protocol):
@@ -83,9 +121,9 @@ class Starts(Protocol):
 class Records(Protocol):
     """Incidents, nodes and budgets as documents, and what remediation records beside them."""
 
-    def get(self, iid: str) -> dict[str, Any] | None: ...
-    def list(self, states: Iterable[State] | None = None) -> list[dict[str, Any]]: ...
-    def latest_incident(self, nkey: str) -> dict[str, Any] | None: ...
+    def get(self, iid: str) -> dict[str, Any] | None: ...  # with its count shards summed
+    def list(self, states: Iterable[State] | None = None) -> list[dict[str, Any]]: ...  # likewise
+    def latest_incident(self, nkey: str) -> dict[str, Any] | None: ...  # as decided, no shards
     def mutate(self, iid: str, fn: Callable[[dict[str, Any]], T]) -> T: ...
     def get_node(self, key: str) -> dict[str, Any] | None: ...
     def put_node(self, key: str, doc: Mapping[str, Any]) -> None: ...
@@ -110,7 +148,7 @@ class Outbox(Protocol):
     def outbox_unsent(self, created_before: float) -> Iterator[dict[str, Any]]: ...
 
 
-class IncidentStore(Decisions, Starts, Records, Outbox, Protocol):
+class IncidentStore(Decisions, Counts, Starts, Records, Outbox, Protocol):
     """Everything services ask of the store."""
 
     writes: int  # documents written by this process (``pitstop bench ingest``)
