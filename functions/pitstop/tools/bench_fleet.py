@@ -287,9 +287,9 @@ def run_storm(shape: Shape, firestore_host: str, executions: Any, endpoint: str)
             elapsed = time.perf_counter() - t0
     finally:
         reports = _stop_instances(instances, stats_dir)
-    client = firestore.Client(project=project)
-    fields = client.collection("pitstop_incidents").select(["state", "counts.events"])
-    incidents = [d.to_dict() or {} for d in fields.stream()]
+    from pitstop.adapters.firestore import IncidentStore
+
+    incidents = IncidentStore(firestore.Client(project=project)).list()  # count shards summed
     starts: dict[tuple[str, str], int] = {}  # (incident, step) -> executions created
     for name in set(executions.records) - before:
         labels = executions.records[name].labels
