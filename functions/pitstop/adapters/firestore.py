@@ -159,24 +159,31 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         """Hold the claim turn across instances: create the turn document, delete it after.
 
         A turn whose holder died (past its ``until``) is taken over; the holder deletes only its
-        own (on condition of the update time its create returned).
+        own (on condition of the update time its create returned). Tried at once; once refused,
+        a waiter looks at the turn (one read per look) and tries again only when it is free: a
+        refused create per look cost a write and a read, and ten instances waiting for the turn
+        spent half the storm's store operations on it (`pitstop bench ingest`, 20,000 lines / 64
+        nodes at 10 instances: 7,294 of 18,082).
         """
-        pause = TURN_WAIT_S[0]
+        pause, free = TURN_WAIT_S[0], True
         while True:
-            now = time.time()
-            try:
-                made = self.turn.create({"until": now + CLAIM_TURN_S, "at": now})
-                self._count_writes(1)
-                break
-            except gexc.Conflict:  # taken
-                snap = self.turn.get()
-                held = snap.to_dict() if snap.exists else None
-                if held is not None and float(held.get("until", 0)) < now:  # its holder died
-                    with contextlib.suppress(gexc.FailedPrecondition, gexc.NotFound):
-                        self.turn.delete(option=self.db.write_option(last_update_time=snap.update_time))
-                    continue
-                time.sleep(random.uniform(pause / 2, pause))  # noqa: S311 - jitter, not a secret
-                pause = min(TURN_WAIT_S[1], pause * 2)
+            if free:
+                now = time.time()
+                try:
+                    made = self.turn.create({"until": now + CLAIM_TURN_S, "at": now})
+                    self._count_writes(1)
+                    break
+                except gexc.Conflict:  # taken
+                    pass
+            time.sleep(random.uniform(pause / 2, pause))  # noqa: S311 - jitter, not a secret
+            pause = min(TURN_WAIT_S[1], pause * 2)
+            snap = self.turn.get()
+            held = snap.to_dict() if snap.exists else None
+            free = held is None
+            if held is not None and float(held.get("until", 0)) < time.time():  # its holder died
+                with contextlib.suppress(gexc.FailedPrecondition, gexc.NotFound):
+                    self.turn.delete(option=self.db.write_option(last_update_time=snap.update_time))
+                free = True
         try:
             yield
         finally:

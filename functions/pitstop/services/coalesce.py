@@ -153,10 +153,15 @@ class Coalescer(ShardWriter):
         return absorbed
 
     def _decide(self, ev: Mapping[str, Any], key: str, nkey: str, now: float) -> engine.Outcome:
-        """Behind the node's gate: refresh the cache if it is stale, then count or commit the event."""
+        """Behind the node's gate: refresh the cache if it is stale, then count or commit the event.
+
+        A line the cache cannot count is committed only on a cache read within ``cache_ttl_s``
+        (the feed's longer trust is for counting): another instance may have raised the incident
+        or committed its first lines already, and one read costs less than a transaction.
+        """
         with self._lock:
             st = self._nodes.get(nkey)
-            fresh = st is not None and self._fresh(st, now)
+            fresh = st is not None and now - st.fetched_at < self.cache_ttl
         if not fresh:
             latest = self._read_latest(nkey, st)  # plain reads: no write to refresh a cache
             with self._lock:
