@@ -148,8 +148,10 @@ class Pipeline:
         return self._ids[node]
 
     def incidents(self, node: str) -> list[dict[str, Any]]:
-        docs = [d.to_dict() for d in self.db.collection("pitstop_incidents").stream()]
-        return sorted((d for d in docs if d and d["node"]["instance"] == node), key=lambda d: d["created_at"])
+        from pitstop.adapters.firestore import IncidentStore
+
+        docs = IncidentStore(self.db).list()  # with storm counts' shards summed
+        return [d for d in docs if d["node"]["instance"] == node]
 
     def wait(self, cond: Callable[[], Any], timeout: float, what: str) -> Any:
         deadline = time.monotonic() + timeout
