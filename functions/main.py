@@ -158,6 +158,7 @@ _install_shutdown_hooks()
 
 @functools.cache
 def _actuator() -> Actuator:
+    from pitstop.adapters.monitoring import TelemetryReader
     from pitstop.adapters.pubsub import Notifier
     from pitstop.adapters.workflows import WorkflowStarter
     from pitstop.services.actuate import STEP_CLAIM_S, Actuator
@@ -191,6 +192,7 @@ def _actuator() -> Actuator:
         starter,
         # the local stack runs the workflow's waits scaled down, so it scales the claim with them
         claim_s=float(os.environ.get("PITSTOP_STEP_CLAIM_S", STEP_CLAIM_S)),
+        telemetry=TelemetryReader(os.environ.get("PITSTOP_MONITORING_ENDPOINT")),
     )
 
 

@@ -424,7 +424,10 @@ def test_demo_only_help_names_every_scenario_key_and_each_key_picks_a_stack() ->
     named = set(re.findall(r"[a-z0-9_]+", str(action.help))) - {"gke"}
     assert named == set(demo.SLURM_KEYS) | set(demo.GKE_KEYS)
     source = Path(demo.__file__).read_text()
-    planned = set(re.findall(r'\("([a-z0-9_]+)", self\.[a-z0-9_]+(?:, (?:True|False))?\)', source))
+    # a plan entry: ("key", self.method, ...) or ("key", lambda: module.function(self), ...)
+    call = r"(?:self\.[a-z0-9_]+|lambda: [a-z0-9_]+\.[a-z0-9_]+\(self\))"
+    entry = r'\("([a-z0-9_]+)", ' + call + r"(?:, (?:True|False))?\)"
+    planned = set(re.findall(entry, source))
     assert planned == set(demo.SLURM_KEYS) | set(demo.GKE_KEYS)
 
 

@@ -179,6 +179,9 @@ def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.
             (prj, other, f"projects/{other}/roles/pitstopActuator", zones),
             (prj, p, f"projects/{p}/roles/pitstopOperationsReader", ""),
             (prj, other, f"projects/{other}/roles/pitstopOperationsReader", ""),
+            # a degraded node's peers: the DCGM metrics of the job's nodes (read-only)
+            (prj, p, "roles/monitoring.viewer", ""),
+            (prj, other, "roles/monitoring.viewer", ""),
             (prj, p, "roles/container.clusterViewer", ""),
             (prj, other, "roles/container.clusterViewer", ""),
             (topic, "pitstop-notifications", "roles/pubsub.publisher", ""),
@@ -787,7 +790,7 @@ def test_a_named_prefix_admits_only_its_migs_by_exact_name() -> None:
 ACTUATOR_GRANTS = {
     ("", "nodes"): ["get", "list", "patch"],  # fence/unfence (cordon, taint, annotations), health
     ("", "nodes/status"): ["get"],  # the device plugin's XidCriticalError (corroboration)
-    ("", "pods"): ["get", "list"],  # the pods on a node and of a JobSet
+    ("", "pods"): ["get", "list", "delete"],  # ... and force-deleting one stuck on a NotReady node
     ("", "pods/eviction"): ["create"],  # checkpoint and the one eviction that restarts a JobSet
     ("batch", "jobs"): ["get"],  # a batch Job's pods (the kubernetes scheduler)
     ("jobset.x-k8s.io", "jobsets"): ["get", "list"],  # restart count and conditions; no patch

@@ -26,7 +26,8 @@ import pytest
 from pitstop.local import gke_stack
 from pitstop.local.stack import ZONE, Stack, StackState
 from pitstop.tools.cli import local as cli_local
-from pitstop.tools.demo import GKE_COMPUTE_SCALE, POD_GRACE_S, GkeScenarios, Result, gke_spec
+from pitstop.tools.demo import GKE_COMPUTE_SCALE, POD_GRACE_S, GkeScenarios, gke_spec
+from pitstop.tools.demo_stage import Result
 
 pytestmark = pytest.mark.emulator
 

@@ -463,17 +463,18 @@ def test_failed_incident_counts_new_faults_without_acting() -> None:
     assert w.incidents[iid]["state"] == "FAILED"
 
 
-def test_watchdog_failure_pages_and_lets_the_budget_slot_expire_with_the_window() -> None:
+def test_watchdog_failure_pages_and_the_fenced_node_keeps_its_budget_slot() -> None:
+    """Issue 21 (11): the failed incident's node stays fenced, so its slot counts past the window;
+    it used to expire with it, and each failure let one more node be fenced."""
     w = World(pol())  # cluster of 8 at 10 %: one node per 30-minute window
     iid = _started(w)
     w.incidents[iid]["state"] = "FENCED"
     out = _failed(w, iid, T0 + 120)
     assert out.incident is not None and out.incident["failure"]["stage"] == "watchdog"
     assert out.page is not None and "stays fenced" in out.page and f"--close {iid}" in out.page
-    assert all(not s["slots"][iid]["active"] for s in w.budgets.values())
-    # the window slides past the failed incident's claim: another node's fault may act
-    other = w.feed(ev(XID79, node="a3-node-002", ts=T0 + 1801))
-    assert other.result == "opened" and other.start_step == 1
+    assert all(s["slots"][iid]["active"] for s in w.budgets.values())
+    other = w.feed(ev(XID79, node="a3-node-002", ts=T0 + 1801))  # the window slid past its claim
+    assert other.result == "held" and other.start_step is None
 
 
 def test_watchdog_leaves_an_incident_its_execution_moved_on() -> None:

@@ -103,7 +103,11 @@ def snapshot(kube: FakeKube) -> list[Any]:
 
 
 def jobset(
-    name: str = "train", replicas: int = 2, policy: str = "restart", queue: str | None = None
+    name: str = "train",
+    replicas: int = 2,
+    policy: str = "restart",
+    queue: str | None = None,
+    pod_policy_on: bool = True,
 ) -> dict[str, Any]:
     """A JobSet of ``replicas`` one-pod Jobs of 8 GPUs each.
 
@@ -138,6 +142,8 @@ def jobset(
             }
         ]
     }
+    if not pod_policy_on:  # podReplacementPolicy TerminatingOrFailed: terminating pods are counted
+        del spec["replicatedJobs"][0]["template"]["spec"]["podFailurePolicy"]
     if policy in ("restart", "ignore"):
         spec["failurePolicy"] = {
             "maxRestarts": 3,
@@ -592,6 +598,83 @@ def test_kueue_workload_without_failure_policy_is_deactivated_then_reactivated(
     # the same step asked again (a lost answer): nothing is done twice
     assert sched.requeue_outcome(JOB, CTX)["outcome"] == "workload already requeued for this step"
     assert len([r for r in kube.requests if r[0] == "PATCH" and "/workloads/" in r[1]]) == 2
+
+
+def _stuck_setup(
+    kube: FakeKube, api: Any, clock: Clock, pod_policy_on: bool = False, wait_s: float = 600
+) -> tuple[GkeScheduler, str, str]:
+    """A Kueue JobSet without a failure policy running on two nodes; the adapter waits up to 10 min
+    for Kueue, and counts a pod stuck 60 s past its deletionTimestamp on the cluster's own clock."""
+    started(kube, jobset(policy="none", queue="team-a", pod_policy_on=pod_policy_on))
+    bad = node_of(kube, 0)
+    (pod,) = [p["metadata"]["name"] for p in pods(kube) if p["spec"]["nodeName"] == bad]
+    sched = GkeScheduler(
+        api, wait_s=wait_s, clock=clock, sleep=clock.sleep, stuck_terminating_s=60, wall=kube.store.epoch
+    )
+    return sched, bad, pod
+
+
+def _forced(kube: FakeKube, pod: str) -> list[str]:
+    return [r[1] for r in kube.requests if r[0] == "DELETE" and f"/pods/{pod}" in r[1]]
+
+
+def test_a_pod_stuck_terminating_on_an_unreachable_node_is_forced_and_the_workload_reactivated(
+    kube: FakeKube, api: Any, clock: Clock
+) -> None:
+    """Issue 21 (10): the kubelet of the faulted node stops answering; Kueue's eviction leaves its pod
+    Terminating for good ("Kubernetes (versions 1.5 or newer) will not delete Pods just because a Node
+    is unreachable", kubernetes.io/docs/tasks/run-application/force-delete-stateful-set-pod/). The
+    deactivation used to wait for it until the incident failed, leaving the Workload inactive. Now a
+    pod stuck past the policy's bound on a node that is not Ready is force-deleted (grace period 0,
+    the documented force deletion) and the Workload reactivated."""
+    sched, bad, pod = _stuck_setup(kube, api, clock)
+    kube.kubelet_unreachable(bad)
+    out = sched.cluster.requeue_outcome(JOB, CTX)
+    assert out["outcome"].startswith("workload deactivated and reactivated"), out
+    assert out["forced"] == [f"{pod}@{bad}"]
+    assert [p for p in _forced(kube, pod) if "gracePeriodSeconds=0" in p]  # what the client sent
+    assert kube.get("Pod", pod, "default") is None  # the Job controller let it go: the API server removed it
+    assert workload(kube)["spec"]["active"] is True
+    settle(kube, lambda: running(kube) and bad not in {p["spec"]["nodeName"] for p in pods(kube)})
+
+
+def test_a_forced_pod_a_pod_failure_policy_keeps_is_named_while_the_step_waits(
+    kube: FakeKube, api: Any, clock: Clock
+) -> None:
+    """A Job with a podFailurePolicy replaces a pod only once it is terminal (podReplacementPolicy
+    Failed, KEP-3939), so its tracking finalizer keeps a force-deleted pod: the step keeps asking
+    (503) and says which pod it forced and still sees."""
+    sched, bad, pod = _stuck_setup(kube, api, clock, pod_policy_on=True, wait_s=150)
+    kube.kubelet_unreachable(bad)
+    with pytest.raises(ActuatorError) as err:
+        sched.cluster.requeue_outcome(JOB, CTX)
+    assert err.value.status == 503 and err.value.retryable
+    assert f"force-deleted, still there: {pod}@{bad}" in err.value.message
+    assert kube.get("Pod", pod, "default") is not None and workload(kube)["spec"]["active"] is False
+
+
+def test_a_pod_stuck_on_a_ready_node_is_not_forced_the_step_fails_and_the_close_reactivates(
+    kube: FakeKube, api: Any, clock: Clock
+) -> None:
+    """Issue 21 (10): a process the kubelet cannot kill (uninterruptible sleep after an Xid 79) keeps
+    the pod Terminating on a node that is still Ready. Forcing it would leave the process running
+    beside a new pod, so the step fails at once, naming the pod and the Workload (not a silent wait
+    until the watchdog), and a person's close reactivates the Workload Pitstop deactivated."""
+    from pitstop.services.close import release_jobs
+
+    sched, bad, pod = _stuck_setup(kube, api, clock)
+    kube.processes_hung(bad)
+    with pytest.raises(ActuatorError) as err:
+        sched.cluster.requeue_outcome(JOB, CTX)
+    name = workload(kube)["metadata"]["name"]
+    assert err.value.status == 409 and not err.value.retryable
+    assert f"{pod} on {bad} stuck Terminating" in err.value.message and name in err.value.message
+    assert clock.t < 600 and _forced(kube, pod) == []  # failed at the bound, not at the deadline
+    assert workload(kube)["spec"]["active"] is False
+    inc = {"id": INC, "jobs": [{"id": JOB}]}
+    assert release_jobs(inc, sched) == [f"{JOB}: Kueue Workload {name} reactivated"]
+    assert workload(kube)["spec"]["active"] is True
+    assert release_jobs({"id": INC2, "jobs": [{"id": JOB}]}, sched) == []  # not another incident's
 
 
 def test_a_workload_someone_else_deactivated_stays_inactive(kube: FakeKube, sched: GkeCluster) -> None:

@@ -107,7 +107,7 @@ def test_watchdog_fails_an_incident_whose_execution_ended_without_closing_it(
     assert page["severity"] == "critical" and page["incident"]["id"] == iid
     assert page["incident"]["state"] == "FAILED" and "stays fenced" in page["summary"]
     budget = ing.store.budget("cluster-train")
-    assert budget is not None and budget["slots"][iid]["active"] is False
+    assert budget is not None and budget["slots"][iid]["active"] is True  # fenced: counts until closed
     assert Sweep(ing).run()["failed"] == 0  # once
     assert len(topic.pages()) == 1
 
@@ -151,12 +151,17 @@ def test_watchdog_leaves_resolved_incidents_and_running_executions_alone(
     assert topic.pages() == []
 
 
-# -- A: FAILED incidents let their budget slot go; a person closes incidents ---------------------
+# -- A: FAILED incidents keep their budget slot until a person closes them ------------------------
 
 
-def test_a_failed_incidents_budget_slot_expires_with_the_window(fs_client: firestore.Client) -> None:
+def test_a_failed_incidents_node_counts_against_the_budget_until_a_person_closes_it(
+    fs_client: firestore.Client,
+) -> None:
+    """Issue 21 (11): a FAILED incident leaves its node fenced, so it keeps its blast-radius slot past
+    the window (else every failure would free a slot and fence one more node); the close frees it."""
     clock = Clock()
-    ing = make_ingest(fs_client, None, make_policy(), clock)  # cluster of 8: one node per window
+    topic = Recorder()
+    ing = make_ingest(fs_client, None, make_policy(), clock, topic)  # cluster of 8: one node at a time
     first = ing.handle_payload(entry(XID79, "a3-node-070", 1)).incident
     assert first is not None
 
@@ -165,12 +170,15 @@ def test_a_failed_incidents_budget_slot_expires_with_the_window(fs_client: fires
 
     ing.store.mutate(first["id"], fail)
     clock.t = T0 + 1900  # the window slid past the failed incident's claim
-    counts = Sweep(ing).run()
+    assert "settled" not in Sweep(ing).run()
     second = ing.handle_payload(entry(XID79, "a3-node-071", 1))
-    assert second.result == "opened" and second.start_step == 1
-    assert counts["settled"] == 1 and Sweep(ing).run()["settled"] == 0
-    failed = ing.store.get(first["id"])
-    assert failed is not None and failed["state"] == "FAILED"  # its node stays fenced
+    assert second.result == "held" and second.incident is not None and second.start_step is None
+    assert "failed incident no person has closed" in topic.pages()[-1]["summary"]
+    assert Sweep(ing).run()["released"] == 0  # the sweep alone never frees it
+    ing.store.close(first["id"], "alice", clock.t + 1, unfence=False)
+    clock.t += 60
+    assert Sweep(ing).run()["released"] == 1
+    assert (ing.store.get(second.incident["id"]) or {})["state"] == "OPEN"
 
 
 def test_close_ends_failed_held_and_open_incidents_for_a_person(fs_client: firestore.Client) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.memory_store import MemoryStore
-from pitstop.core import policy
+from pitstop.core import engine, policy
 from pitstop.core.classify import Classifier
 from pitstop.core.ops import MUTATING_OPS, PROBE_OPS, Op
 from pitstop.core.scheduling import (
@@ -375,7 +375,8 @@ def test_a_job_restarted_past_its_disruption_budget_is_held_for_a_person(rig: Ri
     Past budgets.job_restarts (gang restarts per job per window) the job is not requeued and a
     person is paged; the node's own repair goes on."""
     wide = {"max_nodes": 8, "max_percent": 100}
-    doc = {**rig.policy.doc, "budgets": {**rig.policy.doc["budgets"], "cluster": wide, "zone": wide}}
+    budgets = {**rig.policy.doc["budgets"], "cluster": wide, "zone": wide, "block": wide}  # one block
+    doc = {**rig.policy.doc, "budgets": budgets}
     doc["budgets"]["job_restarts"] = {"max": 2, "window_s": 3600}
     rig.policy = rig.actuator.deps.policy = policy.from_doc(doc)
     nodes = [f"a3-node-00{n}" for n in range(1, 5)]
@@ -395,3 +396,30 @@ def test_a_job_restarted_past_its_disruption_budget_is_held_for_a_person(rig: Ri
     assert len(rig.gang.requeues) == 2
     rig.clock.now += 3601  # the window slid past the first two
     assert len(one(nodes[3])["requeued"]) == 1
+
+
+def test_a_node_counts_against_its_block_from_the_claim_and_a_full_block_holds_before_the_fence(
+    rig: Rig,
+) -> None:
+    """Issue 21 (11): a node joined its reservation block's budget only once acted on, so while the
+    first node of a block was being fenced and checked, any number of its neighbours could be
+    fenced too. Now the claim reads the block (Compute's physicalHostTopology) before the fence."""
+    wide = {"max_nodes": 8, "max_percent": 100}
+    one = {"max_nodes": 1, "max_percent": 100}
+    budgets = {**rig.policy.doc["budgets"], "cluster": wide, "zone": wide, "block": one}
+    rig.policy = rig.actuator.deps.policy = policy.from_doc({**rig.policy.doc, "budgets": budgets})
+    rig.fake.add_instance(PROJECT, ZONE, "a3-node-001", mig="a3-node")  # same block as NODE
+    first = rig.open()
+    assert rig.ok(Op.CLAIM, first)["ours"]
+    block = engine.block_scope("c1/block-1")
+    assert block in (rig.store.get(first) or {})["budget_scopes"]  # before the fence, before any act
+    second = rig.open("a3-node-001")  # its node's block is not known yet: the decision lets it go
+    claimed = rig.ok(Op.CLAIM, second)
+    assert claimed["ours"] is False and block in claimed["why"]
+    inc = rig.store.get(second)
+    assert inc is not None and inc["state"] == State.HELD and (inc["held"] or {})["scope"] == block
+    assert rig.gang.fenced == []  # neither fenced by the claim; the held one never is
+    rig.ok(Op.FENCE, first)
+    body, status = rig.call(Op.FENCE, second)
+    assert status == 409 and "incident is HELD" in body["error"] and rig.gang.fenced == [NODE]
+    assert set((rig.store.budget(block) or {})["slots"]) == {first}

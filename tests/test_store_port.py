@@ -196,9 +196,68 @@ def test_budget_holds_release_close_fail_and_settle(store: IncidentStore) -> Non
         inc["id"], "projects/p/locations/l/workflows/w/executions/e1", "overran", T0 + 9
     )
     assert failed.result == "failed" and (store.get(inc["id"]) or {})["state"] == State.FAILED
-    assert store.settle_failed(inc["id"], T0 + 10).result == "ignored"  # fail_stuck already let go
     closed = store.close(inc["id"], "ops", T0 + 11, unfence=False)
     assert closed.result == "closed" and (store.get(inc["id"]) or {})["state"] == State.RESOLVED
+
+
+def test_a_failed_incidents_slot_counts_until_a_person_closes_it(store: IncidentStore) -> None:
+    """Issue 21 (11): the watchdog's FAILED leaves the node fenced, and its slot counting past the
+    window; only a person's close lets it go (the window then slides past it)."""
+    execution = "projects/p/locations/l/workflows/w/executions/e7"
+    first = store.apply(_event(XID79, "a3-node-007"), POLICY, T0)
+    assert first.incident is not None
+    iid = first.incident["id"]
+    store.record_started(iid, 1, execution, T0)
+    assert store.fail_stuck(iid, execution, "overran", T0 + 60).result == "failed"
+    late = T0 + 2 * POLICY.budget_window_s
+    second = store.apply(_event(XID79, "a3-node-008"), POLICY, late)
+    assert second.result == "held" and second.incident is not None and second.page is not None
+    assert store.release(second.incident["id"], POLICY, late + 1, "sweep").result == "still_held"
+    assert store.close(iid, "ops", late + 2, unfence=False).result == "closed"
+    assert store.release(second.incident["id"], POLICY, late + 3, "sweep").result == "released"
+
+
+BLOCK_POLICY = policy.from_doc(
+    {
+        **POLICY.doc,
+        "budgets": {
+            **POLICY.doc["budgets"],
+            "cluster": {"max_nodes": 8, "max_percent": 100},
+            "block": {"max_nodes": 1, "max_percent": 100},
+        },
+        "cooldowns": {"REBOOT_NODE": 86400},
+    }
+)
+
+
+def test_a_node_joins_its_block_budget_before_it_is_fenced(store: IncidentStore) -> None:
+    """Issue 21 (11): the block is learned when the step is claimed (before the fence), not once acted
+    on; a second node of a full block is held there, paged; a node already fenced joins past the cap."""
+    first = store.apply(_event(XID79, "a3-node-009"), BLOCK_POLICY, T0)
+    second = store.apply(_event(XID79, "a3-node-010"), BLOCK_POLICY, T0)
+    assert first.incident is not None and second.incident is not None and second.result == "opened"
+    a, b = first.incident["id"], second.incident["id"]
+    joined = store.join_block(a, "c1/block-7", BLOCK_POLICY, T0 + 1)
+    scope = engine.block_scope("c1/block-7")
+    assert joined.result == "joined" and scope in (store.get(a) or {})["budget_scopes"]
+    assert set((store.budget(scope) or {})["slots"]) == {a}
+    assert store.join_block(a, "c1/block-7", BLOCK_POLICY, T0 + 2).result == "ignored"  # a retried claim
+    held = store.join_block(b, "c1/block-7", BLOCK_POLICY, T0 + 3)
+    assert held.result == "held" and held.page is not None and scope in held.page
+    inc_b = store.get(b) or {}
+    assert inc_b["state"] == State.HELD and (inc_b["held"] or {})["scope"] == scope
+    assert (store.get_node(inc_b["node_key"]) or {})["block"] == "c1/block-7"
+    assert store.release(b, BLOCK_POLICY, T0 + 4, "sweep").result == "still_held"  # the block counts now
+    store.mutate(a, lambda d: d.update(state=State.FENCED))
+    assert store.join_block(a, "c1/block-8", BLOCK_POLICY, T0 + 5).result == "joined"  # moved, fenced
+    assert set((store.budget(engine.block_scope("c1/block-8")) or {})["slots"]) == {a}
+    store.mutate(a, lambda d: d.update(state=State.FAILED))
+    assert store.close(a, "ops", T0 + 6, unfence=True).result == "closed"
+    # the window slides past a's claim: b goes on; its held step was never a remediation, so the
+    # day-long cooldown of the policy does not hold it again
+    later = T0 + BLOCK_POLICY.budget_window_s + 10
+    released = store.release(b, BLOCK_POLICY, later, "sweep")
+    assert released.result == "released" and released.start_step == 2, released
 
 
 def test_the_outbox_keeps_what_is_unsent(store: IncidentStore) -> None:

@@ -339,9 +339,11 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
             iid, lambda inc, node, budgets: engine.fail_stuck(inc, node, budgets, execution, why, now)
         )
 
-    def settle_failed(self, iid: str, now: float) -> engine.Outcome:
-        """Let a FAILED incident's blast-radius slots go (its node stays fenced)."""
-        return self._decide(iid, lambda inc, node, budgets: engine.settle_failed(inc, node, budgets, now))
+    def join_block(self, iid: str, block: str, policy: Policy, now: float) -> engine.Outcome:
+        """The node's reservation block, learned before the fence: the incident counts against it."""
+        return self._decide(
+            iid, lambda inc, node, budgets: engine.join_block(inc, node, budgets, block, policy, now)
+        )
 
     def _decide(
         self,

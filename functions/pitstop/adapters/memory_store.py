@@ -99,8 +99,8 @@ class MemoryStore(MemoryCounts):
     def fail_stuck(self, iid: str, execution: str, why: str, now: float) -> Outcome:
         return self._decide(iid, lambda i, n, b: engine.fail_stuck(i, n, b, execution, why, now))
 
-    def settle_failed(self, iid: str, now: float) -> Outcome:
-        return self._decide(iid, lambda i, n, b: engine.settle_failed(i, n, b, now))
+    def join_block(self, iid: str, block: str, policy: Policy, now: float) -> Outcome:
+        return self._decide(iid, lambda i, n, b: engine.join_block(i, n, b, block, policy, now))
 
     def close_bursts(self, now: float) -> int:
         closed = 0

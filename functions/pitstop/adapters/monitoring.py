@@ -1,4 +1,5 @@
-"""Cloud Monitoring: Pitstop's custom metrics, one point per series per notification.
+"""Cloud Monitoring: Pitstop's custom metrics (one point per series per notification), and the
+DCGM readings of a degraded node's peers.
 
 The client library is imported on first use, so modules that only name the type (the
 notify service) load without it.
@@ -6,7 +7,7 @@ notify service) load without it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -19,20 +20,7 @@ class MetricsWriter:
         from google.cloud import monitoring_v3
 
         self.mv3 = monitoring_v3
-        if endpoint:
-            import grpc
-            from google.auth.credentials import AnonymousCredentials
-            from google.cloud.monitoring_v3.services.metric_service.transports import (
-                MetricServiceGrpcTransport,
-            )
-
-            anonymous = AnonymousCredentials()  # type: ignore[no-untyped-call]
-            transport = MetricServiceGrpcTransport(
-                channel=grpc.insecure_channel(endpoint), credentials=anonymous
-            )
-            self.client = monitoring_v3.MetricServiceClient(transport=transport)
-        else:
-            self.client = monitoring_v3.MetricServiceClient()
+        self.client = _client(endpoint)
         self.project = project
 
     def _series(self, metric: str, labels: Mapping[str, str], value: float | int, now: float) -> Any:
@@ -73,3 +61,82 @@ class MetricsWriter:
         if series:  # one request, one point per series: a retry cannot count part of it twice
             self.client.create_time_series(name=f"projects/{self.project}", time_series=series)
         return len(series)
+
+
+def _client(endpoint: str | None) -> Any:
+    """A MetricServiceClient, over an insecure channel to a local server when ``endpoint`` is set."""
+    from google.cloud import monitoring_v3
+
+    if not endpoint:
+        return monitoring_v3.MetricServiceClient()
+    import grpc
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud.monitoring_v3.services.metric_service.transports import MetricServiceGrpcTransport
+
+    anonymous = AnonymousCredentials()  # type: ignore[no-untyped-call]
+    transport = MetricServiceGrpcTransport(channel=grpc.insecure_channel(endpoint), credentials=anonymous)
+    return monitoring_v3.MetricServiceClient(transport=transport)
+
+
+READ_TIMEOUT_S, READ_DEADLINE_S = 5.0, 15.0  # one attempt, and all of them (actuate answers within 120 s)
+
+
+def _read_retry() -> Any:
+    from google.api_core import exceptions, retry
+
+    transient = retry.if_exception_type(exceptions.ServiceUnavailable, exceptions.DeadlineExceeded)
+    return retry.Retry(predicate=transient, initial=0.5, maximum=4.0, timeout=READ_DEADLINE_S)
+
+
+ONE_OF_MAX = 100  # names per filter's one_of(...): a job's nodes are read in chunks of this many
+
+
+class TelemetryReader:
+    """The DCGM metrics a degraded alert fired on, read for a job's nodes (timeSeries.list).
+
+    The same metric, filter and window as the alert policy (schemas/xid-policy.yaml ``degraded``),
+    aligned over the whole window and grouped by the VM's name, so each node gets one value: the
+    share of the time it was throttled (ALIGN_RATE of throttled seconds) or the errors it counted
+    (ALIGN_DELTA). Needs roles/monitoring.viewer on the project. The client is made on first use:
+    only a degraded incident's comparison needs it (and its ~40 MiB).
+    """
+
+    def __init__(self, endpoint: str | None = None) -> None:
+        self.endpoint = endpoint
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = _client(self.endpoint)
+        return self._client
+
+    def node_values(
+        self, project: str, rule: Any, nodes: Sequence[str], now: float
+    ) -> dict[str, float | None]:
+        out: dict[str, float | None] = dict.fromkeys(nodes)
+        window = max(60, int(rule.hold_s))
+        for i in range(0, len(nodes), ONE_OF_MAX):
+            names = ", ".join(f'"{n}"' for n in nodes[i : i + ONE_OF_MAX])
+            request = {
+                "name": f"projects/{project}",
+                "filter": (
+                    f'metric.type="{rule.metric}" AND resource.type="gce_instance" AND {rule.filter}'
+                    f" AND metadata.system_labels.name=one_of({names})"
+                ),
+                "interval": {"end_time": {"seconds": int(now)}, "start_time": {"seconds": int(now) - window}},
+                "aggregation": {
+                    "alignment_period": {"seconds": window},
+                    "per_series_aligner": rule.aligner,
+                    "cross_series_reducer": "REDUCE_MAX",
+                    "group_by_fields": ["metadata.system_labels.name"],
+                },
+            }
+            # bounded: a comparison that cannot read in READ_DEADLINE_S goes on the alert alone
+            pages = self.client.list_time_series(request=request, retry=_read_retry(), timeout=READ_TIMEOUT_S)
+            for ts in pages:
+                name = dict(ts.metadata.system_labels).get("name")
+                if name in out and ts.points:
+                    v = ts.points[0].value
+                    out[str(name)] = float(v.double_value if "double_value" in v else v.int64_value)
+        return out

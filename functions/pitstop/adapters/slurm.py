@@ -21,6 +21,7 @@ from pitstop.core.scheduling import (
     CheckResult,
     CheckStart,
     FenceAnswer,
+    GangCheckStart,
     JobInfo,
     JobRun,
     JobState,
@@ -37,6 +38,7 @@ from pitstop.core.slurm_wire import (
     RESULT_RUNNING,
     RESULT_TRANSIENT,
     STATE_ORDER,
+    expand_hostlist,
     result_state,
     supersedes,
 )
@@ -291,6 +293,17 @@ class SlurmAgentClient:
         )
         return res
 
+    def start_gang_check(self, check: Mapping[str, Any], ref: StepRef) -> dict[str, Any]:
+        """Start a check on every node of a running job (steps of the job itself, nothing fenced)."""
+        keys = ("name", "kind", "incident", "job", "pairs", "message_bytes", "gpus", "timeout_s")
+        res: dict[str, Any] = self._call("start_gang_check", {k: check[k] for k in keys if k in check}, ref)
+        return res
+
+    def gang_check_result(self, check: Mapping[str, Any], ref: StepRef) -> dict[str, Any]:
+        args = {"name": check["name"], "job": check["job"]}
+        res: dict[str, Any] = self._call("gang_check_result", args, ref, fresh=True)
+        return res
+
 
 def _check_args(check: Mapping[str, Any], start: bool) -> dict[str, Any]:
     """What the agent takes of a check (it validates every value); the rest stays here."""
@@ -353,7 +366,26 @@ class SlurmScheduler:
             bool(a.get("done")), dict(outputs or {}), a.get("peer"), a.get("error"), a.get("note")
         )
 
+    def start_gang_check(self, job: str, check: Mapping[str, Any], ref: StepRef) -> GangCheckStart:
+        a = self.client.start_gang_check({**check, "job": job}, ref)
+        nodes = a.get("nodes") if isinstance(a.get("nodes"), list) else []
+        return GangCheckStart(str(a.get("started") or check.get("name")), tuple(str(n) for n in nodes or []))
+
+    def gang_check_result(self, job: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult:
+        a = self.client.gang_check_result({**check, "job": job}, ref)
+        outputs = a.get("outputs") if isinstance(a.get("outputs"), Mapping) else {}
+        codes = a.get("exit_codes") if isinstance(a.get("exit_codes"), Mapping) else {}
+        return CheckResult(
+            bool(a.get("done")),
+            dict(outputs or {}),
+            None,
+            a.get("error"),
+            a.get("note"),
+            {str(k): int(v) for k, v in (codes or {}).items() if isinstance(v, int)},
+        )
+
 
 def _job(doc: Mapping[str, Any], job: str | None = None) -> JobInfo:
     """A job as the agent describes it (``id`` or ``job``, ``state``, its run)."""
-    return JobInfo(str(job or doc.get("id") or doc.get("job")), JobState.of(doc.get("state")), JobRun.of(doc))
+    name = str(job or doc.get("id") or doc.get("job"))
+    return JobInfo(name, JobState.of(doc.get("state")), JobRun.of(doc), expand_hostlist(doc.get("nodelist")))

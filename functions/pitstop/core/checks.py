@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pitstop.core import degraded
 from pitstop.core import diagnose as diag
 from pitstop.core import validation as val
 from pitstop.core.actions import Action
@@ -82,6 +83,10 @@ def hardware_measured(inc: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def needs_diagnosis(inc: Mapping[str, Any], policy: Policy) -> tuple[bool, str]:
+    if inc.get("kind") == degraded.KIND and inc.get("action") == Action.DRAIN_NODE:
+        if not policy.diagnose["enabled"]:
+            return False, "diagnose.enabled is false in policy: the degraded node is only drained"
+        return True, "a degraded node, the gang off it: the node check's finding picks its repair"
     if inc.get("action") != Action.REPLACE_NODE:
         return False, "a diagnostic runs only before REPLACE_NODE"
     if not policy.diagnose["enabled"]:

@@ -51,6 +51,18 @@ class GpuHealth:
     remap_pending: bool | None = None
     remap_failure: bool | None = None
     retired_pending: bool | None = None
+    slowdown: tuple[str, ...] = ()  # hardware clock event reasons active now (HW_SLOWDOWN_REASONS)
+
+
+# ``Clocks Event Reasons`` (R535 on; "Clocks Throttle Reasons" before) that say the hardware or its
+# cooling holds the clocks down, as opposed to a setting (SW Power Cap, Applications Clocks, Sync
+# Boost) or idleness: NVML's clocks event reasons,
+# https://docs.nvidia.com/deploy/nvml-api/group__nvmlClocksEventReasons.html (HW Slowdown: "temperature
+# being too high, External Power Brake Assertion ..., Power draw is too high").
+HW_SLOWDOWN_REASONS = frozenset(
+    {"HW Slowdown", "HW Thermal Slowdown", "HW Power Brake Slowdown", "SW Thermal Slowdown"}
+)
+_CLOCK_SECTIONS = frozenset({"Clocks Event Reasons", "Clocks Throttle Reasons"})
 
 
 @dataclass(frozen=True)
@@ -106,6 +118,8 @@ def _gpu_block(index: int, pci: str, lines: list[str]) -> GpuHealth:
             fields[name] = conv(value)
         elif section == "Retired Pages" and key == "Pending Page Blacklist":
             fields["retired_pending"] = _yes_no(value)
+        elif section in _CLOCK_SECTIONS and key in HW_SLOWDOWN_REASONS and value.lower() == "active":
+            fields["slowdown"] = (*fields.get("slowdown", ()), key)
     return GpuHealth(index, pci, **fields)
 
 
@@ -212,6 +226,11 @@ def smi_findings(smi: SmiResult, expected_gpus: int | None, pci: str | None) -> 
         if g.remap_pending:
             out.append(f"GPU {g.index} ({g.pci}) row remap pending")
     return out
+
+
+def slowdown_findings(smi: SmiResult) -> list[str]:
+    """GPUs the hardware holds below their clocks now (a throttling straggler's finding)."""
+    return [f"GPU {g.index} ({g.pci}) {', '.join(g.slowdown)} active" for g in smi.gpus if g.slowdown]
 
 
 def _nvlink_findings(nvlink: NvlinkResult | None) -> list[str]:

@@ -90,6 +90,7 @@ class Timeline(TypedDict, total=False):
     fenced: float
     job_requeued: float
     job_running: float
+    localised: float  # a hung job's culprits handed to their own node incidents
     corroborated: float
     diagnosed: float
     acted: float
@@ -247,6 +248,8 @@ class Incident(TypedDict):
     validation: NotRequired[dict[str, Any]]
     measured: NotRequired[list[dict[str, Any]]]
     corroboration: NotRequired[dict[str, Any]]
+    localise: NotRequired[dict[str, Any]]  # a hung job: whether it is localised, and why (engine)
+    localisation: NotRequired[dict[str, Any]]  # ... its nodes, each round's verdict, the outcome
 
 
 # -- the node, its budgets ----------------------------------------------------------------------

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-from pitstop.core import alerts, lifecycle, trust
+from pitstop.core import alerts, lifecycle, localise, trust
 from pitstop.core.actions import JOB_ACTIONS, NODE_ACTIONS, RANK, RECORD_ONLY_ACTIONS, Action, higher
 from pitstop.core.catalog import SXID_KIND, TIE_PRIMARY, TIE_RECOVERY
 from pitstop.core.domain import AlertRef, Evidence, GpuCounts, Held, Incident, JobRef, Maintenance, NodeRef
@@ -49,6 +49,7 @@ TIMELINE_KEYS = (
     "fenced",
     "job_requeued",  # the gang's requeue asked for: early (right after the fence) or once the node is back
     "job_running",  # the gang observed running again (a new run of each job)
+    "localised",  # a hung job's culprits handed to their own node incidents
     "corroborated",  # the fault confirmed on the node itself (ring buffer, nvidia-smi, Node condition)
     "diagnosed",
     "acted",
@@ -141,7 +142,7 @@ Result = Literal[
     "closed",  # a person ended the incident
     "recovered",  # the driver reported every GPU of a waiting episode recovered (Xid 154 to 0)
     "failed",  # the watchdog found its execution dead or overrunning
-    "settled",  # a failed incident's blast-radius slots were let go
+    "joined",  # the incident counts against its node's reservation block from now on
     "ended",  # its alerts closed before anything was done: the episode ended
     "reopened",  # ... and one of them opened again within the flap window: the same episode goes on
 ]
@@ -365,8 +366,13 @@ def budget_scopes(inc: Mapping[str, Any], node_doc: Mapping[str, Any]) -> list[t
         scopes.insert(0, ("cluster", f"cluster-{inc['cluster']}"))
     block = node_doc.get("block")
     if block:
-        scopes.append(("block", "block-" + hashlib.sha256(str(block).encode()).hexdigest()[:16]))
+        scopes.append(("block", block_scope(str(block))))
     return scopes
+
+
+def block_scope(block: str) -> str:
+    """The budget document of a reservation block (``cluster/block`` from Compute's host topology)."""
+    return "block-" + hashlib.sha256(block.encode()).hexdigest()[:16]
 
 
 def _live_slots(budget: Mapping[str, Any], policy: Policy, now: float) -> dict[str, Any]:
@@ -384,8 +390,20 @@ def try_claim(
     force: bool = False,
 ) -> tuple[dict[str, dict[str, Any]], str | None, str | None]:
     """Claim one slot in every scope, or none. Returns (budget docs to write, failed scope, page reason)."""
+    return _claim_in(budget_scopes(inc, node_doc), inc, budgets, policy, cluster_size, now, force)
+
+
+def _claim_in(
+    scopes: list[tuple[str, str]],
+    inc: Incident,
+    budgets: Mapping[str, dict[str, Any] | None],
+    policy: Policy,
+    cluster_size: int | None,
+    now: float,
+    force: bool,
+) -> tuple[dict[str, dict[str, Any]], str | None, str | None]:
     out: dict[str, dict[str, Any]] = {}
-    for kind, doc_id in budget_scopes(inc, node_doc):
+    for kind, doc_id in scopes:
         b = copy.deepcopy(budgets.get(doc_id) or {"scope": doc_id, "slots": {}, "paged_until": 0})
         slots = _live_slots(b, policy, now)
         cap = policy.budget_cap(kind, cluster_size if kind == "cluster" else None)
@@ -395,7 +413,8 @@ def try_claim(
                 b["paged_until"] = now + policy.budget_window_s
                 page = (
                     f"blast-radius budget {doc_id} exhausted: {len(slots)} of {cap} nodes in "
-                    f"remediation within {int(policy.budget_window_s)} s; holding new incidents"
+                    f"remediation within {int(policy.budget_window_s)} s or left fenced by a failed "
+                    "incident no person has closed yet; holding new incidents"
                 )
             b["slots"] = slots
             return {doc_id: b}, doc_id, page
@@ -431,11 +450,13 @@ def absorbs(latest: Mapping[str, Any] | None, ev: Mapping[str, Any], ts: float) 
     if closure:  # closed by a person: only lines logged before that are late lines of its episode
         return ts <= float(closure["at"])
     resolved = latest["timeline"].get("resolved") or 0
-    if latest["action"] in RECORD_ONLY_ACTIONS or latest.get("mode") == "observe":
+    localised = (latest.get("localise") or {}).get("run") is True  # a hung job Pitstop acted on
+    if (latest["action"] in RECORD_ONLY_ACTIONS and not localised) or latest.get("mode") == "observe":
         # Record-only episodes end with the burst (3 minutes of silence); a stronger line of the
         # same burst (delivered late: push delivery is unordered) reopens the episode.
         return ts < float(latest["burst_until"])
-    # A node action's incident absorbs lines logged before it was resolved (late deliveries).
+    # A node action's (or a localised hang's) incident absorbs lines logged before it was resolved
+    # (late deliveries): a hang of the restarted run is a new episode.
     return ts <= resolved
 
 
@@ -522,7 +543,7 @@ def _claimed(inc: Incident, d: Decision) -> bool:
         held: Held = {"reason": f"blast-radius budget {failed} exhausted", "scope": failed, "since": d.now}
         _hold(inc, d, held, page)
         return False
-    inc["budget_scopes"] = sorted(claims)
+    inc["budget_scopes"] = sorted({*inc.get("budget_scopes", []), *claims})  # a block it left still counts
     return True
 
 
@@ -697,6 +718,8 @@ def _alert_changes(inc: Incident, ev: Mapping[str, Any], ts: float, d: Decision)
     inc["alert_ended"] = {"at": d.now, "flap_until": ts + d.policy.window("alert_flap_s")}
     d.out.budgets.update(_own_slots(inc, d.budgets))
     _forget_remediation(d.node_doc, inc["id"])
+    if d.node_doc.get("localised_at") == (inc.get("localise") or {}).get("at"):
+        d.node_doc.pop("localised_at", None)  # nothing was localised: the window is not spent
     d.out.result = "ended"
     return True
 
@@ -757,7 +780,20 @@ def _open(ev: Mapping[str, Any], ts: float, trigger: str, d: Decision) -> Outcom
     d.out.incident, d.out.result = inc, "opened"
     d.cluster_size = cluster.size if cluster else None
     _decide_start(inc, d)
+    if ev["kind"] == "hang" and inc.get("workflow"):
+        _plan_localisation(inc, d)
     return d.out
+
+
+def _plan_localisation(inc: Incident, d: Decision) -> None:
+    """A hung job's step localises it first, once per job per window (core/localise.py): decided
+    here, on the job's document, in the transaction that opens the incident."""
+    p = localise.plan(d.node_doc, d.policy.localise, d.policy.window("hang_localise_s"), d.now)
+    inc["localise"] = p.doc(d.now)
+    if p.run and d.policy.enforce:
+        d.node_doc["localised_at"] = d.now
+    elif p.page and d.out.page is None:
+        d.out.page = f"incident {inc['id']}: {subject_name(inc)} hung; {p.why}"
 
 
 def _trust_of(ev: Mapping[str, Any]) -> str:
@@ -1017,33 +1053,55 @@ def fail_stuck(
     why: str,
     now: float,
 ) -> Outcome:
-    """The watchdog's verdict: the step's execution died or overran. FAILED, slots let go, a page.
+    """The watchdog's verdict: the step's execution died or overran. FAILED, a page.
 
     Only if the incident is still where the watchdog saw it (same state family, step and
     execution); otherwise the execution moved it on meanwhile and nothing changes. The node
-    stays fenced: nothing unfences a FAILED incident's node but a person (``close --unfence``).
+    stays fenced, and so its blast-radius slots keep counting: nothing lets either go but a
+    person (``close [--unfence]``), or repeated failures would fence more nodes than the budget.
     """
     if watched_execution(inc) != execution:
         return Outcome("ignored", incident=as_incident(inc))
     inc, node_doc = as_incident(inc), copy.deepcopy(node_doc)
     lifecycle.move(inc, State.FAILED, "the watchdog")
     inc["failure"] = {"stage": "watchdog", "error": why, "at": now}
-    inc["budget_released_at"] = now
     inc["updated_at"] = now
     node = subject_name(inc)
     page = (
         f"incident {inc['id']}: remediation of {node} ({inc['action']}, step {inc['step']}) {why}. "
         f"The node stays fenced. Investigate, then: pitstop incidents --close {inc['id']} --unfence --by NAME"
     )
-    return Outcome("failed", incident=inc, node=node_doc, budgets=_own_slots(inc, budgets), page=page)
+    return Outcome("failed", incident=inc, node=node_doc, page=page)
 
 
-def settle_failed(
-    inc: Mapping[str, Any], node_doc: dict[str, Any], budgets: Mapping[str, dict[str, Any] | None], now: float
+def join_block(
+    inc: Mapping[str, Any], node_doc: dict[str, Any], budgets: Budgets, block: str, policy: Policy, now: float
 ) -> Outcome:
-    """A FAILED incident keeps its node fenced, not its blast-radius slots: they expire with the window."""
-    if inc["state"] != State.FAILED or inc.get("budget_released_at"):
+    """The node's reservation block, read from Compute when a step is claimed, before the fence:
+    from then on the incident counts against that block's budget too (not only once acted on).
+
+    A block already at its budget holds an incident whose node this incident has not fenced yet,
+    with a page, as its decision would have had the block been known then (the step it scheduled
+    is forgotten, so no cooldown holds it again once the sweep releases it). A node already fenced
+    is out of service whatever: it joins past the cap. ``ignored``: nothing new.
+    """
+    doc_id = block_scope(block)
+    if inc["state"] in UNCLAIMABLE_STATES or (
+        node_doc.get("block") == block and doc_id in inc.get("budget_scopes", [])
+    ):
         return Outcome("ignored", incident=as_incident(inc))
     inc, node_doc = as_incident(inc), copy.deepcopy(node_doc)
-    inc["budget_released_at"] = now
-    return Outcome("settled", incident=inc, node=node_doc, budgets=_own_slots(inc, budgets))
+    node_doc["block"] = block
+    out = Outcome("joined", incident=inc, node=node_doc)
+    fenced = inc["state"] != State.OPEN or bool(inc["timeline"].get("fenced"))
+    d = Decision.on(inc, node_doc, budgets, policy, now, out, force=fenced)
+    claims, failed, page = _claim_in([("block", doc_id)], inc, budgets, policy, None, now, d.force)
+    out.budgets.update(claims)
+    if failed is not None:
+        held: Held = {"reason": f"blast-radius budget {failed} exhausted", "scope": failed, "since": now}
+        _hold(inc, d, held, page)
+        _forget_remediation(node_doc, inc["id"])
+    else:
+        inc["budget_scopes"] = sorted({*inc.get("budget_scopes", []), *claims})
+    inc["updated_at"] = now
+    return out

@@ -34,6 +34,11 @@ class Op(StrEnum):
     VALIDATION = "validation"
     JUDGE_VALIDATION = "judge_validation"
     RESUMED = "resumed"
+    LOCALISE = "localise"  # a hung job: the node check on every node of the job at once
+    SWEEP = "sweep"  # ... the probe polled until it has finished
+    LINKS = "links"  # ... judged; nothing found: NCCL between ring neighbours
+    LINKS_DONE = "links_done"
+    CONCLUDE = "conclude"  # culprits get their own node incidents; else one restart in place and a page
     ESCALATE = "escalate"
     UNFENCE = "unfence"
     RESCHEDULE = "reschedule"
@@ -59,12 +64,25 @@ MUTATING_OPS = frozenset(
         Op.RESCHEDULE,
         Op.CLOSE,
         Op.FAIL,
+        Op.LOCALISE,
+        Op.LINKS,
+        Op.CONCLUDE,
     }
 )
 # Probes the workflow polls; recording them would replay a stale answer. They change nothing but
 # timeline stamps of what they observe (healthy, job_running).
 PROBE_OPS = frozenset(
-    {Op.CORROBORATION, Op.JOBS_DONE, Op.OPERATION, Op.VERIFY, Op.DIAGNOSIS, Op.VALIDATION, Op.RESUMED}
+    {
+        Op.CORROBORATION,
+        Op.JOBS_DONE,
+        Op.OPERATION,
+        Op.VERIFY,
+        Op.DIAGNOSIS,
+        Op.VALIDATION,
+        Op.RESUMED,
+        Op.SWEEP,
+        Op.LINKS_DONE,
+    }
 )
 # What escalate answers when no stronger action takes over: the step goes on to unfence.
 CONTINUE = "continue"
@@ -76,10 +94,14 @@ class Plan(StrEnum):
     NOTIFY_ONLY = "notify_only"
     DRAIN = "drain"
     REMEDIATE = "remediate"
+    LOCALISE = "localise"  # a hung job: find its culprit node before the gang restarts
 
 
-def plan_for(action: str) -> Plan:
-    """Record-only actions only notify; a drain checkpoints first; the rest remediate the node."""
+def plan_for(action: str, inc: Mapping[str, Any] | None = None) -> Plan:
+    """A hang the engine chose to localise is localised; record-only actions only notify; a drain
+    checkpoints first; the rest remediate the node."""
+    if inc is not None and (inc.get("localise") or {}).get("run") is True:
+        return Plan.LOCALISE
     if action in RECORD_ONLY_ACTIONS:
         return Plan.NOTIFY_ONLY
     if action == Action.DRAIN_NODE:

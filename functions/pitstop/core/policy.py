@@ -136,6 +136,11 @@ class Policy:
     def validation(self) -> Mapping[str, Any]:
         return dict(self.doc["validation"])
 
+    @property
+    def localise(self) -> Mapping[str, Any]:
+        """How a hung job is localised (core/localise.py)."""
+        return dict(self.doc["localise"])
+
 
 def from_doc(user: Mapping[str, Any] | None, where: str = "policy") -> Policy:
     defaults = resources.load_yaml(resources.schema_dir() / "policy.defaults.yaml", "policy.schema.json")

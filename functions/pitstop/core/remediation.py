@@ -11,11 +11,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pitstop.core import checks, corroboration
+from pitstop.core import checks, corroboration, notifications
 from pitstop.core.actions import RECORD_ONLY_ACTIONS, Action
 from pitstop.core.catalog import SXID_KIND
 from pitstop.core.notifications import notification_id
-from pitstop.core.ops import Op, Plan, plan_for
+from pitstop.core.ops import Op
 from pitstop.core.scheduling import JobInfo, JobRun, JobState
 from pitstop.core.states import State
 from pitstop.core.timeline import durations, repair_s, resume_s
@@ -42,6 +42,9 @@ OP_STATES: Mapping[Op, frozenset[State]] = {
     Op.UNFENCE: _WORKING - {State.OPEN},
     Op.RESCHEDULE: _WORKING,
     Op.CLOSE: _WORKING,
+    Op.LOCALISE: frozenset({State.OPEN}),  # a hung job's incident: nothing of its own is fenced
+    Op.LINKS: frozenset({State.OPEN}),
+    Op.CONCLUDE: frozenset({State.OPEN}),
 }
 
 
@@ -107,15 +110,16 @@ def admit_restart(
     return True, {"runs": {**runs, run_key: now}}
 
 
-def requeue_refusal(action: str, info: JobInfo, fenced: JobRun) -> str | None:
+def requeue_refusal(checkpointed: bool, info: JobInfo, fenced: JobRun) -> str | None:
     """Why a job must not be requeued for this fault (None: requeue it).
 
-    After a checkpoint request a job exits on purpose: it must come back. Otherwise a job that
-    completed, was cancelled, or is already pending again is left alone; so is one whose run moved
-    on since the fence (requeued already, by Pitstop for another member of its gang or by anyone).
+    After a checkpoint request (``checkpointed``: a drain, or a degraded node's planned move, asked
+    it) a job exits on purpose: it must come back. Otherwise a job that completed, was cancelled,
+    or is already pending again is left alone; so is one whose run moved on since the fence
+    (requeued already, by Pitstop for another member of its gang or by anyone).
     """
     state = info.state
-    finished_ok = state == JobState.COMPLETED and plan_for(action) == Plan.DRAIN
+    finished_ok = state == JobState.COMPLETED and checkpointed
     if state in (JobState.PENDING, JobState.CANCELLED, JobState.UNKNOWN) or (
         state == JobState.COMPLETED and not finished_ok
     ):
@@ -276,6 +280,8 @@ def node_note(inc: Mapping[str, Any], unfenced: Mapping[str, Any]) -> tuple[str,
     Only what is true: a fence someone else set is theirs (Pitstop neither replaced nor lifts it),
     a node never fenced was not, and one already returned is back in service.
     """
+    if not inc.get("node"):  # a hung job's episode: Pitstop fenced no node for it
+        return f"{notifications.subject(inc)} has no node of its own fenced.", ""
     node, fence = inc["node"]["instance"], inc.get("fence") or {}
     if fence.get("already_drained_by_other"):
         return (
@@ -299,7 +305,15 @@ def node_note(inc: Mapping[str, Any], unfenced: Mapping[str, Any]) -> tuple[str,
 
 
 def summary(inc: Mapping[str, Any], unfenced: Mapping[str, Any]) -> str:
-    node = inc["node"]["instance"]
+    node = notifications.subject(inc)  # a hung job's episode has no node: its job
+    loc = inc.get("localisation") or {}
+    if loc.get("culprits"):
+        handed = ", ".join(f"{n} ({i})" for n, i in sorted((loc.get("incidents") or {}).items()))
+        return f"{node}: {inc['reason']} Localised: culprits {handed} are remediated in their own incidents."
+    if loc.get("outcome") == "nothing_found":
+        return (
+            f"{node}: {inc['reason']} Localised: no culprit fenced; {(inc.get('resume') or {}).get('why')}."
+        )
     if inc["action"] in RECORD_ONLY_ACTIONS:
         return f"{node}: {inc['reason']} No node action taken."
     where, todo = node_note(inc, unfenced)

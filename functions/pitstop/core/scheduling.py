@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 _INCIDENT = re.compile(r"i[a-z2-7]{9}")
 
@@ -80,6 +80,7 @@ class JobInfo:
     job: str
     state: JobState
     run: JobRun = field(default_factory=JobRun)
+    nodes: tuple[str, ...] = ()  # the nodes it holds, where the scheduler says (a degraded node's peers)
 
     def doc(self) -> dict[str, Any]:
         return {"id": self.job, "state": str(self.state), **self.run.doc()}
@@ -148,6 +149,15 @@ class CheckResult:
     peer: str | None = None
     error: str | None = None
     note: str | None = None
+    exit_codes: Mapping[str, int] = field(default_factory=dict)  # per tool (124: it ran out of time)
+
+
+@dataclass(frozen=True)
+class GangCheckStart:
+    """A check started on every node of a running job: the nodes the scheduler says it holds."""
+
+    started: str
+    nodes: tuple[str, ...]
 
 
 _LABEL = re.compile(r"[a-z]{1,16}")
@@ -208,3 +218,25 @@ class Scheduler(Protocol):
     def capacity(self, job: str, node: str, ref: StepRef) -> Capacity: ...
     def start_check(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckStart: ...
     def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult: ...
+
+
+@runtime_checkable
+class JobReleaser(Protocol):
+    """A scheduler on which a step can leave a job change of Pitstop's own half done (GKE: a Kueue
+    Workload deactivated while a pod stayed stuck Terminating): a person's close undoes it."""
+
+    def release_jobs(self, jobs: list[str], ref: StepRef) -> list[str]:
+        """Undo, for this incident, what is still Pitstop's on these jobs; what was done."""
+        ...
+
+
+@runtime_checkable
+class GangChecks(Protocol):
+    """Checks on every node of a running job at once, beside it (a hung job's localisation).
+
+    Optional: a scheduler without it cannot localise, and a hung job is then restarted in place
+    once and a person paged (services/actuate/localise.py).
+    """
+
+    def start_gang_check(self, job: str, check: Mapping[str, Any], ref: StepRef) -> GangCheckStart: ...
+    def gang_check_result(self, job: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult: ...

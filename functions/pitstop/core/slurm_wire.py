@@ -94,3 +94,33 @@ def supersedes(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
         return True
     rank_new = (_attempt(new), STATE_ORDER.get(result_state(new), -1))
     return rank_new > (_attempt(old), STATE_ORDER.get(result_state(old), -1))
+
+
+# A Slurm host list as ``scontrol show job`` prints NodeList: ``a3-node-[001-003,007],login1``.
+_HOST_TERM = re.compile(r"([A-Za-z0-9._-]*)(?:\[([0-9,-]{1,200})\])?([A-Za-z0-9._-]*)", re.ASCII)
+MAX_HOSTS = 4096
+
+
+def expand_hostlist(text: Any) -> tuple[str, ...]:
+    """The host names of a Slurm host list, in order; () for anything that is not one (bounded)."""
+    if not isinstance(text, str) or not text or text == "(null)":
+        return ()
+    terms = re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", text[:4096])
+    out: list[str] = []
+    for term in terms:
+        m = _HOST_TERM.fullmatch(term)
+        if m is None:
+            return ()
+        head, ranges, tail = m.groups()
+        if ranges is None:
+            out.append(head + tail)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()) or int(hi or lo) < int(lo):
+                return ()
+            width = len(lo)
+            out += [f"{head}{i:0{width}d}{tail}" for i in range(int(lo), int(hi or lo) + 1)]
+            if len(out) > MAX_HOSTS:
+                return ()
+    return tuple(out)

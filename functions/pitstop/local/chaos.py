@@ -16,8 +16,9 @@ Kinds and what they break:
   (``Stack.restart_firestore``).
 - ``hang [--node N]``: every training run on the stack stops beating (local/trainer.py): a job
   stuck in a collective; with ``--node``, that node's GPU is the culprit (the GPU stand-ins show a
-  GPU that fails its quick diagnostic); without, a software hang (no node to find). A requeued run
-  beats again.
+  GPU that fails its quick diagnostic and that NVML cannot open); ``hang link --node N``: an
+  NVLink of the node down instead (its node check is clean, its NCCL busbw a fifth of its peers');
+  without ``--node``, a software hang (no node to find). A requeued run beats again.
 - ``straggler --node N``: N's GPU is held below its clocks (thermal) most of the time: the Monitoring
   stand-in's throttle policy opens after its window; nvidia-smi -q shows the slowdown.
 - ``degrading --node N``: N's GPU's correctable ECC errors rise past the ECC trend policy's line.
@@ -202,19 +203,21 @@ def apply(
         stack.restart_firestore(down_s=float(arg) if arg else 2.0)
         return {"kind": kind}
     if kind in TELEMETRY_KINDS:
-        return {"kind": kind, **_telemetry(stack, kind, node)}
+        return {"kind": kind, **_telemetry(stack, kind, node, arg)}
     clear_flags(stack.chaos_dir)
     _post(stack.endpoints["compute"] + "/_admin/faults", {"clear": True})
     return {"kind": kind}
 
 
-def _telemetry(stack: Stack, kind: str, node: str | None) -> dict[str, Any]:
+def _telemetry(stack: Stack, kind: str, node: str | None, arg: str | None = None) -> dict[str, Any]:
     """A fault that prints no Xid: a hung job (its runs stop beating), a throttled or degrading GPU."""
     if node is None and kind != "hang":
         raise ChaosError(f"{kind} needs --node")
+    if arg not in (None, "link") or (arg == "link" and kind != "hang"):
+        raise ChaosError("only hang takes an argument: link (the node's link, not its GPU)")
     out: dict[str, Any] = {}
     if node is not None:
-        out["gpu"] = stack.set_gpu_state(node, GPU_PRESET[kind])
+        out["gpu"] = stack.set_gpu_state(node, "hung_link" if arg == "link" else GPU_PRESET[kind])
     if kind == "hang":
         runs = {}
         for f in sorted(stack.chaos_dir.glob("run-*.json")):

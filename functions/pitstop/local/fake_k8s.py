@@ -597,6 +597,16 @@ class FakeKube:
         ):
             raise KeyError(name)
 
+    def kubelet_unreachable(self, node: str) -> None:
+        """The node's kubelet stops answering while its VM runs: its pods never end by themselves."""
+        with self.store.lock:
+            self.controllers.kubelet_unreachable(node)
+
+    def processes_hung(self, node: str) -> None:
+        """The node's containers cannot be killed (a process in D state): deleted pods stay Terminating."""
+        with self.store.lock:
+            self.controllers.processes_hung(node)
+
     def finish_pod(self, name: str, namespace: str = "default", exit_code: int = 0) -> None:
         """The pod's containers exit: Succeeded on 0, else Failed (restartPolicy Never semantics)."""
 

@@ -1,27 +1,76 @@
-"""Cloud Monitoring's CreateTimeSeries over gRPC, served locally for the real MetricServiceClient.
+"""Cloud Monitoring's CreateTimeSeries and ListTimeSeries over gRPC, served locally for the real
+MetricServiceClient.
 
 Points of the job heartbeat metric also go to ``on_heartbeat`` (the stand-in's alerting,
-local/telemetry.py, which publishes the heartbeat policy's notifications).
+local/telemetry.py, which publishes the heartbeat policy's notifications). ListTimeSeries answers
+the Ops Agent's DCGM metrics from the GPU stand-ins' state (what the alerting evaluates too), one
+aligned point per VM named in the filter's ``metadata.system_labels.name=one_of(...)``: the share of
+the time throttled (throttle_duration, ALIGN_RATE) or the correctable ECC errors in the window
+(ecc_errors, ALIGN_DELTA). Only what actuate asks (adapters/monitoring.TelemetryReader).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from concurrent import futures
 from typing import Any
 
 import grpc
-from google.cloud.monitoring_v3.types import metric_service
+from google.cloud.monitoring_v3.types import metric, metric_service
 from google.protobuf import empty_pb2
 
 SERVICE = "google.monitoring.v3.MetricService"
 HEARTBEAT = "custom.googleapis.com/pitstop/job/heartbeat"
+THROTTLE = "workload.googleapis.com/gpu.dcgm.clock.throttle_duration.time"
+ECC = "workload.googleapis.com/gpu.dcgm.ecc_errors"
+_TYPE = re.compile(r'metric\.type\s*=\s*"([^"]+)"')
+_NAMES = re.compile(r"metadata\.system_labels\.name\s*=\s*one_of\(([^)]*)\)")
+GpuState = Callable[[], Mapping[str, Any]]
 
 
 class FakeMonitoring:
-    def __init__(self, on_heartbeat: Callable[[Mapping[str, str]], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_heartbeat: Callable[[Mapping[str, str]], None] | None = None,
+        gpu_state: GpuState | None = None,
+    ) -> None:
         self.series: list[dict[str, Any]] = []
         self.on_heartbeat = on_heartbeat
+        self.gpu_state = gpu_state or dict
+
+    def list(
+        self, req: metric_service.ListTimeSeriesRequest, ctx: grpc.ServicerContext
+    ) -> metric_service.ListTimeSeriesResponse:
+        """One aligned point per named VM of a DCGM metric; anything else is refused as unsupported."""
+        kind = _TYPE.search(req.filter)
+        names = _NAMES.search(req.filter)
+        if not req.name.startswith("projects/") or kind is None or names is None:
+            ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, "filter needs metric.type and a name one_of(...)")
+            raise AssertionError("unreachable: abort raises")
+        metric_type = kind.group(1)
+        if metric_type not in (THROTTLE, ECC):
+            ctx.abort(grpc.StatusCode.UNIMPLEMENTED, f"the stand-in serves no {metric_type}")
+        period = float(req.aggregation.alignment_period.total_seconds() or 60)
+        states = self.gpu_state()
+        out = metric_service.ListTimeSeriesResponse()
+        for name in re.findall(r'"([^"]+)"', names.group(1)):
+            st = states.get(name) or {}
+            value = (
+                float(st.get("throttle", 0) or 0)
+                if metric_type == THROTTLE
+                else float(st.get("sbe_rate", 0) or 0) * period / 3600
+            )
+            ts = metric.TimeSeries()
+            ts.metric.type = metric_type
+            ts.resource.type = "gce_instance"
+            ts.metadata.system_labels.update({"name": name})
+            point = metric.Point(
+                {"interval": {"end_time": req.interval.end_time}, "value": {"double_value": value}}
+            )
+            ts.points = [point]
+            out.time_series.append(ts)
+        return out
 
     def create(
         self, req: metric_service.CreateTimeSeriesRequest, ctx: grpc.ServicerContext
@@ -54,6 +103,11 @@ def serve(fake: FakeMonitoring, host: str = "127.0.0.1", port: int = 0) -> tuple
                 fake.create,
                 metric_service.CreateTimeSeriesRequest.deserialize,
                 empty_pb2.Empty.SerializeToString,
+            ),
+            "ListTimeSeries": grpc.unary_unary_rpc_method_handler(
+                fake.list,
+                metric_service.ListTimeSeriesRequest.deserialize,
+                metric_service.ListTimeSeriesResponse.serialize,
             ),
         },
     )

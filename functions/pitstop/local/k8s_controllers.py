@@ -16,7 +16,16 @@ upstream trees where the brief names a tag.
   predicate.go`` rejects them) and start (Running, Ready); with a ``ContainerRunner`` a pod whose
   containers name a command runs them as processes and ends with their exit codes; a
   deleted pod ends when its grace period is over (Failed, then removed once finalizers are gone);
-  on a node that is down it stays Terminating, as with a real unreachable kubelet.
+  on a node that is down it stays Terminating, as with a real unreachable kubelet. Two ways a pod
+  stays Terminating while its VM runs (``Controllers.stuck``): the kubelet stops posting status
+  (``unreachable``: the node lifecycle controller sets ``Ready=Unknown`` / ``NodeStatusUnknown``
+  and the ``node.kubernetes.io/unreachable:NoExecute`` taint; nothing on the node ends a pod), or
+  a container process the kubelet cannot kill (``hung``: uninterruptible sleep, e.g. after Xid 79;
+  the node stays Ready). "Kubernetes (versions 1.5 or newer) will not delete Pods just because a
+  Node is unreachable ... The only ways in which a Pod in such a state can be removed from the
+  apiserver are: the Node object is deleted, the kubelet on the unresponsive Node starts
+  responding ..., force deletion of the Pod by the user" (kubernetes.io/docs/tasks/run-application/
+  force-delete-stateful-set-pod/). A reboot of the VM (not RUNNING, then RUNNING) ends either.
 - TTL-after-finished controller: a finished Job with ``ttlSecondsAfterFinished`` is deleted
   (Foreground) that many seconds after it finished. Job ``activeDeadlineSeconds`` is not modelled.
 - garbage collector: dependents of a removed owner are deleted (Background); a
@@ -29,7 +38,12 @@ upstream trees where the brief names a tag.
   reason ``PodFailurePolicy``, ``Ignore`` replaces the pod without counting it, ``Count`` counts),
   ``backoffLimit`` (``failed > backoffLimit`` → ``BackoffLimitExceeded``), ``FailureTarget`` first
   and ``Failed`` only once no pod is left running (Kubernetes ≥ 1.31), ``suspend`` deletes the
-  active pods without counting them. No backoff delay between pod re-creations.
+  active pods without counting them. A force-deleted pod (grace 0, still not terminal) of a Job
+  without a ``podFailurePolicy`` is accounted and its tracking finalizer dropped, so the API
+  server removes it: the default ``podReplacementPolicy: TerminatingOrFailed`` counts terminating
+  pods, while a Job with a pod failure policy waits for a terminal phase (KEP-3939,
+  ``kubernetes/enhancements:keps/sig-apps/3939-allow-recreation-when-fully-terminated``).
+  No backoff delay between pod re-creations.
 - JobSet controller (``kubernetes-sigs/jobset@v0.12.0 pkg/controllers/jobset_controller.go`` and
   ``failure_policy.go``, gke.md §3): child Jobs ``<jobset>-<rjob>-<i>`` labelled and annotated
   with the jobset-name, jobset-uid, replicatedjob-name, job-index, job-global-index, job-key and
@@ -93,6 +107,7 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 TRACKING = "batch.kubernetes.io/job-tracking"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 SHUTDOWN_MSG = "Pod was terminated in response to imminent node shutdown."
 CLUSTER_QUEUE = "cluster-queue"
 
@@ -184,6 +199,7 @@ class Controllers:
         self.vm_status = vm_status
         self.runner = runner
         self.down: set[str] = set()
+        self.stuck: dict[str, str] = {}  # node -> "unreachable" | "hung": its pods never end (module doc)
         self._finished_at: dict[str, float] = {}  # Job uid -> store clock when it finished (TTL)
         store.admission.append(kueue_webhook)
 
@@ -214,6 +230,7 @@ class Controllers:
                 continue
             if vm != "RUNNING" and name not in self.down:
                 self.down.add(name)
+                self.stuck.pop(name, None)  # the reboot ends what the kubelet could not
                 self._node_down(name, vm)
             elif vm == "RUNNING" and name in self.down:
                 self.down.discard(name)
@@ -254,10 +271,35 @@ class Controllers:
                 or c.get("message") == boot
             ]
             node["spec"]["taints"] = [
-                t for t in node["spec"].get("taints") or [] if t.get("key") != NOT_READY_TAINT
+                t
+                for t in node["spec"].get("taints") or []
+                if t.get("key") not in (NOT_READY_TAINT, UNREACHABLE_TAINT)
             ]
 
         self.store.mutate("Node", name, None, edit)
+
+    def kubelet_unreachable(self, name: str) -> None:
+        """The kubelet stops posting status while the VM runs: what the node lifecycle controller
+        then sets (``Ready=Unknown``, the ``unreachable:NoExecute`` taint). Its pods never end."""
+        now = self.store.wall()
+
+        def edit(node: Obj) -> None:
+            set_cond(
+                node, "Ready", "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.", now
+            )
+            taints = [t for t in node["spec"].get("taints") or [] if t.get("key") != UNREACHABLE_TAINT]
+            node["spec"]["taints"] = [
+                *taints,
+                {"key": UNREACHABLE_TAINT, "effect": "NoExecute", "timeAdded": now},
+            ]
+
+        self.stuck[name] = "unreachable"
+        self.store.mutate("Node", name, None, edit)
+
+    def processes_hung(self, name: str) -> None:
+        """The node's container processes cannot be killed (uninterruptible sleep): deleted pods
+        stay Terminating past their grace period while the node stays Ready."""
+        self.stuck[name] = "hung"
 
     def kubelet_terminate(self) -> None:
         """End deleted pods whose grace period is over, on nodes whose kubelet is up."""
@@ -268,7 +310,7 @@ class Controllers:
             node = pod["spec"].get("nodeName")
             # A pod no node runs has nothing to wait for (the API server deletes an unscheduled pod
             # at once); one bound while its deletion was pending must not be stranded Terminating.
-            if node and (node in self.down or not self.store.grace_over(pod)):
+            if node and (node in self.down or node in self.stuck or not self.store.grace_over(pod)):
                 continue
 
             def end(p: Obj) -> None:
@@ -420,7 +462,9 @@ class Controllers:
         finished = cond_true(job, "Complete") or cond_true(job, "Failed")
         failure = find_cond(job, "FailureTarget") if cond_true(job, "FailureTarget") else None
         for pod in pods:
-            if is_terminal(pod) and TRACKING in (meta(pod).get("finalizers") or []):
+            if (is_terminal(pod) or _force_deleted(job, pod)) and TRACKING in (
+                meta(pod).get("finalizers") or []
+            ):
                 if not finished and failure is None:
                     failure = self._account(job, pod) or failure
                 self.store.mutate("Pod", meta(pod)["name"], meta(pod)["namespace"], drop_finalizer(TRACKING))
@@ -759,6 +803,14 @@ class Controllers:
 
 
 # --- pure helpers the controllers share -----------------------------------------------------------
+def _force_deleted(job: Obj, pod: Obj) -> bool:
+    """A pod deleted with grace 0 that never reached a terminal phase, counted by a Job that replaces
+    terminating pods (no ``podFailurePolicy``: ``podReplacementPolicy: TerminatingOrFailed``)."""
+    m = meta(pod)
+    forced = bool(m.get("deletionTimestamp")) and m.get("deletionGracePeriodSeconds") == 0
+    return forced and not is_terminal(pod) and not job["spec"].get("podFailurePolicy")
+
+
 def _owned_by(pod: Obj, job: Obj) -> bool:
     return bool(controller_uid(pod) == meta(job)["uid"])
 

@@ -167,9 +167,13 @@ class Store:
         with self.lock:
             self._offset += seconds
 
+    def epoch(self) -> float:
+        """The store's wall clock in epoch seconds (what its timestamps are written on)."""
+        return time.time() + self._offset
+
     def wall(self, plus: float = 0.0) -> str:
         """An RFC 3339 timestamp on the store's clock, for metadata and conditions."""
-        return iso(time.time() + self._offset + plus)
+        return iso(self.epoch() + plus)
 
     def grace_over(self, pod: Obj) -> bool:
         uid = pod["metadata"]["uid"]

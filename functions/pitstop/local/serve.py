@@ -79,6 +79,7 @@ def monitoring(args: argparse.Namespace) -> None:
     import grpc
 
     from pitstop.local.fake_monitoring import FakeMonitoring, serve
+    from pitstop.local.telemetry import gpu_state_reader
 
     out = Path(args.out)
     alerts = _alerting(args) if args.compute else None
@@ -94,7 +95,8 @@ def monitoring(args: argparse.Namespace) -> None:
                     f.write(json.dumps(s) + "\n")
             return resp
 
-    server, _ = serve(Recording(alerts.heartbeat if alerts is not None else None), port=args.port)
+    gpu_state = gpu_state_reader(args.gpu_state) if args.compute else None
+    server, _ = serve(Recording(alerts.heartbeat if alerts is not None else None, gpu_state), port=args.port)
     _wait_forever(lambda: server.stop(0))
 
 

@@ -164,11 +164,20 @@ class SlurmCluster:
             for line in out.splitlines()
         ]
 
-    def submit(self, nodes: int, name: str = "train", seconds: int = 3600, command: str | None = None) -> str:
-        """A batch job on ``nodes`` nodes, requeueable; it sleeps ``seconds`` unless given a ``command``."""
+    def submit(
+        self,
+        nodes: int,
+        name: str = "train",
+        seconds: int = 3600,
+        command: str | None = None,
+        exclude: list[str] | None = None,
+    ) -> str:
+        """A batch job on ``nodes`` nodes, requeueable; it sleeps ``seconds`` unless given a ``command``;
+        never placed on ``exclude`` (a requeue may move it to any other node, as a training job)."""
         out = subprocess.run(
             [
                 "sbatch",
+                *(["-x", ",".join(exclude)] if exclude else []),
                 "--parsable",
                 "-N",
                 str(nodes),

@@ -176,7 +176,13 @@ def policy_for(spec: ClusterSpec, over: dict[str, Any] | None = None) -> dict[st
         "mode": "enforce",
         "clusters": [_cluster_policy(spec)],
         # A short window keeps the demo quick; production defaults are 30 min (policy.defaults.yaml).
-        "budgets": {"window_s": 8, "cluster": {"max_nodes": 4, "max_percent": 25}},
+        # The fake Compute puts every VM in one reservation block, which each node joins from its
+        # claim: the block's cap matches the cluster's so the demo shows the cluster budget.
+        "budgets": {
+            "window_s": 8,
+            "cluster": {"max_nodes": 4, "max_percent": 25},
+            "block": {"max_nodes": 4, "max_percent": 100},
+        },
         "cooldowns": {"RESCHEDULE_JOB": 5},
         "store": {"flush_interval_s": 0.5},
     }
@@ -558,14 +564,15 @@ class Stack:
 
     # -- training jobs and telemetry faults --------------------------------------------
 
-    def submit_training(self, nodes: int, name: str = "train") -> str:
-        """A Slurm job whose batch step writes the job heartbeat each step (local/trainer.py)."""
+    def submit_training(self, nodes: int, name: str = "train", exclude: list[str] | None = None) -> str:
+        """A Slurm job whose batch step writes the job heartbeat each step (local/trainer.py), kept
+        off ``exclude``."""
         assert self.slurm is not None, "training jobs run on a Slurm stack"
         argv = [sys.executable, "-m", "pitstop.local.trainer", "--monitoring", self.endpoints["monitoring"]]
         argv += ["--project", PROJECT, "--cluster", self.spec.name, "--chaos-dir", str(self.chaos_dir)]
         argv += ["--every", str(HEARTBEAT_EVERY_S)]
         command = f"env PYTHONPATH={shlex.quote(str(ROOT / 'functions'))} {shlex.join(argv)}"
-        return self.slurm.submit(nodes, name, command=command)
+        return self.slurm.submit(nodes, name, command=command, exclude=exclude)
 
     def set_gpu_state(self, node: str, state: Any) -> dict[str, Any]:
         """What the GPU stand-ins (and the Monitoring stand-in's node policies) report for ``node``."""

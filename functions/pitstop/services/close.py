@@ -24,7 +24,7 @@ from google.api_core import exceptions as gexc
 
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core.engine import subject_name
-from pitstop.core.scheduling import Scheduler, StepRef
+from pitstop.core.scheduling import JobReleaser, Scheduler, StepRef
 from pitstop.core.states import State
 from pitstop.core.store import IncidentStore
 from pitstop.services.schedulers import NoScheduler
@@ -68,13 +68,27 @@ def close_incident(
     if out.result != "closed" or inc is None:
         return _refusal(store.get(iid), iid)
     done = Closing(True, [f"{iid}: closed by {by} (was {inc['closure']['from_state']})"])
+    scheduler = schedulers.get(inc.get("cluster") or "", NoScheduler())
+    done.lines += [f"{iid}: {line}" for line in release_jobs(inc, scheduler)]
     if unfence:
-        answer = request_unfence(inc, schedulers.get(inc.get("cluster") or "", NoScheduler()))
+        answer = request_unfence(inc, scheduler)
         store.mutate(iid, lambda d: d["closure"].update(unfence=answer))
         done.lines.append(f"{iid}: unfence {answer['outcome']}: {answer['detail']}")
     elif inc["closure"]["from_state"] == State.FAILED:
         done.lines.append(f"{iid}: {subject_name(inc)} stays fenced (use --unfence to return it)")
     return done
+
+
+def release_jobs(inc: Mapping[str, Any], scheduler: Scheduler) -> list[str]:
+    """What a failed step left of Pitstop's own job changes, undone (a Kueue Workload it deactivated
+    is reactivated, with or without ``--unfence``: the job may run elsewhere); else how to by hand."""
+    jobs = [str(j["id"]) for j in inc.get("jobs") or [] if isinstance(j, Mapping) and j.get("id")]
+    if not jobs or not isinstance(scheduler, JobReleaser):
+        return []
+    try:
+        return scheduler.release_jobs(jobs, StepRef(inc["id"], label="closed"))
+    except ActuatorError as exc:
+        return [f"jobs not released ({exc.message}); reactivate their Kueue Workloads by hand"]
 
 
 def request_unfence(inc: Mapping[str, Any], scheduler: Scheduler) -> dict[str, Any]:

@@ -147,11 +147,18 @@ def gke_scheduler(
     """
     from pitstop.adapters.errors import ActuatorError
     from pitstop.adapters.gke import CheckSettings, GkeScheduler, gke_api_client
+    from pitstop.adapters.gke.restart import STUCK_TERMINATING_S
 
     deadline = float(conf.get("evict_deadline_s") or 120.0)
     checks = CheckSettings.from_conf(conf)
+    stuck = float(conf.get("stuck_terminating_s", STUCK_TERMINATING_S))
     if kube_endpoint:
-        return GkeScheduler(local_api_client(kube_endpoint), evict_deadline_s=deadline, checks=checks)
+        return GkeScheduler(
+            local_api_client(kube_endpoint),
+            evict_deadline_s=deadline,
+            checks=checks,
+            stuck_terminating_s=stuck,
+        )
     proj, cluster = str(conf.get("project") or project), str(conf.get("cluster") or name)
     location = conf.get("location")
 
@@ -163,7 +170,7 @@ def gke_scheduler(
         credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
         return gke_api_client(proj, location, cluster, credentials)
 
-    return GkeScheduler(connect=connect, evict_deadline_s=deadline, checks=checks)
+    return GkeScheduler(connect=connect, evict_deadline_s=deadline, checks=checks, stuck_terminating_s=stuck)
 
 
 def local_api_client(endpoint: str) -> Any:

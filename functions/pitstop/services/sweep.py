@@ -80,8 +80,8 @@ class Sweep:
 
     def run(self) -> dict[str, int]:
         """Counts of what the run did: bursts `closed`, incidents `released`, starts `restarted`,
-        incidents `failed` by the watchdog, failed incidents whose slots were `settled`, and
-        notifications `republished` from the outbox after a failed publish."""
+        incidents `failed` by the watchdog (their slots keep counting until a person closes
+        them), and notifications `republished` from the outbox after a failed publish."""
         ing = self.ingest
         now = ing.clock()
         outbox = ing.launcher.outbox
@@ -91,7 +91,6 @@ class Sweep:
             "released": self._release_held,
             "restarted": self._restart_lost,
             "failed": self.watchdog,
-            "settled": self._settle_failed,
         }
         counts = {name: self._phase(name, fn, now) for name, fn in phases.items()}
         del counts["flushed"]
@@ -205,12 +204,3 @@ class Sweep:
             log.emit(
                 "WARNING", "watchdog could not cancel an execution", execution=name, error=repr(exc)[:300]
             )
-
-    def _settle_failed(self, now: float) -> int:
-        """FAILED incidents (by actuate or the watchdog) let their blast-radius slots go, once."""
-        settled = 0
-        for inc in self.ingest.store.list((State.FAILED,)):
-            if inc.get("budget_released_at") or not inc.get("budget_scopes"):
-                continue
-            settled += self.ingest.store.settle_failed(inc["id"], now).result == "settled"
-        return settled

@@ -15,12 +15,13 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pitstop.core import engine
 from pitstop.core.timeline import durations
+from pitstop.local import chaos
 from pitstop.local.fake_compute import DURATIONS
 from pitstop.local.gke_stack import (
     ATTEMPT_LABEL,
@@ -40,6 +41,7 @@ from pitstop.local.serve import (
     PAGERDUTY_PATH,
 )
 from pitstop.local.stack import (
+    HEARTBEAT_EVERY_S,
     PROJECT,
     ZONE,
     ClusterSpec,
@@ -50,6 +52,8 @@ from pitstop.local.stack import (
     emulator_env,
     webhook_records,
 )
+from pitstop.tools import demo_hang, demo_planned
+from pitstop.tools.demo_stage import Result
 
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 XID48 = (
@@ -63,18 +67,6 @@ XID13 = (
     "NVRM: Xid (PCI:0000:b5:00): 13, pid=4242, name=python3, Graphics SM Warp Exception on "
     "(GPC 1, TPC 3, SM 0): Out Of Range Address"
 )
-
-
-@dataclass
-class Result:
-    name: str
-    passed: bool
-    detail: str
-    timeline: dict[str, float | None] = field(default_factory=dict)
-    incident: str | None = None
-    facts: dict[str, Any] = field(default_factory=dict)  # what was observed, for tests to assert one by one
-    resume_s: float | None = None  # detected -> the gang running again, real-time equivalent
-    repair_s: float | None = None  # acted -> the node healthy (validated), real-time equivalent
 
 
 def _stamp() -> str:
@@ -150,8 +142,8 @@ class Pipeline:
     def incidents(self, node: str) -> list[dict[str, Any]]:
         from pitstop.adapters.firestore import IncidentStore
 
-        docs = IncidentStore(self.db).list()  # with storm counts' shards summed
-        return [d for d in docs if d["node"]["instance"] == node]
+        docs = IncidentStore(self.db).list()  # oldest first, with storm counts' shards summed
+        return [d for d in docs if (d.get("node") or {}).get("instance") == node]  # a hang's: no node
 
     def wait(self, cond: Callable[[], Any], timeout: float, what: str) -> Any:
         deadline = time.monotonic() + timeout
@@ -231,7 +223,7 @@ class Pipeline:
         if r.incident is None or (r.resume_s is not None and r.repair_s is not None):
             return r
         inc = self.db.collection("pitstop_incidents").document(r.incident).get().to_dict()
-        return self.timed(r, inc) if inc else r
+        return self.timed(r, inc) if inc and inc.get("node") else r  # a hung job's: its scenario times it
 
     def timed(self, r: Result, inc: Mapping[str, Any]) -> Result:
         """The scenario's result with its resume_s and repair_s.
@@ -322,7 +314,9 @@ class Scenarios(Pipeline):
                 return int(tok.split("=", 1)[1])
         return -1
 
-    def job_among(self, size: int, candidates: list[str]) -> tuple[str, list[str]]:
+    def job_among(
+        self, size: int, candidates: list[str], script: str = "sleep 3600"
+    ) -> tuple[str, list[str]]:
         """A gang of ``size`` nodes Slurm may place on any of ``candidates`` (the rest excluded).
 
         Not pinned (``-w``): after a requeue Slurm may run it on a spare, as a training job would.
@@ -332,7 +326,7 @@ class Scenarios(Pipeline):
         argv = ["sbatch", "--parsable", "--requeue", "-J", "train", "-o", "/dev/null", "-N", str(size)]
         argv += ["-x", ",".join(others)] if others else []
         job = subprocess.run(
-            [*argv, "--wrap", "sleep 3600"],
+            [*argv, "--wrap", script],
             env=self.slurm.env,
             capture_output=True,
             text=True,
@@ -807,6 +801,126 @@ class Scenarios(Pipeline):
         self.cancel(job)
         return r
 
+    # -- a hung job: localised, then back to training --------------------------------------
+
+    @property
+    def hang_pool(self) -> list[str]:
+        """The hang scenarios' nodes: a gang of HANG_GANG and one spare, between the first scenarios'
+        eight and the back-to-training ten."""
+        return self.nodes[8 : 9 + HANG_GANG]
+
+    def training(self) -> tuple[str, list[str]]:
+        """A training run (it writes the job heartbeat) on HANG_GANG of the pool, beating."""
+        others = [n for n in self.nodes if n not in self.hang_pool]
+        job = self.stack.submit_training(HANG_GANG, exclude=others)
+        held: list[str] = self.wait(lambda: self.job_nodes(job), 60, f"job {job} to run")
+        self.wait(lambda: demo_hang.beats(self.stack, job) > 2, 60, f"job {job} to beat")
+        return job, held
+
+    def hang_ended(self, job: str, n: int = 1) -> dict[str, Any]:
+        def ended() -> dict[str, Any] | None:
+            incs = demo_hang.hang_incidents(self.db, job)
+            done = len(incs) >= n and incs[n - 1]["state"] in ("RESOLVED", "FAILED")
+            return incs[n - 1] if done else None
+
+        found: dict[str, Any] = self.wait(ended, 240, f"hang incident {n} of job {job} to end")
+        return found
+
+    def hang_bad_node(self) -> Result:
+        """A hang with one bad link and a spare: the node checks find nothing, the ring's NCCL test
+        finds the node with an NVLink down, the culprit gets its own incident (fenced, rebooted; its
+        validation measures it still slow, its diagnostic finds the link down, its host is replaced)
+        and the gang trains again on the spare at once; resume_s from the last heartbeat to the
+        first beat of the new run."""
+        job, held = self.training()
+        bad = held[1]
+        chaos.apply(self.stack, "hang", "link", node=bad)
+        stopped = time.time()
+        time.sleep(2 * HEARTBEAT_EVERY_S)  # a beat already on its way is not the new run's
+        training = demo_hang.beating_again(self.stack, job, self.wait, 300)
+        hang = self.hang_ended(job)
+        loc = hang.get("localisation") or {}
+        culprit = self.finished(bad, timeout=240)
+        now_on = self.job_nodes(job)
+        times = demo_hang.breakdown(stopped, hang, culprit, training, self.stack.alert_scale)
+        r = self.timed(
+            Result("hang_bad_node", False, "", durations(culprit), culprit["id"], facts=times), culprit
+        )
+        checks = {
+            "hang resolved": hang["state"] == "RESOLVED",
+            "culprit named": loc.get("culprits") == [bad],
+            "culprit's incident": (loc.get("incidents") or {}).get(bad) == culprit["id"],
+            "culprit remediated": (culprit["kind"], culprit["state"]) == ("localised", "RESOLVED"),
+            "sweep then links": times["rounds"] == ["sweep", "links"],
+            "restarted once": self.restarts(job) == 1,
+            "onto the spare": bad not in now_on and len(now_on) == HANG_GANG,
+        }
+        r.passed = all(checks.values())
+        r.facts["failed"] = [k for k, ok in checks.items() if not ok]
+        r.resume_s = times["real_s"]
+        r.detail = (
+            f"job {job} on {','.join(held)}; {bad}'s NVLink down: {len(held)} nodes swept, "
+            f"{len(held)} ring pairs tested, culprit {loc.get('culprits')} -> {culprit['id']} "
+            f"({culprit['action']}), training again on {','.join(now_on)} {times['local_s']} s after "
+            f"the last beat here, ~{times['real_s']} s with the real alert window: {times['parts']}"
+            + (f"; failed: {r.facts['failed']}" if r.facts["failed"] else "")
+        )
+        self.cancel(job)
+        return r
+
+    def hang_software(self) -> Result:
+        """A hang with no bad node: every node and ring link checked, nothing found, the gang
+        restarted in place once and a person paged with what was checked; hung again within the
+        window, it is not localised again (a person decides)."""
+        job, held = self.training()
+        chaos.apply(self.stack, "hang")
+        stopped = time.time()
+        time.sleep(2 * HEARTBEAT_EVERY_S)
+        training = demo_hang.beating_again(self.stack, job, self.wait, 300)
+        first = self.hang_ended(job)
+        loc = first.get("localisation") or {}
+
+        def paged() -> list[dict[str, Any]]:
+            return [w for w in self.notes_for(first["id"]) if "no culprit fenced" in w["body"]["text"]]
+
+        pages = self.wait(paged, 30, "the page")
+        restarts = self.restarts(job)
+        chaos.apply(self.stack, "hang")  # the restarted run hangs too: the job's own fault
+        second = self.hang_ended(job, 2)
+        r = Result("hang_software", False, "", durations(first), first["id"])
+        times = demo_hang.breakdown(stopped, first, None, training, self.stack.alert_scale)
+        text = pages[0]["body"]["text"] if pages else ""
+        checks = {
+            "nothing found": loc.get("outcome") == "nothing_found",
+            "sweep then links": [x.get("kind") for x in loc.get("rounds", [])] == ["sweep", "links"],
+            "restarted in place once": restarts == 1,
+            "paged with every node": all(n in text for n in held),
+            "hung again: a new incident": second["id"] != first["id"],
+            "not localised again": (second.get("localise") or {}).get("run") is False
+            and "localisation" not in second,
+            "not restarted again": self.restarts(job) == 1,
+        }
+        r.passed = all(checks.values())
+        failed = [k for k, ok in checks.items() if not ok]
+        r.detail = (
+            f"job {job}: {len(held)} nodes and {len(held)} ring pairs clean; restarted in place "
+            f"{restarts}x, paged ({len(pages)}); hung again -> {second['id']}: "
+            f"{(second.get('localise') or {}).get('why')}; training again {times['local_s']} s after"
+            f" the last beat here, ~{times['real_s']} s with the real alert window: {times['parts']}"
+            + (f"; failed: {failed}" if failed else "")
+        )
+        r.resume_s = times["real_s"]
+        r.facts = {
+            "first": loc,
+            "second": second.get("localise"),
+            "page": text,
+            "times": times,
+            "failed": failed,
+        }
+        self.cancel(job)
+        chaos.apply(self.stack, "clear")
+        return r
+
     def run_all(self, only: list[str] | None = None) -> list[Result]:
         plan: list[tuple[str, Callable[[], Result], bool]] = [
             ("xid79", self.xid79_gang, True),
@@ -822,6 +936,13 @@ class Scenarios(Pipeline):
             ("degraded", self.degraded_after_reset, True),
             ("replace_not_confirmed", self.replace_not_confirmed, True),
             ("no_spare", self.no_spare, True),
+            # issue 24: a degraded node is a planned move (pitstop.tools.demo_planned)
+            ("straggler_spare", lambda: demo_planned.straggler_spare(self), True),
+            ("ecc_trend", lambda: demo_planned.ecc_trend(self), True),
+            ("degraded_no_spare", lambda: demo_planned.degraded_no_spare(self), True),
+            ("gang_wide_throttle", lambda: demo_planned.gang_wide_throttle(self), True),
+            ("hang_bad_node", self.hang_bad_node, True),
+            ("hang_software", self.hang_software, True),
         ]
         results = []
         for key, fn, needs_budget in plan:
@@ -1426,8 +1547,17 @@ SLURM_KEYS = (
     "degraded",
     "replace_not_confirmed",
     "no_spare",
+    "straggler_spare",
+    "ecc_trend",
+    "degraded_no_spare",
+    "gang_wide_throttle",
+    "hang_bad_node",
+    "hang_software",
 )
-SLURM_NODES = 18  # eight for the first scenarios, ten for the back-to-training ones
+HANG_GANG = 4  # the hung training job's nodes (the pool has one spare more)
+# eight for the first scenarios, five for the hangs (8-12), ten for the degraded-node ones, ten for the
+# back-to-training ones
+SLURM_NODES = 33
 GKE_KEYS = (
     "gke_xid79",
     "gke_two_members",

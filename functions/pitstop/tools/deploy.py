@@ -82,6 +82,9 @@ def _resources() -> list[Entry]:
 APIS: list[str] = next(e["names"] for e in _resources() if e.get("kind") == "apis")
 ALERTS_CHANNEL: str = next(e["name"] for e in _resources() if e.get("kind") == "notification-channel")
 TOPICS: list[str] = [e["name"] for e in _resources() if e.get("kind") == "topic" and "for_each" not in e]
+CLUSTER_TOPICS: list[str] = [  # one of each per Slurm cluster ("{cluster}" in the name)
+    e["name"] for e in _resources() if e.get("kind") == "topic" and e.get("for_each") == "cluster"
+]
 
 
 def load_config(path: str | None) -> dict[str, Any]:
@@ -949,6 +952,9 @@ Runner = Callable[[list[str]], subprocess.CompletedProcess[str]]
 
 def _gcloud(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["gcloud", *argv], capture_output=True, text=True, check=False)
+
+
+run_gcloud: Runner = _gcloud  # what a tool beside deploy runs gcloud with
 
 
 def runtime_values(project: str, region: str, sink_scope: list[str]) -> dict[str, list[str]]:

@@ -53,7 +53,7 @@ from pitstop.adapters.gke.objects import (
     status_of,
     valid_object_name,
 )
-from pitstop.adapters.gke.restart import WorkloadCycle
+from pitstop.adapters.gke.restart import STUCK_TERMINATING_S, WorkloadCycle
 from pitstop.core.corroboration import CORROBORATE
 from pitstop.core.scheduling import (
     Capacity,
@@ -98,7 +98,8 @@ class GkeCluster:
 
     ``evict_deadline_s`` bounds how long one call keeps retrying an eviction a budget blocks;
     ``wait_s`` how long it waits for Kueue to stop a deactivated Workload before answering 503
-    (the workflow asks again and the wait resumes).
+    (the workflow asks again and the wait resumes); ``stuck_terminating_s`` when a pod of that job
+    still Terminating counts as stuck (restart.py), on the ``wall`` clock.
     """
 
     def __init__(
@@ -112,14 +113,18 @@ class GkeCluster:
         sleep: Callable[[float], None] = time.sleep,
         timeout: tuple[float, float] = DEFAULT_TIMEOUT,
         checks: CheckSettings | None = None,
+        stuck_terminating_s: float = STUCK_TERMINATING_S,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.kube = Kube(api_client, connect, timeout)
         self.settings = checks or CheckSettings()
         self.settings.check()
         self.evict_deadline_s, self.wait_s, self.clock, self.sleep = evict_deadline_s, wait_s, clock, sleep
         self.evictor = Evictor(self.kube, evict_deadline_s, lambda: self.clock(), lambda s: self.sleep(s))
-        cycle = WorkloadCycle(self.kube, wait_s, lambda: self.clock(), lambda s: self.sleep(s))
-        self.kinds = kinds(self.kube, self.evictor, cycle)
+        self.cycle = WorkloadCycle(
+            self.kube, wait_s, lambda: self.clock(), lambda s: self.sleep(s), stuck_terminating_s, wall
+        )
+        self.kinds = kinds(self.kube, self.evictor, self.cycle)
         self.checks = GkeChecks(self.kube, self.settings)
 
     @property
@@ -205,6 +210,20 @@ class GkeCluster:
         log.emit("WARNING" if out.get("owner_action") else "INFO", "gke requeue", **out)
         return out
 
+    def reactivate(self, jobs: list[str], incident: str) -> list[str]:
+        """At the incident's close: the Kueue Workloads of its jobs that Pitstop deactivated for it
+        and a failed step left inactive, reactivated (what was done, per job)."""
+        done: list[str] = []
+        for job in jobs:
+            jr = parse_job_id(job)
+            js = self.kube.jobset(jr) if jr.kind == "jobset" else None
+            wl = self.kube.workload(jr.namespace, meta_of(js).get("uid")) if js else None
+            said = self.cycle.reactivate(jr, wl, incident) if wl else None
+            if said:
+                log.emit("WARNING", "gke workload reactivated at close", incident=incident, job=jr.id)
+                done.append(said)
+        return done
+
     def capacity(self, job: str, node: str, ref: StepRef) -> dict[str, Any]:
         jr = parse_job_id(job)
         return capacity(self.kube, self.kind(jr), jr, node)
@@ -283,6 +302,10 @@ class GkeScheduler:
             ("restart triggered", "workload deactivated")
         )
         return RequeueOutcome(job, restarted, str(a.get("outcome")), owner)
+
+    def release_jobs(self, jobs: list[str], ref: StepRef) -> list[str]:
+        """core/scheduling.JobReleaser: undo what a failed step left of Pitstop's own job changes."""
+        return self.cluster.reactivate(jobs, ref.incident)
 
     def capacity(self, job: str, node: str, ref: StepRef) -> Capacity:
         a = self.cluster.capacity(job, node, ref)

@@ -4,11 +4,24 @@ A JobSet with a failure policy: one pod of the current restart attempt is evicte
 precondition), so the JobSet controller recreates every Job once; once ``status.restarts`` moved,
 every older pod is "previous" and evicting it cannot restart the gang again. A Kueue-admitted job
 without one: its Workload is deactivated, then reactivated once Kueue stopped it.
+
+A pod of that job may stay Terminating (its kubelet unreachable, or a process it cannot kill after
+an Xid 79): Kubernetes never removes such a pod by itself ("Kubernetes (versions 1.5 or newer) will
+not delete Pods just because a Node is unreachable"; the ways out are the Node object deleted, the
+kubelet answering again, or force deletion by the user: kubernetes.io/docs/tasks/run-application/
+force-delete-stateful-set-pod/). A pod still Terminating ``stuck_s`` past its deletionTimestamp
+(policy ``gke.stuck_terminating_s``) on a node that is not Ready is force-deleted (grace period 0:
+"the API server does not wait for confirmation from the kubelet", kubernetes.io/docs/concepts/
+workloads/pods/pod-lifecycle/#pod-termination-forced) as an operator would; on a Ready node (its
+kubelet lives but cannot end it) it is not forced, the step fails naming the pod and the Workload,
+and closing the incident reactivates the Workload (:meth:`WorkloadCycle.reactivate`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from pitstop.adapters.errors import ActuatorError
@@ -30,7 +43,13 @@ from pitstop.adapters.gke.objects import (
     meta_of,
     restarts_of,
     spec_of,
+    status_of,
 )
+
+# How long past its deletionTimestamp a pod may stay Terminating before it counts as stuck (the
+# default of policy gke.stuck_terminating_s; Kueue's own failure recovery forces such pods after 60 s:
+# kubernetes-sigs/kueue@v0.19.2 site/.../tasks/manage/setup_failure_recovery.md).
+STUCK_TERMINATING_S = 60.0
 
 
 def jobset_once(ev: Evictor, ref: JobRef, incident: str, seen: int | None) -> dict[str, Any]:
@@ -78,13 +97,21 @@ class WorkloadCycle:
     """Deactivate a Kueue Workload (Kueue evicts the whole job), then reactivate it (it is requeued).
 
     ``wait_s`` bounds how long one call waits for Kueue to stop it before answering 503 (the workflow
-    asks again and the wait resumes).
+    asks again and the wait resumes); ``stuck_s`` when a Terminating pod counts as stuck (module doc),
+    judged on ``wall`` (the clock deletionTimestamps are written on).
     """
 
     def __init__(
-        self, kube: Kube, wait_s: float, clock: Callable[[], float], sleep: Callable[[float], None]
+        self,
+        kube: Kube,
+        wait_s: float,
+        clock: Callable[[], float],
+        sleep: Callable[[float], None],
+        stuck_s: float = STUCK_TERMINATING_S,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.kube, self.wait_s, self.clock, self.sleep = kube, wait_s, clock, sleep
+        self.stuck_s, self.wall = stuck_s, wall
 
     def _patch(self, ref: JobRef, name: str, body: dict[str, Any]) -> dict[str, Any]:
         return self.kube.call(
@@ -115,16 +142,33 @@ class WorkloadCycle:
                 "spec": {"active": False},
             }
             self._patch(ref, name, body)
-        deadline = self.clock() + self.wait_s
-        while not self._stopped(ref, name):
-            if self.clock() >= deadline:
-                raise ActuatorError(503, f"waiting for Kueue to stop workload {name} of {ref.id}", True)
-            self.sleep(1.0)
+        forced = self._wait_stopped(ref, name)
         self._patch(ref, name, {"spec": {"active": True}})
-        return {**out, "outcome": "workload deactivated and reactivated: Kueue requeues the whole job"}
+        out["outcome"] = "workload deactivated and reactivated: Kueue requeues the whole job"
+        return {**out, "forced": forced} if forced else out
 
-    def _stopped(self, ref: JobRef, name: str) -> bool:
-        """Kueue evicted the Workload, the JobSet is suspended and none of its pods still runs.
+    def _wait_stopped(self, ref: JobRef, name: str) -> list[str]:
+        """Wait (bounded) until Kueue stopped the Workload; force a pod stuck on a node that is not
+        Ready, fail on one stuck on a Ready node. The pods forced (``pod@node``)."""
+        deadline = self.clock() + self.wait_s
+        forced: dict[str, None] = {}  # in order, once each
+        while (left := self._left(ref, name)) != []:
+            stuck = [p for p in left or [] if self._stuck(p)]
+            held = [p for p in stuck if self._node_ready(p)]
+            if held:
+                raise ActuatorError(409, _stuck_message(ref, name, held), False)
+            forced.update((self._force(p), None) for p in stuck)
+            if self.clock() >= deadline:
+                why = f"waiting for Kueue to stop workload {name} of {ref.id}"
+                if forced:  # a finalizer keeps it: a Job with a podFailurePolicy waits for a terminal phase
+                    why += f" (force-deleted, still there: {', '.join(forced)})"
+                raise ActuatorError(503, why, True)
+            self.sleep(1.0)
+        return list(forced)
+
+    def _left(self, ref: JobRef, name: str) -> list[dict[str, Any]] | None:
+        """The job's pods still running or terminating once Kueue evicted the Workload and the JobSet
+        is suspended; None before that.
 
         Reactivating earlier races the suspension: pods still terminating when the Jobs resume
         count as failures, and a JobSet without a failure policy then fails instead of requeueing.
@@ -136,14 +180,69 @@ class WorkloadCycle:
             KUEUE_GROUP, KUEUE_VERSION, ref.namespace, WORKLOADS, name,
         )  # fmt: skip
         if not (condition_true(wl, "Evicted") or not condition_true(wl, "QuotaReserved")):
-            return False
+            return None
         js = kube.jobset(ref)
         if js is not None and not spec_of(js).get("suspend"):
-            return False
+            return None
         pods = kube.items(
             f"list pods of {ref.id}",
             kube.core.list_namespaced_pod,
             ref.namespace,
             label_selector=f"{JOBSET_NAME_LABEL}={ref.name}",
         )
-        return not any(live(p) for p in pods)
+        return [p for p in pods if live(p)]
+
+    def _stuck(self, pod: dict[str, Any]) -> bool:
+        """Terminating ``stuck_s`` past its deletionTimestamp (the end of its grace period)."""
+        ends = _epoch(meta_of(pod).get("deletionTimestamp"))
+        return ends is not None and self.wall() >= ends + self.stuck_s
+
+    def _node_ready(self, pod: dict[str, Any]) -> bool:
+        node = self.kube.node_or_none(str(spec_of(pod).get("nodeName") or ""))
+        return node is not None and condition_true(node, "Ready")
+
+    def _force(self, pod: dict[str, Any]) -> str:
+        """Delete the pod with grace period 0, as ``kubectl delete pod --grace-period=0 --force``."""
+        m = meta_of(pod)
+        node = spec_of(pod).get("nodeName")
+        if m.get("deletionGracePeriodSeconds") != 0:
+            self.kube.call(
+                f"force-delete pod {m.get('namespace')}/{m.get('name')}",
+                self.kube.core.delete_namespaced_pod,
+                str(m.get("name")), str(m.get("namespace")), grace_period_seconds=0,
+            )  # fmt: skip
+        return f"{m.get('name')}@{node}"
+
+    def reactivate(self, ref: JobRef, wl: dict[str, Any], incident: str) -> str | None:
+        """At the incident's close: reactivate the Workload if Pitstop's deactivation for this
+        incident left it inactive (a step that failed while a pod was stuck). What was done."""
+        name = str(meta_of(wl).get("name"))
+        mark = str(annotations_of(wl).get(REQUEUED_FOR) or "")
+        if spec_of(wl).get("active", True) is not False or not mark.startswith(f"{incident}-"):
+            return None
+        rv = meta_of(wl).get("resourceVersion")
+        self._patch(ref, name, {"metadata": {"resourceVersion": rv}, "spec": {"active": True}})
+        return f"{ref.id}: Kueue Workload {name} reactivated"
+
+
+def _stuck_message(ref: JobRef, name: str, pods: list[dict[str, Any]]) -> str:
+    where = ", ".join(f"{meta_of(p).get('name')} on {spec_of(p).get('nodeName')}" for p in pods[:4])
+    phase = status_of(pods[0]).get("phase")
+    return (
+        f"{ref.id}: pod {where} stuck Terminating ({phase}) past its grace period on a Ready node: its "
+        f"kubelet cannot end it (a process in uninterruptible sleep), so it is not force-deleted. Kueue "
+        f"Workload {name} stays deactivated; closing the incident reactivates it (or: kubectl patch "
+        f"workloads.kueue.x-k8s.io {name} -n {ref.namespace} --type=merge "
+        """-p '{"spec":{"active":true}}')"""
+    )
+
+
+def _epoch(stamp: Any) -> float | None:
+    if isinstance(stamp, datetime):
+        return stamp.timestamp()
+    if not isinstance(stamp, str) or not stamp:
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

@@ -86,6 +86,10 @@ start interrupted midway continues where it stopped. ``check_result`` is a fresh
 done while the runner lives; a runner that died (an agent restart under systemd kills it) is
 started again while the job runs, else the check ends with an error. Creating reservations
 takes root or SlurmUser, which the agent runs as (the systemd unit runs it as root).
+
+Checks across a hung job (``start_gang_check``, ``gang_check_result``; gang.py): the same runner,
+but the tools run as steps of the running job itself on every one of its nodes at once (or on
+ring pairs, for the NCCL test), so nothing is drained or reserved and the job keeps its nodes.
 """
 
 from __future__ import annotations

@@ -13,11 +13,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from pitstop.adapters import log
 from pitstop.agent.slurm.access import SlurmAccess
+from pitstop.agent.slurm.gang_steps import GANG_KINDS, GANG_PARALLEL, gang_steps
 from pitstop.agent.slurm.text import (
     ACTIVE_JOB_STATES,
     CHECK_KEYS,
@@ -49,6 +51,8 @@ def check_steps(st: Mapping[str, Any]) -> list[tuple[str, list[str], float]]:
     Each tool is a job step of the holder job (``--overlap`` shares the job's resources with its
     sleeping batch step); its stdout comes back to the runner through srun.
     """
+    if st["kind"] in GANG_KINDS:
+        return gang_steps(st)
     tools, job, node = st["tools"], str(st["job"]), str(st["node"])
     gres = [f"--gres={tools['gres']}:{int(st['gpus'])}"] if tools.get("gres") else []
     base = ["srun", f"--jobid={job}", "--overlap", "--chdir=/tmp", "--quiet", *gres]
@@ -545,33 +549,38 @@ class CheckRuns(CheckSetup):
             st = self._load(d)
             if st is None or st.get("node") != node:
                 raise CommandRefusedError(f"no check {name} was started on {node}")
-            if st.get("undone"):
-                raise CommandRefusedError(f"check {name} did not start: {st['undone']}")
-            if st.get("finished"):
-                return self._answer(d, st)
-            if not st.get("started"):
-                return self._pending(st, "the check is still being started")
-            self._reap()
-            if self._runner_alive(d):
-                return self._pending(st, "running")
-            if not (d / "result.json").exists():
-                if st["respawns"] < RUNNER_RESPAWNS and not self._job_gone(st["job"], 0.0):
-                    st["respawns"] += 1
-                    self._save(d, st)
-                    self._spawn_runner(d)
-                    log.emit("WARNING", "slurm agent: check runner had stopped; started again", check=name)
-                    return self._pending(st, "runner started again")
-                _write_json(
-                    d / "result.json",
-                    {
-                        "keys": [],
-                        "exit_codes": {},
-                        "error": "the check's runner stopped before the tools finished",
-                    },
-                )
-            if self._finish(d, st, wait_s=3.0):
-                return self._answer(d, st)
-            return self._pending(st, "fencing the node again")
+            return self._progress(d, st)
+
+    def _progress(self, d: Path, st: dict[str, Any]) -> dict[str, Any]:
+        """A started check's answer now (held under its lock): pending, or done with its outputs."""
+        name = st["name"]
+        if st.get("undone"):
+            raise CommandRefusedError(f"check {name} did not start: {st['undone']}")
+        if st.get("finished"):
+            return self._answer(d, st)
+        if not st.get("started"):
+            return self._pending(st, "the check is still being started")
+        self._reap()
+        if self._runner_alive(d):
+            return self._pending(st, "running")
+        if not (d / "result.json").exists():
+            if st["respawns"] < RUNNER_RESPAWNS and not self._job_gone(st["job"], 0.0):
+                st["respawns"] += 1
+                self._save(d, st)
+                self._spawn_runner(d)
+                log.emit("WARNING", "slurm agent: check runner had stopped; started again", check=name)
+                return self._pending(st, "runner started again")
+            _write_json(
+                d / "result.json",
+                {
+                    "keys": [],
+                    "exit_codes": {},
+                    "error": "the check's runner stopped before the tools finished",
+                },
+            )
+        if self._finish(d, st, wait_s=3.0):
+            return self._answer(d, st)
+        return self._pending(st, "fencing the node again")
 
     @staticmethod
     def _pending(st: Mapping[str, Any], phase: str) -> dict[str, Any]:
@@ -640,12 +649,15 @@ class CheckRuns(CheckSetup):
         if state != "RUNNING":
             errors.append(f"the check job {job} did not run ({state or 'gone'})")
         else:
-            for key, argv, timeout in check_steps(st):
-                rc, out, err = _srun(argv, timeout)
+            steps = check_steps(st)
+            gang = st["kind"] in GANG_KINDS  # every node of a job: all at once, each may fail alone
+            with ThreadPoolExecutor(max_workers=GANG_PARALLEL if gang else 1) as pool:
+                ran = list(pool.map(lambda step: _srun(step[1], step[2]), steps))
+            for (key, _, _), (rc, out, err) in zip(steps, ran, strict=True):
                 (d / f"{key}.out").write_text(out)
                 (d / f"{key}.err").write_text(err[-4000:])
                 codes[key], keys = rc, [*keys, key]
-                if rc != 0 and not out.strip():
+                if rc != 0 and not out.strip() and not gang:
                     errors.append(f"{key}: exited {rc} without output: {err.strip()[-200:]}")
         _write_json(
             d / "result.json", {"keys": keys, "exit_codes": codes, "error": "; ".join(errors) or None}

@@ -9,9 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pitstop.adapters import log
-from pitstop.agent.slurm.checks import (
-    CheckRuns,
-)
+from pitstop.agent.slurm.gang import GangCheckRuns
 from pitstop.agent.slurm.text import (
     _HOLDING_STATES,
     _REASON_TEXT,
@@ -35,7 +33,7 @@ from pitstop.core.slurm_wire import (
 )
 
 
-class SlurmCommands(CheckRuns):
+class SlurmCommands(GangCheckRuns):
     """The closed set of operations, each a fixed argv with validated arguments (the check runs are
     CheckRuns'); ``execute`` dispatches through one explicit table."""
 
@@ -51,6 +49,8 @@ class SlurmCommands(CheckRuns):
             "capacity": self.capacity,
             "start_check": self.start_check,
             "check_result": self.check_result,
+            "start_gang_check": self.start_gang_check,
+            "gang_check_result": self.gang_check_result,
         }
         handler = table.get(op) if op in OPS else None
         if handler is None:

@@ -29,10 +29,12 @@ OPS = frozenset(
         "capacity",
         "start_check",
         "check_result",
+        "start_gang_check",
+        "gang_check_result",
     }
 )
 # A check's name, as pitstop.core.checks.check_name builds it: its reservation and job name too.
-CHECK_NAME = re.compile(r"pitstop-(i[a-z2-7]{9})-([0-9]{1,6})-(diagnose|validate|corroborate)")
+CHECK_NAME = re.compile(r"pitstop-(i[a-z2-7]{9})-([0-9]{1,6})-(diagnose|validate|corroborate|sweep|links)")
 CHECK_KEYS = frozenset({"node", "name", "kind", "incident", "dcgm_level", "gpus", "message_bytes", "peer"})
 USER = re.compile(r"[a-z_][-a-z0-9_]{0,31}")
 PARTITION = re.compile(r"[A-Za-z0-9_][-A-Za-z0-9_.]{0,63}")

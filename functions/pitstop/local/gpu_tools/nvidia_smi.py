@@ -65,6 +65,11 @@ def query(s: NodeState) -> str:
         f"{'Attached GPUs':<42}: {s.total_gpus}",
     ]
     for i in range(s.total_gpus):
+        if s.hung and i == s.dcgm_gpu:  # NVML cannot open a GPU stuck mid-kernel
+            lines.append(
+                f"Unable to determine the device handle for GPU {s.pci(i)[4:-2].lower()}: Unknown Error"
+            )
+            continue
         if i >= s.gpus:
             pci = s.pci(i)[4:-2].lower()
             lines.append(

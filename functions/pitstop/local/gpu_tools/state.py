@@ -62,6 +62,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "remap_failure": {"remap": "failure", "dcgm": "fail"},
     # issue 24: faults that print no Xid (pitstop local chaos hang|straggler|degrading --node N)
     "hung": {"hung": True, "dcgm": "fail"},  # a GPU stuck mid-collective: the quick diagnostic fails on it
+    # an NVLink down on one GPU: the node's collectives crawl at a fifth of its peers' busbw; nvidia-smi -q
+    # shows nothing, ``nvidia-smi nvlink --status`` (the diagnostic) does
+    "hung_link": {"busbw": 38.0, "nvlink_down": [3]},
     "straggler": {"throttle": 0.6, "throttle_reason": "thermal"},  # held below its clocks 60 % of the time
     "degrading": {"sbe_rate": 40},  # correctable ECC errors rising: 40 an hour (the policy's line is 10)
 }

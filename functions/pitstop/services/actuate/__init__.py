@@ -39,6 +39,7 @@ from pitstop.adapters import log
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import lifecycle, remediation, steps
+from pitstop.core.degraded import Telemetry
 from pitstop.core.ops import Op, step_key
 from pitstop.core.policy import Policy
 from pitstop.core.scheduling import Scheduler
@@ -73,9 +74,12 @@ class Actuator:
         clock: Callable[[], float] = time.time,
         claim_s: float = STEP_CLAIM_S,
         validation_table: ValidationTable | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         launcher = Launcher(store, starter, notifier)
-        self.deps = Deps(policy, store, compute, schedulers, launcher, clock, claim_s, validation_table)
+        self.deps = Deps(
+            policy, store, compute, schedulers, launcher, clock, claim_s, validation_table, telemetry
+        )
 
     @property
     def store(self) -> IncidentStore:

@@ -11,6 +11,7 @@ from pitstop.core import checks, corroboration, remediation
 from pitstop.core.actions import RANK, Action
 from pitstop.core.ops import Op
 from pitstop.core.validation import PAGE
+from pitstop.services.actuate import planned
 from pitstop.services.actuate.context import Step
 from pitstop.services.actuate.gang import free_node, watch_resume
 from pitstop.services.ingest import to_epoch
@@ -52,8 +53,11 @@ def corroborate(s: Step) -> dict[str, Any]:
     """Ask the node, before anything is disrupted, whether it shows the fault the log names.
 
     Read-only tools beside whatever runs there (the node is not freed: a forged line must cost the
-    job nothing). No scheduler, no channel: nothing confirms, and the judge pages.
+    job nothing). No scheduler, no channel: nothing confirms, and the judge pages. A degraded
+    node (a Monitoring alert, authenticated) is held against its job's other nodes instead.
     """
+    if planned.planned(s.inc):
+        return planned.compare_peers(s)
     need, why = corroboration.needs_corroboration(s.inc, s.deps.policy.corroborate)
     if not need:
         return {"run": False, "why": why}
@@ -95,6 +99,8 @@ def corroboration_done(s: Step) -> dict[str, Any]:
 def judge_corroboration(s: Step) -> dict[str, Any]:
     """Go on when the node confirms the fault; else record what was checked and page (409)."""
     rec = s.recorded(Op.CORROBORATE)
+    if "peers" in rec:
+        return _judge_peers(s, dict(rec["peers"]))
     if not rec.get("run") and not rec.get("unavailable") and "system" not in rec:
         return {"confirmed": None, "why": rec.get("why")}
     now = s.deps.clock()
@@ -121,6 +127,21 @@ def judge_corroboration(s: Step) -> dict[str, Any]:
         raise ActuatorError(409, f"corroboration: {record['why']}", False)
     s.label(Op.FENCE, "fenced")  # the fence's courtesy label, held back until the node confirmed
     return {"confirmed": True, "why": record["why"]}
+
+
+def _judge_peers(s: Step, record: dict[str, Any]) -> dict[str, Any]:
+    """A degraded node's comparison on the incident; a move goes on, anything else stands down."""
+    now = s.deps.clock()
+
+    def judged(doc: dict[str, Any]) -> dict[str, Any]:
+        doc["corroboration"] = record
+        if record.get("confirmed") and not doc["timeline"].get("corroborated"):
+            doc["timeline"]["corroborated"] = now
+        doc["updated_at"] = now
+        return doc
+
+    s.deps.store.mutate(s.iid, judged)
+    return planned.judged(record)
 
 
 def diagnose(s: Step) -> dict[str, Any]:
@@ -154,9 +175,12 @@ def judge_diagnosis(s: Step) -> dict[str, Any]:
     if not rec.get("run"):
         return {"action": s.inc["action"], "confirmed": None, "why": rec.get("why")}
     expected = rec["check"].get("expected_gpus")
+    result = _final(s, Op.DIAGNOSE)
     verdict = checks.judge_diagnosis(
-        s.inc, _final(s, Op.DIAGNOSE), expected if isinstance(expected, int) else None, s.deps.table()
+        s.inc, result, expected if isinstance(expected, int) else None, s.deps.table()
     )
+    if planned.planned(s.inc):  # the gang is off the node: its finding picks the repair
+        verdict = planned.repair_verdict(s, verdict, result)
     _record_diagnosis(s, verdict)
     if verdict.action == PAGE:
         raise ActuatorError(409, f"diagnosis: {verdict.why}", False)
@@ -171,11 +195,13 @@ def _record_diagnosis(s: Step, verdict: checks.DiagnosisVerdict) -> None:
     def judged(doc: dict[str, Any]) -> dict[str, Any]:
         doc["diagnosis"] = record
         doc["measured"] = remediation.measured(doc, record, s.step)
-        if not verdict.confirmed and doc["action"] == Action.REPLACE_NODE and verdict.action != PAGE:
-            doc["action"] = verdict.action
+        chosen = planned.planned(doc) and verdict.action != doc["action"]
+        stepped = not verdict.confirmed and doc["action"] == Action.REPLACE_NODE
+        if (chosen or stepped) and verdict.action != PAGE:
             doc.setdefault("escalations", []).append(
-                {"from": Action.REPLACE_NODE, "to": verdict.action, "at": now, "why": [verdict.why]}
+                {"from": doc["action"], "to": verdict.action, "at": now, "why": [verdict.why]}
             )
+            doc["action"] = verdict.action
         if not doc["timeline"].get("diagnosed"):
             doc["timeline"]["diagnosed"] = now
         doc["updated_at"] = now

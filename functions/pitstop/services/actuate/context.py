@@ -11,6 +11,7 @@ from pitstop.adapters import log
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import checks, lifecycle, remediation, steps
+from pitstop.core.degraded import Telemetry
 from pitstop.core.ids import request_id
 from pitstop.core.ops import Op, step_key
 from pitstop.core.policy import Policy
@@ -46,6 +47,7 @@ class Deps:
     clock: Callable[[], float] = time.time
     claim_s: float = STEP_CLAIM_S
     validation_table: ValidationTable | None = None
+    telemetry: Telemetry | None = None  # a degraded node's peers' readings (Cloud Monitoring)
 
     def table(self) -> ValidationTable:
         return checks.table_for(self.policy, self.validation_table)

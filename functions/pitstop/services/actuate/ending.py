@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pitstop.adapters import log
-from pitstop.core import lifecycle, remediation
+from pitstop.core import degraded, lifecycle, remediation
 from pitstop.core.actions import RANK, RECORD_ONLY_ACTIONS
 from pitstop.core.ops import CONTINUE, Op
 from pitstop.core.states import ACTIVE_STATES, State
@@ -66,7 +66,11 @@ def _resolve(s: Step, now: float) -> dict[str, Any]:
     s.deps.store.release_budget(done)
     jobs = [j["id"] for j in done.get("jobs", [])] if isinstance(done.get("jobs"), list) else []
     severity = "info" if done["action"] in RECORD_ONLY_ACTIONS else "warning"
-    s.notify(done, severity, remediation.summary(done, s.recorded(Op.UNFENCE)), jobs=jobs)
+    text = remediation.summary(done, s.recorded(Op.UNFENCE))
+    planned = degraded.close_note(done)  # a degraded node: moved at its checkpoint, or why not
+    if planned is not None:
+        text, severity = f"{planned[0]} {remediation.node_note(done, s.recorded(Op.UNFENCE))[0]}", planned[1]
+    s.notify(done, severity, text, jobs=jobs)
     return {"outcome": "resolved", "durations_s": durations(done)}
 
 

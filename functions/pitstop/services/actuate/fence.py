@@ -36,32 +36,61 @@ def claim(s: Step) -> dict[str, Any]:
 
     ours, why = s.deps.store.mutate(s.iid, take)
     if ours:
-        problem = _identity_problem(s)
+        problem, vm = _identity_problem(s)
         if problem is not None:
             _reject(s, problem)
             ours, why = False, f"rejected: {problem}"
+        elif (held := join_block(s, vm)) is not None:
+            ours, why = False, held
     action = s.inc["action"]
-    return {"ours": ours, "why": why, "plan": plan_for(action), "action": action}
+    return {"ours": ours, "why": why, "plan": plan_for(action, s.inc), "action": action}
 
 
-def _identity_problem(s: Step) -> str | None:
+def _identity_problem(s: Step) -> tuple[str | None, dict[str, Any] | None]:
     """Before a node action first touches the VM: is the live VM the one the evidence names?
+    (What is wrong, or None; and the VM if it was read.)
 
     Job actions are not checked (a preempted VM may already be a new one; the job still needs
     its restart), nor a node already acted on (Pitstop's own recreate gives it a new id).
     """
     if s.inc["action"] not in NODE_ACTIONS or s.inc["timeline"].get("acted"):
-        return None
+        return None, None
     try:
         vm = s.vm()
     except ActuatorError as exc:
         if exc.status == 404:
             p, z, i = s.node()
-            return f"no VM {i} in {p}/{z}"
+            return f"no VM {i} in {p}/{z}", None
         raise
     created = to_epoch(str(vm.get("creation_timestamp") or "")) or None
     live_id = str(vm["id"]) if vm.get("id") is not None else None
-    return trust.vm_identity_problem(s.inc["node"], float(s.inc["first_seen"]), live_id, created)
+    return trust.vm_identity_problem(s.inc["node"], float(s.inc["first_seen"]), live_id, created), vm
+
+
+def join_block(s: Step, vm: dict[str, Any] | None = None) -> str | None:
+    """The node counts against its reservation block's budget from before its fence, not only once
+    acted on (the block is read from Compute's host topology). A block at its budget holds an
+    incident not yet fenced, with a page, and this execution stops there (what is held, or None).
+    """
+    if s.inc["action"] not in NODE_ACTIONS:
+        return None  # job actions claim no blast-radius slot
+    if vm is None:
+        try:
+            vm = s.vm()
+        except ActuatorError as exc:
+            if exc.status == 404:
+                return None  # no VM (yet): no block to join; act reads it again
+            raise
+    block = remediation.block_of(vm)
+    if block is None:
+        return None
+    now = s.deps.clock()
+    out = s.deps.store.join_block(s.iid, block, s.deps.policy, now)
+    if out.result != "held" or out.incident is None:
+        return None
+    s.deps.launcher.follow_up(out, s.deps.policy, now)
+    log.emit("WARNING", "held before the fence: reservation block at its budget", incident=s.iid, block=block)
+    return f"held: {(out.incident.get('held') or {}).get('reason')}"
 
 
 def _reject(s: Step, problem: str) -> None:

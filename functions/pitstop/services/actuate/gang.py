@@ -14,8 +14,8 @@ from pitstop.services.actuate.context import Step
 
 
 def _runs(s: Step) -> dict[str, JobRun]:
-    """Each fenced job with the run the fault hit."""
-    fence = s.recorded(Op.FENCE)
+    """Each fenced job with the run the fault hit (a hung job's: the run its localisation saw)."""
+    fence = s.recorded(Op.FENCE) or s.recorded(Op.LOCALISE)
     runs = fence.get("runs") or {}
     return {str(j): JobRun.of(runs.get(j)) for j in fence.get("jobs", [])}
 
@@ -27,7 +27,8 @@ def requeue_one(s: Step, job: str, fenced: JobRun) -> str | None:
     wins. No clock decides.
     """
     info = s.scheduler.job_info(job, s.ref)
-    why = remediation.requeue_refusal(s.inc["action"], info, fenced)
+    checkpointed = bool(s.recorded(Op.CHECKPOINT).get("signalled"))
+    why = remediation.requeue_refusal(checkpointed, info, fenced)
     if why is not None:
         return why
     cluster = s.inc.get("cluster") or "none"

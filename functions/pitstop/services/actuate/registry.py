@@ -9,7 +9,7 @@ from typing import Any
 
 from pitstop.core.ops import MUTATING_OPS, PROBE_OPS, Op
 from pitstop.core.steps import Release
-from pitstop.services.actuate import checks, ending, fence, gang, repair
+from pitstop.services.actuate import checks, ending, fence, gang, localise, repair
 from pitstop.services.actuate.context import Step
 
 
@@ -49,6 +49,11 @@ OPS: dict[Op, OpSpec] = {
     Op.RESUMED: OpSpec(gang.resumed, Kind.PROBE),
     Op.CLOSE: OpSpec(ending.close, Kind.EFFECT),
     Op.FAIL: OpSpec(ending.fail, Kind.EFFECT),
+    Op.LOCALISE: OpSpec(localise.localise_job, Kind.EFFECT),
+    Op.SWEEP: OpSpec(localise.sweep_done, Kind.PROBE),
+    Op.LINKS: OpSpec(localise.links, Kind.EFFECT),
+    Op.LINKS_DONE: OpSpec(localise.links_done, Kind.PROBE),
+    Op.CONCLUDE: OpSpec(localise.conclude, Kind.EFFECT),
 }
 
 # The table and the op vocabulary agree (a test checks it too): every op has one handler, the

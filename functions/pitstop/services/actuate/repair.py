@@ -12,6 +12,7 @@ from pitstop.core.ids import request_id
 from pitstop.core.ops import Op
 from pitstop.core.states import State
 from pitstop.services.actuate.context import Step
+from pitstop.services.actuate.fence import join_block
 from pitstop.services.actuate.gang import watch_resume
 from pitstop.services.ingest import to_epoch
 
@@ -44,9 +45,7 @@ def act(s: Step) -> dict[str, Any]:
 def _plan(s: Step) -> dict[str, Any]:
     """What act will do, decided from the VM before any effect; what the VM was is kept for verify."""
     vm = s.vm()
-    block = remediation.block_of(vm)
-    if block:  # from now on this node also counts against its reservation block's budget
-        s.deps.store.set_node_fields(s.inc["node_key"], {"block": block})
+    join_block(s, vm)  # a host moved to another block since the claim counts there too (fenced: past the cap)
     compute = s.deps.compute  # a replacement: host report where Compute allows it, else the MIG
     choice = remediation.choose_call(
         s.inc, vm, compute.report_eligible(vm), compute.mig_of(vm) or _policy_mig(s)

@@ -27,7 +27,8 @@ def add(sub: Subparsers) -> None:
         "--only",
         nargs="*",
         help="xid79 xid13 preemption maintenance duplicates lemon blast_radius poison xid79_spare "
-        "lemon_spare degraded replace_not_confirmed no_spare; GKE: gke_xid79 gke_two_members "
+        "lemon_spare degraded replace_not_confirmed no_spare straggler_spare ecc_trend degraded_no_spare "
+        "gang_wide_throttle hang_bad_node hang_software; GKE: gke_xid79 gke_two_members "
         "gke_preemption gke_maintenance gke_pdb gke_regional gke_serial",
     )
     d.add_argument("--keep", action="store_true", help="leave the stack running afterwards")

@@ -31,7 +31,12 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="pitstop-src-") as staged:  # gone once gcloud has uploaded it
         source = deploy.stage_source(conf.get("policy"), Path(staged))
-        return deploy.apply(deploy.plan(args.project, region, conf, str(source)))
+        done = deploy.apply(deploy.plan(args.project, region, conf, str(source)))
+    if done == 0:  # who else can feed Pitstop logs or messages: findings a person can act on
+        from pitstop.tools import exposure
+
+        exposure.report(args.project, conf)
+    return done
 
 
 def add(sub: Subparsers) -> None:

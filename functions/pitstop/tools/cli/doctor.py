@@ -1,4 +1,5 @@
-"""``pitstop doctor``: what in a GKE cluster would keep Pitstop from restarting a gang once."""
+"""``pitstop doctor``: what in a GKE cluster would keep Pitstop from restarting a gang once, and
+(``--project``) who besides Pitstop can publish to its topics or write the logs its sinks select."""
 
 from __future__ import annotations
 
@@ -14,11 +15,31 @@ def add(sub: Subparsers) -> None:
     d = sub.add_parser("doctor", help="check a GKE cluster's JobSets can restart as a gang after a fault")
     d.add_argument("--kubeconfig", default=None, help="kubeconfig of the cluster (default: kubectl's)")
     d.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
+    d.add_argument(
+        "--project",
+        default=None,
+        help="also (alone: only) read the IAM policies of the project and Pitstop's topics: a finding "
+        "per principal beyond Pitstop's own that can publish to them or write logs",
+    )
+    d.add_argument("--config", default=None, help="deploy.yaml, for the Slurm clusters' topics")
     d.set_defaults(func=cmd_doctor)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """One line per JobSet that cannot restart on a disruption; exit 1 when there is any."""
+    """Exit 1 when any check has a finding (2 when the IAM policies could not be read)."""
+    status = 0
+    if args.project:
+        from pitstop.tools import deploy, exposure
+
+        found = exposure.report(args.project, deploy.load_config(args.config))
+        status = 2 if found < 0 else int(found > 0)
+    if args.project and args.kubeconfig is None and args.context is None:
+        return status
+    return max(status, _gke(args))
+
+
+def _gke(args: argparse.Namespace) -> int:
+    """One line per JobSet that cannot restart on a disruption; 1 when there is any."""
     from kubernetes import config
 
     from pitstop.adapters.gke import doctor_findings

@@ -1,0 +1,222 @@
+"""Localise a hung job: the node check on every node at once, ring links if need be, then either a
+node incident per culprit or one restart in place and a page (core/localise.py decides).
+
+Each op is an effect of the step runner (recorded before the scheduler is asked, its check's
+spec saved first), so a retried call waits for the same check instead of starting another.
+Culprits are handed to the engine as events (fixed ids: a retry is a duplicate delivery), and
+their own node incidents fence, requeue the gang (once per run, onto a spare when the scheduler
+has one) and repair, exactly as for an Xid. Nothing found: the gang is requeued in place once
+(the job-restart budget and the run's requeue record, as every requeue) and a person is paged
+with every node and check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from pitstop.adapters import log
+from pitstop.adapters.errors import ActuatorError
+from pitstop.core import localise, notifications
+from pitstop.core.domain import NodeRef
+from pitstop.core.ops import Op
+from pitstop.core.scheduling import GangChecks, JobRun, JobState
+from pitstop.services.actuate.context import Step
+from pitstop.services.actuate.gang import requeue_one
+
+
+def _job(s: Step) -> str:
+    return str((s.inc.get("job") or {}).get("job"))
+
+
+def _checks(s: Step) -> GangChecks | None:
+    sched = s.scheduler
+    return sched if isinstance(sched, GangChecks) else None
+
+
+def _start(s: Step, sched: GangChecks, spec: dict[str, Any]) -> dict[str, Any]:
+    """Start a gang check once: its spec is saved before the scheduler is asked."""
+    saved = s.saved("check")
+    if not isinstance(saved, dict):
+        s.save({"check": dict(spec)})
+        saved = dict(spec)
+    started = sched.start_gang_check(_job(s), saved, s.ref)
+    return {"run": True, "check": saved, "nodes": list(started.nodes)}
+
+
+def _note(s: Step, **fields: Any) -> None:
+    """Keep what localisation found on the incident (what the person and the demo read)."""
+
+    def change(doc: dict[str, Any]) -> dict[str, Any]:
+        loc = doc.setdefault("localisation", {"job": _job(s), "nodes": [], "rounds": []})
+        rounds = fields.pop("round", None)
+        loc.update(fields)
+        if rounds is not None:
+            loc["rounds"] = [*loc.get("rounds", []), rounds][-4:]
+        doc["updated_at"] = s.deps.clock()
+        return doc
+
+    s.deps.store.mutate(s.iid, change)
+
+
+def localise_job(s: Step) -> dict[str, Any]:
+    """Start the node check on every node of the hung job (its run recorded for the restart)."""
+    job = _job(s)
+    info = s.scheduler.job_info(job, s.ref)
+    base = {"jobs": [job], "runs": {job: info.run.doc()}, "state": str(info.state)}
+    sched = _checks(s)
+    if sched is None:
+        return {**base, "run": False, "why": f"the {s.scheduler.name} scheduler cannot check a job's nodes"}
+    if info.state != JobState.RUNNING:
+        return {**base, "run": False, "why": f"job {job} is {info.state}: no nodes to check"}
+    spec = localise.sweep_spec(s.iid, s.step, job, [], s.deps.policy.localise)
+    out = {**base, **_start(s, sched, spec)}
+    _note(s, nodes=out["nodes"], started_at=s.deps.clock())
+    log.emit("INFO", "localising a hung job", incident=s.iid, job=job, nodes=len(out["nodes"]))
+    return out
+
+
+def _result(s: Step, op: Op) -> dict[str, Any] | None:
+    rec = s.recorded(op)
+    sched = _checks(s)
+    if not rec.get("run") or sched is None:
+        return None
+    return asdict(sched.gang_check_result(_job(s), rec["check"], s.ref))
+
+
+def _final(s: Step, op: Op) -> dict[str, Any] | None:
+    """A check's result for its judge: a scheduler's final refusal is a check that did not finish."""
+    try:
+        return _result(s, op)
+    except ActuatorError as exc:
+        if exc.retryable:
+            raise
+        return {"done": False, "error": exc.message}
+
+
+def sweep_done(s: Step) -> dict[str, Any]:
+    res = _result(s, Op.LOCALISE)
+    return {"done": res is None or bool(res.get("done"))}
+
+
+def links_done(s: Step) -> dict[str, Any]:
+    res = _result(s, Op.LINKS)
+    return {"done": res is None or bool(res.get("done"))}
+
+
+def _node_xids(s: Step) -> frozenset[int]:
+    """Xids the catalog answers with a node action: in a node's ring buffer, a finding."""
+    return localise.node_fault_xids(s.deps.policy.xids)
+
+
+def links(s: Step) -> dict[str, Any]:
+    """Judge the sweep; nothing found on any node: start the NCCL test between ring neighbours."""
+    rec = s.recorded(Op.LOCALISE)
+    if not rec.get("run"):
+        return {"run": False, "why": rec.get("why")}
+    nodes = [str(n) for n in rec.get("nodes") or []]
+    cfg = s.deps.policy.localise
+    verdict = localise.judge_sweep(
+        nodes, _final(s, Op.LOCALISE), float(cfg["max_culprit_percent"]), _node_xids(s)
+    )
+    _note(s, round=verdict.record(s.deps.clock()))
+    out: dict[str, Any] = {"sweep": verdict.record(s.deps.clock())}
+    if verdict.culprits or verdict.suspects or len(nodes) < 2:
+        return {**out, "run": False}
+    sched = _checks(s)
+    if sched is None:
+        return {**out, "run": False}
+    spec = localise.links_spec(s.iid, s.step, _job(s), nodes, cfg)
+    spec["gpus"] = 8  # one task per node drives all its GPUs (nccl-tests -g)
+    return {**out, **_start(s, sched, spec)}
+
+
+def _rounds(s: Step) -> list[dict[str, Any]]:
+    """Every round's verdict: the sweep's (judged by ``links``) and, if it ran, the link test's."""
+    judged = s.recorded(Op.LINKS)
+    rounds = [judged["sweep"]] if judged.get("sweep") else []
+    if judged.get("run"):
+        cfg = s.deps.policy.localise
+        v = localise.judge_links(
+            [localise.split_pair(str(p)) for p in judged["check"]["pairs"]],
+            _final(s, Op.LINKS),
+            float(cfg["link_fraction"]),
+            float(cfg["max_culprit_percent"]),
+        )
+        rounds.append(v.record(s.deps.clock()))
+        _note(s, round=rounds[-1])
+    return rounds
+
+
+def conclude(s: Step) -> dict[str, Any]:
+    """Culprits → a node incident each (the engine's, as any fault); else one restart in place and a page."""
+    rec = s.recorded(Op.LOCALISE)
+    rounds = _rounds(s)
+    culprits = [str(c) for r in rounds for c in r.get("culprits", [])]
+    nodes = [str(n) for n in rec.get("nodes") or []]
+    if culprits:
+        opened = _hand_over(s, sorted(set(culprits)), rounds)
+        if opened:
+            _note(s, culprits=sorted(set(culprits)), incidents=opened, outcome="culprits")
+            s.set_state(None, "localised")
+            return {"outcome": "culprits", "culprits": sorted(set(culprits)), "incidents": opened}
+    return _restart_in_place(s, rec, nodes, rounds)
+
+
+def _node_ref(s: Step, node: str) -> NodeRef | None:
+    """The culprit's VM (its zone from the cluster's configuration; its id from Compute)."""
+    cluster = s.deps.policy.cluster_named(str(s.inc.get("cluster") or ""))
+    raw = cluster.raw if cluster is not None else {}
+    zones = (raw.get("match") or {}).get("zones") or []
+    zone = (raw.get("mig") or {}).get("zone") or (zones[0] if len(zones) == 1 else None)
+    project = str((s.inc.get("job") or {}).get("project") or "")
+    if not zone or not project:
+        return None
+    try:
+        vm = s.deps.compute.get(project, str(zone), node)
+    except ActuatorError as exc:
+        if exc.status == 404:
+            return None
+        raise
+    iid = str(vm["id"]) if vm.get("id") is not None else None
+    return {"project": project, "zone": str(zone), "instance": node, "instance_id": iid}
+
+
+def _hand_over(s: Step, culprits: list[str], rounds: list[dict[str, Any]]) -> dict[str, str]:
+    """Open each culprit's node incident through the engine; returns {node: incident id}."""
+    action = str(s.deps.policy.localise["culprit_action"])
+    why = "; ".join(str(r.get("why")) for r in rounds if r.get("culprits"))
+    opened: dict[str, str] = {}
+    now = s.deps.clock()
+    for node in culprits:
+        ref = _node_ref(s, node)
+        if ref is None:
+            log.emit("WARNING", "culprit not found in Compute", incident=s.iid, node=node)
+            continue
+        ev = localise.culprit_event(s.inc, ref, action, why, s.step)
+        out = s.deps.store.apply(ev, s.deps.policy, now)
+        s.deps.launcher.follow_up(out, s.deps.policy, now)
+        target = out.incident["id"] if out.incident else out.duplicate_of
+        if target:
+            opened[node] = str(target)
+        log.emit("INFO", "hang culprit handed to its node incident", incident=s.iid, node=node,
+                 result=out.result, node_incident=target)  # fmt: skip
+    return opened
+
+
+def _restart_in_place(
+    s: Step, rec: dict[str, Any], nodes: list[str], rounds: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """No culprit: requeue the gang once where it is (budget and run record as every requeue) and page."""
+    job = _job(s)
+    then = JobRun.of((rec.get("runs") or {}).get(job))
+    skipped = requeue_one(s, job, then)
+    restart = f"requeued in place (run {then.restarts})" if skipped is None else f"not restarted: {skipped}"
+    text = localise.page_text(job, nodes, rounds, restart, str(rec.get("why") or ""))
+    resume = {"mode": "in_place", "requeued": [job] if skipped is None else [], "why": restart}
+    s.set_state(None, "job_requeued" if skipped is None else None, resume=resume)
+    _note(s, outcome="nothing_found", page=text)
+    s.notify(s.inc, "critical", f"Hung job {job}: no culprit fenced; {restart}", todo=text,
+             id=notifications.notification_id("localise", s.iid, s.step, "nothing_found"))  # fmt: skip
+    log.emit("WARNING", "hang not localised: restarted in place, paged", incident=s.iid, job=job)
+    return {"outcome": "nothing_found", "requeued": skipped is None, "why": restart}

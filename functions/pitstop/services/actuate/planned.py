@@ -1,0 +1,77 @@
+"""A degraded node's planned move: held against the job's other nodes first, repaired by its finding.
+
+Where a degraded incident (a Monitoring alert: core/alerts.py) differs from the drain it shares
+the workflow with (workflows/remediate.yaml): its ``corroborate`` reads the alert's metric for
+the job's other nodes (Cloud Monitoring, the same channel the alert came through) and its judge
+decides, in core/degraded.py, whether this node is the odd one out (the step goes on: checkpoint,
+the gang moved at it onto spares, the node diagnosed, repaired, validated) or not (``stand_down``:
+the workflow lifts the fence and closes; a gang-wide cause pages a person). Its ``diagnose``
+always runs, and the finding picks the repair: REPLACE_NODE only on a hardware finding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.api_core import exceptions as gexc
+
+from pitstop.adapters import log
+from pitstop.core import degraded
+from pitstop.core import diagnose as diag
+from pitstop.core.actions import Action
+from pitstop.core.checks import DiagnosisVerdict
+from pitstop.core.ops import Op
+from pitstop.services.actuate.context import Step
+
+_UNREADABLE = (gexc.GoogleAPICallError, gexc.RetryError, TimeoutError)
+
+
+def planned(inc: dict[str, Any]) -> bool:
+    """A degraded node's incident still on its planned move (its repair not yet chosen)."""
+    return inc.get("kind") == degraded.KIND and inc.get("action") == Action.DRAIN_NODE
+
+
+def compare_peers(s: Step) -> dict[str, Any]:
+    """Read the node's and its job peers' telemetry once, and decide the move (recorded)."""
+    pol = degraded.default_policy()
+    rule = pol.rule(degraded.symptom_of(s.inc))
+    jobs = [str(j) for j in s.recorded(Op.FENCE).get("jobs", [])]
+    peers = degraded.peers_of(s.instance, [s.scheduler.job_info(j, s.ref).nodes for j in jobs])
+    values: dict[str, float | None] = {}
+    note = ""
+    if rule is not None and s.deps.telemetry is not None:
+        try:
+            values = s.deps.telemetry.node_values(
+                str(s.inc["node"]["project"]), rule, [s.instance, *peers], s.deps.clock()
+            )
+        except _UNREADABLE as exc:  # no readings: the alert stands on its own (a planned move)
+            note = f"telemetry unreadable ({type(exc).__name__}: {str(exc)[:120]})"
+    verdict = degraded.compare(
+        rule, pol.gang_wide_share, s.instance, values.get(s.instance), {p: values.get(p) for p in peers}
+    )
+    record = verdict.record(s.deps.clock(), s.step)
+    if note:
+        record["why"] = f"{note}; {record['why']}"[:500]
+    log.emit("INFO", "degraded node held against its peers", incident=s.iid, verdict=verdict.verdict,
+             why=record["why"], jobs=jobs)  # fmt: skip
+    return {"run": False, "peers": record, "jobs": jobs, "why": "a degraded node is compared with its peers"}
+
+
+def judged(record: dict[str, Any]) -> dict[str, Any]:
+    """The judge's answer: go on (the planned move), or ``stand_down`` (no move: the workflow
+    lifts the fence and closes; the close says why, and pages for a gang-wide cause)."""
+    if record.get("confirmed") is True:
+        return {"confirmed": True, "why": record["why"]}
+    return {"confirmed": False, "stand_down": True, "verdict": record.get("verdict"), "why": record["why"]}
+
+
+def repair_verdict(s: Step, found: DiagnosisVerdict, result: dict[str, Any] | None) -> DiagnosisVerdict:
+    """The repair the node check's finding earns (core/degraded), from the diagnostic's verdict
+    and, for a throttling node, the clock event reasons its ``nvidia-smi -q`` shows."""
+    symptom = degraded.symptom_of(s.inc)
+    out = (result or {}).get("outputs") or {}
+    smi = diag.parse_nvidia_smi_q(str(out.get("nvidia_smi_q") or ""))
+    why = found.why.removesuffix(": stepping down to REBOOT_NODE")
+    confirmed, why = degraded.finding(symptom, found.confirmed, why, smi)
+    action, why = degraded.repair(degraded.default_policy().rule(symptom), confirmed, why)
+    return DiagnosisVerdict(confirmed, action, why, found.detail)
