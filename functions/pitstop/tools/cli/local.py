@@ -295,14 +295,16 @@ def _incident_rows(
     """The stack's incidents from its Firestore emulator, oldest first, with the effects each caused."""
     from google.cloud import firestore
 
-    from pitstop.adapters.firestore import IncidentStore
     from pitstop.core.timeline import durations
     from pitstop.local import effects
     from pitstop.local.stack import emulator_env
 
     with emulator_env(state.endpoints):
         db = firestore.Client(project=state.project)
-    incidents = IncidentStore(db).list()  # oldest first, storm counts' shards summed
+    incidents = sorted(
+        (d for d in (d.to_dict() for d in db.collection("pitstop_incidents").stream()) if d),
+        key=lambda d: d["created_at"],
+    )
     results = {d.id: d.to_dict() or {} for d in db.collection("pitstop_slurm_results").stream()}
     caused = effects.by_incident(incidents, compute_effects, results, kube_effects)
     return [
