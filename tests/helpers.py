@@ -7,11 +7,12 @@ import copy
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
 from pitstop.core import resources
+from pitstop.core.domain import Incident
 from pitstop.local.fake_compute import default_id
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -28,11 +29,13 @@ def load_fixture(name: str) -> list[dict[str, Any]]:
 KERNEL_LOG_ID = "pitstop-kernel"  # the systemd_journald receiver's id in infra/ops-agent/config.yaml
 
 
-def gce_resource(instance: str) -> dict[str, Any]:
-    """The monitored resource the logging pipeline attaches: the VM's numeric id (here the id the
-    fake Compute Engine gives that VM before any recreate), project and zone."""
-    iid = default_id(PROJECT, ZONE, instance)
-    return {"type": "gce_instance", "labels": {"instance_id": iid, "project_id": PROJECT, "zone": ZONE}}
+def gce_resource(
+    instance: str, project: str = PROJECT, zone: str = ZONE, instance_id: str | None = None
+) -> dict[str, Any]:
+    """The monitored resource the logging pipeline attaches: the VM's numeric id (by default the id
+    the fake Compute Engine gives that VM before any recreate), project and zone."""
+    iid = instance_id or default_id(project, zone, instance)
+    return {"type": "gce_instance", "labels": {"instance_id": iid, "project_id": project, "zone": zone}}
 
 
 def journald_entry(
@@ -41,6 +44,8 @@ def journald_entry(
     insert_id: str = "ins-1",
     transport: str | None = "kernel",
     facility: str | None = "0",
+    project: str = PROJECT,
+    resource: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One journal record as the Ops Agent's systemd_journald receiver ships it (infra/ops-agent/).
 
@@ -67,9 +72,9 @@ def journald_entry(
         "insertId": insert_id,
         "jsonPayload": payload,
         "labels": {"compute.googleapis.com/resource_name": instance},
-        "logName": f"projects/{PROJECT}/logs/{KERNEL_LOG_ID}",
+        "logName": f"projects/{project}/logs/{KERNEL_LOG_ID}",
         "receiveTimestamp": "2026-11-21T10:42:31.782066320Z",
-        "resource": gce_resource(instance),
+        "resource": resource or gce_resource(instance),
         "severity": "WARNING",
         "timestamp": "2026-11-21T10:42:31.325309Z",
     }
@@ -321,3 +326,8 @@ class RecordingTopic:
     def publish(self, notification: Mapping[str, Any]) -> str:
         self.published.append(json.loads(json.dumps(notification)))
         return str(len(self.published))
+
+
+def partial_incident(doc: Mapping[str, Any]) -> Incident:
+    """An incident document with only the fields a core decision reads (tests of one rule)."""
+    return cast(Incident, dict(doc))

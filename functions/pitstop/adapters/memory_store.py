@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from pitstop.adapters.memory_counts import MemoryCounts
 from pitstop.core import engine, remediation
+from pitstop.core.domain import JobRestarts
 from pitstop.core.engine import Outcome
 from pitstop.core.policy import Policy
 from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
@@ -34,7 +35,7 @@ class MemoryStore(MemoryCounts):
         self.budgets: dict[str, dict[str, Any]] = {}
         self.dedup: dict[str, str | None] = {}
         self.jobs: dict[str, dict[str, Any]] = {}
-        self.job_restarts: dict[str, dict[str, Any]] = {}
+        self.job_restarts: dict[str, JobRestarts] = {}
         self.outbox: dict[str, dict[str, Any]] = {}
         self.step_stores: dict[str, MemoryStepStore] = {}
         self.on_decision: Callable[[Any, Outcome], None] | None = None

@@ -45,7 +45,7 @@ from typing import Any
 
 from pitstop.core import names, trust
 from pitstop.core.actions import Action
-from pitstop.core.domain import JobRef
+from pitstop.core.domain import AlertDetail, AlertEventDetail, JobRef, NodeRef, Source
 from pitstop.core.envelope import Delivery
 from pitstop.core.parse import Event, clean, identify_node, invalid, new_event, new_source
 
@@ -141,7 +141,7 @@ def provenance_problem(
     return None
 
 
-def _source(inc: Mapping[str, Any], delivery: Delivery | None, state: str) -> dict[str, Any]:
+def _source(inc: Mapping[str, Any], delivery: Delivery | None, state: str) -> Source:
     """Identity of the notification: one alert incident's one state change (a repeat is a duplicate)."""
     cond = inc.get("condition")
     name = cond.get("name") if isinstance(cond, Mapping) else None
@@ -178,10 +178,10 @@ def _job(inc: Mapping[str, Any], labels: dict[str, str], policy: dict[str, str])
 
 def _node(
     inc: Mapping[str, Any], labels: dict[str, str], policy: dict[str, str]
-) -> tuple[dict[str, Any] | None, str]:
+) -> tuple[NodeRef | None, str]:
     """The degraded node, named as parse.identify_node reads a LogEntry's resource (same checks)."""
     res_type, typed = _typed(inc.get("resource"))
-    res: dict[str, Any] = dict(typed)
+    res: dict[str, str | None] = dict(typed)
     display = inc.get("resource_display_name")
     keys = (policy[NODE_LABEL],) if NODE_LABEL in policy else NODE_LABELS
     name = next((v for k in keys if (v := _label(labels, k)) is not None), None)
@@ -211,7 +211,7 @@ def _node(
     return identify_node(entry, None)
 
 
-def _detail(inc: Mapping[str, Any], signal: str, state: str, policy: dict[str, str]) -> dict[str, Any]:
+def _detail(inc: Mapping[str, Any], signal: str, state: str, policy: dict[str, str]) -> AlertDetail:
     metric_type, metric = _typed(inc.get("metric"))
     res_type, res = _typed(inc.get("resource"))
 
@@ -280,7 +280,7 @@ def parse_notification(
     if signal is None or signal not in SIGNALS:
         why = "alert policy without a pitstop_signal user label (hang or degraded): not Pitstop's to act on"
         return new_event("unrelated", why, source, observed_at=observed_at)
-    detail = {"alert": _detail(inc, signal, state, policy)}
+    detail: AlertEventDetail = {"alert": _detail(inc, signal, state, policy)}
     _, labels = _typed(inc.get("metric"))
     return _subject_event(inc, signal, state, labels, policy, source, observed_at, detail)
 
@@ -291,9 +291,9 @@ def _subject_event(
     state: str,
     labels: dict[str, str],
     policy: dict[str, str],
-    source: dict[str, Any],
+    source: Source,
     observed_at: str | None,
-    detail: dict[str, Any],
+    detail: AlertEventDetail,
 ) -> Event:
     """The event on its subject (a job for a hang, a node for a degraded GPU), with its reason."""
     action = SIGNALS[signal] if state == "open" else Action.NONE

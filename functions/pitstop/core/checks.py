@@ -18,12 +18,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 from pitstop.core import degraded
 from pitstop.core import diagnose as diag
 from pitstop.core import validation as val
 from pitstop.core.actions import Action
+from pitstop.core.domain import (
+    CapacityDoc,
+    CheckRun,
+    CheckSpec,
+    DiagnosisDetail,
+    EvidenceGpu,
+    GpuCounts,
+    Incident,
+    Measurement,
+    Vm,
+)
 from pitstop.core.policy import Policy
 
 DIAGNOSE = "diagnose"
@@ -39,12 +50,12 @@ def check_name(iid: str, step: int, kind: str) -> str:
     return f"pitstop-{iid}-{step}-{kind}"
 
 
-def machine_type_of(vm: Mapping[str, Any]) -> str:
+def machine_type_of(vm: Vm) -> str:
     """``a3-megagpu-8g`` from Compute's ``machine_type`` URL (or a bare name)."""
     return str(vm.get("machine_type") or "").rsplit("/", 1)[-1]
 
 
-def gpus_of(vm: Mapping[str, Any]) -> int | None:
+def gpus_of(vm: Vm) -> int | None:
     """The GPUs the VM has, from its ``guestAccelerators`` (None when it lists none: then a count
     of visible GPUs proves nothing, since Pitstop cannot know how many there should be)."""
     accs = vm.get("guest_accelerators")
@@ -61,7 +72,7 @@ def gpus_of(vm: Mapping[str, Any]) -> int | None:
 # -- early requeue ---------------------------------------------------------------------------
 
 
-def early_requeue(policy_choice: str, capacity: Mapping[str, Any]) -> tuple[bool, str]:
+def early_requeue(policy_choice: str, capacity: CapacityDoc) -> tuple[bool, str]:
     """Whether to requeue a job now, before the repair, and one line saying why (or why not)."""
     if policy_choice != EARLY:
         return False, "policy reschedule: after_repair (the gang is requeued once the node is back)"
@@ -74,7 +85,7 @@ def early_requeue(policy_choice: str, capacity: Mapping[str, Any]) -> tuple[bool
 # -- diagnose before an irreversible action -----------------------------------------------------
 
 
-def hardware_measured(inc: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def hardware_measured(inc: Incident) -> Measurement | None:
     """The latest measurement on this incident that found a hardware fault, if any."""
     for m in reversed(inc.get("measured") or []):
         if isinstance(m, Mapping) and m.get("hardware_fault"):
@@ -82,7 +93,7 @@ def hardware_measured(inc: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def needs_diagnosis(inc: Mapping[str, Any], policy: Policy) -> tuple[bool, str]:
+def needs_diagnosis(inc: Incident, policy: Policy) -> tuple[bool, str]:
     if inc.get("kind") == degraded.KIND and inc.get("action") == Action.DRAIN_NODE:
         if not policy.diagnose["enabled"]:
             return False, "diagnose.enabled is false in policy: the degraded node is only drained"
@@ -98,13 +109,13 @@ def needs_diagnosis(inc: Mapping[str, Any], policy: Policy) -> tuple[bool, str]:
 
 
 def diagnose_spec(
-    inc: Mapping[str, Any], step: int, policy: Policy, gpus: int, expected_gpus: int | None
-) -> dict[str, Any]:
+    inc: Incident, step: int, policy: Policy, gpus: int, expected_gpus: int | None
+) -> CheckSpec:
     """``gpus``: what the check asks the scheduler for; ``expected_gpus``: what the VM has (None:
     unknown, and then no count of visible GPUs confirms anything)."""
     return {
         "kind": DIAGNOSE,
-        "name": check_name(str(inc["id"]), step, DIAGNOSE),
+        "name": check_name(inc["id"], step, DIAGNOSE),
         "incident": inc["id"],
         "dcgm_level": int(policy.diagnose["dcgm_level"]),
         "gpus": gpus,
@@ -112,13 +123,13 @@ def diagnose_spec(
     }
 
 
-def evidence_gpu(inc: Mapping[str, Any]) -> dict[str, Any]:
+def evidence_gpu(inc: Incident) -> EvidenceGpu:
     """The GPU the log lines named most, as ``{"gpu": {"pci": ...}}`` for the diagnostic."""
     gpus = [g for g in (inc.get("gpus") or {}).values() if isinstance(g, Mapping) and g.get("pci")]
     if not gpus:
         return {}
 
-    def hits(g: Mapping[str, Any]) -> int:
+    def hits(g: GpuCounts) -> int:
         xids = g.get("xids") or {}
         return sum(int(v) for v in xids.values() if isinstance(v, int)) if isinstance(xids, Mapping) else 0
 
@@ -130,34 +141,24 @@ class DiagnosisVerdict:
     confirmed: bool
     action: str  # what this step does now: REPLACE_NODE, or REBOOT_NODE after a step-down
     why: str
-    detail: Mapping[str, Any]
+    detail: DiagnosisDetail
 
-    def record(self, at: float) -> dict[str, Any]:
-        return {
+    def record(self, at: float) -> Measurement:
+        rec: Measurement = {
             "kind": DIAGNOSE,
             "at": at,
             "confirmed": self.confirmed,
             "hardware_fault": self.confirmed,
             "action": self.action,
             "why": self.why,
-            **{k: v for k, v in self.detail.items() if k in _DIAG_KEYS},
         }
-
-
-_DIAG_KEYS = (
-    "gpus_visible",
-    "gpus_expected",
-    "evidence_gpu",
-    "dcgm",
-    "findings",
-    "config_findings",
-    "unreadable",
-)
+        # DiagnosisDetail is Measurement's base, so the merge is one (mypy merges no partial TypedDicts)
+        return cast(Measurement, {**rec, **self.detail})
 
 
 def judge_diagnosis(
-    inc: Mapping[str, Any],
-    result: Mapping[str, Any] | None,
+    inc: Incident,
+    result: CheckRun | None,
     expected_gpus: int | None,
     table: val.ValidationTable | None = None,
 ) -> DiagnosisVerdict:
@@ -182,9 +183,7 @@ def judge_diagnosis(
     return _not_confirmed(d.why.removesuffix(": stepping down to REBOOT_NODE"), measured, d.detail)
 
 
-def _not_confirmed(
-    why: str, measured: Mapping[str, Any] | None, detail: Mapping[str, Any]
-) -> DiagnosisVerdict:
+def _not_confirmed(why: str, measured: Measurement | None, detail: DiagnosisDetail) -> DiagnosisVerdict:
     if measured is not None:
         return DiagnosisVerdict(
             False,
@@ -199,7 +198,7 @@ def _not_confirmed(
 # -- validate before returning to service ------------------------------------------------------
 
 
-def needs_validation(inc: Mapping[str, Any], policy: Policy, has_scheduler: bool) -> tuple[bool, str]:
+def needs_validation(inc: Incident, policy: Policy, has_scheduler: bool) -> tuple[bool, str]:
     cfg = policy.validation
     if not cfg["enabled"]:
         return False, "validation.enabled is false in policy"
@@ -217,17 +216,17 @@ def table_for(policy: Policy, table: val.ValidationTable | None = None) -> val.V
 
 
 def validate_spec(
-    inc: Mapping[str, Any],
+    inc: Incident,
     step: int,
     policy: Policy,
     machine_type: str,
     table: val.ValidationTable,
     gpus: int | None = None,
-) -> dict[str, Any]:
+) -> CheckSpec:
     exp = table.expectation(machine_type)
     return {
         "kind": VALIDATE,
-        "name": check_name(str(inc["id"]), step, VALIDATE),
+        "name": check_name(inc["id"], step, VALIDATE),
         "incident": inc["id"],
         "dcgm_level": int(policy.validation["dcgm_level"]),
         "gpus": gpus if gpus is not None else exp.gpus if exp else 8,
@@ -243,7 +242,7 @@ class ValidationVerdict:
     peer: str | None
     note: str
 
-    def record(self, at: float) -> dict[str, Any]:
+    def record(self, at: float) -> Measurement:
         return {
             "kind": VALIDATE,
             "at": at,
@@ -258,7 +257,7 @@ class ValidationVerdict:
 def judge_validation(
     action: str,
     machine_type: str,
-    result: Mapping[str, Any] | None,
+    result: CheckRun | None,
     policy: Policy,
     table: val.ValidationTable,
 ) -> ValidationVerdict:

@@ -22,7 +22,7 @@ from pitstop.core.catalog import (
     default_xid_policy,
 )
 from pitstop.core.envelope import Delivery, unwrap
-from pitstop.core.parse import INTERNAL_ERROR, Event, clean, invalid, new_event, parse_entry
+from pitstop.core.parse import INTERNAL_ERROR, Event, clean, invalid, new_event, new_source, parse_entry
 from pitstop.core.xid_line import MAX_LINE, Anomalies
 
 MAX_REASON = 512
@@ -135,17 +135,18 @@ class Classifier:
         CloudEvent's, when the caller holds it apart from the message); never raises."""
         entry = delivery.entry
         if entry is None:
-            return invalid(delivery.error or "no log entry", {"message_id": delivery.message_id})
+            return invalid(delivery.error or "no log entry", new_source(message_id=delivery.message_id))
         try:
             topic = alerts.topic_of(source or delivery.source)
             notification = alerts.looks_like_notification(entry)
             if topic is not None and topic[1] == self.alerts_topic and not notification:
                 why = f"the {self.alerts_topic} topic carries Cloud Monitoring notifications only"
-                return invalid(why, {"message_id": delivery.message_id})
+                return invalid(why, new_source(message_id=delivery.message_id))
             if notification:
                 return annotate(alerts.parse_notification(entry, delivery, topic, self.alerts_topic))
         except Exception as exc:  # the last guard of "never raises"; the fuzz tests keep it idle
-            return invalid(f"{INTERNAL_ERROR}: {type(exc).__name__}", {"message_id": delivery.message_id})
+            why = f"{INTERNAL_ERROR}: {type(exc).__name__}"
+            return invalid(why, new_source(message_id=delivery.message_id))
         return self.decide(parse_entry(entry, delivery))
 
     def classify(self, payload: Any) -> Event:

@@ -14,7 +14,10 @@ there now:
 - ``nvidia-smi -q``: fewer GPUs than the VM has, a GPU lost, a row remap pending or failed, a
   retired page pending (the same findings the diagnostic uses).
 - on GKE, the GPU device plugin's ``XidCriticalError`` Node condition for the Xid on the
-  current boot (set from NVML events, core/trust.py).
+  current boot (set from NVML events, core/trust.py), or, for any Xid, Pitstop's
+  node-problem-detector condition ``PitstopKernelXid`` (infra/gke/npd.yaml: NPD reads /dev/kmsg
+  and keeps the boot's first NVRM Xid line as the condition's message), believed only when it
+  changed after the VM's last start (an older one is about an earlier boot).
 
 Confirmed: the step goes on. Not confirmed: the node stays fenced, nothing is restarted, no VM
 is touched, and a person is paged with what was checked.
@@ -33,6 +36,8 @@ from pitstop.core import trust
 from pitstop.core.actions import RECORD_ONLY_ACTIONS
 from pitstop.core.catalog import SXID_KIND
 from pitstop.core.checks import check_name
+from pitstop.core.domain import CheckRun, CheckSpec, EvidenceGpu, Incident, Measurement
+from pitstop.core.timefmt import to_epoch
 
 CORROBORATE = "corroborate"
 KERNEL_FACILITY = 0
@@ -80,7 +85,7 @@ def parse_dmesg_raw(text: str) -> tuple[list[KernelXid], int]:
     return found, records
 
 
-def incident_xids(inc: Mapping[str, Any]) -> list[int]:
+def incident_xids(inc: Incident) -> list[int]:
     """Every Xid the incident's lines named, the incident's own first."""
     out: list[int] = []
     first = inc.get("xid")
@@ -93,14 +98,14 @@ def incident_xids(inc: Mapping[str, Any]) -> list[int]:
     return out[:16]
 
 
-def incident_sxids(inc: Mapping[str, Any]) -> list[int]:
+def incident_sxids(inc: Incident) -> list[int]:
     """Every NVSwitch SXid the incident's lines named (counted as ``sxid_<code>``)."""
     counts = inc.get("counts") or {}
     keys = counts if isinstance(counts, Mapping) else {}
     return [int(k[5:]) for k in keys if isinstance(k, str) and k.startswith("sxid_") and k[5:].isdigit()][:16]
 
 
-def needs_corroboration(inc: Mapping[str, Any], enabled: bool) -> tuple[bool, str]:
+def needs_corroboration(inc: Incident, enabled: bool) -> tuple[bool, str]:
     """Whether this step asks the node (or Compute) before it disrupts anything, and why (not)."""
     if inc.get("action") in RECORD_ONLY_ACTIONS:
         return False, "a record-only action disrupts nothing"
@@ -113,21 +118,28 @@ def needs_corroboration(inc: Mapping[str, Any], enabled: bool) -> tuple[bool, st
     return True, "log evidence is unauthenticated: the node is asked before anything is disrupted"
 
 
-def corroborated_before(inc: Mapping[str, Any]) -> bool:
+def corroborated_before(inc: Incident) -> bool:
     rec = inc.get("corroboration")
     return isinstance(rec, Mapping) and rec.get("confirmed") is True
 
 
-def spec(inc: Mapping[str, Any], step: int, gpus: int, expected_gpus: int | None) -> dict[str, Any]:
-    """What the scheduler runs on the node: read-only tools, no GPU taken from a running job."""
+def spec(
+    inc: Incident, step: int, gpus: int, expected_gpus: int | None, boot_after: float | None = None
+) -> CheckSpec:
+    """What the scheduler runs on the node: read-only tools, no GPU taken from a running job.
+
+    ``boot_after``: the VM's last start (Compute), against which a GKE Node condition that carries
+    no bootID (node-problem-detector's) is dated.
+    """
     return {
         "kind": CORROBORATE,
-        "name": check_name(str(inc["id"]), step, CORROBORATE),
+        "name": check_name(inc["id"], step, CORROBORATE),
         "incident": inc["id"],
         "gpus": gpus,
         "expected_gpus": expected_gpus,
         "xids": incident_xids(inc),
         "sxids": incident_sxids(inc),
+        "boot_after": boot_after,
     }
 
 
@@ -138,7 +150,7 @@ class Verdict:
     checked: tuple[str, ...]
     findings: tuple[str, ...] = field(default=())
 
-    def record(self, at: float, step: int) -> dict[str, Any]:
+    def record(self, at: float, step: int) -> Measurement:
         return {
             "kind": CORROBORATE,
             "at": at,
@@ -166,9 +178,7 @@ def _kernel_findings(xids: Iterable[int], sxids: Iterable[int], text: str | None
     return found, seen
 
 
-def _smi_findings(
-    text: str | None, expected: int | None, evidence: Mapping[str, Any]
-) -> tuple[list[str], str]:
+def _smi_findings(text: str | None, expected: int | None, evidence: EvidenceGpu) -> tuple[list[str], str]:
     if not isinstance(text, str):
         return [], "nvidia-smi -q: not read"
     smi = diag.parse_nvidia_smi_q(text)
@@ -184,16 +194,47 @@ def _smi_findings(
     return found, f"nvidia-smi -q: {smi.visible} GPUs visible of {exp} expected"
 
 
-def _condition_findings(xids: Iterable[int], text: Any) -> tuple[list[str], str]:
+def _condition_findings(xids: Iterable[int], text: Any, boot_after: float | None) -> tuple[list[str], str]:
     """The Node's status as the adapter read it (JSON: nodeInfo.bootID and the conditions)."""
     try:
         node = json.loads(text) if isinstance(text, str) and len(text) < 65536 else None
     except ValueError:
         node = None
     if not isinstance(node, Mapping):
-        return [], "GKE Node condition XidCriticalError: unreadable"
-    found = [why for x in xids if (why := trust.xid_condition_confirms(node, x))]
-    return found[:2], "GKE Node condition XidCriticalError (device plugin, current boot)"
+        return [], "GKE Node conditions XidCriticalError, PitstopKernelXid: unreadable"
+    want = list(xids)
+    found = [why for x in want if (why := trust.xid_condition_confirms(node, x))]
+    found += _npd_findings(node, want, boot_after)
+    return found[:2], (
+        "GKE Node conditions XidCriticalError (device plugin, current boot) and"
+        f" {NPD_CONDITION} (node-problem-detector, changed after the VM's last start)"
+    )
+
+
+NPD_CONDITION = "PitstopKernelXid"  # infra/gke/npd.yaml's kernel-monitor rule file
+
+
+def _npd_findings(node: Mapping[str, Any], xids: list[int], boot_after: float | None) -> list[str]:
+    """NPD's condition names one of the Xids in its kernel line and changed during this boot.
+
+    NPD puts the matched kernel message in the condition's message and dates the change; a
+    condition that changed before the VM last started is about an earlier boot (NPD resets its
+    conditions to their defaults when it starts, so a True one older than the boot is stale).
+    """
+    status = node.get("status")
+    conds = status.get("conditions") if isinstance(status, Mapping) else None
+    out: list[str] = []
+    for c in conds if isinstance(conds, list) else []:
+        if not (isinstance(c, Mapping) and c.get("type") == NPD_CONDITION and c.get("status") == "True"):
+            continue
+        m = _XID.search(str(c.get("message") or "")[:2048])
+        at = to_epoch(str(c.get("lastTransitionTime") or "")) if c.get("lastTransitionTime") else None
+        if m is None or int(m.group("xid")) not in xids:
+            continue
+        if boot_after is None or at is None or at <= boot_after:
+            continue
+        out.append(f"{NPD_CONDITION} (node-problem-detector, /dev/kmsg): Xid {m.group('xid')} this boot")
+    return out
 
 
 def _scheduler_findings(text: Any) -> tuple[list[str], str]:
@@ -204,12 +245,17 @@ def _scheduler_findings(text: Any) -> tuple[list[str], str]:
     return found, f"slurmctld: {state or 'no state'}"
 
 
-def judge(check: Mapping[str, Any], result: Mapping[str, Any] | None, evidence: Mapping[str, Any]) -> Verdict:
+def _boot_after(check: CheckSpec) -> float | None:
+    got = check.get("boot_after")
+    return float(got) if isinstance(got, (int, float)) and not isinstance(got, bool) else None
+
+
+def judge(check: CheckSpec, result: CheckRun | None, evidence: EvidenceGpu) -> Verdict:
     """Confirmed when the node shows the fault now through a channel the log writer cannot set."""
     if result is None:
         return Verdict(False, "no scheduler could run a check on the node: nothing confirms the log line", ())
     got = result.get("outputs")
-    outputs: Mapping[str, Any] = got if isinstance(got, Mapping) else {}
+    outputs: Mapping[str, str] = got if isinstance(got, Mapping) else {}
     if not result.get("done"):
         err = str(result.get("error") or "the check did not finish")[:200]
         return Verdict(
@@ -224,7 +270,9 @@ def judge(check: Mapping[str, Any], result: Mapping[str, Any] | None, evidence: 
     for part in (
         _kernel_findings(xids, sxids, outputs.get("dmesg")) if "dmesg" in outputs else None,
         _smi_findings(outputs.get("nvidia_smi_q"), expected, evidence) if "nvidia_smi_q" in outputs else None,
-        _condition_findings(xids, outputs.get("node_condition")) if "node_condition" in outputs else None,
+        _condition_findings(xids, outputs.get("node_condition"), _boot_after(check))
+        if "node_condition" in outputs
+        else None,
         _scheduler_findings(outputs.get("slurm_node")) if "slurm_node" in outputs else None,
     ):
         if part is not None:
@@ -261,7 +309,7 @@ class VmFacts:
     upcoming_maintenance: bool
 
 
-def judge_system(inc: Mapping[str, Any], vm: VmFacts | None) -> Verdict:
+def judge_system(inc: Incident, vm: VmFacts | None) -> Verdict:
     """Confirmed when Compute shows the VM went through what the event says, around its time."""
     kind, first = str(inc.get("kind")), float(inc.get("first_seen") or 0.0)
     if vm is None:

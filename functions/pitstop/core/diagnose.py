@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pitstop.core.domain import DiagnosisDetail
 from pitstop.core.validation import DcgmResult, ValidationTable, default_validation_table
 
 # ---------------------------------------------------------------- nvidia-smi -q
@@ -197,7 +198,7 @@ class Diagnosis:
 
     confirmed: bool
     why: str
-    detail: Mapping[str, Any] = field(default_factory=dict)
+    detail: DiagnosisDetail = field(default_factory=lambda: DiagnosisDetail())
 
 
 def _evidence_gpu(evidence: Mapping[str, Any], smi: SmiResult) -> tuple[int | None, str | None]:
@@ -286,7 +287,7 @@ def diagnose(
     found += _nvlink_findings(nvlink)
     hw, cfg = _dcgm_findings(dcgm, table, index)
     found += hw
-    detail: dict[str, Any] = {
+    detail: DiagnosisDetail = {
         "gpus_visible": nvidia_smi.visible if nvidia_smi.ok else None,
         "gpus_expected": expected_gpus,
         "evidence_gpu": {"index": index, "pci": pci},

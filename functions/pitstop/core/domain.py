@@ -242,12 +242,12 @@ class Incident(TypedDict):
     start_refusals: NotRequired[int]  # Workflows refused this step's start (services/sweep.py)
     # what the remediation learned (actuate): the scheduler's jobs and fence, the checks' records
     jobs: NotRequired[list[dict[str, Any]]]
-    fence: NotRequired[dict[str, Any]]
+    fence: NotRequired[FenceDoc]
     resume: NotRequired[dict[str, Any]]
-    diagnosis: NotRequired[dict[str, Any]]
-    validation: NotRequired[dict[str, Any]]
-    measured: NotRequired[list[dict[str, Any]]]
-    corroboration: NotRequired[dict[str, Any]]
+    diagnosis: NotRequired[Measurement]
+    validation: NotRequired[Measurement]
+    measured: NotRequired[list[Measurement]]
+    corroboration: NotRequired[Measurement]
     localise: NotRequired[dict[str, Any]]  # a hung job: whether it is localised, and why (engine)
     localisation: NotRequired[dict[str, Any]]  # ... its nodes, each round's verdict, the outcome
 
@@ -316,3 +316,242 @@ class StepRecord(TypedDict, total=False):
     at: float
     error: str
     released_at: float
+
+
+# -- what remediation reads and keeps beside an incident (core/checks, corroboration, remediation) --
+
+
+class Accelerator(TypedDict, total=False):
+    """One ``guestAccelerators`` entry: how many GPUs of a type the VM has (core/checks.gpus_of)."""
+
+    accelerator_type: str
+    accelerator_count: int
+
+
+class HostTopology(TypedDict, total=False):
+    """Where the VM's host sits in its reservation (``cluster/block``: core/remediation.block_of)."""
+
+    cluster: str
+    block: str
+    sub_block: str
+    host: str
+
+
+class UpcomingMaintenance(TypedDict, total=False):
+    """A pending host maintenance; ``can_reschedule``: Pitstop may start it now (performMaintenance)."""
+
+    can_reschedule: bool
+    window_start_time: str
+    window_end_time: str
+    latest_window_start_time: str
+    maintenance_status: str
+    type_: str
+
+
+class ResourceStatus(TypedDict, total=False):
+    """The VM's physical host, its place, and any maintenance pending on it."""
+
+    physical_host: str
+    physical_host_topology: HostTopology
+    upcoming_maintenance: UpcomingMaintenance
+
+
+class VmScheduling(TypedDict, total=False):
+    """Whether the VM is Spot or preemptible (a preemption event is then expected)."""
+
+    provisioning_model: str
+    preemptible: bool
+
+
+class Vm(TypedDict, total=False):
+    """A Compute Engine instance as instances.get answers it (adapters/compute.py: the API's
+    fields in snake_case; only those Pitstop reads)."""
+
+    id: str
+    name: str
+    status: str
+    machine_type: str
+    creation_timestamp: str
+    last_start_timestamp: str
+    last_stop_timestamp: str
+    guest_accelerators: list[Accelerator]
+    resource_status: ResourceStatus
+    scheduling: VmScheduling
+
+
+class VmBefore(TypedDict):
+    """What the VM was before a repair call, for verify (core/remediation.verified)."""
+
+    id: str | None
+    host: str | None
+    status: str | None
+
+
+class CheckSpec(TypedDict):
+    """A check a scheduler runs on a fenced node (corroborate, diagnose, validate); saved with
+    its step before the scheduler is asked, so a retry starts the same run."""
+
+    kind: str
+    name: str  # core/checks.check_name: a DNS label, fixed per step
+    incident: str
+    gpus: int
+    expected_gpus: NotRequired[int | None]
+    dcgm_level: NotRequired[int]
+    message_bytes: NotRequired[int]
+    peer: NotRequired[bool]
+    xids: NotRequired[list[int]]
+    sxids: NotRequired[list[int]]
+    boot_after: NotRequired[float | None]  # the VM's last start (epoch s): a GKE condition older says nothing
+
+
+class CheckRun(TypedDict, total=False):
+    """A check run's state as recorded (core/scheduling.CheckResult as a document)."""
+
+    done: bool
+    outputs: dict[str, str]
+    peer: str | None
+    error: str | None
+    note: str | None
+
+
+class CapacityDoc(TypedDict, total=False):
+    """What the scheduler said about the gang's healthy capacity (core/scheduling.Capacity)."""
+
+    enough: bool
+    why: str
+    need: int | None
+    free: int | None
+
+
+class JobRestarts(TypedDict):
+    """A job's disruption budget: the runs Pitstop requeued within the window (run key -> at)."""
+
+    runs: dict[str, float]
+
+
+class CallFields(TypedDict, total=False):
+    """The Compute call a repair makes, and its arguments (core/remediation.choose_call)."""
+
+    method: str
+    behavior: str
+    description: str
+    mig: str
+    why_not_report: str
+
+
+class Notice(TypedDict):
+    """An incident notification (core/remediation.notification): what notify renders and sends."""
+
+    id: str
+    kind: str
+    severity: str
+    summary: str
+    incident: dict[str, Any]  # the incident's fields a reader needs (remediation.NOTIFIED_FIELDS)
+    durations_s: dict[str, float | None]
+    resume_s: float | None
+    repair_s: float | None
+    jobs: NotRequired[list[str]]
+    todo: NotRequired[str]
+
+
+class EvidenceGpu(TypedDict, total=False):
+    """The GPU the incident's lines named most, for a check to look at (core/checks.evidence_gpu)."""
+
+    gpu: GpuRef
+
+
+class AlertDetail(TypedDict):
+    """A Monitoring notification as its event keeps it (``detail.alert``; core/alerts.py)."""
+
+    incident_id: str
+    state: str  # open | closed
+    signal: str  # the policy's pitstop_signal label: hang | degraded
+    symptom: str | None
+    policy: str
+    condition: str | None
+    metric_type: str | None
+    metric_labels: dict[str, str]
+    resource_type: str | None
+    resource_labels: dict[str, str]
+    observed_value: str | None
+    threshold_value: str | None
+    started_at: float | None
+    ended_at: float | None
+    summary: str | None
+
+
+class AlertEventDetail(TypedDict):
+    alert: AlertDetail
+
+
+class GpuAt(TypedDict):
+    index: int | None  # nvidia-smi's index of the GPU the log named
+    pci: str | None
+
+
+class DiagnosisDetail(TypedDict, total=False):
+    """What a diagnostic read on the node (core/diagnose.diagnose), kept in its record."""
+
+    gpus_visible: int | None
+    gpus_expected: int | None
+    evidence_gpu: GpuAt
+    dcgm: str | None  # DCGM's verdict word
+    findings: list[str]
+    config_findings: list[str]
+    unreadable: list[str]
+
+
+class Measurement(DiagnosisDetail, total=False):
+    """What a check on the node found, kept on the incident (``corroboration``, ``diagnosis``,
+    ``validation``, and each in ``measured``, newest last): one shape for the three kinds."""
+
+    kind: str  # corroborate | diagnose | validate
+    at: float
+    step: int
+    confirmed: bool | None
+    hardware_fault: bool
+    why: str
+    checked: list[str]  # corroborate: the channels read
+    action: str  # diagnose: what the step does now
+    next: str  # validate: RETURN_TO_SERVICE, REPLACE_NODE or PAGE
+    peer: str | None
+    note: str
+    passed: bool
+    verdict: str
+    busbw_gbps: float | None
+    expected_gbps: float | None
+    threshold_gbps: float | None
+    message_bytes: int | None
+    dcgm_failed: list[str]
+
+
+class FenceDoc(TypedDict, total=False):
+    """How the scheduler fenced the node (core/scheduling.FenceAnswer.doc), kept on the incident."""
+
+    previous_state: str
+    previous_reason: str
+    already_drained_by_other: bool
+    reason: str  # the reason Pitstop's own fence carries
+
+
+class JobRunDoc(TypedDict, total=False):
+    restarts: int | None
+    start_time: str | None
+
+
+class Fenced(TypedDict, total=False):
+    """The fence op's recorded result: the jobs on the node and the runs the fault hit, handed to
+    the next step when this one escalates before its unfence."""
+
+    fenced: str
+    jobs: list[str]
+    runs: dict[str, JobRunDoc]
+    fence: FenceDoc
+
+
+class Unfenced(TypedDict, total=False):
+    """The unfence op's recorded result; ``left_drained``: a fence that is not Pitstop's, left."""
+
+    unfenced: str
+    resumed: bool
+    left_drained: str

@@ -37,11 +37,18 @@ from pitstop.core.actions import NODE_ACTIONS
 from pitstop.core.catalog import XidPolicy
 from pitstop.core.checks import check_name
 from pitstop.core.domain import FaultEvent, NodeRef
+from pitstop.core.scheduling import JobState
 
 SWEEP = "sweep"
 LINKS = "links"
 MAX_NODES = 512  # nodes one localisation sweeps (a 4,096-GPU job); a bigger job is paged, not swept
 SMI, DMESG, NCCL = "nvidia_smi_q", "dmesg", "nccl"
+# A job in these states is not hung: its heartbeat stopped because it ended, was suspended or waits
+# in the queue (a finished or cancelled job stops beating exactly like a hung one; the alert cannot
+# tell them apart, the scheduler can). Nothing is checked, restarted or paged; the owner gets a note.
+NOT_HUNG = frozenset(
+    {JobState.PENDING, JobState.SUSPENDED, JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED}
+)
 TIMED_OUT = 124  # the exit code the agent gives a tool that ran out of time (timeout(1)'s)
 
 
@@ -350,3 +357,11 @@ def page_text(
             lines.append(f"  suspects: {', '.join(r['suspects'])}")
     lines.append(f"The gang: {restart}. If it hangs again, look at the job itself (its software or data).")
     return "\n".join(lines)[:4000]
+
+
+def not_hung_text(job: str, state: str) -> str:
+    """The owner's note for a heartbeat that stopped because the job is not running."""
+    return (
+        f"Job {job} is {state}: its heartbeat stopped because it is not running, not because it hung. "
+        "Nothing was checked, restarted or fenced."
+    )

@@ -28,6 +28,7 @@ import re
 from typing import Any
 
 from pitstop.core import names, trust
+from pitstop.core.domain import NodeRef, Source
 from pitstop.core.envelope import Delivery
 from pitstop.core.sxid_line import parse_sxid
 from pitstop.core.xid_line import MAX_LINE, MAX_MESSAGE, parse_nvrm
@@ -97,7 +98,7 @@ def _ts(v: Any) -> str | None:
     return v if _real_date(v[:10]) else None
 
 
-def new_source(log_name: Any = None, insert_id: Any = None, message_id: str | None = None) -> dict[str, Any]:
+def new_source(log_name: Any = None, insert_id: Any = None, message_id: str | None = None) -> Source:
     return {
         "log_name": clean(log_name, MAX_LOG_NAME) if isinstance(log_name, str) else None,
         "insert_id": clean(insert_id, MAX_ID) if isinstance(insert_id, str) else None,
@@ -107,7 +108,7 @@ def new_source(log_name: Any = None, insert_id: Any = None, message_id: str | No
     }
 
 
-def new_event(kind: str, reason: str, source: dict[str, Any] | None = None, **fields: Any) -> Event:
+def new_event(kind: str, reason: str, source: Source | None = None, **fields: Any) -> Event:
     """A FaultEvent with every key present (the schema requires them all); trust defaults to unverified."""
     ev: Event = {
         "kind": kind,
@@ -124,7 +125,7 @@ def new_event(kind: str, reason: str, source: dict[str, Any] | None = None, **fi
     return ev
 
 
-def invalid(reason: str, source: dict[str, Any] | None = None, **fields: Any) -> Event:
+def invalid(reason: str, source: Source | None = None, **fields: Any) -> Event:
     return new_event("invalid", clean(reason, 512), source, **fields)
 
 
@@ -175,7 +176,7 @@ def _identify(
     log_project: Any,
     instance_id: Any,
     cluster: Any,
-) -> tuple[dict[str, Any] | None, str]:
+) -> tuple[NodeRef | None, str]:
     region = None
     if rtype in GKE_RESOURCES and not has_zone_label and names.valid_region(zone):
         # A regional GKE cluster's entries name its region (reference/gke.md §1): the zone is
@@ -193,7 +194,7 @@ def _identify(
         return None, mismatch
     if instance_id is not None and not names.valid_instance_id(instance_id):
         return None, "instance_id is not numeric"
-    node: dict[str, Any] = {
+    node: NodeRef = {
         "project": project,
         "zone": zone,
         "instance": instance,
@@ -211,11 +212,11 @@ def _identify(
 # Validated identities by the raw values they came from: a storm names a few nodes a million
 # times, and validating each name costs more than the rest of the parse. Bounded; cleared when full.
 # Values of other types than str may share a key (1 == True) only with values as invalid as they.
-_NODES: dict[tuple[Any, ...], tuple[dict[str, Any] | None, str]] = {}
+_NODES: dict[tuple[Any, ...], tuple[NodeRef | None, str]] = {}
 MAX_NODE_MEMO = 4096
 
 
-def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
+def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[NodeRef | None, str]:
     """(node, "") or (None, why not). Sources in the order the brief gives them."""
     res = entry.get("resource")
     rl = _labels(res.get("labels") if isinstance(res, dict) else None)
@@ -248,7 +249,7 @@ def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[
                 _NODES.clear()
             hit = _NODES[key] = _identify(*key)
     node, why = hit
-    return (dict(node) if node else None), why
+    return (node.copy() if node else None), why
 
 
 def _maintenance_detail(proto: dict[str, Any]) -> dict[str, Any]:
@@ -295,7 +296,7 @@ def system_event_problem(entry: dict[str, Any], proto: dict[str, Any]) -> str | 
     return None
 
 
-def _system_event(entry: dict[str, Any], source: dict[str, Any], observed_at: str | None) -> Event:
+def _system_event(entry: dict[str, Any], source: Source, observed_at: str | None) -> Event:
     proto = entry.get("protoPayload")
     if not isinstance(proto, dict):
         source["trust_reason"] = "no protoPayload: not an audit log entry"
@@ -375,9 +376,7 @@ def _read_driver_line(text: str) -> dict[str, Any] | None:
     return parsed
 
 
-def _fault_event(
-    parsed: dict[str, Any], node: dict[str, Any], source: dict[str, Any], **fields: Any
-) -> Event:
+def _fault_event(parsed: dict[str, Any], node: NodeRef, source: Source, **fields: Any) -> Event:
     if "sxid" in parsed:  # an NVSwitch: it names no GPU; its own address stays in the detail
         return new_event("nvswitch_sxid", "", source, node=node, detail=parsed["detail"], **fields)
     gpu = None
@@ -390,7 +389,7 @@ def _fault_event(
     )
 
 
-def _text_event(entry: dict[str, Any], source: dict[str, Any], observed_at: str | None) -> Event:
+def _text_event(entry: dict[str, Any], source: Source, observed_at: str | None) -> Event:
     prov = trust.text_provenance(entry)
     source["trust"], source["trust_reason"] = prov.trust, prov.reason
     if prov.text is None:

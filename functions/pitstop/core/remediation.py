@@ -9,11 +9,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from pitstop.core import checks, corroboration, notifications
 from pitstop.core.actions import RECORD_ONLY_ACTIONS, Action
 from pitstop.core.catalog import SXID_KIND
+from pitstop.core.domain import (
+    CallFields,
+    Fenced,
+    FenceDoc,
+    Incident,
+    JobRestarts,
+    Measurement,
+    Notice,
+    Unfenced,
+    Vm,
+    VmBefore,
+)
 from pitstop.core.notifications import notification_id
 from pitstop.core.ops import Op
 from pitstop.core.scheduling import JobInfo, JobRun, JobState
@@ -52,9 +64,7 @@ OP_STATES: Mapping[Op, frozenset[State]] = {
 DISRUPTIVE_OPS = frozenset({Op.CHECKPOINT, Op.RESCHEDULE_EARLY, Op.DIAGNOSE, Op.ACT, Op.RESCHEDULE})
 
 
-def refusal(
-    inc: Mapping[str, Any], op: Op, step: int, execution: str, corroborate: bool = True
-) -> str | None:
+def refusal(inc: Incident, op: Op, step: int, execution: str, corroborate: bool = True) -> str | None:
     """Why this execution may not run ``op`` on the incident now; None when it may.
 
     Checked before every mutating op (``fail`` has its own rules): the step must still be the
@@ -74,6 +84,14 @@ def refusal(
     return None
 
 
+def instance_of(inc: Incident) -> str:
+    """The incident's VM (a node-level incident's; a job-level one names a job, not a node)."""
+    node = inc["node"]
+    if node is None:
+        raise TypeError(f"incident {inc['id']} is about a job, not a node")
+    return node["instance"]
+
+
 # -- what the scheduler said ---------------------------------------------------------------------
 
 
@@ -84,15 +102,15 @@ def merge_jobs(first: Iterable[JobInfo], then: Iterable[JobInfo]) -> list[JobInf
     return [*out, *(j for j in then if j.job not in seen)]
 
 
-def handed_over(fence: Mapping[str, Any]) -> list[JobInfo]:
+def handed_over(fence: Fenced) -> list[JobInfo]:
     """The jobs a previous step's fence recorded, with the runs its fault hit (for the next step)."""
     runs = fence.get("runs") or {}
     return [JobInfo(str(j), JobState.UNKNOWN, JobRun.of(runs.get(j))) for j in fence.get("jobs", [])]
 
 
 def admit_restart(
-    doc: Mapping[str, Any] | None, run_key: str, now: float, cap: int, window_s: float
-) -> tuple[bool, dict[str, Any]]:
+    doc: JobRestarts | None, run_key: str, now: float, cap: int, window_s: float
+) -> tuple[bool, JobRestarts]:
     """The job-disruption budget: may this run of the job be requeued, and the job's record after.
 
     The record holds the runs Pitstop requeued within the window (``runs: {run key: at}``); a run
@@ -100,7 +118,7 @@ def admit_restart(
     """
     runs = {
         str(k): float(at)
-        for k, at in ((doc or {}).get("runs") or {}).items()
+        for k, at in ((doc.get("runs") if doc else None) or {}).items()
         if isinstance(at, int | float) and now - float(at) < window_s
     }
     if run_key in runs:
@@ -156,13 +174,13 @@ def gang_running(watched: Mapping[str, JobRun], now: Mapping[str, JobInfo]) -> b
 class CallChoice:
     """The Compute Engine method for the action and its arguments, or why none can be made."""
 
-    fields: Mapping[str, Any]
+    fields: CallFields
     error: str | None = None
 
 
 def choose_call(
-    inc: Mapping[str, Any],
-    vm: Mapping[str, Any],
+    inc: Incident,
+    vm: Vm,
     report_ok: tuple[bool, str],
     mig: str | None,
 ) -> CallChoice:
@@ -189,12 +207,12 @@ def choose_call(
             {"method": "reportHostAsFaulty", "behavior": behavior, "description": evidence(inc)}
         )
     if mig is None:
-        node = inc["node"]["instance"]
+        node = instance_of(inc)
         return CallChoice({}, f"cannot replace {node}: {why}, and it is not in a managed instance group")
     return CallChoice({"method": "recreateInstances", "mig": mig, "why_not_report": why})
 
 
-def vm_before(vm: Mapping[str, Any]) -> dict[str, Any]:
+def vm_before(vm: Vm) -> VmBefore:
     """What the VM was before the call, for verify: its id, host and status."""
     return {
         "id": vm.get("id"),
@@ -203,13 +221,13 @@ def vm_before(vm: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def block_of(vm: Mapping[str, Any]) -> str | None:
+def block_of(vm: Vm) -> str | None:
     """The VM's reservation block (``cluster/block``) from Compute's physical host topology."""
     topo = (vm.get("resource_status") or {}).get("physical_host_topology") or {}
     return f"{topo.get('cluster', '')}/{topo['block']}" if topo.get("block") else None
 
 
-def verified(method: str, before: Mapping[str, Any], vm: Mapping[str, Any]) -> bool:
+def verified(method: str, before: VmBefore, vm: Vm) -> bool:
     """The VM is back: RUNNING, on a new host after a host report, a new VM after a recreate."""
     ok = vm.get("status") == "RUNNING"
     if method == "wait_for_platform":  # done only once the platform's window is over
@@ -224,7 +242,7 @@ def verified(method: str, before: Mapping[str, Any], vm: Mapping[str, Any]) -> b
 PLATFORM_MARGIN_S = 1800.0  # after the window's end: the platform reports completion in that time
 
 
-def platform_window_end(vm: Mapping[str, Any]) -> str | None:
+def platform_window_end(vm: Vm) -> str | None:
     """The end of the VM's pending maintenance window (RFC 3339), or its latest start."""
     maint = (vm.get("resource_status") or {}).get("upcoming_maintenance") or {}
     end = maint.get("window_end_time") or maint.get("latest_window_start_time")
@@ -236,7 +254,7 @@ def platform_wait_s(window_end: float | None, now: float) -> float:
     return 0.0 if window_end is None else max(0.0, window_end - now + PLATFORM_MARGIN_S)
 
 
-def evidence(inc: Mapping[str, Any]) -> str:
+def evidence(inc: Incident) -> str:
     """The host report's description: what Pitstop saw, from validated fields only."""
     counts = ", ".join(
         f"{k.replace('sxid_', 'SXid ').replace('xid_', 'Xid ')} x{v}"
@@ -254,14 +272,15 @@ def evidence(inc: Mapping[str, Any]) -> str:
 # -- what the incident records and says -----------------------------------------------------------
 
 
-def measured(doc: Mapping[str, Any], record: Mapping[str, Any], step: int) -> list[dict[str, Any]]:
+def measured(doc: Incident, record: Measurement, step: int) -> list[Measurement]:
     """The incident's measurements with this one (one per kind and step: a retried judge replaces it)."""
     kept = [
-        dict(m)
+        cast(Measurement, dict(m))  # as stored: anything but a record is dropped
         for m in doc.get("measured") or []
         if isinstance(m, Mapping) and (m.get("kind"), m.get("step")) != (record.get("kind"), step)
     ]
-    return [*kept, {**record, "step": step}][-checks.MAX_MEASURED :]
+    latest: Measurement = {**record, "step": step}
+    return [*kept, latest][-checks.MAX_MEASURED :]
 
 
 def failure(extra: Mapping[str, Any]) -> tuple[str, str]:
@@ -274,7 +293,7 @@ def failure(extra: Mapping[str, Any]) -> tuple[str, str]:
     return stage, f"{stage} failed: {detail or message}"[:500]
 
 
-def node_note(inc: Mapping[str, Any], unfenced: Mapping[str, Any]) -> tuple[str, str]:
+def node_note(inc: Incident, unfenced: Unfenced) -> tuple[str, str]:
     """Where the node stands in its scheduler (one sentence), and what a person does about its fence.
 
     Only what is true: a fence someone else set is theirs (Pitstop neither replaced nor lifts it),
@@ -282,7 +301,8 @@ def node_note(inc: Mapping[str, Any], unfenced: Mapping[str, Any]) -> tuple[str,
     """
     if not inc.get("node"):  # a hung job's episode: Pitstop fenced no node for it
         return f"{notifications.subject(inc)} has no node of its own fenced.", ""
-    node, fence = inc["node"]["instance"], inc.get("fence") or {}
+    node = instance_of(inc)
+    fence: FenceDoc = inc.get("fence") or {}
     if fence.get("already_drained_by_other"):
         return (
             f"{node} stays drained by someone else: it was already {fence.get('previous_state')} with "
@@ -304,7 +324,7 @@ def node_note(inc: Mapping[str, Any], unfenced: Mapping[str, Any]) -> tuple[str,
     return f"{node} stays fenced (drained) with reason '{reason}'.", "resume it in the scheduler and "
 
 
-def summary(inc: Mapping[str, Any], unfenced: Mapping[str, Any]) -> str:
+def summary(inc: Incident, unfenced: Unfenced) -> str:
     node = notifications.subject(inc)  # a hung job's episode has no node: its job
     loc = inc.get("localisation") or {}
     if loc.get("culprits"):
@@ -340,9 +360,10 @@ NOTIFIED_FIELDS = (
 )
 
 
-def notification(inc: Mapping[str, Any], severity: str, text: str, **extra: Any) -> dict[str, Any]:
-    """An incident notification (its id is fixed by the incident, its step and its state)."""
-    return {
+def notification(inc: Incident, severity: str, text: str, **extra: Any) -> Notice:
+    """An incident notification (its id is fixed by the incident, its step and its state); ``extra``
+    adds to it or overrides (``jobs``, ``todo``, or a notification ``id`` of another decision)."""
+    out: Notice = {
         "id": notification_id("incident", inc.get("id"), inc.get("step"), inc.get("state")),
         "kind": "incident",
         "severity": severity,
@@ -351,5 +372,5 @@ def notification(inc: Mapping[str, Any], severity: str, text: str, **extra: Any)
         "durations_s": durations(inc),
         "resume_s": resume_s(inc),
         "repair_s": repair_s(inc),
-        **extra,
     }
+    return cast(Notice, {**out, **extra})  # the extras are the caller's keys, unchecked here

@@ -19,8 +19,8 @@ A record whose payload hash differs from the request's is refused: a key reused 
 request must not replay an answer that was never its own. The claim expiry is derived from the
 deployed timeout of whoever runs the handler (``claim_seconds``): past it, the attempt is dead.
 
-The store is a small protocol (Firestore for actuate and notify, SQLite for the Slurm agent, a
-dict in tests), so the state machine is written, and tested, once.
+The store is a small protocol (Firestore for actuate and notify, SQLite for the Slurm agent's
+ledger in agent/slurm/ledger.py, a dict in tests), so the state machine is written, and tested, once.
 """
 
 from __future__ import annotations
@@ -149,10 +149,13 @@ class Replay:
 
 @dataclass(frozen=True)
 class Release:
-    """What a handler returns when it did nothing: the next call runs it afresh, nothing is replayed."""
+    """What a handler returns when it did nothing (or nothing final): the next call runs it afresh,
+    nothing is replayed. ``keep`` leaves ``answer`` on the released record as its ``result``, for
+    whoever reads the record (the Slurm agent's transient answer); it is still never replayed."""
 
     answer: dict[str, Any]
     why: str
+    keep: bool = False
 
 
 Handler = Callable[[Claim], "dict[str, Any] | Release"]
@@ -187,7 +190,7 @@ class StepRunner(Generic[V]):
         try:
             out = handler(begun)
             if isinstance(out, Release):
-                self.release(begun, out.why)
+                self.release(begun, out.why, out.answer if out.keep else None)
                 return out.answer
             self.finish(begun, out)
         except BaseException as exc:  # raised, or its result not written: the next call runs it again
@@ -263,9 +266,12 @@ class StepRunner(Generic[V]):
         if not self.store.update_held(claim.key, claim.token, done):
             raise ClaimLostError(claim.key, {"owner": "another attempt"})
 
-    def release(self, claim: Claim, why: str) -> None:
-        """Give the claim up at once (what it saved stays); best effort: else it expires."""
+    def release(self, claim: Claim, why: str, result: Mapping[str, Any] | None = None) -> None:
+        """Give the claim up at once (what it saved stays, and ``result`` when given); best effort:
+        else it expires."""
         fields: StepRecord = {"state": RELEASED, "error": why[:300], "released_at": self.clock()}
+        if result is not None:
+            fields["result"] = dict(result)
         try:
             self.store.update_held(claim.key, claim.token, fields)
         except Exception as again:

@@ -2,7 +2,7 @@
 
 Two implementations keep the same semantics: adapters/firestore.py (one Firestore transaction per
 decision, for the functions) and adapters/memory_store.py (a lock standing for the transaction,
-for unit tests, ``pitstop replay`` and the simulator). tests/test_store_port.py runs one suite
+for unit tests, ``pitstop replay`` and the simulator). tests/adapters/test_store_port.py runs one suite
 against both.
 """
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from pitstop.core import resources
 from pitstop.core.actions import Action
+from pitstop.core.domain import Measurement
 
 # ---------------------------------------------------------------- expectations (validation.yaml)
 
@@ -367,7 +368,7 @@ class Validation:
     def hardware_suspect(self) -> bool:
         return self.verdict in ("degraded", "dcgm_fail", "corrupt")
 
-    def as_record(self) -> dict[str, Any]:
+    def as_record(self) -> Measurement:
         return {
             "passed": self.passed,
             "verdict": self.verdict,

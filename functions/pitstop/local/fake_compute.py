@@ -786,6 +786,7 @@ class FakeCompute:
                         "provisioning": i.provisioning,
                         "maintenance": i.maintenance,
                         "gpu_state": self.host_gpu.get(i.host),
+                        "kmsg": [dict(k) for k in i.kmsg],  # this boot's ring buffer (local/npd.py)
                     }
                     for i in self.instances.values()
                 ],

@@ -388,6 +388,7 @@ class ComputeVms:
     def __init__(self, compute_url: str, interval: float = 0.05) -> None:
         self.url, self.interval = compute_url.rstrip("/"), interval
         self._now: dict[str, str] = {}
+        self._kmsg: dict[str, list[str]] = {}  # RUNNING VMs' ring buffers, for the NPD stand-in
         self._latched: dict[str, str] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -403,13 +404,23 @@ class ComputeVms:
         self._thread.join(timeout=5)
 
     def fetch(self) -> dict[str, str]:
-        """Every VM's status now; empty when the fake Compute does not answer."""
+        """Every VM's status now (each RUNNING VM's kernel lines kept for ``kmsg``); empty when the
+        fake Compute does not answer."""
         req = urllib.request.Request(self.url + "/_admin/state", data=b"{}", method="POST")  # noqa: S310
         try:
             with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310 - loopback
-                return {i["name"]: str(i["status"]) for i in json.loads(resp.read())["instances"]}
-        except (OSError, ValueError, KeyError):
+                insts = json.loads(resp.read())["instances"]
+            status = {i["name"]: str(i["status"]) for i in insts}
+            kmsg = {
+                i["name"]: [str(k["msg"]) for k in i.get("kmsg") or []]
+                for i in insts
+                if i["status"] == "RUNNING"
+            }
+        except (OSError, ValueError, KeyError, TypeError):
             return {}
+        with self._lock:
+            self._kmsg = kmsg
+        return status
 
     def poll(self) -> None:
         now = self.fetch()
@@ -421,6 +432,11 @@ class ComputeVms:
         while not self._stop.wait(self.interval):
             self.poll()
 
+    def kmsg(self) -> dict[str, list[str]]:
+        """Each RUNNING VM's kernel ring buffer (this boot), as the node's NPD reads /dev/kmsg."""
+        with self._lock:
+            return dict(self._kmsg)
+
     def __call__(self, name: str) -> str | None:
         with self._lock:
             return self._latched.pop(name, None) or self._now.get(name)
@@ -429,6 +445,7 @@ class ComputeVms:
 def serve(args: argparse.Namespace) -> None:
     """Run the fake API server until SIGTERM, its nodes the cluster's VMs."""
     from pitstop.local.fake_k8s import FakeKube
+    from pitstop.local.npd import Npd
 
     cluster = json.loads(Path(args.cluster).read_text())
     vms = ComputeVms(args.compute).start()
@@ -453,6 +470,7 @@ def serve(args: argparse.Namespace) -> None:
     kube.start(port=args.port)
     kube.write_kubeconfig(args.kubeconfig)
     stop = threading.Event()
+    Npd(vms.kmsg, kube.set_node_condition).run(stop)  # infra/gke/npd.yaml's DaemonSet, deploy applies it
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
     signal.signal(signal.SIGINT, lambda *a: stop.set())
     stop.wait()

@@ -13,7 +13,6 @@ The periodic upkeep (what happens with no entry arriving) is services/sweep.py.
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +27,7 @@ from pitstop.core.classify import Classifier
 from pitstop.core.envelope import unwrap
 from pitstop.core.policy import Policy
 from pitstop.core.store import IncidentStore
+from pitstop.core.timefmt import to_epoch
 from pitstop.services.coalesce import Coalescer
 from pitstop.services.launch import Launcher, Publisher, Starter
 
@@ -37,21 +37,6 @@ FOLLOW_UP_ERRORS = (gexc.GoogleAPICallError, gexc.RetryError, ValueError, Timeou
 
 class PoisonMessageError(ValueError):
     """The delivery cannot be decoded; retrying is pointless, dead-lettering keeps it."""
-
-
-def to_epoch(ts: str | None) -> float | None:
-    if not ts:
-        return None
-    s = ts.replace("Z", "+00:00")
-    if "." in s:  # Python parses at most 6 fractional digits; Cloud Logging sends 9
-        head, _, rest = s.partition(".")
-        digits = "".join(c for c in rest if c.isdigit())
-        tz = rest[len(digits) :]
-        s = f"{head}.{digits[:6]}{tz}"
-    try:
-        return dt.datetime.fromisoformat(s).timestamp()
-    except ValueError:
-        return None
 
 
 class Ingest:

@@ -34,7 +34,8 @@ from pitstop.core.engine import Outcome
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
 from pitstop.core.store import IncidentStore
-from pitstop.services.ingest import FOLLOW_UP_ERRORS, Ingest, to_epoch
+from pitstop.core.timefmt import to_epoch
+from pitstop.services.ingest import FOLLOW_UP_ERRORS, Ingest
 from pitstop.services.outbox import page_notification
 
 # Refused starts of one step before its incident fails with a page (a refusal that cannot pass

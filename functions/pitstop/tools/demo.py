@@ -474,7 +474,7 @@ class Scenarios(Pipeline):
         self.router.publish(entry)
         inc = self.finished(node, timeout=120)
         window = entry["protoPayload"]["metadata"]["windowStartTime"]
-        from pitstop.services.ingest import to_epoch
+        from pitstop.core.timefmt import to_epoch
 
         before_window = (inc["timeline"].get("fenced") or 1e18) < (to_epoch(window) or 0)
         maint = self.calls("perform_maintenance", node)
@@ -1316,7 +1316,7 @@ class GkeScenarios(Pipeline):
             {"project": PROJECT, "zone": ZONE, "instance": node, "starts_in_s": 400},
         )
         self.router.publish(entry)
-        from pitstop.services.ingest import to_epoch
+        from pitstop.core.timefmt import to_epoch
 
         return entry, to_epoch(entry["protoPayload"]["metadata"]["windowStartTime"]) or 0.0
 

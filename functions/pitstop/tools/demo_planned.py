@@ -26,7 +26,7 @@ TIMEOUT_S = 240.0
 
 def pool(sc: SlurmStage) -> list[str]:
     """The ten nodes these scenarios use: the ten before the back-to-training ones (``fresh``) on
-    the demo's cluster, all of them on a cluster of their own (tests/test_e2e_planned.py)."""
+    the demo's cluster, all of them on a cluster of their own (tests/e2e/test_e2e_planned.py)."""
     return sc.nodes[-20:-10] if len(sc.nodes) >= 20 else sc.nodes[-10:]
 
 

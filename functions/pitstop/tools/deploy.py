@@ -610,7 +610,8 @@ def _gke_node_pool_check(e: Entry, t: Target) -> list[Step]:
 
 
 def _gke_rbac(e: Entry, t: Target) -> list[Step]:
-    """actuate's and ingest's ClusterRoles and bindings, applied with kubectl in the cluster itself.
+    """A manifest applied with kubectl in the cluster itself: actuate's and ingest's ClusterRoles and
+    bindings (gke/clusterrole.yaml), the node-problem-detector DaemonSet (gke/npd.yaml).
 
     gcloud writes the cluster's credentials (the caller's identity, not Pitstop's) into a private
     directory of this run; the manifest names actuate's account where it says ${ACTUATOR_SA} and

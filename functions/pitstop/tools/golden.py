@@ -4,7 +4,7 @@
 (every field of every step) and the dry-run output, normalised so that only a real change shows:
 the ``pitstop_config`` digests (they digest the shipped code, which changes with every edit) become
 ``<digest>``, and this checkout's path the recorded one. A deploy change is then reviewed as the
-diff of these files; tests/test_deploy_plan.py fails while they are stale.
+diff of these files; tests/tools/test_deploy_plan.py fails while they are stale.
 """
 
 from __future__ import annotations

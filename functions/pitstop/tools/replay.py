@@ -21,7 +21,7 @@ from pitstop.core.classify import Classifier
 from pitstop.core.envelope import unwrap
 from pitstop.core.parse import invalid, parse_entry
 from pitstop.core.policy import Policy, from_doc
-from pitstop.services.ingest import to_epoch
+from pitstop.core.timefmt import to_epoch
 from pitstop.services.sweep import release_held
 
 SWEEP_EVERY_S = 60.0

@@ -54,7 +54,7 @@ from pitstop.adapters.gke.objects import (
     valid_object_name,
 )
 from pitstop.adapters.gke.restart import STUCK_TERMINATING_S, WorkloadCycle
-from pitstop.core.corroboration import CORROBORATE
+from pitstop.core.corroboration import CORROBORATE, NPD_CONDITION
 from pitstop.core.scheduling import (
     Capacity,
     CheckResult,
@@ -241,7 +241,8 @@ class GkeCluster:
         return self.checks.result(node, check)
 
     def _xid_condition(self, node: str) -> str:
-        """The Node's bootID and XidCriticalError condition (the device plugin's, from NVML): JSON."""
+        """The Node's bootID, the device plugin's XidCriticalError (from NVML) and Pitstop's NPD
+        condition PitstopKernelXid (from /dev/kmsg, infra/gke/npd.yaml): JSON."""
         cur = self.kube.node_or_none(node)
         if cur is None:
             raise ActuatorError(503, f"node {node} does not exist (yet): cannot read its conditions", True)
@@ -251,13 +252,16 @@ class GkeCluster:
         conds = [
             c
             for c in status.get("conditions") or []
-            if isinstance(c, Mapping) and c.get("type") == XID_CONDITION
+            if isinstance(c, Mapping) and c.get("type") in (XID_CONDITION, NPD_CONDITION)
         ]
-        doc = {"status": {"nodeInfo": {"bootID": info.get("bootID")}, "conditions": conds[:1]}}
+        doc = {"status": {"nodeInfo": {"bootID": info.get("bootID")}, "conditions": conds[:2]}}
         return json.dumps(doc)[:8192]
 
 
-WHY_NODE_CONDITION = "the Node's XidCriticalError condition (GKE GPU device plugin, from NVML events)"
+WHY_NODE_CONDITION = (
+    "the Node's XidCriticalError condition (GKE GPU device plugin, from NVML events) and"
+    " PitstopKernelXid (node-problem-detector, from /dev/kmsg)"
+)
 
 
 class GkeScheduler:

@@ -18,8 +18,10 @@ to v0.0.42 and no node update before v0.0.39.
 Exactly once. Pub/Sub delivers a command at least once, actuate republishes the same command
 id on every retry, and streaming pull runs callbacks concurrently, so the agent claims a
 command before it runs it (the pattern idempotency libraries use: record "in progress" under a
-precondition, act, record the result). The record is a local SQLite ledger (``--ledger``, one
-row per command id with a ``version`` bumped on every write):
+precondition, act, record the result). Each command id is one step of core/steps.StepRunner,
+the runner actuate and notify use; its store is a local SQLite ledger (``--ledger``, one row per
+command id with a ``version`` bumped on every write; ledger.LedgerSteps reads the rows as step
+records):
 
 1. Insert the row as ``running`` with an owner, a claim token and ``claim_until``
    (``INSERT OR IGNORE``: exactly one insert of a command id succeeds).
@@ -101,7 +103,7 @@ from pitstop.agent.slurm.checks import CheckRuns, check_minutes, check_steps
 from pitstop.agent.slurm.cli import commands_for, main, parse_args, results_topic, run_check_main
 from pitstop.agent.slurm.commands import SlurmCommands
 from pitstop.agent.slurm.ledger import Ledger
-from pitstop.agent.slurm.loop import Agent, Claim, ResultSink, ResultsTopic
+from pitstop.agent.slurm.loop import Agent, ResultSink, ResultsTopic
 from pitstop.agent.slurm.text import (
     CLAIM_S,
     DEFAULT_LEDGER,
@@ -125,7 +127,6 @@ __all__ = [
     "Agent",
     "CheckRuns",
     "CheckTools",
-    "Claim",
     "CommandRefusedError",
     "Ledger",
     "NodeInfo",

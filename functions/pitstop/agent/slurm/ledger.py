@@ -1,4 +1,9 @@
-"""The agent's claims and results, in SQLite on the controller: one row per command id."""
+"""The agent's claims and results, in SQLite on the controller: one row per command id.
+
+``Ledger`` is the table; ``LedgerSteps`` is the same rows as a store of core/steps.py, so the
+agent claims, finds and records its commands through the step runner actuate and notify use.
+A row stays the wire record (core/slurm_wire.Result) the agent publishes whole.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,19 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pitstop.core.domain import StepRecord
 from pitstop.core.slurm_wire import (
+    FINAL_STATES,
+    RESULT_RUNNING,
+    RESULT_TRANSIENT,
+    Result,
     result_state,
 )
+from pitstop.core.steps import DONE, IN_PROGRESS, RELEASED, Stored
 
 
 class Ledger:
@@ -56,24 +67,38 @@ class Ledger:
     ) -> tuple[dict[str, Any], int] | None:
         """Merge ``fields`` into the row if it is still at ``version``: (document, new version), or
         None when another write came first (the precondition failed) or the row is gone."""
+        return self.merge(cid, lambda doc: fields, now, version)
+
+    def merge(
+        self,
+        cid: str,
+        fields_of: Callable[[dict[str, Any]], Mapping[str, Any] | None],
+        now: float,
+        version: int | None = None,
+    ) -> tuple[dict[str, Any], int] | None:
+        """Merge what ``fields_of`` makes of the row (None: leave it) into it, read and written in
+        one transaction, at ``version`` when given: (document, new version), or None when nothing
+        was written."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 row = self._db.execute(
-                    "SELECT doc FROM results WHERE id = ? AND version = ?", (cid, version)
+                    "SELECT doc, version FROM results WHERE id = ? AND (? IS NULL OR version = ?)",
+                    (cid, version, version),
                 ).fetchone()
-                doc = None if row is None else {**json.loads(row[0]), **fields}
+                fields = None if row is None else fields_of(dict(json.loads(row[0])))
+                doc = None if row is None or fields is None else {**json.loads(row[0]), **fields}
                 if doc is not None:
                     self._db.execute(
                         "UPDATE results SET doc = ?, state = ?, updated_at = ?, version = version + 1"
                         " WHERE id = ? AND version = ?",
-                        (json.dumps(doc), result_state(doc), now, cid, version),
+                        (json.dumps(doc), result_state(doc), now, cid, row[1]),
                     )
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-        return None if doc is None else (doc, version + 1)
+        return None if doc is None else (doc, int(row[1]) + 1)
 
     def prune(self, before: float) -> int:
         """Delete rows last written before ``before``; how many."""
@@ -83,3 +108,99 @@ class Ledger:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+class LedgerSteps:
+    """The ledger's rows as a step store (core/steps.StepStore), versioned by the row's ``version``.
+
+    A row stays the wire record (running, transient, done or failed), so what the agent publishes
+    and what a ledger written by an older agent holds are unchanged; this class translates:
+
+    - ``in_progress`` is ``running`` with ``claim_until`` for ``expires_at``;
+    - ``done`` is a final row (done or failed): its ``result`` is the whole row, published again;
+    - ``released`` is ``transient`` (the next delivery runs a new attempt), the released record's
+      kept ``result`` written as the row; a take-over keeps the last attempt's error as
+      ``previous_error``.
+
+    No payload hash is kept: a command id is already a digest of its op and arguments
+    (adapters/slurm.py), so an id never names another request.
+    """
+
+    def __init__(self, ledger: Ledger, clock: Callable[[], float]) -> None:
+        self.ledger, self.clock = ledger, clock
+
+    def read(self, key: str) -> Stored[int] | None:
+        got = self.ledger.get(key)
+        return None if got is None else Stored(step_record(got[0]), got[1])
+
+    def row(self, key: str) -> dict[str, Any] | None:
+        """The wire record as it stands (what the agent publishes)."""
+        got = self.ledger.get(key)
+        return None if got is None else got[0]
+
+    def create(self, key: str, record: StepRecord) -> bool:
+        return self.ledger.create(key, wire_fields(key, record), self.clock()) is not None
+
+    def replace(self, key: str, record: StepRecord, version: int) -> bool:
+        def taken(old: dict[str, Any]) -> dict[str, Any]:
+            return {**wire_fields(key, record), "previous_error": old.get("error")}
+
+        return self.ledger.merge(key, taken, self.clock(), version) is not None
+
+    def update_held(self, key: str, token: str, fields: StepRecord) -> bool:
+        def held(old: dict[str, Any]) -> dict[str, Any] | None:
+            if old.get("token") != token or result_state(old) != RESULT_RUNNING:
+                return None
+            return wire_fields(key, fields)
+
+        return self.ledger.merge(key, held, self.clock()) is not None
+
+
+def step_record(row: Mapping[str, Any]) -> StepRecord:
+    """A ledger row read as a step record."""
+    state = result_state(row)
+    rec: StepRecord = {
+        "owner": str(row.get("owner") or ""),
+        "token": str(row.get("token") or ""),
+        "attempt": int(_number(row.get("attempt")) or 1),
+    }
+    if state == RESULT_RUNNING:
+        rec["state"], rec["op"] = IN_PROGRESS, str(row.get("op") or "")
+        rec["claimed_at"], rec["expires_at"] = _number(row.get("claimed_at")), _number(row.get("claim_until"))
+    elif state in FINAL_STATES:
+        rec["state"], rec["result"] = DONE, dict(row)
+    else:  # transient, or a state this agent does not know: a new attempt runs it
+        rec["state"], rec["error"] = RELEASED, str(row.get("error") or "")
+    return rec
+
+
+def wire_fields(key: str, rec: StepRecord) -> dict[str, Any]:
+    """What a step record's fields change in its ledger row."""
+    state = rec.get("state")
+    if state == DONE:
+        return dict(rec.get("result") or {})
+    if state == RELEASED:
+        kept = rec.get("result")
+        if kept:
+            return {**kept, "state": RESULT_TRANSIENT}
+        return {"state": RESULT_TRANSIENT, "error": rec.get("error")}
+    if state == IN_PROGRESS:
+        claim: Result = {
+            "id": key,
+            "op": rec.get("op") or None,
+            "state": RESULT_RUNNING,
+            "owner": rec.get("owner", ""),
+            "token": rec.get("token", ""),
+            "attempt": rec.get("attempt", 1),
+            "claimed_at": rec.get("claimed_at", 0.0),
+            "claim_until": rec.get("expires_at", 0.0),
+        }
+        return dict(claim)
+    return dict(rec)  # what an attempt saved: kept beside the row's fields
+
+
+def _number(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return 0.0

@@ -1,4 +1,4 @@
-"""The agent's loop: parse a command, claim it in the ledger, run it, publish every state of it."""
+"""The agent's loop: parse a command, claim it through the step runner, run it, publish every state of it."""
 
 from __future__ import annotations
 
@@ -10,16 +10,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pitstop.adapters import log
 from pitstop.agent.slurm.commands import (
     SlurmCommands,
 )
-from pitstop.agent.slurm.ledger import (
-    Ledger,
-)
+from pitstop.agent.slurm.ledger import Ledger, LedgerSteps
 from pitstop.agent.slurm.text import (
     CLAIM_S,
     KEEP_S,
@@ -30,13 +27,12 @@ from pitstop.agent.slurm.text import (
 )
 from pitstop.core.slurm_wire import (
     COMMAND_ID,
-    FINAL_STATES,
     RESULT_DONE,
     RESULT_FAILED,
-    RESULT_RUNNING,
     RESULT_TRANSIENT,
     result_state,
 )
+from pitstop.core.steps import DONE, BusyError, Claim, ClaimLostError, Release, StepRunner, record_state
 
 
 class ResultSink(Protocol):
@@ -74,16 +70,10 @@ class ResultsTopic:
             raise
 
 
-@dataclass(frozen=True)
-class Claim:
-    """This delivery's right to run a command: the attempt, and the ledger row version it wrote."""
-
-    token: str
-    attempt: int
-    version: int
-
-
 class Agent:
+    """Claims, runs and answers commands; each command id is one step of core/steps.StepRunner
+    over the SQLite ledger (LedgerSteps), so "running" is recorded before any Slurm call."""
+
     def __init__(
         self,
         commands: SlurmCommands,
@@ -96,6 +86,8 @@ class Agent:
         self.commands, self.ledger, self.results, self.clock = commands, ledger, results, clock
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.claim_s = claim_s
+        self.steps = LedgerSteps(ledger, clock)
+        self.runner: StepRunner[int] = StepRunner(self.steps, claim_s, clock, _warn)
         self.handled = 0
 
     @staticmethod
@@ -130,24 +122,54 @@ class Agent:
             deadline = 0.0
         if now > deadline:
             return self._refuse_expired(cmd, now, deadline)
-        claim = self._claim(cmd, now)
-        if claim is None:
-            return None
-        result = self._execute(cmd, claim)
-        doc = self._finish(cmd, claim, result)
+        doc = self._run(cmd)
         if doc is None:
             return None
         self.results.send(doc)
         self.handled += 1
         log.emit(
-            "INFO" if result["ok"] else "WARNING",
+            "INFO" if doc["ok"] else "WARNING",
             "slurm agent: command done",
             id=cmd["id"],
             op=cmd.get("op"),
-            state=result["state"],
-            attempt=claim.attempt,
-            error=result.get("error"),
+            state=doc["state"],
+            attempt=doc.get("attempt"),
+            error=doc.get("error"),
         )
+        return doc
+
+    def _run(self, cmd: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The command as one step: a known answer published again (None), a live claim of another
+        delivery left to it (None), or claimed, run and recorded (its row)."""
+        cid = cmd["id"]
+        payload = {"op": cmd.get("op"), "id": cid, "args": cmd.get("args")}
+        try:
+            doc = self.runner.run(cid, payload, lambda claim: self._attempt(cmd, claim), self.owner)
+        except ClaimLostError:
+            row = self.steps.row(cid)
+            log.emit("ERROR", "slurm agent: claim lost while running; result not recorded", id=cid,
+                     owner=(row or {}).get("owner"), state=result_state(row) if row else None)  # fmt: skip
+            return None
+        except BusyError as exc:
+            log.emit("INFO", "slurm agent: command is being run by another delivery; left to it",
+                     id=cid, owner=exc.held.get("owner"))  # fmt: skip
+            return None
+        if doc.pop("replayed", False):
+            self._replay(cid, doc)
+            return None
+        return doc
+
+    def _attempt(self, cmd: Mapping[str, Any], claim: Claim) -> dict[str, Any] | Release:
+        """Inside the claim: announce it, run the command, and say what to record (a transient
+        failure releases the claim, keeping its answer, so the next delivery runs it again)."""
+        row = self.steps.row(claim.key) or {}
+        if claim.attempt > 1:
+            log.emit("INFO", "slurm agent: command taken over for a new attempt", id=claim.key,
+                     attempt=claim.attempt, previous_error=row.get("previous_error"))  # fmt: skip
+        self._announce(row)
+        doc = {**row, **self._execute(cmd, claim.attempt)}
+        if doc["state"] == RESULT_TRANSIENT:
+            return Release(doc, str(doc["error"]), keep=True)
         return doc
 
     def _replay(self, cid: str, doc: Mapping[str, Any]) -> None:
@@ -177,10 +199,10 @@ class Agent:
             "attempt": 0,
             "done_at": now,
         }
-        if self.ledger.create(cmd["id"], doc, now) is None:  # seen before; a fresher copy carries any retry
-            known = self.ledger.get(cmd["id"])
-            if known is not None and result_state(known[0]) in FINAL_STATES:
-                self._replay(cmd["id"], known[0])
+        if not self.steps.create(cmd["id"], {"state": DONE, "result": doc}):
+            known = self.steps.read(cmd["id"])  # seen before; a fresher copy carries any retry
+            if known is not None and record_state(known.record) == DONE:
+                self._replay(cmd["id"], known.record.get("result") or {})
             else:
                 log.emit("INFO", "slurm agent: expired copy of a known command ignored", id=cmd["id"])
             return None
@@ -189,61 +211,7 @@ class Agent:
         log.emit("WARNING", "slurm agent: expired command refused", id=cmd["id"], op=cmd.get("op"))
         return doc
 
-    def _claim_fields(self, cmd: Mapping[str, Any], now: float, token: str, attempt: int) -> dict[str, Any]:
-        return {
-            "id": cmd["id"],
-            "op": cmd.get("op"),
-            "state": RESULT_RUNNING,
-            "owner": self.owner,
-            "token": token,
-            "attempt": attempt,
-            "claimed_at": now,
-            "claim_until": now + self.claim_s,
-        }
-
-    def _claim(self, cmd: Mapping[str, Any], now: float) -> Claim | None:
-        """Make this delivery the one that runs the command, or say why not (None)."""
-        token, cid = uuid.uuid4().hex, cmd["id"]
-        for _ in range(3):  # a row pruned between insert and read is simply tried again
-            fields = self._claim_fields(cmd, now, token, 1)
-            if self.ledger.create(cid, fields, now) is not None:
-                self._announce(fields)
-                return Claim(token, 1, 1)
-            row = self.ledger.get(cid)
-            if row is None:
-                continue
-            doc, version = row
-            state = result_state(doc)
-            if state in FINAL_STATES:
-                self._replay(cid, doc)
-                return None
-            if state == RESULT_RUNNING and _number(doc.get("claim_until")) > now:
-                log.emit(
-                    "INFO",
-                    "slurm agent: command is being run by another delivery; left to it",
-                    id=cid,
-                    owner=doc.get("owner"),
-                )
-                return None
-            # transient, or running past its claim (that agent is gone): take it over, once
-            attempt = int(_number(doc.get("attempt")) or 1) + 1
-            fields = {**self._claim_fields(cmd, now, token, attempt), "previous_error": doc.get("error")}
-            taken = self.ledger.update(cid, fields, version, now)
-            if taken is None:
-                log.emit("INFO", "slurm agent: another delivery took the command over", id=cid)
-                return None
-            log.emit(
-                "INFO",
-                "slurm agent: command taken over for a new attempt",
-                id=cid,
-                was=state,
-                attempt=attempt,
-            )
-            self._announce(taken[0])
-            return Claim(token, attempt, taken[1])
-        return None
-
-    def _execute(self, cmd: Mapping[str, Any], claim: Claim) -> dict[str, Any]:
+    def _execute(self, cmd: Mapping[str, Any], attempt: int) -> dict[str, Any]:
         result: dict[str, Any] = {
             "state": RESULT_DONE,
             "ok": True,
@@ -264,24 +232,8 @@ class Agent:
                 transient=transient,
                 error=f"{type(exc).__name__}: {exc}"[:500],
             )
-        result.update(done_at=self.clock(), attempt=claim.attempt)
+        result.update(done_at=self.clock(), attempt=attempt)
         return result
-
-    def _finish(self, cmd: Mapping[str, Any], claim: Claim, result: dict[str, Any]) -> dict[str, Any] | None:
-        """Record the result if the claim is still ours (its document); a lost claim never
-        overwrites a newer attempt's answer (None)."""
-        written = self.ledger.update(cmd["id"], result, claim.version, self.clock())
-        if written is None:
-            row = self.ledger.get(cmd["id"])
-            log.emit(
-                "ERROR",
-                "slurm agent: claim lost while running; result not recorded",
-                id=cmd["id"],
-                owner=row[0].get("owner") if row else None,
-                state=result_state(row[0]) if row else None,
-            )
-            return None
-        return written[0]
 
     def prune(self) -> None:
         """Forget rows older than KEEP_S (the ledger stays bounded)."""
@@ -310,8 +262,5 @@ class Agent:
         sub.close()
 
 
-def _number(v: Any) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return 0.0
+def _warn(message: str, fields: Mapping[str, Any]) -> None:
+    log.emit("WARNING", f"slurm agent: {message}", **fields)

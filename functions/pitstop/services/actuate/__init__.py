@@ -31,7 +31,7 @@ import concurrent.futures as futures
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from google.api_core import exceptions as gexc
 
@@ -40,6 +40,7 @@ from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import lifecycle, remediation, steps
 from pitstop.core.degraded import Telemetry
+from pitstop.core.domain import Incident
 from pitstop.core.ops import Op, step_key
 from pitstop.core.policy import Policy
 from pitstop.core.scheduling import Scheduler
@@ -132,7 +133,7 @@ class Actuator:
         extra = req.get("extra")
         s = Step(
             self.deps,
-            inc,
+            cast(Incident, inc),  # the store's document, read at its edge
             step,
             op,
             str(req.get("execution") or ""),

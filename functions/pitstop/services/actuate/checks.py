@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import checks, corroboration, remediation
 from pitstop.core.actions import RANK, Action
+from pitstop.core.domain import CheckRun, CheckSpec, Incident, Measurement
 from pitstop.core.ops import Op
+from pitstop.core.timefmt import to_epoch
 from pitstop.core.validation import PAGE
 from pitstop.services.actuate import planned
 from pitstop.services.actuate.context import Step
 from pitstop.services.actuate.gang import free_node, watch_resume
-from pitstop.services.ingest import to_epoch
 
 
-def _start(s: Step, spec: dict[str, Any]) -> dict[str, Any]:
+def _start(s: Step, spec: CheckSpec) -> dict[str, Any]:
     """Start a check run once: its spec is saved before the scheduler is asked."""
     saved = s.saved("check")
     if not isinstance(saved, dict):
@@ -27,15 +28,15 @@ def _start(s: Step, spec: dict[str, Any]) -> dict[str, Any]:
     return {"run": True, "check": saved, "peer": started.peer, "note": started.note}
 
 
-def _result(s: Step, op: Op) -> dict[str, Any] | None:
+def _result(s: Step, op: Op) -> CheckRun | None:
     """The scheduler's answer for this step's check run (None when none ran)."""
     rec = s.recorded(op)
     if not rec.get("run"):
         return None
-    return asdict(s.scheduler.check_result(s.instance, rec["check"], s.ref))
+    return cast(CheckRun, asdict(s.scheduler.check_result(s.instance, rec["check"], s.ref)))
 
 
-def _final(s: Step, op: Op) -> dict[str, Any] | None:
+def _final(s: Step, op: Op) -> CheckRun | None:
     """The check's result for its judge: a scheduler's final refusal is a run that did not finish."""
     try:
         return _result(s, op)
@@ -68,7 +69,8 @@ def corroborate(s: Step) -> dict[str, Any]:
         return {"run": False, "unavailable": True, "why": "no scheduler to ask the node through"}
     vm = s.vm()
     expected = checks.gpus_of(vm)
-    spec = corroboration.spec(s.inc, s.step, expected or 1, expected)
+    boot = to_epoch(vm.get("last_start_timestamp")) or to_epoch(vm.get("creation_timestamp"))
+    spec = corroboration.spec(s.inc, s.step, expected or 1, expected, boot)
     return {**_start(s, spec), "why": why}
 
 
@@ -104,11 +106,13 @@ def judge_corroboration(s: Step) -> dict[str, Any]:
     if not rec.get("run") and not rec.get("unavailable") and "system" not in rec:
         return {"confirmed": None, "why": rec.get("why")}
     now = s.deps.clock()
+    record: Measurement
     if "system" in rec:
-        record = dict(rec["system"])
+        record = cast(Measurement, dict(rec["system"]))  # corroborate's record, saved with its step
     else:
         result = _final(s, Op.CORROBORATE) if rec.get("run") else None
-        verdict = corroboration.judge(rec.get("check") or {}, result, checks.evidence_gpu(s.inc))
+        spec = cast(CheckSpec, rec.get("check") or {})  # saved with the step, as corroboration.spec made it
+        verdict = corroboration.judge(spec, result, checks.evidence_gpu(s.inc))
         record = verdict.record(now, s.step)
     if rec.get("unavailable"):
         record["why"] = f"{rec.get('why')}: {record['why']}"[:500]
@@ -194,7 +198,7 @@ def _record_diagnosis(s: Step, verdict: checks.DiagnosisVerdict) -> None:
 
     def judged(doc: dict[str, Any]) -> dict[str, Any]:
         doc["diagnosis"] = record
-        doc["measured"] = remediation.measured(doc, record, s.step)
+        doc["measured"] = remediation.measured(cast(Incident, doc), record, s.step)
         chosen = planned.planned(doc) and verdict.action != doc["action"]
         stepped = not verdict.confirmed and doc["action"] == Action.REPLACE_NODE
         if (chosen or stepped) and verdict.action != PAGE:
@@ -249,7 +253,7 @@ def judge_validation(s: Step) -> dict[str, Any]:
 
     def judged(doc: dict[str, Any]) -> dict[str, Any]:
         doc["validation"] = record
-        doc["measured"] = remediation.measured(doc, record, s.step)
+        doc["measured"] = remediation.measured(cast(Incident, doc), record, s.step)
         if passed and not doc["timeline"].get("validated"):
             doc["timeline"]["validated"] = now
         if verdict.next == Action.REPLACE_NODE and RANK[Action.REPLACE_NODE] > RANK[doc["action"]]:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from pitstop.adapters import log
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import checks, lifecycle, remediation, steps
 from pitstop.core.degraded import Telemetry
+from pitstop.core.domain import Incident, Vm
 from pitstop.core.ids import request_id
 from pitstop.core.ops import Op, step_key
 from pitstop.core.policy import Policy
@@ -58,7 +59,7 @@ class Step:
     """One call of the workflow: an op of an incident's step, by one execution."""
 
     deps: Deps
-    inc: dict[str, Any]
+    inc: Incident
     step: int
     op: Op
     execution: str = ""
@@ -74,11 +75,13 @@ class Step:
 
     @property
     def instance(self) -> str:
-        return str(self.inc["node"]["instance"])
+        return remediation.instance_of(self.inc)
 
     def node(self) -> tuple[str, str, str]:
         n = self.inc["node"]
-        return n["project"], n["zone"], n["instance"]
+        if n is None:
+            raise TypeError(f"incident {self.iid} is about a job, not a node")
+        return n["project"], cast(str, n["zone"]), n["instance"]  # ingest resolved a regional node's zone
 
     @property
     def ref(self) -> StepRef:
@@ -88,8 +91,8 @@ class Step:
     def scheduler(self) -> Scheduler:
         return self.deps.schedulers.get(self.inc.get("cluster") or "", NoScheduler())
 
-    def vm(self) -> dict[str, Any]:
-        return self.deps.compute.get(*self.node())
+    def vm(self) -> Vm:
+        return cast(Vm, self.deps.compute.get(*self.node()))  # Compute's answer, at its edge
 
     # -- records -----------------------------------------------------------------------------
 
@@ -139,7 +142,7 @@ class Step:
         except ActuatorError as exc:
             log.emit("WARNING", "could not label instance", incident=self.iid, error=exc.message)
 
-    def notify(self, inc: Mapping[str, Any], severity: str, text: str, **extra: Any) -> None:
+    def notify(self, inc: Incident, severity: str, text: str, **extra: Any) -> None:
         """Recorded in the outbox, then published: a failed publish is the sweep's to retry, not lost."""
         outbox = self.deps.launcher.outbox
         if outbox is not None:

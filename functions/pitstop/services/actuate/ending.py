@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from pitstop.adapters import log
 from pitstop.core import degraded, lifecycle, remediation
 from pitstop.core.actions import RANK, RECORD_ONLY_ACTIONS
+from pitstop.core.domain import Incident, Unfenced
 from pitstop.core.ops import CONTINUE, Op
 from pitstop.core.states import ACTIVE_STATES, State
 from pitstop.core.steps import Release
@@ -62,14 +63,15 @@ def _resolve(s: Step, now: float) -> dict[str, Any]:
         doc["updated_at"] = now
         return doc
 
-    done = s.deps.store.mutate(s.iid, resolve)
+    done = cast(Incident, s.deps.store.mutate(s.iid, resolve))  # the store's document
     s.deps.store.release_budget(done)
     jobs = [j["id"] for j in done.get("jobs", [])] if isinstance(done.get("jobs"), list) else []
     severity = "info" if done["action"] in RECORD_ONLY_ACTIONS else "warning"
-    text = remediation.summary(done, s.recorded(Op.UNFENCE))
+    unfenced = cast(Unfenced, s.recorded(Op.UNFENCE))  # the unfence op's recorded result
+    text = remediation.summary(done, unfenced)
     planned = degraded.close_note(done)  # a degraded node: moved at its checkpoint, or why not
     if planned is not None:
-        text, severity = f"{planned[0]} {remediation.node_note(done, s.recorded(Op.UNFENCE))[0]}", planned[1]
+        text, severity = f"{planned[0]} {remediation.node_note(done, unfenced)[0]}", planned[1]
     s.notify(done, severity, text, jobs=jobs)
     return {"outcome": "resolved", "durations_s": durations(done)}
 
@@ -121,7 +123,7 @@ def fail(s: Step) -> dict[str, Any] | Release:
         state = str(done["state"])
         answer = {"outcome": state.lower(), "state": state, "stage": stage, "error": what, "why": why_not}
         return Release({**answer, "recorded": False}, f"nothing done: {why_not}")
-    where, todo = remediation.node_note(done, s.recorded(Op.UNFENCE))
+    where, todo = remediation.node_note(cast(Incident, done), cast(Unfenced, s.recorded(Op.UNFENCE)))
     page = f"{where} Investigate ({what}); when the node is healthy, {todo}close the incident."
-    s.notify(done, "critical", f"Remediation of {s.instance} FAILED at {stage}", todo=page)
+    s.notify(cast(Incident, done), "critical", f"Remediation of {s.instance} FAILED at {stage}", todo=page)
     return {"outcome": "failed", "stage": stage, "error": what}

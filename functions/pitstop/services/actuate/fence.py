@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import corroboration, remediation, trust, watchdog
 from pitstop.core.actions import NODE_ACTIONS
+from pitstop.core.domain import Fenced, Incident, Vm
 from pitstop.core.ops import Op, plan_for
+from pitstop.core.scheduling import JobInfo
 from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
+from pitstop.core.timefmt import to_epoch
 from pitstop.services.actuate.context import Step
-from pitstop.services.ingest import to_epoch
 
 CHECKPOINT_MARGIN_S = 300.0
 CHECKPOINT_DEFAULT_WAIT_S = watchdog.CHECKPOINT_WAIT_S
@@ -46,7 +48,7 @@ def claim(s: Step) -> dict[str, Any]:
     return {"ours": ours, "why": why, "plan": plan_for(action, s.inc), "action": action}
 
 
-def _identity_problem(s: Step) -> tuple[str | None, dict[str, Any] | None]:
+def _identity_problem(s: Step) -> tuple[str | None, Vm | None]:
     """Before a node action first touches the VM: is the live VM the one the evidence names?
     (What is wrong, or None; and the VM if it was read.)
 
@@ -64,10 +66,10 @@ def _identity_problem(s: Step) -> tuple[str | None, dict[str, Any] | None]:
         raise
     created = to_epoch(str(vm.get("creation_timestamp") or "")) or None
     live_id = str(vm["id"]) if vm.get("id") is not None else None
-    return trust.vm_identity_problem(s.inc["node"], float(s.inc["first_seen"]), live_id, created), vm
+    return trust.vm_identity_problem(s.inc["node"] or {}, float(s.inc["first_seen"]), live_id, created), vm
 
 
-def join_block(s: Step, vm: dict[str, Any] | None = None) -> str | None:
+def join_block(s: Step, vm: Vm | None = None) -> str | None:
     """The node counts against its reservation block's budget from before its fence, not only once
     acted on (the block is read from Compute's host topology). A block at its budget holds an
     incident not yet fenced, with a page, and this execution stops there (what is held, or None).
@@ -106,7 +108,7 @@ def _reject(s: Step, problem: str) -> None:
         doc["updated_at"] = now
         return doc
 
-    done = s.deps.store.mutate(s.iid, reject)
+    done = cast(Incident, s.deps.store.mutate(s.iid, reject))  # the store's document
     s.deps.store.release_budget(done)
     log.emit("WARNING", "evidence rejected: not the live VM", incident=s.iid, why=problem)
     s.notify(done, "warning", f"Incident {s.iid} rejected, nothing done: {problem}")
@@ -115,7 +117,9 @@ def _reject(s: Step, problem: str) -> None:
 def fence(s: Step) -> dict[str, Any]:
     """Drain the node and record the jobs on it, each with the run the fault hit, and what was there."""
     sched = s.scheduler
-    before = remediation.handed_over(s.recorded(Op.FENCE, s.step - 1)) if _handed_over(s) else []
+    before: list[JobInfo] = []
+    if _handed_over(s):  # the jobs the last step's fence recorded, read from its step record
+        before = remediation.handed_over(cast(Fenced, s.recorded(Op.FENCE, s.step - 1)))
     jobs = remediation.merge_jobs(before, sched.jobs_on(s.instance, s.ref))
     answer = sched.fence(s.instance, s.ref, s.inc["action"]).doc()
     if not corroboration.needs_corroboration(s.inc, s.deps.policy.corroborate)[0]:
@@ -145,7 +149,8 @@ def checkpoint(s: Step) -> dict[str, Any]:
     """Ask each fenced job to save its state, and say how long to wait for it (before the window)."""
     jobs = fenced_jobs(s)
     how = sorted({s.scheduler.checkpoint(job, s.ref) for job in jobs})
-    ws = to_epoch((s.inc.get("maintenance") or {}).get("window_start"))
+    maint = s.inc.get("maintenance")
+    ws = to_epoch(maint.get("window_start") if maint else None)
     wait = CHECKPOINT_DEFAULT_WAIT_S if ws is None else max(0.0, ws - s.deps.clock() - CHECKPOINT_MARGIN_S)
     return {
         "signalled": jobs,

@@ -7,6 +7,7 @@ from typing import Any
 
 from pitstop.adapters import log
 from pitstop.core import checks, remediation
+from pitstop.core.domain import CapacityDoc
 from pitstop.core.ids import job_key, requeue_key
 from pitstop.core.ops import Op
 from pitstop.core.scheduling import JobInfo, JobRun, JobState
@@ -59,7 +60,7 @@ def reschedule_early(s: Step) -> dict[str, Any]:
     The repair then goes on in the background of the job. A job left waiting is requeued by
     ``reschedule`` once the node is back (the old order), and the incident's ``resume`` says why.
     """
-    choice = s.deps.policy.reschedule(s.deps.policy.cluster_for(s.inc["node"]))
+    choice = s.deps.policy.reschedule(s.deps.policy.cluster_for(s.inc["node"] or {}))
     requeued: list[dict[str, Any]] = []
     waiting: list[dict[str, Any]] = []
     moved: list[dict[str, Any]] = []
@@ -87,7 +88,7 @@ def reschedule_early(s: Step) -> dict[str, Any]:
     return resume
 
 
-def _capacity_doc(cap: Any) -> dict[str, Any]:
+def _capacity_doc(cap: Any) -> CapacityDoc:
     return {} if cap is None else {"enough": cap.enough, "need": cap.need, "free": cap.free, "why": cap.why}
 
 

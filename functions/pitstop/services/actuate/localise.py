@@ -26,7 +26,8 @@ from pitstop.services.actuate.gang import requeue_one
 
 
 def _job(s: Step) -> str:
-    return str((s.inc.get("job") or {}).get("job"))
+    job = s.inc.get("job")
+    return str(job.get("job") if job else None)
 
 
 def _checks(s: Step) -> GangChecks | None:
@@ -64,11 +65,11 @@ def localise_job(s: Step) -> dict[str, Any]:
     job = _job(s)
     info = s.scheduler.job_info(job, s.ref)
     base = {"jobs": [job], "runs": {job: info.run.doc()}, "state": str(info.state)}
+    if info.state != JobState.RUNNING:
+        return {**base, "run": False, "why": f"job {job} is {info.state}: no nodes to check"}
     sched = _checks(s)
     if sched is None:
         return {**base, "run": False, "why": f"the {s.scheduler.name} scheduler cannot check a job's nodes"}
-    if info.state != JobState.RUNNING:
-        return {**base, "run": False, "why": f"job {job} is {info.state}: no nodes to check"}
     spec = localise.sweep_spec(s.iid, s.step, job, [], s.deps.policy.localise)
     out = {**base, **_start(s, sched, spec)}
     _note(s, nodes=out["nodes"], started_at=s.deps.clock())
@@ -94,14 +95,18 @@ def _final(s: Step, op: Op) -> dict[str, Any] | None:
         return {"done": False, "error": exc.message}
 
 
-def sweep_done(s: Step) -> dict[str, Any]:
-    res = _result(s, Op.LOCALISE)
+def _done(s: Step, op: Op) -> dict[str, Any]:
+    """The probe the workflow polls until the check ``op`` started has ended (or none ran)."""
+    res = _result(s, op)
     return {"done": res is None or bool(res.get("done"))}
+
+
+def sweep_done(s: Step) -> dict[str, Any]:
+    return _done(s, Op.LOCALISE)
 
 
 def links_done(s: Step) -> dict[str, Any]:
-    res = _result(s, Op.LINKS)
-    return {"done": res is None or bool(res.get("done"))}
+    return _done(s, Op.LINKS)
 
 
 def _node_xids(s: Step) -> frozenset[int]:
@@ -151,6 +156,9 @@ def _rounds(s: Step) -> list[dict[str, Any]]:
 def conclude(s: Step) -> dict[str, Any]:
     """Culprits → a node incident each (the engine's, as any fault); else one restart in place and a page."""
     rec = s.recorded(Op.LOCALISE)
+    state = JobState.of(rec.get("state"))
+    if state in localise.NOT_HUNG:
+        return _not_hung(s, state)
     rounds = _rounds(s)
     culprits = [str(c) for r in rounds for c in r.get("culprits", [])]
     nodes = [str(n) for n in rec.get("nodes") or []]
@@ -163,13 +171,24 @@ def conclude(s: Step) -> dict[str, Any]:
     return _restart_in_place(s, rec, nodes, rounds)
 
 
+def _not_hung(s: Step, state: JobState) -> dict[str, Any]:
+    """The job ended, was suspended or is queued: no restart, no page, a note to its owner."""
+    job = _job(s)
+    text = localise.not_hung_text(job, str(state))
+    _note(s, outcome="not_running", page=text)
+    s.notify(s.inc, "info", text, id=notifications.notification_id("localise", s.iid, s.step, "not_running"))
+    log.emit("INFO", "hang alert for a job that is not running: nothing done", incident=s.iid, job=job)
+    return {"outcome": "not_running", "state": str(state)}
+
+
 def _node_ref(s: Step, node: str) -> NodeRef | None:
     """The culprit's VM (its zone from the cluster's configuration; its id from Compute)."""
     cluster = s.deps.policy.cluster_named(str(s.inc.get("cluster") or ""))
     raw = cluster.raw if cluster is not None else {}
     zones = (raw.get("match") or {}).get("zones") or []
     zone = (raw.get("mig") or {}).get("zone") or (zones[0] if len(zones) == 1 else None)
-    project = str((s.inc.get("job") or {}).get("project") or "")
+    job = s.inc.get("job")
+    project = str((job.get("project") if job else None) or "")
     if not zone or not project:
         return None
     try:

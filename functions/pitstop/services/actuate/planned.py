@@ -11,6 +11,7 @@ always runs, and the finding picks the repair: REPLACE_NODE only on a hardware f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from google.api_core import exceptions as gexc
@@ -20,13 +21,14 @@ from pitstop.core import degraded
 from pitstop.core import diagnose as diag
 from pitstop.core.actions import Action
 from pitstop.core.checks import DiagnosisVerdict
+from pitstop.core.domain import CheckRun
 from pitstop.core.ops import Op
 from pitstop.services.actuate.context import Step
 
 _UNREADABLE = (gexc.GoogleAPICallError, gexc.RetryError, TimeoutError)
 
 
-def planned(inc: dict[str, Any]) -> bool:
+def planned(inc: Mapping[str, Any]) -> bool:
     """A degraded node's incident still on its planned move (its repair not yet chosen)."""
     return inc.get("kind") == degraded.KIND and inc.get("action") == Action.DRAIN_NODE
 
@@ -42,7 +44,7 @@ def compare_peers(s: Step) -> dict[str, Any]:
     if rule is not None and s.deps.telemetry is not None:
         try:
             values = s.deps.telemetry.node_values(
-                str(s.inc["node"]["project"]), rule, [s.instance, *peers], s.deps.clock()
+                str(s.node()[0]), rule, [s.instance, *peers], s.deps.clock()
             )
         except _UNREADABLE as exc:  # no readings: the alert stands on its own (a planned move)
             note = f"telemetry unreadable ({type(exc).__name__}: {str(exc)[:120]})"
@@ -65,11 +67,11 @@ def judged(record: dict[str, Any]) -> dict[str, Any]:
     return {"confirmed": False, "stand_down": True, "verdict": record.get("verdict"), "why": record["why"]}
 
 
-def repair_verdict(s: Step, found: DiagnosisVerdict, result: dict[str, Any] | None) -> DiagnosisVerdict:
+def repair_verdict(s: Step, found: DiagnosisVerdict, result: CheckRun | None) -> DiagnosisVerdict:
     """The repair the node check's finding earns (core/degraded), from the diagnostic's verdict
     and, for a throttling node, the clock event reasons its ``nvidia-smi -q`` shows."""
     symptom = degraded.symptom_of(s.inc)
-    out = (result or {}).get("outputs") or {}
+    out = (result.get("outputs") if result else None) or {}
     smi = diag.parse_nvidia_smi_q(str(out.get("nvidia_smi_q") or ""))
     why = found.why.removesuffix(": stepping down to REBOOT_NODE")
     confirmed, why = degraded.finding(symptom, found.confirmed, why, smi)

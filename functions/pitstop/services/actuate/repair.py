@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import remediation
+from pitstop.core.domain import VmBefore
 from pitstop.core.ids import request_id
 from pitstop.core.ops import Op
 from pitstop.core.states import State
+from pitstop.core.timefmt import to_epoch
 from pitstop.services.actuate.context import Step
 from pitstop.services.actuate.fence import join_block
 from pitstop.services.actuate.gang import watch_resume
-from pitstop.services.ingest import to_epoch
 
 
 def act(s: Step) -> dict[str, Any]:
@@ -60,9 +61,9 @@ def _plan(s: Step) -> dict[str, Any]:
 
 
 def _policy_mig(s: Step) -> str | None:
-    cluster = s.deps.policy.cluster_for(s.inc["node"])
+    cluster = s.deps.policy.cluster_for(s.inc["node"] or {})
     mig = (cluster.raw.get("mig") or {}) if cluster else {}
-    return str(mig["name"]) if mig.get("zone") == s.inc["node"]["zone"] else None
+    return str(mig["name"]) if mig.get("zone") == s.node()[1] else None
 
 
 def _call(s: Step, plan: Mapping[str, Any]) -> str | None:
@@ -100,7 +101,8 @@ def verify(s: Step) -> dict[str, Any]:
     """The VM is back (after a host report or recreate: the new one), its scheduler sees it healthy."""
     acted = s.recorded(Op.ACT)
     cur = s.vm()
-    vm_ok = remediation.verified(str(acted.get("method")), acted.get("before") or {}, cur)
+    before = cast(VmBefore, acted.get("before") or {})  # saved with the plan
+    vm_ok = remediation.verified(str(acted.get("method")), before, cur)
     sched_ok = vm_ok and s.scheduler.node_healthy(s.instance, s.ref)
     watch_resume(s)
     if s.inc["state"] != State.VERIFYING or (vm_ok and sched_ok):

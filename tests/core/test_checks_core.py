@@ -1,0 +1,184 @@
+"""The pure decisions around a repair (pitstop.core.checks), on real output formats.
+
+The outputs are what the GPU stand-ins print (pitstop.local.gpu_tools: nvidia-smi, dcgmi and
+nccl-tests formats; tests/core/test_validation.py checks those parsers on published samples).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stdout
+from typing import Any, cast
+
+import pytest
+
+from pitstop.core import checks
+from pitstop.core import policy as policy_mod
+from pitstop.core.domain import CheckRun, Vm
+from pitstop.local.gpu_tools import all_gather_perf, dcgmi, nvidia_smi
+from tests.helpers import partial_incident
+
+POLICY = policy_mod.from_doc({})
+
+
+def _run(main: Any, args: list[str], state: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("PITSTOP_NODE", "n1")
+    monkeypatch.setenv("PITSTOP_GPU_STATE", json.dumps({"n1": state}))
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        main(args)
+    return buf.getvalue()
+
+
+def _validate_out(state: dict[str, Any], mp: pytest.MonkeyPatch, peer: bool = True) -> CheckRun:
+    out = {"dcgm": _run(dcgmi.main, ["diag", "-r", "2", "-j"], state, mp)}
+    if peer:
+        out["nccl"] = _run(all_gather_perf.main, ["-b", "1G", "-e", "8G", "-f", "2", "-g", "8"], state, mp)
+    return {"done": True, "outputs": out, "peer": "n2" if peer else None, "note": "" if peer else "none idle"}
+
+
+def test_early_requeue_follows_policy_then_capacity() -> None:
+    assert checks.early_requeue("after_repair", {"enough": True})[0] is False
+    go, why = checks.early_requeue("early", {"enough": True, "why": "3 idle"})
+    assert go and "3 idle" in why
+    go, why = checks.early_requeue("early", {"enough": False, "why": "0 idle, needs 2"})
+    assert not go and "0 idle, needs 2" in why and "once the node is back" in why
+    assert checks.early_requeue("early", {})[0] is False  # no answer is no capacity
+
+
+def test_check_names_are_dns_labels_fixed_per_step() -> None:
+    name = checks.check_name("iabcdefghi", 2, checks.VALIDATE)
+    assert name == "pitstop-iabcdefghi-2-validate" and len(name) <= 63 and name.islower()
+
+
+def test_the_gpu_the_lines_named_most_is_the_evidence() -> None:
+    inc = {
+        "gpus": {"a": {"pci": "0000:04:00", "xids": {"79": 1}}, "b": {"pci": "0000:8c:00", "xids": {"48": 5}}}
+    }
+    assert checks.evidence_gpu(partial_incident(inc)) == {"gpu": {"pci": "0000:8c:00"}}
+    assert checks.evidence_gpu(partial_incident({"gpus": {}})) == {}
+
+
+@pytest.mark.parametrize(
+    ("state", "verdict", "next_action"),
+    [
+        ({}, "pass", "RETURN_TO_SERVICE"),
+        ({"busbw": 120}, "degraded", "REPLACE_NODE"),
+        ({"dcgm": "fail", "dcgm_gpu": 2}, "dcgm_fail", "REPLACE_NODE"),
+        ({"dcgm": "warn"}, "dcgm_warn", "PAGE"),
+    ],
+)
+def test_validation_after_a_reboot(
+    state: dict[str, Any], verdict: str, next_action: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = checks.table_for(POLICY)
+    v = checks.judge_validation(
+        "REBOOT_NODE", "a3-megagpu-8g", _validate_out(state, monkeypatch), POLICY, table
+    )
+    assert v.validation.verdict == verdict and v.next == next_action
+    rec = v.record(1.0)
+    assert rec["hardware_fault"] is (next_action == "REPLACE_NODE") and rec["peer"] == "n2"
+
+
+def test_a_replaced_node_that_fails_validation_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    table = checks.table_for(POLICY)
+    v = checks.judge_validation(
+        "REPLACE_NODE", "a3-megagpu-8g", _validate_out({"busbw": 120}, monkeypatch), POLICY, table
+    )
+    assert v.validation.verdict == "degraded" and v.next == "PAGE"
+
+
+def test_an_operator_baseline_replaces_the_published_figure(monkeypatch: pytest.MonkeyPatch) -> None:
+    pol = policy_mod.from_doc({"validation": {"expected": {"a3-megagpu-8g": {"busbw_gbps": 125.0}}}})
+    v = checks.judge_validation(
+        "RESET_GPU", "a3-megagpu-8g", _validate_out({"busbw": 120}, monkeypatch), pol, checks.table_for(pol)
+    )
+    assert v.validation.passed and v.validation.threshold == 112.5
+
+
+def test_no_peer_lets_dcgm_decide_or_pages_when_policy_requires_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = _validate_out({}, monkeypatch, peer=False)
+    v = checks.judge_validation("RESET_GPU", "a3-megagpu-8g", out, POLICY, checks.table_for(POLICY))
+    assert v.validation.passed and "busbw not measured: none idle" in v.validation.why
+    bad = _validate_out({"dcgm": "fail"}, monkeypatch, peer=False)
+    assert (
+        checks.judge_validation("RESET_GPU", "a3-megagpu-8g", bad, POLICY, checks.table_for(POLICY)).next
+        == "REPLACE_NODE"
+    )
+    strict = policy_mod.from_doc({"validation": {"require_peer": True}})
+    v = checks.judge_validation("RESET_GPU", "a3-megagpu-8g", out, strict, checks.table_for(strict))
+    assert v.validation.verdict == "no_peer" and v.next == "PAGE"
+
+
+def test_unfinished_or_garbled_validation_fails_closed() -> None:
+    table = checks.table_for(POLICY)
+    assert checks.judge_validation("RESET_GPU", "a3-megagpu-8g", None, POLICY, table).next == "PAGE"
+    garbled: CheckRun = {
+        "done": True,
+        "outputs": {"dcgm": "Segmentation fault", "nccl": "#  size"},
+        "peer": "n2",
+    }
+    v = checks.judge_validation("RESET_GPU", "a3-megagpu-8g", garbled, POLICY, table)
+    assert v.validation.verdict == "bad_output" and v.next == "PAGE"
+
+
+@pytest.mark.parametrize(
+    ("state", "confirmed"),
+    [
+        ({}, False),
+        ({"gpus": 7}, True),
+        ({"remap": "failure", "remap_gpu": 1}, True),
+        ({"nvlink_down": [3]}, True),
+        ({"dcgm": "warn"}, False),
+    ],
+)
+def test_diagnosis(state: dict[str, Any], confirmed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = {
+        "nvidia_smi_q": _run(nvidia_smi.main, ["-q"], state, monkeypatch),
+        "nvlink": _run(nvidia_smi.main, ["nvlink", "--status"], state, monkeypatch),
+        "dcgm": _run(dcgmi.main, ["diag", "-r", "1", "-j"], state, monkeypatch),
+    }
+    inc = {"gpus": {"g": {"pci": "0000:04:00", "xids": {"79": 1}}}}
+    d = checks.judge_diagnosis(partial_incident(inc), {"done": True, "outputs": out}, 8)
+    assert d.confirmed is confirmed
+    assert d.action == ("REPLACE_NODE" if confirmed else "REBOOT_NODE")
+    assert d.record(1.0)["hardware_fault"] is confirmed
+
+
+def test_a_diagnostic_that_did_not_finish_steps_down() -> None:
+    d = checks.judge_diagnosis(partial_incident({}), {"done": False, "error": "node not responding"}, 8)
+    assert not d.confirmed and d.action == "REBOOT_NODE" and "node not responding" in d.why
+
+
+def test_what_needs_a_diagnostic_or_a_validation() -> None:
+    assert checks.needs_diagnosis(partial_incident({"action": "REPLACE_NODE"}), POLICY)[0] is True
+    assert checks.needs_diagnosis(partial_incident({"action": "REBOOT_NODE"}), POLICY)[0] is False
+    measured = {"action": "REPLACE_NODE", "measured": [{"hardware_fault": True, "why": "busbw 120"}]}
+    need, why = checks.needs_diagnosis(
+        partial_incident(measured), POLICY
+    )  # REPLACE always passes the diagnostic
+    assert need is True and "after a measurement (busbw 120)" in why
+    assert checks.needs_validation(partial_incident({"action": "RESET_GPU"}), POLICY, True)[0] is True
+    assert checks.needs_validation(partial_incident({"action": "RESCHEDULE_JOB"}), POLICY, True)[0] is False
+    assert checks.needs_validation(partial_incident({"action": "RESET_GPU"}), POLICY, False)[0] is False
+    off = policy_mod.from_doc({"validation": {"enabled": False}})
+    assert checks.needs_validation(partial_incident({"action": "RESET_GPU"}), off, True)[0] is False
+
+
+def test_the_expected_gpu_count_is_the_vms_own() -> None:
+    vm: Vm = {"guest_accelerators": [{"accelerator_type": "x/nvidia-h100-80gb", "accelerator_count": 4}]}
+    assert checks.gpus_of(vm) == 4
+    # what Compute must never send is still read safely (its answer is typed only at the edge)
+    assert checks.gpus_of({}) is None and checks.gpus_of(cast(Vm, {"guest_accelerators": "8"})) is None
+    odd = cast(Vm, {"guest_accelerators": [{"accelerator_count": True}, {"accelerator_count": 999}]})
+    assert checks.gpus_of(odd) is None
+
+
+def test_an_unknown_gpu_count_never_confirms_on_what_is_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = {"nvidia_smi_q": _run(nvidia_smi.main, ["-q"], {"total_gpus": 4, "gpus": 4}, monkeypatch)}
+    d = checks.judge_diagnosis(partial_incident({}), {"done": True, "outputs": out}, None)
+    assert d.confirmed is False and d.action == "REBOOT_NODE"
+    assert (
+        checks.judge_diagnosis(partial_incident({}), {"done": True, "outputs": out}, 8).confirmed is True
+    )  # 4 of 8

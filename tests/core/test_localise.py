@@ -1,0 +1,188 @@
+"""Localising a hung job (core/localise.py): the culprit among 16 nodes, from the outputs the GPU
+stand-ins print (the same tables and texts the real tools print), and once per job per window.
+
+The engine part runs the real classifier on a real-format Monitoring notification (helpers.job_alert).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pitstop.core import engine, localise, policy
+from pitstop.core.catalog import default_xid_policy
+from pitstop.core.classify import Classifier
+from pitstop.core.domain import NodeRef
+from pitstop.core.envelope import unwrap
+from pitstop.core.states import State
+from pitstop.local.gpu_tools import all_gather_perf, nvidia_smi
+from pitstop.local.gpu_tools.state import NodeState
+from tests.helpers import alert_delivery, job_alert
+
+NODES = [f"a3-node-{i:03d}" for i in range(16)]
+NODE_XIDS = localise.node_fault_xids(default_xid_policy())
+CLUSTER = {"name": "train", "scheduler": "slurm", "size": 16, "match": {"name_pattern": "a3-node-*"}}
+T0 = 1_800_000_000.0
+
+
+def sweep_result(states: dict[str, NodeState], codes: dict[str, int] | None = None) -> dict[str, Any]:
+    """What the agent answers for a sweep: each node's nvidia-smi -q and dmesg --raw outputs."""
+    outputs: dict[str, str] = {}
+    for n in NODES:
+        s = states.get(n, NodeState(n))
+        outputs[localise.output_key("nvidia_smi_q", n)] = nvidia_smi.query(s)
+        outputs[localise.output_key("dmesg", n)] = "<6>[    1.000000] Linux version 6.8.0\n"
+    for key in codes or {}:
+        outputs[key] = ""
+    return {"done": True, "outputs": outputs, "exit_codes": codes or {}}
+
+
+def links_result(busbw: dict[str, float]) -> dict[str, Any]:
+    """What the agent answers for the ring's NCCL tests: each pair at its slower node's busbw."""
+    outputs = {}
+    for a, b in localise.ring_pairs(NODES):
+        ring = min(busbw.get(a, 190.0), busbw.get(b, 190.0))
+        text = all_gather_perf.table(NodeState(a, busbw=ring), 32 << 20, 256 << 20, 2, [a, b])
+        outputs[localise.output_key("nccl", localise.pair_name((a, b)))] = text
+    return {"done": True, "outputs": outputs}
+
+
+def test_a_stuck_gpu_on_one_of_16_nodes_is_the_culprit() -> None:
+    bad = NODES[11]
+    v = localise.judge_sweep(NODES, sweep_result({bad: NodeState(bad, hung=True)}), 25, NODE_XIDS)
+    assert v.culprits == (bad,)
+    assert list(v.findings) == [bad] and "7 of 8 GPUs visible" in v.findings[bad][0]
+
+
+def test_a_node_whose_nvidia_smi_does_not_answer_is_the_culprit() -> None:
+    bad = NODES[3]
+    key = localise.output_key("nvidia_smi_q", bad)
+    v = localise.judge_sweep(NODES, sweep_result({}, {key: localise.TIMED_OUT}), 25, NODE_XIDS)
+    assert v.culprits == (bad,) and "did not answer in time" in v.findings[bad][0]
+
+
+def test_a_kernel_xid_of_a_node_fault_names_its_node_but_an_application_xid_does_not() -> None:
+    res = sweep_result({})
+    res["outputs"][localise.output_key("dmesg", NODES[7])] += (
+        "<4>[ 99.000000] NVRM: Xid (PCI:0000:04:00): 79, pid='<unknown>', GPU has fallen off the bus.\n"
+    )
+    for n in NODES:  # Xid 13 on every node: the job's own fault, printed everywhere
+        res["outputs"][localise.output_key("dmesg", n)] += (
+            "<4>[ 98.0] NVRM: Xid (PCI:0000:04:00): 13, Graphics\n"
+        )
+    v = localise.judge_sweep(NODES, res, 25, NODE_XIDS)
+    assert v.culprits == (NODES[7],) and "Xid 79" in v.findings[NODES[7]][0]
+
+
+def test_findings_on_many_nodes_are_systemic_and_nothing_is_fenced() -> None:
+    sick = {n: NodeState(n, hung=True) for n in NODES[:6]}
+    v = localise.judge_sweep(NODES, sweep_result(sick), 25, NODE_XIDS)
+    assert v.culprits == () and v.suspects == tuple(NODES[:6]) and "not one node's fault" in v.why
+
+
+def test_a_clean_sweep_finds_nothing_and_an_unfinished_one_is_no_evidence() -> None:
+    assert localise.judge_sweep(NODES, sweep_result({}), 25, NODE_XIDS).culprits == ()
+    v = localise.judge_sweep(NODES, {"done": False, "error": "agent gone"}, 25, NODE_XIDS)
+    assert v.culprits == () and "did not finish" in v.why
+
+
+def test_the_ring_test_is_n_pairs_and_finds_the_slow_link_among_16() -> None:
+    pairs = localise.ring_pairs(NODES)
+    assert len(pairs) == 16 and {n for p in pairs for n in p} == set(NODES)
+    assert localise.ring_pairs(NODES[:2]) == [(NODES[0], NODES[1])] and localise.ring_pairs(NODES[:1]) == []
+    bad = NODES[5]
+    v = localise.judge_links(pairs, links_result({bad: 38.0}), 0.7, 25)
+    assert v.culprits == (bad,)
+    assert v.measured[localise.pair_name((NODES[4], bad))] == pytest.approx(38.0)
+    assert v.measured[localise.pair_name((NODES[8], NODES[9]))] == pytest.approx(190.0)
+
+
+def test_a_lone_slow_pair_names_both_ends_but_fences_neither() -> None:
+    two = NODES[:2]
+    v = localise.judge_links(localise.ring_pairs(two), {"done": True, "outputs": {}}, 0.7, 25)
+    assert v.culprits == () and "no pair returned" in v.why
+    pairs = localise.ring_pairs(NODES)
+    res = links_result({})
+    res["outputs"][localise.output_key("nccl", localise.pair_name(pairs[3]))] = ""  # that pair never finished
+    v = localise.judge_links(pairs, res, 0.7, 25)
+    assert v.culprits == () and v.suspects == tuple(sorted(pairs[3])) and "either end" in v.why
+
+
+def test_a_slow_fabric_is_not_one_node() -> None:
+    v = localise.judge_links(
+        localise.ring_pairs(NODES), links_result(dict.fromkeys(NODES[::3], 40.0)), 0.7, 25
+    )
+    assert v.culprits == () and "fabric" in v.why
+
+
+def test_the_page_lists_every_node_and_check() -> None:
+    sweep = localise.judge_sweep(NODES, sweep_result({}), 25, NODE_XIDS).record(T0)
+    links = localise.judge_links(localise.ring_pairs(NODES), links_result({}), 0.7, 25).record(T0)
+    text = localise.page_text("4242", NODES, [sweep, links], "requeued in place (run 0)")
+    assert all(n in text for n in NODES)
+    assert "dmesg --raw and nvidia-smi -q on 16 nodes" in text and "16 ring-neighbour pairs" in text
+
+
+def _hang(incident: str, message: str, at: float) -> dict[str, Any]:
+    delivery = unwrap(alert_delivery(job_alert("open", incident, int(at) - 120, None), message_id=message))
+    ev = Classifier.default().from_delivery(delivery, alert_delivery({})["source"])
+    assert ev["kind"] == "hang"
+    return ev
+
+
+def test_one_localisation_per_job_per_window() -> None:
+    pol = policy.from_doc({"mode": "enforce", "clusters": [CLUSTER]})
+    window = pol.window("hang_localise_s")
+    first = engine.apply_event(_hang("0.a", "1", T0), None, None, {}, pol, T0, "1")
+    assert first.incident is not None and first.node is not None
+    assert first.incident["localise"]["run"] is True and first.node["localised_at"] == T0
+    # the first episode ended (its culprit fenced, the gang restarted)
+    ended = dict(first.incident, state=State.RESOLVED, timeline={"resolved": T0 + 60})
+    later = T0 + window / 2
+    second = engine.apply_event(_hang("0.b", "2", later), first.node, ended, {}, pol, later, "2")
+    assert second.result == "opened" and second.incident is not None
+    assert second.incident["localise"]["run"] is False and "not again" in second.incident["localise"]["why"]
+    assert second.page is not None and "not again" in second.page  # a person decides
+    assert second.node is not None and second.node["localised_at"] == T0
+    after = T0 + window + 1
+    third = engine.apply_event(
+        _hang("0.c", "3", after),
+        second.node,
+        dict(second.incident, state=State.RESOLVED),
+        {},
+        pol,
+        after,
+        "3",
+    )
+    assert third.incident is not None and third.incident["localise"]["run"] is True
+
+
+def test_a_culprit_is_handed_to_one_node_incident_however_often_the_conclusion_is_retried() -> None:
+    from pitstop.adapters.memory_store import MemoryStore
+
+    pol = policy.from_doc({"mode": "enforce", "clusters": [CLUSTER]})
+    hang = engine.apply_event(_hang("0.a", "1", T0), None, None, {}, pol, T0, "1").incident
+    assert hang is not None
+    node: NodeRef = {"project": "p", "zone": "us-central1-a", "instance": NODES[5], "instance_id": "42"}
+    ev = localise.culprit_event(hang, node, "REBOOT_NODE", "both ring links slow", 1)
+    assert (ev["kind"], ev["source"]["trust"], ev["node"]) == ("localised", "verified", node)
+    store = MemoryStore()
+    first = store.apply(ev, pol, T0 + 10)
+    again = store.apply(
+        localise.culprit_event(hang, node, "REBOOT_NODE", "both ring links slow", 1), pol, T0 + 20
+    )
+    assert first.result == "opened" and first.incident is not None and first.start_step == 1
+    assert first.incident["action"] == "REBOOT_NODE" and first.incident["trust"] == "verified"
+    assert again.result == "duplicate" and again.duplicate_of == first.incident["id"]
+
+
+def test_localisation_switched_off_only_notifies_and_an_unchecked_job_says_why() -> None:
+    off = localise.plan({}, {"enabled": False}, 3600, T0)
+    assert (off.run, off.page) == (False, False) and "localise.enabled is false" in off.why
+    again = localise.plan({"localised_at": T0 - 10}, {"enabled": True}, 3600, T0)
+    assert (again.run, again.page) == (False, True)
+    text = localise.page_text(
+        "4242", [], [], "requeued in place (run 0)", "the gke scheduler cannot check a job's nodes"
+    )
+    assert "could not be checked (the gke scheduler cannot check a job's nodes)" in text

@@ -1,0 +1,917 @@
+"""`pitstop deploy`: the plan, least privilege, and every command accepted by the real gcloud parser."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pitstop.core import sinks
+from pitstop.tools import deploy
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF = {**deploy.load_config(None), "slurm_clusters": ["train", "infer"], "webhook_format": "slack"}
+GKE_CONF = {  # the same, acting on VMs in two zones and two GKE clusters, one in another project
+    **CONF,
+    "compute_zones": [
+        "us-central1-a",
+        {"zone": "us-east5-b", "name_prefix": "a3-node-", "migs": ["a3-node"]},
+    ],
+    "gke_clusters": [
+        {"name": "gpu-a3", "location": "us-central1"},
+        {"name": "tpu-b", "location": "europe-west4-b", "project": "ml-other-proj"},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory: pytest.TempPathFactory) -> list[deploy.Step]:
+    source = deploy.stage_source(None, tmp_path_factory.mktemp("src"))
+    return deploy.plan("my-train-proj", "us-central1", CONF, str(source))
+
+
+@pytest.fixture(scope="module")
+def gke_steps(tmp_path_factory: pytest.TempPathFactory) -> list[deploy.Step]:
+    source = deploy.stage_source(None, tmp_path_factory.mktemp("src"))
+    return deploy.plan("my-train-proj", "us-central1", GKE_CONF, str(source))
+
+
+def test_dry_run_prints_one_gcloud_command_per_line() -> None:
+    proc = subprocess.run(
+        ["pitstop", "deploy", "--project", "my-train-proj", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PATH": f"{ROOT}/.venv/bin:" + os.environ["PATH"]},
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) > 30
+    assert all(shlex.split(line)[0] == "gcloud" for line in lines)
+    assert any("<pitstop-gpu-xid-writer-identity>" in line for line in lines)
+    assert any("<pitstop-actuate-url>" in line for line in lines)
+
+
+def test_least_privilege(steps: list[deploy.Step]) -> None:
+    roles = [a.split("=", 1)[1] for s in steps for a in s.argv if a.startswith("--role=")]
+    assert roles and not {"roles/owner", "roles/editor", "roles/compute.admin"} & set(roles)
+    assert not {"roles/workflows.invoker", "roles/datastore.owner", "roles/pubsub.editor"} & set(roles)
+    iam = yaml.safe_load((ROOT / "infra" / "iam.yaml").read_text())["service_accounts"]
+    assert all(b["why"] for spec in iam.values() for k in spec if k.endswith("_roles") for b in spec[k])
+    fns = {s.argv[2]: s.argv for s in steps if s.argv[:2] == ["functions", "deploy"]}
+    assert set(fns) == {"pitstop-ingest", "pitstop-actuate", "pitstop-notify", "pitstop-sweep"}
+    for argv in fns.values():
+        assert "--no-allow-unauthenticated" in argv
+    assert "--retry" in fns["pitstop-ingest"]
+    assert any(
+        a.startswith("--set-secrets=PITSTOP_WEBHOOK_URL=pitstop-webhook") for a in fns["pitstop-notify"]
+    )
+    invokers = {
+        (s.argv[2], s.argv[4].split("=", 1)[1])
+        for s in steps
+        if s.argv[:2] == ["functions", "add-invoker-policy-binding"]
+    }
+    sa = "serviceAccount:pitstop-{}@my-train-proj.iam.gserviceaccount.com".format
+    assert invokers == {  # callers, and each Pub/Sub function's own trigger identity
+        ("pitstop-actuate", sa("workflow")),
+        ("pitstop-sweep", sa("scheduler")),
+        ("pitstop-ingest", sa("ingest")),
+        ("pitstop-notify", sa("notify")),
+    }
+    role = yaml.safe_load((ROOT / "infra" / "roles" / "pitstop-actuator.yaml").read_text())
+    assert "compute.instances.reportHostAsFaulty" in role["includedPermissions"]
+    assert not any(p.endswith((".delete", ".setIamPolicy", ".insert")) for p in role["includedPermissions"])
+
+
+PERMISSIONS = {  # each custom role, exactly: what the code calls (adapters/compute.py, workflows.py)
+    "pitstop-actuator.yaml": {
+        "compute.instances.get",
+        "compute.instances.reset",
+        "compute.instances.setLabels",
+        "compute.instances.reportHostAsFaulty",
+        "compute.instances.performMaintenance",
+        "compute.instanceGroupManagers.get",
+        "compute.instanceGroupManagers.update",
+    },
+    "pitstop-operations-reader.yaml": {"compute.zoneOperations.get"},
+    "pitstop-node-lookup.yaml": {"compute.instances.list"},
+    "pitstop-workflow-starter.yaml": {
+        "workflows.executions.create",
+        "workflows.executions.get",
+        "workflows.executions.list",
+        "workflows.executions.cancel",
+    },
+}
+
+
+def test_custom_roles_hold_exactly_the_permissions_pitstop_uses() -> None:
+    files = {f.name: f for f in (ROOT / "infra" / "roles").glob("*.yaml")}
+    assert set(files) == set(PERMISSIONS)
+    for name, want in PERMISSIONS.items():
+        role = yaml.safe_load(files[name].read_text())
+        assert len(role["includedPermissions"]) == len(set(role["includedPermissions"]))
+        assert set(role["includedPermissions"]) == want, name
+
+
+Grant = tuple[str, str, str, str]  # where (gcloud group), resource, role, condition title or ""
+
+
+def _grants(steps: list[deploy.Step]) -> dict[str, set[Grant]]:
+    """Every binding the plan makes, by member: the whole of what each identity may do."""
+    out: dict[str, set[Grant]] = {}
+    for s in steps:
+        verbs = [
+            i for i, a in enumerate(s.argv) if a in ("add-iam-policy-binding", "add-invoker-policy-binding")
+        ]
+        if not verbs:
+            continue
+        flags = dict(a.removeprefix("--").split("=", 1) for a in s.argv if a.startswith("--") and "=" in a)
+        cond = flags.get("condition", "None")
+        title = "" if cond == "None" else cond.rsplit(",title=", 1)[1]
+        where = " ".join(s.argv[: verbs[0]])
+        grant = (where, s.argv[verbs[0] + 1], flags.get("role", "roles/run.invoker"), title)
+        out.setdefault(flags["member"], set()).add(grant)
+    return out
+
+
+def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.Step]) -> None:
+    """The complete set per account: nothing project-wide that a resource or a condition can narrow."""
+    p, other = "my-train-proj", "ml-other-proj"
+    sa = "serviceAccount:pitstop-{}@my-train-proj.iam.gserviceaccount.com".format
+    prj, topic, sub = "projects", "pubsub topics", "pubsub subscriptions"
+    db, zones, starter = (
+        "pitstop-database-only",
+        "pitstop-actuator-zones",
+        f"projects/{p}/roles/pitstopWorkflowStarter",
+    )
+    logs = (prj, p, "roles/logging.logWriter", "")
+    want = {
+        sa("ingest"): {
+            (prj, p, "roles/datastore.user", db),
+            (prj, p, starter, ""),
+            logs,
+            (topic, "pitstop-notifications", "roles/pubsub.publisher", ""),
+            ("functions", "pitstop-ingest", "roles/run.invoker", ""),
+            # reads a node (RBAC: nodes get only): a regional node's zone, XidCriticalError
+            (prj, p, "roles/container.clusterViewer", ""),
+            (prj, other, "roles/container.clusterViewer", ""),
+            (prj, p, f"projects/{p}/roles/pitstopNodeLookup", ""),
+            (prj, other, f"projects/{other}/roles/pitstopNodeLookup", ""),
+        },
+        sa("actuate"): {
+            (prj, p, "roles/datastore.user", db),
+            (prj, p, starter, ""),
+            logs,
+            (prj, p, f"projects/{p}/roles/pitstopActuator", zones),
+            (prj, other, f"projects/{other}/roles/pitstopActuator", zones),
+            (prj, p, f"projects/{p}/roles/pitstopOperationsReader", ""),
+            (prj, other, f"projects/{other}/roles/pitstopOperationsReader", ""),
+            # a degraded node's peers: the DCGM metrics of the job's nodes (read-only)
+            (prj, p, "roles/monitoring.viewer", ""),
+            (prj, other, "roles/monitoring.viewer", ""),
+            (prj, p, "roles/container.clusterViewer", ""),
+            (prj, other, "roles/container.clusterViewer", ""),
+            (topic, "pitstop-notifications", "roles/pubsub.publisher", ""),
+            (topic, "pitstop-slurm-train", "roles/pubsub.publisher", ""),
+            (topic, "pitstop-slurm-infer", "roles/pubsub.publisher", ""),
+            (sub, "pitstop-slurm-train-results-actuate", "roles/pubsub.subscriber", ""),
+            (sub, "pitstop-slurm-infer-results-actuate", "roles/pubsub.subscriber", ""),
+        },
+        sa("notify"): {
+            (prj, p, "roles/monitoring.metricWriter", ""),
+            (prj, p, "roles/datastore.user", db),
+            logs,
+            ("secrets", "pitstop-webhook", "roles/secretmanager.secretAccessor", ""),
+            ("functions", "pitstop-notify", "roles/run.invoker", ""),
+        },
+        sa("sweep"): {  # its own account: no GKE reads, no trigger identity
+            (prj, p, "roles/datastore.user", db),
+            (prj, p, starter, ""),
+            logs,
+            (topic, "pitstop-notifications", "roles/pubsub.publisher", ""),
+        },
+        sa("workflow"): {logs, ("functions", "pitstop-actuate", "roles/run.invoker", "")},
+        sa("scheduler"): {("functions", "pitstop-sweep", "roles/run.invoker", "")},
+        **{
+            sa(f"slurm-{c}"): {  # no Firestore at all: results go to its own topic
+                logs,
+                (sub, f"pitstop-slurm-{c}-agent", "roles/pubsub.subscriber", ""),
+                (topic, f"pitstop-slurm-{c}-results", "roles/pubsub.publisher", ""),
+            }
+            for c in ("train", "infer")
+        },
+    }
+    got = _grants(gke_steps)
+    pitstop = {m: g for m, g in got.items() if m.startswith("serviceAccount:pitstop-")}
+    assert pitstop == want
+    others = {(m, g) for m, gs in got.items() if m not in want for g in gs}
+    assert {g[2] for _, g in others} == {
+        "roles/pubsub.publisher",
+        "roles/pubsub.subscriber",
+        "roles/iam.serviceAccountTokenCreator",
+    }
+    assert {m for m, _ in others} == {
+        "serviceAccount:service-<project-number>@gcp-sa-pubsub.iam.gserviceaccount.com",
+        "serviceAccount:service-<project-number>@gcp-sa-monitoring-notification.iam.gserviceaccount.com",
+        "<pitstop-gpu-xid-writer-identity>",
+        "<pitstop-system-events-writer-identity>",
+    }
+
+
+def test_conditions_confine_firestore_to_pitstops_database_and_compute_to_the_zones(
+    gke_steps: list[deploy.Step],
+) -> None:
+    conds = {
+        (s.argv[2], next(a for a in s.argv if a.startswith("--role="))): a.removeprefix("--condition=")
+        for s in gke_steps
+        if s.argv[:2] == ["projects", "add-iam-policy-binding"]
+        for a in s.argv
+        if a.startswith("--condition=") and a != "--condition=None"
+    }
+    database = (
+        'expression=resource.name == "projects/my-train-proj/databases/pitstop" || '
+        'resource.name.startsWith("projects/my-train-proj/databases/pitstop/"),title=pitstop-database-only'
+    )
+    assert conds[("my-train-proj", "--role=roles/datastore.user")] == database
+    local = conds[("my-train-proj", "--role=projects/my-train-proj/roles/pitstopActuator")]
+    assert local == (
+        'expression=resource.name.startsWith("projects/my-train-proj/zones/us-central1-a/") || '
+        'resource.name.startsWith("projects/my-train-proj/zones/us-east5-b/instances/a3-node-") || '
+        'resource.name == "projects/my-train-proj/zones/us-east5-b/instanceGroupManagers/a3-node" || '
+        'resource.name.startsWith("projects/my-train-proj/zones/us-central1-"),title=pitstop-actuator-zones'
+    )  # the regional GKE cluster: every us-central1 zone
+    assert conds[("ml-other-proj", "--role=projects/ml-other-proj/roles/pitstopActuator")] == (
+        'expression=resource.name.startsWith("projects/ml-other-proj/zones/europe-west4-b/"),'
+        "title=pitstop-actuator-zones"
+    )
+    assert len(conds) == 3  # the Firestore condition is one binding of three members
+
+
+def test_without_zones_or_gke_clusters_actuate_gets_no_compute_role(steps: list[deploy.Step]) -> None:
+    roles = {a for s in steps for a in s.argv if a.startswith("--role=")}
+    assert not [r for r in roles if "pitstopActuator" in r or "compute" in r or "container" in r]
+    assert not [s for s in steps if s.argv[:3] == ["iam", "roles", "create"] and "pitstopActuator" in s.argv]
+
+
+def test_many_zones_are_split_over_conditions_iam_accepts() -> None:
+    scope = [(f"us-central1-{z}", "") for z in "abcdef"]
+    scope += [(f"us-east{n}-a", w) for n in range(1, 6) for w in ("a3-", f"mig:a3-{n}")]
+    conds = deploy.compute_conditions("p-1234", scope)
+    assert [c["title"] for c in conds] == ["pitstop-actuator-zones", "pitstop-actuator-zones-2"]
+    clauses = [c["expression"].split(" || ") for c in conds]
+    assert [len(c) for c in clauses] == [12, 4]  # 6 zones + 5 x (instances, MIGs) = 16 clauses
+    assert all(c["expression"].count("||") <= 11 and "," not in c["expression"] for c in conds)
+
+
+def test_sinks_use_the_filter_files(steps: list[deploy.Step]) -> None:
+    created = {s.argv[3]: s.argv for s in steps if s.argv[:3] == ["logging", "sinks", "create"]}
+    for sink, flt in sinks.sink_filters().items():
+        assert f"--log-filter={flt}" in created[sink]
+        assert created[sink][4] == "pubsub.googleapis.com/projects/my-train-proj/topics/pitstop-events"
+
+
+def test_every_slurm_cluster_gets_a_topic_a_subscription_and_the_agent_pull_right(
+    steps: list[deploy.Step],
+) -> None:
+    lines = [s.line() for s in steps]
+    for c in ("train", "infer"):
+        assert any(f"pubsub topics create pitstop-slurm-{c}" in x for x in lines)
+        assert any(
+            f"pubsub subscriptions add-iam-policy-binding pitstop-slurm-{c}-agent" in x
+            and "roles/pubsub.subscriber" in x
+            for x in lines
+        )
+    pulls = {
+        s.argv[3]: s.argv[6]
+        for s in steps
+        if s.argv[:3] == ["pubsub", "subscriptions", "add-iam-policy-binding"]
+    }
+    for c in ("train", "infer"):  # its own account, and no other cluster's
+        assert pulls[f"pitstop-slurm-{c}-agent"] == (
+            f"--member=serviceAccount:pitstop-slurm-{c}@my-train-proj.iam.gserviceaccount.com"
+        )
+        assert pulls[f"pitstop-slurm-{c}-results-actuate"] == (
+            "--member=serviceAccount:pitstop-actuate@my-train-proj.iam.gserviceaccount.com"
+        )
+    publishers = {
+        (s.argv[3], s.argv[6])
+        for s in steps
+        if s.argv[:3] == ["pubsub", "topics", "add-iam-policy-binding"] and s.argv[3].endswith("-results")
+    }
+    assert publishers == {  # only a cluster's own agent can answer for that cluster
+        (
+            f"pitstop-slurm-{c}-results",
+            f"--member=serviceAccount:pitstop-slurm-{c}@my-train-proj.iam.gserviceaccount.com",
+        )
+        for c in ("train", "infer")
+    }
+
+
+@pytest.mark.parametrize("name", ["Train", "a_b", "-x", "x-", "", "seventeen-chars-x", "a b", "x;rm"])
+def test_cluster_names_that_cannot_name_an_account_are_refused(name: str, tmp_path: Path) -> None:
+    conf = tmp_path / "deploy.yaml"
+    conf.write_text(yaml.safe_dump({"slurm_clusters": [name]}))
+    with pytest.raises(ValueError, match="slurm_clusters"):
+        deploy.load_config(str(conf))
+    assert deploy.CLUSTER_NAME.fullmatch("train-2") and deploy.CLUSTER_NAME.fullmatch("a")
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {f.relative_to(root).as_posix(): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+def test_staged_source_holds_the_shipped_packages_and_their_data_only(tmp_path: Path) -> None:
+    out = deploy.stage_source(None, tmp_path / "src")
+    assert {p.name for p in out.iterdir()} == {"main.py", "requirements.txt", "policy.yaml", "pitstop"}
+    assert {p.name for p in (out / "pitstop").iterdir()} == {
+        "__init__.py",
+        "core",
+        "services",
+        "adapters",
+        "schemas",
+        "filters",
+    }  # no tools (CLI, deploy), agent (runs on the Slurm controller) or local (the stand-ins)
+    packages = {p.parent.relative_to(out).as_posix() for p in out.rglob("__init__.py")}
+    functions = ROOT / "functions"
+    shipped = {
+        p.parent.relative_to(functions).as_posix()
+        for room in ("core", "services", "adapters")
+        for p in (functions / "pitstop" / room).rglob("__init__.py")
+    }
+    assert packages == {"pitstop", *shipped}  # the rooms and their subpackages (actuate, gke), no more
+    assert {"pitstop/services/actuate", "pitstop/adapters/gke"} <= packages
+    assert not [p for p in out.rglob("*") if p.name == "__pycache__" or p.suffix in (".pyc", ".pyo")]
+    for pkg in shipped:
+        assert {p.name for p in (out / pkg).glob("*.py")} == {p.name for p in (functions / pkg).glob("*.py")}
+    assert (out / "pitstop" / "schemas" / "xid-policy.yaml").is_file()
+    assert (out / "pitstop" / "filters" / "gpu-xid.filter").is_file()
+    assert (out / "policy.yaml").read_text().strip() == "{}"
+
+
+def test_source_digest_hashes_exactly_what_is_staged(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("mode: enforce\n")
+    out = deploy.stage_source(str(policy), tmp_path / "src")
+    assert (out / "policy.yaml").read_text() == "mode: enforce\n"
+    h = hashlib.sha256()
+    for name, data in sorted(_tree(out).items()):  # every staged file, path-ordered: path NUL content NUL
+        h.update(name.encode() + b"\0" + data + b"\0")
+    assert deploy.source_digest(str(policy)) == h.hexdigest()
+    assert deploy.source_digest(None) != h.hexdigest()
+
+
+def test_apply_is_idempotent_and_fills_placeholders(steps: list[deploy.Step]) -> None:
+    existing: set[str] = set()
+    calls: list[list[str]] = []
+
+    def fake_gcloud(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        out = ""
+        if "describe" in argv or argv[:2] == ["projects", "describe"]:
+            key = " ".join(argv[:4])
+            rc = 0 if key in existing or "--format" in " ".join(argv) else 1
+            if "projectNumber" in " ".join(argv):
+                out = "123456789"
+            elif "serviceConfig.uri" in " ".join(argv):
+                out = f"https://{argv[2]}-xyz.a.run.app"
+            elif "eventTrigger.trigger" in " ".join(argv):
+                out = f"projects/p/locations/us-central1/triggers/{argv[2]}-trigger"
+            elif "transport.pubsub.subscription" in " ".join(argv):
+                out = f"projects/p/subscriptions/eventarc-us-central1-{argv[3].rsplit('/', 1)[-1]}-sub-123"
+            elif "writerIdentity" in " ".join(argv):
+                out = "serviceAccount:service-123@gcp-sa-logging.iam.gserviceaccount.com"
+            return subprocess.CompletedProcess(argv, rc, out or ("name: x" if rc == 0 else ""), "")
+        if argv[:4] == ["beta", "monitoring", "channels", "list"]:  # the channel, found by its name once made
+            made = (
+                "beta monitoring channels create" in existing or "beta monitoring channels list" in existing
+            )
+            return subprocess.CompletedProcess(
+                argv, 0, "projects/p/notificationChannels/7\n" if made else "", ""
+            )
+        for s in steps:
+            if s.argv == argv and s.check is not None:
+                existing.add(" ".join(s.check[:4]))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    logs: list[str] = []
+    assert deploy.apply(steps, fake_gcloud, logs.append) == 0
+    first = [c for c in calls if "create" in c]
+    assert not any("<" in a for c in calls for a in c)
+    assert any(
+        "--member=serviceAccount:service-123@gcp-sa-logging.iam.gserviceaccount.com" in c for c in calls
+    )
+    assert any("eventarc-us-central1-pitstop-ingest-trigger-sub-123" in a for c in calls for a in c)
+    assert any("--notification-channels=projects/p/notificationChannels/7" in c for c in calls)
+    calls.clear()
+    logs.clear()
+    assert deploy.apply(steps, fake_gcloud, logs.append) == 0
+    second = [c for c in calls if "create" in c]
+    assert len(second) < len(first)
+    assert not any(c[:3] == ["pubsub", "topics", "create"] for c in second)
+    assert any(line.startswith("exists") for line in logs)
+    assert any(c[:3] == ["logging", "sinks", "update"] for c in calls)  # filters converge on re-run
+
+
+SINK_WRITER = "serviceAccount:service-1234@gcp-sa-logging.iam.gserviceaccount.com"
+SAMPLE_VALUES = {  # what the placeholders hold at run time, so gcloud's own validation applies
+    "<project-number>": "123456789012",
+    "<pitstop-actuate-url>": "https://pitstop-actuate-abc123-uc.a.run.app",
+    "<pitstop-sweep-url>": "https://pitstop-sweep-abc123-uc.a.run.app",
+    "<pitstop-ingest-trigger>": "projects/my-train-proj/locations/us-central1/triggers/pitstop-ingest-123456",
+    "<pitstop-notify-trigger>": "projects/my-train-proj/locations/us-central1/triggers/pitstop-notify-123456",
+    "<pitstop-ingest-trigger-subscription>": "eventarc-us-central1-pitstop-ingest-123456-sub-781",
+    "<pitstop-notify-trigger-subscription>": "eventarc-us-central1-pitstop-notify-123456-sub-782",
+    "<pitstop-ingest-alerts-trigger-subscription>": "eventarc-us-central1-pitstop-ingest-alerts-sub-783",
+    "<pitstop-alerts-channel>": "projects/my-train-proj/notificationChannels/4242",
+    "<pitstop-gpu-xid-writer-identity>": SINK_WRITER,
+    "<pitstop-system-events-writer-identity>": SINK_WRITER,
+    "<existing>": "1234567890",  # a dashboard or alert policy id a check printed
+    "<gke-credentials>": "/tmp/pitstop-deploy-x",
+}
+
+
+def _gcloud_parse(line: str, cfg: str) -> tuple[str, int, str]:
+    for k, v in SAMPLE_VALUES.items():
+        line = line.replace(k, v)
+    env = {
+        **os.environ,
+        "CLOUDSDK_CONFIG": cfg,
+        "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
+        "CLOUDSDK_CORE_CHECK_GCE_METADATA": "false",
+        "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "true",
+        "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "true",
+    }
+    for api in (
+        "CLOUDFUNCTIONS",
+        "RUN",
+        "PUBSUB",
+        "WORKFLOWS",
+        "FIRESTORE",
+        "LOGGING",
+        "MONITORING",
+        "SECRETMANAGER",
+        "CLOUDSCHEDULER",
+        "IAM",
+        "SERVICEUSAGE",
+        "CLOUDRESOURCEMANAGER",
+        "EVENTARC",
+        "CONTAINER",
+    ):
+        env[f"CLOUDSDK_API_ENDPOINT_OVERRIDES_{api}"] = "http://127.0.0.1:9/"  # never a real Google endpoint
+    proc = subprocess.run(
+        shlex.split(line), capture_output=True, text=True, timeout=120, env=env, check=False
+    )
+    return line, proc.returncode, proc.stderr
+
+
+def _gcloud_lines(steps: list[deploy.Step]) -> list[str]:
+    """Every gcloud command a plan can run: steps, checks, updates, deletes, captures, credentials."""
+    plain = [s for s in steps if s.program == "gcloud"]
+    lines = [shlex.join(["gcloud", *s.argv]) for s in plain]
+    lines += [shlex.join(["gcloud", *s.check]) for s in steps if s.check]
+    lines += [shlex.join(["gcloud", *s.update]) for s in steps if s.update]
+    lines += [shlex.join(["gcloud", *s.delete]) for s in plain if s.delete]
+    lines += [shlex.join(["gcloud", *s.purge]) for s in steps if s.purge]
+    lines += [shlex.join(["gcloud", *s.credentials]) for s in steps if s.credentials]
+    lines += [shlex.join(["gcloud", *argv]) for s in steps for argv in s.captures.values()]
+    return sorted(set(lines))
+
+
+def _shape(line: str) -> tuple[str, tuple[str, ...]]:
+    """A command's grammar: its command path and the flags it passes (a condition counted apart).
+
+    Lines of one shape differ only in names the same builder filled in, so one of each is parsed.
+    """
+    words = shlex.split(line)
+    path = next((words[:i] for i, w in enumerate(words) if w.startswith("-")), words)
+    flags = [w.split("=", 1)[0] + ("(if)" if w.startswith("--condition=expr") else "") for w in words]
+    return " ".join(path[:4]), tuple(sorted(f for f in flags if f.startswith("-")))
+
+
+@pytest.mark.timeout(900)  # ~80 gcloud start-ups: a hang guard, not a speed check (minutes on a busy box)
+def test_every_command_is_accepted_by_the_real_gcloud_parser(
+    steps: list[deploy.Step], gke_steps: list[deploy.Step]
+) -> None:
+    every = _gcloud_lines([*steps, *gke_steps])
+    lines = list({_shape(ln): ln for ln in every}.values())  # one of each shape: minutes under load
+    assert len(lines) < len(every)
+    assert any(" container clusters get-credentials " in ln for ln in lines)
+    assert any(" container node-pools list --cluster=" in ln for ln in lines)
+    assert any(" firestore bulk-delete --database=pitstop " in ln for ln in lines)
+    assert any(" resource-manager org-policies describe " in ln for ln in lines)
+    assert any("--condition=expression=resource.name.startsWith(" in ln for ln in lines)
+    for s in steps:  # files gcloud reads at parse time, written by apply() just before use
+        deploy.write_config_files([*s.argv, *(s.update or [])])
+    cfg = tempfile.mkdtemp(prefix="gcloud-config-")
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda ln: _gcloud_parse(ln, cfg), lines))
+    usage = [(ln, err.strip().splitlines()[-1:]) for ln, rc, err in results if rc == 2]
+    assert usage == [], usage  # 2 = usage error; without credentials a valid command stops at auth (1)
+    assert all(rc == 1 for _, rc, _ in results), [(ln, rc) for ln, rc, _ in results if rc != 1]
+
+
+def _rbac_steps(gke_steps: list[deploy.Step]) -> list[deploy.Step]:
+    return [s for s in gke_steps if s.program == "kubectl" and str(s.stdin).endswith("clusterrole.yaml")]
+
+
+def test_kubectl_accepts_the_rbac_commands(gke_steps: list[deploy.Step]) -> None:
+    """kubectl parses flags before --help: an unknown flag is an error (1), a valid line prints help (0)."""
+    rbac = [s for s in gke_steps if s.program == "kubectl"]
+    assert len(rbac) == 4  # per cluster: clusterrole.yaml, npd.yaml
+    for s in rbac:
+        for argv in (s.argv, s.delete or []):
+            proc = subprocess.run(["kubectl", *argv, "--help"], capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 0, (argv, proc.stderr)
+    bad = subprocess.run(["kubectl", "apply", "-f", "-", "--no-such-flag", "--help"], capture_output=True)
+    assert bad.returncode != 0
+
+
+def test_a_changed_policy_redeploys_the_functions_and_nothing_else(tmp_path: Path) -> None:
+    def labels(policy_text: str | None) -> dict[str, str]:
+        conf = dict(CONF)
+        if policy_text is not None:
+            (tmp_path / "policy.yaml").write_text(policy_text)
+            conf["policy"] = str(tmp_path / "policy.yaml")
+        return {s.what: s.expect for s in deploy.plan("my-train-proj", "us-central1", conf) if s.expect}
+
+    shipped, observe, enforce = labels(None), labels("mode: observe\n"), labels("mode: enforce\n")
+    assert set(shipped) == {f"function pitstop-{f}" for f in ("ingest", "actuate", "notify", "sweep")} | {
+        "workflow pitstop-remediate"
+    }
+    assert shipped == labels(None)  # stable: a rerun with the same inputs is "current"
+    changed = {k for k in shipped if observe[k] != enforce[k]}
+    assert changed == {k for k in shipped if k.startswith("function ")}
+
+
+def test_gke_rbac_is_applied_with_its_accounts_named_and_credentials_kept_private(
+    gke_steps: list[deploy.Step], tmp_path: Path
+) -> None:
+    manifest = tmp_path / "clusterrole.yaml"  # infra/gke/clusterrole.yaml is another change's; a stand-in
+    manifest.write_text("subjects: [{kind: User, name: ${ACTUATOR_SA}}, {kind: User, name: ${INGEST_SA}}]\n")
+    rbac = [dataclasses.replace(s, stdin=str(manifest)) for s in _rbac_steps(gke_steps)]
+    seen: list[tuple[str, list[str], dict[str, str], str | None]] = []
+
+    def tool(program: str, argv: list[str], env: Mapping[str, str], stdin: str | None) -> Proc:
+        seen.append((program, argv, dict(env), stdin))
+        kubeconfig = Path(env["KUBECONFIG"])
+        if program == "gcloud":
+            assert oct(kubeconfig.parent.stat().st_mode & 0o777) == "0o700"
+            kubeconfig.write_text("credentials")
+        else:
+            assert kubeconfig.read_text() == "credentials"  # kubectl uses what gcloud just wrote
+        return Proc(argv, 0, "", "")
+
+    logs: list[str] = []
+    assert deploy.apply(rbac, _never_gcloud, logs.append, tool) == 0
+    assert [x[0] for x in seen] == ["gcloud", "kubectl", "gcloud", "kubectl"]
+    creds = ["container", "clusters", "get-credentials", "gpu-a3", "--location=us-central1"]
+    assert seen[0][1] == [*creds, "--project", "my-train-proj"]
+    assert seen[2][1][3:] == ["tpu-b", "--location=europe-west4-b", "--project", "ml-other-proj"]
+    assert seen[1][1] == ["apply", "-f", "-"]
+    actuator, ingest = (f"pitstop-{a}@my-train-proj.iam.gserviceaccount.com" for a in ("actuate", "ingest"))
+    assert seen[1][3] == f"subjects: [{{kind: User, name: {actuator}}}, {{kind: User, name: {ingest}}}]\n"
+    assert seen[0][2] == seen[1][2] != seen[2][2]  # one kubeconfig per cluster, shared by its two commands
+    assert not Path(seen[0][2]["KUBECONFIG"]).parent.exists()  # removed when the run ends
+    seen.clear()
+    assert deploy.teardown(rbac, False, _never_gcloud, logs.append, tool) == 0
+    assert [(x[0], x[1][:1]) for x in seen] == [("gcloud", ["container"]), ("kubectl", ["delete"])] * 2
+
+
+def test_gke_rbac_lets_ingest_get_nodes_and_nothing_else(gke_steps: list[deploy.Step]) -> None:
+    """ingest reads one Node by name (spec.providerID: a regional node's zone; the XidCriticalError
+    condition that corroborates a serial-console Xid line); a get of a node returns its status too."""
+    rbac = _rbac_steps(gke_steps)
+    assert len(rbac) == 2 and all(s.stdin == rbac[0].stdin for s in rbac)
+    email = "pitstop-{}@my-train-proj.iam.gserviceaccount.com".format
+    assert rbac[0].stdin_vars == {"${ACTUATOR_SA}": email("actuate"), "${INGEST_SA}": email("ingest")}
+    assert rbac[0].stdin is not None
+    text = Path(rbac[0].stdin).read_text()
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    named = [d for d in docs if "${INGEST_SA}" in json.dumps(d)]  # ingest's account, in one binding only
+    assert [(d["kind"], d["metadata"]["name"]) for d in named] == [
+        ("ClusterRoleBinding", "pitstop-ingest-reader")
+    ]
+    (binding,) = named
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "pitstop-ingest-reader",
+    }
+    assert binding["subjects"] == [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "${INGEST_SA}"}
+    ]
+    (role,) = [
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == binding["roleRef"]["name"]
+    ]
+    assert set(role) == {"apiVersion", "kind", "metadata", "rules"}  # no aggregationRule to widen it
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    bound = [
+        d for d in docs if d["kind"].endswith("Binding") and d["roleRef"]["name"] == role["metadata"]["name"]
+    ]
+    assert bound == [binding]  # and no other account holds ingest's role
+    for k, v in rbac[0].stdin_vars.items():
+        text = text.replace(k, v)
+    applied = {
+        d["metadata"]["name"]: d for d in yaml.safe_load_all(text) if d and d["kind"] == "ClusterRoleBinding"
+    }
+    assert [x["name"] for x in applied["pitstop-ingest-reader"]["subjects"]] == [email("ingest")]
+    assert [x["name"] for x in applied["pitstop-actuator"]["subjects"]] == [email("actuate")]
+
+
+def _never_gcloud(argv: list[str]) -> Proc:
+    raise AssertionError(f"plain gcloud was not expected: {argv}")
+
+
+Proc = subprocess.CompletedProcess[str]
+
+
+@pytest.mark.parametrize(
+    ("pools", "policy", "rc", "want"),
+    [
+        ("", "", 0, ["ok", "ok"]),
+        ("old-a3\nold-h100\n", "", 0, ["ok", "warning: old-a3 old-h100"]),
+        ("", "True", 0, ["warning", "ok"]),
+        ("", "", 1, ["could not check", "could not check"]),
+    ],
+)
+def test_gke_logging_checks_warn_and_never_fail_the_deploy(
+    gke_steps: list[deploy.Step], pools: str, policy: str, rc: int, want: list[str]
+) -> None:
+    checks = [s for s in gke_steps if s.warn is not None and "my-train-proj" in s.argv]
+    assert [s.argv[:2] for s in checks] == [["resource-manager", "org-policies"], ["container", "node-pools"]]
+
+    def gcloud(argv: list[str]) -> Proc:
+        out = policy if argv[0] == "resource-manager" else pools
+        return Proc(argv, rc, out, "permission denied" if rc else "")
+
+    logs: list[str] = []
+    assert deploy.apply(checks, gcloud, logs.append) == 0
+    for line, w in zip(logs, want, strict=True):
+        if w == "ok":
+            assert line.startswith("ok "), line
+        elif w == "could not check":
+            assert line.startswith("warning ") and "could not check: permission denied" in line, line
+        else:
+            assert line.startswith("warning "), line
+            assert line.endswith(w.removeprefix("warning")) or w == "warning", line
+    if policy == "True":
+        assert "compute.disableSerialPortLogging is enforced" in logs[0]
+
+
+def _collections_the_code_writes() -> set[str]:
+    """Collection ids in the shipped code and the agent, as `<prefix>_<name>` names or subcollections."""
+    names: set[str] = set()
+    for f in (ROOT / "functions").rglob("*.py"):
+        if "local" in f.parts:
+            continue
+        src = f.read_text()
+        names |= set(re.findall(r'collection\(\s*f"\{[^}]*\}_([a-z_]+)"', src))
+        names |= set(re.findall(r'replace\("_incidents", "_([a-z_]+)"\)', src))
+        names |= {n.removeprefix("pitstop_") for n in re.findall(r'\.collection\("([a-z_]+)"\)', src)}
+    return names
+
+
+def test_purge_deletes_every_collection_pitstop_writes_and_only_when_asked(steps: list[deploy.Step]) -> None:
+    calls: list[list[str]] = []
+
+    def gcloud(argv: list[str]) -> Proc:
+        calls.append(argv)
+        return Proc(argv, 0, "", "")
+
+    logs: list[str] = []
+    assert deploy.teardown(steps, False, gcloud, logs.append) == 0
+    assert not [c for c in calls if "bulk-delete" in c]
+    assert not [c for c in calls if c[:3] == ["firestore", "databases", "delete"]]
+    calls.clear()
+    assert deploy.teardown(steps, True, gcloud, logs.append) == 0
+    purge = calls[-1]
+    assert purge[:3] == ["firestore", "bulk-delete", "--database=pitstop"] and "--quiet" in purge
+    ids = next(a for a in purge if a.startswith("--collection-ids=")).split("=", 1)[1].split(",")
+    code = _collections_the_code_writes()
+    assert {"outbox", "dedup", "incidents", "slurm_results", "notifications", "jobs", "steps"} <= code
+    assert {i.removeprefix("pitstop_") for i in ids} == code  # every one, and nothing else
+    assert "pitstop_outbox" in ids and "steps" in ids
+    assert any(line.startswith("purging ") and "pitstop_outbox" in line for line in logs)
+
+
+def test_purge_uses_the_policys_collection_prefix(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("store: {collection_prefix: team_a}\n")
+    (step,) = [
+        s for s in deploy.plan("my-train-proj", "us-central1", {**CONF, "policy": str(policy)}) if s.purge
+    ]
+    assert step.purge is not None
+    assert "--collection-ids=team_a_incidents,team_a_nodes," in " ".join(step.purge)
+    ttls = [
+        s
+        for s in deploy.plan("my-train-proj", "us-central1", {**CONF, "policy": str(policy)})
+        if "ttls" in s.argv
+    ]
+    assert [s.argv[5] for s in ttls] == [
+        "--collection-group=team_a_dedup",
+        "--collection-group=team_a_outbox",
+        "--collection-group=team_a_resolved",
+    ]
+
+
+def test_ttls_cover_the_dedup_records_and_the_outbox_in_pitstops_database(steps: list[deploy.Step]) -> None:
+    ttls = [s.argv for s in steps if s.argv[:4] == ["firestore", "fields", "ttls", "update"]]
+    assert [(a[4], a[5], a[6]) for a in ttls] == [
+        ("expire_at", "--collection-group=pitstop_dedup", "--database=pitstop"),
+        ("expire_at", "--collection-group=pitstop_outbox", "--database=pitstop"),
+        ("expire_at", "--collection-group=pitstop_resolved", "--database=pitstop"),
+    ]
+    (db,) = [s for s in steps if s.argv[:3] == ["firestore", "databases", "create"]]
+    assert "--database=pitstop" in db.argv and db.check is not None and "--database=pitstop" in db.check
+    assert db.delete is None  # teardown keeps the incidents unless --purge
+    fns = [s.argv for s in steps if s.argv[:2] == ["functions", "deploy"]]
+    assert all(any("PITSTOP_FIRESTORE_DATABASE=pitstop" in a for a in argv) for argv in fns)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("gke_clusters", [{"name": "Bad_Name", "location": "us-central1"}]),
+        ("gke_clusters", [{"name": "a", "location": "mars"}]),
+        ("gke_clusters", [{"name": "a", "location": "us-central1", "project": "X;rm"}]),
+        ("gke_clusters", [{"name": "a", "location": "us-central1", "zone": "x"}]),
+        ("gke_clusters", ["just-a-name"]),
+        ("compute_zones", ["us-central1-a/a3"]),
+        ("compute_zones", [{"zone": "us-central1", "name_prefix": "a3-"}]),  # a prefix needs a zone
+        ("compute_zones", [{"zone": "us-central1-a", "name_prefix": "A3*"}]),
+        ("compute_zones", [{"zone": "us-central1-a", "project": "1"}]),
+        ("firestore_database", "(default)"),
+        ("firestore_database", "x"),
+    ],
+)
+def test_gke_zone_and_database_settings_are_checked(key: str, value: Any, tmp_path: Path) -> None:
+    conf = tmp_path / "deploy.yaml"
+    conf.write_text(yaml.safe_dump({key: value}))
+    with pytest.raises(ValueError, match=key):
+        deploy.load_config(str(conf))
+
+
+def test_a_named_prefix_admits_only_its_migs_by_exact_name() -> None:
+    """Issue 21 (12): instanceGroupManagers.update can resize, abandon or re-template a group; a
+    prefix once admitted every MIG of its zone. Now only the MIGs deploy.yaml names, by name."""
+    conf = {**CONF, "compute_zones": [{"zone": "us-east5-b", "name_prefix": "a3-", "migs": ["a3-node"]}]}
+    scope = deploy.compute_scope(conf, "p-1234")["p-1234"]
+    (cond,) = deploy.compute_conditions("p-1234", scope)
+    clauses = cond["expression"].split(" || ")
+    assert clauses == [
+        'resource.name.startsWith("projects/p-1234/zones/us-east5-b/instances/a3-")',
+        'resource.name == "projects/p-1234/zones/us-east5-b/instanceGroupManagers/a3-node"',
+    ]
+    assert not [c for c in clauses if 'instanceGroupManagers/")' in c]  # never a zone's every MIG
+    no_migs = deploy.compute_scope(
+        {**CONF, "compute_zones": [{"zone": "us-east5-b", "name_prefix": "a3-"}]}, "p-1234"
+    )
+    assert (
+        "instanceGroupManagers" not in deploy.compute_conditions("p-1234", no_migs["p-1234"])[0]["expression"]
+    )
+    for bad in (["A3 NODE"], "a3-node", [""]):
+        with pytest.raises(ValueError, match="migs"):
+            deploy.compute_scope(
+                {**CONF, "compute_zones": [{"zone": "us-east5-b", "name_prefix": "a3-", "migs": bad}]},
+                "p-1234",
+            )
+
+
+# Issue 21 (12): each Kubernetes grant of actuate, and why; widening any of them fails here.
+ACTUATOR_GRANTS = {
+    ("", "nodes"): ["get", "list", "patch"],  # fence/unfence (cordon, taint, annotations), health
+    ("", "nodes/status"): ["get"],  # the device plugin's XidCriticalError (corroboration)
+    ("", "pods"): ["get", "list", "delete"],  # ... and force-deleting one stuck on a NotReady node
+    ("", "pods/eviction"): ["create"],  # checkpoint and the one eviction that restarts a JobSet
+    ("batch", "jobs"): ["get"],  # a batch Job's pods (the kubernetes scheduler)
+    ("jobset.x-k8s.io", "jobsets"): ["get", "list"],  # restart count and conditions; no patch
+    ("kueue.x-k8s.io", "workloads"): ["get", "list", "patch"],  # deactivate/reactivate a Workload
+    ("policy", "poddisruptionbudgets"): ["get", "list"],  # name the PDB that blocks an eviction
+}
+CHECK_GRANTS = {("batch", "jobs"): ["get", "create", "delete"], ("", "pods/log"): ["get"]}
+
+
+def _rbac_docs() -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((ROOT / "infra" / "gke" / "clusterrole.yaml").read_text()) if d]
+
+
+def _rules(role: dict[str, Any]) -> dict[tuple[str, str], list[str]]:
+    out: dict[tuple[str, str], list[str]] = {}
+    for rule in role["rules"]:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}, rule  # no resourceNames games, no URLs
+        for g in rule["apiGroups"]:
+            for r in rule["resources"]:
+                out[(g, r)] = sorted(rule["verbs"])
+    return out
+
+
+def test_actuates_cluster_grants_are_exactly_the_ones_it_uses() -> None:
+    docs = _rbac_docs()
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "pitstop-actuator"]
+    assert _rules(role) == {k: sorted(v) for k, v in ACTUATOR_GRANTS.items()}
+    (checks,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "pitstop-checks"]
+    assert checks["metadata"]["namespace"] == "pitstop-system"
+    assert _rules(checks) == {k: sorted(v) for k, v in CHECK_GRANTS.items()}
+
+
+def test_check_pods_run_where_pod_security_forbids_root_on_the_node() -> None:
+    """The Role lets actuate create Jobs with any pod spec in pitstop-system: Pod Security `baseline`
+    enforced there refuses privileged pods, host namespaces and hostPath; the check template itself
+    drops every capability and forbids privilege escalation."""
+    from pitstop.adapters.gke.checks import CHECK_SECURITY
+
+    (ns,) = [d for d in _rbac_docs() if d["kind"] == "Namespace"]
+    labels = ns["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] in ("baseline", "restricted")
+    assert labels["pod-security.kubernetes.io/warn"] == "restricted"
+    assert CHECK_SECURITY["privileged"] is False and CHECK_SECURITY["allowPrivilegeEscalation"] is False
+    assert CHECK_SECURITY["capabilities"] == {"drop": ["ALL"]}
+    assert CHECK_SECURITY["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+NPD_GRANTS = {
+    ("", "nodes"): ["get"],
+    ("", "nodes/status"): ["patch"],
+    ("", "events"): ["create", "patch", "update"],
+    ("events.k8s.io", "events"): ["create", "patch", "update"],
+}
+
+
+def test_node_problem_detector_runs_alone_in_its_namespace_with_only_what_it_needs(
+    gke_steps: list[deploy.Step],
+) -> None:
+    """infra/gke/npd.yaml: the one privileged pod Pitstop deploys (it reads /dev/kmsg), in a namespace
+    of its own that alone allows `privileged`; a pinned image; its account may set Node status and
+    events only; no Pitstop identity is named in it; deploy applies it once per GKE cluster."""
+    docs = [d for d in yaml.safe_load_all((ROOT / "infra" / "gke" / "npd.yaml").read_text()) if d]
+    (ns,) = [d for d in docs if d["kind"] == "Namespace"]
+    assert ns["metadata"]["name"] == "pitstop-npd"  # not pitstop-system, where actuate creates pods
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    namespaced = [d for d in docs if d["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding")]
+    assert {d["metadata"]["namespace"] for d in namespaced} == {"pitstop-npd"}
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    assert _rules(role) == {k: sorted(v) for k, v in NPD_GRANTS.items()}
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "pitstop-npd", "namespace": "pitstop-npd"}
+    ]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    (ctr,) = ds["spec"]["template"]["spec"]["containers"]
+    image, _, tag = ctr["image"].rpartition(":")
+    assert image == "registry.k8s.io/node-problem-detector/node-problem-detector" and tag.startswith("v")
+    assert all(m["readOnly"] for m in ctr["volumeMounts"])
+    assert "${" not in (ROOT / "infra" / "gke" / "npd.yaml").read_text()
+    applied = [s for s in gke_steps if s.stdin and s.stdin.endswith("gke/npd.yaml")]
+    clusters = _rbac_steps(gke_steps)
+    assert len(applied) == len(clusters) > 0
+    for grants in (ACTUATOR_GRANTS, CHECK_GRANTS):  # nothing of Pitstop's can change the DaemonSet
+        assert not {r for _, r in grants} & {"daemonsets", "configmaps", "namespaces", "serviceaccounts"}
+
+
+def _deploy_argv(steps: list[deploy.Step], fn: str) -> list[str]:
+    return next(s.argv for s in steps if s.argv[:3] == ["functions", "deploy", fn])
+
+
+def test_every_function_is_deployed_with_its_measured_size(steps: list[deploy.Step]) -> None:
+    """Left to defaults, a gen2 function takes one request per instance on up to 100 instances:
+    a storm spread over that many coalescers. Each function states all five, and functions-framework
+    gets as many threads as the concurrency Cloud Run sends it (THREADS)."""
+    spec = {e["name"]: e for e in yaml.safe_load(deploy.RESOURCES.read_text())["resources"] if "scale" in e}
+    assert set(spec) == {f"pitstop-{f}" for f in ("ingest", "actuate", "notify", "sweep")}
+    for fn, entry in spec.items():
+        argv = _deploy_argv(steps, fn)
+        flags = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+        for key in ("concurrency", "cpu", "memory", "max-instances", "min-instances"):
+            assert flags[key] == str(entry["scale"][key.replace("-", "_")]), (fn, key)
+        env = dict(kv.split("=", 1) for kv in flags["set-env-vars"].split(","))
+        assert env["THREADS"] == flags["concurrency"], fn
+        if int(flags["concurrency"]) > 1:  # Cloud Run functions: concurrency > 1 needs >= 1 vCPU
+            assert float(flags["cpu"]) >= 1, fn
+    ingest = dict(a[2:].split("=", 1) for a in _deploy_argv(steps, "pitstop-ingest") if "=" in a)
+    assert int(ingest["concurrency"]) > 1 and int(ingest["max-instances"]) <= 10
+
+
+@pytest.mark.parametrize("dropped", ["concurrency", "cpu", "memory", "max_instances", "min_instances"])
+def test_ingest_without_its_size_is_not_deployed(dropped: str) -> None:
+    doc = yaml.safe_load(deploy.RESOURCES.read_text())
+    ingest = next(e for e in doc["resources"] if e.get("name") == "pitstop-ingest")
+    assert len(deploy.scale_flags(ingest)) == 5
+    del ingest["scale"][dropped]
+    with pytest.raises(ValueError, match=f"pitstop-ingest: scale sets no {dropped}"):
+        deploy.scale_flags(ingest)
+    ingest["scale"] = {**ingest["scale"], dropped: 1, "concurrency": 80, "cpu": 0.5}
+    with pytest.raises(ValueError, match="concurrency above 1 needs cpu 1 or more"):
+        deploy.scale_flags(ingest)
