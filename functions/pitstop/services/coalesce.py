@@ -296,7 +296,7 @@ class Coalescer(ShardWriter):
                 job = self._take(old, old_key, now)
             if job is not None:
                 self._merge(job, now)
-            if old.unverified:
+            if old.unverified or old.replays:
                 self.verify(old_key, old, now)
 
     def _take(self, st: NodeState, nkey: str, now: float) -> Job | None:
@@ -372,12 +372,14 @@ class Coalescer(ShardWriter):
         with self._lock:
             due = [k for k in self._pending if now - self._nodes[k].last_flush >= self.flush_interval]
             late = [
-                (k, st) for k, st in self._nodes.items() if st.unverified and now - st.written_at >= VERIFY_S
+                (k, st)
+                for k, st in self._nodes.items()
+                if (st.unverified and now - st.written_at >= VERIFY_S) or st.replays
             ]
             idle = [
                 k
                 for k, st in self._nodes.items()
-                if not st.buffered and not st.unverified and now - st.touched >= IDLE_S
+                if not st.buffered and not st.unverified and not st.replays and now - st.touched >= IDLE_S
             ]
             for k in idle:
                 del self._nodes[k]
@@ -430,7 +432,7 @@ class Coalescer(ShardWriter):
         with self._lock:
             for k in [nkey] if nkey is not None else list(self._nodes):
                 st = self._nodes.get(k)
-                if st is not None and not st.buffered and not st.unverified:
+                if st is not None and not st.buffered and not st.unverified and not st.replays:
                     del self._nodes[k]
 
     def stats(self) -> dict[str, int]:

@@ -71,9 +71,14 @@ class NodeState:
     buffered: int = 0  # lines counted since the last write
     shard: str = ""  # this state's shard of ``shard_iid``
     shard_iid: str | None = None
-    seq: int = 0  # snapshots taken of the shard
-    written: int = 0  # the newest snapshot written
+    seq: int = 0  # snapshots taken of this state's shards
+    # The newest snapshot written, per shard: a snapshot of an older incident's shard that failed
+    # and is written again later is compared with its own shard's writes, not the new shard's.
+    written: dict[str, int] = field(default_factory=dict)
     unverified: dict[str, dict[str, Any]] = field(default_factory=dict)  # incident -> strongest line
+    # Lines already taken out of their shard whose replay failed: replayed again, never taken out
+    # twice (a failed replay checked again lost one line per failure).
+    replays: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     written_at: float = 0.0
     lock: threading.RLock = field(default_factory=threading.RLock)  # one write or check at a time
 
@@ -139,9 +144,9 @@ class ShardWriter:
         st = job.st
         try:
             with st.lock:
-                if job.seq > st.written:  # a newer snapshot written already holds this one's lines
+                if job.seq > st.written.get(job.shard, 0):  # else a newer one of it holds these lines
                     self.store.put_count_shard(job.iid, job.shard, job.totals)
-                    st.written = job.seq
+                    st.written[job.shard] = job.seq
                 with self._lock:
                     st.unverified[job.iid] = stronger(st.unverified.get(job.iid), job.representative)
                     st.written_at = now
@@ -181,8 +186,7 @@ class ShardWriter:
     def verify(self, nkey: str, st: NodeState, now: float, cached: str | None = None) -> None:
         """Read each incident this node wrote unchecked lines into (and ``cached``, the one its
         cache holds, so that lines counted from now on are checked against the read); replay the
-        strongest line of one that no longer absorbs it."""
-        replays: list[tuple[str, dict[str, Any]]] = []
+        strongest line of one that no longer absorbs it (and the lines whose replay failed before)."""
         with st.lock:
             with self._lock:
                 todo: dict[str, dict[str, Any] | None] = {**st.unverified}
@@ -205,14 +209,17 @@ class ShardWriter:
                     inc and engine.absorbs(inc, rep, float(rep.get("_observed_ts") or now))
                 ):
                     self._uncount(nkey, st, iid, rep, now)
-                    replays.append((iid, rep))
+            with self._lock:
+                replays, st.replays = st.replays, []
         for iid, rep in replays:
             self._replay(nkey, st, iid, rep, now)
 
     def _uncount(self, nkey: str, st: NodeState, iid: str, rep: Mapping[str, Any], now: float) -> None:
-        """Under the node's lock: take the replayed line out of the shard it was written to (if this
-        state still holds that shard), so that it is counted once, where the replay puts it."""
+        """Under the node's lock: take the line out of the shard it was written to (if this state
+        still holds that shard) and queue its replay, so that it is counted once, where the replay
+        puts it. Taken out once: a replay that fails is queued again as it is (``st.replays``)."""
         with self._lock:
+            st.replays.append((iid, dict(rep)))
             if st.shard_iid != iid:
                 return
             one = engine.empty_deltas()
@@ -227,18 +234,24 @@ class ShardWriter:
                     if x in held:
                         held[x] = max(0, held[x] - n)
             st.seq += 1
-            seq, doc = st.seq, self._shard_doc(st, nkey, now)
-        self.store.put_count_shard(iid, st.shard, doc)
-        st.written = seq
+            seq, shard, doc = st.seq, st.shard, self._shard_doc(st, nkey, now)
+        try:
+            self.store.put_count_shard(iid, shard, doc)
+        except Exception as exc:  # the shard keeps the line until its next write: one line too many
+            log.emit(
+                "WARNING", "replayed line still in its shard", node=nkey, incident=iid, error=repr(exc)[:300]
+            )
+            return
+        st.written[shard] = seq
 
     def _replay(self, nkey: str, st: NodeState, iid: str, rep: dict[str, Any], now: float) -> None:
         """The full path for a line its incident no longer absorbs (a new incident, a raise)."""
         try:
             out = self.store.apply(rep, self.policy, now)
-        except Exception as exc:  # kept unverified: the next check replays it (apply is exactly once)
+        except Exception as exc:  # the next tick replays it again (apply is exactly once)
             log.emit("WARNING", "storm line not replayed yet", node=nkey, incident=iid, error=repr(exc)[:300])
             with self._lock:
-                st.unverified[iid] = stronger(st.unverified.get(iid), rep)
+                st.replays.append((iid, rep))
             return
         with self._lock:
             if out.result != "duplicate" and out.incident is not None:
