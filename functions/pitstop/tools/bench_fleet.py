@@ -318,6 +318,10 @@ def _figures(
         per_incident[iid] = per_incident.get(iid, 0) + n
     reads, writes = sum(r["reads"] for r in reports), sum(r["writes"] for r in reports)
     counted = sum(i.get("counts", {}).get("events", 0) for i in incidents)
+    where: dict[str, int] = {}  # store operations by kind and collection, all instances together
+    for r in reports:
+        for k, n in r.get("ops_by_collection", {}).items():
+            where[k] = where.get(k, 0) + n
     return {
         "instances": shape.instances,
         "concurrency": shape.concurrency,
@@ -330,6 +334,7 @@ def _figures(
         "firestore_reads": reads,
         "firestore_writes": writes,
         "retries": sum(r["retries"] for r in reports),
+        "ops_by_collection": dict(sorted(where.items(), key=lambda kv: -kv[1])),
         "incidents": len(incidents),
         "held": sum(1 for i in incidents if i.get("state") == "HELD"),
         "workflow_starts": sum(starts.values()),

@@ -16,8 +16,10 @@ peak resident memory. Shipped code knows nothing of this module.
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import json
 import os
+import signal
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -65,6 +67,14 @@ def _peak_mib() -> float:
     return 0.0
 
 
+def _by_collection() -> dict[str, int]:
+    out: dict[str, int] = {}
+    for o in _ops:
+        for k, n in o.by_collection.items():
+            out[k] = out.get(k, 0) + n
+    return out
+
+
 def figures() -> dict[str, Any]:
     """What this instance did, for the bench to add up."""
     built = main._ingest.cache_info().currsize > 0
@@ -73,6 +83,7 @@ def figures() -> dict[str, Any]:
         "pid": os.getpid(),
         "reads": sum(o.reads for o in _ops),
         "writes": sum(o.writes for o in _ops),
+        "ops_by_collection": _by_collection(),
         "retries": svc.store.retries if svc is not None else 0,
         "coalesced": svc.coalescer.coalesced if svc is not None else 0,
         "coalescer": svc.coalescer.stats() if svc is not None else {},
@@ -92,3 +103,6 @@ main._db = _counted_db
 pubsub.Notifier = _CountedPages  # type: ignore[misc,assignment]
 atexit.unregister(main.flush_counts)  # one hook, in order: merge what is buffered, then report
 atexit.register(_flush_then_report)
+# A stalled run can be looked into: `kill -USR1 <worker pid>` dumps every thread's stack to the
+# instance's log (faulthandler: https://docs.python.org/3/library/faulthandler.html).
+faulthandler.register(signal.SIGUSR1, all_threads=True)
