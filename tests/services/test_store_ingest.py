@@ -595,12 +595,13 @@ def test_a_verified_line_is_committed_at_once_where_the_incident_holds_only_unve
     assert (a.store.get(inc["id"]) or {})["trust"] == trust.VERIFIED
 
 
-def test_instances_take_turns_for_the_budget_and_claim_no_more_than_it_allows(
+def test_instances_claim_no_more_than_the_budget_allows(
     fs_client: firestore.Client,
 ) -> None:
     """Five instances (stores of their own) decide twelve node faults at once against a budget of
-    three: decisions that read the budget take the turn across instances one by one (no deadlock
-    on the budget documents), exactly three claim a slot, the rest are held, no turn is left."""
+    three: budgets are read without a lock and written on condition that they are as read, so
+    no two decisions deadlock on them and none claims over another's claim: exactly three claim a
+    slot, the rest are held."""
     from pitstop.core.classify import Classifier
 
     pol = make_policy(
@@ -620,18 +621,48 @@ def test_instances_take_turns_for_the_budget_and_claim_no_more_than_it_allows(
     assert sorted(results) == ["held"] * 9 + ["opened"] * 3
     budget = stores[0].budget("cluster-train")
     assert budget is not None and len(budget["slots"]) == 3
-    assert not stores[0].turn.get().exists
 
 
-def test_a_turn_its_holder_left_behind_expires(fs_client: firestore.Client) -> None:
-    """An instance that died holding the turn blocks the others for CLAIM_TURN_S, not for ever."""
+@pytest.mark.parametrize("before", ["absent", "one slot taken"])
+def test_a_budget_claimed_between_a_decisions_read_and_its_commit_makes_it_decide_again(
+    fs_client: firestore.Client, monkeypatch: pytest.MonkeyPatch, before: str
+) -> None:
+    """Another instance takes the last slot after this decision read the budget (absent, or
+    holding one slot) and before it commits: the commit is refused (the budget is not as read)
+    and the decision runs again on the budget as it now stands (held), instead of writing over
+    the other's claim: two slots, not three."""
+    from pitstop.adapters import firestore as fs_adapter
     from pitstop.core.classify import Classifier
 
-    store = IncidentStore(fs_client, "pitstop")
-    store.turn.create({"until": time.time() - 1, "at": time.time() - 6})  # a dead holder's
-    ev = {**Classifier.default().classify(entry(XID79, "a3-node-070", 1)), "_observed_ts": T0}
-    assert store.apply(ev, make_policy(), T0).result == "opened"
-    assert not store.turn.get().exists
+    pol = make_policy(
+        clusters=[{**CLUSTER, "size": 12}], budgets={"cluster": {"max_nodes": 2, "max_percent": 100}}
+    )
+    mine, other = IncidentStore(fs_client, "pitstop"), IncidentStore(fs_client, "pitstop")
+    clf = Classifier.default()
+
+    def fault(node: str) -> dict[str, Any]:
+        return {**clf.classify(entry(XID79, node, 1)), "_observed_ts": T0}
+
+    cut_in = ["a3-node-071", "a3-node-072"]
+    if before == "one slot taken":
+        assert other.apply(fault(cut_in.pop(0)), pol, T0).result == "opened"
+    plain_read, armed = fs_adapter._LazyBudgets.__getitem__, [True]
+
+    def read_then_cut_in(self: Any, key: str) -> dict[str, Any] | None:
+        doc = plain_read(self, key)
+        if armed.pop() if armed else False:  # once: the other instance claims what is left
+            for node in cut_in:
+                assert other.apply(fault(node), pol, T0).result == "opened"
+        return doc
+
+    monkeypatch.setattr(fs_adapter._LazyBudgets, "__getitem__", read_then_cut_in)
+    assert mine.apply(fault("a3-node-074"), pol, T0).result == "held"
+    assert mine.retries >= 1
+    budget = mine.budget("cluster-train")
+    assert budget is not None and sorted(budget["slots"]) == sorted(
+        i["id"] for i in mine.list() if i["state"] != "HELD"
+    )
+    assert len(budget["slots"]) == 2
 
 
 def test_a_shutdown_flush_takes_what_the_timer_has_not_merged_yet() -> None:

@@ -39,7 +39,7 @@ class FirestoreOps:
             docs = 0
             request = kw.get("request") or (a[0] if a else {})
             q = request.get("structured_query") if isinstance(request, dict) else request.structured_query
-            frm = q.from_ if hasattr(q, "from_") else (q or {}).get("from_", [])
+            frm = q.get("from_", []) if isinstance(q, dict) else getattr(q, "from_", [])
             where = "query:" + ",".join(getattr(f, "collection_id", "?") for f in frm)
             for resp in query(*a, **kw):
                 docs += bool(resp.document)
