@@ -665,6 +665,36 @@ def test_a_budget_claimed_between_a_decisions_read_and_its_commit_makes_it_decid
     assert len(budget["slots"]) == 2
 
 
+def test_a_node_opened_by_another_instance_between_a_decisions_read_and_its_commit_is_absorbed_into(
+    fs_client: firestore.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two instances open the same node's incident at once: the one whose commit comes second
+    finds the node no longer as it read it (absent), decides again and absorbs its line into the
+    other's incident: one incident, both lines counted, one slot claimed."""
+    from pitstop.adapters import firestore as fs_adapter
+    from pitstop.core.classify import Classifier
+
+    pol = make_policy(clusters=[{**CLUSTER, "size": 12}])
+    mine, other = IncidentStore(fs_client, "pitstop"), IncidentStore(fs_client, "pitstop")
+    clf = Classifier.default()
+    lines = [{**clf.classify(entry(XID79, "a3-node-075", n)), "_observed_ts": T0} for n in (1, 2)]
+    plain_read, armed = fs_adapter._LazyBudgets.__getitem__, [True]
+
+    def read_then_cut_in(self: Any, key: str) -> dict[str, Any] | None:
+        doc = plain_read(self, key)
+        if armed.pop() if armed else False:  # once: the other instance opens the node's incident
+            assert other.apply(lines[1], pol, T0).result == "opened"
+        return doc
+
+    monkeypatch.setattr(fs_adapter._LazyBudgets, "__getitem__", read_then_cut_in)
+    assert mine.apply(lines[0], pol, T0).result == "absorbed"
+    assert mine.retries >= 1
+    (inc,) = mine.list()
+    assert inc["counts"]["events"] == 2
+    budget = mine.budget("cluster-train")
+    assert budget is not None and list(budget["slots"]) == [inc["id"]]
+
+
 def test_a_shutdown_flush_takes_what_the_timer_has_not_merged_yet() -> None:
     """The timer merges one node at a time, so counts it has not reached are still buffered when
     SIGTERM's flush_all runs, which merges them itself (and several at once)."""
