@@ -116,7 +116,7 @@ def test_bench_ingest_runs_each_storm_through_each_instance_count(firestore_host
         assert all(mib > 0 for mib in run["peak_mib_by_instance"])  # each instance sampled
         assert run["worker_hwm_mib_max"] > 30  # an interpreter with main loaded, as it reported
         assert run["incidents"] == run["nodes"]
-        assert run["every_line_counted"] and run["lines_counted"] == run["lines"]
+        assert run["every_line_counted"] and run["lines_counted"] == run["lines"], run
         assert run["duplicate_starts"] == 0 and run["starts_per_step_max"] == 1
         ops = run["firestore_reads"] + run["firestore_writes"]
         assert run["store_ops_per_line"] == round(ops / run["lines"], 4)

@@ -12,7 +12,8 @@ Kinds and what they break:
   are not sent and the publish times out (again through ``chaos_main``).
 - ``agent-down`` / ``agent-up``: stop and start the Slurm agent process.
 - ``webhook-down`` / ``webhook-up``: the webhook sink answers 503 / OK.
-- ``firestore-restart``: the Firestore emulator goes away and comes back with its data
+- ``firestore-restart``: Firestore unreachable for a while (every connection through the stack's
+  relay cut, new ones refused), then back with every write it acknowledged
   (``Stack.restart_firestore``).
 - ``hang [--node N]``: every training run on the stack stops beating (local/trainer.py): a job
   stuck in a collective; with ``--node``, that node's GPU is the culprit (the GPU stand-ins show a

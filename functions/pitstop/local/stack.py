@@ -43,12 +43,6 @@ from pitstop.services.actuate import STEP_CLAIM_S
 
 ROOT = Path(__file__).resolve().parents[3]
 PROJECT = "pitstop-local"
-FIRESTORE_WRITERS = (
-    "ingest",
-    "actuate",
-    "notify",
-    "sweep",
-)  # the processes with Firestore clients (the Slurm agent has none: it answers over Pub/Sub)
 ZONE = "us-central1-a"
 FUNCTIONS = (("ingest", "cloudevent"), ("actuate", "http"), ("notify", "cloudevent"), ("sweep", "http"))
 SWEEP_INTERVAL_S = 60.0  # Cloud Scheduler calls the sweep every minute in production
@@ -298,7 +292,25 @@ class Stack:
             ps = pool.submit(start_emulator, "pubsub", self.workdir, PROJECT)
             (fs_proc, fs_host), (ps_proc, ps_host) = fs.result(), ps.result()
         self.procs["firestore"], self.procs["pubsub"] = fs_proc, ps_proc
-        return fs_host, ps_host
+        relay = f"127.0.0.1:{free_port()}"
+        self.procs["firestore-relay"] = self._relay(relay, fs_host)
+        return relay, ps_host
+
+    def _relay(self, listen: str, target: str) -> Proc:
+        """Clients reach Firestore through a relay, so an outage can cut them off (restart_firestore)."""
+        argv = [
+            sys.executable,
+            "-m",
+            "pitstop.local.relay",
+            "--listen",
+            listen.rsplit(":", 1)[1],
+            "--to",
+            target,
+        ]
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "functions")}
+        p = Proc("firestore-relay", argv, self.workdir / "firestore-relay.log", env).start()
+        wait_http(f"http://{listen}/", p)
+        return p
 
     @staticmethod
     def _base_env(fs_host: str, ps_host: str) -> dict[str, str]:
@@ -587,48 +599,19 @@ class Stack:
     # -- faults ----------------------------------------------------------------------
 
     def restart_firestore(self, down_s: float = 2.0) -> None:
-        """Kill the Firestore emulator and bring it back on the same port with its data (fault injection).
-
-        Real Firestore loses no committed write in an outage, but the emulator keeps its data only
-        through an export. The processes that write are frozen (SIGSTOP) from the export until the
-        emulator is gone, so nothing commits into the gap and is lost; they then run on against a
-        dead emulator for ``down_s``, which is the outage they are meant to survive.
+        """Firestore unreachable for ``down_s`` (fault injection): every connection to it ends, new ones
+        are refused, then it answers again with every write it acknowledged, as Firestore does through
+        an outage. A commit in flight when the link drops may or may not have landed: the writer cannot
+        tell, which is the case its retries must survive.
         """
         assert self.state is not None
         host = self.state.endpoints["firestore"]
-        writers = [p for name, p in self.procs.items() if name in FIRESTORE_WRITERS and p.alive()]
-        for p in writers:
-            p.signal(signal.SIGSTOP)
-        try:
-            export = self._export_and_stop_firestore(host)
-        finally:
-            for p in writers:
-                p.signal(signal.SIGCONT)
+        old = self.procs["firestore-relay"]
+        old.stop()
         time.sleep(down_s)
-        # the emulator writes a dated subfolder; importing takes its overall metadata file
-        old = self.procs["firestore"]
-        metadata = next(export.glob("*/*.overall_export_metadata"))
-        argv = [*old.argv, f"--import-data={metadata}"]
-        self.procs["firestore"] = Proc(
-            "firestore-emulator", argv, self.workdir / "firestore-emulator-2.log", old.env
-        ).start()
-        wait_http(f"http://{host}/", self.procs["firestore"])
-
-    def _export_and_stop_firestore(self, host: str) -> Path:
-        export = self.workdir / f"firestore-export-{int(time.time())}"
-        export.mkdir(parents=True)  # the emulator exports into an existing directory
-        req = urllib.request.Request(
-            f"http://{host}/emulator/v1/projects/{PROJECT}:export",
-            data=json.dumps(
-                {"database": f"projects/{PROJECT}/databases/(default)", "export_directory": str(export)}
-            ).encode(),
-            method="POST",
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=30):  # noqa: S310
-            pass
-        self.procs["firestore"].stop()
-        return export
+        self.procs["firestore-relay"] = Proc(old.name, old.argv, old.log_path, old.env).start()
+        wait_http(f"http://{host}/", self.procs["firestore-relay"])
+        self.refresh_pids()
 
     # -- down ------------------------------------------------------------------------
 

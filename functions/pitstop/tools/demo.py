@@ -8,6 +8,7 @@ JSON object: ``{"scenarios": [...], "latency_ms": {...}}``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import statistics
@@ -597,20 +598,31 @@ class Scenarios(Pipeline):
         # releases a held incident, which may end before all five are seen settled.
         held = [i for i in incs if i["state"] == "HELD" or i.get("holds")]
         done = [i for i in incs if i["state"] == "RESOLVED" and not i.get("holds")]
-        time.sleep(2)
-        pages = [
-            w for w in webhook_records(self.state)[before:] if "blast-radius budget" in w["body"]["text"]
-        ]
+
+        def paged() -> tuple[list[Any], list[Any]]:
+            pages = [
+                w for w in webhook_records(self.state)[before:] if "blast-radius budget" in w["body"]["text"]
+            ]
+            # the same page on the second channel: a PagerDuty alert triggered (one per page)
+            alerts = [
+                w["body"]
+                for w in webhook_records(self.state, PAGERDUTY_PATH)[pd_before:]
+                if w["body"]["event_action"] == "trigger"
+                and "blast-radius budget" in w["body"]["payload"]["summary"]
+            ]
+            return pages, alerts
+
+        def on_both() -> bool:
+            pages, alerts = paged()
+            return bool(pages) and len(pages) == len(alerts)
+
+        # the two sinks deliver independently: wait until both carried the page (or time out)
+        with contextlib.suppress(TimeoutError):
+            self.wait(on_both, 30, "the page on both sinks")
+        pages, alerts = paged()
         # One page per budget window while incidents are held (engine.try_claim's paged_until): a
         # slow machine whose remediations outlast the 8 s window sees a reminder, never one per try.
         windows = 1 + int((time.monotonic() - t0) / float(pol["budgets"]["window_s"]))
-        # the same page on the second channel: a PagerDuty alert triggered (one per page)
-        alerts = [
-            w["body"]
-            for w in webhook_records(self.state, PAGERDUTY_PATH)[pd_before:]
-            if w["body"]["event_action"] == "trigger"
-            and "blast-radius budget" in w["body"]["payload"]["summary"]
-        ]
         ok = (
             len(done) == cap and len(held) == len(targets) - cap and 1 <= len(pages) == len(alerts) <= windows
         )

@@ -114,6 +114,12 @@ def degraded_no_spare(sc: SlurmStage) -> Result:
     return r
 
 
+def _note_text(sc: SlurmStage, iid: str) -> str:
+    """What the webhook said about an incident, once notify delivered it (after it resolved)."""
+    notes: list[dict[str, Any]] = sc.wait(lambda: sc.notes_for(iid), 30, "the notification")
+    return " ".join(str(x["body"].get("text")) for x in notes)
+
+
 def gang_wide_throttle(sc: SlurmStage) -> Result:
     """Every node of the job throttles alike (its own power cap): no move, no repair, a page."""
 
@@ -122,7 +128,8 @@ def gang_wide_throttle(sc: SlurmStage) -> Result:
         sc.gpu_state(n, POWER_CAPPED)
     incs = [sc.finished(n, timeout=TIMEOUT_S) for n in held]
     drained = {n: "drain" in sc.slurm.node_states().get(n, "") for n in held}
-    texts = [" ".join(str(x["body"].get("text")) for x in sc.notes_for(i["id"])) for i in incs]
+    # notify delivers after the incident resolved: wait for each one's note, not read it at once
+    texts = [_note_text(sc, str(i["id"])) for i in incs]
     r = Result("gang_wide_throttle", False, "", durations(incs[0]), incs[0]["id"])
     r.passed = bool(
         all(i["state"] == "RESOLVED" for i in incs)
