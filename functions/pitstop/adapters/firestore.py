@@ -1,4 +1,5 @@
-"""The incident store on Firestore: every state change is one transaction.
+"""The incident store on Firestore: every state change is all or nothing (an event's decision is
+one batch conditioned on what it read, see IncidentStore._apply; the others one transaction).
 
 Collections (``<prefix>_...``): ``nodes`` (one per node: latest incident, remediation
 history, cooldown clocks), ``incidents``, ``budgets`` (blast-radius slots per scope) and

@@ -1,8 +1,9 @@
 """The incident store, as a port: what the services ask of it, and the one rule for committing a decision.
 
-Two implementations keep the same semantics: adapters/firestore.py (one Firestore transaction per
-decision, for the functions) and adapters/memory_store.py (a lock standing for the transaction,
-for unit tests, ``pitstop replay`` and the simulator). tests/adapters/test_store_port.py runs one suite
+Two implementations keep the same semantics: adapters/firestore.py (each decision all or
+nothing: a batch conditioned on what it read, or a transaction; for the functions) and
+adapters/memory_store.py (a lock standing for the transaction, for unit tests, ``pitstop replay``
+and the simulator). tests/adapters/test_store_port.py runs one suite
 against both.
 """
 

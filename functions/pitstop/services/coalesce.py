@@ -29,9 +29,11 @@ delivery keys, and per node one shard's totals within the engine's bounds (GPUs,
 evidence, ``MAX_DELTA_KEYS``), so a shard document is bounded the same way.
 
 Guarantees: incident creation, raises, holds and workflow starts are exactly once (the
-transactional path with its dedup record). Event *counts* are a lower bound: an instance
-that dies without SIGTERM loses at most one interval of counts (and the replay of a line
-written in its last interval into an incident resolved meanwhile), never a decision.
+store's decision with its dedup record). Event *counts*: an instance that dies without SIGTERM
+loses at most one interval of counts (and the replay of a line written in its last interval
+into an incident resolved meanwhile), never a decision; a delivery redelivered past its ack
+deadline while its first delivery is still being answered may be counted twice (another
+instance counts the copy in memory, which checks no dedup record).
 """
 
 from __future__ import annotations
