@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -14,6 +15,7 @@ import yaml
 from pitstop.core import resources
 from pitstop.core.domain import Incident
 from pitstop.local.fake_compute import default_id
+from pitstop.local.fake_k8s import FakeKube
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PROJECT = "train-prod"
@@ -331,3 +333,15 @@ class RecordingTopic:
 def partial_incident(doc: Mapping[str, Any]) -> Incident:
     """An incident document with only the fields a core decision reads (tests of one rule)."""
     return cast(Incident, dict(doc))
+
+
+def kube_running_checks(state: Path, namespace: str = "pitstop-system") -> FakeKube:
+    """A started fake API server whose kubelet runs pods' commands as processes, the GPU stand-ins
+    in them reading each node's outcome from ``state``; with Pitstop's check namespace (deploy
+    creates it). The caller adds the nodes and stops it."""
+    env = {"PATH": os.environ["PATH"], "PITSTOP_GPU_STATE": str(state)}
+    env.update({k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ})
+    k = FakeKube(vm_status=None, auto=True, interval=0.05, run_containers=True, container_env=env)
+    k.start()
+    k.create({"kind": "Namespace", "metadata": {"name": namespace}})
+    return k

@@ -54,6 +54,7 @@ from pitstop.core.scheduling import StepRef
 from pitstop.core.validation import parse_all_gather, parse_dcgm_diag
 from pitstop.local import gke_stack
 from pitstop.local.fake_k8s import FakeKube
+from tests.helpers import kube_running_checks
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT, ZONE = "train-prod", "us-central1-a"
@@ -91,15 +92,11 @@ def state(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def kube(state: Path) -> Iterator[FakeKube]:
-    env = {"PATH": os.environ["PATH"], "PITSTOP_GPU_STATE": str(state)}
-    env.update({k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ})
-    k = FakeKube(vm_status=None, auto=True, interval=0.05, run_containers=True, container_env=env)
-    k.start()
+    k = kube_running_checks(state, CHECK_NAMESPACE)
     for n in NODES:
         k.add_node(
             n, project=PROJECT, zone=ZONE, labels={"node.kubernetes.io/instance-type": "a3-megagpu-8g"}
         )
-    k.create({"kind": "Namespace", "metadata": {"name": CHECK_NAMESPACE}})  # deploy creates it
     yield k
     k.stop()
 
@@ -190,10 +187,12 @@ def test_capacity_honours_the_gangs_node_selector(kube: FakeKube, sched: GkeClus
 
 
 def test_capacity_leaves_a_kueue_workload_to_kueue(kube: FakeKube, sched: GkeCluster) -> None:
-    kube.create(jobset("queued", 2, queue="team-a"))
-    wait(lambda: kube.list("Workload", "default"), what="Kueue's Workload")
     for n in NODES[1:]:
         occupy(kube, n, f"hog-{n[-1]}")  # nothing is free now, and yet Kueue will place it
+    # created after the hogs hold every GPU: created first, Kueue could admit it and its pods take
+    # the nodes before a hog is bound (the hog then never runs)
+    kube.create(jobset("queued", 2, queue="team-a"))
+    wait(lambda: kube.list("Workload", "default"), what="Kueue's Workload")
     got = sched.capacity("jobset/default/queued", NODES[1], StepRef(INC, 2))
     assert got["enough"] is True and got["need"] == 2 and "Kueue" in got["why"]
 

@@ -6,6 +6,7 @@ The engine part runs the real classifier on a real-format Monitoring notificatio
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -73,6 +74,28 @@ def test_a_kernel_xid_of_a_node_fault_names_its_node_but_an_application_xid_does
         )
     v = localise.judge_sweep(NODES, res, 25, NODE_XIDS)
     assert v.culprits == (NODES[7],) and "Xid 79" in v.findings[NODES[7]][0]
+
+
+def _node_status(boot: str, reason: str | None, message: str) -> str:
+    """The Node's status as the GKE adapter reads it: bootID and the device plugin's condition
+    (GoogleCloudPlatform/container-engine-accelerators health_checker.go: reason a JSON map of the
+    Xids, message the bootID it was seen on)."""
+    conds = [] if reason is None else [{"type": "XidCriticalError", "status": "True", "reason": reason,
+                                        "message": message}]  # fmt: skip
+    return json.dumps({"status": {"nodeInfo": {"bootID": boot}, "conditions": conds}})
+
+
+def test_on_gke_a_node_fault_xid_in_the_nodes_condition_of_this_boot_names_its_node() -> None:
+    """GKE's sweep pods cannot read /dev/kmsg: the kernel's Xid comes from the Node's condition."""
+    bad, old, app = NODES[5], NODES[6], NODES[7]
+    result = sweep_result({})
+    out = result["outputs"]
+    out[localise.output_key(localise.NODE_CONDITION, bad)] = _node_status("b-2", '{"79":true}', "b-2")
+    out[localise.output_key(localise.NODE_CONDITION, old)] = _node_status("b-3", '{"79":true}', "b-1")
+    out[localise.output_key(localise.NODE_CONDITION, app)] = _node_status("b-4", '{"13":true}', "b-4")
+    out[localise.output_key(localise.NODE_CONDITION, NODES[8])] = "{not json"
+    v = localise.judge_sweep(NODES, result, 25, NODE_XIDS)
+    assert v.culprits == (bad,) and "Xid 79" in v.findings[bad][0]  # an earlier boot's or an app's: no
 
 
 def test_findings_on_many_nodes_are_systemic_and_nothing_is_fenced() -> None:

@@ -1,6 +1,6 @@
 """A hung job's localisation through actuate's ops, on the memory store and the fake Compute Engine:
 the culprit handed to exactly one node incident however often the conclusion is asked, and a
-scheduler that cannot check a job's nodes (GKE today) restarting the gang in place once and paging.
+scheduler that cannot check a job's nodes restarting the gang in place once and paging.
 
 tests/e2e/test_e2e_hang.py runs the same ops through the workflow, the Monitoring stand-in and real Slurm.
 """
@@ -13,17 +13,28 @@ from typing import Any
 import pytest
 
 from pitstop.adapters.compute import ComputeAdapter
+from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import localise, policy
 from pitstop.core.classify import Classifier
 from pitstop.core.envelope import unwrap
 from pitstop.core.ops import Op
-from pitstop.core.scheduling import CheckResult, GangCheckStart, JobInfo, JobRun, JobState, StepRef
+from pitstop.core.scheduling import (
+    CheckResult,
+    FenceAnswer,
+    GangCheckStart,
+    JobInfo,
+    JobRun,
+    JobState,
+    RequeueOutcome,
+    StepRef,
+)
 from pitstop.core.states import State
 from pitstop.local.fake_compute import FakeCompute, serve
 from pitstop.local.gpu_tools import nvidia_smi
 from pitstop.local.gpu_tools.state import NodeState
 from pitstop.services.actuate import Actuator
+from pitstop.services.close import close_incident
 from tests.helpers import PROJECT, ZONE, alert_delivery, job_alert
 from tests.services.test_remediation_unit import JOB, Clock, TypedGang
 
@@ -153,3 +164,109 @@ def test_a_heartbeat_that_stopped_because_the_job_is_not_running_restarts_and_pa
     assert hang is not None and hang["state"] == State.RESOLVED
     assert f"is {state}" in hang["localisation"]["page"]
     assert [i for i in checking.store.list() if i["kind"] == "localised"] == []
+
+
+class StoppingGang(TypedGang):
+    """A gang whose checks stop it first, as GKE's do (its pods hold the GPUs): the first start answers
+    503 while its pods leave the nodes, and the conclusion resumes it once. It has no link test (a
+    scheduler may not): that is said in a round of its own and in the page."""
+
+    name = "gke"
+
+    def __init__(self, bad: str | None = BAD) -> None:
+        super().__init__()
+        self.bad, self.starts = bad, 0
+        self.events: list[str] = []
+
+    def start_gang_check(self, job: str, check: Mapping[str, Any], ref: StepRef) -> GangCheckStart:
+        if check["kind"] == localise.LINKS:
+            return GangCheckStart(str(check["name"]), (), False, "this scheduler runs no link test")
+        self.starts += 1
+        self.info = JobInfo(JOB, JobState.SUSPENDED, self.info.run)  # its own stop, seen by a retry
+        if self.starts == 1:
+            raise ActuatorError(503, "waiting for the pods of the job to leave its nodes", True)
+        return GangCheckStart(str(check["name"]), tuple(NODES), True)
+
+    def gang_check_result(self, job: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult:
+        assert check["nodes"] == NODES  # the nodes it stopped, handed back
+        outputs = {localise.output_key("nvidia_smi_q", n): nvidia_smi.query(NodeState(n, hung=n == self.bad))
+                   for n in NODES}  # fmt: skip
+        return CheckResult(True, outputs)
+
+    def fence(self, node: str, ref: StepRef, action: str) -> FenceAnswer:
+        self.events.append(f"fence {node} for {ref.incident}")
+        return super().fence(node, ref, action)
+
+    def release_jobs(self, jobs: list[str], ref: StepRef) -> list[str]:
+        self.events.append(f"release {','.join(jobs)} for {ref.key}")
+        return [f"{j}: resumed" for j in jobs]
+
+    def resume_gang(self, job: str, ref: StepRef) -> RequeueOutcome:
+        self.events.append(f"resume {ref.key}")
+        self.info = JobInfo(JOB, JobState.RUNNING, self.info.run)  # the same run: a suspend is no restart
+        return RequeueOutcome(job, True, "resumed")
+
+
+def test_a_gang_stopped_for_its_checks_is_resumed_once_past_its_fenced_culprit() -> None:
+    rig = HangRig(StoppingGang())
+    try:
+        iid = rig.hang()
+        assert rig.ok(Op.CLAIM, iid)["plan"] == "localise"
+        body, status = rig.actuator.handle({"op": "localise", "incident": iid, "step": 1, "execution": "e1"})
+        assert status == 503 and body["retryable"] is True  # the pods are still leaving: asked again
+        started = rig.ok(Op.LOCALISE, iid)  # the job is SUSPENDED by now: its first view stands
+        assert started["nodes"] == NODES and started["stopped"] is True and started["state"] == "RUNNING"
+        assert rig.ok(Op.LINKS, iid)["sweep"]["culprits"] == [BAD]
+        done = rig.ok(Op.CONCLUDE, iid)
+        assert done["outcome"] == "culprits" and done["resumed"] is True
+        node_iid = done["incidents"][BAD]
+        gang = rig.gang
+        assert isinstance(gang, StoppingGang)
+        assert gang.events == [f"fence {BAD} for {node_iid}", f"resume {iid}-1"]  # fenced before it resumes
+        assert rig.ok(Op.CONCLUDE, iid)["replayed"] is True and len(gang.events) == 2
+        assert gang.requeues == []
+        assert rig.ok(Op.RESUMED, iid)["running"] is True  # running again, though the same run
+        assert rig.ok(Op.CLOSE, iid)["outcome"] == "resolved"
+    finally:
+        rig.server.shutdown()
+
+
+def test_a_stopped_gang_with_no_culprit_is_resumed_in_place_once_and_paged_saying_links_not_run() -> None:
+    rig = HangRig(StoppingGang(bad=None))
+    try:
+        iid = rig.hang()
+        rig.ok(Op.CLAIM, iid)
+        rig.actuator.handle({"op": "localise", "incident": iid, "step": 1, "execution": "e1"})
+        assert rig.ok(Op.LOCALISE, iid)["stopped"] is True
+        links = rig.ok(Op.LINKS, iid)
+        assert links["run"] is False and "runs no link test" in links["skipped"]["why"]
+        done = rig.ok(Op.CONCLUDE, iid)
+        assert done["outcome"] == "nothing_found" and done["requeued"] is True
+        gang = rig.gang
+        assert isinstance(gang, StoppingGang) and gang.events == [f"resume {iid}-1"] and gang.requeues == []
+        hang = rig.store.get(iid)
+        assert hang is not None
+        page = hang["localisation"]["page"]
+        assert "links: not run" in page and "runs no link test" in page and "resumed in place once" in page
+        assert all(n in page for n in NODES)
+        assert rig.ok(Op.RESUMED, iid)["running"] is True
+    finally:
+        rig.server.shutdown()
+
+
+def test_a_person_closing_a_hang_that_failed_while_its_gang_was_stopped_resumes_the_gang() -> None:
+    rig = HangRig(StoppingGang())
+    try:
+        iid = rig.hang()
+        rig.ok(Op.CLAIM, iid)
+        rig.actuator.handle({"op": "localise", "incident": iid, "step": 1, "execution": "e1"})
+        assert rig.ok(Op.LOCALISE, iid)["stopped"] is True
+        rig.store.mutate(
+            iid, lambda d: d.update(state="FAILED")
+        )  # a later step failed: the gang stays stopped
+        done = close_incident(rig.store, {"train": rig.gang}, iid, "alice", rig.clock() + 60, unfence=False)
+        gang = rig.gang
+        assert done.ok and f"{iid}: {JOB}: resumed" in done.lines
+        assert isinstance(gang, StoppingGang) and gang.events == [f"release {JOB} for {iid}-closed"]
+    finally:
+        rig.server.shutdown()

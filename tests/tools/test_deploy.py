@@ -796,8 +796,9 @@ ACTUATOR_GRANTS = {
     ("", "nodes/status"): ["get"],  # the device plugin's XidCriticalError (corroboration)
     ("", "pods"): ["get", "list", "delete"],  # ... and force-deleting one stuck on a NotReady node
     ("", "pods/eviction"): ["create"],  # checkpoint and the one eviction that restarts a JobSet
-    ("batch", "jobs"): ["get"],  # a batch Job's pods (the kubernetes scheduler)
-    ("jobset.x-k8s.io", "jobsets"): ["get", "list"],  # restart count and conditions; no patch
+    ("batch", "jobs"): ["get", "patch"],  # a batch Job's pods; suspend/resume for a hang's checks
+    # restart count and conditions; patch: spec.suspend for a hang's stop-time checks (issue 24)
+    ("jobset.x-k8s.io", "jobsets"): ["get", "list", "patch"],
     ("kueue.x-k8s.io", "workloads"): ["get", "list", "patch"],  # deactivate/reactivate a Workload
     ("policy", "poddisruptionbudgets"): ["get", "list"],  # name the PDB that blocks an eviction
 }

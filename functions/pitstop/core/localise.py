@@ -8,8 +8,11 @@ compares each node with its peers:
 
 - **sweep** (every node, in parallel): a tool that did not answer (a stuck GPU hangs NVML), GPUs
   lost or fewer visible than on the job's other nodes, a row remap pending or failed, a kernel
-  Xid the catalog calls a node fault. Findings on more than ``max_culprit_percent`` of the nodes
-  are not one node's fault (a driver, the software, the fabric): nothing is fenced.
+  Xid the catalog calls a node fault (GKE, whose check pods cannot read the ring buffer: the Node's
+  XidCriticalError condition of its current boot instead; there the gang is stopped first, as its
+  pods hold the GPUs the checks need: adapters/gke/gang.py). Findings on more than
+  ``max_culprit_percent`` of the nodes are not one node's fault (a driver, the software, the
+  fabric): nothing is fenced.
 - **links** (only when the sweep finds nothing): an NCCL bus-bandwidth test between ring
   neighbours, n pairs for n nodes (not n²). A pair below ``link_fraction`` of the pairs' upper
   quartile (what the healthy links reach, even when up to three in four are slow) is slow; a
@@ -23,6 +26,7 @@ transaction that opens the incident).
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections import Counter
@@ -30,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pitstop.core import corroboration
+from pitstop.core import corroboration, trust
 from pitstop.core import diagnose as diag
 from pitstop.core import validation as val
 from pitstop.core.actions import NODE_ACTIONS
@@ -43,6 +47,10 @@ SWEEP = "sweep"
 LINKS = "links"
 MAX_NODES = 512  # nodes one localisation sweeps (a 4,096-GPU job); a bigger job is paged, not swept
 SMI, DMESG, NCCL = "nvidia_smi_q", "dmesg", "nccl"
+# GKE: the Node's status as the adapter reads it for corroboration (JSON: bootID, conditions). Its
+# check pods cannot read /dev/kmsg (no CAP_SYSLOG: Pod Security baseline), so the kernel's Xids come
+# from the device plugin's XidCriticalError condition (core/trust.py) instead of dmesg.
+NODE_CONDITION = "node_condition"
 # A job in these states is not hung: its heartbeat stopped because it ended, was suspended or waits
 # in the queue (a finished or cancelled job stops beating exactly like a hung one; the alert cannot
 # tell them apart, the scheduler can). Nothing is checked, restarted or paged; the owner gets a note.
@@ -199,7 +207,25 @@ def node_findings(
             if x.facility == corroboration.KERNEL_FACILITY and not x.nvswitch and x.xid in node_xids:
                 found.append(f"kernel ring buffer: Xid {x.xid} on {x.pci}")
                 break
+    found += condition_findings(outputs.get(output_key(NODE_CONDITION, node)), node_xids)
     return found
+
+
+def condition_findings(text: Any, node_xids: frozenset[int]) -> list[str]:
+    """A node-fault Xid in the Node's XidCriticalError condition of its current boot (GKE)."""
+    if not isinstance(text, str) or not text or len(text) > 65536:
+        return []
+    try:
+        node = json.loads(text)
+    except ValueError:
+        return []
+    if not isinstance(node, Mapping):
+        return []
+    for x in sorted(node_xids):
+        why = trust.xid_condition_confirms(node, x)
+        if why:
+            return [why]
+    return []
 
 
 def node_fault_xids(xids: XidPolicy) -> frozenset[int]:

@@ -154,10 +154,17 @@ class CheckResult:
 
 @dataclass(frozen=True)
 class GangCheckStart:
-    """A check started on every node of a running job: the nodes the scheduler says it holds."""
+    """A check started on every node of a running job: the nodes the scheduler says it holds.
+
+    ``stopped``: the scheduler stopped the gang to run it (GKE: the hung pods hold the GPUs a
+    check pod needs), so the conclusion resumes it once (:class:`GangResume`). No ``nodes``: the
+    check did not run, ``note`` says why.
+    """
 
     started: str
     nodes: tuple[str, ...]
+    stopped: bool = False
+    note: str = ""
 
 
 _LABEL = re.compile(r"[a-z]{1,16}")
@@ -240,3 +247,13 @@ class GangChecks(Protocol):
 
     def start_gang_check(self, job: str, check: Mapping[str, Any], ref: StepRef) -> GangCheckStart: ...
     def gang_check_result(self, job: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult: ...
+
+
+@runtime_checkable
+class GangResume(Protocol):
+    """A scheduler whose gang check stops the gang first (ByteRobust's stop-time diagnostics): the
+    conclusion resumes it once, onto spares where the culprits are fenced, else in place."""
+
+    def resume_gang(self, job: str, ref: StepRef) -> RequeueOutcome:
+        """Undo this step's stop of the job, once (a retry finds it resumed)."""
+        ...

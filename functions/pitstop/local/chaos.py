@@ -19,7 +19,8 @@ Kinds and what they break:
   stuck in a collective; with ``--node``, that node's GPU is the culprit (the GPU stand-ins show a
   GPU that fails its quick diagnostic and that NVML cannot open); ``hang link --node N``: an
   NVLink of the node down instead (its node check is clean, its NCCL busbw a fifth of its peers');
-  without ``--node``, a software hang (no node to find). A requeued run beats again.
+  without ``--node``, a software hang (no node to find). A requeued run beats again. On a GKE
+  stack only the node's GPU is set (a JobSet's pods run no trainer: the test writes its heartbeat).
 - ``straggler --node N``: N's GPU is held below its clocks (thermal) most of the time: the Monitoring
   stand-in's throttle policy opens after its window; nvidia-smi -q shows the slowdown.
 - ``degrading --node N``: N's GPU's correctable ECC errors rise past the ECC trend policy's line.
@@ -47,6 +48,8 @@ from typing import IO, Any, Protocol
 class _Spec(Protocol):
     @property
     def node_names(self) -> list[str]: ...
+
+    scheduler: str
 
 
 class Stack(Protocol):
@@ -219,6 +222,8 @@ def _telemetry(stack: Stack, kind: str, node: str | None, arg: str | None = None
     out: dict[str, Any] = {}
     if node is not None:
         out["gpu"] = stack.set_gpu_state(node, "hung_link" if arg == "link" else GPU_PRESET[kind])
+    if kind == "hang" and stack.spec.scheduler == "gke" and node is not None:
+        return out  # a JobSet's heartbeat is its own (no training stand-in runs in the fake pods)
     if kind == "hang":
         runs = {}
         for f in sorted(stack.chaos_dir.glob("run-*.json")):

@@ -81,8 +81,12 @@ def close_incident(
 
 def release_jobs(inc: Mapping[str, Any], scheduler: Scheduler) -> list[str]:
     """What a failed step left of Pitstop's own job changes, undone (a Kueue Workload it deactivated
-    is reactivated, with or without ``--unfence``: the job may run elsewhere); else how to by hand."""
+    is reactivated, a gang a hang's checks stopped is resumed, with or without ``--unfence``: the
+    job may run elsewhere); else how to by hand."""
     jobs = [str(j["id"]) for j in inc.get("jobs") or [] if isinstance(j, Mapping) and j.get("id")]
+    own = inc.get("job")  # a hung job's incident is on the job itself
+    if isinstance(own, Mapping) and own.get("job") and str(own["job"]) not in jobs:
+        jobs.append(str(own["job"]))
     if not jobs or not isinstance(scheduler, JobReleaser):
         return []
     try:

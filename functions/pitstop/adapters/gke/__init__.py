@@ -38,6 +38,7 @@ from pitstop.adapters.gke.checks import (
 from pitstop.adapters.gke.client import DEFAULT_TIMEOUT, Kube, KubeApiError, control_plane, gke_api_client
 from pitstop.adapters.gke.doctor import doctor_findings
 from pitstop.adapters.gke.evict import Evictor
+from pitstop.adapters.gke.gang import GangStop
 from pitstop.adapters.gke.kinds import JobKind, kinds
 from pitstop.adapters.gke.objects import (
     FENCE_KEY,
@@ -60,6 +61,7 @@ from pitstop.core.scheduling import (
     CheckResult,
     CheckStart,
     FenceAnswer,
+    GangCheckStart,
     JobInfo,
     JobRun,
     JobState,
@@ -126,6 +128,7 @@ class GkeCluster:
         )
         self.kinds = kinds(self.kube, self.evictor, self.cycle)
         self.checks = GkeChecks(self.kube, self.settings)
+        self.gang = GangStop(self.kube, self.kinds, self.cycle, self.checks, self._xid_condition)
 
     @property
     def core(self) -> Any:
@@ -211,11 +214,15 @@ class GkeCluster:
         return out
 
     def reactivate(self, jobs: list[str], incident: str) -> list[str]:
-        """At the incident's close: the Kueue Workloads of its jobs that Pitstop deactivated for it
-        and a failed step left inactive, reactivated (what was done, per job)."""
+        """At the incident's close: the jobs a failed step of it left stopped for its checks resumed,
+        and the Kueue Workloads Pitstop deactivated for it reactivated (what was done, per job)."""
         done: list[str] = []
         for job in jobs:
             jr = parse_job_id(job)
+            resumed = self.gang.release(job, incident)
+            if resumed:
+                log.emit("WARNING", "gke job resumed at close", incident=incident, job=jr.id)
+                done.append(resumed)
             js = self.kube.jobset(jr) if jr.kind == "jobset" else None
             wl = self.kube.workload(jr.namespace, meta_of(js).get("uid")) if js else None
             said = self.cycle.reactivate(jr, wl, incident) if wl else None
@@ -314,6 +321,22 @@ class GkeScheduler:
     def capacity(self, job: str, node: str, ref: StepRef) -> Capacity:
         a = self.cluster.capacity(job, node, ref)
         return Capacity(a.get("enough") is True, str(a.get("why") or ""), a.get("need"), a.get("free"))
+
+    def start_gang_check(self, job: str, check: Mapping[str, Any], ref: StepRef) -> GangCheckStart:
+        """core/scheduling.GangChecks: the gang stopped first (its pods hold the GPUs), then checked."""
+        a = self.cluster.gang.start(job, check, ref.key)
+        nodes = tuple(str(n) for n in a.get("nodes") or [])
+        return GangCheckStart(str(a.get("started")), nodes, bool(a.get("stopped")), str(a.get("note") or ""))
+
+    def gang_check_result(self, job: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult:
+        a = self.cluster.gang.result(job, check)
+        return CheckResult(bool(a.get("done")), dict(a.get("outputs") or {}), None, a.get("error"), None,
+                           dict(a.get("exit_codes") or {}))  # fmt: skip
+
+    def resume_gang(self, job: str, ref: StepRef) -> RequeueOutcome:
+        """core/scheduling.GangResume: start again what the gang check stopped, once."""
+        a = self.cluster.gang.resume(job, ref.key)
+        return RequeueOutcome(job, bool(a.get("resumed")), str(a.get("outcome")))
 
     def start_check(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckStart:
         a = self.cluster.start_check(node, check, ref)

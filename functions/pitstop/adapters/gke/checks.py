@@ -88,7 +88,8 @@ DEFAULT_TOOLS: dict[str, tuple[str, ...]] = {
 DEFAULT_MPIRUN = ("mpirun", "--allow-run-as-root", "-np", "{ranks}", "-H", "{hosts}", "--bind-to", "none",
                   "--mca", "plm_rsh_agent", SSH)  # fmt: skip
 DEFAULT_PEER_WAIT = f"for i in $(seq 120); do {SSH} {{peer}} true && break; sleep 5; done"
-CHECK_KINDS = ("diagnose", "validate")
+# sweep and link: one node, or one ring pair, of a hung gang's stop-time checks (gang.py)
+CHECK_KINDS = ("diagnose", "validate", "sweep", "link")
 LOG_LIMIT_BYTES = 8 << 20  # a check's log is tens of kB; more is read no further
 MARKER = re.compile(
     r"\n==> pitstop:(?P<key>[a-z][a-z0-9_]{0,30})(?::(?:(?P<err>stderr)|exit (?P<rc>-?[0-9]{1,4})))? <==\n"
@@ -238,14 +239,15 @@ def check_args(check: Mapping[str, Any]) -> tuple[str, str, int]:
         raise ActuatorError(400, f"check name must be a DNS label: {str(name)[:80]!r}", False)
     if not isinstance(gpus, int) or isinstance(gpus, bool) or not 0 <= gpus <= 64:
         raise ActuatorError(400, f"check gpus must be an integer 0..64, not {str(gpus)[:20]!r}", False)
-    level = check.get("dcgm_level")
+    level = check.get("dcgm_level", 1 if kind in ("sweep", "link") else None)
     if not isinstance(level, int) or isinstance(level, bool) or not 1 <= level <= 4:
         raise ActuatorError(400, f"check dcgm_level must be 1..4, not {str(level)[:20]!r}", False)
+    limit = check.get("timeout_s", 60)
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 3600:
+        raise ActuatorError(400, f"check timeout_s must be 1..3600, not {str(limit)[:20]!r}", False)
     size = check.get("message_bytes")
-    if (
-        kind == "validate"
-        and check.get("peer")
-        and (not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= 1 << 40)
+    if (kind == "link" or (kind == "validate" and check.get("peer"))) and (
+        not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= 1 << 40
     ):
         raise ActuatorError(400, f"validate needs message_bytes (1 .. 1 TiB), not {str(size)[:20]!r}", False)
     return kind, name, gpus
@@ -296,7 +298,8 @@ class GkeChecks:
             f"{meta_of(p).get('namespace')}/{meta_of(p).get('name')}"
             for p in self.kube.pods_on(node)
             if live(p) and pod_gpus(spec_of(p)) > 0 and labels_of(p).get(CHECK_LABEL) != name
-        ]
+            and not str(labels_of(p).get(CHECK_LABEL)).startswith(f"{check.get('group') or name}-")
+        ]  # fmt: skip
         if holders:
             raise ActuatorError(
                 503, f"{kind} on {node} waits for pods still holding GPUs: {holders[:5]}", True
@@ -305,8 +308,9 @@ class GkeChecks:
         use = min(gpus, have) if gpus > 0 else have
         notes = [] if use >= gpus else [f"{node} offers {have} of {gpus} GPUs: the check gets {use}"]
         peer: str | None = None
-        if kind == "validate" and check.get("peer"):
-            peer, why = self._ensure_peer(node, cur, name, gpus)
+        if kind == "link" or (kind == "validate" and check.get("peer")):
+            pinned = check.get("peer_node") if kind == "link" else None  # a ring pair's other end
+            peer, why = self._ensure_peer(node, cur, name, gpus, str(pinned) if pinned else None)
             if why:
                 notes.append(why)
         note = "; ".join(notes)
@@ -417,14 +421,16 @@ class GkeChecks:
             "note": ann.get(CHECK_NOTE_ANNOTATION, ""),
         }
 
-    def _ensure_peer(self, node: str, cur: Mapping[str, Any], name: str, gpus: int) -> tuple[str | None, str]:
+    def _ensure_peer(
+        self, node: str, cur: Mapping[str, Any], name: str, gpus: int, pinned: str | None = None
+    ) -> tuple[str | None, str]:
         """The peer of a validation: the one an earlier attempt chose, else a healthy node with ``gpus``
         free GPUs (same machine type, same node pool first), its Job created. (peer, why none)."""
         peer_job = peer_name(name)
         found = self._check_job(peer_job)
         if found is not None:
             return annotations_of(found).get(CHECK_NODE_ANNOTATION) or None, ""
-        peer = self._choose_peer(node, cur, gpus)
+        peer = pinned if pinned and valid_object_name(pinned) else self._choose_peer(node, cur, gpus)
         if peer is None:
             kind = labels_of(cur).get(INSTANCE_TYPE_LABEL)
             return None, (
@@ -515,13 +521,19 @@ class GkeChecks:
         cs, tools = self.settings, self.settings.tools
         level = str(check.get("dcgm_level"))
         dcgm = ("dcgm", (*tools["dcgmi"], "diag", "-r", level, "-j"))
-        if kind == "diagnose":
+        if kind == "sweep":  # the node check a hang's localisation asks of every node, bounded in time
+            limit = ("timeout", str(check.get("timeout_s", 60)))
+            smi = [("nvidia_smi_q", (*limit, *tools["nvidia-smi"], "-q"))]
+            spec: dict[str, Any] = {
+                "containers": [self._container("sweep", cs.image, check_script("", smi), gpus)]
+            }
+        elif kind == "diagnose":
             steps = [
                 ("nvidia_smi_q", (*tools["nvidia-smi"], "-q")),
                 ("nvlink", (*tools["nvidia-smi"], "nvlink", "--status")),
                 dcgm,
             ]
-            spec: dict[str, Any] = {
+            spec = {
                 "containers": [
                     self._container("diagnose", cs.image, check_script(cs.dcgm_setup, steps), gpus)
                 ]
@@ -546,6 +558,10 @@ class GkeChecks:
                 ],
                 "containers": [self._container("nccl", cs.nccl_image, check_script(setup, [nccl]), gpus)],
             }
+            if kind == "link":  # a ring pair's bus bandwidth only: its nodes were just swept
+                del spec["initContainers"]
+                # the pair's other node, for the record (the local all_gather_perf stand-in reads it)
+                spec["containers"][0]["env"].append({"name": "PITSTOP_PEER_NODE", "value": peer})
         spec["nodeName"] = node
         ann = {CHECK_PEER_ANNOTATION: peer or "", CHECK_NOTE_ANNOTATION: note[:1000]}
         return self._job(name, name, "node", node, spec, ann)

@@ -3,13 +3,18 @@ restarted. The adapter picks the strategy once from the job id (``kind/namespace
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pitstop.adapters.gke.checks import JOB_NAME_LABEL
 from pitstop.adapters.gke.client import Kube
 from pitstop.adapters.gke.evict import Evictor
 from pitstop.adapters.gke.objects import (
+    JOBSET_GROUP,
     JOBSET_NAME_LABEL,
+    JOBSET_VERSION,
+    JOBSETS,
     KUEUE_QUEUE_LABEL,
     POD_STATES,
     JobRef,
@@ -27,6 +32,23 @@ from pitstop.adapters.gke.restart import WorkloadCycle, jobset_once
 Templates = list[tuple[int, dict[str, Any]]]  # (pod count, pod spec) per template
 
 
+@dataclass(frozen=True)
+class Stoppable:
+    """How a job kind is stopped and started again as a whole (a hung gang's stop-time checks).
+
+    ``spec.suspend`` on both kinds: a suspended batch Job's active pods are deleted and resuming
+    creates them again (kubernetes.io/docs/concepts/workloads/controllers/job/#suspending-a-job); a
+    suspended JobSet suspends its child Jobs the same way and resuming does not count a restart
+    (kubernetes-sigs/jobset@v0.12.0 api/jobset/v1alpha2/jobset_types.go ``Suspend``). A job Kueue
+    admits is stopped through its Workload instead (Kueue owns its ``suspend``).
+    """
+
+    what: str
+    read: Callable[[], dict[str, Any] | None]
+    patch: Callable[[dict[str, Any]], dict[str, Any]]
+    pods: str  # the label selector of its pods
+
+
 class JobKind(Protocol):
     def info(self, ref: JobRef) -> dict[str, Any]:
         """``state`` (Slurm's words), ``restarts`` (JobSets only), ``start_time``, ``workload``."""
@@ -38,6 +60,10 @@ class JobKind(Protocol):
 
     def restart(self, ref: JobRef, key: str, incident: str, seen: int | None) -> dict[str, Any]:
         """Restart the gang once: how, or why nothing restarts it (``owner_action``)."""
+        ...
+
+    def stoppable(self, ref: JobRef) -> Stoppable | None:
+        """How to stop it and start it again whole (None: it cannot be, a bare pod)."""
         ...
 
 
@@ -107,6 +133,15 @@ class JobSetKind:
         why = "it has no failurePolicy and no Kueue Workload: a failed child Job fails the JobSet"
         return _nothing_restarts(self.ev, ref, incident, why)
 
+    def stoppable(self, ref: JobRef) -> Stoppable:
+        def patch(body: dict[str, Any]) -> dict[str, Any]:
+            return self.kube.call(
+                f"patch {ref.id}", self.kube.custom.patch_namespaced_custom_object,
+                JOBSET_GROUP, JOBSET_VERSION, ref.namespace, JOBSETS, ref.name, body,
+            )  # fmt: skip
+
+        return Stoppable(ref.id, lambda: self.kube.jobset(ref), patch, f"{JOBSET_NAME_LABEL}={ref.name}")
+
 
 class BatchJobKind:
     """A plain batch/v1 Job: its own pods restart per its backoffLimit, never as a gang."""
@@ -139,6 +174,14 @@ class BatchJobKind:
         why = "a plain Job restarts only its own pods, per its backoffLimit"
         return _nothing_restarts(self.ev, ref, incident, why)
 
+    def stoppable(self, ref: JobRef) -> Stoppable:
+        def patch(body: dict[str, Any]) -> dict[str, Any]:
+            return self.kube.call(
+                f"patch {ref.id}", self.kube.batch.patch_namespaced_job, ref.name, ref.namespace, body
+            )
+
+        return Stoppable(ref.id, lambda: self._read(ref), patch, f"{JOB_NAME_LABEL}={ref.name}")
+
 
 class PodKind:
     """A bare pod: no controller brings it back."""
@@ -164,6 +207,9 @@ class PodKind:
 
     def restart(self, ref: JobRef, key: str, incident: str, seen: int | None) -> dict[str, Any]:
         return _nothing_restarts(self.ev, ref, incident, "a bare pod has no controller to bring it back")
+
+    def stoppable(self, ref: JobRef) -> Stoppable | None:
+        return None  # deleted, nothing creates it again
 
 
 def kinds(kube: Kube, ev: Evictor, cycle: WorkloadCycle) -> Mapping[str, JobKind]:

@@ -148,18 +148,32 @@ class WorkloadCycle:
         return {**out, "forced": forced} if forced else out
 
     def _wait_stopped(self, ref: JobRef, name: str) -> list[str]:
-        """Wait (bounded) until Kueue stopped the Workload; force a pod stuck on a node that is not
-        Ready, fail on one stuck on a Ready node. The pods forced (``pod@node``)."""
+        """Wait (bounded) until Kueue stopped the Workload. The pods forced (``pod@node``)."""
+        return self.wait_gone(
+            lambda: self._left(ref, name),
+            f"waiting for Kueue to stop workload {name} of {ref.id}",
+            lambda held: _stuck_message(ref, name, held),
+        )
+
+    def wait_gone(
+        self,
+        left: Callable[[], list[dict[str, Any]] | None],
+        waiting: str,
+        held_message: Callable[[list[dict[str, Any]]], str],
+    ) -> list[str]:
+        """Wait (bounded by ``wait_s``, then 503) until ``left`` answers no pod; force a pod stuck on
+        a node that is not Ready, fail (409, ``held_message``) on one stuck on a Ready node. The pods
+        forced (``pod@node``). ``left`` answers None while the job is not stopped yet."""
         deadline = self.clock() + self.wait_s
         forced: dict[str, None] = {}  # in order, once each
-        while (left := self._left(ref, name)) != []:
-            stuck = [p for p in left or [] if self._stuck(p)]
+        while (pods := left()) != []:
+            stuck = [p for p in pods or [] if self._stuck(p)]
             held = [p for p in stuck if self._node_ready(p)]
             if held:
-                raise ActuatorError(409, _stuck_message(ref, name, held), False)
+                raise ActuatorError(409, held_message(held), False)
             forced.update((self._force(p), None) for p in stuck)
             if self.clock() >= deadline:
-                why = f"waiting for Kueue to stop workload {name} of {ref.id}"
+                why = waiting
                 if forced:  # a finalizer keeps it: a Job with a podFailurePolicy waits for a terminal phase
                     why += f" (force-deleted, still there: {', '.join(forced)})"
                 raise ActuatorError(503, why, True)
@@ -212,6 +226,32 @@ class WorkloadCycle:
                 str(m.get("name")), str(m.get("namespace")), grace_period_seconds=0,
             )  # fmt: skip
         return f"{m.get('name')}@{node}"
+
+    def deactivate(self, ref: JobRef, wl: dict[str, Any], key: str) -> str | None:
+        """Deactivate the Workload for this step (Kueue evicts and suspends the whole job); None when
+        it is (now or already) Pitstop's for ``key``, else why it is left alone (someone else's)."""
+        name = str(meta_of(wl).get("name"))
+        mark = annotations_of(wl).get(REQUEUED_FOR)
+        if spec_of(wl).get("active", True) is False:
+            return (
+                None if mark == key else f"its Kueue Workload {name} is inactive (not Pitstop's): left alone"
+            )
+        rv = meta_of(wl).get("resourceVersion")
+        body = {
+            "metadata": {"resourceVersion": rv, "annotations": {REQUEUED_FOR: key}},
+            "spec": {"active": False},
+        }
+        self._patch(ref, name, body)
+        return None
+
+    def activate(self, ref: JobRef, wl: dict[str, Any], key: str) -> bool:
+        """Reactivate the Workload Pitstop deactivated for ``key`` (Kueue requeues it); whether done."""
+        name = str(meta_of(wl).get("name"))
+        if spec_of(wl).get("active", True) is not False or annotations_of(wl).get(REQUEUED_FOR) != key:
+            return False
+        self._patch(ref, name, {"metadata": {"resourceVersion": meta_of(wl).get("resourceVersion")},
+                                "spec": {"active": True}})  # fmt: skip
+        return True
 
     def reactivate(self, ref: JobRef, wl: dict[str, Any], incident: str) -> str | None:
         """At the incident's close: reactivate the Workload if Pitstop's deactivation for this

@@ -16,7 +16,7 @@ import os
 import re
 import sys
 
-from pitstop.local.gpu_tools.state import NodeState, StateError, expand_hostlist, load
+from pitstop.local.gpu_tools.state import NodeState, StateError, expand_hostlist, load, node_name
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _HALF = 64 << 20  # the size at which the curve reaches half its peak
@@ -88,9 +88,12 @@ def _rank() -> int:
 
 
 def step_states(s: NodeState) -> tuple[NodeState, list[str] | None]:
-    """Under a multi-node Slurm step: the ring's state (this node's, at the slowest node's busbw)
-    and the step's hosts; else this node alone (and a nameless peer)."""
+    """Under a multi-node Slurm step (or a GKE ring pair's launcher): the ring's state (this node's,
+    at the slowest node's busbw) and its hosts; else this node alone (and a nameless peer)."""
     hosts = expand_hostlist(os.environ.get("SLURM_STEP_NODELIST", ""))
+    peer = os.environ.get("PITSTOP_PEER_NODE", "")  # a GKE ring pair's launcher names its peer's node
+    if len(hosts) < 2 and peer:
+        hosts = [node_name(), peer]
     if len(hosts) < 2:
         return s, None
     slowest = min((load(node=h) for h in hosts), key=lambda n: n.busbw)

@@ -36,14 +36,14 @@ def requeue_one(s: Step, job: str, fenced: JobRun) -> str | None:
     key = requeue_key(cluster, job, info.run.doc())
     cap, window = s.deps.policy.job_restarts()
     if not s.deps.store.claim_job_restart(job_key(cluster, job), key, s.deps.clock(), cap, window):
-        return _over_budget(s, job, cap, window)
+        return over_budget(s, job, cap, window)
     if not s.deps.store.mark_job_requeue(key, s.iid, s.deps.clock()):
         return "this run of the job was already requeued for another incident"
     s.scheduler.requeue(job, s.ref, info.run)  # the run it may move
     return None
 
 
-def _over_budget(s: Step, job: str, cap: int, window: float) -> str:
+def over_budget(s: Step, job: str, cap: int, window: float) -> str:
     """The job-disruption budget is spent: not requeued, and a person is paged (once per step)."""
     why = (
         f"job {job} was restarted by Pitstop {cap} times within {int(window)} s (budgets.job_restarts):"

@@ -8,6 +8,11 @@ their own node incidents fence, requeue the gang (once per run, onto a spare whe
 has one) and repair, exactly as for an Xid. Nothing found: the gang is requeued in place once
 (the job-restart budget and the run's requeue record, as every requeue) and a person is paged
 with every node and check.
+
+A scheduler whose checks stop the gang first (GKE: the hung pods hold the GPUs a check pod needs;
+``GangCheckStart.stopped``) gets it back from the conclusion, once (``GangResume``, the same budget
+and run record): past its culprits, each fenced first for its own node incident so the resumed
+pods cannot land on it, or in place when nothing was found.
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import localise, notifications
 from pitstop.core.domain import NodeRef
+from pitstop.core.ids import job_key, requeue_key
 from pitstop.core.ops import Op
-from pitstop.core.scheduling import GangChecks, JobRun, JobState
+from pitstop.core.scheduling import GangChecks, GangResume, JobRun, JobState, StepRef
 from pitstop.services.actuate.context import Step
-from pitstop.services.actuate.gang import requeue_one
+from pitstop.services.actuate.gang import over_budget, requeue_one
 
 
 def _job(s: Step) -> str:
@@ -35,14 +41,23 @@ def _checks(s: Step) -> GangChecks | None:
     return sched if isinstance(sched, GangChecks) else None
 
 
-def _start(s: Step, sched: GangChecks, spec: dict[str, Any]) -> dict[str, Any]:
-    """Start a gang check once: its spec is saved before the scheduler is asked."""
+def _start(
+    s: Step, sched: GangChecks, spec: dict[str, Any], seen: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Start a gang check once: its spec (and what the job was, ``seen``) saved before the scheduler
+    is asked. A scheduler that stops the gang to check it (GKE) says so: the conclusion resumes it."""
     saved = s.saved("check")
     if not isinstance(saved, dict):
-        s.save({"check": dict(spec)})
+        s.save({"check": dict(spec), **({"seen": seen} if seen is not None else {})})
         saved = dict(spec)
     started = sched.start_gang_check(_job(s), saved, s.ref)
-    return {"run": True, "check": saved, "nodes": list(started.nodes)}
+    out = {
+        "run": bool(started.nodes),
+        "check": saved,
+        "nodes": list(started.nodes),
+        "stopped": started.stopped,
+    }
+    return {**out, "why": started.note} if started.note else out
 
 
 def _note(s: Step, **fields: Any) -> None:
@@ -63,15 +78,19 @@ def _note(s: Step, **fields: Any) -> None:
 def localise_job(s: Step) -> dict[str, Any]:
     """Start the node check on every node of the hung job (its run recorded for the restart)."""
     job = _job(s)
-    info = s.scheduler.job_info(job, s.ref)
-    base = {"jobs": [job], "runs": {job: info.run.doc()}, "state": str(info.state)}
-    if info.state != JobState.RUNNING:
-        return {**base, "run": False, "why": f"job {job} is {info.state}: no nodes to check"}
+    seen = s.saved("seen")  # an earlier attempt's view: by now its own stop may have suspended the job
+    if not isinstance(seen, dict):
+        info = s.scheduler.job_info(job, s.ref)
+        seen = {"jobs": [job], "runs": {job: info.run.doc()}, "state": str(info.state)}
+        if info.state != JobState.RUNNING:
+            return {**seen, "run": False, "why": f"job {job} is {info.state}: no nodes to check"}
     sched = _checks(s)
     if sched is None:
-        return {**base, "run": False, "why": f"the {s.scheduler.name} scheduler cannot check a job's nodes"}
+        return {**seen, "run": False, "why": f"the {s.scheduler.name} scheduler cannot check a job's nodes"}
     spec = localise.sweep_spec(s.iid, s.step, job, [], s.deps.policy.localise)
-    out = {**base, **_start(s, sched, spec)}
+    out = {**seen, **_start(s, sched, spec, seen)}
+    if out["stopped"]:  # resumed, it is the same run (a suspend counts no restart): running again is enough
+        out.update(runs={job: JobRun().doc()}, seen_runs=seen["runs"])
     _note(s, nodes=out["nodes"], started_at=s.deps.clock())
     log.emit("INFO", "localising a hung job", incident=s.iid, job=job, nodes=len(out["nodes"]))
     return out
@@ -82,7 +101,8 @@ def _result(s: Step, op: Op) -> dict[str, Any] | None:
     sched = _checks(s)
     if not rec.get("run") or sched is None:
         return None
-    return asdict(sched.gang_check_result(_job(s), rec["check"], s.ref))
+    nodes = rec.get("nodes") or s.recorded(Op.LOCALISE).get("nodes") or []
+    return asdict(sched.gang_check_result(_job(s), {**rec["check"], "nodes": nodes}, s.ref))
 
 
 def _final(s: Step, op: Op) -> dict[str, Any] | None:
@@ -133,13 +153,19 @@ def links(s: Step) -> dict[str, Any]:
         return {**out, "run": False}
     spec = localise.links_spec(s.iid, s.step, _job(s), nodes, cfg)
     spec["gpus"] = 8  # one task per node drives all its GPUs (nccl-tests -g)
-    return {**out, **_start(s, sched, spec)}
+    started = _start(s, sched, spec)
+    if not started["run"]:  # the scheduler has no link test: said in the record and the page
+        why = str(started.get("why") or "the scheduler ran no link test")
+        skipped = localise.Verdict(localise.LINKS, (), why, (f"{localise.LINKS}: not run",))
+        _note(s, round=skipped.record(s.deps.clock()))
+        return {**out, "run": False, "skipped": skipped.record(s.deps.clock())}
+    return {**out, **started}
 
 
 def _rounds(s: Step) -> list[dict[str, Any]]:
     """Every round's verdict: the sweep's (judged by ``links``) and, if it ran, the link test's."""
     judged = s.recorded(Op.LINKS)
-    rounds = [judged["sweep"]] if judged.get("sweep") else []
+    rounds = [r for r in (judged.get("sweep"), judged.get("skipped")) if r]
     if judged.get("run"):
         cfg = s.deps.policy.localise
         v = localise.judge_links(
@@ -167,8 +193,42 @@ def conclude(s: Step) -> dict[str, Any]:
         if opened:
             _note(s, culprits=sorted(set(culprits)), incidents=opened, outcome="culprits")
             s.set_state(None, "localised")
-            return {"outcome": "culprits", "culprits": sorted(set(culprits)), "incidents": opened}
+            out = {"outcome": "culprits", "culprits": sorted(set(culprits)), "incidents": opened}
+            return {**out, **_resume_past(s, rec, opened)} if rec.get("stopped") else out
     return _restart_in_place(s, rec, nodes, rounds)
+
+
+def _resume_past(s: Step, rec: dict[str, Any], opened: dict[str, str]) -> dict[str, Any]:
+    """The gang the checks stopped, resumed once past its culprits: each is fenced first, for its own
+    node incident (the same cordon and taint that incident's fence then finds in place), so the
+    resumed pods land on spares, or wait for the repaired nodes."""
+    action = str(s.deps.policy.localise["culprit_action"])
+    for node, iid in sorted(opened.items()):
+        s.scheduler.fence(node, StepRef(iid), action)
+    skipped = _resume_once(s, rec)  # over budget: left stopped, and the budget's page says so
+    how = "resumed once past its fenced culprits" if skipped is None else f"not resumed: {skipped}"
+    resume = {"mode": "spares", "requeued": [_job(s)] if skipped is None else [], "why": how}
+    s.set_state(None, "job_requeued" if skipped is None else None, resume=resume)
+    return {"resumed": skipped is None, "why": how}
+
+
+def _resume_once(s: Step, rec: dict[str, Any]) -> str | None:
+    """Start again the gang this step's checks stopped, once per run and within the job-restart
+    budget, as every requeue (None: resumed; else why not, and it stays stopped for a person)."""
+    sched = s.scheduler
+    if not isinstance(sched, GangResume):
+        return f"the {sched.name} scheduler cannot resume a job"
+    job = _job(s)
+    cluster = s.inc.get("cluster") or "none"
+    key = requeue_key(cluster, job, JobRun.of((rec.get("seen_runs") or {}).get(job)).doc())
+    cap, window = s.deps.policy.job_restarts()
+    if not s.deps.store.claim_job_restart(job_key(cluster, job), key, s.deps.clock(), cap, window):
+        return over_budget(s, job, cap, window)
+    s.deps.store.mark_job_requeue(key, s.iid, s.deps.clock())
+    out = sched.resume_gang(job, s.ref)
+    log.emit("INFO" if out.restarted else "WARNING", "hung gang resumed after its checks"
+             if out.restarted else "hung gang not resumed", incident=s.iid, job=job, how=out.how)  # fmt: skip
+    return None if out.restarted else out.how
 
 
 def _not_hung(s: Step, state: JobState) -> dict[str, Any]:
@@ -229,8 +289,16 @@ def _restart_in_place(
     """No culprit: requeue the gang once where it is (budget and run record as every requeue) and page."""
     job = _job(s)
     then = JobRun.of((rec.get("runs") or {}).get(job))
-    skipped = requeue_one(s, job, then)
-    restart = f"requeued in place (run {then.restarts})" if skipped is None else f"not restarted: {skipped}"
+    if rec.get("stopped"):
+        skipped = _resume_once(s, rec)
+        restart = (
+            "resumed in place once (its checks stopped it)" if skipped is None else f"not resumed: {skipped}"
+        )
+    else:
+        skipped = requeue_one(s, job, then)
+        restart = (
+            f"requeued in place (run {then.restarts})" if skipped is None else f"not restarted: {skipped}"
+        )
     text = localise.page_text(job, nodes, rounds, restart, str(rec.get("why") or ""))
     resume = {"mode": "in_place", "requeued": [job] if skipped is None else [], "why": restart}
     s.set_state(None, "job_requeued" if skipped is None else None, resume=resume)
