@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +81,28 @@ def test_push_delivery_opens_incident_and_starts_workflow(
     assert list(default.stream()) == []  # nothing in the project's default database
     assert docs[0]["node"]["instance"] == "a3-node-042"
     assert executions[0].created == 1
+
+
+def test_an_instance_whose_first_deliveries_arrive_together_builds_one_ingest(
+    ingest_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """functools.cache built the ingest service once per thread that asked first: two coalescers
+    in one instance, and a redelivered line counted twice (issue 23). Both first callers here are
+    held inside the build until the other arrives or 2 s pass: one build, one service."""
+    import main
+
+    real_load, met = main.policy_mod.load, threading.Barrier(2)
+
+    def load_when_both_are_in() -> Any:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            met.wait(timeout=2)  # the fixed build lets one thread in: the other waits outside
+        return real_load()
+
+    monkeypatch.setattr(main.policy_mod, "load", load_when_both_are_in)
+    main._ingest.cache_clear()
+    with ThreadPoolExecutor(2) as pool:
+        built = list(pool.map(lambda _: main._ingest(), range(2)))
+    assert built[0] is built[1] is main._ingest()
 
 
 def test_unrelated_is_acknowledged(ingest_app: Any) -> None:
