@@ -90,15 +90,16 @@ def test_an_instance_whose_first_deliveries_arrive_together_builds_one_ingest(
     in one instance, and a redelivered line counted twice (issue 23). Both first callers here are
     held inside the build until the other arrives or 2 s pass: one build, one service."""
     import main
+    from pitstop.core import policy as policy_mod  # main loads the policy through it
 
-    real_load, met = main.policy_mod.load, threading.Barrier(2)
+    real_load, met = policy_mod.load, threading.Barrier(2)
 
     def load_when_both_are_in() -> Any:
         with contextlib.suppress(threading.BrokenBarrierError):
             met.wait(timeout=2)  # the fixed build lets one thread in: the other waits outside
         return real_load()
 
-    monkeypatch.setattr(main.policy_mod, "load", load_when_both_are_in)
+    monkeypatch.setattr(policy_mod, "load", load_when_both_are_in)
     main._ingest.cache_clear()
     with ThreadPoolExecutor(2) as pool:
         built = list(pool.map(lambda _: main._ingest(), range(2)))
