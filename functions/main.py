@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
-import functools
 import json
 import os
 import signal
@@ -71,18 +70,6 @@ class _LazyInstances:
         return _compute().instances.aggregated_list(**kwargs)
 
 
-@functools.cache
-def _compute() -> ComputeAdapter:
-    return _compute_adapter(os.environ.get("PITSTOP_COMPUTE_ENDPOINT"))
-
-
-def _db(project: str) -> firestore.Client:
-    """Pitstop's own Firestore database (deploy creates it; IAM conditions grant only it)."""
-    return firestore.Client(
-        project=project, database=os.environ.get("PITSTOP_FIRESTORE_DATABASE", "(default)")
-    )
-
-
 T = TypeVar("T")
 
 
@@ -109,6 +96,18 @@ class _Once(Generic[T]):
     def cache_clear(self) -> None:
         with self._lock:
             self._made.clear()
+
+
+@_Once
+def _compute() -> ComputeAdapter:
+    return _compute_adapter(os.environ.get("PITSTOP_COMPUTE_ENDPOINT"))
+
+
+def _db(project: str, env: str = "PITSTOP_FIRESTORE_DATABASE") -> firestore.Client:
+    """Pitstop's own Firestore database (deploy creates it; IAM conditions grant only it), or with
+    ``env`` PITSTOP_NOTIFY_DATABASE notify's ledger database (unset: the same database)."""
+    main = os.environ.get("PITSTOP_FIRESTORE_DATABASE", "(default)")
+    return firestore.Client(project=project, database=os.environ.get(env, main))
 
 
 @_Once
@@ -186,9 +185,10 @@ def _install_shutdown_hooks() -> None:
 _install_shutdown_hooks()
 
 
-@functools.cache
+@_Once
 def _actuator() -> Actuator:
     from pitstop.adapters.monitoring import TelemetryReader
+    from pitstop.adapters.prometheus import PromQLReader
     from pitstop.adapters.pubsub import Notifier
     from pitstop.adapters.workflows import WorkflowStarter
     from pitstop.services.actuate import STEP_CLAIM_S, Actuator
@@ -223,10 +223,11 @@ def _actuator() -> Actuator:
         # the local stack runs the workflow's waits scaled down, so it scales the claim with them
         claim_s=float(os.environ.get("PITSTOP_STEP_CLAIM_S", STEP_CLAIM_S)),
         telemetry=TelemetryReader(os.environ.get("PITSTOP_MONITORING_ENDPOINT")),
+        prometheus=PromQLReader(os.environ.get("PITSTOP_PROMETHEUS_ENDPOINT")),
     )
 
 
-@functools.cache
+@_Once
 def _notify() -> Notify:
     from pitstop.adapters.monitoring import MetricsWriter
     from pitstop.adapters.step_records import FirestoreStepStore
@@ -237,7 +238,10 @@ def _notify() -> Notify:
     pol = policy_mod.load()
     endpoint = os.environ.get("PITSTOP_MONITORING_ENDPOINT")
     metrics = MetricsWriter(project, endpoint) if os.environ.get("PITSTOP_METRICS", "on") != "off" else None
-    ledger = _db(project).collection(f"{pol.doc['store']['collection_prefix']}_notifications")
+    # notify's own database: its IAM grant reaches no incident or step (infra/iam.yaml notify-database)
+    ledger = _db(project, "PITSTOP_NOTIFY_DATABASE").collection(
+        f"{pol.doc['store']['collection_prefix']}_notifications"
+    )
     return Notify(configured(os.environ), metrics, FirestoreStepStore(ledger))
 
 

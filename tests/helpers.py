@@ -225,7 +225,7 @@ ENVELOPES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 }
 
 
-def assert_valid_event(ev: dict[str, Any]) -> None:
+def assert_valid_event(ev: Mapping[str, Any]) -> None:
     resources.validate(ev, "fault_event.schema.json", "FaultEvent")
 
 

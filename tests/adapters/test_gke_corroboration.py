@@ -25,7 +25,7 @@ from pitstop.local.fake_k8s import FakeKube
 from pitstop.services.ingest import Ingest
 from tests.helpers import PROJECT, ZONE, assert_valid_event, legacy_agent_entry, push_body
 
-CLF = Classifier.default()
+CLF: Any = Classifier.default()  # its events are read and changed as plain documents here
 NODE = "gke-train-a3-pool-1f2e3d4c-x7k2"
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 XID13 = "NVRM: Xid (PCI:0000:a1:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0)"

@@ -29,7 +29,7 @@ from pitstop.local.fake_k8s import FakeKube
 from pitstop.services.ingest import Ingest
 from tests.helpers import PROJECT, assert_valid_event, gke_journal_entry, legacy_agent_entry, push_body
 
-CLF = Classifier.default()
+CLF: Any = Classifier.default()  # its events are read and changed as plain documents here
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 REGION = "us-central1"
 NODE = "gke-train-a3-pool-1f2e3d4c-x7k2"

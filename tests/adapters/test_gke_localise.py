@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -31,6 +31,7 @@ from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.gke import CHECK_NAMESPACE, CheckSettings, GkeScheduler
 from pitstop.adapters.gke.gang import STOPPED_FOR, STOPPED_NODES
 from pitstop.core import localise
+from pitstop.core.domain import CheckRun, GangCheckSpec, LocaliseConfig
 from pitstop.core.scheduling import CheckResult, GangCheckStart, StepRef
 from pitstop.local import gke_stack
 from pitstop.local.fake_k8s import FakeKube
@@ -86,11 +87,11 @@ def start_gang(kube: FakeKube, queue: str | None = None) -> None:
     wait(lambda: len(running_on(kube)) == 3, what="the gang to run")
 
 
-def sweep(step: int = 1) -> dict[str, Any]:
-    return localise.sweep_spec(INC, step, JOB, [], {"tool_timeout_s": 20})
+def sweep(step: int = 1) -> GangCheckSpec:
+    return localise.sweep_spec(INC, step, JOB, [], cast(LocaliseConfig, {"tool_timeout_s": 20}))
 
 
-def start(sched: GkeScheduler, check: dict[str, Any]) -> GangCheckStart:
+def start(sched: GkeScheduler, check: GangCheckSpec) -> GangCheckStart:
     """Asked again while the gang's pods are still leaving their nodes (503), as the workflow does."""
 
     def once() -> GangCheckStart | None:
@@ -104,7 +105,7 @@ def start(sched: GkeScheduler, check: dict[str, Any]) -> GangCheckStart:
     return got
 
 
-def finished(sched: GkeScheduler, check: dict[str, Any], nodes: tuple[str, ...]) -> CheckResult:
+def finished(sched: GkeScheduler, check: GangCheckSpec, nodes: tuple[str, ...]) -> CheckResult:
     got: CheckResult = wait(
         lambda: (r := sched.gang_check_result(JOB, {**check, "nodes": list(nodes)}, REF)).done and r,
         what="every node's check",
@@ -126,7 +127,7 @@ def test_a_hung_jobset_is_stopped_checked_on_every_node_and_resumed_past_its_cul
     assert gang_pods(kube) == []  # the check pods got the GPUs the gang held
     assert js["status"]["restarts"] == 0  # a suspend is not a restart
     res = finished(sched, check, started.nodes)
-    verdict = localise.judge_sweep(list(started.nodes), asdict(res), 34, [79])
+    verdict = localise.judge_sweep(list(started.nodes), cast(CheckRun, asdict(res)), 34, [79])
     assert verdict.culprits == (BAD,), verdict.why
     assert all(f"node_condition@{n}" in res.outputs for n in held)
     # a retry of the start finds its own stop and the checks it started: nothing is done twice
@@ -184,8 +185,10 @@ def test_when_no_node_shows_a_fault_the_ring_pairs_find_the_slow_link(
     started = start(sched, sweep())
     swept = finished(sched, sweep(), started.nodes)
     nodes = list(started.nodes)
-    assert localise.judge_sweep(nodes, asdict(swept), 34, [79]).culprits == ()
-    links = localise.links_spec(INC, 1, JOB, nodes, {"link_bytes": 64 << 20, "link_timeout_s": 60})
+    assert localise.judge_sweep(nodes, cast(CheckRun, asdict(swept)), 34, [79]).culprits == ()
+    links = localise.links_spec(
+        INC, 1, JOB, nodes, cast(LocaliseConfig, {"link_bytes": 64 << 20, "link_timeout_s": 60})
+    )
     ring = sched.start_gang_check(JOB, links, REF)
     assert ring.stopped and ring.nodes == started.nodes
     pods = [
@@ -197,7 +200,7 @@ def test_when_no_node_shows_a_fault_the_ring_pairs_find_the_slow_link(
     assert gpus == {"4"}  # every pair at once: a node's launcher and its neighbour's peer side by side
     res = finished(sched, links, started.nodes)
     pairs = [localise.split_pair(p) for p in links["pairs"]]
-    verdict = localise.judge_links(pairs, asdict(res), 0.7, 34)
+    verdict = localise.judge_links(pairs, cast(CheckRun, asdict(res)), 0.7, 34)
     assert verdict.culprits == (BAD,), verdict.why
     assert sched.resume_gang(JOB, REF).restarted
 

@@ -5,8 +5,8 @@ store is what the functions see on Firestore."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, cast
 
 import pytest
 from google.cloud import firestore
@@ -15,6 +15,7 @@ from pitstop.adapters.firestore import IncidentStore as FirestoreStore
 from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import engine, policy, steps
 from pitstop.core.classify import Classifier
+from pitstop.core.domain import Budget, CountShard, FaultEvent, Incident, NodeDoc, OutboxEntry, WorkflowRun
 from pitstop.core.states import RunState, State
 from pitstop.core.store import IncidentStore, commit_of
 from tests.helpers import ops_agent_entry
@@ -45,7 +46,12 @@ def store(request: pytest.FixtureRequest) -> Iterator[IncidentStore]:
     yield FirestoreStore(firestore.Client(project=f"t-{uuid.uuid4().hex[:12]}"))
 
 
-def _event(line: str, node: str, insert_id: str | None = None, at: float = T0) -> dict[str, Any]:
+def _any(doc: Mapping[str, Any] | None) -> Any:
+    """A stored document as the assertions read it ({} when there is none)."""
+    return doc or {}
+
+
+def _event(line: str, node: str, insert_id: str | None = None, at: float = T0) -> FaultEvent:
     ev = Classifier.default().classify(
         ops_agent_entry(line, instance=node, insert_id=insert_id or uuid.uuid4().hex)
     )
@@ -65,12 +71,12 @@ def test_a_delivery_is_applied_once_and_a_second_fault_absorbed(store: IncidentS
     assert store.latest_incident(inc["node_key"]) == inc
 
 
-def _totals(ev: dict[str, Any], lines: int, pol: policy.Policy = POLICY) -> dict[str, Any]:
+def _totals(ev: FaultEvent, lines: int, pol: policy.Policy = POLICY) -> CountShard:
     """A shard's totals as an instance keeps them: ``lines`` lines counted like the incident counts."""
     totals = engine.empty_deltas()
     for _ in range(lines):
         engine.count_into(totals, ev, ev["_observed_ts"], pol)
-    return {**totals, "burst_until": ev["_observed_ts"] + pol.window("burst_silence_s")}
+    return cast(CountShard, {**totals, "burst_until": ev["_observed_ts"] + pol.window("burst_silence_s")})
 
 
 def test_count_shards_are_summed_where_the_incident_is_read(store: IncidentStore) -> None:
@@ -88,8 +94,8 @@ def test_count_shards_are_summed_where_the_incident_is_read(store: IncidentStore
     assert inc is not None and inc["counts"]["events"] == 1 + 6 + 7 and inc["counts"]["xid_13"] == 14
     assert [i["counts"]["events"] for i in store.list()] == [14]
     assert inc["burst_until"] == T0 + POLICY.window("burst_silence_s")
-    assert (store.incident_as_decided(iid) or {})["counts"]["events"] == 1
-    assert (store.latest_incident(inc["node_key"]) or {})["counts"]["events"] == 1
+    assert _any(store.incident_as_decided(iid))["counts"]["events"] == 1
+    assert _any(store.latest_incident(inc["node_key"]))["counts"]["events"] == 1
 
 
 def test_a_summed_incident_keeps_the_incidents_bounds(store: IncidentStore) -> None:
@@ -146,7 +152,7 @@ def test_one_starter_wins_the_lease_and_records_the_start(store: IncidentStore) 
     assert store.lease_start(iid, 1, T0) is not None
     assert store.lease_start(iid, 1, T0 + 1) is None  # the lease holds
     store.record_started(iid, 1, "exec-1", T0 + 2)
-    wf = (store.get(iid) or {})["workflow"]
+    wf = _any(store.get(iid))["workflow"]
     assert wf["state"] == RunState.STARTED and wf["execution"] == "exec-1"
     assert store.pending_starts(T0 + 100) == []
 
@@ -190,13 +196,13 @@ def test_budget_holds_release_close_fail_and_settle(store: IncidentStore) -> Non
     store.record_started(first.incident["id"], 1, "projects/p/locations/l/workflows/w/executions/e1", T0)
     inc = store.get(first.incident["id"])
     assert inc is not None
-    store.mutate(inc["id"], lambda d: d["workflow"].update(state=RunState.STARTED))
+    store.mutate(inc["id"], lambda d: cast(WorkflowRun, d["workflow"]).update({"state": RunState.STARTED}))
     failed = store.fail_stuck(
         inc["id"], "projects/p/locations/l/workflows/w/executions/e1", "overran", T0 + 9
     )
-    assert failed.result == "failed" and (store.get(inc["id"]) or {})["state"] == State.FAILED
+    assert failed.result == "failed" and _any(store.get(inc["id"]))["state"] == State.FAILED
     closed = store.close(inc["id"], "ops", T0 + 11, unfence=False)
-    assert closed.result == "closed" and (store.get(inc["id"]) or {})["state"] == State.RESOLVED
+    assert closed.result == "closed" and _any(store.get(inc["id"]))["state"] == State.RESOLVED
 
 
 def test_a_failed_incidents_slot_counts_until_a_person_closes_it(store: IncidentStore) -> None:
@@ -238,19 +244,19 @@ def test_a_node_joins_its_block_budget_before_it_is_fenced(store: IncidentStore)
     a, b = first.incident["id"], second.incident["id"]
     joined = store.join_block(a, "c1/block-7", BLOCK_POLICY, T0 + 1)
     scope = engine.block_scope("c1/block-7")
-    assert joined.result == "joined" and scope in (store.get(a) or {})["budget_scopes"]
-    assert set((store.budget(scope) or {})["slots"]) == {a}
+    assert joined.result == "joined" and scope in _any(store.get(a))["budget_scopes"]
+    assert set(_any(store.budget(scope))["slots"]) == {a}
     assert store.join_block(a, "c1/block-7", BLOCK_POLICY, T0 + 2).result == "ignored"  # a retried claim
     held = store.join_block(b, "c1/block-7", BLOCK_POLICY, T0 + 3)
     assert held.result == "held" and held.page is not None and scope in held.page
-    inc_b = store.get(b) or {}
+    inc_b = _any(store.get(b))
     assert inc_b["state"] == State.HELD and (inc_b["held"] or {})["scope"] == scope
-    assert (store.get_node(inc_b["node_key"]) or {})["block"] == "c1/block-7"
+    assert _any(store.get_node(inc_b["node_key"]))["block"] == "c1/block-7"
     assert store.release(b, BLOCK_POLICY, T0 + 4, "sweep").result == "still_held"  # the block counts now
-    store.mutate(a, lambda d: d.update(state=State.FENCED))
+    store.mutate(a, lambda d: d.update({"state": State.FENCED}))
     assert store.join_block(a, "c1/block-8", BLOCK_POLICY, T0 + 5).result == "joined"  # moved, fenced
-    assert set((store.budget(engine.block_scope("c1/block-8")) or {})["slots"]) == {a}
-    store.mutate(a, lambda d: d.update(state=State.FAILED))
+    assert set(_any(store.budget(engine.block_scope("c1/block-8")))["slots"]) == {a}
+    store.mutate(a, lambda d: d.update({"state": State.FAILED}))
     assert store.close(a, "ops", T0 + 6, unfence=True).result == "closed"
     # the window slides past a's claim: b goes on; its held step was never a remediation, so the
     # day-long cooldown of the policy does not hold it again
@@ -260,7 +266,7 @@ def test_a_node_joins_its_block_budget_before_it_is_fenced(store: IncidentStore)
 
 
 def test_the_outbox_keeps_what_is_unsent(store: IncidentStore) -> None:
-    entry = {"id": "page-x", "sent": False, "created_at": T0, "notification": {"kind": "page"}}
+    entry: OutboxEntry = {"id": "page-x", "sent": False, "created_at": T0, "notification": {"kind": "page"}}
     assert store.outbox_add("page-x", entry)["id"] == "page-x"
     assert store.outbox_add("page-x", {**entry, "created_at": T0 + 5})["created_at"] == T0  # created once
     assert [e["id"] for e in store.outbox_unsent(T0 + 1)] == ["page-x"]
@@ -270,10 +276,14 @@ def test_the_outbox_keeps_what_is_unsent(store: IncidentStore) -> None:
 
 
 def test_one_rule_says_what_a_decision_writes() -> None:
-    out = engine.Outcome("absorbed", incident=engine.as_incident({"id": "i1"}), node={"node": {}})
-    assert commit_of(out).incidents == [{"id": "i1"}] and commit_of(out).node is None
+    node = cast(NodeDoc, {"node": {}})
+    out = engine.Outcome("absorbed", incident=engine.as_incident({"id": "i1"}), node=node)
+    assert commit_of(out).incidents == cast(list[Incident], [{"id": "i1"}]) and commit_of(out).node is None
     raised = engine.Outcome(
-        "raised", incident=engine.as_incident({"id": "i1"}), node={"node": {}}, budgets={"b": {}}
+        "raised",
+        incident=engine.as_incident({"id": "i1"}),
+        node=node,
+        budgets=cast(dict[str, Budget], {"b": {}}),
     )
     assert commit_of(raised).count == 3
     assert commit_of(engine.Outcome("duplicate")).count == 0

@@ -40,12 +40,14 @@ from pitstop.agent.slurm import (
     parse_args,
     parse_node,
 )
+from pitstop.core import checks as core_checks
+from pitstop.core import policy as policy_mod
 from pitstop.core.checks import check_name
 from pitstop.core.diagnose import parse_nvidia_smi_q, parse_nvlink_status
 from pitstop.core.scheduling import StepRef
 from pitstop.core.slurm_wire import drain_reason
-from pitstop.core.validation import NcclResult, parse_all_gather, parse_dcgm_diag
-from pitstop.local import stack
+from pitstop.core.validation import NcclResult, default_validation_table, parse_all_gather, parse_dcgm_diag
+from pitstop.local import gpu_tools, stack
 from pitstop.local.fake_compute import DURATIONS, FakeCompute
 from pitstop.local.slurm import SlurmCluster
 from tests.agent.test_agent import Loopback
@@ -58,7 +60,9 @@ TOOLS = CheckTools(
     dcgmi=(sys.executable, "-m", "pitstop.local.gpu_tools.dcgmi"),
     dmesg=(sys.executable, "-m", "pitstop.local.gpu_tools.dmesg"),
     all_gather_perf=(sys.executable, "-m", "pitstop.local.gpu_tools.all_gather_perf"),
+    fabric_root=str(Path(gpu_tools.__file__).parent / "fabric"),  # the stand-in profiles
 )
+MEGA = default_validation_table().machine_types["a3-megagpu-8g"]
 
 
 # -- the cluster, the fake Compute, the agent's commands -----------------------------------------
@@ -368,6 +372,125 @@ def test_validate_with_a_peer_measures_the_degraded_host(
     again = spec("validate", target, step=4)
     c.start_check(again)
     assert busbw(parse_all_gather(result(c, again)["outputs"]["nccl"])) == 190.0
+
+
+def _fabric_spec(kind: str, target: str, step: int, **over: Any) -> dict[str, Any]:
+    assert MEGA.fabric is not None
+    base = spec("validate", target, step=step, fabric=MEGA.fabric.as_spec())
+    if kind == "revalidate":
+        base |= {"kind": "revalidate", "name": check_name(INCIDENT, step, "revalidate")}
+    return base | over
+
+
+def _judged(first: dict[str, Any], second: dict[str, Any] | None = None) -> core_checks.ValidationVerdict:
+    """The results as actuate judges them (core/checks), on a3-megagpu-8g after a reboot."""
+    pol = policy_mod.from_doc({})
+    table = core_checks.table_for(pol)
+    v = core_checks.judge_validation("REBOOT_NODE", "a3-megagpu-8g", first, pol, table)  # type: ignore[arg-type]
+    if second is None:
+        return v
+    return core_checks.judge_second_peer("REBOOT_NODE", "a3-megagpu-8g", v, second, pol, table)  # type: ignore[arg-type]
+
+
+def test_a_shortfall_is_measured_again_against_another_peer_under_the_fabrics_setup(
+    slurm: SlurmCluster, cmds: tuple[SlurmCommands, Recorder], compute: FakeCompute
+) -> None:
+    """Issue 21 (5): the degraded host is short against two different peers, each run with the
+    fabric's NCCL setup (8 ranks per node, -g 1, the TCPXO profile sourced): a hardware finding."""
+    c, _ = cmds
+    target = "ck-1"
+    gpu_state(compute, target, "degraded")
+    reason = fence(c, target, "REBOOT_NODE")
+    first = _fabric_spec("validate", target, step=8)
+    peer1 = c.start_check(first)["peer"]
+    res1 = result(c, first)
+    assert res1["done"] and res1["error"] is None, res1
+    assert set(res1["outputs"]) == {"dcgm", "nccl", "nccl_setup"}
+    nccl = parse_all_gather(res1["outputs"]["nccl"])
+    assert nccl.gpus_per_rank == 1 and busbw(nccl) == 120.0
+    st = json.loads((Path(c.checks.directory) / first["name"] / "state.json").read_text())
+    (srun,) = [argv for key, argv, _ in check_steps(st) if key == "nccl"]  # what the runner ran
+    assert "--ntasks=16" in srun and "--ntasks-per-node=8" in srun and srun[srun.index("-g") + 1] == "1"
+    assert "NCCL_LIB_DIR=/var/lib/tcpxo/lib64" in srun and "NCCL_FASTRAK_CTRL_DEV=enp0s12" in srun
+    assert srun[srun.index("pitstop-nccl") + 1].endswith("/fabric/var/lib/tcpxo/lib64/nccl-env-profile.sh")
+    v1 = _judged(res1)
+    assert v1.wants_second_peer and v1.next == "PAGE"
+
+    second = _fabric_spec("revalidate", target, step=8, exclude_peers=[peer1])
+    peer2 = c.start_check(second)["peer"]
+    assert peer2 not in (None, peer1, target)
+    res2 = result(c, second)
+    assert (
+        res2["done"] and res2["error"] is None and set(res2["outputs"]) == {"nccl", "nccl_setup"}
+    )  # no DCGM
+    v = _judged(res1, res2)
+    assert v.next == "REPLACE_NODE" and v.record(1.0)["hardware_fault"] is True
+    assert [p["peer"] for p in v.peers] == [peer1, peer2] and f"against {peer2}" in v.validation.why
+    assert node(slurm, target) == ("IDLE+DRAIN", reason) and reservations(slurm) == []
+
+
+def test_a_shortfall_that_is_the_first_peers_returns_the_node_naming_that_peer(
+    slurm: SlurmCluster, cmds: tuple[SlurmCommands, Recorder], compute: FakeCompute
+) -> None:
+    """The first peer (the first idle node, ck-0) is the slow one: short against it, full speed
+    against another; the repaired node returns and ck-0 is named as suspect, no REPLACE."""
+    c, _ = cmds
+    target = "ck-2"
+    gpu_state(compute, "ck-0", "degraded")
+    fence(c, target, "REBOOT_NODE")
+    first = _fabric_spec("validate", target, step=9)
+    assert c.start_check(first)["peer"] == "ck-0"
+    res1 = result(c, first)
+    assert busbw(parse_all_gather(res1["outputs"]["nccl"])) == 120.0
+    second = _fabric_spec("revalidate", target, step=9, exclude_peers=["ck-0"])
+    assert c.start_check(second)["peer"] not in (None, "ck-0", target)
+    v = _judged(res1, result(c, second))
+    assert v.next == "RETURN_TO_SERVICE" and v.validation.passed
+    assert "ck-0 or the path to it is suspect" in v.note and v.record(1.0)["hardware_fault"] is False
+
+
+def test_a_shortfall_with_no_second_peer_free_pages(
+    slurm: SlurmCluster, cmds: tuple[SlurmCommands, Recorder], compute: FakeCompute
+) -> None:
+    c, _ = cmds
+    target = "ck-3"
+    gpu_state(compute, target, "degraded")
+    fence(c, target, "REBOOT_NODE")
+    first = _fabric_spec("validate", target, step=10)
+    peer1 = c.start_check(first)["peer"]
+    res1 = result(c, first)
+    busy = sbatch(slurm, "-N", "2", "-x", f"{target},{peer1}", "--wrap", "sleep 600")
+    running(slurm, busy)  # every other node is taken
+    second = _fabric_spec("revalidate", target, step=10, exclude_peers=[peer1])
+    assert c.start_check(second)["peer"] is None
+    res2 = result(c, second)
+    assert res2["done"] and "nccl" not in res2["outputs"]
+    v = _judged(res1, res2)
+    assert v.next == "PAGE" and "no second healthy peer" in v.validation.why
+
+
+def test_a_fabric_setup_the_agent_cannot_trust_is_refused(
+    slurm: SlurmCluster, cmds: tuple[SlurmCommands, Recorder]
+) -> None:
+    c, rec = cmds
+    assert MEGA.fabric is not None
+    good = MEGA.fabric.as_spec()
+    bad_setups = [
+        {**good, "env": {**good["env"], "LD_PRELOAD": "/tmp/x.so"}},
+        {**good, "profile": "/var/lib/../../tmp/evil.sh"},
+        {**good, "profile": "/var/lib/tcpxo/lib64/nccl-env-profile.sh; rm -rf /"},
+        {**good, "ranks_per_node": 3},
+        {**good, "env": {**good["env"], "NCCL_SOCKET_IFNAME": "eth0 $(reboot)"}},
+        {**{k: v for k, v in good.items() if k != "name"}},
+        "GPUDirect-TCPXO",
+    ]
+    fence(c, "ck-0", "REBOOT_NODE")
+    for i, bad in enumerate(bad_setups):
+        with pytest.raises(CommandRefusedError, match="fabric"):
+            c.start_check(_fabric_spec("validate", "ck-0", step=20 + i, fabric=bad))
+    with pytest.raises(CommandRefusedError, match="exclude_peers"):
+        c.start_check(_fabric_spec("revalidate", "ck-0", step=30, exclude_peers=["ck-1; true"]))
+    assert not [a for a in rec.mutating() if a[:2] != ["scontrol", "update"]]  # nothing but the fence
 
 
 def test_validate_without_an_idle_peer_runs_dcgm_alone_and_says_why(

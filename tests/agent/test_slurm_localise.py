@@ -17,20 +17,21 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from pitstop.agent.slurm import CheckTools, CommandRefusedError, SlurmCommands
 from pitstop.core import localise
 from pitstop.core.catalog import default_xid_policy
+from pitstop.core.domain import CheckRun, LocaliseConfig
 from pitstop.local.slurm import SlurmCluster
 
 NODES = [f"lc-{i:02d}" for i in range(16)]
 INCIDENT = "ilocaliz23"
 HUNG, SLOW = "lc-11", "lc-05"
 NODE_XIDS = localise.node_fault_xids(default_xid_policy())
-CFG = {"tool_timeout_s": 60, "link_timeout_s": 120, "link_bytes": 64 << 20}
+CFG = cast(LocaliseConfig, {"tool_timeout_s": 60, "link_timeout_s": 120, "link_bytes": 64 << 20})
 TOOLS = CheckTools(
     nvidia_smi=(sys.executable, "-m", "pitstop.local.gpu_tools.nvidia_smi"),
     dmesg=(sys.executable, "-m", "pitstop.local.gpu_tools.dmesg"),
@@ -106,13 +107,13 @@ def run(cmds: SlurmCommands, spec: dict[str, Any], timeout: float = 240.0) -> di
 def test_the_sweep_finds_the_stuck_gpu_among_16_nodes_and_changes_nothing(
     slurm: SlurmCluster, cmds: SlurmCommands, job: str
 ) -> None:
-    spec = {**localise.sweep_spec(INCIDENT, 1, job, [], CFG)}
+    spec: dict[str, Any] = {**localise.sweep_spec(INCIDENT, 1, job, [], CFG)}
     res = run(cmds, spec)
     assert res["nodes"] == NODES and res["error"] is None
     assert set(res["outputs"]) == {
         localise.output_key(t, n) for n in NODES for t in ("dmesg", "nvidia_smi_q")
     }
-    verdict = localise.judge_sweep(res["nodes"], res, 25, NODE_XIDS)
+    verdict = localise.judge_sweep(res["nodes"], cast(CheckRun, res), 25, NODE_XIDS)
     assert verdict.culprits == (HUNG,) and "7 of 8 GPUs visible" in verdict.findings[HUNG][0]
     # beside the job: no drain, no reservation, the gang still running on its sixteen nodes
     assert all(j["state"] == "RUNNING" for j in slurm.jobs() if j["id"] == job)
@@ -121,17 +122,21 @@ def test_the_sweep_finds_the_stuck_gpu_among_16_nodes_and_changes_nothing(
 
 
 def test_the_ring_test_finds_the_slow_link_among_16_nodes(cmds: SlurmCommands, job: str) -> None:
-    spec = {**localise.links_spec(INCIDENT, 2, job, NODES, CFG), "gpus": 8}
+    spec: dict[str, Any] = {**localise.links_spec(INCIDENT, 2, job, NODES, CFG), "gpus": 8}
     assert len(spec["pairs"]) == len(NODES)  # ring neighbours, not n²
     res = run(cmds, spec)
     pairs = [localise.split_pair(p) for p in spec["pairs"]]
-    verdict = localise.judge_links(pairs, res, 0.7, 25)
+    verdict = localise.judge_links(pairs, cast(CheckRun, res), 0.7, 25)
     assert verdict.culprits == (SLOW,)
     assert verdict.measured[f"lc-04+{SLOW}"] == pytest.approx(38.0)
 
 
 def test_a_gang_check_names_only_the_jobs_own_nodes(cmds: SlurmCommands, job: str) -> None:
-    spec = {**localise.links_spec(INCIDENT, 3, job, NODES, CFG), "gpus": 8, "pairs": ["lc-01+elsewhere"]}
+    spec: dict[str, Any] = {
+        **localise.links_spec(INCIDENT, 3, job, NODES, CFG),
+        "gpus": 8,
+        "pairs": ["lc-01+elsewhere"],
+    }
     spec.pop("nodes")
     with pytest.raises(CommandRefusedError, match="outside job"):
         cmds.start_gang_check(spec)

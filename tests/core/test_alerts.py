@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from pitstop.core import alerts, engine
 from pitstop.core.classify import Classifier
+from pitstop.core.domain import FaultEvent, NodeRef, Remediation
 from pitstop.local import alerting
 from tests.helpers import (
     ALERTS_TOPIC,
@@ -44,7 +45,7 @@ def throttle(state: str = "open", node: str = "a3-node-003", incident: str = "0.
     )
 
 
-def on_topic(doc: dict[str, Any], project: str = PROJECT, topic: str = ALERTS_TOPIC) -> dict[str, Any]:
+def on_topic(doc: dict[str, Any], project: str = PROJECT, topic: str = ALERTS_TOPIC) -> FaultEvent:
     ev = CLF.classify(alert_delivery(doc, topic=topic, project=project))
     assert_valid_event(ev)
     return ev
@@ -173,7 +174,7 @@ def test_every_node_policy_opens_a_degraded_event_on_its_node(stem: str) -> None
             display_name="a3-node-003",
             **common,
         )
-    ev = on_topic(doc)
+    ev: Any = on_topic(doc)
     symptom = alerting.policies()[stem]["userLabels"]["pitstop_symptom"]
     assert (ev["kind"], ev["action"], ev["detail"]["alert"]["symptom"]) == ("degraded", "DRAIN_NODE", symptom)
     if gke:  # a regional cluster's node: ingest looks its zone up, as for its log entries
@@ -376,8 +377,8 @@ def test_a_held_episode_ends_with_its_alert_and_an_earlier_cooldown_stays() -> N
 
     store, pol = MemoryStore(), _policy(enabled_actions=["RESTART_JOB"])  # DRAIN_NODE needs a person
     node_key = f"{PROJECT}.{ZONE}.a3-node-003"
-    vm = {"project": PROJECT, "zone": ZONE, "instance": "a3-node-003", "instance_id": "7000000003"}
-    earlier = {"at": 42.0, "action": "REBOOT_NODE", "incident": "iold", "mode": "enforce"}
+    vm: NodeRef = {"project": PROJECT, "zone": ZONE, "instance": "a3-node-003", "instance_id": "7000000003"}
+    earlier: Remediation = {"at": 42.0, "action": "REBOOT_NODE", "incident": "iold", "mode": "enforce"}
     store.nodes[node_key] = {
         **engine.new_node(vm),
         "last_action_at": {"REBOOT_NODE": 42.0},

@@ -16,6 +16,7 @@ import pytest
 from pitstop.core import checks
 from pitstop.core import policy as policy_mod
 from pitstop.core.domain import CheckRun, Vm
+from pitstop.core.validation import Fabric
 from pitstop.local.gpu_tools import all_gather_perf, dcgmi, nvidia_smi
 from tests.helpers import partial_incident
 
@@ -31,11 +32,27 @@ def _run(main: Any, args: list[str], state: dict[str, Any], monkeypatch: pytest.
     return buf.getvalue()
 
 
-def _validate_out(state: dict[str, Any], mp: pytest.MonkeyPatch, peer: bool = True) -> CheckRun:
-    out = {"dcgm": _run(dcgmi.main, ["diag", "-r", "2", "-j"], state, mp)}
+_MEGA = checks.table_for(POLICY).machine_types["a3-megagpu-8g"].fabric
+assert _MEGA is not None
+MEGA: Fabric = _MEGA
+
+
+def _validate_out(
+    state: dict[str, Any],
+    mp: pytest.MonkeyPatch,
+    peer: str | None = "n2",
+    fabric: bool = True,
+    dcgm: bool = True,
+) -> CheckRun:
+    """A validation run as the scheduler answers it: by default under the fabric's setup (8 ranks
+    per node, -g 1, the setup reported applied); ``fabric=False``: one rank per node driving 8 GPUs."""
+    out = {"dcgm": _run(dcgmi.main, ["diag", "-r", "2", "-j"], state, mp)} if dcgm else {}
     if peer:
-        out["nccl"] = _run(all_gather_perf.main, ["-b", "1G", "-e", "8G", "-f", "2", "-g", "8"], state, mp)
-    return {"done": True, "outputs": out, "peer": "n2" if peer else None, "note": "" if peer else "none idle"}
+        g = "1" if fabric else "8"
+        out["nccl"] = _run(all_gather_perf.main, ["-b", "1G", "-e", "8G", "-f", "2", "-g", g], state, mp)
+        if fabric:
+            out["nccl_setup"] = json.dumps(MEGA.as_spec())
+    return {"done": True, "outputs": out, "peer": peer, "note": "" if peer else "none idle"}
 
 
 def test_early_requeue_follows_policy_then_capacity() -> None:
@@ -64,7 +81,7 @@ def test_the_gpu_the_lines_named_most_is_the_evidence() -> None:
     ("state", "verdict", "next_action"),
     [
         ({}, "pass", "RETURN_TO_SERVICE"),
-        ({"busbw": 120}, "degraded", "REPLACE_NODE"),
+        ({"busbw": 120}, "degraded", "PAGE"),  # one peer: a second is asked (wants_second_peer)
         ({"dcgm": "fail", "dcgm_gpu": 2}, "dcgm_fail", "REPLACE_NODE"),
         ({"dcgm": "warn"}, "dcgm_warn", "PAGE"),
     ],
@@ -98,10 +115,10 @@ def test_an_operator_baseline_replaces_the_published_figure(monkeypatch: pytest.
 
 
 def test_no_peer_lets_dcgm_decide_or_pages_when_policy_requires_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    out = _validate_out({}, monkeypatch, peer=False)
+    out = _validate_out({}, monkeypatch, peer=None)
     v = checks.judge_validation("RESET_GPU", "a3-megagpu-8g", out, POLICY, checks.table_for(POLICY))
     assert v.validation.passed and "busbw not measured: none idle" in v.validation.why
-    bad = _validate_out({"dcgm": "fail"}, monkeypatch, peer=False)
+    bad = _validate_out({"dcgm": "fail"}, monkeypatch, peer=None)
     assert (
         checks.judge_validation("RESET_GPU", "a3-megagpu-8g", bad, POLICY, checks.table_for(POLICY)).next
         == "REPLACE_NODE"
@@ -109,6 +126,95 @@ def test_no_peer_lets_dcgm_decide_or_pages_when_policy_requires_one(monkeypatch:
     strict = policy_mod.from_doc({"validation": {"require_peer": True}})
     v = checks.judge_validation("RESET_GPU", "a3-megagpu-8g", out, strict, checks.table_for(strict))
     assert v.validation.verdict == "no_peer" and v.next == "PAGE"
+
+
+def test_a_shortfall_measured_the_fabrics_way_against_one_peer_asks_a_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    v = checks.judge_validation(
+        "REBOOT_NODE",
+        "a3-megagpu-8g",
+        _validate_out({"busbw": 120}, monkeypatch),
+        POLICY,
+        checks.table_for(POLICY),
+    )
+    assert v.wants_second_peer and v.next == "PAGE" and v.off_fabric is None
+    assert v.record(1.0)["nccl_peers"] == [{"peer": "n2", "busbw_gbps": 120.0, "verdict": "degraded"}]
+    first = {"kind": "validate", "name": "pitstop-iabcdefghi-1-validate", "incident": "iabcdefghi", "gpus": 8}
+    again = checks.revalidate_spec(cast(Any, {**first, "fabric": MEGA.as_spec()}), 1, ["n2"])
+    assert again["kind"] == "revalidate" and again["name"] == "pitstop-iabcdefghi-1-revalidate"
+    assert again["exclude_peers"] == ["n2"] and again["fabric"] == MEGA.as_spec()
+
+
+@pytest.mark.parametrize(
+    ("why", "run"),
+    [
+        ("one rank per node driving 8 GPUs", {"fabric": False}),
+        ("no setup reported by the scheduler", {"drop_setup": True}),
+    ],
+)
+def test_a_shortfall_not_measured_the_fabrics_way_pages_without_a_second_peer(
+    why: str, run: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = _validate_out({"busbw": 120}, monkeypatch, fabric=run.get("fabric", True))
+    if run.get("drop_setup"):
+        out["outputs"].pop("nccl_setup")
+    v = checks.judge_validation("REBOOT_NODE", "a3-megagpu-8g", out, POLICY, checks.table_for(POLICY))
+    assert v.validation.verdict == "degraded" and v.next == "PAGE" and not v.wants_second_peer, why
+    assert v.off_fabric and "no evidence against the host" in v.note, why
+
+
+def _second(
+    state: dict[str, Any] | None, mp: pytest.MonkeyPatch, peer: str | None = "n3", fabric: bool = True
+) -> CheckRun | None:
+    if state is None:
+        return None
+    return _validate_out(state, mp, peer=peer, fabric=fabric, dcgm=False)
+
+
+@pytest.mark.parametrize(
+    ("action", "second", "peer", "fabric", "next_action", "verdict", "words"),
+    [
+        # short against both peers, each the fabric's way: the host is at fault
+        ("REBOOT_NODE", {"busbw": 120}, "n3", True, "REPLACE_NODE", "degraded", "against n3, both under"),
+        ("RESET_GPU", {"busbw": 121}, "n3", True, "REPLACE_NODE", "degraded", "whichever peer"),
+        # a replaced node short against both: a person (no second replacement on its own)
+        ("REPLACE_NODE", {"busbw": 120}, "n3", True, "PAGE", "degraded", "against n3"),
+        # full speed with the second: the node returns, the first peer is named as suspect
+        ("REBOOT_NODE", {}, "n3", True, "RETURN_TO_SERVICE", "pass", "n2 or the path to it is suspect"),
+        # no second peer, or the first again: a page, nothing condemned
+        ("REBOOT_NODE", {}, None, True, "PAGE", "degraded_one_peer", "no second healthy peer"),
+        ("REBOOT_NODE", {"busbw": 120}, "n2", True, "PAGE", "degraded_one_peer", "no second healthy peer"),
+        # the second run did not finish, or was not the fabric's: a page
+        ("REBOOT_NODE", None, "n3", True, "PAGE", "degraded_one_peer", "did not finish"),
+        ("REBOOT_NODE", {"busbw": 120}, "n3", False, "PAGE", "degraded_one_peer", "was not the fabric's"),
+        ("REBOOT_NODE", {}, "n3", False, "PAGE", "degraded_one_peer", "was not the fabric's"),
+    ],
+)
+def test_the_second_peer_decides_what_a_shortfall_means(
+    action: str,
+    second: dict[str, Any] | None,
+    peer: str | None,
+    fabric: bool,
+    next_action: str,
+    verdict: str,
+    words: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    table = checks.table_for(POLICY)
+    first = checks.judge_validation(
+        action, "a3-megagpu-8g", _validate_out({"busbw": 120}, monkeypatch), POLICY, table
+    )
+    v = checks.judge_second_peer(
+        action, "a3-megagpu-8g", first, _second(second, monkeypatch, peer, fabric), POLICY, table
+    )
+    assert (v.next, v.validation.verdict) == (next_action, verdict), v
+    assert words in v.validation.why, v.validation.why
+    rec = v.record(2.0)
+    assert rec["hardware_fault"] is (next_action == "REPLACE_NODE")
+    assert rec["nccl_peers"][0] == {"peer": "n2", "busbw_gbps": 120.0, "verdict": "degraded"}
+    if next_action == "RETURN_TO_SERVICE":
+        assert v.validation.passed and v.peer == "n3" and "n2" in v.note
 
 
 def test_unfinished_or_garbled_validation_fails_closed() -> None:

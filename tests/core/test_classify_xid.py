@@ -23,7 +23,7 @@ def in_every_carrier_and_envelope(test: Callable[..., None]) -> Callable[..., No
     return both
 
 
-def classified(case: dict[str, Any], carrier: str, envelope: str) -> dict[str, Any]:
+def classified(case: dict[str, Any], carrier: str, envelope: str) -> Any:
     """The fixture's line as one carrier ships it, in one envelope, classified (and schema-valid)."""
     entry = CARRIERS[carrier](case["line"], instance="a3-megagpu-7", insert_id="ins-42")
     ev = CLF.classify(ENVELOPES[envelope](entry))

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 import pytest
 
 from pitstop.core import engine, policy
 from pitstop.core.classify import Classifier
+from pitstop.core.domain import (
+    Budget,
+    FaultEvent,
+    Incident,
+    NodeDoc,
+    NodeRef,
+    Remediation,
+    Source,
+    WorkflowRun,
+)
 from tests.helpers import load_fixture, ops_agent_entry, system_event_entry
 
 CLF = Classifier.default()
@@ -27,7 +38,7 @@ def pol(**over: Any) -> policy.Policy:
     return policy.from_doc(doc)
 
 
-def ev(line: str, node: str = "a3-node-001", ts: float = T0, iid: str | None = None) -> dict[str, Any]:
+def ev(line: str, node: str = "a3-node-001", ts: float = T0, iid: str | None = None) -> FaultEvent:
     e = CLF.classify(ops_agent_entry(line, instance=node, insert_id=iid or f"{node}-{line[:30]}-{ts}"))
     e["_observed_ts"] = ts
     return e
@@ -44,15 +55,16 @@ class World:
 
     def __init__(self, p: policy.Policy) -> None:
         self.p = p
-        self.nodes: dict[str, dict[str, Any]] = {}
-        self.incidents: dict[str, dict[str, Any]] = {}
-        self.budgets: dict[str, dict[str, Any]] = {}
+        self.nodes: dict[str, NodeDoc] = {}
+        self.incidents: dict[str, Incident] = {}
+        self.budgets: dict[str, Budget] = {}
 
-    def feed(self, e: dict[str, Any], now: float | None = None) -> engine.Outcome:
+    def feed(self, e: FaultEvent, now: float | None = None) -> engine.Outcome:
         now = e["_observed_ts"] if now is None else now
-        key = engine.node_key(e["node"])
+        key = engine.node_key(cast(NodeRef, e["node"]))
         node = self.nodes.get(key)
-        latest = self.incidents.get(node["latest_incident"]) if node and node.get("latest_incident") else None
+        latest_id = node.get("latest_incident") if node else None
+        latest = self.incidents.get(latest_id) if latest_id else None
         out = engine.apply_event(e, node, latest, self.budgets, self.p, now, engine.event_key(e))
         self.save(out)
         return out
@@ -60,9 +72,9 @@ class World:
     def save(self, out: engine.Outcome) -> None:
         for inc in (out.closed, out.incident):
             if inc is not None:
-                self.incidents[inc["id"]] = dict(inc)
+                self.incidents[inc["id"]] = inc.copy()
         if out.node is not None and out.result != "ignored":
-            self.nodes[engine.node_key(out.node["node"])] = out.node
+            self.nodes[engine.node_key(cast(NodeRef, out.node["node"]))] = out.node
         self.budgets.update(out.budgets)
 
     def resolve(self, iid: str, at: float) -> None:
@@ -180,9 +192,10 @@ def test_lemon_host_is_replaced() -> None:
     w = World(pol())
     key = "train-prod.us-central1-a.a3-node-001"
     w.nodes[key] = engine.new_node(ev(XID48)["node"])
-    w.nodes[key]["remediations"] = [
-        {"at": T0 - d * 86400, "action": "RESET_GPU", "incident": f"old{d}"} for d in (1.5, 3, 6)
-    ]
+    w.nodes[key]["remediations"] = cast(  # records of an older shape: no ``mode``
+        list[Remediation],
+        [{"at": T0 - d * 86400, "action": "RESET_GPU", "incident": f"old{d}"} for d in (1.5, 3, 6)],
+    )
     out = w.feed(ev(XID48))
     assert out.incident is not None and out.incident["action"] == "REPLACE_NODE"
     assert "lemon host: 3 remediations" in out.incident["reason"]
@@ -323,7 +336,8 @@ def test_reservation_block_budget_applies_once_the_block_is_known() -> None:
     )
     for i in range(1, 4):
         e = ev(XID79, node=f"a3-node-00{i}")
-        w.nodes[engine.node_key(e["node"])] = {**engine.new_node(e["node"]), "block": "c1/block-7"}
+        ref = cast(NodeRef, e["node"])
+        w.nodes[engine.node_key(ref)] = {**engine.new_node(ref), "block": "c1/block-7"}
     outs = [w.feed(ev(XID79, node=f"a3-node-00{i}", ts=T0 + i)) for i in range(1, 4)]
     assert [o.result for o in outs] == ["opened", "opened", "held"]
     held = outs[2].incident
@@ -363,9 +377,9 @@ def test_step_up_decides_like_a_raise_from_an_event() -> None:
     stepped = _step_up(by_close, iid, T0 + 60)
     assert stepped.result == raised.result == "raised"
     assert stepped.start_step == raised.start_step == 2
-    a, b = by_event.incidents[first.incident["id"]], by_close.incidents[iid]
+    a, b = cast(Mapping[str, Any], by_event.incidents[first.incident["id"]]), by_close.incidents[iid]
     fields = ("state", "action", "step", "workflow", "budget_scopes", "held")
-    assert {k: a[k] for k in fields} == {k: b[k] for k in fields}
+    assert {k: a[k] for k in fields} == {k: cast(Mapping[str, Any], b)[k] for k in fields}
     assert b["state"] == "OPEN" and b["escalate_to"] is None
     assert b["escalations"][-1]["why"] == ["a stronger fault arrived during remediation"]
     node = by_close.nodes[b["node_key"]]
@@ -391,7 +405,8 @@ def test_step_up_past_a_budget_is_held_and_pages() -> None:
     key = w.incidents[iid]["node_key"]
     w.nodes[key]["block"] = "c1/block-7"
     other = ev(XID79, node="a3-node-002", ts=T0 + 10)
-    w.nodes[engine.node_key(other["node"])] = {**engine.new_node(other["node"]), "block": "c1/block-7"}
+    ref = cast(NodeRef, other["node"])
+    w.nodes[engine.node_key(ref)] = {**engine.new_node(ref), "block": "c1/block-7"}
     assert w.feed(other).result == "opened"
     out = _step_up(w, iid, T0 + 60)
     assert out.result == "held" and out.start_step is None
@@ -429,8 +444,8 @@ def _started(w: World, node: str = "a3-node-001", ts: float = T0, line: str = XI
     assert out.incident is not None and out.start_step == 1
     iid = str(out.incident["id"])
     name = f"projects/p/locations/l/workflows/w/executions/ex-{iid}"
-    w.incidents[iid]["workflow"].update(
-        state="started", execution=name, started_at=ts, claimed_by=f"ex-{iid}"
+    cast(WorkflowRun, w.incidents[iid]["workflow"]).update(
+        {"state": "started", "execution": name, "started_at": ts, "claimed_by": f"ex-{iid}"}
     )
     return iid
 
@@ -484,12 +499,12 @@ def test_watchdog_leaves_an_incident_its_execution_moved_on() -> None:
     assert name is not None and name.endswith(f"/ex-{iid}")
     node = w.nodes[inc["node_key"]]
     for state in ("RESOLVED", "FAILED", "HELD"):
-        gone = {**inc, "state": state}
+        gone: Incident = {**inc, "state": state}
         assert engine.fail_stuck(gone, node, w.budgets, name, "x", T0 + 60).result == "ignored"
-    next_step = {**inc, "workflow": {"step": 2, "state": "started", "execution": name + "-2"}}
+    next_step: Incident = {**inc, "workflow": {"step": 2, "state": "started", "execution": name + "-2"}}
     assert engine.fail_stuck(next_step, node, w.budgets, name, "x", T0 + 60).result == "ignored"
     # another execution of the step claimed it: that one is watched
-    other = {**inc, "workflow": {**inc["workflow"], "claimed_by": "ex-other"}}
+    other: Incident = {**inc, "workflow": {**cast(WorkflowRun, inc["workflow"]), "claimed_by": "ex-other"}}
     assert engine.watched_execution(other) == name.rsplit("/", 1)[0] + "/ex-other"
 
 
@@ -531,8 +546,8 @@ def test_close_by_person_takes_open_held_and_failed_but_not_a_running_step() -> 
         ("VERIFYING", True, False),
         ("RESOLVED", True, False),
     ):
-        wf = {"step": 1, "state": "started" if started else "pending", "execution": None}
-        inc = {**pending, "id": iid, "state": state, "workflow": wf}
+        wf: WorkflowRun = {"step": 1, "state": "started" if started else "pending", "execution": None}
+        inc: Incident = {**pending, "id": iid, "state": state, "workflow": wf}
         got = engine.close_by_person(inc, engine.new_node(pending["node"]), {}, "bob", T0 + 9, False)
         assert (got.result == "closed") is ok, (state, started)
 
@@ -544,8 +559,11 @@ def test_an_incident_counts_at_most_32_gpus_and_32_xid_codes_by_name() -> None:
     assert first.incident is not None
     iid = first.incident["id"]
     for i in range(200):  # forged lines: a new GPU and a new Xid code each
-        e = dict(base, xid=1000 + i, gpu={"pci": f"0000:{i // 256:02x}:{i % 256:02x}", "mig": None})
-        e["source"] = dict(base["source"], insert_id=f"forged-{i}")
+        e = cast(
+            FaultEvent,
+            dict(base, xid=1000 + i, gpu={"pci": f"0000:{i // 256:02x}:{i % 256:02x}", "mig": None}),
+        )
+        e["source"] = cast(Source, dict(base["source"], insert_id=f"forged-{i}"))
         w.feed(e)
     inc = w.incidents[iid]
     assert inc["counts"]["events"] == 201
@@ -557,8 +575,8 @@ def test_an_incident_counts_at_most_32_gpus_and_32_xid_codes_by_name() -> None:
     # coalesced counts merge under the same bounds
     deltas = engine.empty_deltas()
     for i in range(100):
-        e = dict(base, xid=3000 + i, gpu={"pci": f"0001:00:{i:02x}", "mig": None})
-        e["source"] = dict(base["source"], insert_id=f"storm-{i}")
+        e = cast(FaultEvent, dict(base, xid=3000 + i, gpu={"pci": f"0001:00:{i:02x}", "mig": None}))
+        e["source"] = cast(Source, dict(base["source"], insert_id=f"storm-{i}"))
         engine.count_into(deltas, e, T0 + 1, w.p)
     assert len(deltas["recent_keys"]) <= engine.MAX_DELTA_KEYS
     engine.merge_deltas(inc, deltas, w.p)

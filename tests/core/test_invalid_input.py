@@ -20,7 +20,7 @@ from tests.helpers import (
     system_event_entry,
 )
 
-CLF = Classifier.default()
+CLF: Any = Classifier.default()  # its events are read as plain documents here
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 
 

@@ -7,14 +7,14 @@ The engine part runs the real classifier on a real-format Monitoring notificatio
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import cast
 
 import pytest
 
 from pitstop.core import engine, localise, policy
 from pitstop.core.catalog import default_xid_policy
 from pitstop.core.classify import Classifier
-from pitstop.core.domain import NodeRef
+from pitstop.core.domain import CheckRun, FaultEvent, Incident, LocaliseConfig, NodeDoc, NodeRef
 from pitstop.core.envelope import unwrap
 from pitstop.core.states import State
 from pitstop.local.gpu_tools import all_gather_perf, nvidia_smi
@@ -27,7 +27,7 @@ CLUSTER = {"name": "train", "scheduler": "slurm", "size": 16, "match": {"name_pa
 T0 = 1_800_000_000.0
 
 
-def sweep_result(states: dict[str, NodeState], codes: dict[str, int] | None = None) -> dict[str, Any]:
+def sweep_result(states: dict[str, NodeState], codes: dict[str, int] | None = None) -> CheckRun:
     """What the agent answers for a sweep: each node's nvidia-smi -q and dmesg --raw outputs."""
     outputs: dict[str, str] = {}
     for n in NODES:
@@ -39,9 +39,9 @@ def sweep_result(states: dict[str, NodeState], codes: dict[str, int] | None = No
     return {"done": True, "outputs": outputs, "exit_codes": codes or {}}
 
 
-def links_result(busbw: dict[str, float]) -> dict[str, Any]:
+def links_result(busbw: dict[str, float]) -> CheckRun:
     """What the agent answers for the ring's NCCL tests: each pair at its slower node's busbw."""
-    outputs = {}
+    outputs: dict[str, str] = {}
     for a, b in localise.ring_pairs(NODES):
         ring = min(busbw.get(a, 190.0), busbw.get(b, 190.0))
         text = all_gather_perf.table(NodeState(a, busbw=ring), 32 << 20, 256 << 20, 2, [a, b])
@@ -147,7 +147,7 @@ def test_the_page_lists_every_node_and_check() -> None:
     assert "dmesg --raw and nvidia-smi -q on 16 nodes" in text and "16 ring-neighbour pairs" in text
 
 
-def _hang(incident: str, message: str, at: float) -> dict[str, Any]:
+def _hang(incident: str, message: str, at: float) -> FaultEvent:
     delivery = unwrap(alert_delivery(job_alert("open", incident, int(at) - 120, None), message_id=message))
     ev = Classifier.default().from_delivery(delivery, alert_delivery({})["source"])
     assert ev["kind"] == "hang"
@@ -161,7 +161,7 @@ def test_one_localisation_per_job_per_window() -> None:
     assert first.incident is not None and first.node is not None
     assert first.incident["localise"]["run"] is True and first.node["localised_at"] == T0
     # the first episode ended (its culprit fenced, the gang restarted)
-    ended = dict(first.incident, state=State.RESOLVED, timeline={"resolved": T0 + 60})
+    ended = cast(Incident, dict(first.incident, state=State.RESOLVED, timeline={"resolved": T0 + 60}))
     later = T0 + window / 2
     second = engine.apply_event(_hang("0.b", "2", later), first.node, ended, {}, pol, later, "2")
     assert second.result == "opened" and second.incident is not None
@@ -172,7 +172,7 @@ def test_one_localisation_per_job_per_window() -> None:
     third = engine.apply_event(
         _hang("0.c", "3", after),
         second.node,
-        dict(second.incident, state=State.RESOLVED),
+        cast(Incident, dict(second.incident, state=State.RESOLVED)),
         {},
         pol,
         after,
@@ -201,9 +201,11 @@ def test_a_culprit_is_handed_to_one_node_incident_however_often_the_conclusion_i
 
 
 def test_localisation_switched_off_only_notifies_and_an_unchecked_job_says_why() -> None:
-    off = localise.plan({}, {"enabled": False}, 3600, T0)
+    off = localise.plan(cast(NodeDoc, {}), cast(LocaliseConfig, {"enabled": False}), 3600, T0)
     assert (off.run, off.page) == (False, False) and "localise.enabled is false" in off.why
-    again = localise.plan({"localised_at": T0 - 10}, {"enabled": True}, 3600, T0)
+    again = localise.plan(
+        cast(NodeDoc, {"localised_at": T0 - 10}), cast(LocaliseConfig, {"enabled": True}), 3600, T0
+    )
     assert (again.run, again.page) == (False, True)
     text = localise.page_text(
         "4242", [], [], "requeued in place (run 0)", "the gke scheduler cannot check a job's nodes"

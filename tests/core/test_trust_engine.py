@@ -11,6 +11,7 @@ from typing import Any
 
 from pitstop.core import engine, policy
 from pitstop.core.classify import Classifier
+from pitstop.core.domain import FaultEvent
 from tests.core.test_engine import CLUSTER, T0, XID13, XID48, XID79, World
 from tests.helpers import ops_agent_entry, syslog_entry
 
@@ -23,13 +24,13 @@ def pol(**over: Any) -> policy.Policy:
     return policy.from_doc(doc)
 
 
-def forged(line: str, ts: float, node: str = "a3-node-001") -> dict[str, Any]:
+def forged(line: str, ts: float, node: str = "a3-node-001") -> FaultEvent:
     e = CLF.classify(syslog_entry(line, instance=node, insert_id=f"forged-{line[:20]}-{ts}"))
     e["_observed_ts"] = ts
     return e
 
 
-def kernel(line: str, ts: float, node: str = "a3-node-001") -> dict[str, Any]:
+def kernel(line: str, ts: float, node: str = "a3-node-001") -> FaultEvent:
     e = CLF.classify(ops_agent_entry(line, instance=node, insert_id=f"kernel-{line[:20]}-{ts}"))
     e["_observed_ts"] = ts
     return e

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from google.api_core import exceptions as gexc
@@ -31,6 +31,7 @@ from pitstop.adapters.pubsub import Notifier
 from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.agent.slurm import Agent, CheckTools, Ledger, ResultsTopic, SlurmCommands
 from pitstop.core import engine, policy
+from pitstop.core.domain import Remediation
 from pitstop.core.ops import Op
 from pitstop.local import executions_server
 from pitstop.local.fake_compute import FakeCompute, serve
@@ -203,7 +204,9 @@ class World:
     def wait(self, iid: str, timeout: float = 90.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            inc = self.store.get(iid) if self.executions.records and self.executions.wait_all(0.2) else None
+            inc: Any = (
+                self.store.get(iid) if self.executions.records and self.executions.wait_all(0.2) else None
+            )
             if (
                 inc is not None
                 and (
@@ -212,7 +215,7 @@ class World:
                 )
                 and self.executions.wait_all(0.1)
             ):
-                return inc
+                return cast(dict[str, Any], inc)  # what the tests read, as a plain document
             time.sleep(0.2)
         execs = [
             (r.execution.state, r.execution.result, r.execution.error.payload)
@@ -316,7 +319,7 @@ def test_fault_worsening_during_remediation_steps_up(world: World) -> None:
     )
     assert out.incident is not None and out.incident["action"] == "RESET_GPU"
     iid = out.incident["id"]
-    world.store.mutate(iid, lambda d: d.update(escalate_to="REBOOT_NODE", state="VERIFYING"))
+    world.store.mutate(iid, lambda d: d.update({"escalate_to": "REBOOT_NODE", "state": "VERIFYING"}))
     body, status = world.actuator.handle({"op": "close", "incident": iid, "step": 1})
     assert status == 200 and body["outcome"] == "escalated to REBOOT_NODE (step 2)"
     inc = world.wait(iid)
@@ -326,7 +329,7 @@ def test_fault_worsening_during_remediation_steps_up(world: World) -> None:
 
 
 def test_lemon_host_is_reported_faulty(world: World) -> None:
-    key = engine.node_key({"project": PROJECT, "zone": ZONE, "instance": "a3-node-002"})
+    key = engine.node_key({"project": PROJECT, "zone": ZONE, "instance": "a3-node-002", "instance_id": None})
     now = time.time()
     world.store.put_node(
         key,
@@ -334,9 +337,10 @@ def test_lemon_host_is_reported_faulty(world: World) -> None:
             **engine.new_node(
                 {"project": PROJECT, "zone": ZONE, "instance": "a3-node-002", "instance_id": None}
             ),
-            "remediations": [
-                {"at": now - d * 86400, "action": "RESET_GPU", "incident": f"o{d}"} for d in (1, 2, 5)
-            ],
+            "remediations": cast(  # records of an older shape: no ``mode``
+                list[Remediation],
+                [{"at": now - d * 86400, "action": "RESET_GPU", "incident": f"o{d}"} for d in (1, 2, 5)],
+            ),
         },
     )
     # the diagnostic on the fenced node finds a row-remap failure on GPU 1: the replacement is confirmed
@@ -625,7 +629,7 @@ def test_an_escalation_is_decided_before_the_node_returns_to_slurm(
     def fault_gets_worse(s: Step) -> Any:
         if s.step == 1 and not worse:  # a stronger fault arrives while step 1 is being verified
             worse.append(s.iid)
-            world.store.mutate(s.iid, lambda d: d.update(escalate_to="REBOOT_NODE"))
+            world.store.mutate(s.iid, lambda d: d.update({"escalate_to": "REBOOT_NODE"}))
         return verify.run(s)
 
     monkeypatch.setitem(registry.OPS, Op.VERIFY, registry.OpSpec(fault_gets_worse, verify.kind))

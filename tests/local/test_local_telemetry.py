@@ -14,11 +14,12 @@ import textwrap
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from pitstop.core.classify import Classifier
+from pitstop.core.domain import FaultEvent
 from pitstop.local import chaos, trainer
 from pitstop.local.gpu_tools import nvidia_smi
 from pitstop.local.gpu_tools.state import PRESETS, StateError, check_entry, load
@@ -45,7 +46,7 @@ class World:
             lambda: self.t,
         )
 
-    def events(self) -> list[dict[str, Any]]:
+    def events(self) -> list[FaultEvent]:
         return [CLF.classify(alert_delivery(doc)) for doc in self.sent]
 
 
@@ -101,7 +102,7 @@ def test_rising_ecc_errors_open_the_trend_alert_at_once() -> None:
     w = World()
     w.states["a3-node-002"] = PRESETS["degrading"]
     assert w.alerts.tick() == 1
-    (ev,) = w.events()
+    (ev,) = cast(list[Any], w.events())
     assert (ev["kind"], ev["detail"]["alert"]["symptom"], ev["node"]["instance"]) == (
         "degraded",
         "ecc",
@@ -157,7 +158,7 @@ class FakeStack:
 
     @property
     def spec(self) -> Any:
-        return type("Spec", (), {"node_names": ["a3-node-000", "a3-node-001"]})()
+        return type("Spec", (), {"node_names": ["a3-node-000", "a3-node-001"], "scheduler": "slurm"})()
 
     endpoints: dict[str, str] = {}
 

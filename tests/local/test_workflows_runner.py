@@ -406,6 +406,8 @@ DEFAULT_ANSWERS: dict[str, Any] = {
     "validate": {"run": False, "why": "validation.enabled is false in policy"},
     "diagnosis": {"done": True},
     "validation": {"done": True},
+    "revalidate": {"run": False, "why": "no busbw shortfall measured the fabric's way to check again"},
+    "revalidation": {"done": True},
     "resumed": {"done": True},
     "escalate": {"outcome": "continue", "handed_over": False},
     "close": {"outcome": "resolved"},
@@ -570,11 +572,38 @@ def test_diagnose_and_validate_wait_for_their_runs_then_judge(actuate: type[Fake
         "diagnosis",
         "judge_diagnosis",
     ]
-    assert ops[ops.index("validate") :][:4] == ["validate", "validation", "validation", "judge_validation"]
+    assert ops[ops.index("validate") :][:5] == [
+        "validate",
+        "validation",
+        "validation",
+        "revalidate",
+        "judge_validation",
+    ]
     assert ops.index("judge_diagnosis") < ops.index("act") and ops.index("judge_validation") < ops.index(
         "unfence"
     )
     assert ops.count("resumed") == 3 and ops[-1] == "close"
+
+
+def test_a_shortfall_waits_for_the_second_peers_run_before_the_judge(actuate: type[FakeActuate]) -> None:
+    running = (200, {"done": False})
+    fake = actuate(
+        {
+            "validate": [(200, {"run": True})],
+            "revalidate": [(200, {"run": True, "peer": "a3-node-010"})],
+            "revalidation": [running, running, (200, {"done": True})],
+        }
+    )
+    out, _ = remediate(fake)
+    assert out["outcome"] == "resolved"
+    ops = fake.ops()
+    assert ops[ops.index("revalidate") :][:5] == [
+        "revalidate",
+        "revalidation",
+        "revalidation",
+        "revalidation",
+        "judge_validation",
+    ]
 
 
 def test_checks_that_never_finish_are_judged_when_the_wait_runs_out(actuate: type[FakeActuate]) -> None:

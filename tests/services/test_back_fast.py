@@ -28,6 +28,7 @@ from tests.services.test_exactly_once import JOB, NODES, XID79, Gang, Rig
 pytestmark = pytest.mark.emulator
 
 PEER = "a3-node-009"
+PEER2 = "a3-node-010"  # the second healthy peer a busbw shortfall is measured against
 
 
 def _tool(module: str, args: list[str], node: str, state: Mapping[str, Any]) -> str:
@@ -53,7 +54,17 @@ class CheckingGang(Gang):
         self.started: list[dict[str, Any]] = []
         self.gpu_state: dict[str, dict[str, Any]] = {}
         self.peer: str | None = PEER
+        self.more_peers: list[str] = [PEER2]
+        self.apply_fabric = True  # False: a scheduler that runs NCCL one rank per node, no plugin
         self.finish = True
+
+    def _peer(self, check: Mapping[str, Any]) -> str | None:
+        """The first free peer the check may use (never one it already measured against)."""
+        if not check.get("peer") or self.peer is None:
+            return None
+        return next(
+            (p for p in (self.peer, *self.more_peers) if p not in check.get("exclude_peers", [])), None
+        )
 
     def capacity(self, job: str, node: str, ref: StepRef) -> Capacity:
         self.capacity_asked.append(job)
@@ -64,7 +75,7 @@ class CheckingGang(Gang):
         if check["kind"] == "corroborate":  # the fault confirmed on the node (Gang's ring buffer)
             return super().start_check(node, check, ref)
         self.started.append(dict(check))
-        peer = self.peer if check.get("peer") else None
+        peer = self._peer(check)
         note = "" if peer or not check.get("peer") else "no idle healthy node in partition gpu"
         return CheckStart(str(check["name"]), peer, note)
 
@@ -74,17 +85,29 @@ class CheckingGang(Gang):
         if not self.finish:
             return CheckResult(False)
         level = str(check["dcgm_level"])
-        out = {"dcgm": _tool("dcgmi", ["diag", "-r", level, "-j"], node, self.gpu_state)}
-        peer = self.peer if check.get("peer") else None
+        out = {}
+        if check["kind"] != "revalidate":  # the second peer's run is the NCCL test alone
+            out["dcgm"] = _tool("dcgmi", ["diag", "-r", level, "-j"], node, self.gpu_state)
+        peer = self._peer(check)
         if check["kind"] == "diagnose":
             out["nvidia_smi_q"] = _tool("nvidia_smi", ["-q"], node, self.gpu_state)
             out["nvlink"] = _tool("nvidia_smi", ["nvlink", "--status"], node, self.gpu_state)
         elif peer:
-            size = str(check["message_bytes"])
-            args = ["-b", "1G", "-e", size, "-f", "2", "-g", str(check["gpus"])]
-            out["nccl"] = _tool("all_gather_perf", args, node, self.gpu_state)
+            out.update(self._nccl(node, peer, check))
         note = "" if peer or check["kind"] == "diagnose" else "no idle healthy node in partition gpu"
         return CheckResult(True, out, peer, None, note)
+
+    def _nccl(self, node: str, peer: str, check: Mapping[str, Any]) -> dict[str, str]:
+        """The all_gather as the ring runs it, at the slower of the two nodes (the stand-in's rule)."""
+        fabric = check.get("fabric") if self.apply_fabric else None
+        per_rank = int(check["gpus"]) // int(fabric["ranks_per_node"]) if fabric else int(check["gpus"])
+        args = ["-b", "1G", "-e", str(check["message_bytes"]), "-f", "2", "-g", str(per_rank)]
+        speeds = [float(self.gpu_state.get(n, {}).get("busbw", 190.0)) for n in (node, peer)]
+        ring = {**self.gpu_state, node: {**self.gpu_state.get(node, {}), "busbw": min(speeds)}}
+        out = {"nccl": _tool("all_gather_perf", args, node, ring)}
+        if fabric:
+            out["nccl_setup"] = json.dumps(fabric)
+        return out
 
 
 class FastRig(Rig):
@@ -135,7 +158,7 @@ def make(fs_client: firestore.Client) -> Iterator[Any]:
 
 def _replace(rig: FastRig, node: str = NODES[0]) -> str:
     iid = rig.open(node, XID79)
-    rig.store.mutate(iid, lambda d: d.update(action="REPLACE_NODE"))
+    rig.store.mutate(iid, lambda d: d.update({"action": "REPLACE_NODE"}))
     return iid
 
 
@@ -356,23 +379,102 @@ def test_a_healthy_node_passes_and_its_figures_go_on_the_incident(make: Any) -> 
     assert rig.ok("escalate", iid)["outcome"] == "continue"
 
 
-def test_a_reset_node_with_degraded_busbw_steps_up_to_replace(make: Any) -> None:
+def _revalidate(rig: FastRig, iid: str, step: int = 1) -> tuple[dict[str, Any], int]:
+    """The workflow after the first run: revalidate (and its wait, when it runs), then the judge."""
+    again = rig.ok("revalidate", iid, step)
+    if again["run"]:
+        assert rig.ok("revalidation", iid, step)["done"]
+    body, status = rig.call("judge_validation", iid, step)
+    return dict(body), status
+
+
+def test_a_reset_node_short_against_two_peers_steps_up_to_replace(make: Any) -> None:
+    """Issue 21 (5): short against the first peer, then against a different one, both under the
+    fabric's NCCL setup (8 ranks per node, the TCPXO profile): a hardware finding, REPLACE."""
     rig = make()
     rig.gang.gpu_state = {NODES[0]: {"busbw": 120}}
     iid = rig.open(NODES[0])
     rig.repair(iid)
-    body, status = _validate(rig, iid)
+    started = rig.ok("validate", iid)
+    assert started["run"] is True and rig.gang.started[-1]["fabric"]["name"] == "GPUDirect-TCPXO"
+    assert rig.ok("validation", iid)["done"]
+    again = rig.ok("revalidate", iid)
+    assert again["run"] is True and again["peer"] == PEER2 and "busbw short against " + PEER in again["why"]
+    second = rig.gang.started[-1]
+    assert second["kind"] == "revalidate" and second["exclude_peers"] == [PEER]
+    assert second["fabric"] == rig.gang.started[-2]["fabric"] and second["message_bytes"] == 8 << 30
+    assert rig.ok("revalidation", iid)["done"]
+    body, status = rig.call("judge_validation", iid)
     assert status == 200 and body["outcome"] == "step_up" and body["verdict"] == "degraded"
     inc = rig.store.get(iid)
     assert inc is not None and inc["escalate_to"] == "REPLACE_NODE"
     assert inc["validation"]["busbw_gbps"] == 120.0 and inc["validation"]["threshold_gbps"] == 169.86
+    assert [p["peer"] for p in inc["validation"]["nccl_peers"]] == [PEER, PEER2]
     handed = rig.ok("escalate", iid)  # the node stays fenced: the next step replaces it
     assert handed["handed_over"] is True
     inc = rig.store.get(iid)
     assert inc is not None and inc["step"] == 2 and inc["action"] == "REPLACE_NODE"
     assert "validation failed: busbw 120.00" in inc["escalations"][-1]["why"][0]
+    assert f"against {PEER2}" in inc["escalations"][-1]["why"][0]
     rig.ok("fence", iid, 2)
     assert rig.ok("diagnose", iid, 2)["run"] is True  # REPLACE always passes the diagnostic
+
+
+def test_a_shortfall_only_against_the_first_peer_returns_the_node_and_names_the_peer(make: Any) -> None:
+    """The first peer is the slow one: the repaired node runs at full speed with the second, so it
+    returns to service; the incident names the first peer as suspect; nothing is replaced."""
+    rig = make()
+    rig.gang.gpu_state = {PEER: {"busbw": 120}}
+    iid = rig.open(NODES[0])
+    rig.repair(iid)
+    rig.ok("validate", iid)
+    body, status = _revalidate(rig, iid)
+    assert (
+        status == 200 and body["outcome"] == "pass" and f"{PEER} or the path to it is suspect" in body["why"]
+    )
+    inc = rig.store.get(iid)
+    assert inc is not None and not inc.get("escalate_to") and inc["validation"]["passed"] is True
+    assert inc["validation"]["peer"] == PEER2 and inc["validation"]["hardware_fault"] is False
+    assert [(p["peer"], p["verdict"]) for p in inc["validation"]["nccl_peers"]] == [
+        (PEER, "degraded"),
+        (PEER2, "pass"),
+    ]
+    assert rig.ok("escalate", iid)["outcome"] == "continue"  # on to unfence
+    assert rig.fake.effects_on(NODES[0], "report_host_as_faulty") == []
+
+
+def test_a_shortfall_with_no_second_peer_pages_and_replaces_nothing(make: Any) -> None:
+    rig = make()
+    rig.gang.more_peers = []
+    rig.gang.gpu_state = {NODES[0]: {"busbw": 120}}
+    iid = rig.open(NODES[0])
+    rig.repair(iid)
+    rig.ok("validate", iid)
+    body, status = _revalidate(rig, iid)
+    assert status == 409 and body["retryable"] is False and "no second healthy peer" in body["error"]
+    inc = rig.store.get(iid)
+    assert inc is not None and not inc.get("escalate_to") and inc["validation"]["hardware_fault"] is False
+    assert inc["validation"]["verdict"] == "degraded_one_peer"
+
+
+def test_a_shortfall_measured_one_rank_per_node_pages_without_a_second_run(make: Any) -> None:
+    """A scheduler that ran NCCL its own way (one rank per node driving 8 GPUs, no plugin): the low
+    figure says nothing of the host, so no second peer is asked and nothing is replaced."""
+    rig = make()
+    rig.gang.apply_fabric = False
+    rig.gang.gpu_state = {NODES[0]: {"busbw": 120}}
+    iid = rig.open(NODES[0])
+    rig.repair(iid)
+    rig.ok("validate", iid)
+    assert rig.ok("validation", iid)["done"]
+    assert rig.ok("revalidate", iid)["run"] is False
+    body, status = rig.call("judge_validation", iid)
+    assert (
+        status == 409
+        and "did not run with the fabric's NCCL setup (GPUDirect-TCPXO)" in body["error"]
+        and "no evidence against the host" in body["error"]
+    )
+    assert [c["kind"] for c in rig.gang.started].count("revalidate") == 0
 
 
 def test_a_replaced_node_that_fails_pages_and_stays_fenced(make: Any) -> None:

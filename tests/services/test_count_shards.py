@@ -9,6 +9,7 @@ from typing import Any
 from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import engine, policy
 from pitstop.core.classify import Classifier
+from pitstop.core.domain import FaultEvent
 from pitstop.services.coalesce import DIRECT_LINES, Coalescer
 from pitstop.services.count_shards import VERIFY_S
 from tests.helpers import ops_agent_entry
@@ -22,7 +23,7 @@ NODE = "a3-node-070"
 CLF = Classifier.default()
 
 
-def line(n: int, ts: float) -> dict[str, Any]:
+def line(n: int, ts: float) -> FaultEvent:
     """One Xid 94 line of NODE logged at ``ts``, as ingest hands it to the coalescer."""
     return {
         **CLF.classify(ops_agent_entry(XID94, instance=NODE, insert_id=f"{NODE}-{n}")),

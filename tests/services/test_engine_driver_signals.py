@@ -8,13 +8,14 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
 from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import engine, resources
 from pitstop.core.catalog import load_xid_policy
+from pitstop.core.domain import NodeRef
 from pitstop.services.coalesce import Coalescer
 from pitstop.services.ingest import Ingest
 from tests.core.test_engine import ROOMY, T0, XID79, World, ev, pol
@@ -144,7 +145,7 @@ def test_the_ties_come_from_the_policy_data(tmp_path: Path) -> None:
 
 def test_engine_decisions_stay_pure_for_a_node_document_without_new_fields() -> None:
     w = World(pol())
-    key = engine.node_key(ev(XID79)["node"])
+    key = engine.node_key(cast(NodeRef, ev(XID79)["node"]))
     w.nodes[key] = {
         "node": ev(XID79)["node"],
         "latest_incident": None,

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from functions_framework import create_app
@@ -146,7 +146,8 @@ def test_sigterm_merges_counts_buffered_by_handlers_in_worker_threads(
     store = IncidentStore(firestore.Client(project="fn-entry-test", database="pitstop"))
 
     def counted() -> int:  # each incident with its count shards summed
-        return sum(d["counts"]["events"] for d in store.list() if d["node"]["instance"] == "a3-node-043")
+        docs = [cast(Any, d) for d in store.list()]
+        return sum(d["counts"]["events"] for d in docs if d["node"]["instance"] == "a3-node-043")
 
     assert counted() < lines  # a storm's counts wait in memory
     chained: list[int] = []
@@ -207,3 +208,64 @@ def test_an_ingest_instance_never_loads_the_clients_only_other_functions_need(
     assert seen["result"] == "opened"  # the whole ingest path ran: classify, store, start
     assert seen["import"] == [] and seen["ingest_and_sweep"] == []
     assert seen["actuate_and_notify"] == ["google.cloud.compute_v1", "google.cloud.monitoring_v3"]
+
+
+@pytest.mark.emulator
+def test_notifys_ledger_is_written_in_its_own_database_only(firestore_host: str, tmp_path: Path) -> None:
+    """Issue 21 (12): deploy gives notify PITSTOP_NOTIFY_DATABASE and a datastore.user grant on
+    that database alone (infra/iam.yaml notify-database); its ledger must land there, and nothing
+    in Pitstop's incidents database, which its grant no longer reaches."""
+    import http.server
+    import threading
+
+    import main
+
+    posts: list[bytes] = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            posts.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {
+        **_function_env(tmp_path, "fn-entry-notify", "127.0.0.1:9"),
+        "PITSTOP_NOTIFY_DATABASE": "pitstop-notify",
+        "PITSTOP_METRICS": "off",
+        "PITSTOP_WEBHOOK_URL": f"http://127.0.0.1:{server.server_address[1]}/hook",
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    main._notify.cache_clear()
+    try:
+        app = create_app("notify", str(ROOT / "functions" / "main.py"), "cloudevent")  # type: ignore[no-untyped-call]
+        note = {"id": "n-ledger-1", "kind": "incident_opened", "severity": "warning", "summary": "Xid 79"}
+        data = base64.b64encode(json.dumps(note).encode()).decode()
+        event = {
+            "specversion": "1.0",
+            "type": "google.cloud.pubsub.topic.v1.messagePublished",
+            "source": "//pubsub.googleapis.com/projects/fn-entry-notify/topics/pitstop-notifications",
+            "id": "m-9",
+            "data": {"message": {"data": data, "messageId": "m-9"}},
+        }
+        resp = app.test_client().post(
+            "/", json=event, headers={"Content-Type": "application/cloudevents+json"}
+        )
+        assert resp.status_code == 200 and len(posts) == 1
+    finally:
+        main._notify.cache_clear()
+        server.shutdown()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    own = firestore.Client(project="fn-entry-notify", database="pitstop-notify")
+    assert [d.id for d in own.collection("pitstop_notifications").stream()] == ["n-ledger-1.webhook"]
+    pitstop = firestore.Client(project="fn-entry-notify", database="pitstop")
+    assert list(pitstop.collection("pitstop_notifications").stream()) == []

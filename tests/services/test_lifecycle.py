@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from google.cloud import firestore
@@ -20,6 +20,7 @@ from pitstop.adapters.firestore import IncidentStore
 from pitstop.adapters.slurm import SlurmAgentClient, SlurmScheduler
 from pitstop.adapters.workflows import WorkflowStarter
 from pitstop.core import policy
+from pitstop.core.domain import Incident
 from pitstop.core.scheduling import StepRef, UnfenceAnswer
 from pitstop.local.executions_server import ExecutionsService
 from pitstop.services.ingest import Ingest
@@ -77,9 +78,9 @@ def started(ing: Ingest, node: str, state: str = "FENCED") -> tuple[str, str]:
     out = ing.handle_payload(entry(XID79, node, 1))
     assert out.result == "opened" and out.incident is not None
     iid = str(out.incident["id"])
-    inc = ing.store.get(iid)
+    inc: Any = ing.store.get(iid)
     assert inc is not None and inc["workflow"]["state"] == "started"
-    ing.store.mutate(iid, lambda d: d.update(state=state))
+    ing.store.mutate(iid, lambda d: d.update({"state": state}))
     return iid, str(inc["workflow"]["execution"])
 
 
@@ -141,11 +142,11 @@ def test_watchdog_leaves_resolved_incidents_and_running_executions_alone(
     )
     done, done_ex = started(ing, "a3-node-062", state="VERIFYING")
     running, _ = started(ing, "a3-node-063", state="ACTING")
-    ing.store.mutate(done, lambda d: d.update(state="RESOLVED"))  # its execution closed it...
+    ing.store.mutate(done, lambda d: d.update({"state": "RESOLVED"}))  # its execution closed it...
     svc.finish(done_ex, "SUCCEEDED")  # ... and ended
     clock.t += 1800  # inside REBOOT_NODE's default 45 minutes
     assert Sweep(ing).run()["failed"] == 0
-    states = {i: (ing.store.get(i) or {}).get("state") for i in (done, running)}
+    states = {i: cast(Any, ing.store.get(i) or {}).get("state") for i in (done, running)}
     assert states == {done: "RESOLVED", running: "ACTING"}
     assert topic.pages() == []
 
@@ -164,8 +165,8 @@ def test_a_failed_incidents_node_counts_against_the_budget_until_a_person_closes
     first = ing.handle_payload(entry(XID79, "a3-node-070", 1)).incident
     assert first is not None
 
-    def fail(d: dict[str, Any]) -> None:  # what actuate's fail op records
-        d.update(state="FAILED", failure={"stage": "act", "error": "reset failed", "at": T0 + 60})
+    def fail(d: Incident) -> None:  # what actuate's fail op records
+        d.update({"state": "FAILED", "failure": {"stage": "act", "error": "reset failed", "at": T0 + 60}})
 
     ing.store.mutate(first["id"], fail)
     clock.t = T0 + 1900  # the window slid past the failed incident's claim
@@ -177,7 +178,7 @@ def test_a_failed_incidents_node_counts_against_the_budget_until_a_person_closes
     ing.store.close(first["id"], "alice", clock.t + 1, unfence=False)
     clock.t += 60
     assert Sweep(ing).run()["released"] == 1
-    assert (ing.store.get(second.incident["id"]) or {})["state"] == "OPEN"
+    assert cast(Any, ing.store.get(second.incident["id"]) or {})["state"] == "OPEN"
 
 
 def test_close_ends_failed_held_and_open_incidents_for_a_person(fs_client: firestore.Client) -> None:
@@ -188,7 +189,7 @@ def test_close_ends_failed_held_and_open_incidents_for_a_person(fs_client: fires
     first = ing.handle_payload(entry(XID79, "a3-node-080", 1)).incident
     held = ing.handle_payload(entry(XID79, "a3-node-081", 1)).incident
     assert first is not None and held is not None and held["state"] == "HELD"
-    ing.store.mutate(first["id"], lambda d: d.update(state="FAILED"))
+    ing.store.mutate(first["id"], lambda d: d.update({"state": "FAILED"}))
     store, now = ing.store, T0 + 3600
     done = close_incident(store, {}, first["id"], "alice", now, unfence=False)
     assert done.ok and "stays fenced" in done.lines[-1]
@@ -243,7 +244,7 @@ def test_close_unfence_sends_the_resume_actuate_would_and_records_the_answer(
     ing = make_ingest(fs_client, None, make_policy(), Clock())
     first = ing.handle_payload(entry(XID79, "a3-node-090", 1)).incident
     assert first is not None
-    ing.store.mutate(first["id"], lambda d: d.update(state="FAILED"))
+    ing.store.mutate(first["id"], lambda d: d.update({"state": "FAILED"}))
     results = fs_client.collection("pitstop_slurm_results")
     agent = _Agent(results, {"resumed": True})
     client = SlurmAgentClient(agent, agent.topic_path("train-prod", "pitstop-slurm-train"), results, wait_s=5)
@@ -261,7 +262,7 @@ def test_close_unfence_sends_the_resume_actuate_would_and_records_the_answer(
     other = make_ingest(fs_client, None, make_policy(), Clock(T0 + 7200))
     second = other.handle_payload(entry(XID79, "a3-node-091", 1)).incident
     assert second is not None
-    other.store.mutate(second["id"], lambda d: d.update(state="FAILED"))
+    other.store.mutate(second["id"], lambda d: d.update({"state": "FAILED"}))
 
     class Silent(SlurmScheduler):
         def unfence(self, node: str, ref: StepRef) -> UnfenceAnswer:
@@ -277,7 +278,8 @@ def test_incidents_cli_close(fs_client: firestore.Client, firestore_host: str, t
     first = ing.handle_payload(entry(XID79, "a3-node-095", 1)).incident
     assert first is not None
     ing.store.mutate(
-        first["id"], lambda d: d.update(state="FAILED", failure={"stage": "verify", "error": "x"})
+        first["id"],
+        lambda d: d.update(cast(Incident, {"state": "FAILED", "failure": {"stage": "verify", "error": "x"}})),
     )
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(  # the cluster runs no scheduler Pitstop fences: nothing to lift
@@ -335,7 +337,7 @@ def test_no_store_operation_per_line_after_a_start(
     outs = [ing.handle_payload(entry(XID94, "a3-node-100", n)) for n in range(FIRST_LINES)]
     assert outs[0].result == "opened" and outs[0].incident is not None
     iid = outs[0].incident["id"]
-    inc = ing.store.get(iid)
+    inc: Any = ing.store.get(iid)
     assert inc is not None and inc["workflow"]["state"] == "started"
     calls = _counting(ing.store)
     results = {ing.handle_payload(entry(XID94, "a3-node-100", 1000 + i)).result for i in range(300)}
@@ -380,7 +382,7 @@ def test_the_instance_timer_merges_buffered_counts(fs_client: firestore.Client) 
     iid = out.incident["id"]
 
     def counted() -> int:
-        return int(((ing.store.get(iid) or {}).get("counts") or {}).get("events", 0))
+        return int((cast(Any, ing.store.get(iid) or {}).get("counts") or {}).get("events", 0))
 
     assert counted() < lines  # buffered in this instance
     clock.t += 1  # the interval passes; no line and no sweep arrives

@@ -114,7 +114,7 @@ def test_the_culprit_gets_one_node_incident_and_the_hang_hands_the_restart_to_it
     done = checking.ok(Op.CONCLUDE, iid)
     assert done["outcome"] == "culprits" and done["culprits"] == [BAD]
     assert checking.ok(Op.CONCLUDE, iid)["replayed"] is True
-    node_incidents = [i for i in checking.store.list() if i["kind"] == "localised"]
+    node_incidents: list[Any] = [i for i in checking.store.list() if i["kind"] == "localised"]
     assert len(node_incidents) == 1 and node_incidents[0]["node"]["instance"] == BAD
     assert node_incidents[0]["id"] == done["incidents"][BAD] and node_incidents[0]["action"] == "REBOOT_NODE"
     assert node_incidents[0]["node"]["instance_id"] == str(
@@ -262,7 +262,7 @@ def test_a_person_closing_a_hang_that_failed_while_its_gang_was_stopped_resumes_
         rig.actuator.handle({"op": "localise", "incident": iid, "step": 1, "execution": "e1"})
         assert rig.ok(Op.LOCALISE, iid)["stopped"] is True
         rig.store.mutate(
-            iid, lambda d: d.update(state="FAILED")
+            iid, lambda d: d.update({"state": "FAILED"})
         )  # a later step failed: the gang stays stopped
         done = close_incident(rig.store, {"train": rig.gang}, iid, "alice", rig.clock() + 60, unfence=False)
         gang = rig.gang

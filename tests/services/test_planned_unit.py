@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from pitstop.adapters.monitoring import TelemetryReader
-from pitstop.core import alerts
+from pitstop.adapters.prometheus import PromQLReader
+from pitstop.core import alerts, policy
 from pitstop.core.ops import Op
 from pitstop.core.scheduling import CheckResult, JobInfo, JobRun, JobState, StepRef
 from pitstop.core.states import State
 from pitstop.local import alerting
 from pitstop.local.fake_monitoring import FakeMonitoring
 from pitstop.local.fake_monitoring import serve as serve_monitoring
+from pitstop.local.fake_prometheus import FakePrometheus
+from pitstop.local.fake_prometheus import serve as serve_prometheus
 from pitstop.local.gpu_tools import nvidia_smi
 from pitstop.local.gpu_tools.state import NodeState
 from tests.helpers import PROJECT, ZONE
@@ -94,7 +97,7 @@ def test_a_straggler_among_quiet_peers_moves_and_the_comparison_is_recorded_once
     iid = rig.open()
     judged = rig.to_judge(iid)
     assert judged["confirmed"] is True and "stand_down" not in judged
-    inc = rig.store.get(iid) or {}
+    inc: Any = rig.store.get(iid) or {}
     rec = inc["corroboration"]
     assert (rec["verdict"], rec["node_value"], rec["peers"]) == ("move", 0.6, {PEER: 0.0})
     rig.gpu = {NODE: {"throttle": 0.6}, PEER: {"throttle": 0.6}}  # the readings change after the fact ...
@@ -111,7 +114,7 @@ def test_a_gang_throttling_alike_stands_down_with_nothing_disrupted(rig: Rig) ->
     assert judged["stand_down"] is True and judged["verdict"] == "gang_wide"
     rig.ok(Op.UNFENCE, iid)  # the workflow's stand_down branch: unfence, then close
     assert rig.ok(Op.CLOSE, iid)["outcome"] == "resolved"
-    inc = rig.store.get(iid) or {}
+    inc: Any = rig.store.get(iid) or {}
     assert inc["state"] == State.RESOLVED and inc["action"] == "DRAIN_NODE"
     assert "corroborated" not in inc["timeline"] and "job_requeued" not in inc["timeline"]
     assert rig.gang.fenced == [] and rig.gang.requeues == [] and rig.fake.effects_on(NODE, "reset") == []
@@ -121,7 +124,7 @@ def test_telemetry_that_cannot_be_read_leaves_the_alert_standing(rig: Rig) -> No
     rig.monitoring.stop(0)  # Monitoring unreachable: no reading at all
     iid = rig.open()
     assert rig.to_judge(iid)["confirmed"] is True
-    rec = (rig.store.get(iid) or {})["corroboration"]
+    rec = cast(Any, rig.store.get(iid) or {})["corroboration"]
     assert rec["verdict"] == "move" and rec["why"].startswith("telemetry unreadable")
 
 
@@ -138,7 +141,7 @@ def test_the_repair_follows_the_node_checks_finding(rig: Rig, reason: str, actio
         rig.ok(op, iid)
     assert rig.ok(Op.DIAGNOSE, iid)["run"] is True and rig.gang.checks[-1] == "diagnose"
     assert rig.ok(Op.JUDGE_DIAGNOSIS, iid)["action"] == action
-    inc = rig.store.get(iid) or {}
+    inc: Any = rig.store.get(iid) or {}
     assert inc["action"] == action and inc["escalations"][-1]["from"] == "DRAIN_NODE"
     assert inc["diagnosis"]["confirmed"] is (action == "REPLACE_NODE")
 
@@ -156,3 +159,43 @@ def test_no_replacement_on_the_alert_alone_when_the_node_check_never_finishes(ri
     assert (
         rig.ok(Op.ACT, iid)["method"] == "reset" and rig.fake.effects_on(NODE, "report_host_as_faulty") == []
     )
+
+
+def test_a_gke_nodes_peers_are_read_through_prometheus(rig: Rig) -> None:
+    """A GKE cluster's node: the comparison asks Managed Service for Prometheus (the PromQL stand-in,
+    dcgm-exporter's throttle reasons), not Cloud Monitoring's timeSeries (down here: never asked)."""
+    prom = FakePrometheus(PROJECT, "train", ZONE, [NODE, PEER], lambda: rig.gpu)
+    server, url = serve_prometheus(prom)
+    gke = {"location": ZONE, "cluster": "train"}
+    rig.actuator.deps.policy = policy.from_doc(
+        {
+            "mode": "enforce",
+            "clusters": [
+                {
+                    "name": "train",
+                    "scheduler": "gke",
+                    "size": 8,
+                    "match": {"name_pattern": "a3-*"},
+                    "gke": gke,
+                }
+            ],
+            "validation": {"enabled": False},
+        }
+    )
+    rig.actuator.deps.prometheus = PromQLReader(url)
+    rig.monitoring.stop(0)
+    try:
+        rig.gpu = {NODE: {"throttle": 0.6, "throttle_reason": "thermal"}}
+        iid = rig.open()
+        assert rig.to_judge(iid)["confirmed"] is True
+    finally:
+        server.shutdown()
+    inc = rig.store.get(iid)
+    assert inc is not None
+    rec = inc["corroboration"]
+    assert (rec["source"], rec["verdict"], rec["peers"]) == ("prometheus", "move", {PEER: 0.0}), rec["why"]
+    assert (
+        rec["node_value"] == pytest.approx(0.6, abs=0.05)
+        and "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS" in rec["why"]
+    )
+    assert prom.queries and all(NODE.replace("-", "\\\\-") in q for q in prom.queries)

@@ -11,7 +11,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -212,7 +212,7 @@ def test_an_execution_that_missed_a_persons_close_never_acts(rig: Rig) -> None:
     iid = rig.open()
     assert rig.ok(Op.CLAIM, iid)["ours"]
     rig.ok(Op.FENCE, iid)
-    rig.store.mutate(iid, lambda d: d.update(state=State.FAILED))  # the watchdog failed it
+    rig.store.mutate(iid, lambda d: d.update({"state": State.FAILED}))  # the watchdog failed it
     closed = rig.store.close(iid, "ops", rig.clock(), unfence=True)
     assert closed.result == "closed"
     body, status = rig.call(Op.ACT, iid)
@@ -221,9 +221,9 @@ def test_an_execution_that_missed_a_persons_close_never_acts(rig: Rig) -> None:
     inc = rig.store.get(iid)
     assert inc is not None and inc["state"] == State.RESOLVED and "acted" not in inc["timeline"]
     failed = rig.ok(Op.FAIL, iid)  # the workflow reports its failure: nothing is recorded over the close
-    assert failed["recorded"] is False and (rig.store.get(iid) or {})["state"] == State.RESOLVED
+    assert failed["recorded"] is False and cast(Any, rig.store.get(iid) or {})["state"] == State.RESOLVED
     body, status = rig.call(Op.VERIFY, iid)  # nor does a probe move it
-    assert status == 409 and (rig.store.get(iid) or {})["state"] == State.RESOLVED
+    assert status == 409 and cast(Any, rig.store.get(iid) or {})["state"] == State.RESOLVED
 
 
 def test_another_execution_may_not_act_on_a_claimed_step(rig: Rig) -> None:
@@ -420,7 +420,7 @@ def test_a_node_counts_against_its_block_from_the_claim_and_a_full_block_holds_b
     first = rig.open()
     assert rig.ok(Op.CLAIM, first)["ours"]
     block = engine.block_scope("c1/block-1")
-    assert block in (rig.store.get(first) or {})["budget_scopes"]  # before the fence, before any act
+    assert block in cast(Any, rig.store.get(first) or {})["budget_scopes"]  # before the fence, before any act
     second = rig.open("a3-node-001")  # its node's block is not known yet: the decision lets it go
     claimed = rig.ok(Op.CLAIM, second)
     assert claimed["ours"] is False and block in claimed["why"]
@@ -430,7 +430,7 @@ def test_a_node_counts_against_its_block_from_the_claim_and_a_full_block_holds_b
     rig.ok(Op.FENCE, first)
     body, status = rig.call(Op.FENCE, second)
     assert status == 409 and "incident is HELD" in body["error"] and rig.gang.fenced == [NODE]
-    assert set((rig.store.budget(block) or {})["slots"]) == {first}
+    assert set(cast(Any, rig.store.budget(block) or {})["slots"]) == {first}
 
 
 def test_a_notification_carries_what_its_caller_adds_and_may_take_another_id() -> None:

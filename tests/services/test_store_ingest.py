@@ -19,6 +19,7 @@ from pitstop.adapters.firestore import IncidentStore
 from pitstop.adapters.pubsub import Notifier
 from pitstop.adapters.workflows import WorkflowStarter
 from pitstop.core import engine, policy
+from pitstop.core.domain import Budget, FaultEvent, NodeRef
 from pitstop.local.executions_server import ExecutionsService
 from pitstop.services.actuate import Actuator
 from pitstop.services.ingest import Ingest, PoisonMessageError
@@ -104,7 +105,7 @@ def test_concurrent_deliveries_make_one_incident_and_one_start(
     incidents = instances[0].store.list()  # with the count shards summed
     assert len(incidents) == 1, results
     assert svc.created == 1
-    if incidents[0]["workflow"]["state"] == "pending":
+    if cast(Any, incidents[0])["workflow"]["state"] == "pending":
         # the starter raised after creating the execution (its delivery was redelivered as a
         # duplicate): the minute sweep finds the execution by its labels once the lease expires
         clock.t += 61
@@ -113,7 +114,7 @@ def test_concurrent_deliveries_make_one_incident_and_one_start(
     assert svc.created == 1
     inc = incidents[0]
     assert inc["action"] == "REBOOT_NODE"
-    assert inc["workflow"]["state"] == "started"
+    assert cast(Any, inc)["workflow"]["state"] == "started"
     assert results.count("opened") == 1
     assert inc["counts"]["events"] == 10
     dedup = list(fs_client.collection("pitstop_dedup").stream())
@@ -147,7 +148,7 @@ def worsening(ing: Ingest, node: str) -> str:
     first = ing.handle_payload(entry(XID48, node, 1))
     assert first.result == "opened" and first.incident is not None
     iid = str(first.incident["id"])
-    ing.store.mutate(iid, lambda d: d.update(state="VERIFYING"))
+    ing.store.mutate(iid, lambda d: d.update({"state": "VERIFYING"}))
     assert ing.handle_payload(entry(XID79, node, 2)).result == "raised"
     return iid
 
@@ -165,7 +166,7 @@ def test_step_up_from_actuate_starts_once_like_ingest(
     body, status = act.handle({"op": "close", "incident": iid, "step": 1})
     assert status == 200 and body["outcome"] == "escalated to REBOOT_NODE (step 2)"
     assert svc.created == 2
-    inc = ing.store.get(iid)
+    inc: Any = ing.store.get(iid)
     assert inc is not None and inc["state"] == "OPEN" and inc["action"] == "REBOOT_NODE"
     assert inc["workflow"]["state"] == "started" and inc["workflow"]["step"] == 2
     node = ing.store.get_node(inc["node_key"])
@@ -212,7 +213,7 @@ def test_step_up_from_actuate_past_a_budget_is_held_and_pages(
     assert inc is not None
     # acting on the node taught Pitstop its reservation block, whose only slot another node took since
     ing.store.set_node_fields(inc["node_key"], {"block": "c1/block-9"})
-    other = {"project": PROJECT, "zone": ZONE, "instance": "a3-node-053", "instance_id": None}
+    other: NodeRef = {"project": PROJECT, "zone": ZONE, "instance": "a3-node-053", "instance_id": None}
     ing.store.put_node(engine.node_key(other), {**engine.new_node(other), "block": "c1/block-9"})
     assert ing.handle_payload(entry(XID79, "a3-node-053", 1)).result == "opened"
     assert svc.created == 2
@@ -221,7 +222,7 @@ def test_step_up_from_actuate_past_a_budget_is_held_and_pages(
     assert status == 200
     assert body["outcome"].startswith("escalation to REBOOT_NODE held: blast-radius budget block-")
     assert svc.created == 2
-    held = ing.store.get(iid)
+    held: Any = ing.store.get(iid)
     assert held is not None and held["state"] == "HELD" and held["held"]["scope"].startswith("block-")
     resp = sub.pull(subscription=sub.subscription_path(project, "pull"), max_messages=10, timeout=10)
     pages = [json.loads(m.message.data) for m in resp.received_messages]
@@ -243,7 +244,7 @@ def test_two_nodes_race_for_the_last_budget_slot(fs_client: firestore.Client) ->
         evs.append(e)
     barrier = threading.Barrier(2)
 
-    def go(e: dict[str, Any]) -> engine.Outcome:
+    def go(e: FaultEvent) -> engine.Outcome:
         barrier.wait()
         return store.apply(e, pol, T0)
 
@@ -295,7 +296,7 @@ def test_crash_between_decided_and_started_recovers_once(
     )
     assert again.result == "duplicate"
     assert svc.created == 1
-    inc = ing.store.get(iid)
+    inc: Any = ing.store.get(iid)
     assert inc is not None and inc["workflow"]["state"] == "started"
     # a second redelivery does nothing more
     make_ingest(fs_client, endpoint, pol, clock).handle_payload(push_body(entry(XID79, "a3-node-007", 1)))
@@ -325,7 +326,7 @@ def test_crash_after_create_before_record_finds_the_execution(
     clock.t = T0 + 120
     assert Sweep(ing).run()["restarted"] == 1
     assert svc.created == 1
-    inc = ing.store.get(iid)
+    inc: Any = ing.store.get(iid)
     assert inc is not None and inc["workflow"]["state"] == "started"
     assert inc["workflow"]["execution"] == next(iter(svc.records))
 
@@ -402,7 +403,7 @@ def test_sweep_releases_held_when_window_slides(fs_client: firestore.Client) -> 
     assert Sweep(ing).run()["released"] == 0
     clock.t = T0 + 1900
     assert Sweep(ing).run()["released"] == 1
-    inc = ing.store.get(held.incident["id"])
+    inc: Any = ing.store.get(held.incident["id"])
     assert inc is not None and inc["state"] == "OPEN"
     assert inc["workflow"]["would_start"] is True
 
@@ -457,7 +458,7 @@ def test_incidents_cli_lists_and_releases(fs_client: firestore.Client, firestore
     assert all("classified" in r["durations_s"] for r in rows)
     rel = run("--release", held["id"], "--by", "alice")
     assert rel.returncode == 0 and "released" in rel.stdout
-    after = IncidentStore(fs_client).get(held["id"])
+    after: Any = IncidentStore(fs_client).get(held["id"])
     assert after is not None and after["state"] == "OPEN"
     assert after["workflow"]["state"] == "pending"
     assert run("--release", held["id"]).returncode == 1  # no longer held
@@ -592,7 +593,7 @@ def test_a_verified_line_is_committed_at_once_where_the_incident_holds_only_unve
     assert inc["counts"]["events"] < 6  # the lines past its first were counted in memory
     out = b.handle_payload(entry(XID94, "a3-node-063", 1))
     assert out.result == "absorbed" and not out.coalesced
-    assert (a.store.get(inc["id"]) or {})["trust"] == trust.VERIFIED
+    assert cast(Any, a.store.get(inc["id"]) or {})["trust"] == trust.VERIFIED
 
 
 def test_instances_claim_no_more_than_the_budget_allows(
@@ -609,7 +610,9 @@ def test_instances_claim_no_more_than_the_budget_allows(
     )
     stores = [IncidentStore(fs_client, "pitstop") for _ in range(5)]
     clf = Classifier.default()
-    evs = [{**clf.classify(entry(XID79, f"a3-node-{i:03d}", 1)), "_observed_ts": T0} for i in range(12)]
+    evs: list[FaultEvent] = [
+        {**clf.classify(entry(XID79, f"a3-node-{i:03d}", 1)), "_observed_ts": T0} for i in range(12)
+    ]
     barrier = threading.Barrier(12)
 
     def go(i: int) -> str:
@@ -640,7 +643,7 @@ def test_a_budget_claimed_between_a_decisions_read_and_its_commit_makes_it_decid
     mine, other = IncidentStore(fs_client, "pitstop"), IncidentStore(fs_client, "pitstop")
     clf = Classifier.default()
 
-    def fault(node: str) -> dict[str, Any]:
+    def fault(node: str) -> FaultEvent:
         return {**clf.classify(entry(XID79, node, 1)), "_observed_ts": T0}
 
     cut_in = ["a3-node-071", "a3-node-072"]
@@ -648,7 +651,7 @@ def test_a_budget_claimed_between_a_decisions_read_and_its_commit_makes_it_decid
         assert other.apply(fault(cut_in.pop(0)), pol, T0).result == "opened"
     plain_read, armed = fs_adapter._LazyBudgets.__getitem__, [True]
 
-    def read_then_cut_in(self: Any, key: str) -> dict[str, Any] | None:
+    def read_then_cut_in(self: Any, key: str) -> Budget | None:
         doc = plain_read(self, key)
         if armed.pop() if armed else False:  # once: the other instance claims what is left
             for node in cut_in:
@@ -677,10 +680,12 @@ def test_a_node_opened_by_another_instance_between_a_decisions_read_and_its_comm
     pol = make_policy(clusters=[{**CLUSTER, "size": 12}])
     mine, other = IncidentStore(fs_client, "pitstop"), IncidentStore(fs_client, "pitstop")
     clf = Classifier.default()
-    lines = [{**clf.classify(entry(XID79, "a3-node-075", n)), "_observed_ts": T0} for n in (1, 2)]
+    lines: list[FaultEvent] = [
+        {**clf.classify(entry(XID79, "a3-node-075", n)), "_observed_ts": T0} for n in (1, 2)
+    ]
     plain_read, armed = fs_adapter._LazyBudgets.__getitem__, [True]
 
-    def read_then_cut_in(self: Any, key: str) -> dict[str, Any] | None:
+    def read_then_cut_in(self: Any, key: str) -> Budget | None:
         doc = plain_read(self, key)
         if armed.pop() if armed else False:  # once: the other instance opens the node's incident
             assert other.apply(lines[1], pol, T0).result == "opened"
@@ -720,7 +725,7 @@ def test_a_shutdown_flush_takes_what_the_timer_has_not_merged_yet() -> None:
     nodes = [f"a3-node-{i:03d}" for i in range(80, 83)]
     for n in range(DIRECT_LINES + 3):
         for node in nodes:
-            ev = {**clf.classify(entry(XID94, node, n)), "_observed_ts": T0}
+            ev: FaultEvent = {**clf.classify(entry(XID94, node, n)), "_observed_ts": T0}
             coal.handle(ev, T0)
     assert coal.stats()["buffered_nodes"] == 3
     timer = threading.Thread(target=coal.flush_due, args=(T0 + 60,))

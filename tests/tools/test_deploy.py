@@ -192,7 +192,7 @@ def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.
         },
         sa("notify"): {
             (prj, p, "roles/monitoring.metricWriter", ""),
-            (prj, p, "roles/datastore.user", db),
+            (prj, p, "roles/datastore.user", "pitstop-notify-database-only"),  # its ledger alone
             logs,
             ("secrets", "pitstop-webhook", "roles/secretmanager.secretAccessor", ""),
             ("functions", "pitstop-notify", "roles/run.invoker", ""),
@@ -234,18 +234,25 @@ def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.
 def test_conditions_confine_firestore_to_pitstops_database_and_compute_to_the_zones(
     gke_steps: list[deploy.Step],
 ) -> None:
-    conds = {
-        (s.argv[2], next(a for a in s.argv if a.startswith("--role="))): a.removeprefix("--condition=")
+    every = [
+        ((s.argv[2], next(a for a in s.argv if a.startswith("--role="))), a.removeprefix("--condition="))
         for s in gke_steps
         if s.argv[:2] == ["projects", "add-iam-policy-binding"]
         for a in s.argv
         if a.startswith("--condition=") and a != "--condition=None"
-    }
+    ]
+    conds = dict(every)
     database = (
         'expression=resource.name == "projects/my-train-proj/databases/pitstop" || '
         'resource.name.startsWith("projects/my-train-proj/databases/pitstop/"),title=pitstop-database-only'
     )
-    assert conds[("my-train-proj", "--role=roles/datastore.user")] == database
+    notify_database = (
+        'expression=resource.name == "projects/my-train-proj/databases/pitstop-notify" || '
+        'resource.name.startsWith("projects/my-train-proj/databases/pitstop-notify/"),'
+        "title=pitstop-notify-database-only"
+    )
+    datastore = {c for key, c in every if key == ("my-train-proj", "--role=roles/datastore.user")}
+    assert datastore == {database, notify_database}
     local = conds[("my-train-proj", "--role=projects/my-train-proj/roles/pitstopActuator")]
     assert local == (
         'expression=resource.name.startsWith("projects/my-train-proj/zones/us-central1-a/") || '
@@ -257,7 +264,7 @@ def test_conditions_confine_firestore_to_pitstops_database_and_compute_to_the_zo
         'expression=resource.name.startsWith("projects/ml-other-proj/zones/europe-west4-b/"),'
         "title=pitstop-actuator-zones"
     )
-    assert len(conds) == 3  # the Firestore condition is one binding of three members
+    assert len(conds) == 3  # the Firestore conditions: one role, two databases
 
 
 def test_without_zones_or_gke_clusters_actuate_gets_no_compute_role(steps: list[deploy.Step]) -> None:
@@ -510,7 +517,7 @@ def test_every_command_is_accepted_by_the_real_gcloud_parser(
     assert len(lines) < len(every)
     assert any(" container clusters get-credentials " in ln for ln in lines)
     assert any(" container node-pools list --cluster=" in ln for ln in lines)
-    assert any(" firestore bulk-delete --database=pitstop " in ln for ln in lines)
+    assert any(" firestore bulk-delete --database=" in ln for ln in lines)
     assert any(" resource-manager org-policies describe " in ln for ln in lines)
     assert any("--condition=expression=resource.name.startsWith(" in ln for ln in lines)
     for s in steps:  # files gcloud reads at parse time, written by apply() just before use
@@ -697,9 +704,14 @@ def test_purge_deletes_every_collection_pitstop_writes_and_only_when_asked(steps
     assert not [c for c in calls if c[:3] == ["firestore", "databases", "delete"]]
     calls.clear()
     assert deploy.teardown(steps, True, gcloud, logs.append) == 0
-    purge = calls[-1]
-    assert purge[:3] == ["firestore", "bulk-delete", "--database=pitstop"] and "--quiet" in purge
-    ids = next(a for a in purge if a.startswith("--collection-ids=")).split("=", 1)[1].split(",")
+    purges = [c for c in calls if c[:2] == ["firestore", "bulk-delete"]]
+    assert sorted(p[2] for p in purges) == ["--database=pitstop", "--database=pitstop-notify"]
+    assert all("--quiet" in p for p in purges)
+    ids = [
+        i
+        for p in purges
+        for i in next(a for a in p if a.startswith("--collection-ids=")).split("=", 1)[1].split(",")
+    ]
     code = _collections_the_code_writes()
     assert {"outbox", "dedup", "incidents", "slurm_results", "notifications", "jobs", "steps"} <= code
     assert {i.removeprefix("pitstop_") for i in ids} == code  # every one, and nothing else
@@ -710,11 +722,12 @@ def test_purge_deletes_every_collection_pitstop_writes_and_only_when_asked(steps
 def test_purge_uses_the_policys_collection_prefix(tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text("store: {collection_prefix: team_a}\n")
-    (step,) = [
+    step, ledger = [
         s for s in deploy.plan("my-train-proj", "us-central1", {**CONF, "policy": str(policy)}) if s.purge
     ]
-    assert step.purge is not None
+    assert step.purge is not None and ledger.purge is not None
     assert "--collection-ids=team_a_incidents,team_a_nodes," in " ".join(step.purge)
+    assert "--collection-ids=team_a_notifications" in ledger.purge
     ttls = [
         s
         for s in deploy.plan("my-train-proj", "us-central1", {**CONF, "policy": str(policy)})
@@ -734,9 +747,10 @@ def test_ttls_cover_the_dedup_records_and_the_outbox_in_pitstops_database(steps:
         ("expire_at", "--collection-group=pitstop_outbox", "--database=pitstop"),
         ("expire_at", "--collection-group=pitstop_resolved", "--database=pitstop"),
     ]
-    (db,) = [s for s in steps if s.argv[:3] == ["firestore", "databases", "create"]]
+    db, ndb = [s for s in steps if s.argv[:3] == ["firestore", "databases", "create"]]
     assert "--database=pitstop" in db.argv and db.check is not None and "--database=pitstop" in db.check
     assert db.delete is None  # teardown keeps the incidents unless --purge
+    assert "--database=pitstop-notify" in ndb.argv and ndb.delete is None
     fns = [s.argv for s in steps if s.argv[:2] == ["functions", "deploy"]]
     assert all(any("PITSTOP_FIRESTORE_DATABASE=pitstop" in a for a in argv) for argv in fns)
 
@@ -755,6 +769,8 @@ def test_ttls_cover_the_dedup_records_and_the_outbox_in_pitstops_database(steps:
         ("compute_zones", [{"zone": "us-central1-a", "project": "1"}]),
         ("firestore_database", "(default)"),
         ("firestore_database", "x"),
+        ("notify_database", "pitstop"),  # notify's own, never the incidents' database
+        ("notify_database", "(default)"),
     ],
 )
 def test_gke_zone_and_database_settings_are_checked(key: str, value: Any, tmp_path: Path) -> None:
@@ -762,6 +778,85 @@ def test_gke_zone_and_database_settings_are_checked(key: str, value: Any, tmp_pa
     conf.write_text(yaml.safe_dump({key: value}))
     with pytest.raises(ValueError, match=key):
         deploy.load_config(str(conf))
+
+
+def test_notify_reaches_only_its_own_ledger_database(steps: list[deploy.Step]) -> None:
+    """Issue 21 (12): notify held datastore.user on Pitstop's whole database, so it could write an
+    incident or a pending step that the sweep starts. Firestore IAM conditions name a database,
+    never a collection, so its ledger lives in a database of its own and its grant names only that;
+    no other identity's condition admits that database, and notify's admits no other."""
+    binds = [s for s in steps if "--role=roles/datastore.user" in s.argv]
+    by_member = {next(a for a in b.argv if a.startswith("--member=")): b for b in binds}
+    notify = by_member["--member=serviceAccount:pitstop-notify@my-train-proj.iam.gserviceaccount.com"]
+    (cond,) = [a for a in notify.argv if a.startswith("--condition=")]
+    assert 'resource.name == "projects/my-train-proj/databases/pitstop-notify"' in cond
+    assert 'resource.name.startsWith("projects/my-train-proj/databases/pitstop-notify/")' in cond
+    assert '"projects/my-train-proj/databases/pitstop"' not in cond and "databases/pitstop/" not in cond
+    for member, b in by_member.items():
+        if "pitstop-notify@" not in member:
+            (other,) = [a for a in b.argv if a.startswith("--condition=")]
+            assert "pitstop-notify" not in other, member  # the others' condition: pitstop and below only
+            assert 'startsWith("projects/my-train-proj/databases/pitstop/")' in other, member
+    # the ledger is what notify's database holds; the incidents' database no longer lists it
+    dbs = {s.argv[3]: s for s in steps if s.argv[:3] == ["firestore", "databases", "create"]}
+    assert set(dbs) == {"--database=pitstop", "--database=pitstop-notify"}
+    main_purge, notify_purge = dbs["--database=pitstop"].purge, dbs["--database=pitstop-notify"].purge
+    assert main_purge is not None and notify_purge is not None
+    assert "pitstop_notifications" not in " ".join(main_purge) and "pitstop_incidents" in " ".join(main_purge)
+    assert "--collection-ids=pitstop_notifications" in notify_purge
+    (fn,) = [s.argv for s in steps if s.argv[:3] == ["functions", "deploy", "pitstop-notify"]]
+    assert any("PITSTOP_NOTIFY_DATABASE=pitstop-notify" in a for a in fn)
+
+
+class _OnlyAggregatedList:
+    """Compute's instances client as the node lookup may use it: any other call fails the test."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+
+    def aggregated_list(self, request: dict[str, Any], **_: Any) -> list[Any]:
+        self.requests.append(dict(request))
+        return []
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the node lookup called instances.{name}")
+
+
+def test_the_node_lookup_grant_is_exactly_what_the_lookup_calls(
+    steps: list[deploy.Step], gke_steps: list[deploy.Step]
+) -> None:
+    """Issue 21 (12): pitstopNodeLookup holds compute.instances.list and nothing else (the custom
+    role test pins the set), it exists and is granted only in projects with a configured GKE
+    cluster, to ingest alone, and the only call the lookup makes is one aggregatedList filtered to
+    the node's exact name. It stays unconditioned (README "What stays broad"): aggregatedList is
+    a list over the project's zones, and Google documents no resource-name condition for list
+    calls that would narrow it to a zone; a condition that denied the lookup would fail closed
+    (the node's zone unknown: the incident pages), but silently. Widening any of this fails here."""
+    from pitstop.adapters.gke.zone import ZoneResolver
+
+    lookup = [a for s in steps for a in s.argv if "pitstopNodeLookup" in a]
+    assert lookup == []  # no GKE cluster in deploy.yaml: no role, no grant
+    created = [s.argv for s in gke_steps if "pitstopNodeLookup" in s.argv and "create" in s.argv]
+    assert {a[a.index("--project") + 1] if "--project" in a else "" for a in created} <= {
+        "my-train-proj",
+        "ml-other-proj",
+    }
+    holders = {
+        member
+        for member, grants in _grants(gke_steps).items()
+        for g in grants
+        if g[2].endswith("/roles/pitstopNodeLookup")
+    }
+    assert holders == {"serviceAccount:pitstop-ingest@my-train-proj.iam.gserviceaccount.com"}
+    grants = {g for g in _grants(gke_steps)[next(iter(holders))] if g[2].endswith("/roles/pitstopNodeLookup")}
+    assert {(g[1], g[3]) for g in grants} == {("my-train-proj", ""), ("ml-other-proj", "")}
+    role = yaml.safe_load((ROOT / "infra" / "roles" / "pitstop-node-lookup.yaml").read_text())
+    assert role["includedPermissions"] == ["compute.instances.list"]
+    client = _OnlyAggregatedList()
+    answer = ZoneResolver(instances=client).resolve("ml-other-proj", "us-central1", "gke-train-pool-1-abcd")
+    assert answer.zone is None and client.requests == [
+        {"project": "ml-other-proj", "filter": 'name = "gke-train-pool-1-abcd"'}
+    ]
 
 
 def test_a_named_prefix_admits_only_its_migs_by_exact_name() -> None:

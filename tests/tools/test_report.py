@@ -12,7 +12,7 @@ import sys
 import time
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -414,7 +414,7 @@ def test_from_the_incident_store(
     entry = ops_agent_entry(XID79, instance="a3-node-042", insert_id="e2e-1")
     entry["timestamp"] = dt.datetime.fromtimestamp(now - 3600, tz=dt.UTC).isoformat().replace("+00:00", "Z")
     ev = Classifier.default().classify_bytes(json.dumps(entry).encode())
-    ev["_observed_ts"] = to_epoch(ev["observed_at"])
+    ev["_observed_ts"] = cast(float, to_epoch(ev["observed_at"]))  # the entry has its timestamp
     opened = store.apply(ev, policy.from_doc(None), now)
     assert opened.result == "opened" and opened.incident is not None
     old = doc("iold", "a3-node-099", now - 30 * DAY, {"classified": 1.0})

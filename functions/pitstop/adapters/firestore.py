@@ -18,7 +18,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
@@ -30,11 +30,20 @@ from pitstop.adapters.firestore_starts import StartRecords
 from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.core import engine
 from pitstop.core.actions import NODE_ACTIONS
+from pitstop.core.domain import Budget, FaultEvent, Incident, NodeDoc, NodeFields, StepRecord
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
 from pitstop.core.store import commit_of
 
 T = TypeVar("T")
+D = TypeVar("D")
+
+
+def _doc(snap: Any, kind: type[D]) -> D | None:
+    """A stored document as the type its writers wrote (``kind``: Incident, NodeDoc, Budget, ...),
+    or None if there is none. The edge: Firestore hands back untyped dicts."""
+    return cast(D | None, snap.to_dict() if snap.exists else None)
+
 
 # Contended documents (one node during a storm) abort transactions. A retry at once meets the
 # same contenders again (a livelock: five instances absorbing into one incident kept failing for
@@ -61,7 +70,7 @@ LOCK_STRIPES = 512
 LOST = (ValueError, gexc.Conflict, gexc.FailedPrecondition)
 
 
-class _LazyBudgets(Mapping[str, dict[str, Any] | None]):
+class _LazyBudgets(Mapping[str, Budget | None]):
     """Budget documents read only if the engine asks for them, outside the transaction, with the
     update time each was read at (None: absent) for the write's precondition.
 
@@ -70,13 +79,13 @@ class _LazyBudgets(Mapping[str, dict[str, Any] | None]):
     """
 
     def __init__(self, coll: Any) -> None:
-        self._coll, self._cache = coll, dict[str, dict[str, Any] | None]()
+        self._coll, self._cache = coll, dict[str, Budget | None]()
         self.read_at: dict[str, Any] = {}
 
-    def __getitem__(self, key: str) -> dict[str, Any] | None:
+    def __getitem__(self, key: str) -> Budget | None:
         if key not in self._cache:
             snap = self._coll.document(key).get()
-            self._cache[key] = snap.to_dict() if snap.exists else None
+            self._cache[key] = _doc(snap, Budget)
             self.read_at[key] = snap.update_time if snap.exists else None
         return self._cache[key]
 
@@ -97,11 +106,11 @@ class _Read:
     def __init__(self, snaps: Mapping[str, Any]) -> None:
         self._snaps = dict(snaps)
 
-    def keep(self, snap: Any) -> dict[str, Any] | None:
+    def keep(self, snap: Any) -> Incident | None:
         self._snaps[snap.reference.path] = snap
-        return snap.to_dict() if snap.exists else None
+        return _doc(snap, Incident)
 
-    def write(self, batch: Any, ref: Any, doc: Mapping[str, Any], db: Any) -> None:
+    def write(self, batch: Any, ref: Any, doc: Incident | NodeDoc, db: Any) -> None:
         """Replace the document on condition that it is as read (fields it lost deleted), or
         create it if it was absent or never read (a new incident)."""
         snap = self._snaps.get(ref.path)
@@ -168,14 +177,14 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
                 time.sleep(random.uniform(0, pause))  # noqa: S311 - jitter, not a secret
         raise AssertionError("unreachable")
 
-    def apply(self, ev: Mapping[str, Any], policy: Policy, now: float) -> engine.Outcome:
+    def apply(self, ev: FaultEvent, policy: Policy, now: float) -> engine.Outcome:
         """Fold one event in, exactly once per delivery identity."""
         nkey = engine.subject_key(ev)
         return self._serialised(
             nkey, ev["action"] in NODE_ACTIONS, lambda: self._apply(ev, policy, now, nkey)
         )
 
-    def _apply(self, ev: Mapping[str, Any], policy: Policy, now: float, nkey: str) -> engine.Outcome:
+    def _apply(self, ev: FaultEvent, policy: Policy, now: float, nkey: str) -> engine.Outcome:
         """One decision, optimistically: its documents read without a transaction (no lock), its
         writes committed in one batch (all or none) on condition that every document it writes
         is as it was read (its update time) or still absent, the delivery's dedup record created
@@ -194,7 +203,7 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         if seen.exists:
             return engine.Outcome("duplicate", duplicate_of=(seen.to_dict() or {}).get("incident"))
         node_snap = node_ref.get()
-        node_doc = node_snap.to_dict() if node_snap.exists else None
+        node_doc = _doc(node_snap, NodeDoc)
         read = _Read({node_ref.path: node_snap})
         latest = None
         if node_doc and node_doc.get("latest_incident"):
@@ -212,24 +221,23 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         batch.commit()
         return out
 
-    def latest_incident(self, nkey: str) -> dict[str, Any] | None:
+    def latest_incident(self, nkey: str) -> Incident | None:
         """The node's latest incident as decided (no shards), read without a transaction (to
         refresh a cache)."""
         node = self.nodes.document(nkey).get().to_dict()
         if not node or not node.get("latest_incident"):
             return None
-        snap = self.incidents.document(node["latest_incident"]).get()
-        return snap.to_dict() if snap.exists else None
+        return _doc(self.incidents.document(node["latest_incident"]).get(), Incident)
 
     # -- remediation steps (actuate) ---------------------------------------------------
 
-    def mutate(self, iid: str, fn: Callable[[dict[str, Any]], T]) -> T:
+    def mutate(self, iid: str, fn: Callable[[Incident], T]) -> T:
         """Change one incident in a transaction: ``fn`` edits the document in place and returns a value."""
         ref = self.incidents.document(iid)
 
         @firestore.transactional
         def txn(t: Any) -> T:
-            inc = ref.get(transaction=t).to_dict()
+            inc = _doc(ref.get(transaction=t), Incident)
             if inc is None:
                 raise KeyError(iid)
             before = copy.deepcopy(inc)
@@ -244,21 +252,21 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         result: T = self._serialised(iid, False, lambda: txn(self._txn()))
         return result
 
-    def step_record(self, iid: str, key: str) -> dict[str, Any] | None:
-        snap = self.incidents.document(iid).collection("steps").document(key).get()
-        return snap.to_dict() if snap.exists else None
+    def step_record(self, iid: str, key: str) -> StepRecord | None:
+        return _doc(self.incidents.document(iid).collection("steps").document(key).get(), StepRecord)
 
     def steps(self, iid: str) -> FirestoreStepStore:
         """The incident's step records (``steps/<step>-<op>``), for the step runner."""
         return FirestoreStepStore(self.incidents.document(iid).collection("steps"))
 
-    def release_budget(self, inc: Mapping[str, Any]) -> None:
+    def release_budget(self, inc: Incident) -> None:
         """Mark an incident's blast-radius slots inactive (they still count until the window slides)."""
 
         @firestore.transactional
         def txn(t: Any) -> None:
             docs = {
-                d: self.budgets.document(d).get(transaction=t).to_dict() for d in inc.get("budget_scopes", [])
+                d: _doc(self.budgets.document(d).get(transaction=t), Budget)
+                for d in inc.get("budget_scopes", [])
             }
             for doc_id, doc in engine.release_slots(docs, inc["id"]).items():
                 t.set(self.budgets.document(doc_id), doc)
@@ -267,25 +275,24 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
 
     # -- operator views and actions ----------------------------------------------------
 
-    def get(self, iid: str) -> dict[str, Any] | None:
+    def get(self, iid: str) -> Incident | None:
         """The incident with its count shards summed (core/store.with_shards)."""
         snap = self.incidents.document(iid).get()
-        inc = snap.to_dict() if snap.exists else None
+        inc = _doc(snap, Incident)
         return self._summed(inc) if inc is not None else None
 
-    def get_node(self, key: str) -> dict[str, Any] | None:
-        snap = self.nodes.document(key).get()
-        return snap.to_dict() if snap.exists else None
+    def get_node(self, key: str) -> NodeDoc | None:
+        return _doc(self.nodes.document(key).get(), NodeDoc)
 
-    def set_node_fields(self, key: str, fields: Mapping[str, Any]) -> None:
+    def set_node_fields(self, key: str, fields: NodeFields) -> None:
         """Facts learned while acting (e.g. the reservation block from Compute's host topology)."""
         self.nodes.document(key).set(dict(fields), merge=True)
         self._count_writes(1)
 
-    def put_node(self, key: str, doc: Mapping[str, Any]) -> None:
+    def put_node(self, key: str, doc: NodeDoc) -> None:
         self.nodes.document(key).set(dict(doc))
 
-    def list(self, states: Iterable[State] | None = None) -> list[dict[str, Any]]:
+    def list(self, states: Iterable[State] | None = None) -> list[Incident]:
         q: Any = self.incidents
         wanted = sorted(states or ())
         if wanted:
@@ -293,9 +300,8 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         docs = [self._summed(d) for d in (s.to_dict() for s in q.stream()) if d]
         return sorted(docs, key=lambda d: d.get("created_at", 0))
 
-    def budget(self, doc_id: str) -> dict[str, Any] | None:
-        snap = self.budgets.document(doc_id).get()
-        return snap.to_dict() if snap.exists else None
+    def budget(self, doc_id: str) -> Budget | None:
+        return _doc(self.budgets.document(doc_id).get(), Budget)
 
     def release(self, iid: str, policy: Policy, now: float, by: str) -> engine.Outcome:
         """Retry a HELD incident against its budgets now (operator release or the periodic sweep).
@@ -332,9 +338,7 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
     def _decide(
         self,
         iid: str,
-        decide: Callable[
-            [dict[str, Any], dict[str, Any], Mapping[str, dict[str, Any] | None]], engine.Outcome
-        ],
+        decide: Callable[[Incident, NodeDoc, engine.Budgets], engine.Outcome],
     ) -> engine.Outcome:
         """Run one engine decision on an existing incident and write what it returns, in one transaction.
 
@@ -345,11 +349,13 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
 
         @firestore.transactional
         def txn(t: Any) -> engine.Outcome:
-            inc = ref.get(transaction=t).to_dict()
+            inc = _doc(ref.get(transaction=t), Incident)
             if not inc:
                 return engine.Outcome("ignored")
             node_ref = self.nodes.document(inc["node_key"])
-            node_doc = node_ref.get(transaction=t).to_dict() or engine.new_node(inc["node"], inc.get("job"))
+            node_doc = _doc(node_ref.get(transaction=t), NodeDoc) or engine.new_node(
+                inc["node"], inc.get("job")
+            )
             budgets = _LazyBudgets(self.budgets)
             out = decide(inc, node_doc, budgets)
             if out.result != "ignored":
@@ -367,13 +373,13 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
 
             @firestore.transactional
             def txn(t: Any, ref: Any = ref, burst: float = float(inc["burst_until"])) -> bool:
-                cur = ref.get(transaction=t).to_dict()
+                cur = _doc(ref.get(transaction=t), Incident)
                 if not cur:
                     return False
                 # The burst goes on while any shard says so (the listed view summed them).
                 cur["burst_until"] = max(float(cur["burst_until"]), burst)
                 budgets = {
-                    d: self.budgets.document(d).get(transaction=t).to_dict()
+                    d: _doc(self.budgets.document(d).get(transaction=t), Budget)
                     for d in cur.get("budget_scopes", [])
                 }
                 if not engine.close_if_burst_over(cur, now):

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from google.cloud import firestore
 
+from pitstop.core.domain import CountShard, Incident, Resolution
 from pitstop.core.store import resolution, with_shards
 
 
@@ -37,23 +37,25 @@ class CountShards:
     def _shards(self, iid: str) -> Any:
         return self.incidents.document(iid).collection("counts")
 
-    def put_count_shard(self, iid: str, shard: str, totals: Mapping[str, Any]) -> None:
+    def put_count_shard(self, iid: str, shard: str, totals: CountShard) -> None:
         self._shards(iid).document(shard).set(dict(totals))
         self._count_writes(1)
 
-    def incident_as_decided(self, iid: str) -> dict[str, Any] | None:
+    def incident_as_decided(self, iid: str) -> Incident | None:
         snap = self.incidents.document(iid).get()
-        return snap.to_dict() if snap.exists else None
+        return cast(Incident | None, snap.to_dict() if snap.exists else None)  # the edge: untyped dicts
 
-    def resolved_since(self, since: float) -> list[dict[str, Any]]:
+    def resolved_since(self, since: float) -> list[Resolution]:
         q = self.resolved.where(filter=firestore.FieldFilter("at", ">=", since))
-        return [d for d in (s.to_dict() for s in q.stream()) if d]
+        docs: list[Resolution | None] = [s.to_dict() for s in q.stream()]  # the edge, untyped
+        return [d for d in docs if d]
 
-    def _summed(self, inc: dict[str, Any]) -> dict[str, Any]:
+    def _summed(self, inc: Incident) -> Incident:
         """The incident with its shards' counts added (one query: at least one read)."""
-        return with_shards(inc, (s.to_dict() or {} for s in self._shards(inc["id"]).stream()))
+        shards: list[CountShard | None] = [s.to_dict() for s in self._shards(inc["id"]).stream()]  # the edge
+        return with_shards(inc, (d for d in shards if d))
 
-    def _note_resolved(self, t: Any, inc: Mapping[str, Any]) -> None:
+    def _note_resolved(self, t: Any, inc: Incident) -> None:
         """In the transaction that writes ``inc``: its resolved feed record, if it is RESOLVED."""
         rec = resolution(inc, time.time())
         if rec is None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
+
+from pitstop.core.domain import OutboxEntry
 
 
 class OutboxRecords:
@@ -18,21 +20,21 @@ class OutboxRecords:
     def _count_writes(self, n: int) -> None:
         raise NotImplementedError
 
-    def outbox_put_in(self, t: Any, nid: str, entry: Mapping[str, Any]) -> None:
+    def outbox_put_in(self, t: Any, nid: str, entry: OutboxEntry) -> None:
         """Record an outbox entry in the caller's transaction (committed with its decision or not at all)."""
         t.set(self.outbox.document(nid), dict(entry))
         self._count_writes(1)
 
-    def outbox_add(self, nid: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    def outbox_add(self, nid: str, entry: OutboxEntry) -> OutboxEntry:
         """Record an outbox entry unless one with this id exists; the stored entry either way."""
         ref = self.outbox.document(nid)
         try:
             ref.create(dict(entry))
         except gexc.AlreadyExists:
-            stored: dict[str, Any] = ref.get().to_dict() or dict(entry)
+            stored: OutboxEntry = ref.get().to_dict() or entry.copy()  # the edge: as its writer wrote it
             return stored
         self._count_writes(1)
-        return dict(entry)
+        return entry.copy()
 
     def outbox_mark_sent(self, nid: str, message_id: str, now: float, keep_s: float) -> None:
         """The entry's notification reached the topic; it expires (Firestore TTL) ``keep_s`` later."""
@@ -46,7 +48,7 @@ class OutboxRecords:
         self.outbox.document(nid).update({"failed_at": now, "failures": firestore.Increment(1)})
         self._count_writes(1)
 
-    def outbox_unsent(self, created_before: float) -> Iterator[dict[str, Any]]:
+    def outbox_unsent(self, created_before: float) -> Iterator[OutboxEntry]:
         """Unsent entries whose publish failed or that were recorded before ``created_before``."""
         q = self.outbox.where(filter=firestore.FieldFilter("sent", "==", False))
         docs = [d for d in (s.to_dict() for s in q.stream()) if d]

@@ -4,10 +4,11 @@ and the sweep finds the starts whose starter died."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from google.cloud import firestore
 
+from pitstop.core.domain import Incident
 from pitstop.core.states import UNCLAIMABLE_STATES, RunState
 
 T = TypeVar("T")
@@ -28,16 +29,18 @@ class StartRecords:
     def _serialised(self, nkey: str, claims: bool, fn: Callable[[], T]) -> T:
         raise NotImplementedError
 
-    def lease_start(self, iid: str, step: int, now: float, lease_s: float = 60.0) -> dict[str, Any] | None:
+    def lease_start(self, iid: str, step: int, now: float, lease_s: float = 60.0) -> Incident | None:
         """Claim the right to start the execution of one incident step (one starter at a time)."""
         ref = self._incidents().document(iid)
 
         @firestore.transactional
-        def txn(t: Any) -> dict[str, Any] | None:
+        def txn(t: Any) -> Incident | None:
             snap = ref.get(transaction=t)
-            inc: dict[str, Any] | None = snap.to_dict() if snap.exists else None
-            wf = (inc or {}).get("workflow") or {}
-            if inc is None or wf.get("step") != step or wf.get("state") != RunState.PENDING:
+            inc = cast(
+                Incident | None, snap.to_dict() if snap.exists else None
+            )  # the edge: as its writers wrote it
+            wf = inc.get("workflow") if inc is not None else None
+            if inc is None or wf is None or wf.get("step") != step or wf.get("state") != RunState.PENDING:
                 return None
             if inc["state"] in UNCLAIMABLE_STATES:  # closed by a person (or failed) before it started
                 return None
@@ -49,7 +52,7 @@ class StartRecords:
             self._count_writes(1)
             return inc
 
-        result: dict[str, Any] | None = self._serialised(iid, False, lambda: txn(self._txn()))
+        result: Incident | None = self._serialised(iid, False, lambda: txn(self._txn()))
         return result
 
     def record_started(self, iid: str, step: int, execution: str, now: float) -> None:
@@ -66,7 +69,7 @@ class StartRecords:
 
         self._serialised(iid, False, lambda: txn(self._txn()))
 
-    def pending_starts(self, now: float) -> list[dict[str, Any]]:
+    def pending_starts(self, now: float) -> list[Incident]:
         """Incidents whose decided workflow step has not been started (crash recovery)."""
         q = self._incidents().where(filter=firestore.FieldFilter("workflow.state", "==", RunState.PENDING))
         return [

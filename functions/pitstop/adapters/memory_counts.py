@@ -5,42 +5,41 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Mapping
-from typing import Any
 
+from pitstop.core.domain import CountShard, Incident, Resolution
 from pitstop.core.store import resolution, with_shards
 
 
 class MemoryCounts:
     """Mixed into the memory store, which provides the documents and its lock."""
 
-    incidents: dict[str, dict[str, Any]]
+    incidents: dict[str, Incident]
     writes: int
     _lock: threading.RLock
 
     def __init__(self) -> None:
-        self.count_shards: dict[str, dict[str, dict[str, Any]]] = {}  # incident -> shard -> totals
-        self.resolved: dict[str, dict[str, Any]] = {}
+        self.count_shards: dict[str, dict[str, CountShard]] = {}  # incident -> shard -> totals
+        self.resolved: dict[str, Resolution] = {}
 
-    def put_count_shard(self, iid: str, shard: str, totals: Mapping[str, Any]) -> None:
+    def put_count_shard(self, iid: str, shard: str, totals: CountShard) -> None:
         with self._lock:
-            self.count_shards.setdefault(iid, {})[shard] = copy.deepcopy(dict(totals))
+            self.count_shards.setdefault(iid, {})[shard] = copy.deepcopy(totals)
             self.writes += 1
 
-    def incident_as_decided(self, iid: str) -> dict[str, Any] | None:
+    def incident_as_decided(self, iid: str) -> Incident | None:
         with self._lock:
             return copy.deepcopy(self.incidents.get(iid))
 
-    def resolved_since(self, since: float) -> list[dict[str, Any]]:
+    def resolved_since(self, since: float) -> list[Resolution]:
         with self._lock:
-            return [dict(r) for r in self.resolved.values() if r["at"] >= since]
+            return [copy.copy(r) for r in self.resolved.values() if r["at"] >= since]
 
-    def _summed(self, inc: dict[str, Any]) -> dict[str, Any]:
+    def _summed(self, inc: Incident) -> Incident:
         with self._lock:
             shards = copy.deepcopy(list(self.count_shards.get(inc["id"], {}).values()))
         return with_shards(inc, shards)
 
-    def _note_resolved(self, inc: Mapping[str, Any], now: float) -> None:
+    def _note_resolved(self, inc: Incident, now: float) -> None:
         rec = resolution(inc, now)
         if rec is not None:
             self.resolved[inc["id"]] = rec

@@ -11,32 +11,41 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar, cast
 
 from pitstop.adapters.memory_counts import MemoryCounts
 from pitstop.core import engine, remediation
-from pitstop.core.domain import JobRestarts
-from pitstop.core.engine import Outcome
+from pitstop.core.domain import (
+    Budget,
+    FaultEvent,
+    Incident,
+    JobRestarts,
+    NodeDoc,
+    NodeFields,
+    OutboxEntry,
+    StepRecord,
+)
+from pitstop.core.engine import Budgets, Outcome
 from pitstop.core.policy import Policy
 from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
 from pitstop.core.steps import MemoryStepStore, record_state
 from pitstop.core.store import Commit, commit_of
 
 T = TypeVar("T")
-Decide = Callable[[dict[str, Any], dict[str, Any], Mapping[str, dict[str, Any] | None]], Outcome]
+Decide = Callable[[Incident, NodeDoc, Budgets], Outcome]
 
 
 class MemoryStore(MemoryCounts):
     def __init__(self) -> None:
         super().__init__()
-        self.nodes: dict[str, dict[str, Any]] = {}
-        self.incidents: dict[str, dict[str, Any]] = {}
-        self.budgets: dict[str, dict[str, Any]] = {}
+        self.nodes: dict[str, NodeDoc] = {}
+        self.incidents: dict[str, Incident] = {}
+        self.budgets: dict[str, Budget] = {}
         self.dedup: dict[str, str | None] = {}
         self.jobs: dict[str, dict[str, Any]] = {}
         self.job_restarts: dict[str, JobRestarts] = {}
-        self.outbox: dict[str, dict[str, Any]] = {}
+        self.outbox: dict[str, OutboxEntry] = {}
         self.step_stores: dict[str, MemoryStepStore] = {}
         self.on_decision: Callable[[Any, Outcome], None] | None = None
         self.writes = 0
@@ -49,7 +58,7 @@ class MemoryStore(MemoryCounts):
         """Keep the decision's documents: the engine made them fresh, and ``get`` hands out copies."""
         done = commit_of(out)
         for inc in done.incidents:
-            self.incidents[inc["id"]] = dict(inc)
+            self.incidents[inc["id"]] = inc.copy()
             self._note_resolved(inc, time.time())
         if done.node is not None:
             self.nodes[engine.subject_key(done.node)] = done.node
@@ -59,16 +68,15 @@ class MemoryStore(MemoryCounts):
             self.on_decision(None, out)
         return done
 
-    def apply(self, ev: Mapping[str, Any], policy: Policy, now: float) -> Outcome:
+    def apply(self, ev: FaultEvent, policy: Policy, now: float) -> Outcome:
         """Fold one event in, exactly once per delivery identity."""
         key = engine.event_key(ev)
         with self._lock:
             if key in self.dedup:
                 return Outcome("duplicate", duplicate_of=self.dedup[key])
             node = self.nodes.get(engine.subject_key(ev))  # the engine works on its own copies
-            latest = (
-                self.incidents.get(node["latest_incident"]) if node and node.get("latest_incident") else None
-            )
+            latest_id = node.get("latest_incident") if node else None
+            latest = self.incidents.get(latest_id) if latest_id else None
             out = engine.apply_event(ev, node, latest, self.budgets, policy, now, key)
             if out.result != "ignored":
                 self._commit(out)
@@ -118,11 +126,11 @@ class MemoryStore(MemoryCounts):
 
     # -- workflow starts ---------------------------------------------------------------------
 
-    def lease_start(self, iid: str, step: int, now: float, lease_s: float = 60.0) -> dict[str, Any] | None:
+    def lease_start(self, iid: str, step: int, now: float, lease_s: float = 60.0) -> Incident | None:
         with self._lock:
             inc = self.incident_as_decided(iid)
-            wf = (inc or {}).get("workflow") or {}
-            if inc is None or wf.get("step") != step or wf.get("state") != RunState.PENDING:
+            wf = inc.get("workflow") if inc is not None else None
+            if inc is None or wf is None or wf.get("step") != step or wf.get("state") != RunState.PENDING:
                 return None
             if inc["state"] in UNCLAIMABLE_STATES or wf.get("lease_until", 0) > now:
                 return None
@@ -133,29 +141,30 @@ class MemoryStore(MemoryCounts):
 
     def record_started(self, iid: str, step: int, execution: str, now: float) -> None:
         with self._lock:
-            inc = self.incidents.get(iid) or {}
-            wf = inc.get("workflow") or {}
-            if wf.get("step") == step:
+            inc = self.incidents.get(iid)
+            wf = inc.get("workflow") if inc is not None else None
+            if inc is not None and wf is not None and wf.get("step") == step:
                 wf.update({"state": RunState.STARTED, "execution": execution, "started_at": now})
                 inc["updated_at"] = now
 
-    def pending_starts(self, now: float) -> list[dict[str, Any]]:
+    def pending_starts(self, now: float) -> list[Incident]:
         with self._lock:
             return [
                 copy.deepcopy(i)
                 for i in self.incidents.values()
-                if (i.get("workflow") or {}).get("state") == RunState.PENDING
-                and i["workflow"].get("lease_until", 0) <= now
+                if (wf := i.get("workflow")) is not None
+                and wf.get("state") == RunState.PENDING
+                and wf.get("lease_until", 0) <= now
             ]
 
     # -- records -------------------------------------------------------------------------------
 
-    def get(self, iid: str) -> dict[str, Any] | None:
+    def get(self, iid: str) -> Incident | None:
         """The incident with its count shards summed (core/store.with_shards)."""
         inc = self.incident_as_decided(iid)
         return self._summed(inc) if inc is not None else None
 
-    def list(self, states: Iterable[State] | None = None) -> list[dict[str, Any]]:
+    def list(self, states: Iterable[State] | None = None) -> list[Incident]:
         wanted = {str(s) for s in states or ()}
         with self._lock:
             docs = [
@@ -165,15 +174,12 @@ class MemoryStore(MemoryCounts):
             ]
         return sorted(docs, key=lambda d: d.get("created_at", 0))
 
-    def latest_incident(self, nkey: str) -> dict[str, Any] | None:
+    def latest_incident(self, nkey: str) -> Incident | None:
         node = self.get_node(nkey)
-        return (
-            self.incident_as_decided(node["latest_incident"])
-            if node and node.get("latest_incident")
-            else None
-        )
+        latest_id = node.get("latest_incident") if node else None
+        return self.incident_as_decided(latest_id) if latest_id else None
 
-    def mutate(self, iid: str, fn: Callable[[dict[str, Any]], T]) -> T:
+    def mutate(self, iid: str, fn: Callable[[Incident], T]) -> T:
         with self._lock:
             inc = self.incident_as_decided(iid)
             if inc is None:
@@ -187,24 +193,25 @@ class MemoryStore(MemoryCounts):
                     self._note_resolved(inc, time.time())
             return out
 
-    def get_node(self, key: str) -> dict[str, Any] | None:
+    def get_node(self, key: str) -> NodeDoc | None:
         with self._lock:
             return copy.deepcopy(self.nodes.get(key))
 
-    def put_node(self, key: str, doc: Mapping[str, Any]) -> None:
+    def put_node(self, key: str, doc: NodeDoc) -> None:
         with self._lock:
-            self.nodes[key] = copy.deepcopy(dict(doc))
+            self.nodes[key] = copy.deepcopy(doc)
 
-    def set_node_fields(self, key: str, fields: Mapping[str, Any]) -> None:
+    def set_node_fields(self, key: str, fields: NodeFields) -> None:
         with self._lock:
-            self.nodes.setdefault(key, {}).update(copy.deepcopy(dict(fields)))
+            # a merge, as Firestore's set(merge=True): a new document holds only ``fields``
+            self.nodes.setdefault(key, cast(NodeDoc, {})).update(cast(NodeDoc, copy.deepcopy(fields)))
             self.writes += 1
 
-    def budget(self, doc_id: str) -> dict[str, Any] | None:
+    def budget(self, doc_id: str) -> Budget | None:
         with self._lock:
             return copy.deepcopy(self.budgets.get(doc_id))
 
-    def release_budget(self, inc: Mapping[str, Any]) -> None:
+    def release_budget(self, inc: Incident) -> None:
         with self._lock:
             docs = {d: self.budgets.get(d) for d in inc.get("budget_scopes", [])}
             self.budgets.update(engine.release_slots(docs, inc["id"]))
@@ -224,37 +231,38 @@ class MemoryStore(MemoryCounts):
         with self._lock:
             return self.step_stores.setdefault(iid, MemoryStepStore())
 
-    def step_record(self, iid: str, key: str) -> dict[str, Any] | None:
+    def step_record(self, iid: str, key: str) -> StepRecord | None:
         got = self.steps(iid).read(key)
-        return None if got is None else dict(got.record)
+        return None if got is None else got.record.copy()
 
-    def done_steps(self, iid: str) -> dict[str, dict[str, Any]]:
+    def done_steps(self, iid: str) -> dict[str, StepRecord]:
         """The incident's finished step records by key (what tests look at)."""
         store = self.steps(iid)
-        return {k: dict(r) for k, (r, _) in store.records.items() if record_state(r) == "done"}
+        return {k: r.copy() for k, (r, _) in store.records.items() if record_state(r) == "done"}
 
     # -- the outbox ------------------------------------------------------------------------------
 
-    def outbox_put_in(self, t: Any, nid: str, entry: Mapping[str, Any]) -> None:
-        self.outbox[nid] = copy.deepcopy(dict(entry))
+    def outbox_put_in(self, t: Any, nid: str, entry: OutboxEntry) -> None:
+        self.outbox[nid] = copy.deepcopy(entry)
         self.writes += 1
 
-    def outbox_add(self, nid: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    def outbox_add(self, nid: str, entry: OutboxEntry) -> OutboxEntry:
         with self._lock:
-            return copy.deepcopy(self.outbox.setdefault(nid, copy.deepcopy(dict(entry))))
+            return copy.deepcopy(self.outbox.setdefault(nid, copy.deepcopy(entry)))
 
     def outbox_mark_sent(self, nid: str, message_id: str, now: float, keep_s: float) -> None:
         with self._lock:
-            self.outbox.setdefault(nid, {}).update(
+            # Firestore's merge: an entry not there holds only these fields
+            self.outbox.setdefault(nid, cast(OutboxEntry, {})).update(
                 {"sent": True, "sent_at": now, "message_id": message_id, "expire_at": now + keep_s}
             )
 
     def outbox_note_failure(self, nid: str, now: float) -> None:
         with self._lock:
-            e = self.outbox.setdefault(nid, {})
+            e = self.outbox.setdefault(nid, cast(OutboxEntry, {}))  # as in outbox_mark_sent
             e.update({"failed_at": now, "failures": int(e.get("failures") or 0) + 1})
 
-    def outbox_unsent(self, created_before: float) -> Iterator[dict[str, Any]]:
+    def outbox_unsent(self, created_before: float) -> Iterator[OutboxEntry]:
         with self._lock:
             docs = [copy.deepcopy(d) for d in self.outbox.values() if d.get("sent") is False]
         due = [d for d in docs if d.get("failed_at") is not None or d.get("created_at", 0) <= created_before]

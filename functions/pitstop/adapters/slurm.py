@@ -307,7 +307,9 @@ class SlurmAgentClient:
 
 def _check_args(check: Mapping[str, Any], start: bool) -> dict[str, Any]:
     """What the agent takes of a check (it validates every value); the rest stays here."""
-    keys = ("name", "kind", "incident") + (("dcgm_level", "gpus", "message_bytes", "peer") if start else ())
+    keys: tuple[str, ...] = ("name", "kind", "incident")
+    if start:
+        keys += ("dcgm_level", "gpus", "message_bytes", "peer", "fabric", "exclude_peers")
     return {k: check[k] for k in keys if k in check}
 
 

@@ -9,13 +9,18 @@ Three questions a remediation step asks, each answered here without I/O:
   node; confirmed → replace (the finding goes into the host report), else step down to
   REBOOT_NODE. A diagnostic that never finished is no evidence either: step down too, since a
   reboot that does not heal the node fails its validation, which is measured evidence.
-- **validate**: after a repair, DCGM and an NCCL all_gather with one healthy peer; pass → the
-  node returns; evidence against the hardware → REPLACE_NODE (measured, so no diagnostic); else a
-  person is paged and the node stays fenced.
+- **validate**: after a repair, DCGM and an NCCL all_gather with one healthy peer under the
+  fabric's own NCCL setup; pass → the node returns; DCGM hardware failure or corrupt data →
+  REPLACE_NODE (the diagnostic runs first); a busbw shortfall → a second all_gather against a
+  different healthy peer (revalidate): short again → REPLACE_NODE, full speed → the node returns
+  and the first peer is named as suspect (a finding on neither); anything else pages and the node
+  stays fenced.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
@@ -33,12 +38,14 @@ from pitstop.core.domain import (
     GpuCounts,
     Incident,
     Measurement,
+    PeerMeasurement,
     Vm,
 )
 from pitstop.core.policy import Policy
 
 DIAGNOSE = "diagnose"
 VALIDATE = "validate"
+REVALIDATE = "revalidate"  # the second peer's NCCL test after a busbw shortfall
 EARLY = "early"
 AFTER_REPAIR = "after_repair"
 # Measured evidence an incident keeps (``measured``), newest last; bounded like every list on it.
@@ -232,6 +239,18 @@ def validate_spec(
         "gpus": gpus if gpus is not None else exp.gpus if exp else 8,
         "message_bytes": exp.message_bytes if exp else 8 << 30,
         "peer": True,
+        "fabric": exp.fabric.as_spec() if exp and exp.fabric else None,
+    }
+
+
+def revalidate_spec(first: CheckSpec, step: int, measured_peers: list[str]) -> CheckSpec:
+    """The second NCCL test after a shortfall: the same node, size and setup, another peer (the
+    scheduler picks it the way it picked the first, never one in ``exclude_peers``); no DCGM."""
+    return {
+        **first,
+        "kind": REVALIDATE,
+        "name": check_name(first["incident"], step, REVALIDATE),
+        "exclude_peers": sorted(set(measured_peers)),
     }
 
 
@@ -241,6 +260,13 @@ class ValidationVerdict:
     next: str  # RETURN_TO_SERVICE, REPLACE_NODE, or PAGE
     peer: str | None
     note: str
+    off_fabric: str | None = None  # why the NCCL figure was not the fabric's (None: it was)
+    peers: tuple[PeerMeasurement, ...] = ()
+
+    @property
+    def wants_second_peer(self) -> bool:
+        """A busbw shortfall against one peer, measured the fabric's way: ask another peer."""
+        return self.validation.verdict == "degraded" and self.peer is not None and self.off_fabric is None
 
     def record(self, at: float) -> Measurement:
         return {
@@ -250,8 +276,19 @@ class ValidationVerdict:
             "next": self.next,
             "peer": self.peer,
             "note": self.note,
+            "off_fabric": self.off_fabric,
+            "nccl_peers": list(self.peers),
             **self.validation.as_record(),
         }
+
+
+def _applied(out: Mapping[str, str]) -> Mapping[str, object] | None:
+    """The NCCL setup the scheduler reports it ran the test with (``nccl_setup``, JSON)."""
+    try:
+        doc = json.loads(out.get("nccl_setup") or "null")
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def judge_validation(
@@ -261,7 +298,11 @@ def judge_validation(
     policy: Policy,
     table: val.ValidationTable,
 ) -> ValidationVerdict:
-    """Judge the repaired node from its DCGM and NCCL outputs; fail closed on anything missing."""
+    """Judge the repaired node from its DCGM and NCCL outputs; fail closed on anything missing.
+
+    A busbw shortfall is not judged here: measured the fabric's way it asks for a second peer
+    (``wants_second_peer``, then ``judge_second_peer``); otherwise it pages (``off_fabric`` says why).
+    """
     cfg = policy.validation
     if not result or not result.get("done"):
         why = "validation did not finish" + (
@@ -270,16 +311,96 @@ def judge_validation(
         v = val.Validation(False, "incomplete", why + ": the node stays fenced")
         return ValidationVerdict(v, val.PAGE, None, "")
     out = result.get("outputs") or {}
-    peer = result.get("peer")
+    peer = str(result.get("peer")) if result.get("peer") else None
     note = str(result.get("note") or "")
     dcgm = val.parse_dcgm_diag(str(out.get("dcgm") or ""))
     if out.get("nccl") is None:
         v = _dcgm_only(dcgm, note, bool(cfg["require_peer"]), table.config_only_tests)
-    else:
-        v = val.validate(
-            machine_type, val.parse_all_gather(str(out["nccl"])), dcgm, float(cfg["busbw_fraction"]), table
+        return ValidationVerdict(v, val.next_action(action, v), peer, note)
+    nccl = val.parse_all_gather(str(out["nccl"]))
+    v = val.validate(machine_type, nccl, dcgm, float(cfg["busbw_fraction"]), table)
+    exp = table.expectation(machine_type)
+    off = val.off_fabric(exp, nccl, _applied(out)) if exp and v.verdict == "degraded" else None
+    peers: tuple[PeerMeasurement, ...] = ({"peer": peer, "busbw_gbps": v.busbw, "verdict": v.verdict},)
+    if off is not None:  # the figure says nothing of the host: said where a person reads it
+        v = dataclasses.replace(v, why=f"{v.why}; but {off}: no evidence against the host")
+        note = f"{note}; " if note else ""
+        note += f"busbw short, but {off}: no evidence against the host"
+    return ValidationVerdict(v, val.next_action(action, v), peer, note, off, peers)
+
+
+def judge_second_peer(
+    action: str,
+    machine_type: str,
+    first: ValidationVerdict,
+    result: CheckRun | None,
+    policy: Policy,
+    table: val.ValidationTable,
+) -> ValidationVerdict:
+    """The shortfall against the first peer, judged with the second peer's all_gather.
+
+    Short against both, each measured the fabric's way → the host is at fault (REPLACE_NODE after
+    a repair). Full speed with the second → the node returns to service: it passed DCGM and ran
+    at the fabric's speed with a healthy peer, so the first peer (or the path between) is named
+    as suspect in the incident, a finding against neither. No second peer, a run that did not
+    finish, or a figure not measured the fabric's way → a page, the node stays fenced.
+    """
+    p1 = first.peer
+    v1 = first.validation
+    exp = table.expectation(machine_type)
+    short1 = (
+        f"busbw {v1.busbw:.2f} GB/s against {p1}" if v1.busbw is not None else f"busbw short against {p1}"
+    )
+
+    def page(why: str, peers: tuple[PeerMeasurement, ...] = first.peers) -> ValidationVerdict:
+        v = val.Validation(
+            False,
+            "degraded_one_peer",
+            f"{short1}; {why}: a finding on neither, a person decides",
+            v1.busbw,
+            v1.expected,
+            v1.threshold,
+            v1.message_bytes,
+            v1.dcgm_verdict,
         )
-    return ValidationVerdict(v, val.next_action(action, v), str(peer) if peer else None, note)
+        return ValidationVerdict(v, val.PAGE, p1, why, first.off_fabric, peers)
+
+    if exp is None or not result or not result.get("done"):
+        err = f" ({result.get('error')})" if result and result.get("error") else ""
+        return page(f"the second peer's measurement did not finish{err}")
+    p2 = str(result.get("peer")) if result.get("peer") else None
+    if p2 is None or p2 == p1:
+        return page(f"no second healthy peer to measure against ({result.get('note') or 'none free'})")
+    out = result.get("outputs") or {}
+    nccl = val.parse_all_gather(str(out.get("nccl") or ""))
+    v2 = val.judge_busbw(
+        machine_type, exp, float(policy.validation["busbw_fraction"]), nccl, str(v1.dcgm_verdict)
+    )
+    peers = (*first.peers, PeerMeasurement(peer=p2, busbw_gbps=v2.busbw, verdict=v2.verdict))
+    off2 = val.off_fabric(exp, nccl, _applied(out)) if v2.verdict in ("degraded", "pass") else None
+    if off2 is not None:
+        return page(f"the second measurement ({p2}) was not the fabric's: {off2}", peers)
+    if v2.verdict == "degraded":
+        v = dataclasses.replace(
+            v1,
+            why=f"{short1} and {v2.busbw:.2f} GB/s against {p2}, both under the fabric's"
+            f" setup: the host is short whichever peer it runs with ({v1.why})",
+        )
+        return ValidationVerdict(
+            v,
+            val.next_action(action, v, busbw_corroborated=True),
+            p1,
+            f"short against {p1} and {p2}",
+            None,
+            peers,
+        )
+    if v2.verdict == "pass":
+        note = (
+            f"{short1} but full speed against {p2}: {p1} or the path to it is suspect; a finding on neither"
+        )
+        v = dataclasses.replace(v2, why=f"{v2.why} (with {p2}); {note}")
+        return ValidationVerdict(v, val.RETURN_TO_SERVICE, p2, note, None, peers)
+    return page(f"the second measurement ({p2}) says nothing: {v2.why}", peers)
 
 
 def _dcgm_only(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -66,8 +66,9 @@ class Classifier:
 
     def _decide_xid(self, ev: Event) -> None:
         detail = ev["detail"]
-        rule = self.xids.rule(ev["xid"])
-        d = self.xids.decide(ev["xid"], detail)
+        xid = cast(int, ev["xid"])  # a gpu_xid event names its code (core/parse.py)
+        rule = self.xids.rule(xid)
+        d = self.xids.decide(xid, detail)
         ev["action"], ev["reason"] = d.action, d.reason
         detail["xid_name"] = rule.name
         if rule.app_fault:

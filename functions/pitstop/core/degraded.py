@@ -11,6 +11,9 @@ questions decided here, without I/O (the data: ``degraded`` in schemas/xid-polic
   node itself back under the line → the condition has passed: no move. Nothing to compare with (a
   one-node job, no telemetry readable) → the alert stands: Monitoring's channel is authenticated
   and a planned move is reversible.
+  On GKE the readings are dcgm-exporter's series in Managed Service for Prometheus (``prometheus``
+  in the same section, read through its PromQL query API: adapters/prometheus.py); each series'
+  samples are reduced here (core/promql.py) to one value per node, and compared as above.
 - **the repair by finding**: the node check's hardware finding (the diagnostic's, or for a throttling
   node its hardware slowdown active now) earns the symptom's ``on_finding``
   action (REPLACE_NODE: irreversible, so never without one); no finding, ``otherwise`` (a reset,
@@ -21,12 +24,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from pitstop.core import diagnose as diag
 from pitstop.core import resources
 from pitstop.core.actions import Action
+from pitstop.core.domain import Measurement
 
 KIND = "degraded"
 Verdict = Literal["move", "gang_wide", "cleared"]
@@ -46,10 +50,55 @@ class SymptomRule:
     otherwise: str
 
 
+Reduce = Literal["bits_share", "increase", "rate"]
+
+
+@dataclass(frozen=True)
+class PromRule:
+    """How one symptom's peers are read on GKE: a PromQL selector over dcgm-exporter's series, and
+    how each series' samples reduce to one value (``degraded.prometheus`` in schemas/xid-policy.yaml).
+
+    ``reduce``: ``bits_share``, the share of samples with any bit of ``mask`` set (a bitmap gauge);
+    ``increase``, a counter's rise over the window (a reset counts from zero, as PromQL's);
+    ``rate``, that rise per second times ``per_s``. A node's value is its worst GPU's.
+    """
+
+    symptom: str
+    metric: str
+    query: str  # a PromQL vector selector; ``{nodes}`` becomes the nodes' names as one anchored regex
+    node_label: str
+    reduce: Reduce
+    threshold: float
+    hold_s: float
+    step_s: float
+    mask: int = 0
+    per_s: float = 1.0
+
+
+def _prom_rule(name: str, r: Mapping[str, Any], node_label: str) -> PromRule:
+    reduce = str(r["reduce"])
+    if reduce not in ("bits_share", "increase", "rate"):
+        raise ValueError(f"degraded.prometheus.{name}.reduce: unknown reduction {reduce!r}")
+    return PromRule(
+        name,
+        str(r["metric"]),
+        str(r["query"]),
+        node_label,
+        reduce,  # type: ignore[arg-type]  # checked just above
+        float(r["threshold"]),
+        float(r["hold_s"]),
+        float(r["step_s"]),
+        int(r.get("mask", 0)),
+        float(r.get("per_s", 1.0)),
+    )
+
+
 @dataclass(frozen=True)
 class DegradedPolicy:
     gang_wide_share: float
     symptoms: Mapping[str, SymptomRule]
+    prometheus: Mapping[str, PromRule] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)  # scheduler -> where its nodes' DCGM lives
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> DegradedPolicy:
@@ -66,17 +115,32 @@ class DegradedPolicy:
             )
             for name, r in doc["symptoms"].items()
         }
-        return cls(float(doc["gang_wide_share"]), rules)
+        prom = doc.get("prometheus") or {}
+        label = str(prom.get("node_label") or "Hostname")
+        proms = {n: _prom_rule(n, r, label) for n, r in (prom.get("symptoms") or {}).items()}
+        return cls(float(doc["gang_wide_share"]), rules, proms, dict(doc.get("sources") or {}))
 
     def rule(self, symptom: Any) -> SymptomRule | None:
         return self.symptoms.get(symptom) if isinstance(symptom, str) else None
 
+    def source(self, scheduler: str | None) -> str:
+        """Where a cluster's node telemetry is read: ``monitoring`` (Cloud Monitoring's timeSeries,
+        the Ops Agent's DCGM metrics) unless the policy names another for its scheduler."""
+        return self.sources.get(scheduler or "", "monitoring")
+
+    def line(self, symptom: Any, source: str) -> SymptomRule | PromRule | None:
+        """The comparison rule for a symptom read from ``source`` (None: the alert stands alone)."""
+        if source == "prometheus":
+            return self.prometheus.get(symptom) if isinstance(symptom, str) else None
+        return self.rule(symptom)
+
 
 class Telemetry(Protocol):
-    """Where the peers' readings come from (adapters/monitoring.py: Cloud Monitoring's timeSeries.list)."""
+    """Where the peers' readings come from (adapters/monitoring.py: Cloud Monitoring's timeSeries.list
+    with a SymptomRule; adapters/prometheus.py: Managed Service for Prometheus with a PromRule)."""
 
     def node_values(
-        self, project: str, rule: SymptomRule, nodes: Sequence[str], now: float
+        self, project: str, rule: Any, nodes: Sequence[str], now: float
     ) -> dict[str, float | None]:
         """Each node's reading of the rule's metric over its window (None: no series for it)."""
         ...
@@ -103,7 +167,7 @@ class PeerVerdict:
     def move(self) -> bool:
         return self.verdict == "move"
 
-    def record(self, now: float, step: int) -> dict[str, Any]:
+    def record(self, now: float, step: int) -> Measurement:
         """What the incident keeps (its ``corroboration``: the signal held against the peers, or not)."""
         return {
             "kind": "peers",
@@ -131,7 +195,7 @@ def _fmt(v: float) -> str:
 
 
 def compare(
-    rule: SymptomRule | None,
+    rule: SymptomRule | PromRule | None,
     share: float,
     node: str,
     node_value: float | None,
@@ -233,6 +297,7 @@ __all__ = [
     "KIND",
     "DegradedPolicy",
     "PeerVerdict",
+    "PromRule",
     "SymptomRule",
     "Telemetry",
     "close_note",

@@ -10,7 +10,7 @@ Times are epoch seconds unless a name says otherwise (``observed_at`` is RFC 333
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict, final
 
 # -- a fault event: one normalised signal (schemas/fault_event.schema.json) ---------------------
 
@@ -75,6 +75,93 @@ class FaultEvent(TypedDict):
     _observed_ts: NotRequired[float]
 
 
+# -- a driver line's facts (core/xid_line.py, core/sxid_line.py), before they are an event --------
+
+
+class XidDetail(TypedDict, total=False):
+    """What an Xid line says beyond its code (reference/xid-catalog.md §3.2): each key only when
+    the line carries it within what a driver can print; the rest is named in ``anomalies``."""
+
+    message: str
+    pid: int
+    process: str
+    anomalies: list[str]
+    gpc: int  # 13
+    tpc: int
+    sm: int
+    primary_xid: int  # 45: the Xid it was caused by
+    memory: str  # 48: sram | dram
+    pending_remap: bool  # 63
+    remap_failure: bool  # 64
+    link: int  # 74, 144-150
+    registers: list[str]
+    unit: str  # 94/95, 144-150
+    fatal: bool
+    intr_info: int
+    error_status: int
+    rst: bool  # 94/95
+    d_rst: bool
+    recovery_from: int  # 154
+    recovery_to: int
+    recovery_label: str
+    inferred_from: str  # 79 without an Xid line: "fallen_off_bus_line"
+    truncated: bool  # the message was cut before parsing (core/parse.py)
+    original_bytes: int
+
+
+class SxidDetail(TypedDict, total=False):
+    """What an NVSwitch SXid line says (core/sxid_line.py)."""
+
+    sxid: int
+    switch: int
+    switch_pci: str
+    severity: str  # fatal | non_fatal
+    link: int
+    first: bool
+    message: str
+    anomalies: list[str]
+    truncated: bool
+    original_bytes: int
+
+
+class SystemEventDetail(TypedDict, total=False):
+    """A Compute Engine system event's facts: its method, status, and maintenance if it is one."""
+
+    method: str
+    status_message: str
+    maintenance_status: str | None
+    maintenance_type: str | None
+    window_start: str | None
+    window_end: str | None
+    completed: bool
+
+
+@final
+class XidLine(TypedDict):
+    """A readable Xid line (or an inferred Xid 79): its code, its GPU, and its facts."""
+
+    xid: int
+    pci: str | None
+    mig: MigRef | None
+    detail: XidDetail
+
+
+@final
+class SxidLine(TypedDict):
+    sxid: int
+    detail: SxidDetail
+
+
+@final
+class LineError(TypedDict):
+    """A driver line whose code cannot be read: why."""
+
+    error: str
+
+
+DriverLine = XidLine | SxidLine | LineError
+
+
 class LocatedEvent(FaultEvent):
     """An event that names a node (what the engine folds into incidents)."""
 
@@ -99,6 +186,25 @@ class Timeline(TypedDict, total=False):
     notified: float
     resolved: float
     closed: float
+
+
+# A Timeline key: a milestone stamped once, in the order an incident passes them (core/engine.TIMELINE_KEYS).
+Milestone = Literal[
+    "detected",
+    "classified",
+    "fenced",
+    "job_requeued",  # the gang's requeue asked for: early (right after the fence) or once the node is back
+    "job_running",  # the gang observed running again (a new run of each job)
+    "localised",  # a hung job's culprits handed to their own node incidents
+    "corroborated",  # the fault confirmed on the node itself (ring buffer, nvidia-smi, Node condition)
+    "diagnosed",
+    "acted",
+    "healthy",
+    "validated",
+    "notified",
+    "resolved",
+    "closed",
+]
 
 
 class WorkflowRun(TypedDict, total=False):
@@ -132,7 +238,7 @@ class GpuCounts(TypedDict, total=False):
     first_seen: float
     last_seen: float
     xids: dict[str, int]
-    secondary: dict[str, Any]
+    secondary: dict[str, int]  # a secondary Xid -> the primary it names (xid-policy ``tie: primary``)
     recovery_to: int | None
 
 
@@ -155,13 +261,20 @@ class Failure(TypedDict):
     at: float
 
 
+class UnfenceAnswer(TypedDict):
+    """What asking the node's scheduler to take the node back did (services/close.py)."""
+
+    outcome: str  # done | left drained | not needed | sent | refused | not sent
+    detail: str
+
+
 class Closure(TypedDict):
     """A person ended the incident (``pitstop incidents --close``)."""
 
     by: str
     at: float
     from_state: str
-    unfence: bool
+    unfence: bool | UnfenceAnswer  # asked for; once asked, the scheduler's answer
 
 
 class Rejected(TypedDict):
@@ -248,8 +361,46 @@ class Incident(TypedDict):
     validation: NotRequired[Measurement]
     measured: NotRequired[list[Measurement]]
     corroboration: NotRequired[Measurement]
-    localise: NotRequired[dict[str, Any]]  # a hung job: whether it is localised, and why (engine)
-    localisation: NotRequired[dict[str, Any]]  # ... its nodes, each round's verdict, the outcome
+    localise: NotRequired[LocalisePlan]  # a hung job: whether it is localised, and why (engine)
+    localisation: NotRequired[Localisation]  # ... its nodes, each round's verdict, the outcome
+
+
+class LocalisePlan(TypedDict):
+    """Whether a hung job's step localises it first, and why (core/localise.Plan.doc)."""
+
+    run: bool
+    why: str
+    at: float
+
+
+class Deltas(TypedDict):
+    """An incident's counts buffered in memory between merges (services/coalesce.py; core/engine
+    counts into these exactly as into an incident)."""
+
+    counts: dict[str, int]
+    gpus: dict[str, GpuCounts]
+    evidence: list[Evidence]
+    last_seen: float
+    recent_keys: NotRequired[list[str]]
+
+
+class CountShard(Deltas):
+    """One writer's storm counts of an incident, written whole beside it (core/store.with_shards;
+    services/count_shards.py): its totals, and the burst they extend."""
+
+    incident: str
+    node: str
+    burst_until: float
+    at: float
+
+
+class Resolution(TypedDict):
+    """The resolved feed's record of an incident written RESOLVED (core/store.resolution)."""
+
+    incident: str
+    node: str | None
+    at: float
+    expire_at: Any  # a datetime in Firestore (its TTL policy reads it), epoch s in memory
 
 
 # -- the node, its budgets ----------------------------------------------------------------------
@@ -282,6 +433,14 @@ class NodeDoc(TypedDict):
     last_action_at: dict[str, float]
     strikes: NotRequired[list[Strike]]
     block: NotRequired[str]  # the reservation block, from Compute's physical host topology
+    localised_at: NotRequired[float]  # a job's document: when its last hang was localised (engine)
+
+
+class NodeFields(TypedDict, total=False):
+    """Fields merged into a node document as they are (the store's ``set_node_fields``)."""
+
+    block: str
+    localised_at: float
 
 
 class Slot(TypedDict):
@@ -295,6 +454,20 @@ class Budget(TypedDict):
     scope: str
     slots: dict[str, Slot]
     paged_until: float
+
+
+class OutboxEntry(TypedDict):
+    """A notification recorded before it is published (services/outbox.py)."""
+
+    id: str
+    notification: dict[str, Any]  # a Notice or a page, as JSON carries it (what is published)
+    created_at: float
+    sent: bool
+    sent_at: NotRequired[float]
+    message_id: NotRequired[str]
+    expire_at: NotRequired[Any]  # a datetime in Firestore (its TTL policy reads it), epoch s in memory
+    failed_at: NotRequired[float]
+    failures: NotRequired[int]
 
 
 # -- one recorded effect (core/steps.py) ---------------------------------------------------------
@@ -402,6 +575,8 @@ class CheckSpec(TypedDict):
     xids: NotRequired[list[int]]
     sxids: NotRequired[list[int]]
     boot_after: NotRequired[float | None]  # the VM's last start (epoch s): a GKE condition older says nothing
+    fabric: NotRequired[dict[str, Any] | None]  # validate: the fabric's NCCL setup (Fabric.as_spec)
+    exclude_peers: NotRequired[list[str]]  # revalidate: peers already measured against
 
 
 class CheckRun(TypedDict, total=False):
@@ -412,6 +587,63 @@ class CheckRun(TypedDict, total=False):
     peer: str | None
     error: str | None
     note: str | None
+    exit_codes: dict[str, int]  # per tool (124: it ran out of time)
+
+
+# -- a hung job's localisation (core/localise.py) ---------------------------------------------------
+
+
+class LocaliseConfig(TypedDict):
+    """The policy's ``localise`` section (schemas/policy.schema.json)."""
+
+    enabled: bool
+    culprit_action: str
+    max_culprit_percent: float
+    link_fraction: float
+    link_bytes: int
+    tool_timeout_s: float
+    link_timeout_s: float
+
+
+class GangCheckSpec(TypedDict):
+    """A check on every node of a running job (the sweep, or the ring links' NCCL test), saved with
+    its step before the scheduler is asked."""
+
+    kind: str  # core/localise.SWEEP | LINKS
+    name: str
+    incident: str
+    job: str
+    nodes: list[str]
+    timeout_s: int
+    pairs: NotRequired[list[str]]  # links: "a+b" (Firestore keeps no nested arrays)
+    message_bytes: NotRequired[int]
+    gpus: NotRequired[int]
+
+
+class Localisation(TypedDict, total=False):
+    """What a hung job's localisation found, kept on its incident (services/actuate/localise.py)."""
+
+    job: str
+    nodes: list[str]
+    started_at: float
+    rounds: list[LocaliseRound]  # the last four
+    culprits: list[str]
+    incidents: dict[str, str]  # culprit node -> its own node incident
+    outcome: str  # culprits | nothing_found | not_running
+    page: str
+
+
+class LocaliseRound(TypedDict):
+    """One localisation round's verdict as recorded (core/localise.Verdict.record)."""
+
+    kind: str
+    at: float
+    culprits: list[str]
+    why: str
+    checked: list[str]
+    findings: dict[str, list[str]]
+    suspects: list[str]
+    measured: dict[str, float | None]
 
 
 class CapacityDoc(TypedDict, total=False):
@@ -523,6 +755,20 @@ class Measurement(DiagnosisDetail, total=False):
     threshold_gbps: float | None
     message_bytes: int | None
     dcgm_failed: list[str]
+    node_value: float | None  # peers (a degraded node held against its gang: core/degraded.py)
+    peers: dict[str, float | None]
+    alike: list[str]
+    source: str  # peers: where the readings came from (monitoring | prometheus)
+    off_fabric: str | None  # validate: why the NCCL figure was not measured the fabric's way
+    nccl_peers: list[PeerMeasurement]  # validate: each NCCL measurement, first peer first
+
+
+class PeerMeasurement(TypedDict):
+    """One NCCL all_gather of a validation: the peer, its busbw (None: no figure) and verdict."""
+
+    peer: str | None
+    busbw_gbps: float | None
+    verdict: str
 
 
 class FenceDoc(TypedDict, total=False):

@@ -5,10 +5,13 @@ one Firestore transaction, calls :func:`apply_event`, and writes back what it re
 Keeping the judgement pure makes every rule testable without a database and lets
 ``pitstop replay`` run the very same code against past logs.
 
-Documents (all times are epoch seconds):
-- node: ``{node, latest_incident, remediations: [{at, action, incident}], last_action_at: {action: t}}``
-- incident: see :func:`new_incident`
-- budget: ``{scope, slots: {incident_id: {at, active}}, paged_until}``
+Documents (all times are epoch seconds; their shapes are core/domain.py's TypedDicts):
+- node: NodeDoc ``{node, latest_incident, remediations: [{at, action, incident}], last_action_at}``
+- incident: Incident, made by :func:`new_incident`
+- budget: Budget ``{scope, slots: {incident_id: {at, active}}, paged_until}``
+
+One decision's context (the node document, the budgets, the policy, the time, the Outcome being
+built, the cluster's size, whether a person forces it) travels as one frozen :class:`Decision`.
 """
 
 from __future__ import annotations
@@ -19,13 +22,29 @@ import hashlib
 import sys
 from collections import ChainMap
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, cast, get_args
 
 from pitstop.core import alerts, lifecycle, localise, trust
 from pitstop.core.actions import JOB_ACTIONS, NODE_ACTIONS, RANK, RECORD_ONLY_ACTIONS, Action, higher
 from pitstop.core.catalog import SXID_KIND, TIE_PRIMARY, TIE_RECOVERY
-from pitstop.core.domain import AlertRef, Evidence, GpuCounts, Held, Incident, JobRef, Maintenance, NodeRef
+from pitstop.core.domain import (
+    AlertRef,
+    Budget,
+    Deltas,
+    Evidence,
+    FaultEvent,
+    GpuCounts,
+    Held,
+    Incident,
+    JobRef,
+    Maintenance,
+    Milestone,
+    NodeDoc,
+    NodeRef,
+    Remediation,
+    Slot,
+)
 from pitstop.core.policy import Cluster, Policy
 from pitstop.core.states import ACTIVE_STATES, OPEN_STATES, UNCLAIMABLE_STATES, RunState, State
 
@@ -43,30 +62,15 @@ MAX_DELTA_KEYS = 64  # ... and that one node's counts buffered in memory carry (
 MAX_GPUS = 32
 MAX_XIDS = 32
 OTHER = "other"
-TIMELINE_KEYS = (
-    "detected",
-    "classified",
-    "fenced",
-    "job_requeued",  # the gang's requeue asked for: early (right after the fence) or once the node is back
-    "job_running",  # the gang observed running again (a new run of each job)
-    "localised",  # a hung job's culprits handed to their own node incidents
-    "corroborated",  # the fault confirmed on the node itself (ring buffer, nvidia-smi, Node condition)
-    "diagnosed",
-    "acted",
-    "healthy",
-    "validated",
-    "notified",
-    "resolved",
-    "closed",
-)
+TIMELINE_KEYS: tuple[Milestone, ...] = get_args(Milestone)
 
 
-def node_key(node: Mapping[str, Any]) -> str:
+def node_key(node: NodeRef) -> str:
     """Document id for a node: validated names only, so it is safe as a path segment."""
     return f"{node['project']}.{node['zone']}.{node['instance']}".replace(":", "~")
 
 
-def job_key(job: Mapping[str, Any]) -> str:
+def job_key(job: JobRef) -> str:
     """Document id for a job's episodes (a hung job): validated names, '/' and ':' made path-safe.
 
     A project id is at least 6 characters, so no node key starts with ``job.``.
@@ -74,29 +78,33 @@ def job_key(job: Mapping[str, Any]) -> str:
     return f"job.{job['project']}.{job['cluster']}.{job['job']}".replace(":", "~").replace("/", "~")
 
 
-def subject_key(doc: Mapping[str, Any]) -> str:
+# What names a subject (a node, or a job for a job-level signal): an event, an incident or a node document.
+Subject = FaultEvent | Incident | NodeDoc
+
+
+def subject_key(doc: Subject) -> str:
     """Where an event's (or incident's, or node document's) episodes are kept: its node's key,
     or its job's for a job-level signal, which names a ``job`` and no ``node``."""
     job = doc.get("job")
     if doc.get("node") is None and isinstance(job, Mapping):
         return job_key(job)
-    return node_key(doc["node"])
+    return node_key(cast(NodeRef, doc["node"]))  # a subject without a job names its node
 
 
-def subject_name(inc: Mapping[str, Any]) -> str:
+def subject_name(inc: FaultEvent | Incident) -> str:
     """How a person knows the subject: the node's name, or ``job J of cluster C``."""
     job = inc.get("job")
     if inc.get("node") is None and isinstance(job, Mapping):
         return f"job {job['job']} of cluster {job['cluster']}"
-    return str(inc["node"]["instance"])
+    return str(cast(NodeRef, inc["node"])["instance"])  # a subject without a job names its node
 
 
-def cluster_of(policy: Policy, doc: Mapping[str, Any]) -> Cluster | None:
+def cluster_of(policy: Policy, doc: FaultEvent | Incident) -> Cluster | None:
     """The configured cluster an event's (or incident's) subject belongs to."""
     job = doc.get("job")
     if doc.get("node") is None and isinstance(job, Mapping):
         return policy.cluster_named(str(job["cluster"]))
-    return policy.cluster_for(doc["node"])
+    return policy.cluster_for(cast(NodeRef, doc["node"]))  # a subject without a job names its node
 
 
 def incident_id(key: str, trigger: str) -> str:
@@ -105,21 +113,32 @@ def incident_id(key: str, trigger: str) -> str:
     return "i" + base64.b32encode(digest).decode().lower()[:9]
 
 
-def event_key(ev: Mapping[str, Any]) -> str:
+def event_key(ev: FaultEvent) -> str:
     """The idempotency key of a delivery: LogEntry insertId (with its log), else the message id."""
     src = ev["source"]
-    ident = src.get("insert_id") or src.get("message_id") or repr(sorted(ev.get("detail", {}).items()))
+    ident = src.get("insert_id") or src.get("message_id") or repr(sorted(_detail(ev).items()))
     return hashlib.sha256(f"{src.get('log_name')}|{ident}".encode()).hexdigest()[:32]
 
 
-def summary(ev: Mapping[str, Any]) -> Evidence:
+def _detail(ev: FaultEvent) -> dict[str, Any]:
+    """The event's kind-specific facts (schemas/fault_event ``detail``); {} for an event without."""
+    return ev.get("detail", {})
+
+
+def _pci(ev: FaultEvent) -> str | None:
+    """The PCI address of the GPU the event names, if it names one."""
+    gpu = ev.get("gpu")
+    return gpu.get("pci") if gpu else None
+
+
+def summary(ev: FaultEvent) -> Evidence:
     """What an incident keeps of one event (evidence for humans and the host report)."""
-    d = ev.get("detail", {})
+    d = _detail(ev)
     return {
         "kind": ev["kind"],
         "xid": ev["xid"],
         "action": ev["action"],
-        "gpu": (ev.get("gpu") or {}).get("pci"),
+        "gpu": _pci(ev),
         "observed_at": ev.get("observed_at"),
         "insert_id": ev["source"].get("insert_id"),
         # One string per rule, not per line: a storm buffers thousands of these (see count_into).
@@ -155,38 +174,44 @@ class Outcome:
     result: Result
     incident: Incident | None = None
     closed: Incident | None = None  # a previous record-only incident whose burst ended
-    node: dict[str, Any] | None = None
-    budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    node: NodeDoc | None = None
+    budgets: dict[str, Budget] = field(default_factory=dict)
     start_step: int | None = None  # a workflow execution is due for this incident step
     page: str | None = None  # a human must be paged, with this reason
     coalesced: bool = False  # absorbed in memory only; the store was not written
     duplicate_of: str | None = None  # a duplicate delivery: the incident its first delivery touched
 
 
-# What counting works on: an incident, or the in-memory deltas of one (services/coalesce.py), or a
-# stored document of either, as the stores hand them over.
-Counted = Incident | dict[str, Any]
+# What counting works on: an incident, or the in-memory deltas of one (services/coalesce.py).
+Counted = Incident | Deltas
 
 
-def as_incident(doc: Mapping[str, Any]) -> Incident:
+def as_incident(doc: Incident | Mapping[str, Any]) -> Incident:
     """A stored incident document as the engine works on it: a copy (the caller's stays as it was)."""
+    # The edge: a document the store read (its writers wrote Incidents) is one from here on.
     return cast(Incident, copy.deepcopy(dict(doc)))
 
 
-def new_node(node: Mapping[str, Any] | None, job: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def new_node(node: NodeRef | None, job: JobRef | None = None) -> NodeDoc:
     """A node's document, or a job's (``node`` None) for job-level episodes."""
-    doc: dict[str, Any] = {"node": dict(node) if node is not None else None}
     if node is None and job is not None:
-        doc["job"] = dict(job)
-    return doc | {"latest_incident": None, "remediations": [], "last_action_at": {}}
+        return {
+            "node": None,
+            "job": job.copy(),
+            "latest_incident": None,
+            "remediations": [],
+            "last_action_at": {},
+        }
+    copied = node.copy() if node is not None else None
+    return {"node": copied, "latest_incident": None, "remediations": [], "last_action_at": {}}
 
 
-def new_incident(iid: str, ev: Mapping[str, Any], cluster: Any, policy: Policy, now: float) -> Incident:
+def new_incident(iid: str, ev: FaultEvent, cluster: Cluster | None, policy: Policy, now: float) -> Incident:
     detected = ev.get("_observed_ts") or now
     inc: Incident = {
         "id": iid,
         "node_key": subject_key(ev),
-        "node": cast(NodeRef, dict(ev["node"])) if ev.get("node") is not None else None,
+        "node": node.copy() if (node := ev.get("node")) is not None else None,
         "cluster": cluster.name if cluster else None,
         "scheduler": cluster.scheduler if cluster else "none",
         "state": State.OPEN,
@@ -213,10 +238,11 @@ def new_incident(iid: str, ev: Mapping[str, Any], cluster: Any, policy: Policy, 
         "created_at": now,
         "updated_at": now,
     }
-    if ev.get("node") is None and ev.get("job"):
-        inc["job"] = cast(JobRef, dict(ev["job"]))
+    job = ev.get("job")
+    if ev.get("node") is None and job:
+        inc["job"] = job.copy()
     if ev["kind"] == "maintenance":
-        d = ev.get("detail", {})
+        d = _detail(ev)
         inc["maintenance"] = Maintenance(
             window_start=d.get("window_start"),
             window_end=d.get("window_end"),
@@ -233,14 +259,14 @@ def remember_keys(inc: Counted, keys: list[str], limit: int = MAX_RECENT_KEYS) -
         del kept[: len(kept) - limit]
 
 
-def bounded_key(table: Mapping[str, Any], key: str, limit: int) -> str:
+def bounded_key(table: Mapping[str, object], key: str, limit: int) -> str:
     """``key`` if the table already has it or has room for it; else the shared OTHER bucket."""
     if key in table or len(table) < limit:
         return key
     return OTHER
 
 
-def _xid_key(ev: Mapping[str, Any]) -> str:
+def _xid_key(ev: FaultEvent) -> str:
     if ev["xid"] is not None:
         return f"xid_{ev['xid']}"
     if ev["kind"] == SXID_KIND:
@@ -248,10 +274,10 @@ def _xid_key(ev: Mapping[str, Any]) -> str:
     return str(ev["kind"])
 
 
-def _tie(g: GpuCounts, ev: Mapping[str, Any], tie: str, ts: float, tie_s: float) -> None:
+def _tie(g: GpuCounts, ev: FaultEvent, tie: str, ts: float, tie_s: float) -> None:
     """How a line relates to the GPU's other lines (xid-policy ``tie``): a secondary naming its
     primary Xid seen on this GPU within ``tie_s``, or the driver's current recovery verdict."""
-    d = ev.get("detail", {})
+    d = _detail(ev)
     if tie == TIE_PRIMARY:
         primary = d.get("primary_xid")
         if primary is not None and str(primary) in g["xids"] and ts - g.get("last_seen", ts) <= tie_s:
@@ -260,7 +286,7 @@ def _tie(g: GpuCounts, ev: Mapping[str, Any], tie: str, ts: float, tie_s: float)
         g["recovery_to"] = d.get("recovery_to")
 
 
-def _count_gpu(inc: Counted, ev: Mapping[str, Any], pci: str, ts: float, policy: Policy) -> None:
+def _count_gpu(inc: Counted, ev: FaultEvent, pci: str, ts: float, policy: Policy) -> None:
     """Per-GPU counts: at most MAX_GPUS GPUs and MAX_XIDS codes each by name, the rest under OTHER."""
     gk = bounded_key(inc["gpus"], pci.replace(":", "_"), MAX_GPUS)
     g = inc["gpus"].setdefault(gk, {"pci": pci if gk != OTHER else OTHER, "first_seen": ts, "xids": {}})
@@ -275,7 +301,7 @@ def _count_gpu(inc: Counted, ev: Mapping[str, Any], pci: str, ts: float, policy:
 
 def _count(
     inc: Counted,
-    ev: Mapping[str, Any],
+    ev: FaultEvent,
     ts: float,
     policy: Policy,
     keys: int = MAX_RECENT_KEYS,
@@ -286,7 +312,7 @@ def _count(
     counts["events"] = counts.get("events", 0) + 1
     key = bounded_key(counts, _xid_key(ev), MAX_XIDS + 1)  # + "events"
     counts[key] = counts.get(key, 0) + 1
-    pci = (ev.get("gpu") or {}).get("pci")
+    pci = _pci(ev)
     if pci:
         _count_gpu(inc, ev, pci, ts, policy)
     if len(inc["evidence"]) < evidence:
@@ -294,9 +320,10 @@ def _count(
     inc["last_seen"] = max(inc["last_seen"], ts)
 
 
-def _lemon(action: str, node_doc: Mapping[str, Any], policy: Policy, now: float) -> str | None:
+def _lemon(action: str, d: Decision) -> str | None:
     """Why the node is a lemon (too many remediations and recorded strikes lately), or None."""
-    lemon = policy.doc["lemon"]
+    node_doc, now = d.node_doc, d.now
+    lemon = d.policy.doc["lemon"]
     window = lemon["window_d"] * 86400
     acted = [
         r
@@ -310,11 +337,10 @@ def _lemon(action: str, node_doc: Mapping[str, Any], policy: Policy, now: float)
     return f"lemon host: {len(acted)} remediations{also} in {lemon['window_d']} days"
 
 
-def _repeated(
-    kind: str | None, history: list[dict[str, Any]], policy: Policy, now: float
-) -> tuple[str, str] | None:
+def _repeated(kind: str | None, history: list[Remediation], d: Decision) -> tuple[str, str] | None:
     """(action, why) when the node was remediated for this kind of fault within its policy's repeat window."""
-    repeat = policy.xids.repeat_for(kind) if kind else None
+    now = d.now
+    repeat = d.policy.xids.repeat_for(kind) if kind else None
     if repeat is None:
         return None
     prior = [r for r in history if r.get("kind") == kind and now - r["at"] <= repeat.within_h * 3600]
@@ -324,20 +350,19 @@ def _repeated(
     return repeat.action, f"{repeat.reason} ({int((now - last['at']) // 60)} min after {last['action']})"
 
 
-def escalate(
-    proposed: str, node_doc: Mapping[str, Any], policy: Policy, now: float, kind: str | None = None
-) -> tuple[str, list[str]]:
+def escalate(proposed: str, d: Decision, kind: str | None = None) -> tuple[str, list[str]]:
     """Ladder, repeat and lemon rules: a repeat offender gets a stronger action, never a weaker one."""
     if proposed not in NODE_ACTIONS or proposed == Action.DRAIN_NODE:
         return proposed, []
+    policy, now = d.policy, d.now
     why: list[str] = []
     action = proposed
-    history = [r for r in node_doc.get("remediations", []) if r.get("action") in NODE_ACTIONS]
-    lemon = _lemon(action, node_doc, policy, now)
+    history = [r for r in d.node_doc.get("remediations", []) if r.get("action") in NODE_ACTIONS]
+    lemon = _lemon(action, d)
     if lemon is not None:
         why.append(lemon)
         action = Action.REPLACE_NODE
-    repeated = _repeated(kind, history, policy, now)
+    repeated = _repeated(kind, history, d)
     if repeated is not None and RANK[repeated[0]] > RANK[action]:
         action, reason = repeated
         why.append(reason)
@@ -352,16 +377,16 @@ def escalate(
     return action, why
 
 
-def cooldown_left(action: str, node_doc: Mapping[str, Any], policy: Policy, now: float) -> float:
-    last = node_doc.get("last_action_at", {}).get(action)
+def cooldown_left(action: str, d: Decision) -> float:
+    last = d.node_doc.get("last_action_at", {}).get(action)
     if last is None:
         return 0.0
-    return max(0.0, float(last) + policy.cooldown_s(action) - now)
+    return max(0.0, float(last) + d.policy.cooldown_s(action) - d.now)
 
 
-def budget_scopes(inc: Mapping[str, Any], node_doc: Mapping[str, Any]) -> list[tuple[str, str]]:
+def budget_scopes(inc: Incident, node_doc: NodeDoc) -> list[tuple[str, str]]:
     """(scope kind, document id) for every budget an incident counts against."""
-    scopes = [("zone", f"zone-{inc['node']['zone']}")] if inc.get("node") else []
+    scopes = [("zone", f"zone-{node['zone']}")] if (node := inc.get("node")) else []
     if inc.get("cluster"):
         scopes.insert(0, ("cluster", f"cluster-{inc['cluster']}"))
     block = node_doc.get("block")
@@ -375,39 +400,27 @@ def block_scope(block: str) -> str:
     return "block-" + hashlib.sha256(block.encode()).hexdigest()[:16]
 
 
-def _live_slots(budget: Mapping[str, Any], policy: Policy, now: float) -> dict[str, Any]:
+def _live_slots(budget: Budget, policy: Policy, now: float) -> dict[str, Slot]:
     window = policy.budget_window_s
     return {k: s for k, s in budget.get("slots", {}).items() if s.get("active") or now - s["at"] < window}
 
 
-def try_claim(
-    inc: Incident,
-    node_doc: Mapping[str, Any],
-    budgets: Mapping[str, dict[str, Any] | None],
-    policy: Policy,
-    cluster_size: int | None,
-    now: float,
-    force: bool = False,
-) -> tuple[dict[str, dict[str, Any]], str | None, str | None]:
+def try_claim(inc: Incident, d: Decision) -> tuple[dict[str, Budget], str | None, str | None]:
     """Claim one slot in every scope, or none. Returns (budget docs to write, failed scope, page reason)."""
-    return _claim_in(budget_scopes(inc, node_doc), inc, budgets, policy, cluster_size, now, force)
+    return _claim_in(budget_scopes(inc, d.node_doc), inc, d)
 
 
 def _claim_in(
-    scopes: list[tuple[str, str]],
-    inc: Incident,
-    budgets: Mapping[str, dict[str, Any] | None],
-    policy: Policy,
-    cluster_size: int | None,
-    now: float,
-    force: bool,
-) -> tuple[dict[str, dict[str, Any]], str | None, str | None]:
-    out: dict[str, dict[str, Any]] = {}
+    scopes: list[tuple[str, str]], inc: Incident, d: Decision
+) -> tuple[dict[str, Budget], str | None, str | None]:
+    out: dict[str, Budget] = {}
+    policy, now = d.policy, d.now
     for kind, doc_id in scopes:
-        b = copy.deepcopy(budgets.get(doc_id) or {"scope": doc_id, "slots": {}, "paged_until": 0})
+        empty: Budget = {"scope": doc_id, "slots": {}, "paged_until": 0}
+        b = copy.deepcopy(d.budgets.get(doc_id) or empty)
         slots = _live_slots(b, policy, now)
-        cap = policy.budget_cap(kind, cluster_size if kind == "cluster" else None)
-        if inc["id"] not in slots and len(slots) >= cap and not force:
+        cap = policy.budget_cap(kind, d.cluster_size if kind == "cluster" else None)
+        if inc["id"] not in slots and len(slots) >= cap and not d.force:
             page = None
             if b.get("paged_until", 0) <= now:
                 b["paged_until"] = now + policy.budget_window_s
@@ -424,9 +437,9 @@ def _claim_in(
     return out, None, None
 
 
-def release_slots(budgets: Mapping[str, dict[str, Any] | None], iid: str) -> dict[str, dict[str, Any]]:
+def release_slots(budgets: Budgets, iid: str) -> dict[str, Budget]:
     """Mark an incident's slots inactive; they still count until the window slides past them."""
-    out = {}
+    out: dict[str, Budget] = {}
     for doc_id, b in budgets.items():
         if b and iid in b.get("slots", {}):
             nb = copy.deepcopy(b)
@@ -435,7 +448,7 @@ def release_slots(budgets: Mapping[str, dict[str, Any] | None], iid: str) -> dic
     return out
 
 
-def absorbs(latest: Mapping[str, Any] | None, ev: Mapping[str, Any], ts: float) -> bool:
+def absorbs(latest: Incident | None, ev: FaultEvent, ts: float) -> bool:
     """Does this event belong to the node's latest incident (same fault episode)?"""
     if latest is None:
         return False
@@ -450,7 +463,8 @@ def absorbs(latest: Mapping[str, Any] | None, ev: Mapping[str, Any], ts: float) 
     if closure:  # closed by a person: only lines logged before that are late lines of its episode
         return ts <= float(closure["at"])
     resolved = latest["timeline"].get("resolved") or 0
-    localised = (latest.get("localise") or {}).get("run") is True  # a hung job Pitstop acted on
+    plan = latest.get("localise")
+    localised = plan is not None and plan.get("run") is True  # a hung job Pitstop acted on
     if (latest["action"] in RECORD_ONLY_ACTIONS and not localised) or latest.get("mode") == "observe":
         # Record-only episodes end with the burst (3 minutes of silence); a stronger line of the
         # same burst (delivered late: push delivery is unordered) reopens the episode.
@@ -460,7 +474,7 @@ def absorbs(latest: Mapping[str, Any] | None, ev: Mapping[str, Any], ts: float) 
     return ts <= resolved
 
 
-def _record_remediation(node_doc: dict[str, Any], inc: Mapping[str, Any], now: float) -> None:
+def _record_remediation(node_doc: NodeDoc, inc: Incident, now: float) -> None:
     node_doc.setdefault("remediations", []).append(
         {"at": now, "action": inc["action"], "incident": inc["id"], "mode": inc["mode"], "kind": inc["kind"]}
     )
@@ -468,34 +482,36 @@ def _record_remediation(node_doc: dict[str, Any], inc: Mapping[str, Any], now: f
     node_doc.setdefault("last_action_at", {})[inc["action"]] = now
 
 
-def counts_toward_lemon(ev: Mapping[str, Any]) -> bool:
+def counts_toward_lemon(ev: FaultEvent) -> bool:
     """An event whose episode is recorded and counted toward the node's lemon tally though it asks
     for no action (a non-fatal NVSwitch error: xid-policy ``sxid.non_fatal``)."""
-    return bool(ev.get("detail", {}).get("counts_toward_lemon"))
+    return bool(_detail(ev).get("counts_toward_lemon"))
 
 
-def _record_strike(node_doc: dict[str, Any], inc: Mapping[str, Any], now: float) -> None:
+def _record_strike(node_doc: NodeDoc, inc: Incident, now: float) -> None:
     """One recorded fault episode that took no action, for the lemon rule (kept apart from the
     remediations so the ladder and cooldowns never see it)."""
     node_doc.setdefault("strikes", []).append({"at": now, "incident": inc["id"], "kind": inc["kind"]})
     node_doc["strikes"] = node_doc["strikes"][-MAX_HISTORY:]
 
 
-def _cluster_size(policy: Policy, doc: Mapping[str, Any]) -> int | None:
+def _cluster_size(policy: Policy, doc: FaultEvent | Incident) -> int | None:
     cluster = cluster_of(policy, doc)
     return cluster.size if cluster else None
 
 
-Budgets = Mapping[str, dict[str, Any] | None]
+# The budget documents a decision reads, by id (None: not written yet).
+Budgets = Mapping[str, Budget | None]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Decision:
     """What one decision works on besides the incident: the node's document, the budgets as they
     stand, the policy, the cluster's size, the time, the Outcome being built, and whether a person
-    forces it past its budget (an operator's release)."""
+    forces it past its budget (an operator's release). The documents in it change in place; the
+    context itself does not."""
 
-    node_doc: dict[str, Any]
+    node_doc: NodeDoc
     budgets: Budgets
     policy: Policy
     now: float
@@ -504,7 +520,7 @@ class Decision:
     force: bool = False
 
     @classmethod
-    def on(cls, inc: Mapping[str, Any], node_doc: dict[str, Any], budgets: Budgets, policy: Policy,
+    def on(cls, inc: Incident, node_doc: NodeDoc, budgets: Budgets, policy: Policy,
            now: float, out: Outcome, force: bool = False) -> Decision:  # fmt: skip
         return cls(node_doc, budgets, policy, now, out, _cluster_size(policy, inc), force)
 
@@ -519,7 +535,7 @@ def _hold(inc: Incident, d: Decision, held: Held, page: str | None) -> None:
 def _cooled_down(inc: Incident, d: Decision) -> bool:
     """False if the action ran on this node too recently: a job action is dropped, a node action held."""
     action = inc["action"]
-    left = cooldown_left(action, d.node_doc, d.policy, d.now)
+    left = cooldown_left(action, d)
     if left <= 0:
         return True
     if action in JOB_ACTIONS:
@@ -537,7 +553,7 @@ def _cooled_down(inc: Incident, d: Decision) -> bool:
 
 def _claimed(inc: Incident, d: Decision) -> bool:
     """A node action needs a slot in every blast-radius budget it counts against, or it is held."""
-    claims, failed, page = try_claim(inc, d.node_doc, d.budgets, d.policy, d.cluster_size, d.now, d.force)
+    claims, failed, page = try_claim(inc, d)
     d.out.budgets.update(claims)
     if failed is not None:
         held: Held = {"reason": f"blast-radius budget {failed} exhausted", "scope": failed, "since": d.now}
@@ -599,13 +615,13 @@ def _end_burst(latest: Incident | None, budgets: Budgets, ts: float, out: Outcom
     return ChainMap(out.budgets, budgets)  # type: ignore[arg-type]
 
 
-def _raise(latest: Incident, ev: Mapping[str, Any], d: Decision) -> None:
+def _raise(latest: Incident, ev: FaultEvent, d: Decision) -> None:
     """A stronger verdict for an open episode: act on it now, or leave it for the running workflow."""
     if latest["state"] == State.RESOLVED:  # a record-only episode that turns out to be worse
         lifecycle.move(latest, State.OPEN, "reopened by a stronger line of its burst")
         latest["timeline"].pop("resolved", None)
     proposed = higher(latest["proposed_action"], ev["action"])
-    action, why = escalate(proposed, d.node_doc, d.policy, d.now, latest["kind"])
+    action, why = escalate(proposed, d, latest["kind"])
     action, lowered = _capped(latest, action, d.policy)
     why += lowered
     latest["proposed_action"] = proposed
@@ -625,7 +641,7 @@ def _raise(latest: Incident, ev: Mapping[str, Any], d: Decision) -> None:
     # FAILED stays with its human; the higher verdict is kept as evidence.
 
 
-def _absorb(latest: Incident, ev: Mapping[str, Any], ts: float, d: Decision) -> Outcome:
+def _absorb(latest: Incident, ev: FaultEvent, ts: float, d: Decision) -> Outcome:
     """Count an event into the node's episode; a stronger one raises the episode's action, and the
     driver's word that every GPU of a waiting episode recovered ends it."""
     _count(latest, ev, ts, d.policy)
@@ -648,7 +664,7 @@ def _absorb(latest: Incident, ev: Mapping[str, Any], ts: float, d: Decision) -> 
 MAX_ALERTS = 16  # alert incidents an episode tracks by id (a node's several policies, a flapping one)
 
 
-def _note_alert(inc: Incident, ev: Mapping[str, Any], ts: float) -> None:
+def _note_alert(inc: Incident, ev: FaultEvent, ts: float) -> None:
     """Record the alert incident an event opens or closes on the episode (a late open after its
     close changes nothing: push delivery is unordered)."""
     a = ev["detail"]["alert"]
@@ -666,20 +682,20 @@ def _note_alert(inc: Incident, ev: Mapping[str, Any], ts: float) -> None:
         ref["opened_at"] = ts
 
 
-def alert_started(inc: Mapping[str, Any]) -> bool:
+def alert_started(inc: Incident) -> bool:
     """The episode is its alerts' alone: opened by one, and nothing but alerts counted into it (an
     Xid episode that also absorbed an alert is not ended by that alert's close)."""
     alert_kinds = set(alerts.SIGNALS)
     return inc["kind"] in alert_kinds and set(inc["counts"]) <= {"events", *alert_kinds}
 
 
-def untouched(inc: Mapping[str, Any]) -> bool:
+def untouched(inc: Incident) -> bool:
     """Nothing was done for the episode yet: no execution started on it (OPEN), or it waits (HELD)."""
     started = (inc.get("workflow") or {}).get("state") == RunState.STARTED
     return inc["state"] == State.HELD or (inc["state"] == State.OPEN and not started)
 
 
-def _forget_remediation(node_doc: dict[str, Any], iid: str) -> None:
+def _forget_remediation(node_doc: NodeDoc, iid: str) -> None:
     """An episode that ended before anything was done leaves no remediation behind (cooldowns, ladder)."""
     mine = [r for r in node_doc.get("remediations", []) if r.get("incident") == iid]
     kept = [r for r in node_doc.get("remediations", []) if r.get("incident") != iid]
@@ -694,7 +710,7 @@ def _forget_remediation(node_doc: dict[str, Any], iid: str) -> None:
                 last.pop(r["action"], None)
 
 
-def _alert_changes(inc: Incident, ev: Mapping[str, Any], ts: float, d: Decision) -> bool:
+def _alert_changes(inc: Incident, ev: FaultEvent, ts: float, d: Decision) -> bool:
     """An alert's open or close, absorbed into its episode: whether it ended or reopened it."""
     _note_alert(inc, ev, ts)
     ended = inc.get("alert_ended")
@@ -718,19 +734,18 @@ def _alert_changes(inc: Incident, ev: Mapping[str, Any], ts: float, d: Decision)
     inc["alert_ended"] = {"at": d.now, "flap_until": ts + d.policy.window("alert_flap_s")}
     d.out.budgets.update(_own_slots(inc, d.budgets))
     _forget_remediation(d.node_doc, inc["id"])
-    if d.node_doc.get("localised_at") == (inc.get("localise") or {}).get("at"):
+    plan = inc.get("localise")
+    if d.node_doc.get("localised_at") == (plan.get("at") if plan else None):
         d.node_doc.pop("localised_at", None)  # nothing was localised: the window is not spent
     d.out.result = "ended"
     return True
 
 
-def ends_recovery(ev: Mapping[str, Any], policy: Policy) -> bool:
+def ends_recovery(ev: FaultEvent, policy: Policy) -> bool:
     """The driver's recovery verdict back to 0 (None) for a GPU (Xid 154: xid-policy ``tie: recovery``)."""
     xid = ev.get("xid")
     return (
-        xid is not None
-        and ev.get("detail", {}).get("recovery_to") == 0
-        and policy.xids.rule(xid).tie == TIE_RECOVERY
+        xid is not None and _detail(ev).get("recovery_to") == 0 and policy.xids.rule(xid).tie == TIE_RECOVERY
     )
 
 
@@ -748,7 +763,7 @@ def _driver_recovered(inc: Incident) -> bool:
     return per_gpu == inc["counts"].get("events") and all(g.get("recovery_to") == 0 for g in gpus)
 
 
-def _end_recovered(inc: Incident, ev: Mapping[str, Any], d: Decision) -> Outcome:
+def _end_recovered(inc: Incident, ev: FaultEvent, d: Decision) -> Outcome:
     """Resolve the episode: the recovery it was opened for is over by the driver's own word."""
     lifecycle.move(inc, State.RESOLVED, "the driver reports every GPU recovered (Xid 154 to 0x0)")
     inc["timeline"]["resolved"] = d.now
@@ -760,11 +775,11 @@ def _end_recovered(inc: Incident, ev: Mapping[str, Any], d: Decision) -> Outcome
     return d.out
 
 
-def _open(ev: Mapping[str, Any], ts: float, trigger: str, d: Decision) -> Outcome:
+def _open(ev: FaultEvent, ts: float, trigger: str, d: Decision) -> Outcome:
     """A new episode on the node: a new incident, escalated by the node's history."""
     cluster = cluster_of(d.policy, ev)
     inc = new_incident(incident_id(subject_key(ev), trigger), ev, cluster, d.policy, d.now)
-    action, why = escalate(ev["action"], d.node_doc, d.policy, d.now, ev["kind"])
+    action, why = escalate(ev["action"], d, ev["kind"])
     action, lowered = _capped(inc, action, d.policy)
     why += lowered
     if why:
@@ -778,8 +793,7 @@ def _open(ev: Mapping[str, Any], ts: float, trigger: str, d: Decision) -> Outcom
     if counts_toward_lemon(ev):
         _record_strike(d.node_doc, inc, d.now)
     d.out.incident, d.out.result = inc, "opened"
-    d.cluster_size = cluster.size if cluster else None
-    _decide_start(inc, d)
+    _decide_start(inc, replace(d, cluster_size=cluster.size if cluster else None))
     if ev["kind"] == "hang" and inc.get("workflow"):
         _plan_localisation(inc, d)
     return d.out
@@ -796,7 +810,7 @@ def _plan_localisation(inc: Incident, d: Decision) -> None:
         d.out.page = f"incident {inc['id']}: {subject_name(inc)} hung; {p.why}"
 
 
-def _trust_of(ev: Mapping[str, Any]) -> str:
+def _trust_of(ev: FaultEvent) -> str:
     src = ev.get("source")
     return (
         trust.VERIFIED
@@ -805,7 +819,7 @@ def _trust_of(ev: Mapping[str, Any]) -> str:
     )
 
 
-def believed(ev: Mapping[str, Any], policy: Policy) -> tuple[Mapping[str, Any], trust.TrustDecision]:
+def believed(ev: FaultEvent, policy: Policy) -> tuple[FaultEvent, trust.TrustDecision]:
     """The event as far as its evidence may be believed: its action lowered to what it may start."""
     td = trust.decide(ev, policy)
     if not td.lowered:
@@ -822,10 +836,10 @@ def _capped(inc: Incident, action: str, policy: Policy) -> tuple[str, list[str]]
 
 
 def apply_event(
-    ev: Mapping[str, Any],
-    node_doc: dict[str, Any] | None,
-    latest: Mapping[str, Any] | None,
-    budgets: Mapping[str, dict[str, Any] | None],
+    ev: FaultEvent,
+    node_doc: NodeDoc | None,
+    latest: Incident | None,
+    budgets: Budgets,
     policy: Policy,
     now: float,
     trigger: str,
@@ -848,7 +862,7 @@ def apply_event(
     return out
 
 
-def close_if_burst_over(inc: Counted, now: float) -> bool:
+def close_if_burst_over(inc: Incident, now: float) -> bool:
     """Record-only and observe-mode incidents resolve when their burst ends; an alert's episode
     lasts while its alert is open (an alert sends no lines while it holds: its close ends it)."""
     if inc["state"] != State.OPEN or now < inc["burst_until"]:
@@ -869,7 +883,7 @@ def close_if_burst_over(inc: Counted, now: float) -> bool:
     return True
 
 
-def _merge_gpu(inc: Counted, gk: str, g: Mapping[str, Any]) -> None:
+def _merge_gpu(inc: Counted, gk: str, g: GpuCounts) -> None:
     key = bounded_key(inc["gpus"], gk, MAX_GPUS)
     pci = g["pci"] if key != OTHER else OTHER
     cur = inc["gpus"].setdefault(key, {"pci": pci, "first_seen": g["first_seen"], "xids": {}})
@@ -877,12 +891,14 @@ def _merge_gpu(inc: Counted, gk: str, g: Mapping[str, Any]) -> None:
         xk = bounded_key(cur["xids"], x, MAX_XIDS)
         cur["xids"][xk] = cur["xids"].get(xk, 0) + n
     cur["last_seen"] = max(cur.get("last_seen", 0), g.get("last_seen", 0))
-    for k in ("recovery_to", "secondary"):
-        if k in g and key != OTHER:
-            cur[k] = g[k]
+    if key != OTHER:
+        if "recovery_to" in g:
+            cur["recovery_to"] = g["recovery_to"]
+        if "secondary" in g:
+            cur["secondary"] = g["secondary"]
 
 
-def add_deltas(inc: Counted, deltas: Mapping[str, Any]) -> None:
+def add_deltas(inc: Counted, deltas: Deltas) -> None:
     """Add coalesced counts to an incident, or to other deltas (same bounds as :func:`apply_event`)."""
     remember_keys(inc, list(deltas.get("recent_keys", [])))
     for k, n in deltas["counts"].items():
@@ -896,19 +912,19 @@ def add_deltas(inc: Counted, deltas: Mapping[str, Any]) -> None:
     inc["last_seen"] = max(inc["last_seen"], deltas["last_seen"])
 
 
-def merge_deltas(inc: Counted, deltas: Mapping[str, Any], policy: Policy) -> None:
+def merge_deltas(inc: Incident, deltas: Deltas, policy: Policy) -> None:
     """Add coalesced counts (built with the same counting as :func:`apply_event`) to an incident."""
     add_deltas(inc, deltas)
     inc["burst_until"] = max(inc["burst_until"], deltas["last_seen"] + policy.window("burst_silence_s"))
 
 
-def empty_deltas() -> dict[str, Any]:
+def empty_deltas() -> Deltas:
     return {"counts": {}, "gpus": {}, "evidence": [], "last_seen": 0.0}
 
 
 def count_into(
-    deltas: dict[str, Any],
-    ev: Mapping[str, Any],
+    deltas: Deltas,
+    ev: FaultEvent,
     ts: float,
     policy: Policy,
     evidence_room: int = MAX_EVIDENCE,
@@ -918,15 +934,15 @@ def count_into(
     _count(deltas, ev, ts, policy, MAX_DELTA_KEYS, min(evidence_room, MAX_EVIDENCE))
 
 
-def evidence_room(inc: Mapping[str, Any]) -> int:
+def evidence_room(inc: Counted) -> int:
     """How many more evidence summaries an incident keeps (it keeps its first MAX_EVIDENCE)."""
     return max(0, MAX_EVIDENCE - len(inc.get("evidence") or ()))
 
 
 def release_held(
-    inc: Mapping[str, Any],
-    node_doc: dict[str, Any],
-    budgets: Mapping[str, dict[str, Any] | None],
+    inc: Incident,
+    node_doc: NodeDoc,
+    budgets: Budgets,
     policy: Policy,
     now: float,
     by: str,
@@ -959,9 +975,9 @@ def release_held(
 
 
 def step_up(
-    inc: Mapping[str, Any],
-    node_doc: dict[str, Any],
-    budgets: Mapping[str, dict[str, Any] | None],
+    inc: Incident,
+    node_doc: NodeDoc,
+    budgets: Budgets,
     policy: Policy,
     now: float,
 ) -> Outcome:
@@ -995,21 +1011,21 @@ CLOSABLE_STATES = frozenset({State.OPEN, State.HELD, State.FAILED})
 WATCHED_STATES = ACTIVE_STATES | {State.OPEN}
 
 
-def _own_slots(inc: Mapping[str, Any], budgets: Mapping[str, dict[str, Any] | None]) -> dict[str, Any]:
+def _own_slots(inc: Incident, budgets: Budgets) -> dict[str, Budget]:
     """The incident's blast-radius slots let go: they count on only until the window slides past."""
     return release_slots({d: budgets.get(d) for d in inc.get("budget_scopes", [])}, inc["id"])
 
 
-def closable(inc: Mapping[str, Any]) -> bool:
+def closable(inc: Incident) -> bool:
     """Whether a person may close the incident now (an OPEN one whose execution started is its own)."""
     started = (inc.get("workflow") or {}).get("state") == RunState.STARTED
     return inc["state"] in CLOSABLE_STATES and not (inc["state"] == State.OPEN and started)
 
 
 def close_by_person(
-    inc: Mapping[str, Any],
-    node_doc: dict[str, Any],
-    budgets: Mapping[str, dict[str, Any] | None],
+    inc: Incident,
+    node_doc: NodeDoc,
+    budgets: Budgets,
     by: str,
     now: float,
     unfence: bool,
@@ -1032,7 +1048,7 @@ def close_by_person(
     return Outcome("closed", incident=inc, node=node_doc, budgets=_own_slots(inc, budgets))
 
 
-def watched_execution(inc: Mapping[str, Any]) -> str | None:
+def watched_execution(inc: Incident) -> str | None:
     """The execution that owns the incident's current step, if one was started and it is watched."""
     wf = inc.get("workflow") or {}
     if inc.get("state") not in WATCHED_STATES or wf.get("state") != RunState.STARTED:
@@ -1046,9 +1062,9 @@ def watched_execution(inc: Mapping[str, Any]) -> str | None:
 
 
 def fail_stuck(
-    inc: Mapping[str, Any],
-    node_doc: dict[str, Any],
-    budgets: Mapping[str, dict[str, Any] | None],
+    inc: Incident,
+    node_doc: NodeDoc,
+    budgets: Budgets,
     execution: str,
     why: str,
     now: float,
@@ -1075,7 +1091,7 @@ def fail_stuck(
 
 
 def join_block(
-    inc: Mapping[str, Any], node_doc: dict[str, Any], budgets: Budgets, block: str, policy: Policy, now: float
+    inc: Incident, node_doc: NodeDoc, budgets: Budgets, block: str, policy: Policy, now: float
 ) -> Outcome:
     """The node's reservation block, read from Compute when a step is claimed, before the fence:
     from then on the incident counts against that block's budget too (not only once acted on).
@@ -1095,7 +1111,7 @@ def join_block(
     out = Outcome("joined", incident=inc, node=node_doc)
     fenced = inc["state"] != State.OPEN or bool(inc["timeline"].get("fenced"))
     d = Decision.on(inc, node_doc, budgets, policy, now, out, force=fenced)
-    claims, failed, page = _claim_in([("block", doc_id)], inc, budgets, policy, None, now, d.force)
+    claims, failed, page = _claim_in([("block", doc_id)], inc, d)
     out.budgets.update(claims)
     if failed is not None:
         held: Held = {"reason": f"blast-radius budget {failed} exhausted", "scope": failed, "since": now}

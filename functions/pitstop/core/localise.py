@@ -32,7 +32,6 @@ import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from pitstop.core import corroboration, trust
 from pitstop.core import diagnose as diag
@@ -40,7 +39,17 @@ from pitstop.core import validation as val
 from pitstop.core.actions import NODE_ACTIONS
 from pitstop.core.catalog import XidPolicy
 from pitstop.core.checks import check_name
-from pitstop.core.domain import FaultEvent, NodeRef
+from pitstop.core.domain import (
+    CheckRun,
+    FaultEvent,
+    GangCheckSpec,
+    Incident,
+    LocaliseConfig,
+    LocalisePlan,
+    LocaliseRound,
+    NodeDoc,
+    NodeRef,
+)
 from pitstop.core.scheduling import JobState
 
 SWEEP = "sweep"
@@ -78,11 +87,11 @@ class Plan:
     why: str
     page: bool = False  # hung again within the window: a person decides
 
-    def doc(self, at: float) -> dict[str, Any]:
+    def doc(self, at: float) -> LocalisePlan:
         return {"run": self.run, "why": self.why, "at": at}
 
 
-def plan(job_doc: Mapping[str, Any], cfg: Mapping[str, Any], window_s: float, now: float) -> Plan:
+def plan(job_doc: NodeDoc, cfg: LocaliseConfig, window_s: float, now: float) -> Plan:
     """Whether this hang is localised: policy on, and no localisation of the job within the window."""
     if not cfg.get("enabled", True):
         return Plan(False, "localise.enabled is false in policy: the job owner is notified")
@@ -111,7 +120,7 @@ def ring_pairs(nodes: Sequence[str]) -> list[tuple[str, str]]:
     return [(ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring))]
 
 
-def sweep_spec(iid: str, step: int, job: str, nodes: Sequence[str], cfg: Mapping[str, Any]) -> dict[str, Any]:
+def sweep_spec(iid: str, step: int, job: str, nodes: Sequence[str], cfg: LocaliseConfig) -> GangCheckSpec:
     return {
         "kind": SWEEP,
         "name": check_name(iid, step, SWEEP),
@@ -122,7 +131,7 @@ def sweep_spec(iid: str, step: int, job: str, nodes: Sequence[str], cfg: Mapping
     }
 
 
-def links_spec(iid: str, step: int, job: str, nodes: Sequence[str], cfg: Mapping[str, Any]) -> dict[str, Any]:
+def links_spec(iid: str, step: int, job: str, nodes: Sequence[str], cfg: LocaliseConfig) -> GangCheckSpec:
     return {
         "kind": LINKS,
         "name": check_name(iid, step, LINKS),
@@ -150,7 +159,7 @@ class Verdict:
     suspects: tuple[str, ...] = ()
     measured: Mapping[str, float | None] = field(default_factory=dict)
 
-    def record(self, at: float) -> dict[str, Any]:
+    def record(self, at: float) -> LocaliseRound:
         return {
             "kind": self.kind,
             "at": at,
@@ -168,7 +177,7 @@ def _cap(n: int, percent: float) -> int:
     return max(1, math.floor(n * percent / 100))
 
 
-def _tool_failed(key: str, outputs: Mapping[str, Any], codes: Mapping[str, Any]) -> str | None:
+def _tool_failed(key: str, outputs: Mapping[str, str], codes: Mapping[str, int]) -> str | None:
     """Why a tool gave nothing to judge on this node: it timed out, failed, or never ran there."""
     text = outputs.get(key)
     code = codes.get(key)
@@ -183,8 +192,8 @@ def _tool_failed(key: str, outputs: Mapping[str, Any], codes: Mapping[str, Any])
 
 def node_findings(
     node: str,
-    outputs: Mapping[str, Any],
-    codes: Mapping[str, Any],
+    outputs: Mapping[str, str],
+    codes: Mapping[str, int],
     expected_gpus: int | None,
     node_xids: frozenset[int],
 ) -> list[str]:
@@ -211,7 +220,7 @@ def node_findings(
     return found
 
 
-def condition_findings(text: Any, node_xids: frozenset[int]) -> list[str]:
+def condition_findings(text: object, node_xids: frozenset[int]) -> list[str]:
     """A node-fault Xid in the Node's XidCriticalError condition of its current boot (GKE)."""
     if not isinstance(text, str) or not text or len(text) > 65536:
         return []
@@ -233,7 +242,7 @@ def node_fault_xids(xids: XidPolicy) -> frozenset[int]:
     return frozenset(x for x, rule in xids.rules.items() if rule.action in NODE_ACTIONS)
 
 
-def _expected_gpus(nodes: Sequence[str], outputs: Mapping[str, Any]) -> int | None:
+def _expected_gpus(nodes: Sequence[str], outputs: Mapping[str, str]) -> int | None:
     """The GPU count most of the job's nodes show: a node with fewer visible is short of its peers."""
     counts: Counter[int] = Counter()
     for n in nodes:
@@ -247,7 +256,7 @@ def _expected_gpus(nodes: Sequence[str], outputs: Mapping[str, Any]) -> int | No
 
 def judge_sweep(
     nodes: Sequence[str],
-    result: Mapping[str, Any] | None,
+    result: CheckRun | None,
     max_culprit_percent: float,
     node_xids: Iterable[int],
 ) -> Verdict:
@@ -281,7 +290,7 @@ def judge_sweep(
     return Verdict(SWEEP, tuple(findings), why, checked, findings)
 
 
-def pair_busbw(text: Any) -> float | None:
+def pair_busbw(text: str | None) -> float | None:
     """The bus bandwidth a pair's NCCL test reached at its largest message (None: no result)."""
     if not isinstance(text, str):
         return None
@@ -298,7 +307,7 @@ def split_pair(name: str) -> tuple[str, str]:
 
 def judge_links(
     pairs: Sequence[Sequence[str]],
-    result: Mapping[str, Any] | None,
+    result: CheckRun | None,
     link_fraction: float,
     max_culprit_percent: float,
 ) -> Verdict:
@@ -342,14 +351,14 @@ def judge_links(
 # -- the conclusion ---------------------------------------------------------------------------
 
 
-def culprit_event(inc: Mapping[str, Any], node: NodeRef, action: str, why: str, step: int) -> FaultEvent:
+def culprit_event(inc: Incident, node: NodeRef, action: str, why: str, step: int) -> FaultEvent:
     """The FaultEvent that opens the culprit's own node incident (the engine takes it from there).
 
     Its source is Pitstop's own measurement through the scheduler (not a log line anyone can
     write), hence verified; its id is fixed per hang incident, step and node, so a retried
     conclusion is a duplicate delivery, not a second incident.
     """
-    job = inc.get("job") or {}
+    job = inc.get("job")
     return {
         "kind": "localised",
         "action": action,
@@ -364,13 +373,13 @@ def culprit_event(inc: Mapping[str, Any], node: NodeRef, action: str, why: str, 
             "trust": "verified",
             "trust_reason": "measured by Pitstop's own checks through the scheduler",
         },
-        "reason": f"localised as the culprit of hung job {job.get('job')}: {why}"[:512],
-        "detail": {"hang_incident": inc["id"], "job": job.get("job")},
+        "reason": f"localised as the culprit of hung job {job['job'] if job else None}: {why}"[:512],
+        "detail": {"hang_incident": inc["id"], "job": job["job"] if job else None},
     }
 
 
 def page_text(
-    job: str, nodes: Sequence[str], rounds: Sequence[Mapping[str, Any]], restart: str, unchecked: str = ""
+    job: str, nodes: Sequence[str], rounds: Sequence[LocaliseRound], restart: str, unchecked: str = ""
 ) -> str:
     """What the person is told when nothing was found: every node and every check, and the restart."""
     if not nodes:

@@ -32,6 +32,8 @@ class Op(StrEnum):
     JUDGE_DIAGNOSIS = "judge_diagnosis"
     VALIDATE = "validate"
     VALIDATION = "validation"
+    REVALIDATE = "revalidate"  # a busbw shortfall: the NCCL test again with a second healthy peer
+    REVALIDATION = "revalidation"  # ... the probe polled until it has finished
     JUDGE_VALIDATION = "judge_validation"
     RESUMED = "resumed"
     LOCALISE = "localise"  # a hung job: the node check on every node of the job at once
@@ -58,6 +60,7 @@ MUTATING_OPS = frozenset(
         Op.JUDGE_DIAGNOSIS,
         Op.ACT,
         Op.VALIDATE,
+        Op.REVALIDATE,
         Op.JUDGE_VALIDATION,
         Op.ESCALATE,
         Op.UNFENCE,
@@ -79,6 +82,7 @@ PROBE_OPS = frozenset(
         Op.VERIFY,
         Op.DIAGNOSIS,
         Op.VALIDATION,
+        Op.REVALIDATION,
         Op.RESUMED,
         Op.SWEEP,
         Op.LINKS_DONE,

@@ -25,10 +25,22 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 from pitstop.core import names, trust
-from pitstop.core.domain import NodeRef, Source
+from pitstop.core.domain import (
+    DriverLine,
+    FaultEvent,
+    GpuRef,
+    NodeRef,
+    Source,
+    SxidDetail,
+    SxidLine,
+    SystemEventDetail,
+    XidDetail,
+    XidLine,
+)
 from pitstop.core.envelope import Delivery
 from pitstop.core.sxid_line import parse_sxid
 from pitstop.core.xid_line import MAX_LINE, MAX_MESSAGE, parse_nvrm
@@ -55,7 +67,9 @@ _LOG_PROJECT = re.compile(r"projects/([^/]+)/logs/")
 _METHOD = re.compile(r"compute\.instances\.[A-Za-z]{1,64}", re.ASCII)
 _ENUM_WORD = re.compile(r"[A-Z][A-Z_]{0,31}", re.ASCII)
 
-Event = dict[str, Any]
+Event = FaultEvent
+# A LogEntry (or a part of one) as delivered: untrusted JSON, each field checked where it is read.
+Raw = Mapping[str, object]
 
 
 def clean(v: str, limit: int) -> str:
@@ -108,20 +122,30 @@ def new_source(log_name: Any = None, insert_id: Any = None, message_id: str | No
     }
 
 
+def _full(source: Source | None) -> Source:
+    """The source as given when it is whole; else a new one with what it names (trust unverified)."""
+    if source is not None and "trust" in source:
+        return source
+    merged = new_source()
+    if source:
+        merged.update(source)
+    return merged
+
+
 def new_event(kind: str, reason: str, source: Source | None = None, **fields: Any) -> Event:
     """A FaultEvent with every key present (the schema requires them all); trust defaults to unverified."""
-    ev: Event = {
+    ev: FaultEvent = {
         "kind": kind,
         "action": "NONE",
         "xid": None,
         "node": None,
         "gpu": None,
         "observed_at": None,
-        "source": source if source is not None and "trust" in source else {**new_source(), **(source or {})},
+        "source": _full(source),
         "reason": reason,
         "detail": {},
     }
-    ev.update(fields)
+    ev.update(cast(FaultEvent, fields))  # keyword fields name FaultEvent keys (the schema checks events)
     return ev
 
 
@@ -129,25 +153,25 @@ def invalid(reason: str, source: Source | None = None, **fields: Any) -> Event:
     return new_event("invalid", clean(reason, 512), source, **fields)
 
 
-def _labels(v: Any) -> dict[str, Any]:
+def _labels(v: object) -> Raw:
     return v if isinstance(v, dict) else {}
 
 
-def _audit_match(proto: dict[str, Any] | None) -> re.Match[str] | None:
+def _audit_match(proto: Raw | None) -> re.Match[str] | None:
     rn = proto.get("resourceName") if proto is not None else None
     if not isinstance(rn, str) or len(rn) > MAX_RESOURCE_NAME:
         return None
     return _AUDIT_RESOURCE.fullmatch(rn)
 
 
-def _log_project(entry: dict[str, Any]) -> Any:
+def _log_project(entry: Raw) -> Any:
     """The project whose log holds the entry (``projects/<p>/logs/...``), or None."""
     ln = entry.get("logName")
     lm = _LOG_PROJECT.match(ln[:MAX_LOG_NAME]) if isinstance(ln, str) else None
     return lm.group(1) if lm else None
 
 
-def _project(rl: dict[str, Any], log_project: Any, audit: re.Match[str] | None) -> Any:
+def _project(rl: Raw, log_project: Any, audit: re.Match[str] | None) -> Any:
     project = rl.get("project_id")
     if project is None:
         project = log_project if log_project is not None else (audit.group(1) if audit else None)
@@ -216,7 +240,7 @@ _NODES: dict[tuple[Any, ...], tuple[NodeRef | None, str]] = {}
 MAX_NODE_MEMO = 4096
 
 
-def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[NodeRef | None, str]:
+def identify_node(entry: Raw, proto: Raw | None) -> tuple[NodeRef | None, str]:
     """(node, "") or (None, why not). Sources in the order the brief gives them."""
     res = entry.get("resource")
     rl = _labels(res.get("labels") if isinstance(res, dict) else None)
@@ -252,7 +276,7 @@ def identify_node(entry: dict[str, Any], proto: dict[str, Any] | None) -> tuple[
     return (node.copy() if node else None), why
 
 
-def _maintenance_detail(proto: dict[str, Any]) -> dict[str, Any]:
+def _maintenance_detail(proto: Raw) -> SystemEventDetail:
     md = _labels(proto.get("metadata"))
     inner = md.get("upcomingMaintenance")
     if isinstance(inner, dict):
@@ -272,7 +296,7 @@ def _maintenance_detail(proto: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def system_event_problem(entry: dict[str, Any], proto: dict[str, Any]) -> str | None:
+def system_event_problem(entry: Raw, proto: Raw) -> str | None:
     """Why an entry that claims to be a Compute Engine system event is not Google's; None if it is."""
     res = entry.get("resource")
     project = _labels(res.get("labels") if isinstance(res, dict) else None).get("project_id")
@@ -296,7 +320,7 @@ def system_event_problem(entry: dict[str, Any], proto: dict[str, Any]) -> str | 
     return None
 
 
-def _system_event(entry: dict[str, Any], source: Source, observed_at: str | None) -> Event:
+def _system_event(entry: Raw, source: Source, observed_at: str | None) -> Event:
     proto = entry.get("protoPayload")
     if not isinstance(proto, dict):
         source["trust_reason"] = "no protoPayload: not an audit log entry"
@@ -313,36 +337,42 @@ def _system_event(entry: dict[str, Any], source: Source, observed_at: str | None
     node, why = identify_node(entry, proto)
     if node is None:
         return invalid(why, source, observed_at=observed_at)
-    detail: dict[str, Any] = {"method": method}
+    detail: SystemEventDetail = {"method": method}
     status = proto.get("status")
     if isinstance(status, dict) and isinstance(status.get("message"), str):
         detail["status_message"] = clean(status["message"], MAX_MESSAGE)
     if "aintenance" in method:
         detail.update(_maintenance_detail(proto))
     # "system_event" is provisional: the classifier maps the method to its kind.
-    return new_event("system_event", method, source, node=node, observed_at=observed_at, detail=detail)
+    facts = _as_detail(detail)
+    return new_event("system_event", method, source, node=node, observed_at=observed_at, detail=facts)
 
 
 # Parsed driver lines by their text: a storm repeats one line verbatim (a journal MESSAGE has no
 # time in it) hundreds of thousands of times. Short lines only, bounded, cleared when full; each
 # caller gets its own copy of the facts, so the remembered ones never change.
-_LINES: dict[str, dict[str, Any] | None] = {}
+_LINES: dict[str, DriverLine | None] = {}
 MAX_LINE_MEMO, MAX_MEMO_TEXT = 1024, 512
 
 
-def _copy(parsed: dict[str, Any] | None) -> dict[str, Any] | None:
-    if parsed is None or "detail" not in parsed:
-        return parsed if parsed is None else dict(parsed)
-    out = {**parsed, "detail": dict(parsed["detail"])}
-    if out.get("mig") is not None:
-        out["mig"] = dict(out["mig"])
+def _copy(parsed: DriverLine | None) -> DriverLine | None:
+    if parsed is None or "error" in parsed:
+        return parsed if parsed is None else parsed.copy()
+    if "sxid" in parsed:
+        sxid = parsed.copy()
+        sxid["detail"] = parsed["detail"].copy()
+        return sxid
+    out = parsed.copy()
+    out["detail"] = parsed["detail"].copy()
+    if out["mig"] is not None:
+        out["mig"] = out["mig"].copy()
     return out
 
 
 _MARKERS = ("NVRM", "nvidia-nvswitch", "SXid")  # where the parsers' patterns can start
 
 
-def _driver_line(text: str) -> dict[str, Any] | None:
+def _driver_line(text: str) -> DriverLine | None:
     """A GPU driver (NVRM) or NVSwitch driver (SXid) line, parsed; None if it is neither.
 
     Remembered by the text from its first driver marker on: what precedes it (a syslog header,
@@ -366,7 +396,7 @@ def _driver_line(text: str) -> dict[str, Any] | None:
     return _copy(_LINES[key])
 
 
-def _read_driver_line(text: str) -> dict[str, Any] | None:
+def _read_driver_line(text: str) -> DriverLine | None:
     """The parse itself. A line that mentions both drivers is whichever has a code that can be read."""
     parsed = parse_nvrm(text)
     if (parsed is None or "error" in parsed) and "SXid" in text:
@@ -376,20 +406,26 @@ def _read_driver_line(text: str) -> dict[str, Any] | None:
     return parsed
 
 
-def _fault_event(parsed: dict[str, Any], node: NodeRef, source: Source, **fields: Any) -> Event:
+def _as_detail(facts: XidDetail | SxidDetail | SystemEventDetail) -> dict[str, Any]:
+    """A driver line's facts as its event's kind-specific ``detail`` (the same dict)."""
+    return cast(dict[str, Any], facts)  # FaultEvent.detail is the schema's per-kind object
+
+
+def _fault_event(parsed: XidLine | SxidLine, node: NodeRef, source: Source, **fields: Any) -> Event:
     if "sxid" in parsed:  # an NVSwitch: it names no GPU; its own address stays in the detail
-        return new_event("nvswitch_sxid", "", source, node=node, detail=parsed["detail"], **fields)
-    gpu = None
+        return new_event(
+            "nvswitch_sxid", "", source, node=node, detail=_as_detail(parsed["detail"]), **fields
+        )
+    gpu: GpuRef | None = None
     if parsed["pci"] is not None:
         gpu = {"pci": parsed["pci"]}
         if parsed["mig"] is not None:
             gpu["mig"] = parsed["mig"]
-    return new_event(
-        "gpu_xid", "", source, xid=parsed["xid"], node=node, gpu=gpu, detail=parsed["detail"], **fields
-    )
+    detail = _as_detail(parsed["detail"])
+    return new_event("gpu_xid", "", source, xid=parsed["xid"], node=node, gpu=gpu, detail=detail, **fields)
 
 
-def _text_event(entry: dict[str, Any], source: Source, observed_at: str | None) -> Event:
+def _text_event(entry: Raw, source: Source, observed_at: str | None) -> Event:
     prov = trust.text_provenance(entry)
     source["trust"], source["trust_reason"] = prov.trust, prov.reason
     if prov.text is None:
@@ -406,19 +442,19 @@ def _text_event(entry: dict[str, Any], source: Source, observed_at: str | None) 
         return invalid(parsed["error"], source, observed_at=observed_at, node=node, detail=cut)
     if node is None:
         return invalid(why, source, observed_at=observed_at, detail=cut)
-    if cut:
-        parsed["detail"].update(cut)
+    if original:  # the same facts as ``cut``
+        parsed["detail"].update({"truncated": True, "original_bytes": original})
     return _fault_event(parsed, node, source, observed_at=observed_at)
 
 
-def _claims_system_event(entry: dict[str, Any]) -> bool:
+def _claims_system_event(entry: Raw) -> bool:
     """Anything that looks like an audit entry is judged as a system event, strictly."""
     ln = entry.get("logName")
     named = isinstance(ln, str) and ("cloudaudit" in ln or "system_event" in ln)
     return "protoPayload" in entry or named
 
 
-def _parse(entry: dict[str, Any], delivery: Delivery | None) -> Event:
+def _parse(entry: Raw, delivery: Delivery | None) -> Event:
     source = new_source(
         entry.get("logName"), entry.get("insertId"), delivery.message_id if delivery else None
     )
@@ -432,7 +468,7 @@ def _parse(entry: dict[str, Any], delivery: Delivery | None) -> Event:
     return _text_event(entry, source, observed_at)
 
 
-def parse_entry(entry: dict[str, Any], delivery: Delivery | None = None) -> Event:
+def parse_entry(entry: Raw, delivery: Delivery | None = None) -> Event:
     """One LogEntry → one event; never raises."""
     try:
         return _parse(entry, delivery)

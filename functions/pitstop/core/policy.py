@@ -9,12 +9,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
 from pitstop.core import resources, watchdog
 from pitstop.core.catalog import XidPolicy, default_xid_policy
+from pitstop.core.domain import LocaliseConfig
 
 _MIG_MEMBER = re.compile(r"-[a-z0-9]{4}$")
 
@@ -137,9 +138,9 @@ class Policy:
         return dict(self.doc["validation"])
 
     @property
-    def localise(self) -> Mapping[str, Any]:
+    def localise(self) -> LocaliseConfig:
         """How a hung job is localised (core/localise.py)."""
-        return dict(self.doc["localise"])
+        return cast(LocaliseConfig, dict(self.doc["localise"]))  # the schema checked it at load
 
 
 def from_doc(user: Mapping[str, Any] | None, where: str = "policy") -> Policy:

@@ -49,6 +49,7 @@ OP_STATES: Mapping[Op, frozenset[State]] = {
     Op.JUDGE_DIAGNOSIS: frozenset({State.FENCED}),
     Op.ACT: frozenset({State.FENCED, State.ACTING}),
     Op.VALIDATE: _WORKING - {State.OPEN},
+    Op.REVALIDATE: _WORKING - {State.OPEN},
     Op.JUDGE_VALIDATION: _WORKING - {State.OPEN},
     Op.ESCALATE: _WORKING,
     Op.UNFENCE: _WORKING - {State.OPEN},

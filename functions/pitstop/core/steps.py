@@ -49,13 +49,17 @@ def claim_seconds(timeout_s: float, margin_s: float = CLAIM_MARGIN_S) -> float:
     return float(timeout_s) + margin_s
 
 
-def payload_hash(payload: Mapping[str, Any]) -> str:
+# What identifies a request: any JSON object (the runner reads only its ``op``; the rest is hashed).
+Payload = Mapping[str, object]
+
+
+def payload_hash(payload: Payload) -> str:
     """A stable digest of what identifies a request (never volatile fields such as a timestamp)."""
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def record_state(rec: Mapping[str, Any]) -> str:
+def record_state(rec: StepRecord) -> str:
     """A record's state; records written before in-progress claims hold only ``result``."""
     state = rec.get("state")
     if isinstance(state, str) and state:
@@ -63,7 +67,7 @@ def record_state(rec: Mapping[str, Any]) -> str:
     return DONE if "result" in rec else RELEASED
 
 
-def _expires(rec: Mapping[str, Any]) -> float:
+def _expires(rec: StepRecord) -> float:
     try:
         return float(rec.get("expires_at") or 0)
     except (TypeError, ValueError):
@@ -113,12 +117,12 @@ class StepError(Exception):
 class BusyError(StepError):
     """Another attempt holds a live claim on the record: ask again later."""
 
-    def __init__(self, key: str, held: Mapping[str, Any]) -> None:
+    def __init__(self, key: str, held: StepRecord) -> None:
         super().__init__(
             f"{key} is in progress (attempt {held.get('attempt', 1)} of {held.get('owner')}, "
             f"claimed until {held.get('expires_at')})"
         )
-        self.key, self.held = key, dict(held)
+        self.key, self.held = key, held.copy()
 
 
 class ClaimLostError(BusyError):
@@ -159,10 +163,10 @@ class Release:
 
 
 Handler = Callable[[Claim], "dict[str, Any] | Release"]
-Logger = Callable[[str, Mapping[str, Any]], None]
+Logger = Callable[[str, Mapping[str, str]], None]
 
 
-def _quiet(message: str, fields: Mapping[str, Any]) -> None:
+def _quiet(message: str, fields: Mapping[str, str]) -> None:
     return None
 
 
@@ -180,9 +184,7 @@ class StepRunner(Generic[V]):
 
     # -- the whole state machine ---------------------------------------------------------------
 
-    def run(
-        self, key: str, payload: Mapping[str, Any], handler: Handler, owner: str = "unknown"
-    ) -> dict[str, Any]:
+    def run(self, key: str, payload: Payload, handler: Handler, owner: str = "unknown") -> dict[str, Any]:
         """Replay, refuse (busy), or claim, run, and save: the one path every effect takes."""
         begun = self.begin(key, payload, owner)
         if isinstance(begun, Replay):
@@ -198,7 +200,7 @@ class StepRunner(Generic[V]):
             raise
         return out
 
-    def begin(self, key: str, payload: Mapping[str, Any], owner: str = "unknown") -> Claim | Replay:
+    def begin(self, key: str, payload: Payload, owner: str = "unknown") -> Claim | Replay:
         """Find the record or claim it: a Replay when done, a Claim when this attempt holds it.
 
         Raises BusyError while another attempt holds a live claim, PayloadMismatchError when the
@@ -222,7 +224,7 @@ class StepRunner(Generic[V]):
                 return self._held(key, taken, dict(got.record.get("saved") or {}))
         raise BusyError(key, {})
 
-    def _fresh_claim(self, payload: Mapping[str, Any], digest: str, owner: str) -> StepRecord:
+    def _fresh_claim(self, payload: Payload, digest: str, owner: str) -> StepRecord:
         now = self.clock()
         return {
             "state": IN_PROGRESS,

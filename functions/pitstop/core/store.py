@@ -14,6 +14,17 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from pitstop.core import engine
+from pitstop.core.domain import (
+    Budget,
+    CountShard,
+    FaultEvent,
+    Incident,
+    NodeDoc,
+    NodeFields,
+    OutboxEntry,
+    Resolution,
+    StepRecord,
+)
 from pitstop.core.engine import Outcome, subject_key
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
@@ -26,9 +37,9 @@ T = TypeVar("T")
 class Commit:
     """The documents one engine decision writes, all in one transaction or none."""
 
-    incidents: list[Mapping[str, Any]] = field(default_factory=list)
-    node: dict[str, Any] | None = None
-    budgets: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    incidents: list[Incident] = field(default_factory=list)
+    node: NodeDoc | None = None
+    budgets: Mapping[str, Budget] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
@@ -41,7 +52,7 @@ def commit_of(out: Outcome) -> Commit:
     budget document it claimed or released. Nothing for an ignored or duplicate delivery."""
     if out.result in ("ignored", "duplicate"):
         return Commit()
-    incidents: list[Mapping[str, Any]] = [inc for inc in (out.closed, out.incident) if inc is not None]
+    incidents = [inc for inc in (out.closed, out.incident) if inc is not None]
     node = out.node if out.result != "absorbed" else None
     return Commit(incidents, node, dict(out.budgets))
 
@@ -61,7 +72,7 @@ def node_key_of(commit: Commit) -> str | None:
 RESOLVED_KEEP_S = 86_400.0  # a resolution's record in the resolved feed, for instances' caches
 
 
-def with_shards(inc: dict[str, Any], shards: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def with_shards(inc: Incident, shards: Iterable[CountShard]) -> Incident:
     """The incident as reports, notifications and people see it: its decided counts plus every
     shard's (in place; the incident's bounds apply to the sum: engine.add_deltas)."""
     for shard in shards:
@@ -70,7 +81,7 @@ def with_shards(inc: dict[str, Any], shards: Iterable[Mapping[str, Any]]) -> dic
     return inc
 
 
-def resolution(inc: Mapping[str, Any], now: float) -> dict[str, Any] | None:
+def resolution(inc: Incident, now: float) -> Resolution | None:
     """The resolved feed's record of an incident written RESOLVED (None if it is not): instances
     that count its node's lines in memory learn from it that it stopped absorbing."""
     if inc.get("state") != State.RESOLVED:
@@ -84,7 +95,7 @@ class Decisions(Protocol):
 
     on_decision: Callable[[Any, Outcome], None] | None
 
-    def apply(self, ev: Mapping[str, Any], policy: Policy, now: float) -> Outcome: ...
+    def apply(self, ev: FaultEvent, policy: Policy, now: float) -> Outcome: ...
     def release(self, iid: str, policy: Policy, now: float, by: str) -> Outcome: ...
     def step_up(self, iid: str, policy: Policy, now: float) -> Outcome: ...
     def close(self, iid: str, by: str, now: float, unfence: bool) -> Outcome: ...
@@ -96,15 +107,15 @@ class Decisions(Protocol):
 class Counts(Protocol):
     """Storm counts in shards (see :func:`with_shards`) and what tells a cache they may be stale."""
 
-    def put_count_shard(self, iid: str, shard: str, totals: Mapping[str, Any]) -> None:
+    def put_count_shard(self, iid: str, shard: str, totals: CountShard) -> None:
         """Write one shard's totals whole, blindly (one write, no read)."""
         ...
 
-    def incident_as_decided(self, iid: str) -> dict[str, Any] | None:
+    def incident_as_decided(self, iid: str) -> Incident | None:
         """The incident document without its shards (one read): what a cache keeps."""
         ...
 
-    def resolved_since(self, since: float) -> list[dict[str, Any]]:
+    def resolved_since(self, since: float) -> list[Resolution]:
         """Resolutions recorded at ``since`` or later (one query: at least one read)."""
         ...
 
@@ -112,41 +123,39 @@ class Counts(Protocol):
 class Starts(Protocol):
     """Workflow starts under a lease (one starter per step)."""
 
-    def lease_start(
-        self, iid: str, step: int, now: float, lease_s: float = 60.0
-    ) -> dict[str, Any] | None: ...
+    def lease_start(self, iid: str, step: int, now: float, lease_s: float = 60.0) -> Incident | None: ...
     def record_started(self, iid: str, step: int, execution: str, now: float) -> None: ...
-    def pending_starts(self, now: float) -> list[dict[str, Any]]: ...
+    def pending_starts(self, now: float) -> list[Incident]: ...
 
 
 class Records(Protocol):
     """Incidents, nodes and budgets as documents, and what remediation records beside them."""
 
-    def get(self, iid: str) -> dict[str, Any] | None: ...  # with its count shards summed
-    def list(self, states: Iterable[State] | None = None) -> list[dict[str, Any]]: ...  # likewise
-    def latest_incident(self, nkey: str) -> dict[str, Any] | None: ...  # as decided, no shards
-    def mutate(self, iid: str, fn: Callable[[dict[str, Any]], T]) -> T: ...
-    def get_node(self, key: str) -> dict[str, Any] | None: ...
-    def put_node(self, key: str, doc: Mapping[str, Any]) -> None: ...
-    def set_node_fields(self, key: str, fields: Mapping[str, Any]) -> None: ...
-    def budget(self, doc_id: str) -> dict[str, Any] | None: ...
-    def release_budget(self, inc: Mapping[str, Any]) -> None: ...
+    def get(self, iid: str) -> Incident | None: ...  # with its count shards summed
+    def list(self, states: Iterable[State] | None = None) -> list[Incident]: ...  # likewise
+    def latest_incident(self, nkey: str) -> Incident | None: ...  # as decided, no shards
+    def mutate(self, iid: str, fn: Callable[[Incident], T]) -> T: ...
+    def get_node(self, key: str) -> NodeDoc | None: ...
+    def put_node(self, key: str, doc: NodeDoc) -> None: ...
+    def set_node_fields(self, key: str, fields: NodeFields) -> None: ...
+    def budget(self, doc_id: str) -> Budget | None: ...
+    def release_budget(self, inc: Incident) -> None: ...
     def mark_job_requeue(self, key: str, incident: str, now: float) -> bool: ...
     def claim_job_restart(
         self, job_key: str, run_key: str, now: float, cap: int, window_s: float
     ) -> bool: ...
-    def step_record(self, iid: str, key: str) -> dict[str, Any] | None: ...
+    def step_record(self, iid: str, key: str) -> StepRecord | None: ...
     def steps(self, iid: str) -> StepStore[Any]: ...
 
 
 class Outbox(Protocol):
     """Notifications recorded before they are published (services/outbox.py)."""
 
-    def outbox_put_in(self, t: Any, nid: str, entry: Mapping[str, Any]) -> None: ...
-    def outbox_add(self, nid: str, entry: Mapping[str, Any]) -> dict[str, Any]: ...
+    def outbox_put_in(self, t: Any, nid: str, entry: OutboxEntry) -> None: ...
+    def outbox_add(self, nid: str, entry: OutboxEntry) -> OutboxEntry: ...
     def outbox_mark_sent(self, nid: str, message_id: str, now: float, keep_s: float) -> None: ...
     def outbox_note_failure(self, nid: str, now: float) -> None: ...
-    def outbox_unsent(self, created_before: float) -> Iterator[dict[str, Any]]: ...
+    def outbox_unsent(self, created_before: float) -> Iterator[OutboxEntry]: ...
 
 
 class IncidentStore(Decisions, Counts, Starts, Records, Outbox, Protocol):

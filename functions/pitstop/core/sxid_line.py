@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Any
 
+from pitstop.core.domain import LineError, SxidDetail, SxidLine
 from pitstop.core.xid_line import MAX_HEADS, MAX_LINE, MAX_MESSAGE, Anomalies, bounded_int, excerpt
 
 SXID_RANGE = (1, 99_999)  # codes are five decimal digits (Fabric Manager guide, SXid tables)
@@ -47,7 +47,7 @@ def _switch_pci(where: str, found: Anomalies) -> str | None:
     return pci
 
 
-def _body(rest: str, d: dict[str, Any], found: Anomalies) -> None:
+def _body(rest: str, d: SxidDetail, found: Anomalies) -> None:
     """Severity, link and the (First) marker off the text; the message is what is left."""
     sm = _SEVERITY.match(rest)
     if sm:
@@ -72,7 +72,7 @@ def _code(digits: str) -> int:
     return int(digits) if len(digits) <= 6 else 0
 
 
-def parse_sxid(text: str) -> dict[str, Any] | None:
+def parse_sxid(text: str) -> SxidLine | LineError | None:
     """Parse one NVSwitch driver line; never raises.
 
     None when the text is no SXid report; a dict with ``error`` when it names one whose code
@@ -92,7 +92,7 @@ def parse_sxid(text: str) -> dict[str, Any] | None:
         }
     code = _code(m["code"])
     found = Anomalies()
-    d: dict[str, Any] = {"sxid": code}
+    d: SxidDetail = {"sxid": code}
     if m["switch"] is not None:
         if len(m["switch"]) <= 3 and int(m["switch"]) <= MAX_SWITCH:
             d["switch"] = int(m["switch"])

@@ -24,6 +24,31 @@ from pitstop.core.domain import Measurement
 
 
 @dataclass(frozen=True)
+class Fabric:
+    """The machine type's own NCCL setup (validation.yaml ``fabric``): how Google's recipes run
+    nccl-tests on it. A busbw figure measured otherwise (one rank per node, no network plugin)
+    says nothing about the host."""
+
+    name: str
+    ranks_per_node: int
+    profile: str
+    library_path: str
+    env: tuple[tuple[str, str], ...]
+    profile_env: tuple[tuple[str, str], ...] = ()
+
+    def as_spec(self) -> dict[str, Any]:
+        """What a check carries to the scheduler (and what the scheduler reports it applied)."""
+        return {
+            "name": self.name,
+            "ranks_per_node": self.ranks_per_node,
+            "profile": self.profile,
+            "profile_env": dict(self.profile_env),
+            "library_path": self.library_path,
+            "env": dict(self.env),
+        }
+
+
+@dataclass(frozen=True)
 class Expectation:
     """What a healthy node of one machine type measures; busbw_gbps None = no published figure."""
 
@@ -32,6 +57,7 @@ class Expectation:
     busbw_gbps: float | None
     message_bytes: int
     source: str
+    fabric: Fabric | None = None
 
 
 @dataclass(frozen=True)
@@ -56,10 +82,30 @@ class ValidationTable:
                 float(o["busbw_gbps"]),
                 int(o.get("message_bytes", base.message_bytes)),
                 "policy.yaml validation.expected",
+                base.fabric,  # the figure is the operator's; the fabric's setup stays the table's
             )
         return ValidationTable(
             self.busbw_fraction, self.dcgm_level, self.diagnose_dcgm_level, self.config_only_tests, merged
         )
+
+
+def _fabric(doc: Mapping[str, Any] | None, gpus: int, machine_type: str) -> Fabric | None:
+    if doc is None:
+        return None
+    ranks = int(doc["ranks_per_node"])
+    if gpus % ranks:
+        raise resources.DataFileError(
+            f"validation.yaml: machine_types/{machine_type}/fabric/ranks_per_node {ranks}"
+            f" does not divide its {gpus} GPUs"
+        )
+    return Fabric(
+        str(doc["name"]),
+        ranks,
+        str(doc["profile"]),
+        str(doc["library_path"]),
+        tuple(sorted((str(k), str(v)) for k, v in doc["env"].items())),
+        tuple(sorted((str(k), str(v)) for k, v in (doc.get("profile_env") or {}).items())),
+    )
 
 
 def load_validation_table(path: Path | None = None) -> ValidationTable:
@@ -72,6 +118,7 @@ def load_validation_table(path: Path | None = None) -> ValidationTable:
             None if e["busbw_gbps"] is None else float(e["busbw_gbps"]),
             e["message_bytes"],
             e["source"],
+            _fabric(e.get("fabric"), int(e["gpus"]), name),
         )
         for name, e in doc["machine_types"].items()
     }
@@ -93,6 +140,7 @@ def default_validation_table() -> ValidationTable:
 
 _NCCL_ROW_START = re.compile(r"^\s*\d")
 _AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)")
+_NGPUS = re.compile(r"^#\s*nThread\s+\d+\s+nGpus\s+(\d+)\b")
 _OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)\s+(\S+)")
 
 
@@ -131,6 +179,7 @@ class NcclResult:
     avg_busbw: float | None = None
     out_of_bounds: int | None = None
     error: str | None = None
+    gpus_per_rank: int | None = None  # the header's nGpus: 1 = one rank per GPU, the fabric's way
 
     def row_at(self, size_bytes: int) -> NcclRow | None:
         return next((r for r in self.rows if r.size_bytes == size_bytes), None)
@@ -172,8 +221,11 @@ def parse_all_gather(text: str) -> NcclResult:
     rows: list[NcclRow] = []
     avg: float | None = None
     oob: int | None = None
+    per_rank: int | None = None
     for n, line in enumerate(text.splitlines(), 1):
-        if m := _AVG.match(line):
+        if (m := _NGPUS.match(line)) and per_rank is None:
+            per_rank = int(m.group(1))
+        elif m := _AVG.match(line):
             try:
                 avg = _num(m.group(1))
             except ValueError:
@@ -189,7 +241,7 @@ def parse_all_gather(text: str) -> NcclResult:
         return NcclResult(False, error="no result rows: the test did not run or its output was cut")
     if avg is None:
         return NcclResult(False, tuple(rows), error="no '# Avg bus bandwidth' line: the output is truncated")
-    return NcclResult(True, tuple(rows), avg, oob)
+    return NcclResult(True, tuple(rows), avg, oob, gpus_per_rank=per_rank)
 
 
 # ---------------------------------------------------------------- dcgmi diag -j
@@ -445,13 +497,15 @@ def validate(
         return Validation(False, "no_expectation", why, dcgm_verdict=dcgm.verdict)
     if gate := dcgm_gate(dcgm, table.config_only_tests):
         return gate
-    return _judge_busbw(machine_type, exp, fraction, nccl, dcgm.verdict)
+    return judge_busbw(machine_type, exp, fraction, nccl, dcgm.verdict)
 
 
-def _judge_busbw(
+def judge_busbw(
     machine_type: str, exp: Expectation, fraction: float, nccl: NcclResult, dcgm_verdict: str
 ) -> Validation:
-    assert exp.busbw_gbps is not None
+    """The busbw half of a validation (DCGM judged already): pass, degraded, corrupt or bad_output."""
+    if exp.busbw_gbps is None:
+        return Validation(False, "no_expectation", f"no expected bus bandwidth for {machine_type}")
     expected = exp.busbw_gbps
     threshold = round(fraction * expected, 2)
 
@@ -488,16 +542,46 @@ def _human_bytes(n: int) -> str:
 _REPAIRS = frozenset({Action.RESET_GPU, Action.REBOOT_NODE, Action.DRAIN_NODE})
 
 
-def next_action(current_action: str, validation: Validation) -> str:
+def off_fabric(exp: Expectation, nccl: NcclResult, applied: Mapping[str, Any] | None) -> str | None:
+    """Why an NCCL figure was not measured the fabric's way, or None when it was.
+
+    The fabric's way is the table's ``fabric`` setup, reported applied by the scheduler, and the
+    rank layout nccl-tests itself prints (``nGpus`` per rank). One rank driving every GPU of a
+    node or no network plugin measures the wrong thing: a shortfall then says nothing of the host.
+    """
+    f = exp.fabric
+    if f is None:
+        return f"validation.yaml has no fabric NCCL setup for {exp.machine_type}"
+    if not isinstance(applied, Mapping) or dict(applied) != f.as_spec():
+        return f"the check did not run with the fabric's NCCL setup ({f.name})"
+    want = exp.gpus // f.ranks_per_node
+    if nccl.gpus_per_rank != want:
+        got = "an unknown number of" if nccl.gpus_per_rank is None else str(nccl.gpus_per_rank)
+        return (
+            f"all_gather ran {got} GPUs per rank; the fabric's setup runs {want}"
+            f" ({f.ranks_per_node} ranks per node)"
+        )
+    return None
+
+
+_REPAIRS = frozenset({Action.RESET_GPU, Action.REBOOT_NODE, Action.DRAIN_NODE})
+
+
+def next_action(current_action: str, validation: Validation, busbw_corroborated: bool = False) -> str:
     """What follows a validation: return the node, step up to REPLACE_NODE, or PAGE a human.
 
-    Only evidence against the hardware (busbw short, DCGM fail, corrupt data) after a reset,
-    reboot or maintenance steps up to REPLACE_NODE. A replaced node that fails, or any result
-    that says nothing about the hardware (no figure, unusable output, a DCGM warning), pages and
-    keeps the node fenced: an irreversible action is never taken on missing evidence.
+    Only evidence against the hardware after a reset, reboot or maintenance steps up to
+    REPLACE_NODE: a DCGM hardware failure or corrupt data on the node, or a busbw shortfall that
+    was measured with the fabric's setup against two different healthy peers
+    (``busbw_corroborated``; one peer's shortfall may be that peer's or the fabric's). A replaced
+    node that fails, or any result that says nothing about the hardware (no figure, unusable
+    output, a DCGM warning), pages and keeps the node fenced: an irreversible action is never
+    taken on missing evidence.
     """
     if validation.passed:
         return RETURN_TO_SERVICE
+    if validation.verdict == "degraded" and not busbw_corroborated:
+        return PAGE
     if current_action in _REPAIRS and validation.hardware_suspect:
         return Action.REPLACE_NODE.value
     return PAGE
@@ -509,14 +593,17 @@ __all__ = [
     "DcgmResult",
     "DcgmTest",
     "Expectation",
+    "Fabric",
     "NcclResult",
     "NcclRow",
     "Validation",
     "ValidationTable",
     "dcgm_gate",
     "default_validation_table",
+    "judge_busbw",
     "load_validation_table",
     "next_action",
+    "off_fabric",
     "parse_all_gather",
     "parse_dcgm_diag",
     "validate",

@@ -2,10 +2,10 @@
 workflow's own waits so the watchdog never fails a step the workflow is still rightly waiting on.
 
 workflows/remediate.yaml waits, at most, for each of: the corroboration check, the checkpoint
-(drain), the diagnostic (REPLACE_NODE), the Compute operation, verify, the validation, and the
-gang's resume; every mutating call may also spend its retry rounds once. The waits are the
-workflow's deployed environment (infra/resources.yaml, workflow pitstop-remediate); a test keeps
-WORKFLOW_WAITS equal to it.
+(drain), the diagnostic (REPLACE_NODE), the Compute operation, verify, the validation, its
+second peer's NCCL test, and the gang's resume; every mutating call may also spend its retry
+rounds once. The waits are the workflow's deployed environment (infra/resources.yaml, workflow
+pitstop-remediate); a test keeps WORKFLOW_WAITS equal to it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def step_bound_s(action: str, waits: Mapping[str, float] = WORKFLOW_WAITS) -> fl
         total += CHECKPOINT_WAIT_S
     if action == Action.REPLACE_NODE:
         total += check  # the diagnostic
-    total += op + waits["PITSTOP_VERIFY_TIMEOUT_S"] + check  # act, verify, validation
+    total += op + waits["PITSTOP_VERIFY_TIMEOUT_S"] + 2 * check  # act, verify, validation, second peer
     return total * MARGIN
 
 

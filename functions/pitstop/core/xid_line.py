@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Any
+from typing import Literal
+
+from pitstop.core.domain import LineError, MigRef, XidDetail, XidLine
 
 MAX_MESSAGE = 512  # the driver text we keep as evidence; never used as a command or label
 # One message is cut to this many bytes of UTF-8 before any pattern sees it (core/parse.py);
@@ -162,11 +164,18 @@ def _registers(regs: str | None, found: Anomalies) -> list[str] | None:
     return out
 
 
-def _detail_13_45_48(xid: int, msg: str, d: dict[str, Any], found: Anomalies) -> None:
+_GPC_KEYS: tuple[Literal["gpc", "tpc", "sm"], ...] = ("gpc", "tpc", "sm")
+_RECOVERY_KEYS: tuple[tuple[Literal["recovery_from", "recovery_to"], str], ...] = (
+    ("recovery_from", "old"),
+    ("recovery_to", "new"),
+)
+
+
+def _detail_13_45_48(xid: int, msg: str, d: XidDetail, found: Anomalies) -> None:
     if xid == 13:
         m = _GPC_TPC.search(msg)
         if m:
-            for key in ("gpc", "tpc", "sm"):
+            for key in _GPC_KEYS:
                 if m[key] is not None and (v := bounded_int(m[key], key, found)) is not None:
                     d[key] = v
     elif xid == 45:
@@ -180,7 +189,7 @@ def _detail_13_45_48(xid: int, msg: str, d: dict[str, Any], found: Anomalies) ->
             d["memory"] = "dram"
 
 
-def _detail_74(msg: str, d: dict[str, Any], found: Anomalies) -> None:
+def _detail_74(msg: str, d: XidDetail, found: Anomalies) -> None:
     m = _NVLINK_74.search(msg)
     if m:
         if (link := bounded_int(m["link"], "link", found)) is not None:
@@ -189,7 +198,7 @@ def _detail_74(msg: str, d: dict[str, Any], found: Anomalies) -> None:
             d["registers"] = regs
 
 
-def _detail_nvlink5(msg: str, d: dict[str, Any], found: Anomalies) -> None:
+def _detail_nvlink5(msg: str, d: XidDetail, found: Anomalies) -> None:
     m = _NVLINK5.search(msg)
     if not m:
         return
@@ -204,7 +213,7 @@ def _detail_nvlink5(msg: str, d: dict[str, Any], found: Anomalies) -> None:
             d["error_status"] = int(regs[1], 16)
 
 
-def _detail_94_95(msg: str, d: dict[str, Any]) -> None:
+def _detail_94_95(msg: str, d: XidDetail) -> None:
     rst, drst = _yes(_RST.search(msg)), _yes(_DRST.search(msg))
     if rst is not None:
         d["rst"] = rst
@@ -215,19 +224,19 @@ def _detail_94_95(msg: str, d: dict[str, Any]) -> None:
         d["unit"] = m["unit"].strip()[:64]
 
 
-def _detail_154(msg: str, d: dict[str, Any], found: Anomalies) -> None:
+def _detail_154(msg: str, d: XidDetail, found: Anomalies) -> None:
     m = _RECOVERY.search(msg)
     if m:
-        for key, group in (("recovery_from", "old"), ("recovery_to", "new")):
+        for key, group in _RECOVERY_KEYS:
             if (v := bounded_int(m[group], key, found, 16)) is not None:
                 d[key] = v
         if m["newl"]:
             d["recovery_label"] = m["newl"].strip()[:64]
 
 
-def _detail_for(xid: int, msg: str, found: Anomalies) -> dict[str, Any]:
+def _detail_for(xid: int, msg: str, found: Anomalies) -> XidDetail:
     """Code-specific facts that change the action (xid-catalog.md §3.2, §4)."""
-    d: dict[str, Any] = {}
+    d: XidDetail = {}
     if xid in (13, 45, 48):
         _detail_13_45_48(xid, msg, d, found)
     elif xid == 63:
@@ -245,7 +254,7 @@ def _detail_for(xid: int, msg: str, found: Anomalies) -> dict[str, Any]:
     return d
 
 
-def _off_bus(text: str) -> dict[str, Any]:
+def _off_bus(text: str) -> XidLine:
     """The "fallen off the bus" report without an Xid line: an inferred Xid 79.
 
     Both forms name the GPU: the one-line ``NVRM: GPU dddd:bb:dd.f: GPU has fallen off the bus.``
@@ -253,14 +262,14 @@ def _off_bus(text: str) -> dict[str, Any]:
     """
     found = Anomalies()
     pm = _OFF_BUS_PCI.search(text)
-    detail: dict[str, Any] = {"inferred_from": "fallen_off_bus_line"}
+    detail: XidDetail = {"inferred_from": "fallen_off_bus_line"}
     pci = normalise_pci(pm["pci"], found) if pm else None
     if found:
         detail["anomalies"] = list(found)
     return {"xid": 79, "pci": pci, "mig": None, "detail": detail}
 
 
-def _pid_and_name(rest: str, detail: dict[str, Any], found: Anomalies) -> str:
+def _pid_and_name(rest: str, detail: XidDetail, found: Anomalies) -> str:
     """Take the optional ``pid=…, name=…,`` prefix off ``rest`` into ``detail``; the message is left."""
     pm = _PID.match(rest)
     if pm:
@@ -284,7 +293,7 @@ def _pid_and_name(rest: str, detail: dict[str, Any], found: Anomalies) -> str:
     return rest
 
 
-def _gpu(where: str, found: Anomalies) -> tuple[str | None, dict[str, Any] | None]:
+def _gpu(where: str, found: Anomalies) -> tuple[str | None, MigRef | None]:
     """The GPU the parentheses name: its PCI address and MIG instance, each None when unreadable."""
     wm = _WHERE.match(where)
     if wm is None:
@@ -302,10 +311,10 @@ def _gpu(where: str, found: Anomalies) -> tuple[str | None, dict[str, Any] | Non
     return pci, {"gi": gi, "ci": ci}
 
 
-def _xid_line(m: re.Match[str], xid: int) -> dict[str, Any]:
+def _xid_line(m: re.Match[str], xid: int) -> XidLine:
     found = Anomalies()
     pci, mig = _gpu(m["where"], found)
-    detail: dict[str, Any] = {}
+    detail: XidDetail = {}
     msg = _pid_and_name(m["rest"].strip(), detail, found)
     detail["message"] = msg[:MAX_MESSAGE]
     detail.update(_detail_for(xid, msg, found))  # read from the whole message, kept cut
@@ -316,7 +325,7 @@ def _xid_line(m: re.Match[str], xid: int) -> dict[str, Any]:
     return {"xid": xid, "pci": pci, "mig": mig, "detail": detail}
 
 
-def parse_nvrm(text: str) -> dict[str, Any] | None:
+def parse_nvrm(text: str) -> XidLine | LineError | None:
     """Parse one driver line; never raises.
 
     Returns None when the text is not an Xid or fallen-off-the-bus report, and a dict

@@ -1,7 +1,8 @@
 """Run one local stand-in as a process: ``python -m pitstop.local.serve NAME [options]``.
 
 fake-compute, executions (the Workflows runner behind the Executions gRPC API), monitoring,
-webhook (a sink that records notifications and can be taken down), vm-sync (starts and
+prometheus (Managed Service for Prometheus' query API over the GPU stand-ins), webhook (a sink
+that records notifications and can be taken down), vm-sync (starts and
 stops each node's slurmd as its fake VM goes down and comes back, like a real host would),
 and scheduler (Cloud Scheduler's job that calls the sweep function every interval).
 """
@@ -98,6 +99,17 @@ def monitoring(args: argparse.Namespace) -> None:
     gpu_state = gpu_state_reader(args.gpu_state) if args.compute else None
     server, _ = serve(Recording(alerts.heartbeat if alerts is not None else None, gpu_state), port=args.port)
     _wait_forever(lambda: server.stop(0))
+
+
+def prometheus(args: argparse.Namespace) -> None:
+    """Managed Service for Prometheus' query API over the GPU stand-ins (local/fake_prometheus.py)."""
+    from pitstop.local.fake_prometheus import FakePrometheus, serve
+    from pitstop.local.telemetry import gpu_state_reader
+
+    nodes = [n for n in args.nodes.split(",") if n]
+    fake = FakePrometheus(args.project, args.cluster, args.zone, nodes, gpu_state_reader(args.gpu_state))
+    server, _ = serve(fake, port=args.port)
+    _wait_forever(server.shutdown)
 
 
 PAGERDUTY_PATH = "/pagerduty/v2/enqueue"
@@ -270,6 +282,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             s.add_argument("--gpu-state", default=None, help="the fake Compute's GPU state file")
             s.add_argument("--alerts-topic", default="pitstop-alerts")
             s.add_argument("--alert-scale", type=float, default=1.0, help="policy windows times this")
+    pr = sub.add_parser("prometheus")
+    pr.add_argument("--port", type=int, required=True)
+    pr.add_argument("--gpu-state", required=True, help="the fake Compute's GPU state file")
+    pr.add_argument("--nodes", required=True, help="the cluster's node names, comma-separated")
+    pr.add_argument("--project", default="pitstop-local")
+    pr.add_argument("--zone", default="us-central1-a")
+    pr.add_argument("--cluster", default="local")
     sc = sub.add_parser("scheduler")
     sc.add_argument("--url", required=True)
     sc.add_argument("--interval", type=float, default=60.0)
@@ -283,6 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fake-compute": fake_compute,
         "executions": executions,
         "monitoring": monitoring,
+        "prometheus": prometheus,
         "webhook": webhook,
         "vm-sync": vm_sync,
         "scheduler": scheduler,

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.core import sinks
-from pitstop.local import gke_stack
+from pitstop.local import gke_stack, gpu_tools
 from pitstop.local.chaos import CHAOS_DIR_ENV, clear_flags
 from pitstop.local.control import Controller
 from pitstop.local.lql import compile_filter
@@ -54,6 +54,7 @@ GPU_STATE_ENV = "PITSTOP_GPU_STATE"
 # the local PagerDuty endpoint takes any 32-character integration key, as PagerDuty would shape-check it
 LOCAL_ROUTING_KEY = "pitstoplocalroutingkey0000000000"
 GPU_STATE_FILE = "gpu-state.json"
+NOTIFY_DATABASE = "pitstop-notify"  # notify's ledger database (deploy.defaults.yaml notify_database)
 # The telemetry policies' windows on the stack: the heartbeat's 2 min absence is 6 s, a 10 min
 # throttle 30 s (production windows: infra/monitoring/telemetry/).
 ALERT_SCALE = 0.05
@@ -70,7 +71,8 @@ def gpu_tool_flags() -> list[str]:
         ("--all-gather-perf", "all_gather_perf"),
     ):
         flags += [flag, shlex.join([sys.executable, "-m", f"pitstop.local.gpu_tools.{tool}"])]
-    return flags
+    # the fabric's NCCL profiles (schemas/validation.yaml) as stand-ins under this tree
+    return [*flags, "--fabric-root", str(Path(gpu_tools.__file__).parent / "fabric")]
 
 
 @dataclass
@@ -196,6 +198,7 @@ def _endpoints(fs_host: str, ps_host: str, ports: dict[str, int]) -> dict[str, s
         "webhook": f"http://127.0.0.1:{ports['webhook']}/hook",
         **{f: f"http://127.0.0.1:{ports[f]}" for f in ("ingest", "actuate", "notify", "sweep", "control")},
         **({"kube": f"http://127.0.0.1:{ports['kube']}"} if "kube" in ports else {}),
+        **({"prometheus": f"http://127.0.0.1:{ports['prometheus']}"} if "prometheus" in ports else {}),
     }
 
 
@@ -254,7 +257,7 @@ class Stack:
         fs_host, ps_host = self._start_emulators()
         env = self._base_env(fs_host, ps_host)
         names = ("compute", "executions", "monitoring", "webhook", *(f for f, _ in FUNCTIONS), "control")
-        ports = {k: free_port() for k in (*names, *(("kube",) if self.gke else ()))}
+        ports = {k: free_port() for k in (*names, *(("kube", "prometheus") if self.gke else ()))}
         ep = _endpoints(fs_host, ps_host, ports)
         files = self._write_inputs(ep)
         self._start_fakes(ports, files, env)
@@ -387,6 +390,10 @@ class Stack:
         for name, out in (("monitoring", "metrics.jsonl"), ("webhook", "webhook.jsonl")):
             extra = alerting if name == "monitoring" else []
             self._py(name, [name, "--port", str(ports[name]), "--out", str(self.workdir / out), *extra], env)
+        if "prometheus" in ports:  # GKE's DCGM metrics: Managed Service for Prometheus' query API
+            prom = ["--port", str(ports["prometheus"]), "--gpu-state", str(self.gpu_state_file)]
+            prom += ["--project", PROJECT, "--zone", ZONE, "--cluster", self.spec.name]
+            self._py("prometheus", ["prometheus", *prom, "--nodes", ",".join(self.spec.node_names)], env)
 
     def _start_functions(
         self, ports: dict[str, int], ep: dict[str, str], policy: Path, env: dict[str, str]
@@ -410,12 +417,15 @@ class Stack:
             # a crashed attempt's claim must lapse within the workflow's (scaled) re-asking budget
             "PITSTOP_STEP_CLAIM_S": str(STEP_CLAIM_S * self.workflow_scale),
             **({"PITSTOP_KUBE_ENDPOINT": ep["kube"]} if "kube" in ep else {}),
+            **({"PITSTOP_PROMETHEUS_ENDPOINT": ep["prometheus"]} if "prometheus" in ep else {}),
         }
         ff = str(Path(sys.executable).parent / "functions-framework")
         main = str(ROOT / "functions" / "main.py")
         wrapper = str(Path(__file__).with_name("chaos_main.py"))
         for fn, sig in FUNCTIONS:
             source, extra = (wrapper, {CHAOS_DIR_ENV: str(self.chaos_dir)}) if fn == "actuate" else (main, {})
+            if fn == "notify":  # its ledger in a database of its own, as deployed (infra/iam.yaml)
+                extra = {"PITSTOP_NOTIFY_DATABASE": NOTIFY_DATABASE}
             argv = [ff, "--target", fn, "--source", source, "--signature-type", sig]
             argv += ["--host", "127.0.0.1", "--port", str(ports[fn])]
             self.procs[fn] = Proc(fn, argv, self.workdir / f"{fn}.log", {**fn_env, **extra}).start()

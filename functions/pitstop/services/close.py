@@ -23,6 +23,7 @@ from typing import Any
 from google.api_core import exceptions as gexc
 
 from pitstop.adapters.errors import ActuatorError
+from pitstop.core.domain import Incident, UnfenceAnswer
 from pitstop.core.engine import subject_name
 from pitstop.core.scheduling import JobReleaser, Scheduler, StepRef
 from pitstop.core.states import State
@@ -72,7 +73,7 @@ def close_incident(
     done.lines += [f"{iid}: {line}" for line in release_jobs(inc, scheduler)]
     if unfence:
         answer = request_unfence(inc, scheduler)
-        store.mutate(iid, lambda d: d["closure"].update(unfence=answer))
+        store.mutate(iid, lambda d: d["closure"].update({"unfence": answer}))
         done.lines.append(f"{iid}: unfence {answer['outcome']}: {answer['detail']}")
     elif inc["closure"]["from_state"] == State.FAILED:
         done.lines.append(f"{iid}: {subject_name(inc)} stays fenced (use --unfence to return it)")
@@ -95,11 +96,12 @@ def release_jobs(inc: Mapping[str, Any], scheduler: Scheduler) -> list[str]:
         return [f"jobs not released ({exc.message}); reactivate their Kueue Workloads by hand"]
 
 
-def request_unfence(inc: Mapping[str, Any], scheduler: Scheduler) -> dict[str, Any]:
+def request_unfence(inc: Incident, scheduler: Scheduler) -> UnfenceAnswer:
     """Ask the scheduler to lift Pitstop's drain for this incident; what happened, for the record."""
-    if inc.get("node") is None:  # a job's episode: Pitstop fenced no node of its own for it
+    ref = inc.get("node")
+    if ref is None:  # a job's episode: Pitstop fenced no node of its own for it
         return {"outcome": "not needed", "detail": f"{subject_name(inc)} has no node of its own to return"}
-    node = inc["node"]["instance"]
+    node = ref["instance"]
     manual = f"resume {node} in its scheduler yourself (Slurm: scontrol update nodename=<node> state=resume)"
     if scheduler.name == NoScheduler.name:
         return {"outcome": "not needed", "detail": f"{node} is in no scheduler Pitstop fences"}

@@ -50,7 +50,7 @@ from typing import Any, cast
 from pitstop.adapters import log
 from pitstop.core import alerts, engine, trust
 from pitstop.core.actions import RANK, Action
-from pitstop.core.domain import Incident
+from pitstop.core.domain import FaultEvent, Incident
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
 from pitstop.core.store import IncidentStore
@@ -66,7 +66,7 @@ GATE_STRIPES = 256  # per-node gates for lines that must be decided (node keys h
 __all__ = ["DIRECT_LINES", "Coalescer", "slim"]
 
 
-def _verified(ev: Mapping[str, Any]) -> bool:
+def _verified(ev: FaultEvent) -> bool:
     src = ev.get("source")
     return isinstance(src, Mapping) and src.get("trust") == trust.VERIFIED
 
@@ -124,7 +124,7 @@ class Coalescer(ShardWriter):
 
     # -- one event -------------------------------------------------------------------
 
-    def handle(self, ev: Mapping[str, Any], now: float) -> engine.Outcome:
+    def handle(self, ev: FaultEvent, now: float) -> engine.Outcome:
         """Count the event in memory if the cached incident says it changes nothing; else decide it.
 
         Only a line that cannot be counted in memory passes its node's gate, one at a time: it
@@ -141,7 +141,7 @@ class Coalescer(ShardWriter):
             counted = self._counted(ev, key, nkey, now)  # the cache may have changed meanwhile
             return counted if counted is not None else self._decide(ev, key, nkey, now)
 
-    def _counted(self, ev: Mapping[str, Any], key: str, nkey: str, now: float) -> engine.Outcome | None:
+    def _counted(self, ev: FaultEvent, key: str, nkey: str, now: float) -> engine.Outcome | None:
         """A duplicate, or the event counted in memory by a fresh cache; None: it must be decided."""
         with self._lock:
             if key in self._seen:
@@ -154,7 +154,7 @@ class Coalescer(ShardWriter):
             self._merge(job, now)
         return absorbed
 
-    def _decide(self, ev: Mapping[str, Any], key: str, nkey: str, now: float) -> engine.Outcome:
+    def _decide(self, ev: FaultEvent, key: str, nkey: str, now: float) -> engine.Outcome:
         """Behind the node's gate: refresh the cache if it is stale, then count or commit the event.
 
         A line the cache cannot count is committed only on a cache read within ``cache_ttl_s``
@@ -169,7 +169,7 @@ class Coalescer(ShardWriter):
             with self._lock:
                 st, evicted = self._admit(nkey, now)
                 st.latest, st.fetched_at = slim(latest), now
-                for k in (latest or {}).get("recent_keys", []):
+                for k in latest.get("recent_keys", []) if latest else []:
                     self._remember(k)
                 dup = key in self._seen
             self._evict(evicted, now)
@@ -184,7 +184,7 @@ class Coalescer(ShardWriter):
         assert st is not None
         return self._commit(st, ev, key, now)
 
-    def _read_latest(self, nkey: str, st: NodeState | None) -> dict[str, Any] | None:
+    def _read_latest(self, nkey: str, st: NodeState | None) -> Incident | None:
         """The node's latest incident: one read of the cached one while it is not resolved (a
         node's latest changes only after it is), else the node's document and its latest."""
         cached = (st.latest if st is not None else None) or {}
@@ -206,7 +206,7 @@ class Coalescer(ShardWriter):
         return now - self._feed_seen < 3 * self._tick_s
 
     def _buffer(
-        self, st: NodeState, nkey: str, ev: Mapping[str, Any], key: str, now: float
+        self, st: NodeState, nkey: str, ev: FaultEvent, key: str, now: float
     ) -> tuple[engine.Outcome | None, Job | None]:
         """Under the lock: count the event in memory if it cannot change anything (and say so)."""
         ts = float(ev.get("_observed_ts") or now)
@@ -224,7 +224,7 @@ class Coalescer(ShardWriter):
             or latest.get("events", 0) < DIRECT_LINES
             or RANK[action] > RANK[latest["action"]]
             or engine.ends_recovery(ev, self.policy)  # may end the episode: decided in the store
-            or not engine.absorbs(latest, ev, ts)
+            or not engine.absorbs(as_view(latest), ev, ts)
             or (st.shard_iid != latest["id"] and st.buffered)  # the old incident's lines go first
         ):
             return None, self._take(st, nkey, now)  # counts so far go first: the store path may change things
@@ -236,7 +236,7 @@ class Coalescer(ShardWriter):
             )
         engine.count_into(st.deltas, ev, ts, self.policy, latest.get("evidence_room", engine.MAX_EVIDENCE))
         if st.representative is None or RANK[ev["action"]] >= RANK[st.representative["action"]]:
-            st.representative = dict(ev)  # the line to replay if the incident stopped absorbing
+            st.representative = ev.copy()  # the line to replay if the incident stopped absorbing
         st.buffered += 1
         self.coalesced += 1
         self._remember(key)
@@ -246,7 +246,7 @@ class Coalescer(ShardWriter):
         job = self._take(st, nkey, now) if due else None
         return engine.Outcome("absorbed", incident=as_view(latest), coalesced=True), job
 
-    def _commit(self, st: NodeState, ev: Mapping[str, Any], key: str, now: float) -> engine.Outcome:
+    def _commit(self, st: NodeState, ev: FaultEvent, key: str, now: float) -> engine.Outcome:
         """The full, transactional path; its answer refreshes the cache.
 
         A redelivery that arrives while this instance still applies its first delivery waits for
@@ -268,7 +268,7 @@ class Coalescer(ShardWriter):
             with self._lock:
                 self._applying.pop(key).set()
 
-    def _apply(self, st: NodeState, ev: Mapping[str, Any], key: str, now: float) -> engine.Outcome:
+    def _apply(self, st: NodeState, ev: FaultEvent, key: str, now: float) -> engine.Outcome:
         out = self.store.apply(ev, self.policy, now)
         with self._lock:
             if out.result != "duplicate":

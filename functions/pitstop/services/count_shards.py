@@ -22,13 +22,14 @@ from __future__ import annotations
 import copy
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pitstop.adapters import log
 from pitstop.core import engine
 from pitstop.core.actions import RANK
+from pitstop.core.domain import CountShard, Deltas, FaultEvent, Incident
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
 from pitstop.core.store import IncidentStore
@@ -42,7 +43,7 @@ _CACHED = ("id", "state", "action", "mode", "burst_until", "closure", "node_key"
 _CACHED_RUN = ("step", "state", "lease_until")  # of ``workflow``: enough to see a start was lost
 
 
-def slim(inc: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def slim(inc: Incident | None) -> dict[str, Any] | None:
     """The cached view of an incident (as decided: its shards are not read)."""
     if inc is None:
         return None
@@ -55,9 +56,9 @@ def slim(inc: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return out
 
 
-def stronger(a: Mapping[str, Any] | None, b: Mapping[str, Any]) -> dict[str, Any]:
+def stronger(a: FaultEvent | None, b: FaultEvent) -> FaultEvent:
     """The stronger of two representative lines (the later one on a tie)."""
-    return dict(b) if a is None or RANK[b["action"]] >= RANK[a["action"]] else dict(a)
+    return b.copy() if a is None or RANK[b["action"]] >= RANK[a["action"]] else a.copy()
 
 
 @dataclass
@@ -66,8 +67,8 @@ class NodeState:
     fetched_at: float
     last_flush: float
     touched: float
-    deltas: dict[str, Any] = field(default_factory=engine.empty_deltas)  # the shard's totals
-    representative: dict[str, Any] | None = None  # strongest line counted since the last write
+    deltas: Deltas = field(default_factory=engine.empty_deltas)  # the shard's totals
+    representative: FaultEvent | None = None  # strongest line counted since the last write
     buffered: int = 0  # lines counted since the last write
     shard: str = ""  # this state's shard of ``shard_iid``
     shard_iid: str | None = None
@@ -75,10 +76,10 @@ class NodeState:
     # The newest snapshot written, per shard: a snapshot of an older incident's shard that failed
     # and is written again later is compared with its own shard's writes, not the new shard's.
     written: dict[str, int] = field(default_factory=dict)
-    unverified: dict[str, dict[str, Any]] = field(default_factory=dict)  # incident -> strongest line
+    unverified: dict[str, FaultEvent] = field(default_factory=dict)  # incident -> strongest line
     # Lines already taken out of their shard whose replay failed: replayed again, never taken out
     # twice (a failed replay checked again lost one line per failure).
-    replays: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    replays: list[tuple[str, FaultEvent]] = field(default_factory=list)
     written_at: float = 0.0
     lock: threading.RLock = field(default_factory=threading.RLock)  # one write or check at a time
 
@@ -91,8 +92,8 @@ class Job:
     nkey: str
     iid: str
     shard: str
-    totals: dict[str, Any]
-    representative: dict[str, Any]
+    totals: CountShard
+    representative: FaultEvent
     lines: int
     seq: int
 
@@ -120,12 +121,12 @@ class ShardWriter:
     def _remember(self, key: str) -> None:
         raise NotImplementedError
 
-    def _shard_doc(self, st: NodeState, nkey: str, now: float) -> dict[str, Any]:
+    def _shard_doc(self, st: NodeState, nkey: str, iid: str, now: float) -> CountShard:
         """Under the lock: what the shard document holds (its totals, and the burst they extend)."""
-        doc = copy.deepcopy(st.deltas)
-        burst = float(doc["last_seen"]) + self.policy.window("burst_silence_s") if doc["last_seen"] else 0.0
-        doc.update(incident=st.shard_iid, node=nkey, burst_until=burst, at=now)
-        return doc
+        totals = copy.deepcopy(st.deltas)
+        last = float(totals["last_seen"])
+        burst = last + self.policy.window("burst_silence_s") if last else 0.0
+        return {**totals, "incident": iid, "node": nkey, "burst_until": burst, "at": now}
 
     def _snapshot(self, st: NodeState, nkey: str, now: float) -> Job | None:
         """Under the lock: detach what the node counted since its last write (None: nothing)."""
@@ -133,8 +134,8 @@ class ShardWriter:
         if not st.buffered or st.shard_iid is None or st.representative is None:
             return None
         st.seq += 1
-        job = Job(st, nkey, st.shard_iid, st.shard, self._shard_doc(st, nkey, now), st.representative,
-                  st.buffered, st.seq)  # fmt: skip
+        doc = self._shard_doc(st, nkey, st.shard_iid, now)
+        job = Job(st, nkey, st.shard_iid, st.shard, doc, st.representative, st.buffered, st.seq)
         self._pending.discard(nkey)
         st.representative, st.buffered = None, 0
         return job
@@ -189,7 +190,7 @@ class ShardWriter:
         strongest line of one that no longer absorbs it (and the lines whose replay failed before)."""
         with st.lock:
             with self._lock:
-                todo: dict[str, dict[str, Any] | None] = {**st.unverified}
+                todo: dict[str, FaultEvent | None] = {**st.unverified}
                 st.unverified = {}
             if cached is not None:
                 todo.setdefault(cached, None)
@@ -214,12 +215,12 @@ class ShardWriter:
         for iid, rep in replays:
             self._replay(nkey, st, iid, rep, now)
 
-    def _uncount(self, nkey: str, st: NodeState, iid: str, rep: Mapping[str, Any], now: float) -> None:
+    def _uncount(self, nkey: str, st: NodeState, iid: str, rep: FaultEvent, now: float) -> None:
         """Under the node's lock: take the line out of the shard it was written to (if this state
         still holds that shard) and queue its replay, so that it is counted once, where the replay
         puts it. Taken out once: a replay that fails is queued again as it is (``st.replays``)."""
         with self._lock:
-            st.replays.append((iid, dict(rep)))
+            st.replays.append((iid, rep.copy()))
             if st.shard_iid != iid:
                 return
             one = engine.empty_deltas()
@@ -234,7 +235,7 @@ class ShardWriter:
                     if x in held:
                         held[x] = max(0, held[x] - n)
             st.seq += 1
-            seq, shard, doc = st.seq, st.shard, self._shard_doc(st, nkey, now)
+            seq, shard, doc = st.seq, st.shard, self._shard_doc(st, nkey, iid, now)
         try:
             self.store.put_count_shard(iid, shard, doc)
         except Exception as exc:  # the shard keeps the line until its next write: one line too many
@@ -244,7 +245,7 @@ class ShardWriter:
             return
         st.written[shard] = seq
 
-    def _replay(self, nkey: str, st: NodeState, iid: str, rep: dict[str, Any], now: float) -> None:
+    def _replay(self, nkey: str, st: NodeState, iid: str, rep: FaultEvent, now: float) -> None:
         """The full path for a line its incident no longer absorbs (a new incident, a raise)."""
         try:
             out = self.store.apply(rep, self.policy, now)

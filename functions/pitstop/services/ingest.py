@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from google.api_core import exceptions as gexc
 
@@ -24,6 +24,7 @@ from pitstop.adapters.gke.node import NodeReader, corroborate
 from pitstop.adapters.gke.zone import ZoneResolver, fill_zone
 from pitstop.core import alerts, engine
 from pitstop.core.classify import Classifier
+from pitstop.core.domain import FaultEvent
 from pitstop.core.envelope import unwrap
 from pitstop.core.policy import Policy
 from pitstop.core.store import IncidentStore
@@ -70,17 +71,22 @@ class Ingest:
             raise PoisonMessageError(delivery.error or "undecodable delivery")
         return self.handle_event(self.classifier.from_delivery(delivery, source))
 
-    def handle_event(self, ev: dict[str, Any]) -> engine.Outcome:
+    def handle_event(self, ev: FaultEvent) -> engine.Outcome:
         now = self.clock()
         if ev["kind"] in ("unrelated", "invalid"):
             sev = "WARNING" if ev["kind"] == "invalid" else "DEBUG"
-            node = (ev.get("node") or {}).get("instance")  # an undecodable line is recorded against its node
+            ref = ev.get("node")
+            node = ref.get("instance") if ref else None  # an undecodable line is recorded against its node
             log.emit(
                 sev, f"{ev['kind']} entry acknowledged", reason=ev["reason"], source=ev["source"], node=node
             )
             return engine.Outcome("ignored")
         if ev["node"] is not None and ev["node"].get("zone") is None:  # a regional GKE cluster's entry
-            why = fill_zone(ev, self.zones) if self.zones is not None else "no zone resolver configured"
+            why = (
+                fill_zone(cast(dict[str, Any], ev), self.zones)  # the GKE adapter's edge takes plain dicts
+                if self.zones is not None
+                else "no zone resolver configured"
+            )
             if why is not None:  # ZoneLookupError (Compute or Kubernetes unreachable) is redelivered
                 log.emit(
                     "WARNING", "regional event without a zone acknowledged", reason=why, source=ev["source"]
@@ -107,8 +113,8 @@ class Ingest:
         return out
 
     @staticmethod
-    def _corroborated(ev: dict[str, Any], nodes: NodeReader, watched: frozenset[int]) -> dict[str, Any]:
-        out = corroborate(ev, nodes, watched)
+    def _corroborated(ev: FaultEvent, nodes: NodeReader, watched: frozenset[int]) -> FaultEvent:
+        out = cast(FaultEvent, corroborate(cast(dict[str, Any], ev), nodes, watched))  # as fill_zone
         if out["source"]["trust"] != ev["source"]["trust"]:
             log.emit(
                 "INFO",

@@ -12,9 +12,10 @@ the lease has run out.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from pitstop.adapters import log
+from pitstop.core.domain import WorkflowRun
 from pitstop.core.engine import Outcome
 from pitstop.core.policy import Policy
 from pitstop.core.states import UNCLAIMABLE_STATES, RunState
@@ -95,7 +96,8 @@ class Launcher:
         """Start a decided step whose starter died, if it is still pending (read fresh)."""
         inc = self.store.get(iid)
         if inc is not None and start_lost(inc, now):
-            self.start(iid, int(inc["workflow"]["step"]), policy, now)
+            wf = cast(WorkflowRun, inc["workflow"])  # start_lost: a pending start has its workflow
+            self.start(iid, int(wf["step"]), policy, now)
 
     def _page(self, reason: str, inc: Mapping[str, Any] | None) -> None:
         """Publish the page the committed decision recorded in the outbox; if that fails, the sweep will."""

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from pitstop.adapters import log
+from pitstop.core.domain import OutboxEntry
 from pitstop.core.engine import Outcome
 from pitstop.core.notifications import notification_id as notification_id
 from pitstop.core.store import IncidentStore
@@ -82,7 +83,7 @@ class Outbox:
         if out.page:
             self.record_in(txn, page_notification(out.page, out.incident))
 
-    def _entry(self, notification: Mapping[str, Any]) -> dict[str, Any]:
+    def _entry(self, notification: Mapping[str, Any]) -> OutboxEntry:
         nid = str(notification["id"])
         return {"id": nid, "notification": _plain(notification), "created_at": self.clock(), "sent": False}
 

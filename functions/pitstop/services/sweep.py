@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from google.api_core import exceptions as gexc
 
 from pitstop.adapters import log
 from pitstop.adapters.workflows import ExecutionStatus
 from pitstop.core import engine, lifecycle
+from pitstop.core.domain import Incident, WorkflowRun
 from pitstop.core.engine import Outcome
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
@@ -120,7 +121,7 @@ class Sweep:
         """Start decided steps whose starter died before recording the start (its lease ran out)."""
         restarted = 0
         for inc in self.ingest.store.pending_starts(now):
-            step = int(inc["workflow"]["step"])
+            step = int(cast(WorkflowRun, inc["workflow"])["step"])  # a pending start has its workflow
             try:
                 restarted += self.ingest.start_workflow(inc["id"], step, now) is not None
             except Exception as exc:
@@ -133,9 +134,9 @@ class Sweep:
         what = repr(exc)[:300]
         permanent = isinstance(exc, gexc.ClientError) and not isinstance(exc, gexc.TooManyRequests)
 
-        def count(doc: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+        def count(doc: Incident) -> tuple[bool, Incident]:
             if doc["state"] != State.OPEN or int((doc.get("workflow") or {}).get("step", -1)) != step:
-                return False, dict(doc)
+                return False, doc.copy()
             n = int(doc.get("start_refusals") or 0) + 1
             doc["start_refusals"] = n
             give_up = permanent or n >= START_REFUSALS
@@ -143,7 +144,7 @@ class Sweep:
                 lifecycle.move(doc, State.FAILED, "start refused")
                 doc["failure"] = {"stage": "start", "error": what, "at": now}
             doc["updated_at"] = now
-            return give_up, dict(doc)
+            return give_up, doc.copy()
 
         failed, inc = self.ingest.store.mutate(iid, count)
         log.emit("ERROR", "workflow start refused", incident=iid, step=step, error=what, failed=failed)

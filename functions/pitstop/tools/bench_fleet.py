@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -310,7 +310,7 @@ def _figures(
     elapsed: float,
     reports: list[dict[str, Any]],
     instances: list[_Instance],
-    incidents: list[dict[str, Any]],
+    incidents: Sequence[Mapping[str, Any]],
     starts: dict[tuple[str, str], int],
 ) -> dict[str, Any]:
     per_incident: dict[str, int] = {}

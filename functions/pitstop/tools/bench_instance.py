@@ -71,8 +71,8 @@ def _watch_slow() -> None:
                 sys.stderr.flush()
 
 
-def _counted_db(project: str) -> Any:
-    client = _shipped_db(project)
+def _counted_db(project: str, env: str = "PITSTOP_FIRESTORE_DATABASE") -> Any:
+    client = _shipped_db(project, env)
     with _lock:
         _ops.append(FirestoreOps(client))
     return client

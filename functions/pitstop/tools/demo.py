@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pitstop.core import engine
 from pitstop.core.timeline import durations
@@ -53,7 +53,7 @@ from pitstop.local.stack import (
     emulator_env,
     webhook_records,
 )
-from pitstop.tools import demo_hang, demo_planned
+from pitstop.tools import demo_gke_planned, demo_hang, demo_planned
 from pitstop.tools.demo_stage import Result
 
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
@@ -143,7 +143,8 @@ class Pipeline:
     def incidents(self, node: str) -> list[dict[str, Any]]:
         from pitstop.adapters.firestore import IncidentStore
 
-        docs = IncidentStore(self.db).list()  # oldest first, with storm counts' shards summed
+        # oldest first, with storm counts' shards summed; the demo reads them as JSON
+        docs = [cast(dict[str, Any], d) for d in IncidentStore(self.db).list()]
         return [d for d in docs if (d.get("node") or {}).get("instance") == node]  # a hang's: no node
 
     def wait(self, cond: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -179,6 +180,14 @@ class Pipeline:
 
     def notes_for(self, iid: str) -> list[dict[str, Any]]:
         return [w for w in webhook_records(self.state) if iid in w["body"]["text"]]
+
+    def gpu_state(self, node: str, state: dict[str, Any] | None) -> None:
+        """What the GPU tools will report on the node's current host (the fake Compute's admin API)."""
+        admin(
+            self.state,
+            "/_admin/gpu_state",
+            {"project": PROJECT, "zone": ZONE, "instance": node, "state": state},
+        )
 
     def settle(self) -> None:
         """Let the blast-radius window slide so scenarios do not spend each other's budget."""
@@ -359,17 +368,9 @@ class Scenarios(Pipeline):
     def cancel(self, job: str) -> None:
         subprocess.run(["scancel", job], env=self.slurm.env, capture_output=True, check=False)
 
-    def gpu_state(self, node: str, state: dict[str, Any] | None) -> None:
-        """What the GPU tools will report on the node's current host (the fake Compute's admin API)."""
-        admin(
-            self.state,
-            "/_admin/gpu_state",
-            {"project": PROJECT, "zone": ZONE, "instance": node, "state": state},
-        )
-
     def lemon_history(self, node: str) -> None:
         """Three remediations in the last week: the next fault makes the node a lemon (REPLACE_NODE)."""
-        key = engine.node_key({"project": PROJECT, "zone": ZONE, "instance": node})
+        key = engine.node_key({"project": PROJECT, "zone": ZONE, "instance": node, "instance_id": None})
         now = time.time()
         self.db.collection("pitstop_nodes").document(key).set(
             {
@@ -736,8 +737,9 @@ class Scenarios(Pipeline):
         return r
 
     def degraded_after_reset(self) -> Result:
-        """A reset node that fails validation (busbw 120 GB/s: an NVLink link is down) steps up to
-        REPLACE_NODE; the diagnostic confirms it (the link down), the new host passes."""
+        """A reset node that fails validation (busbw 120 GB/s: an NVLink link is down) against two
+        different peers, each under the fabric's NCCL setup, steps up to REPLACE_NODE; the
+        diagnostic confirms it (the link down), the new host passes."""
         node = self.fresh[6]
         self.gpu_state(node, {"busbw": 120, "nvlink_down": [3]})
         self.fault(node, XID79)
@@ -748,6 +750,7 @@ class Scenarios(Pipeline):
             m for m in inc.get("measured", []) if m.get("kind") == "validate" and not m.get("passed")
         ]
         val = inc.get("validation") or {}
+        peers = (failed_first[0].get("nccl_peers") or []) if failed_first else []
         r = self.timed(Result("degraded_after_reset", False, "", durations(inc), inc["id"]), inc)
         r.passed = bool(
             inc["state"] == "RESOLVED"
@@ -756,13 +759,16 @@ class Scenarios(Pipeline):
             and len(reports) == 1
             and failed_first
             and failed_first[0].get("busbw_gbps") == 120.0
+            and len({p.get("peer") for p in peers}) == 2
+            and all(p.get("verdict") == "degraded" for p in peers)
             and val.get("passed")
             and (inc.get("diagnosis") or {}).get("confirmed") is True
         )
         first = failed_first[0] if failed_first else {}
         r.detail = (
             f"{node} reset, validation busbw {first.get('busbw_gbps')} GB/s < {first.get('threshold_gbps')} "
-            f"-> REPLACE_NODE, diagnostic: {(inc.get('diagnosis') or {}).get('why')}, "
+            f"against {', '.join(str(p.get('peer')) for p in peers)} -> REPLACE_NODE, "
+            f"diagnostic: {(inc.get('diagnosis') or {}).get('why')}, "
             f"reportHostAsFaulty x{len(reports)}, new host "
             f"validated at {val.get('busbw_gbps')} GB/s"
         )
@@ -1003,8 +1009,9 @@ class Gang:
 class GkeScenarios(Pipeline):
     """The GKE scenarios: faults on JobSet members, checked in the fake API server, Compute and Firestore.
 
-    Nodes: the faults use nodes 0-6, one each; every gang runs on its faulty member(s) and the
-    partner (node 7) and may move to the spare (node 8), both freed after each scenario.
+    Nodes: the faults use nodes 0-8, one each (7: the straggler, 8 with the partner: a gang-wide
+    throttle, pitstop.tools.demo_gke_planned); every gang runs on its faulty member(s) and the
+    partner (node 9) and may move to the spare (node 10), both freed after each scenario.
     """
 
     def __init__(self, stack: Stack) -> None:
@@ -1183,7 +1190,8 @@ class GkeScenarios(Pipeline):
         store = IncidentStore(self.db, pol.doc["store"]["collection_prefix"])
         schedulers = schedulers_for(pol, Wiring(PROJECT, kube_endpoint=self.state.endpoints["kube"]))
         done = close_incident(store, schedulers, iid, "demo", time.time(), unfence=True)
-        inc: dict[str, Any] = {**(store.get(iid) or {}), "lines": done.lines}
+        got = store.get(iid)
+        inc: dict[str, Any] = {**(dict(got) if got else {}), "lines": done.lines}
         return inc
 
     def remediated(
@@ -1517,6 +1525,9 @@ class GkeScenarios(Pipeline):
             ("gke_pdb", self.pdb_blocks),
             ("gke_regional", self.regional),
             ("gke_serial", self.serial),
+            # issue 24: a degraded node's peers read from Managed Service for Prometheus
+            ("gke_straggler_spare", lambda: demo_gke_planned.straggler_spare(self)),
+            ("gke_gang_wide_throttle", lambda: demo_gke_planned.gang_wide_throttle(self)),
         ]
         results = []
         for key, fn in plan:
@@ -1578,6 +1589,8 @@ GKE_KEYS = (
     "gke_pdb",
     "gke_regional",
     "gke_serial",
+    "gke_straggler_spare",
+    "gke_gang_wide_throttle",
 )
 
 

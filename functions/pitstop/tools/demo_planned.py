@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pitstop.core.timeline import durations
-from pitstop.tools.demo_stage import Result, SlurmStage
+from pitstop.tools.demo_stage import GkeStage, Result, SlurmStage
 
 STRAGGLER = {"throttle": 0.6, "throttle_reason": "thermal"}  # HW thermal slowdown: the finding
 ECC_TREND = {"sbe_rate": 40, "ecc_gpu": 2, "remap": "pending", "remap_gpu": 2}
@@ -114,7 +114,7 @@ def degraded_no_spare(sc: SlurmStage) -> Result:
     return r
 
 
-def _note_text(sc: SlurmStage, iid: str) -> str:
+def note_text(sc: SlurmStage | GkeStage, iid: str) -> str:
     """What the webhook said about an incident, once notify delivered it (after it resolved)."""
     notes: list[dict[str, Any]] = sc.wait(lambda: sc.notes_for(iid), 30, "the notification")
     return " ".join(str(x["body"].get("text")) for x in notes)
@@ -129,7 +129,7 @@ def gang_wide_throttle(sc: SlurmStage) -> Result:
     incs = [sc.finished(n, timeout=TIMEOUT_S) for n in held]
     drained = {n: "drain" in sc.slurm.node_states().get(n, "") for n in held}
     # notify delivers after the incident resolved: wait for each one's note, not read it at once
-    texts = [_note_text(sc, str(i["id"])) for i in incs]
+    texts = [note_text(sc, str(i["id"])) for i in incs]
     r = Result("gang_wide_throttle", False, "", durations(incs[0]), incs[0]["id"])
     r.passed = bool(
         all(i["state"] == "RESOLVED" for i in incs)

@@ -99,6 +99,9 @@ def load_config(path: str | None) -> dict[str, Any]:
     db = conf.get("firestore_database")
     if not isinstance(db, str) or not DATABASE.fullmatch(db):
         raise ValueError(f"firestore_database: {db!r} is not a database id (and not (default))")
+    ndb = conf.get("notify_database")
+    if not isinstance(ndb, str) or not DATABASE.fullmatch(ndb) or ndb == db:
+        raise ValueError(f"notify_database: {ndb!r} is not a database id of its own (not {db} or (default))")
     return conf
 
 

@@ -18,6 +18,7 @@ import orjson
 from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import engine
 from pitstop.core.classify import Classifier
+from pitstop.core.domain import FaultEvent, Incident
 from pitstop.core.envelope import unwrap
 from pitstop.core.parse import invalid, parse_entry
 from pitstop.core.policy import Policy, from_doc
@@ -56,7 +57,7 @@ def replay(
 ) -> dict[str, Any]:
     pol = observe_policy(policy)
     clf = classifier or Classifier(pol.xids, Classifier.default().system_events)
-    events: list[dict[str, Any]] = []
+    events: list[FaultEvent] = []
     kinds: Counter[str] = Counter()
     for item in items:
         if "_invalid" in item:
@@ -95,21 +96,21 @@ def replay(
         "totals": {
             "incidents": len(incidents),
             "would_start": sum(1 for i in incidents if (i.get("workflow") or {}).get("would_start")),
-            "held_by_budget": sum(1 for i in incidents if i.get("held") and i["held"].get("scope")),
+            "held_by_budget": sum(1 for i in incidents if (h := i.get("held")) and h.get("scope")),
             "released_later": sum(
                 1 for i in incidents if any(h.get("by") == "sweep" for h in i.get("holds", []))
             ),
-            "held_for_human": sum(1 for i in incidents if i.get("held") and not i["held"].get("scope")),
+            "held_for_human": sum(1 for i in incidents if (h := i.get("held")) and not h.get("scope")),
             "by_action": dict(Counter(i["action"] for i in incidents)),
         },
     }
 
 
-def _summary(inc: Mapping[str, Any]) -> dict[str, Any]:
+def _summary(inc: Incident) -> dict[str, Any]:
     return {
         "id": inc["id"],
         "node": engine.subject_name(inc),
-        "zone": (inc["node"] or {}).get("zone"),
+        "zone": node.get("zone") if (node := inc["node"]) else None,
         "cluster": inc["cluster"],
         "kind": inc["kind"],
         "xid": inc["xid"],

@@ -350,4 +350,5 @@ class GkeScheduler:
 
 
 def _job(doc: Mapping[str, Any]) -> JobInfo:
-    return JobInfo(str(doc.get("id") or doc.get("job")), JobState.of(doc.get("state")), JobRun.of(doc))
+    nodes = tuple(str(n) for n in doc.get("nodes") or ())  # a JobSet's: its live pods' nodes
+    return JobInfo(str(doc.get("id") or doc.get("job")), JobState.of(doc.get("state")), JobRun.of(doc), nodes)

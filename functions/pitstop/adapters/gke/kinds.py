@@ -21,6 +21,7 @@ from pitstop.adapters.gke.objects import (
     batch_job_state,
     jobset_state,
     labels_of,
+    live,
     meta_of,
     pods_per_job,
     restarts_of,
@@ -106,6 +107,8 @@ class JobSetKind:
             "start_time": meta_of(js).get("creationTimestamp"),  # with restarts: one run of this JobSet
             "workload": meta_of(wl).get("name") if wl else None,
             "failure_policy": isinstance(spec_of(js).get("failurePolicy"), dict),
+            # where its live pods run: a degraded node's peers (services/actuate/planned.py)
+            "nodes": sorted({str(n) for p in pods if live(p) and (n := spec_of(p).get("nodeName"))}),
         }
 
     def templates(self, ref: JobRef) -> tuple[Templates | None, str | None]:

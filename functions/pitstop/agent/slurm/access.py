@@ -41,6 +41,9 @@ class CheckTools:
     srun_mpi: str | None = None
     gres: str | None = None
     directory: str = DEFAULT_CHECK_DIR
+    fabric_root: str = (
+        "/"  # where the fabric's NCCL profile paths start on the nodes (locally: a stand-in tree)
+    )
 
 
 class SlurmAccess:

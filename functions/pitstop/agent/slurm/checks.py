@@ -25,15 +25,22 @@ from pitstop.agent.slurm.text import (
     CHECK_KEYS,
     CHECK_NAME,
     DCGM_TIMEOUT_S,
+    FABRIC_KEYS,
+    FABRIC_NAME,
+    FABRIC_PATH,
+    FABRIC_VALUE,
+    FABRIC_VAR,
     INCIDENT,
     JOB,
     LEAVE_WAIT_S,
     NCCL_TIMEOUT_S,
+    NODE,
     OUTPUT_MAX,
     RUNNER_RESPAWNS,
     SMI_TIMEOUT_S,
     START_WAIT_S,
     USER,
+    VALIDATE_KINDS,
     CheckNotReadyError,
     CommandRefusedError,
     SlurmOutputError,
@@ -74,27 +81,104 @@ def check_steps(st: Mapping[str, Any]) -> list[tuple[str, list[str], float]]:
             ("nvlink", [*one, *tools["nvidia_smi"], "nvlink", "--status"], float(SMI_TIMEOUT_S)),
             dcgm,
         ]
-    steps = [dcgm]
+    steps = [] if st["kind"] == "revalidate" else [dcgm]  # the second peer's run: the NCCL test alone
     if st.get("peer"):
-        mpi = [f"--mpi={tools['srun_mpi']}"] if tools.get("srun_mpi") else []
-        both = [
-            *base,
-            *mpi,
-            "--nodes=2",
-            "--ntasks=2",
-            "--ntasks-per-node=1",
-            f"--nodelist={node},{st['peer']}",
-        ]
-        top = int(st["message_bytes"])  # the size judged (512 MiB on a3-highgpu-8g, 8 GiB on most)
-        gather = [*tools["all_gather_perf"], "-b", str(min(1 << 30, top)), "-e", str(top), "-f", "2"]
-        steps.append(("nccl", [*both, "--", *gather, "-g", str(int(st["gpus"]))], float(NCCL_TIMEOUT_S)))
+        steps.append(("nccl", _nccl_argv(st, base), float(NCCL_TIMEOUT_S)))
     return steps
+
+
+# Sources the fabric's NCCL profile (its path and the plugin's library directory as arguments,
+# never spliced into the script), then runs the rest of the argv: ``env K=V ... all_gather_perf``.
+_FABRIC_SH = (
+    'p=$1; lib=$2; shift 2; export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; '
+    '. "$p" || exit 97; exec "$@"'
+)
+
+
+def _nccl_argv(st: Mapping[str, Any], base: list[str]) -> list[str]:
+    """The all_gather between the node and its peer: the fabric's setup when the check carries it
+    (its ranks per node, -g GPUs per rank, the plugin's profile and variables), else one rank per
+    node driving every GPU (a figure that cannot count against the host)."""
+    tools, fabric = st["tools"], st.get("fabric")
+    mpi = [f"--mpi={tools['srun_mpi']}"] if tools.get("srun_mpi") else []
+    ranks = int(fabric["ranks_per_node"]) if fabric else 1
+    both = [
+        *base,
+        *mpi,
+        *(["--overcommit"] if ranks > 1 else []),  # ranks per GPU, not per CPU the holder job got
+        "--nodes=2",
+        f"--ntasks={2 * ranks}",
+        f"--ntasks-per-node={ranks}",
+        f"--nodelist={st['node']},{st['peer']}",
+    ]
+    top = int(st["message_bytes"])  # the size judged (512 MiB on a3-highgpu-8g, 8 GiB on most)
+    per_rank = max(1, int(st["gpus"]) // ranks)
+    gather = [*tools["all_gather_perf"], "-b", str(min(1 << 30, top)), "-e", str(top), "-f", "2"]
+    gather += ["-g", str(per_rank)]
+    if not fabric:
+        return [*both, "--", *gather]
+    root = str(tools.get("fabric_root") or "/").rstrip("/")
+    pre = [f"{k}={v}" for k, v in sorted(fabric["profile_env"].items())]
+    env = [f"{k}={v}" for k, v in sorted(fabric["env"].items())]
+    wrapped = [
+        "/bin/sh",
+        "-c",
+        _FABRIC_SH,
+        "pitstop-nccl",
+        root + fabric["profile"],
+        root + fabric["library_path"],
+    ]
+    return [*both, "--", "env", *pre, *wrapped, "env", *env, *gather]
+
+
+def _fabric_arg(raw: Any, gpus: int) -> dict[str, Any] | None:
+    """The fabric's NCCL setup of a validation, every part checked (None: the check carries none)."""
+    if raw is None:
+        return None
+    bad = CommandRefusedError("argument fabric is invalid")
+    if not isinstance(raw, Mapping) or set(raw) != FABRIC_KEYS:
+        raise bad
+    ranks = raw["ranks_per_node"]
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or not 1 <= ranks <= 16 or gpus % ranks:
+        raise bad
+    paths = (raw["profile"], raw["library_path"])
+    if not all(isinstance(p, str) and FABRIC_PATH.fullmatch(p) and ".." not in p.split("/") for p in paths):
+        raise bad
+    if not isinstance(raw["name"], str) or FABRIC_NAME.fullmatch(raw["name"]) is None:
+        raise bad
+    for key in ("env", "profile_env"):
+        env = raw[key]
+        if not isinstance(env, Mapping) or len(env) > 32:
+            raise bad
+        for k, v in env.items():
+            if not (
+                isinstance(k, str)
+                and FABRIC_VAR.fullmatch(k)
+                and isinstance(v, str)
+                and FABRIC_VALUE.fullmatch(v)
+            ):
+                raise bad
+    return {k: raw[k] for k in sorted(FABRIC_KEYS)}
+
+
+def _exclude_arg(raw: Any) -> list[str]:
+    if raw is None:
+        return []
+    if (
+        not isinstance(raw, list)
+        or len(raw) > 8
+        or not all(isinstance(n, str) and NODE.fullmatch(n) for n in raw)
+    ):
+        raise CommandRefusedError("argument exclude_peers is invalid")
+    return sorted(set(raw))
 
 
 def check_minutes(kind: str, level: int) -> int:
     """The holder job's time limit: every tool's timeout, the wait for it to start, and a margin."""
     if kind == "corroborate":
         return math.ceil(2 * SMI_TIMEOUT_S / 60) + 10
+    if kind == "revalidate":
+        return math.ceil(NCCL_TIMEOUT_S / 60) + 10
     total = DCGM_TIMEOUT_S[level] + (2 * SMI_TIMEOUT_S if kind == "diagnose" else NCCL_TIMEOUT_S)
     return math.ceil(total / 60) + 10
 
@@ -127,7 +211,7 @@ class CheckSetup(SlurmAccess):
         kind = args.get("kind")
         m = CHECK_NAME.fullmatch(name)
         if (
-            kind not in ("diagnose", "validate", "corroborate")
+            kind not in ("diagnose", "validate", "revalidate", "corroborate")
             or m is None
             or (m.group(1), m.group(3)) != (incident, kind)
         ):
@@ -138,12 +222,14 @@ class CheckSetup(SlurmAccess):
             return spec
         spec["dcgm_level"] = 1 if kind == "corroborate" else _int_arg(args, "dcgm_level", 1, 4)
         spec["gpus"] = _int_arg(args, "gpus", 1, 16)
-        if kind == "validate":
+        if kind in VALIDATE_KINDS:
             spec["message_bytes"] = _int_arg(args, "message_bytes", 1 << 20, 64 << 30)
             want_peer = args.get("peer", True)
-            if not isinstance(want_peer, bool):
+            if not isinstance(want_peer, bool) or (kind == "revalidate" and not want_peer):
                 raise CommandRefusedError("argument peer is missing or invalid")
             spec["want_peer"] = want_peer
+            spec["fabric"] = _fabric_arg(args.get("fabric"), spec["gpus"])
+            spec["exclude_peers"] = _exclude_arg(args.get("exclude_peers"))
         return spec
 
     def _check_path(self, name: str) -> Path:
@@ -220,6 +306,7 @@ class CheckSetup(SlurmAccess):
                 "all_gather_perf": list(tools.all_gather_perf),
                 "srun_mpi": tools.srun_mpi,
                 "gres": tools.gres,
+                "fabric_root": tools.fabric_root,
             },
             "minutes": check_minutes(spec["kind"], spec["dcgm_level"]),
             "started": None,
@@ -276,6 +363,7 @@ class CheckSetup(SlurmAccess):
                 for n, (info, parts) in nodes.items()
                 if part in parts
                 and n != st["node"]
+                and n not in st.get("exclude_peers", ())
                 and info.free_idle
                 and n not in reserved
                 and n.lower() != "all"
@@ -295,7 +383,7 @@ class CheckSetup(SlurmAccess):
             self._save(d, st)
             return
         candidates: list[str] = []
-        if st["kind"] == "validate" and st.get("want_peer", True):
+        if st["kind"] in VALIDATE_KINDS and st.get("want_peer", True):
             st["partition"], candidates = self._peers(st)
             if not candidates:
                 st["note"] = f"no idle unreserved peer in partition {st['partition']}: no NCCL test"
@@ -653,6 +741,9 @@ class CheckRuns(CheckSetup):
             gang = st["kind"] in GANG_KINDS  # every node of a job: all at once, each may fail alone
             with ThreadPoolExecutor(max_workers=GANG_PARALLEL if gang else 1) as pool:
                 ran = list(pool.map(lambda step: _srun(step[1], step[2]), steps))
+            if st.get("fabric") and any(key == "nccl" for key, _, _ in steps):
+                (d / "nccl_setup.out").write_text(json.dumps(st["fabric"]))  # what the test ran with
+                keys.append("nccl_setup")
             for (key, _, _), (rc, out, err) in zip(steps, ran, strict=True):
                 (d / f"{key}.out").write_text(out)
                 (d / f"{key}.err").write_text(err[-4000:])

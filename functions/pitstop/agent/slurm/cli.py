@@ -65,6 +65,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--check-gres", default=None, help="GRES name of GPUs (e.g. gpu): checks ask --gres=NAME:<gpus>"
     )
     checks.add_argument("--check-dir", default=DEFAULT_CHECK_DIR, help="checks' state and tool outputs")
+    checks.add_argument(
+        "--fabric-root",
+        default="/",
+        help="the directory the fabric's NCCL profile and plugin paths (schemas/validation.yaml) are under",
+    )
     return p.parse_args(argv)
 
 
@@ -88,6 +93,7 @@ def commands_for(args: argparse.Namespace) -> SlurmCommands:
         srun_mpi=args.srun_mpi,
         gres=args.check_gres,
         directory=args.check_dir,
+        fabric_root=args.fabric_root,
     )
     return SlurmCommands(release_requeued=not args.keep_requeue_hold, checks=tools)
 

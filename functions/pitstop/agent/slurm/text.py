@@ -34,8 +34,31 @@ OPS = frozenset(
     }
 )
 # A check's name, as pitstop.core.checks.check_name builds it: its reservation and job name too.
-CHECK_NAME = re.compile(r"pitstop-(i[a-z2-7]{9})-([0-9]{1,6})-(diagnose|validate|corroborate|sweep|links)")
-CHECK_KEYS = frozenset({"node", "name", "kind", "incident", "dcgm_level", "gpus", "message_bytes", "peer"})
+CHECK_NAME = re.compile(
+    r"pitstop-(i[a-z2-7]{9})-([0-9]{1,6})-(diagnose|validate|revalidate|corroborate|sweep|links)"
+)
+CHECK_KEYS = frozenset(
+    {
+        "node",
+        "name",
+        "kind",
+        "incident",
+        "dcgm_level",
+        "gpus",
+        "message_bytes",
+        "peer",
+        "fabric",
+        "exclude_peers",
+    }
+)
+VALIDATE_KINDS = frozenset({"validate", "revalidate"})  # revalidate: the NCCL test alone, another peer
+# The fabric's NCCL setup a validation carries (schemas/validation.yaml ``fabric``), checked again
+# here: it becomes an environment and a path on the nodes, never a shell string.
+FABRIC_KEYS = frozenset({"name", "ranks_per_node", "profile", "profile_env", "library_path", "env"})
+FABRIC_PATH = re.compile(r"/[A-Za-z0-9._/-]{1,200}")
+FABRIC_VAR = re.compile(r"NCCL_[A-Z0-9_]{1,60}")  # never LD_PRELOAD, PATH, ...
+FABRIC_VALUE = re.compile(r"[A-Za-z0-9._/,:=-]{0,300}")
+FABRIC_NAME = re.compile(r"[A-Za-z0-9 ._()/-]{2,40}")
 USER = re.compile(r"[a-z_][-a-z0-9_]{0,31}")
 PARTITION = re.compile(r"[A-Za-z0-9_][-A-Za-z0-9_.]{0,63}")
 DEFAULT_CHECK_DIR = "/var/lib/pitstop/checks"

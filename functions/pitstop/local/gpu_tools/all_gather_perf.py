@@ -3,9 +3,10 @@
 busbw rises with message size and reaches the node's ``busbw`` at the largest size (-e), so a
 "degraded" node (busbw 120 on a3-megagpu-8g) prints a table whose large rows fail validation.
 
-Launched by ``srun`` across several nodes (one task per node, as nccl-tests built with MPI
-runs), it behaves like the real thing: only rank 0 prints, the ranks are listed per node of
-the step (SLURM_STEP_NODELIST), and the ring runs at the speed of its slowest node, so one
+Launched by ``srun`` across several nodes (as nccl-tests built with MPI runs), it behaves like
+the real thing: only rank 0 prints, its header says ``nGpus`` (-g, the GPUs each process drives)
+and lists every GPU's rank per process per node of the step (SLURM_STEP_NODELIST, the tasks per
+node from SLURM_STEP_TASKS_PER_NODE), and the ring runs at the speed of its slowest node, so one
 degraded node shows in the table whichever node rank 0 landed on.
 """
 
@@ -35,15 +36,16 @@ def size_arg(text: str) -> int:
     return int(m[1]) * _UNITS[m[2]]
 
 
-def _args(argv: list[str]) -> tuple[int, int, int]:
-    opts = {"-b": "8", "-e": "8G", "-f": "2"}
+def _args(argv: list[str]) -> tuple[int, int, int, int]:
+    """(-b, -e, -f, -g): sizes, step factor and the GPUs each process drives (nccl-tests' default 1)."""
+    opts = {"-b": "8", "-e": "8G", "-f": "2", "-g": "1"}
     for i, a in enumerate(argv[:-1]):
         if a in opts:
             opts[a] = argv[i + 1]
-    lo, hi, factor = size_arg(opts["-b"]), size_arg(opts["-e"]), int(opts["-f"])
-    if not 0 < lo <= hi or factor < 2:
-        raise ValueError("need 0 < -b <= -e and -f >= 2")
-    return lo, hi, factor
+    lo, hi, factor, per_proc = size_arg(opts["-b"]), size_arg(opts["-e"]), int(opts["-f"]), int(opts["-g"])
+    if not 0 < lo <= hi or factor < 2 or per_proc < 1:
+        raise ValueError("need 0 < -b <= -e, -f >= 2 and -g >= 1")
+    return lo, hi, factor, per_proc
 
 
 def _row(size: int, ranks: int, busbw: float) -> str:
@@ -54,20 +56,23 @@ def _row(size: int, ranks: int, busbw: float) -> str:
     return f"{size:12d}  {count:12d}     float    none      -1  {cols}  {cols}"
 
 
-def table(s: NodeState, lo: int, hi: int, factor: int, hosts: list[str] | None = None) -> str:
-    """The table for ``s`` (its GPUs on each of ``hosts``; default: this node and one peer)."""
+def table(
+    s: NodeState, lo: int, hi: int, factor: int, hosts: list[str] | None = None, per_proc: int = 1
+) -> str:
+    """The table for ``s`` (its GPUs on each of ``hosts``; default: this node and one peer), each
+    process driving ``per_proc`` GPUs (nccl-tests -g: one Pid per process in the rank list)."""
     hosts = hosts or [s.node, "peer"]
     ranks = len(hosts) * s.gpus
     out = [
-        f"# nThread 1 nGpus 1 minBytes {lo} maxBytes {hi} step: {factor}(factor) warmup iters: 5 iters: 20 "
-        "agg iters: 1 validation: 1 graph: 0",
+        f"# nThread 1 nGpus {per_proc} minBytes {lo} maxBytes {hi} step: {factor}(factor) warmup iters: 5 "
+        "iters: 20 agg iters: 1 validation: 1 graph: 0",
         "#",
         "# Using devices",
     ]
     for r in range(ranks):
         host, dev = hosts[r // s.gpus], r % s.gpus
         where = f"device {dev:2d} [0000:{s.pci(dev)[9:11].lower()}:00] {s.product}"
-        out.append(f"#  Rank {r:2d} Group  0 Pid {1000 + r:6d} on {host} {where}")
+        out.append(f"#  Rank {r:2d} Group  0 Pid {1000 + r // per_proc:6d} on {host} {where}")
     out += ["#", "#" + " " * 62 + "out-of-place" + " " * 23 + "in-place", *_HEADER]
     sizes, size = [], lo
     while size <= hi:
@@ -101,8 +106,10 @@ def step_states(s: NodeState) -> tuple[NodeState, list[str] | None]:
 
 
 def main(argv: list[str]) -> int:
+    if _rank() != 0:  # as with nccl-tests under MPI, the other ranks print nothing
+        return 0
     try:
-        lo, hi, factor = _args(argv)
+        lo, hi, factor, per_proc = _args(argv)
         s, hosts = step_states(load())
     except (ValueError, StateError) as exc:
         print(f"all_gather_perf stand-in: {exc}", file=sys.stderr)
@@ -110,9 +117,21 @@ def main(argv: list[str]) -> int:
     if s.gpus <= 0:
         print("Test NCCL failure: no CUDA devices", file=sys.stderr)
         return 1
-    if _rank() == 0:  # as with nccl-tests under MPI, the other ranks print nothing
-        sys.stdout.write(table(s, lo, hi, factor, hosts))
+    if hosts and _tasks_per_node() * per_proc != s.gpus:
+        print(
+            f"all_gather_perf stand-in: {_tasks_per_node()} ranks x -g {per_proc} != {s.gpus} GPUs",
+            file=sys.stderr,
+        )
+        return 1
+    sys.stdout.write(table(s, lo, hi, factor, hosts, per_proc))
     return 0
+
+
+def _tasks_per_node() -> int:
+    """The step's tasks on each node (srun sets SLURM_STEP_TASKS_PER_NODE, e.g. "8(x2)" or "1(x2)")."""
+    raw = os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE") or "1"
+    m = re.match(r"(\d+)", raw)
+    return int(m.group(1)) if m else 1
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import concurrent.futures as futures
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 from google.api_core import exceptions as gexc
 
@@ -40,7 +40,6 @@ from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import lifecycle, remediation, steps
 from pitstop.core.degraded import Telemetry
-from pitstop.core.domain import Incident
 from pitstop.core.ops import Op, step_key
 from pitstop.core.policy import Policy
 from pitstop.core.scheduling import Scheduler
@@ -76,10 +75,20 @@ class Actuator:
         claim_s: float = STEP_CLAIM_S,
         validation_table: ValidationTable | None = None,
         telemetry: Telemetry | None = None,
+        prometheus: Telemetry | None = None,
     ) -> None:
         launcher = Launcher(store, starter, notifier)
         self.deps = Deps(
-            policy, store, compute, schedulers, launcher, clock, claim_s, validation_table, telemetry
+            policy,
+            store,
+            compute,
+            schedulers,
+            launcher,
+            clock,
+            claim_s,
+            validation_table,
+            telemetry,
+            prometheus,
         )
 
     @property
@@ -133,7 +142,7 @@ class Actuator:
         extra = req.get("extra")
         s = Step(
             self.deps,
-            cast(Incident, inc),  # the store's document, read at its edge
+            inc,  # the store's document, typed at its edge (core/store.Records.get)
             step,
             op,
             str(req.get("execution") or ""),

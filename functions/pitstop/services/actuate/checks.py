@@ -102,7 +102,7 @@ def judge_corroboration(s: Step) -> dict[str, Any]:
     """Go on when the node confirms the fault; else record what was checked and page (409)."""
     rec = s.recorded(Op.CORROBORATE)
     if "peers" in rec:
-        return _judge_peers(s, dict(rec["peers"]))
+        return _judge_peers(s, cast(Measurement, dict(rec["peers"])))  # the recorded comparison (planned.py)
     if not rec.get("run") and not rec.get("unavailable") and "system" not in rec:
         return {"confirmed": None, "why": rec.get("why")}
     now = s.deps.clock()
@@ -118,7 +118,7 @@ def judge_corroboration(s: Step) -> dict[str, Any]:
         record["why"] = f"{rec.get('why')}: {record['why']}"[:500]
     confirmed = record["confirmed"] is True
 
-    def judged(doc: dict[str, Any]) -> dict[str, Any]:
+    def judged(doc: Incident) -> Incident:
         doc["corroboration"] = record
         if confirmed and not doc["timeline"].get("corroborated"):
             doc["timeline"]["corroborated"] = now
@@ -133,11 +133,11 @@ def judge_corroboration(s: Step) -> dict[str, Any]:
     return {"confirmed": True, "why": record["why"]}
 
 
-def _judge_peers(s: Step, record: dict[str, Any]) -> dict[str, Any]:
+def _judge_peers(s: Step, record: Measurement) -> dict[str, Any]:
     """A degraded node's comparison on the incident; a move goes on, anything else stands down."""
     now = s.deps.clock()
 
-    def judged(doc: dict[str, Any]) -> dict[str, Any]:
+    def judged(doc: Incident) -> Incident:
         doc["corroboration"] = record
         if record.get("confirmed") and not doc["timeline"].get("corroborated"):
             doc["timeline"]["corroborated"] = now
@@ -196,9 +196,9 @@ def _record_diagnosis(s: Step, verdict: checks.DiagnosisVerdict) -> None:
     now = s.deps.clock()
     record = verdict.record(now)
 
-    def judged(doc: dict[str, Any]) -> dict[str, Any]:
+    def judged(doc: Incident) -> Incident:
         doc["diagnosis"] = record
-        doc["measured"] = remediation.measured(cast(Incident, doc), record, s.step)
+        doc["measured"] = remediation.measured(doc, record, s.step)
         chosen = planned.planned(doc) and verdict.action != doc["action"]
         stepped = not verdict.confirmed and doc["action"] == Action.REPLACE_NODE
         if (chosen or stepped) and verdict.action != PAGE:
@@ -239,21 +239,64 @@ def validation(s: Step) -> dict[str, Any]:
     return _finished(s, Op.VALIDATE)
 
 
+def _first_verdict(s: Step) -> checks.ValidationVerdict | None:
+    """The first validation run judged (None when none ran)."""
+    rec = s.recorded(Op.VALIDATE)
+    if not rec.get("run"):
+        return None
+    return checks.judge_validation(
+        s.inc["action"], str(rec["machine_type"]), _final(s, Op.VALIDATE), s.deps.policy, s.deps.table()
+    )
+
+
+def revalidate(s: Step) -> dict[str, Any]:
+    """A busbw shortfall against one peer, measured the fabric's way: the NCCL test again with a
+    different healthy peer, through the same scheduler (which picks it the way it picked the first).
+    One peer's low figure may be that peer's or the fabric's; it never condemns the node alone."""
+    first = _first_verdict(s)
+    if first is None or not first.wants_second_peer:
+        return {"run": False, "why": "no busbw shortfall measured the fabric's way to check again"}
+    spec = checks.revalidate_spec(
+        cast(CheckSpec, s.recorded(Op.VALIDATE)["check"]), s.step, [str(first.peer)]
+    )
+    saved = s.saved("recheck")
+    if not isinstance(saved, dict):
+        s.save({"recheck": dict(spec)})
+        saved = dict(spec)
+    started = s.scheduler.start_check(s.instance, saved, s.ref)
+    why = f"busbw short against {first.peer}: measured again against another healthy peer"
+    return {"run": True, "check": saved, "peer": started.peer, "note": started.note, "why": why}
+
+
+def revalidation(s: Step) -> dict[str, Any]:
+    return _finished(s, Op.REVALIDATE)
+
+
 def judge_validation(s: Step) -> dict[str, Any]:
     """Return the node on a pass; hardware evidence steps up to REPLACE_NODE; anything else pages."""
     rec = s.recorded(Op.VALIDATE)
     if not rec.get("run"):
         return {"outcome": "skipped", "why": rec.get("why")}
+    mt = str(rec["machine_type"])
     verdict = checks.judge_validation(
-        s.inc["action"], str(rec["machine_type"]), _final(s, Op.VALIDATE), s.deps.policy, s.deps.table()
+        s.inc["action"], mt, _final(s, Op.VALIDATE), s.deps.policy, s.deps.table()
     )
+    if verdict.wants_second_peer:
+        second = _final(s, Op.REVALIDATE) if s.recorded(Op.REVALIDATE).get("run") else None
+        verdict = checks.judge_second_peer(
+            s.inc["action"], mt, verdict, second, s.deps.policy, s.deps.table()
+        )
+    return _record_validation(s, verdict)
+
+
+def _record_validation(s: Step, verdict: checks.ValidationVerdict) -> dict[str, Any]:
     now = s.deps.clock()
     record = verdict.record(now)
     passed = verdict.validation.passed
 
-    def judged(doc: dict[str, Any]) -> dict[str, Any]:
+    def judged(doc: Incident) -> Incident:
         doc["validation"] = record
-        doc["measured"] = remediation.measured(cast(Incident, doc), record, s.step)
+        doc["measured"] = remediation.measured(doc, record, s.step)
         if passed and not doc["timeline"].get("validated"):
             doc["timeline"]["validated"] = now
         if verdict.next == Action.REPLACE_NODE and RANK[Action.REPLACE_NODE] > RANK[doc["action"]]:

@@ -12,7 +12,7 @@ from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import checks, lifecycle, remediation, steps
 from pitstop.core.degraded import Telemetry
-from pitstop.core.domain import Incident, Vm
+from pitstop.core.domain import Incident, Milestone, Vm
 from pitstop.core.ids import request_id
 from pitstop.core.ops import Op, step_key
 from pitstop.core.policy import Policy
@@ -49,6 +49,7 @@ class Deps:
     claim_s: float = STEP_CLAIM_S
     validation_table: ValidationTable | None = None
     telemetry: Telemetry | None = None  # a degraded node's peers' readings (Cloud Monitoring)
+    prometheus: Telemetry | None = None  # the same on GKE (Managed Service for Prometheus, PromQL)
 
     def table(self) -> ValidationTable:
         return checks.table_for(self.policy, self.validation_table)
@@ -116,16 +117,16 @@ class Step:
 
     # -- changes to the incident -----------------------------------------------------------------
 
-    def set_state(self, state: State | None, milestone: str | None = None, **fields: Any) -> dict[str, Any]:
+    def set_state(self, state: State | None, milestone: Milestone | None = None, **fields: Any) -> Incident:
         """Move the incident through the state table (``None`` keeps its state), stamp a milestone once."""
         now = self.deps.clock()
 
-        def change(doc: dict[str, Any]) -> dict[str, Any]:
+        def change(doc: Incident) -> Incident:
             if state is not None:
                 lifecycle.move(doc, state, f"{self.op} of step {self.step}")
             if milestone and not doc["timeline"].get(milestone):
                 doc["timeline"][milestone] = now
-            doc.update(fields)
+            doc.update(cast(Incident, fields))  # the caller names fields of an Incident
             doc["updated_at"] = now
             return doc
 

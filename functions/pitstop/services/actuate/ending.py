@@ -25,7 +25,7 @@ def escalate(s: Step) -> dict[str, Any]:
     keeps the node fenced: this step then neither unfences nor requeues (``handed_over``; the
     next step's fence takes its jobs over). Otherwise ``continue``.
     """
-    fresh = s.deps.store.get(s.iid) or dict(s.inc)
+    fresh = s.deps.store.get(s.iid) or s.inc.copy()
     if fresh["step"] != s.step:
         return {"outcome": f"superseded by step {fresh['step']}", "handed_over": True}
     if fresh["state"] == State.HELD:  # this op's own step-up, held, whose answer was lost
@@ -44,7 +44,7 @@ def escalate(s: Step) -> dict[str, Any]:
 
 def close(s: Step) -> dict[str, Any]:
     now = s.deps.clock()
-    fresh = s.deps.store.get(s.iid) or dict(s.inc)
+    fresh = s.deps.store.get(s.iid) or s.inc.copy()
     stronger = fresh.get("escalate_to")
     if stronger and RANK[stronger] > RANK[fresh["action"]]:
         # A stronger fault that arrived after escalate decided, when the node was back in service:
@@ -56,14 +56,14 @@ def close(s: Step) -> dict[str, Any]:
 
 
 def _resolve(s: Step, now: float) -> dict[str, Any]:
-    def resolve(doc: dict[str, Any]) -> dict[str, Any]:
+    def resolve(doc: Incident) -> Incident:
         lifecycle.move(doc, State.RESOLVED, f"close of step {s.step}")
         doc["timeline"].setdefault("notified", now)
         doc["timeline"]["resolved"] = now
         doc["updated_at"] = now
         return doc
 
-    done = cast(Incident, s.deps.store.mutate(s.iid, resolve))  # the store's document
+    done = s.deps.store.mutate(s.iid, resolve)
     s.deps.store.release_budget(done)
     jobs = [j["id"] for j in done.get("jobs", [])] if isinstance(done.get("jobs"), list) else []
     severity = "info" if done["action"] in RECORD_ONLY_ACTIONS else "warning"
@@ -104,18 +104,18 @@ def fail(s: Step) -> dict[str, Any] | Release:
     stage, what = remediation.failure(s.extra)
     now = s.deps.clock()
 
-    def mark(doc: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    def mark(doc: Incident) -> tuple[str | None, Incident]:
         owner = (doc.get("workflow") or {}).get("claimed_by")
         if doc["step"] != s.step:
-            return f"superseded by step {doc['step']}", dict(doc)
+            return f"superseded by step {doc['step']}", doc.copy()
         if doc["state"] not in _FAILABLE:
-            return f"incident is {doc['state']}", dict(doc)
+            return f"incident is {doc['state']}", doc.copy()
         if owner and s.execution and owner not in (s.execution, "unknown"):
-            return "another execution owns this step", dict(doc)
+            return "another execution owns this step", doc.copy()
         lifecycle.move(doc, State.FAILED, f"fail of step {s.step}")
         doc["failure"] = {"stage": stage, "error": what, "at": now}
         doc["updated_at"] = now
-        return None, dict(doc)
+        return None, doc.copy()
 
     why_not, done = s.deps.store.mutate(s.iid, mark)
     if why_not is not None:
@@ -123,7 +123,7 @@ def fail(s: Step) -> dict[str, Any] | Release:
         state = str(done["state"])
         answer = {"outcome": state.lower(), "state": state, "stage": stage, "error": what, "why": why_not}
         return Release({**answer, "recorded": False}, f"nothing done: {why_not}")
-    where, todo = remediation.node_note(cast(Incident, done), cast(Unfenced, s.recorded(Op.UNFENCE)))
+    where, todo = remediation.node_note(done, cast(Unfenced, s.recorded(Op.UNFENCE)))
     page = f"{where} Investigate ({what}); when the node is healthy, {todo}close the incident."
-    s.notify(cast(Incident, done), "critical", f"Remediation of {s.instance} FAILED at {stage}", todo=page)
+    s.notify(done, "critical", f"Remediation of {s.instance} FAILED at {stage}", todo=page)
     return {"outcome": "failed", "stage": stage, "error": what}

@@ -22,7 +22,7 @@ CHECKPOINT_DEFAULT_WAIT_S = watchdog.CHECKPOINT_WAIT_S
 def claim(s: Step) -> dict[str, Any]:
     """This execution takes the step (one owner), after the live VM is checked against the evidence."""
 
-    def take(doc: dict[str, Any]) -> tuple[bool, str]:
+    def take(doc: Incident) -> tuple[bool, str]:
         if doc["step"] != s.step:
             return False, f"superseded by step {doc['step']}"
         if doc["state"] in UNCLAIMABLE_STATES:
@@ -99,7 +99,7 @@ def _reject(s: Step, problem: str) -> None:
     """End the incident without touching anything: the evidence does not match the live VM."""
     now = s.deps.clock()
 
-    def reject(doc: dict[str, Any]) -> dict[str, Any]:
+    def reject(doc: Incident) -> Incident:
         from pitstop.core import lifecycle
 
         lifecycle.move(doc, State.RESOLVED, "rejected")
@@ -108,7 +108,7 @@ def _reject(s: Step, problem: str) -> None:
         doc["updated_at"] = now
         return doc
 
-    done = cast(Incident, s.deps.store.mutate(s.iid, reject))  # the store's document
+    done = s.deps.store.mutate(s.iid, reject)
     s.deps.store.release_budget(done)
     log.emit("WARNING", "evidence rejected: not the live VM", incident=s.iid, why=problem)
     s.notify(done, "warning", f"Incident {s.iid} rejected, nothing done: {problem}")

@@ -18,12 +18,12 @@ pods cannot land on it, or in place when nothing was found.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import localise, notifications
-from pitstop.core.domain import NodeRef
+from pitstop.core.domain import CheckRun, GangCheckSpec, Incident, Localisation, LocaliseRound, NodeRef
 from pitstop.core.ids import job_key, requeue_key
 from pitstop.core.ops import Op
 from pitstop.core.scheduling import GangChecks, GangResume, JobRun, JobState, StepRef
@@ -42,7 +42,7 @@ def _checks(s: Step) -> GangChecks | None:
 
 
 def _start(
-    s: Step, sched: GangChecks, spec: dict[str, Any], seen: dict[str, Any] | None = None
+    s: Step, sched: GangChecks, spec: GangCheckSpec, seen: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Start a gang check once: its spec (and what the job was, ``seen``) saved before the scheduler
     is asked. A scheduler that stops the gang to check it (GKE) says so: the conclusion resumes it."""
@@ -63,10 +63,10 @@ def _start(
 def _note(s: Step, **fields: Any) -> None:
     """Keep what localisation found on the incident (what the person and the demo read)."""
 
-    def change(doc: dict[str, Any]) -> dict[str, Any]:
+    def change(doc: Incident) -> Incident:
         loc = doc.setdefault("localisation", {"job": _job(s), "nodes": [], "rounds": []})
         rounds = fields.pop("round", None)
-        loc.update(fields)
+        loc.update(cast(Localisation, fields))  # the keyword fields are Localisation's
         if rounds is not None:
             loc["rounds"] = [*loc.get("rounds", []), rounds][-4:]
         doc["updated_at"] = s.deps.clock()
@@ -96,16 +96,18 @@ def localise_job(s: Step) -> dict[str, Any]:
     return out
 
 
-def _result(s: Step, op: Op) -> dict[str, Any] | None:
+def _result(s: Step, op: Op) -> CheckRun | None:
     rec = s.recorded(op)
     sched = _checks(s)
     if not rec.get("run") or sched is None:
         return None
     nodes = rec.get("nodes") or s.recorded(Op.LOCALISE).get("nodes") or []
-    return asdict(sched.gang_check_result(_job(s), {**rec["check"], "nodes": nodes}, s.ref))
+    return cast(
+        CheckRun, asdict(sched.gang_check_result(_job(s), {**rec["check"], "nodes": nodes}, s.ref))
+    )  # CheckResult's fields
 
 
-def _final(s: Step, op: Op) -> dict[str, Any] | None:
+def _final(s: Step, op: Op) -> CheckRun | None:
     """A check's result for its judge: a scheduler's final refusal is a check that did not finish."""
     try:
         return _result(s, op)
@@ -162,10 +164,10 @@ def links(s: Step) -> dict[str, Any]:
     return {**out, **started}
 
 
-def _rounds(s: Step) -> list[dict[str, Any]]:
+def _rounds(s: Step) -> list[LocaliseRound]:
     """Every round's verdict: the sweep's (judged by ``links``) and, if it ran, the link test's."""
     judged = s.recorded(Op.LINKS)
-    rounds = [r for r in (judged.get("sweep"), judged.get("skipped")) if r]
+    rounds: list[LocaliseRound] = [r for r in (judged.get("sweep"), judged.get("skipped")) if r]
     if judged.get("run"):
         cfg = s.deps.policy.localise
         v = localise.judge_links(
@@ -261,7 +263,7 @@ def _node_ref(s: Step, node: str) -> NodeRef | None:
     return {"project": project, "zone": str(zone), "instance": node, "instance_id": iid}
 
 
-def _hand_over(s: Step, culprits: list[str], rounds: list[dict[str, Any]]) -> dict[str, str]:
+def _hand_over(s: Step, culprits: list[str], rounds: list[LocaliseRound]) -> dict[str, str]:
     """Open each culprit's node incident through the engine; returns {node: incident id}."""
     action = str(s.deps.policy.localise["culprit_action"])
     why = "; ".join(str(r.get("why")) for r in rounds if r.get("culprits"))
@@ -284,7 +286,7 @@ def _hand_over(s: Step, culprits: list[str], rounds: list[dict[str, Any]]) -> di
 
 
 def _restart_in_place(
-    s: Step, rec: dict[str, Any], nodes: list[str], rounds: list[dict[str, Any]]
+    s: Step, rec: dict[str, Any], nodes: list[str], rounds: list[LocaliseRound]
 ) -> dict[str, Any]:
     """No culprit: requeue the gang once where it is (budget and run record as every requeue) and page."""
     job = _job(s)

@@ -21,11 +21,12 @@ from pitstop.core import degraded
 from pitstop.core import diagnose as diag
 from pitstop.core.actions import Action
 from pitstop.core.checks import DiagnosisVerdict
-from pitstop.core.domain import CheckRun
+from pitstop.core.domain import CheckRun, Measurement
 from pitstop.core.ops import Op
+from pitstop.core.promql import PromError
 from pitstop.services.actuate.context import Step
 
-_UNREADABLE = (gexc.GoogleAPICallError, gexc.RetryError, TimeoutError)
+_UNREADABLE = (gexc.GoogleAPICallError, gexc.RetryError, TimeoutError, PromError)
 
 
 def planned(inc: Mapping[str, Any]) -> bool:
@@ -34,32 +35,37 @@ def planned(inc: Mapping[str, Any]) -> bool:
 
 
 def compare_peers(s: Step) -> dict[str, Any]:
-    """Read the node's and its job peers' telemetry once, and decide the move (recorded)."""
+    """Read the node's and its job peers' telemetry once, and decide the move (recorded).
+
+    Where the readings live follows the cluster's scheduler (``degraded.sources``): a GKE node's
+    are dcgm-exporter's series in Managed Service for Prometheus, any other's the Ops Agent's in
+    Cloud Monitoring; the rule for the symptom is that source's, the comparison the same."""
     pol = degraded.default_policy()
-    rule = pol.rule(degraded.symptom_of(s.inc))
+    cluster = s.deps.policy.cluster_named(str(s.inc.get("cluster") or ""))
+    source = pol.source(cluster.scheduler if cluster else None)
+    rule = pol.line(degraded.symptom_of(s.inc), source)
+    reader = s.deps.prometheus if source == "prometheus" else s.deps.telemetry
     jobs = [str(j) for j in s.recorded(Op.FENCE).get("jobs", [])]
     peers = degraded.peers_of(s.instance, [s.scheduler.job_info(j, s.ref).nodes for j in jobs])
     values: dict[str, float | None] = {}
     note = ""
-    if rule is not None and s.deps.telemetry is not None:
+    if rule is not None and reader is not None:
         try:
-            values = s.deps.telemetry.node_values(
-                str(s.node()[0]), rule, [s.instance, *peers], s.deps.clock()
-            )
+            values = reader.node_values(str(s.node()[0]), rule, [s.instance, *peers], s.deps.clock())
         except _UNREADABLE as exc:  # no readings: the alert stands on its own (a planned move)
             note = f"telemetry unreadable ({type(exc).__name__}: {str(exc)[:120]})"
     verdict = degraded.compare(
         rule, pol.gang_wide_share, s.instance, values.get(s.instance), {p: values.get(p) for p in peers}
     )
-    record = verdict.record(s.deps.clock(), s.step)
+    record = {**verdict.record(s.deps.clock(), s.step), "source": source}
     if note:
         record["why"] = f"{note}; {record['why']}"[:500]
     log.emit("INFO", "degraded node held against its peers", incident=s.iid, verdict=verdict.verdict,
-             why=record["why"], jobs=jobs)  # fmt: skip
+             why=record["why"], jobs=jobs, source=source)  # fmt: skip
     return {"run": False, "peers": record, "jobs": jobs, "why": "a degraded node is compared with its peers"}
 
 
-def judged(record: dict[str, Any]) -> dict[str, Any]:
+def judged(record: Measurement) -> dict[str, Any]:
     """The judge's answer: go on (the planned move), or ``stand_down`` (no move: the workflow
     lifts the fence and closes; the close says why, and pages for a gang-wide cause)."""
     if record.get("confirmed") is True:

@@ -42,6 +42,8 @@ OPS: dict[Op, OpSpec] = {
     Op.VERIFY: OpSpec(repair.verify, Kind.PROBE),
     Op.VALIDATE: OpSpec(checks.validate, Kind.EFFECT),
     Op.VALIDATION: OpSpec(checks.validation, Kind.PROBE),
+    Op.REVALIDATE: OpSpec(checks.revalidate, Kind.EFFECT),
+    Op.REVALIDATION: OpSpec(checks.revalidation, Kind.PROBE),
     Op.JUDGE_VALIDATION: OpSpec(checks.judge_validation, Kind.EFFECT),
     Op.ESCALATE: OpSpec(ending.escalate, Kind.EFFECT),
     Op.UNFENCE: OpSpec(fence.unfence, Kind.EFFECT),

@@ -4,24 +4,27 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 
 from pitstop.core.classify import Classifier
 
 if TYPE_CHECKING:
+    from pitstop.core.domain import FaultEvent
+
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 from pitstop.tools.common import lines
 
 _TABLE_COLS = (("kind", 13), ("action", 14), ("xid", 6), ("node", 28), ("gpu", 12), ("reason", 0))
 
 
-def _table_row(ev: dict[str, Any]) -> str:
+def _table_row(ev: FaultEvent) -> str:
     """One row; an NVSwitch SXid shows as S<code> on its switch's PCI address."""
-    node = ev["node"]["instance"] if ev.get("node") else "-"
+    ref, card = ev.get("node"), ev.get("gpu")
+    node = ref["instance"] if ref else "-"
     sxid = ev["detail"].get("sxid")
-    gpu = (ev.get("gpu") or {}).get("pci") or ev["detail"].get("switch_pci") or "-"
+    gpu = (card.get("pci") if card else None) or ev["detail"].get("switch_pci") or "-"
     vals = {
         "kind": ev["kind"],
         "action": ev["action"],

@@ -29,7 +29,8 @@ def add(sub: Subparsers) -> None:
         help="xid79 xid13 preemption maintenance duplicates lemon blast_radius poison xid79_spare "
         "lemon_spare degraded replace_not_confirmed no_spare straggler_spare ecc_trend degraded_no_spare "
         "gang_wide_throttle hang_bad_node hang_software; GKE: gke_xid79 gke_two_members "
-        "gke_preemption gke_maintenance gke_pdb gke_regional gke_serial",
+        "gke_preemption gke_maintenance gke_pdb gke_regional gke_serial gke_straggler_spare "
+        "gke_gang_wide_throttle",
     )
     d.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
     d.add_argument("--workdir", default=None)

@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 import yaml
 
 if TYPE_CHECKING:
+    from pitstop.core.domain import Incident
     from pitstop.local.stack import ClusterSpec, StackState
 
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -226,7 +227,8 @@ def _chaos_line(args: argparse.Namespace, result: dict[str, Any]) -> str:
         return f"hung: {runs} stop beating{where or ' (no culprit node: a software hang)'}"
     if kind in ("straggler", "degrading", "heal"):
         state = (result.get("gpu") or {}).get("state")
-        return f"{args.node}: GPU state {state or 'healthy'}; the Monitoring stand-in's node policies read it"
+        readers = "the Monitoring stand-in's node policies (and, on GKE, the PromQL stand-in) read it"
+        return f"{args.node}: GPU state {state or 'healthy'}; {readers}"
     return "every armed fault and flag cleared"
 
 
@@ -301,9 +303,12 @@ def _incident_rows(
 
     with emulator_env(state.endpoints):
         db = firestore.Client(project=state.project)
-    incidents = sorted(
-        (d for d in (d.to_dict() for d in db.collection("pitstop_incidents").stream()) if d),
-        key=lambda d: d["created_at"],
+    incidents = cast(  # the store's documents, as it wrote them
+        list["Incident"],
+        sorted(
+            (d for d in (d.to_dict() for d in db.collection("pitstop_incidents").stream()) if d),
+            key=lambda d: d["created_at"],
+        ),
     )
     results = {d.id: d.to_dict() or {} for d in db.collection("pitstop_slurm_results").stream()}
     caused = effects.by_incident(incidents, compute_effects, results, kube_effects)

@@ -17,6 +17,7 @@ from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import alerts, engine, lifecycle, policy
 from pitstop.core.actions import JOB_ACTIONS, RECORD_ONLY_ACTIONS, Action, higher
 from pitstop.core.classify import Classifier
+from pitstop.core.domain import FaultEvent, Incident
 from pitstop.core.envelope import Delivery
 from pitstop.core.states import State
 from pitstop.local import alerting
@@ -220,13 +221,13 @@ class World(MemoryStore):
         self.results[out.result] = self.results.get(out.result, 0) + 1
         return out
 
-    def feed(self, ev: dict[str, Any], now: float) -> engine.Outcome:
+    def feed(self, ev: FaultEvent, now: float) -> engine.Outcome:
         return self.count(self.apply(ev, self.p, now))
 
     def resolve(self, iid: str, at: float) -> None:
         """What the workflow's close step records once the node is back (or the job requeued)."""
 
-        def close(doc: dict[str, Any]) -> bool:
+        def close(doc: Incident) -> bool:
             if doc["state"] == State.RESOLVED:
                 return False
             lifecycle.move(doc, State.RESOLVED, "simulated close")
