@@ -1,67 +1,113 @@
-"""The pipeline actions the e2e tests drive on a running local Slurm stack (pitstop.local.stack).
+"""The pipeline actions the e2e tests drive on a running local stack (pitstop.local.stack).
 
-The tests' own, beside the demo's (tools/demo.py): a change to a demo scenario, or to how the demo
-drives the stack, cannot break a test of the pipeline. Built from the stand-ins' own pieces (the
-sink's Router, the fake Compute's admin API, the webhook's records) and tests/helpers.py.
+The tests' own, beside the demo's (tools/demo_runner.py): a change to a demo scenario, or to how
+the demo drives the stack, cannot break a test of the pipeline. Built from the stand-ins' own
+moves (the sink's Router, the fake Compute's admin API through pitstop.local.inject, Slurm's
+commands through SlurmCluster, JobSets through pitstop.local.gke_drive, the webhook's records)
+and tests/helpers.py; every scenario and its checks are the tests' own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from google.cloud import firestore
-
+from pitstop.local import inject, realtime
+from pitstop.local.gke_drive import Gangs
 from pitstop.local.gke_stack import wait_for
-from pitstop.local.stack import PROJECT, ZONE, Router, Stack, admin, emulator_env, webhook_records
+from pitstop.local.stack import (
+    PROJECT,
+    ZONE,
+    ClusterSpec,
+    Stack,
+    admin,
+    webhook_records,
+)
 
-from .helpers import gce_resource, journald_entry
+from .helpers import gce_resource, gke_journal_entry, journald_entry
 
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 FINAL_STATES = ("RESOLVED", "FAILED")
+LOGS = (
+    "ingest",
+    "actuate",
+    "notify",
+    "sweep",
+    "executions",
+    "slurm-agent",
+    "monitoring",
+    "kube",
+    "prometheus",
+)
 
 
-class Pipeline:
-    """Log entries in (through the sink's filter and Pub/Sub); incidents, Compute calls, Slurm jobs
-    and notes out."""
+def print_logs(stack: Stack, lines: int = 20) -> None:
+    """The stack's log tails, so a failure in CI says what each process did."""
+    for name in LOGS:
+        log = stack.workdir / f"{name}.log"
+        if log.exists():
+            print(f"--- {name}.log ---\n" + "\n".join(log.read_text().splitlines()[-lines:]))
 
-    def __init__(self, stack: Stack) -> None:
-        assert stack.state is not None and stack.slurm is not None
-        self.stack, self.state, self.slurm = stack, stack.state, stack.slurm
-        self.router = Router(self.state)
-        with emulator_env(self.state.endpoints):
-            self.db = firestore.Client(project=PROJECT)
-        self.nodes: list[str] = self.state.cluster["node_names"]
+
+@contextlib.contextmanager
+def stack_up(prefix: str, spec: ClusterSpec, **options: Any) -> Iterator[Stack]:
+    """A whole local stack in a fresh directory for one test module (``options``: Stack's own, e.g.
+    compute_scale, policy_over), its log tails printed if bringing it up or a test fails, always
+    brought down."""
+    import tempfile
+
+    stack = Stack(Path(tempfile.mkdtemp(prefix=f"pitstop-{prefix}-")), spec, **options)
+    try:
+        stack.up()
+        yield stack
+    except BaseException:
+        print_logs(stack)
+        raise
+    finally:
+        stack.down()
+
+
+class StackPipeline(inject.Driver):
+    """Log entries in (through the sink's filter and Pub/Sub); incidents, Compute calls and notes out."""
 
     # -- what goes in -----------------------------------------------------------------------------
 
     def vm_id(self, node: str) -> str:
         """The live VM's numeric id, as the logging agent on it reports it (a recreate changes it)."""
-        live = admin(self.state, "/_admin/state")["instances"]
-        return next(str(i["id"]) for i in live if i["name"] == node)
+        return str(inject.instance(self.state, node)["id"])
+
+    @staticmethod
+    def now_stamp() -> str:
+        """Now, as Cloud Logging writes a LogEntry's timestamp (RFC 3339, microseconds, UTC)."""
+        now = time.time()
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
 
     def entry(self, node: str, line: str, insert_id: str | None = None) -> dict[str, Any]:
         """The kernel's journal record of ``line`` on ``node``, as the Ops Agent ships it, logged now."""
         vm = gce_resource(node, PROJECT, ZONE, self.vm_id(node))
         e = journald_entry(line, node, insert_id or uuid.uuid4().hex[:16], project=PROJECT, resource=vm)
-        now = time.time()
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
-        e["timestamp"] = e["receiveTimestamp"] = stamp
+        e["timestamp"] = e["receiveTimestamp"] = self.now_stamp()
         return e
+
+    def kernel_prints(self, node: str, line: str, facility: int = 0) -> None:
+        inject.kernel_prints(self.state, node, line, facility)
 
     def fault(self, node: str, line: str, insert_id: str | None = None) -> dict[str, Any]:
         """A real driver fault: the node's kernel prints it (its ring buffer keeps it until the VM
         boots again), the logging agent ships it."""
-        printed = {"project": PROJECT, "zone": ZONE, "instance": node, "msg": line, "facility": 0}
-        admin(self.state, "/_admin/kmsg", printed)
+        self.kernel_prints(node, line)
         e = self.entry(node, line, insert_id)
         self.router.publish(e)
         return e
+
+    def gpu_state(self, node: str, state: dict[str, Any] | None) -> None:
+        """What the GPU tools (and the Monitoring stand-in) will report on the node's current host."""
+        self.stack.set_gpu_state(node, state)
 
     # -- what comes out ---------------------------------------------------------------------------
 
@@ -69,9 +115,10 @@ class Pipeline:
         return wait_for(cond, timeout, what)
 
     def incidents(self, node: str) -> list[dict[str, Any]]:
-        """The node's incidents, oldest first."""
+        """The node's incidents, oldest first (a hung job's incident names no node)."""
         docs = (d.to_dict() or {} for d in self.db.collection("pitstop_incidents").stream())
-        return sorted((d for d in docs if d and d["node"]["instance"] == node), key=lambda d: d["created_at"])
+        mine = (d for d in docs if d and (d.get("node") or {}).get("instance") == node)
+        return sorted(mine, key=lambda d: d["created_at"])
 
     def finished(self, node: str, timeout: float = 90.0) -> dict[str, Any]:
         """The node's latest incident once it is resolved or failed."""
@@ -92,6 +139,11 @@ class Pipeline:
         """What the webhook received about an incident."""
         return [w for w in webhook_records(self.state) if iid in w["body"]["text"]]
 
+    def resume_and_repair(self, inc: dict[str, Any]) -> tuple[float | None, float | None]:
+        """(resume_s, repair_s) of a finished incident, real-time equivalent (pitstop.local.realtime)."""
+        effects = admin(self.state, "/_admin/state")["effects"]
+        return realtime.resume_and_repair(inc, effects, self.stack.compute_scale)
+
     def settle(self) -> None:
         """Wait until no blast-radius slot is held or recent, so one test does not spend the next
         one's budget."""
@@ -107,24 +159,18 @@ class Pipeline:
 
         self.wait(free, window + 120, "the blast-radius window to clear")
 
-    # -- Slurm ------------------------------------------------------------------------------------
 
-    def _slurm(self, *argv: str, check: bool = False) -> str:
-        done = subprocess.run(
-            list(argv),
-            env=self.slurm.env,
-            capture_output=True,
-            text=True,
-            check=check,
-            cwd=self.slurm.workdir,
-        )
-        return done.stdout.strip()
+class Pipeline(StackPipeline):
+    """A Slurm stack's pipeline: StackPipeline plus its jobs."""
+
+    def __init__(self, stack: Stack) -> None:
+        super().__init__(stack)
+        assert stack.slurm is not None
+        self.slurm = stack.slurm
 
     def job(self, nodes: list[str], script: str | None = None) -> str:
         """A requeueable gang pinned to ``nodes``, once it runs."""
-        pinned = ["-w", ",".join(nodes), "-N", str(len(nodes))]
-        head = ["sbatch", "--parsable", "--requeue", "-J", "train", "-o", "/dev/null", *pinned]
-        job = self._slurm(*head, "--wrap", script or "sleep 3600", check=True)
+        job = self.slurm.submit_on(nodes, script or "sleep 3600")
 
         def running() -> bool:
             return any(j["id"] == job and j["state"] == "RUNNING" for j in self.slurm.jobs())
@@ -132,7 +178,52 @@ class Pipeline:
         self.wait(running, 30, f"job {job} to run")
         return job
 
+    def job_among(
+        self, size: int, candidates: list[str], script: str = "sleep 3600"
+    ) -> tuple[str, list[str]]:
+        """A gang of ``size`` Slurm may place on any of ``candidates`` (a requeue may move it to
+        another of them): the job and, once it runs, its nodes."""
+        others = [n for n in self.nodes if n not in candidates]
+        job = self.slurm.submit(size, command=script, exclude=others)
+        held: list[str] = self.wait(lambda: self.slurm.job_nodes(job), 30, f"job {job} to run")
+        return job, held
+
     def restarts(self, job: str) -> int:
         """How often Slurm restarted the job (-1: it does not know the job)."""
-        fields = self._slurm("scontrol", "show", "job", "-o", job).split()
-        return next((int(t.split("=", 1)[1]) for t in fields if t.startswith("Restarts=")), -1)
+        return self.slurm.restarts(job)
+
+    def drained(self, node: str) -> bool:
+        return "drain" in self.slurm.node_states().get(node, "")
+
+
+class GkePipeline(StackPipeline):
+    """A GKE stack's pipeline: StackPipeline plus its JobSets (pitstop.local.gke_drive)."""
+
+    def __init__(self, stack: Stack) -> None:
+        super().__init__(stack)
+        assert "kube" in self.state.endpoints, "not a GKE stack"
+        self.gangs = Gangs(self.state.endpoints["kube"], self.wait)
+        self.kube = self.gangs.kube
+
+    def k8s_entry(self, node: str, line: str, location: str = ZONE) -> dict[str, Any]:
+        """A kernel line as GKE's node-journal log ships it, logged now; ``location`` is the
+        cluster's (a region for a regional cluster)."""
+        e = gke_journal_entry(line, node, uuid.uuid4().hex[:16])
+        e["logName"] = f"projects/{PROJECT}/logs/node-journal"
+        e["resource"]["labels"].update(
+            project_id=PROJECT, location=location, cluster_name=self.state.cluster["name"]
+        )
+        e["timestamp"] = self.now_stamp()
+        return e
+
+    def serial_entry(self, node: str, line: str) -> dict[str, Any]:
+        """A kernel line as GCE serial-port logging ships it: the console's text on a gce_instance
+        entry, which anyone on the VM could have written (unverified)."""
+        return {
+            "insertId": uuid.uuid4().hex[:16],
+            "logName": f"projects/{PROJECT}/logs/serialconsole.googleapis.com%2Fserial_port_1_output",
+            "timestamp": self.now_stamp(),
+            "textPayload": f"[ 7341.112233] {line}",
+            "resource": gce_resource(node, PROJECT, ZONE, self.vm_id(node)),
+            "labels": {"compute.googleapis.com/resource_name": node},
+        }

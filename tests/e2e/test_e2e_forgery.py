@@ -16,20 +16,18 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pitstop.core.engine import MAX_GPUS, OTHER
 from pitstop.local.fake_compute import CREATED_LONG_AGO
-from pitstop.local.stack import PROJECT, ZONE, ClusterSpec, Stack, admin
+from pitstop.local.stack import PROJECT, ZONE, ClusterSpec, admin
 from tests.helpers import load_fixture, system_event_entry
-from tests.pipeline import XID79, Pipeline
+from tests.pipeline import XID79, Pipeline, stack_up
 
 pytestmark = pytest.mark.emulator
 
@@ -41,12 +39,8 @@ Case = tuple[Callable[[Pipeline], dict[str, Any]], str]
 
 @pytest.fixture(scope="module")
 def sc() -> Iterator[Pipeline]:
-    stack = Stack(Path(tempfile.mkdtemp(prefix="pitstop-e2e-forgery-")), ClusterSpec(nodes=NODES))
-    try:
-        stack.up()
+    with stack_up("e2e-forgery", ClusterSpec(nodes=NODES)) as stack:
         yield Pipeline(stack)
-    finally:
-        stack.down()
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The whole pipeline on GKE, on one machine: every GKE demo scenario on one shared GKE stack.
+"""The whole pipeline on GKE, on one machine: JobSet fault scenarios on one shared GKE stack.
 
 Sink router -> Pub/Sub emulator push -> ingest -> Firestore emulator -> Workflows runner ->
 actuate -> fake Compute + the fake Kubernetes API server (through the GKE adapter and the
@@ -7,7 +7,8 @@ official client) -> notify -> webhook. The facts asserted are read from the fake
 events), from the fake Compute's calls and from Firestore.
 
 Node use (a node's action cooldowns outlast this module, so each fault has a node of its own):
-the scenarios fault nodes 0-6; node 7 is every gang's partner, node 8 the spare it moves to.
+the scenarios fault nodes 0-8; node 9 is every gang's partner, node 10 the spare it moves to. The
+scenarios are this module's own (tests/pipeline.py drives the stack), not the demo's.
 """
 
 from __future__ import annotations
@@ -16,159 +17,247 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pitstop.local import gke_stack
-from pitstop.local.stack import ZONE, Stack, StackState
+from pitstop.local import gke_stack, inject
+from pitstop.local.gke_drive import POD_GRACE_S, Gang, evictions, fenced_by
+from pitstop.local.gke_stack import JOBSET_LABEL, NAMESPACE, Watch
+from pitstop.local.stack import ZONE, ClusterSpec, StackState
 from pitstop.tools.cli import local as cli_local
-from pitstop.tools.demo import GKE_COMPUTE_SCALE, POD_GRACE_S, GkeScenarios, gke_spec
-from pitstop.tools.demo_stage import Result
+from tests.pipeline import XID79, GkePipeline, print_logs, stack_up
 
 pytestmark = pytest.mark.emulator
 
+NODES = 11  # nine nodes that take a fault each (cooldowns outlast the module), a gang partner and a spare
+COMPUTE_SCALE = 0.03  # a reset keeps the VM down ~1 s: time for the gang to restart off a preempted node
+REGION = ZONE.rsplit("-", 1)[0]
+
+
+def spec() -> ClusterSpec:
+    """A GKE node pool whose fourth node is a Spot VM (Compute confirms a preemption only of one)."""
+    s = ClusterSpec.gke(NODES)
+    s.spot = [s.node_names[3]]
+    return s
+
 
 @pytest.fixture(scope="module")
-def sc() -> Iterator[GkeScenarios]:
-    stack = Stack(
-        Path(tempfile.mkdtemp(prefix="pitstop-e2e-gke-")), gke_spec(), compute_scale=GKE_COMPUTE_SCALE
-    )
+def gk() -> Iterator[GkePipeline]:
+    with stack_up("e2e-gke", spec(), compute_scale=COMPUTE_SCALE) as stack:
+        yield GkePipeline(stack)
+
+
+@pytest.fixture
+def scenario(gk: GkePipeline) -> Iterator[GkePipeline]:
+    """One fault scenario: the blast-radius window clear first; the stack's logs if it fails."""
+    gk.settle()
     try:
-        stack.up()
-        yield GkeScenarios(stack)
+        yield gk
     except BaseException:
-        _print_logs(stack, 20)
+        print_logs(gk.stack, 60)
         raise
-    finally:
-        stack.down()
 
 
-def _print_logs(stack: Stack, lines: int) -> None:
-    """The stack's log tails, so a failure in CI says what each process did."""
-    for name in ("ingest", "actuate", "notify", "executions", "kube"):
-        log = stack.workdir / f"{name}.log"
-        if log.exists():
-            print(f"--- {name}.log ---\n" + "\n".join(log.read_text().splitlines()[-lines:]))
+def _partner_spare(gk: GkePipeline) -> tuple[str, str]:
+    return gk.nodes[-2], gk.nodes[-1]
 
 
-def _run(sc: GkeScenarios, name: str) -> Result:
-    sc.settle()
-    try:
-        result: Result = getattr(sc, name)()
-    except BaseException:
-        _print_logs(sc.stack, 60)
-        raise
-    print(result.detail, json.dumps(result.facts, default=str))
-    return result
+def _gang(gk: GkePipeline, name: str, members: list[str]) -> Gang:
+    """A JobSet on ``members`` and the partner, free to move to the spare."""
+    partner, spare = _partner_spare(gk)
+    return gk.gangs.gang(name, [*members, partner], [spare])
 
 
-def _healthy_elsewhere(sc: GkeScenarios, facts: dict[str, Any], bad: list[str]) -> None:
+def _on_partner_and_spare(gk: GkePipeline, where: list[str], bad: list[str]) -> None:
     """The gang runs again in full on the partner and the spare, none of them a faulty node."""
-    assert sorted(facts["moved_to"]) == sorted([sc.partner, sc.spare])
-    assert not set(facts["moved_to"]) & set(bad)
+    assert sorted(where) == sorted(_partner_spare(gk))
+    assert not set(where) & set(bad)
 
 
-def test_xid79_on_a_jobset_member(sc: GkeScenarios) -> None:
-    r = _run(sc, "xid79")
-    f = r.facts
-    assert (f["state"], f["action"]) == ("RESOLVED", "REBOOT_NODE")
-    assert f["fenced"], "never seen cordoned with pitstop.dev/remediation=<incident>:NoSchedule"
-    assert f["resets"] == 1
-    assert f["restarts"] == 1
-    _healthy_elsewhere(sc, f, [sc.nodes[0]])
-    node = gke_stack.node_summary(sc.kube.node(sc.nodes[0]))
+def _xid79_confirmed(
+    gk: GkePipeline, g: Gang, bad: str, entry: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """An Xid 79 the device plugin confirms on ``bad``, logged as ``entry``: the finished incident
+    and where the gang runs again."""
+    gk.gangs.device_plugin_xid(bad, 79)
+    gk.router.publish(entry)
+    inc = gk.finished(bad)
+    return inc, gk.gangs.moved(g, [bad])
+
+
+def _maintenance_window(gk: GkePipeline, node: str) -> float:
+    """Upcoming maintenance of the node's VM, published: when its window starts (epoch s)."""
+    from pitstop.core.timefmt import to_epoch
+
+    entry = inject.maintenance(gk.state, node)
+    gk.router.publish(entry)
+    return to_epoch(entry["protoPayload"]["metadata"]["windowStartTime"]) or 0.0
+
+
+def test_xid79_on_a_jobset_member(scenario: GkePipeline) -> None:
+    gk, bad = scenario, scenario.nodes[0]
+    g = _gang(gk, "xid79", [bad])
+    watch = Watch(gk.kube.url, "/api/v1/nodes")
+    try:
+        inc, where = _xid79_confirmed(gk, g, bad, gk.k8s_entry(bad, XID79))
+        back, restarts = gk.gangs.node_back(bad), gk.gangs.restarts(g.name)
+        notes = gk.wait(lambda: gk.notes_for(inc["id"]), 30, "the notification")
+    finally:
+        watch.stop()
+        gk.gangs.done_with(g)
+    assert (inc["state"], inc["action"]) == ("RESOLVED", "REBOOT_NODE")
+    assert fenced_by(watch.events, bad, inc["id"]), "never seen cordoned with pitstop.dev/remediation=<id>"
+    assert len(gk.calls("reset", bad)) == 1
+    assert restarts == 1
+    _on_partner_and_spare(gk, where, [bad])
+    assert back
+    node = gke_stack.node_summary(gk.kube.node(bad))
     assert node["ready"] and not node["unschedulable"] and node["gpu_allocatable"] == 8
     assert not [t for t in node["taints"] if t.startswith(gke_stack.FENCE_KEY)]
     assert not node["xid_critical"]  # the reboot cleared the device plugin's condition
-    assert f["notifications"] == 1
-    assert r.passed, r.detail
+    assert len(notes) == 1
 
 
-def test_two_members_failing_together_restart_the_jobset_once(sc: GkeScenarios) -> None:
-    r = _run(sc, "two_members")
-    f = r.facts
-    assert f["states"] == ["RESOLVED", "RESOLVED"]
-    assert f["resets"] == [1, 1]
-    assert f["restarts"] == 1
-    _healthy_elsewhere(sc, f, sc.nodes[1:3])
-    assert all(f["back"])
-    assert r.passed, r.detail
+def test_two_members_failing_together_restart_the_jobset_once(scenario: GkePipeline) -> None:
+    gk, (a, b) = scenario, scenario.nodes[1:3]
+    g = gk.gangs.gang("pair", [a, b], list(_partner_spare(gk)))
+    try:
+        for n in (a, b):
+            gk.gangs.device_plugin_xid(n, 79)
+        for n in (a, b):
+            gk.router.publish(gk.k8s_entry(n, XID79))
+        incs = [gk.finished(a), gk.finished(b)]
+        where = gk.gangs.moved(g, [a, b])
+        back, restarts = [gk.gangs.node_back(n) for n in (a, b)], gk.gangs.restarts(g.name)
+    finally:
+        gk.gangs.done_with(g)
+    assert [i["state"] for i in incs] == ["RESOLVED", "RESOLVED"]
+    assert [i["action"] for i in incs] == ["REBOOT_NODE", "REBOOT_NODE"]
+    assert [len(gk.calls("reset", n)) for n in (a, b)] == [1, 1]
+    assert restarts == 1
+    _on_partner_and_spare(gk, where, [a, b])
+    assert all(back)
 
 
-def test_spot_preemption_of_a_gke_node(sc: GkeScenarios) -> None:
-    r = _run(sc, "preemption")
-    f = r.facts
-    assert (f["state"], f["action"]) == ("RESOLVED", "RESCHEDULE_JOB")
-    assert f["new_vm"] and f["vm"] == "RUNNING"
-    assert f["restarts"] == 1
-    _healthy_elsewhere(sc, f, [sc.nodes[3]])
-    assert f["back"]
-    assert r.passed, r.detail
+def test_spot_preemption_of_a_gke_node(scenario: GkePipeline) -> None:
+    gk, bad = scenario, scenario.nodes[3]
+    g = _gang(gk, "spot", [bad])
+    try:
+        before = inject.instance(gk.state, bad)["id"]
+        gk.router.publish(inject.preempt(gk.state, bad))
+        inc = gk.finished(bad)
+        where = gk.gangs.moved(g, [bad])
+        after, back, restarts = (
+            inject.instance(gk.state, bad),
+            gk.gangs.node_back(bad),
+            gk.gangs.restarts(g.name),
+        )
+    finally:
+        gk.gangs.done_with(g)
+    assert (inc["state"], inc["action"]) == ("RESOLVED", "RESCHEDULE_JOB")
+    assert after["id"] != before and after["status"] == "RUNNING"  # the MIG recreated it
+    assert restarts == 1
+    _on_partner_and_spare(gk, where, [bad])
+    assert back
 
 
-def test_upcoming_maintenance_evicts_with_grace_before_the_window(sc: GkeScenarios) -> None:
-    r = _run(sc, "maintenance")
-    f = r.facts
-    assert (f["state"], f["action"]) == ("RESOLVED", "DRAIN_NODE")
-    assert len(f["evicted"]) == 1, f["evicted"]
-    assert f["evicted"][0]["grace"] == POD_GRACE_S  # the pod's own grace period: SIGTERM, then the wait
-    assert f["evicted"][0]["at"] < f["window_start"]
-    assert f["perform_maintenance"] == 1
-    assert f["restarts"] == 1
-    _healthy_elsewhere(sc, f, [sc.nodes[4]])
-    assert f["back"]
-    assert r.passed, r.detail
+def test_upcoming_maintenance_evicts_with_grace_before_the_window(scenario: GkePipeline) -> None:
+    gk, bad = scenario, scenario.nodes[4]
+    g = _gang(gk, "maint", [bad])
+    watch = Watch(gk.kube.url, f"/api/v1/namespaces/{NAMESPACE}/pods")
+    try:
+        window = _maintenance_window(gk, bad)
+        inc = gk.finished(bad, timeout=120)
+        where = gk.gangs.moved(g, [bad])
+        back, restarts = gk.gangs.node_back(bad), gk.gangs.restarts(g.name)
+    finally:
+        watch.stop()
+        gk.gangs.done_with(g)
+    evicted = evictions(watch.events, bad)
+    assert (inc["state"], inc["action"]) == ("RESOLVED", "DRAIN_NODE")
+    assert len(evicted) == 1, evicted
+    assert evicted[0]["grace"] == POD_GRACE_S  # the pod's own grace period: SIGTERM, then the wait
+    assert evicted[0]["at"] < window
+    assert len(gk.calls("perform_maintenance", bad)) == 1
+    assert restarts == 1
+    _on_partner_and_spare(gk, where, [bad])
+    assert back
 
 
-def test_a_pdb_that_blocks_eviction_is_named_in_the_incident(sc: GkeScenarios) -> None:
-    r = _run(sc, "pdb_blocks")
-    f = r.facts
-    assert f["state"] == "FAILED"
-    assert "PodDisruptionBudget train-pdb" in f["failure"]
-    assert f["node_while_failed"]["unschedulable"]  # a failed remediation keeps its node fenced
-    assert f["pod_stayed"] and f["restarts"] == 0
-    assert f["perform_maintenance"] == 0
-    assert (f["closed"], f["unfence"]) == ("RESOLVED", "done")
-    assert f["back"]  # --unfence lifted Pitstop's cordon and taint
-    assert r.passed, r.detail
+def test_a_pdb_that_blocks_eviction_is_named_in_the_incident(scenario: GkePipeline) -> None:
+    gk, bad, pdb = scenario, scenario.nodes[5], "train-pdb"
+    g = _gang(gk, "pdb", [bad])
+    gk.kube.create_pdb(pdb, {JOBSET_LABEL: g.name}, min_available=2)
+    try:
+        _maintenance_window(gk, bad)
+        inc = gk.finished(bad, timeout=120)
+        held = gke_stack.node_summary(gk.kube.node(bad))
+        stayed, restarts = bad in gk.gangs.placed(g.name), gk.gangs.restarts(g.name)
+        closed = inject.close_with_unfence(gk.state, gk.db, inc["id"], "e2e")
+        back = gk.gangs.node_back(bad)
+    finally:
+        gk.kube.delete_pdb(pdb)
+        gk.gangs.done_with(g)
+    assert inc["state"] == "FAILED"
+    assert f"PodDisruptionBudget {pdb}" in str((inc.get("failure") or {}).get("error") or "")
+    assert held["unschedulable"]  # a failed remediation keeps its node fenced
+    assert stayed and restarts == 0
+    assert not gk.calls("perform_maintenance", bad)
+    unfence = ((closed.get("closure") or {}).get("unfence") or {}).get("outcome")
+    assert (closed.get("state"), unfence) == ("RESOLVED", "done")
+    assert back  # --unfence lifted Pitstop's cordon and taint
 
 
-def test_xid_from_a_regional_cluster_resolves_the_zone(sc: GkeScenarios) -> None:
-    r = _run(sc, "regional")
-    f = r.facts
-    assert f["zone"] == ZONE
-    assert (f["state"], f["action"]) == ("RESOLVED", "REBOOT_NODE")
-    assert f["resets"] == 1
-    assert f["restarts"] == 1
-    assert f["back"]
-    assert r.passed, r.detail
+def test_xid_from_a_regional_cluster_resolves_the_zone(scenario: GkePipeline) -> None:
+    gk, bad = scenario, scenario.nodes[6]
+    g = _gang(gk, "regional", [bad])
+    try:
+        inc, where = _xid79_confirmed(gk, g, bad, gk.k8s_entry(bad, XID79, location=REGION))
+        back, restarts = gk.gangs.node_back(bad), gk.gangs.restarts(g.name)
+    finally:
+        gk.gangs.done_with(g)
+    assert inc["node"]["zone"] == ZONE
+    assert (inc["state"], inc["action"]) == ("RESOLVED", "REBOOT_NODE")
+    assert len(gk.calls("reset", bad)) == 1
+    assert restarts == 1
+    _on_partner_and_spare(gk, where, [bad])
+    assert back
 
 
-def test_a_serial_console_xid_is_acted_on_only_with_the_device_plugins_word(sc: GkeScenarios) -> None:
-    r = _run(sc, "serial")
-    f = r.facts
-    assert f["lone"] == {"trust": "unverified", "action": "NONE", "untouched": True}
-    assert (f["state"], f["trust"], f["action"]) == ("RESOLVED", "verified", "REBOOT_NODE")
-    assert f["cluster"] == sc.state.cluster["name"]  # a gce_instance line, placed in its cluster
-    assert f["resets"] == 1
-    assert f["restarts"] == 1
-    _healthy_elsewhere(sc, f, [sc.nodes[8]])
-    assert f["back"]
-    assert r.passed, r.detail
+def test_a_serial_console_xid_is_acted_on_only_with_the_device_plugins_word(scenario: GkePipeline) -> None:
+    gk, forged, bad = scenario, scenario.nodes[7], scenario.nodes[8]
+    gk.router.publish(gk.serial_entry(forged, XID79))
+    gk.wait(lambda: gk.incidents(forged), 30, f"the record of {forged}'s line")
+    g = _gang(gk, "serial", [bad])
+    try:
+        inc, where = _xid79_confirmed(gk, g, bad, gk.serial_entry(bad, XID79))
+        back, restarts = gk.gangs.node_back(bad), gk.gangs.restarts(g.name)
+    finally:
+        gk.gangs.done_with(g)
+    lone = gk.incidents(forged)[-1]
+    assert (lone["trust"], lone["action"]) == ("unverified", "NONE")
+    assert not gk.calls("reset", forged) and not gke_stack.node_summary(gk.kube.node(forged))["unschedulable"]
+    assert (inc["state"], inc["trust"], inc["action"]) == ("RESOLVED", "verified", "REBOOT_NODE")
+    assert (
+        inc["node"].get("cluster") == gk.state.cluster["name"]
+    )  # a gce_instance line, placed in its cluster
+    assert len(gk.calls("reset", bad)) == 1
+    assert restarts == 1
+    _on_partner_and_spare(gk, where, [bad])
+    assert back
 
 
 # -- the stack from the outside: kubectl and `pitstop local status` ------------------------------
 
 
-def test_kubectl_gets_jobsets_with_the_stack_kubeconfig(sc: GkeScenarios) -> None:
-    g = sc.gang("kubectl", [sc.partner], [])
+def test_kubectl_gets_jobsets_with_the_stack_kubeconfig(gk: GkePipeline) -> None:
+    g = gk.gangs.gang("kubectl", [_partner_spare(gk)[0]], [])
     try:
-        kubeconfig = Path(sc.state.workdir, "kubeconfig")
-        assert sc.state.kubeconfig == str(kubeconfig)
+        kubeconfig = Path(gk.state.workdir, "kubeconfig")
+        assert gk.state.kubeconfig == str(kubeconfig)
         argv = ["kubectl", "--kubeconfig", str(kubeconfig), "get", "jobsets", "-o", "json"]
         out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
         items = {i["metadata"]["name"]: i for i in json.loads(out)["items"]}
@@ -185,25 +274,26 @@ def test_kubectl_gets_jobsets_with_the_stack_kubeconfig(sc: GkeScenarios) -> Non
         ).stdout
         assert table.split()[:2] == ["NAME", "AGE"] and "kubectl" in table.split()
     finally:
-        sc.done_with(g)
+        gk.gangs.done_with(g)
 
 
-def test_local_status_json_reports_k8s_nodes_and_jobsets(sc: GkeScenarios) -> None:
-    g = sc.gang("status", [sc.partner], [])
+def test_local_status_json_reports_k8s_nodes_and_jobsets(gk: GkePipeline) -> None:
+    partner = _partner_spare(gk)[0]
+    g = gk.gangs.gang("status", [partner], [])
     try:
         argv = [sys.executable, "-m", "pitstop.tools.cli", "local", "status", "--json"]
         proc = subprocess.run(
-            [*argv, "--workdir", sc.state.workdir], capture_output=True, text=True, timeout=120, check=False
+            [*argv, "--workdir", gk.state.workdir], capture_output=True, text=True, timeout=120, check=False
         )
         assert proc.returncode == 0, proc.stderr
         report = json.loads(proc.stdout)
         assert "slurm_nodes" not in report
         nodes = {n["name"]: n for n in report["k8s_nodes"]}
-        assert set(nodes) == set(sc.nodes)
-        assert set(nodes[sc.partner]) >= {"name", "ready", "unschedulable", "taints", "gpu_allocatable"}
-        assert nodes[sc.partner]["ready"] and nodes[sc.partner]["gpu_allocatable"] == 8
+        assert set(nodes) == set(gk.nodes)
+        assert set(nodes[partner]) >= {"name", "ready", "unschedulable", "taints", "gpu_allocatable"}
+        assert nodes[partner]["ready"] and nodes[partner]["gpu_allocatable"] == 8
         jobsets = {j["name"]: j for j in report["jobsets"]}
-        assert jobsets["status"]["restarts"] == 0 and jobsets["status"]["nodes"] == [sc.partner]
+        assert jobsets["status"]["restarts"] == 0 and jobsets["status"]["nodes"] == [partner]
         # what each GKE incident did, from the fake API server's record (the xid79 scenario's
         # incident, when it ran before this test: fenced, one pod evicted, reset, unfenced)
         for inc in report["incidents"]:
@@ -213,7 +303,7 @@ def test_local_status_json_reports_k8s_nodes_and_jobsets(sc: GkeScenarios) -> No
                 assert kube.get("taint") == kube.get("untaint") == 1, inc
                 assert inc["effects"]["compute"].get("reset") == 1, inc
     finally:
-        sc.done_with(g)
+        gk.gangs.done_with(g)
 
 
 def test_local_up_gke_options_make_a_gke_spec_with_a_jobset() -> None:
@@ -229,24 +319,24 @@ def test_local_up_gke_options_make_a_gke_spec_with_a_jobset() -> None:
     assert (slurm.scheduler, slurm.jobset_nodes) == ("slurm", 0)
 
 
-def test_stack_state_of_a_gke_stack_names_its_kubeconfig(sc: GkeScenarios) -> None:
-    state = StackState.load(sc.state.workdir)
+def test_stack_state_of_a_gke_stack_names_its_kubeconfig(gk: GkePipeline) -> None:
+    state = StackState.load(gk.state.workdir)
     assert state.kubeconfig is not None and Path(state.kubeconfig).exists()
     assert state.slurm_conf == "" and "kube" in state.endpoints
 
 
-def test_the_stacks_npd_sets_the_kernel_xid_condition_from_the_vms_ring_buffer(sc: GkeScenarios) -> None:
+def test_the_stacks_npd_sets_the_kernel_xid_condition_from_the_vms_ring_buffer(gk: GkePipeline) -> None:
     """The stack runs the NPD stand-in (local/npd.py) with infra/gke/npd.yaml's rule file: the kernel
     of a VM prints an Xid the device plugin does not watch and its Node gets PitstopKernelXid with that
     line (a driver line before it that is no Xid is passed over). The condition stays until the VM
     next boots."""
-    node = sc.nodes[-1]
-    sc.kernel_prints(node, "NVRM: GPU at PCI:0000:a1:00: GPU-6b2e1f0c")  # the driver, but no Xid
+    node = gk.nodes[-1]
+    gk.kernel_prints(node, "NVRM: GPU at PCI:0000:a1:00: GPU-6b2e1f0c")  # the driver, but no Xid
     line = "NVRM: Xid (PCI:0000:a1:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0)"
-    sc.kernel_prints(node, line)
+    gk.kernel_prints(node, line)
 
     def cond() -> dict[str, Any] | None:
-        got = [c for c in sc.kube.node(node)["status"]["conditions"] if c["type"] == "PitstopKernelXid"]
+        got = [c for c in gk.kube.node(node)["status"]["conditions"] if c["type"] == "PitstopKernelXid"]
         return got[0] if got and got[0]["status"] == "True" else None
 
     got = gke_stack.wait_for(cond, 60.0, "the NPD stand-in to set PitstopKernelXid")
@@ -280,7 +370,7 @@ def test_the_gke_stack_policy_validates_and_names_its_control_plane() -> None:
     from pitstop.local.stack import policy_for
     from pitstop.services.schedulers import Wiring, schedulers_for
 
-    doc = policy_for(gke_spec())
+    doc = policy_for(spec())
     pol = policy_mod.from_doc(doc)
     (cluster,) = pol.clusters
     assert (cluster.scheduler, cluster.raw["gke"]["location"], cluster.raw["gke"]["cluster"]) == (

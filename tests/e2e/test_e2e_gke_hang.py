@@ -11,41 +11,26 @@ and from Firestore (the hang incident's localisation, the culprit's incident).
 from __future__ import annotations
 
 import json
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pitstop.local import chaos, trainer
-from pitstop.local.stack import PROJECT, ClusterSpec, Stack
-from pitstop.tools import demo_hang
-from pitstop.tools.demo import GKE_COMPUTE_SCALE, GkeScenarios
+from pitstop.local.heartbeats import beats, hang_incidents
+from pitstop.local.realtime import breakdown
+from pitstop.local.stack import PROJECT, ClusterSpec
+from tests.pipeline import GkePipeline, stack_up
 
 pytestmark = pytest.mark.emulator
 
 
 @pytest.fixture(scope="module")
-def sc() -> Iterator[GkeScenarios]:
-    stack = Stack(
-        Path(tempfile.mkdtemp(prefix="pitstop-e2e-gke-hang-")),
-        ClusterSpec.gke(8),
-        compute_scale=GKE_COMPUTE_SCALE,
-    )
-    try:
-        stack.up()
-        yield GkeScenarios(stack)
-    except BaseException:
-        for name in ("ingest", "actuate", "executions", "monitoring", "kube"):
-            log = stack.workdir / f"{name}.log"
-            if log.exists():
-                print(f"--- {name}.log ---\n" + "\n".join(log.read_text().splitlines()[-30:]))
-        raise
-    finally:
-        stack.down()
+def sc() -> Iterator[GkePipeline]:
+    with stack_up("e2e-gke-hang", ClusterSpec.gke(8), compute_scale=0.03) as stack:
+        yield GkePipeline(stack)
 
 
 class Beating:
@@ -62,30 +47,30 @@ class Beating:
             trainer.beat(self.client, PROJECT, "train", self.job, self.step)
 
 
-def hang_on_gke(sc: GkeScenarios, name: str, first: int, link: bool) -> tuple[dict[str, Any], str, list[str]]:
+def hang_on_gke(sc: GkePipeline, name: str, first: int, link: bool) -> tuple[dict[str, Any], str, list[str]]:
     """A JobSet of three on nodes ``first``.., a spare after them; its middle node's GPU stuck (or,
     ``link``, its NVLink down), its heartbeat stopped. (the hang incident, the bad node, where the
     gang runs again)."""
     job = f"jobset/default/{name}"
     members, spare = sc.nodes[first : first + 3], sc.nodes[first + 3]
-    gang = sc.gang(name, members, [spare])
+    gang = sc.gangs.gang(name, members, [spare])
     bad = members[1]
     beating = Beating(sc.stack.endpoints["monitoring"], job)
     beating.thread.start()
-    sc.wait(lambda: demo_hang.beats(sc.stack, job) >= 2, 30, "the job's heartbeat")
+    sc.wait(lambda: beats(sc.stack, job) >= 2, 30, "the job's heartbeat")
     chaos.apply(sc.stack, "hang", "link" if link else None, node=bad)
     beating.stop.set()  # the job hangs: no more beats
     stopped = time.time()
 
     def ended() -> dict[str, Any] | None:
-        incs = demo_hang.hang_incidents(sc.db, job)
+        incs = hang_incidents(sc.db, job)
         return incs[0] if incs and incs[0]["state"] in ("RESOLVED", "FAILED") else None
 
     hang: dict[str, Any] = sc.wait(ended, 240, "the hang incident to end")
-    where = sc.moved(gang, [bad])
-    times = demo_hang.breakdown(stopped, hang, None, time.time(), sc.stack.alert_scale)
+    where = sc.gangs.moved(gang, [bad])
+    times = breakdown(stopped, hang, None, time.time(), sc.stack.alert_scale)
     print(f"gke {name}: {json.dumps(times)}")  # where the time went (README), not asserted
-    assert spare in where and sc.restarts(name) == 0  # suspend and resume: not a JobSet restart
+    assert spare in where and sc.gangs.restarts(name) == 0  # suspend and resume: not a JobSet restart
     js = sc.kube.jobset(name) or {}
     assert not js["spec"].get("suspend")
     assert "pitstop.dev/stopped-for" not in js["metadata"].get("annotations", {})
@@ -93,7 +78,7 @@ def hang_on_gke(sc: GkeScenarios, name: str, first: int, link: bool) -> tuple[di
     return hang, bad, where
 
 
-def test_a_hung_jobset_with_a_stuck_gpu_is_stopped_swept_and_resumed_on_the_spare(sc: GkeScenarios) -> None:
+def test_a_hung_jobset_with_a_stuck_gpu_is_stopped_swept_and_resumed_on_the_spare(sc: GkePipeline) -> None:
     hang, bad, where = hang_on_gke(sc, "hang", 0, link=False)
     loc = hang.get("localisation") or {}
     assert hang["state"] == "RESOLVED" and loc.get("culprits") == [bad], loc
@@ -103,7 +88,7 @@ def test_a_hung_jobset_with_a_stuck_gpu_is_stopped_swept_and_resumed_on_the_spar
     assert culprit["kind"] == "localised" and culprit["id"] == loc["incidents"][bad]
 
 
-def test_a_hung_jobset_with_an_nvlink_down_is_found_by_the_ring_pairs(sc: GkeScenarios) -> None:
+def test_a_hung_jobset_with_an_nvlink_down_is_found_by_the_ring_pairs(sc: GkePipeline) -> None:
     hang, bad, where = hang_on_gke(sc, "hang-link", 4, link=True)
     loc = hang.get("localisation") or {}
     assert hang["state"] == "RESOLVED" and loc.get("culprits") == [bad], loc

@@ -10,9 +10,7 @@ incident's life (open, close before anything was done) are.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,23 +19,16 @@ from google.cloud import firestore
 from pitstop.local import chaos
 from pitstop.local.gke_stack import wait_for  # the stack's own waiting
 from pitstop.local.stack import PROJECT, ZONE, ClusterSpec, Stack, emulator_env
+from tests.pipeline import stack_up
 
 pytestmark = pytest.mark.emulator
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    s = Stack(
-        Path(tempfile.mkdtemp(prefix="pitstop-telemetry-")),
-        ClusterSpec(nodes=4),
-        policy_over={"mode": "observe"},
-        alert_scale=0.02,  # the heartbeat's 120 s is 2.4 s here, a 600 s throttle window 12 s
-    )
-    try:
-        s.up()
+    # the heartbeat's 120 s is 2.4 s here, a 600 s throttle window 12 s
+    with stack_up("telemetry", ClusterSpec(nodes=4), policy_over={"mode": "observe"}, alert_scale=0.02) as s:
         yield s
-    finally:
-        s.down()
 
 
 def incidents(s: Stack) -> list[dict[str, Any]]:

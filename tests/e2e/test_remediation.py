@@ -33,7 +33,7 @@ from pitstop.agent.slurm import Agent, CheckTools, Ledger, ResultsTopic, SlurmCo
 from pitstop.core import engine, policy
 from pitstop.core.domain import Remediation
 from pitstop.core.ops import Op
-from pitstop.local import executions_server
+from pitstop.local import executions_server, gpu_tools
 from pitstop.local.fake_compute import FakeCompute, serve
 from pitstop.local.slurm import SlurmCluster
 from pitstop.local.workflows_runner import runner_for
@@ -76,6 +76,7 @@ def _stand_in_tools(directory: Path) -> CheckTools:
         dmesg=tool("dmesg"),
         all_gather_perf=tool("all_gather_perf"),
         directory=str(directory),
+        fabric_root=str(Path(gpu_tools.__file__).parent / "fabric"),  # the fabric's NCCL profiles, stand-ins
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -411,8 +412,8 @@ def test_fake_compute_armed_fault_answers_with_computes_error_body() -> None:
 
 
 def test_demo_only_help_names_every_scenario_key_and_each_key_picks_a_stack() -> None:
-    """`pitstop demo --only KEY` starts a stack only for a key it knows: a key left out of the
-    tuples would run nothing."""
+    """`pitstop demo --only KEY` runs the scenarios the data file lists under that key, on the
+    stack each names: the help lists every key, and every key is one scenario's."""
     import argparse
     import re
 
@@ -421,14 +422,51 @@ def test_demo_only_help_names_every_scenario_key_and_each_key_picks_a_stack() ->
     parser: Any = cli.build_parser()
     sub: Any = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     action = next(a for a in sub.choices["demo"]._actions if "--only" in a.option_strings)
-    named = set(re.findall(r"[a-z0-9_]+", str(action.help))) - {"gke"}
-    assert named == set(demo.SLURM_KEYS) | set(demo.GKE_KEYS)
-    source = Path(demo.__file__).read_text()
-    # a plan entry: ("key", self.method, ...) or ("key", lambda: module.function(self), ...)
-    call = r"(?:self\.[a-z0-9_]+|lambda: [a-z0-9_]+\.[a-z0-9_]+\(self\))"
-    entry = r'\("([a-z0-9_]+)", ' + call + r"(?:, (?:True|False))?\)"
-    planned = set(re.findall(entry, source))
-    assert planned == set(demo.SLURM_KEYS) | set(demo.GKE_KEYS)
+    named = re.findall(r"[a-z0-9_]+", str(action.help).split("(")[0])
+    scenarios = demo.scenarios()
+    assert named == [s["key"] for s in scenarios]
+    assert {s["stack"] for s in scenarios} == {"slurm", "gke"}
+
+
+def test_demo_scenarios_data_is_checked_on_load(tmp_path: Path) -> None:
+    """A scenario file that breaks its schema, repeats a key or names a step the code lacks is
+    refused with the offending place named, before any stack starts."""
+    import yaml
+
+    from pitstop.core.resources import DataFileError, schema_dir
+    from pitstop.tools import demo_runner
+    from pitstop.tools.demo_steps import STEPS
+
+    doc = yaml.safe_load((schema_dir() / "demo-scenarios.yaml").read_text())
+    cases: dict[str, Callable[[dict[str, Any]], None]] = {
+        "stack": lambda d: d["scenarios"][0].update(stack="lsf"),
+        "fault": lambda d: d["scenarios"][0].update(fault={"xid": 79, "colour": "red"}),
+        "expect": lambda d: d["scenarios"][0].update(expect={}),
+        "repeated": lambda d: d["scenarios"].append(dict(d["scenarios"][0])),
+        "no such step": lambda d: d["scenarios"][4].update(step="juggle"),
+    }
+    for why, spoil in cases.items():
+        bad = yaml.safe_load(yaml.safe_dump(doc))
+        spoil(bad)
+        path = tmp_path / f"{why}.yaml"
+        path.write_text(yaml.safe_dump(bad))
+        with pytest.raises(DataFileError) as err:
+            demo_runner.load(STEPS, path)
+        assert str(path) in str(err.value), why
+    assert len(demo_runner.load(STEPS)) == len(doc["scenarios"])
+
+
+def test_demo_expectations_each_fail_on_their_own() -> None:
+    """Equality, a bound or a substring/item: an observation that misses one is named."""
+    from pitstop.tools.demo_runner import unmet
+
+    expect = {"state": "RESOLVED", "restarts": {"min": 1}, "resume_s": {"max": 60}, "steps": {"has": "A->B"}}
+    met = {"state": "RESOLVED", "restarts": 1, "resume_s": 12.5, "steps": ["A->B"]}
+    assert unmet(expect, met) == []
+    assert unmet(expect, {**met, "state": "FAILED"}) == ["state"]
+    assert unmet(expect, {**met, "restarts": 0}) == ["restarts"]
+    assert unmet(expect, {**met, "resume_s": None}) == ["resume_s"]  # never measured is not within
+    assert unmet(expect, {**met, "steps": ["B->A"]}) == ["steps"]
 
 
 def test_kubernetes_effects_go_to_the_incident_whose_taint_it_is_or_by_node_and_time() -> None:

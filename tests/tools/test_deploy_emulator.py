@@ -269,13 +269,20 @@ def test_project_iam_policy_holds_exactly_the_roles_in_iam_yaml(deployed: Deploy
     got = _project_bindings(policy)
     assert got == _expected_project_bindings(p)
     assert not {"roles/owner", "roles/editor", "roles/workflows.invoker"} & {r for r, _ in got}
-    conditions = {b["role"]: b.get("condition") for b in policy["bindings"]}
-    assert conditions["roles/datastore.user"] == {
-        "title": "pitstop-database-only",
-        "expression": f'resource.name == "projects/{p}/databases/pitstop" || '
-        f'resource.name.startsWith("projects/{p}/databases/pitstop/")',
+    conditions = {
+        (b["role"], (b.get("condition") or {}).get("title")): b.get("condition") for b in policy["bindings"]
     }
-    assert conditions[f"projects/{p}/roles/pitstopActuator"] == {
+    # one grant per database: Pitstop's own, and notify's ledger alone (notify reaches no incident)
+    for title, db in (
+        ("pitstop-database-only", "pitstop"),
+        ("pitstop-notify-database-only", "pitstop-notify"),
+    ):
+        assert conditions["roles/datastore.user", title] == {
+            "title": title,
+            "expression": f'resource.name == "projects/{p}/databases/{db}" || '
+            f'resource.name.startsWith("projects/{p}/databases/{db}/")',
+        }
+    assert conditions[f"projects/{p}/roles/pitstopActuator", "pitstop-actuator-zones"] == {
         "title": "pitstop-actuator-zones",
         "expression": f'resource.name.startsWith("projects/{p}/zones/us-central1-a/") || '
         f'resource.name.startsWith("projects/{p}/zones/us-central1-b/instances/a3-") || '
@@ -421,10 +428,11 @@ def test_workflow_source_env_and_identity(deployed: Deployed) -> None:
 
 
 def test_firestore_monitoring_and_secret(deployed: Deployed) -> None:
-    (db,) = deployed.created("firestore", "/databases")
-    assert db["type"] == "FIRESTORE_NATIVE" and db["locationId"] == REGION
+    dbs = deployed.created("firestore", "/databases")
+    assert len(dbs) == 2 and all(d["type"] == "FIRESTORE_NATIVE" and d["locationId"] == REGION for d in dbs)
     made = [c for c in deployed.calls[0] if c.api == "firestore" and c.method == "POST"]
-    assert [c.query.get("databaseId") for c in made] == ["pitstop"]  # Pitstop's own, not (default)
+    # Pitstop's own, not (default), and notify's ledger in one of its own
+    assert [c.query.get("databaseId") for c in made] == ["pitstop", "pitstop-notify"]
     ttl = [c for c in deployed.calls[0] if c.api == "firestore" and c.method == "PATCH"]
     assert [(c.path.split("/collectionGroups/")[0], c.query["updateMask"]) for c in ttl] == [
         (f"projects/{deployed.project}/databases/pitstop", "ttlConfig")

@@ -345,13 +345,14 @@ def start(workdir: Path, ep: dict[str, str], cluster: Path, env: dict[str, str])
     return proc
 
 
-def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
+def wait_for(cond: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:
+    """``cond()``'s first truthy value, asked every ``every`` seconds; TimeoutError after ``timeout``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         v = cond()
         if v:
             return v
-        time.sleep(0.2)
+        time.sleep(every)
     raise TimeoutError(f"timed out waiting for {what}")
 
 

@@ -197,6 +197,28 @@ class SlurmCluster:
         ).stdout
         return out.strip().split(";")[0]
 
+    def submit_on(self, nodes: list[str], command: str = "sleep 3600", name: str = "train") -> str:
+        """A requeueable gang pinned to exactly ``nodes`` (``-w``)."""
+        argv = ["sbatch", "--parsable", "--requeue", "-J", name, "-o", "/dev/null"]
+        argv += ["-w", ",".join(nodes), "-N", str(len(nodes)), "--wrap", command]
+        done = subprocess.run(
+            argv, env=self.env, capture_output=True, text=True, check=True, cwd=self.workdir
+        )
+        return done.stdout.strip().split(";")[0]
+
+    def job_nodes(self, job: str) -> list[str]:
+        """The nodes a running job holds (empty while it is not running)."""
+        listed = self._out(["squeue", "-h", "-j", job, "-t", "RUNNING", "-o", "%N"]).strip()
+        return self._out(["scontrol", "show", "hostnames", listed]).split() if listed else []
+
+    def restarts(self, job: str) -> int:
+        """How often Slurm restarted the job (-1: it does not know the job)."""
+        fields = self._out(["scontrol", "show", "job", "-o", job]).split()
+        return next((int(t.split("=", 1)[1]) for t in fields if t.startswith("Restarts=")), -1)
+
+    def cancel(self, job: str) -> None:
+        self._ok(["scancel", job])
+
     @staticmethod
     def _wait(cond: object, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout

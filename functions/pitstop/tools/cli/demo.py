@@ -20,18 +20,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def _keys() -> list[str]:
+    """The scenarios' keys as the data file lists them (read, not validated: `pitstop demo` validates)."""
+    import yaml
+
+    from pitstop.core.resources import schema_dir
+
+    try:
+        doc = yaml.safe_load((schema_dir() / "demo-scenarios.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return ["(the scenarios' keys: schemas/demo-scenarios.yaml)"]
+    return [str(s.get("key")) for s in doc.get("scenarios", [])]
+
+
 def add(sub: Subparsers) -> None:
     """demo: the local stack plus the fault scenarios."""
     d = sub.add_parser("demo", help="start the local stack, run the fault scenarios, stop it")
-    d.add_argument(
-        "--only",
-        nargs="*",
-        help="xid79 xid13 preemption maintenance duplicates lemon blast_radius poison xid79_spare "
-        "lemon_spare degraded replace_not_confirmed no_spare straggler_spare ecc_trend degraded_no_spare "
-        "gang_wide_throttle hang_bad_node hang_software; GKE: gke_xid79 gke_two_members "
-        "gke_preemption gke_maintenance gke_pdb gke_regional gke_serial gke_straggler_spare "
-        "gke_gang_wide_throttle",
-    )
+    d.add_argument("--only", nargs="*", help=" ".join(_keys()) + " (schemas/demo-scenarios.yaml)")
     d.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
     d.add_argument("--workdir", default=None)
     d.set_defaults(func=cmd_demo)
