@@ -15,7 +15,7 @@ from pitstop.adapters.firestore import IncidentStore as FirestoreStore
 from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import engine, policy, steps
 from pitstop.core.classify import Classifier
-from pitstop.core.domain import Budget, FaultEvent, Incident, NodeDoc, OutboxEntry, WorkflowRun
+from pitstop.core.domain import Budget, CountShard, FaultEvent, Incident, NodeDoc, OutboxEntry, WorkflowRun
 from pitstop.core.states import RunState, State
 from pitstop.core.store import IncidentStore, commit_of
 from tests.helpers import ops_agent_entry
@@ -71,20 +71,77 @@ def test_a_delivery_is_applied_once_and_a_second_fault_absorbed(store: IncidentS
     assert store.latest_incident(inc["node_key"]) == inc
 
 
-def test_merge_counts_adds_and_a_closed_episode_is_replayed(store: IncidentStore) -> None:
-    observe = policy.from_doc({**POLICY.doc, "mode": "observe"})
-    out = store.apply(_event(XID13, "a3-node-002"), observe, T0)
+def _totals(ev: FaultEvent, lines: int, pol: policy.Policy = POLICY) -> CountShard:
+    """A shard's totals as an instance keeps them: ``lines`` lines counted like the incident counts."""
+    totals = engine.empty_deltas()
+    for _ in range(lines):
+        engine.count_into(totals, ev, ev["_observed_ts"], pol)
+    return cast(CountShard, {**totals, "burst_until": ev["_observed_ts"] + pol.window("burst_silence_s")})
+
+
+def test_count_shards_are_summed_where_the_incident_is_read(store: IncidentStore) -> None:
+    """Storm counts live in shards beside the incident, one per writer, written whole: a reader
+    (get, list) sees the sum, a cache (latest_incident, incident_as_decided) the decided part, and
+    a shard written again replaces its totals (a retried write adds nothing)."""
+    ev = _event(XID13, "a3-node-002")
+    out = store.apply(ev, POLICY, T0)
     assert out.incident is not None
     iid = out.incident["id"]
-    deltas = engine.empty_deltas()
-    rep = _event(XID13, "a3-node-002", at=T0 + 1)
-    engine.count_into(deltas, rep, T0 + 1, observe)
-    merged = store.merge_counts(iid, rep, deltas, observe, T0 + 1)
-    assert merged.result == "absorbed" and merged.coalesced
-    assert _any(store.get(iid))["counts"]["events"] == 2
-    assert store.close_bursts(T0 + 10_000) == 1  # an observed burst ends
-    late = _event(XID13, "a3-node-002", at=T0 + 20_000)
-    assert store.merge_counts(iid, late, deltas, observe, T0 + 20_000).result == "opened"
+    store.put_count_shard(iid, "inst-a-1", _totals(ev, 5))
+    store.put_count_shard(iid, "inst-b-1", _totals(ev, 7))
+    store.put_count_shard(iid, "inst-a-1", _totals(ev, 6))  # a's newer totals replace its older ones
+    inc = store.get(iid)
+    assert inc is not None and inc["counts"]["events"] == 1 + 6 + 7 and inc["counts"]["xid_13"] == 14
+    assert [i["counts"]["events"] for i in store.list()] == [14]
+    assert inc["burst_until"] == T0 + POLICY.window("burst_silence_s")
+    assert _any(store.incident_as_decided(iid))["counts"]["events"] == 1
+    assert _any(store.latest_incident(inc["node_key"]))["counts"]["events"] == 1
+
+
+def test_a_summed_incident_keeps_the_incidents_bounds(store: IncidentStore) -> None:
+    """Many shards, each within the engine's bounds, sum to an incident within the same bounds: at
+    most MAX_GPUS GPUs by name (the rest under OTHER) and MAX_EVIDENCE summaries."""
+    ev = _event(XID79, "a3-node-007")
+    out = store.apply(ev, POLICY, T0)
+    assert out.incident is not None
+    for n in range(engine.MAX_GPUS + 8):
+        gpu = _event(XID79.replace("a1:00", f"{n:02x}:00"), "a3-node-007")
+        store.put_count_shard(out.incident["id"], f"inst-{n}", _totals(gpu, 2))
+    inc = store.get(out.incident["id"])
+    assert inc is not None and inc["counts"]["events"] == 1 + 2 * (engine.MAX_GPUS + 8)
+    assert (
+        len(inc["gpus"]) == engine.MAX_GPUS + 1 and inc["gpus"][engine.OTHER]["xids"]["79"] == 2 * 9
+    )  # a1 and 31 by name
+    assert len(inc["evidence"]) == engine.MAX_EVIDENCE
+
+
+def test_a_resolution_is_recorded_in_the_resolved_feed(store: IncidentStore) -> None:
+    """Whatever resolves an incident (a person, a burst's end) records it in the same commit, so
+    an instance counting its node's lines in memory learns it from one query."""
+    observe = policy.from_doc({**POLICY.doc, "mode": "observe"})
+    burst = store.apply(_event(XID13, "a3-node-008"), observe, T0)
+    closed = store.apply(_event(XID79, "a3-node-009"), POLICY, T0)
+    assert burst.incident is not None and closed.incident is not None
+    assert store.resolved_since(T0 - 60) == []
+    assert store.close(closed.incident["id"], "ops", T0 + 5, unfence=False).result == "closed"
+    assert store.close_bursts(T0 + 10_000) == 1  # the observed burst ends
+    feed = {r["incident"]: r for r in store.resolved_since(T0 - 60)}
+    assert set(feed) == {closed.incident["id"], burst.incident["id"]}
+    assert feed[burst.incident["id"]]["node"] == burst.incident["node_key"]
+    assert store.resolved_since(T0 + 20_000) == []
+
+
+def test_a_shards_burst_keeps_a_record_only_incident_open(store: IncidentStore) -> None:
+    """The sweep ends an observed burst after its silence; lines counted only in a shard are part
+    of the burst, so the incident stays open until the shard's silence too has passed."""
+    observe = policy.from_doc({**POLICY.doc, "mode": "observe"})
+    out = store.apply(_event(XID13, "a3-node-010"), observe, T0)
+    assert out.incident is not None
+    late = _event(XID13, "a3-node-010", at=T0 + 500)
+    store.put_count_shard(out.incident["id"], "inst-a-1", _totals(late, 3, observe))
+    silence = observe.window("burst_silence_s")
+    assert store.close_bursts(T0 + silence + 1) == 0
+    assert store.close_bursts(T0 + 500 + silence + 1) == 1
 
 
 def test_one_starter_wins_the_lease_and_records_the_start(store: IncidentStore) -> None:

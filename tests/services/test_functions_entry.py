@@ -10,12 +10,13 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from functions_framework import create_app
 from google.cloud import firestore
 
+from pitstop.adapters.firestore import IncidentStore
 from pitstop.local.executions_server import ExecutionsService
 from tests.helpers import ops_agent_entry
 
@@ -142,10 +143,10 @@ def test_sigterm_merges_counts_buffered_by_handlers_in_worker_threads(
 
     with ThreadPoolExecutor(1) as pool:
         pool.submit(deliver).result()
-    incidents = firestore.Client(project="fn-entry-test", database="pitstop").collection("pitstop_incidents")
+    store = IncidentStore(firestore.Client(project="fn-entry-test", database="pitstop"))
 
-    def counted() -> int:
-        docs = [d.to_dict() or {} for d in incidents.stream()]
+    def counted() -> int:  # each incident with its count shards summed
+        docs = [cast(Any, d) for d in store.list()]
         return sum(d["counts"]["events"] for d in docs if d["node"]["instance"] == "a3-node-043")
 
     assert counted() < lines  # a storm's counts wait in memory

@@ -739,6 +739,7 @@ def test_purge_uses_the_policys_collection_prefix(tmp_path: Path) -> None:
     assert [s.argv[5] for s in ttls] == [
         "--collection-group=team_a_dedup",
         "--collection-group=team_a_outbox",
+        "--collection-group=team_a_resolved",
     ]
 
 
@@ -747,6 +748,7 @@ def test_ttls_cover_the_dedup_records_and_the_outbox_in_pitstops_database(steps:
     assert [(a[4], a[5], a[6]) for a in ttls] == [
         ("expire_at", "--collection-group=pitstop_dedup", "--database=pitstop"),
         ("expire_at", "--collection-group=pitstop_outbox", "--database=pitstop"),
+        ("expire_at", "--collection-group=pitstop_resolved", "--database=pitstop"),
     ]
     db, ndb = [s for s in steps if s.argv[:3] == ["firestore", "databases", "create"]]
     assert "--database=pitstop" in db.argv and db.check is not None and "--database=pitstop" in db.check

@@ -1,10 +1,12 @@
-"""The incident store on Firestore: every state change is one transaction.
+"""The incident store on Firestore: every state change is all or nothing (an event's decision is
+one batch conditioned on what it read, see IncidentStore._apply; the others one transaction).
 
 Collections (``<prefix>_...``): ``nodes`` (one per node: latest incident, remediation
 history, cooldown clocks), ``incidents``, ``budgets`` (blast-radius slots per scope) and
 ``dedup`` (one record per state-changing delivery, with an ``expire_at`` field for the
-Firestore TTL policy that infra/ deploys) and ``outbox`` (notifications to publish, each
-recorded with the decision that causes it; see services/outbox.py).
+Firestore TTL policy that infra/ deploys), ``outbox`` (notifications to publish, each
+recorded with the decision that causes it; see services/outbox.py), ``resolved`` and each
+incident's ``counts`` shards (storm counts; see adapters/firestore_counts.py).
 """
 
 from __future__ import annotations
@@ -16,18 +18,19 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
+from pitstop.adapters.firestore_counts import CountShards
 from pitstop.adapters.firestore_jobs import JobRecords
 from pitstop.adapters.firestore_outbox import OutboxRecords
 from pitstop.adapters.firestore_starts import StartRecords
 from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.core import engine
 from pitstop.core.actions import NODE_ACTIONS
-from pitstop.core.domain import Budget, Deltas, FaultEvent, Incident, NodeDoc, NodeFields, StepRecord
+from pitstop.core.domain import Budget, FaultEvent, Incident, NodeDoc, NodeFields, StepRecord
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
 from pitstop.core.store import commit_of
@@ -50,55 +53,40 @@ MAX_ATTEMPTS = 1
 RETRIES = 10
 BACKOFF_S = 0.1
 BACKOFF_CAP_S = 4.0
-# A count merge is tried this often without a transaction (a read, then a write on condition
-# that the incident is as read), after jittered pauses growing from MERGE_PAUSE_S, before it takes
-# the transactional path (ten instances merging into one incident lost the race twice in a row
-# often enough, and their transactions then deadlocked until the lock timeout).
-OPTIMISTIC_TRIES = 6
-MERGE_PAUSE_S = 0.01
-# What engine.merge_deltas changes in an incident (and the merge's updated_at): all a merge writes.
-MergedField = Literal["counts", "gpus", "evidence", "last_seen", "burst_until", "recent_keys", "updated_at"]
-MERGED_FIELDS: tuple[MergedField, ...] = (
-    "counts",
-    "gpus",
-    "evidence",
-    "last_seen",
-    "burst_until",
-    "recent_keys",
-    "updated_at",
-)
-# Decisions that read blast-radius budgets all read and write the same few documents. Two
-# instances' transactions that both read one deadlock until the database's lock timeout (2 s on
-# the emulator) and a storm's decisions over five instances stalled for minutes. So a decision
-# that asks for a budget takes a turn across instances first: a turn document its holder creates
-# and deletes after the decision (CLAIM_TURN_S: how long a dead holder's turn blocks the others).
-CLAIM_TURN_S = 5.0
-TURN_WAIT_S = (0.02, 0.2)  # first and longest pause between looks at a taken turn (a decision: ~20 ms)
+# Decisions that read blast-radius budgets all read and write the same few documents. Read inside
+# transactions, two instances' reads of one deadlock until the database's lock timeout (2 s on the
+# emulator); a cross-instance turn around such decisions (a turn document, polled) serialised every
+# node action's first decision behind one lock held up to that timeout, and ten instances stalled
+# (`pitstop bench ingest`, 50,000 lines / 64 nodes: 212 s waited for 51 turns in a 70 s run, 28 of
+# them by decisions that then read no budget; one run stalled for minutes). So budgets are read
+# outside the transaction (no lock) and written in it on condition that they are as read (their
+# update time, or absent): optimistic, like the other documents' retries, and a decision that
+# lost to another's claim runs again on the budget as it now stands.
 # In-process turn-taking per node: a fixed set of locks, keys hashed onto them, so a long-lived
 # instance that sees many nodes and incidents holds no per-key state.
 LOCK_STRIPES = 512
-
-
-class _TurnNeededError(Exception):
-    """The decision reads a budget: run it again, holding the claim turn from its start."""
+# A transaction that lost: to a contender (Aborted; ValueError once attempts are spent), to a
+# budget changed since it was read (FailedPrecondition; AlreadyExists, a Conflict, if created).
+LOST = (ValueError, gexc.Conflict, gexc.FailedPrecondition)
 
 
 class _LazyBudgets(Mapping[str, Budget | None]):
-    """Budget documents read inside the transaction only if the engine asks for them.
+    """Budget documents read only if the engine asks for them, outside the transaction, with the
+    update time each was read at (None: absent) for the write's precondition.
 
     Most events are absorbed and never touch a budget; reading every scope on every event
     would serialise a whole zone's events on one document.
     """
 
-    def __init__(self, coll: Any, txn: Any, turn: bool = True) -> None:
-        self._coll, self._txn, self._cache = coll, txn, dict[str, Budget | None]()
-        self._turn = turn  # whether this decision holds the claim turn across instances
+    def __init__(self, coll: Any) -> None:
+        self._coll, self._cache = coll, dict[str, Budget | None]()
+        self.read_at: dict[str, Any] = {}
 
     def __getitem__(self, key: str) -> Budget | None:
-        if not self._turn:
-            raise _TurnNeededError(key)
         if key not in self._cache:
-            self._cache[key] = _doc(self._coll.document(key).get(transaction=self._txn), Budget)
+            snap = self._coll.document(key).get()
+            self._cache[key] = _doc(snap, Budget)
+            self.read_at[key] = snap.update_time if snap.exists else None
         return self._cache[key]
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -111,7 +99,29 @@ class _LazyBudgets(Mapping[str, Budget | None]):
         return len(self._cache)
 
 
-class IncidentStore(JobRecords, OutboxRecords, StartRecords):
+class _Read:
+    """Documents a decision read outside a transaction, by path: what each held and when it was
+    written, so that its write is conditioned on them (see IncidentStore._apply)."""
+
+    def __init__(self, snaps: Mapping[str, Any]) -> None:
+        self._snaps = dict(snaps)
+
+    def keep(self, snap: Any) -> Incident | None:
+        self._snaps[snap.reference.path] = snap
+        return _doc(snap, Incident)
+
+    def write(self, batch: Any, ref: Any, doc: Incident | NodeDoc, db: Any) -> None:
+        """Replace the document on condition that it is as read (fields it lost deleted), or
+        create it if it was absent or never read (a new incident)."""
+        snap = self._snaps.get(ref.path)
+        if snap is None or not snap.exists:
+            batch.create(ref, dict(doc))
+            return
+        gone = {k: firestore.DELETE_FIELD for k in snap.to_dict() or {} if k not in doc}
+        batch.update(ref, {**doc, **gone}, option=db.write_option(last_update_time=snap.update_time))
+
+
+class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
     def __init__(self, client: firestore.Client, prefix: str = "pitstop") -> None:
         self.db, self.prefix = client, prefix
         self.nodes = client.collection(f"{prefix}_nodes")
@@ -119,8 +129,7 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
         self.budgets = client.collection(f"{prefix}_budgets")
         self.dedup = client.collection(f"{prefix}_dedup")
         self.outbox = client.collection(f"{prefix}_outbox")
-        self.turn = client.collection(f"{prefix}_turns").document("budgets")  # see CLAIM_TURN_S
-        self._holding = threading.local()  # .turn: this thread's decision holds the claim turn
+        self.resolved = client.collection(f"{prefix}_resolved")
         # Called inside each decision's transaction (services/outbox.py records its page there).
         self.on_decision: Callable[[Any, engine.Outcome], None] | None = None
         self._lock = threading.Lock()
@@ -150,24 +159,16 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
         """Run one transaction for a node: in turn with this process's others on that node.
 
         A storm on one node lands on few instances, so taking turns in-process removes most
-        aborts; across instances Firestore's transactions decide, and one that loses is retried
-        after a fully jittered exponential pause. ``claims``: it may claim blast-radius slots, whose
-        documents every node shares, so such transactions also take turns across nodes; one that
-        reads a budget runs again holding the turn across instances (:meth:`_claim_turn`).
+        aborts; across instances Firestore's transactions decide, and one that loses (to a
+        contender, or to a budget written since it was read) is retried after a fully jittered
+        exponential pause. ``claims``: it may claim blast-radius slots, whose documents every node
+        shares, so such transactions also take turns across nodes within the process.
         """
-        turn = False
         for attempt in range(RETRIES):
             try:
-                with (
-                    self._node_lock(nkey),
-                    self._claim_lock if claims else contextlib.nullcontext(),
-                    self._claim_turn() if turn else contextlib.nullcontext(),
-                ):
-                    self._holding.turn = turn
+                with self._node_lock(nkey), self._claim_lock if claims else contextlib.nullcontext():
                     return fn()
-            except _TurnNeededError:  # not a lost race: the decision asks for a budget
-                turn = True
-            except (ValueError, gexc.Aborted):  # the commit lost, or a read hit a lock timeout
+            except LOST:
                 if attempt == RETRIES - 1:
                     raise
                 with self._lock:
@@ -175,36 +176,6 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
                 pause = min(BACKOFF_CAP_S, BACKOFF_S * 2**attempt)
                 time.sleep(random.uniform(0, pause))  # noqa: S311 - jitter, not a secret
         raise AssertionError("unreachable")
-
-    @contextlib.contextmanager
-    def _claim_turn(self) -> Iterator[None]:
-        """Hold the claim turn across instances: create the turn document, delete it after.
-
-        A turn whose holder died (past its ``until``) is taken over; the holder deletes only its
-        own (on condition of the update time its create returned).
-        """
-        pause = TURN_WAIT_S[0]
-        while True:
-            now = time.time()
-            try:
-                made = self.turn.create({"until": now + CLAIM_TURN_S, "at": now})
-                self._count_writes(1)
-                break
-            except gexc.Conflict:  # taken
-                snap = self.turn.get()
-                held = snap.to_dict() if snap.exists else None
-                if held is not None and float(held.get("until", 0)) < now:  # its holder died
-                    with contextlib.suppress(gexc.FailedPrecondition, gexc.NotFound):
-                        self.turn.delete(option=self.db.write_option(last_update_time=snap.update_time))
-                    continue
-                time.sleep(random.uniform(pause / 2, pause))  # noqa: S311 - jitter, not a secret
-                pause = min(TURN_WAIT_S[1], pause * 2)
-        try:
-            yield
-        finally:
-            with contextlib.suppress(gexc.FailedPrecondition, gexc.NotFound):
-                self.turn.delete(option=self.db.write_option(last_update_time=made.update_time))
-                self._count_writes(1)
 
     def apply(self, ev: FaultEvent, policy: Policy, now: float) -> engine.Outcome:
         """Fold one event in, exactly once per delivery identity."""
@@ -214,103 +185,49 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
         )
 
     def _apply(self, ev: FaultEvent, policy: Policy, now: float, nkey: str) -> engine.Outcome:
+        """One decision, optimistically: its documents read without a transaction (no lock), its
+        writes committed in one batch (all or none) on condition that every document it writes
+        is as it was read (its update time) or still absent, the delivery's dedup record created
+        only if absent. A commit refused on a condition runs the decision again (:meth:`_serialised`).
+
+        Read inside a transaction, ten instances deciding one node's first lines at once held
+        read locks on its documents that each other's commits waited for, until the emulator's
+        lock timeout (`pitstop bench ingest`, 50,000 lines / 64 nodes at 10 instances: 54
+        deliveries refused after ten "Transaction lock timeout"s each, and a stall).
+        """
         key = engine.event_key(ev)
         node_ref = self.nodes.document(nkey)
         dedup_ref = self.dedup.document(key)
         ttl = dt.datetime.fromtimestamp(now + policy.window("dedup_ttl_h") * 3600, tz=dt.UTC)
-
-        @firestore.transactional
-        def txn(t: Any) -> engine.Outcome:
-            seen = dedup_ref.get(transaction=t)
-            if seen.exists:
-                return engine.Outcome("duplicate", duplicate_of=(seen.to_dict() or {}).get("incident"))
-            node_doc = _doc(node_ref.get(transaction=t), NodeDoc)
-            latest = None
-            if node_doc and node_doc.get("latest_incident"):
-                snap = self.incidents.document(node_doc["latest_incident"]).get(transaction=t)
-                latest = _doc(snap, Incident)
-            budgets = _LazyBudgets(self.budgets, t, self._holding.turn)
-            out = engine.apply_event(ev, node_doc, latest, budgets, policy, now, key)
-            if out.result == "ignored":
-                return out
-            self._write(t, out)
-            inc_id = out.incident["id"] if out.incident else None
-            t.set(dedup_ref, {"expire_at": ttl, "incident": inc_id, "node": nkey})
-            self._count_writes(1)
+        seen = dedup_ref.get()
+        if seen.exists:
+            return engine.Outcome("duplicate", duplicate_of=(seen.to_dict() or {}).get("incident"))
+        node_snap = node_ref.get()
+        node_doc = _doc(node_snap, NodeDoc)
+        read = _Read({node_ref.path: node_snap})
+        latest = None
+        if node_doc and node_doc.get("latest_incident"):
+            snap = self.incidents.document(node_doc["latest_incident"]).get()
+            latest = read.keep(snap)
+        budgets = _LazyBudgets(self.budgets)
+        out = engine.apply_event(ev, node_doc, latest, budgets, policy, now, key)
+        if out.result == "ignored":
             return out
-
-        result: engine.Outcome = txn(self._txn())
-        return result
+        batch = self.db.batch()
+        self._write(batch, out, budgets, read)
+        inc_id = out.incident["id"] if out.incident else None
+        batch.create(dedup_ref, {"expire_at": ttl, "incident": inc_id, "node": nkey})
+        self._count_writes(1)
+        batch.commit()
+        return out
 
     def latest_incident(self, nkey: str) -> Incident | None:
-        """The node's latest incident, read without a transaction (to refresh a cache)."""
+        """The node's latest incident as decided (no shards), read without a transaction (to
+        refresh a cache)."""
         node = self.nodes.document(nkey).get().to_dict()
         if not node or not node.get("latest_incident"):
             return None
         return _doc(self.incidents.document(node["latest_incident"]).get(), Incident)
-
-    def merge_counts(
-        self,
-        iid: str,
-        representative: FaultEvent,
-        deltas: Deltas,
-        policy: Policy,
-        now: float,
-    ) -> engine.Outcome:
-        """Write coalesced storm counts into an incident; if it stopped absorbing, replay instead.
-
-        Returns ``absorbed`` (``coalesced``) with the incident as merged, which refreshes the
-        caller's cache for free, or the Outcome of replaying the representative event.
-
-        Optimistic first: a plain read, then a write of the fields a merge changes on condition
-        that the incident is as read (its update time). No lock is held in between, so N
-        instances merging into the same incidents do not queue behind each other's transactions
-        (on the emulator: lock timeouts, aborted commits, jittered pauses). Only a merge that lost
-        that race more than once goes through the transaction.
-        """
-        ref = self.incidents.document(iid)
-        ts = float(representative.get("_observed_ts") or now)
-
-        def unlocked() -> engine.Outcome | None:
-            """One optimistic merge: the Outcome, or None if the incident changed since it was read."""
-            snap = ref.get()
-            inc = _doc(snap, Incident)
-            if inc is None or not engine.absorbs(inc, representative, ts):
-                return self.apply(representative, policy, now)
-            engine.merge_deltas(inc, deltas, policy)
-            inc["updated_at"] = now
-            try:
-                fields: dict[str, Any] = {k: inc[k] for k in MERGED_FIELDS if k in inc}  # Firestore's own API
-                ref.update(fields, option=self.db.write_option(last_update_time=snap.update_time))
-            except (gexc.FailedPrecondition, gexc.Aborted):  # written meanwhile: read again
-                return None
-            self._count_writes(1)
-            return engine.Outcome("absorbed", incident=inc, coalesced=True)
-
-        for attempt in range(OPTIMISTIC_TRIES):
-            out = unlocked()
-            if out is not None:
-                return out
-            with self._lock:
-                self.retries += 1
-            time.sleep(random.uniform(0, MERGE_PAUSE_S * 2**attempt))  # noqa: S311 - jitter
-
-        @firestore.transactional
-        def txn(t: Any) -> Incident | None:
-            inc = _doc(ref.get(transaction=t), Incident)
-            if inc is None or not engine.absorbs(inc, representative, ts):
-                return None
-            engine.merge_deltas(inc, deltas, policy)
-            inc["updated_at"] = now
-            t.set(ref, inc)
-            self._count_writes(1)
-            return inc
-
-        nkey = engine.subject_key(representative)
-        merged = self._serialised(nkey, False, lambda: txn(self._txn()))
-        if merged is not None:
-            return engine.Outcome("absorbed", incident=merged, coalesced=True)
-        return self.apply(representative, policy, now)
 
     # -- remediation steps (actuate) ---------------------------------------------------
 
@@ -328,6 +245,8 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
             if inc != before:  # by value: a state written as State.X equals the stored "X"
                 t.set(ref, inc)
                 self._count_writes(1)
+                if inc.get("state") != before.get("state") or inc.get("closure") != before.get("closure"):
+                    self._note_resolved(t, inc)
             return out
 
         result: T = self._serialised(iid, False, lambda: txn(self._txn()))
@@ -357,7 +276,10 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
     # -- operator views and actions ----------------------------------------------------
 
     def get(self, iid: str) -> Incident | None:
-        return _doc(self.incidents.document(iid).get(), Incident)
+        """The incident with its count shards summed (core/store.with_shards)."""
+        snap = self.incidents.document(iid).get()
+        inc = _doc(snap, Incident)
+        return self._summed(inc) if inc is not None else None
 
     def get_node(self, key: str) -> NodeDoc | None:
         return _doc(self.nodes.document(key).get(), NodeDoc)
@@ -375,8 +297,8 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
         wanted = sorted(states or ())
         if wanted:
             q = q.where(filter=firestore.FieldFilter("state", "in", wanted))
-        docs: list[Incident | None] = [s.to_dict() for s in q.stream()]  # the edge, as in _doc
-        return sorted((d for d in docs if d), key=lambda d: d.get("created_at", 0))
+        docs = [self._summed(d) for d in (s.to_dict() for s in q.stream()) if d]
+        return sorted(docs, key=lambda d: d.get("created_at", 0))
 
     def budget(self, doc_id: str) -> Budget | None:
         return _doc(self.budgets.document(doc_id).get(), Budget)
@@ -434,9 +356,10 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
             node_doc = _doc(node_ref.get(transaction=t), NodeDoc) or engine.new_node(
                 inc["node"], inc.get("job")
             )
-            out = decide(inc, node_doc, _LazyBudgets(self.budgets, t, self._holding.turn))
+            budgets = _LazyBudgets(self.budgets)
+            out = decide(inc, node_doc, budgets)
             if out.result != "ignored":
-                self._write(t, out)
+                self._write(t, out, budgets)
             return out
 
         result: engine.Outcome = self._serialised(iid, True, lambda: txn(self._txn()))
@@ -449,10 +372,12 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
             ref = self.incidents.document(inc["id"])
 
             @firestore.transactional
-            def txn(t: Any, ref: Any = ref) -> bool:
+            def txn(t: Any, ref: Any = ref, burst: float = float(inc["burst_until"])) -> bool:
                 cur = _doc(ref.get(transaction=t), Incident)
                 if not cur:
                     return False
+                # The burst goes on while any shard says so (the listed view summed them).
+                cur["burst_until"] = max(float(cur["burst_until"]), burst)
                 budgets = {
                     d: _doc(self.budgets.document(d).get(transaction=t), Budget)
                     for d in cur.get("budget_scopes", [])
@@ -460,6 +385,7 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
                 if not engine.close_if_burst_over(cur, now):
                     return False
                 t.set(ref, cur)
+                self._note_resolved(t, cur)
                 for doc_id, doc in engine.release_slots(budgets, cur["id"]).items():
                     t.set(self.budgets.document(doc_id), doc)
                 return True
@@ -470,16 +396,29 @@ class IncidentStore(JobRecords, OutboxRecords, StartRecords):
             closed += bool(self._serialised(inc["id"], True, run))
         return closed
 
-    def _write(self, t: Any, out: engine.Outcome) -> None:
-        """Write a decision in its transaction (core/store.commit_of says what), with what the
-        outbox records of it: the same rule as every other store."""
+    def _write(
+        self, t: Any, out: engine.Outcome, budgets: _LazyBudgets | None = None, read: _Read | None = None
+    ) -> None:
+        """Write a decision in its transaction or batch (core/store.commit_of says what), with what
+        the outbox records of it: the same rule as every other store. A document read outside a
+        transaction (a budget; with ``read``, the node and its incident) is written on condition
+        that it is still as read, and one that was not read is created."""
         done = commit_of(out)
         for inc in done.incidents:
-            t.set(self.incidents.document(inc["id"]), inc)
+            ref = self.incidents.document(inc["id"])
+            read.write(t, ref, inc, self.db) if read is not None else t.set(ref, inc)
+            self._note_resolved(t, inc)
         if done.node is not None:
-            t.set(self.nodes.document(engine.subject_key(done.node)), done.node)
+            ref = self.nodes.document(engine.subject_key(done.node))
+            read.write(t, ref, done.node, self.db) if read is not None else t.set(ref, done.node)
         for doc_id, doc in done.budgets.items():
-            t.set(self.budgets.document(doc_id), doc)
+            ref = self.budgets.document(doc_id)
+            if budgets is None or doc_id not in budgets.read_at:
+                t.set(ref, doc)
+            elif budgets.read_at[doc_id] is None:
+                t.create(ref, doc)
+            else:
+                t.update(ref, doc, option=self.db.write_option(last_update_time=budgets.read_at[doc_id]))
         self._count_writes(done.count)
         if self.on_decision is not None:
             self.on_decision(t, out)

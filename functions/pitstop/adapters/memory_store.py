@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar, cast
 
+from pitstop.adapters.memory_counts import MemoryCounts
 from pitstop.core import engine, remediation
 from pitstop.core.domain import (
     Budget,
-    Deltas,
     FaultEvent,
     Incident,
     JobRestarts,
@@ -35,8 +36,9 @@ T = TypeVar("T")
 Decide = Callable[[Incident, NodeDoc, Budgets], Outcome]
 
 
-class MemoryStore:
+class MemoryStore(MemoryCounts):
     def __init__(self) -> None:
+        super().__init__()
         self.nodes: dict[str, NodeDoc] = {}
         self.incidents: dict[str, Incident] = {}
         self.budgets: dict[str, Budget] = {}
@@ -57,6 +59,7 @@ class MemoryStore:
         done = commit_of(out)
         for inc in done.incidents:
             self.incidents[inc["id"]] = inc.copy()
+            self._note_resolved(inc, time.time())
         if done.node is not None:
             self.nodes[engine.subject_key(done.node)] = done.node
         self.budgets.update(done.budgets)
@@ -81,29 +84,9 @@ class MemoryStore:
                 self.writes += 1
             return out
 
-    def merge_counts(
-        self,
-        iid: str,
-        representative: FaultEvent,
-        deltas: Deltas,
-        policy: Policy,
-        now: float,
-    ) -> Outcome:
-        """Add coalesced counts to the incident; if it stopped absorbing, replay the representative."""
-        with self._lock:
-            inc = self.get(iid)
-            ts = float(representative.get("_observed_ts") or now)
-            if inc is None or not engine.absorbs(inc, representative, ts):
-                return self.apply(representative, policy, now)
-            engine.merge_deltas(inc, deltas, policy)
-            inc["updated_at"] = now
-            self.incidents[iid] = inc
-            self.writes += 1
-            return Outcome("absorbed", incident=engine.as_incident(inc), coalesced=True)
-
     def _decide(self, iid: str, decide: Decide) -> Outcome:
         with self._lock:
-            inc = self.get(iid)
+            inc = self.incident_as_decided(iid)
             if not inc:
                 return Outcome("ignored")
             node = self.get_node(inc["node_key"]) or engine.new_node(inc["node"], inc.get("job"))
@@ -131,9 +114,11 @@ class MemoryStore:
     def close_bursts(self, now: float) -> int:
         closed = 0
         with self._lock:
-            for inc in self.list((State.OPEN,)):
+            for listed in self.list((State.OPEN,)):  # summed: the burst goes on while a shard says so
+                inc = self.incidents[listed["id"]]
+                inc["burst_until"] = max(inc["burst_until"], listed["burst_until"])
                 if engine.close_if_burst_over(inc, now):
-                    self.incidents[inc["id"]] = inc
+                    self._note_resolved(inc, now)
                     scopes = {d: self.budgets.get(d) for d in inc.get("budget_scopes", [])}
                     self.budgets.update(engine.release_slots(scopes, inc["id"]))
                     closed += 1
@@ -143,7 +128,7 @@ class MemoryStore:
 
     def lease_start(self, iid: str, step: int, now: float, lease_s: float = 60.0) -> Incident | None:
         with self._lock:
-            inc = self.get(iid)
+            inc = self.incident_as_decided(iid)
             wf = inc.get("workflow") if inc is not None else None
             if inc is None or wf is None or wf.get("step") != step or wf.get("state") != RunState.PENDING:
                 return None
@@ -175,25 +160,28 @@ class MemoryStore:
     # -- records -------------------------------------------------------------------------------
 
     def get(self, iid: str) -> Incident | None:
-        with self._lock:
-            return copy.deepcopy(self.incidents.get(iid))
+        """The incident with its count shards summed (core/store.with_shards)."""
+        inc = self.incident_as_decided(iid)
+        return self._summed(inc) if inc is not None else None
 
     def list(self, states: Iterable[State] | None = None) -> list[Incident]:
         wanted = {str(s) for s in states or ()}
         with self._lock:
             docs = [
-                copy.deepcopy(d) for d in self.incidents.values() if not wanted or str(d["state"]) in wanted
+                self._summed(copy.deepcopy(d))
+                for d in self.incidents.values()
+                if not wanted or str(d["state"]) in wanted
             ]
         return sorted(docs, key=lambda d: d.get("created_at", 0))
 
     def latest_incident(self, nkey: str) -> Incident | None:
         node = self.get_node(nkey)
         latest_id = node.get("latest_incident") if node else None
-        return self.get(latest_id) if latest_id else None
+        return self.incident_as_decided(latest_id) if latest_id else None
 
     def mutate(self, iid: str, fn: Callable[[Incident], T]) -> T:
         with self._lock:
-            inc = self.get(iid)
+            inc = self.incident_as_decided(iid)
             if inc is None:
                 raise KeyError(iid)
             before = copy.deepcopy(inc)
@@ -201,6 +189,8 @@ class MemoryStore:
             if inc != before:
                 self.incidents[iid] = inc
                 self.writes += 1
+                if inc.get("state") != before.get("state") or inc.get("closure") != before.get("closure"):
+                    self._note_resolved(inc, time.time())
             return out
 
     def get_node(self, key: str) -> NodeDoc | None:

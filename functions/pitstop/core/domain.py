@@ -384,6 +384,25 @@ class Deltas(TypedDict):
     recent_keys: NotRequired[list[str]]
 
 
+class CountShard(Deltas):
+    """One writer's storm counts of an incident, written whole beside it (core/store.with_shards;
+    services/count_shards.py): its totals, and the burst they extend."""
+
+    incident: str
+    node: str
+    burst_until: float
+    at: float
+
+
+class Resolution(TypedDict):
+    """The resolved feed's record of an incident written RESOLVED (core/store.resolution)."""
+
+    incident: str
+    node: str | None
+    at: float
+    expire_at: Any  # a datetime in Firestore (its TTL policy reads it), epoch s in memory
+
+
 # -- the node, its budgets ----------------------------------------------------------------------
 
 

@@ -1,8 +1,9 @@
 """The incident store, as a port: what the services ask of it, and the one rule for committing a decision.
 
-Two implementations keep the same semantics: adapters/firestore.py (one Firestore transaction per
-decision, for the functions) and adapters/memory_store.py (a lock standing for the transaction,
-for unit tests, ``pitstop replay`` and the simulator). tests/adapters/test_store_port.py runs one suite
+Two implementations keep the same semantics: adapters/firestore.py (each decision all or
+nothing: a batch conditioned on what it read, or a transaction; for the functions) and
+adapters/memory_store.py (a lock standing for the transaction, for unit tests, ``pitstop replay``
+and the simulator). tests/adapters/test_store_port.py runs one suite
 against both.
 """
 
@@ -12,14 +13,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from pitstop.core import engine
 from pitstop.core.domain import (
     Budget,
-    Deltas,
+    CountShard,
     FaultEvent,
     Incident,
     NodeDoc,
     NodeFields,
     OutboxEntry,
+    Resolution,
     StepRecord,
 )
 from pitstop.core.engine import Outcome, subject_key
@@ -58,26 +61,63 @@ def node_key_of(commit: Commit) -> str | None:
     return subject_key(commit.node) if commit.node is not None else None
 
 
+# -- storm counts in shards beside the incident ----------------------------------------------
+#
+# Google's distributed counter: "each counter is a document with a subcollection of shards, and
+# the value of the counter is the sum of the value of the shards", because a single document
+# cannot be updated at an unlimited rate (https://cloud.google.com/firestore/docs/solutions/counters).
+# Here each shard has one writer (one node state of one ingest instance), which holds the shard's
+# totals in memory and writes them whole: a blind write (no read, no transaction, no contender),
+# idempotent if retried, bounded as the incident's own counts are (the same counting rule).
+RESOLVED_KEEP_S = 86_400.0  # a resolution's record in the resolved feed, for instances' caches
+
+
+def with_shards(inc: Incident, shards: Iterable[CountShard]) -> Incident:
+    """The incident as reports, notifications and people see it: its decided counts plus every
+    shard's (in place; the incident's bounds apply to the sum: engine.add_deltas)."""
+    for shard in shards:
+        engine.add_deltas(inc, shard)
+        inc["burst_until"] = max(float(inc.get("burst_until") or 0), float(shard.get("burst_until") or 0))
+    return inc
+
+
+def resolution(inc: Incident, now: float) -> Resolution | None:
+    """The resolved feed's record of an incident written RESOLVED (None if it is not): instances
+    that count its node's lines in memory learn from it that it stopped absorbing."""
+    if inc.get("state") != State.RESOLVED:
+        return None
+    at = max(now, float(inc.get("updated_at") or 0))  # a test's fake clock may run ahead of now
+    return {"incident": inc["id"], "node": inc.get("node_key"), "at": at, "expire_at": at + RESOLVED_KEEP_S}
+
+
 class Decisions(Protocol):
     """Engine decisions, each read-decide-write in one transaction."""
 
     on_decision: Callable[[Any, Outcome], None] | None
 
     def apply(self, ev: FaultEvent, policy: Policy, now: float) -> Outcome: ...
-    def merge_counts(
-        self,
-        iid: str,
-        representative: FaultEvent,
-        deltas: Deltas,
-        policy: Policy,
-        now: float,
-    ) -> Outcome: ...
     def release(self, iid: str, policy: Policy, now: float, by: str) -> Outcome: ...
     def step_up(self, iid: str, policy: Policy, now: float) -> Outcome: ...
     def close(self, iid: str, by: str, now: float, unfence: bool) -> Outcome: ...
     def fail_stuck(self, iid: str, execution: str, why: str, now: float) -> Outcome: ...
     def join_block(self, iid: str, block: str, policy: Policy, now: float) -> Outcome: ...
     def close_bursts(self, now: float) -> int: ...
+
+
+class Counts(Protocol):
+    """Storm counts in shards (see :func:`with_shards`) and what tells a cache they may be stale."""
+
+    def put_count_shard(self, iid: str, shard: str, totals: CountShard) -> None:
+        """Write one shard's totals whole, blindly (one write, no read)."""
+        ...
+
+    def incident_as_decided(self, iid: str) -> Incident | None:
+        """The incident document without its shards (one read): what a cache keeps."""
+        ...
+
+    def resolved_since(self, since: float) -> list[Resolution]:
+        """Resolutions recorded at ``since`` or later (one query: at least one read)."""
+        ...
 
 
 class Starts(Protocol):
@@ -91,9 +131,9 @@ class Starts(Protocol):
 class Records(Protocol):
     """Incidents, nodes and budgets as documents, and what remediation records beside them."""
 
-    def get(self, iid: str) -> Incident | None: ...
-    def list(self, states: Iterable[State] | None = None) -> list[Incident]: ...
-    def latest_incident(self, nkey: str) -> Incident | None: ...
+    def get(self, iid: str) -> Incident | None: ...  # with its count shards summed
+    def list(self, states: Iterable[State] | None = None) -> list[Incident]: ...  # likewise
+    def latest_incident(self, nkey: str) -> Incident | None: ...  # as decided, no shards
     def mutate(self, iid: str, fn: Callable[[Incident], T]) -> T: ...
     def get_node(self, key: str) -> NodeDoc | None: ...
     def put_node(self, key: str, doc: NodeDoc) -> None: ...
@@ -118,7 +158,7 @@ class Outbox(Protocol):
     def outbox_unsent(self, created_before: float) -> Iterator[OutboxEntry]: ...
 
 
-class IncidentStore(Decisions, Starts, Records, Outbox, Protocol):
+class IncidentStore(Decisions, Counts, Starts, Records, Outbox, Protocol):
     """Everything services ask of the store."""
 
     writes: int  # documents written by this process (``pitstop bench ingest``)

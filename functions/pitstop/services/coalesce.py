@@ -9,41 +9,52 @@ ago, or as this instance last wrote or merged it) absorbs it and it does not rai
 action — is only counted in memory. Such an event asks nothing of Firestore: no read, no
 write, no workflow follow-up.
 
-Buffered counts are merged into the incident at most every ``flush_interval_s`` per node, by
-a read and a write on condition that the incident is still as read (no transaction, no lock:
-many instances merging into the same incidents do not queue; the store's merge_counts), which
-re-checks the incident; if the incident stopped absorbing meanwhile (it was resolved), the
-strongest buffered event is replayed through the full path, so no fault is lost to a stale
-cache. The merge happens on the next line of that node once the interval has passed, or on the
+Buffered counts are written at most every ``flush_interval_s`` per node into the node state's own
+count shard beside the incident (services/count_shards.py): one blind write, no read, no
+transaction, so N instances counting into the same incidents never contend, and a storm's
+operations per line do not grow with the instances' merges. Reports, pages and people read the
+incident with its shards summed (the store's ``get``/``list``). Whether the incident still absorbs
+what was written is checked by a later read of it: when the store's resolved feed (one query per
+instance and timer tick) names it, at most ``VERIFY_S`` after a write otherwise, or at once when
+no timer runs; if it stopped absorbing (it was resolved), the strongest written line is replayed
+through the full path and taken out of the old shard, so no fault is lost to a stale cache. The
+write happens on the next line of that node once the interval has passed (no timer), on the
 instance's own timer (a daemon thread, :meth:`Coalescer.flush_due`), or at shutdown
-(:meth:`Coalescer.flush_all`; functions/main.py wires SIGTERM and atexit). Each merge returns
-the incident as written, which refreshes the cache without a read.
+(:meth:`Coalescer.flush_all`; functions/main.py wires SIGTERM and atexit). The cache is trusted for
+``cache_ttl_s`` after a read, and up to ``VERIFY_S`` while the timer watches the feed.
 
 Memory is bounded: at most ``max_nodes`` node states (least recently used dropped first, after
-their counts are merged; idle ones dropped after ``IDLE_S``), at most ``seen_max`` delivery
-keys, and per node at most the engine's bounds (GPUs, Xid codes, evidence, ``MAX_DELTA_KEYS``).
+their counts are written and checked; idle ones dropped after ``IDLE_S``), at most ``seen_max``
+delivery keys, and per node one shard's totals within the engine's bounds (GPUs, Xid codes,
+evidence, ``MAX_DELTA_KEYS``), so a shard document is bounded the same way.
 
 Guarantees: incident creation, raises, holds and workflow starts are exactly once (the
-transactional path with its dedup record). Event *counts* are a lower bound: an instance
-that dies without SIGTERM loses at most one interval of counts, never a decision.
+store's decision with its dedup record). Event *counts*: an instance that dies without SIGTERM
+loses at most one interval of counts (and the replay of a line written in its last interval
+into an incident resolved meanwhile), never a decision; a delivery redelivered past its ack
+deadline while its first delivery is still being answered may be counted twice (another
+instance counts the copy in memory, which checks no dedup record).
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
+import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 from pitstop.adapters import log
 from pitstop.core import alerts, engine, trust
 from pitstop.core.actions import RANK, Action
-from pitstop.core.domain import Deltas, FaultEvent, Incident
+from pitstop.core.domain import FaultEvent, Incident
 from pitstop.core.policy import Policy
+from pitstop.core.states import State
 from pitstop.core.store import IncidentStore
+from pitstop.services.count_shards import FEED_MARGIN_S, VERIFY_S, Job, NodeState, ShardWriter, slim
 
 DIRECT_LINES = 4  # an incident's first lines are committed one by one (by any instance)
 MAX_NODES = 10_000  # node states an instance keeps
@@ -52,25 +63,7 @@ IDLE_S = 600.0  # a node state untouched this long, with nothing buffered, is dr
 IDLE_TICKS = 30  # the timer thread stops after this many ticks with nothing buffered
 FLUSH_WORKERS = 8  # merges at once when everything is flushed (SIGTERM leaves an instance 10 s)
 GATE_STRIPES = 256  # per-node gates for lines that must be decided (node keys hashed onto them)
-# What the cache keeps of an incident: what engine.absorbs and the coalescing rule read, and no
-# more (an incident's 1000 recent keys times thousands of nodes would not fit an instance).
-_CACHED = ("id", "state", "action", "mode", "burst_until", "closure", "node_key", "trust")
-_CACHED_RUN = ("step", "state", "lease_until")  # of ``workflow``: enough to see a start was lost
-
-Job = tuple[str, FaultEvent, Deltas, int]  # incident id, representative, deltas, lines
-
-
-def slim(inc: Incident | None) -> dict[str, Any] | None:
-    """The cached view of an incident."""
-    if inc is None:
-        return None
-    out = {k: inc.get(k) for k in _CACHED}
-    out["evidence_room"] = engine.evidence_room(inc)  # buffered evidence past it would be dropped
-    out["events"] = int((inc.get("counts") or {}).get("events", 0))  # lines committed (DIRECT_LINES)
-    out["timeline"] = {"resolved": (inc.get("timeline") or {}).get("resolved")}
-    wf = inc.get("workflow")
-    out["workflow"] = {k: wf.get(k) for k in _CACHED_RUN} if wf else None
-    return out
+__all__ = ["DIRECT_LINES", "Coalescer", "slim"]
 
 
 def _verified(ev: FaultEvent) -> bool:
@@ -84,18 +77,7 @@ def as_view(view: Mapping[str, Any] | None) -> Incident | None:
     return cast(Incident, view) if view is not None else None
 
 
-@dataclass
-class _Node:
-    latest: dict[str, Any] | None
-    fetched_at: float
-    last_flush: float
-    touched: float
-    deltas: Deltas = field(default_factory=engine.empty_deltas)
-    representative: FaultEvent | None = None
-    buffered: int = 0
-
-
-class Coalescer:
+class Coalescer(ShardWriter):
     def __init__(
         self,
         store: IncidentStore,
@@ -107,7 +89,7 @@ class Coalescer:
         self.store, self.policy, self.clock = store, policy, clock
         self.cache_ttl = float(policy.doc["store"]["cache_ttl_s"])
         self.flush_interval = float(policy.doc["store"]["flush_interval_s"])
-        self._nodes: OrderedDict[str, _Node] = OrderedDict()
+        self._nodes: OrderedDict[str, NodeState] = OrderedDict()
         self._pending: set[str] = set()  # nodes with buffered counts
         # Delivery keys, oldest first in the deque: half the bytes of an OrderedDict per key.
         self._seen: set[str] = set()
@@ -117,7 +99,14 @@ class Coalescer:
         self._lock = threading.RLock()
         self._gates = [threading.Lock() for _ in range(GATE_STRIPES)]
         self._merged = threading.Condition(self._lock)  # notified as each detached merge finishes
-        self._inflight = 0  # counts detached by _take and not yet merged (or restored)
+        self._inflight = 0  # snapshots detached by _take and not yet written (or restored)
+        self._retry: list[Job] = []  # snapshots of shards no node state holds any more, to write again
+        self.instance = uuid.uuid4().hex[:12]  # names this instance's shards
+        self._shards = itertools.count(1)
+        self._feed_from = clock() - FEED_MARGIN_S  # the resolved feed, from a little before the start
+        self._feed_seen = float("-inf")  # when it was last looked at
+        self._feed_done: OrderedDict[tuple[str, float], None] = OrderedDict()
+        self._tick_s = max(min(self.flush_interval / 2, self.cache_ttl), 0.25)
         self._flusher: threading.Thread | None = None
         self._stop = threading.Event()
         self.coalesced = 0
@@ -162,53 +151,68 @@ class Coalescer:
                 return None
             absorbed, job = self._buffer(st, nkey, ev, key, now)
         if job is not None:
-            self._merge(nkey, job, now)
+            self._merge(job, now)
         return absorbed
 
     def _decide(self, ev: FaultEvent, key: str, nkey: str, now: float) -> engine.Outcome:
-        """Behind the node's gate: refresh the cache if it is stale, then count or commit the event."""
+        """Behind the node's gate: refresh the cache if it is stale, then count or commit the event.
+
+        A line the cache cannot count is committed only on a cache read within ``cache_ttl_s``
+        (the feed's longer trust is for counting): another instance may have raised the incident
+        or committed its first lines already, and one read costs less than a transaction.
+        """
         with self._lock:
             st = self._nodes.get(nkey)
-            fresh = st is not None and self._fresh(st, now)
+            fresh = st is not None and now - st.fetched_at < self.cache_ttl
         if not fresh:
-            latest = self.store.latest_incident(nkey)  # plain reads: no write to refresh a cache
+            latest = self._read_latest(nkey, st)  # plain reads: no write to refresh a cache
             with self._lock:
-                st, jobs = self._admit(nkey, now)
+                st, evicted = self._admit(nkey, now)
                 st.latest, st.fetched_at = slim(latest), now
                 for k in latest.get("recent_keys", []) if latest else []:
                     self._remember(k)
                 dup = key in self._seen
-            self._merge_all(jobs, now)
+            self._evict(evicted, now)
             if dup:
                 return engine.Outcome("duplicate", incident=as_view(slim(latest)))
             with self._lock:
                 absorbed, job = self._buffer(st, nkey, ev, key, now)
             if job is not None:
-                self._merge(nkey, job, now)
+                self._merge(job, now)
             if absorbed is not None:
                 return absorbed
         assert st is not None
         return self._commit(st, ev, key, now)
 
-    def _fresh(self, st: _Node, now: float) -> bool:
-        """Whether the cached incident may decide without a read.
+    def _read_latest(self, nkey: str, st: NodeState | None) -> Incident | None:
+        """The node's latest incident: one read of the cached one while it is not resolved (a
+        node's latest changes only after it is), else the node's document and its latest."""
+        cached = (st.latest if st is not None else None) or {}
+        if cached.get("id") is not None and cached.get("state") != State.RESOLVED:
+            inc = self.store.incident_as_decided(cached["id"])
+            if inc is not None and inc.get("state") != State.RESOLVED:
+                return inc
+        return self.store.latest_incident(nkey)
 
-        Read less than ``cache_ttl_s`` ago; or counts are buffered for it and the timer runs: their
-        merge reads the incident in its transaction, re-checks that it absorbs (replaying the
-        strongest buffered event if not) and refreshes this cache, so a storm costs no reads.
-        """
-        if now - st.fetched_at < self.cache_ttl:
-            return True
-        return bool(st.buffered) and self._flusher is not None and self._flusher.is_alive()
+    def _fresh(self, st: NodeState, now: float) -> bool:
+        """Whether the cached incident may decide without a read: read less than ``cache_ttl_s``
+        ago, or less than ``VERIFY_S`` ago while the resolved feed is watched (a look marks the
+        node stale when its incident is resolved)."""
+        age = now - st.fetched_at
+        return age < self.cache_ttl or (age < VERIFY_S and self._watching(now))
+
+    def _watching(self, now: float) -> bool:
+        """The resolved feed was looked at lately (by the timer, or whoever plays it: flush_due)."""
+        return now - self._feed_seen < 3 * self._tick_s
 
     def _buffer(
-        self, st: _Node, nkey: str, ev: FaultEvent, key: str, now: float
+        self, st: NodeState, nkey: str, ev: FaultEvent, key: str, now: float
     ) -> tuple[engine.Outcome | None, Job | None]:
         """Under the lock: count the event in memory if it cannot change anything (and say so)."""
         ts = float(ev.get("_observed_ts") or now)
         latest, st.touched = st.latest, now
         if alerts.is_alert(ev) and latest is not None:
-            return None, self._take(st, now)  # an alert's open or close may end or reopen an episode
+            return None, self._take(st, nkey, now)  # an alert's open or close may end or reopen an episode
         if latest is None and ev["action"] == Action.NONE and not engine.counts_toward_lemon(ev):
             self._remember(key)
             return engine.Outcome("ignored"), None
@@ -221,21 +225,28 @@ class Coalescer:
             or RANK[action] > RANK[latest["action"]]
             or engine.ends_recovery(ev, self.policy)  # may end the episode: decided in the store
             or not engine.absorbs(as_view(latest), ev, ts)
+            or (st.shard_iid != latest["id"] and st.buffered)  # the old incident's lines go first
         ):
-            return None, self._take(st, now)  # counts so far go first: the store path may change things
+            return None, self._take(st, nkey, now)  # counts so far go first: the store path may change things
+        if st.shard_iid != latest["id"]:  # a new shard for a new incident (the old one's is written)
+            st.deltas, st.shard, st.shard_iid = (
+                engine.empty_deltas(),
+                f"{self.instance}-{next(self._shards)}",
+                latest["id"],
+            )
         engine.count_into(st.deltas, ev, ts, self.policy, latest.get("evidence_room", engine.MAX_EVIDENCE))
         if st.representative is None or RANK[ev["action"]] >= RANK[st.representative["action"]]:
-            st.representative = ev.copy()
+            st.representative = ev.copy()  # the line to replay if the incident stopped absorbing
         st.buffered += 1
         self.coalesced += 1
         self._remember(key)
         self._pending.add(nkey)
         # The timer merges; a line only does when no timer runs here (it merges on the request's time).
         due = not self._ensure_timer() and now - st.last_flush >= self.flush_interval
-        job = self._take(st, now) if due else None
+        job = self._take(st, nkey, now) if due else None
         return engine.Outcome("absorbed", incident=as_view(latest), coalesced=True), job
 
-    def _commit(self, st: _Node, ev: FaultEvent, key: str, now: float) -> engine.Outcome:
+    def _commit(self, st: NodeState, ev: FaultEvent, key: str, now: float) -> engine.Outcome:
         """The full, transactional path; its answer refreshes the cache.
 
         A redelivery that arrives while this instance still applies its first delivery waits for
@@ -257,7 +268,7 @@ class Coalescer:
             with self._lock:
                 self._applying.pop(key).set()
 
-    def _apply(self, st: _Node, ev: FaultEvent, key: str, now: float) -> engine.Outcome:
+    def _apply(self, st: NodeState, ev: FaultEvent, key: str, now: float) -> engine.Outcome:
         out = self.store.apply(ev, self.policy, now)
         with self._lock:
             if out.result != "duplicate":
@@ -269,72 +280,38 @@ class Coalescer:
 
     # -- node states -----------------------------------------------------------------
 
-    def _admit(self, nkey: str, now: float) -> tuple[_Node, list[tuple[str, Job]]]:
-        """Under the lock: the node's state (new or touched), and the counts of any state it evicted."""
+    def _admit(self, nkey: str, now: float) -> tuple[NodeState, list[tuple[str, NodeState]]]:
+        """Under the lock: the node's state (new or touched), and the states it evicted."""
         st = self._nodes.get(nkey)
         if st is None:
-            st = self._nodes[nkey] = _Node(None, now, now, now)
+            st = self._nodes[nkey] = NodeState(None, now, now, now)
         self._nodes.move_to_end(nkey)
-        jobs: list[tuple[str, Job]] = []
+        evicted: list[tuple[str, NodeState]] = []
         while len(self._nodes) > self._max_nodes:
-            old_key, old = self._nodes.popitem(last=False)
-            job = self._take(old, now)
+            evicted.append(self._nodes.popitem(last=False))
+        return st, evicted
+
+    def _evict(self, evicted: list[tuple[str, NodeState]], now: float) -> None:
+        """Write and check what evicted node states still hold (nobody else would)."""
+        for old_key, old in evicted:
+            with self._lock:
+                job = self._take(old, old_key, now)
             if job is not None:
-                jobs.append((old_key, job))
-        return st, jobs
+                self._merge(job, now)
+            if old.unverified or old.replays:
+                self.verify(old_key, old, now)
 
-    def _take(self, st: _Node, now: float) -> Job | None:
-        """Under the lock: detach a node's buffered counts so they can be written outside it."""
-        st.last_flush = now
-        if not st.buffered or st.latest is None or st.representative is None:
-            return None
-        job = (st.latest["id"], st.representative, st.deltas, st.buffered)
-        self._pending.discard(engine.subject_key(st.representative))
-        st.deltas, st.representative, st.buffered = engine.empty_deltas(), None, 0
-        self._inflight += 1
+    def _take(self, st: NodeState, nkey: str, now: float) -> Job | None:
+        """Under the lock: detach a node's counted lines so they can be written outside it."""
+        job = self._snapshot(st, nkey, now)
+        if job is not None:
+            self._inflight += 1
         return job
-
-    def _restore(self, nkey: str, job: Job) -> None:
-        """A merge failed: its counts go back into the node's buffer for the next flush."""
-        _, rep, deltas, lines = job
-        with self._lock:
-            st = self._nodes.get(nkey)
-            if st is None:
-                st = self._nodes[nkey] = _Node(None, 0.0, 0.0, self.clock())
-                st.latest = {"id": job[0]}
-            engine.add_deltas(st.deltas, deltas)
-            if st.representative is None or RANK[rep["action"]] > RANK[st.representative["action"]]:
-                st.representative = rep
-            st.buffered += lines
-            self._pending.add(nkey)
-
-    def _merge(self, nkey: str, job: Job, now: float) -> None:
-        """Write one detached job (every job _take returns comes here exactly once)."""
-        iid, rep, deltas, _ = job
-        try:
-            out = self.store.merge_counts(iid, rep, deltas, self.policy, now)
-        except Exception as exc:  # Firestore trouble: keep the counts, the next flush tries again
-            log.emit("WARNING", "storm counts not merged yet", node=nkey, incident=iid, error=repr(exc)[:300])
-            self._restore(nkey, job)
-            self._done_merging()
-            return
-        with self._lock:
-            st = self._nodes.get(nkey)
-            if st is not None and out.incident is not None:
-                st.latest, st.fetched_at = slim(out.incident), self.clock()  # as of the merge
-        self._done_merging()
-        if not out.coalesced and self.on_outcome is not None:
-            self.on_outcome(out)
 
     def _done_merging(self) -> None:
         with self._lock:
             self._inflight -= 1
             self._merged.notify_all()
-
-    def _merge_all(self, jobs: list[tuple[str, Job]], now: float) -> int:
-        for nkey, job in jobs:
-            self._merge(nkey, job, now)
-        return len(jobs)
 
     # -- flushing --------------------------------------------------------------------
 
@@ -347,13 +324,17 @@ class Coalescer:
         count this instance had.
         """
         with self._lock:
-            jobs = [(k, job) for k in list(self._pending) if (job := self._take(self._nodes[k], now))]
-        self._merge_parallel(jobs, now)
+            jobs = [job for k in list(self._pending) if (job := self._take(self._nodes[k], k, now))]
+        retries = self._take_retries()
+        with self._lock:
+            self._inflight += len(retries)
+        self._merge_parallel(jobs + retries, now)
         with self._lock:
             self._merged.wait_for(lambda: self._inflight == 0, timeout=wait_s)
+        self.watch_feed(now)  # what was resolved since the last look: replayed before the instance goes
         return len(jobs)
 
-    def _merge_parallel(self, jobs: list[tuple[str, Job]], now: float) -> None:
+    def _merge_parallel(self, jobs: list[Job], now: float) -> None:
         """Merge these jobs FLUSH_WORKERS at a time, this thread among them: at interpreter exit
         (atexit) no executor takes work and Python 3.12 starts no thread, so this one merges
         whatever the others cannot."""
@@ -364,8 +345,8 @@ class Coalescer:
                 with lock:
                     if not todo:
                         return
-                    nkey, job = todo.pop()
-                self._merge(nkey, job, now)
+                    job = todo.pop()
+                self._merge(job, now)
 
         helpers: list[threading.Thread] = []
         try:
@@ -379,24 +360,41 @@ class Coalescer:
             t.join()
 
     def flush_due(self, now: float) -> int:
-        """Write the counts buffered for a flush interval or longer; drop idle node states.
+        """Look at the resolved feed, write the counts buffered for a flush interval or longer, check
+        lines written ``VERIFY_S`` ago that nothing checked since, drop idle node states.
 
-        One node at a time (taken, merged, the next): what is not merged yet stays buffered, where
+        One node at a time (taken, written, the next): what is not written yet stays buffered, where
         a shutdown's flush_all finds it, instead of being held by this thread when the instance stops.
         """
+        self.watch_feed(now)
+        for again in self._take_retries():
+            with self._lock:
+                self._inflight += 1
+            self._merge(again, now)
         with self._lock:
             due = [k for k in self._pending if now - self._nodes[k].last_flush >= self.flush_interval]
-            idle = [k for k, st in self._nodes.items() if not st.buffered and now - st.touched >= IDLE_S]
+            late = [
+                (k, st)
+                for k, st in self._nodes.items()
+                if (st.unverified and now - st.written_at >= VERIFY_S) or st.replays
+            ]
+            idle = [
+                k
+                for k, st in self._nodes.items()
+                if not st.buffered and not st.unverified and not st.replays and now - st.touched >= IDLE_S
+            ]
             for k in idle:
                 del self._nodes[k]
         merged = 0
         for k in due:
             with self._lock:
                 st = self._nodes.get(k)
-                job = self._take(st, now) if st is not None and k in self._pending else None
+                job = self._take(st, k, now) if st is not None and k in self._pending else None
             if job is not None:
-                self._merge(k, job, now)
+                self._merge(job, now)
                 merged += 1
+        for k, st in late:
+            self.verify(k, st, now)
         return merged
 
     def _ensure_timer(self) -> bool:
@@ -411,7 +409,7 @@ class Coalescer:
     def _tick(self) -> None:
         """The timer: merge due counts every interval; stop when nothing has been buffered for a while."""
         quiet = 0
-        tick = max(self.flush_interval / 2, 0.25)
+        tick = self._tick_s
         # Jittered, so that instances started together do not merge into the same incidents at once.
         while not self._stop.wait(tick * random.uniform(0.75, 1.25)):  # noqa: S311 - not a secret
             try:
@@ -436,7 +434,7 @@ class Coalescer:
         with self._lock:
             for k in [nkey] if nkey is not None else list(self._nodes):
                 st = self._nodes.get(k)
-                if st is not None and not st.buffered:
+                if st is not None and not st.buffered and not st.unverified and not st.replays:
                     del self._nodes[k]
 
     def stats(self) -> dict[str, int]:

@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -287,9 +287,9 @@ def run_storm(shape: Shape, firestore_host: str, executions: Any, endpoint: str)
             elapsed = time.perf_counter() - t0
     finally:
         reports = _stop_instances(instances, stats_dir)
-    client = firestore.Client(project=project)
-    fields = client.collection("pitstop_incidents").select(["state", "counts.events"])
-    incidents = [d.to_dict() or {} for d in fields.stream()]
+    from pitstop.adapters.firestore import IncidentStore
+
+    incidents = IncidentStore(firestore.Client(project=project)).list()  # count shards summed
     starts: dict[tuple[str, str], int] = {}  # (incident, step) -> executions created
     for name in set(executions.records) - before:
         labels = executions.records[name].labels
@@ -310,7 +310,7 @@ def _figures(
     elapsed: float,
     reports: list[dict[str, Any]],
     instances: list[_Instance],
-    incidents: list[dict[str, Any]],
+    incidents: Sequence[Mapping[str, Any]],
     starts: dict[tuple[str, str], int],
 ) -> dict[str, Any]:
     per_incident: dict[str, int] = {}
@@ -318,6 +318,10 @@ def _figures(
         per_incident[iid] = per_incident.get(iid, 0) + n
     reads, writes = sum(r["reads"] for r in reports), sum(r["writes"] for r in reports)
     counted = sum(i.get("counts", {}).get("events", 0) for i in incidents)
+    where: dict[str, int] = {}  # store operations by kind and collection, all instances together
+    for r in reports:
+        for k, n in r.get("ops_by_collection", {}).items():
+            where[k] = where.get(k, 0) + n
     return {
         "instances": shape.instances,
         "concurrency": shape.concurrency,
@@ -330,6 +334,7 @@ def _figures(
         "firestore_reads": reads,
         "firestore_writes": writes,
         "retries": sum(r["retries"] for r in reports),
+        "ops_by_collection": dict(sorted(where.items(), key=lambda kv: -kv[1])),
         "incidents": len(incidents),
         "held": sum(1 for i in incidents if i.get("state") == "HELD"),
         "workflow_starts": sum(starts.values()),

@@ -2,7 +2,8 @@
 
 Run as ``functions-framework --source functions/pitstop/tools/bench_instance.py --target ingest``
 with THREADS set to the instance's concurrency, as deploy sets it. The handler is main's,
-unchanged; before main first builds its Ingest, two things are swapped in:
+unchanged (timed: a delivery running longer than SLOW_S has its stack written to the instance's
+log); before main first builds its Ingest, two things are swapped in:
 
 - ``main._db``: the Firestore client it returns counts its billed operations (tools/firestore_ops.py);
 - the notifier: a page is counted, not published (the bench runs no Pub/Sub emulator).
@@ -18,13 +19,15 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import sys
 import threading
+import time
+import traceback
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import main
-from main import ingest  # the target functions-framework serves
 from pitstop.adapters import pubsub
 from pitstop.tools.firestore_ops import FirestoreOps
 
@@ -35,6 +38,37 @@ _ops: list[FirestoreOps] = []
 _pages = [0]
 _lock = threading.Lock()
 _shipped_db = main._db
+SLOW_S = 20.0  # a delivery running longer has its stack written to the instance's log, once
+_running: dict[int, float] = {}  # thread -> when the delivery it serves began
+_watcher: list[threading.Thread] = []
+
+
+def ingest(cloud_event: Any) -> None:
+    """main's handler, timed: a slow delivery's stack tells where a stalled run waits."""
+    tid = threading.get_ident()
+    with _lock:
+        if not _watcher:  # started in the process that serves (threads do not survive a fork)
+            _watcher.append(threading.Thread(target=_watch_slow, name="bench-slow", daemon=True))
+            _watcher[0].start()
+    _running[tid] = time.monotonic()
+    try:
+        main.ingest(cloud_event)
+    finally:
+        _running.pop(tid, None)
+
+
+def _watch_slow() -> None:
+    told: set[tuple[int, float]] = set()
+    while True:
+        time.sleep(5)
+        frames = sys._current_frames()
+        for tid, began in list(_running.items()):
+            took = time.monotonic() - began
+            if took > SLOW_S and (tid, began) not in told and tid in frames:
+                told.add((tid, began))
+                stack = "".join(traceback.format_stack(frames[tid]))
+                sys.stderr.write(f"bench: delivery running {took:.0f} s, thread {tid}:\n{stack}\n")
+                sys.stderr.flush()
 
 
 def _counted_db(project: str, env: str = "PITSTOP_FIRESTORE_DATABASE") -> Any:
@@ -65,6 +99,14 @@ def _peak_mib() -> float:
     return 0.0
 
 
+def _by_collection() -> dict[str, int]:
+    out: dict[str, int] = {}
+    for o in _ops:
+        for k, n in o.by_collection.items():
+            out[k] = out.get(k, 0) + n
+    return out
+
+
 def figures() -> dict[str, Any]:
     """What this instance did, for the bench to add up."""
     built = main._ingest.cache_info().currsize > 0
@@ -73,6 +115,7 @@ def figures() -> dict[str, Any]:
         "pid": os.getpid(),
         "reads": sum(o.reads for o in _ops),
         "writes": sum(o.writes for o in _ops),
+        "ops_by_collection": _by_collection(),
         "retries": svc.store.retries if svc is not None else 0,
         "coalesced": svc.coalescer.coalesced if svc is not None else 0,
         "coalescer": svc.coalescer.stats() if svc is not None else {},

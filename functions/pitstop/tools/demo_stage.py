@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pitstop.local import inject, realtime
 from pitstop.local.gke_drive import Gangs
@@ -124,9 +124,11 @@ class Stage(inject.Driver):
     # -- what comes out ------------------------------------------------------------------------
 
     def incidents(self, node: str) -> list[dict[str, Any]]:
-        docs = [d.to_dict() for d in self.db.collection("pitstop_incidents").stream()]
-        mine = (d for d in docs if d and (d.get("node") or {}).get("instance") == node)  # a hang's: no node
-        return sorted(mine, key=lambda d: d["created_at"])
+        from pitstop.adapters.firestore import IncidentStore
+
+        # oldest first, with storm counts' shards summed; the demo reads them as JSON
+        docs = [cast(dict[str, Any], d) for d in IncidentStore(self.db).list()]
+        return [d for d in docs if (d.get("node") or {}).get("instance") == node]  # a hang's: no node
 
     def wait(self, cond: Callable[[], Any], timeout: float, what: str) -> Any:
         try:

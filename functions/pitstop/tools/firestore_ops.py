@@ -12,11 +12,19 @@ from collections.abc import Iterator
 from typing import Any
 
 
+def collection_of(name: str) -> str:
+    """The collection a document path names (its innermost: ``.../incidents/X/counts/Y`` is
+    ``counts``), so the bench can say where a storm's operations go."""
+    parts = name.split("/documents/", 1)[-1].split("/")
+    return parts[-2] if len(parts) >= 2 else parts[0]
+
+
 class FirestoreOps:
     """Counts billed document reads and writes at the client's API (every path: store, cache, sweep)."""
 
     def __init__(self, client: Any) -> None:
         self.reads = self.writes = 0
+        self.by_collection: dict[str, int] = {}  # "read:<collection>" / "write:<collection>" -> ops
         self._lock = threading.Lock()
         api = client._firestore_api  # the GAPIC client every Firestore call goes through
         get, commit, query = api.batch_get_documents, api.commit, api.run_query
@@ -24,25 +32,31 @@ class FirestoreOps:
         def counted_get(*a: Any, **kw: Any) -> Iterator[Any]:
             for resp in get(*a, **kw):
                 if resp.found or resp.missing:
-                    self._add(reads=1)
+                    self._add(reads=1, where=f"read:{collection_of(resp.found.name or resp.missing)}")
                 yield resp
 
         def counted_query(*a: Any, **kw: Any) -> Iterator[Any]:
             docs = 0
+            request = kw.get("request") or (a[0] if a else {})
+            q = request.get("structured_query") if isinstance(request, dict) else request.structured_query
+            frm = q.get("from_", []) if isinstance(q, dict) else getattr(q, "from_", [])
+            where = "query:" + ",".join(getattr(f, "collection_id", "?") for f in frm)
             for resp in query(*a, **kw):
                 docs += bool(resp.document)
                 yield resp
-            self._add(reads=max(docs, 1))  # a query is billed at least one read
+            self._add(reads=max(docs, 1), where=where)  # a query is billed at least one read
 
         def counted_commit(*a: Any, **kw: Any) -> Any:
             request = kw.get("request") or (a[0] if a else {})
             writes = request.get("writes") if isinstance(request, dict) else request.writes
-            self._add(writes=len(writes or ()))
+            for w in writes or ():
+                self._add(writes=1, where=f"write:{collection_of(w.update.name or w.delete)}")
             return commit(*a, **kw)
 
         api.batch_get_documents, api.commit, api.run_query = counted_get, counted_commit, counted_query
 
-    def _add(self, reads: int = 0, writes: int = 0) -> None:
+    def _add(self, reads: int = 0, writes: int = 0, where: str = "") -> None:
         with self._lock:
             self.reads += reads
             self.writes += writes
+            self.by_collection[where] = self.by_collection.get(where, 0) + reads + writes
