@@ -19,10 +19,16 @@ import datetime as dt
 import time
 from typing import Any, cast
 
+from google.api_core.retry import Retry
 from google.cloud import firestore
 
 from pitstop.core.domain import CountShard, Incident, Resolution
 from pitstop.core.store import resolution, with_shards
+
+# The feed is read on every tick and once more at shutdown, where Cloud Run allows 10 s after SIGTERM:
+# a look that cannot finish in a few seconds is skipped (the next tick, or the cache's TTL, covers
+# it) rather than retried for the client's default 300 s, which held a stopping process that long.
+FEED_TIMEOUT_S = 5.0
 
 
 class CountShards:
@@ -47,7 +53,9 @@ class CountShards:
 
     def resolved_since(self, since: float) -> list[Resolution]:
         q = self.resolved.where(filter=firestore.FieldFilter("at", ">=", since))
-        docs: list[Resolution | None] = [s.to_dict() for s in q.stream()]  # the edge, untyped
+        bounded = Retry(initial=0.1, maximum=1.0, timeout=FEED_TIMEOUT_S)
+        stream = q.stream(retry=bounded, timeout=FEED_TIMEOUT_S)
+        docs: list[Resolution | None] = [s.to_dict() for s in stream]  # the edge, untyped
         return [d for d in docs if d]
 
     def _summed(self, inc: Incident) -> Incident:
