@@ -15,8 +15,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from pitstop.adapters.firestore import IncidentStore
 from pitstop.local import inject, realtime
 from pitstop.local.gke_drive import Gangs
 from pitstop.local.gke_stack import wait_for
@@ -115,9 +116,12 @@ class StackPipeline(inject.Driver):
         return wait_for(cond, timeout, what)
 
     def incidents(self, node: str) -> list[dict[str, Any]]:
-        """The node's incidents, oldest first (a hung job's incident names no node)."""
+        """The node's incidents, oldest first (a hung job's incident names no node), read through the
+        store so that storm counts' per-instance shards are summed as Pitstop reads them."""
         docs = (d.to_dict() or {} for d in self.db.collection("pitstop_incidents").stream())
-        mine = (d for d in docs if d and (d.get("node") or {}).get("instance") == node)
+        ids = [d["id"] for d in docs if d and (d.get("node") or {}).get("instance") == node]
+        store = IncidentStore(self.db)
+        mine = [cast(dict[str, Any], inc) for inc in map(store.get, ids) if inc is not None]
         return sorted(mine, key=lambda d: d["created_at"])
 
     def finished(self, node: str, timeout: float = 90.0) -> dict[str, Any]:

@@ -552,6 +552,18 @@ def test_close_by_person_takes_open_held_and_failed_but_not_a_running_step() -> 
         assert (got.result == "closed") is ok, (state, started)
 
 
+def test_the_other_bucket_takes_no_names_room_whatever_the_order() -> None:
+    """Summed count shards may bring OTHER before a table is full: it still names as many as one
+    merge would, and stays bounded (the 10,000-GPU forgery test saw 31 named after the shards)."""
+    table: dict[str, int] = {engine.OTHER: 5}
+    for i in range(engine.MAX_GPUS + 10):
+        key = engine.bounded_key(table, f"gpu-{i}", engine.MAX_GPUS)
+        table[key] = table.get(key, 0) + 1
+    assert len(table) == engine.MAX_GPUS + 1 and table[engine.OTHER] == 5 + 10
+    assert engine.bounded_key(table, engine.OTHER, engine.MAX_GPUS) == engine.OTHER
+    assert engine.bounded_key({}, engine.OTHER, 0) == engine.OTHER  # never a name
+
+
 def test_an_incident_counts_at_most_32_gpus_and_32_xid_codes_by_name() -> None:
     w = World(pol())
     base = ev(XID79)

@@ -260,10 +260,13 @@ def remember_keys(inc: Counted, keys: list[str], limit: int = MAX_RECENT_KEYS) -
 
 
 def bounded_key(table: Mapping[str, object], key: str, limit: int) -> str:
-    """``key`` if the table already has it or has room for it; else the shared OTHER bucket."""
-    if key in table or len(table) < limit:
+    """``key`` if the table already has it or has room for it (``limit`` keys by name); else the
+    shared OTHER bucket. OTHER takes no name's room: summed count shards may bring it before the
+    table is full, and the sum must name as many as one merge in any order would."""
+    if key in table or key == OTHER:
         return key
-    return OTHER
+    named = len(table) - (OTHER in table)
+    return key if named < limit else OTHER
 
 
 def _xid_key(ev: FaultEvent) -> str:
