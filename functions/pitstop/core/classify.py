@@ -21,6 +21,7 @@ from pitstop.core.catalog import (
     default_system_events,
     default_xid_policy,
 )
+from pitstop.core.domain import XidDetail
 from pitstop.core.envelope import Delivery, unwrap
 from pitstop.core.parse import INTERNAL_ERROR, Event, clean, invalid, new_event, new_source, parse_entry
 from pitstop.core.xid_line import MAX_LINE, Anomalies
@@ -68,7 +69,7 @@ class Classifier:
         detail = ev["detail"]
         xid = cast(int, ev["xid"])  # a gpu_xid event names its code (core/parse.py)
         rule = self.xids.rule(xid)
-        d = self.xids.decide(xid, detail)
+        d = self.xids.decide(xid, cast(XidDetail, detail))  # a gpu_xid event's facts (core/parse.py)
         ev["action"], ev["reason"] = d.action, d.reason
         detail["xid_name"] = rule.name
         if rule.app_fault:

@@ -25,12 +25,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 from pitstop.core import diagnose as diag
 from pitstop.core import resources
 from pitstop.core.actions import Action
 from pitstop.core.domain import Measurement
+from pitstop.core.policy_types import DegradedDoc, PromSymptomDoc, XidPolicyDoc
 
 KIND = "degraded"
 Verdict = Literal["move", "gang_wide", "cleared"]
@@ -75,7 +76,7 @@ class PromRule:
     per_s: float = 1.0
 
 
-def _prom_rule(name: str, r: Mapping[str, Any], node_label: str) -> PromRule:
+def _prom_rule(name: str, r: PromSymptomDoc, node_label: str) -> PromRule:
     reduce = str(r["reduce"])
     if reduce not in ("bits_share", "increase", "rate"):
         raise ValueError(f"degraded.prometheus.{name}.reduce: unknown reduction {reduce!r}")
@@ -101,7 +102,7 @@ class DegradedPolicy:
     sources: Mapping[str, str] = field(default_factory=dict)  # scheduler -> where its nodes' DCGM lives
 
     @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> DegradedPolicy:
+    def from_doc(cls, doc: DegradedDoc) -> DegradedPolicy:
         rules = {
             name: SymptomRule(
                 name,
@@ -115,9 +116,9 @@ class DegradedPolicy:
             )
             for name, r in doc["symptoms"].items()
         }
-        prom = doc.get("prometheus") or {}
-        label = str(prom.get("node_label") or "Hostname")
-        proms = {n: _prom_rule(n, r, label) for n, r in (prom.get("symptoms") or {}).items()}
+        prom = doc.get("prometheus")
+        label = str((prom["node_label"] if prom else None) or "Hostname")
+        proms = {n: _prom_rule(n, r, label) for n, r in (prom["symptoms"] if prom else {}).items()}
         return cls(float(doc["gang_wide_share"]), rules, proms, dict(doc.get("sources") or {}))
 
     def rule(self, symptom: Any) -> SymptomRule | None:
@@ -150,7 +151,7 @@ class Telemetry(Protocol):
 def default_policy() -> DegradedPolicy:
     """The ``degraded`` section of the XID policy, validated by its schema."""
     doc = resources.load_yaml(resources.schema_dir() / "xid-policy.yaml", "xid-policy.schema.json")
-    return DegradedPolicy.from_doc(doc["degraded"])
+    return DegradedPolicy.from_doc(cast(XidPolicyDoc, doc)["degraded"])  # the schema checked it
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import copy
 import hashlib
 import sys
 from collections import ChainMap
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast, get_args
 
@@ -369,7 +369,7 @@ def escalate(proposed: str, d: Decision, kind: str | None = None) -> tuple[str, 
     if repeated is not None and RANK[repeated[0]] > RANK[action]:
         action, reason = repeated
         why.append(reason)
-    steps: list[str] = policy.doc["ladder"]["steps"]
+    steps: Sequence[str] = policy.doc["ladder"]["steps"]
     window = policy.doc["ladder"]["window_h"] * 3600
     last = max((r for r in history if now - r["at"] <= window), key=lambda r: r["at"], default=None)
     if last is not None and last["action"] in steps and action in steps:

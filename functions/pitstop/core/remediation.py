@@ -22,6 +22,7 @@ from pitstop.core.domain import (
     JobRestarts,
     Measurement,
     Notice,
+    NotifiedIncident,
     Unfenced,
     Vm,
     VmBefore,
@@ -369,7 +370,7 @@ def notification(inc: Incident, severity: str, text: str, **extra: Any) -> Notic
         "kind": "incident",
         "severity": severity,
         "summary": text,
-        "incident": {k: inc.get(k) for k in NOTIFIED_FIELDS},
+        "incident": cast(NotifiedIncident, {k: inc.get(k) for k in NOTIFIED_FIELDS}),  # its keys, all
         "durations_s": durations(inc),
         "resume_s": resume_s(inc),
         "repair_s": repair_s(inc),

@@ -246,9 +246,9 @@ def _not_hung(s: Step, state: JobState) -> dict[str, Any]:
 def _node_ref(s: Step, node: str) -> NodeRef | None:
     """The culprit's VM (its zone from the cluster's configuration; its id from Compute)."""
     cluster = s.deps.policy.cluster_named(str(s.inc.get("cluster") or ""))
-    raw = cluster.raw if cluster is not None else {}
-    zones = (raw.get("match") or {}).get("zones") or []
-    zone = (raw.get("mig") or {}).get("zone") or (zones[0] if len(zones) == 1 else None)
+    zones = (cluster.match.get("zones") if cluster else None) or []
+    mig = cluster.raw.get("mig") if cluster else None
+    zone = (mig["zone"] if mig else None) or (zones[0] if len(zones) == 1 else None)
     job = s.inc.get("job")
     project = str((job.get("project") if job else None) or "")
     if not zone or not project:
