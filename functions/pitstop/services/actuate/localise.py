@@ -50,7 +50,7 @@ def _start(
     if not isinstance(saved, dict):
         s.save({"check": dict(spec), **({"seen": seen} if seen is not None else {})})
         saved = dict(spec)
-    started = sched.start_gang_check(_job(s), saved, s.ref)
+    started = sched.start_gang_check(_job(s), cast(GangCheckSpec, saved), s.ref)  # as saved
     out = {
         "run": bool(started.nodes),
         "check": saved,
@@ -102,9 +102,8 @@ def _result(s: Step, op: Op) -> CheckRun | None:
     if not rec.get("run") or sched is None:
         return None
     nodes = rec.get("nodes") or s.recorded(Op.LOCALISE).get("nodes") or []
-    return cast(
-        CheckRun, asdict(sched.gang_check_result(_job(s), {**rec["check"], "nodes": nodes}, s.ref))
-    )  # CheckResult's fields
+    check = cast(GangCheckSpec, {**rec["check"], "nodes": nodes})  # as saved, on the nodes found
+    return cast(CheckRun, asdict(sched.gang_check_result(_job(s), check, s.ref)))  # CheckResult's fields
 
 
 def _final(s: Step, op: Op) -> CheckRun | None:
