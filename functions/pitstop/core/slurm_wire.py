@@ -13,11 +13,13 @@ import re
 from collections.abc import Mapping
 from typing import Any, NotRequired, TypedDict
 
+from pitstop.core.domain import JsonObject
+
 
 class Command(TypedDict):
     id: str
     op: str
-    args: dict[str, Any]
+    args: JsonObject  # the op's own arguments, free-form on the wire: the agent checks each one
     issued_at: float
     deadline: float
 
