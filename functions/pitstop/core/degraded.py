@@ -30,7 +30,7 @@ from typing import Any, Literal, Protocol, cast
 from pitstop.core import diagnose as diag
 from pitstop.core import resources
 from pitstop.core.actions import Action
-from pitstop.core.domain import Measurement
+from pitstop.core.domain import Incident, Measurement, NodeRef, Resume, Timeline
 from pitstop.core.policy_types import DegradedDoc, PromSymptomDoc, XidPolicyDoc
 
 KIND = "degraded"
@@ -183,7 +183,7 @@ class PeerVerdict:
         }
 
 
-def symptom_of(inc: Mapping[str, Any]) -> str | None:
+def symptom_of(inc: Incident) -> str | None:
     """The symptom of a degraded incident's first alert that named one (throttle, ecc, ...)."""
     for ref in inc.get("alerts") or ():
         if isinstance(ref, Mapping) and isinstance(ref.get("symptom"), str):
@@ -252,30 +252,32 @@ def repair(rule: SymptomRule | None, finding: bool | None, why: str) -> tuple[st
     return otherwise, f"no hardware finding ({why}): {otherwise}, then validation decides"
 
 
-def stood_down(inc: Mapping[str, Any]) -> str | None:
+def stood_down(inc: Incident) -> str | None:
     """``gang_wide`` or ``cleared`` when the comparison decided against a move; None otherwise."""
-    rec = inc.get("corroboration") or {}
+    rec: Measurement = inc.get("corroboration") or {}
     if inc.get("kind") != KIND or rec.get("kind") != "peers" or rec.get("confirmed"):
         return None
     return str(rec.get("verdict") or "cleared")
 
 
-def close_note(inc: Mapping[str, Any]) -> tuple[str, str] | None:
+def close_note(inc: Incident) -> tuple[str, str] | None:
     """A degraded incident's closing words and their severity (None: not a degraded incident).
 
     No move: why (a gang-wide cause is a page: a person checks what the nodes share). A move: the
     gang onto spares at its checkpoint, or, with no spare, what it waited for instead.
     """
-    if inc.get("kind") != KIND or not (inc.get("timeline") or {}).get("fenced"):
+    timeline: Timeline = inc.get("timeline") or {}
+    if inc.get("kind") != KIND or not timeline.get("fenced"):
         return None  # not a degraded node's move (or one that never began): the usual words
-    node = inc["node"]["instance"]
-    why = str((inc.get("corroboration") or {}).get("why") or "")
+    node = cast(NodeRef, inc["node"])["instance"]  # a degraded episode is a node's
+    rec: Measurement = inc.get("corroboration") or {}
+    why = str(rec.get("why") or "")
     verdict = stood_down(inc)
     if verdict == "gang_wide":
         return f"{node}: degraded alert, NOT moved: {why}. A person checks what the nodes share.", "critical"
     if verdict is not None:
         return f"{node}: degraded alert, not moved: {why}.", "info"
-    resume = inc.get("resume") or {}
+    resume: Resume = inc.get("resume") or {}
     moved = [r["job"] for r in resume.get("requeued") or [] if isinstance(r, Mapping)]
     if resume.get("mode") == "early" and moved:
         how = f"planned move: job {', '.join(moved)} checkpointed and moved onto spares at that checkpoint"

@@ -75,9 +75,7 @@ class FaultEvent(TypedDict):
     observed_at: str | None
     source: Source
     reason: str
-    # kind-specific (XidDetail, SxidDetail, SystemEventDetail, AlertEventDetail, ...), validated by
-    # the schema's ``detail`` properties; free-form here because each reader narrows it by ``kind``
-    detail: JsonObject
+    detail: EventDetail  # kind-specific, validated by the schema's ``detail`` properties
     job: NotRequired[JobRef]
     _observed_ts: NotRequired[float]
 
@@ -141,6 +139,19 @@ class SystemEventDetail(TypedDict, total=False):
     window_start: str | None
     window_end: str | None
     completed: bool
+
+
+class EventDetail(XidDetail, SxidDetail, SystemEventDetail, total=False):
+    """An event's ``detail`` (schemas/fault_event.schema.json): each kind's own facts (an Xid
+    line's, an SXid line's, a system event's, an alert's), and what classify adds to them."""
+
+    xid_name: str  # the Xid's rule name (xid-policy.yaml)
+    app_fault: bool
+    decoded: bool  # a decode table decided the action (False: the code's own rule did)
+    counts_toward_lemon: bool  # a non-fatal SXid episode counts toward the node's lemon tally
+    alert: AlertDetail  # a Monitoring notification (core/alerts.py)
+    hang_incident: str  # a culprit's own incident: the hung job's episode it came from (core/localise.py)
+    job: str | None  # ... and that job
 
 
 @final
