@@ -24,7 +24,7 @@ class Delivery(NamedTuple):
     A NamedTuple, not a frozen dataclass: one is made per delivery, and a frozen dataclass's
     ``__init__`` (``object.__setattr__`` per field) costs several times a tuple's."""
 
-    entry: dict[str, Any] | None
+    entry: dict[str, object] | None  # a LogEntry or a notification, unchecked: read field by field
     message_id: str | None = None
     publish_time: str | None = None
     error: str | None = None

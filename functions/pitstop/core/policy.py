@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import yaml
 
@@ -28,13 +28,14 @@ from pitstop.core.policy_types import (
 _MIG_MEMBER = re.compile(r"-[a-z0-9]{4}$")
 
 
-def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> JsonObject:
+def deep_merge(base: Mapping[str, object], over: Mapping[str, object]) -> JsonObject:
     """Maps merge key by key; lists and scalars from ``over`` replace. Free-form: it runs on
-    YAML before the schema checked it."""
+    YAML before a schema checked it."""
     out = dict(base)
     for k, v in over.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            out[k] = deep_merge(out[k], v)
+        mine = out.get(k)
+        if isinstance(v, Mapping) and isinstance(mine, Mapping):
+            out[k] = deep_merge(mine, v)
         else:
             out[k] = v
     return out
@@ -156,7 +157,7 @@ class Policy:
         return self.doc["localise"].copy()  # the defaults always carry it
 
 
-def from_doc(user: Mapping[str, Any] | None, where: str = "policy") -> Policy:
+def from_doc(user: Mapping[str, object] | None, where: str = "policy") -> Policy:
     """The policy from ``user`` (policy.yaml as parsed: free-form until the schema checked it)."""
     defaults = resources.load_yaml(resources.schema_dir() / "policy.defaults.yaml", "policy.schema.json")
     if user is not None and not isinstance(user, Mapping):

@@ -285,7 +285,7 @@ def measured(doc: Incident, record: Measurement, step: int) -> list[Measurement]
     return [*kept, latest][-checks.MAX_MEASURED :]
 
 
-def failure(extra: Mapping[str, Any]) -> tuple[str, str]:
+def failure(extra: Mapping[str, object]) -> tuple[str, str]:
     """The stage that failed and one line saying how, from the workflow's error map."""
     stage = str(extra.get("stage", "?"))
     err = extra.get("error")
