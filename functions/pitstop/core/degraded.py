@@ -121,7 +121,7 @@ class DegradedPolicy:
         proms = {n: _prom_rule(n, r, label) for n, r in (prom["symptoms"] if prom else {}).items()}
         return cls(float(doc["gang_wide_share"]), rules, proms, dict(doc.get("sources") or {}))
 
-    def rule(self, symptom: Any) -> SymptomRule | None:
+    def rule(self, symptom: object) -> SymptomRule | None:
         return self.symptoms.get(symptom) if isinstance(symptom, str) else None
 
     def source(self, scheduler: str | None) -> str:
@@ -129,7 +129,7 @@ class DegradedPolicy:
         the Ops Agent's DCGM metrics) unless the policy names another for its scheduler."""
         return self.sources.get(scheduler or "", "monitoring")
 
-    def line(self, symptom: Any, source: str) -> SymptomRule | PromRule | None:
+    def line(self, symptom: object, source: str) -> SymptomRule | PromRule | None:
         """The comparison rule for a symptom read from ``source`` (None: the alert stands alone)."""
         if source == "prometheus":
             return self.prometheus.get(symptom) if isinstance(symptom, str) else None

@@ -13,8 +13,6 @@ import re
 from collections.abc import Mapping
 from typing import NotRequired, TypedDict
 
-from pitstop.core.domain import JsonObject
-
 # A notification as the notify function reads it back from Pub/Sub: a core/domain.Notice, or a page
 # (services/outbox.page_notification). Read as an object map: each field is narrowed where read.
 Notification = Mapping[str, object]
@@ -74,8 +72,24 @@ def text_lines(n: Notification) -> list[str]:
     return lines
 
 
-def render(n: Notification, fmt: str) -> JsonObject:
-    """A chat webhook's body (free-form: posted as it is, never read back)."""
+class SlackText(TypedDict):
+    type: str  # mrkdwn
+    text: str
+
+
+class SlackBlock(TypedDict):
+    type: str  # section
+    text: SlackText
+
+
+class ChatBody(TypedDict):
+    """An incoming webhook's body: Google Chat reads ``text``; Slack shows ``blocks`` when present."""
+
+    text: str
+    blocks: NotRequired[list[SlackBlock]]
+
+
+def render(n: Notification, fmt: str) -> ChatBody:
     """A chat webhook's body: Google Chat (``chat``) or Slack (``slack``, mrkdwn escaped)."""
     text = "\n".join(text_lines(n))
     if fmt == "slack":

@@ -103,7 +103,7 @@ _HOST_TERM = re.compile(r"([A-Za-z0-9._-]*)(?:\[([0-9,-]{1,200})\])?([A-Za-z0-9.
 MAX_HOSTS = 4096
 
 
-def expand_hostlist(text: Any) -> tuple[str, ...]:
+def expand_hostlist(text: object) -> tuple[str, ...]:
     """The host names of a Slurm host list, in order; () for anything that is not one (bounded)."""
     if not isinstance(text, str) or not text or text == "(null)":
         return ()

@@ -318,7 +318,7 @@ def _messages(result: Mapping[str, object]) -> list[str]:
     return out
 
 
-def _status(word: Any) -> str:
+def _status(word: object) -> str:
     return _STATUS.get(word.strip().lower(), "unknown") if isinstance(word, str) else "unknown"
 
 
