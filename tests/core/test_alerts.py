@@ -114,7 +114,7 @@ def test_a_real_closed_notification_asks_for_nothing_and_is_dated_by_its_end() -
     assert ev["detail"]["alert"]["state"] == "closed"
     assert ev["detail"]["alert"]["ended_at"] == 1746178747.0
     assert ev["observed_at"] == "2025-05-02T09:39:07Z"
-    assert ev["detail"]["alert"]["observed_value"].startswith("Incident cancelled")  # text, kept as text
+    assert str(ev["detail"]["alert"]["observed_value"]).startswith("Incident cancelled")  # text, kept as text
     assert ev["source"]["insert_id"] == "0.nrwo9fe1a4wg/closed"
     assert "closed on" in ev["reason"]
 

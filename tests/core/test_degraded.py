@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from pitstop.core import degraded
+from pitstop.core.domain import Incident
 from pitstop.core.resources import DataFileError, load_yaml, schema_dir
 from pitstop.core.slurm_wire import expand_hostlist
 
@@ -102,7 +103,7 @@ def test_the_repair_follows_the_finding(
 # -- what the incident says when it closes ----------------------------------------------------
 
 
-def _inc(**over: Any) -> dict[str, Any]:
+def _inc(**over: Any) -> Incident:
     base = {
         "kind": "degraded",
         "node": {"instance": "a3-node-009"},
@@ -110,7 +111,7 @@ def _inc(**over: Any) -> dict[str, Any]:
         "reason": "r",
         "timeline": {"fenced": 1.0},
     }
-    return {**base, **over}
+    return cast(Incident, {**base, **over})  # the fields close_note reads
 
 
 def test_closing_words_for_each_outcome() -> None:
@@ -125,14 +126,14 @@ def test_closing_words_for_each_outcome() -> None:
     assert sev == "warning" and "moved onto spares" in text and "job 7" in text
     waited = _inc(resume={"mode": "after_repair", "requeued": [], "waiting": [{"job": "7", "why": "x"}]})
     assert "NO SPARE" in (degraded.close_note(waited) or ("", ""))[0]
-    assert degraded.close_note({"kind": "gpu_xid", "node": {"instance": "n"}}) is None
+    assert degraded.close_note(cast(Incident, {"kind": "gpu_xid", "node": {"instance": "n"}})) is None
     assert degraded.close_note(_inc(timeline={})) is None  # never fenced: nothing moved, the usual words
     assert degraded.stood_down(moved) is None and degraded.stood_down(gang) == "gang_wide"
 
 
 def test_the_symptom_comes_from_the_incidents_alerts() -> None:
-    assert degraded.symptom_of({"alerts": [{"symptom": None}, {"symptom": "ecc"}]}) == "ecc"
-    assert degraded.symptom_of({}) is None
+    assert degraded.symptom_of(cast(Incident, {"alerts": [{"symptom": None}, {"symptom": "ecc"}]})) == "ecc"
+    assert degraded.symptom_of(cast(Incident, {})) is None
 
 
 def test_peers_are_every_other_node_of_the_jobs_once() -> None:

@@ -21,6 +21,7 @@ from pitstop.core.diagnose import (
     parse_nvlink_status,
     pci_key,
 )
+from pitstop.core.domain import EvidenceGpu
 from pitstop.core.validation import DcgmResult, parse_dcgm_diag
 
 FIX = Path(__file__).parents[1] / "fixtures" / "validation"
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_SMI = (FIX / "nvidia_smi_q_a100_row_remap_pending.txt").read_text()
 SAMPLE_NVLINK = (FIX / "nvidia_smi_nvlink_status_h100.txt").read_text()
 DCGM_PASS = parse_dcgm_diag((FIX / "dcgmi_diag_v3_pass_8gpu.txt").read_text())
-EVIDENCE = {"xid": 79, "gpu": {"pci": "0000:0b:00"}}  # as core.xid_line normalises a PCI id
+EVIDENCE: EvidenceGpu = {"gpu": {"pci": "0000:0b:00"}}  # as core.xid_line normalises a PCI id
 # The message nvidia-smi prints for a GPU that fell off the bus (quoted in many public notes).
 LOST = (
     "Unable to determine the device handle for GPU 0000:05:00.0: GPU is lost.  "

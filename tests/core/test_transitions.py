@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import cast
 
 import pytest
 
 from pitstop.core import lifecycle
+from pitstop.core.domain import Incident
 from pitstop.core.states import State
 
 
-def _inc(state: State) -> dict[str, Any]:
-    return {"id": "iabcdefghi", "state": state}
+def _inc(state: State) -> Incident:
+    return cast(Incident, {"id": "iabcdefghi", "state": state})  # the fields a move reads
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,8 @@ def test_a_silent_heartbeat_opens_the_hang_alert_once_and_the_next_beat_closes_i
     assert opened["source"]["trust"] == "verified"
     assert (closed["kind"], closed["action"]) == ("hang", "NONE")
     assert closed["detail"]["alert"]["incident_id"] == opened["detail"]["alert"]["incident_id"]
-    assert closed["detail"]["alert"]["ended_at"] - opened["detail"]["alert"]["started_at"] == 30
+    ended, started = closed["detail"]["alert"]["ended_at"], opened["detail"]["alert"]["started_at"]
+    assert ended is not None and started is not None and ended - started == 30
 
 
 def test_a_throttled_gpu_opens_the_degraded_alert_after_the_policy_window_and_healing_closes_it() -> None:

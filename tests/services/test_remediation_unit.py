@@ -383,9 +383,10 @@ def test_a_job_restarted_past_its_disruption_budget_is_held_for_a_person(rig: Ri
     Past budgets.job_restarts (gang restarts per job per window) the job is not requeued and a
     person is paged; the node's own repair goes on."""
     wide = {"max_nodes": 8, "max_percent": 100}
-    budgets = {**rig.policy.doc["budgets"], "cluster": wide, "zone": wide, "block": wide}  # one block
-    doc = {**rig.policy.doc, "budgets": budgets}
-    doc["budgets"]["job_restarts"] = {"max": 2, "window_s": 3600}
+    restarts = {"max": 2, "window_s": 3600}
+    budgets = {**rig.policy.doc["budgets"], "cluster": wide, "zone": wide, "block": wide}
+    budgets["job_restarts"] = restarts
+    doc = {**rig.policy.doc, "budgets": budgets}  # one block
     rig.policy = rig.actuator.deps.policy = policy.from_doc(doc)
     nodes = [f"a3-node-00{n}" for n in range(1, 5)]
     for n in nodes:

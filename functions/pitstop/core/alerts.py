@@ -41,7 +41,6 @@ import datetime as dt
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
 
 from pitstop.core import names, trust
 from pitstop.core.actions import Action
@@ -74,18 +73,18 @@ _INCIDENT_ID = re.compile(r"[0-9a-z][0-9a-z._-]{0,63}", re.ASCII)
 _LABEL_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}", re.ASCII)
 
 
-def topic_of(source: Any) -> tuple[str, str] | None:
+def topic_of(source: object) -> tuple[str, str] | None:
     """(project, topic) of a CloudEvent ``source`` or a topic path; None for anything else."""
     m = _TOPIC.fullmatch(source) if isinstance(source, str) else None
     return (m.group(1), m.group(2)) if m else None
 
 
-def looks_like_notification(doc: Mapping[str, Any]) -> bool:
+def looks_like_notification(doc: Mapping[str, object]) -> bool:
     """A document shaped like a Monitoring notification (whatever topic it came on)."""
     return isinstance(doc.get("incident"), Mapping) and "version" in doc and "logName" not in doc
 
 
-def _epoch(v: Any) -> float | None:
+def _epoch(v: object) -> float | None:
     """Monitoring's epoch seconds (an integer; a numeric string is tolerated), 1971-9998 only."""
     if isinstance(v, bool) or not isinstance(v, int | float | str):
         return None
@@ -100,7 +99,7 @@ def _rfc3339(t: float) -> str:
     return dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _labels(v: Any) -> dict[str, str]:
+def _labels(v: object) -> dict[str, str]:
     """A label map, bounded: string keys and values only, at most MAX_LABELS of them."""
     out: dict[str, str] = {}
     for k, val in v.items() if isinstance(v, Mapping) else ():
@@ -111,7 +110,7 @@ def _labels(v: Any) -> dict[str, str]:
     return out
 
 
-def _typed(v: Any) -> tuple[str | None, dict[str, str]]:
+def _typed(v: object) -> tuple[str | None, dict[str, str]]:
     """(type, labels) of the notification's ``metric`` or ``resource`` object."""
     if not isinstance(v, Mapping):
         return None, {}
@@ -120,7 +119,7 @@ def _typed(v: Any) -> tuple[str | None, dict[str, str]]:
 
 
 def provenance_problem(
-    topic: tuple[str, str] | None, alerts_topic: str, inc: Mapping[str, Any]
+    topic: tuple[str, str] | None, alerts_topic: str, inc: Mapping[str, object]
 ) -> str | None:
     """Why a notification is not Monitoring's own for this deployment; None when it is."""
     if topic is None or topic[1] != alerts_topic:
@@ -141,7 +140,7 @@ def provenance_problem(
     return None
 
 
-def _source(inc: Mapping[str, Any], delivery: Delivery | None, state: str) -> Source:
+def _source(inc: Mapping[str, object], delivery: Delivery | None, state: str) -> Source:
     """Identity of the notification: one alert incident's one state change (a repeat is a duplicate)."""
     cond = inc.get("condition")
     name = cond.get("name") if isinstance(cond, Mapping) else None
@@ -159,7 +158,9 @@ def _label(labels: Mapping[str, str], name: str) -> str | None:
     return next((v for k, v in labels.items() if k.lower() == name.lower()), None)
 
 
-def _job(inc: Mapping[str, Any], labels: dict[str, str], policy: dict[str, str]) -> tuple[JobRef | None, str]:
+def _job(
+    inc: Mapping[str, object], labels: dict[str, str], policy: dict[str, str]
+) -> tuple[JobRef | None, str]:
     """The hung job: the metric label the policy names, the cluster label (or the policy's cluster)."""
     _, res = _typed(inc.get("resource"))
     job_label = policy.get(JOB_LABEL, "job")
@@ -177,7 +178,7 @@ def _job(inc: Mapping[str, Any], labels: dict[str, str], policy: dict[str, str])
 
 
 def _node(
-    inc: Mapping[str, Any], labels: dict[str, str], policy: dict[str, str]
+    inc: Mapping[str, object], labels: dict[str, str], policy: dict[str, str]
 ) -> tuple[NodeRef | None, str]:
     """The degraded node, named as parse.identify_node reads a LogEntry's resource (same checks)."""
     res_type, typed = _typed(inc.get("resource"))
@@ -211,7 +212,7 @@ def _node(
     return identify_node(entry, None)
 
 
-def _detail(inc: Mapping[str, Any], signal: str, state: str, policy: dict[str, str]) -> AlertDetail:
+def _detail(inc: Mapping[str, object], signal: str, state: str, policy: dict[str, str]) -> AlertDetail:
     metric_type, metric = _typed(inc.get("metric"))
     res_type, res = _typed(inc.get("resource"))
 
@@ -221,7 +222,7 @@ def _detail(inc: Mapping[str, Any], signal: str, state: str, policy: dict[str, s
 
     symptom = policy.get(SYMPTOM_LABEL)
     return {
-        "incident_id": inc["incident_id"],
+        "incident_id": str(inc["incident_id"]),  # checked: an incident id (_shape_problem)
         "state": state,
         "signal": signal,
         "symptom": symptom if symptom in SYMPTOMS else None,
@@ -239,7 +240,7 @@ def _detail(inc: Mapping[str, Any], signal: str, state: str, policy: dict[str, s
     }
 
 
-def _shape_problem(doc: Mapping[str, Any], inc: Mapping[str, Any]) -> str | None:
+def _shape_problem(doc: Mapping[str, object], inc: Mapping[str, object]) -> str | None:
     if doc.get("version") != SCHEMA_VERSION:
         version = clean(str(doc.get("version")), 20)
         return f"not a schema version {SCHEMA_VERSION} notification (version {version!r})"
@@ -257,7 +258,7 @@ def _shape_problem(doc: Mapping[str, Any], inc: Mapping[str, Any]) -> str | None
 
 
 def parse_notification(
-    doc: Mapping[str, Any], delivery: Delivery | None, topic: tuple[str, str] | None, alerts_topic: str
+    doc: Mapping[str, object], delivery: Delivery | None, topic: tuple[str, str] | None, alerts_topic: str
 ) -> Event:
     """One notification → one event: ``hang``/``degraded``, ``unrelated`` (not a Pitstop policy's)
     or ``invalid`` (forged, malformed); never raises."""
@@ -286,7 +287,7 @@ def parse_notification(
 
 
 def _subject_event(
-    inc: Mapping[str, Any],
+    inc: Mapping[str, object],
     signal: str,
     state: str,
     labels: dict[str, str],
@@ -319,7 +320,7 @@ def _subject_event(
     )
 
 
-def is_alert(ev: Mapping[str, Any]) -> bool:
+def is_alert(ev: Mapping[str, object]) -> bool:
     """An event from a Monitoring notification (its open or close changes an episode's state)."""
     detail = ev.get("detail")
     return isinstance(detail, Mapping) and isinstance(detail.get("alert"), Mapping)

@@ -7,24 +7,26 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple, cast
 
 from pitstop.core import resources
 from pitstop.core.actions import Action
+from pitstop.core.domain import XidDetail
 from pitstop.core.nvlink import Nvlink5Table, Verdict, Xid74Table
+from pitstop.core.policy_types import DecodeDoc, RefineIf, SxidDoc, SystemEventsDoc, XidPolicyDoc
 
 ANY = "any"  # in a refine clause: the detail key is present
 
 
 @dataclass(frozen=True)
 class Refinement:
-    when: Mapping[str, Any]
+    when: RefineIf
     action: str | None
     reason: str | None
 
-    def matches(self, detail: Mapping[str, Any]) -> bool:
+    def matches(self, detail: XidDetail) -> bool:
         for key, want in self.when.items():
-            have = detail.get(key)
+            have = detail.get(key)  # the schema allows only XidDetail's keys
             if want == ANY:
                 if have is None:
                     return False
@@ -80,7 +82,7 @@ class SxidPolicy:
     lemon: bool  # a non-fatal episode counts toward the node's lemon tally
 
     @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> SxidPolicy:
+    def from_doc(cls, doc: SxidDoc) -> SxidPolicy:
         f, nf, u = doc["fatal"], doc["non_fatal"], doc["unknown"]
         rep = f.get("repeat")
         return cls(
@@ -95,7 +97,7 @@ class SxidPolicy:
         return {"fatal": self.fatal, "non_fatal": self.non_fatal}.get(severity or "", self.unknown)
 
 
-def _rules(doc: Mapping[str, Any], bucket_action: Any) -> dict[int, XidRule]:
+def _rules(doc: XidPolicyDoc, bucket_action: Callable[[str, str], str]) -> dict[int, XidRule]:
     rules: dict[int, XidRule] = {}
     for i, r in enumerate(doc["rules"]):
         action = r.get("action") or bucket_action(r["bucket"], f"rules/{i}")
@@ -111,7 +113,7 @@ def _rules(doc: Mapping[str, Any], bucket_action: Any) -> dict[int, XidRule]:
     return rules
 
 
-def _decoders(doc: Mapping[str, Any]) -> dict[str, Callable[[Mapping[str, Any]], Verdict | None]]:
+def _decoders(doc: DecodeDoc) -> dict[str, Callable[[XidDetail], Verdict | None]]:
     try:
         return {
             "xid74": Xid74Table.from_doc(doc["xid74"]).decode,
@@ -130,11 +132,11 @@ class XidPolicy:
     overrides: Mapping[int, str] = field(default_factory=dict)
     gpu_unknown: Mapping[str, str] = field(default_factory=dict)
     device_plugin_xids: frozenset[int] = frozenset()
-    decoders: Mapping[str, Callable[[Mapping[str, Any]], Verdict | None]] = field(default_factory=dict)
+    decoders: Mapping[str, Callable[[XidDetail], Verdict | None]] = field(default_factory=dict)
     sxid: SxidPolicy | None = None
 
     @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> XidPolicy:
+    def from_doc(cls, doc: XidPolicyDoc) -> XidPolicy:
         buckets: Mapping[str, str] = doc["buckets"]
 
         def bucket_action(bucket: str, where: str) -> str:
@@ -172,7 +174,7 @@ class XidPolicy:
         """The escalation a repeat of this kind of fault on one node gets, if its policy names one."""
         return self.sxid.repeat if kind == SXID_KIND and self.sxid is not None else None
 
-    def decide(self, xid: int, detail: Mapping[str, Any]) -> Decision:
+    def decide(self, xid: int, detail: XidDetail) -> Decision:
         rule = self.rule(xid)
         head = f"Xid {xid} {rule.name}" if rule is not self.unknown else f"Xid {xid}"
         if xid in self.overrides:
@@ -207,9 +209,10 @@ class SystemEventRule:
 
 
 def load_system_events(path: Path | None = None) -> dict[str, SystemEventRule]:
-    doc = resources.load_yaml(
+    loaded = resources.load_yaml(
         path or resources.schema_dir() / "system-events.yaml", "system-events.schema.json"
     )
+    doc = cast(SystemEventsDoc, loaded)  # the schema checked it
     out: dict[str, SystemEventRule] = {}
     for method, r in doc["methods"].items():
         c = r.get("completed")
@@ -221,7 +224,7 @@ def load_system_events(path: Path | None = None) -> dict[str, SystemEventRule]:
 
 def load_xid_policy(path: Path | None = None) -> XidPolicy:
     doc = resources.load_yaml(path or resources.schema_dir() / "xid-policy.yaml", "xid-policy.schema.json")
-    return XidPolicy.from_doc(doc)
+    return XidPolicy.from_doc(cast(XidPolicyDoc, doc))  # the schema checked it
 
 
 @functools.cache

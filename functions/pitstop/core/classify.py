@@ -21,6 +21,7 @@ from pitstop.core.catalog import (
     default_system_events,
     default_xid_policy,
 )
+from pitstop.core.domain import EventDetail
 from pitstop.core.envelope import Delivery, unwrap
 from pitstop.core.parse import INTERNAL_ERROR, Event, clean, invalid, new_event, new_source, parse_entry
 from pitstop.core.xid_line import MAX_LINE, Anomalies
@@ -28,7 +29,7 @@ from pitstop.core.xid_line import MAX_LINE, Anomalies
 MAX_REASON = 512
 
 
-def _flag(detail: dict[str, Any], note: str) -> None:
+def _flag(detail: EventDetail, note: str) -> None:
     """Add one anomaly to an event's detail (bounded like the parser's own)."""
     found = Anomalies(detail.get("anomalies") or ())
     found.add(note)

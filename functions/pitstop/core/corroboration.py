@@ -29,7 +29,6 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from pitstop.core import diagnose as diag
 from pitstop.core import trust
@@ -194,7 +193,7 @@ def _smi_findings(text: str | None, expected: int | None, evidence: EvidenceGpu)
     return found, f"nvidia-smi -q: {smi.visible} GPUs visible of {exp} expected"
 
 
-def _condition_findings(xids: Iterable[int], text: Any, boot_after: float | None) -> tuple[list[str], str]:
+def _condition_findings(xids: Iterable[int], text: object, boot_after: float | None) -> tuple[list[str], str]:
     """The Node's status as the adapter read it (JSON: nodeInfo.bootID and the conditions)."""
     try:
         node = json.loads(text) if isinstance(text, str) and len(text) < 65536 else None
@@ -214,7 +213,7 @@ def _condition_findings(xids: Iterable[int], text: Any, boot_after: float | None
 NPD_CONDITION = "PitstopKernelXid"  # infra/gke/npd.yaml's kernel-monitor rule file
 
 
-def _npd_findings(node: Mapping[str, Any], xids: list[int], boot_after: float | None) -> list[str]:
+def _npd_findings(node: Mapping[str, object], xids: list[int], boot_after: float | None) -> list[str]:
     """NPD's condition names one of the Xids in its kernel line and changed during this boot.
 
     NPD puts the matched kernel message in the condition's message and dates the change; a
@@ -237,7 +236,7 @@ def _npd_findings(node: Mapping[str, Any], xids: list[int], boot_after: float | 
     return out
 
 
-def _scheduler_findings(text: Any) -> tuple[list[str], str]:
+def _scheduler_findings(text: object) -> tuple[list[str], str]:
     """slurmctld's own view: a node whose slurmd stopped answering is broken whatever the log says."""
     state = str(text or "")[:200]
     gone = "NOT_RESPONDING" in state or "*" in state.split(" ", 1)[0]

@@ -25,12 +25,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 from pitstop.core import diagnose as diag
 from pitstop.core import resources
 from pitstop.core.actions import Action
-from pitstop.core.domain import Measurement
+from pitstop.core.domain import Incident, Measurement, NodeRef, Resume, Timeline
+from pitstop.core.policy_types import DegradedDoc, PromSymptomDoc, XidPolicyDoc
 
 KIND = "degraded"
 Verdict = Literal["move", "gang_wide", "cleared"]
@@ -75,7 +76,7 @@ class PromRule:
     per_s: float = 1.0
 
 
-def _prom_rule(name: str, r: Mapping[str, Any], node_label: str) -> PromRule:
+def _prom_rule(name: str, r: PromSymptomDoc, node_label: str) -> PromRule:
     reduce = str(r["reduce"])
     if reduce not in ("bits_share", "increase", "rate"):
         raise ValueError(f"degraded.prometheus.{name}.reduce: unknown reduction {reduce!r}")
@@ -101,7 +102,7 @@ class DegradedPolicy:
     sources: Mapping[str, str] = field(default_factory=dict)  # scheduler -> where its nodes' DCGM lives
 
     @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> DegradedPolicy:
+    def from_doc(cls, doc: DegradedDoc) -> DegradedPolicy:
         rules = {
             name: SymptomRule(
                 name,
@@ -115,12 +116,12 @@ class DegradedPolicy:
             )
             for name, r in doc["symptoms"].items()
         }
-        prom = doc.get("prometheus") or {}
-        label = str(prom.get("node_label") or "Hostname")
-        proms = {n: _prom_rule(n, r, label) for n, r in (prom.get("symptoms") or {}).items()}
+        prom = doc.get("prometheus")
+        label = str((prom["node_label"] if prom else None) or "Hostname")
+        proms = {n: _prom_rule(n, r, label) for n, r in (prom["symptoms"] if prom else {}).items()}
         return cls(float(doc["gang_wide_share"]), rules, proms, dict(doc.get("sources") or {}))
 
-    def rule(self, symptom: Any) -> SymptomRule | None:
+    def rule(self, symptom: object) -> SymptomRule | None:
         return self.symptoms.get(symptom) if isinstance(symptom, str) else None
 
     def source(self, scheduler: str | None) -> str:
@@ -128,7 +129,7 @@ class DegradedPolicy:
         the Ops Agent's DCGM metrics) unless the policy names another for its scheduler."""
         return self.sources.get(scheduler or "", "monitoring")
 
-    def line(self, symptom: Any, source: str) -> SymptomRule | PromRule | None:
+    def line(self, symptom: object, source: str) -> SymptomRule | PromRule | None:
         """The comparison rule for a symptom read from ``source`` (None: the alert stands alone)."""
         if source == "prometheus":
             return self.prometheus.get(symptom) if isinstance(symptom, str) else None
@@ -150,7 +151,7 @@ class Telemetry(Protocol):
 def default_policy() -> DegradedPolicy:
     """The ``degraded`` section of the XID policy, validated by its schema."""
     doc = resources.load_yaml(resources.schema_dir() / "xid-policy.yaml", "xid-policy.schema.json")
-    return DegradedPolicy.from_doc(doc["degraded"])
+    return DegradedPolicy.from_doc(cast(XidPolicyDoc, doc)["degraded"])  # the schema checked it
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,7 @@ class PeerVerdict:
         }
 
 
-def symptom_of(inc: Mapping[str, Any]) -> str | None:
+def symptom_of(inc: Incident) -> str | None:
     """The symptom of a degraded incident's first alert that named one (throttle, ecc, ...)."""
     for ref in inc.get("alerts") or ():
         if isinstance(ref, Mapping) and isinstance(ref.get("symptom"), str):
@@ -251,30 +252,32 @@ def repair(rule: SymptomRule | None, finding: bool | None, why: str) -> tuple[st
     return otherwise, f"no hardware finding ({why}): {otherwise}, then validation decides"
 
 
-def stood_down(inc: Mapping[str, Any]) -> str | None:
+def stood_down(inc: Incident) -> str | None:
     """``gang_wide`` or ``cleared`` when the comparison decided against a move; None otherwise."""
-    rec = inc.get("corroboration") or {}
+    rec: Measurement = inc.get("corroboration") or {}
     if inc.get("kind") != KIND or rec.get("kind") != "peers" or rec.get("confirmed"):
         return None
     return str(rec.get("verdict") or "cleared")
 
 
-def close_note(inc: Mapping[str, Any]) -> tuple[str, str] | None:
+def close_note(inc: Incident) -> tuple[str, str] | None:
     """A degraded incident's closing words and their severity (None: not a degraded incident).
 
     No move: why (a gang-wide cause is a page: a person checks what the nodes share). A move: the
     gang onto spares at its checkpoint, or, with no spare, what it waited for instead.
     """
-    if inc.get("kind") != KIND or not (inc.get("timeline") or {}).get("fenced"):
+    timeline: Timeline = inc.get("timeline") or {}
+    if inc.get("kind") != KIND or not timeline.get("fenced"):
         return None  # not a degraded node's move (or one that never began): the usual words
-    node = inc["node"]["instance"]
-    why = str((inc.get("corroboration") or {}).get("why") or "")
+    node = cast(NodeRef, inc["node"])["instance"]  # a degraded episode is a node's
+    rec: Measurement = inc.get("corroboration") or {}
+    why = str(rec.get("why") or "")
     verdict = stood_down(inc)
     if verdict == "gang_wide":
         return f"{node}: degraded alert, NOT moved: {why}. A person checks what the nodes share.", "critical"
     if verdict is not None:
         return f"{node}: degraded alert, not moved: {why}.", "info"
-    resume = inc.get("resume") or {}
+    resume: Resume = inc.get("resume") or {}
     moved = [r["job"] for r in resume.get("requeued") or [] if isinstance(r, Mapping)]
     if resume.get("mode") == "early" and moved:
         how = f"planned move: job {', '.join(moved)} checkpointed and moved onto spares at that checkpoint"

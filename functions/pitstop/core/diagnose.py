@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
-from pitstop.core.domain import DiagnosisDetail
+from pitstop.core.domain import DiagnosisDetail, EvidenceGpu
 from pitstop.core.validation import DcgmResult, ValidationTable, default_validation_table
 
 # ---------------------------------------------------------------- nvidia-smi -q
@@ -26,7 +26,7 @@ _LOST = re.compile(
 )
 
 
-def pci_key(pci: Any) -> tuple[int, int, int] | None:
+def pci_key(pci: object) -> tuple[int, int, int] | None:
     """(domain, bus, device) from "0000:10:1c", "00000000:10:1C.0" or "PCI:0000:10:1c"; else None."""
     if not isinstance(pci, str):
         return None
@@ -91,17 +91,33 @@ def _int(v: str) -> int | None:
     return int(v) if re.fullmatch(r"[0-9]{1,11}", v) else None
 
 
-_REMAP_FIELDS = {
-    "Correctable Error": ("remapped_correctable", _int),
-    "Uncorrectable Error": ("remapped_uncorrectable", _int),
-    "Pending": ("remap_pending", _yes_no),
-    "Remapping Failure Occurred": ("remap_failure", _yes_no),
-}
+class _GpuFields(TypedDict, total=False):
+    """What one GPU block printed (GpuHealth's fields after its index and address)."""
+
+    product: str
+    remapped_correctable: int | None
+    remapped_uncorrectable: int | None
+    remap_pending: bool | None
+    remap_failure: bool | None
+    retired_pending: bool | None
+    slowdown: tuple[str, ...]
+
+
+def _remap(fields: _GpuFields, key: str, value: str) -> None:
+    """One line of a ``Remapped Rows`` section (its other lines say nothing diagnosis reads)."""
+    if key == "Correctable Error":
+        fields["remapped_correctable"] = _int(value)
+    elif key == "Uncorrectable Error":
+        fields["remapped_uncorrectable"] = _int(value)
+    elif key == "Pending":
+        fields["remap_pending"] = _yes_no(value)
+    elif key == "Remapping Failure Occurred":
+        fields["remap_failure"] = _yes_no(value)
 
 
 def _gpu_block(index: int, pci: str, lines: list[str]) -> GpuHealth:
     """Fields of one GPU block; the section a key sits in decides what it means ("Pending")."""
-    fields: dict[str, Any] = {}
+    fields: _GpuFields = {}
     section = ""
     for line in lines:
         depth = len(line) - len(line.lstrip())
@@ -114,9 +130,8 @@ def _gpu_block(index: int, pci: str, lines: list[str]) -> GpuHealth:
             section = key if not value else ""
             if key == "Product Name":
                 fields["product"] = value[:100]
-        elif section == "Remapped Rows" and key in _REMAP_FIELDS:
-            name, conv = _REMAP_FIELDS[key]
-            fields[name] = conv(value)
+        elif section == "Remapped Rows":
+            _remap(fields, key, value)
         elif section == "Retired Pages" and key == "Pending Page Blacklist":
             fields["retired_pending"] = _yes_no(value)
         elif section in _CLOCK_SECTIONS and key in HW_SLOWDOWN_REASONS and value.lower() == "active":
@@ -201,7 +216,7 @@ class Diagnosis:
     detail: DiagnosisDetail = field(default_factory=lambda: DiagnosisDetail())
 
 
-def _evidence_gpu(evidence: Mapping[str, Any], smi: SmiResult) -> tuple[int | None, str | None]:
+def _evidence_gpu(evidence: EvidenceGpu, smi: SmiResult) -> tuple[int | None, str | None]:
     """The GPU the log named, as (index, pci), from the event's gpu.pci matched to nvidia-smi."""
     gpu = evidence.get("gpu")
     pci = gpu.get("pci") if isinstance(gpu, Mapping) else None
@@ -265,7 +280,7 @@ def _dcgm_findings(
 
 
 def diagnose(
-    inc_evidence: Mapping[str, Any],
+    inc_evidence: EvidenceGpu,
     nvidia_smi: SmiResult,
     dcgm: DcgmResult | None,
     expected_gpus: int | None,

@@ -12,6 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict, final
 
+# Free-form JSON: an object whose keys this code does not read, or has not checked yet (a YAML file
+# before its schema, a record's payload passed through unread). Each use says why it is free-form;
+# everything Pitstop reads has a TypedDict below or in core/policy_types.py.
+JsonObject = dict[str, Any]
+
 # -- a fault event: one normalised signal (schemas/fault_event.schema.json) ---------------------
 
 
@@ -70,7 +75,7 @@ class FaultEvent(TypedDict):
     observed_at: str | None
     source: Source
     reason: str
-    detail: dict[str, Any]  # kind-specific, validated by the schema's ``detail`` properties
+    detail: EventDetail  # kind-specific, validated by the schema's ``detail`` properties
     job: NotRequired[JobRef]
     _observed_ts: NotRequired[float]
 
@@ -134,6 +139,19 @@ class SystemEventDetail(TypedDict, total=False):
     window_start: str | None
     window_end: str | None
     completed: bool
+
+
+class EventDetail(XidDetail, SxidDetail, SystemEventDetail, total=False):
+    """An event's ``detail`` (schemas/fault_event.schema.json): each kind's own facts (an Xid
+    line's, an SXid line's, a system event's, an alert's), and what classify adds to them."""
+
+    xid_name: str  # the Xid's rule name (xid-policy.yaml)
+    app_fault: bool
+    decoded: bool  # a decode table decided the action (False: the code's own rule did)
+    counts_toward_lemon: bool  # a non-fatal SXid episode counts toward the node's lemon tally
+    alert: AlertDetail  # a Monitoring notification (core/alerts.py)
+    hang_incident: str  # a culprit's own incident: the hung job's episode it came from (core/localise.py)
+    job: str | None  # ... and that job
 
 
 @final
@@ -354,9 +372,9 @@ class Incident(TypedDict):
     alert_ended: NotRequired[AlertEnd]
     start_refusals: NotRequired[int]  # Workflows refused this step's start (services/sweep.py)
     # what the remediation learned (actuate): the scheduler's jobs and fence, the checks' records
-    jobs: NotRequired[list[dict[str, Any]]]
+    jobs: NotRequired[list[JobDoc]]
     fence: NotRequired[FenceDoc]
-    resume: NotRequired[dict[str, Any]]
+    resume: NotRequired[Resume]
     diagnosis: NotRequired[Measurement]
     validation: NotRequired[Measurement]
     measured: NotRequired[list[Measurement]]
@@ -460,7 +478,7 @@ class OutboxEntry(TypedDict):
     """A notification recorded before it is published (services/outbox.py)."""
 
     id: str
-    notification: dict[str, Any]  # a Notice or a page, as JSON carries it (what is published)
+    notification: JsonObject  # a Notice or a page as JSON carries it: published unread
     created_at: float
     sent: bool
     sent_at: NotRequired[float]
@@ -484,8 +502,10 @@ class StepRecord(TypedDict, total=False):
     attempt: int
     claimed_at: float
     expires_at: float
-    saved: dict[str, Any]  # what an attempt decided before its first effect (reused by a retry)
-    result: dict[str, Any]
+    # both free-form: the runner keeps and replays them unread, each op (or sink, or agent command)
+    # owns its own shape (Fenced, Unfenced, ...)
+    saved: JsonObject  # what an attempt decided before its first effect (reused by a retry)
+    result: JsonObject
     at: float
     error: str
     released_at: float
@@ -575,7 +595,7 @@ class CheckSpec(TypedDict):
     xids: NotRequired[list[int]]
     sxids: NotRequired[list[int]]
     boot_after: NotRequired[float | None]  # the VM's last start (epoch s): a GKE condition older says nothing
-    fabric: NotRequired[dict[str, Any] | None]  # validate: the fabric's NCCL setup (Fabric.as_spec)
+    fabric: NotRequired[FabricSpec | None]  # validate: the fabric's NCCL setup (Fabric.as_spec)
     exclude_peers: NotRequired[list[str]]  # revalidate: peers already measured against
 
 
@@ -678,7 +698,7 @@ class Notice(TypedDict):
     kind: str
     severity: str
     summary: str
-    incident: dict[str, Any]  # the incident's fields a reader needs (remediation.NOTIFIED_FIELDS)
+    incident: NotifiedIncident  # the incident's fields a reader needs (remediation.NOTIFIED_FIELDS)
     durations_s: dict[str, float | None]
     resume_s: float | None
     repair_s: float | None
@@ -783,6 +803,62 @@ class FenceDoc(TypedDict, total=False):
 class JobRunDoc(TypedDict, total=False):
     restarts: int | None
     start_time: str | None
+
+
+class JobDoc(TypedDict):
+    """A job on the fenced node as the incident keeps it (core/scheduling.JobInfo.doc)."""
+
+    id: str
+    state: str  # core/scheduling.JobState
+    restarts: NotRequired[int | None]
+    start_time: NotRequired[str | None]
+
+
+class JobMove(TypedDict):
+    """One job a resume requeued, left waiting or skipped, and why."""
+
+    job: str
+    why: str
+
+
+class Resume(TypedDict, total=False):
+    """How the gang was restarted (services/actuate: gang.reschedule_early, localise)."""
+
+    mode: str  # early | after_repair | spares | in_place
+    requeued: list[JobMove] | list[str]  # a hung job's resume names its jobs alone
+    waiting: list[JobMove]
+    skipped: list[JobMove]
+    why: str
+
+
+class FabricSpec(TypedDict):
+    """A machine type's NCCL setup as a validate check carries it (core/validation.Fabric.as_spec)."""
+
+    name: str
+    ranks_per_node: int
+    profile: str
+    profile_env: dict[str, str]
+    library_path: str
+    env: dict[str, str]
+
+
+class NotifiedIncident(TypedDict):
+    """The incident's fields a notification carries (core/remediation.NOTIFIED_FIELDS; None: unset)."""
+
+    id: str
+    node: NodeRef | None
+    cluster: str | None
+    kind: str
+    xid: int | None
+    action: str
+    state: str
+    reason: str
+    counts: dict[str, int]
+    failure: Failure | None
+    rejected: Rejected | None
+    resume: Resume | None
+    diagnosis: Measurement | None
+    validation: Measurement | None
 
 
 class Fenced(TypedDict, total=False):

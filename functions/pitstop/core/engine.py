@@ -21,9 +21,9 @@ import copy
 import hashlib
 import sys
 from collections import ChainMap
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, cast, get_args
+from typing import Literal, cast, get_args
 
 from pitstop.core import alerts, lifecycle, localise, trust
 from pitstop.core.actions import JOB_ACTIONS, NODE_ACTIONS, RANK, RECORD_ONLY_ACTIONS, Action, higher
@@ -32,6 +32,7 @@ from pitstop.core.domain import (
     AlertRef,
     Budget,
     Deltas,
+    EventDetail,
     Evidence,
     FaultEvent,
     GpuCounts,
@@ -120,7 +121,7 @@ def event_key(ev: FaultEvent) -> str:
     return hashlib.sha256(f"{src.get('log_name')}|{ident}".encode()).hexdigest()[:32]
 
 
-def _detail(ev: FaultEvent) -> dict[str, Any]:
+def _detail(ev: FaultEvent) -> EventDetail:
     """The event's kind-specific facts (schemas/fault_event ``detail``); {} for an event without."""
     return ev.get("detail", {})
 
@@ -186,7 +187,7 @@ class Outcome:
 Counted = Incident | Deltas
 
 
-def as_incident(doc: Incident | Mapping[str, Any]) -> Incident:
+def as_incident(doc: Mapping[str, object]) -> Incident:
     """A stored incident document as the engine works on it: a copy (the caller's stays as it was)."""
     # The edge: a document the store read (its writers wrote Incidents) is one from here on.
     return cast(Incident, copy.deepcopy(dict(doc)))
@@ -369,7 +370,7 @@ def escalate(proposed: str, d: Decision, kind: str | None = None) -> tuple[str, 
     if repeated is not None and RANK[repeated[0]] > RANK[action]:
         action, reason = repeated
         why.append(reason)
-    steps: list[str] = policy.doc["ladder"]["steps"]
+    steps: Sequence[str] = policy.doc["ladder"]["steps"]
     window = policy.doc["ladder"]["window_h"] * 3600
     last = max((r for r in history if now - r["at"] <= window), key=lambda r: r["at"], default=None)
     if last is not None and last["action"] in steps and action in steps:

@@ -24,7 +24,7 @@ class Delivery(NamedTuple):
     A NamedTuple, not a frozen dataclass: one is made per delivery, and a frozen dataclass's
     ``__init__`` (``object.__setattr__`` per field) costs several times a tuple's."""
 
-    entry: dict[str, Any] | None
+    entry: dict[str, object] | None  # a LogEntry or a notification, unchecked: read field by field
     message_id: str | None = None
     publish_time: str | None = None
     error: str | None = None
@@ -33,7 +33,7 @@ class Delivery(NamedTuple):
     source: str | None = None
 
 
-def _str(v: Any) -> str | None:
+def _str(v: object) -> str | None:
     """A short identifier kept from the envelope: at most MAX_ID characters of valid UTF-8."""
     if not isinstance(v, str) or not v:
         return None
@@ -42,7 +42,7 @@ def _str(v: Any) -> str | None:
     return v[:MAX_ID].encode("utf-8", "replace").decode("utf-8")
 
 
-def _type_name(v: Any) -> str:
+def _type_name(v: object) -> str:
     """A CloudEvent type for an error message, without echoing arbitrary input."""
     s = _str(v)
     return repr(s[:80]) if s else type(v).__name__

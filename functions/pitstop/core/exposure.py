@@ -10,7 +10,31 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, TypedDict
+from typing import TypedDict
+
+# An IAM policy as getIamPolicy answers it (``bindings``: role, members, condition); read field by
+# field, anything else in it ignored.
+IamPolicy = Mapping[str, object]
+
+
+class TopicRisk(TypedDict):
+    match: str  # a regular expression on the topic's name
+    risk: str
+
+
+class LogRisk(TypedDict):
+    risk: str
+
+
+class ExposureDoc(TypedDict):
+    """infra/exposure.yaml."""
+
+    publish_roles: list[str]
+    log_write_roles: list[str]
+    own_members: list[str]  # regular expressions; ``{project}`` is the project
+    topics: list[TopicRisk]  # the first match names a topic's risk
+    logs: LogRisk
+    public_members: list[str]
 
 
 class ExposureFinding(TypedDict):
@@ -24,7 +48,7 @@ class ExposureFinding(TypedDict):
 class ExposureTable:
     """infra/exposure.yaml, compiled for one project."""
 
-    def __init__(self, doc: Mapping[str, Any], project: str) -> None:
+    def __init__(self, doc: ExposureDoc, project: str) -> None:
         self.publish_roles = frozenset(str(r) for r in doc["publish_roles"])
         self.log_roles = frozenset(str(r) for r in doc["log_write_roles"])
         self.own = [re.compile(str(p).replace("{project}", re.escape(project))) for p in doc["own_members"]]
@@ -39,9 +63,10 @@ class ExposureTable:
         return next(risk for pat, risk in self.topics if pat.fullmatch(topic))
 
 
-def _grants(policy: Mapping[str, Any], roles: frozenset[str]) -> Iterable[tuple[str, str, bool]]:
+def _grants(policy: IamPolicy, roles: frozenset[str]) -> Iterable[tuple[str, str, bool]]:
     """(member, role, conditional) for each binding of one of ``roles``."""
-    for b in policy.get("bindings") or []:
+    bindings = policy.get("bindings")
+    for b in bindings if isinstance(bindings, list) else []:
         if isinstance(b, Mapping) and b.get("role") in roles:
             for m in b.get("members") or []:
                 yield str(m), str(b["role"]), bool(b.get("condition"))
@@ -55,8 +80,8 @@ def _risk(base: str, member: str, conditional: bool, table: ExposureTable) -> st
 
 def exposure_findings(
     project: str,
-    project_policy: Mapping[str, Any],
-    topic_policies: Mapping[str, Mapping[str, Any]],
+    project_policy: IamPolicy,
+    topic_policies: Mapping[str, IamPolicy],
     table: ExposureTable,
 ) -> list[ExposureFinding]:
     """One finding per principal beyond Pitstop's own identities that can write logs in the project

@@ -13,8 +13,8 @@ import hashlib
 import json
 import re
 import uuid
-from collections.abc import Mapping
-from typing import Any
+
+from pitstop.core.domain import JobRunDoc
 
 # Fixed for ever: changing it would change every id and defeat deduplication of in-flight retries.
 PITSTOP_NAMESPACE = uuid.UUID("f09170ed-d601-49f3-afe2-6a2e14305987")
@@ -53,7 +53,7 @@ def job_key(cluster: str, job: str) -> str:
     return "job-" + hashlib.sha256(parts.encode()).hexdigest()[:24]
 
 
-def requeue_key(cluster: str, job: str, run: Mapping[str, Any]) -> str:
+def requeue_key(cluster: str, job: str, run: JobRunDoc) -> str:
     """The id of one run of one job (cluster, job, restart count, start time): a requeue's record.
 
     A gang moves once per fault: the first incident to claim a run requeues it; a later run of

@@ -17,7 +17,6 @@ step can never turn a RESOLVED incident back into ACTING, nor a person's close b
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from pitstop.core.domain import Incident
 from pitstop.core.states import State
@@ -52,7 +51,7 @@ def allowed(frm: str, to: str) -> bool:
         return False
 
 
-def move(inc: Incident | dict[str, Any], to: State, why: str) -> None:
+def move(inc: Incident, to: State, why: str) -> None:
     """Move the incident (a dict, changed in place) to ``to``, or raise if the table forbids it.
 
     ``why`` names the event, for the error a refused move raises.

@@ -11,12 +11,16 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import NotRequired, TypedDict
+
+# A notification as the notify function reads it back from Pub/Sub: a core/domain.Notice, or a page
+# (services/outbox.page_notification). Read as an object map: each field is narrowed where read.
+Notification = Mapping[str, object]
 
 SEVERITY_ICON = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
 
 
-def notification_id(kind: str, incident_id: Any, *facts: Any) -> str:
+def notification_id(kind: str, incident_id: object, *facts: object) -> str:
     """Deterministic for what it announces: the same decision always yields the same id."""
     digest = hashlib.sha256("\0".join(map(str, (incident_id, *facts))).encode()).hexdigest()[:16]
     readable = re.sub(r"[^A-Za-z0-9_.-]", "-", str(incident_id))[:64]
@@ -27,17 +31,23 @@ def _escape_slack(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def subject(inc: Mapping[str, Any], missing: str = "?") -> str:
+def subject(inc: Mapping[str, object], missing: str = "?") -> str:
     """What the incident is about: its node, or for a job's episode (a hang) the job."""
-    job = inc.get("job")
-    if not inc.get("node") and isinstance(job, Mapping):
+    job, node = inc.get("job"), inc.get("node")
+    if not node and isinstance(job, Mapping):
         return f"job {job.get('job')} of {job.get('cluster')}"
-    return str((inc.get("node") or {}).get("instance") or missing)
+    return str((node.get("instance") if isinstance(node, Mapping) else None) or missing)
 
 
-def text_lines(n: Mapping[str, Any]) -> list[str]:
+def _map(n: Notification, key: str) -> Mapping[str, object]:
+    """A field holding an object (the incident, the durations); empty when unset."""
+    v = n.get(key)
+    return v if isinstance(v, Mapping) else {}
+
+
+def text_lines(n: Notification) -> list[str]:
     """The notification as a few lines of plain text (chat messages, PagerDuty details)."""
-    inc = n.get("incident") or {}
+    inc = _map(n, "incident")
     sev = str(n.get("severity", "info"))
     node = subject(inc)
     lines = [f"{SEVERITY_ICON.get(sev, '')} [{sev.upper()}] {n.get('summary', '')}"]
@@ -49,19 +59,37 @@ def text_lines(n: Mapping[str, Any]) -> list[str]:
         ("state", inc.get("state")),
     ]
     lines.append(" · ".join(f"{k}: {v}" for k, v in facts if v))
-    d = n.get("durations_s") or {}
+    d = _map(n, "durations_s")
     if d.get("resolved") is not None:
         lines.append(
             f"time to remediate: {d['resolved']:.0f} s (isolated after {d.get('fenced') or 0:.0f} s)"
         )
-    if n.get("jobs"):
-        lines.append(f"jobs on the node: {', '.join(map(str, n['jobs']))}")
-    if n.get("todo"):
-        lines.append(f"what to do: {n['todo']}")
+    jobs, todo = n.get("jobs"), n.get("todo")
+    if jobs and isinstance(jobs, list):
+        lines.append(f"jobs on the node: {', '.join(map(str, jobs))}")
+    if todo:
+        lines.append(f"what to do: {todo}")
     return lines
 
 
-def render(n: Mapping[str, Any], fmt: str) -> dict[str, Any]:
+class SlackText(TypedDict):
+    type: str  # mrkdwn
+    text: str
+
+
+class SlackBlock(TypedDict):
+    type: str  # section
+    text: SlackText
+
+
+class ChatBody(TypedDict):
+    """An incoming webhook's body: Google Chat reads ``text``; Slack shows ``blocks`` when present."""
+
+    text: str
+    blocks: NotRequired[list[SlackBlock]]
+
+
+def render(n: Notification, fmt: str) -> ChatBody:
     """A chat webhook's body: Google Chat (``chat``) or Slack (``slack``, mrkdwn escaped)."""
     text = "\n".join(text_lines(n))
     if fmt == "slack":
@@ -81,10 +109,34 @@ _DEDUP_SAFE = re.compile(r"[^A-Za-z0-9_.:-]")
 _ENDED = frozenset({"RESOLVED"})
 
 
-def pagerduty_action(n: Mapping[str, Any]) -> str | None:
+# ``class`` is a Python keyword: the functional form.
+PagerDutyPayload = TypedDict(
+    "PagerDutyPayload",
+    {
+        "summary": str,  # <= 1024
+        "source": str,
+        "severity": str,  # one of PAGERDUTY_SEVERITIES
+        "component": str,
+        "group": str,
+        "class": str,
+        "custom_details": dict[str, str],
+    },
+)
+
+
+class PagerDutyEvent(TypedDict):
+    """One Events v2 body (the fields above)."""
+
+    routing_key: str
+    event_action: str  # trigger | acknowledge | resolve
+    dedup_key: str  # <= 255
+    payload: NotRequired[PagerDutyPayload]  # a trigger's only
+
+
+def pagerduty_action(n: Notification) -> str | None:
     """``trigger`` for what needs a person (a page, a failure), ``resolve`` once the incident ended;
     None for news nobody is woken for (a remediation under way or done by itself)."""
-    inc = n.get("incident") or {}
+    inc = _map(n, "incident")
     if n.get("kind") == "page" or n.get("severity") == "critical":
         return "trigger"
     if str(inc.get("state")) in _ENDED and inc.get("id"):
@@ -92,13 +144,13 @@ def pagerduty_action(n: Mapping[str, Any]) -> str | None:
     return None
 
 
-def pagerduty_event(n: Mapping[str, Any], routing_key: str, action: str) -> dict[str, Any]:
+def pagerduty_event(n: Notification, routing_key: str, action: str) -> PagerDutyEvent:
     """One Events v2 body: all notifications of an incident share its dedup key (one alert)."""
-    inc = n.get("incident") or {}
+    inc = _map(n, "incident")
     iid = str(inc.get("id") or n.get("id") or "pitstop")
     node = subject(inc, "unknown-node")
     severity = str(n.get("severity") or "info")
-    body: dict[str, Any] = {
+    body: PagerDutyEvent = {
         "routing_key": routing_key,
         "event_action": action,
         "dedup_key": _DEDUP_SAFE.sub("-", f"pitstop-{iid}")[:255],

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal
 
 from pitstop.core.actions import RANK
+from pitstop.core.domain import XidDetail
+from pitstop.core.policy_types import Layouts, Nvlink5Doc, Nvlink5UnitDoc, PromoteDoc, Xid74Doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +41,7 @@ class Xid74Table:
     bits: Mapping[int, Mapping[int, str]]  # register index -> bit -> class
 
     @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> Xid74Table:
+    def from_doc(cls, doc: Xid74Doc) -> Xid74Table:
         classes = {k: (v["action"], v["reason"]) for k, v in doc["classes"].items()}
         bits: dict[int, dict[int, str]] = {}
         for reg, by_class in doc["registers"].items():
@@ -49,7 +51,7 @@ class Xid74Table:
                 bits.setdefault(int(reg[1:]), {}).update(dict.fromkeys(positions, klass))
         return cls(classes, bits)
 
-    def decode(self, detail: Mapping[str, Any]) -> Verdict | None:
+    def decode(self, detail: XidDetail) -> Verdict | None:
         """None when the line printed no registers (older drivers): nothing to decode."""
         regs = detail.get("registers")
         if not regs:
@@ -74,11 +76,11 @@ class Nvlink5Unit:
     exact: bool = False
     any: str | None = None
     reason: Mapping[int, str] | None = None
-    subcode: Mapping[str, int] | None = None
-    promote: Mapping[str, Any] | None = None
+    subcode: Layouts | None = None
+    promote: PromoteDoc | None = None
 
     @classmethod
-    def from_doc(cls, u: Mapping[str, Any]) -> Nvlink5Unit:
+    def from_doc(cls, u: Nvlink5UnitDoc) -> Nvlink5Unit:
         def flat(by_bucket: Mapping[str, list[int]] | None) -> dict[int, str]:
             return {v: bucket for bucket, values in (by_bucket or {}).items() for v in values}
 
@@ -92,7 +94,7 @@ class Nvlink5Unit:
             u.get("promote"),
         )
 
-    def layout(self, intr: int) -> str | None:
+    def layout(self, intr: int) -> Literal["v1", "v2"] | None:
         """v1 (before R575: subcode in intrInfo[9:5]) or v2 (R575 on: intrInfo[6:0]), if either fits."""
         if self.subcode is None:
             return None
@@ -111,7 +113,7 @@ class Nvlink5Table:
     units: Mapping[str, Nvlink5Unit]
 
     @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> Nvlink5Table:
+    def from_doc(cls, doc: Nvlink5Doc) -> Nvlink5Table:
         units: dict[str, Nvlink5Unit] = {}
         for u in doc["units"]:
             row = Nvlink5Unit.from_doc(u)
@@ -119,14 +121,14 @@ class Nvlink5Table:
                 *row.status.values(),
                 *(row.reason or {}).values(),
                 row.any,
-                (row.promote or {}).get("to"),
+                row.promote["to"] if row.promote else None,
             }
             if missing := sorted(b for b in buckets if b is not None and b not in doc["actions"]):
                 raise ValueError(f"nvlink5 unit {u['names']}: buckets {missing} are not in actions")
             units.update(dict.fromkeys(u["names"], row))
         return cls(dict(doc["actions"]), units)
 
-    def _bucket(self, unit: str, row: Nvlink5Unit, detail: Mapping[str, Any]) -> tuple[str | None, str]:
+    def _bucket(self, unit: str, row: Nvlink5Unit, detail: XidDetail) -> tuple[str | None, str]:
         if row.any is not None:
             return row.any, unit
         intr = detail.get("intr_info")
@@ -151,7 +153,7 @@ class Nvlink5Table:
             return None, where
         return max(parts, key=lambda b: RANK[self.actions[str(b)]]), where
 
-    def decode(self, detail: Mapping[str, Any]) -> Verdict | None:
+    def decode(self, detail: XidDetail) -> Verdict | None:
         """None when the line's NVLink5 fields were not parsed at all (nothing to decode)."""
         unit = detail.get("unit")
         if not isinstance(unit, str):

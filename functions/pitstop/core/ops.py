@@ -6,11 +6,10 @@ of the step records (``steps/<step>-<op>``) stored under each incident.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any, Literal
 
 from pitstop.core.actions import RECORD_ONLY_ACTIONS, Action
+from pitstop.core.domain import Incident
 
 
 class Op(StrEnum):
@@ -101,10 +100,11 @@ class Plan(StrEnum):
     LOCALISE = "localise"  # a hung job: find its culprit node before the gang restarts
 
 
-def plan_for(action: str, inc: Mapping[str, Any] | None = None) -> Plan:
+def plan_for(action: str, inc: Incident | None = None) -> Plan:
     """A hang the engine chose to localise is localised; record-only actions only notify; a drain
     checkpoints first; the rest remediate the node."""
-    if inc is not None and (inc.get("localise") or {}).get("run") is True:
+    localise = inc.get("localise") if inc is not None else None
+    if localise and localise.get("run") is True:
         return Plan.LOCALISE
     if action in RECORD_ONLY_ACTIONS:
         return Plan.NOTIFY_ONLY
@@ -116,55 +116,3 @@ def plan_for(action: str, inc: Mapping[str, Any] | None = None) -> Plan:
 def step_key(step: int, op: Op) -> str:
     """The id of an op's record under its incident."""
     return f"{step}-{op}"
-
-
-# -- a step record's life (actuate's idempotency record) ------------------------------------------
-STEP_IN_PROGRESS = "in_progress"  # claimed: an attempt runs the op until ``expires_at`` (epoch s)
-STEP_DONE = "done"  # ``result`` holds the answer; replayed to every later call
-STEP_RELEASED = "released"  # the attempt raised; the next call runs the op again at once
-
-ClaimVerdict = Literal["done", "busy", "take"]
-
-
-def step_state(rec: Mapping[str, Any]) -> str:
-    """A record's state; records written before in-progress claims hold only ``result``."""
-    state = rec.get("state")
-    if isinstance(state, str) and state:
-        return state
-    return STEP_DONE if "result" in rec else STEP_RELEASED
-
-
-def claim_verdict(rec: Mapping[str, Any], now: float) -> ClaimVerdict:
-    """What a new attempt may do with an existing record: replay it, wait, or take it over.
-
-    An in-progress claim is respected until it expires; an expired or released one is taken
-    over (the op runs again, with the same request ids, so what already happened is not repeated).
-    """
-    state = step_state(rec)
-    if state == STEP_DONE:
-        return "done"
-    if state == STEP_IN_PROGRESS:
-        try:
-            expires = float(rec.get("expires_at") or 0)
-        except (TypeError, ValueError):
-            expires = 0.0
-        if expires > now:
-            return "busy"
-    return "take"
-
-
-# -- a job's run: which execution of a job a fault hit (Slurm: restart count and start time) -------
-
-
-def job_run(job: Mapping[str, Any]) -> dict[str, Any]:
-    """The run of a job as a scheduler reported it: ``{restarts, start_time}`` (None when unknown)."""
-    restarts = job.get("restarts")
-    start = job.get("start_time")
-    return {
-        "restarts": restarts if isinstance(restarts, int) and not isinstance(restarts, bool) else None,
-        "start_time": start if isinstance(start, str) and start else None,
-    }
-
-
-def known_run(run: Mapping[str, Any]) -> bool:
-    return run.get("restarts") is not None and run.get("start_time") is not None

@@ -31,6 +31,7 @@ from typing import Any, cast
 from pitstop.core import names, trust
 from pitstop.core.domain import (
     DriverLine,
+    EventDetail,
     FaultEvent,
     GpuRef,
     NodeRef,
@@ -406,9 +407,9 @@ def _read_driver_line(text: str) -> DriverLine | None:
     return parsed
 
 
-def _as_detail(facts: XidDetail | SxidDetail | SystemEventDetail) -> dict[str, Any]:
+def _as_detail(facts: XidDetail | SxidDetail | SystemEventDetail) -> EventDetail:
     """A driver line's facts as its event's kind-specific ``detail`` (the same dict)."""
-    return cast(dict[str, Any], facts)  # FaultEvent.detail is the schema's per-kind object
+    return cast(EventDetail, facts)  # one kind's keys of the schema's ``detail``
 
 
 def _fault_event(parsed: XidLine | SxidLine, node: NodeRef, source: Source, **fields: Any) -> Event:
@@ -432,7 +433,7 @@ def _text_event(entry: Raw, source: Source, observed_at: str | None) -> Event:
         why = "no text payload and not a system event"
         return new_event("unrelated", why, source, observed_at=observed_at)
     text, original = bounded_text(prov.text)
-    cut: dict[str, Any] = {"truncated": True, "original_bytes": original} if original else {}
+    cut: EventDetail = {"truncated": True, "original_bytes": original} if original else {}
     parsed = _driver_line(text)
     if parsed is None:
         why = "not a GPU driver fault line"

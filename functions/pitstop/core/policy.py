@@ -9,23 +9,33 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import yaml
 
 from pitstop.core import resources, watchdog
 from pitstop.core.catalog import XidPolicy, default_xid_policy
-from pitstop.core.domain import LocaliseConfig
+from pitstop.core.domain import JsonObject, LocaliseConfig, NodeRef
+from pitstop.core.policy_types import (
+    ClusterDoc,
+    ClusterMatch,
+    DiagnoseConfig,
+    PolicyDoc,
+    ValidationConfig,
+    WindowName,
+)
 
 _MIG_MEMBER = re.compile(r"-[a-z0-9]{4}$")
 
 
-def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """Maps merge key by key; lists and scalars from ``over`` replace."""
+def deep_merge(base: Mapping[str, object], over: Mapping[str, object]) -> JsonObject:
+    """Maps merge key by key; lists and scalars from ``over`` replace. Free-form: it runs on
+    YAML before a schema checked it."""
     out = dict(base)
     for k, v in over.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            out[k] = deep_merge(out[k], v)
+        mine = out.get(k)
+        if isinstance(v, Mapping) and isinstance(mine, Mapping):
+            out[k] = deep_merge(mine, v)
         else:
             out[k] = v
     return out
@@ -36,10 +46,10 @@ class Cluster:
     name: str
     scheduler: str
     size: int | None
-    match: Mapping[str, Any]
-    raw: Mapping[str, Any]
+    match: ClusterMatch
+    raw: ClusterDoc
 
-    def matches(self, node: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> bool:
+    def matches(self, node: NodeRef, labels: Mapping[str, str] | None = None) -> bool:
         m = self.match
         inst = node["instance"]
         if "name_pattern" in m and not fnmatch.fnmatchcase(inst, m["name_pattern"]):
@@ -60,7 +70,7 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Policy:
-    doc: Mapping[str, Any]
+    doc: PolicyDoc
     xids: XidPolicy
     clusters: tuple[Cluster, ...]
 
@@ -75,13 +85,16 @@ class Policy:
     def enabled(self, action: str) -> bool:
         return action == "NONE" or action in self.doc["enabled_actions"]
 
-    def window(self, name: str) -> float:
+    def window(self, name: WindowName) -> float:
         return float(self.doc["windows"][name])
 
     def cooldown_s(self, action: str) -> float:
         return float(self.doc["cooldowns"].get(action, 0))
 
-    def cluster_for(self, node: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> Cluster | None:
+    def cluster_for(self, node: NodeRef | None, labels: Mapping[str, str] | None = None) -> Cluster | None:
+        """The cluster whose ``match`` claims the node (None: no node, a job's episode, or no cluster)."""
+        if node is None:
+            return None
         for c in self.clusters:
             if c.matches(node, labels):
                 return c
@@ -93,7 +106,8 @@ class Policy:
 
     def budget_cap(self, scope: str, size: int | None) -> int:
         """How many nodes of a scope may start remediation in one window."""
-        b = self.doc["budgets"][scope]
+        budgets = self.doc["budgets"]
+        b = {"cluster": budgets["cluster"], "zone": budgets["zone"], "block": budgets["block"]}[scope]
         cap = int(b["max_nodes"])
         if size:
             cap = min(cap, max(1, math.ceil(size * float(b["max_percent"]) / 100)))
@@ -130,25 +144,27 @@ class Policy:
         return bool(self.doc["corroboration"]["enabled"])
 
     @property
-    def diagnose(self) -> Mapping[str, Any]:
-        return dict(self.doc["diagnose"])
+    def diagnose(self) -> DiagnoseConfig:
+        return self.doc["diagnose"].copy()
 
     @property
-    def validation(self) -> Mapping[str, Any]:
-        return dict(self.doc["validation"])
+    def validation(self) -> ValidationConfig:
+        return self.doc["validation"].copy()
 
     @property
     def localise(self) -> LocaliseConfig:
         """How a hung job is localised (core/localise.py)."""
-        return cast(LocaliseConfig, dict(self.doc["localise"]))  # the schema checked it at load
+        return self.doc["localise"].copy()  # the defaults always carry it
 
 
-def from_doc(user: Mapping[str, Any] | None, where: str = "policy") -> Policy:
+def from_doc(user: Mapping[str, object] | None, where: str = "policy") -> Policy:
+    """The policy from ``user`` (policy.yaml as parsed: free-form until the schema checked it)."""
     defaults = resources.load_yaml(resources.schema_dir() / "policy.defaults.yaml", "policy.schema.json")
     if user is not None and not isinstance(user, Mapping):
         raise resources.DataFileError(f"{where}: (top level): must be a mapping")
-    doc = deep_merge(defaults, user or {})
-    resources.validate(doc, "policy.schema.json", where)
+    merged = deep_merge(defaults, user or {})
+    resources.validate(merged, "policy.schema.json", where)
+    doc = cast(PolicyDoc, merged)  # its schema checked it just above
     seen: set[str] = set()
     clusters = []
     for i, c in enumerate(doc["clusters"]):

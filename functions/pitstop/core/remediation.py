@@ -22,6 +22,7 @@ from pitstop.core.domain import (
     JobRestarts,
     Measurement,
     Notice,
+    NotifiedIncident,
     Unfenced,
     Vm,
     VmBefore,
@@ -284,7 +285,7 @@ def measured(doc: Incident, record: Measurement, step: int) -> list[Measurement]
     return [*kept, latest][-checks.MAX_MEASURED :]
 
 
-def failure(extra: Mapping[str, Any]) -> tuple[str, str]:
+def failure(extra: Mapping[str, object]) -> tuple[str, str]:
     """The stage that failed and one line saying how, from the workflow's error map."""
     stage = str(extra.get("stage", "?"))
     err = extra.get("error")
@@ -369,7 +370,7 @@ def notification(inc: Incident, severity: str, text: str, **extra: Any) -> Notic
         "kind": "incident",
         "severity": severity,
         "summary": text,
-        "incident": {k: inc.get(k) for k in NOTIFIED_FIELDS},
+        "incident": cast(NotifiedIncident, {k: inc.get(k) for k in NOTIFIED_FIELDS}),  # its keys, all
         "durations_s": durations(inc),
         "resume_s": resume_s(inc),
         "repair_s": repair_s(inc),

@@ -11,6 +11,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from pitstop.core.domain import JsonObject
+
 
 class DataFileError(ValueError):
     """A data or policy file does not match its schema; the message names the offending path."""
@@ -29,9 +31,10 @@ def schema_dir() -> Path:
 
 
 @functools.cache
-def schema(name: str) -> dict[str, Any]:
+def schema(name: str) -> JsonObject:
+    """A JSON schema as jsonschema takes it (free-form: only jsonschema reads it)."""
     with open(schema_dir() / name, encoding="utf-8") as f:
-        loaded: dict[str, Any] = json.load(f)
+        loaded: JsonObject = json.load(f)
     return loaded
 
 
@@ -44,7 +47,7 @@ def validator(name: str) -> jsonschema.protocols.Validator:
     return v
 
 
-def validate(doc: Any, schema_name: str, what: str) -> None:
+def validate(doc: Any, schema_name: str, what: str) -> None:  # any parsed YAML or JSON
     """Raise DataFileError naming the first offending path (e.g. ``rules/3/action``)."""
     errors = sorted(validator(schema_name).iter_errors(doc), key=lambda e: list(e.absolute_path))
     if errors:
@@ -53,7 +56,9 @@ def validate(doc: Any, schema_name: str, what: str) -> None:
         raise DataFileError(f"{what}: {where}: {e.message}")
 
 
-def load_yaml(path: Path, schema_name: str) -> dict[str, Any]:
+def load_yaml(path: Path, schema_name: str) -> JsonObject:
+    """The file, checked against its schema; free-form still: each caller casts it to the TypedDict
+    of its schema (core/policy_types.py)."""
     try:
         with open(path, encoding="utf-8") as f:
             doc = yaml.safe_load(f)

@@ -14,7 +14,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
+
+from pitstop.core.domain import CheckSpec, FenceDoc, GangCheckSpec, JobDoc, JobRunDoc
 
 _INCIDENT = re.compile(r"i[a-z2-7]{9}")
 
@@ -60,11 +62,11 @@ class JobRun:
     def known(self) -> bool:
         return self.restarts is not None and self.start_time is not None
 
-    def doc(self) -> dict[str, Any]:
+    def doc(self) -> JobRunDoc:
         return {"restarts": self.restarts, "start_time": self.start_time}
 
     @classmethod
-    def of(cls, doc: Mapping[str, Any] | None) -> JobRun:
+    def of(cls, doc: Mapping[str, object] | None) -> JobRun:
         """The run a stored record or an adapter's answer names (None where unknown)."""
         doc = doc or {}
         restarts = doc.get("restarts")
@@ -82,7 +84,7 @@ class JobInfo:
     run: JobRun = field(default_factory=JobRun)
     nodes: tuple[str, ...] = ()  # the nodes it holds, where the scheduler says (a degraded node's peers)
 
-    def doc(self) -> dict[str, Any]:
+    def doc(self) -> JobDoc:
         return {"id": self.job, "state": str(self.state), **self.run.doc()}
 
 
@@ -96,15 +98,15 @@ class FenceAnswer:
     fenced_by_other: bool = False
     reason: str | None = None  # the reason Pitstop's own fence carries
 
-    def doc(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def doc(self) -> FenceDoc:
+        out: dict[str, str | bool | None] = {
             "previous_state": self.previous_state,
             "previous_reason": self.previous_reason,
             "already_drained_by_other": self.fenced_by_other,
         }
         if self.reason is not None:
             out["reason"] = self.reason
-        return {k: v for k, v in out.items() if v is not None}
+        return cast(FenceDoc, {k: v for k, v in out.items() if v is not None})  # FenceDoc's keys, set
 
 
 @dataclass(frozen=True)
@@ -223,8 +225,8 @@ class Scheduler(Protocol):
         ...
 
     def capacity(self, job: str, node: str, ref: StepRef) -> Capacity: ...
-    def start_check(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckStart: ...
-    def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult: ...
+    def start_check(self, node: str, check: CheckSpec, ref: StepRef) -> CheckStart: ...
+    def check_result(self, node: str, check: CheckSpec, ref: StepRef) -> CheckResult: ...
 
 
 @runtime_checkable
@@ -245,8 +247,8 @@ class GangChecks(Protocol):
     once and a person paged (services/actuate/localise.py).
     """
 
-    def start_gang_check(self, job: str, check: Mapping[str, Any], ref: StepRef) -> GangCheckStart: ...
-    def gang_check_result(self, job: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult: ...
+    def start_gang_check(self, job: str, check: GangCheckSpec, ref: StepRef) -> GangCheckStart: ...
+    def gang_check_result(self, job: str, check: GangCheckSpec, ref: StepRef) -> CheckResult: ...
 
 
 @runtime_checkable

@@ -13,11 +13,13 @@ import re
 from collections.abc import Mapping
 from typing import Any, NotRequired, TypedDict
 
+from pitstop.core.domain import JsonObject
+
 
 class Command(TypedDict):
     id: str
     op: str
-    args: dict[str, Any]
+    args: JsonObject  # the op's own arguments, free-form on the wire: the agent checks each one
     issued_at: float
     deadline: float
 
@@ -68,7 +70,7 @@ def drain_reason(incident: str, action: str) -> str:
     return f"{DRAIN_REASON_PREFIX}{incident} {action}"
 
 
-def result_state(doc: Mapping[str, Any]) -> str:
+def result_state(doc: Mapping[str, object]) -> str:
     """A result document's state; documents from agents before the claim protocol have only ``ok``."""
     state = doc.get("state")
     if isinstance(state, str) and state:
@@ -76,12 +78,12 @@ def result_state(doc: Mapping[str, Any]) -> str:
     return RESULT_DONE if doc.get("ok") else RESULT_FAILED
 
 
-def _attempt(doc: Mapping[str, Any]) -> int:
+def _attempt(doc: Mapping[str, object]) -> int:
     v = doc.get("attempt")
     return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
-def supersedes(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+def supersedes(new: Mapping[str, object], old: Mapping[str, object] | None) -> bool:
     """Whether a result moves a command's record forward, so messages arriving late or twice
     never undo what is known: nothing replaces a final state (done, failed); a final state
     replaces any other; otherwise a later attempt wins, and within one attempt running <
@@ -101,7 +103,7 @@ _HOST_TERM = re.compile(r"([A-Za-z0-9._-]*)(?:\[([0-9,-]{1,200})\])?([A-Za-z0-9.
 MAX_HOSTS = 4096
 
 
-def expand_hostlist(text: Any) -> tuple[str, ...]:
+def expand_hostlist(text: object) -> tuple[str, ...]:
     """The host names of a Slurm host list, in order; () for anything that is not one (bounded)."""
     if not isinstance(text, str) or not text or text == "(null)":
         return ()

@@ -31,9 +31,9 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
-from pitstop.core.domain import StepRecord
+from pitstop.core.domain import JsonObject, StepRecord
 
 IN_PROGRESS = "in_progress"  # claimed: an attempt runs the handler until ``expires_at``
 DONE = "done"  # ``result`` holds the answer; replayed to every later call
@@ -140,7 +140,7 @@ class Claim:
     key: str
     token: str
     attempt: int
-    saved: dict[str, Any] = field(default_factory=dict)
+    saved: JsonObject = field(default_factory=dict)  # each handler's own, kept unread by the runner
     owner: str = ""
 
 
@@ -148,7 +148,7 @@ class Claim:
 class Replay:
     """The record is done: its result, as first recorded."""
 
-    result: dict[str, Any]
+    result: JsonObject  # the handler's answer, replayed unread
 
 
 @dataclass(frozen=True)
@@ -157,12 +157,14 @@ class Release:
     nothing is replayed. ``keep`` leaves ``answer`` on the released record as its ``result``, for
     whoever reads the record (the Slurm agent's transient answer); it is still never replayed."""
 
-    answer: dict[str, Any]
+    answer: JsonObject  # the handler's answer, passed on unread
     why: str
     keep: bool = False
 
 
-Handler = Callable[[Claim], "dict[str, Any] | Release"]
+# A handler's answer is free-form to the runner: it records and replays it unread (each op, sink or
+# agent command has its own shape: core/domain.Fenced, Unfenced, ...).
+Handler = Callable[[Claim], "JsonObject | Release"]
 Logger = Callable[[str, Mapping[str, str]], None]
 
 
@@ -184,7 +186,7 @@ class StepRunner(Generic[V]):
 
     # -- the whole state machine ---------------------------------------------------------------
 
-    def run(self, key: str, payload: Payload, handler: Handler, owner: str = "unknown") -> dict[str, Any]:
+    def run(self, key: str, payload: Payload, handler: Handler, owner: str = "unknown") -> JsonObject:
         """Replay, refuse (busy), or claim, run, and save: the one path every effect takes."""
         begun = self.begin(key, payload, owner)
         if isinstance(begun, Replay):
@@ -238,7 +240,7 @@ class StepRunner(Generic[V]):
         }
 
     @staticmethod
-    def _held(key: str, rec: StepRecord, saved: dict[str, Any]) -> Claim:
+    def _held(key: str, rec: StepRecord, saved: JsonObject) -> Claim:
         return Claim(key, str(rec["token"]), int(rec.get("attempt") or 1), saved, str(rec.get("owner")))
 
     def _over(self, key: str, rec: StepRecord, digest: str) -> Replay | None:
@@ -255,20 +257,20 @@ class StepRunner(Generic[V]):
 
     # -- inside an attempt --------------------------------------------------------------------
 
-    def save(self, claim: Claim, fields: Mapping[str, Any]) -> None:
+    def save(self, claim: Claim, fields: Mapping[str, object]) -> None:
         """Keep what this attempt decided before its first effect; stop if its claim passed on."""
         saved = {**claim.saved, **fields}
         if not self.store.update_held(claim.key, claim.token, {"saved": saved}):
             raise ClaimLostError(claim.key, {"owner": "another attempt"})
         claim.saved = saved
 
-    def finish(self, claim: Claim, result: Mapping[str, Any]) -> None:
+    def finish(self, claim: Claim, result: Mapping[str, object]) -> None:
         """Record the result while the claim is still this attempt's; a lost claim raises."""
         done: StepRecord = {"state": DONE, "result": dict(result), "at": self.clock()}
         if not self.store.update_held(claim.key, claim.token, done):
             raise ClaimLostError(claim.key, {"owner": "another attempt"})
 
-    def release(self, claim: Claim, why: str, result: Mapping[str, Any] | None = None) -> None:
+    def release(self, claim: Claim, why: str, result: Mapping[str, object] | None = None) -> None:
         """Give the claim up at once (what it saved stays, and ``result`` when given); best effort:
         else it expires."""
         fields: StepRecord = {"state": RELEASED, "error": why[:300], "released_at": self.clock()}

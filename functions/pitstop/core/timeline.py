@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from typing import Any
+from typing import cast
 
+from pitstop.core.domain import Timeline
 from pitstop.core.engine import TIMELINE_KEYS
+
+# An incident, or any record that carries an incident's ``timeline`` (a report's row, a CLI's
+# document): only its timeline is read.
+HasTimeline = Mapping[str, object]
+
+
+def _timeline(inc: HasTimeline) -> Timeline:
+    tl = inc.get("timeline")
+    return cast(Timeline, tl) if isinstance(tl, Mapping) else {}  # as the engine stamps it
 
 
 def iso(ts: float | None) -> str | None:
@@ -15,9 +25,9 @@ def iso(ts: float | None) -> str | None:
     return dt.datetime.fromtimestamp(ts, tz=dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def durations(inc: Mapping[str, Any]) -> dict[str, float | None]:
+def durations(inc: HasTimeline) -> dict[str, float | None]:
     """Seconds from detection (the fault's log timestamp) to each later milestone."""
-    tl = inc.get("timeline") or {}
+    tl = _timeline(inc)
     start = tl.get("detected")
     return {
         k: (round(tl[k] - start, 3) if start is not None and tl.get(k) is not None else None)
@@ -26,25 +36,25 @@ def durations(inc: Mapping[str, Any]) -> dict[str, float | None]:
     }
 
 
-def resume_s(inc: Mapping[str, Any]) -> float | None:
+def resume_s(inc: HasTimeline) -> float | None:
     """Detected → the gang observed running again: how long the job stood still."""
-    tl = inc.get("timeline") or {}
+    tl = _timeline(inc)
     if tl.get("detected") is None or tl.get("job_running") is None:
         return None
     return round(float(tl["job_running"]) - float(tl["detected"]), 3)
 
 
-def repair_s(inc: Mapping[str, Any]) -> float | None:
+def repair_s(inc: HasTimeline) -> float | None:
     """Acted → the node healthy (validated, where a validation ran): how long the node was away."""
-    tl = inc.get("timeline") or {}
+    tl = _timeline(inc)
     end = tl.get("validated") or tl.get("healthy")
     if tl.get("acted") is None or end is None:
         return None
     return round(float(end) - float(tl["acted"]), 3)
 
 
-def render(inc: Mapping[str, Any]) -> list[str]:
-    tl = inc.get("timeline") or {}
+def render(inc: HasTimeline) -> list[str]:
+    tl = _timeline(inc)
     d = durations(inc)
     rows = []
     for k in TIMELINE_KEYS:

@@ -26,10 +26,11 @@ import json
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple, cast
 
 from pitstop.core.actions import RANK, Action
 from pitstop.core.catalog import default_xid_policy
+from pitstop.core.domain import JsonObject, Source
 from pitstop.core.policy import Policy
 
 VERIFIED = "verified"
@@ -69,7 +70,7 @@ class Provenance(NamedTuple):
     carrier: str  # journald | syslog | legacy_agent | serial_console | none
 
 
-def _journald(jp: Mapping[str, Any]) -> Provenance:
+def _journald(jp: Mapping[str, object]) -> Provenance:
     msg = jp.get("MESSAGE")
     text = msg if isinstance(msg, str) else None  # journald sends binary messages as byte arrays
     transport = jp.get("_TRANSPORT")
@@ -84,7 +85,7 @@ def _journald(jp: Mapping[str, Any]) -> Provenance:
     return Provenance(text, VERIFIED, WHY_JOURNAL_KERNEL, "journald")
 
 
-def text_provenance(entry: Mapping[str, Any]) -> Provenance:
+def text_provenance(entry: Mapping[str, object]) -> Provenance:
     """Which text of a LogEntry is the evidence, and its trust. Never raises.
 
     A journald-shaped payload (``jsonPayload.MESSAGE``: the Ops Agent ``systemd_journald``
@@ -149,7 +150,7 @@ def allowed_action(
     )
 
 
-def decide(ev: Mapping[str, Any], policy: Policy, action: str | None = None) -> TrustDecision:
+def decide(ev: Mapping[str, object], policy: Policy, action: str | None = None) -> TrustDecision:
     """:func:`allowed_action` for a FaultEvent: ``action`` defaults to the event's own proposal.
 
     Pass the action after escalation (ladder, lemon host) so history cannot turn unverified
@@ -174,7 +175,7 @@ CREATED_AFTER_MARGIN_S = 5.0
 
 
 def vm_identity_problem(
-    node: Mapping[str, Any], first_seen: float, live_id: str | None, created: float | None
+    node: Mapping[str, object], first_seen: float, live_id: str | None, created: float | None
 ) -> str | None:
     """Why the live VM is not the one the evidence names (None when it is, as far as can be told).
 
@@ -207,7 +208,7 @@ WHY_XID_CONDITION = (
 )
 
 
-def wants_corroboration(ev: Mapping[str, Any], watched: Collection[int] | None = None) -> bool:
+def wants_corroboration(ev: Mapping[str, object], watched: Collection[int] | None = None) -> bool:
     """An unverified Xid line that a GKE node's device plugin would also have seen.
 
     ``watched``: the Xids the device plugin watches (the XID policy's list by default).
@@ -223,7 +224,7 @@ def wants_corroboration(ev: Mapping[str, Any], watched: Collection[int] | None =
     )
 
 
-def xid_condition_confirms(node_obj: Mapping[str, Any], xid: int) -> str | None:
+def xid_condition_confirms(node_obj: Mapping[str, object], xid: int) -> str | None:
     """Why the Node's own XidCriticalError condition confirms ``xid`` on its current boot, or None.
 
     All of: the condition is True, its reason map names the Xid, and its message is the bootID the
@@ -248,9 +249,11 @@ def xid_condition_confirms(node_obj: Mapping[str, Any], xid: int) -> str | None:
     return None
 
 
-def corroborated(ev: Mapping[str, Any], why: str) -> dict[str, Any]:
-    """The event, believed on the second signal; the line's own trust stays in the reason."""
-    src = dict(ev["source"])
+def corroborated(ev: Mapping[str, object], why: str) -> JsonObject:
+    """The event, believed on the second signal; the line's own trust stays in the reason.
+
+    Free-form out: the GKE adapter holds the event as a plain dict and gets it back as one."""
+    src = dict(cast(Source, ev["source"]))  # a classified event always carries its source
     line = src.get("trust_reason") or "unverified line"
     src["trust"], src["trust_reason"] = VERIFIED, f"{why}; the line itself: {line}"[:512]
     reason = str(ev.get("reason", "")).replace(f"unverified: {line}", f"corroborated: {why}")[:512]

@@ -14,11 +14,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pitstop.core import resources
 from pitstop.core.actions import Action
-from pitstop.core.domain import Measurement
+from pitstop.core.domain import FabricSpec, Measurement
+from pitstop.core.policy_types import ExpectedBaseline, FabricDoc, ValidationDoc
 
 # ---------------------------------------------------------------- expectations (validation.yaml)
 
@@ -36,7 +37,7 @@ class Fabric:
     env: tuple[tuple[str, str], ...]
     profile_env: tuple[tuple[str, str], ...] = ()
 
-    def as_spec(self) -> dict[str, Any]:
+    def as_spec(self) -> FabricSpec:
         """What a check carries to the scheduler (and what the scheduler reports it applied)."""
         return {
             "name": self.name,
@@ -71,7 +72,7 @@ class ValidationTable:
     def expectation(self, machine_type: str) -> Expectation | None:
         return self.machine_types.get(machine_type)
 
-    def with_overrides(self, expected: Mapping[str, Mapping[str, Any]]) -> ValidationTable:
+    def with_overrides(self, expected: Mapping[str, ExpectedBaseline]) -> ValidationTable:
         """An operator's own baselines (policy ``validation.expected``) replace the published ones."""
         merged = dict(self.machine_types)
         for mt, o in expected.items():
@@ -89,7 +90,7 @@ class ValidationTable:
         )
 
 
-def _fabric(doc: Mapping[str, Any] | None, gpus: int, machine_type: str) -> Fabric | None:
+def _fabric(doc: FabricDoc | None, gpus: int, machine_type: str) -> Fabric | None:
     if doc is None:
         return None
     ranks = int(doc["ranks_per_node"])
@@ -109,7 +110,8 @@ def _fabric(doc: Mapping[str, Any] | None, gpus: int, machine_type: str) -> Fabr
 
 
 def load_validation_table(path: Path | None = None) -> ValidationTable:
-    doc = resources.load_yaml(path or resources.schema_dir() / "validation.yaml", "validation.schema.json")
+    loaded = resources.load_yaml(path or resources.schema_dir() / "validation.yaml", "validation.schema.json")
+    doc = cast(ValidationDoc, loaded)  # the schema checked it
     d = doc["defaults"]
     types = {
         name: Expectation(
@@ -288,7 +290,7 @@ def _list(v: Any) -> list[Any]:
     return v if isinstance(v, list) else []
 
 
-def _gpu_ids(result: Mapping[str, Any]) -> list[int]:
+def _gpu_ids(result: Mapping[str, object]) -> list[int]:
     """v3: gpu_ids "0,1,2" or 3, or gpu_id; v4: entity_id of entity_group GPU."""
     if "entity_id" in result:
         group = result.get("entity_group", "GPU")
@@ -304,22 +306,23 @@ def _gpu_ids(result: Mapping[str, Any]) -> list[int]:
     return []
 
 
-def _messages(result: Mapping[str, Any]) -> list[str]:
+def _messages(result: Mapping[str, object]) -> list[str]:
     out: list[str] = []
     for w in _list(result.get("warnings")):
         text = w.get("warning") if isinstance(w, Mapping) else w
         if isinstance(text, str):
             out.append(text[:500])
-    if isinstance(result.get("warning"), str):
-        out.append(result["warning"][:500])
+    warning = result.get("warning")
+    if isinstance(warning, str):
+        out.append(warning[:500])
     return out
 
 
-def _status(word: Any) -> str:
+def _status(word: object) -> str:
     return _STATUS.get(word.strip().lower(), "unknown") if isinstance(word, str) else "unknown"
 
 
-def _dcgm_test(category: str, test: Mapping[str, Any]) -> list[DcgmTest]:
+def _dcgm_test(category: str, test: Mapping[str, object]) -> list[DcgmTest]:
     """One test object → one DcgmTest per distinct status among its results."""
     name = str(test.get("name", "?"))[:100]
     by_status: dict[str, tuple[list[int], list[str]]] = {}
@@ -542,7 +545,7 @@ def _human_bytes(n: int) -> str:
 _REPAIRS = frozenset({Action.RESET_GPU, Action.REBOOT_NODE, Action.DRAIN_NODE})
 
 
-def off_fabric(exp: Expectation, nccl: NcclResult, applied: Mapping[str, Any] | None) -> str | None:
+def off_fabric(exp: Expectation, nccl: NcclResult, applied: Mapping[str, object] | None) -> str | None:
     """Why an NCCL figure was not measured the fabric's way, or None when it was.
 
     The fabric's way is the table's ``fabric`` setup, reported applied by the scheduler, and the

@@ -57,7 +57,7 @@ class KubeClients:
         self.where: dict[str, tuple[str, str | None]] = {}
         for c in policy.clusters:
             if c.scheduler == "gke":
-                conf = c.raw.get("gke") or {}
+                conf: Mapping[str, object] = c.raw.get("gke") or {}
                 loc = conf.get("location")
                 self.where[str(conf.get("cluster") or c.name)] = (
                     str(conf.get("project") or project),

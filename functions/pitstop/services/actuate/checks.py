@@ -24,7 +24,7 @@ def _start(s: Step, spec: CheckSpec) -> dict[str, Any]:
     if not isinstance(saved, dict):
         s.save({"check": dict(spec)})
         saved = dict(spec)
-    started = s.scheduler.start_check(s.instance, saved, s.ref)
+    started = s.scheduler.start_check(s.instance, cast(CheckSpec, saved), s.ref)  # as saved
     return {"run": True, "check": saved, "peer": started.peer, "note": started.note}
 
 
@@ -263,7 +263,7 @@ def revalidate(s: Step) -> dict[str, Any]:
     if not isinstance(saved, dict):
         s.save({"recheck": dict(spec)})
         saved = dict(spec)
-    started = s.scheduler.start_check(s.instance, saved, s.ref)
+    started = s.scheduler.start_check(s.instance, cast(CheckSpec, saved), s.ref)  # as saved
     why = f"busbw short against {first.peer}: measured again against another healthy peer"
     return {"run": True, "check": saved, "peer": started.peer, "note": started.note, "why": why}
 

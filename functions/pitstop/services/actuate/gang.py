@@ -60,7 +60,7 @@ def reschedule_early(s: Step) -> dict[str, Any]:
     The repair then goes on in the background of the job. A job left waiting is requeued by
     ``reschedule`` once the node is back (the old order), and the incident's ``resume`` says why.
     """
-    choice = s.deps.policy.reschedule(s.deps.policy.cluster_for(s.inc["node"] or {}))
+    choice = s.deps.policy.reschedule(s.deps.policy.cluster_for(s.inc["node"]))
     requeued: list[dict[str, Any]] = []
     waiting: list[dict[str, Any]] = []
     moved: list[dict[str, Any]] = []

@@ -50,7 +50,7 @@ def _start(
     if not isinstance(saved, dict):
         s.save({"check": dict(spec), **({"seen": seen} if seen is not None else {})})
         saved = dict(spec)
-    started = sched.start_gang_check(_job(s), saved, s.ref)
+    started = sched.start_gang_check(_job(s), cast(GangCheckSpec, saved), s.ref)  # as saved
     out = {
         "run": bool(started.nodes),
         "check": saved,
@@ -102,9 +102,8 @@ def _result(s: Step, op: Op) -> CheckRun | None:
     if not rec.get("run") or sched is None:
         return None
     nodes = rec.get("nodes") or s.recorded(Op.LOCALISE).get("nodes") or []
-    return cast(
-        CheckRun, asdict(sched.gang_check_result(_job(s), {**rec["check"], "nodes": nodes}, s.ref))
-    )  # CheckResult's fields
+    check = cast(GangCheckSpec, {**rec["check"], "nodes": nodes})  # as saved, on the nodes found
+    return cast(CheckRun, asdict(sched.gang_check_result(_job(s), check, s.ref)))  # CheckResult's fields
 
 
 def _final(s: Step, op: Op) -> CheckRun | None:
@@ -246,9 +245,9 @@ def _not_hung(s: Step, state: JobState) -> dict[str, Any]:
 def _node_ref(s: Step, node: str) -> NodeRef | None:
     """The culprit's VM (its zone from the cluster's configuration; its id from Compute)."""
     cluster = s.deps.policy.cluster_named(str(s.inc.get("cluster") or ""))
-    raw = cluster.raw if cluster is not None else {}
-    zones = (raw.get("match") or {}).get("zones") or []
-    zone = (raw.get("mig") or {}).get("zone") or (zones[0] if len(zones) == 1 else None)
+    zones = (cluster.match.get("zones") if cluster else None) or []
+    mig = cluster.raw.get("mig") if cluster else None
+    zone = (mig["zone"] if mig else None) or (zones[0] if len(zones) == 1 else None)
     job = s.inc.get("job")
     project = str((job.get("project") if job else None) or "")
     if not zone or not project:

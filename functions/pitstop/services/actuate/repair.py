@@ -61,9 +61,9 @@ def _plan(s: Step) -> dict[str, Any]:
 
 
 def _policy_mig(s: Step) -> str | None:
-    cluster = s.deps.policy.cluster_for(s.inc["node"] or {})
-    mig = (cluster.raw.get("mig") or {}) if cluster else {}
-    return str(mig["name"]) if mig.get("zone") == s.node()[1] else None
+    cluster = s.deps.policy.cluster_for(s.inc["node"])
+    mig = cluster.raw.get("mig") if cluster else None
+    return str(mig["name"]) if mig and mig["zone"] == s.node()[1] else None
 
 
 def _call(s: Step, plan: Mapping[str, Any]) -> str | None:
