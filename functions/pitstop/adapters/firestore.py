@@ -26,6 +26,7 @@ from google.cloud import firestore
 from pitstop.adapters.firestore_counts import CountShards
 from pitstop.adapters.firestore_jobs import JobRecords
 from pitstop.adapters.firestore_outbox import OutboxRecords
+from pitstop.adapters.firestore_snaps import SnapCache
 from pitstop.adapters.firestore_starts import StartRecords
 from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.core import engine
@@ -105,14 +106,20 @@ class _Read:
 
     def __init__(self, snaps: Mapping[str, Any]) -> None:
         self._snaps = dict(snaps)
+        self.done: list[tuple[Any, Incident | NodeDoc]] = []  # what the batch writes (the cache's)
 
     def keep(self, snap: Any) -> Incident | None:
         self._snaps[snap.reference.path] = snap
         return _doc(snap, Incident)
 
+    @property
+    def paths(self) -> list[str]:
+        return list(self._snaps)
+
     def write(self, batch: Any, ref: Any, doc: Incident | NodeDoc, db: Any) -> None:
         """Replace the document on condition that it is as read (fields it lost deleted), or
         create it if it was absent or never read (a new incident)."""
+        self.done.append((ref, doc))
         snap = self._snaps.get(ref.path)
         if snap is None or not snap.exists:
             batch.create(ref, dict(doc))
@@ -139,6 +146,7 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         self._claim_lock = threading.Lock()
         self.writes = 0  # documents written by this process, for `pitstop bench ingest`
         self.retries = 0  # transactions that lost to a contender and ran again (`pitstop bench ingest`)
+        self.snaps = SnapCache()  # node and incident documents as last read or written here
 
     def _count_writes(self, n: int) -> None:
         with self._lock:
@@ -194,21 +202,37 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         read locks on its documents that each other's commits waited for, until the emulator's
         lock timeout (`pitstop bench ingest`, 50,000 lines / 64 nodes at 10 instances: 54
         deliveries refused after ten "Transaction lock timeout"s each, and a stall).
+
+        First from the documents as this process last saw them (adapters/firestore_snaps.py) and
+        without reading the dedup record (its create is conditioned: a duplicate's commit is
+        refused); refused, at once again on fresh reads.
         """
+        ttl = float(policy.doc["store"]["cache_ttl_s"])
+        try:
+            return self._decide_event(ev, policy, now, nkey, ttl)
+        except LOST:
+            with self._lock:
+                self.retries += 1
+        return self._decide_event(ev, policy, now, nkey, 0.0)
+
+    def _decide_event(
+        self, ev: FaultEvent, policy: Policy, now: float, nkey: str, ttl: float
+    ) -> engine.Outcome:
+        """:meth:`_apply` once: documents younger than ``ttl`` from the cache (0: all read)."""
         key = engine.event_key(ev)
         node_ref = self.nodes.document(nkey)
         dedup_ref = self.dedup.document(key)
-        ttl = dt.datetime.fromtimestamp(now + policy.window("dedup_ttl_h") * 3600, tz=dt.UTC)
-        seen = dedup_ref.get()
-        if seen.exists:
-            return engine.Outcome("duplicate", duplicate_of=(seen.to_dict() or {}).get("incident"))
-        node_snap = node_ref.get()
+        expiry = dt.datetime.fromtimestamp(now + policy.window("dedup_ttl_h") * 3600, tz=dt.UTC)
+        if ttl <= 0:
+            seen = dedup_ref.get()
+            if seen.exists:
+                return engine.Outcome("duplicate", duplicate_of=(seen.to_dict() or {}).get("incident"))
+        node_snap = self._snap(node_ref, ttl)
         node_doc = _doc(node_snap, NodeDoc)
         read = _Read({node_ref.path: node_snap})
         latest = None
         if node_doc and node_doc.get("latest_incident"):
-            snap = self.incidents.document(node_doc["latest_incident"]).get()
-            latest = read.keep(snap)
+            latest = read.keep(self._snap(self.incidents.document(node_doc["latest_incident"]), ttl))
         budgets = _LazyBudgets(self.budgets)
         out = engine.apply_event(ev, node_doc, latest, budgets, policy, now, key)
         if out.result == "ignored":
@@ -216,18 +240,36 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         batch = self.db.batch()
         self._write(batch, out, budgets, read)
         inc_id = out.incident["id"] if out.incident else None
-        batch.create(dedup_ref, {"expire_at": ttl, "incident": inc_id, "node": nkey})
+        batch.create(dedup_ref, {"expire_at": expiry, "incident": inc_id, "node": nkey})
         self._count_writes(1)
-        batch.commit()
+        try:
+            batch.commit()
+        except LOST:
+            self.snaps.drop(*read.paths)  # another instance wrote them: read them next time
+            raise
+        for ref, doc in read.done:
+            self.snaps.written(ref, doc, batch.commit_time)
         return out
+
+    def _snap(self, ref: Any, ttl: float) -> Any:
+        """A document for a decision: as this process saw it less than ``ttl`` ago, or read now."""
+        snap = self.snaps.get(ref.path, ttl) if ttl > 0 else None
+        if snap is None:
+            snap = ref.get()
+            self.snaps.put(snap)
+        return snap
 
     def latest_incident(self, nkey: str) -> Incident | None:
         """The node's latest incident as decided (no shards), read without a transaction (to
         refresh a cache)."""
-        node = self.nodes.document(nkey).get().to_dict()
+        snap = self.nodes.document(nkey).get()
+        self.snaps.put(snap)  # the decision that may follow reads neither again
+        node = snap.to_dict() if snap.exists else None
         if not node or not node.get("latest_incident"):
             return None
-        return _doc(self.incidents.document(node["latest_incident"]).get(), Incident)
+        inc = self.incidents.document(node["latest_incident"]).get()
+        self.snaps.put(inc)
+        return _doc(inc, Incident)
 
     # -- remediation steps (actuate) ---------------------------------------------------
 
@@ -244,6 +286,7 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
             out = fn(inc)
             if inc != before:  # by value: a state written as State.X equals the stored "X"
                 t.set(ref, inc)
+                self.snaps.drop(ref.path)  # written in a transaction: a decision reads it again
                 self._count_writes(1)
                 if inc.get("state") != before.get("state") or inc.get("closure") != before.get("closure"):
                     self._note_resolved(t, inc)
@@ -286,10 +329,12 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
 
     def set_node_fields(self, key: str, fields: NodeFields) -> None:
         """Facts learned while acting (e.g. the reservation block from Compute's host topology)."""
+        self.snaps.drop(self.nodes.document(key).path)
         self.nodes.document(key).set(dict(fields), merge=True)
         self._count_writes(1)
 
     def put_node(self, key: str, doc: NodeDoc) -> None:
+        self.snaps.drop(self.nodes.document(key).path)
         self.nodes.document(key).set(dict(doc))
 
     def list(self, states: Iterable[State] | None = None) -> list[Incident]:
@@ -385,6 +430,7 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
                 if not engine.close_if_burst_over(cur, now):
                     return False
                 t.set(ref, cur)
+                self.snaps.drop(ref.path)
                 self._note_resolved(t, cur)
                 for doc_id, doc in engine.release_slots(budgets, cur["id"]).items():
                     t.set(self.budgets.document(doc_id), doc)
@@ -396,6 +442,15 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
             closed += bool(self._serialised(inc["id"], True, run))
         return closed
 
+    def _put(self, t: Any, ref: Any, doc: Incident | NodeDoc, read: _Read | None) -> None:
+        """One node or incident write of a decision: conditioned on ``read``, or in a transaction
+        (then the cached snapshot is dropped: the next decision reads the document)."""
+        if read is not None:
+            read.write(t, ref, doc, self.db)
+        else:
+            self.snaps.drop(ref.path)
+            t.set(ref, doc)
+
     def _write(
         self, t: Any, out: engine.Outcome, budgets: _LazyBudgets | None = None, read: _Read | None = None
     ) -> None:
@@ -406,11 +461,10 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         done = commit_of(out)
         for inc in done.incidents:
             ref = self.incidents.document(inc["id"])
-            read.write(t, ref, inc, self.db) if read is not None else t.set(ref, inc)
+            self._put(t, ref, inc, read)
             self._note_resolved(t, inc)
         if done.node is not None:
-            ref = self.nodes.document(engine.subject_key(done.node))
-            read.write(t, ref, done.node, self.db) if read is not None else t.set(ref, done.node)
+            self._put(t, self.nodes.document(engine.subject_key(done.node)), done.node, read)
         for doc_id, doc in done.budgets.items():
             ref = self.budgets.document(doc_id)
             if budgets is None or doc_id not in budgets.read_at:

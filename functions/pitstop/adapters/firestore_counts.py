@@ -22,6 +22,7 @@ from typing import Any, cast
 from google.api_core.retry import Retry
 from google.cloud import firestore
 
+from pitstop.adapters.firestore_snaps import SnapCache
 from pitstop.core.domain import CountShard, Incident, Resolution
 from pitstop.core.store import resolution, with_shards
 
@@ -36,6 +37,7 @@ class CountShards:
 
     incidents: Any  # the incidents collection
     resolved: Any  # the resolved feed's collection
+    snaps: SnapCache  # documents as last read or written (adapters/firestore_snaps.py)
 
     def _count_writes(self, n: int) -> None:
         raise NotImplementedError
@@ -49,6 +51,7 @@ class CountShards:
 
     def incident_as_decided(self, iid: str) -> Incident | None:
         snap = self.incidents.document(iid).get()
+        self.snaps.put(snap)  # a decision that follows need not read it again
         return cast(Incident | None, snap.to_dict() if snap.exists else None)  # the edge: untyped dicts
 
     def resolved_since(self, since: float) -> list[Resolution]:
