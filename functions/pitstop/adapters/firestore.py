@@ -137,6 +137,7 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         self.dedup = client.collection(f"{prefix}_dedup")
         self.outbox = client.collection(f"{prefix}_outbox")
         self.resolved = client.collection(f"{prefix}_resolved")
+        self.counts = client.collection(f"{prefix}_counts")
         # Called inside each decision's transaction (services/outbox.py records its page there).
         self.on_decision: Callable[[Any, engine.Outcome], None] | None = None
         self._lock = threading.Lock()

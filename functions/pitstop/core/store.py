@@ -107,8 +107,10 @@ class Decisions(Protocol):
 class Counts(Protocol):
     """Storm counts in shards (see :func:`with_shards`) and what tells a cache they may be stale."""
 
-    def put_count_shard(self, iid: str, shard: str, totals: CountShard) -> None:
-        """Write one shard's totals whole, blindly (one write, no read)."""
+    def put_count_shards(self, pages: Mapping[str, Mapping[str, CountShard]]) -> None:
+        """Write shards' totals (``page -> shard -> totals``, each naming its incident), each
+        replacing that shard's earlier totals whole, blindly: one write per page, no read; the
+        page's other shards stay as they were."""
         ...
 
     def incident_as_decided(self, iid: str) -> Incident | None:

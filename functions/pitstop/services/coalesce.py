@@ -61,7 +61,8 @@ MAX_NODES = 10_000  # node states an instance keeps
 SEEN_MAX = 100_000  # delivery keys an instance remembers (redeliveries to it are dropped at once)
 IDLE_S = 600.0  # a node state untouched this long, with nothing buffered, is dropped
 IDLE_TICKS = 30  # the timer thread stops after this many ticks with nothing buffered
-FLUSH_WORKERS = 8  # merges at once when everything is flushed (SIGTERM leaves an instance 10 s)
+DECIDE_S = 1.0  # a line that must be decided is, on a view of its incident this young (else read again)
+PAGE_SHARDS = 128  # node states' shards per page document (each <= 5 KB, a document <= 1 MiB)
 GATE_STRIPES = 256  # per-node gates for lines that must be decided (node keys hashed onto them)
 __all__ = ["DIRECT_LINES", "Coalescer", "slim"]
 
@@ -97,6 +98,7 @@ class Coalescer(ShardWriter):
         self._applying: dict[str, threading.Event] = {}  # keys in a store transaction right now
         self._seen_max, self._max_nodes = seen_max, max_nodes
         self._lock = threading.RLock()
+        self._page_lock = threading.Lock()
         self._gates = [threading.Lock() for _ in range(GATE_STRIPES)]
         self._merged = threading.Condition(self._lock)  # notified as each detached merge finishes
         self._inflight = 0  # snapshots detached by _take and not yet written (or restored)
@@ -157,13 +159,15 @@ class Coalescer(ShardWriter):
     def _decide(self, ev: FaultEvent, key: str, nkey: str, now: float) -> engine.Outcome:
         """Behind the node's gate: refresh the cache if it is stale, then count or commit the event.
 
-        A line the cache cannot count is committed only on a cache read within ``cache_ttl_s``
-        (the feed's longer trust is for counting): another instance may have raised the incident
-        or committed its first lines already, and one read costs less than a transaction.
+        A line the cache cannot count is committed only on a view of the incident read or written
+        less than ``DECIDE_S`` ago (the feed's longer trust is for counting): another instance
+        may have raised the incident or committed its first lines already, and one read costs
+        less than a decision's commit (the read leaves the incident in the store's cache, so the
+        commit that may follow reads it not again).
         """
         with self._lock:
             st = self._nodes.get(nkey)
-            fresh = st is not None and now - st.fetched_at < self.cache_ttl
+            fresh = st is not None and now - st.fetched_at < min(self.cache_ttl, DECIDE_S)
         if not fresh:
             latest = self._read_latest(nkey, st)  # plain reads: no write to refresh a cache
             with self._lock:
@@ -229,11 +233,9 @@ class Coalescer(ShardWriter):
         ):
             return None, self._take(st, nkey, now)  # counts so far go first: the store path may change things
         if st.shard_iid != latest["id"]:  # a new shard for a new incident (the old one's is written)
-            st.deltas, st.shard, st.shard_iid = (
-                engine.empty_deltas(),
-                f"{self.instance}-{next(self._shards)}",
-                latest["id"],
-            )
+            n = next(self._shards)
+            st.deltas, st.shard, st.shard_iid = engine.empty_deltas(), f"{self.instance}-{n}", latest["id"]
+            st.page = f"{self.instance}-p{(n - 1) // PAGE_SHARDS}"
         engine.count_into(st.deltas, ev, ts, self.policy, latest.get("evidence_room", engine.MAX_EVIDENCE))
         if st.representative is None or RANK[ev["action"]] >= RANK[st.representative["action"]]:
             st.representative = ev.copy()  # the line to replay if the incident stopped absorbing
@@ -318,61 +320,40 @@ class Coalescer(ShardWriter):
     def flush_all(self, now: float, wait_s: float = 30.0) -> int:
         """Write every buffered count now (SIGTERM, exit, the sweep, the end of a benchmark).
 
-        Merges FLUSH_WORKERS at a time: at SIGTERM an instance has seconds, and a storm over
-        2,000 nodes leaves as many merges. Returns once merges already under way elsewhere (the
-        timer, another line) have finished too, so whoever reads the incidents next sees every
-        count this instance had.
+        In one store call (one write per page: at SIGTERM an instance has seconds, and a storm
+        over 2,000 nodes leaves as many shards). Returns once merges already under way elsewhere
+        (the timer, another line) have finished too, so whoever reads the incidents next sees
+        every count this instance had.
         """
         with self._lock:
             jobs = [job for k in list(self._pending) if (job := self._take(self._nodes[k], k, now))]
         retries = self._take_retries()
         with self._lock:
             self._inflight += len(retries)
-        self._merge_parallel(jobs + retries, now)
+        self._merge_all(jobs + retries, now)
         with self._lock:
             self._merged.wait_for(lambda: self._inflight == 0, timeout=wait_s)
         self.watch_feed(now)  # what was resolved since the last look: replayed before the instance goes
         return len(jobs)
 
-    def _merge_parallel(self, jobs: list[Job], now: float) -> None:
-        """Merge these jobs FLUSH_WORKERS at a time, this thread among them: at interpreter exit
-        (atexit) no executor takes work and Python 3.12 starts no thread, so this one merges
-        whatever the others cannot."""
-        todo, lock = list(jobs), threading.Lock()
-
-        def work() -> None:
-            while True:
-                with lock:
-                    if not todo:
-                        return
-                    job = todo.pop()
-                self._merge(job, now)
-
-        helpers: list[threading.Thread] = []
-        try:
-            for _ in range(min(FLUSH_WORKERS, len(jobs)) - 1):
-                helpers.append(threading.Thread(target=work, name="pitstop-flush", daemon=True))
-                helpers[-1].start()
-        except RuntimeError:  # no new thread at interpreter shutdown
-            helpers = [t for t in helpers if t.is_alive()]
-        work()
-        for t in helpers:
-            t.join()
-
     def flush_due(self, now: float) -> int:
         """Look at the resolved feed, write the counts buffered for a flush interval or longer, check
         lines written ``VERIFY_S`` ago that nothing checked since, drop idle node states.
 
-        One node at a time (taken, written, the next): what is not written yet stays buffered, where
-        a shutdown's flush_all finds it, instead of being held by this thread when the instance stops.
+        A page with a node due is written whole: every node of it with lines buffered goes in the
+        same write (a write per page and interval, whatever the nodes). A shutdown's flush_all
+        waits for it.
         """
         self.watch_feed(now)
-        for again in self._take_retries():
-            with self._lock:
-                self._inflight += 1
-            self._merge(again, now)
+        jobs = self._take_retries()
         with self._lock:
-            due = [k for k in self._pending if now - self._nodes[k].last_flush >= self.flush_interval]
+            self._inflight += len(jobs)
+            pages = {
+                self._nodes[k].page
+                for k in self._pending
+                if now - self._nodes[k].last_flush >= self.flush_interval
+            }
+            due = [k for k in self._pending if self._nodes[k].page in pages]
             late = [
                 (k, st)
                 for k, st in self._nodes.items()
@@ -385,17 +366,11 @@ class Coalescer(ShardWriter):
             ]
             for k in idle:
                 del self._nodes[k]
-        merged = 0
-        for k in due:
-            with self._lock:
-                st = self._nodes.get(k)
-                job = self._take(st, k, now) if st is not None and k in self._pending else None
-            if job is not None:
-                self._merge(job, now)
-                merged += 1
+            merged = [job for k in due if (job := self._take(self._nodes[k], k, now))]
+        self._merge_all(jobs + merged, now)  # one store call: a write per page, not per node
         for k, st in late:
             self.verify(k, st, now)
-        return merged
+        return len(merged)
 
     def _ensure_timer(self) -> bool:
         """Under the lock: make sure the timer thread runs while counts are buffered (False: off)."""
