@@ -44,10 +44,10 @@ class Flaky(MemoryStore):
         self.hold_shard: str | None = None  # a shard whose next write waits for ``go_on``, then fails
         self.inside, self.go_on = threading.Event(), threading.Event()
 
-    def apply(self, ev: Any, pol: policy.Policy, now: float) -> engine.Outcome:
+    def apply(self, ev: Any, pol: policy.Policy, now: float, countable: Any = None) -> engine.Outcome:
         if self.fail_apply:
             raise TimeoutError("store unavailable")
-        return super().apply(ev, pol, now)
+        return super().apply(ev, pol, now, countable)
 
     def put_count_shards(self, pages: Any) -> None:
         if any(self.hold_shard in shards for shards in pages.values()):

@@ -34,7 +34,7 @@ from pitstop.core.actions import NODE_ACTIONS
 from pitstop.core.domain import Budget, FaultEvent, Incident, NodeDoc, NodeFields, StepRecord
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
-from pitstop.core.store import commit_of
+from pitstop.core.store import Countable, commit_of
 
 T = TypeVar("T")
 D = TypeVar("D")
@@ -186,14 +186,18 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
                 time.sleep(random.uniform(0, pause))  # noqa: S311 - jitter, not a secret
         raise AssertionError("unreachable")
 
-    def apply(self, ev: FaultEvent, policy: Policy, now: float) -> engine.Outcome:
-        """Fold one event in, exactly once per delivery identity."""
+    def apply(
+        self, ev: FaultEvent, policy: Policy, now: float, countable: Countable | None = None
+    ) -> engine.Outcome:
+        """Fold one event in, exactly once per delivery identity (core/store.py Decisions)."""
         nkey = engine.subject_key(ev)
         return self._serialised(
-            nkey, ev["action"] in NODE_ACTIONS, lambda: self._apply(ev, policy, now, nkey)
+            nkey, ev["action"] in NODE_ACTIONS, lambda: self._apply(ev, policy, now, nkey, countable)
         )
 
-    def _apply(self, ev: FaultEvent, policy: Policy, now: float, nkey: str) -> engine.Outcome:
+    def _apply(
+        self, ev: FaultEvent, policy: Policy, now: float, nkey: str, countable: Countable | None
+    ) -> engine.Outcome:
         """One decision, optimistically: its documents read without a transaction (no lock), its
         writes committed in one batch (all or none) on condition that every document it writes
         is as it was read (its update time) or still absent, the delivery's dedup record created
@@ -210,14 +214,14 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         """
         ttl = float(policy.doc["store"]["cache_ttl_s"])
         try:
-            return self._decide_event(ev, policy, now, nkey, ttl)
+            return self._decide_event(ev, policy, now, nkey, ttl, countable)
         except LOST:
             with self._lock:
                 self.retries += 1
-        return self._decide_event(ev, policy, now, nkey, 0.0)
+        return self._decide_event(ev, policy, now, nkey, 0.0, countable)
 
     def _decide_event(
-        self, ev: FaultEvent, policy: Policy, now: float, nkey: str, ttl: float
+        self, ev: FaultEvent, policy: Policy, now: float, nkey: str, ttl: float, countable: Countable | None
     ) -> engine.Outcome:
         """:meth:`_apply` once: documents younger than ``ttl`` from the cache (0: all read)."""
         key = engine.event_key(ev)
@@ -234,6 +238,8 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         latest = None
         if node_doc and node_doc.get("latest_incident"):
             latest = read.keep(self._snap(self.incidents.document(node_doc["latest_incident"]), ttl))
+        if countable is not None and countable(latest):
+            return engine.Outcome("absorbed", incident=latest, coalesced=True)
         budgets = _LazyBudgets(self.budgets)
         out = engine.apply_event(ev, node_doc, latest, budgets, policy, now, key)
         if out.result == "ignored":

@@ -90,12 +90,23 @@ def resolution(inc: Incident, now: float) -> Resolution | None:
     return {"incident": inc["id"], "node": inc.get("node_key"), "at": at, "expire_at": at + RESOLVED_KEEP_S}
 
 
+# Asked by a decision of the node's latest incident as it read it (None: the node has none): the
+# caller (services/coalesce.py) counts the event in memory instead, and nothing is decided.
+Countable = Callable[[Incident | None], bool]
+
+
 class Decisions(Protocol):
     """Engine decisions, each read-decide-write in one transaction."""
 
     on_decision: Callable[[Any, Outcome], None] | None
 
-    def apply(self, ev: FaultEvent, policy: Policy, now: float) -> Outcome: ...
+    def apply(
+        self, ev: FaultEvent, policy: Policy, now: float, countable: Countable | None = None
+    ) -> Outcome:
+        """Decide one event, exactly once per delivery identity; or, if ``countable`` says so of
+        the incident as read, nothing (``coalesced``: the incident as read, nothing written)."""
+        ...
+
     def release(self, iid: str, policy: Policy, now: float, by: str) -> Outcome: ...
     def step_up(self, iid: str, policy: Policy, now: float) -> Outcome: ...
     def close(self, iid: str, by: str, now: float, unfence: bool) -> Outcome: ...

@@ -61,6 +61,11 @@ MAX_NODES = 10_000  # node states an instance keeps
 SEEN_MAX = 100_000  # delivery keys an instance remembers (redeliveries to it are dropped at once)
 IDLE_S = 600.0  # a node state untouched this long, with nothing buffered, is dropped
 IDLE_TICKS = 30  # the timer thread stops after this many ticks with nothing buffered
+# Pub/Sub's longest ack deadline: a push not answered by then has been timed out and is delivered
+# again whatever the subscription says ("The maximum custom deadline you can specify is 600
+# seconds"; for push, the deadline is the request's timeout: cloud.google.com/pubsub/docs/
+# reference/rest/v1/projects.subscriptions). Deploy sets the trigger's own (PITSTOP_ACK_DEADLINE_S).
+ACK_DEADLINE_S = 600.0
 DECIDE_S = 1.0  # a line that must be decided is, on a view of its incident this young (else read again)
 PAGE_SHARDS = 128  # node states' shards per page document (each <= 5 KB, a document <= 1 MiB)
 GATE_STRIPES = 256  # per-node gates for lines that must be decided (node keys hashed onto them)
@@ -86,8 +91,10 @@ class Coalescer(ShardWriter):
         clock: Callable[[], float] = time.time,
         seen_max: int = SEEN_MAX,
         max_nodes: int = MAX_NODES,
+        ack_deadline_s: float = ACK_DEADLINE_S,
     ) -> None:
         self.store, self.policy, self.clock = store, policy, clock
+        self.ack_deadline = ack_deadline_s
         self.cache_ttl = float(policy.doc["store"]["cache_ttl_s"])
         self.flush_interval = float(policy.doc["store"]["flush_interval_s"])
         self._nodes: OrderedDict[str, NodeState] = OrderedDict()
@@ -209,10 +216,19 @@ class Coalescer(ShardWriter):
         """The resolved feed was looked at lately (by the timer, or whoever plays it: flush_due)."""
         return now - self._feed_seen < 3 * self._tick_s
 
+    def _late(self, arrived: float) -> bool:
+        """Whether Pub/Sub has timed this delivery out already (it waited past its ack deadline,
+        behind a decision or a slow read): then it redelivers the message, maybe to another
+        instance, which counts the copy, so this delivery must count nothing. Measured from the
+        delivery's arrival here, after Pub/Sub pushed it: never late too early (a line lost)."""
+        return self.clock() - arrived >= self.ack_deadline
+
     def _buffer(
-        self, st: NodeState, nkey: str, ev: FaultEvent, key: str, now: float
+        self, st: NodeState, nkey: str, ev: FaultEvent, key: str, now: float, deciding: bool = False
     ) -> tuple[engine.Outcome | None, Job | None]:
         """Under the lock: count the event in memory if it cannot change anything (and say so)."""
+        if self._late(now):
+            return engine.Outcome("late"), None
         ts = float(ev.get("_observed_ts") or now)
         latest, st.touched = st.latest, now
         if alerts.is_alert(ev) and latest is not None:
@@ -220,16 +236,11 @@ class Coalescer(ShardWriter):
         if latest is None and ev["action"] == Action.NONE and not engine.counts_toward_lemon(ev):
             self._remember(key)
             return engine.Outcome("ignored"), None
-        action = engine.believed(ev, self.policy)[0]["action"]  # a forged line raises nothing
+        # ``_applying``: a copy of it is in a transaction now (unless it is this delivery's own)
         if (
             latest is None
-            or key in self._applying  # a copy of it is in a transaction now: wait for that one
-            or (_verified(ev) and latest.get("trust") != trust.VERIFIED)  # it makes the evidence trusted
-            or latest.get("events", 0) < DIRECT_LINES
-            or RANK[action] > RANK[latest["action"]]
-            or engine.ends_recovery(ev, self.policy)  # may end the episode: decided in the store
-            or not engine.absorbs(as_view(latest), ev, ts)
-            or (st.shard_iid != latest["id"] and st.buffered)  # the old incident's lines go first
+            or (key in self._applying and not deciding)
+            or not self._countable(st, ev, latest, ts)
         ):
             return None, self._take(st, nkey, now)  # counts so far go first: the store path may change things
         if st.shard_iid != latest["id"]:  # a new shard for a new incident (the old one's is written)
@@ -248,6 +259,24 @@ class Coalescer(ShardWriter):
         job = self._take(st, nkey, now) if due else None
         return engine.Outcome("absorbed", incident=as_view(latest), coalesced=True), job
 
+    def _countable(self, st: NodeState, ev: FaultEvent, latest: Any, ts: float) -> bool:
+        """Whether the event changes nothing on this view of its node's latest incident (slim, or
+        as the store read it): then it is counted in memory. An incident's first lines are
+        committed by the instance that opened it; another instance counts them (a storm's
+        first lines reach every instance at once, and ten committed each)."""
+        if latest is None:
+            return False
+        action = engine.believed(ev, self.policy)[0]["action"]  # a forged line raises nothing
+        direct = int((latest.get("counts") or {}).get("events", latest.get("events", 0))) < DIRECT_LINES
+        return not (
+            (_verified(ev) and latest.get("trust") != trust.VERIFIED)  # it makes the evidence trusted
+            or (direct and st.opened == latest["id"])
+            or RANK[action] > RANK[latest["action"]]
+            or engine.ends_recovery(ev, self.policy)  # may end the episode: decided in the store
+            or not engine.absorbs(as_view(latest), ev, ts)
+            or (st.shard_iid != latest["id"] and st.buffered)  # the old incident's lines go first
+        )
+
     def _commit(self, st: NodeState, ev: FaultEvent, key: str, now: float) -> engine.Outcome:
         """The full, transactional path; its answer refreshes the cache.
 
@@ -265,20 +294,42 @@ class Coalescer(ShardWriter):
                     break
             running.wait()
         try:
+            if self._late(now):  # its copy decides (or counts) it; the dedup record makes that once
+                return engine.Outcome("late")
             return self._apply(st, ev, key, now)
         finally:
             with self._lock:
                 self._applying.pop(key).set()
 
     def _apply(self, st: NodeState, ev: FaultEvent, key: str, now: float) -> engine.Outcome:
-        out = self.store.apply(ev, self.policy, now)
+        """The store decides, unless the incident it reads (fresher than this cache: another
+        instance opened or raised it meanwhile) lets the event be counted in memory after all."""
+        ts = float(ev.get("_observed_ts") or now)
+        out = self.store.apply(ev, self.policy, now, countable=lambda inc: self._countable(st, ev, inc, ts))
+        if out.coalesced:  # the store decided and wrote nothing
+            with self._lock:
+                self._learn(st, out, now)
+                absorbed, job = self._buffer(st, engine.subject_key(ev), ev, key, now, deciding=True)
+            if job is not None:
+                self._merge(job, now)
+            if absorbed is not None:
+                return absorbed
+            out = self.store.apply(ev, self.policy, now)  # the slim view asks for a decision after all
         with self._lock:
-            if out.result != "duplicate":
-                if out.incident is not None:
-                    st.latest = slim(out.incident)
-                st.fetched_at = now
+            self._learn(st, out, now)
             self._remember(key)
         return out
+
+    def _learn(self, st: NodeState, out: engine.Outcome, now: float) -> None:
+        """Under the lock: the incident as the store read or decided it refreshes the cache."""
+        if out.result == "duplicate":
+            return
+        if out.incident is not None:
+            was = (st.latest or {}).get("id")
+            st.latest = slim(out.incident)
+            if not out.coalesced and out.result not in ("absorbed", "ignored") and was != out.incident["id"]:
+                st.opened = out.incident["id"]  # this instance commits its first lines
+        st.fetched_at = now
 
     # -- node states -----------------------------------------------------------------
 

@@ -72,6 +72,7 @@ class NodeState:
     buffered: int = 0  # lines counted since the last write
     shard: str = ""  # this state's shard of ``shard_iid``
     shard_iid: str | None = None
+    opened: str | None = None  # the incident this instance opened (it commits the first lines)
     page: str = ""  # the instance's document that holds the shard (PAGE_SHARDS shards each)
     seq: int = 0  # snapshots taken of this state's shards
     # The newest snapshot written, per shard: a snapshot of an older incident's shard that failed
