@@ -106,7 +106,8 @@ class _Read:
 
     def __init__(self, snaps: Mapping[str, Any]) -> None:
         self._snaps = dict(snaps)
-        self.done: list[tuple[Any, Incident | NodeDoc]] = []  # what the batch writes (the cache's)
+        # What the batch writes, with each write's place in it (its result's): the cache's.
+        self.done: list[tuple[Any, Incident | NodeDoc, int]] = []
 
     def keep(self, snap: Any) -> Incident | None:
         self._snaps[snap.reference.path] = snap
@@ -119,7 +120,7 @@ class _Read:
     def write(self, batch: Any, ref: Any, doc: Incident | NodeDoc, db: Any) -> None:
         """Replace the document on condition that it is as read (fields it lost deleted), or
         create it if it was absent or never read (a new incident)."""
-        self.done.append((ref, doc))
+        self.done.append((ref, doc, len(batch._write_pbs)))  # the client's list of the batch's writes
         snap = self._snaps.get(ref.path)
         if snap is None or not snap.exists:
             batch.create(ref, dict(doc))
@@ -215,7 +216,7 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         ttl = float(policy.doc["store"]["cache_ttl_s"])
         try:
             return self._decide_event(ev, policy, now, nkey, ttl, countable)
-        except LOST:
+        except (*LOST, gexc.InvalidArgument):  # the emulator's word for a newer update time
             with self._lock:
                 self.retries += 1
         return self._decide_event(ev, policy, now, nkey, 0.0, countable)
@@ -251,11 +252,11 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         self._count_writes(1)
         try:
             batch.commit()
-        except LOST:
+        except (*LOST, gexc.InvalidArgument):
             self.snaps.drop(*read.paths)  # another instance wrote them: read them next time
             raise
-        for ref, doc in read.done:
-            self.snaps.written(ref, doc, batch.commit_time)
+        for ref, doc, at in read.done:  # a write that changed nothing keeps its older update time
+            self.snaps.written(ref, doc, batch.write_results[at].update_time)
         return out
 
     def _snap(self, ref: Any, ttl: float) -> Any:

@@ -61,14 +61,16 @@ def node_key_of(commit: Commit) -> str | None:
     return subject_key(commit.node) if commit.node is not None else None
 
 
-# -- storm counts in shards beside the incident ----------------------------------------------
+# -- storm counts in shards ---------------------------------------------------------------------
 #
 # Google's distributed counter: "each counter is a document with a subcollection of shards, and
 # the value of the counter is the sum of the value of the shards", because a single document
 # cannot be updated at an unlimited rate (https://cloud.google.com/firestore/docs/solutions/counters).
 # Here each shard has one writer (one node state of one ingest instance), which holds the shard's
 # totals in memory and writes them whole: a blind write (no read, no transaction, no contender),
-# idempotent if retried, bounded as the incident's own counts are (the same counting rule).
+# idempotent if retried, bounded as the incident's own counts are (the same counting rule). An
+# instance keeps its shards in pages (one document per PAGE_SHARDS shards, services/coalesce.py),
+# so one write carries every node's counts of an interval.
 RESOLVED_KEEP_S = 86_400.0  # a resolution's record in the resolved feed, for instances' caches
 
 

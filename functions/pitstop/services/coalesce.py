@@ -1,18 +1,22 @@
 """Coalescing storms in memory so that 1 000 000 identical lines cost a handful of writes.
 
-An incident's first lines (``DIRECT_LINES``, as its stored count says, whichever instance
-committed them) are committed one by one, so an ordinary fault's few lines are counted exactly
-and at once. Judged by the incident, not by the instance: a storm spread over N instances
-commits its first lines once, not N times on the same documents. After that, an event that cannot
+An incident's first lines (``DIRECT_LINES``, as its stored count says) are committed one by one
+by the instance that opened it, so an ordinary fault's few lines are counted exactly and at
+once; another instance counts them in memory (a storm's first lines reach every instance at once,
+and ten instances committed ten lines each per node). After that, an event that cannot
 change anything — its node's latest incident (read from Firestore less than ``cache_ttl_s``
 ago, or as this instance last wrote or merged it) absorbs it and it does not raise the
 action — is only counted in memory. Such an event asks nothing of Firestore: no read, no
-write, no workflow follow-up.
+write, no workflow follow-up. A line that must be decided is decided on a view of its incident
+at most ``DECIDE_S`` old (else read again first), and the store's decision asks the coalescer
+whether the incident as it read it lets the line be counted after all (``countable``: another
+instance opened or raised it meanwhile), so a stale cache costs a read, not a commit.
 
 Buffered counts are written at most every ``flush_interval_s`` per node into the node state's own
-count shard beside the incident (services/count_shards.py): one blind write, no read, no
-transaction, so N instances counting into the same incidents never contend, and a storm's
-operations per line do not grow with the instances' merges. Reports, pages and people read the
+count shard, kept in the instance's page documents (``PAGE_SHARDS`` shards each; services/
+count_shards.py): every due node of a page in one blind write, no read, no transaction, so N
+instances counting into the same incidents never contend, and a storm costs a write per page and
+interval, whatever its nodes. Reports, pages and people read the
 incident with its shards summed (the store's ``get``/``list``). Whether the incident still absorbs
 what was written is checked by a later read of it: when the store's resolved feed (one query per
 instance and timer tick) names it, at most ``VERIFY_S`` after a write otherwise, or at once when
@@ -31,9 +35,12 @@ evidence, ``MAX_DELTA_KEYS``), so a shard document is bounded the same way.
 Guarantees: incident creation, raises, holds and workflow starts are exactly once (the
 store's decision with its dedup record). Event *counts*: an instance that dies without SIGTERM
 loses at most one interval of counts (and the replay of a line written in its last interval
-into an incident resolved meanwhile), never a decision; a delivery redelivered past its ack
-deadline while its first delivery is still being answered may be counted twice (another
-instance counts the copy in memory, which checks no dedup record).
+into an incident resolved meanwhile), never a decision. A delivery that reaches its count (or
+its decision) past the trigger's ack deadline (``ack_deadline_s``, from its arrival here) counts
+nothing and answers "late": Pub/Sub has timed it out and delivers it again, maybe to another
+instance, which counts the copy in memory without a dedup record, so counting both counted the
+line twice. Still possible: a copy of a line whose first delivery counted in time but whose
+answer was lost, or whose decision's commit was itself under way at the deadline.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@ stopped absorbing them.
 
 Each node state of an instance owns one count shard of its incident (core/store.py
 ``with_shards``): it keeps the shard's totals in memory and writes them whole, blindly, at most
-every ``flush_interval_s`` (one write; no read, no transaction, no contender). Snapshots of a
-shard are numbered, and an older one is never written over a newer one, so a retried or
-overtaken write loses nothing.
+every ``flush_interval_s``, into its page (the instance's document for up to PAGE_SHARDS shards):
+every due shard of a page in one write (no read, no transaction, no contender), the page's other
+shards left as they are. Snapshots of a shard are numbered, page writes take turns, and an
+older snapshot is never written over a newer one, so a retried or overtaken write loses nothing.
 
 A written line is *unverified* until an incident read that follows its write says the incident
 still absorbs it. The read comes from the store's resolved feed, looked at once per timer tick
