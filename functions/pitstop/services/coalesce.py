@@ -35,12 +35,13 @@ evidence, ``MAX_DELTA_KEYS``), so a shard document is bounded the same way.
 Guarantees: incident creation, raises, holds and workflow starts are exactly once (the
 store's decision with its dedup record). Event *counts*: an instance that dies without SIGTERM
 loses at most one interval of counts (and the replay of a line written in its last interval
-into an incident resolved meanwhile), never a decision. A delivery that reaches its count (or
-its decision) past the trigger's ack deadline (``ack_deadline_s``, from its arrival here) counts
+into an incident resolved meanwhile), never a decision. A delivery that reaches its count in
+memory past the trigger's ack deadline (``ack_deadline_s``, from its arrival here) counts
 nothing and answers "late": Pub/Sub has timed it out and delivers it again, maybe to another
 instance, which counts the copy in memory without a dedup record, so counting both counted the
-line twice. Still possible: a copy of a line whose first delivery counted in time but whose
-answer was lost, or whose decision's commit was itself under way at the deadline.
+line twice (a decision is still made: its dedup record makes it once). So a line whose every
+delivery is late is not counted (it is dead-lettered). Still possible: a copy of a line whose
+first delivery counted in time but whose answer was lost.
 """
 
 from __future__ import annotations
@@ -234,8 +235,6 @@ class Coalescer(ShardWriter):
         self, st: NodeState, nkey: str, ev: FaultEvent, key: str, now: float, deciding: bool = False
     ) -> tuple[engine.Outcome | None, Job | None]:
         """Under the lock: count the event in memory if it cannot change anything (and say so)."""
-        if self._late(now):
-            return engine.Outcome("late"), None
         ts = float(ev.get("_observed_ts") or now)
         latest, st.touched = st.latest, now
         if alerts.is_alert(ev) and latest is not None:
@@ -250,6 +249,8 @@ class Coalescer(ShardWriter):
             or not self._countable(st, ev, latest, ts)
         ):
             return None, self._take(st, nkey, now)  # counts so far go first: the store path may change things
+        if self._late(now):  # its copy counts it (decisions go on: the dedup record makes them once)
+            return engine.Outcome("late"), None
         if st.shard_iid != latest["id"]:  # a new shard for a new incident (the old one's is written)
             n = next(self._shards)
             st.deltas, st.shard, st.shard_iid = engine.empty_deltas(), f"{self.instance}-{n}", latest["id"]
@@ -301,8 +302,6 @@ class Coalescer(ShardWriter):
                     break
             running.wait()
         try:
-            if self._late(now):  # its copy decides (or counts) it; the dedup record makes that once
-                return engine.Outcome("late")
             return self._apply(st, ev, key, now)
         finally:
             with self._lock:
