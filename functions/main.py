@@ -116,6 +116,7 @@ def _ingest() -> Ingest:
     from pitstop.adapters.gke.zone import ZoneResolver
     from pitstop.adapters.pubsub import Notifier
     from pitstop.adapters.workflows import WorkflowStarter
+    from pitstop.services.coalesce import ACK_DEADLINE_S
     from pitstop.services.ingest import Ingest
 
     project = _project()
@@ -131,8 +132,17 @@ def _ingest() -> Ingest:
     kube = KubeClients(pol, project, os.environ.get("PITSTOP_KUBE_ENDPOINT"))
     zones = ZoneResolver(kube_for=kube, instances=_LazyInstances())
     alerts_topic = os.environ.get("PITSTOP_ALERTS_TOPIC", "pitstop-alerts")
+    # The trigger subscription's ack deadline (deploy sets both): a delivery past it is redelivered.
+    deadline = float(os.environ.get("PITSTOP_ACK_DEADLINE_S", ACK_DEADLINE_S))
     return Ingest(
-        pol, store, starter, notifier, zones=zones, nodes=NodeReader(kube), alerts_topic=alerts_topic
+        pol,
+        store,
+        starter,
+        notifier,
+        zones=zones,
+        nodes=NodeReader(kube),
+        alerts_topic=alerts_topic,
+        ack_deadline_s=deadline,
     )
 
 

@@ -71,28 +71,34 @@ def test_a_delivery_is_applied_once_and_a_second_fault_absorbed(store: IncidentS
     assert store.latest_incident(inc["node_key"]) == inc
 
 
-def _totals(ev: FaultEvent, lines: int, pol: policy.Policy = POLICY) -> CountShard:
-    """A shard's totals as an instance keeps them: ``lines`` lines counted like the incident counts."""
+def _totals(ev: FaultEvent, lines: int, iid: str, pol: policy.Policy = POLICY) -> CountShard:
+    """A shard's totals as an instance keeps them: ``lines`` lines of incident ``iid`` counted like
+    the incident counts."""
     totals = engine.empty_deltas()
     for _ in range(lines):
         engine.count_into(totals, ev, ev["_observed_ts"], pol)
-    return cast(CountShard, {**totals, "burst_until": ev["_observed_ts"] + pol.window("burst_silence_s")})
+    burst = ev["_observed_ts"] + pol.window("burst_silence_s")
+    return cast(CountShard, {**totals, "incident": iid, "node": "", "burst_until": burst, "at": 0.0})
 
 
 def test_count_shards_are_summed_where_the_incident_is_read(store: IncidentStore) -> None:
-    """Storm counts live in shards beside the incident, one per writer, written whole: a reader
-    (get, list) sees the sum, a cache (latest_incident, incident_as_decided) the decided part, and
-    a shard written again replaces its totals (a retried write adds nothing)."""
+    """Storm counts live in shards, one per writer, written whole into its instance's pages: a
+    reader (get, list) sees the incident's own shards summed, a cache (latest_incident,
+    incident_as_decided) the decided part, and a shard written again replaces its totals (a
+    retried write adds nothing) and leaves the page's other shards as they were."""
     ev = _event(XID13, "a3-node-002")
     out = store.apply(ev, POLICY, T0)
-    assert out.incident is not None
+    other = store.apply(_event(XID13, "a3-node-003"), POLICY, T0)
+    assert out.incident is not None and other.incident is not None
     iid = out.incident["id"]
-    store.put_count_shard(iid, "inst-a-1", _totals(ev, 5))
-    store.put_count_shard(iid, "inst-b-1", _totals(ev, 7))
-    store.put_count_shard(iid, "inst-a-1", _totals(ev, 6))  # a's newer totals replace its older ones
+    store.put_count_shards(
+        {"inst-a-p0": {"inst-a-1": _totals(ev, 5, iid), "inst-a-2": _totals(ev, 4, other.incident["id"])}}
+    )
+    store.put_count_shards({"inst-b-p0": {"inst-b-1": _totals(ev, 7, iid)}})
+    store.put_count_shards({"inst-a-p0": {"inst-a-1": _totals(ev, 6, iid)}})  # replaces a-1
     inc = store.get(iid)
     assert inc is not None and inc["counts"]["events"] == 1 + 6 + 7 and inc["counts"]["xid_13"] == 14
-    assert [i["counts"]["events"] for i in store.list()] == [14]
+    assert sorted(i["counts"]["events"] for i in store.list()) == [5, 14]
     assert inc["burst_until"] == T0 + POLICY.window("burst_silence_s")
     assert _any(store.incident_as_decided(iid))["counts"]["events"] == 1
     assert _any(store.latest_incident(inc["node_key"]))["counts"]["events"] == 1
@@ -106,7 +112,7 @@ def test_a_summed_incident_keeps_the_incidents_bounds(store: IncidentStore) -> N
     assert out.incident is not None
     for n in range(engine.MAX_GPUS + 8):
         gpu = _event(XID79.replace("a1:00", f"{n:02x}:00"), "a3-node-007")
-        store.put_count_shard(out.incident["id"], f"inst-{n}", _totals(gpu, 2))
+        store.put_count_shards({f"inst-{n}-p0": {f"inst-{n}-1": _totals(gpu, 2, out.incident["id"])}})
     inc = store.get(out.incident["id"])
     assert inc is not None and inc["counts"]["events"] == 1 + 2 * (engine.MAX_GPUS + 8)
     assert (
@@ -138,7 +144,7 @@ def test_a_shards_burst_keeps_a_record_only_incident_open(store: IncidentStore) 
     out = store.apply(_event(XID13, "a3-node-010"), observe, T0)
     assert out.incident is not None
     late = _event(XID13, "a3-node-010", at=T0 + 500)
-    store.put_count_shard(out.incident["id"], "inst-a-1", _totals(late, 3, observe))
+    store.put_count_shards({"inst-a-p0": {"inst-a-1": _totals(late, 3, out.incident["id"], observe)}})
     silence = observe.window("burst_silence_s")
     assert store.close_bursts(T0 + silence + 1) == 0
     assert store.close_bursts(T0 + 500 + silence + 1) == 1

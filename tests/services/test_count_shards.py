@@ -4,6 +4,7 @@ when a store call fails and the delivery or the write is tried again (issue 23's
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from pitstop.adapters.memory_store import MemoryStore
@@ -44,18 +45,18 @@ class Flaky(MemoryStore):
         self.hold_shard: str | None = None  # a shard whose next write waits for ``go_on``, then fails
         self.inside, self.go_on = threading.Event(), threading.Event()
 
-    def apply(self, ev: Any, pol: policy.Policy, now: float) -> engine.Outcome:
+    def apply(self, ev: Any, pol: policy.Policy, now: float, countable: Any = None) -> engine.Outcome:
         if self.fail_apply:
             raise TimeoutError("store unavailable")
-        return super().apply(ev, pol, now)
+        return super().apply(ev, pol, now, countable)
 
-    def put_count_shard(self, iid: str, shard: str, totals: Any) -> None:
-        if shard == self.hold_shard:
+    def put_count_shards(self, pages: Any) -> None:
+        if any(self.hold_shard in shards for shards in pages.values()):
             self.hold_shard = None
             self.inside.set()
             assert self.go_on.wait(30)
             raise TimeoutError("shard write lost")
-        super().put_count_shard(iid, shard, totals)
+        super().put_count_shards(pages)
 
 
 def storm_start(store: MemoryStore, lines: int) -> tuple[Coalescer, str]:
@@ -109,3 +110,78 @@ def test_a_failed_write_of_an_old_incidents_shard_is_written_after_the_new_ones(
     second.join(30)
     coal.flush_all(later + 1)  # what failed is written now
     assert len(store.list()) == 2 and counted(store) == 2 * (DIRECT_LINES + 5)
+
+
+class SlowRead(MemoryStore):
+    """A memory store whose next incident read waits for ``go_on`` once armed (a slow Firestore),
+    and which runs ``after_node_read`` once after a node's latest incident was read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold = False
+        self.inside, self.go_on = threading.Event(), threading.Event()
+        self.after_node_read: Callable[[], object] | None = None
+
+    def incident_as_decided(self, iid: str) -> Any:
+        if self.hold:
+            self.hold = False
+            self.inside.set()
+            assert self.go_on.wait(30)
+        return super().incident_as_decided(iid)
+
+    def latest_incident(self, nkey: str) -> Any:
+        out = super().latest_incident(nkey)
+        then, self.after_node_read = self.after_node_read, None
+        if then is not None:
+            then()
+        return out
+
+
+def coalescer(store: MemoryStore, clock: Callable[[], float]) -> Coalescer:
+    coal = Coalescer(
+        store, policy.from_doc({"mode": "enforce", "clusters": [CLUSTER]}), clock, ack_deadline_s=60
+    )
+    coal.timer = False
+    return coal
+
+
+def test_a_delivery_answered_past_its_ack_deadline_leaves_the_line_to_its_redelivery() -> None:
+    """Pub/Sub times a push out at the ack deadline and delivers the message again, here to another
+    instance, which counts the copy in memory. The first delivery waited on a slow read of its
+    incident meanwhile; before the fix it counted the line too once the read came back (one line
+    counted twice); now it counts nothing ("late") and the copy's count is the only one."""
+    store, now = SlowRead(), [T0]
+    a, b = coalescer(store, lambda: now[0]), coalescer(store, lambda: now[0])
+    for n in range(DIRECT_LINES):
+        a.handle(line(n, T0), T0)  # a opened the incident and committed its first lines
+    arrived = now[0] = T0 + 10  # a's cache is stale: the line reads its incident again
+    store.hold = True
+    first: list[engine.Outcome] = []
+    slow = threading.Thread(target=lambda: first.append(a.handle(line(50, arrived), arrived)))
+    slow.start()
+    assert store.inside.wait(30)  # the first delivery is inside its slow read
+    now[0] = arrived + 61  # past the 60 s deadline: Pub/Sub redelivers it, to b
+    assert b.handle(line(50, arrived), now[0]).coalesced
+    store.go_on.set()
+    slow.join(30)
+    assert [o.result for o in first] == ["late"]
+    a.flush_all(now[0])
+    b.flush_all(now[0])
+    assert counted(store) == DIRECT_LINES + 1
+
+
+def test_an_instance_that_lost_the_race_to_open_an_incident_counts_its_line_in_memory() -> None:
+    """Two instances meet a node's first lines at once: both read no incident, one opens it. The
+    other's decision reads the node again and finds the incident, which absorbs the line: counted
+    in memory, nothing written (before, it committed the line, as every instance of a storm did
+    with its first line of each node: ten commits per node at ten instances)."""
+    store, now = SlowRead(), [T0]
+    a, b = coalescer(store, lambda: now[0]), coalescer(store, lambda: now[0])
+    opened: list[engine.Outcome] = []
+    store.after_node_read = lambda: opened.append(a.handle(line(0, T0), T0))  # a opens it meanwhile
+    out = b.handle(line(1, T0), T0)  # b read no incident
+    assert [o.result for o in opened] == ["opened"]
+    writes = store.writes
+    assert out.result == "absorbed" and out.coalesced and store.writes == writes
+    b.flush_all(T0)
+    assert counted(store) == 2

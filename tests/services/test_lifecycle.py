@@ -315,7 +315,7 @@ def test_incidents_cli_close(fs_client: firestore.Client, firestore_host: str, t
 def _counting(store: Any) -> dict[str, int]:
     """Count every call the ingest side makes to the store (each is at least one Firestore operation)."""
     calls: dict[str, int] = {}
-    names = ("apply", "latest_incident", "incident_as_decided", "resolved_since", "put_count_shard")
+    names = ("apply", "latest_incident", "incident_as_decided", "resolved_since", "put_count_shards")
     for name in (*names, "lease_start", "record_started", "get"):
         real = getattr(store, name)
 

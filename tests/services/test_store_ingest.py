@@ -480,7 +480,7 @@ def test_ten_instances_counting_into_one_incident_write_once_per_interval_and_re
 ) -> None:
     """Issue 23: ten instances merging one incident's storm each read and wrote the incident every
     interval, on condition (0.385 store operations per line at 10 instances). Now an instance
-    writes its own count shard, blindly: one write per interval and node, no read, and the one
+    writes its own count shard into its page, blindly: one write per interval, no read, and the one
     query per look at the resolved feed; every line still arrives."""
     from pitstop.services.coalesce import DIRECT_LINES
 
@@ -510,8 +510,9 @@ def test_ten_instances_counting_into_one_incident_write_once_per_interval_and_re
     (inc,) = first.store.list()
     assert inc["counts"]["events"] == inc["counts"]["xid_94"] == DIRECT_LINES + 10 * 80
     assert sum(ops.writes for _, ops in instances) == 10 * 4  # one write per instance and interval
-    shards = fs_client.collection("pitstop_incidents").document(inc["id"]).collection("counts")
-    assert len(list(shards.stream())) == 10  # one per instance
+    pages = fs_client.collection("pitstop_counts")
+    mine = pages.where(filter=firestore.FieldFilter("incidents", "array_contains", inc["id"]))
+    assert len(list(mine.stream())) == 10  # one page per instance
 
 
 def test_lines_written_into_an_incident_resolved_meanwhile_are_replayed_once(
@@ -700,9 +701,10 @@ def test_a_node_opened_by_another_instance_between_a_decisions_read_and_its_comm
     assert budget is not None and list(budget["slots"]) == [inc["id"]]
 
 
-def test_a_shutdown_flush_takes_what_the_timer_has_not_merged_yet() -> None:
-    """The timer merges one node at a time, so counts it has not reached are still buffered when
-    SIGTERM's flush_all runs, which merges them itself (and several at once)."""
+def test_a_shutdown_flush_waits_for_the_timers_write_and_takes_what_came_after() -> None:
+    """The timer writes every due node's counts in one page write; lines counted while that write
+    is under way are buffered when SIGTERM's flush_all runs, which writes them itself and returns
+    only once the timer's write has finished (nothing left to a thread that dies with the instance)."""
     from pitstop.adapters.memory_store import MemoryStore
     from pitstop.core.classify import Classifier
     from pitstop.services.coalesce import DIRECT_LINES, Coalescer
@@ -712,12 +714,12 @@ def test_a_shutdown_flush_takes_what_the_timer_has_not_merged_yet() -> None:
             super().__init__()
             self.entered, self.go_on, self.calls = threading.Event(), threading.Event(), 0
 
-        def put_count_shard(self, *args: Any, **kwargs: Any) -> None:
+        def put_count_shards(self, *args: Any, **kwargs: Any) -> None:
             self.calls += 1
             if self.calls == 1:
                 self.entered.set()
                 assert self.go_on.wait(30)
-            super().put_count_shard(*args, **kwargs)
+            super().put_count_shards(*args, **kwargs)
 
     pol, store, clf = make_policy(), SlowFirstMerge(), Classifier.default()
     coal = Coalescer(store, pol, clock=lambda: T0)
@@ -728,20 +730,25 @@ def test_a_shutdown_flush_takes_what_the_timer_has_not_merged_yet() -> None:
             ev: FaultEvent = {**clf.classify(entry(XID94, node, n)), "_observed_ts": T0}
             coal.handle(ev, T0)
     assert coal.stats()["buffered_nodes"] == 3
-    timer = threading.Thread(target=coal.flush_due, args=(T0 + 60,))
+    later = T0 + 60
+    timer = threading.Thread(target=coal.flush_due, args=(later,))
     timer.start()
-    assert store.entered.wait(30)  # the timer is inside its first merge
+    assert store.entered.wait(30)  # the timer is inside its write, of all three nodes' counts
+    assert coal.stats()["buffered_nodes"] == 0
+    for n in range(100, 102):  # counted meanwhile
+        coal.handle({**clf.classify(entry(XID94, nodes[0], n)), "_observed_ts": later}, later)
+    assert coal.stats()["buffered_nodes"] == 1
     merged_by_flush: list[int] = []
-    flushed = threading.Thread(target=lambda: merged_by_flush.append(coal.flush_all(T0 + 60)))
+    flushed = threading.Thread(target=lambda: merged_by_flush.append(coal.flush_all(later)))
     flushed.start()
-    while coal.stats()["buffered_nodes"]:  # flush_all takes the two the timer has not reached
+    while coal.stats()["buffered_nodes"]:  # flush_all takes the node counted meanwhile
         time.sleep(0.01)
     store.go_on.set()
     timer.join(30)
     flushed.join(30)
-    assert merged_by_flush == [2]  # not left to a timer thread that dies with the instance
+    assert merged_by_flush == [1]
     total = sum(i["counts"]["events"] for i in store.list())
-    assert total == 3 * (DIRECT_LINES + 3) and store.calls == 3
+    assert total == 3 * (DIRECT_LINES + 3) + 2 and store.calls == 2  # one write per flush, not per node
 
 
 def test_counts_buffered_at_exit_are_merged_by_the_exit_hook() -> None:

@@ -127,13 +127,17 @@ def test_bench_ingest_runs_each_storm_through_each_instance_count(firestore_host
 @pytest.mark.emulator
 def test_bench_ingest_redelivers_what_was_not_answered_in_time(firestore_host: str) -> None:
     """An ack deadline no answer meets: every delivery is redelivered until the subscription
-    dead-letters it, and still each line is counted once and each step started once."""
+    dead-letters it. Each step is still started once and each incident opened once (a decision is
+    made late too: its dedup record makes it once); a line is counted at most once, and a line
+    whose every delivery reached its count in memory past the deadline (as the instance measures
+    it, from arrival) is left to the dead-letter topic, not counted."""
     flags = ["--storms", "60x2", "--instances", "1", "--concurrency", "2", "--ack-deadline", "0.001"]
     (run,) = _bench_ingest(firestore_host, *flags, "--retry-scale", "0.01")
     assert run["timed_out"] > 0 and run["deliveries"] > run["lines"]
     assert run["deliveries"] == run["answers"].get("200", 0) + run["timed_out"] + run["refused"]
-    assert run["lines_counted"] == run["lines"]
-    assert run["duplicate_starts"] == 0
+    assert run["incidents"] == run["nodes"] and run["duplicate_starts"] == 0
+    assert run["lines_counted"] <= run["lines"], run  # none twice
+    assert run["lines_counted"] + run["dead_lettered"] >= run["lines"], run  # each counted or kept
 
 
 def test_bench_peak_memory_covers_only_the_phase_after_its_reset() -> None:

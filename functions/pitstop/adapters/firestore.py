@@ -26,6 +26,7 @@ from google.cloud import firestore
 from pitstop.adapters.firestore_counts import CountShards
 from pitstop.adapters.firestore_jobs import JobRecords
 from pitstop.adapters.firestore_outbox import OutboxRecords
+from pitstop.adapters.firestore_snaps import SnapCache
 from pitstop.adapters.firestore_starts import StartRecords
 from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.core import engine
@@ -33,7 +34,7 @@ from pitstop.core.actions import NODE_ACTIONS
 from pitstop.core.domain import Budget, FaultEvent, Incident, NodeDoc, NodeFields, StepRecord
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
-from pitstop.core.store import commit_of
+from pitstop.core.store import Countable, commit_of
 
 T = TypeVar("T")
 D = TypeVar("D")
@@ -105,14 +106,21 @@ class _Read:
 
     def __init__(self, snaps: Mapping[str, Any]) -> None:
         self._snaps = dict(snaps)
+        # What the batch writes, with each write's place in it (its result's): the cache's.
+        self.done: list[tuple[Any, Incident | NodeDoc, int]] = []
 
     def keep(self, snap: Any) -> Incident | None:
         self._snaps[snap.reference.path] = snap
         return _doc(snap, Incident)
 
+    @property
+    def paths(self) -> list[str]:
+        return list(self._snaps)
+
     def write(self, batch: Any, ref: Any, doc: Incident | NodeDoc, db: Any) -> None:
         """Replace the document on condition that it is as read (fields it lost deleted), or
         create it if it was absent or never read (a new incident)."""
+        self.done.append((ref, doc, len(batch._write_pbs)))  # the client's list of the batch's writes
         snap = self._snaps.get(ref.path)
         if snap is None or not snap.exists:
             batch.create(ref, dict(doc))
@@ -130,6 +138,7 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         self.dedup = client.collection(f"{prefix}_dedup")
         self.outbox = client.collection(f"{prefix}_outbox")
         self.resolved = client.collection(f"{prefix}_resolved")
+        self.counts = client.collection(f"{prefix}_counts")
         # Called inside each decision's transaction (services/outbox.py records its page there).
         self.on_decision: Callable[[Any, engine.Outcome], None] | None = None
         self._lock = threading.Lock()
@@ -139,6 +148,7 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         self._claim_lock = threading.Lock()
         self.writes = 0  # documents written by this process, for `pitstop bench ingest`
         self.retries = 0  # transactions that lost to a contender and ran again (`pitstop bench ingest`)
+        self.snaps = SnapCache()  # node and incident documents as last read or written here
 
     def _count_writes(self, n: int) -> None:
         with self._lock:
@@ -177,14 +187,18 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
                 time.sleep(random.uniform(0, pause))  # noqa: S311 - jitter, not a secret
         raise AssertionError("unreachable")
 
-    def apply(self, ev: FaultEvent, policy: Policy, now: float) -> engine.Outcome:
-        """Fold one event in, exactly once per delivery identity."""
+    def apply(
+        self, ev: FaultEvent, policy: Policy, now: float, countable: Countable | None = None
+    ) -> engine.Outcome:
+        """Fold one event in, exactly once per delivery identity (core/store.py Decisions)."""
         nkey = engine.subject_key(ev)
         return self._serialised(
-            nkey, ev["action"] in NODE_ACTIONS, lambda: self._apply(ev, policy, now, nkey)
+            nkey, ev["action"] in NODE_ACTIONS, lambda: self._apply(ev, policy, now, nkey, countable)
         )
 
-    def _apply(self, ev: FaultEvent, policy: Policy, now: float, nkey: str) -> engine.Outcome:
+    def _apply(
+        self, ev: FaultEvent, policy: Policy, now: float, nkey: str, countable: Countable | None
+    ) -> engine.Outcome:
         """One decision, optimistically: its documents read without a transaction (no lock), its
         writes committed in one batch (all or none) on condition that every document it writes
         is as it was read (its update time) or still absent, the delivery's dedup record created
@@ -194,21 +208,39 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         read locks on its documents that each other's commits waited for, until the emulator's
         lock timeout (`pitstop bench ingest`, 50,000 lines / 64 nodes at 10 instances: 54
         deliveries refused after ten "Transaction lock timeout"s each, and a stall).
+
+        First from the documents as this process last saw them (adapters/firestore_snaps.py) and
+        without reading the dedup record (its create is conditioned: a duplicate's commit is
+        refused); refused, at once again on fresh reads.
         """
+        ttl = float(policy.doc["store"]["cache_ttl_s"])
+        try:
+            return self._decide_event(ev, policy, now, nkey, ttl, countable)
+        except (*LOST, gexc.InvalidArgument):  # the emulator's word for a newer update time
+            with self._lock:
+                self.retries += 1
+        return self._decide_event(ev, policy, now, nkey, 0.0, countable)
+
+    def _decide_event(
+        self, ev: FaultEvent, policy: Policy, now: float, nkey: str, ttl: float, countable: Countable | None
+    ) -> engine.Outcome:
+        """:meth:`_apply` once: documents younger than ``ttl`` from the cache (0: all read)."""
         key = engine.event_key(ev)
         node_ref = self.nodes.document(nkey)
         dedup_ref = self.dedup.document(key)
-        ttl = dt.datetime.fromtimestamp(now + policy.window("dedup_ttl_h") * 3600, tz=dt.UTC)
-        seen = dedup_ref.get()
-        if seen.exists:
-            return engine.Outcome("duplicate", duplicate_of=(seen.to_dict() or {}).get("incident"))
-        node_snap = node_ref.get()
+        expiry = dt.datetime.fromtimestamp(now + policy.window("dedup_ttl_h") * 3600, tz=dt.UTC)
+        if ttl <= 0:
+            seen = dedup_ref.get()
+            if seen.exists:
+                return engine.Outcome("duplicate", duplicate_of=(seen.to_dict() or {}).get("incident"))
+        node_snap = self._snap(node_ref, ttl)
         node_doc = _doc(node_snap, NodeDoc)
         read = _Read({node_ref.path: node_snap})
         latest = None
         if node_doc and node_doc.get("latest_incident"):
-            snap = self.incidents.document(node_doc["latest_incident"]).get()
-            latest = read.keep(snap)
+            latest = read.keep(self._snap(self.incidents.document(node_doc["latest_incident"]), ttl))
+        if countable is not None and countable(latest):
+            return engine.Outcome("absorbed", incident=latest, coalesced=True)
         budgets = _LazyBudgets(self.budgets)
         out = engine.apply_event(ev, node_doc, latest, budgets, policy, now, key)
         if out.result == "ignored":
@@ -216,18 +248,36 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         batch = self.db.batch()
         self._write(batch, out, budgets, read)
         inc_id = out.incident["id"] if out.incident else None
-        batch.create(dedup_ref, {"expire_at": ttl, "incident": inc_id, "node": nkey})
+        batch.create(dedup_ref, {"expire_at": expiry, "incident": inc_id, "node": nkey})
         self._count_writes(1)
-        batch.commit()
+        try:
+            batch.commit()
+        except (*LOST, gexc.InvalidArgument):
+            self.snaps.drop(*read.paths)  # another instance wrote them: read them next time
+            raise
+        for ref, doc, at in read.done:  # a write that changed nothing keeps its older update time
+            self.snaps.written(ref, doc, batch.write_results[at].update_time)
         return out
+
+    def _snap(self, ref: Any, ttl: float) -> Any:
+        """A document for a decision: as this process saw it less than ``ttl`` ago, or read now."""
+        snap = self.snaps.get(ref.path, ttl) if ttl > 0 else None
+        if snap is None:
+            snap = ref.get()
+            self.snaps.put(snap)
+        return snap
 
     def latest_incident(self, nkey: str) -> Incident | None:
         """The node's latest incident as decided (no shards), read without a transaction (to
         refresh a cache)."""
-        node = self.nodes.document(nkey).get().to_dict()
+        snap = self.nodes.document(nkey).get()
+        self.snaps.put(snap)  # the decision that may follow reads neither again
+        node = snap.to_dict() if snap.exists else None
         if not node or not node.get("latest_incident"):
             return None
-        return _doc(self.incidents.document(node["latest_incident"]).get(), Incident)
+        inc = self.incidents.document(node["latest_incident"]).get()
+        self.snaps.put(inc)
+        return _doc(inc, Incident)
 
     # -- remediation steps (actuate) ---------------------------------------------------
 
@@ -244,6 +294,7 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
             out = fn(inc)
             if inc != before:  # by value: a state written as State.X equals the stored "X"
                 t.set(ref, inc)
+                self.snaps.drop(ref.path)  # written in a transaction: a decision reads it again
                 self._count_writes(1)
                 if inc.get("state") != before.get("state") or inc.get("closure") != before.get("closure"):
                     self._note_resolved(t, inc)
@@ -286,10 +337,12 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
 
     def set_node_fields(self, key: str, fields: NodeFields) -> None:
         """Facts learned while acting (e.g. the reservation block from Compute's host topology)."""
+        self.snaps.drop(self.nodes.document(key).path)
         self.nodes.document(key).set(dict(fields), merge=True)
         self._count_writes(1)
 
     def put_node(self, key: str, doc: NodeDoc) -> None:
+        self.snaps.drop(self.nodes.document(key).path)
         self.nodes.document(key).set(dict(doc))
 
     def list(self, states: Iterable[State] | None = None) -> list[Incident]:
@@ -385,6 +438,7 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
                 if not engine.close_if_burst_over(cur, now):
                     return False
                 t.set(ref, cur)
+                self.snaps.drop(ref.path)
                 self._note_resolved(t, cur)
                 for doc_id, doc in engine.release_slots(budgets, cur["id"]).items():
                     t.set(self.budgets.document(doc_id), doc)
@@ -396,6 +450,15 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
             closed += bool(self._serialised(inc["id"], True, run))
         return closed
 
+    def _put(self, t: Any, ref: Any, doc: Incident | NodeDoc, read: _Read | None) -> None:
+        """One node or incident write of a decision: conditioned on ``read``, or in a transaction
+        (then the cached snapshot is dropped: the next decision reads the document)."""
+        if read is not None:
+            read.write(t, ref, doc, self.db)
+        else:
+            self.snaps.drop(ref.path)
+            t.set(ref, doc)
+
     def _write(
         self, t: Any, out: engine.Outcome, budgets: _LazyBudgets | None = None, read: _Read | None = None
     ) -> None:
@@ -406,11 +469,10 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         done = commit_of(out)
         for inc in done.incidents:
             ref = self.incidents.document(inc["id"])
-            read.write(t, ref, inc, self.db) if read is not None else t.set(ref, inc)
+            self._put(t, ref, inc, read)
             self._note_resolved(t, inc)
         if done.node is not None:
-            ref = self.nodes.document(engine.subject_key(done.node))
-            read.write(t, ref, done.node, self.db) if read is not None else t.set(ref, done.node)
+            self._put(t, self.nodes.document(engine.subject_key(done.node)), done.node, read)
         for doc_id, doc in done.budgets.items():
             ref = self.budgets.document(doc_id)
             if budgets is None or doc_id not in budgets.read_at:

@@ -1,10 +1,14 @@
-"""Storm counts of the Firestore store: count shards beside each incident, and the resolved feed.
+"""Storm counts of the Firestore store: count shards in pages, and the resolved feed.
 
-``<prefix>_incidents/{iid}/counts/{shard}``: one document per writer (a node state of one ingest
-instance) holding its totals, written whole without a read (core/store.py ``with_shards``: Google's
-distributed counter, https://cloud.google.com/firestore/docs/solutions/counters). A write that
-only sets a document needs no read and no transaction, so ten instances merging into one incident
-do not contend: each writes its own document.
+``<prefix>_counts/{page}``: an ingest instance's page of up to PAGE_SHARDS shards (services/
+coalesce.py), one per node state, each holding its totals for one incident (core/store.py
+``with_shards``: Google's distributed counter, https://cloud.google.com/firestore/docs/solutions/
+counters), in a field named after the incident and the shard; ``incidents`` lists the incidents
+the page counts for, so a reader finds an incident's shards with one ``array-contains`` query
+(served by Firestore's automatic single-field index). An instance writes every shard due in
+one page with one ``set(merge=True)`` of those fields: one write per page and flush interval,
+not one per node; no read, no transaction, so ten instances counting into one incident do
+not contend: each writes its own page.
 
 ``<prefix>_resolved/{iid}``: a record per incident written RESOLVED, in the transaction that
 resolves it (``expire_at`` for the Firestore TTL policy that infra/ deploys). An instance asks for
@@ -16,14 +20,37 @@ query"), instead of reading every incident it counts lines for to see whether it
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
+import zlib
+from collections.abc import Mapping
 from typing import Any, cast
 
 from google.api_core.retry import Retry
 from google.cloud import firestore
 
+from pitstop.adapters.firestore_snaps import SnapCache
 from pitstop.core.domain import CountShard, Incident, Resolution
 from pitstop.core.store import resolution, with_shards
+
+PAGES_PER_COMMIT = 8  # a commit's request stays far below Firestore's 10 MiB (a page <= 1 MiB)
+
+
+def _field(iid: str, shard: str) -> str:
+    """A shard's field in its page: the incident first, so a reader unpacks only its own."""
+    return f"{iid}~{shard}"
+
+
+def _pack(totals: CountShard) -> bytes:
+    """One field, one index entry (a map of maps would index every count, past the 40,000 entries
+    a document may have: https://cloud.google.com/firestore/quotas#indexes); compressed, so a
+    page of PAGE_SHARDS shards stays well inside a document's 1 MiB."""
+    return zlib.compress(json.dumps(totals, separators=(",", ":")).encode())
+
+
+def _unpack(blob: bytes) -> CountShard:
+    return cast(CountShard, json.loads(zlib.decompress(blob)))  # written by _pack: the edge
+
 
 # The feed is read on every tick and once more at shutdown, where Cloud Run allows 10 s after SIGTERM:
 # a look that cannot finish in a few seconds is skipped (the next tick, or the cache's TTL, covers
@@ -34,21 +61,30 @@ FEED_TIMEOUT_S = 5.0
 class CountShards:
     """Mixed into the store (adapters/firestore.py), which provides the collections and counters."""
 
+    db: Any  # the client
     incidents: Any  # the incidents collection
+    counts: Any  # the count pages' collection
     resolved: Any  # the resolved feed's collection
+    snaps: SnapCache  # documents as last read or written (adapters/firestore_snaps.py)
 
     def _count_writes(self, n: int) -> None:
         raise NotImplementedError
 
-    def _shards(self, iid: str) -> Any:
-        return self.incidents.document(iid).collection("counts")
-
-    def put_count_shard(self, iid: str, shard: str, totals: CountShard) -> None:
-        self._shards(iid).document(shard).set(dict(totals))
-        self._count_writes(1)
+    def put_count_shards(self, pages: Mapping[str, Mapping[str, CountShard]]) -> None:
+        items = list(pages.items())
+        for at in range(0, len(items), PAGES_PER_COMMIT):
+            batch = self.db.batch()
+            for page, shards in items[at : at + PAGES_PER_COMMIT]:
+                fields = {_field(t["incident"], shard): _pack(t) for shard, t in shards.items()}
+                iids = sorted({t["incident"] for t in shards.values()})
+                doc = {"shards": fields, "incidents": firestore.ArrayUnion(iids), "at": time.time()}
+                batch.set(self.counts.document(page), doc, merge=True)  # only these shards' fields
+            batch.commit()
+            self._count_writes(len(items[at : at + PAGES_PER_COMMIT]))
 
     def incident_as_decided(self, iid: str) -> Incident | None:
         snap = self.incidents.document(iid).get()
+        self.snaps.put(snap)  # a decision that follows need not read it again
         return cast(Incident | None, snap.to_dict() if snap.exists else None)  # the edge: untyped dicts
 
     def resolved_since(self, since: float) -> list[Resolution]:
@@ -59,9 +95,16 @@ class CountShards:
         return [d for d in docs if d]
 
     def _summed(self, inc: Incident) -> Incident:
-        """The incident with its shards' counts added (one query: at least one read)."""
-        shards: list[CountShard | None] = [s.to_dict() for s in self._shards(inc["id"]).stream()]  # the edge
-        return with_shards(inc, (d for d in shards if d))
+        """The incident with its shards' counts added (one query: at least one read, one per page)."""
+        q = self.counts.where(filter=firestore.FieldFilter("incidents", "array_contains", inc["id"]))
+        prefix = _field(inc["id"], "")
+        shards = [
+            _unpack(blob)
+            for page in q.stream()
+            for name, blob in ((page.to_dict() or {}).get("shards") or {}).items()
+            if name.startswith(prefix)
+        ]
+        return with_shards(inc, shards)
 
     def _note_resolved(self, t: Any, inc: Incident) -> None:
         """In the transaction that writes ``inc``: its resolved feed record, if it is RESOLVED."""

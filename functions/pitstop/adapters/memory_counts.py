@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Mapping
 
 from pitstop.core.domain import CountShard, Incident, Resolution
 from pitstop.core.store import resolution, with_shards
@@ -18,13 +19,16 @@ class MemoryCounts:
     _lock: threading.RLock
 
     def __init__(self) -> None:
-        self.count_shards: dict[str, dict[str, CountShard]] = {}  # incident -> shard -> totals
+        self.count_shards: dict[str, dict[str, CountShard]] = {}  # incident -> page/shard -> totals
         self.resolved: dict[str, Resolution] = {}
 
-    def put_count_shard(self, iid: str, shard: str, totals: CountShard) -> None:
+    def put_count_shards(self, pages: Mapping[str, Mapping[str, CountShard]]) -> None:
         with self._lock:
-            self.count_shards.setdefault(iid, {})[shard] = copy.deepcopy(totals)
-            self.writes += 1
+            for page, shards in pages.items():
+                for shard, totals in shards.items():
+                    held = self.count_shards.setdefault(totals["incident"], {})
+                    held[f"{page}/{shard}"] = copy.deepcopy(totals)
+                self.writes += 1  # one document per page
 
     def incident_as_decided(self, iid: str) -> Incident | None:
         with self._lock:

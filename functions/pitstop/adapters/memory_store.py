@@ -30,7 +30,7 @@ from pitstop.core.engine import Budgets, Outcome
 from pitstop.core.policy import Policy
 from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
 from pitstop.core.steps import MemoryStepStore, record_state
-from pitstop.core.store import Commit, commit_of
+from pitstop.core.store import Commit, Countable, commit_of
 
 T = TypeVar("T")
 Decide = Callable[[Incident, NodeDoc, Budgets], Outcome]
@@ -68,7 +68,9 @@ class MemoryStore(MemoryCounts):
             self.on_decision(None, out)
         return done
 
-    def apply(self, ev: FaultEvent, policy: Policy, now: float) -> Outcome:
+    def apply(
+        self, ev: FaultEvent, policy: Policy, now: float, countable: Countable | None = None
+    ) -> Outcome:
         """Fold one event in, exactly once per delivery identity."""
         key = engine.event_key(ev)
         with self._lock:
@@ -77,6 +79,8 @@ class MemoryStore(MemoryCounts):
             node = self.nodes.get(engine.subject_key(ev))  # the engine works on its own copies
             latest_id = node.get("latest_incident") if node else None
             latest = self.incidents.get(latest_id) if latest_id else None
+            if countable is not None and countable(latest):
+                return Outcome("absorbed", incident=copy.deepcopy(latest), coalesced=True)
             out = engine.apply_event(ev, node, latest, self.budgets, policy, now, key)
             if out.result != "ignored":
                 self._commit(out)

@@ -151,6 +151,7 @@ def summary(ev: FaultEvent) -> Evidence:
 # What one event (or a release, or a step-up) did. Only returned and compared, never stored.
 Result = Literal[
     "duplicate",  # this delivery was folded in before
+    "late",  # answered past its ack deadline: left to Pub/Sub's redelivery (services/coalesce.py)
     "ignored",  # nothing to remember
     "absorbed",  # counted into the node's open incident
     "opened",  # a new incident

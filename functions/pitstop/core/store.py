@@ -61,14 +61,16 @@ def node_key_of(commit: Commit) -> str | None:
     return subject_key(commit.node) if commit.node is not None else None
 
 
-# -- storm counts in shards beside the incident ----------------------------------------------
+# -- storm counts in shards ---------------------------------------------------------------------
 #
 # Google's distributed counter: "each counter is a document with a subcollection of shards, and
 # the value of the counter is the sum of the value of the shards", because a single document
 # cannot be updated at an unlimited rate (https://cloud.google.com/firestore/docs/solutions/counters).
 # Here each shard has one writer (one node state of one ingest instance), which holds the shard's
 # totals in memory and writes them whole: a blind write (no read, no transaction, no contender),
-# idempotent if retried, bounded as the incident's own counts are (the same counting rule).
+# idempotent if retried, bounded as the incident's own counts are (the same counting rule). An
+# instance keeps its shards in pages (one document per PAGE_SHARDS shards, services/coalesce.py),
+# so one write carries every node's counts of an interval.
 RESOLVED_KEEP_S = 86_400.0  # a resolution's record in the resolved feed, for instances' caches
 
 
@@ -90,12 +92,23 @@ def resolution(inc: Incident, now: float) -> Resolution | None:
     return {"incident": inc["id"], "node": inc.get("node_key"), "at": at, "expire_at": at + RESOLVED_KEEP_S}
 
 
+# Asked by a decision of the node's latest incident as it read it (None: the node has none): the
+# caller (services/coalesce.py) counts the event in memory instead, and nothing is decided.
+Countable = Callable[[Incident | None], bool]
+
+
 class Decisions(Protocol):
     """Engine decisions, each read-decide-write in one transaction."""
 
     on_decision: Callable[[Any, Outcome], None] | None
 
-    def apply(self, ev: FaultEvent, policy: Policy, now: float) -> Outcome: ...
+    def apply(
+        self, ev: FaultEvent, policy: Policy, now: float, countable: Countable | None = None
+    ) -> Outcome:
+        """Decide one event, exactly once per delivery identity; or, if ``countable`` says so of
+        the incident as read, nothing (``coalesced``: the incident as read, nothing written)."""
+        ...
+
     def release(self, iid: str, policy: Policy, now: float, by: str) -> Outcome: ...
     def step_up(self, iid: str, policy: Policy, now: float) -> Outcome: ...
     def close(self, iid: str, by: str, now: float, unfence: bool) -> Outcome: ...
@@ -107,8 +120,10 @@ class Decisions(Protocol):
 class Counts(Protocol):
     """Storm counts in shards (see :func:`with_shards`) and what tells a cache they may be stale."""
 
-    def put_count_shard(self, iid: str, shard: str, totals: CountShard) -> None:
-        """Write one shard's totals whole, blindly (one write, no read)."""
+    def put_count_shards(self, pages: Mapping[str, Mapping[str, CountShard]]) -> None:
+        """Write shards' totals (``page -> shard -> totals``, each naming its incident), each
+        replacing that shard's earlier totals whole, blindly: one write per page, no read; the
+        page's other shards stay as they were."""
         ...
 
     def incident_as_decided(self, iid: str) -> Incident | None:

@@ -1,18 +1,22 @@
 """Coalescing storms in memory so that 1 000 000 identical lines cost a handful of writes.
 
-An incident's first lines (``DIRECT_LINES``, as its stored count says, whichever instance
-committed them) are committed one by one, so an ordinary fault's few lines are counted exactly
-and at once. Judged by the incident, not by the instance: a storm spread over N instances
-commits its first lines once, not N times on the same documents. After that, an event that cannot
+An incident's first lines (``DIRECT_LINES``, as its stored count says) are committed one by one
+by the instance that opened it, so an ordinary fault's few lines are counted exactly and at
+once; another instance counts them in memory (a storm's first lines reach every instance at once,
+and ten instances committed ten lines each per node). After that, an event that cannot
 change anything — its node's latest incident (read from Firestore less than ``cache_ttl_s``
 ago, or as this instance last wrote or merged it) absorbs it and it does not raise the
 action — is only counted in memory. Such an event asks nothing of Firestore: no read, no
-write, no workflow follow-up.
+write, no workflow follow-up. A line that must be decided is decided on a view of its incident
+at most ``DECIDE_S`` old (else read again first), and the store's decision asks the coalescer
+whether the incident as it read it lets the line be counted after all (``countable``: another
+instance opened or raised it meanwhile), so a stale cache costs a read, not a commit.
 
 Buffered counts are written at most every ``flush_interval_s`` per node into the node state's own
-count shard beside the incident (services/count_shards.py): one blind write, no read, no
-transaction, so N instances counting into the same incidents never contend, and a storm's
-operations per line do not grow with the instances' merges. Reports, pages and people read the
+count shard, kept in the instance's page documents (``PAGE_SHARDS`` shards each; services/
+count_shards.py): every due node of a page in one blind write, no read, no transaction, so N
+instances counting into the same incidents never contend, and a storm costs a write per page and
+interval, whatever its nodes. Reports, pages and people read the
 incident with its shards summed (the store's ``get``/``list``). Whether the incident still absorbs
 what was written is checked by a later read of it: when the store's resolved feed (one query per
 instance and timer tick) names it, at most ``VERIFY_S`` after a write otherwise, or at once when
@@ -31,9 +35,13 @@ evidence, ``MAX_DELTA_KEYS``), so a shard document is bounded the same way.
 Guarantees: incident creation, raises, holds and workflow starts are exactly once (the
 store's decision with its dedup record). Event *counts*: an instance that dies without SIGTERM
 loses at most one interval of counts (and the replay of a line written in its last interval
-into an incident resolved meanwhile), never a decision; a delivery redelivered past its ack
-deadline while its first delivery is still being answered may be counted twice (another
-instance counts the copy in memory, which checks no dedup record).
+into an incident resolved meanwhile), never a decision. A delivery that reaches its count in
+memory past the trigger's ack deadline (``ack_deadline_s``, from its arrival here) counts
+nothing and answers "late": Pub/Sub has timed it out and delivers it again, maybe to another
+instance, which counts the copy in memory without a dedup record, so counting both counted the
+line twice (a decision is still made: its dedup record makes it once). So a line whose every
+delivery is late is not counted (it is dead-lettered). Still possible: a copy of a line whose
+first delivery counted in time but whose answer was lost.
 """
 
 from __future__ import annotations
@@ -61,7 +69,13 @@ MAX_NODES = 10_000  # node states an instance keeps
 SEEN_MAX = 100_000  # delivery keys an instance remembers (redeliveries to it are dropped at once)
 IDLE_S = 600.0  # a node state untouched this long, with nothing buffered, is dropped
 IDLE_TICKS = 30  # the timer thread stops after this many ticks with nothing buffered
-FLUSH_WORKERS = 8  # merges at once when everything is flushed (SIGTERM leaves an instance 10 s)
+# Pub/Sub's longest ack deadline: a push not answered by then has been timed out and is delivered
+# again whatever the subscription says ("The maximum custom deadline you can specify is 600
+# seconds"; for push, the deadline is the request's timeout: cloud.google.com/pubsub/docs/
+# reference/rest/v1/projects.subscriptions). Deploy sets the trigger's own (PITSTOP_ACK_DEADLINE_S).
+ACK_DEADLINE_S = 600.0
+DECIDE_S = 1.0  # a line that must be decided is, on a view of its incident this young (else read again)
+PAGE_SHARDS = 128  # node states' shards per page document (each <= 5 KB, a document <= 1 MiB)
 GATE_STRIPES = 256  # per-node gates for lines that must be decided (node keys hashed onto them)
 __all__ = ["DIRECT_LINES", "Coalescer", "slim"]
 
@@ -85,8 +99,10 @@ class Coalescer(ShardWriter):
         clock: Callable[[], float] = time.time,
         seen_max: int = SEEN_MAX,
         max_nodes: int = MAX_NODES,
+        ack_deadline_s: float = ACK_DEADLINE_S,
     ) -> None:
         self.store, self.policy, self.clock = store, policy, clock
+        self.ack_deadline = ack_deadline_s
         self.cache_ttl = float(policy.doc["store"]["cache_ttl_s"])
         self.flush_interval = float(policy.doc["store"]["flush_interval_s"])
         self._nodes: OrderedDict[str, NodeState] = OrderedDict()
@@ -97,6 +113,7 @@ class Coalescer(ShardWriter):
         self._applying: dict[str, threading.Event] = {}  # keys in a store transaction right now
         self._seen_max, self._max_nodes = seen_max, max_nodes
         self._lock = threading.RLock()
+        self._page_lock = threading.Lock()
         self._gates = [threading.Lock() for _ in range(GATE_STRIPES)]
         self._merged = threading.Condition(self._lock)  # notified as each detached merge finishes
         self._inflight = 0  # snapshots detached by _take and not yet written (or restored)
@@ -157,13 +174,15 @@ class Coalescer(ShardWriter):
     def _decide(self, ev: FaultEvent, key: str, nkey: str, now: float) -> engine.Outcome:
         """Behind the node's gate: refresh the cache if it is stale, then count or commit the event.
 
-        A line the cache cannot count is committed only on a cache read within ``cache_ttl_s``
-        (the feed's longer trust is for counting): another instance may have raised the incident
-        or committed its first lines already, and one read costs less than a transaction.
+        A line the cache cannot count is committed only on a view of the incident read or written
+        less than ``DECIDE_S`` ago (the feed's longer trust is for counting): another instance
+        may have raised the incident or committed its first lines already, and one read costs
+        less than a decision's commit (the read leaves the incident in the store's cache, so the
+        commit that may follow reads it not again).
         """
         with self._lock:
             st = self._nodes.get(nkey)
-            fresh = st is not None and now - st.fetched_at < self.cache_ttl
+            fresh = st is not None and now - st.fetched_at < min(self.cache_ttl, DECIDE_S)
         if not fresh:
             latest = self._read_latest(nkey, st)  # plain reads: no write to refresh a cache
             with self._lock:
@@ -205,8 +224,15 @@ class Coalescer(ShardWriter):
         """The resolved feed was looked at lately (by the timer, or whoever plays it: flush_due)."""
         return now - self._feed_seen < 3 * self._tick_s
 
+    def _late(self, arrived: float) -> bool:
+        """Whether Pub/Sub has timed this delivery out already (it waited past its ack deadline,
+        behind a decision or a slow read): then it redelivers the message, maybe to another
+        instance, which counts the copy, so this delivery must count nothing. Measured from the
+        delivery's arrival here, after Pub/Sub pushed it: never late too early (a line lost)."""
+        return self.clock() - arrived >= self.ack_deadline
+
     def _buffer(
-        self, st: NodeState, nkey: str, ev: FaultEvent, key: str, now: float
+        self, st: NodeState, nkey: str, ev: FaultEvent, key: str, now: float, deciding: bool = False
     ) -> tuple[engine.Outcome | None, Job | None]:
         """Under the lock: count the event in memory if it cannot change anything (and say so)."""
         ts = float(ev.get("_observed_ts") or now)
@@ -216,24 +242,19 @@ class Coalescer(ShardWriter):
         if latest is None and ev["action"] == Action.NONE and not engine.counts_toward_lemon(ev):
             self._remember(key)
             return engine.Outcome("ignored"), None
-        action = engine.believed(ev, self.policy)[0]["action"]  # a forged line raises nothing
+        # ``_applying``: a copy of it is in a transaction now (unless it is this delivery's own)
         if (
             latest is None
-            or key in self._applying  # a copy of it is in a transaction now: wait for that one
-            or (_verified(ev) and latest.get("trust") != trust.VERIFIED)  # it makes the evidence trusted
-            or latest.get("events", 0) < DIRECT_LINES
-            or RANK[action] > RANK[latest["action"]]
-            or engine.ends_recovery(ev, self.policy)  # may end the episode: decided in the store
-            or not engine.absorbs(as_view(latest), ev, ts)
-            or (st.shard_iid != latest["id"] and st.buffered)  # the old incident's lines go first
+            or (key in self._applying and not deciding)
+            or not self._countable(st, ev, latest, ts)
         ):
             return None, self._take(st, nkey, now)  # counts so far go first: the store path may change things
+        if self._late(now):  # its copy counts it (decisions go on: the dedup record makes them once)
+            return engine.Outcome("late"), None
         if st.shard_iid != latest["id"]:  # a new shard for a new incident (the old one's is written)
-            st.deltas, st.shard, st.shard_iid = (
-                engine.empty_deltas(),
-                f"{self.instance}-{next(self._shards)}",
-                latest["id"],
-            )
+            n = next(self._shards)
+            st.deltas, st.shard, st.shard_iid = engine.empty_deltas(), f"{self.instance}-{n}", latest["id"]
+            st.page = f"{self.instance}-p{(n - 1) // PAGE_SHARDS}"
         engine.count_into(st.deltas, ev, ts, self.policy, latest.get("evidence_room", engine.MAX_EVIDENCE))
         if st.representative is None or RANK[ev["action"]] >= RANK[st.representative["action"]]:
             st.representative = ev.copy()  # the line to replay if the incident stopped absorbing
@@ -245,6 +266,24 @@ class Coalescer(ShardWriter):
         due = not self._ensure_timer() and now - st.last_flush >= self.flush_interval
         job = self._take(st, nkey, now) if due else None
         return engine.Outcome("absorbed", incident=as_view(latest), coalesced=True), job
+
+    def _countable(self, st: NodeState, ev: FaultEvent, latest: Any, ts: float) -> bool:
+        """Whether the event changes nothing on this view of its node's latest incident (slim, or
+        as the store read it): then it is counted in memory. An incident's first lines are
+        committed by the instance that opened it; another instance counts them (a storm's
+        first lines reach every instance at once, and ten committed each)."""
+        if latest is None:
+            return False
+        action = engine.believed(ev, self.policy)[0]["action"]  # a forged line raises nothing
+        direct = int((latest.get("counts") or {}).get("events", latest.get("events", 0))) < DIRECT_LINES
+        return not (
+            (_verified(ev) and latest.get("trust") != trust.VERIFIED)  # it makes the evidence trusted
+            or (direct and st.opened == latest["id"])
+            or RANK[action] > RANK[latest["action"]]
+            or engine.ends_recovery(ev, self.policy)  # may end the episode: decided in the store
+            or not engine.absorbs(as_view(latest), ev, ts)
+            or (st.shard_iid != latest["id"] and st.buffered)  # the old incident's lines go first
+        )
 
     def _commit(self, st: NodeState, ev: FaultEvent, key: str, now: float) -> engine.Outcome:
         """The full, transactional path; its answer refreshes the cache.
@@ -269,14 +308,34 @@ class Coalescer(ShardWriter):
                 self._applying.pop(key).set()
 
     def _apply(self, st: NodeState, ev: FaultEvent, key: str, now: float) -> engine.Outcome:
-        out = self.store.apply(ev, self.policy, now)
+        """The store decides, unless the incident it reads (fresher than this cache: another
+        instance opened or raised it meanwhile) lets the event be counted in memory after all."""
+        ts = float(ev.get("_observed_ts") or now)
+        out = self.store.apply(ev, self.policy, now, countable=lambda inc: self._countable(st, ev, inc, ts))
+        if out.coalesced:  # the store decided and wrote nothing
+            with self._lock:
+                self._learn(st, out, now)
+                absorbed, job = self._buffer(st, engine.subject_key(ev), ev, key, now, deciding=True)
+            if job is not None:
+                self._merge(job, now)
+            if absorbed is not None:
+                return absorbed
+            out = self.store.apply(ev, self.policy, now)  # the slim view asks for a decision after all
         with self._lock:
-            if out.result != "duplicate":
-                if out.incident is not None:
-                    st.latest = slim(out.incident)
-                st.fetched_at = now
+            self._learn(st, out, now)
             self._remember(key)
         return out
+
+    def _learn(self, st: NodeState, out: engine.Outcome, now: float) -> None:
+        """Under the lock: the incident as the store read or decided it refreshes the cache."""
+        if out.result == "duplicate":
+            return
+        if out.incident is not None:
+            was = (st.latest or {}).get("id")
+            st.latest = slim(out.incident)
+            if not out.coalesced and out.result not in ("absorbed", "ignored") and was != out.incident["id"]:
+                st.opened = out.incident["id"]  # this instance commits its first lines
+        st.fetched_at = now
 
     # -- node states -----------------------------------------------------------------
 
@@ -318,61 +377,40 @@ class Coalescer(ShardWriter):
     def flush_all(self, now: float, wait_s: float = 30.0) -> int:
         """Write every buffered count now (SIGTERM, exit, the sweep, the end of a benchmark).
 
-        Merges FLUSH_WORKERS at a time: at SIGTERM an instance has seconds, and a storm over
-        2,000 nodes leaves as many merges. Returns once merges already under way elsewhere (the
-        timer, another line) have finished too, so whoever reads the incidents next sees every
-        count this instance had.
+        In one store call (one write per page: at SIGTERM an instance has seconds, and a storm
+        over 2,000 nodes leaves as many shards). Returns once merges already under way elsewhere
+        (the timer, another line) have finished too, so whoever reads the incidents next sees
+        every count this instance had.
         """
         with self._lock:
             jobs = [job for k in list(self._pending) if (job := self._take(self._nodes[k], k, now))]
         retries = self._take_retries()
         with self._lock:
             self._inflight += len(retries)
-        self._merge_parallel(jobs + retries, now)
+        self._merge_all(jobs + retries, now)
         with self._lock:
             self._merged.wait_for(lambda: self._inflight == 0, timeout=wait_s)
         self.watch_feed(now)  # what was resolved since the last look: replayed before the instance goes
         return len(jobs)
 
-    def _merge_parallel(self, jobs: list[Job], now: float) -> None:
-        """Merge these jobs FLUSH_WORKERS at a time, this thread among them: at interpreter exit
-        (atexit) no executor takes work and Python 3.12 starts no thread, so this one merges
-        whatever the others cannot."""
-        todo, lock = list(jobs), threading.Lock()
-
-        def work() -> None:
-            while True:
-                with lock:
-                    if not todo:
-                        return
-                    job = todo.pop()
-                self._merge(job, now)
-
-        helpers: list[threading.Thread] = []
-        try:
-            for _ in range(min(FLUSH_WORKERS, len(jobs)) - 1):
-                helpers.append(threading.Thread(target=work, name="pitstop-flush", daemon=True))
-                helpers[-1].start()
-        except RuntimeError:  # no new thread at interpreter shutdown
-            helpers = [t for t in helpers if t.is_alive()]
-        work()
-        for t in helpers:
-            t.join()
-
     def flush_due(self, now: float) -> int:
         """Look at the resolved feed, write the counts buffered for a flush interval or longer, check
         lines written ``VERIFY_S`` ago that nothing checked since, drop idle node states.
 
-        One node at a time (taken, written, the next): what is not written yet stays buffered, where
-        a shutdown's flush_all finds it, instead of being held by this thread when the instance stops.
+        A page with a node due is written whole: every node of it with lines buffered goes in the
+        same write (a write per page and interval, whatever the nodes). A shutdown's flush_all
+        waits for it.
         """
         self.watch_feed(now)
-        for again in self._take_retries():
-            with self._lock:
-                self._inflight += 1
-            self._merge(again, now)
+        jobs = self._take_retries()
         with self._lock:
-            due = [k for k in self._pending if now - self._nodes[k].last_flush >= self.flush_interval]
+            self._inflight += len(jobs)
+            pages = {
+                self._nodes[k].page
+                for k in self._pending
+                if now - self._nodes[k].last_flush >= self.flush_interval
+            }
+            due = [k for k in self._pending if self._nodes[k].page in pages]
             late = [
                 (k, st)
                 for k, st in self._nodes.items()
@@ -385,17 +423,11 @@ class Coalescer(ShardWriter):
             ]
             for k in idle:
                 del self._nodes[k]
-        merged = 0
-        for k in due:
-            with self._lock:
-                st = self._nodes.get(k)
-                job = self._take(st, k, now) if st is not None and k in self._pending else None
-            if job is not None:
-                self._merge(job, now)
-                merged += 1
+            merged = [job for k in due if (job := self._take(self._nodes[k], k, now))]
+        self._merge_all(jobs + merged, now)  # one store call: a write per page, not per node
         for k, st in late:
             self.verify(k, st, now)
-        return merged
+        return len(merged)
 
     def _ensure_timer(self) -> bool:
         """Under the lock: make sure the timer thread runs while counts are buffered (False: off)."""

@@ -3,9 +3,10 @@ stopped absorbing them.
 
 Each node state of an instance owns one count shard of its incident (core/store.py
 ``with_shards``): it keeps the shard's totals in memory and writes them whole, blindly, at most
-every ``flush_interval_s`` (one write; no read, no transaction, no contender). Snapshots of a
-shard are numbered, and an older one is never written over a newer one, so a retried or
-overtaken write loses nothing.
+every ``flush_interval_s``, into its page (the instance's document for up to PAGE_SHARDS shards):
+every due shard of a page in one write (no read, no transaction, no contender), the page's other
+shards left as they are. Snapshots of a shard are numbered, page writes take turns, and an
+older snapshot is never written over a newer one, so a retried or overtaken write loses nothing.
 
 A written line is *unverified* until an incident read that follows its write says the incident
 still absorbs it. The read comes from the store's resolved feed, looked at once per timer tick
@@ -72,6 +73,8 @@ class NodeState:
     buffered: int = 0  # lines counted since the last write
     shard: str = ""  # this state's shard of ``shard_iid``
     shard_iid: str | None = None
+    opened: str | None = None  # the incident this instance opened (it commits the first lines)
+    page: str = ""  # the instance's document that holds the shard (PAGE_SHARDS shards each)
     seq: int = 0  # snapshots taken of this state's shards
     # The newest snapshot written, per shard: a snapshot of an older incident's shard that failed
     # and is written again later is compared with its own shard's writes, not the new shard's.
@@ -81,7 +84,7 @@ class NodeState:
     # twice (a failed replay checked again lost one line per failure).
     replays: list[tuple[str, FaultEvent]] = field(default_factory=list)
     written_at: float = 0.0
-    lock: threading.RLock = field(default_factory=threading.RLock)  # one write or check at a time
+    lock: threading.RLock = field(default_factory=threading.RLock)  # one check at a time
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class Job:
     nkey: str
     iid: str
     shard: str
+    page: str
     totals: CountShard
     representative: FaultEvent
     lines: int
@@ -104,6 +108,7 @@ class ShardWriter:
     store: IncidentStore
     policy: Policy
     _lock: threading.RLock
+    _page_lock: threading.Lock  # one page write at a time (this instance's)
     _nodes: OrderedDict[str, NodeState]
     _pending: set[str]
     _retry: list[Job]
@@ -135,36 +140,49 @@ class ShardWriter:
             return None
         st.seq += 1
         doc = self._shard_doc(st, nkey, st.shard_iid, now)
-        job = Job(st, nkey, st.shard_iid, st.shard, doc, st.representative, st.buffered, st.seq)
+        job = Job(st, nkey, st.shard_iid, st.shard, st.page, doc, st.representative, st.buffered, st.seq)
         self._pending.discard(nkey)
         st.representative, st.buffered = None, 0
         return job
 
     def _merge(self, job: Job, now: float) -> None:
-        """Write one detached snapshot (each comes here once), then check it if no feed is watched."""
-        st = job.st
+        self._merge_all([job], now)
+
+    def _merge_all(self, jobs: list[Job], now: float) -> None:
+        """Write detached snapshots (each comes here once), all in one store call (one write per
+        page they are in), then check them if no feed is watched."""
+        if not jobs:
+            return
         try:
-            with st.lock:
-                if job.seq > st.written.get(job.shard, 0):  # else a newer one of it holds these lines
-                    self.store.put_count_shard(job.iid, job.shard, job.totals)
-                    st.written[job.shard] = job.seq
-                with self._lock:
-                    st.unverified[job.iid] = stronger(st.unverified.get(job.iid), job.representative)
-                    st.written_at = now
+            with self._page_lock:  # page writes in turn: a newer snapshot is never overtaken
+                newest: dict[str, Job] = {}  # per shard, its newest snapshot not written yet
+                for job in jobs:
+                    other = newest.get(job.shard)
+                    if job.seq > job.st.written.get(job.shard, 0) and (other is None or job.seq > other.seq):
+                        newest[job.shard] = job  # else a newer one of it holds these lines
+                pages: dict[str, dict[str, CountShard]] = {}
+                for job in newest.values():
+                    pages.setdefault(job.page, {})[job.shard] = job.totals
+                if pages:
+                    self.store.put_count_shards(pages)
+                for job in newest.values():
+                    job.st.written[job.shard] = job.seq
+            with self._lock:
+                for job in jobs:
+                    job.st.unverified[job.iid] = stronger(job.st.unverified.get(job.iid), job.representative)
+                    job.st.written_at = now
         except Exception as exc:  # Firestore trouble: the lines are written with the next snapshot
-            log.emit(
-                "WARNING",
-                "storm counts not written yet",
-                node=job.nkey,
-                incident=job.iid,
-                error=repr(exc)[:300],
-            )
-            self._restore(job)
+            log.emit("WARNING", "storm counts not written yet", shards=len(jobs), error=repr(exc)[:300])
+            for job in jobs:
+                self._restore(job)
             return
         finally:
-            self._done_merging()
-        if not self._watching(now) or (st.latest or {}).get("state") == State.RESOLVED:
-            self.verify(job.nkey, st, now)
+            for _ in jobs:
+                self._done_merging()
+        watched = self._watching(now)
+        for nkey, st in {id(j.st): (j.nkey, j.st) for j in jobs}.values():
+            if not watched or (st.latest or {}).get("state") == State.RESOLVED:
+                self.verify(nkey, st, now)
 
     def _restore(self, job: Job) -> None:
         """A write failed: its lines go out with the node's next snapshot, or the job is kept."""
@@ -235,15 +253,16 @@ class ShardWriter:
                     if x in held:
                         held[x] = max(0, held[x] - n)
             st.seq += 1
-            seq, shard, doc = st.seq, st.shard, self._shard_doc(st, nkey, iid, now)
+            seq, shard, page, doc = st.seq, st.shard, st.page, self._shard_doc(st, nkey, iid, now)
         try:
-            self.store.put_count_shard(iid, shard, doc)
+            with self._page_lock:
+                if seq > st.written.get(shard, 0):
+                    self.store.put_count_shards({page: {shard: doc}})
+                    st.written[shard] = seq
         except Exception as exc:  # the shard keeps the line until its next write: one line too many
             log.emit(
                 "WARNING", "replayed line still in its shard", node=nkey, incident=iid, error=repr(exc)[:300]
             )
-            return
-        st.written[shard] = seq
 
     def _replay(self, nkey: str, st: NodeState, iid: str, rep: FaultEvent, now: float) -> None:
         """The full path for a line its incident no longer absorbs (a new incident, a raise)."""

@@ -29,7 +29,7 @@ from pitstop.core.envelope import unwrap
 from pitstop.core.policy import Policy
 from pitstop.core.store import IncidentStore
 from pitstop.core.timefmt import to_epoch
-from pitstop.services.coalesce import Coalescer
+from pitstop.services.coalesce import ACK_DEADLINE_S, Coalescer
 from pitstop.services.launch import Launcher, Publisher, Starter
 
 # Trouble in a backing service after a decision committed: the sweep finishes what was left.
@@ -52,6 +52,7 @@ class Ingest:
         zones: ZoneResolver | None = None,
         nodes: NodeReader | None = None,
         alerts_topic: str = alerts.DEFAULT_TOPIC,
+        ack_deadline_s: float = ACK_DEADLINE_S,
     ) -> None:
         self.policy, self.store, self.zones, self.nodes = policy, store, zones, nodes
         self.launcher = Launcher(store, starter, notifier)
@@ -59,7 +60,7 @@ class Ingest:
             policy.xids, Classifier.default().system_events, alerts_topic
         )
         self.clock = clock
-        self.coalescer = Coalescer(store, policy, clock)
+        self.coalescer = Coalescer(store, policy, clock, ack_deadline_s=ack_deadline_s)
         self.coalescer.on_outcome = lambda out: self.follow_up(out, self.clock())
 
     def handle_payload(self, payload: Any, source: str | None = None) -> engine.Outcome:
@@ -99,6 +100,13 @@ class Ingest:
         out = self.coalescer.handle(ev, now)
         if out.coalesced:
             return out  # counted in memory: it decided nothing, so nothing follows (no read, no write)
+        if out.result == "late":
+            log.emit(
+                "WARNING",
+                "delivery past its ack deadline left to the redelivery",
+                node=engine.subject_name(ev),
+            )
+            return out
         log.emit(
             "INFO",
             f"event {out.result}",

@@ -268,6 +268,7 @@ def run_storm(shape: Shape, firestore_host: str, executions: Any, endpoint: str)
         "PITSTOP_POLICY": str(policy),
         "PITSTOP_WORKFLOWS_ENDPOINT": endpoint,
         "PITSTOP_BENCH_STATS_DIR": str(stats_dir),
+        "PITSTOP_ACK_DEADLINE_S": str(shape.ack_deadline_s),  # as deploy sets it beside the subscription's
     }
     before = set(executions.records)
     instances = _start_instances(shape, workdir, env)
