@@ -10,7 +10,16 @@ log on those lines and never interprets what is between them (core/diagnose.py, 
 parse). Finished Jobs are removed by Kubernetes' TTL-after-finished controller
 (``ttlSecondsAfterFinished``), long enough after the run for a retried check_result to read the
 logs again; only the peer, which would otherwise idle until its deadline, is deleted when the
-check is read as done.
+check is read as done. A ``revalidate`` (corrupt data or a shortfall against one peer, issue 21)
+runs the NCCL test alone again, with a peer not in ``exclude_peers``.
+
+The NCCL pods report no fabric setup (``nccl_setup`` output), on purpose: GKE's GPUDirect-TCPXO
+needs the cluster's multi-network interfaces, a ``tcpxo-daemon`` sidecar with ``NET_ADMIN`` and
+the node's ``/sys``, ``/proc/sys`` and plugin libraries as hostPath volumes
+(cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx), all of which Pod
+Security ``baseline`` in this namespace forbids (kubernetes.io/docs/concepts/security/
+pod-security-standards/#baseline) so that creating a check Job is not root on a GPU node. A
+busbw figure from here is therefore never the fabric's and a shortfall pages (README).
 """
 
 from __future__ import annotations
