@@ -25,6 +25,10 @@ from kubernetes.client.exceptions import ApiException
 
 from pitstop.local import gke_stack
 from pitstop.local.fake_k8s import FakeKube
+from pitstop.local.k8s_admission import BINDING as BINDING_KIND
+from pitstop.local.k8s_admission import POLICY as POLICY_KIND
+from pitstop.local.k8s_admission import Policies, Request
+from pitstop.local.k8s_store import BY_KIND, ApiError, Store
 
 k8s: Any = client
 ROOT = Path(__file__).resolve().parents[2]
@@ -270,3 +274,83 @@ def test_the_deployed_manifest_holds_the_policy_the_stack_applies() -> None:
     assert len(applied) == len(deployed) == 2
     assert applied[0]["spec"]["matchConditions"][0]["expression"] == 'request.userInfo.username == "a@b"'
     assert [d["kind"] for d in applied] == [d["kind"] for d in deployed]
+
+
+RULE = {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["UPDATE", "DELETE"]}
+
+
+def rules_policy(constraints: dict[str, Any], expression: str = "false") -> dict[str, Any]:
+    spec = {"matchConstraints": constraints, "validations": [{"expression": expression}]}
+    return {"kind": "ValidatingAdmissionPolicy", "metadata": {"name": "p"}, "spec": spec}
+
+
+def request(operation: str, kind: str = "Job", sub: str = "", namespace: str | None = "default") -> Request:
+    return Request("u", ("system:authenticated",), operation, BY_KIND[kind], sub, "x", namespace)
+
+
+def judged(store: Store, req: Request, old: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:
+    """True when the request was refused."""
+    try:
+        Policies(store).review(req, old, new)
+    except ApiError as err:
+        assert err.code == 422
+        return True
+    return False
+
+
+JOB = {"metadata": {"name": "x", "namespace": "default", "labels": {"team": "ml"}}, "spec": {}}
+
+
+@pytest.mark.parametrize(
+    ("rules", "binding_scope", "req", "refused"),
+    [
+        ({"resources": ["jobs"]}, None, request("UPDATE"), True),
+        ({"resources": ["jobs"]}, None, request("UPDATE", sub="status"), False),  # a subresource: named
+        ({"resources": ["jobs/status"]}, None, request("UPDATE", sub="status"), True),
+        ({"resources": ["*"]}, None, request("UPDATE", sub="status"), False),
+        ({"resources": ["*/*"]}, None, request("UPDATE", sub="status"), True),
+        ({"resources": ["jobs"], "scope": "Cluster"}, None, request("UPDATE"), False),
+        ({"resources": ["jobs"], "operations": ["CREATE"]}, None, request("UPDATE"), False),
+        (
+            {"resources": ["jobs"]},
+            {"objectSelector": {"matchLabels": {"team": "web"}}},
+            request("UPDATE"),
+            False,
+        ),
+        (
+            {"resources": ["jobs"]},
+            {"objectSelector": {"matchLabels": {"team": "ml"}}},
+            request("UPDATE"),
+            True,
+        ),
+        (
+            {"resources": ["jobs"]},
+            {"resourceRules": [{**RULE, "resources": ["pods"]}]},
+            request("UPDATE"),
+            False,
+        ),
+        (
+            {"resources": ["jobs"]},
+            {"excludeResourceRules": [{**RULE, "resources": ["jobs"]}]},
+            request("UPDATE"),
+            False,
+        ),
+        ({"resources": ["jobs"], "operations": ["DELETE"]}, None, request("DELETE"), True),
+    ],
+)
+def test_what_a_policy_and_its_binding_match(
+    rules: dict[str, Any], binding_scope: dict[str, Any] | None, req: Request, refused: bool
+) -> None:
+    """matchConstraints and the binding's matchResources, as the API reference defines them: a
+    rule names subresources explicitly ("jobs" is not "jobs/status"; "*" matches no subresource,
+    "*/*" every one), scope and operations count, and the binding narrows what its policy matched."""
+    store = Store(time_scale=0)
+    store.create("Namespace", {"metadata": {"name": "default"}})
+    rule = {**RULE, **rules}
+    store.create(POLICY_KIND, rules_policy({"resourceRules": [rule]}))
+    spec: dict[str, Any] = {"policyName": "p", "validationActions": ["Deny"]}
+    if binding_scope is not None:
+        spec["matchResources"] = binding_scope
+    store.create(BINDING_KIND, {"metadata": {"name": "b"}, "spec": spec})
+    new = None if req.operation == "DELETE" else JOB  # a DELETE's object is null
+    assert judged(store, req, JOB, new) is refused
