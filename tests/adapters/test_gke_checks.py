@@ -317,9 +317,29 @@ def test_validate_runs_dcgm_and_nccl_with_one_healthy_peer(kube: FakeKube, sched
     assert (
         nccl.ok and row is not None and row.busbw == pytest.approx(120.0)
     )  # the fenced node's degraded NCCL
-    assert f"on {BAD} " in got["outputs"]["nccl"] and "on peer " in got["outputs"]["nccl"]
+    assert f"on {BAD} " in got["outputs"]["nccl"] and f"on {NODES[3]} " in got["outputs"]["nccl"]
     wait(lambda: len(check_pods(kube, check["name"])) == 1, what="the peer to be deleted")
     assert sched.start_check(BAD, check, StepRef(INC, 5)) == started  # a retry keeps the same peer
+
+
+def test_revalidate_runs_nccl_alone_with_a_peer_not_measured_before(
+    kube: FakeKube, sched: GkeCluster, state: Path
+) -> None:
+    """Issue 21: corrupt data (or a shortfall) against one peer is measured again with another; the
+    ring's wrong data shows whichever end it comes from (here the second peer's)."""
+    state.write_text(json.dumps({NODES[2]: {"wrong": 4}}))
+    check = {
+        **validate(),
+        "kind": "revalidate",
+        "name": f"pitstop-{INC}-5-revalidate",
+        "exclude_peers": [NODES[1]],
+    }
+    started = sched.start_check(BAD, check, StepRef(INC, 5))
+    assert started == {"started": check["name"], "peer": NODES[2], "note": ""}
+    got = result(sched, BAD, check)
+    assert got["error"] is None and got["peer"] == NODES[2] and set(got["outputs"]) == {"nccl"}
+    nccl = parse_all_gather(got["outputs"]["nccl"])
+    assert nccl.ok and nccl.wrong > 0 and f"on {NODES[2]} " in got["outputs"]["nccl"]
 
 
 def test_validate_without_a_healthy_peer_runs_dcgm_alone_and_says_why(
@@ -532,6 +552,7 @@ def test_check_settings_from_the_policy_and_their_defaults() -> None:
         {"gpus": True},
         {"dcgm_level": 9},
         {"kind": "validate", "peer": True, "message_bytes": 0},
+        {"kind": "revalidate", "peer": True, "message_bytes": 1, "exclude_peers": ["Not A Node"]},
     ],
 )
 def test_bad_check_requests_are_refused_before_any_call(

@@ -172,26 +172,80 @@ def _second(
     return _validate_out(state, mp, peer=peer, fabric=fabric, dcgm=False)
 
 
+SHORT, WRONG = {"busbw": 120}, {"wrong": 3}  # the first peer's run: a shortfall, or wrong data
+
+
 @pytest.mark.parametrize(
-    ("action", "second", "peer", "fabric", "next_action", "verdict", "words"),
+    ("first", "action", "second", "peer", "fabric", "next_action", "verdict", "words"),
     [
         # short against both peers, each the fabric's way: the host is at fault
-        ("REBOOT_NODE", {"busbw": 120}, "n3", True, "REPLACE_NODE", "degraded", "against n3, both under"),
-        ("RESET_GPU", {"busbw": 121}, "n3", True, "REPLACE_NODE", "degraded", "whichever peer"),
+        (
+            SHORT,
+            "REBOOT_NODE",
+            {"busbw": 120},
+            "n3",
+            True,
+            "REPLACE_NODE",
+            "degraded",
+            "against n3, both under",
+        ),
+        (SHORT, "RESET_GPU", {"busbw": 121}, "n3", True, "REPLACE_NODE", "degraded", "whichever peer"),
         # a replaced node short against both: a person (no second replacement on its own)
-        ("REPLACE_NODE", {"busbw": 120}, "n3", True, "PAGE", "degraded", "against n3"),
+        (SHORT, "REPLACE_NODE", {"busbw": 120}, "n3", True, "PAGE", "degraded", "against n3"),
         # full speed with the second: the node returns, the first peer is named as suspect
-        ("REBOOT_NODE", {}, "n3", True, "RETURN_TO_SERVICE", "pass", "n2 or the path to it is suspect"),
+        (SHORT, "REBOOT_NODE", {}, "n3", True, "RETURN_TO_SERVICE", "pass", "n2 or the path to it"),
         # no second peer, or the first again: a page, nothing condemned
-        ("REBOOT_NODE", {}, None, True, "PAGE", "degraded_one_peer", "no second healthy peer"),
-        ("REBOOT_NODE", {"busbw": 120}, "n2", True, "PAGE", "degraded_one_peer", "no second healthy peer"),
+        (SHORT, "REBOOT_NODE", {}, None, True, "PAGE", "degraded_one_peer", "no second healthy peer"),
+        (
+            SHORT,
+            "REBOOT_NODE",
+            {"busbw": 120},
+            "n2",
+            True,
+            "PAGE",
+            "degraded_one_peer",
+            "no second healthy peer",
+        ),
         # the second run did not finish, or was not the fabric's: a page
-        ("REBOOT_NODE", None, "n3", True, "PAGE", "degraded_one_peer", "did not finish"),
-        ("REBOOT_NODE", {"busbw": 120}, "n3", False, "PAGE", "degraded_one_peer", "was not the fabric's"),
-        ("REBOOT_NODE", {}, "n3", False, "PAGE", "degraded_one_peer", "was not the fabric's"),
+        (SHORT, "REBOOT_NODE", None, "n3", True, "PAGE", "degraded_one_peer", "did not finish"),
+        (
+            SHORT,
+            "REBOOT_NODE",
+            {"busbw": 120},
+            "n3",
+            False,
+            "PAGE",
+            "degraded_one_peer",
+            "was not the fabric's",
+        ),
+        (SHORT, "REBOOT_NODE", {}, "n3", False, "PAGE", "degraded_one_peer", "was not the fabric's"),
+        # issue 21: wrong data (nccl-tests' #wrong > 0) against the first peer, under any NCCL
+        # setup (wrong data is wrong however it was measured); wrong against both: the host's
+        (WRONG, "REBOOT_NODE", {"wrong": 2}, "n3", True, "REPLACE_NODE", "corrupt", "wrong data against n3"),
+        (WRONG, "RESET_GPU", {"wrong": 2}, "n3", False, "REPLACE_NODE", "corrupt", "whichever peer"),
+        # wrong against one, short against the other (the fabric's way): the host fails with both
+        (
+            WRONG,
+            "REBOOT_NODE",
+            {"busbw": 120},
+            "n3",
+            True,
+            "REPLACE_NODE",
+            "corrupt",
+            "120.00 GB/s against n3",
+        ),
+        # a replaced node returning wrong data again: a person
+        (WRONG, "REPLACE_NODE", {"wrong": 2}, "n3", True, "PAGE", "corrupt", "wrong data against n3"),
+        # clean and at full speed with the second: the node returns, the first peer is suspect
+        (WRONG, "REBOOT_NODE", {}, "n3", True, "RETURN_TO_SERVICE", "pass", "n2 or the path to it"),
+        # clean, but not the fabric's way; or unfinished; or no second peer: a page, nothing condemned
+        (WRONG, "REBOOT_NODE", {}, "n3", False, "PAGE", "corrupt_one_peer", "was not the fabric's"),
+        (WRONG, "REBOOT_NODE", None, "n3", True, "PAGE", "corrupt_one_peer", "did not finish"),
+        (WRONG, "REBOOT_NODE", {}, None, True, "PAGE", "corrupt_one_peer", "no second healthy peer"),
     ],
 )
-def test_the_second_peer_decides_what_a_shortfall_means(
+def test_the_second_peer_decides_what_a_shortfall_or_wrong_data_means(
+    first: dict[str, Any],
     action: str,
     second: dict[str, Any] | None,
     peer: str | None,
@@ -202,19 +256,27 @@ def test_the_second_peer_decides_what_a_shortfall_means(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     table = checks.table_for(POLICY)
-    first = checks.judge_validation(
-        action, "a3-megagpu-8g", _validate_out({"busbw": 120}, monkeypatch), POLICY, table
-    )
+    run = _validate_out(first, monkeypatch, fabric=first is SHORT)  # wrong data: even one rank per node
+    v1 = checks.judge_validation(action, "a3-megagpu-8g", run, POLICY, table)
+    assert v1.wants_second_peer and v1.next == "PAGE", v1  # one peer's result condemns nothing
     v = checks.judge_second_peer(
-        action, "a3-megagpu-8g", first, _second(second, monkeypatch, peer, fabric), POLICY, table
+        action, "a3-megagpu-8g", v1, _second(second, monkeypatch, peer, fabric), POLICY, table
     )
     assert (v.next, v.validation.verdict) == (next_action, verdict), v
     assert words in v.validation.why, v.validation.why
     rec = v.record(2.0)
     assert rec["hardware_fault"] is (next_action == "REPLACE_NODE")
-    assert rec["nccl_peers"][0] == {"peer": "n2", "busbw_gbps": 120.0, "verdict": "degraded"}
+    busbw, said = (120.0, "degraded") if first is SHORT else (190.0, "corrupt")
+    assert rec["nccl_peers"][0] == {"peer": "n2", "busbw_gbps": busbw, "verdict": said}
     if next_action == "RETURN_TO_SERVICE":
         assert v.validation.passed and v.peer == "n3" and "n2" in v.note
+
+
+def test_corrupt_data_with_no_peer_named_asks_no_second_and_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = _validate_out({"wrong": 3}, monkeypatch)
+    out["peer"] = None
+    v = checks.judge_validation("REBOOT_NODE", "a3-megagpu-8g", out, POLICY, checks.table_for(POLICY))
+    assert v.validation.verdict == "corrupt" and v.next == "PAGE" and not v.wants_second_peer
 
 
 def test_unfinished_or_garbled_validation_fails_closed() -> None:

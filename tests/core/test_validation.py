@@ -355,6 +355,15 @@ def test_bad_nccl_output_missing_row_corrupt_data_and_bad_policy() -> None:
         assert validate("a3-megagpu-8g", row(188.0), DCGM_PASS, policy_fraction=f).verdict == "bad_policy"
 
 
+def test_corrupt_data_against_one_peer_is_no_finding_until_a_second_peer_returns_it_too() -> None:
+    """Issue 21: nccl-tests' #wrong > 0 may be the peer's (its GPU, NIC or the path) as much as the
+    node's: one peer's run pages; wrong data against a second, different peer steps up."""
+    corrupt = validate("a3-megagpu-8g", row(188.0, wrong=3), DCGM_PASS)
+    assert next_action("REBOOT_NODE", corrupt) == PAGE
+    assert next_action("REBOOT_NODE", corrupt, peer_corroborated=True) == "REPLACE_NODE"
+    assert next_action("REPLACE_NODE", corrupt, peer_corroborated=True) == PAGE
+
+
 @pytest.mark.parametrize(
     ("action", "busbw", "dcgm", "expected"),
     [
@@ -386,7 +395,7 @@ def test_a_shortfall_corroborated_by_a_second_peer_steps_up_after_a_repair(
     action: str, expected: str
 ) -> None:
     v = validate("a3-megagpu-8g", row(120.0), DCGM_PASS)
-    assert next_action(action, v, busbw_corroborated=True) == expected
+    assert next_action(action, v, peer_corroborated=True) == expected
 
 
 # ------------------------------------------------------------------ the fabric's NCCL setup
@@ -511,7 +520,7 @@ def test_round_trip_degraded_node_steps_up(tmp_path: Path) -> None:
     v = validate("a3-megagpu-8g", parse_all_gather(out), DCGM_PASS)
     assert v.verdict == "degraded" and v.busbw == 120.0
     assert next_action("REBOOT_NODE", v) == PAGE  # one peer's figure: no finding
-    assert next_action("REBOOT_NODE", v, busbw_corroborated=True) == "REPLACE_NODE"
+    assert next_action("REBOOT_NODE", v, peer_corroborated=True) == "REPLACE_NODE"
     _, healthy = run_tool("all_gather_perf", ["-b", "1G", "-e", "8G"], str(state), node="a3m-2")
     assert validate("a3-megagpu-8g", parse_all_gather(healthy), DCGM_PASS).passed
 

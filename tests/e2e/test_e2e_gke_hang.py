@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from pitstop.local import chaos, trainer
+from pitstop.local import chaos, gke_stack, trainer
 from pitstop.local.heartbeats import beats, hang_incidents
 from pitstop.local.realtime import breakdown
 from pitstop.local.stack import PROJECT, ClusterSpec
@@ -75,6 +75,11 @@ def hang_on_gke(sc: GkePipeline, name: str, link: bool) -> tuple[dict[str, Any],
     assert not js["spec"].get("suspend")
     assert "pitstop.dev/stopped-for" not in js["metadata"].get("annotations", {})
     assert hang["timeline"].get("job_running")  # the workflow saw it run again before it closed
+    # the stop and the resume passed the deployed admission policy, judged as actuate's requests
+    judged = [d for d in sc.kube.admission() if d["name"] == name and d["resource"].startswith("jobsets.")]
+    assert len(judged) >= 2 and all(d["allowed"] for d in judged), judged
+    assert {d["user"] for d in judged} == {gke_stack.service_account("actuate", PROJECT)}
+    assert [d for d in sc.kube.admission() if not d["allowed"]] == []
     return hang, bad, where
 
 

@@ -174,6 +174,7 @@ def test_discovery_lists_groups_resources_and_subresources(kube: FakeKube, api: 
         "policy": "v1",
         "jobset.x-k8s.io": "v1alpha2",
         "kueue.x-k8s.io": "v1beta2",
+        "admissionregistration.k8s.io": "v1",  # ValidatingAdmissionPolicy (k8s_admission.py)
     }
     _, js = raw(kube, "/apis/jobset.x-k8s.io/v1alpha2")
     _, wl = raw(kube, "/apis/kueue.x-k8s.io/v1beta2")

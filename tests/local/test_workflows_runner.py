@@ -406,7 +406,10 @@ DEFAULT_ANSWERS: dict[str, Any] = {
     "validate": {"run": False, "why": "validation.enabled is false in policy"},
     "diagnosis": {"done": True},
     "validation": {"done": True},
-    "revalidate": {"run": False, "why": "no busbw shortfall measured the fabric's way to check again"},
+    "revalidate": {
+        "run": False,
+        "why": "no busbw shortfall measured the fabric's way or corrupt data to check again",
+    },
     "revalidation": {"done": True},
     "resumed": {"done": True},
     "escalate": {"outcome": "continue", "handed_over": False},

@@ -98,12 +98,17 @@ class CheckingGang(Gang):
         return CheckResult(True, out, peer, None, note)
 
     def _nccl(self, node: str, peer: str, check: Mapping[str, Any]) -> dict[str, str]:
-        """The all_gather as the ring runs it, at the slower of the two nodes (the stand-in's rule)."""
+        """The all_gather as the ring runs it, at the slower of the two nodes, with either node's
+        wrong data (the stand-in's rule)."""
         fabric = check.get("fabric") if self.apply_fabric else None
         per_rank = int(check["gpus"]) // int(fabric["ranks_per_node"]) if fabric else int(check["gpus"])
         args = ["-b", "1G", "-e", str(check["message_bytes"]), "-f", "2", "-g", str(per_rank)]
         speeds = [float(self.gpu_state.get(n, {}).get("busbw", 190.0)) for n in (node, peer)]
-        ring = {**self.gpu_state, node: {**self.gpu_state.get(node, {}), "busbw": min(speeds)}}
+        wrong = max(int(self.gpu_state.get(n, {}).get("wrong", 0)) for n in (node, peer))
+        ring = {
+            **self.gpu_state,
+            node: {**self.gpu_state.get(node, {}), "busbw": min(speeds), "wrong": wrong},
+        }
         out = {"nccl": _tool("all_gather_perf", args, node, ring)}
         if fabric:
             out["nccl_setup"] = json.dumps(fabric)
@@ -420,11 +425,15 @@ def test_a_reset_node_short_against_two_peers_steps_up_to_replace(make: Any) -> 
     assert rig.ok("diagnose", iid, 2)["run"] is True  # REPLACE always passes the diagnostic
 
 
-def test_a_shortfall_only_against_the_first_peer_returns_the_node_and_names_the_peer(make: Any) -> None:
-    """The first peer is the slow one: the repaired node runs at full speed with the second, so it
-    returns to service; the incident names the first peer as suspect; nothing is replaced."""
+@pytest.mark.parametrize(("state", "first"), [({"busbw": 120}, "degraded"), ({"wrong": 4}, "corrupt")])
+def test_a_shortfall_or_corrupt_data_only_against_the_first_peer_returns_the_node_and_names_the_peer(
+    make: Any, state: dict[str, Any], first: str
+) -> None:
+    """The first peer is the slow one (or corrupts the ring's data, issue 21): the repaired node
+    runs clean and at full speed with the second, so it returns to service; the incident names the
+    first peer as suspect; nothing is replaced or reported."""
     rig = make()
-    rig.gang.gpu_state = {PEER: {"busbw": 120}}
+    rig.gang.gpu_state = {PEER: state}
     iid = rig.open(NODES[0])
     rig.repair(iid)
     rig.ok("validate", iid)
@@ -432,21 +441,52 @@ def test_a_shortfall_only_against_the_first_peer_returns_the_node_and_names_the_
     assert (
         status == 200 and body["outcome"] == "pass" and f"{PEER} or the path to it is suspect" in body["why"]
     )
+    assert ("clean data" in body["why"]) is (first == "corrupt")
     inc = rig.store.get(iid)
     assert inc is not None and not inc.get("escalate_to") and inc["validation"]["passed"] is True
     assert inc["validation"]["peer"] == PEER2 and inc["validation"]["hardware_fault"] is False
     assert [(p["peer"], p["verdict"]) for p in inc["validation"]["nccl_peers"]] == [
-        (PEER, "degraded"),
+        (PEER, first),
         (PEER2, "pass"),
     ]
     assert rig.ok("escalate", iid)["outcome"] == "continue"  # on to unfence
     assert rig.fake.effects_on(NODES[0], "report_host_as_faulty") == []
 
 
-def test_a_shortfall_with_no_second_peer_pages_and_replaces_nothing(make: Any) -> None:
+def test_corrupt_data_against_two_peers_steps_up_to_replace(make: Any) -> None:
+    """Issue 21: all_gather returns wrong data (nccl-tests' #wrong > 0) against the first peer and
+    again against a different one: the host's, a hardware finding, REPLACE (diagnostic first)."""
+    rig = make()
+    rig.gang.gpu_state = {NODES[0]: {"wrong": 4}}
+    iid = rig.open(NODES[0])
+    rig.repair(iid)
+    rig.ok("validate", iid)
+    assert rig.ok("validation", iid)["done"]
+    again = rig.ok("revalidate", iid)
+    assert again["run"] is True and again["peer"] == PEER2 and f"wrong data against {PEER}" in again["why"]
+    assert rig.ok("revalidation", iid)["done"]
+    body, status = rig.call("judge_validation", iid)
+    assert status == 200 and body["outcome"] == "step_up" and body["verdict"] == "corrupt"
+    inc = rig.store.get(iid)
+    assert inc is not None and inc["escalate_to"] == "REPLACE_NODE"
+    assert [(p["peer"], p["verdict"]) for p in inc["validation"]["nccl_peers"]] == [
+        (PEER, "corrupt"),
+        (PEER2, "corrupt"),
+    ]
+    assert rig.ok("escalate", iid)["handed_over"] is True
+    rig.ok("fence", iid, 2)
+    assert rig.ok("diagnose", iid, 2)["run"] is True  # REPLACE always passes the diagnostic
+
+
+@pytest.mark.parametrize(
+    ("state", "verdict"), [({"busbw": 120}, "degraded_one_peer"), ({"wrong": 4}, "corrupt_one_peer")]
+)
+def test_a_shortfall_or_corrupt_data_with_no_second_peer_pages_and_replaces_nothing(
+    make: Any, state: dict[str, Any], verdict: str
+) -> None:
     rig = make()
     rig.gang.more_peers = []
-    rig.gang.gpu_state = {NODES[0]: {"busbw": 120}}
+    rig.gang.gpu_state = {NODES[0]: state}
     iid = rig.open(NODES[0])
     rig.repair(iid)
     rig.ok("validate", iid)
@@ -454,7 +494,7 @@ def test_a_shortfall_with_no_second_peer_pages_and_replaces_nothing(make: Any) -
     assert status == 409 and body["retryable"] is False and "no second healthy peer" in body["error"]
     inc = rig.store.get(iid)
     assert inc is not None and not inc.get("escalate_to") and inc["validation"]["hardware_fault"] is False
-    assert inc["validation"]["verdict"] == "degraded_one_peer"
+    assert inc["validation"]["verdict"] == verdict
 
 
 def test_a_shortfall_measured_one_rank_per_node_pages_without_a_second_run(make: Any) -> None:

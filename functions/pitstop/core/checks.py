@@ -10,11 +10,11 @@ Three questions a remediation step asks, each answered here without I/O:
   REBOOT_NODE. A diagnostic that never finished is no evidence either: step down too, since a
   reboot that does not heal the node fails its validation, which is measured evidence.
 - **validate**: after a repair, DCGM and an NCCL all_gather with one healthy peer under the
-  fabric's own NCCL setup; pass → the node returns; DCGM hardware failure or corrupt data →
-  REPLACE_NODE (the diagnostic runs first); a busbw shortfall → a second all_gather against a
-  different healthy peer (revalidate): short again → REPLACE_NODE, full speed → the node returns
-  and the first peer is named as suspect (a finding on neither); anything else pages and the node
-  stays fenced.
+  fabric's own NCCL setup; pass → the node returns; DCGM hardware failure → REPLACE_NODE (the
+  diagnostic runs first); a busbw shortfall or corrupt data (#wrong > 0) against that one peer → a
+  second all_gather against a different healthy peer (revalidate): short or wrong again →
+  REPLACE_NODE, clean and at full speed → the node returns and the first peer is named as suspect
+  (a finding on neither); anything else pages and the node stays fenced.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from pitstop.core.policy import Policy
 
 DIAGNOSE = "diagnose"
 VALIDATE = "validate"
-REVALIDATE = "revalidate"  # the second peer's NCCL test after a busbw shortfall
+REVALIDATE = "revalidate"  # the second peer's NCCL test after a busbw shortfall or corrupt data
 EARLY = "early"
 AFTER_REPAIR = "after_repair"
 # Measured evidence an incident keeps (``measured``), newest last; bounded like every list on it.
@@ -265,8 +265,12 @@ class ValidationVerdict:
 
     @property
     def wants_second_peer(self) -> bool:
-        """A busbw shortfall against one peer, measured the fabric's way: ask another peer."""
-        return self.validation.verdict == "degraded" and self.peer is not None and self.off_fabric is None
+        """Against one peer, corrupt data (under any NCCL setup: wrong data is wrong), or a busbw
+        shortfall measured the fabric's way: ask another peer."""
+        verdict = self.validation.verdict
+        return self.peer is not None and (
+            verdict == "corrupt" or (verdict == "degraded" and self.off_fabric is None)
+        )
 
     def record(self, at: float) -> Measurement:
         return {
@@ -300,8 +304,9 @@ def judge_validation(
 ) -> ValidationVerdict:
     """Judge the repaired node from its DCGM and NCCL outputs; fail closed on anything missing.
 
-    A busbw shortfall is not judged here: measured the fabric's way it asks for a second peer
-    (``wants_second_peer``, then ``judge_second_peer``); otherwise it pages (``off_fabric`` says why).
+    A busbw shortfall or corrupt data against one peer is not judged here: corrupt data, or a
+    shortfall measured the fabric's way, asks for a second peer (``wants_second_peer``, then
+    ``judge_second_peer``); a shortfall measured otherwise pages (``off_fabric`` says why).
     """
     cfg = policy.validation
     if not result or not result.get("done"):
@@ -329,6 +334,15 @@ def judge_validation(
     return ValidationVerdict(v, val.next_action(action, v), peer, note, off, peers)
 
 
+def _against(v: val.Validation, peer: str | None) -> str:
+    """What one NCCL run showed against ``peer``, in the incident's words."""
+    if v.verdict == "corrupt":
+        return f"wrong data against {peer} ({v.why})"
+    return (
+        f"busbw {v.busbw:.2f} GB/s against {peer}" if v.busbw is not None else f"busbw short against {peer}"
+    )
+
+
 def judge_second_peer(
     action: str,
     machine_type: str,
@@ -337,26 +351,24 @@ def judge_second_peer(
     policy: Policy,
     table: val.ValidationTable,
 ) -> ValidationVerdict:
-    """The shortfall against the first peer, judged with the second peer's all_gather.
+    """The first peer's shortfall or corrupt data, judged with the second peer's all_gather.
 
-    Short against both, each measured the fabric's way → the host is at fault (REPLACE_NODE after
-    a repair). Full speed with the second → the node returns to service: it passed DCGM and ran
-    at the fabric's speed with a healthy peer, so the first peer (or the path between) is named
-    as suspect in the incident, a finding against neither. No second peer, a run that did not
-    finish, or a figure not measured the fabric's way → a page, the node stays fenced.
+    Short or wrong against both (a shortfall each time measured the fabric's way) → the host is
+    at fault (REPLACE_NODE after a repair). Clean and at full speed with the second → the node
+    returns to service: it passed DCGM and ran at the fabric's speed with a healthy peer, so the
+    first peer (or the path between) is named as suspect in the incident, a finding against
+    neither. No second peer, a run that did not finish, or a figure not measured the fabric's
+    way → a page, the node stays fenced.
     """
-    p1 = first.peer
-    v1 = first.validation
+    p1, v1 = first.peer, first.validation
     exp = table.expectation(machine_type)
-    short1 = (
-        f"busbw {v1.busbw:.2f} GB/s against {p1}" if v1.busbw is not None else f"busbw short against {p1}"
-    )
+    said1 = _against(v1, p1)
 
     def page(why: str, peers: tuple[PeerMeasurement, ...] = first.peers) -> ValidationVerdict:
         v = val.Validation(
             False,
-            "degraded_one_peer",
-            f"{short1}; {why}: a finding on neither, a person decides",
+            f"{v1.verdict}_one_peer",
+            f"{said1}; {why}: a finding on neither, a person decides",
             v1.busbw,
             v1.expected,
             v1.threshold,
@@ -380,27 +392,36 @@ def judge_second_peer(
     off2 = val.off_fabric(exp, nccl, _applied(out)) if v2.verdict in ("degraded", "pass") else None
     if off2 is not None:
         return page(f"the second measurement ({p2}) was not the fabric's: {off2}", peers)
-    if v2.verdict == "degraded":
-        v = dataclasses.replace(
-            v1,
-            why=f"{short1} and {v2.busbw:.2f} GB/s against {p2}, both under the fabric's"
-            f" setup: the host is short whichever peer it runs with ({v1.why})",
-        )
-        return ValidationVerdict(
-            v,
-            val.next_action(action, v, busbw_corroborated=True),
-            p1,
-            f"short against {p1} and {p2}",
-            None,
-            peers,
-        )
+    if v2.verdict in val.PEER_VERDICTS:
+        return _against_both(action, first, v2, p2, peers)
     if v2.verdict == "pass":
-        note = (
-            f"{short1} but full speed against {p2}: {p1} or the path to it is suspect; a finding on neither"
-        )
+        bad = "but clean data and full speed" if v1.verdict == "corrupt" else "but full speed"
+        note = f"{said1} {bad} against {p2}: {p1} or the path to it is suspect; a finding on neither"
         v = dataclasses.replace(v2, why=f"{v2.why} (with {p2}); {note}")
         return ValidationVerdict(v, val.RETURN_TO_SERVICE, p2, note, None, peers)
     return page(f"the second measurement ({p2}) says nothing: {v2.why}", peers)
+
+
+def _against_both(
+    action: str,
+    first: ValidationVerdict,
+    v2: val.Validation,
+    p2: str,
+    peers: tuple[PeerMeasurement, ...],
+) -> ValidationVerdict:
+    """Short or wrong with two different healthy peers: the host's, whichever peer it runs with."""
+    p1, v1 = first.peer, first.validation
+    if v1.verdict == v2.verdict == "degraded":
+        why = (
+            f"{_against(v1, p1)} and {v2.busbw:.2f} GB/s against {p2}, both under the fabric's"
+            f" setup: the host is short whichever peer it runs with ({v1.why})"
+        )
+        note = f"short against {p1} and {p2}"
+    else:
+        why = f"{_against(v1, p1)} and {_against(v2, p2)}: the host fails whichever peer it runs with"
+        note = f"{v1.verdict} against {p1}, {v2.verdict} against {p2}"
+    v = dataclasses.replace(v1, why=why)
+    return ValidationVerdict(v, val.next_action(action, v, peer_corroborated=True), p1, note, None, peers)
 
 
 def _dcgm_only(

@@ -405,7 +405,8 @@ class Validation:
 
     verdict: pass | degraded (busbw short) | dcgm_fail | dcgm_warn | dcgm_config (a configuration
     check failed) | dcgm_unknown (a status word not understood) | corrupt (#wrong > 0) | bad_output
-    (unparseable nccl/dcgm) | no_expectation (machine type without a figure) | bad_policy.
+    (unparseable nccl/dcgm) | no_expectation (machine type without a figure) | bad_policy; after a
+    second peer was asked (core/checks.py): degraded_one_peer | corrupt_one_peer (no finding).
     Only "degraded", "dcgm_fail" and "corrupt" are evidence against the hardware.
     """
 
@@ -570,20 +571,23 @@ def off_fabric(exp: Expectation, nccl: NcclResult, applied: Mapping[str, object]
 _REPAIRS = frozenset({Action.RESET_GPU, Action.REBOOT_NODE, Action.DRAIN_NODE})
 
 
-def next_action(current_action: str, validation: Validation, busbw_corroborated: bool = False) -> str:
+PEER_VERDICTS = frozenset({"degraded", "corrupt"})  # an NCCL result that may be the peer's as well
+
+
+def next_action(current_action: str, validation: Validation, peer_corroborated: bool = False) -> str:
     """What follows a validation: return the node, step up to REPLACE_NODE, or PAGE a human.
 
     Only evidence against the hardware after a reset, reboot or maintenance steps up to
-    REPLACE_NODE: a DCGM hardware failure or corrupt data on the node, or a busbw shortfall that
-    was measured with the fabric's setup against two different healthy peers
-    (``busbw_corroborated``; one peer's shortfall may be that peer's or the fabric's). A replaced
-    node that fails, or any result that says nothing about the hardware (no figure, unusable
-    output, a DCGM warning), pages and keeps the node fenced: an irreversible action is never
-    taken on missing evidence.
+    REPLACE_NODE: a DCGM hardware failure on the node, or an NCCL result against the node (a busbw
+    shortfall measured with the fabric's setup, or corrupt data: nccl-tests' #wrong > 0) that a
+    second, different healthy peer reproduced (``peer_corroborated``; one peer's result may be that
+    peer's, the path's or the fabric's). A replaced node that fails, or any result that says
+    nothing about the hardware (no figure, unusable output, a DCGM warning), pages and keeps the
+    node fenced: an irreversible action is never taken on missing evidence.
     """
     if validation.passed:
         return RETURN_TO_SERVICE
-    if validation.verdict == "degraded" and not busbw_corroborated:
+    if validation.verdict in PEER_VERDICTS and not peer_corroborated:
         return PAGE
     if current_action in _REPAIRS and validation.hardware_suspect:
         return Action.REPLACE_NODE.value
@@ -592,6 +596,7 @@ def next_action(current_action: str, validation: Validation, busbw_corroborated:
 
 __all__ = [
     "PAGE",
+    "PEER_VERDICTS",
     "RETURN_TO_SERVICE",
     "DcgmResult",
     "DcgmTest",

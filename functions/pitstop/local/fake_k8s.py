@@ -21,11 +21,18 @@ drives, with the behaviour observed from kubectl 1.32 and the ``kubernetes`` 37.
   a resourceVersion older than the history is a 410 ``ERROR`` event.
 - logs: ``GET .../pods/P/log[?container=C]`` answers the container's output as ``text/plain``
   (400 without ``container`` for a pod of several containers, or for one not started yet). With
-  ``run_containers`` (opt-in: the server has no authentication) the kubelet runs the ``command``
+  ``run_containers`` (opt-in: the server authorizes nothing) the kubelet runs the ``command``
   of pods bound to a node as local processes (k8s_controllers.py ``ContainerRunner``), and their
   output is the log; other pods print nothing.
+- authentication: with ``tokens`` (kube-apiserver's ``--token-auth-file``: token -> username) a
+  request's ``Authorization: Bearer`` token names its user, an unknown token is 401; a request
+  without one is ``system:anonymous``. No authorization (RBAC is not evaluated).
+- validating admission: ValidatingAdmissionPolicies and their bindings
+  (``admissionregistration.k8s.io/v1``, applied with kubectl or the API) are enforced on every
+  create, update, patch and delete that reaches the API (k8s_admission.py), with the request's user.
 
-Not Kubernetes: ``GET /_admin/effects`` lists what mutating requests changed on nodes (cordon,
+Not Kubernetes: ``GET /_admin/admission`` lists each request a policy judged (who, what, allowed);
+``GET /_admin/effects`` lists what mutating requests changed on nodes (cordon,
 uncordon, a ``pitstop.dev/remediation`` taint added or removed, with its value) and every pod
 evicted (with its node), each with the time, so ``pitstop local status`` can say what each GKE
 incident did.
@@ -33,7 +40,7 @@ incident did.
 Accepted and ignored: ``fieldManager``, ``fieldValidation``, ``limit``/``continue`` (lists are
 never paged), ``dryRun`` is not honoured. Answers are always JSON: a protobuf-first or Table
 ``Accept`` gets plain JSON objects and Lists, which kubectl and the client take. No OpenAPI (kubectl
-apply needs ``--validate=false``), no auth. Controllers: k8s_controllers.py.
+apply needs ``--validate=false``), no RBAC. Controllers: k8s_controllers.py.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
+from pitstop.local.k8s_admission import ANONYMOUS, Policies, Request, check_supported
 from pitstop.local.k8s_controllers import (
     ContainerRunner,
     Controllers,
@@ -79,6 +87,7 @@ from pitstop.local.k8s_store import (
     Obj,
     Resource,
     Store,
+    Validate,
     check_preconditions,
     invalid,
     is_terminal,
@@ -409,9 +418,14 @@ class FakeKube:
         interval: float = 0.1,
         run_containers: bool = False,
         container_env: Mapping[str, str] | None = None,
+        tokens: Mapping[str, str] | None = None,
     ) -> None:
         self.store = Store(time_scale=time_scale, history=history)
         self.store.admission.append(api_defaults)
+        # Bearer token -> username (kube-apiserver's --token-auth-file). Without tokens every request
+        # is anonymous; with them a request naming an unknown token is 401, one naming none anonymous.
+        self.tokens = dict(tokens or {})
+        self.policies = Policies(self.store)  # ValidatingAdmissionPolicies applied (k8s_admission.py)
         # Opt-in: a pod whose containers name a command runs it on this machine (k8s_controllers.py
         # ContainerRunner). Off unless asked for: the server has no authentication.
         self.runner = ContainerRunner(self.store, container_env) if run_containers else None
@@ -644,6 +658,9 @@ class FakeKube:
                 return _send(h, 200, "ok")
             if h.command == "GET" and parsed.path == "/_admin/effects":
                 return _send(h, 200, {"effects": list(self.effects)})
+            if h.command == "GET" and parsed.path == "/_admin/admission":
+                return _send(h, 200, {"decisions": list(self.policies.decisions)})
+            user = self._caller(h.headers.get("Authorization"))
             r = route(parsed.path)
             if r is None:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -652,7 +669,7 @@ class FakeKube:
             if h.command == "GET" and r.res.kind == "Pod" and r.name and r.sub == "log":
                 return _send_text(h, 200, self._log(r.namespace or "default", r.name, query))
             before = self._effect_subject(h.command, r)
-            code, resp = self._dispatch(h.command, r, query, body, ctype)
+            code, resp = self._dispatch(h.command, r, query, body, ctype, user)
             self._note_effects(r, before, resp)
         except ApiError as err:
             code, resp = err.code, err.status()
@@ -660,6 +677,25 @@ class FakeKube:
             traceback.print_exc()
             code, resp = 500, ApiError(500, "InternalError", f"fake API server error: {err!r}").status()
         return _send(h, code, resp)
+
+    def _caller(self, authorization: str | None) -> str:
+        """The request's username: its bearer token's (401 for a token not in the table)."""
+        if not self.tokens or not authorization:
+            return ANONYMOUS
+        scheme, _, token = authorization.partition(" ")
+        user = self.tokens.get(token.strip()) if scheme.lower() == "bearer" else None
+        if user is None:
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        return user
+
+    def _admit(self, user: str, operation: str, r: Route) -> Validate:
+        """The validating admission of one write: the applied policies, with the request's user."""
+
+        def validate(old: Obj | None, new: Obj) -> None:
+            check_supported(r.res.kind, new)
+            self.policies.review(_request(user, operation, r, new.get("metadata") or {}), old, new)
+
+        return validate
 
     def _effect_subject(self, method: str, r: Route) -> Obj | None:
         """The node a write may change, or the pod an eviction takes, as it is before the request."""
@@ -683,7 +719,7 @@ class FakeKube:
                 self.effects.append({"method": method, "node": r.name, "value": value, "at": at})
 
     def _dispatch(
-        self, method: str, r: Route, query: dict[str, str], body: bytes, ctype: str
+        self, method: str, r: Route, query: dict[str, str], body: bytes, ctype: str, user: str = ANONYMOUS
     ) -> tuple[int, Any]:
         kind, ns = r.res.kind, r.namespace
         if method == "GET" and r.name is None:
@@ -694,16 +730,20 @@ class FakeKube:
                 raise not_found(r.res, r.name or "")
             return 200, obj
         if method == "POST" and r.name is None:
-            return 201, self._create(r, _load(body))
+            return 201, self._create(r, _load(body), user)
         if method == "POST" and r.sub == "eviction":
             return 201, self._evict(ns or "default", r.name or "", body)
         if method == "PUT" and r.name and r.sub in ("", "status"):
-            return 200, self._replace(r, _load(body))
+            return 200, self._replace(r, _load(body), user)
         if method == "PATCH" and r.name and r.sub in ("", "status"):
-            return 200, self._patch(r, body, ctype, query)
+            return 200, self._patch(r, body, ctype, user)
         if method == "DELETE" and r.name and not r.sub:
             options = {**(_load(body) if body else {}), **_delete_query(query)}
-            return 200, self.store.delete(kind, r.name, ns, options=options)
+            with self.store.lock:
+                cur = self.store.get(kind, r.name, ns)
+                if cur is not None:
+                    self.policies.review(_request(user, "DELETE", r, cur["metadata"]), cur, None)
+                return 200, self.store.delete(kind, r.name, ns, options=options)
         if method == "DELETE" and r.name is None:
             return 200, self._delete_collection(r, query)
         raise ApiError(
@@ -723,7 +763,7 @@ class FakeKube:
             "items": items,
         }
 
-    def _create(self, r: Route, obj: Any) -> Obj:
+    def _create(self, r: Route, obj: Any, user: str) -> Obj:
         if not isinstance(obj, dict):
             raise ApiError(400, "BadRequest", "the object provided is unrecognized")
         meta = obj.setdefault("metadata", {})
@@ -732,9 +772,9 @@ class FakeKube:
                 msg = "the namespace of the provided object does not match the namespace sent on the request"
                 raise ApiError(400, "BadRequest", msg)
             meta["namespace"] = r.namespace or meta.get("namespace") or "default"
-        return self.store.create(r.res.kind, obj)
+        return self.store.create(r.res.kind, obj, validate=self._admit(user, "CREATE", r))
 
-    def _replace(self, r: Route, obj: Any) -> Obj:
+    def _replace(self, r: Route, obj: Any, user: str) -> Obj:
         if not isinstance(obj, dict) or (obj.get("metadata") or {}).get("name") != r.name:
             raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
         obj["metadata"]["namespace"] = r.namespace
@@ -743,14 +783,16 @@ class FakeKube:
             if old is None:
                 raise not_found(r.res, r.name or "")
             validate_update(r.res, old, obj, r.sub)
-            return self.store.update(r.res.kind, obj, subresource=r.sub)
+            return self.store.update(
+                r.res.kind, obj, subresource=r.sub, validate=self._admit(user, "UPDATE", r)
+            )
 
-    def _patch(self, r: Route, body: bytes, ctype: str, query: dict[str, str]) -> Obj:
+    def _patch(self, r: Route, body: bytes, ctype: str, user: str) -> Obj:
         name = r.name or ""
         with self.store.lock:
             cur = self.store.get(r.res.kind, name, r.namespace)
             if ctype == APPLY:
-                return self._apply(r, cur, yaml.safe_load(body or b"{}") or {})
+                return self._apply(r, cur, yaml.safe_load(body or b"{}") or {}, user)
             if cur is None:
                 raise not_found(r.res, name)
             patch = _load(body)
@@ -769,16 +811,19 @@ class FakeKube:
                 raise invalid(r.res, name, "patch", "the patch does not yield an object")
             new.setdefault("metadata", {})["name"] = name
             validate_update(r.res, cur, new, r.sub)
-            return self.store.update(r.res.kind, new, subresource=r.sub)
+            return self.store.update(
+                r.res.kind, new, subresource=r.sub, validate=self._admit(user, "UPDATE", r)
+            )
 
-    def _apply(self, r: Route, cur: Obj | None, patch: Obj) -> Obj:
+    def _apply(self, r: Route, cur: Obj | None, patch: Obj, user: str) -> Obj:
         """Server-side apply, approximated as a merge patch (no field ownership, no conflicts)."""
         patch.setdefault("metadata", {})["name"] = r.name
         if cur is None:
-            return self._create(r, patch)
+            return self._create(r, patch, user)
         new = merge_patch(cur, patch)
         validate_update(r.res, cur, new, r.sub)
-        return self.store.update(r.res.kind, new, subresource=r.sub, check_rv=False)
+        admit = self._admit(user, "UPDATE", r)
+        return self.store.update(r.res.kind, new, subresource=r.sub, check_rv=False, validate=admit)
 
     def _delete_collection(self, r: Route, query: dict[str, str]) -> Obj:
         items = []
@@ -972,6 +1017,14 @@ class _WatchFilter:
         if before:
             return {"type": "DELETED", "object": event["object"]}
         return None
+
+
+def _request(user: str, operation: str, r: Route, meta: Obj) -> Request:
+    """The admission request of a write by ``user`` to the object ``meta`` describes."""
+    groups = ("system:unauthenticated",) if user == ANONYMOUS else ("system:authenticated",)
+    ns = (meta.get("namespace") or r.namespace) if r.res.namespaced else None
+    name = str(meta.get("name") or r.name or "")
+    return Request(user, groups, operation, r.res, r.sub, name, ns)
 
 
 def _delete_query(query: dict[str, str]) -> Obj:

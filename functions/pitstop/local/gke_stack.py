@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
+import io
 import json
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -32,6 +35,8 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from pitstop.local.procs import Proc, wait_http
 
@@ -44,6 +49,10 @@ ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2"
 FENCE_KEY = "pitstop.dev/remediation"  # the taint and label Pitstop's GKE adapter sets
 CHECK_NAMESPACE = "pitstop-system"  # where the adapter runs its check Jobs (infra/gke/clusterrole.yaml)
+RBAC_MANIFEST = Path(__file__).resolve().parents[3] / "infra" / "gke" / "clusterrole.yaml"
+ADMISSION_GROUP = "admissionregistration.k8s.io"
+TOKENS_FILE = "kube-tokens.csv"  # the fake API server's --token-auth-file
+KUBE_CALLERS = ("ingest", "actuate")  # the functions that call the cluster, each as its own account
 
 # kubernetes-sigs/jobset@v0.12.0 site/static/examples/failure-policy/host-maintenance-event-model.yaml:
 # an evicted or disrupted pod fails its Job (podFailurePolicy FailJob on DisruptionTarget) and that
@@ -155,6 +164,12 @@ class Kube:
         """What mutating requests changed (the fake server's own record, not a Kubernetes API)."""
         found = (self.get("/_admin/effects") or {}).get("effects") or []
         return [e for e in found if isinstance(e, dict)]
+
+    def admission(self) -> list[dict[str, Any]]:
+        """Each request an applied admission policy judged: who, what, allowed or the refusal
+        (the fake server's own record, local/k8s_admission.py)."""
+        found = (self.get("/_admin/admission") or {}).get("decisions") or []
+        return [d for d in found if isinstance(d, dict)]
 
     def jobset(self, name: str) -> dict[str, Any] | None:
         return self.get(f"{JOBSETS}/namespaces/{NAMESPACE}/jobsets/{name}")
@@ -330,18 +345,66 @@ def local_checks(python: str = sys.executable) -> dict[str, Any]:
     }
 
 
+def service_account(fn: str, project: str) -> str:
+    """A function's Google service account, as deploy names it (tools/deploy.py ``sa_email``); GKE
+    maps that identity to the Kubernetes user of the same name."""
+    return f"pitstop-{fn}@{project}.iam.gserviceaccount.com"
+
+
+def admission_manifest(actuate: str) -> str:
+    """The ValidatingAdmissionPolicy and its binding from the manifest deploy applies to each GKE
+    cluster, with actuate's account where it says ${ACTUATOR_SA}, as deploy substitutes it."""
+    text = RBAC_MANIFEST.read_text().replace("${ACTUATOR_SA}", actuate)
+    docs = [d for d in yaml.safe_load_all(text) if d and str(d.get("apiVersion")).startswith(ADMISSION_GROUP)]
+    return yaml.safe_dump_all(docs, sort_keys=False)
+
+
+def identities(workdir: Path, project: str) -> dict[str, str]:
+    """A bearer token per function that calls the cluster, written as kube-apiserver's token file
+    (``token,user,uid``) for the fake; each function sends its own (PITSTOP_KUBE_TOKEN), so the
+    fake sees actuate's requests as actuate's account, as GKE does."""
+    tokens = {fn: secrets.token_hex(16) for fn in KUBE_CALLERS}
+    out = io.StringIO()
+    csv.writer(out).writerows([tok, service_account(fn, project), fn] for fn, tok in tokens.items())
+    path = workdir / TOKENS_FILE
+    path.write_text(out.getvalue())
+    path.chmod(0o600)
+    return tokens
+
+
+def read_tokens(path: Path) -> dict[str, str]:
+    """token -> username from a token file (further columns, uid and groups, are not used)."""
+    return {row[0]: row[1] for row in csv.reader(path.read_text().splitlines()) if len(row) >= 2}
+
+
+def apply_admission(url: str, project: str) -> None:
+    """Create the deployed admission policy and binding, as ``kubectl apply`` creates new objects."""
+    kube = Kube(url)
+    for doc in yaml.safe_load_all(admission_manifest(service_account("actuate", project))):
+        plural = (
+            "validatingadmissionpolicies"
+            if doc["kind"].endswith("Policy")
+            else "validatingadmissionpolicybindings"
+        )
+        kube.call("POST", f"/apis/{doc['apiVersion']}/{plural}", doc)
+
+
 def start(workdir: Path, ep: dict[str, str], cluster: Path, env: dict[str, str]) -> Proc:
-    """Start the fake API server (nodes = the VMs in ``cluster``) and wait until it answers.
+    """Start the fake API server (nodes = the VMs in ``cluster``), wait until it answers and apply
+    Pitstop's admission policy to it (so every GKE path runs under the deployed policy).
 
     Its kubelet runs check pods as processes that read ``<workdir>/gpu-state.json``
-    (PITSTOP_GPU_STATE, the same file the fake Compute keeps for the Slurm stack).
+    (PITSTOP_GPU_STATE, the same file the fake Compute keeps for the Slurm stack). Requests carry
+    the tokens of ``identities`` (written before).
     """
     port = urllib.parse.urlsplit(ep["kube"]).port
     argv = [sys.executable, "-m", "pitstop.local.gke_stack", "--port", str(port), "--compute", ep["compute"]]
     argv += ["--cluster", str(cluster), "--kubeconfig", str(kubeconfig(workdir)), "--run-containers"]
+    argv += ["--token-auth-file", str(workdir / TOKENS_FILE)]
     env = {**env, "PITSTOP_GPU_STATE": str(gpu_state(workdir))}
     proc = Proc("kube", argv, workdir / "kube.log", env).start()
     wait_http(ep["kube"] + "/version", proc, timeout=60)
+    apply_admission(ep["kube"], json.loads(cluster.read_text())["project"])
     return proc
 
 
@@ -456,6 +519,7 @@ def serve(args: argparse.Namespace) -> None:
         time_scale=args.time_scale,
         run_containers=args.run_containers,
         container_env={k: os.environ[k] for k in passed if k in os.environ},
+        tokens=read_tokens(Path(args.token_auth_file)) if args.token_auth_file else None,
     )
     kube.create({"kind": "Namespace", "metadata": {"name": CHECK_NAMESPACE}})  # deploy creates it
     for inst in cluster["instances"]:
@@ -486,6 +550,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--cluster", required=True, help="cluster.json: the VMs that are this cluster's nodes")
     p.add_argument("--kubeconfig", required=True)
     p.add_argument("--pool", default="a3-pool")
+    p.add_argument("--token-auth-file", default=None, help="token,user[,uid] lines: who each bearer token is")
     p.add_argument("--time-scale", type=float, default=0.01, help="real seconds per Kubernetes second")
     p.add_argument(
         "--run-containers",

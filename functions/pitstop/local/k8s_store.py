@@ -79,6 +79,22 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("PodDisruptionBudget", "poddisruptionbudgets", "policy", "v1", True, ("status",), ("pdb",)),
     Resource("JobSet", "jobsets", "jobset.x-k8s.io", "v1alpha2", True, custom=True),
     Resource("Workload", "workloads", "kueue.x-k8s.io", "v1beta2", True, ("status",), ("wl",), custom=True),
+    # enforced by local/k8s_admission.py
+    Resource(
+        "ValidatingAdmissionPolicy",
+        "validatingadmissionpolicies",
+        "admissionregistration.k8s.io",
+        "v1",
+        False,
+    ),
+    Resource(
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+        "admissionregistration.k8s.io",
+        "v1",
+        False,
+        (),
+    ),
 )
 BY_KIND: dict[str, Resource] = {r.kind: r for r in RESOURCES}
 
@@ -140,6 +156,8 @@ def _comparable(obj: Obj) -> Obj:
 
 # Admission: (kind, object) -> None, mutating the object before it is stored (defaults, webhooks).
 Admission = Callable[[str, Obj], None]
+# Validation of one request's write: (old object or None, new object) -> None, or raise ApiError.
+Validate = Callable[[Obj | None, Obj], None]
 
 
 class Store:
@@ -246,7 +264,7 @@ class Store:
         self.changed.notify_all()
         return copy.deepcopy(obj)
 
-    def create(self, kind: str, obj: Obj) -> Obj:
+    def create(self, kind: str, obj: Obj, validate: Validate | None = None) -> Obj:
         res = BY_KIND[kind]
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
@@ -275,10 +293,21 @@ class Store:
             for hook in self.admission:
                 hook(kind, obj)
             _validate_labels(res, obj)
+            if validate is not None:
+                validate(None, copy.deepcopy(obj))
             return self._commit(kind, obj, None)
 
-    def update(self, kind: str, obj: Obj, *, subresource: str = "", check_rv: bool = True) -> Obj:
-        """Replace an object (PUT semantics), honouring resourceVersion and the status subresource."""
+    def update(
+        self,
+        kind: str,
+        obj: Obj,
+        *,
+        subresource: str = "",
+        check_rv: bool = True,
+        validate: Validate | None = None,
+    ) -> Obj:
+        """Replace an object (PUT semantics), honouring resourceVersion and the status subresource;
+        ``validate`` sees the object as it would be stored (validating admission runs there)."""
         res = BY_KIND[kind]
         with self.lock:
             key = self._key(res, obj)
@@ -290,6 +319,8 @@ class Store:
                 raise conflict(res, key[1])
             new = _merge_subresource(res, old, copy.deepcopy(obj), subresource)
             _validate_labels(res, new)
+            if validate is not None:
+                validate(copy.deepcopy(old), copy.deepcopy(new))
             if _comparable(new) == _comparable(old):
                 return copy.deepcopy(old)
             if _spec_part(new) != _spec_part(old):

@@ -261,9 +261,10 @@ class Stack:
         ep = _endpoints(fs_host, ps_host, ports)
         files = self._write_inputs(ep)
         self._start_fakes(ports, files, env)
+        tokens = gke_stack.identities(self.workdir, PROJECT) if self.gke else {}
         if self.gke:
             self.procs["kube"] = gke_stack.start(self.workdir, ep, files["cluster"], env)
-        self._start_functions(ports, ep, files["policy"], env)
+        self._start_functions(ports, ep, files["policy"], env, tokens)
         self._wire_pubsub(ep, ps_host)
         slurm = None if self.gke else self._start_slurm(ep, env)
         for fn, _ in FUNCTIONS:
@@ -396,7 +397,12 @@ class Stack:
             self._py("prometheus", ["prometheus", *prom, "--nodes", ",".join(self.spec.node_names)], env)
 
     def _start_functions(
-        self, ports: dict[str, int], ep: dict[str, str], policy: Path, env: dict[str, str]
+        self,
+        ports: dict[str, int],
+        ep: dict[str, str],
+        policy: Path,
+        env: dict[str, str],
+        kube_tokens: dict[str, str],
     ) -> None:
         """ingest, actuate, notify and sweep under functions-framework, configured as deploy configures them.
 
@@ -426,6 +432,8 @@ class Stack:
             source, extra = (wrapper, {CHAOS_DIR_ENV: str(self.chaos_dir)}) if fn == "actuate" else (main, {})
             if fn == "notify":  # its ledger in a database of its own, as deployed (infra/iam.yaml)
                 extra = {"PITSTOP_NOTIFY_DATABASE": NOTIFY_DATABASE}
+            if fn in kube_tokens:  # the fake API server knows it as its own account (gke_stack.identities)
+                extra = {**extra, "PITSTOP_KUBE_TOKEN": kube_tokens[fn]}
             argv = [ff, "--target", fn, "--source", source, "--signature-type", sig]
             argv += ["--host", "127.0.0.1", "--port", str(ports[fn])]
             self.procs[fn] = Proc(fn, argv, self.workdir / f"{fn}.log", {**fn_env, **extra}).start()

@@ -174,9 +174,9 @@ def gke_scheduler(
 
 
 def local_api_client(endpoint: str) -> Any:
-    """A Kubernetes client for an unauthenticated loopback API server (the local stack's fake)."""
-    from kubernetes import client as k8s
+    """A Kubernetes client for the local stack's fake API server, as this function's account."""
+    import os
 
-    cfg: Any = k8s.Configuration()
-    cfg.host = endpoint.rstrip("/")
-    return k8s.ApiClient(cfg)
+    from pitstop.adapters.gke import loopback_api_client
+
+    return loopback_api_client(endpoint, os.environ.get("PITSTOP_KUBE_TOKEN"))

@@ -35,7 +35,14 @@ from pitstop.adapters.gke.checks import (
     check_script,
     split_outputs,
 )
-from pitstop.adapters.gke.client import DEFAULT_TIMEOUT, Kube, KubeApiError, control_plane, gke_api_client
+from pitstop.adapters.gke.client import (
+    DEFAULT_TIMEOUT,
+    Kube,
+    KubeApiError,
+    control_plane,
+    gke_api_client,
+    loopback_api_client,
+)
 from pitstop.adapters.gke.doctor import doctor_findings
 from pitstop.adapters.gke.evict import Evictor
 from pitstop.adapters.gke.gang import GangStop
@@ -89,6 +96,7 @@ __all__ = [
     "control_plane",
     "doctor_findings",
     "gke_api_client",
+    "loopback_api_client",
     "node_health",
     "parse_job_id",
     "split_outputs",

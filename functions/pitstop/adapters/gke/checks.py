@@ -10,7 +10,16 @@ log on those lines and never interprets what is between them (core/diagnose.py, 
 parse). Finished Jobs are removed by Kubernetes' TTL-after-finished controller
 (``ttlSecondsAfterFinished``), long enough after the run for a retried check_result to read the
 logs again; only the peer, which would otherwise idle until its deadline, is deleted when the
-check is read as done.
+check is read as done. A ``revalidate`` (corrupt data or a shortfall against one peer, issue 21)
+runs the NCCL test alone again, with a peer not in ``exclude_peers``.
+
+The NCCL pods report no fabric setup (``nccl_setup`` output), on purpose: GKE's GPUDirect-TCPXO
+needs the cluster's multi-network interfaces, a ``tcpxo-daemon`` sidecar with ``NET_ADMIN`` and
+the node's ``/sys``, ``/proc/sys`` and plugin libraries as hostPath volumes
+(cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx), all of which Pod
+Security ``baseline`` in this namespace forbids (kubernetes.io/docs/concepts/security/
+pod-security-standards/#baseline) so that creating a check Job is not root on a GPU node. A
+busbw figure from here is therefore never the fabric's and a shortfall pages (README).
 """
 
 from __future__ import annotations
@@ -89,7 +98,9 @@ DEFAULT_MPIRUN = ("mpirun", "--allow-run-as-root", "-np", "{ranks}", "-H", "{hos
                   "--mca", "plm_rsh_agent", SSH)  # fmt: skip
 DEFAULT_PEER_WAIT = f"for i in $(seq 120); do {SSH} {{peer}} true && break; sleep 5; done"
 # sweep and link: one node, or one ring pair, of a hung gang's stop-time checks (gang.py)
-CHECK_KINDS = ("diagnose", "validate", "sweep", "link")
+CHECK_KINDS = ("diagnose", "validate", "revalidate", "sweep", "link")
+# validate: DCGM, then NCCL with a peer; revalidate: the NCCL test alone with another peer (core/checks.py)
+PEERED = ("validate", "revalidate")
 LOG_LIMIT_BYTES = 8 << 20  # a check's log is tens of kB; more is read no further
 MARKER = re.compile(
     r"\n==> pitstop:(?P<key>[a-z][a-z0-9_]{0,30})(?::(?:(?P<err>stderr)|exit (?P<rc>-?[0-9]{1,4})))? <==\n"
@@ -246,11 +257,22 @@ def check_args(check: Mapping[str, Any]) -> tuple[str, str, int]:
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 3600:
         raise ActuatorError(400, f"check timeout_s must be 1..3600, not {str(limit)[:20]!r}", False)
     size = check.get("message_bytes")
-    if (kind == "link" or (kind == "validate" and check.get("peer"))) and (
+    if _needs_peer(kind, check) and (
         not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= 1 << 40
     ):
         raise ActuatorError(400, f"validate needs message_bytes (1 .. 1 TiB), not {str(size)[:20]!r}", False)
+    excluded = check.get("exclude_peers", [])
+    if (
+        not isinstance(excluded, list)
+        or not all(valid_object_name(p) for p in excluded)
+        or len(excluded) > 16
+    ):
+        raise ActuatorError(400, "check exclude_peers must be a list of up to 16 node names", False)
     return kind, name, gpus
+
+
+def _needs_peer(kind: str | None, check: Mapping[str, Any]) -> bool:
+    return kind == "link" or (kind in PEERED and bool(check.get("peer")))
 
 
 def pod_failure(pod: Mapping[str, Any]) -> str:
@@ -308,9 +330,10 @@ class GkeChecks:
         use = min(gpus, have) if gpus > 0 else have
         notes = [] if use >= gpus else [f"{node} offers {have} of {gpus} GPUs: the check gets {use}"]
         peer: str | None = None
-        if kind == "link" or (kind == "validate" and check.get("peer")):
+        if _needs_peer(kind, check):
             pinned = check.get("peer_node") if kind == "link" else None  # a ring pair's other end
-            peer, why = self._ensure_peer(node, cur, name, gpus, str(pinned) if pinned else None)
+            skip = frozenset(str(p) for p in check.get("exclude_peers", []))  # peers measured already
+            peer, why = self._ensure_peer(node, cur, name, gpus, str(pinned) if pinned else None, skip)
             if why:
                 notes.append(why)
         note = "; ".join(notes)
@@ -422,15 +445,22 @@ class GkeChecks:
         }
 
     def _ensure_peer(
-        self, node: str, cur: Mapping[str, Any], name: str, gpus: int, pinned: str | None = None
+        self,
+        node: str,
+        cur: Mapping[str, Any],
+        name: str,
+        gpus: int,
+        pinned: str | None = None,
+        skip: frozenset[str] = frozenset(),
     ) -> tuple[str | None, str]:
         """The peer of a validation: the one an earlier attempt chose, else a healthy node with ``gpus``
-        free GPUs (same machine type, same node pool first), its Job created. (peer, why none)."""
+        free GPUs (same machine type, same node pool first), none in ``skip``, its Job created.
+        (peer, why none)."""
         peer_job = peer_name(name)
         found = self._check_job(peer_job)
         if found is not None:
             return annotations_of(found).get(CHECK_NODE_ANNOTATION) or None, ""
-        peer = pinned if pinned and valid_object_name(pinned) else self._choose_peer(node, cur, gpus)
+        peer = pinned if pinned and valid_object_name(pinned) else self._choose_peer(node, cur, gpus, skip)
         if peer is None:
             kind = labels_of(cur).get(INSTANCE_TYPE_LABEL)
             return None, (
@@ -448,12 +478,14 @@ class GkeChecks:
             return (annotations_of(found).get(CHECK_NODE_ANNOTATION) or None) if found else None, ""
         return peer, ""
 
-    def _choose_peer(self, node: str, cur: Mapping[str, Any], gpus: int) -> str | None:
+    def _choose_peer(
+        self, node: str, cur: Mapping[str, Any], gpus: int, skip: frozenset[str] = frozenset()
+    ) -> str | None:
         spec = {"tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]}
         kind, pool = labels_of(cur).get(INSTANCE_TYPE_LABEL), labels_of(cur).get(NODEPOOL_LABEL)
         nodes = [
             n for n in self.kube.items("list nodes", self.kube.core.list_node)
-            if meta_of(n).get("name") != node and placeable(n, spec)
+            if meta_of(n).get("name") != node and meta_of(n).get("name") not in skip and placeable(n, spec)
             and (kind is None or labels_of(n).get(INSTANCE_TYPE_LABEL) == kind)
             and valid_object_name(meta_of(n).get("name"))
         ]  # fmt: skip
@@ -558,10 +590,10 @@ class GkeChecks:
                 ],
                 "containers": [self._container("nccl", cs.nccl_image, check_script(setup, [nccl]), gpus)],
             }
-            if kind == "link":  # a ring pair's bus bandwidth only: its nodes were just swept
+            if kind in ("link", "revalidate"):  # NCCL only: DCGM ran already (sweep, validate)
                 del spec["initContainers"]
-                # the pair's other node, for the record (the local all_gather_perf stand-in reads it)
-                spec["containers"][0]["env"].append({"name": "PITSTOP_PEER_NODE", "value": peer})
+            # the pair's other node, for the record (the local all_gather_perf stand-in reads it)
+            spec["containers"][0]["env"].append({"name": "PITSTOP_PEER_NODE", "value": peer})
         spec["nodeName"] = node
         ann = {CHECK_PEER_ANNOTATION: peer or "", CHECK_NOTE_ANNOTATION: note[:1000]}
         return self._job(name, name, "node", node, spec, ann)

@@ -205,6 +205,17 @@ def status_body(body: Any) -> dict[str, Any]:
     return out if isinstance(out, dict) else {}
 
 
+def loopback_api_client(endpoint: str, token: str | None) -> Any:
+    """A client for a loopback API server (the local stack's fake) sending ``token``, the calling
+    function's own, as its bearer token: the fake knows it as that function's account
+    (local/gke_stack.py ``identities``), as GKE knows the token of a Google identity."""
+    cfg: Any = k8s.Configuration()
+    cfg.host = endpoint.rstrip("/")
+    if token:
+        cfg.api_key = {"BearerToken": f"Bearer {token}"}
+    return k8s.ApiClient(cfg)
+
+
 # -- production access to a GKE control plane ---------------------------------------------------
 
 CONTAINER_API = "https://container.googleapis.com/v1"

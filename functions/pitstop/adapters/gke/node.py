@@ -17,6 +17,7 @@ a line is never dropped or redelivered because the second signal is out of reach
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping
@@ -29,7 +30,7 @@ from kubernetes.client.exceptions import ApiException
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
-from pitstop.adapters.gke.client import gke_api_client
+from pitstop.adapters.gke.client import gke_api_client, loopback_api_client
 from pitstop.adapters.gke.zone import PROVIDER_ID
 from pitstop.core import names, trust
 from pitstop.core.policy import Policy
@@ -91,9 +92,7 @@ class KubeClients:
 
     def _connect(self, cluster: str) -> Any:
         if self.endpoint:
-            cfg: Any = k8s.Configuration()
-            cfg.host = self.endpoint.rstrip("/")
-            return k8s.ApiClient(cfg)
+            return loopback_api_client(self.endpoint, os.environ.get("PITSTOP_KUBE_TOKEN"))
         project, location = self.where[cluster]
         if location is None:
             return None

@@ -1,7 +1,8 @@
 """Stand-in nccl-tests ``all_gather_perf``: the result table for this node and one peer.
 
 busbw rises with message size and reaches the node's ``busbw`` at the largest size (-e), so a
-"degraded" node (busbw 120 on a3-megagpu-8g) prints a table whose large rows fail validation.
+"degraded" node (busbw 120 on a3-megagpu-8g) prints a table whose large rows fail validation; a
+"corrupt" node's ring (``wrong`` > 0, either end) prints that many #wrong elements in every row.
 
 Launched by ``srun`` across several nodes (as nccl-tests built with MPI runs), it behaves like
 the real thing: only rank 0 prints, its header says ``nGpus`` (-g, the GPUs each process drives)
@@ -48,11 +49,11 @@ def _args(argv: list[str]) -> tuple[int, int, int, int]:
     return lo, hi, factor, per_proc
 
 
-def _row(size: int, ranks: int, busbw: float) -> str:
+def _row(size: int, ranks: int, busbw: float, wrong: int = 0) -> str:
     algbw = busbw * ranks / (ranks - 1)
     t_us = size / (algbw * 1e3) if algbw > 0 else 0.0
     count = size // (4 * ranks)
-    cols = f"{t_us:8.1f} {algbw:7.2f} {busbw:7.2f} {0:6d}"
+    cols = f"{t_us:8.1f} {algbw:7.2f} {busbw:7.2f} {wrong:6d}"
     return f"{size:12d}  {count:12d}     float    none      -1  {cols}  {cols}"
 
 
@@ -80,7 +81,7 @@ def table(
         size *= factor
     peak = s.busbw * (hi + _HALF) / hi
     values = [round(peak * z / (z + _HALF), 2) for z in sizes]
-    out += [_row(z, ranks, v) for z, v in zip(sizes, values, strict=True)]
+    out += [_row(z, ranks, v, s.wrong) for z, v in zip(sizes, values, strict=True)]
     out += ["# Out of bounds values : 0 OK", f"# Avg bus bandwidth    : {sum(values) / len(values):.4f}", "#"]
     return "\n".join(out) + "\n"
 
@@ -94,15 +95,18 @@ def _rank() -> int:
 
 def step_states(s: NodeState) -> tuple[NodeState, list[str] | None]:
     """Under a multi-node Slurm step (or a GKE ring pair's launcher): the ring's state (this node's,
-    at the slowest node's busbw) and its hosts; else this node alone (and a nameless peer)."""
+    at the slowest node's busbw, with every node's wrong data) and its hosts; else this node alone
+    (and a nameless peer)."""
     hosts = expand_hostlist(os.environ.get("SLURM_STEP_NODELIST", ""))
     peer = os.environ.get("PITSTOP_PEER_NODE", "")  # a GKE ring pair's launcher names its peer's node
     if len(hosts) < 2 and peer:
         hosts = [node_name(), peer]
     if len(hosts) < 2:
         return s, None
-    slowest = min((load(node=h) for h in hosts), key=lambda n: n.busbw)
-    return dataclasses.replace(s, busbw=min(s.busbw, slowest.busbw)), hosts
+    ring = [load(node=h) for h in hosts]
+    slowest = min(ring, key=lambda n: n.busbw)
+    wrong = max(s.wrong, *(n.wrong for n in ring))
+    return dataclasses.replace(s, busbw=min(s.busbw, slowest.busbw), wrong=wrong), hosts
 
 
 def main(argv: list[str]) -> int:

@@ -41,13 +41,14 @@ class NodeState:
     sbe_rate: int = 0  # correctable (single-bit) ECC errors an hour on GPU ``ecc_gpu``
     ecc_gpu: int = 0
     hung: bool = False  # a GPU stuck without an Xid: its collectives never finish
+    wrong: int = 0  # elements an all_gather through this node gets wrong (nccl-tests' #wrong)
 
     def pci(self, index: int) -> str:
         return f"00000000:{PCI_BUSES[index % len(PCI_BUSES)].upper()}:00.0"
 
 
 # What the fake Compute's admin API (``/_admin/gpu_state``) may set for a host, key by key.
-_INT_KEYS = ("total_gpus", "gpus", "dcgm_gpu", "remap_gpu", "throttle_gpu", "ecc_gpu")
+_INT_KEYS = ("total_gpus", "gpus", "dcgm_gpu", "remap_gpu", "throttle_gpu", "ecc_gpu", "wrong")
 _CHOICES = {
     "dcgm": ("pass", "fail", "warn"),
     "dcgm_schema": ("v4", "v3"),
@@ -57,6 +58,7 @@ _CHOICES = {
 # Named outcomes for the admin API and the demo: ``{"state": "degraded"}``.
 PRESETS: dict[str, dict[str, Any]] = {
     "degraded": {"busbw": 120.0},  # NVLink/NIC trouble: all_gather far below a3-megagpu-8g's ~190 GB/s
+    "corrupt": {"wrong": 4},  # data corrupted in the ring (a GPU, NVLink or NIC): nccl-tests' #wrong > 0
     "gpu_lost": {"gpus": 7},  # one GPU fallen off the bus
     "dcgm_fail": {"dcgm": "fail"},
     "remap_failure": {"remap": "failure", "dcgm": "fail"},
@@ -183,6 +185,7 @@ def load(env: dict[str, str] | None = None, node: str | None = None) -> NodeStat
             int(e.get("sbe_rate", 0)),
             int(e.get("ecc_gpu", 0)),
             bool(e.get("hung", False)),
+            int(e.get("wrong", 0)),
         )
     except (OSError, ValueError, TypeError) as exc:
         raise StateError(f"PITSTOP_GPU_STATE: {exc}") from exc

@@ -250,12 +250,16 @@ def _first_verdict(s: Step) -> checks.ValidationVerdict | None:
 
 
 def revalidate(s: Step) -> dict[str, Any]:
-    """A busbw shortfall against one peer, measured the fabric's way: the NCCL test again with a
-    different healthy peer, through the same scheduler (which picks it the way it picked the first).
-    One peer's low figure may be that peer's or the fabric's; it never condemns the node alone."""
+    """A busbw shortfall (measured the fabric's way) or corrupt data against one peer: the NCCL
+    test again with a different healthy peer, through the same scheduler (which picks it the way it
+    picked the first). One peer's result may be that peer's, the path's or the fabric's; it never
+    condemns the node alone."""
     first = _first_verdict(s)
     if first is None or not first.wants_second_peer:
-        return {"run": False, "why": "no busbw shortfall measured the fabric's way to check again"}
+        return {
+            "run": False,
+            "why": "no busbw shortfall measured the fabric's way or corrupt data to check again",
+        }
     spec = checks.revalidate_spec(
         cast(CheckSpec, s.recorded(Op.VALIDATE)["check"]), s.step, [str(first.peer)]
     )
@@ -264,7 +268,8 @@ def revalidate(s: Step) -> dict[str, Any]:
         s.save({"recheck": dict(spec)})
         saved = dict(spec)
     started = s.scheduler.start_check(s.instance, cast(CheckSpec, saved), s.ref)  # as saved
-    why = f"busbw short against {first.peer}: measured again against another healthy peer"
+    what = "wrong data" if first.validation.verdict == "corrupt" else "busbw short"
+    why = f"{what} against {first.peer}: measured again against another healthy peer"
     return {"run": True, "check": saved, "peer": started.peer, "note": started.note, "why": why}
 
 
