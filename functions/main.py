@@ -66,8 +66,8 @@ def _project() -> str:
 class _LazyInstances:
     """Compute's instances client, made on first use: only a regional GKE entry needs it."""
 
-    def aggregated_list(self, **kwargs: Any) -> Any:
-        return _compute().instances.aggregated_list(**kwargs)
+    def get(self, **kwargs: Any) -> Any:
+        return _compute().instances.get(**kwargs)
 
 
 T = TypeVar("T")
@@ -113,7 +113,7 @@ def _db(project: str, env: str = "PITSTOP_FIRESTORE_DATABASE") -> firestore.Clie
 @_Once
 def _ingest() -> Ingest:
     from pitstop.adapters.gke.node import KubeClients, NodeReader
-    from pitstop.adapters.gke.zone import ZoneResolver
+    from pitstop.adapters.gke.zone import ClusterZones, ZoneResolver
     from pitstop.adapters.pubsub import Notifier
     from pitstop.adapters.workflows import WorkflowStarter
     from pitstop.services.coalesce import ACK_DEADLINE_S
@@ -128,9 +128,11 @@ def _ingest() -> Ingest:
     )
     notifier = Notifier(project, os.environ.get("PITSTOP_NOTIFICATIONS_TOPIC", "pitstop-notifications"))
     # GKE: the Node an entry names gives a regional node's zone (spec.providerID; else Compute's
-    # aggregatedList) and its device plugin's word on a serial-console Xid line (XidCriticalError).
+    # instances.get in each of its cluster's zones, from clusters.get) and its device plugin's word
+    # on a serial-console Xid line (XidCriticalError).
     kube = KubeClients(pol, project, os.environ.get("PITSTOP_KUBE_ENDPOINT"))
-    zones = ZoneResolver(kube_for=kube, instances=_LazyInstances())
+    clusters = ClusterZones(endpoint=os.environ.get("PITSTOP_CONTAINER_ENDPOINT"))
+    zones = ZoneResolver(kube_for=kube, instances=_LazyInstances(), clusters=clusters)
     alerts_topic = os.environ.get("PITSTOP_ALERTS_TOPIC", "pitstop-alerts")
     # The trigger subscription's ack deadline (deploy sets both): a delivery past it is redelivered.
     deadline = float(os.environ.get("PITSTOP_ACK_DEADLINE_S", ACK_DEADLINE_S))

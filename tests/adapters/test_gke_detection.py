@@ -2,7 +2,7 @@
 
 A regional cluster's ``k8s_node`` entry names its region (reference/gke.md §1). It parses to a
 real event with ``node.region`` and ``zone: null`` (never ``invalid``); ingest fills the zone
-from the Node's providerID or Compute's aggregatedList (adapters/gke/zone.py).
+from the Node's providerID, else Compute's instances.get in the cluster's zones (adapters/gke/zone.py).
 """
 
 from __future__ import annotations
@@ -15,16 +15,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from google.cloud import firestore
 
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.firestore import IncidentStore
-from pitstop.adapters.gke.zone import ZoneLookupError, ZoneResolver, fill_zone, zone_from_provider_id
+from pitstop.adapters.gke.zone import (
+    ClusterZones,
+    ZoneLookupError,
+    ZoneResolver,
+    cluster_zones,
+    fill_zone,
+    zone_from_provider_id,
+)
 from pitstop.core import policy, trust
 from pitstop.core.classify import Classifier
 from pitstop.core.resources import DataFileError
 from pitstop.local.fake_compute import FakeCompute
 from pitstop.local.fake_compute import serve as serve_compute
+from pitstop.local.fake_container import FakeContainer
+from pitstop.local.fake_container import serve as serve_container
 from pitstop.local.fake_k8s import FakeKube
 from pitstop.services.ingest import Ingest
 from tests.helpers import PROJECT, assert_valid_event, gke_journal_entry, legacy_agent_entry, push_body
@@ -165,33 +175,48 @@ def test_zone_from_provider_id_is_strict(pid: Any, zone: str | None) -> None:
     assert zone_from_provider_id(pid, PROJECT, REGION, NODE).zone == zone
 
 
-class Instances:
-    """compute_v1.InstancesClient (the real client) against the fake Compute Engine's
-    instances.aggregatedList, with the requests it made recorded for the tests."""
+CLUSTER = "train"  # the cluster_name of tests.helpers.gke_journal_entry
+ZONES = ["us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"]
+
+
+class Compute:
+    """The lookup's two sources on their fakes, with the requests recorded: compute_v1's
+    InstancesClient (the real client) against the fake Compute Engine's instances.get, and
+    ClusterZones against the fake Container API's clusters.get of cluster ``train``."""
 
     servers: list[Any] = []
 
-    def __init__(self, scopes: dict[str, list[str]], unavailable: int = 0) -> None:
+    def __init__(
+        self, where: dict[str, list[str]], zones: list[str] | None = None, unavailable: int = 0
+    ) -> None:
         self.fake = FakeCompute()
-        for scope, names in scopes.items():
+        for zone, names in where.items():
             for n in names:
-                self.fake.add_instance(PROJECT, scope.removeprefix("zones/"), n)
+                self.fake.add_instance(PROJECT, zone, n)
         if unavailable:
-            self.fake.inject("aggregated_list", 503, "backendError", count=unavailable)
+            self.fake.inject("get_instance", 503, "backendError", count=unavailable)
         server, endpoint = serve_compute(self.fake)
-        Instances.servers.append(server)
+        self.container = FakeContainer()
+        self.container.add_cluster(PROJECT, REGION, CLUSTER, ZONES if zones is None else zones)
+        cserver, cendpoint = serve_container(self.container)
+        Compute.servers += [server, cserver]
         self.client = ComputeAdapter(endpoint).instances
+        self.waits: list[float] = []
+        self.clusters = ClusterZones(requests.Session(), cendpoint, sleep=self.waits.append)
         self.requests: list[dict[str, Any]] = []
 
-    def aggregated_list(self, request: dict[str, Any], **options: Any) -> Any:
+    def get(self, request: dict[str, Any], **options: Any) -> Any:
         self.requests.append(request)
-        return self.client.aggregated_list(request=request, **options)
+        return self.client.get(request=request, **options)
+
+    def resolver(self, **kw: Any) -> ZoneResolver:
+        return ZoneResolver(instances=self, clusters=self.clusters, **kw)
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _stop_fake_computes() -> Any:
+def _stop_fakes() -> Any:
     yield
-    for server in Instances.servers:
+    for server in Compute.servers:
         server.shutdown()
 
 
@@ -203,72 +228,110 @@ class Clock:
         return self.t
 
 
-def test_compute_lookup_takes_the_zone_inside_the_region_and_caches_it() -> None:
-    compute = Instances({"zones/europe-west4-a": [NODE], "zones/us-central1-f": [NODE]})
+def test_compute_lookup_asks_instances_get_in_the_clusters_zones_of_the_region_and_caches() -> None:
+    compute = Compute(
+        {"europe-west4-a": [NODE], "us-central1-f": [NODE]},
+        zones=["europe-west4-a", "us-central1-a", "us-central1-f"],
+    )
     clock = Clock()
-    r = ZoneResolver(instances=compute, ttl_s=100, clock=clock)
-    assert r.resolve(PROJECT, REGION, NODE).zone == "us-central1-f"
-    assert compute.requests[0]["filter"] == f'name = "{NODE}"'
-    assert compute.requests[0]["project"] == PROJECT
-    assert r.resolve(PROJECT, REGION, NODE).zone == "us-central1-f"
-    assert len(compute.requests) == 1  # served from the cache
+    r = compute.resolver(ttl_s=100, clock=clock)
+    answer = r.resolve(PROJECT, REGION, NODE, CLUSTER)
+    assert (answer.zone, answer.how) == ("us-central1-f", "compute instances.get")
+    # one get per zone of the cluster inside the entry's region; never a list, never Europe
+    assert compute.requests == [
+        {"project": PROJECT, "zone": z, "instance": NODE} for z in ("us-central1-a", "us-central1-f")
+    ]
+    assert compute.container.requests == [f"/v1/projects/{PROJECT}/locations/{REGION}/clusters/{CLUSTER}"]
+    assert r.resolve(PROJECT, REGION, NODE, CLUSTER).zone == "us-central1-f"
+    assert len(compute.requests) == 2  # served from the cache
     clock.t += 101
-    assert r.resolve(PROJECT, REGION, NODE).zone == "us-central1-f"
-    assert len(compute.requests) == 2  # the entry expired
+    assert r.resolve(PROJECT, REGION, NODE, CLUSTER).zone == "us-central1-f"
+    assert len(compute.requests) == 4  # the entry expired
+    assert len(compute.container.requests) == 1  # the cluster's zones are cached on their own
+
+
+def test_node_pools_with_zones_of_their_own_are_asked_too() -> None:
+    compute = Compute({"us-central1-c": [NODE]}, zones=["us-central1-a"])
+    compute.container.add_cluster(PROJECT, REGION, CLUSTER, ["us-central1-a"], {"a3": ["us-central1-c"]})
+    assert compute.resolver().resolve(PROJECT, REGION, NODE, CLUSTER).zone == "us-central1-c"
+    assert cluster_zones(
+        {"locations": ["us-central1-a", "../x", 3], "nodePools": [None, {"locations": ["us-central1-b"]}]}
+    ) == [
+        "us-central1-a",
+        "us-central1-b",
+    ]
 
 
 def test_ambiguous_or_missing_instance_gives_no_zone_and_a_short_lived_miss() -> None:
-    compute = Instances({"zones/us-central1-a": [NODE], "zones/us-central1-b": [NODE]})
+    compute = Compute({"us-central1-a": [NODE], "us-central1-b": [NODE]})
     clock = Clock()
-    r = ZoneResolver(instances=compute, miss_ttl_s=10, clock=clock)
-    answer = r.resolve(PROJECT, REGION, NODE)
+    r = compute.resolver(miss_ttl_s=10, clock=clock)
+    answer = r.resolve(PROJECT, REGION, NODE, CLUSTER)
     assert answer.zone is None
     assert "several zones" in answer.how
-    r.resolve(PROJECT, REGION, NODE)
-    assert len(compute.requests) == 1
+    r.resolve(PROJECT, REGION, NODE, CLUSTER)
+    assert len(compute.requests) == len(ZONES)
     clock.t += 11
-    r.resolve(PROJECT, REGION, NODE)
-    assert len(compute.requests) == 2
-    assert ZoneResolver(instances=Instances({})).resolve(PROJECT, REGION, NODE).zone is None
+    r.resolve(PROJECT, REGION, NODE, CLUSTER)
+    assert len(compute.requests) == 2 * len(ZONES)
+    missing = Compute({}).resolver().resolve(PROJECT, REGION, NODE, CLUSTER)
+    assert missing.zone is None and "no instance" in missing.how
+    gone = Compute({"us-central1-a": [NODE]})
+    assert gone.resolver().resolve(PROJECT, REGION, NODE, "other-cluster").zone is None  # 404: no zones
+    assert gone.requests == []
 
 
 def test_cache_is_bounded() -> None:
-    compute = Instances({"zones/us-central1-a": [f"n{i}" for i in range(5)]})
-    r = ZoneResolver(instances=compute, max_entries=2)
+    compute = Compute({"us-central1-a": [f"gke-n{i}" for i in range(5)]}, zones=["us-central1-a"])
+    r = compute.resolver(max_entries=2)
     for i in range(5):
-        assert r.resolve(PROJECT, REGION, f"n{i}").zone == "us-central1-a"
+        assert r.resolve(PROJECT, REGION, f"gke-n{i}", CLUSTER).zone == "us-central1-a"
     assert len(r._cache) == 2
-    r.resolve(PROJECT, REGION, "n0")
-    assert len(compute.requests) == 6  # n0 had been evicted
+    r.resolve(PROJECT, REGION, "gke-n0", CLUSTER)
+    assert len(compute.requests) == 6  # gke-n0 had been evicted
 
 
 def test_api_trouble_is_a_retryable_lookup_error_and_not_cached() -> None:
-    compute = Instances({"zones/us-central1-a": [NODE]}, unavailable=100)  # 503 until cleared
-    r = ZoneResolver(instances=compute)
-    with pytest.raises(ZoneLookupError):
-        r.resolve(PROJECT, REGION, NODE)
+    compute = Compute({"us-central1-a": [NODE]}, unavailable=100)  # 503 until cleared
+    r = compute.resolver()
+    with pytest.raises(ZoneLookupError, match=r"instances\.get"):
+        r.resolve(PROJECT, REGION, NODE, CLUSTER)
     compute.fake.injected.clear()  # Compute is back
-    assert r.resolve(PROJECT, REGION, NODE).zone == "us-central1-a"
+    assert r.resolve(PROJECT, REGION, NODE, CLUSTER).zone == "us-central1-a"
     with pytest.raises(ZoneLookupError):
         ZoneResolver().resolve(PROJECT, REGION, NODE)  # no source at all
+    down = Compute({"us-central1-a": [NODE]})
+    down.container.fail(3)  # the Container API unavailable: three tries, bounded, then an error
+    with pytest.raises(ZoneLookupError, match="503"):
+        down.resolver().resolve(PROJECT, REGION, NODE, CLUSTER)
+    assert (len(down.container.requests), down.waits) == (3, [0.2, 0.4])
+    down.container.fail(1, 403)  # a refusal is not asked again now
+    with pytest.raises(ZoneLookupError, match="403"):
+        down.resolver().resolve(PROJECT, REGION, NODE, CLUSTER)
+    assert len(down.container.requests) == 4 and down.requests == []
+    assert down.resolver().resolve(PROJECT, REGION, NODE, CLUSTER).zone == "us-central1-a"
 
 
 def test_hostile_names_never_reach_an_api() -> None:
-    compute = Instances({"zones/us-central1-a": [NODE]})
-    r = ZoneResolver(instances=compute)
-    assert r.resolve(PROJECT, REGION, 'x" OR name = "y').zone is None
-    assert r.resolve(PROJECT, "us-central1-a", NODE).zone is None
-    assert compute.requests == []
+    compute = Compute({"us-central1-a": [NODE, "train-vm-1"]})
+    r = compute.resolver()
+    assert r.resolve(PROJECT, REGION, 'x" OR name = "y', CLUSTER).zone is None
+    assert r.resolve(PROJECT, "us-central1-a", NODE, CLUSTER).zone is None
+    assert r.resolve(PROJECT, REGION, NODE, "../../x").zone is None
+    assert r.resolve(PROJECT, REGION, NODE).zone is None  # no cluster: no zones to ask in
+    # not a GKE node VM: the grant's condition admits gke-* only, so it is not asked
+    assert "not a GKE node" in r.resolve(PROJECT, REGION, "train-vm-1", CLUSTER).how
+    assert compute.requests == [] and compute.container.requests == []
 
 
 def test_fill_zone_completes_a_regional_event() -> None:
     ev = CLF.classify(regional_journal())
-    r = ZoneResolver(instances=Instances({"zones/us-central1-c": [NODE]}))
+    r = Compute({"us-central1-c": [NODE]}).resolver()
     assert fill_zone(ev, r) is None
     assert ev["node"]["zone"] == "us-central1-c"
     assert_valid_event(ev)
     missing = CLF.classify(regional_journal())
-    why = fill_zone(missing, ZoneResolver(instances=Instances({})))
+    why = fill_zone(missing, Compute({}).resolver())
     assert why is not None and NODE in why
     assert missing["node"]["zone"] is None
     zonal = CLF.classify(regional_journal(location="us-central1-b"))
@@ -291,29 +354,29 @@ def test_provider_id_from_the_node_wins_and_compute_is_not_asked(kube: Any, tmp_
     path = tmp_path / "kubeconfig"
     kube.write_kubeconfig(str(path))
     api = config.new_client_from_config(config_file=str(path))  # type: ignore[no-untyped-call]
-    compute = Instances({"zones/us-central1-f": [NODE]})
-    r = ZoneResolver(kube_for=lambda c: api if c == "train" else None, instances=compute)
+    compute = Compute({"us-central1-f": [NODE]})
+    r = compute.resolver(kube_for=lambda c: api if c == "train" else None)
     answer = r.resolve(PROJECT, REGION, NODE, cluster="train")
     assert (answer.zone, answer.how) == ("us-central1-b", "node spec.providerID")
     assert compute.requests == []
     # an unknown node falls back to Compute
     assert r.resolve(PROJECT, REGION, "gke-train-other", cluster="train").zone is None
-    assert len(compute.requests) == 1
+    assert len(compute.requests) == len(ZONES)  # one instances.get per zone of the cluster
 
 
 @pytest.mark.emulator
 def test_ingest_gives_a_regional_event_its_zone_before_the_engine_keys_it(
     fs_client: firestore.Client,
 ) -> None:
-    compute = Instances({"zones/us-central1-c": [NODE]})
+    compute = Compute({"us-central1-c": [NODE]})
     store = IncidentStore(fs_client, "pitstop")
     pol = policy.from_doc({"mode": "observe"})
-    ing = Ingest(pol, store, None, None, zones=ZoneResolver(instances=compute))
+    ing = Ingest(pol, store, None, None, zones=compute.resolver())
     out = ing.handle_payload(push_body(regional_journal()))
     assert out.result == "opened" and out.incident is not None
     assert out.incident["node"] is not None and out.incident["node"]["zone"] == "us-central1-c"
     assert out.incident["node_key"] == f"{PROJECT}.us-central1-c.{NODE}"
-    lost = Ingest(pol, store, None, None, zones=ZoneResolver(instances=Instances({})))
+    lost = Ingest(pol, store, None, None, zones=Compute({}).resolver())
     other = regional_journal()
     other["resource"]["labels"]["node_name"] = "gke-gone-1"
     assert lost.handle_payload(push_body(other)).result == "ignored"  # acknowledged, logged, never keyed

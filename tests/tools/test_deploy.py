@@ -107,7 +107,7 @@ PERMISSIONS = {  # each custom role, exactly: what the code calls (adapters/comp
         "compute.instanceGroupManagers.update",
     },
     "pitstop-operations-reader.yaml": {"compute.zoneOperations.get"},
-    "pitstop-node-lookup.yaml": {"compute.instances.list"},
+    "pitstop-node-lookup.yaml": {"compute.instances.get"},
     "pitstop-workflow-starter.yaml": {
         "workflows.executions.create",
         "workflows.executions.get",
@@ -168,8 +168,8 @@ def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.
             # reads a node (RBAC: nodes get only): a regional node's zone, XidCriticalError
             (prj, p, "roles/container.clusterViewer", ""),
             (prj, other, "roles/container.clusterViewer", ""),
-            (prj, p, f"projects/{p}/roles/pitstopNodeLookup", ""),
-            (prj, other, f"projects/{other}/roles/pitstopNodeLookup", ""),
+            (prj, p, f"projects/{p}/roles/pitstopNodeLookup", "pitstop-gke-node-lookup"),
+            (prj, other, f"projects/{other}/roles/pitstopNodeLookup", "pitstop-gke-node-lookup"),
         },
         sa("actuate"): {
             (prj, p, "roles/datastore.user", db),
@@ -264,7 +264,10 @@ def test_conditions_confine_firestore_to_pitstops_database_and_compute_to_the_zo
         'expression=resource.name.startsWith("projects/ml-other-proj/zones/europe-west4-b/"),'
         "title=pitstop-actuator-zones"
     )
-    assert len(conds) == 3  # the Firestore conditions: one role, two databases
+    # the Firestore conditions (one role, two databases) and the node lookup's, one per GKE project
+    assert len(conds) == 5
+    lookups = {k[0] for k, c in conds.items() if c.endswith(",title=pitstop-gke-node-lookup")}
+    assert lookups == {"my-train-proj", "ml-other-proj"}
 
 
 def test_without_zones_or_gke_clusters_actuate_gets_no_compute_role(steps: list[deploy.Step]) -> None:
@@ -497,6 +500,11 @@ def _gcloud_lines(steps: list[deploy.Step]) -> list[str]:
     return sorted(set(lines))
 
 
+def _condition_shape(flag: str) -> str:
+    """A condition's first attribute and function: each generator's own grammar is parsed once."""
+    return "(if " + re.split(r"[ (]", flag.removeprefix("--condition=expression="), maxsplit=1)[0] + ")"
+
+
 def _shape(line: str) -> tuple[str, tuple[str, ...]]:
     """A command's grammar: its command path and the flags it passes (a condition counted apart).
 
@@ -504,7 +512,9 @@ def _shape(line: str) -> tuple[str, tuple[str, ...]]:
     """
     words = shlex.split(line)
     path = next((words[:i] for i, w in enumerate(words) if w.startswith("-")), words)
-    flags = [w.split("=", 1)[0] + ("(if)" if w.startswith("--condition=expr") else "") for w in words]
+    flags = [
+        w.split("=", 1)[0] + (_condition_shape(w) if w.startswith("--condition=expr") else "") for w in words
+    ]
     return " ".join(path[:4]), tuple(sorted(f for f in flags if f.startswith("-")))
 
 
@@ -520,6 +530,9 @@ def test_every_command_is_accepted_by_the_real_gcloud_parser(
     assert any(" firestore bulk-delete --database=" in ln for ln in lines)
     assert any(" resource-manager org-policies describe " in ln for ln in lines)
     assert any("--condition=expression=resource.name.startsWith(" in ln for ln in lines)
+    assert any(
+        '--condition=expression=resource.type == "compute.googleapis.com/Instance" && ' in ln for ln in lines
+    )
     for s in steps:  # files gcloud reads at parse time, written by apply() just before use
         deploy.write_config_files([*s.argv, *(s.update or [])])
     cfg = tempfile.mkdtemp(prefix="gcloud-config-")
@@ -811,30 +824,52 @@ def test_notify_reaches_only_its_own_ledger_database(steps: list[deploy.Step]) -
     assert any("PITSTOP_NOTIFY_DATABASE=pitstop-notify" in a for a in fn)
 
 
-class _OnlyAggregatedList:
+class _OnlyGet:
     """Compute's instances client as the node lookup may use it: any other call fails the test."""
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
 
-    def aggregated_list(self, request: dict[str, Any], **_: Any) -> list[Any]:
+    def get(self, request: dict[str, Any], **_: Any) -> Any:
+        from google.api_core import exceptions as gexc
+
         self.requests.append(dict(request))
-        return []
+        raise gexc.NotFound("not in this zone")  # type: ignore[no-untyped-call]
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"the node lookup called instances.{name}")
 
 
+def _admits(expression: str, name: str, kind: str = "compute.googleapis.com/Instance") -> bool:
+    """The node-lookup condition evaluated on one resource: exactly its three clauses' grammar
+    (type ==, name startsWith one of several, extract("/instances/{name}") startsWith), the
+    semantics Google documents (infra/roles/pitstop-node-lookup.yaml); anything else fails."""
+    m = re.fullmatch(
+        r'resource\.type == "([^"]+)" && \(?((?:resource\.name\.startsWith\("[^"]+"\)(?: \|\| )?)+)\)? && '
+        r'resource\.name\.extract\("/instances/\{name\}"\)\.startsWith\("([^"]+)"\)',
+        expression,
+    )
+    assert m is not None, expression
+    wheres = re.findall(r'startsWith\("([^"]+)"\)', m.group(2))
+    _, found, instance = name.partition("/instances/")
+    return (
+        kind == m.group(1)
+        and any(name.startswith(w) for w in wheres)
+        and bool(found)
+        and (instance.startswith(m.group(3)))
+    )
+
+
 def test_the_node_lookup_grant_is_exactly_what_the_lookup_calls(
     steps: list[deploy.Step], gke_steps: list[deploy.Step]
 ) -> None:
-    """Issue 21 (12): pitstopNodeLookup holds compute.instances.list and nothing else (the custom
-    role test pins the set), it exists and is granted only in projects with a configured GKE
-    cluster, to ingest alone, and the only call the lookup makes is one aggregatedList filtered to
-    the node's exact name. It stays unconditioned (README "What stays broad"): aggregatedList is
-    a list over the project's zones, and Google documents no resource-name condition for list
-    calls that would narrow it to a zone; a condition that denied the lookup would fail closed
-    (the node's zone unknown: the incident pages), but silently. Widening any of this fails here."""
+    """Issue 21 (12): pitstopNodeLookup holds compute.instances.get and nothing else (the custom
+    role test pins the set; no list permission: a list returns every VM of the project), it
+    exists and is granted only in projects with a configured GKE cluster, to ingest alone, under
+    a condition that admits only instances named gke-* in the zones of that project's clusters;
+    and the only calls the lookup makes are instances.get of the node's exact name in the
+    cluster's zones. Dropping or widening the condition, or the lookup asking anything else,
+    fails here."""
     from pitstop.adapters.gke.zone import ZoneResolver
 
     lookup = [a for s in steps for a in s.argv if "pitstopNodeLookup" in a]
@@ -844,22 +879,49 @@ def test_the_node_lookup_grant_is_exactly_what_the_lookup_calls(
         "my-train-proj",
         "ml-other-proj",
     }
-    holders = {
-        member
-        for member, grants in _grants(gke_steps).items()
-        for g in grants
-        if g[2].endswith("/roles/pitstopNodeLookup")
+    binds = [s.argv for s in gke_steps if any(a.endswith("/roles/pitstopNodeLookup") for a in s.argv)]
+    binds = [b for b in binds if "add-iam-policy-binding" in b]
+    assert {next(a for a in b if a.startswith("--member=")) for b in binds} == {
+        "--member=serviceAccount:pitstop-ingest@my-train-proj.iam.gserviceaccount.com"
     }
-    assert holders == {"serviceAccount:pitstop-ingest@my-train-proj.iam.gserviceaccount.com"}
-    grants = {g for g in _grants(gke_steps)[next(iter(holders))] if g[2].endswith("/roles/pitstopNodeLookup")}
-    assert {(g[1], g[3]) for g in grants} == {("my-train-proj", ""), ("ml-other-proj", "")}
+    conds = {b[2]: next(a for a in b if a.startswith("--condition=")) for b in binds}
+    assert set(conds) == {"my-train-proj", "ml-other-proj"} and len(binds) == 2
+    expr = {p: c.removeprefix("--condition=expression=").rsplit(",title=", 1) for p, c in conds.items()}
+    assert {t for _, t in expr.values()} == {"pitstop-gke-node-lookup"}
+    regional, zonal = expr["my-train-proj"][0], expr["ml-other-proj"][0]  # gpu-a3: us-central1; tpu-b
+    assert 'resource.name.startsWith("projects/my-train-proj/zones/us-central1-")' in regional
+    assert 'resource.name.startsWith("projects/ml-other-proj/zones/europe-west4-b/")' in zonal
+    node = "instances/gke-gpu-a3-pool-1-abcd"
+    assert _admits(regional, f"projects/my-train-proj/zones/us-central1-f/{node}")
+    assert _admits(zonal, f"projects/ml-other-proj/zones/europe-west4-b/{node}")
+    for name, kind in (
+        (f"projects/my-train-proj/zones/us-east5-b/{node}", ""),  # another region
+        (f"projects/ml-other-proj/zones/us-central1-f/{node}", ""),  # another project
+        ("projects/my-train-proj/zones/us-central1-f/instances/train-vm-1", ""),  # not a GKE node
+        (f"projects/my-train-proj/zones/us-central1-f/disks/{node.split('/')[1]}", ""),  # not an instance
+        (f"projects/my-train-proj/zones/us-central1-f/{node}", "compute.googleapis.com/Disk"),
+        ("projects/my-train-proj", "cloudresourcemanager.googleapis.com/Project"),  # a list's check
+    ):
+        assert not _admits(regional, name, kind or "compute.googleapis.com/Instance"), name
     role = yaml.safe_load((ROOT / "infra" / "roles" / "pitstop-node-lookup.yaml").read_text())
-    assert role["includedPermissions"] == ["compute.instances.list"]
-    client = _OnlyAggregatedList()
-    answer = ZoneResolver(instances=client).resolve("ml-other-proj", "us-central1", "gke-train-pool-1-abcd")
+    assert role["includedPermissions"] == ["compute.instances.get"]
+    client = _OnlyGet()
+    zones = ["us-central1-a", "us-central1-b", "europe-west4-a"]
+    resolver = ZoneResolver(instances=client, clusters=lambda p, loc, c: zones)
+    answer = resolver.resolve("ml-other-proj", "us-central1", "gke-train-pool-1-abcd", "train")
     assert answer.zone is None and client.requests == [
-        {"project": "ml-other-proj", "filter": 'name = "gke-train-pool-1-abcd"'}
+        {"project": "ml-other-proj", "zone": z, "instance": "gke-train-pool-1-abcd"} for z in zones[:2]
     ]
+
+
+def test_node_lookup_conditions_stay_within_iams_operator_limit() -> None:
+    """12 logical operators per condition: two ANDs, so 11 locations per binding, then another."""
+    locs = [f"us-east{i}" for i in range(1, 14)]
+    conds = deploy.node_lookup_conditions("p-1234", locs)
+    assert [c["title"] for c in conds] == ["pitstop-gke-node-lookup", "pitstop-gke-node-lookup-2"]
+    for c in conds:
+        assert c["expression"].count("&&") + c["expression"].count("||") <= 12
+    assert sum(c["expression"].count('startsWith("projects/') for c in conds) == 13
 
 
 def test_a_named_prefix_admits_only_its_migs_by_exact_name() -> None:

@@ -100,7 +100,6 @@ def not_found(path: str) -> ApiError:
     return ApiError(404, "notFound", f"The resource '{path}' was not found")
 
 
-_NAME_FILTER = re.compile(r'name\s*=\s*"([a-z][-a-z0-9]{0,62})"|name eq ([a-z][-a-z0-9]{0,62})')
 # The fake's VMs exist since before any log line tests and the demo send (2020-01-01T00:00:00Z).
 CREATED_LONG_AGO = 1_577_836_800.0
 
@@ -661,39 +660,6 @@ class FakeCompute:
                 )
         return {"managedInstances": out}
 
-    def aggregated_list(self, p: str, query: Mapping[str, list[str]]) -> dict[str, Any]:
-        """instances.aggregatedList: every zone's instances, keyed ``zones/ZONE``, optionally filtered
-        by name (AIP-160 ``name = "X"`` or the older ``name eq X``; any other filter is a 400, as
-        an unparsable filter is for the real API). Zones without a match carry the documented
-        NO_RESULTS_ON_PAGE warning instead of an instance list."""
-        flt = (query.get("filter") or [""])[-1].strip()
-        m = _NAME_FILTER.fullmatch(flt)
-        if flt and m is None:
-            raise ApiError(
-                400, "invalid", f"Invalid value for field 'filter': '{flt}'. Invalid list filter expression."
-            )
-        want = (m.group(1) or m.group(2)) if m else None
-        items: dict[str, Any] = {}
-        for inst in self.instances.values():
-            if inst.project != p:
-                continue
-            scope = items.setdefault(f"zones/{inst.zone}", {"instances": []})
-            if want is None or inst.name == want:
-                inst.advance(self.clock())
-                scope["instances"].append(inst.to_api())
-        for scope in items.values():
-            if not scope["instances"]:
-                scope.pop("instances")
-                scope["warning"] = {
-                    "code": "NO_RESULTS_ON_PAGE",
-                    "message": "There are no results for scope.",
-                }
-        return {
-            "kind": "compute#instanceAggregatedList",
-            "id": f"projects/{p}/aggregated/instances",
-            "items": items,
-        }
-
     def get_operation(self, p: str, z: str, name: str) -> dict[str, Any]:
         op = self.ops.get(name)
         if op is None or op.project != p or op.zone != z:
@@ -834,7 +800,6 @@ class FakeCompute:
             re.compile(r"/compute/v1/projects/([^/]+)/zones/([^/]+)/operations/([^/]+)"),
             "get_operation",
         ),
-        ("GET", re.compile(r"/compute/v1/projects/([^/]+)/aggregated/instances"), "aggregated_list"),
         (
             "POST",
             re.compile(r"/compute/v1/projects/([^/]+)/zones/([^/]+)/operations/([^/]+)/wait"),
@@ -865,11 +830,8 @@ class FakeCompute:
                     try:
                         if fn in self._MUTATING:
                             return self._mutate(fn, path, m.groups(), body, rid)
-                        args: list[Any] = list(m.groups())
-                        if fn == "aggregated_list":
-                            args.append(parse_qs(query))
                         self._check_injected(fn)
-                        return 200, getattr(self, fn)(*args)
+                        return 200, getattr(self, fn)(*m.groups())
                     except ApiError as e:
                         return e.code, e.body()
         return 404, not_found(path).body()

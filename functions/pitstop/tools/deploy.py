@@ -232,6 +232,36 @@ def compute_conditions(project: str, scope: list[tuple[str, str]]) -> list[dict[
     ]
 
 
+GKE_NODE_PREFIX = "gke-"  # GKE names node VMs gke-<cluster>-<pool>-...: adapters/gke/zone.py asks no other
+
+
+def node_lookup_conditions(project: str, locations: list[str]) -> list[dict[str, str]]:
+    """The IAM conditions on ingest's pitstopNodeLookup (compute.instances.get) in one project:
+    Compute instances only, in the zones of its GKE clusters' locations (a region: each of its
+    zones; a zonal cluster: that zone), named ``gke-*``. ``resource.name`` of an instance is
+    ``projects/P/zones/Z/instances/NAME`` and ``extract("/instances/{name}")`` gives NAME
+    (infra/roles/pitstop-node-lookup.yaml cites Google's pages). Two ANDs and the locations' ORs
+    must stay within 12 logical operators: past 11 locations the scope is split over bindings.
+    """
+    where = [
+        f'resource.name.startsWith("projects/{project}/zones/{loc}'
+        + ("/" if ZONE.fullmatch(loc) else "-")
+        + '")'
+        for loc in dict.fromkeys(locations)
+    ]
+    per = CLAUSES_PER_CONDITION - 1
+    chunks = [where[i : i + per] for i in range(0, len(where), per)]
+    return [
+        {
+            "title": "pitstop-gke-node-lookup" + (f"-{n}" if n > 1 else ""),
+            "expression": 'resource.type == "compute.googleapis.com/Instance" && '
+            + (f"({' || '.join(chunk)})" if len(chunk) > 1 else chunk[0])
+            + f' && resource.name.extract("/instances/{{name}}").startsWith("{GKE_NODE_PREFIX}")',
+        }
+        for n, chunk in enumerate(chunks, 1)
+    ]
+
+
 CLUSTER_NAME = re.compile(r"[a-z](?:[a-z0-9-]{0,14}[a-z0-9])?")  # fits pitstop-slurm-<name> (30 max)
 
 
@@ -413,7 +443,8 @@ def _expand_accounts(entry: Entry, t: Target) -> Generated:
 
 
 def _expand_scoped_roles(entry: Entry, t: Target) -> Generated:
-    """iam.yaml's compute_roles (each compute project, zone-conditioned) and gke_roles (each GKE project)."""
+    """iam.yaml's compute_roles (each compute project, zone-conditioned) and gke_roles (each GKE
+    project; the node lookup conditioned to its clusters' GKE node VMs)."""
     gke_projects = list(dict.fromkeys(c["project"] for c in t.gke))
     for comp, spec in t.accounts.items():
         for key, projects, var in (
@@ -425,6 +456,9 @@ def _expand_scoped_roles(entry: Entry, t: Target) -> Generated:
                 conds: list[dict[str, str] | None] = [None]
                 if b.get("condition") == "compute-zones":
                     conds = list(compute_conditions(proj, t.compute[proj]))
+                elif b.get("condition") == "gke-node-vms":
+                    locations = [c["location"] for c in t.gke if c["project"] == proj]
+                    conds = list(node_lookup_conditions(proj, locations))
                 for cond in conds:
                     binding = {"kind": "project-binding", "member": t.member(comp), "role": role}
                     binding |= {"project": proj, "condition": cond}

@@ -6,8 +6,13 @@ sees the event, in this order:
 
 1. the Node's ``spec.providerID`` (``gce://PROJECT/ZONE/INSTANCE``), through a Kubernetes
    client configured for the entry's cluster (one read, no Compute quota);
-2. Compute ``instances.aggregatedList`` filtered by the instance name (GKE node name ==
-   instance name); the zone is the scope key (``zones/ZONE``).
+2. Compute ``instances.get`` of the instance name (GKE node name == instance name) in each zone
+   of the entry's cluster inside the entry's region. The cluster's zones come from the Container
+   API's ``clusters.get`` (its ``locations`` and its node pools' ``locations``: the zones its
+   nodes may be in; ingest holds ``roles/container.clusterViewer`` there), cached. Exactly one
+   zone must hold the instance. The grant behind it is ``compute.instances.get`` with an IAM
+   condition admitting only ``gke-*`` instances of the cluster's region (infra/iam.yaml,
+   tools/deploy.py ``node_lookup_conditions``): no list call, no other VM of the project.
 
 Either answer must name the same project and instance and lie inside the entry's region.
 Answers are cached (bounded, with a TTL); misses are cached for a shorter time, so a storm of
@@ -27,13 +32,19 @@ from typing import Any
 import urllib3
 from google.api_core import exceptions as gexc
 from google.api_core import retry as gretry
+from google.auth.exceptions import GoogleAuthError
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from pitstop.adapters.gke.client import CONTAINER_API
 from pitstop.core import names
 
 LOOKUP_TIMEOUT_S = 5.0
 LOOKUP_RETRY = gretry.Retry(initial=0.2, maximum=2.0, timeout=10.0)
+CLUSTER_ATTEMPTS = 3  # clusters.get: tries on 429/5xx/connection errors, 0.2 s then 0.4 s apart
+# GKE names every node VM gke-<cluster>-<pool>-<hash>-<suffix>; the lookup grant's condition
+# admits only instances so named (infra/roles/pitstop-node-lookup.yaml), so no other is asked.
+GKE_NODE_PREFIX = "gke-"
 
 # Strict: one project (optionally domain-scoped), one zone, one RFC 1035 instance name.
 PROVIDER_ID = re.compile(
@@ -69,23 +80,101 @@ def zone_from_provider_id(provider_id: object, project: str, region: str, instan
     return ZoneAnswer(zone, "node spec.providerID")
 
 
+class ClusterZones:
+    """(project, location, cluster) → the zones its nodes may be in, from ``clusters.get``, cached.
+
+    ``session`` is a ``requests``-style session (production: google-auth's ``AuthorizedSession``
+    as Pitstop's own identity, made on first use); ``endpoint`` the Container API's root.
+    """
+
+    def __init__(
+        self,
+        session: Any = None,
+        endpoint: str | None = None,
+        ttl_s: float = 3600.0,
+        miss_ttl_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._session, self.endpoint = session, (endpoint or CONTAINER_API).rstrip("/")
+        self.ttl_s, self.miss_ttl_s, self.clock, self.sleep = ttl_s, miss_ttl_s, clock, sleep
+        self._cache: dict[tuple[str, str, str], tuple[float, list[str]]] = {}
+
+    def session(self) -> Any:
+        if self._session is None:
+            import google.auth
+            from google.auth.transport.requests import AuthorizedSession
+
+            creds, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+            self._session = AuthorizedSession(creds)  # type: ignore[no-untyped-call]
+        return self._session
+
+    def __call__(self, project: str, location: str, cluster: str) -> list[str]:
+        """The cluster's node zones ([] when there is no such cluster); ``ZoneLookupError`` when
+        the Container API cannot answer now."""
+        key = (project, location, cluster)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] > self.clock():
+            return hit[1]
+        zones = self._get(project, location, cluster)
+        self._cache[key] = (self.clock() + (self.ttl_s if zones else self.miss_ttl_s), zones)
+        return zones
+
+    def _get(self, project: str, location: str, cluster: str) -> list[str]:
+        url = f"{self.endpoint}/projects/{project}/locations/{location}/clusters/{cluster}"
+        why = ""
+        for attempt in range(CLUSTER_ATTEMPTS):
+            if attempt:
+                self.sleep(0.2 * 2 ** (attempt - 1))
+            try:
+                resp = self.session().get(url, timeout=LOOKUP_TIMEOUT_S)
+            except GoogleAuthError as exc:  # no credentials, or a token that cannot be refreshed now
+                raise ZoneLookupError(f"clusters.get {cluster}: {str(exc)[:200]}") from exc
+            except OSError as exc:  # requests' ConnectionError and Timeout are OSErrors
+                why = f"Container API unreachable ({type(exc).__name__})"
+                continue
+            if resp.status_code == 200:
+                return cluster_zones(resp.json())
+            if resp.status_code == 404:
+                return []
+            why = f"clusters.get {cluster}: {resp.status_code} {resp.text[:200]}"
+            if resp.status_code != 429 and resp.status_code < 500:
+                break  # a refusal (403 ...) does not change on a retry now
+        raise ZoneLookupError(why)
+
+
+def cluster_zones(cluster: object) -> list[str]:
+    """The zones a ``clusters.get`` answer places nodes in: the cluster's ``locations`` and each
+    node pool's (a pool may be created with its own). Container API v1 ``Cluster.locations`` and
+    ``NodePool.locations``, "the zones in which the ... nodes should be located":
+    cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.clusters"""
+    if not isinstance(cluster, Mapping):
+        return []
+    found = list(cluster.get("locations") or [])
+    for pool in cluster.get("nodePools") or []:
+        found += (pool.get("locations") or []) if isinstance(pool, Mapping) else []
+    return sorted({z for z in found if names.valid_zone(z)})
+
+
 class ZoneResolver:
     """(project, region, instance[, cluster]) → zone, cached.
 
     ``kube_for(cluster)`` gives an ``ApiClient`` for a cluster Pitstop may read (None if none);
-    ``instances`` is a ``compute_v1.InstancesClient`` (anything with ``aggregated_list``).
+    ``instances`` is a ``compute_v1.InstancesClient`` (anything with ``get``); ``clusters`` a
+    ``ClusterZones`` (the zones to ask ``instances.get`` in).
     """
 
     def __init__(
         self,
         kube_for: Callable[[str], Any] | None = None,
         instances: Any = None,
+        clusters: Callable[[str, str, str], list[str]] | None = None,
         ttl_s: float = 3600.0,
         miss_ttl_s: float = 60.0,
         max_entries: int = 4096,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.kube_for, self.instances = kube_for, instances
+        self.kube_for, self.instances, self.clusters = kube_for, instances, clusters
         self.ttl_s, self.miss_ttl_s, self.max_entries, self.clock = ttl_s, miss_ttl_s, max_entries, clock
         self._cache: OrderedDict[tuple[str, str, str], tuple[float, ZoneAnswer]] = OrderedDict()
         self.lookups = 0  # answers not served from the cache (for tests and metrics)
@@ -96,6 +185,8 @@ class ZoneResolver:
             names.valid_project(project) and names.valid_region(region) and names.valid_instance(instance)
         ):
             return ZoneAnswer(None, "project, region or instance name is not valid")
+        if cluster is not None and not names.valid_instance(cluster):
+            return ZoneAnswer(None, "cluster name is not valid")
         key = (project, region, instance)
         now = self.clock()
         hit = self._cache.get(key)
@@ -115,8 +206,8 @@ class ZoneResolver:
         node = self._from_node(api, project, region, instance) if api is not None else None
         if node is not None and node.zone:
             return node
-        if self.instances is not None:
-            return self._from_compute(project, region, instance)
+        if self.instances is not None and self.clusters is not None:
+            return self._from_compute(project, region, instance, cluster)
         if node is None:
             raise ZoneLookupError("no Kubernetes client for the cluster and no Compute client configured")
         if node.transient:
@@ -140,39 +231,40 @@ class ZoneResolver:
         pid = spec.get("providerID") if isinstance(spec, dict) else None
         return zone_from_provider_id(pid, project, region, instance)
 
-    def _from_compute(self, project: str, region: str, instance: str) -> ZoneAnswer:
-        try:
-            pairs = self.instances.aggregated_list(
-                request={"project": project, "filter": f'name = "{instance}"'},
-                retry=LOOKUP_RETRY,  # bounded: an outage fails the delivery (redelivered), not hangs it
-                timeout=LOOKUP_TIMEOUT_S,
-            )
-            zones = sorted(_zones_holding(pairs, instance))
-        except (gexc.GoogleAPICallError, gexc.RetryError) as exc:
-            raise ZoneLookupError(f"instances.aggregatedList: {str(exc)[:200]}") from exc
-        inside = [z for z in zones if names.zone_in_region(z, region)]
+    def _from_compute(self, project: str, region: str, instance: str, cluster: str | None) -> ZoneAnswer:
+        """``instances.get`` in each of the cluster's zones inside the region; exactly one must hold it."""
+        if cluster is None:
+            return ZoneAnswer(None, "the entry names no cluster: its zones are unknown")
+        if not instance.startswith(GKE_NODE_PREFIX):
+            return ZoneAnswer(None, f"{instance} is not a GKE node VM name ({GKE_NODE_PREFIX}...)")
+        assert self.clusters is not None
+        zones = [z for z in self.clusters(project, region, cluster) if names.zone_in_region(z, region)]
+        if not zones:
+            return ZoneAnswer(None, f"cluster {cluster} has no zones in {region} (clusters.get)")
+        inside = [z for z in zones if self._holds(project, z, instance)]
         if len(inside) == 1:
-            return ZoneAnswer(inside[0], "compute instances.aggregatedList")
+            return ZoneAnswer(inside[0], "compute instances.get")
         if not inside:
-            return ZoneAnswer(None, f"no instance {instance} in region {region} of project {project}")
+            return ZoneAnswer(None, f"no instance {instance} in the zones of {cluster} ({', '.join(zones)})")
         return ZoneAnswer(
             None, f"instance name {instance} is in several zones of {region}: {', '.join(inside)}"
         )
 
-
-def _zones_holding(pairs: Any, instance: str) -> set[str]:
-    """The zones of an aggregatedList answer (scope ``zones/ZONE``) that hold the named instance."""
-    out: set[str] = set()
-    for scope, scoped in pairs:
-        found = getattr(scoped, "instances", None) or (
-            scoped.get("instances") if isinstance(scoped, Mapping) else None
-        )
-        for inst in found or []:
-            name = getattr(inst, "name", None) or (inst.get("name") if isinstance(inst, Mapping) else None)
-            zone = str(scope).removeprefix("zones/")
-            if name == instance and str(scope).startswith("zones/") and names.valid_zone(zone):
-                out.add(zone)
-    return out
+    def _holds(self, project: str, zone: str, instance: str) -> bool:
+        """Whether ``instances.get`` finds this very instance (project, zone and name) in ``zone``."""
+        try:
+            inst = self.instances.get(
+                request={"project": project, "zone": zone, "instance": instance},
+                retry=LOOKUP_RETRY,  # bounded: an outage fails the delivery (redelivered), not hangs it
+                timeout=LOOKUP_TIMEOUT_S,
+            )
+        except gexc.NotFound:
+            return False
+        except (gexc.GoogleAPICallError, gexc.RetryError) as exc:
+            raise ZoneLookupError(f"instances.get in {zone}: {str(exc)[:200]}") from exc
+        link = str(getattr(inst, "self_link", "") or "")
+        where = f"/projects/{project}/zones/{zone}/instances/{instance}"
+        return getattr(inst, "name", None) == instance and link.endswith(where)
 
 
 def fill_zone(ev: dict[str, Any], resolver: ZoneResolver) -> str | None:
