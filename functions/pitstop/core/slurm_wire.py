@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 from pitstop.core.domain import JsonObject
 
@@ -33,7 +33,7 @@ class Result(TypedDict, total=False):
     ok: bool
     refused: bool
     transient: bool
-    result: Any
+    result: Answer | None  # the op's answer (None: refused or failed)
     error: str | None
     owner: str
     token: str

@@ -42,6 +42,18 @@ from pitstop.core.steps import DONE, BusyError, Claim, ClaimLostError, Release, 
 Received = Mapping[str, object]
 
 
+class Delivery(Protocol):
+    """One Pub/Sub delivery of a command (google.cloud.pubsub_v1's subscriber Message): its body,
+    acknowledged once answered, else nacked so Pub/Sub delivers it again."""
+
+    @property
+    def data(self) -> bytes: ...
+
+    def ack(self) -> None: ...
+
+    def nack(self) -> None: ...
+
+
 class ResultSink(Protocol):
     """Where the agent answers (ResultsTopic; tests may record instead)."""
 
@@ -55,7 +67,7 @@ class ResultsTopic:
     caller can leave the command unacknowledged and answer again on its redelivery.
     """
 
-    def __init__(self, topic: str, publisher: Any = None) -> None:
+    def __init__(self, topic: str, publisher: Any = None) -> None:  # a PublisherClient: untyped library
         if publisher is None:
             from google.cloud.pubsub_v1 import PublisherClient
             from google.cloud.pubsub_v1.types import PublisherOptions
@@ -253,7 +265,7 @@ class Agent:
 
         sub = SubscriberClient()
 
-        def callback(message: Any) -> None:
+        def callback(message: Delivery) -> None:
             try:
                 self.handle(message.data)
                 message.ack()
