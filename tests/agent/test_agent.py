@@ -47,7 +47,14 @@ from pitstop.agent.slurm import (
     results_topic,
 )
 from pitstop.core.scheduling import StepRef
-from pitstop.core.slurm_wire import RESULT_DONE, RESULT_FAILED, RESULT_RUNNING, RESULT_TRANSIENT, supersedes
+from pitstop.core.slurm_wire import (
+    RESULT_DONE,
+    RESULT_FAILED,
+    RESULT_RUNNING,
+    RESULT_TRANSIENT,
+    Result,
+    supersedes,
+)
 from pitstop.local.slurm import SlurmCluster
 
 INCIDENT = "iabcdefgh2"
@@ -91,7 +98,7 @@ def command(cid: str, op: str, args: dict[str, Any], deadline_in: float = 300.0)
     ).encode()
 
 
-def row(ledger: Ledger, cid: str) -> dict[str, Any]:
+def row(ledger: Ledger, cid: str) -> Result:
     got = ledger.get(cid)
     assert got is not None
     return got[0]
@@ -355,7 +362,7 @@ def test_concurrent_deliveries_run_a_command_once(wire: Wire) -> None:
     run = Script(slow)
     agent = wire.agent(run)
     raw = command("c-requeue-1", "requeue", {"job": "4242"})
-    first: list[dict[str, Any] | None] = []
+    first: list[Result | None] = []
     t = threading.Thread(target=lambda: first.append(agent.handle(raw)))
     t.start()
     assert started.wait(30)
@@ -371,7 +378,9 @@ def test_concurrent_deliveries_run_a_command_once(wire: Wire) -> None:
     assert agent.handle(raw) is None  # answered: replayed, not run
     assert run.count("scontrol", "requeue") == 1
     final = row(agent.ledger, "c-requeue-1")
-    assert final["state"] == RESULT_DONE and final["ok"] and final["result"]["requeued"] == "4242"
+    answer = final["result"]
+    assert final["state"] == RESULT_DONE and final["ok"]
+    assert isinstance(answer, dict) and answer.get("requeued") == "4242"
     msgs = wire.published(3)
     # the claim, the answer, and the answer again for the redelivery after it
     assert states(msgs, "c-requeue-1") == [RESULT_RUNNING, RESULT_DONE, RESULT_DONE]
@@ -384,7 +393,7 @@ def test_claim_of_a_dead_agent_is_taken_over_by_exactly_one_delivery(wire: Wire)
     raw = command("c-requeue-2", "requeue", {"job": "77"})
     # a live claim is left alone
     ledger = Ledger(wire.ledger_path)
-    claim = {"id": "c-requeue-2", "state": RESULT_RUNNING, "owner": "other", "attempt": 1}
+    claim: Result = {"id": "c-requeue-2", "state": RESULT_RUNNING, "owner": "other", "attempt": 1}
     assert ledger.create("c-requeue-2", {**claim, "claim_until": time.time() + 60}, time.time()) == 1
     assert ledger.create("c-requeue-2", claim, time.time()) is None  # one insert of an id wins
     assert wire.agent(run).handle(raw) is None
@@ -395,7 +404,7 @@ def test_claim_of_a_dead_agent_is_taken_over_by_exactly_one_delivery(wire: Wire)
     both_read = threading.Barrier(2)
 
     class RacingLedger(Ledger):
-        def get(self, cid: str) -> tuple[dict[str, Any], int] | None:
+        def get(self, cid: str) -> tuple[Result, int] | None:
             got = super().get(cid)
             both_read.wait(10)  # both have read the same expired claim before either writes
             return got
@@ -427,7 +436,9 @@ def test_transient_failure_runs_again_final_failure_is_replayed(wire: Wire) -> N
     agent = wire.agent(run)
     raw = command("c-requeue-3", "requeue", {"job": "88"})
     first = agent.handle(raw)
-    assert first is not None and first["state"] == "transient" and "Socket timed out" in first["error"]
+    assert (
+        first is not None and first["state"] == "transient" and "Socket timed out" in (first["error"] or "")
+    )
     second = agent.handle(raw)  # the retry runs a new attempt
     assert second is not None and second["state"] == RESULT_DONE and second["attempt"] == 2
     assert second["previous_error"] == first["error"]
@@ -456,7 +467,7 @@ def test_expired_command_is_refused_once_and_never_run(wire: Wire) -> None:
     refused = agent.handle(command("c-requeue-5", "requeue", {"job": "5"}, deadline_in=-10))
     assert refused is not None and refused["state"] == RESULT_FAILED and refused["refused"]
     # an old copy of a command whose last attempt failed transiently: left for the fresh copy
-    transient = {
+    transient: Result = {
         "id": "c-requeue-6",
         "state": "transient",
         "ok": False,
@@ -700,7 +711,7 @@ class Lossy:
     def __init__(self, out: ResultsTopic) -> None:
         self.out, self.lost = out, 0
 
-    def send(self, doc: Mapping[str, Any]) -> None:
+    def send(self, doc: Result) -> None:
         if doc["state"] in (RESULT_DONE, RESULT_FAILED) and not self.lost:
             self.lost += 1
             return
@@ -930,7 +941,7 @@ def test_unreachable_controller_is_a_transient_failure_then_the_retry_runs(
     raw = command("c-drain-7", "drain", {"node": "pa-1", "incident": INCIDENT, "action": "RESET_GPU"})
     first = wire.agent(via(dead)).handle(raw)
     assert first is not None and first["state"] == "transient"
-    assert "Unable to contact slurm controller" in first["error"]
+    assert "Unable to contact slurm controller" in (first["error"] or "")
     second = wire.agent(via(slurm.conf)).handle(raw)
     assert second is not None and second["state"] == RESULT_DONE and second["attempt"] == 2
     assert _reason(slurm, "pa-1") == ("IDLE+DRAIN", f"pitstop {INCIDENT} RESET_GPU")

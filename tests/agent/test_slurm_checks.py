@@ -40,12 +40,13 @@ from pitstop.agent.slurm import (
     parse_args,
     parse_node,
 )
+from pitstop.agent.slurm.records import CheckState
 from pitstop.core import checks as core_checks
 from pitstop.core import policy as policy_mod
 from pitstop.core.checks import check_name
 from pitstop.core.diagnose import parse_nvidia_smi_q, parse_nvlink_status
 from pitstop.core.scheduling import StepRef
-from pitstop.core.slurm_wire import drain_reason
+from pitstop.core.slurm_wire import CheckProgress, CheckStarted, drain_reason
 from pitstop.core.validation import NcclResult, default_validation_table, parse_all_gather, parse_dcgm_diag
 from pitstop.local import gpu_tools, stack
 from pitstop.local.fake_compute import DURATIONS, FakeCompute
@@ -215,7 +216,7 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
     return {k: args[k] for k in ("node", "name", "kind", "incident")}
 
 
-def result(c: SlurmCommands, args: dict[str, Any], timeout: float = 90.0) -> dict[str, Any]:
+def result(c: SlurmCommands, args: dict[str, Any], timeout: float = 90.0) -> CheckProgress:
     deadline = time.monotonic() + timeout
     while True:
         res = c.check_result(probe(args))
@@ -382,7 +383,7 @@ def _fabric_spec(kind: str, target: str, step: int, **over: Any) -> dict[str, An
     return base | over
 
 
-def _judged(first: dict[str, Any], second: dict[str, Any] | None = None) -> core_checks.ValidationVerdict:
+def _judged(first: CheckProgress, second: CheckProgress | None = None) -> core_checks.ValidationVerdict:
     """The results as actuate judges them (core/checks), on a3-megagpu-8g after a reboot."""
     pol = policy_mod.from_doc({})
     table = core_checks.table_for(pol)
@@ -518,7 +519,7 @@ def test_a_start_delivered_again_starts_no_second_job(
     target = "ck-0"
     fence(c, target)
     args = spec("diagnose", target, step=7)
-    answers: list[dict[str, Any]] = []
+    answers: list[CheckStarted] = []
     threads = [threading.Thread(target=lambda: answers.append(c.start_check(args))) for _ in range(3)]
     for t in threads:
         t.start()
@@ -702,7 +703,7 @@ def test_the_scheduler_adapter_runs_a_validation_once(
 
 
 def test_each_tool_runs_as_a_step_of_the_holder_job() -> None:
-    st = {
+    st: CheckState = {
         "kind": "validate",
         "job": "42",
         "node": "a3-node-007",

@@ -25,6 +25,7 @@ from pitstop.agent.slurm import CheckTools, CommandRefusedError, SlurmCommands
 from pitstop.core import localise
 from pitstop.core.catalog import default_xid_policy
 from pitstop.core.domain import CheckRun, LocaliseConfig
+from pitstop.core.slurm_wire import CheckProgress
 from pitstop.local.slurm import SlurmCluster
 
 NODES = [f"lc-{i:02d}" for i in range(16)]
@@ -89,7 +90,7 @@ def job(slurm: SlurmCluster) -> str:
     return out
 
 
-def run(cmds: SlurmCommands, spec: dict[str, Any], timeout: float = 240.0) -> dict[str, Any]:
+def run(cmds: SlurmCommands, spec: dict[str, Any], timeout: float = 240.0) -> CheckProgress:
     """Start a gang check and poll it until done, as actuate's workflow does (the nodes are the
     agent's to find: the adapter does not send them)."""
     spec = {k: v for k, v in spec.items() if k != "nodes"}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 from pitstop.core.domain import JsonObject
 
@@ -33,7 +33,7 @@ class Result(TypedDict, total=False):
     ok: bool
     refused: bool
     transient: bool
-    result: Any
+    result: Answer | None  # the op's answer (None: refused or failed)
     error: str | None
     owner: str
     token: str
@@ -46,6 +46,139 @@ class Result(TypedDict, total=False):
 
 
 COMMAND_DEADLINE_S = 300.0
+
+# -- what each op answers (``Result.result``): the agent builds these, adapters/slurm.py reads them --
+
+
+class JobRunFields(TypedDict):
+    """A job's run (``scontrol show job``: ``Restarts``, ``StartTime``; None when unknown)."""
+
+    restarts: int | None
+    start_time: str | None
+
+
+class JobOnNode(JobRunFields):
+    """``jobs_on_node``: one job on the node, with its run."""
+
+    id: str
+    state: str  # Slurm's word (squeue %T)
+    user: str
+    nodes: int
+    nodelist: str
+    name: str
+
+
+class DrainAnswer(TypedDict):
+    """``drain``: the node before, and the reason Pitstop set (None: someone else's drain, left)."""
+
+    node: str
+    previous_state: str
+    previous_reason: str
+    already_drained_by_other: bool
+    reason: str | None
+
+
+class ResumeAnswer(TypedDict):
+    """``resume``: whether Pitstop's drain was lifted; ``left_drained``: the fence that stays, and why."""
+
+    node: str
+    state: str
+    reason: str
+    resumed: bool
+    left_drained: NotRequired[str]
+
+
+class RequeueAnswer(TypedDict):
+    """``requeue``: the job Slurm requeued (a heterogeneous job's leader); ``released``: its hold lifted."""
+
+    job: str
+    requeued: str
+    already_pending: NotRequired[bool]
+    released: NotRequired[bool]
+
+
+class SignalAnswer(TypedDict):
+    job: str
+    signal: str
+    signalled: str
+
+
+class JobStateAnswer(JobRunFields):
+    """``job_state``: ``UNKNOWN`` (and no node list) for a job Slurm does not know."""
+
+    job: str
+    state: str
+    nodelist: NotRequired[str]
+    user: NotRequired[str]
+
+
+class NodeStateAnswer(TypedDict):
+    node: str
+    state: str
+    reason: str
+
+
+class CapacityAnswer(TypedDict):
+    """``capacity``: whether the gang could start again now without the fenced node, and why."""
+
+    job: str
+    state: str
+    enough: bool
+    need: int | None
+    free: int | None
+    why: str
+    partition: NotRequired[str]
+    idle: NotRequired[list[str]]
+    own: NotRequired[list[str]]
+
+
+class CheckStarted(TypedDict):
+    """``start_check`` / ``start_gang_check``: the check running (``nodes``: a gang check's)."""
+
+    started: str
+    peer: str | None
+    note: str
+    job: str | None
+    nodes: NotRequired[list[str]]
+
+
+class NodeRestored(TypedDict):
+    """The node as a check left it: drained again with its reason."""
+
+    state: str
+    reason: str
+
+
+class CheckProgress(TypedDict):
+    """``check_result`` / ``gang_check_result``: pending (``phase``), or done with each tool's output."""
+
+    done: bool
+    name: str
+    node: str
+    peer: str | None
+    note: str
+    job: str | None
+    outputs: dict[str, str]
+    error: str | None
+    phase: NotRequired[str]
+    exit_codes: NotRequired[dict[str, int]]
+    stderr: NotRequired[dict[str, str]]
+    restored: NotRequired[NodeRestored | None]
+    nodes: NotRequired[list[str]]
+
+
+Answer = (
+    list[JobOnNode]
+    | DrainAnswer
+    | ResumeAnswer
+    | RequeueAnswer
+    | SignalAnswer
+    | JobStateAnswer
+    | NodeStateAnswer
+    | CapacityAnswer
+    | CheckStarted
+    | CheckProgress
+)
 
 # -- the results of Slurm commands (``<prefix>_slurm_results/<command id>``) -------------------------
 # Shared with pitstop.agent.slurm, which imports these names. One record per command id, moved

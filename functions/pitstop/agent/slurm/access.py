@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pitstop.agent.slurm.text import (
     DEFAULT_CHECK_DIR,
@@ -16,6 +15,7 @@ from pitstop.agent.slurm.text import (
     MEMBERS_TTL_S,
     NODE,
     RUN_TIMEOUT_S,
+    Args,
     CommandRefusedError,
     NodeInfo,
     Reservation,
@@ -67,7 +67,7 @@ class SlurmAccess:
         self._nodes_lock = threading.Lock()
         self._children: list[subprocess.Popen[bytes]] = []  # check runners, reaped as they exit
 
-    def _member(self, args: Mapping[str, Any]) -> str:
+    def _member(self, args: Args) -> str:
         """A node argument this agent may act on: a valid name Slurm lists as one of its nodes.
 
         A command naming any other host (a VM of another cluster, a name a log line made up) is

@@ -15,11 +15,12 @@ import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from pitstop.adapters import log
 from pitstop.agent.slurm.access import SlurmAccess
 from pitstop.agent.slurm.gang_steps import GANG_KINDS, GANG_PARALLEL, gang_steps
+from pitstop.agent.slurm.records import CheckKind, CheckState, RunOutcome
 from pitstop.agent.slurm.text import (
     ACTIVE_JOB_STATES,
     CHECK_KEYS,
@@ -41,18 +42,24 @@ from pitstop.agent.slurm.text import (
     START_WAIT_S,
     USER,
     VALIDATE_KINDS,
+    Args,
     CheckNotReadyError,
     CommandRefusedError,
     SlurmOutputError,
     _need,
     parse_nodes,
 )
+from pitstop.core.domain import FabricSpec
 from pitstop.core.slurm_wire import (
     DRAIN_REASON_PREFIX,
+    CheckProgress,
+    CheckStarted,
 )
 
+CHECK_KINDS: frozenset[str] = frozenset({"diagnose", "validate", "revalidate", "corroborate"})
 
-def check_steps(st: Mapping[str, Any]) -> list[tuple[str, list[str], float]]:
+
+def check_steps(st: CheckState) -> list[tuple[str, list[str], float]]:
     """The srun of each tool of a check: (output key, argv, timeout s), from its recorded state.
 
     Each tool is a job step of the holder job (``--overlap`` shares the job's resources with its
@@ -95,7 +102,7 @@ _FABRIC_SH = (
 )
 
 
-def _nccl_argv(st: Mapping[str, Any], base: list[str]) -> list[str]:
+def _nccl_argv(st: CheckState, base: list[str]) -> list[str]:
     """The all_gather between the node and its peer: the fabric's setup when the check carries it
     (its ranks per node, -g GPUs per rank, the plugin's profile and variables), else one rank per
     node driving every GPU (a figure that cannot count against the host)."""
@@ -131,7 +138,7 @@ def _nccl_argv(st: Mapping[str, Any], base: list[str]) -> list[str]:
     return [*both, "--", "env", *pre, *wrapped, "env", *env, *gather]
 
 
-def _fabric_arg(raw: Any, gpus: int) -> dict[str, Any] | None:
+def _fabric_arg(raw: object, gpus: int) -> FabricSpec | None:
     """The fabric's NCCL setup of a validation, every part checked (None: the check carries none)."""
     if raw is None:
         return None
@@ -158,10 +165,10 @@ def _fabric_arg(raw: Any, gpus: int) -> dict[str, Any] | None:
                 and FABRIC_VALUE.fullmatch(v)
             ):
                 raise bad
-    return {k: raw[k] for k in sorted(FABRIC_KEYS)}
+    return cast(FabricSpec, {k: raw[k] for k in sorted(FABRIC_KEYS)})  # each key checked above
 
 
-def _exclude_arg(raw: Any) -> list[str]:
+def _exclude_arg(raw: object) -> list[str]:
     if raw is None:
         return []
     if (
@@ -201,7 +208,7 @@ def _step_env() -> dict[str, str]:
 class CheckSetup(SlurmAccess):
     """A check's state, its reservation, holder job and runner: everything start_check sets up."""
 
-    def _check_spec(self, args: Mapping[str, Any], start: bool) -> dict[str, Any]:
+    def _check_spec(self, args: Args, start: bool) -> CheckState:
         """A check's arguments, each validated; the name must be the one its incident and kind make."""
         unknown = sorted(str(k) for k in args if k not in CHECK_KEYS)
         if unknown:
@@ -211,13 +218,14 @@ class CheckSetup(SlurmAccess):
         kind = args.get("kind")
         m = CHECK_NAME.fullmatch(name)
         if (
-            kind not in ("diagnose", "validate", "revalidate", "corroborate")
+            not isinstance(kind, str)
+            or kind not in CHECK_KINDS
             or m is None
             or (m.group(1), m.group(3)) != (incident, kind)
         ):
             raise CommandRefusedError("check name, incident and kind do not agree")
         node = self._member(args)
-        spec: dict[str, Any] = {"node": node, "name": name, "incident": incident, "kind": kind}
+        spec: CheckState = {"node": node, "name": name, "incident": incident, "kind": cast(CheckKind, kind)}
         if not start:
             return spec
         spec["dcgm_level"] = 1 if kind == "corroborate" else _int_arg(args, "dcgm_level", 1, 4)
@@ -249,20 +257,20 @@ class CheckSetup(SlurmAccess):
             os.close(fd)
 
     @staticmethod
-    def _load(d: Path) -> dict[str, Any] | None:
+    def _load(d: Path) -> CheckState | None:
         try:
-            st: dict[str, Any] = json.loads((d / "state.json").read_text())
+            st: CheckState = json.loads((d / "state.json").read_text())
         except FileNotFoundError:
             return None
         return st
 
     @staticmethod
-    def _save(d: Path, st: Mapping[str, Any]) -> None:
+    def _save(d: Path, st: CheckState) -> None:
         tmp = d / "state.json.tmp"
         tmp.write_text(json.dumps(st, indent=1))
         os.replace(tmp, d / "state.json")
 
-    def _new_check(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+    def _new_check(self, spec: CheckState) -> CheckState:
         node, incident = spec["node"], spec["incident"]
         nodes = parse_nodes(self._run(["scontrol", "show", "node", "-o"]))
         if node not in nodes:
@@ -315,7 +323,7 @@ class CheckSetup(SlurmAccess):
             "created_at": time.time(),
         }
 
-    def _begin(self, d: Path, st: dict[str, Any]) -> None:
+    def _begin(self, d: Path, st: CheckState) -> None:
         """The start's steps, each skipped when an earlier attempt already took it."""
         node, name = st["node"], st["name"]
         if st.get("borrowed"):
@@ -344,7 +352,7 @@ class CheckSetup(SlurmAccess):
         jobs = [j for j in out.split() if JOB.fullmatch(j)]
         return jobs[0] if jobs else None
 
-    def _begin_beside(self, d: Path, st: dict[str, Any]) -> None:
+    def _begin_beside(self, d: Path, st: CheckState) -> None:
         """Steps in the job already on the node (``--overlap``): no reservation, the drain untouched."""
         self._reap()
         if not self._runner_alive(d):
@@ -353,7 +361,7 @@ class CheckSetup(SlurmAccess):
         self._save(d, st)
         log.emit("INFO", "slurm agent: check started beside a job", check=st["name"], job=st["job"])
 
-    def _peers(self, st: Mapping[str, Any]) -> tuple[str, list[str]]:
+    def _peers(self, st: CheckState) -> tuple[str, list[str]]:
         """A partition of the node with idle healthy unreserved peers, and those peers (fresh)."""
         nodes = parse_nodes(self._run(["scontrol", "show", "node", "-o"]))
         reserved = self._reserved(self._reservations())
@@ -372,7 +380,7 @@ class CheckSetup(SlurmAccess):
                 return part, found
         return st["partitions"][0], []
 
-    def _reserve(self, d: Path, st: dict[str, Any]) -> None:
+    def _reserve(self, d: Path, st: CheckState) -> None:
         """The check's reservation: the node (and for validate one idle peer), for the agent's user."""
         name, node = st["name"], st["node"]
         existing = self._reservations().get(name)
@@ -424,7 +432,7 @@ class CheckSetup(SlurmAccess):
                 return job
         return None
 
-    def _submit(self, st: Mapping[str, Any]) -> str:
+    def _submit(self, st: CheckState) -> str:
         """The holder job: pinned to the node (and peer) through the reservation; it only sleeps."""
         peer, minutes = st["peer"], int(st["minutes"])
         gres = [f"--gres={st['tools']['gres']}:{int(st['gpus'])}"] if st["tools"].get("gres") else []
@@ -503,7 +511,7 @@ class CheckSetup(SlurmAccess):
 class CheckRuns(CheckSetup):
     """The check runs on a fenced node (diagnose / validate): start, result and the runner's work."""
 
-    def start_check(self, args: Mapping[str, Any]) -> dict[str, Any]:
+    def start_check(self, args: Args) -> CheckStarted:
         """Start a diagnostic or validation on the fenced node, once per check name; returns at once.
 
         ``{"started": name, "peer": str | None, "note": str, "job": id}``. A start delivered again
@@ -518,7 +526,7 @@ class CheckRuns(CheckSetup):
             if st is not None and st.get("node") != node:
                 raise CommandRefusedError(f"check {name} runs on {st.get('node')}, not {node}")
             if st is not None and st.get("started"):
-                return dict(st["started"])
+                return _started(st)
             if st is None or st.get("undone"):
                 gone = self._not_responding(spec) if spec["kind"] == "corroborate" else None
                 if gone is not None:
@@ -530,9 +538,9 @@ class CheckRuns(CheckSetup):
             except Exception as exc:
                 self._undo_start(d, st, exc)
                 raise
-            return dict(st["started"])
+            return _started(st)
 
-    def _not_responding(self, spec: Mapping[str, Any]) -> str | None:
+    def _not_responding(self, spec: CheckState) -> str | None:
         """The node's state when slurmctld sees it not responding (its slurmd gone): no tool can run
         there, and that observation, slurmctld's own, is what a corroboration reports."""
         info = self.node_info(spec["node"])
@@ -540,16 +548,17 @@ class CheckRuns(CheckSetup):
             return f"{info.state} {info.reason}".strip()[:200]
         return None
 
-    def _answered(self, d: Path, spec: Mapping[str, Any], node_state: str) -> dict[str, Any]:
+    def _answered(self, d: Path, spec: CheckState, node_state: str) -> CheckStarted:
         """A check answered without running anything: finished at once, its output the node's state."""
         (d / "slurm_node.out").write_text(node_state)
         _write_json(d / "result.json", {"keys": ["slurm_node"], "exit_codes": {}, "error": None})
-        started = {"started": spec["name"], "peer": None, "note": "node not responding", "job": None}
-        st = {**spec, "peer": None, "note": "node not responding", "job": None, "user": _agent_user()}
+        note = "node not responding"
+        started: CheckStarted = {"started": spec["name"], "peer": None, "note": note, "job": None}
+        st: CheckState = {**spec, "peer": None, "note": note, "job": None, "user": _agent_user()}
         self._save(d, {**st, "started": started, "finished": True, "finished_at": time.time()})
         return started
 
-    def _undo_start(self, d: Path, st: dict[str, Any], exc: BaseException) -> None:
+    def _undo_start(self, d: Path, st: CheckState, exc: BaseException) -> None:
         """A start that failed midway is taken back (the fence restored, the reservation gone) and
         forgotten, so a retry starts afresh; if that fails too, the next try continues from the record."""
         try:
@@ -581,7 +590,7 @@ class CheckRuns(CheckSetup):
                 return False
             time.sleep(0.5)
 
-    def _finish(self, d: Path, st: dict[str, Any], wait_s: float) -> bool:
+    def _finish(self, d: Path, st: CheckState, wait_s: float) -> bool:
         """Put the node back as it was: drained with its reason first, then the job cancelled, then
         (once the job has left) the reservation deleted. True when all of it is done. Idempotent."""
         if st.get("finished"):
@@ -625,7 +634,7 @@ class CheckRuns(CheckSetup):
         )
         return True
 
-    def check_result(self, args: Mapping[str, Any]) -> dict[str, Any]:
+    def check_result(self, args: Args) -> CheckProgress:
         """The check's state now (a fresh probe): ``done`` only once the tools ran (or could not)
         and the node is fenced again as before; then ``outputs`` (each tool's stdout), ``peer``,
         ``note``, ``error`` (None, or why a tool or the run failed) and ``exit_codes``."""
@@ -639,7 +648,7 @@ class CheckRuns(CheckSetup):
                 raise CommandRefusedError(f"no check {name} was started on {node}")
             return self._progress(d, st)
 
-    def _progress(self, d: Path, st: dict[str, Any]) -> dict[str, Any]:
+    def _progress(self, d: Path, st: CheckState) -> CheckProgress:
         """A started check's answer now (held under its lock): pending, or done with its outputs."""
         name = st["name"]
         if st.get("undone"):
@@ -671,7 +680,7 @@ class CheckRuns(CheckSetup):
         return self._pending(st, "fencing the node again")
 
     @staticmethod
-    def _pending(st: Mapping[str, Any], phase: str) -> dict[str, Any]:
+    def _pending(st: CheckState, phase: str) -> CheckProgress:
         return {
             "done": False,
             "name": st["name"],
@@ -685,7 +694,7 @@ class CheckRuns(CheckSetup):
         }
 
     @staticmethod
-    def _answer(d: Path, st: Mapping[str, Any]) -> dict[str, Any]:
+    def _answer(d: Path, st: CheckState) -> CheckProgress:
         res = json.loads((d / "result.json").read_text())
         outputs, stderr = {}, {}
         for key in res.get("keys", []):
@@ -762,14 +771,22 @@ class CheckRuns(CheckSetup):
         return 1
 
 
-def _int_arg(args: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
+def _started(st: CheckState) -> CheckStarted:
+    """A started check's answer (a copy: a gang check's adds its nodes)."""
+    started = st.get("started")
+    if not started:
+        raise SlurmOutputError(f"check {st.get('name')} has no start recorded")
+    return started.copy()
+
+
+def _int_arg(args: Args, key: str, lo: int, hi: int) -> int:
     v = args.get(key)
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise CommandRefusedError(f"argument {key} is missing or invalid")
     return v
 
 
-def _write_json(path: Path, doc: Mapping[str, Any]) -> None:
+def _write_json(path: Path, doc: RunOutcome) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc))
     os.replace(tmp, path)

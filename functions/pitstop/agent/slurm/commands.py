@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from pitstop.adapters import log
 from pitstop.agent.slurm.gang import GangCheckRuns
@@ -20,6 +19,7 @@ from pitstop.agent.slurm.text import (
     REQUEUE_SETTLE_S,
     REVOKE_MARGIN_S,
     SIGNALS,
+    Args,
     CommandRefusedError,
     SlurmOutputError,
     _need,
@@ -29,6 +29,15 @@ from pitstop.agent.slurm.text import (
 )
 from pitstop.core.slurm_wire import (
     DRAIN_REASON_PREFIX,
+    Answer,
+    CapacityAnswer,
+    DrainAnswer,
+    JobOnNode,
+    JobStateAnswer,
+    NodeStateAnswer,
+    RequeueAnswer,
+    ResumeAnswer,
+    SignalAnswer,
     drain_reason,
 )
 
@@ -37,8 +46,8 @@ class SlurmCommands(GangCheckRuns):
     """The closed set of operations, each a fixed argv with validated arguments (the check runs are
     CheckRuns'); ``execute`` dispatches through one explicit table."""
 
-    def execute(self, op: str, args: Any) -> Any:
-        table: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    def execute(self, op: str, args: object) -> Answer:
+        table: dict[str, Callable[[Args], Answer]] = {
             "jobs_on_node": self.jobs_on_node,
             "drain": self.drain,
             "resume": self.resume,
@@ -59,14 +68,14 @@ class SlurmCommands(GangCheckRuns):
             raise CommandRefusedError("arguments must be an object")
         return handler(args)
 
-    def jobs_on_node(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def jobs_on_node(self, args: Args) -> list[JobOnNode]:
         """The jobs on a node, each with its run (``restarts``, ``start_time``) from ``scontrol show job``.
 
         The run tells a later requeue whether the job is still the one the fault hit.
         """
         node = self._member(args)
         out = self._run(["squeue", "-h", "-w", node, "-o", "%i|%T|%u|%D|%N|%j"])
-        jobs = []
+        jobs: list[JobOnNode] = []
         for line in out.splitlines():
             parts = line.split("|", 5)
             if len(parts) == 6 and JOB.fullmatch(parts[0]):
@@ -85,20 +94,21 @@ class SlurmCommands(GangCheckRuns):
                 log.emit("WARNING", "slurm agent: squeue line not understood, skipped", line=line[:200])
         return jobs
 
-    def drain(self, args: Mapping[str, Any]) -> dict[str, Any]:
+    def drain(self, args: Args) -> DrainAnswer:
         node = self._member(args)
         incident = _need(args, "incident", INCIDENT)
         action = args.get("action")
-        if action not in ACTIONS:
+        if not isinstance(action, str) or action not in ACTIONS:
             raise CommandRefusedError("argument action is missing or invalid")
         # The reason is built here from validated parts only: no log text ever reaches Slurm.
         reason = drain_reason(incident, action)
         before = self.node_info(node)
-        out: dict[str, Any] = {
+        out: DrainAnswer = {
             "node": node,
             "previous_state": before.state,
             "previous_reason": before.reason,
             "already_drained_by_other": False,
+            "reason": None,
         }
         ours = before.reason.startswith(f"{DRAIN_REASON_PREFIX}{incident} ")
         if before.drained and not ours:
@@ -120,13 +130,13 @@ class SlurmCommands(GangCheckRuns):
         self._run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
         return {**out, "reason": reason}
 
-    def resume(self, args: Mapping[str, Any]) -> dict[str, Any]:
+    def resume(self, args: Args) -> ResumeAnswer:
         node = self._member(args)
         prefix = DRAIN_REASON_PREFIX
         if args.get("incident") is not None:  # commands from before the incident was sent: any Pitstop drain
             prefix += _need(args, "incident", INCIDENT) + " "
         info = self.node_info(node)
-        out: dict[str, Any] = {"node": node, "state": info.state, "reason": info.reason}
+        out: ResumeAnswer = {"node": node, "state": info.state, "reason": info.reason, "resumed": False}
         if not info.out_of_service:
             return {**out, "resumed": False}
         if not info.reason.startswith(prefix):
@@ -148,7 +158,7 @@ class SlurmCommands(GangCheckRuns):
         self._run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
         return {**out, "resumed": True}
 
-    def requeue(self, args: Mapping[str, Any]) -> dict[str, Any]:
+    def requeue(self, args: Args) -> RequeueAnswer:
         job = _need(args, "job", JOB)
         target = job_leader(job)
         try:
@@ -187,16 +197,16 @@ class SlurmCommands(GangCheckRuns):
             self._sleep(0.25)
         return False
 
-    def signal(self, args: Mapping[str, Any]) -> dict[str, Any]:
+    def signal(self, args: Args) -> SignalAnswer:
         job = _need(args, "job", JOB)
         sig = args.get("signal")
-        if sig not in SIGNALS:
+        if not isinstance(sig, str) or sig not in SIGNALS:
             raise CommandRefusedError("argument signal is missing or not allowed")
         target = job_leader(job)  # every component of a heterogeneous job checkpoints together
         self._run(["scancel", f"--signal={sig.removeprefix('SIG')}", "--full", target])
         return {"job": job, "signal": sig, "signalled": target}
 
-    def job_state(self, args: Mapping[str, Any]) -> dict[str, Any]:
+    def job_state(self, args: Args) -> JobStateAnswer:
         job = _need(args, "job", JOB)
         kv = self._show_job(job)
         if kv is None:
@@ -209,13 +219,13 @@ class SlurmCommands(GangCheckRuns):
             **_run_fields(kv),
         }
 
-    def node_state(self, args: Mapping[str, Any]) -> dict[str, Any]:
+    def node_state(self, args: Args) -> NodeStateAnswer:
         info = self.node_info(self._member(args))
         return {"node": info.node, "state": info.state, "reason": info.reason}
 
     # -- capacity: could the gang start again now without the fenced node? ---------------------
 
-    def capacity(self, args: Mapping[str, Any]) -> dict[str, Any]:
+    def capacity(self, args: Args) -> CapacityAnswer:
         """Whether the job's gang could start again now without ``node``: ``enough``, ``need``
         (its node count), ``free`` (what was counted) and ``why`` (one line saying so).
 

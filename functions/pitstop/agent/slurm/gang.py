@@ -10,21 +10,23 @@ as for every check); the runner and the answer are the checks' own.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any
+from typing import cast
 
 from pitstop.adapters import log
-from pitstop.agent.slurm.checks import CheckRuns, _agent_user, _int_arg
+from pitstop.agent.slurm.checks import CheckRuns, _agent_user, _int_arg, _started
 from pitstop.agent.slurm.gang_steps import GANG_KINDS, LINKS, SWEEP
+from pitstop.agent.slurm.records import CheckKind, CheckState
 from pitstop.agent.slurm.text import (
     CHECK_NAME,
     INCIDENT,
     JOB,
     NODE,
+    Args,
     CheckNotReadyError,
     CommandRefusedError,
     _need,
 )
+from pitstop.core.slurm_wire import CheckProgress, CheckStarted
 
 GANG_KEYS = frozenset({"name", "kind", "incident", "job", "pairs", "message_bytes", "gpus", "timeout_s"})
 MAX_GANG_NODES = 512  # core/localise.MAX_NODES
@@ -33,19 +35,24 @@ MAX_GANG_NODES = 512  # core/localise.MAX_NODES
 class GangCheckRuns(CheckRuns):
     """``start_gang_check`` / ``gang_check_result``: a sweep or a link test across a running job."""
 
-    def _gang_spec(self, args: Mapping[str, Any]) -> dict[str, Any]:
+    def _gang_spec(self, args: Args) -> CheckState:
         unknown = sorted(str(k) for k in args if k not in GANG_KEYS)
         if unknown:
             raise CommandRefusedError(f"unknown check arguments: {', '.join(unknown)[:120]}")
         name, incident = _need(args, "name", CHECK_NAME), _need(args, "incident", INCIDENT)
         m = CHECK_NAME.fullmatch(name)
         kind = args.get("kind")
-        if kind not in GANG_KINDS or m is None or (m.group(1), m.group(3)) != (incident, kind):
+        if (
+            not isinstance(kind, str)
+            or kind not in GANG_KINDS
+            or m is None
+            or (m.group(1), m.group(3)) != (incident, kind)
+        ):
             raise CommandRefusedError("check name, incident and kind do not agree")
-        spec: dict[str, Any] = {
+        spec: CheckState = {
             "name": name,
             "incident": incident,
-            "kind": kind,
+            "kind": cast(CheckKind, kind),
             "job": _need(args, "job", JOB),
         }
         spec["timeout_s"] = _int_arg(args, "timeout_s", 1, 1800)
@@ -70,7 +77,7 @@ class GangCheckRuns(CheckRuns):
             raise CommandRefusedError(f"job {job} holds {len(nodes)} nodes: nothing a gang check can run on")
         return nodes
 
-    def start_gang_check(self, args: Mapping[str, Any]) -> dict[str, Any]:
+    def start_gang_check(self, args: Args) -> CheckStarted:
         """Start the tools on every node of the job (or its pairs); returns at once with its nodes.
 
         ``{"started": name, "job": id, "nodes": [...]}``; a start delivered again answers the same.
@@ -81,16 +88,16 @@ class GangCheckRuns(CheckRuns):
             if st is not None and st.get("started"):
                 if st.get("job") != spec["job"]:
                     raise CommandRefusedError(f"check {spec['name']} runs beside job {st.get('job')}")
-                return dict(st["started"])
+                return _started(st)
             st = self._new_gang_check(spec)
             self._save(d, st)
             self._begin_beside(d, st)
-            st["started"] = {**st["started"], "nodes": st["nodes"]}
+            st["started"] = {**_started(st), "nodes": st["nodes"]}
             self._save(d, st)
-            return dict(st["started"])
+            return _started(st)
 
-    def _new_gang_check(self, spec: Mapping[str, Any]) -> dict[str, Any]:
-        nodes = self._job_nodes(spec["job"])
+    def _new_gang_check(self, spec: CheckState) -> CheckState:
+        nodes = self._job_nodes(str(spec["job"]))  # a gang check names its job
         stray = sorted({n for p in spec.get("pairs", []) for n in p} - set(nodes))
         if stray:
             raise CommandRefusedError(f"pairs name nodes outside job {spec['job']}: {', '.join(stray[:4])}")
@@ -115,7 +122,7 @@ class GangCheckRuns(CheckRuns):
             "created_at": time.time(),
         }
 
-    def gang_check_result(self, args: Mapping[str, Any]) -> dict[str, Any]:
+    def gang_check_result(self, args: Args) -> CheckProgress:
         """The check's state now (a fresh probe): ``done`` once every step ran (or timed out)."""
         name, job = _need(args, "name", CHECK_NAME), _need(args, "job", JOB)
         if not (self._check_path(name) / "state.json").exists():
@@ -130,7 +137,7 @@ class GangCheckRuns(CheckRuns):
             return {**out, "nodes": st["nodes"]}
 
 
-def _pairs(v: Any) -> list[list[str]]:
+def _pairs(v: object) -> list[list[str]]:
     """``["a+b", ...]``: each two distinct node names (``+`` is in no node name)."""
     if not isinstance(v, list) or not 0 < len(v) <= MAX_GANG_NODES:
         raise CommandRefusedError("argument pairs is missing or invalid")

@@ -7,15 +7,14 @@ pair; all of them run at once, so a 16-node sweep takes as long as its slowest n
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from pitstop.agent.slurm.records import CheckState
 
 SWEEP, LINKS = "sweep", "links"
 GANG_KINDS = frozenset({SWEEP, LINKS})
 GANG_PARALLEL = 32  # srun steps started at once (slurmctld takes step creations in its stride)
 
 
-def gang_steps(st: Mapping[str, Any]) -> list[tuple[str, list[str], float]]:
+def gang_steps(st: CheckState) -> list[tuple[str, list[str], float]]:
     """(output key, argv, timeout s) of every step: ``tool@node`` or ``nccl@a+b``."""
     tools, job, timeout = st["tools"], str(st["job"]), float(st["timeout_s"])
     base = ["srun", f"--jobid={job}", "--overlap", "--chdir=/tmp", "--quiet"]

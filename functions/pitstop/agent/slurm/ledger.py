@@ -11,11 +11,11 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import cast
 
-from pitstop.core.domain import StepRecord
+from pitstop.core.domain import JsonObject, StepRecord
 from pitstop.core.slurm_wire import (
     FINAL_STATES,
     RESULT_RUNNING,
@@ -47,7 +47,7 @@ class Ledger:
                 " state TEXT NOT NULL, updated_at REAL NOT NULL, doc TEXT NOT NULL)"
             )
 
-    def create(self, cid: str, doc: Mapping[str, Any], now: float) -> int | None:
+    def create(self, cid: str, doc: Result, now: float) -> int | None:
         """Insert the row at version 1 unless the id exists (then None): one insert of an id wins."""
         with self._lock:
             cur = self._db.execute(
@@ -56,15 +56,13 @@ class Ledger:
             )
         return 1 if cur.rowcount == 1 else None
 
-    def get(self, cid: str) -> tuple[dict[str, Any], int] | None:
+    def get(self, cid: str) -> tuple[Result, int] | None:
         """The row's document and version, or None."""
         with self._lock:
             row = self._db.execute("SELECT doc, version FROM results WHERE id = ?", (cid,)).fetchone()
-        return None if row is None else (dict(json.loads(row[0])), int(row[1]))
+        return None if row is None else (_doc(row[0]), int(row[1]))
 
-    def update(
-        self, cid: str, fields: Mapping[str, Any], version: int, now: float
-    ) -> tuple[dict[str, Any], int] | None:
+    def update(self, cid: str, fields: Result, version: int, now: float) -> tuple[Result, int] | None:
         """Merge ``fields`` into the row if it is still at ``version``: (document, new version), or
         None when another write came first (the precondition failed) or the row is gone."""
         return self.merge(cid, lambda doc: fields, now, version)
@@ -72,10 +70,10 @@ class Ledger:
     def merge(
         self,
         cid: str,
-        fields_of: Callable[[dict[str, Any]], Mapping[str, Any] | None],
+        fields_of: Callable[[Result], Result | None],
         now: float,
         version: int | None = None,
-    ) -> tuple[dict[str, Any], int] | None:
+    ) -> tuple[Result, int] | None:
         """Merge what ``fields_of`` makes of the row (None: leave it) into it, read and written in
         one transaction, at ``version`` when given: (document, new version), or None when nothing
         was written."""
@@ -86,8 +84,8 @@ class Ledger:
                     "SELECT doc, version FROM results WHERE id = ? AND (? IS NULL OR version = ?)",
                     (cid, version, version),
                 ).fetchone()
-                fields = None if row is None else fields_of(dict(json.loads(row[0])))
-                doc = None if row is None or fields is None else {**json.loads(row[0]), **fields}
+                fields = None if row is None else fields_of(_doc(row[0]))
+                doc: Result | None = None if row is None or fields is None else {**_doc(row[0]), **fields}
                 if doc is not None:
                     self._db.execute(
                         "UPDATE results SET doc = ?, state = ?, updated_at = ?, version = version + 1"
@@ -133,7 +131,7 @@ class LedgerSteps:
         got = self.ledger.get(key)
         return None if got is None else Stored(step_record(got[0]), got[1])
 
-    def row(self, key: str) -> dict[str, Any] | None:
+    def row(self, key: str) -> Result | None:
         """The wire record as it stands (what the agent publishes)."""
         got = self.ledger.get(key)
         return None if got is None else got[0]
@@ -142,13 +140,13 @@ class LedgerSteps:
         return self.ledger.create(key, wire_fields(key, record), self.clock()) is not None
 
     def replace(self, key: str, record: StepRecord, version: int) -> bool:
-        def taken(old: dict[str, Any]) -> dict[str, Any]:
+        def taken(old: Result) -> Result:
             return {**wire_fields(key, record), "previous_error": old.get("error")}
 
         return self.ledger.merge(key, taken, self.clock(), version) is not None
 
     def update_held(self, key: str, token: str, fields: StepRecord) -> bool:
-        def held(old: dict[str, Any]) -> dict[str, Any] | None:
+        def held(old: Result) -> Result | None:
             if old.get("token") != token or result_state(old) != RESULT_RUNNING:
                 return None
             return wire_fields(key, fields)
@@ -156,17 +154,20 @@ class LedgerSteps:
         return self.ledger.merge(key, held, self.clock()) is not None
 
 
-def step_record(row: Mapping[str, Any]) -> StepRecord:
+def step_record(row: Result) -> StepRecord:
     """A ledger row read as a step record."""
     state = result_state(row)
     rec: StepRecord = {
         "owner": str(row.get("owner") or ""),
         "token": str(row.get("token") or ""),
-        "attempt": int(_number(row.get("attempt")) or 1),
+        "attempt": int(as_number(row.get("attempt")) or 1),
     }
     if state == RESULT_RUNNING:
         rec["state"], rec["op"] = IN_PROGRESS, str(row.get("op") or "")
-        rec["claimed_at"], rec["expires_at"] = _number(row.get("claimed_at")), _number(row.get("claim_until"))
+        rec["claimed_at"], rec["expires_at"] = (
+            as_number(row.get("claimed_at")),
+            as_number(row.get("claim_until")),
+        )
     elif state in FINAL_STATES:
         rec["state"], rec["result"] = DONE, dict(row)
     else:  # transient, or a state this agent does not know: a new attempt runs it
@@ -174,15 +175,15 @@ def step_record(row: Mapping[str, Any]) -> StepRecord:
     return rec
 
 
-def wire_fields(key: str, rec: StepRecord) -> dict[str, Any]:
+def wire_fields(key: str, rec: StepRecord) -> Result:
     """What a step record's fields change in its ledger row."""
     state = rec.get("state")
     if state == DONE:
-        return dict(rec.get("result") or {})
+        return as_result(rec.get("result") or {})
     if state == RELEASED:
         kept = rec.get("result")
         if kept:
-            return {**kept, "state": RESULT_TRANSIENT}
+            return {**as_result(kept), "state": RESULT_TRANSIENT}
         return {"state": RESULT_TRANSIENT, "error": rec.get("error")}
     if state == IN_PROGRESS:
         claim: Result = {
@@ -195,12 +196,28 @@ def wire_fields(key: str, rec: StepRecord) -> dict[str, Any]:
             "claimed_at": rec.get("claimed_at", 0.0),
             "claim_until": rec.get("expires_at", 0.0),
         }
-        return dict(claim)
-    return dict(rec)  # what an attempt saved: kept beside the row's fields
+        return claim
+    # any other fields (core/steps.StepRunner.save's ``saved``; the agent saves nothing today) are
+    # kept beside the row's as they are
+    return cast(Result, dict(rec))
 
 
-def _number(v: Any) -> float:
+def as_result(doc: JsonObject) -> Result:
+    """A record the step runner kept unread (core/steps: a handler's answer is free-form to it),
+    read back as what it is here: the wire record this agent wrote into it."""
+    return cast(Result, dict(doc))
+
+
+def _doc(text: str) -> Result:
+    doc: Result = json.loads(text)  # a row this class wrote (json.dumps of a Result)
+    return doc
+
+
+def as_number(v: object) -> float:
+    """A number from a JSON field; 0.0 for anything else (or a string float() does not take)."""
+    if not isinstance(v, str | int | float):
+        return 0.0
     try:
         return float(v)
-    except (TypeError, ValueError):
+    except ValueError:
         return 0.0

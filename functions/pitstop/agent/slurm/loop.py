@@ -16,7 +16,7 @@ from pitstop.adapters import log
 from pitstop.agent.slurm.commands import (
     SlurmCommands,
 )
-from pitstop.agent.slurm.ledger import Ledger, LedgerSteps
+from pitstop.agent.slurm.ledger import Ledger, LedgerSteps, as_number, as_result
 from pitstop.agent.slurm.text import (
     CLAIM_S,
     KEEP_S,
@@ -25,20 +25,39 @@ from pitstop.agent.slurm.text import (
     CommandRefusedError,
     is_transient,
 )
+from pitstop.core.domain import JsonObject
 from pitstop.core.slurm_wire import (
     COMMAND_ID,
     RESULT_DONE,
     RESULT_FAILED,
     RESULT_TRANSIENT,
+    Result,
     result_state,
 )
 from pitstop.core.steps import DONE, BusyError, Claim, ClaimLostError, Release, StepRunner, record_state
+
+# A command as it came off the wire (core/slurm_wire.Command), only its id checked: each other field
+# is checked where it is read (the deadline as a number, the op against the table, each argument by
+# its op), so a malformed one is refused, never run.
+Received = Mapping[str, object]
+
+
+class Delivery(Protocol):
+    """One Pub/Sub delivery of a command (google.cloud.pubsub_v1's subscriber Message): its body,
+    acknowledged once answered, else nacked so Pub/Sub delivers it again."""
+
+    @property
+    def data(self) -> bytes: ...
+
+    def ack(self) -> None: ...
+
+    def nack(self) -> None: ...
 
 
 class ResultSink(Protocol):
     """Where the agent answers (ResultsTopic; tests may record instead)."""
 
-    def send(self, doc: Mapping[str, Any]) -> None: ...
+    def send(self, doc: Result) -> None: ...
 
 
 class ResultsTopic:
@@ -48,7 +67,7 @@ class ResultsTopic:
     caller can leave the command unacknowledged and answer again on its redelivery.
     """
 
-    def __init__(self, topic: str, publisher: Any = None) -> None:
+    def __init__(self, topic: str, publisher: Any = None) -> None:  # a PublisherClient: untyped library
         if publisher is None:
             from google.cloud.pubsub_v1 import PublisherClient
             from google.cloud.pubsub_v1.types import PublisherOptions
@@ -56,7 +75,7 @@ class ResultsTopic:
             publisher = PublisherClient(publisher_options=PublisherOptions(enable_message_ordering=True))
         self.topic, self.publisher = topic, publisher
 
-    def send(self, doc: Mapping[str, Any]) -> None:
+    def send(self, doc: Result) -> None:
         cid, state = str(doc["id"]), result_state(doc)
         data = json.dumps(doc, default=str).encode()
         try:
@@ -91,38 +110,34 @@ class Agent:
         self.handled = 0
 
     @staticmethod
-    def _parse(raw: bytes) -> dict[str, Any] | None:
+    def _parse(raw: bytes) -> tuple[str, Received] | None:
+        """A Pub/Sub body as (its command id, the body): only the id is checked here."""
         try:
-            cmd = json.loads(raw)
-            if (
-                not isinstance(cmd, dict)
-                or not isinstance(cmd.get("id"), str)
-                or COMMAND_ID.fullmatch(cmd["id"]) is None
-            ):
+            cmd: object = json.loads(raw)
+            cid = cmd.get("id") if isinstance(cmd, dict) else None
+            if not isinstance(cmd, dict) or not isinstance(cid, str) or COMMAND_ID.fullmatch(cid) is None:
                 raise CommandRefusedError("command without a valid id")
         except (json.JSONDecodeError, UnicodeDecodeError, CommandRefusedError) as exc:
             log.emit("ERROR", "slurm agent: malformed command dropped", reason=str(exc))
             return None
-        return cmd
+        return cid, cmd
 
-    def handle(self, raw: bytes) -> dict[str, Any] | None:
+    def handle(self, raw: bytes) -> Result | None:
         """One delivery of a command → the result document it recorded, or None when it ran nothing.
 
         None: malformed, already answered (the answer is published again), being run by another
         delivery, or an expired copy. Raises when a final answer could not be published (the
         caller nacks; the redelivery publishes it again from the ledger).
         """
-        cmd = self._parse(raw)
-        if cmd is None:
+        parsed = self._parse(raw)
+        if parsed is None:
             return None
+        cid, cmd = parsed
         now = self.clock()
-        try:
-            deadline = float(cmd.get("deadline", 0))
-        except (TypeError, ValueError):
-            deadline = 0.0
+        deadline = as_number(cmd.get("deadline", 0))
         if now > deadline:
-            return self._refuse_expired(cmd, now, deadline)
-        doc = self._run(cmd)
+            return self._refuse_expired(cid, cmd, now, deadline)
+        doc = self._run(cid, cmd)
         if doc is None:
             return None
         self.results.send(doc)
@@ -130,7 +145,7 @@ class Agent:
         log.emit(
             "INFO" if doc["ok"] else "WARNING",
             "slurm agent: command done",
-            id=cmd["id"],
+            id=cid,
             op=cmd.get("op"),
             state=doc["state"],
             attempt=doc.get("attempt"),
@@ -138,10 +153,9 @@ class Agent:
         )
         return doc
 
-    def _run(self, cmd: Mapping[str, Any]) -> dict[str, Any] | None:
+    def _run(self, cid: str, cmd: Received) -> Result | None:
         """The command as one step: a known answer published again (None), a live claim of another
         delivery left to it (None), or claimed, run and recorded (its row)."""
-        cid = cmd["id"]
         payload = {"op": cmd.get("op"), "id": cid, "args": cmd.get("args")}
         try:
             doc = self.runner.run(cid, payload, lambda claim: self._attempt(cmd, claim), self.owner)
@@ -155,40 +169,42 @@ class Agent:
                      id=cid, owner=exc.held.get("owner"))  # fmt: skip
             return None
         if doc.pop("replayed", False):
-            self._replay(cid, doc)
+            self._replay(cid, as_result(doc))
             return None
-        return doc
+        return as_result(doc)
 
-    def _attempt(self, cmd: Mapping[str, Any], claim: Claim) -> dict[str, Any] | Release:
+    def _attempt(self, cmd: Received, claim: Claim) -> JsonObject | Release:
         """Inside the claim: announce it, run the command, and say what to record (a transient
-        failure releases the claim, keeping its answer, so the next delivery runs it again)."""
-        row = self.steps.row(claim.key) or {}
+        failure releases the claim, keeping its answer, so the next delivery runs it again). The
+        answer is a Result, handed to the runner as the free-form JSON it keeps unread."""
+        row: Result = self.steps.row(claim.key) or {}
         if claim.attempt > 1:
             log.emit("INFO", "slurm agent: command taken over for a new attempt", id=claim.key,
                      attempt=claim.attempt, previous_error=row.get("previous_error"))  # fmt: skip
         self._announce(row)
-        doc = {**row, **self._execute(cmd, claim.attempt)}
+        doc: Result = {**row, **self._execute(cmd, claim.attempt)}
         if doc["state"] == RESULT_TRANSIENT:
-            return Release(doc, str(doc["error"]), keep=True)
-        return doc
+            return Release(dict(doc), str(doc["error"]), keep=True)
+        return dict(doc)
 
-    def _replay(self, cid: str, doc: Mapping[str, Any]) -> None:
+    def _replay(self, cid: str, doc: Result) -> None:
         """A known final answer, published again: the earlier message may have been lost."""
         log.emit("INFO", "slurm agent: command already answered; answer published again", id=cid)
         self.results.send(doc)
 
-    def _announce(self, doc: Mapping[str, Any]) -> None:
+    def _announce(self, doc: Result) -> None:
         """Publish a claim (``running``); best effort: the final answer is what actuate waits for."""
         try:
             self.results.send(doc)
         except Exception as exc:
             log.emit("WARNING", "slurm agent: claim not published", id=doc.get("id"), error=str(exc)[:300])
 
-    def _refuse_expired(self, cmd: Mapping[str, Any], now: float, deadline: float) -> dict[str, Any] | None:
+    def _refuse_expired(self, cid: str, cmd: Received, now: float, deadline: float) -> Result | None:
         """An expired command is refused if it was never seen, and otherwise left: it never runs."""
-        doc = {
-            "id": cmd["id"],
-            "op": cmd.get("op"),
+        op = cmd.get("op")
+        doc: Result = {
+            "id": cid,
+            "op": op if isinstance(op, str) or op is None else str(op),
             "state": RESULT_FAILED,
             "ok": False,
             "refused": True,
@@ -199,20 +215,21 @@ class Agent:
             "attempt": 0,
             "done_at": now,
         }
-        if not self.steps.create(cmd["id"], {"state": DONE, "result": doc}):
-            known = self.steps.read(cmd["id"])  # seen before; a fresher copy carries any retry
+        if not self.steps.create(cid, {"state": DONE, "result": dict(doc)}):
+            known = self.steps.read(cid)  # seen before; a fresher copy carries any retry
             if known is not None and record_state(known.record) == DONE:
-                self._replay(cmd["id"], known.record.get("result") or {})
+                self._replay(cid, as_result(known.record.get("result") or {}))
             else:
-                log.emit("INFO", "slurm agent: expired copy of a known command ignored", id=cmd["id"])
+                log.emit("INFO", "slurm agent: expired copy of a known command ignored", id=cid)
             return None
         self.results.send(doc)
         self.handled += 1
-        log.emit("WARNING", "slurm agent: expired command refused", id=cmd["id"], op=cmd.get("op"))
+        log.emit("WARNING", "slurm agent: expired command refused", id=cid, op=op)
         return doc
 
-    def _execute(self, cmd: Mapping[str, Any], attempt: int) -> dict[str, Any]:
-        result: dict[str, Any] = {
+    def _execute(self, cmd: Received, attempt: int) -> Result:
+        """Run the op; its answer, or why it was refused or failed (transient or final)."""
+        result: Result = {
             "state": RESULT_DONE,
             "ok": True,
             "refused": False,
@@ -223,16 +240,18 @@ class Agent:
         try:
             result["result"] = self.commands.execute(str(cmd.get("op")), cmd.get("args") or {})
         except CommandRefusedError as exc:
-            result.update(state=RESULT_FAILED, ok=False, refused=True, error=str(exc))
+            result.update({"state": RESULT_FAILED, "ok": False, "refused": True, "error": str(exc)})
         except Exception as exc:  # classified, recorded: never an endless redelivery
             transient = is_transient(exc)
             result.update(
-                state=RESULT_TRANSIENT if transient else RESULT_FAILED,
-                ok=False,
-                transient=transient,
-                error=f"{type(exc).__name__}: {exc}"[:500],
+                {
+                    "state": RESULT_TRANSIENT if transient else RESULT_FAILED,
+                    "ok": False,
+                    "transient": transient,
+                    "error": f"{type(exc).__name__}: {exc}"[:500],
+                }
             )
-        result.update(done_at=self.clock(), attempt=attempt)
+        result.update({"done_at": self.clock(), "attempt": attempt})
         return result
 
     def prune(self) -> None:
@@ -246,7 +265,7 @@ class Agent:
 
         sub = SubscriberClient()
 
-        def callback(message: Any) -> None:
+        def callback(message: Delivery) -> None:
             try:
                 self.handle(message.data)
                 message.ack()
@@ -262,5 +281,5 @@ class Agent:
         sub.close()
 
 
-def _warn(message: str, fields: Mapping[str, Any]) -> None:
+def _warn(message: str, fields: Mapping[str, str]) -> None:
     log.emit("WARNING", f"slurm agent: {message}", **fields)

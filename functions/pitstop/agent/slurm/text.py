@@ -7,7 +7,11 @@ import re
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+
+from pitstop.core.slurm_wire import JobRunFields
+
+# A command's arguments as they came off the wire (Command.args): each op checks the ones it reads.
+Args = Mapping[str, object]
 
 NODE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,62})")
 # A job, an array task (123_4) or a heterogeneous job component (123+0); nothing else.
@@ -145,7 +149,7 @@ class CheckNotReadyError(RuntimeError):
     """The node cannot take a check yet (not responding, still running jobs): a retry may."""
 
 
-def _need(args: Mapping[str, Any], key: str, pattern: re.Pattern[str]) -> str:
+def _need(args: Args, key: str, pattern: re.Pattern[str]) -> str:
     v = args.get(key)
     if not isinstance(v, str) or pattern.fullmatch(v) is None:
         raise CommandRefusedError(f"argument {key} is missing or invalid")
@@ -165,7 +169,7 @@ def _kv(text: str) -> dict[str, str]:
     return out
 
 
-def _run_fields(kv: Mapping[str, str]) -> dict[str, Any]:
+def _run_fields(kv: Mapping[str, str]) -> JobRunFields:
     """A job's run from ``scontrol show job -o``: ``Restarts=`` (requeues so far) and ``StartTime=``.
 
     Requeued, a job's restart count goes up and it starts again later, so the pair names one run.
