@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from google.cloud import firestore
@@ -45,6 +45,7 @@ from pitstop.core import checks as core_checks
 from pitstop.core import policy as policy_mod
 from pitstop.core.checks import check_name
 from pitstop.core.diagnose import parse_nvidia_smi_q, parse_nvlink_status
+from pitstop.core.domain import CheckSpec
 from pitstop.core.scheduling import StepRef
 from pitstop.core.slurm_wire import CheckProgress, CheckStarted, drain_reason
 from pitstop.core.validation import NcclResult, default_validation_table, parse_all_gather, parse_dcgm_diag
@@ -682,7 +683,7 @@ def test_the_scheduler_adapter_runs_a_validation_once(
     sched.requeue(job, ctx)
     _wait(lambda: target not in slurm._out(["squeue", "-h", "-j", job, "-o", "%N"]), "gang off the node")
 
-    check = {k: v for k, v in spec("validate", target, step=5).items() if k != "node"}
+    check = cast(CheckSpec, {k: v for k, v in spec("validate", target, step=5).items() if k != "node"})
     first = sched.start_check(target, check, ctx)
     again = sched.start_check(target, check, ctx)  # actuate retried: the same command, the same run
     assert again == first and first["started"] == check["name"] and first["peer"]

@@ -12,10 +12,11 @@ import json
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
+from pitstop.core.domain import CheckSpec, GangCheckSpec, JsonObject
 from pitstop.core.scheduling import (
     Capacity,
     CheckResult,
@@ -38,6 +39,16 @@ from pitstop.core.slurm_wire import (
     RESULT_RUNNING,
     RESULT_TRANSIENT,
     STATE_ORDER,
+    CapacityAnswer,
+    CheckProgress,
+    CheckStarted,
+    DrainAnswer,
+    JobOnNode,
+    JobStateAnswer,
+    NodeStateAnswer,
+    RequeueAnswer,
+    Result,
+    ResumeAnswer,
     expand_hostlist,
     result_state,
     supersedes,
@@ -97,7 +108,7 @@ class ResultsMerger:
                 log.emit("WARNING", "slurm results: ack failed", error=str(exc)[:300])
         return len(resp.received_messages)
 
-    def _parse(self, message: Any) -> dict[str, Any] | None:
+    def _parse(self, message: Any) -> Result | None:
         """A result message, checked: a JSON object whose ``id`` is a command id and matches its
         attribute, in a known state. Anything else is logged and dropped (acknowledged)."""
         try:
@@ -113,9 +124,9 @@ class ResultsMerger:
         ):
             log.emit("ERROR", "slurm results: malformed result dropped", subscription=self.subscription)
             return None
-        return {**doc, "source": self.subscription}
+        return cast(Result, {**doc, "source": self.subscription})  # its id and state checked above
 
-    def _merge(self, doc: dict[str, Any]) -> bool:
+    def _merge(self, doc: Result) -> bool:
         """Write the result if it moves the record forward, atomically with reading the record."""
         from google.cloud import firestore
 
@@ -124,7 +135,7 @@ class ResultsMerger:
         @firestore.transactional
         def forward(tx: Any) -> bool:
             snap = ref.get(transaction=tx)
-            if not supersedes(doc, snap.to_dict() if snap.exists else None):
+            if not supersedes(cast(Mapping[str, object], doc), snap.to_dict() if snap.exists else None):
                 return False
             tx.set(ref, doc)
             return True
@@ -165,23 +176,23 @@ class SlurmAgentClient:
         self.wait_s, self.clock, self.sleep = wait_s, clock, sleep
         self.merger = merger
 
-    def _read(self, ref: Any) -> dict[str, Any] | None:
+    def _read(self, ref: Any) -> Result | None:
         """The command's record after merging what its agent has published; None when there is none."""
         if self.merger is not None:
             self.merger.pull()
         snap = ref.get()
-        res: dict[str, Any] | None = (snap.to_dict() or {}) if snap.exists else None
+        res: Result | None = cast(Result, snap.to_dict() or {}) if snap.exists else None
         source = res.get("source") if res is not None else None
         if source is not None and self.merger is not None and source != self.merger.subscription:
             # only this cluster's agent publishes to its topic: another cluster's agent made this up
             raise ActuatorError(409, f"slurm result {ref.id} came from another cluster ({source})", False)
         return res
 
-    def _needs_attempt(self, res: Mapping[str, Any] | None) -> bool:
+    def _needs_attempt(self, res: Result | None) -> bool:
         """Whether an agent must be asked (again) to run the command."""
         if res is None:
             return True
-        state = result_state(res)
+        state = result_state(cast(Mapping[str, object], res))
         if state == RESULT_TRANSIENT:
             return True
         if state == RESULT_RUNNING:
@@ -191,7 +202,8 @@ class SlurmAgentClient:
                 return True
         return False
 
-    def _call(self, op: str, args: dict[str, Any], ref: StepRef, fresh: bool = False) -> Any:
+    def _call(self, op: str, args: JsonObject, ref: StepRef, fresh: bool = False) -> object:
+        """The op's answer (the agent's, as core/slurm_wire types it: callers cast to their op's)."""
         digest = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:8]
         cid = f"{ref.key}-{op}-{digest}".lower().replace("_", "-")
         if fresh:
@@ -203,14 +215,14 @@ class SlurmAgentClient:
             cmd = {"id": cid, "op": op, "args": args, "issued_at": now, "deadline": now + COMMAND_DEADLINE_S}
             self.publisher.publish(self.topic, json.dumps(cmd).encode(), op=op).result(timeout=30)
         deadline = self.clock() + self.wait_s
-        while res is None or result_state(res) not in FINAL_STATES:
+        while res is None or result_state(cast(Mapping[str, object], res)) not in FINAL_STATES:
             if self.clock() >= deadline:
                 break
             self.sleep(0.2)
             res = self._read(doc)
         if res is None:
             raise ActuatorError(503, f"slurm agent has not answered {op} yet", True)
-        state = result_state(res)
+        state = result_state(cast(Mapping[str, object], res))
         if state == RESULT_DONE:
             return res.get("result")
         if state == RESULT_FAILED:
@@ -224,29 +236,25 @@ class SlurmAgentClient:
             raise ActuatorError(503, f"slurm {op} is still running (attempt {res.get('attempt', 1)})", True)
         raise ActuatorError(409, f"slurm {op}: unknown result state {state!r}", False)
 
-    def jobs_on(self, node: str, ref: StepRef) -> list[dict[str, Any]]:
+    def jobs_on(self, node: str, ref: StepRef) -> list[JobOnNode]:
         """The jobs on the node, each with its run (``restarts``, ``start_time``) as Slurm shows it."""
-        jobs: list[dict[str, Any]] = self._call("jobs_on_node", {"node": node}, ref)
-        return jobs
+        return cast(list[JobOnNode], self._call("jobs_on_node", {"node": node}, ref) or [])
 
-    def fence(self, node: str, ref: StepRef, action: str) -> dict[str, Any]:
+    def fence(self, node: str, ref: StepRef, action: str) -> DrainAnswer | None:
         """Drain the node for this incident, unless someone else already took it out of service.
 
         The answer says what was there before: ``previous_state``, ``previous_reason`` and
         ``already_drained_by_other`` (then Pitstop left the node and its reason alone).
         """
-        res: dict[str, Any] | None = self._call(
-            "drain", {"node": node, "incident": ref.incident, "action": action}, ref
-        )
-        return res or {}
+        res = self._call("drain", {"node": node, "incident": ref.incident, "action": action}, ref)
+        return cast(DrainAnswer | None, res)
 
     def checkpoint(self, job: str, signal: str, ref: StepRef) -> None:
         self._call("signal", {"job": job, "signal": signal}, ref)
 
-    def job_info(self, job: str, ref: StepRef) -> dict[str, Any]:
+    def job_info(self, job: str, ref: StepRef) -> JobStateAnswer:
         """The job now: ``state``, ``restarts`` and ``start_time`` (``scontrol show job``), asked fresh."""
-        info: dict[str, Any] = self._call("job_state", {"job": job}, ref, fresh=True)
-        return info
+        return cast(JobStateAnswer, self._call("job_state", {"job": job}, ref, fresh=True))
 
     def job_state(self, job: str, ref: StepRef) -> str:
         return str(self.job_info(job, ref)["state"])
@@ -255,62 +263,60 @@ class SlurmAgentClient:
         return self.job_state(job, ref) in ("RUNNING", "COMPLETING", "SUSPENDED")
 
     def node_healthy(self, node: str, ref: StepRef) -> bool:
-        state = str(self._call("node_state", {"node": node}, ref, fresh=True)["state"])
+        answer = cast(NodeStateAnswer, self._call("node_state", {"node": node}, ref, fresh=True))
+        state = str(answer["state"])
         # "*" marks a node whose slurmd does not respond (e.g. IDLE*+DRAIN).
         return "*" not in state and not any(b in state for b in ("DOWN", "NOT_RESPONDING", "FAIL", "UNKNOWN"))
 
-    def unfence(self, node: str, ref: StepRef) -> dict[str, Any]:
+    def unfence(self, node: str, ref: StepRef) -> ResumeAnswer:
         """Resume the node only if the drain on it is Pitstop's own for this incident.
 
         A node drained for another reason stays drained; the answer then carries
         ``left_drained: <reason>``.
         """
-        res: dict[str, Any] = self._call("resume", {"node": node, "incident": ref.incident}, ref)
-        return res
+        return cast(ResumeAnswer, self._call("resume", {"node": node, "incident": ref.incident}, ref))
 
-    def requeue(self, job: str, ref: StepRef) -> dict[str, Any]:
-        res: dict[str, Any] = self._call("requeue", {"job": job}, ref) or {}
-        return res
+    def requeue(self, job: str, ref: StepRef) -> RequeueAnswer:
+        return cast(RequeueAnswer, self._call("requeue", {"job": job}, ref) or {})
 
-    def capacity(self, job: str, node: str, ref: StepRef) -> dict[str, Any]:
+    def capacity(self, job: str, node: str, ref: StepRef) -> CapacityAnswer:
         """Idle healthy unreserved nodes of the job's partition plus its own healthy nodes, against
         its node count (the agent's ``capacity``, asked fresh): ``enough``, ``need``, ``free``, ``why``."""
-        res: dict[str, Any] = self._call("capacity", {"job": job, "node": node}, ref, fresh=True)
-        return res
+        return cast(CapacityAnswer, self._call("capacity", {"job": job, "node": node}, ref, fresh=True))
 
-    def start_check(self, node: str, check: Mapping[str, Any], ref: StepRef) -> dict[str, Any]:
+    def start_check(self, node: str, check: CheckSpec, ref: StepRef) -> CheckStarted:
         """The agent reserves the node (and a peer) for itself, lifts the drain, starts a job pinned
         there that runs the tools as job steps, and afterwards drains the node again with the same
         reason and deletes the reservation. One command id per check, so a retry waits for the
         same start; the agent answers a start delivered again with what the first one began."""
-        res: dict[str, Any] = self._call("start_check", {"node": node, **_check_args(check, start=True)}, ref)
-        return res
+        answer = self._call("start_check", {"node": node, **_check_args(check, start=True)}, ref)
+        return cast(CheckStarted, answer)
 
-    def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> dict[str, Any]:
+    def check_result(self, node: str, check: CheckSpec, ref: StepRef) -> CheckProgress:
         """A fresh probe: ``done`` only once the tools ran and the node is fenced again as before."""
-        res: dict[str, Any] = self._call(
-            "check_result", {"node": node, **_check_args(check, start=False)}, ref, fresh=True
-        )
-        return res
+        args = {"node": node, **_check_args(check, start=False)}
+        return cast(CheckProgress, self._call("check_result", args, ref, fresh=True))
 
-    def start_gang_check(self, check: Mapping[str, Any], ref: StepRef) -> dict[str, Any]:
+    def start_gang_check(self, check: GangCheckSpec, ref: StepRef) -> CheckStarted:
         """Start a check on every node of a running job (steps of the job itself, nothing fenced)."""
         keys = ("name", "kind", "incident", "job", "pairs", "message_bytes", "gpus", "timeout_s")
-        res: dict[str, Any] = self._call("start_gang_check", {k: check[k] for k in keys if k in check}, ref)
-        return res
+        spec = cast(Mapping[str, object], check)
+        return cast(
+            CheckStarted, self._call("start_gang_check", {k: spec[k] for k in keys if k in spec}, ref)
+        )
 
-    def gang_check_result(self, check: Mapping[str, Any], ref: StepRef) -> dict[str, Any]:
-        args = {"name": check["name"], "job": check["job"]}
-        res: dict[str, Any] = self._call("gang_check_result", args, ref, fresh=True)
-        return res
+    def gang_check_result(self, check: GangCheckSpec, ref: StepRef) -> CheckProgress:
+        args: JsonObject = {"name": check["name"], "job": check.get("job")}
+        return cast(CheckProgress, self._call("gang_check_result", args, ref, fresh=True))
 
 
-def _check_args(check: Mapping[str, Any], start: bool) -> dict[str, Any]:
+def _check_args(check: CheckSpec, start: bool) -> JsonObject:
     """What the agent takes of a check (it validates every value); the rest stays here."""
     keys: tuple[str, ...] = ("name", "kind", "incident")
     if start:
         keys += ("dcgm_level", "gpus", "message_bytes", "peer", "fabric", "exclude_peers")
-    return {k: check[k] for k in keys if k in check}
+    spec = cast(Mapping[str, object], check)
+    return {k: spec[k] for k in keys if k in spec}
 
 
 class SlurmScheduler:
@@ -325,16 +331,16 @@ class SlurmScheduler:
         return [_job(j) for j in self.client.jobs_on(node, ref)]
 
     def fence(self, node: str, ref: StepRef, action: str) -> FenceAnswer:
-        a = self.client.fence(node, ref, action) or {}
+        a: Mapping[str, object] = self.client.fence(node, ref, action) or {}
         return FenceAnswer(
-            a.get("previous_state"),
-            a.get("previous_reason"),
+            _str(a.get("previous_state")),
+            _str(a.get("previous_reason")),
             bool(a.get("already_drained_by_other")),
-            a.get("reason"),
+            _str(a.get("reason")),
         )
 
     def unfence(self, node: str, ref: StepRef) -> UnfenceAnswer:
-        a = self.client.unfence(node, ref) or {}
+        a: Mapping[str, object] = self.client.unfence(node, ref) or {}
         left = a.get("left_drained")
         return UnfenceAnswer(bool(a.get("resumed")), str(left)[:200] if left else None)
 
@@ -349,45 +355,63 @@ class SlurmScheduler:
         return self.client.node_healthy(node, ref)
 
     def requeue(self, job: str, ref: StepRef, run: JobRun) -> RequeueOutcome:
-        a = self.client.requeue(job, ref)
+        a: Mapping[str, object] = self.client.requeue(job, ref)
         how = "already pending" if a.get("already_pending") else f"requeued {a.get('requeued') or job}"
         return RequeueOutcome(job, not a.get("already_pending"), how)
 
     def capacity(self, job: str, node: str, ref: StepRef) -> Capacity:
-        a = self.client.capacity(job, node, ref)
-        return Capacity(a.get("enough") is True, str(a.get("why") or ""), a.get("need"), a.get("free"))
-
-    def start_check(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckStart:
-        a = self.client.start_check(node, check, ref)
-        return CheckStart(str(a.get("started") or check.get("name")), a.get("peer"), a.get("note"))
-
-    def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult:
-        a = self.client.check_result(node, check, ref)
-        outputs = a.get("outputs") if isinstance(a.get("outputs"), Mapping) else {}
-        return CheckResult(
-            bool(a.get("done")), dict(outputs or {}), a.get("peer"), a.get("error"), a.get("note")
+        a: Mapping[str, object] = self.client.capacity(job, node, ref)
+        return Capacity(
+            a.get("enough") is True, str(a.get("why") or ""), _int(a.get("need")), _int(a.get("free"))
         )
 
-    def start_gang_check(self, job: str, check: Mapping[str, Any], ref: StepRef) -> GangCheckStart:
-        a = self.client.start_gang_check({**check, "job": job}, ref)
-        nodes = a.get("nodes") if isinstance(a.get("nodes"), list) else []
-        return GangCheckStart(str(a.get("started") or check.get("name")), tuple(str(n) for n in nodes or []))
-
-    def gang_check_result(self, job: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult:
-        a = self.client.gang_check_result({**check, "job": job}, ref)
-        outputs = a.get("outputs") if isinstance(a.get("outputs"), Mapping) else {}
-        codes = a.get("exit_codes") if isinstance(a.get("exit_codes"), Mapping) else {}
-        return CheckResult(
-            bool(a.get("done")),
-            dict(outputs or {}),
-            None,
-            a.get("error"),
-            a.get("note"),
-            {str(k): int(v) for k, v in (codes or {}).items() if isinstance(v, int)},
+    def start_check(self, node: str, check: CheckSpec, ref: StepRef) -> CheckStart:
+        a: Mapping[str, object] = self.client.start_check(node, check, ref)
+        return CheckStart(
+            str(a.get("started") or check.get("name")), _str(a.get("peer")), _str(a.get("note"))
         )
 
+    def check_result(self, node: str, check: CheckSpec, ref: StepRef) -> CheckResult:
+        return _result(self.client.check_result(node, check, ref), peer=True)
 
-def _job(doc: Mapping[str, Any], job: str | None = None) -> JobInfo:
+    def start_gang_check(self, job: str, check: GangCheckSpec, ref: StepRef) -> GangCheckStart:
+        a: Mapping[str, object] = self.client.start_gang_check({**check, "job": job}, ref)
+        nodes = a.get("nodes")
+        named = tuple(str(n) for n in nodes) if isinstance(nodes, list) else ()
+        return GangCheckStart(str(a.get("started") or check.get("name")), named)
+
+    def gang_check_result(self, job: str, check: GangCheckSpec, ref: StepRef) -> CheckResult:
+        return _result(self.client.gang_check_result({**check, "job": job}, ref), peer=False)
+
+
+def _str(v: object) -> str | None:
+    """A text field of the agent's answer (checked: the answer crossed a topic)."""
+    return v if isinstance(v, str) else None
+
+
+def _int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _texts(v: object) -> dict[str, str]:
+    return {str(k): str(x) for k, x in v.items()} if isinstance(v, Mapping) else {}
+
+
+def _result(answer: CheckProgress, peer: bool) -> CheckResult:
+    """A check's progress as the contract reads it (a gang check names no single peer)."""
+    a: Mapping[str, object] = answer
+    codes = a.get("exit_codes")
+    return CheckResult(
+        bool(a.get("done")),
+        _texts(a.get("outputs")),
+        _str(a.get("peer")) if peer else None,
+        _str(a.get("error")),
+        _str(a.get("note")),
+        {str(k): v for k, v in codes.items() if isinstance(v, int)} if isinstance(codes, Mapping) else {},
+    )
+
+
+def _job(doc: Mapping[str, object], job: str | None = None) -> JobInfo:
     """A job as the agent describes it (``id`` or ``job``, ``state``, its run)."""
     name = str(job or doc.get("id") or doc.get("job"))
     return JobInfo(name, JobState.of(doc.get("state")), JobRun.of(doc), expand_hostlist(doc.get("nodelist")))
