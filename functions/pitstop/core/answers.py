@@ -337,7 +337,7 @@ class GangDecided(TypedDict, total=False):
 
 
 class PageIncident(TypedDict):
-    """The incident's fields a page carries (services/outbox.PAGE_FIELDS); all None without one."""
+    """The incident's fields a page carries (services/outbox.page_notification); None: it has none."""
 
     id: str | None
     node: NodeRef | None
