@@ -18,6 +18,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 from pitstop.core.domain import (
     AlertRef,
     CheckSpec,
+    Closure,
     Fenced,
     GangCheckSpec,
     Held,
@@ -393,3 +394,37 @@ class WorkflowArgument(TypedDict):
     reason: str
     maintenance: Maintenance | None
     alerts: list[AlertRef] | None
+
+
+# -- the coalescer's cached view of an incident --------------------------------------------------------------
+
+
+class SlimRun(TypedDict):
+    """Of an incident's ``workflow``: enough to see that a start was lost."""
+
+    step: int | None
+    state: str | None
+    lease_until: float | None
+
+
+class SlimTimeline(TypedDict):
+    resolved: float | None
+
+
+class SlimIncident(TypedDict):
+    """What ingest's cache keeps of a node's latest incident (services/count_shards.slim): what
+    engine.absorbs and the coalescing rule read, and no more. Each field is read from the stored
+    incident with ``get`` (None where it has none)."""
+
+    id: str | None
+    state: str | None
+    action: str  # every incident has one (core/engine.new_incident)
+    mode: str | None
+    burst_until: float | None
+    closure: Closure | None
+    node_key: str | None
+    trust: str | None
+    evidence_room: int  # buffered evidence past it would be dropped (core/engine.evidence_room)
+    events: int  # lines committed (services/coalesce.DIRECT_LINES)
+    timeline: SlimTimeline
+    workflow: SlimRun | None

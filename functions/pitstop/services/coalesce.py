@@ -45,11 +45,12 @@ import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import cast
 
 from pitstop.adapters import log
 from pitstop.core import alerts, engine, trust
 from pitstop.core.actions import RANK, Action
+from pitstop.core.answers import SlimIncident
 from pitstop.core.domain import FaultEvent, Incident
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
@@ -71,7 +72,7 @@ def _verified(ev: FaultEvent) -> bool:
     return isinstance(src, Mapping) and src.get("trust") == trust.VERIFIED
 
 
-def as_view(view: Mapping[str, Any] | None) -> Incident | None:
+def as_view(view: SlimIncident | None) -> Incident | None:
     """The cached, slim view of an incident where an Outcome carries one: only the fields the
     caller reads of a coalesced answer (id, state, step, workflow) are in it."""
     return cast(Incident, view) if view is not None else None
@@ -187,8 +188,8 @@ class Coalescer(ShardWriter):
     def _read_latest(self, nkey: str, st: NodeState | None) -> Incident | None:
         """The node's latest incident: one read of the cached one while it is not resolved (a
         node's latest changes only after it is), else the node's document and its latest."""
-        cached = (st.latest if st is not None else None) or {}
-        if cached.get("id") is not None and cached.get("state") != State.RESOLVED:
+        cached = st.latest if st is not None else None
+        if cached is not None and cached["id"] is not None and cached["state"] != State.RESOLVED:
             inc = self.store.incident_as_decided(cached["id"])
             if inc is not None and inc.get("state") != State.RESOLVED:
                 return inc
