@@ -124,6 +124,16 @@ class StackPipeline(inject.Driver):
         mine = [cast(dict[str, Any], inc) for inc in map(store.get, ids) if inc is not None]
         return sorted(mine, key=lambda d: d["created_at"])
 
+    def counted(self, node: str, key: str) -> int:
+        """How many lines of ``key`` (e.g. ``xid_13``) the node's incidents have counted: a storm is
+        fully delivered once this reaches the number of distinct lines published."""
+        return sum(int((inc.get("counts") or {}).get(key, 0)) for inc in self.incidents(node))
+
+    def all_counted(self, node: str, key: str, lines: int, timeout: float = 60.0) -> None:
+        """Wait until every distinct line of a storm was delivered and counted, so that what a test
+        then asserts is absent (a second incident, a second action) had every chance to happen."""
+        self.wait(lambda: self.counted(node, key) >= lines, timeout, f"{lines} {key} lines on {node} counted")
+
     def finished(self, node: str, timeout: float = 90.0) -> dict[str, Any]:
         """The node's latest incident once it is resolved or failed."""
 

@@ -88,9 +88,10 @@ def test_an_xid13_storm_is_one_application_fault_and_no_node_action(sc: Pipeline
     for e in [sc.entry(node, XID13) for _ in range(300)]:
         sc.router.publish(e)
     inc = sc.finished(node)
-    time.sleep(3)  # stragglers of the storm: none may open a second incident
+    sc.all_counted(node, "xid_13", 300)  # every straggler of the storm delivered: none opened another
     notes = sc.wait(lambda: sc.notes_for(inc["id"]), 30, "the notification")
     assert len(sc.incidents(node)) == 1
+    assert sc.counted(node, "xid_13") == 300
     assert inc["action"] == "RESTART_JOB"
     assert not inc["timeline"].get("fenced") and not sc.calls("reset", node)
     assert not sc.drained(node)
@@ -142,11 +143,12 @@ def test_a_duplicate_storm_is_one_incident_and_one_reset(sc: Pipeline) -> None:
     for e in burst:
         sc.router.publish(e)
     inc = sc.finished(node)
-    time.sleep(3)  # stragglers of the storm: none may open a second incident
+    sc.all_counted(node, "xid_94", 500)  # every straggler of the storm delivered: none opened another
     assert (inc["state"], inc["action"]) == ("RESOLVED", "RESET_GPU")
     assert len(sc.calls("reset", node)) == 1
     assert len(sc.incidents(node)) == 1
-    assert inc["counts"].get("xid_48", 0) == 1  # the 20 copies of one line count once
+    assert sc.counted(node, "xid_48") == 1  # the 20 copies of one line count once
+    assert sc.counted(node, "xid_94") == 500
 
 
 def test_a_lemon_host_is_replaced_once_the_diagnostic_confirms_it(sc: Pipeline) -> None:
@@ -220,15 +222,9 @@ def _last_xid79(sc: Pipeline, node: str) -> tuple[str | None, int]:
 
 
 def test_a_poison_message_is_dead_lettered_and_the_event_beside_it_flows(sc: Pipeline) -> None:
-    sc.router.publish_raw(b"\x00this is not a log entry")
-    node = sc.nodes[6]
-    sc.fault(node, XID13)
-    dead = inject.dead_letter_reader(sc.state)
-    msgs = sc.wait(dead, 90, "the poison message in the dead-letter topic")
-    assert msgs[0].message.data.startswith(b"\x00this is not")
-    assert sc.wait(
-        lambda: [i for i in sc.incidents(node) if i["action"] == "RESTART_JOB"], 30, "the good event"
-    )
+    dead, flowed = inject.poison_beside(sc, sc.nodes[6], XID13)
+    assert dead[0].message.data == inject.POISON
+    assert [i for i in flowed if i["action"] == "RESTART_JOB"]
 
 
 # -- back to training at once; diagnose; validate (the last ten nodes) --------------------------------

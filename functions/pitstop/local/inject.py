@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from pitstop.core import engine
 from pitstop.core.domain import NodeRef
@@ -54,6 +54,38 @@ def lemon_history(db: Any, node: str, collection: str = "pitstop_nodes") -> None
     db.collection(collection).document(engine.node_key(ref)).set(
         {**engine.new_node(ref), "remediations": past}
     )
+
+
+POISON = b"\x00this is not a log entry"
+
+
+class Drives(Protocol):
+    """What drives a stack in the demo and in the e2e tests alike (tools/demo_stage, tests/pipeline)."""
+
+    router: Router
+    state: StackState
+
+    def fault(self, node: str, line: str, insert_id: str | None = None) -> dict[str, Any]: ...
+
+    def incidents(self, node: str) -> list[dict[str, Any]]: ...
+
+    def wait(self, cond: Callable[[], Any], timeout: float, what: str) -> Any: ...
+
+
+def poison_beside(drv: Drives, node: str, line: str) -> tuple[list[Any], list[dict[str, Any]]]:
+    """A message no parser accepts, published just before a good fault line on ``node``: the
+    dead-lettered messages once the poison is there, and the node's new incidents once the good
+    line made one (nothing else may be lost or stopped by the bad one)."""
+    before = {i["id"] for i in drv.incidents(node)}
+    drv.router.publish_raw(POISON)
+    drv.fault(node, line)
+    dead = drv.wait(dead_letter_reader(drv.state), 90, "the poison message in the dead-letter topic")
+
+    def new() -> list[dict[str, Any]]:
+        return [i for i in drv.incidents(node) if i["id"] not in before]
+
+    flowed = drv.wait(new, 30, "the good event beside it to flow")
+    return dead, flowed
 
 
 def dead_letter_reader(

@@ -139,17 +139,11 @@ def _settled(st: Stage, targets: list[str], took: Callable[[str], bool]) -> list
 
 
 def poison(st: Stage) -> Seen:
-    st.router.publish_raw(b"\x00this is not a log entry")
-    node = st.nodes[6]
-    st.fault(node, XID13)
-    dead = inject.dead_letter_reader(st.state)
-    msgs = st.wait(dead, 90, "the poison message in the dead-letter topic")
-    attempts = msgs[0].message.attributes.get("CloudPubSubDeadLetterSourceDeliveryCount")
-    flowed = st.wait(
-        lambda: [i for i in st.incidents(node) if i["action"] == "RESTART_JOB"], 30, "the good event to flow"
-    )
-    obs = {"attempts": attempts, "incident": flowed[-1]["id"], "good_event_flowed": bool(flowed)}
-    return Seen(flowed[-1], {**obs, "dead_lettered": msgs[0].message.data.startswith(b"\x00this is not")})
+    dead, flowed = inject.poison_beside(st, st.nodes[6], XID13)
+    attempts = dead[0].message.attributes.get("CloudPubSubDeadLetterSourceDeliveryCount")
+    restart = [i for i in flowed if i["action"] == "RESTART_JOB"]
+    obs = {"attempts": attempts, "incident": flowed[-1]["id"], "good_event_flowed": bool(restart)}
+    return Seen(flowed[-1], {**obs, "dead_lettered": dead[0].message.data == inject.POISON})
 
 
 def gang_wide_throttle(st: Stage) -> Seen:
