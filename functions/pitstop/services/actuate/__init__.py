@@ -191,8 +191,8 @@ class Actuator:
             raise ActuatorError(409, str(exc), False) from None
 
 
-def _plain(out: OpAnswer | steps.Release) -> dict[str, Any] | steps.Release:
-    """An answer as the step runner keeps it: a JSON object (core/steps.Handler)."""
+def _plain(out: OpAnswer | steps.Release) -> JsonObject | steps.Release:
+    """An answer as the step runner keeps it: a JSON object it replays unread (core/steps.Handler)."""
     return out if isinstance(out, steps.Release) else dict(out)
 
 
