@@ -76,6 +76,28 @@ def stack_up(prefix: str, spec: ClusterSpec, **options: Any) -> Iterator[Stack]:
 class StackPipeline(inject.Driver):
     """Log entries in (through the sink's filter and Pub/Sub); incidents, Compute calls and notes out."""
 
+    def __init__(self, stack: Stack) -> None:
+        super().__init__(stack)
+        self._given: set[str] = set()
+
+    def take(self, k: int = 1, spot: bool = False) -> list[str]:
+        """``k`` nodes no other test of the module was given (a Spot VM only when asked for), so each
+        test's incidents, fences, cooldowns and lemon history are its own whatever ran before it."""
+        spots = set(self.state.cluster.get("spot") or [])
+        free = [n for n in self.nodes if n not in self._given and (n in spots) == spot]
+        if len(free) < k:
+            kind = "Spot " if spot else ""
+            raise RuntimeError(
+                f"{len(free)} unused {kind}nodes left, the test wants {k}: grow the module's stack"
+            )
+        self._given.update(free[:k])
+        return free[:k]
+
+    def keep(self, nodes: list[str]) -> None:
+        """Nodes the module shares between its tests on purpose (a healthy gang partner, a spare):
+        never handed out by ``take``."""
+        self._given.update(nodes)
+
     # -- what goes in -----------------------------------------------------------------------------
 
     def vm_id(self, node: str) -> str:

@@ -4,11 +4,9 @@ Sink router -> Pub/Sub emulator push -> ingest (functions-framework) -> Firestor
 Workflows runner -> actuate -> fake Compute + real Slurm via the agent -> notify -> webhook,
 with the sweep called by the scheduler stand-in every minute, as in production.
 
-Node use (each fault needs a node of its own: a node's action cooldowns outlast this module):
-the single-fault scenarios use 0-7 (the blast radius 0-4 again), the Compute/webhook/Firestore
-faults 8-11, the chaos tests 12-17, the driver lines a parser once dropped (issue 22: an odd pid,
-an NVSwitch SXid) on running gangs 18-23, the back-to-training scenarios (early requeue, diagnose,
-validate) the last ten, 24-33. The scenarios are this module's own (tests/pipeline.py drives the
+Node use: each test takes nodes no other test was given (Pipeline.take; a node's action
+cooldowns and lemon history outlast this module), in file order; the preemption test takes the
+stack's one Spot VM. The scenarios are this module's own (tests/pipeline.py drives the
 stack); `make demo` runs its own.
 """
 
@@ -48,8 +46,9 @@ pytestmark = pytest.mark.emulator
 
 
 def spec() -> ClusterSpec:
-    """34 nodes; the fourth a Spot VM (Compute confirms a preemption only of a Spot VM)."""
-    s = ClusterSpec(nodes=34)
+    """40 nodes, each test takes its own (Pipeline.take); the fourth a Spot VM (Compute confirms a
+    preemption only of a Spot VM)."""
+    s = ClusterSpec(nodes=40)
     s.spot = [s.node_names[3]]
     return s
 
@@ -66,12 +65,12 @@ def sc(stack: Stack) -> Pipeline:
     return Pipeline(stack)
 
 
-# -- one fault each, on the nodes 0-7 ---------------------------------------------------------------
+# -- one fault each ------------------------------------------------------------------------------
 
 
 def test_xid79_on_a_running_gang_reboots_the_node_and_requeues_the_gang_once(sc: Pipeline) -> None:
     sc.settle()
-    a, b = sc.nodes[0], sc.nodes[1]
+    a, b = sc.take(2)
     job = sc.job([a, b])
     sc.fault(a, XID79)
     inc = sc.finished(a)
@@ -84,7 +83,7 @@ def test_xid79_on_a_running_gang_reboots_the_node_and_requeues_the_gang_once(sc:
 
 
 def test_an_xid13_storm_is_one_application_fault_and_no_node_action(sc: Pipeline) -> None:
-    node = sc.nodes[2]
+    (node,) = sc.take()
     for e in [sc.entry(node, XID13) for _ in range(300)]:
         sc.router.publish(e)
     inc = sc.finished(node)
@@ -100,7 +99,7 @@ def test_an_xid13_storm_is_one_application_fault_and_no_node_action(sc: Pipeline
 
 def test_a_spot_preemption_is_rescheduled_on_the_recreated_vm(sc: Pipeline) -> None:
     sc.settle()
-    a, b = sc.nodes[3], sc.nodes[4]
+    (a,), (b,) = sc.take(spot=True), sc.take()
     job = sc.job([a, b])
     before = inject.instance(sc.state, a)["id"]
     sc.router.publish(inject.preempt(sc.state, a))
@@ -116,7 +115,7 @@ def test_upcoming_maintenance_checkpoints_and_drains_before_the_window(sc: Pipel
     from pitstop.core.timefmt import to_epoch
 
     sc.settle()
-    node = sc.nodes[5]
+    (node,) = sc.take()
     marker = sc.slurm.workdir / f"checkpoint-{uuid.uuid4().hex[:6]}"
     job = sc.job([node], f"trap 'touch {marker}; exit 0' USR1; sleep 3600 & wait")
     entry = inject.maintenance(sc.state, node)
@@ -133,7 +132,7 @@ def test_upcoming_maintenance_checkpoints_and_drains_before_the_window(sc: Pipel
 
 def test_a_duplicate_storm_is_one_incident_and_one_reset(sc: Pipeline) -> None:
     sc.settle()
-    node = sc.nodes[6]
+    (node,) = sc.take()
     dup = sc.entry(node, XID48, insert_id="dup-48-" + uuid.uuid4().hex[:6])
     burst = [sc.entry(node, XID94) for _ in range(500)]  # logged within moments; delivered after
     sc.kernel_prints(node, XID48)
@@ -153,7 +152,7 @@ def test_a_duplicate_storm_is_one_incident_and_one_reset(sc: Pipeline) -> None:
 
 def test_a_lemon_host_is_replaced_once_the_diagnostic_confirms_it(sc: Pipeline) -> None:
     sc.settle()
-    node = sc.nodes[7]
+    (node,) = sc.take()
     inject.lemon_history(sc.db, node)
     sc.gpu_state(node, {"nvlink_down": [2]})  # what the diagnostic on the fenced node finds
     sc.fault(node, XID48)
@@ -169,7 +168,7 @@ def test_the_blast_radius_budget_holds_the_fault_beyond_it_and_pages_once(sc: Pi
     budgets = json.loads(Path(sc.state.workdir, "policy.yaml").read_text())["budgets"]
     b = budgets["cluster"]
     cap = min(b["max_nodes"], max(1, math.ceil(len(sc.nodes) * b["max_percent"] / 100)))
-    targets = sc.nodes[: cap + 1]  # one more than the budget allows
+    targets = sc.take(cap + 1)  # one more than the budget allows
     before, pd_before, t0 = (
         len(webhook_records(sc.state)),
         len(webhook_records(sc.state, PAGERDUTY_PATH)),
@@ -222,17 +221,17 @@ def _last_xid79(sc: Pipeline, node: str) -> tuple[str | None, int]:
 
 
 def test_a_poison_message_is_dead_lettered_and_the_event_beside_it_flows(sc: Pipeline) -> None:
-    dead, flowed = inject.poison_beside(sc, sc.nodes[6], XID13)
+    dead, flowed = inject.poison_beside(sc, sc.take()[0], XID13)
     assert dead[0].message.data == inject.POISON
     assert [i for i in flowed if i["action"] == "RESTART_JOB"]
 
 
-# -- back to training at once; diagnose; validate (the last ten nodes) --------------------------------
+# -- back to training at once; diagnose; validate --------------------------------------------------------
 
 
 def test_xid79_with_a_spare_the_gang_runs_again_before_the_node_is_back(sc: Pipeline) -> None:
     sc.settle()
-    job, held = sc.job_among(2, sc.nodes[-10:-7])
+    job, held = sc.job_among(2, sc.take(3))
     bad = held[0]
     sc.fault(bad, XID79)
     inc = sc.finished(bad, timeout=150)
@@ -250,7 +249,7 @@ def test_xid79_with_a_spare_the_gang_runs_again_before_the_node_is_back(sc: Pipe
 
 def test_a_lemon_with_a_spare_resumes_within_a_minute_while_the_host_report_takes_ten(sc: Pipeline) -> None:
     sc.settle()
-    job, held = sc.job_among(2, sc.nodes[-7:-4])
+    job, held = sc.job_among(2, sc.take(3))
     bad = held[0]
     inject.lemon_history(sc.db, bad)
     sc.gpu_state(bad, {"remap": "failure", "remap_gpu": 1})  # what the diagnostic will find
@@ -273,7 +272,7 @@ def test_a_lemon_with_a_spare_resumes_within_a_minute_while_the_host_report_take
 
 def test_a_reset_node_that_fails_validation_is_replaced_once_the_diagnostic_confirms_it(sc: Pipeline) -> None:
     sc.settle()
-    node = sc.nodes[-4]
+    (node,) = sc.take()
     sc.gpu_state(node, {"busbw": 120, "nvlink_down": [3]})  # an NVLink link down
     sc.fault(node, XID79)
     inc = sc.finished(node, timeout=180)
@@ -291,7 +290,7 @@ def test_a_reset_node_that_fails_validation_is_replaced_once_the_diagnostic_conf
 
 def test_a_replace_the_diagnostic_does_not_confirm_steps_down_to_a_reboot(sc: Pipeline) -> None:
     sc.settle()
-    node = sc.nodes[-3]
+    (node,) = sc.take()
     inject.lemon_history(sc.db, node)
     sc.fault(node, XID48)
     inc = sc.finished(node, timeout=150)
@@ -305,7 +304,7 @@ def test_with_no_spare_the_gang_is_requeued_once_the_node_is_back_and_the_incide
     sc: Pipeline,
 ) -> None:
     sc.settle()
-    job, held = sc.job_among(2, sc.nodes[-2:])
+    job, held = sc.job_among(2, sc.take(2))
     bad = held[0]
     sc.fault(bad, XID79)
     inc = sc.finished(bad, timeout=150)
@@ -321,7 +320,7 @@ def test_with_no_spare_the_gang_is_requeued_once_the_node_is_back_and_the_incide
     assert restarts == 1
 
 
-# -- faults in the pipeline itself (nodes 8-23) -------------------------------------------------------
+# -- faults in the pipeline itself -------------------------------------------------------------------
 
 
 def _fault(sc: Pipeline, node: str) -> dict[str, object]:
@@ -331,7 +330,7 @@ def _fault(sc: Pipeline, node: str) -> dict[str, object]:
 
 
 def test_actuate_answering_503_twice_is_retried(sc: Pipeline) -> None:
-    node = sc.nodes[8]
+    (node,) = sc.take()
     admin(sc.state, "/_admin/inject", {"method": "reset", "code": 503, "reason": "backendError", "count": 2})
     inc = _fault(sc, node)
     assert inc["state"] == "RESOLVED"
@@ -339,7 +338,7 @@ def test_actuate_answering_503_twice_is_retried(sc: Pipeline) -> None:
 
 
 def test_compute_rate_limit_is_backed_off(sc: Pipeline) -> None:
-    node = sc.nodes[9]
+    (node,) = sc.take()
     admin(
         sc.state,
         "/_admin/inject",
@@ -351,7 +350,7 @@ def test_compute_rate_limit_is_backed_off(sc: Pipeline) -> None:
 
 
 def test_webhook_down_does_not_block_remediation(sc: Pipeline) -> None:
-    node = sc.nodes[10]
+    (node,) = sc.take()
     hook = sc.state.endpoints["webhook"].rsplit("/", 1)[0]
     urllib.request.urlopen(urllib.request.Request(hook + "/_down", data=b"{}", method="POST"), timeout=5)
     try:
@@ -375,7 +374,7 @@ def test_webhook_down_does_not_block_remediation(sc: Pipeline) -> None:
 
 
 def test_firestore_restarted_mid_incident_completes_exactly_once(sc: Pipeline) -> None:
-    node = sc.nodes[11]
+    (node,) = sc.take()
     sc.settle()
     sc.fault(node, XID79)
     sc.wait(
@@ -485,7 +484,7 @@ def _settle(sc: Pipeline) -> None:
 @LONG
 def test_actuate_dying_after_a_reset_resets_exactly_once(sc: Pipeline) -> None:
     """actuate resets the VM and its instance dies before answering; the retry must not reset again."""
-    node = sc.nodes[12]
+    (node,) = sc.take()
     assert sc.stack.controller is not None
     restarts = sc.stack.controller.restarts["actuate"]
     _settle(sc)
@@ -512,7 +511,7 @@ AGENT_OUTAGE_S = 120.0
 
 @LONG
 def test_agent_down_for_two_minutes_then_back_resolves(sc: Pipeline) -> None:
-    node = sc.nodes[13]
+    (node,) = sc.take()
     _settle(sc)
     _chaos(sc, "agent-down")
     try:
@@ -578,7 +577,7 @@ def test_gang_members_remediated_ten_minutes_apart_requeue_the_job_once(sc: Pipe
     so a must not requeue it again (a gang moves once per fault, keyed by the job's run, not by a
     timer or by which member finished first).
     """
-    a, b, spare = sc.nodes[14], sc.nodes[15], sc.nodes[16]
+    a, b, spare = sc.take(3)
     _settle(sc)
     job = _gang(sc, [a, b], spare)
     assert _job_nodes(sc, job) == {a, b}
@@ -614,7 +613,7 @@ def _outbox_sent(sc: Pipeline, iid: str) -> bool:
 def test_publish_timeout_at_close_keeps_the_incident_resolved(sc: Pipeline) -> None:
     """The resolution notice's publish times out after the incident was resolved: it stays RESOLVED,
     and the notice still goes out once."""
-    node = sc.nodes[17]
+    (node,) = sc.take()
     _settle(sc)
     _chaos(sc, "publish-timeout", "--node", node)
     sc.fault(node, XID79)
@@ -649,7 +648,7 @@ def _gang_fault(sc: Pipeline, members: list[str], spare: str, line: str) -> tupl
 
 @LONG
 def test_xid79_with_an_eight_digit_pid_on_a_running_gang_is_remediated(sc: Pipeline) -> None:
-    a, b, spare = sc.nodes[18], sc.nodes[19], sc.nodes[20]
+    a, b, spare = sc.take(3)
     job, inc = _gang_fault(sc, [a, b], spare, XID79_ODD_PID)
     assert inc["state"] == "RESOLVED", inc.get("failure")
     assert (inc["kind"], inc["xid"], inc["action"]) == ("gpu_xid", 79, "REBOOT_NODE")
@@ -664,7 +663,7 @@ def test_xid79_with_an_eight_digit_pid_on_a_running_gang_is_remediated(sc: Pipel
 
 @LONG
 def test_a_fatal_sxid_on_a_gang_member_fences_the_node_and_restarts_the_gang_once(sc: Pipeline) -> None:
-    a, b, spare = sc.nodes[21], sc.nodes[22], sc.nodes[23]
+    a, b, spare = sc.take(3)
     job, inc = _gang_fault(sc, [a, b], spare, SXID_FATAL)
     assert inc["state"] == "RESOLVED", inc.get("failure")
     assert (inc["kind"], inc["xid"], inc["action"]) == ("nvswitch_sxid", None, "REBOOT_NODE")

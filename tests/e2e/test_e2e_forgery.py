@@ -31,7 +31,7 @@ from tests.pipeline import XID79, Pipeline, stack_up
 
 pytestmark = pytest.mark.emulator
 
-NODES = 9  # 8: the issue-22 pid case of its own
+NODES = 20  # each test (each parametrised case) takes its own (Pipeline.take)
 AUDIT = "cloudaudit.googleapis.com%2Fsystem_event"
 MALLORY = "mallory@example.com"
 Case = tuple[Callable[[Pipeline], dict[str, Any]], str]
@@ -78,7 +78,7 @@ def _system_event(sc: Pipeline, node: str, **proto: Any) -> dict[str, Any]:
 
 
 def _named(sc: Pipeline, name: str) -> dict[str, Any]:
-    e = sc.entry(sc.nodes[0], XID79)
+    e = sc.entry(sc.take()[0], XID79)
     e["labels"]["compute.googleapis.com/resource_name"] = name
     e["jsonPayload"]["_HOSTNAME"] = name
     return e
@@ -86,7 +86,7 @@ def _named(sc: Pipeline, name: str) -> dict[str, Any]:
 
 def _another_vm(sc: Pipeline, node: str) -> dict[str, Any]:
     e = sc.entry(node, XID79)
-    e["resource"]["labels"]["instance_id"] = sc.vm_id(sc.nodes[-1])  # the metadata server of another VM
+    e["resource"]["labels"]["instance_id"] = sc.vm_id(sc.take()[0])  # the metadata server of another VM
     return e
 
 
@@ -153,9 +153,9 @@ def _publish(sc: Pipeline, entry: dict[str, Any]) -> bool:
 
 
 UNVERIFIED: dict[str, Case] = {
-    "logger-in-text-syslog": (lambda sc: _text_syslog(sc, sc.nodes[1], XID79), "text syslog"),
-    "journal-by-logger": (lambda sc: _journal(sc, sc.nodes[2], "syslog", "1"), "_TRANSPORT=kernel"),
-    "journal-by-systemd-cat": (lambda sc: _journal(sc, sc.nodes[3], "stdout", "3"), "stdout"),
+    "logger-in-text-syslog": (lambda sc: _text_syslog(sc, sc.take()[0], XID79), "text syslog"),
+    "journal-by-logger": (lambda sc: _journal(sc, sc.take()[0], "syslog", "1"), "_TRANSPORT=kernel"),
+    "journal-by-systemd-cat": (lambda sc: _journal(sc, sc.take()[0], "stdout", "3"), "stdout"),
 }
 
 
@@ -176,8 +176,8 @@ def test_unverified_evidence_is_recorded_and_paged_and_touches_nothing(
 
 
 REJECTED: dict[str, Case] = {
-    "another-vms-id": (lambda sc: _another_vm(sc, sc.nodes[4]), "names VM id"),
-    "line-before-the-vm": (lambda sc: _before_the_vm(sc, sc.nodes[5]), "earlier VM"),
+    "another-vms-id": (lambda sc: _another_vm(sc, sc.take()[0]), "names VM id"),
+    "line-before-the-vm": (lambda sc: _before_the_vm(sc, sc.take()[0]), "earlier VM"),
 }
 
 
@@ -200,24 +200,24 @@ def _invalid_cases() -> dict[str, Case]:
     return {
         "user-authored-system-event": (
             lambda sc: _system_event(
-                sc, sc.nodes[6], authenticationInfo={"principalEmail": "mallory@example.com"}
+                sc, sc.take()[0], authenticationInfo={"principalEmail": "mallory@example.com"}
             ),
             "not authored by Google",
         ),
         "system-event-other-service": (
-            lambda sc: _system_event(sc, sc.nodes[6], serviceName="mallory.example.com"),
+            lambda sc: _system_event(sc, sc.take()[0], serviceName="mallory.example.com"),
             "serviceName",
         ),
         "lookalike-log-name": (
             lambda sc: {
-                **_system_event(sc, sc.nodes[6]),
+                **_system_event(sc, sc.take()[0]),
                 "logName": f"projects/{PROJECT}/logs/evil-{AUDIT}",
             },
             "log name must be exactly",
         ),
         "logname-of-another-project": (
             lambda sc: {
-                **sc.entry(sc.nodes[6], XID79),
+                **sc.entry(sc.take()[0], XID79),
                 "logName": "projects/someone-elses-project/logs/pitstop-kernel",
             },
             "logName is in project someone-elses-project",
@@ -249,7 +249,7 @@ def test_no_evidence_at_all_gets_an_error_record_and_no_incident(sc: Pipeline, j
 def test_a_node_of_another_project_with_the_same_name_is_not_ours(sc: Pipeline, job: str) -> None:
     """Our VM's name in an entry of another project (an aggregated sink, or a forged label)."""
     before = _effects(sc)
-    node = sc.nodes[7]
+    (node,) = sc.take()
     _publish(sc, _other_project(sc, node))
     inc = _incident_of(sc, node, lambda i: i["node"]["project"] != PROJECT and bool(i.get("rejected")))
     assert f"no VM {node} in someone-elses-project" in inc["rejected"]["why"], inc["rejected"]
@@ -261,7 +261,7 @@ def test_a_node_of_another_project_with_the_same_name_is_not_ours(sc: Pipeline, 
 def test_a_nine_megabyte_line_is_cut_before_parsing(sc: Pipeline, job: str) -> None:
     """Near Pub/Sub's 10 MB message limit (Cloud Logging itself caps an entry at 256 KB)."""
     before = _effects(sc)
-    node = sc.nodes[1]
+    (node,) = sc.take()
     entry = _text_syslog(sc, node, XID79 + " " + "A" * 9_000_000)
     _publish(sc, entry)
     inc = _incident_of(sc, node, lambda i: entry["insertId"] in json.dumps(i.get("evidence")))
@@ -273,7 +273,7 @@ def test_a_nine_megabyte_line_is_cut_before_parsing(sc: Pipeline, job: str) -> N
 def test_ten_thousand_gpus_on_one_node_keep_the_incident_bounded(sc: Pipeline, job: str) -> None:
     """Each distinct PCI address once took a field of its own (a 500 KB, 20,000-field document)."""
     before = _effects(sc)
-    node, n = sc.nodes[3], 10_000
+    (node,), n = sc.take(), 10_000
     base = _text_syslog(sc, node, XID79)
     futures = []
     for i in range(n):
@@ -309,7 +309,7 @@ def test_a_verified_looking_line_the_node_never_printed_disrupts_nothing(sc: Pip
     through the Logging API (any principal with logging.logEntries.create can). The node is fenced
     and asked through the Slurm agent; its kernel ring buffer never held the line: the incident fails
     with a page, the gang is not requeued and Compute is never called."""
-    node = sc.nodes[6]
+    (node,) = sc.take()
     calls_before = len(admin(sc.state, "/_admin/state")["calls"])
     restarts = sc.restarts(job)
     inc = _never_printed(sc, node, XID79)
@@ -333,7 +333,7 @@ def test_a_five_thousand_digit_pid_is_a_fault_the_node_is_asked_about(sc: Pipeli
     """Issue 22: an Xid whose code is readable is a fault whatever its pid says (left out, flagged),
     so it is no longer dropped as invalid; like any log line it is corroborated before anything is
     disrupted, and this one its node's kernel never printed."""
-    node = sc.nodes[8]
+    (node,) = sc.take()
     before = len(admin(sc.state, "/_admin/state")["calls"]), sc.restarts(job)
     inc = _never_printed(sc, node, XID79.replace("pid='<unknown>'", "pid=" + "7" * 5000))
     try:
@@ -351,7 +351,7 @@ def test_a_system_event_published_straight_to_the_topic_restarts_nothing(sc: Pip
     """Issue 21 (3): anyone who may publish to the events topic (project Editors, the default Compute
     service account) posts Google's exact preemption shape for a VM that runs on. Compute is asked:
     the VM is not Spot and never stopped, so the incident fails with a page, the gang stays."""
-    node = sc.nodes[7]
+    (node,) = sc.take()
     calls_before = len(admin(sc.state, "/_admin/state")["calls"])
     restarts = sc.restarts(job)
     _publish(sc, _system_event(sc, node))

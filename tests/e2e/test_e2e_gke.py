@@ -47,7 +47,9 @@ def spec() -> ClusterSpec:
 @pytest.fixture(scope="module")
 def gk() -> Iterator[GkePipeline]:
     with stack_up("e2e-gke", spec(), compute_scale=COMPUTE_SCALE) as stack:
-        yield GkePipeline(stack)
+        gk = GkePipeline(stack)
+        gk.keep(list(_partner_spare(gk)))  # healthy, shared by every gang; each fault takes its own node
+        yield gk
 
 
 @pytest.fixture
@@ -98,7 +100,7 @@ def _maintenance_window(gk: GkePipeline, node: str) -> float:
 
 
 def test_xid79_on_a_jobset_member(scenario: GkePipeline) -> None:
-    gk, bad = scenario, scenario.nodes[0]
+    gk, (bad,) = scenario, scenario.take()
     g = _gang(gk, "xid79", [bad])
     watch = Watch(gk.kube.url, "/api/v1/nodes")
     try:
@@ -122,7 +124,7 @@ def test_xid79_on_a_jobset_member(scenario: GkePipeline) -> None:
 
 
 def test_two_members_failing_together_restart_the_jobset_once(scenario: GkePipeline) -> None:
-    gk, (a, b) = scenario, scenario.nodes[1:3]
+    gk, (a, b) = scenario, scenario.take(2)
     g = gk.gangs.gang("pair", [a, b], list(_partner_spare(gk)))
     try:
         for n in (a, b):
@@ -143,7 +145,7 @@ def test_two_members_failing_together_restart_the_jobset_once(scenario: GkePipel
 
 
 def test_spot_preemption_of_a_gke_node(scenario: GkePipeline) -> None:
-    gk, bad = scenario, scenario.nodes[3]
+    gk, (bad,) = scenario, scenario.take(spot=True)
     g = _gang(gk, "spot", [bad])
     try:
         before = inject.instance(gk.state, bad)["id"]
@@ -165,7 +167,7 @@ def test_spot_preemption_of_a_gke_node(scenario: GkePipeline) -> None:
 
 
 def test_upcoming_maintenance_evicts_with_grace_before_the_window(scenario: GkePipeline) -> None:
-    gk, bad = scenario, scenario.nodes[4]
+    gk, (bad,) = scenario, scenario.take()
     g = _gang(gk, "maint", [bad])
     watch = Watch(gk.kube.url, f"/api/v1/namespaces/{NAMESPACE}/pods")
     try:
@@ -188,7 +190,7 @@ def test_upcoming_maintenance_evicts_with_grace_before_the_window(scenario: GkeP
 
 
 def test_a_pdb_that_blocks_eviction_is_named_in_the_incident(scenario: GkePipeline) -> None:
-    gk, bad, pdb = scenario, scenario.nodes[5], "train-pdb"
+    gk, (bad,), pdb = scenario, scenario.take(), "train-pdb"
     g = _gang(gk, "pdb", [bad])
     gk.kube.create_pdb(pdb, {JOBSET_LABEL: g.name}, min_available=2)
     try:
@@ -212,7 +214,7 @@ def test_a_pdb_that_blocks_eviction_is_named_in_the_incident(scenario: GkePipeli
 
 
 def test_xid_from_a_regional_cluster_resolves_the_zone(scenario: GkePipeline) -> None:
-    gk, bad = scenario, scenario.nodes[6]
+    gk, (bad,) = scenario, scenario.take()
     g = _gang(gk, "regional", [bad])
     try:
         inc, where = _xid79_confirmed(gk, g, bad, gk.k8s_entry(bad, XID79, location=REGION))
@@ -228,7 +230,7 @@ def test_xid_from_a_regional_cluster_resolves_the_zone(scenario: GkePipeline) ->
 
 
 def test_a_serial_console_xid_is_acted_on_only_with_the_device_plugins_word(scenario: GkePipeline) -> None:
-    gk, forged, bad = scenario, scenario.nodes[7], scenario.nodes[8]
+    gk, (forged, bad) = scenario, scenario.take(2)
     gk.router.publish(gk.serial_entry(forged, XID79))
     gk.wait(lambda: gk.incidents(forged), 30, f"the record of {forged}'s line")
     g = _gang(gk, "serial", [bad])

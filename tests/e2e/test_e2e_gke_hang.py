@@ -47,12 +47,12 @@ class Beating:
             trainer.beat(self.client, PROJECT, "train", self.job, self.step)
 
 
-def hang_on_gke(sc: GkePipeline, name: str, first: int, link: bool) -> tuple[dict[str, Any], str, list[str]]:
-    """A JobSet of three on nodes ``first``.., a spare after them; its middle node's GPU stuck (or,
+def hang_on_gke(sc: GkePipeline, name: str, link: bool) -> tuple[dict[str, Any], str, list[str]]:
+    """A JobSet of three on nodes of its own and a spare; its middle node's GPU stuck (or,
     ``link``, its NVLink down), its heartbeat stopped. (the hang incident, the bad node, where the
     gang runs again)."""
     job = f"jobset/default/{name}"
-    members, spare = sc.nodes[first : first + 3], sc.nodes[first + 3]
+    *members, spare = sc.take(4)
     gang = sc.gangs.gang(name, members, [spare])
     bad = members[1]
     beating = Beating(sc.stack.endpoints["monitoring"], job)
@@ -79,7 +79,7 @@ def hang_on_gke(sc: GkePipeline, name: str, first: int, link: bool) -> tuple[dic
 
 
 def test_a_hung_jobset_with_a_stuck_gpu_is_stopped_swept_and_resumed_on_the_spare(sc: GkePipeline) -> None:
-    hang, bad, where = hang_on_gke(sc, "hang", 0, link=False)
+    hang, bad, where = hang_on_gke(sc, "hang", link=False)
     loc = hang.get("localisation") or {}
     assert hang["state"] == "RESOLVED" and loc.get("culprits") == [bad], loc
     assert len(loc.get("nodes") or []) == 3 and bad not in where
@@ -89,7 +89,7 @@ def test_a_hung_jobset_with_a_stuck_gpu_is_stopped_swept_and_resumed_on_the_spar
 
 
 def test_a_hung_jobset_with_an_nvlink_down_is_found_by_the_ring_pairs(sc: GkePipeline) -> None:
-    hang, bad, where = hang_on_gke(sc, "hang-link", 4, link=True)
+    hang, bad, where = hang_on_gke(sc, "hang-link", link=True)
     loc = hang.get("localisation") or {}
     assert hang["state"] == "RESOLVED" and loc.get("culprits") == [bad], loc
     assert [r["kind"] for r in loc["rounds"]] == ["sweep", "links"] and bad not in where

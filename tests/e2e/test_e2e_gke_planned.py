@@ -37,14 +37,15 @@ TIMEOUT_S = 240.0
 
 @pytest.fixture(scope="module")
 def sc() -> Iterator[GkePipeline]:
-    # five nodes: a straggler, two that throttle alike, the partner and the spare
-    with stack_up("gke-planned", ClusterSpec.gke(5), compute_scale=0.03) as stack:
+    # seven nodes, each test takes its own: a straggler, its partner and the spare; two that throttle
+    # alike; a straggler and a degrading node the chaos verbs make
+    with stack_up("gke-planned", ClusterSpec.gke(7), compute_scale=0.03) as stack:
         yield GkePipeline(stack)
 
 
 def test_a_straggler_alone_is_moved_at_its_checkpoint_onto_the_spare(sc: GkePipeline) -> None:
     sc.settle()
-    bad, partner, spare = sc.nodes[0], sc.nodes[-2], sc.nodes[-1]
+    bad, partner, spare = sc.take(3)
     g = sc.gangs.gang("gke-straggler", [bad, partner], [spare])
     watch = Watch(sc.kube.url, f"/api/v1/namespaces/{NAMESPACE}/pods")
     since = time.time()
@@ -78,7 +79,7 @@ def test_a_straggler_alone_is_moved_at_its_checkpoint_onto_the_spare(sc: GkePipe
 
 def test_a_gang_throttling_alike_is_not_moved_and_a_person_is_paged(sc: GkePipeline) -> None:
     sc.settle()
-    members = sc.nodes[1:3]
+    members = sc.take(2)
     g = sc.gangs.gang("gke-capped", members, [])
     try:
         for n in members:
@@ -108,7 +109,7 @@ def _note_text(sc: GkePipeline, iid: str) -> str:
 def test_chaos_straggler_and_degrading_show_in_the_prometheus_stand_in(sc: GkePipeline) -> None:
     """`pitstop local chaos straggler|degrading --node N` on the GKE stack: what actuate's PromQL
     reader then reads (healed again within the alert's window, so no incident opens)."""
-    slow, failing = sc.nodes[1], sc.nodes[2]
+    slow, failing = sc.take(2)
     reader = PromQLReader(sc.stack.endpoints["prometheus"])
     chaos.apply(sc.stack, "straggler", node=slow)
     chaos.apply(sc.stack, "degrading", node=failing)

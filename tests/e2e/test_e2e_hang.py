@@ -34,8 +34,8 @@ def sc() -> Iterator[Pipeline]:
 
 
 def _training(sc: Pipeline) -> tuple[str, list[str]]:
-    """A training run (it writes the job heartbeat) on GANG of the last GANG + 1 nodes, beating."""
-    pool = sc.nodes[-(GANG + 1) :]
+    """A training run (it writes the job heartbeat) on GANG of GANG + 1 nodes of its own, beating."""
+    pool = sc.take(GANG + 1)
     job = sc.stack.submit_training(GANG, exclude=[n for n in sc.nodes if n not in pool])
     held: list[str] = sc.wait(lambda: sc.slurm.job_nodes(job), 60, f"job {job} to run")
     sc.wait(lambda: beats(sc.stack, job) > 2, 60, f"job {job} to beat")

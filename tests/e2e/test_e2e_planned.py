@@ -82,7 +82,7 @@ def _moved_onto_the_spare(m: dict[str, Any]) -> None:
 
 
 def test_a_straggler_is_moved_at_its_checkpoint_onto_the_spare(sc: Pipeline) -> None:
-    m = _moved(sc, sc.nodes[0:3], STRAGGLER)
+    m = _moved(sc, sc.take(3), STRAGGLER)
     peers = m["inc"].get("corroboration") or {}
     assert peers["node_value"] == 0.6, peers
     assert list(peers["peers"].values()) == [0.0], peers  # its peer read through Monitoring
@@ -91,14 +91,14 @@ def test_a_straggler_is_moved_at_its_checkpoint_onto_the_spare(sc: Pipeline) -> 
 
 
 def test_an_ecc_trend_is_moved_before_any_xid(sc: Pipeline) -> None:
-    m = _moved(sc, sc.nodes[3:6], ECC_TREND)
+    m = _moved(sc, sc.take(3), ECC_TREND)
     assert (m["inc"].get("corroboration") or {})["node_value"] == 40.0, m["inc"]
     _moved_onto_the_spare(m)
 
 
 def test_no_spare_keeps_the_drain_and_the_notification_says_so(sc: Pipeline) -> None:
     sc.settle()
-    job, held, marker = _checkpointing_job(sc, sc.nodes[6:8])
+    job, held, marker = _checkpointing_job(sc, sc.take(2))
     bad = held[0]
     sc.gpu_state(bad, STRAGGLER)
     inc = sc.finished(bad, timeout=TIMEOUT_S)
@@ -122,7 +122,7 @@ def _notes(sc: Pipeline, iid: str) -> list[dict[str, Any]]:
 
 def test_a_gang_throttling_alike_is_not_moved_and_a_person_is_paged(sc: Pipeline) -> None:
     sc.settle()
-    job, held, _ = _checkpointing_job(sc, sc.nodes[8:10])
+    job, held, _ = _checkpointing_job(sc, sc.take(2))
     for n in held:
         sc.gpu_state(n, POWER_CAPPED)
     incs = [sc.finished(n, timeout=TIMEOUT_S) for n in held]

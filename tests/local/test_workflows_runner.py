@@ -473,13 +473,19 @@ class FakeActuate:
 class LateAnswers(Workflow):
     """The runner, with some answers arriving after the workflow's HTTP timeout (the effect happened)."""
 
-    def __init__(self, source: str, env: dict[str, str], late: dict[str, int]) -> None:
+    def __init__(
+        self, source: str, env: dict[str, str], late: dict[str, int], refused: dict[str, int] | None = None
+    ) -> None:
         super().__init__(source, env, time_scale=0.0, sleep=lambda s: None)
         self.late = dict(late)  # op -> how many of its answers come too late
+        self.refused = dict(refused or {})  # op -> how many of its connections are refused (no instance)
 
     def _http(self, method: str, args: Any, trace: ExecutionTrace) -> Any:
-        out = super()._http(method, args, trace)
         op = str((args.get("body") or {}).get("op"))
+        if self.refused.get(op, 0) > 0:  # never reaches actuate, as the runner's own refusal
+            self.refused[op] -= 1
+            raise WorkflowError({"tags": ["ConnectionFailedError"], "message": "connection failed: refused"})
+        out = super()._http(method, args, trace)
         if self.late.get(op, 0) > 0:
             self.late[op] -= 1
             raise WorkflowError({"tags": ["TimeoutError", "OSError"], "message": "request timed out"})
@@ -500,7 +506,9 @@ def actuate() -> Iterator[type[FakeActuate]]:
         s.server.shutdown()
 
 
-def remediate(fake: FakeActuate, late: dict[str, int] | None = None) -> tuple[Any, ExecutionTrace]:
+def remediate(
+    fake: FakeActuate, late: dict[str, int] | None = None, refused: dict[str, int] | None = None
+) -> tuple[Any, ExecutionTrace]:
     env = {
         "PITSTOP_ACTUATE_URL": fake.url,
         "PITSTOP_POLL_S": "1",
@@ -511,7 +519,7 @@ def remediate(fake: FakeActuate, late: dict[str, int] | None = None) -> tuple[An
         "GOOGLE_CLOUD_WORKFLOW_EXECUTION_ID": "exec-1",
     }
     trace = ExecutionTrace()
-    out = LateAnswers(REMEDIATE.read_text(), env, late or {}).run(
+    out = LateAnswers(REMEDIATE.read_text(), env, late or {}, refused).run(
         {"incident_id": "iabcdefgh2", "step": 1}, trace
     )
     return out, trace
@@ -634,6 +642,17 @@ def test_remediate_asks_again_for_a_lost_answer_and_an_op_long_in_progress(
     assert fake.ops().count("unfence") == 2
     assert "fail" not in fake.ops()
     assert trace.steps.count("next_round") == 3  # act took three rounds, unfence two
+
+
+def test_actuate_refusing_connections_longer_than_a_retry_window_is_asked_again_in_rounds(
+    actuate: type[FakeActuate],
+) -> None:
+    """actuate's instance crashed after an effect and is starting again (a cold start under load can
+    outlast one retry window of 7 attempts): a connection never made is safe to ask again."""
+    out, trace = remediate(fake := actuate({}), refused={"act": 9})
+    assert out["outcome"] == "resolved"
+    assert fake.ops().count("act") == 1  # the nine refused never reached it
+    assert trace.steps.count("next_round") == 1 and "fail" not in fake.ops()
 
 
 def test_remediate_does_not_ask_again_after_a_final_refusal(actuate: type[FakeActuate]) -> None:
