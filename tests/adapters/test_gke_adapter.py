@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -30,6 +30,7 @@ from pitstop.adapters.gke import (
     parse_job_id,
 )
 from pitstop.adapters.gke.client import Kube
+from pitstop.core.domain import Incident
 from pitstop.core.scheduling import JobRun, StepRef
 from pitstop.local.fake_k8s import FakeKube
 
@@ -671,10 +672,12 @@ def test_a_pod_stuck_on_a_ready_node_is_not_forced_the_step_fails_and_the_close_
     assert f"{pod} on {bad} stuck Terminating" in err.value.message and name in err.value.message
     assert clock.t < 600 and _forced(kube, pod) == []  # failed at the bound, not at the deadline
     assert workload(kube)["spec"]["active"] is False
-    inc = {"id": INC, "jobs": [{"id": JOB}]}
+    inc = cast(Incident, {"id": INC, "jobs": [{"id": JOB}]})  # what release_jobs reads
     assert release_jobs(inc, sched) == [f"{JOB}: Kueue Workload {name} reactivated"]
     assert workload(kube)["spec"]["active"] is True
-    assert release_jobs({"id": INC2, "jobs": [{"id": JOB}]}, sched) == []  # not another incident's
+    assert (
+        release_jobs(cast(Incident, {"id": INC2, "jobs": [{"id": JOB}]}), sched) == []
+    )  # not another incident's
 
 
 def test_a_workload_someone_else_deactivated_stays_inactive(kube: FakeKube, sched: GkeCluster) -> None:

@@ -31,6 +31,7 @@ from pitstop.adapters.pubsub import Notifier
 from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.agent.slurm import Agent, CheckTools, Ledger, ResultsTopic, SlurmCommands
 from pitstop.core import engine, policy
+from pitstop.core.answers import WorkflowArgument
 from pitstop.core.domain import Remediation
 from pitstop.core.ops import Op
 from pitstop.local import executions_server, gpu_tools
@@ -40,6 +41,7 @@ from pitstop.local.workflows_runner import runner_for
 from pitstop.services.actuate import Actuator, registry
 from pitstop.services.actuate.context import Step
 from pitstop.services.ingest import Ingest
+from pitstop.services.launch import workflow_argument
 from tests.helpers import PROJECT, ops_agent_entry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -460,7 +462,7 @@ def test_duplicate_execution_does_not_reset_twice(world: World) -> None:
     iid = out.incident["id"]
     # a second execution of the same step (e.g. a re-run by hand)
     assert world.actuator.starter is not None
-    world.actuator.starter.start(iid, 1, {"incident_id": iid, "step": 1})
+    world.actuator.starter.start(iid, 1, workflow_argument(out.incident, 1))
     inc = world.wait(iid)
     assert inc["state"] == "RESOLVED"
     assert len(world.calls("reset")) == 1
@@ -666,7 +668,9 @@ def test_a_gang_whose_members_finish_apart_is_requeued_once(world: World) -> Non
         # no help from here: the agent lifts Slurm's ~120 s BeginTime hold once the requeued job is PENDING
         time.sleep(0.5)
     assert world.actuator.starter is not None
-    world.actuator.starter.start(late, 1, {"incident_id": late, "step": 1})
+    world.actuator.starter.start(
+        late, 1, cast(WorkflowArgument, {"incident_id": late, "step": 1})
+    )  # what it reads
     inc = world.wait(late)
     assert inc["state"] == "RESOLVED", inc.get("failure")
     result = _steps(world, late)["1-reschedule"]["result"]

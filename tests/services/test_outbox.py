@@ -22,6 +22,7 @@ from pitstop.adapters.firestore import IncidentStore
 from pitstop.adapters.pubsub import Notifier
 from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.core import policy
+from pitstop.core.domain import Notice
 from pitstop.services.actuate import Actuator
 from pitstop.services.channels import Webhook
 from pitstop.services.ingest import Ingest
@@ -194,7 +195,7 @@ def test_publish_pending_waits_out_the_grace_and_sends_each_entry_once(fs_client
     clock, topic = Clock(), Recorder()
     store = IncidentStore(fs_client, "pitstop")
     outbox = Outbox(store, topic, clock=clock, grace_s=10)
-    note = {"id": "incident-i1-abc", "kind": "incident", "severity": "info", "summary": "done"}
+    note = cast(Notice, {"id": "incident-i1-abc", "kind": "incident", "severity": "info", "summary": "done"})
 
     @firestore.transactional
     def record(t: Any) -> str:
@@ -226,7 +227,9 @@ def test_a_notification_published_twice_is_posted_once(
         raise gexc.ServiceUnavailable("firestore unavailable")  # type: ignore[no-untyped-call]
 
     monkeypatch.setattr(store, "outbox_mark_sent", lost)
-    note = {"id": "incident-i2-def", "kind": "incident", "severity": "warning", "summary": "rebooted"}
+    note = cast(
+        Notice, {"id": "incident-i2-def", "kind": "incident", "severity": "warning", "summary": "rebooted"}
+    )
     assert outbox.deliver(note) is True
     monkeypatch.undo()
     clock.t += outbox.grace_s + 1

@@ -23,6 +23,7 @@ from pitstop.core.domain import Budget, FaultEvent, NodeRef
 from pitstop.local.executions_server import ExecutionsService
 from pitstop.services.actuate import Actuator
 from pitstop.services.ingest import Ingest, PoisonMessageError
+from pitstop.services.launch import workflow_argument
 from pitstop.services.sweep import Sweep
 from tests.helpers import PROJECT, ZONE, ops_agent_entry, push_body
 
@@ -318,7 +319,9 @@ def test_crash_after_create_before_record_finds_the_execution(
     assert out.incident is not None
     iid = out.incident["id"]
     assert ing.store.lease_start(iid, 1, T0) is not None
-    ing.starter.start(iid, 1, {"incident_id": iid})  # created; the instance dies before recording it
+    ing.starter.start(
+        iid, 1, workflow_argument(out.incident, 1)
+    )  # created; the instance dies before recording it
     assert svc.created == 1
     # another holder cannot start while the lease runs
     assert ing.start_workflow(iid, 1, T0 + 10) is None

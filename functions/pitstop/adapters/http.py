@@ -6,7 +6,6 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
-from typing import Any
 
 TIMEOUT_S = 10.0
 
@@ -18,7 +17,7 @@ def check_url(url: str) -> str:
     return url
 
 
-def post_json(url: str, body: Mapping[str, Any], timeout: float = TIMEOUT_S) -> int:
+def post_json(url: str, body: Mapping[str, object], timeout: float = TIMEOUT_S) -> int:
     """POST ``body``; the HTTP status (an error status is returned, not raised)."""
     req = urllib.request.Request(  # noqa: S310 - scheme checked by check_url
         check_url(url),

@@ -10,20 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from pitstop.adapters.http import check_url, post_json
 from pitstop.core import notifications
+from pitstop.core.answers import Delivery
+from pitstop.core.domain import JsonObject
 
-Post = Callable[[str, Mapping[str, Any]], int]
+Post = Callable[[str, Mapping[str, object]], int]  # a JSON body posted as it is; the HTTP status
 PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
 
 
 class Channel(Protocol):
     name: str
 
-    def deliver(self, n: Mapping[str, Any]) -> dict[str, Any]:
-        """Deliver the notification; what was done (recorded once), or raise to be retried."""
+    def deliver(self, n: JsonObject) -> Delivery:
+        """Deliver the notification (as published: notify's edge); what was done (recorded once),
+        or raise to be retried."""
         ...
 
 
@@ -36,7 +39,7 @@ class Webhook:
     post: Post = post_json
     name: str = "webhook"
 
-    def deliver(self, n: Mapping[str, Any]) -> dict[str, Any]:
+    def deliver(self, n: JsonObject) -> Delivery:
         status = self.post(self.url, notifications.render(n, self.fmt))
         if status >= 300:
             raise RuntimeError(f"webhook answered {status}")
@@ -52,7 +55,7 @@ class PagerDuty:
     post: Post = post_json
     name: str = "pagerduty"
 
-    def deliver(self, n: Mapping[str, Any]) -> dict[str, Any]:
+    def deliver(self, n: JsonObject) -> Delivery:
         action = notifications.pagerduty_action(n)
         if action is None:
             return {"skipped": "nothing for a person to do"}

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from google.api_core import exceptions as gexc
 
@@ -39,7 +38,7 @@ class Closing:
     lines: list[str] = field(default_factory=list)
 
 
-def _refusal(inc: Mapping[str, Any] | None, iid: str) -> Closing:
+def _refusal(inc: Incident | None, iid: str) -> Closing:
     if inc is None:
         return Closing(False, [f"{iid}: no such incident"])
     state = inc["state"]
@@ -80,7 +79,7 @@ def close_incident(
     return done
 
 
-def release_jobs(inc: Mapping[str, Any], scheduler: Scheduler) -> list[str]:
+def release_jobs(inc: Incident, scheduler: Scheduler) -> list[str]:
     """What a failed step left of Pitstop's own job changes, undone (a Kueue Workload it deactivated
     is reactivated, a gang a hang's checks stopped is resumed, with or without ``--unfence``: the
     job may run elsewhere); else how to by hand."""

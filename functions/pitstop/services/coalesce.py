@@ -53,11 +53,12 @@ import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import cast
 
 from pitstop.adapters import log
 from pitstop.core import alerts, engine, trust
 from pitstop.core.actions import RANK, Action
+from pitstop.core.answers import SlimIncident
 from pitstop.core.domain import FaultEvent, Incident
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
@@ -85,7 +86,7 @@ def _verified(ev: FaultEvent) -> bool:
     return isinstance(src, Mapping) and src.get("trust") == trust.VERIFIED
 
 
-def as_view(view: Mapping[str, Any] | None) -> Incident | None:
+def as_view(view: SlimIncident | None) -> Incident | None:
     """The cached, slim view of an incident where an Outcome carries one: only the fields the
     caller reads of a coalesced answer (id, state, step, workflow) are in it."""
     return cast(Incident, view) if view is not None else None
@@ -206,8 +207,8 @@ class Coalescer(ShardWriter):
     def _read_latest(self, nkey: str, st: NodeState | None) -> Incident | None:
         """The node's latest incident: one read of the cached one while it is not resolved (a
         node's latest changes only after it is), else the node's document and its latest."""
-        cached = (st.latest if st is not None else None) or {}
-        if cached.get("id") is not None and cached.get("state") != State.RESOLVED:
+        cached = st.latest if st is not None else None
+        if cached is not None and cached["id"] is not None and cached["state"] != State.RESOLVED:
             inc = self.store.incident_as_decided(cached["id"])
             if inc is not None and inc.get("state") != State.RESOLVED:
                 return inc
@@ -267,7 +268,9 @@ class Coalescer(ShardWriter):
         job = self._take(st, nkey, now) if due else None
         return engine.Outcome("absorbed", incident=as_view(latest), coalesced=True), job
 
-    def _countable(self, st: NodeState, ev: FaultEvent, latest: Any, ts: float) -> bool:
+    def _countable(
+        self, st: NodeState, ev: FaultEvent, latest: SlimIncident | Incident | None, ts: float
+    ) -> bool:
         """Whether the event changes nothing on this view of its node's latest incident (slim, or
         as the store read it): then it is counted in memory. An incident's first lines are
         committed by the instance that opened it; another instance counts them (a storm's
@@ -275,13 +278,18 @@ class Coalescer(ShardWriter):
         if latest is None:
             return False
         action = engine.believed(ev, self.policy)[0]["action"]  # a forged line raises nothing
-        direct = int((latest.get("counts") or {}).get("events", latest.get("events", 0))) < DIRECT_LINES
+        view: Mapping[str, object] = (
+            latest  # a stored incident counts in ``counts``, the slim view in ``events``
+        )
+        counts = view.get("counts")
+        committed = counts.get("events", 0) if isinstance(counts, Mapping) else view.get("events", 0)
+        direct = isinstance(committed, (int, float)) and committed < DIRECT_LINES
         return not (
             (_verified(ev) and latest.get("trust") != trust.VERIFIED)  # it makes the evidence trusted
             or (direct and st.opened == latest["id"])
             or RANK[action] > RANK[latest["action"]]
             or engine.ends_recovery(ev, self.policy)  # may end the episode: decided in the store
-            or not engine.absorbs(as_view(latest), ev, ts)
+            or not engine.absorbs(cast(Incident, latest), ev, ts)  # a slim view holds what it reads
             or (st.shard_iid != latest["id"] and st.buffered)  # the old incident's lines go first
         )
 
@@ -331,7 +339,7 @@ class Coalescer(ShardWriter):
         if out.result == "duplicate":
             return
         if out.incident is not None:
-            was = (st.latest or {}).get("id")
+            was = st.latest["id"] if st.latest else None
             st.latest = slim(out.incident)
             if not out.coalesced and out.result not in ("absorbed", "ignored") and was != out.incident["id"]:
                 st.opened = out.incident["id"]  # this instance commits its first lines

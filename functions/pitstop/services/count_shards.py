@@ -25,11 +25,11 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from pitstop.adapters import log
 from pitstop.core import engine
 from pitstop.core.actions import RANK
+from pitstop.core.answers import SlimIncident, SlimRun
 from pitstop.core.domain import CountShard, Deltas, FaultEvent, Incident
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
@@ -38,23 +38,34 @@ from pitstop.core.store import IncidentStore
 VERIFY_S = 60.0  # a written line is checked against its incident at most this long after (safety net)
 FEED_MARGIN_S = 15.0  # a feed look reaches this far behind the previous one (a resolving commit's delay)
 FEED_DONE_MAX = 10_000  # resolutions already acted on that an instance remembers
-# What the cache keeps of an incident: what engine.absorbs and the coalescing rule read, and no
-# more (an incident's 1000 recent keys times thousands of nodes would not fit an instance).
-_CACHED = ("id", "state", "action", "mode", "burst_until", "closure", "node_key", "trust")
-_CACHED_RUN = ("step", "state", "lease_until")  # of ``workflow``: enough to see a start was lost
 
 
-def slim(inc: Incident | None) -> dict[str, Any] | None:
-    """The cached view of an incident (as decided: its shards are not read)."""
+def slim(inc: Incident | None) -> SlimIncident | None:
+    """The cached view of an incident (as decided: its shards are not read): what engine.absorbs
+    and the coalescing rule read, and no more (an incident's 1000 recent keys times thousands of
+    nodes would not fit an instance)."""
     if inc is None:
         return None
-    out = {k: inc.get(k) for k in _CACHED}
-    out["evidence_room"] = engine.evidence_room(inc)  # buffered evidence past it would be dropped
-    out["events"] = int((inc.get("counts") or {}).get("events", 0))  # lines committed (DIRECT_LINES)
-    out["timeline"] = {"resolved": (inc.get("timeline") or {}).get("resolved")}
     wf = inc.get("workflow")
-    out["workflow"] = {k: wf.get(k) for k in _CACHED_RUN} if wf else None
-    return out
+    run: SlimRun | None = (
+        {"step": wf.get("step"), "state": wf.get("state"), "lease_until": wf.get("lease_until")}
+        if wf
+        else None
+    )  # enough to see a start was lost
+    return {
+        "id": inc.get("id"),
+        "state": inc.get("state"),
+        "action": inc["action"],
+        "mode": inc.get("mode"),
+        "burst_until": inc.get("burst_until"),
+        "closure": inc.get("closure"),
+        "node_key": inc.get("node_key"),
+        "trust": inc.get("trust"),
+        "evidence_room": engine.evidence_room(inc),
+        "events": int((inc.get("counts") or {}).get("events", 0)),
+        "timeline": {"resolved": (inc.get("timeline") or {}).get("resolved")},
+        "workflow": run,
+    }
 
 
 def stronger(a: FaultEvent | None, b: FaultEvent) -> FaultEvent:
@@ -64,7 +75,7 @@ def stronger(a: FaultEvent | None, b: FaultEvent) -> FaultEvent:
 
 @dataclass
 class NodeState:
-    latest: dict[str, Any] | None  # the cached (slim) incident
+    latest: SlimIncident | None  # the cached (slim) incident
     fetched_at: float
     last_flush: float
     touched: float
@@ -181,7 +192,7 @@ class ShardWriter:
                 self._done_merging()
         watched = self._watching(now)
         for nkey, st in {id(j.st): (j.nkey, j.st) for j in jobs}.values():
-            if not watched or (st.latest or {}).get("state") == State.RESOLVED:
+            if not watched or (st.latest["state"] if st.latest else None) == State.RESOLVED:
                 self.verify(nkey, st, now)
 
     def _restore(self, job: Job) -> None:
@@ -222,7 +233,7 @@ class ShardWriter:
                             st.unverified[iid] = stronger(st.unverified.get(iid), rep)
                     continue
                 with self._lock:
-                    if (st.latest or {}).get("id") == iid:
+                    if (st.latest["id"] if st.latest else None) == iid:
                         st.latest, st.fetched_at = slim(inc), now
                 if rep is not None and not (
                     inc and engine.absorbs(inc, rep, float(rep.get("_observed_ts") or now))
@@ -299,11 +310,11 @@ class ShardWriter:
             hit = [
                 (k, st)
                 for k, st in self._nodes.items()
-                if ids & {*st.unverified, (st.latest or {}).get("id")}
+                if ids & {*st.unverified, (st.latest["id"] if st.latest else None)}
             ]
             for _, st in hit:
                 st.fetched_at = float("-inf")  # the next line reads the incident again
         checked = [(k, st) for k, st in hit if st.unverified or st.buffered]
         for k, st in checked:  # its cache then says resolved, and a write into it is checked at once
-            self.verify(k, st, now, cached=(st.latest or {}).get("id"))
+            self.verify(k, st, now, cached=(st.latest["id"] if st.latest else None))
         return len(checked)

@@ -24,7 +24,7 @@ from pitstop.adapters.gke.node import NodeReader, corroborate
 from pitstop.adapters.gke.zone import ZoneResolver, fill_zone
 from pitstop.core import alerts, engine
 from pitstop.core.classify import Classifier
-from pitstop.core.domain import FaultEvent
+from pitstop.core.domain import FaultEvent, JsonObject
 from pitstop.core.envelope import unwrap
 from pitstop.core.policy import Policy
 from pitstop.core.store import IncidentStore
@@ -84,7 +84,7 @@ class Ingest:
             return engine.Outcome("ignored")
         if ev["node"] is not None and ev["node"].get("zone") is None:  # a regional GKE cluster's entry
             why = (
-                fill_zone(cast(dict[str, Any], ev), self.zones)  # the GKE adapter's edge takes plain dicts
+                fill_zone(cast(JsonObject, ev), self.zones)  # the GKE adapter's edge takes plain JSON objects
                 if self.zones is not None
                 else "no zone resolver configured"
             )
@@ -122,7 +122,7 @@ class Ingest:
 
     @staticmethod
     def _corroborated(ev: FaultEvent, nodes: NodeReader, watched: frozenset[int]) -> FaultEvent:
-        out = cast(FaultEvent, corroborate(cast(dict[str, Any], ev), nodes, watched))  # as fill_zone
+        out = cast(FaultEvent, corroborate(cast(JsonObject, ev), nodes, watched))  # as fill_zone
         if out["source"]["trust"] != ev["source"]["trust"]:
             log.emit(
                 "INFO",

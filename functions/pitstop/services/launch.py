@@ -11,28 +11,26 @@ the lease has run out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 from pitstop.adapters import log
-from pitstop.core.domain import WorkflowRun
+from pitstop.core.answers import WorkflowArgument
+from pitstop.core.domain import Incident, WorkflowRun
 from pitstop.core.engine import Outcome
 from pitstop.core.policy import Policy
 from pitstop.core.states import UNCLAIMABLE_STATES, RunState
 from pitstop.core.store import IncidentStore
-from pitstop.services.outbox import Outbox, page_notification
+from pitstop.services.outbox import Outbox, Publisher, page_notification
+
+__all__ = ["Launcher", "Publisher", "Starter", "start_lost", "workflow_argument"]
 
 
 class Starter(Protocol):
     def find(self, incident_id: str, step: int) -> str | None: ...
-    def start(self, incident_id: str, step: int, argument: Mapping[str, Any]) -> str: ...
+    def start(self, incident_id: str, step: int, argument: WorkflowArgument) -> str: ...
 
 
-class Publisher(Protocol):
-    def publish(self, notification: Mapping[str, Any]) -> str: ...
-
-
-def workflow_argument(inc: Mapping[str, Any], step: int) -> dict[str, Any]:
+def workflow_argument(inc: Incident, step: int) -> WorkflowArgument:
     """What one execution of remediate.yaml is given about its incident."""
     return {
         "incident_id": inc["id"],
@@ -50,7 +48,7 @@ def workflow_argument(inc: Mapping[str, Any], step: int) -> dict[str, Any]:
     }
 
 
-def start_lost(inc: Mapping[str, Any], now: float) -> bool:
+def start_lost(inc: Incident, now: float) -> bool:
     """A step was decided but its starter's lease ran out before it recorded a start.
 
     Not for an incident that ended or waits meanwhile (closed by a person before it started).
@@ -99,7 +97,7 @@ class Launcher:
             wf = cast(WorkflowRun, inc["workflow"])  # start_lost: a pending start has its workflow
             self.start(iid, int(wf["step"]), policy, now)
 
-    def _page(self, reason: str, inc: Mapping[str, Any] | None) -> None:
+    def _page(self, reason: str, inc: Incident | None) -> None:
         """Publish the page the committed decision recorded in the outbox; if that fails, the sweep will."""
         if self.outbox is None:
             return

@@ -21,11 +21,13 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from pitstop.adapters import log
 from pitstop.adapters.monitoring import MetricsWriter
 from pitstop.core import steps
+from pitstop.core.answers import Delivery
+from pitstop.core.domain import JsonObject
 from pitstop.core.notifications import render as render  # re-exported: tools render bodies too
 from pitstop.core.steps import StepRunner, StepStore
 from pitstop.services.channels import Channel
@@ -38,13 +40,13 @@ SINK_CLAIM_S = 60.0
 SinkBusyError = steps.BusyError
 
 
-def ledger_key(n: Mapping[str, Any], message_id: str) -> str:
+def ledger_key(n: JsonObject, message_id: str) -> str:
     """The notification's own id when it carries a valid one, else the Pub/Sub message id."""
     nid = n.get("id")
     return nid if isinstance(nid, str) and NOTIFICATION_ID.fullmatch(nid) else message_id
 
 
-def _warn(message: str, fields: Mapping[str, Any]) -> None:
+def _warn(message: str, fields: Mapping[str, str]) -> None:
     log.emit("WARNING", message, **fields)
 
 
@@ -60,8 +62,11 @@ class Notify:
         self.ledger = ledger if ledger is not None else steps.MemoryStepStore()
         self.runner: StepRunner[Any] = StepRunner(self.ledger, SINK_CLAIM_S, clock, _warn)
 
-    def handle(self, n: Mapping[str, Any], message_id: str) -> dict[str, Any]:
-        """Deliver to every sink not yet done; raise at the end if any failed (Pub/Sub redelivers)."""
+    def handle(self, n: JsonObject, message_id: str) -> dict[str, Delivery]:
+        """Deliver to every sink not yet done; raise at the end if any failed (Pub/Sub redelivers).
+
+        ``n`` is the message's JSON object as published, unchecked (main.py: Pub/Sub's edge): the
+        outbox publishes core/answers.Notification, but any publisher may write to the topic."""
         key = ledger_key(n, message_id)
         log.emit(
             {"critical": "CRITICAL", "warning": "WARNING"}.get(str(n.get("severity")), "INFO"),
@@ -69,11 +74,12 @@ class Notify:
             notification=n.get("kind"),
             incident=(n.get("incident") or {}).get("id"),
         )
-        done: dict[str, Any] = {}
+        done: dict[str, Delivery] = {}
         failed: list[tuple[str, Exception]] = []
         for sink, effect in self._sinks(n):
             try:
-                done[sink] = self.runner.run(f"{key}.{sink}", {"op": sink, "notification": key}, effect)
+                out = self.runner.run(f"{key}.{sink}", {"op": sink, "notification": key}, effect)
+                done[sink] = cast(Delivery, out)  # the sink's answer, or its record's when replayed
             except steps.BusyError:
                 raise  # another delivery holds this sink: redeliver later; it records what it did
             except Exception as exc:  # any sink's error: the others must still be tried
@@ -90,7 +96,7 @@ class Notify:
             raise RuntimeError(f"{what} ({error}); retried on redelivery") from error
         return done
 
-    def _sinks(self, n: Mapping[str, Any]) -> list[tuple[str, steps.Handler]]:
+    def _sinks(self, n: JsonObject) -> list[tuple[str, steps.Handler]]:
         """Metrics first, then each channel: (sink name, its effect)."""
         out: list[tuple[str, steps.Handler]] = []
         if self.metrics is not None:
@@ -103,5 +109,5 @@ class Notify:
 _NOT_DONE = {"metrics": "not written"}
 
 
-def _delivery(ch: Channel, n: Mapping[str, Any]) -> steps.Handler:
-    return lambda _claim: ch.deliver(n)
+def _delivery(ch: Channel, n: JsonObject) -> steps.Handler:
+    return lambda _claim: dict(ch.deliver(n))  # the runner keeps a plain JSON object

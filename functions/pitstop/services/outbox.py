@@ -23,11 +23,12 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, cast
 
 from pitstop.adapters import log
-from pitstop.core.domain import OutboxEntry
+from pitstop.core.answers import Notification, Page, PageIncident
+from pitstop.core.domain import Incident, JsonObject, OutboxEntry
 from pitstop.core.engine import Outcome
 from pitstop.core.notifications import notification_id as notification_id
 from pitstop.core.store import IncidentStore
@@ -36,29 +37,46 @@ PUBLISH_GRACE_S = 10.0  # an entry this old, never tried, has lost its publisher
 KEEP_SENT_S = 7 * 86400.0  # a sent entry keeps this long: its expire_at, for a Firestore TTL policy
 MAX_PER_SWEEP = 200
 MAX_FAILURES_IN_A_ROW = 3  # then the topic is down: stop, do not wait out every publish timeout
-PAGE_FIELDS = ("id", "node", "job", "cluster", "action", "state", "held")  # job: a hang's subject
 
 
 class Publisher(Protocol):
-    def publish(self, notification: Mapping[str, Any]) -> str: ...
+    def publish(self, notification: Notification) -> str: ...
 
 
-def page_notification(reason: str, inc: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The page for a decision: its id is fixed by the incident, the reason and the decision's time."""
-    inc = inc or {}
-    return {
-        "id": notification_id("page", inc.get("id"), reason, inc.get("updated_at")),
-        "kind": "page",
-        "severity": "critical",
-        "summary": reason,
-        "incident": {k: inc.get(k) for k in PAGE_FIELDS},
+def page_notification(reason: str, inc: Incident | None) -> Page:
+    """The page for a decision: its id is fixed by the incident, the reason and the decision's time.
+
+    ``inc`` may be the coalescer's slim view of the incident (services/count_shards.slim): each
+    field is read with ``get``, None where it has none."""
+    if inc is None:
+        return _page(reason, None, None, {"id": None, "node": None, "job": None, "cluster": None,
+                                          "action": None, "state": None, "held": None})  # fmt: skip
+    fields: PageIncident = {  # job: a hang's subject
+        "id": inc.get("id"),
+        "node": inc.get("node"),
+        "job": inc.get("job"),
+        "cluster": inc.get("cluster"),
+        "action": inc.get("action"),
+        "state": inc.get("state"),
+        "held": inc.get("held"),
     }
+    return _page(reason, inc.get("id"), inc.get("updated_at"), fields)
 
 
-def _plain(notification: Mapping[str, Any]) -> dict[str, Any]:
+def _page(reason: str, iid: str | None, at: float | None, fields: PageIncident) -> Page:
+    nid = notification_id("page", iid, reason, at)
+    return {"id": nid, "kind": "page", "severity": "critical", "summary": reason, "incident": fields}
+
+
+def _plain(notification: Notification) -> JsonObject:
     """The notification as JSON carries it (what is published is what is stored)."""
-    out: dict[str, Any] = json.loads(json.dumps(notification, default=str))
+    out: JsonObject = json.loads(json.dumps(notification, default=str))
     return out
+
+
+def _recorded(entry: OutboxEntry) -> Notification:
+    """The notification an entry keeps: one of ours, made plain JSON (enums as their strings)."""
+    return cast(Notification, entry["notification"])
 
 
 class Outbox:
@@ -83,17 +101,17 @@ class Outbox:
         if out.page:
             self.record_in(txn, page_notification(out.page, out.incident))
 
-    def _entry(self, notification: Mapping[str, Any]) -> OutboxEntry:
+    def _entry(self, notification: Notification) -> OutboxEntry:
         nid = str(notification["id"])
         return {"id": nid, "notification": _plain(notification), "created_at": self.clock(), "sent": False}
 
-    def record_in(self, txn: Any, notification: Mapping[str, Any]) -> str:
+    def record_in(self, txn: Any, notification: Notification) -> str:
         """Record a notification (it carries its ``id``) in the caller's transaction."""
         entry = self._entry(notification)
         self.store.outbox_put_in(txn, entry["id"], entry)
         return str(entry["id"])
 
-    def send(self, notification: Mapping[str, Any]) -> bool:
+    def send(self, notification: Notification) -> bool:
         """Publish a recorded notification and mark it sent; on failure it stays for the sweep."""
         nid = str(notification["id"])
         if self.publisher is None:
@@ -132,18 +150,19 @@ class Outbox:
                 error=repr(exc)[:300],
             )
 
-    def deliver(self, notification: Mapping[str, Any]) -> bool:
+    def deliver(self, notification: Notification) -> bool:
         """Record (once per id), publish, mark sent: for a notification no transaction produced."""
         stored = self.store.outbox_add(str(notification["id"]), self._entry(notification))
         if stored.get("sent"):
             return True  # a retried caller: this notification already went out
-        return self.send(stored.get("notification") or _plain(notification))
+        plain = stored.get("notification") or _plain(notification)
+        return self.send(cast(Notification, plain))  # one of ours, as JSON carries it
 
     def publish_pending(self, now: float) -> int:
         """Publish what is still unsent (failed, or older than the grace); how many went out."""
         sent = failed = 0
         for entry in itertools.islice(self.store.outbox_unsent(now - self.grace_s), MAX_PER_SWEEP):
-            if self.send(entry["notification"]):
+            if self.send(_recorded(entry)):
                 sent, failed = sent + 1, 0
                 continue
             failed += 1

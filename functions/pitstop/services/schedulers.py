@@ -11,7 +11,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pitstop.core.domain import CheckSpec
 from pitstop.core.policy import Cluster, Policy
+from pitstop.core.policy_types import GkeConfig
 
 if TYPE_CHECKING:
     from pitstop.adapters.gke import GkeScheduler
@@ -73,12 +75,12 @@ class NoScheduler:
     def capacity(self, job: str, node: str, ref: StepRef) -> Capacity:
         return Capacity(False, "no scheduler: nothing to requeue")
 
-    def start_check(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckStart:
+    def start_check(self, node: str, check: CheckSpec, ref: StepRef) -> CheckStart:
         from pitstop.adapters.errors import ActuatorError
 
         raise ActuatorError(409, "no scheduler to run a check on the node through", False)
 
-    def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult:
+    def check_result(self, node: str, check: CheckSpec, ref: StepRef) -> CheckResult:
         from pitstop.adapters.errors import ActuatorError
 
         raise ActuatorError(409, "no scheduler to run a check on the node through", False)
@@ -101,7 +103,7 @@ def _slurm(c: Cluster, w: Wiring) -> Scheduler:
 
 
 def _gke(c: Cluster, w: Wiring) -> Scheduler:
-    return gke_scheduler(c.name, c.raw.get("gke") or {}, w.project, w.kube_endpoint)
+    return gke_scheduler(c.name, c.raw.get("gke"), w.project, w.kube_endpoint)
 
 
 def _kubernetes(c: Cluster, w: Wiring) -> Scheduler:
@@ -137,9 +139,7 @@ def _subscriber() -> Any:
     return SubscriberClient()
 
 
-def gke_scheduler(
-    name: str, conf: Mapping[str, Any], project: str, kube_endpoint: str | None
-) -> GkeScheduler:
+def gke_scheduler(name: str, gke: GkeConfig | None, project: str, kube_endpoint: str | None) -> GkeScheduler:
     """A GKE cluster's adapter, connected on first use (a cold start never waits on the cluster).
 
     In production the control plane comes from ``container.clusters.get`` for the policy's
@@ -149,9 +149,10 @@ def gke_scheduler(
     from pitstop.adapters.gke import CheckSettings, GkeScheduler, gke_api_client
     from pitstop.adapters.gke.restart import STUCK_TERMINATING_S
 
-    deadline = float(conf.get("evict_deadline_s") or 120.0)
+    conf: Mapping[str, object] = gke or {}  # the policy schema checked its types
+    deadline = float(gke.get("evict_deadline_s") or 120.0) if gke else 120.0
     checks = CheckSettings.from_conf(conf)
-    stuck = float(conf.get("stuck_terminating_s", STUCK_TERMINATING_S))
+    stuck = float(gke.get("stuck_terminating_s", STUCK_TERMINATING_S)) if gke else STUCK_TERMINATING_S
     if kube_endpoint:
         return GkeScheduler(
             local_api_client(kube_endpoint),

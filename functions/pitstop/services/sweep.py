@@ -22,8 +22,8 @@ So every incident ends: resolved, failed with a page, or closed by a person.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol, cast, runtime_checkable
+from collections.abc import Callable
+from typing import Protocol, cast, runtime_checkable
 
 from google.api_core import exceptions as gexc
 
@@ -175,7 +175,7 @@ class Sweep:
             self.ingest.follow_up(out, now)  # the page, recorded in the outbox with the decision
         return failed
 
-    def _verdict(self, inc: Mapping[str, Any], name: str, now: float) -> tuple[str, bool] | None:
+    def _verdict(self, inc: Incident, name: str, now: float) -> tuple[str, bool] | None:
         """Why the execution no longer looks after the incident, and whether it overran; None if it does."""
         assert self.executions is not None
         try:
@@ -189,7 +189,8 @@ class Sweep:
             return f"execution {short} ended {status.state} without closing the incident{detail}", False
         started = (inc.get("workflow") or {}).get("started_at") or status.started_at
         deadline = self.ingest.policy.watchdog_deadline_s(str(inc["action"]))
-        window_end = to_epoch((inc.get("maintenance") or {}).get("window_end"))
+        maint = inc.get("maintenance")
+        window_end = to_epoch(maint.get("window_end") if maint else None)
         if window_end is not None and started is not None:  # a platform window the step waits out
             deadline = max(deadline, window_end - float(started) + deadline)
         if started is not None and now - float(started) > deadline:

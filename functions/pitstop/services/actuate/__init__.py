@@ -31,7 +31,7 @@ import concurrent.futures as futures
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from google.api_core import exceptions as gexc
 
@@ -39,7 +39,9 @@ from pitstop.adapters import log
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import lifecycle, remediation, steps
+from pitstop.core.answers import OpAnswer, Refused, Reply
 from pitstop.core.degraded import Telemetry
+from pitstop.core.domain import JsonObject
 from pitstop.core.ops import Op, step_key
 from pitstop.core.policy import Policy
 from pitstop.core.scheduling import Scheduler
@@ -58,7 +60,7 @@ _TRANSIENT = (gexc.GoogleAPICallError, gexc.RetryError, TimeoutError, futures.Ti
 _OP_VALUES = frozenset(o.value for o in Op)
 
 
-def _warn(message: str, fields: Mapping[str, Any]) -> None:
+def _warn(message: str, fields: Mapping[str, str]) -> None:
     log.emit("WARNING", f"actuate: {message}", **fields)
 
 
@@ -111,7 +113,13 @@ class Actuator:
     def notifier(self) -> Publisher | None:
         return self.deps.launcher.notifier
 
-    def handle(self, req: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+    def handle(self, req: JsonObject) -> tuple[JsonObject, int]:
+        """One workflow call, as JSON comes and goes (only its op, incident and step are checked)."""
+        reply, status = self.answer(req)
+        return dict(reply), status
+
+    def answer(self, req: JsonObject) -> tuple[Reply, int]:
+        """The op's typed answer (core/answers.py), or why it was refused, and its HTTP status."""
         raw, iid, step = req.get("op"), req.get("incident"), req.get("step")
         if (
             not isinstance(raw, str)
@@ -135,7 +143,7 @@ class Actuator:
                      incident=iid, step=step, error=what[:300])  # fmt: skip
             return {"error": f"backing service unavailable: {what}", "retryable": True}, 503
 
-    def _run(self, op: Op, iid: str, step: int, req: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+    def _run(self, op: Op, iid: str, step: int, req: JsonObject) -> tuple[Reply, int]:
         inc = self.deps.store.get(iid)
         if inc is None:
             return {"error": f"no incident {iid}"}, 404
@@ -146,20 +154,20 @@ class Actuator:
             step,
             op,
             str(req.get("execution") or ""),
-            extra if isinstance(extra, Mapping) else {},
+            extra if isinstance(extra, dict) else {},  # JSON: an object is a dict
         )
         spec = OPS[op]
         if spec.kind is Kind.EFFECT:
             return self._once(s, spec), 200
         out = spec.run(s)  # the claim, or a probe: asked again, answered fresh
-        return (out.answer if isinstance(out, steps.Release) else out), 200
+        return (cast(OpAnswer, out.answer) if isinstance(out, steps.Release) else out), 200  # fail's, kept
 
-    def _once(self, s: Step, spec: OpSpec) -> dict[str, Any]:
+    def _once(self, s: Step, spec: OpSpec) -> Reply:
         """Run an effect once per step: a result is replayed; 503 while another attempt runs it."""
         key = step_key(s.step, s.op)
         rec = self.deps.store.step_record(s.iid, key)
         if rec is not None and steps.record_state(rec) == steps.DONE:
-            return {**(rec.get("result") or {}), "replayed": True}
+            return cast(OpAnswer, {**(rec.get("result") or {}), "replayed": True})  # its op's answer
         if s.inc["step"] != s.step:  # a newer step owns the incident: this execution only winds down
             return {"outcome": "superseded", "current_step": s.inc["step"], "operation": None}
         why = (
@@ -174,19 +182,25 @@ class Actuator:
         )
         payload = {"op": str(s.op), "incident": s.iid, "step": s.step}
         try:
-            return runner.run(
-                key, payload, lambda c: spec.run(replace(s, claim=c, runner=runner)), s.execution
+            done = runner.run(
+                key, payload, lambda c: _plain(spec.run(replace(s, claim=c, runner=runner))), s.execution
             )
+            return cast(OpAnswer, done)  # the op's answer, or its record's when replayed
         except steps.BusyError as exc:
             raise StepBusyError(str(exc)) from None
         except steps.PayloadMismatchError as exc:
             raise ActuatorError(409, str(exc), False) from None
 
 
-def _refused(op: Op, iid: str, step: int, exc: ActuatorError) -> tuple[dict[str, Any], int]:
+def _plain(out: OpAnswer | steps.Release) -> JsonObject | steps.Release:
+    """An answer as the step runner keeps it: a JSON object it replays unread (core/steps.Handler)."""
+    return out if isinstance(out, steps.Release) else dict(out)
+
+
+def _refused(op: Op, iid: str, step: int, exc: ActuatorError) -> tuple[Refused, int]:
     log.emit("WARNING" if exc.retryable else "ERROR", "actuate failed", op=op, incident=iid, step=step,
              status=exc.status, error=exc.message)  # fmt: skip
-    body: dict[str, Any] = {"error": exc.message, "retryable": exc.retryable}
+    body: Refused = {"error": exc.message, "retryable": exc.retryable}
     if isinstance(exc, StepBusyError):
         body["in_progress"] = True
     return body, exc.status

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any, cast
+from typing import Literal, cast
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import checks, corroboration, remediation
 from pitstop.core.actions import RANK, Action
+from pitstop.core.answers import (
+    CheckStarted,
+    Corroborating,
+    CorroborationJudged,
+    DiagnosisJudged,
+    Done,
+    Validating,
+    ValidationJudged,
+)
 from pitstop.core.domain import CheckRun, CheckSpec, Incident, Measurement
 from pitstop.core.ops import Op
 from pitstop.core.timefmt import to_epoch
@@ -18,25 +27,28 @@ from pitstop.services.actuate.context import Step
 from pitstop.services.actuate.gang import free_node, watch_resume
 
 
-def _start(s: Step, spec: CheckSpec) -> dict[str, Any]:
+def _start(s: Step, spec: CheckSpec, why: str) -> CheckStarted:
     """Start a check run once: its spec is saved before the scheduler is asked."""
-    saved = s.saved("check")
+    saved = s.decided().get("check")
     if not isinstance(saved, dict):
-        s.save({"check": dict(spec)})
-        saved = dict(spec)
-    started = s.scheduler.start_check(s.instance, cast(CheckSpec, saved), s.ref)  # as saved
-    return {"run": True, "check": saved, "peer": started.peer, "note": started.note}
+        s.save({"check": spec.copy()})
+        saved = spec.copy()
+    started = s.scheduler.start_check(s.instance, saved, s.ref)
+    return {"run": True, "why": why, "check": saved, "peer": started.peer, "note": started.note}
 
 
-def _result(s: Step, op: Op) -> CheckRun | None:
+CheckOp = Literal[Op.CORROBORATE, Op.DIAGNOSE, Op.VALIDATE, Op.REVALIDATE]
+
+
+def _result(s: Step, op: CheckOp) -> CheckRun | None:
     """The scheduler's answer for this step's check run (None when none ran)."""
     rec = s.recorded(op)
-    if not rec.get("run"):
+    if not rec or not rec.get("run") or "check" not in rec:
         return None
     return cast(CheckRun, asdict(s.scheduler.check_result(s.instance, rec["check"], s.ref)))
 
 
-def _final(s: Step, op: Op) -> CheckRun | None:
+def _final(s: Step, op: CheckOp) -> CheckRun | None:
     """The check's result for its judge: a scheduler's final refusal is a run that did not finish."""
     try:
         return _result(s, op)
@@ -50,7 +62,7 @@ def _has_scheduler(s: Step) -> bool:
     return s.scheduler.name != "none"
 
 
-def corroborate(s: Step) -> dict[str, Any]:
+def corroborate(s: Step) -> Corroborating | CheckStarted:
     """Ask the node, before anything is disrupted, whether it shows the fault the log names.
 
     Read-only tools beside whatever runs there (the node is not freed: a forged line must cost the
@@ -71,7 +83,7 @@ def corroborate(s: Step) -> dict[str, Any]:
     expected = checks.gpus_of(vm)
     boot = to_epoch(vm.get("last_start_timestamp")) or to_epoch(vm.get("creation_timestamp"))
     spec = corroboration.spec(s.inc, s.step, expected or 1, expected, boot)
-    return {**_start(s, spec), "why": why}
+    return _start(s, spec, why)
 
 
 def _vm_facts(s: Step) -> corroboration.VmFacts | None:
@@ -92,26 +104,26 @@ def _vm_facts(s: Step) -> corroboration.VmFacts | None:
     )
 
 
-def corroboration_done(s: Step) -> dict[str, Any]:
+def corroboration_done(s: Step) -> Done:
     """The probe the workflow polls until the corroboration check has ended (or none ran)."""
     res = _result(s, Op.CORROBORATE)
     return {"done": res is None or bool(res.get("done"))}
 
 
-def judge_corroboration(s: Step) -> dict[str, Any]:
+def judge_corroboration(s: Step) -> CorroborationJudged:
     """Go on when the node confirms the fault; else record what was checked and page (409)."""
-    rec = s.recorded(Op.CORROBORATE)
+    rec: Corroborating = s.recorded(Op.CORROBORATE) or {"run": False, "why": None}
     if "peers" in rec:
-        return _judge_peers(s, cast(Measurement, dict(rec["peers"])))  # the recorded comparison (planned.py)
+        return _judge_peers(s, rec["peers"])  # the recorded comparison (planned.py)
     if not rec.get("run") and not rec.get("unavailable") and "system" not in rec:
         return {"confirmed": None, "why": rec.get("why")}
     now = s.deps.clock()
     record: Measurement
     if "system" in rec:
-        record = cast(Measurement, dict(rec["system"]))  # corroborate's record, saved with its step
+        record = rec["system"]  # corroborate's record, saved with its step
     else:
         result = _final(s, Op.CORROBORATE) if rec.get("run") else None
-        spec = cast(CheckSpec, rec.get("check") or {})  # saved with the step, as corroboration.spec made it
+        spec = rec.get("check") or cast(CheckSpec, {})  # saved with the step, as corroboration.spec made it
         verdict = corroboration.judge(spec, result, checks.evidence_gpu(s.inc))
         record = verdict.record(now, s.step)
     if rec.get("unavailable"):
@@ -133,7 +145,7 @@ def judge_corroboration(s: Step) -> dict[str, Any]:
     return {"confirmed": True, "why": record["why"]}
 
 
-def _judge_peers(s: Step, record: Measurement) -> dict[str, Any]:
+def _judge_peers(s: Step, record: Measurement) -> CorroborationJudged:
     """A degraded node's comparison on the incident; a move goes on, anything else stands down."""
     now = s.deps.clock()
 
@@ -148,7 +160,7 @@ def _judge_peers(s: Step, record: Measurement) -> dict[str, Any]:
     return planned.judged(record)
 
 
-def diagnose(s: Step) -> dict[str, Any]:
+def diagnose(s: Step) -> CheckStarted:
     need, why = checks.needs_diagnosis(s.inc, s.deps.policy)
     if need and not _has_scheduler(s):
         need, why = False, "no scheduler to run a diagnostic through: replacing on the evidence as it is"
@@ -159,25 +171,25 @@ def diagnose(s: Step) -> dict[str, Any]:
     expected = checks.gpus_of(vm)  # what the VM has; None: no count can confirm anything
     exp = s.deps.table().expectation(checks.machine_type_of(vm))
     spec = checks.diagnose_spec(s.inc, s.step, s.deps.policy, expected or (exp.gpus if exp else 8), expected)
-    return {**_start(s, spec), "why": why, **freed}
+    return {**_start(s, spec, why), **freed}
 
 
-def _finished(s: Step, op: Op) -> dict[str, Any]:
+def _finished(s: Step, op: CheckOp) -> Done:
     """A probe the workflow polls: has the check run ended (or none ran)? It also watches the gang."""
     res = _result(s, op)
     watch_resume(s)
     return {"done": res is None or bool(res.get("done"))}
 
 
-def diagnosis(s: Step) -> dict[str, Any]:
+def diagnosis(s: Step) -> Done:
     return _finished(s, Op.DIAGNOSE)
 
 
-def judge_diagnosis(s: Step) -> dict[str, Any]:
+def judge_diagnosis(s: Step) -> DiagnosisJudged:
     """Replace on what the node itself shows, or step down to REBOOT_NODE (or page) and record why."""
     rec = s.recorded(Op.DIAGNOSE)
-    if not rec.get("run"):
-        return {"action": s.inc["action"], "confirmed": None, "why": rec.get("why")}
+    if not rec or not rec.get("run") or "check" not in rec:
+        return {"action": s.inc["action"], "confirmed": None, "why": rec.get("why") if rec else None}
     expected = rec["check"].get("expected_gpus")
     result = _final(s, Op.DIAGNOSE)
     verdict = checks.judge_diagnosis(
@@ -215,41 +227,41 @@ def _record_diagnosis(s: Step, verdict: checks.DiagnosisVerdict) -> None:
     log.emit("INFO", "diagnosed", incident=s.iid, confirmed=verdict.confirmed, why=verdict.why)
 
 
-def validate(s: Step) -> dict[str, Any]:
+def validate(s: Step) -> Validating:
     need, why = checks.needs_validation(s.inc, s.deps.policy, _has_scheduler(s))
     if need and (s.inc.get("fence") or {}).get("already_drained_by_other"):
         need, why = False, "the node stays drained by someone else, who returns it to service"
     if not need:
         return {"run": False, "why": why}
-    mt = s.saved("machine_type")
+    mt = s.decided().get("machine_type")
     if not isinstance(mt, str):
         vm = s.vm()
         mt = checks.machine_type_of(vm)
         s.save({"machine_type": mt, "gpus": checks.gpus_of(vm)})
-    gpus = s.saved("gpus")
+    gpus = s.decided().get("gpus")
     freed = free_node(s)
     table = s.deps.table()
     spec = checks.validate_spec(
         s.inc, s.step, s.deps.policy, mt, table, gpus if isinstance(gpus, int) else None
     )
-    return {**_start(s, spec), "why": why, "machine_type": mt, **freed}
+    return {**_start(s, spec, why), "machine_type": mt, **freed}
 
 
-def validation(s: Step) -> dict[str, Any]:
+def validation(s: Step) -> Done:
     return _finished(s, Op.VALIDATE)
 
 
 def _first_verdict(s: Step) -> checks.ValidationVerdict | None:
     """The first validation run judged (None when none ran)."""
     rec = s.recorded(Op.VALIDATE)
-    if not rec.get("run"):
+    if not rec or not rec.get("run"):
         return None
     return checks.judge_validation(
         s.inc["action"], str(rec["machine_type"]), _final(s, Op.VALIDATE), s.deps.policy, s.deps.table()
     )
 
 
-def revalidate(s: Step) -> dict[str, Any]:
+def revalidate(s: Step) -> CheckStarted:
     """A busbw shortfall (measured the fabric's way) or corrupt data against one peer: the NCCL
     test again with a different healthy peer, through the same scheduler (which picks it the way it
     picked the first). One peer's result may be that peer's, the path's or the fabric's; it never
@@ -260,41 +272,42 @@ def revalidate(s: Step) -> dict[str, Any]:
             "run": False,
             "why": "no busbw shortfall measured the fabric's way or corrupt data to check again",
         }
-    spec = checks.revalidate_spec(
-        cast(CheckSpec, s.recorded(Op.VALIDATE)["check"]), s.step, [str(first.peer)]
-    )
-    saved = s.saved("recheck")
+    validated = s.recorded(Op.VALIDATE)
+    assert validated is not None and "check" in validated  # _first_verdict: it ran
+    spec = checks.revalidate_spec(validated["check"], s.step, [str(first.peer)])
+    saved = s.decided().get("recheck")
     if not isinstance(saved, dict):
-        s.save({"recheck": dict(spec)})
-        saved = dict(spec)
-    started = s.scheduler.start_check(s.instance, cast(CheckSpec, saved), s.ref)  # as saved
+        s.save({"recheck": spec.copy()})
+        saved = spec.copy()
+    started = s.scheduler.start_check(s.instance, saved, s.ref)
     what = "wrong data" if first.validation.verdict == "corrupt" else "busbw short"
     why = f"{what} against {first.peer}: measured again against another healthy peer"
     return {"run": True, "check": saved, "peer": started.peer, "note": started.note, "why": why}
 
 
-def revalidation(s: Step) -> dict[str, Any]:
+def revalidation(s: Step) -> Done:
     return _finished(s, Op.REVALIDATE)
 
 
-def judge_validation(s: Step) -> dict[str, Any]:
+def judge_validation(s: Step) -> ValidationJudged:
     """Return the node on a pass; hardware evidence steps up to REPLACE_NODE; anything else pages."""
     rec = s.recorded(Op.VALIDATE)
-    if not rec.get("run"):
-        return {"outcome": "skipped", "why": rec.get("why")}
+    if not rec or not rec.get("run"):
+        return {"outcome": "skipped", "why": rec.get("why") if rec else None}
     mt = str(rec["machine_type"])
     verdict = checks.judge_validation(
         s.inc["action"], mt, _final(s, Op.VALIDATE), s.deps.policy, s.deps.table()
     )
     if verdict.wants_second_peer:
-        second = _final(s, Op.REVALIDATE) if s.recorded(Op.REVALIDATE).get("run") else None
+        rechecked = s.recorded(Op.REVALIDATE)
+        second = _final(s, Op.REVALIDATE) if rechecked and rechecked.get("run") else None
         verdict = checks.judge_second_peer(
             s.inc["action"], mt, verdict, second, s.deps.policy, s.deps.table()
         )
     return _record_validation(s, verdict)
 
 
-def _record_validation(s: Step, verdict: checks.ValidationVerdict) -> dict[str, Any]:
+def _record_validation(s: Step, verdict: checks.ValidationVerdict) -> ValidationJudged:
     now = s.deps.clock()
     record = verdict.record(now)
     passed = verdict.validation.passed
@@ -314,5 +327,5 @@ def _record_validation(s: Step, verdict: checks.ValidationVerdict) -> dict[str, 
     log.emit("INFO", "validated", incident=s.iid, verdict=verdict.validation.verdict, next=verdict.next)
     if verdict.next == PAGE:
         raise ActuatorError(409, f"validation failed: {verdict.validation.why}", False)
-    outcome = "pass" if passed else "step_up"
+    outcome: Literal["pass", "step_up"] = "pass" if passed else "step_up"
     return {"outcome": outcome, "verdict": verdict.validation.verdict, "why": verdict.validation.why}

@@ -5,14 +5,27 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Literal, cast, overload
 
 from pitstop.adapters import log
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import checks, lifecycle, remediation, steps
+from pitstop.core.answers import (
+    Acted,
+    Checkpointed,
+    CheckStarted,
+    Corroborating,
+    Decided,
+    Escalated,
+    GangDecided,
+    Linking,
+    Localising,
+    OpAnswer,
+    Validating,
+)
 from pitstop.core.degraded import Telemetry
-from pitstop.core.domain import Incident, Milestone, Vm
+from pitstop.core.domain import Fenced, Incident, JsonObject, Milestone, Unfenced, Vm
 from pitstop.core.ids import request_id
 from pitstop.core.ops import Op, step_key
 from pitstop.core.policy import Policy
@@ -64,7 +77,7 @@ class Step:
     step: int
     op: Op
     execution: str = ""
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: JsonObject = field(default_factory=dict)  # the workflow's ``extra`` (fail: stage, error)
     claim: steps.Claim | None = None
     runner: steps.StepRunner[Any] | None = None
 
@@ -97,16 +110,46 @@ class Step:
 
     # -- records -----------------------------------------------------------------------------
 
-    def recorded(self, op: Op, step: int | None = None) -> dict[str, Any]:
-        """The result an op of this (or another) step recorded; empty if it has not finished."""
+    # What an op of this (or another) step recorded, typed by the op that answered it; None
+    # until it has finished. The store's record, read back as its op wrote it.
+    @overload
+    def recorded(self, op: Literal[Op.FENCE], step: int | None = None) -> Fenced | None: ...
+    @overload
+    def recorded(self, op: Literal[Op.UNFENCE], step: int | None = None) -> Unfenced | None: ...
+    @overload
+    def recorded(self, op: Literal[Op.CHECKPOINT], step: int | None = None) -> Checkpointed | None: ...
+    @overload
+    def recorded(self, op: Literal[Op.ESCALATE], step: int | None = None) -> Escalated | None: ...
+    @overload
+    def recorded(self, op: Literal[Op.ACT], step: int | None = None) -> Acted | None: ...
+    @overload
+    def recorded(self, op: Literal[Op.CORROBORATE], step: int | None = None) -> Corroborating | None: ...
+    @overload
+    def recorded(self, op: Literal[Op.VALIDATE], step: int | None = None) -> Validating | None: ...
+    @overload
+    def recorded(
+        self, op: Literal[Op.DIAGNOSE, Op.REVALIDATE], step: int | None = None
+    ) -> CheckStarted | None: ...
+    @overload
+    def recorded(self, op: Literal[Op.LOCALISE], step: int | None = None) -> Localising | None: ...
+    @overload
+    def recorded(self, op: Literal[Op.LINKS], step: int | None = None) -> Linking | None: ...
+
+    def recorded(self, op: Op, step: int | None = None) -> OpAnswer | None:
         rec = self.deps.store.step_record(self.iid, step_key(self.step if step is None else step, op)) or {}
-        return dict(rec.get("result") or {}) if steps.record_state(rec) == steps.DONE else {}
+        if steps.record_state(rec) != steps.DONE:
+            return None
+        return cast(OpAnswer, dict(rec.get("result") or {}))  # the op's answer, as it recorded it
 
-    def saved(self, key: str) -> Any:
-        """What an earlier attempt of this op decided before its first effect (None: nothing)."""
-        return self.claim.saved.get(key) if self.claim is not None else None
+    def decided(self) -> Decided:
+        """What an earlier attempt of this op decided before its first effect (empty: nothing)."""
+        return cast(Decided, self.claim.saved if self.claim is not None else {})  # as save() kept it
 
-    def save(self, fields: Mapping[str, Any]) -> None:
+    def gang_decided(self) -> GangDecided:
+        """The same for a gang check's op (localise, links)."""
+        return cast(GangDecided, self.claim.saved if self.claim is not None else {})
+
+    def save(self, fields: Decided | GangDecided) -> None:
         """Keep what this attempt decided, before its first effect; stop if its claim passed on."""
         if self.runner is None or self.claim is None:
             raise AssertionError("save() outside a recorded op")
@@ -143,7 +186,7 @@ class Step:
         except ActuatorError as exc:
             log.emit("WARNING", "could not label instance", incident=self.iid, error=exc.message)
 
-    def notify(self, inc: Incident, severity: str, text: str, **extra: Any) -> None:
+    def notify(self, inc: Incident, severity: str, text: str, **extra: Any) -> None:  # Notice's extras
         """Recorded in the outbox, then published: a failed publish is the sweep's to retry, not lost."""
         outbox = self.deps.launcher.outbox
         if outbox is not None:

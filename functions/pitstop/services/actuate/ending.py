@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
-
 from pitstop.adapters import log
 from pitstop.core import degraded, lifecycle, remediation
 from pitstop.core.actions import RANK, RECORD_ONLY_ACTIONS
-from pitstop.core.domain import Incident, Unfenced
+from pitstop.core.answers import Closed, Escalated, FailAnswer
+from pitstop.core.domain import Incident
 from pitstop.core.ops import CONTINUE, Op
 from pitstop.core.states import ACTIVE_STATES, State
 from pitstop.core.steps import Release
@@ -18,7 +17,7 @@ from pitstop.services.actuate.context import Step
 _FAILABLE = ACTIVE_STATES | {State.OPEN}
 
 
-def escalate(s: Step) -> dict[str, Any]:
+def escalate(s: Step) -> Escalated:
     """Decide a step-up while the node is still fenced: after verify, before unfence.
 
     A stronger fault that arrived during this step starts the next step (or is held), which
@@ -38,11 +37,11 @@ def escalate(s: Step) -> dict[str, Any]:
         stepped = _step_up(s, s.deps.clock())
         if stepped is not None:
             log.emit("INFO", "escalated before returning the node", incident=s.iid, **stepped)
-            return {**stepped, "handed_over": True}
+            return {"outcome": stepped["outcome"], "handed_over": True}
     return {"outcome": CONTINUE, "handed_over": False}
 
 
-def close(s: Step) -> dict[str, Any]:
+def close(s: Step) -> Closed:
     now = s.deps.clock()
     fresh = s.deps.store.get(s.iid) or s.inc.copy()
     stronger = fresh.get("escalate_to")
@@ -55,7 +54,7 @@ def close(s: Step) -> dict[str, Any]:
     return _resolve(s, now)
 
 
-def _resolve(s: Step, now: float) -> dict[str, Any]:
+def _resolve(s: Step, now: float) -> Closed:
     def resolve(doc: Incident) -> Incident:
         lifecycle.move(doc, State.RESOLVED, f"close of step {s.step}")
         doc["timeline"].setdefault("notified", now)
@@ -67,7 +66,7 @@ def _resolve(s: Step, now: float) -> dict[str, Any]:
     s.deps.store.release_budget(done)
     jobs = [j["id"] for j in done.get("jobs", [])] if isinstance(done.get("jobs"), list) else []
     severity = "info" if done["action"] in RECORD_ONLY_ACTIONS else "warning"
-    unfenced = cast(Unfenced, s.recorded(Op.UNFENCE))  # the unfence op's recorded result
+    unfenced = s.recorded(Op.UNFENCE) or {}
     text = remediation.summary(done, unfenced)
     planned = degraded.close_note(done)  # a degraded node: moved at its checkpoint, or why not
     if planned is not None:
@@ -76,7 +75,7 @@ def _resolve(s: Step, now: float) -> dict[str, Any]:
     return {"outcome": "resolved", "durations_s": durations(done)}
 
 
-def _step_up(s: Step, now: float) -> dict[str, Any] | None:
+def _step_up(s: Step, now: float) -> Closed | None:
     """The fault got worse while it was being fixed: its next step goes the way every step does.
 
     The engine decides it (policy, cooldown, budgets, mode), the store records it, and the
@@ -93,7 +92,7 @@ def _step_up(s: Step, now: float) -> dict[str, Any] | None:
     return {"outcome": f"escalated to {inc['action']} (step {inc['step']})"}
 
 
-def fail(s: Step) -> dict[str, Any] | Release:
+def fail(s: Step) -> FailAnswer | Release:
     """Record a failed step and page a person, unless the incident is past failing.
 
     A RESOLVED incident stays RESOLVED (e.g. a close whose answer was lost, then an error in its
@@ -121,9 +120,10 @@ def fail(s: Step) -> dict[str, Any] | Release:
     if why_not is not None:
         log.emit("WARNING", "failure not recorded", incident=s.iid, stage=stage, why=why_not, error=what)
         state = str(done["state"])
-        answer = {"outcome": state.lower(), "state": state, "stage": stage, "error": what, "why": why_not}
-        return Release({**answer, "recorded": False}, f"nothing done: {why_not}")
-    where, todo = remediation.node_note(done, cast(Unfenced, s.recorded(Op.UNFENCE)))
+        answer: FailAnswer = {"outcome": state.lower(), "state": state, "stage": stage, "error": what,
+                              "why": why_not, "recorded": False}  # fmt: skip
+        return Release(dict(answer), f"nothing done: {why_not}")
+    where, todo = remediation.node_note(done, s.recorded(Op.UNFENCE) or {})
     page = f"{where} Investigate ({what}); when the node is healthy, {todo}close the incident."
     s.notify(done, "critical", f"Remediation of {s.instance} FAILED at {stage}", todo=page)
     return {"outcome": "failed", "stage": stage, "error": what}

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
-
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import corroboration, remediation, trust, watchdog
 from pitstop.core.actions import NODE_ACTIONS
-from pitstop.core.domain import Fenced, Incident, Vm
+from pitstop.core.answers import Checkpointed, ClaimAnswer, JobsDone
+from pitstop.core.domain import Fenced, Incident, Unfenced, Vm
 from pitstop.core.ops import Op, plan_for
 from pitstop.core.scheduling import JobInfo
 from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
@@ -19,7 +18,7 @@ CHECKPOINT_MARGIN_S = 300.0
 CHECKPOINT_DEFAULT_WAIT_S = watchdog.CHECKPOINT_WAIT_S
 
 
-def claim(s: Step) -> dict[str, Any]:
+def claim(s: Step) -> ClaimAnswer:
     """This execution takes the step (one owner), after the live VM is checked against the evidence."""
 
     def take(doc: Incident) -> tuple[bool, str]:
@@ -114,12 +113,12 @@ def _reject(s: Step, problem: str) -> None:
     s.notify(done, "warning", f"Incident {s.iid} rejected, nothing done: {problem}")
 
 
-def fence(s: Step) -> dict[str, Any]:
+def fence(s: Step) -> Fenced:
     """Drain the node and record the jobs on it, each with the run the fault hit, and what was there."""
     sched = s.scheduler
     before: list[JobInfo] = []
     if _handed_over(s):  # the jobs the last step's fence recorded, read from its step record
-        before = remediation.handed_over(cast(Fenced, s.recorded(Op.FENCE, s.step - 1)))
+        before = remediation.handed_over(s.recorded(Op.FENCE, s.step - 1) or {})
     jobs = remediation.merge_jobs(before, sched.jobs_on(s.instance, s.ref))
     answer = sched.fence(s.instance, s.ref, s.inc["action"]).doc()
     if not corroboration.needs_corroboration(s.inc, s.deps.policy.corroborate)[0]:
@@ -138,14 +137,16 @@ def fence(s: Step) -> dict[str, Any]:
 def _handed_over(s: Step) -> bool:
     """The previous step handed the node over to this one (escalated before unfence): its jobs,
     with the runs its fault hit, are this step's to move (that step requeued nothing)."""
-    return s.step > 1 and bool(s.recorded(Op.ESCALATE, s.step - 1).get("handed_over"))
+    escalated = s.recorded(Op.ESCALATE, s.step - 1) if s.step > 1 else None
+    return bool(escalated and escalated.get("handed_over"))
 
 
 def fenced_jobs(s: Step) -> list[str]:
-    return [str(j) for j in s.recorded(Op.FENCE).get("jobs", [])]
+    fenced = s.recorded(Op.FENCE)
+    return [str(j) for j in fenced.get("jobs", [])] if fenced else []
 
 
-def checkpoint(s: Step) -> dict[str, Any]:
+def checkpoint(s: Step) -> Checkpointed:
     """Ask each fenced job to save its state, and say how long to wait for it (before the window)."""
     jobs = fenced_jobs(s)
     how = sorted({s.scheduler.checkpoint(job, s.ref) for job in jobs})
@@ -159,16 +160,16 @@ def checkpoint(s: Step) -> dict[str, Any]:
     }
 
 
-def jobs_done(s: Step) -> dict[str, Any]:
+def jobs_done(s: Step) -> JobsDone:
     running = [j for j in fenced_jobs(s) if s.scheduler.job_info(j, s.ref).state.on_nodes]
     return {"done": not running, "running": running}
 
 
-def unfence(s: Step) -> dict[str, Any]:
+def unfence(s: Step) -> Unfenced:
     """Lift Pitstop's fence for this incident; a fence someone else set stays (``left_drained``)."""
     answer = s.scheduler.unfence(s.instance, s.ref)
     s.label(Op.UNFENCE, None)
-    out: dict[str, Any] = {"unfenced": s.instance, "resumed": answer.resumed}
+    out: Unfenced = {"unfenced": s.instance, "resumed": answer.resumed}
     if answer.left_fenced:
         out["left_drained"] = answer.left_fenced
     return out

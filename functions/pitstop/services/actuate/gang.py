@@ -3,21 +3,20 @@ watching for the gang to run again."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from pitstop.adapters import log
 from pitstop.core import checks, remediation
-from pitstop.core.domain import CapacityDoc
+from pitstop.core.answers import EarlyResume, Freed, JobWhy, Rescheduled, Resumed
+from pitstop.core.domain import CapacityDoc, JobRunDoc
 from pitstop.core.ids import job_key, requeue_key
 from pitstop.core.ops import Op
-from pitstop.core.scheduling import JobInfo, JobRun, JobState
+from pitstop.core.scheduling import Capacity, JobInfo, JobRun, JobState
 from pitstop.services.actuate.context import Step
 
 
 def _runs(s: Step) -> dict[str, JobRun]:
     """Each fenced job with the run the fault hit (a hung job's: the run its localisation saw)."""
-    fence = s.recorded(Op.FENCE) or s.recorded(Op.LOCALISE)
-    runs = fence.get("runs") or {}
+    fence = s.recorded(Op.FENCE) or s.recorded(Op.LOCALISE) or {}
+    runs: dict[str, JobRunDoc] = fence.get("runs") or {}
     return {str(j): JobRun.of(runs.get(j)) for j in fence.get("jobs", [])}
 
 
@@ -28,7 +27,8 @@ def requeue_one(s: Step, job: str, fenced: JobRun) -> str | None:
     wins. No clock decides.
     """
     info = s.scheduler.job_info(job, s.ref)
-    checkpointed = bool(s.recorded(Op.CHECKPOINT).get("signalled"))
+    ckpt = s.recorded(Op.CHECKPOINT)
+    checkpointed = bool(ckpt and ckpt.get("signalled"))
     why = remediation.requeue_refusal(checkpointed, info, fenced)
     if why is not None:
         return why
@@ -54,16 +54,16 @@ def over_budget(s: Step, job: str, cap: int, window: float) -> str:
     return why
 
 
-def reschedule_early(s: Step) -> dict[str, Any]:
+def reschedule_early(s: Step) -> EarlyResume:
     """Requeue each job now when the scheduler can run its gang without the node; else say why.
 
     The repair then goes on in the background of the job. A job left waiting is requeued by
     ``reschedule`` once the node is back (the old order), and the incident's ``resume`` says why.
     """
     choice = s.deps.policy.reschedule(s.deps.policy.cluster_for(s.inc["node"]))
-    requeued: list[dict[str, Any]] = []
-    waiting: list[dict[str, Any]] = []
-    moved: list[dict[str, Any]] = []
+    requeued: list[JobWhy] = []
+    waiting: list[JobWhy] = []
+    moved: list[JobWhy] = []
     for job, then in _runs(s).items():
         cap = s.scheduler.capacity(job, s.instance, s.ref) if choice == checks.EARLY else None
         go, why = checks.early_requeue(choice, _capacity_doc(cap))
@@ -74,7 +74,7 @@ def reschedule_early(s: Step) -> dict[str, Any]:
         (requeued if skipped is None else moved).append(
             {"job": job, "why": why if skipped is None else skipped}
         )
-    resume: dict[str, Any] = {
+    resume: EarlyResume = {
         "mode": checks.EARLY if requeued else checks.AFTER_REPAIR,
         "requeued": requeued,
         "waiting": waiting,
@@ -88,14 +88,14 @@ def reschedule_early(s: Step) -> dict[str, Any]:
     return resume
 
 
-def _capacity_doc(cap: Any) -> CapacityDoc:
+def _capacity_doc(cap: Capacity | None) -> CapacityDoc:
     return {} if cap is None else {"enough": cap.enough, "need": cap.need, "free": cap.free, "why": cap.why}
 
 
-def reschedule(s: Step) -> dict[str, Any]:
+def reschedule(s: Step) -> Rescheduled:
     """Requeue each job the fault hit, once: only while it is still the run the fence recorded."""
     requeued: list[str] = []
-    skipped: list[dict[str, Any]] = []
+    skipped: list[JobWhy] = []
     for job, then in _runs(s).items():
         why = requeue_one(s, job, then)
         if why is None:
@@ -107,7 +107,7 @@ def reschedule(s: Step) -> dict[str, Any]:
     return {"requeued": requeued, "skipped": skipped}
 
 
-def free_node(s: Step) -> dict[str, Any]:
+def free_node(s: Step) -> Freed:
     """Requeue the fenced jobs still on the node (no capacity moved them early): a check needs its GPUs.
 
     Any repair ends them anyway; requeued now, they wait in the queue for capacity instead. Once
@@ -148,7 +148,7 @@ def watch_resume(s: Step) -> bool:
     return bool(running)
 
 
-def resumed(s: Step) -> dict[str, Any]:
+def resumed(s: Step) -> Resumed:
     """Probe after the last requeue: done once the gang is seen running again (or nothing waits)."""
     if not (s.inc.get("timeline") or {}).get("job_requeued"):
         return {"done": True, "running": False}

@@ -18,12 +18,20 @@ pods cannot land on it, or in place when nothing was found.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import localise, notifications
-from pitstop.core.domain import CheckRun, GangCheckSpec, Incident, Localisation, LocaliseRound, NodeRef
+from pitstop.core.answers import Concluded, Done, GangCheckStarted, Linking, LocalisedResume, Localising, Seen
+from pitstop.core.domain import (
+    CheckRun,
+    GangCheckSpec,
+    Incident,
+    Localisation,
+    LocaliseRound,
+    NodeRef,
+)
 from pitstop.core.ids import job_key, requeue_key
 from pitstop.core.ops import Op
 from pitstop.core.scheduling import GangChecks, GangResume, JobRun, JobState, StepRef
@@ -41,17 +49,15 @@ def _checks(s: Step) -> GangChecks | None:
     return sched if isinstance(sched, GangChecks) else None
 
 
-def _start(
-    s: Step, sched: GangChecks, spec: GangCheckSpec, seen: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def _start(s: Step, sched: GangChecks, spec: GangCheckSpec, seen: Seen | None = None) -> GangCheckStarted:
     """Start a gang check once: its spec (and what the job was, ``seen``) saved before the scheduler
     is asked. A scheduler that stops the gang to check it (GKE) says so: the conclusion resumes it."""
-    saved = s.saved("check")
+    saved = s.gang_decided().get("check")
     if not isinstance(saved, dict):
-        s.save({"check": dict(spec), **({"seen": seen} if seen is not None else {})})
-        saved = dict(spec)
-    started = sched.start_gang_check(_job(s), cast(GangCheckSpec, saved), s.ref)  # as saved
-    out = {
+        s.save({"check": spec.copy(), "seen": seen} if seen is not None else {"check": spec.copy()})
+        saved = spec.copy()
+    started = sched.start_gang_check(_job(s), saved, s.ref)
+    out: GangCheckStarted = {
         "run": bool(started.nodes),
         "check": saved,
         "nodes": list(started.nodes),
@@ -75,38 +81,56 @@ def _note(s: Step, **fields: Any) -> None:
     s.deps.store.mutate(s.iid, change)
 
 
-def localise_job(s: Step) -> dict[str, Any]:
+def localise_job(s: Step) -> Localising:
     """Start the node check on every node of the hung job (its run recorded for the restart)."""
     job = _job(s)
-    seen = s.saved("seen")  # an earlier attempt's view: by now its own stop may have suspended the job
+    seen = s.gang_decided().get("seen")  # an earlier attempt's view: its own stop may have suspended the job
     if not isinstance(seen, dict):
         info = s.scheduler.job_info(job, s.ref)
-        seen = {"jobs": [job], "runs": {job: info.run.doc()}, "state": str(info.state)}
+        fresh: Seen = {"jobs": [job], "runs": {job: info.run.doc()}, "state": str(info.state)}
+        seen = fresh
         if info.state != JobState.RUNNING:
-            return {**seen, "run": False, "why": f"job {job} is {info.state}: no nodes to check"}
+            return _localising(seen, f"job {job} is {info.state}: no nodes to check")
     sched = _checks(s)
     if sched is None:
-        return {**seen, "run": False, "why": f"the {s.scheduler.name} scheduler cannot check a job's nodes"}
+        return _localising(seen, f"the {s.scheduler.name} scheduler cannot check a job's nodes")
     spec = localise.sweep_spec(s.iid, s.step, job, [], s.deps.policy.localise)
-    out = {**seen, **_start(s, sched, spec, seen)}
-    if out["stopped"]:  # resumed, it is the same run (a suspend counts no restart): running again is enough
-        out.update(runs={job: JobRun().doc()}, seen_runs=seen["runs"])
-    _note(s, nodes=out["nodes"], started_at=s.deps.clock())
-    log.emit("INFO", "localising a hung job", incident=s.iid, job=job, nodes=len(out["nodes"]))
+    started = _start(s, sched, spec, seen)
+    out = _localising(seen, started.get("why"))
+    out["run"], out["check"], out["nodes"] = started["run"], started["check"], started["nodes"]
+    out["stopped"] = started["stopped"]
+    if started[
+        "stopped"
+    ]:  # resumed, it is the same run (a suspend counts no restart): running again is enough
+        out["runs"], out["seen_runs"] = {job: JobRun().doc()}, seen["runs"]
+    _note(s, nodes=started["nodes"], started_at=s.deps.clock())
+    log.emit("INFO", "localising a hung job", incident=s.iid, job=job, nodes=len(started["nodes"]))
     return out
 
 
-def _result(s: Step, op: Op) -> CheckRun | None:
+def _localising(seen: Seen, why: str | None) -> Localising:
+    """localise's answer: what the job was, no check run (yet), and why."""
+    out: Localising = {"jobs": seen["jobs"], "runs": seen["runs"], "state": seen["state"], "run": False}
+    if why is not None:
+        out["why"] = why
+    return out
+
+
+GangOp = Literal[Op.LOCALISE, Op.LINKS]
+
+
+def _result(s: Step, op: GangOp) -> CheckRun | None:
     rec = s.recorded(op)
     sched = _checks(s)
-    if not rec.get("run") or sched is None:
+    if not rec or not rec.get("run") or "check" not in rec or sched is None:
         return None
-    nodes = rec.get("nodes") or s.recorded(Op.LOCALISE).get("nodes") or []
-    check = cast(GangCheckSpec, {**rec["check"], "nodes": nodes})  # as saved, on the nodes found
-    return cast(CheckRun, asdict(sched.gang_check_result(_job(s), check, s.ref)))  # CheckResult's fields
+    localised = s.recorded(Op.LOCALISE)
+    nodes = rec.get("nodes") or (localised.get("nodes") if localised else None) or []
+    spec: GangCheckSpec = {**rec["check"], "nodes": nodes}
+    return cast(CheckRun, asdict(sched.gang_check_result(_job(s), spec, s.ref)))  # CheckResult's fields
 
 
-def _final(s: Step, op: Op) -> CheckRun | None:
+def _final(s: Step, op: GangOp) -> CheckRun | None:
     """A check's result for its judge: a scheduler's final refusal is a check that did not finish."""
     try:
         return _result(s, op)
@@ -116,17 +140,17 @@ def _final(s: Step, op: Op) -> CheckRun | None:
         return {"done": False, "error": exc.message}
 
 
-def _done(s: Step, op: Op) -> dict[str, Any]:
+def _done(s: Step, op: GangOp) -> Done:
     """The probe the workflow polls until the check ``op`` started has ended (or none ran)."""
     res = _result(s, op)
     return {"done": res is None or bool(res.get("done"))}
 
 
-def sweep_done(s: Step) -> dict[str, Any]:
+def sweep_done(s: Step) -> Done:
     return _done(s, Op.LOCALISE)
 
 
-def links_done(s: Step) -> dict[str, Any]:
+def links_done(s: Step) -> Done:
     return _done(s, Op.LINKS)
 
 
@@ -135,23 +159,21 @@ def _node_xids(s: Step) -> frozenset[int]:
     return localise.node_fault_xids(s.deps.policy.xids)
 
 
-def links(s: Step) -> dict[str, Any]:
+def links(s: Step) -> Linking:
     """Judge the sweep; nothing found on any node: start the NCCL test between ring neighbours."""
     rec = s.recorded(Op.LOCALISE)
-    if not rec.get("run"):
-        return {"run": False, "why": rec.get("why")}
+    if not rec or not rec.get("run"):
+        return {"run": False, "why": rec.get("why") if rec else None}
     nodes = [str(n) for n in rec.get("nodes") or []]
     cfg = s.deps.policy.localise
     verdict = localise.judge_sweep(
         nodes, _final(s, Op.LOCALISE), float(cfg["max_culprit_percent"]), _node_xids(s)
     )
     _note(s, round=verdict.record(s.deps.clock()))
-    out: dict[str, Any] = {"sweep": verdict.record(s.deps.clock())}
-    if verdict.culprits or verdict.suspects or len(nodes) < 2:
-        return {**out, "run": False}
+    out: Linking = {"run": False, "sweep": verdict.record(s.deps.clock())}
     sched = _checks(s)
-    if sched is None:
-        return {**out, "run": False}
+    if verdict.culprits or verdict.suspects or len(nodes) < 2 or sched is None:
+        return out
     spec = localise.links_spec(s.iid, s.step, _job(s), nodes, cfg)
     spec["gpus"] = 8  # one task per node drives all its GPUs (nccl-tests -g)
     started = _start(s, sched, spec)
@@ -159,18 +181,19 @@ def links(s: Step) -> dict[str, Any]:
         why = str(started.get("why") or "the scheduler ran no link test")
         skipped = localise.Verdict(localise.LINKS, (), why, (f"{localise.LINKS}: not run",))
         _note(s, round=skipped.record(s.deps.clock()))
-        return {**out, "run": False, "skipped": skipped.record(s.deps.clock())}
+        out["skipped"] = skipped.record(s.deps.clock())
+        return out
     return {**out, **started}
 
 
 def _rounds(s: Step) -> list[LocaliseRound]:
     """Every round's verdict: the sweep's (judged by ``links``) and, if it ran, the link test's."""
-    judged = s.recorded(Op.LINKS)
+    judged = s.recorded(Op.LINKS) or {"run": False}
     rounds: list[LocaliseRound] = [r for r in (judged.get("sweep"), judged.get("skipped")) if r]
-    if judged.get("run"):
+    if judged.get("run") and "check" in judged:
         cfg = s.deps.policy.localise
         v = localise.judge_links(
-            [localise.split_pair(str(p)) for p in judged["check"]["pairs"]],
+            [localise.split_pair(str(p)) for p in judged["check"].get("pairs", [])],
             _final(s, Op.LINKS),
             float(cfg["link_fraction"]),
             float(cfg["max_culprit_percent"]),
@@ -180,9 +203,9 @@ def _rounds(s: Step) -> list[LocaliseRound]:
     return rounds
 
 
-def conclude(s: Step) -> dict[str, Any]:
+def conclude(s: Step) -> Concluded:
     """Culprits → a node incident each (the engine's, as any fault); else one restart in place and a page."""
-    rec = s.recorded(Op.LOCALISE)
+    rec: Localising = s.recorded(Op.LOCALISE) or {"jobs": [], "runs": {}, "state": "", "run": False}
     state = JobState.of(rec.get("state"))
     if state in localise.NOT_HUNG:
         return _not_hung(s, state)
@@ -194,12 +217,14 @@ def conclude(s: Step) -> dict[str, Any]:
         if opened:
             _note(s, culprits=sorted(set(culprits)), incidents=opened, outcome="culprits")
             s.set_state(None, "localised")
-            out = {"outcome": "culprits", "culprits": sorted(set(culprits)), "incidents": opened}
-            return {**out, **_resume_past(s, rec, opened)} if rec.get("stopped") else out
+            out: Concluded = {"outcome": "culprits", "culprits": sorted(set(culprits)), "incidents": opened}
+            if rec.get("stopped"):
+                out["resumed"], out["why"] = _resume_past(s, rec, opened)
+            return out
     return _restart_in_place(s, rec, nodes, rounds)
 
 
-def _resume_past(s: Step, rec: dict[str, Any], opened: dict[str, str]) -> dict[str, Any]:
+def _resume_past(s: Step, rec: Localising, opened: dict[str, str]) -> tuple[bool, str]:
     """The gang the checks stopped, resumed once past its culprits: each is fenced first, for its own
     node incident (the same cordon and taint that incident's fence then finds in place), so the
     resumed pods land on spares, or wait for the repaired nodes."""
@@ -208,12 +233,12 @@ def _resume_past(s: Step, rec: dict[str, Any], opened: dict[str, str]) -> dict[s
         s.scheduler.fence(node, StepRef(iid), action)
     skipped = _resume_once(s, rec)  # over budget: left stopped, and the budget's page says so
     how = "resumed once past its fenced culprits" if skipped is None else f"not resumed: {skipped}"
-    resume = {"mode": "spares", "requeued": [_job(s)] if skipped is None else [], "why": how}
+    resume: LocalisedResume = {"mode": "spares", "requeued": [_job(s)] if skipped is None else [], "why": how}
     s.set_state(None, "job_requeued" if skipped is None else None, resume=resume)
-    return {"resumed": skipped is None, "why": how}
+    return skipped is None, how
 
 
-def _resume_once(s: Step, rec: dict[str, Any]) -> str | None:
+def _resume_once(s: Step, rec: Localising) -> str | None:
     """Start again the gang this step's checks stopped, once per run and within the job-restart
     budget, as every requeue (None: resumed; else why not, and it stays stopped for a person)."""
     sched = s.scheduler
@@ -232,7 +257,7 @@ def _resume_once(s: Step, rec: dict[str, Any]) -> str | None:
     return None if out.restarted else out.how
 
 
-def _not_hung(s: Step, state: JobState) -> dict[str, Any]:
+def _not_hung(s: Step, state: JobState) -> Concluded:
     """The job ended, was suspended or is queued: no restart, no page, a note to its owner."""
     job = _job(s)
     text = localise.not_hung_text(job, str(state))
@@ -284,9 +309,7 @@ def _hand_over(s: Step, culprits: list[str], rounds: list[LocaliseRound]) -> dic
     return opened
 
 
-def _restart_in_place(
-    s: Step, rec: dict[str, Any], nodes: list[str], rounds: list[LocaliseRound]
-) -> dict[str, Any]:
+def _restart_in_place(s: Step, rec: Localising, nodes: list[str], rounds: list[LocaliseRound]) -> Concluded:
     """No culprit: requeue the gang once where it is (budget and run record as every requeue) and page."""
     job = _job(s)
     then = JobRun.of((rec.get("runs") or {}).get(job))
@@ -301,7 +324,11 @@ def _restart_in_place(
             f"requeued in place (run {then.restarts})" if skipped is None else f"not restarted: {skipped}"
         )
     text = localise.page_text(job, nodes, rounds, restart, str(rec.get("why") or ""))
-    resume = {"mode": "in_place", "requeued": [job] if skipped is None else [], "why": restart}
+    resume: LocalisedResume = {
+        "mode": "in_place",
+        "requeued": [job] if skipped is None else [],
+        "why": restart,
+    }
     s.set_state(None, "job_requeued" if skipped is None else None, resume=resume)
     _note(s, outcome="nothing_found", page=text)
     s.notify(s.inc, "critical", f"Hung job {job}: no culprit fenced; {restart}", todo=text,

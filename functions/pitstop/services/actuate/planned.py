@@ -11,17 +11,15 @@ always runs, and the finding picks the repair: REPLACE_NODE only on a hardware f
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from google.api_core import exceptions as gexc
 
 from pitstop.adapters import log
 from pitstop.core import degraded
 from pitstop.core import diagnose as diag
 from pitstop.core.actions import Action
+from pitstop.core.answers import Corroborating, CorroborationJudged
 from pitstop.core.checks import DiagnosisVerdict
-from pitstop.core.domain import CheckRun, Measurement
+from pitstop.core.domain import CheckRun, Incident, Measurement
 from pitstop.core.ops import Op
 from pitstop.core.promql import PromError
 from pitstop.services.actuate.context import Step
@@ -29,12 +27,12 @@ from pitstop.services.actuate.context import Step
 _UNREADABLE = (gexc.GoogleAPICallError, gexc.RetryError, TimeoutError, PromError)
 
 
-def planned(inc: Mapping[str, Any]) -> bool:
+def planned(inc: Incident) -> bool:
     """A degraded node's incident still on its planned move (its repair not yet chosen)."""
     return inc.get("kind") == degraded.KIND and inc.get("action") == Action.DRAIN_NODE
 
 
-def compare_peers(s: Step) -> dict[str, Any]:
+def compare_peers(s: Step) -> Corroborating:
     """Read the node's and its job peers' telemetry once, and decide the move (recorded).
 
     Where the readings live follows the cluster's scheduler (``degraded.sources``): a GKE node's
@@ -45,7 +43,8 @@ def compare_peers(s: Step) -> dict[str, Any]:
     source = pol.source(cluster.scheduler if cluster else None)
     rule = pol.line(degraded.symptom_of(s.inc), source)
     reader = s.deps.prometheus if source == "prometheus" else s.deps.telemetry
-    jobs = [str(j) for j in s.recorded(Op.FENCE).get("jobs", [])]
+    fenced = s.recorded(Op.FENCE)
+    jobs = [str(j) for j in fenced.get("jobs", [])] if fenced else []
     peers = degraded.peers_of(s.instance, [s.scheduler.job_info(j, s.ref).nodes for j in jobs])
     values: dict[str, float | None] = {}
     note = ""
@@ -57,7 +56,7 @@ def compare_peers(s: Step) -> dict[str, Any]:
     verdict = degraded.compare(
         rule, pol.gang_wide_share, s.instance, values.get(s.instance), {p: values.get(p) for p in peers}
     )
-    record = {**verdict.record(s.deps.clock(), s.step), "source": source}
+    record: Measurement = {**verdict.record(s.deps.clock(), s.step), "source": source}
     if note:
         record["why"] = f"{note}; {record['why']}"[:500]
     log.emit("INFO", "degraded node held against its peers", incident=s.iid, verdict=verdict.verdict,
@@ -65,7 +64,7 @@ def compare_peers(s: Step) -> dict[str, Any]:
     return {"run": False, "peers": record, "jobs": jobs, "why": "a degraded node is compared with its peers"}
 
 
-def judged(record: Measurement) -> dict[str, Any]:
+def judged(record: Measurement) -> CorroborationJudged:
     """The judge's answer: go on (the planned move), or ``stand_down`` (no move: the workflow
     lifts the fence and closes; the close says why, and pages for a gang-wide cause)."""
     if record.get("confirmed") is True:

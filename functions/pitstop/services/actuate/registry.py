@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
+from pitstop.core.answers import OpAnswer
 from pitstop.core.ops import MUTATING_OPS, PROBE_OPS, Op
 from pitstop.core.steps import Release
 from pitstop.services.actuate import checks, ending, fence, gang, localise, repair
@@ -21,7 +21,7 @@ class Kind(Enum):
 
 @dataclass(frozen=True)
 class OpSpec:
-    run: Callable[[Step], dict[str, Any] | Release]
+    run: Callable[[Step], OpAnswer | Release]
     kind: Kind
 
 

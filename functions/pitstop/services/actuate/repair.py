@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, cast
-
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import remediation
-from pitstop.core.domain import VmBefore
+from pitstop.core.answers import Acted, ActPlan, Done, Verified
+from pitstop.core.domain import CallFields, VmBefore
 from pitstop.core.ids import request_id
 from pitstop.core.ops import Op
 from pitstop.core.states import State
@@ -18,17 +16,17 @@ from pitstop.services.actuate.fence import join_block
 from pitstop.services.actuate.gang import watch_resume
 
 
-def act(s: Step) -> dict[str, Any]:
+def act(s: Step) -> Acted:
     """Take the incident's action on the VM, once: the call is decided and saved before it is made.
 
     A retry reuses the saved plan, so a reportHostAsFaulty that ran but went unrecorded is
     repeated under its own request id (and ignored by Compute), never followed by a recreate.
     """
-    plan = s.saved("plan")
+    plan = s.decided().get("plan")
     if not isinstance(plan, dict):
         plan = _plan(s)
         s.save({"plan": plan})
-    record = {**plan, "operation": _call(s, plan)}
+    record: Acted = {**plan, "operation": _call(s, plan)}
     s.set_state(State.ACTING, "acted")
     log.emit(
         "INFO",
@@ -43,7 +41,7 @@ def act(s: Step) -> dict[str, Any]:
     return record
 
 
-def _plan(s: Step) -> dict[str, Any]:
+def _plan(s: Step) -> ActPlan:
     """What act will do, decided from the VM before any effect; what the VM was is kept for verify."""
     vm = s.vm()
     join_block(s, vm)  # a host moved to another block since the claim counts there too (fenced: past the cap)
@@ -53,10 +51,24 @@ def _plan(s: Step) -> dict[str, Any]:
     )
     if choice.error is not None:
         raise ActuatorError(409, choice.error, False)
-    plan = {"method": "none", "before": remediation.vm_before(vm), **choice.fields}
+    plan = _plan_of(choice.fields, remediation.vm_before(vm))
     if plan["method"] == "wait_for_platform":  # not done until the platform's window is over
         end = to_epoch(remediation.platform_window_end(vm))
         plan["verify_wait_s"] = remediation.platform_wait_s(end, s.deps.clock())
+    return plan
+
+
+def _plan_of(call: CallFields, before: VmBefore) -> ActPlan:
+    """The call's fields (method ``none`` when it makes none) and the VM as it was."""
+    plan: ActPlan = {"method": call.get("method", "none"), "before": before}
+    if "behavior" in call:
+        plan["behavior"] = call["behavior"]
+    if "description" in call:
+        plan["description"] = call["description"]
+    if "mig" in call:
+        plan["mig"] = call["mig"]
+    if "why_not_report" in call:
+        plan["why_not_report"] = call["why_not_report"]
     return plan
 
 
@@ -66,7 +78,7 @@ def _policy_mig(s: Step) -> str | None:
     return str(mig["name"]) if mig and mig["zone"] == s.node()[1] else None
 
 
-def _call(s: Step, plan: Mapping[str, Any]) -> str | None:
+def _call(s: Step, plan: ActPlan) -> str | None:
     """Make the planned call under its deterministic request id; the operation to wait for, if any."""
     p, z, i = s.node()
     method = str(plan.get("method"))
@@ -85,24 +97,25 @@ def _call(s: Step, plan: Mapping[str, Any]) -> str | None:
     return None
 
 
-def operation(s: Step) -> dict[str, Any]:
+def operation(s: Step) -> Done:
     acted = s.recorded(Op.ACT)
-    if not acted.get("operation"):
+    started = acted.get("operation") if acted else None
+    if not acted or not started:
         return {"done": True}
     p, z, _ = s.node()
     watch_resume(s)
-    st = s.deps.compute.operation(p, z, acted["operation"])
+    st = s.deps.compute.operation(p, z, started)
     if st["error"]:
         raise ActuatorError(409, f"{acted['method']} operation failed: {st['error']}", False)
     return {"done": st["done"]}
 
 
-def verify(s: Step) -> dict[str, Any]:
+def verify(s: Step) -> Verified:
     """The VM is back (after a host report or recreate: the new one), its scheduler sees it healthy."""
     acted = s.recorded(Op.ACT)
     cur = s.vm()
-    before = cast(VmBefore, acted.get("before") or {})  # saved with the plan
-    vm_ok = remediation.verified(str(acted.get("method")), before, cur)
+    before = (acted.get("before") if acted else None) or {"id": None, "host": None, "status": None}
+    vm_ok = remediation.verified(str(acted.get("method") if acted else None), before, cur)
     sched_ok = vm_ok and s.scheduler.node_healthy(s.instance, s.ref)
     watch_resume(s)
     if s.inc["state"] != State.VERIFYING or (vm_ok and sched_ok):
