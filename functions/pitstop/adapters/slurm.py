@@ -135,7 +135,7 @@ class ResultsMerger:
         @firestore.transactional
         def forward(tx: Any) -> bool:
             snap = ref.get(transaction=tx)
-            if not supersedes(cast(Mapping[str, object], doc), snap.to_dict() if snap.exists else None):
+            if not supersedes(doc, snap.to_dict() if snap.exists else None):
                 return False
             tx.set(ref, doc)
             return True
@@ -192,7 +192,7 @@ class SlurmAgentClient:
         """Whether an agent must be asked (again) to run the command."""
         if res is None:
             return True
-        state = result_state(cast(Mapping[str, object], res))
+        state = result_state(res)
         if state == RESULT_TRANSIENT:
             return True
         if state == RESULT_RUNNING:
@@ -215,14 +215,14 @@ class SlurmAgentClient:
             cmd = {"id": cid, "op": op, "args": args, "issued_at": now, "deadline": now + COMMAND_DEADLINE_S}
             self.publisher.publish(self.topic, json.dumps(cmd).encode(), op=op).result(timeout=30)
         deadline = self.clock() + self.wait_s
-        while res is None or result_state(cast(Mapping[str, object], res)) not in FINAL_STATES:
+        while res is None or result_state(res) not in FINAL_STATES:
             if self.clock() >= deadline:
                 break
             self.sleep(0.2)
             res = self._read(doc)
         if res is None:
             raise ActuatorError(503, f"slurm agent has not answered {op} yet", True)
-        state = result_state(cast(Mapping[str, object], res))
+        state = result_state(res)
         if state == RESULT_DONE:
             return res.get("result")
         if state == RESULT_FAILED:
@@ -300,13 +300,13 @@ class SlurmAgentClient:
     def start_gang_check(self, check: GangCheckSpec, ref: StepRef) -> CheckStarted:
         """Start a check on every node of a running job (steps of the job itself, nothing fenced)."""
         keys = ("name", "kind", "incident", "job", "pairs", "message_bytes", "gpus", "timeout_s")
-        spec = cast(Mapping[str, object], check)
+        spec: Mapping[str, object] = check
         return cast(
             CheckStarted, self._call("start_gang_check", {k: spec[k] for k in keys if k in spec}, ref)
         )
 
     def gang_check_result(self, check: GangCheckSpec, ref: StepRef) -> CheckProgress:
-        args: JsonObject = {"name": check["name"], "job": check.get("job")}
+        args: JsonObject = {"name": check["name"], "job": check["job"]}
         return cast(CheckProgress, self._call("gang_check_result", args, ref, fresh=True))
 
 
@@ -315,7 +315,7 @@ def _check_args(check: CheckSpec, start: bool) -> JsonObject:
     keys: tuple[str, ...] = ("name", "kind", "incident")
     if start:
         keys += ("dcgm_level", "gpus", "message_bytes", "peer", "fabric", "exclude_peers")
-    spec = cast(Mapping[str, object], check)
+    spec: Mapping[str, object] = check
     return {k: spec[k] for k in keys if k in spec}
 
 
