@@ -9,10 +9,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from google.cloud import firestore
 from google.cloud.pubsub_v1 import PublisherClient, SubscriberClient
 
 from pitstop.local import executions_server, procs
+
+MODULE_SECONDS = Path(__file__).with_name("module-seconds.yaml")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest modules first, so the run does not end on one long module while workers idle.
+
+    With `-n 3 --dist loadfile --no-loadscope-reorder` (Makefile) xdist hands out files in this
+    order; the sort is stable, so a module's tests keep their order and stay together.
+    """
+    seconds: dict[str, float] = yaml.safe_load(MODULE_SECONDS.read_text())
+    root = MODULE_SECONDS.parent.parent
+    items.sort(key=lambda item: -seconds.get(item.path.relative_to(root).as_posix(), 0.0))
 
 
 @pytest.fixture(scope="session")

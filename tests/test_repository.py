@@ -7,6 +7,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -173,3 +175,12 @@ def test_no_dispatch_by_name() -> None:
         if pattern.search(line)
     ]
     assert not offenders, offenders
+
+
+def test_module_seconds_name_real_modules_and_make_keeps_their_order() -> None:
+    """A renamed module would silently lose its place; xdist's reorder would undo the list."""
+    listed = yaml.safe_load((ROOT / "tests" / "module-seconds.yaml").read_text())
+    missing = [m for m in listed if not (ROOT / m).is_file()]
+    assert not missing, missing
+    unit = next(line for line in (ROOT / "Makefile").read_text().splitlines() if "/pytest " in line)
+    assert "--dist loadfile" in unit and "--no-loadscope-reorder" in unit, unit
