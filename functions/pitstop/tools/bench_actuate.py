@@ -28,7 +28,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,7 +248,7 @@ def _figures(
     finished: bool,
     reports: list[dict[str, Any]],
     inst: bench_fleet._Instance,
-    incidents: Any,
+    incidents: Sequence[Mapping[str, Any]],
     resets: int,
     notes: list[dict[str, Any]],
 ) -> dict[str, Any]:
