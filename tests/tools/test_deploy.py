@@ -1065,17 +1065,20 @@ def test_every_function_is_deployed_with_its_measured_size(steps: list[deploy.St
     assert int(ingest["concurrency"]) > 1 and int(ingest["max-instances"]) <= 10
 
 
+@pytest.mark.parametrize("fn", ["pitstop-ingest", "pitstop-notify", "pitstop-actuate"])
 @pytest.mark.parametrize("dropped", ["concurrency", "cpu", "memory", "max_instances", "min_instances"])
-def test_ingest_without_its_size_is_not_deployed(dropped: str) -> None:
+def test_a_function_without_its_measured_size_is_not_deployed(fn: str, dropped: str) -> None:
+    """ingest, notify and actuate are sized from `pitstop bench ingest|notify|actuate`: none of the
+    five may be left to Cloud Run's default."""
     doc = yaml.safe_load(deploy.RESOURCES.read_text())
-    ingest = next(e for e in doc["resources"] if e.get("name") == "pitstop-ingest")
-    assert len(deploy.scale_flags(ingest)) == 5
-    del ingest["scale"][dropped]
-    with pytest.raises(ValueError, match=f"pitstop-ingest: scale sets no {dropped}"):
-        deploy.scale_flags(ingest)
-    ingest["scale"] = {**ingest["scale"], dropped: 1, "concurrency": 80, "cpu": 0.5}
+    entry = next(e for e in doc["resources"] if e.get("name") == fn)
+    assert len(deploy.scale_flags(entry)) == 5
+    del entry["scale"][dropped]
+    with pytest.raises(ValueError, match=f"{fn}: scale sets no {dropped}"):
+        deploy.scale_flags(entry)
+    entry["scale"] = {**entry["scale"], dropped: 1, "concurrency": 80, "cpu": 0.5}
     with pytest.raises(ValueError, match="concurrency above 1 needs cpu 1 or more"):
-        deploy.scale_flags(ingest)
+        deploy.scale_flags(entry)
 
 
 # -- the admission policy that narrows actuate's JobSet/Job patch to spec.suspend ----------------

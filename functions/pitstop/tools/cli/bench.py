@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from pitstop.tools.cli import bench_sizing
+
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
@@ -37,6 +39,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from pitstop.tools import bench
 
         result = bench.bench_classify(args.lines or 100_000)
+    elif args.target in bench_sizing.TARGETS:
+        result = bench_sizing.run(args)
     elif args.target == "simulate":
         from pitstop.tools import simulate
 
@@ -59,7 +63,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def add(sub: Subparsers) -> None:
     """bench: speed figures, measured on demand and never asserted in tests."""
     b = sub.add_parser("bench", help="measure speed")
-    b.add_argument("target", choices=("classify", "ingest", "simulate"))
+    b.add_argument("target", choices=("classify", "ingest", "simulate", *bench_sizing.TARGETS))
     b.add_argument("--lines", type=int, default=None, help="classify: input lines (100000)")
     b.add_argument(
         "--storms",
@@ -88,4 +92,5 @@ def add(sub: Subparsers) -> None:
     b.add_argument(
         "--deadline", type=float, default=600.0, help="ingest: seconds a run pushes new messages at most"
     )
+    bench_sizing.add_arguments(b)
     b.set_defaults(func=cmd_bench)

@@ -1,0 +1,338 @@
+"""``pitstop bench notify``: a storm of notifications through notify as deployed, N x C deliveries.
+
+Each instance is its own process: functions-framework serving functions/main.py's ``notify``
+(through tools/bench_calls.py, which only times) with THREADS = C, its ledger on one Firestore
+emulator, its metrics to the local Cloud Monitoring stand-in, its posts to the local webhook sink
+(chat) and the sink's PagerDuty Events v2 endpoint (``python -m pitstop.local.serve``). The push
+side is bench ingest's (tools/bench_fleet.py): at most C deliveries in flight per instance, a
+refused or unanswered delivery redelivered after Pub/Sub's retry delay (scaled), dead-lettered
+after 5 attempts (notify's subscription allows 10: the bench is stricter).
+
+The storm is what ingest and actuate publish (services/outbox.py): one page of a held storm (one
+notification, published ``page_copies`` times: the sweep republishing an entry whose mark-sent was
+lost, each copy its own Pub/Sub message), and incident notices (core/remediation.notification):
+per incident one under way (no page), then one resolved or, one in ten, failed; ``republished`` of
+them published a second time. Each notification's summary ends with its serial, which is how the
+sinks' records are matched to it: duplicates are posts beyond one per notification, counted from
+the sink's own file.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from pitstop.core import notifications, remediation
+from pitstop.core.answers import Notification
+from pitstop.core.domain import Incident
+from pitstop.local import procs
+from pitstop.tools import bench_fleet
+from pitstop.tools.bench_calls import STATS_DIR_ENV
+
+CALLS_SOURCE = Path(__file__).with_name("bench_calls.py")
+PKG_ROOT = Path(__file__).resolve().parents[2]  # functions/: main.py and pitstop
+HOOK_PATH = "/hook"
+PAGERDUTY_PATH = "/pagerduty/v2/enqueue"  # local/serve.py's PagerDuty endpoint
+ROUTING_KEY = "pitstopbenchroutingkey0000000000"  # 32 characters, as PagerDuty shape-checks it
+SERIAL = " #"  # a summary ends with " #<serial>"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One run: instances, deliveries at once per each, and the storm."""
+
+    instances: int
+    concurrency: int
+    notifications: int  # Pub/Sub messages pushed (copies included)
+    page_copies: int = 50
+    republish_every: int = 20  # one incident notice in this many is published twice
+    retry_scale: float = 0.1
+    deadline_s: float = 600.0
+    ack_deadline_s: float = 60.0
+
+
+def _incident(i: int, state: str) -> Incident:
+    inc: dict[str, Any] = {
+        "id": f"ibench{i:05d}",
+        "node": {"instance": f"a3-node-{i % 1000:03d}", "zone": "us-central1-a", "project": "train-prod"},
+        "cluster": "train",
+        "kind": "gpu_xid",
+        "xid": 79,
+        "action": "REBOOT_NODE",
+        "state": state,
+        "step": 1,
+        "reason": "Xid 79: GPU has fallen off the bus",
+        "timeline": {"detected": 1_800_000_000.0, "fenced": 1_800_000_030.0, "resolved": 1_800_000_400.0},
+    }
+    return cast(Incident, inc)  # the fields a notification reads
+
+
+def _notice(i: int, state: str, severity: str, serial: int) -> Notification:
+    text = {
+        "FENCED": "REBOOT_NODE under way",
+        "RESOLVED": "REBOOT_NODE done; node healthy and back in service",
+    }
+    summary = f"a3-node-{i % 1000:03d}: {text.get(state, 'REBOOT_NODE FAILED at act')}{SERIAL}{serial}"
+    return remediation.notification(_incident(i, state), severity, summary)
+
+
+def storm(shape: Shape) -> tuple[list[Notification], list[int]]:
+    """The distinct notifications, and the order their messages are published (indexes, copies
+    included): the page's copies spread through the first half, republished notices after their first."""
+    from pitstop.services.outbox import page_notification
+
+    held = _incident(99_999, "HELD")
+    page = page_notification(f"incident ibench99999: cluster budget spent{SERIAL}0", held)
+    distinct: list[Notification] = [page]
+    order: list[int] = []
+    i = 0
+    while len(order) + shape.page_copies < shape.notifications:
+        under_way = _notice(i, "FENCED", "info", len(distinct))
+        distinct.append(under_way)
+        order.append(len(distinct) - 1)
+        failed = i % 10 == 9
+        ended = _notice(
+            i, "FAILED" if failed else "RESOLVED", "critical" if failed else "info", len(distinct)
+        )
+        distinct.append(ended)
+        order.append(len(distinct) - 1)
+        if i % shape.republish_every == 0:
+            order.append(len(distinct) - 1)
+        i += 1
+    order = order[: max(0, shape.notifications - shape.page_copies)]
+    step = max(1, len(order) // (2 * max(shape.page_copies, 1)))
+    for c in range(shape.page_copies):
+        order.insert(min(len(order), c * (step + 1)), 0)
+    return distinct, order
+
+
+def _messages(distinct: list[Notification], order: list[int]) -> Iterator[dict[str, Any]]:
+    for m, idx in enumerate(order):
+        data = base64.b64encode(json.dumps(distinct[idx]).encode()).decode()
+        yield {"message": {"data": data, "messageId": f"bench-{m}", "publishTime": "2026-11-26T06:00:00Z"}}
+
+
+def _serial(text: str) -> int | None:
+    head = text.split("\n", 1)[0]
+    tail = head.rpartition(SERIAL)[2]
+    return int(tail) if tail.isdigit() else None
+
+
+def sent(records: list[dict[str, Any]]) -> dict[str, dict[Any, int]]:
+    """Posts per notification at each sink, from the sink's records: the chat webhook's by the
+    summary's serial, PagerDuty's by (dedup key, action): one alert per incident, one resolve."""
+    out: dict[str, dict[Any, int]] = {"webhook": {}, "pagerduty": {}}
+    for r in records:
+        body = r.get("body") or {}
+        if r.get("path") == HOOK_PATH:
+            key: Any = _serial(str(body.get("text", "")))
+            out["webhook"][key] = out["webhook"].get(key, 0) + 1
+        elif r.get("path") == PAGERDUTY_PATH:
+            key = (body.get("dedup_key"), body.get("event_action"))
+            out["pagerduty"][key] = out["pagerduty"].get(key, 0) + 1
+    return out
+
+
+def expected(distinct: list[Notification], order: list[int]) -> dict[str, set[Any]]:
+    """What each sink should receive once of the notifications published: every one by chat (its
+    serial), PagerDuty's triggers and resolves (dedup key, action)."""
+    pd = set()
+    for n in (distinct[i] for i in set(order)):
+        action = notifications.pagerduty_action(n)
+        if action is not None:
+            pd.add((notifications.pagerduty_event(n, ROUTING_KEY, action)["dedup_key"], action))
+    return {"webhook": set(order), "pagerduty": pd}
+
+
+def _sinks(workdir: Path, env: dict[str, str], stack: ExitStack) -> tuple[str, str]:
+    """The webhook sink (chat and PagerDuty) and Cloud Monitoring's stand-in, each a process."""
+    out = []
+    for name in ("webhook", "monitoring"):
+        port = procs.free_port()
+        argv = [sys.executable, "-m", "pitstop.local.serve", name, "--port", str(port)]
+        proc = procs.Proc(
+            name, [*argv, "--out", str(workdir / f"{name}.jsonl")], workdir / f"{name}.log", env
+        )
+        stack.callback(proc.stop)
+        _listening(proc.start(), port)
+        out.append(f"127.0.0.1:{port}")
+    return out[0], out[1]
+
+
+def _listening(proc: procs.Proc, port: int, timeout: float = 60.0) -> None:
+    """Until the process accepts connections on its port (monitoring's is gRPC: no HTTP probe)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited early:\n{proc.tail()}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"{proc.name} not listening after {timeout}s:\n{proc.tail()}")
+
+
+def _start(shape: Shape, workdir: Path, env: dict[str, str]) -> list[bench_fleet._Instance]:
+    ff = str(Path(sys.executable).parent / "functions-framework")
+    out = []
+    for i in range(shape.instances):
+        port = procs.free_port()
+        argv = [ff, "--target", "notify", "--source", str(CALLS_SOURCE), "--signature-type", "cloudevent"]
+        argv += ["--host", "127.0.0.1", "--port", str(port)]
+        inst_env = {**env, "THREADS": str(shape.concurrency)}
+        proc = procs.Proc(f"notify-{i}", argv, workdir / f"notify-{i}.log", inst_env)
+        out.append(bench_fleet._Instance(proc.start(), port))
+    t0 = time.perf_counter()
+    for inst in out:
+        procs.wait_http(f"http://127.0.0.1:{inst.port}/", inst.proc, timeout=120, accept_errors=True)
+        inst.ready_s = time.perf_counter() - t0
+    return out
+
+
+def run(shape: Shape, firestore_host: str) -> dict[str, Any]:
+    """One run: the sinks, N instances, the storm pushed, the instances stopped, the sinks read."""
+    project = f"bench-{uuid.uuid4().hex[:8]}"
+    workdir = Path(tempfile.mkdtemp(prefix="pitstop-bench-notify-"))
+    stats = workdir / "stats"
+    stats.mkdir()
+    policy = workdir / "policy.yaml"
+    policy.write_text(json.dumps({"mode": "enforce", "clusters": []}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PUBSUB_", "SLURM_"))}
+    env |= {
+        "PYTHONPATH": str(PKG_ROOT),
+        "GOOGLE_CLOUD_PROJECT": project,
+        "FIRESTORE_EMULATOR_HOST": firestore_host,
+    }
+    distinct, order = storm(shape)
+    with ExitStack() as stack:
+        hook, monitoring = _sinks(workdir, env, stack)
+        env |= {
+            "PITSTOP_POLICY": str(policy),
+            "PITSTOP_MONITORING_ENDPOINT": monitoring,
+            "PITSTOP_WEBHOOK_URL": f"http://{hook}{HOOK_PATH}",
+            "PITSTOP_WEBHOOK_FORMAT": "chat",
+            "PITSTOP_PAGERDUTY_URL": f"http://{hook}{PAGERDUTY_PATH}",
+            "PITSTOP_PAGERDUTY_ROUTING_KEY": ROUTING_KEY,
+            STATS_DIR_ENV: str(stats),
+        }
+        instances = _start(shape, workdir, env)
+        try:
+            push = bench_fleet._Push(_messages(distinct, order), shape)  # type: ignore[arg-type]
+            slots = [
+                threading.Thread(
+                    target=bench_fleet._deliver_loop,
+                    args=(push, inst.port, shape.ack_deadline_s),
+                    daemon=True,
+                )
+                for inst in instances
+                for _ in range(shape.concurrency)
+            ]
+            with bench_fleet._MemorySampler(instances):
+                t0 = time.perf_counter()
+                for s in slots:
+                    s.start()
+                for s in slots:
+                    s.join()
+                elapsed = time.perf_counter() - t0
+        finally:
+            for inst in instances:
+                inst.proc.signal(15)
+            for inst in instances:
+                inst.proc.stop(timeout=60)
+    reports = [json.loads(p.read_text()) for p in sorted(stats.glob("*.json"))]
+    records = [json.loads(x) for x in (workdir / "webhook.jsonl").read_text().splitlines() if x]
+    metrics = workdir / "monitoring.jsonl"
+    series = sum(1 for x in metrics.read_text().splitlines() if x) if metrics.exists() else 0
+    return _figures(
+        shape, push.tally, elapsed, reports, instances, expected(distinct, order), records, series
+    )
+
+
+def _pct(sorted_s: list[float], q: float) -> float:
+    if not sorted_s:
+        return 0.0
+    return round(1000 * sorted_s[min(len(sorted_s) - 1, int(q * len(sorted_s)))], 1)
+
+
+def _figures(
+    shape: Shape,
+    tally: Any,
+    elapsed: float,
+    reports: list[dict[str, Any]],
+    instances: list[bench_fleet._Instance],
+    want: dict[str, set[Any]],
+    records: list[dict[str, Any]],
+    series: int,
+) -> dict[str, Any]:
+    calls = [c for r in reports for c in r["calls"]]
+    took = sorted(c[2] for c in calls)
+    outcomes: dict[str, int] = {}
+    for _, outcome, _ in calls:
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    got = sent(records)
+    per_sink = {
+        sink: {
+            "expected": len(want[sink]),
+            "sent": sum(got[sink].values()),
+            "duplicates": sum(n - 1 for n in got[sink].values()),
+            "missing": len(want[sink] - set(got[sink])),
+            "unexpected": len(set(got[sink]) - want[sink]),
+        }
+        for sink in ("webhook", "pagerduty")
+    }
+    return {
+        "instances": shape.instances,
+        "concurrency": shape.concurrency,
+        "notifications": shape.notifications,
+        "distinct": len(want["webhook"]),
+        "finished": True,
+        "seconds": round(elapsed, 1),
+        "notifications_per_s": round(shape.notifications / elapsed, 1),
+        "latency_ms": {"p50": _pct(took, 0.5), "p99": _pct(took, 0.99), "max": _pct(took, 1.0)},
+        "outcomes": dict(sorted(outcomes.items())),
+        "deliveries": tally.delivered,
+        "refused": tally.refused,
+        "timed_out": tally.timed_out,
+        "dead_lettered": tally.dead_lettered,
+        "sinks": per_sink,
+        "duplicates_sent": sum(s["duplicates"] for s in per_sink.values()),
+        "missing": sum(s["missing"] for s in per_sink.values()),
+        "page_posts": got["webhook"].get(0, 0),  # the held storm's page, by chat: must be 1
+        "metrics_series": series,
+        "peak_mib_per_instance": round(max((i.peak_pss_mib for i in instances), default=0.0), 1),
+        "peak_mib_by_instance": [round(i.peak_pss_mib, 1) for i in instances],
+        "worker_hwm_mib_max": max((r["peak_mib"] for r in reports), default=0.0),
+        "ready_s_max": round(max((i.ready_s for i in instances), default=0.0), 1),
+    }
+
+
+def bench_notify(
+    notifications_n: int, instances: list[int], concurrency: list[int], **shape: Any
+) -> dict[str, Any]:
+    """The storm through every (instances, concurrency), on one Firestore emulator."""
+    proc = None
+    host = os.environ.get("FIRESTORE_EMULATOR_HOST")
+    if not host:
+        proc, host = procs.start_emulator("firestore", Path(tempfile.mkdtemp(prefix="pitstop-bench-")))
+    try:
+        runs = []
+        for n in instances:
+            for c in concurrency:
+                runs.append(run(Shape(n, c, notifications_n, **shape), host))
+                print(json.dumps(runs[-1]), file=sys.stderr, flush=True)  # progress
+    finally:
+        if proc is not None:
+            proc.stop()
+    return {"benchmark": "notify", "cpus": os.cpu_count(), "runs": runs}
