@@ -37,6 +37,7 @@ from pitstop.adapters.gke.checks import (
 )
 from pitstop.adapters.gke.client import (
     DEFAULT_TIMEOUT,
+    ApiClient,
     Kube,
     KubeApiError,
     control_plane,
@@ -126,9 +127,9 @@ class GkeCluster:
 
     def __init__(
         self,
-        api_client: Any = None,
+        api_client: ApiClient = None,
         *,
-        connect: Callable[[], Any] | None = None,
+        connect: Callable[[], ApiClient] | None = None,
         evict_deadline_s: float = 120.0,
         wait_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
@@ -292,7 +293,7 @@ class GkeScheduler:
 
     name = "gke"
 
-    def __init__(self, api_client: Any = None, **kwargs: Any) -> None:
+    def __init__(self, api_client: ApiClient = None, **kwargs: Any) -> None:
         self.cluster = GkeCluster(api_client, **kwargs)
 
     def jobs_on(self, node: str, ref: StepRef) -> list[JobInfo]:

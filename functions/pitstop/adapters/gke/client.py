@@ -39,6 +39,7 @@ from pitstop.adapters.gke.objects import (
 from pitstop.adapters.gke.shapes import KubeObject, MetaPatch, NodeAnswer, NodePatch
 
 DEFAULT_TIMEOUT = (5.0, 30.0)  # (connect, read) seconds for one API call
+ApiClient = Any  # kubernetes.client.ApiClient: the client ships no type hints
 Decide = Callable[[KubeObject], tuple[NodePatch | None, NodeAnswer]]  # a node read -> (patch, answer)
 
 
@@ -61,8 +62,8 @@ class Kube:
 
     def __init__(
         self,
-        api_client: Any = None,
-        connect: Callable[[], Any] | None = None,
+        api_client: ApiClient = None,
+        connect: Callable[[], ApiClient] | None = None,
         timeout: tuple[float, float] = DEFAULT_TIMEOUT,
     ) -> None:
         if (api_client is None) == (connect is None):
@@ -71,7 +72,7 @@ class Kube:
         self.timeout = timeout
 
     @property
-    def client(self) -> Any:
+    def client(self) -> ApiClient:
         with self._lock:
             if self._client is None and self._connect is not None:
                 self._client = self._connect()
@@ -211,7 +212,7 @@ def status_body(body: object) -> KubeObject:
     return out if isinstance(out, dict) else {}
 
 
-def loopback_api_client(endpoint: str, token: str | None) -> Any:
+def loopback_api_client(endpoint: str, token: str | None) -> ApiClient:
     """A client for a loopback API server (the local stack's fake) sending ``token``, the calling
     function's own, as its bearer token: the fake knows it as that function's account
     (local/gke_stack.py ``identities``), as GKE knows the token of a Google identity."""
@@ -244,7 +245,7 @@ def control_plane(cluster: KubeObject) -> tuple[str, bytes | None]:
     return f"https://{endpoint}", base64.b64decode(ca)
 
 
-def gke_api_client(project: str, location: str, cluster: str, credentials: Any) -> Any:
+def gke_api_client(project: str, location: str, cluster: str, credentials: Any) -> ApiClient:
     """An ``ApiClient`` for a GKE cluster, authenticated as ``credentials`` (Pitstop's own identity).
 
     ``container.clusters.get`` (REST) gives the endpoint and CA; every request carries a fresh

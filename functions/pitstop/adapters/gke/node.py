@@ -30,7 +30,7 @@ from kubernetes.client.exceptions import ApiException
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
-from pitstop.adapters.gke.client import gke_api_client, loopback_api_client
+from pitstop.adapters.gke.client import ApiClient, gke_api_client, loopback_api_client
 from pitstop.adapters.gke.objects import spec_of, text
 from pitstop.adapters.gke.shapes import KubeObject
 from pitstop.adapters.gke.zone import PROVIDER_ID
@@ -67,12 +67,12 @@ class KubeClients:
                     str(conf.get("project") or project),
                     loc if isinstance(loc, str) else None,
                 )
-        self._clients: dict[str, Any] = {}
+        self._clients: dict[str, ApiClient] = {}
 
     def clusters_in(self, project: str) -> list[str]:
         return [c for c, (p, _) in self.where.items() if p == project]
 
-    def __call__(self, cluster: str, project: str | None = None) -> Any:
+    def __call__(self, cluster: str, project: str | None = None) -> ApiClient:
         """The cluster's client, or None when Pitstop may not (or cannot say how to) reach it.
 
         With ``project``, a cluster of that name in another project is not this one.
@@ -93,7 +93,7 @@ class KubeClients:
             self._clients[cluster] = api
         return self._clients[cluster]
 
-    def _connect(self, cluster: str) -> Any:
+    def _connect(self, cluster: str) -> ApiClient:
         if self.endpoint:
             return loopback_api_client(self.endpoint, os.environ.get("PITSTOP_KUBE_TOKEN"))
         project, location = self.where[cluster]

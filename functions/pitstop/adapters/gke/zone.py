@@ -36,7 +36,7 @@ from google.auth.exceptions import GoogleAuthError
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from pitstop.adapters.gke.client import CONTAINER_API
+from pitstop.adapters.gke.client import CONTAINER_API, ApiClient
 from pitstop.adapters.gke.objects import as_object, spec_of, subs, text
 from pitstop.core import names
 from pitstop.core.domain import FaultEvent
@@ -169,7 +169,7 @@ class ZoneResolver:
 
     def __init__(
         self,
-        kube_for: Callable[[str], Any] | None = None,
+        kube_for: Callable[[str], ApiClient] | None = None,
         instances: Any = None,
         clusters: Callable[[str, str, str], list[str]] | None = None,
         ttl_s: float = 3600.0,
@@ -218,7 +218,7 @@ class ZoneResolver:
         return node
 
     @staticmethod
-    def _from_node(api: Any, project: str, region: str, instance: str) -> ZoneAnswer:
+    def _from_node(api: ApiClient, project: str, region: str, instance: str) -> ZoneAnswer:
         try:
             resp: Any = k8s.CoreV1Api(api).read_node(
                 instance, _preload_content=False, _request_timeout=(5, 15)
