@@ -118,7 +118,7 @@ def test_a_corroborated_event_keeps_the_lines_own_reason_and_stays_valid() -> No
     ev = CLF.classify(serial_entry())
     out = trust.corroborated(ev, "x" * 600)
     assert_valid_event(out)
-    assert out["source"]["trust"] == trust.VERIFIED and len(out["source"]["trust_reason"]) == 512
+    assert out["source"]["trust"] == trust.VERIFIED and len(str(out["source"]["trust_reason"])) == 512
     assert ev["source"]["trust"] == trust.UNVERIFIED  # the input is not changed
     short = trust.corroborated(ev, "second signal")
     assert short["source"]["trust_reason"] == f"second signal; the line itself: {trust.WHY_SERIAL_CONSOLE}"

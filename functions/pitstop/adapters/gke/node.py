@@ -21,7 +21,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping
-from typing import Any, cast
+from typing import Any
 
 import urllib3
 from google.auth.exceptions import GoogleAuthError
@@ -183,5 +183,4 @@ def corroborate(ev: FaultEvent, reader: NodeReader, watched: Collection[int] | N
         cluster, obj = found
         ev = {**ev, "node": {**node, "cluster": cluster}}
     why = trust.xid_condition_confirms(obj, xid) if obj is not None else None
-    # core hands the event back as a plain JSON object: the same keys, its source and reason changed
-    return cast(FaultEvent, trust.corroborated(ev, why)) if why is not None else ev
+    return trust.corroborated(ev, why) if why is not None else ev
