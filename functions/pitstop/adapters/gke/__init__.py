@@ -1,14 +1,15 @@
 """GKE as a scheduler: the Kubernetes API through the official ``kubernetes`` client.
 
-One module per concern: objects (reading API objects, names Pitstop writes), client (the API,
+One module per concern: objects (reading API objects through checked accessors, names Pitstop
+writes), shapes (the TypedDicts of what it writes and answers), client (the API,
 its errors and shared reads), fence (cordon + taint for an incident, lifted only as set),
 evict (the Eviction API, budgets honoured), kinds (JobSet, batch Job and bare pod as strategies),
 restart (a JobSet's restart once, a Kueue Workload's cycle), capacity (can the gang run without
 the node), checks (diagnose and validate Jobs on the fenced node), doctor, node and zone (what
 ingest reads of a Node). reference/gke.md §2-§4.
 
-:class:`GkeCluster` answers in the adapter's own detail (dicts with every fact a test or an
-operator may want); :class:`GkeScheduler` is the typed contract of core/scheduling.py over it,
+:class:`GkeCluster` answers in the adapter's own detail (TypedDicts of shapes.py with every fact
+a test or an operator may want); :class:`GkeScheduler` is the typed contract of core/scheduling.py over it,
 which is what actuate holds. Job ids are ``jobset/<ns>/<name>``, ``job/<ns>/<name>`` or
 ``pod/<ns>/<name>``.
 """
