@@ -8,10 +8,10 @@ restart (a JobSet's restart once, a Kueue Workload's cycle), capacity (can the g
 the node), checks (diagnose and validate Jobs on the fenced node), doctor, node and zone (what
 ingest reads of a Node). reference/gke.md §2-§4.
 
-:class:`GkeCluster` answers in the adapter's own detail (TypedDicts of shapes.py with every fact
-a test or an operator may want); :class:`GkeScheduler` is the typed contract of core/scheduling.py over it,
-which is what actuate holds. Job ids are ``jobset/<ns>/<name>``, ``job/<ns>/<name>`` or
-``pod/<ns>/<name>``.
+:class:`GkeCluster` answers in the adapter's own detail (TypedDicts of shapes.py with every
+fact a test or an operator may want); :class:`GkeScheduler` is the typed contract of
+core/scheduling.py over it, which is what actuate holds. Job ids are ``jobset/<ns>/<name>``,
+``job/<ns>/<name>`` or ``pod/<ns>/<name>``.
 """
 
 from __future__ import annotations
@@ -368,5 +368,5 @@ class GkeScheduler:
 
 
 def _job(doc: JobAnswer) -> JobInfo:
-    nodes = tuple(str(n) for n in doc.get("nodes") or ())  # a JobSet's: its live pods' nodes
-    return JobInfo(str(doc.get("id") or doc.get("job")), JobState.of(doc.get("state")), JobRun.of(doc), nodes)
+    nodes = tuple(doc.get("nodes", ()))  # a JobSet's: its live pods' nodes
+    return JobInfo(doc["id"], JobState.of(doc["state"]), JobRun.of(doc), nodes)

@@ -156,7 +156,7 @@ class Kube:
         if INCIDENT.fullmatch(incident) is None:
             return []
         nodes = self.items("list fenced nodes", self.core.list_node, label_selector=f"{FENCE_KEY}={incident}")
-        return sorted(name for n in nodes if valid_object_name(name := name_of(n)) and name is not None)
+        return sorted(name for n in nodes if (name := name_of(n)) is not None and valid_object_name(name))
 
     def workload(self, ns: str, uid: object) -> KubeObject | None:
         """The Kueue Workload of a job (label ``kueue.x-k8s.io/job-uid``); None without one or Kueue."""
