@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -252,7 +252,7 @@ def test_someone_elses_cordon_and_taints_are_kept(kube: FakeKube, sched: GkeClus
     assert answer is not None
     assert answer["already_drained_by_other"] is True
     assert answer["previous_state"] == "cordoned"
-    assert "aiinfra.diagrunner/bad-for-all" in answer["previous_reason"]
+    assert "aiinfra.diagrunner/bad-for-all" in str(answer["previous_reason"])
     assert node(kube, n)["metadata"]["annotations"][WAS_UNSCHEDULABLE] == "true"
     assert len(our_taints(node(kube, n))) == 1
 
@@ -310,7 +310,7 @@ def test_a_concurrent_node_change_is_kept_and_the_fence_retried(
     class Racing(Kube):
         raced = False
 
-        def node(self, name: str) -> dict[str, Any]:
+        def node(self, name: str) -> Mapping[str, object]:
             cur = super().node(name)
             if not self.raced:  # another writer changes the node between our read and our write
                 self.raced = True

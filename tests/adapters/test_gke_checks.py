@@ -400,7 +400,7 @@ def test_a_check_pod_the_kubelet_refused_is_done_with_its_reason(tmp_path: Path)
         kube.settle()
         got = sched.check_result(BAD, check, StepRef(INC, 9))
         assert got["done"] is True and got["outputs"] == {}
-        assert "Failed: OutOfnvidia.com/gpu Pod was rejected" in got["error"]
+        assert "Failed: OutOfnvidia.com/gpu Pod was rejected" in str(got["error"])
         job = kube.get("Job", check["name"], CHECK_NAMESPACE)
         assert job is not None and any(c["type"] == "Failed" for c in job["status"]["conditions"])
     finally:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from google.api_core import exceptions as gexc
 from google.api_core.client_options import ClientOptions
@@ -25,23 +25,29 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
 from pitstop.adapters.errors import ActuatorError, from_google
+from pitstop.core.domain import Vm
 from pitstop.core.ids import derived_request_id
 
 FAULTY_HOST_FAMILIES = ("a4x-", "a4-", "a3-ultragpu", "a3-megagpu", "a3-highgpu-8g")
 BEHAVIORS = ("UNRECOVERABLE_GPU_ERROR", "PERFORMANCE", "SILENT_DATA_CORRUPTION", "BEHAVIOR_UNSPECIFIED")
 
 
+class OperationState(TypedDict):
+    """A zone operation as :meth:`ComputeAdapter.operation` reads it."""
+
+    done: bool
+    error: str | None  # why a finished operation failed (its HTTP status and messages)
+    type: str
+
+
 class ComputeAdapter:
     def __init__(self, endpoint: str | None = None) -> None:
-        kwargs: dict[str, Any] = {}
-        if endpoint:
-            kwargs = {
-                "credentials": AnonymousCredentials(),  # type: ignore[no-untyped-call]
-                "client_options": ClientOptions(api_endpoint=endpoint),
-            }
-        self.instances = compute_v1.InstancesClient(**kwargs)
-        self.zone_ops = compute_v1.ZoneOperationsClient(**kwargs)
-        self.migs = compute_v1.InstanceGroupManagersClient(**kwargs)
+        # an endpoint (the local stand-in) is called anonymously; None: Google's, as the function's identity
+        creds = AnonymousCredentials() if endpoint else None  # type: ignore[no-untyped-call]
+        opts = ClientOptions(api_endpoint=endpoint) if endpoint else None
+        self.instances = compute_v1.InstancesClient(credentials=creds, client_options=opts)
+        self.zone_ops = compute_v1.ZoneOperationsClient(credentials=creds, client_options=opts)
+        self.migs = compute_v1.InstanceGroupManagersClient(credentials=creds, client_options=opts)
         for client in (self.instances, self.migs):  # the library's own poller must use our endpoint too
             client._transport._extended_operations_services["zone_operations"] = self.zone_ops
 
@@ -62,10 +68,11 @@ class ComputeAdapter:
             raise ActuatorError(400, f"{what}: the zero UUID is not a valid request id", False)
         return {"request_id": str(parsed)}
 
-    def get(self, project: str, zone: str, instance: str) -> dict[str, Any]:
+    def get(self, project: str, zone: str, instance: str) -> Vm:
+        """The instance in snake_case: proto-plus ``to_dict`` of the library's ``Instance`` message,
+        so each field has the type the message declares (the ones Pitstop reads are in ``Vm``)."""
         inst = self._call("instances.get", self.instances.get, project=project, zone=zone, instance=instance)
-        doc: dict[str, Any] = compute_v1.Instance.to_dict(inst)
-        return doc
+        return cast(Vm, compute_v1.Instance.to_dict(inst))
 
     def reset(self, project: str, zone: str, instance: str, *, request_id: str) -> str:
         what = "instances.reset"
@@ -147,7 +154,7 @@ class ComputeAdapter:
         ids = [request_id, derived_request_id(request_id, "fingerprint-retry")]
         for attempt in range(2):
             inst = self.get(project, zone, instance)
-            labels = dict(inst.get("labels") or {})
+            labels = dict(inst.get("labels", {}))
             for k, v in updates.items():
                 if v is None:
                     labels.pop(k, None)
@@ -172,30 +179,36 @@ class ComputeAdapter:
             except gexc.GoogleAPICallError as exc:
                 raise from_google(exc, what) from exc
 
-    def operation(self, project: str, zone: str, name: str) -> dict[str, Any]:
+    def operation(self, project: str, zone: str, name: str) -> OperationState:
         op = self._call("zoneOperations.get", self.zone_ops.get, project=project, zone=zone, operation=name)
         done = op.status == compute_v1.Operation.Status.DONE
         error = None
         if done and (op.http_error_status_code or (op.error and op.error.errors)):
             msgs = [e.message for e in op.error.errors] if op.error else []
             error = f"{op.http_error_status_code} {op.http_error_message}: {'; '.join(msgs)}".strip()
-        return {"done": done, "error": error, "type": op.operation_type}
+        return {"done": done, "error": error, "type": str(op.operation_type)}
 
     @staticmethod
-    def report_eligible(inst: Mapping[str, Any]) -> tuple[bool, str]:
+    def report_eligible(inst: Vm) -> tuple[bool, str]:
         """reportHostAsFaulty's documented preconditions, checked before calling it."""
         machine = str(inst.get("machine_type", "")).rsplit("/", 1)[-1]
         if not machine.startswith(FAULTY_HOST_FAMILIES):
             return False, f"machine type {machine} is not A3 High-8g/Mega/Ultra, A4 or A4X"
-        if (inst.get("scheduling") or {}).get("provisioning_model") != "RESERVATION_BOUND":
+        if inst.get("scheduling", {}).get("provisioning_model") != "RESERVATION_BOUND":
             return False, "the VM is not reservation-bound"
         if inst.get("status") != "RUNNING":
             return False, f"the VM is {inst.get('status')}, not RUNNING"
         return True, ""
 
     @staticmethod
-    def mig_of(inst: Mapping[str, Any]) -> str | None:
-        for item in (inst.get("metadata") or {}).get("items", []):
-            if item.get("key") == "created-by" and "/instanceGroupManagers/" in str(item.get("value")):
-                return str(item["value"]).rsplit("/", 1)[-1]
+    def mig_of(inst: Mapping[str, object]) -> str | None:
+        """The MIG that created the VM, from its ``created-by`` metadata item (a name, or None)."""
+        meta = inst.get("metadata")
+        items = meta.get("items") if isinstance(meta, Mapping) else None
+        for item in items if isinstance(items, list) else []:
+            if not isinstance(item, Mapping) or item.get("key") != "created-by":
+                continue
+            value = item.get("value")
+            if "/instanceGroupManagers/" in str(value):
+                return str(value).rsplit("/", 1)[-1]
         return None

@@ -32,12 +32,13 @@ class KubernetesScheduler(GkeScheduler):
 
     @classmethod
     def from_policy(
-        cls, cluster: str, conf: Mapping[str, Any], env: Mapping[str, str] | None = None
+        cls, cluster: str, conf: Mapping[str, object], env: Mapping[str, str] | None = None
     ) -> KubernetesScheduler:
         """Connected on first use; a missing or unreadable kubeconfig fails this cluster's steps (409)."""
         env = os.environ if env is None else env
         var = str(conf.get("kubeconfig_env") or kubeconfig_env(cluster))
         context = conf.get("context")
+        context = context if isinstance(context, str) else None  # the policy schema: a string
 
         def connect() -> Any:
             from kubernetes import config
@@ -53,5 +54,6 @@ class KubernetesScheduler(GkeScheduler):
                 ) from exc
             return config.new_client_from_config_dict(doc, context=context)  # type: ignore[no-untyped-call]
 
-        deadline = float(conf.get("evict_deadline_s") or 120.0)
+        given = conf.get("evict_deadline_s")
+        deadline = float(given) if isinstance(given, int | float) and given else 120.0
         return cls(connect=connect, evict_deadline_s=deadline, checks=CheckSettings.from_conf(conf))

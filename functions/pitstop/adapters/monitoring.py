@@ -39,8 +39,10 @@ class MetricsWriter:
         ]
         return s
 
-    def write(self, n: Mapping[str, Any], now: float) -> int:
-        inc = n.get("incident") or {}
+    def write(self, n: Mapping[str, object], now: float) -> int:
+        """The points one notification counts (a notification as published: read, its types checked)."""
+        got = n.get("incident")
+        inc: Mapping[str, object] = got if isinstance(got, Mapping) else {}
         base = {
             "kind": str(inc.get("kind") or "none"),
             "action": str(inc.get("action") or "NONE"),
@@ -53,8 +55,9 @@ class MetricsWriter:
             series.append(self._series("remediations_failed", base, 1, now))
         elif inc.get("state") == "RESOLVED":
             series.append(self._series("incidents_resolved", base, 1, now))
-            resolved = (n.get("durations_s") or {}).get("resolved")
-            if resolved is not None:
+            durations = n.get("durations_s")
+            resolved = durations.get("resolved") if isinstance(durations, Mapping) else None
+            if isinstance(resolved, int | float) and not isinstance(resolved, bool):
                 series.append(
                     self._series("time_to_remediate_s", {"action": base["action"]}, float(resolved), now)
                 )

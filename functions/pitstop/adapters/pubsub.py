@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
 
 from google.cloud.pubsub_v1 import PublisherClient
 
@@ -14,7 +13,8 @@ class Notifier:
         self.publisher = publisher or PublisherClient()
         self.topic = self.publisher.topic_path(project, topic)
 
-    def publish(self, notification: Mapping[str, Any]) -> str:
+    def publish(self, notification: Mapping[str, object]) -> str:
+        """Publish a notification (a Notice or a page) as JSON; its kind and severity as attributes."""
         data = json.dumps(notification, default=str).encode()
         attrs = {"kind": str(notification.get("kind", "")), "severity": str(notification.get("severity", ""))}
         message_id: str = self.publisher.publish(self.topic, data, **attrs).result(timeout=30)

@@ -68,7 +68,7 @@ class WorkflowStarter:
             return str(ex.name)
         return None
 
-    def start(self, incident_id: str, step: int, argument: Mapping[str, Any]) -> str:
+    def start(self, incident_id: str, step: int, argument: Mapping[str, object]) -> str:
         execution = executions_v1.Execution(
             argument=json.dumps(argument), labels=self.labels(incident_id, step)
         )

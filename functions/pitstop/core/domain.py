@@ -570,6 +570,8 @@ class Vm(TypedDict, total=False):
     guest_accelerators: list[Accelerator]
     resource_status: ResourceStatus
     scheduling: VmScheduling
+    labels: dict[str, str]
+    label_fingerprint: str  # setLabels sends it back: a change since the read is refused (412)
 
 
 class VmBefore(TypedDict):

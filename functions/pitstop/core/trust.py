@@ -26,11 +26,11 @@ import json
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 from pitstop.core.actions import RANK, Action
 from pitstop.core.catalog import default_xid_policy
-from pitstop.core.domain import JsonObject, Source
+from pitstop.core.domain import FaultEvent
 from pitstop.core.policy import Policy
 
 VERIFIED = "verified"
@@ -249,12 +249,10 @@ def xid_condition_confirms(node_obj: Mapping[str, object], xid: int) -> str | No
     return None
 
 
-def corroborated(ev: Mapping[str, object], why: str) -> JsonObject:
-    """The event, believed on the second signal; the line's own trust stays in the reason.
-
-    Free-form out: the GKE adapter holds the event as a plain dict and gets it back as one."""
-    src = dict(cast(Source, ev["source"]))  # a classified event always carries its source
+def corroborated(ev: FaultEvent, why: str) -> FaultEvent:
+    """The event, believed on the second signal; the line's own trust stays in the reason."""
+    src = ev["source"].copy()
     line = src.get("trust_reason") or "unverified line"
     src["trust"], src["trust_reason"] = VERIFIED, f"{why}; the line itself: {line}"[:512]
-    reason = str(ev.get("reason", "")).replace(f"unverified: {line}", f"corroborated: {why}")[:512]
+    reason = ev["reason"].replace(f"unverified: {line}", f"corroborated: {why}")[:512]
     return {**ev, "source": src, "reason": reason}

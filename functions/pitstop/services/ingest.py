@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from google.api_core import exceptions as gexc
 
@@ -24,7 +24,7 @@ from pitstop.adapters.gke.node import NodeReader, corroborate
 from pitstop.adapters.gke.zone import ZoneResolver, fill_zone
 from pitstop.core import alerts, engine
 from pitstop.core.classify import Classifier
-from pitstop.core.domain import FaultEvent, JsonObject
+from pitstop.core.domain import FaultEvent
 from pitstop.core.envelope import unwrap
 from pitstop.core.policy import Policy
 from pitstop.core.store import IncidentStore
@@ -83,11 +83,7 @@ class Ingest:
             )
             return engine.Outcome("ignored")
         if ev["node"] is not None and ev["node"].get("zone") is None:  # a regional GKE cluster's entry
-            why = (
-                fill_zone(cast(JsonObject, ev), self.zones)  # the GKE adapter's edge takes plain JSON objects
-                if self.zones is not None
-                else "no zone resolver configured"
-            )
+            why = fill_zone(ev, self.zones) if self.zones is not None else "no zone resolver configured"
             if why is not None:  # ZoneLookupError (Compute or Kubernetes unreachable) is redelivered
                 log.emit(
                     "WARNING", "regional event without a zone acknowledged", reason=why, source=ev["source"]
@@ -122,7 +118,7 @@ class Ingest:
 
     @staticmethod
     def _corroborated(ev: FaultEvent, nodes: NodeReader, watched: frozenset[int]) -> FaultEvent:
-        out = cast(FaultEvent, corroborate(cast(JsonObject, ev), nodes, watched))  # as fill_zone
+        out = corroborate(ev, nodes, watched)
         if out["source"]["trust"] != ev["source"]["trust"]:
             log.emit(
                 "INFO",

@@ -1,16 +1,17 @@
 """GKE as a scheduler: the Kubernetes API through the official ``kubernetes`` client.
 
-One module per concern: objects (reading API objects, names Pitstop writes), client (the API,
+One module per concern: objects (reading API objects through checked accessors, names Pitstop
+writes), shapes (the TypedDicts of what it writes and answers), client (the API,
 its errors and shared reads), fence (cordon + taint for an incident, lifted only as set),
 evict (the Eviction API, budgets honoured), kinds (JobSet, batch Job and bare pod as strategies),
 restart (a JobSet's restart once, a Kueue Workload's cycle), capacity (can the gang run without
 the node), checks (diagnose and validate Jobs on the fenced node), doctor, node and zone (what
 ingest reads of a Node). reference/gke.md §2-§4.
 
-:class:`GkeCluster` answers in the adapter's own detail (dicts with every fact a test or an
-operator may want); :class:`GkeScheduler` is the typed contract of core/scheduling.py over it,
-which is what actuate holds. Job ids are ``jobset/<ns>/<name>``, ``job/<ns>/<name>`` or
-``pod/<ns>/<name>``.
+:class:`GkeCluster` answers in the adapter's own detail (TypedDicts of shapes.py with every
+fact a test or an operator may want); :class:`GkeScheduler` is the typed contract of
+core/scheduling.py over it, which is what actuate holds. Job ids are ``jobset/<ns>/<name>``,
+``job/<ns>/<name>`` or ``pod/<ns>/<name>``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pitstop.adapters.gke.checks import (
 )
 from pitstop.adapters.gke.client import (
     DEFAULT_TIMEOUT,
+    ApiClient,
     Kube,
     KubeApiError,
     control_plane,
@@ -55,13 +57,25 @@ from pitstop.adapters.gke.objects import (
     attempt_of,
     live,
     meta_of,
+    name_of,
     node_health,
     owner_ref,
     parse_job_id,
     status_of,
+    sub,
+    subs,
     valid_object_name,
 )
 from pitstop.adapters.gke.restart import STUCK_TERMINATING_S, WorkloadCycle
+from pitstop.adapters.gke.shapes import (
+    CapacityAnswer,
+    CheckReport,
+    CheckStarted,
+    JobAnswer,
+    KubeObject,
+    NodeAnswer,
+    RequeueAnswer,
+)
 from pitstop.core.corroboration import CORROBORATE, NPD_CONDITION
 from pitstop.core.scheduling import (
     Capacity,
@@ -114,9 +128,9 @@ class GkeCluster:
 
     def __init__(
         self,
-        api_client: Any = None,
+        api_client: ApiClient = None,
         *,
-        connect: Callable[[], Any] | None = None,
+        connect: Callable[[], ApiClient] | None = None,
         evict_deadline_s: float = 120.0,
         wait_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
@@ -151,10 +165,10 @@ class GkeCluster:
 
     # -- the node --------------------------------------------------------------------------
 
-    def fence(self, node: str, ref: StepRef, action: str) -> dict[str, Any]:
+    def fence(self, node: str, ref: StepRef, action: str) -> NodeAnswer:
         return fencing.fence(self.kube, node, ref.incident)
 
-    def unfence(self, node: str, ref: StepRef) -> dict[str, Any]:
+    def unfence(self, node: str, ref: StepRef) -> NodeAnswer:
         return fencing.unfence(self.kube, node, ref.incident)
 
     def node_healthy(self, node: str, ref: StepRef) -> bool:
@@ -162,31 +176,32 @@ class GkeCluster:
 
     # -- jobs ------------------------------------------------------------------------------
 
-    def jobs_on(self, node: str, ref: StepRef) -> list[dict[str, Any]]:
+    def jobs_on(self, node: str, ref: StepRef) -> list[JobAnswer]:
         """The jobs with live pods on the node, each with the run that has pods there."""
         if not valid_object_name(node):
             raise ActuatorError(400, f"not a valid node name: {str(node)[:100]!r}", False)
-        on_node: dict[JobRef, list[Mapping[str, Any]]] = {}
+        on_node: dict[JobRef, list[KubeObject]] = {}
         for pod in self.kube.pods_on(node):
             owner = owner_ref(pod) if live(pod) else None
             if owner is not None:
                 on_node.setdefault(owner, []).append(pod)
         return [self._on_node(owner, pods) for owner, pods in on_node.items()]
 
-    def _on_node(self, ref: JobRef, pods: list[Mapping[str, Any]]) -> dict[str, Any]:
+    def _on_node(self, ref: JobRef, pods: list[KubeObject]) -> JobAnswer:
         """The job as the fault on this node hit it: a JobSet's run is its pods' restart attempt.
 
         Not ``status.restarts``: when another member's incident restarted the gang a moment ago,
         the old pod here still runs, and the fault belongs to that older run (seen under load:
         the new run was taken as the one hit and restarted a second time).
         """
-        info = {**self.kind(ref).info(ref), "pods_on_node": sorted(str(meta_of(p).get("name")) for p in pods)}
+        info = self.kind(ref).info(ref)
+        info["pods_on_node"] = sorted(str(name_of(p)) for p in pods)
         known = [a for a in (attempt_of(p) for p in pods) if a is not None]
         if ref.kind == "jobset" and known and info["restarts"] is not None:
-            info["restarts"] = min([*known, int(info["restarts"])])
+            info["restarts"] = min([*known, info["restarts"]])
         return info
 
-    def job_info(self, job: str, ref: StepRef) -> dict[str, Any]:
+    def job_info(self, job: str, ref: StepRef) -> JobAnswer:
         """The job now: ``state``, ``restarts`` (JobSets only) and ``start_time``, asked fresh."""
         jr = parse_job_id(job)
         return self.kind(jr).info(jr)
@@ -200,7 +215,7 @@ class GkeCluster:
         jr = parse_job_id(job)
         nodes = self.kube.fenced_nodes(ref.incident)
         if not nodes:
-            return bool(self.kind(jr).info(jr)["state"] == "RUNNING")
+            return self.kind(jr).info(jr)["state"] == "RUNNING"
         return any(owner_ref(p) == jr and live(p) for n in nodes for p in self.kube.pods_on(n))
 
     def checkpoint(self, job: str, ref: StepRef) -> list[str]:
@@ -210,7 +225,7 @@ class GkeCluster:
         log.emit("INFO", "gke checkpoint: pods evicted with their grace period", job=jr.id, pods=evicted)
         return evicted
 
-    def requeue_outcome(self, job: str, ref: StepRef, restarts: int | None = None) -> dict[str, Any]:
+    def requeue_outcome(self, job: str, ref: StepRef, restarts: int | None = None) -> RequeueAnswer:
         """Restart the gang exactly once; the answer says how, or why nothing was done.
 
         ``restarts`` is the JobSet run the incident saw: a JobSet already past it is left alone.
@@ -239,18 +254,18 @@ class GkeCluster:
                 done.append(said)
         return done
 
-    def capacity(self, job: str, node: str, ref: StepRef) -> dict[str, Any]:
+    def capacity(self, job: str, node: str, ref: StepRef) -> CapacityAnswer:
         jr = parse_job_id(job)
         return capacity(self.kube, self.kind(jr), jr, node)
 
     # -- checks ----------------------------------------------------------------------------
 
-    def start_check(self, node: str, check: Mapping[str, Any], ref: StepRef) -> dict[str, Any]:
+    def start_check(self, node: str, check: Mapping[str, object], ref: StepRef) -> CheckStarted:
         if check.get("kind") == CORROBORATE:  # read at once from the Node: nothing to start
             return {"started": str(check.get("name")), "peer": None, "note": WHY_NODE_CONDITION}
         return self.checks.start(node, check, ref.key)
 
-    def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> dict[str, Any]:
+    def check_result(self, node: str, check: Mapping[str, object], ref: StepRef) -> CheckReport:
         if check.get("kind") == CORROBORATE:
             return {"done": True, "outputs": {"node_condition": self._xid_condition(node)}}
         return self.checks.result(node, check)
@@ -262,13 +277,8 @@ class GkeCluster:
         if cur is None:
             raise ActuatorError(503, f"node {node} does not exist (yet): cannot read its conditions", True)
         status = status_of(cur)
-        got = status.get("nodeInfo")
-        info: Mapping[str, Any] = got if isinstance(got, Mapping) else {}
-        conds = [
-            c
-            for c in status.get("conditions") or []
-            if isinstance(c, Mapping) and c.get("type") in (XID_CONDITION, NPD_CONDITION)
-        ]
+        info = sub(status, "nodeInfo")
+        conds = [c for c in subs(status, "conditions") if c.get("type") in (XID_CONDITION, NPD_CONDITION)]
         doc = {"status": {"nodeInfo": {"bootID": info.get("bootID")}, "conditions": conds[:2]}}
         return json.dumps(doc)[:8192]
 
@@ -284,7 +294,7 @@ class GkeScheduler:
 
     name = "gke"
 
-    def __init__(self, api_client: Any = None, **kwargs: Any) -> None:
+    def __init__(self, api_client: ApiClient = None, **kwargs: Any) -> None:
         self.cluster = GkeCluster(api_client, **kwargs)
 
     def jobs_on(self, node: str, ref: StepRef) -> list[JobInfo]:
@@ -330,13 +340,13 @@ class GkeScheduler:
         a = self.cluster.capacity(job, node, ref)
         return Capacity(a.get("enough") is True, str(a.get("why") or ""), a.get("need"), a.get("free"))
 
-    def start_gang_check(self, job: str, check: Mapping[str, Any], ref: StepRef) -> GangCheckStart:
+    def start_gang_check(self, job: str, check: Mapping[str, object], ref: StepRef) -> GangCheckStart:
         """core/scheduling.GangChecks: the gang stopped first (its pods hold the GPUs), then checked."""
         a = self.cluster.gang.start(job, check, ref.key)
         nodes = tuple(str(n) for n in a.get("nodes") or [])
         return GangCheckStart(str(a.get("started")), nodes, bool(a.get("stopped")), str(a.get("note") or ""))
 
-    def gang_check_result(self, job: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult:
+    def gang_check_result(self, job: str, check: Mapping[str, object], ref: StepRef) -> CheckResult:
         a = self.cluster.gang.result(job, check)
         return CheckResult(bool(a.get("done")), dict(a.get("outputs") or {}), None, a.get("error"), None,
                            dict(a.get("exit_codes") or {}))  # fmt: skip
@@ -346,17 +356,17 @@ class GkeScheduler:
         a = self.cluster.gang.resume(job, ref.key)
         return RequeueOutcome(job, bool(a.get("resumed")), str(a.get("outcome")))
 
-    def start_check(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckStart:
+    def start_check(self, node: str, check: Mapping[str, object], ref: StepRef) -> CheckStart:
         a = self.cluster.start_check(node, check, ref)
         return CheckStart(str(a.get("started")), a.get("peer"), a.get("note"))
 
-    def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult:
+    def check_result(self, node: str, check: Mapping[str, object], ref: StepRef) -> CheckResult:
         a = self.cluster.check_result(node, check, ref)
         return CheckResult(
             bool(a.get("done")), dict(a.get("outputs") or {}), a.get("peer"), a.get("error"), a.get("note")
         )
 
 
-def _job(doc: Mapping[str, Any]) -> JobInfo:
-    nodes = tuple(str(n) for n in doc.get("nodes") or ())  # a JobSet's: its live pods' nodes
-    return JobInfo(str(doc.get("id") or doc.get("job")), JobState.of(doc.get("state")), JobRun.of(doc), nodes)
+def _job(doc: JobAnswer) -> JobInfo:
+    nodes = tuple(doc.get("nodes", ()))  # a JobSet's: its live pods' nodes
+    return JobInfo(doc["id"], JobState.of(doc["state"]), JobRun.of(doc), nodes)

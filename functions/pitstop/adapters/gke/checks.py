@@ -29,7 +29,6 @@ import re
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import urllib3
 from kubernetes.client.exceptions import ApiException
@@ -39,6 +38,7 @@ from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.gke.client import Kube, KubeApiError, status_body
 from pitstop.adapters.gke.objects import (
     DNS_LABEL,
+    EMPTY,
     FENCE_KEY,
     GPU_RESOURCE,
     allocatable_gpus,
@@ -47,18 +47,32 @@ from pitstop.adapters.gke.objects import (
     labels_of,
     live,
     meta_of,
+    name_of,
+    node_name_of,
     placeable,
     pod_gpus,
     spec_of,
     status_of,
+    sub,
+    subs,
+    text,
     valid_namespace,
     valid_object_name,
+)
+from pitstop.adapters.gke.shapes import (
+    CheckReport,
+    CheckStarted,
+    Container,
+    JobBody,
+    KubeObject,
+    PodSpec,
+    SecurityContext,
 )
 
 CHECK_NAMESPACE = "pitstop-system"
 # Every check container's securityContext: Pod Security `baseline` holds in pitstop-system
 # (infra/gke/clusterrole.yaml); of `restricted`, all but a non-root user (dcgmi needs root).
-CHECK_SECURITY: Mapping[str, Any] = {
+CHECK_SECURITY: SecurityContext = {
     "privileged": False,
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
@@ -120,7 +134,7 @@ pitstop_run() {
 IMAGE_REF = re.compile(r"[a-z0-9][-a-z0-9._/:@]{0,254}", re.ASCII)
 
 
-def words_of(v: Any, what: str) -> tuple[str, ...]:
+def words_of(v: object, what: str) -> tuple[str, ...]:
     """A command prefix from the policy: a list of words or one shell-like string."""
     words = shlex.split(v) if isinstance(v, str) else v
     if not isinstance(words, list | tuple) or not all(isinstance(w, str) and "\0" not in w for w in words):
@@ -152,14 +166,17 @@ class CheckSettings:
     ttl_s: int = 3600
 
     @classmethod
-    def from_conf(cls, conf: Mapping[str, Any] | None) -> CheckSettings:
+    def from_conf(cls, conf: Mapping[str, object] | None) -> CheckSettings:
         """From a cluster's ``gke:`` policy block (its ``checks`` entry); defaults for what it leaves out."""
         raw = (conf or {}).get("checks") or {}
         if not isinstance(raw, Mapping):
             raise ValueError("gke.checks must be a mapping")
         base = cls()
         tools = dict(base.tools)
-        for tool, prefix in (raw.get("tools") or {}).items():
+        given = raw.get("tools") or {}
+        if not isinstance(given, Mapping):
+            raise ValueError("gke.checks.tools must be a mapping")
+        for tool, prefix in given.items():
             if tool not in DEFAULT_TOOLS:
                 raise ValueError(f"gke.checks.tools: unknown tool {tool!r} (one of {sorted(DEFAULT_TOOLS)})")
             tools[tool] = words_of(prefix, f"tools.{tool}")
@@ -175,8 +192,8 @@ class CheckSettings:
             nccl_setup=str(raw.get("nccl_setup", base.nccl_setup)),
             mpirun=words_of(raw["mpirun"], "mpirun") if "mpirun" in raw else base.mpirun,
             peer_wait=str(raw.get("peer_wait", base.peer_wait)),
-            deadline_s=int(raw.get("deadline_s", base.deadline_s)),
-            ttl_s=int(raw.get("ttl_s", base.ttl_s)),
+            deadline_s=_seconds(raw, "deadline_s", base.deadline_s),
+            ttl_s=_seconds(raw, "ttl_s", base.ttl_s),
         )
         out.check()
         return out
@@ -188,6 +205,16 @@ class CheckSettings:
             raise ValueError("gke.checks: image and nccl_image must be image references")
         if not (60 <= self.deadline_s <= 86400 and 60 <= self.ttl_s <= 7 * 86400):
             raise ValueError("gke.checks: deadline_s and ttl_s must be 60 s .. a day (ttl_s: a week)")
+
+
+def _seconds(raw: Mapping[str, object], key: str, default: int) -> int:
+    v = raw.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int | float | str):
+        raise ValueError(f"gke.checks.{key} must be a number of seconds")
+    try:
+        return int(v)
+    except ValueError as exc:
+        raise ValueError(f"gke.checks.{key} must be a number of seconds") from exc
 
 
 def split_outputs(log_text: str) -> tuple[dict[str, str], dict[str, str], dict[str, int]]:
@@ -241,7 +268,7 @@ def peer_name(name: str) -> str:
     return f"{name[:52].rstrip('-')}-{hashlib.sha256(name.encode()).hexdigest()[:5]}-peer"
 
 
-def check_args(check: Mapping[str, Any]) -> tuple[str, str, int]:
+def check_args(check: Mapping[str, object]) -> tuple[str, str, int]:
     """(kind, name, gpus) of a check request, checked before anything reaches a URL or a pod spec."""
     kind, name, gpus = check.get("kind"), check.get("name"), check.get("gpus", 0)
     if kind not in CHECK_KINDS:
@@ -271,20 +298,25 @@ def check_args(check: Mapping[str, Any]) -> tuple[str, str, int]:
     return kind, name, gpus
 
 
-def _needs_peer(kind: str | None, check: Mapping[str, Any]) -> bool:
+def _names(v: object) -> list[str]:
+    """The node names of a list check_args checked (nothing for anything else)."""
+    return [str(p) for p in v] if isinstance(v, list) else []
+
+
+def _needs_peer(kind: str | None, check: Mapping[str, object]) -> bool:
     return kind == "link" or (kind in PEERED and bool(check.get("peer")))
 
 
-def pod_failure(pod: Mapping[str, Any]) -> str:
+def pod_failure(pod: KubeObject) -> str:
     """Why a check pod did not succeed, in a line: its phase and reason, and containers that failed."""
     st = status_of(pod)
     parts = [f"check pod {meta_of(pod).get('name')} {st.get('phase')}"]
     if st.get("reason") or st.get("message"):
         parts.append(f"{st.get('reason') or ''} {st.get('message') or ''}".strip())
     for key in ("initContainerStatuses", "containerStatuses"):
-        for c in st.get(key) or []:
-            term = (c.get("state") or {}).get("terminated") if isinstance(c, dict) else None
-            if isinstance(term, dict) and term.get("exitCode") not in (0, None):
+        for c in subs(st, key):
+            term = sub(sub(c, "state"), "terminated")
+            if term.get("exitCode") not in (0, None):
                 parts.append(
                     f"container {c.get('name')} exited {term.get('exitCode')} ({term.get('reason')})"
                 )
@@ -299,7 +331,7 @@ class GkeChecks:
 
     # -- checks on the fenced node ---------------------------------------------------------------
 
-    def start(self, node: str, check: Mapping[str, Any], key: str) -> dict[str, Any]:
+    def start(self, node: str, check: Mapping[str, object], key: str) -> CheckStarted:
         """Start a diagnose or validate run on the fenced node, once per ``check["name"]``.
 
         A retry finds the Job it (or an earlier attempt) created (409 AlreadyExists) and answers as
@@ -332,7 +364,7 @@ class GkeChecks:
         peer: str | None = None
         if _needs_peer(kind, check):
             pinned = check.get("peer_node") if kind == "link" else None  # a ring pair's other end
-            skip = frozenset(str(p) for p in check.get("exclude_peers", []))  # peers measured already
+            skip = frozenset(_names(check.get("exclude_peers")))  # peers measured already
             peer, why = self._ensure_peer(node, cur, name, gpus, str(pinned) if pinned else None, skip)
             if why:
                 notes.append(why)
@@ -350,7 +382,7 @@ class GkeChecks:
         log.emit("INFO", "gke check started", check=name, node=node, kind=kind, peer=peer, note=note, ctx=key)
         return {"started": name, "peer": peer, "note": note}
 
-    def result(self, node: str, check: Mapping[str, Any]) -> dict[str, Any]:
+    def result(self, node: str, check: Mapping[str, object]) -> CheckReport:
         """The run's state; once its pod has ended, each tool's output read from the pod's log.
 
         ``outputs`` holds stdout per tool, ``stderr`` and ``exit_codes`` what the script recorded
@@ -369,7 +401,7 @@ class GkeChecks:
                 f"check {name} runs on {annotations_of(job).get(CHECK_NODE_ANNOTATION)}, not {node}",
                 False,
             )
-        peer = annotations_of(job).get(CHECK_PEER_ANNOTATION) or None
+        peer = text(annotations_of(job), CHECK_PEER_ANNOTATION) or None
         pods = self.kube.items(
             f"list pods of check {name}",
             self.kube.core.list_namespaced_pod,
@@ -379,9 +411,9 @@ class GkeChecks:
         pods.sort(key=lambda p: str(meta_of(p).get("creationTimestamp") or ""))
         pod = next((p for p in reversed(pods) if not live(p)), None)
         job_done = condition_true(job, "Complete") or condition_true(job, "Failed")
-        base: dict[str, Any] = {"done": False, "outputs": {}, "peer": peer, "error": None}
+        base: CheckReport = {"done": False, "outputs": {}, "peer": peer, "error": None}
         if pod is None and not job_done:
-            phase = status_of(pods[-1]).get("phase") if pods else "no pod yet"
+            phase = text(status_of(pods[-1]), "phase") if pods else "no pod yet"
             return {**base, "state": phase}
         outputs: dict[str, str] = {}
         stderr: dict[str, str] = {}
@@ -389,22 +421,15 @@ class GkeChecks:
         errors: list[str] = []
         if pod is not None:
             for container in self._started_containers(pod):
-                text = self._pod_log(str(meta_of(pod).get("name")), container, errors)
-                out, err, rc = split_outputs(text)
+                out, err, rc = split_outputs(self._pod_log(str(name_of(pod)), container, errors))
                 outputs.update(out)
                 stderr.update(err)
                 codes.update(rc)
             if status_of(pod).get("phase") != "Succeeded":
                 errors.insert(0, pod_failure(pod))
         else:
-            failed = next(
-                (
-                    c
-                    for c in status_of(job).get("conditions") or []
-                    if isinstance(c, dict) and c.get("type") == "Failed"
-                ),
-                {},
-            )
+            conds = subs(status_of(job), "conditions")
+            failed = next((c for c in conds if c.get("type") == "Failed"), EMPTY)
             errors.insert(
                 0, f"check job {name} failed without a pod: {failed.get('reason')} {failed.get('message')}"
             )
@@ -417,12 +442,12 @@ class GkeChecks:
             "stderr": stderr,
             "exit_codes": codes,
             "error": "; ".join(errors) or None,
-            "state": status_of(pod).get("phase") if pod is not None else "Failed",
+            "state": text(status_of(pod), "phase") if pod is not None else "Failed",
         }
 
     # -- check helpers ---------------------------------------------------------------------------
 
-    def _check_job(self, name: str) -> dict[str, Any] | None:
+    def _check_job(self, name: str) -> KubeObject | None:
         ns = self.settings.namespace
         try:
             return self.kube.call(f"get job {ns}/{name}", self.kube.batch.read_namespaced_job, name, ns)
@@ -431,7 +456,7 @@ class GkeChecks:
                 return None
             raise
 
-    def _started_answer(self, job: Mapping[str, Any], node: str, name: str) -> dict[str, Any]:
+    def _started_answer(self, job: KubeObject, node: str, name: str) -> CheckStarted:
         """What start_check answered the first time, read back from the Job it created."""
         ann = annotations_of(job)
         if ann.get(CHECK_NODE_ANNOTATION) != node or labels_of(job).get(CHECK_ROLE_LABEL) != "node":
@@ -440,14 +465,14 @@ class GkeChecks:
             )
         return {
             "started": name,
-            "peer": ann.get(CHECK_PEER_ANNOTATION) or None,
-            "note": ann.get(CHECK_NOTE_ANNOTATION, ""),
+            "peer": text(ann, CHECK_PEER_ANNOTATION) or None,
+            "note": text(ann, CHECK_NOTE_ANNOTATION) or "",
         }
 
     def _ensure_peer(
         self,
         node: str,
-        cur: Mapping[str, Any],
+        cur: KubeObject,
         name: str,
         gpus: int,
         pinned: str | None = None,
@@ -459,10 +484,10 @@ class GkeChecks:
         peer_job = peer_name(name)
         found = self._check_job(peer_job)
         if found is not None:
-            return annotations_of(found).get(CHECK_NODE_ANNOTATION) or None, ""
+            return text(annotations_of(found), CHECK_NODE_ANNOTATION) or None, ""
         peer = pinned if pinned and valid_object_name(pinned) else self._choose_peer(node, cur, gpus, skip)
         if peer is None:
-            kind = labels_of(cur).get(INSTANCE_TYPE_LABEL)
+            kind = text(labels_of(cur), INSTANCE_TYPE_LABEL)
             return None, (
                 f"no healthy Ready node{' of type ' + kind if kind else ''} without Pitstop's taint has "
                 f"{gpus} free GPUs: NCCL all_gather skipped"
@@ -475,13 +500,13 @@ class GkeChecks:
             if exc.status != 409 or exc.reason != "AlreadyExists":
                 raise
             found = self._check_job(peer_job)
-            return (annotations_of(found).get(CHECK_NODE_ANNOTATION) or None) if found else None, ""
+            return (text(annotations_of(found), CHECK_NODE_ANNOTATION) or None) if found else None, ""
         return peer, ""
 
     def _choose_peer(
-        self, node: str, cur: Mapping[str, Any], gpus: int, skip: frozenset[str] = frozenset()
+        self, node: str, cur: KubeObject, gpus: int, skip: frozenset[str] = frozenset()
     ) -> str | None:
-        spec = {"tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]}
+        spec: PodSpec = {"tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]}
         kind, pool = labels_of(cur).get(INSTANCE_TYPE_LABEL), labels_of(cur).get(NODEPOOL_LABEL)
         nodes = [
             n for n in self.kube.items("list nodes", self.kube.core.list_node)
@@ -489,20 +514,20 @@ class GkeChecks:
             and (kind is None or labels_of(n).get(INSTANCE_TYPE_LABEL) == kind)
             and valid_object_name(meta_of(n).get("name"))
         ]  # fmt: skip
-        free = {str(meta_of(n).get("name")): allocatable_gpus(n) for n in nodes}
+        free = {str(name_of(n)): allocatable_gpus(n) for n in nodes}
         for pod in self.kube.items("list pods", self.kube.core.list_pod_for_all_namespaces):
-            where = spec_of(pod).get("nodeName")
-            if where in free and live(pod):
+            where = node_name_of(pod)
+            if where is not None and where in free and live(pod):
                 free[where] -= pod_gpus(spec_of(pod))
-        ok = [n for n in nodes if free[str(meta_of(n).get("name"))] >= max(gpus, 1)]
-        ok.sort(key=lambda n: (labels_of(n).get(NODEPOOL_LABEL) != pool, str(meta_of(n).get("name"))))
-        return str(meta_of(ok[0]).get("name")) if ok else None
+        ok = [n for n in nodes if free[str(name_of(n))] >= max(gpus, 1)]
+        ok.sort(key=lambda n: (labels_of(n).get(NODEPOOL_LABEL) != pool, str(name_of(n))))
+        return str(name_of(ok[0])) if ok else None
 
     def _fqdn(self, pod_hostname: str) -> str:
         return f"{pod_hostname}.{self.settings.service}.{self.settings.namespace}.svc.cluster.local"
 
-    def _job(self, name: str, check_name: str, role: str, node: str, pod_spec: dict[str, Any],
-             annotations: Mapping[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    def _job(self, name: str, check_name: str, role: str, node: str, pod_spec: PodSpec,
+             annotations: Mapping[str, str] | None = None) -> JobBody:  # fmt: skip
         labels = {"app.kubernetes.io/managed-by": "pitstop", CHECK_LABEL: check_name, CHECK_ROLE_LABEL: role}
         pod_spec = {
             "restartPolicy": "Never",
@@ -535,20 +560,20 @@ class GkeChecks:
             },
         }
 
-    def _container(self, name: str, image: str, script: str, gpus: int) -> dict[str, Any]:
-        c: dict[str, Any] = {
+    def _container(self, name: str, image: str, script: str, gpus: int) -> Container:
+        c: Container = {
             "name": name,
             "image": image,
             "command": ["/bin/sh", "-c", script],
             "env": [{"name": "LD_LIBRARY_PATH", "value": "/usr/local/nvidia/lib64"}],
-            "securityContext": dict(CHECK_SECURITY),
+            "securityContext": CHECK_SECURITY.copy(),
         }
         if gpus > 0:
             c["resources"] = {"limits": {GPU_RESOURCE: str(gpus)}, "requests": {GPU_RESOURCE: str(gpus)}}
         return c
 
     def _launcher(self, kind: str, name: str, node: str, gpus: int, peer: str | None,
-                  check: Mapping[str, Any], note: str) -> dict[str, Any]:  # fmt: skip
+                  check: Mapping[str, object], note: str) -> JobBody:  # fmt: skip
         """The Job of the pod on the fenced node: the tools of ``kind``, pinned by ``spec.nodeName``."""
         cs, tools = self.settings, self.settings.tools
         level = str(check.get("dcgm_level"))
@@ -556,9 +581,7 @@ class GkeChecks:
         if kind == "sweep":  # the node check a hang's localisation asks of every node, bounded in time
             limit = ("timeout", str(check.get("timeout_s", 60)))
             smi = [("nvidia_smi_q", (*limit, *tools["nvidia-smi"], "-q"))]
-            spec: dict[str, Any] = {
-                "containers": [self._container("sweep", cs.image, check_script("", smi), gpus)]
-            }
+            spec: PodSpec = {"containers": [self._container("sweep", cs.image, check_script("", smi), gpus)]}
         elif kind == "diagnose":
             steps = [
                 ("nvidia_smi_q", (*tools["nvidia-smi"], "-q")),
@@ -575,7 +598,8 @@ class GkeChecks:
                 "containers": [self._container("dcgm", cs.image, check_script(cs.dcgm_setup, [dcgm]), gpus)]
             }
         else:
-            size = int(check.get("message_bytes") or 0)
+            size = check.get("message_bytes")
+            size = size if isinstance(size, int) else 0  # check_args checked it
             me, other = self._fqdn(name), self._fqdn(peer_name(name))
             values = {"{ranks}": str(2 * gpus), "{hosts}": f"{me}:{gpus},{other}:{gpus}", "{gpus}": str(gpus)}
             mpirun = [fill_in(w, values) for w in cs.mpirun]
@@ -598,32 +622,27 @@ class GkeChecks:
         ann = {CHECK_PEER_ANNOTATION: peer or "", CHECK_NOTE_ANNOTATION: note[:1000]}
         return self._job(name, name, "node", node, spec, ann)
 
-    def _peer_job(self, job_name: str, check_name: str, peer: str, gpus: int) -> dict[str, Any]:
+    def _peer_job(self, job_name: str, check_name: str, peer: str, gpus: int) -> JobBody:
         """The NCCL peer: the nccl image's setup (its sshd), then idle until deleted or its deadline."""
         cs = self.settings
         script = "\n".join(s for s in (cs.nccl_setup, f"exec sleep {cs.deadline_s}") if s.strip())
-        spec = {
+        spec: PodSpec = {
             "nodeSelector": {HOSTNAME_LABEL: peer},
             "containers": [self._container("nccl", cs.nccl_image, script, gpus)],
         }
         return self._job(job_name, check_name, "peer", peer, spec)
 
-    def _started_containers(self, pod: Mapping[str, Any]) -> list[str]:
+    def _started_containers(self, pod: KubeObject) -> list[str]:
         """The containers of an ended pod that ran (init containers first), in spec order."""
         st = status_of(pod)
         ran = {
             str(c.get("name"))
             for key in ("initContainerStatuses", "containerStatuses")
-            for c in st.get(key) or []
-            if isinstance(c, dict) and "terminated" in (c.get("state") or {})
+            for c in subs(st, key)
+            if "terminated" in sub(c, "state")
         }
         spec = spec_of(pod)
-        names = [
-            str(c.get("name"))
-            for key in ("initContainers", "containers")
-            for c in spec.get(key) or []
-            if isinstance(c, dict)
-        ]
+        names = [str(c.get("name")) for key in ("initContainers", "containers") for c in subs(spec, key)]
         return [n for n in names if n in ran]
 
     def _pod_log(self, pod: str, container: str, errors: list[str]) -> str:

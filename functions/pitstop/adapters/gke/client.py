@@ -9,7 +9,7 @@ import json
 import re
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import urllib3
@@ -30,20 +30,26 @@ from pitstop.adapters.gke.objects import (
     WORKLOADS,
     JobRef,
     meta_of,
+    name_of,
+    sub,
+    subs,
+    text,
     valid_object_name,
 )
+from pitstop.adapters.gke.shapes import KubeObject, MetaPatch, NodeAnswer, NodePatch
 
 DEFAULT_TIMEOUT = (5.0, 30.0)  # (connect, read) seconds for one API call
-Decide = Callable[[dict[str, Any]], tuple[dict[str, Any] | None, dict[str, Any]]]
+ApiClient = Any  # kubernetes.client.ApiClient: the client ships no type hints
+Decide = Callable[[KubeObject], tuple[NodePatch | None, NodeAnswer]]  # a node read -> (patch, answer)
 
 
 class KubeApiError(ActuatorError):
     """A Kubernetes API answer other than 2xx: its status, its Status reason and message."""
 
-    def __init__(self, status: int, what: str, body: Mapping[str, Any]) -> None:
+    def __init__(self, status: int, what: str, body: KubeObject) -> None:
         self.reason = str(body.get("reason") or "")
         self.detail = str(body.get("message") or "")[:300]
-        self.body = dict(body)
+        self.body: KubeObject = dict(body)
         retryable = status in (409, 429) or status >= 500
         hint = " (check the actuator's Kubernetes RBAC: infra/gke/clusterrole.yaml)" if status == 403 else ""
         code = status if 400 <= status < 600 else 503
@@ -56,8 +62,8 @@ class Kube:
 
     def __init__(
         self,
-        api_client: Any = None,
-        connect: Callable[[], Any] | None = None,
+        api_client: ApiClient = None,
+        connect: Callable[[], ApiClient] | None = None,
         timeout: tuple[float, float] = DEFAULT_TIMEOUT,
     ) -> None:
         if (api_client is None) == (connect is None):
@@ -66,7 +72,7 @@ class Kube:
         self.timeout = timeout
 
     @property
-    def client(self) -> Any:
+    def client(self) -> ApiClient:
         with self._lock:
             if self._client is None and self._connect is not None:
                 self._client = self._connect()
@@ -88,11 +94,11 @@ class Kube:
     def policy(self) -> Any:
         return k8s.PolicyV1Api(self.client)
 
-    def call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """One API call, its JSON answer as a dict; errors as KubeApiError / a retryable 503.
+    def call(self, what: str, fn: Callable[..., Any], *args: object, **kwargs: object) -> KubeObject:
+        """One API call, its JSON answer as an object; errors as KubeApiError / a retryable 503.
 
         Raw JSON (no model classes): a field the client's models do not know is kept, and a
-        read-modify-write never drops it.
+        read-modify-write never drops it. A body (shapes.py) goes to ``fn`` as it is.
         """
         try:
             resp = fn(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
@@ -106,12 +112,12 @@ class Kube:
             raise ActuatorError(503, f"{what}: the Kubernetes API answered something not JSON", True) from exc
         return out if isinstance(out, dict) else {}
 
-    def node(self, node: str) -> dict[str, Any]:
+    def node(self, node: str) -> KubeObject:
         if not valid_object_name(node):
             raise ActuatorError(400, f"not a valid node name: {str(node)[:100]!r}", False)
         return self.call(f"get node {node}", self.core.read_node, node)
 
-    def node_or_none(self, node: str) -> dict[str, Any] | None:
+    def node_or_none(self, node: str) -> KubeObject | None:
         try:
             return self.node(node)
         except KubeApiError as exc:
@@ -119,7 +125,7 @@ class Kube:
                 return None
             raise
 
-    def get_or_none(self, what: str, fn: Callable[..., Any], *args: Any) -> dict[str, Any] | None:
+    def get_or_none(self, what: str, fn: Callable[..., Any], *args: object) -> KubeObject | None:
         """An object, or None when it does not exist (404)."""
         try:
             return self.call(what, fn, *args)
@@ -128,18 +134,17 @@ class Kube:
                 return None
             raise
 
-    def jobset(self, ref: JobRef) -> dict[str, Any] | None:
+    def jobset(self, ref: JobRef) -> KubeObject | None:
         return self.get_or_none(
             f"get jobset {ref.namespace}/{ref.name}",
             self.custom.get_namespaced_custom_object,
             JOBSET_GROUP, JOBSET_VERSION, ref.namespace, JOBSETS, ref.name,
         )  # fmt: skip
 
-    def items(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
-        found = self.call(what, fn, *args, **kwargs).get("items")
-        return [i for i in found if isinstance(i, dict)] if isinstance(found, list) else []
+    def items(self, what: str, fn: Callable[..., Any], *args: object, **kwargs: object) -> list[KubeObject]:
+        return subs(self.call(what, fn, *args, **kwargs), "items")
 
-    def pods_on(self, node: str) -> list[dict[str, Any]]:
+    def pods_on(self, node: str) -> list[KubeObject]:
         return self.items(
             f"list pods on {node}",
             self.core.list_pod_for_all_namespaces,
@@ -151,9 +156,9 @@ class Kube:
         if INCIDENT.fullmatch(incident) is None:
             return []
         nodes = self.items("list fenced nodes", self.core.list_node, label_selector=f"{FENCE_KEY}={incident}")
-        return sorted(str(meta_of(n).get("name")) for n in nodes if valid_object_name(meta_of(n).get("name")))
+        return sorted(name for n in nodes if (name := name_of(n)) is not None and valid_object_name(name))
 
-    def workload(self, ns: str, uid: Any) -> dict[str, Any] | None:
+    def workload(self, ns: str, uid: object) -> KubeObject | None:
         """The Kueue Workload of a job (label ``kueue.x-k8s.io/job-uid``); None without one or Kueue."""
         if not isinstance(uid, str) or not re.fullmatch(r"[-a-z0-9]{1,63}", uid):
             return None
@@ -170,7 +175,7 @@ class Kube:
             raise
         return found[0] if found else None
 
-    def update_node(self, node: str, decide: Decide) -> dict[str, Any]:
+    def update_node(self, node: str, decide: Decide) -> NodeAnswer:
         """Read, decide a patch, write it guarded by resourceVersion; again on 409. The answer decided.
 
         A node that does not exist (a preempted Spot VM's Node removed) has nothing to change:
@@ -183,7 +188,9 @@ class Kube:
             patch, answer = decide(cur)
             if patch is None:
                 return answer
-            patch.setdefault("metadata", {})["resourceVersion"] = meta_of(cur).get("resourceVersion")
+            meta: MetaPatch = patch.get("metadata") or {}
+            meta["resourceVersion"] = text(meta_of(cur), "resourceVersion")
+            patch["metadata"] = meta
             try:
                 self.call(f"patch node {node}", self.core.patch_node, node, patch)
             except KubeApiError as exc:
@@ -194,7 +201,7 @@ class Kube:
         raise ActuatorError(503, f"node {node} kept changing under Pitstop's update (409 Conflict)", True)
 
 
-def status_body(body: Any) -> dict[str, Any]:
+def status_body(body: object) -> KubeObject:
     """A Status object from an error answer's body (bytes or text); empty if it is not one."""
     if isinstance(body, bytes | bytearray):
         body = body.decode("utf-8", "replace")
@@ -205,7 +212,7 @@ def status_body(body: Any) -> dict[str, Any]:
     return out if isinstance(out, dict) else {}
 
 
-def loopback_api_client(endpoint: str, token: str | None) -> Any:
+def loopback_api_client(endpoint: str, token: str | None) -> ApiClient:
     """A client for a loopback API server (the local stack's fake) sending ``token``, the calling
     function's own, as its bearer token: the fake knows it as that function's account
     (local/gke_stack.py ``identities``), as GKE knows the token of a Google identity."""
@@ -224,21 +231,21 @@ _CLUSTER = re.compile(r"[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?", re.ASCII)
 _PROJECT = re.compile(r"(?:[a-z][-a-z0-9.]{0,61}[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]", re.ASCII)
 
 
-def control_plane(cluster: Mapping[str, Any]) -> tuple[str, bytes | None]:
+def control_plane(cluster: KubeObject) -> tuple[str, bytes | None]:
     """The endpoint to call and the CA to trust, from ``clusters.get``: the DNS endpoint when the
     cluster has one (it works for private clusters and carries a publicly trusted certificate:
     no cluster CA), else the IP endpoint with the cluster's own CA."""
-    dns = ((cluster.get("controlPlaneEndpointsConfig") or {}).get("dnsEndpointConfig") or {}).get("endpoint")
+    dns = sub(sub(cluster, "controlPlaneEndpointsConfig"), "dnsEndpointConfig").get("endpoint")
     if isinstance(dns, str) and re.fullmatch(r"[a-z0-9][-a-z0-9.]{1,252}", dns):
         return f"https://{dns}", None
     endpoint = cluster.get("endpoint")
-    ca = (cluster.get("masterAuth") or {}).get("clusterCaCertificate")
+    ca = text(sub(cluster, "masterAuth"), "clusterCaCertificate")
     if not isinstance(endpoint, str) or not re.fullmatch(r"[0-9a-fA-F.:\[\]]{2,64}", endpoint) or not ca:
         raise ActuatorError(409, "cluster has neither a DNS endpoint nor an IP endpoint with a CA", False)
     return f"https://{endpoint}", base64.b64decode(ca)
 
 
-def gke_api_client(project: str, location: str, cluster: str, credentials: Any) -> Any:
+def gke_api_client(project: str, location: str, cluster: str, credentials: Any) -> ApiClient:
     """An ``ApiClient`` for a GKE cluster, authenticated as ``credentials`` (Pitstop's own identity).
 
     ``container.clusters.get`` (REST) gives the endpoint and CA; every request carries a fresh

@@ -4,8 +4,7 @@ the error names the budget)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from kubernetes import client as k8s
 
@@ -20,7 +19,9 @@ from pitstop.adapters.gke.objects import (
     pdb_names,
     selector_matches,
     spec_of,
+    sub,
 )
+from pitstop.adapters.gke.shapes import KubeObject
 
 
 class Evictor:
@@ -29,7 +30,7 @@ class Evictor:
     ) -> None:
         self.kube, self.deadline_s, self.clock, self.sleep = kube, deadline_s, clock, sleep
 
-    def evict(self, pod: Mapping[str, Any], deadline: float, uid: str | None = None) -> str:
+    def evict(self, pod: KubeObject, deadline: float, uid: str | None = None) -> str:
         """Evict one pod with its own grace period: ``evicted``, ``gone`` (404) or ``replaced`` (409).
 
         A 429 (a PodDisruptionBudget, or its status not caught up) is retried with backoff until
@@ -66,7 +67,7 @@ class Evictor:
             self.sleep(min(backoff, left))  # the last try falls on the deadline
             backoff = min(backoff * 2, 8.0)
 
-    def blocked(self, pod: Mapping[str, Any], exc: KubeApiError) -> ActuatorError:
+    def blocked(self, pod: KubeObject, exc: KubeApiError) -> ActuatorError:
         """The final error of an eviction a budget kept refusing: which budget, for the incident."""
         ns, name = meta_of(pod).get("namespace"), meta_of(pod).get("name")
         names = pdb_names(exc.body)
@@ -79,7 +80,7 @@ class Evictor:
                 names = sorted(
                     str(meta_of(b).get("name"))
                     for b in pdbs
-                    if selector_matches(spec_of(b).get("selector") or {}, pod_labels)
+                    if selector_matches(sub(spec_of(b), "selector"), pod_labels)
                 )
             except ActuatorError:
                 names = []

@@ -9,8 +9,6 @@ was schedulable before. Every change is a read-modify-write guarded by ``resourc
 
 from __future__ import annotations
 
-from typing import Any
-
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.gke.client import Kube
@@ -25,10 +23,12 @@ from pitstop.adapters.gke.objects import (
     other_cordon_reason,
     refence_answer,
     spec_of,
+    subs,
 )
+from pitstop.adapters.gke.shapes import KubeObject, NodeAnswer, NodePatch, Taint
 
 
-def fence(kube: Kube, node: str, incident: str) -> dict[str, Any]:
+def fence(kube: Kube, node: str, incident: str) -> NodeAnswer:
     """Cordon and taint the node for this incident; another's cordon is kept and reported.
 
     The answer mirrors the Slurm agent's drain: ``previous_state`` (schedulable | cordoned),
@@ -37,22 +37,22 @@ def fence(kube: Kube, node: str, incident: str) -> dict[str, Any]:
     """
     if not INCIDENT.fullmatch(incident or ""):
         raise ActuatorError(400, f"not an incident id: {str(incident)[:40]!r}", False)
-    taint = {"key": FENCE_KEY, "value": incident, "effect": "NoSchedule"}
+    taint: Taint = {"key": FENCE_KEY, "value": incident, "effect": "NoSchedule"}
 
-    def decide(cur: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-        taints = [t for t in spec_of(cur).get("taints") or [] if isinstance(t, dict)]
+    def decide(cur: KubeObject) -> tuple[NodePatch | None, NodeAnswer]:
+        taints = subs(spec_of(cur), "taints")
         ours = next((t for t in taints if t.get("key") == FENCE_KEY), None)
         cordoned = bool(spec_of(cur).get("unschedulable"))
         if ours is not None:  # fenced already: this incident's (a retry) or another's
             return None, refence_answer(node, cur, ours, incident)
-        answer = {
+        answer: NodeAnswer = {
             "node": node,
             "previous_state": "cordoned" if cordoned else "schedulable",
             "previous_reason": other_cordon_reason(cur) if cordoned else None,
             "already_drained_by_other": cordoned,
             "reason": f"{FENCE_KEY}={incident}:NoSchedule",
         }
-        patch = {
+        patch: NodePatch = {
             "metadata": {
                 "labels": {FENCE_KEY: incident},
                 "annotations": {
@@ -68,7 +68,7 @@ def fence(kube: Kube, node: str, incident: str) -> dict[str, Any]:
     return kube.update_node(node, decide)
 
 
-def unfence(kube: Kube, node: str, incident: str) -> dict[str, Any]:
+def unfence(kube: Kube, node: str, incident: str) -> NodeAnswer:
     """Lift Pitstop's taint for this incident, and its cordon unless the node was cordoned before.
 
     A cordon or taint someone else set stays; the answer then says ``left_drained: <what>``.
@@ -76,11 +76,11 @@ def unfence(kube: Kube, node: str, incident: str) -> dict[str, Any]:
     if not INCIDENT.fullmatch(incident or ""):
         raise ActuatorError(400, f"cannot tell which incident's fence to lift: {str(incident)[:40]!r}", False)
 
-    def decide(cur: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-        taints = [t for t in spec_of(cur).get("taints") or [] if isinstance(t, dict)]
+    def decide(cur: KubeObject) -> tuple[NodePatch | None, NodeAnswer]:
+        taints = subs(spec_of(cur), "taints")
         ours = next((t for t in taints if t.get("key") == FENCE_KEY), None)
         cordoned = bool(spec_of(cur).get("unschedulable"))
-        out: dict[str, Any] = {"node": node, "state": "cordoned" if cordoned else "schedulable"}
+        out: NodeAnswer = {"node": node, "state": "cordoned" if cordoned else "schedulable"}
         if ours is None:
             if cordoned:
                 return None, {**out, "resumed": False, "left_drained": other_cordon_reason(cur)}
@@ -91,7 +91,7 @@ def unfence(kube: Kube, node: str, incident: str) -> dict[str, Any]:
         # A missing annotation is read as "cordoned before": leaving a cordon beats lifting another's.
         notes = annotations_of(cur)
         was = notes.get(WAS_UNSCHEDULABLE) != "false"
-        patch: dict[str, Any] = {
+        patch: NodePatch = {
             "metadata": {
                 "labels": {FENCE_KEY: None},
                 "annotations": {WAS_UNSCHEDULABLE: None, CORDONED_BY: None, TAINTS_BEFORE: None},
@@ -119,7 +119,7 @@ def unfence(kube: Kube, node: str, incident: str) -> dict[str, Any]:
 _OWN_TAINTS = ("node.kubernetes.io/", "node.cloudprovider.kubernetes.io/")
 
 
-def _blocking(taints: list[dict[str, Any]]) -> set[str]:
+def _blocking(taints: list[KubeObject]) -> set[str]:
     """Keys of taints that keep pods off the node, other than Pitstop's and the node's own."""
     return {
         str(t.get("key"))

@@ -22,7 +22,6 @@ only against free GPUs, so a check beside a running gang cannot see its GPUs (re
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
@@ -36,11 +35,14 @@ from pitstop.adapters.gke.objects import (
     annotations_of,
     live,
     meta_of,
+    node_name_of,
     parse_job_id,
     spec_of,
+    text,
     valid_object_name,
 )
 from pitstop.adapters.gke.restart import WorkloadCycle
+from pitstop.adapters.gke.shapes import CheckReport, GangResumed, GangStarted, KubeObject, SuspendPatch
 
 STOPPED_FOR = "pitstop.dev/stopped-for"  # job annotation: the step key of Pitstop's stop
 STOPPED_NODES = "pitstop.dev/stopped-nodes"  # job annotation: where its pods ran when stopped
@@ -48,16 +50,17 @@ SWEEP, LINKS = "sweep", "links"
 MAX_NODES = 512
 
 
-def node_check(check: Mapping[str, Any], index: int) -> dict[str, Any]:
+def node_check(check: Mapping[str, object], index: int) -> dict[str, object]:
     """The check of one node (or ring pair) of the gang: the gang check's name with its index."""
     kind = SWEEP if check.get("kind") == SWEEP else "link"
     return {**check, "kind": kind, "name": f"{check.get('name')}-{index}", "group": check.get("name")}
 
 
-def pairs_of(check: Mapping[str, Any]) -> list[tuple[str, str]]:
+def pairs_of(check: Mapping[str, object]) -> list[tuple[str, str]]:
     """The ring pairs a links check names (``a+b``), both ends valid node names."""
     out = []
-    for p in check.get("pairs") or []:
+    given = check.get("pairs")
+    for p in given if isinstance(given, list) else []:
         a, _, b = str(p).partition("+")
         if valid_object_name(a) and valid_object_name(b):
             out.append((a, b))
@@ -78,7 +81,7 @@ class GangStop:
         self.kube, self.kinds, self.cycle, self.checks = kube, kinds, cycle, checks
         self.node_status = node_status
 
-    def start(self, job: str, check: Mapping[str, Any], key: str) -> dict[str, Any]:
+    def start(self, job: str, check: Mapping[str, object], key: str) -> GangStarted:
         """Stop the gang, wait until its pods are gone, start the check on every node it ran on.
 
         Answers 503 while pods are still on the nodes (the workflow asks again; the stop is not
@@ -109,7 +112,7 @@ class GangStop:
         log.emit("INFO", "gke gang stopped and checked", job=jr.id, nodes=len(nodes), forced=forced, ctx=key)
         return {"started": name, "nodes": nodes, "stopped": True, "forced": forced}
 
-    def _links(self, jr: JobRef, check: Mapping[str, Any], key: str) -> dict[str, Any]:
+    def _links(self, jr: JobRef, check: Mapping[str, object], key: str) -> GangStarted:
         """The ring pairs' NCCL test, all at once, on the gang this step stopped (half the GPUs each)."""
         name, pairs = str(check.get("name")), pairs_of(check)
         target = self.kinds[jr.kind].stoppable(jr)
@@ -137,7 +140,7 @@ class GangStop:
             ann = annotations_of(obj)
             wl = self.kube.workload(jr.namespace, meta_of(obj).get("uid"))
             if ann.get(STOPPED_FOR) == key:  # an earlier attempt stopped it: make sure, then go on
-                nodes = [n for n in str(ann.get(STOPPED_NODES) or "").split(",") if valid_object_name(n)]
+                nodes = [n for n in (text(ann, STOPPED_NODES) or "").split(",") if valid_object_name(n)]
                 why = self.cycle.deactivate(jr, wl, key) if wl is not None else None
                 return (nodes, "") if why is None else ([], why)
             if wl is None and spec_of(obj).get("suspend"):
@@ -147,9 +150,9 @@ class GangStop:
                 return [], f"{jr.id} has no pod on a node: nothing to check"
             if len(nodes) > MAX_NODES:
                 return [], f"{jr.id} runs on {len(nodes)} nodes (more than {MAX_NODES}): not stopped"
-            body: dict[str, Any] = {
+            body: SuspendPatch = {
                 "metadata": {
-                    "resourceVersion": meta_of(obj).get("resourceVersion"),
+                    "resourceVersion": text(meta_of(obj), "resourceVersion"),
                     "annotations": {STOPPED_FOR: key, STOPPED_NODES: ",".join(nodes)},
                 }
             }
@@ -168,10 +171,10 @@ class GangStop:
     def _nodes(self, target: Stoppable) -> list[str]:
         pods = self.kube.items(f"list pods of {target.what}", self.kube.core.list_pod_for_all_namespaces,
                                label_selector=target.pods)  # fmt: skip
-        found = {spec_of(p).get("nodeName") for p in pods if live(p)}
-        return sorted(str(n) for n in found if valid_object_name(n))
+        found = {node_name_of(p) for p in pods if live(p)}
+        return sorted(n for n in found if n is not None and valid_object_name(n))
 
-    def _left(self, target: Stoppable) -> list[dict[str, Any]] | None:
+    def _left(self, target: Stoppable) -> list[KubeObject] | None:
         """Its pods still on a node once it is suspended; None before (Kueue suspends it a moment later)."""
         obj = target.read()
         if obj is not None and not spec_of(obj).get("suspend"):
@@ -180,14 +183,14 @@ class GangStop:
                                label_selector=target.pods)  # fmt: skip
         return [p for p in pods if live(p)]
 
-    def result(self, job: str, check: Mapping[str, Any]) -> dict[str, Any]:
+    def result(self, job: str, check: Mapping[str, object]) -> CheckReport:
         """Every node's check, its tools' outputs keyed ``tool@node`` (core/localise.py reads them),
         with each node's Xid conditions as ``node_condition@node``; done once every node's is."""
         links = check.get("kind") == LINKS
         units = (
             [(a, f"{a}+{b}") for a, b in pairs_of(check)]
             if links
-            else [(n, n) for n in (str(n) for n in check.get("nodes") or []) if valid_object_name(n)]
+            else [(n, n) for n in _strings(check.get("nodes")) if valid_object_name(n)]
         )
         outputs: dict[str, str] = {}
         codes: dict[str, int] = {}
@@ -210,7 +213,7 @@ class GangStop:
                 outputs[f"node_condition@{node}"] = self.node_status(node)
         return {"done": done, "outputs": outputs, "exit_codes": codes, "error": "; ".join(errors[:8]) or None}
 
-    def resume(self, job: str, key: str) -> dict[str, Any]:
+    def resume(self, job: str, key: str) -> GangResumed:
         """Start the gang again once: what this step stopped (a retry, or someone's resume, finds it done)."""
         jr = parse_job_id(job)
         target = self.kinds[jr.kind].stoppable(jr)
@@ -232,24 +235,28 @@ class GangStop:
         jr = parse_job_id(job)
         target = self.kinds[jr.kind].stoppable(jr)
         obj = target.read() if target is not None else None
-        mark = str(annotations_of(obj).get(STOPPED_FOR) or "") if obj is not None else ""
+        mark = (text(annotations_of(obj), STOPPED_FOR) or "") if obj is not None else ""
         if target is None or obj is None or not mark.startswith(f"{incident}-"):
             return None
         self._restart(jr, target, obj, mark)
         return f"{jr.id}: resumed (stopped for {mark}'s checks)"
 
-    def _restart(self, jr: JobRef, target: Stoppable, obj: dict[str, Any], key: str) -> None:
+    def _restart(self, jr: JobRef, target: Stoppable, obj: KubeObject, key: str) -> None:
         """The Workload reactivated first, the mark removed last: a retry in between finds the mark."""
         wl = self.kube.workload(jr.namespace, meta_of(obj).get("uid"))
         if wl is not None:
             self.cycle.activate(jr, wl, key)
-        body: dict[str, Any] = {"metadata": {"annotations": {STOPPED_FOR: None, STOPPED_NODES: None}}}
+        body: SuspendPatch = {"metadata": {"annotations": {STOPPED_FOR: None, STOPPED_NODES: None}}}
         if wl is None:
             body["spec"] = {"suspend": False}
         target.patch(body)
 
 
-def _held(jr: JobRef, pods: list[dict[str, Any]], key: str) -> str:
+def _strings(v: object) -> list[str]:
+    return [str(n) for n in v] if isinstance(v, list) else []
+
+
+def _held(jr: JobRef, pods: list[KubeObject], key: str) -> str:
     where = ", ".join(f"{meta_of(p).get('name')} on {spec_of(p).get('nodeName')}" for p in pods[:4])
     return (
         f"{jr.id}: pod {where} stuck Terminating past its grace period on a Ready node (its kubelet"

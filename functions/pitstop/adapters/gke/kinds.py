@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from pitstop.adapters.gke.checks import JOB_NAME_LABEL
 from pitstop.adapters.gke.client import Kube
@@ -23,14 +23,20 @@ from pitstop.adapters.gke.objects import (
     labels_of,
     live,
     meta_of,
+    name_of,
+    node_name_of,
     pods_per_job,
     restarts_of,
     spec_of,
     status_of,
+    sub,
+    subs,
+    text,
 )
 from pitstop.adapters.gke.restart import WorkloadCycle, jobset_once
+from pitstop.adapters.gke.shapes import JobAnswer, KubeObject, RequeueAnswer, SuspendPatch
 
-Templates = list[tuple[int, dict[str, Any]]]  # (pod count, pod spec) per template
+Templates = list[tuple[int, KubeObject]]  # (pod count, pod spec) per template
 
 
 @dataclass(frozen=True)
@@ -45,13 +51,13 @@ class Stoppable:
     """
 
     what: str
-    read: Callable[[], dict[str, Any] | None]
-    patch: Callable[[dict[str, Any]], dict[str, Any]]
+    read: Callable[[], KubeObject | None]
+    patch: Callable[[SuspendPatch], KubeObject]
     pods: str  # the label selector of its pods
 
 
 class JobKind(Protocol):
-    def info(self, ref: JobRef) -> dict[str, Any]:
+    def info(self, ref: JobRef) -> JobAnswer:
         """``state`` (Slurm's words), ``restarts`` (JobSets only), ``start_time``, ``workload``."""
         ...
 
@@ -59,7 +65,7 @@ class JobKind(Protocol):
         """Its pod templates, and what admits it when Kueue does (None: gone / not Kueue)."""
         ...
 
-    def restart(self, ref: JobRef, key: str, incident: str, seen: int | None) -> dict[str, Any]:
+    def restart(self, ref: JobRef, key: str, incident: str, seen: int | None) -> RequeueAnswer:
         """Restart the gang once: how, or why nothing restarts it (``owner_action``)."""
         ...
 
@@ -68,13 +74,21 @@ class JobKind(Protocol):
         ...
 
 
-def base_info(ref: JobRef) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": ref.id, "job": ref.id, "kind": ref.kind, "namespace": ref.namespace}
-    out.update(name=ref.name, state="UNKNOWN", restarts=None, start_time=None, workload=None)
-    return out
+def base_info(ref: JobRef) -> JobAnswer:
+    return {
+        "id": ref.id,
+        "job": ref.id,
+        "kind": ref.kind,
+        "namespace": ref.namespace,
+        "name": ref.name,
+        "state": "UNKNOWN",
+        "restarts": None,
+        "start_time": None,
+        "workload": None,
+    }
 
 
-def _nothing_restarts(ev: Evictor, ref: JobRef, incident: str, why: str) -> dict[str, Any]:
+def _nothing_restarts(ev: Evictor, ref: JobRef, incident: str, why: str) -> RequeueAnswer:
     return {
         "job": ref.id,
         "outcome": "evicted from the fenced node; nothing restarts it as a gang",
@@ -88,7 +102,7 @@ class JobSetKind:
     def __init__(self, kube: Kube, ev: Evictor, cycle: WorkloadCycle) -> None:
         self.kube, self.ev, self.cycle = kube, ev, cycle
 
-    def info(self, ref: JobRef) -> dict[str, Any]:
+    def info(self, ref: JobRef) -> JobAnswer:
         base = base_info(ref)
         js = self.kube.jobset(ref)
         if js is None:
@@ -104,11 +118,11 @@ class JobSetKind:
             **base,
             "state": jobset_state(js, pods),
             "restarts": restarts_of(js),
-            "start_time": meta_of(js).get("creationTimestamp"),  # with restarts: one run of this JobSet
-            "workload": meta_of(wl).get("name") if wl else None,
-            "failure_policy": isinstance(spec_of(js).get("failurePolicy"), dict),
+            "start_time": text(meta_of(js), "creationTimestamp"),  # with restarts: one run of this JobSet
+            "workload": name_of(wl) if wl else None,
+            "failure_policy": isinstance(spec_of(js).get("failurePolicy"), Mapping),
             # where its live pods run: a degraded node's peers (services/actuate/planned.py)
-            "nodes": sorted({str(n) for p in pods if live(p) and (n := spec_of(p).get("nodeName"))}),
+            "nodes": sorted({n for p in pods if live(p) and (n := node_name_of(p))}),
         }
 
     def templates(self, ref: JobRef) -> tuple[Templates | None, str | None]:
@@ -116,19 +130,20 @@ class JobSetKind:
         if js is None:
             return None, None
         out: Templates = []
-        for rj in spec_of(js).get("replicatedJobs") or []:
-            job_spec = spec_of((rj or {}).get("template") or {})
-            replicas = rj.get("replicas", 1) if isinstance(rj.get("replicas", 1), int) else 1
-            out.append((replicas * pods_per_job(job_spec), spec_of(job_spec.get("template") or {})))
+        for rj in subs(spec_of(js), "replicatedJobs"):
+            job_spec = spec_of(sub(rj, "template"))
+            replicas = rj.get("replicas", 1)
+            replicas = replicas if isinstance(replicas, int) else 1
+            out.append((replicas * pods_per_job(job_spec), spec_of(sub(job_spec, "template"))))
         wl = self.kube.workload(ref.namespace, meta_of(js).get("uid"))
         queued = labels_of(js).get(KUEUE_QUEUE_LABEL)
         return out, f"Workload {meta_of(wl).get('name')}" if wl else f"queue {queued}" if queued else None
 
-    def restart(self, ref: JobRef, key: str, incident: str, seen: int | None) -> dict[str, Any]:
+    def restart(self, ref: JobRef, key: str, incident: str, seen: int | None) -> RequeueAnswer:
         js = self.kube.jobset(ref)
         if js is None:
             return {"job": ref.id, "outcome": "jobset no longer exists"}
-        if isinstance(spec_of(js).get("failurePolicy"), dict):
+        if isinstance(spec_of(js).get("failurePolicy"), Mapping):
             return jobset_once(self.ev, ref, incident, seen)
         wl = self.kube.workload(ref.namespace, meta_of(js).get("uid"))
         if wl is not None:
@@ -137,7 +152,7 @@ class JobSetKind:
         return _nothing_restarts(self.ev, ref, incident, why)
 
     def stoppable(self, ref: JobRef) -> Stoppable:
-        def patch(body: dict[str, Any]) -> dict[str, Any]:
+        def patch(body: SuspendPatch) -> KubeObject:
             return self.kube.call(
                 f"patch {ref.id}", self.kube.custom.patch_namespaced_custom_object,
                 JOBSET_GROUP, JOBSET_VERSION, ref.namespace, JOBSETS, ref.name, body,
@@ -152,33 +167,38 @@ class BatchJobKind:
     def __init__(self, kube: Kube, ev: Evictor) -> None:
         self.kube, self.ev = kube, ev
 
-    def _read(self, ref: JobRef) -> dict[str, Any] | None:
+    def _read(self, ref: JobRef) -> KubeObject | None:
         return self.kube.get_or_none(
             f"get {ref.id}", self.kube.batch.read_namespaced_job, ref.name, ref.namespace
         )
 
-    def info(self, ref: JobRef) -> dict[str, Any]:
+    def info(self, ref: JobRef) -> JobAnswer:
         obj = self._read(ref)
         if obj is None:
             return base_info(ref)
         wl = self.kube.workload(ref.namespace, meta_of(obj).get("uid"))
-        state = {"state": batch_job_state(obj), "start_time": status_of(obj).get("startTime")}
-        return {**base_info(ref), **state, "workload": meta_of(wl).get("name") if wl else None}
+        state, start = batch_job_state(obj), text(status_of(obj), "startTime")
+        return {
+            **base_info(ref),
+            "state": state,
+            "start_time": start,
+            "workload": name_of(wl) if wl else None,
+        }
 
     def templates(self, ref: JobRef) -> tuple[Templates | None, str | None]:
         obj = self._read(ref)
         if obj is None:
             return None, None
         queued = labels_of(obj).get(KUEUE_QUEUE_LABEL)
-        pods = [(pods_per_job(spec_of(obj)), spec_of(spec_of(obj).get("template") or {}))]
+        pods = [(pods_per_job(spec_of(obj)), spec_of(sub(spec_of(obj), "template")))]
         return pods, f"queue {queued}" if queued else None
 
-    def restart(self, ref: JobRef, key: str, incident: str, seen: int | None) -> dict[str, Any]:
+    def restart(self, ref: JobRef, key: str, incident: str, seen: int | None) -> RequeueAnswer:
         why = "a plain Job restarts only its own pods, per its backoffLimit"
         return _nothing_restarts(self.ev, ref, incident, why)
 
     def stoppable(self, ref: JobRef) -> Stoppable:
-        def patch(body: dict[str, Any]) -> dict[str, Any]:
+        def patch(body: SuspendPatch) -> KubeObject:
             return self.kube.call(
                 f"patch {ref.id}", self.kube.batch.patch_namespaced_job, ref.name, ref.namespace, body
             )
@@ -192,23 +212,23 @@ class PodKind:
     def __init__(self, kube: Kube, ev: Evictor) -> None:
         self.kube, self.ev = kube, ev
 
-    def _read(self, ref: JobRef) -> dict[str, Any] | None:
+    def _read(self, ref: JobRef) -> KubeObject | None:
         return self.kube.get_or_none(
             f"get {ref.id}", self.kube.core.read_namespaced_pod, ref.name, ref.namespace
         )
 
-    def info(self, ref: JobRef) -> dict[str, Any]:
+    def info(self, ref: JobRef) -> JobAnswer:
         obj = self._read(ref)
         if obj is None:
             return base_info(ref)
         state = POD_STATES.get(str(status_of(obj).get("phase")), "UNKNOWN")
-        return {**base_info(ref), "state": state, "start_time": status_of(obj).get("startTime")}
+        return {**base_info(ref), "state": state, "start_time": text(status_of(obj), "startTime")}
 
     def templates(self, ref: JobRef) -> tuple[Templates | None, str | None]:
         obj = self._read(ref)
         return ([(1, spec_of(obj))], None) if obj is not None else (None, None)
 
-    def restart(self, ref: JobRef, key: str, incident: str, seen: int | None) -> dict[str, Any]:
+    def restart(self, ref: JobRef, key: str, incident: str, seen: int | None) -> RequeueAnswer:
         return _nothing_restarts(self.ev, ref, incident, "a bare pod has no controller to bring it back")
 
     def stoppable(self, ref: JobRef) -> Stoppable | None:

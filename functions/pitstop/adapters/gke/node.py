@@ -30,9 +30,12 @@ from kubernetes.client.exceptions import ApiException
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
-from pitstop.adapters.gke.client import gke_api_client, loopback_api_client
+from pitstop.adapters.gke.client import ApiClient, gke_api_client, loopback_api_client
+from pitstop.adapters.gke.objects import spec_of, text
+from pitstop.adapters.gke.shapes import KubeObject
 from pitstop.adapters.gke.zone import PROVIDER_ID
 from pitstop.core import names, trust
+from pitstop.core.domain import FaultEvent, NodeRef
 from pitstop.core.policy import Policy
 
 READ_TIMEOUT = (5, 10)  # connect, read (s): ingest must not wait long on a cluster
@@ -64,12 +67,12 @@ class KubeClients:
                     str(conf.get("project") or project),
                     loc if isinstance(loc, str) else None,
                 )
-        self._clients: dict[str, Any] = {}
+        self._clients: dict[str, ApiClient] = {}
 
     def clusters_in(self, project: str) -> list[str]:
         return [c for c, (p, _) in self.where.items() if p == project]
 
-    def __call__(self, cluster: str, project: str | None = None) -> Any:
+    def __call__(self, cluster: str, project: str | None = None) -> ApiClient:
         """The cluster's client, or None when Pitstop may not (or cannot say how to) reach it.
 
         With ``project``, a cluster of that name in another project is not this one.
@@ -90,7 +93,7 @@ class KubeClients:
             self._clients[cluster] = api
         return self._clients[cluster]
 
-    def _connect(self, cluster: str) -> Any:
+    def _connect(self, cluster: str) -> ApiClient:
         if self.endpoint:
             return loopback_api_client(self.endpoint, os.environ.get("PITSTOP_KUBE_TOKEN"))
         project, location = self.where[cluster]
@@ -113,10 +116,10 @@ class NodeReader:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kube, self.ttl_s, self.max_entries, self.clock = kube, ttl_s, max_entries, clock
-        self._cache: OrderedDict[tuple[str, str, str], tuple[float, dict[str, Any] | None]] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str, str], tuple[float, KubeObject | None]] = OrderedDict()
         self.reads = 0  # answers not served from the cache (tests, metrics)
 
-    def node(self, project: str, cluster: str, name: str) -> dict[str, Any] | None:
+    def node(self, project: str, cluster: str, name: str) -> KubeObject | None:
         if not (names.valid_project(project) and names.valid_cluster(cluster) and names.valid_instance(name)):
             return None
         key, now = (project, cluster, name), self.clock()
@@ -131,7 +134,7 @@ class NodeReader:
             self._cache.popitem(last=False)
         return obj
 
-    def _read(self, project: str, cluster: str, name: str) -> dict[str, Any] | None:
+    def _read(self, project: str, cluster: str, name: str) -> KubeObject | None:
         try:
             api = self.kube(cluster, project)
             if api is None:
@@ -148,38 +151,36 @@ class NodeReader:
             return None
         return obj if isinstance(obj, dict) else None
 
-    def cluster_of(self, node: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    def cluster_of(self, node: NodeRef) -> tuple[str, KubeObject] | None:
         """The configured cluster whose Node is this VM (its providerID names the same project,
         zone and instance), and the Node; None when no configured cluster has it."""
         project, zone, inst = node.get("project"), node.get("zone"), node.get("instance")
         for cluster in self.kube.clusters_in(str(project)):
             obj = self.node(str(project), cluster, str(inst))
-            spec = obj.get("spec") if obj is not None else None
-            pid = spec.get("providerID") if isinstance(spec, Mapping) else None
-            m = PROVIDER_ID.fullmatch(pid) if isinstance(pid, str) else None
+            pid = text(spec_of(obj), "providerID") if obj is not None else None
+            m = PROVIDER_ID.fullmatch(pid) if pid is not None else None
             if obj is not None and m is not None and m.groups() == (project, zone, inst):
                 return cluster, obj
         return None
 
 
-def corroborate(
-    ev: dict[str, Any], reader: NodeReader, watched: Collection[int] | None = None
-) -> dict[str, Any]:
+def corroborate(ev: FaultEvent, reader: NodeReader, watched: Collection[int] | None = None) -> FaultEvent:
     """The event believed when its node's device plugin confirms the Xid; else unchanged.
 
     A line that names no cluster (the serial console's entries are ``gce_instance``) is first
     placed in the configured GKE cluster that has its VM as a Node, which the event then names.
     """
-    if not trust.wants_corroboration(ev, watched):
+    node, xid = ev["node"], ev["xid"]
+    if not trust.wants_corroboration(ev, watched) or node is None or xid is None:
         return ev
-    node = ev["node"]
-    if isinstance(node.get("cluster"), str):
-        obj = reader.node(str(node.get("project")), node["cluster"], node["instance"])
+    cluster = node.get("cluster")
+    if isinstance(cluster, str):
+        obj = reader.node(node["project"], cluster, node["instance"])
     else:
         found = reader.cluster_of(node)
         if found is None:
             return ev
         cluster, obj = found
         ev = {**ev, "node": {**node, "cluster": cluster}}
-    why = trust.xid_condition_confirms(obj, int(ev["xid"])) if obj is not None else None
+    why = trust.xid_condition_confirms(obj, xid) if obj is not None else None
     return trust.corroborated(ev, why) if why is not None else ev

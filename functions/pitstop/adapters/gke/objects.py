@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from pitstop.adapters.errors import ActuatorError
+from pitstop.adapters.gke.shapes import KubeObject, NodeAnswer
 
 # -- names Pitstop writes and reads -----------------------------------------------------------
 FENCE_KEY = "pitstop.dev/remediation"  # taint key and node label; value: the incident id
@@ -75,59 +75,94 @@ def parse_job_id(job: str) -> JobRef:
     return JobRef(*parts)
 
 
+# -- checked accessors: a field of the wrong type reads as absent --------------------------------
+
+EMPTY: KubeObject = {}
+
+
+def as_object(v: object) -> KubeObject:
+    """``v`` if it is a JSON object, else an empty one."""
+    return v if isinstance(v, Mapping) else EMPTY
+
+
+def sub(obj: KubeObject, key: str) -> KubeObject:
+    """The object at ``key``; empty when it is absent or not an object."""
+    return as_object(obj.get(key))
+
+
+def subs(obj: KubeObject, key: str) -> list[KubeObject]:
+    """The objects in the list at ``key``; entries that are not objects are left out."""
+    v = obj.get(key)
+    return [i for i in v if isinstance(i, Mapping)] if isinstance(v, list) else []
+
+
+def text(obj: KubeObject, key: str) -> str | None:
+    """The string at ``key``; None when it is absent or not a string."""
+    v = obj.get(key)
+    return v if isinstance(v, str) else None
+
+
+def whole(obj: KubeObject, key: str) -> int | None:
+    """The integer at ``key`` (not a bool); None when it is absent or not one."""
+    v = obj.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
 # -- pure reading of API objects ----------------------------------------------------------------
 
 
-def meta_of(obj: Mapping[str, Any]) -> dict[str, Any]:
-    m = obj.get("metadata")
-    return m if isinstance(m, dict) else {}
+def meta_of(obj: KubeObject) -> KubeObject:
+    return sub(obj, "metadata")
 
 
-def labels_of(obj: Mapping[str, Any]) -> dict[str, Any]:
-    v = meta_of(obj).get("labels")
-    return v if isinstance(v, dict) else {}
+def name_of(obj: KubeObject) -> str | None:
+    return text(meta_of(obj), "name")
 
 
-def annotations_of(obj: Mapping[str, Any]) -> dict[str, Any]:
-    v = meta_of(obj).get("annotations")
-    return v if isinstance(v, dict) else {}
+def labels_of(obj: KubeObject) -> KubeObject:
+    return sub(meta_of(obj), "labels")
 
 
-def spec_of(obj: Mapping[str, Any]) -> dict[str, Any]:
-    v = obj.get("spec")
-    return v if isinstance(v, dict) else {}
+def annotations_of(obj: KubeObject) -> KubeObject:
+    return sub(meta_of(obj), "annotations")
 
 
-def status_of(obj: Mapping[str, Any]) -> dict[str, Any]:
-    v = obj.get("status")
-    return v if isinstance(v, dict) else {}
+def spec_of(obj: KubeObject) -> KubeObject:
+    return sub(obj, "spec")
 
 
-def condition_true(obj: Mapping[str, Any], ctype: str) -> bool:
-    conds = status_of(obj).get("conditions")
+def status_of(obj: KubeObject) -> KubeObject:
+    return sub(obj, "status")
+
+
+def condition_true(obj: KubeObject, ctype: str) -> bool:
     return any(
-        isinstance(c, dict) and c.get("type") == ctype and c.get("status") == "True"
-        for c in (conds if isinstance(conds, list) else [])
+        c.get("type") == ctype and c.get("status") == "True" for c in subs(status_of(obj), "conditions")
     )
 
 
-def restarts_of(js: Mapping[str, Any]) -> int:
-    r = status_of(js).get("restarts")
-    return r if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else 0
+def restarts_of(js: KubeObject) -> int:
+    r = whole(status_of(js), "restarts")
+    return r if r is not None and r >= 0 else 0
 
 
-def attempt_of(pod: Mapping[str, Any]) -> int | None:
+def attempt_of(pod: KubeObject) -> int | None:
     """The JobSet restart attempt a pod belongs to (its label), if it says one."""
     raw = labels_of(pod).get(RESTART_ATTEMPT_LABEL)
     return int(raw) if isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) < 10 else None
 
 
-def live(pod: Mapping[str, Any]) -> bool:
+def live(pod: KubeObject) -> bool:
     """A pod that still runs or may run (terminating pods still run their checkpoint)."""
     return status_of(pod).get("phase") not in TERMINAL_PHASES
 
 
-def owner_ref(pod: Mapping[str, Any]) -> JobRef | None:
+def node_name_of(pod: KubeObject) -> str | None:
+    """The node a pod is bound to (None before the scheduler placed it)."""
+    return text(spec_of(pod), "nodeName")
+
+
+def owner_ref(pod: KubeObject) -> JobRef | None:
     """The job a pod belongs to: its JobSet, else its controlling Job, else the pod itself.
 
     None for pods that are no job (DaemonSet and static mirror pods: node agents) and for
@@ -137,7 +172,7 @@ def owner_ref(pod: Mapping[str, Any]) -> JobRef | None:
     ns, name = meta.get("namespace"), meta.get("name")
     if "kubernetes.io/config.mirror" in annotations_of(pod):
         return None
-    owners = [o for o in meta.get("ownerReferences") or [] if isinstance(o, dict) and o.get("controller")]
+    owners = [o for o in subs(meta, "ownerReferences") if o.get("controller")]
     if any(o.get("kind") == "DaemonSet" for o in owners):
         return None
     ref: JobRef | None = None
@@ -150,7 +185,7 @@ def owner_ref(pod: Mapping[str, Any]) -> JobRef | None:
     return ref if valid_namespace(ref.namespace) and valid_object_name(ref.name) else None
 
 
-def jobset_state(js: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> str:
+def jobset_state(js: KubeObject, pods: Iterable[KubeObject]) -> str:
     """A JobSet's state in the words actuate compares, from its conditions, suspend flag and pods."""
     if condition_true(js, "Completed"):
         return "COMPLETED"
@@ -164,20 +199,20 @@ def jobset_state(js: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> st
     return "PENDING"
 
 
-def batch_job_state(job: Mapping[str, Any]) -> str:
+def batch_job_state(job: KubeObject) -> str:
     if condition_true(job, "Complete"):
         return "COMPLETED"
     if condition_true(job, "Failed"):
         return "FAILED"
     if spec_of(job).get("suspend"):
         return "PENDING" if KUEUE_QUEUE_LABEL in labels_of(job) else "SUSPENDED"
-    return "RUNNING" if (status_of(job).get("active") or 0) > 0 else "PENDING"
+    return "RUNNING" if (whole(status_of(job), "active") or 0) > 0 else "PENDING"
 
 
 POD_STATES = {"Pending": "PENDING", "Running": "RUNNING", "Succeeded": "COMPLETED", "Failed": "FAILED"}
 
 
-def restart_blockers(js: Mapping[str, Any]) -> list[str]:
+def restart_blockers(js: KubeObject) -> list[str]:
     """Why this JobSet's template cannot restart its gang after a disruption (empty if it can).
 
     No failure policy: a failed child Job fails the JobSet. ``Ignore`` on DisruptionTarget: an
@@ -185,20 +220,17 @@ def restart_blockers(js: Mapping[str, Any]) -> list[str]:
     """
     why: list[str] = []
     policy = spec_of(js).get("failurePolicy")
-    if not isinstance(policy, dict):
+    if not isinstance(policy, Mapping):
         why.append("no failurePolicy: a failed child Job fails the whole JobSet instead of restarting it")
     else:
-        rules = [r for r in policy.get("rules") or [] if isinstance(r, dict)]
+        rules = subs(policy, "rules")
         ignores_max = any(str(r.get("action", "")).endswith("IgnoreMaxRestarts") for r in rules)
         if not policy.get("maxRestarts") and not ignores_max:
             why.append("failurePolicy.maxRestarts is 0 and no rule ignores it: the first restart fails it")
-    for rj in spec_of(js).get("replicatedJobs") or []:
-        if not isinstance(rj, dict):
-            continue
-        job_spec = spec_of(rj.get("template") or {})
-        rules = (job_spec.get("podFailurePolicy") or {}).get("rules") or []
-        for rule in rules:
-            conds = [c.get("type") for c in rule.get("onPodConditions") or [] if isinstance(c, dict)]
+    for rj in subs(spec_of(js), "replicatedJobs"):
+        job_spec = spec_of(sub(rj, "template"))
+        for rule in subs(sub(job_spec, "podFailurePolicy"), "rules"):
+            conds = [c.get("type") for c in subs(rule, "onPodConditions")]
             if rule.get("action") == "Ignore" and "DisruptionTarget" in conds:
                 why.append(
                     f"replicatedJob {rj.get('name')}: podFailurePolicy Ignore on DisruptionTarget: an "
@@ -207,7 +239,7 @@ def restart_blockers(js: Mapping[str, Any]) -> list[str]:
     return why
 
 
-def node_health(node: Mapping[str, Any]) -> tuple[bool, str]:
+def node_health(node: KubeObject) -> tuple[bool, str]:
     """(healthy, why not): Ready, every GPU allocatable, no XidCriticalError from the device plugin,
     and GKE not in the middle of maintaining or terminating it (a Ready node can still be either)."""
     if not condition_true(node, "Ready"):
@@ -216,12 +248,11 @@ def node_health(node: Mapping[str, Any]) -> tuple[bool, str]:
         return False, f"{XID_CONDITION} is True"
     if labels_of(node).get(MAINTENANCE_ONGOING_LABEL) == "ONGOING":
         return False, f"GKE reports host maintenance in progress ({MAINTENANCE_ONGOING_LABEL}=ONGOING)"
-    taints = spec_of(node).get("taints") or []
-    if any(isinstance(t, Mapping) and t.get("key") == TERMINATION_TAINT for t in taints):
+    if any(t.get("key") == TERMINATION_TAINT for t in subs(spec_of(node), "taints")):
         return False, f"GKE is about to terminate the node ({TERMINATION_TAINT})"
     st = status_of(node)
-    cap = (st.get("capacity") or {}).get(GPU_RESOURCE)
-    alloc = (st.get("allocatable") or {}).get(GPU_RESOURCE)
+    cap = sub(st, "capacity").get(GPU_RESOURCE)
+    alloc = sub(st, "allocatable").get(GPU_RESOURCE)
     if cap is None:
         if GKE_ACCELERATOR_LABEL in labels_of(node):
             return False, f"GPU node reports no {GPU_RESOURCE} capacity yet (device plugin not registered)"
@@ -231,21 +262,19 @@ def node_health(node: Mapping[str, Any]) -> tuple[bool, str]:
     return True, ""
 
 
-def other_cordon_reason(node: Mapping[str, Any]) -> str:
+def other_cordon_reason(node: KubeObject) -> str:
     """What a person reads about a cordon Pitstop did not set (Kubernetes keeps no reason)."""
     taints = [
         f"{t.get('key')}{'=' + str(t['value']) if t.get('value') else ''}:{t.get('effect')}"
-        for t in spec_of(node).get("taints") or []
-        if isinstance(t, dict) and t.get("key") != FENCE_KEY
+        for t in subs(spec_of(node), "taints")
+        if t.get("key") != FENCE_KEY
     ]
     return "cordoned (spec.unschedulable) by someone else" + (
         f"; taints: {', '.join(taints)}" if taints else ""
     )
 
 
-def refence_answer(
-    node: str, cur: Mapping[str, Any], ours: Mapping[str, Any], incident: str
-) -> dict[str, Any]:
+def refence_answer(node: str, cur: KubeObject, ours: KubeObject, incident: str) -> NodeAnswer:
     """Fence's answer for a node that already carries Pitstop's taint: the same answer a retry of
     this incident's fence gave the first time, or another incident's fence, left alone."""
     if ours.get("value") != incident:
@@ -266,36 +295,37 @@ def refence_answer(
     }
 
 
-def pdb_names(body: Mapping[str, Any]) -> list[str]:
+def pdb_names(body: KubeObject) -> list[str]:
     """The budget names a 429 eviction answer gives in its causes or message."""
     texts = [str(body.get("message") or "")]
-    causes = (body.get("details") or {}).get("causes") if isinstance(body.get("details"), dict) else None
-    texts += [str(c.get("message") or "") for c in causes or [] if isinstance(c, dict)]
+    texts += [str(c.get("message") or "") for c in subs(sub(body, "details"), "causes")]
     return sorted({m.group(1) for t in texts for m in PDB_IN_MESSAGE.finditer(t[:2000])})
 
 
-def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
+def selector_matches(selector: KubeObject, labels: KubeObject) -> bool:
     """matchLabels and the In/NotIn/Exists/DoesNotExist expressions of a label selector."""
-    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+    if any(labels.get(k) != v for k, v in sub(selector, "matchLabels").items()):
         return False
-    for e in selector.get("matchExpressions") or []:
-        key, op, values = e.get("key"), e.get("operator"), e.get("values") or []
-        ok = {
-            "In": key in labels and labels[key] in values,
-            "NotIn": key not in labels or labels[key] not in values,
-            "Exists": key in labels,
-            "DoesNotExist": key not in labels,
-        }.get(op, False)
+    for e in subs(selector, "matchExpressions"):
+        key, op, raw = e.get("key"), e.get("operator"), e.get("values")
+        values = raw if isinstance(raw, list) else []
+        if not isinstance(key, str):
+            return False  # a selector without a key matches nothing
+        present = key in labels
+        ok = (
+            (op == "In" and present and labels[key] in values)
+            or (op == "NotIn" and (not present or labels[key] not in values))
+            or (op == "Exists" and present)
+            or (op == "DoesNotExist" and not present)
+        )
         if not ok:
             return False
     return True
 
 
-def tolerates(tolerations: Iterable[Any], taint: Mapping[str, Any]) -> bool:
+def tolerates(tolerations: Iterable[KubeObject], taint: KubeObject) -> bool:
     """Whether a pod's tolerations cover one taint (key, operator Equal/Exists, effect)."""
     for tol in tolerations:
-        if not isinstance(tol, dict):
-            continue
         if tol.get("effect") and tol.get("effect") != taint.get("effect"):
             continue
         if tol.get("operator") == "Exists" and (not tol.get("key") or tol.get("key") == taint.get("key")):
@@ -307,48 +337,44 @@ def tolerates(tolerations: Iterable[Any], taint: Mapping[str, Any]) -> bool:
     return False
 
 
-def pod_gpus(pod_spec: Mapping[str, Any]) -> int:
+def pod_gpus(pod_spec: KubeObject) -> int:
     """The ``nvidia.com/gpu`` a pod spec asks for (its containers' limits, else requests)."""
     total = 0
-    for c in pod_spec.get("containers") or []:
-        res = (c.get("resources") or {}) if isinstance(c, dict) else {}
-        raw = (res.get("limits") or {}).get(GPU_RESOURCE) or (res.get("requests") or {}).get(GPU_RESOURCE)
+    for c in subs(pod_spec, "containers"):
+        res = sub(c, "resources")
+        raw = sub(res, "limits").get(GPU_RESOURCE) or sub(res, "requests").get(GPU_RESOURCE)
         total += count_of(raw)
     return total
 
 
-def count_of(raw: Any) -> int:
+def count_of(raw: object) -> int:
     """A resource quantity that is a plain count ("8", 8); 0 for anything else."""
     text = str(raw if raw is not None else "")
     return int(text) if text.isdigit() and len(text) < 6 else 0
 
 
-def allocatable_gpus(node: Mapping[str, Any]) -> int:
-    return count_of((status_of(node).get("allocatable") or {}).get(GPU_RESOURCE))
+def allocatable_gpus(node: KubeObject) -> int:
+    return count_of(sub(status_of(node), "allocatable").get(GPU_RESOURCE))
 
 
-def pods_per_job(job_spec: Mapping[str, Any]) -> int:
+def pods_per_job(job_spec: KubeObject) -> int:
     par, comp = job_spec.get("parallelism", 1), job_spec.get("completions")
     par = par if isinstance(par, int) and par >= 0 else 1
     return min(par, comp) if isinstance(comp, int) and comp >= 0 else par
 
 
-def fenced_by_pitstop(node: Mapping[str, Any]) -> bool:
-    return any(isinstance(t, dict) and t.get("key") == FENCE_KEY for t in spec_of(node).get("taints") or [])
+def fenced_by_pitstop(node: KubeObject) -> bool:
+    return any(t.get("key") == FENCE_KEY for t in subs(spec_of(node), "taints"))
 
 
-def placeable(node: Mapping[str, Any], pod_spec: Mapping[str, Any]) -> bool:
+def placeable(node: KubeObject, pod_spec: KubeObject) -> bool:
     """A node the scheduler may place this pod template on: Ready, healthy, schedulable, not fenced
     by Pitstop, every NoSchedule/NoExecute taint tolerated, its nodeSelector matched."""
     if spec_of(node).get("unschedulable") or fenced_by_pitstop(node) or not node_health(node)[0]:
         return False
-    tolerations = pod_spec.get("tolerations") or []
-    for t in spec_of(node).get("taints") or []:
-        if (
-            isinstance(t, dict)
-            and t.get("effect") in ("NoSchedule", "NoExecute")
-            and not tolerates(tolerations, t)
-        ):
+    tolerations = subs(pod_spec, "tolerations")
+    for t in subs(spec_of(node), "taints"):
+        if t.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, t):
             return False
     labels = labels_of(node)
-    return all(labels.get(k) == v for k, v in (pod_spec.get("nodeSelector") or {}).items())
+    return all(labels.get(k) == v for k, v in sub(pod_spec, "nodeSelector").items())

@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
 
 from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.gke.client import Kube
@@ -41,10 +40,14 @@ from pitstop.adapters.gke.objects import (
     jobset_state,
     live,
     meta_of,
+    name_of,
+    node_name_of,
     restarts_of,
     spec_of,
     status_of,
+    text,
 )
+from pitstop.adapters.gke.shapes import KubeObject, RequeueAnswer, WorkloadPatch
 
 # How long past its deletionTimestamp a pod may stay Terminating before it counts as stuck (the
 # default of policy gke.stuck_terminating_s; Kueue's own failure recovery forces such pods after 60 s:
@@ -52,10 +55,10 @@ from pitstop.adapters.gke.objects import (
 STUCK_TERMINATING_S = 60.0
 
 
-def jobset_once(ev: Evictor, ref: JobRef, incident: str, seen: int | None) -> dict[str, Any]:
+def jobset_once(ev: Evictor, ref: JobRef, incident: str, seen: int | None) -> RequeueAnswer:
     """Evict one pod of the current restart attempt (on the fenced node if one is there)."""
     kube = ev.kube
-    out: dict[str, Any] = {"job": ref.id}
+    out: RequeueAnswer = {"job": ref.id}
     fenced = set(kube.fenced_nodes(incident))
     deadline = ev.clock() + ev.deadline_s
     for _ in range(CONFLICT_RETRIES):
@@ -74,14 +77,14 @@ def jobset_once(ev: Evictor, ref: JobRef, incident: str, seen: int | None) -> di
         pod = _attempt_pod(kube, ref, r, fenced)
         if pod is None:
             return {**out, "outcome": f"no live pod of restart attempt {r} to evict"}
-        uid = meta_of(pod).get("uid")
-        if ev.evict(pod, deadline, uid if isinstance(uid, str) and uid else None) == "evicted":
-            return {**out, "outcome": "restart triggered", "evicted": meta_of(pod).get("name"), "attempt": r}
+        uid = text(meta_of(pod), "uid")
+        if ev.evict(pod, deadline, uid or None) == "evicted":
+            return {**out, "outcome": "restart triggered", "evicted": str(name_of(pod)), "attempt": r}
         # gone or replaced since it was listed: look again (the attempt may have moved on)
     raise ActuatorError(503, f"{ref.id}: pods of the current attempt kept disappearing", True)
 
 
-def _attempt_pod(kube: Kube, ref: JobRef, attempt: int, fenced: set[str]) -> dict[str, Any] | None:
+def _attempt_pod(kube: Kube, ref: JobRef, attempt: int, fenced: set[str]) -> KubeObject | None:
     pods = kube.items(
         f"list pods of {ref.id} attempt {attempt}",
         kube.core.list_namespaced_pod,
@@ -89,7 +92,7 @@ def _attempt_pod(kube: Kube, ref: JobRef, attempt: int, fenced: set[str]) -> dic
         label_selector=f"{JOBSET_NAME_LABEL}={ref.name},{RESTART_ATTEMPT_LABEL}={attempt}",
     )
     alive = [p for p in pods if live(p) and not meta_of(p).get("deletionTimestamp")]
-    alive.sort(key=lambda p: (spec_of(p).get("nodeName") not in fenced, str(meta_of(p).get("name"))))
+    alive.sort(key=lambda p: (node_name_of(p) not in fenced, str(meta_of(p).get("name"))))
     return alive[0] if alive else None
 
 
@@ -113,18 +116,18 @@ class WorkloadCycle:
         self.kube, self.wait_s, self.clock, self.sleep = kube, wait_s, clock, sleep
         self.stuck_s, self.wall = stuck_s, wall
 
-    def _patch(self, ref: JobRef, name: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _patch(self, ref: JobRef, name: str, body: WorkloadPatch) -> KubeObject:
         return self.kube.call(
             f"patch workload {ref.namespace}/{name}",
             self.kube.custom.patch_namespaced_custom_object,
             KUEUE_GROUP, KUEUE_VERSION, ref.namespace, WORKLOADS, name, body,
         )  # fmt: skip
 
-    def run(self, ref: JobRef, wl: dict[str, Any], key: str) -> dict[str, Any]:
+    def run(self, ref: JobRef, wl: KubeObject, key: str) -> RequeueAnswer:
         """The annotation ``pitstop.dev/requeued-for=<step key>`` makes a retry resume instead of
         starting over, and tells Pitstop's deactivation from someone else's (which stays)."""
         name = str(meta_of(wl).get("name"))
-        out: dict[str, Any] = {"job": ref.id, "workload": name}
+        out: RequeueAnswer = {"job": ref.id, "workload": name}
         active = spec_of(wl).get("active", True) is not False
         mark = annotations_of(wl).get(REQUEUED_FOR)
         if active and mark == key:
@@ -136,12 +139,7 @@ class WorkloadCycle:
                 "owner_action": f"{ref.id}: its Kueue Workload {name} is inactive; reactivate it when ready.",
             }
         if active:
-            rv = meta_of(wl).get("resourceVersion")
-            body = {
-                "metadata": {"resourceVersion": rv, "annotations": {REQUEUED_FOR: key}},
-                "spec": {"active": False},
-            }
-            self._patch(ref, name, body)
+            self._patch(ref, name, _deactivation(wl, key))
         forced = self._wait_stopped(ref, name)
         self._patch(ref, name, {"spec": {"active": True}})
         out["outcome"] = "workload deactivated and reactivated: Kueue requeues the whole job"
@@ -157,9 +155,9 @@ class WorkloadCycle:
 
     def wait_gone(
         self,
-        left: Callable[[], list[dict[str, Any]] | None],
+        left: Callable[[], list[KubeObject] | None],
         waiting: str,
-        held_message: Callable[[list[dict[str, Any]]], str],
+        held_message: Callable[[list[KubeObject]], str],
     ) -> list[str]:
         """Wait (bounded by ``wait_s``, then 503) until ``left`` answers no pod; force a pod stuck on
         a node that is not Ready, fail (409, ``held_message``) on one stuck on a Ready node. The pods
@@ -180,7 +178,7 @@ class WorkloadCycle:
             self.sleep(1.0)
         return list(forced)
 
-    def _left(self, ref: JobRef, name: str) -> list[dict[str, Any]] | None:
+    def _left(self, ref: JobRef, name: str) -> list[KubeObject] | None:
         """The job's pods still running or terminating once Kueue evicted the Workload and the JobSet
         is suspended; None before that.
 
@@ -206,16 +204,16 @@ class WorkloadCycle:
         )
         return [p for p in pods if live(p)]
 
-    def _stuck(self, pod: dict[str, Any]) -> bool:
+    def _stuck(self, pod: KubeObject) -> bool:
         """Terminating ``stuck_s`` past its deletionTimestamp (the end of its grace period)."""
         ends = _epoch(meta_of(pod).get("deletionTimestamp"))
         return ends is not None and self.wall() >= ends + self.stuck_s
 
-    def _node_ready(self, pod: dict[str, Any]) -> bool:
-        node = self.kube.node_or_none(str(spec_of(pod).get("nodeName") or ""))
+    def _node_ready(self, pod: KubeObject) -> bool:
+        node = self.kube.node_or_none(node_name_of(pod) or "")
         return node is not None and condition_true(node, "Ready")
 
-    def _force(self, pod: dict[str, Any]) -> str:
+    def _force(self, pod: KubeObject) -> str:
         """Delete the pod with grace period 0, as ``kubectl delete pod --grace-period=0 --force``."""
         m = meta_of(pod)
         node = spec_of(pod).get("nodeName")
@@ -227,7 +225,7 @@ class WorkloadCycle:
             )  # fmt: skip
         return f"{m.get('name')}@{node}"
 
-    def deactivate(self, ref: JobRef, wl: dict[str, Any], key: str) -> str | None:
+    def deactivate(self, ref: JobRef, wl: KubeObject, key: str) -> str | None:
         """Deactivate the Workload for this step (Kueue evicts and suspends the whole job); None when
         it is (now or already) Pitstop's for ``key``, else why it is left alone (someone else's)."""
         name = str(meta_of(wl).get("name"))
@@ -236,36 +234,40 @@ class WorkloadCycle:
             return (
                 None if mark == key else f"its Kueue Workload {name} is inactive (not Pitstop's): left alone"
             )
-        rv = meta_of(wl).get("resourceVersion")
-        body = {
-            "metadata": {"resourceVersion": rv, "annotations": {REQUEUED_FOR: key}},
-            "spec": {"active": False},
-        }
-        self._patch(ref, name, body)
+        self._patch(ref, name, _deactivation(wl, key))
         return None
 
-    def activate(self, ref: JobRef, wl: dict[str, Any], key: str) -> bool:
+    def activate(self, ref: JobRef, wl: KubeObject, key: str) -> bool:
         """Reactivate the Workload Pitstop deactivated for ``key`` (Kueue requeues it); whether done."""
         name = str(meta_of(wl).get("name"))
         if spec_of(wl).get("active", True) is not False or annotations_of(wl).get(REQUEUED_FOR) != key:
             return False
-        self._patch(ref, name, {"metadata": {"resourceVersion": meta_of(wl).get("resourceVersion")},
-                                "spec": {"active": True}})  # fmt: skip
+        rv = text(meta_of(wl), "resourceVersion")
+        self._patch(ref, name, {"metadata": {"resourceVersion": rv}, "spec": {"active": True}})
         return True
 
-    def reactivate(self, ref: JobRef, wl: dict[str, Any], incident: str) -> str | None:
+    def reactivate(self, ref: JobRef, wl: KubeObject, incident: str) -> str | None:
         """At the incident's close: reactivate the Workload if Pitstop's deactivation for this
         incident left it inactive (a step that failed while a pod was stuck). What was done."""
         name = str(meta_of(wl).get("name"))
         mark = str(annotations_of(wl).get(REQUEUED_FOR) or "")
         if spec_of(wl).get("active", True) is not False or not mark.startswith(f"{incident}-"):
             return None
-        rv = meta_of(wl).get("resourceVersion")
+        rv = text(meta_of(wl), "resourceVersion")
         self._patch(ref, name, {"metadata": {"resourceVersion": rv}, "spec": {"active": True}})
         return f"{ref.id}: Kueue Workload {name} reactivated"
 
 
-def _stuck_message(ref: JobRef, name: str, pods: list[dict[str, Any]]) -> str:
+def _deactivation(wl: KubeObject, key: str) -> WorkloadPatch:
+    """Deactivate the Workload as it was read, marked as Pitstop's for this step."""
+    rv = text(meta_of(wl), "resourceVersion")
+    return {
+        "metadata": {"resourceVersion": rv, "annotations": {REQUEUED_FOR: key}},
+        "spec": {"active": False},
+    }
+
+
+def _stuck_message(ref: JobRef, name: str, pods: list[KubeObject]) -> str:
     where = ", ".join(f"{meta_of(p).get('name')} on {spec_of(p).get('nodeName')}" for p in pods[:4])
     phase = status_of(pods[0]).get("phase")
     return (
@@ -277,7 +279,7 @@ def _stuck_message(ref: JobRef, name: str, pods: list[dict[str, Any]]) -> str:
     )
 
 
-def _epoch(stamp: Any) -> float | None:
+def _epoch(stamp: object) -> float | None:
     if isinstance(stamp, datetime):
         return stamp.timestamp()
     if not isinstance(stamp, str) or not stamp:

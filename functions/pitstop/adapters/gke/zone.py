@@ -25,7 +25,7 @@ import json
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +36,10 @@ from google.auth.exceptions import GoogleAuthError
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from pitstop.adapters.gke.client import CONTAINER_API
+from pitstop.adapters.gke.client import CONTAINER_API, ApiClient
+from pitstop.adapters.gke.objects import as_object, spec_of, subs, text
 from pitstop.core import names
+from pitstop.core.domain import FaultEvent
 
 LOOKUP_TIMEOUT_S = 5.0
 LOOKUP_RETRY = gretry.Retry(initial=0.2, maximum=2.0, timeout=10.0)
@@ -148,12 +150,13 @@ def cluster_zones(cluster: object) -> list[str]:
     node pool's (a pool may be created with its own). Container API v1 ``Cluster.locations`` and
     ``NodePool.locations``, "the zones in which the ... nodes should be located":
     cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.clusters"""
-    if not isinstance(cluster, Mapping):
-        return []
-    found = list(cluster.get("locations") or [])
-    for pool in cluster.get("nodePools") or []:
-        found += (pool.get("locations") or []) if isinstance(pool, Mapping) else []
-    return sorted({z for z in found if names.valid_zone(z)})
+    doc = as_object(cluster)
+    found = [z for obj in (doc, *subs(doc, "nodePools")) for z in _list(obj.get("locations"))]
+    return sorted({z for z in found if isinstance(z, str) and names.valid_zone(z)})
+
+
+def _list(v: object) -> list[object]:
+    return list(v) if isinstance(v, list) else []
 
 
 class ZoneResolver:
@@ -166,7 +169,7 @@ class ZoneResolver:
 
     def __init__(
         self,
-        kube_for: Callable[[str], Any] | None = None,
+        kube_for: Callable[[str], ApiClient] | None = None,
         instances: Any = None,
         clusters: Callable[[str, str, str], list[str]] | None = None,
         ttl_s: float = 3600.0,
@@ -215,7 +218,7 @@ class ZoneResolver:
         return node
 
     @staticmethod
-    def _from_node(api: Any, project: str, region: str, instance: str) -> ZoneAnswer:
+    def _from_node(api: ApiClient, project: str, region: str, instance: str) -> ZoneAnswer:
         try:
             resp: Any = k8s.CoreV1Api(api).read_node(
                 instance, _preload_content=False, _request_timeout=(5, 15)
@@ -226,10 +229,11 @@ class ZoneResolver:
             return ZoneAnswer(None, f"reading the node failed ({exc.status})", transient=True)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             return ZoneAnswer(None, f"Kubernetes API unreachable ({type(exc).__name__})", transient=True)
-        node = json.loads(resp.data or b"{}")
-        spec = node.get("spec") if isinstance(node, dict) else None
-        pid = spec.get("providerID") if isinstance(spec, dict) else None
-        return zone_from_provider_id(pid, project, region, instance)
+        try:
+            node = as_object(json.loads(resp.data or b"{}"))
+        except ValueError:
+            return ZoneAnswer(None, "the Kubernetes API answered something not JSON", transient=True)
+        return zone_from_provider_id(text(spec_of(node), "providerID"), project, region, instance)
 
     def _from_compute(self, project: str, region: str, instance: str, cluster: str | None) -> ZoneAnswer:
         """``instances.get`` in each of the cluster's zones inside the region; exactly one must hold it."""
@@ -267,16 +271,17 @@ class ZoneResolver:
         return getattr(inst, "name", None) == instance and link.endswith(where)
 
 
-def fill_zone(ev: dict[str, Any], resolver: ZoneResolver) -> str | None:
+def fill_zone(ev: FaultEvent, resolver: ZoneResolver) -> str | None:
     """Give a regional GKE event its node's zone, in place; None when done (or nothing to do), else why not.
 
     ``ZoneLookupError`` propagates: the delivery should be retried, not dropped.
     """
     node = ev.get("node")
-    if not isinstance(node, dict) or node.get("zone") is not None or not node.get("region"):
+    region = node.get("region") if node is not None else None
+    if node is None or node.get("zone") is not None or not region:
         return None
-    answer = resolver.resolve(node["project"], node["region"], node["instance"], node.get("cluster"))
+    answer = resolver.resolve(node["project"], region, node["instance"], node.get("cluster"))
     if answer.zone is None:
-        return f"zone of {node['instance']} in region {node['region']} not found: {answer.how}"
+        return f"zone of {node['instance']} in region {region} not found: {answer.how}"
     node["zone"] = answer.zone
     return None

@@ -106,7 +106,7 @@ class Step:
         return self.deps.schedulers.get(self.inc.get("cluster") or "", NoScheduler())
 
     def vm(self) -> Vm:
-        return cast(Vm, self.deps.compute.get(*self.node()))  # Compute's answer, at its edge
+        return self.deps.compute.get(*self.node())
 
     # -- records -----------------------------------------------------------------------------
 
