@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pitstop.local import chaos, inject, realtime
 from pitstop.local.gke_drive import evictions
@@ -33,7 +33,11 @@ from pitstop.local.heartbeats import beating_again, beats, hang_ended
 from pitstop.local.serve import PAGERDUTY_PATH
 from pitstop.local.stack import HEARTBEAT_EVERY_S, webhook_records
 from pitstop.tools.demo_runner import XID_LINES, Runner, Seen, incident_obs
-from pitstop.tools.demo_stage import Stage
+from pitstop.tools.demo_stage import Observations, Stage, WebhookRecord
+
+if TYPE_CHECKING:
+    from pitstop.core.domain import JsonObject
+    from pitstop.core.policy_types import Budgets
 
 XID79, XID48, XID94, XID13 = (XID_LINES[x] for x in (79, 48, 94, 13))
 HANG_GANG = 4  # the hung training job's nodes (the pool has one spare more)
@@ -100,24 +104,30 @@ def blast_radius(st: Stage) -> Seen:
     # One page per budget window while incidents are held (engine.try_claim's paged_until): a
     # slow machine whose remediations outlast the 8 s window sees a reminder, never one per try.
     windows = 1 + int((time.monotonic() - t0) / float(pol_budgets["window_s"]))
-    obs = {"targets": len(targets), "nodes": len(st.nodes), "done": len(done), "held": len(held)}
+    obs: Observations = {
+        "targets": len(targets),
+        "nodes": len(st.nodes),
+        "done": len(done),
+        "held": len(held),
+    }
     obs.update(max_percent=b["max_percent"], pages=len(pages), alerts=len(alerts))
     obs.update(remediated_within_budget=len(done) == cap, rest_held=len(held) == len(targets) - cap)
     obs["paged_once_per_window"] = 1 <= len(pages) == len(alerts) <= windows
     return Seen(done[0] if done else None, obs)
 
 
-def _budgets(st: Stage) -> dict[str, Any]:
+def _budgets(st: Stage) -> Budgets:
     import json
 
-    budgets: dict[str, Any] = json.loads(Path(st.state.workdir, "policy.yaml").read_text())["budgets"]
+    # the stack's policy, as pitstop.local wrote it from a checked one
+    budgets: Budgets = json.loads(Path(st.state.workdir, "policy.yaml").read_text())["budgets"]
     return budgets
 
 
-def _settled(st: Stage, targets: list[str], took: Callable[[str], bool]) -> list[dict[str, Any]]:
+def _settled(st: Stage, targets: list[str], took: Callable[[str], bool]) -> list[JsonObject]:
     """Each node's last incident once it has taken the fault and settled (resolved, held or failed)."""
 
-    def settled() -> list[dict[str, Any]] | None:
+    def settled() -> list[JsonObject] | None:
         out = []
         for n in targets:  # each node's episode has taken this Xid 79 (a new incident or a raised one)
             last = st.incidents(n)[-1:]
@@ -127,7 +137,7 @@ def _settled(st: Stage, targets: list[str], took: Callable[[str], bool]) -> list
         return out
 
     try:
-        incs: list[dict[str, Any]] = st.wait(settled, 120, f"all {len(targets)} incidents to settle")
+        incs = st.wait(settled, 120, f"all {len(targets)} incidents to settle")
     except TimeoutError:
         seen = [
             (i["node"]["instance"], i["state"], i["action"], i.get("held"), i.get("failure"))
@@ -157,7 +167,7 @@ def gang_wide_throttle(st: Stage) -> Seen:
     drained = {n: "drain" in st.slurm.node_states().get(n, "") for n in held}
     # notify delivers after the incident resolved: wait for each one's note, not read it at once
     texts = [_note_text(st, str(i["id"])) for i in incs]
-    obs: dict[str, Any] = {"job": job, "held": ",".join(held), "drained": drained, "texts": texts}
+    obs: Observations = {"job": job, "held": ",".join(held), "drained": drained, "texts": texts}
     obs["why"] = (incs[0].get("corroboration") or {}).get("why")
     obs["all_resolved"] = all(i["state"] == "RESOLVED" for i in incs)
     obs["all_gang_wide"] = all((i.get("corroboration") or {}).get("verdict") == "gang_wide" for i in incs)
@@ -172,7 +182,7 @@ def gang_wide_throttle(st: Stage) -> Seen:
 
 def _note_text(st: Stage, iid: str) -> str:
     """What the webhook said about an incident, once notify delivered it (after it resolved)."""
-    notes: list[dict[str, Any]] = st.wait(lambda: st.notes_for(iid), 30, "the notification")
+    notes = st.wait(lambda: st.notes_for(iid), 30, "the notification")
     return " ".join(str(x["body"].get("text")) for x in notes)
 
 
@@ -211,7 +221,7 @@ def hang_bad_node(st: Stage) -> Seen:
     culprit = st.finished(bad, timeout=240)
     now_on = st.slurm.job_nodes(job)
     times = realtime.breakdown(stopped, hang, culprit, training, st.stack.alert_scale)
-    obs: dict[str, Any] = {"job": job, "held": ",".join(held), "bad": bad, "gang": len(held)}
+    obs: Observations = {"job": job, "held": ",".join(held), "bad": bad, "gang": len(held)}
     obs.update(culprits=loc.get("culprits"), culprit=culprit["id"], culprit_action=culprit["action"])
     obs.update(now_on=",".join(now_on), **times)
     obs["hang_resolved"] = hang["state"] == "RESOLVED"
@@ -235,7 +245,7 @@ def hang_software(st: Stage) -> Seen:
     first = hang_ended(st.db, job, st.wait)
     loc = first.get("localisation") or {}
 
-    def paged() -> list[dict[str, Any]]:
+    def paged() -> list[WebhookRecord]:
         return [w for w in st.notes_for(first["id"]) if "no culprit fenced" in w["body"]["text"]]
 
     pages = st.wait(paged, 30, "the page")
@@ -244,7 +254,7 @@ def hang_software(st: Stage) -> Seen:
     second = hang_ended(st.db, job, st.wait, 2)
     times = realtime.breakdown(stopped, first, None, training, st.stack.alert_scale)
     text = pages[0]["body"]["text"] if pages else ""
-    obs: dict[str, Any] = {"job": job, "gang": len(held), "restarts": restarts, "pages": len(pages)}
+    obs: Observations = {"job": job, "gang": len(held), "restarts": restarts, "pages": len(pages)}
     obs.update(second=second["id"], second_why=(second.get("localise") or {}).get("why"), **times)
     obs.update(first=loc, second_localise=second.get("localise"), page=text)
     obs["nothing_found"] = loc.get("outcome") == "nothing_found"
@@ -279,7 +289,7 @@ def gke_two_members(st: Stage) -> Seen:
         back, restarts = [gangs.node_back(n) for n in (a, b)], gangs.restarts(g.name)
     finally:
         gangs.done_with(g)
-    obs: dict[str, Any] = {"a": a, "b": b, "incidents": len(incs), "moved_to": ",".join(where)}
+    obs: Observations = {"a": a, "b": b, "incidents": len(incs), "moved_to": ",".join(where)}
     obs.update(resets=[len(st.calls("reset", n)) for n in (a, b)], restarts=restarts, all_back=all(back))
     obs["all_resolved_rebooted"] = all(
         i["state"] == "RESOLVED" and i["action"] == "REBOOT_NODE" for i in incs
@@ -304,7 +314,7 @@ def gke_pdb(st: Stage) -> Seen:
         gangs.kube.delete_pdb(pdb)
         gangs.done_with(g)
     why = str((inc.get("failure") or {}).get("error") or "")
-    obs: dict[str, Any] = {"state": inc["state"], "pdb": pdb, "why": why[:160], "bad": bad}
+    obs: Observations = {"state": inc["state"], "pdb": pdb, "why": why[:160], "bad": bad}
     obs.update(names_the_pdb=f"PodDisruptionBudget {pdb}" in why, fenced_while_failed=held["unschedulable"])
     obs.update(
         pod_stayed=stayed, restarts=restarts, perform_maintenance=len(st.calls("perform_maintenance", bad))
@@ -332,7 +342,7 @@ def gke_serial(st: Stage) -> Seen:
         gangs.done_with(g)
     lone = st.incidents(forged)[-1]
     untouched = not st.calls("reset", forged) and not node_summary(gangs.kube.node(forged))["unschedulable"]
-    obs: dict[str, Any] = {
+    obs: Observations = {
         "forged": forged,
         "bad": bad,
         "lone_action": lone["action"],
@@ -408,8 +418,8 @@ def gke_gang_wide_throttle(st: Stage) -> Seen:
         for n in members:
             st.stack.set_gpu_state(n, None)
         gangs.done_with(g)
-    peers: list[dict[str, Any]] = [i.get("corroboration") or {} for i in incs]
-    obs: dict[str, Any] = {"jobset": g.name, "members": ",".join(members), "why": peers[0].get("why")}
+    peers: list[JsonObject] = [i.get("corroboration") or {} for i in incs]
+    obs: Observations = {"jobset": g.name, "members": ",".join(members), "why": peers[0].get("why")}
     obs["all_resolved"] = all(i["state"] == "RESOLVED" for i in incs)
     obs["all_gang_wide"] = all(p.get("verdict") == "gang_wide" for p in peers)
     obs["all_from_prometheus"] = all(p.get("source") == "prometheus" for p in peers)
