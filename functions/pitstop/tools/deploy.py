@@ -14,6 +14,7 @@ settings Pitstop depends on but must not change (serial-port logging on GKE node
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -77,11 +78,14 @@ class Step:
         return cmd
 
 
+@functools.cache
 def _resources() -> list[Entry]:
+    """resources.yaml, checked once (read-only: every reader renders a copy)."""
     doc = resources.load_yaml(RESOURCES, "deploy-resources.schema.json")
     return cast(list[Entry], doc["resources"])  # its schema checked it
 
 
+@functools.cache
 def _iam() -> IamDoc:
     return cast(IamDoc, resources.load_yaml(INFRA / "iam.yaml", "deploy-iam.schema.json"))  # checked
 
