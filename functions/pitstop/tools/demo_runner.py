@@ -28,7 +28,7 @@ from pitstop.local.stack import ZONE
 from pitstop.tools.demo_stage import LogEntry, Observations, Result, Stage, WebhookRecord
 
 if TYPE_CHECKING:
-    from pitstop.core.domain import JsonObject
+    from pitstop.core.domain import Incident, JsonObject
 
 SCENARIOS = "demo-scenarios.yaml"
 SCHEMA = "demo-scenarios.schema.json"
@@ -105,7 +105,7 @@ class Seen:
     """What a scenario observed: the incident its result reports (timeline, id) and the observations
     its expectations and its line are made of."""
 
-    inc: JsonObject | None  # as the store and the stand-ins give it (demo_stage.Stage.incidents)
+    inc: Incident | None
     obs: Observations = field(default_factory=dict)
     resume_s: float | None = None  # a step's own measure, in place of the incident's
 
@@ -336,7 +336,7 @@ class Runner:
         return Seen(inc, obs)
 
 
-def incident_obs(inc: JsonObject) -> Observations:
+def incident_obs(inc: Incident) -> Observations:
     """What an ended incident says: its outcome, diagnosis, validation, resume and escalations."""
     tl = inc.get("timeline") or {}
     diagnosis, val = inc.get("diagnosis") or {}, inc.get("validation") or {}
@@ -348,7 +348,7 @@ def incident_obs(inc: JsonObject) -> Observations:
         "incident": inc["id"],
         **{k: inc.get(k) for k in ("state", "action", "kind", "trust")},
         "events": (inc.get("counts") or {}).get("events"),
-        "zone": (inc.get("node") or {}).get("zone"),
+        "zone": node["zone"] if (node := inc.get("node")) else None,
         "fenced": bool(tl.get("fenced")),
         "diagnosis": diagnosis,
         "diagnosis_confirmed": diagnosis.get("confirmed"),

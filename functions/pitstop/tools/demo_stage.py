@@ -24,7 +24,7 @@ from pitstop.local.stack import PROJECT, ZONE, Stack, admin, webhook_records
 from pitstop.tools.sim.trace import LogResource
 
 if TYPE_CHECKING:
-    from pitstop.core.domain import JsonObject
+    from pitstop.core.domain import Incident, JsonObject
 
 T = TypeVar("T")
 # A scenario's observations by name: its expectations and its line read them (schemas/demo-scenarios.yaml),
@@ -152,13 +152,16 @@ class Stage(inject.Driver):
 
     # -- what comes out ------------------------------------------------------------------------
 
-    def incidents(self, node: str) -> list[JsonObject]:
-        """The node's incidents, oldest first, with storm counts' shards summed. As JSON: the
-        stand-ins' drivers (pitstop.local.inject.Drives, heartbeats) take and give them so."""
+    def node_incidents(self, node: str) -> list[Incident]:
+        """The node's incidents, oldest first, with storm counts' shards summed."""
         from pitstop.adapters.firestore import IncidentStore
 
-        docs = [cast("JsonObject", d) for d in IncidentStore(self.db).list()]
-        return [d for d in docs if (d.get("node") or {}).get("instance") == node]  # a hang's: no node
+        docs = IncidentStore(self.db).list()
+        return [d for d in docs if (n := d.get("node")) and n["instance"] == node]  # a hang's: no node
+
+    def incidents(self, node: str) -> list[JsonObject]:
+        """node_incidents as JSON, as the stand-ins' drivers take them (pitstop.local.inject.Drives)."""
+        return [cast("JsonObject", d) for d in self.node_incidents(node)]
 
     def wait(self, cond: Callable[[], T | None], timeout: float, what: str) -> T:
         """``cond``'s first truthy answer, asked every half second."""
@@ -191,9 +194,9 @@ class Stage(inject.Driver):
             return f" (state unreadable: {exc})"
         return f"; seen: {json.dumps(seen, default=str)}"
 
-    def finished(self, node: str, timeout: float = 90.0) -> JsonObject:
-        def done() -> JsonObject | None:
-            incs = self.incidents(node)
+    def finished(self, node: str, timeout: float = 90.0) -> Incident:
+        def done() -> Incident | None:
+            incs = self.node_incidents(node)
             return incs[-1] if incs and incs[-1]["state"] in ("RESOLVED", "FAILED") else None
 
         inc = self.wait(done, timeout, f"the incident on {node} to finish")

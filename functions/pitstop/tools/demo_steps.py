@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pitstop.local import chaos, inject, realtime
 from pitstop.local.gke_drive import evictions
@@ -36,7 +36,7 @@ from pitstop.tools.demo_runner import XID_LINES, Runner, Seen, incident_obs
 from pitstop.tools.demo_stage import Observations, Stage, WebhookRecord
 
 if TYPE_CHECKING:
-    from pitstop.core.domain import JsonObject
+    from pitstop.core.domain import Incident, JsonObject, Measurement
     from pitstop.core.policy_types import Budgets
 
 XID79, XID48, XID94, XID13 = (XID_LINES[x] for x in (79, 48, 94, 13))
@@ -57,7 +57,11 @@ def duplicate_storm(st: Stage) -> Seen:
         st.router.publish(e)
     inc = st.finished(node)
     time.sleep(3)
-    obs = {**incident_obs(inc), "incidents": len(st.incidents(node)), "resets": len(st.calls("reset", node))}
+    obs = {
+        **incident_obs(inc),
+        "incidents": len(st.node_incidents(node)),
+        "resets": len(st.calls("reset", node)),
+    }
     return Seen(inc, {**obs, "xid_48": inc["counts"].get("xid_48", 0)})
 
 
@@ -70,7 +74,7 @@ def blast_radius(st: Stage) -> Seen:
     pd_before = len(webhook_records(st.state, PAGERDUTY_PATH))
 
     def xid79s(n: str) -> tuple[str | None, int]:
-        last = st.incidents(n)[-1:]
+        last = st.node_incidents(n)[-1:]
         return (last[0]["id"], last[0]["counts"].get("xid_79", 0)) if last else (None, 0)
 
     seen_before = {n: xid79s(n) for n in targets}
@@ -124,13 +128,13 @@ def _budgets(st: Stage) -> Budgets:
     return budgets
 
 
-def _settled(st: Stage, targets: list[str], took: Callable[[str], bool]) -> list[JsonObject]:
+def _settled(st: Stage, targets: list[str], took: Callable[[str], bool]) -> list[Incident]:
     """Each node's last incident once it has taken the fault and settled (resolved, held or failed)."""
 
-    def settled() -> list[JsonObject] | None:
+    def settled() -> list[Incident] | None:
         out = []
         for n in targets:  # each node's episode has taken this Xid 79 (a new incident or a raised one)
-            last = st.incidents(n)[-1:]
+            last = st.node_incidents(n)[-1:]
             if not last or not took(n) or last[0]["state"] not in ("RESOLVED", "HELD", "FAILED"):
                 return None
             out.append(last[0])
@@ -140,9 +144,9 @@ def _settled(st: Stage, targets: list[str], took: Callable[[str], bool]) -> list
         incs = st.wait(settled, 120, f"all {len(targets)} incidents to settle")
     except TimeoutError:
         seen = [
-            (i["node"]["instance"], i["state"], i["action"], i.get("held"), i.get("failure"))
+            (n, i["state"], i["action"], i.get("held"), i.get("failure"))
             for n in targets
-            for i in st.incidents(n)[-1:]
+            for i in st.node_incidents(n)[-1:]
         ]
         raise TimeoutError(f"incidents did not settle: {seen}") from None
     return incs
@@ -153,7 +157,12 @@ def poison(st: Stage) -> Seen:
     attempts = dead[0].message.attributes.get("CloudPubSubDeadLetterSourceDeliveryCount")
     restart = [i for i in flowed if i["action"] == "RESTART_JOB"]
     obs = {"attempts": attempts, "incident": flowed[-1]["id"], "good_event_flowed": bool(restart)}
-    return Seen(flowed[-1], {**obs, "dead_lettered": dead[0].message.data == inject.POISON})
+    return Seen(_stored(flowed[-1]), {**obs, "dead_lettered": dead[0].message.data == inject.POISON})
+
+
+def _stored(doc: JsonObject) -> Incident:
+    """An incident document as a stand-in's driver (pitstop.local) read it from the store."""
+    return cast("Incident", doc)
 
 
 def gang_wide_throttle(st: Stage) -> Seen:
@@ -242,7 +251,7 @@ def hang_software(st: Stage) -> Seen:
     job, held = _training(st)
     chaos.apply(st.stack, "hang")
     stopped, training = _hung(st, job)
-    first = hang_ended(st.db, job, st.wait)
+    first = _stored(hang_ended(st.db, job, st.wait))
     loc = first.get("localisation") or {}
 
     def paged() -> list[WebhookRecord]:
@@ -313,7 +322,7 @@ def gke_pdb(st: Stage) -> Seen:
     finally:
         gangs.kube.delete_pdb(pdb)
         gangs.done_with(g)
-    why = str((inc.get("failure") or {}).get("error") or "")
+    why = str(failure["error"] if (failure := inc.get("failure")) else "")
     obs: Observations = {"state": inc["state"], "pdb": pdb, "why": why[:160], "bad": bad}
     obs.update(names_the_pdb=f"PodDisruptionBudget {pdb}" in why, fenced_while_failed=held["unschedulable"])
     obs.update(
@@ -330,7 +339,7 @@ def gke_serial(st: Stage) -> Seen:
     assert gangs is not None
     forged, bad = st.nodes[7], st.nodes[8]
     st.router.publish(st.serial_entry(forged, XID79))
-    st.wait(lambda: st.incidents(forged), 30, f"the record of {forged}'s line")
+    st.wait(lambda: st.node_incidents(forged), 30, f"the record of {forged}'s line")
     g = gangs.gang("serial", [bad, st.nodes[-2]], [st.nodes[-1]])
     try:
         gangs.device_plugin_xid(bad, 79)
@@ -340,7 +349,7 @@ def gke_serial(st: Stage) -> Seen:
         back, restarts = gangs.node_back(bad), gangs.restarts(g.name)
     finally:
         gangs.done_with(g)
-    lone = st.incidents(forged)[-1]
+    lone = st.node_incidents(forged)[-1]
     untouched = not st.calls("reset", forged) and not node_summary(gangs.kube.node(forged))["unschedulable"]
     obs: Observations = {
         "forged": forged,
@@ -354,7 +363,10 @@ def gke_serial(st: Stage) -> Seen:
         verified=f"{inc['trust']} {inc['action']}",
     )
     obs.update(
-        state=inc["state"], action=inc["action"], trust=inc["trust"], cluster=inc["node"].get("cluster")
+        state=inc["state"],
+        action=inc["action"],
+        trust=inc["trust"],
+        cluster=node.get("cluster") if (node := inc["node"]) else None,
     )
     obs.update(resets=len(st.calls("reset", bad)), restarts=restarts, moved_to=",".join(where), back=back)
     return Seen(inc, obs)
@@ -378,7 +390,9 @@ def gke_straggler_spare(st: Stage) -> Seen:
     since = time.time()
     try:
         st.stack.set_gpu_state(bad, STRAGGLER)
-        st.wait(lambda: [i for i in st.incidents(bad) if i["created_at"] >= since], 240.0, "the incident")
+        st.wait(
+            lambda: [i for i in st.node_incidents(bad) if i["created_at"] >= since], 240.0, "the incident"
+        )
         where = gangs.moved(g, [bad])
         running_at = time.time()
         inc = st.finished(bad, timeout=240.0)
@@ -418,7 +432,7 @@ def gke_gang_wide_throttle(st: Stage) -> Seen:
         for n in members:
             st.stack.set_gpu_state(n, None)
         gangs.done_with(g)
-    peers: list[JsonObject] = [i.get("corroboration") or {} for i in incs]
+    peers: list[Measurement] = [i.get("corroboration") or {} for i in incs]
     obs: Observations = {"jobset": g.name, "members": ",".join(members), "why": peers[0].get("why")}
     obs["all_resolved"] = all(i["state"] == "RESOLVED" for i in incs)
     obs["all_gang_wide"] = all(p.get("verdict") == "gang_wide" for p in peers)
