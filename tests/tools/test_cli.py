@@ -462,9 +462,14 @@ def test_demo_scenarios_data_is_checked_on_load(tmp_path: Path) -> None:
 
 def test_demo_expectations_each_fail_on_their_own() -> None:
     """Equality, a bound or a substring/item: an observation that misses one is named."""
-    from pitstop.tools.demo_runner import unmet
+    from pitstop.tools.demo_runner import Expectation, unmet
 
-    expect = {"state": "RESOLVED", "restarts": {"min": 1}, "resume_s": {"max": 60}, "steps": {"has": "A->B"}}
+    expect: dict[str, Expectation] = {
+        "state": "RESOLVED",
+        "restarts": {"min": 1},
+        "resume_s": {"max": 60},
+        "steps": {"has": "A->B"},
+    }
     met = {"state": "RESOLVED", "restarts": 1, "resume_s": 12.5, "steps": ["A->B"]}
     assert unmet(expect, met) == []
     assert unmet(expect, {**met, "state": "FAILED"}) == ["state"]

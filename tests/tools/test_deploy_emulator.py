@@ -167,7 +167,9 @@ def deployed(pubsub_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         "policy": str(policy),
         "compute_zones": ZONES,
     }
-    steps = deploy.plan(project, REGION, conf, str(deploy.stage_source(conf["policy"], tmp / "src")))
+    steps = deploy.plan(
+        project, REGION, conf, str(deploy.stage_source(deploy.policy_path(conf), tmp / "src"))
+    )
     d = Deployed(project, fake, steps)
     pub, sub = PublisherClient(), SubscriberClient()
 

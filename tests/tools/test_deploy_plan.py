@@ -65,7 +65,7 @@ def test_the_baselines_are_what_the_golden_command_writes(tmp_path: Path) -> Non
 @pytest.mark.parametrize(("name", "project", "region", "config"), CASES, ids=[c[0] for c in CASES])
 def test_plan_equals_the_baseline(name: str, project: str, region: str | None, config: str | None) -> None:
     conf = deploy.load_config(config)
-    steps = deploy.plan(project, region or conf["region"], conf)
+    steps = deploy.plan(project, region or deploy.setting(conf, "region"), conf)
     got: list[dict[str, Any]] = json.loads(_normalised(json.dumps([dataclasses.asdict(s) for s in steps])))
     want: list[dict[str, Any]] = json.loads(_normalised((FIXTURES / f"{name}.plan.json").read_text()))
     assert [s["what"] for s in got] == [s["what"] for s in want]
@@ -101,8 +101,8 @@ def test_planning_writes_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     for _, project, region, config in CASES:
         conf = deploy.load_config(config)
-        deploy.plan(project, region or conf["region"], conf)
-        deploy.dry_run_lines(project, region or conf["region"], conf)
+        deploy.plan(project, region or deploy.setting(conf, "region"), conf)
+        deploy.dry_run_lines(project, region or deploy.setting(conf, "region"), conf)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -8,7 +8,6 @@ import io
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -17,21 +16,22 @@ from pitstop.core import resources
 from pitstop.tools import cli, simulate
 from pitstop.tools.sim import trace
 from pitstop.tools.sim.fleet import Fleet
+from pitstop.tools.sim.scenario import Category, Comparison, Scenario, Summary, SweepValue
 from pitstop.tools.sim.strategies import Pitstop, catalog_action
 
 
-def scenario(**fields: Any) -> dict[str, Any]:
+def scenario(**fields: SweepValue) -> Scenario:
     return simulate.load_scenario(None, fields)
 
 
-def only(scn: dict[str, Any], name: str, cat: dict[str, Any]) -> dict[str, Any]:
+def only(scn: Scenario, name: str, cat: Category) -> Scenario:
     """The scenario with a single fault category."""
     out = copy.deepcopy(scn)
     out["faults"]["categories"] = {name: cat}
     return out
 
 
-def by_name(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def by_name(result: Comparison) -> dict[str, Summary]:
     return {r["strategy"]: r for r in result["strategies"]}
 
 
@@ -122,7 +122,7 @@ def test_trace_reproduces_the_llama3_counts_within_sampling_error() -> None:
     assert stragglers == pytest.approx(58)
 
 
-def _pitstop_run(scn: dict[str, Any]) -> tuple[dict[str, Any], Pitstop]:
+def _pitstop_run(scn: Scenario) -> tuple[Summary, Pitstop]:
     strategy = Pitstop(scn)
     sim = Fleet(scn, strategy)
     led = sim.run(trace.generate(scn))

@@ -14,7 +14,7 @@ import statistics
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from pitstop.local.stack import ClusterSpec, Stack, StackState
 from pitstop.tools import demo_runner
@@ -45,12 +45,21 @@ def gke_spec(nodes: int = GKE_NODES) -> ClusterSpec:
     return spec
 
 
-def scenarios() -> list[dict[str, Any]]:
+def scenarios() -> list[demo_runner.Scenario]:
     """The demo's scenarios, in the order they run (schemas/demo-scenarios.yaml)."""
     return demo_runner.load(STEPS)
 
 
-def latency_summary(latencies: list[float]) -> dict[str, Any]:
+class LatencySummary(TypedDict, total=False):
+    """Detect-to-fence latencies in milliseconds (none seen: ``n`` alone)."""
+
+    detect_to_first_action_p50: int
+    detect_to_first_action_p99: int
+    n: int
+    note: str
+
+
+def latency_summary(latencies: list[float]) -> LatencySummary:
     xs = sorted(x * 1000 for x in latencies)
     if not xs:
         return {"n": 0}
@@ -77,7 +86,7 @@ def _set(timeline: Mapping[str, float | None]) -> list[tuple[str, float]]:
     return [(k, v) for k, v in timeline.items() if v is not None]
 
 
-def _on_stack(stack: Stack, plan: list[dict[str, Any]], keep: bool) -> tuple[list[Result], list[float]]:
+def _on_stack(stack: Stack, plan: list[demo_runner.Scenario], keep: bool) -> tuple[list[Result], list[float]]:
     """Bring the stack up, run its scenarios, bring it down unless ``keep``: the results and the
     detect-to-fence latencies seen."""
     t0 = time.time()

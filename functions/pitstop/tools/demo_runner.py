@@ -13,10 +13,10 @@ from __future__ import annotations
 import string
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
 
 from pitstop.core import resources
 from pitstop.core.timefmt import to_epoch
@@ -25,7 +25,10 @@ from pitstop.local import inject
 from pitstop.local.gke_drive import POD_GRACE_S, evictions, fenced_by
 from pitstop.local.gke_stack import NAMESPACE, Watch
 from pitstop.local.stack import ZONE
-from pitstop.tools.demo_stage import Result, Stage
+from pitstop.tools.demo_stage import LogEntry, Observations, Result, Stage, WebhookRecord
+
+if TYPE_CHECKING:
+    from pitstop.core.domain import Incident, JsonObject
 
 SCENARIOS = "demo-scenarios.yaml"
 SCHEMA = "demo-scenarios.schema.json"
@@ -40,7 +43,61 @@ XID_LINES = {
     "(GPC 1, TPC 3, SM 0): Out Of Range Address",
 }
 WATCHES = {"nodes": "/api/v1/nodes", "pods": f"/api/v1/namespaces/{NAMESPACE}/pods"}
-Spec = Mapping[str, Any]
+
+
+# -- a scenario as schemas/demo-scenarios.schema.json describes it (load checks it) ------------
+
+
+class ExpectRange(TypedDict, total=False):
+    min: float
+    max: float
+    has: str  # a substring of the observed text, or an item of the observed list
+
+
+Expectation = str | float | bool | list[object] | ExpectRange | None
+
+
+class JobSpec(TypedDict, total=False):
+    """The scenario's Slurm job: pinned to nodes, or ``size`` nodes ``among`` a range of them."""
+
+    among: list[int | None]  # nodes[start:end]
+    size: int
+    checkpoint: bool
+    pinned: list[int]
+
+
+class FaultSpec(TypedDict, total=False):
+    xid: int  # a key of XID_LINES
+    count: int
+    kernel: bool
+    carrier: Literal["ops_agent", "node_journal", "serial_console"]
+    location: Literal["zone", "region"]
+    device_plugin: bool
+    event: Literal["preempt", "maintenance"]
+
+
+class Scenario(TypedDict):
+    key: str
+    name: str
+    stack: Literal["slurm", "gke"]
+    expect: dict[str, Expectation]  # observation name -> what it must be
+    detail: str  # the result's line: observations by name in {braces}
+    why: NotRequired[str]
+    settle: NotRequired[bool]
+    step: NotRequired[str]
+    node: NotRequired[int]
+    gang: NotRequired[bool]
+    watch: NotRequired[Literal["nodes", "pods"]]
+    job: NotRequired[JobSpec]
+    lemon: NotRequired[bool]
+    gpu_state: NotRequired[JsonObject]  # what the GPU stand-ins report (the fake Compute's gpu_state): theirs
+    fault: NotRequired[FaultSpec]
+    linger_s: NotRequired[float]
+    timeout_s: NotRequired[float]
+    timed: NotRequired[bool]
+
+
+Spec = Scenario
 
 
 @dataclass
@@ -48,15 +105,15 @@ class Seen:
     """What a scenario observed: the incident its result reports (timeline, id) and the observations
     its expectations and its line are made of."""
 
-    inc: Mapping[str, Any] | None
-    obs: dict[str, Any] = field(default_factory=dict)
+    inc: Incident | None
+    obs: Observations = field(default_factory=dict)
     resume_s: float | None = None  # a step's own measure, in place of the incident's
 
 
-def load(steps: Collection[str], path: Path | None = None) -> list[dict[str, Any]]:
+def load(steps: Collection[str], path: Path | None = None) -> list[Scenario]:
     """The scenarios, schema-checked; a repeated key or a step not among ``steps`` is an error."""
     where = path or resources.schema_dir() / SCENARIOS
-    scenarios: list[dict[str, Any]] = resources.load_yaml(where, SCHEMA)["scenarios"]
+    scenarios = cast(list[Scenario], resources.load_yaml(where, SCHEMA)["scenarios"])  # checked
     keys = [s["key"] for s in scenarios]
     if len(set(keys)) != len(keys):
         raise resources.DataFileError(
@@ -68,7 +125,7 @@ def load(steps: Collection[str], path: Path | None = None) -> list[dict[str, Any
     return scenarios
 
 
-def unmet(expect: Mapping[str, Any], obs: Mapping[str, Any]) -> list[str]:
+def unmet(expect: Mapping[str, Expectation], obs: Mapping[str, object]) -> list[str]:
     """The expectations the observations do not meet, by name."""
     return [k for k, want in expect.items() if not _meets(obs.get(k), want)]
 
@@ -88,7 +145,7 @@ def _meets(got: Any, want: Any) -> bool:
 class _Observed(string.Formatter):
     """Fills a scenario's line; a name nothing observed reads ``None`` (the line of a failed run)."""
 
-    def get_value(self, key: int | str, args: Any, kwargs: Mapping[str, Any]) -> Any:
+    def get_value(self, key: int | str, args: Sequence[object], kwargs: Mapping[str, object]) -> object:
         return kwargs.get(str(key)) if isinstance(key, str) else super().get_value(key, args, kwargs)
 
 
@@ -125,7 +182,7 @@ class Runner:
             seen = self.on_slurm(spec)
         return judged(self.stage, spec, seen)
 
-    def run_all(self, scenarios: list[dict[str, Any]], report: Callable[[Result], None]) -> list[Result]:
+    def run_all(self, scenarios: list[Scenario], report: Callable[[Result], None]) -> list[Result]:
         results = []
         for spec in scenarios:
             try:
@@ -139,7 +196,7 @@ class Runner:
 
     # -- the moves ----------------------------------------------------------------------------
 
-    def fault(self, fault: Spec, node: str) -> float | None:
+    def fault(self, fault: FaultSpec, node: str) -> float | None:
         """Inject the scenario's fault on ``node``; a maintenance notice's window start (epoch s)."""
         st = self.stage
         if fault.get("event") == "preempt":
@@ -156,7 +213,7 @@ class Runner:
         if fault.get("kernel", carrier == "ops_agent"):
             inject.kernel_prints(st.state, node, line)
         where = REGION if fault.get("location") == "region" else ZONE
-        make: dict[str, Callable[[], dict[str, Any]]] = {
+        make: dict[str, Callable[[], LogEntry]] = {
             "ops_agent": lambda: st.entry(node, line),
             "node_journal": lambda: st.k8s_entry(node, line, location=where),
             "serial_console": lambda: st.serial_entry(node, line),
@@ -165,7 +222,7 @@ class Runner:
             st.router.publish(e)
         return None
 
-    def job(self, job: Spec | None) -> tuple[str | None, list[str], Path | None]:
+    def job(self, job: JobSpec | None) -> tuple[str | None, list[str], Path | None]:
         """The scenario's Slurm job once it runs: its id, its nodes, its checkpoint marker."""
         if job is None:
             return None, [], None
@@ -190,14 +247,11 @@ class Runner:
         )
         return jid, st.wait(lambda: st.slurm.job_nodes(jid), 30, f"job {jid} to run"), marker
 
-    def notes(self, spec: Spec, iid: str) -> list[dict[str, Any]]:
+    def notes(self, spec: Spec, iid: str) -> list[WebhookRecord]:
         """The incident's notifications, waited for when the scenario expects any."""
         if not {"notes", "notes_text"} & set(spec["expect"]):
             return self.stage.notes_for(iid)
-        found: list[dict[str, Any]] = self.stage.wait(
-            lambda: self.stage.notes_for(iid), 30, "the notification"
-        )
-        return found
+        return self.stage.wait(lambda: self.stage.notes_for(iid), 30, "the notification")
 
     # -- Slurm ----------------------------------------------------------------------------------
 
@@ -232,7 +286,7 @@ class Runner:
             st.slurm.cancel(job)
         return Seen(inc, obs)
 
-    def node_obs(self, node: str, vm_before: str) -> dict[str, Any]:
+    def node_obs(self, node: str, vm_before: str) -> Observations:
         """The node's incidents and what the fake Compute did to its VM."""
         st = self.stage
         reports = st.calls("report_host_as_faulty", node)
@@ -265,7 +319,7 @@ class Runner:
             window = self.fault(spec["fault"], bad)
             inc = st.finished(bad, timeout=spec.get("timeout_s", 90.0))
             where = gangs.moved(g, [bad])
-            obs: dict[str, Any] = {"back": gangs.node_back(bad), "restarts": gangs.restarts(g.name)}
+            obs: Observations = {"back": gangs.node_back(bad), "restarts": gangs.restarts(g.name)}
             obs["notes"] = len(self.notes(spec, inc["id"]))
         finally:
             events = watch.stop() if watch else []
@@ -282,7 +336,7 @@ class Runner:
         return Seen(inc, obs)
 
 
-def incident_obs(inc: Mapping[str, Any]) -> dict[str, Any]:
+def incident_obs(inc: Incident) -> Observations:
     """What an ended incident says: its outcome, diagnosis, validation, resume and escalations."""
     tl = inc.get("timeline") or {}
     diagnosis, val = inc.get("diagnosis") or {}, inc.get("validation") or {}
@@ -294,7 +348,7 @@ def incident_obs(inc: Mapping[str, Any]) -> dict[str, Any]:
         "incident": inc["id"],
         **{k: inc.get(k) for k in ("state", "action", "kind", "trust")},
         "events": (inc.get("counts") or {}).get("events"),
-        "zone": (inc.get("node") or {}).get("zone"),
+        "zone": node["zone"] if (node := inc.get("node")) else None,
         "fenced": bool(tl.get("fenced")),
         "diagnosis": diagnosis,
         "diagnosis_confirmed": diagnosis.get("confirmed"),

@@ -14,13 +14,42 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, TypedDict, TypeVar, cast
 
 from pitstop.local import inject, realtime
 from pitstop.local.gke_drive import Gangs
 from pitstop.local.gke_stack import ATTEMPT_LABEL, jobset_summary, node_summary, wait_for
 from pitstop.local.slurm import SlurmCluster
 from pitstop.local.stack import PROJECT, ZONE, Stack, admin, webhook_records
+from pitstop.tools.sim.trace import LogResource
+
+if TYPE_CHECKING:
+    from pitstop.core.domain import Incident, JsonObject
+
+T = TypeVar("T")
+# A scenario's observations by name: its expectations and its line read them (schemas/demo-scenarios.yaml),
+# so which names there are is the scenarios' data, not a shape of the code's.
+Observations = dict[str, object]
+# A LogEntry as Cloud Logging's JSON carries it: built here, published unread (the sink router's filters
+# and ingest check it).
+LogEntry = dict[str, object]
+
+
+class ComputeCall(TypedDict):
+    """A mutating request the fake Compute received (its ``/_admin/state`` ``calls``)."""
+
+    method: str
+    path: str
+    body: JsonObject  # the request body as sent: Compute's own fields
+    at: float
+    request_id: str | None
+
+
+class WebhookRecord(TypedDict):
+    """What a webhook sink received: its path, and the channel's JSON body (chat: ``text``)."""
+
+    path: str
+    body: JsonObject
 
 
 @dataclass
@@ -30,7 +59,7 @@ class Result:
     detail: str
     timeline: dict[str, float | None] = field(default_factory=dict)
     incident: str | None = None
-    facts: dict[str, Any] = field(default_factory=dict)  # what was observed, one by one
+    facts: Observations = field(default_factory=dict)  # what was observed, one by one
     resume_s: float | None = None  # detected -> the gang running again, real-time equivalent
     repair_s: float | None = None  # acted -> the node healthy (validated), real-time equivalent
 
@@ -60,7 +89,7 @@ class Stage(inject.Driver):
 
     # -- what goes in --------------------------------------------------------------------------
 
-    def entry(self, node: str, line: str, insert_id: str | None = None) -> dict[str, Any]:
+    def entry(self, node: str, line: str, insert_id: str | None = None) -> LogEntry:
         """What Pitstop's Ops Agent config (infra/ops-agent/) ships: the kernel's own journal record,
         whose _TRANSPORT journald sets (verified evidence; text syslog would only be recorded)."""
         return {
@@ -77,11 +106,11 @@ class Stage(inject.Driver):
             "labels": {"compute.googleapis.com/resource_name": node},
         }
 
-    def vm_resource(self, node: str) -> dict[str, Any]:
+    def vm_resource(self, node: str) -> LogResource:
         labels = {"instance_id": self.vm_id(node), "project_id": PROJECT, "zone": ZONE}
         return {"type": "gce_instance", "labels": labels}
 
-    def k8s_entry(self, node: str, line: str, location: str = ZONE) -> dict[str, Any]:
+    def k8s_entry(self, node: str, line: str, location: str = ZONE) -> LogEntry:
         """A kernel line as GKE's node-journal log ships it: a k8s_node entry with the journal record
         (``_TRANSPORT=kernel``: verified); ``location`` is the cluster's (a region for a regional one)."""
         payload = {"MESSAGE": line, "_TRANSPORT": "kernel", "SYSLOG_IDENTIFIER": "kernel", "PRIORITY": "3"}
@@ -94,7 +123,7 @@ class Stage(inject.Driver):
             "resource": {"type": "k8s_node", "labels": {**labels, "node_name": node}},
         }
 
-    def serial_entry(self, node: str, line: str) -> dict[str, Any]:
+    def serial_entry(self, node: str, line: str) -> LogEntry:
         """A kernel line as GCE serial-port logging ships it (the GKE node's usual route): the console's
         text on a gce_instance entry, which anyone on the VM could have written (unverified)."""
         return {
@@ -106,7 +135,7 @@ class Stage(inject.Driver):
             "labels": {"compute.googleapis.com/resource_name": node},
         }
 
-    def fault(self, node: str, line: str, insert_id: str | None = None) -> dict[str, Any]:
+    def fault(self, node: str, line: str, insert_id: str | None = None) -> LogEntry:
         """A real driver fault on ``node``: the kernel prints it, the logging agent ships it."""
         inject.kernel_prints(self.state, node, line)
         entry = self.entry(node, line, insert_id)
@@ -123,16 +152,22 @@ class Stage(inject.Driver):
 
     # -- what comes out ------------------------------------------------------------------------
 
-    def incidents(self, node: str) -> list[dict[str, Any]]:
+    def node_incidents(self, node: str) -> list[Incident]:
+        """The node's incidents, oldest first, with storm counts' shards summed."""
         from pitstop.adapters.firestore import IncidentStore
 
-        # oldest first, with storm counts' shards summed; the demo reads them as JSON
-        docs = [cast(dict[str, Any], d) for d in IncidentStore(self.db).list()]
-        return [d for d in docs if (d.get("node") or {}).get("instance") == node]  # a hang's: no node
+        docs = IncidentStore(self.db).list()
+        return [d for d in docs if (n := d.get("node")) and n["instance"] == node]  # a hang's: no node
 
-    def wait(self, cond: Callable[[], Any], timeout: float, what: str) -> Any:
+    def incidents(self, node: str) -> list[JsonObject]:
+        """node_incidents as JSON, as the stand-ins' drivers take them (pitstop.local.inject.Drives)."""
+        return [cast("JsonObject", d) for d in self.node_incidents(node)]
+
+    def wait(self, cond: Callable[[], T | None], timeout: float, what: str) -> T:
+        """``cond``'s first truthy answer, asked every half second."""
         try:
-            return wait_for(cond, timeout, what, every=0.5)
+            found: T = wait_for(cond, timeout, what, every=0.5)
+            return found
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}{self.state_on_timeout()}") from None
 
@@ -159,26 +194,27 @@ class Stage(inject.Driver):
             return f" (state unreadable: {exc})"
         return f"; seen: {json.dumps(seen, default=str)}"
 
-    def finished(self, node: str, timeout: float = 90.0) -> dict[str, Any]:
-        def done() -> dict[str, Any] | None:
-            incs = self.incidents(node)
+    def finished(self, node: str, timeout: float = 90.0) -> Incident:
+        def done() -> Incident | None:
+            incs = self.node_incidents(node)
             return incs[-1] if incs and incs[-1]["state"] in ("RESOLVED", "FAILED") else None
 
-        inc: dict[str, Any] = self.wait(done, timeout, f"the incident on {node} to finish")
+        inc = self.wait(done, timeout, f"the incident on {node} to finish")
         tl = inc["timeline"]
         if tl.get("fenced"):
             self.latencies.append(tl["fenced"] - tl["detected"])
         return inc
 
-    def calls(self, method: str, node: str) -> list[dict[str, Any]]:
+    def calls(self, method: str, node: str) -> list[ComputeCall]:
         return [
             c
             for c in admin(self.state, "/_admin/state")["calls"]
             if c["method"] == method and f"/instances/{node}/" in c["path"]
         ]
 
-    def notes_for(self, iid: str) -> list[dict[str, Any]]:
-        return [w for w in webhook_records(self.state) if iid in w["body"]["text"]]
+    def notes_for(self, iid: str) -> list[WebhookRecord]:
+        records = cast(list[WebhookRecord], webhook_records(self.state))  # as pitstop.local.serve wrote them
+        return [w for w in records if iid in w["body"]["text"]]
 
     def window_s(self) -> float:
         """The blast-radius budget's window (the stack's policy)."""
@@ -202,7 +238,7 @@ class Stage(inject.Driver):
 
     # -- times ---------------------------------------------------------------------------------
 
-    def timed(self, r: Result, inc: Mapping[str, Any]) -> Result:
+    def timed(self, r: Result, inc: Mapping[str, object]) -> Result:
         """The scenario's result with its resume_s and repair_s (pitstop.local.realtime)."""
         effects = admin(self.state, "/_admin/state")["effects"]
         resume, repair = realtime.resume_and_repair(inc, effects, self.stack.compute_scale)

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pitstop.local import chaos, inject, realtime
 from pitstop.local.gke_drive import evictions
@@ -33,7 +33,11 @@ from pitstop.local.heartbeats import beating_again, beats, hang_ended
 from pitstop.local.serve import PAGERDUTY_PATH
 from pitstop.local.stack import HEARTBEAT_EVERY_S, webhook_records
 from pitstop.tools.demo_runner import XID_LINES, Runner, Seen, incident_obs
-from pitstop.tools.demo_stage import Stage
+from pitstop.tools.demo_stage import Observations, Stage, WebhookRecord
+
+if TYPE_CHECKING:
+    from pitstop.core.domain import Incident, JsonObject, Measurement
+    from pitstop.core.policy_types import Budgets
 
 XID79, XID48, XID94, XID13 = (XID_LINES[x] for x in (79, 48, 94, 13))
 HANG_GANG = 4  # the hung training job's nodes (the pool has one spare more)
@@ -53,7 +57,11 @@ def duplicate_storm(st: Stage) -> Seen:
         st.router.publish(e)
     inc = st.finished(node)
     time.sleep(3)
-    obs = {**incident_obs(inc), "incidents": len(st.incidents(node)), "resets": len(st.calls("reset", node))}
+    obs = {
+        **incident_obs(inc),
+        "incidents": len(st.node_incidents(node)),
+        "resets": len(st.calls("reset", node)),
+    }
     return Seen(inc, {**obs, "xid_48": inc["counts"].get("xid_48", 0)})
 
 
@@ -66,7 +74,7 @@ def blast_radius(st: Stage) -> Seen:
     pd_before = len(webhook_records(st.state, PAGERDUTY_PATH))
 
     def xid79s(n: str) -> tuple[str | None, int]:
-        last = st.incidents(n)[-1:]
+        last = st.node_incidents(n)[-1:]
         return (last[0]["id"], last[0]["counts"].get("xid_79", 0)) if last else (None, 0)
 
     seen_before = {n: xid79s(n) for n in targets}
@@ -100,39 +108,45 @@ def blast_radius(st: Stage) -> Seen:
     # One page per budget window while incidents are held (engine.try_claim's paged_until): a
     # slow machine whose remediations outlast the 8 s window sees a reminder, never one per try.
     windows = 1 + int((time.monotonic() - t0) / float(pol_budgets["window_s"]))
-    obs = {"targets": len(targets), "nodes": len(st.nodes), "done": len(done), "held": len(held)}
+    obs: Observations = {
+        "targets": len(targets),
+        "nodes": len(st.nodes),
+        "done": len(done),
+        "held": len(held),
+    }
     obs.update(max_percent=b["max_percent"], pages=len(pages), alerts=len(alerts))
     obs.update(remediated_within_budget=len(done) == cap, rest_held=len(held) == len(targets) - cap)
     obs["paged_once_per_window"] = 1 <= len(pages) == len(alerts) <= windows
     return Seen(done[0] if done else None, obs)
 
 
-def _budgets(st: Stage) -> dict[str, Any]:
+def _budgets(st: Stage) -> Budgets:
     import json
 
-    budgets: dict[str, Any] = json.loads(Path(st.state.workdir, "policy.yaml").read_text())["budgets"]
+    # the stack's policy, as pitstop.local wrote it from a checked one
+    budgets: Budgets = json.loads(Path(st.state.workdir, "policy.yaml").read_text())["budgets"]
     return budgets
 
 
-def _settled(st: Stage, targets: list[str], took: Callable[[str], bool]) -> list[dict[str, Any]]:
+def _settled(st: Stage, targets: list[str], took: Callable[[str], bool]) -> list[Incident]:
     """Each node's last incident once it has taken the fault and settled (resolved, held or failed)."""
 
-    def settled() -> list[dict[str, Any]] | None:
+    def settled() -> list[Incident] | None:
         out = []
         for n in targets:  # each node's episode has taken this Xid 79 (a new incident or a raised one)
-            last = st.incidents(n)[-1:]
+            last = st.node_incidents(n)[-1:]
             if not last or not took(n) or last[0]["state"] not in ("RESOLVED", "HELD", "FAILED"):
                 return None
             out.append(last[0])
         return out
 
     try:
-        incs: list[dict[str, Any]] = st.wait(settled, 120, f"all {len(targets)} incidents to settle")
+        incs = st.wait(settled, 120, f"all {len(targets)} incidents to settle")
     except TimeoutError:
         seen = [
-            (i["node"]["instance"], i["state"], i["action"], i.get("held"), i.get("failure"))
+            (n, i["state"], i["action"], i.get("held"), i.get("failure"))
             for n in targets
-            for i in st.incidents(n)[-1:]
+            for i in st.node_incidents(n)[-1:]
         ]
         raise TimeoutError(f"incidents did not settle: {seen}") from None
     return incs
@@ -143,7 +157,12 @@ def poison(st: Stage) -> Seen:
     attempts = dead[0].message.attributes.get("CloudPubSubDeadLetterSourceDeliveryCount")
     restart = [i for i in flowed if i["action"] == "RESTART_JOB"]
     obs = {"attempts": attempts, "incident": flowed[-1]["id"], "good_event_flowed": bool(restart)}
-    return Seen(flowed[-1], {**obs, "dead_lettered": dead[0].message.data == inject.POISON})
+    return Seen(_stored(flowed[-1]), {**obs, "dead_lettered": dead[0].message.data == inject.POISON})
+
+
+def _stored(doc: JsonObject) -> Incident:
+    """An incident document as a stand-in's driver (pitstop.local) read it from the store."""
+    return cast("Incident", doc)
 
 
 def gang_wide_throttle(st: Stage) -> Seen:
@@ -157,7 +176,7 @@ def gang_wide_throttle(st: Stage) -> Seen:
     drained = {n: "drain" in st.slurm.node_states().get(n, "") for n in held}
     # notify delivers after the incident resolved: wait for each one's note, not read it at once
     texts = [_note_text(st, str(i["id"])) for i in incs]
-    obs: dict[str, Any] = {"job": job, "held": ",".join(held), "drained": drained, "texts": texts}
+    obs: Observations = {"job": job, "held": ",".join(held), "drained": drained, "texts": texts}
     obs["why"] = (incs[0].get("corroboration") or {}).get("why")
     obs["all_resolved"] = all(i["state"] == "RESOLVED" for i in incs)
     obs["all_gang_wide"] = all((i.get("corroboration") or {}).get("verdict") == "gang_wide" for i in incs)
@@ -172,7 +191,7 @@ def gang_wide_throttle(st: Stage) -> Seen:
 
 def _note_text(st: Stage, iid: str) -> str:
     """What the webhook said about an incident, once notify delivered it (after it resolved)."""
-    notes: list[dict[str, Any]] = st.wait(lambda: st.notes_for(iid), 30, "the notification")
+    notes = st.wait(lambda: st.notes_for(iid), 30, "the notification")
     return " ".join(str(x["body"].get("text")) for x in notes)
 
 
@@ -211,7 +230,7 @@ def hang_bad_node(st: Stage) -> Seen:
     culprit = st.finished(bad, timeout=240)
     now_on = st.slurm.job_nodes(job)
     times = realtime.breakdown(stopped, hang, culprit, training, st.stack.alert_scale)
-    obs: dict[str, Any] = {"job": job, "held": ",".join(held), "bad": bad, "gang": len(held)}
+    obs: Observations = {"job": job, "held": ",".join(held), "bad": bad, "gang": len(held)}
     obs.update(culprits=loc.get("culprits"), culprit=culprit["id"], culprit_action=culprit["action"])
     obs.update(now_on=",".join(now_on), **times)
     obs["hang_resolved"] = hang["state"] == "RESOLVED"
@@ -232,10 +251,10 @@ def hang_software(st: Stage) -> Seen:
     job, held = _training(st)
     chaos.apply(st.stack, "hang")
     stopped, training = _hung(st, job)
-    first = hang_ended(st.db, job, st.wait)
+    first = _stored(hang_ended(st.db, job, st.wait))
     loc = first.get("localisation") or {}
 
-    def paged() -> list[dict[str, Any]]:
+    def paged() -> list[WebhookRecord]:
         return [w for w in st.notes_for(first["id"]) if "no culprit fenced" in w["body"]["text"]]
 
     pages = st.wait(paged, 30, "the page")
@@ -244,7 +263,7 @@ def hang_software(st: Stage) -> Seen:
     second = hang_ended(st.db, job, st.wait, 2)
     times = realtime.breakdown(stopped, first, None, training, st.stack.alert_scale)
     text = pages[0]["body"]["text"] if pages else ""
-    obs: dict[str, Any] = {"job": job, "gang": len(held), "restarts": restarts, "pages": len(pages)}
+    obs: Observations = {"job": job, "gang": len(held), "restarts": restarts, "pages": len(pages)}
     obs.update(second=second["id"], second_why=(second.get("localise") or {}).get("why"), **times)
     obs.update(first=loc, second_localise=second.get("localise"), page=text)
     obs["nothing_found"] = loc.get("outcome") == "nothing_found"
@@ -279,7 +298,7 @@ def gke_two_members(st: Stage) -> Seen:
         back, restarts = [gangs.node_back(n) for n in (a, b)], gangs.restarts(g.name)
     finally:
         gangs.done_with(g)
-    obs: dict[str, Any] = {"a": a, "b": b, "incidents": len(incs), "moved_to": ",".join(where)}
+    obs: Observations = {"a": a, "b": b, "incidents": len(incs), "moved_to": ",".join(where)}
     obs.update(resets=[len(st.calls("reset", n)) for n in (a, b)], restarts=restarts, all_back=all(back))
     obs["all_resolved_rebooted"] = all(
         i["state"] == "RESOLVED" and i["action"] == "REBOOT_NODE" for i in incs
@@ -303,8 +322,8 @@ def gke_pdb(st: Stage) -> Seen:
     finally:
         gangs.kube.delete_pdb(pdb)
         gangs.done_with(g)
-    why = str((inc.get("failure") or {}).get("error") or "")
-    obs: dict[str, Any] = {"state": inc["state"], "pdb": pdb, "why": why[:160], "bad": bad}
+    why = str(failure["error"] if (failure := inc.get("failure")) else "")
+    obs: Observations = {"state": inc["state"], "pdb": pdb, "why": why[:160], "bad": bad}
     obs.update(names_the_pdb=f"PodDisruptionBudget {pdb}" in why, fenced_while_failed=held["unschedulable"])
     obs.update(
         pod_stayed=stayed, restarts=restarts, perform_maintenance=len(st.calls("perform_maintenance", bad))
@@ -320,7 +339,7 @@ def gke_serial(st: Stage) -> Seen:
     assert gangs is not None
     forged, bad = st.nodes[7], st.nodes[8]
     st.router.publish(st.serial_entry(forged, XID79))
-    st.wait(lambda: st.incidents(forged), 30, f"the record of {forged}'s line")
+    st.wait(lambda: st.node_incidents(forged), 30, f"the record of {forged}'s line")
     g = gangs.gang("serial", [bad, st.nodes[-2]], [st.nodes[-1]])
     try:
         gangs.device_plugin_xid(bad, 79)
@@ -330,9 +349,9 @@ def gke_serial(st: Stage) -> Seen:
         back, restarts = gangs.node_back(bad), gangs.restarts(g.name)
     finally:
         gangs.done_with(g)
-    lone = st.incidents(forged)[-1]
+    lone = st.node_incidents(forged)[-1]
     untouched = not st.calls("reset", forged) and not node_summary(gangs.kube.node(forged))["unschedulable"]
-    obs: dict[str, Any] = {
+    obs: Observations = {
         "forged": forged,
         "bad": bad,
         "lone_action": lone["action"],
@@ -344,7 +363,10 @@ def gke_serial(st: Stage) -> Seen:
         verified=f"{inc['trust']} {inc['action']}",
     )
     obs.update(
-        state=inc["state"], action=inc["action"], trust=inc["trust"], cluster=inc["node"].get("cluster")
+        state=inc["state"],
+        action=inc["action"],
+        trust=inc["trust"],
+        cluster=node.get("cluster") if (node := inc["node"]) else None,
     )
     obs.update(resets=len(st.calls("reset", bad)), restarts=restarts, moved_to=",".join(where), back=back)
     return Seen(inc, obs)
@@ -368,7 +390,9 @@ def gke_straggler_spare(st: Stage) -> Seen:
     since = time.time()
     try:
         st.stack.set_gpu_state(bad, STRAGGLER)
-        st.wait(lambda: [i for i in st.incidents(bad) if i["created_at"] >= since], 240.0, "the incident")
+        st.wait(
+            lambda: [i for i in st.node_incidents(bad) if i["created_at"] >= since], 240.0, "the incident"
+        )
         where = gangs.moved(g, [bad])
         running_at = time.time()
         inc = st.finished(bad, timeout=240.0)
@@ -408,8 +432,8 @@ def gke_gang_wide_throttle(st: Stage) -> Seen:
         for n in members:
             st.stack.set_gpu_state(n, None)
         gangs.done_with(g)
-    peers: list[dict[str, Any]] = [i.get("corroboration") or {} for i in incs]
-    obs: dict[str, Any] = {"jobset": g.name, "members": ",".join(members), "why": peers[0].get("why")}
+    peers: list[Measurement] = [i.get("corroboration") or {} for i in incs]
+    obs: Observations = {"jobset": g.name, "members": ",".join(members), "why": peers[0].get("why")}
     obs["all_resolved"] = all(i["state"] == "RESOLVED" for i in incs)
     obs["all_gang_wide"] = all(p.get("verdict") == "gang_wide" for p in peers)
     obs["all_from_prometheus"] = all(p.get("source") == "prometheus" for p in peers)

@@ -14,6 +14,7 @@ settings Pitstop depends on but must not change (serial-port logging on GKE node
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -26,12 +27,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Literal, TypedDict, cast
 
 import yaml
 
-from pitstop.core import sinks
+from pitstop.core import resources, sinks
 from pitstop.core.policy import deep_merge, from_doc
+from pitstop.tools.deploy_types import AccountSpec, Grant, IamCondition, IamDoc, ResourceEntry, ScaleKey
 
 ROOT = Path(__file__).resolve().parents[3]
 INFRA = ROOT / "infra"
@@ -41,7 +43,9 @@ PUBSUB_PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"  # an Eventar
 
 WORKDIR = "<gke-credentials>"  # a private directory apply/teardown make for kubeconfig files
 DIGEST_LABEL = "pitstop_config"
-Entry = dict[str, Any]
+Entry = ResourceEntry
+# deploy.yaml over infra/deploy.defaults.yaml: a person's file, each key read after its check here
+Conf = Mapping[str, object]
 
 
 @dataclass
@@ -74,9 +78,24 @@ class Step:
         return cmd
 
 
+@functools.cache
 def _resources() -> list[Entry]:
-    entries: list[Entry] = yaml.safe_load(RESOURCES.read_text())["resources"]
-    return entries
+    """resources.yaml, checked once (read-only: every reader renders a copy)."""
+    doc = resources.load_yaml(RESOURCES, "deploy-resources.schema.json")
+    return cast(list[Entry], doc["resources"])  # its schema checked it
+
+
+@functools.cache
+def _iam() -> IamDoc:
+    return cast(IamDoc, resources.load_yaml(INFRA / "iam.yaml", "deploy-iam.schema.json"))  # checked
+
+
+class GkeCluster(TypedDict):
+    """A `gke_clusters` entry of deploy.yaml, checked (its project filled in)."""
+
+    name: str
+    location: str
+    project: str
 
 
 APIS: list[str] = next(e["names"] for e in _resources() if e.get("kind") == "apis")
@@ -87,11 +106,11 @@ CLUSTER_TOPICS: list[str] = [  # one of each per Slurm cluster ("{cluster}" in t
 ]
 
 
-def load_config(path: str | None) -> dict[str, Any]:
-    conf: dict[str, Any] = yaml.safe_load((INFRA / "deploy.defaults.yaml").read_text())
+def load_config(path: str | None) -> dict[str, object]:
+    conf: dict[str, object] = yaml.safe_load((INFRA / "deploy.defaults.yaml").read_text())
     if path:
         conf = deep_merge(conf, yaml.safe_load(Path(path).read_text()) or {})
-    expand_accounts({}, list(conf.get("slurm_clusters") or []))  # names fit the account-id rules
+    expand_accounts({}, slurm_clusters(conf))  # names fit the account-id rules
     notification_channels(conf)
     telemetry_files(conf)
     gke_clusters(conf, "my-project")
@@ -115,7 +134,39 @@ NAME_PREFIX = re.compile(r"[a-z][-a-z0-9]{0,61}")
 CHANNEL = re.compile(rf"projects/(?:{PROJECT_ID})/notificationChannels/[0-9]{{1,19}}")
 
 
-def notification_channels(conf: Mapping[str, Any]) -> list[str]:
+def _listed(conf: Conf, key: str) -> list[object]:
+    """A deploy.yaml key that holds a list (unset or null: none)."""
+    value = conf.get(key) or []
+    if not isinstance(value, list):
+        raise ValueError(f"{key}: {value!r} is not a list")
+    return value
+
+
+def setting(conf: Conf, key: str) -> str:
+    """A deploy.yaml setting that is one word (``region``, ``runtime``)."""
+    value = conf.get(key)
+    if not isinstance(value, str):
+        raise ValueError(f"{key}: {value!r} is not a string")
+    return value
+
+
+def policy_path(conf: Conf) -> str | None:
+    """`policy`: the path of the site's policy.yaml (None: the shipped defaults)."""
+    path = conf.get("policy")
+    if path is not None and not isinstance(path, str):
+        raise ValueError(f"policy: {path!r} is not a path")
+    return path
+
+
+def slurm_clusters(conf: Conf) -> list[str]:
+    """`slurm_clusters`: the names (expand_accounts checks each fits an account id)."""
+    names = _listed(conf, "slurm_clusters")
+    if not all(isinstance(c, str) for c in names):
+        raise ValueError(f"slurm_clusters: {names!r} is not a list of names")
+    return [str(c) for c in names]
+
+
+def notification_channels(conf: Conf) -> list[str]:
     """`notification_channels`: full resource names (projects/P/notificationChannels/ID), checked."""
     channels = conf.get("notification_channels") or []
     if not isinstance(channels, list):
@@ -123,20 +174,20 @@ def notification_channels(conf: Mapping[str, Any]) -> list[str]:
     for c in channels:
         if not isinstance(c, str) or not CHANNEL.fullmatch(c):
             raise ValueError(f"notification_channels: {c!r} is not projects/P/notificationChannels/ID")
-    return list(channels)
+    return [str(c) for c in channels]
 
 
 TELEMETRY = INFRA / "monitoring" / "telemetry"
 SIGNALS = ("hang", "degraded")  # core/alerts.SIGNALS: what a telemetry policy may raise
 
 
-def telemetry_files(conf: Mapping[str, Any]) -> list[Path]:
+def telemetry_files(conf: Conf) -> list[Path]:
     """The telemetry policies (shipped, then deploy.yaml's `telemetry_policies`), each checked: a
     policy JSON whose user labels name the Pitstop signal it raises (core/alerts.py reads them)."""
     extra = conf.get("telemetry_policies") or []
     if not isinstance(extra, list) or not all(isinstance(p, str) for p in extra):
         raise ValueError("telemetry_policies: a list of paths to alert policy JSON files")
-    files = sorted(TELEMETRY.glob("*.json")) + [Path(p).resolve() for p in extra]
+    files = sorted(TELEMETRY.glob("*.json")) + [Path(str(p)).resolve() for p in extra]
     for f in files:
         try:
             doc = json.loads(f.read_text())
@@ -150,10 +201,10 @@ def telemetry_files(conf: Mapping[str, Any]) -> list[Path]:
     return files
 
 
-def gke_clusters(conf: Mapping[str, Any], project: str) -> list[dict[str, str]]:
+def gke_clusters(conf: Conf, project: str) -> list[GkeCluster]:
     """`gke_clusters`: {name, location, project?} each, checked (they end up in commands and conditions)."""
-    out = []
-    for c in conf.get("gke_clusters") or []:
+    out: list[GkeCluster] = []
+    for c in _listed(conf, "gke_clusters"):
         if not isinstance(c, Mapping) or set(c) - {"name", "location", "project"}:
             raise ValueError(f"gke_clusters: {c!r} is not {{name, location, project?}}")
         name, loc, proj = c.get("name"), c.get("location"), c.get("project", project)
@@ -170,7 +221,7 @@ def gke_clusters(conf: Mapping[str, Any], project: str) -> list[dict[str, str]]:
 MIG_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
 
 
-def compute_scope(conf: Mapping[str, Any], project: str) -> dict[str, list[tuple[str, str]]]:
+def compute_scope(conf: Conf, project: str) -> dict[str, list[tuple[str, str]]]:
     """Where actuate may act on VMs: project -> [(zone or region, instance name prefix)].
 
     From `compute_zones` (a zone or region, or {zone, project?, name_prefix?, migs?}) and each GKE
@@ -178,7 +229,7 @@ def compute_scope(conf: Mapping[str, Any], project: str) -> dict[str, list[tuple
     MIGs listed by exact name in ``migs`` (a recreate names the MIG); the scope entry for each is
     ``(zone, "mig:<name>")``.
     """
-    entries = [{"zone": z} if isinstance(z, str) else z for z in conf.get("compute_zones") or []]
+    entries = [{"zone": z} if isinstance(z, str) else z for z in _listed(conf, "compute_zones")]
     entries += [{"zone": c["location"], "project": c["project"]} for c in gke_clusters(conf, project)]
     out: dict[str, list[tuple[str, str]]] = {}
     for e in entries:
@@ -207,7 +258,7 @@ def compute_scope(conf: Mapping[str, Any], project: str) -> dict[str, list[tuple
 CLAUSES_PER_CONDITION = 12  # IAM allows 12 logical operators per condition: 12 clauses is 11 ORs
 
 
-def compute_conditions(project: str, scope: list[tuple[str, str]]) -> list[dict[str, str]]:
+def compute_conditions(project: str, scope: list[tuple[str, str]]) -> list[IamCondition]:
     """The IAM conditions that limit the actuator role in one project to its zones and names.
 
     A zone admits every resource under projects/P/zones/Z/ (its VMs and MIGs); a region every
@@ -235,7 +286,7 @@ def compute_conditions(project: str, scope: list[tuple[str, str]]) -> list[dict[
 GKE_NODE_PREFIX = "gke-"  # GKE names node VMs gke-<cluster>-<pool>-...: adapters/gke/zone.py asks no other
 
 
-def node_lookup_conditions(project: str, locations: list[str]) -> list[dict[str, str]]:
+def node_lookup_conditions(project: str, locations: list[str]) -> list[IamCondition]:
     """The IAM conditions on ingest's pitstopNodeLookup (compute.instances.get) in one project:
     Compute instances only, in the zones of its GKE clusters' locations (a region: each of its
     zones; a zonal cluster: that zone), named ``gke-*``. ``resource.name`` of an instance is
@@ -265,22 +316,23 @@ def node_lookup_conditions(project: str, locations: list[str]) -> list[dict[str,
 CLUSTER_NAME = re.compile(r"[a-z](?:[a-z0-9-]{0,14}[a-z0-9])?")  # fits pitstop-slurm-<name> (30 max)
 
 
-def expand_accounts(specs: Mapping[str, Any], clusters: list[str]) -> dict[str, dict[str, Any]]:
+def expand_accounts(specs: Mapping[str, AccountSpec], clusters: list[str]) -> dict[str, AccountSpec]:
     """iam.yaml's accounts, a `{cluster}` one once per Slurm cluster (its `cluster` key set)."""
     for c in clusters:
         if not CLUSTER_NAME.fullmatch(c):
             raise ValueError(f"slurm_clusters: {c!r} must be 1-16 lowercase letters, digits or '-'")
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, AccountSpec] = {}
     for comp, spec in specs.items():
         if "{cluster}" not in comp:
             out[comp] = spec
             continue
         for c in clusters:
-            out[comp.format(cluster=c)] = {**spec, "display": spec["display"].format(cluster=c), "cluster": c}
+            one: AccountSpec = {**spec, "display": spec["display"].format(cluster=c), "cluster": c}
+            out[comp.format(cluster=c)] = one
     return out
 
 
-def _targets(pattern: str, spec: Mapping[str, Any], clusters: list[str]) -> list[str]:
+def _targets(pattern: str, spec: AccountSpec, clusters: list[str]) -> list[str]:
     """A resource name for each cluster it covers: the account's own cluster, or all of them."""
     if "{cluster}" not in pattern:
         return [pattern]
@@ -297,15 +349,15 @@ class Target:
 
     project: str
     region: str
-    conf: Mapping[str, Any]
+    conf: Conf
     source_dir: str
-    iam: Mapping[str, Any]
-    accounts: dict[str, dict[str, Any]]
+    iam: IamDoc
+    accounts: dict[str, AccountSpec]
     clusters: list[str]
     sink_scope: list[str]  # --folder=/--organization= of an aggregated sink, else empty
     variables: dict[str, str]  # what {name} in resources.yaml stands for
     source: str  # source_digest of the function source
-    gke: list[dict[str, str]]  # gke_clusters, each with its project
+    gke: list[GkeCluster]  # gke_clusters, each with its project
     compute: dict[str, list[tuple[str, str]]]  # compute_scope: project -> [(zone, name prefix)]
     prefix: str  # the policy's store.collection_prefix
 
@@ -321,16 +373,18 @@ class Target:
         return f"serviceAccount:{sa_email(component, self.project)}"
 
 
-def _target(project: str, region: str, conf: Mapping[str, Any], source_dir: str) -> Target:
-    iam = yaml.safe_load((INFRA / "iam.yaml").read_text())
-    clusters = list(conf.get("slurm_clusters") or [])
+def _target(project: str, region: str, conf: Conf, source_dir: str) -> Target:
+    iam = _iam()
+    clusters = slurm_clusters(conf)
     agg = conf.get("aggregated_sink") or {}
+    if not isinstance(agg, Mapping):
+        raise ValueError(f"aggregated_sink: {agg!r} is not {{folder: ID}} or {{organization: ID}}")
     scope = [f"--{k}={agg[k]}" for k in ("folder", "organization") if k in agg][:1]
     variables = {k: v for k, v in conf.items() if isinstance(v, str)} | {"project": project, "region": region}
     for name, agent in iam["service_agents"].items():
         variables[f"{name}_agent"] = agent["member"].format(project_number="<project-number>")
-    policy_path = conf.get("policy")
-    policy_doc = yaml.safe_load(Path(policy_path).read_text()) if policy_path else None
+    policy_file = policy_path(conf)
+    policy_doc = yaml.safe_load(Path(policy_file).read_text()) if policy_file else None
     return Target(
         project,
         region,
@@ -341,16 +395,14 @@ def _target(project: str, region: str, conf: Mapping[str, Any], source_dir: str)
         clusters,
         scope,
         variables,
-        source_digest(policy_path),
+        source_digest(policy_file),
         gke_clusters(conf, project),
         compute_scope(conf, project),
-        str(from_doc(policy_doc, str(policy_path)).doc["store"]["collection_prefix"]),
+        str(from_doc(policy_doc, str(policy_file)).doc["store"]["collection_prefix"]),
     )
 
 
-def plan(
-    project: str, region: str, conf: Mapping[str, Any], source_dir: str = "<staged-source>"
-) -> list[Step]:
+def plan(project: str, region: str, conf: Conf, source_dir: str = "<staged-source>") -> list[Step]:
     """The ordered steps that deploy infra/resources.yaml into the project (nothing is run)."""
     t = _target(project, region, conf, source_dir)
     steps = [step for entry in _entries(_resources(), t, {}) for step in _build(entry, t)]
@@ -360,7 +412,7 @@ def plan(
     return steps
 
 
-def dry_run_lines(project: str, region: str, conf: Mapping[str, Any]) -> list[str]:
+def dry_run_lines(project: str, region: str, conf: Conf) -> list[str]:
     return [s.line() for s in plan(project, region, conf)]
 
 
@@ -378,21 +430,30 @@ def _entries(entries: Iterable[Entry], t: Target, scope: Mapping[str, str]) -> I
                 yield from _entries(entry["resources"], t, inner)
             elif "expand" in entry:
                 for generated, own in EXPAND[entry["expand"]](entry, t):
-                    yield _render(generated, {**t.variables, **inner, **own})
+                    yield _render_entry(generated, {**t.variables, **inner, **own})
             else:
-                yield _render(entry, {**t.variables, **inner})
+                yield _render_entry(entry, {**t.variables, **inner})
 
 
-def _configured(entry: Mapping[str, Any], t: Target) -> bool:
+def _configured(entry: Entry | Grant, t: Target) -> bool:
     """An entry (or a grant) with ``if_config: KEY`` exists only when deploy.yaml sets KEY."""
     key = entry.get("if_config")
     return key is None or bool(t.conf.get(key))
 
 
-def _render(value: Any, variables: Mapping[str, str]) -> Any:
+def _render_text(text: str, variables: Mapping[str, str]) -> str:
+    """{name} replaced; unknown names stay (they are not templates)."""
+    return re.sub(r"\{([a-z_]+)\}", lambda m: variables.get(m[1], m[0]), text)
+
+
+def _render_entry(entry: Entry, variables: Mapping[str, str]) -> Entry:
+    return cast(Entry, _render(entry, variables))  # the same keys, each string in it rendered
+
+
+def _render(value: object, variables: Mapping[str, str]) -> object:
     """{name} replaced in every string; unknown names stay (they are not templates)."""
     if isinstance(value, str):
-        return re.sub(r"\{([a-z_]+)\}", lambda m: variables.get(m[1], m[0]), value)
+        return _render_text(value, variables)
     if isinstance(value, list):
         return [_render(v, variables) for v in value]
     if isinstance(value, dict):
@@ -422,22 +483,25 @@ FOR_EACH: dict[str, Callable[[Entry, Target], list[dict[str, str]]]] = {
 Generated = Iterator[tuple[Entry, dict[str, str]]]  # an entry and the variables it is rendered with
 
 
-def _condition(name: str | None, t: Target) -> dict[str, str] | None:
+def _condition(name: str | None, t: Target) -> IamCondition | None:
     """An iam.yaml `conditions` entry, rendered for this plan (None: unconditional)."""
     if name is None:
         return None
     cond = t.iam["conditions"][name]
-    return {"title": cond["title"], "expression": " ".join(_render(cond["expression"], t.variables).split())}
+    return {
+        "title": cond["title"],
+        "expression": " ".join(_render_text(cond["expression"], t.variables).split()),
+    }
 
 
 def _expand_accounts(entry: Entry, t: Target) -> Generated:
     """iam.yaml's service accounts, each followed by its project-level roles."""
     for comp, spec in t.accounts.items():
-        account = {"kind": "service-account", "name": comp, "display": spec["display"]}
+        account: Entry = {"kind": "service-account", "name": comp, "display": spec["display"]}
         yield {**account, "what": entry["what"]}, {"account": comp}
         for b in spec.get("project_roles", []):
-            role = _render(b["role"], t.variables)
-            binding = {"kind": "project-binding", "member": t.member(comp), "role": role}
+            role = _render_text(b["role"], t.variables)
+            binding: Entry = {"kind": "project-binding", "member": t.member(comp), "role": role}
             binding["condition"] = _condition(b.get("condition"), t)
             yield {**binding, "what": entry["role_what"]}, {"account": comp, "role": role}
 
@@ -447,20 +511,21 @@ def _expand_scoped_roles(entry: Entry, t: Target) -> Generated:
     project; the node lookup conditioned to its clusters' GKE node VMs)."""
     gke_projects = list(dict.fromkeys(c["project"] for c in t.gke))
     for comp, spec in t.accounts.items():
-        for key, projects, var in (
+        scoped: tuple[tuple[Literal["compute_roles", "gke_roles"], list[str], str], ...] = (
             ("compute_roles", list(t.compute), "compute_project"),
             ("gke_roles", gke_projects, "gke_project"),
-        ):
+        )
+        for key, projects, var in scoped:
             for b, proj in ((b, proj) for b in spec.get(key, []) for proj in projects):
-                role = _render(b["role"], {**t.variables, var: proj})
-                conds: list[dict[str, str] | None] = [None]
+                role = _render_text(b["role"], {**t.variables, var: proj})
+                conds: list[IamCondition | None] = [None]
                 if b.get("condition") == "compute-zones":
                     conds = list(compute_conditions(proj, t.compute[proj]))
                 elif b.get("condition") == "gke-node-vms":
                     locations = [c["location"] for c in t.gke if c["project"] == proj]
                     conds = list(node_lookup_conditions(proj, locations))
                 for cond in conds:
-                    binding = {"kind": "project-binding", "member": t.member(comp), "role": role}
+                    binding: Entry = {"kind": "project-binding", "member": t.member(comp), "role": role}
                     binding |= {"project": proj, "condition": cond}
                     own = {"account": comp, "role": role, "on_project": proj}
                     yield {**binding, "what": entry["what"]}, own
@@ -474,12 +539,26 @@ def _expand_account_roles(entry: Entry, t: Target) -> Generated:
             for b in spec.get(key, []):
                 if not _configured(b, t):
                     continue
-                for name in _targets(b[on], spec, t.clusters):
-                    grant = {"name": name, "member": t.member(comp), "role": b["role"]}
+                for name in _targets(_granted_on(b, on), spec, t.clusters):
+                    member, role = t.member(comp), b["role"]
                     yield (
-                        {"kind": f"{on}-binding", **grant, "what": entry["what"]},
-                        {"account": comp, **grant},
+                        {
+                            "kind": f"{on}-binding",
+                            "name": name,
+                            "member": member,
+                            "role": role,
+                            "what": entry["what"],
+                        },
+                        {"account": comp, "name": name, "member": member, "role": role},
                     )
+
+
+def _granted_on(b: Grant, on: str) -> str:
+    """The resource a resource-level grant names under its kind's key (a topic role's ``topic``)."""
+    name = b.get(on)
+    if not isinstance(name, str):
+        raise ValueError(f"iam.yaml: a {on} role names no {on}: {b}")
+    return name
 
 
 def _expand_agent_roles(entry: Entry, t: Target) -> Generated:
@@ -487,7 +566,12 @@ def _expand_agent_roles(entry: Entry, t: Target) -> Generated:
     member = t.variables[f"{entry['agent']}_agent"]
     for b in t.iam["service_agents"][entry["agent"]].get("account_roles", []):
         name = sa_email(b["account"], t.project)
-        binding = {"kind": "service-account-binding", "name": name, "member": member, "role": b["role"]}
+        binding: Entry = {
+            "kind": "service-account-binding",
+            "name": name,
+            "member": member,
+            "role": b["role"],
+        }
         yield {**binding, "what": entry["what"]}, {"account": b["account"], "role": b["role"]}
 
 
@@ -677,7 +761,7 @@ def _function_binding(e: Entry, t: Target) -> list[Step]:
     return [Step(e["what"], ["functions", "add-invoker-policy-binding", *where])]
 
 
-def _env(env: Mapping[str, Any]) -> str:
+def _env(env: Mapping[str, object]) -> str:
     return ",".join(f"{k}={v}" for k, v in env.items())
 
 
@@ -689,7 +773,7 @@ def _secrets(e: Entry, t: Target) -> list[str]:
     return [f"--set-secrets={','.join(f'{k}={v}:latest' for k, v in secrets.items())}"] if secrets else []
 
 
-SCALE_FLAGS = ("concurrency", "cpu", "memory", "max_instances", "min_instances")
+SCALE_FLAGS: tuple[ScaleKey, ...] = ("concurrency", "cpu", "memory", "max_instances", "min_instances")
 
 
 def scale_flags(e: Entry) -> list[str]:

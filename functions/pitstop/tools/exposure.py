@@ -5,12 +5,11 @@ against the table in infra/exposure.yaml. For ``pitstop doctor --project`` and t
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 import yaml
 
-from pitstop.core.exposure import ExposureFinding, ExposureTable, exposure_findings, finding_line
+from pitstop.core.exposure import ExposureFinding, ExposureTable, IamPolicy, exposure_findings, finding_line
 from pitstop.tools import deploy
 
 EXPOSURE = deploy.INFRA / "exposure.yaml"
@@ -20,30 +19,30 @@ class ExposureError(Exception):
     """An IAM policy could not be read (no permission, no project): what gcloud said."""
 
 
-def pitstop_topics(conf: Mapping[str, Any]) -> list[str]:
+def pitstop_topics(conf: deploy.Conf) -> list[str]:
     """The topics deploy creates (infra/resources.yaml), one set per Slurm cluster for theirs."""
-    clusters = [str(c) for c in conf.get("slurm_clusters") or []]
+    clusters = deploy.slurm_clusters(conf)
     return [*deploy.TOPICS, *(t.format(cluster=c) for c in clusters for t in deploy.CLUSTER_TOPICS)]
 
 
-def _policy(run: deploy.Runner, argv: list[str]) -> dict[str, Any] | None:
+def _policy(run: deploy.Runner, argv: list[str]) -> IamPolicy | None:
     """The policy gcloud printed; None when the resource is not there (a topic not deployed)."""
     res = run([*argv, "--format=json"])
     if res.returncode != 0:
         if "NOT_FOUND" in res.stderr or "not found" in res.stderr.lower():
             return None
         raise ExposureError(f"gcloud {' '.join(argv)}: {res.stderr.strip()[:300]}")
-    doc = json.loads(res.stdout or "{}")
+    doc: object = json.loads(res.stdout or "{}")  # IAM's Policy: core/exposure reads it field by field
     return doc if isinstance(doc, dict) else {}
 
 
-def read_findings(project: str, conf: Mapping[str, Any], run: deploy.Runner) -> list[ExposureFinding]:
+def read_findings(project: str, conf: deploy.Conf, run: deploy.Runner) -> list[ExposureFinding]:
     """Each principal beyond Pitstop's own identities that can feed it logs or messages."""
     table = ExposureTable(yaml.safe_load(EXPOSURE.read_text()), project)
     project_policy = _policy(run, ["projects", "get-iam-policy", project])
     if project_policy is None:
         raise ExposureError(f"project {project} not found")
-    topics: dict[str, Mapping[str, Any]] = {}
+    topics: dict[str, IamPolicy] = {}
     for topic in pitstop_topics(conf):
         got = _policy(run, ["pubsub", "topics", "get-iam-policy", topic, "--project", project])
         if got is not None:
@@ -53,7 +52,7 @@ def read_findings(project: str, conf: Mapping[str, Any], run: deploy.Runner) -> 
 
 def report(
     project: str,
-    conf: Mapping[str, Any],
+    conf: deploy.Conf,
     run: deploy.Runner = deploy.run_gcloud,
     log: Callable[[str], None] = print,
 ) -> int:

@@ -45,7 +45,7 @@ def normalised(text: str) -> str:
 def case_files(name: str, project: str, region: str | None, config: str | None) -> dict[str, str]:
     """The two baselines of one case: ``<name>.plan.json`` and ``<name>.dry-run.txt``."""
     conf = deploy.load_config(config)
-    where = region or conf["region"]
+    where = region or deploy.setting(conf, "region")
     steps = deploy.plan(project, where, conf)
     plan = json.dumps([dataclasses.asdict(s) for s in steps], indent=1, sort_keys=True) + "\n"
     dry = "".join(f"{line}\n" for line in deploy.dry_run_lines(project, where, conf))

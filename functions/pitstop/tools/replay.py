@@ -11,14 +11,14 @@ import copy
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 
 from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import engine
 from pitstop.core.classify import Classifier
-from pitstop.core.domain import FaultEvent, Incident
+from pitstop.core.domain import Escalation, FaultEvent, Held, Incident
 from pitstop.core.envelope import unwrap
 from pitstop.core.parse import invalid, parse_entry
 from pitstop.core.policy import Policy, from_doc
@@ -26,6 +26,54 @@ from pitstop.core.timefmt import to_epoch
 from pitstop.services.sweep import release_held
 
 SWEEP_EVERY_S = 60.0
+
+
+class ReplayItem(TypedDict, total=False):
+    """One line of an export: its decoded JSON (any envelope, read by core/envelope.unwrap), or
+    why it could not be decoded."""
+
+    _payload: object
+    _invalid: str
+
+
+class ReplaySummary(TypedDict):
+    """What a replay keeps of one incident (and tools/report_model reads back)."""
+
+    id: str
+    node: str
+    zone: str | None
+    cluster: str | None
+    kind: str
+    xid: int | None
+    action: str
+    state: str
+    held: Held | None
+    would_start: bool
+    events: int
+    first_seen: float
+    last_seen: float
+    escalations: list[Escalation]
+    reason: str
+
+
+class ReplayTotals(TypedDict):
+    incidents: int
+    would_start: int
+    held_by_budget: int
+    released_later: int
+    held_for_human: int
+    by_action: dict[str, int]
+
+
+class Replayed(TypedDict):
+    """What `pitstop replay` prints (``--json``): the entries by kind, the engine's results, and
+    what the policy would have done."""
+
+    entries: int
+    by_kind: dict[str, int]
+    results: dict[str, int]
+    incidents: list[ReplaySummary]
+    totals: ReplayTotals
 
 
 def sweep(store: MemoryStore, policy: Policy, now: float) -> None:
@@ -40,7 +88,7 @@ def observe_policy(policy: Policy) -> Policy:
     return from_doc(doc, "replay policy")
 
 
-def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+def read_jsonl(path: str | Path) -> Iterator[ReplayItem]:
     """Entries (or any envelope) from a JSON Lines export; a broken line becomes an invalid marker."""
     with open(path, "rb") as f:
         for raw in f:
@@ -53,8 +101,9 @@ def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
 
 
 def replay(
-    items: Iterable[Mapping[str, Any]], policy: Policy, classifier: Classifier | None = None
-) -> dict[str, Any]:
+    items: Iterable[Mapping[str, object]], policy: Policy, classifier: Classifier | None = None
+) -> Replayed:
+    """The items (ReplayItems, or bare entries) through classify and the engine, in event time."""
     pol = observe_policy(policy)
     clf = classifier or Classifier(pol.xids, Classifier.default().system_events)
     events: list[FaultEvent] = []
@@ -106,7 +155,7 @@ def replay(
     }
 
 
-def _summary(inc: Incident) -> dict[str, Any]:
+def _summary(inc: Incident) -> ReplaySummary:
     return {
         "id": inc["id"],
         "node": engine.subject_name(inc),
@@ -128,7 +177,7 @@ def _summary(inc: Incident) -> dict[str, Any]:
 
 def cloud_logging_entries(
     project: str, since_s: float, now: float, endpoint: str | None = None, filters_dir: Path | None = None
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[ReplayItem]:
     """Past entries from Cloud Logging's entries.list, selected with the pipeline's own sink filters."""
     import datetime as dt
 
@@ -138,7 +187,7 @@ def cloud_logging_entries(
 
     start = dt.datetime.fromtimestamp(now - since_s, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     flt = f'({combined_filter(filters_dir)}) AND timestamp >= "{start}"'
-    kwargs: dict[str, Any] = {"project": project}
+    kwargs: dict[str, object] = {"project": project}  # google.cloud.logging.Client's keywords
     if endpoint:
         from google.auth.credentials import AnonymousCredentials
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pitstop.core.policy import Policy
 from pitstop.core.timeline import iso
 from pitstop.tools import report_model as rm
 
@@ -352,9 +353,13 @@ def _times_table(rep: rm.Report) -> str:
     )
 
 
-def _hold_text(h: Mapping[str, Any]) -> str:
+def _hold_text(h: rm.Doc) -> str:
     since, until = h.get("since"), h.get("until")
-    span = f" for {secs(float(until) - float(since))}" if isinstance(until, int | float) and since else ""
+    span = (
+        f" for {secs(float(until) - float(since))}"
+        if isinstance(until, int | float) and isinstance(since, int | float) and since
+        else ""
+    )
     by = f", let go by {h['by']}" if h.get("by") else ""
     return f"{h.get('reason') or h.get('scope') or 'held'}{span}{by}"
 
@@ -451,8 +456,8 @@ def _validation(rep: rm.Report) -> str:
             r.node,
             str(v.get("verdict") or ""),
             "yes" if v.get("passed") else "no",
-            v.get("busbw_gbps") if isinstance(v.get("busbw_gbps"), int | float) else None,
-            v.get("threshold_gbps") if isinstance(v.get("threshold_gbps"), int | float) else None,
+            bw if isinstance(bw := v.get("busbw_gbps"), int | float) else None,
+            th if isinstance(th := v.get("threshold_gbps"), int | float) else None,
             str(v.get("next") or ""),
             str(v.get("why") or ""),
         ]
@@ -498,7 +503,7 @@ def _detail(r: rm.IncidentRow) -> str:
     facts += [
         f"<p>escalated {esc(e.get('from'))} to {esc(e.get('to'))}: {esc('; '.join(map(str, why)))}</p>"
         for e in r.escalations
-        for why in [e.get("why") or []]
+        for why in [rm.words(e.get("why"))]
     ]
     facts += [f"<p>held: {esc(_hold_text(h))}</p>" for h in r.holds]
     if r.failure or r.closure:
@@ -568,7 +573,7 @@ Generated {esc(when(time.time()).shown)} UTC.</p>
 # -- the command -------------------------------------------------------------------------------
 
 
-def from_replay(path: str, policy: Any) -> rm.Report:
+def from_replay(path: str, policy: Policy) -> rm.Report:
     """Replay a log export through the real classifier and engine (observe mode) and report on it."""
     from pitstop.tools import replay as replay_mod
 
@@ -584,7 +589,7 @@ def from_replay(path: str, policy: Any) -> rm.Report:
     )
 
 
-def from_store(store: Any, policy: Any, since_s: float, now: float) -> rm.Report:
+def from_store(store: Any, policy: Policy, since_s: float, now: float) -> rm.Report:
     """The incident store's incidents detected in the last ``since_s`` seconds."""
     source = f"Incident store: Firestore project {store.db.project}, collection {store.incidents.id}"
     return rm.build(store.list(), policy, source=source, start=now - since_s, end=now)

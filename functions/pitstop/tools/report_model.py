@@ -15,11 +15,19 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pitstop.core.actions import NODE_ACTIONS
 from pitstop.core.policy import Policy
+from pitstop.core.policy_types import LemonRule
 from pitstop.core.timeline import durations
+
+if TYPE_CHECKING:
+    from pitstop.tools.replay import Replayed
+
+# An incident document as stored (or as a replay summarises it), from any version of Pitstop:
+# every field is read after its type is checked, so an older or partial document still reports.
+Doc = Mapping[str, object]
 
 # (timeline milestone, what the time from detection to it is called, its short column name).
 MEASURES = (
@@ -78,13 +86,13 @@ class IncidentRow:
     timeline: Mapping[str, float]  # milestone -> epoch seconds, as recorded
     offsets: Mapping[str, float | None]  # milestone -> seconds after detection
     remediations: int  # workflow steps decided (a replayed one that would start counts once)
-    escalations: tuple[Mapping[str, Any], ...] = ()
-    holds: tuple[Mapping[str, Any], ...] = ()  # past holds, then the current one (without "until")
-    failure: Mapping[str, Any] | None = None
-    closure: Mapping[str, Any] | None = None
-    rejected: Mapping[str, Any] | None = None
-    validation: tuple[Mapping[str, Any], ...] = ()
-    diagnosis: Mapping[str, Any] | None = None
+    escalations: tuple[Doc, ...] = ()
+    holds: tuple[Doc, ...] = ()  # past holds, then the current one (without "until")
+    failure: Doc | None = None
+    closure: Doc | None = None
+    rejected: Doc | None = None
+    validation: tuple[Doc, ...] = ()
+    diagnosis: Doc | None = None
 
 
 @dataclass(frozen=True)
@@ -139,7 +147,7 @@ class Report:
     holds: tuple[HoldRow, ...]
     xids: tuple[XidRow, ...]
     validation: Mapping[str, int]  # verdict -> validations
-    lemon_rule: Mapping[str, Any]
+    lemon_rule: LemonRule
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -150,32 +158,50 @@ class Report:
 # -- one incident ------------------------------------------------------------------------------
 
 
-def detected_at(inc: Mapping[str, Any]) -> float | None:
+def _map(value: object) -> Doc:
+    """A nested document, or an empty one for anything else (unset, or of another shape)."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _map_or_none(value: object) -> Doc | None:
+    return value if isinstance(value, Mapping) and value else None
+
+
+def _int(value: object) -> int:
+    """A count as stored (0 when unset); a word that is not a number still raises, as int() does."""
+    return int(value) if isinstance(value, int | float | str) and value else 0
+
+
+def _str_or_none(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def detected_at(inc: Doc) -> float | None:
     """When the fault was logged: the timeline's ``detected``, else first seen, else created."""
-    for v in ((inc.get("timeline") or {}).get("detected"), inc.get("first_seen"), inc.get("created_at")):
+    for v in (_map(inc.get("timeline")).get("detected"), inc.get("first_seen"), inc.get("created_at")):
         if isinstance(v, int | float):
             return float(v)
     return None
 
 
-def outcome(inc: Mapping[str, Any]) -> str:
+def outcome(inc: Doc) -> str:
     """Where an incident ended up (one of OUTCOMES)."""
     state = str(inc.get("state") or "")
-    remediated = int(inc.get("step") or 0) > 0
+    remediated = _int(inc.get("step")) > 0
     if inc.get("closure"):
         return "closed by a person"
     if state in ("HELD", "FAILED"):
         return state.lower()
     if inc.get("rejected"):
         return "rejected"
-    if (inc.get("workflow") or {}).get("would_start"):
+    if _map(inc.get("workflow")).get("would_start"):
         return "would act"
     if state == "RESOLVED":
         return "remediated" if remediated else "recorded"
     return "in progress"
 
 
-def _as_list(value: Any) -> tuple[Mapping[str, Any], ...]:
+def _as_list(value: object) -> tuple[Doc, ...]:
     if isinstance(value, Mapping):
         return (value,)
     if isinstance(value, list | tuple):
@@ -183,10 +209,12 @@ def _as_list(value: Any) -> tuple[Mapping[str, Any], ...]:
     return ()
 
 
-def _xid(value: Any) -> int | None:
+def _xid(value: object) -> int | None:
+    if not isinstance(value, int | float | str):  # unset, or nothing a code is written as
+        return None
     try:
-        return None if value is None else int(value)
-    except (TypeError, ValueError):
+        return int(value)
+    except ValueError:
         return None
 
 
@@ -200,64 +228,66 @@ def offsets(tl: Mapping[str, float]) -> dict[str, float | None]:
     return out
 
 
-def incident_row(inc: Mapping[str, Any]) -> IncidentRow:
-    node = inc.get("node") or {}
+def incident_row(inc: Doc) -> IncidentRow:
+    node = _map(inc.get("node"))
     held = inc.get("held")
-    tl = {k: float(v) for k, v in (inc.get("timeline") or {}).items() if isinstance(v, int | float)}
+    tl = {str(k): float(v) for k, v in _map(inc.get("timeline")).items() if isinstance(v, int | float)}
     for old, new in RENAMED.items():
         if old in tl:
             tl.setdefault(new, tl[old])
-    would = bool((inc.get("workflow") or {}).get("would_start"))
+    would = bool(_map(inc.get("workflow")).get("would_start"))
     return IncidentRow(
         id=str(inc.get("id") or "?"),
         node=str(node.get("instance") or "?"),
         zone=str(node.get("zone") or ""),
-        cluster=inc.get("cluster"),
+        cluster=_str_or_none(inc.get("cluster")),
         kind=str(inc.get("kind") or "?"),
         xid=_xid(inc.get("xid")),
         action=str(inc.get("action") or "NONE"),
         state=str(inc.get("state") or "?"),
         outcome=outcome(inc),
         mode=str(inc.get("mode") or ""),
-        events=int((inc.get("counts") or {}).get("events") or 0),
+        events=_int(_map(inc.get("counts")).get("events")),
         detected=detected_at(inc),
         reason=str(inc.get("reason") or ""),
         timeline=tl,
         offsets=offsets(tl),
-        remediations=max(int(inc.get("step") or 0), 1 if would else 0),
+        remediations=max(_int(inc.get("step")), 1 if would else 0),
         escalations=_as_list(inc.get("escalations")),
         holds=_as_list(inc.get("holds")) + _as_list(held),
-        failure=inc.get("failure") or None,
-        closure=inc.get("closure") or None,
-        rejected=inc.get("rejected") or None,
+        failure=_map_or_none(inc.get("failure")),
+        closure=_map_or_none(inc.get("closure")),
+        rejected=_map_or_none(inc.get("rejected")),
         validation=_as_list(inc.get("validation")),
-        diagnosis=inc.get("diagnosis") or None,
+        diagnosis=_map_or_none(inc.get("diagnosis")),
     )
 
 
 # -- the period --------------------------------------------------------------------------------
 
 
-def in_period(incidents: Iterable[Mapping[str, Any]], start: float | None) -> list[dict[str, Any]]:
+def in_period(incidents: Iterable[Doc], start: float | None) -> list[dict[str, object]]:
     """Incidents detected at or after ``start`` (all of them when None), oldest first."""
     kept = [dict(i) for i in incidents if start is None or (detected_at(i) or -math.inf) >= start]
     return sorted(kept, key=lambda i: (detected_at(i) or 0.0, str(i.get("id"))))
 
 
-def incidents_from_replay(replayed: Mapping[str, Any]) -> list[dict[str, Any]]:
+def incidents_from_replay(replayed: Replayed) -> list[dict[str, object]]:
     """`pitstop replay`'s incident summaries as incident documents (what the store would hold)."""
     out = []
-    for s in replayed.get("incidents", []):
-        doc = {k: s.get(k) for k in ("id", "cluster", "kind", "xid", "action", "state", "reason", "held")}
+    for s in replayed["incidents"]:
+        doc: dict[str, object] = {
+            k: s[k] for k in ("id", "cluster", "kind", "xid", "action", "state", "reason", "held")
+        }
         doc |= {
-            "node": {"instance": s.get("node"), "zone": s.get("zone")},
+            "node": {"instance": s["node"], "zone": s["zone"]},
             "mode": "observe",
-            "counts": {"events": s.get("events", 0)},
-            "first_seen": s.get("first_seen"),
-            "last_seen": s.get("last_seen"),
-            "timeline": {"detected": s.get("first_seen")},
-            "escalations": s.get("escalations") or [],
-            "workflow": {"would_start": bool(s.get("would_start"))},
+            "counts": {"events": s["events"]},
+            "first_seen": s["first_seen"],
+            "last_seen": s["last_seen"],
+            "timeline": {"detected": s["first_seen"]},
+            "escalations": s["escalations"] or [],
+            "workflow": {"would_start": bool(s["would_start"])},
         }
         out.append(doc)
     return out
@@ -313,7 +343,7 @@ def _lemon(times_: list[float], count: int, window_s: float) -> bool:
     return any(ordered[i + count - 1] - ordered[i] <= window_s for i in range(len(ordered) - count + 1))
 
 
-def nodes(rows: Iterable[IncidentRow], lemon_rule: Mapping[str, Any]) -> list[NodeRow]:
+def nodes(rows: Iterable[IncidentRow], lemon_rule: LemonRule) -> list[NodeRow]:
     """Nodes by remediations, most first: the lemon candidates lead."""
     by_node: dict[tuple[str, str], list[IncidentRow]] = defaultdict(list)
     for r in rows:
@@ -334,20 +364,36 @@ def nodes(rows: Iterable[IncidentRow], lemon_rule: Mapping[str, Any]) -> list[No
                 last_detected=max((r.detected for r in rs if r.detected is not None), default=None),
                 lemon=_lemon([r.detected or 0.0 for r in acted], count, window_s),
                 escalated_as_lemon=any(
-                    "lemon host" in str(w) for r in rs for e in r.escalations for w in e.get("why") or []
+                    "lemon host" in str(w) for r in rs for e in r.escalations for w in words(e.get("why"))
                 ),
             )
         )
     return sorted(out, key=lambda n: (-n.node_actions, -n.remediations, -n.incidents, n.node))
 
 
-def _held_s(h: Mapping[str, Any]) -> float:
-    return float(h["until"]) - float(h.get("since") or h["until"])
+def _list(value: object) -> list[object]:
+    return value if isinstance(value, list) else []
+
+
+def words(value: object) -> list[object]:
+    """An escalation's ``why``: its list of reasons (a lone word is one reason)."""
+    return [value] if isinstance(value, str) and value else _list(value)
+
+
+def _held_s(h: Doc) -> float:
+    """How long an ended hold lasted (its ``until`` is a number: the caller checked)."""
+    until = h["until"]
+    since = h.get("since") or until
+    return (
+        float(until) - float(since)
+        if isinstance(until, int | float) and isinstance(since, int | float)
+        else 0.0
+    )
 
 
 def holds(rows: Iterable[IncidentRow]) -> list[HoldRow]:
     """Holds grouped by what held them: the budget scope, else the hold's reason (numbers as N)."""
-    groups: dict[str, list[tuple[IncidentRow, Mapping[str, Any]]]] = defaultdict(list)
+    groups: dict[str, list[tuple[IncidentRow, Doc]]] = defaultdict(list)
     for r in rows:
         for h in r.holds:
             what = h.get("scope") or re.sub(r"\d+", "N", str(h.get("reason") or "held"))
@@ -368,22 +414,22 @@ def holds(rows: Iterable[IncidentRow]) -> list[HoldRow]:
     return sorted(out, key=lambda h: (not h.budget, -h.incidents, h.what))
 
 
-def _xid_lines(inc: Mapping[str, Any]) -> Counter[int]:
+def _xid_lines(inc: Doc) -> Counter[int]:
     """Driver lines per Xid code an incident counted (its ``counts``); a replayed one has only its total."""
-    counts = inc.get("counts") or {}
+    counts = _map(inc.get("counts"))
     lines: Counter[int] = Counter()
     for k, v in counts.items():
         code = _xid(k[4:]) if isinstance(k, str) and k.startswith("xid_") else None
         if code is not None and isinstance(v, int):
             lines[code] += v
-    if not lines and _xid(inc.get("xid")) is not None:
-        lines[int(inc["xid"])] = int(counts.get("events") or 0)
+    if not lines and (code := _xid(inc.get("xid"))) is not None:
+        lines[code] = _int(counts.get("events"))
     return lines
 
 
-def xids(incidents: Iterable[Mapping[str, Any]], policy: Policy) -> list[XidRow]:
+def xids(incidents: Iterable[Doc], policy: Policy) -> list[XidRow]:
     """Xid codes by the incidents they opened, then by the lines counted."""
-    opened: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
+    opened: dict[int, list[Doc]] = defaultdict(list)
     lines: Counter[int] = Counter()
     nodes_: dict[int, set[str]] = defaultdict(set)
     for inc in incidents:
@@ -392,14 +438,14 @@ def xids(incidents: Iterable[Mapping[str, Any]], policy: Policy) -> list[XidRow]
             opened[code].append(inc)
         for c, n in _xid_lines(inc).items():
             lines[c] += n
-            nodes_[c].add(str((inc.get("node") or {}).get("instance")))
+            nodes_[c].add(str(_map(inc.get("node")).get("instance")))
     out = [
         XidRow(
             xid=c,
             name=policy.xids.rule(c).name,
             incidents=len(opened.get(c, [])),
             lines=lines[c],
-            nodes=len(nodes_[c] | {str((i.get("node") or {}).get("instance")) for i in opened.get(c, [])}),
+            nodes=len(nodes_[c] | {str(_map(i.get("node")).get("instance")) for i in opened.get(c, [])}),
             actions=dict(Counter(str(i.get("action")) for i in opened.get(c, []))),
         )
         for c in set(opened) | set(lines)
@@ -411,7 +457,7 @@ def xids(incidents: Iterable[Mapping[str, Any]], policy: Policy) -> list[XidRow]
 
 
 def build(
-    incidents: Iterable[Mapping[str, Any]],
+    incidents: Iterable[Doc],
     policy: Policy,
     *,
     source: str,
@@ -440,6 +486,6 @@ def build(
         holds=tuple(holds(rows)),
         xids=tuple(xids(docs, policy)),
         validation=dict(verdicts.most_common()),
-        lemon_rule=dict(policy.doc["lemon"]),
+        lemon_rule=policy.doc["lemon"].copy(),
         notes=tuple(notes),
     )

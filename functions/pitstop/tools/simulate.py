@@ -11,14 +11,16 @@ import argparse
 import copy
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from pitstop.core import resources
+from pitstop.core.domain import Incident
 from pitstop.tools import timing
 from pitstop.tools.sim import trace as trace_mod
 from pitstop.tools.sim.fleet import PHASES, Fleet, Ledger
+from pitstop.tools.sim.scenario import Comparison, Scenario, Summary, SweepRun, SweepValue
 from pitstop.tools.sim.strategies import STRATEGIES, Pitstop
 
 SCHEMA = "simulate.schema.json"
@@ -40,32 +42,40 @@ def default_path() -> Path:
     return resources.schema_dir() / "simulate.default.yaml"
 
 
-def load_scenario(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def load_scenario(
+    path: str | Path | None = None, overrides: Mapping[str, SweepValue] | None = None
+) -> Scenario:
     """The scenario file (or the shipped default) with overrides applied, validated."""
     where = str(path or default_path())
     scn = resources.load_yaml(Path(where), SCHEMA)
     return with_fields(scn, overrides or {}, where)
 
 
-def with_fields(scn: dict[str, Any], fields: dict[str, Any], where: str = "scenario") -> dict[str, Any]:
+def with_fields(
+    scn: Mapping[str, object], fields: Mapping[str, SweepValue], where: str = "scenario"
+) -> Scenario:
     """A copy with short-named fields set; validated again, and the rate must be known."""
-    out = copy.deepcopy(scn)
+    doc = copy.deepcopy(dict(scn))
     for name, value in fields.items():
         if name not in FIELDS:
             raise resources.DataFileError(f"{where}: unknown field {name!r} (one of {', '.join(FIELDS)})")
         *parents, leaf = FIELDS[name]
-        target = out
+        target = doc
         for p in parents:
-            target = target[p]
+            child = target.get(p)
+            if not isinstance(child, dict):
+                raise resources.DataFileError(f"{where}: {p}: not a mapping")
+            target = child
         target[leaf] = value
-    resources.validate(out, SCHEMA, where)
+    resources.validate(doc, SCHEMA, where)
+    out = cast(Scenario, doc)  # its schema checked it just above
     rate = out["faults"]["rate"]
     if rate != "llama3" and rate not in out["faults"]["presets_per_1000_node_days"]:
         raise resources.DataFileError(f"{where}: faults/rate: unknown rate preset {rate!r}")
     return out
 
 
-def _gpu_hours(seconds: float, scn: dict[str, Any], gang: int) -> float:
+def _gpu_hours(seconds: float, scn: Scenario, gang: int) -> float:
     return seconds * gang * float(scn["fleet"]["gpus_per_node"]) / 3600.0
 
 
@@ -76,14 +86,14 @@ def _p95(values: list[float]) -> float:
     return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
-def summarize(name: str, led: Ledger, sim: Fleet, scn: dict[str, Any]) -> dict[str, Any]:
+def summarize(name: str, led: Ledger, sim: Fleet, scn: Scenario) -> Summary:
     """One strategy's figures: ETTR, GPU-hours lost by phase and by fault, resume times, money."""
     gang = sim.jobs[0].gang
     wall = sim.horizon * len(sim.jobs)
     lost = {"checkpoint": led.checkpoint, "lost_work": led.lost_work, "slowed": led.slowed, **led.phases}
     lost_gh = {k: round(_gpu_hours(v, scn, gang), 1) for k, v in lost.items()}
     total_lost = _gpu_hours(sum(lost.values()), scn, gang)
-    out: dict[str, Any] = {
+    out: Summary = {
         "strategy": name,
         "ettr": round(led.productive / wall, 5) if wall else 0.0,
         "productive_gpu_hours": round(_gpu_hours(led.productive, scn, gang), 1),
@@ -115,14 +125,14 @@ def summarize(name: str, led: Ledger, sim: Fleet, scn: dict[str, Any]) -> dict[s
     return out
 
 
-def _decided(incidents: Any) -> dict[str, int]:
+def _decided(incidents: Iterable[Incident]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for inc in incidents:
         counts[inc["action"]] = counts.get(inc["action"], 0) + 1
     return dict(sorted(counts.items()))
 
 
-def simulate(scn: dict[str, Any]) -> dict[str, Any]:
+def simulate(scn: Scenario) -> Comparison:
     """Every strategy of the scenario over one trace: ``{"strategies": [...], "scenario": {...}}``."""
     faults = trace_mod.generate(scn)
     rows = []
@@ -139,7 +149,7 @@ def _trace_counts(faults: list[trace_mod.Fault]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def parse_sweep(text: str) -> tuple[str, list[Any]]:
+def parse_sweep(text: str) -> tuple[str, list[SweepValue]]:
     """``nodes=256,512`` → ("nodes", [256, 512]); numbers stay numbers."""
     key, sep, values = text.partition("=")
     if not sep or key not in FIELDS or not values:
@@ -149,16 +159,16 @@ def parse_sweep(text: str) -> tuple[str, list[Any]]:
     return key, [_number(v) for v in values.split(",") if v]
 
 
-def _number(v: str) -> Any:
-    for cast in (int, float):
+def _number(v: str) -> SweepValue:
+    for number in (int, float):
         try:
-            return cast(v)
+            return number(v)
         except ValueError:
             pass
     return v
 
 
-def sweep(scn: dict[str, Any], key: str, values: list[Any]) -> list[dict[str, Any]]:
+def sweep(scn: Scenario, key: str, values: Sequence[SweepValue]) -> list[SweepRun]:
     """One full comparison per value of a field (each with its own trace from the same seed)."""
     return [
         {"value": v, "strategies": simulate(with_fields(scn, {key: v}, "--sweep"))["strategies"]}
@@ -169,7 +179,7 @@ def sweep(scn: dict[str, Any], key: str, values: list[Any]) -> list[dict[str, An
 # -- output ------------------------------------------------------------------------------------
 
 
-def format_table(result: dict[str, Any]) -> str:
+def format_table(result: Comparison) -> str:
     """The comparison as a fixed-width text table, one row per strategy."""
     scn = result["scenario"]
     head = (
@@ -223,7 +233,7 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def format_sweep(key: str, runs: list[dict[str, Any]]) -> str:
+def format_sweep(key: str, runs: list[SweepRun]) -> str:
     names = [r["strategy"] for r in runs[0]["strategies"]] if runs else []
     lines = [f"ETTR by {key}", "".join(f"{c:>12}" for c in (key, *names))]
     for run in runs:
@@ -232,7 +242,7 @@ def format_sweep(key: str, runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(path: str, result: dict[str, Any], sweep_key: str | None, runs: list[dict[str, Any]]) -> None:
+def plot(path: str, result: Comparison, sweep_key: str | None, runs: list[SweepRun]) -> None:
     """ETTR (per strategy, against the swept field when there is one) and GPU-hours lost by cause."""
     import matplotlib  # only with --plot: the rest of pitstop does not need it
 
@@ -246,7 +256,8 @@ def plot(path: str, result: dict[str, Any], sweep_key: str | None, runs: list[di
         for i, name in enumerate(names):
             left.plot(xs, [run["strategies"][i]["ettr"] for run in runs], marker="o", label=name)
         left.set_xlabel(sweep_key)
-        if min(xs) > 0 and max(xs) / min(xs) >= 10:
+        nums = [x for x in xs if isinstance(x, int | float)]  # a swept rate is a word: no log axis
+        if len(nums) == len(xs) and min(nums) > 0 and max(nums) / min(nums) >= 10:
             left.set_xscale("log", base=2)  # fleet sizes double; a linear axis hides the small ones
         left.legend()
     else:
@@ -291,7 +302,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(json.dumps(bench_simulate(scn, sweep_nodes=sizes), indent=2))
         return 0
     result = simulate(scn)
-    key, runs = None, []
+    key: str | None = None
+    runs: list[SweepRun] = []
     if args.sweep:
         key, values = args.sweep
         runs = sweep(scn, key, values)
@@ -348,11 +360,40 @@ SIMULATE_SWEEP_NODES = tuple(256 * k for k in range(1, 11))
 SIMULATE_TARGETS_S = {"single": 30.0, "sweep": 300.0}
 
 
+class SingleRun(TypedDict):
+    nodes: int
+    wall_s: float
+    cpu_s: float
+    trace_faults: int
+    faults_handled: int
+    target_s: float
+
+
+class SweepTimes(TypedDict):
+    nodes: list[int]
+    runs: int
+    wall_s: float
+    cpu_s: float
+    target_s: float
+
+
+class SimulateBench(TypedDict):
+    """``pitstop bench simulate``'s figures (``--bench``)."""
+
+    benchmark: str
+    rate: str
+    days: float
+    strategies: list[str]
+    cpus: int  # the CPUs the run was pinned to (timing.one_core)
+    single: SingleRun
+    sweep: SweepTimes
+
+
 def bench_simulate(
-    scn: dict[str, Any] | None = None,
+    scn: Scenario | None = None,
     nodes: int | None = None,
-    sweep_nodes: tuple[int, ...] | list[int] = SIMULATE_SWEEP_NODES,
-) -> dict[str, Any]:
+    sweep_nodes: Sequence[int] = SIMULATE_SWEEP_NODES,
+) -> SimulateBench:
     """Wall time of one full comparison (trace + every strategy) and of a sweep over fleet sizes.
 
     ``scn``: a loaded scenario (default: the shipped one, 2,048 nodes for 54 days at the Llama 3

@@ -6,7 +6,9 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -25,7 +27,7 @@ def one_core() -> Iterator[int]:
         setaff(0, before)
 
 
-def timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
+def timed(fn: Callable[[], T]) -> tuple[T, float, float]:
     wall0, cpu0 = time.perf_counter(), time.process_time()
     out = fn()
     return out, time.perf_counter() - wall0, time.process_time() - cpu0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import orjson
@@ -35,6 +36,7 @@ def _counts(text: str) -> list[int]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    result: Mapping[str, object]  # printed as JSON, whichever bench made it
     if args.target == "classify":
         from pitstop.tools import bench
 

@@ -22,7 +22,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     except (OSError, ValueError, yaml.YAMLError) as e:
         print(f"pitstop deploy: {e}", file=sys.stderr)
         return 2
-    region = args.region or conf["region"]
+    region = args.region or deploy.setting(conf, "region")
     if args.command == "teardown":
         return deploy.teardown(deploy.plan(args.project, region, conf), args.purge)
     if args.dry_run:
@@ -30,7 +30,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             print(line)
         return 0
     with tempfile.TemporaryDirectory(prefix="pitstop-src-") as staged:  # gone once gcloud has uploaded it
-        source = deploy.stage_source(conf.get("policy"), Path(staged))
+        source = deploy.stage_source(deploy.policy_path(conf), Path(staged))
         done = deploy.apply(deploy.plan(args.project, region, conf, str(source)))
     if done == 0:  # who else can feed Pitstop logs or messages: findings a person can act on
         from pitstop.tools import exposure

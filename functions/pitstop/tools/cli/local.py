@@ -5,19 +5,55 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import orjson
 import yaml
 
 if TYPE_CHECKING:
-    from pitstop.core.domain import Incident
+    from pitstop.core.domain import Failure, Held, Incident, JsonObject
     from pitstop.local.stack import ClusterSpec, StackState
 
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 from pitstop.core import engine
 from pitstop.tools.common import lines
+
+
+class IncidentStatus(TypedDict):
+    """One incident as `pitstop local status` shows it, with the effects it caused on the stand-ins."""
+
+    id: str
+    node: str
+    state: str
+    action: str
+    events: int
+    held: Held | None
+    failure: Failure | None
+    durations_s: dict[str, float | None]
+    effects: dict[str, dict[str, int]]  # compute | slurm | kube -> method or op -> calls
+
+
+class Operation(TypedDict):
+    method: str
+    path: str
+
+
+class StackStatus(TypedDict, total=False):
+    """What `pitstop local status --json` prints: the Slurm view or the Kubernetes one. The stand-ins'
+    own records (VMs, Kubernetes summaries, the chaos controller's status) are free-form: they are
+    shown as the stand-ins (pitstop.local) answer, and read only by a person."""
+
+    incidents: list[IncidentStatus]
+    slurm_nodes: list[dict[str, str]]
+    slurm_jobs: list[dict[str, str]]
+    k8s_nodes: list[JsonObject]
+    jobsets: list[JsonObject]
+    instances: list[JsonObject]
+    operations: list[Operation]
+    notifications: list[str]
+    chaos: JsonObject | None
 
 
 def cmd_local(args: argparse.Namespace) -> int:
@@ -126,7 +162,7 @@ def _local_up(args: argparse.Namespace, workdir: Path) -> int:
     return 0
 
 
-def _await_stack(workdir: Path, proc: Any, timeout: float = 600.0) -> dict[str, Any] | None:
+def _await_stack(workdir: Path, proc: Any, timeout: float = 600.0) -> Mapping[str, object] | None:
     """The background process's ready.json once it is up; None if it exited first or took too long."""
     import json
     import time
@@ -137,8 +173,10 @@ def _await_stack(workdir: Path, proc: Any, timeout: float = 600.0) -> dict[str, 
     while time.monotonic() < deadline:
         ready = workdir / daemon.READY
         if ready.exists():
-            doc: dict[str, Any] = json.loads(ready.read_text())
-            return doc
+            doc: object = json.loads(
+                ready.read_text()
+            )  # the daemon's: its endpoints, and the job it submitted
+            return doc if isinstance(doc, dict) else {}
         if proc.poll() is not None:
             return None
         time.sleep(0.5)
@@ -205,8 +243,9 @@ def _local_chaos(state: StackState, args: argparse.Namespace) -> int:
     return 0
 
 
-def _chaos_line(args: argparse.Namespace, result: dict[str, Any]) -> str:
-    """One human line about what a chaos request did."""
+def _chaos_line(args: argparse.Namespace, result: JsonObject) -> str:
+    """One human line about what a chaos request did (``result``: the controller's answer, free-form:
+    each kind of pitstop.local.chaos answers with fields of its own)."""
     where = (f" on {args.node}" if args.node else "") + (f" ({args.method})" if args.method else "")
     kind = result.get("kind")
     if kind == "compute-error":
@@ -241,7 +280,7 @@ def local_status(state: StackState, as_json: bool) -> int:
     return 0
 
 
-def _status_report(state: StackState) -> dict[str, Any]:
+def _status_report(state: StackState) -> StackStatus:
     """One picture of the stack: incidents, the scheduler's view (Slurm's, or the Kubernetes nodes
     and JobSets of a GKE stack), the fake VMs and calls, what was notified."""
     from pitstop.local import gke_stack
@@ -249,33 +288,30 @@ def _status_report(state: StackState) -> dict[str, Any]:
 
     compute = admin(state, "/_admin/state")
     kube = gke_stack.Kube(state.endpoints["kube"]).effects() if "kube" in state.endpoints else None
-    incidents = _incident_rows(state, compute.get("effects", []), kube)
-    scheduler: dict[str, Any]
+    report: StackStatus = {"incidents": _incident_rows(state, compute.get("effects", []), kube)}
     if "kube" in state.endpoints:
-        scheduler = gke_stack.status(state.endpoints["kube"])
+        k8s = gke_stack.status(state.endpoints["kube"])
+        report |= {"k8s_nodes": k8s["k8s_nodes"], "jobsets": k8s["jobsets"]}
     else:
         sinfo = _slurm_lines(state, ["sinfo", "-h", "-N", "-o", "%N|%T|%E"])
         squeue = _slurm_lines(state, ["squeue", "-h", "-o", "%i|%T|%N|%j"])
-        scheduler = {
-            "slurm_nodes": [
-                dict(zip(("node", "state", "reason"), x.split("|"), strict=False)) for x in sinfo
-            ],
-            "slurm_jobs": [
-                dict(zip(("id", "state", "nodes", "name"), x.split("|"), strict=False)) for x in squeue
-            ],
-        }
+        report["slurm_nodes"] = [
+            dict(zip(("node", "state", "reason"), x.split("|"), strict=False)) for x in sinfo
+        ]
+        report["slurm_jobs"] = [
+            dict(zip(("id", "state", "nodes", "name"), x.split("|"), strict=False)) for x in squeue
+        ]
     notes = webhook_records(state)
-    return {
-        "incidents": incidents,
-        **scheduler,
+    report |= {
         "instances": compute["instances"],
         "operations": [{"method": c["method"], "path": c["path"]} for c in compute["calls"]],
         "notifications": [n["body"]["text"] for n in notes],
         "chaos": _chaos_status(state, compute.get("faults", [])),
     }
+    return report
 
 
-def _chaos_status(state: StackState, faults: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _chaos_status(state: StackState, faults: list[JsonObject]) -> JsonObject | None:
     """Armed faults and the controller's view (restarts, agent); None if no controller answers."""
     import json
     import urllib.request
@@ -285,15 +321,17 @@ def _chaos_status(state: StackState, faults: list[dict[str, Any]]) -> dict[str, 
     req = urllib.request.Request(state.endpoints["control"] + "/status", data=b"{}", method="POST")  # noqa: S310
     try:
         with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310 - loopback
-            ctl: dict[str, Any] = json.loads(resp.read())
+            ctl: JsonObject = json.loads(resp.read())  # pitstop.local.control's status, shown as it is
     except OSError:
         return None
     return {**ctl, "compute_faults": faults}
 
 
 def _incident_rows(
-    state: StackState, compute_effects: list[dict[str, Any]], kube_effects: list[dict[str, Any]] | None = None
-) -> list[dict[str, Any]]:
+    state: StackState,
+    compute_effects: Sequence[Mapping[str, object]],
+    kube_effects: Sequence[Mapping[str, object]] | None = None,
+) -> list[IncidentStatus]:
     """The stack's incidents from its Firestore emulator, oldest first, with the effects each caused."""
     from google.cloud import firestore
 
@@ -337,7 +375,7 @@ def _slurm_lines(state: StackState, argv: list[str]) -> list[str]:
     return subprocess.run(argv, env=env, capture_output=True, text=True, check=False).stdout.splitlines()
 
 
-def _print_status(report: dict[str, Any]) -> None:
+def _print_status(report: StackStatus) -> None:
     from pitstop.local.effects import compact
 
     print("INCIDENTS")
@@ -368,7 +406,7 @@ def _print_status(report: dict[str, Any]) -> None:
         print("  " + text.replace("\n", "\n    "))
 
 
-def _print_k8s(report: dict[str, Any]) -> None:
+def _print_k8s(report: StackStatus) -> None:
     """A GKE stack's scheduler view, as kubectl would summarise it (cordon, taints, GPUs, restarts)."""
     print("KUBERNETES NODES")
     for n in report["k8s_nodes"]:

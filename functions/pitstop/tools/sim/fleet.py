@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pitstop.core.actions import RANK
+from pitstop.tools.sim.scenario import Scenario
 from pitstop.tools.sim.trace import Fault, recurrence
 
 PHASES = ("detect", "wait", "restart")
@@ -82,7 +83,7 @@ class Ledger:
 class Fleet:
     """One strategy's run over a fault trace."""
 
-    def __init__(self, scn: dict[str, Any], strategy: Strategy) -> None:
+    def __init__(self, scn: Scenario, strategy: Strategy) -> None:
         self.scn = scn
         self.strategy = strategy
         fleet, jobs = scn["fleet"], scn["jobs"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import functools
 import math
-from typing import Any
 
 from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import alerts, engine, lifecycle, policy
@@ -22,6 +21,7 @@ from pitstop.core.envelope import Delivery
 from pitstop.core.states import State
 from pitstop.local import alerting
 from pitstop.tools.sim.fleet import Fleet, Response
+from pitstop.tools.sim.scenario import Scenario
 from pitstop.tools.sim.trace import PROJECT, Fault, entries, node_ref
 
 T0 = 1_800_000_000.0  # epoch seconds of simulated time 0 (the engine works in epoch time)
@@ -49,10 +49,10 @@ class _Base:
 
     name = "base"
 
-    def __init__(self, scn: dict[str, Any]) -> None:
+    def __init__(self, scn: Scenario) -> None:
         self.scn = scn
         # seconds; human_detect is a range the trace draws from, not a duration of its own
-        self.d = {k: float(v) * 60.0 for k, v in scn["durations"].items() if not isinstance(v, list)}
+        self.d = {k: float(v) * 60.0 for k, v in scn["durations"].items() if isinstance(v, int | float)}
         self.self_detect = scn["jobs"]["self_detect_min"] * 60.0
         self.history: dict[int, list[tuple[float, str]]] = {}
 
@@ -238,7 +238,7 @@ class World(MemoryStore):
             self.release_budget(self.incidents[iid])
 
 
-def pitstop_policy(scn: dict[str, Any]) -> policy.Policy:
+def pitstop_policy(scn: Scenario) -> policy.Policy:
     """The shipped policy with the scenario's overlay, one cluster over the fleet, enforcing."""
     physical = scn["fleet"]["nodes"] + scn["fleet"]["spares"]
     cluster = {
@@ -260,7 +260,7 @@ class Pitstop(_Base):
 
     name = "pitstop"
 
-    def __init__(self, scn: dict[str, Any]) -> None:
+    def __init__(self, scn: Scenario) -> None:
         super().__init__(scn)
         self.world = World(pitstop_policy(scn))
 
@@ -354,7 +354,7 @@ class PitstopTelemetry(Pitstop):
             return self._straggler(f, t, sim)
         return super().respond(f, t, sim)
 
-    def _alert(self, doc: dict[str, Any], t: float, decided: float) -> str | None:
+    def _alert(self, doc: dict[str, object], t: float, decided: float) -> str | None:
         """One notification, as ingest takes it from the alerts topic, through the engine."""
         source = f"//pubsub.googleapis.com/projects/{PROJECT}/topics/{alerts.DEFAULT_TOPIC}"
         ev = _classifier().from_delivery(Delivery(doc, f"alert-{t}"), source)

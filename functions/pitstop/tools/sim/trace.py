@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import NotRequired, TypedDict
+
+from pitstop.tools.sim.scenario import Category, Scenario
 
 PROJECT = "train-prod"
 ZONE = "us-central1-a"
@@ -42,6 +44,71 @@ METHODS = {
 }
 
 
+class SimNode(TypedDict):
+    """A simulated node's Compute Engine identity (every field known: one project and zone)."""
+
+    project: str
+    zone: str
+    instance: str
+    instance_id: str
+
+
+# -- the LogEntries the trace writes, in Cloud Logging's JSON shape (what the sink router delivers) --
+
+
+class KernelEntry(TypedDict):
+    """A driver line as the Ops Agent's journald receiver ships it."""
+
+    insertId: str
+    jsonPayload: dict[str, str]
+    labels: dict[str, str]
+    logName: str
+    resource: LogResource
+    severity: str
+    timestamp: str
+
+
+AuditLog = TypedDict(
+    "AuditLog",
+    {
+        "@type": str,
+        "status": dict[str, str],
+        "authenticationInfo": dict[str, str],
+        "serviceName": str,
+        "methodName": str,
+        "resourceName": str,
+        "request": dict[str, str],
+        "metadata": NotRequired[dict[str, str]],  # an upcomingMaintenance's window
+    },
+)
+
+
+class Operation(TypedDict):
+    id: str
+    producer: str
+    first: bool
+    last: bool
+
+
+class SystemEventEntry(TypedDict):
+    """A Compute Engine system event: an audit log entry."""
+
+    insertId: str
+    protoPayload: AuditLog
+    resource: LogResource
+    timestamp: str
+    severity: str
+    logName: str
+    operation: Operation
+
+
+class LogResource(TypedDict):
+    """The monitored resource an entry names: the VM (``gce_instance``)."""
+
+    type: str
+    labels: dict[str, str]
+
+
 @dataclass(frozen=True)
 class Fault:
     """One fault on one physical node. ``t`` is when it strikes (a maintenance notice: when
@@ -64,18 +131,18 @@ def node_name(i: int) -> str:
     return f"a3-node-{i:05d}"
 
 
-def node_ref(i: int) -> dict[str, str]:
+def node_ref(i: int) -> SimNode:
     return {"project": PROJECT, "zone": ZONE, "instance": node_name(i), "instance_id": str(7_000_000_000 + i)}
 
 
-def _resource(i: int) -> dict[str, Any]:
+def _resource(i: int) -> LogResource:
     return {
         "type": "gce_instance",
         "labels": {"instance_id": str(7_000_000_000 + i), "project_id": PROJECT, "zone": ZONE},
     }
 
 
-def kernel_entry(line: str, node: int, insert_id: str) -> dict[str, Any]:
+def kernel_entry(line: str, node: int, insert_id: str) -> KernelEntry:
     """A driver line as Pitstop's Ops Agent journald receiver ships it (kernel transport: verified)."""
     return {
         "insertId": insert_id,
@@ -93,9 +160,9 @@ def kernel_entry(line: str, node: int, insert_id: str) -> dict[str, Any]:
     }
 
 
-def system_event_entry(method: str, node: int, insert_id: str) -> dict[str, Any]:
+def system_event_entry(method: str, node: int, insert_id: str) -> SystemEventEntry:
     """A Compute Engine system event in its real audit-log shape (reference/gcp-events.md §1)."""
-    proto: dict[str, Any] = {
+    proto: AuditLog = {
         "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
         "status": {"message": "Instance terminated by Compute Engine."},
         "authenticationInfo": {"principalEmail": "system@google.com"},
@@ -123,7 +190,7 @@ def system_event_entry(method: str, node: int, insert_id: str) -> dict[str, Any]
     }
 
 
-def entries(f: Fault) -> list[dict[str, Any]]:
+def entries(f: Fault) -> list[KernelEntry] | list[SystemEventEntry]:
     """The LogEntries a fault writes, in order, each with its own insertId."""
     if f.signal == "xid":
         return [
@@ -135,7 +202,7 @@ def entries(f: Fault) -> list[dict[str, Any]]:
     return []
 
 
-def category_rates(scn: dict[str, Any]) -> dict[str, float]:
+def category_rates(scn: Scenario) -> dict[str, float]:
     """Faults per node per second, by category: the table's counts per node-day, rescaled to
     a preset's total when the scenario names one. Stragglers keep their own rate: they interrupt
     nothing, so a failure rate (Kokolis et al.'s) does not count them."""
@@ -165,12 +232,12 @@ def _draw_needs(rnd: random.Random, needs: dict[str, float] | None) -> str:
     return next(reversed(needs))
 
 
-def _human_s(scn: dict[str, Any], u: float, signal: str = "xid") -> float:
+def _human_s(scn: Scenario, u: float, signal: str = "xid") -> float:
     lo, hi = scn["durations"]["straggler_human" if signal == "straggler" else "human_detect"]
     return float(lo + (hi - lo) * u) * 60.0
 
 
-def _needs(scn: dict[str, Any], fid: str, cat: dict[str, Any], rnd: random.Random) -> str:
+def _needs(scn: Scenario, fid: str, cat: Category, rnd: random.Random) -> str:
     """What truly fixes the fault. Xids draw from the trace's own sequence; a hang or a straggler
     from a sequence of its own (a fault class added to the table leaves the others' draws alone)."""
     if cat["signal"] == "xid":
@@ -180,7 +247,7 @@ def _needs(scn: dict[str, Any], fid: str, cat: dict[str, Any], rnd: random.Rando
     return "RESTART_JOB"
 
 
-def generate(scn: dict[str, Any]) -> list[Fault]:
+def generate(scn: Scenario) -> list[Fault]:
     """Poisson arrivals over every physical node (job nodes and spares) for the scenario's days."""
     rnd = random.Random(scn["seed"])  # noqa: S311 - a reproducible trace, not a secret
     rates = category_rates(scn)
@@ -218,7 +285,7 @@ def generate(scn: dict[str, Any]) -> list[Fault]:
     return out
 
 
-def recurrence(f: Fault, scn: dict[str, Any], at: float) -> Fault:
+def recurrence(f: Fault, scn: Scenario, at: float) -> Fault:
     """The same defect showing again on the same node, with draws of its own (deterministic)."""
     rnd = random.Random(f"{scn['seed']}:{f.id}:{f.gen + 1}")  # noqa: S311 - reproducible
     recur_mean = scn["faults"]["recur_mean_h"] * 3600.0
@@ -232,7 +299,7 @@ def recurrence(f: Fault, scn: dict[str, Any], at: float) -> Fault:
     )
 
 
-def expected_count(scn: dict[str, Any]) -> dict[str, float]:
+def expected_count(scn: Scenario) -> dict[str, float]:
     """Mean number of trace faults per category (for checking the trace against the table)."""
     physical = scn["fleet"]["nodes"] + scn["fleet"]["spares"]
     return {k: r * physical * scn["days"] * 86400.0 for k, r in category_rates(scn).items()}
