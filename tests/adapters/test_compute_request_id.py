@@ -160,7 +160,7 @@ def test_request_ids_must_be_uuids(world: tuple[FakeCompute, ComputeAdapter, Clo
     status, body = fake.dispatch(
         "POST", f"/compute/v1/projects/{P}/zones/{Z}/instances/vm-a/reset?requestId=x", {}
     )
-    assert status == 400 and body["error"]["errors"][0]["reason"] == "invalid"
+    assert status == 400 and isinstance(body, dict) and body["error"]["errors"][0]["reason"] == "invalid"
     assert fake.effects == []
 
 

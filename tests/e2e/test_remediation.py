@@ -35,6 +35,7 @@ from pitstop.core.answers import WorkflowArgument
 from pitstop.core.domain import Remediation
 from pitstop.core.ops import Op
 from pitstop.local import executions_server, gpu_tools
+from pitstop.local.compute_shapes import Call
 from pitstop.local.fake_compute import FakeCompute, serve
 from pitstop.local.slurm import SlurmCluster
 from pitstop.local.workflows_runner import runner_for
@@ -201,7 +202,7 @@ class World:
             ops_agent_entry(line, instance=node, insert_id=f"{self.project}-{self.n}")
         )
 
-    def event(self, entry: dict[str, Any]) -> engine.Outcome:
+    def event(self, entry: object) -> engine.Outcome:
         return self.ingest.handle_payload(entry)
 
     def wait(self, iid: str, timeout: float = 90.0) -> dict[str, Any]:
@@ -237,7 +238,7 @@ class World:
             )
         return [json.loads(m.message.data) for m in resp.received_messages]
 
-    def calls(self, method: str) -> list[dict[str, Any]]:
+    def calls(self, method: str) -> list[Call]:
         return [c for c in self.compute.calls if c["method"] == method]
 
     def close(self) -> None:

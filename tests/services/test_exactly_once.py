@@ -37,6 +37,7 @@ from pitstop.core.scheduling import (
     StepRef,
     UnfenceAnswer,
 )
+from pitstop.local.compute_shapes import Call
 from pitstop.local.fake_compute import DURATIONS, FakeCompute, serve
 from pitstop.services.actuate import Actuator
 from tests.helpers import PROJECT, ZONE, ops_agent_entry
@@ -205,7 +206,7 @@ class Rig:
                 assert self.actuator.handle(req)[1] == 200, then
         return out
 
-    def calls(self, method: str) -> list[dict[str, Any]]:
+    def calls(self, method: str) -> list[Call]:
         return [c for c in self.fake.calls if c["method"] == method]
 
 

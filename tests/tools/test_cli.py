@@ -393,7 +393,7 @@ def test_fake_compute_armed_fault_answers_with_computes_error_body() -> None:
     for name in ("a", "b"):
         fake.add_instance("p", "z", name)
     code, body = fake.dispatch("POST", "/_admin/faults", {"code": 503, "times": 1, "node": "a"})
-    assert code == 200 and body["armed"][0]["left"] == 1
+    assert code == 200 and isinstance(body, dict) and body["armed"][0]["left"] == 1
     base = "/compute/v1/projects/p/zones/z/instances"
     assert fake.dispatch("GET", f"{base}/a", {})[0] == 200  # reads are not armed
     assert fake.dispatch("POST", f"{base}/b/reset", {})[0] == 200  # another VM
@@ -409,7 +409,7 @@ def test_fake_compute_armed_fault_answers_with_computes_error_body() -> None:
     assert fake.dispatch("POST", f"{base}/a/reset", {})[0] == 200  # used up
     assert [e["instances"] for e in fake.effects] == [["b"], ["a"]]
     code, body = fake.dispatch("POST", "/_admin/faults", {"code": 403, "node": "a", "method": "set_labels"})
-    assert body["armed"] == [
+    assert isinstance(body, dict) and body["armed"] == [
         {"method": "set_labels", "code": 403, "reason": "rateLimitExceeded", "left": 1, "node": "a"}
     ]
     assert fake.dispatch("POST", "/_admin/faults", {"code": 418})[0] == 400  # no default body: name a reason

@@ -56,7 +56,32 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
-from pitstop.local.gpu_tools.state import KMSG_MAX, StateError, check_entry, check_kmsg_line
+from pitstop.local.compute_shapes import (
+    ArmedFault,
+    Call,
+    ComputeState,
+    Effect,
+    ErrorBody,
+    GpuStateSet,
+    GuestAccelerator,
+    InstanceDoc,
+    KmsgWritten,
+    Maintenance,
+    ManagedInstance,
+    ManagedInstances,
+    OperationDoc,
+    PlanStep,
+    ResourceStatus,
+    SystemEvent,
+)
+from pitstop.local.gpu_tools.state import (
+    KMSG_MAX,
+    GpuEntry,
+    KmsgLine,
+    StateError,
+    check_entry,
+    check_kmsg_line,
+)
 from pitstop.local.json_http import serve_json
 
 BASE = "https://www.googleapis.com/compute/v1"
@@ -86,7 +111,7 @@ class ApiError(Exception):
         super().__init__(message)
         self.code, self.reason, self.message, self.domain = code, reason, message, domain
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> ErrorBody:
         return {
             "error": {
                 "code": self.code,
@@ -144,13 +169,13 @@ class Instance:
     fingerprint: str = "42WmSpB8rSM="
     host: str = field(default_factory=lambda: f"host-{random.randrange(16**8):08x}")
     block: str = "block-1"
-    plan: list[tuple[float, dict[str, Any]]] = field(default_factory=list)  # (at, changes)
-    maintenance: dict[str, Any] | None = None
+    plan: list[tuple[float, PlanStep]] = field(default_factory=list)  # (at, changes)
+    maintenance: Maintenance | None = None
     reports: int = 0
     # The guest kernel's ring buffer since this boot: [{"msg": ..., "facility": 0}], what the
     # dmesg stand-in prints. A VM that stops (reset, preemption, maintenance, a new host) boots
     # with an empty one.
-    kmsg: list[dict[str, Any]] = field(default_factory=list)
+    kmsg: list[KmsgLine] = field(default_factory=list)
     # Instance.lastStartTimestamp / lastStopTimestamp (Compute API reference, Instance resource):
     # what a published system event is checked against (core/corroboration.judge_system)
     last_start: float | None = None
@@ -181,7 +206,7 @@ class Instance:
     def busy(self) -> bool:
         return bool(self.plan)
 
-    def accelerators(self) -> list[dict[str, Any]]:
+    def accelerators(self) -> list[GuestAccelerator]:
         """``guestAccelerators`` as instances.get shows them: accelerator-optimized types attach their
         GPUs with the machine type (A3 high 1/2/4/8, mega, ultra; A4); a type not listed has none."""
         kind, count = ACCELERATORS.get(self.machine_type, (None, 0))
@@ -191,14 +216,14 @@ class Instance:
             {"acceleratorType": f"{BASE}/{self.zone_path}/acceleratorTypes/{kind}", "acceleratorCount": count}
         ]
 
-    def to_api(self) -> dict[str, Any]:
-        rs: dict[str, Any] = {
+    def to_api(self) -> InstanceDoc:
+        rs: ResourceStatus = {
             "physicalHost": self.host,
             "physicalHostTopology": {"cluster": "c1", "block": self.block, "host": self.host},
         }
         if self.maintenance:
             rs["upcomingMaintenance"] = self.maintenance
-        doc: dict[str, Any] = {
+        doc: InstanceDoc = {
             "kind": "compute#instance",
             "id": self.id,
             "creationTimestamp": _rfc3339(self.created),
@@ -252,9 +277,9 @@ class Operation:
     error: ApiError | None = None
     name: str = field(default_factory=lambda: f"operation-{int(time.time() * 1000)}-{next(_IDS):06d}")
 
-    def to_api(self, now: float) -> dict[str, Any]:
+    def to_api(self, now: float) -> OperationDoc:
         done = now >= self.done_at
-        doc: dict[str, Any] = {
+        doc: OperationDoc = {
             "kind": "compute#operation",
             "id": str(7_000_000_000 + next(_IDS)),
             "name": self.name,
@@ -339,13 +364,13 @@ class FakeCompute:
         self.scale, self.clock = time_scale, clock
         path = gpu_state_path if gpu_state_path is not None else os.environ.get("PITSTOP_GPU_STATE")
         self.gpu_state_path = str(path) if path else None
-        self.host_gpu: dict[str, dict[str, Any]] = {}  # physical host -> its GPU state
-        self._gpu_written: dict[str, Any] | None = None
+        self.host_gpu: dict[str, GpuEntry] = {}  # physical host -> its GPU state
+        self._gpu_written: dict[str, GpuEntry] | None = None
         self.instances: dict[str, Instance] = {}
         self.migs: dict[str, str] = {}  # "project/zone/name" -> base instance name
         self.ops: dict[str, Operation] = {}
-        self.calls: list[dict[str, Any]] = []  # every mutating request received, for tests and `local status`
-        self.effects: list[dict[str, Any]] = []  # every mutating request that changed something
+        self.calls: list[Call] = []  # every mutating request received, for tests and `local status`
+        self.effects: list[Effect] = []  # every mutating request that changed something
         self.request_ids: dict[tuple[str, str], SeenRequest] = {}  # (project, requestId) -> first use
         self.injected: list[Injected] = []
         self.lock = threading.RLock()
@@ -370,10 +395,17 @@ class FakeCompute:
                 self.migs[f"{project}/{zone}/{mig}"] = mig
         return inst
 
-    def add_from_spec(self, project: str, zone: str, spec: Mapping[str, Any]) -> Instance:
+    def add_from_spec(self, project: str, zone: str, spec: Mapping[str, object]) -> Instance:
         """An instance described in JSON (admin API, cluster file); absent keys take the defaults above."""
-        optional = {k: spec[k] for k in ("machine_type", "provisioning", "mig") if k in spec}
-        return self.add_instance(project, zone, spec["name"], **optional)
+        mig = spec.get("mig")
+        return self.add_instance(
+            project,
+            zone,
+            _text(spec, "name"),
+            _text(spec, "machine_type") if "machine_type" in spec else "a3-megagpu-8g",
+            _text(spec, "provisioning") if "provisioning" in spec else "RESERVATION_BOUND",
+            None if mig is None else _text(spec, "mig"),
+        )
 
     def inject(self, method: str, code: int, reason: str, message: str = "", count: int = 1) -> None:
         msg = message or KNOWN_MESSAGES.get(reason, reason)
@@ -393,7 +425,7 @@ class FakeCompute:
 
     def _op(
         self, inst: Instance, op_type: str, seconds: float, error: ApiError | None = None
-    ) -> dict[str, Any]:
+    ) -> OperationDoc:
         now = self.clock()
         op = Operation(inst.project, inst.zone, op_type, inst.path, inst.id, now, now + seconds, error)
         self.ops[op.name] = op
@@ -436,7 +468,7 @@ class FakeCompute:
             domain = "usageLimits" if inj.reason == "rateLimitExceeded" else inj.domain
             raise ApiError(inj.code, inj.reason, inj.message.replace("{path}", path), domain)
 
-    def armed(self) -> list[dict[str, Any]]:
+    def armed(self) -> list[ArmedFault]:
         """The faults still armed (for the admin API and `pitstop local status`)."""
         with self.lock:
             return [
@@ -445,7 +477,7 @@ class FakeCompute:
                 if i.count > 0
             ]
 
-    def effects_on(self, instance: str, method: str | None = None) -> list[dict[str, Any]]:
+    def effects_on(self, instance: str, method: str | None = None) -> list[Effect]:
         """The effects performed on one VM (by name), optionally of one method."""
         with self.lock:
             return [
@@ -474,15 +506,15 @@ class FakeCompute:
         return seen
 
     @staticmethod
-    def _targets(fn: str, groups: tuple[str, ...], body: Mapping[str, Any]) -> list[str]:
+    def _targets(fn: str, groups: tuple[str, ...], body: Mapping[str, object]) -> list[str]:
         """The VM names a mutating request acts on."""
         if fn == "recreate":
-            return [str(ref).rsplit("/", 1)[-1] for ref in body.get("instances") or []]
+            return [str(ref).rsplit("/", 1)[-1] for ref in _refs(body)]
         return [groups[2]]
 
     # -- GPU outcomes per physical host ----------------------------------------------
 
-    def set_gpu_state(self, p: str, z: str, i: str, state: Any) -> dict[str, Any]:
+    def set_gpu_state(self, p: str, z: str, i: str, state: object) -> GpuStateSet:
         """Mark the host the instance runs on now with a GPU state (None clears it)."""
         inst = self._instance(p, z, i)
         if state is None:
@@ -495,7 +527,7 @@ class FakeCompute:
         self._sync_gpu_state()
         return {"instance": inst.name, "host": inst.host, "state": self.host_gpu.get(inst.host)}
 
-    def kernel_line(self, p: str, z: str, i: str, msg: Any, facility: Any) -> dict[str, Any]:
+    def kernel_line(self, p: str, z: str, i: str, msg: object, facility: object) -> KmsgWritten:
         """A line the guest kernel prints (facility 0) or user space writes to /dev/kmsg (1: LOG_USER)."""
         inst = self._instance(p, z, i)
         line = check_kmsg_line({"msg": msg, "facility": facility})
@@ -503,11 +535,11 @@ class FakeCompute:
         self._sync_gpu_state()
         return {"instance": inst.name, "lines": len(inst.kmsg)}
 
-    def gpu_states(self) -> dict[str, dict[str, Any]]:
+    def gpu_states(self) -> dict[str, GpuEntry]:
         """Instance name -> the GPU state of the host it runs on now (instances on healthy hosts left out)."""
         with self.lock:
             now = self.clock()
-            out: dict[str, dict[str, Any]] = {}
+            out: dict[str, GpuEntry] = {}
             for inst in self.instances.values():
                 inst.advance(now)
                 if inst.host in self.host_gpu:
@@ -532,10 +564,10 @@ class FakeCompute:
 
     # -- API methods ---------------------------------------------------------------
 
-    def get_instance(self, p: str, z: str, i: str) -> dict[str, Any]:
+    def get_instance(self, p: str, z: str, i: str) -> InstanceDoc:
         return self._instance(p, z, i).to_api()
 
-    def reset(self, p: str, z: str, i: str) -> dict[str, Any]:
+    def reset(self, p: str, z: str, i: str) -> OperationDoc:
         inst = self._instance(p, z, i)
         if inst.status not in ("RUNNING",):
             raise ApiError(400, "resourceNotReady", f"The resource '{inst.path}' is not ready")
@@ -554,7 +586,7 @@ class FakeCompute:
         inst.advance(now)
         return self._op(inst, "reset", d)
 
-    def set_labels(self, p: str, z: str, i: str, body: dict[str, Any]) -> dict[str, Any]:
+    def set_labels(self, p: str, z: str, i: str, body: Mapping[str, object]) -> OperationDoc:
         inst = self._instance(p, z, i)
         if body.get("labelFingerprint") != inst.fingerprint:
             raise ApiError(
@@ -564,16 +596,19 @@ class FakeCompute:
                 "global",
             )
         labels = body.get("labels") or {}
-        if not all(
-            re.fullmatch(r"[a-z][-_a-z0-9]{0,62}", k) and re.fullmatch(r"[-_a-z0-9]{0,63}", v)
+        if not isinstance(labels, Mapping) or not all(
+            isinstance(k, str)
+            and isinstance(v, str)
+            and re.fullmatch(r"[a-z][-_a-z0-9]{0,62}", k)
+            and re.fullmatch(r"[-_a-z0-9]{0,63}", v)
             for k, v in labels.items()
         ):
             raise ApiError(400, "invalid", "Invalid value for field 'labels'")
-        inst.labels = dict(labels)
+        inst.labels = {str(k): str(v) for k, v in labels.items()}
         inst.fingerprint = f"{random.randrange(16**11):011x}="
         return self._op(inst, "setLabels", self._dur("label"))
 
-    def report_host_as_faulty(self, p: str, z: str, i: str, body: dict[str, Any]) -> dict[str, Any]:
+    def report_host_as_faulty(self, p: str, z: str, i: str, body: Mapping[str, object]) -> OperationDoc:
         inst = self._instance(p, z, i)
         if not inst.machine_type.startswith(FAULTY_HOST_FAMILIES):
             raise ApiError(
@@ -601,7 +636,7 @@ class FakeCompute:
         inst.reports += 1
         return self._op(inst, "reportHostAsFaulty", d)
 
-    def perform_maintenance(self, p: str, z: str, i: str) -> dict[str, Any]:
+    def perform_maintenance(self, p: str, z: str, i: str) -> OperationDoc:
         inst = self._instance(p, z, i)
         if not inst.maintenance or not inst.maintenance.get("canReschedule"):
             raise ApiError(
@@ -617,22 +652,27 @@ class FakeCompute:
         inst.advance(now)
         return self._op(inst, "performMaintenance", d)
 
-    def recreate(self, p: str, z: str, mig: str, body: dict[str, Any]) -> dict[str, Any]:
+    def recreate(self, p: str, z: str, mig: str, body: Mapping[str, object]) -> OperationDoc:
         if f"{p}/{z}/{mig}" not in self.migs:
             raise not_found(f"projects/{p}/zones/{z}/instanceGroupManagers/{mig}")
         targets = []
-        for ref in body.get("instances") or []:
-            name = ref.rsplit("/", 1)[-1]
+        for ref in _refs(body):
+            name = str(ref).rsplit("/", 1)[-1]
             inst = self._instance(p, z, name)
             if inst.mig != mig:
                 raise ApiError(400, "invalid", f"Instance {name} is not a member of {mig}")
             targets.append(inst)
         now, d = self.clock(), self._dur("recreate")
         for inst in targets:
-            fresh = {"id": new_id(), "created": now + d * 0.4, "host": f"host-{random.randrange(16**8):08x}"}
+            fresh: PlanStep = {
+                "status": "STAGING",
+                "id": new_id(),
+                "created": now + d * 0.4,
+                "host": f"host-{random.randrange(16**8):08x}",
+            }
             inst.plan = [
                 (now, {"status": "STOPPING"}),
-                (now + d * 0.4, {"status": "STAGING", **fresh}),
+                (now + d * 0.4, fresh),
                 (now + d, {"status": "RUNNING"}),
             ]
             inst.advance(now)
@@ -641,10 +681,10 @@ class FakeCompute:
         self.ops[op.name] = op
         return op.to_api(now)
 
-    def list_managed(self, p: str, z: str, mig: str) -> dict[str, Any]:
+    def list_managed(self, p: str, z: str, mig: str) -> ManagedInstances:
         if f"{p}/{z}/{mig}" not in self.migs:
             raise not_found(f"projects/{p}/zones/{z}/instanceGroupManagers/{mig}")
-        out = []
+        out: list[ManagedInstance] = []
         for inst in self.instances.values():
             if inst.project == p and inst.zone == z and inst.mig == mig:
                 inst.advance(self.clock())
@@ -660,7 +700,7 @@ class FakeCompute:
                 )
         return {"managedInstances": out}
 
-    def get_operation(self, p: str, z: str, name: str) -> dict[str, Any]:
+    def get_operation(self, p: str, z: str, name: str) -> OperationDoc:
         op = self.ops.get(name)
         if op is None or op.project != p or op.zone != z:
             raise not_found(f"projects/{p}/zones/{z}/operations/{name}")
@@ -668,7 +708,7 @@ class FakeCompute:
 
     # -- what the platform does on its own (driven by tests and the demo) ---------
 
-    def preempt(self, p: str, z: str, i: str) -> dict[str, Any]:
+    def preempt(self, p: str, z: str, i: str) -> SystemEvent:
         """Spot preemption: the VM goes TERMINATED; the MIG (if any) recreates it. Returns the LogEntry."""
         inst = self._instance(p, z, i)
         now = self.clock()
@@ -684,7 +724,7 @@ class FakeCompute:
             ]
         return self.system_event(inst, "compute.instances.preempted", "Instance was preempted.")
 
-    def schedule_maintenance(self, p: str, z: str, i: str, starts_in_s: float) -> dict[str, Any]:
+    def schedule_maintenance(self, p: str, z: str, i: str, starts_in_s: float) -> SystemEvent:
         inst = self._instance(p, z, i)
         now = self.clock()
         start, end = _rfc3339(now + starts_in_s), _rfc3339(now + starts_in_s + 3 * 3600)
@@ -706,7 +746,7 @@ class FakeCompute:
         }
         return entry
 
-    def system_event(self, inst: Instance, method: str, message: str) -> dict[str, Any]:
+    def system_event(self, inst: Instance, method: str, message: str) -> SystemEvent:
         now = self.clock()
         return {
             "protoPayload": {
@@ -735,7 +775,7 @@ class FakeCompute:
             "receiveTimestamp": _rfc3339(now),
         }
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> ComputeState:
         with self.lock:
             for inst in self.instances.values():
                 inst.advance(self.clock())
@@ -752,7 +792,7 @@ class FakeCompute:
                         "provisioning": i.provisioning,
                         "maintenance": i.maintenance,
                         "gpu_state": self.host_gpu.get(i.host),
-                        "kmsg": [dict(k) for k in i.kmsg],  # this boot's ring buffer (local/npd.py)
+                        "kmsg": [k.copy() for k in i.kmsg],  # this boot's ring buffer (local/npd.py)
                     }
                     for i in self.instances.values()
                 ],
@@ -809,7 +849,7 @@ class FakeCompute:
     _WITH_BODY = frozenset({"set_labels", "report_host_as_faulty", "recreate"})
     _MUTATING = frozenset({"reset", "set_labels", "report_host_as_faulty", "perform_maintenance", "recreate"})
 
-    def dispatch(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def dispatch(self, method: str, path: str, body: Mapping[str, object]) -> tuple[int, object]:
         """One request; afterwards the GPU state file follows any host a VM moved to meanwhile."""
         try:
             return self._dispatch(method, path, body)
@@ -817,7 +857,7 @@ class FakeCompute:
             with self.lock:
                 self._sync_gpu_state()
 
-    def _dispatch(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def _dispatch(self, method: str, path: str, body: Mapping[str, object]) -> tuple[int, object]:
         path, _, query = path.partition("?")
         if path.startswith("/_admin/"):
             return self._admin(path, body)
@@ -837,11 +877,11 @@ class FakeCompute:
         return 404, not_found(path).body()
 
     def _mutate(
-        self, fn: str, path: str, groups: tuple[str, ...], body: dict[str, Any], rid: str | None
-    ) -> tuple[int, dict[str, Any]]:
+        self, fn: str, path: str, groups: tuple[str, ...], body: Mapping[str, object], rid: str | None
+    ) -> tuple[int, OperationDoc | ErrorBody]:
         """One mutating request: recorded, checked for a repeated request id, then performed once."""
         now = self.clock()
-        call: dict[str, Any] = {"method": fn, "path": path, "body": body, "at": now, "request_id": rid}
+        call: Call = {"method": fn, "path": path, "body": dict(body), "at": now, "request_id": rid}
         self.calls.append(call)
         targets = self._targets(fn, groups, body)
         resource = "instanceGroupManagers" if fn == "recreate" else "instances"
@@ -855,10 +895,10 @@ class FakeCompute:
         if seen is not None and seen.operation in self.ops:
             call["replayed"] = True  # Compute ignores the repeat and answers with the original operation
             return 200, self.ops[seen.operation].to_api(now)
-        args: list[Any] = list(groups)
+        args: list[object] = list(groups)
         if fn in self._WITH_BODY:
             args.append(body)
-        op: dict[str, Any] = getattr(self, fn)(*args)
+        op: OperationDoc = getattr(self, fn)(*args)
         if rid is not None:
             self.request_ids[(project, rid)] = SeenRequest(now, op["name"], fn)
         self.effects.append(
@@ -874,61 +914,89 @@ class FakeCompute:
         )
         return 200, op
 
-    def _admin(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def _admin(self, path: str, body: Mapping[str, object]) -> tuple[int, object]:
         try:
             with self.lock:
                 if path == "/_admin/state":
                     return 200, self.snapshot()
                 if path == "/_admin/inject":
                     self.inject(
-                        body["method"],
-                        int(body["code"]),
-                        body["reason"],
-                        body.get("message", ""),
-                        int(body.get("count", 1)),
+                        _text(body, "method"),
+                        _whole(body, "code"),
+                        _text(body, "reason"),
+                        _text(body, "message", ""),
+                        _whole(body, "count", 1),
                     )
                     return 200, {}
                 if path == "/_admin/faults":
                     return 200, self._admin_faults(body)
                 if path == "/_admin/preempt":
-                    return 200, self.preempt(body["project"], body["zone"], body["instance"])
+                    return 200, self.preempt(*_vm(body))
                 if path == "/_admin/maintenance":
-                    return 200, self.schedule_maintenance(
-                        body["project"], body["zone"], body["instance"], float(body.get("starts_in_s", 3600))
-                    )
+                    return 200, self.schedule_maintenance(*_vm(body), _number(body, "starts_in_s", 3600))
                 if path == "/_admin/add":
-                    self.add_from_spec(body["project"], body["zone"], body)
+                    self.add_from_spec(_text(body, "project"), _text(body, "zone"), body)
                     return 200, {}
                 if path == "/_admin/kmsg":
-                    return 200, self.kernel_line(
-                        body["project"], body["zone"], body["instance"], body["msg"], body.get("facility", 0)
-                    )
+                    return 200, self.kernel_line(*_vm(body), body["msg"], body.get("facility", 0))
                 if path == "/_admin/gpu_state":
                     if "state" not in body:
                         raise KeyError("state")
-                    return 200, self.set_gpu_state(
-                        body["project"], body["zone"], body["instance"], body["state"]
-                    )
+                    return 200, self.set_gpu_state(*_vm(body), body["state"])
         except ApiError as e:
             return e.code, e.body()
         except (KeyError, ValueError) as e:
             return 400, {"error": {"code": 400, "message": f"bad admin request: {e}"}}
         return 404, {"error": {"code": 404, "message": "no such admin path"}}
 
-    def _admin_faults(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _admin_faults(self, body: Mapping[str, object]) -> dict[str, list[ArmedFault]]:
         """Arm a fault (``code``; optional ``times``, ``node``, ``method``, ``reason``) or ``clear`` all."""
         if body.get("clear"):
             self.injected.clear()
         if "code" in body:
             node, reason = body.get("node"), body.get("reason")
             self.arm(
-                int(body["code"]),
-                int(body.get("times", 1)),
+                _whole(body, "code"),
+                _whole(body, "times", 1),
                 str(body.get("method") or "*mutating"),
                 None if node is None else str(node),
                 None if reason is None else str(reason),
             )
         return {"armed": self.armed()}
+
+
+def _text(body: Mapping[str, object], key: str, default: str | None = None) -> str:
+    """A string field of an admin request or a cluster file (absent and no default: KeyError)."""
+    v = body[key] if default is None else body.get(key, default)
+    if not isinstance(v, str):
+        raise ValueError(f"{key} must be a string")
+    return v
+
+
+def _whole(body: Mapping[str, object], key: str, default: int | None = None) -> int:
+    """An integer field (a number or its text, as ``int()`` reads it)."""
+    v = body[key] if default is None else body.get(key, default)
+    if not isinstance(v, int | float | str):
+        raise ValueError(f"{key} must be a number")
+    return int(v)
+
+
+def _number(body: Mapping[str, object], key: str, default: float) -> float:
+    v = body.get(key, default)
+    if not isinstance(v, int | float | str):
+        raise ValueError(f"{key} must be a number")
+    return float(v)
+
+
+def _vm(body: Mapping[str, object]) -> tuple[str, str, str]:
+    """The (project, zone, instance) an admin request names."""
+    return _text(body, "project"), _text(body, "zone"), _text(body, "instance")
+
+
+def _refs(body: Mapping[str, object]) -> list[object]:
+    """recreateInstances' ``instances``: the instance URLs (a missing or empty list: none)."""
+    refs = body.get("instances")
+    return list(refs) if isinstance(refs, list) else []
 
 
 def serve(fake: FakeCompute, host: str = "127.0.0.1", port: int = 0) -> tuple[ThreadingHTTPServer, str]:

@@ -8,7 +8,7 @@ import re
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 # PCI bus ids of the 8 GPUs of an A3 node (as nvidia-smi prints them on a3-megagpu-8g).
 PCI_BUSES = ("04", "05", "0b", "0c", "84", "85", "8b", "8c", "90", "91", "92", "93", "94", "95", "96", "97")
@@ -47,6 +47,16 @@ class NodeState:
         return f"00000000:{PCI_BUSES[index % len(PCI_BUSES)].upper()}:00.0"
 
 
+class KmsgLine(TypedDict):
+    """One line of a stand-in kernel ring buffer."""
+
+    msg: str
+    facility: int
+
+
+# One node's entry, checked key by key by check_entry (the keys of NodeState but ``node``).
+GpuEntry = dict[str, object]
+
 # What the fake Compute's admin API (``/_admin/gpu_state``) may set for a host, key by key.
 _INT_KEYS = ("total_gpus", "gpus", "dcgm_gpu", "remap_gpu", "throttle_gpu", "ecc_gpu", "wrong")
 _CHOICES = {
@@ -56,7 +66,7 @@ _CHOICES = {
     "throttle_reason": ("thermal", "power"),
 }
 # Named outcomes for the admin API and the demo: ``{"state": "degraded"}``.
-PRESETS: dict[str, dict[str, Any]] = {
+PRESETS: dict[str, GpuEntry] = {
     "degraded": {"busbw": 120.0},  # NVLink/NIC trouble: all_gather far below a3-megagpu-8g's ~190 GB/s
     "corrupt": {"wrong": 4},  # data corrupted in the ring (a GPU, NVLink or NIC): nccl-tests' #wrong > 0
     "gpu_lost": {"gpus": 7},  # one GPU fallen off the bus
@@ -75,7 +85,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 KMSG_MAX = 256  # lines a stand-in ring buffer keeps (the oldest fall out, as in a real one)
 
 
-def check_kmsg_line(line: Any) -> dict[str, Any]:
+def check_kmsg_line(line: object) -> KmsgLine:
     """One ring-buffer line: printable text up to 512 characters, a syslog facility 0-23."""
     if not isinstance(line, dict) or set(line) - {"msg", "facility"}:
         raise StateError("a kernel line is {msg, facility}")
@@ -87,7 +97,7 @@ def check_kmsg_line(line: Any) -> dict[str, Any]:
     return {"msg": msg, "facility": fac}
 
 
-def check_entry(entry: Any) -> dict[str, Any]:
+def check_entry(entry: object) -> GpuEntry:
     """One node's state, checked key by key (unknown keys and wrong types are refused): the
     entry as the stand-ins will read it. A preset name stands for its entry."""
     if isinstance(entry, str):
@@ -96,7 +106,7 @@ def check_entry(entry: Any) -> dict[str, Any]:
         entry = PRESETS[entry]
     if not isinstance(entry, dict):
         raise StateError("a GPU state must be an object or a preset name")
-    out: dict[str, Any] = {}
+    out: GpuEntry = {}
     for k, v in entry.items():
         if k in _INT_KEYS:
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 64:
