@@ -147,8 +147,8 @@ class ManagedInstances(TypedDict):
 
 
 # "@type" is not an identifier: the functional form names it
-AuditPayload = TypedDict(
-    "AuditPayload",
+AuditLog = TypedDict(
+    "AuditLog",
     {
         "@type": str,
         "status": dict[str, str],
@@ -157,12 +157,14 @@ AuditPayload = TypedDict(
         "methodName": str,
         "resourceName": str,
         "request": dict[str, str],
-        "metadata": NotRequired[dict[str, str]],
+        "metadata": NotRequired[dict[str, str]],  # an upcomingMaintenance's window
     },
 )
 
 
-class MonitoredResource(TypedDict):
+class LogResource(TypedDict):
+    """The monitored resource an entry names: the VM (``gce_instance``)."""
+
     type: str
     labels: dict[str, str]
 
@@ -175,9 +177,9 @@ class LogOperation(TypedDict):
 
 
 class SystemEvent(TypedDict):
-    protoPayload: AuditPayload
+    protoPayload: AuditLog
     insertId: str
-    resource: MonitoredResource
+    resource: LogResource
     timestamp: str
     severity: str
     logName: str

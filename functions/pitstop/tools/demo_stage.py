@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, TypeVar, cast
 
 from pitstop.local import inject, realtime
+from pitstop.local.compute_shapes import LogResource
 from pitstop.local.gke_drive import Gangs
 from pitstop.local.gke_stack import ATTEMPT_LABEL, jobset_summary, node_summary, wait_for
 from pitstop.local.slurm import SlurmCluster
 from pitstop.local.stack import PROJECT, ZONE, Stack, admin, webhook_records
-from pitstop.tools.sim.trace import LogResource
 
 if TYPE_CHECKING:
     from pitstop.core.domain import Incident, JsonObject

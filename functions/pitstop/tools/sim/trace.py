@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
-from typing import NotRequired, TypedDict
+from typing import TypedDict
 
+from pitstop.local.compute_shapes import AuditLog, LogOperation, LogResource
 from pitstop.tools.sim.scenario import Category, Scenario
 
 PROJECT = "train-prod"
@@ -68,28 +69,6 @@ class KernelEntry(TypedDict):
     timestamp: str
 
 
-AuditLog = TypedDict(
-    "AuditLog",
-    {
-        "@type": str,
-        "status": dict[str, str],
-        "authenticationInfo": dict[str, str],
-        "serviceName": str,
-        "methodName": str,
-        "resourceName": str,
-        "request": dict[str, str],
-        "metadata": NotRequired[dict[str, str]],  # an upcomingMaintenance's window
-    },
-)
-
-
-class Operation(TypedDict):
-    id: str
-    producer: str
-    first: bool
-    last: bool
-
-
 class SystemEventEntry(TypedDict):
     """A Compute Engine system event: an audit log entry."""
 
@@ -99,14 +78,7 @@ class SystemEventEntry(TypedDict):
     timestamp: str
     severity: str
     logName: str
-    operation: Operation
-
-
-class LogResource(TypedDict):
-    """The monitored resource an entry names: the VM (``gce_instance``)."""
-
-    type: str
-    labels: dict[str, str]
+    operation: LogOperation
 
 
 @dataclass(frozen=True)
