@@ -34,10 +34,12 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import yaml
 
+from pitstop.core.domain import JsonObject
+from pitstop.core.policy_types import ChecksConfig
 from pitstop.local.procs import Proc, wait_http
 
 NAMESPACE = "default"
@@ -57,7 +59,7 @@ KUBE_CALLERS = ("ingest", "actuate")  # the functions that call the cluster, eac
 # kubernetes-sigs/jobset@v0.12.0 site/static/examples/failure-policy/host-maintenance-event-model.yaml:
 # an evicted or disrupted pod fails its Job (podFailurePolicy FailJob on DisruptionTarget) and that
 # failure restarts the whole JobSet without spending its restart budget.
-HOST_MAINTENANCE_POLICY: dict[str, Any] = {
+HOST_MAINTENANCE_POLICY: JsonObject = {
     "maxRestarts": 0,
     "rules": [
         {
@@ -67,18 +69,18 @@ HOST_MAINTENANCE_POLICY: dict[str, Any] = {
         }
     ],
 }
-DISRUPTION_FAILS_JOB: dict[str, Any] = {
+DISRUPTION_FAILS_JOB: JsonObject = {
     "rules": [{"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget"}]}]
 }
 
 
-def jobset(name: str, nodes: int, *, pool: str | None = None, grace_s: int = 30) -> dict[str, Any]:
+def jobset(name: str, nodes: int, *, pool: str | None = None, grace_s: int = 30) -> JsonObject:
     """A training JobSet of ``nodes`` single-pod workers, each taking a whole node's GPUs.
 
     ``pool`` limits it to nodes labelled ``pitstop.dev/demo-pool=<pool>``; ``grace_s`` is the
     pods' termination grace period (the time a checkpoint gets after SIGTERM).
     """
-    pod_spec: dict[str, Any] = {
+    pod_spec: JsonObject = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": grace_s,
         "containers": [
@@ -113,7 +115,10 @@ def jobset(name: str, nodes: int, *, pool: str | None = None, grace_s: int = 30)
 
 
 class Kube:
-    """The fake API server as any client sees it (loopback JSON over HTTP)."""
+    """The fake API server as any client sees it (loopback JSON over HTTP).
+
+    Objects come back whole, as ``JsonObject``: the demo and the tests walk Kubernetes objects of
+    every kind to assert on them (the product reads them checked, adapters/gke/objects.py)."""
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
@@ -124,16 +129,16 @@ class Kube:
         path: str,
         body: Any = None,
         content_type: str = "application/json",
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(  # noqa: S310 - a loopback URL from stack.json
             self.url + path, data=data, method=method, headers={"Content-Type": content_type}
         )
         with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - loopback
-            out: dict[str, Any] = json.loads(resp.read() or b"{}")
+            out: JsonObject = json.loads(resp.read() or b"{}")
             return out
 
-    def get(self, path: str) -> dict[str, Any] | None:
+    def get(self, path: str) -> JsonObject | None:
         try:
             return self.call("GET", path)
         except urllib.error.HTTPError as exc:
@@ -141,56 +146,56 @@ class Kube:
                 return None
             raise
 
-    def items(self, path: str, labels: str | None = None) -> list[dict[str, Any]]:
+    def items(self, path: str, labels: str | None = None) -> list[JsonObject]:
         query = f"?labelSelector={urllib.parse.quote(labels)}" if labels else ""
         found = self.call("GET", path + query).get("items") or []
         return [i for i in found if isinstance(i, dict)]
 
-    def patch(self, path: str, body: dict[str, Any], kind: str = "merge") -> dict[str, Any]:
+    def patch(self, path: str, body: object, kind: str = "merge") -> JsonObject:
         return self.call("PATCH", path, body, f"application/{kind}-patch+json")
 
     # -- objects the demo and the tests use --------------------------------------------
 
-    def node(self, name: str) -> dict[str, Any]:
+    def node(self, name: str) -> JsonObject:
         node = self.get(f"/api/v1/nodes/{name}")
         if node is None:
             raise KeyError(f"no node {name}")
         return node
 
-    def nodes(self) -> list[dict[str, Any]]:
+    def nodes(self) -> list[JsonObject]:
         return self.items("/api/v1/nodes")
 
-    def effects(self) -> list[dict[str, Any]]:
+    def effects(self) -> list[JsonObject]:
         """What mutating requests changed (the fake server's own record, not a Kubernetes API)."""
         found = (self.get("/_admin/effects") or {}).get("effects") or []
         return [e for e in found if isinstance(e, dict)]
 
-    def admission(self) -> list[dict[str, Any]]:
+    def admission(self) -> list[JsonObject]:
         """Each request an applied admission policy judged: who, what, allowed or the refusal
         (the fake server's own record, local/k8s_admission.py)."""
         found = (self.get("/_admin/admission") or {}).get("decisions") or []
         return [d for d in found if isinstance(d, dict)]
 
-    def jobset(self, name: str) -> dict[str, Any] | None:
+    def jobset(self, name: str) -> JsonObject | None:
         return self.get(f"{JOBSETS}/namespaces/{NAMESPACE}/jobsets/{name}")
 
-    def jobsets(self) -> list[dict[str, Any]]:
+    def jobsets(self) -> list[JsonObject]:
         return self.items(f"{JOBSETS}/jobsets")
 
-    def create_jobset(self, js: dict[str, Any]) -> dict[str, Any]:
+    def create_jobset(self, js: JsonObject) -> JsonObject:
         return self.call("POST", f"{JOBSETS}/namespaces/{NAMESPACE}/jobsets", js)
 
     def delete_jobset(self, name: str) -> None:
         with contextlib.suppress(urllib.error.HTTPError):
             self.call("DELETE", f"{JOBSETS}/namespaces/{NAMESPACE}/jobsets/{name}")
 
-    def pods(self, labels: str | None = None) -> list[dict[str, Any]]:
+    def pods(self, labels: str | None = None) -> list[JsonObject]:
         return self.items(f"/api/v1/namespaces/{NAMESPACE}/pods", labels)
 
     def label_node(self, name: str, key: str, value: str | None) -> None:
         self.patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": {key: value}}})
 
-    def set_node_status(self, name: str, status: dict[str, Any]) -> None:
+    def set_node_status(self, name: str, status: JsonObject) -> None:
         """What a node agent writes through ``nodes/status`` (strategic merge, conditions by type)."""
         self.patch(f"/api/v1/nodes/{name}/status", {"status": status}, "strategic-merge")
 
@@ -211,14 +216,14 @@ class Kube:
 # -- summaries (`pitstop local status`, the demo's lines, the tests' assertions) ---------------
 
 
-def _cond(obj: dict[str, Any], kind: str) -> str | None:
+def _cond(obj: JsonObject, kind: str) -> str | None:
     for c in (obj.get("status") or {}).get("conditions") or []:
         if c.get("type") == kind:
             return str(c.get("status"))
     return None
 
 
-def live(pod: dict[str, Any]) -> bool:
+def live(pod: JsonObject) -> bool:
     """A pod that runs or will run: not terminating, not ended."""
     return not pod["metadata"].get("deletionTimestamp") and (pod.get("status") or {}).get("phase") in (
         "Pending",
@@ -226,7 +231,31 @@ def live(pod: dict[str, Any]) -> bool:
     )
 
 
-def node_summary(node: dict[str, Any]) -> dict[str, Any]:
+class NodeSummary(TypedDict):
+    """A Node in a line: what ``pitstop local status`` and the demo show."""
+
+    name: str
+    ready: bool
+    unschedulable: bool
+    taints: list[str]
+    gpu_allocatable: int
+    xid_critical: bool
+
+
+class JobSetSummary(TypedDict):
+    name: str
+    restarts: int
+    nodes: list[str]
+    running: int
+    conditions: list[str]
+
+
+class KubeStatus(TypedDict):
+    k8s_nodes: list[NodeSummary]
+    jobsets: list[JobSetSummary]
+
+
+def node_summary(node: JsonObject) -> NodeSummary:
     taints = node.get("spec", {}).get("taints") or []
     return {
         "name": node["metadata"]["name"],
@@ -238,7 +267,7 @@ def node_summary(node: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def jobset_summary(js: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
+def jobset_summary(js: JsonObject, pods: list[JsonObject]) -> JobSetSummary:
     """Name, restarts and the nodes its current attempt's live pods run on (or are bound to)."""
     name, restarts = js["metadata"]["name"], int((js.get("status") or {}).get("restarts") or 0)
     mine = [
@@ -259,7 +288,7 @@ def jobset_summary(js: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, 
     }
 
 
-def status(url: str) -> dict[str, Any]:
+def status(url: str) -> KubeStatus:
     """``k8s_nodes`` and ``jobsets`` for ``pitstop local status``."""
     kube = Kube(url)
     pods = kube.items("/api/v1/pods")
@@ -278,7 +307,7 @@ class Watch:
 
     def __init__(self, url: str, path: str) -> None:
         self.url, self.path = url.rstrip("/"), path
-        self.events: list[dict[str, Any]] = []
+        self.events: list[JsonObject] = []  # watch events as received, each with its ``at``
         self.gaps = 0  # times the history was gone and events may have been missed
         self._stop = threading.Event()
         listing = Kube(url).call("GET", path)
@@ -306,7 +335,7 @@ class Watch:
             except (OSError, ValueError):
                 self._stop.wait(0.2)
 
-    def stop(self) -> list[dict[str, Any]]:
+    def stop(self) -> list[JsonObject]:
         self._stop.set()
         self._thread.join(timeout=15)
         return self.events
@@ -325,7 +354,7 @@ def gpu_state(workdir: Path) -> Path:
     return workdir / "gpu-state.json"
 
 
-def local_checks(python: str = sys.executable) -> dict[str, Any]:
+def local_checks(python: str = sys.executable) -> ChecksConfig:
     """The policy's ``gke: {checks: ...}`` for the local stack: the stand-in GPU tools in place of
     nvidia-smi, dcgmi and all_gather_perf, and no DCGM host engine, sshd or mpirun to start (the
     stand-in all_gather_perf prints the two-node table by itself). The fake kubelet runs the check

@@ -14,6 +14,7 @@ import yaml
 
 if TYPE_CHECKING:
     from pitstop.core.domain import Failure, Held, Incident, JsonObject
+    from pitstop.local.gke_stack import JobSetSummary, NodeSummary
     from pitstop.local.stack import ClusterSpec, StackState
 
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -42,14 +43,14 @@ class Operation(TypedDict):
 
 class StackStatus(TypedDict, total=False):
     """What `pitstop local status --json` prints: the Slurm view or the Kubernetes one. The stand-ins'
-    own records (VMs, Kubernetes summaries, the chaos controller's status) are free-form: they are
+    own records (VMs, the chaos controller's status) are free-form: they are
     shown as the stand-ins (pitstop.local) answer, and read only by a person."""
 
     incidents: list[IncidentStatus]
     slurm_nodes: list[dict[str, str]]
     slurm_jobs: list[dict[str, str]]
-    k8s_nodes: list[JsonObject]
-    jobsets: list[JsonObject]
+    k8s_nodes: list[NodeSummary]
+    jobsets: list[JobSetSummary]
     instances: list[JsonObject]
     operations: list[Operation]
     notifications: list[str]
