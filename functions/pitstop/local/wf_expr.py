@@ -240,10 +240,10 @@ def _type(v: Any) -> str:
 
 
 class Evaluator:
-    def __init__(self, functions: Mapping[str, Callable[..., Any]], values: Mapping[str, Any]) -> None:
+    def __init__(self, functions: Mapping[str, Callable[..., Any]], values: Mapping[str, object]) -> None:
         self.functions, self.values = functions, values  # values: stdlib constants, e.g. http.default_retry
 
-    def eval(self, node: Node, scope: Mapping[str, Any]) -> Any:
+    def eval(self, node: Node, scope: Mapping[str, object]) -> Any:
         k = node.kind
         if k == "lit":
             return node.a
@@ -296,7 +296,7 @@ class Evaluator:
             return -v
         return self._binary(node, scope)
 
-    def _binary(self, node: Node, scope: Mapping[str, Any]) -> Any:
+    def _binary(self, node: Node, scope: Mapping[str, object]) -> Any:
         op = node.a
         if op in ("and", "or"):
             left = self.eval(node.b, scope)

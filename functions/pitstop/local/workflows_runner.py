@@ -23,10 +23,11 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import yaml
 
+from pitstop.core.domain import JsonObject
 from pitstop.local.wf_expr import Evaluator, Node, WorkflowError, error, parse
 
 STEP_KINDS = {
@@ -91,7 +92,7 @@ class _Builtin:
 
 
 _DEFAULT_BACKOFF = {"initial_delay": 1, "max_delay": 60, "multiplier": 1.25}
-_VALUES: dict[str, Any] = {
+_VALUES: dict[str, object] = {
     "http.default_retry_predicate": _Builtin("http.default_retry_predicate", _default_predicate),
     "http.default_retry_predicate_non_idempotent": _Builtin(
         "http.default_retry_predicate_non_idempotent", _default_predicate_non_idempotent
@@ -109,10 +110,30 @@ _VALUES: dict[str, Any] = {
 }
 
 
+class HttpCall(TypedDict):
+    """One request an execution sent (``body``: what the workflow passed, any JSON value)."""
+
+    method: str
+    url: str
+    body: object
+
+
+class HttpAnswer(TypedDict):
+    """http.* calls' result as Workflows gives it to the workflow: ``body`` parsed when JSON."""
+
+    code: int
+    headers: dict[str, str]
+    body: object
+
+
+# A workflow's variables: any JSON value, and the built-in predicates.
+Scope = dict[str, object]
+
+
 @dataclass
 class ExecutionTrace:
     steps: list[str] = field(default_factory=list)
-    http: list[dict[str, Any]] = field(default_factory=list)
+    http: list[HttpCall] = field(default_factory=list)
     sleeps: list[float] = field(default_factory=list)
     logs: list[Any] = field(default_factory=list)
 
@@ -130,7 +151,7 @@ class Workflow:
             doc = {"main": {"steps": doc}}
         if not isinstance(doc, dict) or "main" not in doc:
             raise WorkflowDefinitionError("a workflow needs a main routine")
-        self.routines: dict[str, dict[str, Any]] = {}
+        self.routines: dict[str, JsonObject] = {}  # the YAML document: open shape, read as it runs
         for name, body in doc.items():
             if not isinstance(body, dict) or set(body) - {"params", "steps"} or "steps" not in body:
                 raise WorkflowDefinitionError(f"routine {name}: only params and steps are supported")
@@ -281,7 +302,7 @@ class Workflow:
 
     # -- evaluation ----------------------------------------------------------------------
 
-    def value(self, v: Any, scope: dict[str, Any]) -> Any:
+    def value(self, v: Any, scope: Scope) -> Any:
         if isinstance(v, str) and v.startswith("${") and v.endswith("}"):
             return self.evaluator.eval(self._exprs[v[2:-1]], scope)
         if isinstance(v, dict):
@@ -300,11 +321,11 @@ class Workflow:
         args = {params[0]: argument} if params else {}
         return self._call_routine("main", args, trace, depth=0)
 
-    def _call_routine(self, name: str, args: Mapping[str, Any], trace: ExecutionTrace, depth: int) -> Any:
+    def _call_routine(self, name: str, args: Mapping[str, object], trace: ExecutionTrace, depth: int) -> Any:
         if depth > 20:
             raise error("RecursionError", "maximum call stack depth exceeded")
         routine = self.routines[name]
-        scope: dict[str, Any] = {}
+        scope: Scope = {}
         for p in routine.get("params") or []:
             if isinstance(p, dict):
                 ((pname, pdefault),) = p.items()
@@ -326,9 +347,7 @@ class Workflow:
             raise WorkflowDefinitionError(f"jump to unknown step {j.target!r}") from None
         return None
 
-    def _run_steps(
-        self, steps: list[dict[str, Any]], scope: dict[str, Any], trace: ExecutionTrace, depth: int
-    ) -> None:
+    def _run_steps(self, steps: list[JsonObject], scope: Scope, trace: ExecutionTrace, depth: int) -> None:
         names = [next(iter(s)) for s in steps]
         i = 0
         while i < len(steps):
@@ -349,7 +368,7 @@ class Workflow:
                 raise _Jump(nxt)
 
     def _run_step(
-        self, name: str, body: dict[str, Any], scope: dict[str, Any], trace: ExecutionTrace, depth: int
+        self, name: str, body: JsonObject, scope: Scope, trace: ExecutionTrace, depth: int
     ) -> str | None:
         trace.steps.append(name)
         if "assign" in body:
@@ -398,7 +417,7 @@ class Workflow:
         return target
 
     @staticmethod
-    def _assign(target: str, value: Any, scope: dict[str, Any]) -> None:
+    def _assign(target: str, value: object, scope: Scope) -> None:
         parts = target.split(".")
         if len(parts) == 1:
             scope[target] = value
@@ -412,9 +431,7 @@ class Workflow:
             raise error("TypeError", f"cannot assign into {target}")
         cur[parts[-1]] = value
 
-    def _try(
-        self, name: str, body: dict[str, Any], scope: dict[str, Any], trace: ExecutionTrace, depth: int
-    ) -> None:
+    def _try(self, name: str, body: JsonObject, scope: Scope, trace: ExecutionTrace, depth: int) -> None:
         t = body["try"]
         block = t.get("steps", [{f"{name}_try": t}])
         retry = self.value(body["retry"], scope) if "retry" in body else None
@@ -445,7 +462,7 @@ class Workflow:
                 self._run_steps(exc_body["steps"], scope, trace, depth)
                 return
 
-    def _should_retry(self, retry: Mapping[str, Any], err: Any, trace: ExecutionTrace, depth: int) -> bool:
+    def _should_retry(self, retry: Mapping[str, object], err: Any, trace: ExecutionTrace, depth: int) -> bool:
         pred = retry.get("predicate")
         if isinstance(pred, _Builtin):
             return pred.fn(err)
@@ -463,7 +480,7 @@ class Workflow:
         p = params[0]
         return str(next(iter(p)) if isinstance(p, dict) else p)
 
-    def _for(self, spec: dict[str, Any], scope: dict[str, Any], trace: ExecutionTrace, depth: int) -> None:
+    def _for(self, spec: JsonObject, scope: Scope, trace: ExecutionTrace, depth: int) -> None:
         if "in" in spec:
             items = self.value(spec["in"], scope)
             if not isinstance(items, list):
@@ -507,7 +524,7 @@ class Workflow:
         method = target.split(".")[1].upper() if target != "http.request" else str(args.get("method", "GET"))
         return self._http(method, args, trace)
 
-    def _http(self, method: str, args: Mapping[str, Any], trace: ExecutionTrace) -> Any:
+    def _http(self, method: str, args: JsonObject, trace: ExecutionTrace) -> HttpAnswer:
         unknown = set(args) - {"url", "method", "headers", "body", "query", "auth", "timeout"}
         if unknown:
             raise error("TypeError", f"unsupported http args {sorted(unknown)}")
@@ -557,8 +574,8 @@ class Workflow:
             raise WorkflowError({"tags": ["ConnectionError"], "message": f"connection broken: {e}"}) from None
 
     @staticmethod
-    def _response(code: int, headers: dict[str, str], raw: bytes) -> dict[str, Any]:
-        body: Any = raw.decode("utf-8", errors="replace")
+    def _response(code: int, headers: dict[str, str], raw: bytes) -> HttpAnswer:
+        body: object = raw.decode("utf-8", errors="replace")
         if "json" in headers.get("Content-Type", headers.get("content-type", "")) and raw:
             with contextlib.suppress(json.JSONDecodeError):
                 body = json.loads(raw)
