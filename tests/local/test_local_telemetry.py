@@ -21,6 +21,7 @@ import pytest
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import FaultEvent
 from pitstop.local import chaos, trainer
+from pitstop.local.compute_shapes import GpuStateSet
 from pitstop.local.gpu_tools import nvidia_smi
 from pitstop.local.gpu_tools.state import PRESETS, StateError, check_entry, load
 from pitstop.local.telemetry import Alerting
@@ -169,9 +170,9 @@ class FakeStack:
     def restart_firestore(self, down_s: float = 2.0) -> None:
         raise AssertionError("not here")
 
-    def set_gpu_state(self, node: str, state: Any) -> dict[str, Any]:
+    def set_gpu_state(self, node: str, state: object) -> GpuStateSet:
         self.gpu[node] = state
-        return {"instance": node, "state": state}
+        return {"instance": node, "host": "host-0", "state": None}
 
 
 def test_chaos_hang_stops_the_running_runs_and_a_requeued_run_beats_again(tmp_path: Path) -> None:

@@ -262,7 +262,20 @@ def _fake_stack(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(
         st, "webhook_records", lambda state: [{"body": {"text": "resolved\nnode: a3-node-000"}}]
     )
-    return st.StackState("/w", "p", {"pubsub": "127.0.0.1:1", "firestore": "127.0.0.1:2"}, {}, {}, "/s.conf")
+    cluster = st.ClusterRecord(
+        nodes=0,
+        prefix="n",
+        spot=[],
+        machine_type="m",
+        mig="n",
+        name="c",
+        scheduler="slurm",
+        jobset_nodes=0,
+        node_names=[],
+    )
+    return st.StackState(
+        "/w", "p", {"pubsub": "127.0.0.1:1", "firestore": "127.0.0.1:2"}, {}, cluster, "/s.conf"
+    )
 
 
 def test_local_status_table(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

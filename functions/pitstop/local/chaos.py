@@ -44,12 +44,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from pitstop.local.compute_shapes import GpuStateSet
+
 
 class _Spec(Protocol):
     @property
     def node_names(self) -> list[str]: ...
-
-    scheduler: str
+    @property
+    def scheduler(self) -> str: ...
 
 
 class Stack(Protocol):
@@ -64,7 +66,7 @@ class Stack(Protocol):
 
     def set_agent(self, up: bool) -> Any: ...
     def restart_firestore(self, down_s: float = 2.0) -> None: ...
-    def set_gpu_state(self, node: str, state: Any) -> dict[str, Any]: ...
+    def set_gpu_state(self, node: str, state: object) -> GpuStateSet: ...
 
 
 FLAG_KINDS = ("actuate-crash-after-effect", "publish-timeout")

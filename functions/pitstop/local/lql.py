@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 _TOKEN = re.compile(
     r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<op>!=|<=|>=|=~|!~|[=<>:()\-.*,])|(?P<word>[^\s"=<>:()!.,]+))'
 )
 _MISSING = object()
-Predicate = Callable[[dict[str, Any]], bool]
+Predicate = Callable[[Mapping[str, object]], bool]
 
 
 class FilterSyntaxError(ValueError):
@@ -154,7 +154,7 @@ class _Parser:
             if kind != "str" or self.take() != ("op", ")"):
                 raise FilterSyntaxError('log_id takes one quoted string: log_id("...")')
             suffix = "/logs/" + urllib.parse.quote(log_id, safe="")
-            return lambda e: isinstance(e.get("logName"), str) and e["logName"].endswith(suffix)
+            return lambda e: isinstance(name := e.get("logName"), str) and name.endswith(suffix)
         if tok[0] == "str" and not self._at_comparison():
             needle = tok[1].lower()
             return lambda e: any(needle in s.lower() for s in _strings(e))  # global restriction
@@ -182,7 +182,7 @@ class _Parser:
             if base == "=~":
                 re.compile(v)
 
-        def pred(e: dict[str, Any]) -> bool:
+        def pred(e: Mapping[str, object]) -> bool:
             hit = any(_compare(_lookup(e, path), base, v) for v in values)
             return not hit if negate else hit
 

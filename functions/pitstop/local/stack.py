@@ -25,15 +25,18 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from pitstop.core import sinks
+from pitstop.core.domain import JsonObject
+from pitstop.core.policy_types import ClusterDoc
 from pitstop.local import gke_stack, gpu_tools
 from pitstop.local.chaos import CHAOS_DIR_ENV, clear_flags
+from pitstop.local.compute_shapes import GpuStateSet
 from pitstop.local.control import Controller
 from pitstop.local.lql import compile_filter
 from pitstop.local.procs import Proc, free_port, start_emulator, wait_http
@@ -83,7 +86,7 @@ class ClusterSpec:
     machine_type: str = "a3-megagpu-8g"
     mig: str = "a3-node"
     name: str = "train"
-    scheduler: str = "slurm"  # or "gke": a fake Kubernetes API server in place of Slurm
+    scheduler: Literal["slurm", "gke"] = "slurm"  # or "gke": a fake Kubernetes API server in place of Slurm
     jobset_nodes: int = 0  # gke: a JobSet with the host-maintenance failure policy on this many nodes
 
     @property
@@ -103,13 +106,27 @@ class ClusterSpec:
         )
 
 
+class ClusterRecord(TypedDict):
+    """The cluster a stack runs, as stack.json keeps it: a ClusterSpec and its node names."""
+
+    nodes: int
+    prefix: str
+    spot: list[str]
+    machine_type: str
+    mig: str
+    name: str
+    scheduler: str
+    jobset_nodes: int
+    node_names: list[str]
+
+
 @dataclass
 class StackState:
     workdir: str
     project: str
     endpoints: dict[str, str]
     pids: dict[str, int]
-    cluster: dict[str, Any]
+    cluster: ClusterRecord
     slurm_conf: str  # "" on a GKE stack
     daemon_pid: int | None = None  # the background process that owns the stack (`pitstop local up`)
     kubeconfig: str | None = None  # a GKE stack's fake API server, for kubectl and the kubernetes client
@@ -146,9 +163,9 @@ def default_workdir() -> Path:
     return Path(os.environ.get("PITSTOP_LOCAL_DIR", ROOT / ".local"))
 
 
-def _cluster_policy(spec: ClusterSpec) -> dict[str, Any]:
+def _cluster_policy(spec: ClusterSpec) -> ClusterDoc:
     """The policy's entry for the simulated cluster; a GKE one is reached at PITSTOP_KUBE_ENDPOINT."""
-    cluster: dict[str, Any] = {
+    cluster: ClusterDoc = {
         "name": spec.name,
         "scheduler": spec.scheduler,
         "size": spec.nodes,
@@ -167,8 +184,9 @@ def _cluster_policy(spec: ClusterSpec) -> dict[str, Any]:
     return cluster
 
 
-def policy_for(spec: ClusterSpec, over: dict[str, Any] | None = None) -> dict[str, Any]:
-    doc: dict[str, Any] = {
+def policy_for(spec: ClusterSpec, over: JsonObject | None = None) -> JsonObject:
+    """The stack's policy file before its schema check (``over``: top-level keys replaced)."""
+    doc: JsonObject = {
         "mode": "enforce",
         "clusters": [_cluster_policy(spec)],
         # A short window keeps the demo quick; production defaults are 30 min (policy.defaults.yaml).
@@ -209,7 +227,7 @@ class Stack:
         spec: ClusterSpec | None = None,
         compute_scale: float = 0.01,
         workflow_scale: float = 0.1,
-        policy_over: dict[str, Any] | None = None,
+        policy_over: JsonObject | None = None,
         sweep_interval: float = SWEEP_INTERVAL_S,
         alert_scale: float = ALERT_SCALE,
     ) -> None:
@@ -480,12 +498,26 @@ class Stack:
             PROJECT,
             ep,
             self._pids(),
-            {**asdict(self.spec), "node_names": self.spec.node_names},
+            self._cluster_record(),
             str(slurm.conf) if slurm is not None else "",
             kubeconfig=str(gke_stack.kubeconfig(self.workdir)) if self.gke else None,
         )
         self.state.save()
         return self.state
+
+    def _cluster_record(self) -> ClusterRecord:
+        s = self.spec
+        return {
+            "nodes": s.nodes,
+            "prefix": s.prefix,
+            "spot": list(s.spot),
+            "machine_type": s.machine_type,
+            "mig": s.mig,
+            "name": s.name,
+            "scheduler": s.scheduler,
+            "jobset_nodes": s.jobset_nodes,
+            "node_names": s.node_names,
+        }
 
     def _pids(self) -> dict[str, int]:
         pids = {name: p.popen.pid for name, p in self.procs.items() if p.popen is not None}
@@ -604,10 +636,10 @@ class Stack:
         command = f"env PYTHONPATH={shlex.quote(str(ROOT / 'functions'))} {shlex.join(argv)}"
         return self.slurm.submit(nodes, name, command=command, exclude=exclude)
 
-    def set_gpu_state(self, node: str, state: Any) -> dict[str, Any]:
+    def set_gpu_state(self, node: str, state: object) -> GpuStateSet:
         """What the GPU stand-ins (and the Monitoring stand-in's node policies) report for ``node``."""
         assert self.state is not None
-        result: dict[str, Any] = admin(
+        result: GpuStateSet = admin(
             self.state,
             "/_admin/gpu_state",
             {"project": PROJECT, "zone": ZONE, "instance": node, "state": state},
@@ -711,10 +743,10 @@ class Router:
             self.pub = pubsub_v1.PublisherClient()
         self.topic = self.pub.topic_path(state.project, "pitstop-events")
 
-    def matches(self, entry: dict[str, Any]) -> bool:
+    def matches(self, entry: Mapping[str, object]) -> bool:
         return any(f(entry) for f in self.filters)
 
-    def publish(self, entry: dict[str, Any]) -> bool:
+    def publish(self, entry: Mapping[str, object]) -> bool:
         if not self.matches(entry):
             return False
         attrs = {"logging.googleapis.com/timestamp": str(entry.get("timestamp", ""))}
@@ -726,8 +758,8 @@ class Router:
         self.pub.publish(self.topic, data).result(timeout=30)
 
 
-def admin(state: StackState, path: str, body: dict[str, Any] | None = None) -> Any:
-    """The fake Compute's admin API (loopback http only)."""
+def admin(state: StackState, path: str, body: Mapping[str, object] | None = None) -> Any:
+    """The fake Compute's admin API (loopback http only); its answer as sent (compute_shapes.py)."""
     req = urllib.request.Request(  # noqa: S310 - a loopback URL from stack.json
         state.endpoints["compute"] + path,
         data=json.dumps(body or {}).encode(),
