@@ -15,9 +15,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from pitstop.adapters.firestore import IncidentStore
+from pitstop.core.domain import Incident
 from pitstop.local import inject, realtime
 from pitstop.local.gke_drive import Gangs
 from pitstop.local.gke_stack import wait_for
@@ -26,6 +27,7 @@ from pitstop.local.stack import (
     ZONE,
     ClusterSpec,
     Stack,
+    WebhookRecord,
     admin,
     webhook_records,
 )
@@ -137,13 +139,13 @@ class StackPipeline(inject.Driver):
     def wait(self, cond: Callable[[], Any], timeout: float, what: str) -> Any:
         return wait_for(cond, timeout, what)
 
-    def incidents(self, node: str) -> list[dict[str, Any]]:
+    def incidents(self, node: str) -> list[Incident]:
         """The node's incidents, oldest first (a hung job's incident names no node), read through the
         store so that storm counts' per-instance shards are summed as Pitstop reads them."""
         docs = (d.to_dict() or {} for d in self.db.collection("pitstop_incidents").stream())
         ids = [d["id"] for d in docs if d and (d.get("node") or {}).get("instance") == node]
         store = IncidentStore(self.db)
-        mine = [cast(dict[str, Any], inc) for inc in map(store.get, ids) if inc is not None]
+        mine = [inc for inc in map(store.get, ids) if inc is not None]
         return sorted(mine, key=lambda d: d["created_at"])
 
     def counted(self, node: str, key: str) -> int:
@@ -156,14 +158,14 @@ class StackPipeline(inject.Driver):
         then asserts is absent (a second incident, a second action) had every chance to happen."""
         self.wait(lambda: self.counted(node, key) >= lines, timeout, f"{lines} {key} lines on {node} counted")
 
-    def finished(self, node: str, timeout: float = 90.0) -> dict[str, Any]:
+    def finished(self, node: str, timeout: float = 90.0) -> Incident:
         """The node's latest incident once it is resolved or failed."""
 
-        def last_final() -> dict[str, Any] | None:
+        def last_final() -> Incident | None:
             incs = self.incidents(node)
             return incs[-1] if incs and incs[-1]["state"] in FINAL_STATES else None
 
-        found: dict[str, Any] = self.wait(last_final, timeout, f"the incident on {node} to finish")
+        found: Incident = self.wait(last_final, timeout, f"the incident on {node} to finish")
         return found
 
     def calls(self, method: str, node: str) -> list[dict[str, Any]]:
@@ -171,11 +173,11 @@ class StackPipeline(inject.Driver):
         recorded = admin(self.state, "/_admin/state")["calls"]
         return [c for c in recorded if c["method"] == method and f"/instances/{node}/" in c["path"]]
 
-    def notes_for(self, iid: str) -> list[dict[str, Any]]:
+    def notes_for(self, iid: str) -> list[WebhookRecord]:
         """What the webhook received about an incident."""
         return [w for w in webhook_records(self.state) if iid in w["body"]["text"]]
 
-    def resume_and_repair(self, inc: dict[str, Any]) -> tuple[float | None, float | None]:
+    def resume_and_repair(self, inc: Incident) -> tuple[float | None, float | None]:
         """(resume_s, repair_s) of a finished incident, real-time equivalent (pitstop.local.realtime)."""
         effects = admin(self.state, "/_admin/state")["effects"]
         return realtime.resume_and_repair(inc, effects, self.stack.compute_scale)

@@ -25,9 +25,10 @@ from typing import Any
 
 import pytest
 
+from pitstop.core.domain import Incident
 from pitstop.local import inject
 from pitstop.local.serve import PAGERDUTY_PATH
-from pitstop.local.stack import PROJECT, ClusterSpec, Stack, admin, webhook_records
+from pitstop.local.stack import PROJECT, ClusterSpec, Stack, WebhookRecord, admin, webhook_records
 from tests.pipeline import XID79, Pipeline, stack_up
 
 XID48 = (
@@ -178,7 +179,7 @@ def test_the_blast_radius_budget_holds_the_fault_beyond_it_and_pages_once(sc: Pi
     for n in targets:
         sc.fault(n, XID79)
 
-    def settled() -> list[dict[str, Any]] | None:
+    def settled() -> list[Incident] | None:
         out = []
         for n in targets:  # each node's episode has taken this Xid 79 (a new incident or a raised one)
             last = sc.incidents(n)[-1:]
@@ -197,10 +198,10 @@ def test_the_blast_radius_budget_holds_the_fault_beyond_it_and_pages_once(sc: Pi
     done = [i for i in incs if i["state"] == "RESOLVED" and not i.get("holds")]
     assert len(done) == cap and len(held) == len(targets) - cap, incs
 
-    def pages() -> list[dict[str, Any]]:
+    def pages() -> list[WebhookRecord]:
         return [w for w in webhook_records(sc.state)[before:] if "blast-radius budget" in w["body"]["text"]]
 
-    def alerts() -> list[dict[str, Any]]:  # the same page on the second channel: a PagerDuty trigger
+    def alerts() -> list[WebhookRecord]:  # the same page on the second channel: a PagerDuty trigger
         sent = webhook_records(sc.state, PAGERDUTY_PATH)[pd_before:]
         return [
             w
@@ -323,7 +324,7 @@ def test_with_no_spare_the_gang_is_requeued_once_the_node_is_back_and_the_incide
 # -- faults in the pipeline itself -------------------------------------------------------------------
 
 
-def _fault(sc: Pipeline, node: str) -> dict[str, object]:
+def _fault(sc: Pipeline, node: str) -> Incident:
     sc.settle()
     sc.fault(node, XID79)
     return sc.finished(node)
@@ -445,16 +446,16 @@ def _executions_done(sc: Pipeline, iid: str) -> bool:
     return bool(found) and all(e.state != executions_v1.Execution.State.ACTIVE for e in found)
 
 
-def _ended(sc: Pipeline, node: str, timeout: float) -> dict[str, Any]:
+def _ended(sc: Pipeline, node: str, timeout: float) -> Incident:
     """The node's last incident once it is RESOLVED or FAILED and no execution of it still runs."""
 
-    def ended() -> dict[str, Any] | None:
+    def ended() -> Incident | None:
         last = sc.incidents(node)[-1:]
         if not last or last[0]["state"] not in ("RESOLVED", "FAILED"):
             return None
         return sc.incidents(node)[-1] if _executions_done(sc, last[0]["id"]) else None
 
-    inc: dict[str, Any] = sc.wait(ended, timeout, f"the incident on {node} to end")
+    inc: Incident = sc.wait(ended, timeout, f"the incident on {node} to end")
     return inc
 
 
@@ -636,7 +637,7 @@ XID79_ODD_PID = "NVRM: Xid (PCI:0000:a1:00): 79, pid=15822503, name=python3, GPU
 SXID_FATAL = "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 sourcetrack timeout error"
 
 
-def _gang_fault(sc: Pipeline, members: list[str], spare: str, line: str) -> tuple[str, dict[str, Any]]:
+def _gang_fault(sc: Pipeline, members: list[str], spare: str, line: str) -> tuple[str, Incident]:
     """A two-node gang runs on ``members``; the kernel of the first logs ``line``. The gang's job and
     the first member's incident once it ended."""
     _settle(sc)

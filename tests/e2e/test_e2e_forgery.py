@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from pitstop.core.domain import Incident
 from pitstop.core.engine import MAX_GPUS, OTHER
 from pitstop.local.fake_compute import CREATED_LONG_AGO
 from pitstop.local.stack import PROJECT, ZONE, ClusterSpec, admin
@@ -133,11 +134,17 @@ def _ingest_said(sc: Pipeline, insert_id: str, message: str) -> dict[str, Any]:
     return found
 
 
-def _incident_of(sc: Pipeline, node: str, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-    def find() -> dict[str, Any] | None:
+def _project(inc: Incident) -> str | None:
+    """The project of the VM an incident names (None: it names no node)."""
+    node = inc["node"]
+    return node["project"] if node else None
+
+
+def _incident_of(sc: Pipeline, node: str, done: Callable[[Incident], bool]) -> Incident:
+    def find() -> Incident | None:
         return next((i for i in reversed(sc.incidents(node)) if done(i)), None)
 
-    found: dict[str, Any] = sc.wait(find, 90, f"the incident on {node}")
+    found: Incident = sc.wait(find, 90, f"the incident on {node}")
     return found
 
 
@@ -251,10 +258,10 @@ def test_a_node_of_another_project_with_the_same_name_is_not_ours(sc: Pipeline, 
     before = _effects(sc)
     (node,) = sc.take()
     _publish(sc, _other_project(sc, node))
-    inc = _incident_of(sc, node, lambda i: i["node"]["project"] != PROJECT and bool(i.get("rejected")))
+    inc = _incident_of(sc, node, lambda i: _project(i) != PROJECT and bool(i.get("rejected")))
     assert f"no VM {node} in someone-elses-project" in inc["rejected"]["why"], inc["rejected"]
     _paged(sc, inc["id"])
-    assert not [i for i in sc.incidents(node) if i["node"]["project"] == PROJECT]
+    assert not [i for i in sc.incidents(node) if _project(i) == PROJECT]
     assert _effects(sc) == before
 
 
@@ -286,7 +293,7 @@ def test_ten_thousand_gpus_on_one_node_keep_the_incident_bounded(sc: Pipeline, j
     for f in futures:
         f.result(timeout=120)
 
-    def counted() -> dict[str, Any] | None:
+    def counted() -> Incident | None:
         incs = [i for i in sc.incidents(node) if OTHER in i.get("gpus", {})]
         return incs[-1] if incs and sum(i["counts"]["events"] for i in sc.incidents(node)) >= n else None
 
@@ -297,7 +304,7 @@ def test_ten_thousand_gpus_on_one_node_keep_the_incident_bounded(sc: Pipeline, j
     assert _effects(sc) == before
 
 
-def _never_printed(sc: Pipeline, node: str, line: str) -> dict[str, Any]:
+def _never_printed(sc: Pipeline, node: str, line: str) -> Incident:
     """A kernel-transport journal entry of ``line`` for ``node``, which its kernel never printed, and
     the incident once it failed."""
     assert _publish(sc, sc.entry(node, line))  # the sink selects it: it looks like the kernel's own

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from pitstop.core.domain import Incident
 from pitstop.local import gke_stack, inject
 from pitstop.local.gke_drive import POD_GRACE_S, Gang, evictions, fenced_by
 from pitstop.local.gke_stack import JOBSET_LABEL, NAMESPACE, Watch
@@ -79,9 +80,7 @@ def _on_partner_and_spare(gk: GkePipeline, where: list[str], bad: list[str]) -> 
     assert not set(where) & set(bad)
 
 
-def _xid79_confirmed(
-    gk: GkePipeline, g: Gang, bad: str, entry: dict[str, Any]
-) -> tuple[dict[str, Any], list[str]]:
+def _xid79_confirmed(gk: GkePipeline, g: Gang, bad: str, entry: dict[str, Any]) -> tuple[Incident, list[str]]:
     """An Xid 79 the device plugin confirms on ``bad``, logged as ``entry``: the finished incident
     and where the gang runs again."""
     gk.gangs.device_plugin_xid(bad, 79)
@@ -204,11 +203,14 @@ def test_a_pdb_that_blocks_eviction_is_named_in_the_incident(scenario: GkePipeli
         gk.kube.delete_pdb(pdb)
         gk.gangs.done_with(g)
     assert inc["state"] == "FAILED"
-    assert f"PodDisruptionBudget {pdb}" in str((inc.get("failure") or {}).get("error") or "")
+    failure = inc.get("failure")
+    assert failure is not None and f"PodDisruptionBudget {pdb}" in failure["error"]
     assert held["unschedulable"]  # a failed remediation keeps its node fenced
     assert stayed and restarts == 0
     assert not gk.calls("perform_maintenance", bad)
-    unfence = ((closed.get("closure") or {}).get("unfence") or {}).get("outcome")
+    closure = closed.get("closure")
+    answer = closure.get("unfence") if closure else None
+    unfence = answer["outcome"] if isinstance(answer, dict) else None
     assert (closed.get("state"), unfence) == ("RESOLVED", "done")
     assert back  # --unfence lifted Pitstop's cordon and taint
 
@@ -221,7 +223,7 @@ def test_xid_from_a_regional_cluster_resolves_the_zone(scenario: GkePipeline) ->
         back, restarts = gk.gangs.node_back(bad), gk.gangs.restarts(g.name)
     finally:
         gk.gangs.done_with(g)
-    assert inc["node"]["zone"] == ZONE
+    assert inc["node"] is not None and inc["node"]["zone"] == ZONE
     assert (inc["state"], inc["action"]) == ("RESOLVED", "REBOOT_NODE")
     assert len(gk.calls("reset", bad)) == 1
     assert restarts == 1
@@ -244,7 +246,7 @@ def test_a_serial_console_xid_is_acted_on_only_with_the_device_plugins_word(scen
     assert not gk.calls("reset", forged) and not gke_stack.node_summary(gk.kube.node(forged))["unschedulable"]
     assert (inc["state"], inc["trust"], inc["action"]) == ("RESOLVED", "verified", "REBOOT_NODE")
     assert (
-        inc["node"].get("cluster") == gk.state.cluster["name"]
+        inc["node"] is not None and inc["node"].get("cluster") == gk.state.cluster["name"]
     )  # a gce_instance line, placed in its cluster
     assert len(gk.calls("reset", bad)) == 1
     assert restarts == 1

@@ -14,10 +14,10 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
+from pitstop.core.domain import Incident
 from pitstop.local import chaos, gke_stack, trainer
 from pitstop.local.heartbeats import beats, hang_incidents
 from pitstop.local.realtime import breakdown
@@ -47,7 +47,7 @@ class Beating:
             trainer.beat(self.client, PROJECT, "train", self.job, self.step)
 
 
-def hang_on_gke(sc: GkePipeline, name: str, link: bool) -> tuple[dict[str, Any], str, list[str]]:
+def hang_on_gke(sc: GkePipeline, name: str, link: bool) -> tuple[Incident, str, list[str]]:
     """A JobSet of three on nodes of its own and a spare; its middle node's GPU stuck (or,
     ``link``, its NVLink down), its heartbeat stopped. (the hang incident, the bad node, where the
     gang runs again)."""
@@ -62,11 +62,11 @@ def hang_on_gke(sc: GkePipeline, name: str, link: bool) -> tuple[dict[str, Any],
     beating.stop.set()  # the job hangs: no more beats
     stopped = time.time()
 
-    def ended() -> dict[str, Any] | None:
+    def ended() -> Incident | None:
         incs = hang_incidents(sc.db, job)
         return incs[0] if incs and incs[0]["state"] in ("RESOLVED", "FAILED") else None
 
-    hang: dict[str, Any] = sc.wait(ended, 240, "the hang incident to end")
+    hang: Incident = sc.wait(ended, 240, "the hang incident to end")
     where = sc.gangs.moved(gang, [bad])
     times = breakdown(stopped, hang, None, time.time(), sc.stack.alert_scale)
     print(f"gke {name}: {json.dumps(times)}")  # where the time went (README), not asserted

@@ -22,6 +22,7 @@ import pytest
 
 from pitstop.adapters.prometheus import PromQLReader
 from pitstop.core import degraded
+from pitstop.core.domain import Measurement
 from pitstop.local import chaos
 from pitstop.local.gke_drive import POD_GRACE_S, evictions
 from pitstop.local.gke_stack import NAMESPACE, Watch
@@ -92,7 +93,7 @@ def test_a_gang_throttling_alike_is_not_moved_and_a_person_is_paged(sc: GkePipel
         for n in members:
             sc.gpu_state(n, None)
         sc.gangs.done_with(g)
-    peers: list[dict[str, Any]] = [i.get("corroboration") or {} for i in incs]
+    peers: list[Measurement] = [i.get("corroboration") or {} for i in incs]
     assert all(i["state"] == "RESOLVED" for i in incs), incs
     assert all(p.get("verdict") == "gang_wide" and p.get("source") == "prometheus" for p in peers), peers
     assert not any(i["timeline"].get("acted") or i["timeline"].get("job_requeued") for i in incs), incs

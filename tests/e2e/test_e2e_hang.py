@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from pitstop.local import chaos
 from pitstop.local.heartbeats import beating_again, beats, hang_ended
-from pitstop.local.stack import HEARTBEAT_EVERY_S, ClusterSpec
+from pitstop.local.stack import HEARTBEAT_EVERY_S, ClusterSpec, WebhookRecord
 from tests.pipeline import Pipeline, stack_up
 
 pytestmark = pytest.mark.emulator
@@ -80,7 +79,7 @@ def test_a_hang_with_no_bad_node_restarts_in_place_once_pages_and_is_not_localis
         first = hang_ended(sc.db, job, sc.wait)
         loc = first.get("localisation") or {}
 
-        def paged() -> list[dict[str, Any]]:
+        def paged() -> list[WebhookRecord]:
             return [w for w in sc.notes_for(first["id"]) if "no culprit fenced" in w["body"]["text"]]
 
         pages = sc.wait(paged, 30, "the page")
@@ -92,7 +91,8 @@ def test_a_hang_with_no_bad_node_restarts_in_place_once_pages_and_is_not_localis
         assert restarts == 1  # restarted in place once
         assert all(n in pages[0]["body"]["text"] for n in held)  # paged with every node
         assert second["id"] != first["id"]  # hung again: a new incident
-        assert (second.get("localise") or {}).get("run") is False and "localisation" not in second
+        plan = second.get("localise")
+        assert plan is not None and plan["run"] is False and "localisation" not in second
         assert sc.restarts(job) == 1  # not restarted again
     finally:
         sc.slurm.cancel(job)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pitstop.core.domain import Incident
 from pitstop.local.stack import Stack
 
 HEARTBEAT = "pitstop/job/heartbeat"
@@ -22,11 +23,15 @@ def beats(stack: Stack, job: str) -> int:
     return sum(1 for line in out.read_text().splitlines() if HEARTBEAT in line and f'"job": "{job}"' in line)
 
 
-def hang_incidents(db: Any, job: str) -> list[dict[str, Any]]:
-    """The job's hang incidents, oldest first."""
-    docs = [d.to_dict() or {} for d in db.collection("pitstop_incidents").stream()]
-    mine = [d for d in docs if d.get("kind") == "hang" and (d.get("job") or {}).get("job") == job]
-    return sorted(mine, key=lambda d: d["created_at"])
+def hang_incidents(db: Any, job: str) -> list[Incident]:
+    """The job's hang incidents, oldest first, read through the store as Pitstop reads them."""
+    from pitstop.adapters.firestore import IncidentStore
+
+    return [
+        d
+        for d in IncidentStore(db).list()
+        if d.get("kind") == "hang" and (ref := d.get("job")) is not None and ref["job"] == job
+    ]
 
 
 def beating_again(stack: Stack, job: str, wait: Callable[..., Any], timeout: float) -> float:
@@ -40,14 +45,12 @@ def beating_again(stack: Stack, job: str, wait: Callable[..., Any], timeout: flo
     return found
 
 
-def hang_ended(
-    db: Any, job: str, wait: Callable[..., Any], n: int = 1, timeout: float = 240.0
-) -> dict[str, Any]:
+def hang_ended(db: Any, job: str, wait: Callable[..., Any], n: int = 1, timeout: float = 240.0) -> Incident:
     """The job's n-th hang incident, once resolved or failed."""
 
-    def ended() -> dict[str, Any] | None:
+    def ended() -> Incident | None:
         incs = hang_incidents(db, job)
         return incs[n - 1] if len(incs) >= n and incs[n - 1]["state"] in ("RESOLVED", "FAILED") else None
 
-    found: dict[str, Any] = wait(ended, timeout, f"hang incident {n} of job {job} to end")
+    found: Incident = wait(ended, timeout, f"hang incident {n} of job {job} to end")
     return found

@@ -9,11 +9,12 @@ change to a demo scenario cannot change what a test means.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from pitstop.core import engine
-from pitstop.core.domain import NodeRef
+from pitstop.core.domain import Incident, NodeRef
+from pitstop.local.compute_shapes import InstanceView, SystemEvent
 from pitstop.local.stack import PROJECT, ZONE, Router, Stack, StackState, admin, emulator_env
 
 
@@ -24,25 +25,23 @@ def kernel_prints(state: StackState, node: str, line: str, facility: int = 0) ->
     admin(state, "/_admin/kmsg", body)
 
 
-def instance(state: StackState, node: str) -> dict[str, Any]:
+def instance(state: StackState, node: str) -> InstanceView:
     """The fake Compute's record of the node's live VM (its id changes when it is recreated)."""
-    found: dict[str, Any] = next(i for i in admin(state, "/_admin/state")["instances"] if i["name"] == node)
+    found: InstanceView = next(i for i in admin(state, "/_admin/state")["instances"] if i["name"] == node)
     return found
 
 
-def preempt(state: StackState, node: str) -> dict[str, Any]:
+def preempt(state: StackState, node: str) -> SystemEvent:
     """Compute preempts the node's Spot VM; returns the system event's LogEntry, to publish."""
-    entry: dict[str, Any] = admin(
-        state, "/_admin/preempt", {"project": PROJECT, "zone": ZONE, "instance": node}
-    )
+    entry: SystemEvent = admin(state, "/_admin/preempt", {"project": PROJECT, "zone": ZONE, "instance": node})
     return entry
 
 
-def maintenance(state: StackState, node: str, starts_in_s: float = 400) -> dict[str, Any]:
+def maintenance(state: StackState, node: str, starts_in_s: float = 400) -> SystemEvent:
     """Compute schedules maintenance of the node's VM; returns the upcoming-maintenance LogEntry
     (its ``protoPayload.metadata.windowStartTime`` is when the window opens), to publish."""
     body = {"project": PROJECT, "zone": ZONE, "instance": node, "starts_in_s": starts_in_s}
-    entry: dict[str, Any] = admin(state, "/_admin/maintenance", body)
+    entry: SystemEvent = admin(state, "/_admin/maintenance", body)
     return entry
 
 
@@ -65,14 +64,14 @@ class Drives(Protocol):
     router: Router
     state: StackState
 
-    def fault(self, node: str, line: str, insert_id: str | None = None) -> dict[str, Any]: ...
+    def fault(self, node: str, line: str, insert_id: str | None = None) -> Mapping[str, object]: ...
 
-    def incidents(self, node: str) -> list[dict[str, Any]]: ...
+    def incidents(self, node: str) -> list[Incident]: ...
 
     def wait(self, cond: Callable[[], Any], timeout: float, what: str) -> Any: ...
 
 
-def poison_beside(drv: Drives, node: str, line: str) -> tuple[list[Any], list[dict[str, Any]]]:
+def poison_beside(drv: Drives, node: str, line: str) -> tuple[list[Any], list[Incident]]:
     """A message no parser accepts, published just before a good fault line on ``node``: the
     dead-lettered messages once the poison is there, and the node's new incidents once the good
     line made one (nothing else may be lost or stopped by the bad one)."""
@@ -81,7 +80,7 @@ def poison_beside(drv: Drives, node: str, line: str) -> tuple[list[Any], list[di
     drv.fault(node, line)
     dead = drv.wait(dead_letter_reader(drv.state), 90, "the poison message in the dead-letter topic")
 
-    def new() -> list[dict[str, Any]]:
+    def new() -> list[Incident]:
         return [i for i in drv.incidents(node) if i["id"] not in before]
 
     flowed = drv.wait(new, 30, "the good event beside it to flow")
@@ -105,7 +104,7 @@ def dead_letter_reader(
     return pull
 
 
-def close_with_unfence(state: StackState, db: Any, iid: str, by: str) -> dict[str, Any]:
+def close_with_unfence(state: StackState, db: Any, iid: str, by: str) -> Incident:
     """What `pitstop incidents --close ID --unfence` does, through the GKE adapter
     (services/close.py): the incident as it is after."""
     from pathlib import Path
@@ -119,7 +118,10 @@ def close_with_unfence(state: StackState, db: Any, iid: str, by: str) -> dict[st
     store = IncidentStore(db, pol.doc["store"]["collection_prefix"])
     schedulers = schedulers_for(pol, Wiring(PROJECT, kube_endpoint=state.endpoints["kube"]))
     close_incident(store, schedulers, iid, by, time.time(), unfence=True)
-    return dict(store.get(iid) or {})
+    closed = store.get(iid)
+    if closed is None:
+        raise KeyError(f"incident {iid} is gone after its close")
+    return closed
 
 
 class Driver:

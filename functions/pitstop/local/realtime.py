@@ -7,9 +7,10 @@ within an interval count at their real length, everything else as measured.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TypedDict
 
+from pitstop.core.domain import Incident, Milestone
+from pitstop.local.compute_shapes import Effect
 from pitstop.local.fake_compute import DURATIONS
 
 # What each Compute method's operation lasts for real (the fake shortens it by its time scale).
@@ -22,24 +23,24 @@ OPERATION_S = {
 
 
 def real_s(
-    inc: Mapping[str, Any], start: str, end: str, effects: list[dict[str, Any]], scale: float
+    inc: Incident, start: Milestone, end: Milestone, effects: list[Effect], scale: float
 ) -> float | None:
     """Seconds between two timeline milestones as they would pass in production (``effects``: the
     fake Compute's record of its operations)."""
-    tl, node = inc.get("timeline") or {}, inc["node"]["instance"]
+    tl, node = inc.get("timeline") or {}, inc["node"]["instance"] if inc["node"] else None
     a, b = tl.get(start), tl.get(end)
     if a is None or b is None:
         return None
     shortened = sum(
         OPERATION_S.get(e["method"], 0.0)
         for e in effects
-        if node in e.get("instances", []) and a - 2.0 <= float(e["at"]) <= b
+        if node in e["instances"] and a - 2.0 <= float(e["at"]) <= b
     )
     return round(float(b) - float(a) + shortened * (1.0 - scale), 1)
 
 
 def resume_and_repair(
-    inc: Mapping[str, Any], effects: list[dict[str, Any]], scale: float
+    inc: Incident, effects: list[Effect], scale: float
 ) -> tuple[float | None, float | None]:
     """(resume_s, repair_s): detected -> the gang running again, acted -> the node validated (or
     healthy), real-time equivalent.
@@ -65,9 +66,19 @@ ALERT_WINDOW_S = 120.0
 MONITORING_DELAY_S = 60.0
 
 
+class Breakdown(TypedDict):
+    """Where a hang's time went: local seconds, the real-time equivalent, and each part."""
+
+    local_s: float
+    real_s: float
+    parts: dict[str, float | None]
+    rounds: list[str | None]
+    note: str
+
+
 def breakdown(
-    stopped: float, hang: Mapping[str, Any], culprit: Mapping[str, Any] | None, training: float, scale: float
-) -> dict[str, Any]:
+    stopped: float, hang: Incident, culprit: Incident | None, training: float, scale: float
+) -> Breakdown:
     """Where the time from the last heartbeat to training again went, local and real-time equivalent.
 
     Only the alert runs shortened locally (the heartbeat window, ``scale``); the checks, Slurm, the

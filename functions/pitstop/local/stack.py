@@ -770,8 +770,19 @@ def admin(state: StackState, path: str, body: Mapping[str, object] | None = None
         return json.loads(resp.read())
 
 
-def webhook_records(state: StackState, path: str = "/hook") -> list[dict[str, Any]]:
+class WebhookRecord(TypedDict):
+    """A delivery the webhook sink kept (local/serve.py): when, where, and the JSON body the channel
+    posted (its own payload, open shape: chat's ``text``, a PagerDuty event)."""
+
+    at: float
+    path: str
+    body: JsonObject
+
+
+def webhook_records(state: StackState, path: str = "/hook") -> list[WebhookRecord]:
     """What the chat webhook (``/hook``) or PagerDuty's endpoint (PAGERDUTY_PATH) received."""
     out = Path(state.workdir, "webhook.jsonl")
-    records = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
+    records: list[WebhookRecord] = (
+        [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
+    )
     return [r for r in records if r.get("path") == path]

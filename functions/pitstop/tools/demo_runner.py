@@ -24,8 +24,8 @@ from pitstop.core.timeline import durations
 from pitstop.local import inject
 from pitstop.local.gke_drive import POD_GRACE_S, evictions, fenced_by
 from pitstop.local.gke_stack import NAMESPACE, Watch
-from pitstop.local.stack import ZONE
-from pitstop.tools.demo_stage import LogEntry, Observations, Result, Stage, WebhookRecord
+from pitstop.local.stack import ZONE, WebhookRecord
+from pitstop.tools.demo_stage import LogEntry, Observations, Result, Stage
 
 if TYPE_CHECKING:
     from pitstop.core.domain import Incident, JsonObject

@@ -11,20 +11,20 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar
 
 from pitstop.local import inject, realtime
-from pitstop.local.compute_shapes import LogResource
+from pitstop.local.compute_shapes import Call, LogResource
 from pitstop.local.gke_drive import Gangs
 from pitstop.local.gke_stack import ATTEMPT_LABEL, jobset_summary, node_summary, wait_for
 from pitstop.local.slurm import SlurmCluster
-from pitstop.local.stack import PROJECT, ZONE, Stack, admin, webhook_records
+from pitstop.local.stack import PROJECT, ZONE, Stack, WebhookRecord, admin, webhook_records
 
 if TYPE_CHECKING:
-    from pitstop.core.domain import Incident, JsonObject
+    from pitstop.core.domain import Incident
 
 T = TypeVar("T")
 # A scenario's observations by name: its expectations and its line read them (schemas/demo-scenarios.yaml),
@@ -33,23 +33,6 @@ Observations = dict[str, object]
 # A LogEntry as Cloud Logging's JSON carries it: built here, published unread (the sink router's filters
 # and ingest check it).
 LogEntry = dict[str, object]
-
-
-class ComputeCall(TypedDict):
-    """A mutating request the fake Compute received (its ``/_admin/state`` ``calls``)."""
-
-    method: str
-    path: str
-    body: JsonObject  # the request body as sent: Compute's own fields
-    at: float
-    request_id: str | None
-
-
-class WebhookRecord(TypedDict):
-    """What a webhook sink received: its path, and the channel's JSON body (chat: ``text``)."""
-
-    path: str
-    body: JsonObject
 
 
 @dataclass
@@ -159,9 +142,9 @@ class Stage(inject.Driver):
         docs = IncidentStore(self.db).list()
         return [d for d in docs if (n := d.get("node")) and n["instance"] == node]  # a hang's: no node
 
-    def incidents(self, node: str) -> list[JsonObject]:
-        """node_incidents as JSON, as the stand-ins' drivers take them (pitstop.local.inject.Drives)."""
-        return [cast("JsonObject", d) for d in self.node_incidents(node)]
+    def incidents(self, node: str) -> list[Incident]:
+        """node_incidents, as the stand-ins' drivers take them (pitstop.local.inject.Drives)."""
+        return self.node_incidents(node)
 
     def wait(self, cond: Callable[[], T | None], timeout: float, what: str) -> T:
         """``cond``'s first truthy answer, asked every half second."""
@@ -205,7 +188,7 @@ class Stage(inject.Driver):
             self.latencies.append(tl["fenced"] - tl["detected"])
         return inc
 
-    def calls(self, method: str, node: str) -> list[ComputeCall]:
+    def calls(self, method: str, node: str) -> list[Call]:
         return [
             c
             for c in admin(self.state, "/_admin/state")["calls"]
@@ -213,7 +196,7 @@ class Stage(inject.Driver):
         ]
 
     def notes_for(self, iid: str) -> list[WebhookRecord]:
-        records = cast(list[WebhookRecord], webhook_records(self.state))  # as pitstop.local.serve wrote them
+        records = webhook_records(self.state)
         return [w for w in records if iid in w["body"]["text"]]
 
     def window_s(self) -> float:
@@ -238,7 +221,7 @@ class Stage(inject.Driver):
 
     # -- times ---------------------------------------------------------------------------------
 
-    def timed(self, r: Result, inc: Mapping[str, object]) -> Result:
+    def timed(self, r: Result, inc: Incident) -> Result:
         """The scenario's result with its resume_s and repair_s (pitstop.local.realtime)."""
         effects = admin(self.state, "/_admin/state")["effects"]
         resume, repair = realtime.resume_and_repair(inc, effects, self.stack.compute_scale)
@@ -251,5 +234,7 @@ class Stage(inject.Driver):
         """A scenario's result with resume_s and repair_s from its incident (as it is now)."""
         if r.incident is None or (r.resume_s is not None and r.repair_s is not None):
             return r
-        inc = self.db.collection("pitstop_incidents").document(r.incident).get().to_dict()
+        from pitstop.adapters.firestore import IncidentStore
+
+        inc = IncidentStore(self.db).get(r.incident)
         return self.timed(r, inc) if inc and inc.get("node") else r  # a hung job's: its scenario times it

@@ -24,19 +24,19 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from pitstop.local import chaos, inject, realtime
 from pitstop.local.gke_drive import evictions
 from pitstop.local.gke_stack import JOBSET_LABEL, NAMESPACE, Watch, node_summary
 from pitstop.local.heartbeats import beating_again, beats, hang_ended
 from pitstop.local.serve import PAGERDUTY_PATH
-from pitstop.local.stack import HEARTBEAT_EVERY_S, webhook_records
+from pitstop.local.stack import HEARTBEAT_EVERY_S, WebhookRecord, webhook_records
 from pitstop.tools.demo_runner import XID_LINES, Runner, Seen, incident_obs
-from pitstop.tools.demo_stage import Observations, Stage, WebhookRecord
+from pitstop.tools.demo_stage import Observations, Stage
 
 if TYPE_CHECKING:
-    from pitstop.core.domain import Incident, JsonObject, Measurement
+    from pitstop.core.domain import Incident, Measurement
     from pitstop.core.policy_types import Budgets
 
 XID79, XID48, XID94, XID13 = (XID_LINES[x] for x in (79, 48, 94, 13))
@@ -157,12 +157,14 @@ def poison(st: Stage) -> Seen:
     attempts = dead[0].message.attributes.get("CloudPubSubDeadLetterSourceDeliveryCount")
     restart = [i for i in flowed if i["action"] == "RESTART_JOB"]
     obs = {"attempts": attempts, "incident": flowed[-1]["id"], "good_event_flowed": bool(restart)}
-    return Seen(_stored(flowed[-1]), {**obs, "dead_lettered": dead[0].message.data == inject.POISON})
+    return Seen(flowed[-1], {**obs, "dead_lettered": dead[0].message.data == inject.POISON})
 
 
-def _stored(doc: JsonObject) -> Incident:
-    """An incident document as a stand-in's driver (pitstop.local) read it from the store."""
-    return cast("Incident", doc)
+def _unfence_outcome(inc: Incident) -> str | None:
+    """What the scheduler answered when a person's close asked it to take the node back."""
+    closure = inc.get("closure")
+    unfence = closure.get("unfence") if closure else None
+    return unfence["outcome"] if isinstance(unfence, dict) else None
 
 
 def gang_wide_throttle(st: Stage) -> Seen:
@@ -251,7 +253,7 @@ def hang_software(st: Stage) -> Seen:
     job, held = _training(st)
     chaos.apply(st.stack, "hang")
     stopped, training = _hung(st, job)
-    first = _stored(hang_ended(st.db, job, st.wait))
+    first = hang_ended(st.db, job, st.wait)
     loc = first.get("localisation") or {}
 
     def paged() -> list[WebhookRecord]:
@@ -264,16 +266,15 @@ def hang_software(st: Stage) -> Seen:
     times = realtime.breakdown(stopped, first, None, training, st.stack.alert_scale)
     text = pages[0]["body"]["text"] if pages else ""
     obs: Observations = {"job": job, "gang": len(held), "restarts": restarts, "pages": len(pages)}
-    obs.update(second=second["id"], second_why=(second.get("localise") or {}).get("why"), **times)
+    plan = second.get("localise")
+    obs.update(second=second["id"], second_why=plan["why"] if plan else None, **times)
     obs.update(first=loc, second_localise=second.get("localise"), page=text)
     obs["nothing_found"] = loc.get("outcome") == "nothing_found"
     obs["sweep_then_links"] = [x.get("kind") for x in loc.get("rounds", [])] == ["sweep", "links"]
     obs["restarted_in_place_once"] = restarts == 1
     obs["paged_with_every_node"] = all(n in text for n in held)
     obs["hung_again_a_new_incident"] = second["id"] != first["id"]
-    obs["not_localised_again"] = (second.get("localise") or {}).get(
-        "run"
-    ) is False and "localisation" not in second
+    obs["not_localised_again"] = plan is not None and plan["run"] is False and "localisation" not in second
     obs["not_restarted_again"] = st.slurm.restarts(job) == 1
     st.slurm.cancel(job)
     chaos.apply(st.stack, "clear")
@@ -329,7 +330,7 @@ def gke_pdb(st: Stage) -> Seen:
         pod_stayed=stayed, restarts=restarts, perform_maintenance=len(st.calls("perform_maintenance", bad))
     )
     obs.update(closed=closed.get("state"), back=back)
-    obs["unfence"] = ((closed.get("closure") or {}).get("unfence") or {}).get("outcome")
+    obs["unfence"] = _unfence_outcome(closed)
     return Seen(inc, obs)
 
 
