@@ -23,11 +23,13 @@ import threading
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from pitstop.core.domain import JsonObject
 from pitstop.local.json_http import serve_json
 
 # API prefix -> the gcloud endpoint-override property that routes it here.
@@ -79,6 +81,18 @@ TESTABLE_PERMISSIONS = frozenset(
 )
 
 
+class ErrorDetail(TypedDict):
+    code: int
+    message: str
+    status: str | None
+
+
+class ErrorBody(TypedDict):
+    """Google's error envelope for the REST APIs gcloud calls."""
+
+    error: ErrorDetail
+
+
 class ApiError(Exception):
     STATUS = {
         400: "INVALID_ARGUMENT",
@@ -92,7 +106,7 @@ class ApiError(Exception):
         super().__init__(message)
         self.code, self.message = code, message
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> ErrorBody:
         return {"error": {"code": self.code, "message": self.message, "status": self.STATUS.get(self.code)}}
 
 
@@ -111,11 +125,14 @@ class Call:
 
 @dataclass
 class FakeGcp:
-    """Resources by full name per API; IAM policies by resource; every call in order."""
+    """Resources by full name per API; IAM policies by resource; every call in order.
+
+    A resource or a policy is kept as the client sent it (merged by later patches), so it is a
+    ``JsonObject``: the fake models REST semantics for every kind of resource, not their fields."""
 
     pubsub_upstream: str | None = None  # the Pub/Sub emulator ("host:port"), which has no IAM
-    resources: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    policies: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    resources: dict[tuple[str, str], JsonObject] = field(default_factory=dict)
+    policies: dict[tuple[str, str], JsonObject] = field(default_factory=dict)
     uploads: dict[str, bytes] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     base_url: str = ""
@@ -124,7 +141,7 @@ class FakeGcp:
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     # -- what tests ask ---------------------------------------------------------------
-    def policy(self, api: str, name: str) -> dict[str, Any]:
+    def policy(self, api: str, name: str) -> JsonObject:
         return self.policies.get((api, name), {"bindings": []})
 
     def env(self) -> dict[str, str]:
@@ -236,7 +253,7 @@ class FakeGcp:
         raise ApiError(400, f"method {c.method} not modelled")
 
     # -- generic REST semantics ---------------------------------------------------------
-    def _need(self, api: str, name: str) -> dict[str, Any]:
+    def _need(self, api: str, name: str) -> JsonObject:
         res = self.resources.get((api, name))
         if res is None and api != "cloudresourcemanager":
             raise ApiError(404, f"Resource '{name}' was not found")
@@ -258,7 +275,7 @@ class FakeGcp:
         self.resources[(c.api, name)] = body
         return self._answer(c.api, body)
 
-    def _list(self, api: str, coll: str) -> dict[str, Any]:
+    def _list(self, api: str, coll: str) -> dict[str, list[JsonObject]]:
         key = coll.rsplit("/", 1)[-1]
         items = [
             copy.deepcopy(v)
@@ -267,14 +284,12 @@ class FakeGcp:
         ]
         return {key: items}
 
-    def _answer(
-        self, api: str, res: dict[str, Any], lro: bool = True, at: str | None = None
-    ) -> dict[str, Any]:
+    def _answer(self, api: str, res: JsonObject, lro: bool = True, at: str | None = None) -> JsonObject:
         if not (lro and api in LRO_APIS):
             return copy.deepcopy(res)
         n = next(self._ids)
         where = "/".join((at or res.get("name") or "projects/-").split("/")[:4])
-        op: dict[str, Any] = {
+        op: JsonObject = {
             "name": f"{where}/operations/op-{n}",
             "done": True,
             "response": copy.deepcopy(res),
@@ -289,12 +304,12 @@ class FakeGcp:
         self.resources[(api, op["name"])] = op
         return op
 
-    def _policy(self, api: str, name: str) -> dict[str, Any]:
+    def _policy(self, api: str, name: str) -> JsonObject:
         return copy.deepcopy(
             self.policies.get((api, name), {"version": 1, "etag": "BwAAAA==", "bindings": []})
         )
 
-    def _set_policy(self, api: str, name: str, policy: dict[str, Any]) -> dict[str, Any]:
+    def _set_policy(self, api: str, name: str, policy: JsonObject) -> JsonObject:
         current = self.policies.get((api, name), {"etag": "BwAAAA=="})
         if policy.get("etag") and policy["etag"] != current.get("etag"):
             raise ApiError(409, "There were concurrent policy changes")
@@ -499,7 +514,7 @@ def _is_collection(path: str) -> bool:
     return len(path.split("/")) % 2 == 1
 
 
-def _merge(res: dict[str, Any], body: dict[str, Any], mask: str | None) -> None:
+def _merge(res: JsonObject, body: Mapping[str, object], mask: str | None) -> None:
     if not mask:
         res.update(copy.deepcopy(body))
         return

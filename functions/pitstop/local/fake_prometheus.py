@@ -35,11 +35,13 @@ import urllib.parse
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
+from pitstop.local.gpu_tools.state import NodeState, node_state
 from pitstop.local.json_http import serve_json
 
-GpuState = Callable[[], Mapping[str, Any]]
+# node -> its GPU state entry (gpu_tools/state.py check_entry), as the fake Compute keeps them
+GpuState = Callable[[], Mapping[str, Mapping[str, object]]]
 GPUS = 8
 MAX_POINTS = 11_000
 _PATH = re.compile(
@@ -52,6 +54,21 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # thermal = HW slowdown 0x8 | SW thermal 0x20 | HW thermal 0x40; power = SW power cap 0x4
 THERMAL, POWER_CAP = 0x8 | 0x20 | 0x40, 0x4
 SM_CLOCK_MHZ = 1980  # an H100 SXM's boost clock
+
+
+class Series(TypedDict):
+    """One series of a result: its labels, and its sample (a vector) or samples (a matrix)."""
+
+    metric: dict[str, str]
+    value: NotRequired[list[Any]]
+    values: NotRequired[list[list[Any]]]
+
+
+class QueryData(TypedDict):
+    """``data`` of a query answer (the Prometheus HTTP API)."""
+
+    resultType: str
+    result: list[Series]
 
 
 class BadDataError(ValueError):
@@ -98,7 +115,7 @@ class FakePrometheus:
             self.faults[:] = [code] * times
         return 200, {"armed": times, "code": code}
 
-    def _evaluate(self, kind: str, params: Mapping[str, str]) -> dict[str, Any]:
+    def _evaluate(self, kind: str, params: Mapping[str, str]) -> QueryData:
         query = params.get("query")
         if not query:
             raise BadDataError('invalid parameter "query": query must not be empty')
@@ -111,7 +128,7 @@ class FakePrometheus:
                 else dt.datetime.now(dt.UTC).timestamp()
             )
             if range_s is None:
-                rows = [
+                rows: list[Series] = [
                     {"metric": s, "value": _pair(at, self._value(s, 0, 1, at))}
                     for s in self._match(name, matchers)
                 ]
@@ -151,48 +168,48 @@ class FakePrometheus:
 
     def _value(self, s: Mapping[str, str], i: int, n: int, t: float) -> float:
         """Sample ``i`` of ``n`` at ``t``; counters count from a day before the stand-in started."""
-        st = self.gpu_state().get(s["Hostname"]) or {}
+        st = node_state(s["Hostname"], self.gpu_state().get(s["Hostname"]) or {})
         return METRICS[s["__name__"]](st, int(s["gpu"]), i, n, max(0.0, t - (self.started - 86400.0)))
 
 
-def _throttled(st: Mapping[str, Any], g: int, i: int, n: int) -> bool:
+def _throttled(st: NodeState, g: int, i: int, n: int) -> bool:
     """Whether sample ``i`` of ``n`` is held below its clocks: exactly the state's share of them."""
-    share = float(st.get("throttle") or 0) if int(st.get("throttle_gpu") or 0) == g else 0.0
+    share = st.throttle if st.throttle_gpu == g else 0.0
     return math.floor((i + 1) * share) > math.floor(i * share)
 
 
-def _reasons(st: Mapping[str, Any], g: int, i: int, n: int, age: float) -> float:
+def _reasons(st: NodeState, g: int, i: int, n: int, age: float) -> float:
     if not _throttled(st, g, i, n):
         return 0.0
-    return float(POWER_CAP if st.get("throttle_reason") == "power" else THERMAL)
+    return float(POWER_CAP if st.throttle_reason == "power" else THERMAL)
 
 
-def _sm_clock(st: Mapping[str, Any], g: int, i: int, n: int, age: float) -> float:
+def _sm_clock(st: NodeState, g: int, i: int, n: int, age: float) -> float:
     return float(int(SM_CLOCK_MHZ * 0.6) if _throttled(st, g, i, n) else SM_CLOCK_MHZ)
 
 
-def _sbe(st: Mapping[str, Any], g: int, i: int, n: int, age: float) -> float:
-    rate = int(st.get("sbe_rate") or 0) if int(st.get("ecc_gpu") or 0) == g else 0
+def _sbe(st: NodeState, g: int, i: int, n: int, age: float) -> float:
+    rate = st.sbe_rate if st.ecc_gpu == g else 0
     return float(math.floor(rate * age / 3600))
 
 
-def _remapped(st: Mapping[str, Any], g: int, i: int, n: int, age: float) -> float:
-    return float(st.get("remap", "none") != "none" and int(st.get("remap_gpu") or 0) == g)
+def _remapped(st: NodeState, g: int, i: int, n: int, age: float) -> float:
+    return float(st.remap != "none" and st.remap_gpu == g)
 
 
-def _remap_failure(st: Mapping[str, Any], g: int, i: int, n: int, age: float) -> float:
-    return float(st.get("remap") == "failure" and int(st.get("remap_gpu") or 0) == g)
+def _remap_failure(st: NodeState, g: int, i: int, n: int, age: float) -> float:
+    return float(st.remap == "failure" and st.remap_gpu == g)
 
 
-def _nvlink_crc(st: Mapping[str, Any], g: int, i: int, n: int, age: float) -> float:
-    return float(math.floor(200 * age)) if g in (st.get("nvlink_down") or ()) else 0.0
+def _nvlink_crc(st: NodeState, g: int, i: int, n: int, age: float) -> float:
+    return float(math.floor(200 * age)) if g in st.nvlink_down else 0.0
 
 
-def _zero(st: Mapping[str, Any], g: int, i: int, n: int, age: float) -> float:
+def _zero(st: NodeState, g: int, i: int, n: int, age: float) -> float:
     return 0.0
 
 
-METRICS: dict[str, Callable[[Mapping[str, Any], int, int, int, float], float]] = {
+METRICS: dict[str, Callable[[NodeState, int, int, int, float], float]] = {
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": _reasons,
     "DCGM_FI_DEV_SM_CLOCK": _sm_clock,
     "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": _sbe,

@@ -7,6 +7,7 @@ import os
 import re
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -174,31 +175,36 @@ def load(env: dict[str, str] | None = None, node: str | None = None) -> NodeStat
         else:
             with open(raw, encoding="utf-8") as f:
                 text = f.read()
-        e = _entry(json.loads(text), node)
-        total = int(e.get("total_gpus", 8))
-        return NodeState(
-            node,
-            total,
-            int(e.get("gpus", total)),
-            float(e.get("busbw", 190.0)),
-            str(e.get("dcgm", "pass")),
-            int(e.get("dcgm_gpu", 0)),
-            str(e.get("dcgm_schema", "v4")),
-            str(e.get("remap", "none")),
-            int(e.get("remap_gpu", 0)),
-            tuple(int(g) for g in e.get("nvlink_down", ())),
-            str(e.get("product", "NVIDIA H100 80GB HBM3")),
-            tuple((int(x.get("facility", 0)), str(x["msg"])) for x in e.get("kmsg", ())),
-            float(e.get("throttle", 0.0)),
-            str(e.get("throttle_reason", "thermal")),
-            int(e.get("throttle_gpu", 0)),
-            int(e.get("sbe_rate", 0)),
-            int(e.get("ecc_gpu", 0)),
-            bool(e.get("hung", False)),
-            int(e.get("wrong", 0)),
-        )
+        return node_state(node, _entry(json.loads(text), node))
     except (OSError, ValueError, TypeError) as exc:
         raise StateError(f"PITSTOP_GPU_STATE: {exc}") from exc
+
+
+def node_state(node: str, e: Mapping[str, Any]) -> NodeState:
+    """A node's entry (as check_entry leaves it, or read from the state file) as its NodeState;
+    absent keys take the defaults (ValueError or TypeError: a value of the wrong kind)."""
+    total = int(e.get("total_gpus", 8))
+    return NodeState(
+        node,
+        total,
+        int(e.get("gpus", total)),
+        float(e.get("busbw", 190.0)),
+        str(e.get("dcgm", "pass")),
+        int(e.get("dcgm_gpu", 0)),
+        str(e.get("dcgm_schema", "v4")),
+        str(e.get("remap", "none")),
+        int(e.get("remap_gpu", 0)),
+        tuple(int(g) for g in e.get("nvlink_down", ())),
+        str(e.get("product", "NVIDIA H100 80GB HBM3")),
+        tuple((int(x.get("facility", 0)), str(x["msg"])) for x in e.get("kmsg", ())),
+        float(e.get("throttle", 0.0)),
+        str(e.get("throttle_reason", "thermal")),
+        int(e.get("throttle_gpu", 0)),
+        int(e.get("sbe_rate", 0)),
+        int(e.get("ecc_gpu", 0)),
+        bool(e.get("hung", False)),
+        int(e.get("wrong", 0)),
+    )
 
 
 def load_or_say(tool: str) -> NodeState | None:
