@@ -40,11 +40,11 @@ import json
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, Protocol, TypedDict
 
-from pitstop.local.compute_shapes import GpuStateSet
+from pitstop.local.compute_shapes import ArmedFault, GpuStateSet
 
 
 class _Spec(Protocol):
@@ -103,11 +103,29 @@ class ChaosError(ValueError):
 # -- flag files (shared by the stack, which arms them, and chaos_main, which takes them) ----------
 
 
-def arm_flag(chaos_dir: Path, kind: str, times: int, node: str | None, method: str | None) -> dict[str, Any]:
+class Flag(TypedDict):
+    """An armed flag file: uses ``left``, for calls on ``node`` and of ``method`` (None: any)."""
+
+    left: int
+    node: str | None
+    method: str | None
+
+
+class Done(TypedDict, total=False):
+    """What a chaos request did (``kind`` always; the rest as the kind has it)."""
+
+    kind: str
+    armed: Flag | list[ArmedFault]  # a flag kind's flag; compute-error: the fake Compute's faults
+    agent: object  # the stack's answer to agent-down|up
+    gpu: GpuStateSet
+    runs: dict[str, int]  # hang: the runs told to stop beating (job -> run)
+
+
+def arm_flag(chaos_dir: Path, kind: str, times: int, node: str | None, method: str | None) -> Flag:
     if kind not in FLAG_KINDS:
         raise ChaosError(f"{kind} is not a flag kind")
     chaos_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"left": times, "node": node, "method": method}
+    doc: Flag = {"left": times, "node": node, "method": method}
     with _locked(chaos_dir / f"{kind}.json") as f:
         f.seek(0)
         f.truncate()
@@ -115,8 +133,8 @@ def arm_flag(chaos_dir: Path, kind: str, times: int, node: str | None, method: s
     return doc
 
 
-def armed_flags(chaos_dir: Path) -> dict[str, dict[str, Any]]:
-    out = {}
+def armed_flags(chaos_dir: Path) -> dict[str, Flag]:
+    out: dict[str, Flag] = {}
     for kind in FLAG_KINDS:
         path = chaos_dir / f"{kind}.json"
         with contextlib.suppress(OSError, ValueError):
@@ -161,7 +179,7 @@ def flag_applies(chaos_dir: Path, kind: str, node: str | None, method: str | Non
     return doc is not None and int(doc.get("left") or 0) > 0 and _applies(doc, node, method)
 
 
-def _applies(doc: dict[str, Any], node: str | None, method: str | None) -> bool:
+def _applies(doc: Mapping[str, object], node: str | None, method: str | None) -> bool:
     return doc.get("node") in (None, node) and doc.get("method") in (None, method)
 
 
@@ -185,7 +203,7 @@ def apply(
     times: int = 1,
     node: str | None = None,
     method: str | None = None,
-) -> dict[str, Any]:
+) -> Done:
     """Carry out one chaos request on ``stack``; what was done, as JSON."""
     if kind not in KINDS:
         raise ChaosError(f"unknown chaos kind {kind!r}; one of: {', '.join(KINDS)}")
@@ -196,7 +214,7 @@ def apply(
     if node is not None and node not in stack.spec.node_names:
         raise ChaosError(f"no node {node!r} in this stack")
     if kind == "compute-error":
-        return {"kind": kind, **_compute_error(stack, arg, times, node, method)}
+        return {"kind": kind, "armed": _compute_error(stack, arg, times, node, method)}
     if kind in FLAG_KINDS:
         return {"kind": kind, "armed": arm_flag(stack.chaos_dir, kind, times, node, method)}
     if kind in ("agent-down", "agent-up"):
@@ -209,19 +227,19 @@ def apply(
         stack.restart_firestore(down_s=float(arg) if arg else 2.0)
         return {"kind": kind}
     if kind in TELEMETRY_KINDS:
-        return {"kind": kind, **_telemetry(stack, kind, node, arg)}
+        return _telemetry(stack, kind, node, arg)
     clear_flags(stack.chaos_dir)
     _post(stack.endpoints["compute"] + "/_admin/faults", {"clear": True})
     return {"kind": kind}
 
 
-def _telemetry(stack: Stack, kind: str, node: str | None, arg: str | None = None) -> dict[str, Any]:
+def _telemetry(stack: Stack, kind: str, node: str | None, arg: str | None = None) -> Done:
     """A fault that prints no Xid: a hung job (its runs stop beating), a throttled or degrading GPU."""
     if node is None and kind != "hang":
         raise ChaosError(f"{kind} needs --node")
     if arg not in (None, "link") or (arg == "link" and kind != "hang"):
         raise ChaosError("only hang takes an argument: link (the node's link, not its GPU)")
-    out: dict[str, Any] = {}
+    out: Done = {"kind": kind}
     if node is not None:
         out["gpu"] = stack.set_gpu_state(node, "hung_link" if arg == "link" else GPU_PRESET[kind])
     if kind == "hang" and stack.spec.scheduler == "gke" and node is not None:
@@ -241,21 +259,22 @@ def _telemetry(stack: Stack, kind: str, node: str | None, arg: str | None = None
 
 def _compute_error(
     stack: Stack, arg: str | None, times: int, node: str | None, method: str | None
-) -> dict[str, Any]:
+) -> list[ArmedFault]:
+    """Arm the fake Compute's fault; the faults it has armed now."""
     code, _, reason = (arg or "").partition(":")
     if not code.isdigit() or not 400 <= int(code) <= 599:
         raise ChaosError("compute-error needs an HTTP error status, e.g. 503 or 403:rateLimitExceeded")
-    body: dict[str, Any] = {"code": int(code), "times": times, "node": node, "method": method}
+    body: dict[str, object] = {"code": int(code), "times": times, "node": node, "method": method}
     if reason:
         body["reason"] = reason
     try:
-        armed: dict[str, Any] = _post(stack.endpoints["compute"] + "/_admin/faults", body)
+        armed: list[ArmedFault] = _post(stack.endpoints["compute"] + "/_admin/faults", body)["armed"]
     except urllib.error.HTTPError as exc:
         raise ChaosError(f"fake Compute refused the fault: {exc.read().decode(errors='replace')}") from None
     return armed
 
 
-def _post(url: str, body: dict[str, Any]) -> Any:
+def _post(url: str, body: Mapping[str, object]) -> Any:
     req = urllib.request.Request(  # noqa: S310 - loopback URLs from the stack's own state
         url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
     )

@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Mapping
 from http.server import ThreadingHTTPServer
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from pitstop.local import chaos
 from pitstop.local.json_http import serve_json
@@ -31,6 +32,15 @@ class Stack(chaos.Stack, Protocol):
     procs: dict[str, Proc]
 
     def refresh_pids(self) -> None: ...
+
+
+class ControlStatus(TypedDict):
+    """The controller's ``/status``: restarts by process, the Slurm agent, the armed flags."""
+
+    restarts: dict[str, int]
+    agent: str
+    flags: dict[str, chaos.Flag]
+    at: float
 
 
 SUPERVISED = ("ingest", "actuate", "notify", "sweep", "scheduler")
@@ -99,18 +109,21 @@ class Controller:
         except (ValueError, TypeError) as exc:  # chaos.ChaosError is a ValueError
             return 400, {"error": str(exc)}
 
-    def chaos(self, body: dict[str, Any]) -> dict[str, Any]:
+    def chaos(self, body: Mapping[str, object]) -> chaos.Done:
         arg, node, method = body.get("arg"), body.get("node"), body.get("method")
+        times = body.get("times") or 1
+        if not isinstance(times, int | float | str):
+            raise TypeError("times must be a number")
         return chaos.apply(
             self.stack,
             str(body.get("kind")),
             None if arg is None else str(arg),
-            int(body.get("times") or 1),
+            int(times),
             None if node is None else str(node),
             None if method is None else str(method),
         )
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ControlStatus:
         agent = self.stack.procs.get("slurm-agent")
         return {
             "restarts": dict(self.restarts),
