@@ -17,12 +17,26 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 NOT_EFFECTS = frozenset({"set_labels"})
+# Incidents, effects and the agent's results as stored or recorded: JSON read with checked accessors
+Doc = Mapping[str, object]
 
 
-def _slurm_effect(doc: Mapping[str, Any]) -> str | None:
+def _num(doc: Doc, key: str) -> float:
+    """A number field; 0 when absent, null or not a number."""
+    v = doc.get(key)
+    return float(v) if isinstance(v, int | float) else 0.0
+
+
+def _instance(inc: Doc) -> str | None:
+    """The VM an incident is about (None: a job's episode, which has no node of its own)."""
+    node = inc.get("node")
+    name = node.get("instance") if isinstance(node, Mapping) else None
+    return str(name) if name else None
+
+
+def _slurm_effect(doc: Doc) -> str | None:
     """The effect one finished agent command had, or None (a probe, a refusal, nothing changed)."""
     if doc.get("state", "done" if doc.get("ok") else "failed") != "done":
         return None
@@ -41,29 +55,29 @@ def _slurm_effect(doc: Mapping[str, Any]) -> str | None:
 
 
 def by_incident(
-    incidents: Iterable[Mapping[str, Any]],
-    compute_effects: Iterable[Mapping[str, Any]],
-    slurm_results: Mapping[str, Mapping[str, Any]],
-    kube_effects: Iterable[Mapping[str, Any]] | None = None,
+    incidents: Iterable[Doc],
+    compute_effects: Iterable[Doc],
+    slurm_results: Mapping[str, Doc],
+    kube_effects: Iterable[Doc] | None = None,
 ) -> dict[str, dict[str, dict[str, int]]]:
     """``{incident id: {"compute": {method: n}, "slurm": {op: n}[, "kube": {method: n}]}}``.
 
     ``slurm_results`` by document id; ``"kube"`` only when ``kube_effects`` is given (a GKE stack).
     """
-    per_node: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    per_node: dict[str, list[Doc]] = defaultdict(list)
     for inc in incidents:
-        if inc.get("node"):  # a job's episode (hang) has no node of its own to attribute effects to
-            per_node[inc["node"]["instance"]].append(inc)
+        if (vm := _instance(inc)) is not None:  # a job's episode (hang) has no node to attribute effects to
+            per_node[vm].append(inc)
     out: dict[str, dict[str, dict[str, int]]] = {}
     effects = [e for e in compute_effects if e.get("method") not in NOT_EFFECTS]
     kube = None if kube_effects is None else list(kube_effects)
     for node, incs in per_node.items():
-        incs.sort(key=lambda i: float(i.get("created_at") or 0))
+        incs.sort(key=lambda i: _num(i, "created_at"))
         for n, inc in enumerate(incs):
-            start = float(inc.get("created_at") or 0)
-            end = float(incs[n + 1].get("created_at") or 0) if n + 1 < len(incs) else float("inf")
+            start = _num(inc, "created_at")
+            end = _num(incs[n + 1], "created_at") if n + 1 < len(incs) else float("inf")
             compute = Counter(
-                str(e["method"]) for e in effects if node in e.get("instances", ()) and start <= e["at"] < end
+                str(e["method"]) for e in effects if node in _names(e) and start <= _num(e, "at") < end
             )
             prefix = f"{str(inc['id']).lower()}-"
             slurm = Counter(
@@ -77,15 +91,19 @@ def by_incident(
     return out
 
 
-def _kube_counts(
-    effects: list[Mapping[str, Any]], iid: str, node: str, start: float, end: float
-) -> dict[str, int]:
+def _names(effect: Doc) -> list[object]:
+    """The VMs a Compute effect acted on."""
+    names = effect.get("instances")
+    return names if isinstance(names, list) else []
+
+
+def _kube_counts(effects: list[Doc], iid: str, node: str, start: float, end: float) -> dict[str, int]:
     """A taint by its value (the incident id); anything else by node and time."""
 
-    def mine(e: Mapping[str, Any]) -> bool:
+    def mine(e: Doc) -> bool:
         if e.get("method") in ("taint", "untaint"):
             return e.get("value") == iid
-        return e.get("node") == node and start <= float(e.get("at") or 0) < end
+        return e.get("node") == node and start <= _num(e, "at") < end
 
     return dict(Counter(str(e["method"]) for e in effects if mine(e)))
 
