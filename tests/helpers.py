@@ -239,7 +239,10 @@ ALERTS_TOPIC = "pitstop-alerts"
 
 
 def alert_delivery(
-    notification: dict[str, Any], topic: str = ALERTS_TOPIC, project: str = PROJECT, message_id: str = "9001"
+    notification: Mapping[str, object],
+    topic: str = ALERTS_TOPIC,
+    project: str = PROJECT,
+    message_id: str = "9001",
 ) -> dict[str, Any]:
     """A Monitoring notification as Eventarc hands it to ingest: a CloudEvent whose ``source`` is the
     topic it came through (reference/gcp-events.md §4), the notification as the message's data."""
@@ -275,18 +278,20 @@ def node_alert(
     """A notification of a node policy (infra/monitoring/telemetry/<stem>.json) on a VM of PROJECT."""
     from pitstop.local import alerting
 
-    return alerting.notification(
-        stem,
-        state,
-        incident_id=incident,
-        project=PROJECT,
-        metric_labels={},
-        resource_type="gce_instance",
-        resource_labels={"project_id": PROJECT, "zone": ZONE, "instance_id": "7000000003"},
-        display_name=node,
-        started_at=started_at,
-        ended_at=ended_at,
-        observed=observed,
+    return dict(
+        alerting.notification(
+            stem,
+            state,
+            incident_id=incident,
+            project=PROJECT,
+            metric_labels={},
+            resource_type="gce_instance",
+            resource_labels={"project_id": PROJECT, "zone": ZONE, "instance_id": "7000000003"},
+            display_name=node,
+            started_at=started_at,
+            ended_at=ended_at,
+            observed=observed,
+        )
     )
 
 
@@ -296,16 +301,18 @@ def job_alert(
     """A notification of the heartbeat policy about one job of cluster ``train``."""
     from pitstop.local import alerting
 
-    return alerting.notification(
-        "job-heartbeat",
-        state,
-        incident_id=incident,
-        project=PROJECT,
-        metric_labels={"cluster": "train", "job": job},
-        resource_type="global",
-        resource_labels={"project_id": PROJECT},
-        started_at=started_at,
-        ended_at=ended_at,
+    return dict(
+        alerting.notification(
+            "job-heartbeat",
+            state,
+            incident_id=incident,
+            project=PROJECT,
+            metric_labels={"cluster": "train", "job": job},
+            resource_type="global",
+            resource_labels={"project_id": PROJECT},
+            started_at=started_at,
+            ended_at=ended_at,
+        )
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -45,7 +46,7 @@ def throttle(state: str = "open", node: str = "a3-node-003", incident: str = "0.
     )
 
 
-def on_topic(doc: dict[str, Any], project: str = PROJECT, topic: str = ALERTS_TOPIC) -> FaultEvent:
+def on_topic(doc: Mapping[str, object], project: str = PROJECT, topic: str = ALERTS_TOPIC) -> FaultEvent:
     ev = CLF.classify(alert_delivery(doc, topic=topic, project=project))
     assert_valid_event(ev)
     return ev

@@ -21,6 +21,7 @@ import pytest
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import FaultEvent
 from pitstop.local import chaos, trainer
+from pitstop.local.alerting import AlertNotification
 from pitstop.local.compute_shapes import GpuStateSet
 from pitstop.local.gpu_tools import nvidia_smi
 from pitstop.local.gpu_tools.state import PRESETS, StateError, check_entry, load
@@ -36,7 +37,7 @@ class World:
     def __init__(self) -> None:
         self.t = 1_800_000_000.0
         self.states: dict[str, Any] = {}
-        self.sent: list[dict[str, Any]] = []
+        self.sent: list[AlertNotification] = []
         self.alerts = Alerting(
             PROJECT,
             ZONE,

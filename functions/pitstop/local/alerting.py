@@ -15,7 +15,9 @@ import json
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
+
+from pitstop.core.domain import JsonObject
 
 ROOT = Path(__file__).resolve().parents[3]
 TELEMETRY = ROOT / "infra" / "monitoring" / "telemetry"
@@ -26,9 +28,49 @@ RESOURCE_DISPLAY = {
 }
 
 
+class Documentation(TypedDict):
+    content: str
+    mime_type: str
+    subject: str
+
+
+class AlertIncident(TypedDict):
+    """``incident`` of a Monitoring notification (schema version 1.2) as Pub/Sub channels carry it."""
+
+    condition: JsonObject  # the policy's condition as deployed (open: Monitoring's own resource)
+    condition_name: str
+    documentation: Documentation
+    ended_at: int | None
+    incident_id: str
+    metadata: dict[str, dict[str, str]]
+    metric: dict[str, object]
+    observed_value: str
+    policy_name: str
+    policy_user_labels: dict[str, str]
+    resource: dict[str, object]
+    resource_display_name: str
+    resource_id: str
+    resource_name: str
+    resource_type_display_name: str
+    scoping_project_id: str
+    scoping_project_number: int
+    severity: str
+    started_at: int
+    state: str
+    summary: str
+    threshold_value: str
+    url: str
+
+
+class AlertNotification(TypedDict):
+    incident: AlertIncident
+    version: str
+
+
 @cache
-def policies() -> dict[str, dict[str, Any]]:
-    """The deployed telemetry policies by file stem (what `pitstop deploy` creates)."""
+def policies() -> dict[str, JsonObject]:
+    """The deployed telemetry policies by file stem (what `pitstop deploy` creates): Monitoring's
+    AlertPolicy resources as JSON files, read as they are."""
     return {p.stem: json.loads(p.read_text()) for p in sorted(TELEMETRY.glob("*.json"))}
 
 
@@ -37,7 +79,7 @@ def policy_id(stem: str) -> str:
     return str(1_000_000_000_000_000_000 + sum(ord(c) * 31**i for i, c in enumerate(stem)) % 10**18)
 
 
-def _condition(policy: Mapping[str, Any], project: str, pid: str) -> dict[str, Any]:
+def _condition(policy: JsonObject, project: str, pid: str) -> JsonObject:
     cond = dict(policy["conditions"][0])
     cond["name"] = f"projects/{project}/alertPolicies/{pid}/conditions/{int(pid) % 10**18 + 1}"
     return cond
@@ -57,7 +99,7 @@ def notification(
     observed: str = "0",
     display_name: str = "",
     project_number: int = 123456789012,
-) -> dict[str, Any]:
+) -> AlertNotification:
     """One notification of the policy in ``infra/monitoring/telemetry/<stem>.json`` (open or closed)."""
     policy = policies()[stem]
     pid = policy_id(stem)
@@ -65,7 +107,7 @@ def notification(
     threshold = next((v.get("thresholdValue") for v in cond.values() if isinstance(v, dict)), None)
     word = "is above the threshold" if state == "open" else "returned to normal"
     banner = "ALERT" if state == "open" else "RESOLVED"
-    incident = {
+    incident: AlertIncident = {
         "condition": cond,
         "condition_name": cond["displayName"],
         "documentation": {
@@ -98,7 +140,7 @@ def notification(
     return {"incident": incident, "version": "1.2"}
 
 
-def _metric(cond: Mapping[str, Any]) -> str:
+def _metric(cond: Mapping[str, object]) -> str:
     """The metric type a condition's filter or query names (what Monitoring puts in ``metric.type``)."""
     for v in cond.values():
         if isinstance(v, dict) and "filter" in v:

@@ -19,7 +19,10 @@ import urllib.request
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pitstop.local.alerting import AlertNotification
 
 
 def _wait_forever(on_stop: Any = None) -> None:
@@ -61,7 +64,7 @@ def _alerting(args: argparse.Namespace) -> Any:
     pub = pubsub_v1.PublisherClient()
     topic = pub.topic_path(args.project, args.alerts_topic)
 
-    def publish(doc: dict[str, Any]) -> None:
+    def publish(doc: AlertNotification) -> None:
         pub.publish(topic, json.dumps(doc).encode()).result(timeout=30)
 
     def instance_id(node: str) -> str:

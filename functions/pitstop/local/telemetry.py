@@ -25,13 +25,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from pitstop.core.domain import JsonObject
 from pitstop.local import alerting
-from pitstop.local.gpu_tools.state import check_entry
+from pitstop.local.alerting import AlertNotification
+from pitstop.local.gpu_tools.state import GpuEntry, NodeState, check_entry, node_state
 
 HEARTBEAT = "custom.googleapis.com/pitstop/job/heartbeat"
-Publish = Callable[[dict[str, Any]], None]
+Publish = Callable[[AlertNotification], None]
 Lookup = Callable[[str], str]  # instance name -> its numeric id (the fake Compute's, now)
 
 
@@ -39,7 +40,7 @@ def _seconds(v: str) -> float:
     return float(v.rstrip("s"))
 
 
-def _condition(stem: str) -> dict[str, Any]:
+def _condition(stem: str) -> JsonObject:
     cond = alerting.policies()[stem]["conditions"][0]
     return dict(next(v for k, v in cond.items() if k.startswith("condition")))
 
@@ -61,7 +62,7 @@ class Alerting:
     project: str
     zone: str
     publish: Publish
-    gpu_state: Callable[[], Mapping[str, Any]]  # instance name -> its GPU state entry
+    gpu_state: Callable[[], Mapping[str, GpuEntry]]  # instance name -> its GPU state entry
     instance_id: Lookup
     scale: float = 1.0
     clock: Callable[[], float] = time.time
@@ -107,12 +108,12 @@ class Alerting:
     def _nodes(self, now: float) -> int:
         states = self.gpu_state()
         sent = 0
-        for stem, value in (("gpu-throttle", "throttle"), ("gpu-ecc-trend", "sbe_rate")):
+        for stem, value in (("gpu-throttle", _throttle), ("gpu-ecc-trend", _sbe_rate)):
             cond = _condition(stem)
             line, hold = float(cond["thresholdValue"]), _seconds(cond["duration"]) * self.scale
             known = {k[1] for k in (*self.open, *self.pending) if k[0] == stem}  # held, or was
             for node in sorted(set(states) | known):
-                v = float((states.get(node) or {}).get(value, 0) or 0)
+                v = value(node_state(node, states.get(node) or {}))
                 sent += self._node(stem, node, v, v > line, hold, now)
         return sent
 
@@ -133,13 +134,10 @@ class Alerting:
 
     def _send(self, a: _Open, state: str, now: float) -> None:
         if a.node is None:
-            where: dict[str, Any] = {
-                "resource_type": "global",
-                "resource_labels": {"project_id": self.project},
-            }
+            kind, labels, display = "global", {"project_id": self.project}, ""
         else:
             labels = {"project_id": self.project, "zone": self.zone, "instance_id": self.instance_id(a.node)}
-            where = {"resource_type": "gce_instance", "resource_labels": labels, "display_name": a.node}
+            kind, display = "gce_instance", a.node
         self.publish(
             alerting.notification(
                 a.stem,
@@ -150,7 +148,9 @@ class Alerting:
                 started_at=int(a.since),
                 ended_at=int(now) if state == "closed" else None,
                 observed=a.observed,
-                **where,
+                resource_type=kind,
+                resource_labels=labels,
+                display_name=display,
             )
         )
 
@@ -160,17 +160,25 @@ class Alerting:
             self.tick()
 
 
-def gpu_state_reader(path: str | None) -> Callable[[], dict[str, Any]]:
+def _throttle(s: NodeState) -> float:
+    return s.throttle
+
+
+def _sbe_rate(s: NodeState) -> float:
+    return float(s.sbe_rate)
+
+
+def gpu_state_reader(path: str | None) -> Callable[[], dict[str, GpuEntry]]:
     """The fake Compute's per-instance GPU state file, read fresh each time (missing: all healthy)."""
 
-    def read() -> dict[str, Any]:
+    def read() -> dict[str, GpuEntry]:
         if not path:
             return {}
         try:
             doc = json.loads(Path(path).read_text())
         except (OSError, ValueError):
             return {}
-        out: dict[str, Any] = {}
+        out: dict[str, GpuEntry] = {}
         for node, entry in doc.items() if isinstance(doc, dict) else ():
             try:
                 out[str(node)] = check_entry(entry)

@@ -20,6 +20,7 @@ from pitstop.core.domain import FaultEvent, Incident
 from pitstop.core.envelope import Delivery
 from pitstop.core.states import State
 from pitstop.local import alerting
+from pitstop.local.alerting import AlertNotification
 from pitstop.tools.sim.fleet import Fleet, Response
 from pitstop.tools.sim.scenario import Scenario
 from pitstop.tools.sim.trace import PROJECT, Fault, entries, node_ref
@@ -354,10 +355,10 @@ class PitstopTelemetry(Pitstop):
             return self._straggler(f, t, sim)
         return super().respond(f, t, sim)
 
-    def _alert(self, doc: dict[str, object], t: float, decided: float) -> str | None:
+    def _alert(self, doc: AlertNotification, t: float, decided: float) -> str | None:
         """One notification, as ingest takes it from the alerts topic, through the engine."""
         source = f"//pubsub.googleapis.com/projects/{PROJECT}/topics/{alerts.DEFAULT_TOPIC}"
-        ev = _classifier().from_delivery(Delivery(doc, f"alert-{t}"), source)
+        ev = _classifier().from_delivery(Delivery(dict(doc), f"alert-{t}"), source)
         ev["_observed_ts"] = T0 + t
         out = self.world.feed(ev, T0 + decided)
         return out.incident["id"] if out.incident is not None else None
