@@ -50,12 +50,12 @@ class AlertIncident(TypedDict):
     resource: dict[str, object]
     resource_display_name: str
     resource_id: str
+    scoping_project_number: int
     resource_name: str
     resource_type_display_name: str
-    scoping_project_id: str
-    scoping_project_number: int
-    severity: str
     started_at: int
+    scoping_project_id: str
+    severity: str
     state: str
     summary: str
     threshold_value: str
