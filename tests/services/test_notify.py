@@ -20,7 +20,7 @@ from google.protobuf import empty_pb2
 
 from pitstop.adapters.monitoring import MetricsWriter
 from pitstop.adapters.step_records import FirestoreStepStore
-from pitstop.local.fake_monitoring import FakeMonitoring, serve
+from pitstop.local.fake_monitoring import FakeMonitoring, Point, serve
 from pitstop.services import channels
 from pitstop.services.channels import Post
 from pitstop.services.notify import SINK_CLAIM_S, Notify, SinkBusyError
@@ -89,7 +89,7 @@ def _notify(
     return Notify([channels.Webhook("https://chat.example/hook", "chat", hook)], metrics, _ledger(fs), clock)
 
 
-def _failures(fake: FakeMonitoring) -> list[dict[str, Any]]:
+def _failures(fake: FakeMonitoring) -> list[Point]:
     return [s for s in fake.series if s["type"].endswith("/remediations_failed")]
 
 

@@ -14,14 +14,15 @@ import threading
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from pitstop.local.json_http import serve_json
+from pitstop.core.domain import JsonObject
+from pitstop.local.json_http import ErrorBody, serve_json
 
 _CLUSTER = re.compile(r"/v1/projects/([^/]+)/locations/([^/]+)/clusters/([^/?]+)")
 
 
 class FakeContainer:
     def __init__(self) -> None:
-        self.clusters: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.clusters: dict[tuple[str, str, str], JsonObject] = {}  # as added: a Cluster resource
         self.requests: list[str] = []
         self._fail: list[int] = []  # one status per request still to fail
         self.lock = threading.Lock()
@@ -67,7 +68,7 @@ class FakeContainer:
             return 200, dict(cluster)
 
 
-def _error(code: int, status: str, message: str) -> dict[str, Any]:
+def _error(code: int, status: str, message: str) -> ErrorBody:
     return {"error": {"code": code, "message": message, "status": status}}
 
 

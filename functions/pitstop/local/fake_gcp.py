@@ -26,11 +26,11 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
-from typing import Any, TypedDict
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from pitstop.core.domain import JsonObject
-from pitstop.local.json_http import serve_json
+from pitstop.local.json_http import ErrorBody, serve_json
 
 # API prefix -> the gcloud endpoint-override property that routes it here.
 OVERRIDES = {
@@ -79,18 +79,6 @@ TESTABLE_PERMISSIONS = frozenset(
         "compute.reservations.list",
     }
 )
-
-
-class ErrorDetail(TypedDict):
-    code: int
-    message: str
-    status: str | None
-
-
-class ErrorBody(TypedDict):
-    """Google's error envelope for the REST APIs gcloud calls."""
-
-    error: ErrorDetail
 
 
 class ApiError(Exception):

@@ -57,7 +57,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
@@ -387,15 +387,31 @@ def _chunk(h: BaseHTTPRequestHandler, event: Obj) -> None:
     h.wfile.flush()
 
 
-def node_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+class KubeEffect(TypedDict):
+    """A change a mutating request made that a remediation makes (cordon, taint, evict...)."""
+
+    method: str
+    node: str | None  # evict: the node the pod was on (None: not yet scheduled)
+    at: float
+    value: NotRequired[str | None]  # cordon/uncordon: None; taint/untaint: the incident it names
+    pod: NotRequired[str]  # evict: ``namespace/name``
+
+
+def _spec(n: Mapping[str, object]) -> Mapping[str, object]:
+    spec = n.get("spec")
+    return spec if isinstance(spec, Mapping) else {}
+
+
+def node_changes(before: Mapping[str, object], after: Mapping[str, object]) -> list[tuple[str, str | None]]:
     """What a node write changed that a remediation does: the cordon, and Pitstop's taint."""
 
-    def cordoned(n: Mapping[str, Any]) -> bool:
-        return bool((n.get("spec") or {}).get("unschedulable"))
+    def cordoned(n: Mapping[str, object]) -> bool:
+        return bool(_spec(n).get("unschedulable"))
 
-    def fences(n: Mapping[str, Any]) -> set[str]:
-        taints = (n.get("spec") or {}).get("taints") or []
-        return {str(t.get("value")) for t in taints if isinstance(t, dict) and t.get("key") == FENCE_TAINT}
+    def fences(n: Mapping[str, object]) -> set[str]:
+        taints = _spec(n).get("taints") or []
+        listed = taints if isinstance(taints, list) else []
+        return {str(t.get("value")) for t in listed if isinstance(t, dict) and t.get("key") == FENCE_TAINT}
 
     out: list[tuple[str, str | None]] = []
     if cordoned(before) != cordoned(after):
@@ -432,7 +448,7 @@ class FakeKube:
         self.controllers = Controllers(self.store, vm_status, self.runner)
         self.auto, self.interval = auto, interval
         self.requests: list[tuple[str, str, str]] = []  # (method, path with query, content type)
-        self.effects: list[dict[str, Any]] = []  # what mutating requests changed (GET /_admin/effects)
+        self.effects: list[KubeEffect] = []  # what mutating requests changed (GET /_admin/effects)
         self.errors: list[str] = []  # controller exceptions from the background loop
         self._server: _Server | None = None
         self._stop = threading.Event()

@@ -14,11 +14,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from concurrent import futures
-from typing import Any
+from typing import TypedDict
 
 import grpc
 from google.cloud.monitoring_v3.types import metric, metric_service
 from google.protobuf import empty_pb2
+
+from pitstop.local.gpu_tools.state import GpuEntry, node_state
 
 SERVICE = "google.monitoring.v3.MetricService"
 HEARTBEAT = "custom.googleapis.com/pitstop/job/heartbeat"
@@ -26,7 +28,16 @@ THROTTLE = "workload.googleapis.com/gpu.dcgm.clock.throttle_duration.time"
 ECC = "workload.googleapis.com/gpu.dcgm.ecc_errors"
 _TYPE = re.compile(r'metric\.type\s*=\s*"([^"]+)"')
 _NAMES = re.compile(r"metadata\.system_labels\.name\s*=\s*one_of\(([^)]*)\)")
-GpuState = Callable[[], Mapping[str, Any]]
+GpuState = Callable[[], Mapping[str, GpuEntry]]  # instance name -> its GPU state entry
+
+
+class Point(TypedDict):
+    """One point written (createTimeSeries), as the stand-in keeps it."""
+
+    type: str
+    labels: dict[str, str]
+    value: float
+    resource: str
 
 
 class FakeMonitoring:
@@ -35,7 +46,7 @@ class FakeMonitoring:
         on_heartbeat: Callable[[Mapping[str, str]], None] | None = None,
         gpu_state: GpuState | None = None,
     ) -> None:
-        self.series: list[dict[str, Any]] = []
+        self.series: list[Point] = []
         self.on_heartbeat = on_heartbeat
         self.gpu_state = gpu_state or dict
 
@@ -55,12 +66,8 @@ class FakeMonitoring:
         states = self.gpu_state()
         out = metric_service.ListTimeSeriesResponse()
         for name in re.findall(r'"([^"]+)"', names.group(1)):
-            st = states.get(name) or {}
-            value = (
-                float(st.get("throttle", 0) or 0)
-                if metric_type == THROTTLE
-                else float(st.get("sbe_rate", 0) or 0) * period / 3600
-            )
+            st = node_state(name, states.get(name) or {})
+            value = st.throttle if metric_type == THROTTLE else float(st.sbe_rate) * period / 3600
             ts = metric.TimeSeries()
             ts.metric.type = metric_type
             ts.resource.type = "gce_instance"

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
+from pitstop.core.domain import JsonObject
 from pitstop.local.gke_stack import (
     FENCE_KEY,
     GPU,
@@ -111,7 +112,7 @@ class Gangs:
         )
 
 
-def fenced_by(events: list[dict[str, Any]], node: str, iid: str) -> bool:
+def fenced_by(events: list[JsonObject], node: str, iid: str) -> bool:
     """Whether a node watch saw the node cordoned with Pitstop's taint for this incident."""
     taint = {"key": FENCE_KEY, "value": iid, "effect": "NoSchedule"}
     return any(
@@ -122,10 +123,16 @@ def fenced_by(events: list[dict[str, Any]], node: str, iid: str) -> bool:
     )
 
 
-def evictions(events: list[dict[str, Any]], node: str) -> list[dict[str, Any]]:
+class Eviction(TypedDict):
+    pod: str
+    at: float
+    grace: int | None
+
+
+def evictions(events: list[JsonObject], node: str) -> list[Eviction]:
     """Pods on the node a pod watch saw evicted through the Eviction API: when, and the grace
     period their deletion started with."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Eviction] = {}
     for e in events:
         pod = e["object"]
         conds = (pod.get("status") or {}).get("conditions") or []

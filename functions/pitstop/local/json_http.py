@@ -6,7 +6,20 @@ import json
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypedDict
+
+
+class ErrorDetail(TypedDict):
+    code: int
+    message: str
+    status: str | None
+
+
+class ErrorBody(TypedDict):
+    """Google's error envelope of the REST APIs (``status``: the canonical code's name)."""
+
+    error: ErrorDetail
+
 
 # (method, path with query, raw body) -> (status, JSON-able body)
 Dispatch = Callable[[str, str, bytes], tuple[int, Any]]
