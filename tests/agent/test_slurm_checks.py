@@ -104,7 +104,7 @@ def compute(tmp_path: Path) -> Iterator[FakeCompute]:
         os.environ["PITSTOP_GPU_STATE"] = before
 
 
-def gpu_state(fake: FakeCompute, node: str, state: Any) -> dict[str, Any]:
+def gpu_state(fake: FakeCompute, node: str, state: Any) -> Any:
     code, body = fake.dispatch(
         "POST", "/_admin/gpu_state", {"project": PROJECT, "zone": ZONE, "instance": node, "state": state}
     )
@@ -770,10 +770,10 @@ def test_gpu_state_follows_the_host_a_vm_runs_on(tmp_path: Path) -> None:
     for n in ("vm-1", "vm-2"):
         fake.add_instance(PROJECT, ZONE, n, mig="grp")
 
-    def post(p: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def post(p: str, body: dict[str, Any]) -> tuple[int, Any]:
         return fake.dispatch("POST", p, body)
 
-    def admin(name: str, state: Any) -> tuple[int, dict[str, Any]]:
+    def admin(name: str, state: Any) -> tuple[int, Any]:
         return post("/_admin/gpu_state", {"project": PROJECT, "zone": ZONE, "instance": name, "state": state})
 
     def vm(name: str, method: str, body: dict[str, Any] | None = None) -> None:

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, cast
+from typing import NoReturn, cast
 
 import grpc
 from google.cloud.workflows.executions_v1.types import executions as t
@@ -143,7 +143,7 @@ class ExecutionsService:
 
 
 def serve(service: ExecutionsService, host: str = "127.0.0.1", port: int = 0) -> tuple[grpc.Server, int]:
-    handlers: dict[str, Any] = {
+    handlers: dict[str, grpc.RpcMethodHandler] = {
         "CreateExecution": grpc.unary_unary_rpc_method_handler(
             service.create, t.CreateExecutionRequest.deserialize, t.Execution.serialize
         ),

@@ -33,10 +33,13 @@ never apply to policies and bindings themselves, as on a real server. CEL is cel
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pitstop.local.k8s_patch import selector_matches
 from pitstop.local.k8s_store import BY_KIND, ApiError, Obj, Resource, Store, invalid
+
+if TYPE_CHECKING:
+    import celpy
 
 GROUP = "admissionregistration.k8s.io"
 POLICY, BINDING = "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"
@@ -127,7 +130,7 @@ class Policies:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._programs: dict[str, Any] = {}
+        self._programs: dict[str, celpy.Runner] = {}  # CEL expression -> its compiled program
         self.decisions: list[Obj] = []  # every binding that applied to a request: what it decided
 
     def review(self, req: Request, old: Obj | None, new: Obj | None) -> None:

@@ -27,7 +27,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-Obj = dict[str, Any]
+from pitstop.core.domain import JsonObject
+
+# A Kubernetes object as the fake API server stores it: whatever the client sent, of any kind,
+# changed only by the API's own rules (metadata, patches, defaults): open shape by nature.
+Obj = JsonObject
 
 # field name -> patchMergeKey, from the Go API types (k8s.io/api core/v1, batch/v1, meta/v1).
 MERGE_KEYS: dict[str, str] = {

@@ -42,9 +42,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pitstop.core.domain import JsonObject
 from pitstop.local.k8s_patch import fields_match, labels_match
 
-Obj = dict[str, Any]
+Obj = JsonObject  # a stored Kubernetes object (k8s_patch.Obj): open shape
+
 FIRST_RV = 1000
 
 

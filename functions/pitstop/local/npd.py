@@ -18,9 +18,10 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
+
+from pitstop.core.domain import JsonObject
 
 MANIFEST = Path(__file__).resolve().parents[3] / "infra" / "gke" / "npd.yaml"
 CONFIG_KEY = "kernel-monitor.json"
@@ -41,7 +42,7 @@ class Monitor:
     rules: tuple[Rule, ...]
 
 
-def monitor_config(path: Path = MANIFEST) -> dict[str, Any]:
+def monitor_config(path: Path = MANIFEST) -> JsonObject:
     """The rule file as deployed: the ConfigMap's kernel-monitor.json in infra/gke/npd.yaml."""
     for doc in yaml.safe_load_all(path.read_text()):
         if isinstance(doc, dict) and doc.get("kind") == "ConfigMap":
@@ -51,7 +52,7 @@ def monitor_config(path: Path = MANIFEST) -> dict[str, Any]:
     raise ValueError(f"{path}: no ConfigMap with {CONFIG_KEY}")
 
 
-def load(doc: Mapping[str, Any]) -> Monitor:
+def load(doc: JsonObject) -> Monitor:
     """The rules, checked as NPD would need them (kmsg plugin, conditions declared before use)."""
     if doc.get("plugin") != "kmsg":
         raise ValueError("the kernel monitor must read kmsg")

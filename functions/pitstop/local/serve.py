@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -133,7 +133,7 @@ def pagerduty_errors(event: Any) -> list[str]:
         errors.append("'dedup_key' must be 255 characters or less")
     if event.get("event_action") == "trigger":
         found = event.get("payload")
-        payload: dict[str, Any] = found if isinstance(found, dict) else {}
+        payload: Mapping[str, object] = found if isinstance(found, dict) else {}
         for key in ("summary", "source", "severity"):
             if not payload.get(key):
                 errors.append(f"'payload.{key}' is missing or blank")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from pitstop.local.gpu_tools.state import NodeState, load_or_say
 
@@ -15,6 +15,54 @@ _SUITE = {
     3: [("Hardware", "diagnostic"), ("Stress", "targeted_stress"), ("Stress", "targeted_power")],
     4: [("Hardware", "memtest"), ("Stress", "pulse_test")],
 }
+
+
+class DiagWarning(TypedDict):
+    error_category: int
+    error_id: int
+    error_severity: int
+    warning: str
+
+
+class Result(TypedDict, total=False):
+    """One GPU's result of a test: DCGM 4 names the entity (``entity_*``), DCGM 3 the ``gpu_id``."""
+
+    entity_group: str
+    entity_group_id: int
+    entity_id: int
+    gpu_id: str
+    status: str
+    warnings: list[DiagWarning]
+
+
+class Test(TypedDict):
+    name: str
+    results: list[Result]
+    test_summary: NotRequired[dict[str, str]]  # DCGM 4: the worst status of the test
+
+
+class Category(TypedDict):
+    category: str
+    tests: list[Test]
+
+
+class Diagnostic(TypedDict):
+    test_categories: list[Category]
+    version: NotRequired[str]  # DCGM 3 puts it here; DCGM 4 in ``metadata``
+
+
+# The document's keys have spaces (``DCGM Diagnostic``, DCGM 4; ``DCGM GPU Diagnostic``, DCGM 3).
+Document = TypedDict(
+    "Document",
+    {
+        "DCGM Diagnostic": Diagnostic,
+        "DCGM GPU Diagnostic": Diagnostic,
+        "entity_groups": list[dict[str, object]],
+        "metadata": dict[str, str],
+    },
+    total=False,
+)
+
 _FAIL_TEXT = "GPU {g} had uncorrectable memory errors and row remapping failed"  # stand-in wording
 _WARN_TEXT = "GPU {g} PCIe replay count exceeded the threshold"  # stand-in wording
 
@@ -23,8 +71,8 @@ def _tests(level: int) -> list[tuple[str, str]]:
     return [t for lv in range(1, max(1, min(level, 4)) + 1) for t in _SUITE[lv]]
 
 
-def _result(s: NodeState, gpu: int, status: str, v4: bool) -> dict[str, Any]:
-    r: dict[str, Any] = (
+def _result(s: NodeState, gpu: int, status: str, v4: bool) -> Result:
+    r: Result = (
         {"entity_group": "GPU", "entity_group_id": 1, "entity_id": gpu} if v4 else {"gpu_id": str(gpu)}
     )
     r["status"] = status
@@ -34,17 +82,17 @@ def _result(s: NodeState, gpu: int, status: str, v4: bool) -> dict[str, Any]:
     return r
 
 
-def document(s: NodeState, level: int) -> dict[str, Any]:
+def document(s: NodeState, level: int) -> Document:
     """The failing or warning test is the last of the suite, on ``dcgm_gpu``; the rest pass."""
     v4 = s.dcgm_schema != "v3"
     suite = _tests(level)
     bad = {"fail": "Fail", "warn": "Warn"}.get(s.dcgm)
-    categories: dict[str, list[dict[str, Any]]] = {}
+    categories: dict[str, list[Test]] = {}
     for n, (category, name) in enumerate(suite):
         statuses = ["Pass"] * s.gpus
         if bad and n == len(suite) - 1 and s.dcgm_gpu < s.gpus:
             statuses[s.dcgm_gpu] = bad
-        test: dict[str, Any] = {
+        test: Test = {
             "name": name,
             "results": [_result(s, g, st, v4) for g, st in enumerate(statuses)],
         }
@@ -52,7 +100,7 @@ def document(s: NodeState, level: int) -> dict[str, Any]:
             worst = bad if bad in statuses else "Pass"
             test["test_summary"] = {"status": worst}
         categories.setdefault(category, []).append(test)
-    cats = [{"category": c, "tests": t} for c, t in categories.items()]
+    cats: list[Category] = [{"category": c, "tests": t} for c, t in categories.items()]
     if not v4:
         return {"DCGM GPU Diagnostic": {"test_categories": cats, "version": "3.3.9"}}
     ents = [{"device_id": "2330", "entity_id": g, "serial_num": f"165{g:010d}"} for g in range(s.gpus)]

@@ -9,7 +9,7 @@ import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TypedDict
 
 # PCI bus ids of the 8 GPUs of an A3 node (as nvidia-smi prints them on a3-megagpu-8g).
 PCI_BUSES = ("04", "05", "0b", "0c", "84", "85", "8b", "8c", "90", "91", "92", "93", "94", "95", "96", "97")
@@ -145,7 +145,7 @@ def check_entry(entry: object) -> GpuEntry:
     return out
 
 
-def _entry(doc: Any, node: str) -> dict[str, Any]:
+def _entry(doc: object, node: str) -> Mapping[str, object]:
     if not isinstance(doc, dict):
         raise StateError("state must be a JSON object keyed by node name")
     entry = doc.get(node, {})
@@ -180,30 +180,54 @@ def load(env: dict[str, str] | None = None, node: str | None = None) -> NodeStat
         raise StateError(f"PITSTOP_GPU_STATE: {exc}") from exc
 
 
-def node_state(node: str, e: Mapping[str, Any]) -> NodeState:
+def _int(v: object) -> int:
+    if isinstance(v, int | float | str):
+        return int(v)
+    raise TypeError(f"not a number: {v!r}")
+
+
+def _float(v: object) -> float:
+    if isinstance(v, int | float | str):
+        return float(v)
+    raise TypeError(f"not a number: {v!r}")
+
+
+def _items(v: object) -> list[object]:
+    if isinstance(v, list | tuple):
+        return list(v)
+    raise TypeError(f"not a list: {v!r}")
+
+
+def _kmsg(x: object) -> tuple[int, str]:
+    if not isinstance(x, Mapping):
+        raise TypeError(f"not a kernel line: {x!r}")
+    return _int(x.get("facility", 0)), str(x["msg"])
+
+
+def node_state(node: str, e: Mapping[str, object]) -> NodeState:
     """A node's entry (as check_entry leaves it, or read from the state file) as its NodeState;
     absent keys take the defaults (ValueError or TypeError: a value of the wrong kind)."""
-    total = int(e.get("total_gpus", 8))
+    total = _int(e.get("total_gpus", 8))
     return NodeState(
         node,
         total,
-        int(e.get("gpus", total)),
-        float(e.get("busbw", 190.0)),
+        _int(e.get("gpus", total)),
+        _float(e.get("busbw", 190.0)),
         str(e.get("dcgm", "pass")),
-        int(e.get("dcgm_gpu", 0)),
+        _int(e.get("dcgm_gpu", 0)),
         str(e.get("dcgm_schema", "v4")),
         str(e.get("remap", "none")),
-        int(e.get("remap_gpu", 0)),
-        tuple(int(g) for g in e.get("nvlink_down", ())),
+        _int(e.get("remap_gpu", 0)),
+        tuple(_int(g) for g in _items(e.get("nvlink_down", ()))),
         str(e.get("product", "NVIDIA H100 80GB HBM3")),
-        tuple((int(x.get("facility", 0)), str(x["msg"])) for x in e.get("kmsg", ())),
-        float(e.get("throttle", 0.0)),
+        tuple(_kmsg(x) for x in _items(e.get("kmsg", ()))),
+        _float(e.get("throttle", 0.0)),
         str(e.get("throttle_reason", "thermal")),
-        int(e.get("throttle_gpu", 0)),
-        int(e.get("sbe_rate", 0)),
-        int(e.get("ecc_gpu", 0)),
+        _int(e.get("throttle_gpu", 0)),
+        _int(e.get("sbe_rate", 0)),
+        _int(e.get("ecc_gpu", 0)),
         bool(e.get("hung", False)),
-        int(e.get("wrong", 0)),
+        _int(e.get("wrong", 0)),
     )
 
 
