@@ -148,6 +148,10 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         self._claim_lock = threading.Lock()
         self.writes = 0  # documents written by this process, for `pitstop bench ingest`
         self.retries = 0  # transactions that lost to a contender and ran again (`pitstop bench ingest`)
+        # Decisions' commits refused on their conditions (a contender wrote first), and the writes
+        # they carried (`pitstop bench ingest`: what the race between instances costs).
+        self.refused = self.refused_writes = 0
+        self.commits: dict[str, int] = {}  # "<committed|refused> <result>" -> decisions (the bench's)
         self.snaps = SnapCache()  # node and incident documents as last read or written here
 
     def _count_writes(self, n: int) -> None:
@@ -253,11 +257,22 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         try:
             batch.commit()
         except (*LOST, gexc.InvalidArgument):
+            self._tally("refused", out.result, ttl, len(batch._write_pbs))
             self.snaps.drop(*read.paths)  # another instance wrote them: read them next time
             raise
+        self._tally("committed", out.result, ttl, 0)
         for ref, doc, at in read.done:  # a write that changed nothing keeps its older update time
             self.snaps.written(ref, doc, batch.write_results[at].update_time)
         return out
+
+    def _tally(self, how: str, result: str, ttl: float, writes: int) -> None:
+        """Count a decision's commit for the bench (``ttl`` 0: decided on fresh reads)."""
+        what = f"{how} {result}" + ("" if ttl > 0 else " fresh")
+        with self._lock:
+            self.commits[what] = self.commits.get(what, 0) + 1
+            if how == "refused":
+                self.refused += 1
+                self.refused_writes += writes
 
     def _snap(self, ref: Any, ttl: float) -> Any:
         """A document for a decision: as this process saw it less than ``ttl`` ago, or read now."""
