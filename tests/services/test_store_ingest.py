@@ -581,7 +581,7 @@ def test_a_raise_another_instance_made_meanwhile_costs_a_read_not_a_refused_comm
 ) -> None:
     """The raise race (issue 23): an instance whose view of a node's incident is a moment old meets
     a stronger line while deliveries crowd in; another instance raised the incident meanwhile. It
-    reads the incident again before deciding (services/coalesce.py ``_pause``) and counts the line
+    reads the incident again before deciding (services/coalesce.py ``Crowd.pause``) and counts the line
     in memory: no commit, so none refused (it committed on its view, and its commit was refused:
     its writes and three reads, on each of ten instances)."""
     from pitstop.services.coalesce import DIRECT_LINES
@@ -595,12 +595,12 @@ def test_a_raise_another_instance_made_meanwhile_costs_a_read_not_a_refused_comm
     assert b.handle_payload(entry(XID94, "a3-node-063", 100)).coalesced  # b's view: RESTART_JOB
     b.coalescer.flush_all(clock.t)  # written and checked: nothing buffered (no merge reads it again)
     assert a.handle_payload(entry(XID79, "a3-node-063", 101)).result == "raised"
-    b.coalescer.race_wait = 0.0  # no pause needed here: a's commit is in already
-    b.coalescer._inflight_deliveries = 1  # another delivery in flight at b: a storm
+    b.coalescer.crowd.wait_s = 0.0  # no pause needed here: a's commit is in already
+    b.coalescer.crowd.inflight = 1  # another delivery in flight at b: a storm
     out = b.handle_payload(entry(XID79, "a3-node-063", 102))
     assert out.coalesced and out.incident is not None and out.incident["action"] == "REBOOT_NODE"
     assert cast(IncidentStore, b.store).commits == {}  # no decision committed, none refused
-    b.coalescer._inflight_deliveries = 0
+    b.coalescer.crowd.inflight = 0
     b.coalescer.flush_all(clock.t)
     (inc,) = a.store.list()
     assert inc["counts"]["events"] == DIRECT_LINES + 3
