@@ -4,6 +4,8 @@ store is what the functions see on Firestore."""
 
 from __future__ import annotations
 
+import datetime as dt
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any, cast
@@ -17,7 +19,7 @@ from pitstop.core import engine, policy, steps
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import Budget, CountShard, FaultEvent, Incident, NodeDoc, OutboxEntry, WorkflowRun
 from pitstop.core.states import RunState, State
-from pitstop.core.store import IncidentStore, commit_of
+from pitstop.core.store import COUNT_PAGE_KEEP_S, IncidentStore, commit_of
 from tests.helpers import ops_agent_entry
 
 T0 = 1_800_000_000.0
@@ -79,6 +81,22 @@ def _totals(ev: FaultEvent, lines: int, iid: str, pol: policy.Policy = POLICY) -
         engine.count_into(totals, ev, ev["_observed_ts"], pol)
     burst = ev["_observed_ts"] + pol.window("burst_silence_s")
     return cast(CountShard, {**totals, "incident": iid, "node": "", "burst_until": burst, "at": 0.0})
+
+
+def test_a_count_page_carries_the_expiry_its_ttl_policy_deletes_it_by(firestore_host: str) -> None:
+    """Deploy puts a TTL policy on the count pages' ``expire_at`` (infra/resources.yaml): each write
+    of a page moves it to COUNT_PAGE_KEEP_S from then, as a timestamp (a TTL field must hold one:
+    firebase.google.com/docs/firestore/ttl), so only the pages of instances long gone expire."""
+    fs = FirestoreStore(firestore.Client(project=f"t-{uuid.uuid4().hex[:12]}"))
+    ev = _event(XID13, "a3-node-002")
+    out = fs.apply(ev, POLICY, T0)
+    assert out.incident is not None
+    before = time.time()
+    fs.put_count_shards({"inst-a-p0": {"inst-a-1": _totals(ev, 5, out.incident["id"])}})
+    page = fs.counts.document("inst-a-p0").get().to_dict() or {}
+    expiry = page.get("expire_at")
+    assert isinstance(expiry, dt.datetime)
+    assert before + COUNT_PAGE_KEEP_S - 1 <= expiry.timestamp() <= time.time() + COUNT_PAGE_KEEP_S + 1
 
 
 def test_count_shards_are_summed_where_the_incident_is_read(store: IncidentStore) -> None:

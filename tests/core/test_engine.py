@@ -417,6 +417,22 @@ def test_step_up_past_a_budget_is_held_and_pages() -> None:
     assert [r["action"] for r in w.nodes[key]["remediations"]] == ["RESET_GPU"]
 
 
+def test_a_hold_writes_its_budget_only_when_it_pages() -> None:
+    """A full budget holds every new node action; the first hold of a window pages and writes the
+    budget's ``paged_until`` (its write is conditioned, so one page per window), the next holds
+    write no budget: a storm's holds, decided at once by many instances, would otherwise all
+    contend on the one budget document."""
+    w = World(pol(budgets={"cluster": {"max_nodes": 1, "max_percent": 100}}))
+    assert w.feed(ev(XID79, node="a3-node-001")).result == "opened"
+    first = w.feed(ev(XID79, node="a3-node-002", ts=T0 + 1))
+    assert first.result == "held" and first.page is not None
+    assert first.budgets["cluster-train"]["paged_until"] > T0 + 1
+    second = w.feed(ev(XID79, node="a3-node-003", ts=T0 + 2))
+    assert second.result == "held" and second.page is None
+    assert second.budgets == {}
+    assert held_of(second.incident)["scope"] == "cluster-train"
+
+
 def test_step_up_to_a_disabled_action_is_held_for_a_human() -> None:
     w = World(pol())
     iid = _worsening(w)

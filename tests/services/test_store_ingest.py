@@ -576,6 +576,65 @@ def test_an_incidents_first_lines_are_committed_once_not_once_per_instance(
     assert inc["counts"]["events"] == DIRECT_LINES + 1
 
 
+def test_a_raise_another_instance_made_meanwhile_costs_a_read_not_a_refused_commit(
+    fs_client: firestore.Client,
+) -> None:
+    """The raise race (issue 23): an instance whose view of a node's incident is a moment old meets
+    a stronger line while deliveries crowd in; another instance raised the incident meanwhile. It
+    reads the incident again before deciding (services/coalesce.py ``Crowd.pause``) and counts the line
+    in memory: no commit, so none refused (it committed on its view, and its commit was refused:
+    its writes and three reads, on each of ten instances)."""
+    from pitstop.services.coalesce import DIRECT_LINES
+
+    pol, clock = make_policy(), Clock()
+    a, b = make_ingest(fs_client, None, pol, clock), make_ingest(fs_client, None, pol, clock)
+    for one in (a, b):
+        one.coalescer.timer = False
+    for n in range(DIRECT_LINES):
+        a.handle_payload(entry(XID94, "a3-node-063", n))
+    assert b.handle_payload(entry(XID94, "a3-node-063", 100)).coalesced  # b's view: RESTART_JOB
+    b.coalescer.flush_all(clock.t)  # written and checked: nothing buffered (no merge reads it again)
+    assert a.handle_payload(entry(XID79, "a3-node-063", 101)).result == "raised"
+    b.coalescer.crowd.wait_s = 0.0  # no pause needed here: a's commit is in already
+    b.coalescer.crowd.inflight = 1  # another delivery in flight at b: a storm
+    out = b.handle_payload(entry(XID79, "a3-node-063", 102))
+    assert out.coalesced and out.incident is not None and out.incident["action"] == "REBOOT_NODE"
+    assert cast(IncidentStore, b.store).commits == {}  # no decision committed, none refused
+    b.coalescer.crowd.inflight = 0
+    b.coalescer.flush_all(clock.t)
+    (inc,) = a.store.list()
+    assert inc["counts"]["events"] == DIRECT_LINES + 3
+
+
+def test_a_decision_that_waited_its_turn_reads_its_incident_again(fs_client: firestore.Client) -> None:
+    """A decision queued behind this instance's others (adapters/firestore.py ``QUEUED_S``) reads
+    the incident again instead of committing on what was read before it waited: another instance
+    raised it meanwhile, and the line is counted in memory, no commit refused."""
+    from pitstop.adapters.firestore import QUEUED_S
+    from pitstop.core.classify import Classifier
+
+    pol, clf = make_policy(), Classifier.default()
+    mine, other = IncidentStore(fs_client, "pitstop"), IncidentStore(fs_client, "pitstop")
+    first: FaultEvent = {**clf.classify(entry(XID94, "a3-node-064", 1)), "_observed_ts": T0}
+    opened = other.apply(first, pol, T0)
+    assert opened.result == "opened"
+    nkey = engine.subject_key(first)
+    assert _any_action(mine.latest_incident(nkey)) == "RESTART_JOB"  # in mine's cache now
+    asked = time.monotonic()  # mine's decision asks for its turn, having read the incident just before
+    stronger: FaultEvent = {**clf.classify(entry(XID79, "a3-node-064", 2)), "_observed_ts": T0}
+    assert other.apply(stronger, pol, T0).result == "raised"
+    time.sleep(2 * QUEUED_S)  # its turn comes late: its cached incident is older than its wait
+    again: FaultEvent = {**clf.classify(entry(XID79, "a3-node-064", 3)), "_observed_ts": T0}
+    raised = lambda inc: inc is not None and inc["action"] == "REBOOT_NODE"  # noqa: E731
+    out = mine._apply(again, pol, T0, nkey, raised, asked)
+    assert out.coalesced and out.incident is not None and out.incident["action"] == "REBOOT_NODE"
+    assert (mine.commits, mine.writes) == ({}, 0)
+
+
+def _any_action(inc: Any) -> Any:
+    return (inc or {}).get("action")
+
+
 def test_a_verified_line_is_committed_at_once_where_the_incident_holds_only_unverified_ones(
     fs_client: firestore.Client,
 ) -> None:

@@ -122,6 +122,14 @@ def test_bench_ingest_runs_each_storm_through_each_instance_count(firestore_host
         ops = run["firestore_reads"] + run["firestore_writes"]
         assert run["store_ops_per_line"] == round(ops / run["lines"], 4)
         assert run["deliveries"] >= run["lines"] and run["dead_lettered"] == 0
+        # the race's cost on its own: each refused commit carried writes, counted in ops too
+        assert (
+            run["refused_commit_writes"]
+            >= run["refused_commits"]
+            == sum(n for k, n in run["commits"].items() if k.startswith("refused"))
+        )
+        assert any(k.startswith("committed ") for k in run["commits"])  # each incident opened once
+        assert sum(run["ops_by_site"].values()) == ops  # every operation has its call site
 
 
 @pytest.mark.emulator

@@ -753,6 +753,7 @@ def test_purge_uses_the_policys_collection_prefix(tmp_path: Path) -> None:
         "--collection-group=team_a_dedup",
         "--collection-group=team_a_outbox",
         "--collection-group=team_a_resolved",
+        "--collection-group=team_a_counts",
     ]
 
 
@@ -762,6 +763,8 @@ def test_ttls_cover_the_dedup_records_and_the_outbox_in_pitstops_database(steps:
         ("expire_at", "--collection-group=pitstop_dedup", "--database=pitstop"),
         ("expire_at", "--collection-group=pitstop_outbox", "--database=pitstop"),
         ("expire_at", "--collection-group=pitstop_resolved", "--database=pitstop"),
+        # count pages (adapters/firestore_counts.py): an instance gone, its pages expire
+        ("expire_at", "--collection-group=pitstop_counts", "--database=pitstop"),
     ]
     db, ndb = [s for s in steps if s.argv[:3] == ["firestore", "databases", "create"]]
     assert "--database=pitstop" in db.argv and db.check is not None and "--database=pitstop" in db.check

@@ -438,11 +438,12 @@ def test_firestore_monitoring_and_secret(deployed: Deployed) -> None:
     ttl = [c for c in deployed.calls[0] if c.api == "firestore" and c.method == "PATCH"]
     assert [(c.path.split("/collectionGroups/")[0], c.query["updateMask"]) for c in ttl] == [
         (f"projects/{deployed.project}/databases/pitstop", "ttlConfig")
-    ] * 3
+    ] * 4
     assert [c.path.split("/collectionGroups/")[1] for c in ttl] == [
         "pitstop_dedup/fields/expire_at",
         "pitstop_outbox/fields/expire_at",
         "pitstop_resolved/fields/expire_at",  # the resolved feed ingest instances' caches read
+        "pitstop_counts/fields/expire_at",  # count pages of instances long gone
     ]
     (dash,) = deployed.created("monitoring", "/dashboards")
     assert dash == json.loads((ROOT / "infra" / "monitoring" / "dashboard.json").read_text())

@@ -66,6 +66,7 @@ BACKOFF_CAP_S = 4.0
 # In-process turn-taking per node: a fixed set of locks, keys hashed onto them, so a long-lived
 # instance that sees many nodes and incidents holds no per-key state.
 LOCK_STRIPES = 512
+QUEUED_S = 0.1  # a decision that waited its turn longer re-reads what it had read before (_apply)
 # A transaction that lost: to a contender (Aborted; ValueError once attempts are spent), to a
 # budget changed since it was read (FailedPrecondition; AlreadyExists, a Conflict, if created).
 LOST = (ValueError, gexc.Conflict, gexc.FailedPrecondition)
@@ -148,6 +149,10 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         self._claim_lock = threading.Lock()
         self.writes = 0  # documents written by this process, for `pitstop bench ingest`
         self.retries = 0  # transactions that lost to a contender and ran again (`pitstop bench ingest`)
+        # Decisions' commits refused on their conditions (a contender wrote first), and the writes
+        # they carried (`pitstop bench ingest`: what the race between instances costs).
+        self.refused = self.refused_writes = 0
+        self.commits: dict[str, int] = {}  # "<committed|refused> <result>" -> decisions (the bench's)
         self.snaps = SnapCache()  # node and incident documents as last read or written here
 
     def _count_writes(self, n: int) -> None:
@@ -192,12 +197,19 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
     ) -> engine.Outcome:
         """Fold one event in, exactly once per delivery identity (core/store.py Decisions)."""
         nkey = engine.subject_key(ev)
+        asked = time.monotonic()
         return self._serialised(
-            nkey, ev["action"] in NODE_ACTIONS, lambda: self._apply(ev, policy, now, nkey, countable)
+            nkey, ev["action"] in NODE_ACTIONS, lambda: self._apply(ev, policy, now, nkey, countable, asked)
         )
 
     def _apply(
-        self, ev: FaultEvent, policy: Policy, now: float, nkey: str, countable: Countable | None
+        self,
+        ev: FaultEvent,
+        policy: Policy,
+        now: float,
+        nkey: str,
+        countable: Countable | None,
+        asked: float,
     ) -> engine.Outcome:
         """One decision, optimistically: its documents read without a transaction (no lock), its
         writes committed in one batch (all or none) on condition that every document it writes
@@ -211,20 +223,34 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
 
         First from the documents as this process last saw them (adapters/firestore_snaps.py) and
         without reading the dedup record (its create is conditioned: a duplicate's commit is
-        refused); refused, at once again on fresh reads.
+        refused); refused, at once again on fresh reads. A decision that waited its turn (``asked``:
+        when it asked for it) longer than ``QUEUED_S`` reads its incident again, and the node if
+        it named none: a storm's decisions waited seconds in turn, meanwhile other instances
+        opened and raised the incidents they had read, and each refused commit cost its writes
+        and three reads where one read finds the line counted in memory after all.
         """
         ttl = float(policy.doc["store"]["cache_ttl_s"])
+        waited = time.monotonic() - asked
+        fresh = min(ttl, waited) if waited > QUEUED_S else ttl
         try:
-            return self._decide_event(ev, policy, now, nkey, ttl, countable)
+            return self._decide_event(ev, policy, now, nkey, (ttl, fresh), countable)
         except (*LOST, gexc.InvalidArgument):  # the emulator's word for a newer update time
             with self._lock:
                 self.retries += 1
-        return self._decide_event(ev, policy, now, nkey, 0.0, countable)
+        return self._decide_event(ev, policy, now, nkey, (0.0, 0.0), countable)
 
     def _decide_event(
-        self, ev: FaultEvent, policy: Policy, now: float, nkey: str, ttl: float, countable: Countable | None
+        self,
+        ev: FaultEvent,
+        policy: Policy,
+        now: float,
+        nkey: str,
+        ttls: tuple[float, float],
+        countable: Countable | None,
     ) -> engine.Outcome:
-        """:meth:`_apply` once: documents younger than ``ttl`` from the cache (0: all read)."""
+        """:meth:`_apply` once: the node document younger than ``ttls[0]`` from the cache, its
+        incident (and a node that names none) younger than ``ttls[1]`` (0: all read)."""
+        ttl, fresh = ttls
         key = engine.event_key(ev)
         node_ref = self.nodes.document(nkey)
         dedup_ref = self.dedup.document(key)
@@ -234,11 +260,13 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
             if seen.exists:
                 return engine.Outcome("duplicate", duplicate_of=(seen.to_dict() or {}).get("incident"))
         node_snap = self._snap(node_ref, ttl)
+        if not (node_snap.to_dict() or {}).get("latest_incident") and fresh < ttl:
+            node_snap = self._snap(node_ref, fresh)  # another instance may have opened one meanwhile
         node_doc = _doc(node_snap, NodeDoc)
         read = _Read({node_ref.path: node_snap})
         latest = None
         if node_doc and node_doc.get("latest_incident"):
-            latest = read.keep(self._snap(self.incidents.document(node_doc["latest_incident"]), ttl))
+            latest = read.keep(self._snap(self.incidents.document(node_doc["latest_incident"]), fresh))
         if countable is not None and countable(latest):
             return engine.Outcome("absorbed", incident=latest, coalesced=True)
         budgets = _LazyBudgets(self.budgets)
@@ -253,11 +281,22 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         try:
             batch.commit()
         except (*LOST, gexc.InvalidArgument):
+            self._tally("refused", out.result, ttl, len(batch._write_pbs))
             self.snaps.drop(*read.paths)  # another instance wrote them: read them next time
             raise
+        self._tally("committed", out.result, ttl, 0)
         for ref, doc, at in read.done:  # a write that changed nothing keeps its older update time
             self.snaps.written(ref, doc, batch.write_results[at].update_time)
         return out
+
+    def _tally(self, how: str, result: str, ttl: float, writes: int) -> None:
+        """Count a decision's commit for the bench (``ttl`` 0: decided on fresh reads)."""
+        what = f"{how} {result}" + ("" if ttl > 0 else " fresh")
+        with self._lock:
+            self.commits[what] = self.commits.get(what, 0) + 1
+            if how == "refused":
+                self.refused += 1
+                self.refused_writes += writes
 
     def _snap(self, ref: Any, ttl: float) -> Any:
         """A document for a decision: as this process saw it less than ``ttl`` ago, or read now."""

@@ -31,7 +31,7 @@ from google.cloud import firestore
 
 from pitstop.adapters.firestore_snaps import SnapCache
 from pitstop.core.domain import CountShard, Incident, Resolution
-from pitstop.core.store import resolution, with_shards
+from pitstop.core.store import COUNT_PAGE_KEEP_S, resolution, with_shards
 
 PAGES_PER_COMMIT = 8  # a commit's request stays far below Firestore's 10 MiB (a page <= 1 MiB)
 
@@ -71,13 +71,19 @@ class CountShards:
         raise NotImplementedError
 
     def put_count_shards(self, pages: Mapping[str, Mapping[str, CountShard]]) -> None:
+        """Each page's due shards in one ``set(merge=True)``, with the page's ``expire_at`` (a
+        timestamp, as a TTL policy's field must be: firebase.google.com/docs/firestore/ttl)
+        moved on to COUNT_PAGE_KEEP_S from now."""
         items = list(pages.items())
         for at in range(0, len(items), PAGES_PER_COMMIT):
             batch = self.db.batch()
+            now = time.time()
+            expiry = dt.datetime.fromtimestamp(now + COUNT_PAGE_KEEP_S, tz=dt.UTC)
             for page, shards in items[at : at + PAGES_PER_COMMIT]:
                 fields = {_field(t["incident"], shard): _pack(t) for shard, t in shards.items()}
                 iids = sorted({t["incident"] for t in shards.values()})
-                doc = {"shards": fields, "incidents": firestore.ArrayUnion(iids), "at": time.time()}
+                doc = {"shards": fields, "incidents": firestore.ArrayUnion(iids), "at": now}
+                doc["expire_at"] = expiry
                 batch.set(self.counts.document(page), doc, merge=True)  # only these shards' fields
             batch.commit()
             self._count_writes(len(items[at : at + PAGES_PER_COMMIT]))

@@ -435,7 +435,12 @@ def _claim_in(
                     "incident no person has closed yet; holding new incidents"
                 )
             b["slots"] = slots
-            return {doc_id: b}, doc_id, page
+            # Written only when it pages (paged_until: one page per window, the write conditioned
+            # on the budget as read). A hold that pages nobody changes nothing a reader needs, and
+            # its write made every hold of a storm contend on this one document (the holds of 60
+            # nodes at once, decided by 10 instances: most commits refused and decided again); a
+            # hold decided on a budget that a release has just freed is retried by the sweep.
+            return ({doc_id: b} if page else {}), doc_id, page
         slots[inc["id"]] = {"at": now, "active": True}
         b["slots"] = slots
         out[doc_id] = b

@@ -72,6 +72,12 @@ def node_key_of(commit: Commit) -> str | None:
 # instance keeps its shards in pages (one document per PAGE_SHARDS shards, services/coalesce.py),
 # so one write carries every node's counts of an interval.
 RESOLVED_KEEP_S = 86_400.0  # a resolution's record in the resolved feed, for instances' caches
+# A count page (an instance's shards) is deleted this long after its last write, by the Firestore
+# TTL policy deploy creates on its ``expire_at`` (infra/resources.yaml firestore-ttl). A page is
+# written only by the instance that owns it, so one untouched this long belongs to an instance
+# gone for months, and its incidents' storm counts are no longer summed (their decided counts,
+# the first lines and every decision, stay on the incident).
+COUNT_PAGE_KEEP_S = 90 * 86_400.0
 
 
 def with_shards(inc: Incident, shards: Iterable[CountShard]) -> Incident:

@@ -320,9 +320,15 @@ def _figures(
     reads, writes = sum(r["reads"] for r in reports), sum(r["writes"] for r in reports)
     counted = sum(i.get("counts", {}).get("events", 0) for i in incidents)
     where: dict[str, int] = {}  # store operations by kind and collection, all instances together
+    sites: dict[str, int] = {}  # and by call site (tools/firestore_ops.py call_site)
+    commits: dict[str, int] = {}  # decisions' commits by how they ended and what they decided
     for r in reports:
         for k, n in r.get("ops_by_collection", {}).items():
             where[k] = where.get(k, 0) + n
+        for k, n in r.get("ops_by_site", {}).items():
+            sites[k] = sites.get(k, 0) + n
+        for k, n in r.get("commits", {}).items():
+            commits[k] = commits.get(k, 0) + n
     return {
         "instances": shape.instances,
         "concurrency": shape.concurrency,
@@ -335,7 +341,13 @@ def _figures(
         "firestore_reads": reads,
         "firestore_writes": writes,
         "retries": sum(r["retries"] for r in reports),
+        # Decisions' commits refused because another instance wrote first: their writes are in the
+        # operations above (counted at the client, pessimistically), and here on their own.
+        "refused_commits": sum(r.get("refused_commits", 0) for r in reports),
+        "refused_commit_writes": sum(r.get("refused_writes", 0) for r in reports),
         "ops_by_collection": dict(sorted(where.items(), key=lambda kv: -kv[1])),
+        "ops_by_site": dict(sorted(sites.items(), key=lambda kv: -kv[1])),
+        "commits": dict(sorted(commits.items())),
         "incidents": len(incidents),
         "held": sum(1 for i in incidents if i.get("state") == "HELD"),
         "workflow_starts": sum(starts.values()),

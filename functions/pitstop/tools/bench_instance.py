@@ -107,6 +107,14 @@ def _by_collection() -> dict[str, int]:
     return out
 
 
+def _by_site() -> dict[str, int]:
+    out: dict[str, int] = {}
+    for o in _ops:
+        for k, n in o.by_site.items():
+            out[k] = out.get(k, 0) + n
+    return out
+
+
 def figures() -> dict[str, Any]:
     """What this instance did, for the bench to add up."""
     built = main._ingest.cache_info().currsize > 0
@@ -116,7 +124,11 @@ def figures() -> dict[str, Any]:
         "reads": sum(o.reads for o in _ops),
         "writes": sum(o.writes for o in _ops),
         "ops_by_collection": _by_collection(),
+        "ops_by_site": _by_site(),
         "retries": svc.store.retries if svc is not None else 0,
+        "refused_commits": getattr(svc.store, "refused", 0) if svc is not None else 0,
+        "refused_writes": getattr(svc.store, "refused_writes", 0) if svc is not None else 0,
+        "commits": getattr(svc.store, "commits", {}) if svc is not None else {},
         "coalesced": svc.coalescer.coalesced if svc is not None else 0,
         "coalescer": svc.coalescer.stats() if svc is not None else {},
         "pages": _pages[0],
