@@ -27,7 +27,6 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -133,14 +132,10 @@ def _instance_env(w: World, project: str, policy: Path, workflows: str, stats: P
 
 
 def _start(shape: Shape, workdir: Path, env: dict[str, str]) -> bench_fleet._Instance:
-    ff = str(Path(sys.executable).parent / "functions-framework")
-    port = procs.free_port()
-    argv = [ff, "--target", "actuate", "--source", str(CALLS_SOURCE), "--signature-type", "http"]
-    argv += ["--host", "127.0.0.1", "--port", str(port)]
-    proc = procs.Proc("actuate", argv, workdir / "actuate.log", {**env, "THREADS": str(shape.concurrency)})
-    inst = bench_fleet._Instance(proc.start(), port)
+    inst = bench_fleet.start_instance("actuate", "actuate", workdir, env, shape.concurrency, CALLS_SOURCE)
+    port = inst.port
     t0 = time.perf_counter()
-    procs.wait_http(f"http://127.0.0.1:{port}/", proc, timeout=120, accept_errors=True)
+    procs.wait_http(f"http://127.0.0.1:{port}/", inst.proc, timeout=120, accept_errors=True)
     # a first call without an op builds the actuator (its clients: the cold start) and is refused
     req = urllib.request.Request(f"http://127.0.0.1:{port}/", b"{}", {"Content-Type": "application/json"})
     with contextlib.suppress(urllib.error.HTTPError):
@@ -193,10 +188,7 @@ def run(shape: Shape, w: World) -> dict[str, Any]:
     from pitstop.local.workflows_runner import runner_for
     from pitstop.services.ingest import Ingest
 
-    project = f"bench-{uuid.uuid4().hex[:8]}"
-    workdir = Path(tempfile.mkdtemp(prefix="pitstop-bench-actuate-"))
-    stats = workdir / "stats"
-    stats.mkdir()
+    project, workdir, stats = bench_fleet.scratch("pitstop-bench-actuate-")
     policy_file = workdir / "policy.yaml"
     policy_file.write_text(_policy(shape.remediations))
     nodes = [f"a3-node-{i:03d}" for i in range(shape.remediations)]
@@ -236,12 +228,6 @@ def run(shape: Shape, w: World) -> dict[str, Any]:
     return _figures(shape, elapsed, finished, reports, inst, incidents, len(resets), _drain(sub, notes))
 
 
-def _pct(sorted_s: list[float], q: float) -> float:
-    if not sorted_s:
-        return 0.0
-    return round(1000 * sorted_s[min(len(sorted_s) - 1, int(q * len(sorted_s)))], 1)
-
-
 def _figures(
     shape: Shape,
     elapsed: float,
@@ -270,9 +256,17 @@ def _figures(
         "calls": len(calls),
         "calls_per_s": round(len(calls) / elapsed, 1),
         "remediations_per_s": round(shape.remediations / elapsed, 2),
-        "latency_ms": {"p50": _pct(took, 0.5), "p99": _pct(took, 0.99), "max": _pct(took, 1.0)},
+        "latency_ms": {
+            "p50": bench_fleet.percentile_ms(took, 0.5),
+            "p99": bench_fleet.percentile_ms(took, 0.99),
+            "max": bench_fleet.percentile_ms(took, 1.0),
+        },
         "latency_ms_by_op": {
-            op: {"calls": len(v), "p50": _pct(sorted(v), 0.5), "p99": _pct(sorted(v), 0.99)}
+            op: {
+                "calls": len(v),
+                "p50": bench_fleet.percentile_ms(sorted(v), 0.5),
+                "p99": bench_fleet.percentile_ms(sorted(v), 0.99),
+            }
             for op, v in sorted(by_op.items())
         },
         "answers": dict(sorted(statuses.items())),

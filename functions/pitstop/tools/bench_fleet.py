@@ -222,21 +222,55 @@ def _bench_policy(nodes: int) -> str:
     return json.dumps({"mode": "enforce", "clusters": [cluster]})  # JSON is YAML
 
 
-def _start_instances(shape: Shape, workdir: Path, env: dict[str, str]) -> list[_Instance]:
+def start_instance(
+    target: str, name: str, workdir: Path, env: dict[str, str], threads: int, source: Path = INSTANCE_SOURCE
+) -> _Instance:
+    """One functions-framework process serving ``target`` from ``source`` with THREADS = ``threads``."""
     ff = str(Path(sys.executable).parent / "functions-framework")
-    out = []
-    for i in range(shape.instances):
-        port = procs.free_port()
-        argv = [ff, "--target", "ingest", "--source", str(INSTANCE_SOURCE), "--signature-type", "cloudevent"]
-        argv += ["--host", "127.0.0.1", "--port", str(port)]
-        inst_env = {**env, "THREADS": str(shape.concurrency)}
-        proc = procs.Proc(f"ingest-{i}", argv, workdir / f"ingest-{i}.log", inst_env)
-        out.append(_Instance(proc.start(), port))
+    port = procs.free_port()
+    signature = "http" if target == "actuate" else "cloudevent"
+    argv = [ff, "--target", target, "--source", str(source), "--signature-type", signature]
+    argv += ["--host", "127.0.0.1", "--port", str(port)]
+    proc = procs.Proc(name, argv, workdir / f"{name}.log", {**env, "THREADS": str(threads)})
+    return _Instance(proc.start(), port)
+
+
+def start_instances(
+    target: str, count: int, workdir: Path, env: dict[str, str], threads: int, source: Path = INSTANCE_SOURCE
+) -> list[_Instance]:
+    """``count`` instances, each waited for until it answers (``ready_s``: since the first started)."""
+    out = [start_instance(target, f"{target}-{i}", workdir, env, threads, source) for i in range(count)]
     t0 = time.perf_counter()
     for inst in out:
         procs.wait_http(f"http://127.0.0.1:{inst.port}/", inst.proc, timeout=120, accept_errors=True)
         inst.ready_s = time.perf_counter() - t0
     return out
+
+
+def run_slots(slots: list[threading.Thread], instances: list[_Instance]) -> float:
+    """Run the delivery threads to their end, sampling the instances' memory; the seconds it took."""
+    with _MemorySampler(instances):
+        t0 = time.perf_counter()
+        for s in slots:
+            s.start()
+        for s in slots:
+            s.join()
+        return time.perf_counter() - t0
+
+
+def percentile_ms(sorted_s: list[float], q: float) -> float:
+    """The ``q`` quantile of sorted seconds, in ms (0 for none)."""
+    if not sorted_s:
+        return 0.0
+    return round(1000 * sorted_s[min(len(sorted_s) - 1, int(q * len(sorted_s)))], 1)
+
+
+def scratch(prefix: str) -> tuple[str, Path, Path]:
+    """A run's own project id, working folder and the folder its instances report their stats to."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    stats = workdir / "stats"
+    stats.mkdir()
+    return f"bench-{uuid.uuid4().hex[:8]}", workdir, stats
 
 
 def _stop_instances(instances: list[_Instance], stats_dir: Path) -> list[dict[str, Any]]:
@@ -253,10 +287,7 @@ def run_storm(shape: Shape, firestore_host: str, executions: Any, endpoint: str)
     """One run: deploy N instances, push the storm, stop them, read back what it left."""
     from google.cloud import firestore
 
-    project = f"bench-{uuid.uuid4().hex[:8]}"
-    workdir = Path(tempfile.mkdtemp(prefix="pitstop-bench-"))
-    stats_dir = workdir / "stats"
-    stats_dir.mkdir()
+    project, workdir, stats_dir = scratch("pitstop-bench-")
     policy = workdir / "policy.yaml"
     policy.write_text(_bench_policy(shape.nodes))
     pkg_root = str(Path(__file__).resolve().parents[2])  # functions/: main.py and pitstop
@@ -271,7 +302,7 @@ def run_storm(shape: Shape, firestore_host: str, executions: Any, endpoint: str)
         "PITSTOP_ACK_DEADLINE_S": str(shape.ack_deadline_s),  # as deploy sets it beside the subscription's
     }
     before = set(executions.records)
-    instances = _start_instances(shape, workdir, env)
+    instances = start_instances("ingest", shape.instances, workdir, env, shape.concurrency)
     try:
         push = _Push(storm(shape.lines, shape.nodes), shape)
         slots = [
@@ -279,13 +310,7 @@ def run_storm(shape: Shape, firestore_host: str, executions: Any, endpoint: str)
             for inst in instances
             for _ in range(shape.concurrency)
         ]
-        with _MemorySampler(instances):
-            t0 = time.perf_counter()
-            for s in slots:
-                s.start()
-            for s in slots:
-                s.join()
-            elapsed = time.perf_counter() - t0
+        elapsed = run_slots(slots, instances)
     finally:
         reports = _stop_instances(instances, stats_dir)
     from pitstop.adapters.firestore import IncidentStore

@@ -27,7 +27,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -184,29 +183,9 @@ def _listening(proc: procs.Proc, port: int, timeout: float = 60.0) -> None:
     raise TimeoutError(f"{proc.name} not listening after {timeout}s:\n{proc.tail()}")
 
 
-def _start(shape: Shape, workdir: Path, env: dict[str, str]) -> list[bench_fleet._Instance]:
-    ff = str(Path(sys.executable).parent / "functions-framework")
-    out = []
-    for i in range(shape.instances):
-        port = procs.free_port()
-        argv = [ff, "--target", "notify", "--source", str(CALLS_SOURCE), "--signature-type", "cloudevent"]
-        argv += ["--host", "127.0.0.1", "--port", str(port)]
-        inst_env = {**env, "THREADS": str(shape.concurrency)}
-        proc = procs.Proc(f"notify-{i}", argv, workdir / f"notify-{i}.log", inst_env)
-        out.append(bench_fleet._Instance(proc.start(), port))
-    t0 = time.perf_counter()
-    for inst in out:
-        procs.wait_http(f"http://127.0.0.1:{inst.port}/", inst.proc, timeout=120, accept_errors=True)
-        inst.ready_s = time.perf_counter() - t0
-    return out
-
-
 def run(shape: Shape, firestore_host: str) -> dict[str, Any]:
     """One run: the sinks, N instances, the storm pushed, the instances stopped, the sinks read."""
-    project = f"bench-{uuid.uuid4().hex[:8]}"
-    workdir = Path(tempfile.mkdtemp(prefix="pitstop-bench-notify-"))
-    stats = workdir / "stats"
-    stats.mkdir()
+    project, workdir, stats = bench_fleet.scratch("pitstop-bench-notify-")
     policy = workdir / "policy.yaml"
     policy.write_text(json.dumps({"mode": "enforce", "clusters": []}))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PUBSUB_", "SLURM_"))}
@@ -227,7 +206,9 @@ def run(shape: Shape, firestore_host: str) -> dict[str, Any]:
             "PITSTOP_PAGERDUTY_ROUTING_KEY": ROUTING_KEY,
             STATS_DIR_ENV: str(stats),
         }
-        instances = _start(shape, workdir, env)
+        instances = bench_fleet.start_instances(
+            "notify", shape.instances, workdir, env, shape.concurrency, CALLS_SOURCE
+        )
         try:
             push = bench_fleet._Push(_messages(distinct, order), shape)  # type: ignore[arg-type]
             slots = [
@@ -239,13 +220,7 @@ def run(shape: Shape, firestore_host: str) -> dict[str, Any]:
                 for inst in instances
                 for _ in range(shape.concurrency)
             ]
-            with bench_fleet._MemorySampler(instances):
-                t0 = time.perf_counter()
-                for s in slots:
-                    s.start()
-                for s in slots:
-                    s.join()
-                elapsed = time.perf_counter() - t0
+            elapsed = bench_fleet.run_slots(slots, instances)
         finally:
             for inst in instances:
                 inst.proc.signal(15)
@@ -258,12 +233,6 @@ def run(shape: Shape, firestore_host: str) -> dict[str, Any]:
     return _figures(
         shape, push.tally, elapsed, reports, instances, expected(distinct, order), records, series
     )
-
-
-def _pct(sorted_s: list[float], q: float) -> float:
-    if not sorted_s:
-        return 0.0
-    return round(1000 * sorted_s[min(len(sorted_s) - 1, int(q * len(sorted_s)))], 1)
 
 
 def _figures(
@@ -300,7 +269,11 @@ def _figures(
         "finished": True,
         "seconds": round(elapsed, 1),
         "notifications_per_s": round(shape.notifications / elapsed, 1),
-        "latency_ms": {"p50": _pct(took, 0.5), "p99": _pct(took, 0.99), "max": _pct(took, 1.0)},
+        "latency_ms": {
+            "p50": bench_fleet.percentile_ms(took, 0.5),
+            "p99": bench_fleet.percentile_ms(took, 0.99),
+            "max": bench_fleet.percentile_ms(took, 1.0),
+        },
         "outcomes": dict(sorted(outcomes.items())),
         "deliveries": tally.delivered,
         "refused": tally.refused,
