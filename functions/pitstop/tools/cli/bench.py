@@ -29,12 +29,6 @@ def _storms(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def _counts(text: str) -> list[int]:
-    if not all(p.isdigit() and int(p) > 0 for p in text.split(",")):
-        raise argparse.ArgumentTypeError(f"instance counts are positive integers (1,2,5,10); got {text!r}")
-    return [int(p) for p in text.split(",")]
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
     result: Mapping[str, object]  # printed as JSON, whichever bench made it
     if args.target == "classify":
@@ -75,7 +69,7 @@ def add(sub: Subparsers) -> None:
     )
     b.add_argument(
         "--instances",
-        type=_counts,
+        type=bench_sizing.counts,
         default=[1, 2, 5, 10],
         help="ingest: function instances, one run each per storm (1,2,5,10)",
     )

@@ -11,10 +11,11 @@ from typing import Any
 TARGETS = ("notify", "actuate")
 
 
-def _levels(text: str) -> list[int]:
+def counts(text: str) -> list[int]:
+    """A comma-separated list of positive integers (instances, levels), for every bench verb."""
     if not all(p.isdigit() and int(p) > 0 for p in text.split(",")):
         raise argparse.ArgumentTypeError(
-            f"counts are positive integers, comma-separated (1,4,8,16); got {text!r}"
+            f"counts are positive integers, comma-separated (1,2,5,10); got {text!r}"
         )
     return [int(p) for p in text.split(",")]
 
@@ -23,7 +24,7 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     """This module's flags on ``pitstop bench``."""
     b.add_argument(
         "--levels",
-        type=_levels,
+        type=counts,
         default=[1, 4, 8, 16],
         help="notify, actuate: calls at once per instance (THREADS), one run each (1,4,8,16)",
     )
@@ -31,7 +32,7 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
         "--notifications", type=int, default=2000, help="notify: Pub/Sub messages in the storm (2000)"
     )
     b.add_argument(
-        "--notify-instances", type=_levels, default=[1, 2], help="notify: instances, one run each (1,2)"
+        "--notify-instances", type=counts, default=[1, 2], help="notify: instances, one run each (1,2)"
     )
     b.add_argument(
         "--page-copies", type=int, default=50, help="notify: the held storm's page, published this often"
