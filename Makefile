@@ -22,14 +22,15 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-# Three processes, one test file each at a time (fixtures are per module): most of the suite
-# waits on emulators, Slurm and workflow timers rather than on the CPU. A worker killed by a
+# Four processes on CI's two cores, one test file each at a time (fixtures are per module): most
+# of the suite waits on emulators, Slurm and workflow timers rather than on the CPU (load average
+# 1.3-2.3 with three processes), so a fourth stack fills the wait. A worker killed by a
 # timeout ends the run: xdist's loadfile scheduler can deadlock replacing a crashed worker
 # (pytest-xdist #784, #1378). Files go out longest first (tests/module-seconds.yaml, read by
 # tests/conftest.py), not xdist's default of most tests first, which left the longest module to
 # run alone at the end. The slowest tests are listed so CI shows where its time went.
 unit: system install
-	$(BIN)/pytest -q -n 3 --dist loadfile --no-loadscope-reorder --max-worker-restart=0 --durations=25
+	$(BIN)/pytest -q -n 4 --dist loadfile --no-loadscope-reorder --max-worker-restart=0 --durations=25
 
 test: lint typecheck unit
 

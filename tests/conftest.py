@@ -21,7 +21,7 @@ MODULE_SECONDS = Path(__file__).with_name("module-seconds.yaml")
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Longest modules first, so the run does not end on one long module while workers idle.
 
-    With `-n 3 --dist loadfile --no-loadscope-reorder` (Makefile) xdist hands out files in this
+    With `-n 4 --dist loadfile --no-loadscope-reorder` (Makefile) xdist hands out files in this
     order; the sort is stable, so a module's tests keep their order and stay together.
     """
     seconds: dict[str, float] = yaml.safe_load(MODULE_SECONDS.read_text())
