@@ -576,6 +576,30 @@ def test_an_incidents_first_lines_are_committed_once_not_once_per_instance(
     assert inc["counts"]["events"] == DIRECT_LINES + 1
 
 
+def test_in_a_storm_the_opener_counts_its_incidents_first_lines_in_memory(
+    fs_client: firestore.Client,
+) -> None:
+    """Issue 23: the opener committed an incident's first DIRECT_LINES lines one by one even in a
+    storm (at 10 instances, ~110 commits of two writes each per 50,000-line storm). With more
+    deliveries in flight at the instance than an ordinary fault's first lines, those lines are
+    counted in memory like the rest; every line still arrives."""
+    from pitstop.services.coalesce import DIRECT_LINES
+
+    pol, clock = make_policy(), Clock()
+    a = make_ingest(fs_client, None, pol, clock)
+    a.coalescer.timer = False
+    a.coalescer.crowd.arrivals = DIRECT_LINES  # others in flight here: a storm
+    assert a.handle_payload(entry(XID94, "a3-node-065", 0)).result == "opened"
+    writes = a.store.writes
+    results = [a.handle_payload(entry(XID94, "a3-node-065", n)) for n in range(1, DIRECT_LINES)]
+    assert all(out.coalesced for out in results)
+    assert a.store.writes == writes  # no commit
+    a.coalescer.crowd.arrivals = 0
+    a.coalescer.flush_all(clock.t)
+    (inc,) = a.store.list()
+    assert inc["counts"]["events"] == DIRECT_LINES
+
+
 def test_a_raise_another_instance_made_meanwhile_costs_a_read_not_a_refused_commit(
     fs_client: firestore.Client,
 ) -> None:

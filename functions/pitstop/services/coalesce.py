@@ -3,7 +3,8 @@
 An incident's first lines (``DIRECT_LINES``, as its stored count says) are committed one by one
 by the instance that opened it, so an ordinary fault's few lines are counted exactly and at
 once; another instance counts them in memory (a storm's first lines reach every instance at once,
-and ten instances committed ten lines each per node). After that, an event that cannot
+and ten instances committed ten lines each per node), and so does the opener while more
+deliveries than that are in flight at it (a storm: ``Crowd.storm``). After that, an event that cannot
 change anything — its node's latest incident (read from Firestore less than ``cache_ttl_s``
 ago, or as this instance last wrote or merged it) absorbs it and it does not raise the
 action — is only counted in memory. Such an event asks nothing of Firestore: no read, no
@@ -66,7 +67,7 @@ from pitstop.core.states import State
 from pitstop.core.store import IncidentStore
 from pitstop.services.count_shards import FEED_MARGIN_S, VERIFY_S, Job, NodeState, ShardWriter, slim
 
-DIRECT_LINES = 4  # an incident's first lines are committed one by one (by any instance)
+DIRECT_LINES = 4  # an incident's first lines are committed one by one (by its opener, outside a storm)
 MAX_NODES = 10_000  # node states an instance keeps
 SEEN_MAX = 100_000  # delivery keys an instance remembers (redeliveries to it are dropped at once)
 IDLE_S = 600.0  # a node state untouched this long, with nothing buffered, is dropped
@@ -96,11 +97,27 @@ def as_view(view: SlimIncident | None) -> Incident | None:
 
 class Crowd:
     """Deliveries of this instance past the fast path right now, and the pause a contested
-    decision takes while they crowd in (services/coalesce.py ``Coalescer._decide``)."""
+    decision takes while they crowd in (services/coalesce.py ``Coalescer._decide``); and all its
+    deliveries in flight (``arrived``), which tell a storm from an ordinary fault's few lines."""
 
     def __init__(self, wait_s: float = RACE_WAIT_S) -> None:
-        self.wait_s, self.inflight = wait_s, 0
+        self.wait_s, self.inflight, self.arrivals = wait_s, 0, 0
         self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def arrived(self) -> Iterator[None]:
+        with self._lock:
+            self.arrivals += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.arrivals -= 1
+
+    def storm(self) -> bool:
+        """More deliveries in flight here than an ordinary fault's first lines (DIRECT_LINES):
+        a storm, whose first lines are counted in memory like the rest (Coalescer._countable)."""
+        return self.arrivals > DIRECT_LINES
 
     @contextlib.contextmanager
     def entered(self) -> Iterator[None]:
@@ -197,14 +214,14 @@ class Coalescer(ShardWriter):
         cache again when their turn comes. So the C concurrent first lines of a node make one
         read and the incident's first DIRECT_LINES commits, not C of each.
         """
-        key = engine.event_key(ev)
-        nkey = engine.subject_key(ev)
-        counted = self._counted(ev, key, nkey, now)
-        if counted is not None:
-            return counted
-        with self.crowd.entered(), self._gates[hash(nkey) % GATE_STRIPES]:
-            counted = self._counted(ev, key, nkey, now)  # the cache may have changed meanwhile
-            return counted if counted is not None else self._decide(ev, key, nkey, now)
+        key, nkey = engine.event_key(ev), engine.subject_key(ev)
+        with self.crowd.arrived():
+            counted = self._counted(ev, key, nkey, now)
+            if counted is not None:
+                return counted
+            with self.crowd.entered(), self._gates[hash(nkey) % GATE_STRIPES]:
+                counted = self._counted(ev, key, nkey, now)  # the cache may have changed meanwhile
+                return counted if counted is not None else self._decide(ev, key, nkey, now)
 
     def _counted(self, ev: FaultEvent, key: str, nkey: str, now: float) -> engine.Outcome | None:
         """A duplicate, or the event counted in memory by a fresh cache; None: it must be decided."""
@@ -343,7 +360,7 @@ class Coalescer(ShardWriter):
         direct = isinstance(committed, (int, float)) and committed < DIRECT_LINES
         return not (
             (_verified(ev) and latest.get("trust") != trust.VERIFIED)  # it makes the evidence trusted
-            or (direct and st.opened == latest["id"])
+            or (direct and st.opened == latest["id"] and not self.crowd.storm())
             or RANK[action] > RANK[latest["action"]]
             or engine.ends_recovery(ev, self.policy)  # may end the episode: decided in the store
             or not engine.absorbs(cast(Incident, latest), ev, ts)  # a slim view holds what it reads
