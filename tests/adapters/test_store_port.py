@@ -73,6 +73,37 @@ def test_a_delivery_is_applied_once_and_a_second_fault_absorbed(store: IncidentS
     assert store.latest_incident(inc["node_key"]) == inc
 
 
+def test_a_nodes_live_incident_is_its_latest_until_it_is_resolved(store: IncidentStore) -> None:
+    """What a first contact reads (services/coalesce.py read_latest): the node's one incident that
+    is not RESOLVED, which is its latest; none once it is resolved (the latest is then still read
+    the long way), and the next episode's incident once one opens."""
+    first = store.apply(_event(XID79, "a3-node-003"), POLICY, T0)
+    assert first.incident is not None
+    nkey, iid = first.incident["node_key"], first.incident["id"]
+    assert _any(store.live_incident(nkey))["id"] == iid
+    assert store.close(iid, "ops", T0 + 1, unfence=False).result == "closed"
+    assert store.live_incident(nkey) is None
+    assert _any(store.latest_incident(nkey))["id"] == iid
+    again = store.apply(_event(XID79, "a3-node-003", at=T0 + 5), POLICY, T0 + 5)
+    assert again.result in ("opened", "held")  # a new episode (held: the node was acted on just now)
+    assert again.incident is not None and again.incident["id"] != iid
+    assert _any(store.live_incident(nkey))["id"] == again.incident["id"]
+
+
+def test_an_incident_written_before_live_existed_is_found_the_long_way(firestore_host: str) -> None:
+    """Incidents stored by an earlier version carry no ``live``: the query finds none, and the
+    coalescer reads the node's document and its latest as before (no line lost to the upgrade)."""
+    from pitstop.services.coalesce import read_latest
+
+    fs = FirestoreStore(firestore.Client(project=f"t-{uuid.uuid4().hex[:12]}"))
+    out = fs.apply(_event(XID79, "a3-node-004"), POLICY, T0)
+    assert out.incident is not None
+    fs.incidents.document(out.incident["id"]).update({"live": firestore.DELETE_FIELD})
+    fs.snaps.drop(fs.incidents.document(out.incident["id"]).path)
+    assert fs.live_incident(out.incident["node_key"]) is None
+    assert _any(read_latest(fs, out.incident["node_key"], None))["id"] == out.incident["id"]
+
+
 def _totals(ev: FaultEvent, lines: int, iid: str, pol: policy.Policy = POLICY) -> CountShard:
     """A shard's totals as an instance keeps them: ``lines`` lines of incident ``iid`` counted like
     the incident counts."""

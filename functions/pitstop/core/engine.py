@@ -217,6 +217,7 @@ def new_incident(iid: str, ev: FaultEvent, cluster: Cluster | None, policy: Poli
         "cluster": cluster.name if cluster else None,
         "scheduler": cluster.scheduler if cluster else "none",
         "state": State.OPEN,
+        "live": True,
         "mode": policy.mode,
         "kind": ev["kind"],
         "xid": ev["xid"],
