@@ -306,31 +306,6 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
             self.snaps.put(snap)
         return snap
 
-    def latest_incident(self, nkey: str) -> Incident | None:
-        """The node's latest incident as decided (no shards), read without a transaction (to
-        refresh a cache)."""
-        snap = self.nodes.document(nkey).get()
-        self.snaps.put(snap)  # the decision that may follow reads neither again
-        node = snap.to_dict() if snap.exists else None
-        if not node or not node.get("latest_incident"):
-            return None
-        inc = self.incidents.document(node["latest_incident"]).get()
-        self.snaps.put(inc)
-        return _doc(inc, Incident)
-
-    def live_incident(self, nkey: str) -> Incident | None:
-        """The node's incident that is not RESOLVED (it has at most one: its latest; core/domain.py
-        ``live``), in one read where :meth:`latest_incident` takes two: an equality query on two
-        fields, which Firestore serves by merging its automatic single-field indexes (no composite
-        index to deploy: firebase.google.com/docs/firestore/query-data/index-overview). None: no
-        live incident, or one written before incidents carried ``live``."""
-        q = self.incidents.where(filter=firestore.FieldFilter("node_key", "==", nkey))
-        found = list(q.where(filter=firestore.FieldFilter("live", "==", True)).limit(1).stream())
-        if not found:
-            return None
-        self.snaps.put(found[0])  # the decision that may follow does not read it again
-        return _doc(found[0], Incident)
-
     # -- remediation steps (actuate) ---------------------------------------------------
 
     def mutate(self, iid: str, fn: Callable[[Incident], T]) -> T:

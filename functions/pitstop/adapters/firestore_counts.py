@@ -1,4 +1,5 @@
-"""Storm counts of the Firestore store: count shards in pages, and the resolved feed.
+"""Storm counts of the Firestore store: count shards in pages, the resolved feed, and the reads
+that refresh a coalescer's cache (a node's latest or live incident, an incident as decided).
 
 ``<prefix>_counts/{page}``: an ingest instance's page of up to PAGE_SHARDS shards (services/
 coalesce.py), one per node state, each holding its totals for one incident (core/store.py
@@ -62,6 +63,7 @@ class CountShards:
     """Mixed into the store (adapters/firestore.py), which provides the collections and counters."""
 
     db: Any  # the client
+    nodes: Any  # the nodes collection
     incidents: Any  # the incidents collection
     counts: Any  # the count pages' collection
     resolved: Any  # the resolved feed's collection
@@ -92,6 +94,31 @@ class CountShards:
         snap = self.incidents.document(iid).get()
         self.snaps.put(snap)  # a decision that follows need not read it again
         return cast(Incident | None, snap.to_dict() if snap.exists else None)  # the edge: untyped dicts
+
+    def latest_incident(self, nkey: str) -> Incident | None:
+        """The node's latest incident as decided (no shards), read without a transaction (to
+        refresh a cache)."""
+        snap = self.nodes.document(nkey).get()
+        self.snaps.put(snap)  # the decision that may follow reads neither again
+        node = snap.to_dict() if snap.exists else None
+        if not node or not node.get("latest_incident"):
+            return None
+        inc = self.incidents.document(node["latest_incident"]).get()
+        self.snaps.put(inc)
+        return cast(Incident | None, inc.to_dict() if inc.exists else None)
+
+    def live_incident(self, nkey: str) -> Incident | None:
+        """The node's incident that is not RESOLVED (it has at most one: its latest; core/domain.py
+        ``live``), in one read where :meth:`latest_incident` takes two: an equality query on two
+        fields, which Firestore serves by merging its automatic single-field indexes (no composite
+        index to deploy: firebase.google.com/docs/firestore/query-data/index-overview). None: no
+        live incident, or one written before incidents carried ``live``."""
+        q = self.incidents.where(filter=firestore.FieldFilter("node_key", "==", nkey))
+        found = list(q.where(filter=firestore.FieldFilter("live", "==", True)).limit(1).stream())
+        if not found:
+            return None
+        self.snaps.put(found[0])  # the decision that may follow does not read it again
+        return cast(Incident | None, found[0].to_dict())
 
     def resolved_since(self, since: float) -> list[Resolution]:
         q = self.resolved.where(filter=firestore.FieldFilter("at", ">=", since))

@@ -320,13 +320,10 @@ class Coalescer(ShardWriter):
         if latest is None and ev["action"] == Action.NONE and not engine.counts_toward_lemon(ev):
             self._remember(key)
             return engine.Outcome("ignored"), None
-        # ``_applying``: a copy of it is in a transaction now (unless it is this delivery's own)
-        if (
-            latest is None
-            or (key in self._applying and not deciding)
-            or not self._countable(st, ev, latest, ts)
-        ):
-            return None, self._take(st, nkey, now)  # counts so far go first: the store path may change things
+        applying = key in self._applying and not deciding  # a copy is in a transaction now (not its own)
+        if latest is None or applying or not self._countable(st, ev, latest, ts):
+            ends = latest is None or latest["state"] == State.RESOLVED or st.shard_iid != latest["id"]
+            return None, self._take(st, nkey, now) if ends else None  # a decision reads no shard: they wait
         if self._late(now):  # its copy counts it (decisions go on: the dedup record makes them once)
             return engine.Outcome("late"), None
         if st.shard_iid != latest["id"]:  # a new shard for a new incident (the old one's is written)
@@ -355,12 +352,11 @@ class Coalescer(ShardWriter):
         if latest is None:
             return False
         action = engine.believed(ev, self.policy)[0]["action"]  # a forged line raises nothing
-        view: Mapping[str, object] = (
-            latest  # a stored incident counts in ``counts``, the slim view in ``events``
-        )
+        view: Mapping[str, object] = latest  # stored: ``counts`` holds the count; slim: ``events``
         counts = view.get("counts")
         committed = counts.get("events", 0) if isinstance(counts, Mapping) else view.get("events", 0)
-        direct = isinstance(committed, (int, float)) and committed < DIRECT_LINES
+        own = st.deltas["counts"].get("events", 0) if st.shard_iid == latest["id"] else 0  # in its shard
+        direct = isinstance(committed, (int, float)) and committed + own < DIRECT_LINES
         return not (
             (_verified(ev) and latest.get("trust") != trust.VERIFIED)  # it makes the evidence trusted
             or (direct and st.opened == latest["id"] and not self.crowd.storm())
@@ -525,8 +521,9 @@ class Coalescer(ShardWriter):
 
     def _tick(self) -> None:
         """The timer: merge due counts every interval; stop when nothing has been buffered for a while."""
-        quiet = 0
-        tick = self._tick_s
+        quiet, tick = 0, self._tick_s
+        with contextlib.suppress(Exception):  # watch_feed logs its own trouble; the loop looks again
+            self.watch_feed(self.clock())  # watching from the start: a merge is checked VERIFY_S later
         # Jittered, so that instances started together do not merge into the same incidents at once.
         while not self._stop.wait(tick * random.uniform(0.75, 1.25)):  # noqa: S311 - not a secret
             try:
