@@ -77,14 +77,14 @@ def test_a_nodes_live_incident_is_its_latest_until_it_is_resolved(store: Inciden
     """What a first contact reads (services/coalesce.py read_latest): the node's one incident that
     is not RESOLVED, which is its latest; none once it is resolved (the latest is then still read
     the long way), and the next episode's incident once one opens."""
-    first = store.apply(_event(XID79, "a3-node-003"), POLICY, T0)
+    first = store.apply(_event(XID79, "a3-node-011"), POLICY, T0)
     assert first.incident is not None
     nkey, iid = first.incident["node_key"], first.incident["id"]
     assert _any(store.live_incident(nkey))["id"] == iid
     assert store.close(iid, "ops", T0 + 1, unfence=False).result == "closed"
     assert store.live_incident(nkey) is None
     assert _any(store.latest_incident(nkey))["id"] == iid
-    again = store.apply(_event(XID79, "a3-node-003", at=T0 + 5), POLICY, T0 + 5)
+    again = store.apply(_event(XID79, "a3-node-011", at=T0 + 5), POLICY, T0 + 5)
     assert again.result in ("opened", "held")  # a new episode (held: the node was acted on just now)
     assert again.incident is not None and again.incident["id"] != iid
     assert _any(store.live_incident(nkey))["id"] == again.incident["id"]
@@ -96,7 +96,7 @@ def test_an_incident_written_before_live_existed_is_found_the_long_way(firestore
     from pitstop.services.coalesce import read_latest
 
     fs = FirestoreStore(firestore.Client(project=f"t-{uuid.uuid4().hex[:12]}"))
-    out = fs.apply(_event(XID79, "a3-node-004"), POLICY, T0)
+    out = fs.apply(_event(XID79, "a3-node-012"), POLICY, T0)
     assert out.incident is not None
     fs.incidents.document(out.incident["id"]).update({"live": firestore.DELETE_FIELD})
     fs.snaps.drop(fs.incidents.document(out.incident["id"]).path)
