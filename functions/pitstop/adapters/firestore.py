@@ -77,16 +77,21 @@ class _LazyBudgets(Mapping[str, Budget | None]):
     update time each was read at (None: absent) for the write's precondition.
 
     Most events are absorbed and never touch a budget; reading every scope on every event
-    would serialise a whole zone's events on one document.
+    would serialise a whole zone's events on one document. ``read``: how a document is read (a
+    decision's: as this process saw it lately, adapters/firestore_snaps.py; its write's condition
+    refuses a stale one).
     """
 
-    def __init__(self, coll: Any) -> None:
+    def __init__(self, coll: Any, read: Callable[[Any], Any] | None = None) -> None:
         self._coll, self._cache = coll, dict[str, Budget | None]()
+        self._read = read or (lambda ref: ref.get())
         self.read_at: dict[str, Any] = {}
+        self.paths: list[str] = []
 
     def __getitem__(self, key: str) -> Budget | None:
         if key not in self._cache:
-            snap = self._coll.document(key).get()
+            snap = self._read(self._coll.document(key))
+            self.paths.append(snap.reference.path)
             self._cache[key] = _doc(snap, Budget)
             self.read_at[key] = snap.update_time if snap.exists else None
         return self._cache[key]
@@ -108,7 +113,7 @@ class _Read:
     def __init__(self, snaps: Mapping[str, Any]) -> None:
         self._snaps = dict(snaps)
         # What the batch writes, with each write's place in it (its result's): the cache's.
-        self.done: list[tuple[Any, Incident | NodeDoc, int]] = []
+        self.done: list[tuple[Any, Incident | NodeDoc | Budget, int]] = []
 
     def keep(self, snap: Any) -> Incident | None:
         self._snaps[snap.reference.path] = snap
@@ -269,7 +274,7 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
             latest = read.keep(self._snap(self.incidents.document(node_doc["latest_incident"]), fresh))
         if countable is not None and countable(latest):
             return engine.Outcome("absorbed", incident=latest, coalesced=True)
-        budgets = _LazyBudgets(self.budgets)
+        budgets = _LazyBudgets(self.budgets, lambda ref: self._snap(ref, ttl))
         out = engine.apply_event(ev, node_doc, latest, budgets, policy, now, key)
         if out.result == "ignored":
             return out
@@ -282,7 +287,7 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
             batch.commit()
         except (*LOST, gexc.InvalidArgument):
             self._tally("refused", out.result, ttl, len(batch._write_pbs))
-            self.snaps.drop(*read.paths)  # another instance wrote them: read them next time
+            self.snaps.drop(*read.paths, *budgets.paths)  # another instance wrote them: read them next time
             raise
         self._tally("committed", out.result, ttl, 0)
         for ref, doc, at in read.done:  # a write that changed nothing keeps its older update time
@@ -502,6 +507,8 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
             self._put(t, self.nodes.document(engine.subject_key(done.node)), done.node, read)
         for doc_id, doc in done.budgets.items():
             ref = self.budgets.document(doc_id)
+            if read is not None:  # remembered as written, like the node and incident (written whole)
+                read.done.append((ref, doc, len(t._write_pbs)))
             if budgets is None or doc_id not in budgets.read_at:
                 t.set(ref, doc)
             elif budgets.read_at[doc_id] is None:
