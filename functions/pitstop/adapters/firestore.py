@@ -254,19 +254,21 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         countable: Countable | None,
     ) -> engine.Outcome:
         """:meth:`_apply` once: the node document younger than ``ttls[0]`` from the cache, its
-        incident (and a node that names none) younger than ``ttls[1]`` (0: all read)."""
+        incident (and, for a node that names none, its live incident) younger than ``ttls[1]``
+        (0: all read). The delivery's record is read (on fresh reads) only for a line that must
+        be decided: one counted in memory is checked against the incident's recent keys, like
+        every line the coalescer counts."""
         ttl, fresh = ttls
         key = engine.event_key(ev)
-        node_ref = self.nodes.document(nkey)
-        dedup_ref = self.dedup.document(key)
+        node_ref, dedup_ref = self.nodes.document(nkey), self.dedup.document(key)
         expiry = dt.datetime.fromtimestamp(now + policy.window("dedup_ttl_h") * 3600, tz=dt.UTC)
-        if ttl <= 0:
-            seen = dedup_ref.get()
-            if seen.exists:
-                return engine.Outcome("duplicate", duplicate_of=(seen.to_dict() or {}).get("incident"))
         node_snap = self._snap(node_ref, ttl)
-        if not (node_snap.to_dict() or {}).get("latest_incident") and fresh < ttl:
-            node_snap = self._snap(node_ref, fresh)  # another instance may have opened one meanwhile
+        named = (node_snap.to_dict() or {}).get("latest_incident")
+        if not named and fresh < ttl and not self.snaps.younger(node_ref.path, fresh):
+            live = self.live_incident(nkey)  # another instance may have opened one meanwhile
+            if live is not None and countable is not None and countable(live):
+                return engine.Outcome("absorbed", incident=live, coalesced=True)
+            node_snap = self._snap(node_ref, 0.0) if live is not None else node_snap  # names it now
         node_doc = _doc(node_snap, NodeDoc)
         read = _Read({node_ref.path: node_snap})
         latest = None
@@ -274,6 +276,8 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
             latest = read.keep(self._snap(self.incidents.document(node_doc["latest_incident"]), fresh))
         if countable is not None and countable(latest):
             return engine.Outcome("absorbed", incident=latest, coalesced=True)
+        if ttl <= 0 and (seen := dedup_ref.get()).exists:
+            return engine.Outcome("duplicate", duplicate_of=(seen.to_dict() or {}).get("incident"))
         budgets = _LazyBudgets(self.budgets, lambda ref: self._snap(ref, ttl))
         out = engine.apply_event(ev, node_doc, latest, budgets, policy, now, key)
         if out.result == "ignored":

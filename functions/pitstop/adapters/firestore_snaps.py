@@ -73,6 +73,12 @@ class SnapCache:
             self.hits += 1
             return held[0]
 
+    def younger(self, path: str, ttl_s: float) -> bool:
+        """Whether ``path`` was taken less than ``ttl_s`` ago (not counted as a saved read)."""
+        with self._lock:
+            held = self._snaps.get(path)
+            return held is not None and self._clock() - held[1] < ttl_s
+
     def drop(self, *paths: str) -> None:
         with self._lock:
             for p in paths:

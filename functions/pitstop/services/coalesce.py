@@ -396,6 +396,8 @@ class Coalescer(ShardWriter):
         if out.coalesced:  # the store decided and wrote nothing
             with self._lock:
                 self._learn(st, out, now)
+                if out.incident is not None and key in out.incident.get("recent_keys", ()):
+                    return engine.Outcome("duplicate", incident=as_view(st.latest))  # a copy committed
                 absorbed, job = self._buffer(st, engine.subject_key(ev), ev, key, now, deciding=True)
             if job is not None:
                 self._merge(job, now)
