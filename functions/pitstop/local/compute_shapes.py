@@ -156,7 +156,7 @@ AuditLog = TypedDict(
         "serviceName": str,
         "methodName": str,
         "resourceName": str,
-        "request": dict[str, str],
+        "request": NotRequired[dict[str, str]],  # the fake's events carry it; bench's corpus does not
         "metadata": NotRequired[dict[str, str]],  # an upcomingMaintenance's window
     },
 )

@@ -9,12 +9,16 @@ import random
 import resource
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import orjson
 
 from pitstop.core.classify import Classifier
 from pitstop.tools.timing import one_core, timed
+
+if TYPE_CHECKING:
+    from pitstop.local.compute_shapes import LogResource
+    from pitstop.tools.bench_types import ClassifyReport, CloudEvent, Envelope, LogEntry, PushBody
 
 _XID_LINES = [
     "[Fri Aug  9 13:32:56 2024] NVRM: Xid (PCI:0000:00:08): 94, pid='<unknown>', name=<unknown>, "
@@ -58,7 +62,7 @@ _AUDIT_METHODS = [
 ]
 
 
-def _gce_instance(vm: int) -> dict[str, Any]:
+def _gce_instance(vm: int) -> LogResource:
     """The monitored resource a VM's log lines and system events carry (its id is the VM's own)."""
     return {
         "type": "gce_instance",
@@ -70,7 +74,7 @@ def _gce_instance(vm: int) -> dict[str, Any]:
     }
 
 
-def _driver_entry(flavour: int, line: str, node: str, vm: int) -> dict[str, Any]:
+def _driver_entry(flavour: int, line: str, node: str, vm: int) -> LogEntry:
     """A kernel line as each collector ships it: 0 Pitstop's Ops Agent journald receiver (verified),
     1 legacy agent text (unverified), 2 GKE node journal (kernel transport)."""
     if flavour == 0:
@@ -102,7 +106,7 @@ def _driver_entry(flavour: int, line: str, node: str, vm: int) -> dict[str, Any]
     }
 
 
-def _audit_entry(method: str, node: str, vm: int) -> dict[str, Any]:
+def _audit_entry(method: str, node: str, vm: int) -> LogEntry:
     """A Compute Engine system event (preemption, host error, upcoming maintenance)."""
     return {
         "logName": "projects/train-prod/logs/cloudaudit.googleapis.com%2Fsystem_event",
@@ -125,7 +129,7 @@ def _audit_entry(method: str, node: str, vm: int) -> dict[str, Any]:
     }
 
 
-def _push(entry: dict[str, Any], i: int) -> dict[str, Any]:
+def _push(entry: LogEntry, i: int) -> PushBody:
     """A Pub/Sub push body around one entry (what the ingest function receives)."""
     data = base64.b64encode(json.dumps(entry).encode()).decode()
     return {
@@ -134,7 +138,7 @@ def _push(entry: dict[str, Any], i: int) -> dict[str, Any]:
     }
 
 
-def _cloud_event(entry: dict[str, Any], i: int) -> dict[str, Any]:
+def _cloud_event(entry: LogEntry, i: int) -> CloudEvent:
     """A CloudEvent (Eventarc's messagePublished) around one entry."""
     return {
         "specversion": "1.0",
@@ -146,7 +150,7 @@ def _cloud_event(entry: dict[str, Any], i: int) -> dict[str, Any]:
     }
 
 
-ENVELOPES: dict[str, Callable[[dict[str, Any], int], dict[str, Any]]] = {
+ENVELOPES: dict[str, Callable[[LogEntry, int], Envelope]] = {
     "bare": lambda entry, i: entry,
     "push": _push,
     "cloudevent": _cloud_event,
@@ -159,12 +163,12 @@ def _stamped(line: str, node: str, i: int) -> str:
     return f"Nov 21 10:42:{i // 1000 % 60:02d} {node} kernel: [{680111 + i / 997:.6f}] {line}"
 
 
-def _entry(rnd: random.Random, i: int, distinct: bool) -> tuple[str, dict[str, Any]]:
+def _entry(rnd: random.Random, i: int, distinct: bool) -> tuple[str, LogEntry]:
     """One LogEntry of the mix and what it is: a driver line (the bulk), noise or a system event.
     Text syslog lines carry their time (no two alike); with ``distinct``, every driver message differs."""
     vm = rnd.randrange(64)
     node = f"a3-node-{vm:03d}"
-    base: dict[str, Any] = {
+    base: LogEntry = {
         "insertId": f"{i:012x}",
         "timestamp": "2026-11-21T10:42:31.325309Z",
         "receiveTimestamp": "2026-11-21T10:42:31.782066320Z",
@@ -234,7 +238,7 @@ def _classify_costs(lines: list[bytes], clf: Classifier, runs: int) -> tuple[flo
     return t_clf, t_base
 
 
-def bench_classify(n: int = 100_000, runs: int = 3) -> dict[str, Any]:
+def bench_classify(n: int = 100_000, runs: int = 3) -> ClassifyReport:
     """Entries classified per CPU second on one core, and that cost against a bare JSON round trip
     of the same documents, measured in one run. CPU time, not wall time: a busy machine slows both
     alike and moves neither figure. Also the same on a mix whose every driver line is distinct
@@ -268,7 +272,7 @@ def bench_classify(n: int = 100_000, runs: int = 3) -> dict[str, Any]:
     }
 
 
-def storm(lines: int, nodes: int, seconds: float = 10.0, seed: int = 11) -> Iterator[dict[str, Any]]:
+def storm(lines: int, nodes: int, seconds: float = 10.0, seed: int = 11) -> Iterator[PushBody]:
     """Push bodies of an Xid storm, made as they are consumed (a million bodies would not fit).
 
     ``lines`` kernel lines from the Ops Agent's journald receiver (``_TRANSPORT=kernel``:
@@ -284,7 +288,7 @@ def storm(lines: int, nodes: int, seconds: float = 10.0, seed: int = 11) -> Iter
         ts = start + seconds * i / lines
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int((ts % 1) * 1e6):06d}Z"
         payload = {"MESSAGE": rnd.choice(texts), "SYSLOG_FACILITY": "0", "_TRANSPORT": "kernel"}
-        entry = {
+        entry: LogEntry = {
             "insertId": f"storm-{i:08d}",
             "logName": "projects/train-prod/logs/pitstop-kernel",
             "timestamp": stamp,

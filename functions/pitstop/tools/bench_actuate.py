@@ -27,15 +27,21 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pitstop.core.domain import Incident
 from pitstop.local import procs
 from pitstop.tools import bench_fleet
 from pitstop.tools.bench_calls import STATS_DIR_ENV
+from pitstop.tools.bench_types import ActuateRun, CallsReport, LogEntry, Report
+
+if TYPE_CHECKING:
+    from pitstop.core.answers import Notification
+    from pitstop.local.fake_compute import FakeCompute
 
 CALLS_SOURCE = Path(__file__).with_name("bench_calls.py")
 PKG_ROOT = Path(__file__).resolve().parents[2]  # functions/: main.py and pitstop
@@ -62,7 +68,7 @@ class World:
 
     firestore: str
     pubsub: str
-    compute: Any  # local.fake_compute.FakeCompute
+    compute: FakeCompute
     compute_endpoint: str
 
 
@@ -101,7 +107,7 @@ def _policy(nodes: int) -> str:
     return json.dumps(doc)  # JSON is YAML
 
 
-def _entry(project: str, node: str, instance_id: str, n: int) -> dict[str, Any]:
+def _entry(project: str, node: str, instance_id: str, n: int) -> LogEntry:
     """The node's kernel line as the Ops Agent's journald receiver ships it (verified evidence)."""
     return {
         "insertId": f"bench-actuate-{n}",
@@ -156,8 +162,9 @@ def _notes_subscription(project: str) -> tuple[Any, str]:
     return sub, path
 
 
-def _drain(sub: Any, path: str) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def _drain(sub: Any, path: str) -> list[object]:
+    """What reached the notifications topic, acknowledged: counted, not read."""
+    out: list[object] = []
     while True:
         resp = sub.pull(subscription=path, max_messages=500, timeout=10)
         if not resp.received_messages:
@@ -172,12 +179,12 @@ class _NoPages:
     def __init__(self) -> None:
         self.pages = 0
 
-    def publish(self, notification: Any) -> str:
+    def publish(self, notification: Notification) -> str:
         self.pages += 1
         return f"bench-page-{self.pages}"
 
 
-def run(shape: Shape, w: World) -> dict[str, Any]:
+def run(shape: Shape, w: World) -> ActuateRun:
     """One run: C executions at a time remediate ``shape.remediations`` nodes through one instance."""
     from google.cloud import firestore
 
@@ -222,7 +229,7 @@ def run(shape: Shape, w: World) -> dict[str, Any]:
             elapsed = time.perf_counter() - t0
         inst.proc.signal(15)
         inst.proc.stop(timeout=60)
-    reports = [json.loads(p.read_text()) for p in sorted(stats.glob("*.json"))]
+    reports: list[CallsReport] = [json.loads(p.read_text()) for p in sorted(stats.glob("*.json"))]
     incidents = store.list()
     resets = [c for c in w.compute.calls if c["method"] == "reset" and f"projects/{project}/" in c["path"]]
     return _figures(shape, elapsed, finished, reports, inst, incidents, len(resets), _drain(sub, notes))
@@ -232,12 +239,12 @@ def _figures(
     shape: Shape,
     elapsed: float,
     finished: bool,
-    reports: list[dict[str, Any]],
+    reports: list[CallsReport],
     inst: bench_fleet._Instance,
-    incidents: Sequence[Mapping[str, Any]],
+    incidents: Sequence[Incident],
     resets: int,
-    notes: list[dict[str, Any]],
-) -> dict[str, Any]:
+    notes: list[object],
+) -> ActuateRun:
     calls = [c for r in reports for c in r["calls"] if c[0] != WARM_UP]
     took = sorted(c[2] for c in calls)
     by_op: dict[str, list[float]] = {}
@@ -280,7 +287,9 @@ def _figures(
     }
 
 
-def bench_actuate(concurrency: list[int], remediations: int | None = None, **shape: Any) -> dict[str, Any]:
+def bench_actuate(
+    concurrency: list[int], remediations: int | None = None, **shape: Any
+) -> Report[ActuateRun]:
     """Every concurrency, ``remediations`` each (default 2 x C), on one set of stand-ins."""
     runs = []
     with world() as w:

@@ -26,13 +26,18 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from pitstop.core.domain import Incident
 from pitstop.local import procs
 from pitstop.tools.bench import storm
+from pitstop.tools.bench_types import IngestRun, InstanceFigures, PushBody, Report
+
+if TYPE_CHECKING:
+    from pitstop.local.executions_server import ExecutionsService
 
 INSTANCE_SOURCE = Path(__file__).with_name("bench_instance.py")
 PUSH_PATH = "/projects/train-prod/topics/pitstop-events"
@@ -56,6 +61,16 @@ class Shape:
     deadline_s: float = 600.0  # a run pushes no new message after this (a stalled shape is reported)
 
 
+class Pacing(Protocol):
+    """What the push side reads of a run's shape (bench ingest's and bench notify's alike)."""
+
+    @property
+    def retry_scale(self) -> float: ...
+
+    @property
+    def deadline_s(self) -> float: ...
+
+
 @dataclass
 class _Tally:
     """The push side's counts (under its lock)."""
@@ -71,7 +86,7 @@ class _Tally:
 class _Push:
     """Pub/Sub push, played: fresh messages in order, redeliveries when their retry delay is up."""
 
-    def __init__(self, bodies: Iterator[dict[str, Any]], shape: Shape) -> None:
+    def __init__(self, bodies: Iterator[PushBody], shape: Pacing) -> None:
         self.bodies, self.shape = bodies, shape
         self.retry: list[tuple[float, int, bytes, int]] = []  # (due, seq, body, attempts so far)
         self.inflight, self.fresh_done = 0, False
@@ -127,7 +142,7 @@ class _Push:
             self.cond.notify_all()
 
 
-def _push_body(msg: dict[str, Any]) -> bytes:
+def _push_body(msg: PushBody) -> bytes:
     return json.dumps({**msg, "subscription": SUBSCRIPTION}).encode()
 
 
@@ -273,17 +288,17 @@ def scratch(prefix: str) -> tuple[str, Path, Path]:
     return f"bench-{uuid.uuid4().hex[:8]}", workdir, stats
 
 
-def _stop_instances(instances: list[_Instance], stats_dir: Path) -> list[dict[str, Any]]:
+def _stop_instances(instances: list[_Instance], stats_dir: Path) -> list[InstanceFigures]:
     """SIGTERM every instance (each merges its buffered counts), then read what each reported."""
     for inst in instances:
         inst.proc.signal(15)
     for inst in instances:
         inst.proc.stop(timeout=120)
-    reports = [json.loads(p.read_text()) for p in sorted(stats_dir.glob("*.json"))]
+    reports: list[InstanceFigures] = [json.loads(p.read_text()) for p in sorted(stats_dir.glob("*.json"))]
     return reports
 
 
-def run_storm(shape: Shape, firestore_host: str, executions: Any, endpoint: str) -> dict[str, Any]:
+def run_storm(shape: Shape, firestore_host: str, executions: ExecutionsService, endpoint: str) -> IngestRun:
     """One run: deploy N instances, push the storm, stop them, read back what it left."""
     from google.cloud import firestore
 
@@ -334,11 +349,11 @@ def _figures(
     shape: Shape,
     tally: _Tally,
     elapsed: float,
-    reports: list[dict[str, Any]],
+    reports: list[InstanceFigures],
     instances: list[_Instance],
-    incidents: Sequence[Mapping[str, Any]],
+    incidents: Sequence[Incident],
     starts: dict[tuple[str, str], int],
-) -> dict[str, Any]:
+) -> IngestRun:
     per_incident: dict[str, int] = {}
     for (iid, _), n in starts.items():
         per_incident[iid] = per_incident.get(iid, 0) + n
@@ -400,7 +415,7 @@ def _figures(
 
 def bench_ingest(
     storms: list[tuple[int, int]], instances: list[int], concurrency: int, **shape: Any
-) -> dict[str, Any]:
+) -> Report[IngestRun]:
     """Every storm (lines, nodes) through every instance count, on one Firestore emulator."""
     from pitstop.local.executions_server import ExecutionsService, serve
 

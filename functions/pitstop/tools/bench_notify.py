@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +39,7 @@ from pitstop.core.domain import Incident
 from pitstop.local import procs
 from pitstop.tools import bench_fleet
 from pitstop.tools.bench_calls import STATS_DIR_ENV
+from pitstop.tools.bench_types import CallsReport, NotifyRun, PushBody, Report, SinkFigures
 
 CALLS_SOURCE = Path(__file__).with_name("bench_calls.py")
 PKG_ROOT = Path(__file__).resolve().parents[2]  # functions/: main.py and pitstop
@@ -63,7 +64,7 @@ class Shape:
 
 
 def _incident(i: int, state: str) -> Incident:
-    inc: dict[str, Any] = {
+    inc: dict[str, object] = {
         "id": f"ibench{i:05d}",
         "node": {"instance": f"a3-node-{i % 1000:03d}", "zone": "us-central1-a", "project": "train-prod"},
         "cluster": "train",
@@ -117,7 +118,7 @@ def storm(shape: Shape) -> tuple[list[Notification], list[int]]:
     return distinct, order
 
 
-def _messages(distinct: list[Notification], order: list[int]) -> Iterator[dict[str, Any]]:
+def _messages(distinct: list[Notification], order: list[int]) -> Iterator[PushBody]:
     for m, idx in enumerate(order):
         data = base64.b64encode(json.dumps(distinct[idx]).encode()).decode()
         yield {"message": {"data": data, "messageId": f"bench-{m}", "publishTime": "2026-11-26T06:00:00Z"}}
@@ -129,14 +130,16 @@ def _serial(text: str) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
-def sent(records: list[dict[str, Any]]) -> dict[str, dict[Any, int]]:
+def sent(records: Sequence[Mapping[str, object]]) -> dict[str, dict[Hashable, int]]:
     """Posts per notification at each sink, from the sink's records: the chat webhook's by the
-    summary's serial, PagerDuty's by (dedup key, action): one alert per incident, one resolve."""
-    out: dict[str, dict[Any, int]] = {"webhook": {}, "pagerduty": {}}
+    summary's serial, PagerDuty's by (dedup key, action): one alert per incident, one resolve.
+    A record is the sink's JSON, read back: a body that is not an object reads as empty."""
+    out: dict[str, dict[Hashable, int]] = {"webhook": {}, "pagerduty": {}}
     for r in records:
-        body = r.get("body") or {}
+        raw = r.get("body")
+        body: Mapping[str, object] = raw if isinstance(raw, Mapping) else {}
         if r.get("path") == HOOK_PATH:
-            key: Any = _serial(str(body.get("text", "")))
+            key: Hashable = _serial(str(body.get("text", "")))
             out["webhook"][key] = out["webhook"].get(key, 0) + 1
         elif r.get("path") == PAGERDUTY_PATH:
             key = (body.get("dedup_key"), body.get("event_action"))
@@ -144,10 +147,10 @@ def sent(records: list[dict[str, Any]]) -> dict[str, dict[Any, int]]:
     return out
 
 
-def expected(distinct: list[Notification], order: list[int]) -> dict[str, set[Any]]:
+def expected(distinct: list[Notification], order: list[int]) -> dict[str, set[Hashable]]:
     """What each sink should receive once of the notifications published: every one by chat (its
     serial), PagerDuty's triggers and resolves (dedup key, action)."""
-    pd = set()
+    pd: set[Hashable] = set()
     for n in (distinct[i] for i in set(order)):
         action = notifications.pagerduty_action(n)
         if action is not None:
@@ -183,7 +186,7 @@ def _listening(proc: procs.Proc, port: int, timeout: float = 60.0) -> None:
     raise TimeoutError(f"{proc.name} not listening after {timeout}s:\n{proc.tail()}")
 
 
-def run(shape: Shape, firestore_host: str) -> dict[str, Any]:
+def run(shape: Shape, firestore_host: str) -> NotifyRun:
     """One run: the sinks, N instances, the storm pushed, the instances stopped, the sinks read."""
     project, workdir, stats = bench_fleet.scratch("pitstop-bench-notify-")
     policy = workdir / "policy.yaml"
@@ -210,7 +213,7 @@ def run(shape: Shape, firestore_host: str) -> dict[str, Any]:
             "notify", shape.instances, workdir, env, shape.concurrency, CALLS_SOURCE
         )
         try:
-            push = bench_fleet._Push(_messages(distinct, order), shape)  # type: ignore[arg-type]
+            push = bench_fleet._Push(_messages(distinct, order), shape)
             slots = [
                 threading.Thread(
                     target=bench_fleet._deliver_loop,
@@ -226,8 +229,10 @@ def run(shape: Shape, firestore_host: str) -> dict[str, Any]:
                 inst.proc.signal(15)
             for inst in instances:
                 inst.proc.stop(timeout=60)
-    reports = [json.loads(p.read_text()) for p in sorted(stats.glob("*.json"))]
-    records = [json.loads(x) for x in (workdir / "webhook.jsonl").read_text().splitlines() if x]
+    reports: list[CallsReport] = [json.loads(p.read_text()) for p in sorted(stats.glob("*.json"))]
+    records: list[Mapping[str, object]] = [
+        json.loads(x) for x in (workdir / "webhook.jsonl").read_text().splitlines() if x
+    ]
     metrics = workdir / "monitoring.jsonl"
     series = sum(1 for x in metrics.read_text().splitlines() if x) if metrics.exists() else 0
     return _figures(
@@ -237,21 +242,21 @@ def run(shape: Shape, firestore_host: str) -> dict[str, Any]:
 
 def _figures(
     shape: Shape,
-    tally: Any,
+    tally: bench_fleet._Tally,
     elapsed: float,
-    reports: list[dict[str, Any]],
+    reports: list[CallsReport],
     instances: list[bench_fleet._Instance],
-    want: dict[str, set[Any]],
-    records: list[dict[str, Any]],
+    want: dict[str, set[Hashable]],
+    records: list[Mapping[str, object]],
     series: int,
-) -> dict[str, Any]:
+) -> NotifyRun:
     calls = [c for r in reports for c in r["calls"]]
     took = sorted(c[2] for c in calls)
     outcomes: dict[str, int] = {}
     for _, outcome, _ in calls:
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     got = sent(records)
-    per_sink = {
+    per_sink: dict[str, SinkFigures] = {
         sink: {
             "expected": len(want[sink]),
             "sent": sum(got[sink].values()),
@@ -293,7 +298,7 @@ def _figures(
 
 def bench_notify(
     notifications_n: int, instances: list[int], concurrency: list[int], **shape: Any
-) -> dict[str, Any]:
+) -> Report[NotifyRun]:
     """The storm through every (instances, concurrency), on one Firestore emulator."""
     proc = None
     host = os.environ.get("FIRESTORE_EMULATOR_HOST")

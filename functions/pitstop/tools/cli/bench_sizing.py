@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pitstop.tools.bench_types import ActuateRun, NotifyRun, Report
 
 TARGETS = ("notify", "actuate")
 
@@ -48,7 +51,7 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace) -> Report[NotifyRun] | Report[ActuateRun]:
     """The target's figures; the in-process services' log lines go to stderr, the figures alone to stdout."""
     with contextlib.redirect_stdout(sys.stderr):
         if args.target == "notify":
