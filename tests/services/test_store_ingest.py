@@ -589,13 +589,13 @@ def test_in_a_storm_the_opener_counts_its_incidents_first_lines_in_memory(
     pol, clock = make_policy(), Clock()
     a = make_ingest(fs_client, None, pol, clock)
     a.coalescer.timer = False
-    a.coalescer.crowd.arrivals = DIRECT_LINES  # others in flight here: a storm
+    a.coalescer.crowd.arrivals.value = DIRECT_LINES  # others in flight here: a storm
     assert a.handle_payload(entry(XID94, "a3-node-065", 0)).result == "opened"
     writes = a.store.writes
     results = [a.handle_payload(entry(XID94, "a3-node-065", n)) for n in range(1, DIRECT_LINES)]
     assert all(out.coalesced for out in results)
     assert a.store.writes == writes  # no commit
-    a.coalescer.crowd.arrivals = 0
+    a.coalescer.crowd.arrivals.value = 0
     a.coalescer.flush_all(clock.t)
     (inc,) = a.store.list()
     assert inc["counts"]["events"] == DIRECT_LINES
@@ -621,11 +621,11 @@ def test_a_raise_another_instance_made_meanwhile_costs_a_read_not_a_refused_comm
     b.coalescer.flush_all(clock.t)  # written and checked: nothing buffered (no merge reads it again)
     assert a.handle_payload(entry(XID79, "a3-node-063", 101)).result == "raised"
     b.coalescer.crowd.wait_s = 0.0  # no pause needed here: a's commit is in already
-    b.coalescer.crowd.inflight = 1  # another delivery in flight at b: a storm
+    b.coalescer.crowd.inflight.value = 1  # another delivery in flight at b: a storm
     out = b.handle_payload(entry(XID79, "a3-node-063", 102))
     assert out.coalesced and out.incident is not None and out.incident["action"] == "REBOOT_NODE"
     assert cast(IncidentStore, b.store).commits == {}  # no decision committed, none refused
-    b.coalescer.crowd.inflight = 0
+    b.coalescer.crowd.inflight.value = 0
     b.coalescer.flush_all(clock.t)
     (inc,) = a.store.list()
     assert inc["counts"]["events"] == DIRECT_LINES + 3

@@ -95,39 +95,37 @@ def as_view(view: SlimIncident | None) -> Incident | None:
     return cast(Incident, view) if view is not None else None
 
 
-class Crowd:
-    """Deliveries of this instance past the fast path right now, and the pause a contested
-    decision takes while they crowd in (services/coalesce.py ``Coalescer._decide``); and all its
-    deliveries in flight (``arrived``), which tell a storm from an ordinary fault's few lines."""
+class Gauge:
+    """How many are inside right now (``held``), read under its lock."""
 
-    def __init__(self, wait_s: float = RACE_WAIT_S) -> None:
-        self.wait_s, self.inflight, self.arrivals = wait_s, 0, 0
+    def __init__(self) -> None:
+        self.value = 0
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
-    def arrived(self) -> Iterator[None]:
+    def held(self) -> Iterator[None]:
         with self._lock:
-            self.arrivals += 1
+            self.value += 1
         try:
             yield
         finally:
             with self._lock:
-                self.arrivals -= 1
+                self.value -= 1
+
+
+class Crowd:
+    """Deliveries of this instance past the fast path right now (``inflight``), and the pause a
+    contested decision takes while they crowd in (services/coalesce.py ``Coalescer._decide``);
+    and all its deliveries in flight (``arrivals``), which tell a storm from an ordinary fault's
+    few lines."""
+
+    def __init__(self, wait_s: float = RACE_WAIT_S) -> None:
+        self.wait_s, self.inflight, self.arrivals = wait_s, Gauge(), Gauge()
 
     def storm(self) -> bool:
         """More deliveries in flight here than an ordinary fault's first lines (DIRECT_LINES):
         a storm, whose first lines are counted in memory like the rest (Coalescer._countable)."""
-        return self.arrivals > DIRECT_LINES
-
-    @contextlib.contextmanager
-    def entered(self) -> Iterator[None]:
-        with self._lock:
-            self.inflight += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self.inflight -= 1
+        return self.arrivals.value > DIRECT_LINES
 
     def pause(self) -> bool:
         """Before a contested decision while deliveries crowd in (others in flight here: a storm,
@@ -137,8 +135,7 @@ class Crowd:
         memory, where all committed and all but one commit was refused (each refused commit paid
         its writes and three reads; `pitstop bench ingest`). One delivery alone does not wait:
         an ordinary fault is decided at once. True if it waited."""
-        with self._lock:
-            crowded = self.inflight > 1
+        crowded = self.inflight.value > 1
         if crowded and self.wait_s > 0:
             time.sleep(random.uniform(0, self.wait_s))  # noqa: S311 - jitter, not a secret
         return crowded
@@ -218,11 +215,11 @@ class Coalescer(ShardWriter):
         read and the incident's first DIRECT_LINES commits, not C of each.
         """
         key, nkey = engine.event_key(ev), engine.subject_key(ev)
-        with self.crowd.arrived():
+        with self.crowd.arrivals.held():
             counted = self._counted(ev, key, nkey, now)
             if counted is not None:
                 return counted
-            with self.crowd.entered(), self._gates[hash(nkey) % GATE_STRIPES]:
+            with self.crowd.inflight.held(), self._gates[hash(nkey) % GATE_STRIPES]:
                 counted = self._counted(ev, key, nkey, now)  # the cache may have changed meanwhile
                 return counted if counted is not None else self._decide(ev, key, nkey, now)
 
