@@ -104,6 +104,30 @@ def test_an_incident_written_before_live_existed_is_found_the_long_way(firestore
     assert _any(read_latest(fs, out.incident["node_key"], None))["id"] == out.incident["id"]
 
 
+def test_a_refused_live_query_falls_back_to_the_long_way(
+    firestore_host: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Should Firestore ever ask for an index for the live incident query (FailedPrecondition),
+    nodes are read the long way from then on instead of every delivery failing."""
+    from google.api_core import exceptions as gexc
+
+    from pitstop.services.coalesce import read_latest
+
+    fs = FirestoreStore(firestore.Client(project=f"t-{uuid.uuid4().hex[:12]}"))
+    out = fs.apply(_event(XID79, "a3-node-013"), POLICY, T0)
+    assert out.incident is not None
+    asked: list[str] = []
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        asked.append("query")
+        raise gexc.FailedPrecondition("The query requires an index.")  # type: ignore[no-untyped-call]
+
+    monkeypatch.setattr(firestore.Query, "stream", refuse)
+    for _ in range(2):
+        assert _any(read_latest(fs, out.incident["node_key"], None))["id"] == out.incident["id"]
+    assert asked == ["query"] and fs.live_query is False  # asked once, then the long way
+
+
 def _totals(ev: FaultEvent, lines: int, iid: str, pol: policy.Policy = POLICY) -> CountShard:
     """A shard's totals as an instance keeps them: ``lines`` lines of incident ``iid`` counted like
     the incident counts."""
