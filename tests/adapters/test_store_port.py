@@ -104,6 +104,22 @@ def test_an_incident_written_before_live_existed_is_found_the_long_way(firestore
     assert _any(read_latest(fs, out.incident["node_key"], None))["id"] == out.incident["id"]
 
 
+def test_a_resolved_incident_still_marked_live_is_not_taken_for_the_live_one(firestore_host: str) -> None:
+    """A version before ``live`` may resolve an incident this version opened (functions deploy one
+    by one) and leave it marked live: the query's answer is believed only if it is not RESOLVED,
+    else the node is read the long way."""
+    from pitstop.services.coalesce import read_latest
+
+    fs = FirestoreStore(firestore.Client(project=f"t-{uuid.uuid4().hex[:12]}"))
+    out = fs.apply(_event(XID79, "a3-node-014"), POLICY, T0)
+    assert out.incident is not None
+    iid, nkey = out.incident["id"], out.incident["node_key"]
+    assert fs.close(iid, "ops", T0 + 1, unfence=False).result == "closed"
+    fs.incidents.document(iid).update({"live": True})  # as the older version left it
+    assert fs.live_incident(nkey) is None
+    assert _any(read_latest(fs, nkey, None))["state"] == "RESOLVED"
+
+
 def test_a_refused_live_query_falls_back_to_the_long_way(
     firestore_host: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -171,3 +171,19 @@ def test_the_timer_watches_the_resolved_feed_from_its_start(fs_client: firestore
         assert coal._watching(time.time())
     finally:
         coal.close()
+
+
+def test_a_budget_written_in_a_transaction_is_read_again_by_the_next_decision(
+    fs_client: firestore.Client,
+) -> None:
+    """Decisions read budgets as this instance last saw them; a release (or an ended burst) writes
+    one in a transaction, so the next decision reads it instead of the snapshot from before."""
+    pol = make_policy(clusters=[{**CLUSTER, "size": 1}])
+    store, ops = _counted(fs_client)
+    first = store.apply(_event(XID79, "a3-node-112", 1), pol, T0)
+    assert first.result == "opened" and first.incident is not None
+    held = _delta(ops, lambda: store.apply(_event(XID79, "a3-node-113", 1), pol, T0))
+    assert "read:pitstop_budgets" not in held  # as the claim wrote it
+    store.release_budget(first.incident)
+    after = _delta(ops, lambda: store.apply(_event(XID79, "a3-node-114", 1), pol, T0))
+    assert after.get("read:pitstop_budgets") == 1

@@ -268,7 +268,8 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
             live = self.live_incident(nkey)  # another instance may have opened one meanwhile
             if live is not None and countable is not None and countable(live):
                 return engine.Outcome("absorbed", incident=live, coalesced=True)
-            node_snap = self._snap(node_ref, 0.0) if live is not None else node_snap  # names it now
+            if live is not None or not self.live_query:  # it names one now (or may: no query ran)
+                node_snap = self._snap(node_ref, 0.0)
         node_doc = _doc(node_snap, NodeDoc)
         read = _Read({node_ref.path: node_snap})
         latest = None
@@ -356,7 +357,7 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
                 for d in inc.get("budget_scopes", [])
             }
             for doc_id, doc in engine.release_slots(docs, inc["id"]).items():
-                t.set(self.budgets.document(doc_id), doc)
+                self._put_budget(t, doc_id, doc)
 
         self._serialised(inc["id"], True, lambda: txn(self._txn()))
 
@@ -477,7 +478,7 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
                 self.snaps.drop(ref.path)
                 self._note_resolved(t, cur)
                 for doc_id, doc in engine.release_slots(budgets, cur["id"]).items():
-                    t.set(self.budgets.document(doc_id), doc)
+                    self._put_budget(t, doc_id, doc)
                 return True
 
             def run(txn: Callable[[Any], bool] = txn) -> bool:
@@ -485,6 +486,13 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
 
             closed += bool(self._serialised(inc["id"], True, run))
         return closed
+
+    def _put_budget(self, t: Any, doc_id: str, doc: Budget) -> None:
+        """A budget written in a transaction (a release, an ended burst): a decision reads it next,
+        not the snapshot this process kept (a hold on it would wait for the sweep's retry)."""
+        ref = self.budgets.document(doc_id)
+        self.snaps.drop(ref.path)
+        t.set(ref, doc)
 
     def _put(self, t: Any, ref: Any, doc: Incident | NodeDoc, read: _Read | None) -> None:
         """One node or incident write of a decision: conditioned on ``read``, or in a transaction
@@ -514,7 +522,7 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
             if read is not None:  # remembered as written, like the node and incident (written whole)
                 read.done.append((ref, doc, len(t._write_pbs)))
             if budgets is None or doc_id not in budgets.read_at:
-                t.set(ref, doc)
+                self._put_budget(t, doc_id, doc)
             elif budgets.read_at[doc_id] is None:
                 t.create(ref, doc)
             else:

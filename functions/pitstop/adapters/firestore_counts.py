@@ -34,6 +34,7 @@ from google.cloud import firestore
 from pitstop.adapters import log
 from pitstop.adapters.firestore_snaps import SnapCache
 from pitstop.core.domain import CountShard, Incident, Resolution
+from pitstop.core.states import State
 from pitstop.core.store import COUNT_PAGE_KEEP_S, resolution, with_shards
 
 PAGES_PER_COMMIT = 8  # a commit's request stays far below Firestore's 10 MiB (a page <= 1 MiB)
@@ -130,10 +131,11 @@ class CountShards:
                 "WARNING", "live incident query refused: nodes are read the long way", error=str(exc)[:300]
             )
             return None
-        if not found:
+        inc = cast(Incident | None, found[0].to_dict()) if found else None
+        if inc is None or inc.get("state") == State.RESOLVED:  # moved by a version before ``live``
             return None
         self.snaps.put(found[0])  # the decision that may follow does not read it again
-        return cast(Incident | None, found[0].to_dict())
+        return inc
 
     def resolved_since(self, since: float) -> list[Resolution]:
         q = self.resolved.where(filter=firestore.FieldFilter("at", ">=", since))
