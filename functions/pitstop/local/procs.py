@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import random
 import signal
@@ -115,7 +116,11 @@ def wait_http(url: str, proc: Proc, timeout: float = 60.0, accept_errors: bool =
             if accept_errors:
                 return
             time.sleep(0.2)
-        except OSError:
+        except (OSError, http.client.HTTPException):
+            # Not up yet. HTTPException: no server answered, something else did. A probe of a port
+            # nothing listens on can connect to itself when the port lies in the kernel's ephemeral
+            # range (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 here): it reads its own
+            # request back ("BadStatusLine: GET / HTTP/1.1", seen with PITSTOP_PORT_RANGE=30000-34999).
             time.sleep(0.2)
     raise TimeoutError(f"{proc.name} not ready after {timeout}s:\n{proc.tail()}")
 
