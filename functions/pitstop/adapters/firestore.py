@@ -26,7 +26,7 @@ from google.cloud import firestore
 from pitstop.adapters.firestore_counts import CountShards
 from pitstop.adapters.firestore_jobs import JobRecords
 from pitstop.adapters.firestore_outbox import OutboxRecords
-from pitstop.adapters.firestore_snaps import SnapCache
+from pitstop.adapters.firestore_snaps import STALE, SnapCache
 from pitstop.adapters.firestore_starts import StartRecords
 from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.core import engine
@@ -239,7 +239,7 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         fresh = min(ttl, waited) if waited > QUEUED_S else ttl
         try:
             return self._decide_event(ev, policy, now, nkey, (ttl, fresh), countable)
-        except (*LOST, gexc.InvalidArgument):  # the emulator's word for a newer update time
+        except (*LOST, *STALE):  # refused on its conditions
             with self._lock:
                 self.retries += 1
         return self._decide_event(ev, policy, now, nkey, (0.0, 0.0), countable)
@@ -290,7 +290,7 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         self._count_writes(1)
         try:
             batch.commit()
-        except (*LOST, gexc.InvalidArgument):
+        except (*LOST, *STALE):
             self._tally("refused", out.result, ttl, len(batch._write_pbs))
             self.snaps.drop(*read.paths, *budgets.paths)  # another instance wrote them: read them next time
             raise

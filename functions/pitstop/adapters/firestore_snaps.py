@@ -21,6 +21,11 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+from google.api_core import exceptions as gexc
+
+# A write conditioned on a snapshot's update time was refused: another writer changed the document
+# since (Firestore answers FailedPrecondition; the emulator InvalidArgument).
+STALE = (gexc.FailedPrecondition, gexc.InvalidArgument)
 MAX_SNAPS = 1024  # documents remembered (a node document and its latest incident per busy node)
 
 

@@ -13,18 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
-from pitstop.adapters.firestore_snaps import SnapCache
+from pitstop.adapters.firestore_snaps import STALE, SnapCache
 from pitstop.core.domain import Incident, WorkflowRun
 from pitstop.core.states import UNCLAIMABLE_STATES, RunState
 
 T = TypeVar("T")
 SNAP_S = 5.0  # an incident this process read or wrote this recently is leased from memory
-# The write's condition failed: another writer changed the incident since (the emulator answers a
-# stale update time with InvalidArgument, Firestore with FailedPrecondition).
-STALE = (gexc.FailedPrecondition, gexc.InvalidArgument)
 
 
 class StartRecords:
@@ -84,11 +80,12 @@ class StartRecords:
 
     def record_started(self, iid: str, step: int, execution: str, now: float) -> None:
         ref = self._incidents().document(iid)
+        started: WorkflowRun = {"state": RunState.STARTED, "execution": execution, "started_at": now}
         snap = self.snaps.get(ref.path, SNAP_S)  # as leased a moment ago
         inc = cast(Incident | None, snap.to_dict() if snap is not None else None)
         wf: WorkflowRun | None = inc.get("workflow") if inc is not None else None
         if inc is not None and wf is not None and wf.get("step") == step:
-            wf.update({"state": RunState.STARTED, "execution": execution, "started_at": now})
+            wf.update(started)
             inc["updated_at"] = now
             try:
                 return self._update_as_read(ref, snap, inc, {"workflow": wf, "updated_at": now})
@@ -100,7 +97,7 @@ class StartRecords:
             inc = ref.get(transaction=t).to_dict() or {}
             wf = inc.get("workflow") or {}
             if wf.get("step") == step:
-                wf.update({"state": RunState.STARTED, "execution": execution, "started_at": now})
+                wf.update(started)
                 t.update(ref, {"workflow": wf, "updated_at": now})
                 self.snaps.drop(ref.path)
                 self._count_writes(1)

@@ -96,7 +96,8 @@ def as_view(view: SlimIncident | None) -> Incident | None:
 
 
 class Gauge:
-    """How many are inside right now (``held``), read under its lock."""
+    """How many are inside right now (``held``). ``value`` is read without the lock: a glance that
+    decides a pause or a storm, not a count anything is built on."""
 
     def __init__(self) -> None:
         self.value = 0
@@ -519,12 +520,10 @@ class Coalescer(ShardWriter):
         return True
 
     def _tick(self) -> None:
-        """The timer: merge due counts every interval; stop when nothing has been buffered for a while."""
+        """The timer: merge due counts every interval, first as it starts (until its first look at the
+        feed, a write was checked by a read at once); stop when nothing was buffered for a while."""
         quiet, tick = 0, self._tick_s
-        with contextlib.suppress(Exception):  # watch_feed logs its own trouble; the loop looks again
-            self.watch_feed(self.clock())  # watching from the start: a merge is checked VERIFY_S later
-        # Jittered, so that instances started together do not merge into the same incidents at once.
-        while not self._stop.wait(tick * random.uniform(0.75, 1.25)):  # noqa: S311 - not a secret
+        while True:
             try:
                 self.flush_due(self.clock())
             except Exception as exc:  # never let the timer die silently with counts buffered
@@ -534,6 +533,9 @@ class Coalescer(ShardWriter):
                 if quiet >= IDLE_TICKS:
                     self._flusher = None
                     return
+            # Jittered, so that instances started together do not merge into the same incidents at once.
+            if self._stop.wait(tick * random.uniform(0.75, 1.25)):  # noqa: S311 - not a secret
+                return
 
     def close(self) -> None:
         """Stop the timer thread (tests, benchmarks); buffered counts stay until flushed."""
