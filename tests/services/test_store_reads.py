@@ -155,22 +155,34 @@ def test_a_decision_leaves_the_counts_buffered_before_it_in_memory(fs_client: fi
     assert inc["counts"]["events"] == DIRECT_LINES + 5 + 1
 
 
+class _FirstWait(threading.Event):
+    """The timer's stop event: its first wait records whether the feed was looked at by then, and
+    ends the timer (no clock involved)."""
+
+    def __init__(self, coal: Coalescer) -> None:
+        super().__init__()
+        self.coal = coal
+        self.looked: list[bool] = []
+        self.waited = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.looked.append(self.coal._feed_seen > float("-inf"))
+        self.waited.set()
+        return True
+
+
 def test_the_timer_watches_the_resolved_feed_from_its_start(fs_client: firestore.Client) -> None:
     """Until its first look at the resolved feed, an instance checked every count it wrote by
     reading the incident at once; the first look waited a tick (seconds, a storm's busiest). Now
-    the timer looks when it starts."""
+    the timer has looked before it first waits."""
     store, _ = _counted(fs_client)
-    pol = make_policy(store={"cache_ttl_s": 60.0, "flush_interval_s": 600.0})  # a tick of 60 s
-    coal = Coalescer(store, pol)
-    try:
-        for n in range(DIRECT_LINES + 1):  # the last one counted in memory starts the timer
-            coal.handle(_event(XID94, "a3-node-111", n), time.time())
-        deadline = time.monotonic() + 20  # far below the tick: only a look at the start meets it
-        while not coal._watching(time.time()) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert coal._watching(time.time())
-    finally:
-        coal.close()
+    coal = Coalescer(store, make_policy())
+    first = _FirstWait(coal)
+    coal._stop = first
+    for n in range(DIRECT_LINES + 1):  # the last one counted in memory starts the timer
+        coal.handle(_event(XID94, "a3-node-111", n), time.time())
+    assert first.waited.wait(30)  # the timer reached its first wait
+    assert first.looked == [True]
 
 
 def test_a_budget_written_in_a_transaction_is_read_again_by_the_next_decision(
