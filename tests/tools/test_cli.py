@@ -130,6 +130,10 @@ def test_bench_ingest_runs_each_storm_through_each_instance_count(firestore_host
         )
         assert any(k.startswith("committed ") for k in run["commits"])  # each incident opened once
         assert sum(run["ops_by_site"].values()) == ops  # every operation has its call site
+        # requests: a query is one however many documents it bills; a commit one for its writes
+        queries = sum(n for k, n in run["calls"].items() if k.startswith("query:"))
+        billed = sum(n for k, n in run["ops_by_collection"].items() if k.startswith("query:"))
+        assert 0 < queries <= billed and 0 < run["calls"]["commit"] <= run["firestore_writes"]
 
 
 @pytest.mark.emulator

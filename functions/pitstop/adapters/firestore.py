@@ -25,6 +25,7 @@ from google.cloud import firestore
 
 from pitstop.adapters.firestore_counts import CountShards
 from pitstop.adapters.firestore_jobs import JobRecords
+from pitstop.adapters.firestore_live import Grouped, LiveIncidents
 from pitstop.adapters.firestore_outbox import OutboxRecords
 from pitstop.adapters.firestore_snaps import STALE, SnapCache
 from pitstop.adapters.firestore_starts import StartRecords
@@ -135,7 +136,7 @@ class _Read:
         batch.update(ref, {**doc, **gone}, option=db.write_option(last_update_time=snap.update_time))
 
 
-class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
+class IncidentStore(CountShards, LiveIncidents, JobRecords, OutboxRecords, StartRecords):
     def __init__(self, client: firestore.Client, prefix: str = "pitstop") -> None:
         self.db, self.prefix = client, prefix
         self.nodes = client.collection(f"{prefix}_nodes")
@@ -159,6 +160,7 @@ class IncidentStore(CountShards, JobRecords, OutboxRecords, StartRecords):
         self.refused = self.refused_writes = 0
         self.commits: dict[str, int] = {}  # "<committed|refused> <result>" -> decisions (the bench's)
         self.snaps = SnapCache()  # node and incident documents as last read or written here
+        self.live_lookups = Grouped(self._live_of)  # first contacts asked at once share a query
 
     def _count_writes(self, n: int) -> None:
         with self._lock:

@@ -27,14 +27,11 @@ import zlib
 from collections.abc import Mapping
 from typing import Any, cast
 
-from google.api_core import exceptions as gexc
 from google.api_core.retry import Retry
 from google.cloud import firestore
 
-from pitstop.adapters import log
 from pitstop.adapters.firestore_snaps import SnapCache
 from pitstop.core.domain import CountShard, Incident, Resolution
-from pitstop.core.states import State
 from pitstop.core.store import COUNT_PAGE_KEEP_S, resolution, with_shards
 
 PAGES_PER_COMMIT = 8  # a commit's request stays far below Firestore's 10 MiB (a page <= 1 MiB)
@@ -71,7 +68,6 @@ class CountShards:
     counts: Any  # the count pages' collection
     resolved: Any  # the resolved feed's collection
     snaps: SnapCache  # documents as last read or written (adapters/firestore_snaps.py)
-    live_query = True  # off once the database refused the live incident query (live_incident)
 
     def _count_writes(self, n: int) -> None:
         raise NotImplementedError
@@ -110,32 +106,6 @@ class CountShards:
         inc = self.incidents.document(node["latest_incident"]).get()
         self.snaps.put(inc)
         return cast(Incident | None, inc.to_dict() if inc.exists else None)
-
-    def live_incident(self, nkey: str) -> Incident | None:
-        """The node's incident that is not RESOLVED (it has at most one: its latest; core/domain.py
-        ``live``), in one read where :meth:`latest_incident` takes two: an equality query on two
-        fields, which Firestore serves by merging its automatic single-field indexes (no composite
-        index to deploy: firebase.google.com/docs/firestore/query-data/index-overview). None: no
-        live incident, or one written before incidents carried ``live``, or the database refuses
-        the query (it asks for an index): then the node is read the long way from now on, rather
-        than every delivery failing. The emulator has no index: it scans the collection, so with
-        thousands of incidents the query is slower there than in Firestore (README, Storms)."""
-        if not self.live_query:
-            return None
-        q = self.incidents.where(filter=firestore.FieldFilter("node_key", "==", nkey))
-        try:
-            found = list(q.where(filter=firestore.FieldFilter("live", "==", True)).limit(1).stream())
-        except gexc.FailedPrecondition as exc:  # "The query requires an index"
-            self.live_query = False
-            log.emit(
-                "WARNING", "live incident query refused: nodes are read the long way", error=str(exc)[:300]
-            )
-            return None
-        inc = cast(Incident | None, found[0].to_dict()) if found else None
-        if inc is None or inc.get("state") == State.RESOLVED:  # moved by a version before ``live``
-            return None
-        self.snaps.put(found[0])  # the decision that may follow does not read it again
-        return inc
 
     def resolved_since(self, since: float) -> list[Resolution]:
         q = self.resolved.where(filter=firestore.FieldFilter("at", ">=", since))

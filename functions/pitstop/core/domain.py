@@ -360,7 +360,7 @@ class Incident(TypedDict):
     created_at: float
     updated_at: float
     # Not RESOLVED (core/lifecycle.move keeps it): a node has at most one such incident, its latest,
-    # which the Firestore store finds with one equality query (adapters/firestore.py live_incident).
+    # which the Firestore store finds with one equality query (adapters/firestore_live.py).
     live: NotRequired[bool]
     maintenance: NotRequired[Maintenance]
     recent_keys: NotRequired[list[str]]

@@ -362,7 +362,10 @@ def _figures(
     where: dict[str, int] = {}  # store operations by kind and collection, all instances together
     sites: dict[str, int] = {}  # and by call site (tools/firestore_ops.py call_site)
     commits: dict[str, int] = {}  # decisions' commits by how they ended and what they decided
+    calls: dict[str, int] = {}  # requests sent (a grouped query is one, however many it reads)
     for r in reports:
+        for k, n in r.get("calls", {}).items():
+            calls[k] = calls.get(k, 0) + n
         for k, n in r.get("ops_by_collection", {}).items():
             where[k] = where.get(k, 0) + n
         for k, n in r.get("ops_by_site", {}).items():
@@ -387,6 +390,7 @@ def _figures(
         "refused_commit_writes": sum(r.get("refused_writes", 0) for r in reports),
         "ops_by_collection": dict(sorted(where.items(), key=lambda kv: -kv[1])),
         "ops_by_site": dict(sorted(sites.items(), key=lambda kv: -kv[1])),
+        "calls": dict(sorted(calls.items(), key=lambda kv: -kv[1])),
         "commits": dict(sorted(commits.items())),
         "incidents": len(incidents),
         "held": sum(1 for i in incidents if i.get("state") == "HELD"),

@@ -118,6 +118,14 @@ def _by_site() -> dict[str, int]:
     return out
 
 
+def _calls() -> dict[str, int]:
+    out: dict[str, int] = {}
+    for o in _ops:
+        for k, n in o.calls.items():
+            out[k] = out.get(k, 0) + n
+    return out
+
+
 def figures() -> InstanceFigures:
     """What this instance did, for the bench to add up."""
     built = main._ingest.cache_info().currsize > 0
@@ -128,6 +136,7 @@ def figures() -> InstanceFigures:
         "writes": sum(o.writes for o in _ops),
         "ops_by_collection": _by_collection(),
         "ops_by_site": _by_site(),
+        "calls": _calls(),
         "retries": svc.store.retries if svc is not None else 0,
         "refused_commits": getattr(svc.store, "refused", 0) if svc is not None else 0,
         "refused_writes": getattr(svc.store, "refused_writes", 0) if svc is not None else 0,

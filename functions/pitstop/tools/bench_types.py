@@ -70,6 +70,7 @@ class InstanceFigures(TypedDict):
     writes: int
     ops_by_collection: dict[str, int]
     ops_by_site: dict[str, int]
+    calls: dict[str, int]  # requests sent to Firestore, by kind (a query billed several reads is one)
     retries: int
     refused_commits: int
     refused_writes: int
@@ -175,6 +176,7 @@ class IngestRun(PushTally, FleetMemory):
     refused_commit_writes: int
     ops_by_collection: dict[str, int]
     ops_by_site: dict[str, int]
+    calls: dict[str, int]
     commits: dict[str, int]
     incidents: int
     held: int

@@ -42,12 +42,14 @@ class FirestoreOps:
         self.reads = self.writes = 0
         self.by_collection: dict[str, int] = {}  # "read:<collection>" / "write:<collection>" -> ops
         self.by_site: dict[str, int] = {}  # "<kind>:<collection> <call site>" -> ops
+        self.calls: dict[str, int] = {}  # "get" / "commit" / "query:<collection>" -> requests sent
         self._lock = threading.Lock()
         api = client._firestore_api  # the GAPIC client every Firestore call goes through
         get, commit, query = api.batch_get_documents, api.commit, api.run_query
 
         def counted_get(*a: Any, **kw: Any) -> Iterator[Any]:
             site = call_site()
+            self._call("get")
             for resp in get(*a, **kw):
                 if resp.found or resp.missing:
                     where = f"read:{collection_of(resp.found.name or resp.missing)}"
@@ -61,6 +63,7 @@ class FirestoreOps:
             frm = q.get("from_", []) if isinstance(q, dict) else getattr(q, "from_", [])
             where = "query:" + ",".join(getattr(f, "collection_id", "?") for f in frm)
             site = call_site()
+            self._call(where)
             for resp in query(*a, **kw):
                 docs += bool(resp.document)
                 yield resp
@@ -70,11 +73,16 @@ class FirestoreOps:
             request = kw.get("request") or (a[0] if a else {})
             writes = request.get("writes") if isinstance(request, dict) else request.writes
             site = call_site()
+            self._call("commit")
             for w in writes or ():
                 self._add(writes=1, where=f"write:{collection_of(w.update.name or w.delete)}", site=site)
             return commit(*a, **kw)
 
         api.batch_get_documents, api.commit, api.run_query = counted_get, counted_commit, counted_query
+
+    def _call(self, what: str) -> None:
+        with self._lock:
+            self.calls[what] = self.calls.get(what, 0) + 1
 
     def _add(self, reads: int = 0, writes: int = 0, where: str = "", site: str = "?") -> None:
         with self._lock:
