@@ -14,7 +14,7 @@ from google.cloud.firestore_v1.types import StructuredQuery
 
 from pitstop.adapters.firestore import IncidentStore as FirestoreStore
 from pitstop.adapters.firestore_live import Grouped
-from tests.adapters.test_store_port import POLICY, T0, XID79, _event
+from tests.adapters.test_store_port import POLICY, T0, XID79, _any, _event
 
 WAIT_S = 30.0  # a failsafe only: every wait below is on a condition that the code under test sets
 
@@ -22,12 +22,12 @@ WAIT_S = 30.0  # a failsafe only: every wait below is on a condition that the co
 class Held:
     """A fetch whose first call waits until released, so that asks pile up behind it."""
 
-    def __init__(self, answer: Callable[[list[str]], Mapping[str, str]] | None = None) -> None:
+    def __init__(self, answer: Callable[[list[str]], Mapping[str, Any]] | None = None) -> None:
         self.calls: list[list[str]] = []
         self.started, self.release = threading.Event(), threading.Event()
         self.answer = answer or (lambda keys: {k: k.upper() for k in keys if k != "none"})
 
-    def __call__(self, keys: list[str]) -> Mapping[str, str]:
+    def __call__(self, keys: list[str]) -> Mapping[str, Any]:
         self.calls.append(keys)
         if len(self.calls) == 1:
             self.started.set()
@@ -35,7 +35,7 @@ class Held:
         return self.answer(keys)
 
 
-def _ask_all(grouped: Grouped[str, str], first: str, rest: list[str]) -> dict[str, list[Any]]:
+def _ask_all(grouped: Grouped[str, Any], first: str, rest: list[str]) -> dict[str, list[Any]]:
     """``first`` asked alone (its fetch held), ``rest`` asked while it runs; every answer by key."""
     answers: dict[str, list[Any]] = {}
 
@@ -142,7 +142,7 @@ def test_one_in_query_finds_each_nodes_live_incident(
     assert fs.close(closed["id"], "ops", T0 + 1, unfence=False).result == "closed"
     ran = _queries(monkeypatch)
     found = fs._live_of([live["node_key"], closed["node_key"], "a3-node-103"])
-    assert {k: v.to_dict()["id"] for k, v in found.items()} == {live["node_key"]: live["id"]}
+    assert {k: _any(v.to_dict())["id"] for k, v in found.items()} == {live["node_key"]: live["id"]}
     assert ran == ["IN"]
 
 
@@ -152,7 +152,9 @@ def test_concurrent_first_contacts_share_queries(fs: FirestoreStore, monkeypatch
     fs.live_lookups = Grouped(held)
     answers = _ask_all(fs.live_lookups, incs[0]["node_key"], [i["node_key"] for i in incs[1:]])
     assert len(held.calls) == 2
-    assert {k: v[0].to_dict()["id"] for k, v in answers.items()} == {i["node_key"]: i["id"] for i in incs}
+    assert {k: _any(v[0].to_dict())["id"] for k, v in answers.items()} == {
+        i["node_key"]: i["id"] for i in incs
+    }
     assert fs.live_incident(incs[3]["node_key"]) == fs.get(incs[3]["id"])  # through the store's own
 
 
@@ -176,6 +178,8 @@ def test_a_refused_in_query_falls_back_to_one_query_a_node(
     keys = [i["node_key"] for i in incs]
     for _ in range(2):
         found = fs._live_of(keys)
-        assert {k: v.to_dict()["id"] for k, v in found.items()} == {i["node_key"]: i["id"] for i in incs}
+        assert {k: _any(v.to_dict())["id"] for k, v in found.items()} == {
+            i["node_key"]: i["id"] for i in incs
+        }
     assert ran == ["IN", "EQUAL", "EQUAL", "EQUAL", "EQUAL", "EQUAL", "EQUAL"]
     assert fs.live_in is False and fs.live_query is True

@@ -1,5 +1,6 @@
 """Storm counts of the Firestore store: count shards in pages, the resolved feed, and the reads
-that refresh a coalescer's cache (a node's latest or live incident, an incident as decided).
+that refresh a coalescer's cache (a node's latest incident, an incident as decided; its live
+incident is adapters/firestore_live.py's).
 
 ``<prefix>_counts/{page}``: an ingest instance's page of up to PAGE_SHARDS shards (services/
 coalesce.py), one per node state, each holding its totals for one incident (core/store.py

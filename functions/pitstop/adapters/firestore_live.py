@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
+from google.cloud.firestore_v1.base_document import DocumentSnapshot
 
 from pitstop.adapters import log
 from pitstop.adapters.firestore_snaps import SnapCache
@@ -30,6 +31,7 @@ from pitstop.core.states import State
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
+Snapshot = DocumentSnapshot[Any]  # an incident as the query returned it
 IN_MOST = 30  # values an ``in`` filter may hold
 
 
@@ -104,7 +106,7 @@ class LiveIncidents:
     snaps: SnapCache  # documents as last read or written (adapters/firestore_snaps.py)
     live_query = True  # off once the database refused the live incident query (live_incident)
     live_in = True  # off once it refused the ``in`` form: one query a node from then on
-    live_lookups: Grouped[str, Any]  # set by the store: Grouped(self._live_of)
+    live_lookups: Grouped[str, Snapshot]  # set by the store: Grouped(self._live_of)
 
     def live_incident(self, nkey: str) -> Incident | None:
         """The node's incident that is not RESOLVED (it has at most one: its latest; core/domain.py
@@ -132,7 +134,7 @@ class LiveIncidents:
         self.snaps.put(snap)  # the decision that may follow does not read it again
         return inc
 
-    def _live_of(self, nkeys: list[str]) -> dict[str, Any]:
+    def _live_of(self, nkeys: list[str]) -> dict[str, Snapshot]:
         """Each node's live incident snapshot: one ``in`` query for them all, or one query a node
         (a lone node, or the database refused the ``in`` form)."""
         if len(nkeys) > 1 and self.live_in:
@@ -141,14 +143,14 @@ class LiveIncidents:
             except gexc.FailedPrecondition as exc:
                 self.live_in = False
                 log.emit("WARNING", "grouped live incident query refused: one a node", error=str(exc)[:300])
-        found: dict[str, Any] = {}
+        found: dict[str, Snapshot] = {}
         for nkey in nkeys:
             found.update(self._live_query(firestore.FieldFilter("node_key", "==", nkey)))
         return found
 
-    def _live_query(self, by_node: Any) -> dict[str, Any]:
+    def _live_query(self, by_node: Any) -> dict[str, Snapshot]:
         """Live incidents under ``by_node``, one a node (should a fault have left two, the newer)."""
-        found: dict[str, Any] = {}
+        found: dict[str, Snapshot] = {}
         q = self.incidents.where(filter=by_node).where(filter=firestore.FieldFilter("live", "==", True))
         for snap in q.stream():
             nkey = str((snap.to_dict() or {}).get("node_key"))
