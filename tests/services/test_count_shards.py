@@ -185,3 +185,32 @@ def test_an_instance_that_lost_the_race_to_open_an_incident_counts_its_line_in_m
     assert out.result == "absorbed" and out.coalesced and store.writes == writes
     b.flush_all(T0)
     assert counted(store) == 2
+
+
+def test_jitter_leaves_the_shared_random_sequence_alone() -> None:
+    """The coalescer's pauses and the store's retry backoff run on any thread, the timer on its
+    own: drawn from the shared ``random`` they moved other threads' sequences mid-use (Hypothesis
+    warned that its strategies used ``random`` when a timer left by an earlier test drew meanwhile)."""
+    import random
+    from unittest import mock
+
+    from google.api_core import exceptions as gexc
+
+    from pitstop.adapters.firestore import IncidentStore
+    from pitstop.services.coalesce import Crowd
+
+    before = random.getstate()
+    crowd = Crowd(wait_s=0.001)
+    with crowd.inflight.held(), crowd.inflight.held():
+        assert crowd.pause()  # crowded: it drew a pause
+    store = IncidentStore(mock.MagicMock())  # only its retry loop runs: no database needed
+    lost = iter([gexc.Conflict("contention"), None])  # type: ignore[no-untyped-call]
+
+    def once() -> str:
+        err = next(lost)
+        if err is not None:
+            raise err
+        return "done"
+
+    assert store._serialised("n", False, once) == "done" and store.retries == 1  # it drew a backoff
+    assert random.getstate() == before

@@ -54,6 +54,7 @@ def _doc(snap: Any, kind: type[D]) -> D | None:
 MAX_ATTEMPTS = 1
 RETRIES = 10
 BACKOFF_S = 0.1
+_JITTER = random.Random()  # noqa: S311 - its own state, as services/coalesce.py's (a retry may run on any thread)
 BACKOFF_CAP_S = 4.0
 # Decisions that read blast-radius budgets all read and write the same few documents. Read inside
 # transactions, two instances' reads of one deadlock until the database's lock timeout (2 s on the
@@ -196,7 +197,7 @@ class IncidentStore(CountShards, LiveIncidents, JobRecords, OutboxRecords, Start
                 with self._lock:
                     self.retries += 1
                 pause = min(BACKOFF_CAP_S, BACKOFF_S * 2**attempt)
-                time.sleep(random.uniform(0, pause))  # noqa: S311 - jitter, not a secret
+                time.sleep(_JITTER.uniform(0, pause))
         raise AssertionError("unreachable")
 
     def apply(

@@ -78,6 +78,9 @@ IDLE_TICKS = 30  # the timer thread stops after this many ticks with nothing buf
 # reference/rest/v1/projects.subscriptions). Deploy sets the trigger's own (PITSTOP_ACK_DEADLINE_S).
 ACK_DEADLINE_S = 600.0
 DECIDE_S = 1.0  # a line that must be decided is, on a view of its incident this young (else read again)
+# Jitter from a generator of its own: the timer and the pauses run on background threads, and a
+# draw from the module's shared one there moves another thread's random sequence mid-use.
+_JITTER = random.Random()  # noqa: S311 - jitter, not a secret
 RACE_WAIT_S = 0.25  # a contested decision waits up to this long while deliveries crowd in (Crowd.pause)
 PAGE_SHARDS = 128  # node states' shards per page document (each <= 5 KB, a document <= 1 MiB)
 GATE_STRIPES = 1024  # per-node gates for lines that must be decided (node keys hashed onto them)
@@ -138,7 +141,7 @@ class Crowd:
         an ordinary fault is decided at once. True if it waited."""
         crowded = self.inflight.value > 1
         if crowded and self.wait_s > 0:
-            time.sleep(random.uniform(0, self.wait_s))  # noqa: S311 - jitter, not a secret
+            time.sleep(_JITTER.uniform(0, self.wait_s))
         return crowded
 
 
@@ -534,7 +537,7 @@ class Coalescer(ShardWriter):
                     self._flusher = None
                     return
             # Jittered, so that instances started together do not merge into the same incidents at once.
-            if self._stop.wait(tick * random.uniform(0.75, 1.25)):  # noqa: S311 - not a secret
+            if self._stop.wait(tick * _JITTER.uniform(0.75, 1.25)):
                 return
 
     def close(self) -> None:
