@@ -1,10 +1,10 @@
 """A node's live incident, looked up for many nodes at once.
 
-At first contact an ingest instance asks for the node's live incident (adapters/
-firestore_counts.py ``live_incident``). In a storm over a large cluster every instance meets
+At first contact an ingest instance asks for the node's live incident (``live_incident`` below,
+from services/coalesce.py ``read_latest``). In a storm over a large cluster every instance meets
 hundreds of nodes, up to ``concurrency`` of them at the same moment: asked one by one, each is a
 query of its own (a round trip, at least one billed read even when nothing matched, and on the
-emulator a scan of the whole collection: 12,451 of them over 2,000 incidents in one bench run,
+emulator a scan of the whole collection: over 12,000 of them over 2,000 incidents in a bench run,
 README "Storms as deployed"). So lookups made while one is under way wait for it to finish and
 then go together, as one ``in`` query over up to ``IN_MOST`` nodes (Firestore's limit on an
 ``in`` filter's values: https://firebase.google.com/docs/firestore/query-data/queries#in_and_array-contains-any).
@@ -43,6 +43,11 @@ class _Ask(Generic[K, V]):
         self.value: V | None = None
         self.error: BaseException | None = None
 
+    def answer(self) -> V | None:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
 
 class Grouped(Generic[K, V]):
     """Lookups by key, those asked while one runs grouped into the next (a group commit's shape:
@@ -66,9 +71,7 @@ class Grouped(Generic[K, V]):
                 while self._busy and not ask.done:
                     self._cond.wait()
                 if ask.done:
-                    if ask.error is not None:
-                        raise ask.error
-                    return ask.value
+                    return ask.answer()
                 group = self._take()
                 self._busy = True
             self._run(group)
@@ -90,13 +93,17 @@ class Grouped(Generic[K, V]):
         try:
             self.fetches += 1
             found = self._fetch(list(dict.fromkeys(a.key for a in group)))
-        except BaseException as exc:
+        except Exception as exc:  # each ask of the group raises it
             error = exc
-        with self._cond:
-            for ask in group:
-                ask.value, ask.error, ask.done = found.get(ask.key), error, True
-            self._busy = False
-            self._cond.notify_all()
+        except BaseException as exc:  # the process is stopping: the group fails, and this thread too
+            error = exc
+            raise
+        finally:  # whatever happened, the group is answered and the next fetch may start
+            with self._cond:
+                for ask in group:
+                    ask.value, ask.error, ask.done = found.get(ask.key), error, True
+                self._busy = False
+                self._cond.notify_all()
 
 
 class LiveIncidents:
@@ -120,8 +127,8 @@ class LiveIncidents:
         grouping matters most (README, Storms)."""
         if not self.live_query:
             return None
-        try:
-            snap = self.live_lookups.get(nkey)
+        try:  # grouped while the ``in`` form serves; else each node's own query, at once
+            snap = self.live_lookups.get(nkey) if self.live_in else self._live_of([nkey]).get(nkey)
         except gexc.FailedPrecondition as exc:  # "The query requires an index"
             self.live_query = False
             log.emit(
@@ -153,7 +160,7 @@ class LiveIncidents:
         found: dict[str, Snapshot] = {}
         q = self.incidents.where(filter=by_node).where(filter=firestore.FieldFilter("live", "==", True))
         for snap in q.stream():
-            nkey = str((snap.to_dict() or {}).get("node_key"))
+            nkey = str(snap.get("node_key"))  # the filter matched it: present
             if nkey not in found or snap.create_time > found[nkey].create_time:
                 found[nkey] = snap
         return found
