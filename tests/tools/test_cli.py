@@ -134,6 +134,9 @@ def test_bench_ingest_runs_each_storm_through_each_instance_count(firestore_host
         queries = sum(n for k, n in run["calls"].items() if k.startswith("query:"))
         billed = sum(n for k, n in run["ops_by_collection"].items() if k.startswith("query:"))
         assert 0 < queries <= billed and 0 < run["calls"]["commit"] <= run["firestore_writes"]
+        # where the CPU went: the emulator (found by its port) and the instances both worked
+        cpu = run["cpu_s"]
+        assert cpu["emulator"] > 0 and cpu["instances"] > 0 and cpu["cores_busy"] > 0
 
 
 @pytest.mark.emulator

@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pitstop.core.domain import Incident
 from pitstop.local import procs
+from pitstop.tools import bench_cpu
 from pitstop.tools.bench import storm
-from pitstop.tools.bench_types import IngestRun, InstanceFigures, PushBody, Report
+from pitstop.tools.bench_types import IngestRun, InstanceFigures, PushBody, Report, RunCpu
 
 if TYPE_CHECKING:
     from pitstop.local.executions_server import ExecutionsService
@@ -298,6 +299,13 @@ def _stop_instances(instances: list[_Instance], stats_dir: Path) -> list[Instanc
     return reports
 
 
+def _cpu_watch(firestore_host: str, instances: list[_Instance]) -> bench_cpu.CpuWatch:
+    """CPU over the push: the emulator (whoever listens on its port) and every instance's processes."""
+    emulator = bench_cpu.listener_pid(int(firestore_host.rsplit(":", 1)[1]))
+    pids = [p for i in instances if i.proc.popen is not None for p in _pids_of(i.proc.popen.pid)]
+    return bench_cpu.CpuWatch([emulator] if emulator is not None else [], pids)
+
+
 def run_storm(shape: Shape, firestore_host: str, executions: ExecutionsService, endpoint: str) -> IngestRun:
     """One run: deploy N instances, push the storm, stop them, read back what it left."""
     from google.cloud import firestore
@@ -325,7 +333,9 @@ def run_storm(shape: Shape, firestore_host: str, executions: ExecutionsService, 
             for inst in instances
             for _ in range(shape.concurrency)
         ]
+        watch = _cpu_watch(firestore_host, instances)
         elapsed = run_slots(slots, instances)
+        cpu = watch.done()
     finally:
         reports = _stop_instances(instances, stats_dir)
     from pitstop.adapters.firestore import IncidentStore
@@ -336,7 +346,7 @@ def run_storm(shape: Shape, firestore_host: str, executions: ExecutionsService, 
         labels = executions.records[name].labels
         key = (labels.get("pitstop-incident", ""), labels.get("pitstop-step", ""))
         starts[key] = starts.get(key, 0) + 1
-    out = _figures(shape, push.tally, elapsed, reports, instances, incidents, starts)
+    out = _figures(shape, push.tally, (elapsed, cpu), reports, instances, incidents, starts)
     if push.cut_short:  # the storm did not get through in deadline_s: figures for what was pushed
         ops = out["firestore_reads"] + out["firestore_writes"]
         out |= {"finished": False, "lines_pushed": push.pushed, "lines_per_s": round(push.pushed / elapsed)}
@@ -348,12 +358,13 @@ def run_storm(shape: Shape, firestore_host: str, executions: ExecutionsService, 
 def _figures(
     shape: Shape,
     tally: _Tally,
-    elapsed: float,
+    took: tuple[float, RunCpu],  # the push window: seconds, and where the CPU went
     reports: list[InstanceFigures],
     instances: list[_Instance],
     incidents: Sequence[Incident],
     starts: dict[tuple[str, str], int],
 ) -> IngestRun:
+    elapsed, cpu = took
     per_incident: dict[str, int] = {}
     for (iid, _), n in starts.items():
         per_incident[iid] = per_incident.get(iid, 0) + n
@@ -391,6 +402,7 @@ def _figures(
         "ops_by_collection": dict(sorted(where.items(), key=lambda kv: -kv[1])),
         "ops_by_site": dict(sorted(sites.items(), key=lambda kv: -kv[1])),
         "calls": dict(sorted(calls.items(), key=lambda kv: -kv[1])),
+        "cpu_s": cpu,
         "commits": dict(sorted(commits.items())),
         "incidents": len(incidents),
         "held": sum(1 for i in incidents if i.get("state") == "HELD"),

@@ -158,6 +158,16 @@ class FleetMemory(TypedDict):
     ready_s_max: float
 
 
+class RunCpu(TypedDict):
+    """CPU seconds over a run's push window (tools/bench_cpu.py): the Firestore emulator's (0 when
+    it could not be found), the instances' together, the bench's own, and their sum over the wall."""
+
+    emulator: float
+    instances: float
+    bench: float
+    cores_busy: float
+
+
 class IngestRun(PushTally, FleetMemory):
     """One run of ``pitstop bench ingest`` (tools/bench_fleet.py)."""
 
@@ -177,6 +187,7 @@ class IngestRun(PushTally, FleetMemory):
     ops_by_collection: dict[str, int]
     ops_by_site: dict[str, int]
     calls: dict[str, int]
+    cpu_s: RunCpu
     commits: dict[str, int]
     incidents: int
     held: int
