@@ -59,7 +59,6 @@ class Grouped(Generic[K, V]):
         self._queue: list[_Ask[K, V]] = []
         self._busy = False
         self._cond = threading.Condition()
-        self.fetches = 0  # calls of ``fetch`` (tests, bench)
 
     def get(self, key: K) -> V | None:
         ask: _Ask[K, V] = _Ask(key)
@@ -91,7 +90,6 @@ class Grouped(Generic[K, V]):
         found: Mapping[K, V] = {}
         error: BaseException | None = None
         try:
-            self.fetches += 1
             found = self._fetch(list(dict.fromkeys(a.key for a in group)))
         except Exception as exc:  # each ask of the group raises it
             error = exc

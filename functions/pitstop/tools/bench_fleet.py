@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pitstop.core.domain import Incident
 from pitstop.local import procs
@@ -355,6 +355,17 @@ def run_storm(shape: Shape, firestore_host: str, executions: ExecutionsService, 
     return out
 
 
+def _added(
+    reports: list[InstanceFigures], tally: Literal["ops_by_collection", "ops_by_site", "commits", "calls"]
+) -> dict[str, int]:
+    """One tally of every instance's report, added up key by key."""
+    out: dict[str, int] = {}
+    for r in reports:
+        for k, n in r.get(tally, {}).items():
+            out[k] = out.get(k, 0) + n
+    return out
+
+
 def _figures(
     shape: Shape,
     tally: _Tally,
@@ -370,19 +381,10 @@ def _figures(
         per_incident[iid] = per_incident.get(iid, 0) + n
     reads, writes = sum(r["reads"] for r in reports), sum(r["writes"] for r in reports)
     counted = sum(i.get("counts", {}).get("events", 0) for i in incidents)
-    where: dict[str, int] = {}  # store operations by kind and collection, all instances together
-    sites: dict[str, int] = {}  # and by call site (tools/firestore_ops.py call_site)
-    commits: dict[str, int] = {}  # decisions' commits by how they ended and what they decided
-    calls: dict[str, int] = {}  # requests sent (a grouped query is one, however many it reads)
-    for r in reports:
-        for k, n in r.get("calls", {}).items():
-            calls[k] = calls.get(k, 0) + n
-        for k, n in r.get("ops_by_collection", {}).items():
-            where[k] = where.get(k, 0) + n
-        for k, n in r.get("ops_by_site", {}).items():
-            sites[k] = sites.get(k, 0) + n
-        for k, n in r.get("commits", {}).items():
-            commits[k] = commits.get(k, 0) + n
+    where = _added(reports, "ops_by_collection")  # store operations by kind and collection
+    sites = _added(reports, "ops_by_site")  # and by call site (tools/firestore_ops.py call_site)
+    commits = _added(reports, "commits")  # decisions' commits by how they ended and what they decided
+    calls = _added(reports, "calls")  # requests sent (a grouped query is one, however many it reads)
     return {
         "instances": shape.instances,
         "concurrency": shape.concurrency,

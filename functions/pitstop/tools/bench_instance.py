@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,26 +102,11 @@ def _peak_mib() -> float:
     return 0.0
 
 
-def _by_collection() -> dict[str, int]:
+def _summed(of: Callable[[FirestoreOps], dict[str, int]]) -> dict[str, int]:
+    """One of the counters' tallies (by collection, by call site, requests), over every client."""
     out: dict[str, int] = {}
     for o in _ops:
-        for k, n in o.by_collection.items():
-            out[k] = out.get(k, 0) + n
-    return out
-
-
-def _by_site() -> dict[str, int]:
-    out: dict[str, int] = {}
-    for o in _ops:
-        for k, n in o.by_site.items():
-            out[k] = out.get(k, 0) + n
-    return out
-
-
-def _calls() -> dict[str, int]:
-    out: dict[str, int] = {}
-    for o in _ops:
-        for k, n in o.calls.items():
+        for k, n in of(o).items():
             out[k] = out.get(k, 0) + n
     return out
 
@@ -134,9 +119,9 @@ def figures() -> InstanceFigures:
         "pid": os.getpid(),
         "reads": sum(o.reads for o in _ops),
         "writes": sum(o.writes for o in _ops),
-        "ops_by_collection": _by_collection(),
-        "ops_by_site": _by_site(),
-        "calls": _calls(),
+        "ops_by_collection": _summed(lambda o: o.by_collection),
+        "ops_by_site": _summed(lambda o: o.by_site),
+        "calls": _summed(lambda o: o.calls),
         "retries": svc.store.retries if svc is not None else 0,
         "refused_commits": getattr(svc.store, "refused", 0) if svc is not None else 0,
         "refused_writes": getattr(svc.store, "refused_writes", 0) if svc is not None else 0,
