@@ -73,75 +73,20 @@ def test_a_delivery_is_applied_once_and_a_second_fault_absorbed(store: IncidentS
     assert store.latest_incident(inc["node_key"]) == inc
 
 
-def test_a_nodes_live_incident_is_its_latest_until_it_is_resolved(store: IncidentStore) -> None:
-    """What a first contact reads (services/coalesce.py read_latest): the node's one incident that
-    is not RESOLVED, which is its latest; none once it is resolved (the latest is then still read
-    the long way), and the next episode's incident once one opens."""
+def test_a_nodes_latest_incident_is_its_newest_episode_resolved_or_not(store: IncidentStore) -> None:
+    """What a first contact reads (services/coalesce.py read_latest): the node's latest incident,
+    still its latest once resolved, and the next episode's incident once one opens."""
     first = store.apply(_event(XID79, "a3-node-011"), POLICY, T0)
     assert first.incident is not None
     nkey, iid = first.incident["node_key"], first.incident["id"]
-    assert _any(store.live_incident(nkey))["id"] == iid
-    assert store.close(iid, "ops", T0 + 1, unfence=False).result == "closed"
-    assert store.live_incident(nkey) is None
     assert _any(store.latest_incident(nkey))["id"] == iid
+    assert store.close(iid, "ops", T0 + 1, unfence=False).result == "closed"
+    assert _any(store.latest_incident(nkey))["state"] == "RESOLVED"
     again = store.apply(_event(XID79, "a3-node-011", at=T0 + 5), POLICY, T0 + 5)
     assert again.result in ("opened", "held")  # a new episode (held: the node was acted on just now)
     assert again.incident is not None and again.incident["id"] != iid
-    assert _any(store.live_incident(nkey))["id"] == again.incident["id"]
-
-
-def test_an_incident_written_before_live_existed_is_found_the_long_way(firestore_host: str) -> None:
-    """Incidents stored by an earlier version carry no ``live``: the query finds none, and the
-    coalescer reads the node's document and its latest as before (no line lost to the upgrade)."""
-    from pitstop.services.coalesce import read_latest
-
-    fs = FirestoreStore(firestore.Client(project=f"t-{uuid.uuid4().hex[:12]}"))
-    out = fs.apply(_event(XID79, "a3-node-012"), POLICY, T0)
-    assert out.incident is not None
-    fs.incidents.document(out.incident["id"]).update({"live": firestore.DELETE_FIELD})
-    fs.snaps.drop(fs.incidents.document(out.incident["id"]).path)
-    assert fs.live_incident(out.incident["node_key"]) is None
-    assert _any(read_latest(fs, out.incident["node_key"], None))["id"] == out.incident["id"]
-
-
-def test_a_resolved_incident_still_marked_live_is_not_taken_for_the_live_one(firestore_host: str) -> None:
-    """A version before ``live`` may resolve an incident this version opened (functions deploy one
-    by one) and leave it marked live: the query's answer is believed only if it is not RESOLVED,
-    else the node is read the long way."""
-    from pitstop.services.coalesce import read_latest
-
-    fs = FirestoreStore(firestore.Client(project=f"t-{uuid.uuid4().hex[:12]}"))
-    out = fs.apply(_event(XID79, "a3-node-014"), POLICY, T0)
-    assert out.incident is not None
-    iid, nkey = out.incident["id"], out.incident["node_key"]
-    assert fs.close(iid, "ops", T0 + 1, unfence=False).result == "closed"
-    fs.incidents.document(iid).update({"live": True})  # as the older version left it
-    assert fs.live_incident(nkey) is None
-    assert _any(read_latest(fs, nkey, None))["state"] == "RESOLVED"
-
-
-def test_a_refused_live_query_falls_back_to_the_long_way(
-    firestore_host: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Should Firestore ever ask for an index for the live incident query (FailedPrecondition),
-    nodes are read the long way from then on instead of every delivery failing."""
-    from google.api_core import exceptions as gexc
-
-    from pitstop.services.coalesce import read_latest
-
-    fs = FirestoreStore(firestore.Client(project=f"t-{uuid.uuid4().hex[:12]}"))
-    out = fs.apply(_event(XID79, "a3-node-013"), POLICY, T0)
-    assert out.incident is not None
-    asked: list[str] = []
-
-    def refuse(*_: Any, **__: Any) -> Any:
-        asked.append("query")
-        raise gexc.FailedPrecondition("The query requires an index.")  # type: ignore[no-untyped-call]
-
-    monkeypatch.setattr(firestore.Query, "stream", refuse)
-    for _ in range(2):
-        assert _any(read_latest(fs, out.incident["node_key"], None))["id"] == out.incident["id"]
-    assert asked == ["query"] and fs.live_query is False  # asked once, then the long way
+    assert _any(store.latest_incident(nkey))["id"] == again.incident["id"]
+    assert store.latest_incident("a3-node-never-seen") is None
 
 
 def _totals(ev: FaultEvent, lines: int, iid: str, pol: policy.Policy = POLICY) -> CountShard:

@@ -485,7 +485,7 @@ def test_ten_instances_counting_into_one_incident_write_once_per_interval_and_re
     interval, on condition (0.385 store operations per line at 10 instances). Now an instance
     writes its own count shard into its page, blindly: one write per interval, no read, and the one
     query per look at the resolved feed; every line still arrives. Meeting the node costs each
-    instance one read (its live incident; two before: the node's document, then its latest)."""
+    instance two reads (the node's document, then its latest), and no query."""
     from pitstop.services.coalesce import DIRECT_LINES
 
     pol, clock = make_policy(), Clock()
@@ -497,7 +497,7 @@ def test_ten_instances_counting_into_one_incident_write_once_per_interval_and_re
         for n in range(20):
             assert ing.handle_payload(entry(XID94, "a3-node-060", 1000 * (i + 1) + n)).coalesced
     meeting = [(ops.reads, ops.writes) for _, ops in instances]
-    assert meeting == [(1, 0)] * 10  # each met the node once: one query for its live incident
+    assert meeting == [(2, 0)] * 10  # each met the node once: its document and the incident's
     for interval in range(1, 4):
         clock.t = T0 + 10 * interval
         for i, (ing, ops) in enumerate(instances):

@@ -116,10 +116,12 @@ def test_a_refused_open_counted_after_all_reads_no_delivery_record(fs_client: fi
     assert coal._apply(st, copy, engine.event_key(copy), T0).result == "duplicate"
 
 
-def test_a_decision_that_waited_finds_a_new_incident_with_one_query(fs_client: firestore.Client) -> None:
+def test_a_decision_that_waited_finds_a_new_incident_another_instance_opened(
+    fs_client: firestore.Client,
+) -> None:
     """A decision that waited its turn on a node that named no incident when last read: another
-    instance opened one meanwhile. One query finds it and the line is counted in memory (the
-    node and then its incident were read again before: two reads)."""
+    instance opened one meanwhile. The node and its incident are read again (two reads, grouped
+    with any first contact asked meanwhile) and the line is counted in memory, with no commit."""
     mine, ops = _counted(fs_client)
     other = IncidentStore(fs_client, "pitstop")
     pol = make_policy()
@@ -132,8 +134,12 @@ def test_a_decision_that_waited_finds_a_new_incident_with_one_query(fs_client: f
     opened.join()
     while time.monotonic() - asked <= 2 * QUEUED_S:  # its turn comes late
         time.sleep(QUEUED_S)
-    spent = _delta(ops, lambda: mine._apply(line, pol, T0, nkey, lambda inc: inc is not None, asked))
-    assert spent == {"query:pitstop_incidents": 1}
+    outs: list[engine.Outcome] = []
+    spent = _delta(
+        ops, lambda: outs.append(mine._apply(line, pol, T0, nkey, lambda inc: inc is not None, asked))
+    )
+    assert spent == {"read:pitstop_nodes": 1, "read:pitstop_incidents": 1}
+    assert outs[0].result == "absorbed" and outs[0].coalesced
 
 
 def test_a_decision_leaves_the_counts_buffered_before_it_in_memory(fs_client: firestore.Client) -> None:

@@ -25,7 +25,7 @@ from google.cloud import firestore
 
 from pitstop.adapters.firestore_counts import CountShards
 from pitstop.adapters.firestore_jobs import JobRecords
-from pitstop.adapters.firestore_live import Grouped, LiveIncidents
+from pitstop.adapters.firestore_latest import Grouped, LatestIncidents
 from pitstop.adapters.firestore_outbox import OutboxRecords
 from pitstop.adapters.firestore_snaps import STALE, SnapCache
 from pitstop.adapters.firestore_starts import StartRecords
@@ -137,7 +137,7 @@ class _Read:
         batch.update(ref, {**doc, **gone}, option=db.write_option(last_update_time=snap.update_time))
 
 
-class IncidentStore(CountShards, LiveIncidents, JobRecords, OutboxRecords, StartRecords):
+class IncidentStore(CountShards, LatestIncidents, JobRecords, OutboxRecords, StartRecords):
     def __init__(self, client: firestore.Client, prefix: str = "pitstop") -> None:
         self.db, self.prefix = client, prefix
         self.nodes = client.collection(f"{prefix}_nodes")
@@ -161,7 +161,7 @@ class IncidentStore(CountShards, LiveIncidents, JobRecords, OutboxRecords, Start
         self.refused = self.refused_writes = 0
         self.commits: dict[str, int] = {}  # "<committed|refused> <result>" -> decisions (the bench's)
         self.snaps = SnapCache()  # node and incident documents as last read or written here
-        self.live_lookups = Grouped(self._live_of)  # first contacts asked at once share a query
+        self.latest_lookups = Grouped(self._latest_of)  # first contacts asked at once share two gets
 
     def _count_writes(self, n: int) -> None:
         with self._lock:
@@ -257,7 +257,7 @@ class IncidentStore(CountShards, LiveIncidents, JobRecords, OutboxRecords, Start
         countable: Countable | None,
     ) -> engine.Outcome:
         """:meth:`_apply` once: the node document younger than ``ttls[0]`` from the cache, its
-        incident (and, for a node that names none, its live incident) younger than ``ttls[1]``
+        incident (and, for a node that names none, the node and its latest again) younger than ``ttls[1]``
         (0: all read). The delivery's record is read (on fresh reads) only for a line that must
         be decided: one counted in memory is checked against the incident's recent keys, like
         every line the coalescer counts."""
@@ -268,11 +268,8 @@ class IncidentStore(CountShards, LiveIncidents, JobRecords, OutboxRecords, Start
         node_snap = self._snap(node_ref, ttl)
         named = (node_snap.to_dict() or {}).get("latest_incident")
         if not named and fresh < ttl and not self.snaps.younger(node_ref.path, fresh):
-            live = self.live_incident(nkey)  # another instance may have opened one meanwhile
-            if live is not None and countable is not None and countable(live):
-                return engine.Outcome("absorbed", incident=live, coalesced=True)
-            if live is not None or not self.live_query:  # it names one now (or may: no query ran)
-                node_snap = self._snap(node_ref, 0.0)
+            self.latest_incident(nkey)  # another instance may have opened one meanwhile: read both again
+            node_snap = self._snap(node_ref, fresh)
         node_doc = _doc(node_snap, NodeDoc)
         read = _Read({node_ref.path: node_snap})
         latest = None

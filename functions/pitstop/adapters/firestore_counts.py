@@ -1,6 +1,6 @@
 """Storm counts of the Firestore store: count shards in pages, the resolved feed, and the reads
-that refresh a coalescer's cache (a node's latest incident, an incident as decided; its live
-incident is adapters/firestore_live.py's).
+that refresh a coalescer's cache (an incident as decided; a node's latest incident is
+adapters/firestore_latest.py's).
 
 ``<prefix>_counts/{page}``: an ingest instance's page of up to PAGE_SHARDS shards (services/
 coalesce.py), one per node state, each holding its totals for one incident (core/store.py
@@ -95,18 +95,6 @@ class CountShards:
         snap = self.incidents.document(iid).get()
         self.snaps.put(snap)  # a decision that follows need not read it again
         return cast(Incident | None, snap.to_dict() if snap.exists else None)  # the edge: untyped dicts
-
-    def latest_incident(self, nkey: str) -> Incident | None:
-        """The node's latest incident as decided (no shards), read without a transaction (to
-        refresh a cache)."""
-        snap = self.nodes.document(nkey).get()
-        self.snaps.put(snap)  # the decision that may follow reads neither again
-        node = snap.to_dict() if snap.exists else None
-        if not node or not node.get("latest_incident"):
-            return None
-        inc = self.incidents.document(node["latest_incident"]).get()
-        self.snaps.put(inc)
-        return cast(Incident | None, inc.to_dict() if inc.exists else None)
 
     def resolved_since(self, since: float) -> list[Resolution]:
         q = self.resolved.where(filter=firestore.FieldFilter("at", ">=", since))

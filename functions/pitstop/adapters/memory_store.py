@@ -183,10 +183,6 @@ class MemoryStore(MemoryCounts):
         latest_id = node.get("latest_incident") if node else None
         return self.incident_as_decided(latest_id) if latest_id else None
 
-    def live_incident(self, nkey: str) -> Incident | None:
-        inc = self.latest_incident(nkey)
-        return inc if inc is not None and inc["state"] != State.RESOLVED else None
-
     def mutate(self, iid: str, fn: Callable[[Incident], T]) -> T:
         with self._lock:
             inc = self.incident_as_decided(iid)

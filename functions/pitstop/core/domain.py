@@ -359,9 +359,6 @@ class Incident(TypedDict):
     trust: str
     created_at: float
     updated_at: float
-    # Not RESOLVED (core/lifecycle.move keeps it): a node has at most one such incident, its latest,
-    # which the Firestore store finds with one equality query (adapters/firestore_live.py).
-    live: NotRequired[bool]
     maintenance: NotRequired[Maintenance]
     recent_keys: NotRequired[list[str]]
     escalate_why: NotRequired[list[str]]

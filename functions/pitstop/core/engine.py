@@ -217,7 +217,6 @@ def new_incident(iid: str, ev: FaultEvent, cluster: Cluster | None, policy: Poli
         "cluster": cluster.name if cluster else None,
         "scheduler": cluster.scheduler if cluster else "none",
         "state": State.OPEN,
-        "live": True,
         "mode": policy.mode,
         "kind": ev["kind"],
         "xid": ev["xid"],

@@ -59,4 +59,4 @@ def move(inc: Incident, to: State, why: str) -> None:
     frm = str(inc["state"])
     if not allowed(frm, to):
         raise IllegalTransitionError(str(inc.get("id")), frm, str(to), why)
-    inc["state"], inc["live"] = to, to != State.RESOLVED
+    inc["state"] = to

@@ -147,16 +147,14 @@ class Crowd:
 
 def read_latest(store: IncidentStore, nkey: str, st: NodeState | None) -> Incident | None:
     """The node's latest incident: one read of the cached one while it is not resolved (a node's
-    latest changes only after it is); at first contact, one query for its live incident (in a
-    storm there usually is one: ten instances each met 64 nodes); else the node's document and
-    its latest."""
+    latest changes only after it is); else the node's document and its latest, grouped with other
+    nodes' first contacts (adapters/firestore_latest.py)."""
     cached = st.latest if st is not None else None
     if cached is not None and cached["id"] is not None and cached["state"] != State.RESOLVED:
         inc = store.incident_as_decided(cached["id"])
         if inc is not None and inc.get("state") != State.RESOLVED:
             return inc
-    live = store.live_incident(nkey) if st is None else None
-    return live if live is not None else store.latest_incident(nkey)
+    return store.latest_incident(nkey)
 
 
 class Coalescer(ShardWriter):

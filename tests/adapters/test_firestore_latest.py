@@ -1,4 +1,4 @@
-"""First contacts asked at once share one live incident query (adapters/firestore_live.py)."""
+"""First contacts asked at once share their reads (adapters/firestore_latest.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
-from google.cloud.firestore_v1.types import StructuredQuery
 
 from pitstop.adapters.firestore import IncidentStore as FirestoreStore
-from pitstop.adapters.firestore_live import Grouped
+from pitstop.adapters.firestore_latest import Grouped
+from pitstop.adapters.firestore_snaps import SnapCache
 from tests.adapters.test_store_port import POLICY, T0, XID79, _any, _event
 
 WAIT_S = 30.0  # a failsafe only: every wait below is on a condition that the code under test sets
@@ -107,7 +107,7 @@ def test_a_lone_ask_is_fetched_at_once_and_alone() -> None:
     assert calls == [["a"], ["b"]]
 
 
-def test_a_group_holds_at_most_as_many_keys_as_an_in_filter() -> None:
+def test_a_group_holds_at_most_its_bound_of_keys_oldest_first() -> None:
     held = Held()
     grouped: Grouped[str, str] = Grouped(held, most=2)
     answers = _ask_all(grouped, "a", ["b", "c", "d", "b"])
@@ -140,81 +140,61 @@ def _opened(fs: FirestoreStore, node: str) -> dict[str, Any]:
     return dict(out.incident)
 
 
-def _op(q: firestore.Query) -> str:
-    """The operator of a query's first filter (the node's: ``EQUAL`` or ``IN``)."""
-    return str(StructuredQuery.FieldFilter.Operator(q._field_filters[0].op).name)
+def _gets(fs: FirestoreStore) -> list[list[str]]:
+    """Every batched get the store's client sends, as the collections of the documents it names."""
+    sent: list[list[str]] = []
+    get_all = fs.db.get_all
+
+    def counted(refs: list[Any], *a: Any, **kw: Any) -> Any:
+        sent.append([r.parent.id for r in refs])
+        return get_all(refs, *a, **kw)
+
+    fs.db.get_all = counted
+    return sent
 
 
-def _queries(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every query run, by the operator of its node filter."""
-    ran: list[str] = []
-    stream = firestore.Query.stream
-
-    def counted(q: firestore.Query, *a: Any, **kw: Any) -> Any:
-        ran.append(_op(q))
-        return stream(q, *a, **kw)
-
-    monkeypatch.setattr(firestore.Query, "stream", counted)
-    return ran
-
-
-def test_one_in_query_finds_each_nodes_live_incident(
-    fs: FirestoreStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Against the emulator: a node with a live incident, one whose incident is closed, one never
-    seen: the grouped query answers each as its own query would."""
+def test_a_lookup_finds_each_nodes_latest_incident_in_two_gets(fs: FirestoreStore) -> None:
+    """Against the emulator: a node with an open incident, one whose incident is closed (still its
+    latest), one never seen: the group answers each as its own reads would, in two batched gets
+    (the nodes, then the incidents they name), and keeps what it read for the decision that may
+    follow."""
     live, closed = _opened(fs, "a3-node-101"), _opened(fs, "a3-node-102")
     assert fs.close(closed["id"], "ops", T0 + 1, unfence=False).result == "closed"
-    ran = _queries(monkeypatch)
-    found = fs._live_of([live["node_key"], closed["node_key"], "a3-node-103"])
-    assert {k: _any(v.to_dict())["id"] for k, v in found.items()} == {live["node_key"]: live["id"]}
-    assert ran == ["IN"]
+    fs.snaps = SnapCache()
+    sent = _gets(fs)
+    found = fs._latest_of([live["node_key"], closed["node_key"], "a3-node-103"])
+    answers = {k: (_any(v.to_dict())["id"], _any(v.to_dict())["state"]) for k, v in found.items()}
+    assert answers == {live["node_key"]: (live["id"], "OPEN"), closed["node_key"]: (closed["id"], "RESOLVED")}
+    assert sent == [["pitstop_nodes"] * 3, ["pitstop_incidents"] * 2]
+    for path in (fs.nodes.document(live["node_key"]).path, fs.incidents.document(live["id"]).path):
+        assert fs.snaps.younger(path, 60.0)
 
 
-def test_concurrent_first_contacts_share_queries(fs: FirestoreStore, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_concurrent_first_contacts_share_gets(fs: FirestoreStore) -> None:
     incs = [_opened(fs, f"a3-node-2{i:02d}") for i in range(6)]
-    held = Held(fs._live_of)
-    fs.live_lookups = Grouped(held)
-    answers = _ask_all(fs.live_lookups, incs[0]["node_key"], [i["node_key"] for i in incs[1:]])
-    assert len(held.calls) == 2
+    held = Held(fs._latest_of)
+    fs.latest_lookups = Grouped(held)
+    sent = _gets(fs)
+    answers = _ask_all(fs.latest_lookups, incs[0]["node_key"], [i["node_key"] for i in incs[1:]])
+    assert len(held.calls) == 2 and [len(refs) for refs in sent] == [1, 1, 5, 5]
     assert {k: _any(v[0].to_dict())["id"] for k, v in answers.items()} == {
         i["node_key"]: i["id"] for i in incs
     }
-    assert fs.live_incident(incs[3]["node_key"]) == fs.get(incs[3]["id"])  # through the store's own
+    assert fs.latest_incident(incs[3]["node_key"]) == fs.get(incs[3]["id"])  # through the store's own
 
 
-def test_a_refused_in_query_falls_back_to_one_query_a_node(
-    fs: FirestoreStore, monkeypatch: pytest.MonkeyPatch
+def test_a_first_contact_is_billed_a_read_for_the_node_and_one_for_its_incident(
+    firestore_host: str,
 ) -> None:
-    """Should Firestore ever want an index for the ``in`` form, each node is asked on its own
-    from then on (and the live query itself stays on)."""
-    incs = [_opened(fs, f"a3-node-3{i:02d}") for i in range(3)]
-    stream = firestore.Query.stream
-    ran: list[str] = []
+    """What the bench counts (tools/firestore_ops.py): a get is billed per document, found or
+    missing; a node never seen costs one read, a node with an incident two."""
+    from pitstop.tools.firestore_ops import FirestoreOps
 
-    def refuse_in(q: firestore.Query, *a: Any, **kw: Any) -> Any:
-        op = _op(q)
-        ran.append(op)
-        if op == "IN":
-            raise gexc.FailedPrecondition("The query requires an index.")  # type: ignore[no-untyped-call]
-        return stream(q, *a, **kw)
-
-    monkeypatch.setattr(firestore.Query, "stream", refuse_in)
-    keys = [i["node_key"] for i in incs]
-    for _ in range(2):
-        found = fs._live_of(keys)
-        assert {k: _any(v.to_dict())["id"] for k, v in found.items()} == {
-            i["node_key"]: i["id"] for i in incs
-        }
-    assert ran == ["IN", "EQUAL", "EQUAL", "EQUAL", "EQUAL", "EQUAL", "EQUAL"]
-    assert fs.live_in is False and fs.live_query is True
-
-
-def test_should_a_node_have_two_live_incidents_the_newer_is_its_live_one(fs: FirestoreStore) -> None:
-    """Not a state the store makes (core/lifecycle.move keeps one), but an older version's resolve
-    may leave one marked: whichever query finds them, the one created last is the node's."""
-    old = _opened(fs, "a3-node-401")
-    nkey = old["node_key"]
-    fs.incidents.document("newer").set({**old, "id": "newer"})  # created after ``old``
-    assert fs._live_of([nkey])[nkey].id == "newer"
-    assert fs._live_of([nkey, "a3-node-402"])[nkey].id == "newer"
+    client = firestore.Client(project=f"t-{uuid.uuid4().hex[:12]}")
+    ops = FirestoreOps(client)
+    fs = FirestoreStore(client)
+    inc = _opened(fs, "a3-node-501")
+    before = ops.reads
+    assert _any(fs.latest_incident(inc["node_key"]))["id"] == inc["id"]
+    assert fs.latest_incident("a3-node-502") is None
+    assert ops.reads - before == 3

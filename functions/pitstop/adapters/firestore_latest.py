@@ -1,0 +1,138 @@
+"""A node's latest incident, looked up for many nodes at once.
+
+At first contact an ingest instance reads the node's latest incident (``latest_incident`` below,
+from services/coalesce.py ``read_latest``): the node's document, which names it, then the
+incident. In a storm over a large cluster every instance meets hundreds of nodes, up to
+``concurrency`` of them at the same moment. So lookups made while one is under way wait for it to
+finish and then go together: the nodes' documents in one batched get, the incidents they name in
+another, over up to ``GROUP_MOST`` nodes. A lone lookup goes at once: nothing waits to fill a
+group, and a node's answer always comes from reads that started after it was asked (a decision
+that waited its turn asks again to see what another instance opened meanwhile).
+
+Gets, not a query: each is billed one read per document, found or not
+(https://cloud.google.com/firestore/pricing), a first contact two where a query for the node's
+live incident (an earlier version's) was billed one; but a get needs no index and costs the
+database a key lookup, where the emulator served every query by scanning the whole collection
+(README, "Storms as deployed": ten instances over 2,000 nodes spent as much CPU in the emulator as
+in themselves). The node's document is the one the decision that may follow reads first, so it
+is kept for it (adapters/firestore_snaps.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, Generic, TypeVar, cast
+
+from google.cloud.firestore_v1.base_document import DocumentSnapshot
+
+from pitstop.adapters.firestore_snaps import SnapCache
+from pitstop.core.domain import Incident
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+Snapshot = DocumentSnapshot[Any]  # an incident as read
+GROUP_MOST = 30  # nodes a group reads at once (60 documents in two gets: small, quick answers)
+
+
+class _Ask(Generic[K, V]):
+    __slots__ = ("done", "error", "key", "value")
+
+    def __init__(self, key: K) -> None:
+        self.key, self.done = key, False
+        self.value: V | None = None
+        self.error: BaseException | None = None
+
+    def answer(self) -> V | None:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class Grouped(Generic[K, V]):
+    """Lookups by key, those asked while one runs grouped into the next (a group commit's shape:
+    no timer, so a lone ask pays no wait). ``fetch`` answers for a list of distinct keys; a key
+    it leaves out has no value (None). Its error is every waiting ask's error."""
+
+    def __init__(self, fetch: Callable[[list[K]], Mapping[K, V]], most: int = GROUP_MOST) -> None:
+        self._fetch, self._most = fetch, most
+        self._queue: list[_Ask[K, V]] = []
+        self._busy = False
+        self._cond = threading.Condition()
+
+    def get(self, key: K) -> V | None:
+        ask: _Ask[K, V] = _Ask(key)
+        with self._cond:
+            self._queue.append(ask)
+            self._cond.notify_all()  # (only a watcher cares: the asks queue behind a busy fetch)
+        while True:
+            with self._cond:
+                while self._busy and not ask.done:
+                    self._cond.wait()
+                if ask.done:
+                    return ask.answer()
+                group = self._take()
+                self._busy = True
+            self._run(group)
+
+    def _take(self) -> list[_Ask[K, V]]:
+        """The oldest asks over at most ``most`` distinct keys (every ask of a taken key)."""
+        keys: set[K] = set()
+        for ask in self._queue:
+            if len(keys) == self._most:
+                break
+            keys.add(ask.key)
+        group = [a for a in self._queue if a.key in keys]
+        self._queue = [a for a in self._queue if a.key not in keys]
+        return group
+
+    def _run(self, group: list[_Ask[K, V]]) -> None:
+        found: Mapping[K, V] = {}
+        error: BaseException | None = None
+        try:
+            found = self._fetch(list(dict.fromkeys(a.key for a in group)))
+        except Exception as exc:  # each ask of the group raises it
+            error = exc
+        except BaseException as exc:  # the process is stopping: the group fails, and this thread too
+            error = exc
+            raise
+        finally:  # whatever happened, the group is answered and the next fetch may start
+            with self._cond:
+                for ask in group:
+                    ask.value, ask.error, ask.done = found.get(ask.key), error, True
+                self._busy = False
+                self._cond.notify_all()
+
+
+class LatestIncidents:
+    """Mixed into the store (adapters/firestore.py), which provides the client, the collections
+    and the cache."""
+
+    db: Any  # the client
+    nodes: Any  # the nodes collection
+    incidents: Any  # the incidents collection
+    snaps: SnapCache  # documents as last read or written (adapters/firestore_snaps.py)
+    latest_lookups: Grouped[str, Snapshot]  # set by the store: Grouped(self._latest_of)
+
+    def latest_incident(self, nkey: str) -> Incident | None:
+        """The node's latest incident as decided (no shards), read without a transaction (to
+        refresh a cache), grouped with the lookups of other nodes asked meanwhile."""
+        snap = self.latest_lookups.get(nkey)
+        return cast(Incident | None, snap.to_dict()) if snap is not None else None  # the edge
+
+    def _latest_of(self, nkeys: list[str]) -> dict[str, Snapshot]:
+        """Each node's latest incident: the nodes' documents in one batched get, then the
+        incidents they name in another; both kept for the decision that may follow."""
+        named: dict[str, str] = {}  # incident -> its node
+        for snap in self.db.get_all([self.nodes.document(k) for k in nkeys]):
+            self.snaps.put(snap)
+            iid = (snap.to_dict() or {}).get("latest_incident") if snap.exists else None
+            if iid:
+                named[str(iid)] = snap.id
+        found: dict[str, Snapshot] = {}
+        for snap in self.db.get_all([self.incidents.document(i) for i in named]) if named else []:
+            self.snaps.put(snap)
+            if snap.exists:
+                found[named[snap.id]] = snap
+        return found
