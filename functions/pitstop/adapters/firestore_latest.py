@@ -64,8 +64,7 @@ class Grouped(Generic[K, V]):
     def get(self, key: K) -> V | None:
         ask: _Ask[K, V] = _Ask(key)
         with self._cond:
-            self._queue.append(ask)
-            self._cond.notify_all()  # (only a watcher cares: the asks queue behind a busy fetch)
+            self._queue.append(ask)  # no one to wake: a running fetch takes the queue when it ends
         while True:
             with self._cond:
                 while self._busy and not ask.done:
@@ -105,6 +104,15 @@ class Grouped(Generic[K, V]):
                 self._cond.notify_all()
 
 
+def _named(node: Snapshot) -> str | None:
+    """The incident a node's document names (its field alone: ``to_dict`` copies the history)."""
+    try:
+        iid = node.get("latest_incident")  # None for a node never written
+    except KeyError:  # a node written without one (set_node_fields)
+        return None
+    return str(iid) if iid else None
+
+
 class LatestIncidents:
     """Mixed into the store (adapters/firestore.py), which provides the client, the collections
     and the cache."""
@@ -127,9 +135,8 @@ class LatestIncidents:
         named: dict[str, str] = {}  # incident -> its node
         for snap in self.db.get_all([self.nodes.document(k) for k in nkeys]):
             self.snaps.put(snap)
-            iid = (snap.to_dict() or {}).get("latest_incident") if snap.exists else None
-            if iid:
-                named[str(iid)] = snap.id
+            if iid := _named(snap):
+                named[iid] = snap.id
         found: dict[str, Snapshot] = {}
         for snap in self.db.get_all([self.incidents.document(i) for i in named]) if named else []:
             self.snaps.put(snap)
