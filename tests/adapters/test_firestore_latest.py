@@ -171,8 +171,16 @@ def test_a_lookup_finds_each_nodes_latest_incident_in_two_gets(fs: FirestoreStor
     fs.snaps = SnapCache()
     sent = _gets(fs)
     found = fs._latest_of([live["node_key"], closed["node_key"], "a3-node-103"])
-    answers = {k: (_any(v.to_dict())["id"], _any(v.to_dict())["state"]) for k, v in found.items()}
-    assert answers == {live["node_key"]: (live["id"], "OPEN"), closed["node_key"]: (closed["id"], "RESOLVED")}
+    answers = {
+        k: (_any(inc.to_dict())["id"], _any(inc.to_dict())["state"]) if inc is not None else None
+        for k, (_, inc) in found.items()
+    }
+    assert answers == {
+        live["node_key"]: (live["id"], "OPEN"),
+        closed["node_key"]: (closed["id"], "RESOLVED"),
+        "a3-node-103": None,
+    }
+    assert not found["a3-node-103"][0].exists
     assert sent == [["pitstop_nodes"] * 3, ["pitstop_incidents"] * 2]
     for path in (fs.nodes.document(live["node_key"]).path, fs.incidents.document(live["id"]).path):
         assert fs.snaps.younger(path, 60.0)
@@ -185,7 +193,7 @@ def test_concurrent_first_contacts_share_gets(fs: FirestoreStore) -> None:
     sent = _gets(fs)
     answers = _ask_all(fs.latest_lookups, incs[0]["node_key"], [i["node_key"] for i in incs[1:]])
     assert len(held.calls) == 2 and [len(refs) for refs in sent] == [1, 1, 5, 5]
-    assert {k: _any(v[0].to_dict())["id"] for k, v in answers.items()} == {
+    assert {k: _any(v[0][1].to_dict())["id"] for k, v in answers.items()} == {
         i["node_key"]: i["id"] for i in incs
     }
     assert fs.latest_incident(incs[3]["node_key"]) == fs.get(incs[3]["id"])  # through the store's own
@@ -213,3 +221,66 @@ def test_a_node_written_without_an_incident_has_no_latest(fs: FirestoreStore) ->
     its document then has no ``latest_incident`` field, which reads as none, not an error."""
     fs.set_node_fields("a3-node-601", {"block": "block-1"})
     assert fs.latest_incident("a3-node-601") is None
+
+
+def test_answers_follow_the_documents_not_the_order_they_come_back_in(fs: FirestoreStore) -> None:
+    """A batched get may answer in any order (the emulator keeps the request's): each node gets its
+    own incident however the answers come; a node naming an incident that is gone has none; and
+    two nodes naming one incident (hand-edited documents) each get it."""
+    incs = [_opened(fs, f"a3-node-7{i:02d}") for i in range(3)]
+    fs.put_node("a3-node-710", {"latest_incident": "gone"})  # type: ignore[typeddict-item]
+    fs.put_node("a3-node-711", {"latest_incident": incs[0]["id"]})  # type: ignore[typeddict-item]
+    get_all = fs.db.get_all
+
+    def reversed_get_all(refs: list[Any], *a: Any, **kw: Any) -> Any:
+        return reversed(list(get_all(refs, *a, **kw)))
+
+    fs.db.get_all = reversed_get_all
+    keys = [i["node_key"] for i in incs] + ["a3-node-710", "a3-node-711", "a3-node-712"]
+    found = fs._latest_of(keys)
+    named = {k: inc.id if inc is not None and inc.exists else None for k, (_, inc) in found.items()}
+    assert named == {
+        **{i["node_key"]: i["id"] for i in incs},
+        "a3-node-710": None,
+        "a3-node-711": incs[0]["id"],
+        "a3-node-712": None,
+    }
+    assert {k: node.id for k, (node, _) in found.items()} == {k: k for k in keys}
+    assert fs.latest_incident("a3-node-710") is None
+
+
+def _cached(fs: FirestoreStore, path: str) -> Any:
+    held = fs.snaps.get(path, 60.0)
+    assert held is not None
+    return held
+
+
+def test_a_read_answered_after_this_process_committed_leaves_the_newer_snapshot(
+    fs: FirestoreStore,
+) -> None:
+    """A grouped lookup holds no node's lock: its get may read an incident, then this process
+    commits a line into it, then the lookup's answer arrives. The cache keeps the committed
+    snapshot, so the next decision starts from it and is not refused."""
+    first = _opened(fs, "a3-node-720")
+    path = fs.incidents.document(first["id"]).path
+    get_all, read, go = fs.db.get_all, threading.Event(), threading.Event()
+
+    def late(refs: list[Any], *a: Any, **kw: Any) -> Any:
+        snaps = list(get_all(refs, *a, **kw))  # read at the server now, answered later
+        if refs and refs[0].parent.id.endswith("_incidents"):
+            read.set()
+            assert go.wait(WAIT_S)
+        return iter(snaps)
+
+    fs.db.get_all = late
+    lookup = threading.Thread(target=fs.latest_incident, args=(first["node_key"],))
+    lookup.start()
+    assert read.wait(WAIT_S)
+    assert fs.apply(_event(XID79, "a3-node-720"), POLICY, T0 + 1).result == "absorbed"
+    committed = _cached(fs, path).update_time
+    go.set()
+    lookup.join(WAIT_S)
+    assert _cached(fs, path).update_time == committed
+    refused = fs.refused
+    assert fs.apply(_event(XID79, "a3-node-720"), POLICY, T0 + 2).result == "absorbed"
+    assert fs.refused == refused and _any(fs.get(first["id"]))["counts"]["events"] == 3

@@ -235,7 +235,7 @@ class IncidentStore(CountShards, LatestIncidents, JobRecords, OutboxRecords, Sta
         when it asked for it) longer than ``QUEUED_S`` reads its incident again, and the node if
         it named none: a storm's decisions waited seconds in turn, meanwhile other instances
         opened and raised the incidents they had read, and each refused commit cost its writes
-        and three reads where one read finds the line counted in memory after all.
+        and three reads where one or two find the line counted in memory after all.
         """
         ttl = float(policy.doc["store"]["cache_ttl_s"])
         waited = time.monotonic() - asked
@@ -265,16 +265,16 @@ class IncidentStore(CountShards, LatestIncidents, JobRecords, OutboxRecords, Sta
         key = engine.event_key(ev)
         node_ref, dedup_ref = self.nodes.document(nkey), self.dedup.document(key)
         expiry = dt.datetime.fromtimestamp(now + policy.window("dedup_ttl_h") * 3600, tz=dt.UTC)
-        node_snap = self._snap(node_ref, ttl)
+        node_snap, inc_snap = self._snap(node_ref, ttl), None
         named = (node_snap.to_dict() or {}).get("latest_incident")
         if not named and fresh < ttl and not self.snaps.younger(node_ref.path, fresh):
-            self.latest_incident(nkey)  # another instance may have opened one meanwhile: read both again
-            node_snap = self._snap(node_ref, fresh)
+            node_snap, inc_snap = self.latest_read(nkey)  # another instance may have opened one meanwhile
         node_doc = _doc(node_snap, NodeDoc)
         read = _Read({node_ref.path: node_snap})
         latest = None
         if node_doc and node_doc.get("latest_incident"):
-            latest = read.keep(self._snap(self.incidents.document(node_doc["latest_incident"]), fresh))
+            inc_ref = self.incidents.document(node_doc["latest_incident"])
+            latest = read.keep(inc_snap if inc_snap is not None else self._snap(inc_ref, fresh))
         if countable is not None and countable(latest):
             return engine.Outcome("absorbed", incident=latest, coalesced=True)
         if ttl <= 0 and (seen := dedup_ref.get()).exists:

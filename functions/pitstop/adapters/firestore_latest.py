@@ -32,7 +32,8 @@ from pitstop.core.domain import Incident
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-Snapshot = DocumentSnapshot[Any]  # an incident as read
+Snapshot = DocumentSnapshot[Any]  # a document as read
+Latest = tuple[Snapshot, Snapshot | None]  # a node's document as read, and its latest incident's
 GROUP_MOST = 30  # nodes a group reads at once (60 documents in two gets: small, quick answers)
 
 
@@ -64,7 +65,7 @@ class Grouped(Generic[K, V]):
     def get(self, key: K) -> V | None:
         ask: _Ask[K, V] = _Ask(key)
         with self._cond:
-            self._queue.append(ask)  # no one to wake: a running fetch takes the queue when it ends
+            self._queue.append(ask)  # no one to wake: waiters wake as the running fetch ends
         while True:
             with self._cond:
                 while self._busy and not ask.done:
@@ -121,25 +122,32 @@ class LatestIncidents:
     nodes: Any  # the nodes collection
     incidents: Any  # the incidents collection
     snaps: SnapCache  # documents as last read or written (adapters/firestore_snaps.py)
-    latest_lookups: Grouped[str, Snapshot]  # set by the store: Grouped(self._latest_of)
+    latest_lookups: Grouped[str, Latest]  # set by the store: Grouped(self._latest_of)
 
     def latest_incident(self, nkey: str) -> Incident | None:
         """The node's latest incident as decided (no shards), read without a transaction (to
         refresh a cache), grouped with the lookups of other nodes asked meanwhile."""
-        snap = self.latest_lookups.get(nkey)
-        return cast(Incident | None, snap.to_dict()) if snap is not None else None  # the edge
+        inc = self.latest_read(nkey)[1]
+        return cast(Incident | None, inc.to_dict()) if inc is not None and inc.exists else None  # the edge
 
-    def _latest_of(self, nkeys: list[str]) -> dict[str, Snapshot]:
-        """Each node's latest incident: the nodes' documents in one batched get, then the
-        incidents they name in another; both kept for the decision that may follow."""
-        named: dict[str, str] = {}  # incident -> its node
+    def latest_read(self, nkey: str) -> Latest:
+        """The node's document and its latest incident's, both read after this call began."""
+        pair = self.latest_lookups.get(nkey)
+        assert pair is not None  # _latest_of answers every node it is asked for
+        return pair
+
+    def _latest_of(self, nkeys: list[str]) -> dict[str, Latest]:
+        """Each node's document and latest incident: the nodes' documents in one batched get, then
+        the incidents they name in another; both kept for the decision that may follow."""
+        found: dict[str, Latest] = {}
+        naming: dict[str, list[str]] = {}  # incident -> the nodes that name it (one, unless hand-edited)
         for snap in self.db.get_all([self.nodes.document(k) for k in nkeys]):
             self.snaps.put(snap)
+            found[snap.id] = (snap, None)
             if iid := _named(snap):
-                named[iid] = snap.id
-        found: dict[str, Snapshot] = {}
-        for snap in self.db.get_all([self.incidents.document(i) for i in named]) if named else []:
+                naming.setdefault(iid, []).append(snap.id)
+        for snap in self.db.get_all([self.incidents.document(i) for i in naming]) if naming else []:
             self.snaps.put(snap)
-            if snap.exists:
-                found[named[snap.id]] = snap
+            for nkey in naming[snap.id]:
+                found[nkey] = (found[nkey][0], snap)
         return found

@@ -45,6 +45,13 @@ class Snap:
         return copy.deepcopy(self._data)
 
 
+def _newer(held: Any, snap: Any) -> bool:
+    """Whether ``held`` was written after ``snap`` was read (a read's time, else its update time:
+    a :class:`Snap` as written was true as of its commit)."""
+    as_of = getattr(snap, "read_time", None) or snap.update_time
+    return held.update_time is not None and as_of is not None and as_of < held.update_time
+
+
 class SnapCache:
     """Snapshots by document path, with when this process took them (monotonic seconds)."""
 
@@ -55,10 +62,16 @@ class SnapCache:
         self.hits = 0  # decisions' reads saved (`pitstop bench ingest` reads the store's)
 
     def put(self, snap: Any) -> None:
-        """Remember a snapshot (a DocumentSnapshot as read, or a :class:`Snap` as written)."""
+        """Remember a snapshot (a DocumentSnapshot as read, or a :class:`Snap` as written), unless
+        the one held is newer: a read that began before this process's own commit (a grouped first
+        contact holds no node's lock) may end after it, and the next decision would start from the
+        older document and be refused."""
         if snap is None or (snap.update_time is None and snap.exists):
             return
         with self._lock:
+            held = self._snaps.get(snap.reference.path)
+            if held is not None and _newer(held[0], snap):
+                return
             self._snaps[snap.reference.path] = (snap, self._clock())
             self._snaps.move_to_end(snap.reference.path)
             while len(self._snaps) > self._max:
