@@ -29,13 +29,14 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pitstop.core.domain import Incident
 from pitstop.local import procs
 from pitstop.tools import bench_cpu
 from pitstop.tools.bench import storm
 from pitstop.tools.bench_types import IngestRun, InstanceFigures, PushBody, Report, RunCpu
+from pitstop.tools.firestore_ops import added
 
 if TYPE_CHECKING:
     from pitstop.local.executions_server import ExecutionsService
@@ -355,17 +356,6 @@ def run_storm(shape: Shape, firestore_host: str, executions: ExecutionsService, 
     return out
 
 
-def _added(
-    reports: list[InstanceFigures], tally: Literal["ops_by_collection", "ops_by_site", "commits", "calls"]
-) -> dict[str, int]:
-    """One tally of every instance's report, added up key by key."""
-    out: dict[str, int] = {}
-    for r in reports:
-        for k, n in r.get(tally, {}).items():
-            out[k] = out.get(k, 0) + n
-    return out
-
-
 def _figures(
     shape: Shape,
     tally: _Tally,
@@ -381,10 +371,10 @@ def _figures(
         per_incident[iid] = per_incident.get(iid, 0) + n
     reads, writes = sum(r["reads"] for r in reports), sum(r["writes"] for r in reports)
     counted = sum(i.get("counts", {}).get("events", 0) for i in incidents)
-    where = _added(reports, "ops_by_collection")  # store operations by kind and collection
-    sites = _added(reports, "ops_by_site")  # and by call site (tools/firestore_ops.py call_site)
-    commits = _added(reports, "commits")  # decisions' commits by how they ended and what they decided
-    calls = _added(reports, "calls")  # requests sent (a grouped query is one, however many it reads)
+    where = added(r.get("ops_by_collection", {}) for r in reports)  # store operations by kind and collection
+    sites = added(r.get("ops_by_site", {}) for r in reports)  # and by call site (firestore_ops.call_site)
+    commits = added(r.get("commits", {}) for r in reports)  # decisions' commits by outcome
+    calls = added(r.get("calls", {}) for r in reports)  # requests sent (a batched get is one)
     return {
         "instances": shape.instances,
         "concurrency": shape.concurrency,

@@ -23,13 +23,13 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import main
 from pitstop.adapters import pubsub
-from pitstop.tools.firestore_ops import FirestoreOps
+from pitstop.tools.firestore_ops import FirestoreOps, added
 
 if TYPE_CHECKING:  # the instance loads no more than before: the figures are its memory's
     from pitstop.tools.bench_types import InstanceFigures
@@ -102,15 +102,6 @@ def _peak_mib() -> float:
     return 0.0
 
 
-def _summed(of: Callable[[FirestoreOps], dict[str, int]]) -> dict[str, int]:
-    """One of the counters' tallies (by collection, by call site, requests), over every client."""
-    out: dict[str, int] = {}
-    for o in _ops:
-        for k, n in of(o).items():
-            out[k] = out.get(k, 0) + n
-    return out
-
-
 def figures() -> InstanceFigures:
     """What this instance did, for the bench to add up."""
     built = main._ingest.cache_info().currsize > 0
@@ -119,9 +110,9 @@ def figures() -> InstanceFigures:
         "pid": os.getpid(),
         "reads": sum(o.reads for o in _ops),
         "writes": sum(o.writes for o in _ops),
-        "ops_by_collection": _summed(lambda o: o.by_collection),
-        "ops_by_site": _summed(lambda o: o.by_site),
-        "calls": _summed(lambda o: o.calls),
+        "ops_by_collection": added(o.by_collection for o in _ops),
+        "ops_by_site": added(o.by_site for o in _ops),
+        "calls": added(o.calls for o in _ops),
         "retries": svc.store.retries if svc is not None else 0,
         "refused_commits": getattr(svc.store, "refused", 0) if svc is not None else 0,
         "refused_writes": getattr(svc.store, "refused_writes", 0) if svc is not None else 0,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 SITE_DEPTH = 3  # Pitstop functions named per call site (innermost first)
@@ -33,6 +34,14 @@ def call_site(depth: int = SITE_DEPTH) -> str:
             names.append(f"{path.rsplit('/', 1)[-1][:-3]}.{frame.f_code.co_name}")
         frame = frame.f_back  # type: ignore[assignment]
     return "<".join(names) or "?"
+
+
+def added(tallies: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Tallies added key by key (an instance's clients', a fleet's instances')."""
+    out: Counter[str] = Counter()
+    for tally in tallies:
+        out.update(tally)
+    return dict(out)
 
 
 class FirestoreOps:
