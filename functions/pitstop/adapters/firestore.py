@@ -266,10 +266,11 @@ class IncidentStore(CountShards, LatestIncidents, JobRecords, OutboxRecords, Sta
         node_ref, dedup_ref = self.nodes.document(nkey), self.dedup.document(key)
         expiry = dt.datetime.fromtimestamp(now + policy.window("dedup_ttl_h") * 3600, tz=dt.UTC)
         node_snap, inc_snap = self._snap(node_ref, ttl), None
-        named = (node_snap.to_dict() or {}).get("latest_incident")
+        node_doc = _doc(node_snap, NodeDoc)
+        named = node_doc.get("latest_incident") if node_doc else None
         if not named and fresh < ttl and not self.snaps.younger(node_ref.path, fresh):
             node_snap, inc_snap = self.latest_read(nkey)  # another instance may have opened one meanwhile
-        node_doc = _doc(node_snap, NodeDoc)
+            node_doc = _doc(node_snap, NodeDoc)
         read = _Read({node_ref.path: node_snap})
         latest = None
         if node_doc and node_doc.get("latest_incident"):
