@@ -43,7 +43,7 @@ from pitstop.services.actuate import Actuator, registry
 from pitstop.services.actuate.context import Step
 from pitstop.services.ingest import Ingest
 from pitstop.services.launch import workflow_argument
-from tests.helpers import PROJECT, ops_agent_entry
+from tests.helpers import PROJECT, hand_edit, ops_agent_entry
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = [f"a3-node-{i:03d}" for i in range(4)]
@@ -323,7 +323,7 @@ def test_fault_worsening_during_remediation_steps_up(world: World) -> None:
     )
     assert out.incident is not None and out.incident["action"] == "RESET_GPU"
     iid = out.incident["id"]
-    world.store.mutate(iid, lambda d: d.update({"escalate_to": "REBOOT_NODE", "state": "VERIFYING"}))
+    hand_edit(world.store, iid, lambda d: d.update({"escalate_to": "REBOOT_NODE", "state": "VERIFYING"}))
     body, status = world.actuator.handle({"op": "close", "incident": iid, "step": 1})
     assert status == 200 and body["outcome"] == "escalated to REBOOT_NODE (step 2)"
     inc = world.wait(iid)
@@ -633,7 +633,7 @@ def test_an_escalation_is_decided_before_the_node_returns_to_slurm(
     def fault_gets_worse(s: Step) -> Any:
         if s.step == 1 and not worse:  # a stronger fault arrives while step 1 is being verified
             worse.append(s.iid)
-            world.store.mutate(s.iid, lambda d: d.update({"escalate_to": "REBOOT_NODE"}))
+            hand_edit(world.store, s.iid, lambda d: d.update({"escalate_to": "REBOOT_NODE"}))
         return verify.run(s)
 
     monkeypatch.setitem(registry.OPS, Op.VERIFY, registry.OpSpec(fault_gets_worse, verify.kind))

@@ -190,6 +190,7 @@ def test_actuate_notification_survives_a_failed_publish(
 
 
 def test_publish_pending_waits_out_the_grace_and_sends_each_entry_once(fs_client: firestore.Client) -> None:
+    from pitstop.core.store import outbox_entry
     from pitstop.services.outbox import Outbox
 
     clock, topic = Clock(), Recorder()
@@ -197,11 +198,8 @@ def test_publish_pending_waits_out_the_grace_and_sends_each_entry_once(fs_client
     outbox = Outbox(store, topic, clock=clock, grace_s=10)
     note = cast(Notice, {"id": "incident-i1-abc", "kind": "incident", "severity": "info", "summary": "done"})
 
-    @firestore.transactional
-    def record(t: Any) -> str:
-        return outbox.record_in(t, note)
-
-    assert record(fs_client.transaction()) == "incident-i1-abc"
+    entry = outbox_entry(note, clock.t)  # as a decision's commit records it (core/store.commit_of)
+    assert store.outbox_add(entry["id"], entry)["id"] == "incident-i1-abc"
     clock.t += 5
     assert outbox.publish_pending(clock.t) == 0
     clock.t += 6

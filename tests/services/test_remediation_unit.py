@@ -18,6 +18,7 @@ import pytest
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import engine, policy, remediation
+from pitstop.core.aggregate import CloseByPerson
 from pitstop.core.classify import Classifier
 from pitstop.core.ops import MUTATING_OPS, PROBE_OPS, Op
 from pitstop.core.scheduling import (
@@ -39,6 +40,7 @@ from pitstop.services.actuate.registry import OPS, Kind
 from tests.helpers import (
     PROJECT,
     ZONE,
+    hand_edit,
     load_fixture,
     ops_agent_entry,
     partial_incident,
@@ -212,8 +214,8 @@ def test_an_execution_that_missed_a_persons_close_never_acts(rig: Rig) -> None:
     iid = rig.open()
     assert rig.ok(Op.CLAIM, iid)["ours"]
     rig.ok(Op.FENCE, iid)
-    rig.store.mutate(iid, lambda d: d.update({"state": State.FAILED}))  # the watchdog failed it
-    closed = rig.store.close(iid, "ops", rig.clock(), unfence=True)
+    hand_edit(rig.store, iid, lambda d: d.update({"state": State.FAILED}))  # the watchdog failed it
+    closed = rig.store.decide(iid, CloseByPerson("ops", True), None, rig.clock())
     assert closed.result == "closed"
     body, status = rig.call(Op.ACT, iid)
     assert status == 409 and body["retryable"] is False and "incident is RESOLVED" in body["error"]

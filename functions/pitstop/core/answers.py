@@ -334,7 +334,7 @@ class GangDecided(TypedDict, total=False):
 
 
 class PageIncident(TypedDict):
-    """The incident's fields a page carries (services/outbox.page_notification); None: it has none."""
+    """The incident's fields a page carries (core/remediation.page_notification); None: it has none."""
 
     id: str | None
     node: NodeRef | None

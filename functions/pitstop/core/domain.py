@@ -383,6 +383,10 @@ class Incident(TypedDict):
     localisation: NotRequired[Localisation]  # ... its nodes, each round's verdict, the outcome
 
 
+# What core/aggregate.decide changes: the one writer's working copy of an incident.
+Draft = Incident
+
+
 class LocalisePlan(TypedDict):
     """Whether a hung job's step localises it first, and why (core/localise.Plan.doc)."""
 

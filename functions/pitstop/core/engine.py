@@ -27,6 +27,7 @@ from typing import Literal, cast, get_args
 
 from pitstop.core import alerts, lifecycle, localise, trust
 from pitstop.core.actions import JOB_ACTIONS, NODE_ACTIONS, RANK, RECORD_ONLY_ACTIONS, Action, higher
+from pitstop.core.answers import Notification
 from pitstop.core.catalog import SXID_KIND, TIE_PRIMARY, TIE_RECOVERY
 from pitstop.core.domain import (
     AlertRef,
@@ -166,6 +167,18 @@ Result = Literal[
     "joined",  # the incident counts against its node's reservation block from now on
     "ended",  # its alerts closed before anything was done: the episode ended
     "reopened",  # ... and one of them opened again within the flap window: the same episode goes on
+    # a workflow run's and a step's commands (core/aggregate.py)
+    "refused",  # the command's precondition did not hold: nothing changed (``refused`` says why)
+    "leased",  # a starter leased the step's start
+    "started",  # ... and recorded the execution it started
+    "start_refused",  # Workflows refused the start: counted
+    "claimed",  # an execution took the step
+    "rejected",  # the evidence names another VM: resolved, nothing done
+    "fenced",
+    "acting",
+    "verifying",
+    "changed",  # a step's record of what it found or did
+    "resolved",
 ]
 
 
@@ -182,6 +195,9 @@ class Outcome:
     page: str | None = None  # a human must be paged, with this reason
     coalesced: bool = False  # absorbed in memory only; the store was not written
     duplicate_of: str | None = None  # a duplicate delivery: the incident its first delivery touched
+    refused: str | None = None  # why a command's precondition did not hold (result ``refused``)
+    notices: list[Notification] = field(default_factory=list)  # recorded in the outbox with the decision
+    release_slots: bool = False  # the incident ended: its blast-radius slots are let go (core/aggregate)
 
 
 # What counting works on: an incident, or the in-memory deltas of one (services/coalesce.py).
@@ -742,7 +758,7 @@ def _alert_changes(inc: Incident, ev: FaultEvent, ts: float, d: Decision) -> boo
     inc["timeline"]["resolved"] = d.now
     inc["held"] = None
     inc["alert_ended"] = {"at": d.now, "flap_until": ts + d.policy.window("alert_flap_s")}
-    d.out.budgets.update(_own_slots(inc, d.budgets))
+    d.out.budgets.update(own_slots(inc, d.budgets))
     _forget_remediation(d.node_doc, inc["id"])
     plan = inc.get("localise")
     if d.node_doc.get("localised_at") == (plan.get("at") if plan else None):
@@ -780,7 +796,7 @@ def _end_recovered(inc: Incident, ev: FaultEvent, d: Decision) -> Outcome:
     inc["held"], inc["escalate_to"] = None, None
     inc["reason"] = f"{inc['reason']} [recovered: {ev['reason']}]"
     inc["budget_released_at"] = d.now
-    d.out.budgets.update(_own_slots(inc, d.budgets))
+    d.out.budgets.update(own_slots(inc, d.budgets))
     d.out.incident, d.out.result, d.out.closed = inc, "recovered", None
     return d.out
 
@@ -870,6 +886,18 @@ def apply_event(
     if td.lowered and out.page is None and out.incident is not None:
         out.page = f"incident {out.incident['id']}: {td.reason}"  # once per episode: absorbs are quiet
     return out
+
+
+def end_burst(inc: Incident, budgets: Budgets, burst_until: float, now: float) -> Outcome:
+    """Resolve a record-only or observe-mode episode whose burst is over (the periodic sweep).
+
+    ``burst_until``: the burst as every count shard says (the listed view summed them), which
+    may run past the incident's own."""
+    doc = as_incident(inc)
+    doc["burst_until"] = max(float(doc["burst_until"]), burst_until)
+    if not close_if_burst_over(doc, now):
+        return Outcome("ignored", incident=as_incident(inc))
+    return Outcome("resolved", incident=doc, budgets=own_slots(doc, budgets))
 
 
 def close_if_burst_over(inc: Incident, now: float) -> bool:
@@ -1021,7 +1049,7 @@ CLOSABLE_STATES = frozenset({State.OPEN, State.HELD, State.FAILED})
 WATCHED_STATES = ACTIVE_STATES | {State.OPEN}
 
 
-def _own_slots(inc: Incident, budgets: Budgets) -> dict[str, Budget]:
+def own_slots(inc: Incident, budgets: Budgets) -> dict[str, Budget]:
     """The incident's blast-radius slots let go: they count on only until the window slides past."""
     return release_slots({d: budgets.get(d) for d in inc.get("budget_scopes", [])}, inc["id"])
 
@@ -1055,7 +1083,7 @@ def close_by_person(
     inc["timeline"]["closed"] = now
     inc["budget_released_at"] = now
     inc["updated_at"] = now
-    return Outcome("closed", incident=inc, node=node_doc, budgets=_own_slots(inc, budgets))
+    return Outcome("closed", incident=inc, node=node_doc, budgets=own_slots(inc, budgets))
 
 
 def watched_execution(inc: Incident) -> str | None:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import NotRequired, TypedDict
 
 # A notification as the notify function reads it back from Pub/Sub: a core/domain.Notice, or a page
-# (services/outbox.page_notification). Read as an object map: each field is narrowed where read.
+# (core/remediation.page_notification). Read as an object map: each field is narrowed where read.
 Notification = Mapping[str, object]
 
 SEVERITY_ICON = {"critical": "🔴", "warning": "🟠", "info": "🔵"}

@@ -13,6 +13,7 @@ from typing import Any, cast
 
 from pitstop.core import checks, corroboration, notifications
 from pitstop.core.actions import RECORD_ONLY_ACTIONS, Action
+from pitstop.core.answers import Page, PageIncident
 from pitstop.core.catalog import SXID_KIND
 from pitstop.core.domain import (
     CallFields,
@@ -376,3 +377,28 @@ def notification(inc: Incident, severity: str, text: str, **extra: Any) -> Notic
         "repair_s": repair_s(inc),
     }
     return cast(Notice, {**out, **extra})  # the extras are the caller's keys, unchecked here
+
+
+def page_notification(reason: str, inc: Incident | None) -> Page:
+    """The page for a decision: its id is fixed by the incident, the reason and the decision's time.
+
+    ``inc`` may be the coalescer's slim view of the incident (services/count_shards.slim): each
+    field is read with ``get``, None where it has none."""
+    if inc is None:
+        return _page(reason, None, None, {"id": None, "node": None, "job": None, "cluster": None,
+                                          "action": None, "state": None, "held": None})  # fmt: skip
+    fields: PageIncident = {  # job: a hang's subject
+        "id": inc.get("id"),
+        "node": inc.get("node"),
+        "job": inc.get("job"),
+        "cluster": inc.get("cluster"),
+        "action": inc.get("action"),
+        "state": inc.get("state"),
+        "held": inc.get("held"),
+    }
+    return _page(reason, inc.get("id"), inc.get("updated_at"), fields)
+
+
+def _page(reason: str, iid: str | None, at: float | None, fields: PageIncident) -> Page:
+    nid = notification_id("page", iid, reason, at)
+    return {"id": nid, "kind": "page", "severity": "critical", "summary": reason, "incident": fields}

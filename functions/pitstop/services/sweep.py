@@ -29,7 +29,8 @@ from google.api_core import exceptions as gexc
 
 from pitstop.adapters import log
 from pitstop.adapters.workflows import ExecutionStatus
-from pitstop.core import engine, lifecycle
+from pitstop.core import engine
+from pitstop.core.aggregate import EndBurst, FailStuck, RefuseStart, ReleaseHeld
 from pitstop.core.domain import Incident, WorkflowRun
 from pitstop.core.engine import Outcome
 from pitstop.core.policy import Policy
@@ -37,11 +38,16 @@ from pitstop.core.states import State
 from pitstop.core.store import IncidentStore
 from pitstop.core.timefmt import to_epoch
 from pitstop.services.ingest import FOLLOW_UP_ERRORS, Ingest
-from pitstop.services.outbox import page_notification
 
-# Refused starts of one step before its incident fails with a page (a refusal that cannot pass
-# fails it at once). Each retry waits for the start's lease to run out.
-START_REFUSALS = 3
+
+def close_bursts(store: IncidentStore, now: float) -> int:
+    """Resolve record-only and observe-mode incidents whose burst has ended; how many. Each is
+    listed with its count shards summed: the burst goes on while any shard says so."""
+    closed = 0
+    for inc in store.list((State.OPEN,)):
+        out = store.decide(inc["id"], EndBurst(float(inc["burst_until"])), None, now)
+        closed += out.result == "resolved"
+    return closed
 
 
 def release_held(
@@ -53,7 +59,7 @@ def release_held(
     for inc in store.list((State.HELD,)):
         if (inc.get("held") or {}).get("scope") is None:
             continue
-        out = store.release(inc["id"], policy, now, by="sweep")
+        out = store.decide(inc["id"], ReleaseHeld("sweep", force=False), policy, now)
         released += out.result == "released"
         if follow_up is not None:
             follow_up(out)
@@ -89,7 +95,7 @@ class Sweep:
         outbox = ing.launcher.outbox
         phases: dict[str, Callable[[float], int]] = {
             "flushed": lambda t: ing.coalescer.flush_all(t) or 0,
-            "closed": ing.store.close_bursts,
+            "closed": lambda t: close_bursts(ing.store, t),
             "released": self._release_held,
             "restarted": self._restart_lost,
             "failed": self.watchdog,
@@ -134,23 +140,10 @@ class Sweep:
         what = repr(exc)[:300]
         permanent = isinstance(exc, gexc.ClientError) and not isinstance(exc, gexc.TooManyRequests)
 
-        def count(doc: Incident) -> tuple[bool, Incident]:
-            if doc["state"] != State.OPEN or int((doc.get("workflow") or {}).get("step", -1)) != step:
-                return False, doc.copy()
-            n = int(doc.get("start_refusals") or 0) + 1
-            doc["start_refusals"] = n
-            give_up = permanent or n >= START_REFUSALS
-            if give_up:
-                lifecycle.move(doc, State.FAILED, "start refused")
-                doc["failure"] = {"stage": "start", "error": what, "at": now}
-            doc["updated_at"] = now
-            return give_up, doc.copy()
-
-        failed, inc = self.ingest.store.mutate(iid, count)
-        log.emit("ERROR", "workflow start refused", incident=iid, step=step, error=what, failed=failed)
-        outbox = self.ingest.launcher.outbox
-        if failed and outbox is not None:
-            outbox.send(page_notification(f"Remediation of {iid} could not start: {what}", inc))
+        out = self.ingest.store.decide(iid, RefuseStart(step, what, permanent), None, now)
+        log.emit("ERROR", "workflow start refused", incident=iid, step=step, error=what,
+                 failed=out.result == "failed")  # fmt: skip
+        self.ingest.follow_up(out, now)  # the page it recorded, if it failed the incident
 
     # -- the watchdog --------------------------------------------------------------------
 
@@ -165,7 +158,7 @@ class Sweep:
             if name is None or verdict is None:
                 continue
             why, overran = verdict
-            out = self.ingest.store.fail_stuck(inc["id"], name, why, now)
+            out = self.ingest.store.decide(inc["id"], FailStuck(name, why), None, now)
             if out.result != "failed":
                 continue  # the execution moved the incident on meanwhile
             failed += 1

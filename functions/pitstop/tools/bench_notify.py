@@ -91,7 +91,7 @@ def _notice(i: int, state: str, severity: str, serial: int) -> Notification:
 def storm(shape: Shape) -> tuple[list[Notification], list[int]]:
     """The distinct notifications, and the order their messages are published (indexes, copies
     included): the page's copies spread through the first half, republished notices after their first."""
-    from pitstop.services.outbox import page_notification
+    from pitstop.core.remediation import page_notification
 
     held = _incident(99_999, "HELD")
     page = page_notification(f"incident ibench99999: cluster budget spent{SERIAL}0", held)

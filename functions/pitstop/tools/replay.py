@@ -23,7 +23,7 @@ from pitstop.core.envelope import unwrap
 from pitstop.core.parse import invalid, parse_entry
 from pitstop.core.policy import Policy, from_doc
 from pitstop.core.timefmt import to_epoch
-from pitstop.services.sweep import release_held
+from pitstop.services.sweep import close_bursts, release_held
 
 SWEEP_EVERY_S = 60.0
 
@@ -78,7 +78,7 @@ class Replayed(TypedDict):
 
 def sweep(store: MemoryStore, policy: Policy, now: float) -> None:
     """What the minute sweep decides, by the sweep's own rules: bursts end, budget holds retry."""
-    store.close_bursts(now)
+    close_bursts(store, now)
     release_held(store, policy, now)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pitstop.adapters import log
 from pitstop.core import checks, remediation
+from pitstop.core.aggregate import RecordGang
 from pitstop.core.answers import EarlyResume, Freed, JobWhy, Rescheduled, Resumed
 from pitstop.core.domain import CapacityDoc, JobRunDoc
 from pitstop.core.ids import job_key, requeue_key
@@ -82,7 +83,7 @@ def reschedule_early(s: Step) -> EarlyResume:
     if moved:
         resume["skipped"] = moved
     gang_moved = requeued or any("requeued" in m["why"] for m in moved)
-    s.set_state(None, "job_requeued" if gang_moved else None, resume=resume)
+    s.decide(RecordGang(s.at, "job_requeued" if gang_moved else None, resume))
     if requeued:
         log.emit("INFO", "gang requeued before the repair", incident=s.iid, jobs=[r["job"] for r in requeued])
     return resume
@@ -103,7 +104,7 @@ def reschedule(s: Step) -> Rescheduled:
         else:
             skipped.append({"job": job, "why": why})
     moved = any("requeued" in sk["why"] for sk in skipped)
-    s.set_state(None, "job_requeued" if requeued or moved else None)
+    s.decide(RecordGang(s.at, "job_requeued" if requeued or moved else None))
     return {"requeued": requeued, "skipped": skipped}
 
 
@@ -120,7 +121,7 @@ def free_node(s: Step) -> Freed:
         if here and requeue_one(s, job, then) is None:
             moved.append(job)
     if moved:
-        s.set_state(None, "job_requeued")
+        s.decide(RecordGang(s.at, "job_requeued"))
         log.emit("INFO", "jobs requeued to free the node for a check", incident=s.iid, jobs=moved)
     return {"requeued_to_free": moved} if moved else {}
 
@@ -144,7 +145,7 @@ def watch_resume(s: Step) -> bool:
             return False
     running = remediation.gang_running(runs, now)
     if running:
-        s.set_state(None, "job_running")
+        s.decide(RecordGang(s.at, "job_running"), strict=False)  # a probe's stamp
     return bool(running)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import remediation
+from pitstop.core.aggregate import RecordActed, RecordVerified
 from pitstop.core.answers import Acted, ActPlan, Done, Verified
 from pitstop.core.domain import CallFields, VmBefore
 from pitstop.core.ids import request_id
@@ -27,7 +28,7 @@ def act(s: Step) -> Acted:
         plan = _plan(s)
         s.save({"plan": plan})
     record: Acted = {**plan, "operation": _call(s, plan)}
-    s.set_state(State.ACTING, "acted")
+    s.decide(RecordActed(s.at))
     log.emit(
         "INFO",
         "remediation action taken",
@@ -119,5 +120,5 @@ def verify(s: Step) -> Verified:
     sched_ok = vm_ok and s.scheduler.node_healthy(s.instance, s.ref)
     watch_resume(s)
     if s.inc["state"] != State.VERIFYING or (vm_ok and sched_ok):
-        s.set_state(State.VERIFYING, "healthy" if vm_ok and sched_ok else None)
+        s.decide(RecordVerified(s.at, vm_ok and sched_ok), strict=False)  # a probe's record
     return {"done": vm_ok and sched_ok, "vm": cur.get("status"), "scheduler_ok": sched_ok}

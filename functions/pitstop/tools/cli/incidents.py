@@ -11,6 +11,7 @@ import orjson
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 from pitstop.core import engine
+from pitstop.core.aggregate import ReleaseHeld
 from pitstop.tools.common import store_and_policy
 
 
@@ -22,7 +23,7 @@ def cmd_incidents(args: argparse.Namespace) -> int:
 
     store, pol = store_and_policy(args.project)
     if args.release:
-        out = store.release(args.release, pol, time.time(), by=args.by or "operator")
+        out = store.decide(args.release, ReleaseHeld(args.by or "operator", force=True), pol, time.time())
         print(f"{args.release}: {out.result}")
         return 0 if out.result == "released" else 1
     if args.close:
