@@ -66,8 +66,8 @@ BACKOFF_CAP_S = 4.0
 # In-process turn-taking per node: a fixed set of locks, keys hashed onto them, so a long-lived
 # instance that sees many nodes and incidents holds no per-key state.
 LOCK_STRIPES = 512
-QUEUED_S = 0.1
-SNAP_S = 5.0  # a command decides on documents this process read or wrote this recently  # a decision that waited its turn longer re-reads what it had read before (_apply)
+QUEUED_S = 0.1  # a decision that waited its turn longer re-reads what it had read before (_apply)
+SNAP_S = 5.0  # a command decides on documents this process read or wrote this recently
 # A transaction that lost: to a contender (Aborted; ValueError once attempts are spent), to a
 # budget changed since it was read (FailedPrecondition; AlreadyExists, a Conflict, if created).
 LOST = (ValueError, gexc.Conflict, gexc.FailedPrecondition)
