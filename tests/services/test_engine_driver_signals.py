@@ -16,6 +16,7 @@ from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import engine, resources
 from pitstop.core.catalog import load_xid_policy
 from pitstop.core.domain import NodeRef
+from pitstop.core.states import State
 from pitstop.services.coalesce import Coalescer
 from pitstop.services.ingest import Ingest
 from tests.core.test_engine import ROOMY, T0, XID79, World, ev, pol
@@ -62,7 +63,7 @@ def test_154_back_to_none_leaves_a_remediation_under_way() -> None:
     opened = w.feed(ev(TO_RESET)).incident
     assert opened is not None and (opened["workflow"] or {}).get("state") == "pending"  # due: it goes on
     assert w.feed(ev(TO_NONE, ts=T0 + 5)).result == "absorbed"
-    w.incidents[opened["id"]]["state"] = "ACTING"
+    w.incidents[opened["id"]]["state"] = State.ACTING
     assert w.feed(ev(TO_NONE, ts=T0 + 6)).result == "absorbed"
     assert w.incidents[opened["id"]]["state"] == "ACTING"
 

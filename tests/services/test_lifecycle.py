@@ -166,7 +166,7 @@ def test_a_failed_incidents_node_counts_against_the_budget_until_a_person_closes
     first = ing.handle_payload(entry(XID79, "a3-node-070", 1)).incident
     assert first is not None
 
-    def fail(d: Incident) -> None:  # what actuate's fail op records
+    def fail(d: dict[str, Any]) -> None:  # what actuate's fail op records
         d.update({"state": "FAILED", "failure": {"stage": "act", "error": "reset failed", "at": T0 + 60}})
 
     hand_edit(ing.store, first["id"], fail)

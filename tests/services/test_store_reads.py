@@ -217,7 +217,7 @@ def test_a_budget_a_decision_wrote_is_what_the_next_decision_reads(fs_client: fi
     held = _delta(ops, lambda: store.apply(_event(XID79, "a3-node-113", 1), pol, T0))
     assert "read:pitstop_budgets" not in held  # as the claim wrote it
     assert store.decide(iid, CloseByPerson("ops", unfence=False), None, T0).result == "closed"
-    ref = store.budgets.document("cluster-" + CLUSTER["name"])
+    ref = store.budgets.document("cluster-train")  # CLUSTER's
     stored = ref.get().to_dict()
     assert stored is not None and stored["slots"][iid]["active"] is False
     cached = store.snaps.get(ref.path, 60.0)

@@ -444,7 +444,10 @@ def _step(inc: Incident, cmd: StepCommand, given: Given) -> Outcome:
     if why is not None:
         return _refused(inc, why)
     doc, now = draft(inc), given.now
-    out = _step_change(doc, cmd, now)
+    try:
+        out = _step_change(doc, cmd, now)
+    except lifecycle.IllegalTransitionError as exc:  # a state the table does not lead to from here
+        return _refused(inc, str(exc))
     doc["updated_at"] = now
     if out.release_slots:  # its blast-radius slots let go: they count on until the window slides
         out.budgets.update(engine.own_slots(doc, given.budgets))

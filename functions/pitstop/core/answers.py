@@ -33,6 +33,7 @@ from pitstop.core.domain import (
     VmBefore,
 )
 from pitstop.core.ops import Plan
+from pitstop.core.states import State
 
 # -- the workflow's calls: claim, and the probes it polls ---------------------------------------------
 
@@ -413,7 +414,7 @@ class SlimIncident(TypedDict):
     incident with ``get`` (None where it has none)."""
 
     id: str | None
-    state: str | None
+    state: State | None
     action: str  # every incident has one (core/engine.new_incident)
     mode: str | None
     burst_until: float | None

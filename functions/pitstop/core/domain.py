@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict, final
 
+from typing_extensions import ReadOnly
+
+from pitstop.core.states import State
+
 # Free-form JSON: an object whose keys this code does not read, or has not checked yet (a YAML file
 # before its schema, a record's payload passed through unread). Each use says why it is free-form;
 # everything Pitstop reads has a TypedDict below or in core/policy_types.py.
@@ -328,15 +332,71 @@ class AlertEnd(TypedDict):
 
 class Incident(TypedDict):
     """One fault episode of a node, or of a job for a job-level signal (``job`` set, ``node``
-    None, ``node_key`` the job's key: core/engine.subject_key). core/engine.new_incident makes
-    it; actuate and the sweep move it."""
+    None, ``node_key`` the job's key: core/engine.subject_key). Read-only: every change is a
+    command that core/aggregate.decide decides (on a :class:`Draft`), and the store applies."""
+
+    id: ReadOnly[str]
+    node_key: ReadOnly[str]
+    node: ReadOnly[NodeRef | None]
+    cluster: ReadOnly[str | None]
+    scheduler: ReadOnly[str]
+    state: ReadOnly[State]  # core.states.State (a document read back holds its string: equal to it)
+    mode: ReadOnly[str]
+    kind: ReadOnly[str]
+    xid: ReadOnly[int | None]
+    proposed_action: ReadOnly[str]
+    action: ReadOnly[str]
+    reason: ReadOnly[str]
+    escalations: ReadOnly[list[Escalation]]
+    counts: ReadOnly[dict[str, int]]
+    gpus: ReadOnly[dict[str, GpuCounts]]
+    evidence: ReadOnly[list[Evidence]]
+    first_seen: ReadOnly[float]
+    last_seen: ReadOnly[float]
+    burst_until: ReadOnly[float]
+    timeline: ReadOnly[Timeline]
+    step: ReadOnly[int]
+    workflow: ReadOnly[WorkflowRun | None]
+    held: ReadOnly[Held | None]
+    budget_scopes: ReadOnly[list[str]]
+    escalate_to: ReadOnly[str | None]
+    trust: ReadOnly[str]
+    created_at: ReadOnly[float]
+    updated_at: ReadOnly[float]
+    maintenance: NotRequired[ReadOnly[Maintenance]]
+    recent_keys: NotRequired[ReadOnly[list[str]]]
+    escalate_why: NotRequired[ReadOnly[list[str]]]
+    holds: NotRequired[ReadOnly[list[Held]]]
+    closure: NotRequired[ReadOnly[Closure]]
+    failure: NotRequired[ReadOnly[Failure]]
+    rejected: NotRequired[ReadOnly[Rejected]]
+    budget_released_at: NotRequired[ReadOnly[float]]
+    job: NotRequired[ReadOnly[JobRef]]  # a job-level episode's subject (kind ``hang``)
+    alerts: NotRequired[ReadOnly[list[AlertRef]]]  # the Monitoring alerts it absorbed (kinds hang, degraded)
+    alert_ended: NotRequired[ReadOnly[AlertEnd]]
+    start_refusals: NotRequired[ReadOnly[int]]  # Workflows refused this step's start (services/sweep.py)
+    # what the remediation learned (actuate): the scheduler's jobs and fence, the checks' records
+    jobs: NotRequired[ReadOnly[list[JobDoc]]]
+    fence: NotRequired[ReadOnly[FenceDoc]]
+    resume: NotRequired[ReadOnly[Resume]]
+    diagnosis: NotRequired[ReadOnly[Measurement]]
+    validation: NotRequired[ReadOnly[Measurement]]
+    measured: NotRequired[ReadOnly[list[Measurement]]]
+    corroboration: NotRequired[ReadOnly[Measurement]]
+    localise: NotRequired[ReadOnly[LocalisePlan]]  # a hung job: whether it is localised, and why (engine)
+    localisation: NotRequired[ReadOnly[Localisation]]  # ... its nodes, each round's verdict, the outcome
+
+
+class Draft(TypedDict):
+    """The one writer's working copy of an :class:`Incident` (core/aggregate.py and the engine it
+    calls): the same fields, writable. tests/core/test_aggregate.py checks the two agree."""
 
     id: str
     node_key: str
     node: NodeRef | None
     cluster: str | None
     scheduler: str
-    state: str  # core.states.State
+    state: State  # core.states.State (a document read back holds its string: equal to it)
     mode: str
     kind: str
     xid: int | None
@@ -371,7 +431,6 @@ class Incident(TypedDict):
     alerts: NotRequired[list[AlertRef]]  # the Monitoring alerts it absorbed (kinds hang, degraded)
     alert_ended: NotRequired[AlertEnd]
     start_refusals: NotRequired[int]  # Workflows refused this step's start (services/sweep.py)
-    # what the remediation learned (actuate): the scheduler's jobs and fence, the checks' records
     jobs: NotRequired[list[JobDoc]]
     fence: NotRequired[FenceDoc]
     resume: NotRequired[Resume]
@@ -381,10 +440,6 @@ class Incident(TypedDict):
     corroboration: NotRequired[Measurement]
     localise: NotRequired[LocalisePlan]  # a hung job: whether it is localised, and why (engine)
     localisation: NotRequired[Localisation]  # ... its nodes, each round's verdict, the outcome
-
-
-# What core/aggregate.decide changes: the one writer's working copy of an incident.
-Draft = Incident
 
 
 class LocalisePlan(TypedDict):

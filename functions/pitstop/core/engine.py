@@ -33,6 +33,7 @@ from pitstop.core.domain import (
     AlertRef,
     Budget,
     Deltas,
+    Draft,
     EventDetail,
     Evidence,
     FaultEvent,
@@ -201,13 +202,13 @@ class Outcome:
 
 
 # What counting works on: an incident, or the in-memory deltas of one (services/coalesce.py).
-Counted = Incident | Deltas
+Counted = Draft | Deltas
 
 
-def as_incident(doc: Mapping[str, object]) -> Incident:
+def as_incident(doc: Mapping[str, object]) -> Draft:
     """A stored incident document as the engine works on it: a copy (the caller's stays as it was)."""
     # The edge: a document the store read (its writers wrote Incidents) is one from here on.
-    return cast(Incident, copy.deepcopy(dict(doc)))
+    return cast(Draft, copy.deepcopy(dict(doc)))
 
 
 def new_node(node: NodeRef | None, job: JobRef | None = None) -> NodeDoc:
@@ -224,9 +225,9 @@ def new_node(node: NodeRef | None, job: JobRef | None = None) -> NodeDoc:
     return {"node": copied, "latest_incident": None, "remediations": [], "last_action_at": {}}
 
 
-def new_incident(iid: str, ev: FaultEvent, cluster: Cluster | None, policy: Policy, now: float) -> Incident:
+def new_incident(iid: str, ev: FaultEvent, cluster: Cluster | None, policy: Policy, now: float) -> Draft:
     detected = ev.get("_observed_ts") or now
-    inc: Incident = {
+    inc: Draft = {
         "id": iid,
         "node_key": subject_key(ev),
         "node": node.copy() if (node := ev.get("node")) is not None else None,
@@ -551,14 +552,14 @@ class Decision:
         return cls(node_doc, budgets, policy, now, out, _cluster_size(policy, inc), force)
 
 
-def _hold(inc: Incident, d: Decision, held: Held, page: str | None) -> None:
+def _hold(inc: Draft, d: Decision, held: Held, page: str | None) -> None:
     """Stop here until a person (or, for a budget, the sweep) lets the incident go on."""
     lifecycle.move(inc, State.HELD, "held")
     inc["held"] = held
     d.out.result, d.out.page = "held", page
 
 
-def _cooled_down(inc: Incident, d: Decision) -> bool:
+def _cooled_down(inc: Draft, d: Decision) -> bool:
     """False if the action ran on this node too recently: a job action is dropped, a node action held."""
     action = inc["action"]
     left = cooldown_left(action, d)
@@ -577,7 +578,7 @@ def _cooled_down(inc: Incident, d: Decision) -> bool:
     return False
 
 
-def _claimed(inc: Incident, d: Decision) -> bool:
+def _claimed(inc: Draft, d: Decision) -> bool:
     """A node action needs a slot in every blast-radius budget it counts against, or it is held."""
     claims, failed, page = try_claim(inc, d)
     d.out.budgets.update(claims)
@@ -589,7 +590,7 @@ def _claimed(inc: Incident, d: Decision) -> bool:
     return True
 
 
-def _schedule(inc: Incident, d: Decision) -> None:
+def _schedule(inc: Draft, d: Decision) -> None:
     """Decide the next workflow step. It is started after the store commits this decision."""
     inc["step"] += 1
     _record_remediation(d.node_doc, inc, d.now)
@@ -610,7 +611,7 @@ def _schedule(inc: Incident, d: Decision) -> None:
         }
 
 
-def _decide_start(inc: Incident, d: Decision) -> None:
+def _decide_start(inc: Draft, d: Decision) -> None:
     """Given a (new, raised, released or stepped-up) action: hold it, suppress it, or schedule a step.
 
     Every workflow step is decided here, so policy, cooldowns, budgets and the mode apply to
@@ -630,7 +631,7 @@ def _decide_start(inc: Incident, d: Decision) -> None:
     _schedule(inc, d)
 
 
-def _end_burst(latest: Incident | None, budgets: Budgets, ts: float, out: Outcome) -> Budgets:
+def _end_burst(latest: Draft | None, budgets: Budgets, ts: float, out: Outcome) -> Budgets:
     """Close the latest incident if its burst is over; the budgets as they stand after that."""
     if latest is None or not close_if_burst_over(latest, ts):
         return budgets
@@ -641,7 +642,7 @@ def _end_burst(latest: Incident | None, budgets: Budgets, ts: float, out: Outcom
     return ChainMap(out.budgets, budgets)  # type: ignore[arg-type]
 
 
-def _raise(latest: Incident, ev: FaultEvent, d: Decision) -> None:
+def _raise(latest: Draft, ev: FaultEvent, d: Decision) -> None:
     """A stronger verdict for an open episode: act on it now, or leave it for the running workflow."""
     if latest["state"] == State.RESOLVED:  # a record-only episode that turns out to be worse
         lifecycle.move(latest, State.OPEN, "reopened by a stronger line of its burst")
@@ -667,7 +668,7 @@ def _raise(latest: Incident, ev: FaultEvent, d: Decision) -> None:
     # FAILED stays with its human; the higher verdict is kept as evidence.
 
 
-def _absorb(latest: Incident, ev: FaultEvent, ts: float, d: Decision) -> Outcome:
+def _absorb(latest: Draft, ev: FaultEvent, ts: float, d: Decision) -> Outcome:
     """Count an event into the node's episode; a stronger one raises the episode's action, and the
     driver's word that every GPU of a waiting episode recovered ends it."""
     _count(latest, ev, ts, d.policy)
@@ -690,7 +691,7 @@ def _absorb(latest: Incident, ev: FaultEvent, ts: float, d: Decision) -> Outcome
 MAX_ALERTS = 16  # alert incidents an episode tracks by id (a node's several policies, a flapping one)
 
 
-def _note_alert(inc: Incident, ev: FaultEvent, ts: float) -> None:
+def _note_alert(inc: Draft, ev: FaultEvent, ts: float) -> None:
     """Record the alert incident an event opens or closes on the episode (a late open after its
     close changes nothing: push delivery is unordered)."""
     a = ev["detail"]["alert"]
@@ -736,7 +737,7 @@ def _forget_remediation(node_doc: NodeDoc, iid: str) -> None:
                 last.pop(r["action"], None)
 
 
-def _alert_changes(inc: Incident, ev: FaultEvent, ts: float, d: Decision) -> bool:
+def _alert_changes(inc: Draft, ev: FaultEvent, ts: float, d: Decision) -> bool:
     """An alert's open or close, absorbed into its episode: whether it ended or reopened it."""
     _note_alert(inc, ev, ts)
     ended = inc.get("alert_ended")
@@ -789,7 +790,7 @@ def _driver_recovered(inc: Incident) -> bool:
     return per_gpu == inc["counts"].get("events") and all(g.get("recovery_to") == 0 for g in gpus)
 
 
-def _end_recovered(inc: Incident, ev: FaultEvent, d: Decision) -> Outcome:
+def _end_recovered(inc: Draft, ev: FaultEvent, d: Decision) -> Outcome:
     """Resolve the episode: the recovery it was opened for is over by the driver's own word."""
     lifecycle.move(inc, State.RESOLVED, "the driver reports every GPU recovered (Xid 154 to 0x0)")
     inc["timeline"]["resolved"] = d.now
@@ -825,7 +826,7 @@ def _open(ev: FaultEvent, ts: float, trigger: str, d: Decision) -> Outcome:
     return d.out
 
 
-def _plan_localisation(inc: Incident, d: Decision) -> None:
+def _plan_localisation(inc: Draft, d: Decision) -> None:
     """A hung job's step localises it first, once per job per window (core/localise.py): decided
     here, on the job's document, in the transaction that opens the incident."""
     p = localise.plan(d.node_doc, d.policy.localise, d.policy.window("hang_localise_s"), d.now)
@@ -900,7 +901,7 @@ def end_burst(inc: Incident, budgets: Budgets, burst_until: float, now: float) -
     return Outcome("resolved", incident=doc, budgets=own_slots(doc, budgets))
 
 
-def close_if_burst_over(inc: Incident, now: float) -> bool:
+def close_if_burst_over(inc: Draft, now: float) -> bool:
     """Record-only and observe-mode incidents resolve when their burst ends; an alert's episode
     lasts while its alert is open (an alert sends no lines while it holds: its close ends it)."""
     if inc["state"] != State.OPEN or now < inc["burst_until"]:
@@ -950,7 +951,7 @@ def add_deltas(inc: Counted, deltas: Deltas) -> None:
     inc["last_seen"] = max(inc["last_seen"], deltas["last_seen"])
 
 
-def merge_deltas(inc: Incident, deltas: Deltas, policy: Policy) -> None:
+def merge_deltas(inc: Draft, deltas: Deltas, policy: Policy) -> None:
     """Add coalesced counts (built with the same counting as :func:`apply_event`) to an incident."""
     add_deltas(inc, deltas)
     inc["burst_until"] = max(inc["burst_until"], deltas["last_seen"] + policy.window("burst_silence_s"))
@@ -972,7 +973,7 @@ def count_into(
     _count(deltas, ev, ts, policy, MAX_DELTA_KEYS, min(evidence_room, MAX_EVIDENCE))
 
 
-def evidence_room(inc: Counted) -> int:
+def evidence_room(inc: Incident | Deltas) -> int:
     """How many more evidence summaries an incident keeps (it keeps its first MAX_EVIDENCE)."""
     return max(0, MAX_EVIDENCE - len(inc.get("evidence") or ()))
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pitstop.core.domain import Incident
+from pitstop.core.domain import Draft
 from pitstop.core.states import State
 
 # target states allowed from each state; staying in a state is always allowed (a retried step)
@@ -51,7 +51,7 @@ def allowed(frm: str, to: str) -> bool:
         return False
 
 
-def move(inc: Incident, to: State, why: str) -> None:
+def move(inc: Draft, to: State, why: str) -> None:
     """Move the incident (a dict, changed in place) to ``to``, or raise if the table forbids it.
 
     ``why`` names the event, for the error a refused move raises.

@@ -127,11 +127,13 @@ COUNT_PAGE_KEEP_S = 90 * 86_400.0
 
 def with_shards(inc: Incident, shards: Iterable[CountShard]) -> Incident:
     """The incident as reports, notifications and people see it: its decided counts plus every
-    shard's (in place; the incident's bounds apply to the sum: engine.add_deltas)."""
+    shard's (a view: what is stored stays as decided; the incident's bounds apply to the sum:
+    engine.add_deltas)."""
+    view = engine.as_incident(inc)
     for shard in shards:
-        engine.add_deltas(inc, shard)
-        inc["burst_until"] = max(float(inc.get("burst_until") or 0), float(shard.get("burst_until") or 0))
-    return inc
+        engine.add_deltas(view, shard)
+        view["burst_until"] = max(float(view.get("burst_until") or 0), float(shard.get("burst_until") or 0))
+    return view
 
 
 def resolution(inc: Incident, now: float) -> Resolution | None:
