@@ -45,7 +45,8 @@ class _Writes(ast.NodeVisitor):
         self.generic_visit(node)
         self._names.pop()
 
-    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
+        self.visit_FunctionDef(node)
 
     def visit_Lambda(self, node: ast.Lambda) -> None:
         self.generic_visit(node)
@@ -96,10 +97,8 @@ class _Writes(ast.NodeVisitor):
     def _reads_incident(self, value: ast.expr) -> bool:
         if isinstance(value, ast.Attribute) and value.attr in INCIDENT_ATTRS:
             return True
-        if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
-            if value.func.attr in STORE_READS and "store" in ast.unparse(value.func.value):
-                return True
-        return isinstance(value, ast.Subscript) and self._rooted(value) and False
+        f = value.func if isinstance(value, ast.Call) else None
+        return isinstance(f, ast.Attribute) and f.attr in STORE_READS and "store" in ast.unparse(f.value)
 
 
 def writes_in(source: str) -> list[tuple[int, str]]:
@@ -150,5 +149,12 @@ def test_the_walk_finds_a_write(source: str) -> None:
 
 
 def test_the_walk_leaves_other_documents_alone() -> None:
-    source = 'def f(node: NodeDoc, inc: Incident) -> None:\n    node["block"] = inc["id"]\n    x = {}\n    x["a"] = 1\n'
+    source = "\n".join(
+        [
+            "def f(node: NodeDoc, inc: Incident) -> None:",
+            '    node["block"] = inc["id"]',
+            "    x = {}",
+            '    x["a"] = 1',
+        ]
+    )
     assert writes_in(source) == []

@@ -67,7 +67,7 @@ def _event(xid: int = 79, action: str = "REBOOT_NODE") -> FaultEvent:
                 "message_id": None,
                 "trust": "verified",
                 "trust_reason": None,
-            },  # fmt: skip
+            },
             "reason": "Xid 79",
             "detail": {},
             "_observed_ts": T0,
@@ -239,7 +239,7 @@ def kind_is_read_only(kind: type) -> bool:
 
 
 def test_the_engine_works_on_a_copy() -> None:
-    inc, budgets = _opened()
+    inc, _ = _opened()
     before = copy.deepcopy(inc)
     draft: Draft = engine.as_incident(inc)
     draft["state"] = State.FENCED
