@@ -21,6 +21,7 @@ from pitstop.core.domain import (
     FaultEvent,
     Incident,
     JobRestarts,
+    JsonObject,
     NodeDoc,
     NodeFields,
     OutboxEntry,
@@ -152,7 +153,8 @@ class MemoryStore(MemoryCounts):
 
     def steps(self, iid: str) -> MemoryStepStore:
         with self._lock:
-            return self.step_stores.setdefault(iid, MemoryStepStore())
+            parent = lambda: cast(JsonObject | None, self.incidents.get(iid))  # noqa: E731 - the guard's read
+            return self.step_stores.setdefault(iid, MemoryStepStore(parent, self._lock))
 
     def step_record(self, iid: str, key: str) -> StepRecord | None:
         got = self.steps(iid).read(key)

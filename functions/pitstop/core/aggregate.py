@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
-from pitstop.core import degraded, engine, lifecycle, notifications, remediation
+from pitstop.core import corroboration, degraded, engine, lifecycle, notifications, remediation
 from pitstop.core.actions import RANK, RECORD_ONLY_ACTIONS, Action
 from pitstop.core.answers import EarlyResume, LocalisedResume
 from pitstop.core.domain import (
@@ -37,6 +37,7 @@ from pitstop.core.domain import (
     FenceDoc,
     Incident,
     JobDoc,
+    JsonObject,
     Localisation,
     LocaliseRound,
     Measurement,
@@ -50,6 +51,7 @@ from pitstop.core.engine import Budgets, Outcome
 from pitstop.core.ops import Op
 from pitstop.core.policy import Policy
 from pitstop.core.states import ACTIVE_STATES, UNCLAIMABLE_STATES, RunState, State
+from pitstop.core.steps import Guard, Refusal
 
 if TYPE_CHECKING:
     from pitstop.core.store import Countable
@@ -428,7 +430,7 @@ def step_refusal(inc: Incident, cmd: StepCommand) -> str | None:
     owner = (inc.get("workflow") or {}).get("claimed_by")
     if owner and at.execution and owner not in (at.execution, UNKNOWN_OWNER):
         return f"another execution ({owner}) owns step {at.step}"
-    if isinstance(cmd, ClaimStep) and inc["state"] in UNCLAIMABLE_STATES:
+    if isinstance(cmd, (ClaimStep, RejectStep)) and inc["state"] in UNCLAIMABLE_STATES:
         return f"incident is {inc['state']}"
     if isinstance(cmd, FailStep) and inc["state"] not in FAILABLE:
         return f"incident is {inc['state']}"
@@ -437,6 +439,34 @@ def step_refusal(inc: Incident, cmd: StepCommand) -> str | None:
     if allowed is not None and inc["state"] not in allowed:
         return f"incident is {inc['state']}: {op} is not for an incident in that state"
     return None
+
+
+def op_refusal(inc: Incident, op: Op, at: StepOwner, corroborate: bool = True) -> Refusal | None:
+    """Why ``at`` may not run ``op`` on the incident now (None: it may): a newer step owns it, its
+    state is not one the op belongs to, another execution owns the step, or the op disrupts and
+    the fault is not confirmed on the node yet. The step runner asks it with its claim."""
+    if inc["step"] != at.step:
+        return Refusal(f"superseded by step {inc['step']}", superseded_by=inc["step"])
+    allowed = remediation.OP_STATES.get(op)
+    if allowed is not None and inc["state"] not in allowed:
+        return Refusal(f"incident is {inc['state']}: {op} is not for an incident in that state")
+    owner = (inc.get("workflow") or {}).get("claimed_by")
+    if owner and at.execution and owner not in (at.execution, UNKNOWN_OWNER):
+        return Refusal(f"another execution ({owner}) owns step {at.step}")
+    if op in remediation.DISRUPTIVE_OPS and corroboration.needs_corroboration(inc, corroborate)[0]:
+        return Refusal(f"the fault is not confirmed on the node: {op} waits for a confirmed corroboration")
+    return None
+
+
+def op_guard(op: Op, at: StepOwner, corroborate: bool) -> Guard:
+    """:func:`op_refusal` as the step runner's guard, asked of the incident its claim reads."""
+
+    def guard(parent: JsonObject | None) -> Refusal | None:
+        if parent is None:
+            return Refusal("no such incident")
+        return op_refusal(cast(Incident, parent), op, at, corroborate)  # the edge: as its writer wrote it
+
+    return guard
 
 
 def _step(inc: Incident, cmd: StepCommand, given: Given) -> Outcome:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from pitstop.core import checks, corroboration, notifications
+from pitstop.core import checks, notifications
 from pitstop.core.actions import RECORD_ONLY_ACTIONS, Action
 from pitstop.core.answers import Page, PageIncident
 from pitstop.core.catalog import SXID_KIND
@@ -65,26 +65,6 @@ OP_STATES: Mapping[Op, frozenset[State]] = {
 
 # Ops that disrupt the job or touch the VM: never on log evidence the node has not confirmed.
 DISRUPTIVE_OPS = frozenset({Op.CHECKPOINT, Op.RESCHEDULE_EARLY, Op.DIAGNOSE, Op.ACT, Op.RESCHEDULE})
-
-
-def refusal(inc: Incident, op: Op, step: int, execution: str, corroborate: bool = True) -> str | None:
-    """Why this execution may not run ``op`` on the incident now; None when it may.
-
-    Checked before every mutating op (``fail`` has its own rules): the step must still be the
-    incident's, the incident in a state the op belongs to, and the step owned by this execution
-    (once an execution claimed it).
-    """
-    if inc["step"] != step:
-        return f"superseded by step {inc['step']}"
-    allowed = OP_STATES.get(op)
-    if allowed is not None and str(inc["state"]) not in allowed:
-        return f"incident is {inc['state']}: {op} is not for an incident in that state"
-    owner = (inc.get("workflow") or {}).get("claimed_by")
-    if owner and execution and owner not in (execution, "unknown"):
-        return f"another execution ({owner}) owns step {step}"
-    if op in DISRUPTIVE_OPS and corroboration.needs_corroboration(inc, corroborate)[0]:
-        return f"the fault is not confirmed on the node: {op} waits for a confirmed corroboration"
-    return None
 
 
 def instance_of(inc: Incident) -> str:

@@ -16,8 +16,9 @@ function's own timeout, so the attempt is dead by then). That is safe because ev
 carries a deterministic id: Compute's ``requestId`` (pitstop.core.ids.request_id), the Slurm
 agent's command id, and store writes that set rather than add.
 
-Before any effect the incident itself is checked (core/remediation.refusal): still this step's,
-in a state the op belongs to, owned by this execution. A closed, failed or held incident is never
+Before any effect the incident itself is checked (core/aggregate.op_refusal, the step runner's
+guard, read in the same atomic operation as the claim): still this step's, in a state the op
+belongs to, owned by this execution. A closed, failed or held incident is never
 acted on by an execution that did not notice (answered 409: the workflow ends). Every state change
 goes through the state table (core/lifecycle.py). Read-only probes are answered fresh.
 
@@ -38,7 +39,8 @@ from google.api_core import exceptions as gexc
 from pitstop.adapters import log
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.errors import ActuatorError
-from pitstop.core import lifecycle, remediation, steps
+from pitstop.core import lifecycle, steps
+from pitstop.core.aggregate import op_guard
 from pitstop.core.answers import OpAnswer, Refused, Reply
 from pitstop.core.degraded import Telemetry
 from pitstop.core.domain import JsonObject
@@ -163,29 +165,30 @@ class Actuator:
         return (cast(OpAnswer, out.answer) if isinstance(out, steps.Release) else out), 200  # fail's, kept
 
     def _once(self, s: Step, spec: OpSpec) -> Reply:
-        """Run an effect once per step: a result is replayed; 503 while another attempt runs it."""
-        key = step_key(s.step, s.op)
-        rec = self.deps.store.step_record(s.iid, key)
-        if rec is not None and steps.record_state(rec) == steps.DONE:
-            return cast(OpAnswer, {**(rec.get("result") or {}), "replayed": True})  # its op's answer
-        if s.inc["step"] != s.step:  # a newer step owns the incident: this execution only winds down
-            return {"outcome": "superseded", "current_step": s.inc["step"], "operation": None}
-        why = (
-            remediation.refusal(s.inc, s.op, s.step, s.execution, self.deps.policy.corroborate)
-            if s.op != Op.FAIL
-            else None
-        )
-        if why is not None:
-            raise ActuatorError(409, f"{s.op} refused: {why}", False)
+        """Run an effect once per step, through the step runner alone: a done record is replayed;
+        503 while another attempt runs it; its claim is taken only if the incident, read in the
+        same atomic operation, is still this step's, in a state the op belongs to, owned by this
+        execution and (for a disruptive op) confirmed on the node (core/aggregate.op_refusal).
+        ``fail`` has its own rules (core/aggregate.FailStep) and claims unguarded."""
+        guard = None if s.op == Op.FAIL else op_guard(s.op, s.at, self.deps.policy.corroborate)
         runner: steps.StepRunner[Any] = steps.StepRunner(
             self.deps.store.steps(s.iid), self.deps.claim_s, self.deps.clock, _warn
         )
         payload = {"op": str(s.op), "incident": s.iid, "step": s.step}
         try:
             done = runner.run(
-                key, payload, lambda c: _plain(spec.run(replace(s, claim=c, runner=runner))), s.execution
+                step_key(s.step, s.op),
+                payload,
+                lambda c: _plain(spec.run(replace(s, claim=c, runner=runner))),
+                s.execution,
+                guard,
             )
             return cast(OpAnswer, done)  # the op's answer, or its record's when replayed
+        except steps.PreconditionError as exc:
+            superseded = exc.refusal.superseded_by
+            if superseded is not None:  # a newer step owns the incident: this execution only winds down
+                return {"outcome": "superseded", "current_step": superseded, "operation": None}
+            raise ActuatorError(409, f"{s.op} refused: {exc.refusal.why}", False) from None
         except steps.BusyError as exc:
             raise StepBusyError(str(exc)) from None
         except steps.PayloadMismatchError as exc:

@@ -120,5 +120,5 @@ def verify(s: Step) -> Verified:
     sched_ok = vm_ok and s.scheduler.node_healthy(s.instance, s.ref)
     watch_resume(s)
     if s.inc["state"] != State.VERIFYING or (vm_ok and sched_ok):
-        s.decide(RecordVerified(s.at, vm_ok and sched_ok), strict=False)  # a probe's record
+        s.decide(RecordVerified(s.at, vm_ok and sched_ok))
     return {"done": vm_ok and sched_ok, "vm": cur.get("status"), "scheduler_ok": sched_ok}
