@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from pitstop.core import aggregate, engine, lifecycle
 from pitstop.core import policy as policy_mod
 from pitstop.core.aggregate import (
+    At,
     ClaimStep,
     Command,
     FailStep,
@@ -35,7 +36,6 @@ from pitstop.core.aggregate import (
     RefuseStart,
     RejectStep,
     ResolveStep,
-    StepOwner,
     decide,
 )
 from pitstop.core.domain import Budget, Draft, FaultEvent, Incident, Measurement
@@ -87,7 +87,7 @@ def _measurement(confirmed: bool) -> Measurement:
 
 
 def _step_commands(step: int, execution: str) -> list[Command]:
-    at = StepOwner(step, execution)
+    at = At(step, execution)
     return [
         ClaimStep(at),
         RecordFence(at, (), {}),
@@ -146,11 +146,11 @@ def test_any_sequence_of_commands_keeps_the_aggregate_s_rules(cmds: list[Command
 
 def test_a_step_command_from_another_execution_is_refused_once_the_step_is_claimed() -> None:
     inc, budgets = _opened()
-    claimed = decide(inc, ClaimStep(StepOwner(1, "ex-a")), Given(T0 + 1, budgets=budgets))
+    claimed = decide(inc, ClaimStep(At(1, "ex-a")), Given(T0 + 1, budgets=budgets))
     assert claimed.result == "claimed" and claimed.incident is not None
-    late = decide(claimed.incident, RecordFence(StepOwner(1, "ex-b"), (), {}), Given(T0 + 2))
+    late = decide(claimed.incident, RecordFence(At(1, "ex-b"), (), {}), Given(T0 + 2))
     assert late.result == "refused" and "ex-a" in str(late.refused)
-    ours = decide(claimed.incident, RecordFence(StepOwner(1, "ex-a"), (), {}), Given(T0 + 2))
+    ours = decide(claimed.incident, RecordFence(At(1, "ex-a"), (), {}), Given(T0 + 2))
     assert ours.result == "fenced" and ours.incident is not None and ours.incident["state"] == State.FENCED
 
 
@@ -159,7 +159,7 @@ def test_a_late_act_of_an_earlier_step_does_not_move_a_newer_step() -> None:
     must not move it to ACTING (the table alone allows OPEN -> ... it is the step that refuses)."""
     inc, _ = _opened()
     stepped: Incident = {**inc, "step": 2}
-    out = decide(stepped, RecordActed(StepOwner(1, "ex-a")), Given(T0 + 5))
+    out = decide(stepped, RecordActed(At(1, "ex-a")), Given(T0 + 5))
     assert out.result == "refused" and out.refused == "superseded by step 2"
 
 
@@ -177,7 +177,7 @@ def test_a_lease_is_taken_once_until_it_runs_out() -> None:
 
 def test_resolving_a_step_records_its_notification_and_lets_its_slots_go() -> None:
     inc, budgets = _opened()
-    out = decide(inc, ResolveStep(StepOwner(1), {}), Given(T0 + 9, budgets=budgets))
+    out = decide(inc, ResolveStep(At(1), {}), Given(T0 + 9, budgets=budgets))
     assert out.result == "resolved" and out.release_slots
     assert [n["kind"] for n in out.notices] == ["incident"]
     assert all(not b["slots"][inc["id"]]["active"] for b in out.budgets.values()) and out.budgets
@@ -185,7 +185,7 @@ def test_resolving_a_step_records_its_notification_and_lets_its_slots_go() -> No
 
 def test_a_failed_step_pages_and_keeps_the_slots_of_the_fenced_node() -> None:
     inc, budgets = _opened()
-    out = decide(inc, FailStep(StepOwner(1), "act", "reset failed", {}), Given(T0 + 9, budgets=budgets))
+    out = decide(inc, FailStep(At(1), "act", "reset failed", {}), Given(T0 + 9, budgets=budgets))
     assert out.result == "failed" and out.incident is not None and out.incident["state"] == State.FAILED
     assert [n["severity"] for n in out.notices] == ["critical"] and not out.budgets
 

@@ -7,6 +7,7 @@ operations take ~1 % of their real duration and the workflow's sleeps ~20 %.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import io
 import json
 import os
@@ -593,7 +594,7 @@ def test_a_failing_claim_fails_the_incident_with_a_page(
             raise RuntimeError("a bug in claim")  # functions-framework answers 500
         return claim.run(s)
 
-    monkeypatch.setitem(registry.OPS, Op.CLAIM, registry.OpSpec(broken_claim, claim.kind))
+    monkeypatch.setitem(registry.OPS, Op.CLAIM, dataclasses.replace(claim, run=broken_claim))
     out = world.fault(XID79, "a3-node-001")
     inc = world.wait(out.incident["id"])  # type: ignore[index]
     assert inc["state"] == "FAILED" and inc["failure"]["stage"] == "claim"
@@ -609,7 +610,7 @@ def test_a_failure_that_cannot_be_recorded_ends_the_execution_in_error(
         raise RuntimeError("Firestore is gone")
 
     for op in (Op.CLAIM, Op.FAIL):
-        monkeypatch.setitem(registry.OPS, op, registry.OpSpec(broken, registry.OPS[op].kind))
+        monkeypatch.setitem(registry.OPS, op, dataclasses.replace(registry.OPS[op], run=broken))
     out = world.fault(XID79, "a3-node-001")
     assert out.incident is not None
     assert world.executions.wait_all(90)
@@ -636,7 +637,7 @@ def test_an_escalation_is_decided_before_the_node_returns_to_slurm(
             hand_edit(world.store, s.iid, lambda d: d.update({"escalate_to": "REBOOT_NODE"}))
         return verify.run(s)
 
-    monkeypatch.setitem(registry.OPS, Op.VERIFY, registry.OpSpec(fault_gets_worse, verify.kind))
+    monkeypatch.setitem(registry.OPS, Op.VERIFY, dataclasses.replace(verify, run=fault_gets_worse))
     out = world.fault(XID48, node)
     assert out.incident is not None and out.incident["action"] == "RESET_GPU"
     iid = out.incident["id"]

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from pitstop.core.ops import MUTATING_OPS, PROBE_OPS
 from pitstop.local.wf_expr import WorkflowError
 from pitstop.local.workflows_runner import ExecutionTrace, Workflow, WorkflowDefinitionError
+from pitstop.services.actuate.registry import MUTATING_OPS, PROBE_OPS
 
 
 def run(src: str, arg: Any = None, env: dict[str, str] | None = None) -> tuple[Any, ExecutionTrace]:

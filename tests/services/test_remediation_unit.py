@@ -20,7 +20,7 @@ from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import engine, policy, remediation
 from pitstop.core.aggregate import CloseByPerson
 from pitstop.core.classify import Classifier
-from pitstop.core.ops import MUTATING_OPS, PROBE_OPS, Op
+from pitstop.core.ops import Op
 from pitstop.core.scheduling import (
     Capacity,
     CheckResult,
@@ -36,7 +36,7 @@ from pitstop.core.scheduling import (
 from pitstop.core.states import State
 from pitstop.local.fake_compute import FakeCompute, serve
 from pitstop.services.actuate import Actuator
-from pitstop.services.actuate.registry import OPS, Kind
+from pitstop.services.actuate.registry import MUTATING_OPS, OPS, PROBE_OPS, Kind
 from tests.helpers import (
     PROJECT,
     ZONE,

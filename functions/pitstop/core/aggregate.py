@@ -15,7 +15,7 @@ Three families of commands:
 - *a step's*: each remediation op's record of what it did (claim, fence, corroboration, act,
   verify, diagnosis, validation, the gang's milestones, localisation, resolve, fail, reject).
 
-Every step command carries its :class:`StepOwner` (step and execution), and its precondition
+Every step command carries its :class:`At` (step and execution), and its precondition
 (the step is the incident's, the state is one the op belongs to, the execution owns the step) is
 checked here, on the incident the store read in the transaction that writes the result: there is
 no window between the check and the write.
@@ -159,31 +159,34 @@ class RefuseStart:
 
 
 @dataclass(frozen=True)
-class StepOwner:
-    """Which step of the incident a command is about, and which execution sends it ("" : none named)."""
+class At:
+    """A step command's precondition, carried by the command: the step of the incident it is
+    about, the execution that sends it ("": none named), and the states its op may find the
+    incident in (None: any; core/ops.OpSpec.states)."""
 
     step: int
     execution: str = ""
+    states: frozenset[State] | None = None
 
 
 @dataclass(frozen=True)
 class ClaimStep:
     """This execution takes the step: the first claim owns it; a different one is refused."""
 
-    at: StepOwner
+    at: At
 
 
 @dataclass(frozen=True)
 class RejectStep:
     """The evidence names a VM that is not the live one: resolved with nothing done."""
 
-    at: StepOwner
+    at: At
     why: str
 
 
 @dataclass(frozen=True)
 class RecordFence:
-    at: StepOwner
+    at: At
     jobs: tuple[JobDoc, ...]
     fence: FenceDoc
 
@@ -192,14 +195,14 @@ class RecordFence:
 class RecordActed:
     """The repair call is about to be made: the incident is ACTING."""
 
-    at: StepOwner
+    at: At
 
 
 @dataclass(frozen=True)
 class RecordVerified:
     """The repair's effect was seen (VERIFYING); ``healthy``: the VM and its scheduler say so."""
 
-    at: StepOwner
+    at: At
     healthy: bool
 
 
@@ -208,14 +211,14 @@ class RecordGang:
     """What the gang did: a milestone (``job_requeued``, ``job_running``, ``localised``) and how it
     was restarted."""
 
-    at: StepOwner
+    at: At
     milestone: Milestone | None = None
     resume: Resume | EarlyResume | LocalisedResume | None = None
 
 
 @dataclass(frozen=True)
 class RecordCorroboration:
-    at: StepOwner
+    at: At
     record: Measurement
 
 
@@ -223,7 +226,7 @@ class RecordCorroboration:
 class RecordDiagnosis:
     """The diagnosis; ``action``: what the step does now if the finding changes it (None: as it is)."""
 
-    at: StepOwner
+    at: At
     record: Measurement
     action: str | None
     why: str
@@ -233,7 +236,7 @@ class RecordDiagnosis:
 class RecordValidation:
     """The validation; ``replace_why``: the node must be replaced (hardware evidence), and why."""
 
-    at: StepOwner
+    at: At
     record: Measurement
     passed: bool
     replace_why: str | None
@@ -243,7 +246,7 @@ class RecordValidation:
 class RecordLocalisation:
     """What a hung job's localisation found so far (merged); ``round``: one more round's verdict."""
 
-    at: StepOwner
+    at: At
     job: str
     fields: Localisation
     round: LocaliseRound | None = None
@@ -253,13 +256,13 @@ class RecordLocalisation:
 class ResolveStep:
     """The step ends and the incident with it; ``unfenced``: what its unfence did (for the notice)."""
 
-    at: StepOwner
+    at: At
     unfenced: Unfenced
 
 
 @dataclass(frozen=True)
 class FailStep:
-    at: StepOwner
+    at: At
     stage: str
     error: str
     unfenced: Unfenced
@@ -292,23 +295,6 @@ Command = EngineCommand | RunCommand | StepCommand | RecordUnfenceAnswer
 
 # Commands decided with the subject's node document (and the budgets, read lazily).
 NODE_COMMANDS = (ReleaseHeld, StepUp, CloseByPerson, FailStuck, JoinBlock)
-# The op each step command records for, whose states it may be sent in (remediation.OP_STATES).
-_STEP_OPS: Mapping[type, Op | None] = {
-    ClaimStep: None,
-    RejectStep: None,
-    RecordFence: Op.FENCE,
-    RecordActed: Op.ACT,
-    RecordVerified: None,
-    RecordGang: None,
-    RecordCorroboration: Op.JUDGE_CORROBORATION,
-    RecordDiagnosis: Op.JUDGE_DIAGNOSIS,
-    RecordValidation: Op.JUDGE_VALIDATION,
-    RecordLocalisation: None,
-    ResolveStep: Op.CLOSE,
-    FailStep: None,
-}
-
-
 # Commands that may claim or let go blast-radius slots: a store lets them take turns on the budgets.
 BUDGET_COMMANDS = (*NODE_COMMANDS, EndBurst, ResolveStep, RejectStep)
 
@@ -434,37 +420,34 @@ def step_refusal(inc: Incident, cmd: StepCommand) -> str | None:
         return f"incident is {inc['state']}"
     if isinstance(cmd, FailStep) and inc["state"] not in FAILABLE:
         return f"incident is {inc['state']}"
-    op = _STEP_OPS.get(type(cmd))
-    allowed = remediation.OP_STATES.get(op) if op is not None else None
-    if allowed is not None and inc["state"] not in allowed:
-        return f"incident is {inc['state']}: {op} is not for an incident in that state"
+    if at.states is not None and inc["state"] not in at.states:
+        return f"incident is {inc['state']}: {type(cmd).__name__} is not for an incident in that state"
     return None
 
 
-def op_refusal(inc: Incident, op: Op, at: StepOwner, corroborate: bool = True) -> Refusal | None:
+def op_refusal(inc: Incident, op: Op, at: At, disruptive: bool, corroborate: bool = True) -> Refusal | None:
     """Why ``at`` may not run ``op`` on the incident now (None: it may): a newer step owns it, its
     state is not one the op belongs to, another execution owns the step, or the op disrupts and
     the fault is not confirmed on the node yet. The step runner asks it with its claim."""
     if inc["step"] != at.step:
         return Refusal(f"superseded by step {inc['step']}", superseded_by=inc["step"])
-    allowed = remediation.OP_STATES.get(op)
-    if allowed is not None and inc["state"] not in allowed:
+    if at.states is not None and inc["state"] not in at.states:
         return Refusal(f"incident is {inc['state']}: {op} is not for an incident in that state")
     owner = (inc.get("workflow") or {}).get("claimed_by")
     if owner and at.execution and owner not in (at.execution, UNKNOWN_OWNER):
         return Refusal(f"another execution ({owner}) owns step {at.step}")
-    if op in remediation.DISRUPTIVE_OPS and corroboration.needs_corroboration(inc, corroborate)[0]:
+    if disruptive and corroboration.needs_corroboration(inc, corroborate)[0]:
         return Refusal(f"the fault is not confirmed on the node: {op} waits for a confirmed corroboration")
     return None
 
 
-def op_guard(op: Op, at: StepOwner, corroborate: bool) -> Guard:
+def op_guard(op: Op, at: At, disruptive: bool, corroborate: bool) -> Guard:
     """:func:`op_refusal` as the step runner's guard, asked of the incident its claim reads."""
 
     def guard(parent: JsonObject | None) -> Refusal | None:
         if parent is None:
             return Refusal("no such incident")
-        return op_refusal(cast(Incident, parent), op, at, corroborate)  # the edge: as its writer wrote it
+        return op_refusal(cast(Incident, parent), op, at, disruptive, corroborate)  # as its writer wrote it
 
     return guard
 

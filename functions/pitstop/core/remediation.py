@@ -29,42 +29,8 @@ from pitstop.core.domain import (
     VmBefore,
 )
 from pitstop.core.notifications import notification_id
-from pitstop.core.ops import Op
 from pitstop.core.scheduling import JobInfo, JobRun, JobState
-from pitstop.core.states import State
 from pitstop.core.timeline import durations, repair_s, resume_s
-
-# -- which op may run on the incident as it stands ------------------------------------------------
-
-_WORKING = frozenset({State.OPEN, State.FENCED, State.ACTING, State.VERIFYING})
-# The states each mutating op may find its incident in (the workflow's order: claim and fence on
-# OPEN; checkpoint, early requeue and diagnosis while FENCED; act moves it to ACTING; verify to
-# VERIFYING). An op that finds its incident anywhere else (closed by a person, failed by the
-# watchdog, held) must not act: the execution that asks is stale.
-OP_STATES: Mapping[Op, frozenset[State]] = {
-    Op.FENCE: frozenset({State.OPEN, State.FENCED}),
-    Op.CORROBORATE: frozenset({State.FENCED}),
-    Op.JUDGE_CORROBORATION: frozenset({State.FENCED}),
-    Op.CHECKPOINT: frozenset({State.FENCED}),
-    Op.RESCHEDULE_EARLY: frozenset({State.FENCED}),
-    Op.DIAGNOSE: frozenset({State.FENCED}),
-    Op.JUDGE_DIAGNOSIS: frozenset({State.FENCED}),
-    Op.ACT: frozenset({State.FENCED, State.ACTING}),
-    Op.VALIDATE: _WORKING - {State.OPEN},
-    Op.REVALIDATE: _WORKING - {State.OPEN},
-    Op.JUDGE_VALIDATION: _WORKING - {State.OPEN},
-    Op.ESCALATE: _WORKING,
-    Op.UNFENCE: _WORKING - {State.OPEN},
-    Op.RESCHEDULE: _WORKING,
-    Op.CLOSE: _WORKING,
-    Op.LOCALISE: frozenset({State.OPEN}),  # a hung job's incident: nothing of its own is fenced
-    Op.LINKS: frozenset({State.OPEN}),
-    Op.CONCLUDE: frozenset({State.OPEN}),
-}
-
-
-# Ops that disrupt the job or touch the VM: never on log evidence the node has not confirmed.
-DISRUPTIVE_OPS = frozenset({Op.CHECKPOINT, Op.RESCHEDULE_EARLY, Op.DIAGNOSE, Op.ACT, Op.RESCHEDULE})
 
 
 def instance_of(inc: Incident) -> str:

@@ -50,7 +50,7 @@ from pitstop.core.scheduling import Scheduler
 from pitstop.core.store import IncidentStore
 from pitstop.core.validation import ValidationTable
 from pitstop.services.actuate.context import STEP_CLAIM_S, Deps, Step, StepBusyError
-from pitstop.services.actuate.registry import OPS, Kind, OpSpec
+from pitstop.services.actuate.registry import OPS, Kind, Spec
 from pitstop.services.launch import Launcher, Publisher, Starter
 
 __all__ = ["STEP_CLAIM_S", "Actuator", "StepBusyError"]
@@ -157,6 +157,7 @@ class Actuator:
             op,
             str(req.get("execution") or ""),
             extra if isinstance(extra, dict) else {},  # JSON: an object is a dict
+            states=OPS[op].states,
         )
         spec = OPS[op]
         if spec.kind is Kind.EFFECT:
@@ -164,13 +165,15 @@ class Actuator:
         out = spec.run(s)  # the claim, or a probe: asked again, answered fresh
         return (cast(OpAnswer, out.answer) if isinstance(out, steps.Release) else out), 200  # fail's, kept
 
-    def _once(self, s: Step, spec: OpSpec) -> Reply:
+    def _once(self, s: Step, spec: Spec) -> Reply:
         """Run an effect once per step, through the step runner alone: a done record is replayed;
         503 while another attempt runs it; its claim is taken only if the incident, read in the
         same atomic operation, is still this step's, in a state the op belongs to, owned by this
         execution and (for a disruptive op) confirmed on the node (core/aggregate.op_refusal).
         ``fail`` has its own rules (core/aggregate.FailStep) and claims unguarded."""
-        guard = None if s.op == Op.FAIL else op_guard(s.op, s.at, self.deps.policy.corroborate)
+        guard = (
+            None if s.op == Op.FAIL else op_guard(s.op, s.at, spec.disruptive, self.deps.policy.corroborate)
+        )
         runner: steps.StepRunner[Any] = steps.StepRunner(
             self.deps.store.steps(s.iid), self.deps.claim_s, self.deps.clock, _warn
         )

@@ -11,7 +11,7 @@ from pitstop.adapters import log
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import checks, remediation, steps
-from pitstop.core.aggregate import Command, StepOwner
+from pitstop.core.aggregate import At, Command
 from pitstop.core.answers import (
     Acted,
     Checkpointed,
@@ -32,6 +32,7 @@ from pitstop.core.ids import request_id
 from pitstop.core.ops import Op, step_key
 from pitstop.core.policy import Policy
 from pitstop.core.scheduling import Scheduler, StepRef
+from pitstop.core.states import State
 from pitstop.core.store import IncidentStore
 from pitstop.core.validation import ValidationTable
 from pitstop.services.launch import Launcher
@@ -81,6 +82,7 @@ class Step:
     extra: JsonObject = field(default_factory=dict)  # the workflow's ``extra`` (fail: stage, error)
     claim: steps.Claim | None = None
     runner: steps.StepRunner[Any] | None = None
+    states: frozenset[State] | None = None  # where its op may find the incident (core/ops.OpSpec)
 
     # -- what the op acts on ----------------------------------------------------------------
 
@@ -162,9 +164,9 @@ class Step:
     # -- changes to the incident -----------------------------------------------------------------
 
     @property
-    def at(self) -> StepOwner:
+    def at(self) -> At:
         """This call's step and execution: what every command it sends is checked against."""
-        return StepOwner(self.step, self.execution)
+        return At(self.step, self.execution, self.states)
 
     def decide(self, cmd: Command, strict: bool = True) -> Outcome:
         """Send a command to the incident (core/aggregate.decide, applied by the store in one

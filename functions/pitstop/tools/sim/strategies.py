@@ -228,7 +228,7 @@ class World(MemoryStore):
     def resolve(self, iid: str, at: float) -> None:
         """What the workflow's close step records once the node is back (or the job requeued)."""
         inc = self.incidents[iid]
-        self.decide(iid, aggregate.ResolveStep(aggregate.StepOwner(inc["step"]), {}), self.p, at)
+        self.decide(iid, aggregate.ResolveStep(aggregate.At(inc["step"]), {}), self.p, at)
 
 
 def pitstop_policy(scn: Scenario) -> policy.Policy:
