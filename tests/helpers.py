@@ -358,13 +358,13 @@ def hand_edit(store: object, iid: str, change: Callable[[Any], object]) -> None:
     """Change a stored incident as a person (or another writer) would, outside Pitstop's decisions:
     what a test stages (a state the watchdog or a console left) before it asks Pitstop to act.
     Product code has no such door: every change to an incident is core/aggregate.decide's."""
-    incidents = getattr(store, "incidents", None)
-    if isinstance(incidents, dict):  # the memory store
-        doc = copy.deepcopy(incidents[iid])
+    docs = getattr(store, "docs", None)
+    if docs is not None:  # the memory store's documents
+        doc = copy.deepcopy(docs.incidents[iid])
         change(doc)
-        incidents[iid] = doc
+        docs.incidents[iid] = doc
         return
-    ref = cast(Any, incidents).document(iid)  # a Firestore collection
+    ref = cast(Any, store).collections.incidents.document(iid)  # the Firestore store's collection
     doc = ref.get().to_dict()
     change(doc)
     ref.set(doc)

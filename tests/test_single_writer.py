@@ -22,7 +22,7 @@ WRITERS = frozenset({"core/aggregate.py", "core/engine.py", "core/lifecycle.py",
 INCIDENT_TYPES = frozenset({"Incident", "Draft"})
 # Where an incident comes from: a store read, a decision's outcome, an actuate step's own.
 INCIDENT_ATTRS = frozenset({"inc", "incident"})
-STORE_READS = frozenset({"get", "incident_as_decided", "latest_incident", "with_shards", "as_incident"})
+STORE_READS = frozenset({"get", "query", "as_decided", "latest", "with_shards", "as_incident"})
 MUTATORS = frozenset(
     {"append", "extend", "update", "setdefault", "pop", "popitem", "insert", "clear", "remove", "__setitem__"}
 )

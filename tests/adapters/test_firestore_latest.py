@@ -14,7 +14,6 @@ from google.cloud import firestore
 
 from pitstop.adapters.firestore import IncidentStore as FirestoreStore
 from pitstop.adapters.firestore_latest import Grouped
-from pitstop.adapters.firestore_snaps import SnapCache
 from pitstop.core.aggregate import CloseByPerson
 from tests.adapters.test_store_port import POLICY, T0, XID79, _any, _event
 
@@ -169,9 +168,9 @@ def test_a_lookup_finds_each_nodes_latest_incident_in_two_gets(fs: FirestoreStor
     follow."""
     live, closed = _opened(fs, "a3-node-101"), _opened(fs, "a3-node-102")
     assert fs.decide(closed["id"], CloseByPerson("ops", False), None, T0 + 1).result == "closed"
-    fs.snaps = SnapCache()
+    fs = FirestoreStore(fs.db)  # another instance: it has seen none of these documents
     sent = _gets(fs)
-    found = fs._latest_of([live["node_key"], closed["node_key"], "a3-node-103"])
+    found = fs.latest.fetch([live["node_key"], closed["node_key"], "a3-node-103"])
     answers = {
         k: (_any(inc.to_dict())["id"], _any(inc.to_dict())["state"]) if inc is not None else None
         for k, (_, inc) in found.items()
@@ -183,21 +182,24 @@ def test_a_lookup_finds_each_nodes_latest_incident_in_two_gets(fs: FirestoreStor
     }
     assert not found["a3-node-103"][0].exists
     assert sent == [["pitstop_nodes"] * 3, ["pitstop_incidents"] * 2]
-    for path in (fs.nodes.document(live["node_key"]).path, fs.incidents.document(live["id"]).path):
+    for path in (
+        fs.collections.nodes.document(live["node_key"]).path,
+        fs.collections.incidents.document(live["id"]).path,
+    ):
         assert fs.snaps.younger(path, 60.0)
 
 
 def test_concurrent_first_contacts_share_gets(fs: FirestoreStore) -> None:
     incs = [_opened(fs, f"a3-node-2{i:02d}") for i in range(6)]
-    held = Held(fs._latest_of)
-    fs.latest_lookups = Grouped(held)
+    held = Held(fs.latest.fetch)
+    fs.latest.lookups = Grouped(held)
     sent = _gets(fs)
-    answers = _ask_all(fs.latest_lookups, incs[0]["node_key"], [i["node_key"] for i in incs[1:]])
+    answers = _ask_all(fs.latest.lookups, incs[0]["node_key"], [i["node_key"] for i in incs[1:]])
     assert len(held.calls) == 2 and [len(refs) for refs in sent] == [1, 1, 5, 5]
     assert {k: _any(v[0][1].to_dict())["id"] for k, v in answers.items()} == {
         i["node_key"]: i["id"] for i in incs
     }
-    assert fs.latest_incident(incs[3]["node_key"]) == fs.get(incs[3]["id"])  # through the store's own
+    assert fs.counts.latest(incs[3]["node_key"]) == fs.get(incs[3]["id"])  # through the store's own
 
 
 def test_a_first_contact_is_billed_a_read_for_the_node_and_one_for_its_incident(
@@ -212,16 +214,16 @@ def test_a_first_contact_is_billed_a_read_for_the_node_and_one_for_its_incident(
     fs = FirestoreStore(client)
     inc = _opened(fs, "a3-node-501")
     before = ops.reads
-    assert _any(fs.latest_incident(inc["node_key"]))["id"] == inc["id"]
-    assert fs.latest_incident("a3-node-502") is None
+    assert _any(fs.counts.latest(inc["node_key"]))["id"] == inc["id"]
+    assert fs.counts.latest("a3-node-502") is None
     assert ops.reads - before == 3
 
 
 def test_a_node_written_without_an_incident_has_no_latest(fs: FirestoreStore) -> None:
     """Acting may record facts on a node before any incident names it (set_node_fields, a merge):
     its document then has no ``latest_incident`` field, which reads as none, not an error."""
-    fs.set_node_fields("a3-node-601", {"block": "block-1"})
-    assert fs.latest_incident("a3-node-601") is None
+    fs.records.set_node_fields("a3-node-601", {"block": "block-1"})
+    assert fs.counts.latest("a3-node-601") is None
 
 
 def test_answers_follow_the_documents_not_the_order_they_come_back_in(fs: FirestoreStore) -> None:
@@ -229,8 +231,8 @@ def test_answers_follow_the_documents_not_the_order_they_come_back_in(fs: Firest
     own incident however the answers come; a node naming an incident that is gone has none; and
     two nodes naming one incident (hand-edited documents) each get it."""
     incs = [_opened(fs, f"a3-node-7{i:02d}") for i in range(3)]
-    fs.put_node("a3-node-710", {"latest_incident": "gone"})  # type: ignore[typeddict-item]
-    fs.put_node("a3-node-711", {"latest_incident": incs[0]["id"]})  # type: ignore[typeddict-item]
+    fs.records.put_node("a3-node-710", {"latest_incident": "gone"})  # type: ignore[typeddict-item]
+    fs.records.put_node("a3-node-711", {"latest_incident": incs[0]["id"]})  # type: ignore[typeddict-item]
     get_all = fs.db.get_all
 
     def reversed_get_all(refs: list[Any], *a: Any, **kw: Any) -> Any:
@@ -238,7 +240,7 @@ def test_answers_follow_the_documents_not_the_order_they_come_back_in(fs: Firest
 
     fs.db.get_all = reversed_get_all
     keys = [i["node_key"] for i in incs] + ["a3-node-710", "a3-node-711", "a3-node-712"]
-    found = fs._latest_of(keys)
+    found = fs.latest.fetch(keys)
     named = {k: inc.id if inc is not None and inc.exists else None for k, (_, inc) in found.items()}
     assert named == {
         **{i["node_key"]: i["id"] for i in incs},
@@ -247,7 +249,7 @@ def test_answers_follow_the_documents_not_the_order_they_come_back_in(fs: Firest
         "a3-node-712": None,
     }
     assert {k: node.id for k, (node, _) in found.items()} == {k: k for k in keys}
-    assert fs.latest_incident("a3-node-710") is None
+    assert fs.counts.latest("a3-node-710") is None
 
 
 def _cached(fs: FirestoreStore, path: str) -> Any:
@@ -263,7 +265,7 @@ def test_a_read_answered_after_this_process_committed_leaves_the_newer_snapshot(
     commits a line into it, then the lookup's answer arrives. The cache keeps the committed
     snapshot, so the next decision starts from it and is not refused."""
     first = _opened(fs, "a3-node-720")
-    path = fs.incidents.document(first["id"]).path
+    path = fs.collections.incidents.document(first["id"]).path
     get_all, read, go = fs.db.get_all, threading.Event(), threading.Event()
 
     def late(refs: list[Any], *a: Any, **kw: Any) -> Any:
@@ -274,7 +276,7 @@ def test_a_read_answered_after_this_process_committed_leaves_the_newer_snapshot(
         return iter(snaps)
 
     fs.db.get_all = late
-    lookup = threading.Thread(target=fs.latest_incident, args=(first["node_key"],))
+    lookup = threading.Thread(target=fs.counts.latest, args=(first["node_key"],))
     lookup.start()
     assert read.wait(WAIT_S)
     assert fs.apply(_event(XID79, "a3-node-720"), POLICY, T0 + 1).result == "absorbed"
@@ -282,6 +284,6 @@ def test_a_read_answered_after_this_process_committed_leaves_the_newer_snapshot(
     go.set()
     lookup.join(WAIT_S)
     assert _cached(fs, path).update_time == committed
-    refused = fs.refused
+    refused = fs.tally.refused
     assert fs.apply(_event(XID79, "a3-node-720"), POLICY, T0 + 2).result == "absorbed"
-    assert fs.refused == refused and _any(fs.get(first["id"]))["counts"]["events"] == 3
+    assert fs.tally.refused == refused and _any(fs.get(first["id"]))["counts"]["events"] == 3

@@ -380,4 +380,4 @@ def test_ingest_gives_a_regional_event_its_zone_before_the_engine_keys_it(
     other = regional_journal()
     other["resource"]["labels"]["node_name"] = "gke-gone-1"
     assert lost.handle_payload(push_body(other)).result == "ignored"  # acknowledged, logged, never keyed
-    assert store.latest_incident(f"{PROJECT}.None.gke-gone-1") is None
+    assert store.counts.latest(f"{PROJECT}.None.gke-gone-1") is None

@@ -20,7 +20,16 @@ from pitstop.core.aggregate import CloseByPerson, FailStuck, JoinBlock, LeaseSta
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import Budget, CountShard, FaultEvent, Incident, NodeDoc, OutboxEntry, WorkflowRun
 from pitstop.core.states import RunState, State
-from pitstop.core.store import COUNT_PAGE_KEEP_S, IncidentStore, commit_of
+from pitstop.core.store import (
+    COUNT_PAGE_KEEP_S,
+    Counts,
+    IncidentStore,
+    InStates,
+    Outbox,
+    Records,
+    StartDue,
+    commit_of,
+)
 from pitstop.services.sweep import close_bursts
 from tests.helpers import hand_edit, ops_agent_entry
 
@@ -72,7 +81,7 @@ def test_a_delivery_is_applied_once_and_a_second_fault_absorbed(store: IncidentS
     assert other.result == "absorbed"
     inc = store.get(first.incident["id"])
     assert inc is not None and inc["counts"]["events"] == 2
-    assert store.latest_incident(inc["node_key"]) == inc
+    assert store.counts.latest(inc["node_key"]) == inc
 
 
 def test_a_nodes_latest_incident_is_its_newest_episode_resolved_or_not(store: IncidentStore) -> None:
@@ -81,14 +90,14 @@ def test_a_nodes_latest_incident_is_its_newest_episode_resolved_or_not(store: In
     first = store.apply(_event(XID79, "a3-node-011"), POLICY, T0)
     assert first.incident is not None
     nkey, iid = first.incident["node_key"], first.incident["id"]
-    assert _any(store.latest_incident(nkey))["id"] == iid
+    assert _any(store.counts.latest(nkey))["id"] == iid
     assert store.decide(iid, CloseByPerson("ops", False), None, T0 + 1).result == "closed"
-    assert _any(store.latest_incident(nkey))["state"] == "RESOLVED"
+    assert _any(store.counts.latest(nkey))["state"] == "RESOLVED"
     again = store.apply(_event(XID79, "a3-node-011", at=T0 + 5), POLICY, T0 + 5)
     assert again.result in ("opened", "held")  # a new episode (held: the node was acted on just now)
     assert again.incident is not None and again.incident["id"] != iid
-    assert _any(store.latest_incident(nkey))["id"] == again.incident["id"]
-    assert store.latest_incident("a3-node-never-seen") is None
+    assert _any(store.counts.latest(nkey))["id"] == again.incident["id"]
+    assert store.counts.latest("a3-node-never-seen") is None
 
 
 def _totals(ev: FaultEvent, lines: int, iid: str, pol: policy.Policy = POLICY) -> CountShard:
@@ -110,8 +119,8 @@ def test_a_count_page_carries_the_expiry_its_ttl_policy_deletes_it_by(firestore_
     out = fs.apply(ev, POLICY, T0)
     assert out.incident is not None
     before = time.time()
-    fs.put_count_shards({"inst-a-p0": {"inst-a-1": _totals(ev, 5, out.incident["id"])}})
-    page = fs.counts.document("inst-a-p0").get().to_dict() or {}
+    fs.counts.put_shards({"inst-a-p0": {"inst-a-1": _totals(ev, 5, out.incident["id"])}})
+    page = fs.collections.counts.document("inst-a-p0").get().to_dict() or {}
     expiry = page.get("expire_at")
     assert isinstance(expiry, dt.datetime)
     assert before + COUNT_PAGE_KEEP_S - 1 <= expiry.timestamp() <= time.time() + COUNT_PAGE_KEEP_S + 1
@@ -127,17 +136,17 @@ def test_count_shards_are_summed_where_the_incident_is_read(store: IncidentStore
     other = store.apply(_event(XID13, "a3-node-003"), POLICY, T0)
     assert out.incident is not None and other.incident is not None
     iid = out.incident["id"]
-    store.put_count_shards(
+    store.counts.put_shards(
         {"inst-a-p0": {"inst-a-1": _totals(ev, 5, iid), "inst-a-2": _totals(ev, 4, other.incident["id"])}}
     )
-    store.put_count_shards({"inst-b-p0": {"inst-b-1": _totals(ev, 7, iid)}})
-    store.put_count_shards({"inst-a-p0": {"inst-a-1": _totals(ev, 6, iid)}})  # replaces a-1
+    store.counts.put_shards({"inst-b-p0": {"inst-b-1": _totals(ev, 7, iid)}})
+    store.counts.put_shards({"inst-a-p0": {"inst-a-1": _totals(ev, 6, iid)}})  # replaces a-1
     inc = store.get(iid)
     assert inc is not None and inc["counts"]["events"] == 1 + 6 + 7 and inc["counts"]["xid_13"] == 14
-    assert sorted(i["counts"]["events"] for i in store.list()) == [5, 14]
+    assert sorted(i["counts"]["events"] for i in store.query()) == [5, 14]
     assert inc["burst_until"] == T0 + POLICY.window("burst_silence_s")
-    assert _any(store.incident_as_decided(iid))["counts"]["events"] == 1
-    assert _any(store.latest_incident(inc["node_key"]))["counts"]["events"] == 1
+    assert _any(store.counts.as_decided(iid))["counts"]["events"] == 1
+    assert _any(store.counts.latest(inc["node_key"]))["counts"]["events"] == 1
 
 
 def test_a_summed_incident_keeps_the_incidents_bounds(store: IncidentStore) -> None:
@@ -148,7 +157,7 @@ def test_a_summed_incident_keeps_the_incidents_bounds(store: IncidentStore) -> N
     assert out.incident is not None
     for n in range(engine.MAX_GPUS + 8):
         gpu = _event(XID79.replace("a1:00", f"{n:02x}:00"), "a3-node-007")
-        store.put_count_shards({f"inst-{n}-p0": {f"inst-{n}-1": _totals(gpu, 2, out.incident["id"])}})
+        store.counts.put_shards({f"inst-{n}-p0": {f"inst-{n}-1": _totals(gpu, 2, out.incident["id"])}})
     inc = store.get(out.incident["id"])
     assert inc is not None and inc["counts"]["events"] == 1 + 2 * (engine.MAX_GPUS + 8)
     assert (
@@ -164,13 +173,13 @@ def test_a_resolution_is_recorded_in_the_resolved_feed(store: IncidentStore) -> 
     burst = store.apply(_event(XID13, "a3-node-008"), observe, T0)
     closed = store.apply(_event(XID79, "a3-node-009"), POLICY, T0)
     assert burst.incident is not None and closed.incident is not None
-    assert store.resolved_since(T0 - 60) == []
+    assert store.counts.resolved_since(T0 - 60) == []
     assert store.decide(closed.incident["id"], CloseByPerson("ops", False), None, T0 + 5).result == "closed"
     assert close_bursts(store, T0 + 10_000) == 1  # the observed burst ends
-    feed = {r["incident"]: r for r in store.resolved_since(T0 - 60)}
+    feed = {r["incident"]: r for r in store.counts.resolved_since(T0 - 60)}
     assert set(feed) == {closed.incident["id"], burst.incident["id"]}
     assert feed[burst.incident["id"]]["node"] == burst.incident["node_key"]
-    assert store.resolved_since(T0 + 20_000) == []
+    assert store.counts.resolved_since(T0 + 20_000) == []
 
 
 def test_a_shards_burst_keeps_a_record_only_incident_open(store: IncidentStore) -> None:
@@ -180,7 +189,7 @@ def test_a_shards_burst_keeps_a_record_only_incident_open(store: IncidentStore) 
     out = store.apply(_event(XID13, "a3-node-010"), observe, T0)
     assert out.incident is not None
     late = _event(XID13, "a3-node-010", at=T0 + 500)
-    store.put_count_shards({"inst-a-p0": {"inst-a-1": _totals(late, 3, out.incident["id"], observe)}})
+    store.counts.put_shards({"inst-a-p0": {"inst-a-1": _totals(late, 3, out.incident["id"], observe)}})
     silence = observe.window("burst_silence_s")
     assert close_bursts(store, T0 + silence + 1) == 0
     assert close_bursts(store, T0 + 500 + silence + 1) == 1
@@ -190,13 +199,14 @@ def test_one_starter_wins_the_lease_and_records_the_start(store: IncidentStore) 
     out = store.apply(_event(XID79, "a3-node-003"), POLICY, T0)
     assert out.incident is not None
     iid = out.incident["id"]
-    assert [i["id"] for i in store.pending_starts(T0)] == [iid]
+    assert [i["id"] for i in store.query(StartDue(T0))] == [iid]
     assert store.decide(iid, LeaseStart(1), None, T0).result == "leased"
+    assert store.query(StartDue(T0 + 1)) == []  # leased: another starter waits for the lease to run out
     assert store.decide(iid, LeaseStart(1), None, T0 + 1).result != "leased"  # the lease holds
     store.decide(iid, RecordStarted(1, "exec-1"), None, T0 + 2)
     wf = _any(store.get(iid))["workflow"]
     assert wf["state"] == RunState.STARTED and wf["execution"] == "exec-1"
-    assert store.pending_starts(T0 + 100) == []
+    assert store.query(StartDue(T0 + 100)) == []
 
 
 def test_step_records_run_once_through_the_runner(store: IncidentStore) -> None:
@@ -213,8 +223,10 @@ def test_step_records_run_once_through_the_runner(store: IncidentStore) -> None:
     payload = {"op": "act", "incident": iid, "step": 1}
     assert runner.run("1-act", payload, effect, "exec-1") == {"did": "reset"}
     assert runner.run("1-act", payload, effect, "exec-2")["replayed"] is True
-    rec = store.step_record(iid, "1-act")
-    assert calls == [1] and rec is not None and rec["state"] == "done" and rec["owner"] == "exec-1"
+    got = store.steps(iid).read("1-act")
+    rec = got.record if got is not None else {}
+    assert calls == [1] and rec["state"] == "done" and rec["owner"] == "exec-1"
+    assert store.steps(iid).read("1-verify") is None
     held = runner.begin("1-fence", {**payload, "op": "fence"}, "exec-1")
     assert isinstance(held, steps.Claim)
     with pytest.raises(steps.BusyError):
@@ -222,9 +234,9 @@ def test_step_records_run_once_through_the_runner(store: IncidentStore) -> None:
 
 
 def test_a_run_of_a_job_is_requeued_for_one_incident(store: IncidentStore) -> None:
-    assert store.mark_job_requeue("train-42-abc", "ifirst0001", T0)
-    assert store.mark_job_requeue("train-42-abc", "ifirst0001", T0 + 1)  # its own retry
-    assert not store.mark_job_requeue("train-42-abc", "isecond001", T0 + 2)
+    assert store.records.mark_job_requeue("train-42-abc", "ifirst0001", T0)
+    assert store.records.mark_job_requeue("train-42-abc", "ifirst0001", T0 + 1)  # its own retry
+    assert not store.records.mark_job_requeue("train-42-abc", "isecond001", T0 + 2)
 
 
 def test_budget_holds_release_close_fail_and_settle(store: IncidentStore) -> None:
@@ -299,7 +311,7 @@ def test_a_node_joins_its_block_budget_before_it_is_fenced(store: IncidentStore)
     joined = store.decide(a, JoinBlock("c1/block-7"), BLOCK_POLICY, T0 + 1)
     scope = engine.block_scope("c1/block-7")
     assert joined.result == "joined" and scope in _any(store.get(a))["budget_scopes"]
-    assert set(_any(store.budget(scope))["slots"]) == {a}
+    assert set(_any(store.records.budget(scope))["slots"]) == {a}
     assert (
         store.decide(a, JoinBlock("c1/block-7"), BLOCK_POLICY, T0 + 2).result == "ignored"
     )  # a retried claim
@@ -307,13 +319,13 @@ def test_a_node_joins_its_block_budget_before_it_is_fenced(store: IncidentStore)
     assert held.result == "held" and held.page is not None and scope in held.page
     inc_b = _any(store.get(b))
     assert inc_b["state"] == State.HELD and (inc_b["held"] or {})["scope"] == scope
-    assert _any(store.get_node(inc_b["node_key"]))["block"] == "c1/block-7"
+    assert _any(store.records.node(inc_b["node_key"]))["block"] == "c1/block-7"
     assert (
         store.decide(b, ReleaseHeld("sweep", force=False), BLOCK_POLICY, T0 + 4).result == "still_held"
     )  # the block counts now
     hand_edit(store, a, lambda d: d.update({"state": State.FENCED}))
     assert store.decide(a, JoinBlock("c1/block-8"), BLOCK_POLICY, T0 + 5).result == "joined"  # moved, fenced
-    assert set(_any(store.budget(engine.block_scope("c1/block-8")))["slots"]) == {a}
+    assert set(_any(store.records.budget(engine.block_scope("c1/block-8")))["slots"]) == {a}
     hand_edit(store, a, lambda d: d.update({"state": State.FAILED}))
     assert store.decide(a, CloseByPerson("ops", True), None, T0 + 6).result == "closed"
     # the window slides past a's claim: b goes on; its held step was never a remediation, so the
@@ -325,12 +337,14 @@ def test_a_node_joins_its_block_budget_before_it_is_fenced(store: IncidentStore)
 
 def test_the_outbox_keeps_what_is_unsent(store: IncidentStore) -> None:
     entry: OutboxEntry = {"id": "page-x", "sent": False, "created_at": T0, "notification": {"kind": "page"}}
-    assert store.outbox_add("page-x", entry)["id"] == "page-x"
-    assert store.outbox_add("page-x", {**entry, "created_at": T0 + 5})["created_at"] == T0  # created once
-    assert [e["id"] for e in store.outbox_unsent(T0 + 1)] == ["page-x"]
-    store.outbox_note_failure("page-x", T0 + 2)
-    store.outbox_mark_sent("page-x", "m-1", T0 + 3, 60.0)
-    assert list(store.outbox_unsent(T0 + 10)) == []
+    assert store.outbox.add("page-x", entry)["id"] == "page-x"
+    assert store.outbox.add("page-x", {**entry, "created_at": T0 + 5})["created_at"] == T0  # created once
+    assert [e["id"] for e in store.outbox.unsent(T0 + 1)] == ["page-x"]
+    assert list(store.outbox.unsent(T0 - 10)) == []  # recorded after that, and not failed: not due yet
+    store.outbox.note_failure("page-x", T0 + 2)
+    assert [e["id"] for e in store.outbox.unsent(T0 - 10)] == ["page-x"]  # a failed publish is due at once
+    store.outbox.mark_sent("page-x", "m-1", T0 + 3, 60.0)
+    assert list(store.outbox.unsent(T0 + 10)) == []
 
 
 def test_one_rule_says_what_a_decision_writes() -> None:
@@ -352,8 +366,64 @@ def test_one_rule_says_what_a_decision_writes() -> None:
 
 def test_the_job_disruption_budget_admits_runs_up_to_its_cap(store: IncidentStore) -> None:
     job = f"job-{uuid.uuid4().hex[:8]}"
-    assert store.claim_job_restart(job, "run-1", T0, 2, 3600)
-    assert store.claim_job_restart(job, "run-1", T0 + 5, 2, 3600)  # the same run again: admitted
-    assert store.claim_job_restart(job, "run-2", T0 + 10, 2, 3600)
-    assert not store.claim_job_restart(job, "run-3", T0 + 20, 2, 3600)  # spent
-    assert store.claim_job_restart(job, "run-3", T0 + 3601, 2, 3600)  # run-1 slid out of the window
+    assert store.records.claim_job_restart(job, "run-1", T0, 2, 3600)
+    assert store.records.claim_job_restart(job, "run-1", T0 + 5, 2, 3600)  # the same run again: admitted
+    assert store.records.claim_job_restart(job, "run-2", T0 + 10, 2, 3600)
+    assert not store.records.claim_job_restart(job, "run-3", T0 + 20, 2, 3600)  # spent
+    assert store.records.claim_job_restart(job, "run-3", T0 + 3601, 2, 3600)  # run-1 slid out of the window
+
+
+def test_incidents_are_queried_by_state_oldest_first(store: IncidentStore) -> None:
+    first = store.apply(_event(XID79, "a3-node-005"), POLICY, T0)
+    held = store.apply(_event(XID79, "a3-node-006"), POLICY, T0 + 1)  # the cluster budget is 1 node
+    assert first.incident is not None and held.result == "held" and held.incident is not None
+    assert [i["id"] for i in store.query()] == [first.incident["id"], held.incident["id"]]
+    assert [i["id"] for i in store.query(InStates(frozenset({State.HELD})))] == [held.incident["id"]]
+    both = frozenset({State.HELD, State.OPEN})
+    assert [i["id"] for i in store.query(InStates(both))] == [first.incident["id"], held.incident["id"]]
+    assert store.query(InStates(frozenset({State.FENCED}))) == []
+
+
+def test_node_documents_are_put_whole_and_merged_into(store: IncidentStore) -> None:
+    """``set_node_fields`` merges (Firestore's ``set(merge=True)``): a node never written holds only
+    the fields; ``put_node`` replaces the document whole."""
+    store.records.set_node_fields("a3-node-900", {"block": "c1/block-1"})
+    assert _any(store.records.node("a3-node-900")) == {"block": "c1/block-1"}
+    node = engine.new_node({"project": "p", "zone": "z", "instance": "a3-node-901", "instance_id": "1"})
+    store.records.put_node("a3-node-901", node)
+    store.records.set_node_fields("a3-node-901", {"block": "c1/block-2"})
+    assert store.records.node("a3-node-901") == {**node, "block": "c1/block-2"}
+    store.records.put_node("a3-node-901", node)
+    assert store.records.node("a3-node-901") == node
+    assert store.records.node("a3-node-902") is None
+
+
+# -- the port itself ---------------------------------------------------------------------------------
+
+
+def _members(port: type) -> set[str]:
+    """A Protocol's public members: its methods and properties, and attributes it only annotates."""
+    return {n for n in {*vars(port), *getattr(port, "__annotations__", {})} if not n.startswith("_")}
+
+
+def test_the_store_port_is_small() -> None:
+    assert _members(IncidentStore) == {
+        "apply", "decide", "get", "query", "steps", "counts", "outbox", "records"
+    }  # fmt: skip
+    assert len(_members(IncidentStore)) <= 8
+
+
+def _structurally(client: firestore.Client) -> tuple[IncidentStore, IncidentStore]:
+    """Both stores as the port: mypy --strict checks that each assignment holds, member by member."""
+    memory: IncidentStore = MemoryStore()
+    on_firestore: IncidentStore = FirestoreStore(client)
+    return memory, on_firestore
+
+
+def test_both_stores_offer_every_member_of_the_port_and_its_sub_ports(firestore_host: str) -> None:
+    """What mypy checks of the assignments above, seen at run time on each store."""
+    for store in _structurally(firestore.Client(project=f"t-{uuid.uuid4().hex[:12]}")):
+        parts = {"counts", "outbox", "records"}
+        assert all(callable(getattr(store, m)) for m in _members(IncidentStore) - parts)
+        for port, part in ((Counts, store.counts), (Outbox, store.outbox), (Records, store.records)):
+            assert _members(port) and all(callable(getattr(part, m)) for m in _members(port)), port

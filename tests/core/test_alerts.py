@@ -380,7 +380,7 @@ def test_a_held_episode_ends_with_its_alert_and_an_earlier_cooldown_stays() -> N
     node_key = f"{PROJECT}.{ZONE}.a3-node-003"
     vm: NodeRef = {"project": PROJECT, "zone": ZONE, "instance": "a3-node-003", "instance_id": "7000000003"}
     earlier: Remediation = {"at": 42.0, "action": "REBOOT_NODE", "incident": "iold", "mode": "enforce"}
-    store.nodes[node_key] = {
+    store.docs.nodes[node_key] = {
         **engine.new_node(vm),
         "last_action_at": {"REBOOT_NODE": 42.0},
         "remediations": [earlier],
@@ -389,7 +389,7 @@ def test_a_held_episode_ends_with_its_alert_and_an_earlier_cooldown_stays() -> N
     assert opened.result == "held" and opened.page is not None
     ended = _feed(store, pol, node_alert("gpu-throttle", "closed", "0.a", T_NOW, T_NOW + 60), T_NOW + 60)
     assert ended.result == "ended" and ended.incident is not None and ended.incident["held"] is None
-    assert store.nodes[node_key]["last_action_at"] == {"REBOOT_NODE": 42.0}  # not its own: kept
+    assert store.docs.nodes[node_key]["last_action_at"] == {"REBOOT_NODE": 42.0}  # not its own: kept
 
 
 def test_a_close_that_overtakes_its_open_is_dropped_and_the_open_starts_an_episode() -> None:

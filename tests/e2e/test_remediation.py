@@ -305,7 +305,7 @@ def test_reset_gpu_for_xid48(world: World) -> None:
     inc = world.wait(out.incident["id"])  # type: ignore[index]
     assert inc["state"] == "RESOLVED" and inc["action"] == "RESET_GPU"
     assert len(world.calls("reset")) == 1
-    node = world.store.get_node(inc["node_key"])
+    node = world.store.records.node(inc["node_key"])
     assert node is not None and node["block"] == "c1/block-1"  # learned from Compute: block budgets apply now
 
 
@@ -336,7 +336,7 @@ def test_fault_worsening_during_remediation_steps_up(world: World) -> None:
 def test_lemon_host_is_reported_faulty(world: World) -> None:
     key = engine.node_key({"project": PROJECT, "zone": ZONE, "instance": "a3-node-002", "instance_id": None})
     now = time.time()
-    world.store.put_node(
+    world.store.records.put_node(
         key,
         {
             **engine.new_node(
@@ -387,9 +387,9 @@ def test_replace_falls_back_to_mig_recreate_when_not_reservation_bound(world: Wo
     assert inc["state"] == "RESOLVED", inc.get("failure")
     assert world.calls("report_host_as_faulty") == []
     assert len(world.calls("recreate")) == 1
-    act = world.store.step_record(inc["id"], "1-act")
-    assert act is not None and act["result"]["method"] == "recreateInstances"
-    assert "reservation-bound" in act["result"]["why_not_report"]
+    act = world.store.steps(inc["id"]).read("1-act")
+    assert act is not None and act.record["result"]["method"] == "recreateInstances"
+    assert "reservation-bound" in act.record["result"]["why_not_report"]
 
 
 def test_maintenance_checkpoints_then_drains_and_performs_maintenance(world: World) -> None:
@@ -400,8 +400,9 @@ def test_maintenance_checkpoints_then_drains_and_performs_maintenance(world: Wor
     assert out.incident is not None and out.incident["action"] == "DRAIN_NODE"
     inc = world.wait(out.incident["id"], timeout=120)
     assert inc["state"] == "RESOLVED", inc.get("failure")
-    ck = world.store.step_record(inc["id"], "1-checkpoint")
-    assert ck is not None and ck["result"]["signalled"] == [job] and ck["result"]["signal"] == "SIGUSR1"
+    got = world.store.steps(inc["id"]).read("1-checkpoint")
+    ck = got.record if got is not None else {}
+    assert ck["result"]["signalled"] == [job] and ck["result"]["signal"] == "SIGUSR1"
     assert len(world.calls("perform_maintenance")) == 1
 
 

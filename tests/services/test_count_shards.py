@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from pitstop.adapters.memory_counts import MemoryCounts
 from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import engine, policy
 from pitstop.core.aggregate import CloseByPerson
@@ -36,7 +37,7 @@ def line(n: int, ts: float) -> FaultEvent:
 
 
 def counted(store: MemoryStore) -> int:
-    return sum(i["counts"]["events"] for i in store.list())
+    return sum(i["counts"]["events"] for i in store.query())
 
 
 class Flaky(MemoryStore):
@@ -47,19 +48,29 @@ class Flaky(MemoryStore):
         self.fail_apply = False
         self.hold_shard: str | None = None  # a shard whose next write waits for ``go_on``, then fails
         self.inside, self.go_on = threading.Event(), threading.Event()
+        self.counts = FlakyShards(self)
 
     def apply(self, ev: Any, pol: policy.Policy, now: float, countable: Any = None) -> engine.Outcome:
         if self.fail_apply:
             raise TimeoutError("store unavailable")
         return super().apply(ev, pol, now, countable)
 
-    def put_count_shards(self, pages: Any) -> None:
-        if any(self.hold_shard in shards for shards in pages.values()):
-            self.hold_shard = None
-            self.inside.set()
-            assert self.go_on.wait(30)
+
+class FlakyShards(MemoryCounts):
+    """The flaky store's counts: a held shard's write waits, then fails."""
+
+    def __init__(self, store: Flaky) -> None:
+        super().__init__(store.docs)
+        self.store = store
+
+    def put_shards(self, pages: Any) -> None:
+        st = self.store
+        if any(st.hold_shard in shards for shards in pages.values()):
+            st.hold_shard = None
+            st.inside.set()
+            assert st.go_on.wait(30)
             raise TimeoutError("shard write lost")
-        super().put_count_shards(pages)
+        super().put_shards(pages)
 
 
 def storm_start(store: MemoryStore, lines: int) -> tuple[Coalescer, str]:
@@ -68,7 +79,7 @@ def storm_start(store: MemoryStore, lines: int) -> tuple[Coalescer, str]:
     coal.timer = False
     for n in range(DIRECT_LINES + lines):
         coal.handle(line(n, T0), T0)
-    (inc,) = store.list()
+    (inc,) = store.query()
     return coal, inc["id"]
 
 
@@ -88,7 +99,7 @@ def test_a_replay_that_failed_takes_its_line_out_of_the_old_shard_once() -> None
     assert counted(store) == DIRECT_LINES + 10 - 1  # the replayed line is out of the old shard, not in yet
     store.fail_apply = False
     coal.flush_due(T0 + 3 + VERIFY_S)  # the safety net checks it again: replayed
-    incidents = store.list()
+    incidents = store.query()
     assert len(incidents) == 2 and counted(store) == DIRECT_LINES + 10
 
 
@@ -112,7 +123,7 @@ def test_a_failed_write_of_an_old_incidents_shard_is_written_after_the_new_ones(
     first.join(30)
     second.join(30)
     coal.flush_all(later + 1)  # what failed is written now
-    assert len(store.list()) == 2 and counted(store) == 2 * (DIRECT_LINES + 5)
+    assert len(store.query()) == 2 and counted(store) == 2 * (DIRECT_LINES + 5)
 
 
 class SlowRead(MemoryStore):
@@ -124,17 +135,27 @@ class SlowRead(MemoryStore):
         self.hold = False
         self.inside, self.go_on = threading.Event(), threading.Event()
         self.after_node_read: Callable[[], object] | None = None
+        self.counts = SlowReads(self)
 
-    def incident_as_decided(self, iid: str) -> Any:
-        if self.hold:
-            self.hold = False
-            self.inside.set()
-            assert self.go_on.wait(30)
-        return super().incident_as_decided(iid)
 
-    def latest_incident(self, nkey: str) -> Any:
-        out = super().latest_incident(nkey)
-        then, self.after_node_read = self.after_node_read, None
+class SlowReads(MemoryCounts):
+    """The slow store's reads (decisions read incidents through them too)."""
+
+    def __init__(self, store: SlowRead) -> None:
+        super().__init__(store.docs)
+        self.store = store
+
+    def as_decided(self, iid: str) -> Any:
+        st = self.store
+        if st.hold:
+            st.hold = False
+            st.inside.set()
+            assert st.go_on.wait(30)
+        return super().as_decided(iid)
+
+    def latest(self, nkey: str) -> Any:
+        out = super().latest(nkey)
+        then, self.store.after_node_read = self.store.after_node_read, None
         if then is not None:
             then()
         return out
@@ -184,8 +205,8 @@ def test_an_instance_that_lost_the_race_to_open_an_incident_counts_its_line_in_m
     store.after_node_read = lambda: opened.append(a.handle(line(0, T0), T0))  # a opens it meanwhile
     out = b.handle(line(1, T0), T0)  # b read no incident
     assert [o.result for o in opened] == ["opened"]
-    writes = store.writes
-    assert out.result == "absorbed" and out.coalesced and store.writes == writes
+    writes = store.tally.writes
+    assert out.result == "absorbed" and out.coalesced and store.tally.writes == writes
     b.flush_all(T0)
     assert counted(store) == 2
 
@@ -224,5 +245,6 @@ def test_jitter_leaves_the_shared_random_sequence_alone(monkeypatch: pytest.Monk
             raise err
         return "done"
 
-    assert store._serialised("n", False, once) == "done" and store.retries == 1  # it drew a backoff
+    assert store._turns.serialised("n", False, once) == "done"
+    assert store.tally.retries == 1  # it drew a backoff
     assert shared == []

@@ -171,7 +171,7 @@ def test_the_coalescer_never_buffers_what_ends_or_records_an_episode() -> None:
     assert out.result == "recovered" and out.incident is not None and out.incident["state"] == "RESOLVED"
     first = c.handle(ev(SXID_NONFATAL, node="a3-node-002"), T0 + 10)
     assert first.result == "opened" and first.incident is not None and first.incident["action"] == "NONE"
-    assert len(store.nodes[first.incident["node_key"]]["strikes"]) == 1
+    assert len(store.docs.nodes[first.incident["node_key"]]["strikes"]) == 1
 
 
 def test_an_undecodable_line_is_logged_against_the_node_its_envelope_names(capsys: Any) -> None:

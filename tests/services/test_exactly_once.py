@@ -145,7 +145,7 @@ class FlakyStore(IncidentStore):
         self.fail_release = 0  # failures of the write that releases a claim
 
     def steps(self, iid: str) -> FirestoreStepStore:
-        return FlakySteps(self.incidents.document(iid).collection("steps"), self)
+        return FlakySteps(self.collections.incidents.document(iid).collection("steps"), self)
 
 
 class Rig:
@@ -362,10 +362,10 @@ def test_two_incidents_that_see_the_same_run_requeue_it_once(rig: Rig) -> None:
     finally:
         rig.gang.requeue = requeue  # type: ignore[method-assign]
     assert body["requeued"] == [] and "already requeued for another incident" in body["skipped"][0]["why"]
-    assert rig.store.mark_job_requeue("k-run-1", first, 0.0) is True
-    assert rig.store.mark_job_requeue("k-run-1", first, 9e9) is True  # its own retry, at any time
-    assert rig.store.mark_job_requeue("k-run-1", second, 9e9) is False  # no clock lets another in
-    assert rig.store.mark_job_requeue("k-run-2", second, 0.0) is True  # a later run of the job
+    assert rig.store.records.mark_job_requeue("k-run-1", first, 0.0) is True
+    assert rig.store.records.mark_job_requeue("k-run-1", first, 9e9) is True  # its own retry, at any time
+    assert rig.store.records.mark_job_requeue("k-run-1", second, 9e9) is False  # no clock lets another in
+    assert rig.store.records.mark_job_requeue("k-run-2", second, 0.0) is True  # a later run of the job
 
 
 def test_escalation_is_decided_before_unfence_and_hands_the_jobs_over(rig: Rig) -> None:

@@ -146,7 +146,7 @@ def test_sigterm_merges_counts_buffered_by_handlers_in_worker_threads(
     store = IncidentStore(firestore.Client(project="fn-entry-test", database="pitstop"))
 
     def counted() -> int:  # each incident with its count shards summed
-        docs = [cast(Any, d) for d in store.list()]
+        docs = [cast(Any, d) for d in store.query()]
         return sum(d["counts"]["events"] for d in docs if d["node"]["instance"] == "a3-node-043")
 
     assert counted() < lines  # a storm's counts wait in memory

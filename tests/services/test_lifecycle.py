@@ -107,7 +107,7 @@ def test_watchdog_fails_an_incident_whose_execution_ended_without_closing_it(
     (page,) = topic.pages()
     assert page["severity"] == "critical" and page["incident"]["id"] == iid
     assert page["incident"]["state"] == "FAILED" and "stays fenced" in page["summary"]
-    budget = ing.store.budget("cluster-train")
+    budget = ing.store.records.budget("cluster-train")
     assert budget is not None and budget["slots"][iid]["active"] is True  # fenced: counts until closed
     assert Sweep(ing).run()["failed"] == 0  # once
     assert len(topic.pages()) == 1
@@ -317,15 +317,16 @@ def test_incidents_cli_close(fs_client: firestore.Client, firestore_host: str, t
 def _counting(store: Any) -> dict[str, int]:
     """Count every call the ingest side makes to the store (each is at least one Firestore operation)."""
     calls: dict[str, int] = {}
-    names = ("apply", "latest_incident", "incident_as_decided", "resolved_since", "put_count_shards")
-    for name in (*names, "decide", "get"):
-        real = getattr(store, name)
+    counts = ("latest", "as_decided", "resolved_since", "put_shards")
+    for part, names in ((store, ("apply", "decide", "get", "query")), (store.counts, counts)):
+        for name in names:
+            real = getattr(part, name)
 
-        def counted(*a: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
-            calls[_name] = calls.get(_name, 0) + 1
-            return _real(*a, **kw)
+            def counted(*a: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+                calls[_name] = calls.get(_name, 0) + 1
+                return _real(*a, **kw)
 
-        setattr(store, name, counted)
+            setattr(part, name, counted)
     return calls
 
 
@@ -409,7 +410,7 @@ def test_the_coalescer_keeps_bounded_maps_and_loses_no_count(fs_client: firestor
         assert c.stats()["nodes"] <= 4 and c.stats()["seen"] <= 40
         assert len(c._seen_order) == len(c._seen)  # the order and the set forget the same keys
     c.flush_all(clock.t)
-    incidents = ing.store.list()  # with the count shards summed
+    incidents = ing.store.query()  # with the count shards summed
     assert len(incidents) == len(nodes)
     assert sum(i["counts"]["events"] for i in incidents) == per_node * len(nodes)
 

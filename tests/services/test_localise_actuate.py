@@ -114,7 +114,7 @@ def test_the_culprit_gets_one_node_incident_and_the_hang_hands_the_restart_to_it
     done = checking.ok(Op.CONCLUDE, iid)
     assert done["outcome"] == "culprits" and done["culprits"] == [BAD]
     assert checking.ok(Op.CONCLUDE, iid)["replayed"] is True
-    node_incidents: list[Any] = [i for i in checking.store.list() if i["kind"] == "localised"]
+    node_incidents: list[Any] = [i for i in checking.store.query() if i["kind"] == "localised"]
     assert len(node_incidents) == 1 and node_incidents[0]["node"]["instance"] == BAD
     assert node_incidents[0]["id"] == done["incidents"][BAD] and node_incidents[0]["action"] == "REBOOT_NODE"
     assert node_incidents[0]["node"]["instance_id"] == str(
@@ -163,7 +163,7 @@ def test_a_heartbeat_that_stopped_because_the_job_is_not_running_restarts_and_pa
     hang = checking.store.get(iid)
     assert hang is not None and hang["state"] == State.RESOLVED
     assert f"is {state}" in hang["localisation"]["page"]
-    assert [i for i in checking.store.list() if i["kind"] == "localised"] == []
+    assert [i for i in checking.store.query() if i["kind"] == "localised"] == []
 
 
 class StoppingGang(TypedGang):

@@ -199,7 +199,7 @@ def test_publish_pending_waits_out_the_grace_and_sends_each_entry_once(fs_client
     note = cast(Notice, {"id": "incident-i1-abc", "kind": "incident", "severity": "info", "summary": "done"})
 
     entry = outbox_entry(note, clock.t)  # as a decision's commit records it (core/store.commit_of)
-    assert store.outbox_add(entry["id"], entry)["id"] == "incident-i1-abc"
+    assert store.outbox.add(entry["id"], entry)["id"] == "incident-i1-abc"
     clock.t += 5
     assert outbox.publish_pending(clock.t) == 0
     clock.t += 6
@@ -224,7 +224,7 @@ def test_a_notification_published_twice_is_posted_once(
     def lost(*args: Any) -> None:
         raise gexc.ServiceUnavailable("firestore unavailable")  # type: ignore[no-untyped-call]
 
-    monkeypatch.setattr(store, "outbox_mark_sent", lost)
+    monkeypatch.setattr(store.outbox, "mark_sent", lost)
     note = cast(
         Notice, {"id": "incident-i2-def", "kind": "incident", "severity": "warning", "summary": "rebooted"}
     )

@@ -433,7 +433,7 @@ def test_a_node_counts_against_its_block_from_the_claim_and_a_full_block_holds_b
     rig.ok(Op.FENCE, first)
     body, status = rig.call(Op.FENCE, second)
     assert status == 409 and "incident is HELD" in body["error"] and rig.gang.fenced == [NODE]
-    assert set(cast(Any, rig.store.budget(block) or {})["slots"]) == {first}
+    assert set(cast(Any, rig.store.records.budget(block) or {})["slots"]) == {first}
 
 
 def test_a_notification_carries_what_its_caller_adds_and_may_take_another_id() -> None:

@@ -17,6 +17,7 @@ from google.cloud.pubsub_v1 import SubscriberClient
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.firestore import IncidentStore
 from pitstop.adapters.pubsub import Notifier
+from pitstop.adapters.store_tally import Tally
 from pitstop.adapters.workflows import WorkflowStarter
 from pitstop.core import engine, policy
 from pitstop.core.aggregate import CloseByPerson, LeaseStart
@@ -57,6 +58,12 @@ def entry(line: str, node: str, n: int, ts: str = "2027-01-15T08:00:00Z") -> dic
     e = ops_agent_entry(line, instance=node, insert_id=f"{node}-{n}")
     e["timestamp"] = ts
     return e
+
+
+def tally(ing: Ingest) -> Tally:
+    """The bench counters of an ingest's Firestore store (not the port's: the concrete store's)."""
+    assert isinstance(ing.store, IncidentStore)
+    return ing.store.tally
 
 
 def make_ingest(
@@ -104,7 +111,7 @@ def test_concurrent_deliveries_make_one_incident_and_one_start(
         results = list(pool.map(deliver, range(50)))
     for one in instances:  # an incident's first lines are committed one by one, the rest merged
         one.coalescer.flush_all(clock.t)
-    incidents = instances[0].store.list()  # with the count shards summed
+    incidents = instances[0].store.query()  # with the count shards summed
     assert len(incidents) == 1, results
     assert svc.created == 1
     if cast(Any, incidents[0])["workflow"]["state"] == "pending":
@@ -112,7 +119,7 @@ def test_concurrent_deliveries_make_one_incident_and_one_start(
         # duplicate): the minute sweep finds the execution by its labels once the lease expires
         clock.t += 61
         assert Sweep(instances[0]).run()["restarted"] == 1
-        incidents = instances[0].store.list()
+        incidents = instances[0].store.query()
     assert svc.created == 1
     inc = incidents[0]
     assert inc["action"] == "REBOOT_NODE"
@@ -171,7 +178,7 @@ def test_step_up_from_actuate_starts_once_like_ingest(
     inc: Any = ing.store.get(iid)
     assert inc is not None and inc["state"] == "OPEN" and inc["action"] == "REBOOT_NODE"
     assert inc["workflow"]["state"] == "started" and inc["workflow"]["step"] == 2
-    node = ing.store.get_node(inc["node_key"])
+    node = ing.store.records.node(inc["node_key"])
     assert node is not None and [r["action"] for r in node["remediations"]] == ["RESET_GPU", "REBOOT_NODE"]
     # a retried close replays its record, and nothing is left for the sweep to start
     again, _ = act.handle({"op": "close", "incident": iid, "step": 1})
@@ -214,9 +221,9 @@ def test_step_up_from_actuate_past_a_budget_is_held_and_pages(
     inc = ing.store.get(iid)
     assert inc is not None
     # acting on the node taught Pitstop its reservation block, whose only slot another node took since
-    ing.store.set_node_fields(inc["node_key"], {"block": "c1/block-9"})
+    ing.store.records.set_node_fields(inc["node_key"], {"block": "c1/block-9"})
     other: NodeRef = {"project": PROJECT, "zone": ZONE, "instance": "a3-node-053", "instance_id": None}
-    ing.store.put_node(engine.node_key(other), {**engine.new_node(other), "block": "c1/block-9"})
+    ing.store.records.put_node(engine.node_key(other), {**engine.new_node(other), "block": "c1/block-9"})
     assert ing.handle_payload(entry(XID79, "a3-node-053", 1)).result == "opened"
     assert svc.created == 2
     act = make_actuator(ing, pol, clock, notifier=Notifier(project, topic))
@@ -253,7 +260,7 @@ def test_two_nodes_race_for_the_last_budget_slot(fs_client: firestore.Client) ->
     with ThreadPoolExecutor(2) as pool:
         outs = list(pool.map(go, evs))
     assert sorted(o.result for o in outs) == ["held", "opened"]
-    budget = store.budget("cluster-train")
+    budget = store.records.budget("cluster-train")
     assert budget is not None and len(budget["slots"]) == 1
     winner = next(o for o in outs if o.result == "opened")
     assert winner.incident is not None and list(budget["slots"]) == [winner.incident["id"]]
@@ -348,10 +355,10 @@ def test_storm_coalesces_to_few_writes(fs_client: firestore.Client) -> None:
             ing.handle_payload(entry(line, node, n, ts=f"2027-01-15T08:00:{second:02d}Z"))
             n += 1
     ing.coalescer.flush_all(clock.t)
-    incidents = ing.store.list()
+    incidents = ing.store.query()
     assert len(incidents) == 8
     assert sum(i["counts"]["events"] for i in incidents) == n
-    assert ing.store.writes / n < 0.2, ing.store.writes
+    assert tally(ing).writes / n < 0.2, tally(ing).writes
 
 
 def test_a_buffer_keeps_only_the_evidence_its_incident_has_room_for(fs_client: firestore.Client) -> None:
@@ -508,11 +515,11 @@ def test_ten_instances_counting_into_one_incident_write_once_per_interval_and_re
             for n in range(20):  # more lines, counted in memory
                 line = entry(XID94, "a3-node-060", 1000 * (i + 1) + 20 * interval + n)
                 assert ing.handle_payload(line).coalesced
-    (inc,) = first.store.list()
+    (inc,) = first.store.query()
     assert inc["counts"]["events"] == DIRECT_LINES + 10 * 80 - 10 * 20  # the last interval still buffered
     for ing, _ in instances:
         ing.coalescer.flush_all(clock.t)
-    (inc,) = first.store.list()
+    (inc,) = first.store.query()
     assert inc["counts"]["events"] == inc["counts"]["xid_94"] == DIRECT_LINES + 10 * 80
     assert sum(ops.writes for _, ops in instances) == 10 * 4  # one write per instance and interval
     pages = fs_client.collection("pitstop_counts")
@@ -534,7 +541,7 @@ def test_lines_written_into_an_incident_resolved_meanwhile_are_replayed_once(
     first = make_ingest(fs_client, None, pol, clock)
     for n in range(DIRECT_LINES):
         first.handle_payload(entry(XID94, "a3-node-061", n))
-    (old,) = first.store.list()
+    (old,) = first.store.query()
     instances = [_counted_ingest(fs_client, pol, clock) for _ in range(10)]
     for i, (ing, _) in enumerate(instances):
         ing.coalescer.flush_due(clock.t)  # each watches the feed
@@ -550,12 +557,12 @@ def test_lines_written_into_an_incident_resolved_meanwhile_are_replayed_once(
     for ing, _ in instances:
         ing.coalescer.flush_due(clock.t)
         ing.coalescer.flush_all(clock.t)
-    incidents = {i["id"]: i for i in first.store.list()}
+    incidents = {i["id"]: i for i in first.store.query()}
     assert len(incidents) == 2  # the old one and the one the replays opened, once
     (new,) = [i for i in incidents.values() if i["id"] != old["id"]]
     assert new["state"] != "RESOLVED" and new["counts"]["events"] == 10  # one replayed line per instance
     assert incidents[old["id"]]["counts"]["events"] == DIRECT_LINES + 10 * 10 - 10
-    assert first.store.latest_incident(new["node_key"]) is not None
+    assert first.store.counts.latest(new["node_key"]) is not None
 
 
 def test_an_incidents_first_lines_are_committed_once_not_once_per_instance(
@@ -572,9 +579,9 @@ def test_an_incidents_first_lines_are_committed_once_not_once_per_instance(
     results = [a.handle_payload(entry(XID94, "a3-node-062", n)).result for n in range(DIRECT_LINES)]
     assert results == ["opened", *["absorbed"] * (DIRECT_LINES - 1)]
     assert b.handle_payload(entry(XID94, "a3-node-062", 100)).coalesced
-    assert b.store.writes == 0  # it read the incident, and wrote nothing
+    assert tally(b).writes == 0  # it read the incident, and wrote nothing
     b.coalescer.flush_all(clock.t)
-    (inc,) = a.store.list()
+    (inc,) = a.store.query()
     assert inc["counts"]["events"] == DIRECT_LINES + 1
 
 
@@ -592,13 +599,13 @@ def test_in_a_storm_the_opener_counts_its_incidents_first_lines_in_memory(
     a.coalescer.timer = False
     a.coalescer.crowd.arrivals.value = DIRECT_LINES  # others in flight here: a storm
     assert a.handle_payload(entry(XID94, "a3-node-065", 0)).result == "opened"
-    writes = a.store.writes
+    writes = tally(a).writes
     results = [a.handle_payload(entry(XID94, "a3-node-065", n)) for n in range(1, DIRECT_LINES)]
     assert all(out.coalesced for out in results)
-    assert a.store.writes == writes  # no commit
+    assert tally(a).writes == writes  # no commit
     a.coalescer.crowd.arrivals.value = 0
     a.coalescer.flush_all(clock.t)
-    (inc,) = a.store.list()
+    (inc,) = a.store.query()
     assert inc["counts"]["events"] == DIRECT_LINES
 
 
@@ -625,10 +632,10 @@ def test_a_raise_another_instance_made_meanwhile_costs_a_read_not_a_refused_comm
     b.coalescer.crowd.inflight.value = 1  # another delivery in flight at b: a storm
     out = b.handle_payload(entry(XID79, "a3-node-063", 102))
     assert out.coalesced and out.incident is not None and out.incident["action"] == "REBOOT_NODE"
-    assert cast(IncidentStore, b.store).commits == {}  # no decision committed, none refused
+    assert tally(b).commits == {}  # no decision committed, none refused
     b.coalescer.crowd.inflight.value = 0
     b.coalescer.flush_all(clock.t)
-    (inc,) = a.store.list()
+    (inc,) = a.store.query()
     assert inc["counts"]["events"] == DIRECT_LINES + 3
 
 
@@ -645,16 +652,16 @@ def test_a_decision_that_waited_its_turn_reads_its_incident_again(fs_client: fir
     opened = other.apply(first, pol, T0)
     assert opened.result == "opened"
     nkey = engine.subject_key(first)
-    assert _any_action(mine.latest_incident(nkey)) == "RESTART_JOB"  # in mine's cache now
+    assert _any_action(mine.counts.latest(nkey)) == "RESTART_JOB"  # in mine's cache now
     asked = time.monotonic()  # mine's decision asks for its turn, having read the incident just before
     stronger: FaultEvent = {**clf.classify(entry(XID79, "a3-node-064", 2)), "_observed_ts": T0}
     assert other.apply(stronger, pol, T0).result == "raised"
     time.sleep(2 * QUEUED_S)  # its turn comes late: its cached incident is older than its wait
     again: FaultEvent = {**clf.classify(entry(XID79, "a3-node-064", 3)), "_observed_ts": T0}
     raised = lambda inc: inc is not None and inc["action"] == "REBOOT_NODE"  # noqa: E731
-    out = mine._apply(again, pol, T0, nkey, raised, asked)
+    out = mine._apply(again, pol, T0, raised, asked)
     assert out.coalesced and out.incident is not None and out.incident["action"] == "REBOOT_NODE"
-    assert (mine.commits, mine.writes) == ({}, 0)
+    assert (mine.tally.commits, mine.tally.writes) == ({}, 0)
 
 
 def _any_action(inc: Any) -> Any:
@@ -677,7 +684,7 @@ def test_a_verified_line_is_committed_at_once_where_the_incident_holds_only_unve
     for n in range(6):
         line = syslog_entry(XID94, instance="a3-node-063", insert_id=f"s-{n}")
         a.handle_payload({**line, "timestamp": "2027-01-15T08:00:00Z"})
-    (inc,) = a.store.list()
+    (inc,) = a.store.query()
     assert inc["trust"] == trust.UNVERIFIED and inc["action"] == "RESTART_JOB"
     assert inc["counts"]["events"] < 6  # the lines past its first were counted in memory
     out = b.handle_payload(entry(XID94, "a3-node-063", 1))
@@ -711,7 +718,7 @@ def test_instances_claim_no_more_than_the_budget_allows(
     with ThreadPoolExecutor(12) as pool:
         results = list(pool.map(go, range(12)))
     assert sorted(results) == ["held"] * 9 + ["opened"] * 3
-    budget = stores[0].budget("cluster-train")
+    budget = stores[0].records.budget("cluster-train")
     assert budget is not None and len(budget["slots"]) == 3
 
 
@@ -723,7 +730,7 @@ def test_a_budget_claimed_between_a_decisions_read_and_its_commit_makes_it_decid
     holding one slot) and before it commits: the commit is refused (the budget is not as read)
     and the decision runs again on the budget as it now stands (held), instead of writing over
     the other's claim: two slots, not three."""
-    from pitstop.adapters import firestore as fs_adapter
+    from pitstop.adapters import firestore_commit
     from pitstop.core.classify import Classifier
 
     pol = make_policy(
@@ -738,7 +745,7 @@ def test_a_budget_claimed_between_a_decisions_read_and_its_commit_makes_it_decid
     cut_in = ["a3-node-071", "a3-node-072"]
     if before == "one slot taken":
         assert other.apply(fault(cut_in.pop(0)), pol, T0).result == "opened"
-    plain_read, armed = fs_adapter._LazyBudgets.__getitem__, [True]
+    plain_read, armed = firestore_commit.LazyBudgets.__getitem__, [True]
 
     def read_then_cut_in(self: Any, key: str) -> Budget | None:
         doc = plain_read(self, key)
@@ -747,12 +754,12 @@ def test_a_budget_claimed_between_a_decisions_read_and_its_commit_makes_it_decid
                 assert other.apply(fault(node), pol, T0).result == "opened"
         return doc
 
-    monkeypatch.setattr(fs_adapter._LazyBudgets, "__getitem__", read_then_cut_in)
+    monkeypatch.setattr(firestore_commit.LazyBudgets, "__getitem__", read_then_cut_in)
     assert mine.apply(fault("a3-node-074"), pol, T0).result == "held"
-    assert mine.retries >= 1
-    budget = mine.budget("cluster-train")
+    assert mine.tally.retries >= 1
+    budget = mine.records.budget("cluster-train")
     assert budget is not None and sorted(budget["slots"]) == sorted(
-        i["id"] for i in mine.list() if i["state"] != "HELD"
+        i["id"] for i in mine.query() if i["state"] != "HELD"
     )
     assert len(budget["slots"]) == 2
 
@@ -763,7 +770,7 @@ def test_a_node_opened_by_another_instance_between_a_decisions_read_and_its_comm
     """Two instances open the same node's incident at once: the one whose commit comes second
     finds the node no longer as it read it (absent), decides again and absorbs its line into the
     other's incident: one incident, both lines counted, one slot claimed."""
-    from pitstop.adapters import firestore as fs_adapter
+    from pitstop.adapters import firestore_commit
     from pitstop.core.classify import Classifier
 
     pol = make_policy(clusters=[{**CLUSTER, "size": 12}])
@@ -772,7 +779,7 @@ def test_a_node_opened_by_another_instance_between_a_decisions_read_and_its_comm
     lines: list[FaultEvent] = [
         {**clf.classify(entry(XID79, "a3-node-075", n)), "_observed_ts": T0} for n in (1, 2)
     ]
-    plain_read, armed = fs_adapter._LazyBudgets.__getitem__, [True]
+    plain_read, armed = firestore_commit.LazyBudgets.__getitem__, [True]
 
     def read_then_cut_in(self: Any, key: str) -> Budget | None:
         doc = plain_read(self, key)
@@ -780,12 +787,12 @@ def test_a_node_opened_by_another_instance_between_a_decisions_read_and_its_comm
             assert other.apply(lines[1], pol, T0).result == "opened"
         return doc
 
-    monkeypatch.setattr(fs_adapter._LazyBudgets, "__getitem__", read_then_cut_in)
+    monkeypatch.setattr(firestore_commit.LazyBudgets, "__getitem__", read_then_cut_in)
     assert mine.apply(lines[0], pol, T0).result == "absorbed"
-    assert mine.retries >= 1
-    (inc,) = mine.list()
+    assert mine.tally.retries >= 1
+    (inc,) = mine.query()
     assert inc["counts"]["events"] == 2
-    budget = mine.budget("cluster-train")
+    budget = mine.records.budget("cluster-train")
     assert budget is not None and list(budget["slots"]) == [inc["id"]]
 
 
@@ -793,23 +800,26 @@ def test_a_shutdown_flush_waits_for_the_timers_write_and_takes_what_came_after()
     """The timer writes every due node's counts in one page write; lines counted while that write
     is under way are buffered when SIGTERM's flush_all runs, which writes them itself and returns
     only once the timer's write has finished (nothing left to a thread that dies with the instance)."""
+    from pitstop.adapters.memory_counts import MemoryCounts
+    from pitstop.adapters.memory_records import MemoryDocs
     from pitstop.adapters.memory_store import MemoryStore
     from pitstop.core.classify import Classifier
     from pitstop.services.coalesce import DIRECT_LINES, Coalescer
 
-    class SlowFirstMerge(MemoryStore):
-        def __init__(self) -> None:
-            super().__init__()
+    class SlowFirstMerge(MemoryCounts):
+        def __init__(self, docs: MemoryDocs) -> None:
+            super().__init__(docs)
             self.entered, self.go_on, self.calls = threading.Event(), threading.Event(), 0
 
-        def put_count_shards(self, *args: Any, **kwargs: Any) -> None:
+        def put_shards(self, *args: Any, **kwargs: Any) -> None:
             self.calls += 1
             if self.calls == 1:
                 self.entered.set()
                 assert self.go_on.wait(30)
-            super().put_count_shards(*args, **kwargs)
+            super().put_shards(*args, **kwargs)
 
-    pol, store, clf = make_policy(), SlowFirstMerge(), Classifier.default()
+    pol, store, clf = make_policy(), MemoryStore(), Classifier.default()
+    slow = store.counts = SlowFirstMerge(store.docs)
     coal = Coalescer(store, pol, clock=lambda: T0)
     coal.timer = False
     nodes = [f"a3-node-{i:03d}" for i in range(80, 83)]
@@ -821,7 +831,7 @@ def test_a_shutdown_flush_waits_for_the_timers_write_and_takes_what_came_after()
     later = T0 + 60
     timer = threading.Thread(target=coal.flush_due, args=(later,))
     timer.start()
-    assert store.entered.wait(30)  # the timer is inside its write, of all three nodes' counts
+    assert slow.entered.wait(30)  # the timer is inside its write, of all three nodes' counts
     assert coal.stats()["buffered_nodes"] == 0
     for n in range(100, 102):  # counted meanwhile
         coal.handle({**clf.classify(entry(XID94, nodes[0], n)), "_observed_ts": later}, later)
@@ -831,12 +841,12 @@ def test_a_shutdown_flush_waits_for_the_timers_write_and_takes_what_came_after()
     flushed.start()
     while coal.stats()["buffered_nodes"]:  # flush_all takes the node counted meanwhile
         time.sleep(0.01)
-    store.go_on.set()
+    slow.go_on.set()
     timer.join(30)
     flushed.join(30)
     assert merged_by_flush == [1]
-    total = sum(i["counts"]["events"] for i in store.list())
-    assert total == 3 * (DIRECT_LINES + 3) + 2 and store.calls == 2  # one write per flush, not per node
+    total = sum(i["counts"]["events"] for i in store.query())
+    assert total == 3 * (DIRECT_LINES + 3) + 2 and slow.calls == 2  # one write per flush, not per node
 
 
 def test_counts_buffered_at_exit_are_merged_by_the_exit_hook() -> None:
@@ -867,7 +877,7 @@ for n in range(12):
 
 def at_exit():
     coal.flush_all(1.8e9 + 60)
-    print(sum(i["counts"]["events"] for i in store.list()), flush=True)
+    print(sum(i["counts"]["events"] for i in store.query()), flush=True)
 
 atexit.register(at_exit)
 """.replace("XID_LINE", repr(XID94))

@@ -95,7 +95,7 @@ def test_holds_in_a_row_read_the_budget_once(fs_client: firestore.Client) -> Non
 
         reads.append(_delta(ops, hold).get("read:pitstop_budgets", 0))
     assert reads == [0, 0, 0]  # the opener's claim wrote it, and this instance remembers it
-    held = [i for i in store.list() if i["state"] == "HELD"]
+    held = [i for i in store.query() if i["state"] == "HELD"]
     assert len(held) == 3
 
 
@@ -108,13 +108,13 @@ def test_a_refused_open_counted_after_all_reads_no_delivery_record(fs_client: fi
     other = IncidentStore(fs_client, "pitstop")
     pol = make_policy()
     nkey = engine.subject_key(_event(XID94, "a3-node-108", 0))
-    assert mine.latest_incident(nkey) is None  # mine has read the node: no incident
+    assert mine.counts.latest(nkey) is None  # mine has read the node: no incident
     for n in range(1, 6):  # the other opens it, and commits its first lines
         other.apply(_event(XID94, "a3-node-108", n), pol, T0)
     outs: list[engine.Outcome] = []
     line = _event(XID94, "a3-node-108", 9)
     spent = _delta(ops, lambda: outs.append(mine.apply(line, pol, T0, lambda i: i is not None)))
-    assert outs[0].coalesced and mine.refused == 1 and "read:pitstop_dedup" not in spent
+    assert outs[0].coalesced and mine.tally.refused == 1 and "read:pitstop_dedup" not in spent
     coal = Coalescer(mine, pol, clock=lambda: T0)
     coal.timer = False
     st, _ = coal._admit(nkey, T0)
@@ -133,7 +133,7 @@ def test_a_decision_that_waited_finds_a_new_incident_another_instance_opened(
     pol = make_policy()
     line = _event(XID94, "a3-node-109", 1)
     nkey = engine.subject_key(line)
-    assert mine.latest_incident(nkey) is None
+    assert mine.counts.latest(nkey) is None
     asked = time.monotonic()
     opened = threading.Thread(target=lambda: other.apply(_event(XID94, "a3-node-109", 2), pol, T0))
     opened.start()
@@ -149,9 +149,7 @@ def test_a_decision_that_waited_finds_a_new_incident_another_instance_opened(
 
     mine.db.get_all = slow
     outs: list[engine.Outcome] = []
-    spent = _delta(
-        ops, lambda: outs.append(mine._apply(line, pol, T0, nkey, lambda inc: inc is not None, asked))
-    )
+    spent = _delta(ops, lambda: outs.append(mine._apply(line, pol, T0, lambda inc: inc is not None, asked)))
     assert spent == {"read:pitstop_nodes": 1, "read:pitstop_incidents": 1}  # the lookup's, used as read
     assert outs[0].result == "absorbed" and outs[0].coalesced
 
@@ -171,7 +169,7 @@ def test_a_decision_leaves_the_counts_buffered_before_it_in_memory(fs_client: fi
     assert raised[0].result == "raised"
     assert "write:pitstop_counts" not in spent and "read:pitstop_incidents" not in spent
     coal.flush_all(T0)
-    (inc,) = store.list()
+    (inc,) = store.query()
     assert inc["counts"]["events"] == DIRECT_LINES + 5 + 1
 
 
@@ -217,7 +215,7 @@ def test_a_budget_a_decision_wrote_is_what_the_next_decision_reads(fs_client: fi
     held = _delta(ops, lambda: store.apply(_event(XID79, "a3-node-113", 1), pol, T0))
     assert "read:pitstop_budgets" not in held  # as the claim wrote it
     assert store.decide(iid, CloseByPerson("ops", unfence=False), None, T0).result == "closed"
-    ref = store.budgets.document("cluster-train")  # CLUSTER's
+    ref = store.collections.budgets.document("cluster-train")  # CLUSTER's
     stored = ref.get().to_dict()
     assert stored is not None and stored["slots"][iid]["active"] is False
     cached = store.snaps.get(ref.path, 60.0)

@@ -418,7 +418,7 @@ def test_from_the_incident_store(
     opened = store.apply(ev, policy.from_doc(None), now)
     assert opened.result == "opened" and opened.incident is not None
     old = doc("iold", "a3-node-099", now - 30 * DAY, {"classified": 1.0})
-    store.incidents.document("iold").set(old)
+    store.collections.incidents.document("iold").set(old)
     out = tmp_path / "store.html"
     assert cli.main(["report", "--out", str(out), "--since", "7d", "--project", fs_client.project]) == 0
     assert "wrote" in capsys.readouterr().out

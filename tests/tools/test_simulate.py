@@ -139,7 +139,7 @@ def test_the_engine_ladder_and_lemon_rules_replace_a_host_the_catalog_would_only
     row, strategy = _pitstop_run(scn)
     assert row["engine"]["decided"].get("REPLACE_NODE", 0) > 0 and row["actions"].get("REPLACE_NODE", 0) > 0
     reasons = " ".join(
-        w for inc in strategy.world.incidents.values() for e in inc["escalations"] for w in e["why"]
+        w for inc in strategy.world.docs.incidents.values() for e in inc["escalations"] for w in e["why"]
     )
     assert "faulted again" in reasons  # the ladder
     assert row["engine"]["results"]["absorbed"] > 0  # the Xid 63 of each burst joins its 48
@@ -157,7 +157,7 @@ def test_an_exhausted_blast_radius_budget_holds_incidents() -> None:
     assert row["nodes_held"] > 0 and row["engine"]["results"]["held"] > 0
     # each hold ended: the sweep's retry once the window slid, or the paged person's release
     assert strategy.world.results["released"] == row["nodes_held"]
-    assert not [i for i in strategy.world.incidents.values() if i["state"] == "HELD"]
+    assert not [i for i in strategy.world.docs.incidents.values() if i["state"] == "HELD"]
     roomy, _ = _pitstop_run({**scn, "policy": {}})
     assert roomy["nodes_held"] < row["nodes_held"]
 

@@ -1,6 +1,6 @@
 """Storm counts of the Firestore store: count shards in pages, the resolved feed, and the reads
-that refresh a coalescer's cache (an incident as decided; a node's latest incident is
-adapters/firestore_latest.py's).
+that refresh a coalescer's cache (an incident as decided; a node's latest incident, whose grouped
+lookups are adapters/firestore_latest.py's): core/store.Counts.
 
 ``<prefix>_counts/{page}``: an ingest instance's page of up to PAGE_SHARDS shards (services/
 coalesce.py), one per node state, each holding its totals for one incident (core/store.py
@@ -31,7 +31,8 @@ from typing import Any, cast
 from google.api_core.retry import Retry
 from google.cloud import firestore
 
-from pitstop.adapters.firestore_snaps import SnapCache
+from pitstop.adapters.firestore_docs import Shared
+from pitstop.adapters.firestore_latest import LatestIncidents
 from pitstop.core.domain import CountShard, Incident, Resolution
 from pitstop.core.store import COUNT_PAGE_KEEP_S, resolution, with_shards
 
@@ -60,26 +61,20 @@ def _unpack(blob: bytes) -> CountShard:
 FEED_TIMEOUT_S = 5.0
 
 
-class CountShards:
-    """Mixed into the store (adapters/firestore.py), which provides the collections and counters."""
+class FirestoreCounts:
+    """Count pages, the resolved feed and the cache's reads (core/store.Counts), given the store's
+    client, collections, cache and tally, and its grouped latest-incident lookups."""
 
-    db: Any  # the client
-    nodes: Any  # the nodes collection
-    incidents: Any  # the incidents collection
-    counts: Any  # the count pages' collection
-    resolved: Any  # the resolved feed's collection
-    snaps: SnapCache  # documents as last read or written (adapters/firestore_snaps.py)
+    def __init__(self, shared: Shared, latest: LatestIncidents) -> None:
+        self._s, self._latest = shared, latest
 
-    def _count_writes(self, n: int) -> None:
-        raise NotImplementedError
-
-    def put_count_shards(self, pages: Mapping[str, Mapping[str, CountShard]]) -> None:
+    def put_shards(self, pages: Mapping[str, Mapping[str, CountShard]]) -> None:
         """Each page's due shards in one ``set(merge=True)``, with the page's ``expire_at`` (a
         timestamp, as a TTL policy's field must be: firebase.google.com/docs/firestore/ttl)
         moved on to COUNT_PAGE_KEEP_S from now."""
         items = list(pages.items())
         for at in range(0, len(items), PAGES_PER_COMMIT):
-            batch = self.db.batch()
+            batch = self._s.db.batch()
             now = time.time()
             expiry = dt.datetime.fromtimestamp(now + COUNT_PAGE_KEEP_S, tz=dt.UTC)
             for page, shards in items[at : at + PAGES_PER_COMMIT]:
@@ -87,39 +82,43 @@ class CountShards:
                 iids = sorted({t["incident"] for t in shards.values()})
                 doc = {"shards": fields, "incidents": firestore.ArrayUnion(iids), "at": now}
                 doc["expire_at"] = expiry
-                batch.set(self.counts.document(page), doc, merge=True)  # only these shards' fields
+                batch.set(self._s.coll.counts.document(page), doc, merge=True)  # only these shards' fields
             batch.commit()
-            self._count_writes(len(items[at : at + PAGES_PER_COMMIT]))
+            self._s.tally.wrote(len(items[at : at + PAGES_PER_COMMIT]))
 
-    def incident_as_decided(self, iid: str) -> Incident | None:
-        snap = self.incidents.document(iid).get()
-        self.snaps.put(snap)  # a decision that follows need not read it again
+    def as_decided(self, iid: str) -> Incident | None:
+        snap = self._s.coll.incidents.document(iid).get()
+        self._s.snaps.put(snap)  # a decision that follows need not read it again
         return cast(Incident | None, snap.to_dict() if snap.exists else None)  # the edge: untyped dicts
 
+    def latest(self, nkey: str) -> Incident | None:
+        """The node's latest incident as decided, grouped with other nodes' first contacts."""
+        return self._latest.incident(nkey)
+
     def resolved_since(self, since: float) -> list[Resolution]:
-        q = self.resolved.where(filter=firestore.FieldFilter("at", ">=", since))
+        q = self._s.coll.resolved.where(filter=firestore.FieldFilter("at", ">=", since))
         bounded = Retry(initial=0.1, maximum=1.0, timeout=FEED_TIMEOUT_S)
         stream = q.stream(retry=bounded, timeout=FEED_TIMEOUT_S)
         docs: list[Resolution | None] = [s.to_dict() for s in stream]  # the edge, untyped
         return [d for d in docs if d]
 
-    def _summed(self, inc: Incident) -> Incident:
+    def summed(self, inc: Incident) -> Incident:
         """The incident with its shards' counts added (one query: at least one read, one per page)."""
-        q = self.counts.where(filter=firestore.FieldFilter("incidents", "array_contains", inc["id"]))
+        where = firestore.FieldFilter("incidents", "array_contains", inc["id"])
         prefix = _field(inc["id"], "")
         shards = [
             _unpack(blob)
-            for page in q.stream()
+            for page in self._s.coll.counts.where(filter=where).stream()
             for name, blob in ((page.to_dict() or {}).get("shards") or {}).items()
             if name.startswith(prefix)
         ]
         return with_shards(inc, shards)
 
-    def _note_resolved(self, t: Any, inc: Incident) -> None:
-        """In the transaction that writes ``inc``: its resolved feed record, if it is RESOLVED."""
+    def note_resolved(self, t: Any, inc: Incident) -> None:
+        """In the transaction or batch that writes ``inc``: its resolved feed record, if it is RESOLVED."""
         rec = resolution(inc, time.time())
         if rec is None:
             return
         rec["expire_at"] = dt.datetime.fromtimestamp(rec["expire_at"], tz=dt.UTC)
-        t.set(self.resolved.document(inc["id"]), rec)
-        self._count_writes(1)
+        t.set(self._s.coll.resolved.document(inc["id"]), rec)
+        self._s.tally.wrote(1)

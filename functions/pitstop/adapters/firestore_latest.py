@@ -1,8 +1,8 @@
 """A node's latest incident, looked up for many nodes at once.
 
-At first contact an ingest instance reads the node's latest incident (``latest_incident`` below,
-from services/coalesce.py ``read_latest``): the node's document, which names it, then the
-incident. In a storm over a large cluster every instance meets hundreds of nodes, up to
+At first contact an ingest instance reads the node's latest incident (the store's
+``counts.latest``, from services/coalesce.py ``read_latest``): the node's document, which names
+it, then the incident. In a storm over a large cluster every instance meets hundreds of nodes, up to
 ``concurrency`` of them at the same moment. So lookups made while one is under way wait for it to
 finish and then go together: the nodes' documents in one batched get, the incidents they name in
 another, over up to ``GROUP_MOST`` nodes. A lone lookup goes at once: nothing waits to fill a
@@ -26,7 +26,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from google.cloud.firestore_v1.base_document import DocumentSnapshot
 
-from pitstop.adapters.firestore_snaps import SnapCache
+from pitstop.adapters.firestore_docs import Shared
 from pitstop.core.domain import Incident
 
 K = TypeVar("K", bound=Hashable)
@@ -115,39 +115,38 @@ def _named(node: Snapshot) -> str | None:
 
 
 class LatestIncidents:
-    """Mixed into the store (adapters/firestore.py), which provides the client, the collections
-    and the cache."""
+    """Nodes' latest incidents, read in groups (given the store's client, collections and cache)."""
 
-    db: Any  # the client
-    nodes: Any  # the nodes collection
-    incidents: Any  # the incidents collection
-    snaps: SnapCache  # documents as last read or written (adapters/firestore_snaps.py)
-    latest_lookups: Grouped[str, Latest]  # set by the store: Grouped(self._latest_of)
+    def __init__(self, shared: Shared) -> None:
+        self._s = shared
+        # First contacts asked at once share two gets.
+        self.lookups: Grouped[str, Latest] = Grouped(self.fetch)
 
-    def latest_incident(self, nkey: str) -> Incident | None:
+    def incident(self, nkey: str) -> Incident | None:
         """The node's latest incident as decided (no shards), read without a transaction (to
         refresh a cache), grouped with the lookups of other nodes asked meanwhile."""
-        inc = self.latest_read(nkey)[1]
+        inc = self.read(nkey)[1]
         return cast(Incident | None, inc.to_dict()) if inc is not None and inc.exists else None  # the edge
 
-    def latest_read(self, nkey: str) -> Latest:
+    def read(self, nkey: str) -> Latest:
         """The node's document and its latest incident's, both read after this call began."""
-        pair = self.latest_lookups.get(nkey)
-        assert pair is not None  # _latest_of answers every node it is asked for
+        pair = self.lookups.get(nkey)
+        assert pair is not None  # fetch answers every node it is asked for
         return pair
 
-    def _latest_of(self, nkeys: list[str]) -> dict[str, Latest]:
+    def fetch(self, nkeys: list[str]) -> dict[str, Latest]:
         """Each node's document and latest incident: the nodes' documents in one batched get, then
         the incidents they name in another; both kept for the decision that may follow."""
         found: dict[str, Latest] = {}
         naming: dict[str, list[str]] = {}  # incident -> the nodes that name it (one, unless hand-edited)
-        for snap in self.db.get_all([self.nodes.document(k) for k in nkeys]):
-            self.snaps.put(snap)
+        db, coll, snaps = self._s.db, self._s.coll, self._s.snaps
+        for snap in db.get_all([coll.nodes.document(k) for k in nkeys]):
+            snaps.put(snap)
             found[snap.id] = (snap, None)
             if iid := _named(snap):
                 naming.setdefault(iid, []).append(snap.id)
-        for snap in self.db.get_all([self.incidents.document(i) for i in naming]) if naming else []:
-            self.snaps.put(snap)
+        for snap in db.get_all([coll.incidents.document(i) for i in naming]) if naming else []:
+            snaps.put(snap)
             for nkey in naming[snap.id]:
                 found[nkey] = (found[nkey][0], snap)
         return found

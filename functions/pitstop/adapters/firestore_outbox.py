@@ -1,56 +1,48 @@
-"""The outbox of the Firestore store: notifications recorded with the decision that causes them."""
+"""The outbox of the Firestore store (core/store.Outbox): notifications recorded before they are
+published. A decision's own are written in its commit (adapters/firestore_commit.py)."""
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterator
-from typing import Any
 
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
+from pitstop.adapters.firestore_docs import Shared
 from pitstop.core.domain import OutboxEntry
+from pitstop.core.store import due
 
 
-class OutboxRecords:
-    """Mixed into the store (adapters/firestore.py), which provides the collection and its counters."""
+class FirestoreOutbox:
+    def __init__(self, shared: Shared) -> None:
+        self._coll, self._tally = shared.coll.outbox, shared.tally
 
-    outbox: Any  # the outbox collection
-
-    def _count_writes(self, n: int) -> None:
-        raise NotImplementedError
-
-    def outbox_put_in(self, t: Any, nid: str, entry: OutboxEntry) -> None:
-        """Record an outbox entry in the caller's transaction (committed with its decision or not at all)."""
-        t.set(self.outbox.document(nid), dict(entry))
-        self._count_writes(1)
-
-    def outbox_add(self, nid: str, entry: OutboxEntry) -> OutboxEntry:
+    def add(self, nid: str, entry: OutboxEntry) -> OutboxEntry:
         """Record an outbox entry unless one with this id exists; the stored entry either way."""
-        ref = self.outbox.document(nid)
+        ref = self._coll.document(nid)
         try:
             ref.create(dict(entry))
         except gexc.AlreadyExists:
             stored: OutboxEntry = ref.get().to_dict() or entry.copy()  # the edge: as its writer wrote it
             return stored
-        self._count_writes(1)
+        self._tally.wrote(1)
         return entry.copy()
 
-    def outbox_mark_sent(self, nid: str, message_id: str, now: float, keep_s: float) -> None:
+    def mark_sent(self, nid: str, message_id: str, now: float, keep_s: float) -> None:
         """The entry's notification reached the topic; it expires (Firestore TTL) ``keep_s`` later."""
         expire = dt.datetime.fromtimestamp(now + keep_s, tz=dt.UTC)
         fields = {"sent": True, "sent_at": now, "message_id": message_id, "expire_at": expire}
-        self.outbox.document(nid).set(fields, merge=True)
-        self._count_writes(1)
+        self._coll.document(nid).set(fields, merge=True)
+        self._tally.wrote(1)
 
-    def outbox_note_failure(self, nid: str, now: float) -> None:
+    def note_failure(self, nid: str, now: float) -> None:
         """A publish of the entry failed (the sweep retries it without waiting)."""
-        self.outbox.document(nid).update({"failed_at": now, "failures": firestore.Increment(1)})
-        self._count_writes(1)
+        self._coll.document(nid).update({"failed_at": now, "failures": firestore.Increment(1)})
+        self._tally.wrote(1)
 
-    def outbox_unsent(self, created_before: float) -> Iterator[OutboxEntry]:
+    def unsent(self, created_before: float) -> Iterator[OutboxEntry]:
         """Unsent entries whose publish failed or that were recorded before ``created_before``."""
-        q = self.outbox.where(filter=firestore.FieldFilter("sent", "==", False))
-        docs = [d for d in (s.to_dict() for s in q.stream()) if d]
-        due = [d for d in docs if d.get("failed_at") is not None or d.get("created_at", 0) <= created_before]
-        yield from sorted(due, key=lambda d: float(d.get("created_at", 0)))  # oldest first
+        q = self._coll.where(filter=firestore.FieldFilter("sent", "==", False))
+        docs: list[OutboxEntry | None] = [s.to_dict() for s in q.stream()]  # the edge, untyped
+        yield from due((d for d in docs if d), created_before)

@@ -1,50 +1,54 @@
-"""Storm counts of the memory store: count shards and the resolved feed, as the Firestore store
-keeps them (adapters/firestore_counts.py), so the port's contract holds for both."""
+"""Storm counts of the memory store (core/store.Counts): count shards, the resolved feed and the
+reads a coalescer's cache makes, as the Firestore store keeps them (adapters/firestore_counts.py),
+so the port's contract holds for both."""
 
 from __future__ import annotations
 
 import copy
-import threading
 from collections.abc import Mapping
 
+from pitstop.adapters.memory_records import MemoryDocs
 from pitstop.core.domain import CountShard, Incident, Resolution
 from pitstop.core.store import resolution, with_shards
 
 
 class MemoryCounts:
-    """Mixed into the memory store, which provides the documents and its lock."""
+    """Count shards by incident, and the resolved feed, in the store's documents."""
 
-    incidents: dict[str, Incident]
-    writes: int
-    _lock: threading.RLock
+    def __init__(self, docs: MemoryDocs) -> None:
+        self._d = docs
 
-    def __init__(self) -> None:
-        self.count_shards: dict[str, dict[str, CountShard]] = {}  # incident -> page/shard -> totals
-        self.resolved: dict[str, Resolution] = {}
-
-    def put_count_shards(self, pages: Mapping[str, Mapping[str, CountShard]]) -> None:
-        with self._lock:
+    def put_shards(self, pages: Mapping[str, Mapping[str, CountShard]]) -> None:
+        with self._d.lock:
             for page, shards in pages.items():
                 for shard, totals in shards.items():
-                    held = self.count_shards.setdefault(totals["incident"], {})
+                    held = self._d.shards.setdefault(totals["incident"], {})
                     held[f"{page}/{shard}"] = copy.deepcopy(totals)
-                self.writes += 1  # one document per page
+                self._d.tally.wrote(1)  # one document per page
 
-    def incident_as_decided(self, iid: str) -> Incident | None:
-        with self._lock:
-            return copy.deepcopy(self.incidents.get(iid))
+    def as_decided(self, iid: str) -> Incident | None:
+        with self._d.lock:
+            return copy.deepcopy(self._d.incidents.get(iid))
+
+    def latest(self, nkey: str) -> Incident | None:
+        with self._d.lock:
+            node = self._d.nodes.get(nkey)
+            latest_id = node.get("latest_incident") if node else None
+        return self.as_decided(latest_id) if latest_id else None
 
     def resolved_since(self, since: float) -> list[Resolution]:
-        with self._lock:
-            return [copy.copy(r) for r in self.resolved.values() if r["at"] >= since]
+        with self._d.lock:
+            return [copy.copy(r) for r in self._d.resolved.values() if r["at"] >= since]
 
-    def _summed(self, inc: Incident) -> Incident:
-        with self._lock:
-            shards = copy.deepcopy(list(self.count_shards.get(inc["id"], {}).values()))
+    def summed(self, inc: Incident) -> Incident:
+        """The incident with its shards' counts added (core/store.with_shards)."""
+        with self._d.lock:
+            shards = copy.deepcopy(list(self._d.shards.get(inc["id"], {}).values()))
         return with_shards(inc, shards)
 
-    def _note_resolved(self, inc: Incident, now: float) -> None:
+    def note_resolved(self, inc: Incident, now: float) -> None:
+        """With the decision that writes ``inc``: its resolved feed record, if it is RESOLVED."""
         rec = resolution(inc, now)
         if rec is not None:
-            self.resolved[inc["id"]] = rec
-            self.writes += 1
+            self._d.resolved[inc["id"]] = rec
+            self._d.tally.wrote(1)

@@ -29,7 +29,7 @@ def hang_incidents(db: Any, job: str) -> list[Incident]:
 
     return [
         d
-        for d in IncidentStore(db).list()
+        for d in IncidentStore(db).query()
         if d.get("kind") == "hang" and (ref := d.get("job")) is not None and ref["job"] == job
     ]
 

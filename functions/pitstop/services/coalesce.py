@@ -151,10 +151,10 @@ def read_latest(store: IncidentStore, nkey: str, st: NodeState | None) -> Incide
     nodes' first contacts (adapters/firestore_latest.py)."""
     cached = st.latest if st is not None else None
     if cached is not None and cached["id"] is not None and cached["state"] != State.RESOLVED:
-        inc = store.incident_as_decided(cached["id"])
+        inc = store.counts.as_decided(cached["id"])
         if inc is not None and inc.get("state") != State.RESOLVED:
             return inc
-    return store.latest_incident(nkey)
+    return store.counts.latest(nkey)
 
 
 class Coalescer(ShardWriter):

@@ -175,7 +175,7 @@ class ShardWriter:
                 for job in newest.values():
                     pages.setdefault(job.page, {})[job.shard] = job.totals
                 if pages:
-                    self.store.put_count_shards(pages)
+                    self.store.counts.put_shards(pages)
                 for job in newest.values():
                     job.st.written[job.shard] = job.seq
             with self._lock:
@@ -225,7 +225,7 @@ class ShardWriter:
                 todo.setdefault(cached, None)
             for iid, rep in todo.items():
                 try:
-                    inc = self.store.incident_as_decided(iid)
+                    inc = self.store.counts.as_decided(iid)
                 except Exception as exc:  # checked again at the next look
                     log.emit("WARNING", "storm counts not checked yet", node=nkey, error=repr(exc)[:300])
                     with self._lock:
@@ -268,7 +268,7 @@ class ShardWriter:
         try:
             with self._page_lock:
                 if seq > st.written.get(shard, 0):
-                    self.store.put_count_shards({page: {shard: doc}})
+                    self.store.counts.put_shards({page: {shard: doc}})
                     st.written[shard] = seq
         except Exception as exc:  # the shard keeps the line until its next write: one line too many
             log.emit(
@@ -296,7 +296,7 @@ class ShardWriter:
         again (now, if it counted or wrote lines unchecked; else at its next line). Returns the
         nodes checked."""
         try:
-            records = self.store.resolved_since(self._feed_from)
+            records = self.store.counts.resolved_since(self._feed_from)
         except Exception as exc:  # the safety net (VERIFY_S) and the cache's TTL still hold
             log.emit("WARNING", "resolved feed not read", error=repr(exc)[:300])
             return 0

@@ -76,7 +76,7 @@ class Outbox:
             self._note_failure(nid)
             return False
         try:
-            self.store.outbox_mark_sent(nid, message_id, self.clock(), KEEP_SENT_S)
+            self.store.outbox.mark_sent(nid, message_id, self.clock(), KEEP_SENT_S)
         except Exception as exc:  # published: a copy the sweep sends again is one to notify's ledger
             log.emit(
                 "WARNING",
@@ -89,7 +89,7 @@ class Outbox:
     def _note_failure(self, nid: str) -> None:
         """Remember that a publish failed, so the sweep retries it without waiting for the grace."""
         try:
-            self.store.outbox_note_failure(nid, self.clock())
+            self.store.outbox.note_failure(nid, self.clock())
         except Exception as exc:  # the grace period covers it
             log.emit(
                 "WARNING",
@@ -100,7 +100,7 @@ class Outbox:
 
     def deliver(self, notification: Notification) -> bool:
         """Record (once per id), publish, mark sent: for a notification no transaction produced."""
-        stored = self.store.outbox_add(str(notification["id"]), outbox_entry(notification, self.clock()))
+        stored = self.store.outbox.add(str(notification["id"]), outbox_entry(notification, self.clock()))
         if stored.get("sent"):
             return True  # a retried caller: this notification already went out
         plain = stored.get("notification") or outbox_entry(notification, self.clock())["notification"]
@@ -109,7 +109,7 @@ class Outbox:
     def publish_pending(self, now: float) -> int:
         """Publish what is still unsent (failed, or older than the grace); how many went out."""
         sent = failed = 0
-        for entry in itertools.islice(self.store.outbox_unsent(now - self.grace_s), MAX_PER_SWEEP):
+        for entry in itertools.islice(self.store.outbox.unsent(now - self.grace_s), MAX_PER_SWEEP):
             if self.send(_recorded(entry)):
                 sent, failed = sent + 1, 0
                 continue

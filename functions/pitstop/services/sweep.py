@@ -35,7 +35,7 @@ from pitstop.core.domain import Incident, WorkflowRun
 from pitstop.core.engine import Outcome
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
-from pitstop.core.store import IncidentStore
+from pitstop.core.store import IncidentStore, InStates, StartDue
 from pitstop.core.timefmt import to_epoch
 from pitstop.services.ingest import FOLLOW_UP_ERRORS, Ingest
 
@@ -44,7 +44,7 @@ def close_bursts(store: IncidentStore, now: float) -> int:
     """Resolve record-only and observe-mode incidents whose burst has ended; how many. Each is
     listed with its count shards summed: the burst goes on while any shard says so."""
     closed = 0
-    for inc in store.list((State.OPEN,)):
+    for inc in store.query(InStates(frozenset({State.OPEN}))):
         out = store.decide(inc["id"], EndBurst(float(inc["burst_until"])), None, now)
         closed += out.result == "resolved"
     return closed
@@ -56,7 +56,7 @@ def release_held(
     """Retry incidents held for a budget, oldest first; those held for a human (policy, cooldown)
     stay. Shared with ``pitstop replay``, which runs the sweep's rules on its own store."""
     released = 0
-    for inc in store.list((State.HELD,)):
+    for inc in store.query(InStates(frozenset({State.HELD}))):
         if (inc.get("held") or {}).get("scope") is None:
             continue
         out = store.decide(inc["id"], ReleaseHeld("sweep", force=False), policy, now)
@@ -126,7 +126,7 @@ class Sweep:
     def _restart_lost(self, now: float) -> int:
         """Start decided steps whose starter died before recording the start (its lease ran out)."""
         restarted = 0
-        for inc in self.ingest.store.pending_starts(now):
+        for inc in self.ingest.store.query(StartDue(now)):
             step = int(cast(WorkflowRun, inc["workflow"])["step"])  # a pending start has its workflow
             try:
                 restarted += self.ingest.start_workflow(inc["id"], step, now) is not None
@@ -152,7 +152,7 @@ class Sweep:
         if self.executions is None:
             return 0
         failed = 0
-        for inc in self.ingest.store.list(engine.WATCHED_STATES):
+        for inc in self.ingest.store.query(InStates(engine.WATCHED_STATES)):
             name = engine.watched_execution(inc)
             verdict = self._verdict(inc, name, now) if name else None
             if name is None or verdict is None:

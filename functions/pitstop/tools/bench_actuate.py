@@ -230,7 +230,7 @@ def run(shape: Shape, w: World) -> ActuateRun:
         inst.proc.signal(15)
         inst.proc.stop(timeout=60)
     reports: list[CallsReport] = [json.loads(p.read_text()) for p in sorted(stats.glob("*.json"))]
-    incidents = store.list()
+    incidents = store.query()
     resets = [c for c in w.compute.calls if c["method"] == "reset" and f"projects/{project}/" in c["path"]]
     return _figures(shape, elapsed, finished, reports, inst, incidents, len(resets), _drain(sub, notes))
 

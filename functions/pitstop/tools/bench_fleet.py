@@ -341,7 +341,7 @@ def run_storm(shape: Shape, firestore_host: str, executions: ExecutionsService, 
         reports = _stop_instances(instances, stats_dir)
     from pitstop.adapters.firestore import IncidentStore
 
-    incidents = IncidentStore(firestore.Client(project=project)).list()  # count shards summed
+    incidents = IncidentStore(firestore.Client(project=project)).query()  # count shards summed
     starts: dict[tuple[str, str], int] = {}  # (incident, step) -> executions created
     for name in set(executions.records) - before:
         labels = executions.records[name].labels

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import main
 from pitstop.adapters import pubsub
+from pitstop.adapters.firestore import IncidentStore
+from pitstop.adapters.store_tally import Tally
 from pitstop.tools.firestore_ops import FirestoreOps, added
 
 if TYPE_CHECKING:  # the instance loads no more than before: the figures are its memory's
@@ -106,6 +108,8 @@ def figures() -> InstanceFigures:
     """What this instance did, for the bench to add up."""
     built = main._ingest.cache_info().currsize > 0
     svc = main._ingest() if built else None
+    store = svc.store if svc is not None else None
+    tally = store.tally if isinstance(store, IncidentStore) else Tally()  # the Firestore store's counters
     return {
         "pid": os.getpid(),
         "reads": sum(o.reads for o in _ops),
@@ -113,10 +117,10 @@ def figures() -> InstanceFigures:
         "ops_by_collection": added(o.by_collection for o in _ops),
         "ops_by_site": added(o.by_site for o in _ops),
         "calls": added(o.calls for o in _ops),
-        "retries": svc.store.retries if svc is not None else 0,
-        "refused_commits": getattr(svc.store, "refused", 0) if svc is not None else 0,
-        "refused_writes": getattr(svc.store, "refused_writes", 0) if svc is not None else 0,
-        "commits": getattr(svc.store, "commits", {}) if svc is not None else {},
+        "retries": tally.retries,
+        "refused_commits": tally.refused,
+        "refused_writes": tally.refused_writes,
+        "commits": dict(tally.commits),
         "coalesced": svc.coalescer.coalesced if svc is not None else 0,
         "coalescer": svc.coalescer.stats() if svc is not None else {},
         "pages": _pages[0],

@@ -139,7 +139,7 @@ class Stage(inject.Driver):
         """The node's incidents, oldest first, with storm counts' shards summed."""
         from pitstop.adapters.firestore import IncidentStore
 
-        docs = IncidentStore(self.db).list()
+        docs = IncidentStore(self.db).query()
         return [d for d in docs if (n := d.get("node")) and n["instance"] == node]  # a hang's: no node
 
     def incidents(self, node: str) -> list[Incident]:

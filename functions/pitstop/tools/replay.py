@@ -136,7 +136,7 @@ def replay(
             sweep(store, pol, next_sweep)
             next_sweep += SWEEP_EVERY_S
         results[store.apply(ev, pol, now).result] += 1
-    incidents = sorted(store.incidents.values(), key=lambda i: i["created_at"])
+    incidents = store.query()  # oldest first
     return {
         "entries": sum(kinds.values()),
         "by_kind": dict(kinds),

@@ -591,8 +591,9 @@ def from_replay(path: str, policy: Policy) -> rm.Report:
 
 def from_store(store: Any, policy: Policy, since_s: float, now: float) -> rm.Report:
     """The incident store's incidents detected in the last ``since_s`` seconds."""
-    source = f"Incident store: Firestore project {store.db.project}, collection {store.incidents.id}"
-    return rm.build(store.list(), policy, source=source, start=now - since_s, end=now)
+    where = f"Firestore project {store.db.project}, collection {store.collections.incidents.id}"
+    source = f"Incident store: {where}"
+    return rm.build(store.query(), policy, source=source, start=now - since_s, end=now)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

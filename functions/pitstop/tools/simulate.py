@@ -118,9 +118,9 @@ def summarize(name: str, led: Ledger, sim: Fleet, scn: Scenario) -> Summary:
         w = sim.strategy.world
         out["engine"] = {
             "results": dict(sorted(w.results.items())),
-            "incidents": len(w.incidents),
-            "escalated": sum(1 for i in w.incidents.values() if i["escalations"]),
-            "decided": _decided(w.incidents.values()),
+            "incidents": len(w.docs.incidents),
+            "escalated": sum(1 for i in w.docs.incidents.values() if i["escalations"]),
+            "decided": _decided(w.docs.incidents.values()),
         }
     return out
 

@@ -152,7 +152,7 @@ class Actuator:
         extra = req.get("extra")
         s = Step(
             self.deps,
-            inc,  # the store's document, typed at its edge (core/store.Records.get)
+            inc,  # the store's document, typed at its edge (core/store.IncidentStore.get)
             step,
             op,
             str(req.get("execution") or ""),

@@ -26,7 +26,7 @@ from pitstop.core.answers import (
     Validating,
 )
 from pitstop.core.degraded import Telemetry
-from pitstop.core.domain import Fenced, Incident, JsonObject, Unfenced, Vm
+from pitstop.core.domain import Fenced, Incident, JsonObject, StepRecord, Unfenced, Vm
 from pitstop.core.engine import Outcome
 from pitstop.core.ids import request_id
 from pitstop.core.ops import Op, step_key
@@ -139,7 +139,8 @@ class Step:
     def recorded(self, op: Literal[Op.LINKS], step: int | None = None) -> Linking | None: ...
 
     def recorded(self, op: Op, step: int | None = None) -> OpAnswer | None:
-        rec = self.deps.store.step_record(self.iid, step_key(self.step if step is None else step, op)) or {}
+        got = self.deps.store.steps(self.iid).read(step_key(self.step if step is None else step, op))
+        rec: StepRecord = got.record if got is not None else {}
         if steps.record_state(rec) != steps.DONE:
             return None
         return cast(OpAnswer, dict(rec.get("result") or {}))  # the op's answer, as it recorded it

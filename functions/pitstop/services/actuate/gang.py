@@ -36,9 +36,9 @@ def requeue_one(s: Step, job: str, fenced: JobRun) -> str | None:
     cluster = s.inc.get("cluster") or "none"
     key = requeue_key(cluster, job, info.run.doc())
     cap, window = s.deps.policy.job_restarts()
-    if not s.deps.store.claim_job_restart(job_key(cluster, job), key, s.deps.clock(), cap, window):
+    if not s.deps.store.records.claim_job_restart(job_key(cluster, job), key, s.deps.clock(), cap, window):
         return over_budget(s, job, cap, window)
-    if not s.deps.store.mark_job_requeue(key, s.iid, s.deps.clock()):
+    if not s.deps.store.records.mark_job_requeue(key, s.iid, s.deps.clock()):
         return "this run of the job was already requeued for another incident"
     s.scheduler.requeue(job, s.ref, info.run)  # the run it may move
     return None

@@ -238,9 +238,9 @@ def _resume_once(s: Step, rec: Localising) -> str | None:
     cluster = s.inc.get("cluster") or "none"
     key = requeue_key(cluster, job, JobRun.of((rec.get("seen_runs") or {}).get(job)).doc())
     cap, window = s.deps.policy.job_restarts()
-    if not s.deps.store.claim_job_restart(job_key(cluster, job), key, s.deps.clock(), cap, window):
+    if not s.deps.store.records.claim_job_restart(job_key(cluster, job), key, s.deps.clock(), cap, window):
         return over_budget(s, job, cap, window)
-    s.deps.store.mark_job_requeue(key, s.iid, s.deps.clock())
+    s.deps.store.records.mark_job_requeue(key, s.iid, s.deps.clock())
     out = sched.resume_gang(job, s.ref)
     log.emit("INFO" if out.restarted else "WARNING", "hung gang resumed after its checks"
              if out.restarted else "hung gang not resumed", incident=s.iid, job=job, how=out.how)  # fmt: skip

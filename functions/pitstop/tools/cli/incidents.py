@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 from pitstop.core import engine
 from pitstop.core.aggregate import ReleaseHeld
+from pitstop.core.store import InStates
 from pitstop.tools.common import store_and_policy
 
 
@@ -28,8 +29,7 @@ def cmd_incidents(args: argparse.Namespace) -> int:
         return 0 if out.result == "released" else 1
     if args.close:
         return _close_incident(store, pol, args)
-    states = OPEN_STATES if args.open else None
-    incidents = store.list(states)
+    incidents = store.query(InStates(OPEN_STATES if args.open else frozenset()))
     if args.json:
         for inc in incidents:
             sys.stdout.buffer.write(orjson.dumps({**inc, "durations_s": durations(inc)}, default=str) + b"\n")

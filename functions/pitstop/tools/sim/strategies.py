@@ -227,7 +227,7 @@ class World(MemoryStore):
 
     def resolve(self, iid: str, at: float) -> None:
         """What the workflow's close step records once the node is back (or the job requeued)."""
-        inc = self.incidents[iid]
+        inc = self.docs.incidents[iid]
         self.decide(iid, aggregate.ResolveStep(aggregate.At(inc["step"]), {}), self.p, at)
 
 
@@ -264,14 +264,14 @@ class Pitstop(_Base):
             return self.job_notices(t)
         decided = t + self.d["pitstop_detect"]
         iid = self._feed(f, t, decided)
-        inc = self.world.incidents.get(iid) if iid else None
+        inc = self.world.docs.incidents.get(iid) if iid else None
         if iid is None or inc is None or inc["state"] == State.RESOLVED or inc["action"] == Action.NONE:
             return self._unhandled(f, t)
         start = decided
         held = inc["state"] == State.HELD
         if held:
             start = self._release(iid, decided, decided + f.human_s)
-            inc = self.world.incidents[iid]
+            inc = self.world.docs.incidents[iid]
         r = self._act(f, t, start, inc["action"], sim)
         r.held = held
         r.on_back = functools.partial(self._close, iid)
@@ -386,7 +386,7 @@ class PitstopTelemetry(Pitstop):
             started_at=int(T0 + t),
         )  # fmt: skip
         iid = self._alert(notice, t, decided)
-        inc = self.world.incidents.get(iid) if iid else None
+        inc = self.world.docs.incidents.get(iid) if iid else None
         start = decided
         if inc is not None and inc["state"] == State.HELD:  # a budget or a cooldown: the sweep, then a person
             start = self._release(inc["id"], decided, decided + f.human_s)
