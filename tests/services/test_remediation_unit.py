@@ -20,6 +20,7 @@ from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import engine, policy, remediation
 from pitstop.core.aggregate import CloseByPerson
 from pitstop.core.classify import Classifier
+from pitstop.core.domain import Budget
 from pitstop.core.ops import Op
 from pitstop.core.scheduling import (
     Capacity,
@@ -288,13 +289,38 @@ def test_a_fault_the_node_does_not_show_pages_and_disrupts_nothing(rig: Rig, kms
     assert status == 409 and body["retryable"] is False and "not confirmed on the node" in body["error"]
     for op in (Op.RESCHEDULE_EARLY, Op.DIAGNOSE, Op.ACT, Op.RESCHEDULE):
         body, status = rig.call(op, iid)
-        assert status == 409 and "not confirmed on the node" in body["error"], op
-    assert rig.gang.requeues == [] and rig.gang.fenced == [NODE]
+        assert status == 409 and body["retryable"] is False, op  # the incident stood down: RESOLVED
+    assert rig.gang.requeues == [] and rig.gang.fenced == []  # Pitstop's fence lifted at once
     assert rig.fake.effects_on(NODE, "reset") == []
-    assert rig.ok(Op.FAIL, iid)["outcome"] == "failed"
+    assert rig.ok(Op.FAIL, iid)["recorded"] is False  # the workflow's failure: nothing over the stand-down
     inc = rig.store.get(iid)
-    assert inc is not None and inc["state"] == State.FAILED
+    assert inc is not None and inc["state"] == State.RESOLVED and "not confirmed" in inc["rejected"]["why"]
     assert inc["corroboration"]["confirmed"] is False and inc["corroboration"]["checked"]
+    assert all(iid not in b["slots"] for b in _budgets(rig, iid))  # no slot held, none counts on
+    node = rig.store.get_node(inc["node_key"])
+    assert node is not None
+    assert [r for r in node["remediations"] if r["incident"] == iid] == []  # no ladder, lemon, cooldown
+
+
+def _budgets(rig: Rig, iid: str) -> list[Budget]:
+    found = [rig.store.budget(scope) for scope in rig.store.get(iid)["budget_scopes"]]  # type: ignore[index]
+    assert found and all(b is not None for b in found)
+    return [b for b in found if b is not None]
+
+
+def test_unconfirmed_faults_page_once_per_node_per_window(rig: Rig) -> None:
+    """Issue 35 (5): forged lines cannot keep a node fenced, hold budget slots, or flood the pager:
+    each unconfirmed incident stands down at once, and only the first within the window pages."""
+    rig.gang.kmsg = ""
+    pages = []
+    for _ in range(2):
+        iid = _fenced(rig)
+        rig.ok(Op.CORROBORATE, iid)
+        assert rig.call(Op.JUDGE_CORROBORATION, iid)[1] == 409
+        pages += [e for e in rig.store.outbox.values() if e["notification"]["kind"] == "page"
+                  and e["notification"]["incident"]["id"] == iid]  # fmt: skip
+        rig.clock.now += 60
+    assert len(pages) == 1
 
 
 def test_a_gpu_missing_from_the_bus_confirms_without_a_kernel_line(rig: Rig) -> None:

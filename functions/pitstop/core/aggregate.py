@@ -223,6 +223,19 @@ class RecordCorroboration:
 
 
 @dataclass(frozen=True)
+class RecordUnconfirmed:
+    """The node check did not confirm the fault (or could not run): nothing may stay of it. The
+    step's fence was already lifted (``unfenced``: what the scheduler said); the incident resolves
+    as not confirmed, its blast-radius slots are removed (nothing was done: they do not count on
+    through the window), it leaves no remediation in the node's history (no cooldown, ladder step
+    or lemon count), and it pages once per node per window."""
+
+    at: At
+    record: Measurement
+    unfenced: Unfenced
+
+
+@dataclass(frozen=True)
 class RecordDiagnosis:
     """The diagnosis; ``action``: what the step does now if the finding changes it (None: as it is)."""
 
@@ -285,6 +298,7 @@ StepCommand = (
     | RecordVerified
     | RecordGang
     | RecordCorroboration
+    | RecordUnconfirmed
     | RecordDiagnosis
     | RecordValidation
     | RecordLocalisation
@@ -294,9 +308,9 @@ StepCommand = (
 Command = EngineCommand | RunCommand | StepCommand | RecordUnfenceAnswer
 
 # Commands decided with the subject's node document (and the budgets, read lazily).
-NODE_COMMANDS = (ReleaseHeld, StepUp, CloseByPerson, FailStuck, JoinBlock)
+NODE_COMMANDS = (ReleaseHeld, StepUp, CloseByPerson, FailStuck, JoinBlock, RecordUnconfirmed)
 # Commands that may claim or let go blast-radius slots: a store lets them take turns on the budgets.
-BUDGET_COMMANDS = (*NODE_COMMANDS, EndBurst, ResolveStep, RejectStep)
+BUDGET_COMMANDS = (*NODE_COMMANDS, EndBurst, ResolveStep, RejectStep)  # RecordUnconfirmed among them
 
 
 def reads_node(cmd: Command) -> bool:
@@ -458,7 +472,10 @@ def _step(inc: Incident, cmd: StepCommand, given: Given) -> Outcome:
         return _refused(inc, why)
     doc, now = draft(inc), given.now
     try:
-        out = _step_change(doc, cmd, now)
+        if isinstance(cmd, RecordUnconfirmed):
+            out = _unconfirmed(doc, cmd, given)
+        else:
+            out = _step_change(doc, cmd, now)
     except lifecycle.IllegalTransitionError as exc:  # a state the table does not lead to from here
         return _refused(inc, str(exc))
     doc["updated_at"] = now
@@ -502,6 +519,8 @@ def _step_change(doc: Draft, cmd: StepCommand, now: float) -> Outcome:
             return _resolve(doc, cmd, now)
         case FailStep():
             return _fail(doc, cmd, now)
+        case RecordUnconfirmed():
+            raise TypeError("decided with the node's document (_unconfirmed)")
 
 
 def _stamp(doc: Draft, milestone: Milestone | None, now: float) -> None:
@@ -587,6 +606,25 @@ def _fail(doc: Draft, cmd: FailStep, now: float) -> Outcome:
     return Outcome(
         "failed", incident=doc, notices=[remediation.notification(doc, "critical", text, todo=page)]
     )
+
+
+def _unconfirmed(doc: Draft, cmd: RecordUnconfirmed, given: Given) -> Outcome:
+    now, node = given.now, engine.copy_node(given.node, doc)
+    lifecycle.move(doc, State.RESOLVED, f"not confirmed on the node (step {cmd.at.step})")
+    why = str(cmd.record.get("why") or "not confirmed on the node")
+    doc["corroboration"] = cmd.record
+    doc["rejected"] = {"why": why, "at": now}
+    doc["timeline"]["resolved"] = now
+    doc["held"], doc["escalate_to"] = None, None
+    doc["budget_released_at"] = now
+    engine.forget_remediation(node, doc["id"])
+    budgets = {d: given.budgets.get(d) for d in doc["budget_scopes"]}
+    out = Outcome("rejected", incident=doc, node=node, budgets=engine.drop_slots(budgets, doc["id"]))
+    if float(node.get("unconfirmed_page_until") or 0) <= now:
+        node["unconfirmed_page_until"] = now + _policy(given).window("unconfirmed_page_s")
+        where = remediation.node_note(doc, cmd.unfenced)[0]
+        out.page = f"incident {doc['id']}: {engine.subject_name(doc)}: {why}. Nothing was done. {where}"
+    return out
 
 
 def _unfence_answer(inc: Incident, cmd: RecordUnfenceAnswer, now: float) -> Outcome:

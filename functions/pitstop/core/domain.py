@@ -511,6 +511,7 @@ class NodeDoc(TypedDict):
     strikes: NotRequired[list[Strike]]
     block: NotRequired[str]  # the reservation block, from Compute's physical host topology
     localised_at: NotRequired[float]  # a job's document: when its last hang was localised (engine)
+    unconfirmed_page_until: NotRequired[float]  # an unconfirmed fault pages again only after this
 
 
 class NodeFields(TypedDict, total=False):

@@ -211,6 +211,11 @@ def as_incident(doc: Mapping[str, object]) -> Draft:
     return cast(Draft, copy.deepcopy(dict(doc)))
 
 
+def copy_node(node_doc: NodeDoc | None, inc: Incident) -> NodeDoc:
+    """The subject's node document to change (a copy), or a new one for it."""
+    return copy.deepcopy(node_doc) if node_doc is not None else new_node(inc["node"], inc.get("job"))
+
+
 def new_node(node: NodeRef | None, job: JobRef | None = None) -> NodeDoc:
     """A node's document, or a job's (``node`` None) for job-level episodes."""
     if node is None and job is not None:
@@ -475,6 +480,18 @@ def release_slots(budgets: Budgets, iid: str) -> dict[str, Budget]:
     return out
 
 
+def drop_slots(budgets: Budgets, iid: str) -> dict[str, Budget]:
+    """Remove an incident's slots outright: nothing was done to the node (a fault the node did not
+    confirm), so they must not count on through the window as a released one does."""
+    out: dict[str, Budget] = {}
+    for doc_id, b in budgets.items():
+        if b and iid in b.get("slots", {}):
+            nb = copy.deepcopy(b)
+            del nb["slots"][iid]
+            out[doc_id] = nb
+    return out
+
+
 def absorbs(latest: Incident | None, ev: FaultEvent, ts: float) -> bool:
     """Does this event belong to the node's latest incident (same fault episode)?"""
     if latest is None:
@@ -722,7 +739,7 @@ def untouched(inc: Incident) -> bool:
     return inc["state"] == State.HELD or (inc["state"] == State.OPEN and not started)
 
 
-def _forget_remediation(node_doc: NodeDoc, iid: str) -> None:
+def forget_remediation(node_doc: NodeDoc, iid: str) -> None:
     """An episode that ended before anything was done leaves no remediation behind (cooldowns, ladder)."""
     mine = [r for r in node_doc.get("remediations", []) if r.get("incident") == iid]
     kept = [r for r in node_doc.get("remediations", []) if r.get("incident") != iid]
@@ -760,7 +777,7 @@ def _alert_changes(inc: Draft, ev: FaultEvent, ts: float, d: Decision) -> bool:
     inc["held"] = None
     inc["alert_ended"] = {"at": d.now, "flap_until": ts + d.policy.window("alert_flap_s")}
     d.out.budgets.update(own_slots(inc, d.budgets))
-    _forget_remediation(d.node_doc, inc["id"])
+    forget_remediation(d.node_doc, inc["id"])
     plan = inc.get("localise")
     if d.node_doc.get("localised_at") == (plan.get("at") if plan else None):
         d.node_doc.pop("localised_at", None)  # nothing was localised: the window is not spent
@@ -1155,7 +1172,7 @@ def join_block(
     if failed is not None:
         held: Held = {"reason": f"blast-radius budget {failed} exhausted", "scope": failed, "since": now}
         _hold(inc, d, held, page)
-        _forget_remediation(node_doc, inc["id"])
+        forget_remediation(node_doc, inc["id"])
     else:
         inc["budget_scopes"] = sorted({*inc.get("budget_scopes", []), *claims})
     inc["updated_at"] = now

@@ -31,9 +31,12 @@ class Windows(TypedDict):
     dedup_ttl_h: float
     alert_flap_s: float
     hang_localise_s: NotRequired[float]
+    unconfirmed_page_s: NotRequired[float]
 
 
-WindowName = Literal["burst_silence_s", "tie_s", "dedup_ttl_h", "alert_flap_s", "hang_localise_s"]
+WindowName = Literal[
+    "burst_silence_s", "tie_s", "dedup_ttl_h", "alert_flap_s", "hang_localise_s", "unconfirmed_page_s"
+]
 
 
 class Ladder(TypedDict):

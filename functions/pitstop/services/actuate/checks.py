@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Literal, cast
+from typing import Literal, NoReturn, cast
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import checks, corroboration
 from pitstop.core.actions import Action
-from pitstop.core.aggregate import RecordCorroboration, RecordDiagnosis, RecordValidation
+from pitstop.core.aggregate import RecordCorroboration, RecordDiagnosis, RecordUnconfirmed, RecordValidation
 from pitstop.core.answers import (
     CheckStarted,
     Corroborating,
@@ -19,7 +19,7 @@ from pitstop.core.answers import (
     Validating,
     ValidationJudged,
 )
-from pitstop.core.domain import CheckRun, CheckSpec, Measurement
+from pitstop.core.domain import CheckRun, CheckSpec, Measurement, Unfenced
 from pitstop.core.ops import Op
 from pitstop.core.timefmt import to_epoch
 from pitstop.core.validation import PAGE
@@ -130,12 +130,25 @@ def judge_corroboration(s: Step) -> CorroborationJudged:
     if rec.get("unavailable"):
         record["why"] = f"{rec.get('why')}: {record['why']}"[:500]
     confirmed = record["confirmed"] is True
-    s.decide(RecordCorroboration(s.at, record))
     log.emit("INFO", "corroborated", incident=s.iid, confirmed=confirmed, why=record["why"])
     if not confirmed:
-        raise ActuatorError(409, f"corroboration: {record['why']}", False)
+        _stand_down(s, record)
+    s.decide(RecordCorroboration(s.at, record))
     s.label(Op.FENCE, "fenced")  # the fence's courtesy label, held back until the node confirmed
     return {"confirmed": True, "why": record["why"]}
+
+
+def _stand_down(s: Step, record: Measurement) -> NoReturn:
+    """Not confirmed: nothing of it may stay. Pitstop's fence is lifted (a fence someone else set
+    stays theirs), the incident resolves as not confirmed with its slots let go and no remediation
+    left in the node's history, a person is paged (once per node per window), and the workflow
+    ends here (409)."""
+    answer = s.scheduler.unfence(s.instance, s.ref)
+    unfenced: Unfenced = {"unfenced": s.instance, "resumed": answer.resumed}
+    if answer.left_fenced:
+        unfenced["left_drained"] = answer.left_fenced
+    s.decide(RecordUnconfirmed(s.at, record, unfenced))
+    raise ActuatorError(409, f"corroboration: {record['why']}", False)
 
 
 def _judge_peers(s: Step, record: Measurement) -> CorroborationJudged:
