@@ -39,6 +39,7 @@ from pitstop.core.aggregate import (
     decide,
 )
 from pitstop.core.domain import Budget, Draft, FaultEvent, Incident, Measurement
+from pitstop.core.ops import AFTER_FENCE, FENCED_ONLY, WORKING
 from pitstop.core.states import RunState, State
 
 T0 = 1_750_000_000.0
@@ -87,18 +88,22 @@ def _measurement(confirmed: bool) -> Measurement:
 
 
 def _step_commands(step: int, execution: str) -> list[Command]:
-    at = At(step, execution)
+    """Each step command as actuate sends it: with its op's states (services/actuate/registry.OPS)."""
+
+    def at(states: frozenset[State] | None = None) -> At:
+        return At(step, execution, states)
+
     return [
-        ClaimStep(at),
-        RecordFence(at, (), {}),
-        RecordCorroboration(at, _measurement(True)),
-        RecordActed(at),
-        RecordVerified(at, True),
-        RecordGang(at, "job_requeued"),
-        RecordValidation(at, {"kind": "validate", "at": T0, "passed": True}, True, None),
-        ResolveStep(at, {}),
-        FailStep(at, "act", "boom", {}),
-        RejectStep(at, "not the live VM"),
+        ClaimStep(at()),
+        RecordFence(at(frozenset({State.OPEN, State.FENCED})), (), {}),
+        RecordCorroboration(at(FENCED_ONLY), _measurement(True)),
+        RecordActed(at(frozenset({State.FENCED, State.ACTING}))),
+        RecordVerified(at(), True),
+        RecordGang(at(), "job_requeued"),
+        RecordValidation(at(AFTER_FENCE), {"kind": "validate", "at": T0, "passed": True}, True, None),
+        ResolveStep(at(WORKING), {}),
+        FailStep(at(), "act", "boom", {}),
+        RejectStep(at(), "not the live VM"),
     ]
 
 
