@@ -435,6 +435,35 @@ def test_a_job_restarted_past_its_disruption_budget_is_held_for_a_person(rig: Ri
     assert len(one(nodes[3])["requeued"]) == 1
 
 
+def test_a_spent_job_budget_holds_the_repair_under_the_running_job(rig: Rig) -> None:
+    """Issue 35 (8): the job budget capped requeues, not disruption: with it spent, the next
+    confirmed fault still reset the VM under the running job, which then was never restarted.
+    Now the repair claims the job's restart first; spent, it does not act (409: a page, the node
+    stays fenced for a person)."""
+    wide = {"max_nodes": 8, "max_percent": 100}
+    budgets = {**rig.policy.doc["budgets"], "cluster": wide, "zone": wide, "block": wide}
+    budgets["job_restarts"] = {"max": 1, "window_s": 3600}
+    rig.policy = rig.actuator.deps.policy = policy.from_doc({**rig.policy.doc, "budgets": budgets})
+    for n in ("a3-node-001", "a3-node-002"):
+        rig.fake.add_instance(PROJECT, ZONE, n, mig="a3-node")
+
+    def confirmed(node: str) -> str:
+        iid = rig.open(node)
+        assert rig.ok(Op.CLAIM, iid)["ours"]
+        for op in (Op.FENCE, Op.CORROBORATE, Op.JUDGE_CORROBORATION, Op.RESCHEDULE_EARLY):
+            rig.ok(op, iid)
+        return iid
+
+    confirmed("a3-node-001")  # the job's one restart in the window: requeued early
+    second = confirmed("a3-node-002")  # over budget: the job stays on its run, on this node
+    assert len(rig.gang.requeues) == 1
+    body, status = rig.call(Op.ACT, second)
+    assert status == 409 and "not acted" in body["error"] and "budgets.job_restarts" in body["error"]
+    assert rig.fake.effects_on("a3-node-002", "reset") == []
+    inc = rig.store.get(second)
+    assert inc is not None and inc["state"] == State.FENCED and "acted" not in inc["timeline"]
+
+
 def test_a_node_counts_against_its_block_from_the_claim_and_a_full_block_holds_before_the_fence(
     rig: Rig,
 ) -> None:

@@ -497,6 +497,7 @@ class Strike(TypedDict):
     at: float
     incident: str
     kind: str
+    confirmed: NotRequired[bool]  # a node check confirmed it (then it counts toward the lemon rule)
 
 
 class NodeDoc(TypedDict):

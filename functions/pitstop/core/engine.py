@@ -163,7 +163,6 @@ Result = Literal[
     "released",  # a held incident goes on
     "still_held",  # ... or does not yet
     "closed",  # a person ended the incident
-    "recovered",  # the driver reported every GPU of a waiting episode recovered (Xid 154 to 0)
     "failed",  # the watchdog found its execution dead or overrunning
     "joined",  # the incident counts against its node's reservation block from now on
     "ended",  # its alerts closed before anything was done: the episode ended
@@ -357,7 +356,12 @@ def _lemon(action: str, d: Decision) -> str | None:
         for r in node_doc.get("remediations", [])
         if r.get("action") in NODE_ACTIONS and now - r["at"] <= window
     ]
-    strikes = [s for s in node_doc.get("strikes", []) if now - s["at"] <= window]
+    # A strike counts only once a node check confirmed it: a strike is recorded from a log line
+    # alone (an episode that takes no action runs no check), and anyone who writes log entries
+    # could make a healthy node a lemon, and its next routine fault a host report (issue 35, 7).
+    strikes = [
+        s for s in node_doc.get("strikes", []) if s.get("confirmed") is True and now - s["at"] <= window
+    ]
     if len(acted) + len(strikes) < lemon["remediations"] or action == Action.REPLACE_NODE:
         return None
     also = f" and {len(strikes)} recorded fault episodes" if strikes else ""
@@ -687,10 +691,18 @@ def _raise(latest: Draft, ev: FaultEvent, d: Decision) -> None:
 
 def _absorb(latest: Draft, ev: FaultEvent, ts: float, d: Decision) -> Outcome:
     """Count an event into the node's episode; a stronger one raises the episode's action, and the
-    driver's word that every GPU of a waiting episode recovered ends it."""
+    driver's word that every GPU of a waiting episode recovered is paged (it ends nothing)."""
+    recovered_before = _driver_recovered(latest)
     _count(latest, ev, ts, d.policy)
-    if ends_recovery(ev, d.policy) and _driver_recovered(latest):
-        return _end_recovered(latest, ev, d)
+    if ends_recovery(ev, d.policy) and not recovered_before and _driver_recovered(latest):
+        # A log line is a hint, not evidence: the driver's word that its GPUs recovered ends nothing
+        # on its own (anyone who can write a log entry can write it). A person learns of it; a
+        # waiting step still runs its node check, which decides (issue 35, 6).
+        d.out.page = (
+            f"incident {latest['id']}: a log line says the driver recovered every GPU of "
+            f"{subject_name(latest)} (Xid 154 to 0x0); not acted on: the node check decides, "
+            "or close the incident once you confirmed it"
+        )
     if _trust_of(ev) == trust.VERIFIED:
         latest["trust"] = trust.VERIFIED
     latest["burst_until"] = max(latest["burst_until"], ts + d.policy.window("burst_silence_s"))
@@ -805,18 +817,6 @@ def _driver_recovered(inc: Incident) -> bool:
         return False
     per_gpu = sum(sum(g["xids"].values()) for g in gpus)
     return per_gpu == inc["counts"].get("events") and all(g.get("recovery_to") == 0 for g in gpus)
-
-
-def _end_recovered(inc: Draft, ev: FaultEvent, d: Decision) -> Outcome:
-    """Resolve the episode: the recovery it was opened for is over by the driver's own word."""
-    lifecycle.move(inc, State.RESOLVED, "the driver reports every GPU recovered (Xid 154 to 0x0)")
-    inc["timeline"]["resolved"] = d.now
-    inc["held"], inc["escalate_to"] = None, None
-    inc["reason"] = f"{inc['reason']} [recovered: {ev['reason']}]"
-    inc["budget_released_at"] = d.now
-    d.out.budgets.update(own_slots(inc, d.budgets))
-    d.out.incident, d.out.result, d.out.closed = inc, "recovered", None
-    return d.out
 
 
 def _open(ev: FaultEvent, ts: float, trigger: str, d: Decision) -> Outcome:

@@ -14,7 +14,7 @@ from pitstop.core.scheduling import Capacity, JobInfo, JobRun, JobState
 from pitstop.services.actuate.context import Step
 
 
-def _runs(s: Step) -> dict[str, JobRun]:
+def runs(s: Step) -> dict[str, JobRun]:
     """Each fenced job with the run the fault hit (a hung job's: the run its localisation saw)."""
     fence = s.recorded(Op.FENCE) or s.recorded(Op.LOCALISE) or {}
     runs: dict[str, JobRunDoc] = fence.get("runs") or {}
@@ -65,7 +65,7 @@ def reschedule_early(s: Step) -> EarlyResume:
     requeued: list[JobWhy] = []
     waiting: list[JobWhy] = []
     moved: list[JobWhy] = []
-    for job, then in _runs(s).items():
+    for job, then in runs(s).items():
         cap = s.scheduler.capacity(job, s.instance, s.ref) if choice == checks.EARLY else None
         go, why = checks.early_requeue(choice, _capacity_doc(cap))
         if not go:
@@ -97,7 +97,7 @@ def reschedule(s: Step) -> Rescheduled:
     """Requeue each job the fault hit, once: only while it is still the run the fence recorded."""
     requeued: list[str] = []
     skipped: list[JobWhy] = []
-    for job, then in _runs(s).items():
+    for job, then in runs(s).items():
         why = requeue_one(s, job, then)
         if why is None:
             requeued.append(job)
@@ -115,7 +115,7 @@ def free_node(s: Step) -> Freed:
     per run (``requeue_one``'s record); the check's start is answered 503 until the node is empty.
     """
     moved: list[str] = []
-    for job, then in _runs(s).items():
+    for job, then in runs(s).items():
         info = s.scheduler.job_info(job, s.ref)
         here = info.state in (JobState.RUNNING, JobState.SUSPENDED) and info.run == then
         if here and requeue_one(s, job, then) is None:
@@ -137,13 +137,13 @@ def watch_resume(s: Step) -> bool:
         return True
     if not tl.get("job_requeued"):
         return False
-    runs = _runs(s)
+    fenced = runs(s)
     now: dict[str, JobInfo] = {}
-    for job in runs:  # ask job by job: stop at the first still on its old run
+    for job in fenced:  # ask job by job: stop at the first still on its old run
         now[job] = s.scheduler.job_info(job, s.ref)
-        if remediation.gang_running({job: runs[job]}, {job: now[job]}) is False:
+        if remediation.gang_running({job: fenced[job]}, {job: now[job]}) is False:
             return False
-    running = remediation.gang_running(runs, now)
+    running = remediation.gang_running(fenced, now)
     if running:
         s.decide(RecordGang(s.at, "job_running"), strict=False)  # a probe's stamp
     return bool(running)
