@@ -5,7 +5,8 @@ writes), shapes (the TypedDicts of what it writes and answers), client (the API,
 its errors and shared reads), fence (cordon + taint for an incident, lifted only as set),
 evict (the Eviction API, budgets honoured), kinds (JobSet, batch Job and bare pod as strategies),
 restart (a JobSet's restart once, a Kueue Workload's cycle), capacity (can the gang run without
-the node), checks (diagnose and validate Jobs on the fenced node), doctor, node and zone (what
+the node), checks, check_jobs, check_peers and check_runs (diagnose and validate Jobs on the fenced
+node), doctor, node and zone (what
 ingest reads of a Node). reference/gke.md §2-§4.
 
 :class:`GkeCluster` answers in the adapter's own detail (TypedDicts of shapes.py with every
@@ -25,6 +26,7 @@ from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.gke import fence as fencing
 from pitstop.adapters.gke.capacity import capacity
+from pitstop.adapters.gke.check_runs import GkeChecks
 from pitstop.adapters.gke.checks import (
     CHECK_LABEL,
     CHECK_NAMESPACE,
@@ -32,7 +34,6 @@ from pitstop.adapters.gke.checks import (
     DCGM_IMAGE,
     NCCL_IMAGE,
     CheckSettings,
-    GkeChecks,
     check_script,
     split_outputs,
 )

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
-from pitstop.adapters.gke.checks import GkeChecks
+from pitstop.adapters.gke.check_runs import GkeChecks
 from pitstop.adapters.gke.client import Kube, KubeApiError
 from pitstop.adapters.gke.kinds import JobKind, Stoppable
 from pitstop.adapters.gke.objects import (
