@@ -216,7 +216,7 @@ class GkeCluster:
         jr = parse_job_id(job)
         nodes = self.kube.fenced_nodes(ref.incident)
         if not nodes:
-            return self.kind(jr).info(jr)["state"] == "RUNNING"
+            return self.kind(jr).info(jr)["state"] == JobState.RUNNING
         return any(owner_ref(p) == jr and live(p) for n in nodes for p in self.kube.pods_on(n))
 
     def checkpoint(self, job: str, ref: StepRef) -> list[str]:
@@ -328,10 +328,7 @@ class GkeScheduler:
     def requeue(self, job: str, ref: StepRef, run: JobRun) -> RequeueOutcome:
         a = self.cluster.requeue_outcome(job, ref, run.restarts)
         owner = a.get("owner_action")
-        restarted = not owner and str(a.get("outcome", "")).startswith(
-            ("restart triggered", "workload deactivated")
-        )
-        return RequeueOutcome(job, restarted, str(a.get("outcome")), owner)
+        return RequeueOutcome(job, not owner and a.get("restarted") is True, str(a.get("outcome")), owner)
 
     def release_jobs(self, jobs: list[str], ref: StepRef) -> list[str]:
         """core/scheduling.JobReleaser: undo what a failed step left of Pitstop's own job changes."""
@@ -370,4 +367,4 @@ class GkeScheduler:
 
 def _job(doc: JobAnswer) -> JobInfo:
     nodes = tuple(doc.get("nodes", ()))  # a JobSet's: its live pods' nodes
-    return JobInfo(doc["id"], JobState.of(doc["state"]), JobRun.of(doc), nodes)
+    return JobInfo(doc["id"], doc["state"], JobRun.of(doc), nodes)
