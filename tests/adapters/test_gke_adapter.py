@@ -587,7 +587,7 @@ def test_kueue_workload_without_failure_policy_is_deactivated_then_reactivated(
     first = {p["metadata"]["name"] for p in pods(kube)}
     assert sched.job_info(JOB, CTX)["workload"] == workload(kube)["metadata"]["name"]
     out = sched.requeue_outcome(JOB, CTX)
-    assert out["outcome"].startswith("workload deactivated and reactivated")
+    assert out["outcome"].startswith("workload deactivated and reactivated") and out["restarted"] is True
     wl_patches = [r for r in kube.requests if r[0] == "PATCH" and "/workloads/" in r[1]]
     assert [r[2] for r in wl_patches] == ["application/merge-patch+json"] * 2
     wl = workload(kube)
@@ -687,7 +687,7 @@ def test_a_workload_someone_else_deactivated_stays_inactive(kube: FakeKube, sche
         "kueue.x-k8s.io", "v1beta2", "default", "workloads", name, {"spec": {"active": False}}
     )
     out = sched.requeue_outcome(JOB, CTX)
-    assert "someone else" in out["outcome"] and out["owner_action"]
+    assert "someone else" in out["outcome"] and out["owner_action"] and "restarted" not in out
     assert workload(kube)["spec"]["active"] is False
 
 

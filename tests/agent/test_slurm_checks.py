@@ -39,6 +39,7 @@ from pitstop.agent.slurm import (
     is_transient,
     parse_args,
     parse_node,
+    run_subprocess,
 )
 from pitstop.agent.slurm.records import CheckState
 from pitstop.core import checks as core_checks
@@ -120,7 +121,7 @@ class Recorder:
 
     def __call__(self, argv: list[str]) -> str:
         self.argvs.append(list(argv))
-        return SlurmCommands._subprocess(argv)
+        return run_subprocess(argv)
 
     def mutating(self) -> list[list[str]]:
         reads = (("sinfo",), ("squeue",), ("scontrol", "show"))
@@ -135,7 +136,7 @@ def cmds(
     c = SlurmCommands(rec, checks=dataclasses.replace(TOOLS, directory=str(tmp_path / "checks")))
     yield c, rec
     # back to four idle nodes, no reservations, no jobs (and no runner of a failed test finishing late)
-    for runner in c._children:
+    for runner in c.runners.children:
         runner.kill()
         runner.wait()
     slurm._out(["scancel", "--full", "--quiet", "-u", "root"])
@@ -539,23 +540,29 @@ def test_a_start_delivered_again_starts_no_second_job(
 def test_a_runner_that_died_is_started_again(
     slurm: SlurmCluster, cmds: tuple[SlurmCommands, Recorder], tmp_path: Path
 ) -> None:
-    c, _ = cmds
+    plain, rec = cmds
     slow = tmp_path / "slow-dcgmi"
     slow.write_text(f'#!/bin/sh\nsleep 3\nexec {sys.executable} -m pitstop.local.gpu_tools.dcgmi "$@"\n')
     slow.chmod(0o755)
-    c.checks = dataclasses.replace(c.checks, dcgmi=(str(slow),))
-    target = "ck-1"
-    reason = fence(c, target)
-    args = spec("diagnose", target, step=8)
-    c.start_check(args)
-    (runner,) = c._children
-    time.sleep(1.0)
-    runner.kill()  # as an agent restart under systemd would
-    runner.wait()
-    assert c.check_result(probe(args))["phase"] == "runner started again"
-    res = result(c, args)
-    assert res["done"] and res["error"] is None and parse_dcgm_diag(res["outputs"]["dcgm"]).verdict == "pass"
-    assert node(slurm, target) == ("IDLE+DRAIN", reason) and reservations(slurm) == []
+    c = SlurmCommands(rec, checks=dataclasses.replace(plain.checks, dcgmi=(str(slow),)))
+    try:
+        target = "ck-1"
+        reason = fence(c, target)
+        args = spec("diagnose", target, step=8)
+        c.start_check(args)
+        (runner,) = c.runners.children
+        time.sleep(1.0)
+        runner.kill()  # as an agent restart under systemd would
+        runner.wait()
+        assert c.check_result(probe(args))["phase"] == "runner started again"
+        res = result(c, args)
+        assert res["done"] and res["error"] is None
+        assert parse_dcgm_diag(res["outputs"]["dcgm"]).verdict == "pass"
+        assert node(slurm, target) == ("IDLE+DRAIN", reason) and reservations(slurm) == []
+    finally:
+        for left in c.runners.children:  # the fixture ends only its own agent's runners
+            left.kill()
+            left.wait()
 
 
 def test_a_start_that_fails_midway_puts_the_fence_back_and_a_retry_starts_afresh(
@@ -571,7 +578,7 @@ def test_a_start_that_fails_midway_puts_the_fence_back_and_a_retry_starts_afresh
             raise RuntimeError("sbatch exited 1: sbatch: error: Batch job submission failed: Invalid account")
         return rec(argv)
 
-    c._run = refusing
+    c.slurm.run = refusing
     with pytest.raises(RuntimeError, match="Invalid account"):
         c.start_check(args)
     assert ["scontrol", "update", f"NodeName={target}", "State=RESUME"] in rec.argvs  # it got that far
@@ -580,7 +587,7 @@ def test_a_start_that_fails_midway_puts_the_fence_back_and_a_retry_starts_afresh
     _wait(lambda: node(slurm, target) == ("IDLE+DRAIN", reason), "drained again, responding")
     with pytest.raises(CommandRefusedError, match="did not start"):
         c.check_result(probe(args))
-    c._run = rec
+    c.slurm.run = rec
     started = c.start_check(args)
     assert started["job"] and started["peer"]
     assert result(c, args)["done"] and node(slurm, target) == ("IDLE+DRAIN", reason)

@@ -55,6 +55,51 @@ from pitstop.core.slurm_wire import (
 )
 
 PULL_MAX = 100  # results merged per pull
+
+# Slurm's job states (the long names squeue %T and scontrol show job JobState= print: squeue(1),
+# "JOB STATE CODES", https://slurm.schedmd.com/squeue.html#SECTION_JOB-STATE-CODES) as the contract's
+# JobState. A word of the contract's own meaning maps to it; every other documented state means
+# something no JobState says (ended by a node's failure, a time limit or preemption; held; being
+# requeued or resized) and is UNKNOWN, which remediation leaves to a person (no requeue, no
+# localisation). A word not in the table (a newer Slurm's) is UNKNOWN too.
+SLURM_JOB_STATES: Mapping[str, JobState] = {
+    "PENDING": JobState.PENDING,
+    "RUNNING": JobState.RUNNING,
+    "SUSPENDED": JobState.SUSPENDED,
+    "COMPLETING": JobState.COMPLETING,
+    "COMPLETED": JobState.COMPLETED,
+    "FAILED": JobState.FAILED,
+    "CANCELLED": JobState.CANCELLED,
+    **dict.fromkeys(
+        (
+            "BOOT_FAIL",
+            "CONFIGURING",
+            "DEADLINE",
+            "NODE_FAIL",
+            "OUT_OF_MEMORY",
+            "PREEMPTED",
+            "RESV_DEL_HOLD",
+            "REQUEUE_FED",
+            "REQUEUE_HOLD",
+            "REQUEUED",
+            "RESIZING",
+            "REVOKED",
+            "SIGNALING",
+            "SPECIAL_EXIT",
+            "STAGE_OUT",
+            "STOPPED",
+            "TIMEOUT",
+        ),
+        JobState.UNKNOWN,
+    ),
+}
+
+
+def slurm_job_state(word: object) -> JobState:
+    """The contract's state for a Slurm job state word, exactly as Slurm prints it."""
+    return SLURM_JOB_STATES.get(word, JobState.UNKNOWN) if isinstance(word, str) else JobState.UNKNOWN
+
+
 PULL_TIMEOUT_S = 5.0
 
 
@@ -260,7 +305,7 @@ class SlurmAgentClient:
         return str(self.job_info(job, ref)["state"])
 
     def job_running(self, job: str, ref: StepRef) -> bool:
-        return self.job_state(job, ref) in ("RUNNING", "COMPLETING", "SUSPENDED")
+        return slurm_job_state(self.job_state(job, ref)).on_nodes
 
     def node_healthy(self, node: str, ref: StepRef) -> bool:
         answer = cast(NodeStateAnswer, self._call("node_state", {"node": node}, ref, fresh=True))
@@ -414,4 +459,5 @@ def _result(answer: CheckProgress, peer: bool) -> CheckResult:
 def _job(doc: Mapping[str, object], job: str | None = None) -> JobInfo:
     """A job as the agent describes it (``id`` or ``job``, ``state``, its run)."""
     name = str(job or doc.get("id") or doc.get("job"))
-    return JobInfo(name, JobState.of(doc.get("state")), JobRun.of(doc), expand_hostlist(doc.get("nodelist")))
+    state = slurm_job_state(doc.get("state"))
+    return JobInfo(name, state, JobRun.of(doc), expand_hostlist(doc.get("nodelist")))

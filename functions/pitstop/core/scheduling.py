@@ -35,9 +35,12 @@ class JobState(StrEnum):
 
     @classmethod
     def of(cls, word: object) -> JobState:
-        """The state a scheduler's word means; anything unknown is UNKNOWN."""
+        """A state as Pitstop recorded it (its own value, exactly); anything else is UNKNOWN.
+
+        Not for a scheduler's words: each adapter maps its own (adapters/slurm.SLURM_JOB_STATES,
+        adapters/gke/objects.POD_STATES and the JobSet and Job conditions)."""
         try:
-            return cls(str(word).upper())
+            return cls(word) if isinstance(word, str) else cls.UNKNOWN
         except ValueError:
             return cls.UNKNOWN
 

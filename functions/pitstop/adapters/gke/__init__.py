@@ -5,7 +5,8 @@ writes), shapes (the TypedDicts of what it writes and answers), client (the API,
 its errors and shared reads), fence (cordon + taint for an incident, lifted only as set),
 evict (the Eviction API, budgets honoured), kinds (JobSet, batch Job and bare pod as strategies),
 restart (a JobSet's restart once, a Kueue Workload's cycle), capacity (can the gang run without
-the node), checks (diagnose and validate Jobs on the fenced node), doctor, node and zone (what
+the node), checks, check_jobs, check_peers and check_runs (diagnose and validate Jobs on the fenced
+node), doctor, node and zone (what
 ingest reads of a Node). reference/gke.md §2-§4.
 
 :class:`GkeCluster` answers in the adapter's own detail (TypedDicts of shapes.py with every
@@ -25,6 +26,7 @@ from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.gke import fence as fencing
 from pitstop.adapters.gke.capacity import capacity
+from pitstop.adapters.gke.check_runs import GkeChecks
 from pitstop.adapters.gke.checks import (
     CHECK_LABEL,
     CHECK_NAMESPACE,
@@ -32,7 +34,6 @@ from pitstop.adapters.gke.checks import (
     DCGM_IMAGE,
     NCCL_IMAGE,
     CheckSettings,
-    GkeChecks,
     check_script,
     split_outputs,
 )
@@ -215,7 +216,7 @@ class GkeCluster:
         jr = parse_job_id(job)
         nodes = self.kube.fenced_nodes(ref.incident)
         if not nodes:
-            return self.kind(jr).info(jr)["state"] == "RUNNING"
+            return self.kind(jr).info(jr)["state"] == JobState.RUNNING
         return any(owner_ref(p) == jr and live(p) for n in nodes for p in self.kube.pods_on(n))
 
     def checkpoint(self, job: str, ref: StepRef) -> list[str]:
@@ -327,10 +328,7 @@ class GkeScheduler:
     def requeue(self, job: str, ref: StepRef, run: JobRun) -> RequeueOutcome:
         a = self.cluster.requeue_outcome(job, ref, run.restarts)
         owner = a.get("owner_action")
-        restarted = not owner and str(a.get("outcome", "")).startswith(
-            ("restart triggered", "workload deactivated")
-        )
-        return RequeueOutcome(job, restarted, str(a.get("outcome")), owner)
+        return RequeueOutcome(job, not owner and a.get("restarted") is True, str(a.get("outcome")), owner)
 
     def release_jobs(self, jobs: list[str], ref: StepRef) -> list[str]:
         """core/scheduling.JobReleaser: undo what a failed step left of Pitstop's own job changes."""
@@ -369,4 +367,4 @@ class GkeScheduler:
 
 def _job(doc: JobAnswer) -> JobInfo:
     nodes = tuple(doc.get("nodes", ()))  # a JobSet's: its live pods' nodes
-    return JobInfo(doc["id"], JobState.of(doc["state"]), JobRun.of(doc), nodes)
+    return JobInfo(doc["id"], doc["state"], JobRun.of(doc), nodes)

@@ -16,7 +16,6 @@ from pitstop.adapters.gke.objects import (
     JOBSET_VERSION,
     JOBSETS,
     KUEUE_QUEUE_LABEL,
-    POD_STATES,
     JobRef,
     batch_job_state,
     jobset_state,
@@ -25,6 +24,7 @@ from pitstop.adapters.gke.objects import (
     meta_of,
     name_of,
     node_name_of,
+    pod_state,
     pods_per_job,
     restarts_of,
     spec_of,
@@ -35,6 +35,7 @@ from pitstop.adapters.gke.objects import (
 )
 from pitstop.adapters.gke.restart import WorkloadCycle, jobset_once
 from pitstop.adapters.gke.shapes import JobAnswer, KubeObject, RequeueAnswer, SuspendPatch
+from pitstop.core.scheduling import JobState
 
 Templates = list[tuple[int, KubeObject]]  # (pod count, pod spec) per template
 
@@ -58,7 +59,7 @@ class Stoppable:
 
 class JobKind(Protocol):
     def info(self, ref: JobRef) -> JobAnswer:
-        """``state`` (Slurm's words), ``restarts`` (JobSets only), ``start_time``, ``workload``."""
+        """``state`` (the contract's JobState), ``restarts`` (JobSets only), ``start_time``, ``workload``."""
         ...
 
     def templates(self, ref: JobRef) -> tuple[Templates | None, str | None]:
@@ -81,7 +82,7 @@ def base_info(ref: JobRef) -> JobAnswer:
         "kind": ref.kind,
         "namespace": ref.namespace,
         "name": ref.name,
-        "state": "UNKNOWN",
+        "state": JobState.UNKNOWN,
         "restarts": None,
         "start_time": None,
         "workload": None,
@@ -221,8 +222,7 @@ class PodKind:
         obj = self._read(ref)
         if obj is None:
             return base_info(ref)
-        state = POD_STATES.get(str(status_of(obj).get("phase")), "UNKNOWN")
-        return {**base_info(ref), "state": state, "start_time": text(status_of(obj), "startTime")}
+        return {**base_info(ref), "state": pod_state(obj), "start_time": text(status_of(obj), "startTime")}
 
     def templates(self, ref: JobRef) -> tuple[Templates | None, str | None]:
         obj = self._read(ref)

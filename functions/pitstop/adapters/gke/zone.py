@@ -36,6 +36,7 @@ from google.auth.exceptions import GoogleAuthError
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from pitstop.adapters import retry
 from pitstop.adapters.gke.client import CONTAINER_API, ApiClient
 from pitstop.adapters.gke.objects import as_object, spec_of, subs, text
 from pitstop.core import names
@@ -124,25 +125,36 @@ class ClusterZones:
 
     def _get(self, project: str, location: str, cluster: str) -> list[str]:
         url = f"{self.endpoint}/projects/{project}/locations/{location}/clusters/{cluster}"
-        why = ""
-        for attempt in range(CLUSTER_ATTEMPTS):
-            if attempt:
-                self.sleep(0.2 * 2 ** (attempt - 1))
+
+        def attempt() -> list[str]:
             try:
                 resp = self.session().get(url, timeout=LOOKUP_TIMEOUT_S)
             except GoogleAuthError as exc:  # no credentials, or a token that cannot be refreshed now
                 raise ZoneLookupError(f"clusters.get {cluster}: {str(exc)[:200]}") from exc
             except OSError as exc:  # requests' ConnectionError and Timeout are OSErrors
-                why = f"Container API unreachable ({type(exc).__name__})"
-                continue
+                raise _UnansweredError(f"Container API unreachable ({type(exc).__name__})") from exc
             if resp.status_code == 200:
                 return cluster_zones(resp.json())
             if resp.status_code == 404:
                 return []
             why = f"clusters.get {cluster}: {resp.status_code} {resp.text[:200]}"
             if resp.status_code != 429 and resp.status_code < 500:
-                break  # a refusal (403 ...) does not change on a retry now
-        raise ZoneLookupError(why)
+                raise ZoneLookupError(why)  # a refusal (403 ...) does not change on a retry now
+            raise _UnansweredError(why)
+
+        return retry.call(attempt, CLUSTER_RETRY, sleep=self.sleep)
+
+
+class _UnansweredError(ZoneLookupError):
+    """clusters.get unreachable, or answering 429 / 5xx: worth another attempt now."""
+
+
+CLUSTER_RETRY = retry.Policy(
+    lambda exc: isinstance(exc, _UnansweredError),
+    CLUSTER_ATTEMPTS,
+    retry.Backoff(0.2),
+    lambda exc: ZoneLookupError(str(exc)),  # the last attempt's why
+)
 
 
 def cluster_zones(cluster: object) -> list[str]:
