@@ -1,6 +1,6 @@
 """The third scheduler, `kubernetes`: any Kubernetes cluster on Compute Engine VMs, by kubeconfig.
 
-The worked example of adding a scheduler (README, Where a change goes): one adapter module, one
+The worked example of adding a scheduler (docs/architecture.md, Where a change goes): one adapter module, one
 row in the registry, one block in the policy schema. Driven here through a real kubeconfig against
 the fake API server (the `kubernetes` client, as in production).
 """

@@ -42,7 +42,10 @@ ZONES = [
     {"zone": "us-central1-b", "name_prefix": "a3-", "migs": ["a3-node"]},
 ]  # actuate's VMs
 CUSTOM_ROLES = ("pitstopWorkflowStarter", "pitstopActuator", "pitstopOperationsReader")
-ENFORCE_POLICY = "mode: enforce\n"
+# the operator's policy: enforce, with the clusters deploy.yaml names (deploy's pre-flight checks they agree)
+ENFORCE_POLICY = "mode: enforce\nclusters:\n" + "".join(
+    f"  - {{name: {c}, scheduler: slurm, match: {{name_pattern: '{c}-*'}}}}\n" for c in CLUSTERS
+)
 NOT_SHIPPED = ("pitstop/local/", "pitstop/tools/", "pitstop/agent/")  # the CLI, the Slurm agent, stand-ins
 LOGGING_AGENT = f"serviceAccount:service-{fake_gcp.PROJECT_NUMBER}@gcp-sa-logging.iam.gserviceaccount.com"
 MONITORING_AGENT = (

@@ -306,10 +306,12 @@ def bench_notify(
         proc, host = procs.start_emulator("firestore", Path(tempfile.mkdtemp(prefix="pitstop-bench-")))
     try:
         runs = []
-        for n in instances:
-            for c in concurrency:
-                runs.append(run(Shape(n, c, notifications_n, **shape), host))
-                print(json.dumps(runs[-1]), file=sys.stderr, flush=True)  # progress
+        for k, (n, c) in enumerate(((n, c) for n in instances for c in concurrency), 1):
+            shaped = Shape(n, c, notifications_n, **shape)
+            total = len(instances) * len(concurrency)
+            print(f"pitstop bench: notify run {k} of {total}: {shaped}", file=sys.stderr, flush=True)
+            runs.append(run(shaped, host))
+            print(json.dumps(runs[-1]), file=sys.stderr, flush=True)  # progress
     finally:
         if proc is not None:
             proc.stop()

@@ -14,6 +14,7 @@ settings Pitstop depends on but must not change (serial-port logging on GKE node
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -106,22 +107,61 @@ CLUSTER_TOPICS: list[str] = [  # one of each per Slurm cluster ("{cluster}" in t
 ]
 
 
+class ConfigError(ValueError):
+    """deploy.yaml is wrong; the message names the key (and, for an unknown key, the nearest known one)."""
+
+
+CONFIG_SCHEMA = "deploy.schema.json"
+
+
 def load_config(path: str | None) -> dict[str, object]:
+    """infra/deploy.defaults.yaml with ``path`` merged over it key by key, checked: every key known
+    (schemas/deploy.schema.json, ``additionalProperties: false``) and each value as deploy uses it."""
     conf: dict[str, object] = yaml.safe_load((INFRA / "deploy.defaults.yaml").read_text())
     if path:
-        conf = deep_merge(conf, yaml.safe_load(Path(path).read_text()) or {})
-    expand_accounts({}, slurm_clusters(conf))  # names fit the account-id rules
-    notification_channels(conf)
-    telemetry_files(conf)
-    gke_clusters(conf, "my-project")
-    compute_scope(conf, "my-project")
-    db = conf.get("firestore_database")
-    if not isinstance(db, str) or not DATABASE.fullmatch(db):
-        raise ValueError(f"firestore_database: {db!r} is not a database id (and not (default))")
-    ndb = conf.get("notify_database")
-    if not isinstance(ndb, str) or not DATABASE.fullmatch(ndb) or ndb == db:
-        raise ValueError(f"notify_database: {ndb!r} is not a database id of its own (not {db} or (default))")
+        conf = deep_merge(conf, _user_config(path))
+    try:
+        resources.validate(conf, CONFIG_SCHEMA, path or "infra/deploy.defaults.yaml")
+        expand_accounts({}, slurm_clusters(conf))  # names fit the account-id rules
+        notification_channels(conf)
+        telemetry_files(conf)
+        gke_clusters(conf, "my-project")
+        compute_scope(conf, "my-project")
+        db = conf.get("firestore_database")
+        if not isinstance(db, str) or not DATABASE.fullmatch(db):
+            raise ValueError(f"firestore_database: {db!r} is not a database id (and not (default))")
+        ndb = conf.get("notify_database")
+        if not isinstance(ndb, str) or not DATABASE.fullmatch(ndb) or ndb == db:
+            raise ValueError(
+                f"notify_database: {ndb!r} is not a database id of its own (not {db} or (default))"
+            )
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}" if path and not str(exc).startswith(path) else str(exc)) from None
     return conf
+
+
+def _user_config(path: str) -> dict[str, object]:
+    """A person's deploy.yaml: a mapping whose every key deploy knows (a typo names the key it meant)."""
+    import difflib
+
+    try:
+        user = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(user, dict):
+        raise ConfigError(f"{path}: a mapping of settings (key: value), not {type(user).__name__}")
+    known = resources.schema(CONFIG_SCHEMA)["properties"]
+    assert isinstance(known, dict)
+    for key in user:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), list(known), n=1)
+            hint = f"did you mean {near[0]}?" if near else f"the keys are {', '.join(sorted(known))}"
+            raise ConfigError(f"{path}: {key}: not a deploy.yaml setting ({hint})")
+    return user
 
 
 PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]|[0-9]{1,19}"  # a project id or number
@@ -1262,6 +1302,23 @@ def _fill(arg: str, values: Mapping[str, str]) -> str:
     for k, v in values.items():
         arg = arg.replace(k, v)
     return arg
+
+
+def teardown_lines(steps: list[Step], purge: bool) -> list[str]:
+    """What teardown runs, in its order, as shell lines (``teardown --dry-run``). ``<existing>`` stands
+    for each name the step's check finds (the comment after it says how), a resource named only when
+    it was created; with ``purge``, the data's bulk deletes come last."""
+    out = []
+    for step in reversed(steps):
+        if step.delete is None:
+            continue
+        line = dataclasses.replace(step, argv=step.delete).line()
+        if any(EXISTING in a for a in step.delete) and step.check is not None:
+            line += f"  # {EXISTING}: each name `{shlex.join(['gcloud', *step.check])}` prints"
+        out.append(line)
+    if purge:
+        out += [shlex.join(["gcloud", *s.purge]) for s in steps if s.purge is not None]
+    return out
 
 
 def teardown(

@@ -23,6 +23,7 @@ from typing import Any
 
 from pitstop.core.policy import Policy
 from pitstop.core.timeline import iso
+from pitstop.tools import common
 from pitstop.tools import report_model as rm
 
 DETAIL_LIMIT = 300  # incidents whose full timeline is written out (the newest); the table has all
@@ -597,12 +598,11 @@ def from_store(store: Any, policy: Policy, since_s: float, now: float) -> rm.Rep
 
 def cmd_report(args: argparse.Namespace) -> int:
     from pitstop.core import policy as policy_mod
-    from pitstop.tools import common
 
     if args.from_replay:
-        rep = from_replay(args.from_replay, policy_mod.load(args.policy))
+        rep = from_replay(args.from_replay, policy_mod.load(common.policy_file(args.config, args.policy)))
     else:
-        store, pol = common.store_and_policy(args.project)
+        store, pol = common.store_and_policy(args.project, args.config)
         if args.policy:
             pol = policy_mod.load(args.policy)
         rep = from_store(store, pol, common.duration_s(args.since or "7d"), time.time())
@@ -629,7 +629,5 @@ def add(sub: Any) -> None:
     r.add_argument(
         "--policy", default=None, help="policy.yaml (default: $PITSTOP_POLICY or shipped defaults)"
     )
-    r.add_argument(
-        "--project", default=None, help="the incident store's project (default GOOGLE_CLOUD_PROJECT)"
-    )
+    common.add_store_flags(r)
     r.set_defaults(func=cmd_report)

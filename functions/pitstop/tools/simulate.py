@@ -18,6 +18,7 @@ from typing import Any, TypedDict, cast
 from pitstop.core import resources
 from pitstop.core.domain import Incident
 from pitstop.tools import timing
+from pitstop.tools.progress import Note, Progress, silent
 from pitstop.tools.sim import trace as trace_mod
 from pitstop.tools.sim.fleet import PHASES, Fleet, Ledger
 from pitstop.tools.sim.scenario import Comparison, Scenario, Summary, SweepRun, SweepValue
@@ -132,11 +133,12 @@ def _decided(incidents: Iterable[Incident]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def simulate(scn: Scenario) -> Comparison:
+def simulate(scn: Scenario, note: Note = silent) -> Comparison:
     """Every strategy of the scenario over one trace: ``{"strategies": [...], "scenario": {...}}``."""
     faults = trace_mod.generate(scn)
     rows = []
     for name in scn["strategies"]:
+        note(f"{name} on {scn['fleet']['nodes']:,} nodes, {len(faults):,} faults over {scn['days']} days")
         sim = Fleet(scn, STRATEGIES[name](scn))
         rows.append(summarize(name, sim.run(faults), sim, scn))
     return {"strategies": rows, "scenario": scn, "trace": _trace_counts(faults)}
@@ -168,12 +170,15 @@ def _number(v: str) -> SweepValue:
     return v
 
 
-def sweep(scn: Scenario, key: str, values: Sequence[SweepValue]) -> list[SweepRun]:
+def sweep(scn: Scenario, key: str, values: Sequence[SweepValue], note: Note = silent) -> list[SweepRun]:
     """One full comparison per value of a field (each with its own trace from the same seed)."""
-    return [
-        {"value": v, "strategies": simulate(with_fields(scn, {key: v}, "--sweep"))["strategies"]}
-        for v in values
-    ]
+    runs: list[SweepRun] = []
+    for k, v in enumerate(values, 1):
+        note(f"--sweep {key}={v} ({k} of {len(values)})", force=True)
+        runs.append(
+            {"value": v, "strategies": simulate(with_fields(scn, {key: v}, "--sweep"), note)["strategies"]}
+        )
+    return runs
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -301,12 +306,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         sizes = args.sweep[1] if args.sweep and args.sweep[0] == "nodes" else SIMULATE_SWEEP_NODES
         print(json.dumps(bench_simulate(scn, sweep_nodes=sizes), indent=2))
         return 0
-    result = simulate(scn)
+    note = Progress("simulate").note
+    result = simulate(scn, note)
     key: str | None = None
     runs: list[SweepRun] = []
     if args.sweep:
         key, values = args.sweep
-        runs = sweep(scn, key, values)
+        runs = sweep(scn, key, values, note)
         result["sweep"] = {"field": key, "runs": runs}
     if args.plot:
         plot(args.plot, result, key, runs)
@@ -329,9 +335,9 @@ def add(sub: Any) -> None:
         "--rate", default=None, help="fault rate: llama3, or a preset of the scenario (rsc1, rsc2)"
     )
     s.add_argument("--nodes", type=int, default=None, help="nodes running jobs")
-    s.add_argument("--spares", type=int, default=None)
-    s.add_argument("--days", type=float, default=None)
-    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--spares", type=int, default=None, help="idle nodes a gang can restart on at once")
+    s.add_argument("--days", type=float, default=None, help="length of the simulated period")
+    s.add_argument("--seed", type=int, default=None, help="seed of the fault trace (same seed, same trace)")
     s.add_argument(
         "--strategies", default=None, help="comma-separated: manual,gke,nvsentinel,pitstop,pitstop+tel"
     )

@@ -19,7 +19,7 @@ the node's ``/sys``, ``/proc/sys`` and plugin libraries as hostPath volumes
 (cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx), all of which Pod
 Security ``baseline`` in this namespace forbids (kubernetes.io/docs/concepts/security/
 pod-security-standards/#baseline) so that creating a check Job is not root on a GPU node. A
-busbw figure from here is therefore never the fabric's and a shortfall pages (README).
+busbw figure from here is therefore never the fabric's and a shortfall pages (docs/engine.md).
 
 This module holds what a check is: its settings, its arguments, the script its pods run and how
 their log is cut. The parts that act are divided by responsibility and composed by
