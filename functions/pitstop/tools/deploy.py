@@ -31,7 +31,7 @@ from typing import Literal, TypedDict, cast
 
 import yaml
 
-from pitstop.core import resources, sinks
+from pitstop.core import plugins, resources, sinks
 from pitstop.core.policy import deep_merge, from_doc
 from pitstop.tools.deploy_types import AccountSpec, Grant, IamCondition, IamDoc, ResourceEntry, ScaleKey
 
@@ -80,14 +80,69 @@ class Step:
 
 @functools.cache
 def _resources() -> list[Entry]:
-    """resources.yaml, checked once (read-only: every reader renders a copy)."""
+    """resources.yaml with the plugin folders' fragments in, checked once (read-only: every reader
+    renders a copy)."""
     doc = resources.load_yaml(RESOURCES, "deploy-resources.schema.json")
-    return cast(list[Entry], doc["resources"])  # its schema checked it
+    spliced = {"resources": _spliced(cast(list[Entry], doc["resources"]))}
+    resources.validate(spliced, "deploy-resources.schema.json", f"{RESOURCES} with the plugin folders")
+    return spliced["resources"]
+
+
+def _spliced(entries: list[Entry]) -> list[Entry]:
+    """Each ``plugins: <slot>`` entry replaced by the folders' entries for it, in their order; each
+    function given the env and secrets its folders add (plugin.yaml ``deploy``)."""
+    out: list[Entry] = []
+    for e in entries:
+        if "plugins" in e:
+            out += [
+                cast(Entry, x) for p in plugins.all_plugins() for x in _fragment(p, "resources", e["plugins"])
+            ]
+        elif "resources" in e:
+            out.append({**e, "resources": _spliced(e["resources"])})
+        elif e.get("kind") == "function":
+            out.append(_with_function_fragments(e))
+        else:
+            out.append(e)
+    return out
+
+
+def _fragment(p: plugins.Plugin, *path: str) -> list[object]:
+    """A list at ``path`` in a plugin's deploy fragment (empty when absent)."""
+    node: object = p.deploy
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return list(node) if isinstance(node, list) else []
+
+
+def _with_function_fragments(e: Entry) -> Entry:
+    fn: Entry = {**e}
+    for p in plugins.all_plugins():
+        functions = p.deploy.get("functions")
+        more = functions.get(e["name"]) if isinstance(functions, dict) else None
+        if not isinstance(more, dict):
+            continue
+        fn["env"] = {**fn.get("env", {}), **more.get("env", {})}
+        fn["secrets"] = {**fn.get("secrets", {}), **more.get("secrets", {})}
+        fn["secrets_if"] = {**fn.get("secrets_if", {}), **more.get("secrets_if", {})}
+    return fn
 
 
 @functools.cache
 def _iam() -> IamDoc:
-    return cast(IamDoc, resources.load_yaml(INFRA / "iam.yaml", "deploy-iam.schema.json"))  # checked
+    """iam.yaml with each plugin folder's grants appended to its accounts' and its conditions, checked."""
+    doc = resources.load_yaml(INFRA / "iam.yaml", "deploy-iam.schema.json")
+    accounts = cast(dict[str, dict[str, list[object]]], doc["service_accounts"])
+    conditions = cast(dict[str, object], doc["conditions"])
+    for p in plugins.all_plugins():
+        iam = p.deploy.get("iam")
+        if not isinstance(iam, dict):
+            continue
+        for account, grants in (iam.get("service_accounts") or {}).items():
+            for key, listed in grants.items():
+                accounts.setdefault(account, {}).setdefault(key, []).extend(listed)
+        conditions.update(iam.get("conditions") or {})
+    resources.validate(doc, "deploy-iam.schema.json", f"{INFRA / 'iam.yaml'} with the plugin folders")
+    return cast(IamDoc, doc)  # checked just above
 
 
 class GkeCluster(TypedDict):
@@ -107,9 +162,13 @@ CLUSTER_TOPICS: list[str] = [  # one of each per Slurm cluster ("{cluster}" in t
 
 
 def load_config(path: str | None) -> dict[str, object]:
-    conf: dict[str, object] = yaml.safe_load((INFRA / "deploy.defaults.yaml").read_text())
+    """deploy.yaml over infra/deploy.defaults.yaml over the plugin folders' defaults, checked."""
+    conf: dict[str, object] = deep_merge(
+        plugins.deploy_defaults(), yaml.safe_load((INFRA / "deploy.defaults.yaml").read_text())
+    )
     if path:
         conf = deep_merge(conf, yaml.safe_load(Path(path).read_text()) or {})
+    _check_plugin_keys(conf)
     expand_accounts({}, slurm_clusters(conf))  # names fit the account-id rules
     notification_channels(conf)
     telemetry_files(conf)
@@ -122,6 +181,17 @@ def load_config(path: str | None) -> dict[str, object]:
     if not isinstance(ndb, str) or not DATABASE.fullmatch(ndb) or ndb == db:
         raise ValueError(f"notify_database: {ndb!r} is not a database id of its own (not {db} or (default))")
     return conf
+
+
+def _check_plugin_keys(conf: Conf) -> None:
+    """The deploy.yaml keys a channel or scheduler folder adds, against its deploy.schema.json."""
+    import jsonschema
+
+    try:
+        jsonschema.validate(dict(conf), plugins.deploy_schema())
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(x) for x in exc.absolute_path) or "(top level)"
+        raise ValueError(f"{where}: {exc.message}") from None
 
 
 PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]|[0-9]{1,19}"  # a project id or number
@@ -499,7 +569,7 @@ def _expand_accounts(entry: Entry, t: Target) -> Generated:
     for comp, spec in t.accounts.items():
         account: Entry = {"kind": "service-account", "name": comp, "display": spec["display"]}
         yield {**account, "what": entry["what"]}, {"account": comp}
-        for b in spec.get("project_roles", []):
+        for b in (b for b in spec.get("project_roles", []) if _configured(b, t)):
             role = _render_text(b["role"], t.variables)
             binding: Entry = {"kind": "project-binding", "member": t.member(comp), "role": role}
             binding["condition"] = _condition(b.get("condition"), t)
@@ -843,7 +913,7 @@ def _log_sink(e: Entry, t: Target) -> list[Step]:
     """A sink with its filter file; an aggregated one lives in its folder or organization."""
     sink, where = e["name"], t.sink_scope or t.p
     dest = f"pubsub.googleapis.com/projects/{t.project}/topics/{e['topic']}"
-    pre = [dest, f"--log-filter={sinks.read_filter(sinks.SINK_FILTERS[sink])}"]
+    pre = [dest, f"--log-filter={sinks.read_filter(e.get('filter_file') or sinks.SINK_FILTERS[sink])}"]
     step = _updatable(_crud(e.get("what", f"log sink {sink}"), ["logging", "sinks"], sink, where, pre))
     step.argv += ["--include-children"] if t.sink_scope else []
     return [step]
@@ -1012,6 +1082,7 @@ SHIPPED = (
     "pitstop/core",
     "pitstop/services",
     "pitstop/adapters",
+    "pitstop/plugins",
 )
 BUNDLED = {"pitstop/schemas": ROOT / "schemas", "pitstop/filters": INFRA / "filters"}  # data read at run time
 
@@ -1043,6 +1114,8 @@ def _shipped(policy_path: str | None) -> dict[str, bytes]:
         for f in files:
             rel = f.relative_to(src).parts
             if any(p == "__pycache__" or p.startswith(".") for p in rel) or f.suffix in (".pyc", ".pyo"):
+                continue
+            if name == "pitstop/plugins" and f.name == "local.py":  # a folder's local sink or stand-in
                 continue
             out[str(PurePosixPath(name, *rel))] = f.read_bytes()
     out["policy.yaml"] = Path(policy_path).read_bytes() if policy_path else b"{}\n"  # {}: observe mode
@@ -1122,7 +1195,11 @@ def runtime_values(project: str, region: str, sink_scope: list[str]) -> dict[str
         f"--filter=displayName={json.dumps(ALERTS_CHANNEL)}",
         "--format=value(name)",
     ]
-    for sink in sinks.SINK_FILTERS:  # an aggregated sink lives in its folder or organization
+    plugin_sinks = [e["name"] for e in _resources() if e.get("kind") == "log-sink" and "filter_file" in e]
+    for sink in [
+        *sinks.SINK_FILTERS,
+        *plugin_sinks,
+    ]:  # an aggregated sink lives in its folder or organization
         out[f"<{sink}-writer-identity>"] = ["logging", "sinks", "describe", sink, *sink_scope]
         out[f"<{sink}-writer-identity>"].append("--format=value(writerIdentity)")
     return out

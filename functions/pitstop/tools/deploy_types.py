@@ -45,6 +45,7 @@ class ResourceEntry(TypedDict, total=False):
     if_config: str  # exists only when deploy.yaml sets this key
     resources: list[ResourceEntry]
     expand: str  # a key of deploy.EXPAND
+    plugins: str  # a slot: the plugin folders' entries for it are spliced in here (deploy._resources)
     role_what: str
     roles: list[ResourceRoles]  # account-roles: which of iam.yaml's resource-level roles
     agent: str  # agent-roles: an iam.yaml service agent
@@ -66,6 +67,7 @@ class ResourceEntry(TypedDict, total=False):
     cluster: str
     location: str
     filter: str
+    filter_file: str  # a log sink's filter file (infra/filters)
     member: str
     role: str
     account: str
