@@ -229,8 +229,8 @@ def test_the_resubmission_keeps_spec_and_scheduling_and_links_both_jobs() -> Non
     assert new["jobSpec"]["baseOutputDirectory"] == job["jobSpec"]["baseOutputDirectory"]
     assert new["labels"] == {
         "team": "llm",
-        "pitstop-incident": "iabcdefghi",
-        "pitstop-resubmit-of": "4606268999515242496",
+        "pitstop_incident": "iabcdefghi",
+        "pitstop_resubmit_of": "4606268999515242496",
     }
     assert (
         new["displayName"]
@@ -276,5 +276,5 @@ def test_a_job_name_is_read_into_its_parts() -> None:
     assert n.name == NAME and n.parent == "projects/train-prod/locations/us-central1"
     assert (
         vertex.list_filter("iabcdefghi", n)
-        == 'labels.pitstop-incident="iabcdefghi" AND labels.pitstop-resubmit-of="4606268999515242496"'
+        == 'labels.pitstop_incident="iabcdefghi" AND labels.pitstop_resubmit_of="4606268999515242496"'
     )

@@ -59,7 +59,7 @@ def test_the_shipped_folders_are_the_registries() -> None:
     assert plugins.names("channels") == ["webhook", "pagerduty", "generic_webhook"]
     assert list(channels.builders()) == plugins.names("channels")
     assert list(schedulers.factories()) == plugins.names("schedulers")
-    assert {"slurm", "gke", "kubernetes"} <= set(plugins.names("schedulers"))
+    assert plugins.names("schedulers") == ["slurm", "gke", "kubernetes", "vertex"]
 
 
 def test_a_manifest_must_name_its_own_folder(extra_scheduler: Path) -> None:

@@ -375,7 +375,9 @@ def test_staged_source_holds_the_shipped_packages_and_their_data_only(tmp_path: 
     assert not [p for p in out.rglob("*") if p.name == "__pycache__" or p.suffix in (".pyc", ".pyo")]
     for pkg in shipped:  # a plugin folder's local sink or stand-in (local.py) stays home
         here = {p.name for p in (functions / pkg).glob("*.py")}
-        assert {p.name for p in (out / pkg).glob("*.py")} == here - ({"local.py"} if "plugins/" in pkg else set())
+        assert {p.name for p in (out / pkg).glob("*.py")} == here - (
+            {"local.py"} if "plugins/" in pkg else set()
+        )
     assert (out / "pitstop/plugins/channels/pagerduty/plugin.yaml").is_file()
     assert not (out / "pitstop/plugins/channels/pagerduty/local.py").exists()
     assert (out / "pitstop" / "schemas" / "xid-policy.yaml").is_file()

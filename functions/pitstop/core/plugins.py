@@ -106,6 +106,12 @@ def policy_schema(base: JsonObject) -> JsonObject:
     scheduler = cast(JsonObject, props["scheduler"])
     enum = cast(list[object], scheduler["enum"])
     rules = cast(list[object], item.setdefault("allOf", []))
+    nodeless = [p.name for p in found("schedulers") if p.manifest.get("nodes") is False]
+    if nodeless:  # a cluster of VMs Pitstop cannot see (Vertex AI's) names no node to claim
+        item["required"] = [r for r in cast(list[str], item["required"]) if r != "match"]
+        rules.append(
+            {"if": {"properties": {"scheduler": {"enum": nodeless}}}, "else": {"required": ["match"]}}
+        )
     for p in found("schedulers"):
         enum.append(p.name)
         block = p.fragment(POLICY_FRAGMENT)

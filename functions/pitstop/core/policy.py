@@ -57,6 +57,8 @@ class Cluster:
 
     def matches(self, node: NodeRef, labels: Mapping[str, str] | None = None) -> bool:
         m = self.match
+        if not m:  # a platform's cluster (Vertex AI): its VMs are not Pitstop's to claim
+            return False
         inst = node["instance"]
         if "name_pattern" in m and not fnmatch.fnmatchcase(inst, m["name_pattern"]):
             return False
@@ -178,7 +180,7 @@ def from_doc(user: Mapping[str, object] | None, where: str = "policy") -> Policy
         if c["name"] in seen:
             raise resources.DataFileError(f"{where}: clusters/{i}/name: duplicate cluster {c['name']!r}")
         seen.add(c["name"])
-        clusters.append(Cluster(c["name"], c["scheduler"], c.get("size"), c["match"], c))
+        clusters.append(Cluster(c["name"], c["scheduler"], c.get("size"), c.get("match") or {}, c))
     xids = default_xid_policy()
     if doc["xid_overrides"]:
         xids = xids.with_overrides({int(k): v for k, v in doc["xid_overrides"].items()})

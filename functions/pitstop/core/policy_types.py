@@ -122,7 +122,7 @@ class ClusterDoc(TypedDict):
 
     name: str
     scheduler: str
-    match: ClusterMatch
+    match: NotRequired[ClusterMatch]  # absent only for a scheduler whose folder says nodes: false
     size: NotRequired[int]
     mig: NotRequired[MigConfig]
     slurm: NotRequired[SlurmConfig]

@@ -30,7 +30,7 @@ Klass = Literal["infrastructure", "user", "unknown", "not_ended"]
 ENDED = frozenset({"JOB_STATE_FAILED", "JOB_STATE_EXPIRED", "JOB_STATE_CANCELLED", "JOB_STATE_CANCELLING"})
 MAX_MESSAGE = 4096
 CHECKPOINT_ENV, RESUME_ENV = "PITSTOP_CHECKPOINT_URI", "PITSTOP_RESUME_FROM"
-INCIDENT_LABEL, RESUBMIT_OF_LABEL = "pitstop-incident", "pitstop-resubmit-of"
+INCIDENT_LABEL, RESUBMIT_OF_LABEL = "pitstop_incident", "pitstop_resubmit_of"
 # Output-only fields of a CustomJob (the API reference marks them so): never sent in a create.
 OUTPUT_ONLY = (
     "name", "state", "createTime", "startTime", "endTime", "updateTime", "error",

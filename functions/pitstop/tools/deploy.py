@@ -494,7 +494,7 @@ def _entries(entries: Iterable[Entry], t: Target, scope: Mapping[str, str]) -> I
     for entry in entries:
         if not _configured(entry, t):
             continue
-        for values in FOR_EACH[entry["for_each"]](entry, t) if "for_each" in entry else [{}]:
+        for values in _for_each(entry, t) if "for_each" in entry else [{}]:
             inner = {**scope, **values}
             if "resources" in entry:
                 yield from _entries(entry["resources"], t, inner)
@@ -553,15 +553,26 @@ FOR_EACH: dict[str, Callable[[Entry, Target], list[dict[str, str]]]] = {
 Generated = Iterator[tuple[Entry, dict[str, str]]]  # an entry and the variables it is rendered with
 
 
+def _for_each(entry: Entry, t: Target) -> list[dict[str, str]]:
+    """FOR_EACH's values, or ``config:<key>``: each entry of that deploy.yaml list as ``{item}``."""
+    key = entry["for_each"]
+    if key.startswith("config:"):
+        return [{"item": str(v)} for v in _listed(t.conf, key.removeprefix("config:"))]
+    return FOR_EACH[key](entry, t)
+
+
 def _condition(name: str | None, t: Target) -> IamCondition | None:
     """An iam.yaml `conditions` entry, rendered for this plan (None: unconditional)."""
     if name is None:
         return None
     cond = t.iam["conditions"][name]
-    return {
-        "title": cond["title"],
-        "expression": " ".join(_render_text(cond["expression"], t.variables).split()),
-    }
+    each = (
+        [{}]
+        if "join" not in cond
+        else [{cond["join"].removesuffix("s"): str(v)} for v in _listed(t.conf, cond["join"])]
+    )
+    clauses = [" ".join(_render_text(cond["expression"], {**t.variables, **v}).split()) for v in each]
+    return {"title": cond["title"], "expression": " || ".join(clauses)}
 
 
 def _expand_accounts(entry: Entry, t: Target) -> Generated:

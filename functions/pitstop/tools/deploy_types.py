@@ -8,7 +8,7 @@ and deploy.load_config checks each key it reads.
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 from pitstop.core.domain import JsonObject
 
@@ -30,6 +30,7 @@ class Scale(TypedDict, total=False):
 class IamCondition(TypedDict):
     title: str
     expression: str
+    join: NotRequired[str]  # a deploy.yaml list: the expression once per entry, ORed (deploy._condition)
 
 
 class ResourceEntry(TypedDict, total=False):
