@@ -250,3 +250,21 @@ def test_an_entry_without_a_region_finds_its_job_in_the_configured_ones(
     found = jobs.find("train-prod", name.rsplit("/", 1)[1], ["us-central1", "europe-west4"])
     assert found is not None and found["name"] == name
     assert jobs.find("train-prod", "1", ["us-central1"]) is None
+
+
+def test_the_stand_in_runs_as_a_local_process_for_the_stack(tmp_path: Any) -> None:
+    import sys
+
+    from pitstop.local import procs
+
+    port = procs.free_port()
+    argv = [sys.executable, "-m", "pitstop.local.serve", "vertex", "--port", str(port), "--step-s", "0"]
+    proc = procs.Proc("vertex", argv, tmp_path / "vertex.log").start()
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        procs.wait_http(endpoint + "/", proc, accept_errors=True)
+        client = job_service_client("us-central1", endpoint)
+        job = client.create_custom_job(parent=PARENT, custom_job=CustomJob.from_json(json.dumps(_spec())))
+        assert client.get_custom_job(name=job.name).state == JobState.JOB_STATE_SUCCEEDED
+    finally:
+        proc.stop()

@@ -4,7 +4,8 @@ fake-compute, executions (the Workflows runner behind the Executions gRPC API), 
 prometheus (Managed Service for Prometheus' query API over the GPU stand-ins), webhook (every
 channel folder's sink: records notifications and can be taken down), vm-sync (starts and
 stops each node's slurmd as its fake VM goes down and comes back, like a real host would),
-and scheduler (Cloud Scheduler's job that calls the sweep function every interval).
+scheduler (Cloud Scheduler's job that calls the sweep function every interval), and vertex
+(Vertex AI's JobService for custom training jobs).
 """
 
 from __future__ import annotations
@@ -102,6 +103,14 @@ def monitoring(args: argparse.Namespace) -> None:
     gpu_state = gpu_state_reader(args.gpu_state) if args.compute else None
     server, _ = serve(Recording(alerts.heartbeat if alerts is not None else None, gpu_state), port=args.port)
     _wait_forever(lambda: server.stop(0))
+
+
+def vertex(args: argparse.Namespace) -> None:
+    """Vertex AI's JobService (REST v1) for every region (local/fake_vertex.py)."""
+    from pitstop.local.fake_vertex import FakeVertex, serve
+
+    server, _ = serve(FakeVertex(step_s=args.step_s), port=args.port)
+    _wait_forever(server.shutdown)
 
 
 def prometheus(args: argparse.Namespace) -> None:
@@ -271,6 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     pr.add_argument("--project", default="pitstop-local")
     pr.add_argument("--zone", default="us-central1-a")
     pr.add_argument("--cluster", default="local")
+    vx = sub.add_parser("vertex")
+    vx.add_argument("--port", type=int, required=True)
+    vx.add_argument("--step-s", type=float, default=5.0, help="seconds a job spends in each state")
     sc = sub.add_parser("scheduler")
     sc.add_argument("--url", required=True)
     sc.add_argument("--interval", type=float, default=60.0)
@@ -285,6 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "executions": executions,
         "monitoring": monitoring,
         "prometheus": prometheus,
+        "vertex": vertex,
         "webhook": webhook,
         "vm-sync": vm_sync,
         "scheduler": scheduler,
