@@ -231,7 +231,12 @@ def test_the_resubmission_keeps_spec_and_scheduling_and_links_both_jobs() -> Non
         "team": "llm",
         "pitstop_incident": "iabcdefghi",
         "pitstop_resubmit_of": "4606268999515242496",
+        "pitstop_lineage": "4606268999515242496",
     }
+    assert vertex.lineage(job) == "4606268999515242496"
+    second = {**job, **new, "name": "projects/train-prod/locations/us-central1/customJobs/77"}
+    assert vertex.lineage(second) == "4606268999515242496"  # the budget follows the first job
+    assert vertex.resubmission(second, "ijklmnopqr")["labels"]["pitstop_lineage"] == "4606268999515242496"
     assert (
         new["displayName"]
         == "llama-pretrain-pitstop-iabcdefghi"

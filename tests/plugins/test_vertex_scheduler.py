@@ -174,6 +174,7 @@ def test_an_infrastructure_failure_is_resubmitted_once_from_its_checkpoint(
         "team": "llm",
         "pitstop_incident": "iabcdefghi",
         "pitstop_resubmit_of": old_name.job_id,
+        "pitstop_lineage": old_name.job_id,
     }
     assert doc["jobSpec"]["scheduling"] == {
         "restartJobOnWorkerRestart": True,

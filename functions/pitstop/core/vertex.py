@@ -31,6 +31,9 @@ ENDED = frozenset({"JOB_STATE_FAILED", "JOB_STATE_EXPIRED", "JOB_STATE_CANCELLED
 MAX_MESSAGE = 4096
 CHECKPOINT_ENV, RESUME_ENV = "PITSTOP_CHECKPOINT_URI", "PITSTOP_RESUME_FROM"
 INCIDENT_LABEL, RESUBMIT_OF_LABEL = "pitstop_incident", "pitstop_resubmit_of"
+LINEAGE_LABEL = (
+    "pitstop_lineage"  # the first job's id, kept by every resubmission: the job-restart budget's key
+)
 # Output-only fields of a CustomJob (the API reference marks them so): never sent in a create.
 OUTPUT_ONLY = (
     "name", "state", "createTime", "startTime", "endTime", "updateTime", "error",
@@ -42,6 +45,7 @@ _JOB = re.compile(
     re.ASCII,
 )
 _LABEL = re.compile(r"[a-z0-9_-]{0,63}", re.ASCII)
+_LINEAGE = re.compile(r"[0-9]{1,20}", re.ASCII)
 _GCS = re.compile(r"gs://[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9](?:/[^\s\x00-\x1f]{0,1024})?", re.ASCII)
 
 
@@ -236,7 +240,13 @@ def resubmission(job: Mapping[str, object], incident: str) -> JsonObject:
         raise ValueError("not a CustomJob resource name, or not an incident id")
     new: JsonObject = {k: v for k, v in job.items() if k not in OUTPUT_ONLY}
     labels = {k: v for k, v in _map(job.get("labels")).items() if isinstance(v, str)}
-    new["labels"] = {**labels, INCIDENT_LABEL: incident, RESUBMIT_OF_LABEL: name.job_id}
+    lineage = labels.get(LINEAGE_LABEL) if _LINEAGE.fullmatch(labels.get(LINEAGE_LABEL, "")) else None
+    new["labels"] = {
+        **labels,
+        INCIDENT_LABEL: incident,
+        RESUBMIT_OF_LABEL: name.job_id,
+        LINEAGE_LABEL: lineage or name.job_id,
+    }
     new["displayName"] = display_name(job, incident)
     spec = dict(_map(job.get("jobSpec")))
     extra = {"PITSTOP_INCIDENT": incident, "PITSTOP_RESUBMIT_OF": name.name}
@@ -258,6 +268,15 @@ def _with_env(pool: Mapping[str, object], extra: Mapping[str, str]) -> JsonObjec
             spec["env"] = [*kept, *({"name": k, "value": v} for k, v in extra.items())]
             out[key] = spec
     return out
+
+
+def lineage(job: Mapping[str, object]) -> str | None:
+    """The id of the first job of a line of resubmissions (its own id for a first job)."""
+    own = job_name(job.get("name"))
+    found = _map(job.get("labels")).get(LINEAGE_LABEL)
+    if isinstance(found, str) and _LINEAGE.fullmatch(found):
+        return found
+    return own.job_id if own else None
 
 
 def list_filter(incident: str, old: JobName) -> str:
