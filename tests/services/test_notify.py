@@ -21,8 +21,9 @@ from google.protobuf import empty_pb2
 from pitstop.adapters.monitoring import MetricsWriter
 from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.local.fake_monitoring import FakeMonitoring, Point, serve
+from pitstop.plugins.channels import Http, Post
+from pitstop.plugins.channels.webhook import Webhook as ChatWebhook
 from pitstop.services import channels
-from pitstop.services.channels import Post
 from pitstop.services.notify import SINK_CLAIM_S, Notify, SinkBusyError
 
 pytestmark = pytest.mark.emulator
@@ -86,7 +87,7 @@ def _ledger(fs: firestore.Client) -> FirestoreStepStore:
 def _notify(
     fs: firestore.Client, metrics: MetricsWriter | None, hook: Post, clock: Callable[[], float] = lambda: T0
 ) -> Notify:
-    return Notify([channels.Webhook("https://chat.example/hook", "chat", hook)], metrics, _ledger(fs), clock)
+    return Notify([ChatWebhook("https://chat.example/hook", "chat", Http(hook))], metrics, _ledger(fs), clock)
 
 
 def _failures(fake: FakeMonitoring) -> list[Point]:
@@ -303,8 +304,8 @@ def test_an_event_pagerduty_calls_invalid_is_recorded_not_retried_forever(
 
 
 def test_the_local_pagerduty_endpoint_refuses_what_pagerduty_would() -> None:
-    from pitstop.core.notifications import pagerduty_event
-    from pitstop.local.serve import pagerduty_errors
+    from pitstop.plugins.channels.pagerduty.body import pagerduty_event
+    from pitstop.plugins.channels.pagerduty.local import pagerduty_errors
 
     good = pagerduty_event(FAILED, "R0UT1NGKEY0123456789abcdefABCDEF", "trigger")
     assert pagerduty_errors(good) == []

@@ -13,13 +13,14 @@ import tempfile
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
 
 from pitstop.core import sinks
 from pitstop.tools import deploy
+from pitstop.tools.deploy_types import Grant as IamGrant
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = {**deploy.load_config(None), "slurm_clusters": ["train", "infer"], "webhook_format": "slack"}
@@ -69,8 +70,15 @@ def test_least_privilege(steps: list[deploy.Step]) -> None:
     roles = [a.split("=", 1)[1] for s in steps for a in s.argv if a.startswith("--role=")]
     assert roles and not {"roles/owner", "roles/editor", "roles/compute.admin"} & set(roles)
     assert not {"roles/workflows.invoker", "roles/datastore.owner", "roles/pubsub.editor"} & set(roles)
-    iam = yaml.safe_load((ROOT / "infra" / "iam.yaml").read_text())["service_accounts"]
-    assert all(b["why"] for spec in iam.values() for k in spec if k.endswith("_roles") for b in spec[k])
+    iam = deploy._iam()["service_accounts"]  # iam.yaml with every plugin folder's grants
+    grants = [
+        g
+        for spec in iam.values()
+        for k, v in spec.items()
+        if k.endswith("_roles")
+        for g in cast(list[IamGrant], v)
+    ]
+    assert grants and all(b["why"] for b in grants)
     fns = {s.argv[2]: s.argv for s in steps if s.argv[:2] == ["functions", "deploy"]}
     assert set(fns) == {"pitstop-ingest", "pitstop-actuate", "pitstop-notify", "pitstop-sweep"}
     for argv in fns.values():
@@ -351,6 +359,7 @@ def test_staged_source_holds_the_shipped_packages_and_their_data_only(tmp_path: 
         "core",
         "services",
         "adapters",
+        "plugins",
         "schemas",
         "filters",
     }  # no tools (CLI, deploy), agent (runs on the Slurm controller) or local (the stand-ins)
@@ -358,14 +367,19 @@ def test_staged_source_holds_the_shipped_packages_and_their_data_only(tmp_path: 
     functions = ROOT / "functions"
     shipped = {
         p.parent.relative_to(functions).as_posix()
-        for room in ("core", "services", "adapters")
+        for room in ("core", "services", "adapters", "plugins")
         for p in (functions / "pitstop" / room).rglob("__init__.py")
     }
     assert packages == {"pitstop", *shipped}  # the rooms and their subpackages (actuate, gke), no more
     assert {"pitstop/services/actuate", "pitstop/adapters/gke"} <= packages
     assert not [p for p in out.rglob("*") if p.name == "__pycache__" or p.suffix in (".pyc", ".pyo")]
-    for pkg in shipped:
-        assert {p.name for p in (out / pkg).glob("*.py")} == {p.name for p in (functions / pkg).glob("*.py")}
+    for pkg in shipped:  # a plugin folder's local sink or stand-in (local.py) stays home
+        here = {p.name for p in (functions / pkg).glob("*.py")}
+        assert {p.name for p in (out / pkg).glob("*.py")} == here - (
+            {"local.py"} if "plugins/" in pkg else set()
+        )
+    assert (out / "pitstop/plugins/channels/pagerduty/plugin.yaml").is_file()
+    assert not (out / "pitstop/plugins/channels/pagerduty/local.py").exists()
     assert (out / "pitstop" / "schemas" / "xid-policy.yaml").is_file()
     assert (out / "pitstop" / "filters" / "gpu-xid.filter").is_file()
     assert (out / "policy.yaml").read_text().strip() == "{}"

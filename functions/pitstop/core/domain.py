@@ -145,6 +145,18 @@ class SystemEventDetail(TypedDict, total=False):
     completed: bool
 
 
+class VertexJobRef(TypedDict):
+    """A Vertex AI CustomJob a log entry names (core/vertex_log.py): a hint until customJobs.get
+    reads it back. ``location`` is None when the entry does not carry it (``ml_job`` entries)."""
+
+    project: str
+    location: str | None
+    job_id: str
+    job: str | None  # projects/P/locations/L/customJobs/ID, when the location is known
+    state: str | None  # the state the entry reports (ml.googleapis.com/job_state), a hint
+    task: str  # the entry's task: ``service`` (the platform's own messages) or a replica
+
+
 class EventDetail(XidDetail, SxidDetail, SystemEventDetail, total=False):
     """An event's ``detail`` (schemas/fault_event.schema.json): each kind's own facts (an Xid
     line's, an SXid line's, a system event's, an alert's), and what classify adds to them."""
@@ -156,6 +168,7 @@ class EventDetail(XidDetail, SxidDetail, SystemEventDetail, total=False):
     alert: AlertDetail  # a Monitoring notification (core/alerts.py)
     hang_incident: str  # a culprit's own incident: the hung job's episode it came from (core/localise.py)
     job: str | None  # ... and that job
+    vertex: VertexJobRef  # a vertex_job event's CustomJob (core/vertex_log.py)
 
 
 @final

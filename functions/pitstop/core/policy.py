@@ -13,7 +13,7 @@ from typing import cast
 
 import yaml
 
-from pitstop.core import resources, watchdog
+from pitstop.core import plugins, resources, watchdog
 from pitstop.core.catalog import XidPolicy, default_xid_policy
 from pitstop.core.domain import JsonObject, LocaliseConfig, NodeRef
 from pitstop.core.policy_types import (
@@ -49,8 +49,16 @@ class Cluster:
     match: ClusterMatch
     raw: ClusterDoc
 
+    def block(self, name: str) -> Mapping[str, object]:
+        """The cluster's block for a scheduler folder (``vertex: {...}``), as its fragment of the
+        policy schema checked it; empty when the entry has none."""
+        found = cast(Mapping[str, object], self.raw).get(name)
+        return cast(Mapping[str, object], found) if isinstance(found, Mapping) else {}
+
     def matches(self, node: NodeRef, labels: Mapping[str, str] | None = None) -> bool:
         m = self.match
+        if not m:  # a platform's cluster (Vertex AI): its VMs are not Pitstop's to claim
+            return False
         inst = node["instance"]
         if "name_pattern" in m and not fnmatch.fnmatchcase(inst, m["name_pattern"]):
             return False
@@ -160,10 +168,11 @@ class Policy:
 def from_doc(user: Mapping[str, object] | None, where: str = "policy") -> Policy:
     """The policy from ``user`` (policy.yaml as parsed: free-form until the schema checked it)."""
     defaults = resources.load_yaml(resources.schema_dir() / "policy.defaults.yaml", "policy.schema.json")
+    # the policy schema with each scheduler folder's block (core/plugins.py)
     if user is not None and not isinstance(user, Mapping):
         raise resources.DataFileError(f"{where}: (top level): must be a mapping")
     merged = deep_merge(defaults, user or {})
-    resources.validate(merged, "policy.schema.json", where)
+    resources.validate(merged, plugins.policy_validator(), where)
     doc = cast(PolicyDoc, merged)  # its schema checked it just above
     seen: set[str] = set()
     clusters = []
@@ -171,7 +180,7 @@ def from_doc(user: Mapping[str, object] | None, where: str = "policy") -> Policy
         if c["name"] in seen:
             raise resources.DataFileError(f"{where}: clusters/{i}/name: duplicate cluster {c['name']!r}")
         seen.add(c["name"])
-        clusters.append(Cluster(c["name"], c["scheduler"], c.get("size"), c["match"], c))
+        clusters.append(Cluster(c["name"], c["scheduler"], c.get("size"), c.get("match") or {}, c))
     xids = default_xid_policy()
     if doc["xid_overrides"]:
         xids = xids.with_overrides({int(k): v for k, v in doc["xid_overrides"].items()})

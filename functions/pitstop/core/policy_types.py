@@ -118,24 +118,18 @@ class GkeConfig(TypedDict):
     checks: NotRequired[ChecksConfig]
 
 
-class KubernetesConfig(TypedDict, total=False):
-    kubeconfig_env: str
-    context: str
-    evict_deadline_s: float
-    checks: ChecksConfig
-
-
 class ClusterDoc(TypedDict):
-    """One ``clusters`` entry (``gke`` is required when the scheduler is gke)."""
+    """One ``clusters`` entry: ``scheduler`` is ``none`` or a scheduler folder's name, whose block
+    the folder's fragment of the policy schema checks (read it with ``Cluster.block``; the blocks
+    typed here are the ones code outside their folder reads)."""
 
     name: str
-    scheduler: Literal["slurm", "gke", "kubernetes", "none"]
-    match: ClusterMatch
+    scheduler: str
+    match: NotRequired[ClusterMatch]  # absent only for a scheduler whose folder says nodes: false
     size: NotRequired[int]
     mig: NotRequired[MigConfig]
     slurm: NotRequired[SlurmConfig]
     gke: NotRequired[GkeConfig]
-    kubernetes: NotRequired[KubernetesConfig]
     reschedule: NotRequired[Reschedule]
 
 

@@ -40,7 +40,7 @@ from pitstop.local.compute_shapes import GpuStateSet
 from pitstop.local.control import Controller
 from pitstop.local.lql import compile_filter
 from pitstop.local.procs import Proc, free_port, start_emulator, wait_http
-from pitstop.local.serve import PAGERDUTY_PATH
+from pitstop.local.serve import channel_sinks
 from pitstop.local.slurm import SlurmCluster
 from pitstop.services.actuate import STEP_CLAIM_S
 
@@ -55,7 +55,6 @@ GKE_EVICT_DEADLINE_S = 10  # a PodDisruptionBudget that refuses an eviction fail
 # and names it in PITSTOP_GPU_STATE; the stand-ins in checks read it from there.
 GPU_STATE_ENV = "PITSTOP_GPU_STATE"
 # the local PagerDuty endpoint takes any 32-character integration key, as PagerDuty would shape-check it
-LOCAL_ROUTING_KEY = "pitstoplocalroutingkey0000000000"
 GPU_STATE_FILE = "gpu-state.json"
 NOTIFY_DATABASE = "pitstop-notify"  # notify's ledger database (deploy.defaults.yaml notify_database)
 # The telemetry policies' windows on the stack: the heartbeat's 2 min absence is 6 s, a 10 min
@@ -433,10 +432,12 @@ class Stack:
             "PITSTOP_WORKFLOWS_ENDPOINT": ep["executions"],
             "PITSTOP_COMPUTE_ENDPOINT": ep["compute"],
             "PITSTOP_MONITORING_ENDPOINT": ep["monitoring"],
-            "PITSTOP_WEBHOOK_URL": ep["webhook"],
-            "PITSTOP_WEBHOOK_FORMAT": "chat",
-            "PITSTOP_PAGERDUTY_URL": ep["webhook"].rsplit("/", 1)[0] + PAGERDUTY_PATH,
-            "PITSTOP_PAGERDUTY_ROUTING_KEY": LOCAL_ROUTING_KEY,
+            # every channel folder's sink, on the webhook stand-in's port (local/serve.py)
+            **{
+                k: v
+                for sink in channel_sinks().values()
+                for k, v in sink.env(ep["webhook"].rsplit("/", 1)[0]).items()
+            },
             "PITSTOP_NOTIFICATIONS_TOPIC": "pitstop-notifications",
             # a crashed attempt's claim must lapse within the workflow's (scaled) re-asking budget
             "PITSTOP_STEP_CLAIM_S": str(STEP_CLAIM_S * self.workflow_scale),
@@ -780,7 +781,8 @@ class WebhookRecord(TypedDict):
 
 
 def webhook_records(state: StackState, path: str = "/hook") -> list[WebhookRecord]:
-    """What the chat webhook (``/hook``) or PagerDuty's endpoint (PAGERDUTY_PATH) received."""
+    """What one channel's sink received: the chat webhook (``/hook``) or another channel folder's
+    (its ``local.PATH``: PagerDuty's ``/pagerduty/v2/enqueue``, the generic webhook's ``/generic``)."""
     out = Path(state.workdir, "webhook.jsonl")
     records: list[WebhookRecord] = (
         [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []

@@ -30,8 +30,8 @@ from pitstop.local import chaos, inject, realtime
 from pitstop.local.gke_drive import evictions
 from pitstop.local.gke_stack import JOBSET_LABEL, NAMESPACE, Watch, node_summary
 from pitstop.local.heartbeats import beating_again, beats, hang_ended
-from pitstop.local.serve import PAGERDUTY_PATH
 from pitstop.local.stack import HEARTBEAT_EVERY_S, WebhookRecord, webhook_records
+from pitstop.plugins.channels.pagerduty.local import PATH as PAGERDUTY_PATH
 from pitstop.tools.demo_runner import XID_LINES, Runner, Seen, incident_obs
 from pitstop.tools.demo_stage import Observations, Stage
 

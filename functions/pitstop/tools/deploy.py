@@ -14,6 +14,7 @@ settings Pitstop depends on but must not change (serial-port logging on GKE node
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -28,11 +29,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Literal, TypedDict, cast
+from typing import Any, Literal, TypedDict, cast
 
 import yaml
 
-from pitstop.core import resources, sinks
+from pitstop.core import plugins, resources, sinks
 from pitstop.core.policy import deep_merge, from_doc
 from pitstop.tools.deploy_types import AccountSpec, Grant, IamCondition, IamDoc, ResourceEntry, ScaleKey
 
@@ -81,14 +82,69 @@ class Step:
 
 @functools.cache
 def _resources() -> list[Entry]:
-    """resources.yaml, checked once (read-only: every reader renders a copy)."""
+    """resources.yaml with the plugin folders' fragments in, checked once (read-only: every reader
+    renders a copy)."""
     doc = resources.load_yaml(RESOURCES, "deploy-resources.schema.json")
-    return cast(list[Entry], doc["resources"])  # its schema checked it
+    spliced = {"resources": _spliced(cast(list[Entry], doc["resources"]))}
+    resources.validate(spliced, "deploy-resources.schema.json", f"{RESOURCES} with the plugin folders")
+    return spliced["resources"]
+
+
+def _spliced(entries: list[Entry]) -> list[Entry]:
+    """Each ``plugins: <slot>`` entry replaced by the folders' entries for it, in their order; each
+    function given the env and secrets its folders add (plugin.yaml ``deploy``)."""
+    out: list[Entry] = []
+    for e in entries:
+        if "plugins" in e:
+            out += [
+                cast(Entry, x) for p in plugins.all_plugins() for x in _fragment(p, "resources", e["plugins"])
+            ]
+        elif "resources" in e:
+            out.append({**e, "resources": _spliced(e["resources"])})
+        elif e.get("kind") == "function":
+            out.append(_with_function_fragments(e))
+        else:
+            out.append(e)
+    return out
+
+
+def _fragment(p: plugins.Plugin, *path: str) -> list[object]:
+    """A list at ``path`` in a plugin's deploy fragment (empty when absent)."""
+    node: object = p.deploy
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return list(node) if isinstance(node, list) else []
+
+
+def _with_function_fragments(e: Entry) -> Entry:
+    fn: Entry = {**e}
+    for p in plugins.all_plugins():
+        functions = p.deploy.get("functions")
+        more = functions.get(e["name"]) if isinstance(functions, dict) else None
+        if not isinstance(more, dict):
+            continue
+        fn["env"] = {**fn.get("env", {}), **more.get("env", {})}
+        fn["secrets"] = {**fn.get("secrets", {}), **more.get("secrets", {})}
+        fn["secrets_if"] = {**fn.get("secrets_if", {}), **more.get("secrets_if", {})}
+    return fn
 
 
 @functools.cache
 def _iam() -> IamDoc:
-    return cast(IamDoc, resources.load_yaml(INFRA / "iam.yaml", "deploy-iam.schema.json"))  # checked
+    """iam.yaml with each plugin folder's grants appended to its accounts' and its conditions, checked."""
+    doc = resources.load_yaml(INFRA / "iam.yaml", "deploy-iam.schema.json")
+    accounts = cast(dict[str, dict[str, list[object]]], doc["service_accounts"])
+    conditions = cast(dict[str, object], doc["conditions"])
+    for p in plugins.all_plugins():
+        iam = p.deploy.get("iam")
+        if not isinstance(iam, dict):
+            continue
+        for account, grants in (iam.get("service_accounts") or {}).items():
+            for key, listed in grants.items():
+                accounts.setdefault(account, {}).setdefault(key, []).extend(listed)
+        conditions.update(iam.get("conditions") or {})
+    resources.validate(doc, "deploy-iam.schema.json", f"{INFRA / 'iam.yaml'} with the plugin folders")
+    return cast(IamDoc, doc)  # checked just above
 
 
 class GkeCluster(TypedDict):
@@ -115,13 +171,16 @@ CONFIG_SCHEMA = "deploy.schema.json"
 
 
 def load_config(path: str | None) -> dict[str, object]:
-    """infra/deploy.defaults.yaml with ``path`` merged over it key by key, checked: every key known
-    (schemas/deploy.schema.json, ``additionalProperties: false``) and each value as deploy uses it."""
-    conf: dict[str, object] = yaml.safe_load((INFRA / "deploy.defaults.yaml").read_text())
+    """infra/deploy.defaults.yaml over the plugin folders' defaults, with ``path`` merged over it key
+    by key, checked: every key known (schemas/deploy.schema.json, ``additionalProperties: false``,
+    with the keys each plugin folder adds) and each value as deploy uses it."""
+    conf: dict[str, object] = deep_merge(
+        plugins.deploy_defaults(), yaml.safe_load((INFRA / "deploy.defaults.yaml").read_text())
+    )
     if path:
         conf = deep_merge(conf, _user_config(path))
     try:
-        resources.validate(conf, CONFIG_SCHEMA, path or "infra/deploy.defaults.yaml")
+        resources.validate(conf, config_validator(), path or "infra/deploy.defaults.yaml")
         expand_accounts({}, slurm_clusters(conf))  # names fit the account-id rules
         notification_channels(conf)
         telemetry_files(conf)
@@ -154,7 +213,7 @@ def _user_config(path: str) -> dict[str, object]:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(user, dict):
         raise ConfigError(f"{path}: a mapping of settings (key: value), not {type(user).__name__}")
-    known = resources.schema(CONFIG_SCHEMA)["properties"]
+    known = config_schema()["properties"]
     assert isinstance(known, dict)
     for key in user:
         if key not in known:
@@ -162,6 +221,19 @@ def _user_config(path: str) -> dict[str, object]:
             hint = f"did you mean {near[0]}?" if near else f"the keys are {', '.join(sorted(known))}"
             raise ConfigError(f"{path}: {key}: not a deploy.yaml setting ({hint})")
     return user
+
+
+def config_schema() -> dict[str, Any]:
+    """deploy.yaml's schema: schemas/deploy.schema.json and the keys each plugin folder adds
+    (its deploy.schema.json: core/plugins.deploy_schema)."""
+    base = copy.deepcopy(resources.schema(CONFIG_SCHEMA))
+    base["properties"] = {**base["properties"], **plugins.deploy_schema()["properties"]}
+    return base
+
+
+@functools.cache
+def config_validator() -> Any:
+    return resources.validator_of(config_schema())
 
 
 PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]|[0-9]{1,19}"  # a project id or number
@@ -464,7 +536,7 @@ def _entries(entries: Iterable[Entry], t: Target, scope: Mapping[str, str]) -> I
     for entry in entries:
         if not _configured(entry, t):
             continue
-        for values in FOR_EACH[entry["for_each"]](entry, t) if "for_each" in entry else [{}]:
+        for values in _for_each(entry, t) if "for_each" in entry else [{}]:
             inner = {**scope, **values}
             if "resources" in entry:
                 yield from _entries(entry["resources"], t, inner)
@@ -523,15 +595,26 @@ FOR_EACH: dict[str, Callable[[Entry, Target], list[dict[str, str]]]] = {
 Generated = Iterator[tuple[Entry, dict[str, str]]]  # an entry and the variables it is rendered with
 
 
+def _for_each(entry: Entry, t: Target) -> list[dict[str, str]]:
+    """FOR_EACH's values, or ``config:<key>``: each entry of that deploy.yaml list as ``{item}``."""
+    key = entry["for_each"]
+    if key.startswith("config:"):
+        return [{"item": str(v)} for v in _listed(t.conf, key.removeprefix("config:"))]
+    return FOR_EACH[key](entry, t)
+
+
 def _condition(name: str | None, t: Target) -> IamCondition | None:
     """An iam.yaml `conditions` entry, rendered for this plan (None: unconditional)."""
     if name is None:
         return None
     cond = t.iam["conditions"][name]
-    return {
-        "title": cond["title"],
-        "expression": " ".join(_render_text(cond["expression"], t.variables).split()),
-    }
+    each = (
+        [{}]
+        if "join" not in cond
+        else [{cond["join"].removesuffix("s"): str(v)} for v in _listed(t.conf, cond["join"])]
+    )
+    clauses = [" ".join(_render_text(cond["expression"], {**t.variables, **v}).split()) for v in each]
+    return {"title": cond["title"], "expression": " || ".join(clauses)}
 
 
 def _expand_accounts(entry: Entry, t: Target) -> Generated:
@@ -539,7 +622,7 @@ def _expand_accounts(entry: Entry, t: Target) -> Generated:
     for comp, spec in t.accounts.items():
         account: Entry = {"kind": "service-account", "name": comp, "display": spec["display"]}
         yield {**account, "what": entry["what"]}, {"account": comp}
-        for b in spec.get("project_roles", []):
+        for b in (b for b in spec.get("project_roles", []) if _configured(b, t)):
             role = _render_text(b["role"], t.variables)
             binding: Entry = {"kind": "project-binding", "member": t.member(comp), "role": role}
             binding["condition"] = _condition(b.get("condition"), t)
@@ -883,7 +966,7 @@ def _log_sink(e: Entry, t: Target) -> list[Step]:
     """A sink with its filter file; an aggregated one lives in its folder or organization."""
     sink, where = e["name"], t.sink_scope or t.p
     dest = f"pubsub.googleapis.com/projects/{t.project}/topics/{e['topic']}"
-    pre = [dest, f"--log-filter={sinks.read_filter(sinks.SINK_FILTERS[sink])}"]
+    pre = [dest, f"--log-filter={sinks.read_filter(e.get('filter_file') or sinks.SINK_FILTERS[sink])}"]
     step = _updatable(_crud(e.get("what", f"log sink {sink}"), ["logging", "sinks"], sink, where, pre))
     step.argv += ["--include-children"] if t.sink_scope else []
     return [step]
@@ -1052,6 +1135,7 @@ SHIPPED = (
     "pitstop/core",
     "pitstop/services",
     "pitstop/adapters",
+    "pitstop/plugins",
 )
 BUNDLED = {"pitstop/schemas": ROOT / "schemas", "pitstop/filters": INFRA / "filters"}  # data read at run time
 
@@ -1083,6 +1167,8 @@ def _shipped(policy_path: str | None) -> dict[str, bytes]:
         for f in files:
             rel = f.relative_to(src).parts
             if any(p == "__pycache__" or p.startswith(".") for p in rel) or f.suffix in (".pyc", ".pyo"):
+                continue
+            if name == "pitstop/plugins" and f.name == "local.py":  # a folder's local sink or stand-in
                 continue
             out[str(PurePosixPath(name, *rel))] = f.read_bytes()
     out["policy.yaml"] = Path(policy_path).read_bytes() if policy_path else b"{}\n"  # {}: observe mode
@@ -1162,7 +1248,11 @@ def runtime_values(project: str, region: str, sink_scope: list[str]) -> dict[str
         f"--filter=displayName={json.dumps(ALERTS_CHANNEL)}",
         "--format=value(name)",
     ]
-    for sink in sinks.SINK_FILTERS:  # an aggregated sink lives in its folder or organization
+    plugin_sinks = [e["name"] for e in _resources() if e.get("kind") == "log-sink" and "filter_file" in e]
+    for sink in [
+        *sinks.SINK_FILTERS,
+        *plugin_sinks,
+    ]:  # an aggregated sink lives in its folder or organization
         out[f"<{sink}-writer-identity>"] = ["logging", "sinks", "describe", sink, *sink_scope]
         out[f"<{sink}-writer-identity>"].append("--format=value(writerIdentity)")
     return out

@@ -20,6 +20,7 @@ from pitstop.core.domain import Incident
 from pitstop.tools import timing
 from pitstop.tools.progress import Note, Progress, silent
 from pitstop.tools.sim import trace as trace_mod
+from pitstop.tools.sim import vertex as vertex_sim
 from pitstop.tools.sim.fleet import PHASES, Fleet, Ledger
 from pitstop.tools.sim.scenario import Comparison, Scenario, Summary, SweepRun, SweepValue
 from pitstop.tools.sim.strategies import STRATEGIES, Pitstop
@@ -141,7 +142,23 @@ def simulate(scn: Scenario, note: Note = silent) -> Comparison:
         note(f"{name} on {scn['fleet']['nodes']:,} nodes, {len(faults):,} faults over {scn['days']} days")
         sim = Fleet(scn, STRATEGIES[name](scn))
         rows.append(summarize(name, sim.run(faults), sim, scn))
-    return {"strategies": rows, "scenario": scn, "trace": _trace_counts(faults)}
+    out: Comparison = {"strategies": rows, "scenario": scn, "trace": _trace_counts(faults)}
+    if "vertex" in scn:
+        out["vertex"] = vertex_jobs(scn)
+    return out
+
+
+def vertex_jobs(scn: Scenario) -> list[vertex_sim.VertexRun]:
+    """The scenario's Vertex AI jobs, by a person in the morning and by Pitstop (its job budget)."""
+    from pitstop.core import policy
+
+    budget = policy.from_doc(scn["policy"]).job_restarts()
+    d = scn["durations"]
+    human, detect = [float(x) for x in d["human_detect"]], float(d["pitstop_detect"])
+    return [
+        vertex_sim.run(who, scn["vertex"], float(scn["days"]), scn["seed"], human, detect, budget)
+        for who in ("morning", "pitstop")
+    ]
 
 
 def _trace_counts(faults: list[trace_mod.Fault]) -> dict[str, int]:
@@ -238,6 +255,17 @@ def format_table(result: Comparison) -> str:
     return "\n".join(lines)
 
 
+def format_vertex(runs: list[vertex_sim.VertexRun]) -> str:
+    """The Vertex AI jobs' lines: who resumes a failed job, how fast, and the idle GPU-hours."""
+    lines = ["Vertex AI jobs   failures  resubmitted  paged  idle GPU-h  lost work GPU-h  resume min (mean)"]
+    for r in runs:
+        lines.append(
+            f"{r['strategy']:<16} {r['failures']:>8}  {r['resubmitted']:>11}  {r['paged']:>5}  "
+            f"{r['idle_gpu_hours']:>10}  {r['lost_work_gpu_hours']:>15}  {r['time_to_resume_min']:>17}"
+        )
+    return "\n".join(lines)
+
+
 def format_sweep(key: str, runs: list[SweepRun]) -> str:
     names = [r["strategy"] for r in runs[0]["strategies"]] if runs else []
     lines = [f"ETTR by {key}", "".join(f"{c:>12}" for c in (key, *names))]
@@ -320,6 +348,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
     else:
         print(format_table(result))
+        if "vertex" in result:
+            print("\n" + format_vertex(result["vertex"]))
         if key:
             print("\n" + format_sweep(key, runs))
     return 0

@@ -60,10 +60,10 @@ def _close_incident(store: Any, pol: Any, args: argparse.Namespace) -> int:
         print("pitstop: --close needs --by NAME (recorded on the incident)", file=sys.stderr)
         return 2
     from pitstop.services.close import close_incident
-    from pitstop.services.schedulers import FACTORIES, Wiring, schedulers_for
+    from pitstop.services.schedulers import Wiring, factories, schedulers_for
 
     schedulers = {}
-    if args.unfence and any(c.scheduler in FACTORIES for c in pol.clusters):
+    if args.unfence and any(c.scheduler in factories() for c in pol.clusters):
         import os
 
         from google.cloud.pubsub_v1 import PublisherClient
