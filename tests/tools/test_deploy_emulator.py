@@ -29,6 +29,7 @@ from google.cloud.pubsub_v1 import PublisherClient, SubscriberClient
 from pitstop.core import sinks
 from pitstop.local import fake_gcp
 from pitstop.tools import deploy
+from tests.tools import gcloud_batch
 
 # ~370 real-gcloud start-ups (~1 s of CPU each) happen in one fixture: minutes alone, more on a
 # loaded box. A hang guard, not a speed check.
@@ -111,19 +112,9 @@ def _env_at(fake: fake_gcp.FakeGcp, tmp: Path) -> dict[str, str]:
     return env
 
 
-def _gcloud_at(fake: fake_gcp.FakeGcp, tmp: Path) -> deploy.Runner:
-    env = _env_at(fake, tmp)
-
-    def gcloud(argv: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["gcloud", *argv], capture_output=True, text=True, env=env, timeout=180, check=False
-        )
-
-    return gcloud
-
-
-def _cli_deploy(project: str, conf: dict[str, Any], tmp: Path, fake: fake_gcp.FakeGcp, log: Any) -> int:
-    config = tmp / "deploy.yaml"
+def _cli_deploy(project: str, conf: dict[str, Any], gcloud: Gcloud, log: Any) -> int:
+    """`pitstop deploy` in a process of its own; the `gcloud` first on its PATH is the worker's."""
+    config = gcloud.tmp / "deploy.yaml"
     keys = ("slurm_clusters", "webhook_format", "policy", "compute_zones")
     config.write_text(yaml.safe_dump({k: conf[k] for k in keys}))
     argv = [sys.executable, "-m", "pitstop.tools.cli", "deploy", "--project", project, "--region", REGION]
@@ -131,7 +122,7 @@ def _cli_deploy(project: str, conf: dict[str, Any], tmp: Path, fake: fake_gcp.Fa
         [*argv, "--config", str(config)],
         capture_output=True,
         text=True,
-        env={**_env_at(fake, tmp), "PYTHONPATH": str(ROOT / "functions")},
+        env={**gcloud.env, "PATH": gcloud.worker.path(), "PYTHONPATH": str(ROOT / "functions")},
         timeout=900,
         check=False,
     )
@@ -151,13 +142,34 @@ def _identity(steps: list[deploy.Step]) -> list[deploy.Step]:
     ]
 
 
+@dataclass
+class Gcloud:
+    """The module's fake Google APIs and the one gcloud interpreter that runs every command at them."""
+
+    fake: fake_gcp.FakeGcp
+    env: dict[str, str]
+    worker: gcloud_batch.GcloudWorker
+    tmp: Path
+
+
 @pytest.fixture(scope="module")
-def deployed(pubsub_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
-    project = f"dep-{uuid.uuid4().hex[:8]}"
+def gcloud(pubsub_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gcloud]:
     fake = fake_gcp.FakeGcp(pubsub_upstream=pubsub_host)
     server = fake_gcp.serve(fake)
     tmp = tmp_path_factory.mktemp("deploy")
-    gcloud = _gcloud_at(fake, tmp)
+    env = _env_at(fake, tmp)
+    worker = gcloud_batch.GcloudWorker(env, tmp)
+    try:
+        yield Gcloud(fake, env, worker, tmp)
+    finally:
+        worker.close()
+        server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def deployed(gcloud: Gcloud) -> Iterator[Deployed]:
+    project = f"dep-{uuid.uuid4().hex[:8]}"
+    fake, tmp, run = gcloud.fake, gcloud.tmp, gcloud.worker.run
     policy = tmp / "policy.yaml"  # the operator's policy, switched to enforce
     policy.write_text(ENFORCE_POLICY)
     conf = {
@@ -185,14 +197,29 @@ def deployed(pubsub_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         )
 
     try:
-        phase(lambda log: _cli_deploy(project, conf, tmp, fake, log))  # the command a user runs
-        phase(lambda log: deploy.apply(steps, gcloud, log))
-        phase(lambda log: deploy.teardown(steps, False, gcloud, log))
-        phase(lambda log: deploy.apply(_identity(steps), gcloud, log))  # what a teardown soft-deletes
+        phase(lambda log: _cli_deploy(project, conf, gcloud, log))  # the command a user runs
+        phase(lambda log: deploy.apply(steps, run, log))
+        phase(lambda log: deploy.teardown(steps, False, run, log))
+        phase(lambda log: deploy.apply(_identity(steps), run, log))  # what a teardown soft-deletes
         yield d
     finally:
-        server.shutdown()
         sub.close()
+
+
+def test_the_worker_answers_as_the_gcloud_binary(gcloud: Gcloud) -> None:
+    """The module's commands run in one gcloud interpreter: each answers as `gcloud ARGV` does."""
+    project = f"chk-{uuid.uuid4().hex[:8]}"
+    for argv in (
+        ["secrets", "describe", "pitstop-nothing", "--project", project],  # the fake's 404: exit 1
+        ["secrets", "create", "x", "--replication-policy=everywhere", "--project", project],  # gcloud says no
+        ["pubsub", "topics", "crate", "x", "--project", project],  # gcloud's parser says no: exit 2
+        ["projects", "describe", project, "--format=value(projectNumber)"],
+    ):
+        fresh = subprocess.run(
+            ["gcloud", *argv], capture_output=True, text=True, env=gcloud.env, timeout=300, check=False
+        )
+        got = gcloud.worker.run(argv)
+        assert (got.returncode, got.stdout, got.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
 
 
 def test_every_step_ran_and_gcloud_sent_no_placeholder(deployed: Deployed) -> None:
@@ -523,6 +550,7 @@ def test_folder_sinks_include_children_and_their_writers_publish_to_the_project_
     project = f"agg-{uuid.uuid4().hex[:8]}"
     fake = fake_gcp.FakeGcp(pubsub_upstream=pubsub_host)
     server = fake_gcp.serve(fake)
+    worker = gcloud_batch.GcloudWorker(_env_at(fake, tmp_path), tmp_path)
     try:
         conf = {**deploy.load_config(None), "aggregated_sink": {"folder": "123456789"}}
         steps = [
@@ -532,7 +560,7 @@ def test_folder_sinks_include_children_and_their_writers_publish_to_the_project_
             or ("pitstop-events" in s.argv[3:4] and s.argv[0] == "pubsub")
         ]
         logs: list[str] = []
-        assert deploy.apply(steps, _gcloud_at(fake, tmp_path), logs.append) == 0, logs
+        assert deploy.apply(steps, worker.run, logs.append) == 0, logs
         made = {c.path: c for c in fake.calls if c.api == "logging" and c.method == "POST"}
         assert set(made) == {"folders/123456789/sinks"}
         sent = [c for c in fake.calls if c.api == "logging" and c.method == "POST"]
@@ -544,4 +572,5 @@ def test_folder_sinks_include_children_and_their_writers_publish_to_the_project_
             ("roles/pubsub.publisher", [writer])
         ]
     finally:
+        worker.close()
         server.shutdown()
