@@ -3,7 +3,8 @@
 Pub/Sub is Google's emulator (behind the recording fake, which adds the IAM methods the emulator
 lacks); every other API is the recording fake in pitstop/local/fake_gcp.py. One module-wide
 run deploys with the command a user types, deploys again, tears down, and deploys the identity
-part again; the tests read what gcloud sent and what exists.
+part again; the tests read what gcloud sent and what exists. Every command is parsed and sent
+by the real gcloud, all of them by one gcloud interpreter (tests/tools/gcloud_batch.py).
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from pitstop.local import fake_gcp
 from pitstop.tools import deploy
 from tests.tools import gcloud_batch
 
-# ~370 real-gcloud start-ups (~1 s of CPU each) happen in one fixture: minutes alone, more on a
-# loaded box. A hang guard, not a speed check.
-pytestmark = [pytest.mark.emulator, pytest.mark.timeout(1800)]
+# ~460 gcloud commands in one fixture, in one gcloud interpreter (tests/tools/gcloud_batch.py):
+# about 20 s of its CPU, minutes of wall time on a loaded box. A hang guard, not a speed check.
+pytestmark = [pytest.mark.emulator, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-central1"
 PUBSUB_AGENT = f"serviceAccount:service-{fake_gcp.PROJECT_NUMBER}@gcp-sa-pubsub.iam.gserviceaccount.com"
@@ -230,7 +231,7 @@ def test_every_step_ran_and_gcloud_sent_no_placeholder(deployed: Deployed) -> No
     assert exposure_log == [f"ok       {only_own} {deployed.project}"]
     assert [line for line in steps_log if not line.startswith("ok ")] == [
         "skipped  restore the custom role if a teardown deleted it (IAM keeps its id for 37 days)"
-    ] * len(CUSTOM_ROLES)
+    ] * len(CUSTOM_ROLES) + [f"skipped  {BOUND}"]  # the webhook secret has no version yet
     leftovers = [
         str(c) for c in deployed.calls[0] if re.search(r"<[a-z0-9-]+>", json.dumps([c.path, c.query, c.body]))
     ]
@@ -266,6 +267,67 @@ def test_pubsub_resources_exist_in_the_emulator(deployed: Deployed) -> None:
         "ingest-alerts": (f"projects/{p}/topics/pitstop-events-dead", 5, "pitstop-alerts"),
         "notify": (f"projects/{p}/topics/pitstop-notifications-dead", 10, "pitstop-notifications"),
     }
+
+
+BOUND = "function pitstop-notify"  # deployed with its secret, once the secret has a version
+WAITING = f"ok       {BOUND} without PITSTOP_WEBHOOK_URL: add a version to pitstop-webhook, deploy again"
+
+
+def test_notify_gets_the_webhook_secret_once_it_has_a_version(gcloud: Gcloud, tmp_path: Path) -> None:
+    """Cloud Run resolves a secret environment variable before an instance starts: a revision whose
+    secret version cannot be read does not start, and the deploy fails
+    (https://cloud.google.com/run/docs/configuring/services/secrets, "How secrets are checked at
+    deployment and runtime"; Cloud Run reports "Revision '...' is not ready and cannot serve
+    traffic. spec.template.spec.containers[0].env[N].value_from.secret_key_ref.name: Secret
+    projects/NUMBER/secrets/S/versions/latest was not found"). deploy creates the secret empty."""
+    project, fake, run = f"sec-{uuid.uuid4().hex[:8]}", gcloud.fake, gcloud.worker.run
+    conf = {**deploy.load_config(None), "webhook_format": "slack"}
+    steps = [
+        s
+        for s in deploy.plan(project, REGION, conf, str(deploy.stage_source(None, tmp_path / "src")))
+        if s.argv[:2] == ["secrets", "create"] or s.argv[:3] == ["functions", "deploy", "pitstop-notify"]
+    ]
+    secret, bound, waiting = steps
+    assert waiting.gate is not None and bound.gate is not None and waiting.gate.negate
+    name = f"projects/{project}/locations/{REGION}/functions/pitstop-notify"
+
+    def deployed(plan: list[deploy.Step]) -> tuple[int, list[str], dict[str, Any]]:
+        logs: list[str] = []
+        rc = deploy.apply(plan, run, logs.append)
+        return rc, logs, copy.deepcopy(fake.resources[("cloudfunctions", name)])
+
+    # the old order (deploy's, until bound was gated): the secret created empty, then notify bound to it
+    assert deploy.apply([secret], run, list[str]().append) == 0
+    old = run(bound.argv)
+    missing = (
+        f"Secret projects/{fake_gcp.PROJECT_NUMBER}/secrets/pitstop-webhook/versions/latest was not found"
+    )
+    assert old.returncode == 1, old.stderr
+    assert (
+        "ERROR: (gcloud.functions.deploy) Could not create or update Cloud Run service pitstop-notify"
+        in old.stderr
+    )
+    assert f"value_from.secret_key_ref.name: {missing}" in old.stderr
+    assert fake.resources[("cloudfunctions", name)]["state"] == "FAILED"
+    # now: notify without the secret while it has no version (the failed function is replaced)
+    rc, logs, fn = deployed(steps)
+    assert (rc, logs[1:], fn["state"]) == (0, [f"skipped  {BOUND}", WAITING], "ACTIVE"), logs
+    assert "secretEnvironmentVariables" not in fn["serviceConfig"]
+    url = tmp_path / "webhook-url"
+    url.write_text("https://hooks.slack.com/services/T0/B0/x")
+    added = run(["secrets", "versions", "add", "pitstop-webhook", f"--data-file={url}", "--project", project])
+    assert added.returncode == 0, added.stderr
+    # the run after a version exists binds it, and the next finds it current
+    rc, logs, fn = deployed(steps)
+    assert (rc, logs[1:], fn["state"]) == (0, [f"ok       {BOUND}", f"skipped  {WAITING[9:]}"], "ACTIVE"), (
+        logs
+    )
+    secrets = fn["serviceConfig"]["secretEnvironmentVariables"]
+    assert [(s["key"], s["secret"], s["version"]) for s in secrets] == [
+        ("PITSTOP_WEBHOOK_URL", "pitstop-webhook", "latest")
+    ]
+    rc, logs, _ = deployed(steps)
+    assert (rc, logs[1:]) == (0, [f"current  {BOUND}", f"skipped  {WAITING[9:]}"]), logs
 
 
 Binding = tuple[str, str]  # role, condition title ("" for none)
@@ -420,9 +482,9 @@ def test_functions_are_deployed_with_their_flags_and_the_staged_source(deployed:
     assert bodies["pitstop-actuate"]["serviceConfig"]["timeoutSeconds"] == 300
     notify = bodies["pitstop-notify"]["serviceConfig"]
     assert notify["environmentVariables"]["PITSTOP_WEBHOOK_FORMAT"] == "slack"
-    assert [(s["key"], s["secret"], s["version"]) for s in notify["secretEnvironmentVariables"]] == [
-        ("PITSTOP_WEBHOOK_URL", "pitstop-webhook", "latest")
-    ]
+    # the webhook secret has no version yet: notify runs without it (the binding: test_notify_gets_...)
+    assert "secretEnvironmentVariables" not in notify
+    assert WAITING in deployed.logs[0] and f"skipped  {BOUND}" in deployed.logs[0]
     # the archive gcloud uploaded is the staged source: code, its data, and the policy
     objects = {b["buildConfig"]["source"]["storageSource"]["object"] for b in bodies.values()}
     assert len(objects) == 4 and objects <= set(deployed.fake.uploads)
