@@ -33,8 +33,8 @@ OFFLINE = {  # no update check, usage report or metadata server: nothing leaves 
 
 def send(path: str, argv: list[str], cwd: str) -> subprocess.CompletedProcess[str]:
     """One command through the worker listening on `path`, as subprocess.run would report it."""
-    answer = gcloud_shim.request(path, argv, cwd)
-    return subprocess.CompletedProcess(["gcloud", *argv], answer["rc"], answer["stdout"], answer["stderr"])
+    rc, out, err = gcloud_shim.request(path, argv, cwd)
+    return subprocess.CompletedProcess(["gcloud", *argv], rc, out.decode(), err.decode())
 
 
 @functools.cache

@@ -5,8 +5,7 @@ lib/gcloud.py does, builds gcloud's CLI object once (googlecloudsdk.gcloud_main.
 runs each command it is sent with ``cli.Execute(argv)``: the same argument parser, request building
 and error handling as ``gcloud ARGV``, without a ~1 s interpreter start-up per command.
 
-Wire: one command per connection on a Unix socket; the request is a JSON line
-``{"argv": [...], "cwd": "..."}``, the answer ``{"rc": N, "stdout": "...", "stderr": "..."}``.
+Wire: one command per connection on a Unix socket, as tests/tools/gcloud_shim.py describes it.
 The SDK is reached only through importlib (mypy and this repository's Python never import it).
 """
 
@@ -14,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import io
-import json
 import os
 import socket
 import sys
@@ -32,7 +30,7 @@ def load_cli(sdk_root: str) -> Any:
     return entry._import_gcloud_main().CreateCLI([])
 
 
-def execute(cli: Any, argv: list[str], cwd: str) -> dict[str, Any]:
+def execute(cli: Any, argv: list[str], cwd: str) -> tuple[int, bytes, bytes]:
     """One command as `gcloud ARGV` would run it, its exit code and both streams captured."""
     log = importlib.import_module("googlecloudsdk.core.log")
     crash = importlib.import_module("googlecloudsdk.command_lib.crash_handling")
@@ -55,14 +53,22 @@ def execute(cli: Any, argv: list[str], cwd: str) -> dict[str, Any]:
     finally:
         sys.stdout, sys.stderr = saved
         log.Reset(*saved)
-    return {"rc": rc, "stdout": _text(out), "stderr": _text(err)}
+    return rc, _bytes(out), _bytes(err)
 
 
-def _text(stream: io.TextIOWrapper) -> str:
+def _bytes(stream: io.TextIOWrapper) -> bytes:
     stream.flush()
     buf = stream.buffer
     assert isinstance(buf, io.BytesIO)
-    return buf.getvalue().decode("utf-8", errors="replace")
+    return buf.getvalue()
+
+
+def _received(conn: socket.socket) -> bytes:
+    """Everything the client sent (it shuts its side down after the request)."""
+    chunks = []
+    while chunk := conn.recv(1 << 16):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def serve(cli: Any, path: str) -> None:
@@ -74,10 +80,9 @@ def serve(cli: Any, path: str) -> None:
     while True:
         conn, _ = srv.accept()
         with conn:
-            raw = conn.makefile("rb").readline()
-            req = json.loads(raw)
-            answer = execute(cli, req["argv"], req["cwd"])
-            conn.sendall(json.dumps(answer).encode() + b"\n")
+            cwd, *argv = (os.fsdecode(a) for a in _received(conn).split(b"\0")[:-1])
+            rc, out, err = execute(cli, argv, cwd)
+            conn.sendall(f"{rc} {len(out)}\n".encode() + out + err)
 
 
 if __name__ == "__main__":

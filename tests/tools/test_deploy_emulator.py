@@ -76,8 +76,12 @@ class Deployed:
         ]
 
 
-def _state(fake: fake_gcp.FakeGcp) -> dict[str, Any]:
-    """Everything the fake holds, minus what changes on every write (etags, operations)."""
+def _state(fake: fake_gcp.FakeGcp, project: str) -> dict[str, Any]:
+    """Everything the fake holds, minus what changes on every write (etags, operations) and what
+    other tests made in projects of their own (the module's tests share the fake and its gcloud)."""
+
+    def ours(name: str) -> bool:
+        return not name.startswith("projects/") or name.split("/")[1] == project
 
     def clean(obj: Any) -> Any:
         if isinstance(obj, dict):
@@ -90,9 +94,9 @@ def _state(fake: fake_gcp.FakeGcp) -> dict[str, Any]:
         res = {
             f"{a} {n}": clean(copy.deepcopy(v))
             for (a, n), v in fake.resources.items()
-            if "/operations/" not in n
+            if "/operations/" not in n and ours(n)
         }
-        pol = {f"{a} {n}": clean(copy.deepcopy(v)) for (a, n), v in fake.policies.items()}
+        pol = {f"{a} {n}": clean(copy.deepcopy(v)) for (a, n), v in fake.policies.items() if ours(n)}
     return {"resources": res, "policies": pol}
 
 
@@ -191,7 +195,7 @@ def deployed(gcloud: Gcloud) -> Iterator[Deployed]:
         d.rcs.append(fn(logs.append))
         d.logs.append(logs)
         d.calls.append(fake.calls[start:])
-        d.states.append(_state(fake))
+        d.states.append(_state(fake, project))
         d.topics.append({t.name.rsplit("/", 1)[-1] for t in pub.list_topics(project=f"projects/{project}")})
         d.subscriptions.append(
             {s.name.rsplit("/", 1)[-1]: s for s in sub.list_subscriptions(project=f"projects/{project}")}
@@ -606,33 +610,21 @@ def test_deploy_after_teardown_restores_the_soft_deleted_role(deployed: Deployed
     assert _project_bindings(policy) == _expected_project_bindings(deployed.project)
 
 
-def test_folder_sinks_include_children_and_their_writers_publish_to_the_project_topic(
-    pubsub_host: str, tmp_path: Path
-) -> None:
-    project = f"agg-{uuid.uuid4().hex[:8]}"
-    fake = fake_gcp.FakeGcp(pubsub_upstream=pubsub_host)
-    server = fake_gcp.serve(fake)
-    worker = gcloud_batch.GcloudWorker(_env_at(fake, tmp_path), tmp_path)
-    try:
-        conf = {**deploy.load_config(None), "aggregated_sink": {"folder": "123456789"}}
-        steps = [
-            s
-            for s in deploy.plan(project, REGION, conf)
-            if s.argv[:2] == ["logging", "sinks"]
-            or ("pitstop-events" in s.argv[3:4] and s.argv[0] == "pubsub")
-        ]
-        logs: list[str] = []
-        assert deploy.apply(steps, worker.run, logs.append) == 0, logs
-        made = {c.path: c for c in fake.calls if c.api == "logging" and c.method == "POST"}
-        assert set(made) == {"folders/123456789/sinks"}
-        sent = [c for c in fake.calls if c.api == "logging" and c.method == "POST"]
-        assert {c.body["name"] for c in sent} == set(sinks.SINK_FILTERS)
-        assert all(c.body["includeChildren"] is True for c in sent)
-        writer = "serviceAccount:service-folder-123456789@gcp-sa-logging.iam.gserviceaccount.com"
-        topic = fake.policy("pubsub", f"projects/{project}/topics/pitstop-events")
-        assert [(b["role"], b["members"]) for b in topic["bindings"]] == [
-            ("roles/pubsub.publisher", [writer])
-        ]
-    finally:
-        worker.close()
-        server.shutdown()
+def test_folder_sinks_include_children_and_their_writers_publish_to_the_project_topic(gcloud: Gcloud) -> None:
+    project, fake = f"agg-{uuid.uuid4().hex[:8]}", gcloud.fake
+    conf = {**deploy.load_config(None), "aggregated_sink": {"folder": "123456789"}}
+    steps = [
+        s
+        for s in deploy.plan(project, REGION, conf)
+        if s.argv[:2] == ["logging", "sinks"] or ("pitstop-events" in s.argv[3:4] and s.argv[0] == "pubsub")
+    ]
+    logs: list[str] = []
+    start = len(fake.calls)
+    assert deploy.apply(steps, gcloud.worker.run, logs.append) == 0, logs
+    sent = [c for c in fake.calls[start:] if c.api == "logging" and c.method == "POST"]
+    assert {c.path for c in sent} == {"folders/123456789/sinks"}
+    assert {c.body["name"] for c in sent} == set(sinks.SINK_FILTERS)
+    assert all(c.body["includeChildren"] is True for c in sent)
+    writer = "serviceAccount:service-folder-123456789@gcp-sa-logging.iam.gserviceaccount.com"
+    topic = fake.policy("pubsub", f"projects/{project}/topics/pitstop-events")
+    assert [(b["role"], b["members"]) for b in topic["bindings"]] == [("roles/pubsub.publisher", [writer])]
