@@ -79,7 +79,10 @@ def test_least_privilege(steps: list[deploy.Step]) -> None:
         for g in cast(list[IamGrant], v)
     ]
     assert grants and all(b["why"] for b in grants)
-    fns = {s.argv[2]: s.argv for s in steps if s.argv[:2] == ["functions", "deploy"]}
+    deploys = [s for s in steps if s.argv[:2] == ["functions", "deploy"]]
+    fns = {
+        s.argv[2]: s.argv for s in deploys if s.gate is None or not s.gate.negate
+    }  # notify: its secrets bound
     assert set(fns) == {"pitstop-ingest", "pitstop-actuate", "pitstop-notify", "pitstop-sweep"}
     for argv in fns.values():
         assert "--no-allow-unauthenticated" in argv
@@ -502,7 +505,7 @@ def _gcloud_parse(line: str, cfg: str) -> tuple[str, int, str]:
 
 
 def _gcloud_lines(steps: list[deploy.Step]) -> list[str]:
-    """Every gcloud command a plan can run: steps, checks, updates, deletes, captures, credentials."""
+    """Every gcloud command a plan can run: steps, checks, updates, deletes, captures, credentials, gates."""
     plain = [s for s in steps if s.program == "gcloud"]
     lines = [shlex.join(["gcloud", *s.argv]) for s in plain]
     lines += [shlex.join(["gcloud", *s.check]) for s in steps if s.check]
@@ -511,6 +514,7 @@ def _gcloud_lines(steps: list[deploy.Step]) -> list[str]:
     lines += [shlex.join(["gcloud", *s.purge]) for s in steps if s.purge]
     lines += [shlex.join(["gcloud", *s.credentials]) for s in steps if s.credentials]
     lines += [shlex.join(["gcloud", *argv]) for s in steps for argv in s.captures.values()]
+    lines += [shlex.join(["gcloud", *argv]) for s in steps if s.gate for argv in s.gate.commands]
     return sorted(set(lines))
 
 
@@ -582,8 +586,12 @@ def test_a_changed_policy_redeploys_the_functions_and_nothing_else(tmp_path: Pat
         return {s.what: s.expect for s in deploy.plan("my-train-proj", "us-central1", conf) if s.expect}
 
     shipped, observe, enforce = labels(None), labels("mode: observe\n"), labels("mode: enforce\n")
+    unbound = (
+        "function pitstop-notify without PITSTOP_WEBHOOK_URL: add a version to pitstop-webhook, deploy again"
+    )
     assert set(shipped) == {f"function pitstop-{f}" for f in ("ingest", "actuate", "notify", "sweep")} | {
-        "workflow pitstop-remediate"
+        "workflow pitstop-remediate",
+        unbound,  # notify until its secret has a version
     }
     assert shipped == labels(None)  # stable: a rerun with the same inputs is "current"
     changed = {k for k in shipped if observe[k] != enforce[k]}
@@ -837,8 +845,9 @@ def test_notify_reaches_only_its_own_ledger_database(steps: list[deploy.Step]) -
     assert main_purge is not None and notify_purge is not None
     assert "pitstop_notifications" not in " ".join(main_purge) and "pitstop_incidents" in " ".join(main_purge)
     assert "--collection-ids=pitstop_notifications" in notify_purge
-    (fn,) = [s.argv for s in steps if s.argv[:3] == ["functions", "deploy", "pitstop-notify"]]
-    assert any("PITSTOP_NOTIFY_DATABASE=pitstop-notify" in a for a in fn)
+    fns = [s.argv for s in steps if s.argv[:3] == ["functions", "deploy", "pitstop-notify"]]
+    assert len(fns) == 2  # with its secrets, and without them until they have a version
+    assert all(any("PITSTOP_NOTIFY_DATABASE=pitstop-notify" in a for a in fn) for fn in fns)
 
 
 class _OnlyGet:

@@ -51,6 +51,20 @@ Conf = Mapping[str, object]
 
 
 @dataclass
+class Gate:
+    """Run a step only when every command prints exactly `prints` (`negate`: only when one does not)."""
+
+    commands: list[list[str]]
+    prints: str
+    negate: bool = False
+
+    def comment(self) -> str:
+        """The condition as a shell comment after the step's command (a dry run's line stays one command)."""
+        each = "; ".join(shlex.join(["gcloud", *c]) for c in self.commands)
+        return f"  # {'unless' if self.negate else 'when'} each prints {self.prints}: {each}"
+
+
+@dataclass
 class Step:
     what: str
     argv: list[str]
@@ -67,6 +81,7 @@ class Step:
     stdin_vars: dict[str, str] = field(default_factory=dict)
     credentials: list[str] | None = None  # a gcloud command run first (with env), before argv or delete
     purge: list[str] | None = None  # what `teardown --purge` runs: delete the data kept by default
+    gate: Gate | None = None  # run only when gcloud reports this (a function's secrets readable)
 
     def line(self) -> str:
         """The step as a shell line: what a person would type to do it by hand."""
@@ -77,7 +92,7 @@ class Step:
             cmd = f"{shlex.join(['sed', *subst, self.stdin])} | {cmd}"
         if self.credentials is not None:
             cmd = f"{env}{shlex.join(['gcloud', *self.credentials])} && {cmd}"
-        return cmd
+        return cmd + (self.gate.comment() if self.gate is not None else "")
 
 
 @functools.cache
@@ -888,12 +903,12 @@ def _env(env: Mapping[str, object]) -> str:
     return ",".join(f"{k}={v}" for k, v in env.items())
 
 
-def _secrets(e: Entry, t: Target) -> list[str]:
-    """``--set-secrets`` for the function's secrets, with those whose deploy.yaml key is set."""
+def _secrets(e: Entry, t: Target) -> dict[str, str]:
+    """The function's secrets (env -> secret), with those whose deploy.yaml key is set."""
     secrets = dict(e.get("secrets") or {})
     for key, more in (e.get("secrets_if") or {}).items():
         secrets.update(more if t.conf.get(key) else {})
-    return [f"--set-secrets={','.join(f'{k}={v}:latest' for k, v in secrets.items())}"] if secrets else []
+    return secrets
 
 
 SCALE_FLAGS: tuple[ScaleKey, ...] = ("concurrency", "cpu", "memory", "max_instances", "min_instances")
@@ -915,7 +930,32 @@ def scale_flags(e: Entry) -> list[str]:
 
 
 def _function(e: Entry, t: Target) -> list[Step]:
-    """A gen2 function from the staged source, labelled with a digest of its flags and source."""
+    """A gen2 function from the staged source, labelled with a digest of its flags and source.
+
+    A function that reads secrets is deployed with them only once each secret's latest version is
+    enabled: Cloud Run resolves a secret environment variable before an instance starts and fails
+    the revision, and the deploy, when it cannot (cloud.google.com/run/docs/configuring/services/
+    secrets). deploy creates the secrets empty (their values are the operator's), so until a version
+    is added the function is deployed without them (notify then logs its pages, delivering none);
+    the run after `gcloud secrets versions add` redeploys it with them (its flags, and digest, differ).
+    """
+    secrets = _secrets(e, t)
+    if not secrets:
+        return [_function_step(e, t, [])]
+    bound = _function_step(e, t, [f"--set-secrets={','.join(f'{k}={v}:latest' for k, v in secrets.items())}"])
+    names = list(dict.fromkeys(secrets.values()))
+    latest = [
+        ["secrets", "versions", "describe", "latest", f"--secret={n}", *t.p, "--format=value(state)"]
+        for n in names
+    ]
+    bound.gate = Gate(latest, "ENABLED")
+    waiting = _function_step(e, t, ["--clear-secrets"])  # gcloud otherwise keeps a binding it had
+    waiting.what += f" without {', '.join(secrets)}: add a version to {', '.join(names)}, deploy again"
+    waiting.gate, waiting.delete = Gate(latest, "ENABLED", negate=True), None  # the bound step deletes it
+    return [bound, waiting]  # one of the two runs
+
+
+def _function_step(e: Entry, t: Target, secret_flags: list[str]) -> Step:
     fn, where = e["name"], [e["name"], "--gen2", f"--region={t.region}", *t.p]
     argv = [
         "functions",
@@ -924,8 +964,8 @@ def _function(e: Entry, t: Target) -> list[Step]:
         f"--entry-point={e['entry_point']}",
         *e.get("flags", []),
         *scale_flags(e),
-        *_secrets(e, t),
     ]
+    argv += secret_flags
     # functions-framework serves a Python function with THREADS threads: as many as the
     # concurrency Cloud Run sends it (cloud.google.com/functions/docs/configuring/concurrency).
     env = {**e["env"], "THREADS": e["scale"]["concurrency"]}
@@ -933,15 +973,13 @@ def _function(e: Entry, t: Target) -> list[Step]:
     argv += ["--gen2", f"--runtime={t.conf['runtime']}", f"--region={t.region}", f"--source={t.source_dir}"]
     argv += ["--no-allow-unauthenticated", *t.p]
     digest = config_digest([a for a in argv if not a.startswith("--source=")], t.source)
-    return [
-        Step(
-            e.get("what", f"function {fn}"),
-            [*argv, f"--update-labels={DIGEST_LABEL}={digest}"],
-            check=["functions", "describe", *where, f"--format=value(labels.{DIGEST_LABEL})"],
-            expect=digest,
-            delete=["functions", "delete", *where, "--quiet"],
-        )
-    ]
+    return Step(
+        e.get("what", f"function {fn}"),
+        [*argv, f"--update-labels={DIGEST_LABEL}={digest}"],
+        check=["functions", "describe", *where, f"--format=value(labels.{DIGEST_LABEL})"],
+        expect=digest,
+        delete=["functions", "delete", *where, "--quiet"],
+    )
 
 
 def _workflow(e: Entry, t: Target) -> list[Step]:
@@ -1343,6 +1381,9 @@ def apply(
     """Run the plan; a step whose check finds the resource is skipped, updated or redeployed."""
     with _workdir(steps) as values:
         for step in steps:
+            if step.gate is not None and not _opens(step.gate, run):
+                log(f"skipped  {step.what}")
+                continue
             needed = [ph for ph in _placeholders([*step.argv, *(step.update or [])]) if ph != EXISTING]
             missing = [ph for ph in needed if not _learn(ph, step, values, run)]
             if missing:
@@ -1373,6 +1414,11 @@ def apply(
                 return 1
             log(f"ok       {step.what}")
     return 0
+
+
+def _opens(gate: Gate, run: Runner) -> bool:
+    passed = all(run(c).stdout.strip() == gate.prints for c in gate.commands)
+    return passed != gate.negate
 
 
 def _existing(step: Step, run: Runner) -> str | None:
