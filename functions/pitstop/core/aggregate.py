@@ -24,9 +24,9 @@ no window between the check and the write.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from pitstop.core import corroboration, degraded, engine, lifecycle, notifications, remediation
 from pitstop.core.actions import RANK, RECORD_ONLY_ACTIONS, Action
@@ -53,8 +53,9 @@ from pitstop.core.policy import Policy
 from pitstop.core.states import ACTIVE_STATES, UNCLAIMABLE_STATES, RunState, State
 from pitstop.core.steps import Guard, Refusal
 
-if TYPE_CHECKING:
-    from pitstop.core.store import Countable
+# Asked by a decision of the node's latest incident as it read it (None: the node has none): the
+# caller (services/coalesce.py) counts the event in memory instead, and nothing is decided.
+Countable = Callable[[Incident | None], bool]
 
 UNKNOWN_OWNER = "unknown"  # a step claimed by a caller that named no execution
 # States a failed step may still turn into FAILED: the incident has not ended, nor waits for a person.

@@ -10,7 +10,7 @@ against both.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -145,9 +145,7 @@ def resolution(inc: Incident, now: float) -> Resolution | None:
     return {"incident": inc["id"], "node": inc.get("node_key"), "at": at, "expire_at": at + RESOLVED_KEEP_S}
 
 
-# Asked by a decision of the node's latest incident as it read it (None: the node has none): the
-# caller (services/coalesce.py) counts the event in memory instead, and nothing is decided.
-Countable = Callable[[Incident | None], bool]
+Countable = aggregate.Countable
 
 
 class Decisions(Protocol):
