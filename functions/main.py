@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from pitstop.adapters.compute import ComputeAdapter
     from pitstop.services.actuate import Actuator
+    from pitstop.services.control import RuntimeControl
     from pitstop.services.ingest import Ingest
     from pitstop.services.notify import Notify
     from pitstop.services.sweep import Sweep
@@ -103,6 +104,15 @@ def _compute() -> ComputeAdapter:
     return _compute_adapter(os.environ.get("PITSTOP_COMPUTE_ENDPOINT"))
 
 
+def _control(db: firestore.Client, pol: policy_mod.Policy) -> RuntimeControl:
+    """The runtime control document (pitstop pause, mode, silence), read once per control_cache_s."""
+    from pitstop.adapters.firestore_control import FirestoreControl
+    from pitstop.services.control import RuntimeControl
+
+    store = pol.doc["store"]
+    return RuntimeControl(FirestoreControl(db, store["collection_prefix"]), float(store["control_cache_s"]))
+
+
 def _db(project: str, env: str = "PITSTOP_FIRESTORE_DATABASE") -> firestore.Client:
     """Pitstop's own Firestore database (deploy creates it; IAM conditions grant only it), or with
     ``env`` PITSTOP_NOTIFY_DATABASE notify's ledger database (unset: the same database)."""
@@ -121,7 +131,8 @@ def _ingest() -> Ingest:
 
     project = _project()
     pol = policy_mod.load()
-    store = IncidentStore(_db(project), pol.doc["store"]["collection_prefix"])
+    db = _db(project)
+    store = IncidentStore(db, pol.doc["store"]["collection_prefix"])
     wf = pol.doc["workflow"]
     starter = WorkflowStarter(
         project, wf["location"], wf["name"], os.environ.get("PITSTOP_WORKFLOWS_ENDPOINT")
@@ -145,6 +156,7 @@ def _ingest() -> Ingest:
         nodes=NodeReader(kube),
         alerts_topic=alerts_topic,
         ack_deadline_s=deadline,
+        control=_control(db, pol),
     )
 
 
@@ -236,6 +248,7 @@ def _actuator() -> Actuator:
         claim_s=float(os.environ.get("PITSTOP_STEP_CLAIM_S", STEP_CLAIM_S)),
         telemetry=TelemetryReader(os.environ.get("PITSTOP_MONITORING_ENDPOINT")),
         prometheus=PromQLReader(os.environ.get("PITSTOP_PROMETHEUS_ENDPOINT")),
+        control=_control(db, pol),
     )
 
 

@@ -31,6 +31,7 @@ from typing import cast
 from pitstop.core import corroboration, degraded, engine, lifecycle, notifications, remediation
 from pitstop.core.actions import RANK, RECORD_ONLY_ACTIONS, Action
 from pitstop.core.answers import EarlyResume, LocalisedResume
+from pitstop.core.control import Control, Hold
 from pitstop.core.domain import (
     Draft,
     FaultEvent,
@@ -60,6 +61,9 @@ Countable = Callable[[Incident | None], bool]
 UNKNOWN_OWNER = "unknown"  # a step claimed by a caller that named no execution
 # States a failed step may still turn into FAILED: the incident has not ended, nor waits for a person.
 FAILABLE = ACTIVE_STATES | {State.OPEN}
+# States in which the runtime control may still stop a step (core/control.py): the repair has not
+# begun. Once it has (ACTING, VERIFYING), the step finishes it and restarts the job it stopped.
+HOLDABLE = frozenset({State.OPEN, State.FENCED})
 START_REFUSALS = 3  # the third refused start of a step fails its incident (services/sweep.py)
 
 
@@ -275,6 +279,17 @@ class ResolveStep:
 
 
 @dataclass(frozen=True)
+class HoldStep:
+    """The runtime control (a pause or a silence, core/control.py) refused the step's next
+    disruptive op: the incident waits, its node still fenced, and the step's remediation is
+    forgotten (no cooldown holds it again); the sweep lets it go on, as a new step, once the
+    control no longer holds it."""
+
+    at: At
+    hold: Hold
+
+
+@dataclass(frozen=True)
 class FailStep:
     at: At
     stage: str
@@ -305,11 +320,12 @@ StepCommand = (
     | RecordLocalisation
     | ResolveStep
     | FailStep
+    | HoldStep
 )
 Command = EngineCommand | RunCommand | StepCommand | RecordUnfenceAnswer
 
 # Commands decided with the subject's node document (and the budgets, read lazily).
-NODE_COMMANDS = (ReleaseHeld, StepUp, CloseByPerson, FailStuck, JoinBlock, RecordUnconfirmed)
+NODE_COMMANDS = (ReleaseHeld, StepUp, CloseByPerson, FailStuck, JoinBlock, RecordUnconfirmed, HoldStep)
 # Commands that may claim or let go blast-radius slots: a store lets them take turns on the budgets.
 BUDGET_COMMANDS = (*NODE_COMMANDS, EndBurst, ResolveStep, RejectStep)  # RecordUnconfirmed among them
 
@@ -343,7 +359,7 @@ def decide(inc: Incident | None, cmd: Command, given: Given) -> Outcome:
     if isinstance(cmd, EngineCommand):
         return _engine(inc, cmd, given)
     if isinstance(cmd, RunCommand):
-        return _run(inc, cmd, given.now)
+        return _run(inc, cmd, given)
     if isinstance(cmd, RecordUnfenceAnswer):
         return _unfence_answer(inc, cmd, given.now)
     return _step(inc, cmd, given)
@@ -383,8 +399,8 @@ def _engine(inc: Incident, cmd: EngineCommand, given: Given) -> Outcome:
 # -- the workflow run ------------------------------------------------------------------------------
 
 
-def _run(inc: Incident, cmd: RunCommand, now: float) -> Outcome:
-    wf = inc.get("workflow") or {}
+def _run(inc: Incident, cmd: RunCommand, given: Given) -> Outcome:
+    wf, now = inc.get("workflow") or {}, given.now
     if wf.get("step") != cmd.step:
         return _refused(inc, f"the workflow run is for step {wf.get('step')}, not {cmd.step}")
     doc = draft(inc)
@@ -393,6 +409,9 @@ def _run(inc: Incident, cmd: RunCommand, now: float) -> Outcome:
     if isinstance(cmd, LeaseStart):
         if wf.get("state") != RunState.PENDING or inc["state"] in UNCLAIMABLE_STATES:
             return _refused(inc, f"step {cmd.step} is not waiting for a start")  # started, or ended
+        held = given.policy.control.hold(inc, now, enforce=True) if given.policy is not None else None
+        if held is not None:  # decided before the brake: it starts once the sweep finds it free
+            return _refused(inc, held.why)
         if float(wf.get("lease_until", 0)) > now:
             return _refused(inc, "another starter holds the lease")
         run["lease_until"] = now + cmd.lease_s
@@ -440,10 +459,20 @@ def step_refusal(inc: Incident, cmd: StepCommand) -> str | None:
     return None
 
 
-def op_refusal(inc: Incident, op: Op, at: At, disruptive: bool, corroborate: bool = True) -> Refusal | None:
+def op_refusal(
+    inc: Incident,
+    op: Op,
+    at: At,
+    disruptive: bool,
+    corroborate: bool = True,
+    control: Control | None = None,
+    now: float = 0.0,
+) -> Refusal | None:
     """Why ``at`` may not run ``op`` on the incident now (None: it may): a newer step owns it, its
     state is not one the op belongs to, another execution owns the step, or the op disrupts and
-    the fault is not confirmed on the node yet. The step runner asks it with its claim."""
+    the runtime control holds the incident (a pause or a silence, before the repair began:
+    ``held``, the caller holds it) or the fault is not confirmed on the node yet. The step runner
+    asks it with its claim."""
     if inc["step"] != at.step:
         return Refusal(f"superseded by step {inc['step']}", superseded_by=inc["step"])
     if at.states is not None and inc["state"] not in at.states:
@@ -451,18 +480,24 @@ def op_refusal(inc: Incident, op: Op, at: At, disruptive: bool, corroborate: boo
     owner = (inc.get("workflow") or {}).get("claimed_by")
     if owner and at.execution and owner not in (at.execution, UNKNOWN_OWNER):
         return Refusal(f"another execution ({owner}) owns step {at.step}")
+    hold = control.hold(inc, now, enforce=True) if disruptive and control is not None else None
+    if hold is not None and inc["state"] in HOLDABLE:  # once the repair began, the step finishes it
+        return Refusal(hold.why, held=hold.kind)
     if disruptive and corroboration.needs_corroboration(inc, corroborate)[0]:
         return Refusal(f"the fault is not confirmed on the node: {op} waits for a confirmed corroboration")
     return None
 
 
-def op_guard(op: Op, at: At, disruptive: bool, corroborate: bool) -> Guard:
+def op_guard(
+    op: Op, at: At, disruptive: bool, corroborate: bool, control: Control | None = None, now: float = 0.0
+) -> Guard:
     """:func:`op_refusal` as the step runner's guard, asked of the incident its claim reads."""
 
     def guard(parent: JsonObject | None) -> Refusal | None:
         if parent is None:
             return Refusal("no such incident")
-        return op_refusal(cast(Incident, parent), op, at, disruptive, corroborate)  # as its writer wrote it
+        inc = cast(Incident, parent)  # as its writer wrote it
+        return op_refusal(inc, op, at, disruptive, corroborate, control, now)
 
     return guard
 
@@ -475,6 +510,8 @@ def _step(inc: Incident, cmd: StepCommand, given: Given) -> Outcome:
     try:
         if isinstance(cmd, RecordUnconfirmed):
             out = _unconfirmed(doc, cmd, given)
+        elif isinstance(cmd, HoldStep):
+            out = _hold_step(doc, cmd, given)
         else:
             out = _step_change(doc, cmd, now)
     except lifecycle.IllegalTransitionError as exc:  # a state the table does not lead to from here
@@ -520,8 +557,8 @@ def _step_change(doc: Draft, cmd: StepCommand, now: float) -> Outcome:
             return _resolve(doc, cmd, now)
         case FailStep():
             return _fail(doc, cmd, now)
-        case RecordUnconfirmed():
-            raise TypeError("decided with the node's document (_unconfirmed)")
+        case RecordUnconfirmed() | HoldStep():
+            raise TypeError("decided with the node's document (_unconfirmed, _hold_step)")
 
 
 def _stamp(doc: Draft, milestone: Milestone | None, now: float) -> None:
@@ -626,6 +663,20 @@ def _unconfirmed(doc: Draft, cmd: RecordUnconfirmed, given: Given) -> Outcome:
         where = remediation.node_note(doc, cmd.unfenced)[0]
         out.page = f"incident {doc['id']}: {engine.subject_name(doc)}: {why}. Nothing was done. {where}"
     return out
+
+
+def _hold_step(doc: Draft, cmd: HoldStep, given: Given) -> Outcome:
+    now, node = given.now, engine.copy_node(given.node, doc)
+    lifecycle.move(doc, State.HELD, f"{cmd.hold.kind} before a disruptive op of step {cmd.at.step}")
+    doc["held"] = {"reason": cmd.hold.why, "since": now, "control": cmd.hold.kind}
+    engine.forget_remediation(node, doc["id"])  # nothing was repaired: no cooldown holds its next step
+    after = "`pitstop resume`" if cmd.hold.kind == "pause" else "the silence ends"
+    page = (
+        f"incident {doc['id']}: {engine.subject_name(doc)}: step {cmd.at.step} stopped before its next "
+        f"disruptive op, {cmd.hold.why}. The node stays fenced; the incident goes on once {after}, "
+        f"or close it: pitstop incidents --close {doc['id']} --unfence --by NAME"
+    )
+    return Outcome("held", incident=doc, node=node, page=page)
 
 
 def _unfence_answer(inc: Incident, cmd: RecordUnfenceAnswer, now: float) -> Outcome:

@@ -256,13 +256,26 @@ class WorkflowRun(TypedDict, total=False):
 
 
 class Held(TypedDict, total=False):
-    """Why an incident waits: a budget (``scope``), a cooldown, or a disabled action."""
+    """Why an incident waits: a budget (``scope``), a cooldown, a disabled action, or the runtime
+    control (``control``: ``pause`` or ``silence``, core/control.py; the sweep lets it go on)."""
 
     reason: str
     scope: str | None
     since: float
     until: float
     by: str
+    control: str
+
+
+class Silenced(TypedDict):
+    """The silence a new episode was recorded under, never acted on (core/control.py)."""
+
+    id: str
+    scope: str  # node | cluster | block
+    value: str
+    until: float
+    by: str
+    reason: str
 
 
 Escalation = TypedDict("Escalation", {"from": str, "to": str, "at": float, "why": list[str]})
@@ -398,6 +411,7 @@ class Incident(TypedDict):
     corroboration: NotRequired[ReadOnly[Measurement]]
     localise: NotRequired[ReadOnly[LocalisePlan]]  # a hung job: whether it is localised, and why (engine)
     localisation: NotRequired[ReadOnly[Localisation]]  # ... its nodes, each round's verdict, the outcome
+    silenced: NotRequired[ReadOnly[Silenced]]  # recorded under a silence: never acted on (core/control.py)
 
 
 class Draft(TypedDict):
@@ -453,6 +467,7 @@ class Draft(TypedDict):
     corroboration: NotRequired[Measurement]
     localise: NotRequired[LocalisePlan]  # a hung job: whether it is localised, and why (engine)
     localisation: NotRequired[Localisation]  # ... its nodes, each round's verdict, the outcome
+    silenced: NotRequired[Silenced]  # recorded under a silence: never acted on (core/control.py)
 
 
 class LocalisePlan(TypedDict):

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, cast, get_args
 
-from pitstop.core import alerts, lifecycle, localise, trust
+from pitstop.core import alerts, control, lifecycle, localise, trust
 from pitstop.core.actions import JOB_ACTIONS, NODE_ACTIONS, RANK, RECORD_ONLY_ACTIONS, Action, higher
 from pitstop.core.answers import Notification
 from pitstop.core.catalog import SXID_KIND, TIE_PRIMARY, TIE_RECOVERY
@@ -48,6 +48,7 @@ from pitstop.core.domain import (
     Remediation,
     Slot,
 )
+from pitstop.core.ids import block_scope as block_scope  # the budget id of a block (re-exported)
 from pitstop.core.policy import Cluster, Policy
 from pitstop.core.states import ACTIVE_STATES, OPEN_STATES, UNCLAIMABLE_STATES, RunState, State
 
@@ -238,7 +239,7 @@ def new_incident(iid: str, ev: FaultEvent, cluster: Cluster | None, policy: Poli
         "cluster": cluster.name if cluster else None,
         "scheduler": cluster.scheduler if cluster else "none",
         "state": State.OPEN,
-        "mode": policy.mode,
+        "mode": policy.mode_for(cluster.name if cluster else None),
         "kind": ev["kind"],
         "xid": ev["xid"],
         "proposed_action": ev["action"],
@@ -426,11 +427,6 @@ def budget_scopes(inc: Incident, node_doc: NodeDoc) -> list[tuple[str, str]]:
     return scopes
 
 
-def block_scope(block: str) -> str:
-    """The budget document of a reservation block (``cluster/block`` from Compute's host topology)."""
-    return "block-" + hashlib.sha256(block.encode()).hexdigest()[:16]
-
-
 def _live_slots(budget: Budget, policy: Policy, now: float) -> dict[str, Slot]:
     window = policy.budget_window_s
     return {k: s for k, s in budget.get("slots", {}).items() if s.get("active") or now - s["at"] < window}
@@ -513,7 +509,11 @@ def absorbs(latest: Incident | None, ev: FaultEvent, ts: float) -> bool:
     resolved = latest["timeline"].get("resolved") or 0
     plan = latest.get("localise")
     localised = plan is not None and plan.get("run") is True  # a hung job Pitstop acted on
-    if (latest["action"] in RECORD_ONLY_ACTIONS and not localised) or latest.get("mode") == "observe":
+    if (
+        (latest["action"] in RECORD_ONLY_ACTIONS and not localised)
+        or latest.get("mode") == "observe"
+        or latest.get("silenced")
+    ):
         # Record-only episodes end with the burst (3 minutes of silence); a stronger line of the
         # same burst (delivered late: push delivery is unordered) reopens the episode.
         return ts < float(latest["burst_until"])
@@ -614,8 +614,9 @@ def _claimed(inc: Draft, d: Decision) -> bool:
 def _schedule(inc: Draft, d: Decision) -> None:
     """Decide the next workflow step. It is started after the store commits this decision."""
     inc["step"] += 1
+    inc["mode"] = d.policy.mode_for(inc["cluster"])  # the cluster's mode now (core/control.py)
     _record_remediation(d.node_doc, inc, d.now)
-    if d.policy.enforce:
+    if inc["mode"] == "enforce":
         inc["workflow"] = {
             "step": inc["step"],
             "state": RunState.PENDING,
@@ -639,7 +640,7 @@ def _decide_start(inc: Draft, d: Decision) -> None:
     each one alike, whoever asks.
     """
     action = inc["action"]
-    if action == Action.NONE:
+    if action == Action.NONE or _controlled(inc, d):
         return
     if not d.policy.enabled(action):
         held: Held = {"reason": f"action {action} is not enabled by policy", "since": d.now}
@@ -650,6 +651,28 @@ def _decide_start(inc: Draft, d: Decision) -> None:
     if action in NODE_ACTIONS and not _claimed(inc, d):
         return
     _schedule(inc, d)
+
+
+def _controlled(inc: Draft, d: Decision) -> bool:
+    """Whether the runtime control (core/control.py) keeps the step from starting. A new episode
+    under a silence is recorded and paged, never acted on (it ends with its burst); a paused one
+    (in enforce mode), or a silenced one already worked on (its node fenced), is held with a page
+    until the control lets it go (the sweep releases it)."""
+    c, block = d.policy.control, d.node_doc.get("block")
+    what = f"incident {inc['id']}: {subject_name(inc)}: {inc['action']}"
+    s = c.silence(inc, d.now, block)
+    if s is not None and inc["step"] == 0:
+        inc["silenced"] = control.silenced(s)
+        d.out.page = f"{what} not acted on, {control.silence_text(s)}"
+        return True
+    inc.pop("silenced", None)  # acted on from here: it is no longer a silenced episode
+    hold = c.hold(inc, d.now, d.policy.enforces(inc["cluster"]), block)
+    if hold is None:
+        return False
+    held: Held = {"reason": hold.why, "since": d.now, "control": hold.kind}
+    after = "`pitstop resume`" if hold.kind == "pause" else "the silence ends"
+    _hold(inc, d, held, f"{what} held, {hold.why}; it goes on once {after}")
+    return True
 
 
 def _end_burst(latest: Draft | None, budgets: Budgets, ts: float, out: Outcome) -> Budgets:
@@ -848,7 +871,7 @@ def _plan_localisation(inc: Draft, d: Decision) -> None:
     here, on the job's document, in the transaction that opens the incident."""
     p = localise.plan(d.node_doc, d.policy.localise, d.policy.window("hang_localise_s"), d.now)
     inc["localise"] = p.doc(d.now)
-    if p.run and d.policy.enforce:
+    if p.run and d.policy.enforces(inc["cluster"]):
         d.node_doc["localised_at"] = d.now
     elif p.page and d.out.page is None:
         d.out.page = f"incident {inc['id']}: {subject_name(inc)} hung; {p.why}"
@@ -931,7 +954,8 @@ def close_if_burst_over(inc: Draft, now: float) -> bool:
         and (inc.get("workflow") or {}).get("state") != RunState.OBSERVE
     ):
         return False  # a real workflow owns it
-    if inc["action"] not in RECORD_ONLY_ACTIONS and inc.get("mode") != "observe":
+    recorded_only = inc.get("mode") == "observe" or inc.get("silenced")  # a silenced one is recorded only
+    if inc["action"] not in RECORD_ONLY_ACTIONS and not recorded_only:
         return False
     lifecycle.move(inc, State.RESOLVED, "its burst ended")
     inc["timeline"]["resolved"] = now

@@ -7,7 +7,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import cast
 
@@ -15,6 +15,7 @@ import yaml
 
 from pitstop.core import plugins, resources, watchdog
 from pitstop.core.catalog import XidPolicy, default_xid_policy
+from pitstop.core.control import Control
 from pitstop.core.domain import JsonObject, LocaliseConfig, NodeRef
 from pitstop.core.policy_types import (
     ClusterDoc,
@@ -78,17 +79,32 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Policy:
+    """The policy in force: the deployed one, with the runtime control (core/control.py) people
+    change without a redeploy; decisions read both from here."""
+
     doc: PolicyDoc
     xids: XidPolicy
     clusters: tuple[Cluster, ...]
+    control: Control = field(default_factory=Control)
+
+    def with_control(self, control: Control) -> Policy:
+        return replace(self, control=control)
 
     @property
     def enforce(self) -> bool:
+        """The deployed mode is enforce (a cluster's own mode may differ: :meth:`enforces`)."""
         return bool(self.doc["mode"] == "enforce")
 
     @property
     def mode(self) -> str:
         return str(self.doc["mode"])
+
+    def mode_for(self, cluster: str | None) -> str:
+        """The cluster's mode: its own in the runtime control, else the policy's."""
+        return self.control.mode(cluster, self.mode)
+
+    def enforces(self, cluster: str | None) -> bool:
+        return self.mode_for(cluster) == "enforce"
 
     def enabled(self, action: str) -> bool:
         return action == "NONE" or action in self.doc["enabled_actions"]

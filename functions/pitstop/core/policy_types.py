@@ -176,6 +176,7 @@ class StoreConfig(TypedDict):
     collection_prefix: str
     flush_interval_s: float
     cache_ttl_s: float
+    control_cache_s: float
 
 
 class PolicyDoc(TypedDict):

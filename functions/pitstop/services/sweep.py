@@ -53,11 +53,16 @@ def close_bursts(store: IncidentStore, now: float) -> int:
 def release_held(
     store: IncidentStore, policy: Policy, now: float, follow_up: Callable[[Outcome], None] | None = None
 ) -> int:
-    """Retry incidents held for a budget, oldest first; those held for a human (policy, cooldown)
+    """Retry incidents held for a budget, and those the runtime control held once it no longer
+    does (a resume, a silence's end), oldest first; those held for a human (policy, cooldown)
     stay. Shared with ``pitstop replay``, which runs the sweep's rules on its own store."""
     released = 0
     for inc in store.list((State.HELD,)):
-        if (inc.get("held") or {}).get("scope") is None:
+        held = inc.get("held") or {}
+        if held.get("control"):
+            if policy.control.hold(inc, now, enforce=True) is not None:
+                continue  # still paused or silenced: tried again (and paged) only once it is not
+        elif held.get("scope") is None:
             continue
         out = store.decide(inc["id"], ReleaseHeld("sweep", force=False), policy, now)
         released += out.result == "released"
@@ -92,6 +97,7 @@ class Sweep:
         them), and notifications `republished` from the outbox after a failed publish."""
         ing = self.ingest
         now = ing.clock()
+        ing.in_force()  # a resume or a silence's end, as this instance has the control now
         outbox = ing.launcher.outbox
         phases: dict[str, Callable[[float], int]] = {
             "flushed": lambda t: ing.coalescer.flush_all(t) or 0,

@@ -8,11 +8,40 @@ from collections.abc import Sequence
 
 from pitstop.core.resources import DataFileError
 from pitstop.tools import report, simulate
-from pitstop.tools.cli import bench, classify, demo, deploy, doctor, errors, incidents, local, replay
+from pitstop.tools.cli import (
+    bench,
+    classify,
+    demo,
+    deploy,
+    doctor,
+    errors,
+    incidents,
+    local,
+    mode,
+    pause,
+    replay,
+    resume,
+    silence,
+)
 
 # in this order: it is the order `pitstop --help` lists them (simulate and report live in their own
 # modules of tools/: the fleet model in tools/sim/, the page in report.py and report_model.py)
-VERBS = (classify, bench, incidents, replay, local, deploy, demo, doctor, simulate, report)
+VERBS = (
+    classify,
+    bench,
+    incidents,
+    pause,
+    resume,
+    mode,
+    silence,
+    replay,
+    local,
+    deploy,
+    demo,
+    doctor,
+    simulate,
+    report,
+)
 
 
 def version() -> str:

@@ -35,6 +35,7 @@ BY_CLASS: dict[str, str] = {
     "server address and the network",
     "yaml.error.YAMLError": "not valid YAML: {exc}",
     "pitstop.tools.deploy.ConfigError": "{exc}",
+    "pitstop.core.control.ControlError": "{exc}",
 }
 
 # OSError texts from Google's client libraries (they raise EnvironmentError, not a class of their own)
