@@ -112,11 +112,27 @@ def test_the_spare_in_the_gang_s_sub_block_wins_though_another_was_listed_first(
 def test_an_nvl72_gang_never_leaves_its_nvlink_domain() -> None:
     gang = [Seat("t1", at("b1", "rack1", "a4x-highgpu-4g")), Seat("t2", at("b1", "rack1", "a4x-highgpu-4g"))]
     elsewhere = [Seat("t9", at("b1", "rack2", "a4x-highgpu-4g"))]
-    pick = topology.pick(gang, {"t1"}, elsewhere, 1)
+    pick = topology.pick(gang, {"t1"}, elsewhere, 1, nvl72=True)
     assert pick.spares == () and pick.domain == "c1/b1/rack1"
     assert pick.blocked is not None and "NVLink domain" in pick.blocked
     inside = [*elsewhere, Seat("t5", at("b1", "rack1", "a4x-highgpu-4g"))]
-    assert [s.node for s in topology.pick(gang, {"t1"}, inside, 1).spares] == ["t5"]
+    assert [s.node for s in topology.pick(gang, {"t1"}, inside, 1, nvl72=True).spares] == ["t5"]
+    assert [s.node for s in topology.pick(gang, {"t1"}, elsewhere, 1).spares] == ["t9"]  # not NVL72: anywhere
+
+
+def test_an_nvl72_gang_on_slurm_keeps_to_its_leaf_switch_and_one_of_unknown_place_stays() -> None:
+    """Slurm names no machine type: the gang is NVL72 by its VM's (Compute), its domain its leaf switch."""
+    gang = [
+        Seat("t1", topology.from_switches(["b1-r1", "b1"])),
+        Seat("t2", topology.from_switches(["b1-r1", "b1"])),
+    ]
+    spares = [
+        Seat("t9", topology.from_switches(["b1-r2", "b1"])),
+        Seat("t5", topology.from_switches(["b1-r1", "b1"])),
+    ]
+    assert [s.node for s in topology.pick(gang, {"t1"}, spares, 1, nvl72=True).spares] == ["t5"]
+    unknown = topology.pick([Seat("t1"), Seat("t2")], {"t1"}, spares, 1, nvl72=True)
+    assert unknown.spares == () and unknown.blocked == "the gang's NVLink domain is not known"
 
 
 COSTS = tradeoff.Costs(
@@ -148,7 +164,7 @@ def test_a_short_reset_is_waited_for_while_a_host_report_moves_the_gang() -> Non
 
 def test_an_nvl72_gang_without_a_spare_in_its_domain_waits_and_pages() -> None:
     gang = [Seat("t1", at("b1", "rack1", "a4x-highgpu-4g")), Seat("t2", at("b1", "rack1", "a4x-highgpu-4g"))]
-    pick = topology.pick(gang, {"t1"}, [Seat("t9", at("b1", "rack2", "a4x-highgpu-4g"))], 1)
+    pick = topology.pick(gang, {"t1"}, [Seat("t9", at("b1", "rack2", "a4x-highgpu-4g"))], 1, nvl72=True)
     out = tradeoff.weigh(situation("REPLACE_NODE", pick), COSTS)
     assert out.decision == "wait" and out.page
     assert [o["option"] for o in out.options] == ["wait"]  # no move, and no hold for capacity elsewhere

@@ -115,6 +115,7 @@ class GkeConfig(TypedDict):
     project: NotRequired[str]
     evict_deadline_s: NotRequired[float]
     stuck_terminating_s: NotRequired[float]
+    kueue_failed_node_replacement: NotRequired[bool]
     checks: NotRequired[ChecksConfig]
 
 

@@ -176,30 +176,42 @@ class Pick:
         return ", ".join(s.node for s in self.spares)
 
 
-def gang_domain(gang: Sequence[Seat]) -> str | None:
-    """The NVLink domain of an NVL72 gang (its members'; None: not an NVL72 gang)."""
-    return next((s.place["nvlink_domain"] for s in gang if s.place and s.place.get("nvlink_domain")), None)
+def domain_of(place: Place | None) -> str | None:
+    """The NVLink domain a place is in, for a gang known to be NVL72: its sub-block's full path."""
+    if not place or not place.get("subblock"):
+        return None
+    return place.get("nvlink_domain") or "/".join(
+        (place.get("cluster", ""), place.get("block", ""), place.get("subblock", ""))
+    )
 
 
-def pick(gang: Sequence[Seat], fenced: Collection[str], spares: Sequence[Seat], need: int) -> Pick:
+def pick(
+    gang: Sequence[Seat], fenced: Collection[str], spares: Sequence[Seat], need: int, nvl72: bool = False
+) -> Pick:
     """The ``need`` spares nearest the gang: its sub-block first, then its block, then anywhere,
-    each level in the order the scheduler listed them. An NVL72 gang takes only spares of its own
-    NVLink domain; fewer than ``need`` there and it takes none (``blocked`` says why).
+    each level in the order the scheduler listed them. An NVL72 gang (``nvl72``: its machine type's
+    sub-block is one NVLink domain) takes only spares of its own domain; fewer than ``need`` there,
+    or a domain nobody can name, and it takes none (``blocked`` says why).
 
     ``gang``: every member with its place, the fenced ones among them (their place is where the
     gang was); ``spares``: the idle healthy nodes the scheduler may place it on.
     """
     staying = [s for s in gang if s.node not in fenced]
     anchor = [s.place for s in (staying or gang)]
-    domain = gang_domain(gang)
-    allowed = [s for s in spares if s.node not in fenced and (domain is None or _in_domain(s, domain))]
+    before = span([s.place for s in staying])
+    home = next((s.place for s in gang if s.node in fenced and s.place), anchor[0] if anchor else None)
+    domain = domain_of(home) if nvl72 else None
+    if nvl72 and domain is None:
+        return Pick(before=before, blocked="the gang's NVLink domain is not known", domain="unknown")
+    free = [s for s in spares if s.node not in fenced]
+    allowed = [s for s in free if domain is None or shared(home, s.place) == "subblock"]
     if len(allowed) < need:
         why = (
             f"no spare in the gang's NVLink domain {domain} ({len(allowed)} of {need} free there)"
             if domain is not None
             else f"{len(allowed)} spare(s) for {need} needed"
         )
-        return Pick(before=span([s.place for s in staying]), blocked=why, domain=domain)
+        return Pick(before=before, blocked=why, domain=domain)
 
     def nearest(s: Seat) -> int:
         return min((TIERS.index(shared(p, s.place)) for p in anchor), default=TIERS.index("unknown"))
@@ -210,8 +222,4 @@ def pick(gang: Sequence[Seat], fenced: Collection[str], spares: Sequence[Seat], 
     first = allowed.index(chosen[0]) if chosen else 0
     skipped = tuple(s.node for s in allowed[:first] if nearest(s) > nearest(chosen[0]))
     after = span([*(s.place for s in staying), *(s.place for s in chosen)])
-    return Pick(chosen, tier, span([s.place for s in staying]), after, None, domain, skipped)
-
-
-def _in_domain(seat: Seat, domain: str) -> bool:
-    return bool(seat.place) and (seat.place or {}).get("nvlink_domain") == domain
+    return Pick(chosen, tier, before, after, None, domain, skipped)
