@@ -201,3 +201,14 @@ def test_the_shipped_policy_carries_the_moves_knobs() -> None:
     costs = tradeoff.costs_of(moves)
     assert costs.restart_s == 600 and costs.penalty["cluster"] == 0.05 and costs.repair_s["RESET_GPU"] == 180
     assert moves["nvlink_domain_families"] == ["a4x-"] and moves["enabled"] is True
+
+
+def test_a_move_among_places_nobody_named_is_not_priced_as_slower() -> None:
+    """A scheduler without topology (Slurm without a topology plugin, nodes without labels): the
+    move costs its restart alone, as before topology was known; the scheduler's own room for the
+    gang without a named spare is a move too."""
+    gang = [Seat("n1"), Seat("n2")]
+    pick = topology.pick(gang, {"n1"}, [Seat("s1")], 1)
+    assert pick.after == "unknown" and not pick.widens and tradeoff.penalty_of(pick, COSTS) == 0.0
+    out = tradeoff.weigh(situation("REBOOT_NODE", topology.Pick.unnamed()), COSTS)
+    assert out.decision == "move" and out.why.startswith("moved to a spare the scheduler picks:")

@@ -35,6 +35,7 @@ HOST_LABEL = "cloud.google.com/gce-topology-host"
 MACHINE_LABEL = "node.kubernetes.io/instance-type"
 
 Tier = Literal["subblock", "block", "cluster", "unknown"]
+UNNAMED = "(any)"  # the spare of a scheduler that has room for the gang but names none
 # Nearest first: a spare in the gang's sub-block, then its block, then anywhere in the cluster.
 TIERS: tuple[Tier, ...] = ("subblock", "block", "cluster", "unknown")
 TIER_WORDS: Mapping[str, str] = {
@@ -161,13 +162,23 @@ class Pick:
 
     @property
     def widens(self) -> bool:
-        return TIERS.index(self.after) > TIERS.index(self.before)
+        """Whether the move spreads the gang over a wider level of the fabric, as far as its places
+        are known (an unknown place widens nothing anyone can price: no penalty is guessed)."""
+        known = self.after != "unknown" and self.before != "unknown"
+        return known and TIERS.index(self.after) > TIERS.index(self.before)
+
+    @classmethod
+    def unnamed(cls) -> Pick:
+        """The scheduler has room for the gang but names no spare: it places the gang itself."""
+        return cls((Seat(UNNAMED),), "unknown", "unknown", "unknown")
 
     @property
     def where(self) -> str:
         """Where the gang went, as a person reads it (``sub-block sb-2``)."""
         if not self.spares:
             return "nowhere"
+        if self.spares[0].node == UNNAMED:
+            return "a spare the scheduler picks"
         p = self.spares[0].place or {}
         if p.get("subblock"):
             return f"sub-block {p['subblock']}"

@@ -24,6 +24,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from pitstop.core import topology
 from pitstop.core.domain import MoveChoice, OptionCost
 from pitstop.core.policy_types import MovesConfig
 from pitstop.core.topology import Pick
@@ -64,6 +65,7 @@ class Situation:
     pick: Pick | None  # None: the scheduler said there is no capacity
     elastic: bool = False
     remaining_s: float | None = None  # the run left, when the job says (else the policy's horizon)
+    placed: bool = True  # the scheduler puts the gang on the picked spares (else it places it itself)
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ def options(s: Situation, costs: Costs) -> tuple[list[OptionCost], float]:
             {
                 "option": MOVE,
                 "gpu_h": _gpu_h(g, restart + remaining * penalty),
-                "how": f"restart now on {s.pick.where}{slower}",
+                "how": f"restart now on {_where(s)}{slower}",
             }
         )
     if s.elastic and s.nodes > 1:
@@ -159,7 +161,7 @@ def _why(best: OptionCost, opts: list[OptionCost], s: Situation) -> str:
     versus = f" vs {others[0]['gpu_h']:g} {_phrase(others[0], s)}" if others else ""
     head = {
         WAIT: f"waited for {REPAIRS.get(s.action, 'the repair')}",
-        MOVE: f"moved to {s.pick.where if s.pick else 'a spare'}",
+        MOVE: f"moved to {_where(s)}",
         SHRINK: "shrank the gang",
         HOLD: "requeued to wait for capacity",
     }[best["option"]]
@@ -170,7 +172,7 @@ def _why(best: OptionCost, opts: list[OptionCost], s: Situation) -> str:
 def _phrase(o: OptionCost, s: Situation) -> str:
     return {
         WAIT: f"waiting for {REPAIRS.get(s.action, 'the repair')}",
-        MOVE: f"moving to {s.pick.where if s.pick else 'a spare'}",
+        MOVE: f"moving to {_where(s)}",
         SHRINK: "shrinking the gang",
         HOLD: "waiting for capacity",
     }[o["option"]]
@@ -186,3 +188,13 @@ def costs_of(moves: MovesConfig) -> Costs:
         repair_s={k: float(v) for k, v in moves["repair_s"].items()},
         min_history=int(moves["min_history"]),
     )
+
+
+def _where(s: Situation) -> str:
+    """Where a move goes: the picked spares, or (a scheduler that places the gang itself) a spare
+    it picks, the nearest one named."""
+    if s.pick is None or not s.pick.spares:
+        return "a spare"
+    if s.placed or s.pick.spares[0].node == topology.UNNAMED:
+        return s.pick.where
+    return f"a spare the scheduler picks (nearest: {s.pick.where})"
