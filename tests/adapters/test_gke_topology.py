@@ -120,3 +120,31 @@ def test_a_kueue_without_topology_aware_replacement_keeps_today_s_path(
     out = sched.requeue_outcome(JOB, CTX)
     assert out["outcome"].startswith("workload deactivated and reactivated") and "native" not in out
     assert len([r for r in kube.requests if r[0] == "PATCH" and "/workloads/" in r[1]]) == 2
+
+
+def test_doctor_reports_kueue_s_topology_aware_replacement_and_jobset_failure_policies(
+    kube: FakeKube, api: Any, clock: Clock
+) -> None:
+    from pitstop.adapters.gke.doctor import native_mechanisms
+
+    started(kube, jobset("own"))  # restarts by its own failurePolicy
+    before = native_mechanisms(api)
+    assert before[0].startswith("jobset: 1 of 1 JobSet(s) restart as a gang by their own failurePolicy")
+    assert before[1].startswith("kueue: no Topology: no topology-aware node replacement")
+    kube.create(
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Topology",
+            "metadata": {"name": "gke-default"},
+            "spec": {"levels": [{"nodeLabel": topology.BLOCK_LABEL}, {"nodeLabel": topology.SUBBLOCK_LABEL}]},
+        }
+    )
+    started(kube, tas_jobset())
+    after = native_mechanisms(api)
+    assert f"kueue: Topology gke-default (levels: {topology.BLOCK_LABEL}, {topology.SUBBLOCK_LABEL})" in after
+    assert any(
+        line.startswith("kueue: 1 workload(s) admitted with a topology assignment: Kueue replaces")
+        for line in after
+    )
+    off = native_mechanisms(api, kueue_replaces=False)
+    assert any("Pitstop restarts them itself" in line for line in off)

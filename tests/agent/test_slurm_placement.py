@@ -138,3 +138,15 @@ def test_expedited_requeue_is_reported_only_from_slurm_25_11_for_a_job_that_asks
 ) -> None:
     p = Placement(SlurmAccess(lambda argv: version if argv[1:] == ["--version"] else ""), tempfile.mkdtemp())
     assert p.native({"Requeue": requeue}) == native
+
+
+def test_doctor_on_the_controller_says_what_slurm_offers(slurm: SlurmCluster) -> None:
+    """The local 22.05 with topology/tree: no expedited requeue, and its leaf switches."""
+    from pitstop.agent.slurm.placement import doctor
+
+    lines = doctor(SlurmAccess())
+    assert lines[0].startswith("slurm: slurm-wlm 22.05.8: no expedited requeue")
+    leaves = len(set(PLACES.values()))  # a leaf switch per (block, sub-block)
+    assert lines[1].startswith(f"slurm: topology of {len(PLACES)} nodes under {leaves} leaf switches")
+    later = doctor(SlurmAccess(lambda argv: "slurm 25.11.1" if argv[1:] == ["--version"] else ""))
+    assert "expedited requeue available" in later[0] and "no topology plugin" in later[1]

@@ -121,3 +121,35 @@ class Placement:
         """Whether the job's required nodes are the pin Pitstop set (not its owner's)."""
         mine = self.pinned(job)
         return bool(required) and mine is not None and set(mine) == required
+
+
+def doctor(slurm: SlurmAccess) -> list[str]:
+    """``pitstop doctor --slurm`` on the controller: Slurm's version and what it offers of its own
+    (expedited requeue from 25.11), and whether its topology lets Pitstop tell sub-blocks apart."""
+    place = Placement(slurm, "/nonexistent")  # reads only: no pin is remembered or read
+    text = place.version()
+    v = version_of(text)
+    if v is not None and v >= EXPEDITE_SINCE:
+        lines = [
+            f"slurm: {text}: expedited requeue available: a job submitted with --requeue=expedite is"
+            " requeued by Slurm itself at top priority on a node failure; Pitstop's requeue of the same"
+            " run is then skipped (it moved on)"
+        ]
+    else:
+        lines = [
+            f"slurm: {text}: no expedited requeue (Slurm 25.11 or later): Pitstop requeues the gang itself,"
+            " once per run"
+        ]
+    paths = place.paths()
+    if not paths:
+        lines.append(
+            "slurm: no topology plugin (scontrol show topology is empty): Pitstop cannot tell sub-blocks"
+            " apart and takes spares in the scheduler's order"
+        )
+    else:
+        leaves = sorted({p[0] for p in paths.values()})
+        lines.append(
+            f"slurm: topology of {len(paths)} nodes under {len(leaves)} leaf switches (or blocks):"
+            " Pitstop takes a spare under the gang's leaf first, then its parent, then anywhere"
+        )
+    return lines
