@@ -27,6 +27,7 @@ from pitstop.core.aggregate import (
     Given,
     LeaseStart,
     RecordActed,
+    RecordChoice,
     RecordCorroboration,
     RecordFence,
     RecordGang,
@@ -38,7 +39,7 @@ from pitstop.core.aggregate import (
     ResolveStep,
     decide,
 )
-from pitstop.core.domain import Budget, Draft, FaultEvent, Incident, Measurement
+from pitstop.core.domain import Budget, Draft, FaultEvent, Incident, Measurement, MoveChoice, Place
 from pitstop.core.ops import AFTER_FENCE, FENCED_ONLY, WORKING
 from pitstop.core.states import RunState, State
 
@@ -104,6 +105,7 @@ def _step_commands(step: int, execution: str) -> list[Command]:
         ResolveStep(at(WORKING), {}),
         FailStep(at(), "act", "boom", {}),
         RejectStep(at(), "not the live VM"),
+        RecordChoice(at(), {"decision": "wait", "why": "waited", "page": True}),
     ]
 
 
@@ -112,7 +114,7 @@ commands = (
         lambda step, execution, k: _step_commands(step, execution)[k],
         st.integers(0, 2),
         st.sampled_from(EXECUTIONS),
-        st.integers(0, 9),
+        st.integers(0, 10),
     )
     | st.builds(LeaseStart, st.integers(0, 2))
     | st.builds(RecordStarted, st.integers(0, 2), st.sampled_from(EXECUTIONS[1:]))
@@ -249,3 +251,44 @@ def test_the_engine_works_on_a_copy() -> None:
     draft: Draft = engine.as_incident(inc)
     draft["state"] = State.FENCED
     assert inc == before
+
+
+def test_the_gang_s_choice_is_recorded_with_its_numbers_and_pages_once() -> None:
+    """An NVL72 gang with no spare in its NVLink domain waits: the choice is kept on the incident
+    (its numbers read back as recorded) and a person is paged the first time, not on a retry."""
+    inc, budgets = _opened()
+    choice: MoveChoice = {
+        "decision": "wait",
+        "why": "waited for the reboot: 3.6 GPU-h expected (no spare in the gang's NVLink domain c/b/r1)",
+        "options": [{"option": "wait", "gpu_h": 3.6, "how": "wait for the reboot, then restart"}],
+        "page": True,
+    }
+    first = decide(inc, RecordChoice(At(1), choice), Given(T0 + 5, POLICY, None, budgets))
+    assert first.result == "changed" and first.incident is not None
+    assert first.incident.get("choice") == choice
+    assert [n.get("kind") for n in first.notices] == ["page"]
+    again = decide(first.incident, RecordChoice(At(1), choice), Given(T0 + 6, POLICY, None, budgets))
+    assert again.result == "changed" and again.notices == []
+    late = decide(first.incident, RecordChoice(At(0), choice), Given(T0 + 7, POLICY, None, budgets))
+    assert late.result == "refused"  # a superseded step's choice lands nowhere
+
+
+def test_the_node_s_place_is_cached_in_its_document_when_it_joins_its_block() -> None:
+    """The claim reads the VM (Compute's physicalHostTopology) and JoinBlock caches where the node
+    sits in its node document; the same place again changes nothing, a new place is written."""
+    inc, budgets = _opened()
+    node = engine.new_node(inc["node"], None)
+    place: Place = {"source": "compute", "cluster": "c1", "block": "b1", "subblock": "s1", "host": "h1"}
+    joined = decide(inc, aggregate.JoinBlock("c1/b1", place), Given(T0 + 1, POLICY, node, budgets))
+    assert joined.result == "joined" and joined.node is not None
+    assert joined.node.get("topology") == place and joined.node.get("block") == "c1/b1"
+    assert joined.incident is not None
+    same = decide(
+        joined.incident, aggregate.JoinBlock("c1/b1", place), Given(T0 + 2, POLICY, joined.node, budgets)
+    )
+    assert same.result == "ignored"
+    moved: Place = {**place, "host": "h2"}
+    again = decide(
+        joined.incident, aggregate.JoinBlock("c1/b1", moved), Given(T0 + 3, POLICY, joined.node, budgets)
+    )
+    assert again.result == "joined" and again.node is not None and again.node.get("topology") == moved

@@ -16,7 +16,8 @@ from typing import Any, cast
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
-from pitstop.core.domain import CheckSpec, GangCheckSpec, JsonObject
+from pitstop.core import topology
+from pitstop.core.domain import CheckSpec, GangCheckSpec, JsonObject, Place
 from pitstop.core.scheduling import (
     Capacity,
     CheckResult,
@@ -53,6 +54,7 @@ from pitstop.core.slurm_wire import (
     result_state,
     supersedes,
 )
+from pitstop.core.topology import Seat
 
 PULL_MAX = 100  # results merged per pull
 
@@ -321,8 +323,10 @@ class SlurmAgentClient:
         """
         return cast(ResumeAnswer, self._call("resume", {"node": node, "incident": ref.incident}, ref))
 
-    def requeue(self, job: str, ref: StepRef) -> RequeueAnswer:
-        return cast(RequeueAnswer, self._call("requeue", {"job": job}, ref) or {})
+    def requeue(self, job: str, ref: StepRef, onto: tuple[str, ...] = ()) -> RequeueAnswer:
+        """Requeue the job; ``onto``: pin it to exactly these nodes while it is pending."""
+        args: JsonObject = {"job": job, **({"onto": sorted(onto)} if onto else {})}
+        return cast(RequeueAnswer, self._call("requeue", args, ref) or {})
 
     def capacity(self, job: str, node: str, ref: StepRef) -> CapacityAnswer:
         """Idle healthy unreserved nodes of the job's partition plus its own healthy nodes, against
@@ -400,14 +404,36 @@ class SlurmScheduler:
         return self.client.node_healthy(node, ref)
 
     def requeue(self, job: str, ref: StepRef, run: JobRun) -> RequeueOutcome:
-        a: Mapping[str, object] = self.client.requeue(job, ref)
+        return self.requeue_onto(job, ref, run, ())
+
+    def requeue_onto(self, job: str, ref: StepRef, run: JobRun, nodes: tuple[str, ...]) -> RequeueOutcome:
+        """core/scheduling.Placer: requeue, pinned to ``nodes`` (none: Slurm places it)."""
+        a: Mapping[str, object] = self.client.requeue(job, ref, nodes)
         how = "already pending" if a.get("already_pending") else f"requeued {a.get('requeued') or job}"
+        placed = a.get("placed")
+        if isinstance(placed, list) and placed:
+            how += f" onto {','.join(str(n) for n in placed)}"
         return RequeueOutcome(job, not a.get("already_pending"), how)
 
     def capacity(self, job: str, node: str, ref: StepRef) -> Capacity:
         a: Mapping[str, object] = self.client.capacity(job, node, ref)
+        paths = a.get("paths") if isinstance(a.get("paths"), Mapping) else {}
+        assert isinstance(paths, Mapping)
+
+        def seats(names: object) -> tuple[Seat, ...]:
+            listed = names if isinstance(names, list) else []
+            return tuple(Seat(str(n), _place(paths.get(n))) for n in listed)
+
+        native = a.get("native")
         return Capacity(
-            a.get("enough") is True, str(a.get("why") or ""), _int(a.get("need")), _int(a.get("free"))
+            a.get("enough") is True,
+            str(a.get("why") or ""),
+            _int(a.get("need")),
+            _int(a.get("free")),
+            gang=seats(a.get("nodes")),
+            spares=seats(a.get("idle")),
+            native=native if isinstance(native, str) else None,
+            elastic=a.get("elastic") is True,
         )
 
     def start_check(self, node: str, check: CheckSpec, ref: StepRef) -> CheckStart:
@@ -427,6 +453,13 @@ class SlurmScheduler:
 
     def gang_check_result(self, job: str, check: GangCheckSpec, ref: StepRef) -> CheckResult:
         return _result(self.client.gang_check_result({**check, "job": job}, ref), peer=False)
+
+
+def _place(path: object) -> Place | None:
+    """A node's place from its switch path in Slurm's topology (crossed a topic: checked)."""
+    if not isinstance(path, list) or not all(isinstance(p, str) for p in path):
+        return None
+    return topology.from_switches([str(p) for p in path][:8])
 
 
 def _str(v: object) -> str | None:

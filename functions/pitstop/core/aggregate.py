@@ -43,7 +43,9 @@ from pitstop.core.domain import (
     LocaliseRound,
     Measurement,
     Milestone,
+    MoveChoice,
     NodeDoc,
+    Place,
     Resume,
     UnfenceAnswer,
     Unfenced,
@@ -121,9 +123,11 @@ class FailStuck:
 
 @dataclass(frozen=True)
 class JoinBlock:
-    """The node's reservation block, read from Compute before the fence."""
+    """The node's reservation block, read from Compute before the fence; ``place``: where the node
+    sits (core/topology.from_vm), cached in its node document with it."""
 
     block: str
+    place: Place | None = None
 
 
 @dataclass(frozen=True)
@@ -222,6 +226,15 @@ class RecordGang:
 
 
 @dataclass(frozen=True)
+class RecordChoice:
+    """The gang's choice at this fault and its numbers (core/tradeoff.py): wait, move, shrink or
+    hold, each option's expected GPU-hours; ``page``: no spare its NVLink domain allows (paged once)."""
+
+    at: At
+    choice: MoveChoice
+
+
+@dataclass(frozen=True)
 class RecordCorroboration:
     at: At
     record: Measurement
@@ -313,6 +326,7 @@ StepCommand = (
     | RecordActed
     | RecordVerified
     | RecordGang
+    | RecordChoice
     | RecordCorroboration
     | RecordUnconfirmed
     | RecordDiagnosis
@@ -390,7 +404,7 @@ def _engine(inc: Incident, cmd: EngineCommand, given: Given) -> Outcome:
     if isinstance(cmd, FailStuck):
         return engine.fail_stuck(inc, node, budgets, cmd.execution, cmd.why, now)
     if isinstance(cmd, JoinBlock):
-        return engine.join_block(inc, node, budgets, cmd.block, _policy(given), now)
+        return engine.join_block(inc, node, budgets, cmd.block, _policy(given), now, cmd.place)
     if isinstance(cmd, EndBurst):
         return engine.end_burst(inc, budgets, cmd.burst_until, now)
     raise TypeError(f"not an engine command: {cmd!r}")  # FoldEvent is decided before
@@ -543,6 +557,8 @@ def _step_change(doc: Draft, cmd: StepCommand, now: float) -> Outcome:
             if cmd.resume is not None:
                 doc["resume"] = cast(Resume, cmd.resume)  # the shapes a gang's restart keeps
             return Outcome("changed", incident=doc)
+        case RecordChoice():
+            return _choice(doc, cmd)
         case RecordCorroboration():
             doc["corroboration"] = cmd.record
             _stamp(doc, "corroborated" if cmd.record.get("confirmed") is True else None, now)
@@ -588,6 +604,18 @@ def _fence(doc: Draft, cmd: RecordFence, now: float) -> Outcome:
     _stamp(doc, "fenced", now)
     doc["jobs"], doc["fence"] = list(cmd.jobs), cmd.fence
     return Outcome("fenced", incident=doc)
+
+
+def _choice(doc: Draft, cmd: RecordChoice) -> Outcome:
+    """The choice recorded once per step (a retry of the step records the same one again); an
+    NVL72 gang with no spare in its domain pages a person the first time."""
+    paged_before = bool((doc.get("choice") or {}).get("page"))
+    doc["choice"] = cmd.choice
+    out = Outcome("changed", incident=doc)
+    if cmd.choice.get("page") and not paged_before:
+        text = f"{engine.subject_name(doc)}: the gang waits for its node: {cmd.choice.get('why')}"
+        out.notices = [remediation.page_notification(text, doc)]
+    return out
 
 
 def _diagnosis(doc: Draft, cmd: RecordDiagnosis, now: float) -> Outcome:

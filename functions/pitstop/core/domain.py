@@ -412,6 +412,7 @@ class Incident(TypedDict):
     localise: NotRequired[ReadOnly[LocalisePlan]]  # a hung job: whether it is localised, and why (engine)
     localisation: NotRequired[ReadOnly[Localisation]]  # ... its nodes, each round's verdict, the outcome
     silenced: NotRequired[ReadOnly[Silenced]]  # recorded under a silence: never acted on (core/control.py)
+    choice: NotRequired[ReadOnly[MoveChoice]]  # wait, move, shrink or hold: the gang's choice, priced
 
 
 class Draft(TypedDict):
@@ -468,6 +469,7 @@ class Draft(TypedDict):
     localise: NotRequired[LocalisePlan]  # a hung job: whether it is localised, and why (engine)
     localisation: NotRequired[Localisation]  # ... its nodes, each round's verdict, the outcome
     silenced: NotRequired[Silenced]  # recorded under a silence: never acted on (core/control.py)
+    choice: NotRequired[MoveChoice]  # wait, move, shrink or hold: the gang's choice, priced
 
 
 class LocalisePlan(TypedDict):
@@ -539,6 +541,7 @@ class NodeDoc(TypedDict):
     last_action_at: dict[str, float]
     strikes: NotRequired[list[Strike]]
     block: NotRequired[str]  # the reservation block, from Compute's physical host topology
+    topology: NotRequired[Place]  # where the node sits (cached from Compute when a step claims it)
     localised_at: NotRequired[float]  # a job's document: when its last hang was localised (engine)
     unconfirmed_page_until: NotRequired[float]  # an unconfirmed fault pages again only after this
 
@@ -611,12 +614,57 @@ class Accelerator(TypedDict, total=False):
 
 
 class HostTopology(TypedDict, total=False):
-    """Where the VM's host sits in its reservation (``cluster/block``: core/remediation.block_of)."""
+    """Where the VM's host sits (``resourceStatus.physicalHostTopology``; the library's ``to_dict``
+    keeps the proto's field names, ``subblock`` among them): core/topology.from_vm reads it."""
 
     cluster: str
     block: str
-    sub_block: str
+    subblock: str
     host: str
+
+
+class Place(TypedDict, total=False):
+    """Where a node sits, as its platform says (core/topology.py): Compute's physical host topology,
+    a GKE node's ``cloud.google.com/gce-topology-*`` labels, or Slurm's topology (its switches).
+    ``nvlink_domain``: the NVLink domain of an NVL72 machine type (A4X: its sub-block, one rack of
+    72 GPUs); ``source`` says which platform answered. Cached in the node document (``topology``)."""
+
+    cluster: str
+    block: str
+    subblock: str
+    host: str
+    nvlink_domain: str
+    machine_type: str
+    source: str  # compute | gke | slurm
+
+
+class OptionCost(TypedDict):
+    """One way through a fault, priced (core/tradeoff.py): expected GPU-hours lost, and how."""
+
+    option: str  # wait | move | shrink | hold
+    gpu_h: float
+    how: str
+
+
+class MoveChoice(TypedDict, total=False):
+    """The choice made for a gang at a fault and its numbers (core/tradeoff.Weighed.doc): kept on
+    the incident (``choice``) and said in its notification."""
+
+    decision: str  # wait | move | shrink | hold
+    why: str  # one sentence with the numbers ("moved to sub-block 2: 14 GPU-h expected vs 61 ...")
+    options: list[OptionCost]
+    job: str
+    nodes: int
+    gpus: int
+    spares: list[str]
+    tier: str  # where the spares sit relative to the gang: subblock | block | cluster | unknown
+    repair_s: float
+    repair_from: str  # measured (N incidents) | default
+    restart_s: float
+    penalty: float  # the fraction of throughput the move costs for the rest of the run
+    native: str | None  # the scheduler's own restart that the gang was left to
+    page: bool  # a person was paged (an NVLink domain without a spare)
+    at: float
 
 
 class UpcomingMaintenance(TypedDict, total=False):
@@ -950,6 +998,7 @@ class NotifiedIncident(TypedDict):
     resume: Resume | None
     diagnosis: Measurement | None
     validation: Measurement | None
+    choice: MoveChoice | None
 
 
 class Fenced(TypedDict, total=False):

@@ -45,6 +45,7 @@ from pitstop.core.domain import (
     Milestone,
     NodeDoc,
     NodeRef,
+    Place,
     Remediation,
     Slot,
 )
@@ -1171,7 +1172,13 @@ def fail_stuck(
 
 
 def join_block(
-    inc: Incident, node_doc: NodeDoc, budgets: Budgets, block: str, policy: Policy, now: float
+    inc: Incident,
+    node_doc: NodeDoc,
+    budgets: Budgets,
+    block: str,
+    policy: Policy,
+    now: float,
+    place: Place | None = None,
 ) -> Outcome:
     """The node's reservation block, read from Compute when a step is claimed, before the fence:
     from then on the incident counts against that block's budget too (not only once acted on).
@@ -1179,15 +1186,19 @@ def join_block(
     A block already at its budget holds an incident whose node this incident has not fenced yet,
     with a page, as its decision would have had the block been known then (the step it scheduled
     is forgotten, so no cooldown holds it again once the sweep releases it). A node already fenced
-    is out of service whatever: it joins past the cap. ``ignored``: nothing new.
+    is out of service whatever: it joins past the cap. ``ignored``: nothing new. ``place``: where the
+    node sits, cached in its document (core/topology.py reads it for the gang's choice).
     """
     doc_id = block_scope(block)
+    known = place is None or node_doc.get("topology") == place
     if inc["state"] in UNCLAIMABLE_STATES or (
-        node_doc.get("block") == block and doc_id in inc.get("budget_scopes", [])
+        node_doc.get("block") == block and doc_id in inc.get("budget_scopes", []) and known
     ):
         return Outcome("ignored", incident=as_incident(inc))
     inc, node_doc = as_incident(inc), copy.deepcopy(node_doc)
     node_doc["block"] = block
+    if place is not None:
+        node_doc["topology"] = place
     out = Outcome("joined", incident=inc, node=node_doc)
     fenced = inc["state"] != State.OPEN or bool(inc["timeline"].get("fenced"))
     d = Decision.on(inc, node_doc, budgets, policy, now, out, force=fenced)

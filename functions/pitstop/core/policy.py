@@ -21,6 +21,7 @@ from pitstop.core.policy_types import (
     ClusterDoc,
     ClusterMatch,
     DiagnoseConfig,
+    MovesConfig,
     PolicyDoc,
     ValidationConfig,
     WindowName,
@@ -174,6 +175,11 @@ class Policy:
     @property
     def validation(self) -> ValidationConfig:
         return self.doc["validation"].copy()
+
+    @property
+    def moves(self) -> MovesConfig:
+        """How a gang's choice at a fault is priced (core/tradeoff.py)."""
+        return self.doc["moves"].copy()  # the defaults always carry it
 
     @property
     def localise(self) -> LocaliseConfig:

@@ -115,6 +115,7 @@ class GkeConfig(TypedDict):
     project: NotRequired[str]
     evict_deadline_s: NotRequired[float]
     stuck_terminating_s: NotRequired[float]
+    kueue_failed_node_replacement: NotRequired[bool]
     checks: NotRequired[ChecksConfig]
 
 
@@ -179,6 +180,24 @@ class StoreConfig(TypedDict):
     control_cache_s: float
 
 
+class PenaltyConfig(TypedDict):
+    block: float
+    cluster: float
+
+
+class MovesConfig(TypedDict):
+    """The policy's ``moves`` section (core/tradeoff.py): a gang's choice at a fault, priced."""
+
+    enabled: bool
+    restart_s: float
+    horizon_s: float
+    capacity_wait_s: float
+    penalty: PenaltyConfig
+    min_history: int
+    repair_s: dict[str, float]  # an action (or ``default``) -> seconds
+    nvlink_domain_families: list[str]
+
+
 class PolicyDoc(TypedDict):
     """policy.yaml merged over schemas/policy.defaults.yaml, as validated (core/policy.from_doc)."""
 
@@ -201,6 +220,7 @@ class PolicyDoc(TypedDict):
     diagnose: DiagnoseConfig
     validation: ValidationConfig
     localise: NotRequired[LocaliseConfig]
+    moves: NotRequired[MovesConfig]
 
 
 # -- xid-policy.yaml (schemas/xid-policy.schema.json) ---------------------------------------------

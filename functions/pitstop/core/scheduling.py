@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Protocol, cast, runtime_checkable
 
 from pitstop.core.domain import CheckSpec, FenceDoc, GangCheckSpec, JobDoc, JobRunDoc
+from pitstop.core.topology import Seat
 
 _INCIDENT = re.compile(r"i[a-z2-7]{9}")
 
@@ -130,12 +131,23 @@ class RequeueOutcome:
 
 @dataclass(frozen=True)
 class Capacity:
-    """Whether the job's gang can run again now without the fenced node (early requeue)."""
+    """Whether the job's gang can run again now without the fenced node (early requeue).
+
+    Where the scheduler says it: ``gang`` (the job's nodes, the fenced one among them) and
+    ``spares`` (the idle healthy nodes it could take, in the scheduler's order), each with its place
+    (core/topology.py picks among them); ``native``: the restart the scheduler itself gives the job
+    on a node failure (``slurm-expedite``, ``kueue-tas``: Pitstop does not restart it a second time);
+    ``elastic``: the job says it can run on fewer nodes.
+    """
 
     enough: bool
     why: str
     need: int | None = None
     free: int | None = None
+    gang: tuple[Seat, ...] = ()
+    spares: tuple[Seat, ...] = ()
+    native: str | None = None
+    elastic: bool = False
 
 
 @dataclass(frozen=True)
@@ -230,6 +242,17 @@ class Scheduler(Protocol):
     def capacity(self, job: str, node: str, ref: StepRef) -> Capacity: ...
     def start_check(self, node: str, check: CheckSpec, ref: StepRef) -> CheckStart: ...
     def check_result(self, node: str, check: CheckSpec, ref: StepRef) -> CheckResult: ...
+
+
+@runtime_checkable
+class Placer(Protocol):
+    """A scheduler that can put a requeued gang on named nodes (Slurm: the pending job's required
+    nodes). Optional: without it the scheduler places the gang itself, and the choice is only
+    weighed and told."""
+
+    def requeue_onto(self, job: str, ref: StepRef, run: JobRun, nodes: tuple[str, ...]) -> RequeueOutcome:
+        """Restart the gang once onto exactly ``nodes`` (its own healthy ones and the spares)."""
+        ...
 
 
 @runtime_checkable

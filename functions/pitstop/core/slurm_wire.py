@@ -89,12 +89,16 @@ class ResumeAnswer(TypedDict):
 
 
 class RequeueAnswer(TypedDict):
-    """``requeue``: the job Slurm requeued (a heterogeneous job's leader); ``released``: its hold lifted."""
+    """``requeue``: the job Slurm requeued (a heterogeneous job's leader); ``released``: its hold
+    lifted; ``placed``: the nodes it was pinned to (``onto``), or ``unpinned``: Pitstop's earlier pin
+    cleared."""
 
     job: str
     requeued: str
     already_pending: NotRequired[bool]
     released: NotRequired[bool]
+    placed: NotRequired[list[str]]
+    unpinned: NotRequired[bool]
 
 
 class SignalAnswer(TypedDict):
@@ -130,6 +134,11 @@ class CapacityAnswer(TypedDict):
     partition: NotRequired[str]
     idle: NotRequired[list[str]]
     own: NotRequired[list[str]]
+    nodes: NotRequired[list[str]]  # the gang: its own nodes and the fenced one
+    paths: NotRequired[dict[str, list[str]]]  # node -> its switch path in Slurm's topology, leaf first
+    slurm_version: NotRequired[str]
+    native: NotRequired[str | None]  # the restart Slurm itself gives the job (slurm-expedite)
+    elastic: NotRequired[bool]
 
 
 class CheckStarted(TypedDict):

@@ -40,6 +40,8 @@ import yaml
 
 from pitstop.core.domain import JsonObject
 from pitstop.core.policy_types import ChecksConfig
+from pitstop.core.topology import BLOCK_LABEL as TOPOLOGY_BLOCK
+from pitstop.core.topology import SUBBLOCK_LABEL as TOPOLOGY_SUBBLOCK
 from pitstop.local.procs import Proc, wait_http
 
 NAMESPACE = "default"
@@ -558,6 +560,11 @@ def serve(args: argparse.Namespace) -> None:
         }
         if inst.get("provisioning") == "SPOT":
             labels["cloud.google.com/gke-spot"] = "true"
+        # GKE's placement labels on A3 Ultra/A4/A4X nodes in a reservation, from the VM's physical
+        # host topology (cloud.google.com/ai-hypercomputer/docs/workloads/schedule-gke-workloads-tas)
+        for key, label in (("block", TOPOLOGY_BLOCK), ("subblock", TOPOLOGY_SUBBLOCK)):
+            if inst.get(key):
+                labels[label] = str(inst[key])
         kube.add_node(
             inst["name"], project=cluster["project"], zone=cluster["zone"], gpus=GPUS_PER_NODE, labels=labels
         )

@@ -697,7 +697,7 @@ class Controllers:
             set_cond(wl, "Requeued", "True", "Reactivated", "The workload was reactivated", now)
             status.pop("requeueState", None)
         if active and not status.get("admission") and not self._finished(js) and self._fits(wl):
-            admit(wl, now)
+            admit(wl, now, self.store.list("Node"))
         admitted = bool(status.get("admission"))
         if js["spec"].get("suspend") == admitted:
             self.store.mutate(
@@ -1173,15 +1173,32 @@ def workload_gpus(wl: Obj) -> int:
     )
 
 
-def admit(wl: Obj, now: str) -> None:
+# A PodSet asks for Topology Aware Scheduling with one of these annotations on its pod template
+# (kubernetes-sigs/kueue@v0.19.2 site/.../concepts/topology_aware_scheduling.md).
+TAS_ANNOTATIONS = ("kueue.x-k8s.io/podset-required-topology", "kueue.x-k8s.io/podset-preferred-topology")
+
+
+def assignment(ps: Obj, nodes: list[Obj]) -> Obj:
+    """A PodSet's admission: its flavor, and for a TAS PodSet a ``topologyAssignment`` at the level it
+    asked for (one domain: the first node's value of that label; the stand-in does not pack pods)."""
+    out: Obj = {"name": ps["name"], "count": ps["count"], "flavors": {GPU: "default-flavor"}}
+    annotations = ((ps.get("template") or {}).get("metadata") or {}).get("annotations") or {}
+    level = next((annotations[a] for a in TAS_ANNOTATIONS if annotations.get(a)), None)
+    if level:
+        values = sorted(v for n in nodes if (v := (meta(n).get("labels") or {}).get(level)))
+        out["topologyAssignment"] = {
+            "levels": [level],
+            "domains": [{"values": values[:1], "count": ps["count"]}],
+        }
+    return out
+
+
+def admit(wl: Obj, now: str, nodes: list[Obj] | None = None) -> None:
     """``SetQuotaReservation`` + Admitted; a previous Evicted condition is reset (workload.go)."""
     status = wl["status"]
     status["admission"] = {
         "clusterQueue": CLUSTER_QUEUE,
-        "podSetAssignments": [
-            {"name": ps["name"], "count": ps["count"], "flavors": {GPU: "default-flavor"}}
-            for ps in wl["spec"]["podSets"]
-        ],
+        "podSetAssignments": [assignment(ps, nodes or []) for ps in wl["spec"]["podSets"]],
     }
     set_cond(
         wl, "QuotaReserved", "True", "QuotaReserved", f"Quota reserved in ClusterQueue {CLUSTER_QUEUE}", now

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from pitstop.core import sinks
 from pitstop.core.domain import JsonObject
@@ -87,6 +87,11 @@ class ClusterSpec:
     name: str = "train"
     scheduler: Literal["slurm", "gke"] = "slurm"  # or "gke": a fake Kubernetes API server in place of Slurm
     jobset_nodes: int = 0  # gke: a JobSet with the host-maintenance failure policy on this many nodes
+    # Where nodes sit: node -> [block, sub-block] (the fake Compute's physicalHostTopology, GKE's
+    # gce-topology labels, Slurm's topology.conf); a node not named sits in block-1/sub-1, and a
+    # stack that names none runs Slurm without a topology plugin and GKE nodes without the labels.
+    places: dict[str, list[str]] = field(default_factory=dict)
+    machine_types: dict[str, str] = field(default_factory=dict)  # node -> its own machine type
 
     @property
     def node_names(self) -> list[str]:
@@ -117,6 +122,8 @@ class ClusterRecord(TypedDict):
     scheduler: str
     jobset_nodes: int
     node_names: list[str]
+    places: NotRequired[dict[str, list[str]]]
+    machine_types: NotRequired[dict[str, str]]
 
 
 @dataclass
@@ -347,6 +354,13 @@ class Stack:
             "PYTHONPATH": str(ROOT / "functions"),
         }
 
+    def _place(self, node: str) -> dict[str, str]:
+        """The node's block and sub-block in cluster.json, when the stack places its nodes."""
+        if not self.spec.places:
+            return {}
+        block, sub = self.spec.places.get(node, ["block-1", "sub-1"])
+        return {"block": block, "subblock": sub}
+
     def _write_inputs(self, ep: dict[str, str]) -> dict[str, Path]:
         """The files the processes start from: the simulated cluster, the policy, the workflow's env."""
         files = {
@@ -357,9 +371,10 @@ class Stack:
         instances = [
             {
                 "name": n,
-                "machine_type": self.spec.machine_type,
+                "machine_type": self.spec.machine_types.get(n, self.spec.machine_type),
                 "mig": self.spec.mig,
                 "provisioning": "SPOT" if n in self.spec.spot else "RESERVATION_BOUND",
+                **self._place(n),
             }
             for n in self.spec.node_names
         ]
@@ -459,7 +474,12 @@ class Stack:
 
     def _start_slurm(self, ep: dict[str, str], env: dict[str, str]) -> SlurmCluster:
         """A real slurmctld, vm-sync keeping slurmds in step with the fake VMs, and the Pitstop agent."""
-        self.slurm = SlurmCluster(self.workdir / "slurm", self.spec.node_names, cluster=self.spec.name)
+        places = {n: (p[0], p[1]) for n, p in self.spec.places.items()} if self.spec.places else {}
+        if places:  # every node sits somewhere in topology.conf
+            places = {n: places.get(n, ("block-1", "sub-1")) for n in self.spec.node_names}
+        self.slurm = SlurmCluster(
+            self.workdir / "slurm", self.spec.node_names, cluster=self.spec.name, places=places
+        )
         self.slurm.workdir.mkdir(parents=True, exist_ok=True)
         self.slurm.start_controller()
         self._py(
@@ -518,6 +538,8 @@ class Stack:
             "scheduler": s.scheduler,
             "jobset_nodes": s.jobset_nodes,
             "node_names": s.node_names,
+            "places": dict(s.places),
+            "machine_types": dict(s.machine_types),
         }
 
     def _pids(self) -> dict[str, int]:

@@ -77,6 +77,7 @@ from pitstop.adapters.gke.shapes import (
     NodeAnswer,
     RequeueAnswer,
 )
+from pitstop.core import topology
 from pitstop.core.corroboration import CORROBORATE, NPD_CONDITION
 from pitstop.core.scheduling import (
     Capacity,
@@ -91,6 +92,7 @@ from pitstop.core.scheduling import (
     StepRef,
     UnfenceAnswer,
 )
+from pitstop.core.topology import Seat
 from pitstop.core.trust import XID_CONDITION
 
 __all__ = [
@@ -124,7 +126,8 @@ class GkeCluster:
     ``evict_deadline_s`` bounds how long one call keeps retrying an eviction a budget blocks;
     ``wait_s`` how long it waits for Kueue to stop a deactivated Workload before answering 503
     (the workflow asks again and the wait resumes); ``stuck_terminating_s`` when a pod of that job
-    still Terminating counts as stuck (restart.py), on the ``wall`` clock.
+    still Terminating counts as stuck (restart.py), on the ``wall`` clock; ``kueue_replaces``: the
+    cluster's Kueue replaces a failed node of a TAS workload itself (kinds.JobSetKind).
     """
 
     def __init__(
@@ -140,6 +143,7 @@ class GkeCluster:
         checks: CheckSettings | None = None,
         stuck_terminating_s: float = STUCK_TERMINATING_S,
         wall: Callable[[], float] = time.time,
+        kueue_replaces: bool = True,
     ) -> None:
         self.kube = Kube(api_client, connect, timeout)
         self.settings = checks or CheckSettings()
@@ -149,7 +153,8 @@ class GkeCluster:
         self.cycle = WorkloadCycle(
             self.kube, wait_s, lambda: self.clock(), lambda s: self.sleep(s), stuck_terminating_s, wall
         )
-        self.kinds = kinds(self.kube, self.evictor, self.cycle)
+        self.kueue_replaces = kueue_replaces
+        self.kinds = kinds(self.kube, self.evictor, self.cycle, kueue_replaces)
         self.checks = GkeChecks(self.kube, self.settings)
         self.gang = GangStop(self.kube, self.kinds, self.cycle, self.checks, self._xid_condition)
 
@@ -257,7 +262,7 @@ class GkeCluster:
 
     def capacity(self, job: str, node: str, ref: StepRef) -> CapacityAnswer:
         jr = parse_job_id(job)
-        return capacity(self.kube, self.kind(jr), jr, node)
+        return capacity(self.kube, self.kind(jr), jr, node, self.kueue_replaces)
 
     # -- checks ----------------------------------------------------------------------------
 
@@ -336,7 +341,20 @@ class GkeScheduler:
 
     def capacity(self, job: str, node: str, ref: StepRef) -> Capacity:
         a = self.cluster.capacity(job, node, ref)
-        return Capacity(a.get("enough") is True, str(a.get("why") or ""), a.get("need"), a.get("free"))
+        labels = a.get("labels") or {}
+
+        def seats(names: list[str]) -> tuple[Seat, ...]:
+            return tuple(Seat(n, topology.from_labels(labels.get(n) or {})) for n in names)
+
+        return Capacity(
+            a.get("enough") is True,
+            str(a.get("why") or ""),
+            a.get("need"),
+            a.get("free"),
+            gang=seats(a.get("nodes") or []),
+            spares=seats(a.get("spares") or []),
+            native=a.get("native"),
+        )
 
     def start_gang_check(self, job: str, check: Mapping[str, object], ref: StepRef) -> GangCheckStart:
         """core/scheduling.GangChecks: the gang stopped first (its pods hold the GPUs), then checked."""

@@ -31,6 +31,7 @@ from pitstop.adapters.gke.objects import (
     status_of,
     sub,
     subs,
+    tas_admitted,
     text,
 )
 from pitstop.adapters.gke.restart import WorkloadCycle, jobset_once
@@ -100,8 +101,14 @@ def _nothing_restarts(ev: Evictor, ref: JobRef, incident: str, why: str) -> Requ
 
 
 class JobSetKind:
-    def __init__(self, kube: Kube, ev: Evictor, cycle: WorkloadCycle) -> None:
+    """``kueue_replaces``: Kueue replaces a failed node of a workload it admitted with a topology
+    assignment within the same domain (TASFailedNodeReplacement, beta and on by default since
+    v0.14; an untolerated NoExecute taint and the pods gone from the node count as a failure:
+    kubernetes-sigs/kueue@v0.19.2 site/.../concepts/topology_aware_scheduling.md)."""
+
+    def __init__(self, kube: Kube, ev: Evictor, cycle: WorkloadCycle, kueue_replaces: bool = True) -> None:
         self.kube, self.ev, self.cycle = kube, ev, cycle
+        self.kueue_replaces = kueue_replaces
 
     def info(self, ref: JobRef) -> JobAnswer:
         base = base_info(ref)
@@ -147,10 +154,25 @@ class JobSetKind:
         if isinstance(spec_of(js).get("failurePolicy"), Mapping):
             return jobset_once(self.ev, ref, incident, seen)
         wl = self.kube.workload(ref.namespace, meta_of(js).get("uid"))
+        if wl is not None and self.kueue_replaces and tas_admitted(wl):
+            return self._left_to_kueue(ref, incident)
         if wl is not None:
             return self.cycle.run(ref, wl, key)
         why = "it has no failurePolicy and no Kueue Workload: a failed child Job fails the JobSet"
         return _nothing_restarts(self.ev, ref, incident, why)
+
+    def _left_to_kueue(self, ref: JobRef, incident: str) -> RequeueAnswer:
+        """Kueue replaces the fenced node within the workload's topology domain once its pods are
+        gone from it: only those are evicted (the fence's taint is already there), and the Workload
+        is not deactivated (that would restart the whole gang a second time)."""
+        evicted = self.ev.on_fenced(ref, incident)
+        return {
+            "job": ref.id,
+            "restarted": True,
+            "outcome": "left to Kueue's failed-node replacement (TAS): its pods on the fenced node evicted",
+            "evicted": evicted,
+            "native": "kueue-tas",
+        }
 
     def stoppable(self, ref: JobRef) -> Stoppable:
         def patch(body: SuspendPatch) -> KubeObject:
@@ -235,6 +257,12 @@ class PodKind:
         return None  # deleted, nothing creates it again
 
 
-def kinds(kube: Kube, ev: Evictor, cycle: WorkloadCycle) -> Mapping[str, JobKind]:
+def kinds(
+    kube: Kube, ev: Evictor, cycle: WorkloadCycle, kueue_replaces: bool = True
+) -> Mapping[str, JobKind]:
     """The strategy of each job kind a job id may name (objects.JOB_KINDS)."""
-    return {"jobset": JobSetKind(kube, ev, cycle), "job": BatchJobKind(kube, ev), "pod": PodKind(kube, ev)}
+    return {
+        "jobset": JobSetKind(kube, ev, cycle, kueue_replaces),
+        "job": BatchJobKind(kube, ev),
+        "pod": PodKind(kube, ev),
+    }

@@ -35,6 +35,10 @@ JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# A PodSet asks Kueue for Topology Aware Scheduling with one of these annotations on its pod
+# template; the admitted Workload then carries a ``topologyAssignment`` per PodSet
+# (kubernetes-sigs/kueue@v0.19.2 site/.../concepts/topology_aware_scheduling.md).
+TAS_ANNOTATIONS = ("kueue.x-k8s.io/podset-required-topology", "kueue.x-k8s.io/podset-preferred-topology")
 
 JOB_KINDS = ("jobset", "job", "pod")
 DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
@@ -405,3 +409,9 @@ def placeable(node: KubeObject, pod_spec: KubeObject) -> bool:
             return False
     labels = labels_of(node)
     return all(labels.get(k) == v for k, v in sub(pod_spec, "nodeSelector").items())
+
+
+def tas_admitted(wl: KubeObject | None) -> bool:
+    """Whether Kueue admitted the Workload with a topology assignment (Topology Aware Scheduling)."""
+    admission = sub(status_of(wl or {}), "admission")
+    return any(isinstance(a.get("topologyAssignment"), dict) for a in subs(admission, "podSetAssignments"))

@@ -187,6 +187,7 @@ class RequeueAnswer(TypedDict, total=False):
     attempt: int
     workload: str
     forced: list[str]  # pods force-deleted while Kueue stopped the job (``pod@node``)
+    native: str  # the restart was left to the scheduler's own mechanism (kueue-tas)
 
 
 class CapacityAnswer(TypedDict):
@@ -194,6 +195,10 @@ class CapacityAnswer(TypedDict):
     need: int | None
     free: int | None
     why: str
+    nodes: NotRequired[list[str]]  # the gang: its live pods' nodes and the fenced one
+    spares: NotRequired[list[str]]  # nodes a pod of it fits on besides the gang's, by name
+    labels: NotRequired[dict[str, dict[str, str]]]  # node -> its topology labels (gce-topology-*)
+    native: NotRequired[str | None]  # kueue-tas: Kueue replaces the failed node in its domain
 
 
 class CheckStarted(TypedDict):

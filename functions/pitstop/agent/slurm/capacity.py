@@ -9,11 +9,16 @@ from __future__ import annotations
 import re
 
 from pitstop.agent.slurm.access import SlurmAccess
+from pitstop.agent.slurm.placement import Placement
 from pitstop.agent.slurm.text import _HOLDING_STATES, JOB, Args, SlurmOutputError, _need
 from pitstop.core.slurm_wire import CapacityAnswer
 
+# A job says it is elastic (it runs on fewer nodes when it must) with this word in its comment
+# (``sbatch --comment``): Pitstop may then weigh shrinking it (core/tradeoff.py).
+ELASTIC_WORD = "pitstop:elastic"
 
-def capacity(slurm: SlurmAccess, args: Args) -> CapacityAnswer:
+
+def capacity(slurm: SlurmAccess, args: Args, placement: Placement | None = None) -> CapacityAnswer:
     """Whether the job's gang could start again now without ``node``: ``enough``, ``need``
     (its node count), ``free`` (what was counted) and ``why`` (one line saying so).
 
@@ -23,7 +28,12 @@ def capacity(slurm: SlurmAccess, args: Args) -> CapacityAnswer:
     job's ExcNodeList, plus the job's own nodes that are healthy (they free up when it is
     requeued), never the fenced node. A job Slurm does not know, one already pending, or one
     pinned to the fenced node (ReqNodeList) cannot move now: ``enough`` is False and ``why``
-    says so. One that ended on the fault has freed its nodes, which count as idle.
+    says so; a pin Pitstop itself set at an earlier requeue is not its owner's and does not hold
+    it (``placement``). One that ended on the fault has freed its nodes, which count as idle.
+
+    With ``placement``, the answer also says where each node sits in Slurm's topology (``paths``:
+    the fenced node, the job's own and the idle ones listed), Slurm's version, the restart Slurm
+    itself gives the job (``native``) and whether the job says it is elastic.
     """
     job = _need(args, "job", JOB)
     fenced = slurm.member(args)
@@ -47,6 +57,8 @@ def capacity(slurm: SlurmAccess, args: Args) -> CapacityAnswer:
     own = slurm.hostnames([kv.get("NodeList", "")]) if state in _HOLDING_STATES else set()
     excluded = slurm.hostnames([kv.get("ExcNodeList", "")])
     required = slurm.hostnames([kv.get("ReqNodeList", "")])
+    if placement is not None and placement.ours(job, required):
+        required = set()  # Pitstop's own pin from an earlier move: the next requeue replaces it
     best: tuple[int, str, list[str], list[str]] | None = None
     for part in partitions:
         idle = sorted(
@@ -77,7 +89,7 @@ def capacity(slurm: SlurmAccess, args: Args) -> CapacityAnswer:
         enough, why = False, f"job {job} requires the fenced node {fenced} (its node list is pinned)"
     # A job that ended on the fault (FAILED, NODE_FAIL, ...) has freed its nodes: they count as
     # idle above, and whether it is requeued at all is actuate's call (it knows the run).
-    return {
+    out: CapacityAnswer = {
         "job": job,
         "state": state,
         "enough": enough,
@@ -88,3 +100,12 @@ def capacity(slurm: SlurmAccess, args: Args) -> CapacityAnswer:
         "own": mine[:64],
         "why": why,
     }
+    if placement is not None:
+        paths = placement.paths()
+        listed = {fenced, *own, *idle[:64]}
+        out["paths"] = {n: p for n, p in paths.items() if n in listed}
+        out["slurm_version"] = placement.version()
+        out["native"] = placement.native(kv)
+        out["elastic"] = ELASTIC_WORD in kv.get("Comment", "")
+        out["nodes"] = sorted(own | {fenced})[:64]
+    return out

@@ -8,6 +8,7 @@ classes) and handed only what it needs, so what a part may touch is in its const
 - nodes.NodeCommands: a node's fence (drain, resume, state).
 - jobs.JobCommands: a job as a whole (jobs on a node, requeue and its hold, signal, state).
 - capacity.capacity: whether a gang could start again without the fenced node (read-only).
+- placement.Placement: Slurm's topology and version, and the node lists Pitstop pinned requeued jobs to.
 - the checks: check_files.CheckFiles (a check's directory, lock, records), runner.Runners (the
   runner processes), fence_swap.FenceSwap (a drain swapped for a reservation and back),
   progress.Progress (a started check's answer), fenced.FencedChecks (checks on a fenced node) and
@@ -30,6 +31,7 @@ from pitstop.agent.slurm.fenced import FencedChecks
 from pitstop.agent.slurm.gang import GangChecks
 from pitstop.agent.slurm.jobs import JobCommands
 from pitstop.agent.slurm.nodes import NodeCommands
+from pitstop.agent.slurm.placement import Placement
 from pitstop.agent.slurm.progress import Progress
 from pitstop.agent.slurm.runner import CheckRun, Runners
 from pitstop.agent.slurm.text import OPS, Args, CommandRefusedError
@@ -68,7 +70,8 @@ class SlurmCommands:
         self._tools = checks or CheckTools()
         self.slurm = SlurmAccess(run)
         self.nodes = NodeCommands(self.slurm)
-        self.jobs = JobCommands(self.slurm, release_requeued, sleep, wall)
+        self.placement = Placement(self.slurm, self._tools.directory)
+        self.jobs = JobCommands(self.slurm, release_requeued, sleep, wall, self.placement)
         files = CheckFiles(self._tools.directory)
         self.runners = Runners(files)
         swap = FenceSwap(self.slurm, files)
@@ -128,7 +131,7 @@ class SlurmCommands:
         return self.nodes.node_state(args)
 
     def capacity(self, args: Args) -> CapacityAnswer:
-        return capacity(self.slurm, args)
+        return capacity(self.slurm, args, self.placement)
 
     def start_check(self, args: Args) -> CheckStarted:
         return self.fenced.start_check(args)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from pitstop.adapters import log
 from pitstop.agent.slurm.access import SlurmAccess
+from pitstop.agent.slurm.placement import Placement
 from pitstop.agent.slurm.text import (
     JOB,
     REQUEUE_SETTLE_S,
@@ -35,9 +36,11 @@ class JobCommands:
         release_requeued: bool = False,
         sleep: Callable[[float], None] = time.sleep,
         wall: Callable[[], float] = time.time,
+        placement: Placement | None = None,
     ) -> None:
         self.slurm, self.release_requeued = slurm, release_requeued
         self._sleep, self._wall = sleep, wall
+        self.placement = placement
 
     def jobs_on_node(self, args: Args) -> list[JobOnNode]:
         """The jobs on a node, each with its run (``restarts``, ``start_time``) from ``scontrol show job``.
@@ -66,8 +69,12 @@ class JobCommands:
         return jobs
 
     def requeue(self, args: Args) -> RequeueAnswer:
+        """Requeue the job; ``onto`` (node names): pin it, while it is pending, to exactly those
+        nodes (the spare Pitstop chose and its own healthy ones); without, a pin Pitstop set at an
+        earlier move is cleared so Slurm may place it anywhere again."""
         job = _need(args, "job", JOB)
         target = job_leader(job)
+        onto = self._onto(args)
         try:
             self.slurm.run(["scontrol", "requeue", target])
         except RuntimeError as exc:
@@ -75,34 +82,79 @@ class JobCommands:
                 raise
             # Already back in the queue (e.g. the other component of a heterogeneous job requeued it).
             return {"job": job, "requeued": target, "already_pending": True}
-        if not self.release_requeued:
-            return {"job": job, "requeued": target}
-        return {"job": job, "requeued": target, "released": self._release_hold(target)}
+        out: RequeueAnswer = {"job": job, "requeued": target}
+        pin = self._pin_for(target, onto)
+        if pin is None and not self.release_requeued:
+            return out
+        pending = self._wait_pending(target)
+        if pending and pin is not None:
+            self._pin(target, pin, out)
+        if self.release_requeued:
+            out["released"] = pending and self._release_hold(target)
+        return out
+
+    def _onto(self, args: Args) -> list[str] | None:
+        onto = args.get("onto")
+        if onto is None:
+            return None
+        if not isinstance(onto, list) or not onto or len(onto) > 1024:
+            raise CommandRefusedError("argument onto must be a non-empty list of nodes")
+        return sorted({self.slurm.member({"node": n}) for n in onto})  # each a node of this cluster
+
+    def _pin_for(self, target: str, onto: list[str] | None) -> list[str] | None:
+        """The node list to set ([] clears Pitstop's earlier pin; None: nothing to change)."""
+        if onto is not None:
+            return onto
+        if self.placement is not None and self.placement.pinned(target) is not None:
+            return []
+        return None
+
+    def _pin(self, target: str, pin: list[str], out: RequeueAnswer) -> None:
+        """ReqNodeList (and NumNodes, when fewer: a shrink) set while the job is pending; remembered."""
+        argv = ["scontrol", "update", f"JobId={target}", f"ReqNodeList={','.join(pin)}"]
+        kv = self.slurm.show_job(target) or {}
+        count = kv.get("NumNodes", "").split("-")[0]
+        if pin and count.isdigit() and len(pin) < int(count):
+            argv.append(f"NumNodes={len(pin)}")
+        if not pin and self.placement is not None:
+            mine = self.placement.pinned(target) or []
+            if set(self.slurm.hostnames([kv.get("ReqNodeList", "")])) != set(mine):
+                self.placement.remember(target, None)  # someone else changed it since: theirs now
+                return
+        self.slurm.run(argv)
+        if self.placement is not None:
+            self.placement.remember(target, pin or None)
+        if pin:
+            out["placed"] = pin
+        else:
+            out["unpinned"] = True
+
+    def _wait_pending(self, target: str) -> bool:
+        """Wait (bounded) until the requeued job is PENDING: its old run has left its nodes."""
+        deadline = time.monotonic() + REQUEUE_SETTLE_S
+        while time.monotonic() < deadline:
+            state = (self.slurm.show_job(target) or {}).get("JobState", "UNKNOWN")
+            if state == "PENDING":
+                return True
+            if state not in ("COMPLETING", "RUNNING", "CONFIGURING", "REQUEUED"):
+                return False  # started already, or gone
+            self._sleep(0.25)
+        return False
 
     def _release_hold(self, target: str) -> bool:
         """Lift the BeginTime hold Slurm puts on a requeued batch job (about 120 s), so the gang
         starts again at once.
 
         Slurm sets that hold when the requeued job leaves COMPLETING (its old run's steps ended on
-        every node), so lifting it earlier is undone: wait until the job is PENDING, then lift it.
+        every node), so lifting it earlier is undone: the caller waited until the job is PENDING.
         Not in the same second, though: each slurmd revoked the job's old credential when it ended
         the old run, and rejects a credential created in the second of that revocation or before
         it ("Job credential revoked": the relaunch fails and the job ends; seen in CI). So the
         hold is lifted from the start of a later whole second on.
-        Bounded: a job still completing after ``REQUEUE_SETTLE_S`` keeps Slurm's hold.
         """
-        deadline = time.monotonic() + REQUEUE_SETTLE_S
-        while time.monotonic() < deadline:
-            kv = self.slurm.show_job(target)
-            state = (kv or {}).get("JobState", "UNKNOWN")
-            if state == "PENDING":
-                self._sleep(REVOKE_MARGIN_S + 1.0 - self._wall() % 1.0)
-                self.slurm.run(["scontrol", "update", f"JobId={target}", "StartTime=now"])
-                return True
-            if state not in ("COMPLETING", "RUNNING", "CONFIGURING", "REQUEUED"):
-                return False  # started already, or gone
-            self._sleep(0.25)
-        return False
+        self._sleep(REVOKE_MARGIN_S + 1.0 - self._wall() % 1.0)
+        self.slurm.run(["scontrol", "update", f"JobId={target}", "StartTime=now"])
+        return True
 
     def signal(self, args: Args) -> SignalAnswer:
         job = _need(args, "job", JOB)

@@ -10,7 +10,8 @@ from pitstop.core.answers import EarlyResume, Freed, JobWhy, Rescheduled, Resume
 from pitstop.core.domain import CapacityDoc, JobRunDoc
 from pitstop.core.ids import job_key, requeue_key
 from pitstop.core.ops import Op
-from pitstop.core.scheduling import Capacity, JobInfo, JobRun, JobState
+from pitstop.core.scheduling import Capacity, JobInfo, JobRun, JobState, Placer
+from pitstop.services.actuate import moves
 from pitstop.services.actuate.context import Step
 
 
@@ -21,8 +22,9 @@ def runs(s: Step) -> dict[str, JobRun]:
     return {str(j): JobRun.of(runs.get(j)) for j in fence.get("jobs", [])}
 
 
-def requeue_one(s: Step, job: str, fenced: JobRun) -> str | None:
-    """Requeue one job unless it moved on since the fence: None when requeued, else why not.
+def requeue_one(s: Step, job: str, fenced: JobRun, onto: tuple[str, ...] = ()) -> str | None:
+    """Requeue one job unless it moved on since the fence: None when requeued, else why not;
+    ``onto``: the nodes the gang's choice put it on (a scheduler that can place it is asked to).
 
     Two incidents that see the same run race for its requeue record (cluster, job, run): one
     wins. No clock decides.
@@ -40,7 +42,11 @@ def requeue_one(s: Step, job: str, fenced: JobRun) -> str | None:
         return over_budget(s, job, cap, window)
     if not s.deps.store.mark_job_requeue(key, s.iid, s.deps.clock()):
         return "this run of the job was already requeued for another incident"
-    s.scheduler.requeue(job, s.ref, info.run)  # the run it may move
+    sched = s.scheduler
+    if onto and isinstance(sched, Placer):
+        sched.requeue_onto(job, s.ref, info.run, onto)  # the run it may move, where it goes
+    else:
+        sched.requeue(job, s.ref, info.run)  # the run it may move
     return None
 
 
@@ -56,7 +62,8 @@ def over_budget(s: Step, job: str, cap: int, window: float) -> str:
 
 
 def reschedule_early(s: Step) -> EarlyResume:
-    """Requeue each job now when the scheduler can run its gang without the node; else say why.
+    """Requeue each job now when the scheduler can run its gang without the node and that costs
+    less than waiting for the repair (services/actuate/moves.py, policy ``moves``); else say why.
 
     The repair then goes on in the background of the job. A job left waiting is requeued by
     ``reschedule`` once the node is back (the old order), and the incident's ``resume`` says why.
@@ -68,10 +75,14 @@ def reschedule_early(s: Step) -> EarlyResume:
     for job, then in runs(s).items():
         cap = s.scheduler.capacity(job, s.instance, s.ref) if choice == checks.EARLY else None
         go, why = checks.early_requeue(choice, _capacity_doc(cap))
+        onto: tuple[str, ...] = ()
+        if cap is not None and s.deps.policy.moves["enabled"]:
+            move = moves.choose(s, job, cap)  # priced and recorded on the incident
+            go, why, onto = move.go, move.why, move.onto
         if not go:
             waiting.append({"job": job, "why": why})
             continue
-        skipped = requeue_one(s, job, then)
+        skipped = requeue_one(s, job, then, onto)
         (requeued if skipped is None else moved).append(
             {"job": job, "why": why if skipped is None else skipped}
         )

@@ -34,12 +34,14 @@ def gke_scheduler(name: str, gke: GkeConfig | None, project: str, kube_endpoint:
     deadline = float(gke.get("evict_deadline_s") or 120.0) if gke else 120.0
     checks = CheckSettings.from_conf(conf)
     stuck = float(gke.get("stuck_terminating_s", STUCK_TERMINATING_S)) if gke else STUCK_TERMINATING_S
+    replaces = conf.get("kueue_failed_node_replacement") is not False
     if kube_endpoint:
         return GkeScheduler(
             local_api_client(kube_endpoint),
             evict_deadline_s=deadline,
             checks=checks,
             stuck_terminating_s=stuck,
+            kueue_replaces=replaces,
         )
     proj, cluster = str(conf.get("project") or project), str(conf.get("cluster") or name)
     location = conf.get("location")
@@ -52,7 +54,13 @@ def gke_scheduler(name: str, gke: GkeConfig | None, project: str, kube_endpoint:
         credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
         return gke_api_client(proj, location, cluster, credentials)
 
-    return GkeScheduler(connect=connect, evict_deadline_s=deadline, checks=checks, stuck_terminating_s=stuck)
+    return GkeScheduler(
+        connect=connect,
+        evict_deadline_s=deadline,
+        checks=checks,
+        stuck_terminating_s=stuck,
+        kueue_replaces=replaces,
+    )
 
 
 def local_api_client(endpoint: str) -> Any:
