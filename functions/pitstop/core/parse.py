@@ -55,6 +55,7 @@ WHY_SYSTEM_EVENT = (
 )
 INTERNAL_ERROR = "internal parser error"  # the last guard; tests assert it never fires
 RESOURCE_NAME_LABEL = "compute.googleapis.com/resource_name"
+VERTEX_RESOURCE = "ml_job"  # a Vertex AI training job's own log (core/vertex_log.py)
 GKE_RESOURCES = ("k8s_node", "k8s_cluster", "k8s_pod", "k8s_container")  # labelled by cluster location
 MAX_LOG_NAME, MAX_ID, MAX_RESOURCE_NAME = 512, 256, 1024
 _TIMESTAMP = re.compile(
@@ -466,6 +467,10 @@ def _parse(entry: Raw, delivery: Delivery | None) -> Event:
     )
     if _claims_system_event(entry):
         return _system_event(entry, source, observed_at)
+    if _labels(entry.get("resource")).get("type") == VERTEX_RESOURCE:
+        from pitstop.core import vertex_log  # it builds its events with this module's helpers
+
+        return vertex_log.parse_vertex_entry(entry, source["message_id"], observed_at)
     return _text_event(entry, source, observed_at)
 
 

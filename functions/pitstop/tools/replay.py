@@ -16,7 +16,7 @@ from typing import Any, TypedDict
 import orjson
 
 from pitstop.adapters.memory_store import MemoryStore
-from pitstop.core import engine
+from pitstop.core import engine, vertex_log
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import Escalation, FaultEvent, Held, Incident
 from pitstop.core.envelope import unwrap
@@ -125,6 +125,7 @@ def replay(
                 if delivery.entry is not None
                 else invalid(delivery.error or "no log entry")
             )
+        ev = vertex_log.place(ev, pol)  # as ingest does: a Vertex AI job's entry on its cluster's job
         kinds[ev["kind"]] += 1
         note(lambda: f"{sum(kinds.values()):,} entries read")
         if ev["kind"] not in ("unrelated", "invalid"):
