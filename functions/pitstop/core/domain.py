@@ -961,6 +961,8 @@ class NotifiedIncident(TypedDict):
     resume: Resume | None
     diagnosis: Measurement | None
     validation: Measurement | None
+    job: JobRef | None
+    vertex: VertexRecord | None
 
 
 class Fenced(TypedDict, total=False):

@@ -306,6 +306,8 @@ NOTIFIED_FIELDS = (
     "resume",
     "diagnosis",
     "validation",
+    "job",  # a job-level episode's subject (a hang, a Vertex AI job)
+    "vertex",  # a Vertex AI job: what its step read back and did
 )
 
 

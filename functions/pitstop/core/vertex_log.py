@@ -21,7 +21,7 @@ import re
 from pitstop.core import names
 from pitstop.core.actions import Action
 from pitstop.core.domain import EventDetail, JobRef, VertexJobRef
-from pitstop.core.parse import (
+from pitstop.core.entry import (
     VERTEX_RESOURCE,
     Event,
     Raw,

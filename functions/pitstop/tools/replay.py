@@ -19,8 +19,9 @@ from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import engine, vertex_log
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import Escalation, FaultEvent, Held, Incident
+from pitstop.core.entry import invalid
 from pitstop.core.envelope import unwrap
-from pitstop.core.parse import invalid, parse_entry
+from pitstop.core.parse import parse_entry
 from pitstop.core.policy import Policy, from_doc
 from pitstop.core.timefmt import to_epoch
 from pitstop.core.timeline import iso
