@@ -34,13 +34,23 @@ from pitstop.core.aggregate import (
     RecordStarted,
     RecordValidation,
     RecordVerified,
+    RecordVertex,
     RefuseStart,
     RejectStep,
     ResolveStep,
     decide,
 )
-from pitstop.core.domain import Budget, Draft, FaultEvent, Incident, Measurement, MoveChoice, Place
-from pitstop.core.ops import AFTER_FENCE, FENCED_ONLY, WORKING
+from pitstop.core.domain import (
+    Budget,
+    Draft,
+    FaultEvent,
+    Incident,
+    Measurement,
+    MoveChoice,
+    Place,
+    VertexRecord,
+)
+from pitstop.core.ops import AFTER_FENCE, FENCED_ONLY, OPEN_ONLY, WORKING
 from pitstop.core.states import RunState, State
 
 T0 = 1_750_000_000.0
@@ -106,6 +116,14 @@ def _step_commands(step: int, execution: str) -> list[Command]:
         FailStep(at(), "act", "boom", {}),
         RejectStep(at(), "not the live VM"),
         RecordChoice(at(), {"decision": "wait", "why": "waited", "page": True}),
+        RecordVertex(
+            at(OPEN_ONLY),
+            {
+                "job": "projects/p/locations/us-central1/customJobs/7",
+                "outcome": "resubmitted",
+                "resubmitted_as": "x",
+            },
+        ),
     ]
 
 
@@ -204,6 +222,30 @@ def test_the_third_refused_start_fails_the_incident_with_a_page() -> None:
         assert out.incident is not None
         inc = out.incident
     assert inc["state"] == State.FAILED and out.notices
+
+
+def test_a_vertex_job_s_close_names_both_jobs_and_pages_only_when_a_person_must_decide() -> None:
+    """The record of a Vertex AI job's step stamps ``job_requeued`` once resubmitted; the close's
+    notification links the failed job and its resubmission, or pages with what to do."""
+    inc, budgets = _opened()
+    old = "projects/p/locations/us-central1/customJobs/7"
+    done: VertexRecord = {"job": old, "state": "JOB_STATE_FAILED", "reason": "the platform failed it"}
+    done.update({"outcome": "resubmitted", "resubmitted_as": old[:-1] + "8", "checkpoint": "gs://c/r"})
+    out = decide(inc, RecordVertex(At(1), done), Given(T0 + 5))
+    assert out.incident is not None and out.incident["timeline"].get("job_requeued") == T0 + 5
+    closed = decide(out.incident, ResolveStep(At(1), {}), Given(T0 + 6, budgets=budgets))
+    [note] = closed.notices
+    assert (
+        note["severity"] == "warning"
+        and note.get("jobs") == [old, old[:-1] + "8"]
+        and "gs://c/r" in note["summary"]
+    )
+    left: VertexRecord = {**done, "outcome": "left", "why": "a user error", "page": True}
+    left.pop("resubmitted_as")
+    out = decide(inc, RecordVertex(At(1), left), Given(T0 + 5))
+    assert out.incident is not None and "job_requeued" not in out.incident["timeline"]
+    [page] = decide(out.incident, ResolveStep(At(1), {}), Given(T0 + 6, budgets=budgets)).notices
+    assert page["severity"] == "critical" and "a user error" in str(page.get("todo"))
 
 
 def test_engine_commands_need_the_policy() -> None:

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from pitstop.core import sinks
-from pitstop.core.vertex_log import parse_vertex_entry
+from pitstop.core import engine, sinks
+from pitstop.core.parse import parse_entry
+from pitstop.core.vertex_log import parse_vertex_entry, place
 from pitstop.local.lql import compile_filter
 from tests.helpers import assert_valid_event, load_fixture
 
@@ -81,3 +82,53 @@ def test_a_long_or_odd_message_is_cut_and_never_decides() -> None:
     assert parse_vertex_entry(entry)["detail"]["vertex"]["state"] == "JOB_STATE_FAILED"
     entry["textPayload"] = "Job failed to stay unbroken? no: the replica said so"
     assert parse_vertex_entry(entry)["kind"] == "unrelated"
+
+
+# -- from the entry to the episode: parse_entry sends ml_job entries here, place puts the event on its job
+
+
+def _policy(**vertex: Any) -> Any:
+    from pitstop.core import policy
+
+    block = {
+        "regions": ["us-central1"],
+        "job_service_accounts": ["trainer@train-prod.iam.gserviceaccount.com"],
+    }
+    return policy.from_doc(
+        {"clusters": [{"name": "llm", "scheduler": "vertex", "vertex": {**block, **vertex}}]}
+    )
+
+
+def test_parse_entry_reads_an_ml_job_entry_as_a_vertex_job_event() -> None:
+    from pitstop.core.classify import Classifier
+
+    ev = Classifier.default().decide(parse_entry(_failed()))
+    assert ev["kind"] == "vertex_job" and ev["detail"]["vertex"]["job_id"] == "4606268999515242496"
+    assert "unverified" in ev["reason"]  # a log line names the job only
+
+
+def test_place_puts_the_event_on_its_cluster_s_job_proposing_the_read_back() -> None:
+    ev = place(parse_vertex_entry(_failed()), _policy())
+    assert ev["kind"] == "vertex_job" and ev["action"] == "RESCHEDULE_JOB" and ev["node"] is None
+    assert ev["job"] == {"project": "train-prod", "cluster": "llm", "job": "4606268999515242496"}
+    assert engine.subject_key(ev).startswith("job.train-prod.llm.")
+    same = place(parse_vertex_entry(_failed()), _policy(project="train-prod"))
+    assert same["job"] == ev["job"]
+
+
+@pytest.mark.parametrize(
+    ("block", "location"),
+    [({"project": "other-proj"}, None), ({"regions": ["europe-west4"]}, "us-central1")],
+    ids=["another-project", "another-region"],
+)
+def test_a_job_no_vertex_cluster_takes_is_unrelated(block: dict[str, Any], location: str | None) -> None:
+    entry = _failed()
+    if location:
+        entry["resource"]["labels"]["location"] = location
+    ev = place(parse_vertex_entry(entry), _policy(**block))
+    assert ev["kind"] == "unrelated" and "no policy cluster" in ev["reason"] and "job" not in ev
+
+
+def test_place_leaves_every_other_event_as_it_is() -> None:
+    other = parse_entry({"textPayload": "hello", "logName": "projects/train-prod/logs/x"})
+    assert place(other, _policy()) is other

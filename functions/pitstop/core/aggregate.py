@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
-from pitstop.core import corroboration, degraded, engine, lifecycle, notifications, remediation
+from pitstop.core import corroboration, degraded, engine, lifecycle, notifications, remediation, vertex
 from pitstop.core.actions import RANK, RECORD_ONLY_ACTIONS, Action
 from pitstop.core.answers import EarlyResume, LocalisedResume
 from pitstop.core.control import Control, Hold
@@ -49,6 +49,7 @@ from pitstop.core.domain import (
     Resume,
     UnfenceAnswer,
     Unfenced,
+    VertexRecord,
 )
 from pitstop.core.engine import Budgets, Outcome
 from pitstop.core.ops import Op
@@ -284,6 +285,15 @@ class RecordLocalisation:
 
 
 @dataclass(frozen=True)
+class RecordVertex:
+    """What a Vertex AI job's step read back and decided (``outcome`` resubmit: before its effect),
+    and then did (``resubmitted``: the new job; stamps ``job_requeued``)."""
+
+    at: At
+    record: VertexRecord
+
+
+@dataclass(frozen=True)
 class ResolveStep:
     """The step ends and the incident with it; ``unfenced``: what its unfence did (for the notice)."""
 
@@ -332,6 +342,7 @@ StepCommand = (
     | RecordDiagnosis
     | RecordValidation
     | RecordLocalisation
+    | RecordVertex
     | ResolveStep
     | FailStep
     | HoldStep
@@ -569,6 +580,10 @@ def _step_change(doc: Draft, cmd: StepCommand, now: float) -> Outcome:
             return _validation(doc, cmd, now)
         case RecordLocalisation():
             return _localisation(doc, cmd)
+        case RecordVertex():
+            doc["vertex"] = cmd.record
+            _stamp(doc, "job_requeued" if cmd.record.get("outcome") == "resubmitted" else None, now)
+            return Outcome("changed", incident=doc)
         case ResolveStep():
             return _resolve(doc, cmd, now)
         case FailStep():
@@ -658,6 +673,11 @@ def _resolve(doc: Draft, cmd: ResolveStep, now: float) -> Outcome:
     if planned is not None:
         text, severity = f"{planned[0]} {remediation.node_note(doc, cmd.unfenced)[0]}", planned[1]
     jobs = [str(j["id"]) for j in doc.get("jobs") or [] if isinstance(j, Mapping)]
+    job_note = vertex.close_note(doc)  # a Vertex AI job: read back, resubmitted or paged, both jobs named
+    if job_note is not None:
+        text, severity, jobs, todo = job_note
+        notice = remediation.notification(doc, severity, text, jobs=jobs, **({"todo": todo} if todo else {}))
+        return Outcome("resolved", incident=doc, notices=[notice], release_slots=True)
     notice = remediation.notification(doc, severity, text, jobs=jobs)
     return Outcome("resolved", incident=doc, notices=[notice], release_slots=True)
 

@@ -30,6 +30,7 @@ from pitstop.core.domain import (
     NodeRef,
     Notice,
     Unfenced,
+    VertexRecord,
     VmBefore,
 )
 from pitstop.core.ops import Plan
@@ -268,6 +269,16 @@ class Concluded(TypedDict):
     state: NotRequired[str]
 
 
+class Resubmission(TypedDict):
+    """resubmit: a Vertex AI job resubmitted from its checkpoint, or left (``why``; a page if a
+    person must decide). The workflow goes on to close either way."""
+
+    outcome: Literal["resubmitted", "left"]
+    job: str | None
+    why: str
+    resubmitted_as: NotRequired[str]
+
+
 # -- what a handler answers, and what actuate replies ------------------------------------------------------
 
 OpAnswer = (
@@ -294,6 +305,7 @@ OpAnswer = (
     | Localising
     | Linking
     | Concluded
+    | Resubmission
 )
 
 
@@ -324,6 +336,7 @@ class Decided(TypedDict, total=False):
     machine_type: str  # validate
     gpus: int | None
     plan: ActPlan  # act
+    vertex: VertexRecord  # resubmit: the job's verdict, taken before its cancel or resubmission
 
 
 class GangDecided(TypedDict, total=False):

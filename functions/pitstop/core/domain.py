@@ -413,6 +413,7 @@ class Incident(TypedDict):
     localisation: NotRequired[ReadOnly[Localisation]]  # ... its nodes, each round's verdict, the outcome
     silenced: NotRequired[ReadOnly[Silenced]]  # recorded under a silence: never acted on (core/control.py)
     choice: NotRequired[ReadOnly[MoveChoice]]  # wait, move, shrink or hold: the gang's choice, priced
+    vertex: NotRequired[ReadOnly[VertexRecord]]  # a Vertex AI job: what its step read back and did
 
 
 class Draft(TypedDict):
@@ -470,6 +471,7 @@ class Draft(TypedDict):
     localisation: NotRequired[Localisation]  # ... its nodes, each round's verdict, the outcome
     silenced: NotRequired[Silenced]  # recorded under a silence: never acted on (core/control.py)
     choice: NotRequired[MoveChoice]  # wait, move, shrink or hold: the gang's choice, priced
+    vertex: NotRequired[VertexRecord]  # a Vertex AI job: what its step read back and did
 
 
 class LocalisePlan(TypedDict):
@@ -779,6 +781,30 @@ class GangCheckSpec(TypedDict):
     gpus: NotRequired[int]
 
 
+class VertexRecord(TypedDict, total=False):
+    """What a Vertex AI job's step found and did (services/actuate/resubmit.py, core/vertex.judge):
+    the job as ``customJobs.get`` returned it, its verdict, and its resubmission (or why none)."""
+
+    job: str | None  # the job read back (its resource name); None: no such job in the cluster's regions
+    state: str | None  # its JobState then
+    klass: str  # infrastructure | user | unknown | not_ended | hung | not_found
+    rule: str | None  # the schemas/vertex-errors.yaml row that decided
+    reason: str  # the verdict's why
+    error_code: int | None
+    error_message: str
+    strategy: str
+    vertex_retried: bool  # Vertex retried internal errors itself (scheduling.disableRetries false)
+    restart_job_on_worker_restart: bool
+    lineage: str | None  # the first job of its line of resubmissions: the job-restart budget's key
+    checkpoint: str | None  # where the resubmission resumes from
+    outcome: Literal["resubmit", "resubmitted", "left"]  # decided; done; nothing done (``why``)
+    cancel: bool  # a hung job: cancelled before its resubmission
+    why: str  # why this outcome
+    page: bool  # a person must decide
+    resubmitted_as: str  # the new job
+    created: bool  # this step created it (False: found again by its labels)
+
+
 class Localisation(TypedDict, total=False):
     """What a hung job's localisation found, kept on its incident (services/actuate/localise.py)."""
 
@@ -999,6 +1025,8 @@ class NotifiedIncident(TypedDict):
     diagnosis: Measurement | None
     validation: Measurement | None
     choice: MoveChoice | None
+    job: JobRef | None
+    vertex: VertexRecord | None
 
 
 class Fenced(TypedDict, total=False):

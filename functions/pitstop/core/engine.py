@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, cast, get_args
 
-from pitstop.core import alerts, control, lifecycle, localise, trust
+from pitstop.core import alerts, control, lifecycle, localise, trust, vertex
 from pitstop.core.actions import JOB_ACTIONS, NODE_ACTIONS, RANK, RECORD_ONLY_ACTIONS, Action, higher
 from pitstop.core.answers import Notification
 from pitstop.core.catalog import SXID_KIND, TIE_PRIMARY, TIE_RECOVERY
@@ -862,8 +862,8 @@ def _open(ev: FaultEvent, ts: float, trigger: str, d: Decision) -> Outcome:
         _record_strike(d.node_doc, inc, d.now)
     d.out.incident, d.out.result = inc, "opened"
     _decide_start(inc, replace(d, cluster_size=cluster.size if cluster else None))
-    if ev["kind"] == "hang" and inc.get("workflow"):
-        _plan_localisation(inc, d)
+    if ev["kind"] == "hang" and inc.get("workflow") and inc["scheduler"] != vertex.SCHEDULER:
+        _plan_localisation(inc, d)  # a Vertex AI job has no nodes of Pitstop's to check
     return d.out
 
 
@@ -897,7 +897,7 @@ def believed(ev: FaultEvent, policy: Policy) -> tuple[FaultEvent, trust.TrustDec
 
 def _capped(inc: Incident, action: str, policy: Policy) -> tuple[str, list[str]]:
     """History may raise an action; for an episode without verified evidence only as far as trust allows."""
-    if inc.get("trust") == trust.VERIFIED:
+    if inc.get("trust") == trust.VERIFIED or inc["kind"] in trust.READ_BACK_KINDS:
         return action, []
     td = trust.allowed_action(trust.UNVERIFIED, action, policy.trust_text_syslog)
     return td.action, [td.reason] if td.lowered else []

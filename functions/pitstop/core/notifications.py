@@ -62,7 +62,10 @@ def text_lines(n: Notification) -> list[str]:
         )
     jobs, todo = n.get("jobs"), n.get("todo")
     if jobs and isinstance(jobs, list):
-        lines.append(f"jobs on the node: {', '.join(map(str, jobs))}")
+        where = (
+            "jobs on the node" if inc.get("node") else "jobs"
+        )  # a job's episode: the job and its resubmission
+        lines.append(f"{where}: {', '.join(map(str, jobs))}")
     if todo:
         lines.append(f"what to do: {todo}")
     return lines

@@ -15,6 +15,7 @@ from typing import Generic, TypeVar
 from pitstop.core.actions import RECORD_ONLY_ACTIONS, Action
 from pitstop.core.domain import Incident
 from pitstop.core.states import State
+from pitstop.core.vertex import SCHEDULER
 
 
 class Op(StrEnum):
@@ -45,6 +46,7 @@ class Op(StrEnum):
     LINKS = "links"  # ... judged; nothing found: NCCL between ring neighbours
     LINKS_DONE = "links_done"
     CONCLUDE = "conclude"  # culprits get their own node incidents; else one restart in place and a page
+    RESUBMIT = "resubmit"  # a Vertex AI job: read back, classed, resubmitted from its checkpoint or paged
     ESCALATE = "escalate"
     UNFENCE = "unfence"
     RESCHEDULE = "reschedule"
@@ -100,11 +102,15 @@ class Plan(StrEnum):
     DRAIN = "drain"
     REMEDIATE = "remediate"
     LOCALISE = "localise"  # a hung job: find its culprit node before the gang restarts
+    RESUBMIT = "resubmit"  # a Vertex AI job: the platform owns its VMs; the job is resubmitted whole
 
 
 def plan_for(action: str, inc: Incident | None = None) -> Plan:
-    """A hang the engine chose to localise is localised; record-only actions only notify; a drain
-    checkpoints first; the rest remediate the node."""
+    """A Vertex AI job's episode (it ended, or hung) is read back and resubmitted; a hang the engine
+    chose to localise is localised; record-only actions only notify; a drain checkpoints first; the
+    rest remediate the node."""
+    if inc is not None and inc["scheduler"] == SCHEDULER and action != Action.NONE:
+        return Plan.RESUBMIT
     localise = inc.get("localise") if inc is not None else None
     if localise and localise.get("run") is True:
         return Plan.LOCALISE

@@ -314,6 +314,8 @@ NOTIFIED_FIELDS = (
     "diagnosis",
     "validation",
     "choice",
+    "job",  # a job-level episode's subject (a hang, a Vertex AI job)
+    "vertex",  # a Vertex AI job: what its step read back and did
 )
 
 

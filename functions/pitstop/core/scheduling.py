@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, cast, runtime_checkable
 
-from pitstop.core.domain import CheckSpec, FenceDoc, GangCheckSpec, JobDoc, JobRunDoc
+from pitstop.core.domain import CheckSpec, FenceDoc, GangCheckSpec, JobDoc, JobRunDoc, JsonObject
 from pitstop.core.topology import Seat
+from pitstop.core.vertex import Resubmitted
 
 _INCIDENT = re.compile(r"i[a-z2-7]{9}")
 
@@ -284,4 +285,28 @@ class GangResume(Protocol):
 
     def resume_gang(self, job: str, ref: StepRef) -> RequeueOutcome:
         """Undo this step's stop of the job, once (a retry finds it resumed)."""
+        ...
+
+
+@runtime_checkable
+class JobResubmission(Protocol):
+    """A platform that owns its VMs (Vertex AI custom training): nothing of a node is Pitstop's; a
+    job is read back whole from the platform's API (the evidence), cancelled, and resubmitted as a
+    new job from its checkpoint (services/actuate/resubmit.py)."""
+
+    def job_service_accounts(self) -> frozenset[str]:
+        """The accounts a resubmitted job may run as (Pitstop may act as these only)."""
+        ...
+
+    def read_job(self, job: str) -> JsonObject | None:
+        """The job as the API has it now (REST form), by its id or resource name; None: no such job
+        in the cluster's project and regions."""
+        ...
+
+    def cancel_job(self, job: str) -> None:
+        """Cancel the job (its resource name); one already ended is left as it is."""
+        ...
+
+    def resubmit_job(self, job: JsonObject, ref: StepRef) -> Resubmitted:
+        """Create the job's resubmission for this incident, or find the one already created."""
         ...

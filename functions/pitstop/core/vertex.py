@@ -19,14 +19,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal, cast
 
 from pitstop.core import resources
-from pitstop.core.domain import JsonObject
+from pitstop.core.domain import Incident, JsonObject, VertexRecord
 
-Klass = Literal["infrastructure", "user", "unknown", "not_ended"]
+SCHEDULER = "vertex"  # the policy's scheduler of Vertex AI clusters (plugins/schedulers/vertex/)
+Klass = Literal["infrastructure", "user", "unknown", "not_ended", "hung"]
 ENDED = frozenset({"JOB_STATE_FAILED", "JOB_STATE_EXPIRED", "JOB_STATE_CANCELLED", "JOB_STATE_CANCELLING"})
 MAX_MESSAGE = 4096
 CHECKPOINT_ENV, RESUME_ENV = "PITSTOP_CHECKPOINT_URI", "PITSTOP_RESUME_FROM"
@@ -193,7 +194,7 @@ def _verdict(
         klass=klass,
         rule=rule,
         reason=reason,
-        resubmit=klass == "infrastructure",
+        resubmit=klass in ("infrastructure", "hung"),
         page=page,
         error_code=f.code,
         error_message=f.message,
@@ -287,3 +288,101 @@ def list_filter(incident: str, old: JobName) -> str:
 def request_key(incident: str, old: JobName) -> str:
     """A short id of the resubmission (what a retried step asks about again)."""
     return hashlib.sha256(f"{incident}\0{old.name}".encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Resubmitted:
+    """The resubmission of a failed job: its name, and whether this call created it."""
+
+    job: str
+    resubmit_of: str
+    created: bool
+    checkpoint: str | None
+
+
+RUNNING = "JOB_STATE_RUNNING"
+HANG_KIND = "hang"
+
+
+def hung(job: Mapping[str, object]) -> VertexVerdict:
+    """The verdict on a job whose heartbeat stopped (a verified Monitoring alert), as read back.
+
+    Pitstop's place is a distributed job that hangs after a worker restart without
+    ``restartJobOnWorkerRestart`` (with it, Vertex restarts the whole job itself: a job hung anyway
+    is a person's to look at). A job Vertex is not running is not hung: it is (re)starting, or it
+    ended, and its end is an episode of its own."""
+    f = _Facts.of(job)
+    if f.state != RUNNING:
+        why = f"{f.state}: Vertex AI is not running the job, so it is not hung (an end is its own episode)"
+        return _verdict(job, f, "not_ended", None, why, False)
+    if scheduling(job).get("restartJobOnWorkerRestart") is True:
+        why = (
+            "hung while RUNNING with restartJobOnWorkerRestart: Vertex restarts it itself when a worker"
+            " restarts, so this is not the hang Pitstop resubmits; a person decides"
+        )
+        return _verdict(job, f, "unknown", None, why, True)
+    why = (
+        "hung while RUNNING without restartJobOnWorkerRestart (a distributed job whose worker "
+        "restarted waits for it forever): cancelled and resubmitted from its checkpoint"
+    )
+    return _verdict(job, f, "hung", None, why, False)
+
+
+def judge(kind: str, job: Mapping[str, object] | None, accounts: Collection[str]) -> VertexRecord:
+    """What a Vertex AI job's step does, decided on the job as ``customJobs.get`` returned it (never on
+    the line that opened the episode): resubmit it (a hung one cancelled first), or leave it, with a
+    page when a person must decide. The job-restart budget is applied after (it needs the store)."""
+    if job is None:
+        why = "Vertex AI has no such CustomJob in the cluster's project and regions (the line named it)"
+        return {"job": None, "state": None, "klass": "not_found", "reason": why, "outcome": "left",
+                "why": why, "page": True}  # fmt: skip
+    v = hung(job) if kind == HANG_KIND else classify_job(job)
+    rec = record(v, job)
+    if not v.resubmit:
+        return {**rec, "outcome": "left", "why": v.reason, "page": v.page}
+    spec = job.get("jobSpec")
+    account = spec.get("serviceAccount") if isinstance(spec, Mapping) else None
+    if not isinstance(account, str) or account not in accounts:
+        who = account if isinstance(account, str) else "Vertex AI's own service agent"
+        why = f"it runs as {who}, not an account Pitstop may act as (policy vertex.job_service_accounts)"
+        return {**rec, "outcome": "left", "why": why, "page": True}
+    return {**rec, "outcome": "resubmit", "why": v.reason, "page": False, "cancel": kind == HANG_KIND}
+
+
+def record(v: VertexVerdict, job: Mapping[str, object]) -> VertexRecord:
+    """The verdict as the incident keeps it."""
+    return {
+        "job": v.job,
+        "state": v.state,
+        "klass": v.klass,
+        "rule": v.rule,
+        "reason": v.reason,
+        "error_code": v.error_code,
+        "error_message": v.error_message[:1024],
+        "strategy": v.strategy,
+        "vertex_retried": v.vertex_retried,
+        "restart_job_on_worker_restart": v.restart_job_on_worker_restart,
+        "lineage": lineage(job),
+        "checkpoint": v.checkpoint,
+    }
+
+
+def close_note(inc: Incident) -> tuple[str, str, list[str], str | None] | None:
+    """The closing notification of a Vertex AI job's episode: (text, severity, both jobs, what a person
+    does); None for any other incident."""
+    rec = inc.get("vertex")
+    if rec is None:
+        return None
+    ref = inc.get("job")
+    old = rec.get("job") or f"job {ref['job'] if ref else '?'}"
+    error = f" (error {rec.get('error_code')}: {rec.get('error_message')})" if rec.get("error_code") else ""
+    said = f"Vertex AI job {old} ({rec.get('state')}{error}): {rec.get('reason')}."
+    new = rec.get("resubmitted_as")
+    if rec.get("outcome") == "resubmitted" and new:
+        where = f" from {rec['checkpoint']}" if rec.get("checkpoint") else " (it declared no checkpoint)"
+        return f"{said} Resubmitted as {new}{where}.", "warning", [str(old), new], None
+    jobs = [str(old)] if rec.get("job") else []
+    if rec.get("page"):
+        todo = f"Not resubmitted: {rec.get('why')}. Look at the job and decide whether to rerun it."
+        return f"{said} Not resubmitted: {rec.get('why')}.", "critical", jobs, todo
+    return f"{said} Nothing to do.", "info", jobs, None

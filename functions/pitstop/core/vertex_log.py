@@ -19,10 +19,25 @@ from __future__ import annotations
 import re
 
 from pitstop.core import names
-from pitstop.core.domain import EventDetail, VertexJobRef
-from pitstop.core.parse import Event, Raw, bounded_text, clean, invalid, new_event, new_source
+from pitstop.core.actions import Action
+from pitstop.core.domain import EventDetail, JobRef, VertexJobRef
+from pitstop.core.entry import (
+    VERTEX_RESOURCE,
+    Event,
+    Raw,
+    bounded_text,
+    clean,
+    invalid,
+    new_event,
+    new_source,
+)
+from pitstop.core.policy import Cluster, Policy
+from pitstop.core.vertex import SCHEDULER
 
-RESOURCE_TYPE = "ml_job"
+RESOURCE_TYPE = VERTEX_RESOURCE
+# What a job Vertex ended asks for: its step reads it back (customJobs.get), classes it and, for a
+# platform's failure, resubmits it from its checkpoint (services/actuate/resubmit.py).
+ACTION = Action.RESCHEDULE_JOB
 SERVICE_TASK = "service"
 STATE_LABEL = "ml.googleapis.com/job_state"
 KIND = "vertex_job"
@@ -103,3 +118,35 @@ def parse_vertex_entry(entry: Raw, message_id: str | None = None, observed_at: s
     detail: EventDetail = {"vertex": ref, "message": clean(text, 512)}
     reason = f"Vertex AI reports job {ref['job_id']} of {ref['project']} {ref['state']}: to be read back"
     return new_event(KIND, clean(reason, 512), source, observed_at=observed_at, detail=detail)
+
+
+def cluster_for(policy: Policy, project: str, location: str | None) -> Cluster | None:
+    """The policy's Vertex AI cluster of a job: its ``vertex.project`` (when it names one) is the
+    job's, and the job's region (when the entry names it) is one of its ``vertex.regions``."""
+    for c in policy.clusters:
+        if c.scheduler != SCHEDULER:
+            continue
+        block = c.block(SCHEDULER)
+        own, regions = block.get("project"), block.get("regions")
+        if own is not None and own != project:
+            continue
+        if location is not None and (not isinstance(regions, list) or location not in regions):
+            continue
+        return c
+    return None
+
+
+def place(ev: Event, policy: Policy) -> Event:
+    """A ``vertex_job`` event on its subject: the job of the policy's Vertex AI cluster (a job-level
+    episode, keyed by the job), proposing its read-back and resubmission; ``unrelated`` when no
+    cluster of the policy takes the job. Other events pass unchanged."""
+    ref = ev.get("detail", {}).get("vertex")
+    if ev["kind"] != KIND or ref is None:
+        return ev
+    cluster = cluster_for(policy, ref["project"], ref["location"])
+    if cluster is None:
+        where = f"{ref['project']}" + (f" in {ref['location']}" if ref["location"] else "")
+        why = f"Vertex AI job {ref['job_id']} of {where}: no policy cluster with scheduler vertex takes it"
+        return new_event("unrelated", why, ev["source"], observed_at=ev["observed_at"])
+    job: JobRef = {"project": ref["project"], "cluster": cluster.name, "job": ref["job_id"]}
+    return {**ev, "job": job, "action": ACTION}

@@ -12,6 +12,16 @@ the whole job runs again, up to 3 times, before it ends FAILED
 (https://cloud.google.com/vertex-ai/docs/training/understanding-training-service); any other error,
 or retries disabled, ends it FAILED at once. Bodies are read and written with the library's own
 ``CustomJob`` message type, so what the fake accepts and answers is what the API's schema allows.
+
+What the local stack drives beside the API (``/_admin/...``, :meth:`FakeVertex.admin`): a job's
+failure on command; a worker's restart (with ``scheduling.restartJobOnWorkerRestart`` Vertex
+restarts the whole job; without it a distributed job waits for the worker forever: it stays
+RUNNING and its heartbeat stops); the job's own log entries as Vertex writes them when it ends
+(``ml_job``, task ``service``, label ``ml.googleapis.com/job_state``: core/vertex_log.py, shapes
+from tests/fixtures/vertex_job_logs.yaml), which the stack's sink router publishes; and a lost
+answer (the call lands, its answer does not: what a retried step must survive). A job whose
+container env sets ``PITSTOP_HEARTBEAT_CLUSTER`` beats while it trains, as docs/telemetry.md tells
+a training loop to (metric labels ``cluster`` and ``job``: its numeric id).
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import re
 import threading
 import time
 import urllib.parse
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +42,12 @@ from google.cloud.aiplatform_v1.types import CustomJob
 from pitstop.local.json_http import serve_json
 
 INTERNAL_CODES = frozenset({13, 14})  # INTERNAL, UNAVAILABLE: what Vertex retries itself
+HEARTBEAT_ENV = "PITSTOP_HEARTBEAT_CLUSTER"  # a job that beats: the cluster label its loop writes
+END_TEXT = {  # the service task's message when a job ends (tests/fixtures/vertex_job_logs.yaml)
+    "JOB_STATE_FAILED": "Job failed.",
+    "JOB_STATE_CANCELLED": "Job was cancelled.",
+    "JOB_STATE_EXPIRED": "Job expired.",  # [U]: the label value and text inferred from QUEUED's
+}
 JOB_RETRIES = 3  # whole-job retries before the job fails (understanding-training-service)
 PROGRESS = ("JOB_STATE_QUEUED", "JOB_STATE_PENDING", "JOB_STATE_RUNNING", "JOB_STATE_SUCCEEDED")
 ENDED = frozenset({"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED"})
@@ -59,15 +76,21 @@ class _Job:
     attempt: int = 1
     failure: _Failure | None = None
     history: list[str] = field(default_factory=list)
+    hung: bool = False  # a worker restarted without restartJobOnWorkerRestart: RUNNING, no progress
 
 
 class FakeVertex:
     """The service's state; :meth:`serve` puts it behind the REST API."""
 
-    def __init__(self, step_s: float = 1.0, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, step_s: float = 1.0, clock: Callable[[], float] = time.time, run_s: float | None = None
+    ) -> None:
         self.step_s, self.clock = step_s, clock
+        self.run_s = step_s if run_s is None else run_s  # how long a job trains before it succeeds
         self.jobs: dict[str, _Job] = {}
         self.calls: list[tuple[str, str]] = []  # (method, path): what the client asked
+        self.entries: list[dict[str, Any]] = []  # the jobs' log entries, as Vertex writes them
+        self.lose: dict[str, int] = {}  # method -> how many more answers are lost after the call lands
         self.lock = threading.Lock()
         self._ids = itertools.count(4_606_268_999_515_242_496)
 
@@ -87,17 +110,79 @@ class FakeVertex:
             self._advance(self.jobs[name])
             return str(self.jobs[name].doc["state"])
 
+    def worker_restart(self, name: str) -> str:
+        """A worker of the running job restarts: with ``restartJobOnWorkerRestart`` Vertex restarts
+        the whole job (a new attempt); without it the others wait for it forever (hung). What happened."""
+        with self.lock:
+            job = self.jobs[name]
+            self._advance(job)
+            if job.doc["state"] != "JOB_STATE_RUNNING":
+                return f"not running ({job.doc['state']})"
+            if _scheduling(job.doc).get("restartJobOnWorkerRestart") is True:
+                job.attempt, job.started = job.attempt + 1, self.clock()
+                job.history.append("restarted: a worker restarted")
+                self._set(job, "JOB_STATE_PENDING")
+                return "restarted by Vertex (restartJobOnWorkerRestart)"
+            job.hung = True
+            job.history.append("hung: a worker restarted")
+            return "hung"
+
+    def beating(self) -> list[tuple[str, str, str]]:
+        """(project, cluster, job id) of each job training now that writes a heartbeat (not hung)."""
+        out = []
+        with self.lock:
+            for name, job in self.jobs.items():
+                self._advance(job)
+                cluster = _env(job.doc).get(HEARTBEAT_ENV)
+                if cluster and job.doc["state"] == "JOB_STATE_RUNNING" and not job.hung:
+                    out.append((name.split("/")[1], cluster, name.rsplit("/", 1)[1]))
+        return out
+
+    def logs(self, after: int = 0) -> list[dict[str, Any]]:
+        """The jobs' log entries from the ``after``-th on (jobs that ended meanwhile write theirs)."""
+        with self.lock:
+            for job in self.jobs.values():
+                self._advance(job)
+            return [dict(e) for e in self.entries[after:]]
+
+    def admin(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        """``/_admin/...``: what the local stack and its tests drive beside the API."""
+        if path == "/_admin/fail":
+            self.fail(str(body["name"]), int(body["code"]), str(body["message"]), int(body.get("times", 1)))
+            return 200, {"failing": body["name"]}
+        if path == "/_admin/worker_restart":
+            return 200, {"job": body["name"], "what": self.worker_restart(str(body["name"]))}
+        if path == "/_admin/logs":
+            after = int(body.get("after", 0))
+            entries = self.logs(after)
+            return 200, {"entries": entries, "next": after + len(entries)}
+        if path == "/_admin/lose":
+            with self.lock:
+                self.lose[str(body["method"])] = int(body.get("count", 1))
+            return 200, {"lose": self.lose}
+        if path == "/_admin/state":
+            with self.lock:
+                jobs = {n: {"state": j.doc["state"], "attempt": j.attempt, "history": j.history,
+                            "labels": j.doc.get("labels") or {}} for n, j in self.jobs.items()}  # fmt: skip
+                return 200, {"jobs": jobs, "calls": [list(c) for c in self.calls]}
+        return _error(404, "NOT_FOUND", f"no such admin path: {path}")
+
     # -- the API -------------------------------------------------------------------------------
 
     def dispatch(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
         url = urllib.parse.urlsplit(path)
+        if url.path.startswith("/_admin/"):
+            return self.admin(url.path, json.loads(body or b"{}"))
         query = urllib.parse.parse_qs(url.query)
         ints = any("enum-encoding=int" in v for v in query.get("$alt", []))
         self.calls.append((method, url.path))
         one, many = _ONE.fullmatch(url.path), _COLLECTION.fullmatch(url.path)
         with self.lock:
             if method == "POST" and many:
-                return 200, self._out(self._create_locked(many[1], json.loads(body or b"{}")), ints)
+                created = self._out(self._create_locked(many[1], json.loads(body or b"{}")), ints)
+                return self._lost("create") or (200, created)
+            if method == "POST" and one and one[5] and one[1] in self.jobs:
+                return self._lost("cancel") or (200, self._cancel(one[1]))
             if one and one[1] not in self.jobs:
                 return _error(404, "NOT_FOUND", f"CustomJob {one[1]} not found")
             if method == "GET" and one and not one[5]:
@@ -107,6 +192,13 @@ class FakeVertex:
             if method == "GET" and many:
                 return self._list(many[1], query, ints)
         return _error(404, "NOT_FOUND", f"no such method: {method} {url.path}")
+
+    def _lost(self, method: str) -> tuple[int, Any] | None:
+        """The call landed but its answer is lost (the front end's 503), while ``lose`` says so."""
+        if self.lose.get(method, 0) <= 0:
+            return None
+        self.lose[method] -= 1
+        return _error(503, "UNAVAILABLE", "The service is currently unavailable.")
 
     def _create(self, parent: str, body: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
@@ -158,15 +250,24 @@ class FakeVertex:
     def _advance(self, job: _Job) -> None:
         """Move the job along its states as the clock says; a failure ends (or retries) a run."""
         while job.doc["state"] not in ENDED:
-            steps = int((self.clock() - job.started) / self.step_s) if self.step_s > 0 else 3
             at = PROGRESS.index(job.doc["state"]) if job.doc["state"] in PROGRESS else 0
             if job.failure is not None and at >= 2:  # a running job hits its failure
                 self._fail_run(job)
                 continue
-            nxt = min(steps, 3)
+            nxt = self._due(self.clock() - job.started, job.hung)
             if nxt <= at:
                 return
             self._set(job, PROGRESS[at + 1])
+
+    def _due(self, elapsed: float, hung: bool) -> int:
+        """The state (index of PROGRESS) a run has reached after ``elapsed`` seconds: a step_s each
+        queued and pending, run_s training (a hung job never finishes)."""
+        if self.step_s <= 0:
+            return 2 if hung else 3
+        steps = min(int(elapsed / self.step_s), 2)
+        if steps < 2 or hung:
+            return steps
+        return 3 if elapsed >= 2 * self.step_s + self.run_s else 2
 
     def _fail_run(self, job: _Job) -> None:
         f = job.failure
@@ -193,6 +294,8 @@ class FakeVertex:
         self._set(job, state)
         job.doc["endTime"], job.doc["error"] = job.doc["updateTime"], error
         job.failure = None
+        if state in END_TEXT:
+            self.entries.append(_log_entry(job.doc, state, self.clock()))
 
     @staticmethod
     def _out(doc: dict[str, Any], ints: bool) -> Any:
@@ -206,6 +309,32 @@ def _canonical(body: dict[str, Any]) -> dict[str, Any]:
     msg = CustomJob.from_json(json.dumps(body))
     out: dict[str, Any] = json.loads(CustomJob.to_json(msg, use_integers_for_enums=False))
     return out
+
+
+def _log_entry(doc: dict[str, Any], state: str, now: float) -> dict[str, Any]:
+    """The ``service`` task's entry of a job's end, as Vertex AI writes it (resource ``ml_job``)."""
+    project, job_id = doc["name"].split("/")[1], doc["name"].rsplit("/", 1)[1]
+    word = state.removeprefix("JOB_STATE_")
+    return {
+        "insertId": uuid.uuid4().hex[:12],
+        "logName": f"projects/{project}/logs/ml.googleapis.com%2F{job_id}",
+        "resource": {
+            "type": "ml_job",
+            "labels": {"job_id": job_id, "project_id": project, "task_name": "service"},
+        },
+        "timestamp": _iso(now),
+        "receiveTimestamp": _iso(now),
+        "severity": "ERROR" if word == "FAILED" else "INFO",
+        "labels": {"ml.googleapis.com/endpoint": "", "ml.googleapis.com/job_state": word},
+        "textPayload": END_TEXT[state],
+    }
+
+
+def _env(doc: dict[str, Any]) -> dict[str, str]:
+    """The first worker pool's container env (what the job's training code reads)."""
+    pools = (doc.get("jobSpec") or {}).get("workerPoolSpecs") or [{}]
+    spec = pools[0].get("containerSpec") or pools[0].get("pythonPackageSpec") or {}
+    return {str(e.get("name")): str(e.get("value")) for e in spec.get("env") or []}
 
 
 def _scheduling(doc: dict[str, Any]) -> dict[str, Any]:

@@ -109,8 +109,28 @@ def vertex(args: argparse.Namespace) -> None:
     """Vertex AI's JobService (REST v1) for every region (local/fake_vertex.py)."""
     from pitstop.local.fake_vertex import FakeVertex, serve
 
-    server, _ = serve(FakeVertex(step_s=args.step_s), port=args.port)
-    _wait_forever(server.shutdown)
+    fake = FakeVertex(step_s=args.step_s, run_s=args.run_s)
+    server, _ = serve(fake, port=args.port)
+    stop = threading.Event()
+    if args.monitoring:  # the jobs' training loops write their heartbeats there (local/trainer.py's metric)
+        from pitstop.local.trainer import beat, heartbeat_client
+
+        client = heartbeat_client(args.monitoring)
+
+        def beats() -> None:
+            step = 0
+            while not stop.wait(args.beat_s):
+                step += 1
+                for project, cluster, job in fake.beating():
+                    beat(client, project, cluster, job, step)
+
+        threading.Thread(target=beats, daemon=True, name="vertex-heartbeats").start()
+
+    def down() -> None:
+        stop.set()
+        server.shutdown()
+
+    _wait_forever(down)
 
 
 def prometheus(args: argparse.Namespace) -> None:
@@ -282,7 +302,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     pr.add_argument("--cluster", default="local")
     vx = sub.add_parser("vertex")
     vx.add_argument("--port", type=int, required=True)
-    vx.add_argument("--step-s", type=float, default=5.0, help="seconds a job spends in each state")
+    vx.add_argument("--step-s", type=float, default=5.0, help="seconds a job spends queued, then pending")
+    vx.add_argument("--run-s", type=float, default=3600.0, help="seconds a job trains before it succeeds")
+    vx.add_argument("--monitoring", default=None, help="the Monitoring stand-in (host:port) for heartbeats")
+    vx.add_argument("--beat-s", type=float, default=1.0, help="seconds between a training job's heartbeats")
     sc = sub.add_parser("scheduler")
     sc.add_argument("--url", required=True)
     sc.add_argument("--interval", type=float, default=60.0)

@@ -61,6 +61,9 @@ NOTIFY_DATABASE = "pitstop-notify"  # notify's ledger database (deploy.defaults.
 # throttle 30 s (production windows: infra/monitoring/telemetry/).
 ALERT_SCALE = 0.05
 HEARTBEAT_EVERY_S = 1.0  # the training stand-in's step (local/trainer.py)
+REGION = ZONE.rsplit("-", 1)[0]
+VERTEX_ACCOUNT = f"llm-trainer@{PROJECT}.iam.gserviceaccount.com"  # what the stack's Vertex jobs run as
+VERTEX_STEP_S = 1.0  # a job's seconds queued, then pending, on the stand-in
 
 
 def gpu_tool_flags() -> list[str]:
@@ -85,7 +88,9 @@ class ClusterSpec:
     machine_type: str = "a3-megagpu-8g"
     mig: str = "a3-node"
     name: str = "train"
-    scheduler: Literal["slurm", "gke"] = "slurm"  # or "gke": a fake Kubernetes API server in place of Slurm
+    # "gke": a fake Kubernetes API server in place of Slurm; "vertex": Vertex AI custom training (the
+    # stand-in local/fake_vertex.py; no node of Pitstop's, so none simulated)
+    scheduler: Literal["slurm", "gke", "vertex"] = "slurm"
     jobset_nodes: int = 0  # gke: a JobSet with the host-maintenance failure policy on this many nodes
     # Where nodes sit: node -> [block, sub-block] (the fake Compute's physicalHostTopology, GKE's
     # gce-topology labels, Slurm's topology.conf); a node not named sits in block-1/sub-1, and a
@@ -108,6 +113,11 @@ class ClusterSpec:
             scheduler="gke",
             jobset_nodes=jobset_nodes,
         )
+
+    @classmethod
+    def vertex(cls, name: str = "llm") -> ClusterSpec:
+        """Vertex AI custom training jobs of the stack's project in REGION: the platform owns the VMs."""
+        return cls(nodes=0, prefix="vertex", mig="", name=name, scheduler="vertex")
 
 
 class ClusterRecord(TypedDict):
@@ -169,8 +179,11 @@ def default_workdir() -> Path:
     return Path(os.environ.get("PITSTOP_LOCAL_DIR", ROOT / ".local"))
 
 
-def _cluster_policy(spec: ClusterSpec) -> ClusterDoc:
+def _cluster_policy(spec: ClusterSpec) -> ClusterDoc | JsonObject:
     """The policy's entry for the simulated cluster; a GKE one is reached at PITSTOP_KUBE_ENDPOINT."""
+    if spec.scheduler == "vertex":  # no VMs of Pitstop's: the jobs of the project's region
+        block = {"regions": [REGION], "job_service_accounts": [VERTEX_ACCOUNT]}  # its folder's schema
+        return {"name": spec.name, "scheduler": "vertex", "vertex": block}
     cluster: ClusterDoc = {
         "name": spec.name,
         "scheduler": spec.scheduler,
@@ -222,8 +235,18 @@ def _endpoints(fs_host: str, ps_host: str, ports: dict[str, int]) -> dict[str, s
         "webhook": f"http://127.0.0.1:{ports['webhook']}/hook",
         **{f: f"http://127.0.0.1:{ports[f]}" for f in ("ingest", "actuate", "notify", "sweep", "control")},
         **({"kube": f"http://127.0.0.1:{ports['kube']}"} if "kube" in ports else {}),
+        **({"vertex": f"http://127.0.0.1:{ports['vertex']}"} if "vertex" in ports else {}),
         **({"prometheus": f"http://127.0.0.1:{ports['prometheus']}"} if "prometheus" in ports else {}),
     }
+
+
+def _vertex_env(ep: Mapping[str, str]) -> dict[str, str]:
+    """What points the vertex scheduler at the stand-in (its folder's local.py), if the stack runs it."""
+    if "vertex" not in ep:
+        return {}
+    from pitstop.plugins.schedulers.vertex import local  # the stand-in's module: loaded only when it runs
+
+    return local.env(ep["vertex"])
 
 
 class Stack:
@@ -257,6 +280,15 @@ class Stack:
         return self.spec.scheduler == "gke"
 
     @property
+    def has_slurm(self) -> bool:
+        return self.spec.scheduler == "slurm"
+
+    @property
+    def vertex(self) -> bool:
+        """The stack has a Vertex AI cluster: the Vertex AI stand-in runs (local/fake_vertex.py)."""
+        return self.spec.scheduler == "vertex"
+
+    @property
     def gpu_state_file(self) -> Path:
         """Per-node GPU outcomes: written by the fake Compute, read by the GPU stand-ins."""
         return self.workdir / GPU_STATE_FILE
@@ -281,7 +313,8 @@ class Stack:
         fs_host, ps_host = self._start_emulators()
         env = self._base_env(fs_host, ps_host)
         names = ("compute", "executions", "monitoring", "webhook", *(f for f, _ in FUNCTIONS), "control")
-        ports = {k: free_port() for k in (*names, *(("kube", "prometheus") if self.gke else ()))}
+        extra = ("kube", "prometheus") if self.gke else ("vertex",) if self.vertex else ()
+        ports = {k: free_port() for k in (*names, *extra)}
         ep = _endpoints(fs_host, ps_host, ports)
         files = self._write_inputs(ep)
         self._start_fakes(ports, files, env)
@@ -290,9 +323,11 @@ class Stack:
             self.procs["kube"] = gke_stack.start(self.workdir, ep, files["cluster"], env)
         self._start_functions(ports, ep, files["policy"], env, tokens)
         self._wire_pubsub(ep, ps_host)
-        slurm = None if self.gke else self._start_slurm(ep, env)
+        slurm = self._start_slurm(ep, env) if self.has_slurm else None
         for fn, _ in FUNCTIONS:
             wait_http(ep[fn] + "/", self.procs[fn], timeout=60, accept_errors=True)
+        if self.vertex:
+            wait_http(ep["vertex"] + "/", self.procs["vertex"], accept_errors=True)
         self._py(
             "scheduler",
             ["scheduler", "--url", ep["sweep"] + "/", "--interval", str(self.sweep_interval)],
@@ -300,7 +335,7 @@ class Stack:
         )
         if slurm is not None:
             slurm.wait_idle(len(self.spec.node_names), timeout=60)
-        else:
+        elif self.gke:
             gke_stack.ready(ep["kube"], self.spec.node_names, self.spec.jobset_nodes)
         state = self._save_state(ep, slurm)
         self.controller = Controller(self, ports["control"]).start()
@@ -423,6 +458,10 @@ class Stack:
         for name, out in (("monitoring", "metrics.jsonl"), ("webhook", "webhook.jsonl")):
             extra = alerting if name == "monitoring" else []
             self._py(name, [name, "--port", str(ports[name]), "--out", str(self.workdir / out), *extra], env)
+        if "vertex" in ports:  # Vertex AI's JobService; its jobs' training loops beat to Monitoring
+            vertex = ["--port", str(ports["vertex"]), "--step-s", str(VERTEX_STEP_S)]
+            vertex += ["--monitoring", f"127.0.0.1:{ports['monitoring']}", "--beat-s", str(HEARTBEAT_EVERY_S)]
+            self._py("vertex", ["vertex", *vertex], env)
         if "prometheus" in ports:  # GKE's DCGM metrics: Managed Service for Prometheus' query API
             prom = ["--port", str(ports["prometheus"]), "--gpu-state", str(self.gpu_state_file)]
             prom += ["--project", PROJECT, "--zone", ZONE, "--cluster", self.spec.name]
@@ -458,6 +497,7 @@ class Stack:
             "PITSTOP_STEP_CLAIM_S": str(STEP_CLAIM_S * self.workflow_scale),
             **({"PITSTOP_KUBE_ENDPOINT": ep["kube"]} if "kube" in ep else {}),
             **({"PITSTOP_PROMETHEUS_ENDPOINT": ep["prometheus"]} if "prometheus" in ep else {}),
+            **_vertex_env(ep),
         }
         ff = str(Path(sys.executable).parent / "functions-framework")
         main = str(ROOT / "functions" / "main.py")
@@ -596,7 +636,9 @@ class Stack:
         with emulator_env(ep):
             pub, sub = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
         slurm_topic = (
-            () if self.gke else (f"pitstop-slurm-{self.spec.name}", f"pitstop-slurm-{self.spec.name}-results")
+            (f"pitstop-slurm-{self.spec.name}", f"pitstop-slurm-{self.spec.name}-results")
+            if self.has_slurm
+            else ()
         )
         t = {
             n: pub.topic_path(PROJECT, n)
@@ -634,9 +676,9 @@ class Stack:
             ("events-dead-inspect", "pitstop-events-dead"),
             ("notifications-dead-inspect", "pitstop-notifications-dead"),
         ]
-        for name, topic in pulls[1:] if self.gke else pulls:
+        for name, topic in pulls if self.has_slurm else pulls[1:]:
             sub.create_subscription(name=sub.subscription_path(PROJECT, name), topic=t[topic])
-        if not self.gke:  # what actuate reads the agent's results from (close.slurm_results_subscription)
+        if self.has_slurm:  # what actuate reads the agent's results from (close.slurm_results_subscription)
             results = f"pitstop-slurm-{self.spec.name}-results"
             sub.create_subscription(
                 request={
@@ -761,7 +803,10 @@ class Router:
     def __init__(self, state: StackState) -> None:
         from google.cloud import pubsub_v1
 
-        self.filters = [compile_filter(f) for f in sinks.sink_filters().values()]
+        # every sink deploy may create: the core ones, and each plugin folder's (a filter selects only
+        # its own entries, so one a stack's configuration would not deploy selects nothing there)
+        found = {**sinks.sink_filters(), **sinks.plugin_filters()}
+        self.filters = [compile_filter(f) for f in found.values()]
         with emulator_env(state.endpoints):
             self.pub = pubsub_v1.PublisherClient()
         self.topic = self.pub.topic_path(state.project, "pitstop-events")

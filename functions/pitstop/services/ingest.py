@@ -22,7 +22,7 @@ from google.api_core import exceptions as gexc
 from pitstop.adapters import log
 from pitstop.adapters.gke.node import NodeReader, corroborate
 from pitstop.adapters.gke.zone import ZoneResolver, fill_zone
-from pitstop.core import alerts, engine
+from pitstop.core import alerts, engine, vertex_log
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import FaultEvent
 from pitstop.core.envelope import unwrap
@@ -77,6 +77,7 @@ class Ingest:
 
     def handle_event(self, ev: FaultEvent) -> engine.Outcome:
         now = self.clock()
+        ev = vertex_log.place(ev, self.policy)  # a Vertex AI job's entry: the job of its policy cluster
         if ev["kind"] in ("unrelated", "invalid"):
             sev = "WARNING" if ev["kind"] == "invalid" else "DEBUG"
             ref = ev.get("node")

@@ -16,11 +16,12 @@ from typing import Any, TypedDict
 import orjson
 
 from pitstop.adapters.memory_store import MemoryStore
-from pitstop.core import engine
+from pitstop.core import engine, vertex_log
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import Escalation, FaultEvent, Held, Incident
+from pitstop.core.entry import invalid
 from pitstop.core.envelope import unwrap
-from pitstop.core.parse import invalid, parse_entry
+from pitstop.core.parse import parse_entry
 from pitstop.core.policy import Policy, from_doc
 from pitstop.core.timefmt import to_epoch
 from pitstop.core.timeline import iso
@@ -125,6 +126,7 @@ def replay(
                 if delivery.entry is not None
                 else invalid(delivery.error or "no log entry")
             )
+        ev = vertex_log.place(ev, pol)  # as ingest does: a Vertex AI job's entry on its cluster's job
         kinds[ev["kind"]] += 1
         note(lambda: f"{sum(kinds.values()):,} entries read")
         if ev["kind"] not in ("unrelated", "invalid"):

@@ -3,8 +3,9 @@
 The workflow calls ``{op, incident, step, execution, extra}``. The op's handler comes from one
 table (registry.py); its phases live in one module each: fence.py (claim, fence, checkpoint,
 unfence), gang.py (early requeue, requeue, the gang running again), checks.py (diagnose, validate),
-repair.py (the Compute call, its operation, verify) and ending.py (escalate, close, fail). What
-they decide without I/O is in core/remediation.py.
+repair.py (the Compute call, its operation, verify), ending.py (escalate, close, fail) and
+resubmit.py (a Vertex AI job read back and resubmitted whole). What they decide without I/O is in
+core/remediation.py (core/vertex.py for a Vertex AI job).
 
 Each effect runs under the step runner (core/steps.py), its record ``steps/<step>-<op>`` under its
 incident: claimed ``in_progress`` before the effect (with its owner, the execution), ``done``

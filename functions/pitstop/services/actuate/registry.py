@@ -11,7 +11,7 @@ from pitstop.core.answers import OpAnswer
 from pitstop.core.ops import AFTER_FENCE, FENCED_ONLY, OPEN_ONLY, WORKING, Kind, Op, OpSpec
 from pitstop.core.states import State
 from pitstop.core.steps import Release
-from pitstop.services.actuate import checks, ending, fence, gang, localise, repair
+from pitstop.services.actuate import checks, ending, fence, gang, localise, repair, resubmit
 from pitstop.services.actuate.context import Step
 
 __all__ = ["MUTATING_OPS", "OPS", "PROBE_OPS", "Kind", "OpSpec", "Spec"]
@@ -50,6 +50,7 @@ OPS: dict[Op, Spec] = {
     Op.LINKS: OpSpec(localise.links, E, OPEN_ONLY),
     Op.LINKS_DONE: OpSpec(localise.links_done, P),
     Op.CONCLUDE: OpSpec(localise.conclude, E, OPEN_ONLY),
+    Op.RESUBMIT: OpSpec(resubmit.resubmit, E, OPEN_ONLY, disruptive=True),
 }
 assert set(OPS) == set(Op)  # every op the workflow may call has its spec
 

@@ -21,4 +21,6 @@ def build(c: Cluster, w: Wiring) -> Scheduler:
     endpoint = w.endpoint("vertex") or os.environ.get("PITSTOP_VERTEX_ENDPOINT")
     regions = tuple(cast(list[str], conf.get("regions") or []))
     accounts = frozenset(cast(list[str], conf.get("job_service_accounts") or []))
-    return VertexScheduler(VertexJobs(lambda loc: job_service_client(loc, endpoint)), regions, accounts)
+    project = str(conf.get("project") or w.project)
+    jobs = VertexJobs(lambda loc: job_service_client(loc, endpoint))
+    return VertexScheduler(jobs, regions, accounts, project=project)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pitstop.adapters.errors import ActuatorError
@@ -35,6 +35,7 @@ from pitstop.core.scheduling import (
     StepRef,
     UnfenceAnswer,
 )
+from pitstop.core.vertex import Resubmitted
 
 # Vertex's states in the contract's words (JobState of aiplatform v1)
 STATES = {
@@ -50,16 +51,6 @@ STATES = {
     "JOB_STATE_CANCELLING": JobState.COMPLETING,
     "JOB_STATE_CANCELLED": JobState.CANCELLED,
 }
-
-
-@dataclass(frozen=True)
-class Resubmitted:
-    """The resubmission of a failed job: its name, and whether this call created it."""
-
-    job: str
-    resubmit_of: str
-    created: bool
-    checkpoint: str | None
 
 
 def job_service_client(location: str, endpoint: str | None = None) -> Any:
@@ -112,6 +103,15 @@ class VertexJobs:
                 continue
         return None
 
+    def cancel(self, name: vertex.JobName) -> None:
+        """customJobs.cancel; a job that already ended (FAILED_PRECONDITION) is left as it is."""
+        from google.api_core import exceptions
+
+        try:
+            self._client(name.location).cancel_custom_job(name=name.name)
+        except exceptions.FailedPrecondition:
+            return
+
     def resubmit(self, failed: Mapping[str, object], incident: str) -> Resubmitted:
         """Create the resubmission of ``failed`` for ``incident``, or find the one already created."""
         name = vertex.job_name(failed.get("name"))
@@ -146,12 +146,39 @@ class VertexScheduler:
     regions: tuple[str, ...]
     service_accounts: frozenset[str]
     name: str = "vertex"
+    project: str | None = field(default=None)  # the jobs' project (None: any the names carry)
 
     def _name(self, job: str) -> vertex.JobName:
         name = vertex.job_name(job)
         if name is None or name.location not in self.regions:
             raise ActuatorError(400, "not a CustomJob of the configured regions", False)
+        if self.project is not None and name.project != self.project:
+            raise ActuatorError(400, f"not a CustomJob of project {self.project}", False)
         return name
+
+    # -- the platform's jobs, whole (core/scheduling.JobResubmission) ------------------------------
+
+    def job_service_accounts(self) -> frozenset[str]:
+        return self.service_accounts
+
+    def read_job(self, job: str) -> JsonObject | None:
+        if vertex.job_name(job) is None:  # an entry's job id, without its region: looked for in each
+            if self.project is None or not job.isdigit():
+                raise ActuatorError(400, "a CustomJob id needs the cluster's project", False)
+            return self.jobs.find(self.project, job, self.regions)
+        try:
+            return self.jobs.read(self._name(job))
+        except ActuatorError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def cancel_job(self, job: str) -> None:
+        self.jobs.cancel(self._name(job))
+
+    def resubmit_job(self, job: JsonObject, ref: StepRef) -> Resubmitted:
+        self._name(str(job.get("name")))  # of this cluster's project and regions only
+        return self.jobs.resubmit(job, ref.incident)
 
     def job_info(self, job: str, ref: StepRef) -> JobInfo:
         doc = self.jobs.read(self._name(job))
