@@ -7,15 +7,64 @@ partitions and reservations and changes nothing.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from pitstop.agent.slurm.access import SlurmAccess
 from pitstop.agent.slurm.placement import Placement
-from pitstop.agent.slurm.text import _HOLDING_STATES, JOB, Args, SlurmOutputError, _need
+from pitstop.agent.slurm.text import _HOLDING_STATES, JOB, Args, NodeInfo, SlurmOutputError, _need
 from pitstop.core.slurm_wire import CapacityAnswer
 
 # A job says it is elastic (it runs on fewer nodes when it must) with this word in its comment
 # (``sbatch --comment``): Pitstop may then weigh shrinking it (core/tradeoff.py).
 ELASTIC_WORD = "pitstop:elastic"
+
+
+def _best_partition(
+    partitions: list[str],
+    nodes: Mapping[str, tuple[NodeInfo, tuple[str, ...]]],
+    fenced: str,
+    own: set[str],
+    reserved: set[str],
+    excluded: set[str],
+    allowed: set[str] | None,
+) -> tuple[int, str, list[str], list[str]]:
+    """The partition with the most nodes the gang could start on: (count, partition, idle, own)."""
+    best: tuple[int, str, list[str], list[str]] | None = None
+    for part in partitions:
+        idle = sorted(
+            n
+            for n, (info, parts) in nodes.items()
+            if part in parts
+            and n != fenced
+            and n not in own
+            and info.free_idle
+            and n not in reserved
+            and n not in excluded
+            and (allowed is None or n in allowed)
+        )
+        mine = sorted(n for n in own if n != fenced and n in nodes and nodes[n][0].usable_own)
+        if best is None or len(idle) + len(mine) > best[0]:
+            best = (len(idle) + len(mine), part, idle, mine)
+    assert best is not None
+    return best
+
+
+def _placed(
+    out: CapacityAnswer,
+    placement: Placement,
+    kv: dict[str, str],
+    fenced: str,
+    own: set[str],
+    idle: list[str],
+) -> None:
+    """Where each node listed sits in Slurm's topology, Slurm's version and own restart, elasticity."""
+    paths = placement.paths()
+    listed = {fenced, *own, *idle[:64]}
+    out["paths"] = {n: p for n, p in paths.items() if n in listed}
+    out["slurm_version"] = placement.version()
+    out["native"] = placement.native(kv)
+    out["elastic"] = ELASTIC_WORD in kv.get("Comment", "")
+    out["nodes"] = sorted(own | {fenced})[:64]
 
 
 def capacity(slurm: SlurmAccess, args: Args, placement: Placement | None = None) -> CapacityAnswer:
@@ -59,24 +108,7 @@ def capacity(slurm: SlurmAccess, args: Args, placement: Placement | None = None)
     required = slurm.hostnames([kv.get("ReqNodeList", "")])
     if placement is not None and placement.ours(job, required):
         required = set()  # Pitstop's own pin from an earlier move: the next requeue replaces it
-    best: tuple[int, str, list[str], list[str]] | None = None
-    for part in partitions:
-        idle = sorted(
-            n
-            for n, (info, parts) in nodes.items()
-            if part in parts
-            and n != fenced
-            and n not in own
-            and info.free_idle
-            and n not in reserved
-            and n not in excluded
-            and (allowed is None or n in allowed)
-        )
-        mine = sorted(n for n in own if n != fenced and n in nodes and nodes[n][0].usable_own)
-        if best is None or len(idle) + len(mine) > best[0]:
-            best = (len(idle) + len(mine), part, idle, mine)
-    assert best is not None
-    free, part, idle, mine = best
+    free, part, idle, mine = _best_partition(partitions, nodes, fenced, own, reserved, excluded, allowed)
     where = f"partition {part}" + (f", reservation {resv}" if resv else "")
     why = (
         f"{len(idle)} idle healthy node{'' if len(idle) == 1 else 's'} in {where} + {len(mine)} of the"
@@ -101,11 +133,5 @@ def capacity(slurm: SlurmAccess, args: Args, placement: Placement | None = None)
         "why": why,
     }
     if placement is not None:
-        paths = placement.paths()
-        listed = {fenced, *own, *idle[:64]}
-        out["paths"] = {n: p for n, p in paths.items() if n in listed}
-        out["slurm_version"] = placement.version()
-        out["native"] = placement.native(kv)
-        out["elastic"] = ELASTIC_WORD in kv.get("Comment", "")
-        out["nodes"] = sorted(own | {fenced})[:64]
+        _placed(out, placement, kv, fenced, own, idle)
     return out
