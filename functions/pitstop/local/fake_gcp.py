@@ -49,6 +49,7 @@ OVERRIDES = {
     "artifactregistry": "ARTIFACTREGISTRY",
     "cloudbuild": "CLOUDBUILD",
     "storage": "STORAGE",
+    "container": "CONTAINER",  # node pools (deploy reads their MIGs), as added by a test
     "pubsub": "PUBSUB",  # IAM here, everything else forwarded to the Pub/Sub emulator
 }
 # APIs whose mutations answer with a google.longrunning Operation.
@@ -487,6 +488,14 @@ class FakeGcp:
             )
             if sub:
                 self._pending_subscriptions.append((sub, ""))
+        return None
+
+    def _container(self, c: Call) -> Any:
+        """Node pools live in their cluster: listing those of a cluster that is not there is a 404,
+        as the Container API answers (projects.locations.clusters.nodePools.list)."""
+        m = re.fullmatch(r"(projects/[^/]+/locations/[^/]+/clusters/[^/]+)/nodePools", c.path)
+        if m and c.method == "GET":
+            self._need("container", m.group(1))
         return None
 
     def _monitoring(self, c: Call) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,11 +19,16 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from pitstop.tools import deploy
 
     try:
-        conf = deploy.load_config(args.config)
+        conf: Mapping[str, object] = deploy.load_config(args.config)
     except (OSError, ValueError, yaml.YAMLError) as e:
         print(f"pitstop deploy: {e}", file=sys.stderr)
         return 2
     region = args.region or deploy.setting(conf, "region")
+    try:  # actuate's Compute grant names each GKE node pool's MIG and VMs: read them first
+        conf = deploy.learn_node_groups(conf, args.project, deploy.run_gcloud)
+    except ValueError as e:
+        print(f"pitstop deploy: {e}", file=sys.stderr)
+        return 2
     if args.command == "teardown":
         return deploy.teardown(deploy.plan(args.project, region, conf), args.purge)
     if args.dry_run:
