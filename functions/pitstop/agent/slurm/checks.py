@@ -52,6 +52,7 @@ from pitstop.agent.slurm.text import (
 from pitstop.core.domain import FabricSpec
 from pitstop.core.slurm_wire import (
     DRAIN_REASON_PREFIX,
+    GPU_GRANT,
     CheckProgress,
     CheckStarted,
 )
@@ -72,10 +73,12 @@ def check_steps(st: CheckState) -> list[tuple[str, list[str], float]]:
     base = ["srun", f"--jobid={job}", "--overlap", "--chdir=/tmp", "--quiet", *gres]
     one = [*base, "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--"]
     if st["kind"] == "corroborate":
-        # read-only, beside the job the node runs (its GRES by default: srun(1) --gres) or in the
-        # holder job; dmesg needs no GPU at all
-        if st.get("borrowed"):
-            one = [*base[:5], "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--"]
+        # read-only, beside the job the node runs or in the holder job. GPUs asked for explicitly
+        # (issue 35, 11): without --gres a step gets the job's GRES "except those implicitly
+        # requested when a job is exclusive" (srun(1) --gres), so under ConstrainDevices=yes
+        # nvidia-smi in an exclusive job's step saw no GPU and that read as every GPU lost;
+        # --overlap "allows steps to share all resources (CPUs, memory, and GRES)" (srun(1)), and a
+        # job holding fewer GPUs on the node refuses the step: no answer, never a low count.
         return [
             ("dmesg", [*one, *tools.get("dmesg", ["dmesg"]), "--raw"], float(SMI_TIMEOUT_S)),
             ("nvidia_smi_q", [*one, *tools["nvidia_smi"], "-q"], float(SMI_TIMEOUT_S)),
@@ -703,6 +706,8 @@ class CheckRuns(CheckSetup):
                 outputs[key] = out.read_text(errors="replace")[:OUTPUT_MAX]
             if err.exists() and err.stat().st_size:
                 stderr[key] = err.read_text(errors="replace")[-1000:]
+        if st["kind"] == "corroborate" and st["tools"].get("gres") and outputs:
+            outputs[GPU_GRANT] = f"{st['tools']['gres']}:{int(st['gpus'])}"  # the step's explicit ask
         return {
             "done": True,
             "name": st["name"],
