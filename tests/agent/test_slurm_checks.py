@@ -753,7 +753,14 @@ def test_a_corroboration_beside_a_running_job_asks_for_the_nodes_gpus_explicitly
         "node": "a3-node-007",
         "borrowed": True,
         "gpus": 8,
-        "tools": {"nvidia_smi": ["nvidia-smi"], "dmesg": ["dmesg"], "gres": "gpu"},
+        "tools": {
+            "nvidia_smi": ["nvidia-smi"],
+            "dmesg": ["dmesg"],
+            "dcgmi": ["dcgmi"],
+            "all_gather_perf": ["all_gather_perf"],
+            "srun_mpi": None,
+            "gres": "gpu",
+        },
     }
     steps = {key: argv for key, argv, _ in check_steps(st)}
     head = ["srun", "--jobid=9001", "--overlap", "--chdir=/tmp", "--quiet", "--gres=gpu:8"]
