@@ -139,6 +139,7 @@ def test_watchdog_waits_out_computes_maintenance_window_never_the_log_entrys(
     a publisher to the events topic sets at will; it once stretched the deadline as far as it
     said. Only the window Compute gave act (its verify_wait_s from the VM's upcomingMaintenance)
     stretches it now."""
+    from pitstop.core.domain import Maintenance, StepRecord
     from pitstop.core.ops import Op, step_key
 
     svc, endpoint = executions
@@ -149,10 +150,16 @@ def test_watchdog_waits_out_computes_maintenance_window_never_the_log_entrys(
     forged, forged_ex = started(ing, "a3-node-064", state="ACTING")
     honest, honest_ex = started(ing, "a3-node-065", state="VERIFYING")
     year = "2028-01-15T08:00:00Z"  # a year past T0, as the entry said
+    window: Maintenance = {"window_start": None, "window_end": year, "maintenance_status": "PENDING"}
+
+    def as_the_entry_said(doc: Incident) -> Incident:
+        doc["maintenance"] = window
+        return doc
+
     for iid in (forged, honest):
-        ing.store.mutate(iid, lambda d: d.update({"maintenance": {"window_start": None, "window_end": year}}))
+        ing.store.mutate(iid, as_the_entry_said)
     # act recorded Compute's own window for the honest one: it ends 2 days after T0
-    acted = {
+    acted: StepRecord = {
         "state": "done",
         "result": {"method": "wait_for_platform", "verify_wait_s": 2 * 86400.0},
         "at": T0,
