@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
@@ -171,6 +172,8 @@ def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.
         f"projects/{p}/roles/pitstopWorkflowStarter",
     )
     logs = (prj, p, "roles/logging.logWriter", "")
+    # every publisher of notifications seals them with the deploy's key (issue 35)
+    seal = ("secrets", "pitstop-notify-key", "roles/secretmanager.secretAccessor", "")
     want = {
         sa("ingest"): {
             (prj, p, "roles/datastore.user", db),
@@ -178,6 +181,7 @@ def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.
             logs,
             (topic, "pitstop-notifications", "roles/pubsub.publisher", ""),
             ("functions", "pitstop-ingest", "roles/run.invoker", ""),
+            seal,
             # reads a node (RBAC: nodes get only): a regional node's zone, XidCriticalError
             (prj, p, "roles/container.clusterViewer", ""),
             (prj, other, "roles/container.clusterViewer", ""),
@@ -202,6 +206,7 @@ def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.
             (topic, "pitstop-slurm-infer", "roles/pubsub.publisher", ""),
             (sub, "pitstop-slurm-train-results-actuate", "roles/pubsub.subscriber", ""),
             (sub, "pitstop-slurm-infer-results-actuate", "roles/pubsub.subscriber", ""),
+            seal,
         },
         sa("notify"): {
             (prj, p, "roles/monitoring.metricWriter", ""),
@@ -215,6 +220,7 @@ def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.
             (prj, p, starter, ""),
             logs,
             (topic, "pitstop-notifications", "roles/pubsub.publisher", ""),
+            seal,
         },
         sa("workflow"): {logs, ("functions", "pitstop-actuate", "roles/run.invoker", "")},
         sa("scheduler"): {("functions", "pitstop-sweep", "roles/run.invoker", "")},
@@ -402,6 +408,43 @@ def test_source_digest_hashes_exactly_what_is_staged(tmp_path: Path) -> None:
         h.update(name.encode() + b"\0" + data + b"\0")
     assert deploy.source_digest(str(policy)) == h.hexdigest()
     assert deploy.source_digest(None) != h.hexdigest()
+
+
+def test_the_notification_key_is_generated_once_in_a_private_file_and_never_shown(tmp_path: Path) -> None:
+    """Issue 35 (low): the key that seals notifications is a secret deploy creates with a random
+    value: written 0600 in a directory of this run just before gcloud reads it, gone after; a
+    second deploy finds the secret and leaves its value. Through the real gcloud and the fake APIs."""
+    from pitstop.local import fake_gcp
+    from tests.tools.test_deploy_emulator import _gcloud_at
+
+    fake = fake_gcp.FakeGcp()
+    server = fake_gcp.serve(fake)
+    try:
+        (step,) = [
+            s
+            for s in deploy.plan("p-1234", "us-central1", CONF)
+            if s.argv[:3] == ["secrets", "create", "pitstop-notify-key"]
+        ]
+        gcloud, lines, seen = _gcloud_at(fake, tmp_path), list[str](), list[tuple[str, int, str]]()
+
+        def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+            for a in argv:
+                if a.startswith("--data-file="):
+                    path = Path(a.split("=", 1)[1])
+                    seen.append((str(path.parent), path.stat().st_mode & 0o777, path.read_text()))
+            return gcloud(argv)
+
+        assert deploy.apply([step], run, lines.append) == 0
+        ((where, mode, value),) = seen
+        assert mode == 0o600 and re.fullmatch(r"[0-9a-f]{64}", value) and not Path(where).exists()
+        (version,) = [
+            r for (api, n), r in fake.resources.items() if api == "secretmanager" and "/versions/" in n
+        ]
+        assert base64.b64decode(version["payload"]["data"]).decode() == value
+        assert value not in "".join(lines)
+        assert deploy.apply([step], run, lines.append) == 0 and len(seen) == 1  # exists: kept as it is
+    finally:
+        server.shutdown()
 
 
 def test_apply_is_idempotent_and_fills_placeholders(steps: list[deploy.Step]) -> None:

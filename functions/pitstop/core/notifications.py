@@ -9,6 +9,7 @@ policy reasons, never from raw log lines, and each body escapes what its channel
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 from collections.abc import Mapping
 from typing import NotRequired, TypedDict
@@ -25,6 +26,38 @@ def notification_id(kind: str, incident_id: object, *facts: object) -> str:
     digest = hashlib.sha256("\0".join(map(str, (incident_id, *facts))).encode()).hexdigest()[:16]
     readable = re.sub(r"[^A-Za-z0-9_.-]", "-", str(incident_id))[:64]
     return f"{kind}-{readable}-{digest}"
+
+
+# -- sealing: what a publisher to the topic cannot derive (issue 35, low) -------------------------
+# A notification's id keys notify's ledger, and PagerDuty's dedup key ties an incident's trigger to
+# its resolve. Derived from the incident alone, a publisher to pitstop-notifications could send a
+# notification under the id of a page still to come (the ledger would then drop the real one) or
+# resolve a real alert by naming its incident. Pitstop's publishers seal each notification with a
+# per-deploy key (the secret pitstop-notify-key): its id and its incident's alert key are HMACs.
+ALERT_KEY = re.compile(r"[0-9a-f]{32}")
+
+
+def _mac(key: bytes, *parts: object) -> str:
+    return hmac.new(key, "\0".join(map(str, parts)).encode(), hashlib.sha256).hexdigest()
+
+
+def sealed(n: Mapping[str, object], key: bytes) -> dict[str, object]:
+    """The notification as Pitstop publishes it: its id's digest keyed (so the same notification
+    keeps the same id, and no one without the key can name one still to come) and its incident's
+    ``alert_key`` (PagerDuty's dedup key) an HMAC of the incident id."""
+    out = dict(n)
+    nid = str(n.get("id") or "")
+    out["id"] = f"{nid.rsplit('-', 1)[0][:150]}-{_mac(key, 'id', nid)[:24]}"
+    inc = n.get("incident")
+    if isinstance(inc, Mapping) and inc.get("id"):
+        out["incident"] = {**inc, "alert_key": _mac(key, "alert", inc["id"])[:32]}
+    return out
+
+
+def alert_key(n: Notification) -> str | None:
+    """The incident's alert key when the notification carries a well-formed one (a sealed one)."""
+    got = _map(n, "incident").get("alert_key")
+    return got if isinstance(got, str) and ALERT_KEY.fullmatch(got) else None
 
 
 def _escape_slack(text: str) -> str:
@@ -135,25 +168,30 @@ class PagerDutyEvent(TypedDict):
 
 def pagerduty_action(n: Notification) -> str | None:
     """``trigger`` for what needs a person (a page, a failure), ``resolve`` once the incident ended;
-    None for news nobody is woken for (a remediation under way or done by itself)."""
+    None for news nobody is woken for (a remediation under way or done by itself), and for an end
+    without the incident's alert key: only Pitstop's sealed notifications resolve an alert."""
     inc = _map(n, "incident")
     if n.get("kind") == "page" or n.get("severity") == "critical":
         return "trigger"
-    if str(inc.get("state")) in _ENDED and inc.get("id"):
+    if str(inc.get("state")) in _ENDED and inc.get("id") and alert_key(n):
         return "resolve"
     return None
 
 
 def pagerduty_event(n: Notification, routing_key: str, action: str) -> PagerDutyEvent:
-    """One Events v2 body: all notifications of an incident share its dedup key (one alert)."""
+    """One Events v2 body: all notifications of an incident share its dedup key (one alert), its
+    sealed alert key; a notification without one (not sealed by Pitstop) is an alert of its own,
+    keyed by its id, which no sealed notification's key can equal."""
     inc = _map(n, "incident")
     iid = str(inc.get("id") or n.get("id") or "pitstop")
     node = subject(inc, "unknown-node")
     severity = str(n.get("severity") or "info")
+    sealed_key = alert_key(n)
+    dedup = f"pitstop-{sealed_key}" if sealed_key else f"pitstop-unsealed-{n.get('id') or iid}"
     body: PagerDutyEvent = {
         "routing_key": routing_key,
         "event_action": action,
-        "dedup_key": _DEDUP_SAFE.sub("-", f"pitstop-{iid}")[:255],
+        "dedup_key": _DEDUP_SAFE.sub("-", dedup)[:255],
     }
     if action == "trigger":
         body["payload"] = {

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shlex
 import signal
 import subprocess
@@ -438,6 +439,7 @@ class Stack:
             "PITSTOP_PAGERDUTY_URL": ep["webhook"].rsplit("/", 1)[0] + PAGERDUTY_PATH,
             "PITSTOP_PAGERDUTY_ROUTING_KEY": LOCAL_ROUTING_KEY,
             "PITSTOP_NOTIFICATIONS_TOPIC": "pitstop-notifications",
+            "PITSTOP_NOTIFY_KEY": secrets.token_hex(16),  # this stack's, as deploy makes one per project
             # a crashed attempt's claim must lapse within the workflow's (scaled) re-asking budget
             "PITSTOP_STEP_CLAIM_S": str(STEP_CLAIM_S * self.workflow_scale),
             **({"PITSTOP_KUBE_ENDPOINT": ep["kube"]} if "kube" in ep else {}),

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -42,6 +43,8 @@ EXISTING = "<existing>"  # in update/delete commands: the name the step's check 
 PUBSUB_PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"  # an Eventarc Pub/Sub trigger's event type
 
 WORKDIR = "<gke-credentials>"  # a private directory apply/teardown make for kubeconfig files
+PRIVATE = "<private-files>"  # a private directory apply makes for a generated secret's first value
+GENERATED_BYTES = 32  # a generated secret's value: this many random bytes, hex
 DIGEST_LABEL = "pitstop_config"
 Entry = ResourceEntry
 # deploy.yaml over infra/deploy.defaults.yaml: a person's file, each key read after its check here
@@ -741,7 +744,11 @@ def _subscription_update(e: Entry, t: Target) -> list[Step]:
 
 
 def _secret(e: Entry, t: Target) -> list[Step]:
+    """A secret; one that deploy ``generate``s is created with a random first value (written just
+    before, into a private directory of this run: _write_generated), never shown or kept."""
     pre = ["--replication-policy=automatic"]
+    if e.get("generate"):
+        pre.append(f"--data-file={PRIVATE}/{e['name']}")
     return [_crud(e["what"], ["secrets"], e["name"], t.p, pre=pre)]
 
 
@@ -1265,15 +1272,29 @@ def _execute(
 
 @contextmanager
 def _workdir(steps: list[Step]) -> Iterator[dict[str, str]]:
-    """The run's values, with a private directory for kubeconfig files when a step needs one."""
-    if not any(WORKDIR in v for s in steps for v in s.env.values()):
+    """The run's values, with a private directory for kubeconfig files and generated secrets when
+    a step needs one."""
+    used = [
+        ph for ph in (WORKDIR, PRIVATE) if any(ph in v for s in steps for v in [*s.env.values(), *s.argv])
+    ]
+    if not used:
         yield {}
         return
     path = tempfile.mkdtemp(prefix="pitstop-deploy-")  # 0700: credentials never land in shared /tmp
     try:
-        yield {WORKDIR: path}
+        yield dict.fromkeys(used, path)
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _write_generated(argv: list[str], values: Mapping[str, str]) -> None:
+    """A generated secret's first value, in the run's private directory, just before its create."""
+    where = values.get(PRIVATE)
+    for a in argv:
+        if where and a.startswith(f"--data-file={where}/"):
+            fd = os.open(a.split("=", 1)[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(GENERATED_BYTES))
 
 
 def _warned(step: Step, res: subprocess.CompletedProcess[str]) -> str:
@@ -1316,6 +1337,7 @@ def apply(
                     existing = found.splitlines()[0]
                     argv = [_fill(a, {**values, EXISTING: existing}) for a in step.update]
             write_config_files(argv)
+            _write_generated(argv, values)
             res = _execute(step, argv, values, run, tool)
             if res.returncode != 0:
                 log(f"FAILED   {step.what}: {res.stderr.strip()[:500]}")
