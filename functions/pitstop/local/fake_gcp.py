@@ -124,6 +124,8 @@ class FakeGcp:
     policies: dict[tuple[str, str], JsonObject] = field(default_factory=dict)
     uploads: dict[str, bytes] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
+    # project -> its folders and organization, nearest first: ("folder", "123"), ("organization", "9")
+    ancestors: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     base_url: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
     _pending_subscriptions: list[tuple[str, str]] = field(default_factory=list)
@@ -311,6 +313,11 @@ class FakeGcp:
         m = re.fullmatch(r"projects/([^/]+)", c.path)
         if m and c.method == "GET" and not c.verb:
             return {"projectId": m.group(1), "projectNumber": PROJECT_NUMBER, "lifecycleState": "ACTIVE"}
+        if m and c.verb == "getAncestry":
+            # the project first, then its parents up to the organization (Resource Manager v1
+            # projects.getAncestry: cloud.google.com/resource-manager/reference/rest/v1/projects/getAncestry)
+            chain = [("project", m.group(1)), *self.ancestors.get(m.group(1), [])]
+            return {"ancestor": [{"resourceId": {"type": t, "id": i}} for t, i in chain]}
         return None
 
     def _serviceusage(self, c: Call) -> Any:
@@ -488,6 +495,25 @@ class FakeGcp:
             )
             if sub:
                 self._pending_subscriptions.append((sub, ""))
+        return None
+
+    def _secretmanager(self, c: Call) -> Any:
+        """A secret's versions: ``addVersion`` keeps the payload (what ``secrets create
+        --data-file`` sends after creating the secret), numbered from 1 (Secret Manager v1)."""
+        if c.verb == "addVersion" and c.method == "POST":
+            self._need("secretmanager", c.path)
+            n = 1 + sum(
+                1
+                for a, name in self.resources
+                if a == "secretmanager" and name.startswith(f"{c.path}/versions/")
+            )
+            version = {
+                "name": f"{c.path}/versions/{n}",
+                "state": "ENABLED",
+                "payload": c.body.get("payload", {}),
+            }
+            self.resources[("secretmanager", version["name"])] = version
+            return {k: v for k, v in version.items() if k != "payload"}
         return None
 
     def _container(self, c: Call) -> Any:

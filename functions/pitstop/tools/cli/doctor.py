@@ -1,5 +1,6 @@
 """``pitstop doctor``: what in a GKE cluster would keep Pitstop from restarting a gang once, and
-(``--project``) who besides Pitstop can publish to its topics or write the logs its sinks select."""
+(``--project``) every principal that can write each input Pitstop reads (schemas/inputs.yaml),
+roles inherited from the project's folders and organization included."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ def add(sub: Subparsers) -> None:
     d.add_argument(
         "--project",
         default=None,
-        help="also (alone: only) read the IAM policies of the project and Pitstop's topics: a finding "
-        "per principal beyond Pitstop's own that can publish to them or write logs",
+        help="also (alone: only) read the IAM policies of the project, its folders and organization and "
+        "Pitstop's topics: each input Pitstop reads, with every principal that can write it",
     )
     d.add_argument("--config", default=None, help="deploy.yaml, for the Slurm clusters' topics")
     d.set_defaults(func=cmd_doctor)
@@ -31,7 +32,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.project:
         from pitstop.tools import deploy, exposure
 
-        found = exposure.report(args.project, deploy.load_config(args.config))
+        found = exposure.report(args.project, deploy.load_config(args.config), every=True)
         status = 2 if found < 0 else int(found > 0)
     if args.project and args.kubeconfig is None and args.context is None:
         return status
