@@ -119,7 +119,9 @@ def _metric_types() -> dict[str, str]:
     """Every metric type the repository names, and where: alert policies, the degraded rules of
     schemas/xid-policy.yaml, and the code (a writer's prefix, a reader's type)."""
     found: dict[str, str] = {}
-    typed = re.compile(r"\b((?:custom|workload)\.googleapis\.com/[A-Za-z0-9_./]+|logging\.googleapis\.com/user/[A-Za-z0-9_]+)")
+    typed = re.compile(
+        r"\b((?:custom|workload)\.googleapis\.com/[A-Za-z0-9_./]+|logging\.googleapis\.com/user/[A-Za-z0-9_]+)"
+    )
     for f in [
         *(INFRA / "monitoring").rglob("*.json"),
         ROOT / "schemas" / "xid-policy.yaml",
@@ -195,3 +197,16 @@ def test_every_reader_the_model_names_exists() -> None:
                 inp["id"],
                 where,
             )
+
+
+def test_the_security_table_is_the_models_and_the_readme_points_to_it() -> None:
+    """docs/security.md's table is generated from the model (python -m pitstop.tools.security_table);
+    the README keeps one line and the link, and no claim the model contradicts."""
+    from pitstop.tools import security_table
+
+    doc = security_table.DOC.read_text()
+    assert security_table.rendered(doc, MODEL) == doc, "stale: python -m pitstop.tools.security_table"
+    assert all(f"`{i['id']}`" in doc for i in MODEL["inputs"])
+    readme = (ROOT / "README.md").read_text()
+    assert "(docs/security.md)" in readme
+    assert "no other identity may" not in readme  # a project-level publisher may: topic-alerts
