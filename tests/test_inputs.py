@@ -52,7 +52,11 @@ def test_the_model_matches_its_schema_and_its_own_names() -> None:
 
 
 def test_nothing_a_writer_sends_does_more_than_fence_alone() -> None:
-    assert {i["alone"] for i in MODEL["inputs"]} <= set(inputs.ALONE)
+    """Only Pitstop's own channels (kind control, granted to its accounts alone) may act: a writer
+    there is Pitstop, and says so (the doctor names any other)."""
+    assert {i["alone"] for i in MODEL["inputs"] if i["kind"] != inputs.CONTROL} <= set(inputs.ALONE)
+    control = [i for i in MODEL["inputs"] if i["kind"] == inputs.CONTROL]
+    assert all("deploy grants" in i.get("writer_note", "") and not i["leads_to"] for i in control)
     hints = [i for i in MODEL["inputs"] if i["kind"] == "hint" and i.get("status") != "planned"]
     assert all(i["writes"] for i in hints)
     leading = [i["id"] for i in hints if i["leads_to"]]

@@ -14,7 +14,8 @@ from typing import NotRequired, TypedDict, cast
 from pitstop.core import resources
 
 INPUTS_FILE, INPUTS_SCHEMA = "inputs.yaml", "inputs.schema.json"
-ALONE = ("record", "page", "fence")  # the most an input may cause by itself, in order
+ALONE = ("record", "page", "fence")  # the most a hint or evidence may cause by itself, in order
+CONTROL = "control"  # Pitstop's own channel between its parts: a foreign writer there acts as Pitstop
 
 
 class Route(TypedDict):
@@ -35,7 +36,7 @@ class Gated(TypedDict):
 
 class Input(TypedDict):
     id: str
-    kind: str  # hint | evidence
+    kind: str  # hint | evidence | control
     status: NotRequired[str]
     what: str
     routes: NotRequired[list[Route]]

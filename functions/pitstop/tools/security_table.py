@@ -26,7 +26,11 @@ def _writers(inp: inputs.Input) -> str:
 
 def _gated(inp: inputs.Input) -> str:
     if not inp["leads_to"]:
-        return "nothing" if inp["kind"] == "hint" else "evidence: confirms, never acts"
+        return {
+            "hint": "nothing",
+            "evidence": "evidence: confirms, never acts",
+            "control": "Pitstop's own channel: its writer acts as Pitstop (keep it to Pitstop's accounts)",
+        }[inp["kind"]]
     return "; ".join(
         f"{', '.join(g['actions'])} only with {' + '.join(f'[{x}](#gates)' for x in g['gates'])}"
         for g in inp["leads_to"]
