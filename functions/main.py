@@ -2,7 +2,7 @@
 
 Each handler builds its service once per instance from the environment:
 GOOGLE_CLOUD_PROJECT, PITSTOP_POLICY (path to policy.yaml), PITSTOP_NOTIFICATIONS_TOPIC, PITSTOP_ALERTS_TOPIC,
-PITSTOP_WEBHOOK_URL (from Secret Manager via --set-secrets) and PITSTOP_WEBHOOK_FORMAT
+PITSTOP_WEBHOOK_URL and PITSTOP_NOTIFY_KEY (from Secret Manager via --set-secrets) and PITSTOP_WEBHOOK_FORMAT
 (chat|slack); local endpoints PITSTOP_WORKFLOWS_ENDPOINT, PITSTOP_COMPUTE_ENDPOINT,
 PITSTOP_MONITORING_ENDPOINT and PITSTOP_KUBE_ENDPOINT (the fake Kubernetes API server every GKE
 cluster is reached at) only when running on the local stack; emulator variables in tests.
@@ -62,6 +62,16 @@ def _publisher() -> PublisherClient:
 
 def _project() -> str:
     return os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ["GCP_PROJECT"]
+
+
+def _notify_key() -> bytes | None:
+    """The per-deploy key notifications are sealed with (secret pitstop-notify-key, set by deploy).
+    Without it ids are the incident's digest and no alert key is sent: PagerDuty alerts are then
+    never resolved by a notification, only by a person."""
+    key = os.environ.get("PITSTOP_NOTIFY_KEY", "").strip()
+    if not key:
+        log.emit("ERROR", "PITSTOP_NOTIFY_KEY is not set: notifications are not sealed")
+    return key.encode() or None
 
 
 class _LazyInstances:
@@ -137,7 +147,9 @@ def _ingest() -> Ingest:
     starter = WorkflowStarter(
         project, wf["location"], wf["name"], os.environ.get("PITSTOP_WORKFLOWS_ENDPOINT")
     )
-    notifier = Notifier(project, os.environ.get("PITSTOP_NOTIFICATIONS_TOPIC", "pitstop-notifications"))
+    notifier = Notifier(
+        project, os.environ.get("PITSTOP_NOTIFICATIONS_TOPIC", "pitstop-notifications"), key=_notify_key()
+    )
     # GKE: the Node an entry names gives a regional node's zone (spec.providerID; else Compute's
     # instances.get in each of its cluster's zones, from clusters.get) and its device plugin's word
     # on a serial-console Xid line (XidCriticalError).
@@ -235,7 +247,10 @@ def _actuator() -> Actuator:
         project, wf["location"], wf["name"], os.environ.get("PITSTOP_WORKFLOWS_ENDPOINT")
     )
     notifier = Notifier(
-        project, os.environ.get("PITSTOP_NOTIFICATIONS_TOPIC", "pitstop-notifications"), publisher
+        project,
+        os.environ.get("PITSTOP_NOTIFICATIONS_TOPIC", "pitstop-notifications"),
+        publisher,
+        key=_notify_key(),
     )
     return Actuator(
         pol,

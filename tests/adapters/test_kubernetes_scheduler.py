@@ -57,9 +57,12 @@ def test_the_registry_builds_it_from_the_policy_and_connects_by_kubeconfig(
     fenced = typed.fence(NODES[0], REF, "REBOOT_NODE")
     assert not fenced.fenced_by_other and fenced.reason == "pitstop.dev/remediation=iaaaaaaaaa:NoSchedule"
     node = kube.get("Node", NODES[0]) or {}
-    assert node["spec"]["unschedulable"] is True
+    assert [t["value"] for t in node["spec"]["taints"] if t["key"] == "pitstop.dev/remediation"] == [
+        "iaaaaaaaaa"
+    ]
     back = typed.unfence(NODES[0], REF)
-    assert back.resumed and (kube.get("Node", NODES[0]) or {})["spec"].get("unschedulable") is False
+    after = (kube.get("Node", NODES[0]) or {})["spec"]
+    assert back.resumed and not after.get("unschedulable") and not after.get("taints")
 
 
 def test_a_missing_kubeconfig_fails_only_this_clusters_steps() -> None:

@@ -751,6 +751,38 @@ def test_each_tool_runs_as_a_step_of_the_holder_job() -> None:
     assert [k for k, _, _ in check_steps({**st, "peer": None})] == ["dcgm"]
 
 
+def test_a_corroboration_beside_a_running_job_asks_for_the_nodes_gpus_explicitly() -> None:
+    """Issue 35 (11): the read-only tools run as a step of the job already on the node; without
+    --gres that step gets none of an exclusive job's GPUs, and nvidia-smi saw fewer or none."""
+    st: CheckState = {
+        "kind": "corroborate",
+        "job": "9001",
+        "node": "a3-node-007",
+        "borrowed": True,
+        "gpus": 8,
+        "tools": {
+            "nvidia_smi": ["nvidia-smi"],
+            "dmesg": ["dmesg"],
+            "dcgmi": ["dcgmi"],
+            "all_gather_perf": ["all_gather_perf"],
+            "srun_mpi": None,
+            "gres": "gpu",
+        },
+    }
+    steps = {key: argv for key, argv, _ in check_steps(st)}
+    head = ["srun", "--jobid=9001", "--overlap", "--chdir=/tmp", "--quiet", "--gres=gpu:8"]
+    assert steps["nvidia_smi_q"] == [
+        *head,
+        "--nodes=1",
+        "--ntasks=1",
+        "--nodelist=a3-node-007",
+        "--",
+        "nvidia-smi",
+        "-q",
+    ]
+    assert steps["dmesg"][: len(head)] == head
+
+
 def test_agent_flags_and_the_local_stacks_stand_ins(tmp_path: Path) -> None:
     base = ["--subscription", "s", "--results-topic", "r"]
     assert commands_for(parse_args(base)).checks == CheckTools()

@@ -325,13 +325,34 @@ def test_unconfirmed_faults_page_once_per_node_per_window(rig: Rig) -> None:
 
 def test_a_gpu_missing_from_the_bus_confirms_without_a_kernel_line(rig: Rig) -> None:
     rig.gang.kmsg = ""
-    seven = CheckResult(True, {"dmesg": "", "nvidia_smi_q": lost_one()})
+    seven = CheckResult(True, {"dmesg": "", "nvidia_smi_q": lost_one(), "gpu_grant": "gpu:8"})
     rig.gang.check_result = lambda node, check, ref: seven  # type: ignore[method-assign]
     iid = _fenced(rig)
     rig.ok(Op.CORROBORATE, iid)
     assert rig.ok(Op.JUDGE_CORROBORATION, iid)["confirmed"] is True
     inc = rig.store.get(iid)
     assert inc is not None and "7 of 8 GPUs visible" in inc["corroboration"]["why"]
+
+
+@pytest.mark.parametrize("grant", [None, "gpu:4"])
+def test_a_low_gpu_count_from_a_step_that_may_see_fewer_gpus_is_no_evidence(
+    rig: Rig, grant: str | None
+) -> None:
+    """Issue 35 (11): nvidia-smi in a job step that did not ask for the node's GPUs explicitly (an
+    exclusive job's step gets none of its implicit GRES; ConstrainDevices=yes hides the rest) prints
+    "No devices were found": that once read as 0 of 8 GPUs visible and confirmed a forged line."""
+    rig.gang.kmsg = ""
+    outputs = {"dmesg": "", "nvidia_smi_q": "No devices were found\n"} | (
+        {"gpu_grant": grant} if grant else {}
+    )
+    rig.gang.check_result = lambda node, check, ref: CheckResult(True, outputs)  # type: ignore[method-assign]
+    iid = _fenced(rig)
+    rig.ok(Op.CORROBORATE, iid)
+    body, status = rig.call(Op.JUDGE_CORROBORATION, iid)
+    assert status == 409 and "not confirmed on the node" in body["error"]
+    inc = rig.store.get(iid)
+    assert inc is not None and any("the count is no evidence" in c for c in inc["corroboration"]["checked"])
+    assert rig.gang.requeues == [] and rig.fake.effects_on(NODE, "reset") == []
 
 
 def test_corroboration_off_in_policy_acts_on_the_log_as_before(rig: Rig) -> None:

@@ -232,9 +232,9 @@ def test_the_worker_answers_as_the_gcloud_binary(gcloud: Gcloud) -> None:
 
 def test_every_step_ran_and_gcloud_sent_no_placeholder(deployed: Deployed) -> None:
     assert deployed.rcs == [0, 0, 0, 0], deployed.logs
-    # after the steps, deploy reads who else may publish to the topics or write logs: only Pitstop
+    # after the steps, deploy reads who else can write the inputs Pitstop reads: only Pitstop
     steps_log, exposure_log = deployed.logs[0][: len(deployed.steps)], deployed.logs[0][len(deployed.steps) :]
-    only_own = "only Pitstop's own identities can publish to its topics or write logs in"
+    only_own = "only Pitstop's own identities can write its inputs in"
     assert exposure_log == [f"ok       {only_own} {deployed.project}"]
     assert [line for line in steps_log if not line.startswith("ok ")] == [
         "skipped  restore the custom role if a teardown deleted it (IAM keeps its id for 37 days)"

@@ -36,6 +36,7 @@ from pitstop.core.actions import RECORD_ONLY_ACTIONS
 from pitstop.core.catalog import SXID_KIND
 from pitstop.core.checks import check_name
 from pitstop.core.domain import CheckRun, CheckSpec, EvidenceGpu, Incident, Measurement
+from pitstop.core.slurm_wire import GPU_GRANT
 from pitstop.core.timefmt import to_epoch
 
 CORROBORATE = "corroborate"
@@ -177,7 +178,11 @@ def _kernel_findings(xids: Iterable[int], sxids: Iterable[int], text: str | None
     return found, seen
 
 
-def _smi_findings(text: str | None, expected: int | None, evidence: EvidenceGpu) -> tuple[list[str], str]:
+def _smi_findings(
+    text: str | None, expected: int | None, evidence: EvidenceGpu, granted: int | None
+) -> tuple[list[str], str]:
+    """``granted``: the GPUs the step asked for explicitly (slurm_wire.GPU_GRANT); a count below
+    ``expected`` is evidence only then (issue 35, 11: a step without it may see fewer, or none)."""
     if not isinstance(text, str):
         return [], "nvidia-smi -q: not read"
     smi = diag.parse_nvidia_smi_q(text)
@@ -185,12 +190,20 @@ def _smi_findings(text: str | None, expected: int | None, evidence: EvidenceGpu)
         return [], f"nvidia-smi -q: unreadable ({smi.error})"
     gpu = evidence.get("gpu")
     pci = gpu.get("pci") if isinstance(gpu, Mapping) else None
-    found = diag.smi_findings(smi, expected, pci if isinstance(pci, str) else None)
+    counts = granted is not None and expected is not None and granted >= expected
+    found = diag.smi_findings(smi, expected, pci if isinstance(pci, str) else None, counts)
     for g in smi.gpus:
         if g.retired_pending:
             found.append(f"GPU {g.index} ({g.pci}) retired page pending")
     exp = "unknown" if expected is None else str(expected)
-    return found, f"nvidia-smi -q: {smi.visible} GPUs visible of {exp} expected"
+    limited = "" if counts else " (no explicit GPU ask: the count is no evidence)"
+    return found, f"nvidia-smi -q: {smi.visible} GPUs visible of {exp} expected{limited}"
+
+
+def _granted(outputs: Mapping[str, str]) -> int | None:
+    """The GPU count in ``gpu_grant`` ("gpu:8"), None when the step asked for none explicitly."""
+    m = re.fullmatch(r"[a-z][a-z0-9_]{0,31}:([0-9]{1,3})", str(outputs.get(GPU_GRANT) or ""))
+    return int(m.group(1)) if m else None
 
 
 def _condition_findings(xids: Iterable[int], text: object, boot_after: float | None) -> tuple[list[str], str]:
@@ -268,7 +281,9 @@ def judge(check: CheckSpec, result: CheckRun | None, evidence: EvidenceGpu) -> V
     checked: list[str] = []
     for part in (
         _kernel_findings(xids, sxids, outputs.get("dmesg")) if "dmesg" in outputs else None,
-        _smi_findings(outputs.get("nvidia_smi_q"), expected, evidence) if "nvidia_smi_q" in outputs else None,
+        _smi_findings(outputs.get("nvidia_smi_q"), expected, evidence, _granted(outputs))
+        if "nvidia_smi_q" in outputs
+        else None,
         _condition_findings(xids, outputs.get("node_condition"), _boot_after(check))
         if "node_condition" in outputs
         else None,

@@ -33,6 +33,7 @@ class NodeRef(TypedDict):
     instance_id: str | None
     cluster: NotRequired[str | None]
     region: NotRequired[str]
+    location: NotRequired[str]  # a zonal GKE cluster's zone (its entries name it for every node)
 
 
 class MigRef(TypedDict):

@@ -10,6 +10,7 @@ policy reasons, never from raw log lines, and each body escapes what its channel
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 from collections.abc import Mapping
 
@@ -25,6 +26,38 @@ def notification_id(kind: str, incident_id: object, *facts: object) -> str:
     digest = hashlib.sha256("\0".join(map(str, (incident_id, *facts))).encode()).hexdigest()[:16]
     readable = re.sub(r"[^A-Za-z0-9_.-]", "-", str(incident_id))[:64]
     return f"{kind}-{readable}-{digest}"
+
+
+# -- sealing: what a publisher to the topic cannot derive (issue 35, low) -------------------------
+# A notification's id keys notify's ledger, and PagerDuty's dedup key ties an incident's trigger to
+# its resolve. Derived from the incident alone, a publisher to pitstop-notifications could send a
+# notification under the id of a page still to come (the ledger would then drop the real one) or
+# resolve a real alert by naming its incident. Pitstop's publishers seal each notification with a
+# per-deploy key (the secret pitstop-notify-key): its id and its incident's alert key are HMACs.
+ALERT_KEY = re.compile(r"[0-9a-f]{32}")
+
+
+def _mac(key: bytes, *parts: object) -> str:
+    return hmac.new(key, "\0".join(map(str, parts)).encode(), hashlib.sha256).hexdigest()
+
+
+def sealed(n: Mapping[str, object], key: bytes) -> dict[str, object]:
+    """The notification as Pitstop publishes it: its id's digest keyed (so the same notification
+    keeps the same id, and no one without the key can name one still to come) and its incident's
+    ``alert_key`` (PagerDuty's dedup key) an HMAC of the incident id."""
+    out = dict(n)
+    nid = str(n.get("id") or "")
+    out["id"] = f"{nid.rsplit('-', 1)[0][:150]}-{_mac(key, 'id', nid)[:24]}"
+    inc = n.get("incident")
+    if isinstance(inc, Mapping) and inc.get("id"):
+        out["incident"] = {**inc, "alert_key": _mac(key, "alert", inc["id"])[:32]}
+    return out
+
+
+def alert_key(n: Notification) -> str | None:
+    """The incident's alert key when the notification carries a well-formed one (a sealed one)."""
+    got = field_map(n, "incident").get("alert_key")
+    return got if isinstance(got, str) and ALERT_KEY.fullmatch(got) else None
 
 
 def subject(inc: Mapping[str, object], missing: str = "?") -> str:

@@ -14,9 +14,12 @@ only after checking it"):
   entry's project, written by ``compute.googleapis.com`` for ``system@google.com``;
   anything else that claims to be one is ``invalid``.
 
-A GKE entry (``k8s_node``) names the cluster's location; for a regional cluster that is a
-region, not a zone. Such an event keeps ``node.region`` and ``node.zone: null``: ingest fills
-the zone from the node itself (adapters/gke/zone.py) before the engine sees it.
+A GKE entry (``k8s_node``) names the cluster's location, never the node's zone: for a regional
+cluster that is a region, and a zonal cluster may place nodes in other zones too (its node
+locations: cloud.google.com/kubernetes-engine/docs/concepts/types-of-clusters, multi-zonal). Such
+an event keeps ``node.region``, ``node.zone: null`` and, for a zonal cluster, ``node.location``
+(the cluster's zone): ingest fills the zone from the node itself (adapters/gke/zone.py) before
+the engine sees it (issue 35: the cluster's zone was taken for every node).
 
 One message is cut to 64 KiB (UTF-8) before any pattern sees it, and the event says so.
 """
@@ -120,11 +123,14 @@ def _identify(
     instance_id: Any,
     cluster: Any,
 ) -> tuple[NodeRef | None, str]:
-    region = None
+    region = location = None
     if rtype in GKE_RESOURCES and not has_zone_label and names.valid_region(zone):
         # A regional GKE cluster's entries name its region (reference/gke.md §1): the zone is
         # looked up later from the node (adapters/gke/zone.py), before anything acts on it.
         region, zone = zone, None
+    elif rtype in GKE_RESOURCES and not has_zone_label and names.valid_zone(zone):
+        # A zonal cluster's location is its own zone, not its node's (extra node locations)
+        location, region, zone = zone, str(zone).rsplit("-", 1)[0], None
     problem = names.instance_problem(instance)
     if problem is not None:
         return None, problem
@@ -145,6 +151,8 @@ def _identify(
     }
     if region is not None:
         node["region"] = region
+    if location is not None:
+        node["location"] = location
     if cluster is not None:
         if not names.valid_cluster(cluster):
             return None, "cluster_name is not a valid cluster name"

@@ -204,6 +204,9 @@ COMMAND_ID = re.compile(r"[-a-z0-9_]{1,128}")
 
 # Every drain Pitstop sets carries this reason, so it can tell its own fences from other people's.
 DRAIN_REASON_PREFIX = "pitstop "
+# A corroboration's outputs: the GPUs its tools' step asked Slurm for explicitly ("gpu:8"). Without
+# it the step may see only part of the node's GPUs (ConstrainDevices), so a low count is no evidence.
+GPU_GRANT = "gpu_grant"
 INCIDENT = re.compile(r"i[a-z2-7]{9}")
 
 

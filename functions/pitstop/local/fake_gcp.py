@@ -52,6 +52,7 @@ OVERRIDES = {
     "artifactregistry": "ARTIFACTREGISTRY",
     "cloudbuild": "CLOUDBUILD",
     "storage": "STORAGE",
+    "container": "CONTAINER",  # node pools (deploy reads their MIGs), as added by a test
     "pubsub": "PUBSUB",  # IAM here, everything else forwarded to the Pub/Sub emulator
 }
 # APIs whose mutations answer with a google.longrunning Operation.
@@ -126,6 +127,8 @@ class FakeGcp:
     policies: dict[tuple[str, str], JsonObject] = field(default_factory=dict)
     uploads: dict[str, bytes] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
+    # project -> its folders and organization, nearest first: ("folder", "123"), ("organization", "9")
+    ancestors: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     base_url: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
     _pending_subscriptions: list[tuple[str, str]] = field(default_factory=list)
@@ -313,6 +316,11 @@ class FakeGcp:
         m = re.fullmatch(r"projects/([^/]+)", c.path)
         if m and c.method == "GET" and not c.verb:
             return {"projectId": m.group(1), "projectNumber": PROJECT_NUMBER, "lifecycleState": "ACTIVE"}
+        if m and c.verb == "getAncestry":
+            # the project first, then its parents up to the organization (Resource Manager v1
+            # projects.getAncestry: cloud.google.com/resource-manager/reference/rest/v1/projects/getAncestry)
+            chain = [("project", m.group(1)), *self.ancestors.get(m.group(1), [])]
+            return {"ancestor": [{"resourceId": {"type": t, "id": i}} for t, i in chain]}
         return None
 
     def _serviceusage(self, c: Call) -> Any:
@@ -480,9 +488,10 @@ class FakeGcp:
                 "replicationStatus": {"automatic": {}},
                 "clientSpecifiedPayloadChecksum": "dataCrc32c" in payload,  # gcloud refuses a version without
                 "etag": f'"{next(self._ids)}"',
+                "payload": payload,  # kept (what `secrets create --data-file` sent), never answered
             }
             self.resources[("secretmanager", name)] = version
-            return copy.deepcopy(version)
+            return {k: copy.deepcopy(v) for k, v in version.items() if k != "payload"}
         if secret and c.method == "DELETE" and not c.verb:  # a secret takes its versions with it
             for name in self._versions(c.path):
                 del self.resources[("secretmanager", name)]
@@ -492,7 +501,8 @@ class FakeGcp:
             versions = self._versions(latest.group(1))
             if not versions:
                 raise ApiError(404, f"Secret [{latest.group(1)}] not found or has no versions.")
-            return copy.deepcopy(self.resources[("secretmanager", versions[-1])])
+            got = self.resources[("secretmanager", versions[-1])]
+            return {k: copy.deepcopy(v) for k, v in got.items() if k != "payload"}
         return None
 
     def _versions(self, secret: str) -> list[str]:
@@ -589,6 +599,14 @@ class FakeGcp:
             )
             if sub:
                 self._pending_subscriptions.append((sub, ""))
+        return None
+
+    def _container(self, c: Call) -> Any:
+        """Node pools live in their cluster: listing those of a cluster that is not there is a 404,
+        as the Container API answers (projects.locations.clusters.nodePools.list)."""
+        m = re.fullmatch(r"(projects/[^/]+/locations/[^/]+/clusters/[^/]+)/nodePools", c.path)
+        if m and c.method == "GET":
+            self._need("container", m.group(1))
         return None
 
     def _monitoring(self, c: Call) -> Any:

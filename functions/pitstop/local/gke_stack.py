@@ -239,6 +239,7 @@ class NodeSummary(TypedDict):
     name: str
     ready: bool
     unschedulable: bool
+    fenced: bool  # Pitstop's taint (pitstop.dev/remediation) is on it: its fence, never a cordon
     taints: list[str]
     gpu_allocatable: int
     xid_critical: bool
@@ -263,6 +264,7 @@ def node_summary(node: JsonObject) -> NodeSummary:
         "name": node["metadata"]["name"],
         "ready": _cond(node, "Ready") == "True",
         "unschedulable": bool(node.get("spec", {}).get("unschedulable")),
+        "fenced": any(t.get("key") == FENCE_KEY for t in taints),
         "taints": [f"{t['key']}{'=' + t['value'] if t.get('value') else ''}:{t['effect']}" for t in taints],
         "gpu_allocatable": int((node.get("status", {}).get("allocatable") or {}).get(GPU, 0)),
         "xid_critical": _cond(node, "XidCriticalError") == "True",

@@ -715,11 +715,16 @@ class Controllers:
         return cond_true(js, "Completed") or cond_true(js, "Failed")
 
     def _fits(self, wl: Obj) -> bool:
-        """Quota = the GPUs of Ready, schedulable nodes; usage = every other admitted workload."""
+        """Quota = the GPUs of Ready, schedulable nodes whose NoSchedule/NoExecute taints the
+        workload's pods tolerate (a cordon and a fence's taint alike keep them off); usage = every
+        other admitted workload."""
+        pods = [{"spec": ps["template"].get("spec", {})} for ps in wl["spec"].get("podSets") or []]
         quota = sum(
             int(n["status"]["allocatable"].get(GPU, 0))
             for n in self.store.list("Node")
-            if node_ready(n) and not n["spec"].get("unschedulable")
+            if node_ready(n)
+            and not n["spec"].get("unschedulable")
+            and all(tolerates(p, t) for p in pods for t in blocking_taints(n))
         )
         used = sum(
             workload_gpus(w) for w in self.store.list("Workload") if (w.get("status") or {}).get("admission")
@@ -925,12 +930,16 @@ def tolerates(pod: Obj, taint: Obj) -> bool:
     return False
 
 
+def blocking_taints(node: Obj) -> list[Obj]:
+    """Taints that keep a pod that does not tolerate them off the node (NoSchedule, NoExecute)."""
+    return [t for t in node["spec"].get("taints") or [] if t.get("effect") in ("NoSchedule", "NoExecute")]
+
+
 def fits(pod: Obj, node: Obj, free: int) -> bool:
     labels = meta(node).get("labels") or {}
     if any(labels.get(k) != v for k, v in (pod["spec"].get("nodeSelector") or {}).items()):
         return False
-    blocking = [t for t in node["spec"].get("taints") or [] if t.get("effect") in ("NoSchedule", "NoExecute")]
-    return all(tolerates(pod, t) for t in blocking) and free >= gpu_request(pod)
+    return all(tolerates(pod, t) for t in blocking_taints(node)) and free >= gpu_request(pod)
 
 
 def place(pending: list[Obj], free: dict[str, int], nodes: list[Obj]) -> dict[str, str | None]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shlex
 import signal
 import subprocess
@@ -493,6 +494,7 @@ class Stack:
                 for k, v in sink.env(ep["webhook"].rsplit("/", 1)[0]).items()
             },
             "PITSTOP_NOTIFICATIONS_TOPIC": "pitstop-notifications",
+            "PITSTOP_NOTIFY_KEY": secrets.token_hex(16),  # this stack's, as deploy makes one per project
             # a crashed attempt's claim must lapse within the workflow's (scaled) re-asking budget
             "PITSTOP_STEP_CLAIM_S": str(STEP_CLAIM_S * self.workflow_scale),
             **({"PITSTOP_KUBE_ENDPOINT": ep["kube"]} if "kube" in ep else {}),

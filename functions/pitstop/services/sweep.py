@@ -29,14 +29,14 @@ from google.api_core import exceptions as gexc
 
 from pitstop.adapters import log
 from pitstop.adapters.workflows import ExecutionStatus
-from pitstop.core import engine
+from pitstop.core import engine, watchdog
 from pitstop.core.aggregate import EndBurst, FailStuck, RefuseStart, ReleaseHeld
 from pitstop.core.domain import Incident, WorkflowRun
 from pitstop.core.engine import Outcome
+from pitstop.core.ops import Op, step_key
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
 from pitstop.core.store import IncidentStore
-from pitstop.core.timefmt import to_epoch
 from pitstop.services.ingest import FOLLOW_UP_ERRORS, Ingest
 
 
@@ -188,10 +188,9 @@ class Sweep:
             return f"execution {short} ended {status.state} without closing the incident{detail}", False
         started = (inc.get("workflow") or {}).get("started_at") or status.started_at
         deadline = self.ingest.policy.watchdog_deadline_s(str(inc["action"]))
-        maint = inc.get("maintenance")
-        window_end = to_epoch(maint.get("window_end") if maint else None)
-        if window_end is not None and started is not None:  # a platform window the step waits out
-            deadline = max(deadline, window_end - float(started) + deadline)
+        if started is not None:  # a platform window the step waits out, as Compute gave it to act
+            acted = self.ingest.store.step_record(inc["id"], step_key(int(inc.get("step") or 1), Op.ACT))
+            deadline = watchdog.with_platform_wait(deadline, float(started), watchdog.platform_until(acted))
         if started is not None and now - float(started) > deadline:
             ran = int(now - float(started))
             return f"execution {short} still {status.state} after {ran} s (deadline {int(deadline)} s)", True

@@ -325,7 +325,7 @@ def gke_pdb(st: Stage) -> Seen:
         gangs.done_with(g)
     why = str(failure["error"] if (failure := inc.get("failure")) else "")
     obs: Observations = {"state": inc["state"], "pdb": pdb, "why": why[:160], "bad": bad}
-    obs.update(names_the_pdb=f"PodDisruptionBudget {pdb}" in why, fenced_while_failed=held["unschedulable"])
+    obs.update(names_the_pdb=f"PodDisruptionBudget {pdb}" in why, fenced_while_failed=held["fenced"])
     obs.update(
         pod_stayed=stayed, restarts=restarts, perform_maintenance=len(st.calls("perform_maintenance", bad))
     )
@@ -351,7 +351,7 @@ def gke_serial(st: Stage) -> Seen:
     finally:
         gangs.done_with(g)
     lone = st.node_incidents(forged)[-1]
-    untouched = not st.calls("reset", forged) and not node_summary(gangs.kube.node(forged))["unschedulable"]
+    untouched = not st.calls("reset", forged) and not node_summary(gangs.kube.node(forged))["fenced"]
     obs: Observations = {
         "forged": forged,
         "bad": bad,

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -44,6 +45,8 @@ EXISTING = "<existing>"  # in update/delete commands: the name the step's check 
 PUBSUB_PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"  # an Eventarc Pub/Sub trigger's event type
 
 WORKDIR = "<gke-credentials>"  # a private directory apply/teardown make for kubeconfig files
+PRIVATE = "<private-files>"  # a private directory apply makes for a generated secret's first value
+GENERATED_BYTES = 32  # a generated secret's value: this many random bytes, hex
 DIGEST_LABEL = "pitstop_config"
 Entry = ResourceEntry
 # deploy.yaml over infra/deploy.defaults.yaml: a person's file, each key read after its check here
@@ -168,6 +171,8 @@ class GkeCluster(TypedDict):
     name: str
     location: str
     project: str
+    # its node pools' MIGs as (zone, name); None until read (learn_node_groups) or listed
+    node_groups: list[tuple[str, str]] | None
 
 
 APIS: list[str] = next(e["names"] for e in _resources() if e.get("kind") == "apis")
@@ -200,7 +205,7 @@ def load_config(path: str | None) -> dict[str, object]:
         notification_channels(conf)
         telemetry_files(conf)
         gke_clusters(conf, "my-project")
-        compute_scope(conf, "my-project")
+        compute_scope(conf, "my-project", groups_known=False)
         db = conf.get("firestore_database")
         if not isinstance(db, str) or not DATABASE.fullmatch(db):
             raise ValueError(f"firestore_database: {db!r} is not a database id (and not (default))")
@@ -329,11 +334,12 @@ def telemetry_files(conf: Conf) -> list[Path]:
 
 
 def gke_clusters(conf: Conf, project: str) -> list[GkeCluster]:
-    """`gke_clusters`: {name, location, project?} each, checked (they end up in commands and conditions)."""
+    """`gke_clusters`: {name, location, project?, node_groups?} each, checked (they end up in
+    commands and conditions)."""
     out: list[GkeCluster] = []
     for c in _listed(conf, "gke_clusters"):
-        if not isinstance(c, Mapping) or set(c) - {"name", "location", "project"}:
-            raise ValueError(f"gke_clusters: {c!r} is not {{name, location, project?}}")
+        if not isinstance(c, Mapping) or set(c) - {"name", "location", "project", "node_groups"}:
+            raise ValueError(f"gke_clusters: {c!r} is not {{name, location, project?, node_groups?}}")
         name, loc, proj = c.get("name"), c.get("location"), c.get("project", project)
         if not isinstance(name, str) or not GKE_NAME.fullmatch(name):
             raise ValueError(f"gke_clusters: {name!r} is not a GKE cluster name")
@@ -341,23 +347,99 @@ def gke_clusters(conf: Conf, project: str) -> list[GkeCluster]:
             raise ValueError(f"gke_clusters: location {loc!r} of {name} is not a zone or region")
         if not isinstance(proj, str) or not PROJECT_NAME.fullmatch(proj):
             raise ValueError(f"gke_clusters: project {proj!r} of {name} is not a project id")
-        out.append({"name": name, "location": loc, "project": proj})
+        groups = c.get("node_groups")
+        out.append(
+            {
+                "name": name,
+                "location": loc,
+                "project": proj,
+                "node_groups": None if groups is None else _node_groups(name, loc, groups),
+            }
+        )
     return out
+
+
+# GKE's node-pool MIG: gke-<cluster>-<pool>-<hash>-grp, one per zone of the pool, listed in the
+# pool's instanceGroupUrls (reference/gke.md "Without Kubernetes access"; Container API v1
+# NodePool.instanceGroupUrls: cloud.google.com/kubernetes-engine/docs/reference/rest/v1/
+# projects.locations.clusters.nodePools). Its VMs are named after the MIG's base instance name
+# (the MIG's name without -grp) plus "-" and four random characters (Compute API
+# InstanceGroupManager.baseInstanceName: "the MIG appends a hyphen and a random four-character
+# string"). The cluster and pool parts are truncated by GKE, so the names are read, not built.
+GKE_NODE_GROUP = re.compile(r"(gke-[a-z0-9-]{1,53})-grp")
+
+
+def _node_groups(cluster: str, location: str, groups: object) -> list[tuple[str, str]]:
+    """`node_groups: ["ZONE/MIG", ...]` of one cluster, each a GKE node-pool MIG in its location."""
+    if not isinstance(groups, list):
+        raise ValueError(f"gke_clusters: node_groups of {cluster} is not a list of ZONE/MIG")
+    out: list[tuple[str, str]] = []
+    for g in groups:
+        zone, _, mig = str(g).partition("/") if isinstance(g, str) else ("", "", "")
+        if not ZONE.fullmatch(zone) or not GKE_NODE_GROUP.fullmatch(mig):
+            raise ValueError(f"gke_clusters: {g!r} of {cluster} is not ZONE/gke-...-grp (a node pool's MIG)")
+        if zone != location and not zone.startswith(f"{location}-"):
+            raise ValueError(f"gke_clusters: node group {g} of {cluster} is outside its location {location}")
+        out.append((zone, mig))
+    return out
+
+
+def node_group_urls(urls: object) -> list[str]:
+    """``ZONE/MIG`` of each node pool's ``instanceGroupUrls`` (what gcloud printed as JSON)."""
+    pools = urls if isinstance(urls, list) else []
+    found = [
+        m.group(1) + "/" + m.group(2)
+        for pool in pools
+        if isinstance(pool, Mapping)
+        for u in (pool.get("instanceGroupUrls") or [])
+        if (m := re.search(r"/zones/([a-z0-9-]+)/instanceGroup(?:Manager)?s/([a-z0-9-]+)$", str(u)))
+    ]
+    return sorted(set(found))
+
+
+def learn_node_groups(conf: Conf, project: str, run: Runner) -> Conf:
+    """deploy.yaml with each GKE cluster's node groups read from its node pools (gcloud container
+    node-pools list), where the file does not list them. ``ValueError`` when a cluster's pools
+    cannot be read: actuate's Compute grant names its MIGs and VMs exactly, so they must be known."""
+    clusters: list[object] = []
+    for c, raw in zip(gke_clusters(conf, project), _listed(conf, "gke_clusters"), strict=True):
+        if c["node_groups"] is not None:
+            clusters.append(raw)
+            continue
+        where = [f"--cluster={c['name']}", f"--location={c['location']}", "--project", c["project"]]
+        res = run(["container", "node-pools", "list", *where, "--format=json(name,instanceGroupUrls)"])
+        if res.returncode != 0:
+            raise ValueError(
+                f"gke_clusters: could not read the node pools of {c['name']} ({res.stderr.strip()[:300]});"
+                " list them as node_groups: [ZONE/MIG, ...]"
+            )
+        groups = node_group_urls(json.loads(res.stdout or "[]"))
+        clusters.append({**dict(cast(Mapping[str, object], raw)), "node_groups": groups})
+    return {**conf, "gke_clusters": clusters}
 
 
 MIG_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
 
 
-def compute_scope(conf: Conf, project: str) -> dict[str, list[tuple[str, str]]]:
+def compute_scope(conf: Conf, project: str, groups_known: bool = True) -> dict[str, list[tuple[str, str]]]:
     """Where actuate may act on VMs: project -> [(zone or region, instance name prefix)].
 
     From `compute_zones` (a zone or region, or {zone, project?, name_prefix?, migs?}) and each GKE
-    cluster's location (its node pools' VMs, whatever their names). A named prefix admits only the
-    MIGs listed by exact name in ``migs`` (a recreate names the MIG); the scope entry for each is
-    ``(zone, "mig:<name>")``.
+    cluster's node groups: the MIG by its exact name (``(zone, "mig:<name>")``) and the VMs named
+    after it (``(zone, "<base instance name>-")``), never the cluster's whole zone or region (a
+    region-wide clause admitted every VM and MIG of the region: issue 35, 9). A named prefix
+    admits only the MIGs listed by exact name in ``migs``. ``groups_known``: a GKE cluster whose
+    node groups are not read yet is an error (deploy reads them first: learn_node_groups).
     """
-    entries = [{"zone": z} if isinstance(z, str) else z for z in _listed(conf, "compute_zones")]
-    entries += [{"zone": c["location"], "project": c["project"]} for c in gke_clusters(conf, project)]
+    entries: list[object] = [{"zone": z} if isinstance(z, str) else z for z in _listed(conf, "compute_zones")]
+    for c in gke_clusters(conf, project):
+        if c["node_groups"] is None and groups_known:
+            raise ValueError(
+                f"gke_clusters: the node groups of {c['name']} are not known (learn_node_groups)"
+            )
+        for where, mig in c["node_groups"] or []:
+            base = mig.removesuffix("-grp")
+            entries.append({"zone": where, "project": c["project"], "name_prefix": f"{base}-", "migs": [mig]})
     out: dict[str, list[tuple[str, str]]] = {}
     for e in entries:
         if not isinstance(e, Mapping) or set(e) - {"zone", "project", "name_prefix", "migs"}:
@@ -389,7 +471,7 @@ def compute_conditions(project: str, scope: list[tuple[str, str]]) -> list[IamCo
     """The IAM conditions that limit the actuator role in one project to its zones and names.
 
     A zone admits every resource under projects/P/zones/Z/ (its VMs and MIGs); a region every
-    zone whose name starts with it (a regional GKE cluster); a name prefix only VMs so named; a
+    zone whose name starts with it; a name prefix only VMs so named; a
     ``mig:<name>`` entry that one MIG by its exact name (instanceGroupManagers.update can resize,
     abandon or re-template a group: never a whole zone's). Past 12 clauses the scope is split
     over several bindings of the same role.
@@ -800,7 +882,11 @@ def _subscription_update(e: Entry, t: Target) -> list[Step]:
 
 
 def _secret(e: Entry, t: Target) -> list[Step]:
+    """A secret; one that deploy ``generate``s is created with a random first value (written just
+    before, into a private directory of this run: _write_generated), never shown or kept."""
     pre = ["--replication-policy=automatic"]
+    if e.get("generate"):
+        pre.append(f"--data-file={PRIVATE}/{e['name']}")
     return [_crud(e["what"], ["secrets"], e["name"], t.p, pre=pre)]
 
 
@@ -1354,15 +1440,29 @@ def _execute(
 
 @contextmanager
 def _workdir(steps: list[Step]) -> Iterator[dict[str, str]]:
-    """The run's values, with a private directory for kubeconfig files when a step needs one."""
-    if not any(WORKDIR in v for s in steps for v in s.env.values()):
+    """The run's values, with a private directory for kubeconfig files and generated secrets when
+    a step needs one."""
+    used = [
+        ph for ph in (WORKDIR, PRIVATE) if any(ph in v for s in steps for v in [*s.env.values(), *s.argv])
+    ]
+    if not used:
         yield {}
         return
     path = tempfile.mkdtemp(prefix="pitstop-deploy-")  # 0700: credentials never land in shared /tmp
     try:
-        yield {WORKDIR: path}
+        yield dict.fromkeys(used, path)
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _write_generated(argv: list[str], values: Mapping[str, str]) -> None:
+    """A generated secret's first value, in the run's private directory, just before its create."""
+    where = values.get(PRIVATE)
+    for a in argv:
+        if where and a.startswith(f"--data-file={where}/"):
+            fd = os.open(a.split("=", 1)[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(GENERATED_BYTES))
 
 
 def _warned(step: Step, res: subprocess.CompletedProcess[str]) -> str:
@@ -1408,6 +1508,7 @@ def apply(
                     existing = found.splitlines()[0]
                     argv = [_fill(a, {**values, EXISTING: existing}) for a in step.update]
             write_config_files(argv)
+            _write_generated(argv, values)
             res = _execute(step, argv, values, run, tool)
             if res.returncode != 0:
                 log(f"FAILED   {step.what}: {res.stderr.strip()[:500]}")

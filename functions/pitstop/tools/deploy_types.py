@@ -44,6 +44,7 @@ class ResourceEntry(TypedDict, total=False):
     # repetition and generation
     for_each: str  # a key of deploy.FOR_EACH
     if_config: str  # exists only when deploy.yaml sets this key
+    generate: bool  # a secret: created with a random first value
     resources: list[ResourceEntry]
     expand: str  # a key of deploy.EXPAND
     plugins: str  # a slot: the plugin folders' entries for it are spliced in here (deploy._resources)

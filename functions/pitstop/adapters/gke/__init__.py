@@ -2,7 +2,7 @@
 
 One module per concern: objects (reading API objects through checked accessors, names Pitstop
 writes), shapes (the TypedDicts of what it writes and answers), client (the API,
-its errors and shared reads), fence (cordon + taint for an incident, lifted only as set),
+its errors and shared reads), fence (Pitstop's taint for an incident, never a cordon; lifted only as set),
 evict (the Eviction API, budgets honoured), kinds (JobSet, batch Job and bare pod as strategies),
 restart (a JobSet's restart once, a Kueue Workload's cycle), capacity (can the gang run without
 the node), checks, check_jobs, check_peers and check_runs (diagnose and validate Jobs on the fenced

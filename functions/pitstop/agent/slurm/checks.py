@@ -60,10 +60,12 @@ def check_steps(st: CheckState) -> list[tuple[str, list[str], float]]:
     base = ["srun", f"--jobid={job}", "--overlap", "--chdir=/tmp", "--quiet", *gres]
     one = [*base, "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--"]
     if st["kind"] == "corroborate":
-        # read-only, beside the job the node runs (its GRES by default: srun(1) --gres) or in the
-        # holder job; dmesg needs no GPU at all
-        if st.get("borrowed"):
-            one = [*base[:5], "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--"]
+        # read-only, beside the job the node runs or in the holder job. GPUs asked for explicitly
+        # (issue 35, 11): without --gres a step gets the job's GRES "except those implicitly
+        # requested when a job is exclusive" (srun(1) --gres), so under ConstrainDevices=yes
+        # nvidia-smi in an exclusive job's step saw no GPU and that read as every GPU lost;
+        # --overlap "allows steps to share all resources (CPUs, memory, and GRES)" (srun(1)), and a
+        # job holding fewer GPUs on the node refuses the step: no answer, never a low count.
         return [
             ("dmesg", [*one, *tools.get("dmesg", ["dmesg"]), "--raw"], float(SMI_TIMEOUT_S)),
             ("nvidia_smi_q", [*one, *tools["nvidia_smi"], "-q"], float(SMI_TIMEOUT_S)),

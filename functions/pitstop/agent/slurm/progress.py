@@ -16,7 +16,7 @@ from pitstop.agent.slurm.fence_swap import FenceSwap
 from pitstop.agent.slurm.records import CheckState
 from pitstop.agent.slurm.runner import Runners
 from pitstop.agent.slurm.text import OUTPUT_MAX, RUNNER_RESPAWNS, CommandRefusedError
-from pitstop.core.slurm_wire import CheckProgress
+from pitstop.core.slurm_wire import GPU_GRANT, CheckProgress
 
 
 class Progress:
@@ -80,6 +80,8 @@ class Progress:
                 outputs[key] = out.read_text(errors="replace")[:OUTPUT_MAX]
             if err.exists() and err.stat().st_size:
                 stderr[key] = err.read_text(errors="replace")[-1000:]
+        if st["kind"] == "corroborate" and st["tools"].get("gres") and outputs:
+            outputs[GPU_GRANT] = f"{st['tools']['gres']}:{int(st['gpus'])}"  # the step's explicit ask
         return {
             "done": True,
             "name": st["name"],

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -29,8 +29,15 @@ PURGE_HELP = (
 def cmd_deploy(args: argparse.Namespace) -> int:
     from pitstop.tools import deploy
 
-    conf = deploy.load_config(args.config)  # a ConfigError is explained by the CLI's main
+    conf: Mapping[str, object] = deploy.load_config(
+        args.config
+    )  # a ConfigError is explained by the CLI's main
     region = args.region or deploy.setting(conf, "region")
+    try:  # actuate's Compute grant names each GKE node pool's MIG and VMs: read them first
+        conf = deploy.learn_node_groups(conf, args.project, deploy.run_gcloud)
+    except ValueError as e:
+        print(f"pitstop deploy: {e}", file=sys.stderr)
+        return 2
     if args.command == "teardown":
         return _teardown(args, deploy.plan(args.project, region, conf))
     if not _preflight(args.project, conf, live=not args.dry_run):

@@ -1,7 +1,8 @@
 """``pitstop doctor``: what in a GKE cluster would keep Pitstop from restarting a gang once and the
 restart mechanisms of its own it has (JobSet failure policy, Kueue's topology-aware node replacement),
 (``--slurm``, on a controller) Slurm's version, expedited requeue and topology, and (``--project``)
-who besides Pitstop can publish to its topics or write the logs its sinks select."""
+every principal that can write each input Pitstop reads (schemas/inputs.yaml), roles inherited from
+the project's folders and organization included."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ def add(sub: Subparsers) -> None:
     d.add_argument(
         "--project",
         default=None,
-        help="also (alone: only) read the IAM policies of the project and Pitstop's topics: a finding "
-        "per principal beyond Pitstop's own that can publish to them or write logs",
+        help="also (alone: only) read the IAM policies of the project, its folders and organization and "
+        "Pitstop's topics: each input Pitstop reads, with every principal that can write it",
     )
     d.add_argument("--config", default=None, help="deploy.yaml, for the Slurm clusters' topics")
     d.add_argument(
@@ -46,7 +47,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.project:
         from pitstop.tools import deploy, exposure
 
-        found = exposure.report(args.project, deploy.load_config(args.config))
+        found = exposure.report(args.project, deploy.load_config(args.config), every=True)
         status = 2 if found < 0 else int(found > 0)
     if args.project and args.kubeconfig is None and args.context is None:
         return status

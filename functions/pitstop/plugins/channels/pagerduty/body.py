@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import NotRequired, TypedDict
 
-from pitstop.core.notifications import Notification, field_map, subject, text_lines
+from pitstop.core.notifications import Notification, alert_key, field_map, subject, text_lines
 
 PAGERDUTY_SEVERITIES = frozenset({"critical", "error", "warning", "info"})
 _DEDUP_SAFE = re.compile(r"[^A-Za-z0-9_.:-]")
@@ -45,25 +45,30 @@ class PagerDutyEvent(TypedDict):
 
 def pagerduty_action(n: Notification) -> str | None:
     """``trigger`` for what needs a person (a page, a failure), ``resolve`` once the incident ended;
-    None for news nobody is woken for (a remediation under way or done by itself)."""
+    None for news nobody is woken for (a remediation under way or done by itself), and for an end
+    without the incident's alert key: only Pitstop's sealed notifications resolve an alert."""
     inc = field_map(n, "incident")
     if n.get("kind") == "page" or n.get("severity") == "critical":
         return "trigger"
-    if str(inc.get("state")) in _ENDED and inc.get("id"):
+    if str(inc.get("state")) in _ENDED and inc.get("id") and alert_key(n):
         return "resolve"
     return None
 
 
 def pagerduty_event(n: Notification, routing_key: str, action: str) -> PagerDutyEvent:
-    """One Events v2 body: all notifications of an incident share its dedup key (one alert)."""
+    """One Events v2 body: all notifications of an incident share its dedup key (one alert), its
+    sealed alert key; a notification without one (not sealed by Pitstop) is an alert of its own,
+    keyed by its id, which no sealed notification's key can equal."""
     inc = field_map(n, "incident")
     iid = str(inc.get("id") or n.get("id") or "pitstop")
     node = subject(inc, "unknown-node")
     severity = str(n.get("severity") or "info")
+    sealed_key = alert_key(n)
+    dedup = f"pitstop-{sealed_key}" if sealed_key else f"pitstop-unsealed-{n.get('id') or iid}"
     body: PagerDutyEvent = {
         "routing_key": routing_key,
         "event_action": action,
-        "dedup_key": _DEDUP_SAFE.sub("-", f"pitstop-{iid}")[:255],
+        "dedup_key": _DEDUP_SAFE.sub("-", dedup)[:255],
     }
     if action == "trigger":
         body["payload"] = {
