@@ -17,10 +17,11 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import yaml
 
-from pitstop.core import inputs, resources
+from pitstop.core import inputs, plugins, resources
 from pitstop.core.sinks import SINK_FILTERS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,12 +67,27 @@ def test_nothing_a_writer_sends_does_more_than_fence_alone() -> None:
 
 
 def _branches(text: str) -> Iterator[tuple[str, str]]:
-    """(resource.type, log_id) of each branch of a sink filter (one pair per parenthesised group)."""
+    """(resource.type, log id) of each branch of a sink filter (one pair per parenthesised group).
+    A branch selects its log by ``log_id("ID")``, or by a prefix of its name (``logName:"/logs/P"``,
+    a log per job: Vertex AI's ``ml.googleapis.com%2F<job id>``), listed as ``P*`` unescaped."""
     for group in re.split(r"\)\s+OR\s+\(", text) if ") OR (" in " ".join(text.split()) else [text]:
         rtype = re.search(r'resource\.type="([^"]+)"', group)
         log_id = re.search(r'log_id\("([^"]+)"\)', group)
-        assert rtype and log_id, group
-        yield rtype.group(1), log_id.group(1)
+        prefix = re.search(r'logName:"/logs/([^"]+)"', group)
+        name = log_id.group(1) if log_id else f"{unquote(prefix.group(1))}*" if prefix else None
+        assert rtype and name, group
+        yield rtype.group(1), name
+
+
+def _sink_filter_files() -> set[str]:
+    """Every filter file a sink uses: deploy's own and those a plugin folder's sinks add."""
+    added = {
+        str(s["filter_file"])
+        for p in plugins.all_plugins()
+        for s in (p.deploy.get("resources") or {}).get("sinks") or []
+        if s.get("kind") == "log-sink"
+    }
+    return set(SINK_FILTERS.values()) | added
 
 
 def test_every_sink_filter_branch_is_a_listed_log_route() -> None:
@@ -81,7 +97,8 @@ def test_every_sink_filter_branch_is_a_listed_log_route() -> None:
         for f in (INFRA / "filters").glob("*.filter")
         for rtype, log_id in _branches(f.read_text())
     }
-    assert set(SINK_FILTERS.values()) == {f for f, _, _ in found}  # every filter a sink uses, walked
+    assert _sink_filter_files() == {f for f, _, _ in found}  # every filter a sink uses, walked
+    assert "vertex-jobs.filter" in _sink_filter_files()
     assert found == listed, (found - listed, listed - found)
 
 

@@ -158,7 +158,7 @@ def test_watchdog_waits_out_computes_maintenance_window_never_the_log_entrys(
         return doc
 
     for iid in (forged, honest):
-        ing.store.mutate(iid, as_the_entry_said)
+        hand_edit(ing.store, iid, as_the_entry_said)  # as ingest kept what the entry said
     # act recorded Compute's own window for the honest one: it ends 2 days after T0
     acted: StepRecord = {
         "state": "done",

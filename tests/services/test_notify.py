@@ -282,7 +282,7 @@ def test_a_publisher_to_the_topic_can_neither_resolve_a_real_alert_nor_take_a_re
     """Issue 35 (low): whoever may publish to pitstop-notifications knows an incident's id (chat
     shows it) and can compute what was derived from it: the PagerDuty dedup key pitstop-<incident>
     and the id of a page still to come. Sealed with the deploy's key, neither is derivable."""
-    from pitstop.services.outbox import page_notification
+    from pitstop.core.remediation import page_notification
 
     hook, pd = Webhook(), PagerDutySink()
     svc = _both(fs_client, hook, pd)

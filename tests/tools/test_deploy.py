@@ -11,10 +11,11 @@ import re
 import shlex
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import yaml
@@ -23,6 +24,9 @@ from pitstop.core import sinks
 from pitstop.tools import deploy
 from pitstop.tools.deploy_types import Grant as IamGrant
 from pitstop.tools.deploy_types import IamCondition
+
+if TYPE_CHECKING:
+    from pitstop.local import fake_gcp
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = {**deploy.load_config(None), "slurm_clusters": ["train", "infer"], "webhook_format": "slack"}
@@ -121,7 +125,7 @@ def test_least_privilege(steps: list[deploy.Step]) -> None:
     assert not any(p.endswith((".delete", ".setIamPolicy", ".insert")) for p in role["includedPermissions"])
 
 
-PERMISSIONS = {  # each custom role, exactly: what the code calls (adapters/compute.py, workflows.py)
+PERMISSIONS = {  # each custom role, exactly: what the code calls (adapters/compute.py, workflows.py, vertex)
     "pitstop-actuator.yaml": {
         "compute.instances.get",
         "compute.instances.reset",
@@ -138,6 +142,12 @@ PERMISSIONS = {  # each custom role, exactly: what the code calls (adapters/comp
         "workflows.executions.get",
         "workflows.executions.list",
         "workflows.executions.cancel",
+    },
+    "pitstop-vertex-resubmitter.yaml": {  # plugins/schedulers/vertex/adapter.py: read, find, create, cancel
+        "aiplatform.customJobs.get",
+        "aiplatform.customJobs.list",
+        "aiplatform.customJobs.create",
+        "aiplatform.customJobs.cancel",
     },
 }
 
@@ -427,12 +437,24 @@ def test_source_digest_hashes_exactly_what_is_staged(tmp_path: Path) -> None:
     assert deploy.source_digest(None) != h.hexdigest()
 
 
+@contextmanager
+def _gcloud_at(fake: fake_gcp.FakeGcp, tmp: Path) -> Iterator[deploy.Runner]:
+    """The real gcloud against the fake APIs: the deploy-emulator test's one gcloud interpreter."""
+    from tests.tools.gcloud_batch import GcloudWorker
+    from tests.tools.test_deploy_emulator import _env_at
+
+    worker = GcloudWorker(_env_at(fake, tmp), tmp)
+    try:
+        yield worker.run
+    finally:
+        worker.close()
+
+
 def test_the_notification_key_is_generated_once_in_a_private_file_and_never_shown(tmp_path: Path) -> None:
     """Issue 35 (low): the key that seals notifications is a secret deploy creates with a random
     value: written 0600 in a directory of this run just before gcloud reads it, gone after; a
     second deploy finds the secret and leaves its value. Through the real gcloud and the fake APIs."""
     from pitstop.local import fake_gcp
-    from tests.tools.test_deploy_emulator import _gcloud_at
 
     fake = fake_gcp.FakeGcp()
     server = fake_gcp.serve(fake)
@@ -442,24 +464,25 @@ def test_the_notification_key_is_generated_once_in_a_private_file_and_never_show
             for s in deploy.plan("p-1234", "us-central1", CONF)
             if s.argv[:3] == ["secrets", "create", "pitstop-notify-key"]
         ]
-        gcloud, lines, seen = _gcloud_at(fake, tmp_path), list[str](), list[tuple[str, int, str]]()
+        lines, seen = list[str](), list[tuple[str, int, str]]()
+        with _gcloud_at(fake, tmp_path) as gcloud:
 
-        def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-            for a in argv:
-                if a.startswith("--data-file="):
-                    path = Path(a.split("=", 1)[1])
-                    seen.append((str(path.parent), path.stat().st_mode & 0o777, path.read_text()))
-            return gcloud(argv)
+            def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+                for a in argv:
+                    if a.startswith("--data-file="):
+                        path = Path(a.split("=", 1)[1])
+                        seen.append((str(path.parent), path.stat().st_mode & 0o777, path.read_text()))
+                return gcloud(argv)
 
-        assert deploy.apply([step], run, lines.append) == 0
-        ((where, mode, value),) = seen
-        assert mode == 0o600 and re.fullmatch(r"[0-9a-f]{64}", value) and not Path(where).exists()
-        (version,) = [
-            r for (api, n), r in fake.resources.items() if api == "secretmanager" and "/versions/" in n
-        ]
-        assert base64.b64decode(version["payload"]["data"]).decode() == value
-        assert value not in "".join(lines)
-        assert deploy.apply([step], run, lines.append) == 0 and len(seen) == 1  # exists: kept as it is
+            assert deploy.apply([step], run, lines.append) == 0
+            ((where, mode, value),) = seen
+            assert mode == 0o600 and re.fullmatch(r"[0-9a-f]{64}", value) and not Path(where).exists()
+            (version,) = [
+                r for (api, n), r in fake.resources.items() if api == "secretmanager" and "/versions/" in n
+            ]
+            assert base64.b64decode(version["payload"]["data"]).decode() == value
+            assert value not in "".join(lines)
+            assert deploy.apply([step], run, lines.append) == 0 and len(seen) == 1  # exists: kept as it is
     finally:
         server.shutdown()
 
@@ -1090,7 +1113,6 @@ def test_deploy_reads_each_gke_clusters_node_groups_through_gcloud(tmp_path: Pat
     (gcloud container node-pools list, the real gcloud against the recording fake of the APIs); a
     cluster whose pools cannot be read stops the deploy rather than granting its region."""
     from pitstop.local import fake_gcp
-    from tests.tools.test_deploy_emulator import _gcloud_at
 
     fake = fake_gcp.FakeGcp()
     server = fake_gcp.serve(fake)
@@ -1112,19 +1134,19 @@ def test_deploy_reads_each_gke_clusters_node_groups_through_gcloud(tmp_path: Pat
         conf = {**CONF, "gke_clusters": [{"name": "gpu-a3", "location": "us-central1"}]}
         with pytest.raises(ValueError, match="not known"):
             deploy.compute_scope(conf, "p-1234")
-        learned = deploy.learn_node_groups(conf, "p-1234", _gcloud_at(fake, tmp_path))
-        (cluster,) = deploy.gke_clusters(learned, "p-1234")
-        assert cluster["node_groups"] == [
-            ("us-central1-a", "gke-gpu-a3-a3-1a2b3c4d-grp"),
-            ("us-central1-a", "gke-gpu-a3-cpu-0f0f0f0f-grp"),
-            ("us-central1-b", "gke-gpu-a3-a3-5e6f7a8b-grp"),
-        ]
-        assert ("us-central1-b", "mig:gke-gpu-a3-a3-5e6f7a8b-grp") in deploy.compute_scope(learned, "p-1234")[
-            "p-1234"
-        ]
-        missing = {**CONF, "gke_clusters": [{"name": "gone", "location": "us-central1"}]}
-        with pytest.raises(ValueError, match="could not read the node pools of gone"):
-            deploy.learn_node_groups(missing, "p-1234", _gcloud_at(fake, tmp_path))
+        with _gcloud_at(fake, tmp_path) as gcloud:
+            learned = deploy.learn_node_groups(conf, "p-1234", gcloud)
+            (cluster,) = deploy.gke_clusters(learned, "p-1234")
+            assert cluster["node_groups"] == [
+                ("us-central1-a", "gke-gpu-a3-a3-1a2b3c4d-grp"),
+                ("us-central1-a", "gke-gpu-a3-cpu-0f0f0f0f-grp"),
+                ("us-central1-b", "gke-gpu-a3-a3-5e6f7a8b-grp"),
+            ]
+            scope = deploy.compute_scope(learned, "p-1234")["p-1234"]
+            assert ("us-central1-b", "mig:gke-gpu-a3-a3-5e6f7a8b-grp") in scope
+            missing = {**CONF, "gke_clusters": [{"name": "gone", "location": "us-central1"}]}
+            with pytest.raises(ValueError, match="could not read the node pools of gone"):
+                deploy.learn_node_groups(missing, "p-1234", gcloud)
     finally:
         server.shutdown()
 

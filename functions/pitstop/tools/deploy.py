@@ -1021,24 +1021,43 @@ def _function(e: Entry, t: Target) -> list[Step]:
     A function that reads secrets is deployed with them only once each secret's latest version is
     enabled: Cloud Run resolves a secret environment variable before an instance starts and fails
     the revision, and the deploy, when it cannot (cloud.google.com/run/docs/configuring/services/
-    secrets). deploy creates the secrets empty (their values are the operator's), so until a version
-    is added the function is deployed without them (notify then logs its pages, delivering none);
-    the run after `gcloud secrets versions add` redeploys it with them (its flags, and digest, differ).
+    secrets). deploy creates the operator's secrets empty, so until a version is added the function
+    is deployed without them (notify then logs its pages, delivering none); the run after `gcloud
+    secrets versions add` redeploys it with them (its flags, and digest, differ). A secret deploy
+    ``generate``s has its version from its create on (an earlier step): bound, never waited for.
     """
     secrets = _secrets(e, t)
-    if not secrets:
-        return [_function_step(e, t, [])]
-    bound = _function_step(e, t, [f"--set-secrets={','.join(f'{k}={v}:latest' for k, v in secrets.items())}"])
-    names = list(dict.fromkeys(secrets.values()))
+    generated = _generated_secrets(t)
+    own = {k: v for k, v in secrets.items() if v in generated}
+    waited = {k: v for k, v in secrets.items() if v not in generated}
+    bound = _function_step(e, t, _secret_flags(secrets) if secrets else [])
+    if not waited:
+        return [bound]
+    names = list(dict.fromkeys(waited.values()))
     latest = [
         ["secrets", "versions", "describe", "latest", f"--secret={n}", *t.p, "--format=value(state)"]
         for n in names
     ]
     bound.gate = Gate(latest, "ENABLED")
-    waiting = _function_step(e, t, ["--clear-secrets"])  # gcloud otherwise keeps a binding it had
-    waiting.what += f" without {', '.join(secrets)}: add a version to {', '.join(names)}, deploy again"
+    waiting = _function_step(e, t, _secret_flags(own))
+    waiting.what += f" without {', '.join(waited)}: add a version to {', '.join(names)}, deploy again"
     waiting.gate, waiting.delete = Gate(latest, "ENABLED", negate=True), None  # the bound step deletes it
     return [bound, waiting]  # one of the two runs
+
+
+def _secret_flags(secrets: Mapping[str, str]) -> list[str]:
+    """gcloud's flag for exactly these secrets (env -> secret, latest); none: any binding cleared
+    (gcloud otherwise keeps one the function had; --set-secrets replaces them all)."""
+    if not secrets:
+        return ["--clear-secrets"]
+    return [f"--set-secrets={','.join(f'{k}={v}:latest' for k, v in secrets.items())}"]
+
+
+def _generated_secrets(t: Target) -> frozenset[str]:
+    """The secrets this plan creates with a value of its own (``generate``: the notify key)."""
+    return frozenset(
+        e["name"] for e in _entries(_resources(), t, {}) if e.get("kind") == "secret" and e.get("generate")
+    )
 
 
 def _function_step(e: Entry, t: Target, secret_flags: list[str]) -> Step:

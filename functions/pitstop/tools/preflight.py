@@ -49,8 +49,11 @@ def check(conf: Mapping[str, object], project: str) -> list[Finding]:
 
 
 def enforce_scope(conf: Mapping[str, object], pol: Policy, project: str) -> list[Finding]:
-    """``mode: enforce`` with nowhere actuate may act."""
-    if pol.doc.get("mode") != "enforce" or deploy.compute_scope(conf, project):
+    """``mode: enforce`` with nowhere actuate may act. A GKE cluster whose node groups are not read
+    yet counts (no gcloud here: deploy reads them before it plans, and stops when it cannot)."""
+    if pol.doc.get("mode") != "enforce" or deploy.compute_scope(conf, project, groups_known=False):
+        return []
+    if any(c["node_groups"] is None for c in deploy.gke_clusters(conf, project)):
         return []
     return [
         Finding(
