@@ -292,7 +292,8 @@ def test_notify_gets_the_webhook_secret_once_it_has_a_version(gcloud: Gcloud, tm
     steps = [
         s
         for s in deploy.plan(project, REGION, conf, str(deploy.stage_source(None, tmp_path / "src")))
-        if s.argv[:2] == ["secrets", "create"] or s.argv[:3] == ["functions", "deploy", "pitstop-notify"]
+        if s.argv[:3] == ["secrets", "create", "pitstop-webhook"]
+        or s.argv[:3] == ["functions", "deploy", "pitstop-notify"]
     ]
     secret, bound, waiting = steps
     assert waiting.gate is not None and bound.gate is not None and waiting.gate.negate
