@@ -260,7 +260,7 @@ class GpuCounts(TypedDict, total=False):
     recovery_to: int | None
 
 
-class Evidence(TypedDict):
+class EventSummary(TypedDict):
     """What an incident keeps of one event (for people and the host report)."""
 
     kind: str
@@ -346,7 +346,7 @@ class Incident(TypedDict):
     escalations: list[Escalation]
     counts: dict[str, int]
     gpus: dict[str, GpuCounts]
-    evidence: list[Evidence]
+    evidence: list[EventSummary]
     first_seen: float
     last_seen: float
     burst_until: float
@@ -397,7 +397,7 @@ class Deltas(TypedDict):
 
     counts: dict[str, int]
     gpus: dict[str, GpuCounts]
-    evidence: list[Evidence]
+    evidence: list[EventSummary]
     last_seen: float
     recent_keys: NotRequired[list[str]]
 

@@ -33,7 +33,7 @@ from pitstop.core.domain import (
     Budget,
     Deltas,
     EventDetail,
-    Evidence,
+    EventSummary,
     FaultEvent,
     GpuCounts,
     Held,
@@ -132,7 +132,7 @@ def _pci(ev: FaultEvent) -> str | None:
     return gpu.get("pci") if gpu else None
 
 
-def summary(ev: FaultEvent) -> Evidence:
+def summary(ev: FaultEvent) -> EventSummary:
     """What an incident keeps of one event (evidence for humans and the host report)."""
     d = _detail(ev)
     return {
