@@ -61,6 +61,7 @@ TOOLS = CheckTools(
     nvidia_smi=(sys.executable, "-m", "pitstop.local.gpu_tools.nvidia_smi"),
     dcgmi=(sys.executable, "-m", "pitstop.local.gpu_tools.dcgmi"),
     dmesg=(sys.executable, "-m", "pitstop.local.gpu_tools.dmesg"),
+    clock=(sys.executable, "-m", "pitstop.local.gpu_tools.clock"),
     all_gather_perf=(sys.executable, "-m", "pitstop.local.gpu_tools.all_gather_perf"),
     fabric_root=str(Path(gpu_tools.__file__).parent / "fabric"),  # the stand-in profiles
 )

@@ -77,6 +77,7 @@ def _stand_in_tools(directory: Path) -> CheckTools:
         nvidia_smi=tool("nvidia_smi"),
         dcgmi=tool("dcgmi"),
         dmesg=tool("dmesg"),
+        clock=tool("clock"),
         all_gather_perf=tool("all_gather_perf"),
         directory=str(directory),
         fabric_root=str(Path(gpu_tools.__file__).parent / "fabric"),  # the fabric's NCCL profiles, stand-ins

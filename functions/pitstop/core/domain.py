@@ -597,6 +597,11 @@ class CheckSpec(TypedDict):
     xids: NotRequired[list[int]]
     sxids: NotRequired[list[int]]
     boot_after: NotRequired[float | None]  # the VM's last start (epoch s): a GKE condition older says nothing
+    # corroborate: the GPUs the Xid that chose the action named (PCI), when the episode began and
+    # when the node's last remediation took effect (epoch s): a kernel line outside says nothing
+    pcis: NotRequired[list[str]]
+    since: NotRequired[float]
+    remediated_at: NotRequired[float | None]
     fabric: NotRequired[FabricSpec | None]  # validate: the fabric's NCCL setup (Fabric.as_spec)
     exclude_peers: NotRequired[list[str]]  # revalidate: peers already measured against
 
@@ -755,6 +760,20 @@ class DiagnosisDetail(TypedDict, total=False):
     unreadable: list[str]
 
 
+class EvidenceRecord(TypedDict):
+    """What one of Pitstop's own probes found, as the incident keeps it (core/evidence.Evidence)."""
+
+    probe: str  # node_check | compute | telemetry | sweep | diagnostic | validation
+    node: str
+    what: str
+    at: float | None  # when the finding was printed or observed (epoch s)
+    gpu: str | None  # PCI address
+    xid: int | None
+    sxid: int | None
+    symptom: str | None
+    event: str | None  # a system event's kind
+
+
 class Measurement(DiagnosisDetail, total=False):
     """What a check on the node found, kept on the incident (``corroboration``, ``diagnosis``,
     ``validation``, and each in ``measured``, newest last): one shape for the three kinds."""
@@ -783,6 +802,7 @@ class Measurement(DiagnosisDetail, total=False):
     source: str  # peers: where the readings came from (monitoring | prometheus)
     off_fabric: str | None  # validate: why the NCCL figure was not measured the fabric's way
     nccl_peers: list[PeerMeasurement]  # validate: each NCCL measurement, first peer first
+    evidence: EvidenceRecord  # what a probe matched, when it confirmed (core/evidence.py)
 
 
 class PeerMeasurement(TypedDict):

@@ -71,6 +71,7 @@ def gpu_tool_flags() -> list[str]:
         ("--nvidia-smi", "nvidia_smi"),
         ("--dcgmi", "dcgmi"),
         ("--dmesg", "dmesg"),
+        ("--clock", "clock"),
         ("--all-gather-perf", "all_gather_perf"),
     ):
         flags += [flag, shlex.join([sys.executable, "-m", f"pitstop.local.gpu_tools.{tool}"])]

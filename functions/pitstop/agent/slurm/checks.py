@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import cast
 
 from pitstop.adapters import log
-from pitstop.agent.slurm.access import SlurmAccess
+from pitstop.agent.slurm.access import CheckTools, SlurmAccess
 from pitstop.agent.slurm.gang_steps import GANG_KINDS, GANG_PARALLEL, gang_steps
 from pitstop.agent.slurm.records import CheckKind, CheckState, RunOutcome
 from pitstop.agent.slurm.text import (
@@ -76,8 +76,10 @@ def check_steps(st: CheckState) -> list[tuple[str, list[str], float]]:
         # holder job; dmesg needs no GPU at all
         if st.get("borrowed"):
             one = [*base[:5], "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--"]
+        clock = tools.get("clock") or list(CheckTools().clock)  # dates the ring buffer's lines
         return [
             ("dmesg", [*one, *tools.get("dmesg", ["dmesg"]), "--raw"], float(SMI_TIMEOUT_S)),
+            ("clock", [*one, *clock], float(SMI_TIMEOUT_S)),
             ("nvidia_smi_q", [*one, *tools["nvidia_smi"], "-q"], float(SMI_TIMEOUT_S)),
         ]
     level = int(st["dcgm_level"])
@@ -310,6 +312,7 @@ class CheckSetup(SlurmAccess):
             "tools": {
                 "nvidia_smi": list(tools.nvidia_smi),
                 "dmesg": list(tools.dmesg),
+                "clock": list(tools.clock),
                 "dcgmi": list(tools.dcgmi),
                 "all_gather_perf": list(tools.all_gather_perf),
                 "srun_mpi": tools.srun_mpi,

@@ -74,16 +74,30 @@ def corroborate(s: Step) -> Corroborating | CheckStarted:
     need, why = corroboration.needs_corroboration(s.inc, s.deps.policy.corroborate)
     if not need:
         return {"run": False, "why": why}
+    cfg = s.deps.policy.corroboration
     if s.inc.get("kind") in corroboration.SYSTEM_KINDS:  # Compute answers at once
-        verdict = corroboration.judge_system(s.inc, _vm_facts(s))
+        verdict = corroboration.judge_system(s.inc, _vm_facts(s), cfg["event_margin_s"], s.instance)
         return {"run": False, "system": verdict.record(s.deps.clock(), s.step), "why": why}
     if not _has_scheduler(s):
         return {"run": False, "unavailable": True, "why": "no scheduler to ask the node through"}
     vm = s.vm()
     expected = checks.gpus_of(vm)
     boot = to_epoch(vm.get("last_start_timestamp")) or to_epoch(vm.get("creation_timestamp"))
-    spec = corroboration.spec(s.inc, s.step, expected or 1, expected, boot)
+    spec = corroboration.spec(
+        s.inc, s.step, expected or 1, expected, boot,
+        rules=s.deps.policy.xids, line_lag_s=cfg["line_lag_s"], remediated=_remediated(s),
+    )  # fmt: skip
     return _start(s, spec, why)
+
+
+def _remediated(s: Step) -> float | None:
+    """When the node's last remediation (another incident's reset, reboot or replacement) took effect."""
+    prior = corroboration.prior_remediations(s.deps.store.get_node(s.inc["node_key"]), s.iid)
+    acted: dict[str, float | None] = {}
+    for r in prior:
+        other = s.deps.store.get(r["incident"])
+        acted[r["incident"]] = other["timeline"].get("acted") if other else None
+    return corroboration.remediated_at(prior, acted)
 
 
 def _vm_facts(s: Step) -> corroboration.VmFacts | None:
@@ -124,7 +138,8 @@ def judge_corroboration(s: Step) -> CorroborationJudged:
     else:
         result = _final(s, Op.CORROBORATE) if rec.get("run") else None
         spec = rec.get("check") or cast(CheckSpec, {})  # saved with the step, as corroboration.spec made it
-        verdict = corroboration.judge(spec, result, checks.evidence_gpu(s.inc))
+        cfg = s.deps.policy.corroboration
+        verdict = corroboration.judge(spec, result, checks.evidence_gpu(s.inc), s.instance, cfg)
         record = verdict.record(now, s.step)
     if rec.get("unavailable"):
         record["why"] = f"{rec.get('why')}: {record['why']}"[:500]
