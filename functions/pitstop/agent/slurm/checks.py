@@ -90,7 +90,10 @@ def check_steps(st: CheckState) -> list[tuple[str, list[str], float]]:
             ("nvlink", [*one, *tools["nvidia_smi"], "nvlink", "--status"], float(SMI_TIMEOUT_S)),
             dcgm,
         ]
-    steps = [] if st["kind"] == "revalidate" else [dcgm]  # the second peer's run: the NCCL test alone
+    # a validation counts the node's GPUs first (GPUs missing are a finding the NCCL test cannot
+    # make); the second peer's run is the NCCL test alone
+    smi = ("nvidia_smi_q", [*one, *tools["nvidia_smi"], "-q"], float(SMI_TIMEOUT_S))
+    steps = [] if st["kind"] == "revalidate" else [smi, dcgm]
     if st.get("peer"):
         steps.append(("nccl", _nccl_argv(st, base), float(NCCL_TIMEOUT_S)))
     return steps
@@ -188,7 +191,9 @@ def check_minutes(kind: str, level: int) -> int:
         return math.ceil(2 * SMI_TIMEOUT_S / 60) + 10
     if kind == "revalidate":
         return math.ceil(NCCL_TIMEOUT_S / 60) + 10
-    total = DCGM_TIMEOUT_S[level] + (2 * SMI_TIMEOUT_S if kind == "diagnose" else NCCL_TIMEOUT_S)
+    total = DCGM_TIMEOUT_S[level] + (
+        2 * SMI_TIMEOUT_S if kind == "diagnose" else NCCL_TIMEOUT_S + SMI_TIMEOUT_S
+    )
     return math.ceil(total / 60) + 10
 
 

@@ -272,8 +272,15 @@ def _first_verdict(s: Step) -> checks.ValidationVerdict | None:
     if not rec or not rec.get("run"):
         return None
     return checks.judge_validation(
-        s.inc["action"], str(rec["machine_type"]), _final(s, Op.VALIDATE), s.deps.policy, s.deps.table()
-    )
+        s.inc["action"], str(rec["machine_type"]), _final(s, Op.VALIDATE), s.deps.policy, s.deps.table(),
+        s.instance, _expected(rec),
+    )  # fmt: skip
+
+
+def _expected(rec: Validating) -> int | None:
+    """The GPUs the VM has, as the validation's check was told (None: unknown)."""
+    got = rec["check"].get("expected_gpus") if "check" in rec else None
+    return got if isinstance(got, int) else None
 
 
 def revalidate(s: Step) -> CheckStarted:
@@ -311,7 +318,7 @@ def judge_validation(s: Step) -> ValidationJudged:
         return {"outcome": "skipped", "why": rec.get("why") if rec else None}
     mt = str(rec["machine_type"])
     verdict = checks.judge_validation(
-        s.inc["action"], mt, _final(s, Op.VALIDATE), s.deps.policy, s.deps.table()
+        s.inc["action"], mt, _final(s, Op.VALIDATE), s.deps.policy, s.deps.table(), s.instance, _expected(rec)
     )
     if verdict.wants_second_peer:
         rechecked = s.recorded(Op.REVALIDATE)

@@ -83,4 +83,4 @@ def repair_verdict(s: Step, found: DiagnosisVerdict, result: CheckRun | None) ->
     why = found.why.removesuffix(": stepping down to REBOOT_NODE")
     confirmed, why = degraded.finding(symptom, found.confirmed, why, smi)
     action, why = degraded.repair(degraded.default_policy().rule(symptom), confirmed, why)
-    return DiagnosisVerdict(confirmed, action, why, found.detail)
+    return DiagnosisVerdict(confirmed, action, why, found.detail, found.evidence)
