@@ -17,6 +17,7 @@ from typing import Any, cast
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core.domain import CheckSpec, GangCheckSpec, JsonObject
+from pitstop.core.localise import opted_in_comment
 from pitstop.core.scheduling import (
     Capacity,
     CheckResult,
@@ -414,4 +415,7 @@ def _result(answer: CheckProgress, peer: bool) -> CheckResult:
 def _job(doc: Mapping[str, object], job: str | None = None) -> JobInfo:
     """A job as the agent describes it (``id`` or ``job``, ``state``, its run)."""
     name = str(job or doc.get("id") or doc.get("job"))
-    return JobInfo(name, JobState.of(doc.get("state")), JobRun.of(doc), expand_hostlist(doc.get("nodelist")))
+    nodes = expand_hostlist(doc.get("nodelist"))
+    return JobInfo(
+        name, JobState.of(doc.get("state")), JobRun.of(doc), nodes, opted_in_comment(doc.get("comment"))
+    )

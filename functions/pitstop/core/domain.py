@@ -630,6 +630,9 @@ class LocaliseConfig(TypedDict):
     link_bytes: int
     tool_timeout_s: float
     link_timeout_s: float
+    heartbeat_min_points: int  # a hang acts only on a series this long before it stopped ...
+    heartbeat_min_span_s: float  # ... over at least this many seconds
+    heartbeat_lookback_s: float  # how far back Pitstop reads it
 
 
 class GangCheckSpec(TypedDict):
@@ -671,6 +674,7 @@ class LocaliseRound(TypedDict):
     findings: dict[str, list[str]]
     suspects: list[str]
     measured: dict[str, float | None]
+    evidence: NotRequired[list[EvidenceRecord]]  # each culprit's finding (core/evidence.py, sweep probe)
 
 
 class CapacityDoc(TypedDict, total=False):

@@ -369,4 +369,4 @@ class GkeScheduler:
 
 def _job(doc: JobAnswer) -> JobInfo:
     nodes = tuple(doc.get("nodes", ()))  # a JobSet's: its live pods' nodes
-    return JobInfo(doc["id"], JobState.of(doc["state"]), JobRun.of(doc), nodes)
+    return JobInfo(doc["id"], JobState.of(doc["state"]), JobRun.of(doc), nodes, doc.get("opted_in") is True)

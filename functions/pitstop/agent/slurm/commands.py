@@ -216,6 +216,7 @@ class SlurmCommands(GangCheckRuns):
             "state": kv.get("JobState", "UNKNOWN"),
             "nodelist": kv.get("NodeList", ""),
             "user": kv.get("UserId", "").split("(")[0],
+            "comment": kv.get("Comment", "")[:256],  # the owner's opt-in to hang remediation (core/localise)
             **_run_fields(kv),
         }
 
