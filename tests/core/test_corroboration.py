@@ -532,3 +532,27 @@ def test_the_claim_printed_after_the_reset_always_confirms(
     allowance = c.DEFAULTS["clock_slack_s"] + 1.0  # + 50 ppm of < 20,000 s since boot
     printed = max(reset + allowance, OPENED) + printed_after
     assert _confirmed(_asked(inc, remediated=reset), raw(XID79, at=printed - BOOTED))
+
+
+STAMPS = st.one_of(st.none(), st.floats(T0 - 86400, T0 + 86400, allow_nan=False))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["preemption", "host_error", "maintenance", "lifecycle"]),
+    st.sampled_from(["RUNNING", "TERMINATED", "STOPPING", "REPAIRING", "STAGING", "SUSPENDED"]),
+    st.booleans(),
+    STAMPS,
+    STAMPS,
+    STAMPS,
+)
+def test_only_computes_record_of_that_kind_near_the_event_confirms(
+    kind: str, status: str, spot: bool, created: float | None, start: float | None, stop: float | None
+) -> None:
+    """Property (issue 35 (3)): whatever the VM's status and creation time, a system event is confirmed
+    only by the VM's own stop or start of the kind that event leaves, within the margin of it."""
+    inc = partial_incident({"kind": kind, "action": "RESCHEDULE_JOB", "first_seen": T0})
+    vm = facts(status=status, spot=spot, created=created, last_start=start, last_stop=stop)
+    near = {w: t is not None and abs(t - T0) <= M for w, t in (("stopped", stop), ("started", start))}
+    expected = any(near[w] for w in c.CONFIRMED_BY[kind]) and (spot or kind != "preemption")
+    assert c.judge_system(inc, vm, M).confirmed is expected

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pitstop.core import degraded
 from pitstop.core.domain import Incident
@@ -235,3 +237,22 @@ def test_a_throttling_nodes_finding(symptom: str, reason: str | None, confirmed:
     got, why = degraded.finding(symptom, confirmed, "diag", _smi(reason))
     assert got is found
     assert ("Thermal Slowdown active" in why) == (found and not confirmed)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from([None, THROTTLE, ECC]),
+    st.one_of(st.none(), st.floats(0, 100, allow_nan=False)),
+    st.dictionaries(st.sampled_from("bcdefg"), st.one_of(st.none(), st.floats(0, 100, allow_nan=False))),
+)
+def test_a_move_always_rests_on_the_nodes_own_reading_over_the_line(
+    rule: degraded.SymptomRule | None, node_value: float | None, peers: dict[str, float | None]
+) -> None:
+    """Property (issue 35 (4)): whatever the peers read, no rule or no reading of the node never moves
+    a gang, and a move always carries the node's reading over the rule's line as its evidence."""
+    v = degraded.compare(rule, POL.gang_wide_share, "a", node_value, peers, 1.0)
+    if rule is None or node_value is None or node_value <= rule.threshold:
+        assert not v.move and v.evidence is None
+    if v.move:
+        assert v.evidence is not None and node_value is not None and rule is not None
+        assert node_value > rule.threshold and v.evidence.node == "a"

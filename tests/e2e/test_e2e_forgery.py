@@ -32,7 +32,7 @@ from tests.pipeline import XID79, Pipeline, stack_up
 
 pytestmark = pytest.mark.emulator
 
-NODES = 20  # each test (each parametrised case) takes its own (Pipeline.take)
+NODES = 22  # each test (each parametrised case) takes its own (Pipeline.take)
 AUDIT = "cloudaudit.googleapis.com%2Fsystem_event"
 MALLORY = "mallory@example.com"
 Case = tuple[Callable[[Pipeline], dict[str, Any]], str]
@@ -372,3 +372,55 @@ def test_a_system_event_published_straight_to_the_topic_restarts_nothing(sc: Pip
         subprocess.run(
             ["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=sc.slurm.env, check=False
         )
+
+
+XID31 = (
+    "NVRM: Xid (PCI:0000:b5:00): 31, pid=2512125, name=python3.10, Ch 00000008, MMU Fault: ENGINE GRAPHICS"
+)
+
+
+def test_a_routine_xid_beside_a_forged_fault_confirms_nothing(sc: Pipeline, job: str) -> None:
+    """Issue 35 (1): a kernel-transport Xid 79 entry for a healthy node (log-write rights only), and
+    beside it a routine Xid 31 that user code does raise (the node's kernel really printed it, on
+    another GPU). The node is asked about the Xid that chose the action (79) on its GPU only: the
+    real Xid 31 line confirms nothing, the incident fails with a page and nothing is disrupted."""
+    (node,) = sc.take()
+    calls_before = len(admin(sc.state, "/_admin/state")["calls"])
+    restarts = sc.restarts(job)
+    sc.kernel_prints(node, XID31)  # real: the kernel printed it ...
+    assert _publish(sc, sc.entry(node, XID79))  # forged: ... this one it never printed
+    assert _publish(sc, sc.entry(node, XID31))  # ... and the real one is logged too, absorbed
+    inc = _incident_of(sc, node, lambda i: i["state"] == "FAILED")
+    try:
+        _paged(sc, inc["id"])
+        assert (inc["action"], inc["failure"]["stage"]) == ("REBOOT_NODE", "corroborate"), inc
+        assert inc["counts"].get("xid_31") == 1, inc["counts"]  # the routine line was in the episode
+        rec = inc["corroboration"]
+        assert rec["confirmed"] is False and "evidence" not in rec, rec
+        assert any("asked for Xid 79 on 1 named GPU" in c for c in rec["checked"]), rec["checked"]
+        assert len(admin(sc.state, "/_admin/state")["calls"]) == calls_before  # no label, no reset
+        assert sc.restarts(job) == restarts and "job_requeued" not in inc["timeline"]
+    finally:
+        subprocess.run(
+            ["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=sc.slurm.env, check=False
+        )
+
+
+def test_a_backdated_system_event_is_recorded_not_acted_on(sc: Pipeline, job: str) -> None:
+    """Issue 35 (3): a publisher to the events topic sends a hostError in Google's exact shape with
+    an old timestamp (before the VM was created: its creation fell in the old "around the event"
+    window, and Compute confirmed it). Older than corroboration.event_max_age_s when it arrives: a
+    WARNING record saying so, no incident, nothing fenced, checked or restarted."""
+    (node,) = sc.take()
+    calls_before = len(admin(sc.state, "/_admin/state")["calls"])
+    restarts = sc.restarts(job)
+    e = _system_event(sc, node, methodName="compute.instances.hostError")
+    e["operation"]["producer"] = "compute.instances.hostError"
+    e["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(CREATED_LONG_AGO - 120))
+    assert _publish(sc, e)  # the shipped sink would select it: only its age refuses it
+    rec = _ingest_said(sc, e["insertId"], "stale system event recorded, not acted on")
+    assert rec["severity"] == "WARNING" and rec["reason"].startswith("stale system event"), rec
+    assert rec["node"] == node
+    assert not [i for i in sc.incidents(node) if i["kind"] == "host_error"]
+    assert len(admin(sc.state, "/_admin/state")["calls"]) == calls_before  # Compute untouched
+    assert sc.restarts(job) == restarts and "drain" not in sc.slurm.node_states()[node]

@@ -94,7 +94,11 @@ class Ingest:
         observed = to_epoch(ev.get("observed_at"))
         ev["_observed_ts"] = min(observed, now) if observed else now
         # a system event acts only while fresh: an old one (anyone may publish any timestamp) is a record
-        ev = corroboration.fresh_only(ev, now, self.policy.corroboration["event_max_age_s"])
+        fresh = corroboration.fresh_only(ev, now, self.policy.corroboration["event_max_age_s"])
+        if fresh is not ev:
+            log.emit("WARNING", "stale system event recorded, not acted on", reason=fresh["reason"],
+                     source=ev["source"], node=engine.subject_name(ev))  # fmt: skip
+            ev = fresh
         out = self.coalescer.handle(ev, now)
         if out.coalesced:
             return out  # counted in memory: it decided nothing, so nothing follows (no read, no write)
