@@ -9,10 +9,8 @@ Each op is an effect of the step runner (recorded before the scheduler is asked,
 spec saved first), so a retried call waits for the same check instead of starting another.
 Culprits are handed to the engine as events (fixed ids: a retry is a duplicate delivery), and
 their own node incidents fence, requeue the gang (once per run, onto a spare when the scheduler
-has one) and repair, exactly as for an Xid. Nothing found: the gang is requeued in place once
-(the job-restart budget and the run's requeue record, as every requeue) and a person is paged
-with every node and check. Nothing found: nothing is restarted (a restart needs a culprit's
-evidence) and a person is paged with every node and check.
+has one) and repair, exactly as for an Xid. Nothing found: nothing is restarted (a restart needs
+a culprit's evidence) and a person is paged with every node and check.
 
 A scheduler whose checks stop the gang first (GKE: the hung pods hold the GPUs a check pod needs;
 ``GangCheckStart.stopped``) gets it back from the conclusion, once (``GangResume``, the same budget
