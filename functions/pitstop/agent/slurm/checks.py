@@ -188,7 +188,7 @@ def _exclude_arg(raw: object) -> list[str]:
 def check_minutes(kind: str, level: int) -> int:
     """The holder job's time limit: every tool's timeout, the wait for it to start, and a margin."""
     if kind == "corroborate":
-        return math.ceil(2 * SMI_TIMEOUT_S / 60) + 10
+        return math.ceil(3 * SMI_TIMEOUT_S / 60) + 10  # dmesg, the clock read, nvidia-smi -q
     if kind == "revalidate":
         return math.ceil(NCCL_TIMEOUT_S / 60) + 10
     total = DCGM_TIMEOUT_S[level] + (
