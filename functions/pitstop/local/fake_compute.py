@@ -544,9 +544,8 @@ class FakeCompute:
                 inst.advance(now)
                 if inst.host in self.host_gpu:
                     out[inst.name] = dict(self.host_gpu[inst.host])
-                if inst.kmsg:
+                if inst.kmsg:  # with the boot that dates its lines (the dmesg and clock stand-ins)
                     out.setdefault(inst.name, {})["kmsg"] = [dict(k) for k in inst.kmsg]
-                if inst.name in out:  # what dates its ring buffer's lines (dmesg, clock stand-ins)
                     out[inst.name]["boot"] = inst.last_start or inst.created
             return out
 
