@@ -352,3 +352,22 @@ def kube_running_checks(state: Path, namespace: str = "pitstop-system") -> FakeK
     k.start()
     k.create({"kind": "Namespace", "metadata": {"name": namespace}})
     return k
+
+
+def hand_edit(store: object, iid: str, change: Callable[[Any], object]) -> None:
+    """Change a stored incident as a person (or another writer) would, outside Pitstop's decisions:
+    what a test stages (a state the watchdog or a console left) before it asks Pitstop to act.
+    Product code has no such door: every change to an incident is core/aggregate.decide's."""
+    incidents = getattr(store, "incidents", None)
+    if isinstance(incidents, dict):  # the memory store
+        doc = copy.deepcopy(incidents[iid])
+        change(doc)
+        incidents[iid] = doc
+        return
+    ref = cast(Any, incidents).document(iid)  # a Firestore collection
+    doc = ref.get().to_dict()
+    change(doc)
+    ref.set(doc)
+    snaps = getattr(store, "snaps", None)
+    if snaps is not None:
+        snaps.drop(ref.path)

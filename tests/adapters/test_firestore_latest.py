@@ -15,6 +15,7 @@ from google.cloud import firestore
 from pitstop.adapters.firestore import IncidentStore as FirestoreStore
 from pitstop.adapters.firestore_latest import Grouped
 from pitstop.adapters.firestore_snaps import SnapCache
+from pitstop.core.aggregate import CloseByPerson
 from tests.adapters.test_store_port import POLICY, T0, XID79, _any, _event
 
 WAIT_S = 30.0  # a failsafe only: every wait below is on a condition that the code under test sets
@@ -167,7 +168,7 @@ def test_a_lookup_finds_each_nodes_latest_incident_in_two_gets(fs: FirestoreStor
     (the nodes, then the incidents they name), and keeps what it read for the decision that may
     follow."""
     live, closed = _opened(fs, "a3-node-101"), _opened(fs, "a3-node-102")
-    assert fs.close(closed["id"], "ops", T0 + 1, unfence=False).result == "closed"
+    assert fs.decide(closed["id"], CloseByPerson("ops", False), None, T0 + 1).result == "closed"
     fs.snaps = SnapCache()
     sent = _gets(fs)
     found = fs._latest_of([live["node_key"], closed["node_key"], "a3-node-103"])

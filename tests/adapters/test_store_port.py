@@ -16,11 +16,13 @@ from google.cloud import firestore
 from pitstop.adapters.firestore import IncidentStore as FirestoreStore
 from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import engine, policy, steps
+from pitstop.core.aggregate import CloseByPerson, FailStuck, JoinBlock, LeaseStart, RecordStarted, ReleaseHeld
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import Budget, CountShard, FaultEvent, Incident, NodeDoc, OutboxEntry, WorkflowRun
 from pitstop.core.states import RunState, State
 from pitstop.core.store import COUNT_PAGE_KEEP_S, IncidentStore, commit_of
-from tests.helpers import ops_agent_entry
+from pitstop.services.sweep import close_bursts
+from tests.helpers import hand_edit, ops_agent_entry
 
 T0 = 1_800_000_000.0
 XID79 = "NVRM: Xid (PCI:0000:a1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
@@ -80,7 +82,7 @@ def test_a_nodes_latest_incident_is_its_newest_episode_resolved_or_not(store: In
     assert first.incident is not None
     nkey, iid = first.incident["node_key"], first.incident["id"]
     assert _any(store.latest_incident(nkey))["id"] == iid
-    assert store.close(iid, "ops", T0 + 1, unfence=False).result == "closed"
+    assert store.decide(iid, CloseByPerson("ops", False), None, T0 + 1).result == "closed"
     assert _any(store.latest_incident(nkey))["state"] == "RESOLVED"
     again = store.apply(_event(XID79, "a3-node-011", at=T0 + 5), POLICY, T0 + 5)
     assert again.result in ("opened", "held")  # a new episode (held: the node was acted on just now)
@@ -163,8 +165,8 @@ def test_a_resolution_is_recorded_in_the_resolved_feed(store: IncidentStore) -> 
     closed = store.apply(_event(XID79, "a3-node-009"), POLICY, T0)
     assert burst.incident is not None and closed.incident is not None
     assert store.resolved_since(T0 - 60) == []
-    assert store.close(closed.incident["id"], "ops", T0 + 5, unfence=False).result == "closed"
-    assert store.close_bursts(T0 + 10_000) == 1  # the observed burst ends
+    assert store.decide(closed.incident["id"], CloseByPerson("ops", False), None, T0 + 5).result == "closed"
+    assert close_bursts(store, T0 + 10_000) == 1  # the observed burst ends
     feed = {r["incident"]: r for r in store.resolved_since(T0 - 60)}
     assert set(feed) == {closed.incident["id"], burst.incident["id"]}
     assert feed[burst.incident["id"]]["node"] == burst.incident["node_key"]
@@ -180,8 +182,8 @@ def test_a_shards_burst_keeps_a_record_only_incident_open(store: IncidentStore) 
     late = _event(XID13, "a3-node-010", at=T0 + 500)
     store.put_count_shards({"inst-a-p0": {"inst-a-1": _totals(late, 3, out.incident["id"], observe)}})
     silence = observe.window("burst_silence_s")
-    assert store.close_bursts(T0 + silence + 1) == 0
-    assert store.close_bursts(T0 + 500 + silence + 1) == 1
+    assert close_bursts(store, T0 + silence + 1) == 0
+    assert close_bursts(store, T0 + 500 + silence + 1) == 1
 
 
 def test_one_starter_wins_the_lease_and_records_the_start(store: IncidentStore) -> None:
@@ -189,9 +191,9 @@ def test_one_starter_wins_the_lease_and_records_the_start(store: IncidentStore) 
     assert out.incident is not None
     iid = out.incident["id"]
     assert [i["id"] for i in store.pending_starts(T0)] == [iid]
-    assert store.lease_start(iid, 1, T0) is not None
-    assert store.lease_start(iid, 1, T0 + 1) is None  # the lease holds
-    store.record_started(iid, 1, "exec-1", T0 + 2)
+    assert store.decide(iid, LeaseStart(1), None, T0).result == "leased"
+    assert store.decide(iid, LeaseStart(1), None, T0 + 1).result != "leased"  # the lease holds
+    store.decide(iid, RecordStarted(1, "exec-1"), None, T0 + 2)
     wf = _any(store.get(iid))["workflow"]
     assert wf["state"] == RunState.STARTED and wf["execution"] == "exec-1"
     assert store.pending_starts(T0 + 100) == []
@@ -231,17 +233,23 @@ def test_budget_holds_release_close_fail_and_settle(store: IncidentStore) -> Non
     assert first.incident is not None and second.incident is not None
     assert second.result == "held" and second.page is not None  # the cluster budget is 1 node
     held = second.incident["id"]
-    assert store.release(held, POLICY, T0 + 5, "sweep").result == "still_held"
-    assert store.release(held, POLICY, T0 + 6, "ops").result == "released"  # a person: past the budget
-    store.record_started(first.incident["id"], 1, "projects/p/locations/l/workflows/w/executions/e1", T0)
+    assert store.decide(held, ReleaseHeld("sweep", force=False), POLICY, T0 + 5).result == "still_held"
+    assert (
+        store.decide(held, ReleaseHeld("ops", force=True), POLICY, T0 + 6).result == "released"
+    )  # a person: past the budget
+    store.decide(
+        first.incident["id"], RecordStarted(1, "projects/p/locations/l/workflows/w/executions/e1"), None, T0
+    )
     inc = store.get(first.incident["id"])
     assert inc is not None
-    store.mutate(inc["id"], lambda d: cast(WorkflowRun, d["workflow"]).update({"state": RunState.STARTED}))
-    failed = store.fail_stuck(
-        inc["id"], "projects/p/locations/l/workflows/w/executions/e1", "overran", T0 + 9
+    hand_edit(
+        store, inc["id"], lambda d: cast(WorkflowRun, d["workflow"]).update({"state": RunState.STARTED})
+    )
+    failed = store.decide(
+        inc["id"], FailStuck("projects/p/locations/l/workflows/w/executions/e1", "overran"), None, T0 + 9
     )
     assert failed.result == "failed" and _any(store.get(inc["id"]))["state"] == State.FAILED
-    closed = store.close(inc["id"], "ops", T0 + 11, unfence=False)
+    closed = store.decide(inc["id"], CloseByPerson("ops", False), None, T0 + 11)
     assert closed.result == "closed" and _any(store.get(inc["id"]))["state"] == State.RESOLVED
 
 
@@ -252,14 +260,20 @@ def test_a_failed_incidents_slot_counts_until_a_person_closes_it(store: Incident
     first = store.apply(_event(XID79, "a3-node-007"), POLICY, T0)
     assert first.incident is not None
     iid = first.incident["id"]
-    store.record_started(iid, 1, execution, T0)
-    assert store.fail_stuck(iid, execution, "overran", T0 + 60).result == "failed"
+    store.decide(iid, RecordStarted(1, execution), None, T0)
+    assert store.decide(iid, FailStuck(execution, "overran"), None, T0 + 60).result == "failed"
     late = T0 + 2 * POLICY.budget_window_s
     second = store.apply(_event(XID79, "a3-node-008"), POLICY, late)
     assert second.result == "held" and second.incident is not None and second.page is not None
-    assert store.release(second.incident["id"], POLICY, late + 1, "sweep").result == "still_held"
-    assert store.close(iid, "ops", late + 2, unfence=False).result == "closed"
-    assert store.release(second.incident["id"], POLICY, late + 3, "sweep").result == "released"
+    assert (
+        store.decide(second.incident["id"], ReleaseHeld("sweep", force=False), POLICY, late + 1).result
+        == "still_held"
+    )
+    assert store.decide(iid, CloseByPerson("ops", False), None, late + 2).result == "closed"
+    assert (
+        store.decide(second.incident["id"], ReleaseHeld("sweep", force=False), POLICY, late + 3).result
+        == "released"
+    )
 
 
 BLOCK_POLICY = policy.from_doc(
@@ -282,26 +296,30 @@ def test_a_node_joins_its_block_budget_before_it_is_fenced(store: IncidentStore)
     second = store.apply(_event(XID79, "a3-node-010"), BLOCK_POLICY, T0)
     assert first.incident is not None and second.incident is not None and second.result == "opened"
     a, b = first.incident["id"], second.incident["id"]
-    joined = store.join_block(a, "c1/block-7", BLOCK_POLICY, T0 + 1)
+    joined = store.decide(a, JoinBlock("c1/block-7"), BLOCK_POLICY, T0 + 1)
     scope = engine.block_scope("c1/block-7")
     assert joined.result == "joined" and scope in _any(store.get(a))["budget_scopes"]
     assert set(_any(store.budget(scope))["slots"]) == {a}
-    assert store.join_block(a, "c1/block-7", BLOCK_POLICY, T0 + 2).result == "ignored"  # a retried claim
-    held = store.join_block(b, "c1/block-7", BLOCK_POLICY, T0 + 3)
+    assert (
+        store.decide(a, JoinBlock("c1/block-7"), BLOCK_POLICY, T0 + 2).result == "ignored"
+    )  # a retried claim
+    held = store.decide(b, JoinBlock("c1/block-7"), BLOCK_POLICY, T0 + 3)
     assert held.result == "held" and held.page is not None and scope in held.page
     inc_b = _any(store.get(b))
     assert inc_b["state"] == State.HELD and (inc_b["held"] or {})["scope"] == scope
     assert _any(store.get_node(inc_b["node_key"]))["block"] == "c1/block-7"
-    assert store.release(b, BLOCK_POLICY, T0 + 4, "sweep").result == "still_held"  # the block counts now
-    store.mutate(a, lambda d: d.update({"state": State.FENCED}))
-    assert store.join_block(a, "c1/block-8", BLOCK_POLICY, T0 + 5).result == "joined"  # moved, fenced
+    assert (
+        store.decide(b, ReleaseHeld("sweep", force=False), BLOCK_POLICY, T0 + 4).result == "still_held"
+    )  # the block counts now
+    hand_edit(store, a, lambda d: d.update({"state": State.FENCED}))
+    assert store.decide(a, JoinBlock("c1/block-8"), BLOCK_POLICY, T0 + 5).result == "joined"  # moved, fenced
     assert set(_any(store.budget(engine.block_scope("c1/block-8")))["slots"]) == {a}
-    store.mutate(a, lambda d: d.update({"state": State.FAILED}))
-    assert store.close(a, "ops", T0 + 6, unfence=True).result == "closed"
+    hand_edit(store, a, lambda d: d.update({"state": State.FAILED}))
+    assert store.decide(a, CloseByPerson("ops", True), None, T0 + 6).result == "closed"
     # the window slides past a's claim: b goes on; its held step was never a remediation, so the
     # day-long cooldown of the policy does not hold it again
     later = T0 + BLOCK_POLICY.budget_window_s + 10
-    released = store.release(b, BLOCK_POLICY, later, "sweep")
+    released = store.decide(b, ReleaseHeld("sweep", force=False), BLOCK_POLICY, later)
     assert released.result == "released" and released.start_step == 2, released
 
 
@@ -318,15 +336,18 @@ def test_the_outbox_keeps_what_is_unsent(store: IncidentStore) -> None:
 def test_one_rule_says_what_a_decision_writes() -> None:
     node = cast(NodeDoc, {"node": {}})
     out = engine.Outcome("absorbed", incident=engine.as_incident({"id": "i1"}), node=node)
-    assert commit_of(out).incidents == cast(list[Incident], [{"id": "i1"}]) and commit_of(out).node is None
+    assert (
+        commit_of(out, T0).incidents == cast(list[Incident], [{"id": "i1"}])
+        and commit_of(out, T0).node is None
+    )
     raised = engine.Outcome(
         "raised",
         incident=engine.as_incident({"id": "i1"}),
         node=node,
         budgets=cast(dict[str, Budget], {"b": {}}),
     )
-    assert commit_of(raised).count == 3
-    assert commit_of(engine.Outcome("duplicate")).count == 0
+    assert commit_of(raised, T0).count == 3
+    assert commit_of(engine.Outcome("duplicate"), T0).count == 0
 
 
 def test_the_job_disruption_budget_admits_runs_up_to_its_cap(store: IncidentStore) -> None:

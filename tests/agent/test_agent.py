@@ -983,9 +983,9 @@ def test_a_node_added_to_slurm_is_accepted_once_the_list_is_read_again(
 def test_requeued_jobs_are_released_at_once_unless_the_hold_is_kept() -> None:
     """scontrol requeue holds a job until BeginTime (~2 min on); the agent lifts it by default."""
     base = ["--subscription", "s", "--results-topic", "r"]
-    assert commands_for(parse_args(base)).release_requeued is True
-    assert commands_for(parse_args([*base, "--keep-requeue-hold"])).release_requeued is False
-    assert commands_for(parse_args([*base, "--release-requeued"])).release_requeued is True
+    assert commands_for(parse_args(base)).jobs.release_requeued is True
+    assert commands_for(parse_args([*base, "--keep-requeue-hold"])).jobs.release_requeued is False
+    assert commands_for(parse_args([*base, "--release-requeued"])).jobs.release_requeued is True
 
 
 def test_results_topic_and_ledger_arguments() -> None:

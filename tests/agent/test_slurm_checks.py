@@ -39,6 +39,7 @@ from pitstop.agent.slurm import (
     is_transient,
     parse_args,
     parse_node,
+    run_subprocess,
 )
 from pitstop.agent.slurm.records import CheckState
 from pitstop.core import checks as core_checks
@@ -122,10 +123,10 @@ class Recorder:
 
     def __call__(self, argv: list[str]) -> str:
         self.argvs.append(list(argv))
-        return SlurmCommands._subprocess(argv)
+        return run_subprocess(argv)
 
     def mutating(self) -> list[list[str]]:
-        reads = (("sinfo",), ("squeue",), ("scontrol", "show"))
+        reads = (("sinfo",), ("squeue",), ("scontrol", "show"), ("scontrol", "--version"))
         return [a for a in self.argvs if not any(tuple(a[: len(r)]) == r for r in reads)]
 
 
@@ -137,7 +138,7 @@ def cmds(
     c = SlurmCommands(rec, checks=dataclasses.replace(TOOLS, directory=str(tmp_path / "checks")))
     yield c, rec
     # back to four idle nodes, no reservations, no jobs (and no runner of a failed test finishing late)
-    for runner in c._children:
+    for runner in c.runners.children:
         runner.kill()
         runner.wait()
     slurm._out(["scancel", "--full", "--quiet", "-u", "root"])
@@ -544,23 +545,29 @@ def test_a_start_delivered_again_starts_no_second_job(
 def test_a_runner_that_died_is_started_again(
     slurm: SlurmCluster, cmds: tuple[SlurmCommands, Recorder], tmp_path: Path
 ) -> None:
-    c, _ = cmds
+    plain, rec = cmds
     slow = tmp_path / "slow-dcgmi"
     slow.write_text(f'#!/bin/sh\nsleep 3\nexec {sys.executable} -m pitstop.local.gpu_tools.dcgmi "$@"\n')
     slow.chmod(0o755)
-    c.checks = dataclasses.replace(c.checks, dcgmi=(str(slow),))
-    target = "ck-1"
-    reason = fence(c, target)
-    args = spec("diagnose", target, step=8)
-    c.start_check(args)
-    (runner,) = c._children
-    time.sleep(1.0)
-    runner.kill()  # as an agent restart under systemd would
-    runner.wait()
-    assert c.check_result(probe(args))["phase"] == "runner started again"
-    res = result(c, args)
-    assert res["done"] and res["error"] is None and parse_dcgm_diag(res["outputs"]["dcgm"]).verdict == "pass"
-    assert node(slurm, target) == ("IDLE+DRAIN", reason) and reservations(slurm) == []
+    c = SlurmCommands(rec, checks=dataclasses.replace(plain.checks, dcgmi=(str(slow),)))
+    try:
+        target = "ck-1"
+        reason = fence(c, target)
+        args = spec("diagnose", target, step=8)
+        c.start_check(args)
+        (runner,) = c.runners.children
+        time.sleep(1.0)
+        runner.kill()  # as an agent restart under systemd would
+        runner.wait()
+        assert c.check_result(probe(args))["phase"] == "runner started again"
+        res = result(c, args)
+        assert res["done"] and res["error"] is None
+        assert parse_dcgm_diag(res["outputs"]["dcgm"]).verdict == "pass"
+        assert node(slurm, target) == ("IDLE+DRAIN", reason) and reservations(slurm) == []
+    finally:
+        for left in c.runners.children:  # the fixture ends only its own agent's runners
+            left.kill()
+            left.wait()
 
 
 def test_a_start_that_fails_midway_puts_the_fence_back_and_a_retry_starts_afresh(
@@ -576,7 +583,7 @@ def test_a_start_that_fails_midway_puts_the_fence_back_and_a_retry_starts_afresh
             raise RuntimeError("sbatch exited 1: sbatch: error: Batch job submission failed: Invalid account")
         return rec(argv)
 
-    c._run = refusing
+    c.slurm.run = refusing
     with pytest.raises(RuntimeError, match="Invalid account"):
         c.start_check(args)
     assert ["scontrol", "update", f"NodeName={target}", "State=RESUME"] in rec.argvs  # it got that far
@@ -585,7 +592,7 @@ def test_a_start_that_fails_midway_puts_the_fence_back_and_a_retry_starts_afresh
     _wait(lambda: node(slurm, target) == ("IDLE+DRAIN", reason), "drained again, responding")
     with pytest.raises(CommandRefusedError, match="did not start"):
         c.check_result(probe(args))
-    c._run = rec
+    c.slurm.run = rec
     started = c.start_check(args)
     assert started["job"] and started["peer"]
     assert result(c, args)["done"] and node(slurm, target) == ("IDLE+DRAIN", reason)
@@ -754,6 +761,38 @@ def test_each_tool_runs_as_a_step_of_the_holder_job() -> None:
     assert [k for k, _, _ in corr] == ["dmesg", "clock", "nvidia_smi_q"]
     clock = corr[1][1]  # the node's clock, read in the same check as its ring buffer (issue 35 (1))
     assert clock[clock.index("--") + 1 :] == ["/bin/sh", "-c", "date +%s.%N; cat /proc/uptime"]
+
+
+def test_a_corroboration_beside_a_running_job_asks_for_the_nodes_gpus_explicitly() -> None:
+    """Issue 35 (11): the read-only tools run as a step of the job already on the node; without
+    --gres that step gets none of an exclusive job's GPUs, and nvidia-smi saw fewer or none."""
+    st: CheckState = {
+        "kind": "corroborate",
+        "job": "9001",
+        "node": "a3-node-007",
+        "borrowed": True,
+        "gpus": 8,
+        "tools": {
+            "nvidia_smi": ["nvidia-smi"],
+            "dmesg": ["dmesg"],
+            "dcgmi": ["dcgmi"],
+            "all_gather_perf": ["all_gather_perf"],
+            "srun_mpi": None,
+            "gres": "gpu",
+        },
+    }
+    steps = {key: argv for key, argv, _ in check_steps(st)}
+    head = ["srun", "--jobid=9001", "--overlap", "--chdir=/tmp", "--quiet", "--gres=gpu:8"]
+    assert steps["nvidia_smi_q"] == [
+        *head,
+        "--nodes=1",
+        "--ntasks=1",
+        "--nodelist=a3-node-007",
+        "--",
+        "nvidia-smi",
+        "-q",
+    ]
+    assert steps["dmesg"][: len(head)] == head
 
 
 def test_agent_flags_and_the_local_stacks_stand_ins(tmp_path: Path) -> None:

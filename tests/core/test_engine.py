@@ -11,6 +11,7 @@ from pitstop.core import engine, policy
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import (
     Budget,
+    Draft,
     FaultEvent,
     Incident,
     NodeDoc,
@@ -19,6 +20,7 @@ from pitstop.core.domain import (
     Source,
     WorkflowRun,
 )
+from pitstop.core.states import State
 from tests.helpers import load_fixture, ops_agent_entry, system_event_entry
 
 CLF = Classifier.default()
@@ -56,7 +58,7 @@ class World:
     def __init__(self, p: policy.Policy) -> None:
         self.p = p
         self.nodes: dict[str, NodeDoc] = {}
-        self.incidents: dict[str, Incident] = {}
+        self.incidents: dict[str, Draft] = {}
         self.budgets: dict[str, Budget] = {}
 
     def feed(self, e: FaultEvent, now: float | None = None) -> engine.Outcome:
@@ -72,14 +74,14 @@ class World:
     def save(self, out: engine.Outcome) -> None:
         for inc in (out.closed, out.incident):
             if inc is not None:
-                self.incidents[inc["id"]] = inc.copy()
+                self.incidents[inc["id"]] = engine.as_incident(inc)
         if out.node is not None and out.result != "ignored":
             self.nodes[engine.node_key(cast(NodeRef, out.node["node"]))] = out.node
         self.budgets.update(out.budgets)
 
     def resolve(self, iid: str, at: float) -> None:
         inc = self.incidents[iid]
-        inc["state"] = "RESOLVED"
+        inc["state"] = State.RESOLVED
         inc["timeline"]["resolved"] = at
         self.budgets.update(engine.release_slots(self.budgets, iid))
 
@@ -127,7 +129,7 @@ def test_raise_during_remediation_is_recorded_not_started() -> None:
     w = World(pol())
     first = w.feed(ev(XID48))
     assert first.incident is not None
-    w.incidents[first.incident["id"]]["state"] = "ACTING"
+    w.incidents[first.incident["id"]]["state"] = State.ACTING
     out = w.feed(ev(XID79, ts=T0 + 5))
     assert out.result == "raised" and out.start_step is None
     assert w.incidents[first.incident["id"]]["escalate_to"] == "REBOOT_NODE"
@@ -352,7 +354,7 @@ def _worsening(w: World, node: str = "a3-node-001", ts: float = T0) -> str:
     first = w.feed(ev(XID48, node=node, ts=ts))
     assert first.incident is not None and first.start_step == 1
     iid = str(first.incident["id"])
-    w.incidents[iid]["state"] = "VERIFYING"
+    w.incidents[iid]["state"] = State.VERIFYING
     assert w.feed(ev(XID79, node=node, ts=ts + 5)).result == "raised"
     assert w.incidents[iid]["escalate_to"] == "REBOOT_NODE"
     return iid
@@ -478,7 +480,7 @@ def _failed(w: World, iid: str, at: float) -> engine.Outcome:
 def test_failed_incident_counts_new_faults_without_acting() -> None:
     w = World(pol())
     iid = _started(w, line=XID48)
-    w.incidents[iid]["state"] = "ACTING"
+    w.incidents[iid]["state"] = State.ACTING
     assert _failed(w, iid, T0 + 60).result == "failed"
     for i, line in enumerate((XID48, XID79, XID79)):
         out = w.feed(ev(line, ts=T0 + 100 + i))
@@ -498,7 +500,7 @@ def test_watchdog_failure_pages_and_the_fenced_node_keeps_its_budget_slot() -> N
     it used to expire with it, and each failure let one more node be fenced."""
     w = World(pol())  # cluster of 8 at 10 %: one node per 30-minute window
     iid = _started(w)
-    w.incidents[iid]["state"] = "FENCED"
+    w.incidents[iid]["state"] = State.FENCED
     out = _failed(w, iid, T0 + 120)
     assert out.incident is not None and out.incident["failure"]["stage"] == "watchdog"
     assert out.page is not None and "stays fenced" in out.page and f"--close {iid}" in out.page
@@ -515,7 +517,7 @@ def test_watchdog_leaves_an_incident_its_execution_moved_on() -> None:
     assert name is not None and name.endswith(f"/ex-{iid}")
     node = w.nodes[inc["node_key"]]
     for state in ("RESOLVED", "FAILED", "HELD"):
-        gone: Incident = {**inc, "state": state}
+        gone: Incident = {**inc, "state": State(state)}
         assert engine.fail_stuck(gone, node, w.budgets, name, "x", T0 + 60).result == "ignored"
     next_step: Incident = {**inc, "workflow": {"step": 2, "state": "started", "execution": name + "-2"}}
     assert engine.fail_stuck(next_step, node, w.budgets, name, "x", T0 + 60).result == "ignored"
@@ -527,7 +529,7 @@ def test_watchdog_leaves_an_incident_its_execution_moved_on() -> None:
 def test_a_person_closes_a_failed_incident_and_a_later_fault_opens_a_new_one() -> None:
     w = World(pol())
     iid = _started(w)
-    w.incidents[iid]["state"] = "VERIFYING"
+    w.incidents[iid]["state"] = State.VERIFYING
     _failed(w, iid, T0 + 60)
     inc = w.incidents[iid]
     out = engine.close_by_person(inc, w.nodes[inc["node_key"]], w.budgets, "alice", T0 + 600, True)
@@ -563,7 +565,7 @@ def test_close_by_person_takes_open_held_and_failed_but_not_a_running_step() -> 
         ("RESOLVED", True, False),
     ):
         wf: WorkflowRun = {"step": 1, "state": "started" if started else "pending", "execution": None}
-        inc: Incident = {**pending, "id": iid, "state": state, "workflow": wf}
+        inc: Incident = {**pending, "id": iid, "state": State(state), "workflow": wf}
         got = engine.close_by_person(inc, engine.new_node(pending["node"]), {}, "bob", T0 + 9, False)
         assert (got.result == "closed") is ok, (state, started)
 

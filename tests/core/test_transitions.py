@@ -7,12 +7,12 @@ from typing import cast
 import pytest
 
 from pitstop.core import lifecycle
-from pitstop.core.domain import Incident
+from pitstop.core.domain import Draft
 from pitstop.core.states import State
 
 
-def _inc(state: State) -> Incident:
-    return cast(Incident, {"id": "iabcdefghi", "state": state})  # the fields a move reads
+def _inc(state: State) -> Draft:
+    return cast(Draft, {"id": "iabcdefghi", "state": state})  # the fields a move reads
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ def sc() -> Iterator[GkePipeline]:
 
 
 class Beating:
-    """The training job's heartbeat (the real Monitoring client, as README's snippet writes it)."""
+    """The training job's heartbeat (the real Monitoring client, as docs/telemetry.md's snippet writes it)."""
 
     def __init__(self, endpoint: str, job: str) -> None:
         self.client, self.stop, self.job = trainer.heartbeat_client(endpoint), threading.Event(), job
@@ -69,7 +69,7 @@ def hang_on_gke(sc: GkePipeline, name: str, link: bool) -> tuple[Incident, str, 
     hang: Incident = sc.wait(ended, 240, "the hang incident to end")
     where = sc.gangs.moved(gang, [bad])
     times = breakdown(stopped, hang, None, time.time(), sc.stack.alert_scale)
-    print(f"gke {name}: {json.dumps(times)}")  # where the time went (README), not asserted
+    print(f"gke {name}: {json.dumps(times)}")  # where the time went (docs/telemetry.md), not asserted
     assert spare in where and sc.gangs.restarts(name) == 0  # suspend and resume: not a JobSet restart
     js = sc.kube.jobset(name) or {}
     assert not js["spec"].get("suspend")

@@ -7,6 +7,7 @@ operations take ~1 % of their real duration and the workflow's sleeps ~20 %.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import io
 import json
 import os
@@ -43,7 +44,7 @@ from pitstop.services.actuate import Actuator, registry
 from pitstop.services.actuate.context import Step
 from pitstop.services.ingest import Ingest
 from pitstop.services.launch import workflow_argument
-from tests.helpers import PROJECT, ops_agent_entry
+from tests.helpers import PROJECT, hand_edit, ops_agent_entry
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = [f"a3-node-{i:03d}" for i in range(4)]
@@ -324,7 +325,7 @@ def test_fault_worsening_during_remediation_steps_up(world: World) -> None:
     )
     assert out.incident is not None and out.incident["action"] == "RESET_GPU"
     iid = out.incident["id"]
-    world.store.mutate(iid, lambda d: d.update({"escalate_to": "REBOOT_NODE", "state": "VERIFYING"}))
+    hand_edit(world.store, iid, lambda d: d.update({"escalate_to": "REBOOT_NODE", "state": "VERIFYING"}))
     body, status = world.actuator.handle({"op": "close", "incident": iid, "step": 1})
     assert status == 200 and body["outcome"] == "escalated to REBOOT_NODE (step 2)"
     inc = world.wait(iid)
@@ -617,7 +618,7 @@ def test_a_failing_claim_fails_the_incident_with_a_page(
             raise RuntimeError("a bug in claim")  # functions-framework answers 500
         return claim.run(s)
 
-    monkeypatch.setitem(registry.OPS, Op.CLAIM, registry.OpSpec(broken_claim, claim.kind))
+    monkeypatch.setitem(registry.OPS, Op.CLAIM, dataclasses.replace(claim, run=broken_claim))
     out = world.fault(XID79, "a3-node-001")
     inc = world.wait(out.incident["id"])  # type: ignore[index]
     assert inc["state"] == "FAILED" and inc["failure"]["stage"] == "claim"
@@ -633,7 +634,7 @@ def test_a_failure_that_cannot_be_recorded_ends_the_execution_in_error(
         raise RuntimeError("Firestore is gone")
 
     for op in (Op.CLAIM, Op.FAIL):
-        monkeypatch.setitem(registry.OPS, op, registry.OpSpec(broken, registry.OPS[op].kind))
+        monkeypatch.setitem(registry.OPS, op, dataclasses.replace(registry.OPS[op], run=broken))
     out = world.fault(XID79, "a3-node-001")
     assert out.incident is not None
     assert world.executions.wait_all(90)
@@ -657,10 +658,10 @@ def test_an_escalation_is_decided_before_the_node_returns_to_slurm(
     def fault_gets_worse(s: Step) -> Any:
         if s.step == 1 and not worse:  # a stronger fault arrives while step 1 is being verified
             worse.append(s.iid)
-            world.store.mutate(s.iid, lambda d: d.update({"escalate_to": "REBOOT_NODE"}))
+            hand_edit(world.store, s.iid, lambda d: d.update({"escalate_to": "REBOOT_NODE"}))
         return verify.run(s)
 
-    monkeypatch.setitem(registry.OPS, Op.VERIFY, registry.OpSpec(fault_gets_worse, verify.kind))
+    monkeypatch.setitem(registry.OPS, Op.VERIFY, dataclasses.replace(verify, run=fault_gets_worse))
     out = world.fault(XID48, node)
     assert out.incident is not None and out.incident["action"] == "RESET_GPU"
     iid = out.incident["id"]

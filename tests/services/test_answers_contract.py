@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from pitstop.core.ops import PROBE_OPS, Op
-from pitstop.services.actuate.registry import OPS
+from pitstop.core.ops import Op
+from pitstop.services.actuate.registry import OPS, PROBE_OPS
 
 WORKFLOW = Path(__file__).resolve().parents[2] / "workflows" / "remediate.yaml"
 _OPS = {o.value for o in Op}

@@ -22,7 +22,7 @@ from google.cloud import firestore
 from pitstop.core import policy as policy_mod
 from pitstop.core.scheduling import Capacity, CheckResult, CheckStart, StepRef
 from pitstop.services.actuate import Actuator
-from tests.helpers import PROJECT, ZONE
+from tests.helpers import PROJECT, ZONE, hand_edit
 from tests.services.test_exactly_once import JOB, NODES, XID79, Gang, Rig
 
 pytestmark = pytest.mark.emulator
@@ -164,7 +164,7 @@ def make(fs_client: firestore.Client) -> Iterator[Any]:
 
 def _replace(rig: FastRig, node: str = NODES[0]) -> str:
     iid = rig.open(node, XID79)
-    rig.store.mutate(iid, lambda d: d.update({"action": "REPLACE_NODE"}))
+    hand_edit(rig.store, iid, lambda d: d.update({"action": "REPLACE_NODE"}))
     return iid
 
 
@@ -316,7 +316,7 @@ def test_a_replacement_a_measurement_asked_for_is_diagnosed_and_pages_when_not_c
     rig = make()
     measured = {"kind": "validate", "hardware_fault": True, "why": "busbw 120.00 GB/s < 169.86"}
     iid = _replace(rig, NODES[1])
-    rig.store.mutate(iid, lambda d: d.update(measured=[measured]))
+    hand_edit(rig.store, iid, lambda d: d.update(measured=[measured]))
     rig.ok("fence", iid)
     started = rig.ok("diagnose", iid)
     assert started["run"] is True and "busbw 120.00" in started["why"]

@@ -11,6 +11,7 @@ import pytest
 
 from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import engine, policy
+from pitstop.core.aggregate import CloseByPerson
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import FaultEvent
 from pitstop.services.coalesce import DIRECT_LINES, Coalescer
@@ -79,7 +80,7 @@ def test_a_replay_that_failed_takes_its_line_out_of_the_old_shard_once() -> None
     store = Flaky()
     coal, old = storm_start(store, 5)
     coal.flush_all(T0)
-    assert store.close(old, "ops", T0 + 1, unfence=False).result == "closed"
+    assert store.decide(old, CloseByPerson("ops", False), None, T0 + 1).result == "closed"
     for n in range(100, 105):  # logged after the close; the cache (read at T0) still says OPEN
         assert coal.handle(line(n, T0 + 2), T0 + 2).coalesced
     store.fail_apply = True
@@ -101,7 +102,7 @@ def test_a_failed_write_of_an_old_incidents_shard_is_written_after_the_new_ones(
     first = threading.Thread(target=coal.flush_all, args=(T0,))
     first.start()
     assert store.inside.wait(30)  # its write is under way
-    assert store.close(old, "ops", T0 + 1, unfence=False).result == "closed"
+    assert store.decide(old, CloseByPerson("ops", False), None, T0 + 1).result == "closed"
     later = T0 + 10  # the cache is stale: the next line reads the node's incident again
     for n in range(200, 200 + DIRECT_LINES + 5):  # a new incident: its first lines, then counted
         coal.handle(line(n, later), later)

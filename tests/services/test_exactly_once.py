@@ -40,7 +40,7 @@ from pitstop.core.scheduling import (
 from pitstop.local.compute_shapes import Call
 from pitstop.local.fake_compute import DURATIONS, FakeCompute, serve
 from pitstop.services.actuate import Actuator
-from tests.helpers import PROJECT, ZONE, ops_agent_entry
+from tests.helpers import PROJECT, ZONE, hand_edit, ops_agent_entry
 
 pytestmark = pytest.mark.emulator
 
@@ -275,7 +275,7 @@ def test_a_concurrent_call_of_the_same_op_is_told_to_wait(rig: Rig) -> None:
 
 def test_a_retry_reuses_the_compute_method_chosen_before_the_call(rig: Rig) -> None:
     iid = rig.open(NODES[0])
-    rig.store.mutate(iid, lambda d: d.update({"action": "REPLACE_NODE"}))
+    hand_edit(rig.store, iid, lambda d: d.update({"action": "REPLACE_NODE"}))
     assert rig.call("fence", iid)[1] == 200
     rig.store.fail_put["1-act"] = 1
     assert rig.call("act", iid)[1] == 503  # the host was reported faulty; the record was lost
@@ -306,7 +306,7 @@ def test_transient_pubsub_and_firestore_trouble_answers_503(rig: Rig) -> None:
 
 def test_fail_never_turns_a_resolved_incident_into_failed(rig: Rig) -> None:
     iid = rig.open(NODES[0])
-    rig.store.mutate(iid, lambda d: d.update({"state": "RESOLVED"}))
+    hand_edit(rig.store, iid, lambda d: d.update({"state": "RESOLVED"}))
     error = {"tags": ["HttpError"], "code": 500, "message": "HTTP server responded with error code 500"}
     body, status = rig.call("fail", iid, stage="close", error=error)
     assert status == 200 and body["outcome"] == "resolved" and body["state"] == "RESOLVED"
@@ -375,7 +375,7 @@ def test_two_incidents_that_see_the_same_run_requeue_it_once(rig: Rig) -> None:
 def test_escalation_is_decided_before_unfence_and_hands_the_jobs_over(rig: Rig) -> None:
     iid = rig.open(NODES[0], XID48)  # RESET_GPU
     rig.call("fence", iid)
-    rig.store.mutate(iid, lambda d: d.update({"escalate_to": "REBOOT_NODE", "state": "VERIFYING"}))
+    hand_edit(rig.store, iid, lambda d: d.update({"escalate_to": "REBOOT_NODE", "state": "VERIFYING"}))
     body, status = rig.call("escalate", iid)
     assert status == 200 and body["handed_over"] is True and "step 2" in body["outcome"]
     inc = rig.store.get(iid)

@@ -20,12 +20,13 @@ from pitstop.adapters.firestore import IncidentStore
 from pitstop.adapters.slurm import SlurmAgentClient, SlurmScheduler
 from pitstop.adapters.workflows import WorkflowStarter
 from pitstop.core import policy
+from pitstop.core.aggregate import CloseByPerson
 from pitstop.core.domain import Incident
 from pitstop.core.scheduling import StepRef, UnfenceAnswer
 from pitstop.local.executions_server import ExecutionsService
 from pitstop.services.ingest import Ingest
 from pitstop.services.sweep import Sweep
-from tests.helpers import ManualClock, RecordingTopic, ops_agent_entry, syslog_entry
+from tests.helpers import ManualClock, RecordingTopic, hand_edit, ops_agent_entry, syslog_entry
 
 pytestmark = pytest.mark.emulator
 
@@ -80,7 +81,7 @@ def started(ing: Ingest, node: str, state: str = "FENCED") -> tuple[str, str]:
     iid = str(out.incident["id"])
     inc: Any = ing.store.get(iid)
     assert inc is not None and inc["workflow"]["state"] == "started"
-    ing.store.mutate(iid, lambda d: d.update({"state": state}))
+    hand_edit(ing.store, iid, lambda d: d.update({"state": state}))
     return iid, str(inc["workflow"]["execution"])
 
 
@@ -132,6 +133,49 @@ def test_watchdog_cancels_and_fails_an_execution_past_its_deadline(
     assert [p["incident"]["id"] for p in topic.pages()] == [iid]
 
 
+def test_watchdog_waits_out_computes_maintenance_window_never_the_log_entrys(
+    fs_client: firestore.Client, executions: tuple[ExecutionsService, str]
+) -> None:
+    """Issue 35 (low): a maintenance incident's window_end is the log entry's windowEndTime, which
+    a publisher to the events topic sets at will; it once stretched the deadline as far as it
+    said. Only the window Compute gave act (its verify_wait_s from the VM's upcomingMaintenance)
+    stretches it now."""
+    from pitstop.core.domain import Maintenance, StepRecord
+    from pitstop.core.ops import Op, step_key
+
+    svc, endpoint = executions
+    clock, topic = Clock(), Recorder()
+    budgets = {"cluster": {"max_percent": 100}}
+    pol = make_policy(watchdog={"deadline_s": {"REBOOT_NODE": 90000}}, budgets=budgets)
+    ing = make_ingest(fs_client, endpoint, pol, clock, topic)
+    forged, forged_ex = started(ing, "a3-node-064", state="ACTING")
+    honest, honest_ex = started(ing, "a3-node-065", state="VERIFYING")
+    year = "2028-01-15T08:00:00Z"  # a year past T0, as the entry said
+    window: Maintenance = {"window_start": None, "window_end": year, "maintenance_status": "PENDING"}
+
+    def as_the_entry_said(doc: Incident) -> Incident:
+        doc["maintenance"] = window
+        return doc
+
+    for iid in (forged, honest):
+        ing.store.mutate(iid, as_the_entry_said)
+    # act recorded Compute's own window for the honest one: it ends 2 days after T0
+    acted: StepRecord = {
+        "state": "done",
+        "result": {"method": "wait_for_platform", "verify_wait_s": 2 * 86400.0},
+        "at": T0,
+    }
+    assert ing.store.steps(honest).create(step_key(1, Op.ACT), acted)
+    clock.t = T0 + 90001
+    assert Sweep(ing).run()["failed"] == 1
+    states = {i: cast(Any, ing.store.get(i) or {}).get("state") for i in (forged, honest)}
+    assert states == {forged: "FAILED", honest: "VERIFYING"}
+    assert svc.records[forged_ex].execution.state.name == "CANCELLED"
+    clock.t = T0 + 2 * 86400 + 90001  # Compute's window and the step's own deadline after it
+    assert Sweep(ing).run()["failed"] == 1
+    assert svc.records[honest_ex].execution.state.name == "CANCELLED"
+
+
 def test_watchdog_leaves_resolved_incidents_and_running_executions_alone(
     fs_client: firestore.Client, executions: tuple[ExecutionsService, str]
 ) -> None:
@@ -142,7 +186,7 @@ def test_watchdog_leaves_resolved_incidents_and_running_executions_alone(
     )
     done, done_ex = started(ing, "a3-node-062", state="VERIFYING")
     running, _ = started(ing, "a3-node-063", state="ACTING")
-    ing.store.mutate(done, lambda d: d.update({"state": "RESOLVED"}))  # its execution closed it...
+    hand_edit(ing.store, done, lambda d: d.update({"state": "RESOLVED"}))  # its execution closed it...
     svc.finish(done_ex, "SUCCEEDED")  # ... and ended
     clock.t += 1800  # inside REBOOT_NODE's default 45 minutes
     assert Sweep(ing).run()["failed"] == 0
@@ -165,17 +209,17 @@ def test_a_failed_incidents_node_counts_against_the_budget_until_a_person_closes
     first = ing.handle_payload(entry(XID79, "a3-node-070", 1)).incident
     assert first is not None
 
-    def fail(d: Incident) -> None:  # what actuate's fail op records
+    def fail(d: dict[str, Any]) -> None:  # what actuate's fail op records
         d.update({"state": "FAILED", "failure": {"stage": "act", "error": "reset failed", "at": T0 + 60}})
 
-    ing.store.mutate(first["id"], fail)
+    hand_edit(ing.store, first["id"], fail)
     clock.t = T0 + 1900  # the window slid past the failed incident's claim
     assert "settled" not in Sweep(ing).run()
     second = ing.handle_payload(entry(XID79, "a3-node-071", 1))
     assert second.result == "held" and second.incident is not None and second.start_step is None
     assert "failed incident no person has closed" in topic.pages()[-1]["summary"]
     assert Sweep(ing).run()["released"] == 0  # the sweep alone never frees it
-    ing.store.close(first["id"], "alice", clock.t + 1, unfence=False)
+    ing.store.decide(first["id"], CloseByPerson("alice", False), None, clock.t + 1)
     clock.t += 60
     assert Sweep(ing).run()["released"] == 1
     assert cast(Any, ing.store.get(second.incident["id"]) or {})["state"] == "OPEN"
@@ -189,7 +233,7 @@ def test_close_ends_failed_held_and_open_incidents_for_a_person(fs_client: fires
     first = ing.handle_payload(entry(XID79, "a3-node-080", 1)).incident
     held = ing.handle_payload(entry(XID79, "a3-node-081", 1)).incident
     assert first is not None and held is not None and held["state"] == "HELD"
-    ing.store.mutate(first["id"], lambda d: d.update({"state": "FAILED"}))
+    hand_edit(ing.store, first["id"], lambda d: d.update({"state": "FAILED"}))
     store, now = ing.store, T0 + 3600
     done = close_incident(store, {}, first["id"], "alice", now, unfence=False)
     assert done.ok and "stays fenced" in done.lines[-1]
@@ -244,7 +288,7 @@ def test_close_unfence_sends_the_resume_actuate_would_and_records_the_answer(
     ing = make_ingest(fs_client, None, make_policy(), Clock())
     first = ing.handle_payload(entry(XID79, "a3-node-090", 1)).incident
     assert first is not None
-    ing.store.mutate(first["id"], lambda d: d.update({"state": "FAILED"}))
+    hand_edit(ing.store, first["id"], lambda d: d.update({"state": "FAILED"}))
     results = fs_client.collection("pitstop_slurm_results")
     agent = _Agent(results, {"resumed": True})
     client = SlurmAgentClient(agent, agent.topic_path("train-prod", "pitstop-slurm-train"), results, wait_s=5)
@@ -262,7 +306,7 @@ def test_close_unfence_sends_the_resume_actuate_would_and_records_the_answer(
     other = make_ingest(fs_client, None, make_policy(), Clock(T0 + 7200))
     second = other.handle_payload(entry(XID79, "a3-node-091", 1)).incident
     assert second is not None
-    other.store.mutate(second["id"], lambda d: d.update({"state": "FAILED"}))
+    hand_edit(other.store, second["id"], lambda d: d.update({"state": "FAILED"}))
 
     class Silent(SlurmScheduler):
         def unfence(self, node: str, ref: StepRef) -> UnfenceAnswer:
@@ -277,7 +321,8 @@ def test_incidents_cli_close(fs_client: firestore.Client, firestore_host: str, t
     ing = make_ingest(fs_client, None, make_policy(), Clock())
     first = ing.handle_payload(entry(XID79, "a3-node-095", 1)).incident
     assert first is not None
-    ing.store.mutate(
+    hand_edit(
+        ing.store,
         first["id"],
         lambda d: d.update(cast(Incident, {"state": "FAILED", "failure": {"stage": "verify", "error": "x"}})),
     )
@@ -316,7 +361,7 @@ def _counting(store: Any) -> dict[str, int]:
     """Count every call the ingest side makes to the store (each is at least one Firestore operation)."""
     calls: dict[str, int] = {}
     names = ("apply", "latest_incident", "incident_as_decided", "resolved_since", "put_count_shards")
-    for name in (*names, "lease_start", "record_started", "get"):
+    for name in (*names, "decide", "get"):
         real = getattr(store, name)
 
         def counted(*a: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:

@@ -43,7 +43,7 @@ from pitstop.local.gpu_tools import nvidia_smi
 from pitstop.local.gpu_tools.state import NodeState
 from pitstop.services.actuate import Actuator
 from pitstop.services.close import close_incident
-from tests.helpers import PROJECT, ZONE, alert_delivery, job_alert
+from tests.helpers import PROJECT, ZONE, alert_delivery, hand_edit, job_alert
 from tests.services.test_remediation_unit import JOB, Clock, TypedGang
 
 NODES = [f"a3-node-{i:03d}" for i in range(16)]
@@ -335,8 +335,8 @@ def test_a_person_closing_a_hang_that_failed_while_its_gang_was_stopped_resumes_
         rig.ok(Op.CLAIM, iid)
         rig.actuator.handle({"op": "localise", "incident": iid, "step": 1, "execution": "e1"})
         assert rig.ok(Op.LOCALISE, iid)["stopped"] is True
-        rig.store.mutate(
-            iid, lambda d: d.update({"state": "FAILED"})
+        hand_edit(
+            rig.store, iid, lambda d: d.update({"state": "FAILED"})
         )  # a later step failed: the gang stays stopped
         done = close_incident(rig.store, {"train": rig.gang}, iid, "alice", rig.clock() + 60, unfence=False)
         gang = rig.gang

@@ -23,8 +23,9 @@ from pitstop.adapters.pubsub import Notifier
 from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.core import policy
 from pitstop.core.domain import Notice
+from pitstop.plugins.channels import Http
+from pitstop.plugins.channels.webhook import Webhook
 from pitstop.services.actuate import Actuator
-from pitstop.services.channels import Webhook
 from pitstop.services.ingest import Ingest
 from pitstop.services.notify import Notify
 from pitstop.services.sweep import Sweep
@@ -113,7 +114,7 @@ def _posted(fs: firestore.Client, messages: list[tuple[str, dict[str, Any]]]) ->
         return 200
 
     ledger = FirestoreStepStore(fs.collection("pitstop_notifications"))
-    svc = Notify([Webhook("https://chat.example/hook", "chat", hook)], None, ledger)
+    svc = Notify([Webhook("https://chat.example/hook", "chat", Http(hook))], None, ledger)
     for message_id, n in messages:
         svc.handle(n, message_id)
     return posts
@@ -190,6 +191,7 @@ def test_actuate_notification_survives_a_failed_publish(
 
 
 def test_publish_pending_waits_out_the_grace_and_sends_each_entry_once(fs_client: firestore.Client) -> None:
+    from pitstop.core.store import outbox_entry
     from pitstop.services.outbox import Outbox
 
     clock, topic = Clock(), Recorder()
@@ -197,11 +199,8 @@ def test_publish_pending_waits_out_the_grace_and_sends_each_entry_once(fs_client
     outbox = Outbox(store, topic, clock=clock, grace_s=10)
     note = cast(Notice, {"id": "incident-i1-abc", "kind": "incident", "severity": "info", "summary": "done"})
 
-    @firestore.transactional
-    def record(t: Any) -> str:
-        return outbox.record_in(t, note)
-
-    assert record(fs_client.transaction()) == "incident-i1-abc"
+    entry = outbox_entry(note, clock.t)  # as a decision's commit records it (core/store.commit_of)
+    assert store.outbox_add(entry["id"], entry)["id"] == "incident-i1-abc"
     clock.t += 5
     assert outbox.publish_pending(clock.t) == 0
     clock.t += 6

@@ -19,13 +19,14 @@ from pitstop.adapters.firestore import IncidentStore
 from pitstop.adapters.pubsub import Notifier
 from pitstop.adapters.workflows import WorkflowStarter
 from pitstop.core import engine, policy
+from pitstop.core.aggregate import CloseByPerson, LeaseStart
 from pitstop.core.domain import Budget, FaultEvent, NodeRef
 from pitstop.local.executions_server import ExecutionsService
 from pitstop.services.actuate import Actuator
 from pitstop.services.ingest import Ingest, PoisonMessageError
 from pitstop.services.launch import workflow_argument
 from pitstop.services.sweep import Sweep
-from tests.helpers import PROJECT, ZONE, ops_agent_entry, push_body
+from tests.helpers import PROJECT, ZONE, hand_edit, ops_agent_entry, push_body
 
 pytestmark = pytest.mark.emulator
 
@@ -149,7 +150,7 @@ def worsening(ing: Ingest, node: str) -> str:
     first = ing.handle_payload(entry(XID48, node, 1))
     assert first.result == "opened" and first.incident is not None
     iid = str(first.incident["id"])
-    ing.store.mutate(iid, lambda d: d.update({"state": "VERIFYING"}))
+    hand_edit(ing.store, iid, lambda d: d.update({"state": "VERIFYING"}))
     assert ing.handle_payload(entry(XID79, node, 2)).result == "raised"
     return iid
 
@@ -318,7 +319,7 @@ def test_crash_after_create_before_record_finds_the_execution(
     out = ing.store.apply(e, pol, T0)
     assert out.incident is not None
     iid = out.incident["id"]
-    assert ing.store.lease_start(iid, 1, T0) is not None
+    assert ing.store.decide(iid, LeaseStart(1), None, T0).result == "leased"
     ing.starter.start(
         iid, 1, workflow_argument(out.incident, 1)
     )  # created; the instance dies before recording it
@@ -539,7 +540,7 @@ def test_lines_written_into_an_incident_resolved_meanwhile_are_replayed_once(
         ing.coalescer.flush_due(clock.t)  # each watches the feed
         for n in range(5):
             assert ing.handle_payload(entry(XID94, "a3-node-061", 100 * (i + 1) + n)).coalesced
-    assert first.store.close(old["id"], "ops", T0 + 1, unfence=False).result == "closed"
+    assert first.store.decide(old["id"], CloseByPerson("ops", False), None, T0 + 1).result == "closed"
     clock.t = T0 + 5
     for i, (ing, _) in enumerate(instances):  # lines logged after the close; the caches say OPEN
         for n in range(5, 10):

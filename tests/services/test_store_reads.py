@@ -14,6 +14,7 @@ from google.cloud import firestore
 
 from pitstop.adapters.firestore import QUEUED_S, IncidentStore
 from pitstop.core import engine
+from pitstop.core.aggregate import CloseByPerson, LeaseStart, RecordStarted
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import FaultEvent
 from pitstop.services.coalesce import DIRECT_LINES, Coalescer
@@ -48,8 +49,8 @@ def test_a_start_is_leased_and_recorded_with_a_write_each_and_no_read(fs_client:
     out = store.apply(_event(XID79, "a3-node-101", 1), make_policy(), T0)
     assert out.incident is not None and out.start_step == 1
     iid = out.incident["id"]
-    leased = _delta(ops, lambda: store.lease_start(iid, 1, T0))
-    recorded = _delta(ops, lambda: store.record_started(iid, 1, "exec-1", T0 + 1))
+    leased = _delta(ops, lambda: store.decide(iid, LeaseStart(1), None, T0))
+    recorded = _delta(ops, lambda: store.decide(iid, RecordStarted(1, "exec-1"), None, T0 + 1))
     assert (leased, recorded) == ({"write:pitstop_incidents": 1}, {"write:pitstop_incidents": 1})
     inc = store.get(iid)
     assert inc is not None and inc["workflow"] is not None
@@ -66,10 +67,14 @@ def test_a_lease_taken_elsewhere_since_this_instance_wrote_the_incident_holds(
     out = mine.apply(_event(XID79, "a3-node-102", 1), make_policy(), T0)
     assert out.incident is not None
     iid = out.incident["id"]
-    assert other.lease_start(iid, 1, T0) is not None
-    assert mine.lease_start(iid, 1, T0) is None  # refused on its memory, then read: leased
-    other.record_started(iid, 1, "exec-2", T0 + 1)
-    mine.record_started(iid, 1, "exec-3", T0 + 2)  # a late record of the same step still lands once
+    assert other.decide(iid, LeaseStart(1), None, T0).result == "leased"
+    assert (
+        mine.decide(iid, LeaseStart(1), None, T0).result != "leased"
+    )  # refused on its memory, then read: leased
+    other.decide(iid, RecordStarted(1, "exec-2"), None, T0 + 1)
+    mine.decide(
+        iid, RecordStarted(1, "exec-3"), None, T0 + 2
+    )  # a late record of the same step still lands once
     inc = mine.get(iid)
     assert inc is not None and inc["workflow"] is not None and inc["workflow"]["state"] == "started"
 
@@ -200,17 +205,20 @@ def test_the_timer_watches_the_resolved_feed_from_its_start(fs_client: firestore
     assert first.looked == [True]
 
 
-def test_a_budget_written_in_a_transaction_is_read_again_by_the_next_decision(
-    fs_client: firestore.Client,
-) -> None:
-    """Decisions read budgets as this instance last saw them; a release (or an ended burst) writes
-    one in a transaction, so the next decision reads it instead of the snapshot from before."""
+def test_a_budget_a_decision_wrote_is_what_the_next_decision_reads(fs_client: firestore.Client) -> None:
+    """Decisions read budgets as this instance last saw them: a release (here a person's close) is
+    written in the decision's batch and kept as written, so the next decision never decides on the
+    snapshot from before it (where the slot was still active)."""
     pol = make_policy(clusters=[{**CLUSTER, "size": 1}])
     store, ops = _counted(fs_client)
     first = store.apply(_event(XID79, "a3-node-112", 1), pol, T0)
     assert first.result == "opened" and first.incident is not None
+    iid = first.incident["id"]
     held = _delta(ops, lambda: store.apply(_event(XID79, "a3-node-113", 1), pol, T0))
     assert "read:pitstop_budgets" not in held  # as the claim wrote it
-    store.release_budget(first.incident)
-    after = _delta(ops, lambda: store.apply(_event(XID79, "a3-node-114", 1), pol, T0))
-    assert after.get("read:pitstop_budgets") == 1
+    assert store.decide(iid, CloseByPerson("ops", unfence=False), None, T0).result == "closed"
+    ref = store.budgets.document("cluster-train")  # CLUSTER's
+    stored = ref.get().to_dict()
+    assert stored is not None and stored["slots"][iid]["active"] is False
+    cached = store.snaps.get(ref.path, 60.0)
+    assert cached is not None and cached.to_dict() == stored

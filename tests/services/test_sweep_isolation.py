@@ -7,12 +7,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
 from google.api_core import exceptions as gexc
 
 from pitstop.adapters.memory_store import MemoryStore
-from pitstop.core import policy
+from pitstop.core import aggregate, policy
+from pitstop.services import sweep as sweep_mod
 from pitstop.services.ingest import Ingest
-from pitstop.services.sweep import START_REFUSALS, Sweep
+from pitstop.services.sweep import Sweep
 from tests.helpers import ManualClock as Clock
 from tests.helpers import RecordingTopic as Recorder
 from tests.helpers import ops_agent_entry
@@ -82,22 +84,22 @@ def test_a_refused_start_fails_its_incident_with_a_page_and_the_rest_go_on() -> 
 def test_a_transient_refusal_is_retried_then_pages_on_the_third() -> None:
     ing, starter, topic, clock = _rig()
     iid = _open(ing, "a3-node-003", starter, gexc.TooManyRequests("quota"))  # type: ignore[no-untyped-call]
-    for n in range(1, START_REFUSALS + 1):
+    for n in range(1, aggregate.START_REFUSALS + 1):
         _lease_out(ing, clock)
         Sweep(ing).run()
         inc = ing.store.get(iid)
         assert inc is not None and inc["start_refusals"] == n
-        assert inc["state"] == ("FAILED" if n == START_REFUSALS else "OPEN"), n
+        assert inc["state"] == ("FAILED" if n == aggregate.START_REFUSALS else "OPEN"), n
     assert [p["incident"]["id"] for p in topic.published if p["kind"] == "page"] == [iid]
 
 
-def test_a_broken_phase_does_not_stop_the_watchdog_or_the_outbox() -> None:
+def test_a_broken_phase_does_not_stop_the_watchdog_or_the_outbox(monkeypatch: pytest.MonkeyPatch) -> None:
     ing, starter, _, clock = _rig()
 
-    def broken(now: float) -> int:
+    def broken(store: object, now: float) -> int:
         raise RuntimeError("the store's query failed")
 
-    ing.store.close_bursts = broken  # type: ignore[method-assign]
+    monkeypatch.setattr(sweep_mod, "close_bursts", broken)
     good = _open(ing, "a3-node-004", starter, None)
     _lease_out(ing, clock)
     counts = Sweep(ing).run()

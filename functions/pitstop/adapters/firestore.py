@@ -12,7 +12,6 @@ incident's ``counts`` shards (storm counts; see adapters/firestore_counts.py).
 from __future__ import annotations
 
 import contextlib
-import copy
 import datetime as dt
 import random
 import threading
@@ -28,14 +27,13 @@ from pitstop.adapters.firestore_jobs import JobRecords
 from pitstop.adapters.firestore_latest import Grouped, LatestIncidents
 from pitstop.adapters.firestore_outbox import OutboxRecords
 from pitstop.adapters.firestore_snaps import STALE, SnapCache
-from pitstop.adapters.firestore_starts import StartRecords
 from pitstop.adapters.step_records import FirestoreStepStore
-from pitstop.core import engine
+from pitstop.core import aggregate, engine
 from pitstop.core.actions import NODE_ACTIONS
 from pitstop.core.domain import Budget, FaultEvent, Incident, NodeDoc, NodeFields, StepRecord
 from pitstop.core.policy import Policy
-from pitstop.core.states import State
-from pitstop.core.store import Countable, commit_of
+from pitstop.core.states import RunState, State
+from pitstop.core.store import Commit, Countable, commit_of, run
 
 T = TypeVar("T")
 D = TypeVar("D")
@@ -69,6 +67,7 @@ BACKOFF_CAP_S = 4.0
 # instance that sees many nodes and incidents holds no per-key state.
 LOCK_STRIPES = 512
 QUEUED_S = 0.1  # a decision that waited its turn longer re-reads what it had read before (_apply)
+SNAP_S = 5.0  # a command decides on documents this process read or wrote this recently
 # A transaction that lost: to a contender (Aborted; ValueError once attempts are spent), to a
 # budget changed since it was read (FailedPrecondition; AlreadyExists, a Conflict, if created).
 LOST = (ValueError, gexc.Conflict, gexc.FailedPrecondition)
@@ -137,7 +136,7 @@ class _Read:
         batch.update(ref, {**doc, **gone}, option=db.write_option(last_update_time=snap.update_time))
 
 
-class IncidentStore(CountShards, LatestIncidents, JobRecords, OutboxRecords, StartRecords):
+class IncidentStore(CountShards, LatestIncidents, JobRecords, OutboxRecords):
     def __init__(self, client: firestore.Client, prefix: str = "pitstop") -> None:
         self.db, self.prefix = client, prefix
         self.nodes = client.collection(f"{prefix}_nodes")
@@ -147,8 +146,6 @@ class IncidentStore(CountShards, LatestIncidents, JobRecords, OutboxRecords, Sta
         self.outbox = client.collection(f"{prefix}_outbox")
         self.resolved = client.collection(f"{prefix}_resolved")
         self.counts = client.collection(f"{prefix}_counts")
-        # Called inside each decision's transaction (services/outbox.py records its page there).
-        self.on_decision: Callable[[Any, engine.Outcome], None] | None = None
         self._lock = threading.Lock()
         self._node_locks = [threading.RLock() for _ in range(LOCK_STRIPES)]
         # Only node actions claim blast-radius slots; their transactions all touch the same
@@ -169,6 +166,13 @@ class IncidentStore(CountShards, LatestIncidents, JobRecords, OutboxRecords, Sta
 
     def _incidents(self) -> Any:
         return self.incidents
+
+    def pending_starts(self, now: float) -> list[Incident]:
+        """Incidents whose decided workflow step has not been started (crash recovery)."""
+        q = self.incidents.where(filter=firestore.FieldFilter("workflow.state", "==", RunState.PENDING))
+        return [
+            d for d in (s.to_dict() for s in q.stream()) if d and d["workflow"].get("lease_until", 0) <= now
+        ]
 
     def _txn(self) -> Any:
         return self.db.transaction(max_attempts=MAX_ATTEMPTS)
@@ -281,11 +285,13 @@ class IncidentStore(CountShards, LatestIncidents, JobRecords, OutboxRecords, Sta
         if ttl <= 0 and (seen := dedup_ref.get()).exists:
             return engine.Outcome("duplicate", duplicate_of=(seen.to_dict() or {}).get("incident"))
         budgets = _LazyBudgets(self.budgets, lambda ref: self._snap(ref, ttl))
-        out = engine.apply_event(ev, node_doc, latest, budgets, policy, now, key)
+        out = aggregate.decide(
+            latest, aggregate.FoldEvent(ev, key), aggregate.Given(now, policy, node_doc, budgets)
+        )
         if out.result == "ignored":
             return out
         batch = self.db.batch()
-        self._write(batch, out, budgets, read)
+        self._write(batch, commit_of(out, now), budgets, read)
         inc_id = out.incident["id"] if out.incident else None
         batch.create(dedup_ref, {"expire_at": expiry, "incident": inc_id, "node": nkey})
         self._count_writes(1)
@@ -319,48 +325,12 @@ class IncidentStore(CountShards, LatestIncidents, JobRecords, OutboxRecords, Sta
 
     # -- remediation steps (actuate) ---------------------------------------------------
 
-    def mutate(self, iid: str, fn: Callable[[Incident], T]) -> T:
-        """Change one incident in a transaction: ``fn`` edits the document in place and returns a value."""
-        ref = self.incidents.document(iid)
-
-        @firestore.transactional
-        def txn(t: Any) -> T:
-            inc = _doc(ref.get(transaction=t), Incident)
-            if inc is None:
-                raise KeyError(iid)
-            before = copy.deepcopy(inc)
-            out = fn(inc)
-            if inc != before:  # by value: a state written as State.X equals the stored "X"
-                t.set(ref, inc)
-                self.snaps.drop(ref.path)  # written in a transaction: a decision reads it again
-                self._count_writes(1)
-                if inc.get("state") != before.get("state") or inc.get("closure") != before.get("closure"):
-                    self._note_resolved(t, inc)
-            return out
-
-        result: T = self._serialised(iid, False, lambda: txn(self._txn()))
-        return result
-
     def step_record(self, iid: str, key: str) -> StepRecord | None:
         return _doc(self.incidents.document(iid).collection("steps").document(key).get(), StepRecord)
 
     def steps(self, iid: str) -> FirestoreStepStore:
         """The incident's step records (``steps/<step>-<op>``), for the step runner."""
         return FirestoreStepStore(self.incidents.document(iid).collection("steps"))
-
-    def release_budget(self, inc: Incident) -> None:
-        """Mark an incident's blast-radius slots inactive (they still count until the window slides)."""
-
-        @firestore.transactional
-        def txn(t: Any) -> None:
-            docs = {
-                d: _doc(self.budgets.document(d).get(transaction=t), Budget)
-                for d in inc.get("budget_scopes", [])
-            }
-            for doc_id, doc in engine.release_slots(docs, inc["id"]).items():
-                self._put_budget(t, doc_id, doc)
-
-        self._serialised(inc["id"], True, lambda: txn(self._txn()))
 
     # -- operator views and actions ----------------------------------------------------
 
@@ -394,99 +364,39 @@ class IncidentStore(CountShards, LatestIncidents, JobRecords, OutboxRecords, Sta
     def budget(self, doc_id: str) -> Budget | None:
         return _doc(self.budgets.document(doc_id).get(), Budget)
 
-    def release(self, iid: str, policy: Policy, now: float, by: str) -> engine.Outcome:
-        """Retry a HELD incident against its budgets now (operator release or the periodic sweep).
+    def decide(self, iid: str, cmd: aggregate.Command, policy: Policy | None, now: float) -> engine.Outcome:
+        """Decide a command on the incident (core/store.run) and write its outcome all or nothing.
 
-        An operator release (``by`` not ``sweep``) bypasses the budget; the sweep does not.
+        Optimistic, like an event's decision (:meth:`_apply`): the documents read as this process
+        saw them in the last ``SNAP_S`` seconds (the decision that scheduled a step wrote its
+        incident a moment before its start is leased), the writes one batch conditioned on each
+        being as read; refused, decided again on fresh reads. Commands that may claim or release
+        blast-radius slots take turns in-process on the budgets.
         """
-        force = by != "sweep"
-        return self._decide(
-            iid, lambda inc, node, budgets: engine.release_held(inc, node, budgets, policy, now, by, force)
-        )
 
-    def step_up(self, iid: str, policy: Policy, now: float) -> engine.Outcome:
-        """Decide the stronger action a fault asked for while it was being fixed (actuate's close)."""
-        return self._decide(iid, lambda inc, node, budgets: engine.step_up(inc, node, budgets, policy, now))
+        def once() -> engine.Outcome:
+            try:
+                return self._decide_once(iid, cmd, policy, now, SNAP_S)
+            except (*LOST, *STALE):  # refused on its conditions: read everything again
+                with self._lock:
+                    self.retries += 1
+            try:
+                return self._decide_once(iid, cmd, policy, now, 0.0)
+            except STALE as exc:  # a contender again: the store's backoff retries it
+                raise ValueError(f"incident {iid} changed while it was decided") from exc
 
-    def close(self, iid: str, by: str, now: float, unfence: bool) -> engine.Outcome:
-        """A person ends an OPEN, HELD or FAILED incident (``pitstop incidents --close``)."""
-        return self._decide(
-            iid, lambda inc, node, budgets: engine.close_by_person(inc, node, budgets, by, now, unfence)
-        )
-
-    def fail_stuck(self, iid: str, execution: str, why: str, now: float) -> engine.Outcome:
-        """The watchdog fails an incident whose execution died or overran (if it is still there)."""
-        return self._decide(
-            iid, lambda inc, node, budgets: engine.fail_stuck(inc, node, budgets, execution, why, now)
-        )
-
-    def join_block(self, iid: str, block: str, policy: Policy, now: float) -> engine.Outcome:
-        """The node's reservation block, learned before the fence: the incident counts against it."""
-        return self._decide(
-            iid, lambda inc, node, budgets: engine.join_block(inc, node, budgets, block, policy, now)
-        )
-
-    def _decide(
-        self,
-        iid: str,
-        decide: Callable[[Incident, NodeDoc, engine.Budgets], engine.Outcome],
-    ) -> engine.Outcome:
-        """Run one engine decision on an existing incident and write what it returns, in one transaction.
-
-        A workflow step it schedules is recorded ``pending`` together with the decision, so
-        the start that follows happens once, or is recovered by the sweep.
-        """
-        ref = self.incidents.document(iid)
-
-        @firestore.transactional
-        def txn(t: Any) -> engine.Outcome:
-            inc = _doc(ref.get(transaction=t), Incident)
-            if not inc:
-                return engine.Outcome("ignored")
-            node_ref = self.nodes.document(inc["node_key"])
-            node_doc = _doc(node_ref.get(transaction=t), NodeDoc) or engine.new_node(
-                inc["node"], inc.get("job")
-            )
-            budgets = _LazyBudgets(self.budgets)
-            out = decide(inc, node_doc, budgets)
-            if out.result != "ignored":
-                self._write(t, out, budgets)
-            return out
-
-        result: engine.Outcome = self._serialised(iid, True, lambda: txn(self._txn()))
+        result: engine.Outcome = self._serialised(iid, aggregate.touches_budgets(cmd), once)
         return result
 
-    def close_bursts(self, now: float) -> int:
-        """Resolve record-only/observe incidents whose burst has ended (the periodic sweep)."""
-        closed = 0
-        for inc in self.list((State.OPEN,)):
-            ref = self.incidents.document(inc["id"])
-
-            @firestore.transactional
-            def txn(t: Any, ref: Any = ref, burst: float = float(inc["burst_until"])) -> bool:
-                cur = _doc(ref.get(transaction=t), Incident)
-                if not cur:
-                    return False
-                # The burst goes on while any shard says so (the listed view summed them).
-                cur["burst_until"] = max(float(cur["burst_until"]), burst)
-                budgets = {
-                    d: _doc(self.budgets.document(d).get(transaction=t), Budget)
-                    for d in cur.get("budget_scopes", [])
-                }
-                if not engine.close_if_burst_over(cur, now):
-                    return False
-                t.set(ref, cur)
-                self.snaps.drop(ref.path)
-                self._note_resolved(t, cur)
-                for doc_id, doc in engine.release_slots(budgets, cur["id"]).items():
-                    self._put_budget(t, doc_id, doc)
-                return True
-
-            def run(txn: Callable[[Any], bool] = txn) -> bool:
-                return txn(self._txn())  # a fresh transaction per retry
-
-            closed += bool(self._serialised(inc["id"], True, run))
-        return closed
+    def _decide_once(
+        self, iid: str, cmd: aggregate.Command, policy: Policy | None, now: float, ttl: float
+    ) -> engine.Outcome:
+        uow = _Optimistic(self, ttl)
+        try:
+            return run(uow, iid, cmd, policy, now)
+        except (*LOST, *STALE):
+            self.snaps.drop(*uow.read.paths, *uow.budgets.paths)  # another writer: read them next time
+            raise
 
     def _put_budget(self, t: Any, doc_id: str, doc: Budget) -> None:
         """A budget written in a transaction (a release, an ended burst): a decision reads it next,
@@ -505,13 +415,12 @@ class IncidentStore(CountShards, LatestIncidents, JobRecords, OutboxRecords, Sta
             t.set(ref, doc)
 
     def _write(
-        self, t: Any, out: engine.Outcome, budgets: _LazyBudgets | None = None, read: _Read | None = None
+        self, t: Any, done: Commit, budgets: _LazyBudgets | None = None, read: _Read | None = None
     ) -> None:
-        """Write a decision in its transaction or batch (core/store.commit_of says what), with what
-        the outbox records of it: the same rule as every other store. A document read outside a
-        transaction (a budget; with ``read``, the node and its incident) is written on condition
-        that it is still as read, and one that was not read is created."""
-        done = commit_of(out)
+        """Write a decision in its transaction or batch (core/store.commit_of says what): the same
+        rule as every other store. A document read outside a transaction (a budget; with ``read``,
+        the node and its incident) is written on condition that it is still as read, and one that
+        was not read is created. Its notifications are recorded in the outbox with it."""
         for inc in done.incidents:
             ref = self.incidents.document(inc["id"])
             self._put(t, ref, inc, read)
@@ -528,6 +437,33 @@ class IncidentStore(CountShards, LatestIncidents, JobRecords, OutboxRecords, Sta
                 t.create(ref, doc)
             else:
                 t.update(ref, doc, option=self.db.write_option(last_update_time=budgets.read_at[doc_id]))
+        for entry in done.outbox:
+            t.set(self.outbox.document(entry["id"]), dict(entry))
         self._count_writes(done.count)
-        if self.on_decision is not None:
-            self.on_decision(t, out)
+
+
+class _Optimistic:
+    """The unit of work core/store.run decides in, on Firestore: documents read as this process saw
+    them less than ``ttl`` seconds ago (else read), the outcome written in one batch on condition
+    that every document it writes is still as read (or still absent)."""
+
+    def __init__(self, store: IncidentStore, ttl: float) -> None:
+        self._store, self._ttl = store, ttl
+        self.read = _Read({})
+        self.budgets = _LazyBudgets(store.budgets, lambda ref: store._snap(ref, ttl))
+
+    def incident(self, iid: str) -> Incident | None:
+        return self.read.keep(self._store._snap(self._store.incidents.document(iid), self._ttl))
+
+    def node(self, key: str) -> NodeDoc | None:
+        snap = self._store._snap(self._store.nodes.document(key), self._ttl)
+        self.read.keep(snap)
+        return _doc(snap, NodeDoc)
+
+    def write(self, commit: Commit) -> None:
+        store = self._store
+        batch = store.db.batch()
+        store._write(batch, commit, self.budgets, self.read)
+        batch.commit()
+        for ref, doc, at in self.read.done:
+            store.snaps.written(ref, doc, batch.write_results[at].update_time)

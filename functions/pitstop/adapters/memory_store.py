@@ -11,29 +11,29 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar, cast
 
 from pitstop.adapters.memory_counts import MemoryCounts
-from pitstop.core import engine, remediation
+from pitstop.core import aggregate, engine, remediation
 from pitstop.core.domain import (
     Budget,
     FaultEvent,
     Incident,
     JobRestarts,
+    JsonObject,
     NodeDoc,
     NodeFields,
     OutboxEntry,
     StepRecord,
 )
-from pitstop.core.engine import Budgets, Outcome
+from pitstop.core.engine import Outcome
 from pitstop.core.policy import Policy
-from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
+from pitstop.core.states import RunState, State
 from pitstop.core.steps import MemoryStepStore, record_state
-from pitstop.core.store import Commit, Countable, commit_of
+from pitstop.core.store import Commit, Countable, commit_of, run
 
 T = TypeVar("T")
-Decide = Callable[[Incident, NodeDoc, Budgets], Outcome]
 
 
 class MemoryStore(MemoryCounts):
@@ -47,26 +47,23 @@ class MemoryStore(MemoryCounts):
         self.job_restarts: dict[str, JobRestarts] = {}
         self.outbox: dict[str, OutboxEntry] = {}
         self.step_stores: dict[str, MemoryStepStore] = {}
-        self.on_decision: Callable[[Any, Outcome], None] | None = None
         self.writes = 0
         self.retries = 0  # a lock stands for the transaction: nothing ever loses and runs again
         self._lock = threading.RLock()
 
     # -- one decision, one "transaction" -------------------------------------------------------
 
-    def _commit(self, out: Outcome) -> Commit:
-        """Keep the decision's documents: the engine made them fresh, and ``get`` hands out copies."""
-        done = commit_of(out)
+    def _commit(self, done: Commit) -> None:
+        """Keep a decision's documents: the engine made them fresh, and ``get`` hands out copies."""
         for inc in done.incidents:
-            self.incidents[inc["id"]] = inc.copy()
+            self.incidents[inc["id"]] = copy.deepcopy(inc)
             self._note_resolved(inc, time.time())
         if done.node is not None:
-            self.nodes[engine.subject_key(done.node)] = done.node
-        self.budgets.update(done.budgets)
+            self.nodes[engine.subject_key(done.node)] = copy.deepcopy(done.node)
+        self.budgets.update(copy.deepcopy(dict(done.budgets)))
+        for entry in done.outbox:
+            self.outbox[entry["id"]] = copy.deepcopy(entry)
         self.writes += done.count
-        if self.on_decision is not None:
-            self.on_decision(None, out)
-        return done
 
     def apply(
         self, ev: FaultEvent, policy: Policy, now: float, countable: Countable | None = None
@@ -76,80 +73,22 @@ class MemoryStore(MemoryCounts):
         with self._lock:
             if key in self.dedup:
                 return Outcome("duplicate", duplicate_of=self.dedup[key])
-            node = self.nodes.get(engine.subject_key(ev))  # the engine works on its own copies
+            node = self.get_node(engine.subject_key(ev))  # the engine works on its own copies
             latest_id = node.get("latest_incident") if node else None
-            latest = self.incidents.get(latest_id) if latest_id else None
-            if countable is not None and countable(latest):
-                return Outcome("absorbed", incident=copy.deepcopy(latest), coalesced=True)
-            out = engine.apply_event(ev, node, latest, self.budgets, policy, now, key)
-            if out.result != "ignored":
-                self._commit(out)
+            latest = self.incident_as_decided(latest_id) if latest_id else None
+            cmd = aggregate.FoldEvent(ev, key, countable)
+            out = aggregate.decide(latest, cmd, aggregate.Given(now, policy, node, self.budgets))
+            done = commit_of(out, now)
+            if done.count:
+                self._commit(done)
                 self.dedup[key] = out.incident["id"] if out.incident else None
                 self.writes += 1
             return out
 
-    def _decide(self, iid: str, decide: Decide) -> Outcome:
+    def decide(self, iid: str, cmd: aggregate.Command, policy: Policy | None, now: float) -> Outcome:
+        """Decide a command under the lock that stands for a transaction (core/store.run)."""
         with self._lock:
-            inc = self.incident_as_decided(iid)
-            if not inc:
-                return Outcome("ignored")
-            node = self.get_node(inc["node_key"]) or engine.new_node(inc["node"], inc.get("job"))
-            out = decide(inc, node, self.budgets)
-            if out.result != "ignored":
-                self._commit(out)
-            return out
-
-    def release(self, iid: str, policy: Policy, now: float, by: str) -> Outcome:
-        force = by != "sweep"
-        return self._decide(iid, lambda i, n, b: engine.release_held(i, n, b, policy, now, by, force))
-
-    def step_up(self, iid: str, policy: Policy, now: float) -> Outcome:
-        return self._decide(iid, lambda i, n, b: engine.step_up(i, n, b, policy, now))
-
-    def close(self, iid: str, by: str, now: float, unfence: bool) -> Outcome:
-        return self._decide(iid, lambda i, n, b: engine.close_by_person(i, n, b, by, now, unfence))
-
-    def fail_stuck(self, iid: str, execution: str, why: str, now: float) -> Outcome:
-        return self._decide(iid, lambda i, n, b: engine.fail_stuck(i, n, b, execution, why, now))
-
-    def join_block(self, iid: str, block: str, policy: Policy, now: float) -> Outcome:
-        return self._decide(iid, lambda i, n, b: engine.join_block(i, n, b, block, policy, now))
-
-    def close_bursts(self, now: float) -> int:
-        closed = 0
-        with self._lock:
-            for listed in self.list((State.OPEN,)):  # summed: the burst goes on while a shard says so
-                inc = self.incidents[listed["id"]]
-                inc["burst_until"] = max(inc["burst_until"], listed["burst_until"])
-                if engine.close_if_burst_over(inc, now):
-                    self._note_resolved(inc, now)
-                    scopes = {d: self.budgets.get(d) for d in inc.get("budget_scopes", [])}
-                    self.budgets.update(engine.release_slots(scopes, inc["id"]))
-                    closed += 1
-        return closed
-
-    # -- workflow starts ---------------------------------------------------------------------
-
-    def lease_start(self, iid: str, step: int, now: float, lease_s: float = 60.0) -> Incident | None:
-        with self._lock:
-            inc = self.incident_as_decided(iid)
-            wf = inc.get("workflow") if inc is not None else None
-            if inc is None or wf is None or wf.get("step") != step or wf.get("state") != RunState.PENDING:
-                return None
-            if inc["state"] in UNCLAIMABLE_STATES or wf.get("lease_until", 0) > now:
-                return None
-            wf["lease_until"] = now + lease_s
-            wf["attempts"] = wf.get("attempts", 0) + 1
-            self.incidents[iid]["workflow"] = copy.deepcopy(wf)
-            return inc
-
-    def record_started(self, iid: str, step: int, execution: str, now: float) -> None:
-        with self._lock:
-            inc = self.incidents.get(iid)
-            wf = inc.get("workflow") if inc is not None else None
-            if inc is not None and wf is not None and wf.get("step") == step:
-                wf.update({"state": RunState.STARTED, "execution": execution, "started_at": now})
-                inc["updated_at"] = now
+            return run(_Locked(self), iid, cmd, policy, now)
 
     def pending_starts(self, now: float) -> list[Incident]:
         with self._lock:
@@ -183,20 +122,6 @@ class MemoryStore(MemoryCounts):
         latest_id = node.get("latest_incident") if node else None
         return self.incident_as_decided(latest_id) if latest_id else None
 
-    def mutate(self, iid: str, fn: Callable[[Incident], T]) -> T:
-        with self._lock:
-            inc = self.incident_as_decided(iid)
-            if inc is None:
-                raise KeyError(iid)
-            before = copy.deepcopy(inc)
-            out = fn(inc)
-            if inc != before:
-                self.incidents[iid] = inc
-                self.writes += 1
-                if inc.get("state") != before.get("state") or inc.get("closure") != before.get("closure"):
-                    self._note_resolved(inc, time.time())
-            return out
-
     def get_node(self, key: str) -> NodeDoc | None:
         with self._lock:
             return copy.deepcopy(self.nodes.get(key))
@@ -215,11 +140,6 @@ class MemoryStore(MemoryCounts):
         with self._lock:
             return copy.deepcopy(self.budgets.get(doc_id))
 
-    def release_budget(self, inc: Incident) -> None:
-        with self._lock:
-            docs = {d: self.budgets.get(d) for d in inc.get("budget_scopes", [])}
-            self.budgets.update(engine.release_slots(docs, inc["id"]))
-
     def claim_job_restart(self, job_key: str, run_key: str, now: float, cap: int, window_s: float) -> bool:
         with self._lock:
             ok, doc = remediation.admit_restart(self.job_restarts.get(job_key), run_key, now, cap, window_s)
@@ -233,7 +153,8 @@ class MemoryStore(MemoryCounts):
 
     def steps(self, iid: str) -> MemoryStepStore:
         with self._lock:
-            return self.step_stores.setdefault(iid, MemoryStepStore())
+            parent = lambda: cast(JsonObject | None, self.incidents.get(iid))  # noqa: E731 - the guard's read
+            return self.step_stores.setdefault(iid, MemoryStepStore(parent, self._lock))
 
     def step_record(self, iid: str, key: str) -> StepRecord | None:
         got = self.steps(iid).read(key)
@@ -245,10 +166,6 @@ class MemoryStore(MemoryCounts):
         return {k: r.copy() for k, (r, _) in store.records.items() if record_state(r) == "done"}
 
     # -- the outbox ------------------------------------------------------------------------------
-
-    def outbox_put_in(self, t: Any, nid: str, entry: OutboxEntry) -> None:
-        self.outbox[nid] = copy.deepcopy(entry)
-        self.writes += 1
 
     def outbox_add(self, nid: str, entry: OutboxEntry) -> OutboxEntry:
         with self._lock:
@@ -271,3 +188,20 @@ class MemoryStore(MemoryCounts):
             docs = [copy.deepcopy(d) for d in self.outbox.values() if d.get("sent") is False]
         due = [d for d in docs if d.get("failed_at") is not None or d.get("created_at", 0) <= created_before]
         yield from sorted(due, key=lambda d: float(d.get("created_at", 0)))
+
+
+class _Locked:
+    """The memory store under its lock, as the unit of work core/store.run decides in."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+        self.budgets = store.budgets
+
+    def incident(self, iid: str) -> Incident | None:
+        return self._store.incident_as_decided(iid)
+
+    def node(self, key: str) -> NodeDoc | None:
+        return self._store.get_node(key)
+
+    def write(self, commit: Commit) -> None:
+        self._store._commit(commit)

@@ -30,9 +30,11 @@ from pitstop.core.domain import (
     NodeRef,
     Notice,
     Unfenced,
+    VertexRecord,
     VmBefore,
 )
 from pitstop.core.ops import Plan
+from pitstop.core.states import State
 
 # -- the workflow's calls: claim, and the probes it polls ---------------------------------------------
 
@@ -268,6 +270,16 @@ class Concluded(TypedDict):
     state: NotRequired[str]
 
 
+class Resubmission(TypedDict):
+    """resubmit: a Vertex AI job resubmitted from its checkpoint, or left (``why``; a page if a
+    person must decide). The workflow goes on to close either way."""
+
+    outcome: Literal["resubmitted", "left"]
+    job: str | None
+    why: str
+    resubmitted_as: NotRequired[str]
+
+
 # -- what a handler answers, and what actuate replies ------------------------------------------------------
 
 OpAnswer = (
@@ -294,6 +306,7 @@ OpAnswer = (
     | Localising
     | Linking
     | Concluded
+    | Resubmission
 )
 
 
@@ -324,6 +337,7 @@ class Decided(TypedDict, total=False):
     machine_type: str  # validate
     gpus: int | None
     plan: ActPlan  # act
+    vertex: VertexRecord  # resubmit: the job's verdict, taken before its cancel or resubmission
 
 
 class GangDecided(TypedDict, total=False):
@@ -335,7 +349,7 @@ class GangDecided(TypedDict, total=False):
 
 
 class PageIncident(TypedDict):
-    """The incident's fields a page carries (services/outbox.page_notification); None: it has none."""
+    """The incident's fields a page carries (core/remediation.page_notification); None: it has none."""
 
     id: str | None
     node: NodeRef | None
@@ -414,7 +428,7 @@ class SlimIncident(TypedDict):
     incident with ``get`` (None where it has none)."""
 
     id: str | None
-    state: str | None
+    state: State | None
     action: str  # every incident has one (core/engine.new_incident)
     mode: str | None
     burst_until: float | None

@@ -29,6 +29,7 @@ person is paged with what was checked.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -59,6 +60,7 @@ from pitstop.core.ring_buffer import (
     parse_dmesg_raw,
     xid_in,
 )
+from pitstop.core.slurm_wire import GPU_GRANT
 from pitstop.core.timefmt import to_epoch
 
 __all__ = ["KERNEL_FACILITY", "MAX_LINES", "KernelXid", "parse_dmesg_raw"]  # localise reads them here
@@ -321,8 +323,10 @@ def _kernel_findings(a: _Asked, text: str | None, clock: object) -> tuple[list[E
 
 
 def _smi_findings(
-    node: str, text: str | None, expected: int | None, named: EvidenceGpu
+    node: str, text: str | None, expected: int | None, named: EvidenceGpu, granted: int | None
 ) -> tuple[list[Evidence], str]:
+    """``granted``: the GPUs the step asked for explicitly (slurm_wire.GPU_GRANT); a count below
+    ``expected`` is evidence only then (issue 35, 11: a step without it may see fewer, or none)."""
     if not isinstance(text, str):
         return [], "nvidia-smi -q: not read"
     smi = diag.parse_nvidia_smi_q(text)
@@ -331,11 +335,19 @@ def _smi_findings(
     gpu = named.get("gpu")
     pci = gpu.get("pci") if isinstance(gpu, Mapping) else None
     pci = pci if isinstance(pci, str) else None
-    found = [proof.gpu_state(node, f, pci) for f in diag.smi_findings(smi, expected, pci)]
+    counts = granted is not None and expected is not None and granted >= expected
+    found = [proof.gpu_state(node, f, pci) for f in diag.smi_findings(smi, expected, pci, counts)]
     found += [proof.gpu_state(node, f"GPU {g.index} ({g.pci}) retired page pending", g.pci)
               for g in smi.gpus if g.retired_pending]  # fmt: skip
     exp = "unknown" if expected is None else str(expected)
-    return found, f"nvidia-smi -q: {smi.visible} GPUs visible of {exp} expected"
+    limited = "" if counts else " (no explicit GPU ask: the count is no evidence)"
+    return found, f"nvidia-smi -q: {smi.visible} GPUs visible of {exp} expected{limited}"
+
+
+def _granted(outputs: Mapping[str, str]) -> int | None:
+    """The GPU count in ``gpu_grant`` ("gpu:8"), None when the step asked for none explicitly."""
+    m = re.fullmatch(r"[a-z][a-z0-9_]{0,31}:([0-9]{1,3})", str(outputs.get(GPU_GRANT) or ""))
+    return int(m.group(1)) if m else None
 
 
 def _condition_findings(a: _Asked, text: object) -> tuple[list[Evidence], str]:
@@ -427,7 +439,7 @@ def judge(
     checked: list[str] = []
     for part in (
         _kernel_findings(a, outputs.get("dmesg"), outputs.get("clock")) if "dmesg" in outputs else None,
-        _smi_findings(node, outputs.get("nvidia_smi_q"), expected, named)
+        _smi_findings(node, outputs.get("nvidia_smi_q"), expected, named, _granted(outputs))
         if "nvidia_smi_q" in outputs
         else None,
         _condition_findings(a, outputs.get("node_condition")) if "node_condition" in outputs else None,
@@ -443,7 +455,8 @@ def judge(
     return Verdict(
         False,
         "not confirmed on the node: the log line names a fault the node does not show"
-        " (forged, replayed, or about an earlier boot); fenced, nothing restarted, a person is paged",
+        " (forged, replayed, or about an earlier boot); the fence lifted, nothing restarted, a person"
+        " is paged",
         tuple(checked),
     )
 

@@ -232,13 +232,19 @@ def _evidence_gpu(evidence: EvidenceGpu, smi: SmiResult) -> tuple[int | None, st
     return None, pci if isinstance(pci, str) else None
 
 
-def smi_findings(smi: SmiResult, expected_gpus: int | None, pci: str | None) -> list[str]:
+def smi_findings(
+    smi: SmiResult, expected_gpus: int | None, pci: str | None, count_is_evidence: bool = True
+) -> list[str]:
+    """``count_is_evidence`` False: the tool ran where it may see only some GPUs (a job step without
+    an explicit GPU ask), so a low count says nothing; a GPU the driver reports lost still does."""
     out: list[str] = []
-    if expected_gpus is not None and smi.visible < expected_gpus:
+    if count_is_evidence and expected_gpus is not None and smi.visible < expected_gpus:
         lost = f" (lost: {', '.join(smi.lost)})" if smi.lost else ""
         out.append(f"{smi.visible} of {expected_gpus} GPUs visible{lost}")
     elif pci and pci_key(pci) in {pci_key(p) for p in smi.lost}:
         out.append(f"GPU {pci} is lost")
+    elif not count_is_evidence and smi.lost:
+        out.append(f"GPUs lost: {', '.join(smi.lost)}")
     for g in smi.gpus:
         if g.remap_failure:
             out.append(f"GPU {g.index} ({g.pci}) row remapping failed")

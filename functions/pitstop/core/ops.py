@@ -6,10 +6,16 @@ of the step records (``steps/<step>-<op>``) stored under each incident.
 
 from __future__ import annotations
 
-from enum import StrEnum
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum, StrEnum
+from typing import Generic, TypeVar
 
 from pitstop.core.actions import RECORD_ONLY_ACTIONS, Action
 from pitstop.core.domain import Incident
+from pitstop.core.states import State
+from pitstop.core.vertex import SCHEDULER
 
 
 class Op(StrEnum):
@@ -40,6 +46,7 @@ class Op(StrEnum):
     LINKS = "links"  # ... judged; nothing found: NCCL between ring neighbours
     LINKS_DONE = "links_done"
     CONCLUDE = "conclude"  # culprits get their own node incidents; else one restart in place and a page
+    RESUBMIT = "resubmit"  # a Vertex AI job: read back, classed, resubmitted from its checkpoint or paged
     ESCALATE = "escalate"
     UNFENCE = "unfence"
     RESCHEDULE = "reschedule"
@@ -47,46 +54,43 @@ class Op(StrEnum):
     FAIL = "fail"
 
 
-# Effects: recorded under the incident and replayed when called again, so a retry acts once.
-MUTATING_OPS = frozenset(
-    {
-        Op.FENCE,
-        Op.CORROBORATE,
-        Op.JUDGE_CORROBORATION,
-        Op.CHECKPOINT,
-        Op.RESCHEDULE_EARLY,
-        Op.DIAGNOSE,
-        Op.JUDGE_DIAGNOSIS,
-        Op.ACT,
-        Op.VALIDATE,
-        Op.REVALIDATE,
-        Op.JUDGE_VALIDATION,
-        Op.ESCALATE,
-        Op.UNFENCE,
-        Op.RESCHEDULE,
-        Op.CLOSE,
-        Op.FAIL,
-        Op.LOCALISE,
-        Op.LINKS,
-        Op.CONCLUDE,
-    }
-)
-# Probes the workflow polls; recording them would replay a stale answer. They change nothing but
-# timeline stamps of what they observe (healthy, job_running).
-PROBE_OPS = frozenset(
-    {
-        Op.CORROBORATION,
-        Op.JOBS_DONE,
-        Op.OPERATION,
-        Op.VERIFY,
-        Op.DIAGNOSIS,
-        Op.VALIDATION,
-        Op.REVALIDATION,
-        Op.RESUMED,
-        Op.SWEEP,
-        Op.LINKS_DONE,
-    }
-)
+class Kind(Enum):
+    CLAIM = "claim"  # takes the step for one execution (a conditioned change of the incident)
+    EFFECT = "effect"  # recorded under the incident by the step runner: runs once, replayed after
+    PROBE = "probe"  # asked again and again by the workflow's polls: answered fresh, never recorded
+
+
+S = TypeVar("S")
+A = TypeVar("A")
+_WORKING = frozenset({State.OPEN, State.FENCED, State.ACTING, State.VERIFYING})
+# The states each op may find its incident in (the workflow's order: claim and fence on OPEN;
+# checkpoint, early requeue and diagnosis while FENCED; act moves it to ACTING; verify to
+# VERIFYING). An op that finds its incident anywhere else (closed by a person, failed by the
+# watchdog, held) must not act: the execution that asks is stale.
+WORKING = _WORKING
+FENCED_ONLY = frozenset({State.FENCED})
+AFTER_FENCE = _WORKING - {State.OPEN}
+OPEN_ONLY = frozenset({State.OPEN})  # a hung job's incident: nothing of its own is fenced
+
+
+@dataclass(frozen=True)
+class OpSpec(Generic[S, A]):
+    """Everything an op is, in one place (services/actuate/registry.OPS holds one per op): its
+    handler (whose return annotation is its answer, core/answers.py), how it runs, the states its
+    incident may be in for it to run (None: any), and whether it disrupts the job or touches the VM
+    (then only on a fault confirmed on the node, with the Evidence that confirmed it)."""
+
+    run: Callable[[S], A]
+    kind: Kind
+    states: frozenset[State] | None = None
+    disruptive: bool = False
+
+    @property
+    def answer(self) -> object:
+        """The op's answer type: its handler's return annotation."""
+        return typing.get_type_hints(self.run)["return"]
+
+
 # What escalate answers when no stronger action takes over: the step goes on to unfence.
 CONTINUE = "continue"
 
@@ -98,11 +102,15 @@ class Plan(StrEnum):
     DRAIN = "drain"
     REMEDIATE = "remediate"
     LOCALISE = "localise"  # a hung job: find its culprit node before the gang restarts
+    RESUBMIT = "resubmit"  # a Vertex AI job: the platform owns its VMs; the job is resubmitted whole
 
 
 def plan_for(action: str, inc: Incident | None = None) -> Plan:
-    """A hang the engine chose to localise is localised; record-only actions only notify; a drain
-    checkpoints first; the rest remediate the node."""
+    """A Vertex AI job's episode (it ended, or hung) is read back and resubmitted; a hang the engine
+    chose to localise is localised; record-only actions only notify; a drain checkpoints first; the
+    rest remediate the node."""
+    if inc is not None and inc["scheduler"] == SCHEDULER and action != Action.NONE:
+        return Plan.RESUBMIT
     localise = inc.get("localise") if inc is not None else None
     if localise and localise.get("run") is True:
         return Plan.LOCALISE

@@ -31,9 +31,12 @@ class Windows(TypedDict):
     dedup_ttl_h: float
     alert_flap_s: float
     hang_localise_s: NotRequired[float]
+    unconfirmed_page_s: NotRequired[float]
 
 
-WindowName = Literal["burst_silence_s", "tie_s", "dedup_ttl_h", "alert_flap_s", "hang_localise_s"]
+WindowName = Literal[
+    "burst_silence_s", "tie_s", "dedup_ttl_h", "alert_flap_s", "hang_localise_s", "unconfirmed_page_s"
+]
 
 
 class Ladder(TypedDict):
@@ -112,27 +115,22 @@ class GkeConfig(TypedDict):
     project: NotRequired[str]
     evict_deadline_s: NotRequired[float]
     stuck_terminating_s: NotRequired[float]
+    kueue_failed_node_replacement: NotRequired[bool]
     checks: NotRequired[ChecksConfig]
 
 
-class KubernetesConfig(TypedDict, total=False):
-    kubeconfig_env: str
-    context: str
-    evict_deadline_s: float
-    checks: ChecksConfig
-
-
 class ClusterDoc(TypedDict):
-    """One ``clusters`` entry (``gke`` is required when the scheduler is gke)."""
+    """One ``clusters`` entry: ``scheduler`` is ``none`` or a scheduler folder's name, whose block
+    the folder's fragment of the policy schema checks (read it with ``Cluster.block``; the blocks
+    typed here are the ones code outside their folder reads)."""
 
     name: str
-    scheduler: Literal["slurm", "gke", "kubernetes", "none"]
-    match: ClusterMatch
+    scheduler: str
+    match: NotRequired[ClusterMatch]  # absent only for a scheduler whose folder says nodes: false
     size: NotRequired[int]
     mig: NotRequired[MigConfig]
     slurm: NotRequired[SlurmConfig]
     gke: NotRequired[GkeConfig]
-    kubernetes: NotRequired[KubernetesConfig]
     reschedule: NotRequired[Reschedule]
 
 
@@ -186,6 +184,25 @@ class StoreConfig(TypedDict):
     collection_prefix: str
     flush_interval_s: float
     cache_ttl_s: float
+    control_cache_s: float
+
+
+class PenaltyConfig(TypedDict):
+    block: float
+    cluster: float
+
+
+class MovesConfig(TypedDict):
+    """The policy's ``moves`` section (core/tradeoff.py): a gang's choice at a fault, priced."""
+
+    enabled: bool
+    restart_s: float
+    horizon_s: float
+    capacity_wait_s: float
+    penalty: PenaltyConfig
+    min_history: int
+    repair_s: dict[str, float]  # an action (or ``default``) -> seconds
+    nvlink_domain_families: list[str]
 
 
 class PolicyDoc(TypedDict):
@@ -210,6 +227,7 @@ class PolicyDoc(TypedDict):
     diagnose: DiagnoseConfig
     validation: ValidationConfig
     localise: NotRequired[LocaliseConfig]
+    moves: NotRequired[MovesConfig]
 
 
 # -- xid-policy.yaml (schemas/xid-policy.schema.json) ---------------------------------------------

@@ -11,8 +11,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from pitstop.core import checks, corroboration, notifications
+from pitstop.core import checks, notifications
 from pitstop.core.actions import RECORD_ONLY_ACTIONS, Action
+from pitstop.core.answers import Page, PageIncident
 from pitstop.core.catalog import SXID_KIND
 from pitstop.core.domain import (
     CallFields,
@@ -28,62 +29,8 @@ from pitstop.core.domain import (
     VmBefore,
 )
 from pitstop.core.notifications import notification_id
-from pitstop.core.ops import Op
 from pitstop.core.scheduling import JobInfo, JobRun, JobState
-from pitstop.core.states import State
 from pitstop.core.timeline import durations, repair_s, resume_s
-
-# -- which op may run on the incident as it stands ------------------------------------------------
-
-_WORKING = frozenset({State.OPEN, State.FENCED, State.ACTING, State.VERIFYING})
-# The states each mutating op may find its incident in (the workflow's order: claim and fence on
-# OPEN; checkpoint, early requeue and diagnosis while FENCED; act moves it to ACTING; verify to
-# VERIFYING). An op that finds its incident anywhere else (closed by a person, failed by the
-# watchdog, held) must not act: the execution that asks is stale.
-OP_STATES: Mapping[Op, frozenset[State]] = {
-    Op.FENCE: frozenset({State.OPEN, State.FENCED}),
-    Op.CORROBORATE: frozenset({State.FENCED}),
-    Op.JUDGE_CORROBORATION: frozenset({State.FENCED}),
-    Op.CHECKPOINT: frozenset({State.FENCED}),
-    Op.RESCHEDULE_EARLY: frozenset({State.FENCED}),
-    Op.DIAGNOSE: frozenset({State.FENCED}),
-    Op.JUDGE_DIAGNOSIS: frozenset({State.FENCED}),
-    Op.ACT: frozenset({State.FENCED, State.ACTING}),
-    Op.VALIDATE: _WORKING - {State.OPEN},
-    Op.REVALIDATE: _WORKING - {State.OPEN},
-    Op.JUDGE_VALIDATION: _WORKING - {State.OPEN},
-    Op.ESCALATE: _WORKING,
-    Op.UNFENCE: _WORKING - {State.OPEN},
-    Op.RESCHEDULE: _WORKING,
-    Op.CLOSE: _WORKING,
-    Op.LOCALISE: frozenset({State.OPEN}),  # a hung job's incident: nothing of its own is fenced
-    Op.LINKS: frozenset({State.OPEN}),
-    Op.CONCLUDE: frozenset({State.OPEN}),
-}
-
-
-# Ops that disrupt the job or touch the VM: never on log evidence the node has not confirmed.
-DISRUPTIVE_OPS = frozenset({Op.CHECKPOINT, Op.RESCHEDULE_EARLY, Op.DIAGNOSE, Op.ACT, Op.RESCHEDULE})
-
-
-def refusal(inc: Incident, op: Op, step: int, execution: str, corroborate: bool = True) -> str | None:
-    """Why this execution may not run ``op`` on the incident now; None when it may.
-
-    Checked before every mutating op (``fail`` has its own rules): the step must still be the
-    incident's, the incident in a state the op belongs to, and the step owned by this execution
-    (once an execution claimed it).
-    """
-    if inc["step"] != step:
-        return f"superseded by step {inc['step']}"
-    allowed = OP_STATES.get(op)
-    if allowed is not None and str(inc["state"]) not in allowed:
-        return f"incident is {inc['state']}: {op} is not for an incident in that state"
-    owner = (inc.get("workflow") or {}).get("claimed_by")
-    if owner and execution and owner not in (execution, "unknown"):
-        return f"another execution ({owner}) owns step {step}"
-    if op in DISRUPTIVE_OPS and corroboration.needs_corroboration(inc, corroborate)[0]:
-        return f"the fault is not confirmed on the node: {op} waits for a confirmed corroboration"
-    return None
 
 
 def instance_of(inc: Incident) -> str:
@@ -340,8 +287,15 @@ def summary(inc: Incident, unfenced: Unfenced) -> str:
         return f"{node}: {inc['reason']} No node action taken."
     where, todo = node_note(inc, unfenced)
     if todo:  # a drain Pitstop did not set still holds the node
-        return f"{node}: {inc['action']} done; node healthy, but {where} {inc['reason']}"
-    return f"{node}: {inc['action']} done; node healthy and back in service. {inc['reason']}"
+        return f"{node}: {inc['action']} done; node healthy, but {where} {inc['reason']}{gang_note(inc)}"
+    return f"{node}: {inc['action']} done; node healthy and back in service. {inc['reason']}{gang_note(inc)}"
+
+
+def gang_note(inc: Incident) -> str:
+    """The gang's choice and its numbers, as the notification says it ("" when none was weighed)."""
+    choice = inc.get("choice") or {}
+    why = choice.get("why")
+    return f" Gang {choice.get('job')}: {why}." if why else ""
 
 
 NOTIFIED_FIELDS = (
@@ -359,6 +313,9 @@ NOTIFIED_FIELDS = (
     "resume",
     "diagnosis",
     "validation",
+    "choice",
+    "job",  # a job-level episode's subject (a hang, a Vertex AI job)
+    "vertex",  # a Vertex AI job: what its step read back and did
 )
 
 
@@ -376,3 +333,28 @@ def notification(inc: Incident, severity: str, text: str, **extra: Any) -> Notic
         "repair_s": repair_s(inc),
     }
     return cast(Notice, {**out, **extra})  # the extras are the caller's keys, unchecked here
+
+
+def page_notification(reason: str, inc: Incident | None) -> Page:
+    """The page for a decision: its id is fixed by the incident, the reason and the decision's time.
+
+    ``inc`` may be the coalescer's slim view of the incident (services/count_shards.slim): each
+    field is read with ``get``, None where it has none."""
+    if inc is None:
+        return _page(reason, None, None, {"id": None, "node": None, "job": None, "cluster": None,
+                                          "action": None, "state": None, "held": None})  # fmt: skip
+    fields: PageIncident = {  # job: a hang's subject
+        "id": inc.get("id"),
+        "node": inc.get("node"),
+        "job": inc.get("job"),
+        "cluster": inc.get("cluster"),
+        "action": inc.get("action"),
+        "state": inc.get("state"),
+        "held": inc.get("held"),
+    }
+    return _page(reason, inc.get("id"), inc.get("updated_at"), fields)
+
+
+def _page(reason: str, iid: str | None, at: float | None, fields: PageIncident) -> Page:
+    nid = notification_id("page", iid, reason, at)
+    return {"id": nid, "kind": "page", "severity": "critical", "summary": reason, "incident": fields}

@@ -16,8 +16,12 @@ one): a single handler owns the record's state machine, and the effects only run
    attempt that raised, or that did nothing, releases its claim at once.
 
 A record whose payload hash differs from the request's is refused: a key reused for another
-request must not replay an answer that was never its own. The claim expiry is derived from the
-deployed timeout of whoever runs the handler (``claim_seconds``): past it, the attempt is dead.
+request must not replay an answer that was never its own. A claim may carry a *guard*: the
+precondition of the command the handler serves (for actuate: the incident's step, state and
+owner), which the store checks on the record's parent document in the same atomic operation as
+the claim, so nothing can change the incident between the check and the claim. The claim expiry
+is derived from the deployed timeout of whoever runs the handler (``claim_seconds``): past it,
+the attempt is dead.
 
 The store is a small protocol (Firestore for actuate and notify, SQLite for the Slurm agent's
 ledger in agent/slurm/ledger.py, a dict in tests), so the state machine is written, and tested, once.
@@ -25,11 +29,13 @@ ledger in agent/slurm/ledger.py, a dict in tests), so the state machine is writt
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -87,6 +93,22 @@ class Stored(Generic[V]):
     version: V
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """Why a guard refuses a claim; ``superseded_by``: a newer step owns the parent (the caller
+    winds down instead of failing); ``held``: the runtime control refused it, ``pause`` or
+    ``silence`` (the caller holds the parent until the control lets it go on)."""
+
+    why: str
+    superseded_by: int | None = None
+    held: str | None = None
+
+
+# A claim's precondition, asked of the record's parent document (None: there is none) as the
+# store reads it in the claim's own atomic operation.
+Guard = Callable[[JsonObject | None], Refusal | None]
+
+
 class StepStore(Protocol[V]):
     """Where records live. Each method is one atomic operation of the backing store."""
 
@@ -94,12 +116,15 @@ class StepStore(Protocol[V]):
         """The record and its version; None when there is none."""
         ...
 
-    def create(self, key: str, record: StepRecord) -> bool:
-        """Write the record unless one with this key exists (then False): one create of a key wins."""
+    def create(self, key: str, record: StepRecord, guard: Guard | None = None) -> bool:
+        """Write the record unless one with this key exists (then False): one create of a key wins.
+        With a guard: only if it accepts the parent document, read in the same atomic operation
+        (else :class:`PreconditionError`)."""
         ...
 
-    def replace(self, key: str, record: StepRecord, version: V) -> bool:
-        """Replace the record if it is still at ``version``; False when another write came first."""
+    def replace(self, key: str, record: StepRecord, version: V, guard: Guard | None = None) -> bool:
+        """Replace the record if it is still at ``version``; False when another write came first.
+        With a guard, as :meth:`create`."""
         ...
 
     def update_held(self, key: str, token: str, fields: StepRecord) -> bool:
@@ -131,6 +156,21 @@ class ClaimLostError(BusyError):
 
 class PayloadMismatchError(StepError):
     """The key was claimed for another request: nothing is replayed or run."""
+
+
+class PreconditionError(StepError):
+    """The claim's guard refused: the command's precondition does not hold; nothing ran."""
+
+    def __init__(self, key: str, refusal: Refusal) -> None:
+        super().__init__(f"{key}: {refusal.why}")
+        self.key, self.refusal = key, refusal
+
+
+def checked(guard: Guard | None, key: str, parent: JsonObject | None) -> None:
+    """Raise PreconditionError when the guard refuses the parent document (the stores' one rule)."""
+    refusal = guard(parent) if guard is not None else None
+    if refusal is not None:
+        raise PreconditionError(key, refusal)
 
 
 @dataclass
@@ -186,9 +226,12 @@ class StepRunner(Generic[V]):
 
     # -- the whole state machine ---------------------------------------------------------------
 
-    def run(self, key: str, payload: Payload, handler: Handler, owner: str = "unknown") -> JsonObject:
-        """Replay, refuse (busy), or claim, run, and save: the one path every effect takes."""
-        begun = self.begin(key, payload, owner)
+    def run(
+        self, key: str, payload: Payload, handler: Handler, owner: str = "unknown", guard: Guard | None = None
+    ) -> JsonObject:
+        """Replay, refuse (busy, or the guard's precondition), or claim, run, and save: the one path
+        every effect takes. A done record is replayed whatever the guard says (its effect happened)."""
+        begun = self.begin(key, payload, owner, guard)
         if isinstance(begun, Replay):
             return {**begun.result, "replayed": True}
         try:
@@ -202,16 +245,22 @@ class StepRunner(Generic[V]):
             raise
         return out
 
-    def begin(self, key: str, payload: Payload, owner: str = "unknown") -> Claim | Replay:
+    def begin(
+        self, key: str, payload: Payload, owner: str = "unknown", guard: Guard | None = None
+    ) -> Claim | Replay:
         """Find the record or claim it: a Replay when done, a Claim when this attempt holds it.
 
         Raises BusyError while another attempt holds a live claim, PayloadMismatchError when the
-        key belongs to another request.
+        key belongs to another request, PreconditionError when the guard refuses the claim.
         """
         digest = payload_hash(payload)
+        if guard is not None:  # a done record is replayed before any guard is asked: its effect happened
+            done = self.store.read(key)
+            if done is not None and record_state(done.record) == DONE:
+                return self._over(key, done.record, digest) or Replay({})
         for _ in range(3):  # a record deleted between create and read is simply tried again
             fresh = self._fresh_claim(payload, digest, owner)
-            if self.store.create(key, fresh):
+            if self.store.create(key, fresh, guard):
                 return self._held(key, fresh, {})
             got = self.store.read(key)
             if got is None:
@@ -222,7 +271,7 @@ class StepRunner(Generic[V]):
             taken: StepRecord = {**fresh, "attempt": int(got.record.get("attempt") or 1) + 1}
             if got.record.get("saved"):
                 taken["saved"] = dict(got.record.get("saved") or {})
-            if self.store.replace(key, taken, got.version):
+            if self.store.replace(key, taken, got.version, guard):
                 return self._held(key, taken, dict(got.record.get("saved") or {}))
         raise BusyError(key, {})
 
@@ -289,27 +338,39 @@ class StepRunner(Generic[V]):
 
 
 class MemoryStepStore:
-    """Records in a dict, versioned by a counter: the protocol's semantics with no backend."""
+    """Records in a dict, versioned by a counter: the protocol's semantics with no backend.
+    ``parent`` reads the document the records hang under (the memory store's incident), for a
+    guard; ``lock`` is the lock that stands for the parent's transactions."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        parent: Callable[[], JsonObject | None] | None = None,
+        lock: AbstractContextManager[object] | None = None,
+    ) -> None:
         self.records: dict[str, tuple[StepRecord, int]] = {}
+        self._parent = parent or (lambda: None)
+        self._lock = lock or contextlib.nullcontext()
 
     def read(self, key: str) -> Stored[int] | None:
         got = self.records.get(key)
         return None if got is None else Stored(StepRecord(**got[0]), got[1])
 
-    def create(self, key: str, record: StepRecord) -> bool:
-        if key in self.records:
-            return False
-        self.records[key] = (StepRecord(**record), 1)
-        return True
+    def create(self, key: str, record: StepRecord, guard: Guard | None = None) -> bool:
+        with self._lock:
+            if key in self.records:
+                return False
+            checked(guard, key, self._parent())
+            self.records[key] = (StepRecord(**record), 1)
+            return True
 
-    def replace(self, key: str, record: StepRecord, version: int) -> bool:
-        got = self.records.get(key)
-        if got is None or got[1] != version:
-            return False
-        self.records[key] = (StepRecord(**record), version + 1)
-        return True
+    def replace(self, key: str, record: StepRecord, version: int, guard: Guard | None = None) -> bool:
+        with self._lock:
+            got = self.records.get(key)
+            if got is None or got[1] != version:
+                return False
+            checked(guard, key, self._parent())
+            self.records[key] = (StepRecord(**record), version + 1)
+            return True
 
     def update_held(self, key: str, token: str, fields: StepRecord) -> bool:
         got = self.records.get(key)

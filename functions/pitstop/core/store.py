@@ -9,23 +9,26 @@ against both.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import json
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from pitstop.core import engine
+from pitstop.core import aggregate, engine, remediation
+from pitstop.core.answers import Notification
 from pitstop.core.domain import (
     Budget,
     CountShard,
     FaultEvent,
     Incident,
+    JsonObject,
     NodeDoc,
     NodeFields,
     OutboxEntry,
     Resolution,
     StepRecord,
 )
-from pitstop.core.engine import Outcome, subject_key
+from pitstop.core.engine import Budgets, Outcome, subject_key
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
 from pitstop.core.steps import StepStore
@@ -35,30 +38,72 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Commit:
-    """The documents one engine decision writes, all in one transaction or none."""
+    """The documents one decision writes, all in one transaction or none: the incidents (a burst's
+    end may close one incident while the event opens the next), the subject's node document, the
+    budgets it claimed or released, and the notifications it causes (outbox entries)."""
 
     incidents: list[Incident] = field(default_factory=list)
     node: NodeDoc | None = None
     budgets: Mapping[str, Budget] = field(default_factory=dict)
+    outbox: list[OutboxEntry] = field(default_factory=list)
 
     @property
     def count(self) -> int:
-        return len(self.incidents) + (self.node is not None) + len(self.budgets)
+        return len(self.incidents) + (self.node is not None) + len(self.budgets) + len(self.outbox)
 
 
-def commit_of(out: Outcome) -> Commit:
+NOT_WRITTEN = frozenset({"ignored", "duplicate", "refused"})
+
+
+def commit_of(out: Outcome, now: float) -> Commit:
     """What a decision writes: the incident a burst's end closed, the incident it decided, the node
-    document (unless the event was only absorbed, which leaves the node as it was) and every
-    budget document it claimed or released. Nothing for an ignored or duplicate delivery."""
-    if out.result in ("ignored", "duplicate"):
+    document (unless the event was only absorbed, or the command was about the incident alone),
+    every budget document it claimed or released, and an outbox entry for each notification (a
+    page it asks for among them). Nothing for an ignored, duplicate or refused one."""
+    if out.result in NOT_WRITTEN:
         return Commit()
     incidents = [inc for inc in (out.closed, out.incident) if inc is not None]
     node = out.node if out.result != "absorbed" else None
-    return Commit(incidents, node, dict(out.budgets))
+    return Commit(incidents, node, dict(out.budgets), [outbox_entry(n, now) for n in notices(out)])
+
+
+def notices(out: Outcome) -> list[Notification]:
+    """The notifications a decision causes: its page first, then its incident notices."""
+    page = [remediation.page_notification(out.page, out.incident)] if out.page else []
+    return [*page, *out.notices]
+
+
+def outbox_entry(notification: Notification, now: float) -> OutboxEntry:
+    """A notification as the outbox keeps it until the topic has it (published as stored)."""
+    plain: JsonObject = json.loads(json.dumps(notification, default=str))  # enums as their strings
+    return {"id": str(notification["id"]), "notification": plain, "created_at": now, "sent": False}
 
 
 def node_key_of(commit: Commit) -> str | None:
     return subject_key(commit.node) if commit.node is not None else None
+
+
+class UnitOfWork(Protocol):
+    """What one decision reads and writes, as a store's transaction offers it (Firestore's, or the
+    memory store's lock): the incident, the subject's node document, the budgets (read lazily), and
+    the write of its outcome. :func:`run` is the one way any store decides a command."""
+
+    def incident(self, iid: str) -> Incident | None: ...
+    def node(self, key: str) -> NodeDoc | None: ...
+    @property
+    def budgets(self) -> Budgets: ...
+    def write(self, commit: Commit) -> None: ...
+
+
+def run(uow: UnitOfWork, iid: str, cmd: aggregate.Command, policy: Policy | None, now: float) -> Outcome:
+    """Decide one command on the incident as the unit of work reads it, and write what it decides."""
+    inc = uow.incident(iid)
+    node = uow.node(inc["node_key"]) if inc is not None and aggregate.reads_node(cmd) else None
+    out = aggregate.decide(inc, cmd, aggregate.Given(now, policy, node, uow.budgets))
+    commit = commit_of(out, now)
+    if commit.count:
+        uow.write(commit)
+    return out
 
 
 # -- storm counts in shards ---------------------------------------------------------------------
@@ -82,11 +127,13 @@ COUNT_PAGE_KEEP_S = 90 * 86_400.0
 
 def with_shards(inc: Incident, shards: Iterable[CountShard]) -> Incident:
     """The incident as reports, notifications and people see it: its decided counts plus every
-    shard's (in place; the incident's bounds apply to the sum: engine.add_deltas)."""
+    shard's (a view: what is stored stays as decided; the incident's bounds apply to the sum:
+    engine.add_deltas)."""
+    view = engine.as_incident(inc)
     for shard in shards:
-        engine.add_deltas(inc, shard)
-        inc["burst_until"] = max(float(inc.get("burst_until") or 0), float(shard.get("burst_until") or 0))
-    return inc
+        engine.add_deltas(view, shard)
+        view["burst_until"] = max(float(view.get("burst_until") or 0), float(shard.get("burst_until") or 0))
+    return view
 
 
 def resolution(inc: Incident, now: float) -> Resolution | None:
@@ -98,15 +145,11 @@ def resolution(inc: Incident, now: float) -> Resolution | None:
     return {"incident": inc["id"], "node": inc.get("node_key"), "at": at, "expire_at": at + RESOLVED_KEEP_S}
 
 
-# Asked by a decision of the node's latest incident as it read it (None: the node has none): the
-# caller (services/coalesce.py) counts the event in memory instead, and nothing is decided.
-Countable = Callable[[Incident | None], bool]
+Countable = aggregate.Countable
 
 
 class Decisions(Protocol):
-    """Engine decisions, each read-decide-write in one transaction."""
-
-    on_decision: Callable[[Any, Outcome], None] | None
+    """Decisions, each read-decide-write in one transaction (core/aggregate.decide decides them)."""
 
     def apply(
         self, ev: FaultEvent, policy: Policy, now: float, countable: Countable | None = None
@@ -115,12 +158,9 @@ class Decisions(Protocol):
         the incident as read, nothing (``coalesced``: the incident as read, nothing written)."""
         ...
 
-    def release(self, iid: str, policy: Policy, now: float, by: str) -> Outcome: ...
-    def step_up(self, iid: str, policy: Policy, now: float) -> Outcome: ...
-    def close(self, iid: str, by: str, now: float, unfence: bool) -> Outcome: ...
-    def fail_stuck(self, iid: str, execution: str, why: str, now: float) -> Outcome: ...
-    def join_block(self, iid: str, block: str, policy: Policy, now: float) -> Outcome: ...
-    def close_bursts(self, now: float) -> int: ...
+    def decide(self, iid: str, cmd: aggregate.Command, policy: Policy | None, now: float) -> Outcome:
+        """Decide any other command on an incident (:func:`run`) and write its outcome atomically."""
+        ...
 
 
 class Counts(Protocol):
@@ -142,10 +182,6 @@ class Counts(Protocol):
 
 
 class Starts(Protocol):
-    """Workflow starts under a lease (one starter per step)."""
-
-    def lease_start(self, iid: str, step: int, now: float, lease_s: float = 60.0) -> Incident | None: ...
-    def record_started(self, iid: str, step: int, execution: str, now: float) -> None: ...
     def pending_starts(self, now: float) -> list[Incident]: ...
 
 
@@ -155,12 +191,10 @@ class Records(Protocol):
     def get(self, iid: str) -> Incident | None: ...  # with its count shards summed
     def list(self, states: Iterable[State] | None = None) -> list[Incident]: ...  # likewise
     def latest_incident(self, nkey: str) -> Incident | None: ...  # as decided, no shards
-    def mutate(self, iid: str, fn: Callable[[Incident], T]) -> T: ...
     def get_node(self, key: str) -> NodeDoc | None: ...
     def put_node(self, key: str, doc: NodeDoc) -> None: ...
     def set_node_fields(self, key: str, fields: NodeFields) -> None: ...
     def budget(self, doc_id: str) -> Budget | None: ...
-    def release_budget(self, inc: Incident) -> None: ...
     def mark_job_requeue(self, key: str, incident: str, now: float) -> bool: ...
     def claim_job_restart(
         self, job_key: str, run_key: str, now: float, cap: int, window_s: float
@@ -172,7 +206,6 @@ class Records(Protocol):
 class Outbox(Protocol):
     """Notifications recorded before they are published (services/outbox.py)."""
 
-    def outbox_put_in(self, t: Any, nid: str, entry: OutboxEntry) -> None: ...
     def outbox_add(self, nid: str, entry: OutboxEntry) -> OutboxEntry: ...
     def outbox_mark_sent(self, nid: str, message_id: str, now: float, keep_s: float) -> None: ...
     def outbox_note_failure(self, nid: str, now: float) -> None: ...

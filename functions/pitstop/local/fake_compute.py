@@ -169,6 +169,8 @@ class Instance:
     fingerprint: str = "42WmSpB8rSM="
     host: str = field(default_factory=lambda: f"host-{random.randrange(16**8):08x}")
     block: str = "block-1"
+    subblock: str = "sub-1"
+    cluster: str = "c1"
     plan: list[tuple[float, PlanStep]] = field(default_factory=list)  # (at, changes)
     maintenance: Maintenance | None = None
     reports: int = 0
@@ -219,7 +221,12 @@ class Instance:
     def to_api(self) -> InstanceDoc:
         rs: ResourceStatus = {
             "physicalHost": self.host,
-            "physicalHostTopology": {"cluster": "c1", "block": self.block, "host": self.host},
+            "physicalHostTopology": {
+                "cluster": self.cluster,
+                "block": self.block,
+                "subblock": self.subblock,
+                "host": self.host,
+            },
         }
         if self.maintenance:
             rs["upcomingMaintenance"] = self.maintenance
@@ -387,8 +394,11 @@ class FakeCompute:
         machine_type: str = "a3-megagpu-8g",
         provisioning: str = "RESERVATION_BOUND",
         mig: str | None = None,
+        block: str = "block-1",
+        subblock: str = "sub-1",
     ) -> Instance:
-        inst = Instance(project, zone, name, machine_type, provisioning, mig)
+        """A VM; ``block`` and ``subblock`` place it (resourceStatus.physicalHostTopology)."""
+        inst = Instance(project, zone, name, machine_type, provisioning, mig, block=block, subblock=subblock)
         with self.lock:
             self.instances[inst.path] = inst
             if mig:
@@ -405,6 +415,8 @@ class FakeCompute:
             _text(spec, "machine_type") if "machine_type" in spec else "a3-megagpu-8g",
             _text(spec, "provisioning") if "provisioning" in spec else "RESERVATION_BOUND",
             None if mig is None else _text(spec, "mig"),
+            _text(spec, "block") if "block" in spec else "block-1",
+            _text(spec, "subblock") if "subblock" in spec else "sub-1",
         )
 
     def inject(self, method: str, code: int, reason: str, message: str = "", count: int = 1) -> None:

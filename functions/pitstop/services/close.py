@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from google.api_core import exceptions as gexc
 
 from pitstop.adapters.errors import ActuatorError
+from pitstop.core.aggregate import CloseByPerson, RecordUnfenceAnswer
 from pitstop.core.domain import Incident, UnfenceAnswer
 from pitstop.core.engine import subject_name
 from pitstop.core.scheduling import JobReleaser, Scheduler, StepRef
@@ -63,7 +64,7 @@ def close_incident(
     unfence: bool,
 ) -> Closing:
     """Close an incident for a person and, if asked, ask its node's scheduler to take the node back."""
-    out = store.close(iid, by, now, unfence)
+    out = store.decide(iid, CloseByPerson(by, unfence), None, now)
     inc = out.incident
     if out.result != "closed" or inc is None:
         return _refusal(store.get(iid), iid)
@@ -72,7 +73,7 @@ def close_incident(
     done.lines += [f"{iid}: {line}" for line in release_jobs(inc, scheduler)]
     if unfence:
         answer = request_unfence(inc, scheduler)
-        store.mutate(iid, lambda d: d["closure"].update({"unfence": answer}))
+        store.decide(iid, RecordUnfenceAnswer(answer), None, now)
         done.lines.append(f"{iid}: unfence {answer['outcome']}: {answer['detail']}")
     elif inc["closure"]["from_state"] == State.FAILED:
         done.lines.append(f"{iid}: {subject_name(inc)} stays fenced (use --unfence to return it)")

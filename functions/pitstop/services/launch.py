@@ -14,13 +14,14 @@ from __future__ import annotations
 from typing import Protocol, cast
 
 from pitstop.adapters import log
+from pitstop.core.aggregate import LeaseStart, RecordStarted
 from pitstop.core.answers import WorkflowArgument
 from pitstop.core.domain import Incident, WorkflowRun
 from pitstop.core.engine import Outcome
 from pitstop.core.policy import Policy
 from pitstop.core.states import UNCLAIMABLE_STATES, RunState
-from pitstop.core.store import IncidentStore
-from pitstop.services.outbox import Outbox, Publisher, page_notification
+from pitstop.core.store import IncidentStore, notices
+from pitstop.services.outbox import Outbox, Publisher
 
 __all__ = ["Launcher", "Publisher", "Starter", "start_lost", "workflow_argument"]
 
@@ -68,8 +69,9 @@ class Launcher:
     def follow_up(self, out: Outcome, policy: Policy, now: float) -> None:
         """Act on a committed decision: page a human, start its step, or recover a lost start."""
         inc = out.incident
-        if out.page:
-            self._page(out.page, inc)
+        if self.outbox is not None:
+            for notice in notices(out):  # recorded in the outbox with the decision: now published
+                self.outbox.send(notice)
         if out.start_step is not None and inc is not None:
             self.start(inc["id"], out.start_step, policy, now)
         elif inc is not None:
@@ -80,13 +82,14 @@ class Launcher:
 
     def start(self, iid: str, step: int, policy: Policy, now: float) -> str | None:
         """Start (at most once) the execution for one incident step."""
-        if self.starter is None or not policy.enforce:
+        if self.starter is None:  # a step is pending only where its cluster enforces (core/engine)
             return None
-        inc = self.store.lease_start(iid, step, now)
-        if inc is None:
+        leased = self.store.decide(iid, LeaseStart(step), policy, now)
+        inc = leased.incident
+        if leased.result != "leased" or inc is None:
             return None  # another starter holds the lease, or it is already started
         name = self.starter.find(iid, step) or self.starter.start(iid, step, workflow_argument(inc, step))
-        self.store.record_started(iid, step, name, now)
+        self.store.decide(iid, RecordStarted(step, name), policy, now)
         log.emit("INFO", "remediation started", incident=iid, step=step, execution=name)
         return name
 
@@ -96,9 +99,3 @@ class Launcher:
         if inc is not None and start_lost(inc, now):
             wf = cast(WorkflowRun, inc["workflow"])  # start_lost: a pending start has its workflow
             self.start(iid, int(wf["step"]), policy, now)
-
-    def _page(self, reason: str, inc: Incident | None) -> None:
-        """Publish the page the committed decision recorded in the outbox; if that fails, the sweep will."""
-        if self.outbox is None:
-            return
-        self.outbox.send(page_notification(reason, inc))

@@ -3,11 +3,11 @@
 Publishing after a commit can fail, and the redelivery that follows is a duplicate with
 nothing left to announce. So a notification is first an entry ``<prefix>_outbox/<id>``:
 
-- A page is born in a decision (an incident held for a budget or a cooldown). The store calls
-  :meth:`Outbox.record_decision` inside that decision's transaction, so the entry commits with
-  the incident or not at all. Right after the commit the launcher publishes it (:meth:`send`)
-  and marks it sent.
-- A notification born outside a transaction (actuate's resolved and failed summaries) is
+- A notification born in a decision (a page for an incident held for a budget or a cooldown,
+  a step's resolved or failed summary) is recorded by the store in that decision's transaction
+  (core/store.commit_of), so the entry commits with the incident or not at all. Right after the
+  commit the launcher publishes it (:meth:`send`) and marks it sent.
+- A notification born outside a decision (a step's note that a job was not restarted) is
   recorded first, then published, then marked sent (:meth:`deliver`).
 - Whatever is still unsent the sweep publishes (:meth:`publish_pending`): at once if a publish
   of it already failed, else once it is older than a few seconds (its publisher died, or is
@@ -21,17 +21,15 @@ publisher) is posted and counted once.
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 from pitstop.adapters import log
-from pitstop.core.answers import Notification, Page, PageIncident
-from pitstop.core.domain import Incident, JsonObject, OutboxEntry
-from pitstop.core.engine import Outcome
+from pitstop.core.answers import Notification
+from pitstop.core.domain import OutboxEntry
 from pitstop.core.notifications import notification_id as notification_id
-from pitstop.core.store import IncidentStore
+from pitstop.core.store import IncidentStore, outbox_entry
 
 PUBLISH_GRACE_S = 10.0  # an entry this old, never tried, has lost its publisher
 KEEP_SENT_S = 7 * 86400.0  # a sent entry keeps this long: its expire_at, for a Firestore TTL policy
@@ -43,48 +41,14 @@ class Publisher(Protocol):
     def publish(self, notification: Notification) -> str: ...
 
 
-def page_notification(reason: str, inc: Incident | None) -> Page:
-    """The page for a decision: its id is fixed by the incident, the reason and the decision's time.
-
-    ``inc`` may be the coalescer's slim view of the incident (services/count_shards.slim): each
-    field is read with ``get``, None where it has none."""
-    if inc is None:
-        return _page(reason, None, None, {"id": None, "node": None, "job": None, "cluster": None,
-                                          "action": None, "state": None, "held": None})  # fmt: skip
-    fields: PageIncident = {  # job: a hang's subject
-        "id": inc.get("id"),
-        "node": inc.get("node"),
-        "job": inc.get("job"),
-        "cluster": inc.get("cluster"),
-        "action": inc.get("action"),
-        "state": inc.get("state"),
-        "held": inc.get("held"),
-    }
-    return _page(reason, inc.get("id"), inc.get("updated_at"), fields)
-
-
-def _page(reason: str, iid: str | None, at: float | None, fields: PageIncident) -> Page:
-    nid = notification_id("page", iid, reason, at)
-    return {"id": nid, "kind": "page", "severity": "critical", "summary": reason, "incident": fields}
-
-
-def _plain(notification: Notification) -> JsonObject:
-    """The notification as JSON carries it (what is published is what is stored)."""
-    out: JsonObject = json.loads(json.dumps(notification, default=str))
-    return out
-
-
 def _recorded(entry: OutboxEntry) -> Notification:
     """The notification an entry keeps: one of ours, made plain JSON (enums as their strings)."""
     return cast(Notification, entry["notification"])
 
 
 class Outbox:
-    """Notifications kept in Firestore until the topic has them.
-
-    Constructing one attaches it to the store: the store's decision transactions then record
-    the pages they decide.
-    """
+    """Notifications kept in Firestore until the topic has them (the store records a decision's
+    notifications with it: core/store.commit_of)."""
 
     def __init__(
         self,
@@ -94,22 +58,6 @@ class Outbox:
         grace_s: float = PUBLISH_GRACE_S,
     ) -> None:
         self.store, self.publisher, self.clock, self.grace_s = store, publisher, clock, grace_s
-        store.on_decision = self.record_decision
-
-    def record_decision(self, txn: Any, out: Outcome) -> None:
-        """In a decision's transaction: the page it asks for, if any."""
-        if out.page:
-            self.record_in(txn, page_notification(out.page, out.incident))
-
-    def _entry(self, notification: Notification) -> OutboxEntry:
-        nid = str(notification["id"])
-        return {"id": nid, "notification": _plain(notification), "created_at": self.clock(), "sent": False}
-
-    def record_in(self, txn: Any, notification: Notification) -> str:
-        """Record a notification (it carries its ``id``) in the caller's transaction."""
-        entry = self._entry(notification)
-        self.store.outbox_put_in(txn, entry["id"], entry)
-        return str(entry["id"])
 
     def send(self, notification: Notification) -> bool:
         """Publish a recorded notification and mark it sent; on failure it stays for the sweep."""
@@ -152,10 +100,10 @@ class Outbox:
 
     def deliver(self, notification: Notification) -> bool:
         """Record (once per id), publish, mark sent: for a notification no transaction produced."""
-        stored = self.store.outbox_add(str(notification["id"]), self._entry(notification))
+        stored = self.store.outbox_add(str(notification["id"]), outbox_entry(notification, self.clock()))
         if stored.get("sent"):
             return True  # a retried caller: this notification already went out
-        plain = stored.get("notification") or _plain(notification)
+        plain = stored.get("notification") or outbox_entry(notification, self.clock())["notification"]
         return self.send(cast(Notification, plain))  # one of ours, as JSON carries it
 
     def publish_pending(self, now: float) -> int:

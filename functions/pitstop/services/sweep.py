@@ -29,31 +29,42 @@ from google.api_core import exceptions as gexc
 
 from pitstop.adapters import log
 from pitstop.adapters.workflows import ExecutionStatus
-from pitstop.core import engine, lifecycle
+from pitstop.core import engine, watchdog
+from pitstop.core.aggregate import EndBurst, FailStuck, RefuseStart, ReleaseHeld
 from pitstop.core.domain import Incident, WorkflowRun
 from pitstop.core.engine import Outcome
+from pitstop.core.ops import Op, step_key
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
 from pitstop.core.store import IncidentStore
-from pitstop.core.timefmt import to_epoch
 from pitstop.services.ingest import FOLLOW_UP_ERRORS, Ingest
-from pitstop.services.outbox import page_notification
 
-# Refused starts of one step before its incident fails with a page (a refusal that cannot pass
-# fails it at once). Each retry waits for the start's lease to run out.
-START_REFUSALS = 3
+
+def close_bursts(store: IncidentStore, now: float) -> int:
+    """Resolve record-only and observe-mode incidents whose burst has ended; how many. Each is
+    listed with its count shards summed: the burst goes on while any shard says so."""
+    closed = 0
+    for inc in store.list((State.OPEN,)):
+        out = store.decide(inc["id"], EndBurst(float(inc["burst_until"])), None, now)
+        closed += out.result == "resolved"
+    return closed
 
 
 def release_held(
     store: IncidentStore, policy: Policy, now: float, follow_up: Callable[[Outcome], None] | None = None
 ) -> int:
-    """Retry incidents held for a budget, oldest first; those held for a human (policy, cooldown)
+    """Retry incidents held for a budget, and those the runtime control held once it no longer
+    does (a resume, a silence's end), oldest first; those held for a human (policy, cooldown)
     stay. Shared with ``pitstop replay``, which runs the sweep's rules on its own store."""
     released = 0
     for inc in store.list((State.HELD,)):
-        if (inc.get("held") or {}).get("scope") is None:
+        held = inc.get("held") or {}
+        if held.get("control"):
+            if policy.control.hold(inc, now, enforce=True) is not None:
+                continue  # still paused or silenced: tried again (and paged) only once it is not
+        elif held.get("scope") is None:
             continue
-        out = store.release(inc["id"], policy, now, by="sweep")
+        out = store.decide(inc["id"], ReleaseHeld("sweep", force=False), policy, now)
         released += out.result == "released"
         if follow_up is not None:
             follow_up(out)
@@ -86,10 +97,11 @@ class Sweep:
         them), and notifications `republished` from the outbox after a failed publish."""
         ing = self.ingest
         now = ing.clock()
+        ing.in_force()  # a resume or a silence's end, as this instance has the control now
         outbox = ing.launcher.outbox
         phases: dict[str, Callable[[float], int]] = {
             "flushed": lambda t: ing.coalescer.flush_all(t) or 0,
-            "closed": ing.store.close_bursts,
+            "closed": lambda t: close_bursts(ing.store, t),
             "released": self._release_held,
             "restarted": self._restart_lost,
             "failed": self.watchdog,
@@ -134,23 +146,10 @@ class Sweep:
         what = repr(exc)[:300]
         permanent = isinstance(exc, gexc.ClientError) and not isinstance(exc, gexc.TooManyRequests)
 
-        def count(doc: Incident) -> tuple[bool, Incident]:
-            if doc["state"] != State.OPEN or int((doc.get("workflow") or {}).get("step", -1)) != step:
-                return False, doc.copy()
-            n = int(doc.get("start_refusals") or 0) + 1
-            doc["start_refusals"] = n
-            give_up = permanent or n >= START_REFUSALS
-            if give_up:
-                lifecycle.move(doc, State.FAILED, "start refused")
-                doc["failure"] = {"stage": "start", "error": what, "at": now}
-            doc["updated_at"] = now
-            return give_up, doc.copy()
-
-        failed, inc = self.ingest.store.mutate(iid, count)
-        log.emit("ERROR", "workflow start refused", incident=iid, step=step, error=what, failed=failed)
-        outbox = self.ingest.launcher.outbox
-        if failed and outbox is not None:
-            outbox.send(page_notification(f"Remediation of {iid} could not start: {what}", inc))
+        out = self.ingest.store.decide(iid, RefuseStart(step, what, permanent), None, now)
+        log.emit("ERROR", "workflow start refused", incident=iid, step=step, error=what,
+                 failed=out.result == "failed")  # fmt: skip
+        self.ingest.follow_up(out, now)  # the page it recorded, if it failed the incident
 
     # -- the watchdog --------------------------------------------------------------------
 
@@ -165,7 +164,7 @@ class Sweep:
             if name is None or verdict is None:
                 continue
             why, overran = verdict
-            out = self.ingest.store.fail_stuck(inc["id"], name, why, now)
+            out = self.ingest.store.decide(inc["id"], FailStuck(name, why), None, now)
             if out.result != "failed":
                 continue  # the execution moved the incident on meanwhile
             failed += 1
@@ -189,10 +188,9 @@ class Sweep:
             return f"execution {short} ended {status.state} without closing the incident{detail}", False
         started = (inc.get("workflow") or {}).get("started_at") or status.started_at
         deadline = self.ingest.policy.watchdog_deadline_s(str(inc["action"]))
-        maint = inc.get("maintenance")
-        window_end = to_epoch(maint.get("window_end") if maint else None)
-        if window_end is not None and started is not None:  # a platform window the step waits out
-            deadline = max(deadline, window_end - float(started) + deadline)
+        if started is not None:  # a platform window the step waits out, as Compute gave it to act
+            acted = self.ingest.store.step_record(inc["id"], step_key(int(inc.get("step") or 1), Op.ACT))
+            deadline = watchdog.with_platform_wait(deadline, float(started), watchdog.platform_until(acted))
         if started is not None and now - float(started) > deadline:
             ran = int(now - float(started))
             return f"execution {short} still {status.state} after {ran} s (deadline {int(deadline)} s)", True

@@ -30,8 +30,8 @@ from pitstop.local import chaos, inject, realtime
 from pitstop.local.gke_drive import evictions
 from pitstop.local.gke_stack import JOBSET_LABEL, NAMESPACE, Watch, node_summary
 from pitstop.local.heartbeats import beating_again, beats, hang_ended
-from pitstop.local.serve import PAGERDUTY_PATH
 from pitstop.local.stack import HEARTBEAT_EVERY_S, HEARTBEAT_MIN_POINTS, WebhookRecord, webhook_records
+from pitstop.plugins.channels.pagerduty.local import PATH as PAGERDUTY_PATH
 from pitstop.tools.demo_runner import XID_LINES, Runner, Seen, incident_obs
 from pitstop.tools.demo_stage import Observations, Stage
 
@@ -316,7 +316,7 @@ def gke_pdb(st: Stage) -> Seen:
         gangs.done_with(g)
     why = str(failure["error"] if (failure := inc.get("failure")) else "")
     obs: Observations = {"state": inc["state"], "pdb": pdb, "why": why[:160], "bad": bad}
-    obs.update(names_the_pdb=f"PodDisruptionBudget {pdb}" in why, fenced_while_failed=held["unschedulable"])
+    obs.update(names_the_pdb=f"PodDisruptionBudget {pdb}" in why, fenced_while_failed=held["fenced"])
     obs.update(
         pod_stayed=stayed, restarts=restarts, perform_maintenance=len(st.calls("perform_maintenance", bad))
     )
@@ -342,7 +342,7 @@ def gke_serial(st: Stage) -> Seen:
     finally:
         gangs.done_with(g)
     lone = st.node_incidents(forged)[-1]
-    untouched = not st.calls("reset", forged) and not node_summary(gangs.kube.node(forged))["unschedulable"]
+    untouched = not st.calls("reset", forged) and not node_summary(gangs.kube.node(forged))["fenced"]
     obs: Observations = {
         "forged": forged,
         "bad": bad,

@@ -23,7 +23,7 @@ from pitstop.core.slurm_wire import (
     Result,
     result_state,
 )
-from pitstop.core.steps import DONE, IN_PROGRESS, RELEASED, Stored
+from pitstop.core.steps import DONE, IN_PROGRESS, RELEASED, Guard, Stored, checked
 
 
 class Ledger:
@@ -136,10 +136,13 @@ class LedgerSteps:
         got = self.ledger.get(key)
         return None if got is None else got[0]
 
-    def create(self, key: str, record: StepRecord) -> bool:
+    def create(self, key: str, record: StepRecord, guard: Guard | None = None) -> bool:
+        checked(guard, key, None)  # a command has no parent document: only a guard that needs none passes
         return self.ledger.create(key, wire_fields(key, record), self.clock()) is not None
 
-    def replace(self, key: str, record: StepRecord, version: int) -> bool:
+    def replace(self, key: str, record: StepRecord, version: int, guard: Guard | None = None) -> bool:
+        checked(guard, key, None)
+
         def taken(old: Result) -> Result:
             return {**wire_fields(key, record), "previous_error": old.get("error")}
 

@@ -27,7 +27,7 @@ class ToolsDoc(TypedDict):
 
 
 class CheckState(TypedDict, total=False):
-    """A check as ``state.json`` keeps it: its arguments (checks._check_spec, gang._gang_spec),
+    """A check as ``state.json`` keeps it: its arguments (checks.check_spec, gang._gang_spec),
     then what its start set up, then how it finished. ``undone``: a start taken back (only
     ``name``, ``node`` and ``undone`` are left)."""
 

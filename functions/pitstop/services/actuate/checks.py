@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Literal, cast
+from typing import Literal, NoReturn, cast
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
-from pitstop.core import checks, corroboration, remediation
-from pitstop.core.actions import RANK, Action
+from pitstop.core import checks, corroboration
+from pitstop.core.actions import Action
+from pitstop.core.aggregate import RecordCorroboration, RecordDiagnosis, RecordUnconfirmed, RecordValidation
 from pitstop.core.answers import (
     CheckStarted,
     Corroborating,
@@ -18,7 +19,7 @@ from pitstop.core.answers import (
     Validating,
     ValidationJudged,
 )
-from pitstop.core.domain import CheckRun, CheckSpec, Incident, Measurement
+from pitstop.core.domain import CheckRun, CheckSpec, Measurement, Unfenced
 from pitstop.core.ops import Op
 from pitstop.core.timefmt import to_epoch
 from pitstop.core.validation import PAGE
@@ -144,34 +145,30 @@ def judge_corroboration(s: Step) -> CorroborationJudged:
     if rec.get("unavailable"):
         record["why"] = f"{rec.get('why')}: {record['why']}"[:500]
     confirmed = record["confirmed"] is True
-
-    def judged(doc: Incident) -> Incident:
-        doc["corroboration"] = record
-        if confirmed and not doc["timeline"].get("corroborated"):
-            doc["timeline"]["corroborated"] = now
-        doc["updated_at"] = now
-        return doc
-
-    s.deps.store.mutate(s.iid, judged)
     log.emit("INFO", "corroborated", incident=s.iid, confirmed=confirmed, why=record["why"])
     if not confirmed:
-        raise ActuatorError(409, f"corroboration: {record['why']}", False)
+        _stand_down(s, record)
+    s.decide(RecordCorroboration(s.at, record))
     s.label(Op.FENCE, "fenced")  # the fence's courtesy label, held back until the node confirmed
     return {"confirmed": True, "why": record["why"]}
 
 
+def _stand_down(s: Step, record: Measurement) -> NoReturn:
+    """Not confirmed: nothing of it may stay. Pitstop's fence is lifted (a fence someone else set
+    stays theirs), the incident resolves as not confirmed with its slots let go and no remediation
+    left in the node's history, a person is paged (once per node per window), and the workflow
+    ends here (409)."""
+    answer = s.scheduler.unfence(s.instance, s.ref)
+    unfenced: Unfenced = {"unfenced": s.instance, "resumed": answer.resumed}
+    if answer.left_fenced:
+        unfenced["left_drained"] = answer.left_fenced
+    s.decide(RecordUnconfirmed(s.at, record, unfenced))
+    raise ActuatorError(409, f"corroboration: {record['why']}", False)
+
+
 def _judge_peers(s: Step, record: Measurement) -> CorroborationJudged:
     """A degraded node's comparison on the incident; a move goes on, anything else stands down."""
-    now = s.deps.clock()
-
-    def judged(doc: Incident) -> Incident:
-        doc["corroboration"] = record
-        if record.get("confirmed") and not doc["timeline"].get("corroborated"):
-            doc["timeline"]["corroborated"] = now
-        doc["updated_at"] = now
-        return doc
-
-    s.deps.store.mutate(s.iid, judged)
+    s.decide(RecordCorroboration(s.at, record))
     return planned.judged(record)
 
 
@@ -220,25 +217,11 @@ def judge_diagnosis(s: Step) -> DiagnosisJudged:
 
 def _record_diagnosis(s: Step, verdict: checks.DiagnosisVerdict) -> None:
     """The diagnosis on the incident; not confirmed, this step steps down (and says why)."""
-    now = s.deps.clock()
-    record = verdict.record(now)
-
-    def judged(doc: Incident) -> Incident:
-        doc["diagnosis"] = record
-        doc["measured"] = remediation.measured(doc, record, s.step)
-        chosen = planned.planned(doc) and verdict.action != doc["action"]
-        stepped = not verdict.confirmed and doc["action"] == Action.REPLACE_NODE
-        if (chosen or stepped) and verdict.action != PAGE:
-            doc.setdefault("escalations", []).append(
-                {"from": doc["action"], "to": verdict.action, "at": now, "why": [verdict.why]}
-            )
-            doc["action"] = verdict.action
-        if not doc["timeline"].get("diagnosed"):
-            doc["timeline"]["diagnosed"] = now
-        doc["updated_at"] = now
-        return doc
-
-    s.deps.store.mutate(s.iid, judged)
+    record = verdict.record(s.deps.clock())
+    chosen = planned.planned(s.inc) and verdict.action != s.inc["action"]
+    stepped = not verdict.confirmed and s.inc["action"] == Action.REPLACE_NODE
+    action = verdict.action if (chosen or stepped) and verdict.action != PAGE else None
+    s.decide(RecordDiagnosis(s.at, record, action, verdict.why))
     log.emit("INFO", "diagnosed", incident=s.iid, confirmed=verdict.confirmed, why=verdict.why)
 
 
@@ -330,22 +313,11 @@ def judge_validation(s: Step) -> ValidationJudged:
 
 
 def _record_validation(s: Step, verdict: checks.ValidationVerdict) -> ValidationJudged:
-    now = s.deps.clock()
-    record = verdict.record(now)
+    record = verdict.record(s.deps.clock())
     passed = verdict.validation.passed
-
-    def judged(doc: Incident) -> Incident:
-        doc["validation"] = record
-        doc["measured"] = remediation.measured(doc, record, s.step)
-        if passed and not doc["timeline"].get("validated"):
-            doc["timeline"]["validated"] = now
-        if verdict.next == Action.REPLACE_NODE and RANK[Action.REPLACE_NODE] > RANK[doc["action"]]:
-            doc["escalate_to"] = Action.REPLACE_NODE
-            doc["escalate_why"] = [f"validation failed: {verdict.validation.why}"]
-        doc["updated_at"] = now
-        return doc
-
-    s.deps.store.mutate(s.iid, judged)
+    replace = verdict.next == Action.REPLACE_NODE
+    replace_why = f"validation failed: {verdict.validation.why}" if replace else None
+    s.decide(RecordValidation(s.at, record, passed, replace_why))
     log.emit("INFO", "validated", incident=s.iid, verdict=verdict.validation.verdict, next=verdict.next)
     if verdict.next == PAGE:
         raise ActuatorError(409, f"validation failed: {verdict.validation.why}", False)

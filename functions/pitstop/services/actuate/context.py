@@ -10,7 +10,8 @@ from typing import Any, Literal, cast, overload
 from pitstop.adapters import log
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.errors import ActuatorError
-from pitstop.core import checks, lifecycle, remediation, steps
+from pitstop.core import checks, remediation, steps
+from pitstop.core.aggregate import At, Command
 from pitstop.core.answers import (
     Acted,
     Checkpointed,
@@ -25,7 +26,8 @@ from pitstop.core.answers import (
     Validating,
 )
 from pitstop.core.degraded import Telemetry
-from pitstop.core.domain import Fenced, Incident, JsonObject, Milestone, Unfenced, Vm
+from pitstop.core.domain import Fenced, Incident, JsonObject, Unfenced, Vm
+from pitstop.core.engine import Outcome
 from pitstop.core.ids import request_id
 from pitstop.core.ops import Op, step_key
 from pitstop.core.policy import Policy
@@ -80,6 +82,7 @@ class Step:
     extra: JsonObject = field(default_factory=dict)  # the workflow's ``extra`` (fail: stage, error)
     claim: steps.Claim | None = None
     runner: steps.StepRunner[Any] | None = None
+    states: frozenset[State] | None = None  # where its op may find the incident (core/ops.OpSpec)
 
     # -- what the op acts on ----------------------------------------------------------------
 
@@ -160,20 +163,30 @@ class Step:
 
     # -- changes to the incident -----------------------------------------------------------------
 
-    def set_state(self, state: State | None, milestone: Milestone | None = None, **fields: Any) -> Incident:
-        """Move the incident through the state table (``None`` keeps its state), stamp a milestone once."""
+    @property
+    def at(self) -> At:
+        """This call's step and execution: what every command it sends is checked against."""
+        return At(self.step, self.execution, self.states)
+
+    def decide(self, cmd: Command, strict: bool = True) -> Outcome:
+        """Send a command to the incident (core/aggregate.decide, applied by the store in one
+        transaction); publish what it recorded in the outbox. A refused one raises (409), unless
+        it is a probe's record (``strict`` False): the probe's answer stands, the record is dropped."""
         now = self.deps.clock()
+        out = self.deps.store.decide(self.iid, cmd, self.deps.policy, now)
+        if out.result == "refused":
+            if strict:
+                raise ActuatorError(409, f"{self.op} refused: {out.refused}", False)
+            log.emit("INFO", f"{self.op}: record not kept", incident=self.iid, why=str(out.refused))
+            return out
+        self.deps.launcher.follow_up(out, self.deps.policy, now)
+        return out
 
-        def change(doc: Incident) -> Incident:
-            if state is not None:
-                lifecycle.move(doc, state, f"{self.op} of step {self.step}")
-            if milestone and not doc["timeline"].get(milestone):
-                doc["timeline"][milestone] = now
-            doc.update(cast(Incident, fields))  # the caller names fields of an Incident
-            doc["updated_at"] = now
-            return doc
-
-        return self.deps.store.mutate(self.iid, change)
+    def changed(self, cmd: Command) -> Incident:
+        """The incident after a command (:meth:`decide`)."""
+        inc = self.decide(cmd).incident
+        assert inc is not None  # a decision on an existing incident that was not refused
+        return inc
 
     def label(self, op: Op, state: str | None) -> None:
         """Mark the VM's Pitstop state in labels (best effort: a label is a courtesy, not a control)."""

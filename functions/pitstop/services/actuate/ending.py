@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pitstop.adapters import log
-from pitstop.core import degraded, lifecycle, remediation
-from pitstop.core.actions import RANK, RECORD_ONLY_ACTIONS
+from pitstop.core import remediation
+from pitstop.core.actions import RANK
+from pitstop.core.aggregate import FailStep, ResolveStep, StepUp
 from pitstop.core.answers import Closed, Escalated, FailAnswer
-from pitstop.core.domain import Incident
 from pitstop.core.ops import CONTINUE, Op
 from pitstop.core.states import ACTIVE_STATES, State
 from pitstop.core.steps import Release
@@ -55,23 +55,7 @@ def close(s: Step) -> Closed:
 
 
 def _resolve(s: Step, now: float) -> Closed:
-    def resolve(doc: Incident) -> Incident:
-        lifecycle.move(doc, State.RESOLVED, f"close of step {s.step}")
-        doc["timeline"].setdefault("notified", now)
-        doc["timeline"]["resolved"] = now
-        doc["updated_at"] = now
-        return doc
-
-    done = s.deps.store.mutate(s.iid, resolve)
-    s.deps.store.release_budget(done)
-    jobs = [j["id"] for j in done.get("jobs", [])] if isinstance(done.get("jobs"), list) else []
-    severity = "info" if done["action"] in RECORD_ONLY_ACTIONS else "warning"
-    unfenced = s.recorded(Op.UNFENCE) or {}
-    text = remediation.summary(done, unfenced)
-    planned = degraded.close_note(done)  # a degraded node: moved at its checkpoint, or why not
-    if planned is not None:
-        text, severity = f"{planned[0]} {remediation.node_note(done, unfenced)[0]}", planned[1]
-    s.notify(done, severity, text, jobs=jobs)
+    done = s.changed(ResolveStep(s.at, s.recorded(Op.UNFENCE) or {}))
     return {"outcome": "resolved", "durations_s": durations(done)}
 
 
@@ -82,7 +66,7 @@ def _step_up(s: Step, now: float) -> Closed | None:
     launcher pages or starts it, exactly as for an event. None when the engine dropped the
     stronger action (a job action inside its cooldown): this step then closes as usual.
     """
-    out = s.deps.store.step_up(s.iid, s.deps.policy, now)
+    out = s.deps.store.decide(s.iid, StepUp(), s.deps.policy, now)
     s.deps.launcher.follow_up(out, s.deps.policy, now)
     inc = out.incident
     if inc is None or out.result in ("ignored", "suppressed"):
@@ -102,28 +86,13 @@ def fail(s: Step) -> FailAnswer | Release:
     """
     stage, what = remediation.failure(s.extra)
     now = s.deps.clock()
-
-    def mark(doc: Incident) -> tuple[str | None, Incident]:
-        owner = (doc.get("workflow") or {}).get("claimed_by")
-        if doc["step"] != s.step:
-            return f"superseded by step {doc['step']}", doc.copy()
-        if doc["state"] not in _FAILABLE:
-            return f"incident is {doc['state']}", doc.copy()
-        if owner and s.execution and owner not in (s.execution, "unknown"):
-            return "another execution owns this step", doc.copy()
-        lifecycle.move(doc, State.FAILED, f"fail of step {s.step}")
-        doc["failure"] = {"stage": stage, "error": what, "at": now}
-        doc["updated_at"] = now
-        return None, doc.copy()
-
-    why_not, done = s.deps.store.mutate(s.iid, mark)
-    if why_not is not None:
+    out = s.deps.store.decide(s.iid, FailStep(s.at, stage, what, s.recorded(Op.UNFENCE) or {}), None, now)
+    if out.result == "refused":
+        why_not = str(out.refused)
         log.emit("WARNING", "failure not recorded", incident=s.iid, stage=stage, why=why_not, error=what)
-        state = str(done["state"])
+        state = str(out.incident["state"]) if out.incident is not None else "?"
         answer: FailAnswer = {"outcome": state.lower(), "state": state, "stage": stage, "error": what,
                               "why": why_not, "recorded": False}  # fmt: skip
         return Release(dict(answer), f"nothing done: {why_not}")
-    where, todo = remediation.node_note(done, s.recorded(Op.UNFENCE) or {})
-    page = f"{where} Investigate ({what}); when the node is healthy, {todo}close the incident."
-    s.notify(done, "critical", f"Remediation of {s.instance} FAILED at {stage}", todo=page)
+    s.deps.launcher.follow_up(out, s.deps.policy, now)  # the page it recorded
     return {"outcome": "failed", "stage": stage, "error": what}

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
-from pitstop.core import corroboration, remediation, trust, watchdog
+from pitstop.core import corroboration, remediation, topology, trust, watchdog
 from pitstop.core.actions import NODE_ACTIONS
+from pitstop.core.aggregate import ClaimStep, JoinBlock, RecordFence, RejectStep
 from pitstop.core.answers import Checkpointed, ClaimAnswer, JobsDone
-from pitstop.core.domain import Fenced, Incident, Unfenced, Vm
+from pitstop.core.domain import Fenced, Unfenced, Vm
 from pitstop.core.ops import Op, plan_for
 from pitstop.core.scheduling import JobInfo
-from pitstop.core.states import UNCLAIMABLE_STATES, RunState, State
 from pitstop.core.timefmt import to_epoch
 from pitstop.services.actuate.context import Step
 
@@ -20,22 +20,8 @@ CHECKPOINT_DEFAULT_WAIT_S = watchdog.CHECKPOINT_WAIT_S
 
 def claim(s: Step) -> ClaimAnswer:
     """This execution takes the step (one owner), after the live VM is checked against the evidence."""
-
-    def take(doc: Incident) -> tuple[bool, str]:
-        if doc["step"] != s.step:
-            return False, f"superseded by step {doc['step']}"
-        if doc["state"] in UNCLAIMABLE_STATES:
-            return False, f"incident is {doc['state']}"
-        wf = doc.get("workflow") or {}
-        owner = wf.get("claimed_by")
-        if owner and s.execution and owner != s.execution:
-            return False, "another execution owns this step"
-        wf["claimed_by"] = s.execution or owner or "unknown"
-        wf["state"] = RunState.STARTED
-        doc["workflow"] = wf
-        return True, ""
-
-    ours, why = s.deps.store.mutate(s.iid, take)
+    claimed = s.deps.store.decide(s.iid, ClaimStep(s.at), s.deps.policy, s.deps.clock())
+    ours, why = claimed.result == "claimed", claimed.refused or ""
     if ours:
         problem, vm = _identity_problem(s)
         if problem is not None:
@@ -70,8 +56,9 @@ def _identity_problem(s: Step) -> tuple[str | None, Vm | None]:
 
 def join_block(s: Step, vm: Vm | None = None) -> str | None:
     """The node counts against its reservation block's budget from before its fence, not only once
-    acted on (the block is read from Compute's host topology). A block at its budget holds an
-    incident not yet fenced, with a page, and this execution stops there (what is held, or None).
+    acted on (the block is read from Compute's host topology, and the node's place is cached in its
+    document with it). A block at its budget holds an incident not yet fenced, with a page, and
+    this execution stops there (what is held, or None).
     """
     if s.inc["action"] not in NODE_ACTIONS:
         return None  # job actions claim no blast-radius slot
@@ -86,7 +73,8 @@ def join_block(s: Step, vm: Vm | None = None) -> str | None:
     if block is None:
         return None
     now = s.deps.clock()
-    out = s.deps.store.join_block(s.iid, block, s.deps.policy, now)
+    place = topology.from_vm(vm, s.deps.policy.moves["nvlink_domain_families"])
+    out = s.deps.store.decide(s.iid, JoinBlock(block, place), s.deps.policy, now)
     if out.result != "held" or out.incident is None:
         return None
     s.deps.launcher.follow_up(out, s.deps.policy, now)
@@ -96,21 +84,8 @@ def join_block(s: Step, vm: Vm | None = None) -> str | None:
 
 def _reject(s: Step, problem: str) -> None:
     """End the incident without touching anything: the evidence does not match the live VM."""
-    now = s.deps.clock()
-
-    def reject(doc: Incident) -> Incident:
-        from pitstop.core import lifecycle
-
-        lifecycle.move(doc, State.RESOLVED, "rejected")
-        doc["rejected"] = {"why": problem, "at": now}
-        doc["timeline"]["resolved"] = now
-        doc["updated_at"] = now
-        return doc
-
-    done = s.deps.store.mutate(s.iid, reject)
-    s.deps.store.release_budget(done)
+    s.decide(RejectStep(s.at, problem))
     log.emit("WARNING", "evidence rejected: not the live VM", incident=s.iid, why=problem)
-    s.notify(done, "warning", f"Incident {s.iid} rejected, nothing done: {problem}")
 
 
 def fence(s: Step) -> Fenced:
@@ -123,7 +98,7 @@ def fence(s: Step) -> Fenced:
     answer = sched.fence(s.instance, s.ref, s.inc["action"]).doc()
     if not corroboration.needs_corroboration(s.inc, s.deps.policy.corroborate)[0]:
         s.label(Op.FENCE, "fenced")  # else once the node confirms: no Compute call on a forged line
-    s.set_state(State.FENCED, "fenced", jobs=[j.doc() for j in jobs], fence=answer)
+    s.decide(RecordFence(s.at, tuple(j.doc() for j in jobs), answer))
     if answer.get("already_drained_by_other"):
         log.emit("INFO", "node was already drained by someone else; left as it is", incident=s.iid, **answer)
     return {

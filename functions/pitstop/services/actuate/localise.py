@@ -21,18 +21,18 @@ pods cannot land on it, or in place when nothing was found.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 from google.api_core import exceptions as gexc
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import localise, notifications
+from pitstop.core.aggregate import RecordGang, RecordLocalisation
 from pitstop.core.answers import Concluded, Done, GangCheckStarted, Linking, LocalisedResume, Localising, Seen
 from pitstop.core.domain import (
     CheckRun,
     GangCheckSpec,
-    Incident,
     Localisation,
     LocaliseRound,
     NodeRef,
@@ -71,19 +71,9 @@ def _start(s: Step, sched: GangChecks, spec: GangCheckSpec, seen: Seen | None = 
     return {**out, "why": started.note} if started.note else out
 
 
-def _note(s: Step, **fields: Any) -> None:
+def _note(s: Step, fields: Localisation, round_: LocaliseRound | None = None) -> None:
     """Keep what localisation found on the incident (what the person and the demo read)."""
-
-    def change(doc: Incident) -> Incident:
-        loc = doc.setdefault("localisation", {"job": _job(s), "nodes": [], "rounds": []})
-        rounds = fields.pop("round", None)
-        loc.update(cast(Localisation, fields))  # the keyword fields are Localisation's
-        if rounds is not None:
-            loc["rounds"] = [*loc.get("rounds", []), rounds][-4:]
-        doc["updated_at"] = s.deps.clock()
-        return doc
-
-    s.deps.store.mutate(s.iid, change)
+    s.decide(RecordLocalisation(s.at, _job(s), fields, round_))
 
 
 def localise_job(s: Step) -> Localising:
@@ -98,7 +88,7 @@ def localise_job(s: Step) -> Localising:
             return _localising(seen, f"job {job} is {info.state}: no nodes to check")
         gate = _heartbeat_gate(s, job, info.opted_in)
         if not gate.go:  # the alert alone: nothing is checked, stopped or restarted
-            _note(s, outcome="unconfirmed", page=gate.why)
+            _note(s, {"outcome": "unconfirmed", "page": gate.why})
             log.emit("WARNING", "hang alert not acted on", incident=s.iid, job=job, why=gate.why)
             return {**_localising(seen, gate.why), "refused": True}
     sched = _checks(s)
@@ -113,7 +103,7 @@ def localise_job(s: Step) -> Localising:
         "stopped"
     ]:  # resumed, it is the same run (a suspend counts no restart): running again is enough
         out["runs"], out["seen_runs"] = {job: JobRun().doc()}, seen["runs"]
-    _note(s, nodes=started["nodes"], started_at=s.deps.clock())
+    _note(s, {"nodes": started["nodes"], "started_at": s.deps.clock()})
     log.emit("INFO", "localising a hung job", incident=s.iid, job=job, nodes=len(started["nodes"]))
     return out
 
@@ -198,7 +188,7 @@ def links(s: Step) -> Linking:
     verdict = localise.judge_sweep(
         nodes, _final(s, Op.LOCALISE), float(cfg["max_culprit_percent"]), _node_xids(s)
     )
-    _note(s, round=verdict.record(s.deps.clock()))
+    _note(s, {}, verdict.record(s.deps.clock()))
     out: Linking = {"run": False, "sweep": verdict.record(s.deps.clock())}
     sched = _checks(s)
     if verdict.culprits or verdict.suspects or len(nodes) < 2 or sched is None:
@@ -209,7 +199,7 @@ def links(s: Step) -> Linking:
     if not started["run"]:  # the scheduler has no link test: said in the record and the page
         why = str(started.get("why") or "the scheduler ran no link test")
         skipped = localise.Verdict(localise.LINKS, (), why, (f"{localise.LINKS}: not run",))
-        _note(s, round=skipped.record(s.deps.clock()))
+        _note(s, {}, skipped.record(s.deps.clock()))
         out["skipped"] = skipped.record(s.deps.clock())
         return out
     return {**out, **started}
@@ -228,7 +218,7 @@ def _rounds(s: Step) -> list[LocaliseRound]:
             float(cfg["max_culprit_percent"]),
         )
         rounds.append(v.record(s.deps.clock()))
-        _note(s, round=rounds[-1])
+        _note(s, {}, rounds[-1])
     return rounds
 
 
@@ -246,8 +236,8 @@ def conclude(s: Step) -> Concluded:
     if culprits:
         opened = _hand_over(s, sorted(set(culprits)), rounds)
         if opened:
-            _note(s, culprits=sorted(set(culprits)), incidents=opened, outcome="culprits")
-            s.set_state(None, "localised")
+            _note(s, {"culprits": sorted(set(culprits)), "incidents": opened, "outcome": "culprits"})
+            s.decide(RecordGang(s.at, "localised"))
             out: Concluded = {"outcome": "culprits", "culprits": sorted(set(culprits)), "incidents": opened}
             if rec.get("stopped"):
                 out["resumed"], out["why"] = _resume_past(s, rec, opened)
@@ -265,7 +255,7 @@ def _resume_past(s: Step, rec: Localising, opened: dict[str, str]) -> tuple[bool
     skipped = _resume_once(s, rec)  # over budget: left stopped, and the budget's page says so
     how = "resumed once past its fenced culprits" if skipped is None else f"not resumed: {skipped}"
     resume: LocalisedResume = {"mode": "spares", "requeued": [_job(s)] if skipped is None else [], "why": how}
-    s.set_state(None, "job_requeued" if skipped is None else None, resume=resume)
+    s.decide(RecordGang(s.at, "job_requeued" if skipped is None else None, resume))
     return skipped is None, how
 
 
@@ -300,7 +290,7 @@ def _not_hung(s: Step, state: JobState) -> Concluded:
     """The job ended, was suspended or is queued: no restart, no page, a note to its owner."""
     job = _job(s)
     text = localise.not_hung_text(job, str(state))
-    _note(s, outcome="not_running", page=text)
+    _note(s, {"outcome": "not_running", "page": text})
     s.notify(s.inc, "info", text, id=notifications.notification_id("localise", s.iid, s.step, "not_running"))
     log.emit("INFO", "hang alert for a job that is not running: nothing done", incident=s.iid, job=job)
     return {"outcome": "not_running", "state": str(state)}
@@ -367,8 +357,8 @@ def _restart_in_place(s: Step, rec: Localising, nodes: list[str], rounds: list[L
         "requeued": [job] if skipped is None else [],
         "why": restart,
     }
-    s.set_state(None, "job_requeued" if skipped is None else None, resume=resume)
-    _note(s, outcome="nothing_found", page=text)
+    s.decide(RecordGang(s.at, "job_requeued" if skipped is None else None, resume))
+    _note(s, {"outcome": "nothing_found", "page": text})
     s.notify(s.inc, "critical", f"Hung job {job}: no culprit fenced; {restart}", todo=text,
              id=notifications.notification_id("localise", s.iid, s.step, "nothing_found"))  # fmt: skip
     log.emit("WARNING", "hang not localised: restarted in place, paged", incident=s.iid, job=job)

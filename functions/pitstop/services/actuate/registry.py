@@ -1,65 +1,61 @@
-"""Which handler answers each op the workflow calls, and how it runs: the only dispatch table."""
+"""Which handler answers each op the workflow calls, and everything else an op is: the only table.
+
+Each op has one core/ops.OpSpec: its handler (its answer is the handler's return type), how it
+runs (claim, effect recorded once, or probe answered fresh), the states its incident may be in,
+and whether it disrupts the job or touches the VM.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from enum import Enum
-
 from pitstop.core.answers import OpAnswer
-from pitstop.core.ops import MUTATING_OPS, PROBE_OPS, Op
+from pitstop.core.ops import AFTER_FENCE, FENCED_ONLY, OPEN_ONLY, WORKING, Kind, Op, OpSpec
+from pitstop.core.states import State
 from pitstop.core.steps import Release
-from pitstop.services.actuate import checks, ending, fence, gang, localise, repair
+from pitstop.services.actuate import checks, ending, fence, gang, localise, repair, resubmit
 from pitstop.services.actuate.context import Step
 
+__all__ = ["MUTATING_OPS", "OPS", "PROBE_OPS", "Kind", "OpSpec", "Spec"]
 
-class Kind(Enum):
-    CLAIM = "claim"  # takes the step for one execution (a conditioned change of the incident)
-    EFFECT = "effect"  # recorded under the incident by the step runner: runs once, replayed after
-    PROBE = "probe"  # asked again and again by the workflow's polls: answered fresh, never recorded
+E, P = Kind.EFFECT, Kind.PROBE
+Spec = OpSpec[Step, OpAnswer | Release]
 
-
-@dataclass(frozen=True)
-class OpSpec:
-    run: Callable[[Step], OpAnswer | Release]
-    kind: Kind
-
-
-OPS: dict[Op, OpSpec] = {
+OPS: dict[Op, Spec] = {
     Op.CLAIM: OpSpec(fence.claim, Kind.CLAIM),
-    Op.FENCE: OpSpec(fence.fence, Kind.EFFECT),
-    Op.CORROBORATE: OpSpec(checks.corroborate, Kind.EFFECT),
-    Op.CORROBORATION: OpSpec(checks.corroboration_done, Kind.PROBE),
-    Op.JUDGE_CORROBORATION: OpSpec(checks.judge_corroboration, Kind.EFFECT),
-    Op.CHECKPOINT: OpSpec(fence.checkpoint, Kind.EFFECT),
-    Op.JOBS_DONE: OpSpec(fence.jobs_done, Kind.PROBE),
-    Op.RESCHEDULE_EARLY: OpSpec(gang.reschedule_early, Kind.EFFECT),
-    Op.DIAGNOSE: OpSpec(checks.diagnose, Kind.EFFECT),
-    Op.DIAGNOSIS: OpSpec(checks.diagnosis, Kind.PROBE),
-    Op.JUDGE_DIAGNOSIS: OpSpec(checks.judge_diagnosis, Kind.EFFECT),
-    Op.ACT: OpSpec(repair.act, Kind.EFFECT),
-    Op.OPERATION: OpSpec(repair.operation, Kind.PROBE),
-    Op.VERIFY: OpSpec(repair.verify, Kind.PROBE),
-    Op.VALIDATE: OpSpec(checks.validate, Kind.EFFECT),
-    Op.VALIDATION: OpSpec(checks.validation, Kind.PROBE),
-    Op.REVALIDATE: OpSpec(checks.revalidate, Kind.EFFECT),
-    Op.REVALIDATION: OpSpec(checks.revalidation, Kind.PROBE),
-    Op.JUDGE_VALIDATION: OpSpec(checks.judge_validation, Kind.EFFECT),
-    Op.ESCALATE: OpSpec(ending.escalate, Kind.EFFECT),
-    Op.UNFENCE: OpSpec(fence.unfence, Kind.EFFECT),
-    Op.RESCHEDULE: OpSpec(gang.reschedule, Kind.EFFECT),
-    Op.RESUMED: OpSpec(gang.resumed, Kind.PROBE),
-    Op.CLOSE: OpSpec(ending.close, Kind.EFFECT),
-    Op.FAIL: OpSpec(ending.fail, Kind.EFFECT),
-    Op.LOCALISE: OpSpec(localise.localise_job, Kind.EFFECT),
-    Op.SWEEP: OpSpec(localise.sweep_done, Kind.PROBE),
-    Op.LINKS: OpSpec(localise.links, Kind.EFFECT),
-    Op.LINKS_DONE: OpSpec(localise.links_done, Kind.PROBE),
-    Op.CONCLUDE: OpSpec(localise.conclude, Kind.EFFECT),
+    Op.FENCE: OpSpec(fence.fence, E, frozenset({State.OPEN, State.FENCED})),
+    Op.CORROBORATE: OpSpec(checks.corroborate, E, FENCED_ONLY),
+    Op.CORROBORATION: OpSpec(checks.corroboration_done, P),
+    Op.JUDGE_CORROBORATION: OpSpec(checks.judge_corroboration, E, FENCED_ONLY),
+    Op.CHECKPOINT: OpSpec(fence.checkpoint, E, FENCED_ONLY, disruptive=True),
+    Op.JOBS_DONE: OpSpec(fence.jobs_done, P),
+    Op.RESCHEDULE_EARLY: OpSpec(gang.reschedule_early, E, FENCED_ONLY, disruptive=True),
+    Op.DIAGNOSE: OpSpec(checks.diagnose, E, FENCED_ONLY, disruptive=True),
+    Op.DIAGNOSIS: OpSpec(checks.diagnosis, P),
+    Op.JUDGE_DIAGNOSIS: OpSpec(checks.judge_diagnosis, E, FENCED_ONLY),
+    Op.ACT: OpSpec(repair.act, E, frozenset({State.FENCED, State.ACTING}), disruptive=True),
+    Op.OPERATION: OpSpec(repair.operation, P),
+    Op.VERIFY: OpSpec(repair.verify, P),
+    Op.VALIDATE: OpSpec(checks.validate, E, AFTER_FENCE),
+    Op.VALIDATION: OpSpec(checks.validation, P),
+    Op.REVALIDATE: OpSpec(checks.revalidate, E, AFTER_FENCE),
+    Op.REVALIDATION: OpSpec(checks.revalidation, P),
+    Op.JUDGE_VALIDATION: OpSpec(checks.judge_validation, E, AFTER_FENCE),
+    Op.ESCALATE: OpSpec(ending.escalate, E, WORKING),
+    Op.UNFENCE: OpSpec(fence.unfence, E, AFTER_FENCE),
+    Op.RESCHEDULE: OpSpec(gang.reschedule, E, WORKING, disruptive=True),
+    Op.RESUMED: OpSpec(gang.resumed, P),
+    Op.CLOSE: OpSpec(ending.close, E, WORKING),
+    Op.FAIL: OpSpec(ending.fail, E),
+    Op.LOCALISE: OpSpec(localise.localise_job, E, OPEN_ONLY),
+    Op.SWEEP: OpSpec(localise.sweep_done, P),
+    Op.LINKS: OpSpec(localise.links, E, OPEN_ONLY),
+    Op.LINKS_DONE: OpSpec(localise.links_done, P),
+    Op.CONCLUDE: OpSpec(localise.conclude, E, OPEN_ONLY),
+    Op.RESUBMIT: OpSpec(resubmit.resubmit, E, OPEN_ONLY, disruptive=True),
 }
+assert set(OPS) == set(Op)  # every op the workflow may call has its spec
 
-# The table and the op vocabulary agree (a test checks it too): every op has one handler, the
-# recorded ones are exactly the effects, the fresh ones exactly the probes.
-assert set(OPS) == set(Op)
-assert {op for op, spec in OPS.items() if spec.kind is Kind.EFFECT} == MUTATING_OPS
-assert {op for op, spec in OPS.items() if spec.kind is Kind.PROBE} == PROBE_OPS
+# Effects: recorded under the incident and replayed when called again, so a retry acts once.
+MUTATING_OPS = frozenset(op for op, spec in OPS.items() if spec.kind is Kind.EFFECT)
+# Probes the workflow polls; recording them would replay a stale answer. They change nothing but
+# timeline stamps of what they observe (healthy, job_running).
+PROBE_OPS = frozenset(op for op, spec in OPS.items() if spec.kind is Kind.PROBE)

@@ -13,10 +13,10 @@ import functools
 import math
 
 from pitstop.adapters.memory_store import MemoryStore
-from pitstop.core import alerts, engine, lifecycle, policy
+from pitstop.core import aggregate, alerts, engine, policy
 from pitstop.core.actions import JOB_ACTIONS, RECORD_ONLY_ACTIONS, Action, higher
 from pitstop.core.classify import Classifier
-from pitstop.core.domain import FaultEvent, Incident
+from pitstop.core.domain import FaultEvent
 from pitstop.core.envelope import Delivery
 from pitstop.core.states import State
 from pitstop.local import alerting
@@ -227,16 +227,8 @@ class World(MemoryStore):
 
     def resolve(self, iid: str, at: float) -> None:
         """What the workflow's close step records once the node is back (or the job requeued)."""
-
-        def close(doc: Incident) -> bool:
-            if doc["state"] == State.RESOLVED:
-                return False
-            lifecycle.move(doc, State.RESOLVED, "simulated close")
-            doc["timeline"]["resolved"] = at
-            return True
-
-        if self.mutate(iid, close):
-            self.release_budget(self.incidents[iid])
+        inc = self.incidents[iid]
+        self.decide(iid, aggregate.ResolveStep(aggregate.At(inc["step"]), {}), self.p, at)
 
 
 def pitstop_policy(scn: Scenario) -> policy.Policy:
@@ -303,11 +295,14 @@ class Pitstop(_Base):
         w = self.world
         tick = decided + SWEEP_S
         while tick < human_at:
-            if w.release(iid, w.p, T0 + tick, "sweep").result == "released":
+            if (
+                w.decide(iid, aggregate.ReleaseHeld("sweep", force=False), w.p, T0 + tick).result
+                == "released"
+            ):
                 w.count(engine.Outcome("released"))
                 return tick
             tick += SWEEP_S
-        w.count(w.release(iid, w.p, T0 + human_at, "operator"))
+        w.count(w.decide(iid, aggregate.ReleaseHeld("operator", force=True), w.p, T0 + human_at))
         return human_at
 
     def _close(self, iid: str, at: float) -> None:
