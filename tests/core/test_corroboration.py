@@ -63,7 +63,7 @@ def test_parse_dmesg_raw_reads_facility_and_xid() -> None:
     ("outputs", "confirmed", "in_why"),
     [
         ({"dmesg": raw(XID79), "clock": CLOCK, "nvidia_smi_q": smi()}, True, "Xid 79 on 0000:a1:00"),
-        ({"dmesg": "", "nvidia_smi_q": smi(7)}, True, "7 of 8 GPUs visible"),
+        ({"dmesg": "", "nvidia_smi_q": smi(7), "gpu_grant": "gpu:8"}, True, "7 of 8 GPUs visible"),
         ({"dmesg": "", "nvidia_smi_q": smi(remap="pending")}, True, "row remap pending"),
         ({"dmesg": raw(XID79, facility=1), "clock": CLOCK, "nvidia_smi_q": smi()}, False, "not confirmed"),
         (
@@ -86,7 +86,10 @@ def test_judge(outputs: dict[str, str], confirmed: bool, in_why: str) -> None:
 
 
 def test_an_unknown_gpu_count_never_confirms_on_a_count() -> None:
-    v = c.judge({**CHECK, "expected_gpus": None}, {"done": True, "outputs": {"nvidia_smi_q": smi(4)}}, {})
+    """Four GPUs attached and seen, none lost: with no expected count, that is no finding."""
+    four = nvidia_smi.query(NodeState("n", 4, 4))
+    outputs = {"nvidia_smi_q": four, "gpu_grant": "gpu:8"}
+    v = c.judge({**CHECK, "expected_gpus": None}, {"done": True, "outputs": outputs}, {})
     assert not v.confirmed
 
 
