@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,9 +41,8 @@ def test_evidence_cannot_be_made_but_by_its_constructors() -> None:
 
 def test_every_constructor_is_listed_and_makes_its_probes_evidence() -> None:
     public = {n for n, v in vars(evidence).items() if callable(v) and not n.startswith("_")}
-    assert public - {"Evidence", "Probe", "EvidenceRecord", "dataclass", "field", "StrEnum"} == set(
-        CONSTRUCTORS
-    )
+    others = {"Evidence", "Probe", "EvidenceRecord", "dataclass", "field", "StrEnum", "Waiver", "describe"}
+    assert public - others == set(CONSTRUCTORS) | {"recorded"}
     made = {
         "kernel_line": evidence.kernel_line("n", 79, False, "0000:a1:00", 10.0),
         "node_condition": evidence.node_condition("n", "w", 79, None, None),
@@ -99,8 +99,10 @@ def test_only_each_probes_judge_makes_its_evidence() -> None:
         if module == "pitstop.core.evidence":
             continue
         for name, line in _calls(ast.parse(path.read_text(), str(path))):
-            if name == "Evidence" or (
-                name in CONSTRUCTORS and evidence.PROBE_MODULES[CONSTRUCTORS[name]] != module
+            if (
+                name == "Evidence"
+                or (name in CONSTRUCTORS and evidence.PROBE_MODULES[CONSTRUCTORS[name]] != module)
+                or (name == "recorded" and module != "pitstop.core.aggregate")  # read back for an op only
             ):
                 wrong.append(f"{module}:{line} {name}")
     assert wrong == []
@@ -112,3 +114,71 @@ def test_the_walk_finds_a_call_from_elsewhere() -> None:
     assert _calls(ast.parse(src)) == [("telemetry_reading", 2)]
     src = "from pitstop.core.evidence import Evidence\nEvidence('p', 'n', 'w', None)\n"
     assert _calls(ast.parse(src)) == [("Evidence", 2)]
+
+
+# -- what a disruptive op rests on (core/aggregate.op_warrant, services/actuate's handlers) ----------
+
+
+def _confirmed(node: str = "a3-node-001", probe: str = "node_check") -> dict[str, object]:
+    found = evidence.kernel_line(node, 79, False, "0000:a1:00", 1.0).record()
+    return {"confirmed": True, "evidence": {**found, "probe": probe}}
+
+
+def test_a_kept_record_is_read_back_only_when_confirmed_about_this_node_by_a_known_probe() -> None:
+    got = evidence.recorded(_confirmed(), "a3-node-001")
+    assert got is not None and (got.probe, got.node, got.xid, got.gpu) == (
+        Probe.NODE_CHECK, "a3-node-001", 79, "0000:a1:00"
+    )  # fmt: skip
+    assert evidence.recorded({**_confirmed(), "confirmed": False}, "a3-node-001") is None
+    assert evidence.recorded(_confirmed(), "a3-node-002") is None  # another node's finding
+    assert evidence.recorded(_confirmed(probe="alert"), "a3-node-001") is None  # no such probe
+    assert evidence.recorded({"confirmed": True}, "a3-node-001") is None  # nothing matched was kept
+    assert evidence.recorded(None, "a3-node-001") is None
+
+
+def _incident(corroboration: object, kind: str = "gpu_xid") -> Any:
+    return {
+        "id": "iaaaaaaaaa", "kind": kind, "action": "REBOOT_NODE", "state": "FENCED", "step": 1,
+        "node": {"project": "p", "zone": "us-central1-a", "instance": "a3-node-001", "instance_id": "1"},
+        **({"corroboration": corroboration} if corroboration is not None else {}),
+    }  # fmt: skip
+
+
+def test_a_disruptive_op_rests_on_kept_evidence_or_an_explicit_waiver_else_it_is_refused() -> None:
+    from pitstop.core.aggregate import op_warrant
+    from pitstop.core.ops import Op
+    from pitstop.core.steps import Refusal
+
+    got = op_warrant(_incident(_confirmed()), Op.ACT, corroborate=True)
+    assert isinstance(got, Evidence) and got.xid == 79
+    assert isinstance(op_warrant(_incident(None), Op.ACT, corroborate=True), Refusal)  # not asked yet
+    kept_nothing = op_warrant(_incident({"confirmed": True}), Op.ACT, corroborate=True)
+    assert isinstance(kept_nothing, Refusal) and "kept no evidence" in kept_nothing.why
+    off = op_warrant(_incident(None), Op.ACT, corroborate=False)
+    assert isinstance(off, evidence.Waiver) and "corroboration.enabled is false" in off.why
+    own_gate = op_warrant(_incident(None, kind="hang"), Op.RESCHEDULE, corroborate=True)
+    assert isinstance(own_gate, evidence.Waiver)
+
+
+def test_every_disruptive_handler_takes_a_warrant_and_no_other_does() -> None:
+    """The registry's disruptive ops are exactly those whose handler cannot be called without a
+    Warrant (its second parameter), so a new op that disrupts cannot skip what it rests on."""
+    import inspect
+    import typing
+
+    from pitstop.core.ops import Op
+    from pitstop.services.actuate.registry import OPS
+
+    disruptive = {op for op, spec in OPS.items() if spec.disruptive}
+    assert disruptive == {
+        Op.CHECKPOINT, Op.RESCHEDULE_EARLY, Op.DIAGNOSE, Op.ACT, Op.RESCHEDULE, Op.RESUBMIT
+    }  # fmt: skip
+    for op, spec in OPS.items():
+        params = list(inspect.signature(spec.handler).parameters)
+        hints = typing.get_type_hints(spec.handler)
+        if op in disruptive:
+            assert len(params) == 2 and hints[params[1]] == evidence.Warrant, op
+        else:
+            assert len(params) == 1, op
+    with pytest.raises(TypeError):
+        type(OPS[Op.ACT])(None, OPS[Op.ACT].kind)  # no handler at all

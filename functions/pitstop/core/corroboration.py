@@ -22,8 +22,9 @@ scheduler (a channel the log writer does not control), about the claim that chos
   VM's last start, after the episode began and after the last remediation.
 
 Confirmed: the verdict carries the ``Evidence`` (core/evidence.py) of what matched, and the step
-goes on. Not confirmed: the node stays fenced, nothing is restarted, no VM is touched, and a
-person is paged with what was checked.
+goes on, and every disruptive op of the step rests on it (core/aggregate.op_warrant). Not
+confirmed: Pitstop's fence is lifted, nothing is restarted, no VM is touched, the incident
+resolves as not confirmed, and a person is paged with what was checked.
 """
 
 from __future__ import annotations

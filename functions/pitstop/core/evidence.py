@@ -169,3 +169,59 @@ def diagnostic_finding(node: str, what: str, gpu: str | None) -> Evidence:
 def validation_finding(node: str, what: str) -> Evidence:
     """GPUs missing on the repaired node, as the validation's own ``nvidia-smi -q`` counted them."""
     return _new(Probe.VALIDATION, node, what, None)
+
+
+# -- what a disruptive op runs on (services/actuate: the handler of every disruptive op takes one) -
+
+
+@dataclass(frozen=True)
+class Waiver:
+    """Why a disruptive op runs without a node check's Evidence: the policy turned the check off
+    (``corroboration.enabled: false``), or the incident's kind is not a log line's claim and has a
+    gate of its own that its op applies (a degraded node's own reading, a hang's culprit, a Vertex
+    AI job read back from Vertex AI)."""
+
+    why: str
+
+
+Warrant = Evidence | Waiver
+
+
+def recorded(rec: object, node: str | None) -> Evidence | None:
+    """The Evidence a confirmed check kept on the incident, read back for the op it warrants.
+
+    The record is Pitstop's own, in its own database (a writer there acts as Pitstop:
+    schemas/inputs.yaml ``firestore``), so reading it back is not believing an input. None unless
+    it is a confirmed check's whole record about this node, from a probe this module knows."""
+    if not isinstance(rec, dict) or rec.get("confirmed") is not True:
+        return None
+    ev = rec.get("evidence")
+    if not isinstance(ev, dict) or ev.get("node") != node or ev.get("probe") not in set(Probe):
+        return None
+    at, what = ev.get("at"), ev.get("what")
+    return _new(
+        Probe(ev["probe"]),
+        str(node),
+        what if isinstance(what, str) else "",
+        float(at) if isinstance(at, int | float) else None,
+        gpu=_str(ev.get("gpu")),
+        xid=_int(ev.get("xid")),
+        sxid=_int(ev.get("sxid")),
+        symptom=_str(ev.get("symptom")),
+        event=_str(ev.get("event")),
+    )
+
+
+def describe(w: Warrant) -> str:
+    """One line for the log and the person: what the op rests on."""
+    if isinstance(w, Waiver):
+        return f"waived: {w.why}"
+    return f"{w.probe} on {w.node}: {w.what}"
+
+
+def _str(v: object) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None

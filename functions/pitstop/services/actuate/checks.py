@@ -20,6 +20,7 @@ from pitstop.core.answers import (
     ValidationJudged,
 )
 from pitstop.core.domain import CheckRun, CheckSpec, Measurement, Unfenced
+from pitstop.core.evidence import Warrant
 from pitstop.core.ops import Op
 from pitstop.core.timefmt import to_epoch
 from pitstop.core.validation import PAGE
@@ -172,7 +173,7 @@ def _judge_peers(s: Step, record: Measurement) -> CorroborationJudged:
     return planned.judged(record)
 
 
-def diagnose(s: Step) -> CheckStarted:
+def diagnose(s: Step, warrant: Warrant) -> CheckStarted:
     need, why = checks.needs_diagnosis(s.inc, s.deps.policy)
     if need and not _has_scheduler(s):
         need, why = False, "no scheduler to run a diagnostic through: replacing on the evidence as it is"

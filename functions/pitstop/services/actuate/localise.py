@@ -223,7 +223,7 @@ def _rounds(s: Step) -> list[LocaliseRound]:
 
 
 def conclude(s: Step) -> Concluded:
-    """Culprits → a node incident each (the engine's, as any fault); else one restart in place and a page."""
+    """Culprits → a node incident each (the engine's, as any fault); else nothing restarted and a page."""
     rec: Localising = s.recorded(Op.LOCALISE) or {"jobs": [], "runs": {}, "state": "", "run": False}
     state = JobState.of(rec.get("state"))
     if state in localise.NOT_HUNG:
@@ -361,5 +361,5 @@ def _restart_in_place(s: Step, rec: Localising, nodes: list[str], rounds: list[L
     _note(s, {"outcome": "nothing_found", "page": text})
     s.notify(s.inc, "critical", f"Hung job {job}: no culprit fenced; {restart}", todo=text,
              id=notifications.notification_id("localise", s.iid, s.step, "nothing_found"))  # fmt: skip
-    log.emit("WARNING", "hang not localised: restarted in place, paged", incident=s.iid, job=job)
+    log.emit("WARNING", "hang not localised: paged", incident=s.iid, job=job, restart=restart)
     return {"outcome": "nothing_found", "requeued": skipped is None, "why": restart}
