@@ -182,3 +182,18 @@ def test_every_disruptive_handler_takes_a_warrant_and_no_other_does() -> None:
             assert len(params) == 1, op
     with pytest.raises(TypeError):
         type(OPS[Op.ACT])(None, OPS[Op.ACT].kind)  # no handler at all
+
+
+def test_a_degraded_node_moves_only_on_its_own_reading_whatever_the_policy_says_of_log_lines() -> None:
+    from pitstop.core.aggregate import op_warrant
+    from pitstop.core.ops import Op
+    from pitstop.core.steps import Refusal
+
+    for corroborate in (True, False):
+        assert isinstance(op_warrant(_incident(None, kind="degraded"), Op.CHECKPOINT, corroborate), Refusal)
+        unconfirmed = _incident({"confirmed": False}, kind="degraded")
+        assert isinstance(op_warrant(unconfirmed, Op.CHECKPOINT, corroborate), Refusal)
+    reading = evidence.telemetry_reading("a3-node-001", "throttle", "0.6 of the time", 1.0).record()
+    confirmed = _incident({"confirmed": True, "evidence": reading}, kind="degraded")
+    read = op_warrant(confirmed, Op.CHECKPOINT, True)
+    assert isinstance(read, Evidence) and read.probe == Probe.TELEMETRY

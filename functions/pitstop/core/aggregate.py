@@ -523,6 +523,11 @@ def op_refusal(
     return None
 
 
+# Kinds whose disruption rests on the node's own reading, whatever the policy says of log lines
+# (core/degraded.py: a degraded node's telemetry, read back by Pitstop).
+OWN_READING_KINDS = frozenset({"degraded"})
+
+
 def op_warrant(inc: Incident, op: Op, corroborate: bool) -> Warrant | Refusal:
     """What a disruptive op rests on, read from the incident its claim read: the Evidence a
     confirmed check kept; a Waiver when nothing asks the node for this incident (the policy turned
@@ -531,6 +536,12 @@ def op_warrant(inc: Incident, op: Op, corroborate: bool) -> Warrant | Refusal:
     needs, why = corroboration.needs_corroboration(inc, corroborate)
     if needs:
         return Refusal(f"the fault is not confirmed on the node: {op} waits for a confirmed corroboration")
+    checked = inc.get("corroboration")
+    if checked is not None and checked.get("confirmed") is not True:
+        return Refusal(f"the check on the node did not confirm the fault: {op} has nothing to rest on")
+    kind = corroboration.claim_kind(inc)
+    if checked is None and kind in OWN_READING_KINDS:
+        return Refusal(f"a {kind} node moves only on its own reading: {op} waits for it")
     if not corroboration.corroborated_before(inc):
         return Waiver(why)
     found = evidence.recorded(inc.get("corroboration"), remediation.instance_of(inc))

@@ -173,12 +173,24 @@ def remediated_at(prior: Sequence[Remediation], acted: Mapping[str, float | None
     return max(times, default=None)
 
 
+def claim_kind(inc: Incident) -> str:
+    """The kind of the input that chose the incident's action: its opener, or the event that raised
+    it (a forged preemption raising a degraded node's incident is a system event's claim, and is
+    asked of Compute, whatever the episode began as). The incident keeps each event's verdict."""
+    proposed = inc.get("proposed_action") or inc.get("action")
+    for e in inc.get("evidence") or []:
+        if isinstance(e, Mapping) and e.get("action") == proposed and isinstance(e.get("kind"), str):
+            return str(e["kind"])
+    return str(inc.get("kind"))
+
+
 def needs_corroboration(inc: Incident, enabled: bool) -> tuple[bool, str]:
     """Whether this step asks the node (or Compute) before it disrupts anything, and why (not)."""
     if inc.get("action") in RECORD_ONLY_ACTIONS:
         return False, "a record-only action disrupts nothing"
-    if inc.get("kind") not in ("gpu_xid", SXID_KIND, *SYSTEM_KINDS):
-        return False, f"{inc.get('kind')} evidence is not a log line Pitstop acts on"
+    kind = claim_kind(inc)
+    if kind not in ("gpu_xid", SXID_KIND, *SYSTEM_KINDS):
+        return False, f"{kind} evidence is not a log line Pitstop acts on"
     if not enabled:
         return False, "corroboration.enabled is false in policy: log evidence is acted on as it is"
     if corroborated_before(inc):
@@ -506,11 +518,22 @@ def fresh_only(ev: FaultEvent, now: float, max_age_s: float) -> FaultEvent:
     return {**ev, "action": Action.NONE, "reason": f"{why}; {ev['reason']}"[:512]}
 
 
+def _claim_at(inc: Incident) -> float:
+    """When the claim that chose the action was observed (the episode's first line otherwise)."""
+    kind = claim_kind(inc)
+    for e in inc.get("evidence") or []:
+        if isinstance(e, Mapping) and e.get("kind") == kind and kind != inc.get("kind"):
+            at = to_epoch(e.get("observed_at"))
+            if at is not None:
+                return at
+    return float(inc.get("first_seen") or 0.0)
+
+
 def judge_system(
     inc: Incident, vm: VmFacts | None, margin_s: float = DEFAULTS["event_margin_s"], node: str = ""
 ) -> Verdict:
     """Confirmed when Compute's own record of that kind of event lies within ``margin_s`` of it."""
-    kind, at = str(inc.get("kind")), float(inc.get("first_seen") or 0.0)
+    kind, at = claim_kind(inc), _claim_at(inc)
     if vm is None:
         return Verdict(False, "Compute has no such VM: the system event is about nothing we run", ())
     checked = (

@@ -77,7 +77,7 @@ def corroborate(s: Step) -> Corroborating | CheckStarted:
     if not need:
         return {"run": False, "why": why}
     cfg = s.deps.policy.corroboration
-    if s.inc.get("kind") in corroboration.SYSTEM_KINDS:  # Compute answers at once
+    if corroboration.claim_kind(s.inc) in corroboration.SYSTEM_KINDS:  # Compute answers at once
         verdict = corroboration.judge_system(s.inc, _vm_facts(s), cfg["event_margin_s"], s.instance)
         return {"run": False, "system": verdict.record(s.deps.clock(), s.step), "why": why}
     if not _has_scheduler(s):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from google.api_core import exceptions as gexc
 
 from pitstop.adapters import log
-from pitstop.core import degraded
+from pitstop.core import corroboration, degraded
 from pitstop.core import diagnose as diag
 from pitstop.core.actions import Action
 from pitstop.core.answers import Corroborating, CorroborationJudged
@@ -30,7 +30,7 @@ _UNREADABLE = (gexc.GoogleAPICallError, gexc.RetryError, TimeoutError, PromError
 
 def planned(inc: Incident) -> bool:
     """A degraded node's incident still on its planned move (its repair not yet chosen)."""
-    return inc.get("kind") == degraded.KIND and inc.get("action") == Action.DRAIN_NODE
+    return corroboration.claim_kind(inc) == degraded.KIND and inc.get("action") == Action.DRAIN_NODE
 
 
 def compare_peers(s: Step) -> Corroborating:
