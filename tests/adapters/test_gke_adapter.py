@@ -409,6 +409,11 @@ def test_jobs_on_reports_the_jobset_and_its_run(kube: FakeKube, sched: GkeCluste
     assert len(job["pods_on_node"]) == 1
     assert sched.jobs_on(NODES[3], CTX) == []  # nothing runs there
     assert sched.job_info("jobset/default/gone", CTX)["state"] == "UNKNOWN"
+    # hang remediation is its owner's choice (issue 35 (2)): the JobSet's own label, read fresh
+    assert job["opted_in"] is False
+    kube.mutate("JobSet", "train", lambda o: o["metadata"].setdefault("labels", {}).update(
+        {"pitstop.dev/heartbeat": "true"}), "default")  # fmt: skip
+    assert sched.job_info(JOB, CTX)["opted_in"] is True
 
 
 def test_a_bare_pod_is_its_own_job(kube: FakeKube, sched: GkeCluster) -> None:

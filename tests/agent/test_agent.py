@@ -259,7 +259,8 @@ def test_job_ids_are_strict_and_array_and_het_ids_reach_slurm() -> None:
 def test_jobs_carry_their_run_from_scontrol_show_job() -> None:
     shown = {
         "5": "JobId=5 JobName=train UserId=alice(1000) JobState=RUNNING Reason=None Restarts=2 "
-        "BatchFlag=1 RunTime=00:01:02 StartTime=2026-11-22T08:29:20 EndTime=Unknown NodeList=gpu-[0-1]",
+        "BatchFlag=1 RunTime=00:01:02 StartTime=2026-11-22T08:29:20 EndTime=Unknown NodeList=gpu-[0-1] "
+        "Comment=pitstop:heartbeat",
         "6": "JobId=6 JobState=RUNNING Restarts=x StartTime= NodeList=gpu-0",
     }
 
@@ -278,6 +279,9 @@ def test_jobs_carry_their_run_from_scontrol_show_job() -> None:
     assert jobs == {"5": (2, "2026-11-22T08:29:20"), "6": (None, None), "7": (None, None)}
     state = cmds.job_state({"job": "5"})
     assert (state["state"], state["restarts"], state["start_time"]) == ("RUNNING", 2, "2026-11-22T08:29:20")
+    assert (
+        state.get("comment") == "pitstop:heartbeat"
+    )  # its owner's opt-in to hang remediation (issue 35 (2))
     assert cmds.job_state({"job": "7"}) == {
         "job": "7",
         "state": "UNKNOWN",

@@ -21,7 +21,7 @@ from pitstop.core.domain import Incident
 from pitstop.local import chaos, gke_stack, trainer
 from pitstop.local.heartbeats import beats, hang_incidents
 from pitstop.local.realtime import breakdown
-from pitstop.local.stack import PROJECT, ClusterSpec
+from pitstop.local.stack import HEARTBEAT_MIN_POINTS, PROJECT, ClusterSpec
 from tests.pipeline import GkePipeline, stack_up
 
 pytestmark = pytest.mark.emulator
@@ -57,7 +57,7 @@ def hang_on_gke(sc: GkePipeline, name: str, link: bool) -> tuple[Incident, str, 
     bad = members[1]
     beating = Beating(sc.stack.endpoints["monitoring"], job)
     beating.thread.start()
-    sc.wait(lambda: beats(sc.stack, job) >= 2, 30, "the job's heartbeat")
+    sc.wait(lambda: beats(sc.stack, job) > HEARTBEAT_MIN_POINTS, 30, "the job's heartbeat")  # established
     chaos.apply(sc.stack, "hang", "link" if link else None, node=bad)
     beating.stop.set()  # the job hangs: no more beats
     stopped = time.time()

@@ -97,6 +97,7 @@ class HealthyFleet:
 
     name: str = "slurm"
     fault: dict[str, str] = field(default_factory=dict)  # node -> a kernel line it really printed
+    clock: dict[str, str] = field(default_factory=dict)  # node -> its clock read (date; /proc/uptime)
     effects: list[tuple[str, str]] = field(default_factory=list)
     fenced: set[str] = field(default_factory=set)
     run: JobRun = field(default_factory=lambda: JobRun(0, "2026-11-24T08:00:00"))
@@ -135,7 +136,8 @@ class HealthyFleet:
 
     def check_result(self, node: str, check: CheckSpec, ref: StepRef) -> CheckResult:
         kmsg = self.fault.get(node, "")
-        return CheckResult(True, {"dmesg": kmsg, "nvidia_smi_q": smi_q(), "slurm_node": "MIXED"})
+        read = {"clock": self.clock[node]} if node in self.clock else {}
+        return CheckResult(True, {"dmesg": kmsg, "nvidia_smi_q": smi_q(), "slurm_node": "MIXED", **read})
 
     def start_gang_check(self, job: str, check: GangCheckSpec, ref: StepRef) -> GangCheckStart:
         return GangCheckStart(str(check["name"]), NODES)
@@ -251,6 +253,11 @@ class Pitstop:
             body, status = self._until_done(call, op)
             if status != 200:
                 call(Op.FAIL, stage=str(op), error={"message": str(body.get("error"))[:200]})
+                return
+            if op == Op.JUDGE_CORROBORATION and body.get("stand_down"):
+                ops = (Op.UNFENCE, Op.CLOSE)  # the workflow's stand_down: unfence, then close
+                for then in ops:
+                    self._until_done(call, then)
                 return
             if op == Op.ESCALATE and body.get("handed_over"):
                 return  # the next step took over (the harness runs it as it started)
@@ -430,7 +437,7 @@ def test_no_input_a_non_admin_can_write_disrupts_a_healthy_node(
 
 
 EXAMPLES = 300
-REAL_FAULT_EXAMPLES = 5
+REAL_FAULT_EXAMPLES = 20
 
 XID79 = "NVRM: Xid (PCI:{gpu}): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 
@@ -467,6 +474,8 @@ def test_a_real_fault_is_remediated_whatever_was_forged_before(
         before = len([e for e in pitstop.fleet.effects if e[0] == "requeue"])
         line = XID79.format(gpu=gpu)
         pitstop.fleet.fault[node] = f"<4>[  812.250000] {line}\n"  # the kernel printed it: the probe shows it
+        # booted 811.25 s before now (date +%s.%N; cat /proc/uptime): the line is a second into the episode
+        pitstop.fleet.clock[node] = f"{clock.t:.9f}\n811.25 6000.00\n"
         real = journald_entry(line, node, uuid.uuid4().hex)
         real["timestamp"] = _iso(clock.t)
         pitstop.deliver(push_body(real))

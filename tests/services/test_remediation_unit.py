@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 import pytest
@@ -71,6 +71,12 @@ def lost_one() -> str:
 NODE, JOB = "a3-node-000", "77"
 
 
+def boot_clock(now: float) -> str:
+    """The check's clock read on the node (date +%s.%N; cat /proc/uptime): booted 811.25 s before
+    ``now``, so the kernel line at 812.25 s since boot was printed a second after the check began."""
+    return f"{now:.9f}\n811.25 6000.00\n"
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1_800_000_000.0
@@ -91,6 +97,7 @@ class TypedGang:
         self.checks: list[str] = []
         # what the node's kernel ring buffer holds (dmesg --raw): the fault, printed by the kernel
         self.kmsg = f"<4>[  812.250000] {XID79}\n"
+        self.now: Callable[[], float] = lambda: 1_800_000_000.0  # the node's clock (the rig's)
 
     def jobs_on(self, node: str, ref: StepRef) -> list[JobInfo]:
         return [self.info]
@@ -126,7 +133,9 @@ class TypedGang:
 
     def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult:
         if check["kind"] == "corroborate":
-            return CheckResult(True, {"dmesg": self.kmsg, "nvidia_smi_q": smi_q(8)})
+            return CheckResult(
+                True, {"dmesg": self.kmsg, "clock": boot_clock(self.now()), "nvidia_smi_q": smi_q(8)}
+            )
         return CheckResult(False, error="this gang runs no checks")
 
 
@@ -138,6 +147,7 @@ class Rig:
         self.server, endpoint = serve(self.fake)
         self.store = MemoryStore()
         self.gang = TypedGang()
+        self.gang.now = self.clock
         self.policy = policy.from_doc(
             {
                 "mode": "enforce",
@@ -334,6 +344,34 @@ def test_a_gpu_missing_from_the_bus_confirms_without_a_kernel_line(rig: Rig) -> 
     assert inc is not None and "7 of 8 GPUs visible" in inc["corroboration"]["why"]
 
 
+def test_the_node_is_asked_for_a_line_printed_after_its_last_remediation_took_effect(rig: Rig) -> None:
+    """Issue 35 (1): a line printed before the node's last remediation (a GPU reset leaves the ring
+    buffer as it was) says nothing of a new episode. The check is bounded by when that remediation
+    took effect: the earlier incident's ``acted`` time, read from the node's history."""
+    rig.policy = rig.actuator.deps.policy = policy.from_doc(
+        {**rig.policy.doc, "cooldowns": {"REBOOT_NODE": 0}}
+    )
+    first = rig.open()
+    _through_act(rig, first)
+    rig.clock.now += 3600 * rig.fake.scale + 1
+    for op in (Op.OPERATION, Op.VERIFY, Op.VALIDATE, Op.ESCALATE, Op.UNFENCE, Op.RESCHEDULE, Op.RESUMED):
+        rig.ok(op, first)
+    assert rig.ok(Op.CLOSE, first)["outcome"] == "resolved"
+    acted = cast(Any, rig.store.get(first) or {})["timeline"]["acted"]
+    rig.clock.now += rig.policy.budget_window_s + 1  # the first one's budget slot lapses
+    second = rig.open()
+    assert rig.ok(Op.CLAIM, second)["ours"]
+    rig.ok(Op.FENCE, second)
+    check = rig.ok(Op.CORROBORATE, second)["check"]
+    assert check["remediated_at"] == acted and check["since"] == rig.clock.now, check
+    assert (check["xids"], check["pcis"]) == ([79], ["0000:a1:00"])
+    rig.gang.now = lambda: acted - 20  # the node's ring buffer holds only the line of before the reset
+    rig.ok(Op.CORROBORATION, second)
+    body, status = rig.call(Op.JUDGE_CORROBORATION, second)
+    assert status == 409 and "not confirmed on the node" in body["error"], body
+    assert len(rig.fake.effects_on(NODE, "reset")) == 1  # the first incident's, only
+
+
 @pytest.mark.parametrize("grant", [None, "gpu:4"])
 def test_a_low_gpu_count_from_a_step_that_may_see_fewer_gpus_is_no_evidence(
     rig: Rig, grant: str | None
@@ -387,7 +425,7 @@ def test_a_system_event_published_straight_to_the_topic_restarts_nothing(rig: Ri
     rig.ok(Op.FENCE, iid)
     assert rig.ok(Op.CORROBORATE, iid)["run"] is False and rig.gang.checks == []
     body, status = rig.call(Op.JUDGE_CORROBORATION, iid)
-    assert status == 409 and "without a stop or restart" in body["error"]
+    assert status == 409 and "Compute shows no stop (lastStopTimestamp)" in body["error"]
     assert rig.call(Op.RESCHEDULE_EARLY, iid)[1] == 409 and rig.gang.requeues == []
     assert [c for c in rig.fake.calls if c["method"] != "get"] == []
 

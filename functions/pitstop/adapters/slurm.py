@@ -18,6 +18,7 @@ from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import topology
 from pitstop.core.domain import CheckSpec, GangCheckSpec, JsonObject, Place
+from pitstop.core.localise import opted_in_comment
 from pitstop.core.scheduling import (
     Capacity,
     CheckResult,
@@ -493,4 +494,5 @@ def _job(doc: Mapping[str, object], job: str | None = None) -> JobInfo:
     """A job as the agent describes it (``id`` or ``job``, ``state``, its run)."""
     name = str(job or doc.get("id") or doc.get("job"))
     state = slurm_job_state(doc.get("state"))
-    return JobInfo(name, state, JobRun.of(doc), expand_hostlist(doc.get("nodelist")))
+    nodes = expand_hostlist(doc.get("nodelist"))
+    return JobInfo(name, state, JobRun.of(doc), nodes, opted_in_comment(doc.get("comment")))

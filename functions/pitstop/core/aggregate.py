@@ -28,7 +28,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
-from pitstop.core import corroboration, degraded, engine, lifecycle, notifications, remediation, vertex
+from pitstop.core import (
+    corroboration,
+    degraded,
+    engine,
+    evidence,
+    lifecycle,
+    notifications,
+    remediation,
+    vertex,
+)
 from pitstop.core.actions import RANK, RECORD_ONLY_ACTIONS, Action
 from pitstop.core.answers import EarlyResume, LocalisedResume
 from pitstop.core.control import Control, Hold
@@ -52,6 +61,7 @@ from pitstop.core.domain import (
     VertexRecord,
 )
 from pitstop.core.engine import Budgets, Outcome
+from pitstop.core.evidence import Waiver, Warrant
 from pitstop.core.ops import Op
 from pitstop.core.policy import Policy
 from pitstop.core.states import ACTIVE_STATES, UNCLAIMABLE_STATES, RunState, State
@@ -513,16 +523,58 @@ def op_refusal(
     return None
 
 
+# Kinds whose disruption rests on the node's own reading, whatever the policy says of log lines
+# (core/degraded.py: a degraded node's telemetry, read back by Pitstop).
+OWN_READING_KINDS = frozenset({"degraded"})
+
+
+def op_warrant(inc: Incident, op: Op, corroborate: bool) -> Warrant | Refusal:
+    """What a disruptive op rests on, read from the incident its claim read: the Evidence a
+    confirmed check kept; a Waiver when nothing asks the node for this incident (the policy turned
+    the check off, or its kind has a gate of its own); else a refusal (a confirmed check whose
+    evidence was not kept is no warrant)."""
+    needs, why = corroboration.needs_corroboration(inc, corroborate)
+    if needs:
+        return Refusal(f"the fault is not confirmed on the node: {op} waits for a confirmed corroboration")
+    checked = inc.get("corroboration")
+    if checked is not None and checked.get("confirmed") is not True:
+        return Refusal(f"the check on the node did not confirm the fault: {op} has nothing to rest on")
+    kind = corroboration.claim_kind(inc)
+    if checked is None and kind in OWN_READING_KINDS:
+        return Refusal(f"a {kind} node moves only on its own reading: {op} waits for it")
+    if not corroboration.corroborated_before(inc):
+        return Waiver(why)
+    found = evidence.recorded(inc.get("corroboration"), remediation.instance_of(inc))
+    if found is None:
+        return Refusal(f"the confirmed check kept no evidence of the node: {op} has nothing to rest on")
+    return found
+
+
 def op_guard(
-    op: Op, at: At, disruptive: bool, corroborate: bool, control: Control | None = None, now: float = 0.0
+    op: Op,
+    at: At,
+    disruptive: bool,
+    corroborate: bool,
+    control: Control | None = None,
+    now: float = 0.0,
+    warrants: list[Warrant] | None = None,
 ) -> Guard:
-    """:func:`op_refusal` as the step runner's guard, asked of the incident its claim reads."""
+    """:func:`op_refusal` as the step runner's guard, asked of the incident its claim reads; for a
+    disruptive op, also its :func:`op_warrant`, appended to ``warrants`` for the handler."""
 
     def guard(parent: JsonObject | None) -> Refusal | None:
         if parent is None:
             return Refusal("no such incident")
         inc = cast(Incident, parent)  # as its writer wrote it
-        return op_refusal(inc, op, at, disruptive, corroborate, control, now)
+        refused = op_refusal(inc, op, at, disruptive, corroborate, control, now)
+        if refused is not None or not disruptive:
+            return refused
+        got = op_warrant(inc, op, corroborate)
+        if isinstance(got, Refusal):
+            return got
+        if warrants is not None:
+            warrants.append(got)
+        return None
 
     return guard
 

@@ -243,6 +243,7 @@ class Localising(Seen):
     nodes: NotRequired[list[str]]
     stopped: NotRequired[bool]
     seen_runs: NotRequired[dict[str, JobRunDoc]]
+    refused: NotRequired[bool]  # not opted in, or no established heartbeat: nothing checked (a page)
 
 
 class Linking(TypedDict):
@@ -260,7 +261,7 @@ class Linking(TypedDict):
 class Concluded(TypedDict):
     """conclude: ``nothing_found`` or ``resumed`` present ends the execution (no node to repair)."""
 
-    outcome: Literal["culprits", "nothing_found", "not_running"]
+    outcome: Literal["culprits", "nothing_found", "not_running", "unconfirmed"]
     culprits: NotRequired[list[str]]
     incidents: NotRequired[dict[str, str]]  # culprit node -> its own node incident
     resumed: NotRequired[bool]

@@ -12,7 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypedDict
 
+from pitstop.core import evidence as proof
 from pitstop.core.domain import DiagnosisDetail, EvidenceGpu
+from pitstop.core.evidence import Evidence
 from pitstop.core.validation import DcgmResult, ValidationTable, default_validation_table
 
 # ---------------------------------------------------------------- nvidia-smi -q
@@ -214,6 +216,7 @@ class Diagnosis:
     confirmed: bool
     why: str
     detail: DiagnosisDetail = field(default_factory=lambda: DiagnosisDetail())
+    evidence: Evidence | None = None  # the first hardware finding, when confirmed
 
 
 def _evidence_gpu(evidence: EvidenceGpu, smi: SmiResult) -> tuple[int | None, str | None]:
@@ -292,6 +295,7 @@ def diagnose(
     expected_gpus: int | None,
     nvlink: NvlinkResult | None = None,
     table: ValidationTable | None = None,
+    node: str = "",
 ) -> Diagnosis:
     """Confirm a replacement from the node itself, or say why not (then step down to REBOOT_NODE).
 
@@ -322,7 +326,8 @@ def diagnose(
         ],
     }
     if found:
-        return Diagnosis(True, "diagnostic confirms a hardware fault: " + "; ".join(found), detail)
+        why = "diagnostic confirms a hardware fault: " + "; ".join(found)
+        return Diagnosis(True, why, detail, proof.diagnostic_finding(node, found[0], pci))
     why = "diagnostic found no hardware fault"
     if detail["unreadable"]:
         why += f" it could read ({', '.join(detail['unreadable'])} output unusable)"

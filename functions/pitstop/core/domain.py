@@ -291,7 +291,7 @@ class GpuCounts(TypedDict, total=False):
     recovery_to: int | None
 
 
-class Evidence(TypedDict):
+class EventSummary(TypedDict):
     """What an incident keeps of one event (for people and the host report)."""
 
     kind: str
@@ -377,7 +377,7 @@ class Incident(TypedDict):
     escalations: ReadOnly[list[Escalation]]
     counts: ReadOnly[dict[str, int]]
     gpus: ReadOnly[dict[str, GpuCounts]]
-    evidence: ReadOnly[list[Evidence]]
+    evidence: ReadOnly[list[EventSummary]]
     first_seen: ReadOnly[float]
     last_seen: ReadOnly[float]
     burst_until: ReadOnly[float]
@@ -436,7 +436,7 @@ class Draft(TypedDict):
     escalations: list[Escalation]
     counts: dict[str, int]
     gpus: dict[str, GpuCounts]
-    evidence: list[Evidence]
+    evidence: list[EventSummary]
     first_seen: float
     last_seen: float
     burst_until: float
@@ -489,7 +489,7 @@ class Deltas(TypedDict):
 
     counts: dict[str, int]
     gpus: dict[str, GpuCounts]
-    evidence: list[Evidence]
+    evidence: list[EventSummary]
     last_seen: float
     recent_keys: NotRequired[list[str]]
 
@@ -737,6 +737,11 @@ class CheckSpec(TypedDict):
     xids: NotRequired[list[int]]
     sxids: NotRequired[list[int]]
     boot_after: NotRequired[float | None]  # the VM's last start (epoch s): a GKE condition older says nothing
+    # corroborate: the GPUs the Xid that chose the action named (PCI), when the episode began and
+    # when the node's last remediation took effect (epoch s): a kernel line outside says nothing
+    pcis: NotRequired[list[str]]
+    since: NotRequired[float]
+    remediated_at: NotRequired[float | None]
     fabric: NotRequired[FabricSpec | None]  # validate: the fabric's NCCL setup (Fabric.as_spec)
     exclude_peers: NotRequired[list[str]]  # revalidate: peers already measured against
 
@@ -765,6 +770,9 @@ class LocaliseConfig(TypedDict):
     link_bytes: int
     tool_timeout_s: float
     link_timeout_s: float
+    heartbeat_min_points: int  # a hang acts only on a series this long before it stopped ...
+    heartbeat_min_span_s: float  # ... over at least this many seconds
+    heartbeat_lookback_s: float  # how far back Pitstop reads it
 
 
 class GangCheckSpec(TypedDict):
@@ -830,6 +838,7 @@ class LocaliseRound(TypedDict):
     findings: dict[str, list[str]]
     suspects: list[str]
     measured: dict[str, float | None]
+    evidence: NotRequired[list[EvidenceRecord]]  # each culprit's finding (core/evidence.py, sweep probe)
 
 
 class CapacityDoc(TypedDict, total=False):
@@ -919,6 +928,20 @@ class DiagnosisDetail(TypedDict, total=False):
     unreadable: list[str]
 
 
+class EvidenceRecord(TypedDict):
+    """What one of Pitstop's own probes found, as the incident keeps it (core/evidence.Evidence)."""
+
+    probe: str  # node_check | compute | telemetry | sweep | diagnostic | validation
+    node: str
+    what: str
+    at: float | None  # when the finding was printed or observed (epoch s)
+    gpu: str | None  # PCI address
+    xid: int | None
+    sxid: int | None
+    symptom: str | None
+    event: str | None  # a system event's kind
+
+
 class Measurement(DiagnosisDetail, total=False):
     """What a check on the node found, kept on the incident (``corroboration``, ``diagnosis``,
     ``validation``, and each in ``measured``, newest last): one shape for the three kinds."""
@@ -947,6 +970,7 @@ class Measurement(DiagnosisDetail, total=False):
     source: str  # peers: where the readings came from (monitoring | prometheus)
     off_fabric: str | None  # validate: why the NCCL figure was not measured the fabric's way
     nccl_peers: list[PeerMeasurement]  # validate: each NCCL measurement, first peer first
+    evidence: EvidenceRecord  # what a probe matched, when it confirmed (core/evidence.py)
 
 
 class PeerMeasurement(TypedDict):

@@ -35,7 +35,7 @@ from pitstop.core.domain import (
     Deltas,
     Draft,
     EventDetail,
-    Evidence,
+    EventSummary,
     FaultEvent,
     GpuCounts,
     Held,
@@ -136,7 +136,7 @@ def _pci(ev: FaultEvent) -> str | None:
     return gpu.get("pci") if gpu else None
 
 
-def summary(ev: FaultEvent) -> Evidence:
+def summary(ev: FaultEvent) -> EventSummary:
     """What an incident keeps of one event (evidence for humans and the host report)."""
     d = _detail(ev)
     return {

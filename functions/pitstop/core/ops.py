@@ -10,10 +10,11 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, StrEnum
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from pitstop.core.actions import RECORD_ONLY_ACTIONS, Action
 from pitstop.core.domain import Incident
+from pitstop.core.evidence import Warrant
 from pitstop.core.states import State
 from pitstop.core.vertex import SCHEDULER
 
@@ -80,15 +81,34 @@ class OpSpec(Generic[S, A]):
     incident may be in for it to run (None: any), and whether it disrupts the job or touches the VM
     (then only on a fault confirmed on the node, with the Evidence that confirmed it)."""
 
-    run: Callable[[S], A]
+    run: Callable[[S], A] | None
     kind: Kind
     states: frozenset[State] | None = None
-    disruptive: bool = False
+    disrupt: Callable[[S, Warrant], A] | None = None  # a disruptive op's handler: it needs a Warrant
+
+    def __post_init__(self) -> None:
+        if (self.run is None) == (self.disrupt is None):
+            raise TypeError("an op has one handler: run(step), or disrupt(step, warrant)")
+
+    @classmethod
+    def disrupting(
+        cls, handler: Callable[[S, Warrant], A], kind: Kind, states: frozenset[State] | None = None
+    ) -> OpSpec[S, A]:
+        """A disruptive op: its handler cannot be called without what it rests on."""
+        return cls(None, kind, states, handler)
+
+    @property
+    def disruptive(self) -> bool:
+        return self.disrupt is not None
+
+    @property
+    def handler(self) -> Callable[..., A]:
+        return self.disrupt if self.disrupt is not None else cast(Callable[[S], A], self.run)
 
     @property
     def answer(self) -> object:
         """The op's answer type: its handler's return annotation."""
-        return typing.get_type_hints(self.run)["return"]
+        return typing.get_type_hints(self.handler)["return"]
 
 
 # What escalate answers when no stronger action takes over: the step goes on to unfence.

@@ -20,6 +20,7 @@ from pitstop.core.domain import JsonObject, LocaliseConfig, NodeRef
 from pitstop.core.policy_types import (
     ClusterDoc,
     ClusterMatch,
+    CorroborationConfig,
     DiagnoseConfig,
     MovesConfig,
     PolicyDoc,
@@ -167,6 +168,11 @@ class Policy:
     def corroborate(self) -> bool:
         """Whether log evidence is confirmed on the node before anything is disrupted."""
         return bool(self.doc["corroboration"]["enabled"])
+
+    @property
+    def corroboration(self) -> CorroborationConfig:
+        """How the node and Compute are asked (its bounds in time: core/corroboration.py)."""
+        return self.doc["corroboration"].copy()
 
     @property
     def diagnose(self) -> DiagnoseConfig:

@@ -147,8 +147,15 @@ class ResumeConfig(TypedDict):
     reschedule: Reschedule
 
 
-class Switch(TypedDict):
+class CorroborationConfig(TypedDict):
+    """The policy's ``corroboration`` section (core/corroboration.py, core/ring_buffer.py)."""
+
     enabled: bool
+    line_lag_s: float  # an episode began at its first line's time, at most this before Pitstop heard of it
+    clock_slack_s: float  # a kernel line's wall time is known to within this ...
+    clock_drift_ppm: float  # ... plus this share of its seconds since boot
+    event_max_age_s: float  # a system event older than this when it arrives is recorded, not acted on
+    event_margin_s: float  # Compute's record of the event's kind must be this close to the event
 
 
 class DiagnoseConfig(TypedDict):
@@ -216,7 +223,7 @@ class PolicyDoc(TypedDict):
     watchdog: WatchdogConfig
     store: StoreConfig
     resume: ResumeConfig
-    corroboration: Switch
+    corroboration: CorroborationConfig
     diagnose: DiagnoseConfig
     validation: ValidationConfig
     localise: NotRequired[LocaliseConfig]

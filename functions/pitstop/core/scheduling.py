@@ -88,6 +88,7 @@ class JobInfo:
     state: JobState
     run: JobRun = field(default_factory=JobRun)
     nodes: tuple[str, ...] = ()  # the nodes it holds, where the scheduler says (a degraded node's peers)
+    opted_in: bool = False  # its owner opted it in to hang remediation (core/localise.HEARTBEAT_OPT_IN)
 
     def doc(self) -> JobDoc:
         return {"id": self.job, "state": str(self.state), **self.run.doc()}

@@ -114,6 +114,7 @@ class JobStateAnswer(JobRunFields):
     state: str
     nodelist: NotRequired[str]
     user: NotRequired[str]
+    comment: NotRequired[str]  # the job's --comment: its owner's opt-in to hang remediation
 
 
 class NodeStateAnswer(TypedDict):

@@ -542,7 +542,7 @@ class FakeCompute:
     def kernel_line(self, p: str, z: str, i: str, msg: object, facility: object) -> KmsgWritten:
         """A line the guest kernel prints (facility 0) or user space writes to /dev/kmsg (1: LOG_USER)."""
         inst = self._instance(p, z, i)
-        line = check_kmsg_line({"msg": msg, "facility": facility})
+        line = check_kmsg_line({"msg": msg, "facility": facility, "at": self.clock()})
         inst.kmsg = [*inst.kmsg, line][-KMSG_MAX:]
         self._sync_gpu_state()
         return {"instance": inst.name, "lines": len(inst.kmsg)}
@@ -556,8 +556,9 @@ class FakeCompute:
                 inst.advance(now)
                 if inst.host in self.host_gpu:
                     out[inst.name] = dict(self.host_gpu[inst.host])
-                if inst.kmsg:
+                if inst.kmsg:  # with the boot that dates its lines (the dmesg and clock stand-ins)
                     out.setdefault(inst.name, {})["kmsg"] = [dict(k) for k in inst.kmsg]
+                    out[inst.name]["boot"] = inst.last_start or inst.created
             return out
 
     def _sync_gpu_state(self) -> None:

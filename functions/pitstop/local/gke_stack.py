@@ -39,6 +39,7 @@ from typing import Any, TypedDict
 import yaml
 
 from pitstop.core.domain import JsonObject
+from pitstop.core.localise import HEARTBEAT_LABEL
 from pitstop.core.policy_types import ChecksConfig
 from pitstop.core.topology import BLOCK_LABEL as TOPOLOGY_BLOCK
 from pitstop.core.topology import SUBBLOCK_LABEL as TOPOLOGY_SUBBLOCK
@@ -105,7 +106,8 @@ def jobset(name: str, nodes: int, *, pool: str | None = None, grace_s: int = 30)
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+        # its trainer writes the heartbeat, and its owner says so (core/localise.HEARTBEAT_LABEL)
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {HEARTBEAT_LABEL: "true"}},
         "spec": {
             "failurePolicy": HOST_MAINTENANCE_POLICY,
             "replicatedJobs": [{"name": "workers", "replicas": nodes, "template": {"spec": job_spec}}],

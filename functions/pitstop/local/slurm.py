@@ -197,13 +197,16 @@ class SlurmCluster:
         seconds: int = 3600,
         command: str | None = None,
         exclude: list[str] | None = None,
+        comment: str | None = None,
     ) -> str:
         """A batch job on ``nodes`` nodes, requeueable; it sleeps ``seconds`` unless given a ``command``;
-        never placed on ``exclude`` (a requeue may move it to any other node, as a training job)."""
+        never placed on ``exclude`` (a requeue may move it to any other node, as a training job);
+        ``comment``: its ``--comment`` (a training job's opt-in to hang remediation)."""
         out = subprocess.run(
             [
                 "sbatch",
                 *(["-x", ",".join(exclude)] if exclude else []),
+                *([f"--comment={comment}"] if comment else []),
                 "--parsable",
                 "-N",
                 str(nodes),

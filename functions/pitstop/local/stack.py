@@ -34,6 +34,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 from pitstop.core import sinks
 from pitstop.core.domain import JsonObject
+from pitstop.core.localise import HEARTBEAT_OPT_IN
 from pitstop.core.policy_types import ClusterDoc
 from pitstop.local import gke_stack, gpu_tools
 from pitstop.local.chaos import CHAOS_DIR_ENV, clear_flags
@@ -62,6 +63,7 @@ NOTIFY_DATABASE = "pitstop-notify"  # notify's ledger database (deploy.defaults.
 # throttle 30 s (production windows: infra/monitoring/telemetry/).
 ALERT_SCALE = 0.05
 HEARTBEAT_EVERY_S = 1.0  # the training stand-in's step (local/trainer.py)
+HEARTBEAT_MIN_POINTS = 3  # points of a job's heartbeat before a hang alert may act on it (policy_for)
 REGION = ZONE.rsplit("-", 1)[0]
 VERTEX_ACCOUNT = f"llm-trainer@{PROJECT}.iam.gserviceaccount.com"  # what the stack's Vertex jobs run as
 VERTEX_STEP_S = 1.0  # a job's seconds queued, then pending, on the stand-in
@@ -74,6 +76,7 @@ def gpu_tool_flags() -> list[str]:
         ("--nvidia-smi", "nvidia_smi"),
         ("--dcgmi", "dcgmi"),
         ("--dmesg", "dmesg"),
+        ("--clock", "clock"),
         ("--all-gather-perf", "all_gather_perf"),
     ):
         flags += [flag, shlex.join([sys.executable, "-m", f"pitstop.local.gpu_tools.{tool}"])]
@@ -219,6 +222,8 @@ def policy_for(spec: ClusterSpec, over: JsonObject | None = None) -> JsonObject:
         },
         "cooldowns": {"RESCHEDULE_JOB": 5},
         "store": {"flush_interval_s": 0.5},
+        # a job beats every HEARTBEAT_EVERY_S here: established after a few seconds (10 min in production)
+        "localise": {"heartbeat_min_points": HEARTBEAT_MIN_POINTS, "heartbeat_min_span_s": 1.0},
     }
     for k, v in (over or {}).items():
         doc[k] = v
@@ -701,7 +706,8 @@ class Stack:
         argv += ["--project", PROJECT, "--cluster", self.spec.name, "--chaos-dir", str(self.chaos_dir)]
         argv += ["--every", str(HEARTBEAT_EVERY_S)]
         command = f"env PYTHONPATH={shlex.quote(str(ROOT / 'functions'))} {shlex.join(argv)}"
-        return self.slurm.submit(nodes, name, command=command, exclude=exclude)
+        # it writes the heartbeat, and says so to Pitstop through Slurm (core/localise.HEARTBEAT_OPT_IN)
+        return self.slurm.submit(nodes, name, command=command, exclude=exclude, comment=HEARTBEAT_OPT_IN)
 
     def set_gpu_state(self, node: str, state: object) -> GpuStateSet:
         """What the GPU stand-ins (and the Monitoring stand-in's node policies) report for ``node``."""

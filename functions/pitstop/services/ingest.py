@@ -22,7 +22,7 @@ from google.api_core import exceptions as gexc
 from pitstop.adapters import log
 from pitstop.adapters.gke.node import NodeReader, corroborate
 from pitstop.adapters.gke.zone import ZoneResolver, fill_zone
-from pitstop.core import alerts, engine, vertex_log
+from pitstop.core import alerts, corroboration, engine, vertex_log
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import FaultEvent
 from pitstop.core.envelope import unwrap
@@ -98,6 +98,12 @@ class Ingest:
             ev = self._corroborated(ev, self.nodes, self.policy.xids.device_plugin_xids)
         observed = to_epoch(ev.get("observed_at"))
         ev["_observed_ts"] = min(observed, now) if observed else now
+        # a system event acts only while fresh: an old one (anyone may publish any timestamp) is a record
+        fresh = corroboration.fresh_only(ev, now, self.policy.corroboration["event_max_age_s"])
+        if fresh is not ev:
+            log.emit("WARNING", "stale system event recorded, not acted on", reason=fresh["reason"],
+                     source=ev["source"], node=engine.subject_name(ev))  # fmt: skip
+            ev = fresh
         out = self.coalescer.handle(ev, now)
         if out.coalesced:
             return out  # counted in memory: it decided nothing, so nothing follows (no read, no write)

@@ -177,7 +177,9 @@ def _check(kind: str, inc: Doc, policy: Policy) -> str:
     if inc.get("action") in RECORD_ONLY_ACTIONS:
         return "no check: nothing on the node would be disrupted"
     if kind in corroboration.SYSTEM_KINDS:
-        t = to_rfc3339(float(str(inc.get("first_seen") or 0.0)) - corroboration.EVENT_MARGIN_S)
+        t = to_rfc3339(
+            float(str(inc.get("first_seen") or 0.0)) - float(corroboration.DEFAULTS["event_margin_s"])
+        )
         reads = SYSTEM_CHECKS[kind].format(t=t)
         return f"not checked (observe mode); enforce would read the VM from Compute (instances.get): {reads}"
     if kind in ("gpu_xid", SXID_KIND):

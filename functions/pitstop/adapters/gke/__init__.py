@@ -385,4 +385,4 @@ class GkeScheduler:
 
 def _job(doc: JobAnswer) -> JobInfo:
     nodes = tuple(doc.get("nodes", ()))  # a JobSet's: its live pods' nodes
-    return JobInfo(doc["id"], doc["state"], JobRun.of(doc), nodes)
+    return JobInfo(doc["id"], doc["state"], JobRun.of(doc), nodes, doc.get("opted_in") is True)

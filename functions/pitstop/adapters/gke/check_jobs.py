@@ -41,6 +41,8 @@ class CheckJobs:
         cs, tools = self.settings, self.settings.tools
         level = str(check.get("dcgm_level"))
         dcgm = ("dcgm", (*tools["dcgmi"], "diag", "-r", level, "-j"))
+        # a validation counts the node's GPUs first: GPUs missing are a finding the NCCL test cannot make
+        first = [("nvidia_smi_q", (*tools["nvidia-smi"], "-q"))] if kind == "validate" else []
         if kind == "sweep":  # the node check a hang's localisation asks of every node, bounded in time
             limit = ("timeout", str(check.get("timeout_s", 60)))
             smi = [("nvidia_smi_q", (*limit, *tools["nvidia-smi"], "-q"))]
@@ -55,9 +57,8 @@ class CheckJobs:
                 "containers": [self.container("diagnose", cs.image, check_script(cs.dcgm_setup, steps), gpus)]
             }
         elif peer is None:
-            spec = {
-                "containers": [self.container("dcgm", cs.image, check_script(cs.dcgm_setup, [dcgm]), gpus)]
-            }
+            script = check_script(cs.dcgm_setup, [*first, dcgm])
+            spec = {"containers": [self.container("dcgm", cs.image, script, gpus)]}
         else:
             size = check.get("message_bytes")
             size = size if isinstance(size, int) else 0  # check_args checked it
@@ -71,7 +72,7 @@ class CheckJobs:
             )
             spec = {
                 "initContainers": [
-                    self.container("dcgm", cs.image, check_script(cs.dcgm_setup, [dcgm]), gpus)
+                    self.container("dcgm", cs.image, check_script(cs.dcgm_setup, [*first, dcgm]), gpus)
                 ],
                 "containers": [self.container("nccl", cs.nccl_image, check_script(setup, [nccl]), gpus)],
             }

@@ -36,6 +36,7 @@ from pitstop.adapters.gke.objects import (
 )
 from pitstop.adapters.gke.restart import WorkloadCycle, jobset_once
 from pitstop.adapters.gke.shapes import JobAnswer, KubeObject, RequeueAnswer, SuspendPatch
+from pitstop.core.localise import HEARTBEAT_LABEL
 from pitstop.core.scheduling import JobState
 
 Templates = list[tuple[int, KubeObject]]  # (pod count, pod spec) per template
@@ -128,6 +129,7 @@ class JobSetKind:
             "restarts": restarts_of(js),
             "start_time": text(meta_of(js), "creationTimestamp"),  # with restarts: one run of this JobSet
             "workload": name_of(wl) if wl else None,
+            "opted_in": labels_of(js).get(HEARTBEAT_LABEL) == "true",
             "failure_policy": isinstance(spec_of(js).get("failurePolicy"), Mapping),
             # where its live pods run: a degraded node's peers (services/actuate/planned.py)
             "nodes": sorted({n for p in pods if live(p) and (n := node_name_of(p))}),
@@ -206,6 +208,7 @@ class BatchJobKind:
             "state": state,
             "start_time": start,
             "workload": name_of(wl) if wl else None,
+            "opted_in": labels_of(obj).get(HEARTBEAT_LABEL) == "true",
         }
 
     def templates(self, ref: JobRef) -> tuple[Templates | None, str | None]:

@@ -171,6 +171,7 @@ class JobAnswer(TypedDict):
     workload: str | None
     failure_policy: NotRequired[bool]
     nodes: NotRequired[list[str]]  # a JobSet's: where its live pods run
+    opted_in: NotRequired[bool]  # its owner's label pitstop.dev/heartbeat: "true" (hang remediation)
     pods_on_node: NotRequired[list[str]]  # jobs_on: its pods on the node asked about
 
 

@@ -37,6 +37,8 @@ class CheckTools:
 
     nvidia_smi: tuple[str, ...] = ("nvidia-smi",)
     dmesg: tuple[str, ...] = ("dmesg",)
+    # the node's wall clock and seconds since boot, read together: what dates the ring buffer's lines
+    clock: tuple[str, ...] = ("/bin/sh", "-c", "date +%s.%N; cat /proc/uptime")
     dcgmi: tuple[str, ...] = ("dcgmi",)
     all_gather_perf: tuple[str, ...] = ("all_gather_perf",)
     srun_mpi: str | None = None

@@ -18,6 +18,7 @@ import subprocess
 from collections.abc import Callable, Mapping
 from typing import cast
 
+from pitstop.agent.slurm.access import CheckTools
 from pitstop.agent.slurm.gang_steps import GANG_KINDS, gang_steps
 from pitstop.agent.slurm.records import CheckKind, CheckState
 from pitstop.agent.slurm.text import (
@@ -66,8 +67,10 @@ def check_steps(st: CheckState) -> list[tuple[str, list[str], float]]:
         # nvidia-smi in an exclusive job's step saw no GPU and that read as every GPU lost;
         # --overlap "allows steps to share all resources (CPUs, memory, and GRES)" (srun(1)), and a
         # job holding fewer GPUs on the node refuses the step: no answer, never a low count.
+        clock = tools.get("clock") or list(CheckTools().clock)  # dates the ring buffer's lines
         return [
             ("dmesg", [*one, *tools.get("dmesg", ["dmesg"]), "--raw"], float(SMI_TIMEOUT_S)),
+            ("clock", [*one, *clock], float(SMI_TIMEOUT_S)),
             ("nvidia_smi_q", [*one, *tools["nvidia_smi"], "-q"], float(SMI_TIMEOUT_S)),
         ]
     level = int(st["dcgm_level"])
@@ -78,7 +81,10 @@ def check_steps(st: CheckState) -> list[tuple[str, list[str], float]]:
             ("nvlink", [*one, *tools["nvidia_smi"], "nvlink", "--status"], float(SMI_TIMEOUT_S)),
             dcgm,
         ]
-    steps = [] if st["kind"] == "revalidate" else [dcgm]  # the second peer's run: the NCCL test alone
+    # a validation counts the node's GPUs first (GPUs missing are a finding the NCCL test cannot
+    # make); the second peer's run is the NCCL test alone
+    smi = ("nvidia_smi_q", [*one, *tools["nvidia_smi"], "-q"], float(SMI_TIMEOUT_S))
+    steps = [] if st["kind"] == "revalidate" else [smi, dcgm]
     if st.get("peer"):
         steps.append(("nccl", _nccl_argv(st, base), float(NCCL_TIMEOUT_S)))
     return steps
@@ -173,10 +179,12 @@ def _exclude_arg(raw: object) -> list[str]:
 def check_minutes(kind: str, level: int) -> int:
     """The holder job's time limit: every tool's timeout, the wait for it to start, and a margin."""
     if kind == "corroborate":
-        return math.ceil(2 * SMI_TIMEOUT_S / 60) + 10
+        return math.ceil(3 * SMI_TIMEOUT_S / 60) + 10  # dmesg, the clock read, nvidia-smi -q
     if kind == "revalidate":
         return math.ceil(NCCL_TIMEOUT_S / 60) + 10
-    total = DCGM_TIMEOUT_S[level] + (2 * SMI_TIMEOUT_S if kind == "diagnose" else NCCL_TIMEOUT_S)
+    total = DCGM_TIMEOUT_S[level] + (
+        2 * SMI_TIMEOUT_S if kind == "diagnose" else NCCL_TIMEOUT_S + SMI_TIMEOUT_S
+    )
     return math.ceil(total / 60) + 10
 
 

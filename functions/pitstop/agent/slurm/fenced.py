@@ -130,6 +130,7 @@ class FencedChecks:
             "tools": {
                 "nvidia_smi": list(tools.nvidia_smi),
                 "dmesg": list(tools.dmesg),
+                "clock": list(tools.clock),
                 "dcgmi": list(tools.dcgmi),
                 "all_gather_perf": list(tools.all_gather_perf),
                 "srun_mpi": tools.srun_mpi,

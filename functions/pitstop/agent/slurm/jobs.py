@@ -175,5 +175,6 @@ class JobCommands:
             "state": kv.get("JobState", "UNKNOWN"),
             "nodelist": kv.get("NodeList", ""),
             "user": kv.get("UserId", "").split("(")[0],
+            "comment": kv.get("Comment", "")[:256],  # the owner's opt-in to hang remediation (core/localise)
             **_run_fields(kv),
         }

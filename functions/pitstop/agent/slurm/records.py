@@ -20,6 +20,7 @@ class ToolsDoc(TypedDict):
     all_gather_perf: list[str]
     srun_mpi: str | None
     dmesg: NotRequired[list[str]]  # ``dmesg`` when absent
+    clock: NotRequired[list[str]]  # a corroboration's clock read (``date`` and ``/proc/uptime``)
     dcgmi: NotRequired[list[str]]  # a check on a fenced node only
     gres: NotRequired[str | None]
     fabric_root: NotRequired[str]

@@ -46,6 +46,7 @@ from pitstop.core.answers import OpAnswer, Refused, Reply
 from pitstop.core.control import Hold
 from pitstop.core.degraded import Telemetry
 from pitstop.core.domain import JsonObject
+from pitstop.core.evidence import Warrant, describe
 from pitstop.core.ops import Op, step_key
 from pitstop.core.policy import Policy
 from pitstop.core.scheduling import Scheduler
@@ -169,7 +170,7 @@ class Actuator:
         spec = OPS[op]
         if spec.kind is Kind.EFFECT:
             return self._once(s, spec), 200
-        out = spec.run(s)  # the claim, or a probe: asked again, answered fresh
+        out = spec.handler(s)  # the claim, or a probe: asked again, answered fresh
         return (cast(OpAnswer, out.answer) if isinstance(out, steps.Release) else out), 200  # fail's, kept
 
     def _once(self, s: Step, spec: Spec) -> Reply:
@@ -181,10 +182,13 @@ class Actuator:
         (core/aggregate.op_refusal). ``fail`` has its own rules (core/aggregate.FailStep) and
         claims unguarded."""
         pol = self.deps.policy
+        warrants: list[Warrant] = []  # a disruptive op's, as its guard read it with the claim
         guard = (
             None
             if s.op == Op.FAIL
-            else op_guard(s.op, s.at, spec.disruptive, pol.corroborate, pol.control, self.deps.clock())
+            else op_guard(
+                s.op, s.at, spec.disruptive, pol.corroborate, pol.control, self.deps.clock(), warrants
+            )
         )
         runner: steps.StepRunner[Any] = steps.StepRunner(
             self.deps.store.steps(s.iid), self.deps.claim_s, self.deps.clock, _warn
@@ -194,7 +198,7 @@ class Actuator:
             done = runner.run(
                 step_key(s.step, s.op),
                 payload,
-                lambda c: _plain(spec.run(replace(s, claim=c, runner=runner))),
+                lambda c: _plain(_handle(spec, replace(s, claim=c, runner=runner), warrants)),
                 s.execution,
                 guard,
             )
@@ -210,6 +214,16 @@ class Actuator:
             raise StepBusyError(str(exc)) from None
         except steps.PayloadMismatchError as exc:
             raise ActuatorError(409, str(exc), False) from None
+
+
+def _handle(spec: Spec, s: Step, warrants: list[Warrant]) -> OpAnswer | steps.Release:
+    """The op's handler; a disruptive one with the warrant its guard read (never without one)."""
+    if spec.disrupt is None:
+        return cast(Callable[[Step], OpAnswer | steps.Release], spec.run)(s)
+    if not warrants:
+        raise ActuatorError(409, f"{s.op} refused: nothing warrants it (no guard read the incident)", False)
+    log.emit("INFO", "actuate: disruptive op", op=s.op, incident=s.iid, rests_on=describe(warrants[-1]))
+    return spec.disrupt(s, warrants[-1])
 
 
 def _held(s: Step, hold: Hold) -> None:

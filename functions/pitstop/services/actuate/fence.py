@@ -9,6 +9,7 @@ from pitstop.core.actions import NODE_ACTIONS
 from pitstop.core.aggregate import ClaimStep, JoinBlock, RecordFence, RejectStep
 from pitstop.core.answers import Checkpointed, ClaimAnswer, JobsDone
 from pitstop.core.domain import Fenced, Unfenced, Vm
+from pitstop.core.evidence import Warrant
 from pitstop.core.ops import Op, plan_for
 from pitstop.core.scheduling import JobInfo
 from pitstop.core.timefmt import to_epoch
@@ -121,7 +122,7 @@ def fenced_jobs(s: Step) -> list[str]:
     return [str(j) for j in fenced.get("jobs", [])] if fenced else []
 
 
-def checkpoint(s: Step) -> Checkpointed:
+def checkpoint(s: Step, warrant: Warrant) -> Checkpointed:
     """Ask each fenced job to save its state, and say how long to wait for it (before the window)."""
     jobs = fenced_jobs(s)
     how = sorted({s.scheduler.checkpoint(job, s.ref) for job in jobs})

@@ -8,6 +8,7 @@ from pitstop.core import checks, remediation
 from pitstop.core.aggregate import RecordGang
 from pitstop.core.answers import EarlyResume, Freed, JobWhy, Rescheduled, Resumed
 from pitstop.core.domain import CapacityDoc, JobRunDoc
+from pitstop.core.evidence import Warrant
 from pitstop.core.ids import job_key, requeue_key
 from pitstop.core.ops import Op
 from pitstop.core.scheduling import Capacity, JobInfo, JobRun, JobState, Placer
@@ -61,7 +62,7 @@ def over_budget(s: Step, job: str, cap: int, window: float) -> str:
     return why
 
 
-def reschedule_early(s: Step) -> EarlyResume:
+def reschedule_early(s: Step, warrant: Warrant) -> EarlyResume:
     """Requeue each job now when the scheduler can run its gang without the node and that costs
     less than waiting for the repair (services/actuate/moves.py, policy ``moves``); else say why.
 
@@ -104,7 +105,7 @@ def _capacity_doc(cap: Capacity | None) -> CapacityDoc:
     return {} if cap is None else {"enough": cap.enough, "need": cap.need, "free": cap.free, "why": cap.why}
 
 
-def reschedule(s: Step) -> Rescheduled:
+def reschedule(s: Step, warrant: Warrant) -> Rescheduled:
     """Requeue each job the fault hit, once: only while it is still the run the fence recorded."""
     requeued: list[str] = []
     skipped: list[JobWhy] = []

@@ -8,6 +8,7 @@ from pitstop.core import remediation
 from pitstop.core.aggregate import RecordActed, RecordVerified
 from pitstop.core.answers import Acted, ActPlan, Done, Verified
 from pitstop.core.domain import CallFields, VmBefore
+from pitstop.core.evidence import Warrant
 from pitstop.core.ids import job_key, request_id, requeue_key
 from pitstop.core.ops import Op
 from pitstop.core.states import State
@@ -18,7 +19,7 @@ from pitstop.services.actuate.fence import join_block
 from pitstop.services.actuate.gang import watch_resume
 
 
-def act(s: Step) -> Acted:
+def act(s: Step, warrant: Warrant) -> Acted:
     """Take the incident's action on the VM, once: the call is decided and saved before it is made.
 
     A retry reuses the saved plan, so a reportHostAsFaulty that ran but went unrecorded is

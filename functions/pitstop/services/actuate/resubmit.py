@@ -21,6 +21,7 @@ from pitstop.core import vertex
 from pitstop.core.aggregate import RecordVertex
 from pitstop.core.answers import Resubmission
 from pitstop.core.domain import JsonObject, VertexRecord
+from pitstop.core.evidence import Warrant
 from pitstop.core.ids import job_key, requeue_key
 from pitstop.core.scheduling import JobResubmission
 from pitstop.services.actuate.context import Step
@@ -40,7 +41,7 @@ def _job(s: Step) -> str:
     return str(job["job"])
 
 
-def resubmit(s: Step) -> Resubmission:
+def resubmit(s: Step, warrant: Warrant) -> Resubmission:
     """Judge the job (or reuse an earlier attempt's verdict), then resubmit it once or leave it."""
     sched = _platform(s)
     rec, doc = s.decided().get("vertex"), None
