@@ -616,7 +616,7 @@ def test_a_failing_claim_fails_the_incident_with_a_page(
         if not broken:
             broken.append(1)
             raise RuntimeError("a bug in claim")  # functions-framework answers 500
-        return claim.run(s)
+        return claim.handler(s)
 
     monkeypatch.setitem(registry.OPS, Op.CLAIM, dataclasses.replace(claim, run=broken_claim))
     out = world.fault(XID79, "a3-node-001")
@@ -659,7 +659,7 @@ def test_an_escalation_is_decided_before_the_node_returns_to_slurm(
         if s.step == 1 and not worse:  # a stronger fault arrives while step 1 is being verified
             worse.append(s.iid)
             hand_edit(world.store, s.iid, lambda d: d.update({"escalate_to": "REBOOT_NODE"}))
-        return verify.run(s)
+        return verify.handler(s)
 
     monkeypatch.setitem(registry.OPS, Op.VERIFY, dataclasses.replace(verify, run=fault_gets_worse))
     out = world.fault(XID48, node)

@@ -255,8 +255,7 @@ class Pitstop:
                 call(Op.FAIL, stage=str(op), error={"message": str(body.get("error"))[:200]})
                 return
             if op == Op.JUDGE_CORROBORATION and body.get("stand_down"):
-                ops = (Op.UNFENCE, Op.CLOSE)  # the workflow's stand_down: unfence, then close
-                for then in ops:
+                for then in (Op.UNFENCE, Op.CLOSE):  # the workflow's stand_down: unfence, then close
                     self._until_done(call, then)
                 return
             if op == Op.ESCALATE and body.get("handed_over"):

@@ -21,7 +21,7 @@ from pitstop.adapters.slurm import SlurmAgentClient, SlurmScheduler
 from pitstop.adapters.workflows import WorkflowStarter
 from pitstop.core import policy
 from pitstop.core.aggregate import CloseByPerson
-from pitstop.core.domain import Incident
+from pitstop.core.domain import Draft, Incident
 from pitstop.core.scheduling import StepRef, UnfenceAnswer
 from pitstop.local.executions_server import ExecutionsService
 from pitstop.services.ingest import Ingest
@@ -153,7 +153,7 @@ def test_watchdog_waits_out_computes_maintenance_window_never_the_log_entrys(
     year = "2028-01-15T08:00:00Z"  # a year past T0, as the entry said
     window: Maintenance = {"window_start": None, "window_end": year, "maintenance_status": "PENDING"}
 
-    def as_the_entry_said(doc: Incident) -> Incident:
+    def as_the_entry_said(doc: Draft) -> Draft:
         doc["maintenance"] = window
         return doc
 
