@@ -2,7 +2,7 @@
 
 Each handler builds its service once per instance from the environment:
 GOOGLE_CLOUD_PROJECT, PITSTOP_POLICY (path to policy.yaml), PITSTOP_NOTIFICATIONS_TOPIC, PITSTOP_ALERTS_TOPIC,
-PITSTOP_WEBHOOK_URL (from Secret Manager via --set-secrets) and PITSTOP_WEBHOOK_FORMAT
+PITSTOP_WEBHOOK_URL and PITSTOP_NOTIFY_KEY (from Secret Manager via --set-secrets) and PITSTOP_WEBHOOK_FORMAT
 (chat|slack); local endpoints PITSTOP_WORKFLOWS_ENDPOINT, PITSTOP_COMPUTE_ENDPOINT,
 PITSTOP_MONITORING_ENDPOINT and PITSTOP_KUBE_ENDPOINT (the fake Kubernetes API server every GKE
 cluster is reached at) only when running on the local stack; emulator variables in tests.
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from pitstop.adapters.compute import ComputeAdapter
     from pitstop.services.actuate import Actuator
+    from pitstop.services.control import RuntimeControl
     from pitstop.services.ingest import Ingest
     from pitstop.services.notify import Notify
     from pitstop.services.sweep import Sweep
@@ -61,6 +62,16 @@ def _publisher() -> PublisherClient:
 
 def _project() -> str:
     return os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ["GCP_PROJECT"]
+
+
+def _notify_key() -> bytes | None:
+    """The per-deploy key notifications are sealed with (secret pitstop-notify-key, set by deploy).
+    Without it ids are the incident's digest and no alert key is sent: PagerDuty alerts are then
+    never resolved by a notification, only by a person."""
+    key = os.environ.get("PITSTOP_NOTIFY_KEY", "").strip()
+    if not key:
+        log.emit("ERROR", "PITSTOP_NOTIFY_KEY is not set: notifications are not sealed")
+    return key.encode() or None
 
 
 class _LazyInstances:
@@ -103,6 +114,15 @@ def _compute() -> ComputeAdapter:
     return _compute_adapter(os.environ.get("PITSTOP_COMPUTE_ENDPOINT"))
 
 
+def _control(db: firestore.Client, pol: policy_mod.Policy) -> RuntimeControl:
+    """The runtime control document (pitstop pause, mode, silence), read once per control_cache_s."""
+    from pitstop.adapters.firestore_control import FirestoreControl
+    from pitstop.services.control import RuntimeControl
+
+    store = pol.doc["store"]
+    return RuntimeControl(FirestoreControl(db, store["collection_prefix"]), float(store["control_cache_s"]))
+
+
 def _db(project: str, env: str = "PITSTOP_FIRESTORE_DATABASE") -> firestore.Client:
     """Pitstop's own Firestore database (deploy creates it; IAM conditions grant only it), or with
     ``env`` PITSTOP_NOTIFY_DATABASE notify's ledger database (unset: the same database)."""
@@ -121,12 +141,15 @@ def _ingest() -> Ingest:
 
     project = _project()
     pol = policy_mod.load()
-    store = IncidentStore(_db(project), pol.doc["store"]["collection_prefix"])
+    db = _db(project)
+    store = IncidentStore(db, pol.doc["store"]["collection_prefix"])
     wf = pol.doc["workflow"]
     starter = WorkflowStarter(
         project, wf["location"], wf["name"], os.environ.get("PITSTOP_WORKFLOWS_ENDPOINT")
     )
-    notifier = Notifier(project, os.environ.get("PITSTOP_NOTIFICATIONS_TOPIC", "pitstop-notifications"))
+    notifier = Notifier(
+        project, os.environ.get("PITSTOP_NOTIFICATIONS_TOPIC", "pitstop-notifications"), key=_notify_key()
+    )
     # GKE: the Node an entry names gives a regional node's zone (spec.providerID; else Compute's
     # instances.get in each of its cluster's zones, from clusters.get) and its device plugin's word
     # on a serial-console Xid line (XidCriticalError).
@@ -145,6 +168,7 @@ def _ingest() -> Ingest:
         nodes=NodeReader(kube),
         alerts_topic=alerts_topic,
         ack_deadline_s=deadline,
+        control=_control(db, pol),
     )
 
 
@@ -223,7 +247,10 @@ def _actuator() -> Actuator:
         project, wf["location"], wf["name"], os.environ.get("PITSTOP_WORKFLOWS_ENDPOINT")
     )
     notifier = Notifier(
-        project, os.environ.get("PITSTOP_NOTIFICATIONS_TOPIC", "pitstop-notifications"), publisher
+        project,
+        os.environ.get("PITSTOP_NOTIFICATIONS_TOPIC", "pitstop-notifications"),
+        publisher,
+        key=_notify_key(),
     )
     return Actuator(
         pol,
@@ -236,6 +263,7 @@ def _actuator() -> Actuator:
         claim_s=float(os.environ.get("PITSTOP_STEP_CLAIM_S", STEP_CLAIM_S)),
         telemetry=TelemetryReader(os.environ.get("PITSTOP_MONITORING_ENDPOINT")),
         prometheus=PromQLReader(os.environ.get("PITSTOP_PROMETHEUS_ENDPOINT")),
+        control=_control(db, pol),
     )
 
 

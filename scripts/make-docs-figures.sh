@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate the README's figures under docs/ from the shipped defaults:
+# Regenerate the docs' figures under docs/ from the shipped defaults:
 #   docs/simulate-ettr.png  `pitstop simulate` (default scenario) swept over fleet sizes
 #   docs/report.png         `pitstop report` on the incidents the local pipeline made in
 #                           `pitstop demo` (the Slurm scenarios), screenshot in headless Chromium

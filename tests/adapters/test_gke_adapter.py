@@ -9,6 +9,7 @@ two members, a Kueue Workload deactivated and reactivated, node health, doctor's
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -209,7 +210,7 @@ def started(kube: FakeKube, obj: dict[str, Any], attempt: int = 0, n: int = 2) -
 # -- fence / unfence ---------------------------------------------------------------------------
 
 
-def test_fence_cordons_and_taints_once_and_unfence_lifts_only_that(kube: FakeKube, sched: GkeCluster) -> None:
+def test_fence_taints_once_and_unfence_lifts_only_that(kube: FakeKube, sched: GkeCluster) -> None:
     n = NODES[0]
     answer = sched.fence(n, CTX, "REBOOT_NODE")
     assert answer == {
@@ -220,7 +221,7 @@ def test_fence_cordons_and_taints_once_and_unfence_lifts_only_that(kube: FakeKub
         "reason": f"{FENCE_KEY}={INC}:NoSchedule",
     }
     cur = node(kube, n)
-    assert cur["spec"]["unschedulable"] is True
+    assert not cur["spec"].get("unschedulable")  # Pitstop never cordons: its taint is its fence
     assert our_taints(cur) == [{"key": FENCE_KEY, "value": INC, "effect": "NoSchedule"}]
     assert cur["metadata"]["annotations"][WAS_UNSCHEDULABLE] == "false"
     assert cur["metadata"]["labels"][FENCE_KEY] == INC
@@ -233,7 +234,7 @@ def test_fence_cordons_and_taints_once_and_unfence_lifts_only_that(kube: FakeKub
 
     other = sched.unfence(n, CTX2)  # another incident's unfence leaves this fence alone
     assert other is not None and other["resumed"] is False and INC in other["left_drained"]
-    assert node(kube, n)["spec"]["unschedulable"] is True
+    assert len(our_taints(node(kube, n))) == 1
 
     back = sched.unfence(n, CTX)
     assert back == {"node": n, "state": "schedulable", "resumed": True}
@@ -268,28 +269,46 @@ def test_someone_elses_cordon_and_taints_are_kept(kube: FakeKube, sched: GkeClus
     assert again is not None and again["resumed"] is False and "someone else" in again["left_drained"]
 
 
-@pytest.mark.parametrize("how", ["taint", "owner"])
-def test_a_cordon_someone_set_while_pitstops_fence_held_is_kept(
-    kube: FakeKube, sched: GkeCluster, how: str
+def _kubectl(kube: FakeKube, tmp_path: Path, *args: str) -> None:
+    """The real kubectl against the fake API server, as a person would run it."""
+    path = tmp_path / "kubectl-config"
+    kube.write_kubeconfig(path)
+    kubectl = shutil.which("kubectl")
+    assert kubectl is not None
+    done = subprocess.run(
+        [kubectl, "--kubeconfig", str(path), *args], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("how", ["kubectl cordon", "taint"])
+def test_a_cordon_or_taint_someone_set_while_pitstops_fence_held_is_kept(
+    kube: FakeKube, sched: GkeCluster, how: str, tmp_path: Path
 ) -> None:
-    """Issue 21 (9): an autoscaler, an upgrade or a remediator cordons the node while Pitstop's fence
-    holds it (kubectl cordon of a cordoned node changes nothing: its mark is a taint or the owner
-    annotation). Unfence lifts Pitstop's taint and leaves their cordon."""
+    """Issue 35 (10): a person, an autoscaler or an upgrade cordons the node while Pitstop's fence
+    holds it. kubectl cordon of a node already cordoned sends nothing (kubectl's cordon helper
+    patches only a change), so when Pitstop's fence was a cordon the person's left no trace and
+    was lifted at unfence. Pitstop's fence is its taint alone: the person's cordon is a change of
+    theirs, and unfence leaves it."""
     n = NODES[2]
     answer = sched.fence(n, CTX, "REBOOT_NODE")
     assert answer is not None and answer["already_drained_by_other"] is False
-    assert node(kube, n)["metadata"]["annotations"]["pitstop.dev/cordoned-by"] == INC
-    cur = node(kube, n)
-    if how == "taint":
-        theirs = {"key": "ToBeDeletedByClusterAutoscaler", "value": "1732000000", "effect": "NoSchedule"}
-        sched.core.patch_node(n, {"spec": {"taints": [*cur["spec"]["taints"], theirs]}})
+    if how == "kubectl cordon":
+        _kubectl(kube, tmp_path, "cordon", n)
     else:
-        sched.core.patch_node(n, {"metadata": {"annotations": {"pitstop.dev/cordoned-by": "remediator"}}})
+        theirs = {"key": "ToBeDeletedByClusterAutoscaler", "value": "1732000000", "effect": "NoSchedule"}
+        sched.core.patch_node(n, {"spec": {"taints": [*node(kube, n)["spec"]["taints"], theirs]}})
     back = sched.unfence(n, CTX)
     assert back is not None and back["resumed"] is False
-    assert "cordoned by someone else while Pitstop's fence held" in back["left_drained"]
+    assert (
+        "cordoned" in back["left_drained"]
+        if how == "kubectl cordon"
+        else "new taints" in back["left_drained"]
+    )
     after = node(kube, n)
-    assert after["spec"]["unschedulable"] is True and our_taints(after) == []
+    assert our_taints(after) == []
+    if how == "kubectl cordon":
+        assert after["spec"]["unschedulable"] is True  # theirs: kept
     sched.core.patch_node(n, {"spec": {"unschedulable": False, "taints": []}})
 
 
@@ -390,6 +409,11 @@ def test_jobs_on_reports_the_jobset_and_its_run(kube: FakeKube, sched: GkeCluste
     assert len(job["pods_on_node"]) == 1
     assert sched.jobs_on(NODES[3], CTX) == []  # nothing runs there
     assert sched.job_info("jobset/default/gone", CTX)["state"] == "UNKNOWN"
+    # hang remediation is its owner's choice (issue 35 (2)): the JobSet's own label, read fresh
+    assert job["opted_in"] is False
+    kube.mutate("JobSet", "train", lambda o: o["metadata"].setdefault("labels", {}).update(
+        {"pitstop.dev/heartbeat": "true"}), "default")  # fmt: skip
+    assert sched.job_info(JOB, CTX)["opted_in"] is True
 
 
 def test_a_bare_pod_is_its_own_job(kube: FakeKube, sched: GkeCluster) -> None:
@@ -587,7 +611,7 @@ def test_kueue_workload_without_failure_policy_is_deactivated_then_reactivated(
     first = {p["metadata"]["name"] for p in pods(kube)}
     assert sched.job_info(JOB, CTX)["workload"] == workload(kube)["metadata"]["name"]
     out = sched.requeue_outcome(JOB, CTX)
-    assert out["outcome"].startswith("workload deactivated and reactivated")
+    assert out["outcome"].startswith("workload deactivated and reactivated") and out["restarted"] is True
     wl_patches = [r for r in kube.requests if r[0] == "PATCH" and "/workloads/" in r[1]]
     assert [r[2] for r in wl_patches] == ["application/merge-patch+json"] * 2
     wl = workload(kube)
@@ -687,7 +711,7 @@ def test_a_workload_someone_else_deactivated_stays_inactive(kube: FakeKube, sche
         "kueue.x-k8s.io", "v1beta2", "default", "workloads", name, {"spec": {"active": False}}
     )
     out = sched.requeue_outcome(JOB, CTX)
-    assert "someone else" in out["outcome"] and out["owner_action"]
+    assert "someone else" in out["outcome"] and out["owner_action"] and "restarted" not in out
     assert workload(kube)["spec"]["active"] is False
 
 

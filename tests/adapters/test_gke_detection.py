@@ -73,11 +73,13 @@ def test_regional_node_journal_xid_parses_with_region_and_no_zone() -> None:
     assert ev["source"]["trust_reason"] == trust.WHY_JOURNAL_KERNEL
 
 
-def test_zonal_cluster_entry_keeps_its_zone_and_has_no_region() -> None:
+def test_a_zonal_clusters_entry_names_the_clusters_zone_not_the_nodes() -> None:
+    """Issue 35 (low): a zonal cluster with extra node locations names its own zone on every node's
+    entry; taking it as the node's zone sent every action to the wrong zone."""
     ev = CLF.classify(regional_journal(location="us-central1-c"))
     assert_valid_event(ev)
-    assert ev["node"]["zone"] == "us-central1-c"
-    assert "region" not in ev["node"]
+    assert ev["node"]["zone"] is None
+    assert (ev["node"]["region"], ev["node"]["location"]) == (REGION, "us-central1-c")
 
 
 def test_regional_journal_line_from_another_transport_is_unverified() -> None:
@@ -334,9 +336,23 @@ def test_fill_zone_completes_a_regional_event() -> None:
     why = fill_zone(missing, Compute({}).resolver())
     assert why is not None and NODE in why
     assert missing["node"]["zone"] is None
-    zonal = CLF.classify(regional_journal(location="us-central1-b"))
-    assert fill_zone(zonal, ZoneResolver()) is None  # nothing to resolve, nothing asked
-    assert zonal["node"]["zone"] == "us-central1-b"
+    gce = CLF.classify(legacy_agent_entry(XID79, instance=NODE))
+    assert fill_zone(gce, ZoneResolver()) is None  # a VM's own entry names its zone: nothing asked
+    assert gce["node"]["zone"] == "us-central1-a"
+
+
+def test_a_zonal_clusters_node_in_another_of_its_zones_gets_that_zone() -> None:
+    """The cluster (zone us-central1-b) has a node pool in us-central1-f: clusters.get is asked at
+    the cluster's own location and instances.get finds the node where it is."""
+    compute = Compute({"us-central1-f": [NODE]}, zones=[])
+    compute.container.add_cluster(PROJECT, "us-central1-b", CLUSTER, ["us-central1-b", "us-central1-f"])
+    ev = CLF.classify(regional_journal(location="us-central1-b"))
+    assert fill_zone(ev, compute.resolver()) is None
+    assert ev["node"]["zone"] == "us-central1-f" and "location" not in ev["node"]
+    assert_valid_event(ev)
+    assert compute.container.requests == [
+        f"/v1/projects/{PROJECT}/locations/us-central1-b/clusters/{CLUSTER}"
+    ]
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from pitstop.adapters.gke.objects import (
 )
 from pitstop.adapters.gke.shapes import KubeObject
 from pitstop.adapters.gke.zone import cluster_zones
+from pitstop.core.scheduling import JobState
 
 # the keys the readers look up, so that a generated value lands where it is read
 KEYS = [
@@ -57,8 +58,9 @@ def test_every_reader_takes_any_json_without_raising(obj: KubeObject, other: Kub
     assert isinstance(objects.other_cordon_reason(obj), str)
     ref = objects.owner_ref(obj)
     assert ref is None or (objects.valid_namespace(ref.namespace) and objects.valid_object_name(ref.name))
-    assert objects.jobset_state(obj, [other]) in ("COMPLETED", "FAILED", "PENDING", "SUSPENDED", "RUNNING")
-    assert objects.batch_job_state(obj) in ("COMPLETED", "FAILED", "PENDING", "SUSPENDED", "RUNNING")
+    for state in (objects.jobset_state(obj, [other]), objects.batch_job_state(obj)):  # the contract's type
+        assert type(state) is JobState
+        assert state in set(JobState) - {JobState.COMPLETING, JobState.CANCELLED, JobState.UNKNOWN}
     assert all(isinstance(w, str) for w in restart_blockers(obj))
     assert all(isinstance(n, str) for n in objects.pdb_names(obj))
     assert isinstance(selector_matches(obj, other), bool)

@@ -1,8 +1,8 @@
 """The third scheduler, `kubernetes`: any Kubernetes cluster on Compute Engine VMs, by kubeconfig.
 
-The worked example of adding a scheduler (README, Where a change goes): one adapter module, one
-row in the registry, one block in the policy schema. Driven here through a real kubeconfig against
-the fake API server (the `kubernetes` client, as in production).
+The worked example of a scheduler folder (docs/architecture.md, Where a change goes):
+plugins/schedulers/kubernetes/ holds its code, its policy block and its manifest. Driven here
+through a real kubeconfig against the fake API server (the `kubernetes` client, as in production).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from pitstop.adapters.errors import ActuatorError
-from pitstop.adapters.kubernetes import KubernetesScheduler, kubeconfig_env
 from pitstop.core import policy as policy_mod
 from pitstop.core.resources import DataFileError
 from pitstop.core.scheduling import StepRef
 from pitstop.local.fake_k8s import FakeKube
-from pitstop.services.schedulers import FACTORIES, Wiring, schedulers_for
+from pitstop.plugins.schedulers.kubernetes.adapter import KubernetesScheduler, kubeconfig_env
+from pitstop.services.schedulers import Wiring, factories, schedulers_for
 
 NODES = ["kadm-gpu-000", "kadm-gpu-001"]
 REF = StepRef("iaaaaaaaaa", 1)
@@ -50,14 +50,19 @@ def test_the_registry_builds_it_from_the_policy_and_connects_by_kubeconfig(
     path = tmp_path / "kubeconfig"
     kube.write_kubeconfig(path)
     sched = schedulers_for(_policy(), Wiring("train-prod"))["kadm"]
-    assert isinstance(sched, KubernetesScheduler) and sched.name == "kubernetes" and "kubernetes" in FACTORIES
+    assert (
+        isinstance(sched, KubernetesScheduler) and sched.name == "kubernetes" and "kubernetes" in factories()
+    )
     typed = KubernetesScheduler.from_policy("kadm", {}, {kubeconfig_env("kadm"): path.read_text()})
     fenced = typed.fence(NODES[0], REF, "REBOOT_NODE")
     assert not fenced.fenced_by_other and fenced.reason == "pitstop.dev/remediation=iaaaaaaaaa:NoSchedule"
     node = kube.get("Node", NODES[0]) or {}
-    assert node["spec"]["unschedulable"] is True
+    assert [t["value"] for t in node["spec"]["taints"] if t["key"] == "pitstop.dev/remediation"] == [
+        "iaaaaaaaaa"
+    ]
     back = typed.unfence(NODES[0], REF)
-    assert back.resumed and (kube.get("Node", NODES[0]) or {})["spec"].get("unschedulable") is False
+    after = (kube.get("Node", NODES[0]) or {})["spec"]
+    assert back.resumed and not after.get("unschedulable") and not after.get("taints")
 
 
 def test_a_missing_kubeconfig_fails_only_this_clusters_steps() -> None:

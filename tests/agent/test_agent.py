@@ -259,7 +259,8 @@ def test_job_ids_are_strict_and_array_and_het_ids_reach_slurm() -> None:
 def test_jobs_carry_their_run_from_scontrol_show_job() -> None:
     shown = {
         "5": "JobId=5 JobName=train UserId=alice(1000) JobState=RUNNING Reason=None Restarts=2 "
-        "BatchFlag=1 RunTime=00:01:02 StartTime=2026-11-22T08:29:20 EndTime=Unknown NodeList=gpu-[0-1]",
+        "BatchFlag=1 RunTime=00:01:02 StartTime=2026-11-22T08:29:20 EndTime=Unknown NodeList=gpu-[0-1] "
+        "Comment=pitstop:heartbeat",
         "6": "JobId=6 JobState=RUNNING Restarts=x StartTime= NodeList=gpu-0",
     }
 
@@ -278,6 +279,9 @@ def test_jobs_carry_their_run_from_scontrol_show_job() -> None:
     assert jobs == {"5": (2, "2026-11-22T08:29:20"), "6": (None, None), "7": (None, None)}
     state = cmds.job_state({"job": "5"})
     assert (state["state"], state["restarts"], state["start_time"]) == ("RUNNING", 2, "2026-11-22T08:29:20")
+    assert (
+        state.get("comment") == "pitstop:heartbeat"
+    )  # its owner's opt-in to hang remediation (issue 35 (2))
     assert cmds.job_state({"job": "7"}) == {
         "job": "7",
         "state": "UNKNOWN",
@@ -979,9 +983,9 @@ def test_a_node_added_to_slurm_is_accepted_once_the_list_is_read_again(
 def test_requeued_jobs_are_released_at_once_unless_the_hold_is_kept() -> None:
     """scontrol requeue holds a job until BeginTime (~2 min on); the agent lifts it by default."""
     base = ["--subscription", "s", "--results-topic", "r"]
-    assert commands_for(parse_args(base)).release_requeued is True
-    assert commands_for(parse_args([*base, "--keep-requeue-hold"])).release_requeued is False
-    assert commands_for(parse_args([*base, "--release-requeued"])).release_requeued is True
+    assert commands_for(parse_args(base)).jobs.release_requeued is True
+    assert commands_for(parse_args([*base, "--keep-requeue-hold"])).jobs.release_requeued is False
+    assert commands_for(parse_args([*base, "--release-requeued"])).jobs.release_requeued is True
 
 
 def test_results_topic_and_ledger_arguments() -> None:

@@ -39,10 +39,12 @@ from pitstop.agent.slurm import (
     is_transient,
     parse_args,
     parse_node,
+    run_subprocess,
 )
 from pitstop.agent.slurm.records import CheckState
 from pitstop.core import checks as core_checks
 from pitstop.core import policy as policy_mod
+from pitstop.core import ring_buffer
 from pitstop.core.checks import check_name
 from pitstop.core.diagnose import parse_nvidia_smi_q, parse_nvlink_status
 from pitstop.core.domain import CheckSpec
@@ -61,6 +63,7 @@ TOOLS = CheckTools(
     nvidia_smi=(sys.executable, "-m", "pitstop.local.gpu_tools.nvidia_smi"),
     dcgmi=(sys.executable, "-m", "pitstop.local.gpu_tools.dcgmi"),
     dmesg=(sys.executable, "-m", "pitstop.local.gpu_tools.dmesg"),
+    clock=(sys.executable, "-m", "pitstop.local.gpu_tools.clock"),
     all_gather_perf=(sys.executable, "-m", "pitstop.local.gpu_tools.all_gather_perf"),
     fabric_root=str(Path(gpu_tools.__file__).parent / "fabric"),  # the stand-in profiles
 )
@@ -120,10 +123,10 @@ class Recorder:
 
     def __call__(self, argv: list[str]) -> str:
         self.argvs.append(list(argv))
-        return SlurmCommands._subprocess(argv)
+        return run_subprocess(argv)
 
     def mutating(self) -> list[list[str]]:
-        reads = (("sinfo",), ("squeue",), ("scontrol", "show"))
+        reads = (("sinfo",), ("squeue",), ("scontrol", "show"), ("scontrol", "--version"))
         return [a for a in self.argvs if not any(tuple(a[: len(r)]) == r for r in reads)]
 
 
@@ -135,7 +138,7 @@ def cmds(
     c = SlurmCommands(rec, checks=dataclasses.replace(TOOLS, directory=str(tmp_path / "checks")))
     yield c, rec
     # back to four idle nodes, no reservations, no jobs (and no runner of a failed test finishing late)
-    for runner in c._children:
+    for runner in c.runners.children:
         runner.kill()
         runner.wait()
     slurm._out(["scancel", "--full", "--quiet", "-u", "root"])
@@ -354,7 +357,7 @@ def test_validate_with_a_peer_measures_the_degraded_host(
     assert peer in set(NODES) - {target} and started["note"] == ""
     res = result(c, args)
     assert res["done"] and res["error"] is None and res["peer"] == peer
-    assert set(res["outputs"]) == {"dcgm", "nccl"}
+    assert set(res["outputs"]) == {"nvidia_smi_q", "dcgm", "nccl"}
     nccl = parse_all_gather(res["outputs"]["nccl"])
     assert nccl.ok and busbw(nccl) == 120.0  # the ring runs at the degraded node's speed
     assert {target, peer} <= set(res["outputs"]["nccl"].split())  # ranks on both nodes
@@ -407,7 +410,7 @@ def test_a_shortfall_is_measured_again_against_another_peer_under_the_fabrics_se
     peer1 = c.start_check(first)["peer"]
     res1 = result(c, first)
     assert res1["done"] and res1["error"] is None, res1
-    assert set(res1["outputs"]) == {"dcgm", "nccl", "nccl_setup"}
+    assert set(res1["outputs"]) == {"nvidia_smi_q", "dcgm", "nccl", "nccl_setup"}
     nccl = parse_all_gather(res1["outputs"]["nccl"])
     assert nccl.gpus_per_rank == 1 and busbw(nccl) == 120.0
     st = json.loads((Path(c.checks.directory) / first["name"] / "state.json").read_text())
@@ -509,7 +512,10 @@ def test_validate_without_an_idle_peer_runs_dcgm_alone_and_says_why(
     assert started["note"] == "no idle unreserved peer in partition gpu: no NCCL test"
     res = result(c, args)
     assert res["done"] and res["peer"] is None and res["note"] == started["note"]
-    assert set(res["outputs"]) == {"dcgm"} and parse_dcgm_diag(res["outputs"]["dcgm"]).verdict == "pass"
+    assert (
+        set(res["outputs"]) == {"nvidia_smi_q", "dcgm"}
+        and parse_dcgm_diag(res["outputs"]["dcgm"]).verdict == "pass"
+    )
     assert node(slurm, target) == ("IDLE+DRAIN", reason) and reservations(slurm) == []
 
 
@@ -539,23 +545,29 @@ def test_a_start_delivered_again_starts_no_second_job(
 def test_a_runner_that_died_is_started_again(
     slurm: SlurmCluster, cmds: tuple[SlurmCommands, Recorder], tmp_path: Path
 ) -> None:
-    c, _ = cmds
+    plain, rec = cmds
     slow = tmp_path / "slow-dcgmi"
     slow.write_text(f'#!/bin/sh\nsleep 3\nexec {sys.executable} -m pitstop.local.gpu_tools.dcgmi "$@"\n')
     slow.chmod(0o755)
-    c.checks = dataclasses.replace(c.checks, dcgmi=(str(slow),))
-    target = "ck-1"
-    reason = fence(c, target)
-    args = spec("diagnose", target, step=8)
-    c.start_check(args)
-    (runner,) = c._children
-    time.sleep(1.0)
-    runner.kill()  # as an agent restart under systemd would
-    runner.wait()
-    assert c.check_result(probe(args))["phase"] == "runner started again"
-    res = result(c, args)
-    assert res["done"] and res["error"] is None and parse_dcgm_diag(res["outputs"]["dcgm"]).verdict == "pass"
-    assert node(slurm, target) == ("IDLE+DRAIN", reason) and reservations(slurm) == []
+    c = SlurmCommands(rec, checks=dataclasses.replace(plain.checks, dcgmi=(str(slow),)))
+    try:
+        target = "ck-1"
+        reason = fence(c, target)
+        args = spec("diagnose", target, step=8)
+        c.start_check(args)
+        (runner,) = c.runners.children
+        time.sleep(1.0)
+        runner.kill()  # as an agent restart under systemd would
+        runner.wait()
+        assert c.check_result(probe(args))["phase"] == "runner started again"
+        res = result(c, args)
+        assert res["done"] and res["error"] is None
+        assert parse_dcgm_diag(res["outputs"]["dcgm"]).verdict == "pass"
+        assert node(slurm, target) == ("IDLE+DRAIN", reason) and reservations(slurm) == []
+    finally:
+        for left in c.runners.children:  # the fixture ends only its own agent's runners
+            left.kill()
+            left.wait()
 
 
 def test_a_start_that_fails_midway_puts_the_fence_back_and_a_retry_starts_afresh(
@@ -571,7 +583,7 @@ def test_a_start_that_fails_midway_puts_the_fence_back_and_a_retry_starts_afresh
             raise RuntimeError("sbatch exited 1: sbatch: error: Batch job submission failed: Invalid account")
         return rec(argv)
 
-    c._run = refusing
+    c.slurm.run = refusing
     with pytest.raises(RuntimeError, match="Invalid account"):
         c.start_check(args)
     assert ["scontrol", "update", f"NodeName={target}", "State=RESUME"] in rec.argvs  # it got that far
@@ -580,7 +592,7 @@ def test_a_start_that_fails_midway_puts_the_fence_back_and_a_retry_starts_afresh
     _wait(lambda: node(slurm, target) == ("IDLE+DRAIN", reason), "drained again, responding")
     with pytest.raises(CommandRefusedError, match="did not start"):
         c.check_result(probe(args))
-    c._run = rec
+    c.slurm.run = rec
     started = c.start_check(args)
     assert started["job"] and started["peer"]
     assert result(c, args)["done"] and node(slurm, target) == ("IDLE+DRAIN", reason)
@@ -720,8 +732,10 @@ def test_each_tool_runs_as_a_step_of_the_holder_job() -> None:
             "gres": "gpu",
         },
     }
-    (dcgm, dargv, _), (nccl, nargv, _) = check_steps(st)
+    (smi, sargv, _), (dcgm, dargv, _), (nccl, nargv, _) = check_steps(st)
     head = ["srun", "--jobid=42", "--overlap", "--chdir=/tmp", "--quiet", "--gres=gpu:8"]
+    # the GPU count first (issue 35: a node short of GPUs is a finding the NCCL test cannot make)
+    assert (smi, sargv[sargv.index("--") + 1 :]) == ("nvidia_smi_q", ["nvidia-smi", "-q"])
     assert (dcgm, dargv) == (
         "dcgm",
         [*head, "--nodes=1", "--ntasks=1", "--nodelist=a3-node-007", "--", "dcgmi", "diag", "-r", "2", "-j"],
@@ -741,7 +755,44 @@ def test_each_tool_runs_as_a_step_of_the_holder_job() -> None:
         ["nvidia-smi", "-q"],
         ["nvidia-smi", "nvlink", "--status"],
     ]
-    assert [k for k, _, _ in check_steps({**st, "peer": None})] == ["dcgm"]
+    assert [k for k, _, _ in check_steps({**st, "peer": None})] == ["nvidia_smi_q", "dcgm"]
+    assert [k for k, _, _ in check_steps({**st, "kind": "revalidate"})] == ["nccl"]
+    corr = check_steps({**st, "kind": "corroborate", "borrowed": True})
+    assert [k for k, _, _ in corr] == ["dmesg", "clock", "nvidia_smi_q"]
+    clock = corr[1][1]  # the node's clock, read in the same check as its ring buffer (issue 35 (1))
+    assert clock[clock.index("--") + 1 :] == ["/bin/sh", "-c", "date +%s.%N; cat /proc/uptime"]
+
+
+def test_a_corroboration_beside_a_running_job_asks_for_the_nodes_gpus_explicitly() -> None:
+    """Issue 35 (11): the read-only tools run as a step of the job already on the node; without
+    --gres that step gets none of an exclusive job's GPUs, and nvidia-smi saw fewer or none."""
+    st: CheckState = {
+        "kind": "corroborate",
+        "job": "9001",
+        "node": "a3-node-007",
+        "borrowed": True,
+        "gpus": 8,
+        "tools": {
+            "nvidia_smi": ["nvidia-smi"],
+            "dmesg": ["dmesg"],
+            "dcgmi": ["dcgmi"],
+            "all_gather_perf": ["all_gather_perf"],
+            "srun_mpi": None,
+            "gres": "gpu",
+        },
+    }
+    steps = {key: argv for key, argv, _ in check_steps(st)}
+    head = ["srun", "--jobid=9001", "--overlap", "--chdir=/tmp", "--quiet", "--gres=gpu:8"]
+    assert steps["nvidia_smi_q"] == [
+        *head,
+        "--nodes=1",
+        "--ntasks=1",
+        "--nodelist=a3-node-007",
+        "--",
+        "nvidia-smi",
+        "-q",
+    ]
+    assert steps["dmesg"][: len(head)] == head
 
 
 def test_agent_flags_and_the_local_stacks_stand_ins(tmp_path: Path) -> None:
@@ -753,6 +804,12 @@ def test_agent_flags_and_the_local_stacks_stand_ins(tmp_path: Path) -> None:
     env = {**os.environ, "PITSTOP_GPU_STATE": state, "PITSTOP_NODE": "ck-7"}
     out = subprocess.run([*local.nvidia_smi, "-q"], env=env, capture_output=True, text=True, check=False)
     assert len(parse_nvidia_smi_q(out.stdout).gpus) == 6
+    real = subprocess.run(list(CheckTools().clock), capture_output=True, text=True, check=True)
+    assert ring_buffer.parse_boot_clock(real.stdout) is not None  # what a node's own tools print
+    booted = json.dumps({"ck-7": {"boot": time.time() - 3600.0}})
+    env = {**os.environ, "PITSTOP_GPU_STATE": booted, "PITSTOP_NODE": "ck-7"}
+    out = subprocess.run([*local.clock], env=env, capture_output=True, text=True, check=True)
+    assert abs((ring_buffer.parse_boot_clock(out.stdout) or 0.0) - (time.time() - 3600.0)) < 60
     for bad in (["--srun-mpi", "pmix;rm"], ["--check-gres", "gpu:8"], ["--dcgmi", ""]):
         with pytest.raises(SystemExit):
             commands_for(parse_args([*base, *bad]))

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import pytest
 
-from pitstop.agent.slurm import CheckTools, CommandRefusedError, SlurmCommands
+from pitstop.agent.slurm import CheckTools, CommandRefusedError, SlurmCommands, run_subprocess
 from pitstop.core import localise
 from pitstop.core.catalog import default_xid_policy
 from pitstop.core.domain import CheckRun, LocaliseConfig
@@ -64,10 +64,10 @@ def slurm() -> Iterator[SlurmCluster]:
 @pytest.fixture(scope="module")
 def cmds(slurm: SlurmCluster) -> Iterator[SlurmCommands]:
     c = SlurmCommands(
-        SlurmCommands._subprocess, checks=dataclasses.replace(TOOLS, directory=str(slurm.workdir / "checks"))
+        run_subprocess, checks=dataclasses.replace(TOOLS, directory=str(slurm.workdir / "checks"))
     )
     yield c
-    for runner in c._children:
+    for runner in c.runners.children:
         runner.kill()
         runner.wait()
 

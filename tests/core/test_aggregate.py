@@ -27,18 +27,30 @@ from pitstop.core.aggregate import (
     Given,
     LeaseStart,
     RecordActed,
+    RecordChoice,
     RecordCorroboration,
     RecordFence,
     RecordGang,
     RecordStarted,
     RecordValidation,
     RecordVerified,
+    RecordVertex,
     RefuseStart,
     RejectStep,
     ResolveStep,
     decide,
 )
-from pitstop.core.domain import Budget, Draft, FaultEvent, Incident, Measurement
+from pitstop.core.domain import (
+    Budget,
+    Draft,
+    FaultEvent,
+    Incident,
+    Measurement,
+    MoveChoice,
+    Place,
+    VertexRecord,
+)
+from pitstop.core.ops import AFTER_FENCE, FENCED_ONLY, OPEN_ONLY, WORKING
 from pitstop.core.states import RunState, State
 
 T0 = 1_750_000_000.0
@@ -87,18 +99,31 @@ def _measurement(confirmed: bool) -> Measurement:
 
 
 def _step_commands(step: int, execution: str) -> list[Command]:
-    at = At(step, execution)
+    """Each step command as actuate sends it: with its op's states (services/actuate/registry.OPS)."""
+
+    def at(states: frozenset[State] | None = None) -> At:
+        return At(step, execution, states)
+
     return [
-        ClaimStep(at),
-        RecordFence(at, (), {}),
-        RecordCorroboration(at, _measurement(True)),
-        RecordActed(at),
-        RecordVerified(at, True),
-        RecordGang(at, "job_requeued"),
-        RecordValidation(at, {"kind": "validate", "at": T0, "passed": True}, True, None),
-        ResolveStep(at, {}),
-        FailStep(at, "act", "boom", {}),
-        RejectStep(at, "not the live VM"),
+        ClaimStep(at()),
+        RecordFence(at(frozenset({State.OPEN, State.FENCED})), (), {}),
+        RecordCorroboration(at(FENCED_ONLY), _measurement(True)),
+        RecordActed(at(frozenset({State.FENCED, State.ACTING}))),
+        RecordVerified(at(), True),
+        RecordGang(at(), "job_requeued"),
+        RecordValidation(at(AFTER_FENCE), {"kind": "validate", "at": T0, "passed": True}, True, None),
+        ResolveStep(at(WORKING), {}),
+        FailStep(at(), "act", "boom", {}),
+        RejectStep(at(), "not the live VM"),
+        RecordChoice(at(), {"decision": "wait", "why": "waited", "page": True}),
+        RecordVertex(
+            at(OPEN_ONLY),
+            {
+                "job": "projects/p/locations/us-central1/customJobs/7",
+                "outcome": "resubmitted",
+                "resubmitted_as": "x",
+            },
+        ),
     ]
 
 
@@ -107,7 +132,7 @@ commands = (
         lambda step, execution, k: _step_commands(step, execution)[k],
         st.integers(0, 2),
         st.sampled_from(EXECUTIONS),
-        st.integers(0, 9),
+        st.integers(0, 10),
     )
     | st.builds(LeaseStart, st.integers(0, 2))
     | st.builds(RecordStarted, st.integers(0, 2), st.sampled_from(EXECUTIONS[1:]))
@@ -199,6 +224,30 @@ def test_the_third_refused_start_fails_the_incident_with_a_page() -> None:
     assert inc["state"] == State.FAILED and out.notices
 
 
+def test_a_vertex_job_s_close_names_both_jobs_and_pages_only_when_a_person_must_decide() -> None:
+    """The record of a Vertex AI job's step stamps ``job_requeued`` once resubmitted; the close's
+    notification links the failed job and its resubmission, or pages with what to do."""
+    inc, budgets = _opened()
+    old = "projects/p/locations/us-central1/customJobs/7"
+    done: VertexRecord = {"job": old, "state": "JOB_STATE_FAILED", "reason": "the platform failed it"}
+    done.update({"outcome": "resubmitted", "resubmitted_as": old[:-1] + "8", "checkpoint": "gs://c/r"})
+    out = decide(inc, RecordVertex(At(1), done), Given(T0 + 5))
+    assert out.incident is not None and out.incident["timeline"].get("job_requeued") == T0 + 5
+    closed = decide(out.incident, ResolveStep(At(1), {}), Given(T0 + 6, budgets=budgets))
+    [note] = closed.notices
+    assert (
+        note["severity"] == "warning"
+        and note.get("jobs") == [old, old[:-1] + "8"]
+        and "gs://c/r" in note["summary"]
+    )
+    left: VertexRecord = {**done, "outcome": "left", "why": "a user error", "page": True}
+    left.pop("resubmitted_as")
+    out = decide(inc, RecordVertex(At(1), left), Given(T0 + 5))
+    assert out.incident is not None and "job_requeued" not in out.incident["timeline"]
+    [page] = decide(out.incident, ResolveStep(At(1), {}), Given(T0 + 6, budgets=budgets)).notices
+    assert page["severity"] == "critical" and "a user error" in str(page.get("todo"))
+
+
 def test_engine_commands_need_the_policy() -> None:
     inc, _ = _opened()
     with pytest.raises(TypeError, match="policy"):
@@ -244,3 +293,44 @@ def test_the_engine_works_on_a_copy() -> None:
     draft: Draft = engine.as_incident(inc)
     draft["state"] = State.FENCED
     assert inc == before
+
+
+def test_the_gang_s_choice_is_recorded_with_its_numbers_and_pages_once() -> None:
+    """An NVL72 gang with no spare in its NVLink domain waits: the choice is kept on the incident
+    (its numbers read back as recorded) and a person is paged the first time, not on a retry."""
+    inc, budgets = _opened()
+    choice: MoveChoice = {
+        "decision": "wait",
+        "why": "waited for the reboot: 3.6 GPU-h expected (no spare in the gang's NVLink domain c/b/r1)",
+        "options": [{"option": "wait", "gpu_h": 3.6, "how": "wait for the reboot, then restart"}],
+        "page": True,
+    }
+    first = decide(inc, RecordChoice(At(1), choice), Given(T0 + 5, POLICY, None, budgets))
+    assert first.result == "changed" and first.incident is not None
+    assert first.incident.get("choice") == choice
+    assert [n.get("kind") for n in first.notices] == ["page"]
+    again = decide(first.incident, RecordChoice(At(1), choice), Given(T0 + 6, POLICY, None, budgets))
+    assert again.result == "changed" and again.notices == []
+    late = decide(first.incident, RecordChoice(At(0), choice), Given(T0 + 7, POLICY, None, budgets))
+    assert late.result == "refused"  # a superseded step's choice lands nowhere
+
+
+def test_the_node_s_place_is_cached_in_its_document_when_it_joins_its_block() -> None:
+    """The claim reads the VM (Compute's physicalHostTopology) and JoinBlock caches where the node
+    sits in its node document; the same place again changes nothing, a new place is written."""
+    inc, budgets = _opened()
+    node = engine.new_node(inc["node"], None)
+    place: Place = {"source": "compute", "cluster": "c1", "block": "b1", "subblock": "s1", "host": "h1"}
+    joined = decide(inc, aggregate.JoinBlock("c1/b1", place), Given(T0 + 1, POLICY, node, budgets))
+    assert joined.result == "joined" and joined.node is not None
+    assert joined.node.get("topology") == place and joined.node.get("block") == "c1/b1"
+    assert joined.incident is not None
+    same = decide(
+        joined.incident, aggregate.JoinBlock("c1/b1", place), Given(T0 + 2, POLICY, joined.node, budgets)
+    )
+    assert same.result == "ignored"
+    moved: Place = {**place, "host": "h2"}
+    again = decide(
+        joined.incident, aggregate.JoinBlock("c1/b1", moved), Given(T0 + 3, POLICY, joined.node, budgets)
+    )
+    assert again.result == "joined" and again.node is not None and again.node.get("topology") == moved

@@ -346,11 +346,12 @@ def test_deploy_accepts_exactly_the_signals_the_parser_knows() -> None:
 
 def test_a_page_about_a_hang_names_its_job_where_others_name_their_node() -> None:
     from pitstop.core import notifications
+    from pitstop.plugins.channels.pagerduty.body import pagerduty_event
 
     job = {"project": PROJECT, "cluster": "train", "job": "4242"}
     page = {"severity": "critical", "summary": "held", "incident": {"id": "iabc", "node": None, "job": job}}
     assert "node: job 4242 of train" in notifications.text_lines(page)[1]
-    event = notifications.pagerduty_event(page, "k" * 32, "trigger")
+    event = pagerduty_event(page, "k" * 32, "trigger")
     assert "job 4242 of train" in str(event["payload"])
 
 

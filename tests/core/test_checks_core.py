@@ -98,6 +98,30 @@ def test_validation_after_a_reboot(
     assert rec["hardware_fault"] is (next_action == "REPLACE_NODE") and rec["peer"] == "n2"
 
 
+@pytest.mark.parametrize("action", ["REBOOT_NODE", "RESET_GPU", "REPLACE_NODE"])
+def test_a_node_whose_gpu_stays_lost_is_a_hardware_finding_not_a_page(
+    action: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35: an Xid 79 GPU that does not come back after the reboot. The all_gather on 7 GPUs
+    has no rows to judge; the GPU count, read by the validation itself, speaks first: REPLACE_NODE
+    (the diagnostic runs first), not a page on "all_gather output unusable"."""
+    out = _validate_out({"gpus": 7}, monkeypatch)
+    out["outputs"]["nvidia_smi_q"] = _run(nvidia_smi.main, ["-q"], {"gpus": 7}, monkeypatch)
+    table = checks.table_for(POLICY)
+    v = checks.judge_validation(action, "a3-megagpu-8g", out, POLICY, table, "a3-node-001", 8)
+    assert v.validation.verdict == "gpus_missing" and "7 of 8 GPUs" in v.validation.why, v.validation
+    assert v.next == (
+        "PAGE" if action == "REPLACE_NODE" else "REPLACE_NODE"
+    )  # a new host short too: a person
+    rec = v.record(1.0)
+    assert rec["hardware_fault"] is (action != "REPLACE_NODE") and rec["evidence"]["probe"] == "validation"
+    whole = _validate_out({}, monkeypatch)
+    whole["outputs"]["nvidia_smi_q"] = _run(nvidia_smi.main, ["-q"], {}, monkeypatch)
+    assert checks.judge_validation(action, "a3-megagpu-8g", whole, POLICY, table, "n", 8).validation.passed
+    unknown = checks.judge_validation(action, "a3-megagpu-8g", out, POLICY, table, "n", None)
+    assert unknown.validation.verdict != "gpus_missing"  # no count of the VM: the count says nothing
+
+
 def test_a_replaced_node_that_fails_validation_pages(monkeypatch: pytest.MonkeyPatch) -> None:
     table = checks.table_for(POLICY)
     v = checks.judge_validation(

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pitstop.core import degraded
 from pitstop.core.domain import Incident
@@ -41,13 +43,14 @@ ECC = POL.symptoms["ecc"]
         (THROTTLE, 0.1, {"b": 0.0}, "cleared", ()),
         # an ECC trend on one node only
         (ECC, 40.0, {"b": 0.0, "c": 2.0}, "move", ()),
-        # no peers to compare with (a one-node job, or none running): the alert stands
+        # no peers to compare with (a one-node job, or none running): the node's own reading decides
         (THROTTLE, 0.6, {}, "move", ()),
-        # peers whose telemetry is missing are not counted; none left: the alert stands
+        # peers whose telemetry is missing are not counted; none left: the node's own reading decides
         (THROTTLE, 0.6, {"b": None, "c": None}, "move", ()),
-        # the node's own reading missing: the alert (authenticated) stands, peers still compared
-        (THROTTLE, None, {"b": 0.0}, "move", ()),
-        (THROTTLE, None, {"b": 0.9}, "gang_wide", ("b",)),
+        # the node's own reading missing: the alert alone is no evidence (issue 35 (4)), a page
+        (THROTTLE, None, {"b": 0.0}, "unconfirmed", ()),
+        (THROTTLE, None, {"b": 0.9}, "unconfirmed", ()),
+        (ECC, None, {}, "unconfirmed", ()),
     ],
 )
 def test_the_comparison_with_the_jobs_other_nodes(
@@ -57,9 +60,14 @@ def test_the_comparison_with_the_jobs_other_nodes(
     verdict: str,
     alike: tuple[str, ...],
 ) -> None:
-    v = degraded.compare(rule, POL.gang_wide_share, "a", node_value, peers)
+    v = degraded.compare(rule, POL.gang_wide_share, "a", node_value, peers, 100.0)
     assert (v.verdict, v.alike, v.move) == (verdict, alike, verdict == "move")
-    assert v.why and ("no move" in v.why) == (verdict != "move")
+    assert v.why and ("no move" in v.why or "nothing moved" in v.why) == (verdict != "move")
+    assert (v.evidence is not None) is v.move  # a move rests on the node's own reading
+    if v.evidence is not None:
+        assert (v.evidence.probe, v.evidence.node, v.evidence.symptom, v.evidence.at) == (
+            "telemetry", "a", rule.symptom, 100.0)  # fmt: skip
+        assert v.record(100.0, 1)["evidence"]["symptom"] == rule.symptom
 
 
 def test_the_node_itself_among_its_peers_is_not_its_own_peer() -> None:
@@ -67,9 +75,16 @@ def test_the_node_itself_among_its_peers_is_not_its_own_peer() -> None:
     assert v.verdict == "move" and v.alike == ()
 
 
-def test_a_symptom_without_a_rule_keeps_the_alert() -> None:
-    v = degraded.compare(None, 0.5, "a", None, {"b": 1.0})
-    assert v.verdict == "move" and "no comparison" in v.why
+def test_a_symptom_without_a_rule_moves_nothing_and_pages() -> None:
+    """Issue 35 (4): a missing or unknown ``pitstop_symptom`` has no rule: the alert alone (anyone
+    who may publish to the alerts topic can send one) moves nothing; the close pages."""
+    for node_value in (None, 0.9):
+        v = degraded.compare(None, 0.5, "a", node_value, {"b": 0.0})
+        assert (v.verdict, v.move, v.evidence) == ("unconfirmed", False, None) and "no rule" in v.why
+    rec = v.record(1.0, 1)
+    text, sev = degraded.close_note(_inc(corroboration=rec)) or ("", "")
+    assert sev == "critical" and "NOT moved" in text
+    assert degraded.stood_down(_inc(corroboration=rec)) == "unconfirmed"
 
 
 def test_the_record_says_what_it_was_decided_on() -> None:
@@ -222,3 +237,22 @@ def test_a_throttling_nodes_finding(symptom: str, reason: str | None, confirmed:
     got, why = degraded.finding(symptom, confirmed, "diag", _smi(reason))
     assert got is found
     assert ("Thermal Slowdown active" in why) == (found and not confirmed)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from([None, THROTTLE, ECC]),
+    st.one_of(st.none(), st.floats(0, 100, allow_nan=False)),
+    st.dictionaries(st.sampled_from("bcdefg"), st.one_of(st.none(), st.floats(0, 100, allow_nan=False))),
+)
+def test_a_move_always_rests_on_the_nodes_own_reading_over_the_line(
+    rule: degraded.SymptomRule | None, node_value: float | None, peers: dict[str, float | None]
+) -> None:
+    """Property (issue 35 (4)): whatever the peers read, no rule or no reading of the node never moves
+    a gang, and a move always carries the node's reading over the rule's line as its evidence."""
+    v = degraded.compare(rule, POL.gang_wide_share, "a", node_value, peers, 1.0)
+    if rule is None or node_value is None or node_value <= rule.threshold:
+        assert not v.move and v.evidence is None
+    if v.move:
+        assert v.evidence is not None and node_value is not None and rule is not None
+        assert node_value > rule.threshold and v.evidence.node == "a"

@@ -10,6 +10,8 @@ import json
 from typing import cast
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pitstop.core import engine, localise, policy
 from pitstop.core.catalog import default_xid_policy
@@ -211,3 +213,69 @@ def test_localisation_switched_off_only_notifies_and_an_unchecked_job_says_why()
         "4242", [], [], "requeued in place (run 0)", "the gke scheduler cannot check a job's nodes"
     )
     assert "could not be checked (the gke scheduler cannot check a job's nodes)" in text
+
+
+# -- issue 35 (2): only a job that opted in, whose own series was established, is acted on ----------
+
+CFG = policy.from_doc({}).localise  # heartbeat_min_points 10, heartbeat_min_span_s 600
+
+
+@pytest.mark.parametrize(
+    ("comment", "opted"),
+    [
+        ("pitstop:heartbeat", True),
+        ("team=ml, pitstop:heartbeat", True),
+        ("run 7 pitstop:heartbeat", True),
+        ("", False),
+        (None, False),
+        ("pitstop:heartbeats", False),  # a word, not a prefix
+        ("no-pitstop:heartbeat", False),
+        ("x" * 2000 + " pitstop:heartbeat", False),  # past what is read: Slurm keeps comments short anyway
+    ],
+)
+def test_a_slurm_job_opts_in_by_its_comment(comment: str | None, opted: bool) -> None:
+    assert localise.opted_in_comment(comment) is opted
+
+
+@pytest.mark.parametrize(
+    ("opted_in", "points", "go", "words"),
+    [
+        (True, [T0 - 1200 + 30 * i for i in range(40)], True, "40 points over 1170 s"),
+        (False, [T0 - 1200 + 30 * i for i in range(40)], False, "did not opt in"),
+        (True, None, False, "could not be read back"),
+        (True, [T0 - 200], False, "holds 1 points"),  # one forged point, then silence
+        (True, [T0 - 400 + 30 * i for i in range(12)], False, "over 330 s"),  # too short a span
+        (True, [T0 - 3000, T0 - 60], False, "holds 2 points"),  # two points far apart
+        (True, [T0 + 1 + 30 * i for i in range(40)], False, "holds 0 points"),  # after the alert opened
+    ],
+)
+def test_the_heartbeat_gate(opted_in: bool, points: list[float] | None, go: bool, words: str) -> None:
+    gate = localise.heartbeat_gate("4242", opted_in, points, CFG, T0)
+    assert gate.go is go and words in gate.why, gate.why
+    assert go or "restarts nothing; a person is paged" in gate.why
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(T0 - 7200, T0 + 7200, allow_nan=False), max_size=60), st.booleans())
+def test_the_gate_opens_only_on_an_established_series_before_the_alert(
+    points: list[float], opted: bool
+) -> None:
+    """Property: whatever points anyone wrote, the gate opens only for a job that opted in and whose
+    points before the alert number heartbeat_min_points over heartbeat_min_span_s."""
+    before = sorted(p for p in points if p <= T0)
+    established = len(before) >= CFG["heartbeat_min_points"] and (
+        bool(before) and before[-1] - before[0] >= CFG["heartbeat_min_span_s"]
+    )
+    assert localise.heartbeat_gate("j", opted, points, CFG, T0).go is (opted and established)
+
+
+def test_a_culprit_carries_what_its_own_tools_showed_as_evidence() -> None:
+    v = localise.judge_sweep(NODES, sweep_result({NODES[3]: NodeState(NODES[3], hung=True)}), 25.0, NODE_XIDS)
+    assert v.culprits == (NODES[3],)
+    (ev,) = v.evidence
+    assert (ev.probe, ev.node, ev.symptom) == ("sweep", NODES[3], "hang") and ev.what == v.findings[NODES[3]][
+        0
+    ]
+    assert v.record(T0)["evidence"][0]["node"] == NODES[3]
+    clean = localise.judge_sweep(NODES, sweep_result({}), 25.0, NODE_XIDS)
+    assert clean.evidence == () and "evidence" not in clean.record(T0)

@@ -201,7 +201,7 @@ def test_agent_and_sink_together(entry: dict[str, Any], receiver: str, shipped: 
 
 
 def _serial(line: str, log_id: str = "serialconsole.googleapis.com%2Fserial_port_1_output") -> dict[str, Any]:
-    """GKE's route for kernel lines: the node VM's serial console (README, GKE clusters)."""
+    """GKE's route for kernel lines: the node VM's serial console (docs/deploy.md, GKE clusters)."""
     entry = legacy_agent_entry(f"[ 7341.112233] {line}")
     entry["logName"] = f"projects/train-prod/logs/{log_id}"
     return entry

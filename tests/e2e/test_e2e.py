@@ -27,8 +27,8 @@ import pytest
 
 from pitstop.core.domain import Incident
 from pitstop.local import inject
-from pitstop.local.serve import PAGERDUTY_PATH
 from pitstop.local.stack import PROJECT, ClusterSpec, Stack, WebhookRecord, admin, webhook_records
+from pitstop.plugins.channels.pagerduty.local import PATH as PAGERDUTY_PATH
 from tests.pipeline import XID79, Pipeline, stack_up
 
 XID48 = (

@@ -110,7 +110,7 @@ def test_xid79_on_a_jobset_member(scenario: GkePipeline) -> None:
         watch.stop()
         gk.gangs.done_with(g)
     assert (inc["state"], inc["action"]) == ("RESOLVED", "REBOOT_NODE")
-    assert fenced_by(watch.events, bad, inc["id"]), "never seen cordoned with pitstop.dev/remediation=<id>"
+    assert fenced_by(watch.events, bad, inc["id"]), "never seen tainted pitstop.dev/remediation=<id>"
     assert len(gk.calls("reset", bad)) == 1
     assert restarts == 1
     _on_partner_and_spare(gk, where, [bad])
@@ -205,14 +205,14 @@ def test_a_pdb_that_blocks_eviction_is_named_in_the_incident(scenario: GkePipeli
     assert inc["state"] == "FAILED"
     failure = inc.get("failure")
     assert failure is not None and f"PodDisruptionBudget {pdb}" in failure["error"]
-    assert held["unschedulable"]  # a failed remediation keeps its node fenced
+    assert held["fenced"]  # a failed remediation keeps its node fenced
     assert stayed and restarts == 0
     assert not gk.calls("perform_maintenance", bad)
     closure = closed.get("closure")
     answer = closure.get("unfence") if closure else None
     unfence = answer["outcome"] if isinstance(answer, dict) else None
     assert (closed.get("state"), unfence) == ("RESOLVED", "done")
-    assert back  # --unfence lifted Pitstop's cordon and taint
+    assert back  # --unfence lifted Pitstop's taint
 
 
 def test_xid_from_a_regional_cluster_resolves_the_zone(scenario: GkePipeline) -> None:
@@ -243,7 +243,7 @@ def test_a_serial_console_xid_is_acted_on_only_with_the_device_plugins_word(scen
         gk.gangs.done_with(g)
     lone = gk.incidents(forged)[-1]
     assert (lone["trust"], lone["action"]) == ("unverified", "NONE")
-    assert not gk.calls("reset", forged) and not gke_stack.node_summary(gk.kube.node(forged))["unschedulable"]
+    assert not gk.calls("reset", forged) and not gke_stack.node_summary(gk.kube.node(forged))["fenced"]
     assert (inc["state"], inc["trust"], inc["action"]) == ("RESOLVED", "verified", "REBOOT_NODE")
     assert (
         inc["node"] is not None and inc["node"].get("cluster") == gk.state.cluster["name"]

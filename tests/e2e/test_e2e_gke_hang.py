@@ -21,7 +21,7 @@ from pitstop.core.domain import Incident
 from pitstop.local import chaos, gke_stack, trainer
 from pitstop.local.heartbeats import beats, hang_incidents
 from pitstop.local.realtime import breakdown
-from pitstop.local.stack import PROJECT, ClusterSpec
+from pitstop.local.stack import HEARTBEAT_MIN_POINTS, PROJECT, ClusterSpec
 from tests.pipeline import GkePipeline, stack_up
 
 pytestmark = pytest.mark.emulator
@@ -34,7 +34,7 @@ def sc() -> Iterator[GkePipeline]:
 
 
 class Beating:
-    """The training job's heartbeat (the real Monitoring client, as README's snippet writes it)."""
+    """The training job's heartbeat (the real Monitoring client, as docs/telemetry.md's snippet writes it)."""
 
     def __init__(self, endpoint: str, job: str) -> None:
         self.client, self.stop, self.job = trainer.heartbeat_client(endpoint), threading.Event(), job
@@ -57,7 +57,7 @@ def hang_on_gke(sc: GkePipeline, name: str, link: bool) -> tuple[Incident, str, 
     bad = members[1]
     beating = Beating(sc.stack.endpoints["monitoring"], job)
     beating.thread.start()
-    sc.wait(lambda: beats(sc.stack, job) >= 2, 30, "the job's heartbeat")
+    sc.wait(lambda: beats(sc.stack, job) > HEARTBEAT_MIN_POINTS, 30, "the job's heartbeat")  # established
     chaos.apply(sc.stack, "hang", "link" if link else None, node=bad)
     beating.stop.set()  # the job hangs: no more beats
     stopped = time.time()
@@ -69,7 +69,7 @@ def hang_on_gke(sc: GkePipeline, name: str, link: bool) -> tuple[Incident, str, 
     hang: Incident = sc.wait(ended, 240, "the hang incident to end")
     where = sc.gangs.moved(gang, [bad])
     times = breakdown(stopped, hang, None, time.time(), sc.stack.alert_scale)
-    print(f"gke {name}: {json.dumps(times)}")  # where the time went (README), not asserted
+    print(f"gke {name}: {json.dumps(times)}")  # where the time went (docs/telemetry.md), not asserted
     assert spare in where and sc.gangs.restarts(name) == 0  # suspend and resume: not a JobSet restart
     js = sc.kube.jobset(name) or {}
     assert not js["spec"].get("suspend")

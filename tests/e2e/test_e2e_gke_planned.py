@@ -5,9 +5,10 @@ One JobSet member's GPU stand-in throttles; the Monitoring stand-in opens the th
 alert after its (scaled) window; ingest opens a ``degraded`` incident; actuate holds the node
 against the JobSet's other nodes (the pods' nodes, from the fake API server) read through the
 Managed Service for Prometheus stand-in (local/fake_prometheus.py) with the real HTTP client:
-dcgm-exporter's DCGM_FI_DEV_CLOCK_THROTTLE_REASONS, reduced and compared in core. A straggler alone
-is cordoned, its pod evicted with its grace period (the checkpoint), the JobSet restarted once onto
-the spare, the node repaired by its finding; a gang throttling alike is not moved, its fences are
+dcgm-exporter's DCGM_FI_DEV_CLOCK_THROTTLE_REASONS, reduced and compared in core. A straggler
+alone is fenced (Pitstop's taint), its pod evicted with its grace period (the checkpoint), the
+JobSet restarted once onto the spare, the node repaired by its finding; a gang throttling alike is
+not moved, its fences are
 lifted and a person is paged. The scenarios are this module's own (tests/pipeline.py drives the
 stack), not the demo's.
 """
@@ -69,7 +70,7 @@ def test_a_straggler_alone_is_moved_at_its_checkpoint_onto_the_spare(sc: GkePipe
     assert peers["node_value"] == pytest.approx(0.6, abs=0.05), peers
     assert peers["peers"] == {partner: 0.0}, peers  # the JobSet's other node, read through PromQL
     assert [e["grace"] for e in evictions(events, bad)] == [POD_GRACE_S]  # the checkpoint: SIGTERM, grace
-    # the JobSet restarted once at that checkpoint, off the cordoned node onto the spare (its failure
+    # the JobSet restarted once at that checkpoint, off the fenced node onto the spare (its failure
     # policy restarts it on the eviction; Pitstop's own requeue finds it moved and adds none)
     assert sorted(where) == sorted([partner, spare]) and restarts == 1, where
     escalations = [(e["from"], e["to"]) for e in inc.get("escalations", [])]
@@ -98,7 +99,7 @@ def test_a_gang_throttling_alike_is_not_moved_and_a_person_is_paged(sc: GkePipel
     assert all(p.get("verdict") == "gang_wide" and p.get("source") == "prometheus" for p in peers), peers
     assert not any(i["timeline"].get("acted") or i["timeline"].get("job_requeued") for i in incs), incs
     assert restarts == 0 and sorted(where) == sorted(members), where  # nothing moved
-    assert all(back.values()), back  # the cordons and taints were lifted
+    assert all(back.values()), back  # Pitstop's taints were lifted
     assert all("NOT moved" in t for t in texts), texts  # a page per node
 
 

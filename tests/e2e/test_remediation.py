@@ -78,6 +78,7 @@ def _stand_in_tools(directory: Path) -> CheckTools:
         nvidia_smi=tool("nvidia_smi"),
         dcgmi=tool("dcgmi"),
         dmesg=tool("dmesg"),
+        clock=tool("clock"),
         all_gather_perf=tool("all_gather_perf"),
         directory=str(directory),
         fabric_root=str(Path(gpu_tools.__file__).parent / "fabric"),  # the fabric's NCCL profiles, stand-ins
@@ -367,6 +368,29 @@ def test_lemon_host_is_reported_faulty(world: World) -> None:
     )
 
 
+def test_a_gpu_still_lost_after_the_reboot_is_diagnosed_and_replaced(world: World) -> None:
+    """Issue 35, the other way: Xid 79 and the GPU does not come back after the reboot (the commonest
+    hard failure). The validation's own GPU count speaks before the all_gather (which has no rows to
+    judge on 7 GPUs): a hardware finding, so the node steps up to REPLACE_NODE, the diagnostic
+    confirms it, and the host is reported faulty; it no longer ends FAILED with the node neither
+    diagnosed nor replaced."""
+    node = NODES[1]
+    world.compute.set_gpu_state(PROJECT, ZONE, node, {"gpus": 7})  # on this host: a reboot keeps it lost
+    out = world.fault(XID79, node)
+    assert out.incident is not None and out.incident["action"] == "REBOOT_NODE"
+    inc = world.wait(out.incident["id"], timeout=180)
+    assert inc["state"] == "RESOLVED", (inc.get("failure"), inc.get("validation"))
+    assert inc["action"] == "REPLACE_NODE" and inc["step"] == 2, inc["escalations"]
+    first = next(m for m in inc["measured"] if m["kind"] == "validate")
+    assert first["verdict"] == "gpus_missing" and first["next"] == "REPLACE_NODE", first
+    assert first["evidence"]["probe"] == "validation" and "7 of 8 GPUs" in first["evidence"]["what"]
+    assert inc["diagnosis"]["confirmed"] is True and "7 of 8 GPUs visible" in inc["diagnosis"]["why"]
+    assert len(world.calls("reset")) == 1  # the reboot, once
+    reports = world.calls("report_host_as_faulty")
+    assert len(reports) == 1 and "7 of 8 GPUs" in reports[0]["body"]["faultReasons"][0]["description"]
+    assert inc["validation"]["passed"] is True  # measured again on the new host
+
+
 def test_replace_falls_back_to_mig_recreate_when_not_reservation_bound(world: World) -> None:
     clf_over = policy.from_doc(
         {
@@ -593,7 +617,7 @@ def test_a_failing_claim_fails_the_incident_with_a_page(
         if not broken:
             broken.append(1)
             raise RuntimeError("a bug in claim")  # functions-framework answers 500
-        return claim.run(s)
+        return claim.handler(s)
 
     monkeypatch.setitem(registry.OPS, Op.CLAIM, dataclasses.replace(claim, run=broken_claim))
     out = world.fault(XID79, "a3-node-001")
@@ -636,7 +660,7 @@ def test_an_escalation_is_decided_before_the_node_returns_to_slurm(
         if s.step == 1 and not worse:  # a stronger fault arrives while step 1 is being verified
             worse.append(s.iid)
             hand_edit(world.store, s.iid, lambda d: d.update({"escalate_to": "REBOOT_NODE"}))
-        return verify.run(s)
+        return verify.handler(s)
 
     monkeypatch.setitem(registry.OPS, Op.VERIFY, dataclasses.replace(verify, run=fault_gets_worse))
     out = world.fault(XID48, node)

@@ -199,22 +199,20 @@ def test_node_faults_need_their_node(tmp_path: Path) -> None:
     assert stack.gpu == {"a3-node-000": None}
 
 
-# -- README's heartbeat snippet, as a training loop runs it --------------------------------------
+# -- the docs' heartbeat snippet, as a training loop runs it ----------------------------------------
 
 
-def test_the_readme_heartbeat_snippet_is_five_lines_that_write_the_policys_metric(
+def test_the_docs_heartbeat_snippet_is_five_lines_that_write_the_policys_metric(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The snippet in README "Telemetry", run as is against the Monitoring stand-in (only the
+    """The snippet in docs/telemetry.md, run as is against the Monitoring stand-in (only the
     client's endpoint differs): it writes what the heartbeat policy watches."""
     from google.cloud import monitoring_v3
 
     from pitstop.local.fake_monitoring import FakeMonitoring, serve
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    snippet = (
-        readme.split("Five lines in the training loop", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    )
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "telemetry.md").read_text()
+    snippet = doc.split("Five lines in the training loop", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     code = textwrap.dedent(snippet)
     assert len(code.strip().splitlines()) == 5
     beats: list[Mapping[str, str]] = []
@@ -225,11 +223,11 @@ def test_the_readme_heartbeat_snippet_is_five_lines_that_write_the_policys_metri
         monkeypatch.setattr(monitoring_v3, "MetricServiceClient", lambda: client)
         monkeypatch.setenv("SLURM_JOB_ID", "4242")
         scope: dict[str, Any] = {"os": os, "time": time, "PROJECT": "train-prod"}
-        exec(compile(code, "README.md", "exec"), scope)
+        exec(compile(code, "docs/telemetry.md", "exec"), scope)
         scope["beat"](7)
     finally:
         server.stop(0)
-    assert fake.series == [
+    assert [{k: v for k, v in p.items() if k != "at"} for p in fake.series] == [
         {
             "type": trainer.METRIC,
             "labels": {"cluster": "train", "job": "4242"},
@@ -237,6 +235,7 @@ def test_the_readme_heartbeat_snippet_is_five_lines_that_write_the_policys_metri
             "resource": "global",
         }
     ]
+    assert abs(fake.series[0]["at"] - time.time()) < 60  # the point's own end time, as written
     assert beats == [{"cluster": "train", "job": "4242"}]
     policy = json.loads(
         (Path(__file__).resolve().parents[2] / "infra/monitoring/telemetry/job-heartbeat.json").read_text()

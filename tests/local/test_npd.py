@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pitstop.core import corroboration
+from pitstop.core import corroboration, ring_buffer
 from pitstop.local import npd
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -38,7 +38,7 @@ def test_the_rule_file_sets_pitstops_condition_from_kmsg() -> None:
 
 XID_SHAPED = [c for c in XID_LINES if "NVRM: Xid" in c["line"]]
 # The parser also infers Xid 79 from the driver's "GPU has fallen off the bus" lines; the ring-buffer
-# judgement (core/corroboration._XID, the Slurm path) counts NVRM Xid lines only, and so does the rule.
+# judgement (core/ring_buffer.xid_in, the Slurm path) counts NVRM Xid lines only, and so does the rule.
 INFERRED = [c for c in XID_LINES if "NVRM: Xid" not in c["line"]]
 
 
@@ -47,13 +47,13 @@ def test_the_rule_matches_every_xid_line_shape_and_the_judge_reads_its_xid(case:
     for line in (case["line"], _kmsg_message(case["line"])):  # as printed, and as kmsg stores it
         got = npd.conditions(MONITOR, [line])[corroboration.NPD_CONDITION]
         assert got[0] == "True", line
-        m = corroboration._XID.search(got[2])
-        assert m is not None and int(m.group("xid")) == case["expect"]["xid"]
+        m = ring_buffer.xid_in(got[2])
+        assert m is not None and m[0] == case["expect"]["xid"]
 
 
 @pytest.mark.parametrize("case", INFERRED, ids=[c["id"] for c in INFERRED])
 def test_a_line_the_xid_is_only_inferred_from_is_not_matched_as_on_slurm(case: dict[str, Any]) -> None:
-    assert corroboration._XID.search(case["line"]) is None
+    assert ring_buffer.xid_in(case["line"]) is None
     assert npd.conditions(MONITOR, case["line"].splitlines())[corroboration.NPD_CONDITION][0] == "False"
 
 

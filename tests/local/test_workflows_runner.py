@@ -692,6 +692,18 @@ def test_an_unrecorded_failure_ends_the_execution_in_error(actuate: type[FakeAct
     assert fake.ops() == ["claim", "fail"]
 
 
+def test_a_vertex_job_is_resubmitted_then_closed_and_a_lost_answer_asked_again(
+    actuate: type[FakeActuate],
+) -> None:
+    """Plan ``resubmit`` (a Vertex AI job): claim, resubmit, close; nothing of a node is touched. The
+    resubmission's answer lost after it landed is asked again (actuate's step record answers)."""
+    claim = {"ours": True, "why": "", "plan": "resubmit", "action": "RESCHEDULE_JOB"}
+    fake = actuate({"claim": [(200, claim)], "resubmit": [(200, {"outcome": "resubmitted"})] * 2})
+    out, _ = remediate(fake, late={"resubmit": 1})
+    assert out == {"incident": "iabcdefgh2", "step": 1, "outcome": "resolved"}
+    assert fake.ops() == ["claim", "resubmit", "resubmit", "close"]
+
+
 def test_a_stale_execution_stops_without_failing(actuate: type[FakeActuate]) -> None:
     fake = actuate({"claim": [(200, {"ours": False, "why": "superseded by step 2", "plan": "remediate"})]})
     out, _ = remediate(fake)

@@ -40,7 +40,7 @@ def _calls(node: object) -> Iterator[tuple[Op, str]]:
 def _shapes(op: Op) -> list[Any]:
     """The TypedDict classes the op's handler is annotated to answer (a Release is fail's unrecorded
     one); Any: typeshed gives a class no ``__required_keys__``, a TypedDict class has them."""
-    hint = typing.get_type_hints(OPS[op].run)["return"]
+    hint = typing.get_type_hints(OPS[op].handler)["return"]
     return [t for t in (typing.get_args(hint) or (hint,)) if typing.is_typeddict(t)]
 
 

@@ -121,6 +121,7 @@ class FastRig(Rig):
         doc = {**self.policy.doc, **policy}
         self.policy = policy_mod.from_doc({k: v for k, v in doc.items() if k != "version"})
         self.gang = CheckingGang()
+        self.gang.now = self.clock
         self.actuator = Actuator(
             self.policy,
             self.store,

@@ -36,26 +36,28 @@ SXID_NONFATAL = (
 )
 
 
-def test_154_back_to_none_ends_the_recovery_it_opened_while_it_waits() -> None:
+def test_154_back_to_none_pages_and_ends_nothing_while_it_waits() -> None:
+    """Issue 35 (6): a log line saying the driver recovered is a hint anyone who writes logs can
+    forge; it must not silently end a real fault that waits. It is recorded and paged, once."""
     w = World(pol(mode="observe"))
     opened = w.feed(ev(TO_RESET))
     assert opened.incident is not None and opened.incident["action"] == "RESET_GPU"
-    slots = dict(w.budgets)
-    assert any(opened.incident["id"] in b["slots"] for b in slots.values())
     out = w.feed(ev(TO_NONE, ts=T0 + 20))
     inc = w.incidents[opened.incident["id"]]
-    assert out.result == "recovered" and inc["state"] == "RESOLVED"
-    assert inc["timeline"]["resolved"] == T0 + 20 and "recovered" in inc["reason"]
-    assert all(not s["active"] for b in w.budgets.values() for s in b["slots"].values())
+    assert out.result == "absorbed" and inc["state"] == "OPEN" and out.page and "not acted on" in out.page
     assert inc["gpus"]["0000_ab_00"]["recovery_to"] == 0
+    assert any(s["active"] for b in w.budgets.values() for s in b["slots"].values())  # its slot held
+    again = w.feed(ev(TO_NONE, ts=T0 + 21))
+    assert again.result == "absorbed" and again.page is None  # paged once
 
 
-def test_154_back_to_none_ends_a_held_recovery() -> None:
+def test_154_back_to_none_leaves_a_held_fault_held() -> None:
     w = World(pol(enabled_actions=["RESTART_JOB"]))  # a GPU reset waits for a human
     held = w.feed(ev(TO_RESET)).incident
     assert held is not None and held["state"] == "HELD"
-    assert w.feed(ev(TO_NONE, ts=T0 + 5)).result == "recovered"
-    assert w.incidents[held["id"]]["state"] == "RESOLVED"
+    out = w.feed(ev(TO_NONE, ts=T0 + 5))
+    assert out.result == "absorbed" and out.page is not None
+    assert w.incidents[held["id"]]["state"] == "HELD"
 
 
 def test_154_back_to_none_leaves_a_remediation_under_way() -> None:
@@ -103,7 +105,10 @@ def test_a_fatal_sxid_after_an_unrelated_remediation_is_not_a_repeat() -> None:
     assert out.incident is not None and out.incident["action"] == "REBOOT_NODE"
 
 
-def test_non_fatal_sxid_episodes_are_recorded_and_make_a_lemon() -> None:
+def test_non_fatal_sxid_episodes_are_recorded_but_log_lines_alone_make_no_lemon() -> None:
+    """Issue 35 (7): three non-fatal SXid lines (which anyone who writes logs can forge) are three
+    recorded episodes; they do not make the node a lemon, so its next fault is not a host report.
+    Strikes a node check confirmed do count."""
     w = World(pol(budgets=ROOMY))
     for day in range(3):  # three episodes on three days: no action, each one recorded
         out = w.feed(ev(SXID_NONFATAL, ts=T0 + day * 86400))
@@ -113,8 +118,13 @@ def test_non_fatal_sxid_episodes_are_recorded_and_make_a_lemon() -> None:
     node = next(iter(w.nodes.values()))
     assert len(node["strikes"]) == 3 and node.get("remediations") == []
     fault = w.feed(ev(XID79, ts=T0 + 3 * 86400))
-    assert fault.incident is not None and fault.incident["action"] == "REPLACE_NODE"
-    assert "lemon host: 0 remediations and 3 recorded fault episodes" in fault.incident["reason"]
+    assert fault.incident is not None and fault.incident["action"] == "REBOOT_NODE"
+    w.resolve(fault.incident["id"], T0 + 3 * 86400 + 60)
+    for strike in w.nodes[fault.incident["node_key"]]["strikes"]:  # as a node check would confirm them
+        strike["confirmed"] = True
+    again = w.feed(ev(XID79, ts=T0 + 5 * 86400))  # past the ladder's window, within the lemon's
+    assert again.incident is not None and again.incident["action"] == "REPLACE_NODE"
+    assert "3 recorded fault episodes" in again.incident["reason"]
 
 
 def _policy_without(tmp_path: Path, tie_of: int) -> Any:
@@ -168,7 +178,7 @@ def test_the_coalescer_never_buffers_what_ends_or_records_an_episode() -> None:
         c.handle(ev(TO_RESET, ts=T0 + i), T0 + i)
     assert c.coalesced > 0
     out = c.handle(ev(TO_NONE, ts=T0 + 9), T0 + 9)
-    assert out.result == "recovered" and out.incident is not None and out.incident["state"] == "RESOLVED"
+    assert out.result == "absorbed" and not out.coalesced and out.page is not None  # decided, paged
     first = c.handle(ev(SXID_NONFATAL, node="a3-node-002"), T0 + 10)
     assert first.result == "opened" and first.incident is not None and first.incident["action"] == "NONE"
     assert len(store.docs.nodes[first.incident["node_key"]]["strikes"]) == 1

@@ -11,7 +11,7 @@ import concurrent.futures
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -67,6 +67,7 @@ class Gang:
         self.run = {"state": "RUNNING", "restarts": 0, "start_time": "2026-11-22T08:00:00"}
         self.requeues: list[str] = []
         self.fence_error: BaseException | None = None
+        self.now: Callable[[], float] = lambda: 1_800_000_000.0  # the node's clock (the rig's)
 
     def info(self) -> JobInfo:
         return JobInfo(JOB, JobState.of(self.run["state"]), JobRun.of(self.run))
@@ -105,7 +106,9 @@ class Gang:
 
     def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult:
         if check["kind"] == "corroborate":  # the node's kernel printed the fault (dmesg --raw)
-            return CheckResult(True, {"dmesg": "".join(f"<4>[ 9.5] {x}\n" for x in (XID79, XID48))})
+            dmesg = "".join(f"<4>[ 9.5] {x}\n" for x in (XID79, XID48))
+            # date +%s.%N; cat /proc/uptime: 8.5 s since boot, so the lines were printed a second later
+            return CheckResult(True, {"dmesg": dmesg, "clock": f"{self.now():.9f}\n8.50 60.00\n"})
         return CheckResult(False, error="this gang runs no checks")
 
 
@@ -170,6 +173,7 @@ class Rig:
         )
         self.store = FlakyStore(client)
         self.gang = Gang()
+        self.gang.now = self.clock
         self.notes = Notes()
         self.actuator = Actuator(
             self.policy,

@@ -21,7 +21,7 @@ from pitstop.adapters.slurm import SlurmAgentClient, SlurmScheduler
 from pitstop.adapters.workflows import WorkflowStarter
 from pitstop.core import policy
 from pitstop.core.aggregate import CloseByPerson
-from pitstop.core.domain import Incident
+from pitstop.core.domain import Draft, Incident
 from pitstop.core.scheduling import StepRef, UnfenceAnswer
 from pitstop.local.executions_server import ExecutionsService
 from pitstop.services.ingest import Ingest
@@ -131,6 +131,49 @@ def test_watchdog_cancels_and_fails_an_execution_past_its_deadline(
     assert "still ACTIVE after 90001 s (deadline 90000 s)" in inc["failure"]["error"]
     assert svc.records[name].execution.state.name == "CANCELLED"
     assert [p["incident"]["id"] for p in topic.pages()] == [iid]
+
+
+def test_watchdog_waits_out_computes_maintenance_window_never_the_log_entrys(
+    fs_client: firestore.Client, executions: tuple[ExecutionsService, str]
+) -> None:
+    """Issue 35 (low): a maintenance incident's window_end is the log entry's windowEndTime, which
+    a publisher to the events topic sets at will; it once stretched the deadline as far as it
+    said. Only the window Compute gave act (its verify_wait_s from the VM's upcomingMaintenance)
+    stretches it now."""
+    from pitstop.core.domain import Maintenance, StepRecord
+    from pitstop.core.ops import Op, step_key
+
+    svc, endpoint = executions
+    clock, topic = Clock(), Recorder()
+    budgets = {"cluster": {"max_percent": 100}}
+    pol = make_policy(watchdog={"deadline_s": {"REBOOT_NODE": 90000}}, budgets=budgets)
+    ing = make_ingest(fs_client, endpoint, pol, clock, topic)
+    forged, forged_ex = started(ing, "a3-node-064", state="ACTING")
+    honest, honest_ex = started(ing, "a3-node-065", state="VERIFYING")
+    year = "2028-01-15T08:00:00Z"  # a year past T0, as the entry said
+    window: Maintenance = {"window_start": None, "window_end": year, "maintenance_status": "PENDING"}
+
+    def as_the_entry_said(doc: Draft) -> Draft:
+        doc["maintenance"] = window
+        return doc
+
+    for iid in (forged, honest):
+        hand_edit(ing.store, iid, as_the_entry_said)  # as ingest kept what the entry said
+    # act recorded Compute's own window for the honest one: it ends 2 days after T0
+    acted: StepRecord = {
+        "state": "done",
+        "result": {"method": "wait_for_platform", "verify_wait_s": 2 * 86400.0},
+        "at": T0,
+    }
+    assert ing.store.steps(honest).create(step_key(1, Op.ACT), acted)
+    clock.t = T0 + 90001
+    assert Sweep(ing).run()["failed"] == 1
+    states = {i: cast(Any, ing.store.get(i) or {}).get("state") for i in (forged, honest)}
+    assert states == {forged: "FAILED", honest: "VERIFYING"}
+    assert svc.records[forged_ex].execution.state.name == "CANCELLED"
+    clock.t = T0 + 2 * 86400 + 90001  # Compute's window and the step's own deadline after it
+    assert Sweep(ing).run()["failed"] == 1
+    assert svc.records[honest_ex].execution.state.name == "CANCELLED"
 
 
 def test_watchdog_leaves_resolved_incidents_and_running_executions_alone(

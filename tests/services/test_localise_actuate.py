@@ -1,20 +1,25 @@
-"""A hung job's localisation through actuate's ops, on the memory store and the fake Compute Engine:
-the culprit handed to exactly one node incident however often the conclusion is asked, and a
-scheduler that cannot check a job's nodes restarting the gang in place once and paging.
+"""A hung job's localisation through actuate's ops, on the memory store, the fake Compute Engine
+and the Monitoring stand-in (the job's heartbeat series, read back by the real client): the culprit
+handed to exactly one node incident however often the conclusion is asked; a scheduler that cannot
+check a job's nodes restarting nothing and paging; and a hang alert for a job that did not opt in,
+or whose own heartbeat was never established, checking and restarting nothing (issue 35 (2)).
 
 tests/e2e/test_e2e_hang.py runs the same ops through the workflow, the Monitoring stand-in and real Slurm.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
+from google.cloud import monitoring_v3
 
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.memory_store import MemoryStore
+from pitstop.adapters.monitoring import TelemetryReader
 from pitstop.core import localise, policy
 from pitstop.core.classify import Classifier
 from pitstop.core.envelope import unwrap
@@ -30,7 +35,10 @@ from pitstop.core.scheduling import (
     StepRef,
 )
 from pitstop.core.states import State
+from pitstop.local import trainer
 from pitstop.local.fake_compute import FakeCompute, serve
+from pitstop.local.fake_monitoring import FakeMonitoring
+from pitstop.local.fake_monitoring import serve as serve_monitoring
 from pitstop.local.gpu_tools import nvidia_smi
 from pitstop.local.gpu_tools.state import NodeState
 from pitstop.services.actuate import Actuator
@@ -69,6 +77,8 @@ class HangRig:
             self.fake.add_instance(PROJECT, ZONE, n, mig="a3-node")
         self.server, endpoint = serve(self.fake)
         self.store, self.gang = MemoryStore(), gang
+        gang.info = dataclasses.replace(gang.info, opted_in=True)  # its owner opted it in
+        self.monitoring, self.mon_endpoint = serve_monitoring(FakeMonitoring())
         cluster = {"name": "train", "scheduler": "slurm", "size": 16, "match": {"name_pattern": "a3-*"}}
         self.policy = policy.from_doc(
             {"mode": "enforce", "clusters": [{**cluster, "mig": {"name": "a3-node", "zone": ZONE}}]}
@@ -76,8 +86,27 @@ class HangRig:
         self.actuator = Actuator(
             self.policy, self.store, ComputeAdapter(endpoint), {"train": gang}, None, clock=self.clock
         )
+        self.actuator.deps.telemetry = TelemetryReader(self.mon_endpoint)
 
-    def hang(self) -> str:
+    def beats(self, times: list[float]) -> None:
+        """The job's heartbeat points at these times, written as README's snippet writes them."""
+        client = trainer.heartbeat_client(self.mon_endpoint)
+        for step, t in enumerate(times):
+            series = monitoring_v3.TimeSeries()
+            series.metric.type, series.resource.type = trainer.METRIC, "global"
+            series.metric.labels.update({"cluster": "train", "job": JOB})
+            point = {"interval": {"end_time": {"seconds": int(t)}}, "value": {"int64_value": step}}
+            series.points = [monitoring_v3.Point(point)]
+            client.create_time_series(name=f"projects/{PROJECT}", time_series=[series])
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.monitoring.stop(0)
+
+    def hang(self, established: bool = True) -> str:
+        """The job beat every 30 s for 15 minutes (``established``), then stopped; its alert opens."""
+        if established:
+            self.beats([self.clock() - 1020 + 30 * i for i in range(30)])
         doc = job_alert("open", "0.hang", int(self.clock()) - 120, None, job=JOB)
         ev = Classifier.default().from_delivery(unwrap(alert_delivery(doc)), alert_delivery({})["source"])
         out = self.store.apply({**ev, "_observed_ts": self.clock()}, self.policy, self.clock())
@@ -94,14 +123,14 @@ class HangRig:
 def checking() -> Iterator[HangRig]:
     r = HangRig(CheckingGang())
     yield r
-    r.server.shutdown()
+    r.close()
 
 
 @pytest.fixture
 def blind() -> Iterator[HangRig]:
     r = HangRig(TypedGang())
     yield r
-    r.server.shutdown()
+    r.close()
 
 
 def test_the_culprit_gets_one_node_incident_and_the_hang_hands_the_restart_to_it(checking: HangRig) -> None:
@@ -128,20 +157,65 @@ def test_the_culprit_gets_one_node_incident_and_the_hang_hands_the_restart_to_it
     assert hang is not None and hang["state"] == State.RESOLVED and hang["timeline"]["localised"]
 
 
-def test_a_scheduler_that_cannot_check_a_jobs_nodes_restarts_it_in_place_once_and_pages(
-    blind: HangRig,
-) -> None:
+def test_a_scheduler_that_cannot_check_a_jobs_nodes_restarts_nothing_and_pages(blind: HangRig) -> None:
+    """Issue 35 (2): a restart needs what the job's nodes showed; nothing checked, nothing restarted
+    (was: one restart in place on the alert alone)."""
     iid = blind.hang()
     assert blind.ok(Op.CLAIM, iid)["plan"] == "localise"
     assert blind.ok(Op.LOCALISE, iid)["run"] is False
     assert blind.ok(Op.LINKS, iid)["run"] is False
-    assert blind.ok(Op.CONCLUDE, iid)["outcome"] == "nothing_found"
+    done = blind.ok(Op.CONCLUDE, iid)
+    assert done["outcome"] == "nothing_found" and done["requeued"] is False
     assert blind.ok(Op.CONCLUDE, iid)["replayed"] is True
-    assert blind.gang.requeues == [f"{iid}-1"]  # once
-    assert blind.ok(Op.RESUMED, iid)["running"] is True
+    assert blind.gang.requeues == []
+    assert blind.ok(Op.RESUMED, iid)["done"] is True  # nothing to wait for
     hang = blind.store.get(iid)
     assert hang is not None and "cannot check a job's nodes" in hang["localisation"]["page"]
+    assert "not restarted" in hang["localisation"]["page"] and "job_requeued" not in hang["timeline"]
     assert blind.ok(Op.CLOSE, iid)["outcome"] == "resolved"
+
+
+@pytest.mark.parametrize(
+    ("opted_in", "beats", "words"),
+    [
+        (False, "established", "did not opt in"),  # a job that writes no heartbeat of its own
+        (True, "one", "holds 1 points"),  # one forged point, then silence
+        (True, "short", "holds 10 points over 270 s"),  # beat for under heartbeat_min_span_s
+        (True, "none", "holds 0 points"),
+        (True, "unreadable", "could not be read back"),
+    ],
+)
+def test_a_hang_alert_the_job_never_earned_checks_and_restarts_nothing(
+    checking: HangRig, opted_in: bool, beats: str, words: str
+) -> None:
+    """Issue 35 (2): anyone with monitoring.timeSeries.create writes one point of a running job's
+    heartbeat and stops; Monitoring fires the absence alert and publishes a genuine notification.
+    Only a job that opted in (the scheduler says so) and whose own series Pitstop reads back was
+    established is checked at all; else the incident pages and nothing is swept, stopped or restarted."""
+    gang = checking.gang
+    assert isinstance(gang, CheckingGang)
+    gang.info = dataclasses.replace(gang.info, opted_in=opted_in)
+    now = checking.clock()
+    points = {
+        "established": [now - 1020 + 30 * i for i in range(30)],
+        "one": [now - 180],
+        "short": [now - 450 + 30 * i for i in range(10)],
+    }.get(beats, [])
+    checking.beats(points)
+    if beats == "unreadable":
+        checking.monitoring.stop(0)
+    iid = checking.hang(established=False)
+    assert checking.ok(Op.CLAIM, iid)["plan"] == "localise"
+    loc = checking.ok(Op.LOCALISE, iid)
+    assert (loc["run"], loc.get("refused")) == (False, True) and words in loc["why"], loc
+    assert checking.ok(Op.LINKS, iid)["run"] is False
+    done = checking.ok(Op.CONCLUDE, iid)
+    assert done["outcome"] == "unconfirmed" and words in done["why"]
+    assert gang.gang_checks == [] and gang.requeues == []  # nothing swept, stopped or restarted
+    assert checking.ok(Op.CLOSE, iid)["outcome"] == "resolved"
+    hang: Any = checking.store.get(iid)
+    assert hang["localisation"]["outcome"] == "unconfirmed" and words in hang["localisation"]["page"]
+    assert [i for i in checking.store.query() if i["kind"] == "localised"] == []
 
 
 @pytest.mark.parametrize("state", [JobState.COMPLETED, JobState.CANCELLED, JobState.FAILED, JobState.PENDING])
@@ -228,7 +302,7 @@ def test_a_gang_stopped_for_its_checks_is_resumed_once_past_its_fenced_culprit()
         assert rig.ok(Op.RESUMED, iid)["running"] is True  # running again, though the same run
         assert rig.ok(Op.CLOSE, iid)["outcome"] == "resolved"
     finally:
-        rig.server.shutdown()
+        rig.close()
 
 
 def test_a_stopped_gang_with_no_culprit_is_resumed_in_place_once_and_paged_saying_links_not_run() -> None:
@@ -251,7 +325,7 @@ def test_a_stopped_gang_with_no_culprit_is_resumed_in_place_once_and_paged_sayin
         assert all(n in page for n in NODES)
         assert rig.ok(Op.RESUMED, iid)["running"] is True
     finally:
-        rig.server.shutdown()
+        rig.close()
 
 
 def test_a_person_closing_a_hang_that_failed_while_its_gang_was_stopped_resumes_the_gang() -> None:
@@ -269,4 +343,4 @@ def test_a_person_closing_a_hang_that_failed_while_its_gang_was_stopped_resumes_
         assert done.ok and f"{iid}: {JOB}: resumed" in done.lines
         assert isinstance(gang, StoppingGang) and gang.events == [f"release {JOB} for {iid}-closed"]
     finally:
-        rig.server.shutdown()
+        rig.close()

@@ -20,9 +20,11 @@ from google.protobuf import empty_pb2
 
 from pitstop.adapters.monitoring import MetricsWriter
 from pitstop.adapters.step_records import FirestoreStepStore
+from pitstop.core.notifications import sealed
 from pitstop.local.fake_monitoring import FakeMonitoring, Point, serve
+from pitstop.plugins.channels import Http, Post
+from pitstop.plugins.channels.webhook import Webhook as ChatWebhook
 from pitstop.services import channels
-from pitstop.services.channels import Post
 from pitstop.services.notify import SINK_CLAIM_S, Notify, SinkBusyError
 
 pytestmark = pytest.mark.emulator
@@ -86,7 +88,7 @@ def _ledger(fs: firestore.Client) -> FirestoreStepStore:
 def _notify(
     fs: firestore.Client, metrics: MetricsWriter | None, hook: Post, clock: Callable[[], float] = lambda: T0
 ) -> Notify:
-    return Notify([channels.Webhook("https://chat.example/hook", "chat", hook)], metrics, _ledger(fs), clock)
+    return Notify([ChatWebhook("https://chat.example/hook", "chat", Http(hook))], metrics, _ledger(fs), clock)
 
 
 def _failures(fake: FakeMonitoring) -> list[Point]:
@@ -239,31 +241,65 @@ def _both(fs: firestore.Client, hook: Webhook, pd: PagerDutySink) -> Notify:
     return Notify(channels.configured(env, post), None, _ledger(fs), lambda: T0)
 
 
+KEY = b"this-deploys-notify-key-0123456789"  # the secret pitstop-notify-key
+
+
+def _closed(iid: str = "ifailed123") -> dict[str, Any]:
+    """The end of FAILED's incident: everything in it is derivable from the incident."""
+    return {
+        "id": f"incident-{iid}-closed",
+        "kind": "incident",
+        "severity": "info",
+        "summary": "a3-node-007 closed by ops",
+        "incident": {**FAILED["incident"], "id": iid, "state": "RESOLVED"},  # type: ignore[dict-item]
+    }
+
+
 def test_a_failure_triggers_one_pagerduty_alert_per_incident_and_its_end_resolves_it(
     fs_client: firestore.Client,
 ) -> None:
     hook, pd = Webhook(), PagerDutySink()
     svc = _both(fs_client, hook, pd)
-    svc.handle(FAILED, "m-30")
-    svc.handle(dict(FAILED), "m-31")  # the outbox published it again
-    closed = {
-        "id": "incident-ifailed123-closed",
-        "kind": "incident",
-        "severity": "info",
-        "summary": "a3-node-007 closed by ops",
-        "incident": {**FAILED["incident"], "state": "RESOLVED"},  # type: ignore[dict-item]
-    }
-    svc.handle(closed, "m-32")
+    svc.handle(sealed(FAILED, KEY), "m-30")
+    svc.handle(sealed(dict(FAILED), KEY), "m-31")  # the outbox published it again: the same id
+    svc.handle(sealed(_closed(), KEY), "m-32")
     assert [e["event_action"] for e in pd.events] == ["trigger", "resolve"]
     trigger, resolve = pd.events
     assert trigger["routing_key"] == resolve["routing_key"] == "R0UT1NGKEY0123456789abcdefABCDEF"
-    assert trigger["dedup_key"] == resolve["dedup_key"] == "pitstop-ifailed123"
+    inc: Any = sealed(FAILED, KEY)["incident"]
+    assert trigger["dedup_key"] == resolve["dedup_key"] == f"pitstop-{inc['alert_key']}"
     payload = trigger["payload"]
     assert payload["severity"] == "critical" and payload["source"] == "a3-node-007"
     assert payload["summary"] == "Remediation of a3-node-007 FAILED at act"
     assert payload["class"] == "REBOOT_NODE" and payload["component"] == "train"
     assert "payload" not in resolve
     assert len(hook.posts) == 2  # the chat channel hears both, the republished copy once
+
+
+def test_a_publisher_to_the_topic_can_neither_resolve_a_real_alert_nor_take_a_real_pages_id(
+    fs_client: firestore.Client,
+) -> None:
+    """Issue 35 (low): whoever may publish to pitstop-notifications knows an incident's id (chat
+    shows it) and can compute what was derived from it: the PagerDuty dedup key pitstop-<incident>
+    and the id of a page still to come. Sealed with the deploy's key, neither is derivable."""
+    from pitstop.core.remediation import page_notification
+
+    hook, pd = Webhook(), PagerDutySink()
+    svc = _both(fs_client, hook, pd)
+    iid = f"i{uuid.uuid4().hex[:9]}"
+    svc.handle(sealed({**FAILED, "incident": {**FAILED["incident"], "id": iid}}, KEY), "m-70")  # type: ignore[dict-item]
+    svc.handle(_closed(iid), "m-71")  # forged: the end of the real incident, as anyone can write it
+    assert [e["event_action"] for e in pd.events] == ["trigger"]  # the real alert stays open
+    held: Any = {"id": iid, "node": {"instance": "a3-node-007"}, "state": "HELD", "updated_at": T0}
+    coming = page_notification("budget spent: a3-node-007 held", held)
+    svc.handle({**coming, "summary": "all clear, nothing to see"}, "m-72")  # its id taken first
+    svc.handle(sealed(coming, KEY), "m-73")  # the real page, as Pitstop publishes it
+    assert "budget spent: a3-node-007 held" in hook.posts[-1]["text"]
+    assert (
+        sealed(coming, KEY)["id"] != coming["id"] and sealed(coming, KEY)["id"] == sealed(coming, KEY)["id"]
+    )
+    real, forged, page = pd.events  # the forged page is an alert of its own, never the incident's
+    assert forged["dedup_key"] != real["dedup_key"] == page["dedup_key"]
 
 
 def test_pagerduty_is_not_woken_for_a_remediation_that_went_well(fs_client: firestore.Client) -> None:
@@ -303,8 +339,8 @@ def test_an_event_pagerduty_calls_invalid_is_recorded_not_retried_forever(
 
 
 def test_the_local_pagerduty_endpoint_refuses_what_pagerduty_would() -> None:
-    from pitstop.core.notifications import pagerduty_event
-    from pitstop.local.serve import pagerduty_errors
+    from pitstop.plugins.channels.pagerduty.body import pagerduty_event
+    from pitstop.plugins.channels.pagerduty.local import pagerduty_errors
 
     good = pagerduty_event(FAILED, "R0UT1NGKEY0123456789abcdefABCDEF", "trigger")
     assert pagerduty_errors(good) == []

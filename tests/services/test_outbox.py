@@ -23,8 +23,9 @@ from pitstop.adapters.pubsub import Notifier
 from pitstop.adapters.step_records import FirestoreStepStore
 from pitstop.core import policy
 from pitstop.core.domain import Notice
+from pitstop.plugins.channels import Http
+from pitstop.plugins.channels.webhook import Webhook
 from pitstop.services.actuate import Actuator
-from pitstop.services.channels import Webhook
 from pitstop.services.ingest import Ingest
 from pitstop.services.notify import Notify
 from pitstop.services.sweep import Sweep
@@ -113,7 +114,7 @@ def _posted(fs: firestore.Client, messages: list[tuple[str, dict[str, Any]]]) ->
         return 200
 
     ledger = FirestoreStepStore(fs.collection("pitstop_notifications"))
-    svc = Notify([Webhook("https://chat.example/hook", "chat", hook)], None, ledger)
+    svc = Notify([Webhook("https://chat.example/hook", "chat", Http(hook))], None, ledger)
     for message_id, n in messages:
         svc.handle(n, message_id)
     return posts

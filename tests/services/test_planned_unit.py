@@ -4,7 +4,7 @@ the real client (adapters/monitoring.TelemetryReader), and an in-memory gang of 
 
 What is checked here op by op (tests/e2e/test_e2e_planned.py runs the whole path on real Slurm): the
 comparison is recorded once and replayed, a gang-wide cause stands down with nothing disrupted,
-unreadable telemetry keeps the alert, and the repair follows the node check's finding.
+unreadable telemetry moves nothing (a page), and the repair follows the node check's finding.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ class Rig(BaseRig):
     def __init__(self) -> None:
         super().__init__()
         self.gang: GangOfTwo = GangOfTwo()
+        self.gang.now = self.clock
         self.gpu: dict[str, dict[str, Any]] = {}
         self.monitoring, mon = serve_monitoring(FakeMonitoring(None, lambda: self.gpu))
         self.actuator.deps.schedulers = {"train": self.gang}
@@ -100,6 +101,8 @@ def test_a_straggler_among_quiet_peers_moves_and_the_comparison_is_recorded_once
     inc: Any = rig.store.get(iid) or {}
     rec = inc["corroboration"]
     assert (rec["verdict"], rec["node_value"], rec["peers"]) == ("move", 0.6, {PEER: 0.0})
+    ev = rec["evidence"]  # the move rests on the node's own reading, read back by Pitstop
+    assert (ev["probe"], ev["node"], ev["symptom"]) == ("telemetry", NODE, "throttle"), ev
     rig.gpu = {NODE: {"throttle": 0.6}, PEER: {"throttle": 0.6}}  # the readings change after the fact ...
     again = rig.ok(Op.CORROBORATE, iid)
     assert again["replayed"] is True and again["peers"]["verdict"] == "move"  # ... the decision does not
@@ -120,12 +123,20 @@ def test_a_gang_throttling_alike_stands_down_with_nothing_disrupted(rig: Rig) ->
     assert rig.gang.fenced == [] and rig.gang.requeues == [] and rig.fake.effects_on(NODE, "reset") == []
 
 
-def test_telemetry_that_cannot_be_read_leaves_the_alert_standing(rig: Rig) -> None:
+def test_telemetry_that_cannot_be_read_moves_nothing_and_pages(rig: Rig) -> None:
+    """Issue 35 (4): no reading of the node's own symptom, no move. The alert is a hint (a direct
+    publisher to the alerts topic, or a writer of the DCGM series, can raise one): the fence is
+    lifted, nothing is checkpointed, requeued or repaired, and the close pages a person."""
     rig.monitoring.stop(0)  # Monitoring unreachable: no reading at all
     iid = rig.open()
-    assert rig.to_judge(iid)["confirmed"] is True
+    judged = rig.to_judge(iid)
+    assert judged["confirmed"] is False and judged["stand_down"] is True
     rec = cast(Any, rig.store.get(iid) or {})["corroboration"]
-    assert rec["verdict"] == "move" and rec["why"].startswith("telemetry unreadable")
+    assert rec["verdict"] == "unconfirmed" and rec["why"].startswith("telemetry unreadable"), rec
+    assert "evidence" not in rec
+    rig.ok(Op.UNFENCE, iid)  # the workflow's stand_down branch: unfence, then close
+    assert rig.ok(Op.CLOSE, iid)["outcome"] == "resolved"
+    assert rig.gang.requeues == [] and rig.fake.effects_on(NODE, "reset") == []
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 import pytest
@@ -20,6 +20,7 @@ from pitstop.adapters.memory_store import MemoryStore
 from pitstop.core import engine, policy, remediation
 from pitstop.core.aggregate import CloseByPerson
 from pitstop.core.classify import Classifier
+from pitstop.core.domain import Budget
 from pitstop.core.ops import Op
 from pitstop.core.scheduling import (
     Capacity,
@@ -70,6 +71,12 @@ def lost_one() -> str:
 NODE, JOB = "a3-node-000", "77"
 
 
+def boot_clock(now: float) -> str:
+    """The check's clock read on the node (date +%s.%N; cat /proc/uptime): booted 811.25 s before
+    ``now``, so the kernel line at 812.25 s since boot was printed a second after the check began."""
+    return f"{now:.9f}\n811.25 6000.00\n"
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1_800_000_000.0
@@ -90,6 +97,7 @@ class TypedGang:
         self.checks: list[str] = []
         # what the node's kernel ring buffer holds (dmesg --raw): the fault, printed by the kernel
         self.kmsg = f"<4>[  812.250000] {XID79}\n"
+        self.now: Callable[[], float] = lambda: 1_800_000_000.0  # the node's clock (the rig's)
 
     def jobs_on(self, node: str, ref: StepRef) -> list[JobInfo]:
         return [self.info]
@@ -125,7 +133,9 @@ class TypedGang:
 
     def check_result(self, node: str, check: Mapping[str, Any], ref: StepRef) -> CheckResult:
         if check["kind"] == "corroborate":
-            return CheckResult(True, {"dmesg": self.kmsg, "nvidia_smi_q": smi_q(8)})
+            return CheckResult(
+                True, {"dmesg": self.kmsg, "clock": boot_clock(self.now()), "nvidia_smi_q": smi_q(8)}
+            )
         return CheckResult(False, error="this gang runs no checks")
 
 
@@ -137,6 +147,7 @@ class Rig:
         self.server, endpoint = serve(self.fake)
         self.store = MemoryStore()
         self.gang = TypedGang()
+        self.gang.now = self.clock
         self.policy = policy.from_doc(
             {
                 "mode": "enforce",
@@ -288,24 +299,98 @@ def test_a_fault_the_node_does_not_show_pages_and_disrupts_nothing(rig: Rig, kms
     assert status == 409 and body["retryable"] is False and "not confirmed on the node" in body["error"]
     for op in (Op.RESCHEDULE_EARLY, Op.DIAGNOSE, Op.ACT, Op.RESCHEDULE):
         body, status = rig.call(op, iid)
-        assert status == 409 and "not confirmed on the node" in body["error"], op
-    assert rig.gang.requeues == [] and rig.gang.fenced == [NODE]
+        assert status == 409 and body["retryable"] is False, op  # the incident stood down: RESOLVED
+    assert rig.gang.requeues == [] and rig.gang.fenced == []  # Pitstop's fence lifted at once
     assert rig.fake.effects_on(NODE, "reset") == []
-    assert rig.ok(Op.FAIL, iid)["outcome"] == "failed"
+    assert rig.ok(Op.FAIL, iid)["recorded"] is False  # the workflow's failure: nothing over the stand-down
     inc = rig.store.get(iid)
-    assert inc is not None and inc["state"] == State.FAILED
+    assert inc is not None and inc["state"] == State.RESOLVED and "not confirmed" in inc["rejected"]["why"]
     assert inc["corroboration"]["confirmed"] is False and inc["corroboration"]["checked"]
+    assert all(iid not in b["slots"] for b in _budgets(rig, iid))  # no slot held, none counts on
+    node = rig.store.records.node(inc["node_key"])
+    assert node is not None
+    assert [r for r in node["remediations"] if r["incident"] == iid] == []  # no ladder, lemon, cooldown
+
+
+def _budgets(rig: Rig, iid: str) -> list[Budget]:
+    found = [rig.store.records.budget(scope) for scope in rig.store.get(iid)["budget_scopes"]]  # type: ignore[index]
+    assert found and all(b is not None for b in found)
+    return [b for b in found if b is not None]
+
+
+def test_unconfirmed_faults_page_once_per_node_per_window(rig: Rig) -> None:
+    """Issue 35 (5): forged lines cannot keep a node fenced, hold budget slots, or flood the pager:
+    each unconfirmed incident stands down at once, and only the first within the window pages."""
+    rig.gang.kmsg = ""
+    pages = []
+    for _ in range(2):
+        iid = _fenced(rig)
+        rig.ok(Op.CORROBORATE, iid)
+        assert rig.call(Op.JUDGE_CORROBORATION, iid)[1] == 409
+        pages += [e for e in rig.store.docs.outbox.values() if e["notification"]["kind"] == "page"
+                  and e["notification"]["incident"]["id"] == iid]  # fmt: skip
+        rig.clock.now += 60
+    assert len(pages) == 1
 
 
 def test_a_gpu_missing_from_the_bus_confirms_without_a_kernel_line(rig: Rig) -> None:
     rig.gang.kmsg = ""
-    seven = CheckResult(True, {"dmesg": "", "nvidia_smi_q": lost_one()})
+    seven = CheckResult(True, {"dmesg": "", "nvidia_smi_q": lost_one(), "gpu_grant": "gpu:8"})
     rig.gang.check_result = lambda node, check, ref: seven  # type: ignore[method-assign]
     iid = _fenced(rig)
     rig.ok(Op.CORROBORATE, iid)
     assert rig.ok(Op.JUDGE_CORROBORATION, iid)["confirmed"] is True
     inc = rig.store.get(iid)
     assert inc is not None and "7 of 8 GPUs visible" in inc["corroboration"]["why"]
+
+
+def test_the_node_is_asked_for_a_line_printed_after_its_last_remediation_took_effect(rig: Rig) -> None:
+    """Issue 35 (1): a line printed before the node's last remediation (a GPU reset leaves the ring
+    buffer as it was) says nothing of a new episode. The check is bounded by when that remediation
+    took effect: the earlier incident's ``acted`` time, read from the node's history."""
+    rig.policy = rig.actuator.deps.policy = policy.from_doc(
+        {**rig.policy.doc, "cooldowns": {"REBOOT_NODE": 0}}
+    )
+    first = rig.open()
+    _through_act(rig, first)
+    rig.clock.now += 3600 * rig.fake.scale + 1
+    for op in (Op.OPERATION, Op.VERIFY, Op.VALIDATE, Op.ESCALATE, Op.UNFENCE, Op.RESCHEDULE, Op.RESUMED):
+        rig.ok(op, first)
+    assert rig.ok(Op.CLOSE, first)["outcome"] == "resolved"
+    acted = cast(Any, rig.store.get(first) or {})["timeline"]["acted"]
+    rig.clock.now += rig.policy.budget_window_s + 1  # the first one's budget slot lapses
+    second = rig.open()
+    assert rig.ok(Op.CLAIM, second)["ours"]
+    rig.ok(Op.FENCE, second)
+    check = rig.ok(Op.CORROBORATE, second)["check"]
+    assert check["remediated_at"] == acted and check["since"] == rig.clock.now, check
+    assert (check["xids"], check["pcis"]) == ([79], ["0000:a1:00"])
+    rig.gang.now = lambda: acted - 20  # the node's ring buffer holds only the line of before the reset
+    rig.ok(Op.CORROBORATION, second)
+    body, status = rig.call(Op.JUDGE_CORROBORATION, second)
+    assert status == 409 and "not confirmed on the node" in body["error"], body
+    assert len(rig.fake.effects_on(NODE, "reset")) == 1  # the first incident's, only
+
+
+@pytest.mark.parametrize("grant", [None, "gpu:4"])
+def test_a_low_gpu_count_from_a_step_that_may_see_fewer_gpus_is_no_evidence(
+    rig: Rig, grant: str | None
+) -> None:
+    """Issue 35 (11): nvidia-smi in a job step that did not ask for the node's GPUs explicitly (an
+    exclusive job's step gets none of its implicit GRES; ConstrainDevices=yes hides the rest) prints
+    "No devices were found": that once read as 0 of 8 GPUs visible and confirmed a forged line."""
+    rig.gang.kmsg = ""
+    outputs = {"dmesg": "", "nvidia_smi_q": "No devices were found\n"} | (
+        {"gpu_grant": grant} if grant else {}
+    )
+    rig.gang.check_result = lambda node, check, ref: CheckResult(True, outputs)  # type: ignore[method-assign]
+    iid = _fenced(rig)
+    rig.ok(Op.CORROBORATE, iid)
+    body, status = rig.call(Op.JUDGE_CORROBORATION, iid)
+    assert status == 409 and "not confirmed on the node" in body["error"]
+    inc = rig.store.get(iid)
+    assert inc is not None and any("the count is no evidence" in c for c in inc["corroboration"]["checked"])
+    assert rig.gang.requeues == [] and rig.fake.effects_on(NODE, "reset") == []
 
 
 def test_corroboration_off_in_policy_acts_on_the_log_as_before(rig: Rig) -> None:
@@ -340,7 +425,7 @@ def test_a_system_event_published_straight_to_the_topic_restarts_nothing(rig: Ri
     rig.ok(Op.FENCE, iid)
     assert rig.ok(Op.CORROBORATE, iid)["run"] is False and rig.gang.checks == []
     body, status = rig.call(Op.JUDGE_CORROBORATION, iid)
-    assert status == 409 and "without a stop or restart" in body["error"]
+    assert status == 409 and "Compute shows no stop (lastStopTimestamp)" in body["error"]
     assert rig.call(Op.RESCHEDULE_EARLY, iid)[1] == 409 and rig.gang.requeues == []
     assert [c for c in rig.fake.calls if c["method"] != "get"] == []
 
@@ -407,6 +492,35 @@ def test_a_job_restarted_past_its_disruption_budget_is_held_for_a_person(rig: Ri
     assert len(rig.gang.requeues) == 2
     rig.clock.now += 3601  # the window slid past the first two
     assert len(one(nodes[3])["requeued"]) == 1
+
+
+def test_a_spent_job_budget_holds_the_repair_under_the_running_job(rig: Rig) -> None:
+    """Issue 35 (8): the job budget capped requeues, not disruption: with it spent, the next
+    confirmed fault still reset the VM under the running job, which then was never restarted.
+    Now the repair claims the job's restart first; spent, it does not act (409: a page, the node
+    stays fenced for a person)."""
+    wide = {"max_nodes": 8, "max_percent": 100}
+    budgets = {**rig.policy.doc["budgets"], "cluster": wide, "zone": wide, "block": wide}
+    budgets["job_restarts"] = {"max": 1, "window_s": 3600}
+    rig.policy = rig.actuator.deps.policy = policy.from_doc({**rig.policy.doc, "budgets": budgets})
+    for n in ("a3-node-001", "a3-node-002"):
+        rig.fake.add_instance(PROJECT, ZONE, n, mig="a3-node")
+
+    def confirmed(node: str) -> str:
+        iid = rig.open(node)
+        assert rig.ok(Op.CLAIM, iid)["ours"]
+        for op in (Op.FENCE, Op.CORROBORATE, Op.JUDGE_CORROBORATION, Op.RESCHEDULE_EARLY):
+            rig.ok(op, iid)
+        return iid
+
+    confirmed("a3-node-001")  # the job's one restart in the window: requeued early
+    second = confirmed("a3-node-002")  # over budget: the job stays on its run, on this node
+    assert len(rig.gang.requeues) == 1
+    body, status = rig.call(Op.ACT, second)
+    assert status == 409 and "not acted" in body["error"] and "budgets.job_restarts" in body["error"]
+    assert rig.fake.effects_on("a3-node-002", "reset") == []
+    inc = rig.store.get(second)
+    assert inc is not None and inc["state"] == State.FENCED and "acted" not in inc["timeline"]
 
 
 def test_a_node_counts_against_its_block_from_the_claim_and_a_full_block_holds_before_the_fence(

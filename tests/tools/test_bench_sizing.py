@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pitstop.core import notifications
+from pitstop.plugins.channels.webhook.body import render
 from pitstop.tools import bench_notify
 
 PITSTOP = [sys.executable, "-m", "pitstop.tools.cli", "bench"]
@@ -56,7 +56,7 @@ def test_duplicates_are_counted_from_the_sink_records() -> None:
     shape = bench_notify.Shape(1, 1, 12, page_copies=2)
     distinct, order = bench_notify.storm(shape)
     n = distinct[order[-1]]
-    chat = {"path": bench_notify.HOOK_PATH, "body": notifications.render(n, "chat")}
+    chat = {"path": bench_notify.HOOK_PATH, "body": render(n, "chat")}
     got = bench_notify.sent([chat, chat])
     assert got["webhook"] == {order[-1]: 2}
     assert order.count(0) == 2 and len(order) == 12  # the page's copies are in the storm

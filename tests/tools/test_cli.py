@@ -193,6 +193,10 @@ def test_subcommands_in_help_order() -> None:
         "classify",
         "bench",
         "incidents",
+        "pause",
+        "resume",
+        "mode",
+        "silence",
         "replay",
         "local",
         "deploy",
@@ -457,7 +461,7 @@ def test_demo_only_help_names_every_scenario_key_and_each_key_picks_a_stack() ->
     named = re.findall(r"[a-z0-9_]+", str(action.help).split("(")[0])
     scenarios = demo.scenarios()
     assert named == [s["key"] for s in scenarios]
-    assert {s["stack"] for s in scenarios} == {"slurm", "gke"}
+    assert {s["stack"] for s in scenarios} == {"slurm", "gke", "vertex"}
 
 
 def test_demo_scenarios_data_is_checked_on_load(tmp_path: Path) -> None:

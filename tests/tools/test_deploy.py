@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
@@ -10,16 +11,22 @@ import re
 import shlex
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import yaml
 
 from pitstop.core import sinks
 from pitstop.tools import deploy
+from pitstop.tools.deploy_types import Grant as IamGrant
+from pitstop.tools.deploy_types import IamCondition
+
+if TYPE_CHECKING:
+    from pitstop.local import fake_gcp
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = {**deploy.load_config(None), "slurm_clusters": ["train", "infer"], "webhook_format": "slack"}
@@ -30,8 +37,20 @@ GKE_CONF = {  # the same, acting on VMs in two zones and two GKE clusters, one i
         {"zone": "us-east5-b", "name_prefix": "a3-node-", "migs": ["a3-node"]},
     ],
     "gke_clusters": [
-        {"name": "gpu-a3", "location": "us-central1"},
-        {"name": "tpu-b", "location": "europe-west4-b", "project": "ml-other-proj"},
+        {
+            "name": "gpu-a3",
+            "location": "us-central1",
+            "node_groups": [
+                "us-central1-a/gke-gpu-a3-a3-1a2b3c4d-grp",
+                "us-central1-b/gke-gpu-a3-a3-5e6f7a8b-grp",
+            ],
+        },
+        {
+            "name": "tpu-b",
+            "location": "europe-west4-b",
+            "project": "ml-other-proj",
+            "node_groups": ["europe-west4-b/gke-tpu-b-pool-0c0d0e0f-grp"],
+        },
     ],
 }
 
@@ -69,9 +88,19 @@ def test_least_privilege(steps: list[deploy.Step]) -> None:
     roles = [a.split("=", 1)[1] for s in steps for a in s.argv if a.startswith("--role=")]
     assert roles and not {"roles/owner", "roles/editor", "roles/compute.admin"} & set(roles)
     assert not {"roles/workflows.invoker", "roles/datastore.owner", "roles/pubsub.editor"} & set(roles)
-    iam = yaml.safe_load((ROOT / "infra" / "iam.yaml").read_text())["service_accounts"]
-    assert all(b["why"] for spec in iam.values() for k in spec if k.endswith("_roles") for b in spec[k])
-    fns = {s.argv[2]: s.argv for s in steps if s.argv[:2] == ["functions", "deploy"]}
+    iam = deploy._iam()["service_accounts"]  # iam.yaml with every plugin folder's grants
+    grants = [
+        g
+        for spec in iam.values()
+        for k, v in spec.items()
+        if k.endswith("_roles")
+        for g in cast(list[IamGrant], v)
+    ]
+    assert grants and all(b["why"] for b in grants)
+    deploys = [s for s in steps if s.argv[:2] == ["functions", "deploy"]]
+    fns = {
+        s.argv[2]: s.argv for s in deploys if s.gate is None or not s.gate.negate
+    }  # notify: its secrets bound
     assert set(fns) == {"pitstop-ingest", "pitstop-actuate", "pitstop-notify", "pitstop-sweep"}
     for argv in fns.values():
         assert "--no-allow-unauthenticated" in argv
@@ -96,7 +125,7 @@ def test_least_privilege(steps: list[deploy.Step]) -> None:
     assert not any(p.endswith((".delete", ".setIamPolicy", ".insert")) for p in role["includedPermissions"])
 
 
-PERMISSIONS = {  # each custom role, exactly: what the code calls (adapters/compute.py, workflows.py)
+PERMISSIONS = {  # each custom role, exactly: what the code calls (adapters/compute.py, workflows.py, vertex)
     "pitstop-actuator.yaml": {
         "compute.instances.get",
         "compute.instances.reset",
@@ -113,6 +142,12 @@ PERMISSIONS = {  # each custom role, exactly: what the code calls (adapters/comp
         "workflows.executions.get",
         "workflows.executions.list",
         "workflows.executions.cancel",
+    },
+    "pitstop-vertex-resubmitter.yaml": {  # plugins/schedulers/vertex/adapter.py: read, find, create, cancel
+        "aiplatform.customJobs.get",
+        "aiplatform.customJobs.list",
+        "aiplatform.customJobs.create",
+        "aiplatform.customJobs.cancel",
     },
 }
 
@@ -158,6 +193,8 @@ def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.
         f"projects/{p}/roles/pitstopWorkflowStarter",
     )
     logs = (prj, p, "roles/logging.logWriter", "")
+    # every publisher of notifications seals them with the deploy's key (issue 35)
+    seal = ("secrets", "pitstop-notify-key", "roles/secretmanager.secretAccessor", "")
     want = {
         sa("ingest"): {
             (prj, p, "roles/datastore.user", db),
@@ -165,6 +202,7 @@ def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.
             logs,
             (topic, "pitstop-notifications", "roles/pubsub.publisher", ""),
             ("functions", "pitstop-ingest", "roles/run.invoker", ""),
+            seal,
             # reads a node (RBAC: nodes get only): a regional node's zone, XidCriticalError
             (prj, p, "roles/container.clusterViewer", ""),
             (prj, other, "roles/container.clusterViewer", ""),
@@ -189,6 +227,7 @@ def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.
             (topic, "pitstop-slurm-infer", "roles/pubsub.publisher", ""),
             (sub, "pitstop-slurm-train-results-actuate", "roles/pubsub.subscriber", ""),
             (sub, "pitstop-slurm-infer-results-actuate", "roles/pubsub.subscriber", ""),
+            seal,
         },
         sa("notify"): {
             (prj, p, "roles/monitoring.metricWriter", ""),
@@ -202,6 +241,7 @@ def test_each_identity_holds_exactly_its_expected_grants(gke_steps: list[deploy.
             (prj, p, starter, ""),
             logs,
             (topic, "pitstop-notifications", "roles/pubsub.publisher", ""),
+            seal,
         },
         sa("workflow"): {logs, ("functions", "pitstop-actuate", "roles/run.invoker", "")},
         sa("scheduler"): {("functions", "pitstop-sweep", "roles/run.invoker", "")},
@@ -254,14 +294,22 @@ def test_conditions_confine_firestore_to_pitstops_database_and_compute_to_the_zo
     datastore = {c for key, c in every if key == ("my-train-proj", "--role=roles/datastore.user")}
     assert datastore == {database, notify_database}
     local = conds[("my-train-proj", "--role=projects/my-train-proj/roles/pitstopActuator")]
+    where = "projects/my-train-proj/zones"
     assert local == (
-        'expression=resource.name.startsWith("projects/my-train-proj/zones/us-central1-a/") || '
-        'resource.name.startsWith("projects/my-train-proj/zones/us-east5-b/instances/a3-node-") || '
-        'resource.name == "projects/my-train-proj/zones/us-east5-b/instanceGroupManagers/a3-node" || '
-        'resource.name.startsWith("projects/my-train-proj/zones/us-central1-"),title=pitstop-actuator-zones'
-    )  # the regional GKE cluster: every us-central1 zone
+        f'expression=resource.name.startsWith("{where}/us-central1-a/") || '
+        f'resource.name.startsWith("{where}/us-east5-b/instances/a3-node-") || '
+        f'resource.name == "{where}/us-east5-b/instanceGroupManagers/a3-node" || '
+        # the regional GKE cluster: each node pool's MIG by name and the VMs named after it
+        f'resource.name.startsWith("{where}/us-central1-a/instances/gke-gpu-a3-a3-1a2b3c4d-") || '
+        f'resource.name == "{where}/us-central1-a/instanceGroupManagers/gke-gpu-a3-a3-1a2b3c4d-grp" || '
+        f'resource.name.startsWith("{where}/us-central1-b/instances/gke-gpu-a3-a3-5e6f7a8b-") || '
+        f'resource.name == "{where}/us-central1-b/instanceGroupManagers/gke-gpu-a3-a3-5e6f7a8b-grp"'
+        ",title=pitstop-actuator-zones"
+    )
+    other = "projects/ml-other-proj/zones/europe-west4-b"
     assert conds[("ml-other-proj", "--role=projects/ml-other-proj/roles/pitstopActuator")] == (
-        'expression=resource.name.startsWith("projects/ml-other-proj/zones/europe-west4-b/"),'
+        f'expression=resource.name.startsWith("{other}/instances/gke-tpu-b-pool-0c0d0e0f-") || '
+        f'resource.name == "{other}/instanceGroupManagers/gke-tpu-b-pool-0c0d0e0f-grp",'
         "title=pitstop-actuator-zones"
     )
     # the Firestore conditions (one role, two databases) and the node lookup's, one per GKE project
@@ -351,6 +399,7 @@ def test_staged_source_holds_the_shipped_packages_and_their_data_only(tmp_path: 
         "core",
         "services",
         "adapters",
+        "plugins",
         "schemas",
         "filters",
     }  # no tools (CLI, deploy), agent (runs on the Slurm controller) or local (the stand-ins)
@@ -358,14 +407,19 @@ def test_staged_source_holds_the_shipped_packages_and_their_data_only(tmp_path: 
     functions = ROOT / "functions"
     shipped = {
         p.parent.relative_to(functions).as_posix()
-        for room in ("core", "services", "adapters")
+        for room in ("core", "services", "adapters", "plugins")
         for p in (functions / "pitstop" / room).rglob("__init__.py")
     }
     assert packages == {"pitstop", *shipped}  # the rooms and their subpackages (actuate, gke), no more
     assert {"pitstop/services/actuate", "pitstop/adapters/gke"} <= packages
     assert not [p for p in out.rglob("*") if p.name == "__pycache__" or p.suffix in (".pyc", ".pyo")]
-    for pkg in shipped:
-        assert {p.name for p in (out / pkg).glob("*.py")} == {p.name for p in (functions / pkg).glob("*.py")}
+    for pkg in shipped:  # a plugin folder's local sink or stand-in (local.py) stays home
+        here = {p.name for p in (functions / pkg).glob("*.py")}
+        assert {p.name for p in (out / pkg).glob("*.py")} == here - (
+            {"local.py"} if "plugins/" in pkg else set()
+        )
+    assert (out / "pitstop/plugins/channels/pagerduty/plugin.yaml").is_file()
+    assert not (out / "pitstop/plugins/channels/pagerduty/local.py").exists()
     assert (out / "pitstop" / "schemas" / "xid-policy.yaml").is_file()
     assert (out / "pitstop" / "filters" / "gpu-xid.filter").is_file()
     assert (out / "policy.yaml").read_text().strip() == "{}"
@@ -381,6 +435,56 @@ def test_source_digest_hashes_exactly_what_is_staged(tmp_path: Path) -> None:
         h.update(name.encode() + b"\0" + data + b"\0")
     assert deploy.source_digest(str(policy)) == h.hexdigest()
     assert deploy.source_digest(None) != h.hexdigest()
+
+
+@contextmanager
+def _gcloud_at(fake: fake_gcp.FakeGcp, tmp: Path) -> Iterator[deploy.Runner]:
+    """The real gcloud against the fake APIs: the deploy-emulator test's one gcloud interpreter."""
+    from tests.tools.gcloud_batch import GcloudWorker
+    from tests.tools.test_deploy_emulator import _env_at
+
+    worker = GcloudWorker(_env_at(fake, tmp), tmp)
+    try:
+        yield worker.run
+    finally:
+        worker.close()
+
+
+def test_the_notification_key_is_generated_once_in_a_private_file_and_never_shown(tmp_path: Path) -> None:
+    """Issue 35 (low): the key that seals notifications is a secret deploy creates with a random
+    value: written 0600 in a directory of this run just before gcloud reads it, gone after; a
+    second deploy finds the secret and leaves its value. Through the real gcloud and the fake APIs."""
+    from pitstop.local import fake_gcp
+
+    fake = fake_gcp.FakeGcp()
+    server = fake_gcp.serve(fake)
+    try:
+        (step,) = [
+            s
+            for s in deploy.plan("p-1234", "us-central1", CONF)
+            if s.argv[:3] == ["secrets", "create", "pitstop-notify-key"]
+        ]
+        lines, seen = list[str](), list[tuple[str, int, str]]()
+        with _gcloud_at(fake, tmp_path) as gcloud:
+
+            def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+                for a in argv:
+                    if a.startswith("--data-file="):
+                        path = Path(a.split("=", 1)[1])
+                        seen.append((str(path.parent), path.stat().st_mode & 0o777, path.read_text()))
+                return gcloud(argv)
+
+            assert deploy.apply([step], run, lines.append) == 0
+            ((where, mode, value),) = seen
+            assert mode == 0o600 and re.fullmatch(r"[0-9a-f]{64}", value) and not Path(where).exists()
+            (version,) = [
+                r for (api, n), r in fake.resources.items() if api == "secretmanager" and "/versions/" in n
+            ]
+            assert base64.b64decode(version["payload"]["data"]).decode() == value
+            assert value not in "".join(lines)
+            assert deploy.apply([step], run, lines.append) == 0 and len(seen) == 1  # exists: kept as it is
+    finally:
+        server.shutdown()
 
 
 def test_apply_is_idempotent_and_fills_placeholders(steps: list[deploy.Step]) -> None:
@@ -488,7 +592,7 @@ def _gcloud_parse(line: str, cfg: str) -> tuple[str, int, str]:
 
 
 def _gcloud_lines(steps: list[deploy.Step]) -> list[str]:
-    """Every gcloud command a plan can run: steps, checks, updates, deletes, captures, credentials."""
+    """Every gcloud command a plan can run: steps, checks, updates, deletes, captures, credentials, gates."""
     plain = [s for s in steps if s.program == "gcloud"]
     lines = [shlex.join(["gcloud", *s.argv]) for s in plain]
     lines += [shlex.join(["gcloud", *s.check]) for s in steps if s.check]
@@ -497,6 +601,7 @@ def _gcloud_lines(steps: list[deploy.Step]) -> list[str]:
     lines += [shlex.join(["gcloud", *s.purge]) for s in steps if s.purge]
     lines += [shlex.join(["gcloud", *s.credentials]) for s in steps if s.credentials]
     lines += [shlex.join(["gcloud", *argv]) for s in steps for argv in s.captures.values()]
+    lines += [shlex.join(["gcloud", *argv]) for s in steps if s.gate for argv in s.gate.commands]
     return sorted(set(lines))
 
 
@@ -568,8 +673,12 @@ def test_a_changed_policy_redeploys_the_functions_and_nothing_else(tmp_path: Pat
         return {s.what: s.expect for s in deploy.plan("my-train-proj", "us-central1", conf) if s.expect}
 
     shipped, observe, enforce = labels(None), labels("mode: observe\n"), labels("mode: enforce\n")
+    unbound = (
+        "function pitstop-notify without PITSTOP_WEBHOOK_URL: add a version to pitstop-webhook, deploy again"
+    )
     assert set(shipped) == {f"function pitstop-{f}" for f in ("ingest", "actuate", "notify", "sweep")} | {
-        "workflow pitstop-remediate"
+        "workflow pitstop-remediate",
+        unbound,  # notify until its secret has a version
     }
     assert shipped == labels(None)  # stable: a rerun with the same inputs is "current"
     changed = {k for k in shipped if observe[k] != enforce[k]}
@@ -823,8 +932,9 @@ def test_notify_reaches_only_its_own_ledger_database(steps: list[deploy.Step]) -
     assert main_purge is not None and notify_purge is not None
     assert "pitstop_notifications" not in " ".join(main_purge) and "pitstop_incidents" in " ".join(main_purge)
     assert "--collection-ids=pitstop_notifications" in notify_purge
-    (fn,) = [s.argv for s in steps if s.argv[:3] == ["functions", "deploy", "pitstop-notify"]]
-    assert any("PITSTOP_NOTIFY_DATABASE=pitstop-notify" in a for a in fn)
+    fns = [s.argv for s in steps if s.argv[:3] == ["functions", "deploy", "pitstop-notify"]]
+    assert len(fns) == 2  # with its secrets, and without them until they have a version
+    assert all(any("PITSTOP_NOTIFY_DATABASE=pitstop-notify" in a for a in fn) for fn in fns)
 
 
 class _OnlyGet:
@@ -951,6 +1061,94 @@ def test_a_named_prefix_admits_only_its_migs_by_exact_name() -> None:
                 {**CONF, "compute_zones": [{"zone": "us-east5-b", "name_prefix": "a3-", "migs": bad}]},
                 "p-1234",
             )
+
+
+def _actuator_admits(conds: list[IamCondition], name: str) -> bool:
+    """The actuator's conditions (startsWith and == on resource.name, joined by ||) evaluated by a
+    CEL interpreter on one resource name: any binding's condition true admits it."""
+    return any(_cel(c["expression"], resource={"name": name}) for c in conds)
+
+
+def test_a_gke_cluster_admits_its_node_pools_migs_and_vms_by_name_and_nothing_else_of_its_region() -> None:
+    """Issue 35 (9): a regional GKE cluster once added resource.name.startsWith("projects/P/zones/
+    us-central1-"), so instanceGroupManagers.update (resize, abandon, re-template) and reset covered
+    every VM and MIG of the region. Now each node pool's MIG by its exact name and the VMs it names."""
+    conf = {
+        **CONF,
+        "gke_clusters": [
+            {
+                "name": "gpu-a3",
+                "location": "us-central1",
+                "node_groups": [
+                    "us-central1-a/gke-gpu-a3-a3-1a2b3c4d-grp",
+                    "us-central1-c/gke-gpu-a3-a3-9f9f9f9f-grp",
+                ],
+            }
+        ],
+    }
+    conds = deploy.compute_conditions("p-1234", deploy.compute_scope(conf, "p-1234")["p-1234"])
+    zones = "projects/p-1234/zones"
+    admitted = [
+        f"{zones}/us-central1-a/instances/gke-gpu-a3-a3-1a2b3c4d-x7k2",
+        f"{zones}/us-central1-a/instanceGroupManagers/gke-gpu-a3-a3-1a2b3c4d-grp",
+        f"{zones}/us-central1-c/instances/gke-gpu-a3-a3-9f9f9f9f-0abc",
+    ]
+    refused = [
+        f"{zones}/us-central1-a/instances/training-vm-1",  # a VM of the region that is no node
+        f"{zones}/us-central1-b/instanceGroupManagers/web-frontend",  # another MIG of the region
+        f"{zones}/us-central1-a/instanceGroupManagers/gke-gpu-a3-a3-1a2b3c4d-grp2",
+        f"{zones}/us-central1-c/instances/gke-gpu-a3-a3-1a2b3c4d-x7k2",  # a pool's name, another zone
+        f"{zones}/us-central1-a/instances/gke-other-cluster-pool-1a2b3c4d-x7k2",
+    ]
+    assert [n for n in admitted if not _actuator_admits(conds, n)] == []
+    assert [n for n in refused if _actuator_admits(conds, n)] == []
+    cluster = {"name": "gpu-a3", "location": "us-central1"}
+    for bad in (["us-central1-a/web-frontend"], ["europe-west4-a/gke-gpu-a3-a3-1a2b3c4d-grp"], "x"):
+        with pytest.raises(ValueError, match=r"node_groups|node group|node pool"):
+            deploy.compute_scope({**CONF, "gke_clusters": [{**cluster, "node_groups": bad}]}, "p-1234")
+
+
+def test_deploy_reads_each_gke_clusters_node_groups_through_gcloud(tmp_path: Path) -> None:
+    """A cluster that lists no node_groups has them read from its node pools' instanceGroupUrls
+    (gcloud container node-pools list, the real gcloud against the recording fake of the APIs); a
+    cluster whose pools cannot be read stops the deploy rather than granting its region."""
+    from pitstop.local import fake_gcp
+
+    fake = fake_gcp.FakeGcp()
+    server = fake_gcp.serve(fake)
+    try:
+        url = "https://www.googleapis.com/compute/v1/projects/p-1234/zones/{}/instanceGroupManagers/{}"
+        pools = "projects/p-1234/locations/us-central1/clusters/gpu-a3/nodePools"
+        fake.resources[("container", pools.removesuffix("/nodePools"))] = {"name": "gpu-a3"}
+        fake.resources[("container", f"{pools}/a3")] = {
+            "name": "a3",
+            "instanceGroupUrls": [
+                url.format(z, f"gke-gpu-a3-a3-{h}-grp")
+                for z, h in (("us-central1-a", "1a2b3c4d"), ("us-central1-b", "5e6f7a8b"))
+            ],
+        }
+        fake.resources[("container", f"{pools}/cpu")] = {
+            "name": "cpu",
+            "instanceGroupUrls": [url.format("us-central1-a", "gke-gpu-a3-cpu-0f0f0f0f-grp")],
+        }
+        conf = {**CONF, "gke_clusters": [{"name": "gpu-a3", "location": "us-central1"}]}
+        with pytest.raises(ValueError, match="not known"):
+            deploy.compute_scope(conf, "p-1234")
+        with _gcloud_at(fake, tmp_path) as gcloud:
+            learned = deploy.learn_node_groups(conf, "p-1234", gcloud)
+            (cluster,) = deploy.gke_clusters(learned, "p-1234")
+            assert cluster["node_groups"] == [
+                ("us-central1-a", "gke-gpu-a3-a3-1a2b3c4d-grp"),
+                ("us-central1-a", "gke-gpu-a3-cpu-0f0f0f0f-grp"),
+                ("us-central1-b", "gke-gpu-a3-a3-5e6f7a8b-grp"),
+            ]
+            scope = deploy.compute_scope(learned, "p-1234")["p-1234"]
+            assert ("us-central1-b", "mig:gke-gpu-a3-a3-5e6f7a8b-grp") in scope
+            missing = {**CONF, "gke_clusters": [{"name": "gone", "location": "us-central1"}]}
+            with pytest.raises(ValueError, match="could not read the node pools of gone"):
+                deploy.learn_node_groups(missing, "p-1234", gcloud)
+    finally:
+        server.shutdown()
 
 
 # Issue 21 (12): each Kubernetes grant of actuate, and why; widening any of them fails here.

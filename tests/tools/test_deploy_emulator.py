@@ -3,7 +3,8 @@
 Pub/Sub is Google's emulator (behind the recording fake, which adds the IAM methods the emulator
 lacks); every other API is the recording fake in pitstop/local/fake_gcp.py. One module-wide
 run deploys with the command a user types, deploys again, tears down, and deploys the identity
-part again; the tests read what gcloud sent and what exists.
+part again; the tests read what gcloud sent and what exists. Every command is parsed and sent
+by the real gcloud, all of them by one gcloud interpreter (tests/tools/gcloud_batch.py).
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from google.cloud.pubsub_v1 import PublisherClient, SubscriberClient
 from pitstop.core import sinks
 from pitstop.local import fake_gcp
 from pitstop.tools import deploy
+from tests.tools import gcloud_batch
 
-# ~370 real-gcloud start-ups (~1 s of CPU each) happen in one fixture: minutes alone, more on a
-# loaded box. A hang guard, not a speed check.
-pytestmark = [pytest.mark.emulator, pytest.mark.timeout(1800)]
+# ~460 gcloud commands in one fixture, in one gcloud interpreter (tests/tools/gcloud_batch.py):
+# about 20 s of its CPU, minutes of wall time on a loaded box. A hang guard, not a speed check.
+pytestmark = [pytest.mark.emulator, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-central1"
 PUBSUB_AGENT = f"serviceAccount:service-{fake_gcp.PROJECT_NUMBER}@gcp-sa-pubsub.iam.gserviceaccount.com"
@@ -42,7 +44,10 @@ ZONES = [
     {"zone": "us-central1-b", "name_prefix": "a3-", "migs": ["a3-node"]},
 ]  # actuate's VMs
 CUSTOM_ROLES = ("pitstopWorkflowStarter", "pitstopActuator", "pitstopOperationsReader")
-ENFORCE_POLICY = "mode: enforce\n"
+# the operator's policy: enforce, with the clusters deploy.yaml names (deploy's pre-flight checks they agree)
+ENFORCE_POLICY = "mode: enforce\nclusters:\n" + "".join(
+    f"  - {{name: {c}, scheduler: slurm, match: {{name_pattern: '{c}-*'}}}}\n" for c in CLUSTERS
+)
 NOT_SHIPPED = ("pitstop/local/", "pitstop/tools/", "pitstop/agent/")  # the CLI, the Slurm agent, stand-ins
 LOGGING_AGENT = f"serviceAccount:service-{fake_gcp.PROJECT_NUMBER}@gcp-sa-logging.iam.gserviceaccount.com"
 MONITORING_AGENT = (
@@ -74,8 +79,12 @@ class Deployed:
         ]
 
 
-def _state(fake: fake_gcp.FakeGcp) -> dict[str, Any]:
-    """Everything the fake holds, minus what changes on every write (etags, operations)."""
+def _state(fake: fake_gcp.FakeGcp, project: str) -> dict[str, Any]:
+    """Everything the fake holds, minus what changes on every write (etags, operations) and what
+    other tests made in projects of their own (the module's tests share the fake and its gcloud)."""
+
+    def ours(name: str) -> bool:
+        return not name.startswith("projects/") or name.split("/")[1] == project
 
     def clean(obj: Any) -> Any:
         if isinstance(obj, dict):
@@ -88,9 +97,9 @@ def _state(fake: fake_gcp.FakeGcp) -> dict[str, Any]:
         res = {
             f"{a} {n}": clean(copy.deepcopy(v))
             for (a, n), v in fake.resources.items()
-            if "/operations/" not in n
+            if "/operations/" not in n and ours(n)
         }
-        pol = {f"{a} {n}": clean(copy.deepcopy(v)) for (a, n), v in fake.policies.items()}
+        pol = {f"{a} {n}": clean(copy.deepcopy(v)) for (a, n), v in fake.policies.items() if ours(n)}
     return {"resources": res, "policies": pol}
 
 
@@ -111,19 +120,9 @@ def _env_at(fake: fake_gcp.FakeGcp, tmp: Path) -> dict[str, str]:
     return env
 
 
-def _gcloud_at(fake: fake_gcp.FakeGcp, tmp: Path) -> deploy.Runner:
-    env = _env_at(fake, tmp)
-
-    def gcloud(argv: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["gcloud", *argv], capture_output=True, text=True, env=env, timeout=180, check=False
-        )
-
-    return gcloud
-
-
-def _cli_deploy(project: str, conf: dict[str, Any], tmp: Path, fake: fake_gcp.FakeGcp, log: Any) -> int:
-    config = tmp / "deploy.yaml"
+def _cli_deploy(project: str, conf: dict[str, Any], gcloud: Gcloud, log: Any) -> int:
+    """`pitstop deploy` in a process of its own; the `gcloud` first on its PATH is the worker's."""
+    config = gcloud.tmp / "deploy.yaml"
     keys = ("slurm_clusters", "webhook_format", "policy", "compute_zones")
     config.write_text(yaml.safe_dump({k: conf[k] for k in keys}))
     argv = [sys.executable, "-m", "pitstop.tools.cli", "deploy", "--project", project, "--region", REGION]
@@ -131,7 +130,7 @@ def _cli_deploy(project: str, conf: dict[str, Any], tmp: Path, fake: fake_gcp.Fa
         [*argv, "--config", str(config)],
         capture_output=True,
         text=True,
-        env={**_env_at(fake, tmp), "PYTHONPATH": str(ROOT / "functions")},
+        env={**gcloud.env, "PATH": gcloud.worker.path(), "PYTHONPATH": str(ROOT / "functions")},
         timeout=900,
         check=False,
     )
@@ -151,13 +150,34 @@ def _identity(steps: list[deploy.Step]) -> list[deploy.Step]:
     ]
 
 
+@dataclass
+class Gcloud:
+    """The module's fake Google APIs and the one gcloud interpreter that runs every command at them."""
+
+    fake: fake_gcp.FakeGcp
+    env: dict[str, str]
+    worker: gcloud_batch.GcloudWorker
+    tmp: Path
+
+
 @pytest.fixture(scope="module")
-def deployed(pubsub_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
-    project = f"dep-{uuid.uuid4().hex[:8]}"
+def gcloud(pubsub_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gcloud]:
     fake = fake_gcp.FakeGcp(pubsub_upstream=pubsub_host)
     server = fake_gcp.serve(fake)
     tmp = tmp_path_factory.mktemp("deploy")
-    gcloud = _gcloud_at(fake, tmp)
+    env = _env_at(fake, tmp)
+    worker = gcloud_batch.GcloudWorker(env, tmp)
+    try:
+        yield Gcloud(fake, env, worker, tmp)
+    finally:
+        worker.close()
+        server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def deployed(gcloud: Gcloud) -> Iterator[Deployed]:
+    project = f"dep-{uuid.uuid4().hex[:8]}"
+    fake, tmp, run = gcloud.fake, gcloud.tmp, gcloud.worker.run
     policy = tmp / "policy.yaml"  # the operator's policy, switched to enforce
     policy.write_text(ENFORCE_POLICY)
     conf = {
@@ -178,32 +198,47 @@ def deployed(pubsub_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         d.rcs.append(fn(logs.append))
         d.logs.append(logs)
         d.calls.append(fake.calls[start:])
-        d.states.append(_state(fake))
+        d.states.append(_state(fake, project))
         d.topics.append({t.name.rsplit("/", 1)[-1] for t in pub.list_topics(project=f"projects/{project}")})
         d.subscriptions.append(
             {s.name.rsplit("/", 1)[-1]: s for s in sub.list_subscriptions(project=f"projects/{project}")}
         )
 
     try:
-        phase(lambda log: _cli_deploy(project, conf, tmp, fake, log))  # the command a user runs
-        phase(lambda log: deploy.apply(steps, gcloud, log))
-        phase(lambda log: deploy.teardown(steps, False, gcloud, log))
-        phase(lambda log: deploy.apply(_identity(steps), gcloud, log))  # what a teardown soft-deletes
+        phase(lambda log: _cli_deploy(project, conf, gcloud, log))  # the command a user runs
+        phase(lambda log: deploy.apply(steps, run, log))
+        phase(lambda log: deploy.teardown(steps, False, run, log))
+        phase(lambda log: deploy.apply(_identity(steps), run, log))  # what a teardown soft-deletes
         yield d
     finally:
-        server.shutdown()
         sub.close()
+
+
+def test_the_worker_answers_as_the_gcloud_binary(gcloud: Gcloud) -> None:
+    """The module's commands run in one gcloud interpreter: each answers as `gcloud ARGV` does."""
+    project = f"chk-{uuid.uuid4().hex[:8]}"
+    for argv in (
+        ["secrets", "describe", "pitstop-nothing", "--project", project],  # the fake's 404: exit 1
+        ["secrets", "create", "x", "--replication-policy=everywhere", "--project", project],  # gcloud says no
+        ["pubsub", "topics", "crate", "x", "--project", project],  # gcloud's parser says no: exit 2
+        ["projects", "describe", project, "--format=value(projectNumber)"],
+    ):
+        fresh = subprocess.run(
+            ["gcloud", *argv], capture_output=True, text=True, env=gcloud.env, timeout=300, check=False
+        )
+        got = gcloud.worker.run(argv)
+        assert (got.returncode, got.stdout, got.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
 
 
 def test_every_step_ran_and_gcloud_sent_no_placeholder(deployed: Deployed) -> None:
     assert deployed.rcs == [0, 0, 0, 0], deployed.logs
-    # after the steps, deploy reads who else may publish to the topics or write logs: only Pitstop
+    # after the steps, deploy reads who else can write the inputs Pitstop reads: only Pitstop
     steps_log, exposure_log = deployed.logs[0][: len(deployed.steps)], deployed.logs[0][len(deployed.steps) :]
-    only_own = "only Pitstop's own identities can publish to its topics or write logs in"
+    only_own = "only Pitstop's own identities can write its inputs in"
     assert exposure_log == [f"ok       {only_own} {deployed.project}"]
     assert [line for line in steps_log if not line.startswith("ok ")] == [
         "skipped  restore the custom role if a teardown deleted it (IAM keeps its id for 37 days)"
-    ] * len(CUSTOM_ROLES)
+    ] * len(CUSTOM_ROLES) + [f"skipped  {BOUND}"]  # the webhook secret has no version yet
     leftovers = [
         str(c) for c in deployed.calls[0] if re.search(r"<[a-z0-9-]+>", json.dumps([c.path, c.query, c.body]))
     ]
@@ -239,6 +274,68 @@ def test_pubsub_resources_exist_in_the_emulator(deployed: Deployed) -> None:
         "ingest-alerts": (f"projects/{p}/topics/pitstop-events-dead", 5, "pitstop-alerts"),
         "notify": (f"projects/{p}/topics/pitstop-notifications-dead", 10, "pitstop-notifications"),
     }
+
+
+BOUND = "function pitstop-notify"  # deployed with its secret, once the secret has a version
+WAITING = f"ok       {BOUND} without PITSTOP_WEBHOOK_URL: add a version to pitstop-webhook, deploy again"
+
+
+def test_notify_gets_the_webhook_secret_once_it_has_a_version(gcloud: Gcloud, tmp_path: Path) -> None:
+    """Cloud Run resolves a secret environment variable before an instance starts: a revision whose
+    secret version cannot be read does not start, and the deploy fails
+    (https://cloud.google.com/run/docs/configuring/services/secrets, "How secrets are checked at
+    deployment and runtime"; Cloud Run reports "Revision '...' is not ready and cannot serve
+    traffic. spec.template.spec.containers[0].env[N].value_from.secret_key_ref.name: Secret
+    projects/NUMBER/secrets/S/versions/latest was not found"). deploy creates the secret empty."""
+    project, fake, run = f"sec-{uuid.uuid4().hex[:8]}", gcloud.fake, gcloud.worker.run
+    conf = {**deploy.load_config(None), "webhook_format": "slack"}
+    steps = [
+        s
+        for s in deploy.plan(project, REGION, conf, str(deploy.stage_source(None, tmp_path / "src")))
+        if s.argv[:3] == ["secrets", "create", "pitstop-webhook"]
+        or s.argv[:3] == ["functions", "deploy", "pitstop-notify"]
+    ]
+    secret, bound, waiting = steps
+    assert waiting.gate is not None and bound.gate is not None and waiting.gate.negate
+    name = f"projects/{project}/locations/{REGION}/functions/pitstop-notify"
+
+    def deployed(plan: list[deploy.Step]) -> tuple[int, list[str], dict[str, Any]]:
+        logs: list[str] = []
+        rc = deploy.apply(plan, run, logs.append)
+        return rc, logs, copy.deepcopy(fake.resources[("cloudfunctions", name)])
+
+    # the old order (deploy's, until bound was gated): the secret created empty, then notify bound to it
+    assert deploy.apply([secret], run, list[str]().append) == 0
+    old = run(bound.argv)
+    missing = (
+        f"Secret projects/{fake_gcp.PROJECT_NUMBER}/secrets/pitstop-webhook/versions/latest was not found"
+    )
+    assert old.returncode == 1, old.stderr
+    assert (
+        "ERROR: (gcloud.functions.deploy) Could not create or update Cloud Run service pitstop-notify"
+        in old.stderr
+    )
+    assert f"value_from.secret_key_ref.name: {missing}" in old.stderr
+    assert fake.resources[("cloudfunctions", name)]["state"] == "FAILED"
+    # now: notify without the secret while it has no version (the failed function is replaced)
+    rc, logs, fn = deployed(steps)
+    assert (rc, logs[1:], fn["state"]) == (0, [f"skipped  {BOUND}", WAITING], "ACTIVE"), logs
+    assert "secretEnvironmentVariables" not in fn["serviceConfig"]
+    url = tmp_path / "webhook-url"
+    url.write_text("https://hooks.slack.com/services/T0/B0/x")
+    added = run(["secrets", "versions", "add", "pitstop-webhook", f"--data-file={url}", "--project", project])
+    assert added.returncode == 0, added.stderr
+    # the run after a version exists binds it, and the next finds it current
+    rc, logs, fn = deployed(steps)
+    assert (rc, logs[1:], fn["state"]) == (0, [f"ok       {BOUND}", f"skipped  {WAITING[9:]}"], "ACTIVE"), (
+        logs
+    )
+    secrets = fn["serviceConfig"]["secretEnvironmentVariables"]
+    assert [(s["key"], s["secret"], s["version"]) for s in secrets] == [
+        ("PITSTOP_WEBHOOK_URL", "pitstop-webhook", "latest")
+    ]
+    rc, logs, _ = deployed(steps)
+    assert (rc, logs[1:]) == (0, [f"current  {BOUND}", f"skipped  {WAITING[9:]}"]), logs
 
 
 Binding = tuple[str, str]  # role, condition title ("" for none)
@@ -393,9 +490,9 @@ def test_functions_are_deployed_with_their_flags_and_the_staged_source(deployed:
     assert bodies["pitstop-actuate"]["serviceConfig"]["timeoutSeconds"] == 300
     notify = bodies["pitstop-notify"]["serviceConfig"]
     assert notify["environmentVariables"]["PITSTOP_WEBHOOK_FORMAT"] == "slack"
-    assert [(s["key"], s["secret"], s["version"]) for s in notify["secretEnvironmentVariables"]] == [
-        ("PITSTOP_WEBHOOK_URL", "pitstop-webhook", "latest")
-    ]
+    # the webhook secret has no version yet: notify runs without it (the binding: test_notify_gets_...)
+    assert "secretEnvironmentVariables" not in notify
+    assert WAITING in deployed.logs[0] and f"skipped  {BOUND}" in deployed.logs[0]
     # the archive gcloud uploaded is the staged source: code, its data, and the policy
     objects = {b["buildConfig"]["source"]["storageSource"]["object"] for b in bodies.values()}
     assert len(objects) == 4 and objects <= set(deployed.fake.uploads)
@@ -517,31 +614,21 @@ def test_deploy_after_teardown_restores_the_soft_deleted_role(deployed: Deployed
     assert _project_bindings(policy) == _expected_project_bindings(deployed.project)
 
 
-def test_folder_sinks_include_children_and_their_writers_publish_to_the_project_topic(
-    pubsub_host: str, tmp_path: Path
-) -> None:
-    project = f"agg-{uuid.uuid4().hex[:8]}"
-    fake = fake_gcp.FakeGcp(pubsub_upstream=pubsub_host)
-    server = fake_gcp.serve(fake)
-    try:
-        conf = {**deploy.load_config(None), "aggregated_sink": {"folder": "123456789"}}
-        steps = [
-            s
-            for s in deploy.plan(project, REGION, conf)
-            if s.argv[:2] == ["logging", "sinks"]
-            or ("pitstop-events" in s.argv[3:4] and s.argv[0] == "pubsub")
-        ]
-        logs: list[str] = []
-        assert deploy.apply(steps, _gcloud_at(fake, tmp_path), logs.append) == 0, logs
-        made = {c.path: c for c in fake.calls if c.api == "logging" and c.method == "POST"}
-        assert set(made) == {"folders/123456789/sinks"}
-        sent = [c for c in fake.calls if c.api == "logging" and c.method == "POST"]
-        assert {c.body["name"] for c in sent} == set(sinks.SINK_FILTERS)
-        assert all(c.body["includeChildren"] is True for c in sent)
-        writer = "serviceAccount:service-folder-123456789@gcp-sa-logging.iam.gserviceaccount.com"
-        topic = fake.policy("pubsub", f"projects/{project}/topics/pitstop-events")
-        assert [(b["role"], b["members"]) for b in topic["bindings"]] == [
-            ("roles/pubsub.publisher", [writer])
-        ]
-    finally:
-        server.shutdown()
+def test_folder_sinks_include_children_and_their_writers_publish_to_the_project_topic(gcloud: Gcloud) -> None:
+    project, fake = f"agg-{uuid.uuid4().hex[:8]}", gcloud.fake
+    conf = {**deploy.load_config(None), "aggregated_sink": {"folder": "123456789"}}
+    steps = [
+        s
+        for s in deploy.plan(project, REGION, conf)
+        if s.argv[:2] == ["logging", "sinks"] or ("pitstop-events" in s.argv[3:4] and s.argv[0] == "pubsub")
+    ]
+    logs: list[str] = []
+    start = len(fake.calls)
+    assert deploy.apply(steps, gcloud.worker.run, logs.append) == 0, logs
+    sent = [c for c in fake.calls[start:] if c.api == "logging" and c.method == "POST"]
+    assert {c.path for c in sent} == {"folders/123456789/sinks"}
+    assert {c.body["name"] for c in sent} == set(sinks.SINK_FILTERS)
+    assert all(c.body["includeChildren"] is True for c in sent)
+    writer = "serviceAccount:service-folder-123456789@gcp-sa-logging.iam.gserviceaccount.com"
+    topic = fake.policy("pubsub", f"projects/{project}/topics/pitstop-events")
+    assert [(b["role"], b["members"]) for b in topic["bindings"]] == [("roles/pubsub.publisher", [writer])]

@@ -91,7 +91,7 @@ def test_digest_labels_are_stable_and_match_what_the_checks_expect() -> None:
     conf = deploy.load_config("tests/fixtures/deploy/org.yaml")
     first, again = (deploy.plan("p-2", "asia-southeast1", conf) for _ in range(2))
     labelled = [s for s in first if s.expect is not None]
-    assert len(labelled) == 5  # four functions and the workflow
+    assert len(labelled) == 6  # four functions (notify with and without its secrets) and the workflow
     for step in labelled:
         assert any(a.endswith(f"{deploy.DIGEST_LABEL}={step.expect}") for a in step.argv), step.what
     assert [s.expect for s in first] == [s.expect for s in again]

@@ -24,11 +24,14 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
+from pitstop.adapters import retry
 from pitstop.adapters.errors import ActuatorError, from_google
 from pitstop.core.domain import Vm
 from pitstop.core.ids import derived_request_id
 
 FAULTY_HOST_FAMILIES = ("a4x-", "a4-", "a3-ultragpu", "a3-megagpu", "a3-highgpu-8g")
+# setLabels refused for a stale fingerprint (412): read the labels again and send once more, at once.
+STALE_FINGERPRINT = retry.Policy(lambda exc: isinstance(exc, gexc.PreconditionFailed), attempts=2)
 BEHAVIORS = ("UNRECOVERABLE_GPU_ERROR", "PERFORMANCE", "SILENT_DATA_CORRUPTION", "BEHAVIOR_UNSPECIFIED")
 
 
@@ -151,8 +154,9 @@ class ComputeAdapter:
         refused (412) and changed nothing, so the second is a new request, not a repeat.
         """
         what = "instances.setLabels"
-        ids = [request_id, derived_request_id(request_id, "fingerprint-retry")]
-        for attempt in range(2):
+        ids = iter([request_id, derived_request_id(request_id, "fingerprint-retry")])
+
+        def attempt() -> None:
             inst = self.get(project, zone, instance)
             labels = dict(inst.get("labels", {}))
             for k, v in updates.items():
@@ -168,16 +172,14 @@ class ComputeAdapter:
                 zone=zone,
                 instance=instance,
                 instances_set_labels_request_resource=body,
-                **self._request_id(what, ids[attempt]),
+                **self._request_id(what, next(ids)),
             )
-            try:
-                self.instances.set_labels_unary(request=req)
-                return
-            except gexc.PreconditionFailed as exc:
-                if attempt == 1:
-                    raise from_google(exc, what) from exc
-            except gexc.GoogleAPICallError as exc:
-                raise from_google(exc, what) from exc
+            self.instances.set_labels_unary(request=req)
+
+        try:
+            retry.call(attempt, STALE_FINGERPRINT)
+        except gexc.GoogleAPICallError as exc:
+            raise from_google(exc, what) from exc
 
     def operation(self, project: str, zone: str, name: str) -> OperationState:
         op = self._call("zoneOperations.get", self.zone_ops.get, project=project, zone=zone, operation=name)

@@ -13,7 +13,7 @@ Gets, not a query: each is billed one read per document, found or not
 (https://cloud.google.com/firestore/pricing), a first contact two where a query for the node's
 live incident (an earlier version's) was billed one; but a get needs no index and costs the
 database a key lookup, where the emulator served every query by scanning the whole collection
-(README, "Storms as deployed": ten instances over 2,000 nodes spent as much CPU in the emulator as
+(docs/sizing.md: ten instances over 2,000 nodes spent as much CPU in the emulator as
 in themselves). The node's document is the one the decision that may follow reads first, so it
 is kept for it (adapters/firestore_snaps.py).
 """

@@ -143,3 +143,37 @@ class TelemetryReader:
                     v = ts.points[0].value
                     out[str(name)] = float(v.double_value if "double_value" in v else v.int64_value)
         return out
+
+    def heartbeat_points(self, project: str, cluster: str, job: str, start: float, end: float) -> list[float]:
+        """When each point of the job's heartbeat series was written (its ``end_time``, epoch s),
+        from ``start`` to ``end``, as Cloud Monitoring holds it: Pitstop's own reading of the series,
+        not the alert's word (core/localise.heartbeat_gate). At most MAX_POINTS, oldest first."""
+        request = {
+            "name": f"projects/{project}",
+            "filter": (
+                f'metric.type="{HEARTBEAT_METRIC}" AND resource.type="global"'
+                f' AND metric.labels.cluster="{_quoted(cluster)}" AND metric.labels.job="{_quoted(job)}"'
+            ),
+            "interval": {"end_time": {"seconds": int(end)}, "start_time": {"seconds": int(start)}},
+            "view": "FULL",
+        }
+        pages = self.client.list_time_series(request=request, retry=_read_retry(), timeout=READ_TIMEOUT_S)
+        out: list[float] = []
+        for ts in pages:
+            for p in ts.points:
+                t = p.interval.end_time
+                out.append(t.timestamp() if hasattr(t, "timestamp") else float(t.seconds))
+                if len(out) >= MAX_POINTS:
+                    return sorted(out)
+        return sorted(out)
+
+
+HEARTBEAT_METRIC = (
+    "custom.googleapis.com/pitstop/job/heartbeat"  # infra/monitoring/telemetry/job-heartbeat.json
+)
+MAX_POINTS = 10_000  # a job beating every second for close to three hours
+
+
+def _quoted(value: str) -> str:
+    """A label value inside a filter's double quotes (job ids are validated names; escaped anyway)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')

@@ -18,11 +18,12 @@ the comparison goes on the alert alone (services/actuate/planned.py), as with ti
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from google.api_core import exceptions as gexc
 
+from pitstop.adapters import retry
 from pitstop.core import promql
 from pitstop.core.degraded import PromRule
 
@@ -33,11 +34,28 @@ ONE_QUERY_MAX = 100  # node names per selector: a job's nodes are read in chunks
 _TRANSIENT = (429, 500, 502, 503, 504)
 
 
+def _transient(exc: Exception) -> bool:
+    """Worth another attempt: unreachable (requests' connection errors and timeouts are OSErrors),
+    or an answer saying so (429, 5xx)."""
+    return isinstance(exc, OSError) or (isinstance(exc, gexc.GoogleAPICallError) and exc.code in _TRANSIENT)
+
+
+def _unreachable(exc: Exception) -> Exception:
+    """The error once the attempts are spent: an HTTP answer as it was, no answer as a 503."""
+    if isinstance(exc, OSError):
+        return gexc.ServiceUnavailable(f"Prometheus query API unreachable: {exc}")  # type: ignore[no-untyped-call]
+    return exc
+
+
+RETRY = retry.Policy(_transient, ATTEMPTS, retry.Backoff(0.5), _unreachable)
+
+
 class PromQLReader:
     """query_range on Managed Service for Prometheus, reduced to one value per node (core/promql)."""
 
-    def __init__(self, endpoint: str | None = None) -> None:
+    def __init__(self, endpoint: str | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
         self.base = (endpoint or API).rstrip("/")
+        self.sleep = sleep
         self._session: Any = None
 
     @property
@@ -57,20 +75,17 @@ class PromQLReader:
         return self._session
 
     def query_range(self, project: str, query: str, span: dict[str, str]) -> list[promql.Series]:
-        """One range query's series; an HTTP error raises google.api_core's exception for it."""
+        """One range query's series; an HTTP error raises google.api_core's exception for it.
+
+        Unreachable, 429 and 5xx are tried again (RETRY: three attempts, 0.5 s then 1 s apart).
+        """
         url = f"{self.base}/v1/projects/{project}/location/global/prometheus/api/v1/query_range"
         params = {"query": query, **span}
-        for attempt in range(ATTEMPTS):
-            try:
-                resp = self.session.get(url, params=params, timeout=READ_TIMEOUT_S)
-            except OSError as exc:  # requests' connection errors and timeouts are OSErrors
-                if attempt + 1 == ATTEMPTS:
-                    raise gexc.ServiceUnavailable(f"Prometheus query API unreachable: {exc}") from None  # type: ignore[no-untyped-call]
-            else:
-                if resp.status_code not in _TRANSIENT or attempt + 1 == ATTEMPTS:
-                    return _answer(resp)
-            time.sleep(0.5 * 2**attempt)
-        raise AssertionError("unreachable: the last attempt returns or raises")
+
+        def attempt() -> list[promql.Series]:
+            return _answer(self.session.get(url, params=params, timeout=READ_TIMEOUT_S))
+
+        return retry.call(attempt, RETRY, sleep=self.sleep)
 
     def node_values(
         self, project: str, rule: PromRule, nodes: Sequence[str], now: float

@@ -16,7 +16,9 @@ from typing import Any, cast
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
-from pitstop.core.domain import CheckSpec, GangCheckSpec, JsonObject
+from pitstop.core import topology
+from pitstop.core.domain import CheckSpec, GangCheckSpec, JsonObject, Place
+from pitstop.core.localise import opted_in_comment
 from pitstop.core.scheduling import (
     Capacity,
     CheckResult,
@@ -53,8 +55,54 @@ from pitstop.core.slurm_wire import (
     result_state,
     supersedes,
 )
+from pitstop.core.topology import Seat
 
 PULL_MAX = 100  # results merged per pull
+
+# Slurm's job states (the long names squeue %T and scontrol show job JobState= print: squeue(1),
+# "JOB STATE CODES", https://slurm.schedmd.com/squeue.html#SECTION_JOB-STATE-CODES) as the contract's
+# JobState. A word of the contract's own meaning maps to it; every other documented state means
+# something no JobState says (ended by a node's failure, a time limit or preemption; held; being
+# requeued or resized) and is UNKNOWN, which remediation leaves to a person (no requeue, no
+# localisation). A word not in the table (a newer Slurm's) is UNKNOWN too.
+SLURM_JOB_STATES: Mapping[str, JobState] = {
+    "PENDING": JobState.PENDING,
+    "RUNNING": JobState.RUNNING,
+    "SUSPENDED": JobState.SUSPENDED,
+    "COMPLETING": JobState.COMPLETING,
+    "COMPLETED": JobState.COMPLETED,
+    "FAILED": JobState.FAILED,
+    "CANCELLED": JobState.CANCELLED,
+    **dict.fromkeys(
+        (
+            "BOOT_FAIL",
+            "CONFIGURING",
+            "DEADLINE",
+            "NODE_FAIL",
+            "OUT_OF_MEMORY",
+            "PREEMPTED",
+            "RESV_DEL_HOLD",
+            "REQUEUE_FED",
+            "REQUEUE_HOLD",
+            "REQUEUED",
+            "RESIZING",
+            "REVOKED",
+            "SIGNALING",
+            "SPECIAL_EXIT",
+            "STAGE_OUT",
+            "STOPPED",
+            "TIMEOUT",
+        ),
+        JobState.UNKNOWN,
+    ),
+}
+
+
+def slurm_job_state(word: object) -> JobState:
+    """The contract's state for a Slurm job state word, exactly as Slurm prints it."""
+    return SLURM_JOB_STATES.get(word, JobState.UNKNOWN) if isinstance(word, str) else JobState.UNKNOWN
+
+
 PULL_TIMEOUT_S = 5.0
 
 
@@ -260,7 +308,7 @@ class SlurmAgentClient:
         return str(self.job_info(job, ref)["state"])
 
     def job_running(self, job: str, ref: StepRef) -> bool:
-        return self.job_state(job, ref) in ("RUNNING", "COMPLETING", "SUSPENDED")
+        return slurm_job_state(self.job_state(job, ref)).on_nodes
 
     def node_healthy(self, node: str, ref: StepRef) -> bool:
         answer = cast(NodeStateAnswer, self._call("node_state", {"node": node}, ref, fresh=True))
@@ -276,8 +324,10 @@ class SlurmAgentClient:
         """
         return cast(ResumeAnswer, self._call("resume", {"node": node, "incident": ref.incident}, ref))
 
-    def requeue(self, job: str, ref: StepRef) -> RequeueAnswer:
-        return cast(RequeueAnswer, self._call("requeue", {"job": job}, ref) or {})
+    def requeue(self, job: str, ref: StepRef, onto: tuple[str, ...] = ()) -> RequeueAnswer:
+        """Requeue the job; ``onto``: pin it to exactly these nodes while it is pending."""
+        args: JsonObject = {"job": job, **({"onto": sorted(onto)} if onto else {})}
+        return cast(RequeueAnswer, self._call("requeue", args, ref) or {})
 
     def capacity(self, job: str, node: str, ref: StepRef) -> CapacityAnswer:
         """Idle healthy unreserved nodes of the job's partition plus its own healthy nodes, against
@@ -355,14 +405,36 @@ class SlurmScheduler:
         return self.client.node_healthy(node, ref)
 
     def requeue(self, job: str, ref: StepRef, run: JobRun) -> RequeueOutcome:
-        a: Mapping[str, object] = self.client.requeue(job, ref)
+        return self.requeue_onto(job, ref, run, ())
+
+    def requeue_onto(self, job: str, ref: StepRef, run: JobRun, nodes: tuple[str, ...]) -> RequeueOutcome:
+        """core/scheduling.Placer: requeue, pinned to ``nodes`` (none: Slurm places it)."""
+        a: Mapping[str, object] = self.client.requeue(job, ref, nodes)
         how = "already pending" if a.get("already_pending") else f"requeued {a.get('requeued') or job}"
+        placed = a.get("placed")
+        if isinstance(placed, list) and placed:
+            how += f" onto {','.join(str(n) for n in placed)}"
         return RequeueOutcome(job, not a.get("already_pending"), how)
 
     def capacity(self, job: str, node: str, ref: StepRef) -> Capacity:
         a: Mapping[str, object] = self.client.capacity(job, node, ref)
+        paths = a.get("paths") if isinstance(a.get("paths"), Mapping) else {}
+        assert isinstance(paths, Mapping)
+
+        def seats(names: object) -> tuple[Seat, ...]:
+            listed = names if isinstance(names, list) else []
+            return tuple(Seat(str(n), _place(paths.get(n))) for n in listed)
+
+        native = a.get("native")
         return Capacity(
-            a.get("enough") is True, str(a.get("why") or ""), _int(a.get("need")), _int(a.get("free"))
+            a.get("enough") is True,
+            str(a.get("why") or ""),
+            _int(a.get("need")),
+            _int(a.get("free")),
+            gang=seats(a.get("nodes")),
+            spares=seats(a.get("idle")),
+            native=native if isinstance(native, str) else None,
+            elastic=a.get("elastic") is True,
         )
 
     def start_check(self, node: str, check: CheckSpec, ref: StepRef) -> CheckStart:
@@ -382,6 +454,13 @@ class SlurmScheduler:
 
     def gang_check_result(self, job: str, check: GangCheckSpec, ref: StepRef) -> CheckResult:
         return _result(self.client.gang_check_result({**check, "job": job}, ref), peer=False)
+
+
+def _place(path: object) -> Place | None:
+    """A node's place from its switch path in Slurm's topology (crossed a topic: checked)."""
+    if not isinstance(path, list) or not all(isinstance(p, str) for p in path):
+        return None
+    return topology.from_switches([str(p) for p in path][:8])
 
 
 def _str(v: object) -> str | None:
@@ -414,4 +493,6 @@ def _result(answer: CheckProgress, peer: bool) -> CheckResult:
 def _job(doc: Mapping[str, object], job: str | None = None) -> JobInfo:
     """A job as the agent describes it (``id`` or ``job``, ``state``, its run)."""
     name = str(job or doc.get("id") or doc.get("job"))
-    return JobInfo(name, JobState.of(doc.get("state")), JobRun.of(doc), expand_hostlist(doc.get("nodelist")))
+    state = slurm_job_state(doc.get("state"))
+    nodes = expand_hostlist(doc.get("nodelist"))
+    return JobInfo(name, state, JobRun.of(doc), nodes, opted_in_comment(doc.get("comment")))

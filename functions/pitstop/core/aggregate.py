@@ -28,9 +28,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
-from pitstop.core import corroboration, degraded, engine, lifecycle, notifications, remediation
+from pitstop.core import (
+    corroboration,
+    degraded,
+    engine,
+    evidence,
+    lifecycle,
+    notifications,
+    remediation,
+    vertex,
+)
 from pitstop.core.actions import RANK, RECORD_ONLY_ACTIONS, Action
 from pitstop.core.answers import EarlyResume, LocalisedResume
+from pitstop.core.control import Control, Hold
 from pitstop.core.domain import (
     Draft,
     FaultEvent,
@@ -42,24 +52,31 @@ from pitstop.core.domain import (
     LocaliseRound,
     Measurement,
     Milestone,
+    MoveChoice,
     NodeDoc,
+    Place,
     Resume,
     UnfenceAnswer,
     Unfenced,
+    VertexRecord,
 )
 from pitstop.core.engine import Budgets, Outcome
+from pitstop.core.evidence import Waiver, Warrant
 from pitstop.core.ops import Op
 from pitstop.core.policy import Policy
 from pitstop.core.states import ACTIVE_STATES, UNCLAIMABLE_STATES, RunState, State
 from pitstop.core.steps import Guard, Refusal
 
-# Asked by an event's decision of its node's latest incident as read (None: the node has none):
-# the caller (services/coalesce.py) counts the event in memory instead, and nothing is decided.
+# Asked by a decision of the node's latest incident as it read it (None: the node has none): the
+# caller (services/coalesce.py) counts the event in memory instead, and nothing is decided.
 Countable = Callable[[Incident | None], bool]
 
 UNKNOWN_OWNER = "unknown"  # a step claimed by a caller that named no execution
 # States a failed step may still turn into FAILED: the incident has not ended, nor waits for a person.
 FAILABLE = ACTIVE_STATES | {State.OPEN}
+# States in which the runtime control may still stop a step (core/control.py): the repair has not
+# begun. Once it has (ACTING, VERIFYING), the step finishes it and restarts the job it stopped.
+HOLDABLE = frozenset({State.OPEN, State.FENCED})
 START_REFUSALS = 3  # the third refused start of a step fails its incident (services/sweep.py)
 
 
@@ -117,9 +134,11 @@ class FailStuck:
 
 @dataclass(frozen=True)
 class JoinBlock:
-    """The node's reservation block, read from Compute before the fence."""
+    """The node's reservation block, read from Compute before the fence; ``place``: where the node
+    sits (core/topology.from_vm), cached in its node document with it."""
 
     block: str
+    place: Place | None = None
 
 
 @dataclass(frozen=True)
@@ -218,9 +237,31 @@ class RecordGang:
 
 
 @dataclass(frozen=True)
+class RecordChoice:
+    """The gang's choice at this fault and its numbers (core/tradeoff.py): wait, move, shrink or
+    hold, each option's expected GPU-hours; ``page``: no spare its NVLink domain allows (paged once)."""
+
+    at: At
+    choice: MoveChoice
+
+
+@dataclass(frozen=True)
 class RecordCorroboration:
     at: At
     record: Measurement
+
+
+@dataclass(frozen=True)
+class RecordUnconfirmed:
+    """The node check did not confirm the fault (or could not run): nothing may stay of it. The
+    step's fence was already lifted (``unfenced``: what the scheduler said); the incident resolves
+    as not confirmed, its blast-radius slots are removed (nothing was done: they do not count on
+    through the window), it leaves no remediation in the node's history (no cooldown, ladder step
+    or lemon count), and it pages once per node per window."""
+
+    at: At
+    record: Measurement
+    unfenced: Unfenced
 
 
 @dataclass(frozen=True)
@@ -254,11 +295,31 @@ class RecordLocalisation:
 
 
 @dataclass(frozen=True)
+class RecordVertex:
+    """What a Vertex AI job's step read back and decided (``outcome`` resubmit: before its effect),
+    and then did (``resubmitted``: the new job; stamps ``job_requeued``)."""
+
+    at: At
+    record: VertexRecord
+
+
+@dataclass(frozen=True)
 class ResolveStep:
     """The step ends and the incident with it; ``unfenced``: what its unfence did (for the notice)."""
 
     at: At
     unfenced: Unfenced
+
+
+@dataclass(frozen=True)
+class HoldStep:
+    """The runtime control (a pause or a silence, core/control.py) refused the step's next
+    disruptive op: the incident waits, its node still fenced, and the step's remediation is
+    forgotten (no cooldown holds it again); the sweep lets it go on, as a new step, once the
+    control no longer holds it."""
+
+    at: At
+    hold: Hold
 
 
 @dataclass(frozen=True)
@@ -285,19 +346,23 @@ StepCommand = (
     | RecordActed
     | RecordVerified
     | RecordGang
+    | RecordChoice
     | RecordCorroboration
+    | RecordUnconfirmed
     | RecordDiagnosis
     | RecordValidation
     | RecordLocalisation
+    | RecordVertex
     | ResolveStep
     | FailStep
+    | HoldStep
 )
 Command = EngineCommand | RunCommand | StepCommand | RecordUnfenceAnswer
 
 # Commands decided with the subject's node document (and the budgets, read lazily).
-NODE_COMMANDS = (ReleaseHeld, StepUp, CloseByPerson, FailStuck, JoinBlock)
+NODE_COMMANDS = (ReleaseHeld, StepUp, CloseByPerson, FailStuck, JoinBlock, RecordUnconfirmed, HoldStep)
 # Commands that may claim or let go blast-radius slots: a store lets them take turns on the budgets.
-BUDGET_COMMANDS = (*NODE_COMMANDS, EndBurst, ResolveStep, RejectStep)
+BUDGET_COMMANDS = (*NODE_COMMANDS, EndBurst, ResolveStep, RejectStep)  # RecordUnconfirmed among them
 
 
 def reads_node(cmd: Command) -> bool:
@@ -329,7 +394,7 @@ def decide(inc: Incident | None, cmd: Command, given: Given) -> Outcome:
     if isinstance(cmd, EngineCommand):
         return _engine(inc, cmd, given)
     if isinstance(cmd, RunCommand):
-        return _run(inc, cmd, given.now)
+        return _run(inc, cmd, given)
     if isinstance(cmd, RecordUnfenceAnswer):
         return _unfence_answer(inc, cmd, given.now)
     return _step(inc, cmd, given)
@@ -360,7 +425,7 @@ def _engine(inc: Incident, cmd: EngineCommand, given: Given) -> Outcome:
     if isinstance(cmd, FailStuck):
         return engine.fail_stuck(inc, node, budgets, cmd.execution, cmd.why, now)
     if isinstance(cmd, JoinBlock):
-        return engine.join_block(inc, node, budgets, cmd.block, _policy(given), now)
+        return engine.join_block(inc, node, budgets, cmd.block, _policy(given), now, cmd.place)
     if isinstance(cmd, EndBurst):
         return engine.end_burst(inc, budgets, cmd.burst_until, now)
     raise TypeError(f"not an engine command: {cmd!r}")  # FoldEvent is decided before
@@ -369,8 +434,8 @@ def _engine(inc: Incident, cmd: EngineCommand, given: Given) -> Outcome:
 # -- the workflow run ------------------------------------------------------------------------------
 
 
-def _run(inc: Incident, cmd: RunCommand, now: float) -> Outcome:
-    wf = inc.get("workflow") or {}
+def _run(inc: Incident, cmd: RunCommand, given: Given) -> Outcome:
+    wf, now = inc.get("workflow") or {}, given.now
     if wf.get("step") != cmd.step:
         return _refused(inc, f"the workflow run is for step {wf.get('step')}, not {cmd.step}")
     doc = draft(inc)
@@ -379,6 +444,9 @@ def _run(inc: Incident, cmd: RunCommand, now: float) -> Outcome:
     if isinstance(cmd, LeaseStart):
         if wf.get("state") != RunState.PENDING or inc["state"] in UNCLAIMABLE_STATES:
             return _refused(inc, f"step {cmd.step} is not waiting for a start")  # started, or ended
+        held = given.policy.control.hold(inc, now, enforce=True) if given.policy is not None else None
+        if held is not None:  # decided before the brake: it starts once the sweep finds it free
+            return _refused(inc, held.why)
         if float(wf.get("lease_until", 0)) > now:
             return _refused(inc, "another starter holds the lease")
         run["lease_until"] = now + cmd.lease_s
@@ -426,10 +494,20 @@ def step_refusal(inc: Incident, cmd: StepCommand) -> str | None:
     return None
 
 
-def op_refusal(inc: Incident, op: Op, at: At, disruptive: bool, corroborate: bool = True) -> Refusal | None:
+def op_refusal(
+    inc: Incident,
+    op: Op,
+    at: At,
+    disruptive: bool,
+    corroborate: bool = True,
+    control: Control | None = None,
+    now: float = 0.0,
+) -> Refusal | None:
     """Why ``at`` may not run ``op`` on the incident now (None: it may): a newer step owns it, its
     state is not one the op belongs to, another execution owns the step, or the op disrupts and
-    the fault is not confirmed on the node yet. The step runner asks it with its claim."""
+    the runtime control holds the incident (a pause or a silence, before the repair began:
+    ``held``, the caller holds it) or the fault is not confirmed on the node yet. The step runner
+    asks it with its claim."""
     if inc["step"] != at.step:
         return Refusal(f"superseded by step {inc['step']}", superseded_by=inc["step"])
     if at.states is not None and inc["state"] not in at.states:
@@ -437,18 +515,66 @@ def op_refusal(inc: Incident, op: Op, at: At, disruptive: bool, corroborate: boo
     owner = (inc.get("workflow") or {}).get("claimed_by")
     if owner and at.execution and owner not in (at.execution, UNKNOWN_OWNER):
         return Refusal(f"another execution ({owner}) owns step {at.step}")
+    hold = control.hold(inc, now, enforce=True) if disruptive and control is not None else None
+    if hold is not None and inc["state"] in HOLDABLE:  # once the repair began, the step finishes it
+        return Refusal(hold.why, held=hold.kind)
     if disruptive and corroboration.needs_corroboration(inc, corroborate)[0]:
         return Refusal(f"the fault is not confirmed on the node: {op} waits for a confirmed corroboration")
     return None
 
 
-def op_guard(op: Op, at: At, disruptive: bool, corroborate: bool) -> Guard:
-    """:func:`op_refusal` as the step runner's guard, asked of the incident its claim reads."""
+# Kinds whose disruption rests on the node's own reading, whatever the policy says of log lines
+# (core/degraded.py: a degraded node's telemetry, read back by Pitstop).
+OWN_READING_KINDS = frozenset({"degraded"})
+
+
+def op_warrant(inc: Incident, op: Op, corroborate: bool) -> Warrant | Refusal:
+    """What a disruptive op rests on, read from the incident its claim read: the Evidence a
+    confirmed check kept; a Waiver when nothing asks the node for this incident (the policy turned
+    the check off, or its kind has a gate of its own); else a refusal (a confirmed check whose
+    evidence was not kept is no warrant)."""
+    needs, why = corroboration.needs_corroboration(inc, corroborate)
+    if needs:
+        return Refusal(f"the fault is not confirmed on the node: {op} waits for a confirmed corroboration")
+    checked = inc.get("corroboration")
+    if checked is not None and checked.get("confirmed") is not True:
+        return Refusal(f"the check on the node did not confirm the fault: {op} has nothing to rest on")
+    kind = corroboration.claim_kind(inc)
+    if checked is None and kind in OWN_READING_KINDS:
+        return Refusal(f"a {kind} node moves only on its own reading: {op} waits for it")
+    if not corroboration.corroborated_before(inc):
+        return Waiver(why)
+    found = evidence.recorded(inc.get("corroboration"), remediation.instance_of(inc))
+    if found is None:
+        return Refusal(f"the confirmed check kept no evidence of the node: {op} has nothing to rest on")
+    return found
+
+
+def op_guard(
+    op: Op,
+    at: At,
+    disruptive: bool,
+    corroborate: bool,
+    control: Control | None = None,
+    now: float = 0.0,
+    warrants: list[Warrant] | None = None,
+) -> Guard:
+    """:func:`op_refusal` as the step runner's guard, asked of the incident its claim reads; for a
+    disruptive op, also its :func:`op_warrant`, appended to ``warrants`` for the handler."""
 
     def guard(parent: JsonObject | None) -> Refusal | None:
         if parent is None:
             return Refusal("no such incident")
-        return op_refusal(cast(Incident, parent), op, at, disruptive, corroborate)  # as its writer wrote it
+        inc = cast(Incident, parent)  # as its writer wrote it
+        refused = op_refusal(inc, op, at, disruptive, corroborate, control, now)
+        if refused is not None or not disruptive:
+            return refused
+        got = op_warrant(inc, op, corroborate)
+        if isinstance(got, Refusal):
+            return got
+        if warrants is not None:
+            warrants.append(got)
+        return None
 
     return guard
 
@@ -459,7 +585,12 @@ def _step(inc: Incident, cmd: StepCommand, given: Given) -> Outcome:
         return _refused(inc, why)
     doc, now = draft(inc), given.now
     try:
-        out = _step_change(doc, cmd, now)
+        if isinstance(cmd, RecordUnconfirmed):
+            out = _unconfirmed(doc, cmd, given)
+        elif isinstance(cmd, HoldStep):
+            out = _hold_step(doc, cmd, given)
+        else:
+            out = _step_change(doc, cmd, now)
     except lifecycle.IllegalTransitionError as exc:  # a state the table does not lead to from here
         return _refused(inc, str(exc))
     doc["updated_at"] = now
@@ -489,6 +620,8 @@ def _step_change(doc: Draft, cmd: StepCommand, now: float) -> Outcome:
             if cmd.resume is not None:
                 doc["resume"] = cast(Resume, cmd.resume)  # the shapes a gang's restart keeps
             return Outcome("changed", incident=doc)
+        case RecordChoice():
+            return _choice(doc, cmd)
         case RecordCorroboration():
             doc["corroboration"] = cmd.record
             _stamp(doc, "corroborated" if cmd.record.get("confirmed") is True else None, now)
@@ -499,10 +632,16 @@ def _step_change(doc: Draft, cmd: StepCommand, now: float) -> Outcome:
             return _validation(doc, cmd, now)
         case RecordLocalisation():
             return _localisation(doc, cmd)
+        case RecordVertex():
+            doc["vertex"] = cmd.record
+            _stamp(doc, "job_requeued" if cmd.record.get("outcome") == "resubmitted" else None, now)
+            return Outcome("changed", incident=doc)
         case ResolveStep():
             return _resolve(doc, cmd, now)
         case FailStep():
             return _fail(doc, cmd, now)
+        case RecordUnconfirmed() | HoldStep():
+            raise TypeError("decided with the node's document (_unconfirmed, _hold_step)")
 
 
 def _stamp(doc: Draft, milestone: Milestone | None, now: float) -> None:
@@ -532,6 +671,18 @@ def _fence(doc: Draft, cmd: RecordFence, now: float) -> Outcome:
     _stamp(doc, "fenced", now)
     doc["jobs"], doc["fence"] = list(cmd.jobs), cmd.fence
     return Outcome("fenced", incident=doc)
+
+
+def _choice(doc: Draft, cmd: RecordChoice) -> Outcome:
+    """The choice recorded once per step (a retry of the step records the same one again); an
+    NVL72 gang with no spare in its domain pages a person the first time."""
+    paged_before = bool((doc.get("choice") or {}).get("page"))
+    doc["choice"] = cmd.choice
+    out = Outcome("changed", incident=doc)
+    if cmd.choice.get("page") and not paged_before:
+        text = f"{engine.subject_name(doc)}: the gang waits for its node: {cmd.choice.get('why')}"
+        out.notices = [remediation.page_notification(text, doc)]
+    return out
 
 
 def _diagnosis(doc: Draft, cmd: RecordDiagnosis, now: float) -> Outcome:
@@ -574,6 +725,11 @@ def _resolve(doc: Draft, cmd: ResolveStep, now: float) -> Outcome:
     if planned is not None:
         text, severity = f"{planned[0]} {remediation.node_note(doc, cmd.unfenced)[0]}", planned[1]
     jobs = [str(j["id"]) for j in doc.get("jobs") or [] if isinstance(j, Mapping)]
+    job_note = vertex.close_note(doc)  # a Vertex AI job: read back, resubmitted or paged, both jobs named
+    if job_note is not None:
+        text, severity, jobs, todo = job_note
+        notice = remediation.notification(doc, severity, text, jobs=jobs, **({"todo": todo} if todo else {}))
+        return Outcome("resolved", incident=doc, notices=[notice], release_slots=True)
     notice = remediation.notification(doc, severity, text, jobs=jobs)
     return Outcome("resolved", incident=doc, notices=[notice], release_slots=True)
 
@@ -588,6 +744,39 @@ def _fail(doc: Draft, cmd: FailStep, now: float) -> Outcome:
     return Outcome(
         "failed", incident=doc, notices=[remediation.notification(doc, "critical", text, todo=page)]
     )
+
+
+def _unconfirmed(doc: Draft, cmd: RecordUnconfirmed, given: Given) -> Outcome:
+    now, node = given.now, engine.copy_node(given.node, doc)
+    lifecycle.move(doc, State.RESOLVED, f"not confirmed on the node (step {cmd.at.step})")
+    why = str(cmd.record.get("why") or "not confirmed on the node")
+    doc["corroboration"] = cmd.record
+    doc["rejected"] = {"why": why, "at": now}
+    doc["timeline"]["resolved"] = now
+    doc["held"], doc["escalate_to"] = None, None
+    doc["budget_released_at"] = now
+    engine.forget_remediation(node, doc["id"])
+    budgets = {d: given.budgets.get(d) for d in doc["budget_scopes"]}
+    out = Outcome("rejected", incident=doc, node=node, budgets=engine.drop_slots(budgets, doc["id"]))
+    if float(node.get("unconfirmed_page_until") or 0) <= now:
+        node["unconfirmed_page_until"] = now + _policy(given).window("unconfirmed_page_s")
+        where = remediation.node_note(doc, cmd.unfenced)[0]
+        out.page = f"incident {doc['id']}: {engine.subject_name(doc)}: {why}. Nothing was done. {where}"
+    return out
+
+
+def _hold_step(doc: Draft, cmd: HoldStep, given: Given) -> Outcome:
+    now, node = given.now, engine.copy_node(given.node, doc)
+    lifecycle.move(doc, State.HELD, f"{cmd.hold.kind} before a disruptive op of step {cmd.at.step}")
+    doc["held"] = {"reason": cmd.hold.why, "since": now, "control": cmd.hold.kind}
+    engine.forget_remediation(node, doc["id"])  # nothing was repaired: no cooldown holds its next step
+    after = "`pitstop resume`" if cmd.hold.kind == "pause" else "the silence ends"
+    page = (
+        f"incident {doc['id']}: {engine.subject_name(doc)}: step {cmd.at.step} stopped before its next "
+        f"disruptive op, {cmd.hold.why}. The node stays fenced; the incident goes on once {after}, "
+        f"or close it: pitstop incidents --close {doc['id']} --unfence --by NAME"
+    )
+    return Outcome("held", incident=doc, node=node, page=page)
 
 
 def _unfence_answer(inc: Incident, cmd: RecordUnfenceAnswer, now: float) -> Outcome:

@@ -45,8 +45,9 @@ from collections.abc import Mapping
 from pitstop.core import names, trust
 from pitstop.core.actions import Action
 from pitstop.core.domain import AlertDetail, AlertEventDetail, JobRef, NodeRef, Source
+from pitstop.core.entry import Event, clean, invalid, new_event, new_source
 from pitstop.core.envelope import Delivery
-from pitstop.core.parse import Event, clean, identify_node, invalid, new_event, new_source
+from pitstop.core.parse import identify_node
 
 SCHEMA_VERSION = "1.2"
 DEFAULT_TOPIC = "pitstop-alerts"

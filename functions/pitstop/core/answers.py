@@ -30,6 +30,7 @@ from pitstop.core.domain import (
     NodeRef,
     Notice,
     Unfenced,
+    VertexRecord,
     VmBefore,
 )
 from pitstop.core.ops import Plan
@@ -242,6 +243,7 @@ class Localising(Seen):
     nodes: NotRequired[list[str]]
     stopped: NotRequired[bool]
     seen_runs: NotRequired[dict[str, JobRunDoc]]
+    refused: NotRequired[bool]  # not opted in, or no established heartbeat: nothing checked (a page)
 
 
 class Linking(TypedDict):
@@ -259,13 +261,23 @@ class Linking(TypedDict):
 class Concluded(TypedDict):
     """conclude: ``nothing_found`` or ``resumed`` present ends the execution (no node to repair)."""
 
-    outcome: Literal["culprits", "nothing_found", "not_running"]
+    outcome: Literal["culprits", "nothing_found", "not_running", "unconfirmed"]
     culprits: NotRequired[list[str]]
     incidents: NotRequired[dict[str, str]]  # culprit node -> its own node incident
     resumed: NotRequired[bool]
     requeued: NotRequired[bool]
     why: NotRequired[str]
     state: NotRequired[str]
+
+
+class Resubmission(TypedDict):
+    """resubmit: a Vertex AI job resubmitted from its checkpoint, or left (``why``; a page if a
+    person must decide). The workflow goes on to close either way."""
+
+    outcome: Literal["resubmitted", "left"]
+    job: str | None
+    why: str
+    resubmitted_as: NotRequired[str]
 
 
 # -- what a handler answers, and what actuate replies ------------------------------------------------------
@@ -294,6 +306,7 @@ OpAnswer = (
     | Localising
     | Linking
     | Concluded
+    | Resubmission
 )
 
 
@@ -324,6 +337,7 @@ class Decided(TypedDict, total=False):
     machine_type: str  # validate
     gpus: int | None
     plan: ActPlan  # act
+    vertex: VertexRecord  # resubmit: the job's verdict, taken before its cancel or resubmission
 
 
 class GangDecided(TypedDict, total=False):

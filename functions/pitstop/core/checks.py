@@ -9,12 +9,13 @@ Three questions a remediation step asks, each answered here without I/O:
   node; confirmed → replace (the finding goes into the host report), else step down to
   REBOOT_NODE. A diagnostic that never finished is no evidence either: step down too, since a
   reboot that does not heal the node fails its validation, which is measured evidence.
-- **validate**: after a repair, DCGM and an NCCL all_gather with one healthy peer under the
-  fabric's own NCCL setup; pass → the node returns; DCGM hardware failure → REPLACE_NODE (the
-  diagnostic runs first); a busbw shortfall or corrupt data (#wrong > 0) against that one peer → a
-  second all_gather against a different healthy peer (revalidate): short or wrong again →
-  REPLACE_NODE, clean and at full speed → the node returns and the first peer is named as suspect
-  (a finding on neither); anything else pages and the node stays fenced.
+- **validate**: after a repair, the node's GPU count, DCGM and an NCCL all_gather with one healthy
+  peer under the fabric's own NCCL setup; pass → the node returns; GPUs missing or a DCGM
+  hardware failure → REPLACE_NODE (the diagnostic runs first); a busbw shortfall or corrupt
+  data (#wrong > 0) against that one peer → a second all_gather against a different healthy
+  peer (revalidate): short or wrong again → REPLACE_NODE, clean and at full speed → the node
+  returns and the first peer is named as suspect (a finding on neither); anything else pages and
+  the node stays fenced.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import cast
 
 from pitstop.core import degraded
 from pitstop.core import diagnose as diag
+from pitstop.core import evidence as proof
 from pitstop.core import validation as val
 from pitstop.core.actions import Action
 from pitstop.core.domain import (
@@ -41,6 +43,7 @@ from pitstop.core.domain import (
     PeerMeasurement,
     Vm,
 )
+from pitstop.core.evidence import Evidence
 from pitstop.core.policy import Policy
 
 DIAGNOSE = "diagnose"
@@ -149,6 +152,7 @@ class DiagnosisVerdict:
     action: str  # what this step does now: REPLACE_NODE, or REBOOT_NODE after a step-down
     why: str
     detail: DiagnosisDetail
+    evidence: Evidence | None = None  # the diagnostic's finding, when confirmed
 
     def record(self, at: float) -> Measurement:
         rec: Measurement = {
@@ -159,6 +163,8 @@ class DiagnosisVerdict:
             "action": self.action,
             "why": self.why,
         }
+        if self.evidence is not None:
+            rec["evidence"] = self.evidence.record()
         # DiagnosisDetail is Measurement's base, so the merge is one (mypy merges no partial TypedDicts)
         return cast(Measurement, {**rec, **self.detail})
 
@@ -184,9 +190,11 @@ def judge_diagnosis(
     smi = diag.parse_nvidia_smi_q(str(out.get("nvidia_smi_q") or ""))
     nvlink = diag.parse_nvlink_status(str(out["nvlink"])) if out.get("nvlink") is not None else None
     dcgm = val.parse_dcgm_diag(str(out["dcgm"])) if out.get("dcgm") is not None else None
-    d = diag.diagnose(evidence_gpu(inc), smi, dcgm, expected_gpus, nvlink, table)
+    ref = inc.get("node")
+    node = ref["instance"] if ref else ""
+    d = diag.diagnose(evidence_gpu(inc), smi, dcgm, expected_gpus, nvlink, table, node)
     if d.confirmed:
-        return DiagnosisVerdict(True, Action.REPLACE_NODE, d.why, d.detail)
+        return DiagnosisVerdict(True, Action.REPLACE_NODE, d.why, d.detail, d.evidence)
     return _not_confirmed(d.why.removesuffix(": stepping down to REBOOT_NODE"), measured, d.detail)
 
 
@@ -240,6 +248,7 @@ def validate_spec(
         "message_bytes": exp.message_bytes if exp else 8 << 30,
         "peer": True,
         "fabric": exp.fabric.as_spec() if exp and exp.fabric else None,
+        "expected_gpus": gpus,  # what the VM has (None: unknown, and then no count says anything)
     }
 
 
@@ -262,6 +271,7 @@ class ValidationVerdict:
     note: str
     off_fabric: str | None = None  # why the NCCL figure was not the fabric's (None: it was)
     peers: tuple[PeerMeasurement, ...] = ()
+    evidence: Evidence | None = None  # a hardware finding of the validation's own (GPUs missing)
 
     @property
     def wants_second_peer(self) -> bool:
@@ -273,7 +283,7 @@ class ValidationVerdict:
         )
 
     def record(self, at: float) -> Measurement:
-        return {
+        rec: Measurement = {
             "kind": VALIDATE,
             "at": at,
             "hardware_fault": self.next == Action.REPLACE_NODE,
@@ -284,6 +294,30 @@ class ValidationVerdict:
             "nccl_peers": list(self.peers),
             **self.validation.as_record(),
         }
+        if self.evidence is not None:
+            rec["evidence"] = self.evidence.record()
+        return rec
+
+
+def gpus_missing(
+    action: str, node: str, out: Mapping[str, str], expected: int | None, peer: str | None, note: str
+) -> ValidationVerdict | None:
+    """The validation's own GPU count, judged before any test: fewer GPUs visible than the VM has,
+    or one lost, is a hardware finding (an NCCL test on such a node has no rows to judge, and a
+    person would page on that). None: the count is whole, unknown or unreadable."""
+    if expected is None or not isinstance(out.get("nvidia_smi_q"), str):
+        return None
+    smi = diag.parse_nvidia_smi_q(str(out["nvidia_smi_q"]))
+    if not smi.ok or (smi.visible >= expected and not smi.lost):
+        return None
+    lost = f" (lost: {', '.join(smi.lost)})" if smi.lost else ""
+    why = (
+        f"the repaired node shows {smi.visible} of {expected} GPUs{lost}: GPUs missing are a hardware finding"
+    )
+    v = val.Validation(False, val.GPUS_MISSING, why)
+    return ValidationVerdict(
+        v, val.next_action(action, v), peer, note, evidence=proof.validation_finding(node, why)
+    )
 
 
 def _applied(out: Mapping[str, str]) -> Mapping[str, object] | None:
@@ -301,8 +335,11 @@ def judge_validation(
     result: CheckRun | None,
     policy: Policy,
     table: val.ValidationTable,
+    node: str = "",
+    expected_gpus: int | None = None,
 ) -> ValidationVerdict:
-    """Judge the repaired node from its DCGM and NCCL outputs; fail closed on anything missing.
+    """Judge the repaired node from its GPU count, DCGM and NCCL outputs; fail closed on anything
+    missing. GPUs missing (``expected_gpus``: what the VM has) decide first: REPLACE_NODE.
 
     A busbw shortfall or corrupt data against one peer is not judged here: corrupt data, or a
     shortfall measured the fabric's way, asks for a second peer (``wants_second_peer``, then
@@ -318,6 +355,8 @@ def judge_validation(
     out = result.get("outputs") or {}
     peer = str(result.get("peer")) if result.get("peer") else None
     note = str(result.get("note") or "")
+    if (missing := gpus_missing(action, node, out, expected_gpus, peer, note)) is not None:
+        return missing
     dcgm = val.parse_dcgm_diag(str(out.get("dcgm") or ""))
     if out.get("nccl") is None:
         v = _dcgm_only(dcgm, note, bool(cfg["require_peer"]), table.config_only_tests)

@@ -22,8 +22,9 @@ from pitstop.core.catalog import (
     default_xid_policy,
 )
 from pitstop.core.domain import EventDetail
+from pitstop.core.entry import Event, clean, invalid, new_event, new_source
 from pitstop.core.envelope import Delivery, unwrap
-from pitstop.core.parse import INTERNAL_ERROR, Event, clean, invalid, new_event, new_source, parse_entry
+from pitstop.core.parse import INTERNAL_ERROR, parse_entry
 from pitstop.core.xid_line import MAX_LINE, Anomalies
 
 MAX_REASON = 512

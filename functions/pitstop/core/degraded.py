@@ -8,9 +8,12 @@ questions decided here, without I/O (the data: ``degraded`` in schemas/xid-polic
   node crosses the line while most peers do not → move the gang off it at its checkpoint. At least
   ``gang_wide_share`` of the peers cross it too → a shared cause (a rack's cooling, the job's own
   power cap): moving one node buys nothing, so no move, the fence is lifted, a person is paged. The
-  node itself back under the line → the condition has passed: no move. Nothing to compare with (a
-  one-node job, no telemetry readable) → the alert stands: Monitoring's channel is authenticated
-  and a planned move is reversible.
+  node itself back under the line → the condition has passed: no move. A move needs the node's own
+  reading of the named symptom over the line, read back by Pitstop (``Evidence`` of the telemetry
+  probe): an alert is a hint anyone who may publish to the alerts topic, or write the DCGM series,
+  can produce. No reading for the node (no series, telemetry unreadable), no symptom or one the
+  policy has no rule for → ``unconfirmed``: nothing is moved or repaired, the fence is lifted and a
+  person is paged. The node over the line with no peer to compare with (a one-node job) → move.
   On GKE the readings are dcgm-exporter's series in Managed Service for Prometheus (``prometheus``
   in the same section, read through its PromQL query API: adapters/prometheus.py); each series'
   samples are reduced here (core/promql.py) to one value per node, and compared as above.
@@ -28,13 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, cast
 
 from pitstop.core import diagnose as diag
+from pitstop.core import evidence as proof
 from pitstop.core import resources
 from pitstop.core.actions import Action
 from pitstop.core.domain import Incident, Measurement, NodeRef, Resume, Timeline
+from pitstop.core.evidence import Evidence
 from pitstop.core.policy_types import DegradedDoc, PromSymptomDoc, XidPolicyDoc
 
 KIND = "degraded"
-Verdict = Literal["move", "gang_wide", "cleared"]
+Verdict = Literal["move", "gang_wide", "cleared", "unconfirmed"]
 
 
 @dataclass(frozen=True)
@@ -156,13 +161,15 @@ def default_policy() -> DegradedPolicy:
 
 @dataclass(frozen=True)
 class PeerVerdict:
-    """move | gang_wide | cleared, one sentence why, and the readings it was decided on."""
+    """move | gang_wide | cleared | unconfirmed, one sentence why, and the readings it was decided
+    on; a move carries the node's own reading as ``evidence``."""
 
     verdict: Verdict
     why: str
     node_value: float | None
     peers: Mapping[str, float | None]
     alike: tuple[str, ...] = ()
+    evidence: Evidence | None = None
 
     @property
     def move(self) -> bool:
@@ -170,7 +177,7 @@ class PeerVerdict:
 
     def record(self, now: float, step: int) -> Measurement:
         """What the incident keeps (its ``corroboration``: the signal held against the peers, or not)."""
-        return {
+        rec: Measurement = {
             "kind": "peers",
             "confirmed": self.move,
             "verdict": self.verdict,
@@ -181,6 +188,9 @@ class PeerVerdict:
             "at": now,
             "step": step,
         }
+        if self.evidence is not None:
+            rec["evidence"] = self.evidence.record()
+        return rec
 
 
 def symptom_of(inc: Incident) -> str | None:
@@ -195,28 +205,41 @@ def _fmt(v: float) -> str:
     return f"{v:.3g}"
 
 
+PAGED = "nothing moved or repaired; a person is paged"
+
+
 def compare(
     rule: SymptomRule | PromRule | None,
     share: float,
     node: str,
     node_value: float | None,
     peers: Mapping[str, float | None],
+    read_at: float | None = None,
 ) -> PeerVerdict:
-    """Decide the planned move from the node's reading and its job peers' (None: unreadable)."""
+    """Decide the planned move from the node's own reading and its job peers' (None: unreadable).
+
+    ``read_at``: when Pitstop read them (the time of a move's evidence)."""
     known = {p: v for p, v in sorted(peers.items()) if p != node and v is not None}
     if rule is None:
-        return PeerVerdict(
-            "move", "no comparison for this symptom in policy: the alert stands", node_value, peers
-        )
+        why = f"no rule in policy reads this symptom for the node: the alert alone is no evidence; {PAGED}"
+        return PeerVerdict("unconfirmed", why, node_value, peers)
     line = f"{rule.metric.rsplit('/', 1)[-1]} > {_fmt(rule.threshold)} over {int(rule.hold_s)} s"
-    if node_value is not None and node_value <= rule.threshold:
+    if node_value is None:
+        why = f"no reading of {node}'s own {rule.symptom} series ({line}): the alert alone is no evidence"
+        why += f"; {PAGED}"
+        return PeerVerdict("unconfirmed", why, node_value, peers)
+    if node_value <= rule.threshold:
         why = (
             f"{node} reads {_fmt(node_value)} now, under the line ({line}): the condition has passed, no move"
         )
         return PeerVerdict("cleared", why, node_value, peers)
+    reading = proof.telemetry_reading(
+        node, rule.symptom, f"{node} reads {_fmt(node_value)} ({line})", read_at
+    )
     if not known:
-        why = f"no other node of the job to compare with ({line}): the alert stands, a planned move"
-        return PeerVerdict("move", why, node_value, peers)
+        why = f"{node} reads {_fmt(node_value)} ({line}), no other node of the job to compare with"
+        why += ": a planned move"
+        return PeerVerdict("move", why, node_value, peers, evidence=reading)
     alike = tuple(p for p, v in known.items() if v > rule.threshold)
     frac = len(alike) / len(known)
     if frac >= share:
@@ -225,12 +248,12 @@ def compare(
             f"cause (cooling of their rack, the job's power cap, a clock setting), not {node}: no move"
         )
         return PeerVerdict("gang_wide", why, node_value, peers, alike)
-    shown = "?" if node_value is None else _fmt(node_value)
     why = (
-        f"{node} reads {shown} ({line}) while {len(known) - len(alike)} of the job's {len(known)} other "
-        f"nodes do not (highest {_fmt(max(known.values()))}): it holds the gang back, move at the checkpoint"
+        f"{node} reads {_fmt(node_value)} ({line}) while {len(known) - len(alike)} of the job's"
+        f" {len(known)} other nodes do not (highest {_fmt(max(known.values()))}): it holds the gang"
+        " back, move at the checkpoint"
     )
-    return PeerVerdict("move", why, node_value, peers, alike)
+    return PeerVerdict("move", why, node_value, peers, alike, reading)
 
 
 def finding(symptom: str | None, confirmed: bool, why: str, smi: diag.SmiResult) -> tuple[bool, str]:
@@ -275,6 +298,11 @@ def close_note(inc: Incident) -> tuple[str, str] | None:
     verdict = stood_down(inc)
     if verdict == "gang_wide":
         return f"{node}: degraded alert, NOT moved: {why}. A person checks what the nodes share.", "critical"
+    if verdict == "unconfirmed":
+        return (
+            f"{node}: degraded alert, NOT moved: {why}. A person checks the node and the alert.",
+            "critical",
+        )
     if verdict is not None:
         return f"{node}: degraded alert, not moved: {why}.", "info"
     resume: Resume = inc.get("resume") or {}

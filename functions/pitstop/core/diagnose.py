@@ -12,7 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypedDict
 
+from pitstop.core import evidence as proof
 from pitstop.core.domain import DiagnosisDetail, EvidenceGpu
+from pitstop.core.evidence import Evidence
 from pitstop.core.validation import DcgmResult, ValidationTable, default_validation_table
 
 # ---------------------------------------------------------------- nvidia-smi -q
@@ -214,6 +216,7 @@ class Diagnosis:
     confirmed: bool
     why: str
     detail: DiagnosisDetail = field(default_factory=lambda: DiagnosisDetail())
+    evidence: Evidence | None = None  # the first hardware finding, when confirmed
 
 
 def _evidence_gpu(evidence: EvidenceGpu, smi: SmiResult) -> tuple[int | None, str | None]:
@@ -229,13 +232,19 @@ def _evidence_gpu(evidence: EvidenceGpu, smi: SmiResult) -> tuple[int | None, st
     return None, pci if isinstance(pci, str) else None
 
 
-def smi_findings(smi: SmiResult, expected_gpus: int | None, pci: str | None) -> list[str]:
+def smi_findings(
+    smi: SmiResult, expected_gpus: int | None, pci: str | None, count_is_evidence: bool = True
+) -> list[str]:
+    """``count_is_evidence`` False: the tool ran where it may see only some GPUs (a job step without
+    an explicit GPU ask), so a low count says nothing; a GPU the driver reports lost still does."""
     out: list[str] = []
-    if expected_gpus is not None and smi.visible < expected_gpus:
+    if count_is_evidence and expected_gpus is not None and smi.visible < expected_gpus:
         lost = f" (lost: {', '.join(smi.lost)})" if smi.lost else ""
         out.append(f"{smi.visible} of {expected_gpus} GPUs visible{lost}")
     elif pci and pci_key(pci) in {pci_key(p) for p in smi.lost}:
         out.append(f"GPU {pci} is lost")
+    elif not count_is_evidence and smi.lost:
+        out.append(f"GPUs lost: {', '.join(smi.lost)}")
     for g in smi.gpus:
         if g.remap_failure:
             out.append(f"GPU {g.index} ({g.pci}) row remapping failed")
@@ -286,6 +295,7 @@ def diagnose(
     expected_gpus: int | None,
     nvlink: NvlinkResult | None = None,
     table: ValidationTable | None = None,
+    node: str = "",
 ) -> Diagnosis:
     """Confirm a replacement from the node itself, or say why not (then step down to REBOOT_NODE).
 
@@ -316,7 +326,8 @@ def diagnose(
         ],
     }
     if found:
-        return Diagnosis(True, "diagnostic confirms a hardware fault: " + "; ".join(found), detail)
+        why = "diagnostic confirms a hardware fault: " + "; ".join(found)
+        return Diagnosis(True, why, detail, proof.diagnostic_finding(node, found[0], pci))
     why = "diagnostic found no hardware fault"
     if detail["unreadable"]:
         why += f" it could read ({', '.join(detail['unreadable'])} output unusable)"

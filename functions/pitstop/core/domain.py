@@ -33,6 +33,7 @@ class NodeRef(TypedDict):
     instance_id: str | None
     cluster: NotRequired[str | None]
     region: NotRequired[str]
+    location: NotRequired[str]  # a zonal GKE cluster's zone (its entries name it for every node)
 
 
 class MigRef(TypedDict):
@@ -145,6 +146,18 @@ class SystemEventDetail(TypedDict, total=False):
     completed: bool
 
 
+class VertexJobRef(TypedDict):
+    """A Vertex AI CustomJob a log entry names (core/vertex_log.py): a hint until customJobs.get
+    reads it back. ``location`` is None when the entry does not carry it (``ml_job`` entries)."""
+
+    project: str
+    location: str | None
+    job_id: str
+    job: str | None  # projects/P/locations/L/customJobs/ID, when the location is known
+    state: str | None  # the state the entry reports (ml.googleapis.com/job_state), a hint
+    task: str  # the entry's task: ``service`` (the platform's own messages) or a replica
+
+
 class EventDetail(XidDetail, SxidDetail, SystemEventDetail, total=False):
     """An event's ``detail`` (schemas/fault_event.schema.json): each kind's own facts (an Xid
     line's, an SXid line's, a system event's, an alert's), and what classify adds to them."""
@@ -156,6 +169,7 @@ class EventDetail(XidDetail, SxidDetail, SystemEventDetail, total=False):
     alert: AlertDetail  # a Monitoring notification (core/alerts.py)
     hang_incident: str  # a culprit's own incident: the hung job's episode it came from (core/localise.py)
     job: str | None  # ... and that job
+    vertex: VertexJobRef  # a vertex_job event's CustomJob (core/vertex_log.py)
 
 
 @final
@@ -243,13 +257,26 @@ class WorkflowRun(TypedDict, total=False):
 
 
 class Held(TypedDict, total=False):
-    """Why an incident waits: a budget (``scope``), a cooldown, or a disabled action."""
+    """Why an incident waits: a budget (``scope``), a cooldown, a disabled action, or the runtime
+    control (``control``: ``pause`` or ``silence``, core/control.py; the sweep lets it go on)."""
 
     reason: str
     scope: str | None
     since: float
     until: float
     by: str
+    control: str
+
+
+class Silenced(TypedDict):
+    """The silence a new episode was recorded under, never acted on (core/control.py)."""
+
+    id: str
+    scope: str  # node | cluster | block
+    value: str
+    until: float
+    by: str
+    reason: str
 
 
 Escalation = TypedDict("Escalation", {"from": str, "to": str, "at": float, "why": list[str]})
@@ -264,7 +291,7 @@ class GpuCounts(TypedDict, total=False):
     recovery_to: int | None
 
 
-class Evidence(TypedDict):
+class EventSummary(TypedDict):
     """What an incident keeps of one event (for people and the host report)."""
 
     kind: str
@@ -350,7 +377,7 @@ class Incident(TypedDict):
     escalations: ReadOnly[list[Escalation]]
     counts: ReadOnly[dict[str, int]]
     gpus: ReadOnly[dict[str, GpuCounts]]
-    evidence: ReadOnly[list[Evidence]]
+    evidence: ReadOnly[list[EventSummary]]
     first_seen: ReadOnly[float]
     last_seen: ReadOnly[float]
     burst_until: ReadOnly[float]
@@ -385,6 +412,9 @@ class Incident(TypedDict):
     corroboration: NotRequired[ReadOnly[Measurement]]
     localise: NotRequired[ReadOnly[LocalisePlan]]  # a hung job: whether it is localised, and why (engine)
     localisation: NotRequired[ReadOnly[Localisation]]  # ... its nodes, each round's verdict, the outcome
+    silenced: NotRequired[ReadOnly[Silenced]]  # recorded under a silence: never acted on (core/control.py)
+    choice: NotRequired[ReadOnly[MoveChoice]]  # wait, move, shrink or hold: the gang's choice, priced
+    vertex: NotRequired[ReadOnly[VertexRecord]]  # a Vertex AI job: what its step read back and did
 
 
 class Draft(TypedDict):
@@ -406,7 +436,7 @@ class Draft(TypedDict):
     escalations: list[Escalation]
     counts: dict[str, int]
     gpus: dict[str, GpuCounts]
-    evidence: list[Evidence]
+    evidence: list[EventSummary]
     first_seen: float
     last_seen: float
     burst_until: float
@@ -440,6 +470,9 @@ class Draft(TypedDict):
     corroboration: NotRequired[Measurement]
     localise: NotRequired[LocalisePlan]  # a hung job: whether it is localised, and why (engine)
     localisation: NotRequired[Localisation]  # ... its nodes, each round's verdict, the outcome
+    silenced: NotRequired[Silenced]  # recorded under a silence: never acted on (core/control.py)
+    choice: NotRequired[MoveChoice]  # wait, move, shrink or hold: the gang's choice, priced
+    vertex: NotRequired[VertexRecord]  # a Vertex AI job: what its step read back and did
 
 
 class LocalisePlan(TypedDict):
@@ -456,7 +489,7 @@ class Deltas(TypedDict):
 
     counts: dict[str, int]
     gpus: dict[str, GpuCounts]
-    evidence: list[Evidence]
+    evidence: list[EventSummary]
     last_seen: float
     recent_keys: NotRequired[list[str]]
 
@@ -497,6 +530,7 @@ class Strike(TypedDict):
     at: float
     incident: str
     kind: str
+    confirmed: NotRequired[bool]  # a node check confirmed it (then it counts toward the lemon rule)
 
 
 class NodeDoc(TypedDict):
@@ -510,7 +544,9 @@ class NodeDoc(TypedDict):
     last_action_at: dict[str, float]
     strikes: NotRequired[list[Strike]]
     block: NotRequired[str]  # the reservation block, from Compute's physical host topology
+    topology: NotRequired[Place]  # where the node sits (cached from Compute when a step claims it)
     localised_at: NotRequired[float]  # a job's document: when its last hang was localised (engine)
+    unconfirmed_page_until: NotRequired[float]  # an unconfirmed fault pages again only after this
 
 
 class NodeFields(TypedDict, total=False):
@@ -581,12 +617,57 @@ class Accelerator(TypedDict, total=False):
 
 
 class HostTopology(TypedDict, total=False):
-    """Where the VM's host sits in its reservation (``cluster/block``: core/remediation.block_of)."""
+    """Where the VM's host sits (``resourceStatus.physicalHostTopology``; the library's ``to_dict``
+    keeps the proto's field names, ``subblock`` among them): core/topology.from_vm reads it."""
 
     cluster: str
     block: str
-    sub_block: str
+    subblock: str
     host: str
+
+
+class Place(TypedDict, total=False):
+    """Where a node sits, as its platform says (core/topology.py): Compute's physical host topology,
+    a GKE node's ``cloud.google.com/gce-topology-*`` labels, or Slurm's topology (its switches).
+    ``nvlink_domain``: the NVLink domain of an NVL72 machine type (A4X: its sub-block, one rack of
+    72 GPUs); ``source`` says which platform answered. Cached in the node document (``topology``)."""
+
+    cluster: str
+    block: str
+    subblock: str
+    host: str
+    nvlink_domain: str
+    machine_type: str
+    source: str  # compute | gke | slurm
+
+
+class OptionCost(TypedDict):
+    """One way through a fault, priced (core/tradeoff.py): expected GPU-hours lost, and how."""
+
+    option: str  # wait | move | shrink | hold
+    gpu_h: float
+    how: str
+
+
+class MoveChoice(TypedDict, total=False):
+    """The choice made for a gang at a fault and its numbers (core/tradeoff.Weighed.doc): kept on
+    the incident (``choice``) and said in its notification."""
+
+    decision: str  # wait | move | shrink | hold
+    why: str  # one sentence with the numbers ("moved to sub-block 2: 14 GPU-h expected vs 61 ...")
+    options: list[OptionCost]
+    job: str
+    nodes: int
+    gpus: int
+    spares: list[str]
+    tier: str  # where the spares sit relative to the gang: subblock | block | cluster | unknown
+    repair_s: float
+    repair_from: str  # measured (N incidents) | default
+    restart_s: float
+    penalty: float  # the fraction of throughput the move costs for the rest of the run
+    native: str | None  # the scheduler's own restart that the gang was left to
+    page: bool  # a person was paged (an NVLink domain without a spare)
+    at: float
 
 
 class UpcomingMaintenance(TypedDict, total=False):
@@ -656,6 +737,11 @@ class CheckSpec(TypedDict):
     xids: NotRequired[list[int]]
     sxids: NotRequired[list[int]]
     boot_after: NotRequired[float | None]  # the VM's last start (epoch s): a GKE condition older says nothing
+    # corroborate: the GPUs the Xid that chose the action named (PCI), when the episode began and
+    # when the node's last remediation took effect (epoch s): a kernel line outside says nothing
+    pcis: NotRequired[list[str]]
+    since: NotRequired[float]
+    remediated_at: NotRequired[float | None]
     fabric: NotRequired[FabricSpec | None]  # validate: the fabric's NCCL setup (Fabric.as_spec)
     exclude_peers: NotRequired[list[str]]  # revalidate: peers already measured against
 
@@ -684,6 +770,9 @@ class LocaliseConfig(TypedDict):
     link_bytes: int
     tool_timeout_s: float
     link_timeout_s: float
+    heartbeat_min_points: int  # a hang acts only on a series this long before it stopped ...
+    heartbeat_min_span_s: float  # ... over at least this many seconds
+    heartbeat_lookback_s: float  # how far back Pitstop reads it
 
 
 class GangCheckSpec(TypedDict):
@@ -699,6 +788,30 @@ class GangCheckSpec(TypedDict):
     pairs: NotRequired[list[str]]  # links: "a+b" (Firestore keeps no nested arrays)
     message_bytes: NotRequired[int]
     gpus: NotRequired[int]
+
+
+class VertexRecord(TypedDict, total=False):
+    """What a Vertex AI job's step found and did (services/actuate/resubmit.py, core/vertex.judge):
+    the job as ``customJobs.get`` returned it, its verdict, and its resubmission (or why none)."""
+
+    job: str | None  # the job read back (its resource name); None: no such job in the cluster's regions
+    state: str | None  # its JobState then
+    klass: str  # infrastructure | user | unknown | not_ended | hung | not_found
+    rule: str | None  # the schemas/vertex-errors.yaml row that decided
+    reason: str  # the verdict's why
+    error_code: int | None
+    error_message: str
+    strategy: str
+    vertex_retried: bool  # Vertex retried internal errors itself (scheduling.disableRetries false)
+    restart_job_on_worker_restart: bool
+    lineage: str | None  # the first job of its line of resubmissions: the job-restart budget's key
+    checkpoint: str | None  # where the resubmission resumes from
+    outcome: Literal["resubmit", "resubmitted", "left"]  # decided; done; nothing done (``why``)
+    cancel: bool  # a hung job: cancelled before its resubmission
+    why: str  # why this outcome
+    page: bool  # a person must decide
+    resubmitted_as: str  # the new job
+    created: bool  # this step created it (False: found again by its labels)
 
 
 class Localisation(TypedDict, total=False):
@@ -725,6 +838,7 @@ class LocaliseRound(TypedDict):
     findings: dict[str, list[str]]
     suspects: list[str]
     measured: dict[str, float | None]
+    evidence: NotRequired[list[EvidenceRecord]]  # each culprit's finding (core/evidence.py, sweep probe)
 
 
 class CapacityDoc(TypedDict, total=False):
@@ -814,6 +928,20 @@ class DiagnosisDetail(TypedDict, total=False):
     unreadable: list[str]
 
 
+class EvidenceRecord(TypedDict):
+    """What one of Pitstop's own probes found, as the incident keeps it (core/evidence.Evidence)."""
+
+    probe: str  # node_check | compute | telemetry | sweep | diagnostic | validation
+    node: str
+    what: str
+    at: float | None  # when the finding was printed or observed (epoch s)
+    gpu: str | None  # PCI address
+    xid: int | None
+    sxid: int | None
+    symptom: str | None
+    event: str | None  # a system event's kind
+
+
 class Measurement(DiagnosisDetail, total=False):
     """What a check on the node found, kept on the incident (``corroboration``, ``diagnosis``,
     ``validation``, and each in ``measured``, newest last): one shape for the three kinds."""
@@ -842,6 +970,7 @@ class Measurement(DiagnosisDetail, total=False):
     source: str  # peers: where the readings came from (monitoring | prometheus)
     off_fabric: str | None  # validate: why the NCCL figure was not measured the fabric's way
     nccl_peers: list[PeerMeasurement]  # validate: each NCCL measurement, first peer first
+    evidence: EvidenceRecord  # what a probe matched, when it confirmed (core/evidence.py)
 
 
 class PeerMeasurement(TypedDict):
@@ -920,6 +1049,9 @@ class NotifiedIncident(TypedDict):
     resume: Resume | None
     diagnosis: Measurement | None
     validation: Measurement | None
+    choice: MoveChoice | None
+    job: JobRef | None
+    vertex: VertexRecord | None
 
 
 class Fenced(TypedDict, total=False):

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, cast, get_args
 
-from pitstop.core import alerts, lifecycle, localise, trust
+from pitstop.core import alerts, control, lifecycle, localise, trust, vertex
 from pitstop.core.actions import JOB_ACTIONS, NODE_ACTIONS, RANK, RECORD_ONLY_ACTIONS, Action, higher
 from pitstop.core.answers import Notification
 from pitstop.core.catalog import SXID_KIND, TIE_PRIMARY, TIE_RECOVERY
@@ -35,7 +35,7 @@ from pitstop.core.domain import (
     Deltas,
     Draft,
     EventDetail,
-    Evidence,
+    EventSummary,
     FaultEvent,
     GpuCounts,
     Held,
@@ -45,9 +45,11 @@ from pitstop.core.domain import (
     Milestone,
     NodeDoc,
     NodeRef,
+    Place,
     Remediation,
     Slot,
 )
+from pitstop.core.ids import block_scope as block_scope  # the budget id of a block (re-exported)
 from pitstop.core.policy import Cluster, Policy
 from pitstop.core.states import ACTIVE_STATES, OPEN_STATES, UNCLAIMABLE_STATES, RunState, State
 
@@ -134,7 +136,7 @@ def _pci(ev: FaultEvent) -> str | None:
     return gpu.get("pci") if gpu else None
 
 
-def summary(ev: FaultEvent) -> Evidence:
+def summary(ev: FaultEvent) -> EventSummary:
     """What an incident keeps of one event (evidence for humans and the host report)."""
     d = _detail(ev)
     return {
@@ -163,7 +165,6 @@ Result = Literal[
     "released",  # a held incident goes on
     "still_held",  # ... or does not yet
     "closed",  # a person ended the incident
-    "recovered",  # the driver reported every GPU of a waiting episode recovered (Xid 154 to 0)
     "failed",  # the watchdog found its execution dead or overrunning
     "joined",  # the incident counts against its node's reservation block from now on
     "ended",  # its alerts closed before anything was done: the episode ended
@@ -211,6 +212,11 @@ def as_incident(doc: Mapping[str, object]) -> Draft:
     return cast(Draft, copy.deepcopy(dict(doc)))
 
 
+def copy_node(node_doc: NodeDoc | None, inc: Incident) -> NodeDoc:
+    """The subject's node document to change (a copy), or a new one for it."""
+    return copy.deepcopy(node_doc) if node_doc is not None else new_node(inc["node"], inc.get("job"))
+
+
 def new_node(node: NodeRef | None, job: JobRef | None = None) -> NodeDoc:
     """A node's document, or a job's (``node`` None) for job-level episodes."""
     if node is None and job is not None:
@@ -234,7 +240,7 @@ def new_incident(iid: str, ev: FaultEvent, cluster: Cluster | None, policy: Poli
         "cluster": cluster.name if cluster else None,
         "scheduler": cluster.scheduler if cluster else "none",
         "state": State.OPEN,
-        "mode": policy.mode,
+        "mode": policy.mode_for(cluster.name if cluster else None),
         "kind": ev["kind"],
         "xid": ev["xid"],
         "proposed_action": ev["action"],
@@ -352,7 +358,12 @@ def _lemon(action: str, d: Decision) -> str | None:
         for r in node_doc.get("remediations", [])
         if r.get("action") in NODE_ACTIONS and now - r["at"] <= window
     ]
-    strikes = [s for s in node_doc.get("strikes", []) if now - s["at"] <= window]
+    # A strike counts only once a node check confirmed it: a strike is recorded from a log line
+    # alone (an episode that takes no action runs no check), and anyone who writes log entries
+    # could make a healthy node a lemon, and its next routine fault a host report (issue 35, 7).
+    strikes = [
+        s for s in node_doc.get("strikes", []) if s.get("confirmed") is True and now - s["at"] <= window
+    ]
     if len(acted) + len(strikes) < lemon["remediations"] or action == Action.REPLACE_NODE:
         return None
     also = f" and {len(strikes)} recorded fault episodes" if strikes else ""
@@ -417,11 +428,6 @@ def budget_scopes(inc: Incident, node_doc: NodeDoc) -> list[tuple[str, str]]:
     return scopes
 
 
-def block_scope(block: str) -> str:
-    """The budget document of a reservation block (``cluster/block`` from Compute's host topology)."""
-    return "block-" + hashlib.sha256(block.encode()).hexdigest()[:16]
-
-
 def _live_slots(budget: Budget, policy: Policy, now: float) -> dict[str, Slot]:
     window = policy.budget_window_s
     return {k: s for k, s in budget.get("slots", {}).items() if s.get("active") or now - s["at"] < window}
@@ -475,6 +481,18 @@ def release_slots(budgets: Budgets, iid: str) -> dict[str, Budget]:
     return out
 
 
+def drop_slots(budgets: Budgets, iid: str) -> dict[str, Budget]:
+    """Remove an incident's slots outright: nothing was done to the node (a fault the node did not
+    confirm), so they must not count on through the window as a released one does."""
+    out: dict[str, Budget] = {}
+    for doc_id, b in budgets.items():
+        if b and iid in b.get("slots", {}):
+            nb = copy.deepcopy(b)
+            del nb["slots"][iid]
+            out[doc_id] = nb
+    return out
+
+
 def absorbs(latest: Incident | None, ev: FaultEvent, ts: float) -> bool:
     """Does this event belong to the node's latest incident (same fault episode)?"""
     if latest is None:
@@ -492,7 +510,11 @@ def absorbs(latest: Incident | None, ev: FaultEvent, ts: float) -> bool:
     resolved = latest["timeline"].get("resolved") or 0
     plan = latest.get("localise")
     localised = plan is not None and plan.get("run") is True  # a hung job Pitstop acted on
-    if (latest["action"] in RECORD_ONLY_ACTIONS and not localised) or latest.get("mode") == "observe":
+    if (
+        (latest["action"] in RECORD_ONLY_ACTIONS and not localised)
+        or latest.get("mode") == "observe"
+        or latest.get("silenced")
+    ):
         # Record-only episodes end with the burst (3 minutes of silence); a stronger line of the
         # same burst (delivered late: push delivery is unordered) reopens the episode.
         return ts < float(latest["burst_until"])
@@ -593,8 +615,9 @@ def _claimed(inc: Draft, d: Decision) -> bool:
 def _schedule(inc: Draft, d: Decision) -> None:
     """Decide the next workflow step. It is started after the store commits this decision."""
     inc["step"] += 1
+    inc["mode"] = d.policy.mode_for(inc["cluster"])  # the cluster's mode now (core/control.py)
     _record_remediation(d.node_doc, inc, d.now)
-    if d.policy.enforce:
+    if inc["mode"] == "enforce":
         inc["workflow"] = {
             "step": inc["step"],
             "state": RunState.PENDING,
@@ -618,7 +641,7 @@ def _decide_start(inc: Draft, d: Decision) -> None:
     each one alike, whoever asks.
     """
     action = inc["action"]
-    if action == Action.NONE:
+    if action == Action.NONE or _controlled(inc, d):
         return
     if not d.policy.enabled(action):
         held: Held = {"reason": f"action {action} is not enabled by policy", "since": d.now}
@@ -629,6 +652,28 @@ def _decide_start(inc: Draft, d: Decision) -> None:
     if action in NODE_ACTIONS and not _claimed(inc, d):
         return
     _schedule(inc, d)
+
+
+def _controlled(inc: Draft, d: Decision) -> bool:
+    """Whether the runtime control (core/control.py) keeps the step from starting. A new episode
+    under a silence is recorded and paged, never acted on (it ends with its burst); a paused one
+    (in enforce mode), or a silenced one already worked on (its node fenced), is held with a page
+    until the control lets it go (the sweep releases it)."""
+    c, block = d.policy.control, d.node_doc.get("block")
+    what = f"incident {inc['id']}: {subject_name(inc)}: {inc['action']}"
+    s = c.silence(inc, d.now, block)
+    if s is not None and inc["step"] == 0:
+        inc["silenced"] = control.silenced(s)
+        d.out.page = f"{what} not acted on, {control.silence_text(s)}"
+        return True
+    inc.pop("silenced", None)  # acted on from here: it is no longer a silenced episode
+    hold = c.hold(inc, d.now, d.policy.enforces(inc["cluster"]), block)
+    if hold is None:
+        return False
+    held: Held = {"reason": hold.why, "since": d.now, "control": hold.kind}
+    after = "`pitstop resume`" if hold.kind == "pause" else "the silence ends"
+    _hold(inc, d, held, f"{what} held, {hold.why}; it goes on once {after}")
+    return True
 
 
 def _end_burst(latest: Draft | None, budgets: Budgets, ts: float, out: Outcome) -> Budgets:
@@ -670,10 +715,18 @@ def _raise(latest: Draft, ev: FaultEvent, d: Decision) -> None:
 
 def _absorb(latest: Draft, ev: FaultEvent, ts: float, d: Decision) -> Outcome:
     """Count an event into the node's episode; a stronger one raises the episode's action, and the
-    driver's word that every GPU of a waiting episode recovered ends it."""
+    driver's word that every GPU of a waiting episode recovered is paged (it ends nothing)."""
+    recovered_before = _driver_recovered(latest)
     _count(latest, ev, ts, d.policy)
-    if ends_recovery(ev, d.policy) and _driver_recovered(latest):
-        return _end_recovered(latest, ev, d)
+    if ends_recovery(ev, d.policy) and not recovered_before and _driver_recovered(latest):
+        # A log line is a hint, not evidence: the driver's word that its GPUs recovered ends nothing
+        # on its own (anyone who can write a log entry can write it). A person learns of it; a
+        # waiting step still runs its node check, which decides (issue 35, 6).
+        d.out.page = (
+            f"incident {latest['id']}: a log line says the driver recovered every GPU of "
+            f"{subject_name(latest)} (Xid 154 to 0x0); not acted on: the node check decides, "
+            "or close the incident once you confirmed it"
+        )
     if _trust_of(ev) == trust.VERIFIED:
         latest["trust"] = trust.VERIFIED
     latest["burst_until"] = max(latest["burst_until"], ts + d.policy.window("burst_silence_s"))
@@ -722,7 +775,7 @@ def untouched(inc: Incident) -> bool:
     return inc["state"] == State.HELD or (inc["state"] == State.OPEN and not started)
 
 
-def _forget_remediation(node_doc: NodeDoc, iid: str) -> None:
+def forget_remediation(node_doc: NodeDoc, iid: str) -> None:
     """An episode that ended before anything was done leaves no remediation behind (cooldowns, ladder)."""
     mine = [r for r in node_doc.get("remediations", []) if r.get("incident") == iid]
     kept = [r for r in node_doc.get("remediations", []) if r.get("incident") != iid]
@@ -760,7 +813,7 @@ def _alert_changes(inc: Draft, ev: FaultEvent, ts: float, d: Decision) -> bool:
     inc["held"] = None
     inc["alert_ended"] = {"at": d.now, "flap_until": ts + d.policy.window("alert_flap_s")}
     d.out.budgets.update(own_slots(inc, d.budgets))
-    _forget_remediation(d.node_doc, inc["id"])
+    forget_remediation(d.node_doc, inc["id"])
     plan = inc.get("localise")
     if d.node_doc.get("localised_at") == (plan.get("at") if plan else None):
         d.node_doc.pop("localised_at", None)  # nothing was localised: the window is not spent
@@ -790,18 +843,6 @@ def _driver_recovered(inc: Incident) -> bool:
     return per_gpu == inc["counts"].get("events") and all(g.get("recovery_to") == 0 for g in gpus)
 
 
-def _end_recovered(inc: Draft, ev: FaultEvent, d: Decision) -> Outcome:
-    """Resolve the episode: the recovery it was opened for is over by the driver's own word."""
-    lifecycle.move(inc, State.RESOLVED, "the driver reports every GPU recovered (Xid 154 to 0x0)")
-    inc["timeline"]["resolved"] = d.now
-    inc["held"], inc["escalate_to"] = None, None
-    inc["reason"] = f"{inc['reason']} [recovered: {ev['reason']}]"
-    inc["budget_released_at"] = d.now
-    d.out.budgets.update(own_slots(inc, d.budgets))
-    d.out.incident, d.out.result, d.out.closed = inc, "recovered", None
-    return d.out
-
-
 def _open(ev: FaultEvent, ts: float, trigger: str, d: Decision) -> Outcome:
     """A new episode on the node: a new incident, escalated by the node's history."""
     cluster = cluster_of(d.policy, ev)
@@ -821,8 +862,8 @@ def _open(ev: FaultEvent, ts: float, trigger: str, d: Decision) -> Outcome:
         _record_strike(d.node_doc, inc, d.now)
     d.out.incident, d.out.result = inc, "opened"
     _decide_start(inc, replace(d, cluster_size=cluster.size if cluster else None))
-    if ev["kind"] == "hang" and inc.get("workflow"):
-        _plan_localisation(inc, d)
+    if ev["kind"] == "hang" and inc.get("workflow") and inc["scheduler"] != vertex.SCHEDULER:
+        _plan_localisation(inc, d)  # a Vertex AI job has no nodes of Pitstop's to check
     return d.out
 
 
@@ -831,7 +872,7 @@ def _plan_localisation(inc: Draft, d: Decision) -> None:
     here, on the job's document, in the transaction that opens the incident."""
     p = localise.plan(d.node_doc, d.policy.localise, d.policy.window("hang_localise_s"), d.now)
     inc["localise"] = p.doc(d.now)
-    if p.run and d.policy.enforce:
+    if p.run and d.policy.enforces(inc["cluster"]):
         d.node_doc["localised_at"] = d.now
     elif p.page and d.out.page is None:
         d.out.page = f"incident {inc['id']}: {subject_name(inc)} hung; {p.why}"
@@ -856,7 +897,7 @@ def believed(ev: FaultEvent, policy: Policy) -> tuple[FaultEvent, trust.TrustDec
 
 def _capped(inc: Incident, action: str, policy: Policy) -> tuple[str, list[str]]:
     """History may raise an action; for an episode without verified evidence only as far as trust allows."""
-    if inc.get("trust") == trust.VERIFIED:
+    if inc.get("trust") == trust.VERIFIED or inc["kind"] in trust.READ_BACK_KINDS:
         return action, []
     td = trust.allowed_action(trust.UNVERIFIED, action, policy.trust_text_syslog)
     return td.action, [td.reason] if td.lowered else []
@@ -914,7 +955,8 @@ def close_if_burst_over(inc: Draft, now: float) -> bool:
         and (inc.get("workflow") or {}).get("state") != RunState.OBSERVE
     ):
         return False  # a real workflow owns it
-    if inc["action"] not in RECORD_ONLY_ACTIONS and inc.get("mode") != "observe":
+    recorded_only = inc.get("mode") == "observe" or inc.get("silenced")  # a silenced one is recorded only
+    if inc["action"] not in RECORD_ONLY_ACTIONS and not recorded_only:
         return False
     lifecycle.move(inc, State.RESOLVED, "its burst ended")
     inc["timeline"]["resolved"] = now
@@ -1130,7 +1172,13 @@ def fail_stuck(
 
 
 def join_block(
-    inc: Incident, node_doc: NodeDoc, budgets: Budgets, block: str, policy: Policy, now: float
+    inc: Incident,
+    node_doc: NodeDoc,
+    budgets: Budgets,
+    block: str,
+    policy: Policy,
+    now: float,
+    place: Place | None = None,
 ) -> Outcome:
     """The node's reservation block, read from Compute when a step is claimed, before the fence:
     from then on the incident counts against that block's budget too (not only once acted on).
@@ -1138,15 +1186,19 @@ def join_block(
     A block already at its budget holds an incident whose node this incident has not fenced yet,
     with a page, as its decision would have had the block been known then (the step it scheduled
     is forgotten, so no cooldown holds it again once the sweep releases it). A node already fenced
-    is out of service whatever: it joins past the cap. ``ignored``: nothing new.
+    is out of service whatever: it joins past the cap. ``ignored``: nothing new. ``place``: where the
+    node sits, cached in its document (core/topology.py reads it for the gang's choice).
     """
     doc_id = block_scope(block)
+    known = place is None or node_doc.get("topology") == place
     if inc["state"] in UNCLAIMABLE_STATES or (
-        node_doc.get("block") == block and doc_id in inc.get("budget_scopes", [])
+        node_doc.get("block") == block and doc_id in inc.get("budget_scopes", []) and known
     ):
         return Outcome("ignored", incident=as_incident(inc))
     inc, node_doc = as_incident(inc), copy.deepcopy(node_doc)
     node_doc["block"] = block
+    if place is not None:
+        node_doc["topology"] = place
     out = Outcome("joined", incident=inc, node=node_doc)
     fenced = inc["state"] != State.OPEN or bool(inc["timeline"].get("fenced"))
     d = Decision.on(inc, node_doc, budgets, policy, now, out, force=fenced)
@@ -1155,7 +1207,7 @@ def join_block(
     if failed is not None:
         held: Held = {"reason": f"blast-radius budget {failed} exhausted", "scope": failed, "since": now}
         _hold(inc, d, held, page)
-        _forget_remediation(node_doc, inc["id"])
+        forget_remediation(node_doc, inc["id"])
     else:
         inc["budget_scopes"] = sorted({*inc.get("budget_scopes", []), *claims})
     inc["updated_at"] = now

@@ -66,3 +66,8 @@ def requeue_key(cluster: str, job: str, run: JobRunDoc) -> str:
     digest = hashlib.sha256(parts.encode()).hexdigest()[:24]
     safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", f"{cluster}-{job}")[:100]
     return f"{safe}-{digest}"
+
+
+def block_scope(block: str) -> str:
+    """The budget document of a reservation block (``cluster/block`` from Compute's host topology)."""
+    return "block-" + hashlib.sha256(block.encode()).hexdigest()[:16]

@@ -9,6 +9,7 @@ step can never turn a RESOLVED incident back into ACTING, nor a person's close b
       │ ▲             │               │                  │
       │ └──── step up (a stronger fault while fenced: the next step starts from OPEN) ◀──┘
       ├─hold─▶ HELD ──release──▶ OPEN     OPEN, FENCED, ACTING, VERIFYING ──fail──▶ FAILED
+    FENCED ──hold (the runtime control, before the repair began)──▶ HELD
       └─end of burst, suppressed, rejected, closed ──▶ RESOLVED
     HELD, FAILED ──closed by a person──▶ RESOLVED
     RESOLVED ──reopen──▶ OPEN: only a record-only episode a late, stronger line of its burst reopens.
@@ -25,7 +26,9 @@ from pitstop.core.states import State
 ALLOWED: Mapping[State, frozenset[State]] = {
     State.OPEN: frozenset({State.FENCED, State.HELD, State.RESOLVED, State.FAILED}),
     State.HELD: frozenset({State.OPEN, State.RESOLVED}),
-    State.FENCED: frozenset({State.ACTING, State.VERIFYING, State.OPEN, State.RESOLVED, State.FAILED}),
+    State.FENCED: frozenset(
+        {State.ACTING, State.VERIFYING, State.OPEN, State.HELD, State.RESOLVED, State.FAILED}
+    ),
     State.ACTING: frozenset({State.VERIFYING, State.OPEN, State.RESOLVED, State.FAILED}),
     State.VERIFYING: frozenset({State.OPEN, State.RESOLVED, State.FAILED}),
     State.RESOLVED: frozenset({State.OPEN}),

@@ -22,6 +22,18 @@ compares each node with its peers:
 One localisation per job per ``windows.hang_localise_s``: a job that hangs again soon after is
 not swept again (the engine records the decision on the job's document, in the same
 transaction that opens the incident).
+
+Who may be localised at all (issue 35 (2)): the heartbeat alert is Monitoring's own, but its
+series is anyone's to write (``monitoring.timeSeries.create``: every node and pod service
+account), so one point for any running job and silence make a genuine absence alert. A hang acts
+only for a job that **opted in** (the scheduler says so: the job's Slurm comment names
+``pitstop:heartbeat``, a GKE workload carries the label ``pitstop.dev/heartbeat: "true"``; only
+its owner sets either) and whose heartbeat series Pitstop reads back itself **was established**
+(``heartbeat_min_points`` points over ``heartbeat_min_span_s`` before it stopped, within
+``heartbeat_lookback_s``); else a page, nothing checked or restarted. And the gang is restarted
+only on what the sweep or the ring links found on its nodes (each culprit's ``Evidence``): nothing
+found is a page, not a restart in place (a scheduler whose checks stopped the gang first, GKE,
+gets it back as it was).
 """
 
 from __future__ import annotations
@@ -32,9 +44,11 @@ import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 from pitstop.core import corroboration, trust
 from pitstop.core import diagnose as diag
+from pitstop.core import evidence as proof
 from pitstop.core import validation as val
 from pitstop.core.actions import NODE_ACTIONS
 from pitstop.core.catalog import XidPolicy
@@ -50,6 +64,7 @@ from pitstop.core.domain import (
     NodeDoc,
     NodeRef,
 )
+from pitstop.core.evidence import Evidence
 from pitstop.core.scheduling import JobState
 
 SWEEP = "sweep"
@@ -107,6 +122,62 @@ def plan(job_doc: NodeDoc, cfg: LocaliseConfig, window_s: float, now: float) -> 
     return Plan(True, "every node of the job is checked at once, then its ring links if need be")
 
 
+# -- whether a hang alert may lead to anything: the job opted in, its own series was established ---
+
+HEARTBEAT_OPT_IN = "pitstop:heartbeat"  # in a Slurm job's comment (adapters/slurm.py)
+HEARTBEAT_LABEL = "pitstop.dev/heartbeat"  # "true" on a GKE workload (adapters/gke)
+
+
+@runtime_checkable
+class Heartbeats(Protocol):
+    """Where Pitstop reads a job's heartbeat series back (adapters/monitoring.TelemetryReader)."""
+
+    def heartbeat_points(self, project: str, cluster: str, job: str, start: float, end: float) -> list[float]:
+        """Each point's time (epoch s) within [start, end]."""
+        ...
+
+
+def opted_in_comment(comment: object) -> bool:
+    """A Slurm job's ``--comment`` names the opt-in as one of its comma- or space-separated words."""
+    words = str(comment or "")[:1024].replace(",", " ").split()
+    return HEARTBEAT_OPT_IN in words
+
+
+@dataclass(frozen=True)
+class Gate:
+    go: bool
+    why: str
+    points: int = 0
+    span_s: float = 0.0
+
+
+def heartbeat_gate(
+    job: str, opted_in: bool, points: Sequence[float] | None, cfg: LocaliseConfig, until: float
+) -> Gate:
+    """Whether a hang alert for ``job`` may be checked and acted on: it opted in, and the series Pitstop
+    read back (epoch times of its points; None: unreadable) was established before ``until`` (the
+    alert's opening). Otherwise a page only."""
+    page = "the alert alone checks and restarts nothing; a person is paged"
+    if not opted_in:
+        return Gate(False, f"job {job} did not opt in to hang remediation ({HEARTBEAT_OPT_IN}): {page}")
+    if points is None:
+        return Gate(False, f"job {job}'s heartbeat series could not be read back: {page}")
+    before = sorted(p for p in points if p <= until)
+    n, span = len(before), (before[-1] - before[0]) if before else 0.0
+    want_n, want_s = int(cfg["heartbeat_min_points"]), float(cfg["heartbeat_min_span_s"])
+    if n < want_n or span < want_s:
+        return Gate(
+            False,
+            f"job {job}'s own heartbeat series holds {n} points over {int(span)} s before it stopped"
+            f" (established: {want_n} over {int(want_s)} s): not a job that stopped beating; {page}",
+            n,
+            span,
+        )
+    return Gate(
+        True, f"job {job} opted in; its heartbeat: {n} points over {int(span)} s, then silence", n, span
+    )
+
+
 # -- what runs --------------------------------------------------------------------------------
 
 
@@ -159,8 +230,17 @@ class Verdict:
     suspects: tuple[str, ...] = ()
     measured: Mapping[str, float | None] = field(default_factory=dict)
 
+    @property
+    def evidence(self) -> tuple[Evidence, ...]:
+        """What each culprit's own tools (or ring links) showed: what its node incident rests on."""
+        return tuple(
+            proof.sweep_finding(n, str(self.findings[n][0]), None)
+            for n in self.culprits
+            if self.findings.get(n)
+        )
+
     def record(self, at: float) -> LocaliseRound:
-        return {
+        rec: LocaliseRound = {
             "kind": self.kind,
             "at": at,
             "culprits": list(self.culprits),
@@ -170,6 +250,9 @@ class Verdict:
             "suspects": list(self.suspects),
             "measured": dict(list(self.measured.items())[:MAX_NODES]),
         }
+        if self.culprits:
+            rec["evidence"] = [e.record() for e in self.evidence][:32]
+        return rec
 
 
 def _cap(n: int, percent: float) -> int:

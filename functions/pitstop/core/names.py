@@ -24,10 +24,12 @@ _PROJECT = re.compile(
 )
 _INSTANCE_ID = re.compile(r"[0-9]{1,20}", re.ASCII)
 _CLUSTER = re.compile(r"[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?", re.ASCII)
-# A scheduler's own job id: Slurm's (``1234``, an array task ``1234_7``, a het component ``1234+1``)
-# or the GKE adapter's ``kind/namespace/name`` (adapters/gke/objects.py parse_job_id).
+# A scheduler's own job id: Slurm's (``1234``, an array task ``1234_7``, a het component ``1234+1``),
+# the GKE adapter's ``kind/namespace/name`` (adapters/gke/objects.py parse_job_id), or a Vertex AI
+# CustomJob's numeric id (the last part of its resource name: core/vertex.py).
 _JOB_ID = re.compile(
     r"[0-9]{1,10}(?:[_+][0-9]{1,10})?"
+    r"|[0-9]{11,20}"
     r"|(?:jobset|job|pod)/[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?",
     re.ASCII,
 )

@@ -1,4 +1,5 @@
-"""What a notification says on each channel: the bodies, built without I/O.
+"""What a notification says, in words every channel uses; each channel's body is built in its own
+folder (plugins/channels/<name>/body.py), without I/O, from these.
 
 A notification (what actuate, the launcher and the sweep publish) carries ``id``, ``kind``
 (``incident`` or ``page``), ``severity`` (critical, warning, info), ``summary``, the incident's
@@ -9,9 +10,9 @@ policy reasons, never from raw log lines, and each body escapes what its channel
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 from collections.abc import Mapping
-from typing import NotRequired, TypedDict
 
 # A notification as the notify function reads it back from Pub/Sub: a core/domain.Notice, or a page
 # (core/remediation.page_notification). Read as an object map: each field is narrowed where read.
@@ -27,8 +28,36 @@ def notification_id(kind: str, incident_id: object, *facts: object) -> str:
     return f"{kind}-{readable}-{digest}"
 
 
-def _escape_slack(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+# -- sealing: what a publisher to the topic cannot derive (issue 35, low) -------------------------
+# A notification's id keys notify's ledger, and PagerDuty's dedup key ties an incident's trigger to
+# its resolve. Derived from the incident alone, a publisher to pitstop-notifications could send a
+# notification under the id of a page still to come (the ledger would then drop the real one) or
+# resolve a real alert by naming its incident. Pitstop's publishers seal each notification with a
+# per-deploy key (the secret pitstop-notify-key): its id and its incident's alert key are HMACs.
+ALERT_KEY = re.compile(r"[0-9a-f]{32}")
+
+
+def _mac(key: bytes, *parts: object) -> str:
+    return hmac.new(key, "\0".join(map(str, parts)).encode(), hashlib.sha256).hexdigest()
+
+
+def sealed(n: Mapping[str, object], key: bytes) -> dict[str, object]:
+    """The notification as Pitstop publishes it: its id's digest keyed (so the same notification
+    keeps the same id, and no one without the key can name one still to come) and its incident's
+    ``alert_key`` (PagerDuty's dedup key) an HMAC of the incident id."""
+    out = dict(n)
+    nid = str(n.get("id") or "")
+    out["id"] = f"{nid.rsplit('-', 1)[0][:150]}-{_mac(key, 'id', nid)[:24]}"
+    inc = n.get("incident")
+    if isinstance(inc, Mapping) and inc.get("id"):
+        out["incident"] = {**inc, "alert_key": _mac(key, "alert", inc["id"])[:32]}
+    return out
+
+
+def alert_key(n: Notification) -> str | None:
+    """The incident's alert key when the notification carries a well-formed one (a sealed one)."""
+    got = field_map(n, "incident").get("alert_key")
+    return got if isinstance(got, str) and ALERT_KEY.fullmatch(got) else None
 
 
 def subject(inc: Mapping[str, object], missing: str = "?") -> str:
@@ -39,7 +68,7 @@ def subject(inc: Mapping[str, object], missing: str = "?") -> str:
     return str((node.get("instance") if isinstance(node, Mapping) else None) or missing)
 
 
-def _map(n: Notification, key: str) -> Mapping[str, object]:
+def field_map(n: Notification, key: str) -> Mapping[str, object]:
     """A field holding an object (the incident, the durations); empty when unset."""
     v = n.get(key)
     return v if isinstance(v, Mapping) else {}
@@ -47,7 +76,7 @@ def _map(n: Notification, key: str) -> Mapping[str, object]:
 
 def text_lines(n: Notification) -> list[str]:
     """The notification as a few lines of plain text (chat messages, PagerDuty details)."""
-    inc = _map(n, "incident")
+    inc = field_map(n, "incident")
     sev = str(n.get("severity", "info"))
     node = subject(inc)
     lines = [f"{SEVERITY_ICON.get(sev, '')} [{sev.upper()}] {n.get('summary', '')}"]
@@ -59,110 +88,17 @@ def text_lines(n: Notification) -> list[str]:
         ("state", inc.get("state")),
     ]
     lines.append(" · ".join(f"{k}: {v}" for k, v in facts if v))
-    d = _map(n, "durations_s")
+    d = field_map(n, "durations_s")
     if d.get("resolved") is not None:
         lines.append(
             f"time to remediate: {d['resolved']:.0f} s (isolated after {d.get('fenced') or 0:.0f} s)"
         )
     jobs, todo = n.get("jobs"), n.get("todo")
     if jobs and isinstance(jobs, list):
-        lines.append(f"jobs on the node: {', '.join(map(str, jobs))}")
+        where = (
+            "jobs on the node" if inc.get("node") else "jobs"
+        )  # a job's episode: the job and its resubmission
+        lines.append(f"{where}: {', '.join(map(str, jobs))}")
     if todo:
         lines.append(f"what to do: {todo}")
     return lines
-
-
-class SlackText(TypedDict):
-    type: str  # mrkdwn
-    text: str
-
-
-class SlackBlock(TypedDict):
-    type: str  # section
-    text: SlackText
-
-
-class ChatBody(TypedDict):
-    """An incoming webhook's body: Google Chat reads ``text``; Slack shows ``blocks`` when present."""
-
-    text: str
-    blocks: NotRequired[list[SlackBlock]]
-
-
-def render(n: Notification, fmt: str) -> ChatBody:
-    """A chat webhook's body: Google Chat (``chat``) or Slack (``slack``, mrkdwn escaped)."""
-    text = "\n".join(text_lines(n))
-    if fmt == "slack":
-        safe = _escape_slack(text)
-        return {"text": safe, "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": safe}}]}
-    return {"text": text}
-
-
-# -- PagerDuty Events API v2 ---------------------------------------------------------------------
-# POST /v2/enqueue with {routing_key, event_action: trigger|acknowledge|resolve, dedup_key (<= 255),
-# payload: {summary (<= 1024), source, severity: critical|error|warning|info, timestamp?, component?,
-# group?, class?, custom_details?}}; answered 202 {"status": "success", "dedup_key": ...}.
-
-PAGERDUTY_SEVERITIES = frozenset({"critical", "error", "warning", "info"})
-_DEDUP_SAFE = re.compile(r"[^A-Za-z0-9_.:-]")
-# incident states after which its PagerDuty alert is over
-_ENDED = frozenset({"RESOLVED"})
-
-
-# ``class`` is a Python keyword: the functional form.
-PagerDutyPayload = TypedDict(
-    "PagerDutyPayload",
-    {
-        "summary": str,  # <= 1024
-        "source": str,
-        "severity": str,  # one of PAGERDUTY_SEVERITIES
-        "component": str,
-        "group": str,
-        "class": str,
-        "custom_details": dict[str, str],
-    },
-)
-
-
-class PagerDutyEvent(TypedDict):
-    """One Events v2 body (the fields above)."""
-
-    routing_key: str
-    event_action: str  # trigger | acknowledge | resolve
-    dedup_key: str  # <= 255
-    payload: NotRequired[PagerDutyPayload]  # a trigger's only
-
-
-def pagerduty_action(n: Notification) -> str | None:
-    """``trigger`` for what needs a person (a page, a failure), ``resolve`` once the incident ended;
-    None for news nobody is woken for (a remediation under way or done by itself)."""
-    inc = _map(n, "incident")
-    if n.get("kind") == "page" or n.get("severity") == "critical":
-        return "trigger"
-    if str(inc.get("state")) in _ENDED and inc.get("id"):
-        return "resolve"
-    return None
-
-
-def pagerduty_event(n: Notification, routing_key: str, action: str) -> PagerDutyEvent:
-    """One Events v2 body: all notifications of an incident share its dedup key (one alert)."""
-    inc = _map(n, "incident")
-    iid = str(inc.get("id") or n.get("id") or "pitstop")
-    node = subject(inc, "unknown-node")
-    severity = str(n.get("severity") or "info")
-    body: PagerDutyEvent = {
-        "routing_key": routing_key,
-        "event_action": action,
-        "dedup_key": _DEDUP_SAFE.sub("-", f"pitstop-{iid}")[:255],
-    }
-    if action == "trigger":
-        body["payload"] = {
-            "summary": str(n.get("summary") or "Pitstop incident")[:1024],
-            "source": node,
-            "severity": severity if severity in PAGERDUTY_SEVERITIES else "error",
-            "component": str(inc.get("cluster") or "none"),
-            "group": "pitstop",
-            "class": str(inc.get("action") or n.get("kind") or "incident"),
-            "custom_details": {"text": "\n".join(text_lines(n)), "incident": iid},
-        }
-    return body

@@ -10,11 +10,13 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, StrEnum
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from pitstop.core.actions import RECORD_ONLY_ACTIONS, Action
 from pitstop.core.domain import Incident
+from pitstop.core.evidence import Warrant
 from pitstop.core.states import State
+from pitstop.core.vertex import SCHEDULER
 
 
 class Op(StrEnum):
@@ -45,6 +47,7 @@ class Op(StrEnum):
     LINKS = "links"  # ... judged; nothing found: NCCL between ring neighbours
     LINKS_DONE = "links_done"
     CONCLUDE = "conclude"  # culprits get their own node incidents; else one restart in place and a page
+    RESUBMIT = "resubmit"  # a Vertex AI job: read back, classed, resubmitted from its checkpoint or paged
     ESCALATE = "escalate"
     UNFENCE = "unfence"
     RESCHEDULE = "reschedule"
@@ -78,15 +81,34 @@ class OpSpec(Generic[S, A]):
     incident may be in for it to run (None: any), and whether it disrupts the job or touches the VM
     (then only on a fault confirmed on the node, with the Evidence that confirmed it)."""
 
-    run: Callable[[S], A]
+    run: Callable[[S], A] | None
     kind: Kind
     states: frozenset[State] | None = None
-    disruptive: bool = False
+    disrupt: Callable[[S, Warrant], A] | None = None  # a disruptive op's handler: it needs a Warrant
+
+    def __post_init__(self) -> None:
+        if (self.run is None) == (self.disrupt is None):
+            raise TypeError("an op has one handler: run(step), or disrupt(step, warrant)")
+
+    @classmethod
+    def disrupting(
+        cls, handler: Callable[[S, Warrant], A], kind: Kind, states: frozenset[State] | None = None
+    ) -> OpSpec[S, A]:
+        """A disruptive op: its handler cannot be called without what it rests on."""
+        return cls(None, kind, states, handler)
+
+    @property
+    def disruptive(self) -> bool:
+        return self.disrupt is not None
+
+    @property
+    def handler(self) -> Callable[..., A]:
+        return self.disrupt if self.disrupt is not None else cast(Callable[[S], A], self.run)
 
     @property
     def answer(self) -> object:
         """The op's answer type: its handler's return annotation."""
-        return typing.get_type_hints(self.run)["return"]
+        return typing.get_type_hints(self.handler)["return"]
 
 
 # What escalate answers when no stronger action takes over: the step goes on to unfence.
@@ -100,11 +122,15 @@ class Plan(StrEnum):
     DRAIN = "drain"
     REMEDIATE = "remediate"
     LOCALISE = "localise"  # a hung job: find its culprit node before the gang restarts
+    RESUBMIT = "resubmit"  # a Vertex AI job: the platform owns its VMs; the job is resubmitted whole
 
 
 def plan_for(action: str, inc: Incident | None = None) -> Plan:
-    """A hang the engine chose to localise is localised; record-only actions only notify; a drain
-    checkpoints first; the rest remediate the node."""
+    """A Vertex AI job's episode (it ended, or hung) is read back and resubmitted; a hang the engine
+    chose to localise is localised; record-only actions only notify; a drain checkpoints first; the
+    rest remediate the node."""
+    if inc is not None and inc["scheduler"] == SCHEDULER and action != Action.NONE:
+        return Plan.RESUBMIT
     localise = inc.get("localise") if inc is not None else None
     if localise and localise.get("run") is True:
         return Plan.LOCALISE

@@ -14,25 +14,25 @@ only after checking it"):
   entry's project, written by ``compute.googleapis.com`` for ``system@google.com``;
   anything else that claims to be one is ``invalid``.
 
-A GKE entry (``k8s_node``) names the cluster's location; for a regional cluster that is a
-region, not a zone. Such an event keeps ``node.region`` and ``node.zone: null``: ingest fills
-the zone from the node itself (adapters/gke/zone.py) before the engine sees it.
+A GKE entry (``k8s_node``) names the cluster's location, never the node's zone: for a regional
+cluster that is a region, and a zonal cluster may place nodes in other zones too (its node
+locations: cloud.google.com/kubernetes-engine/docs/concepts/types-of-clusters, multi-zonal). Such
+an event keeps ``node.region``, ``node.zone: null`` and, for a zonal cluster, ``node.location``
+(the cluster's zone): ingest fills the zone from the node itself (adapters/gke/zone.py) before
+the engine sees it (issue 35: the cluster's zone was taken for every node).
 
 One message is cut to 64 KiB (UTF-8) before any pattern sees it, and the event says so.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import re
-from collections.abc import Mapping
 from typing import Any, cast
 
 from pitstop.core import names, trust
 from pitstop.core.domain import (
     DriverLine,
     EventDetail,
-    FaultEvent,
     GpuRef,
     NodeRef,
     Source,
@@ -41,6 +41,19 @@ from pitstop.core.domain import (
     SystemEventDetail,
     XidDetail,
     XidLine,
+)
+from pitstop.core.entry import (
+    MAX_LOG_NAME,
+    MAX_RESOURCE_NAME,
+    VERTEX_RESOURCE,
+    Event,
+    Raw,
+    _ts,
+    bounded_text,
+    clean,
+    invalid,
+    new_event,
+    new_source,
 )
 from pitstop.core.envelope import Delivery
 from pitstop.core.sxid_line import parse_sxid
@@ -56,102 +69,10 @@ WHY_SYSTEM_EVENT = (
 INTERNAL_ERROR = "internal parser error"  # the last guard; tests assert it never fires
 RESOURCE_NAME_LABEL = "compute.googleapis.com/resource_name"
 GKE_RESOURCES = ("k8s_node", "k8s_cluster", "k8s_pod", "k8s_container")  # labelled by cluster location
-MAX_LOG_NAME, MAX_ID, MAX_RESOURCE_NAME = 512, 256, 1024
-_TIMESTAMP = re.compile(
-    r"\d{4}-\d\d-\d\dT(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)",
-    re.ASCII,
-)
-_DATES: dict[str, bool] = {}
-MAX_DATE_MEMO = 1024
 _AUDIT_RESOURCE = re.compile(r"projects/([^/]+)/zones/([^/]+)/instances/([^/]+)")
 _LOG_PROJECT = re.compile(r"projects/([^/]+)/logs/")
 _METHOD = re.compile(r"compute\.instances\.[A-Za-z]{1,64}", re.ASCII)
 _ENUM_WORD = re.compile(r"[A-Z][A-Z_]{0,31}", re.ASCII)
-
-Event = FaultEvent
-# A LogEntry (or a part of one) as delivered: untrusted JSON, each field checked where it is read.
-Raw = Mapping[str, object]
-
-
-def clean(v: str, limit: int) -> str:
-    """At most ``limit`` characters, valid UTF-8 (a lone surrogate becomes '?')."""
-    v = v[:limit]
-    return v if v.isascii() else v.encode("utf-8", "replace").decode("utf-8")
-
-
-def bounded_text(text: str) -> tuple[str, int | None]:
-    """The message cut to MAX_LINE bytes of UTF-8 (on a character boundary), and its original size if cut."""
-    if len(text) <= MAX_LINE and text.isascii():
-        return text, None
-    raw = text.encode("utf-8", "replace")
-    if len(raw) <= MAX_LINE:
-        return raw.decode("utf-8"), None
-    return raw[:MAX_LINE].decode("utf-8", "ignore"), len(raw)
-
-
-def _real_date(date: str) -> bool:
-    """Whether ``YYYY-MM-DD`` is a calendar date of 1971-9998 (remembered: a day's lines share it)."""
-    known = _DATES.get(date)
-    if known is None:
-        try:
-            known = 1971 <= dt.date.fromisoformat(date).year <= 9998
-        except ValueError:
-            known = False
-        if len(_DATES) >= MAX_DATE_MEMO:
-            _DATES.clear()
-        _DATES[date] = known
-    return known
-
-
-def _ts(v: Any) -> str | None:
-    """An RFC 3339 timestamp that is a real moment (1971-9998), or None.
-
-    The pattern bounds the time of day and the offset; only the date needs the calendar.
-    """
-    if not isinstance(v, str) or len(v) > 40 or not _TIMESTAMP.fullmatch(v):
-        return None
-    return v if _real_date(v[:10]) else None
-
-
-def new_source(log_name: Any = None, insert_id: Any = None, message_id: str | None = None) -> Source:
-    return {
-        "log_name": clean(log_name, MAX_LOG_NAME) if isinstance(log_name, str) else None,
-        "insert_id": clean(insert_id, MAX_ID) if isinstance(insert_id, str) else None,
-        "message_id": message_id,
-        "trust": trust.UNVERIFIED,
-        "trust_reason": None,
-    }
-
-
-def _full(source: Source | None) -> Source:
-    """The source as given when it is whole; else a new one with what it names (trust unverified)."""
-    if source is not None and "trust" in source:
-        return source
-    merged = new_source()
-    if source:
-        merged.update(source)
-    return merged
-
-
-def new_event(kind: str, reason: str, source: Source | None = None, **fields: Any) -> Event:
-    """A FaultEvent with every key present (the schema requires them all); trust defaults to unverified."""
-    ev: FaultEvent = {
-        "kind": kind,
-        "action": "NONE",
-        "xid": None,
-        "node": None,
-        "gpu": None,
-        "observed_at": None,
-        "source": _full(source),
-        "reason": reason,
-        "detail": {},
-    }
-    ev.update(cast(FaultEvent, fields))  # keyword fields name FaultEvent keys (the schema checks events)
-    return ev
-
-
-def invalid(reason: str, source: Source | None = None, **fields: Any) -> Event:
-    return new_event("invalid", clean(reason, 512), source, **fields)
 
 
 def _labels(v: object) -> Raw:
@@ -202,11 +123,14 @@ def _identify(
     instance_id: Any,
     cluster: Any,
 ) -> tuple[NodeRef | None, str]:
-    region = None
+    region = location = None
     if rtype in GKE_RESOURCES and not has_zone_label and names.valid_region(zone):
         # A regional GKE cluster's entries name its region (reference/gke.md §1): the zone is
         # looked up later from the node (adapters/gke/zone.py), before anything acts on it.
         region, zone = zone, None
+    elif rtype in GKE_RESOURCES and not has_zone_label and names.valid_zone(zone):
+        # A zonal cluster's location is its own zone, not its node's (extra node locations)
+        location, region, zone = zone, str(zone).rsplit("-", 1)[0], None
     problem = names.instance_problem(instance)
     if problem is not None:
         return None, problem
@@ -227,6 +151,8 @@ def _identify(
     }
     if region is not None:
         node["region"] = region
+    if location is not None:
+        node["location"] = location
     if cluster is not None:
         if not names.valid_cluster(cluster):
             return None, "cluster_name is not a valid cluster name"
@@ -466,6 +392,10 @@ def _parse(entry: Raw, delivery: Delivery | None) -> Event:
     )
     if _claims_system_event(entry):
         return _system_event(entry, source, observed_at)
+    if _labels(entry.get("resource")).get("type") == VERTEX_RESOURCE:
+        from pitstop.core import vertex_log  # it builds its events with this module's helpers
+
+        return vertex_log.parse_vertex_entry(entry, source["message_id"], observed_at)
     return _text_event(entry, source, observed_at)
 
 

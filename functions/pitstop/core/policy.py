@@ -7,19 +7,22 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import cast
 
 import yaml
 
-from pitstop.core import resources, watchdog
+from pitstop.core import plugins, resources, watchdog
 from pitstop.core.catalog import XidPolicy, default_xid_policy
+from pitstop.core.control import Control
 from pitstop.core.domain import JsonObject, LocaliseConfig, NodeRef
 from pitstop.core.policy_types import (
     ClusterDoc,
     ClusterMatch,
+    CorroborationConfig,
     DiagnoseConfig,
+    MovesConfig,
     PolicyDoc,
     ValidationConfig,
     WindowName,
@@ -49,8 +52,16 @@ class Cluster:
     match: ClusterMatch
     raw: ClusterDoc
 
+    def block(self, name: str) -> Mapping[str, object]:
+        """The cluster's block for a scheduler folder (``vertex: {...}``), as its fragment of the
+        policy schema checked it; empty when the entry has none."""
+        found = cast(Mapping[str, object], self.raw).get(name)
+        return cast(Mapping[str, object], found) if isinstance(found, Mapping) else {}
+
     def matches(self, node: NodeRef, labels: Mapping[str, str] | None = None) -> bool:
         m = self.match
+        if not m:  # a platform's cluster (Vertex AI): its VMs are not Pitstop's to claim
+            return False
         inst = node["instance"]
         if "name_pattern" in m and not fnmatch.fnmatchcase(inst, m["name_pattern"]):
             return False
@@ -70,17 +81,32 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Policy:
+    """The policy in force: the deployed one, with the runtime control (core/control.py) people
+    change without a redeploy; decisions read both from here."""
+
     doc: PolicyDoc
     xids: XidPolicy
     clusters: tuple[Cluster, ...]
+    control: Control = field(default_factory=Control)
+
+    def with_control(self, control: Control) -> Policy:
+        return replace(self, control=control)
 
     @property
     def enforce(self) -> bool:
+        """The deployed mode is enforce (a cluster's own mode may differ: :meth:`enforces`)."""
         return bool(self.doc["mode"] == "enforce")
 
     @property
     def mode(self) -> str:
         return str(self.doc["mode"])
+
+    def mode_for(self, cluster: str | None) -> str:
+        """The cluster's mode: its own in the runtime control, else the policy's."""
+        return self.control.mode(cluster, self.mode)
+
+    def enforces(self, cluster: str | None) -> bool:
+        return self.mode_for(cluster) == "enforce"
 
     def enabled(self, action: str) -> bool:
         return action == "NONE" or action in self.doc["enabled_actions"]
@@ -144,12 +170,22 @@ class Policy:
         return bool(self.doc["corroboration"]["enabled"])
 
     @property
+    def corroboration(self) -> CorroborationConfig:
+        """How the node and Compute are asked (its bounds in time: core/corroboration.py)."""
+        return self.doc["corroboration"].copy()
+
+    @property
     def diagnose(self) -> DiagnoseConfig:
         return self.doc["diagnose"].copy()
 
     @property
     def validation(self) -> ValidationConfig:
         return self.doc["validation"].copy()
+
+    @property
+    def moves(self) -> MovesConfig:
+        """How a gang's choice at a fault is priced (core/tradeoff.py)."""
+        return self.doc["moves"].copy()  # the defaults always carry it
 
     @property
     def localise(self) -> LocaliseConfig:
@@ -160,10 +196,11 @@ class Policy:
 def from_doc(user: Mapping[str, object] | None, where: str = "policy") -> Policy:
     """The policy from ``user`` (policy.yaml as parsed: free-form until the schema checked it)."""
     defaults = resources.load_yaml(resources.schema_dir() / "policy.defaults.yaml", "policy.schema.json")
+    # the policy schema with each scheduler folder's block (core/plugins.py)
     if user is not None and not isinstance(user, Mapping):
         raise resources.DataFileError(f"{where}: (top level): must be a mapping")
     merged = deep_merge(defaults, user or {})
-    resources.validate(merged, "policy.schema.json", where)
+    resources.validate(merged, plugins.policy_validator(), where)
     doc = cast(PolicyDoc, merged)  # its schema checked it just above
     seen: set[str] = set()
     clusters = []
@@ -171,7 +208,7 @@ def from_doc(user: Mapping[str, object] | None, where: str = "policy") -> Policy
         if c["name"] in seen:
             raise resources.DataFileError(f"{where}: clusters/{i}/name: duplicate cluster {c['name']!r}")
         seen.add(c["name"])
-        clusters.append(Cluster(c["name"], c["scheduler"], c.get("size"), c["match"], c))
+        clusters.append(Cluster(c["name"], c["scheduler"], c.get("size"), c.get("match") or {}, c))
     xids = default_xid_policy()
     if doc["xid_overrides"]:
         xids = xids.with_overrides({int(k): v for k, v in doc["xid_overrides"].items()})

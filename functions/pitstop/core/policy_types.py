@@ -31,9 +31,12 @@ class Windows(TypedDict):
     dedup_ttl_h: float
     alert_flap_s: float
     hang_localise_s: NotRequired[float]
+    unconfirmed_page_s: NotRequired[float]
 
 
-WindowName = Literal["burst_silence_s", "tie_s", "dedup_ttl_h", "alert_flap_s", "hang_localise_s"]
+WindowName = Literal[
+    "burst_silence_s", "tie_s", "dedup_ttl_h", "alert_flap_s", "hang_localise_s", "unconfirmed_page_s"
+]
 
 
 class Ladder(TypedDict):
@@ -112,27 +115,22 @@ class GkeConfig(TypedDict):
     project: NotRequired[str]
     evict_deadline_s: NotRequired[float]
     stuck_terminating_s: NotRequired[float]
+    kueue_failed_node_replacement: NotRequired[bool]
     checks: NotRequired[ChecksConfig]
 
 
-class KubernetesConfig(TypedDict, total=False):
-    kubeconfig_env: str
-    context: str
-    evict_deadline_s: float
-    checks: ChecksConfig
-
-
 class ClusterDoc(TypedDict):
-    """One ``clusters`` entry (``gke`` is required when the scheduler is gke)."""
+    """One ``clusters`` entry: ``scheduler`` is ``none`` or a scheduler folder's name, whose block
+    the folder's fragment of the policy schema checks (read it with ``Cluster.block``; the blocks
+    typed here are the ones code outside their folder reads)."""
 
     name: str
-    scheduler: Literal["slurm", "gke", "kubernetes", "none"]
-    match: ClusterMatch
+    scheduler: str
+    match: NotRequired[ClusterMatch]  # absent only for a scheduler whose folder says nodes: false
     size: NotRequired[int]
     mig: NotRequired[MigConfig]
     slurm: NotRequired[SlurmConfig]
     gke: NotRequired[GkeConfig]
-    kubernetes: NotRequired[KubernetesConfig]
     reschedule: NotRequired[Reschedule]
 
 
@@ -149,8 +147,15 @@ class ResumeConfig(TypedDict):
     reschedule: Reschedule
 
 
-class Switch(TypedDict):
+class CorroborationConfig(TypedDict):
+    """The policy's ``corroboration`` section (core/corroboration.py, core/ring_buffer.py)."""
+
     enabled: bool
+    line_lag_s: float  # an episode began at its first line's time, at most this before Pitstop heard of it
+    clock_slack_s: float  # a kernel line's wall time is known to within this ...
+    clock_drift_ppm: float  # ... plus this share of its seconds since boot
+    event_max_age_s: float  # a system event older than this when it arrives is recorded, not acted on
+    event_margin_s: float  # Compute's record of the event's kind must be this close to the event
 
 
 class DiagnoseConfig(TypedDict):
@@ -179,6 +184,25 @@ class StoreConfig(TypedDict):
     collection_prefix: str
     flush_interval_s: float
     cache_ttl_s: float
+    control_cache_s: float
+
+
+class PenaltyConfig(TypedDict):
+    block: float
+    cluster: float
+
+
+class MovesConfig(TypedDict):
+    """The policy's ``moves`` section (core/tradeoff.py): a gang's choice at a fault, priced."""
+
+    enabled: bool
+    restart_s: float
+    horizon_s: float
+    capacity_wait_s: float
+    penalty: PenaltyConfig
+    min_history: int
+    repair_s: dict[str, float]  # an action (or ``default``) -> seconds
+    nvlink_domain_families: list[str]
 
 
 class PolicyDoc(TypedDict):
@@ -199,10 +223,11 @@ class PolicyDoc(TypedDict):
     watchdog: WatchdogConfig
     store: StoreConfig
     resume: ResumeConfig
-    corroboration: Switch
+    corroboration: CorroborationConfig
     diagnose: DiagnoseConfig
     validation: ValidationConfig
     localise: NotRequired[LocaliseConfig]
+    moves: NotRequired[MovesConfig]
 
 
 # -- xid-policy.yaml (schemas/xid-policy.schema.json) ---------------------------------------------

@@ -287,8 +287,15 @@ def summary(inc: Incident, unfenced: Unfenced) -> str:
         return f"{node}: {inc['reason']} No node action taken."
     where, todo = node_note(inc, unfenced)
     if todo:  # a drain Pitstop did not set still holds the node
-        return f"{node}: {inc['action']} done; node healthy, but {where} {inc['reason']}"
-    return f"{node}: {inc['action']} done; node healthy and back in service. {inc['reason']}"
+        return f"{node}: {inc['action']} done; node healthy, but {where} {inc['reason']}{gang_note(inc)}"
+    return f"{node}: {inc['action']} done; node healthy and back in service. {inc['reason']}{gang_note(inc)}"
+
+
+def gang_note(inc: Incident) -> str:
+    """The gang's choice and its numbers, as the notification says it ("" when none was weighed)."""
+    choice = inc.get("choice") or {}
+    why = choice.get("why")
+    return f" Gang {choice.get('job')}: {why}." if why else ""
 
 
 NOTIFIED_FIELDS = (
@@ -306,6 +313,9 @@ NOTIFIED_FIELDS = (
     "resume",
     "diagnosis",
     "validation",
+    "choice",
+    "job",  # a job-level episode's subject (a hang, a Vertex AI job)
+    "vertex",  # a Vertex AI job: what its step read back and did
 )
 
 

@@ -40,16 +40,24 @@ def schema(name: str) -> JsonObject:
 
 @functools.cache
 def validator(name: str) -> jsonschema.protocols.Validator:
-    s = schema(name)
+    return validator_of(schema(name))
+
+
+def validator_of(s: JsonObject) -> jsonschema.protocols.Validator:
+    """A checked validator for a schema document (one composed in memory: core/plugins.py)."""
     cls = jsonschema.validators.validator_for(s)
     cls.check_schema(s)
     v: jsonschema.protocols.Validator = cls(s, format_checker=cls.FORMAT_CHECKER)
     return v
 
 
-def validate(doc: Any, schema_name: str, what: str) -> None:  # any parsed YAML or JSON
-    """Raise DataFileError naming the first offending path (e.g. ``rules/3/action``)."""
-    errors = sorted(validator(schema_name).iter_errors(doc), key=lambda e: list(e.absolute_path))
+def validate(
+    doc: Any, schema: str | jsonschema.protocols.Validator, what: str
+) -> None:  # parsed YAML or JSON
+    """Raise DataFileError naming the first offending path (e.g. ``rules/3/action``); ``schema``: a
+    file of schemas/ or a validator."""
+    v = validator(schema) if isinstance(schema, str) else schema
+    errors = sorted(v.iter_errors(doc), key=lambda e: list(e.absolute_path))
     if errors:
         e = errors[0]
         where = "/".join(str(p) for p in e.absolute_path) or "(top level)"

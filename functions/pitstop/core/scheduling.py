@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, cast, runtime_checkable
 
-from pitstop.core.domain import CheckSpec, FenceDoc, GangCheckSpec, JobDoc, JobRunDoc
+from pitstop.core.domain import CheckSpec, FenceDoc, GangCheckSpec, JobDoc, JobRunDoc, JsonObject
+from pitstop.core.topology import Seat
+from pitstop.core.vertex import Resubmitted
 
 _INCIDENT = re.compile(r"i[a-z2-7]{9}")
 
@@ -35,9 +37,12 @@ class JobState(StrEnum):
 
     @classmethod
     def of(cls, word: object) -> JobState:
-        """The state a scheduler's word means; anything unknown is UNKNOWN."""
+        """A state as Pitstop recorded it (its own value, exactly); anything else is UNKNOWN.
+
+        Not for a scheduler's words: each adapter maps its own (adapters/slurm.SLURM_JOB_STATES,
+        adapters/gke/objects.POD_STATES and the JobSet and Job conditions)."""
         try:
-            return cls(str(word).upper())
+            return cls(word) if isinstance(word, str) else cls.UNKNOWN
         except ValueError:
             return cls.UNKNOWN
 
@@ -83,6 +88,7 @@ class JobInfo:
     state: JobState
     run: JobRun = field(default_factory=JobRun)
     nodes: tuple[str, ...] = ()  # the nodes it holds, where the scheduler says (a degraded node's peers)
+    opted_in: bool = False  # its owner opted it in to hang remediation (core/localise.HEARTBEAT_OPT_IN)
 
     def doc(self) -> JobDoc:
         return {"id": self.job, "state": str(self.state), **self.run.doc()}
@@ -127,12 +133,23 @@ class RequeueOutcome:
 
 @dataclass(frozen=True)
 class Capacity:
-    """Whether the job's gang can run again now without the fenced node (early requeue)."""
+    """Whether the job's gang can run again now without the fenced node (early requeue).
+
+    Where the scheduler says it: ``gang`` (the job's nodes, the fenced one among them) and
+    ``spares`` (the idle healthy nodes it could take, in the scheduler's order), each with its place
+    (core/topology.py picks among them); ``native``: the restart the scheduler itself gives the job
+    on a node failure (``slurm-expedite``, ``kueue-tas``: Pitstop does not restart it a second time);
+    ``elastic``: the job says it can run on fewer nodes.
+    """
 
     enough: bool
     why: str
     need: int | None = None
     free: int | None = None
+    gang: tuple[Seat, ...] = ()
+    spares: tuple[Seat, ...] = ()
+    native: str | None = None
+    elastic: bool = False
 
 
 @dataclass(frozen=True)
@@ -230,6 +247,17 @@ class Scheduler(Protocol):
 
 
 @runtime_checkable
+class Placer(Protocol):
+    """A scheduler that can put a requeued gang on named nodes (Slurm: the pending job's required
+    nodes). Optional: without it the scheduler places the gang itself, and the choice is only
+    weighed and told."""
+
+    def requeue_onto(self, job: str, ref: StepRef, run: JobRun, nodes: tuple[str, ...]) -> RequeueOutcome:
+        """Restart the gang once onto exactly ``nodes`` (its own healthy ones and the spares)."""
+        ...
+
+
+@runtime_checkable
 class JobReleaser(Protocol):
     """A scheduler on which a step can leave a job change of Pitstop's own half done (GKE: a Kueue
     Workload deactivated while a pod stayed stuck Terminating): a person's close undoes it."""
@@ -258,4 +286,28 @@ class GangResume(Protocol):
 
     def resume_gang(self, job: str, ref: StepRef) -> RequeueOutcome:
         """Undo this step's stop of the job, once (a retry finds it resumed)."""
+        ...
+
+
+@runtime_checkable
+class JobResubmission(Protocol):
+    """A platform that owns its VMs (Vertex AI custom training): nothing of a node is Pitstop's; a
+    job is read back whole from the platform's API (the evidence), cancelled, and resubmitted as a
+    new job from its checkpoint (services/actuate/resubmit.py)."""
+
+    def job_service_accounts(self) -> frozenset[str]:
+        """The accounts a resubmitted job may run as (Pitstop may act as these only)."""
+        ...
+
+    def read_job(self, job: str) -> JsonObject | None:
+        """The job as the API has it now (REST form), by its id or resource name; None: no such job
+        in the cluster's project and regions."""
+        ...
+
+    def cancel_job(self, job: str) -> None:
+        """Cancel the job (its resource name); one already ended is left as it is."""
+        ...
+
+    def resubmit_job(self, job: JsonObject, ref: StepRef) -> Resubmitted:
+        """Create the job's resubmission for this incident, or find the one already created."""
         ...

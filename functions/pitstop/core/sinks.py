@@ -27,5 +27,19 @@ def sink_filters(directory: Path | None = None) -> dict[str, str]:
     return {sink: read_filter(f, directory) for sink, f in SINK_FILTERS.items()}
 
 
+def plugin_filters(directory: Path | None = None) -> dict[str, str]:
+    """The log sinks a plugin folder adds when its configuration asks (its manifest's deploy
+    fragment, ``resources.sinks`` of kind ``log-sink``: Vertex AI's ``pitstop-vertex-jobs``)."""
+    from pitstop.core import plugins
+
+    out: dict[str, str] = {}
+    for p in plugins.all_plugins():
+        sinks = (p.deploy.get("resources") or {}).get("sinks") or []
+        for s in sinks:
+            if s.get("kind") == "log-sink" and s.get("filter_file"):
+                out[str(s["name"])] = read_filter(str(s["filter_file"]), directory)
+    return out
+
+
 def combined_filter(directory: Path | None = None) -> str:
     return " OR ".join(f"({f})" for f in sink_filters(directory).values())

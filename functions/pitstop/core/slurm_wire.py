@@ -89,12 +89,16 @@ class ResumeAnswer(TypedDict):
 
 
 class RequeueAnswer(TypedDict):
-    """``requeue``: the job Slurm requeued (a heterogeneous job's leader); ``released``: its hold lifted."""
+    """``requeue``: the job Slurm requeued (a heterogeneous job's leader); ``released``: its hold
+    lifted; ``placed``: the nodes it was pinned to (``onto``), or ``unpinned``: Pitstop's earlier pin
+    cleared."""
 
     job: str
     requeued: str
     already_pending: NotRequired[bool]
     released: NotRequired[bool]
+    placed: NotRequired[list[str]]
+    unpinned: NotRequired[bool]
 
 
 class SignalAnswer(TypedDict):
@@ -110,6 +114,7 @@ class JobStateAnswer(JobRunFields):
     state: str
     nodelist: NotRequired[str]
     user: NotRequired[str]
+    comment: NotRequired[str]  # the job's --comment: its owner's opt-in to hang remediation
 
 
 class NodeStateAnswer(TypedDict):
@@ -130,6 +135,11 @@ class CapacityAnswer(TypedDict):
     partition: NotRequired[str]
     idle: NotRequired[list[str]]
     own: NotRequired[list[str]]
+    nodes: NotRequired[list[str]]  # the gang: its own nodes and the fenced one
+    paths: NotRequired[dict[str, list[str]]]  # node -> its switch path in Slurm's topology, leaf first
+    slurm_version: NotRequired[str]
+    native: NotRequired[str | None]  # the restart Slurm itself gives the job (slurm-expedite)
+    elastic: NotRequired[bool]
 
 
 class CheckStarted(TypedDict):
@@ -195,6 +205,9 @@ COMMAND_ID = re.compile(r"[-a-z0-9_]{1,128}")
 
 # Every drain Pitstop sets carries this reason, so it can tell its own fences from other people's.
 DRAIN_REASON_PREFIX = "pitstop "
+# A corroboration's outputs: the GPUs its tools' step asked Slurm for explicitly ("gpu:8"). Without
+# it the step may see only part of the node's GPUs (ConstrainDevices), so a low count is no evidence.
+GPU_GRANT = "gpu_grant"
 INCIDENT = re.compile(r"i[a-z2-7]{9}")
 
 

@@ -96,10 +96,12 @@ class Stored(Generic[V]):
 @dataclass(frozen=True)
 class Refusal:
     """Why a guard refuses a claim; ``superseded_by``: a newer step owns the parent (the caller
-    winds down instead of failing)."""
+    winds down instead of failing); ``held``: the runtime control refused it, ``pause`` or
+    ``silence`` (the caller holds the parent until the control lets it go on)."""
 
     why: str
     superseded_by: int | None = None
+    held: str | None = None
 
 
 # A claim's precondition, asked of the record's parent document (None: there is none) as the

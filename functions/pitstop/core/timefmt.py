@@ -23,3 +23,8 @@ def to_epoch(ts: str | None) -> float | None:
         return dt.datetime.fromisoformat(s).timestamp()
     except ValueError:
         return None
+
+
+def to_rfc3339(ts: float) -> str:
+    """Epoch seconds as people read them in a message: RFC 3339, whole seconds, UTC."""
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -40,6 +40,10 @@ TEXT_SYSLOG_MODES = ("record", "act")
 DEFAULT_TEXT_SYSLOG = "record"
 # The strongest action unverified evidence may start under ``act``: it is reversible.
 UNVERIFIED_CEILING: str = Action.REBOOT_NODE.value
+# Kinds whose one step reads its subject back from the platform's own API, and acts only on that
+# answer (a Vertex AI job: customJobs.get, core/vertex.py): the line only names what to read, so it
+# may start that step whatever its trust; what the API says decides, never the line.
+READ_BACK_KINDS = frozenset({"vertex_job"})
 
 KERNEL_TRANSPORT = "kernel"
 KERNEL_FACILITY = "0"  # the kernel's own records; user-space writes to /dev/kmsg are forced to LOG_USER
@@ -161,6 +165,8 @@ def decide(ev: Mapping[str, object], policy: Policy, action: str | None = None) 
     trust = src.get("trust")
     why = src.get("trust_reason")
     proposed = action if action is not None else str(ev.get("action", Action.NONE))
+    if ev.get("kind") in READ_BACK_KINDS:
+        return TrustDecision(proposed, proposed, "")
     return allowed_action(
         trust if isinstance(trust, str) else UNVERIFIED,
         proposed,

@@ -396,6 +396,7 @@ def parse_dcgm_diag(text: str) -> DcgmResult:
 # ---------------------------------------------------------------- decisions
 
 PAGE = "PAGE"  # a human looks; the node stays fenced
+GPUS_MISSING = "gpus_missing"
 RETURN_TO_SERVICE = "RETURN_TO_SERVICE"
 
 
@@ -405,9 +406,11 @@ class Validation:
 
     verdict: pass | degraded (busbw short) | dcgm_fail | dcgm_warn | dcgm_config (a configuration
     check failed) | dcgm_unknown (a status word not understood) | corrupt (#wrong > 0) | bad_output
-    (unparseable nccl/dcgm) | no_expectation (machine type without a figure) | bad_policy; after a
-    second peer was asked (core/checks.py): degraded_one_peer | corrupt_one_peer (no finding).
-    Only "degraded", "dcgm_fail" and "corrupt" are evidence against the hardware.
+    (unparseable nccl/dcgm) | no_expectation (machine type without a figure) | bad_policy |
+    gpus_missing (the node's own nvidia-smi counts fewer GPUs than the VM has, or one lost: the
+    count speaks before any test that cannot run without them); after a second peer was asked
+    (core/checks.py): degraded_one_peer | corrupt_one_peer (no finding).
+    Only "degraded", "dcgm_fail", "corrupt" and "gpus_missing" are evidence against the hardware.
     """
 
     passed: bool
@@ -422,7 +425,7 @@ class Validation:
 
     @property
     def hardware_suspect(self) -> bool:
-        return self.verdict in ("degraded", "dcgm_fail", "corrupt")
+        return self.verdict in ("degraded", "dcgm_fail", "corrupt", GPUS_MISSING)
 
     def as_record(self) -> Measurement:
         return {

@@ -40,3 +40,24 @@ def step_bound_s(action: str, waits: Mapping[str, float] = WORKFLOW_WAITS) -> fl
 def deadline_s(action: str, configured: float) -> float:
     """The policy's deadline, never shorter than what the workflow itself may wait."""
     return max(configured, step_bound_s(action))
+
+
+def platform_until(acted: Mapping[str, object] | None) -> float | None:
+    """When the platform's maintenance window that the act step waits out ends, by Compute's own
+    word: the act record's time plus the ``verify_wait_s`` it derived from the VM's
+    ``upcomingMaintenance`` (services/actuate/repair.py). None without such a record.
+
+    Never the incident's ``maintenance.window_end``: that is the log entry's ``windowEndTime``, and
+    anyone who may publish to the events topic can set it a year ahead (issue 35, low)."""
+    if not isinstance(acted, Mapping) or acted.get("state") != "done":
+        return None
+    result, at = acted.get("result"), acted.get("at")
+    wait = result.get("verify_wait_s") if isinstance(result, Mapping) else None
+    if not isinstance(at, int | float) or not isinstance(wait, int | float) or isinstance(wait, bool):
+        return None
+    return float(at) + float(wait)
+
+
+def with_platform_wait(deadline: float, started: float, until: float | None) -> float:
+    """The deadline, stretched to cover a platform window the step waits out (and its own time after)."""
+    return deadline if until is None else max(deadline, until - started + deadline)

@@ -46,8 +46,12 @@ class Maintenance(TypedDict, total=False):
 
 
 class HostTopology(TypedDict):
+    """``resourceStatus.physicalHostTopology`` (Compute v1 Instance reference; the JSON field is
+    ``subblock``, as the REST resource ResourceStatusPhysicalHostTopology names it)."""
+
     cluster: str
     block: str
+    subblock: str
     host: str
 
 

@@ -169,6 +169,8 @@ class Instance:
     fingerprint: str = "42WmSpB8rSM="
     host: str = field(default_factory=lambda: f"host-{random.randrange(16**8):08x}")
     block: str = "block-1"
+    subblock: str = "sub-1"
+    cluster: str = "c1"
     plan: list[tuple[float, PlanStep]] = field(default_factory=list)  # (at, changes)
     maintenance: Maintenance | None = None
     reports: int = 0
@@ -219,7 +221,12 @@ class Instance:
     def to_api(self) -> InstanceDoc:
         rs: ResourceStatus = {
             "physicalHost": self.host,
-            "physicalHostTopology": {"cluster": "c1", "block": self.block, "host": self.host},
+            "physicalHostTopology": {
+                "cluster": self.cluster,
+                "block": self.block,
+                "subblock": self.subblock,
+                "host": self.host,
+            },
         }
         if self.maintenance:
             rs["upcomingMaintenance"] = self.maintenance
@@ -387,8 +394,11 @@ class FakeCompute:
         machine_type: str = "a3-megagpu-8g",
         provisioning: str = "RESERVATION_BOUND",
         mig: str | None = None,
+        block: str = "block-1",
+        subblock: str = "sub-1",
     ) -> Instance:
-        inst = Instance(project, zone, name, machine_type, provisioning, mig)
+        """A VM; ``block`` and ``subblock`` place it (resourceStatus.physicalHostTopology)."""
+        inst = Instance(project, zone, name, machine_type, provisioning, mig, block=block, subblock=subblock)
         with self.lock:
             self.instances[inst.path] = inst
             if mig:
@@ -405,6 +415,8 @@ class FakeCompute:
             _text(spec, "machine_type") if "machine_type" in spec else "a3-megagpu-8g",
             _text(spec, "provisioning") if "provisioning" in spec else "RESERVATION_BOUND",
             None if mig is None else _text(spec, "mig"),
+            _text(spec, "block") if "block" in spec else "block-1",
+            _text(spec, "subblock") if "subblock" in spec else "sub-1",
         )
 
     def inject(self, method: str, code: int, reason: str, message: str = "", count: int = 1) -> None:
@@ -530,7 +542,7 @@ class FakeCompute:
     def kernel_line(self, p: str, z: str, i: str, msg: object, facility: object) -> KmsgWritten:
         """A line the guest kernel prints (facility 0) or user space writes to /dev/kmsg (1: LOG_USER)."""
         inst = self._instance(p, z, i)
-        line = check_kmsg_line({"msg": msg, "facility": facility})
+        line = check_kmsg_line({"msg": msg, "facility": facility, "at": self.clock()})
         inst.kmsg = [*inst.kmsg, line][-KMSG_MAX:]
         self._sync_gpu_state()
         return {"instance": inst.name, "lines": len(inst.kmsg)}
@@ -544,8 +556,9 @@ class FakeCompute:
                 inst.advance(now)
                 if inst.host in self.host_gpu:
                     out[inst.name] = dict(self.host_gpu[inst.host])
-                if inst.kmsg:
+                if inst.kmsg:  # with the boot that dates its lines (the dmesg and clock stand-ins)
                     out.setdefault(inst.name, {})["kmsg"] = [dict(k) for k in inst.kmsg]
+                    out[inst.name]["boot"] = inst.last_start or inst.created
             return out
 
     def _sync_gpu_state(self) -> None:

@@ -10,6 +10,9 @@ return them are born done, so gcloud's pollers finish at their first look.
 Where Google does something on the caller's behalf the fake does too: a Logging sink gets
 a writer identity, a Pub/Sub-triggered function (or an Eventarc trigger of its own) gets a push
 subscription created on the Pub/Sub emulator, a function gets a Cloud Run service and URI.
+Where Google refuses, it refuses too: a function whose secret environment variable names a version
+that cannot be read (``latest`` of a secret with no version, or a disabled one) fails to deploy as
+Cloud Run fails its revision (:meth:`FakeGcp._unreadable_secret`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ OVERRIDES = {
     "artifactregistry": "ARTIFACTREGISTRY",
     "cloudbuild": "CLOUDBUILD",
     "storage": "STORAGE",
+    "container": "CONTAINER",  # node pools (deploy reads their MIGs), as added by a test
     "pubsub": "PUBSUB",  # IAM here, everything else forwarded to the Pub/Sub emulator
 }
 # APIs whose mutations answer with a google.longrunning Operation.
@@ -123,6 +127,8 @@ class FakeGcp:
     policies: dict[tuple[str, str], JsonObject] = field(default_factory=dict)
     uploads: dict[str, bytes] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
+    # project -> its folders and organization, nearest first: ("folder", "123"), ("organization", "9")
+    ancestors: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     base_url: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
     _pending_subscriptions: list[tuple[str, str]] = field(default_factory=list)
@@ -310,6 +316,11 @@ class FakeGcp:
         m = re.fullmatch(r"projects/([^/]+)", c.path)
         if m and c.method == "GET" and not c.verb:
             return {"projectId": m.group(1), "projectNumber": PROJECT_NUMBER, "lifecycleState": "ACTIVE"}
+        if m and c.verb == "getAncestry":
+            # the project first, then its parents up to the organization (Resource Manager v1
+            # projects.getAncestry: cloud.google.com/resource-manager/reference/rest/v1/projects/getAncestry)
+            chain = [("project", m.group(1)), *self.ancestors.get(m.group(1), [])]
+            return {"ancestor": [{"resourceId": {"type": t, "id": i}} for t, i in chain]}
         return None
 
     def _serviceusage(self, c: Call) -> Any:
@@ -417,12 +428,20 @@ class FakeGcp:
                 return None
             where, project, region = m.group(1), m.group(2), m.group(3)
             fn = m.group(4) or c.query.get("functionId", "")
-            out = self._create(c) if c.method == "POST" else None
             name = f"{where}/functions/{fn}"
+            before = copy.deepcopy(self.resources.get(("cloudfunctions", name)))
+            out = self._create(c) if c.method == "POST" else None
             if out is None:
                 res = self._need("cloudfunctions", name)
                 _merge(res, c.body or {}, c.query.get("updateMask"))
             res = self.resources[("cloudfunctions", name)]
+            why = self._unreadable_secret(project, res)
+            if why is not None:  # a new function stays, FAILED; an update leaves the one serving as it was
+                if before is None:
+                    res["state"] = "FAILED"  # "Function deployment failed and function is not serving."
+                else:
+                    self.resources[("cloudfunctions", name)] = before
+                return self._failed_deploy(res, why)
             res["state"] = "ACTIVE"
             res.setdefault("environment", "GEN_2")
             svc = res.setdefault("serviceConfig", {})
@@ -449,6 +468,99 @@ class FakeGcp:
                     )
             return self._answer("cloudfunctions", res)
         return None
+
+    def _secretmanager(self, c: Call) -> Any:
+        """Versions: numbered from 1, ENABLED when added; `latest` is the most recently created one.
+
+        cloud.google.com/secret-manager/docs/reference/rest/v1/projects.secrets.versions/access:
+        "projects/*/secrets/*/versions/latest is an alias to the most recently created SecretVersion".
+        """
+        secret = re.fullmatch(r"projects/[^/]+/secrets/[^/]+", c.path)
+        if secret and c.verb == "addVersion":
+            self._need("secretmanager", c.path)
+            n = 1 + len(self._versions(c.path))
+            payload = (c.body or {}).get("payload", {})
+            name = f"{c.path}/versions/{n}"
+            version: JsonObject = {
+                "name": name,
+                "state": "ENABLED",
+                "createTime": f"2026-01-01T00:00:{n:02d}Z",
+                "replicationStatus": {"automatic": {}},
+                "clientSpecifiedPayloadChecksum": "dataCrc32c" in payload,  # gcloud refuses a version without
+                "etag": f'"{next(self._ids)}"',
+                "payload": payload,  # kept (what `secrets create --data-file` sent), never answered
+            }
+            self.resources[("secretmanager", name)] = version
+            return {k: copy.deepcopy(v) for k, v in version.items() if k != "payload"}
+        if secret and c.method == "DELETE" and not c.verb:  # a secret takes its versions with it
+            for name in self._versions(c.path):
+                del self.resources[("secretmanager", name)]
+            return None
+        latest = re.fullmatch(r"(projects/[^/]+/secrets/[^/]+)/versions/latest", c.path)
+        if latest and c.method == "GET" and not c.verb:
+            versions = self._versions(latest.group(1))
+            if not versions:
+                raise ApiError(404, f"Secret [{latest.group(1)}] not found or has no versions.")
+            got = self.resources[("secretmanager", versions[-1])]
+            return {k: copy.deepcopy(v) for k, v in got.items() if k != "payload"}
+        return None
+
+    def _versions(self, secret: str) -> list[str]:
+        """A secret's version names, oldest first."""
+        names = [
+            n for (a, n) in self.resources if a == "secretmanager" and n.startswith(f"{secret}/versions/")
+        ]
+        return sorted(names, key=lambda n: int(n.rsplit("/", 1)[1]))
+
+    def _unreadable_secret(self, project: str, fn: JsonObject) -> str | None:
+        """Why Cloud Run would not start the function's revision, if a secret it reads is unreadable.
+
+        A secret environment variable is resolved before an instance starts, so a version that does
+        not exist or is disabled fails the revision, and with it the deploy
+        (cloud.google.com/run/docs/configuring/services/secrets, "How secrets are checked at
+        deployment and runtime"). Cloud Run's message names the variable's place in the container's
+        env and the version by project number: "Revision 'R' is not ready and cannot serve traffic.
+        spec.template.spec.containers[0].env[N].value_from.secret_key_ref.name: Secret
+        projects/NUMBER/secrets/S/versions/V was not found".
+        """
+        svc = fn.get("serviceConfig") or {}
+        plain = len(svc.get("environmentVariables") or {})
+        for i, ref in enumerate(svc.get("secretEnvironmentVariables") or []):
+            owner = ref.get("projectId") or project  # gcloud names it by number: every project's is one
+            secret = f"projects/{project if owner == PROJECT_NUMBER else owner}/secrets/{ref['secret']}"
+            versions = self._versions(secret)
+            wanted = (
+                versions[-1:]
+                if ref.get("version") == "latest"
+                else [f"{secret}/versions/{ref.get('version')}"]
+            )
+            found = [self.resources.get(("secretmanager", v)) for v in wanted]
+            if not found or found[0] is None or found[0].get("state") != "ENABLED":
+                revision = f"{fn['name'].rsplit('/', 1)[1]}-{next(self._ids):05d}-fak"
+                return (
+                    f"Revision '{revision}' is not ready and cannot serve traffic. "
+                    f"spec.template.spec.containers[0].env[{plain + i}].value_from.secret_key_ref.name: "
+                    f"Secret projects/{PROJECT_NUMBER}/secrets/{ref['secret']}/versions/{ref.get('version')} "
+                    "was not found"
+                )
+        return None
+
+    def _failed_deploy(self, fn: JsonObject, why: str) -> JsonObject:
+        """The deploy's operation, done with Cloud Functions' error (FAILED_PRECONDITION, as Cloud Run
+        reports a revision whose secret it cannot read) and the build stage complete."""
+        short = fn["name"].rsplit("/", 1)[1]
+        op: JsonObject = {
+            "name": f"{'/'.join(fn['name'].split('/')[:4])}/operations/op-{next(self._ids)}",
+            "done": True,
+            "error": {"code": 9, "message": f"Could not create or update Cloud Run service {short}, {why}"},
+            "metadata": {
+                "@type": "type.googleapis.com/google.cloud.functions.v2.OperationMetadata",
+                "target": fn["name"],
+                "stages": [{"name": "BUILD", "state": "COMPLETE"}, {"name": "SERVICE", "state": "COMPLETE"}],
+            },
+        }
+        self.resources[("cloudfunctions", op["name"])] = op
+        return op
 
     def _cloudbuild(self, c: Call) -> Any:
         if c.method == "GET" and c.path.endswith("/defaultServiceAccount"):
@@ -487,6 +599,14 @@ class FakeGcp:
             )
             if sub:
                 self._pending_subscriptions.append((sub, ""))
+        return None
+
+    def _container(self, c: Call) -> Any:
+        """Node pools live in their cluster: listing those of a cluster that is not there is a 404,
+        as the Container API answers (projects.locations.clusters.nodePools.list)."""
+        m = re.fullmatch(r"(projects/[^/]+/locations/[^/]+/clusters/[^/]+)/nodePools", c.path)
+        if m and c.method == "GET":
+            self._need("container", m.group(1))
         return None
 
     def _monitoring(self, c: Call) -> Any:

@@ -31,7 +31,11 @@ drives, with the behaviour observed from kubectl 1.32 and the ``kubernetes`` 37.
   (``admissionregistration.k8s.io/v1``, applied with kubectl or the API) are enforced on every
   create, update, patch and delete that reaches the API (k8s_admission.py), with the request's user.
 
-Not Kubernetes: ``GET /_admin/admission`` lists each request a policy judged (who, what, allowed);
+Not Kubernetes: ``FakeKube.fail(method, kind, code, reason, times, sub)`` makes the next ``times``
+requests of that method on that kind (and subresource) answer ``code`` with a ``Status`` of that
+reason, before anything is changed: an API server that refused them (a 409 on a guarded write, a
+429 from a budget, a 503 from an overloaded server, a 403 from RBAC). ``GET /_admin/admission``
+lists each request a policy judged (who, what, allowed);
 ``GET /_admin/effects`` lists what mutating requests changed on nodes (cordon,
 uncordon, a ``pitstop.dev/remediation`` taint added or removed, with its value) and every pod
 evicted (with its node), each with the time, so ``pitstop local status`` can say what each GKE
@@ -102,6 +106,18 @@ PDB_VIOLATION = "Cannot evict pod as it would violate the pod's disruption budge
 VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 FENCE_TAINT = "pitstop.dev/remediation"  # what Pitstop's GKE adapter taints a fenced node with
+
+
+@dataclass
+class Fault:
+    """The next ``times`` requests of ``method`` on ``kind`` (subresource ``sub``) answer ``code``."""
+
+    method: str
+    kind: str
+    code: int
+    reason: str
+    times: int
+    sub: str = ""
 
 
 @dataclass(frozen=True)
@@ -450,6 +466,7 @@ class FakeKube:
         self.requests: list[tuple[str, str, str]] = []  # (method, path with query, content type)
         self.effects: list[KubeEffect] = []  # what mutating requests changed (GET /_admin/effects)
         self.errors: list[str] = []  # controller exceptions from the background loop
+        self.faults: list[Fault] = []  # answers to give instead (fail())
         self._server: _Server | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -516,6 +533,19 @@ class FakeKube:
                 print(self.errors[-1], file=sys.stderr)
 
     # --- Python interface -----------------------------------------------------------------------
+    def fail(self, method: str, kind: str, code: int, reason: str, times: int = 1, sub: str = "") -> None:
+        """The next ``times`` ``method`` requests on ``kind`` (``sub``: e.g. ``eviction``) answer ``code``."""
+        with self.store.lock:
+            self.faults.append(Fault(method, kind, code, reason, times, sub))
+
+    def _fault(self, method: str, r: Route) -> ApiError | None:
+        with self.store.lock:
+            for f in self.faults:
+                if f.times > 0 and (f.method, f.kind, f.sub) == (method, r.res.kind, r.sub):
+                    f.times -= 1
+                    return ApiError(f.code, f.reason, f"injected: {f.reason}")
+        return None
+
     def step(self) -> None:
         """Run every controller once (kubelet, GC, Job, JobSet, Kueue, scheduler, disruption)."""
         self.controllers.step()
@@ -680,6 +710,9 @@ class FakeKube:
             r = route(parsed.path)
             if r is None:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            fault = self._fault(h.command, r)
+            if fault is not None:
+                raise fault
             if h.command == "GET" and r.name is None and query.get("watch") in ("true", "1"):
                 return self._watch(h, r, query)
             if h.command == "GET" and r.res.kind == "Pod" and r.name and r.sub == "log":

@@ -28,6 +28,7 @@ THROTTLE = "workload.googleapis.com/gpu.dcgm.clock.throttle_duration.time"
 ECC = "workload.googleapis.com/gpu.dcgm.ecc_errors"
 _TYPE = re.compile(r'metric\.type\s*=\s*"([^"]+)"')
 _NAMES = re.compile(r"metadata\.system_labels\.name\s*=\s*one_of\(([^)]*)\)")
+_LABEL = re.compile(r'metric\.labels\.([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"([^"]*)"')
 GpuState = Callable[[], Mapping[str, GpuEntry]]  # instance name -> its GPU state entry
 
 
@@ -38,6 +39,7 @@ class Point(TypedDict):
     labels: dict[str, str]
     value: float
     resource: str
+    at: float  # the point's end_time, epoch s
 
 
 class FakeMonitoring:
@@ -56,6 +58,8 @@ class FakeMonitoring:
         """One aligned point per named VM of a DCGM metric; anything else is refused as unsupported."""
         kind = _TYPE.search(req.filter)
         names = _NAMES.search(req.filter)
+        if kind is not None and kind.group(1) == HEARTBEAT and req.name.startswith("projects/"):
+            return self._heartbeats(req)
         if not req.name.startswith("projects/") or kind is None or names is None:
             ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, "filter needs metric.type and a name one_of(...)")
             raise AssertionError("unreachable: abort raises")
@@ -79,6 +83,30 @@ class FakeMonitoring:
             out.time_series.append(ts)
         return out
 
+    def _heartbeats(self, req: metric_service.ListTimeSeriesRequest) -> metric_service.ListTimeSeriesResponse:
+        """The heartbeat points written for the filter's ``metric.labels`` within its interval (a
+        FULL view, one series), as Cloud Monitoring returns a raw series."""
+        want = dict(_LABEL.findall(req.filter))
+        start, end = req.interval.start_time.timestamp(), req.interval.end_time.timestamp()
+        got = [
+            p
+            for p in self.series
+            if p["type"] == HEARTBEAT
+            and all(p["labels"].get(k) == v for k, v in want.items())
+            and start <= p["at"] <= end
+        ]
+        out = metric_service.ListTimeSeriesResponse()
+        if got:
+            ts = metric.TimeSeries()
+            ts.metric.type = HEARTBEAT
+            ts.metric.labels.update(want)
+            ts.resource.type = "global"
+            ts.points = [
+                _point(p) for p in sorted(got, key=lambda p: -p["at"])
+            ]  # newest first, as Monitoring
+            out.time_series.append(ts)
+        return out
+
     def create(
         self, req: metric_service.CreateTimeSeriesRequest, ctx: grpc.ServicerContext
     ) -> empty_pb2.Empty:
@@ -95,11 +123,17 @@ class FakeMonitoring:
                     "labels": dict(ts.metric.labels),
                     "value": value,
                     "resource": ts.resource.type,
+                    "at": p.interval.end_time.timestamp(),
                 }
             )
             if ts.metric.type == HEARTBEAT and self.on_heartbeat is not None:
                 self.on_heartbeat(dict(ts.metric.labels))
         return empty_pb2.Empty()
+
+
+def _point(p: Point) -> metric.Point:
+    end = {"seconds": int(p["at"]), "nanos": int(p["at"] % 1 * 1e9)}
+    return metric.Point({"interval": {"end_time": end}, "value": {"int64_value": int(p["value"])}})
 
 
 def serve(fake: FakeMonitoring, host: str = "127.0.0.1", port: int = 0) -> tuple[grpc.Server, str]:

@@ -113,11 +113,10 @@ class Gangs:
 
 
 def fenced_by(events: list[JsonObject], node: str, iid: str) -> bool:
-    """Whether a node watch saw the node cordoned with Pitstop's taint for this incident."""
+    """Whether a node watch saw the node carry Pitstop's taint for this incident (its fence)."""
     taint = {"key": FENCE_KEY, "value": iid, "effect": "NoSchedule"}
     return any(
         e["object"]["metadata"]["name"] == node
-        and e["object"].get("spec", {}).get("unschedulable")
         and any({k: t.get(k) for k in taint} == taint for t in e["object"]["spec"].get("taints") or [])
         for e in events
     )

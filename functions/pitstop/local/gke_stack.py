@@ -39,7 +39,10 @@ from typing import Any, TypedDict
 import yaml
 
 from pitstop.core.domain import JsonObject
+from pitstop.core.localise import HEARTBEAT_LABEL
 from pitstop.core.policy_types import ChecksConfig
+from pitstop.core.topology import BLOCK_LABEL as TOPOLOGY_BLOCK
+from pitstop.core.topology import SUBBLOCK_LABEL as TOPOLOGY_SUBBLOCK
 from pitstop.local.procs import Proc, wait_http
 
 NAMESPACE = "default"
@@ -103,7 +106,8 @@ def jobset(name: str, nodes: int, *, pool: str | None = None, grace_s: int = 30)
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+        # its trainer writes the heartbeat, and its owner says so (core/localise.HEARTBEAT_LABEL)
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {HEARTBEAT_LABEL: "true"}},
         "spec": {
             "failurePolicy": HOST_MAINTENANCE_POLICY,
             "replicatedJobs": [{"name": "workers", "replicas": nodes, "template": {"spec": job_spec}}],
@@ -237,6 +241,7 @@ class NodeSummary(TypedDict):
     name: str
     ready: bool
     unschedulable: bool
+    fenced: bool  # Pitstop's taint (pitstop.dev/remediation) is on it: its fence, never a cordon
     taints: list[str]
     gpu_allocatable: int
     xid_critical: bool
@@ -261,6 +266,7 @@ def node_summary(node: JsonObject) -> NodeSummary:
         "name": node["metadata"]["name"],
         "ready": _cond(node, "Ready") == "True",
         "unschedulable": bool(node.get("spec", {}).get("unschedulable")),
+        "fenced": any(t.get("key") == FENCE_KEY for t in taints),
         "taints": [f"{t['key']}{'=' + t['value'] if t.get('value') else ''}:{t['effect']}" for t in taints],
         "gpu_allocatable": int((node.get("status", {}).get("allocatable") or {}).get(GPU, 0)),
         "xid_critical": _cond(node, "XidCriticalError") == "True",
@@ -558,6 +564,11 @@ def serve(args: argparse.Namespace) -> None:
         }
         if inst.get("provisioning") == "SPOT":
             labels["cloud.google.com/gke-spot"] = "true"
+        # GKE's placement labels on A3 Ultra/A4/A4X nodes in a reservation, from the VM's physical
+        # host topology (cloud.google.com/ai-hypercomputer/docs/workloads/schedule-gke-workloads-tas)
+        for key, label in (("block", TOPOLOGY_BLOCK), ("subblock", TOPOLOGY_SUBBLOCK)):
+            if inst.get(key):
+                labels[label] = str(inst[key])
         kube.add_node(
             inst["name"], project=cluster["project"], zone=cluster["zone"], gpus=GPUS_PER_NODE, labels=labels
         )

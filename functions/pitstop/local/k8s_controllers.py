@@ -697,7 +697,7 @@ class Controllers:
             set_cond(wl, "Requeued", "True", "Reactivated", "The workload was reactivated", now)
             status.pop("requeueState", None)
         if active and not status.get("admission") and not self._finished(js) and self._fits(wl):
-            admit(wl, now)
+            admit(wl, now, self.store.list("Node"))
         admitted = bool(status.get("admission"))
         if js["spec"].get("suspend") == admitted:
             self.store.mutate(
@@ -715,11 +715,16 @@ class Controllers:
         return cond_true(js, "Completed") or cond_true(js, "Failed")
 
     def _fits(self, wl: Obj) -> bool:
-        """Quota = the GPUs of Ready, schedulable nodes; usage = every other admitted workload."""
+        """Quota = the GPUs of Ready, schedulable nodes whose NoSchedule/NoExecute taints the
+        workload's pods tolerate (a cordon and a fence's taint alike keep them off); usage = every
+        other admitted workload."""
+        pods = [{"spec": ps["template"].get("spec", {})} for ps in wl["spec"].get("podSets") or []]
         quota = sum(
             int(n["status"]["allocatable"].get(GPU, 0))
             for n in self.store.list("Node")
-            if node_ready(n) and not n["spec"].get("unschedulable")
+            if node_ready(n)
+            and not n["spec"].get("unschedulable")
+            and all(tolerates(p, t) for p in pods for t in blocking_taints(n))
         )
         used = sum(
             workload_gpus(w) for w in self.store.list("Workload") if (w.get("status") or {}).get("admission")
@@ -925,12 +930,16 @@ def tolerates(pod: Obj, taint: Obj) -> bool:
     return False
 
 
+def blocking_taints(node: Obj) -> list[Obj]:
+    """Taints that keep a pod that does not tolerate them off the node (NoSchedule, NoExecute)."""
+    return [t for t in node["spec"].get("taints") or [] if t.get("effect") in ("NoSchedule", "NoExecute")]
+
+
 def fits(pod: Obj, node: Obj, free: int) -> bool:
     labels = meta(node).get("labels") or {}
     if any(labels.get(k) != v for k, v in (pod["spec"].get("nodeSelector") or {}).items()):
         return False
-    blocking = [t for t in node["spec"].get("taints") or [] if t.get("effect") in ("NoSchedule", "NoExecute")]
-    return all(tolerates(pod, t) for t in blocking) and free >= gpu_request(pod)
+    return all(tolerates(pod, t) for t in blocking_taints(node)) and free >= gpu_request(pod)
 
 
 def place(pending: list[Obj], free: dict[str, int], nodes: list[Obj]) -> dict[str, str | None]:
@@ -1173,15 +1182,32 @@ def workload_gpus(wl: Obj) -> int:
     )
 
 
-def admit(wl: Obj, now: str) -> None:
+# A PodSet asks for Topology Aware Scheduling with one of these annotations on its pod template
+# (kubernetes-sigs/kueue@v0.19.2 site/.../concepts/topology_aware_scheduling.md).
+TAS_ANNOTATIONS = ("kueue.x-k8s.io/podset-required-topology", "kueue.x-k8s.io/podset-preferred-topology")
+
+
+def assignment(ps: Obj, nodes: list[Obj]) -> Obj:
+    """A PodSet's admission: its flavor, and for a TAS PodSet a ``topologyAssignment`` at the level it
+    asked for (one domain: the first node's value of that label; the stand-in does not pack pods)."""
+    out: Obj = {"name": ps["name"], "count": ps["count"], "flavors": {GPU: "default-flavor"}}
+    annotations = ((ps.get("template") or {}).get("metadata") or {}).get("annotations") or {}
+    level = next((annotations[a] for a in TAS_ANNOTATIONS if annotations.get(a)), None)
+    if level:
+        values = sorted(v for n in nodes if (v := (meta(n).get("labels") or {}).get(level)))
+        out["topologyAssignment"] = {
+            "levels": [level],
+            "domains": [{"values": values[:1], "count": ps["count"]}],
+        }
+    return out
+
+
+def admit(wl: Obj, now: str, nodes: list[Obj] | None = None) -> None:
     """``SetQuotaReservation`` + Admitted; a previous Evicted condition is reset (workload.go)."""
     status = wl["status"]
     status["admission"] = {
         "clusterQueue": CLUSTER_QUEUE,
-        "podSetAssignments": [
-            {"name": ps["name"], "count": ps["count"], "flavors": {GPU: "default-flavor"}}
-            for ps in wl["spec"]["podSets"]
-        ],
+        "podSetAssignments": [assignment(ps, nodes or []) for ps in wl["spec"]["podSets"]],
     }
     set_cond(
         wl, "QuotaReserved", "True", "QuotaReserved", f"Quota reserved in ClusterQueue {CLUSTER_QUEUE}", now

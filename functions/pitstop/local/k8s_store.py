@@ -81,6 +81,8 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("PodDisruptionBudget", "poddisruptionbudgets", "policy", "v1", True, ("status",), ("pdb",)),
     Resource("JobSet", "jobsets", "jobset.x-k8s.io", "v1alpha2", True, custom=True),
     Resource("Workload", "workloads", "kueue.x-k8s.io", "v1beta2", True, ("status",), ("wl",), custom=True),
+    # Kueue's Topology (cluster-scoped: its levels' node labels, for Topology Aware Scheduling)
+    Resource("Topology", "topologies", "kueue.x-k8s.io", "v1beta2", False, (), custom=True),
     # enforced by local/k8s_admission.py
     Resource(
         "ValidatingAdmissionPolicy",

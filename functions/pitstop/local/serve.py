@@ -1,10 +1,11 @@
 """Run one local stand-in as a process: ``python -m pitstop.local.serve NAME [options]``.
 
 fake-compute, executions (the Workflows runner behind the Executions gRPC API), monitoring,
-prometheus (Managed Service for Prometheus' query API over the GPU stand-ins), webhook (a sink
-that records notifications and can be taken down), vm-sync (starts and
+prometheus (Managed Service for Prometheus' query API over the GPU stand-ins), webhook (every
+channel folder's sink: records notifications and can be taken down), vm-sync (starts and
 stops each node's slurmd as its fake VM goes down and comes back, like a real host would),
-and scheduler (Cloud Scheduler's job that calls the sweep function every interval).
+scheduler (Cloud Scheduler's job that calls the sweep function every interval), and vertex
+(Vertex AI's JobService for custom training jobs).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -104,6 +105,34 @@ def monitoring(args: argparse.Namespace) -> None:
     _wait_forever(lambda: server.stop(0))
 
 
+def vertex(args: argparse.Namespace) -> None:
+    """Vertex AI's JobService (REST v1) for every region (local/fake_vertex.py)."""
+    from pitstop.local.fake_vertex import FakeVertex, serve
+
+    fake = FakeVertex(step_s=args.step_s, run_s=args.run_s)
+    server, _ = serve(fake, port=args.port)
+    stop = threading.Event()
+    if args.monitoring:  # the jobs' training loops write their heartbeats there (local/trainer.py's metric)
+        from pitstop.local.trainer import beat, heartbeat_client
+
+        client = heartbeat_client(args.monitoring)
+
+        def beats() -> None:
+            step = 0
+            while not stop.wait(args.beat_s):
+                step += 1
+                for project, cluster, job in fake.beating():
+                    beat(client, project, cluster, job, step)
+
+        threading.Thread(target=beats, daemon=True, name="vertex-heartbeats").start()
+
+    def down() -> None:
+        stop.set()
+        server.shutdown()
+
+    _wait_forever(down)
+
+
 def prometheus(args: argparse.Namespace) -> None:
     """Managed Service for Prometheus' query API over the GPU stand-ins (local/fake_prometheus.py)."""
     from pitstop.local.fake_prometheus import FakePrometheus, serve
@@ -115,40 +144,26 @@ def prometheus(args: argparse.Namespace) -> None:
     _wait_forever(server.shutdown)
 
 
-PAGERDUTY_PATH = "/pagerduty/v2/enqueue"
-_PD_ACTIONS = frozenset({"trigger", "acknowledge", "resolve"})
-_PD_SEVERITIES = frozenset({"critical", "error", "warning", "info"})
+def channel_sinks() -> dict[str, Any]:
+    """Each channel folder's local sink (plugins/channels/<name>/local.py) by the path it serves."""
+    import importlib
 
+    from pitstop.core import plugins
 
-def pagerduty_errors(event: Any) -> list[str]:
-    """What PagerDuty's Events API v2 would refuse in an event (an empty list: accepted)."""
-    if not isinstance(event, dict):
-        return ["Event object is invalid"]
-    errors = []
-    if not isinstance(event.get("routing_key"), str) or len(event["routing_key"]) != 32:
-        errors.append("'routing_key' must be a 32-character integration key")
-    if event.get("event_action") not in _PD_ACTIONS:
-        errors.append("'event_action' is invalid (must be one of: trigger, acknowledge, resolve)")
-    if len(str(event.get("dedup_key") or "")) > 255:
-        errors.append("'dedup_key' must be 255 characters or less")
-    if event.get("event_action") == "trigger":
-        found = event.get("payload")
-        payload: Mapping[str, object] = found if isinstance(found, dict) else {}
-        for key in ("summary", "source", "severity"):
-            if not payload.get(key):
-                errors.append(f"'payload.{key}' is missing or blank")
-        if payload.get("severity") and payload["severity"] not in _PD_SEVERITIES:
-            errors.append("'payload.severity' is invalid")
-        if len(str(payload.get("summary") or "")) > 1024:
-            errors.append("'payload.summary' must be 1024 characters or less")
-    return errors
+    sinks = {}
+    for p in plugins.found("channels"):
+        if (p.folder / "local.py").is_file():
+            local = importlib.import_module(f"{p.module}.local")
+            sinks[local.PATH] = local
+    return sinks
 
 
 def webhook(args: argparse.Namespace) -> None:
-    """The chat webhook sink (answers 200 or, while down, 503) and PagerDuty's Events v2 endpoint
-    (202 with PagerDuty's body; 400 with its error list for an event it would refuse)."""
+    """Every channel's sink on one port, each at its own path (its folder's ``local.py`` answers as
+    the real endpoint would); while down, each answers 503 and keeps the refused post apart."""
     out = Path(args.out)
     state = {"down": False}
+    sinks = channel_sinks()
 
     class Handler(BaseHTTPRequestHandler):
         def _answer(self, status: int, body: Any = None) -> None:
@@ -168,20 +183,13 @@ def webhook(args: argparse.Namespace) -> None:
                     seen = {"at": time.time(), "path": self.path, "body": body.decode(errors="replace")}
                     f.write(json.dumps(seen) + "\n")
                 return self._answer(503)
-            doc = json.loads(body or b"null")
-            errors = pagerduty_errors(doc) if self.path == PAGERDUTY_PATH else []
-            if errors:
-                return self._answer(
-                    400, {"status": "invalid event", "message": "Event object is invalid", "errors": errors}
-                )
-            with out.open("a") as f:
-                f.write(json.dumps({"at": time.time(), "path": self.path, "body": doc}) + "\n")
-            if self.path == PAGERDUTY_PATH:
-                return self._answer(
-                    202,
-                    {"status": "success", "message": "Event processed", "dedup_key": doc.get("dedup_key")},
-                )
-            return self._answer(200)
+            sink = sinks.get(self.path)
+            status, answer = sink.answer(body, dict(self.headers)) if sink else (200, None)
+            if status < 300:
+                with out.open("a") as f:
+                    doc = json.loads(body or b"null")
+                    f.write(json.dumps({"at": time.time(), "path": self.path, "body": doc}) + "\n")
+            return self._answer(status, answer)
 
         def log_message(self, *a: Any) -> None:
             pass
@@ -292,6 +300,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     pr.add_argument("--project", default="pitstop-local")
     pr.add_argument("--zone", default="us-central1-a")
     pr.add_argument("--cluster", default="local")
+    vx = sub.add_parser("vertex")
+    vx.add_argument("--port", type=int, required=True)
+    vx.add_argument("--step-s", type=float, default=5.0, help="seconds a job spends queued, then pending")
+    vx.add_argument("--run-s", type=float, default=3600.0, help="seconds a job trains before it succeeds")
+    vx.add_argument("--monitoring", default=None, help="the Monitoring stand-in (host:port) for heartbeats")
+    vx.add_argument("--beat-s", type=float, default=1.0, help="seconds between a training job's heartbeats")
     sc = sub.add_parser("scheduler")
     sc.add_argument("--url", required=True)
     sc.add_argument("--interval", type=float, default=60.0)
@@ -306,6 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "executions": executions,
         "monitoring": monitoring,
         "prometheus": prometheus,
+        "vertex": vertex,
         "webhook": webhook,
         "vm-sync": vm_sync,
         "scheduler": scheduler,

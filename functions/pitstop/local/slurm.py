@@ -15,6 +15,23 @@ from pathlib import Path
 from pitstop.local.procs import Proc, free_port
 
 
+def topology_conf(nodes: list[str], places: dict[str, tuple[str, str]]) -> str:
+    """topology.conf for topology/tree: a leaf switch per sub-block (its nodes), a switch per block
+    (its sub-blocks' switches), a root over the blocks; a node without a place sits in block-1/sub-1.
+    Switch names are ``<block>`` and ``<block>-<sub-block>``: a sub-block id is only unique in its block."""
+    blocks: dict[str, dict[str, list[str]]] = {}
+    for n in nodes:
+        block, sub = places.get(n, ("block-1", "sub-1"))
+        blocks.setdefault(block, {}).setdefault(sub, []).append(n)
+    lines = []
+    for block, subs in sorted(blocks.items()):
+        for sub, members in sorted(subs.items()):
+            lines.append(f"SwitchName={block}-{sub} Nodes={','.join(members)}")
+        lines.append(f"SwitchName={block} Switches={','.join(f'{block}-{s}' for s in sorted(subs))}")
+    lines.append(f"SwitchName=root Switches={','.join(sorted(blocks))}")
+    return "\n".join(lines) + "\n"
+
+
 def ensure_munge() -> None:
     """Create the key once and start munged as user munge (idempotent, and safe when several test
     processes start clusters at once: they take turns on a lock file)."""
@@ -37,11 +54,17 @@ def _start_munge() -> None:
 
 @dataclass
 class SlurmCluster:
+    """``places``: node -> (block, sub-block), as the fake Compute places the VMs; given, the cluster
+    runs ``topology/tree`` with a topology.conf written from them, the way Cluster Toolkit writes one
+    from Compute's physicalHostTopology: a leaf switch per sub-block, a switch per block above its
+    sub-blocks, and one root above the blocks (https://slurm.schedmd.com/topology.conf.html)."""
+
     workdir: Path
     nodes: list[str]
     cluster: str = "pitstop"
     procs: list[Proc] = field(default_factory=list)
     daemons: dict[str, Proc] = field(default_factory=dict)
+    places: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def conf(self) -> Path:
@@ -91,10 +114,13 @@ class SlurmCluster:
                     "SchedulerParameters=sched_interval=1,bf_interval=1",
                     *node_lines,
                     f"PartitionName=gpu Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP",
+                    *(["TopologyPlugin=topology/tree"] if self.places else []),
                 ]
             )
             + "\n"
         )
+        if self.places:
+            (d / "topology.conf").write_text(topology_conf(self.nodes, self.places))
 
     def start_controller(self, timeout: float = 60.0) -> None:
         ensure_munge()
@@ -171,13 +197,16 @@ class SlurmCluster:
         seconds: int = 3600,
         command: str | None = None,
         exclude: list[str] | None = None,
+        comment: str | None = None,
     ) -> str:
         """A batch job on ``nodes`` nodes, requeueable; it sleeps ``seconds`` unless given a ``command``;
-        never placed on ``exclude`` (a requeue may move it to any other node, as a training job)."""
+        never placed on ``exclude`` (a requeue may move it to any other node, as a training job);
+        ``comment``: its ``--comment`` (a training job's opt-in to hang remediation)."""
         out = subprocess.run(
             [
                 "sbatch",
                 *(["-x", ",".join(exclude)] if exclude else []),
+                *([f"--comment={comment}"] if comment else []),
                 "--parsable",
                 "-N",
                 str(nodes),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shlex
 import signal
 import subprocess
@@ -29,10 +30,11 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from pitstop.core import sinks
 from pitstop.core.domain import JsonObject
+from pitstop.core.localise import HEARTBEAT_OPT_IN
 from pitstop.core.policy_types import ClusterDoc
 from pitstop.local import gke_stack, gpu_tools
 from pitstop.local.chaos import CHAOS_DIR_ENV, clear_flags
@@ -40,7 +42,7 @@ from pitstop.local.compute_shapes import GpuStateSet
 from pitstop.local.control import Controller
 from pitstop.local.lql import compile_filter
 from pitstop.local.procs import Proc, free_port, start_emulator, wait_http
-from pitstop.local.serve import PAGERDUTY_PATH
+from pitstop.local.serve import channel_sinks
 from pitstop.local.slurm import SlurmCluster
 from pitstop.services.actuate import STEP_CLAIM_S
 
@@ -55,13 +57,16 @@ GKE_EVICT_DEADLINE_S = 10  # a PodDisruptionBudget that refuses an eviction fail
 # and names it in PITSTOP_GPU_STATE; the stand-ins in checks read it from there.
 GPU_STATE_ENV = "PITSTOP_GPU_STATE"
 # the local PagerDuty endpoint takes any 32-character integration key, as PagerDuty would shape-check it
-LOCAL_ROUTING_KEY = "pitstoplocalroutingkey0000000000"
 GPU_STATE_FILE = "gpu-state.json"
 NOTIFY_DATABASE = "pitstop-notify"  # notify's ledger database (deploy.defaults.yaml notify_database)
 # The telemetry policies' windows on the stack: the heartbeat's 2 min absence is 6 s, a 10 min
 # throttle 30 s (production windows: infra/monitoring/telemetry/).
 ALERT_SCALE = 0.05
 HEARTBEAT_EVERY_S = 1.0  # the training stand-in's step (local/trainer.py)
+HEARTBEAT_MIN_POINTS = 3  # points of a job's heartbeat before a hang alert may act on it (policy_for)
+REGION = ZONE.rsplit("-", 1)[0]
+VERTEX_ACCOUNT = f"llm-trainer@{PROJECT}.iam.gserviceaccount.com"  # what the stack's Vertex jobs run as
+VERTEX_STEP_S = 1.0  # a job's seconds queued, then pending, on the stand-in
 
 
 def gpu_tool_flags() -> list[str]:
@@ -71,6 +76,7 @@ def gpu_tool_flags() -> list[str]:
         ("--nvidia-smi", "nvidia_smi"),
         ("--dcgmi", "dcgmi"),
         ("--dmesg", "dmesg"),
+        ("--clock", "clock"),
         ("--all-gather-perf", "all_gather_perf"),
     ):
         flags += [flag, shlex.join([sys.executable, "-m", f"pitstop.local.gpu_tools.{tool}"])]
@@ -86,8 +92,15 @@ class ClusterSpec:
     machine_type: str = "a3-megagpu-8g"
     mig: str = "a3-node"
     name: str = "train"
-    scheduler: Literal["slurm", "gke"] = "slurm"  # or "gke": a fake Kubernetes API server in place of Slurm
+    # "gke": a fake Kubernetes API server in place of Slurm; "vertex": Vertex AI custom training (the
+    # stand-in local/fake_vertex.py; no node of Pitstop's, so none simulated)
+    scheduler: Literal["slurm", "gke", "vertex"] = "slurm"
     jobset_nodes: int = 0  # gke: a JobSet with the host-maintenance failure policy on this many nodes
+    # Where nodes sit: node -> [block, sub-block] (the fake Compute's physicalHostTopology, GKE's
+    # gce-topology labels, Slurm's topology.conf); a node not named sits in block-1/sub-1, and a
+    # stack that names none runs Slurm without a topology plugin and GKE nodes without the labels.
+    places: dict[str, list[str]] = field(default_factory=dict)
+    machine_types: dict[str, str] = field(default_factory=dict)  # node -> its own machine type
 
     @property
     def node_names(self) -> list[str]:
@@ -105,6 +118,11 @@ class ClusterSpec:
             jobset_nodes=jobset_nodes,
         )
 
+    @classmethod
+    def vertex(cls, name: str = "llm") -> ClusterSpec:
+        """Vertex AI custom training jobs of the stack's project in REGION: the platform owns the VMs."""
+        return cls(nodes=0, prefix="vertex", mig="", name=name, scheduler="vertex")
+
 
 class ClusterRecord(TypedDict):
     """The cluster a stack runs, as stack.json keeps it: a ClusterSpec and its node names."""
@@ -118,6 +136,8 @@ class ClusterRecord(TypedDict):
     scheduler: str
     jobset_nodes: int
     node_names: list[str]
+    places: NotRequired[dict[str, list[str]]]
+    machine_types: NotRequired[dict[str, str]]
 
 
 @dataclass
@@ -163,8 +183,11 @@ def default_workdir() -> Path:
     return Path(os.environ.get("PITSTOP_LOCAL_DIR", ROOT / ".local"))
 
 
-def _cluster_policy(spec: ClusterSpec) -> ClusterDoc:
+def _cluster_policy(spec: ClusterSpec) -> ClusterDoc | JsonObject:
     """The policy's entry for the simulated cluster; a GKE one is reached at PITSTOP_KUBE_ENDPOINT."""
+    if spec.scheduler == "vertex":  # no VMs of Pitstop's: the jobs of the project's region
+        block = {"regions": [REGION], "job_service_accounts": [VERTEX_ACCOUNT]}  # its folder's schema
+        return {"name": spec.name, "scheduler": "vertex", "vertex": block}
     cluster: ClusterDoc = {
         "name": spec.name,
         "scheduler": spec.scheduler,
@@ -199,6 +222,8 @@ def policy_for(spec: ClusterSpec, over: JsonObject | None = None) -> JsonObject:
         },
         "cooldowns": {"RESCHEDULE_JOB": 5},
         "store": {"flush_interval_s": 0.5},
+        # a job beats every HEARTBEAT_EVERY_S here: established after a few seconds (10 min in production)
+        "localise": {"heartbeat_min_points": HEARTBEAT_MIN_POINTS, "heartbeat_min_span_s": 1.0},
     }
     for k, v in (over or {}).items():
         doc[k] = v
@@ -216,8 +241,18 @@ def _endpoints(fs_host: str, ps_host: str, ports: dict[str, int]) -> dict[str, s
         "webhook": f"http://127.0.0.1:{ports['webhook']}/hook",
         **{f: f"http://127.0.0.1:{ports[f]}" for f in ("ingest", "actuate", "notify", "sweep", "control")},
         **({"kube": f"http://127.0.0.1:{ports['kube']}"} if "kube" in ports else {}),
+        **({"vertex": f"http://127.0.0.1:{ports['vertex']}"} if "vertex" in ports else {}),
         **({"prometheus": f"http://127.0.0.1:{ports['prometheus']}"} if "prometheus" in ports else {}),
     }
+
+
+def _vertex_env(ep: Mapping[str, str]) -> dict[str, str]:
+    """What points the vertex scheduler at the stand-in (its folder's local.py), if the stack runs it."""
+    if "vertex" not in ep:
+        return {}
+    from pitstop.plugins.schedulers.vertex import local  # the stand-in's module: loaded only when it runs
+
+    return local.env(ep["vertex"])
 
 
 class Stack:
@@ -251,6 +286,15 @@ class Stack:
         return self.spec.scheduler == "gke"
 
     @property
+    def has_slurm(self) -> bool:
+        return self.spec.scheduler == "slurm"
+
+    @property
+    def vertex(self) -> bool:
+        """The stack has a Vertex AI cluster: the Vertex AI stand-in runs (local/fake_vertex.py)."""
+        return self.spec.scheduler == "vertex"
+
+    @property
     def gpu_state_file(self) -> Path:
         """Per-node GPU outcomes: written by the fake Compute, read by the GPU stand-ins."""
         return self.workdir / GPU_STATE_FILE
@@ -275,7 +319,8 @@ class Stack:
         fs_host, ps_host = self._start_emulators()
         env = self._base_env(fs_host, ps_host)
         names = ("compute", "executions", "monitoring", "webhook", *(f for f, _ in FUNCTIONS), "control")
-        ports = {k: free_port() for k in (*names, *(("kube", "prometheus") if self.gke else ()))}
+        extra = ("kube", "prometheus") if self.gke else ("vertex",) if self.vertex else ()
+        ports = {k: free_port() for k in (*names, *extra)}
         ep = _endpoints(fs_host, ps_host, ports)
         files = self._write_inputs(ep)
         self._start_fakes(ports, files, env)
@@ -284,9 +329,11 @@ class Stack:
             self.procs["kube"] = gke_stack.start(self.workdir, ep, files["cluster"], env)
         self._start_functions(ports, ep, files["policy"], env, tokens)
         self._wire_pubsub(ep, ps_host)
-        slurm = None if self.gke else self._start_slurm(ep, env)
+        slurm = self._start_slurm(ep, env) if self.has_slurm else None
         for fn, _ in FUNCTIONS:
             wait_http(ep[fn] + "/", self.procs[fn], timeout=60, accept_errors=True)
+        if self.vertex:
+            wait_http(ep["vertex"] + "/", self.procs["vertex"], accept_errors=True)
         self._py(
             "scheduler",
             ["scheduler", "--url", ep["sweep"] + "/", "--interval", str(self.sweep_interval)],
@@ -294,7 +341,7 @@ class Stack:
         )
         if slurm is not None:
             slurm.wait_idle(len(self.spec.node_names), timeout=60)
-        else:
+        elif self.gke:
             gke_stack.ready(ep["kube"], self.spec.node_names, self.spec.jobset_nodes)
         state = self._save_state(ep, slurm)
         self.controller = Controller(self, ports["control"]).start()
@@ -348,6 +395,13 @@ class Stack:
             "PYTHONPATH": str(ROOT / "functions"),
         }
 
+    def _place(self, node: str) -> dict[str, str]:
+        """The node's block and sub-block in cluster.json, when the stack places its nodes."""
+        if not self.spec.places:
+            return {}
+        block, sub = self.spec.places.get(node, ["block-1", "sub-1"])
+        return {"block": block, "subblock": sub}
+
     def _write_inputs(self, ep: dict[str, str]) -> dict[str, Path]:
         """The files the processes start from: the simulated cluster, the policy, the workflow's env."""
         files = {
@@ -358,9 +412,10 @@ class Stack:
         instances = [
             {
                 "name": n,
-                "machine_type": self.spec.machine_type,
+                "machine_type": self.spec.machine_types.get(n, self.spec.machine_type),
                 "mig": self.spec.mig,
                 "provisioning": "SPOT" if n in self.spec.spot else "RESERVATION_BOUND",
+                **self._place(n),
             }
             for n in self.spec.node_names
         ]
@@ -409,6 +464,10 @@ class Stack:
         for name, out in (("monitoring", "metrics.jsonl"), ("webhook", "webhook.jsonl")):
             extra = alerting if name == "monitoring" else []
             self._py(name, [name, "--port", str(ports[name]), "--out", str(self.workdir / out), *extra], env)
+        if "vertex" in ports:  # Vertex AI's JobService; its jobs' training loops beat to Monitoring
+            vertex = ["--port", str(ports["vertex"]), "--step-s", str(VERTEX_STEP_S)]
+            vertex += ["--monitoring", f"127.0.0.1:{ports['monitoring']}", "--beat-s", str(HEARTBEAT_EVERY_S)]
+            self._py("vertex", ["vertex", *vertex], env)
         if "prometheus" in ports:  # GKE's DCGM metrics: Managed Service for Prometheus' query API
             prom = ["--port", str(ports["prometheus"]), "--gpu-state", str(self.gpu_state_file)]
             prom += ["--project", PROJECT, "--zone", ZONE, "--cluster", self.spec.name]
@@ -433,15 +492,19 @@ class Stack:
             "PITSTOP_WORKFLOWS_ENDPOINT": ep["executions"],
             "PITSTOP_COMPUTE_ENDPOINT": ep["compute"],
             "PITSTOP_MONITORING_ENDPOINT": ep["monitoring"],
-            "PITSTOP_WEBHOOK_URL": ep["webhook"],
-            "PITSTOP_WEBHOOK_FORMAT": "chat",
-            "PITSTOP_PAGERDUTY_URL": ep["webhook"].rsplit("/", 1)[0] + PAGERDUTY_PATH,
-            "PITSTOP_PAGERDUTY_ROUTING_KEY": LOCAL_ROUTING_KEY,
+            # every channel folder's sink, on the webhook stand-in's port (local/serve.py)
+            **{
+                k: v
+                for sink in channel_sinks().values()
+                for k, v in sink.env(ep["webhook"].rsplit("/", 1)[0]).items()
+            },
             "PITSTOP_NOTIFICATIONS_TOPIC": "pitstop-notifications",
+            "PITSTOP_NOTIFY_KEY": secrets.token_hex(16),  # this stack's, as deploy makes one per project
             # a crashed attempt's claim must lapse within the workflow's (scaled) re-asking budget
             "PITSTOP_STEP_CLAIM_S": str(STEP_CLAIM_S * self.workflow_scale),
             **({"PITSTOP_KUBE_ENDPOINT": ep["kube"]} if "kube" in ep else {}),
             **({"PITSTOP_PROMETHEUS_ENDPOINT": ep["prometheus"]} if "prometheus" in ep else {}),
+            **_vertex_env(ep),
         }
         ff = str(Path(sys.executable).parent / "functions-framework")
         main = str(ROOT / "functions" / "main.py")
@@ -458,7 +521,12 @@ class Stack:
 
     def _start_slurm(self, ep: dict[str, str], env: dict[str, str]) -> SlurmCluster:
         """A real slurmctld, vm-sync keeping slurmds in step with the fake VMs, and the Pitstop agent."""
-        self.slurm = SlurmCluster(self.workdir / "slurm", self.spec.node_names, cluster=self.spec.name)
+        places = {n: (p[0], p[1]) for n, p in self.spec.places.items()} if self.spec.places else {}
+        if places:  # every node sits somewhere in topology.conf
+            places = {n: places.get(n, ("block-1", "sub-1")) for n in self.spec.node_names}
+        self.slurm = SlurmCluster(
+            self.workdir / "slurm", self.spec.node_names, cluster=self.spec.name, places=places
+        )
         self.slurm.workdir.mkdir(parents=True, exist_ok=True)
         self.slurm.start_controller()
         self._py(
@@ -517,6 +585,8 @@ class Stack:
             "scheduler": s.scheduler,
             "jobset_nodes": s.jobset_nodes,
             "node_names": s.node_names,
+            "places": dict(s.places),
+            "machine_types": dict(s.machine_types),
         }
 
     def _pids(self) -> dict[str, int]:
@@ -573,7 +643,9 @@ class Stack:
         with emulator_env(ep):
             pub, sub = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
         slurm_topic = (
-            () if self.gke else (f"pitstop-slurm-{self.spec.name}", f"pitstop-slurm-{self.spec.name}-results")
+            (f"pitstop-slurm-{self.spec.name}", f"pitstop-slurm-{self.spec.name}-results")
+            if self.has_slurm
+            else ()
         )
         t = {
             n: pub.topic_path(PROJECT, n)
@@ -611,9 +683,9 @@ class Stack:
             ("events-dead-inspect", "pitstop-events-dead"),
             ("notifications-dead-inspect", "pitstop-notifications-dead"),
         ]
-        for name, topic in pulls[1:] if self.gke else pulls:
+        for name, topic in pulls if self.has_slurm else pulls[1:]:
             sub.create_subscription(name=sub.subscription_path(PROJECT, name), topic=t[topic])
-        if not self.gke:  # what actuate reads the agent's results from (close.slurm_results_subscription)
+        if self.has_slurm:  # what actuate reads the agent's results from (close.slurm_results_subscription)
             results = f"pitstop-slurm-{self.spec.name}-results"
             sub.create_subscription(
                 request={
@@ -634,7 +706,8 @@ class Stack:
         argv += ["--project", PROJECT, "--cluster", self.spec.name, "--chaos-dir", str(self.chaos_dir)]
         argv += ["--every", str(HEARTBEAT_EVERY_S)]
         command = f"env PYTHONPATH={shlex.quote(str(ROOT / 'functions'))} {shlex.join(argv)}"
-        return self.slurm.submit(nodes, name, command=command, exclude=exclude)
+        # it writes the heartbeat, and says so to Pitstop through Slurm (core/localise.HEARTBEAT_OPT_IN)
+        return self.slurm.submit(nodes, name, command=command, exclude=exclude, comment=HEARTBEAT_OPT_IN)
 
     def set_gpu_state(self, node: str, state: object) -> GpuStateSet:
         """What the GPU stand-ins (and the Monitoring stand-in's node policies) report for ``node``."""
@@ -738,7 +811,10 @@ class Router:
     def __init__(self, state: StackState) -> None:
         from google.cloud import pubsub_v1
 
-        self.filters = [compile_filter(f) for f in sinks.sink_filters().values()]
+        # every sink deploy may create: the core ones, and each plugin folder's (a filter selects only
+        # its own entries, so one a stack's configuration would not deploy selects nothing there)
+        found = {**sinks.sink_filters(), **sinks.plugin_filters()}
+        self.filters = [compile_filter(f) for f in found.values()]
         with emulator_env(state.endpoints):
             self.pub = pubsub_v1.PublisherClient()
         self.topic = self.pub.topic_path(state.project, "pitstop-events")
@@ -780,7 +856,8 @@ class WebhookRecord(TypedDict):
 
 
 def webhook_records(state: StackState, path: str = "/hook") -> list[WebhookRecord]:
-    """What the chat webhook (``/hook``) or PagerDuty's endpoint (PAGERDUTY_PATH) received."""
+    """What one channel's sink received: the chat webhook (``/hook``) or another channel folder's
+    (its ``local.PATH``: PagerDuty's ``/pagerduty/v2/enqueue``, the generic webhook's ``/generic``)."""
     out = Path(state.workdir, "webhook.jsonl")
     records: list[WebhookRecord] = (
         [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []

@@ -3,7 +3,7 @@
 Two signals, as in production:
 
 * job heartbeats: the points the training jobs write with the real client library
-  (``custom.googleapis.com/pitstop/job/heartbeat``, labels cluster and job: README "Telemetry"),
+  (``custom.googleapis.com/pitstop/job/heartbeat``, labels cluster and job: docs/telemetry.md),
   received by the fake Monitoring's CreateTimeSeries; none for the heartbeat policy's absence
   window means the job is hung;
 * node telemetry: what the GPU stand-ins report for a node (the fake Compute's per-host GPU

@@ -2,7 +2,7 @@
 
 Slurm runs it as a job's batch step. Each step it writes one point of
 ``custom.googleapis.com/pitstop/job/heartbeat`` (labels ``cluster`` and ``job``) with the real
-client library, as README "Telemetry" tells a training loop to, to the stack's Monitoring
+client library, as docs/telemetry.md tells a training loop to, to the stack's Monitoring
 stand-in, whose alerting opens the heartbeat policy's alert when the points stop.
 
 ``pitstop local chaos hang`` hangs the runs it finds (``<chaos dir>/hang.json`` names each job
@@ -40,7 +40,7 @@ def heartbeat_client(endpoint: str) -> Any:
 
 
 def beat(client: Any, project: str, cluster: str, job: str, step: int) -> None:
-    """One heartbeat point: README's snippet, line for line."""
+    """One heartbeat point: docs/telemetry.md's snippet, line for line."""
     from google.cloud import monitoring_v3
 
     series = monitoring_v3.TimeSeries()

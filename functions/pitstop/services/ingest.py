@@ -22,7 +22,7 @@ from google.api_core import exceptions as gexc
 from pitstop.adapters import log
 from pitstop.adapters.gke.node import NodeReader, corroborate
 from pitstop.adapters.gke.zone import ZoneResolver, fill_zone
-from pitstop.core import alerts, engine
+from pitstop.core import alerts, corroboration, engine, vertex_log
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import FaultEvent
 from pitstop.core.envelope import unwrap
@@ -30,6 +30,7 @@ from pitstop.core.policy import Policy
 from pitstop.core.store import IncidentStore
 from pitstop.core.timefmt import to_epoch
 from pitstop.services.coalesce import ACK_DEADLINE_S, Coalescer
+from pitstop.services.control import RuntimeControl
 from pitstop.services.launch import Launcher, Publisher, Starter
 
 # Trouble in a backing service after a decision committed: the sweep finishes what was left.
@@ -53,8 +54,10 @@ class Ingest:
         nodes: NodeReader | None = None,
         alerts_topic: str = alerts.DEFAULT_TOPIC,
         ack_deadline_s: float = ACK_DEADLINE_S,
+        control: RuntimeControl | None = None,
     ) -> None:
         self.policy, self.store, self.zones, self.nodes = policy, store, zones, nodes
+        self.deployed, self.control = policy, control  # the policy as deployed; the runtime control
         self.launcher = Launcher(store, starter, notifier)
         self.classifier = classifier or Classifier(
             policy.xids, Classifier.default().system_events, alerts_topic
@@ -74,6 +77,7 @@ class Ingest:
 
     def handle_event(self, ev: FaultEvent) -> engine.Outcome:
         now = self.clock()
+        ev = vertex_log.place(ev, self.policy)  # a Vertex AI job's entry: the job of its policy cluster
         if ev["kind"] in ("unrelated", "invalid"):
             sev = "WARNING" if ev["kind"] == "invalid" else "DEBUG"
             ref = ev.get("node")
@@ -82,6 +86,7 @@ class Ingest:
                 sev, f"{ev['kind']} entry acknowledged", reason=ev["reason"], source=ev["source"], node=node
             )
             return engine.Outcome("ignored")
+        self.in_force()
         if ev["node"] is not None and ev["node"].get("zone") is None:  # a regional GKE cluster's entry
             why = fill_zone(ev, self.zones) if self.zones is not None else "no zone resolver configured"
             if why is not None:  # ZoneLookupError (Compute or Kubernetes unreachable) is redelivered
@@ -93,6 +98,12 @@ class Ingest:
             ev = self._corroborated(ev, self.nodes, self.policy.xids.device_plugin_xids)
         observed = to_epoch(ev.get("observed_at"))
         ev["_observed_ts"] = min(observed, now) if observed else now
+        # a system event acts only while fresh: an old one (anyone may publish any timestamp) is a record
+        fresh = corroboration.fresh_only(ev, now, self.policy.corroboration["event_max_age_s"])
+        if fresh is not ev:
+            log.emit("WARNING", "stale system event recorded, not acted on", reason=fresh["reason"],
+                     source=ev["source"], node=engine.subject_name(ev))  # fmt: skip
+            ev = fresh
         out = self.coalescer.handle(ev, now)
         if out.coalesced:
             return out  # counted in memory: it decided nothing, so nothing follows (no read, no write)
@@ -115,6 +126,15 @@ class Ingest:
         )
         self.follow_up(out, now)
         return out
+
+    def in_force(self) -> Policy:
+        """The policy decisions get now: the deployed one with the runtime control as this instance
+        has it (services/control.py: read once per ``store.control_cache_s``, never per line)."""
+        if self.control is not None:
+            pol = self.control.policy(self.deployed)
+            if pol is not self.policy:
+                self.policy = self.coalescer.policy = pol
+        return self.policy
 
     @staticmethod
     def _corroborated(ev: FaultEvent, nodes: NodeReader, watched: frozenset[int]) -> FaultEvent:

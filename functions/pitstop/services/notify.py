@@ -2,7 +2,7 @@
 
 Decoupled from remediation by Pub/Sub: a channel outage makes this function raise, so the
 message is redelivered with backoff while remediation carries on. Each notification reaches each
-sink (the metrics, every channel of services/channels.py) exactly once: every sink is one record
+sink (the metrics, every channel folder services/channels.py finds) exactly once: every sink is one record
 of the step runner (core/steps.py) keyed ``<notification id>.<sink>``, claimed in progress before
 its effect. The key is the notification's own deterministic id (the outbox gives every page and
 incident notification one, so a re-published copy is the same notification), else the Pub/Sub
@@ -28,7 +28,6 @@ from pitstop.adapters.monitoring import MetricsWriter
 from pitstop.core import steps
 from pitstop.core.answers import Delivery
 from pitstop.core.domain import JsonObject
-from pitstop.core.notifications import render as render  # re-exported: tools render bodies too
 from pitstop.core.steps import StepRunner, StepStore
 from pitstop.services.channels import Channel
 

@@ -29,14 +29,14 @@ from google.api_core import exceptions as gexc
 
 from pitstop.adapters import log
 from pitstop.adapters.workflows import ExecutionStatus
-from pitstop.core import engine
+from pitstop.core import engine, watchdog
 from pitstop.core.aggregate import EndBurst, FailStuck, RefuseStart, ReleaseHeld
 from pitstop.core.domain import Incident, WorkflowRun
 from pitstop.core.engine import Outcome
+from pitstop.core.ops import Op, step_key
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
 from pitstop.core.store import IncidentStore, InStates, StartDue
-from pitstop.core.timefmt import to_epoch
 from pitstop.services.ingest import FOLLOW_UP_ERRORS, Ingest
 
 
@@ -53,11 +53,16 @@ def close_bursts(store: IncidentStore, now: float) -> int:
 def release_held(
     store: IncidentStore, policy: Policy, now: float, follow_up: Callable[[Outcome], None] | None = None
 ) -> int:
-    """Retry incidents held for a budget, oldest first; those held for a human (policy, cooldown)
+    """Retry incidents held for a budget, and those the runtime control held once it no longer
+    does (a resume, a silence's end), oldest first; those held for a human (policy, cooldown)
     stay. Shared with ``pitstop replay``, which runs the sweep's rules on its own store."""
     released = 0
     for inc in store.query(InStates(frozenset({State.HELD}))):
-        if (inc.get("held") or {}).get("scope") is None:
+        held = inc.get("held") or {}
+        if held.get("control"):
+            if policy.control.hold(inc, now, enforce=True) is not None:
+                continue  # still paused or silenced: tried again (and paged) only once it is not
+        elif held.get("scope") is None:
             continue
         out = store.decide(inc["id"], ReleaseHeld("sweep", force=False), policy, now)
         released += out.result == "released"
@@ -92,6 +97,7 @@ class Sweep:
         them), and notifications `republished` from the outbox after a failed publish."""
         ing = self.ingest
         now = ing.clock()
+        ing.in_force()  # a resume or a silence's end, as this instance has the control now
         outbox = ing.launcher.outbox
         phases: dict[str, Callable[[float], int]] = {
             "flushed": lambda t: ing.coalescer.flush_all(t) or 0,
@@ -182,10 +188,10 @@ class Sweep:
             return f"execution {short} ended {status.state} without closing the incident{detail}", False
         started = (inc.get("workflow") or {}).get("started_at") or status.started_at
         deadline = self.ingest.policy.watchdog_deadline_s(str(inc["action"]))
-        maint = inc.get("maintenance")
-        window_end = to_epoch(maint.get("window_end") if maint else None)
-        if window_end is not None and started is not None:  # a platform window the step waits out
-            deadline = max(deadline, window_end - float(started) + deadline)
+        if started is not None:  # a platform window the step waits out, as Compute gave it to act
+            got = self.ingest.store.steps(inc["id"]).read(step_key(int(inc.get("step") or 1), Op.ACT))
+            acted = got.record if got is not None else None
+            deadline = watchdog.with_platform_wait(deadline, float(started), watchdog.platform_until(acted))
         if started is not None and now - float(started) > deadline:
             ran = int(now - float(started))
             return f"execution {short} still {status.state} after {ran} s (deadline {int(deadline)} s)", True

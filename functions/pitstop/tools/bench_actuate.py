@@ -293,7 +293,11 @@ def bench_actuate(
     """Every concurrency, ``remediations`` each (default 2 x C), on one set of stand-ins."""
     runs = []
     with world() as w:
-        for c in concurrency:
-            runs.append(run(Shape(c, remediations or 2 * c, **shape), w))
+        for k, c in enumerate(concurrency, 1):
+            shaped = Shape(c, remediations or 2 * c, **shape)
+            print(
+                f"pitstop bench: actuate run {k} of {len(concurrency)}: {shaped}", file=sys.stderr, flush=True
+            )
+            runs.append(run(shaped, w))
             print(json.dumps(runs[-1]), file=sys.stderr, flush=True)  # progress
     return {"benchmark": "actuate", "cpus": os.cpu_count(), "runs": runs}

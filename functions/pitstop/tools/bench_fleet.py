@@ -435,10 +435,17 @@ def bench_ingest(
     executions = ExecutionsService(None, workers=1)
     server, port = serve(executions, port=procs.free_port())
     try:
-        runs = []
+        runs: list[IngestRun] = []
         for lines, nodes in storms:
             for n in instances:
                 shaped = Shape(n, concurrency, lines, nodes, **shape)
+                k = len(runs) + 1
+                print(
+                    f"pitstop bench: ingest run {k} of {len(storms) * len(instances)}: {lines} lines over "
+                    f"{nodes} nodes, {n} instance(s) x {concurrency}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 runs.append(run_storm(shaped, host, executions, f"127.0.0.1:{port}"))
                 print(json.dumps(runs[-1]), file=sys.stderr, flush=True)  # progress: a run is minutes
     finally:

@@ -33,10 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from pitstop.core import notifications, remediation
+from pitstop.core import remediation
 from pitstop.core.answers import Notification
 from pitstop.core.domain import Incident
 from pitstop.local import procs
+from pitstop.plugins.channels.pagerduty.body import pagerduty_action, pagerduty_event
+from pitstop.plugins.channels.pagerduty.local import PATH as PAGERDUTY_PATH
 from pitstop.tools import bench_fleet
 from pitstop.tools.bench_calls import STATS_DIR_ENV
 from pitstop.tools.bench_types import CallsReport, NotifyRun, PushBody, Report, SinkFigures
@@ -44,7 +46,6 @@ from pitstop.tools.bench_types import CallsReport, NotifyRun, PushBody, Report, 
 CALLS_SOURCE = Path(__file__).with_name("bench_calls.py")
 PKG_ROOT = Path(__file__).resolve().parents[2]  # functions/: main.py and pitstop
 HOOK_PATH = "/hook"
-PAGERDUTY_PATH = "/pagerduty/v2/enqueue"  # local/serve.py's PagerDuty endpoint
 ROUTING_KEY = "pitstopbenchroutingkey0000000000"  # 32 characters, as PagerDuty shape-checks it
 SERIAL = " #"  # a summary ends with " #<serial>"
 
@@ -152,9 +153,9 @@ def expected(distinct: list[Notification], order: list[int]) -> dict[str, set[Ha
     serial), PagerDuty's triggers and resolves (dedup key, action)."""
     pd: set[Hashable] = set()
     for n in (distinct[i] for i in set(order)):
-        action = notifications.pagerduty_action(n)
+        action = pagerduty_action(n)
         if action is not None:
-            pd.add((notifications.pagerduty_event(n, ROUTING_KEY, action)["dedup_key"], action))
+            pd.add((pagerduty_event(n, ROUTING_KEY, action)["dedup_key"], action))
     return {"webhook": set(order), "pagerduty": pd}
 
 
@@ -306,10 +307,12 @@ def bench_notify(
         proc, host = procs.start_emulator("firestore", Path(tempfile.mkdtemp(prefix="pitstop-bench-")))
     try:
         runs = []
-        for n in instances:
-            for c in concurrency:
-                runs.append(run(Shape(n, c, notifications_n, **shape), host))
-                print(json.dumps(runs[-1]), file=sys.stderr, flush=True)  # progress
+        for k, (n, c) in enumerate(((n, c) for n in instances for c in concurrency), 1):
+            shaped = Shape(n, c, notifications_n, **shape)
+            total = len(instances) * len(concurrency)
+            print(f"pitstop bench: notify run {k} of {total}: {shaped}", file=sys.stderr, flush=True)
+            runs.append(run(shaped, host))
+            print(json.dumps(runs[-1]), file=sys.stderr, flush=True)  # progress
     finally:
         if proc is not None:
             proc.stop()

@@ -16,8 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TypedDict
 
+from pitstop.core.domain import JsonObject
 from pitstop.local.stack import ClusterSpec, Stack, StackState
-from pitstop.tools import demo_runner
+from pitstop.tools import demo_runner, demo_vertex
 from pitstop.tools.demo_stage import Result, Stage
 from pitstop.tools.demo_steps import STEPS
 
@@ -43,6 +44,12 @@ def gke_spec(nodes: int = GKE_NODES) -> ClusterSpec:
     spec = ClusterSpec.gke(nodes)
     spec.spot = [spec.node_names[3]]
     return spec
+
+
+def vertex_policy() -> JsonObject:
+    """The Vertex AI stack's policy beside the stack's own: one resubmission per job line within the
+    hour (budgets.job_restarts), so a job whose resubmission fails again shows the budget's page."""
+    return {"budgets": {"window_s": 8, "job_restarts": {"max": 1, "window_s": 3600}}}
 
 
 def scenarios() -> list[demo_runner.Scenario]:
@@ -98,7 +105,9 @@ def _on_stack(stack: Stack, plan: list[demo_runner.Scenario], keep: bool) -> tup
             + ", ".join(f"{k}={v}" for k, v in state.endpoints.items())
         )
         stage = Stage(stack)
-        return demo_runner.Runner(stage, STEPS).run_all(plan, print_result), stage.latencies
+        return demo_runner.Runner(stage, STEPS, {"vertex": demo_vertex.on_vertex}).run_all(
+            plan, print_result
+        ), stage.latencies
     except Exception:
         for name in ("ingest", "actuate", "notify", "executions", "slurm-agent", "fake-compute", "kube"):
             log = stack.workdir / f"{name}.log"
@@ -112,15 +121,19 @@ def _on_stack(stack: Stack, plan: list[demo_runner.Scenario], keep: bool) -> tup
 
 def run(workdir: Path, only: list[str] | None = None, keep: bool = False) -> int:
     """The Slurm scenarios on a Slurm stack in ``workdir``, then the GKE ones on a GKE stack in
-    ``workdir/gke`` (``only`` picks scenarios; a stack none of them needs is not started)."""
+    ``workdir/gke``, then the Vertex AI ones on a stack with a Vertex AI cluster in ``workdir/vertex``
+    (``only`` picks scenarios; a stack none of them needs is not started)."""
     t0 = time.time()
     picked = [s for s in scenarios() if not only or s["key"] in only]
     runs: list[tuple[list[Result], list[float]]] = []
-    slurm, gke = ([s for s in picked if s["stack"] == kind] for kind in ("slurm", "gke"))
+    slurm, gke, vertex = ([s for s in picked if s["stack"] == kind] for kind in ("slurm", "gke", "vertex"))
     if slurm:
         runs.append(_on_stack(Stack(workdir, slurm_spec(SLURM_NODES)), slurm, keep))
     if gke:
         runs.append(_on_stack(Stack(workdir / "gke", gke_spec(), compute_scale=GKE_COMPUTE_SCALE), gke, keep))
+    if vertex:
+        stack = Stack(workdir / "vertex", ClusterSpec.vertex(), policy_over=vertex_policy())
+        runs.append(_on_stack(stack, vertex, keep))
     results = [r for done, _ in runs for r in done]
     summary = {
         "scenarios": [

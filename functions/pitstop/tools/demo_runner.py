@@ -76,10 +76,26 @@ class FaultSpec(TypedDict, total=False):
     event: Literal["preempt", "maintenance"]
 
 
+class VertexFault(TypedDict, total=False):
+    code: int  # the google.rpc code the job fails with
+    message: str
+    times: int  # how many runs in a row fail (Vertex retries internal errors itself)
+
+
+class VertexSpec(TypedDict, total=False):
+    """A Vertex AI scenario's job (tools/demo_vertex.py): its scheduling, whether its training loop
+    beats, its fault, and whether its resubmission fails the same way (``again``)."""
+
+    scheduling: JsonObject  # jobSpec.scheduling as the REST API spells it
+    heartbeat: bool
+    fault: VertexFault | Literal["worker_restart"]
+    again: bool
+
+
 class Scenario(TypedDict):
     key: str
     name: str
-    stack: Literal["slurm", "gke"]
+    stack: Literal["slurm", "gke", "vertex"]
     expect: dict[str, Expectation]  # observation name -> what it must be
     detail: str  # the result's line: observations by name in {braces}
     why: NotRequired[str]
@@ -95,6 +111,7 @@ class Scenario(TypedDict):
     linger_s: NotRequired[float]
     timeout_s: NotRequired[float]
     timed: NotRequired[bool]
+    vertex: NotRequired[VertexSpec]
 
 
 Spec = Scenario
@@ -170,12 +187,20 @@ class Runner:
     """Runs the scenarios of one stack, in order, each a Result (a scenario that breaks is a failed
     scenario, reported with its reason)."""
 
-    def __init__(self, stage: Stage, steps: Mapping[str, Callable[[Stage], Seen]]) -> None:
+    def __init__(
+        self,
+        stage: Stage,
+        steps: Mapping[str, Callable[[Stage], Seen]],
+        stacks: Mapping[str, Callable[[Stage, Spec], Seen]] | None = None,
+    ) -> None:
         self.stage, self.steps = stage, steps
+        self.stacks = dict(stacks or {})  # a stack kind of its own (vertex: tools/demo_vertex.py)
 
     def run(self, spec: Spec) -> Result:
         if "step" in spec:
             seen = self.steps[spec["step"]](self.stage)
+        elif spec["stack"] in self.stacks:
+            seen = self.stacks[spec["stack"]](self.stage, spec)
         elif spec["stack"] == "gke":
             seen = self.on_gang(spec)
         else:

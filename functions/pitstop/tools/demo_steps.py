@@ -30,8 +30,8 @@ from pitstop.local import chaos, inject, realtime
 from pitstop.local.gke_drive import evictions
 from pitstop.local.gke_stack import JOBSET_LABEL, NAMESPACE, Watch, node_summary
 from pitstop.local.heartbeats import beating_again, beats, hang_ended
-from pitstop.local.serve import PAGERDUTY_PATH
-from pitstop.local.stack import HEARTBEAT_EVERY_S, WebhookRecord, webhook_records
+from pitstop.local.stack import HEARTBEAT_EVERY_S, HEARTBEAT_MIN_POINTS, WebhookRecord, webhook_records
+from pitstop.plugins.channels.pagerduty.local import PATH as PAGERDUTY_PATH
 from pitstop.tools.demo_runner import XID_LINES, Runner, Seen, incident_obs
 from pitstop.tools.demo_stage import Observations, Stage
 
@@ -206,7 +206,7 @@ def _training(st: Stage) -> tuple[str, list[str]]:
     pool = st.nodes[8 : 9 + HANG_GANG]
     job = st.stack.submit_training(HANG_GANG, exclude=[n for n in st.nodes if n not in pool])
     held: list[str] = st.wait(lambda: st.slurm.job_nodes(job), 60, f"job {job} to run")
-    st.wait(lambda: beats(st.stack, job) > 2, 60, f"job {job} to beat")
+    st.wait(lambda: beats(st.stack, job) > HEARTBEAT_MIN_POINTS, 60, f"job {job} to beat")  # established
     return job, held
 
 
@@ -247,12 +247,11 @@ def hang_bad_node(st: Stage) -> Seen:
 
 
 def hang_software(st: Stage) -> Seen:
-    """A hang with no bad node: every node and ring link checked, nothing found, the gang
-    restarted in place once and a person paged with what was checked; hung again within the
-    window, it is not localised again (a person decides)."""
+    """A hang with no bad node: every node and ring link checked, nothing found. Nothing on its
+    nodes says a restart would help (issue 35 (2): a restart needs a culprit's evidence), so the
+    gang is left as it is and a person is paged with what was checked."""
     job, held = _training(st)
     chaos.apply(st.stack, "hang")
-    stopped, training = _hung(st, job)
     first = hang_ended(st.db, job, st.wait)
     loc = first.get("localisation") or {}
 
@@ -260,25 +259,17 @@ def hang_software(st: Stage) -> Seen:
         return [w for w in st.notes_for(first["id"]) if "no culprit fenced" in w["body"]["text"]]
 
     pages = st.wait(paged, 30, "the page")
-    restarts = st.slurm.restarts(job)
-    chaos.apply(st.stack, "hang")  # the restarted run hangs too: the job's own fault
-    second = hang_ended(st.db, job, st.wait, 2)
-    times = realtime.breakdown(stopped, first, None, training, st.stack.alert_scale)
     text = pages[0]["body"]["text"] if pages else ""
-    obs: Observations = {"job": job, "gang": len(held), "restarts": restarts, "pages": len(pages)}
-    plan = second.get("localise")
-    obs.update(second=second["id"], second_why=plan["why"] if plan else None, **times)
-    obs.update(first=loc, second_localise=second.get("localise"), page=text)
+    running = [j for j in st.slurm.jobs() if j["id"] == job and j["state"] == "RUNNING"]
+    obs: Observations = {"job": job, "gang": len(held), "pages": len(pages), "first": loc, "page": text}
     obs["nothing_found"] = loc.get("outcome") == "nothing_found"
     obs["sweep_then_links"] = [x.get("kind") for x in loc.get("rounds", [])] == ["sweep", "links"]
-    obs["restarted_in_place_once"] = restarts == 1
+    obs["not_restarted"] = st.slurm.restarts(job) == 0 and "job_requeued" not in first["timeline"]
     obs["paged_with_every_node"] = all(n in text for n in held)
-    obs["hung_again_a_new_incident"] = second["id"] != first["id"]
-    obs["not_localised_again"] = plan is not None and plan["run"] is False and "localisation" not in second
-    obs["not_restarted_again"] = st.slurm.restarts(job) == 1
+    obs["left_for_a_person"] = bool(running)
     st.slurm.cancel(job)
     chaos.apply(st.stack, "clear")
-    return Seen(first, obs, resume_s=times["real_s"])
+    return Seen(first, obs)
 
 
 # -- GKE -----------------------------------------------------------------------------------------
@@ -325,7 +316,7 @@ def gke_pdb(st: Stage) -> Seen:
         gangs.done_with(g)
     why = str(failure["error"] if (failure := inc.get("failure")) else "")
     obs: Observations = {"state": inc["state"], "pdb": pdb, "why": why[:160], "bad": bad}
-    obs.update(names_the_pdb=f"PodDisruptionBudget {pdb}" in why, fenced_while_failed=held["unschedulable"])
+    obs.update(names_the_pdb=f"PodDisruptionBudget {pdb}" in why, fenced_while_failed=held["fenced"])
     obs.update(
         pod_stayed=stayed, restarts=restarts, perform_maintenance=len(st.calls("perform_maintenance", bad))
     )
@@ -351,7 +342,7 @@ def gke_serial(st: Stage) -> Seen:
     finally:
         gangs.done_with(g)
     lone = st.node_incidents(forged)[-1]
-    untouched = not st.calls("reset", forged) and not node_summary(gangs.kube.node(forged))["unschedulable"]
+    untouched = not st.calls("reset", forged) and not node_summary(gangs.kube.node(forged))["fenced"]
     obs: Observations = {
         "forged": forged,
         "bad": bad,

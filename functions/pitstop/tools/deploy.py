@@ -14,11 +14,14 @@ settings Pitstop depends on but must not change (serial-port logging on GKE node
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import hashlib
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -27,11 +30,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Literal, TypedDict, cast
+from typing import Any, Literal, TypedDict, cast
 
 import yaml
 
-from pitstop.core import resources, sinks
+from pitstop.core import plugins, resources, sinks
 from pitstop.core.policy import deep_merge, from_doc
 from pitstop.tools.deploy_types import AccountSpec, Grant, IamCondition, IamDoc, ResourceEntry, ScaleKey
 
@@ -42,10 +45,26 @@ EXISTING = "<existing>"  # in update/delete commands: the name the step's check 
 PUBSUB_PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"  # an Eventarc Pub/Sub trigger's event type
 
 WORKDIR = "<gke-credentials>"  # a private directory apply/teardown make for kubeconfig files
+PRIVATE = "<private-files>"  # a private directory apply makes for a generated secret's first value
+GENERATED_BYTES = 32  # a generated secret's value: this many random bytes, hex
 DIGEST_LABEL = "pitstop_config"
 Entry = ResourceEntry
 # deploy.yaml over infra/deploy.defaults.yaml: a person's file, each key read after its check here
 Conf = Mapping[str, object]
+
+
+@dataclass
+class Gate:
+    """Run a step only when every command prints exactly `prints` (`negate`: only when one does not)."""
+
+    commands: list[list[str]]
+    prints: str
+    negate: bool = False
+
+    def comment(self) -> str:
+        """The condition as a shell comment after the step's command (a dry run's line stays one command)."""
+        each = "; ".join(shlex.join(["gcloud", *c]) for c in self.commands)
+        return f"  # {'unless' if self.negate else 'when'} each prints {self.prints}: {each}"
 
 
 @dataclass
@@ -65,6 +84,7 @@ class Step:
     stdin_vars: dict[str, str] = field(default_factory=dict)
     credentials: list[str] | None = None  # a gcloud command run first (with env), before argv or delete
     purge: list[str] | None = None  # what `teardown --purge` runs: delete the data kept by default
+    gate: Gate | None = None  # run only when gcloud reports this (a function's secrets readable)
 
     def line(self) -> str:
         """The step as a shell line: what a person would type to do it by hand."""
@@ -75,19 +95,74 @@ class Step:
             cmd = f"{shlex.join(['sed', *subst, self.stdin])} | {cmd}"
         if self.credentials is not None:
             cmd = f"{env}{shlex.join(['gcloud', *self.credentials])} && {cmd}"
-        return cmd
+        return cmd + (self.gate.comment() if self.gate is not None else "")
 
 
 @functools.cache
 def _resources() -> list[Entry]:
-    """resources.yaml, checked once (read-only: every reader renders a copy)."""
+    """resources.yaml with the plugin folders' fragments in, checked once (read-only: every reader
+    renders a copy)."""
     doc = resources.load_yaml(RESOURCES, "deploy-resources.schema.json")
-    return cast(list[Entry], doc["resources"])  # its schema checked it
+    spliced = {"resources": _spliced(cast(list[Entry], doc["resources"]))}
+    resources.validate(spliced, "deploy-resources.schema.json", f"{RESOURCES} with the plugin folders")
+    return spliced["resources"]
+
+
+def _spliced(entries: list[Entry]) -> list[Entry]:
+    """Each ``plugins: <slot>`` entry replaced by the folders' entries for it, in their order; each
+    function given the env and secrets its folders add (plugin.yaml ``deploy``)."""
+    out: list[Entry] = []
+    for e in entries:
+        if "plugins" in e:
+            out += [
+                cast(Entry, x) for p in plugins.all_plugins() for x in _fragment(p, "resources", e["plugins"])
+            ]
+        elif "resources" in e:
+            out.append({**e, "resources": _spliced(e["resources"])})
+        elif e.get("kind") == "function":
+            out.append(_with_function_fragments(e))
+        else:
+            out.append(e)
+    return out
+
+
+def _fragment(p: plugins.Plugin, *path: str) -> list[object]:
+    """A list at ``path`` in a plugin's deploy fragment (empty when absent)."""
+    node: object = p.deploy
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return list(node) if isinstance(node, list) else []
+
+
+def _with_function_fragments(e: Entry) -> Entry:
+    fn: Entry = {**e}
+    for p in plugins.all_plugins():
+        functions = p.deploy.get("functions")
+        more = functions.get(e["name"]) if isinstance(functions, dict) else None
+        if not isinstance(more, dict):
+            continue
+        fn["env"] = {**fn.get("env", {}), **more.get("env", {})}
+        fn["secrets"] = {**fn.get("secrets", {}), **more.get("secrets", {})}
+        fn["secrets_if"] = {**fn.get("secrets_if", {}), **more.get("secrets_if", {})}
+    return fn
 
 
 @functools.cache
 def _iam() -> IamDoc:
-    return cast(IamDoc, resources.load_yaml(INFRA / "iam.yaml", "deploy-iam.schema.json"))  # checked
+    """iam.yaml with each plugin folder's grants appended to its accounts' and its conditions, checked."""
+    doc = resources.load_yaml(INFRA / "iam.yaml", "deploy-iam.schema.json")
+    accounts = cast(dict[str, dict[str, list[object]]], doc["service_accounts"])
+    conditions = cast(dict[str, object], doc["conditions"])
+    for p in plugins.all_plugins():
+        iam = p.deploy.get("iam")
+        if not isinstance(iam, dict):
+            continue
+        for account, grants in (iam.get("service_accounts") or {}).items():
+            for key, listed in grants.items():
+                accounts.setdefault(account, {}).setdefault(key, []).extend(listed)
+        conditions.update(iam.get("conditions") or {})
+    resources.validate(doc, "deploy-iam.schema.json", f"{INFRA / 'iam.yaml'} with the plugin folders")
+    return cast(IamDoc, doc)  # checked just above
 
 
 class GkeCluster(TypedDict):
@@ -96,6 +171,8 @@ class GkeCluster(TypedDict):
     name: str
     location: str
     project: str
+    # its node pools' MIGs as (zone, name); None until read (learn_node_groups) or listed
+    node_groups: list[tuple[str, str]] | None
 
 
 APIS: list[str] = next(e["names"] for e in _resources() if e.get("kind") == "apis")
@@ -106,22 +183,77 @@ CLUSTER_TOPICS: list[str] = [  # one of each per Slurm cluster ("{cluster}" in t
 ]
 
 
+class ConfigError(ValueError):
+    """deploy.yaml is wrong; the message names the key (and, for an unknown key, the nearest known one)."""
+
+
+CONFIG_SCHEMA = "deploy.schema.json"
+
+
 def load_config(path: str | None) -> dict[str, object]:
-    conf: dict[str, object] = yaml.safe_load((INFRA / "deploy.defaults.yaml").read_text())
+    """infra/deploy.defaults.yaml over the plugin folders' defaults, with ``path`` merged over it key
+    by key, checked: every key known (schemas/deploy.schema.json, ``additionalProperties: false``,
+    with the keys each plugin folder adds) and each value as deploy uses it."""
+    conf: dict[str, object] = deep_merge(
+        plugins.deploy_defaults(), yaml.safe_load((INFRA / "deploy.defaults.yaml").read_text())
+    )
     if path:
-        conf = deep_merge(conf, yaml.safe_load(Path(path).read_text()) or {})
-    expand_accounts({}, slurm_clusters(conf))  # names fit the account-id rules
-    notification_channels(conf)
-    telemetry_files(conf)
-    gke_clusters(conf, "my-project")
-    compute_scope(conf, "my-project")
-    db = conf.get("firestore_database")
-    if not isinstance(db, str) or not DATABASE.fullmatch(db):
-        raise ValueError(f"firestore_database: {db!r} is not a database id (and not (default))")
-    ndb = conf.get("notify_database")
-    if not isinstance(ndb, str) or not DATABASE.fullmatch(ndb) or ndb == db:
-        raise ValueError(f"notify_database: {ndb!r} is not a database id of its own (not {db} or (default))")
+        conf = deep_merge(conf, _user_config(path))
+    try:
+        resources.validate(conf, config_validator(), path or "infra/deploy.defaults.yaml")
+        expand_accounts({}, slurm_clusters(conf))  # names fit the account-id rules
+        notification_channels(conf)
+        telemetry_files(conf)
+        gke_clusters(conf, "my-project")
+        compute_scope(conf, "my-project", groups_known=False)
+        db = conf.get("firestore_database")
+        if not isinstance(db, str) or not DATABASE.fullmatch(db):
+            raise ValueError(f"firestore_database: {db!r} is not a database id (and not (default))")
+        ndb = conf.get("notify_database")
+        if not isinstance(ndb, str) or not DATABASE.fullmatch(ndb) or ndb == db:
+            raise ValueError(
+                f"notify_database: {ndb!r} is not a database id of its own (not {db} or (default))"
+            )
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}" if path and not str(exc).startswith(path) else str(exc)) from None
     return conf
+
+
+def _user_config(path: str) -> dict[str, object]:
+    """A person's deploy.yaml: a mapping whose every key deploy knows (a typo names the key it meant)."""
+    import difflib
+
+    try:
+        user = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(user, dict):
+        raise ConfigError(f"{path}: a mapping of settings (key: value), not {type(user).__name__}")
+    known = config_schema()["properties"]
+    assert isinstance(known, dict)
+    for key in user:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), list(known), n=1)
+            hint = f"did you mean {near[0]}?" if near else f"the keys are {', '.join(sorted(known))}"
+            raise ConfigError(f"{path}: {key}: not a deploy.yaml setting ({hint})")
+    return user
+
+
+def config_schema() -> dict[str, Any]:
+    """deploy.yaml's schema: schemas/deploy.schema.json and the keys each plugin folder adds
+    (its deploy.schema.json: core/plugins.deploy_schema)."""
+    base = copy.deepcopy(resources.schema(CONFIG_SCHEMA))
+    base["properties"] = {**base["properties"], **plugins.deploy_schema()["properties"]}
+    return base
+
+
+@functools.cache
+def config_validator() -> Any:
+    return resources.validator_of(config_schema())
 
 
 PROJECT_ID = r"[a-z][a-z0-9-]{4,28}[a-z0-9]|[0-9]{1,19}"  # a project id or number
@@ -202,11 +334,12 @@ def telemetry_files(conf: Conf) -> list[Path]:
 
 
 def gke_clusters(conf: Conf, project: str) -> list[GkeCluster]:
-    """`gke_clusters`: {name, location, project?} each, checked (they end up in commands and conditions)."""
+    """`gke_clusters`: {name, location, project?, node_groups?} each, checked (they end up in
+    commands and conditions)."""
     out: list[GkeCluster] = []
     for c in _listed(conf, "gke_clusters"):
-        if not isinstance(c, Mapping) or set(c) - {"name", "location", "project"}:
-            raise ValueError(f"gke_clusters: {c!r} is not {{name, location, project?}}")
+        if not isinstance(c, Mapping) or set(c) - {"name", "location", "project", "node_groups"}:
+            raise ValueError(f"gke_clusters: {c!r} is not {{name, location, project?, node_groups?}}")
         name, loc, proj = c.get("name"), c.get("location"), c.get("project", project)
         if not isinstance(name, str) or not GKE_NAME.fullmatch(name):
             raise ValueError(f"gke_clusters: {name!r} is not a GKE cluster name")
@@ -214,23 +347,99 @@ def gke_clusters(conf: Conf, project: str) -> list[GkeCluster]:
             raise ValueError(f"gke_clusters: location {loc!r} of {name} is not a zone or region")
         if not isinstance(proj, str) or not PROJECT_NAME.fullmatch(proj):
             raise ValueError(f"gke_clusters: project {proj!r} of {name} is not a project id")
-        out.append({"name": name, "location": loc, "project": proj})
+        groups = c.get("node_groups")
+        out.append(
+            {
+                "name": name,
+                "location": loc,
+                "project": proj,
+                "node_groups": None if groups is None else _node_groups(name, loc, groups),
+            }
+        )
     return out
+
+
+# GKE's node-pool MIG: gke-<cluster>-<pool>-<hash>-grp, one per zone of the pool, listed in the
+# pool's instanceGroupUrls (reference/gke.md "Without Kubernetes access"; Container API v1
+# NodePool.instanceGroupUrls: cloud.google.com/kubernetes-engine/docs/reference/rest/v1/
+# projects.locations.clusters.nodePools). Its VMs are named after the MIG's base instance name
+# (the MIG's name without -grp) plus "-" and four random characters (Compute API
+# InstanceGroupManager.baseInstanceName: "the MIG appends a hyphen and a random four-character
+# string"). The cluster and pool parts are truncated by GKE, so the names are read, not built.
+GKE_NODE_GROUP = re.compile(r"(gke-[a-z0-9-]{1,53})-grp")
+
+
+def _node_groups(cluster: str, location: str, groups: object) -> list[tuple[str, str]]:
+    """`node_groups: ["ZONE/MIG", ...]` of one cluster, each a GKE node-pool MIG in its location."""
+    if not isinstance(groups, list):
+        raise ValueError(f"gke_clusters: node_groups of {cluster} is not a list of ZONE/MIG")
+    out: list[tuple[str, str]] = []
+    for g in groups:
+        zone, _, mig = str(g).partition("/") if isinstance(g, str) else ("", "", "")
+        if not ZONE.fullmatch(zone) or not GKE_NODE_GROUP.fullmatch(mig):
+            raise ValueError(f"gke_clusters: {g!r} of {cluster} is not ZONE/gke-...-grp (a node pool's MIG)")
+        if zone != location and not zone.startswith(f"{location}-"):
+            raise ValueError(f"gke_clusters: node group {g} of {cluster} is outside its location {location}")
+        out.append((zone, mig))
+    return out
+
+
+def node_group_urls(urls: object) -> list[str]:
+    """``ZONE/MIG`` of each node pool's ``instanceGroupUrls`` (what gcloud printed as JSON)."""
+    pools = urls if isinstance(urls, list) else []
+    found = [
+        m.group(1) + "/" + m.group(2)
+        for pool in pools
+        if isinstance(pool, Mapping)
+        for u in (pool.get("instanceGroupUrls") or [])
+        if (m := re.search(r"/zones/([a-z0-9-]+)/instanceGroup(?:Manager)?s/([a-z0-9-]+)$", str(u)))
+    ]
+    return sorted(set(found))
+
+
+def learn_node_groups(conf: Conf, project: str, run: Runner) -> Conf:
+    """deploy.yaml with each GKE cluster's node groups read from its node pools (gcloud container
+    node-pools list), where the file does not list them. ``ValueError`` when a cluster's pools
+    cannot be read: actuate's Compute grant names its MIGs and VMs exactly, so they must be known."""
+    clusters: list[object] = []
+    for c, raw in zip(gke_clusters(conf, project), _listed(conf, "gke_clusters"), strict=True):
+        if c["node_groups"] is not None:
+            clusters.append(raw)
+            continue
+        where = [f"--cluster={c['name']}", f"--location={c['location']}", "--project", c["project"]]
+        res = run(["container", "node-pools", "list", *where, "--format=json(name,instanceGroupUrls)"])
+        if res.returncode != 0:
+            raise ValueError(
+                f"gke_clusters: could not read the node pools of {c['name']} ({res.stderr.strip()[:300]});"
+                " list them as node_groups: [ZONE/MIG, ...]"
+            )
+        groups = node_group_urls(json.loads(res.stdout or "[]"))
+        clusters.append({**dict(cast(Mapping[str, object], raw)), "node_groups": groups})
+    return {**conf, "gke_clusters": clusters}
 
 
 MIG_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
 
 
-def compute_scope(conf: Conf, project: str) -> dict[str, list[tuple[str, str]]]:
+def compute_scope(conf: Conf, project: str, groups_known: bool = True) -> dict[str, list[tuple[str, str]]]:
     """Where actuate may act on VMs: project -> [(zone or region, instance name prefix)].
 
     From `compute_zones` (a zone or region, or {zone, project?, name_prefix?, migs?}) and each GKE
-    cluster's location (its node pools' VMs, whatever their names). A named prefix admits only the
-    MIGs listed by exact name in ``migs`` (a recreate names the MIG); the scope entry for each is
-    ``(zone, "mig:<name>")``.
+    cluster's node groups: the MIG by its exact name (``(zone, "mig:<name>")``) and the VMs named
+    after it (``(zone, "<base instance name>-")``), never the cluster's whole zone or region (a
+    region-wide clause admitted every VM and MIG of the region: issue 35, 9). A named prefix
+    admits only the MIGs listed by exact name in ``migs``. ``groups_known``: a GKE cluster whose
+    node groups are not read yet is an error (deploy reads them first: learn_node_groups).
     """
-    entries = [{"zone": z} if isinstance(z, str) else z for z in _listed(conf, "compute_zones")]
-    entries += [{"zone": c["location"], "project": c["project"]} for c in gke_clusters(conf, project)]
+    entries: list[object] = [{"zone": z} if isinstance(z, str) else z for z in _listed(conf, "compute_zones")]
+    for c in gke_clusters(conf, project):
+        if c["node_groups"] is None and groups_known:
+            raise ValueError(
+                f"gke_clusters: the node groups of {c['name']} are not known (learn_node_groups)"
+            )
+        for where, mig in c["node_groups"] or []:
+            base = mig.removesuffix("-grp")
+            entries.append({"zone": where, "project": c["project"], "name_prefix": f"{base}-", "migs": [mig]})
     out: dict[str, list[tuple[str, str]]] = {}
     for e in entries:
         if not isinstance(e, Mapping) or set(e) - {"zone", "project", "name_prefix", "migs"}:
@@ -262,7 +471,7 @@ def compute_conditions(project: str, scope: list[tuple[str, str]]) -> list[IamCo
     """The IAM conditions that limit the actuator role in one project to its zones and names.
 
     A zone admits every resource under projects/P/zones/Z/ (its VMs and MIGs); a region every
-    zone whose name starts with it (a regional GKE cluster); a name prefix only VMs so named; a
+    zone whose name starts with it; a name prefix only VMs so named; a
     ``mig:<name>`` entry that one MIG by its exact name (instanceGroupManagers.update can resize,
     abandon or re-template a group: never a whole zone's). Past 12 clauses the scope is split
     over several bindings of the same role.
@@ -424,7 +633,7 @@ def _entries(entries: Iterable[Entry], t: Target, scope: Mapping[str, str]) -> I
     for entry in entries:
         if not _configured(entry, t):
             continue
-        for values in FOR_EACH[entry["for_each"]](entry, t) if "for_each" in entry else [{}]:
+        for values in _for_each(entry, t) if "for_each" in entry else [{}]:
             inner = {**scope, **values}
             if "resources" in entry:
                 yield from _entries(entry["resources"], t, inner)
@@ -483,15 +692,26 @@ FOR_EACH: dict[str, Callable[[Entry, Target], list[dict[str, str]]]] = {
 Generated = Iterator[tuple[Entry, dict[str, str]]]  # an entry and the variables it is rendered with
 
 
+def _for_each(entry: Entry, t: Target) -> list[dict[str, str]]:
+    """FOR_EACH's values, or ``config:<key>``: each entry of that deploy.yaml list as ``{item}``."""
+    key = entry["for_each"]
+    if key.startswith("config:"):
+        return [{"item": str(v)} for v in _listed(t.conf, key.removeprefix("config:"))]
+    return FOR_EACH[key](entry, t)
+
+
 def _condition(name: str | None, t: Target) -> IamCondition | None:
     """An iam.yaml `conditions` entry, rendered for this plan (None: unconditional)."""
     if name is None:
         return None
     cond = t.iam["conditions"][name]
-    return {
-        "title": cond["title"],
-        "expression": " ".join(_render_text(cond["expression"], t.variables).split()),
-    }
+    each = (
+        [{}]
+        if "join" not in cond
+        else [{cond["join"].removesuffix("s"): str(v)} for v in _listed(t.conf, cond["join"])]
+    )
+    clauses = [" ".join(_render_text(cond["expression"], {**t.variables, **v}).split()) for v in each]
+    return {"title": cond["title"], "expression": " || ".join(clauses)}
 
 
 def _expand_accounts(entry: Entry, t: Target) -> Generated:
@@ -499,7 +719,7 @@ def _expand_accounts(entry: Entry, t: Target) -> Generated:
     for comp, spec in t.accounts.items():
         account: Entry = {"kind": "service-account", "name": comp, "display": spec["display"]}
         yield {**account, "what": entry["what"]}, {"account": comp}
-        for b in spec.get("project_roles", []):
+        for b in (b for b in spec.get("project_roles", []) if _configured(b, t)):
             role = _render_text(b["role"], t.variables)
             binding: Entry = {"kind": "project-binding", "member": t.member(comp), "role": role}
             binding["condition"] = _condition(b.get("condition"), t)
@@ -662,7 +882,11 @@ def _subscription_update(e: Entry, t: Target) -> list[Step]:
 
 
 def _secret(e: Entry, t: Target) -> list[Step]:
+    """A secret; one that deploy ``generate``s is created with a random first value (written just
+    before, into a private directory of this run: _write_generated), never shown or kept."""
     pre = ["--replication-policy=automatic"]
+    if e.get("generate"):
+        pre.append(f"--data-file={PRIVATE}/{e['name']}")
     return [_crud(e["what"], ["secrets"], e["name"], t.p, pre=pre)]
 
 
@@ -765,12 +989,12 @@ def _env(env: Mapping[str, object]) -> str:
     return ",".join(f"{k}={v}" for k, v in env.items())
 
 
-def _secrets(e: Entry, t: Target) -> list[str]:
-    """``--set-secrets`` for the function's secrets, with those whose deploy.yaml key is set."""
+def _secrets(e: Entry, t: Target) -> dict[str, str]:
+    """The function's secrets (env -> secret), with those whose deploy.yaml key is set."""
     secrets = dict(e.get("secrets") or {})
     for key, more in (e.get("secrets_if") or {}).items():
         secrets.update(more if t.conf.get(key) else {})
-    return [f"--set-secrets={','.join(f'{k}={v}:latest' for k, v in secrets.items())}"] if secrets else []
+    return secrets
 
 
 SCALE_FLAGS: tuple[ScaleKey, ...] = ("concurrency", "cpu", "memory", "max_instances", "min_instances")
@@ -792,7 +1016,51 @@ def scale_flags(e: Entry) -> list[str]:
 
 
 def _function(e: Entry, t: Target) -> list[Step]:
-    """A gen2 function from the staged source, labelled with a digest of its flags and source."""
+    """A gen2 function from the staged source, labelled with a digest of its flags and source.
+
+    A function that reads secrets is deployed with them only once each secret's latest version is
+    enabled: Cloud Run resolves a secret environment variable before an instance starts and fails
+    the revision, and the deploy, when it cannot (cloud.google.com/run/docs/configuring/services/
+    secrets). deploy creates the operator's secrets empty, so until a version is added the function
+    is deployed without them (notify then logs its pages, delivering none); the run after `gcloud
+    secrets versions add` redeploys it with them (its flags, and digest, differ). A secret deploy
+    ``generate``s has its version from its create on (an earlier step): bound, never waited for.
+    """
+    secrets = _secrets(e, t)
+    generated = _generated_secrets(t)
+    own = {k: v for k, v in secrets.items() if v in generated}
+    waited = {k: v for k, v in secrets.items() if v not in generated}
+    bound = _function_step(e, t, _secret_flags(secrets) if secrets else [])
+    if not waited:
+        return [bound]
+    names = list(dict.fromkeys(waited.values()))
+    latest = [
+        ["secrets", "versions", "describe", "latest", f"--secret={n}", *t.p, "--format=value(state)"]
+        for n in names
+    ]
+    bound.gate = Gate(latest, "ENABLED")
+    waiting = _function_step(e, t, _secret_flags(own))
+    waiting.what += f" without {', '.join(waited)}: add a version to {', '.join(names)}, deploy again"
+    waiting.gate, waiting.delete = Gate(latest, "ENABLED", negate=True), None  # the bound step deletes it
+    return [bound, waiting]  # one of the two runs
+
+
+def _secret_flags(secrets: Mapping[str, str]) -> list[str]:
+    """gcloud's flag for exactly these secrets (env -> secret, latest); none: any binding cleared
+    (gcloud otherwise keeps one the function had; --set-secrets replaces them all)."""
+    if not secrets:
+        return ["--clear-secrets"]
+    return [f"--set-secrets={','.join(f'{k}={v}:latest' for k, v in secrets.items())}"]
+
+
+def _generated_secrets(t: Target) -> frozenset[str]:
+    """The secrets this plan creates with a value of its own (``generate``: the notify key)."""
+    return frozenset(
+        e["name"] for e in _entries(_resources(), t, {}) if e.get("kind") == "secret" and e.get("generate")
+    )
+
+
+def _function_step(e: Entry, t: Target, secret_flags: list[str]) -> Step:
     fn, where = e["name"], [e["name"], "--gen2", f"--region={t.region}", *t.p]
     argv = [
         "functions",
@@ -801,8 +1069,8 @@ def _function(e: Entry, t: Target) -> list[Step]:
         f"--entry-point={e['entry_point']}",
         *e.get("flags", []),
         *scale_flags(e),
-        *_secrets(e, t),
     ]
+    argv += secret_flags
     # functions-framework serves a Python function with THREADS threads: as many as the
     # concurrency Cloud Run sends it (cloud.google.com/functions/docs/configuring/concurrency).
     env = {**e["env"], "THREADS": e["scale"]["concurrency"]}
@@ -810,15 +1078,13 @@ def _function(e: Entry, t: Target) -> list[Step]:
     argv += ["--gen2", f"--runtime={t.conf['runtime']}", f"--region={t.region}", f"--source={t.source_dir}"]
     argv += ["--no-allow-unauthenticated", *t.p]
     digest = config_digest([a for a in argv if not a.startswith("--source=")], t.source)
-    return [
-        Step(
-            e.get("what", f"function {fn}"),
-            [*argv, f"--update-labels={DIGEST_LABEL}={digest}"],
-            check=["functions", "describe", *where, f"--format=value(labels.{DIGEST_LABEL})"],
-            expect=digest,
-            delete=["functions", "delete", *where, "--quiet"],
-        )
-    ]
+    return Step(
+        e.get("what", f"function {fn}"),
+        [*argv, f"--update-labels={DIGEST_LABEL}={digest}"],
+        check=["functions", "describe", *where, f"--format=value(labels.{DIGEST_LABEL})"],
+        expect=digest,
+        delete=["functions", "delete", *where, "--quiet"],
+    )
 
 
 def _workflow(e: Entry, t: Target) -> list[Step]:
@@ -843,7 +1109,7 @@ def _log_sink(e: Entry, t: Target) -> list[Step]:
     """A sink with its filter file; an aggregated one lives in its folder or organization."""
     sink, where = e["name"], t.sink_scope or t.p
     dest = f"pubsub.googleapis.com/projects/{t.project}/topics/{e['topic']}"
-    pre = [dest, f"--log-filter={sinks.read_filter(sinks.SINK_FILTERS[sink])}"]
+    pre = [dest, f"--log-filter={sinks.read_filter(e.get('filter_file') or sinks.SINK_FILTERS[sink])}"]
     step = _updatable(_crud(e.get("what", f"log sink {sink}"), ["logging", "sinks"], sink, where, pre))
     step.argv += ["--include-children"] if t.sink_scope else []
     return [step]
@@ -1012,6 +1278,7 @@ SHIPPED = (
     "pitstop/core",
     "pitstop/services",
     "pitstop/adapters",
+    "pitstop/plugins",
 )
 BUNDLED = {"pitstop/schemas": ROOT / "schemas", "pitstop/filters": INFRA / "filters"}  # data read at run time
 
@@ -1043,6 +1310,8 @@ def _shipped(policy_path: str | None) -> dict[str, bytes]:
         for f in files:
             rel = f.relative_to(src).parts
             if any(p == "__pycache__" or p.startswith(".") for p in rel) or f.suffix in (".pyc", ".pyo"):
+                continue
+            if name == "pitstop/plugins" and f.name == "local.py":  # a folder's local sink or stand-in
                 continue
             out[str(PurePosixPath(name, *rel))] = f.read_bytes()
     out["policy.yaml"] = Path(policy_path).read_bytes() if policy_path else b"{}\n"  # {}: observe mode
@@ -1122,7 +1391,11 @@ def runtime_values(project: str, region: str, sink_scope: list[str]) -> dict[str
         f"--filter=displayName={json.dumps(ALERTS_CHANNEL)}",
         "--format=value(name)",
     ]
-    for sink in sinks.SINK_FILTERS:  # an aggregated sink lives in its folder or organization
+    plugin_sinks = [e["name"] for e in _resources() if e.get("kind") == "log-sink" and "filter_file" in e]
+    for sink in [
+        *sinks.SINK_FILTERS,
+        *plugin_sinks,
+    ]:  # an aggregated sink lives in its folder or organization
         out[f"<{sink}-writer-identity>"] = ["logging", "sinks", "describe", sink, *sink_scope]
         out[f"<{sink}-writer-identity>"].append("--format=value(writerIdentity)")
     return out
@@ -1186,15 +1459,29 @@ def _execute(
 
 @contextmanager
 def _workdir(steps: list[Step]) -> Iterator[dict[str, str]]:
-    """The run's values, with a private directory for kubeconfig files when a step needs one."""
-    if not any(WORKDIR in v for s in steps for v in s.env.values()):
+    """The run's values, with a private directory for kubeconfig files and generated secrets when
+    a step needs one."""
+    used = [
+        ph for ph in (WORKDIR, PRIVATE) if any(ph in v for s in steps for v in [*s.env.values(), *s.argv])
+    ]
+    if not used:
         yield {}
         return
     path = tempfile.mkdtemp(prefix="pitstop-deploy-")  # 0700: credentials never land in shared /tmp
     try:
-        yield {WORKDIR: path}
+        yield dict.fromkeys(used, path)
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _write_generated(argv: list[str], values: Mapping[str, str]) -> None:
+    """A generated secret's first value, in the run's private directory, just before its create."""
+    where = values.get(PRIVATE)
+    for a in argv:
+        if where and a.startswith(f"--data-file={where}/"):
+            fd = os.open(a.split("=", 1)[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(GENERATED_BYTES))
 
 
 def _warned(step: Step, res: subprocess.CompletedProcess[str]) -> str:
@@ -1213,6 +1500,9 @@ def apply(
     """Run the plan; a step whose check finds the resource is skipped, updated or redeployed."""
     with _workdir(steps) as values:
         for step in steps:
+            if step.gate is not None and not _opens(step.gate, run):
+                log(f"skipped  {step.what}")
+                continue
             needed = [ph for ph in _placeholders([*step.argv, *(step.update or [])]) if ph != EXISTING]
             missing = [ph for ph in needed if not _learn(ph, step, values, run)]
             if missing:
@@ -1237,12 +1527,18 @@ def apply(
                     existing = found.splitlines()[0]
                     argv = [_fill(a, {**values, EXISTING: existing}) for a in step.update]
             write_config_files(argv)
+            _write_generated(argv, values)
             res = _execute(step, argv, values, run, tool)
             if res.returncode != 0:
                 log(f"FAILED   {step.what}: {res.stderr.strip()[:500]}")
                 return 1
             log(f"ok       {step.what}")
     return 0
+
+
+def _opens(gate: Gate, run: Runner) -> bool:
+    passed = all(run(c).stdout.strip() == gate.prints for c in gate.commands)
+    return passed != gate.negate
 
 
 def _existing(step: Step, run: Runner) -> str | None:
@@ -1262,6 +1558,23 @@ def _fill(arg: str, values: Mapping[str, str]) -> str:
     for k, v in values.items():
         arg = arg.replace(k, v)
     return arg
+
+
+def teardown_lines(steps: list[Step], purge: bool) -> list[str]:
+    """What teardown runs, in its order, as shell lines (``teardown --dry-run``). ``<existing>`` stands
+    for each name the step's check finds (the comment after it says how), a resource named only when
+    it was created; with ``purge``, the data's bulk deletes come last."""
+    out = []
+    for step in reversed(steps):
+        if step.delete is None:
+            continue
+        line = dataclasses.replace(step, argv=step.delete).line()
+        if any(EXISTING in a for a in step.delete) and step.check is not None:
+            line += f"  # {EXISTING}: each name `{shlex.join(['gcloud', *step.check])}` prints"
+        out.append(line)
+    if purge:
+        out += [shlex.join(["gcloud", *s.purge]) for s in steps if s.purge is not None]
+    return out
 
 
 def teardown(

@@ -8,7 +8,7 @@ and deploy.load_config checks each key it reads.
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 from pitstop.core.domain import JsonObject
 
@@ -30,6 +30,7 @@ class Scale(TypedDict, total=False):
 class IamCondition(TypedDict):
     title: str
     expression: str
+    join: NotRequired[str]  # a deploy.yaml list: the expression once per entry, ORed (deploy._condition)
 
 
 class ResourceEntry(TypedDict, total=False):
@@ -43,8 +44,10 @@ class ResourceEntry(TypedDict, total=False):
     # repetition and generation
     for_each: str  # a key of deploy.FOR_EACH
     if_config: str  # exists only when deploy.yaml sets this key
+    generate: bool  # a secret: created with a random first value
     resources: list[ResourceEntry]
     expand: str  # a key of deploy.EXPAND
+    plugins: str  # a slot: the plugin folders' entries for it are spliced in here (deploy._resources)
     role_what: str
     roles: list[ResourceRoles]  # account-roles: which of iam.yaml's resource-level roles
     agent: str  # agent-roles: an iam.yaml service agent
@@ -66,6 +69,7 @@ class ResourceEntry(TypedDict, total=False):
     cluster: str
     location: str
     filter: str
+    filter_file: str  # a log sink's filter file (infra/filters)
     member: str
     role: str
     account: str

@@ -28,6 +28,7 @@ CASES = (  # name, --project, --region, --config (relative to the repository)
     ("channels", "demo-proj", None, "tests/fixtures/deploy/channels.yaml"),
     ("gke", "demo-proj", None, "tests/fixtures/deploy/gke.yaml"),
     ("pagerduty", "demo-proj", None, "tests/fixtures/deploy/pagerduty.yaml"),
+    ("vertex", "demo-proj", None, "tests/fixtures/deploy/vertex.yaml"),
 )
 DEFAULT_DIR = deploy.ROOT / "tests" / "fixtures" / "deploy"
 

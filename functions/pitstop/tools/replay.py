@@ -9,21 +9,24 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypedDict
 
 import orjson
 
 from pitstop.adapters.memory_store import MemoryStore
-from pitstop.core import engine
+from pitstop.core import engine, vertex_log
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import Escalation, FaultEvent, Held, Incident
+from pitstop.core.entry import invalid
 from pitstop.core.envelope import unwrap
-from pitstop.core.parse import invalid, parse_entry
+from pitstop.core.parse import parse_entry
 from pitstop.core.policy import Policy, from_doc
 from pitstop.core.timefmt import to_epoch
+from pitstop.core.timeline import iso
 from pitstop.services.sweep import close_bursts, release_held
+from pitstop.tools.progress import Note, silent
 
 SWEEP_EVERY_S = 60.0
 
@@ -101,9 +104,14 @@ def read_jsonl(path: str | Path) -> Iterator[ReplayItem]:
 
 
 def replay(
-    items: Iterable[Mapping[str, object]], policy: Policy, classifier: Classifier | None = None
+    items: Iterable[Mapping[str, object]],
+    policy: Policy,
+    classifier: Classifier | None = None,
+    note: Note = silent,
 ) -> Replayed:
-    """The items (ReplayItems, or bare entries) through classify and the engine, in event time."""
+    """The items (ReplayItems, or bare entries) through classify and the engine, in event time;
+    ``note`` hears how far it got (entries read, then the engine's clock: a sweep every minute of
+    event time, so years of history take a while)."""
     pol = observe_policy(policy)
     clf = classifier or Classifier(pol.xids, Classifier.default().system_events)
     events: list[FaultEvent] = []
@@ -118,7 +126,9 @@ def replay(
                 if delivery.entry is not None
                 else invalid(delivery.error or "no log entry")
             )
+        ev = vertex_log.place(ev, pol)  # as ingest does: a Vertex AI job's entry on its cluster's job
         kinds[ev["kind"]] += 1
+        note(lambda: f"{sum(kinds.values()):,} entries read")
         if ev["kind"] not in ("unrelated", "invalid"):
             ts = to_epoch(ev.get("observed_at"))
             if ts is None:
@@ -130,11 +140,13 @@ def replay(
     store = MemoryStore()
     results: Counter[str] = Counter()
     next_sweep = events[0]["_observed_ts"] + SWEEP_EVERY_S if events else 0.0
-    for ev in events:
+    note(f"{sum(kinds.values()):,} entries read, {len(events):,} events for the engine", force=True)
+    for i, ev in enumerate(events, 1):
         now = ev["_observed_ts"]
         while now >= next_sweep:
             sweep(store, pol, next_sweep)
             next_sweep += SWEEP_EVERY_S
+            note(_at(i, len(events), next_sweep))
         results[store.apply(ev, pol, now).result] += 1
     incidents = store.query()  # oldest first
     return {
@@ -153,6 +165,11 @@ def replay(
             "by_action": dict(Counter(i["action"] for i in incidents)),
         },
     }
+
+
+def _at(i: int, total: int, clock: float) -> Callable[[], str]:
+    """The replay's position, made into text only if the progress line is due."""
+    return lambda: f"event {i:,} of {total:,}, engine clock at {iso(clock)}"
 
 
 def _summary(inc: Incident) -> ReplaySummary:

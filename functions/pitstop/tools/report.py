@@ -15,14 +15,17 @@ import base64
 import hashlib
 import html
 import io
+import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pitstop.core.control import Control, ControlStore, changes_lines
 from pitstop.core.policy import Policy
 from pitstop.core.timeline import iso
+from pitstop.tools import common
 from pitstop.tools import report_model as rm
 
 DETAIL_LIMIT = 300  # incidents whose full timeline is written out (the newest); the table has all
@@ -385,6 +388,15 @@ def _needs_person(rep: rm.Report) -> str:
     return table(["incident", "detected (UTC)", "node", "action", "outcome", "why"], rows)
 
 
+def _control(rep: rm.Report) -> str:
+    """What `pitstop pause`, `mode` and `silence` put in force, and every change of the period."""
+    if not (rep.control or rep.control_changes):
+        return ""
+    now = "".join(f"<li>{esc(x)}</li>" for x in rep.control) or "<li>nothing: the policy as deployed</li>"
+    changes = "".join(f"<li>{esc(x)}</li>" for x in rep.control_changes) or "<li>none</li>"
+    return f"<p>In force now:</p><ul>{now}</ul><p>Changes in the period (who, why):</p><ul>{changes}</ul>"
+
+
 def _holds(rep: rm.Report) -> str:
     if not rep.holds:
         return "<p>No incident was held.</p>"
@@ -544,6 +556,7 @@ def render(rep: rm.Report, found: list[Chart] | None) -> str:
             _charts_html(found, ["Time from"]) + _times_table(rep),
         ),
         ("Incidents that needed a person", _needs_person(rep)),
+        *([("Runtime control: pauses, cluster modes, silences", _control(rep))] if _control(rep) else []),
         ("Budgets and other holds", _holds(rep)),
         ("Nodes by remediations (lemon candidates)", _charts_html(found, ["Nodes by"]) + _nodes(rep)),
         ("Top Xids", _charts_html(found, ["Top Xids"]) + _xids(rep)),
@@ -589,24 +602,57 @@ def from_replay(path: str, policy: Policy) -> rm.Report:
     )
 
 
-def from_store(store: Any, policy: Policy, since_s: float, now: float) -> rm.Report:
-    """The incident store's incidents detected in the last ``since_s`` seconds."""
+def from_store(
+    store: Any, policy: Policy, since_s: float, now: float, control: ControlStore | None = None
+) -> rm.Report:
+    """The incident store's incidents detected in the last ``since_s`` seconds (and the runtime
+    control's changes of the period, when ``control`` is given)."""
     where = f"Firestore project {store.db.project}, collection {store.collections.incidents.id}"
     source = f"Incident store: {where}"
-    return rm.build(store.query(), policy, source=source, start=now - since_s, end=now)
+    lines = Control.of(control.read_control()).lines(now) if control is not None else []
+    changes = changes_lines(control.control_changes(now - since_s)) if control is not None else []
+    return rm.build(store.query(), policy, source=source, start=now - since_s, end=now, control=lines,
+                    control_changes=changes)  # fmt: skip
+
+
+def readiness(store: Any, control: ControlStore, policy: Policy, args: argparse.Namespace, now: float) -> int:
+    """`--readiness`: what enforce would have done over the last days, and the criteria, checked."""
+    from pitstop.tools import readiness as rd
+
+    pol = policy.with_control(Control.of(control.read_control()))
+    days = float(args.days)
+    unsent: dict[str, int] = {}
+    for e in store.outbox.unsent(now - rd.UNSENT_AFTER_S):
+        if float(e.get("created_at") or now) <= now - rd.UNSENT_AFTER_S:
+            cluster = str((e["notification"].get("incident") or {}).get("cluster") or rd.NO_CLUSTER)
+            unsent[cluster] = unsent.get(cluster, 0) + 1
+    changes = changes_lines(control.control_changes(now - days * 86400))
+    got = rd.build(store.query(), pol, now, days, unsent=unsent, changes=changes, only=args.cluster,
+                   gpus=args.gpus_per_node)  # fmt: skip
+    if args.json:
+        print(json.dumps(rd.to_json(got), indent=2))
+    else:
+        print(rd.render(got))
+    return 0 if got.ready else 1
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from pitstop.core import policy as policy_mod
-    from pitstop.tools import common
 
+    if args.readiness and args.from_replay:
+        raise SystemExit("pitstop report: --readiness reads the incident store, not a replay")
     if args.from_replay:
-        rep = from_replay(args.from_replay, policy_mod.load(args.policy))
+        rep = from_replay(args.from_replay, policy_mod.load(common.policy_file(args.config, args.policy)))
     else:
-        store, pol = common.store_and_policy(args.project)
+        from pitstop.adapters.firestore_control import FirestoreControl
+
+        store, pol = common.store_and_policy(args.project, args.config)
+        control = FirestoreControl(store.db, pol.doc["store"]["collection_prefix"])
         if args.policy:
             pol = policy_mod.load(args.policy)
-        rep = from_store(store, pol, common.duration_s(args.since or "7d"), time.time())
+        if args.readiness:
+            return readiness(store, control, pol, args, time.time())
+        rep = from_store(store, pol, common.duration_s(args.since or "7d"), time.time(), control)
     page = render(rep, charts(rep))
     Path(args.out).write_text(page, encoding="utf-8")
     print(
@@ -619,7 +665,21 @@ def cmd_report(args: argparse.Namespace) -> int:
 def add(sub: Any) -> None:
     """Add ``report`` to the pitstop CLI."""
     r = sub.add_parser("report", help="one self-contained HTML page on what Pitstop did (or would have done)")
-    r.add_argument("--out", required=True, metavar="FILE.html", help="where to write the page")
+    what = r.add_mutually_exclusive_group(required=True)
+    what.add_argument("--out", default=None, metavar="FILE.html", help="where to write the page")
+    what.add_argument(
+        "--readiness",
+        action="store_true",
+        help="instead of a page: what enforce would have done with each incident of the last --days "
+        "(its evidence, jobs, GPU-hours at stake) and the README's criteria for enforce, checked; exit 1 "
+        "when one fails",
+    )
+    r.add_argument("--days", type=float, default=14.0, help="--readiness: the period, in days (14)")
+    r.add_argument("--cluster", default=None, help="--readiness: only this cluster")
+    r.add_argument("--json", action="store_true", help="--readiness: JSON instead of text")
+    r.add_argument(
+        "--gpus-per-node", type=int, default=8, help="--readiness: GPUs of a node, for GPU-hours (8: A3)"
+    )
     src = r.add_mutually_exclusive_group()
     src.add_argument(
         "--since", default=None, help="incidents detected in this past period, e.g. 7d (default), 36h"
@@ -630,7 +690,5 @@ def add(sub: Any) -> None:
     r.add_argument(
         "--policy", default=None, help="policy.yaml (default: $PITSTOP_POLICY or shipped defaults)"
     )
-    r.add_argument(
-        "--project", default=None, help="the incident store's project (default GOOGLE_CLOUD_PROJECT)"
-    )
+    common.add_store_flags(r)
     r.set_defaults(func=cmd_report)

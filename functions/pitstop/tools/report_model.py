@@ -149,6 +149,8 @@ class Report:
     validation: Mapping[str, int]  # verdict -> validations
     lemon_rule: LemonRule
     notes: tuple[str, ...] = field(default=())
+    control: tuple[str, ...] = ()  # the runtime control in force (core/control.py), one line each
+    control_changes: tuple[str, ...] = ()  # ... and its changes in the period: who, when, why
 
     @property
     def needs_person(self) -> tuple[IncidentRow, ...]:
@@ -464,6 +466,8 @@ def build(
     start: float | None,
     end: float | None,
     notes: Iterable[str] = (),
+    control: Iterable[str] = (),
+    control_changes: Iterable[str] = (),
 ) -> Report:
     """The report on the incidents detected in [start, end] (None: unbounded on that side)."""
     docs = [d for d in in_period(incidents, start) if end is None or (detected_at(d) or 0.0) <= end]
@@ -488,4 +492,6 @@ def build(
         validation=dict(verdicts.most_common()),
         lemon_rule=policy.doc["lemon"].copy(),
         notes=tuple(notes),
+        control=tuple(control),
+        control_changes=tuple(control_changes),
     )

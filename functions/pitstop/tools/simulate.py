@@ -18,7 +18,9 @@ from typing import Any, TypedDict, cast
 from pitstop.core import resources
 from pitstop.core.domain import Incident
 from pitstop.tools import timing
+from pitstop.tools.progress import Note, Progress, silent
 from pitstop.tools.sim import trace as trace_mod
+from pitstop.tools.sim import vertex as vertex_sim
 from pitstop.tools.sim.fleet import PHASES, Fleet, Ledger
 from pitstop.tools.sim.scenario import Comparison, Scenario, Summary, SweepRun, SweepValue
 from pitstop.tools.sim.strategies import STRATEGIES, Pitstop
@@ -132,14 +134,31 @@ def _decided(incidents: Iterable[Incident]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def simulate(scn: Scenario) -> Comparison:
+def simulate(scn: Scenario, note: Note = silent) -> Comparison:
     """Every strategy of the scenario over one trace: ``{"strategies": [...], "scenario": {...}}``."""
     faults = trace_mod.generate(scn)
     rows = []
     for name in scn["strategies"]:
+        note(f"{name} on {scn['fleet']['nodes']:,} nodes, {len(faults):,} faults over {scn['days']} days")
         sim = Fleet(scn, STRATEGIES[name](scn))
         rows.append(summarize(name, sim.run(faults), sim, scn))
-    return {"strategies": rows, "scenario": scn, "trace": _trace_counts(faults)}
+    out: Comparison = {"strategies": rows, "scenario": scn, "trace": _trace_counts(faults)}
+    if "vertex" in scn:
+        out["vertex"] = vertex_jobs(scn)
+    return out
+
+
+def vertex_jobs(scn: Scenario) -> list[vertex_sim.VertexRun]:
+    """The scenario's Vertex AI jobs, by a person in the morning and by Pitstop (its job budget)."""
+    from pitstop.core import policy
+
+    budget = policy.from_doc(scn["policy"]).job_restarts()
+    d = scn["durations"]
+    human, detect = [float(x) for x in d["human_detect"]], float(d["pitstop_detect"])
+    return [
+        vertex_sim.run(who, scn["vertex"], float(scn["days"]), scn["seed"], human, detect, budget)
+        for who in ("morning", "pitstop")
+    ]
 
 
 def _trace_counts(faults: list[trace_mod.Fault]) -> dict[str, int]:
@@ -168,12 +187,15 @@ def _number(v: str) -> SweepValue:
     return v
 
 
-def sweep(scn: Scenario, key: str, values: Sequence[SweepValue]) -> list[SweepRun]:
+def sweep(scn: Scenario, key: str, values: Sequence[SweepValue], note: Note = silent) -> list[SweepRun]:
     """One full comparison per value of a field (each with its own trace from the same seed)."""
-    return [
-        {"value": v, "strategies": simulate(with_fields(scn, {key: v}, "--sweep"))["strategies"]}
-        for v in values
-    ]
+    runs: list[SweepRun] = []
+    for k, v in enumerate(values, 1):
+        note(f"--sweep {key}={v} ({k} of {len(values)})", force=True)
+        runs.append(
+            {"value": v, "strategies": simulate(with_fields(scn, {key: v}, "--sweep"), note)["strategies"]}
+        )
+    return runs
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -229,6 +251,17 @@ def format_table(result: Comparison) -> str:
                 r["nodes_wrongly_replaced"],
                 f"{r['money_lost_usd'] / 1e6:,.2f}",
             )
+        )
+    return "\n".join(lines)
+
+
+def format_vertex(runs: list[vertex_sim.VertexRun]) -> str:
+    """The Vertex AI jobs' lines: who resumes a failed job, how fast, and the idle GPU-hours."""
+    lines = ["Vertex AI jobs   failures  resubmitted  paged  idle GPU-h  lost work GPU-h  resume min (mean)"]
+    for r in runs:
+        lines.append(
+            f"{r['strategy']:<16} {r['failures']:>8}  {r['resubmitted']:>11}  {r['paged']:>5}  "
+            f"{r['idle_gpu_hours']:>10}  {r['lost_work_gpu_hours']:>15}  {r['time_to_resume_min']:>17}"
         )
     return "\n".join(lines)
 
@@ -301,12 +334,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         sizes = args.sweep[1] if args.sweep and args.sweep[0] == "nodes" else SIMULATE_SWEEP_NODES
         print(json.dumps(bench_simulate(scn, sweep_nodes=sizes), indent=2))
         return 0
-    result = simulate(scn)
+    note = Progress("simulate").note
+    result = simulate(scn, note)
     key: str | None = None
     runs: list[SweepRun] = []
     if args.sweep:
         key, values = args.sweep
-        runs = sweep(scn, key, values)
+        runs = sweep(scn, key, values, note)
         result["sweep"] = {"field": key, "runs": runs}
     if args.plot:
         plot(args.plot, result, key, runs)
@@ -314,6 +348,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
     else:
         print(format_table(result))
+        if "vertex" in result:
+            print("\n" + format_vertex(result["vertex"]))
         if key:
             print("\n" + format_sweep(key, runs))
     return 0
@@ -329,9 +365,9 @@ def add(sub: Any) -> None:
         "--rate", default=None, help="fault rate: llama3, or a preset of the scenario (rsc1, rsc2)"
     )
     s.add_argument("--nodes", type=int, default=None, help="nodes running jobs")
-    s.add_argument("--spares", type=int, default=None)
-    s.add_argument("--days", type=float, default=None)
-    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--spares", type=int, default=None, help="idle nodes a gang can restart on at once")
+    s.add_argument("--days", type=float, default=None, help="length of the simulated period")
+    s.add_argument("--seed", type=int, default=None, help="seed of the fault trace (same seed, same trace)")
     s.add_argument(
         "--strategies", default=None, help="comma-separated: manual,gke,nvsentinel,pitstop,pitstop+tel"
     )

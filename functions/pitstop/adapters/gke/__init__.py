@@ -2,10 +2,11 @@
 
 One module per concern: objects (reading API objects through checked accessors, names Pitstop
 writes), shapes (the TypedDicts of what it writes and answers), client (the API,
-its errors and shared reads), fence (cordon + taint for an incident, lifted only as set),
+its errors and shared reads), fence (Pitstop's taint for an incident, never a cordon; lifted only as set),
 evict (the Eviction API, budgets honoured), kinds (JobSet, batch Job and bare pod as strategies),
 restart (a JobSet's restart once, a Kueue Workload's cycle), capacity (can the gang run without
-the node), checks (diagnose and validate Jobs on the fenced node), doctor, node and zone (what
+the node), checks, check_jobs, check_peers and check_runs (diagnose and validate Jobs on the fenced
+node), doctor, node and zone (what
 ingest reads of a Node). reference/gke.md §2-§4.
 
 :class:`GkeCluster` answers in the adapter's own detail (TypedDicts of shapes.py with every
@@ -25,6 +26,7 @@ from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.gke import fence as fencing
 from pitstop.adapters.gke.capacity import capacity
+from pitstop.adapters.gke.check_runs import GkeChecks
 from pitstop.adapters.gke.checks import (
     CHECK_LABEL,
     CHECK_NAMESPACE,
@@ -32,7 +34,6 @@ from pitstop.adapters.gke.checks import (
     DCGM_IMAGE,
     NCCL_IMAGE,
     CheckSettings,
-    GkeChecks,
     check_script,
     split_outputs,
 )
@@ -76,6 +77,7 @@ from pitstop.adapters.gke.shapes import (
     NodeAnswer,
     RequeueAnswer,
 )
+from pitstop.core import topology
 from pitstop.core.corroboration import CORROBORATE, NPD_CONDITION
 from pitstop.core.scheduling import (
     Capacity,
@@ -90,6 +92,7 @@ from pitstop.core.scheduling import (
     StepRef,
     UnfenceAnswer,
 )
+from pitstop.core.topology import Seat
 from pitstop.core.trust import XID_CONDITION
 
 __all__ = [
@@ -123,7 +126,8 @@ class GkeCluster:
     ``evict_deadline_s`` bounds how long one call keeps retrying an eviction a budget blocks;
     ``wait_s`` how long it waits for Kueue to stop a deactivated Workload before answering 503
     (the workflow asks again and the wait resumes); ``stuck_terminating_s`` when a pod of that job
-    still Terminating counts as stuck (restart.py), on the ``wall`` clock.
+    still Terminating counts as stuck (restart.py), on the ``wall`` clock; ``kueue_replaces``: the
+    cluster's Kueue replaces a failed node of a TAS workload itself (kinds.JobSetKind).
     """
 
     def __init__(
@@ -139,6 +143,7 @@ class GkeCluster:
         checks: CheckSettings | None = None,
         stuck_terminating_s: float = STUCK_TERMINATING_S,
         wall: Callable[[], float] = time.time,
+        kueue_replaces: bool = True,
     ) -> None:
         self.kube = Kube(api_client, connect, timeout)
         self.settings = checks or CheckSettings()
@@ -148,7 +153,8 @@ class GkeCluster:
         self.cycle = WorkloadCycle(
             self.kube, wait_s, lambda: self.clock(), lambda s: self.sleep(s), stuck_terminating_s, wall
         )
-        self.kinds = kinds(self.kube, self.evictor, self.cycle)
+        self.kueue_replaces = kueue_replaces
+        self.kinds = kinds(self.kube, self.evictor, self.cycle, kueue_replaces)
         self.checks = GkeChecks(self.kube, self.settings)
         self.gang = GangStop(self.kube, self.kinds, self.cycle, self.checks, self._xid_condition)
 
@@ -215,7 +221,7 @@ class GkeCluster:
         jr = parse_job_id(job)
         nodes = self.kube.fenced_nodes(ref.incident)
         if not nodes:
-            return self.kind(jr).info(jr)["state"] == "RUNNING"
+            return self.kind(jr).info(jr)["state"] == JobState.RUNNING
         return any(owner_ref(p) == jr and live(p) for n in nodes for p in self.kube.pods_on(n))
 
     def checkpoint(self, job: str, ref: StepRef) -> list[str]:
@@ -256,7 +262,7 @@ class GkeCluster:
 
     def capacity(self, job: str, node: str, ref: StepRef) -> CapacityAnswer:
         jr = parse_job_id(job)
-        return capacity(self.kube, self.kind(jr), jr, node)
+        return capacity(self.kube, self.kind(jr), jr, node, self.kueue_replaces)
 
     # -- checks ----------------------------------------------------------------------------
 
@@ -327,10 +333,7 @@ class GkeScheduler:
     def requeue(self, job: str, ref: StepRef, run: JobRun) -> RequeueOutcome:
         a = self.cluster.requeue_outcome(job, ref, run.restarts)
         owner = a.get("owner_action")
-        restarted = not owner and str(a.get("outcome", "")).startswith(
-            ("restart triggered", "workload deactivated")
-        )
-        return RequeueOutcome(job, restarted, str(a.get("outcome")), owner)
+        return RequeueOutcome(job, not owner and a.get("restarted") is True, str(a.get("outcome")), owner)
 
     def release_jobs(self, jobs: list[str], ref: StepRef) -> list[str]:
         """core/scheduling.JobReleaser: undo what a failed step left of Pitstop's own job changes."""
@@ -338,7 +341,20 @@ class GkeScheduler:
 
     def capacity(self, job: str, node: str, ref: StepRef) -> Capacity:
         a = self.cluster.capacity(job, node, ref)
-        return Capacity(a.get("enough") is True, str(a.get("why") or ""), a.get("need"), a.get("free"))
+        labels = a.get("labels") or {}
+
+        def seats(names: list[str]) -> tuple[Seat, ...]:
+            return tuple(Seat(n, topology.from_labels(labels.get(n) or {})) for n in names)
+
+        return Capacity(
+            a.get("enough") is True,
+            str(a.get("why") or ""),
+            a.get("need"),
+            a.get("free"),
+            gang=seats(a.get("nodes") or []),
+            spares=seats(a.get("spares") or []),
+            native=a.get("native"),
+        )
 
     def start_gang_check(self, job: str, check: Mapping[str, object], ref: StepRef) -> GangCheckStart:
         """core/scheduling.GangChecks: the gang stopped first (its pods hold the GPUs), then checked."""
@@ -369,4 +385,4 @@ class GkeScheduler:
 
 def _job(doc: JobAnswer) -> JobInfo:
     nodes = tuple(doc.get("nodes", ()))  # a JobSet's: its live pods' nodes
-    return JobInfo(doc["id"], JobState.of(doc["state"]), JobRun.of(doc), nodes)
+    return JobInfo(doc["id"], doc["state"], JobRun.of(doc), nodes, doc.get("opted_in") is True)

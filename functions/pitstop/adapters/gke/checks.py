@@ -19,7 +19,12 @@ the node's ``/sys``, ``/proc/sys`` and plugin libraries as hostPath volumes
 (cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx), all of which Pod
 Security ``baseline`` in this namespace forbids (kubernetes.io/docs/concepts/security/
 pod-security-standards/#baseline) so that creating a check Job is not root on a GPU node. A
-busbw figure from here is therefore never the fabric's and a shortfall pages (README).
+busbw figure from here is therefore never the fabric's and a shortfall pages (docs/engine.md).
+
+This module holds what a check is: its settings, its arguments, the script its pods run and how
+their log is cut. The parts that act are divided by responsibility and composed by
+check_runs.GkeChecks: check_jobs.py (the Job bodies), check_peers.py (a validation's peer) and
+check_runs.py (starting a check once and reading its outcome).
 """
 
 from __future__ import annotations
@@ -30,42 +35,19 @@ import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-import urllib3
-from kubernetes.client.exceptions import ApiException
-
-from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
-from pitstop.adapters.gke.client import Kube, KubeApiError, status_body
+from pitstop.adapters.gke.client import Kube, KubeApiError
 from pitstop.adapters.gke.objects import (
     DNS_LABEL,
-    EMPTY,
-    FENCE_KEY,
-    GPU_RESOURCE,
-    allocatable_gpus,
-    annotations_of,
-    condition_true,
-    labels_of,
-    live,
     meta_of,
-    name_of,
-    node_name_of,
-    placeable,
-    pod_gpus,
-    spec_of,
     status_of,
     sub,
     subs,
-    text,
     valid_namespace,
     valid_object_name,
 )
 from pitstop.adapters.gke.shapes import (
-    CheckReport,
-    CheckStarted,
-    Container,
-    JobBody,
     KubeObject,
-    PodSpec,
     SecurityContext,
 )
 
@@ -323,363 +305,11 @@ def pod_failure(pod: KubeObject) -> str:
     return ": ".join(parts[:2]) + ("; " + "; ".join(parts[2:]) if len(parts) > 2 else "")
 
 
-class GkeChecks:
-    """The check Jobs of one cluster."""
-
-    def __init__(self, kube: Kube, settings: CheckSettings) -> None:
-        self.kube, self.settings = kube, settings
-
-    # -- checks on the fenced node ---------------------------------------------------------------
-
-    def start(self, node: str, check: Mapping[str, object], key: str) -> CheckStarted:
-        """Start a diagnose or validate run on the fenced node, once per ``check["name"]``.
-
-        A retry finds the Job it (or an earlier attempt) created (409 AlreadyExists) and answers as
-        the first call did. A 503 (retryable) while pods that hold GPUs are still on the node: the
-        kubelet would refuse the check's pod, and a diagnostic must see every GPU.
-        """
-        kind, name, gpus = check_args(check)
-        if not valid_object_name(node):
-            raise ActuatorError(400, f"not a valid node name: {str(node)[:100]!r}", False)
-        ns = self.settings.namespace
-        existing = self._check_job(name)
-        if existing is not None:
-            return self._started_answer(existing, node, name)
-        cur = self.kube.node_or_none(node)
-        if cur is None:
-            raise ActuatorError(503, f"node {node} does not exist (yet): cannot run {kind} on it", True)
-        holders = [
-            f"{meta_of(p).get('namespace')}/{meta_of(p).get('name')}"
-            for p in self.kube.pods_on(node)
-            if live(p) and pod_gpus(spec_of(p)) > 0 and labels_of(p).get(CHECK_LABEL) != name
-            and not str(labels_of(p).get(CHECK_LABEL)).startswith(f"{check.get('group') or name}-")
-        ]  # fmt: skip
-        if holders:
-            raise ActuatorError(
-                503, f"{kind} on {node} waits for pods still holding GPUs: {holders[:5]}", True
-            )
-        have = allocatable_gpus(cur)
-        use = min(gpus, have) if gpus > 0 else have
-        notes = [] if use >= gpus else [f"{node} offers {have} of {gpus} GPUs: the check gets {use}"]
-        peer: str | None = None
-        if _needs_peer(kind, check):
-            pinned = check.get("peer_node") if kind == "link" else None  # a ring pair's other end
-            skip = frozenset(_names(check.get("exclude_peers")))  # peers measured already
-            peer, why = self._ensure_peer(node, cur, name, gpus, str(pinned) if pinned else None, skip)
-            if why:
-                notes.append(why)
-        note = "; ".join(notes)
-        body = self._launcher(kind, name, node, use, peer, check, note)
-        try:
-            self.kube.call(f"create job {ns}/{name}", self.kube.batch.create_namespaced_job, ns, body)
-        except KubeApiError as exc:
-            if exc.status != 409 or exc.reason != "AlreadyExists":
-                raise
-            found = self._check_job(name)
-            if found is None:
-                raise ActuatorError(503, f"check job {ns}/{name} exists and is gone again", True) from exc
-            return self._started_answer(found, node, name)
-        log.emit("INFO", "gke check started", check=name, node=node, kind=kind, peer=peer, note=note, ctx=key)
-        return {"started": name, "peer": peer, "note": note}
-
-    def result(self, node: str, check: Mapping[str, object]) -> CheckReport:
-        """The run's state; once its pod has ended, each tool's output read from the pod's log.
-
-        ``outputs`` holds stdout per tool, ``stderr`` and ``exit_codes`` what the script recorded
-        beside it; ``error`` says why the pod did not succeed (e.g. the kubelet refused it). The
-        peer's Job is deleted once the run is done (best effort); the check's own Job is left to
-        Kubernetes' TTL (``ttl_s``), so a retry reads the same logs again.
-        """
-        _, name, _ = check_args(check)
-        ns = self.settings.namespace
-        job = self._check_job(name)
-        if job is None:
-            raise ActuatorError(409, f"no check {ns}/{name}: never started, or removed after its ttl", False)
-        if annotations_of(job).get(CHECK_NODE_ANNOTATION) != node:
-            raise ActuatorError(
-                409,
-                f"check {name} runs on {annotations_of(job).get(CHECK_NODE_ANNOTATION)}, not {node}",
-                False,
-            )
-        peer = text(annotations_of(job), CHECK_PEER_ANNOTATION) or None
-        pods = self.kube.items(
-            f"list pods of check {name}",
-            self.kube.core.list_namespaced_pod,
-            ns,
-            label_selector=f"{JOB_NAME_LABEL}={name}",
-        )
-        pods.sort(key=lambda p: str(meta_of(p).get("creationTimestamp") or ""))
-        pod = next((p for p in reversed(pods) if not live(p)), None)
-        job_done = condition_true(job, "Complete") or condition_true(job, "Failed")
-        base: CheckReport = {"done": False, "outputs": {}, "peer": peer, "error": None}
-        if pod is None and not job_done:
-            phase = text(status_of(pods[-1]), "phase") if pods else "no pod yet"
-            return {**base, "state": phase}
-        outputs: dict[str, str] = {}
-        stderr: dict[str, str] = {}
-        codes: dict[str, int] = {}
-        errors: list[str] = []
-        if pod is not None:
-            for container in self._started_containers(pod):
-                out, err, rc = split_outputs(self._pod_log(str(name_of(pod)), container, errors))
-                outputs.update(out)
-                stderr.update(err)
-                codes.update(rc)
-            if status_of(pod).get("phase") != "Succeeded":
-                errors.insert(0, pod_failure(pod))
-        else:
-            conds = subs(status_of(job), "conditions")
-            failed = next((c for c in conds if c.get("type") == "Failed"), EMPTY)
-            errors.insert(
-                0, f"check job {name} failed without a pod: {failed.get('reason')} {failed.get('message')}"
-            )
-        if peer is not None:
-            self._delete_peer(name)
-        return {
-            **base,
-            "done": True,
-            "outputs": outputs,
-            "stderr": stderr,
-            "exit_codes": codes,
-            "error": "; ".join(errors) or None,
-            "state": text(status_of(pod), "phase") if pod is not None else "Failed",
-        }
-
-    # -- check helpers ---------------------------------------------------------------------------
-
-    def _check_job(self, name: str) -> KubeObject | None:
-        ns = self.settings.namespace
-        try:
-            return self.kube.call(f"get job {ns}/{name}", self.kube.batch.read_namespaced_job, name, ns)
-        except KubeApiError as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    def _started_answer(self, job: KubeObject, node: str, name: str) -> CheckStarted:
-        """What start_check answered the first time, read back from the Job it created."""
-        ann = annotations_of(job)
-        if ann.get(CHECK_NODE_ANNOTATION) != node or labels_of(job).get(CHECK_ROLE_LABEL) != "node":
-            raise ActuatorError(
-                409, f"check {name} already exists for node {ann.get(CHECK_NODE_ANNOTATION)}", False
-            )
-        return {
-            "started": name,
-            "peer": text(ann, CHECK_PEER_ANNOTATION) or None,
-            "note": text(ann, CHECK_NOTE_ANNOTATION) or "",
-        }
-
-    def _ensure_peer(
-        self,
-        node: str,
-        cur: KubeObject,
-        name: str,
-        gpus: int,
-        pinned: str | None = None,
-        skip: frozenset[str] = frozenset(),
-    ) -> tuple[str | None, str]:
-        """The peer of a validation: the one an earlier attempt chose, else a healthy node with ``gpus``
-        free GPUs (same machine type, same node pool first), none in ``skip``, its Job created.
-        (peer, why none)."""
-        peer_job = peer_name(name)
-        found = self._check_job(peer_job)
-        if found is not None:
-            return text(annotations_of(found), CHECK_NODE_ANNOTATION) or None, ""
-        peer = pinned if pinned and valid_object_name(pinned) else self._choose_peer(node, cur, gpus, skip)
-        if peer is None:
-            kind = text(labels_of(cur), INSTANCE_TYPE_LABEL)
-            return None, (
-                f"no healthy Ready node{' of type ' + kind if kind else ''} without Pitstop's taint has "
-                f"{gpus} free GPUs: NCCL all_gather skipped"
-            )
-        body = self._peer_job(peer_job, name, peer, gpus)
-        try:
-            ns = self.settings.namespace
-            self.kube.call(f"create job {ns}/{peer_job}", self.kube.batch.create_namespaced_job, ns, body)
-        except KubeApiError as exc:
-            if exc.status != 409 or exc.reason != "AlreadyExists":
-                raise
-            found = self._check_job(peer_job)
-            return (text(annotations_of(found), CHECK_NODE_ANNOTATION) or None) if found else None, ""
-        return peer, ""
-
-    def _choose_peer(
-        self, node: str, cur: KubeObject, gpus: int, skip: frozenset[str] = frozenset()
-    ) -> str | None:
-        spec: PodSpec = {"tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]}
-        kind, pool = labels_of(cur).get(INSTANCE_TYPE_LABEL), labels_of(cur).get(NODEPOOL_LABEL)
-        nodes = [
-            n for n in self.kube.items("list nodes", self.kube.core.list_node)
-            if meta_of(n).get("name") != node and meta_of(n).get("name") not in skip and placeable(n, spec)
-            and (kind is None or labels_of(n).get(INSTANCE_TYPE_LABEL) == kind)
-            and valid_object_name(meta_of(n).get("name"))
-        ]  # fmt: skip
-        free = {str(name_of(n)): allocatable_gpus(n) for n in nodes}
-        for pod in self.kube.items("list pods", self.kube.core.list_pod_for_all_namespaces):
-            where = node_name_of(pod)
-            if where is not None and where in free and live(pod):
-                free[where] -= pod_gpus(spec_of(pod))
-        ok = [n for n in nodes if free[str(name_of(n))] >= max(gpus, 1)]
-        ok.sort(key=lambda n: (labels_of(n).get(NODEPOOL_LABEL) != pool, str(name_of(n))))
-        return str(name_of(ok[0])) if ok else None
-
-    def _fqdn(self, pod_hostname: str) -> str:
-        return f"{pod_hostname}.{self.settings.service}.{self.settings.namespace}.svc.cluster.local"
-
-    def _job(self, name: str, check_name: str, role: str, node: str, pod_spec: PodSpec,
-             annotations: Mapping[str, str] | None = None) -> JobBody:  # fmt: skip
-        labels = {"app.kubernetes.io/managed-by": "pitstop", CHECK_LABEL: check_name, CHECK_ROLE_LABEL: role}
-        pod_spec = {
-            "restartPolicy": "Never",
-            "hostname": name,
-            "subdomain": self.settings.service,
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 10,
-            "tolerations": [
-                {"key": FENCE_KEY, "operator": "Exists", "effect": "NoSchedule"},
-                {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
-            ],
-            **pod_spec,
-        }
-        return {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {
-                "name": name,
-                "namespace": self.settings.namespace,
-                "labels": labels,
-                "annotations": {CHECK_NODE_ANNOTATION: node, **(annotations or {})},
-            },
-            "spec": {
-                "backoffLimit": 0,
-                "parallelism": 1,
-                "completions": 1,
-                "activeDeadlineSeconds": self.settings.deadline_s,
-                "ttlSecondsAfterFinished": self.settings.ttl_s,
-                "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
-            },
-        }
-
-    def _container(self, name: str, image: str, script: str, gpus: int) -> Container:
-        c: Container = {
-            "name": name,
-            "image": image,
-            "command": ["/bin/sh", "-c", script],
-            "env": [{"name": "LD_LIBRARY_PATH", "value": "/usr/local/nvidia/lib64"}],
-            "securityContext": CHECK_SECURITY.copy(),
-        }
-        if gpus > 0:
-            c["resources"] = {"limits": {GPU_RESOURCE: str(gpus)}, "requests": {GPU_RESOURCE: str(gpus)}}
-        return c
-
-    def _launcher(self, kind: str, name: str, node: str, gpus: int, peer: str | None,
-                  check: Mapping[str, object], note: str) -> JobBody:  # fmt: skip
-        """The Job of the pod on the fenced node: the tools of ``kind``, pinned by ``spec.nodeName``."""
-        cs, tools = self.settings, self.settings.tools
-        level = str(check.get("dcgm_level"))
-        dcgm = ("dcgm", (*tools["dcgmi"], "diag", "-r", level, "-j"))
-        if kind == "sweep":  # the node check a hang's localisation asks of every node, bounded in time
-            limit = ("timeout", str(check.get("timeout_s", 60)))
-            smi = [("nvidia_smi_q", (*limit, *tools["nvidia-smi"], "-q"))]
-            spec: PodSpec = {"containers": [self._container("sweep", cs.image, check_script("", smi), gpus)]}
-        elif kind == "diagnose":
-            steps = [
-                ("nvidia_smi_q", (*tools["nvidia-smi"], "-q")),
-                ("nvlink", (*tools["nvidia-smi"], "nvlink", "--status")),
-                dcgm,
-            ]
-            spec = {
-                "containers": [
-                    self._container("diagnose", cs.image, check_script(cs.dcgm_setup, steps), gpus)
-                ]
-            }
-        elif peer is None:
-            spec = {
-                "containers": [self._container("dcgm", cs.image, check_script(cs.dcgm_setup, [dcgm]), gpus)]
-            }
-        else:
-            size = check.get("message_bytes")
-            size = size if isinstance(size, int) else 0  # check_args checked it
-            me, other = self._fqdn(name), self._fqdn(peer_name(name))
-            values = {"{ranks}": str(2 * gpus), "{hosts}": f"{me}:{gpus},{other}:{gpus}", "{gpus}": str(gpus)}
-            mpirun = [fill_in(w, values) for w in cs.mpirun]
-            sweep = ("-b", str(sweep_start(size)), "-e", str(size), "-f", "2", "-g", "1")
-            nccl = ("nccl", (*mpirun, *tools["all_gather_perf"], *sweep))
-            setup = "\n".join(
-                s for s in (cs.nccl_setup, fill_in(cs.peer_wait, {"{peer}": shlex.quote(other)})) if s.strip()
-            )
-            spec = {
-                "initContainers": [
-                    self._container("dcgm", cs.image, check_script(cs.dcgm_setup, [dcgm]), gpus)
-                ],
-                "containers": [self._container("nccl", cs.nccl_image, check_script(setup, [nccl]), gpus)],
-            }
-            if kind in ("link", "revalidate"):  # NCCL only: DCGM ran already (sweep, validate)
-                del spec["initContainers"]
-            # the pair's other node, for the record (the local all_gather_perf stand-in reads it)
-            spec["containers"][0]["env"].append({"name": "PITSTOP_PEER_NODE", "value": peer})
-        spec["nodeName"] = node
-        ann = {CHECK_PEER_ANNOTATION: peer or "", CHECK_NOTE_ANNOTATION: note[:1000]}
-        return self._job(name, name, "node", node, spec, ann)
-
-    def _peer_job(self, job_name: str, check_name: str, peer: str, gpus: int) -> JobBody:
-        """The NCCL peer: the nccl image's setup (its sshd), then idle until deleted or its deadline."""
-        cs = self.settings
-        script = "\n".join(s for s in (cs.nccl_setup, f"exec sleep {cs.deadline_s}") if s.strip())
-        spec: PodSpec = {
-            "nodeSelector": {HOSTNAME_LABEL: peer},
-            "containers": [self._container("nccl", cs.nccl_image, script, gpus)],
-        }
-        return self._job(job_name, check_name, "peer", peer, spec)
-
-    def _started_containers(self, pod: KubeObject) -> list[str]:
-        """The containers of an ended pod that ran (init containers first), in spec order."""
-        st = status_of(pod)
-        ran = {
-            str(c.get("name"))
-            for key in ("initContainerStatuses", "containerStatuses")
-            for c in subs(st, key)
-            if "terminated" in sub(c, "state")
-        }
-        spec = spec_of(pod)
-        names = [str(c.get("name")) for key in ("initContainers", "containers") for c in subs(spec, key)]
-        return [n for n in names if n in ran]
-
-    def _pod_log(self, pod: str, container: str, errors: list[str]) -> str:
-        """A container's log as text. Raw bytes (``_preload_content=False``): the client would parse
-        a log that is JSON and hand back a Python repr (kubernetes-client/python#811, #1354)."""
-        ns = self.settings.namespace
-        try:
-            resp = self.kube.core.read_namespaced_pod_log(
-                pod,
-                ns,
-                container=container,
-                limit_bytes=LOG_LIMIT_BYTES,
-                _preload_content=False,
-                _request_timeout=self.kube.timeout,
-            )
-        except ApiException as exc:
-            errors.append(
-                f"log of {pod}/{container}: {exc.status} {status_body(exc.body).get('message', '')}"[:300]
-            )
-            return ""
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise ActuatorError(
-                503, f"log of {ns}/{pod}: Kubernetes API unreachable ({str(exc)[:200]})", True
-            ) from exc
-        data = resp.data or b""
-        return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
-
-    def _delete_peer(self, name: str) -> None:
-        ns, peer = self.settings.namespace, peer_name(name)
-        try:
-            self.kube.call(f"delete job {ns}/{peer}", self.kube.batch.delete_namespaced_job, peer, ns,
-                       propagation_policy="Background")  # fmt: skip
-        except ActuatorError as exc:
-            if exc.status != 404:
-                log.emit(
-                    "WARNING",
-                    "gke check: peer job not deleted (its deadline ends it)",
-                    job=peer,
-                    error=str(exc)[:300],
-                )
+def check_job(kube: Kube, ns: str, name: str) -> KubeObject | None:
+    """A check's Job (or its peer's) in ``ns``; None when there is none (never made, or past its ttl)."""
+    try:
+        return kube.call(f"get job {ns}/{name}", kube.batch.read_namespaced_job, name, ns)
+    except KubeApiError as exc:
+        if exc.status == 404:
+            return None
+        raise

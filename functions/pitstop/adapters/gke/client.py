@@ -16,6 +16,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from pitstop.adapters import retry
 from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.gke.objects import (
     CONFLICT_RETRIES,
@@ -181,7 +182,8 @@ class Kube:
         A node that does not exist (a preempted Spot VM's Node removed) has nothing to change:
         ``state: absent``, and the next step finds it again by name when GKE recreates it.
         """
-        for _ in range(CONFLICT_RETRIES):
+
+        def attempt() -> NodeAnswer:
             cur = self.node_or_none(node)
             if cur is None:
                 return {"node": node, "state": "absent", "previous_state": "absent", "resumed": False}
@@ -195,10 +197,12 @@ class Kube:
                 self.call(f"patch node {node}", self.core.patch_node, node, patch)
             except KubeApiError as exc:
                 if exc.status in (404, 409):  # changed or gone since the read: read again
-                    continue
+                    raise retry.StaleReadError(exc.message) from exc
                 raise
             return answer
-        raise ActuatorError(503, f"node {node} kept changing under Pitstop's update (409 Conflict)", True)
+
+        why = f"node {node} kept changing under Pitstop's update (409 Conflict)"
+        return retry.call(attempt, retry.conflicts(CONFLICT_RETRIES, lambda _: ActuatorError(503, why, True)))
 
 
 def status_body(body: object) -> KubeObject:

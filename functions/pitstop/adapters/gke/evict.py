@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from kubernetes import client as k8s
 
+from pitstop.adapters import retry
 from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.gke.client import Kube, KubeApiError
 from pitstop.adapters.gke.objects import (
@@ -22,6 +23,14 @@ from pitstop.adapters.gke.objects import (
     sub,
 )
 from pitstop.adapters.gke.shapes import KubeObject
+
+# A 429 (a budget refused, or its status not caught up) is tried again 0.5 s later, then twice as
+# long each time up to 8 s, until the caller's deadline.
+BUDGET_BACKOFF = retry.Backoff(0.5, 2.0, 8.0)
+
+
+def _budget_refused(exc: Exception) -> bool:
+    return isinstance(exc, KubeApiError) and exc.status == 429
 
 
 class Evictor:
@@ -44,14 +53,13 @@ class Evictor:
             metadata=k8s.V1ObjectMeta(name=name, namespace=ns),
             delete_options=opts,
         )
-        backoff = 0.5
-        while True:
+
+        def attempt() -> str:
             try:
                 self.kube.call(
                     f"evict pod {ns}/{name}", self.kube.core.create_namespaced_pod_eviction, name, ns, body,
                     _headers={"Content-Type": "application/json"},  # the client sends none by itself
                 )  # fmt: skip
-                return "evicted"
             except KubeApiError as exc:
                 if exc.status == 404:
                     return "gone"
@@ -59,13 +67,14 @@ class Evictor:
                     return "replaced"
                 if exc.status == 500 and "DisruptionBudget" in exc.detail + str(exc.body):
                     raise ActuatorError(409, f"cannot evict {ns}/{name}: {exc.detail}", False) from exc
-                if exc.status != 429:
-                    raise
-                left = deadline - self.clock()
-                if left <= 0:
-                    raise self.blocked(pod, exc) from exc
-            self.sleep(min(backoff, left))  # the last try falls on the deadline
-            backoff = min(backoff * 2, 8.0)
+                raise
+            return "evicted"
+
+        def blocked(exc: Exception) -> Exception:
+            return self.blocked(pod, exc) if isinstance(exc, KubeApiError) else exc
+
+        policy = retry.Policy(_budget_refused, backoff=BUDGET_BACKOFF, give_up=blocked)
+        return retry.call(attempt, policy, sleep=self.sleep, clock=self.clock, deadline=deadline)
 
     def blocked(self, pod: KubeObject, exc: KubeApiError) -> ActuatorError:
         """The final error of an eviction a budget kept refusing: which budget, for the incident."""

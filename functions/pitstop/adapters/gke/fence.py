@@ -1,10 +1,18 @@
-"""A node's fence: Pitstop's cordon and taint for one incident, and lifting only what Pitstop set.
+"""A node's fence: Pitstop's taint for one incident, and lifting only what Pitstop set.
 
-**fence** cordons the node and adds the taint ``pitstop.dev/remediation=<incident>:NoSchedule``
-and a label of the same key (so later steps find the node by incident). Whether the node was
-already cordoned is kept in the annotation ``pitstop.dev/was-unschedulable``, written in the same
-patch, so **unfence** lifts only what Pitstop set: its own taint, and the cordon only if the node
-was schedulable before. Every change is a read-modify-write guarded by ``resourceVersion``.
+**fence** adds the taint ``pitstop.dev/remediation=<incident>:NoSchedule`` and a label of the same
+key (so later steps find the node by incident). It never sets ``spec.unschedulable``: a cordon
+carries no owner, and ``kubectl cordon`` of a node already cordoned sends nothing at all (kubectl's
+cordon helper patches only when ``spec.unschedulable`` differs: kubernetes/kubectl
+pkg/drain/cordon.go, ``UpdateIfRequired``), so a person's cordon over Pitstop's would leave no trace
+and be lifted at unfence (issue 35, 10). A NoSchedule taint keeps every pod that does not tolerate
+it off the node as a cordon does (kubernetes.io/docs/concepts/scheduling-eviction/taint-and-
+toleration/; the cordon itself is the taint ``node.kubernetes.io/unschedulable:NoSchedule``), and
+it is Pitstop's by its key and the incident in its value. **unfence** removes that taint and
+nothing else: any cordon stays, whoever set it and whenever. Whether the node was cordoned and
+which other taints it had when fenced are kept as annotations written in the same patch
+(``pitstop.dev/was-unschedulable``, ``pitstop.dev/taints-before``), for the answers. Every change
+is a read-modify-write guarded by ``resourceVersion``.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from pitstop.adapters.gke.shapes import KubeObject, NodeAnswer, NodePatch, Taint
 
 
 def fence(kube: Kube, node: str, incident: str) -> NodeAnswer:
-    """Cordon and taint the node for this incident; another's cordon is kept and reported.
+    """Taint the node for this incident; another's cordon is kept and reported.
 
     The answer mirrors the Slurm agent's drain: ``previous_state`` (schedulable | cordoned),
     ``previous_reason``, ``already_drained_by_other`` and ``reason`` (Pitstop's taint, or None
@@ -57,11 +65,10 @@ def fence(kube: Kube, node: str, incident: str) -> NodeAnswer:
                 "labels": {FENCE_KEY: incident},
                 "annotations": {
                     WAS_UNSCHEDULABLE: "true" if cordoned else "false",
-                    CORDONED_BY: None if cordoned else incident,
                     TAINTS_BEFORE: ",".join(sorted(_blocking(taints)))[:1000],
                 },
             },
-            "spec": {"unschedulable": True, "taints": [*taints, taint]},
+            "spec": {"taints": [*taints, taint]},
         }
         return patch, answer
 
@@ -69,9 +76,10 @@ def fence(kube: Kube, node: str, incident: str) -> NodeAnswer:
 
 
 def unfence(kube: Kube, node: str, incident: str) -> NodeAnswer:
-    """Lift Pitstop's taint for this incident, and its cordon unless the node was cordoned before.
+    """Lift Pitstop's taint for this incident; never a cordon.
 
-    A cordon or taint someone else set stays; the answer then says ``left_drained: <what>``.
+    A cordon, or a taint someone else added while the fence held, stays; the answer then says
+    ``left_drained: <what>`` and ``resumed: False``.
     """
     if not INCIDENT.fullmatch(incident or ""):
         raise ActuatorError(400, f"cannot tell which incident's fence to lift: {str(incident)[:40]!r}", False)
@@ -88,28 +96,29 @@ def unfence(kube: Kube, node: str, incident: str) -> NodeAnswer:
         if ours.get("value") != incident:
             other = f"{FENCE_KEY}={ours.get('value')} (another Pitstop incident's fence)"
             return None, {**out, "resumed": False, "left_drained": other}
-        # A missing annotation is read as "cordoned before": leaving a cordon beats lifting another's.
         notes = annotations_of(cur)
-        was = notes.get(WAS_UNSCHEDULABLE) != "false"
         patch: NodePatch = {
             "metadata": {
                 "labels": {FENCE_KEY: None},
+                # CORDONED_BY: an earlier version's mark of its own cordon, which stays (see above)
                 "annotations": {WAS_UNSCHEDULABLE: None, CORDONED_BY: None, TAINTS_BEFORE: None},
             },
             "spec": {"taints": [t for t in taints if t.get("key") != FENCE_KEY]},
         }
-        if was:
-            left = "cordoned before Pitstop's fence (" + other_cordon_reason(cur) + ")"
-            return patch, {**out, "resumed": False, "left_drained": left}
+        if cordoned:
+            before = (
+                "cordoned before Pitstop's fence" if notes.get(WAS_UNSCHEDULABLE) == "true" else "cordoned"
+            )
+            return patch, {**out, "resumed": False, "left_drained": f"{before} ({other_cordon_reason(cur)})"}
         since = _blocking(taints) - set(filter(None, str(notes.get(TAINTS_BEFORE) or "").split(",")))
-        if notes.get(CORDONED_BY) != incident or since:
-            # someone else cordoned or tainted it while Pitstop's fence held (an upgrade, auto-repair,
-            # a remediator): their cordon stays; Pitstop lifts only its own taint
-            who = f"new taints {', '.join(sorted(since))}" if since else "the cordon's owner changed"
-            left = f"cordoned by someone else while Pitstop's fence held ({who})"
+        if since:
+            # someone else tainted it while Pitstop's fence held (an upgrade, auto-repair, a
+            # remediator): their taint stays; Pitstop lifts only its own
+            left = (
+                f"tainted by someone else while Pitstop's fence held (new taints {', '.join(sorted(since))})"
+            )
             return patch, {**out, "resumed": False, "left_drained": left}
-        patch["spec"]["unschedulable"] = False
-        return patch, {**out, "state": "schedulable", "resumed": True}
+        return patch, {**out, "resumed": True}
 
     return kube.update_node(node, decide)
 

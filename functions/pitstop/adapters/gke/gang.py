@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from pitstop.adapters import log
+from pitstop.adapters import log, retry
 from pitstop.adapters.errors import ActuatorError
-from pitstop.adapters.gke.checks import GkeChecks
+from pitstop.adapters.gke.check_runs import GkeChecks
 from pitstop.adapters.gke.client import Kube, KubeApiError
 from pitstop.adapters.gke.kinds import JobKind, Stoppable
 from pitstop.adapters.gke.objects import (
@@ -132,8 +132,10 @@ class GangStop:
         return {"started": name, "nodes": nodes, "stopped": True}
 
     def _stop(self, jr: JobRef, target: Stoppable, key: str) -> tuple[list[str], str]:
-        """Suspend it (or deactivate its Workload) with the mark and its nodes; (nodes, why none)."""
-        for _ in range(CONFLICT_RETRIES):
+        """Suspend it (or deactivate its Workload) with the mark and its nodes; (nodes, why none).
+        The patch is guarded by the read's resourceVersion: a 409 reads again (retry.conflicts)."""
+
+        def attempt() -> tuple[list[str], str]:
             obj = target.read()
             if obj is None:
                 return [], f"{jr.id} no longer exists"
@@ -162,11 +164,13 @@ class GangStop:
                 target.patch(body)
             except KubeApiError as exc:
                 if exc.status == 409:
-                    continue  # changed since read: read again
+                    raise retry.StaleReadError(exc.message) from exc  # changed since read: read again
                 raise
             why = self.cycle.deactivate(jr, wl, key) if wl is not None else None
             return (nodes, "") if why is None else ([], why)
-        raise ActuatorError(503, f"{jr.id} kept changing while Pitstop stopped it", True)
+
+        why = f"{jr.id} kept changing while Pitstop stopped it"
+        return retry.call(attempt, retry.conflicts(CONFLICT_RETRIES, lambda _: ActuatorError(503, why, True)))
 
     def _nodes(self, target: Stoppable) -> list[str]:
         pods = self.kube.items(f"list pods of {target.what}", self.kube.core.list_pod_for_all_namespaces,

@@ -16,7 +16,6 @@ from pitstop.adapters.gke.objects import (
     JOBSET_VERSION,
     JOBSETS,
     KUEUE_QUEUE_LABEL,
-    POD_STATES,
     JobRef,
     batch_job_state,
     jobset_state,
@@ -25,16 +24,20 @@ from pitstop.adapters.gke.objects import (
     meta_of,
     name_of,
     node_name_of,
+    pod_state,
     pods_per_job,
     restarts_of,
     spec_of,
     status_of,
     sub,
     subs,
+    tas_admitted,
     text,
 )
 from pitstop.adapters.gke.restart import WorkloadCycle, jobset_once
 from pitstop.adapters.gke.shapes import JobAnswer, KubeObject, RequeueAnswer, SuspendPatch
+from pitstop.core.localise import HEARTBEAT_LABEL
+from pitstop.core.scheduling import JobState
 
 Templates = list[tuple[int, KubeObject]]  # (pod count, pod spec) per template
 
@@ -58,7 +61,7 @@ class Stoppable:
 
 class JobKind(Protocol):
     def info(self, ref: JobRef) -> JobAnswer:
-        """``state`` (Slurm's words), ``restarts`` (JobSets only), ``start_time``, ``workload``."""
+        """``state`` (the contract's JobState), ``restarts`` (JobSets only), ``start_time``, ``workload``."""
         ...
 
     def templates(self, ref: JobRef) -> tuple[Templates | None, str | None]:
@@ -81,7 +84,7 @@ def base_info(ref: JobRef) -> JobAnswer:
         "kind": ref.kind,
         "namespace": ref.namespace,
         "name": ref.name,
-        "state": "UNKNOWN",
+        "state": JobState.UNKNOWN,
         "restarts": None,
         "start_time": None,
         "workload": None,
@@ -99,8 +102,14 @@ def _nothing_restarts(ev: Evictor, ref: JobRef, incident: str, why: str) -> Requ
 
 
 class JobSetKind:
-    def __init__(self, kube: Kube, ev: Evictor, cycle: WorkloadCycle) -> None:
+    """``kueue_replaces``: Kueue replaces a failed node of a workload it admitted with a topology
+    assignment within the same domain (TASFailedNodeReplacement, beta and on by default since
+    v0.14; an untolerated NoExecute taint and the pods gone from the node count as a failure:
+    kubernetes-sigs/kueue@v0.19.2 site/.../concepts/topology_aware_scheduling.md)."""
+
+    def __init__(self, kube: Kube, ev: Evictor, cycle: WorkloadCycle, kueue_replaces: bool = True) -> None:
         self.kube, self.ev, self.cycle = kube, ev, cycle
+        self.kueue_replaces = kueue_replaces
 
     def info(self, ref: JobRef) -> JobAnswer:
         base = base_info(ref)
@@ -120,6 +129,7 @@ class JobSetKind:
             "restarts": restarts_of(js),
             "start_time": text(meta_of(js), "creationTimestamp"),  # with restarts: one run of this JobSet
             "workload": name_of(wl) if wl else None,
+            "opted_in": labels_of(js).get(HEARTBEAT_LABEL) == "true",
             "failure_policy": isinstance(spec_of(js).get("failurePolicy"), Mapping),
             # where its live pods run: a degraded node's peers (services/actuate/planned.py)
             "nodes": sorted({n for p in pods if live(p) and (n := node_name_of(p))}),
@@ -146,10 +156,25 @@ class JobSetKind:
         if isinstance(spec_of(js).get("failurePolicy"), Mapping):
             return jobset_once(self.ev, ref, incident, seen)
         wl = self.kube.workload(ref.namespace, meta_of(js).get("uid"))
+        if wl is not None and self.kueue_replaces and tas_admitted(wl):
+            return self._left_to_kueue(ref, incident)
         if wl is not None:
             return self.cycle.run(ref, wl, key)
         why = "it has no failurePolicy and no Kueue Workload: a failed child Job fails the JobSet"
         return _nothing_restarts(self.ev, ref, incident, why)
+
+    def _left_to_kueue(self, ref: JobRef, incident: str) -> RequeueAnswer:
+        """Kueue replaces the fenced node within the workload's topology domain once its pods are
+        gone from it: only those are evicted (the fence's taint is already there), and the Workload
+        is not deactivated (that would restart the whole gang a second time)."""
+        evicted = self.ev.on_fenced(ref, incident)
+        return {
+            "job": ref.id,
+            "restarted": True,
+            "outcome": "left to Kueue's failed-node replacement (TAS): its pods on the fenced node evicted",
+            "evicted": evicted,
+            "native": "kueue-tas",
+        }
 
     def stoppable(self, ref: JobRef) -> Stoppable:
         def patch(body: SuspendPatch) -> KubeObject:
@@ -183,6 +208,7 @@ class BatchJobKind:
             "state": state,
             "start_time": start,
             "workload": name_of(wl) if wl else None,
+            "opted_in": labels_of(obj).get(HEARTBEAT_LABEL) == "true",
         }
 
     def templates(self, ref: JobRef) -> tuple[Templates | None, str | None]:
@@ -221,8 +247,7 @@ class PodKind:
         obj = self._read(ref)
         if obj is None:
             return base_info(ref)
-        state = POD_STATES.get(str(status_of(obj).get("phase")), "UNKNOWN")
-        return {**base_info(ref), "state": state, "start_time": text(status_of(obj), "startTime")}
+        return {**base_info(ref), "state": pod_state(obj), "start_time": text(status_of(obj), "startTime")}
 
     def templates(self, ref: JobRef) -> tuple[Templates | None, str | None]:
         obj = self._read(ref)
@@ -235,6 +260,12 @@ class PodKind:
         return None  # deleted, nothing creates it again
 
 
-def kinds(kube: Kube, ev: Evictor, cycle: WorkloadCycle) -> Mapping[str, JobKind]:
+def kinds(
+    kube: Kube, ev: Evictor, cycle: WorkloadCycle, kueue_replaces: bool = True
+) -> Mapping[str, JobKind]:
     """The strategy of each job kind a job id may name (objects.JOB_KINDS)."""
-    return {"jobset": JobSetKind(kube, ev, cycle), "job": BatchJobKind(kube, ev), "pod": PodKind(kube, ev)}
+    return {
+        "jobset": JobSetKind(kube, ev, cycle, kueue_replaces),
+        "job": BatchJobKind(kube, ev),
+        "pod": PodKind(kube, ev),
+    }

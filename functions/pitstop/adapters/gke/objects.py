@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.gke.shapes import KubeObject, NodeAnswer
+from pitstop.core.scheduling import JobState
 
 # -- names Pitstop writes and reads -----------------------------------------------------------
 FENCE_KEY = "pitstop.dev/remediation"  # taint key and node label; value: the incident id
@@ -34,6 +35,10 @@ JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# A PodSet asks Kueue for Topology Aware Scheduling with one of these annotations on its pod
+# template; the admitted Workload then carries a ``topologyAssignment`` per PodSet
+# (kubernetes-sigs/kueue@v0.19.2 site/.../concepts/topology_aware_scheduling.md).
+TAS_ANNOTATIONS = ("kueue.x-k8s.io/podset-required-topology", "kueue.x-k8s.io/podset-preferred-topology")
 
 JOB_KINDS = ("jobset", "job", "pod")
 DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
@@ -185,31 +190,57 @@ def owner_ref(pod: KubeObject) -> JobRef | None:
     return ref if valid_namespace(ref.namespace) and valid_object_name(ref.name) else None
 
 
-def jobset_state(js: KubeObject, pods: Iterable[KubeObject]) -> str:
-    """A JobSet's state in the words actuate compares, from its conditions, suspend flag and pods."""
-    if condition_true(js, "Completed"):
-        return "COMPLETED"
-    if condition_true(js, "Failed"):
-        return "FAILED"
+# What Kubernetes says about a job, as the scheduler contract's JobState (core/scheduling.py). A
+# terminal condition decides first, in this order (JobSet: kubernetes-sigs/jobset@v0.12.0
+# api/jobset/v1alpha2/jobset_types.go JobSetConditionType; batch Job: kubernetes.io/docs/concepts/
+# workloads/controllers/job/#terminal-job-conditions, "Complete" / "Failed").
+Ended = tuple[tuple[str, JobState], ...]  # (condition type, what it means): the first true one wins
+JOBSET_ENDED: Ended = (("Completed", JobState.COMPLETED), ("Failed", JobState.FAILED))
+JOB_ENDED: Ended = (("Complete", JobState.COMPLETED), ("Failed", JobState.FAILED))
+# A pod's phase (kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-phase); any other
+# word, "Unknown" included, is UNKNOWN.
+POD_STATES: Mapping[str, JobState] = {
+    "Pending": JobState.PENDING,
+    "Running": JobState.RUNNING,
+    "Succeeded": JobState.COMPLETED,
+    "Failed": JobState.FAILED,
+    "Unknown": JobState.UNKNOWN,
+}
+
+
+def _ended(obj: KubeObject, table: Ended) -> JobState | None:
+    return next((state for ctype, state in table if condition_true(obj, ctype)), None)
+
+
+def _held(obj: KubeObject) -> JobState:
+    """A suspended job: waiting for Kueue to admit it again (PENDING), or stopped in place by someone."""
+    return JobState.PENDING if KUEUE_QUEUE_LABEL in labels_of(obj) else JobState.SUSPENDED
+
+
+def jobset_state(js: KubeObject, pods: Iterable[KubeObject]) -> JobState:
+    """A JobSet's state from its conditions, suspend flag and pods."""
+    ended = _ended(js, JOBSET_ENDED)
+    if ended is not None:
+        return ended
     if spec_of(js).get("suspend") or condition_true(js, "Suspended"):
-        return "PENDING" if KUEUE_QUEUE_LABEL in labels_of(js) else "SUSPENDED"
+        return _held(js)
     phases = [status_of(p).get("phase") for p in pods if live(p)]
     if "Running" in phases or condition_true(js, "RestartingJobSet"):
-        return "RUNNING"
-    return "PENDING"
+        return JobState.RUNNING
+    return JobState.PENDING
 
 
-def batch_job_state(job: KubeObject) -> str:
-    if condition_true(job, "Complete"):
-        return "COMPLETED"
-    if condition_true(job, "Failed"):
-        return "FAILED"
+def batch_job_state(job: KubeObject) -> JobState:
+    ended = _ended(job, JOB_ENDED)
+    if ended is not None:
+        return ended
     if spec_of(job).get("suspend"):
-        return "PENDING" if KUEUE_QUEUE_LABEL in labels_of(job) else "SUSPENDED"
-    return "RUNNING" if (whole(status_of(job), "active") or 0) > 0 else "PENDING"
+        return _held(job)
+    return JobState.RUNNING if (whole(status_of(job), "active") or 0) > 0 else JobState.PENDING
 
 
-POD_STATES = {"Pending": "PENDING", "Running": "RUNNING", "Succeeded": "COMPLETED", "Failed": "FAILED"}
+def pod_state(pod: KubeObject) -> JobState:
+    return POD_STATES.get(str(status_of(pod).get("phase")), JobState.UNKNOWN)
 
 
 def restart_blockers(js: KubeObject) -> list[str]:
@@ -378,3 +409,9 @@ def placeable(node: KubeObject, pod_spec: KubeObject) -> bool:
             return False
     labels = labels_of(node)
     return all(labels.get(k) == v for k, v in sub(pod_spec, "nodeSelector").items())
+
+
+def tas_admitted(wl: KubeObject | None) -> bool:
+    """Whether Kueue admitted the Workload with a topology assignment (Topology Aware Scheduling)."""
+    admission = sub(status_of(wl or {}), "admission")
+    return any(isinstance(a.get("topologyAssignment"), dict) for a in subs(admission, "podSetAssignments"))

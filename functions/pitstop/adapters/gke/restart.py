@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
+from pitstop.adapters import retry
 from pitstop.adapters.errors import ActuatorError
 from pitstop.adapters.gke.client import Kube
 from pitstop.adapters.gke.evict import Evictor
@@ -48,6 +49,7 @@ from pitstop.adapters.gke.objects import (
     text,
 )
 from pitstop.adapters.gke.shapes import KubeObject, RequeueAnswer, WorkloadPatch
+from pitstop.core.scheduling import JobState
 
 # How long past its deletionTimestamp a pod may stay Terminating before it counts as stuck (the
 # default of policy gke.stuck_terminating_s; Kueue's own failure recovery forces such pods after 60 s:
@@ -56,12 +58,14 @@ STUCK_TERMINATING_S = 60.0
 
 
 def jobset_once(ev: Evictor, ref: JobRef, incident: str, seen: int | None) -> RequeueAnswer:
-    """Evict one pod of the current restart attempt (on the fenced node if one is there)."""
+    """Evict one pod of the current restart attempt (on the fenced node if one is there). A pod gone
+    or replaced since it was listed reads the JobSet again (the attempt may have moved on)."""
     kube = ev.kube
     out: RequeueAnswer = {"job": ref.id}
     fenced = set(kube.fenced_nodes(incident))
     deadline = ev.clock() + ev.deadline_s
-    for _ in range(CONFLICT_RETRIES):
+
+    def attempt() -> RequeueAnswer:
         js = kube.jobset(ref)
         if js is None:
             return {**out, "outcome": "jobset no longer exists"}
@@ -72,16 +76,25 @@ def jobset_once(ev: Evictor, ref: JobRef, incident: str, seen: int | None) -> Re
         if condition_true(js, "RestartingJobSet"):
             return {**out, "outcome": "already restarting (RestartingJobSet)"}
         state = jobset_state(js, [])
-        if state in ("COMPLETED", "FAILED", "SUSPENDED") or spec_of(js).get("suspend"):
+        if state in (JobState.COMPLETED, JobState.FAILED, JobState.SUSPENDED) or spec_of(js).get("suspend"):
             return {**out, "outcome": f"jobset is {state}: not restarted"}
         pod = _attempt_pod(kube, ref, r, fenced)
         if pod is None:
             return {**out, "outcome": f"no live pod of restart attempt {r} to evict"}
         uid = text(meta_of(pod), "uid")
-        if ev.evict(pod, deadline, uid or None) == "evicted":
-            return {**out, "outcome": "restart triggered", "evicted": str(name_of(pod)), "attempt": r}
-        # gone or replaced since it was listed: look again (the attempt may have moved on)
-    raise ActuatorError(503, f"{ref.id}: pods of the current attempt kept disappearing", True)
+        said = ev.evict(pod, deadline, uid or None)
+        if said != "evicted":
+            raise retry.StaleReadError(f"pod {name_of(pod)} {said} since it was listed")
+        return {
+            **out,
+            "restarted": True,
+            "outcome": "restart triggered",
+            "evicted": str(name_of(pod)),
+            "attempt": r,
+        }
+
+    why = f"{ref.id}: pods of the current attempt kept disappearing"
+    return retry.call(attempt, retry.conflicts(CONFLICT_RETRIES, lambda _: ActuatorError(503, why, True)))
 
 
 def _attempt_pod(kube: Kube, ref: JobRef, attempt: int, fenced: set[str]) -> KubeObject | None:
@@ -142,6 +155,7 @@ class WorkloadCycle:
             self._patch(ref, name, _deactivation(wl, key))
         forced = self._wait_stopped(ref, name)
         self._patch(ref, name, {"spec": {"active": True}})
+        out["restarted"] = True
         out["outcome"] = "workload deactivated and reactivated: Kueue requeues the whole job"
         return {**out, "forced": forced} if forced else out
 

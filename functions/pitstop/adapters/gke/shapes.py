@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NotRequired, TypedDict
 
+from pitstop.core.scheduling import JobState
+
 KubeObject = Mapping[str, object]  # a JSON object as the Kubernetes API returned it, read unchecked
 
 # -- what Pitstop writes ------------------------------------------------------------------------
@@ -155,26 +157,30 @@ class NodeAnswer(TypedDict, total=False):
 
 
 class JobAnswer(TypedDict):
-    """A job now (kinds.py): ``state`` in Slurm's words, ``restarts`` for JobSets only."""
+    """A job now (kinds.py): ``state`` as the contract's JobState (objects.py maps Kubernetes' words),
+    ``restarts`` for JobSets only."""
 
     id: str
     job: str
     kind: str
     namespace: str
     name: str
-    state: str
+    state: JobState
     restarts: int | None
     start_time: str | None
     workload: str | None
     failure_policy: NotRequired[bool]
     nodes: NotRequired[list[str]]  # a JobSet's: where its live pods run
+    opted_in: NotRequired[bool]  # its owner's label pitstop.dev/heartbeat: "true" (hang remediation)
     pods_on_node: NotRequired[list[str]]  # jobs_on: its pods on the node asked about
 
 
 class RequeueAnswer(TypedDict, total=False):
-    """How a gang was restarted once, or why nothing was done (``owner_action``)."""
+    """How a gang was restarted once (``restarted``: this call restarted it), or why nothing was done
+    (``owner_action``); ``outcome`` says it in words, for people."""
 
     job: str
+    restarted: bool
     outcome: str
     owner_action: str
     evicted: str | list[str]  # the pod evicted to restart a JobSet; the pods evicted from the node
@@ -182,6 +188,7 @@ class RequeueAnswer(TypedDict, total=False):
     attempt: int
     workload: str
     forced: list[str]  # pods force-deleted while Kueue stopped the job (``pod@node``)
+    native: str  # the restart was left to the scheduler's own mechanism (kueue-tas)
 
 
 class CapacityAnswer(TypedDict):
@@ -189,6 +196,10 @@ class CapacityAnswer(TypedDict):
     need: int | None
     free: int | None
     why: str
+    nodes: NotRequired[list[str]]  # the gang: its live pods' nodes and the fenced one
+    spares: NotRequired[list[str]]  # nodes a pod of it fits on besides the gang's, by name
+    labels: NotRequired[dict[str, dict[str, str]]]  # node -> its topology labels (gce-topology-*)
+    native: NotRequired[str | None]  # kueue-tas: Kueue replaces the failed node in its domain
 
 
 class CheckStarted(TypedDict):

@@ -1,6 +1,7 @@
-"""The zone of a regional GKE cluster's node, which its log entries do not carry.
+"""The zone of a GKE cluster's node, which its log entries do not carry.
 
-A ``k8s_node`` entry of a regional cluster names the region (reference/gke.md §1), but every
+A ``k8s_node`` entry names the cluster's location: a regional cluster's region
+(reference/gke.md §1), a zonal cluster's own zone even for its nodes in other zones; but every
 node action, budget and node key needs the zone. Ingest asks this resolver before the engine
 sees the event, in this order:
 
@@ -36,6 +37,7 @@ from google.auth.exceptions import GoogleAuthError
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from pitstop.adapters import retry
 from pitstop.adapters.gke.client import CONTAINER_API, ApiClient
 from pitstop.adapters.gke.objects import as_object, spec_of, subs, text
 from pitstop.core import names
@@ -124,25 +126,36 @@ class ClusterZones:
 
     def _get(self, project: str, location: str, cluster: str) -> list[str]:
         url = f"{self.endpoint}/projects/{project}/locations/{location}/clusters/{cluster}"
-        why = ""
-        for attempt in range(CLUSTER_ATTEMPTS):
-            if attempt:
-                self.sleep(0.2 * 2 ** (attempt - 1))
+
+        def attempt() -> list[str]:
             try:
                 resp = self.session().get(url, timeout=LOOKUP_TIMEOUT_S)
             except GoogleAuthError as exc:  # no credentials, or a token that cannot be refreshed now
                 raise ZoneLookupError(f"clusters.get {cluster}: {str(exc)[:200]}") from exc
             except OSError as exc:  # requests' ConnectionError and Timeout are OSErrors
-                why = f"Container API unreachable ({type(exc).__name__})"
-                continue
+                raise _UnansweredError(f"Container API unreachable ({type(exc).__name__})") from exc
             if resp.status_code == 200:
                 return cluster_zones(resp.json())
             if resp.status_code == 404:
                 return []
             why = f"clusters.get {cluster}: {resp.status_code} {resp.text[:200]}"
             if resp.status_code != 429 and resp.status_code < 500:
-                break  # a refusal (403 ...) does not change on a retry now
-        raise ZoneLookupError(why)
+                raise ZoneLookupError(why)  # a refusal (403 ...) does not change on a retry now
+            raise _UnansweredError(why)
+
+        return retry.call(attempt, CLUSTER_RETRY, sleep=self.sleep)
+
+
+class _UnansweredError(ZoneLookupError):
+    """clusters.get unreachable, or answering 429 / 5xx: worth another attempt now."""
+
+
+CLUSTER_RETRY = retry.Policy(
+    lambda exc: isinstance(exc, _UnansweredError),
+    CLUSTER_ATTEMPTS,
+    retry.Backoff(0.2),
+    lambda exc: ZoneLookupError(str(exc)),  # the last attempt's why
+)
 
 
 def cluster_zones(cluster: object) -> list[str]:
@@ -182,14 +195,24 @@ class ZoneResolver:
         self._cache: OrderedDict[tuple[str, str, str], tuple[float, ZoneAnswer]] = OrderedDict()
         self.lookups = 0  # answers not served from the cache (for tests and metrics)
 
-    def resolve(self, project: str, region: str, instance: str, cluster: str | None = None) -> ZoneAnswer:
-        """The node's zone; ``ZoneLookupError`` when no source could be asked (retry later)."""
+    def resolve(
+        self,
+        project: str,
+        region: str,
+        instance: str,
+        cluster: str | None = None,
+        location: str | None = None,
+    ) -> ZoneAnswer:
+        """The node's zone; ``ZoneLookupError`` when no source could be asked (retry later).
+        ``location``: a zonal cluster's zone (clusters.get is asked there), else its region."""
         if not (
             names.valid_project(project) and names.valid_region(region) and names.valid_instance(instance)
         ):
             return ZoneAnswer(None, "project, region or instance name is not valid")
         if cluster is not None and not names.valid_instance(cluster):
             return ZoneAnswer(None, "cluster name is not valid")
+        if location is not None and not names.zone_in_region(location, region):
+            return ZoneAnswer(None, "cluster location is not a zone of the region")
         key = (project, region, instance)
         now = self.clock()
         hit = self._cache.get(key)
@@ -197,20 +220,22 @@ class ZoneResolver:
             self._cache.move_to_end(key)
             return hit[1]
         self.lookups += 1
-        answer = self._lookup(project, region, instance, cluster)
+        answer = self._lookup(project, region, instance, cluster, location)
         self._cache[key] = (now + (self.ttl_s if answer.zone else self.miss_ttl_s), answer)
         self._cache.move_to_end(key)
         while len(self._cache) > self.max_entries:
             self._cache.popitem(last=False)
         return answer
 
-    def _lookup(self, project: str, region: str, instance: str, cluster: str | None) -> ZoneAnswer:
+    def _lookup(
+        self, project: str, region: str, instance: str, cluster: str | None, location: str | None
+    ) -> ZoneAnswer:
         api = self.kube_for(cluster) if self.kube_for is not None and cluster else None
         node = self._from_node(api, project, region, instance) if api is not None else None
         if node is not None and node.zone:
             return node
         if self.instances is not None and self.clusters is not None:
-            return self._from_compute(project, region, instance, cluster)
+            return self._from_compute(project, region, instance, cluster, location)
         if node is None:
             raise ZoneLookupError("no Kubernetes client for the cluster and no Compute client configured")
         if node.transient:
@@ -235,14 +260,18 @@ class ZoneResolver:
             return ZoneAnswer(None, "the Kubernetes API answered something not JSON", transient=True)
         return zone_from_provider_id(text(spec_of(node), "providerID"), project, region, instance)
 
-    def _from_compute(self, project: str, region: str, instance: str, cluster: str | None) -> ZoneAnswer:
+    def _from_compute(
+        self, project: str, region: str, instance: str, cluster: str | None, location: str | None = None
+    ) -> ZoneAnswer:
         """``instances.get`` in each of the cluster's zones inside the region; exactly one must hold it."""
         if cluster is None:
             return ZoneAnswer(None, "the entry names no cluster: its zones are unknown")
         if not instance.startswith(GKE_NODE_PREFIX):
             return ZoneAnswer(None, f"{instance} is not a GKE node VM name ({GKE_NODE_PREFIX}...)")
         assert self.clusters is not None
-        zones = [z for z in self.clusters(project, region, cluster) if names.zone_in_region(z, region)]
+        zones = [
+            z for z in self.clusters(project, location or region, cluster) if names.zone_in_region(z, region)
+        ]
         if not zones:
             return ZoneAnswer(None, f"cluster {cluster} has no zones in {region} (clusters.get)")
         inside = [z for z in zones if self._holds(project, z, instance)]
@@ -280,8 +309,10 @@ def fill_zone(ev: FaultEvent, resolver: ZoneResolver) -> str | None:
     region = node.get("region") if node is not None else None
     if node is None or node.get("zone") is not None or not region:
         return None
-    answer = resolver.resolve(node["project"], region, node["instance"], node.get("cluster"))
+    location = node.get("location")
+    answer = resolver.resolve(node["project"], region, node["instance"], node.get("cluster"), location)
     if answer.zone is None:
         return f"zone of {node['instance']} in region {region} not found: {answer.how}"
     node["zone"] = answer.zone
+    node.pop("location", None)  # the cluster's, not the node's: what acts on the node needs the zone
     return None

@@ -1,7 +1,9 @@
 """pitstop-slurm-agent: runs on the Slurm controller and executes Pitstop's commands.
 
 The package: text.py (reading scontrol/squeue/sinfo output), commands.py (the closed set of
-node and job operations), checks.py (check runs on a fenced node), ledger.py (the SQLite claim
+operations, and how the parts that do them are divided and composed), access.py (the one way to
+Slurm), nodes.py, jobs.py and capacity.py (node fences, jobs, capacity), checks.py and the check
+parts beside it (check runs on a fenced node or beside a job), ledger.py (the SQLite claim
 ledger), loop.py (claim, execute, answer), cli.py (arguments, main). The wire protocol it shares
 with actuate is pitstop.core.slurm_wire.
 
@@ -98,8 +100,8 @@ from __future__ import annotations
 
 import time  # tests move the agent's clock through it
 
-from pitstop.agent.slurm.access import CheckTools
-from pitstop.agent.slurm.checks import CheckRuns, check_minutes, check_steps
+from pitstop.agent.slurm.access import CheckTools, SlurmAccess, run_subprocess
+from pitstop.agent.slurm.checks import check_minutes, check_steps
 from pitstop.agent.slurm.cli import commands_for, main, parse_args, results_topic, run_check_main
 from pitstop.agent.slurm.commands import SlurmCommands
 from pitstop.agent.slurm.ledger import Ledger
@@ -125,13 +127,13 @@ __all__ = [
     "JOB",
     "KEEP_S",
     "Agent",
-    "CheckRuns",
     "CheckTools",
     "CommandRefusedError",
     "Ledger",
     "NodeInfo",
     "ResultSink",
     "ResultsTopic",
+    "SlurmAccess",
     "SlurmCommands",
     "SlurmOutputError",
     "check_minutes",
@@ -146,5 +148,6 @@ __all__ = [
     "parse_reservations",
     "results_topic",
     "run_check_main",
+    "run_subprocess",
     "time",
 ]

@@ -1,4 +1,4 @@
-"""How the agent reaches Slurm, and how its checks run tools (CheckTools)."""
+"""How the agent reaches Slurm (SlurmAccess), and how its checks run tools (CheckTools)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from pitstop.agent.slurm.text import (
     _kv,
     _need,
     parse_node,
+    parse_nodes,
     parse_reservations,
 )
 
@@ -36,6 +37,8 @@ class CheckTools:
 
     nvidia_smi: tuple[str, ...] = ("nvidia-smi",)
     dmesg: tuple[str, ...] = ("dmesg",)
+    # the node's wall clock and seconds since boot, read together: what dates the ring buffer's lines
+    clock: tuple[str, ...] = ("/bin/sh", "-c", "date +%s.%N; cat /proc/uptime")
     dcgmi: tuple[str, ...] = ("dcgmi",)
     all_gather_perf: tuple[str, ...] = ("all_gather_perf",)
     srun_mpi: str | None = None
@@ -46,28 +49,30 @@ class CheckTools:
     )
 
 
+def run_subprocess(argv: list[str]) -> str:
+    """One argv run on the controller (never a shell): its stdout; a RuntimeError on a non-zero exit."""
+    env = {**os.environ, "SLURM_TIME_FORMAT": "standard"}  # the reason stamp format parse_node reads
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv[0]} exited {proc.returncode}: {proc.stderr.strip()[:300]}")
+    return proc.stdout
+
+
 class SlurmAccess:
     """How the agent reaches Slurm: one argv at a time, through ``run`` (a subprocess by default),
-    with the node arguments checked against Slurm's own node list; the reads every operation shares."""
+    with the node arguments checked against Slurm's own node list; the reads every operation shares.
 
-    def __init__(
-        self,
-        run: Callable[[list[str]], str] | None = None,
-        release_requeued: bool = False,
-        checks: CheckTools | None = None,
-        sleep: Callable[[float], None] = time.sleep,
-        wall: Callable[[], float] = time.time,
-    ) -> None:
-        self._run = run or self._subprocess
-        self._sleep, self._wall = sleep, wall
-        self.release_requeued = release_requeued
-        self.checks = checks or CheckTools()
+    One instance is shared by every part of the agent (commands.SlurmCommands composes them), so the
+    node list is read once for all of them and a test swaps ``run`` in one place.
+    """
+
+    def __init__(self, run: Callable[[list[str]], str] | None = None) -> None:
+        self.run = run or run_subprocess
         self._nodes: frozenset[str] = frozenset()
         self._nodes_at = -1e18
         self._nodes_lock = threading.Lock()
-        self._children: list[subprocess.Popen[bytes]] = []  # check runners, reaped as they exit
 
-    def _member(self, args: Args) -> str:
+    def member(self, args: Args) -> str:
         """A node argument this agent may act on: a valid name Slurm lists as one of its nodes.
 
         A command naming any other host (a VM of another cluster, a name a log line made up) is
@@ -81,27 +86,17 @@ class SlurmAccess:
             now = time.monotonic()
             stale = now - self._nodes_at > MEMBERS_TTL_S
             if stale or (node not in self._nodes and now - self._nodes_at > MEMBERS_REFRESH_S):
-                out = self._run(["sinfo", "-h", "-N", "-o", "%N"])  # one line per node (and partition)
+                out = self.run(["sinfo", "-h", "-N", "-o", "%N"])  # one line per node (and partition)
                 self._nodes = frozenset(w for w in out.split() if NODE.fullmatch(w))
                 self._nodes_at = now
             if node not in self._nodes:
                 raise CommandRefusedError(f"node {node} is not a node of this Slurm cluster (sinfo)")
         return node
 
-    @staticmethod
-    def _subprocess(argv: list[str]) -> str:
-        env = {**os.environ, "SLURM_TIME_FORMAT": "standard"}  # the reason stamp format parse_node reads
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, env=env
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"{argv[0]} exited {proc.returncode}: {proc.stderr.strip()[:300]}")
-        return proc.stdout
-
-    def _show_job(self, job: str) -> dict[str, str] | None:
+    def show_job(self, job: str) -> dict[str, str] | None:
         """``scontrol show job -o JOB`` as key/value pairs; None for a job Slurm no longer knows."""
         try:
-            out = self._run(["scontrol", "show", "job", "-o", job])
+            out = self.run(["scontrol", "show", "job", "-o", job])
         except RuntimeError as exc:
             if "Invalid job id" in str(exc):
                 return None
@@ -110,23 +105,27 @@ class SlurmAccess:
         return _kv(lines[0]) if lines else {}
 
     def node_info(self, node: str) -> NodeInfo:
-        return parse_node(self._run(["scontrol", "show", "node", "-o", node]), node)
+        return parse_node(self.run(["scontrol", "show", "node", "-o", node]), node)
 
-    def _hostnames(self, lists: Sequence[str]) -> set[str]:
+    def nodes(self) -> dict[str, tuple[NodeInfo, tuple[str, ...]]]:
+        """Every node with its partitions (``scontrol show node -o``)."""
+        return parse_nodes(self.run(["scontrol", "show", "node", "-o"]))
+
+    def hostnames(self, lists: Sequence[str]) -> set[str]:
         """Slurm host lists (``a3-node-[001-003]``) expanded by Slurm itself."""
         wanted = [x for x in lists if x and x != "(null)"]
         if not wanted:
             return set()
-        names = self._run(["scontrol", "show", "hostnames", ",".join(wanted)]).split()
+        names = self.run(["scontrol", "show", "hostnames", ",".join(wanted)]).split()
         if any(NODE.fullmatch(n) is None for n in names):
             raise SlurmOutputError(f"unexpected host names from scontrol show hostnames: {names[:5]}")
         return set(names)
 
-    def _reservations(self) -> dict[str, Reservation]:
-        return parse_reservations(self._run(["scontrol", "show", "reservation", "-o"]))
+    def reservations(self) -> dict[str, Reservation]:
+        return parse_reservations(self.run(["scontrol", "show", "reservation", "-o"]))
 
-    def _reserved(self, reservations: Mapping[str, Reservation], but: str | None = None) -> set[str]:
+    def reserved(self, reservations: Mapping[str, Reservation], but: str | None = None) -> set[str]:
         """The nodes in an active reservation (other than ``but``)."""
-        return self._hostnames(
+        return self.hostnames(
             [r.nodes for r in reservations.values() if r.state == "ACTIVE" and r.name != but]
         )

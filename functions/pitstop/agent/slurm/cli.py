@@ -58,6 +58,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--dmesg", default="dmesg", help="command prefix of dmesg on the nodes (corroboration reads --raw)"
     )
     checks.add_argument(
+        "--clock",
+        default=shlex.join(CheckTools().clock),
+        help="command printing the node's wall clock (date +%%s.%%N) then /proc/uptime (dates dmesg's lines)",
+    )
+    checks.add_argument(
         "--all-gather-perf", default="all_gather_perf", help="command prefix of nccl-tests' all_gather_perf"
     )
     checks.add_argument("--srun-mpi", default=None, help="srun --mpi plugin for the NCCL test (e.g. pmix)")
@@ -89,6 +94,7 @@ def commands_for(args: argparse.Namespace) -> SlurmCommands:
         nvidia_smi=_prefix("--nvidia-smi", args.nvidia_smi),
         dcgmi=_prefix("--dcgmi", args.dcgmi),
         dmesg=_prefix("--dmesg", args.dmesg),
+        clock=_prefix("--clock", args.clock),
         all_gather_perf=_prefix("--all-gather-perf", args.all_gather_perf),
         srun_mpi=args.srun_mpi,
         gres=args.check_gres,

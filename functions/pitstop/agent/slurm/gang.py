@@ -5,6 +5,10 @@ hung job itself (``srun --jobid --overlap``), the job keeps its nodes, no reserv
 The job must be running; its nodes are Slurm's own answer (``scontrol show job``), and a link
 test's pairs must be among them. Started once per check name (the state under the check's lock,
 as for every check); the runner and the answer are the checks' own.
+
+A part of the agent's checks by responsibility (commands.SlurmCommands composes them): it holds
+the parts it shares with the checks on a fenced node (files, runners, progress) and adds only
+what is a gang check's: its arguments, the job's nodes, its start.
 """
 
 from __future__ import annotations
@@ -13,9 +17,13 @@ import time
 from typing import cast
 
 from pitstop.adapters import log
-from pitstop.agent.slurm.checks import CheckRuns, _agent_user, _int_arg, _started
+from pitstop.agent.slurm.access import CheckTools, SlurmAccess
+from pitstop.agent.slurm.check_files import CheckFiles
+from pitstop.agent.slurm.checks import _agent_user, _int_arg, _started
 from pitstop.agent.slurm.gang_steps import GANG_KINDS, LINKS, SWEEP
+from pitstop.agent.slurm.progress import Progress
 from pitstop.agent.slurm.records import CheckKind, CheckState
+from pitstop.agent.slurm.runner import Runners
 from pitstop.agent.slurm.text import (
     CHECK_NAME,
     INCIDENT,
@@ -32,8 +40,14 @@ GANG_KEYS = frozenset({"name", "kind", "incident", "job", "pairs", "message_byte
 MAX_GANG_NODES = 512  # core/localise.MAX_NODES
 
 
-class GangCheckRuns(CheckRuns):
+class GangChecks:
     """``start_gang_check`` / ``gang_check_result``: a sweep or a link test across a running job."""
+
+    def __init__(
+        self, slurm: SlurmAccess, tools: CheckTools, files: CheckFiles, runners: Runners, progress: Progress
+    ) -> None:
+        self.slurm, self.tools, self.files = slurm, tools, files
+        self.runners, self.progress = runners, progress
 
     def _gang_spec(self, args: Args) -> CheckState:
         unknown = sorted(str(k) for k in args if k not in GANG_KEYS)
@@ -64,7 +78,7 @@ class GangCheckRuns(CheckRuns):
 
     def _job_nodes(self, job: str) -> list[str]:
         """The nodes the job runs on now (refused unless it runs)."""
-        kv = self._show_job(job)
+        kv = self.slurm.show_job(job)
         if kv is None:
             raise CommandRefusedError(f"job {job} is not known to Slurm")
         state = kv.get("JobState", "UNKNOWN")
@@ -72,7 +86,7 @@ class GangCheckRuns(CheckRuns):
             raise CheckNotReadyError(f"job {job} is {state}: not on its nodes yet")
         if state != "RUNNING":
             raise CommandRefusedError(f"job {job} is {state}: a gang check runs beside a running job")
-        nodes = sorted(self._hostnames([kv.get("NodeList", "")]))
+        nodes = sorted(self.slurm.hostnames([kv.get("NodeList", "")]))
         if not nodes or len(nodes) > MAX_GANG_NODES:
             raise CommandRefusedError(f"job {job} holds {len(nodes)} nodes: nothing a gang check can run on")
         return nodes
@@ -83,17 +97,17 @@ class GangCheckRuns(CheckRuns):
         ``{"started": name, "job": id, "nodes": [...]}``; a start delivered again answers the same.
         """
         spec = self._gang_spec(args)
-        with self._check_lock(spec["name"]) as d:
-            st = self._load(d)
+        with self.files.lock(spec["name"]) as d:
+            st = self.files.load(d)
             if st is not None and st.get("started"):
                 if st.get("job") != spec["job"]:
                     raise CommandRefusedError(f"check {spec['name']} runs beside job {st.get('job')}")
                 return _started(st)
             st = self._new_gang_check(spec)
-            self._save(d, st)
-            self._begin_beside(d, st)
+            self.files.save(d, st)
+            self.runners.begin_beside(d, st)
             st["started"] = {**_started(st), "nodes": st["nodes"]}
-            self._save(d, st)
+            self.files.save(d, st)
             return _started(st)
 
     def _new_gang_check(self, spec: CheckState) -> CheckState:
@@ -101,7 +115,7 @@ class GangCheckRuns(CheckRuns):
         stray = sorted({n for p in spec.get("pairs", []) for n in p} - set(nodes))
         if stray:
             raise CommandRefusedError(f"pairs name nodes outside job {spec['job']}: {', '.join(stray[:4])}")
-        tools = self.checks
+        tools = self.tools
         return {
             **spec,
             "node": nodes[0],
@@ -125,13 +139,13 @@ class GangCheckRuns(CheckRuns):
     def gang_check_result(self, args: Args) -> CheckProgress:
         """The check's state now (a fresh probe): ``done`` once every step ran (or timed out)."""
         name, job = _need(args, "name", CHECK_NAME), _need(args, "job", JOB)
-        if not (self._check_path(name) / "state.json").exists():
+        if not (self.files.path(name) / "state.json").exists():
             raise CommandRefusedError(f"no check {name} was started")
-        with self._check_lock(name) as d:
-            st = self._load(d)
+        with self.files.lock(name) as d:
+            st = self.files.load(d)
             if st is None or st.get("kind") not in GANG_KINDS or st.get("job") != job:
                 raise CommandRefusedError(f"no gang check {name} was started beside job {job}")
-            out = self._progress(d, st)
+            out = self.progress.now(d, st)
             if out.get("done"):
                 log.emit("INFO", "slurm agent: gang check done", check=name, job=job, nodes=len(st["nodes"]))
             return {**out, "nodes": st["nodes"]}
@@ -150,4 +164,4 @@ def _pairs(v: object) -> list[list[str]]:
     return out
 
 
-__all__ = ["SWEEP", "GangCheckRuns"]
+__all__ = ["SWEEP", "GangChecks"]

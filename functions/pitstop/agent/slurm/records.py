@@ -20,13 +20,14 @@ class ToolsDoc(TypedDict):
     all_gather_perf: list[str]
     srun_mpi: str | None
     dmesg: NotRequired[list[str]]  # ``dmesg`` when absent
+    clock: NotRequired[list[str]]  # a corroboration's clock read (``date`` and ``/proc/uptime``)
     dcgmi: NotRequired[list[str]]  # a check on a fenced node only
     gres: NotRequired[str | None]
     fabric_root: NotRequired[str]
 
 
 class CheckState(TypedDict, total=False):
-    """A check as ``state.json`` keeps it: its arguments (checks._check_spec, gang._gang_spec),
+    """A check as ``state.json`` keeps it: its arguments (checks.check_spec, gang._gang_spec),
     then what its start set up, then how it finished. ``undone``: a start taken back (only
     ``name``, ``node`` and ``undone`` are left)."""
 

@@ -3,13 +3,14 @@
 Each record prints as the real tool prints it raw: ``<prio>[seconds] message`` with
 prio = facility * 8 + level (syslog(2)); kernel records have facility 0, lines user space wrote to
 /dev/kmsg facility 1 (LOG_USER, forced by the kernel). NVRM prints Xids at KERN_WARNING (level 4).
+``seconds`` is the time since the VM booted (printk's clock), as the fake Compute dates the line.
 """
 
 from __future__ import annotations
 
 import sys
 
-from pitstop.local.gpu_tools.state import load_or_say
+from pitstop.local.gpu_tools.state import NodeState, load_or_say
 
 LEVEL_WARNING = 4
 
@@ -23,8 +24,17 @@ def main(argv: list[str] | None = None) -> int:
     if st is None:
         return 1
     for n, (facility, msg) in enumerate(st.kmsg):
-        print(f"<{facility * 8 + LEVEL_WARNING}>[{100.0 + n * 0.5:12.6f}] {msg}")
+        print(f"<{facility * 8 + LEVEL_WARNING}>[{seconds(st, n):12.6f}] {msg}")
     return 0
+
+
+def seconds(st: NodeState, n: int) -> float:
+    """The printk time of line ``n``: its seconds since the VM booted (the stand-in Compute keeps
+    both); a line or boot of unknown time gets a place in the first minutes after boot."""
+    at = st.kmsg_at[n] if n < len(st.kmsg_at) else None
+    if at is None or st.boot is None or at < st.boot:
+        return 100.0 + n * 0.5
+    return at - st.boot
 
 
 if __name__ == "__main__":

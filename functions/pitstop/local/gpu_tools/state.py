@@ -9,7 +9,7 @@ import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 # PCI bus ids of the 8 GPUs of an A3 node (as nvidia-smi prints them on a3-megagpu-8g).
 PCI_BUSES = ("04", "05", "0b", "0c", "84", "85", "8b", "8c", "90", "91", "92", "93", "94", "95", "96", "97")
@@ -43,16 +43,19 @@ class NodeState:
     ecc_gpu: int = 0
     hung: bool = False  # a GPU stuck without an Xid: its collectives never finish
     wrong: int = 0  # elements an all_gather through this node gets wrong (nccl-tests' #wrong)
+    kmsg_at: tuple[float | None, ...] = field(default=())  # when each kmsg line was printed (epoch s)
+    boot: float | None = None  # when the VM booted (epoch s): dmesg counts its lines' seconds from it
 
     def pci(self, index: int) -> str:
         return f"00000000:{PCI_BUSES[index % len(PCI_BUSES)].upper()}:00.0"
 
 
 class KmsgLine(TypedDict):
-    """One line of a stand-in kernel ring buffer."""
+    """One line of a stand-in kernel ring buffer (``at``: when the kernel printed it, epoch s)."""
 
     msg: str
     facility: int
+    at: NotRequired[float]
 
 
 # One node's entry, checked key by key by check_entry (the keys of NodeState but ``node``).
@@ -88,14 +91,19 @@ KMSG_MAX = 256  # lines a stand-in ring buffer keeps (the oldest fall out, as in
 
 def check_kmsg_line(line: object) -> KmsgLine:
     """One ring-buffer line: printable text up to 512 characters, a syslog facility 0-23."""
-    if not isinstance(line, dict) or set(line) - {"msg", "facility"}:
-        raise StateError("a kernel line is {msg, facility}")
-    msg, fac = line.get("msg"), line.get("facility", 0)
+    if not isinstance(line, dict) or set(line) - {"msg", "facility", "at"}:
+        raise StateError("a kernel line is {msg, facility, at}")
+    msg, fac, at = line.get("msg"), line.get("facility", 0), line.get("at")
     if not isinstance(msg, str) or not msg.isprintable() or not 0 < len(msg) <= 512:
         raise StateError("msg must be printable text of 1-512 characters")
     if isinstance(fac, bool) or not isinstance(fac, int) or not 0 <= fac <= 23:
         raise StateError("facility must be a syslog facility 0-23")
-    return {"msg": msg, "facility": fac}
+    out: KmsgLine = {"msg": msg, "facility": fac}
+    if at is not None:
+        if isinstance(at, bool) or not isinstance(at, int | float) or not 0 < at < 1e11:
+            raise StateError("at must be an epoch time")
+        out["at"] = float(at)
+    return out
 
 
 def check_entry(entry: object) -> GpuEntry:
@@ -136,6 +144,10 @@ def check_entry(entry: object) -> GpuEntry:
             if not isinstance(v, list) or len(v) > KMSG_MAX:
                 raise StateError(f"kmsg must be a list of at most {KMSG_MAX} kernel lines")
             v = [check_kmsg_line(x) for x in v]
+        elif k == "boot":
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < 1e11:
+                raise StateError("boot must be an epoch time")
+            v = float(v)
         elif k == "product":
             if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9 ._-]{1,64}", v):
                 raise StateError("product must be a short name")
@@ -204,6 +216,11 @@ def _kmsg(x: object) -> tuple[int, str]:
     return _int(x.get("facility", 0)), str(x["msg"])
 
 
+def _kmsg_at(x: object) -> float | None:
+    at = x.get("at") if isinstance(x, Mapping) else None
+    return None if at is None else _float(at)
+
+
 def node_state(node: str, e: Mapping[str, object]) -> NodeState:
     """A node's entry (as check_entry leaves it, or read from the state file) as its NodeState;
     absent keys take the defaults (ValueError or TypeError: a value of the wrong kind)."""
@@ -228,6 +245,8 @@ def node_state(node: str, e: Mapping[str, object]) -> NodeState:
         _int(e.get("ecc_gpu", 0)),
         bool(e.get("hung", False)),
         _int(e.get("wrong", 0)),
+        tuple(_kmsg_at(x) for x in _items(e.get("kmsg", ()))),
+        None if e.get("boot") is None else _float(e.get("boot")),
     )
 
 

@@ -3,8 +3,9 @@
 The workflow calls ``{op, incident, step, execution, extra}``. The op's handler comes from one
 table (registry.py); its phases live in one module each: fence.py (claim, fence, checkpoint,
 unfence), gang.py (early requeue, requeue, the gang running again), checks.py (diagnose, validate),
-repair.py (the Compute call, its operation, verify) and ending.py (escalate, close, fail). What
-they decide without I/O is in core/remediation.py.
+repair.py (the Compute call, its operation, verify), ending.py (escalate, close, fail) and
+resubmit.py (a Vertex AI job read back and resubmitted whole). What they decide without I/O is in
+core/remediation.py (core/vertex.py for a Vertex AI job).
 
 Each effect runs under the step runner (core/steps.py), its record ``steps/<step>-<op>`` under its
 incident: claimed ``in_progress`` before the effect (with its owner, the execution), ``done``
@@ -40,10 +41,12 @@ from pitstop.adapters import log
 from pitstop.adapters.compute import ComputeAdapter
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import lifecycle, steps
-from pitstop.core.aggregate import op_guard
+from pitstop.core.aggregate import HoldStep, op_guard
 from pitstop.core.answers import OpAnswer, Refused, Reply
+from pitstop.core.control import Hold
 from pitstop.core.degraded import Telemetry
 from pitstop.core.domain import JsonObject
+from pitstop.core.evidence import Warrant, describe
 from pitstop.core.ops import Op, step_key
 from pitstop.core.policy import Policy
 from pitstop.core.scheduling import Scheduler
@@ -51,6 +54,7 @@ from pitstop.core.store import IncidentStore
 from pitstop.core.validation import ValidationTable
 from pitstop.services.actuate.context import STEP_CLAIM_S, Deps, Step, StepBusyError
 from pitstop.services.actuate.registry import OPS, Kind, Spec
+from pitstop.services.control import RuntimeControl
 from pitstop.services.launch import Launcher, Publisher, Starter
 
 __all__ = ["STEP_CLAIM_S", "Actuator", "StepBusyError"]
@@ -80,7 +84,9 @@ class Actuator:
         validation_table: ValidationTable | None = None,
         telemetry: Telemetry | None = None,
         prometheus: Telemetry | None = None,
+        control: RuntimeControl | None = None,
     ) -> None:
+        self.deployed, self.control = policy, control  # the policy as deployed; the runtime control
         launcher = Launcher(store, starter, notifier)
         self.deps = Deps(
             policy,
@@ -132,6 +138,8 @@ class Actuator:
             return {"error": "request needs op (known), incident (string) and step (integer)"}, 400
         op = Op(raw)
         try:
+            if self.control is not None:  # the policy in force: read once per store.control_cache_s
+                self.deps.policy = self.control.policy(self.deployed)
             return self._run(op, iid, step, req)
         except ActuatorError as exc:
             return _refused(op, iid, step, exc)
@@ -162,17 +170,25 @@ class Actuator:
         spec = OPS[op]
         if spec.kind is Kind.EFFECT:
             return self._once(s, spec), 200
-        out = spec.run(s)  # the claim, or a probe: asked again, answered fresh
+        out = spec.handler(s)  # the claim, or a probe: asked again, answered fresh
         return (cast(OpAnswer, out.answer) if isinstance(out, steps.Release) else out), 200  # fail's, kept
 
     def _once(self, s: Step, spec: Spec) -> Reply:
         """Run an effect once per step, through the step runner alone: a done record is replayed;
         503 while another attempt runs it; its claim is taken only if the incident, read in the
         same atomic operation, is still this step's, in a state the op belongs to, owned by this
-        execution and (for a disruptive op) confirmed on the node (core/aggregate.op_refusal).
-        ``fail`` has its own rules (core/aggregate.FailStep) and claims unguarded."""
+        execution and (for a disruptive op) neither paused nor silenced before its repair began
+        (then the incident is held: :meth:`_held`) and confirmed on the node
+        (core/aggregate.op_refusal). ``fail`` has its own rules (core/aggregate.FailStep) and
+        claims unguarded."""
+        pol = self.deps.policy
+        warrants: list[Warrant] = []  # a disruptive op's, as its guard read it with the claim
         guard = (
-            None if s.op == Op.FAIL else op_guard(s.op, s.at, spec.disruptive, self.deps.policy.corroborate)
+            None
+            if s.op == Op.FAIL
+            else op_guard(
+                s.op, s.at, spec.disruptive, pol.corroborate, pol.control, self.deps.clock(), warrants
+            )
         )
         runner: steps.StepRunner[Any] = steps.StepRunner(
             self.deps.store.steps(s.iid), self.deps.claim_s, self.deps.clock, _warn
@@ -182,7 +198,7 @@ class Actuator:
             done = runner.run(
                 step_key(s.step, s.op),
                 payload,
-                lambda c: _plain(spec.run(replace(s, claim=c, runner=runner))),
+                lambda c: _plain(_handle(spec, replace(s, claim=c, runner=runner), warrants)),
                 s.execution,
                 guard,
             )
@@ -191,11 +207,31 @@ class Actuator:
             superseded = exc.refusal.superseded_by
             if superseded is not None:  # a newer step owns the incident: this execution only winds down
                 return {"outcome": "superseded", "current_step": superseded, "operation": None}
+            if exc.refusal.held is not None:
+                _held(s, Hold("silence" if exc.refusal.held == "silence" else "pause", exc.refusal.why))
             raise ActuatorError(409, f"{s.op} refused: {exc.refusal.why}", False) from None
         except steps.BusyError as exc:
             raise StepBusyError(str(exc)) from None
         except steps.PayloadMismatchError as exc:
             raise ActuatorError(409, str(exc), False) from None
+
+
+def _handle(spec: Spec, s: Step, warrants: list[Warrant]) -> OpAnswer | steps.Release:
+    """The op's handler; a disruptive one with the warrant its guard read (never without one)."""
+    if spec.disrupt is None:
+        return cast(Callable[[Step], OpAnswer | steps.Release], spec.run)(s)
+    if not warrants:
+        raise ActuatorError(409, f"{s.op} refused: nothing warrants it (no guard read the incident)", False)
+    log.emit("INFO", "actuate: disruptive op", op=s.op, incident=s.iid, rests_on=describe(warrants[-1]))
+    return spec.disrupt(s, warrants[-1])
+
+
+def _held(s: Step, hold: Hold) -> None:
+    """The brake refused a disruptive op: the incident is held, its node fenced, with a page (its
+    workflow's ``fail`` then finds it HELD and records nothing); the sweep lets it go on later."""
+    out = s.decide(HoldStep(s.at, hold), strict=False)
+    log.emit("WARNING", "actuate: held by the runtime control", incident=s.iid, op=s.op,
+             result=out.result, why=hold.why)  # fmt: skip
 
 
 def _plain(out: OpAnswer | steps.Release) -> JsonObject | steps.Release:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Literal, cast
+from typing import Literal, NoReturn, cast
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
 from pitstop.core import checks, corroboration
 from pitstop.core.actions import Action
-from pitstop.core.aggregate import RecordCorroboration, RecordDiagnosis, RecordValidation
+from pitstop.core.aggregate import RecordCorroboration, RecordDiagnosis, RecordUnconfirmed, RecordValidation
 from pitstop.core.answers import (
     CheckStarted,
     Corroborating,
@@ -19,7 +19,8 @@ from pitstop.core.answers import (
     Validating,
     ValidationJudged,
 )
-from pitstop.core.domain import CheckRun, CheckSpec, Measurement
+from pitstop.core.domain import CheckRun, CheckSpec, Measurement, Unfenced
+from pitstop.core.evidence import Warrant
 from pitstop.core.ops import Op
 from pitstop.core.timefmt import to_epoch
 from pitstop.core.validation import PAGE
@@ -75,16 +76,30 @@ def corroborate(s: Step) -> Corroborating | CheckStarted:
     need, why = corroboration.needs_corroboration(s.inc, s.deps.policy.corroborate)
     if not need:
         return {"run": False, "why": why}
-    if s.inc.get("kind") in corroboration.SYSTEM_KINDS:  # Compute answers at once
-        verdict = corroboration.judge_system(s.inc, _vm_facts(s))
+    cfg = s.deps.policy.corroboration
+    if corroboration.claim_kind(s.inc) in corroboration.SYSTEM_KINDS:  # Compute answers at once
+        verdict = corroboration.judge_system(s.inc, _vm_facts(s), cfg["event_margin_s"], s.instance)
         return {"run": False, "system": verdict.record(s.deps.clock(), s.step), "why": why}
     if not _has_scheduler(s):
         return {"run": False, "unavailable": True, "why": "no scheduler to ask the node through"}
     vm = s.vm()
     expected = checks.gpus_of(vm)
     boot = to_epoch(vm.get("last_start_timestamp")) or to_epoch(vm.get("creation_timestamp"))
-    spec = corroboration.spec(s.inc, s.step, expected or 1, expected, boot)
+    spec = corroboration.spec(
+        s.inc, s.step, expected or 1, expected, boot,
+        rules=s.deps.policy.xids, line_lag_s=cfg["line_lag_s"], remediated=_remediated(s),
+    )  # fmt: skip
     return _start(s, spec, why)
+
+
+def _remediated(s: Step) -> float | None:
+    """When the node's last remediation (another incident's reset, reboot or replacement) took effect."""
+    prior = corroboration.prior_remediations(s.deps.store.records.node(s.inc["node_key"]), s.iid)
+    acted: dict[str, float | None] = {}
+    for r in prior:
+        other = s.deps.store.get(r["incident"])
+        acted[r["incident"]] = other["timeline"].get("acted") if other else None
+    return corroboration.remediated_at(prior, acted)
 
 
 def _vm_facts(s: Step) -> corroboration.VmFacts | None:
@@ -125,17 +140,31 @@ def judge_corroboration(s: Step) -> CorroborationJudged:
     else:
         result = _final(s, Op.CORROBORATE) if rec.get("run") else None
         spec = rec.get("check") or cast(CheckSpec, {})  # saved with the step, as corroboration.spec made it
-        verdict = corroboration.judge(spec, result, checks.evidence_gpu(s.inc))
+        cfg = s.deps.policy.corroboration
+        verdict = corroboration.judge(spec, result, checks.evidence_gpu(s.inc), s.instance, cfg)
         record = verdict.record(now, s.step)
     if rec.get("unavailable"):
         record["why"] = f"{rec.get('why')}: {record['why']}"[:500]
     confirmed = record["confirmed"] is True
-    s.decide(RecordCorroboration(s.at, record))
     log.emit("INFO", "corroborated", incident=s.iid, confirmed=confirmed, why=record["why"])
     if not confirmed:
-        raise ActuatorError(409, f"corroboration: {record['why']}", False)
+        _stand_down(s, record)
+    s.decide(RecordCorroboration(s.at, record))
     s.label(Op.FENCE, "fenced")  # the fence's courtesy label, held back until the node confirmed
     return {"confirmed": True, "why": record["why"]}
+
+
+def _stand_down(s: Step, record: Measurement) -> NoReturn:
+    """Not confirmed: nothing of it may stay. Pitstop's fence is lifted (a fence someone else set
+    stays theirs), the incident resolves as not confirmed with its slots let go and no remediation
+    left in the node's history, a person is paged (once per node per window), and the workflow
+    ends here (409)."""
+    answer = s.scheduler.unfence(s.instance, s.ref)
+    unfenced: Unfenced = {"unfenced": s.instance, "resumed": answer.resumed}
+    if answer.left_fenced:
+        unfenced["left_drained"] = answer.left_fenced
+    s.decide(RecordUnconfirmed(s.at, record, unfenced))
+    raise ActuatorError(409, f"corroboration: {record['why']}", False)
 
 
 def _judge_peers(s: Step, record: Measurement) -> CorroborationJudged:
@@ -144,7 +173,7 @@ def _judge_peers(s: Step, record: Measurement) -> CorroborationJudged:
     return planned.judged(record)
 
 
-def diagnose(s: Step) -> CheckStarted:
+def diagnose(s: Step, warrant: Warrant) -> CheckStarted:
     need, why = checks.needs_diagnosis(s.inc, s.deps.policy)
     if need and not _has_scheduler(s):
         need, why = False, "no scheduler to run a diagnostic through: replacing on the evidence as it is"
@@ -227,8 +256,15 @@ def _first_verdict(s: Step) -> checks.ValidationVerdict | None:
     if not rec or not rec.get("run"):
         return None
     return checks.judge_validation(
-        s.inc["action"], str(rec["machine_type"]), _final(s, Op.VALIDATE), s.deps.policy, s.deps.table()
-    )
+        s.inc["action"], str(rec["machine_type"]), _final(s, Op.VALIDATE), s.deps.policy, s.deps.table(),
+        s.instance, _expected(rec),
+    )  # fmt: skip
+
+
+def _expected(rec: Validating) -> int | None:
+    """The GPUs the VM has, as the validation's check was told (None: unknown)."""
+    got = rec["check"].get("expected_gpus") if "check" in rec else None
+    return got if isinstance(got, int) else None
 
 
 def revalidate(s: Step) -> CheckStarted:
@@ -266,7 +302,7 @@ def judge_validation(s: Step) -> ValidationJudged:
         return {"outcome": "skipped", "why": rec.get("why") if rec else None}
     mt = str(rec["machine_type"])
     verdict = checks.judge_validation(
-        s.inc["action"], mt, _final(s, Op.VALIDATE), s.deps.policy, s.deps.table()
+        s.inc["action"], mt, _final(s, Op.VALIDATE), s.deps.policy, s.deps.table(), s.instance, _expected(rec)
     )
     if verdict.wants_second_peer:
         rechecked = s.recorded(Op.REVALIDATE)

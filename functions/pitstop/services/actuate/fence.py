@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
-from pitstop.core import corroboration, remediation, trust, watchdog
+from pitstop.core import corroboration, remediation, topology, trust, watchdog
 from pitstop.core.actions import NODE_ACTIONS
 from pitstop.core.aggregate import ClaimStep, JoinBlock, RecordFence, RejectStep
 from pitstop.core.answers import Checkpointed, ClaimAnswer, JobsDone
 from pitstop.core.domain import Fenced, Unfenced, Vm
+from pitstop.core.evidence import Warrant
 from pitstop.core.ops import Op, plan_for
 from pitstop.core.scheduling import JobInfo
 from pitstop.core.timefmt import to_epoch
@@ -56,8 +57,9 @@ def _identity_problem(s: Step) -> tuple[str | None, Vm | None]:
 
 def join_block(s: Step, vm: Vm | None = None) -> str | None:
     """The node counts against its reservation block's budget from before its fence, not only once
-    acted on (the block is read from Compute's host topology). A block at its budget holds an
-    incident not yet fenced, with a page, and this execution stops there (what is held, or None).
+    acted on (the block is read from Compute's host topology, and the node's place is cached in its
+    document with it). A block at its budget holds an incident not yet fenced, with a page, and
+    this execution stops there (what is held, or None).
     """
     if s.inc["action"] not in NODE_ACTIONS:
         return None  # job actions claim no blast-radius slot
@@ -72,7 +74,8 @@ def join_block(s: Step, vm: Vm | None = None) -> str | None:
     if block is None:
         return None
     now = s.deps.clock()
-    out = s.deps.store.decide(s.iid, JoinBlock(block), s.deps.policy, now)
+    place = topology.from_vm(vm, s.deps.policy.moves["nvlink_domain_families"])
+    out = s.deps.store.decide(s.iid, JoinBlock(block, place), s.deps.policy, now)
     if out.result != "held" or out.incident is None:
         return None
     s.deps.launcher.follow_up(out, s.deps.policy, now)
@@ -119,7 +122,7 @@ def fenced_jobs(s: Step) -> list[str]:
     return [str(j) for j in fenced.get("jobs", [])] if fenced else []
 
 
-def checkpoint(s: Step) -> Checkpointed:
+def checkpoint(s: Step, warrant: Warrant) -> Checkpointed:
     """Ask each fenced job to save its state, and say how long to wait for it (before the window)."""
     jobs = fenced_jobs(s)
     how = sorted({s.scheduler.checkpoint(job, s.ref) for job in jobs})

@@ -8,21 +8,24 @@ from pitstop.core import checks, remediation
 from pitstop.core.aggregate import RecordGang
 from pitstop.core.answers import EarlyResume, Freed, JobWhy, Rescheduled, Resumed
 from pitstop.core.domain import CapacityDoc, JobRunDoc
+from pitstop.core.evidence import Warrant
 from pitstop.core.ids import job_key, requeue_key
 from pitstop.core.ops import Op
-from pitstop.core.scheduling import Capacity, JobInfo, JobRun, JobState
+from pitstop.core.scheduling import Capacity, JobInfo, JobRun, JobState, Placer
+from pitstop.services.actuate import moves
 from pitstop.services.actuate.context import Step
 
 
-def _runs(s: Step) -> dict[str, JobRun]:
+def runs(s: Step) -> dict[str, JobRun]:
     """Each fenced job with the run the fault hit (a hung job's: the run its localisation saw)."""
     fence = s.recorded(Op.FENCE) or s.recorded(Op.LOCALISE) or {}
     runs: dict[str, JobRunDoc] = fence.get("runs") or {}
     return {str(j): JobRun.of(runs.get(j)) for j in fence.get("jobs", [])}
 
 
-def requeue_one(s: Step, job: str, fenced: JobRun) -> str | None:
-    """Requeue one job unless it moved on since the fence: None when requeued, else why not.
+def requeue_one(s: Step, job: str, fenced: JobRun, onto: tuple[str, ...] = ()) -> str | None:
+    """Requeue one job unless it moved on since the fence: None when requeued, else why not;
+    ``onto``: the nodes the gang's choice put it on (a scheduler that can place it is asked to).
 
     Two incidents that see the same run race for its requeue record (cluster, job, run): one
     wins. No clock decides.
@@ -40,7 +43,11 @@ def requeue_one(s: Step, job: str, fenced: JobRun) -> str | None:
         return over_budget(s, job, cap, window)
     if not s.deps.store.records.mark_job_requeue(key, s.iid, s.deps.clock()):
         return "this run of the job was already requeued for another incident"
-    s.scheduler.requeue(job, s.ref, info.run)  # the run it may move
+    sched = s.scheduler
+    if onto and isinstance(sched, Placer):
+        sched.requeue_onto(job, s.ref, info.run, onto)  # the run it may move, where it goes
+    else:
+        sched.requeue(job, s.ref, info.run)  # the run it may move
     return None
 
 
@@ -55,8 +62,9 @@ def over_budget(s: Step, job: str, cap: int, window: float) -> str:
     return why
 
 
-def reschedule_early(s: Step) -> EarlyResume:
-    """Requeue each job now when the scheduler can run its gang without the node; else say why.
+def reschedule_early(s: Step, warrant: Warrant) -> EarlyResume:
+    """Requeue each job now when the scheduler can run its gang without the node and that costs
+    less than waiting for the repair (services/actuate/moves.py, policy ``moves``); else say why.
 
     The repair then goes on in the background of the job. A job left waiting is requeued by
     ``reschedule`` once the node is back (the old order), and the incident's ``resume`` says why.
@@ -65,13 +73,17 @@ def reschedule_early(s: Step) -> EarlyResume:
     requeued: list[JobWhy] = []
     waiting: list[JobWhy] = []
     moved: list[JobWhy] = []
-    for job, then in _runs(s).items():
+    for job, then in runs(s).items():
         cap = s.scheduler.capacity(job, s.instance, s.ref) if choice == checks.EARLY else None
         go, why = checks.early_requeue(choice, _capacity_doc(cap))
+        onto: tuple[str, ...] = ()
+        if cap is not None and s.deps.policy.moves["enabled"]:
+            move = moves.choose(s, job, cap)  # priced and recorded on the incident
+            go, why, onto = move.go, move.why, move.onto
         if not go:
             waiting.append({"job": job, "why": why})
             continue
-        skipped = requeue_one(s, job, then)
+        skipped = requeue_one(s, job, then, onto)
         (requeued if skipped is None else moved).append(
             {"job": job, "why": why if skipped is None else skipped}
         )
@@ -93,11 +105,11 @@ def _capacity_doc(cap: Capacity | None) -> CapacityDoc:
     return {} if cap is None else {"enough": cap.enough, "need": cap.need, "free": cap.free, "why": cap.why}
 
 
-def reschedule(s: Step) -> Rescheduled:
+def reschedule(s: Step, warrant: Warrant) -> Rescheduled:
     """Requeue each job the fault hit, once: only while it is still the run the fence recorded."""
     requeued: list[str] = []
     skipped: list[JobWhy] = []
-    for job, then in _runs(s).items():
+    for job, then in runs(s).items():
         why = requeue_one(s, job, then)
         if why is None:
             requeued.append(job)
@@ -115,7 +127,7 @@ def free_node(s: Step) -> Freed:
     per run (``requeue_one``'s record); the check's start is answered 503 until the node is empty.
     """
     moved: list[str] = []
-    for job, then in _runs(s).items():
+    for job, then in runs(s).items():
         info = s.scheduler.job_info(job, s.ref)
         here = info.state in (JobState.RUNNING, JobState.SUSPENDED) and info.run == then
         if here and requeue_one(s, job, then) is None:
@@ -137,13 +149,13 @@ def watch_resume(s: Step) -> bool:
         return True
     if not tl.get("job_requeued"):
         return False
-    runs = _runs(s)
+    fenced = runs(s)
     now: dict[str, JobInfo] = {}
-    for job in runs:  # ask job by job: stop at the first still on its old run
+    for job in fenced:  # ask job by job: stop at the first still on its old run
         now[job] = s.scheduler.job_info(job, s.ref)
-        if remediation.gang_running({job: runs[job]}, {job: now[job]}) is False:
+        if remediation.gang_running({job: fenced[job]}, {job: now[job]}) is False:
             return False
-    running = remediation.gang_running(runs, now)
+    running = remediation.gang_running(fenced, now)
     if running:
         s.decide(RecordGang(s.at, "job_running"), strict=False)  # a probe's stamp
     return bool(running)

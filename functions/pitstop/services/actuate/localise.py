@@ -1,13 +1,16 @@
 """Localise a hung job: the node check on every node at once, ring links if need be, then either a
-node incident per culprit or one restart in place and a page (core/localise.py decides).
+node incident per culprit or a page (core/localise.py decides).
+
+First, whether the alert may lead to anything (issue 35 (2)): the job opted in (the scheduler
+says so) and its own heartbeat series, read back from Cloud Monitoring by Pitstop, was
+established before it stopped; else nothing is checked or restarted, and a person is paged.
 
 Each op is an effect of the step runner (recorded before the scheduler is asked, its check's
 spec saved first), so a retried call waits for the same check instead of starting another.
 Culprits are handed to the engine as events (fixed ids: a retry is a duplicate delivery), and
 their own node incidents fence, requeue the gang (once per run, onto a spare when the scheduler
-has one) and repair, exactly as for an Xid. Nothing found: the gang is requeued in place once
-(the job-restart budget and the run's requeue record, as every requeue) and a person is paged
-with every node and check.
+has one) and repair, exactly as for an Xid. Nothing found: nothing is restarted (a restart needs
+a culprit's evidence) and a person is paged with every node and check.
 
 A scheduler whose checks stop the gang first (GKE: the hung pods hold the GPUs a check pod needs;
 ``GangCheckStart.stopped``) gets it back from the conclusion, once (``GangResume``, the same budget
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from typing import Literal, cast
+
+from google.api_core import exceptions as gexc
 
 from pitstop.adapters import log
 from pitstop.adapters.errors import ActuatorError
@@ -36,7 +41,7 @@ from pitstop.core.ids import job_key, requeue_key
 from pitstop.core.ops import Op
 from pitstop.core.scheduling import GangChecks, GangResume, JobRun, JobState, StepRef
 from pitstop.services.actuate.context import Step
-from pitstop.services.actuate.gang import over_budget, requeue_one
+from pitstop.services.actuate.gang import over_budget
 
 
 def _job(s: Step) -> str:
@@ -81,6 +86,11 @@ def localise_job(s: Step) -> Localising:
         seen = fresh
         if info.state != JobState.RUNNING:
             return _localising(seen, f"job {job} is {info.state}: no nodes to check")
+        gate = _heartbeat_gate(s, job, info.opted_in)
+        if not gate.go:  # the alert alone: nothing is checked, stopped or restarted
+            _note(s, {"outcome": "unconfirmed", "page": gate.why})
+            log.emit("WARNING", "hang alert not acted on", incident=s.iid, job=job, why=gate.why)
+            return {**_localising(seen, gate.why), "refused": True}
     sched = _checks(s)
     if sched is None:
         return _localising(seen, f"the {s.scheduler.name} scheduler cannot check a job's nodes")
@@ -96,6 +106,25 @@ def localise_job(s: Step) -> Localising:
     _note(s, {"nodes": started["nodes"], "started_at": s.deps.clock()})
     log.emit("INFO", "localising a hung job", incident=s.iid, job=job, nodes=len(started["nodes"]))
     return out
+
+
+_UNREADABLE = (gexc.GoogleAPICallError, gexc.RetryError, TimeoutError)
+
+
+def _heartbeat_gate(s: Step, job: str, opted_in: bool) -> localise.Gate:
+    """The job opted in, and its own heartbeat series (read back by Pitstop) was established before
+    the alert opened."""
+    cfg, until = s.deps.policy.localise, float(s.inc.get("first_seen") or s.deps.clock())
+    ref = s.inc.get("job")
+    reader = s.deps.telemetry
+    points: list[float] | None = None
+    if opted_in and ref is not None and isinstance(reader, localise.Heartbeats):
+        start = until - float(cfg["heartbeat_lookback_s"])
+        try:
+            points = reader.heartbeat_points(str(ref["project"]), str(ref["cluster"]), job, start, until)
+        except _UNREADABLE as exc:
+            log.emit("WARNING", "heartbeat series unreadable", incident=s.iid, error=str(exc)[:200])
+    return localise.heartbeat_gate(job, opted_in, points, cfg, until)
 
 
 def _localising(seen: Seen, why: str | None) -> Localising:
@@ -194,11 +223,13 @@ def _rounds(s: Step) -> list[LocaliseRound]:
 
 
 def conclude(s: Step) -> Concluded:
-    """Culprits → a node incident each (the engine's, as any fault); else one restart in place and a page."""
+    """Culprits → a node incident each (the engine's, as any fault); else nothing restarted and a page."""
     rec: Localising = s.recorded(Op.LOCALISE) or {"jobs": [], "runs": {}, "state": "", "run": False}
     state = JobState.of(rec.get("state"))
     if state in localise.NOT_HUNG:
         return _not_hung(s, state)
+    if rec.get("refused"):
+        return _page_only(s, str(rec.get("why") or "the hang alert was not acted on"))
     rounds = _rounds(s)
     culprits = [str(c) for r in rounds for c in r.get("culprits", [])]
     nodes = [str(n) for n in rec.get("nodes") or []]
@@ -245,6 +276,14 @@ def _resume_once(s: Step, rec: Localising) -> str | None:
     log.emit("INFO" if out.restarted else "WARNING", "hung gang resumed after its checks"
              if out.restarted else "hung gang not resumed", incident=s.iid, job=job, how=out.how)  # fmt: skip
     return None if out.restarted else out.how
+
+
+def _page_only(s: Step, why: str) -> Concluded:
+    """The alert alone, not acted on: nothing checked, stopped or restarted; a person is paged."""
+    job = _job(s)
+    s.notify(s.inc, "critical", f"Hung job {job}? Not acted on: {why}",
+             id=notifications.notification_id("localise", s.iid, s.step, "unconfirmed"))  # fmt: skip
+    return {"outcome": "unconfirmed", "why": why}
 
 
 def _not_hung(s: Step, state: JobState) -> Concluded:
@@ -300,19 +339,18 @@ def _hand_over(s: Step, culprits: list[str], rounds: list[LocaliseRound]) -> dic
 
 
 def _restart_in_place(s: Step, rec: Localising, nodes: list[str], rounds: list[LocaliseRound]) -> Concluded:
-    """No culprit: requeue the gang once where it is (budget and run record as every requeue) and page."""
+    """No culprit: a page with every node and check; nothing restarted (a gang its checks stopped,
+    GKE, is resumed once as it was: budget and run record as every requeue)."""
     job = _job(s)
     then = JobRun.of((rec.get("runs") or {}).get(job))
-    if rec.get("stopped"):
+    if rec.get("stopped"):  # its checks stopped it (GKE): it gets back what it had
         skipped = _resume_once(s, rec)
         restart = (
             "resumed in place once (its checks stopped it)" if skipped is None else f"not resumed: {skipped}"
         )
-    else:
-        skipped = requeue_one(s, job, then)
-        restart = (
-            f"requeued in place (run {then.restarts})" if skipped is None else f"not restarted: {skipped}"
-        )
+    else:  # no node showed a fault: nothing confirms a restart would help, or that it hung at all
+        skipped = f"left running (run {then.restarts}): no node showed a fault, so nothing restarts it"
+        restart = f"not restarted: {skipped}"
     text = localise.page_text(job, nodes, rounds, restart, str(rec.get("why") or ""))
     resume: LocalisedResume = {
         "mode": "in_place",
@@ -323,5 +361,5 @@ def _restart_in_place(s: Step, rec: Localising, nodes: list[str], rounds: list[L
     _note(s, {"outcome": "nothing_found", "page": text})
     s.notify(s.inc, "critical", f"Hung job {job}: no culprit fenced; {restart}", todo=text,
              id=notifications.notification_id("localise", s.iid, s.step, "nothing_found"))  # fmt: skip
-    log.emit("WARNING", "hang not localised: restarted in place, paged", incident=s.iid, job=job)
+    log.emit("WARNING", "hang not localised: paged", incident=s.iid, job=job, restart=restart)
     return {"outcome": "nothing_found", "requeued": skipped is None, "why": restart}

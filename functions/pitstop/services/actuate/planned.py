@@ -3,9 +3,10 @@
 Where a degraded incident (a Monitoring alert: core/alerts.py) differs from the drain it shares
 the workflow with (workflows/remediate.yaml): its ``corroborate`` reads the alert's metric for
 the job's other nodes (Cloud Monitoring, the same channel the alert came through) and its judge
-decides, in core/degraded.py, whether this node is the odd one out (the step goes on: checkpoint,
-the gang moved at it onto spares, the node diagnosed, repaired, validated) or not (``stand_down``:
-the workflow lifts the fence and closes; a gang-wide cause pages a person). Its ``diagnose``
+decides, in core/degraded.py, whether this node's own reading shows the symptom and it is the odd
+one out (the step goes on: checkpoint, the gang moved at it onto spares, the node diagnosed,
+repaired, validated) or not (``stand_down``: the workflow lifts the fence and closes; a gang-wide
+cause, or an alert no reading of the node confirms, pages a person). Its ``diagnose``
 always runs, and the finding picks the repair: REPLACE_NODE only on a hardware finding.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 from google.api_core import exceptions as gexc
 
 from pitstop.adapters import log
-from pitstop.core import degraded
+from pitstop.core import corroboration, degraded
 from pitstop.core import diagnose as diag
 from pitstop.core.actions import Action
 from pitstop.core.answers import Corroborating, CorroborationJudged
@@ -29,7 +30,7 @@ _UNREADABLE = (gexc.GoogleAPICallError, gexc.RetryError, TimeoutError, PromError
 
 def planned(inc: Incident) -> bool:
     """A degraded node's incident still on its planned move (its repair not yet chosen)."""
-    return inc.get("kind") == degraded.KIND and inc.get("action") == Action.DRAIN_NODE
+    return corroboration.claim_kind(inc) == degraded.KIND and inc.get("action") == Action.DRAIN_NODE
 
 
 def compare_peers(s: Step) -> Corroborating:
@@ -51,10 +52,11 @@ def compare_peers(s: Step) -> Corroborating:
     if rule is not None and reader is not None:
         try:
             values = reader.node_values(str(s.node()[0]), rule, [s.instance, *peers], s.deps.clock())
-        except _UNREADABLE as exc:  # no readings: the alert stands on its own (a planned move)
+        except _UNREADABLE as exc:  # no reading of the node: nothing moves, a person is paged
             note = f"telemetry unreadable ({type(exc).__name__}: {str(exc)[:120]})"
+    peer_values = {p: values.get(p) for p in peers}
     verdict = degraded.compare(
-        rule, pol.gang_wide_share, s.instance, values.get(s.instance), {p: values.get(p) for p in peers}
+        rule, pol.gang_wide_share, s.instance, values.get(s.instance), peer_values, s.deps.clock()
     )
     record: Measurement = {**verdict.record(s.deps.clock(), s.step), "source": source}
     if note:
@@ -81,4 +83,4 @@ def repair_verdict(s: Step, found: DiagnosisVerdict, result: CheckRun | None) ->
     why = found.why.removesuffix(": stepping down to REBOOT_NODE")
     confirmed, why = degraded.finding(symptom, found.confirmed, why, smi)
     action, why = degraded.repair(degraded.default_policy().rule(symptom), confirmed, why)
-    return DiagnosisVerdict(confirmed, action, why, found.detail)
+    return DiagnosisVerdict(confirmed, action, why, found.detail, found.evidence)

@@ -11,7 +11,7 @@ from pitstop.core.answers import OpAnswer
 from pitstop.core.ops import AFTER_FENCE, FENCED_ONLY, OPEN_ONLY, WORKING, Kind, Op, OpSpec
 from pitstop.core.states import State
 from pitstop.core.steps import Release
-from pitstop.services.actuate import checks, ending, fence, gang, localise, repair
+from pitstop.services.actuate import checks, ending, fence, gang, localise, repair, resubmit
 from pitstop.services.actuate.context import Step
 
 __all__ = ["MUTATING_OPS", "OPS", "PROBE_OPS", "Kind", "OpSpec", "Spec"]
@@ -25,13 +25,13 @@ OPS: dict[Op, Spec] = {
     Op.CORROBORATE: OpSpec(checks.corroborate, E, FENCED_ONLY),
     Op.CORROBORATION: OpSpec(checks.corroboration_done, P),
     Op.JUDGE_CORROBORATION: OpSpec(checks.judge_corroboration, E, FENCED_ONLY),
-    Op.CHECKPOINT: OpSpec(fence.checkpoint, E, FENCED_ONLY, disruptive=True),
+    Op.CHECKPOINT: OpSpec.disrupting(fence.checkpoint, E, FENCED_ONLY),
     Op.JOBS_DONE: OpSpec(fence.jobs_done, P),
-    Op.RESCHEDULE_EARLY: OpSpec(gang.reschedule_early, E, FENCED_ONLY, disruptive=True),
-    Op.DIAGNOSE: OpSpec(checks.diagnose, E, FENCED_ONLY, disruptive=True),
+    Op.RESCHEDULE_EARLY: OpSpec.disrupting(gang.reschedule_early, E, FENCED_ONLY),
+    Op.DIAGNOSE: OpSpec.disrupting(checks.diagnose, E, FENCED_ONLY),
     Op.DIAGNOSIS: OpSpec(checks.diagnosis, P),
     Op.JUDGE_DIAGNOSIS: OpSpec(checks.judge_diagnosis, E, FENCED_ONLY),
-    Op.ACT: OpSpec(repair.act, E, frozenset({State.FENCED, State.ACTING}), disruptive=True),
+    Op.ACT: OpSpec.disrupting(repair.act, E, frozenset({State.FENCED, State.ACTING})),
     Op.OPERATION: OpSpec(repair.operation, P),
     Op.VERIFY: OpSpec(repair.verify, P),
     Op.VALIDATE: OpSpec(checks.validate, E, AFTER_FENCE),
@@ -41,7 +41,7 @@ OPS: dict[Op, Spec] = {
     Op.JUDGE_VALIDATION: OpSpec(checks.judge_validation, E, AFTER_FENCE),
     Op.ESCALATE: OpSpec(ending.escalate, E, WORKING),
     Op.UNFENCE: OpSpec(fence.unfence, E, AFTER_FENCE),
-    Op.RESCHEDULE: OpSpec(gang.reschedule, E, WORKING, disruptive=True),
+    Op.RESCHEDULE: OpSpec.disrupting(gang.reschedule, E, WORKING),
     Op.RESUMED: OpSpec(gang.resumed, P),
     Op.CLOSE: OpSpec(ending.close, E, WORKING),
     Op.FAIL: OpSpec(ending.fail, E),
@@ -50,6 +50,7 @@ OPS: dict[Op, Spec] = {
     Op.LINKS: OpSpec(localise.links, E, OPEN_ONLY),
     Op.LINKS_DONE: OpSpec(localise.links_done, P),
     Op.CONCLUDE: OpSpec(localise.conclude, E, OPEN_ONLY),
+    Op.RESUBMIT: OpSpec.disrupting(resubmit.resubmit, E, OPEN_ONLY),
 }
 assert set(OPS) == set(Op)  # every op the workflow may call has its spec
 

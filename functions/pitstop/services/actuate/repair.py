@@ -8,16 +8,18 @@ from pitstop.core import remediation
 from pitstop.core.aggregate import RecordActed, RecordVerified
 from pitstop.core.answers import Acted, ActPlan, Done, Verified
 from pitstop.core.domain import CallFields, VmBefore
-from pitstop.core.ids import request_id
+from pitstop.core.evidence import Warrant
+from pitstop.core.ids import job_key, request_id, requeue_key
 from pitstop.core.ops import Op
 from pitstop.core.states import State
 from pitstop.core.timefmt import to_epoch
+from pitstop.services.actuate import gang
 from pitstop.services.actuate.context import Step
 from pitstop.services.actuate.fence import join_block
 from pitstop.services.actuate.gang import watch_resume
 
 
-def act(s: Step) -> Acted:
+def act(s: Step, warrant: Warrant) -> Acted:
     """Take the incident's action on the VM, once: the call is decided and saved before it is made.
 
     A retry reuses the saved plan, so a reportHostAsFaulty that ran but went unrecorded is
@@ -27,6 +29,8 @@ def act(s: Step) -> Acted:
     if not isinstance(plan, dict):
         plan = _plan(s)
         s.save({"plan": plan})
+    if plan.get("method") not in (None, "none", "wait_for_platform") and (why := _jobs_not_restartable(s)):
+        raise ActuatorError(409, f"not acted: {why}", False)  # fails with a page; the node stays fenced
     record: Acted = {**plan, "operation": _call(s, plan)}
     s.decide(RecordActed(s.at))
     log.emit(
@@ -40,6 +44,28 @@ def act(s: Step) -> Acted:
         attempt=s.claim.attempt if s.claim else 1,
     )
     return record
+
+
+def _jobs_not_restartable(s: Step) -> str | None:
+    """Why the repair must not run under a job still on the node (None: it may).
+
+    A reset, host report or recreate ends every job on the VM; a fenced job still running its
+    fenced run there is ended by it, and Pitstop must be able to restart it. Its restart is
+    claimed in the job-disruption budget now (the later requeue finds the same run's claim); a
+    budget already spent stops the repair: held for a person, who is paged (issue 35, 8).
+    """
+    cluster = s.inc.get("cluster") or "none"
+    cap, window = s.deps.policy.job_restarts()
+    for job, fenced in gang.runs(s).items():
+        info = s.scheduler.job_info(job, s.ref)
+        if not (info.state.on_nodes and info.run == fenced):
+            continue  # requeued, moved on or ended: the repair ends nothing of it
+        key = requeue_key(cluster, job, info.run.doc())
+        if not s.deps.store.records.claim_job_restart(
+            job_key(cluster, job), key, s.deps.clock(), cap, window
+        ):
+            return gang.over_budget(s, job, cap, window)
+    return None
 
 
 def _plan(s: Step) -> ActPlan:

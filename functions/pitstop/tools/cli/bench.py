@@ -59,7 +59,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def add(sub: Subparsers) -> None:
     """bench: speed figures, measured on demand and never asserted in tests."""
     b = sub.add_parser("bench", help="measure speed")
-    b.add_argument("target", choices=("classify", "ingest", "simulate", *bench_sizing.TARGETS))
+    b.add_argument(
+        "target",
+        choices=("classify", "ingest", "simulate", *bench_sizing.TARGETS),
+        help="what to measure: classify (the parser), ingest (storms through N instances), simulate "
+        "(the fleet model), " + ", ".join(bench_sizing.TARGETS) + " (one function's instances)",
+    )
     b.add_argument("--lines", type=int, default=None, help="classify: input lines (100000)")
     b.add_argument(
         "--storms",

@@ -36,7 +36,17 @@ def _table_row(ev: FaultEvent) -> str:
     return "  ".join(vals[c].ljust(w) if w else vals[c] for c, w in _TABLE_COLS)
 
 
+STDIN_NOTE = (
+    "pitstop classify: reading JSON Lines from standard input (end with Ctrl-D); "
+    "pass a file, or - to read standard input without this note"
+)
+
+
 def cmd_classify(args: argparse.Namespace) -> int:
+    if args.path is None:  # no path given: standard input, which a person at a terminal may not expect
+        if sys.stdin.isatty():
+            print(STDIN_NOTE, file=sys.stderr)
+        args.path = "-"
     clf = Classifier.default()
     out = sys.stdout.buffer
     if args.format == "table":
@@ -56,6 +66,13 @@ def add(sub: Subparsers) -> None:
     c = sub.add_parser(
         "classify", help="classify log entries (JSON Lines in, one FaultEvent JSON line out each)"
     )
-    c.add_argument("path", nargs="?", default="-", help="JSON Lines file, or - for standard input")
-    c.add_argument("--format", choices=("json", "table"), default="json")
+    c.add_argument(
+        "path", nargs="?", default=None, help="JSON Lines file, or - for standard input (the default)"
+    )
+    c.add_argument(
+        "--format",
+        choices=("json", "table"),
+        default="json",
+        help="json: one FaultEvent per line (default); table: one aligned row per entry",
+    )
     c.set_defaults(func=cmd_classify)

@@ -11,9 +11,15 @@ if TYPE_CHECKING:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    import sys
 
     from pitstop.local.stack import default_workdir
     from pitstop.tools import demo
+
+    unknown = sorted(set(args.only or ()) - set(_keys()))
+    if unknown:
+        print(f"pitstop demo: no scenario {', '.join(unknown)}; one of: {' '.join(_keys())}", file=sys.stderr)
+        return 2
 
     return demo.run(
         Path(args.workdir) if args.workdir else default_workdir() / "demo", args.only or None, keep=args.keep
@@ -38,5 +44,5 @@ def add(sub: Subparsers) -> None:
     d = sub.add_parser("demo", help="start the local stack, run the fault scenarios, stop it")
     d.add_argument("--only", nargs="*", help=" ".join(_keys()) + " (schemas/demo-scenarios.yaml)")
     d.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
-    d.add_argument("--workdir", default=None)
+    d.add_argument("--workdir", default=None, help="state and logs (default .local/demo in the repository)")
     d.set_defaults(func=cmd_demo)

@@ -1,5 +1,8 @@
-"""``pitstop doctor``: what in a GKE cluster would keep Pitstop from restarting a gang once, and
-(``--project``) who besides Pitstop can publish to its topics or write the logs its sinks select."""
+"""``pitstop doctor``: what in a GKE cluster would keep Pitstop from restarting a gang once and the
+restart mechanisms of its own it has (JobSet failure policy, Kueue's topology-aware node replacement),
+(``--slurm``, on a controller) Slurm's version, expedited requeue and topology, and (``--project``)
+every principal that can write each input Pitstop reads (schemas/inputs.yaml), roles inherited from
+the project's folders and organization included."""
 
 from __future__ import annotations
 
@@ -18,20 +21,33 @@ def add(sub: Subparsers) -> None:
     d.add_argument(
         "--project",
         default=None,
-        help="also (alone: only) read the IAM policies of the project and Pitstop's topics: a finding "
-        "per principal beyond Pitstop's own that can publish to them or write logs",
+        help="also (alone: only) read the IAM policies of the project, its folders and organization and "
+        "Pitstop's topics: each input Pitstop reads, with every principal that can write it",
     )
     d.add_argument("--config", default=None, help="deploy.yaml, for the Slurm clusters' topics")
+    d.add_argument(
+        "--slurm",
+        action="store_true",
+        help="on a Slurm controller: Slurm's version, its expedited requeue (25.11+) and its topology",
+    )
     d.set_defaults(func=cmd_doctor)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Exit 1 when any check has a finding (2 when the IAM policies could not be read)."""
     status = 0
+    if args.slurm:
+        from pitstop.agent.slurm.access import SlurmAccess
+        from pitstop.agent.slurm.placement import doctor
+
+        for line in doctor(SlurmAccess()):
+            print(line)
+        if not (args.project or args.kubeconfig or args.context):
+            return 0
     if args.project:
         from pitstop.tools import deploy, exposure
 
-        found = exposure.report(args.project, deploy.load_config(args.config))
+        found = exposure.report(args.project, deploy.load_config(args.config), every=True)
         status = 2 if found < 0 else int(found > 0)
     if args.project and args.kubeconfig is None and args.context is None:
         return status
@@ -43,6 +59,7 @@ def _gke(args: argparse.Namespace) -> int:
     from kubernetes import config
 
     from pitstop.adapters.gke import doctor_findings
+    from pitstop.adapters.gke.doctor import native_mechanisms
 
     api = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)  # type: ignore[no-untyped-call]
     findings = doctor_findings(api)
@@ -52,4 +69,6 @@ def _gke(args: argparse.Namespace) -> int:
         print(
             "every JobSet restarts as a gang on a disruption (failure policy, no Ignore on DisruptionTarget)"
         )
+    for line in native_mechanisms(api):  # what the cluster restarts by itself: found, not a finding
+        print(line)
     return 1 if findings else 0

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 from pitstop.core import engine
 from pitstop.core.aggregate import ReleaseHeld
 from pitstop.core.store import InStates
-from pitstop.tools.common import store_and_policy
+from pitstop.tools.common import add_store_flags, store_and_policy
 
 
 def cmd_incidents(args: argparse.Namespace) -> int:
@@ -22,7 +22,7 @@ def cmd_incidents(args: argparse.Namespace) -> int:
     from pitstop.core.states import OPEN_STATES
     from pitstop.core.timeline import durations, iso, render
 
-    store, pol = store_and_policy(args.project)
+    store, pol = store_and_policy(args.project, args.config)
     if args.release:
         out = store.decide(args.release, ReleaseHeld(args.by or "operator", force=True), pol, time.time())
         print(f"{args.release}: {out.result}")
@@ -60,10 +60,10 @@ def _close_incident(store: Any, pol: Any, args: argparse.Namespace) -> int:
         print("pitstop: --close needs --by NAME (recorded on the incident)", file=sys.stderr)
         return 2
     from pitstop.services.close import close_incident
-    from pitstop.services.schedulers import FACTORIES, Wiring, schedulers_for
+    from pitstop.services.schedulers import Wiring, factories, schedulers_for
 
     schedulers = {}
-    if args.unfence and any(c.scheduler in FACTORIES for c in pol.clusters):
+    if args.unfence and any(c.scheduler in factories() for c in pol.clusters):
         import os
 
         from google.cloud.pubsub_v1 import PublisherClient
@@ -81,11 +81,11 @@ def add(sub: Subparsers) -> None:
     """incidents: read the incident store, release one held past its budget, or close one."""
     i = sub.add_parser("incidents", help="list incidents (Firestore), release a held one, or close one")
     i.add_argument("--open", action="store_true", help="only open, held and failed incidents")
-    i.add_argument("--json", action="store_true")
+    i.add_argument("--json", action="store_true", help="one JSON object per incident (with durations_s)")
     i.add_argument("--timeline", action="store_true", help="print each incident's timeline")
     i.add_argument("--release", metavar="ID", help="release a HELD incident past its budget")
     i.add_argument("--close", metavar="ID", help="end an OPEN, HELD or FAILED incident (RESOLVED by you)")
     i.add_argument("--unfence", action="store_true", help="with --close: lift Pitstop's drain on the node")
     i.add_argument("--by", default=None, help="who releases (default operator) or closes (required)")
-    i.add_argument("--project", default=None)
+    add_store_flags(i)
     i.set_defaults(func=cmd_incidents)

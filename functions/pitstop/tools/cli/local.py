@@ -69,6 +69,10 @@ def cmd_local(args: argparse.Namespace) -> int:
         stopped = st.down(workdir)
         print(f"stopped {len(stopped)} processes" if stopped else "no local stack running")
         return 0
+    if not (workdir / "stack.json").is_file():
+        said = f"no local stack in {workdir}: start one with `pitstop local up`"
+        print(f"pitstop local {args.action}: {said}", file=sys.stderr)
+        return 2
     state = st.StackState.load(workdir)
     if args.action == "inject":
         return _local_inject(state, args.path, args.at_rate)
@@ -472,12 +476,20 @@ def _inject_flags(v: argparse.ArgumentParser) -> None:
 
 
 def _chaos_flags(v: argparse.ArgumentParser) -> None:
-    v.add_argument("path", metavar="KIND", help="what fails (see pitstop local chaos -h in the README)")
+    from pitstop.local.chaos import KINDS
+
+    v.add_argument(
+        "path",
+        metavar="KIND",
+        choices=KINDS,
+        help="what fails: " + ", ".join(KINDS) + " (each: docs/cli.md)",
+    )
     v.add_argument(
         "arg",
         nargs="?",
         default=None,
-        help="compute-error: the HTTP status (503, 403:rateLimitExceeded); firestore-restart: seconds down",
+        help="compute-error: the HTTP status (503, 403:rateLimitExceeded); firestore-restart: seconds down; "
+        "hang: link (an NVLink of --node down instead of a stuck GPU)",
     )
     v.add_argument("--times", type=int, default=1, help="how many calls the fault hits")
     v.add_argument(

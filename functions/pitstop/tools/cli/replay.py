@@ -28,7 +28,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         items = replay_mod.cloud_logging_entries(
             args.project, duration_s(args.since), time.time(), endpoint=args.logging_endpoint
         )
-    report = replay_mod.replay(items, pol)
+    from pitstop.tools.progress import Progress
+
+    report = replay_mod.replay(items, pol, note=Progress("replay").note)
     if args.json:
         sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
         return 0
@@ -55,7 +57,9 @@ def add(sub: Subparsers) -> None:
     src.add_argument("path", nargs="?", help="JSON Lines export of LogEntries")
     src.add_argument("--since", help="read Cloud Logging with the pipeline's filters, e.g. 6h")
     r.add_argument("--policy", help="policy.yaml to evaluate (default: $PITSTOP_POLICY or shipped defaults)")
-    r.add_argument("--project", default=None)
+    r.add_argument(
+        "--project", default=None, help="--since: the project whose logs to read ($GOOGLE_CLOUD_PROJECT)"
+    )
     r.add_argument("--logging-endpoint", default=None, help=argparse.SUPPRESS)
-    r.add_argument("--json", action="store_true")
+    r.add_argument("--json", action="store_true", help="the whole report as one JSON document")
     r.set_defaults(func=cmd_replay)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import NotRequired, TypedDict
 
 from pitstop.core.domain import JsonObject
+from pitstop.tools.sim.vertex import VertexConf, VertexRun
 
 
 class FleetConf(TypedDict):
@@ -89,6 +90,7 @@ class Scenario(TypedDict):
     strategies: list[str]  # names in sim/strategies.STRATEGIES
     # open: an overlay merged over the shipped policy, checked by policy.from_doc (its own schema)
     policy: JsonObject
+    vertex: NotRequired[VertexConf]  # Vertex AI custom training jobs (tools/sim/vertex.py)
 
 
 # -- what `pitstop simulate` prints with --json (simulate.simulate, simulate.sweep) --------------
@@ -147,3 +149,4 @@ class Comparison(TypedDict):
     scenario: Scenario
     trace: dict[str, int]
     sweep: NotRequired[Sweep]
+    vertex: NotRequired[list[VertexRun]]  # the scenario's Vertex AI jobs: morning vs pitstop

@@ -1,7 +1,7 @@
 """Any Kubernetes cluster on Compute Engine VMs as a scheduler (kubeadm, Rancher, k3s...), reached
 through a kubeconfig instead of GKE's control-plane API.
 
-The worked example of "a new scheduler" (README, Where a change goes): the cluster's objects,
+The worked example of a scheduler folder (docs/architecture.md, Where a change goes): the cluster's objects,
 fences, gangs (JobSets, batch Jobs, pods) and checks are the same Kubernetes as on GKE, so this
 adapter is the GKE one with another way in. The kubeconfig is the content of an environment
 variable (deploy maps it from Secret Manager: ``--set-secrets=<env>=<secret>:latest``), never a file
