@@ -223,7 +223,9 @@ def test_a_node_patch_refused_as_stale_is_read_and_decided_again(kube: FakeKube,
     assert sent(kube, "PATCH", f"/nodes/{NODES[0]}") == 3
     assert sent(kube, "GET", f"/nodes/{NODES[0]}") == 3  # each attempt read the node again
     fenced = kube.get("Node", NODES[0])
-    assert fenced is not None and fenced["spec"].get("unschedulable") is True
+    assert fenced is not None  # Pitstop's fence is its own taint, once (never a cordon: issue 35, 10)
+    taints = [t for t in fenced["spec"].get("taints") or [] if t["key"] == "pitstop.dev/remediation"]
+    assert taints == [{"key": "pitstop.dev/remediation", "value": INC, "effect": "NoSchedule"}]
 
 
 def test_a_node_that_keeps_changing_is_a_retryable_503_after_the_attempts(

@@ -321,7 +321,7 @@ def xid_lines(draw: st.DrawFn) -> str:
 @st.composite
 def log_entries(draw: st.DrawFn, now: float) -> dict[str, Any]:
     line, node = draw(xid_lines()), draw(nodes)
-    carrier = draw(st.sampled_from(("kernel", "syslog-transport", "syslog", "legacy")))
+    carrier = draw(st.sampled_from(("kernel", "syslog-transport", "syslog", "legacy", "serial")))
     insert = uuid.UUID(int=draw(st.integers(0, 2**64))).hex
     if carrier == "kernel":
         entry = journald_entry(line, node, insert)
@@ -329,6 +329,21 @@ def log_entries(draw: st.DrawFn, now: float) -> dict[str, Any]:
         entry = journald_entry(line, node, insert, transport="syslog", facility="1")
     elif carrier == "syslog":
         entry = syslog_entry(line, node, insert)
+    elif carrier == "serial":  # GCE serial-port logging: the console's text on a gce_instance entry
+        entry = {
+            "insertId": insert[:16],
+            "logName": f"projects/{PROJECT}/logs/serialconsole.googleapis.com%2Fserial_port_1_output",
+            "textPayload": f"[ 7341.112233] {line}",
+            "resource": {
+                "type": "gce_instance",
+                "labels": {
+                    "project_id": PROJECT,
+                    "zone": ZONE,
+                    "instance_id": default_id(PROJECT, ZONE, node),
+                },
+            },
+            "labels": {"compute.googleapis.com/resource_name": node},
+        }
     else:
         entry = legacy_agent_entry(line, node, insert)
     entry["timestamp"] = _iso(now - draw(backdate))
@@ -347,21 +362,19 @@ def system_events(draw: st.DrawFn, now: float) -> dict[str, Any]:
     return entry
 
 
-@st.composite
-def alerts(draw: st.DrawFn, now: float) -> tuple[dict[str, Any], str]:
+def alert(
+    stem: str, state: str, started: int, incident: str, subject: str, observed: str, message_id: str
+) -> tuple[dict[str, Any], str]:
+    """Monitoring's notification of one telemetry policy (``subject``: the node, or a hang's job)."""
     from pitstop.local import alerting
 
-    stem = draw(st.sampled_from(TELEMETRY))
-    state = draw(st.sampled_from(("open", "closed")))
-    started = int(now - draw(backdate))
-    incident = f"0.{draw(st.integers(1, 5))}"
     ended = None if state == "open" else started + 60
     if stem == "job-heartbeat":
-        labels: dict[str, str] = {"cluster": "train", "job": draw(st.sampled_from((JOB, "9999")))}
+        labels: dict[str, str] = {"cluster": "train", "job": subject}
         resource: tuple[str, dict[str, str]] = ("global", {"project_id": PROJECT})
         shown = ""
     else:
-        labels, shown = {}, draw(nodes)
+        labels, shown = {}, subject
         ids = {"project_id": PROJECT, "zone": ZONE, "instance_id": default_id(PROJECT, ZONE, shown)}
         resource = ("gce_instance", ids)
     note = alerting.notification(
@@ -375,10 +388,25 @@ def alerts(draw: st.DrawFn, now: float) -> tuple[dict[str, Any], str]:
         display_name=shown,
         started_at=started,
         ended_at=ended,
-        observed=draw(st.sampled_from(("0", "0.6", "1000"))),
+        observed=observed,
     )
-    delivery = alert_delivery(dict(note), message_id=str(draw(st.integers(1, 10**9))))
+    delivery = alert_delivery(dict(note), message_id=message_id)
     return {"message": delivery["data"]["message"]}, str(delivery["source"])
+
+
+@st.composite
+def alerts(draw: st.DrawFn, now: float) -> tuple[dict[str, Any], str]:
+    stem = draw(st.sampled_from(TELEMETRY))
+    subject = draw(st.sampled_from((JOB, "9999")) if stem == "job-heartbeat" else nodes)
+    return alert(
+        stem,
+        draw(st.sampled_from(("open", "closed"))),
+        int(now - draw(backdate)),
+        f"0.{draw(st.integers(1, 5))}",
+        subject,
+        draw(st.sampled_from(("0", "0.6", "1000"))),
+        str(draw(st.integers(1, 10**9))),
+    )
 
 
 class Forgeries(RuleBasedStateMachine):
@@ -482,3 +510,85 @@ def test_a_real_fault_is_remediated_whatever_was_forged_before(
         assert len([e for e in pitstop.fleet.effects if e[0] == "requeue"]) == before + 1
     finally:
         server.shutdown()
+
+
+# -- what the invariant test found, kept as named cases ----------------------------------------------
+
+
+def _forged(compute: tuple[ComputeAdapter, FakeCompute]) -> Pitstop:
+    pitstop = Pitstop(*compute)
+    return pitstop
+
+
+def test_found_a_forged_preemption_raising_a_degraded_nodes_incident_is_asked_of_compute(
+    compute: tuple[ComputeAdapter, FakeCompute],
+) -> None:
+    """Found by the invariant test: a degraded alert opened the node's incident, then a forged
+    preemption in Google's shape raised it to RESCHEDULE_JOB. The incident's kind stayed "degraded",
+    so the preemption's claim was never asked of Compute and the gang was requeued. The claim that
+    chose the action is what is asked now (core/corroboration.claim_kind)."""
+    pitstop = _forged(compute)
+    now = pitstop.clock.t
+    pitstop.deliver(*alert("gpu-throttle", "open", int(now), "0.1", NODES[0], "0.6", "7001"))
+    preempted = next(c for c in SYSTEM_EVENTS if c["id"] == "preempted")
+    entry = retarget_system_event(system_event_entry(copy.deepcopy(preempted)), NODES[0])
+    entry["timestamp"], entry["insertId"] = _iso(now), uuid.uuid4().hex
+    pitstop.deliver(push_body(entry))
+    assert pitstop.disruptions() == [] and pitstop.fleet.fenced == set()
+
+
+def test_found_a_degraded_alert_raising_an_xid_incident_needs_the_nodes_own_reading(
+    compute: tuple[ComputeAdapter, FakeCompute],
+) -> None:
+    """Found by the invariant test: a forged Xid 13 opened the node's incident (RESTART_JOB), then a
+    degraded alert raised it to DRAIN_NODE; the incident's kind stayed "gpu_xid", so the alert's claim
+    was waived instead of read on the node, and the gang was checkpointed and moved. A degraded claim
+    now needs the node's own reading whatever the episode began as."""
+    pitstop = _forged(compute)
+    now = pitstop.clock.t
+    line = f"NVRM: Xid (PCI:{GPUS[0]}): 13, pid=1234, name=python3, Graphics Exception"
+    pitstop.deliver(push_body(journald_entry(line, NODES[0], uuid.uuid4().hex) | {"timestamp": _iso(now)}))
+    pitstop.deliver(*alert("gpu-throttle", "open", int(now), "0.2", NODES[0], "0.6", "7002"))
+    assert pitstop.disruptions() == [] and pitstop.fleet.fenced == set()
+
+
+# Every input of the threat model (schemas/inputs.yaml) and how the invariant test writes it: a rule of
+# Forgeries, or why the input is not one a non-admin's forgery reaches a disruption through.
+CHANNELS: dict[str, str] = {
+    "log-kernel-journal": "a_log_entry (carrier kernel)",
+    "log-syslog": "a_log_entry (carriers syslog-transport, syslog, legacy)",
+    "log-serial-console": "a_log_entry (carrier serial)",
+    "log-gke-node-journal": "out: the GKE fleet is not in this harness (tests/e2e/test_e2e_gke*.py forge it)",
+    "log-system-events": "a_system_event",
+    "log-vertex": "out: a Vertex AI job is read back from Vertex AI (tests/services/test_vertex_resubmit.py)",
+    "topic-events": "a_log_entry and a_system_event (delivered as the topic's push)",
+    "topic-alerts": "an_alert",
+    "topic-notifications": "out: notify posts and pages only (tests/services/test_notify.py)",
+    "topic-dead-letters": "out: read by a person only",
+    "alert-heartbeat": "an_alert (job-heartbeat, any job)",
+    "alert-degraded-gce": "an_alert (the GCE telemetry policies)",
+    "alert-degraded-gke": "an_alert (the GKE telemetry policies)",
+    "alert-operators": "out: to people only",
+    "metric-heartbeat": "an_alert: a forged series acts only through its policy's alert",
+    "metric-pitstop": "out: Pitstop's own counters feed people's alerts only",
+    "metric-ops-agent-dcgm": "an_alert; the node's reading is the Healthy() stand-in",
+    "metric-managed-prometheus": "an_alert; the node's reading is the Healthy() stand-in",
+    "metric-log-based": "out: an Xid-spike alert to people only",
+    "http-ingest": "a_log_entry, a_system_event, an_alert (ingest's push handler)",
+    "http-notify": "out: notify posts and pages only",
+    "http-sweep": "time_passes_and_the_sweep_runs",
+}
+
+
+def test_the_strategies_cover_every_input_a_non_admin_can_write() -> None:
+    """A new input in the threat model fails here until the invariant test writes it (or says why
+    it cannot disrupt); Pitstop's own channels (kind control) and evidence are not forgeries."""
+    import yaml
+
+    model = yaml.safe_load((Path(__file__).parents[2] / "schemas/inputs.yaml").read_text())
+    hints = {i["id"] for i in model["inputs"] if i["kind"] == "hint"}
+    assert set(CHANNELS) == hints
+    rules = {name for name in vars(Forgeries) if not name.startswith("_")}
+    for channel, how in CHANNELS.items():
+        named = how.split(" ", 1)[0].rstrip(":;,")
+        assert how.startswith("out: ") or named in rules, (channel, how)

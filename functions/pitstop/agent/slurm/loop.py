@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from pitstop.adapters import log
 from pitstop.agent.slurm.commands import (
@@ -200,7 +200,9 @@ class Agent:
             log.emit("WARNING", "slurm agent: claim not published", id=doc.get("id"), error=str(exc)[:300])
 
     def _refuse_expired(self, cid: str, cmd: Received, now: float, deadline: float) -> Result | None:
-        """An expired command is refused if it was never seen, and otherwise left: it never runs."""
+        """An expired command never runs. Never seen: its refusal is recorded as its outcome by the
+        step runner, as any command's; answered already: the answer again; known and not answered
+        (a fresher copy carries its retry): this stale copy is left."""
         op = cmd.get("op")
         doc: Result = {
             "id": cid,
@@ -215,12 +217,18 @@ class Agent:
             "attempt": 0,
             "done_at": now,
         }
-        if not self.steps.create(cid, {"state": DONE, "result": dict(doc)}):
-            known = self.steps.read(cid)  # seen before; a fresher copy carries any retry
-            if known is not None and record_state(known.record) == DONE:
-                self._replay(cid, as_result(known.record.get("result") or {}))
-            else:
-                log.emit("INFO", "slurm agent: expired copy of a known command ignored", id=cid)
+        known = self.steps.read(cid)
+        if known is not None and record_state(known.record) != DONE:  # a live command's stale copy
+            log.emit("INFO", "slurm agent: expired copy of a known command ignored", id=cid)
+            return None
+        payload = {"op": cmd.get("op"), "id": cid, "args": cmd.get("args")}
+        try:  # through the step runner, as every command: the refusal is this command's one outcome
+            got = self.runner.run(cid, payload, lambda claim: cast(JsonObject, dict(doc)), self.owner)
+        except (BusyError, ClaimLostError):  # another delivery holds it: it answers
+            log.emit("INFO", "slurm agent: expired copy of a command another delivery holds", id=cid)
+            return None
+        if got.pop("replayed", False):  # seen before and answered: the answer, again
+            self._replay(cid, as_result(got))
             return None
         self.results.send(doc)
         self.handled += 1
