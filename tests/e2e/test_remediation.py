@@ -473,7 +473,7 @@ def test_node_never_healthy_fails_after_timeout(world: World) -> None:
         world.slurm._out(["scontrol", "update", "NodeName=a3-node-001", "State=DOWN", "Reason=no-slurmd"])
         out = world.fault(XID79, "a3-node-001")
         inc = world.wait(out.incident["id"], timeout=120)  # type: ignore[index]
-        assert inc["state"] == "FAILED" and inc["failure"]["stage"] == "verify"
+        assert inc["state"] == "FAILED" and inc["failure"]["stage"] == "verify", inc.get("failure")
         assert "gave up waiting for verify" in inc["failure"]["error"]
         assert len(world.calls("reset")) == 1
         assert "drain" in world.slurm.node_states()["a3-node-001"]  # never returned to service

@@ -426,6 +426,9 @@ class SlurmScheduler:
             return tuple(Seat(str(n), _place(paths.get(n))) for n in listed)
 
         native = a.get("native")
+        own, listed = a.get("own"), a.get("nodes")
+        usable = {str(n) for n in own} if isinstance(own, list) else set()
+        members = [str(n) for n in listed] if isinstance(listed, list) else []
         return Capacity(
             a.get("enough") is True,
             str(a.get("why") or ""),
@@ -435,6 +438,7 @@ class SlurmScheduler:
             spares=seats(a.get("idle")),
             native=native if isinstance(native, str) else None,
             elastic=a.get("elastic") is True,
+            unusable=tuple(n for n in members if n != node and n not in usable),
         )
 
     def start_check(self, node: str, check: CheckSpec, ref: StepRef) -> CheckStart:

@@ -139,7 +139,8 @@ class Capacity:
     ``spares`` (the idle healthy nodes it could take, in the scheduler's order), each with its place
     (core/topology.py picks among them); ``native``: the restart the scheduler itself gives the job
     on a node failure (``slurm-expedite``, ``kueue-tas``: Pitstop does not restart it a second time);
-    ``elastic``: the job says it can run on fewer nodes.
+    ``elastic``: the job says it can run on fewer nodes; ``unusable``: members other than the
+    fenced node that cannot run it again (drained by another incident or a person, down).
     """
 
     enough: bool
@@ -150,6 +151,7 @@ class Capacity:
     spares: tuple[Seat, ...] = ()
     native: str | None = None
     elastic: bool = False
+    unusable: tuple[str, ...] = ()  # members of the gang that do not come back with it (another fence)
 
 
 @dataclass(frozen=True)

@@ -86,8 +86,8 @@ def _counted_db(project: str, env: str = "PITSTOP_FIRESTORE_DATABASE") -> Any:
 class _CountedPages:
     """Stands in for the notifications topic: counts pages, publishes nothing."""
 
-    def __init__(self, project: str, topic: str, publisher: Any = None) -> None:
-        self.topic = topic
+    def __init__(self, project: str, topic: str, publisher: Any = None, key: bytes | None = None) -> None:
+        self.topic = topic  # the sealing key (pubsub.Notifier's) changes nothing that is counted
 
     def publish(self, notification: Mapping[str, object]) -> str:
         with _lock:

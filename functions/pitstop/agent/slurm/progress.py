@@ -80,8 +80,9 @@ class Progress:
                 outputs[key] = out.read_text(errors="replace")[:OUTPUT_MAX]
             if err.exists() and err.stat().st_size:
                 stderr[key] = err.read_text(errors="replace")[-1000:]
-        if st["kind"] == "corroborate" and st["tools"].get("gres") and outputs:
-            outputs[GPU_GRANT] = f"{st['tools']['gres']}:{int(st['gpus'])}"  # the step's explicit ask
+        gres = st["tools"].get("gres") if "tools" in st else None  # none: answered without running
+        if st["kind"] == "corroborate" and gres and outputs:
+            outputs[GPU_GRANT] = f"{gres}:{int(st['gpus'])}"  # the step's explicit ask
         return {
             "done": True,
             "name": st["name"],

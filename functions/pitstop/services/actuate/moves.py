@@ -64,13 +64,14 @@ def choose(s: Step, job: str, cap: Capacity) -> Move:
     costs = tradeoff.costs_of(moves)
     machine, per_node = _machine(s)
     nvl72 = topology.nvl72(machine, moves["nvlink_domain_families"])
-    fenced = {s.instance}
+    fenced = {s.instance, *cap.unusable}  # a member another fence holds does not come back either
     nodes = max(len(cap.gang), cap.need or 0, 1)
+    replace = max(1, sum(1 for seat in cap.gang if seat.node in fenced))
     placer = isinstance(s.scheduler, Placer)
     if cap.enough and not cap.spares and not nvl72:
         pick = topology.Pick.unnamed()  # room for the gang, but the scheduler names no spare
     elif cap.enough or nvl72:
-        pick = topology.pick(cap.gang, fenced, cap.spares, 1, nvl72)
+        pick = topology.pick(cap.gang, fenced, cap.spares, replace, nvl72)
     else:
         pick = topology.Pick(blocked=cap.why or "not enough healthy capacity")
     action = str(s.inc["action"])
