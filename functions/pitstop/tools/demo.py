@@ -22,9 +22,24 @@ from pitstop.tools import demo_runner, demo_vertex
 from pitstop.tools.demo_stage import Result, Stage
 from pitstop.tools.demo_steps import STEPS
 
-# Slurm: eight nodes for the first scenarios, five for the hangs (8-12), ten for the degraded-node
-# ones, ten for the back-to-training ones.
-SLURM_NODES = 33
+# Slurm: eight nodes for the first scenarios, five for the hangs (8-12), nine for the topology ones
+# (13-21), ten for the degraded-node ones, ten for the back-to-training ones.
+SLURM_NODES = 42
+# Where the topology scenarios' nodes sit (node index -> [block, sub-block]); every other node sits
+# in block-1/sub-1. 13 is alone in another block and sorts first among the idle nodes Slurm lists;
+# 14-16 share a sub-block (topology_spare: the gang and its spare); 17-18 and 20-21 are a gang each
+# whose only spare, 19, sits in another sub-block of their block (short_repair_waited,
+# host_report_moved).
+TOPOLOGY_PLACES = {
+    13: ["block-2", "sub-3"],
+    **{i: ["block-1", "sub-2"] for i in (14, 15, 16)},
+    **{i: ["block-1", "sub-4"] for i in (17, 18)},
+    19: ["block-1", "sub-5"],
+    **{i: ["block-1", "sub-6"] for i in (20, 21)},
+}
+# The local repairs run at a fraction of their real length: priced from the fleet's measured ones they
+# would cost seconds. The demo prices each move from the policy's repair times (moves.repair_s).
+SLURM_POLICY = {"moves": {"min_history": 1_000_000}}
 # GKE: nine nodes that take a fault each (cooldowns outlast the demo; the serial scenario's 7 keeps its
 # recorded incident open), two for the degraded-node ones (9, 10), a gang partner and a spare
 GKE_NODES = 13
@@ -33,9 +48,11 @@ GKE_COMPUTE_SCALE = 0.03  # a reset keeps the VM down ~1 s: time for the gang to
 
 def slurm_spec(nodes: int) -> ClusterSpec:
     """The demo's Slurm cluster; its fourth node is a Spot VM (the preemption scenario's: Compute
-    confirms a preemption only of a Spot VM, core/corroboration.judge_system)."""
+    confirms a preemption only of a Spot VM, core/corroboration.judge_system), and the topology
+    scenarios' nodes sit where TOPOLOGY_PLACES puts them (topology/tree, physicalHostTopology)."""
     spec = ClusterSpec(nodes=nodes)
     spec.spot = [spec.node_names[3]]
+    spec.places = {spec.node_names[i]: place for i, place in TOPOLOGY_PLACES.items()}
     return spec
 
 
@@ -128,7 +145,7 @@ def run(workdir: Path, only: list[str] | None = None, keep: bool = False) -> int
     runs: list[tuple[list[Result], list[float]]] = []
     slurm, gke, vertex = ([s for s in picked if s["stack"] == kind] for kind in ("slurm", "gke", "vertex"))
     if slurm:
-        runs.append(_on_stack(Stack(workdir, slurm_spec(SLURM_NODES)), slurm, keep))
+        runs.append(_on_stack(Stack(workdir, slurm_spec(SLURM_NODES), policy_over=SLURM_POLICY), slurm, keep))
     if gke:
         runs.append(_on_stack(Stack(workdir / "gke", gke_spec(), compute_scale=GKE_COMPUTE_SCALE), gke, keep))
     if vertex:

@@ -300,6 +300,8 @@ class Runner:
             now_on_count=len(now_on),
             moved_off=bad not in now_on,
         )
+        places = {n: "/".join(p) for n, p in st.stack.spec.places.items()}
+        obs.update(held_at=_places(held, places), now_at=_places(now_on, places))
         obs["checkpointed"] = marker is not None and marker.exists()
         obs["before_window"] = window is not None and (inc["timeline"].get("fenced") or 1e18) < window
         obs["restarts"] = st.slurm.restarts(job) if job else None
@@ -361,6 +363,27 @@ class Runner:
         return Seen(inc, obs)
 
 
+def _places(nodes: list[str], places: Mapping[str, str]) -> str:
+    """Where the nodes sit (block/sub-block, each once); a node the stack does not place: block-1/sub-1."""
+    return ",".join(sorted({places.get(n, "block-1/sub-1") for n in nodes}))
+
+
+def choice_obs(inc: Incident) -> Observations:
+    """The gang's priced choice (core/tradeoff): what was taken, the sentence, where, each option's
+    expected GPU-hours (``choice_wait``, ``choice_move``, ...) and whether a person was paged."""
+    choice = inc.get("choice") or {}
+    obs: Observations = {
+        "choice_decision": choice.get("decision"),
+        "choice_why": choice.get("why"),
+        "choice_tier": choice.get("tier"),
+        "choice_spares": ",".join(choice.get("spares") or []),
+        "choice_penalty": choice.get("penalty"),
+        "choice_page": choice.get("page"),
+    }
+    obs.update({f"choice_{o['option']}": o["gpu_h"] for o in choice.get("options") or []})
+    return obs
+
+
 def incident_obs(inc: Incident) -> Observations:
     """What an ended incident says: its outcome, diagnosis, validation, resume and escalations."""
     tl = inc.get("timeline") or {}
@@ -370,6 +393,7 @@ def incident_obs(inc: Incident) -> Observations:
     first, waiting = (failed or [{}])[0], resume.get("waiting") or []
     nccl = first.get("nccl_peers") or []  # the failed validation's peers, each under the fabric's NCCL setup
     return {
+        **choice_obs(inc),
         "incident": inc["id"],
         **{k: inc.get(k) for k in ("state", "action", "kind", "trust")},
         "events": (inc.get("counts") or {}).get("events"),
