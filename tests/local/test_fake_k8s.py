@@ -179,7 +179,7 @@ def test_discovery_lists_groups_resources_and_subresources(kube: FakeKube, api: 
     _, js = raw(kube, "/apis/jobset.x-k8s.io/v1alpha2")
     _, wl = raw(kube, "/apis/kueue.x-k8s.io/v1beta2")
     assert {r["name"] for r in js["resources"]} == {"jobsets", "jobsets/status"}
-    assert {r["name"] for r in wl["resources"]} == {"workloads", "workloads/status"}
+    assert {r["name"] for r in wl["resources"]} == {"workloads", "workloads/status", "topologies"}
     code, _ = raw(kube, "/apis/apps/v1")
     assert code == 404
 

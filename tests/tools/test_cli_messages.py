@@ -214,7 +214,7 @@ def test_incidents_and_report_read_the_store_deploy_yaml_names(
     monkeypatch.setenv("FIRESTORE_EMULATOR_HOST", "127.0.0.1:9")  # a client, never a call
     monkeypatch.setenv("PITSTOP_FIRESTORE_DATABASE", "not-this-one")
     store, pol = common.store_and_policy("my-proj", str(config))
-    assert store.db._database == "team-a-db" and store.incidents.id == "team_a_incidents"
+    assert store.db._database == "team-a-db" and store.collections.incidents.id == "team_a_incidents"
     assert pol.doc["store"]["collection_prefix"] == "team_a"
     for verb in (["incidents"], ["report", "--out", "x.html"]):
         args = cli.build_parser().parse_args([*verb, "--config", str(config)])

@@ -813,7 +813,12 @@ def _collections_the_code_writes() -> set[str]:
         names |= set(re.findall(r'collection\(\s*f"\{[^}]*\}_([a-z_]+)"', src))
         names |= set(re.findall(r'replace\("_incidents", "_([a-z_]+)"\)', src))
         names |= {n.removeprefix("pitstop_") for n in re.findall(r'\.collection\("([a-z_]+)"\)', src)}
-    return names
+    # the incident store's own collections, one `<prefix>_<field>` each (adapters/firestore_docs.py)
+    from dataclasses import fields
+
+    from pitstop.adapters.firestore_docs import Collections
+
+    return names | {f.name for f in fields(Collections)}
 
 
 def test_purge_deletes_every_collection_pitstop_writes_and_only_when_asked(steps: list[deploy.Step]) -> None:

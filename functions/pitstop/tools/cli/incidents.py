@@ -34,6 +34,7 @@ def cmd_incidents(args: argparse.Namespace) -> int:
         for inc in incidents:
             sys.stdout.buffer.write(orjson.dumps({**inc, "durations_s": durations(inc)}, default=str) + b"\n")
         return 0
+    _control_summary(store, pol)
     print(f"{'ID':<11} {'STATE':<10} {'ACTION':<14} {'NODE':<28} {'CLUSTER':<10} {'EVENTS':>7}  DETECTED")
     for inc in incidents:
         print(
@@ -43,6 +44,8 @@ def cmd_incidents(args: argparse.Namespace) -> int:
         )
         if inc.get("held"):
             print(f"    held: {inc['held']['reason']}")
+        if inc.get("silenced"):
+            print(f"    silenced: {inc['silenced']}")
         if inc.get("failure"):
             print(f"    failed at {inc['failure'].get('stage')}: {inc['failure'].get('error')}")
         if inc.get("closure"):
@@ -50,6 +53,20 @@ def cmd_incidents(args: argparse.Namespace) -> int:
         if args.timeline:
             print("\n".join(render(inc)))
     return 0
+
+
+def _control_summary(store: Any, pol: Any) -> None:
+    """What `pitstop pause`, `mode` and `silence` put in force, and the week's changes (who, why)."""
+    import time
+
+    from pitstop.adapters.firestore_control import FirestoreControl
+    from pitstop.tools import control_ops
+
+    lines = control_ops.summary(
+        FirestoreControl(store.db, pol.doc["store"]["collection_prefix"]), time.time()
+    )
+    for line in lines:
+        print(line)
 
 
 def _close_incident(store: Any, pol: Any, args: argparse.Namespace) -> int:
