@@ -214,6 +214,23 @@ class StepRef:
         return f"{self.incident}-{self.label or self.step}"
 
 
+class NoNodes:
+    """The node-level answers of a scheduler that holds no node Pitstop may touch (none at all, or a
+    platform that owns its VMs): no jobs on it, nothing to fence or lift, healthy when the VM is."""
+
+    def jobs_on(self, node: str, ref: StepRef) -> list[JobInfo]:
+        return []
+
+    def fence(self, node: str, ref: StepRef, action: str) -> FenceAnswer:
+        return FenceAnswer()
+
+    def unfence(self, node: str, ref: StepRef) -> UnfenceAnswer:
+        return UnfenceAnswer(resumed=False)
+
+    def node_healthy(self, node: str, ref: StepRef) -> bool:
+        return True
+
+
 class Scheduler(Protocol):
     """What a remediation asks of a cluster's scheduler."""
 

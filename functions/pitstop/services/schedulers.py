@@ -14,14 +14,13 @@ from pitstop.core.scheduling import (
     Capacity,
     CheckResult,
     CheckStart,
-    FenceAnswer,
     JobInfo,
     JobRun,
     JobState,
+    NoNodes,
     RequeueOutcome,
     Scheduler,
     StepRef,
-    UnfenceAnswer,
 )
 from pitstop.plugins import modules
 from pitstop.plugins.schedulers import Factory, Wiring
@@ -29,28 +28,16 @@ from pitstop.plugins.schedulers import Factory, Wiring
 __all__ = ["Factory", "NoScheduler", "Wiring", "factories", "schedulers_for"]
 
 
-class NoScheduler:
+class NoScheduler(NoNodes):
     """Nodes outside any scheduler: nothing to fence, no jobs, healthy when the VM is."""
 
     name = "none"
-
-    def jobs_on(self, node: str, ref: StepRef) -> list[JobInfo]:
-        return []
-
-    def fence(self, node: str, ref: StepRef, action: str) -> FenceAnswer:
-        return FenceAnswer()
-
-    def unfence(self, node: str, ref: StepRef) -> UnfenceAnswer:
-        return UnfenceAnswer(resumed=False)
 
     def checkpoint(self, job: str, ref: StepRef) -> str:
         return "nothing: no scheduler"
 
     def job_info(self, job: str, ref: StepRef) -> JobInfo:
         return JobInfo(job, JobState.UNKNOWN)
-
-    def node_healthy(self, node: str, ref: StepRef) -> bool:
-        return True
 
     def requeue(self, job: str, ref: StepRef, run: JobRun) -> RequeueOutcome:
         return RequeueOutcome(job, False, "no scheduler: nothing to requeue")

@@ -27,13 +27,12 @@ from pitstop.core.scheduling import (
     Capacity,
     CheckResult,
     CheckStart,
-    FenceAnswer,
     JobInfo,
     JobRun,
     JobState,
+    NoNodes,
     RequeueOutcome,
     StepRef,
-    UnfenceAnswer,
 )
 from pitstop.core.vertex import Resubmitted
 
@@ -137,7 +136,7 @@ def _rest(job: Any) -> JsonObject:
 
 
 @dataclass
-class VertexScheduler:
+class VertexScheduler(NoNodes):
     """The scheduler contract for Vertex AI: no node is Pitstop's (the platform owns the VMs), a job
     is a CustomJob's resource name, and requeueing it is a resubmission from its checkpoint, only
     for a failure the verdict (schemas/vertex-errors.yaml) calls the platform's."""
@@ -205,22 +204,10 @@ class VertexScheduler:
         how = f"resubmitted as {done.job}" + (f" from {done.checkpoint}" if done.checkpoint else "")
         return RequeueOutcome(job, True, how if done.created else f"{how} (found again)")
 
-    # -- node-level asks: the platform owns the VMs ------------------------------------------------
-
-    def jobs_on(self, node: str, ref: StepRef) -> list[JobInfo]:
-        return []
-
-    def fence(self, node: str, ref: StepRef, action: str) -> FenceAnswer:
-        return FenceAnswer()
-
-    def unfence(self, node: str, ref: StepRef) -> UnfenceAnswer:
-        return UnfenceAnswer(resumed=False)
+    # -- node-level asks: the platform owns the VMs (jobs_on, fence, unfence, node_healthy: NoNodes) --
 
     def checkpoint(self, job: str, ref: StepRef) -> str:
         return "nothing: Vertex AI owns the VMs; the resubmission resumes from the job's own checkpoints"
-
-    def node_healthy(self, node: str, ref: StepRef) -> bool:
-        return True
 
     def capacity(self, job: str, node: str, ref: StepRef) -> Capacity:
         return Capacity(False, "Vertex AI provisions its own capacity (scheduling.strategy kept)")
