@@ -515,11 +515,6 @@ def test_a_real_fault_is_remediated_whatever_was_forged_before(
 # -- what the invariant test found, kept as named cases ----------------------------------------------
 
 
-def _forged(compute: tuple[ComputeAdapter, FakeCompute]) -> Pitstop:
-    pitstop = Pitstop(*compute)
-    return pitstop
-
-
 def test_found_a_forged_preemption_raising_a_degraded_nodes_incident_is_asked_of_compute(
     compute: tuple[ComputeAdapter, FakeCompute],
 ) -> None:
@@ -527,7 +522,7 @@ def test_found_a_forged_preemption_raising_a_degraded_nodes_incident_is_asked_of
     preemption in Google's shape raised it to RESCHEDULE_JOB. The incident's kind stayed "degraded",
     so the preemption's claim was never asked of Compute and the gang was requeued. The claim that
     chose the action is what is asked now (core/corroboration.claim_kind)."""
-    pitstop = _forged(compute)
+    pitstop = Pitstop(*compute)
     now = pitstop.clock.t
     pitstop.deliver(*alert("gpu-throttle", "open", int(now), "0.1", NODES[0], "0.6", "7001"))
     preempted = next(c for c in SYSTEM_EVENTS if c["id"] == "preempted")
@@ -544,7 +539,7 @@ def test_found_a_degraded_alert_raising_an_xid_incident_needs_the_nodes_own_read
     degraded alert raised it to DRAIN_NODE; the incident's kind stayed "gpu_xid", so the alert's claim
     was waived instead of read on the node, and the gang was checkpointed and moved. A degraded claim
     now needs the node's own reading whatever the episode began as."""
-    pitstop = _forged(compute)
+    pitstop = Pitstop(*compute)
     now = pitstop.clock.t
     line = f"NVRM: Xid (PCI:{GPUS[0]}): 13, pid=1234, name=python3, Graphics Exception"
     pitstop.deliver(push_body(journald_entry(line, NODES[0], uuid.uuid4().hex) | {"timestamp": _iso(now)}))
