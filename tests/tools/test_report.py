@@ -465,6 +465,9 @@ def test_checkpoint_advice_from_the_periods_interruptions_and_the_jobs_series() 
     assert big.advice == cp.advise(2800 * HOUR, 16, CKPT_COST, 600.0, EVERY - CKPT_COST)
     assert big.advice.mtbf_s == pytest.approx(175 * HOUR)
     assert big.advice.young_s == pytest.approx((2 * 300 * 175 * HOUR) ** 0.5)  # 19,442 s = 5.4 h
+    # docs/report.md's example: every 5.3 h of work, goodput 96.9 % instead of 96.3 %
+    assert big.advice.advised_s / HOUR == pytest.approx(5.35, abs=0.005)
+    assert (big.advice.goodput_actual, big.advice.goodput_advised) == pytest.approx((0.963, 0.969), abs=5e-4)
     gain = big.advice.goodput_advised - cast(float, big.advice.goodput_actual)
     assert gain > 0 and big.gpu_hours_gained == pytest.approx(16 * 8 * 24.0 * gain)
     assert [j.job for j in a.jobs] == ["4242", "77"]  # the most to gain first
