@@ -16,9 +16,11 @@ from typing import Any, cast
 
 import pytest
 
+from pitstop.core import checkpointing as cp
 from pitstop.core import policy
 from pitstop.tools import cli, replay
 from pitstop.tools import report as rp
+from pitstop.tools import report_checkpoints as rc
 from pitstop.tools import report_model as rm
 from tests.helpers import ops_agent_entry
 
@@ -426,6 +428,153 @@ def test_from_the_incident_store(
     assert f'id="inc-{opened.incident["id"]}"' in page and "a3-node-042" in page
     assert "iold" not in page and "a3-node-099" not in page
     assert f"Firestore project {fs_client.project}" in page
+
+
+# -- checkpoint advice -------------------------------------------------------------------------
+
+HOUR = 3600.0
+CKPT_COST = 300.0  # seconds each checkpoint took to write
+EVERY = 3 * HOUR  # between the ends of two checkpoints
+
+
+def ckpt_series(job: str, nodes: str, n: int, first: float = START + DAY) -> rc.Series:
+    """A job's checkpoint series as Monitoring lists it: (end of each checkpoint, its write time);
+    the writes take 300, 240 and 900 s in turn (their median: CKPT_COST)."""
+    writes = (CKPT_COST, 240.0, 900.0)
+    labels = {"cluster": "train", "job": job, "nodes": nodes}
+    return rc.Series(labels, [(first + i * EVERY, writes[i % 3]) for i in range(n)])
+
+
+def advised(
+    series: list[rc.Series], docs: list[dict[str, Any]] | None = None, fleet: int | None = 100
+) -> rm.Report:
+    return rp.with_checkpoints(build(docs), policy.from_doc(None), lambda s, e: series, fleet)
+
+
+def test_checkpoint_advice_from_the_periods_interruptions_and_the_jobs_series() -> None:
+    rep = advised([ckpt_series("4242", "16", 9), ckpt_series("77", "2", 9)])
+    a = rep.checkpoints
+    assert a is not None and not a.rate.default
+    # 6 incidents took a node out (ig was recorded): 6 over 100 nodes x 168 h -> a node's MTBF 2,800 h
+    assert a.rate.interruptions == 6 and a.rate.node_hours == 100 * 168
+    # 2 measured resumes, fewer than moves.min_history: the policy's restart cost
+    assert a.restart_s == 600 and not a.restart_measured
+    big = next(j for j in a.jobs if j.job == "4242")
+    assert (big.nodes, big.checkpoints, big.cost_s, big.hours) == (16, 9, CKPT_COST, 24.0)
+    # the job's MTBF: 2,800 h / 16 = 175 h; its interval of work: 3 h less the 5 min write
+    assert big.advice == cp.advise(2800 * HOUR, 16, CKPT_COST, 600.0, EVERY - CKPT_COST)
+    assert big.advice.mtbf_s == pytest.approx(175 * HOUR)
+    assert big.advice.young_s == pytest.approx((2 * 300 * 175 * HOUR) ** 0.5)  # 19,442 s = 5.4 h
+    # docs/report.md's example: every 5.3 h of work, goodput 96.9 % instead of 96.3 %
+    assert big.advice.advised_s / HOUR == pytest.approx(5.35, abs=0.005)
+    assert (big.advice.goodput_actual, big.advice.goodput_advised) == pytest.approx((0.963, 0.969), abs=5e-4)
+    gain = big.advice.goodput_advised - cast(float, big.advice.goodput_actual)
+    assert gain > 0 and big.gpu_hours_gained == pytest.approx(16 * 8 * 24.0 * gain)
+    assert [j.job for j in a.jobs] == ["4242", "77"]  # the most to gain first
+
+
+def test_checkpoint_advice_uses_the_labelled_default_with_no_interruption() -> None:
+    quiet = [d for d in incidents() if d["id"] == "ig"]  # recorded only: nothing taken out
+    rep = advised([ckpt_series("4242", "16", 9)], quiet)
+    a = rep.checkpoints
+    assert a is not None and a.rate.default and a.rate.interruptions == 0
+    assert a.rate.per_node_hour == pytest.approx(3.79 / 1000 / 24)  # the policy's, per node-hour
+    assert "DEFAULT 3.79 interruptions per 1,000 node-days" in rp.render(rep, None)
+
+
+def test_checkpoint_advice_edges() -> None:
+    few = ckpt_series("few", "4", 2)  # one interval: the cost is measured, the interval not yet
+    bad = ckpt_series("bad", "many", 9)
+    none = rc.Series({"cluster": "train", "job": "neg", "nodes": "4"}, [(START + DAY, -1.0)])
+    rep = advised([few, bad, none], fleet=None)
+    a = rep.checkpoints
+    assert a is not None and not a.fleet_nodes_given
+    assert a.fleet_nodes == 8  # no --fleet-nodes: the nodes seen (8 with incidents, 4 in the jobs)
+    (row,) = a.jobs
+    assert row.job == "few" and row.advice.actual_s is None and row.gpu_hours_gained is None
+    assert any("train/bad" in x for x in a.skipped) and any("train/neg" in x for x in a.skipped)
+    page = rp.render(rep, None)
+    assert "8 nodes seen (--fleet-nodes" in page and "train/bad" in page
+
+
+def test_checkpoint_advice_on_the_page() -> None:
+    rep = advised([ckpt_series("4242", "16", 9)])
+    page = rp.render(rep, None)
+    section = page.split("Checkpoint advice")[1].split("<h2>")[0]
+    j = cast(rc.Advice, rep.checkpoints).jobs[0]
+    assert (
+        ">4242<" in section
+        and rp.secs(j.advice.advised_s) in section
+        and rp.secs(EVERY - CKPT_COST) in section
+    )
+    assert f"{100 * cast(float, j.advice.goodput_actual):.1f} %" in section
+    assert f"{cast(float, j.gpu_hours_gained):,.1f}" in section
+    assert "6 interruptions over 16,800 node-hours of 100 nodes" in section
+
+
+def test_checkpoint_series_unreadable_is_said() -> None:
+    def broken(start: float, end: float) -> list[rc.Series]:
+        raise ConnectionError("monitoring down")
+
+    rep = rp.with_checkpoints(build(), policy.from_doc(None), broken, 100)
+    assert rep.checkpoints is None
+    assert "checkpoint series unreadable: ConnectionError: monitoring down" in rp.render(rep, None)
+
+
+@pytest.mark.emulator
+def test_checkpoint_advice_from_the_store_and_monitoring(
+    fs_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The incident store (the emulator) and the jobs' checkpoint series in the Monitoring stand-in,
+    written with the real client as docs/telemetry.md's snippet writes them, read back by the CLI."""
+    from google.cloud import monitoring_v3
+
+    from pitstop.adapters.firestore import IncidentStore
+    from pitstop.local import trainer
+    from pitstop.local.fake_monitoring import FakeMonitoring
+    from pitstop.local.fake_monitoring import serve as serve_monitoring
+
+    for var in ("PITSTOP_FIRESTORE_DATABASE", "PITSTOP_POLICY"):
+        monkeypatch.delenv(var, raising=False)
+    now = time.time()
+    store = IncidentStore(fs_client, "pitstop")
+    for d in incidents():  # moved into the last week
+        moved = {**d, "timeline": {k: v - END + now for k, v in d["timeline"].items()}}
+        store.collections.incidents.document(d["id"]).set(moved)
+    server, endpoint = serve_monitoring(FakeMonitoring())
+    try:
+        client = trainer.heartbeat_client(endpoint)
+        for i in range(9):
+            series = monitoring_v3.TimeSeries()
+            series.metric.type, series.resource.type = (
+                "custom.googleapis.com/pitstop/job/checkpoint",
+                "global",
+            )
+            series.metric.labels.update({"cluster": "train", "job": "4242", "nodes": "16"})
+            end = {"seconds": int(now - 2 * DAY + i * EVERY)}
+            series.points = [
+                monitoring_v3.Point({"interval": {"end_time": end}, "value": {"double_value": CKPT_COST}})
+            ]
+            client.create_time_series(name=f"projects/{fs_client.project}", time_series=[series])
+        monkeypatch.setenv("PITSTOP_MONITORING_ENDPOINT", endpoint)
+        out = tmp_path / "advice.html"
+        argv = [
+            "report",
+            "--out",
+            str(out),
+            "--since",
+            "7d",
+            "--project",
+            fs_client.project,
+            "--fleet-nodes",
+            "100",
+        ]
+        assert cli.main(argv) == 0
+    finally:
+        server.stop(0)
+    section = out.read_text().split("Checkpoint advice")[1].split("<h2>")[0]
+    assert ">4242<" in section and "16,800 node-hours of 100 nodes" in section
+    assert rp.secs(EVERY - CKPT_COST) in section and rp.secs(CKPT_COST) in section
 
 
 # -- in a browser ------------------------------------------------------------------------------

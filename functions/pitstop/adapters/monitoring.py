@@ -1,5 +1,6 @@
-"""Cloud Monitoring: Pitstop's custom metrics (one point per series per notification), and the
-DCGM readings of a degraded node's peers.
+"""Cloud Monitoring: Pitstop's custom metrics (one point per series per notification), the
+DCGM readings of a degraded node's peers, and the series training jobs write (heartbeats and
+checkpoints, docs/telemetry.md).
 
 The client library is imported on first use, so modules that only name the type (the
 notify service) load without it.
@@ -8,7 +9,7 @@ notify service) load without it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 
 class MetricsWriter:
@@ -167,13 +168,51 @@ class TelemetryReader:
                     return sorted(out)
         return sorted(out)
 
+    def checkpoint_series(self, project: str, start: float, end: float) -> list[CheckpointSeries]:
+        """Every job's checkpoint series from ``start`` to ``end`` (docs/telemetry.md): one point per
+        checkpoint the job wrote, at its end, valued the seconds the write took; labels ``cluster``,
+        ``job`` and ``nodes``. At most MAX_POINTS points in all."""
+        request = {
+            "name": f"projects/{project}",
+            "filter": f'metric.type="{CHECKPOINT_METRIC}" AND resource.type="global"',
+            "interval": {"end_time": {"seconds": int(end)}, "start_time": {"seconds": int(start)}},
+            "view": "FULL",
+        }
+        pages = self.client.list_time_series(request=request, retry=_read_retry(), timeout=READ_TIMEOUT_S)
+        out: list[CheckpointSeries] = []
+        left = MAX_POINTS
+        for ts in pages:
+            points = [(_end(p), _number(p.value)) for p in list(ts.points)[:left]]
+            left -= len(points)
+            out.append({"labels": dict(ts.metric.labels), "points": sorted(points)})
+            if left <= 0:
+                break
+        return out
+
 
 HEARTBEAT_METRIC = (
     "custom.googleapis.com/pitstop/job/heartbeat"  # infra/monitoring/telemetry/job-heartbeat.json
 )
+CHECKPOINT_METRIC = "custom.googleapis.com/pitstop/job/checkpoint"  # docs/telemetry.md
 MAX_POINTS = 10_000  # a job beating every second for close to three hours
 
 
 def _quoted(value: str) -> str:
     """A label value inside a filter's double quotes (job ids are validated names; escaped anyway)."""
     return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+class CheckpointSeries(TypedDict):
+    """One job's checkpoint series as read: its labels, and (end time epoch s, write seconds) points."""
+
+    labels: dict[str, str]
+    points: list[tuple[float, float]]
+
+
+def _end(p: Any) -> float:
+    t = p.interval.end_time
+    return float(t.timestamp() if hasattr(t, "timestamp") else t.seconds)
+
+
+def _number(v: Any) -> float:
+    return float(v.double_value if "double_value" in v else v.int64_value)

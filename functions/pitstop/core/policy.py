@@ -18,6 +18,7 @@ from pitstop.core.catalog import XidPolicy, default_xid_policy
 from pitstop.core.control import Control
 from pitstop.core.domain import JsonObject, LocaliseConfig, NodeRef
 from pitstop.core.policy_types import (
+    CheckpointAdviceConfig,
     ClusterDoc,
     ClusterMatch,
     CorroborationConfig,
@@ -186,6 +187,11 @@ class Policy:
     def moves(self) -> MovesConfig:
         """How a gang's choice at a fault is priced (core/tradeoff.py)."""
         return self.doc["moves"].copy()  # the defaults always carry it
+
+    @property
+    def checkpoint_advice(self) -> CheckpointAdviceConfig:
+        """How `pitstop report` advises each job's checkpoint interval (core/checkpointing.py)."""
+        return self.doc["checkpoint_advice"].copy()  # the defaults always carry it
 
     @property
     def localise(self) -> LocaliseConfig:

@@ -205,6 +205,14 @@ class MovesConfig(TypedDict):
     nvlink_domain_families: list[str]
 
 
+class CheckpointAdviceConfig(TypedDict):
+    """The policy's ``checkpoint_advice`` section (core/checkpointing.py, `pitstop report`)."""
+
+    default_failures_per_1000_node_days: float
+    min_checkpoints: int
+    gpus_per_node: int
+
+
 class PolicyDoc(TypedDict):
     """policy.yaml merged over schemas/policy.defaults.yaml, as validated (core/policy.from_doc)."""
 
@@ -228,6 +236,7 @@ class PolicyDoc(TypedDict):
     validation: ValidationConfig
     localise: NotRequired[LocaliseConfig]
     moves: NotRequired[MovesConfig]
+    checkpoint_advice: NotRequired[CheckpointAdviceConfig]
 
 
 # -- xid-policy.yaml (schemas/xid-policy.schema.json) ---------------------------------------------

@@ -2,7 +2,8 @@
 MetricServiceClient.
 
 Points of the job heartbeat metric also go to ``on_heartbeat`` (the stand-in's alerting,
-local/telemetry.py, which publishes the heartbeat policy's notifications). ListTimeSeries answers
+local/telemetry.py, which publishes the heartbeat policy's notifications). The jobs' own series
+(heartbeat, checkpoint) are listed back as written. ListTimeSeries answers
 the Ops Agent's DCGM metrics from the GPU stand-ins' state (what the alerting evaluates too), one
 aligned point per VM named in the filter's ``metadata.system_labels.name=one_of(...)``: the share of
 the time throttled (throttle_duration, ALIGN_RATE) or the correctable ECC errors in the window
@@ -24,6 +25,8 @@ from pitstop.local.gpu_tools.state import GpuEntry, node_state
 
 SERVICE = "google.monitoring.v3.MetricService"
 HEARTBEAT = "custom.googleapis.com/pitstop/job/heartbeat"
+CHECKPOINT = "custom.googleapis.com/pitstop/job/checkpoint"
+RAW = (HEARTBEAT, CHECKPOINT)  # the jobs' own series: listed as written
 THROTTLE = "workload.googleapis.com/gpu.dcgm.clock.throttle_duration.time"
 ECC = "workload.googleapis.com/gpu.dcgm.ecc_errors"
 _TYPE = re.compile(r'metric\.type\s*=\s*"([^"]+)"')
@@ -58,8 +61,8 @@ class FakeMonitoring:
         """One aligned point per named VM of a DCGM metric; anything else is refused as unsupported."""
         kind = _TYPE.search(req.filter)
         names = _NAMES.search(req.filter)
-        if kind is not None and kind.group(1) == HEARTBEAT and req.name.startswith("projects/"):
-            return self._heartbeats(req)
+        if kind is not None and kind.group(1) in RAW and req.name.startswith("projects/"):
+            return self._raw(req, kind.group(1))
         if not req.name.startswith("projects/") or kind is None or names is None:
             ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, "filter needs metric.type and a name one_of(...)")
             raise AssertionError("unreachable: abort raises")
@@ -83,23 +86,27 @@ class FakeMonitoring:
             out.time_series.append(ts)
         return out
 
-    def _heartbeats(self, req: metric_service.ListTimeSeriesRequest) -> metric_service.ListTimeSeriesResponse:
-        """The heartbeat points written for the filter's ``metric.labels`` within its interval (a
-        FULL view, one series), as Cloud Monitoring returns a raw series."""
+    def _raw(
+        self, req: metric_service.ListTimeSeriesRequest, kind: str
+    ) -> metric_service.ListTimeSeriesResponse:
+        """The points of a job's series written for the filter's ``metric.labels`` within its
+        interval (a FULL view), one time series per set of labels, as Cloud Monitoring returns raw
+        series (cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.timeSeries/list)."""
         want = dict(_LABEL.findall(req.filter))
         start, end = req.interval.start_time.timestamp(), req.interval.end_time.timestamp()
-        got = [
-            p
-            for p in self.series
-            if p["type"] == HEARTBEAT
-            and all(p["labels"].get(k) == v for k, v in want.items())
-            and start <= p["at"] <= end
-        ]
+        groups: dict[tuple[tuple[str, str], ...], list[Point]] = {}
+        for p in self.series:
+            if (
+                p["type"] == kind
+                and all(p["labels"].get(k) == v for k, v in want.items())
+                and start <= p["at"] <= end
+            ):
+                groups.setdefault(tuple(sorted(p["labels"].items())), []).append(p)
         out = metric_service.ListTimeSeriesResponse()
-        if got:
+        for labels, got in sorted(groups.items()):
             ts = metric.TimeSeries()
-            ts.metric.type = HEARTBEAT
-            ts.metric.labels.update(want)
+            ts.metric.type = kind
+            ts.metric.labels.update(dict(labels))
             ts.resource.type = "global"
             ts.points = [
                 _point(p) for p in sorted(got, key=lambda p: -p["at"])
@@ -133,7 +140,9 @@ class FakeMonitoring:
 
 def _point(p: Point) -> metric.Point:
     end = {"seconds": int(p["at"]), "nanos": int(p["at"] % 1 * 1e9)}
-    return metric.Point({"interval": {"end_time": end}, "value": {"int64_value": int(p["value"])}})
+    v = p["value"]  # the kind it was written as: a heartbeat's INT64 step, a checkpoint's DOUBLE seconds
+    value = {"int64_value": v} if isinstance(v, int) else {"double_value": v}
+    return metric.Point({"interval": {"end_time": end}, "value": value})
 
 
 def serve(fake: FakeMonitoring, host: str = "127.0.0.1", port: int = 0) -> tuple[grpc.Server, str]:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import hashlib
 import html
 import io
 import json
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from pitstop.core.control import Control, ControlStore, changes_lines
 from pitstop.core.policy import Policy
 from pitstop.core.timeline import iso
 from pitstop.tools import common
+from pitstop.tools import report_checkpoints as rc
 from pitstop.tools import report_model as rm
 
 DETAIL_LIMIT = 300  # incidents whose full timeline is written out (the newest); the table has all
@@ -481,6 +483,62 @@ def _validation(rep: rm.Report) -> str:
     )
 
 
+def _share(g: float | None) -> Sorted:
+    return Sorted("-" if g is None else f"{100 * g:.1f} %", g)
+
+
+def _checkpoints(rep: rm.Report) -> str:
+    """Each job's checkpoint interval beside the goodput-optimal one (tools/report_checkpoints.py)."""
+    a = rep.checkpoints
+    if a is None:
+        why = rep.checkpoints_note or "not read (a replay has no checkpoint series)"
+        return f"<p>No checkpoint advice: {esc(why)}.</p>"
+    r = a.rate
+    fleet = f"{a.fleet_nodes} nodes" + (
+        "" if a.fleet_nodes_given else " seen (--fleet-nodes: the fleet's size)"
+    )
+    rate = (
+        f"DEFAULT {r.per_node_hour * 24000:.2f} interruptions per 1,000 node-days (the policy's: no "
+        f"interruption in the period on {fleet})"
+        if r.default
+        else f"{r.interruptions} interruptions over {r.node_hours:,.0f} node-hours of {fleet}: one per "
+        f"{secs(3600 / r.per_node_hour)} of a node"
+    )
+    how = "the period's median time to resume" if a.restart_measured else "the policy's moves.restart_s"
+    head = f"<p>Failure rate: {esc(rate)}. Restart cost: {esc(secs(a.restart_s))} ({esc(how)}).</p>"
+    if not a.jobs:
+        head += "<p>No job wrote its checkpoint series in the period (docs/telemetry.md).</p>"
+    rows: list[list[Cell]] = [
+        [
+            j.cluster,
+            j.job,
+            j.nodes,
+            j.checkpoints,
+            dur(j.cost_s),
+            dur(j.advice.mtbf_s),
+            dur(j.advice.actual_s),
+            dur(j.advice.advised_s),
+            dur(j.advice.young_s),
+            _share(j.advice.goodput_actual),
+            _share(j.advice.goodput_advised),
+            Sorted("-" if j.gpu_hours_gained is None else f"{j.gpu_hours_gained:,.1f}", j.gpu_hours_gained),
+        ]
+        for j in a.jobs
+    ]
+    headers = ["cluster", "job", "nodes", "checkpoints", "checkpoint cost", "job MTBF", "interval now",
+               "advised", "Young", "goodput now", "goodput advised", "GPU-h gained"]  # fmt: skip
+    skipped = "".join(f"<li>{esc(x)}</li>" for x in a.skipped)
+    return (
+        head
+        + (table(headers, rows) if rows else "")
+        + (f"<p>Series without advice:</p><ul>{skipped}</ul>" if skipped else "")
+        + '<p class="note">Interval: work between two checkpoints (the median time between their ends, '
+        "less the checkpoint cost). Advised: the optimum of Daly's model (FGCS 22(3), 2006), which his "
+        "higher-order formula and Young's sqrt(2 x cost x MTBF) (CACM 17(9), 1974) approximate; job "
+        "MTBF = the node MTBF / its nodes. GPU-h gained: over the span of its series in the period.</p>"
+    )
+
+
 def _incidents(rep: rm.Report) -> str:
     keys = [k for k, _, _ in rm.MEASURES]
     rows: list[list[Cell]] = [
@@ -561,6 +619,7 @@ def render(rep: rm.Report, found: list[Chart] | None) -> str:
         ("Nodes by remediations (lemon candidates)", _charts_html(found, ["Nodes by"]) + _nodes(rep)),
         ("Top Xids", _charts_html(found, ["Top Xids"]) + _xids(rep)),
         ("Post-repair validation", _validation(rep)),
+        ("Checkpoint advice: each job's interval and the goodput-optimal one", _checkpoints(rep)),
         ("Every incident (seconds after detection; click a header to sort)", _incidents(rep)),
         ("Incident timelines", _details(rep)),
     ]
@@ -603,16 +662,54 @@ def from_replay(path: str, policy: Policy) -> rm.Report:
 
 
 def from_store(
-    store: Any, policy: Policy, since_s: float, now: float, control: ControlStore | None = None
+    store: Any,
+    policy: Policy,
+    since_s: float,
+    now: float,
+    control: ControlStore | None = None,
+    series: SeriesReader | None = None,
+    fleet_nodes: int | None = None,
 ) -> rm.Report:
     """The incident store's incidents detected in the last ``since_s`` seconds (and the runtime
-    control's changes of the period, when ``control`` is given)."""
+    control's changes of the period, when ``control`` is given; each job's checkpoint advice, when
+    ``series`` reads the jobs' checkpoint series)."""
     where = f"Firestore project {store.db.project}, collection {store.collections.incidents.id}"
     source = f"Incident store: {where}"
     lines = Control.of(control.read_control()).lines(now) if control is not None else []
     changes = changes_lines(control.control_changes(now - since_s)) if control is not None else []
-    return rm.build(store.query(), policy, source=source, start=now - since_s, end=now, control=lines,
-                    control_changes=changes)  # fmt: skip
+    rep = rm.build(store.query(), policy, source=source, start=now - since_s, end=now, control=lines,
+                   control_changes=changes)  # fmt: skip
+    return with_checkpoints(rep, policy, series, fleet_nodes) if series is not None else rep
+
+
+# (start, end) epoch seconds -> every job's checkpoint series written then (Cloud Monitoring)
+SeriesReader = Callable[[float, float], Iterable[rc.Series]]
+
+
+def with_checkpoints(
+    rep: rm.Report, policy: Policy, series: SeriesReader, fleet_nodes: int | None
+) -> rm.Report:
+    """The report with each job's checkpoint advice over its period (or why there is none)."""
+    start = (
+        rep.start if rep.start is not None else min((r.detected or 0.0 for r in rep.incidents), default=0.0)
+    )
+    end = rep.end if rep.end is not None else start
+    try:
+        got = list(series(start, end))
+    except Exception as exc:  # the page still has everything else
+        return dataclasses.replace(
+            rep, checkpoints_note=f"checkpoint series unreadable: {type(exc).__name__}: {str(exc)[:200]}"
+        )
+    advice = rc.build(
+        got,
+        (r.outcome for r in rep.incidents),
+        rep.times["job_running"].values,
+        policy,
+        (end - start) / 3600,
+        fleet_nodes=fleet_nodes,
+        nodes_seen=len({r.node for r in rep.incidents}),
+    )
+    return dataclasses.replace(rep, checkpoints=advice)
 
 
 def readiness(store: Any, control: ControlStore, policy: Policy, args: argparse.Namespace, now: float) -> int:
@@ -636,6 +733,21 @@ def readiness(store: Any, control: ControlStore, policy: Policy, args: argparse.
     return 0 if got.ready else 1
 
 
+def _series(store: Any) -> SeriesReader:
+    """The jobs' checkpoint series of the store's project, read from Cloud Monitoring."""
+    import os
+
+    from pitstop.adapters.monitoring import TelemetryReader
+
+    reader = TelemetryReader(os.environ.get("PITSTOP_MONITORING_ENDPOINT"))
+    project = str(store.db.project)
+
+    def read(start: float, end: float) -> list[rc.Series]:
+        return [rc.Series(s["labels"], s["points"]) for s in reader.checkpoint_series(project, start, end)]
+
+    return read
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from pitstop.core import policy as policy_mod
 
@@ -652,7 +764,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             pol = policy_mod.load(args.policy)
         if args.readiness:
             return readiness(store, control, pol, args, time.time())
-        rep = from_store(store, pol, common.duration_s(args.since or "7d"), time.time(), control)
+        since_s = common.duration_s(args.since or "7d")
+        rep = from_store(store, pol, since_s, time.time(), control, _series(store), args.fleet_nodes)
     page = render(rep, charts(rep))
     Path(args.out).write_text(page, encoding="utf-8")
     print(
@@ -679,6 +792,13 @@ def add(sub: Any) -> None:
     r.add_argument("--json", action="store_true", help="--readiness: JSON instead of text")
     r.add_argument(
         "--gpus-per-node", type=int, default=8, help="--readiness: GPUs of a node, for GPU-hours (8: A3)"
+    )
+    r.add_argument(
+        "--fleet-nodes",
+        type=int,
+        default=None,
+        help="the fleet's nodes, for the checkpoint advice's failure rate per node-hour (default: the "
+        "nodes seen, which overstates the rate)",
     )
     src = r.add_mutually_exclusive_group()
     src.add_argument(

@@ -21,6 +21,7 @@ from pitstop.core.actions import NODE_ACTIONS
 from pitstop.core.policy import Policy
 from pitstop.core.policy_types import LemonRule
 from pitstop.core.timeline import durations
+from pitstop.tools.report_checkpoints import Advice
 
 if TYPE_CHECKING:
     from pitstop.tools.replay import Replayed
@@ -151,6 +152,8 @@ class Report:
     notes: tuple[str, ...] = field(default=())
     control: tuple[str, ...] = ()  # the runtime control in force (core/control.py), one line each
     control_changes: tuple[str, ...] = ()  # ... and its changes in the period: who, when, why
+    checkpoints: Advice | None = None  # each job's checkpoint advice (tools/report_checkpoints.py)
+    checkpoints_note: str = ""  # why there is none, when its series could not be read
 
     @property
     def needs_person(self) -> tuple[IncidentRow, ...]:
