@@ -590,6 +590,30 @@ def test_the_typed_requeue_restarts_once_and_says_so(kube: FakeKube, api: Any, c
     settle(kube, lambda: restarts(kube) == 1)
 
 
+# -- capacity: the gang's members out of service ------------------------------------------------
+
+
+def test_capacity_lists_the_members_another_fence_or_notready_keeps_out(
+    kube: FakeKube, api: Any, clock: Clock
+) -> None:
+    """As on Slurm (a member drained by another incident or down), a gang member that another
+    incident's fence holds, that is NotReady (its Ready condition not True:
+    https://kubernetes.io/docs/reference/node/node-status/#condition) or that someone cordoned
+    (spec.unschedulable) does not come back with the gang: capacity names it so the Placer does not
+    pin a pod there. A healthy member and the incident's own fenced node are not listed."""
+    started(kube, jobset(replicas=4), n=4)
+    a, b, c, d = (node_of(kube, i) for i in range(4))
+    typed = GkeScheduler(api, evict_deadline_s=10, wait_s=10, clock=clock, sleep=clock.sleep)
+    typed.fence(a, CTX, "REBOOT_NODE")
+    typed.fence(b, CTX2, "REPLACE_NODE")  # another incident's fence
+    kube.set_node_condition(c, "Ready", "False", "KubeletNotReady", "PLEG is not healthy")
+    cap = typed.capacity(JOB, a, CTX)
+    assert {s.node for s in cap.gang} == {a, b, c, d}
+    assert cap.unusable == (b, c)
+    typed.cluster.core.patch_node(d, {"spec": {"unschedulable": True}})  # a person's cordon
+    assert typed.capacity(JOB, a, CTX).unusable == (b, c, d)
+
+
 # -- requeue: Kueue ---------------------------------------------------------------------------
 
 

@@ -818,6 +818,23 @@ def test_agent_flags_and_the_local_stacks_stand_ins(tmp_path: Path) -> None:
 # -- the fake Compute's per-host GPU outcomes ---------------------------------------------------
 
 
+def test_the_gpu_stand_ins_of_an_a4x_vm_see_its_four_gpus(tmp_path: Path) -> None:
+    """An A4X VM has 4 GB200 GPUs (guestAccelerators, fake_compute.ACCELERATORS): its stand-ins
+    count 4 on a healthy host as on a faulty one, where an A3's count the default 8."""
+    path = tmp_path / "gpu.json"
+    fake = FakeCompute(gpu_state_path=path)
+    fake.add_instance(PROJECT, ZONE, "tray-1", "a4x-highgpu-4g")
+    fake.add_instance(PROJECT, ZONE, "a3-1")
+    assert fake.gpu_states() == {"tray-1": {"total_gpus": 4}}
+    code, _ = fake.dispatch(
+        "POST",
+        "/_admin/gpu_state",
+        {"project": PROJECT, "zone": ZONE, "instance": "tray-1", "state": "degraded"},
+    )
+    assert code == 200 and fake.gpu_states() == {"tray-1": {"total_gpus": 4, "busbw": 120.0}}
+    assert json.loads(path.read_text()) == fake.gpu_states()
+
+
 def test_gpu_state_follows_the_host_a_vm_runs_on(tmp_path: Path) -> None:
     now = [1000.0]
     path = tmp_path / "gpu.json"

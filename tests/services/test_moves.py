@@ -117,6 +117,11 @@ def test_an_nvl72_gang_never_leaves_its_domain_it_waits_and_a_person_is_paged(st
     assert inc is not None and (inc.get("choice") or {}).get("page") is True
     pages = [e for e in rig.store.outbox.unsent(float("inf")) if e["notification"].get("kind") == "page"]
     assert len(pages) == 1 and "NVLink domain" in str(pages[0]["notification"])
+    # the requeue that later frees the node (or follows its repair) keeps the gang on its own
+    # nodes: unpinned, Slurm would start it on the idle tray of the other rack at once
+    assert (inc.get("choice") or {}).get("stay_on") == sorted([NODE, "a3-node-002"])
+    rig.ok(Op.RESCHEDULE, iid)
+    assert rig.placed.onto == [tuple(sorted([NODE, "a3-node-002"]))] and len(rig.gang.requeues) == 1
 
 
 @pytest.mark.parametrize(

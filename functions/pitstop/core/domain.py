@@ -667,6 +667,7 @@ class MoveChoice(TypedDict, total=False):
     penalty: float  # the fraction of throughput the move costs for the rest of the run
     native: str | None  # the scheduler's own restart that the gang was left to
     page: bool  # a person was paged (an NVLink domain without a spare)
+    stay_on: list[str]  # an NVL72 gang that waits: its nodes, where a requeue before the repair pins it
     at: float
 
 

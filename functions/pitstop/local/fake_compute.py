@@ -78,6 +78,7 @@ from pitstop.local.gpu_tools.state import (
     KMSG_MAX,
     GpuEntry,
     KmsgLine,
+    NodeState,
     StateError,
     check_entry,
     check_kmsg_line,
@@ -548,14 +549,19 @@ class FakeCompute:
         return {"instance": inst.name, "lines": len(inst.kmsg)}
 
     def gpu_states(self) -> dict[str, GpuEntry]:
-        """Instance name -> the GPU state of the host it runs on now (instances on healthy hosts left out)."""
+        """Instance name -> the GPU state of the host it runs on now (instances on healthy hosts left
+        out, unless their machine type has another GPU count than the stand-ins' default: an A4X
+        VM's host has 4, ACCELERATORS)."""
         with self.lock:
             now = self.clock()
             out: dict[str, GpuEntry] = {}
             for inst in self.instances.values():
                 inst.advance(now)
+                count = ACCELERATORS.get(inst.machine_type, (None, 0))[1]
+                if count and count != NodeState.total_gpus:
+                    out[inst.name] = {"total_gpus": count}
                 if inst.host in self.host_gpu:
-                    out[inst.name] = dict(self.host_gpu[inst.host])
+                    out[inst.name] = {**out.get(inst.name, {}), **self.host_gpu[inst.host]}
                 if inst.kmsg:  # with the boot that dates its lines (the dmesg and clock stand-ins)
                     out.setdefault(inst.name, {})["kmsg"] = [dict(k) for k in inst.kmsg]
                     out[inst.name]["boot"] = inst.last_start or inst.created

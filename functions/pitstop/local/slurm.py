@@ -65,6 +65,9 @@ class SlurmCluster:
     procs: list[Proc] = field(default_factory=list)
     daemons: dict[str, Proc] = field(default_factory=dict)
     places: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Partitions of their own (name -> nodes), as Cluster Toolkit gives each machine type's nodeset:
+    # their nodes are not in the default partition ``gpu``.
+    partitions: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def conf(self) -> Path:
@@ -113,7 +116,7 @@ class SlurmCluster:
                     "MinJobAge=300",
                     "SchedulerParameters=sched_interval=1,bf_interval=1",
                     *node_lines,
-                    f"PartitionName=gpu Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP",
+                    *self._partition_lines(),
                     *(["TopologyPlugin=topology/tree"] if self.places else []),
                 ]
             )
@@ -121,6 +124,17 @@ class SlurmCluster:
         )
         if self.places:
             (d / "topology.conf").write_text(topology_conf(self.nodes, self.places))
+
+    def _partition_lines(self) -> list[str]:
+        own = {n for members in self.partitions.values() for n in members}
+        default = [n for n in self.nodes if n not in own]
+        return [
+            f"PartitionName=gpu Nodes={','.join(default)} Default=YES MaxTime=INFINITE State=UP",
+            *(
+                f"PartitionName={name} Nodes={','.join(members)} MaxTime=INFINITE State=UP"
+                for name, members in sorted(self.partitions.items())
+            ),
+        ]
 
     def start_controller(self, timeout: float = 60.0) -> None:
         ensure_munge()
@@ -198,13 +212,16 @@ class SlurmCluster:
         command: str | None = None,
         exclude: list[str] | None = None,
         comment: str | None = None,
+        partition: str | None = None,
     ) -> str:
         """A batch job on ``nodes`` nodes, requeueable; it sleeps ``seconds`` unless given a ``command``;
         never placed on ``exclude`` (a requeue may move it to any other node, as a training job);
-        ``comment``: its ``--comment`` (a training job's opt-in to hang remediation)."""
+        ``comment``: its ``--comment`` (a training job's opt-in to hang remediation); ``partition``:
+        one of ``partitions`` (else the default)."""
         out = subprocess.run(
             [
                 "sbatch",
+                *(["-p", partition] if partition else []),
                 *(["-x", ",".join(exclude)] if exclude else []),
                 *([f"--comment={comment}"] if comment else []),
                 "--parsable",

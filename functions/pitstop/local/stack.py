@@ -106,6 +106,14 @@ class ClusterSpec:
     def node_names(self) -> list[str]:
         return [f"{self.prefix}-{i:03d}" for i in range(self.nodes)]
 
+    def partitions(self) -> dict[str, list[str]]:
+        """Slurm: the nodes of another machine type in a partition of their family's name (``a4x``)."""
+        out: dict[str, list[str]] = {}
+        for n in self.node_names:
+            if (machine := self.machine_types.get(n, self.machine_type)) != self.machine_type:
+                out.setdefault(machine.split("-")[0], []).append(n)
+        return out
+
     @classmethod
     def gke(cls, nodes: int = 8, spot: list[str] | None = None, jobset_nodes: int = 0) -> ClusterSpec:
         """A GKE node pool: VMs named as GKE names them, in the pool's MIG, nodes of cluster ``train``."""
@@ -525,7 +533,11 @@ class Stack:
         if places:  # every node sits somewhere in topology.conf
             places = {n: places.get(n, ("block-1", "sub-1")) for n in self.spec.node_names}
         self.slurm = SlurmCluster(
-            self.workdir / "slurm", self.spec.node_names, cluster=self.spec.name, places=places
+            self.workdir / "slurm",
+            self.spec.node_names,
+            cluster=self.spec.name,
+            places=places,
+            partitions=self.spec.partitions(),
         )
         self.slurm.workdir.mkdir(parents=True, exist_ok=True)
         self.slurm.start_controller()

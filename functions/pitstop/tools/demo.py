@@ -22,24 +22,34 @@ from pitstop.tools import demo_runner, demo_vertex
 from pitstop.tools.demo_stage import Result, Stage
 from pitstop.tools.demo_steps import STEPS
 
-# Slurm: eight nodes for the first scenarios, five for the hangs (8-12), nine for the topology ones
-# (13-21), ten for the degraded-node ones, ten for the back-to-training ones.
-SLURM_NODES = 42
+# Slurm: eight nodes for the first scenarios, five for the hangs (8-12), twelve for the topology ones
+# (13-24), ten for the degraded-node ones, ten for the back-to-training ones.
+SLURM_NODES = 45
 # Where the topology scenarios' nodes sit (node index -> [block, sub-block]); every other node sits
 # in block-1/sub-1. 13 is alone in another block and sorts first among the idle nodes Slurm lists;
 # 14-16 share a sub-block (topology_spare: the gang and its spare); 17-18 and 20-21 are a gang each
 # whose only spare, 19, sits in another sub-block of their block (short_repair_waited,
-# host_report_moved).
+# host_report_moved); 22-24 are A4X trays, 22 alone in one rack and 23-24 the gang of another
+# (nvl72_domain_waited: a rack is an NVLink domain, the other rack's idle tray no spare).
 TOPOLOGY_PLACES = {
     13: ["block-2", "sub-3"],
     **{i: ["block-1", "sub-2"] for i in (14, 15, 16)},
     **{i: ["block-1", "sub-4"] for i in (17, 18)},
     19: ["block-1", "sub-5"],
     **{i: ["block-1", "sub-6"] for i in (20, 21)},
+    22: ["block-1", "sub-7"],
+    **{i: ["block-1", "sub-8"] for i in (23, 24)},
 }
+# The nodes whose VMs are not the cluster's a3-megagpu-8g: the NVL72 racks' trays (4 GB200 GPUs each).
+MACHINE_TYPES = {i: "a4x-highgpu-4g" for i in (22, 23, 24)}
 # The local repairs run at a fraction of their real length: priced from the fleet's measured ones they
 # would cost seconds. The demo prices each move from the policy's repair times (moves.repair_s).
-SLURM_POLICY = {"moves": {"min_history": 1_000_000}}
+# The A4X stand-ins are judged against Google's daily CI bar for A4X (all_gather Avg >= 200 GB/s,
+# schemas/validation.yaml), an operator's baseline as validation.expected takes one.
+SLURM_POLICY = {
+    "moves": {"min_history": 1_000_000},
+    "validation": {"expected": {"a4x-highgpu-4g": {"busbw_gbps": 200}}},
+}
 # GKE: nine nodes that take a fault each (cooldowns outlast the demo; the serial scenario's 7 keeps its
 # recorded incident open), two for the degraded-node ones (9, 10), a gang partner and a spare
 GKE_NODES = 13
@@ -49,10 +59,12 @@ GKE_COMPUTE_SCALE = 0.03  # a reset keeps the VM down ~1 s: time for the gang to
 def slurm_spec(nodes: int) -> ClusterSpec:
     """The demo's Slurm cluster; its fourth node is a Spot VM (the preemption scenario's: Compute
     confirms a preemption only of a Spot VM, core/corroboration.judge_system), and the topology
-    scenarios' nodes sit where TOPOLOGY_PLACES puts them (topology/tree, physicalHostTopology)."""
+    scenarios' nodes sit where TOPOLOGY_PLACES puts them (topology/tree, physicalHostTopology), on
+    the machine types MACHINE_TYPES names."""
     spec = ClusterSpec(nodes=nodes)
     spec.spot = [spec.node_names[3]]
     spec.places = {spec.node_names[i]: place for i, place in TOPOLOGY_PLACES.items()}
+    spec.machine_types = {spec.node_names[i]: machine for i, machine in MACHINE_TYPES.items()}
     return spec
 
 

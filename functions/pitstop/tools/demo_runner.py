@@ -24,7 +24,8 @@ from pitstop.core.timeline import durations
 from pitstop.local import inject
 from pitstop.local.gke_drive import POD_GRACE_S, evictions, fenced_by
 from pitstop.local.gke_stack import NAMESPACE, Watch
-from pitstop.local.stack import ZONE, WebhookRecord
+from pitstop.local.stack import ZONE, WebhookRecord, webhook_records
+from pitstop.plugins.channels.pagerduty.local import PATH as PAGERDUTY_PATH
 from pitstop.tools.demo_stage import LogEntry, Observations, Result, Stage
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ class JobSpec(TypedDict, total=False):
 
     among: list[int | None]  # nodes[start:end]
     size: int
+    partition: str  # Slurm: the partition of another machine type's nodes (local/stack.ClusterSpec)
     checkpoint: bool
     pinned: list[int]
 
@@ -268,7 +270,10 @@ class Runner:
         lo, hi = job["among"]
         candidates = st.nodes[lo:hi]
         jid = st.slurm.submit(
-            job["size"], command=script, exclude=[n for n in st.nodes if n not in candidates]
+            job["size"],
+            command=script,
+            exclude=[n for n in st.nodes if n not in candidates],
+            partition=job.get("partition"),
         )
         return jid, st.wait(lambda: st.slurm.job_nodes(jid), 30, f"job {jid} to run"), marker
 
@@ -277,6 +282,23 @@ class Runner:
         if not {"notes", "notes_text"} & set(spec["expect"]):
             return self.stage.notes_for(iid)
         return self.stage.wait(lambda: self.stage.notes_for(iid), 30, "the notification")
+
+    def pages(self, spec: Spec, node: str) -> list[str]:
+        """The PagerDuty alerts triggered about the node (every page goes there too), waited for
+        when the scenario expects any."""
+        st = self.stage
+
+        def alerts() -> list[str]:
+            bodies = [w["body"] for w in webhook_records(st.state, PAGERDUTY_PATH)]
+            said = [
+                str((b.get("payload") or {}).get("summary"))
+                for b in bodies
+                if b.get("event_action") == "trigger"
+            ]
+            return [text for text in said if node in text]
+
+        want = spec["expect"].get("pages")
+        return st.wait(alerts, 30, "the page") if want not in (None, 0) else alerts()
 
     # -- Slurm ----------------------------------------------------------------------------------
 
@@ -309,6 +331,8 @@ class Runner:
         obs["back"] = not obs["drained"]
         notes = self.notes(spec, inc["id"])
         obs.update(notes=len(notes), notes_text=" ".join(str(n["body"].get("text")) for n in notes))
+        pages = self.pages(spec, bad)
+        obs.update(pages=len(pages), page_text=" ".join(pages))
         if job and "among" in spec["job"]:
             st.slurm.cancel(job)
         return Seen(inc, obs)

@@ -354,6 +354,7 @@ class GkeScheduler:
             gang=seats(a.get("nodes") or []),
             spares=seats(a.get("spares") or []),
             native=a.get("native"),
+            unusable=tuple(a.get("unusable") or []),
         )
 
     def start_gang_check(self, job: str, check: Mapping[str, object], ref: StepRef) -> GangCheckStart:

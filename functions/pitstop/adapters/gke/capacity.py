@@ -14,6 +14,7 @@ from pitstop.adapters.gke.objects import (
     meta_of,
     name_of,
     node_name_of,
+    out_of_service,
     owner_ref,
     placeable,
     pod_gpus,
@@ -38,8 +39,10 @@ def capacity(
     restarts). Affinity, CPU and memory are not counted.
 
     The answer names the gang's nodes and the spare nodes a pod of it fits on, with their topology
-    labels; ``native`` is ``kueue-tas`` when Kueue admitted it with a topology assignment and replaces
-    a failed node within its domain itself (``kueue_replaces``: TASFailedNodeReplacement, beta and on
+    labels, and the gang's other nodes that do not come back with it (``unusable``: another fence,
+    a cordon, NotReady or unhealthy, or gone, so the gang's choice does not pin a pod there);
+    ``native`` is ``kueue-tas`` when Kueue admitted it with a topology assignment and replaces a
+    failed node within its domain itself (``kueue_replaces``: TASFailedNodeReplacement, beta and on
     by default since Kueue v0.14).
     """
     templates, kueue = kind.templates(ref)
@@ -50,7 +53,8 @@ def capacity(
     pods = kube.items("list pods", kube.core.list_pod_for_all_namespaces)
     gang, spares, labels = _where(nodes, pods, ref, node, templates)
     out: CapacityAnswer = {"enough": False, "need": need, "free": None, "why": "", "nodes": gang,
-                           "spares": spares, "labels": labels}  # fmt: skip
+                           "spares": spares, "labels": labels,
+                           "unusable": _unusable(nodes, gang, node)}  # fmt: skip
     if kueue is not None:
         out["why"] = f"Kueue admits {ref.id} ({kueue}): it re-admits the gang when its quota allows"
         out["enough"] = True
@@ -94,6 +98,12 @@ def _where(
         if str(name_of(n)) in {*gang, *spares}
     }
     return gang, spares, labels
+
+
+def _unusable(nodes: list[KubeObject], gang: list[str], node: str) -> list[str]:
+    """The gang's members besides ``node`` that are out of service now or no longer exist."""
+    by_name = {str(name_of(n)): n for n in nodes}
+    return [m for m in gang if m != node and (m not in by_name or out_of_service(by_name[m]) is not None)]
 
 
 def _free(nodes: list[KubeObject], pods: list[KubeObject], ref: JobRef) -> dict[str, int]:

@@ -398,10 +398,21 @@ def fenced_by_pitstop(node: KubeObject) -> bool:
     return any(t.get("key") == FENCE_KEY for t in subs(spec_of(node), "taints"))
 
 
+def out_of_service(node: KubeObject) -> str | None:
+    """Why a node cannot run its pods again when the gang restarts (cordoned, any Pitstop fence,
+    unhealthy, NotReady), else None: the Slurm agent's drained/down members, read from the Node."""
+    if fenced_by_pitstop(node):
+        return "fenced by Pitstop"
+    if spec_of(node).get("unschedulable"):
+        return "cordoned"
+    healthy, why = node_health(node)
+    return None if healthy else why
+
+
 def placeable(node: KubeObject, pod_spec: KubeObject) -> bool:
     """A node the scheduler may place this pod template on: Ready, healthy, schedulable, not fenced
     by Pitstop, every NoSchedule/NoExecute taint tolerated, its nodeSelector matched."""
-    if spec_of(node).get("unschedulable") or fenced_by_pitstop(node) or not node_health(node)[0]:
+    if out_of_service(node) is not None:
         return False
     tolerations = subs(pod_spec, "tolerations")
     for t in subs(spec_of(node), "taints"):

@@ -200,6 +200,7 @@ class CapacityAnswer(TypedDict):
     spares: NotRequired[list[str]]  # nodes a pod of it fits on besides the gang's, by name
     labels: NotRequired[dict[str, dict[str, str]]]  # node -> its topology labels (gce-topology-*)
     native: NotRequired[str | None]  # kueue-tas: Kueue replaces the failed node in its domain
+    unusable: NotRequired[list[str]]  # the gang's other nodes out of service (fenced, NotReady, gone)
 
 
 class CheckStarted(TypedDict):

@@ -105,12 +105,19 @@ def _capacity_doc(cap: Capacity | None) -> CapacityDoc:
     return {} if cap is None else {"enough": cap.enough, "need": cap.need, "free": cap.free, "why": cap.why}
 
 
+def kept_to(s: Step, job: str) -> tuple[str, ...]:
+    """Where a requeue of the job must keep it: an NVL72 gang that waits for its node stays on its
+    own nodes (its choice's ``stay_on``, services/actuate/moves.choose), else anywhere (none)."""
+    choice = s.inc.get("choice") or {}
+    return tuple(choice.get("stay_on") or ()) if choice.get("job") == job else ()
+
+
 def reschedule(s: Step, warrant: Warrant) -> Rescheduled:
     """Requeue each job the fault hit, once: only while it is still the run the fence recorded."""
     requeued: list[str] = []
     skipped: list[JobWhy] = []
     for job, then in runs(s).items():
-        why = requeue_one(s, job, then)
+        why = requeue_one(s, job, then, kept_to(s, job))
         if why is None:
             requeued.append(job)
         else:
@@ -123,14 +130,15 @@ def reschedule(s: Step, warrant: Warrant) -> Rescheduled:
 def free_node(s: Step) -> Freed:
     """Requeue the fenced jobs still on the node (no capacity moved them early): a check needs its GPUs.
 
-    Any repair ends them anyway; requeued now, they wait in the queue for capacity instead. Once
-    per run (``requeue_one``'s record); the check's start is answered 503 until the node is empty.
+    Any repair ends them anyway; requeued now, they wait in the queue for capacity instead (an
+    NVL72 gang for its own nodes: ``kept_to``). Once per run (``requeue_one``'s record); the
+    check's start is answered 503 until the node is empty.
     """
     moved: list[str] = []
     for job, then in runs(s).items():
         info = s.scheduler.job_info(job, s.ref)
         here = info.state in (JobState.RUNNING, JobState.SUSPENDED) and info.run == then
-        if here and requeue_one(s, job, then) is None:
+        if here and requeue_one(s, job, then, kept_to(s, job)) is None:
             moved.append(job)
     if moved:
         s.decide(RecordGang(s.at, "job_requeued"))

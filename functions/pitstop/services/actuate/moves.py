@@ -83,6 +83,8 @@ def choose(s: Step, job: str, cap: Capacity) -> Move:
     weighed = tradeoff.weigh(sit, costs)
     doc = weighed.doc(sit, costs, job, s.deps.clock())
     doc["native"] = cap.native
+    if nvl72 and placer and weighed.decision == tradeoff.WAIT:
+        doc["stay_on"] = sorted(seat.node for seat in cap.gang)  # its NVLink domain: no other node
     s.decide(RecordChoice(s.at, doc))
     staying = tuple(sorted(seat.node for seat in cap.gang if seat.node not in fenced))
     if weighed.decision == tradeoff.MOVE:
