@@ -16,7 +16,7 @@ from pitstop.core.aggregate import CloseByPerson
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import FaultEvent
 from pitstop.services.coalesce import DIRECT_LINES, Coalescer
-from pitstop.services.count_shards import VERIFY_S
+from pitstop.services.count_checks import VERIFY_S
 from tests.helpers import ops_agent_entry
 
 T0 = 1_800_000_000.0
@@ -109,7 +109,7 @@ def test_a_failed_write_of_an_old_incidents_shard_is_written_after_the_new_ones(
     was compared with the new shard's newest write and it was dropped as outdated: its lines lost."""
     store = Flaky()
     coal, old = storm_start(store, 5)
-    store.hold_shard = f"{coal.instance}-1"  # the old incident's shard
+    store.hold_shard = f"{coal.writer.instance}-1"  # the old incident's shard
     first = threading.Thread(target=coal.flush_all, args=(T0,))
     first.start()
     assert store.inside.wait(30)  # its write is under way
