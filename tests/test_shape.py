@@ -56,6 +56,7 @@ MARKERS = frozenset(
     }
 )
 
+
 @dataclass(frozen=True)
 class ClassInfo:
     key: str  # "room/module.py:Qualified.Name"
