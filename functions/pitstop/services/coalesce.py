@@ -53,22 +53,19 @@ import contextlib
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from typing import cast
+from collections.abc import Callable, Iterator
 
-from pitstop.core import alerts, engine, trust
-from pitstop.core.actions import RANK, Action
-from pitstop.core.answers import SlimIncident
+from pitstop.core import engine
 from pitstop.core.domain import FaultEvent, Incident
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
 from pitstop.core.store import IncidentStore
 from pitstop.services.count_checks import VERIFY_S, CountChecker
 from pitstop.services.count_flush import Flusher
-from pitstop.services.count_shards import PAGE_SHARDS, Job, ShardWriter, slim
+from pitstop.services.count_rule import DIRECT_LINES, LineCounter, as_view
+from pitstop.services.count_shards import PAGE_SHARDS, ShardWriter, slim
 from pitstop.services.node_memory import IDLE_S, NodeMemory, NodeState
 
-DIRECT_LINES = 4  # an incident's first lines are committed one by one (by its opener, outside a storm)
 MAX_NODES = 10_000  # node states an instance keeps
 SEEN_MAX = 100_000  # delivery keys an instance remembers (redeliveries to it are dropped at once)
 # Pub/Sub's longest ack deadline: a push not answered by then has been timed out and is delivered
@@ -83,17 +80,6 @@ _JITTER = random.Random()  # noqa: S311 - jitter, not a secret
 RACE_WAIT_S = 0.25  # a contested decision waits up to this long while deliveries crowd in (Crowd.pause)
 GATE_STRIPES = 1024  # per-node gates for lines that must be decided (node keys hashed onto them)
 __all__ = ["DIRECT_LINES", "IDLE_S", "PAGE_SHARDS", "Coalescer", "slim"]
-
-
-def _verified(ev: FaultEvent) -> bool:
-    src = ev.get("source")
-    return isinstance(src, Mapping) and src.get("trust") == trust.VERIFIED
-
-
-def as_view(view: SlimIncident | None) -> Incident | None:
-    """The cached, slim view of an incident where an Outcome carries one: only the fields the
-    caller reads of a coalesced answer (id, state, step, workflow) are in it."""
-    return cast(Incident, view) if view is not None else None
 
 
 class Gauge:
@@ -126,7 +112,7 @@ class Crowd:
 
     def storm(self) -> bool:
         """More deliveries in flight here than an ordinary fault's first lines (DIRECT_LINES):
-        a storm, whose first lines are counted in memory like the rest (Coalescer._countable)."""
+        a storm, whose first lines are counted in memory like the rest (LineCounter.countable)."""
         return self.arrivals.value > DIRECT_LINES
 
     def pause(self) -> bool:
@@ -157,9 +143,10 @@ def read_latest(store: IncidentStore, nkey: str, st: NodeState | None) -> Incide
 
 class Coalescer:
     """Answers each delivery from memory where its node's cached incident says it changes nothing,
-    and through the store's decision otherwise. Its parts: the node states and seen keys
-    (``memory``), the shard writes (``writer``), the checks of written lines (``checker``) and when
-    writes happen (``flusher``)."""
+    and through the store's decision otherwise; it owns the per-node gates, the refresh of a stale
+    cache and the commit. Its parts: the node states and seen keys (``memory``), the coalescing
+    rule and the count in memory (``counter``, services/count_rule.py), the shard writes
+    (``writer``), the checks of written lines (``checker``) and when writes happen (``flusher``)."""
 
     def __init__(
         self,
@@ -172,7 +159,7 @@ class Coalescer:
         race_wait_s: float = RACE_WAIT_S,
     ) -> None:
         self.store, self._policy, self.clock = store, policy, clock
-        self.ack_deadline, self.crowd = ack_deadline_s, Crowd(race_wait_s)
+        self.crowd = Crowd(race_wait_s)
         self.cache_ttl = float(policy.doc["store"]["cache_ttl_s"])
         flush_interval = float(policy.doc["store"]["flush_interval_s"])
         tick_s = max(min(flush_interval / 2, self.cache_ttl), 0.25)
@@ -180,10 +167,12 @@ class Coalescer:
         self.writer = ShardWriter(store, policy, self.memory)
         self.checker = CountChecker(store, policy, self.memory, self.writer, clock(), tick_s)
         self.flusher = Flusher(self.memory, self.writer, self.checker, clock, flush_interval)
+        self.counter = LineCounter(
+            policy, self.memory, self.writer, self.flusher, clock, ack_deadline_s, self.crowd.storm
+        )
         self._lock = self.memory.lock  # the one lock (services/node_memory.py)
         self._gates = [threading.Lock() for _ in range(GATE_STRIPES)]
         self._applying: dict[str, threading.Event] = {}  # keys in a store transaction right now
-        self.coalesced = 0
 
     @property
     def policy(self) -> Policy:
@@ -192,7 +181,12 @@ class Coalescer:
     @policy.setter
     def policy(self, pol: Policy) -> None:
         """A new policy in force (the runtime control): counting, writing and replays use it."""
-        self._policy = self.writer.policy = self.checker.policy = pol
+        self._policy = self.counter.policy = self.writer.policy = self.checker.policy = pol
+
+    @property
+    def coalesced(self) -> int:
+        """Lines counted in memory so far (benchmarks)."""
+        return self.counter.coalesced
 
     @property
     def timer(self) -> bool:
@@ -239,7 +233,7 @@ class Coalescer:
             st = self.memory.nodes.get(nkey)
             if st is None or not self._fresh(st, now):
                 return None
-            absorbed, job = self._buffer(st, nkey, ev, key, now)
+            absorbed, job = self.counter.count(st, nkey, ev, key, now, key in self._applying)
         if job is not None:
             self.flusher.write([job], now)
         return absorbed
@@ -283,7 +277,7 @@ class Coalescer:
         if dup:
             return st, engine.Outcome("duplicate", incident=as_view(slim(latest)))
         with self._lock:
-            absorbed, job = self._buffer(st, nkey, ev, key, now)
+            absorbed, job = self.counter.count(st, nkey, ev, key, now, key in self._applying)
         if job is not None:
             self.flusher.write([job], now)
         return st, absorbed
@@ -294,7 +288,7 @@ class Coalescer:
         if st is None or st.latest is None or st.latest["state"] == State.RESOLVED:
             return True
         ts = float(ev.get("_observed_ts") or self.clock())
-        return st.opened != st.latest["id"] and not self._countable(st, ev, st.latest, ts)
+        return st.opened != st.latest["id"] and not self.counter.countable(st, ev, st.latest, ts)
 
     def _fresh(self, st: NodeState, now: float) -> bool:
         """Whether the cached incident may decide without a read: read less than ``cache_ttl_s``
@@ -302,70 +296,6 @@ class Coalescer:
         node stale when its incident is resolved)."""
         age = now - st.fetched_at
         return age < self.cache_ttl or (age < VERIFY_S and self.checker.watching(now))
-
-    def _late(self, arrived: float) -> bool:
-        """Whether Pub/Sub has timed this delivery out already (it waited past its ack deadline,
-        behind a decision or a slow read): then it redelivers the message, maybe to another
-        instance, which counts the copy, so this delivery must count nothing. Measured from the
-        delivery's arrival here, after Pub/Sub pushed it: never late too early (a line lost)."""
-        return self.clock() - arrived >= self.ack_deadline
-
-    def _buffer(
-        self, st: NodeState, nkey: str, ev: FaultEvent, key: str, now: float, deciding: bool = False
-    ) -> tuple[engine.Outcome | None, Job | None]:
-        """Under the lock: count the event in memory if it cannot change anything (and say so)."""
-        ts = float(ev.get("_observed_ts") or now)
-        latest, st.touched = st.latest, now
-        if alerts.is_alert(ev) and latest is not None:
-            # an alert's open or close may end or reopen an episode
-            return None, self.writer.take(st, nkey, now)
-        if latest is None and ev["action"] == Action.NONE and not engine.counts_toward_lemon(ev):
-            self.memory.seen.add(key)
-            return engine.Outcome("ignored"), None
-        applying = key in self._applying and not deciding  # a copy is in a transaction now (not its own)
-        if latest is None or applying or not self._countable(st, ev, latest, ts):
-            ends = latest is None or latest["state"] == State.RESOLVED or st.shard_iid != latest["id"]
-            # a decision reads no shard: they wait
-            return None, self.writer.take(st, nkey, now) if ends else None
-        if self._late(now):  # its copy counts it (decisions go on: the dedup record makes them once)
-            return engine.Outcome("late"), None
-        if st.shard_iid != latest["id"]:  # a new shard for a new incident (the old one's is written)
-            self.writer.open_shard(st, latest["id"])
-        engine.count_into(st.deltas, ev, ts, self._policy, latest.get("evidence_room", engine.MAX_EVIDENCE))
-        if st.representative is None or RANK[ev["action"]] >= RANK[st.representative["action"]]:
-            st.representative = ev.copy()  # the line to replay if the incident stopped absorbing
-        st.buffered += 1
-        self.coalesced += 1
-        self.memory.seen.add(key)
-        self.memory.pending.add(nkey)
-        # The timer merges; a line only does when no timer runs here (it merges on the request's time).
-        due = not self.flusher.ensure_timer() and now - st.last_flush >= self.flusher.flush_interval
-        job = self.writer.take(st, nkey, now) if due else None
-        return engine.Outcome("absorbed", incident=as_view(latest), coalesced=True), job
-
-    def _countable(
-        self, st: NodeState, ev: FaultEvent, latest: SlimIncident | Incident | None, ts: float
-    ) -> bool:
-        """Whether the event changes nothing on this view of its node's latest incident (slim, or
-        as the store read it): then it is counted in memory. An incident's first lines are
-        committed by the instance that opened it; another instance counts them (a storm's
-        first lines reach every instance at once, and ten committed each)."""
-        if latest is None:
-            return False
-        action = engine.believed(ev, self._policy)[0]["action"]  # a forged line raises nothing
-        view: Mapping[str, object] = latest  # stored: ``counts`` holds the count; slim: ``events``
-        counts = view.get("counts")
-        committed = counts.get("events", 0) if isinstance(counts, Mapping) else view.get("events", 0)
-        own = st.deltas["counts"].get("events", 0) if st.shard_iid == latest["id"] else 0  # in its shard
-        direct = isinstance(committed, (int, float)) and committed + own < DIRECT_LINES
-        return not (
-            (_verified(ev) and latest.get("trust") != trust.VERIFIED)  # it makes the evidence trusted
-            or (direct and st.opened == latest["id"] and not self.crowd.storm())
-            or RANK[action] > RANK[latest["action"]]
-            or engine.ends_recovery(ev, self._policy)  # may end the episode: decided in the store
-            or not engine.absorbs(cast(Incident, latest), ev, ts)  # a slim view holds what it reads
-            or (st.shard_iid != latest["id"] and st.buffered)  # the old incident's lines go first
-        )
 
     def _commit(self, st: NodeState, ev: FaultEvent, key: str, now: float) -> engine.Outcome:
         """The full, transactional path; its answer refreshes the cache.
@@ -393,13 +323,15 @@ class Coalescer:
         """The store decides, unless the incident it reads (fresher than this cache: another
         instance opened or raised it meanwhile) lets the event be counted in memory after all."""
         ts = float(ev.get("_observed_ts") or now)
-        out = self.store.apply(ev, self._policy, now, countable=lambda inc: self._countable(st, ev, inc, ts))
+        out = self.store.apply(
+            ev, self._policy, now, countable=lambda inc: self.counter.countable(st, ev, inc, ts)
+        )
         if out.coalesced:  # the store decided and wrote nothing
             with self._lock:
                 self._learn(st, out, now)
                 if out.incident is not None and key in out.incident.get("recent_keys", ()):
                     return engine.Outcome("duplicate", incident=as_view(st.latest))  # a copy committed
-                absorbed, job = self._buffer(st, engine.subject_key(ev), ev, key, now, deciding=True)
+                absorbed, job = self.counter.count(st, engine.subject_key(ev), ev, key, now, False)
             if job is not None:
                 self.flusher.write([job], now)
             if absorbed is not None:
