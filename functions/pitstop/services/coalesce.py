@@ -11,14 +11,15 @@ action — is only counted in memory. Such an event asks nothing of Firestore: n
 write, no workflow follow-up. A line that must be decided is decided on a view of its incident
 at most ``DECIDE_S`` old (else read again first), and the store's decision asks the coalescer
 whether the incident as it read it lets the line be counted after all (``countable``: another
-instance opened or raised it meanwhile), so a stale cache costs a read, not a commit.
+instance opened or raised it meanwhile), so a stale cache costs a read, not a commit. The rule
+and the count in memory are services/count_rule.py ``LineCounter``.
 
 Buffered counts are written at most every ``flush_interval_s`` per node into the node state's own
 count shard, kept in the instance's page documents (``PAGE_SHARDS`` shards each; services/
-count_shards.py ``ShardWriter``): every due node of a page in one blind write, no read, no transaction, so N
-instances counting into the same incidents never contend, and a storm costs a write per page and
-interval, whatever its nodes. Reports, pages and people read the
-incident with its shards summed (the store's ``get``/``list``). Whether the incident still absorbs
+count_shards.py ``ShardWriter``): every due node of a page in one blind write, no read, no
+transaction, so N instances counting into the same incidents never contend, and a storm costs a
+write per page and interval, whatever its nodes. Reports, pages and people read the incident
+with its shards summed (the store's ``get``/``list``). Whether the incident still absorbs
 what was written is checked by a later read of it: when the store's resolved feed (one query per
 instance and timer tick) names it, at most ``VERIFY_S`` after a write otherwise, or at once when
 no timer runs; if it stopped absorbing (it was resolved), the strongest written line is replayed
@@ -31,9 +32,9 @@ for ``cache_ttl_s`` after a read, and up to ``VERIFY_S`` while the timer watches
 
 Memory is bounded (services/node_memory.py ``NodeMemory``): at most ``max_nodes`` node states
 (least recently used dropped first, after their counts are written and checked; idle ones
-dropped after ``IDLE_S``), at most ``seen_max``
-delivery keys, and per node one shard's totals within the engine's bounds (GPUs, Xid codes,
-evidence, ``MAX_DELTA_KEYS``), so a shard document is bounded the same way.
+dropped after ``IDLE_S``), at most ``seen_max`` delivery keys, and per node one shard's totals
+within the engine's bounds (GPUs, Xid codes, evidence, ``MAX_DELTA_KEYS``), so a shard document
+is bounded the same way.
 
 Guarantees: incident creation, raises, holds and workflow starts are exactly once (the
 store's decision with its dedup record). Event *counts*: an instance that dies without SIGTERM

@@ -6,6 +6,7 @@ every ``flush_interval_s``, into its page (the instance's document for up to PAG
 every due shard of a page in one write (no read, no transaction, no contender), the page's other
 shards left as they are. Snapshots of a shard are numbered, page writes take turns, and an
 older snapshot is never written over a newer one, so a retried or overtaken write loses nothing.
+
 A written line is then checked against its incident (services/count_checks.py); one its incident
 no longer absorbs is taken out of its shard here (``ShardWriter.take_out``) and replayed there.
 """
