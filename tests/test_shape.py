@@ -56,10 +56,6 @@ MARKERS = frozenset(
     }
 )
 
-# Classes the lead is dividing in the same change (issue 34: the store as a unit of work, the
-# coalescer by responsibility). Each entry goes when its class is divided; nothing else may be added.
-PENDING = frozenset({"services/coalesce.py:Coalescer"})
-
 
 @dataclass(frozen=True)
 class ClassInfo:
@@ -326,13 +322,7 @@ def test_the_checker_finds_a_mixin_that_shares_its_hosts_private_state(tmp_path:
 
 
 def test_no_big_class_and_no_deep_chain_in_product_code() -> None:
-    """PENDING names the classes still being divided; every other offender fails the test."""
+    """Every offender fails the test: there is no allow-list (the last divided class, issue 34's
+    coalescer, left it; a class that outgrows the rule is divided, not listed)."""
     found = shape_offenders(PACKAGE)
-    unexpected = [o for o in found if o.split(": ", 1)[0] not in PENDING]
-    assert not unexpected, "\n".join(unexpected)
-
-
-def test_pending_names_only_classes_that_still_offend() -> None:
-    """An entry whose class was divided (or renamed) must leave the allow-list with it."""
-    stale = PENDING - _keys(shape_offenders(PACKAGE))
-    assert not stale, sorted(stale)
+    assert not found, "\n".join(found)

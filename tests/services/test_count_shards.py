@@ -16,7 +16,7 @@ from pitstop.core.aggregate import CloseByPerson
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import FaultEvent
 from pitstop.services.coalesce import DIRECT_LINES, Coalescer
-from pitstop.services.count_shards import VERIFY_S
+from pitstop.services.count_checks import VERIFY_S
 from tests.helpers import ops_agent_entry
 
 T0 = 1_800_000_000.0
@@ -109,7 +109,7 @@ def test_a_failed_write_of_an_old_incidents_shard_is_written_after_the_new_ones(
     was compared with the new shard's newest write and it was dropped as outdated: its lines lost."""
     store = Flaky()
     coal, old = storm_start(store, 5)
-    store.hold_shard = f"{coal.instance}-1"  # the old incident's shard
+    store.hold_shard = f"{coal.writer.instance}-1"  # the old incident's shard
     first = threading.Thread(target=coal.flush_all, args=(T0,))
     first.start()
     assert store.inside.wait(30)  # its write is under way
@@ -248,3 +248,32 @@ def test_jitter_leaves_the_shared_random_sequence_alone(monkeypatch: pytest.Monk
     assert store._turns.serialised("n", False, once) == "done"
     assert store.tally.retries == 1  # it drew a backoff
     assert shared == []
+
+
+def test_a_policy_put_in_force_reaches_every_part_of_the_coalescer() -> None:
+    """The runtime control swaps the coalescer's policy (services/ingest.py ``in_force``). Its
+    parts each hold it (services/count_rule.py, count_shards.py, count_checks.py): a swap that
+    missed one would count, write or replay under the policy no longer in force. Here the shard
+    written after the swap extends the burst by the new policy's silence window."""
+
+    class Pages(MemoryCounts):
+        written: list[Any]
+
+        def put_shards(self, pages: Any) -> None:
+            self.written.extend(shard for page in pages.values() for shard in page.values())
+            super().put_shards(pages)
+
+    store = MemoryStore()
+    pages = store.counts = Pages(store.docs)
+    pages.written = []
+    coal = coalescer(store, lambda: T0)
+    for n in range(DIRECT_LINES + 2):
+        coal.handle(line(n, T0), T0)
+    new = policy.from_doc({"mode": "enforce", "clusters": [CLUSTER], "windows": {"burst_silence_s": 4321}})
+    assert new.window("burst_silence_s") != coal.policy.window("burst_silence_s")
+    coal.policy = new
+    assert coal.counter.policy is new and coal.checker.policy is new
+    coal.flush_all(T0)
+    (shard,) = pages.written
+    assert shard["burst_until"] == shard["last_seen"] + 4321
+    assert counted(store) == DIRECT_LINES + 2

@@ -445,13 +445,15 @@ def test_the_coalescer_keeps_bounded_maps_and_loses_no_count(fs_client: firestor
     ing = make_ingest(fs_client, None, pol, clock)
     c = ing.coalescer
     c.timer = False
-    c._max_nodes, c._seen_max = 4, 40
+    c.memory.max_nodes, c.memory.seen.max = 4, 40
     per_node, nodes = FIRST_LINES + 2, [f"a3-node-{120 + i}" for i in range(10)]
     for round_ in range(per_node):
         for node in nodes:
             ing.handle_payload(entry(XID94, node, round_))
         assert c.stats()["nodes"] <= 4 and c.stats()["seen"] <= 40
-        assert len(c._seen_order) == len(c._seen)  # the order and the set forget the same keys
+        assert len(c.memory.seen.order) == len(
+            c.memory.seen.keys
+        )  # the order and the set forget the same keys
     c.flush_all(clock.t)
     incidents = ing.store.query()  # with the count shards summed
     assert len(incidents) == len(nodes)

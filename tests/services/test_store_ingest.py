@@ -374,7 +374,7 @@ def test_a_buffer_keeps_only_the_evidence_its_incident_has_room_for(fs_client: f
     nkey, iid = first.incident["node_key"], first.incident["id"]
     for n in range(1, 20):
         ing.handle_payload(entry(XID94, "a3-node-050", n))
-    buffered = ing.coalescer._nodes[nkey]
+    buffered = ing.coalescer.memory.nodes[nkey]
     direct = 20 - buffered.buffered  # a node's first lines are committed one by one
     assert buffered.buffered > 0 and len(buffered.deltas["evidence"]) == engine.MAX_EVIDENCE - direct
     ing.coalescer.flush_all(clock.t)

@@ -117,7 +117,7 @@ def test_a_refused_open_counted_after_all_reads_no_delivery_record(fs_client: fi
     assert outs[0].coalesced and mine.tally.refused == 1 and "read:pitstop_dedup" not in spent
     coal = Coalescer(mine, pol, clock=lambda: T0)
     coal.timer = False
-    st, _ = coal._admit(nkey, T0)
+    st, _ = coal.memory.admit(nkey, T0)
     copy = _event(XID94, "a3-node-108", 1)
     assert coal._apply(st, copy, engine.event_key(copy), T0).result == "duplicate"
 
@@ -184,7 +184,7 @@ class _FirstWait(threading.Event):
         self.waited = threading.Event()
 
     def wait(self, timeout: float | None = None) -> bool:
-        self.looked.append(self.coal._feed_seen > float("-inf"))
+        self.looked.append(self.coal.checker.watching(time.time()))
         self.waited.set()
         return True
 
@@ -196,7 +196,7 @@ def test_the_timer_watches_the_resolved_feed_from_its_start(fs_client: firestore
     store, _ = _counted(fs_client)
     coal = Coalescer(store, make_policy())
     first = _FirstWait(coal)
-    coal._stop = first
+    coal.flusher.stopped = first
     for n in range(DIRECT_LINES + 1):  # the last one counted in memory starts the timer
         coal.handle(_event(XID94, "a3-node-111", n), time.time())
     assert first.waited.wait(30)  # the timer reached its first wait

@@ -11,27 +11,30 @@ action — is only counted in memory. Such an event asks nothing of Firestore: n
 write, no workflow follow-up. A line that must be decided is decided on a view of its incident
 at most ``DECIDE_S`` old (else read again first), and the store's decision asks the coalescer
 whether the incident as it read it lets the line be counted after all (``countable``: another
-instance opened or raised it meanwhile), so a stale cache costs a read, not a commit.
+instance opened or raised it meanwhile), so a stale cache costs a read, not a commit. The rule
+and the count in memory are services/count_rule.py ``LineCounter``.
 
 Buffered counts are written at most every ``flush_interval_s`` per node into the node state's own
 count shard, kept in the instance's page documents (``PAGE_SHARDS`` shards each; services/
-count_shards.py): every due node of a page in one blind write, no read, no transaction, so N
-instances counting into the same incidents never contend, and a storm costs a write per page and
-interval, whatever its nodes. Reports, pages and people read the
-incident with its shards summed (the store's ``get``/``list``). Whether the incident still absorbs
+count_shards.py ``ShardWriter``): every due node of a page in one blind write, no read, no
+transaction, so N instances counting into the same incidents never contend, and a storm costs a
+write per page and interval, whatever its nodes. Reports, pages and people read the incident
+with its shards summed (the store's ``get``/``list``). Whether the incident still absorbs
 what was written is checked by a later read of it: when the store's resolved feed (one query per
 instance and timer tick) names it, at most ``VERIFY_S`` after a write otherwise, or at once when
 no timer runs; if it stopped absorbing (it was resolved), the strongest written line is replayed
-through the full path and taken out of the old shard, so no fault is lost to a stale cache. The
-write happens on the next line of that node once the interval has passed (no timer), on the
-instance's own timer (a daemon thread, :meth:`Coalescer.flush_due`), or at shutdown
-(:meth:`Coalescer.flush_all`; functions/main.py wires SIGTERM and atexit). The cache is trusted for
-``cache_ttl_s`` after a read, and up to ``VERIFY_S`` while the timer watches the feed.
+through the full path and taken out of the old shard, so no fault is lost to a stale cache
+(services/count_checks.py ``CountChecker``). The write happens on the next line of that node once
+the interval has passed (no timer), on the instance's own timer (a daemon thread,
+:meth:`Coalescer.flush_due`), or at shutdown (:meth:`Coalescer.flush_all`; functions/main.py wires
+SIGTERM and atexit), as services/count_flush.py ``Flusher`` schedules it. The cache is trusted
+for ``cache_ttl_s`` after a read, and up to ``VERIFY_S`` while the timer watches the feed.
 
-Memory is bounded: at most ``max_nodes`` node states (least recently used dropped first, after
-their counts are written and checked; idle ones dropped after ``IDLE_S``), at most ``seen_max``
-delivery keys, and per node one shard's totals within the engine's bounds (GPUs, Xid codes,
-evidence, ``MAX_DELTA_KEYS``), so a shard document is bounded the same way.
+Memory is bounded (services/node_memory.py ``NodeMemory``): at most ``max_nodes`` node states
+(least recently used dropped first, after their counts are written and checked; idle ones
+dropped after ``IDLE_S``), at most ``seen_max`` delivery keys, and per node one shard's totals
+within the engine's bounds (GPUs, Xid codes, evidence, ``MAX_DELTA_KEYS``), so a shard document
+is bounded the same way.
 
 Guarantees: incident creation, raises, holds and workflow starts are exactly once (the
 store's decision with its dedup record). Event *counts*: an instance that dies without SIGTERM
@@ -48,54 +51,36 @@ first delivery counted in time but whose answer was lost.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import random
 import threading
 import time
-import uuid
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Mapping
-from typing import cast
+from collections.abc import Callable, Iterator
 
-from pitstop.adapters import log
-from pitstop.core import alerts, engine, trust
-from pitstop.core.actions import RANK, Action
-from pitstop.core.answers import SlimIncident
+from pitstop.core import engine
 from pitstop.core.domain import FaultEvent, Incident
 from pitstop.core.policy import Policy
 from pitstop.core.states import State
 from pitstop.core.store import IncidentStore
-from pitstop.services.count_shards import FEED_MARGIN_S, VERIFY_S, Job, NodeState, ShardWriter, slim
+from pitstop.services.count_checks import VERIFY_S, CountChecker
+from pitstop.services.count_flush import Flusher
+from pitstop.services.count_rule import DIRECT_LINES, LineCounter, as_view
+from pitstop.services.count_shards import PAGE_SHARDS, ShardWriter, slim
+from pitstop.services.node_memory import IDLE_S, NodeMemory, NodeState
 
-DIRECT_LINES = 4  # an incident's first lines are committed one by one (by its opener, outside a storm)
 MAX_NODES = 10_000  # node states an instance keeps
 SEEN_MAX = 100_000  # delivery keys an instance remembers (redeliveries to it are dropped at once)
-IDLE_S = 600.0  # a node state untouched this long, with nothing buffered, is dropped
-IDLE_TICKS = 30  # the timer thread stops after this many ticks with nothing buffered
 # Pub/Sub's longest ack deadline: a push not answered by then has been timed out and is delivered
 # again whatever the subscription says ("The maximum custom deadline you can specify is 600
 # seconds"; for push, the deadline is the request's timeout: cloud.google.com/pubsub/docs/
 # reference/rest/v1/projects.subscriptions). Deploy sets the trigger's own (PITSTOP_ACK_DEADLINE_S).
 ACK_DEADLINE_S = 600.0
 DECIDE_S = 1.0  # a line that must be decided is, on a view of its incident this young (else read again)
-# Jitter from a generator of its own: the timer and the pauses run on background threads, and a
-# draw from the module's shared one there moves another thread's random sequence mid-use.
+# Jitter from a generator of its own: the pauses run on any thread, and a draw from the module's
+# shared one there moves another thread's random sequence mid-use.
 _JITTER = random.Random()  # noqa: S311 - jitter, not a secret
 RACE_WAIT_S = 0.25  # a contested decision waits up to this long while deliveries crowd in (Crowd.pause)
-PAGE_SHARDS = 128  # node states' shards per page document (each <= 5 KB, a document <= 1 MiB)
 GATE_STRIPES = 1024  # per-node gates for lines that must be decided (node keys hashed onto them)
-__all__ = ["DIRECT_LINES", "Coalescer", "slim"]
-
-
-def _verified(ev: FaultEvent) -> bool:
-    src = ev.get("source")
-    return isinstance(src, Mapping) and src.get("trust") == trust.VERIFIED
-
-
-def as_view(view: SlimIncident | None) -> Incident | None:
-    """The cached, slim view of an incident where an Outcome carries one: only the fields the
-    caller reads of a coalesced answer (id, state, step, workflow) are in it."""
-    return cast(Incident, view) if view is not None else None
+__all__ = ["DIRECT_LINES", "IDLE_S", "PAGE_SHARDS", "Coalescer", "slim"]
 
 
 class Gauge:
@@ -128,7 +113,7 @@ class Crowd:
 
     def storm(self) -> bool:
         """More deliveries in flight here than an ordinary fault's first lines (DIRECT_LINES):
-        a storm, whose first lines are counted in memory like the rest (Coalescer._countable)."""
+        a storm, whose first lines are counted in memory like the rest (LineCounter.countable)."""
         return self.arrivals.value > DIRECT_LINES
 
     def pause(self) -> bool:
@@ -157,7 +142,13 @@ def read_latest(store: IncidentStore, nkey: str, st: NodeState | None) -> Incide
     return store.counts.latest(nkey)
 
 
-class Coalescer(ShardWriter):
+class Coalescer:
+    """Answers each delivery from memory where its node's cached incident says it changes nothing,
+    and through the store's decision otherwise; it owns the per-node gates, the refresh of a stale
+    cache and the commit. Its parts: the node states and seen keys (``memory``), the coalescing
+    rule and the count in memory (``counter``, services/count_rule.py), the shard writes
+    (``writer``), the checks of written lines (``checker``) and when writes happen (``flusher``)."""
+
     def __init__(
         self,
         store: IncidentStore,
@@ -168,43 +159,53 @@ class Coalescer(ShardWriter):
         ack_deadline_s: float = ACK_DEADLINE_S,
         race_wait_s: float = RACE_WAIT_S,
     ) -> None:
-        self.store, self.policy, self.clock = store, policy, clock
-        self.ack_deadline, self.crowd = ack_deadline_s, Crowd(race_wait_s)
+        self.store, self._policy, self.clock = store, policy, clock
+        self.crowd = Crowd(race_wait_s)
         self.cache_ttl = float(policy.doc["store"]["cache_ttl_s"])
-        self.flush_interval = float(policy.doc["store"]["flush_interval_s"])
-        self._nodes: OrderedDict[str, NodeState] = OrderedDict()
-        self._pending: set[str] = set()  # nodes with buffered counts
-        # Delivery keys, oldest first in the deque: half the bytes of an OrderedDict per key.
-        self._seen: set[str] = set()
-        self._seen_order: deque[str] = deque()
-        self._applying: dict[str, threading.Event] = {}  # keys in a store transaction right now
-        self._seen_max, self._max_nodes = seen_max, max_nodes
-        self._lock = threading.RLock()
-        self._page_lock = threading.Lock()
+        flush_interval = float(policy.doc["store"]["flush_interval_s"])
+        tick_s = max(min(flush_interval / 2, self.cache_ttl), 0.25)
+        self.memory = NodeMemory(seen_max, max_nodes)
+        self.writer = ShardWriter(store, policy, self.memory)
+        self.checker = CountChecker(store, policy, self.memory, self.writer, clock(), tick_s)
+        self.flusher = Flusher(self.memory, self.writer, self.checker, clock, flush_interval)
+        self.counter = LineCounter(
+            policy, self.memory, self.writer, self.flusher, clock, ack_deadline_s, self.crowd.storm
+        )
+        self._lock = self.memory.lock  # the one lock (services/node_memory.py)
         self._gates = [threading.Lock() for _ in range(GATE_STRIPES)]
-        self._merged = threading.Condition(self._lock)  # notified as each detached merge finishes
-        self._inflight = 0  # snapshots detached by _take and not yet written (or restored)
-        self._retry: list[Job] = []  # snapshots of shards no node state holds any more, to write again
-        self.instance = uuid.uuid4().hex[:12]  # names this instance's shards
-        self._shards = itertools.count(1)
-        self._feed_from = clock() - FEED_MARGIN_S  # the resolved feed, from a little before the start
-        self._feed_seen = float("-inf")  # when it was last looked at
-        self._feed_done: OrderedDict[tuple[str, float], None] = OrderedDict()
-        self._tick_s = max(min(self.flush_interval / 2, self.cache_ttl), 0.25)
-        self._flusher: threading.Thread | None = None
-        self._stop = threading.Event()
-        self.coalesced = 0
-        self.timer = True  # merge buffered counts on a daemon thread (off: only lines and flushes merge)
-        # Follow-ups (workflow starts, pages) of events replayed at flush time.
-        self.on_outcome: Callable[[engine.Outcome], None] | None = None
+        self._applying: dict[str, threading.Event] = {}  # keys in a store transaction right now
 
-    def _remember(self, key: str) -> None:
-        if key in self._seen:
-            return
-        self._seen.add(key)
-        self._seen_order.append(key)
-        if len(self._seen_order) > self._seen_max:
-            self._seen.discard(self._seen_order.popleft())
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    @policy.setter
+    def policy(self, pol: Policy) -> None:
+        """A new policy in force (the runtime control): counting, writing and replays use it."""
+        self._policy = self.counter.policy = self.writer.policy = self.checker.policy = pol
+
+    @property
+    def coalesced(self) -> int:
+        """Lines counted in memory so far (benchmarks)."""
+        return self.counter.coalesced
+
+    @property
+    def timer(self) -> bool:
+        """Whether buffered counts are merged on a daemon thread (off: only lines and flushes merge)."""
+        return self.flusher.timer
+
+    @timer.setter
+    def timer(self, on: bool) -> None:
+        self.flusher.timer = on
+
+    @property
+    def on_outcome(self) -> Callable[[engine.Outcome], None] | None:
+        """Follow-ups (workflow starts, pages) of events replayed at flush time."""
+        return self.checker.on_outcome
+
+    @on_outcome.setter
+    def on_outcome(self, then: Callable[[engine.Outcome], None] | None) -> None:
+        self.checker.on_outcome = then
 
     # -- one event -------------------------------------------------------------------
 
@@ -228,14 +229,14 @@ class Coalescer(ShardWriter):
     def _counted(self, ev: FaultEvent, key: str, nkey: str, now: float) -> engine.Outcome | None:
         """A duplicate, or the event counted in memory by a fresh cache; None: it must be decided."""
         with self._lock:
-            if key in self._seen:
+            if key in self.memory.seen:
                 return engine.Outcome("duplicate")
-            st = self._nodes.get(nkey)
+            st = self.memory.nodes.get(nkey)
             if st is None or not self._fresh(st, now):
                 return None
-            absorbed, job = self._buffer(st, nkey, ev, key, now)
+            absorbed, job = self.counter.count(st, nkey, ev, key, now, key in self._applying)
         if job is not None:
-            self._merge(job, now)
+            self.flusher.write([job], now)
         return absorbed
 
     def _decide(self, ev: FaultEvent, key: str, nkey: str, now: float) -> engine.Outcome:
@@ -244,7 +245,7 @@ class Coalescer(ShardWriter):
         the gate), read again (one read, kept for the commit) where another instance may have
         opened or raised the incident; a contested one (:meth:`_contested`) pauses first."""
         with self._lock:
-            st = self._nodes.get(nkey)
+            st = self.memory.nodes.get(nkey)
             at = max(now, self.clock())
             fresh = st is not None and at - st.fetched_at < min(self.cache_ttl, DECIDE_S)
             contested = self._contested(st, ev)
@@ -268,18 +269,18 @@ class Coalescer(ShardWriter):
         duplicate or can be counted in memory (None: it must be decided)."""
         latest = read_latest(self.store, nkey, st)  # plain reads: no write to refresh a cache
         with self._lock:
-            st, evicted = self._admit(nkey, now)
+            st, evicted = self.memory.admit(nkey, now)
             st.latest, st.fetched_at = slim(latest), now
             for k in latest.get("recent_keys", []) if latest else []:
-                self._remember(k)
-            dup = key in self._seen
-        self._evict(evicted, now)
+                self.memory.seen.add(k)
+            dup = key in self.memory.seen
+        self.flusher.evict(evicted, now)
         if dup:
             return st, engine.Outcome("duplicate", incident=as_view(slim(latest)))
         with self._lock:
-            absorbed, job = self._buffer(st, nkey, ev, key, now)
+            absorbed, job = self.counter.count(st, nkey, ev, key, now, key in self._applying)
         if job is not None:
-            self._merge(job, now)
+            self.flusher.write([job], now)
         return st, absorbed
 
     def _contested(self, st: NodeState | None, ev: FaultEvent) -> bool:
@@ -288,82 +289,14 @@ class Coalescer(ShardWriter):
         if st is None or st.latest is None or st.latest["state"] == State.RESOLVED:
             return True
         ts = float(ev.get("_observed_ts") or self.clock())
-        return st.opened != st.latest["id"] and not self._countable(st, ev, st.latest, ts)
+        return st.opened != st.latest["id"] and not self.counter.countable(st, ev, st.latest, ts)
 
     def _fresh(self, st: NodeState, now: float) -> bool:
         """Whether the cached incident may decide without a read: read less than ``cache_ttl_s``
         ago, or less than ``VERIFY_S`` ago while the resolved feed is watched (a look marks the
         node stale when its incident is resolved)."""
         age = now - st.fetched_at
-        return age < self.cache_ttl or (age < VERIFY_S and self._watching(now))
-
-    def _watching(self, now: float) -> bool:
-        """The resolved feed was looked at lately (by the timer, or whoever plays it: flush_due)."""
-        return now - self._feed_seen < 3 * self._tick_s
-
-    def _late(self, arrived: float) -> bool:
-        """Whether Pub/Sub has timed this delivery out already (it waited past its ack deadline,
-        behind a decision or a slow read): then it redelivers the message, maybe to another
-        instance, which counts the copy, so this delivery must count nothing. Measured from the
-        delivery's arrival here, after Pub/Sub pushed it: never late too early (a line lost)."""
-        return self.clock() - arrived >= self.ack_deadline
-
-    def _buffer(
-        self, st: NodeState, nkey: str, ev: FaultEvent, key: str, now: float, deciding: bool = False
-    ) -> tuple[engine.Outcome | None, Job | None]:
-        """Under the lock: count the event in memory if it cannot change anything (and say so)."""
-        ts = float(ev.get("_observed_ts") or now)
-        latest, st.touched = st.latest, now
-        if alerts.is_alert(ev) and latest is not None:
-            return None, self._take(st, nkey, now)  # an alert's open or close may end or reopen an episode
-        if latest is None and ev["action"] == Action.NONE and not engine.counts_toward_lemon(ev):
-            self._remember(key)
-            return engine.Outcome("ignored"), None
-        applying = key in self._applying and not deciding  # a copy is in a transaction now (not its own)
-        if latest is None or applying or not self._countable(st, ev, latest, ts):
-            ends = latest is None or latest["state"] == State.RESOLVED or st.shard_iid != latest["id"]
-            return None, self._take(st, nkey, now) if ends else None  # a decision reads no shard: they wait
-        if self._late(now):  # its copy counts it (decisions go on: the dedup record makes them once)
-            return engine.Outcome("late"), None
-        if st.shard_iid != latest["id"]:  # a new shard for a new incident (the old one's is written)
-            n = next(self._shards)
-            st.deltas, st.shard, st.shard_iid = engine.empty_deltas(), f"{self.instance}-{n}", latest["id"]
-            st.page = f"{self.instance}-p{(n - 1) // PAGE_SHARDS}"
-        engine.count_into(st.deltas, ev, ts, self.policy, latest.get("evidence_room", engine.MAX_EVIDENCE))
-        if st.representative is None or RANK[ev["action"]] >= RANK[st.representative["action"]]:
-            st.representative = ev.copy()  # the line to replay if the incident stopped absorbing
-        st.buffered += 1
-        self.coalesced += 1
-        self._remember(key)
-        self._pending.add(nkey)
-        # The timer merges; a line only does when no timer runs here (it merges on the request's time).
-        due = not self._ensure_timer() and now - st.last_flush >= self.flush_interval
-        job = self._take(st, nkey, now) if due else None
-        return engine.Outcome("absorbed", incident=as_view(latest), coalesced=True), job
-
-    def _countable(
-        self, st: NodeState, ev: FaultEvent, latest: SlimIncident | Incident | None, ts: float
-    ) -> bool:
-        """Whether the event changes nothing on this view of its node's latest incident (slim, or
-        as the store read it): then it is counted in memory. An incident's first lines are
-        committed by the instance that opened it; another instance counts them (a storm's
-        first lines reach every instance at once, and ten committed each)."""
-        if latest is None:
-            return False
-        action = engine.believed(ev, self.policy)[0]["action"]  # a forged line raises nothing
-        view: Mapping[str, object] = latest  # stored: ``counts`` holds the count; slim: ``events``
-        counts = view.get("counts")
-        committed = counts.get("events", 0) if isinstance(counts, Mapping) else view.get("events", 0)
-        own = st.deltas["counts"].get("events", 0) if st.shard_iid == latest["id"] else 0  # in its shard
-        direct = isinstance(committed, (int, float)) and committed + own < DIRECT_LINES
-        return not (
-            (_verified(ev) and latest.get("trust") != trust.VERIFIED)  # it makes the evidence trusted
-            or (direct and st.opened == latest["id"] and not self.crowd.storm())
-            or RANK[action] > RANK[latest["action"]]
-            or engine.ends_recovery(ev, self.policy)  # may end the episode: decided in the store
-            or not engine.absorbs(cast(Incident, latest), ev, ts)  # a slim view holds what it reads
-            or (st.shard_iid != latest["id"] and st.buffered)  # the old incident's lines go first
-        )
+        return age < self.cache_ttl or (age < VERIFY_S and self.checker.watching(now))
 
     def _commit(self, st: NodeState, ev: FaultEvent, key: str, now: float) -> engine.Outcome:
         """The full, transactional path; its answer refreshes the cache.
@@ -374,7 +307,7 @@ class Coalescer(ShardWriter):
         """
         while True:
             with self._lock:
-                if key in self._seen:
+                if key in self.memory.seen:
                     return engine.Outcome("duplicate", incident=as_view(st.latest))
                 running = self._applying.get(key)
                 if running is None:
@@ -391,21 +324,23 @@ class Coalescer(ShardWriter):
         """The store decides, unless the incident it reads (fresher than this cache: another
         instance opened or raised it meanwhile) lets the event be counted in memory after all."""
         ts = float(ev.get("_observed_ts") or now)
-        out = self.store.apply(ev, self.policy, now, countable=lambda inc: self._countable(st, ev, inc, ts))
+        out = self.store.apply(
+            ev, self._policy, now, countable=lambda inc: self.counter.countable(st, ev, inc, ts)
+        )
         if out.coalesced:  # the store decided and wrote nothing
             with self._lock:
                 self._learn(st, out, now)
                 if out.incident is not None and key in out.incident.get("recent_keys", ()):
                     return engine.Outcome("duplicate", incident=as_view(st.latest))  # a copy committed
-                absorbed, job = self._buffer(st, engine.subject_key(ev), ev, key, now, deciding=True)
+                absorbed, job = self.counter.count(st, engine.subject_key(ev), ev, key, now, False)
             if job is not None:
-                self._merge(job, now)
+                self.flusher.write([job], now)
             if absorbed is not None:
                 return absorbed
-            out = self.store.apply(ev, self.policy, now)  # the slim view asks for a decision after all
+            out = self.store.apply(ev, self._policy, now)  # the slim view asks for a decision after all
         with self._lock:
             self._learn(st, out, now)
-            self._remember(key)
+            self.memory.seen.add(key)
         return out
 
     def _learn(self, st: NodeState, out: engine.Outcome, now: float) -> None:
@@ -419,141 +354,24 @@ class Coalescer(ShardWriter):
                 st.opened = out.incident["id"]  # this instance commits its first lines
         st.fetched_at = now
 
-    # -- node states -----------------------------------------------------------------
-
-    def _admit(self, nkey: str, now: float) -> tuple[NodeState, list[tuple[str, NodeState]]]:
-        """Under the lock: the node's state (new or touched), and the states it evicted."""
-        st = self._nodes.get(nkey)
-        if st is None:
-            st = self._nodes[nkey] = NodeState(None, now, now, now)
-        self._nodes.move_to_end(nkey)
-        evicted: list[tuple[str, NodeState]] = []
-        while len(self._nodes) > self._max_nodes:
-            evicted.append(self._nodes.popitem(last=False))
-        return st, evicted
-
-    def _evict(self, evicted: list[tuple[str, NodeState]], now: float) -> None:
-        """Write and check what evicted node states still hold (nobody else would)."""
-        for old_key, old in evicted:
-            with self._lock:
-                job = self._take(old, old_key, now)
-            if job is not None:
-                self._merge(job, now)
-            if old.unverified or old.replays:
-                self.verify(old_key, old, now)
-
-    def _take(self, st: NodeState, nkey: str, now: float) -> Job | None:
-        """Under the lock: detach a node's counted lines so they can be written outside it."""
-        job = self._snapshot(st, nkey, now)
-        if job is not None:
-            self._inflight += 1
-        return job
-
-    def _done_merging(self) -> None:
-        with self._lock:
-            self._inflight -= 1
-            self._merged.notify_all()
-
-    # -- flushing --------------------------------------------------------------------
+    # -- the parts' public faces -------------------------------------------------------
 
     def flush_all(self, now: float, wait_s: float = 30.0) -> int:
-        """Write every buffered count now (SIGTERM, exit, the sweep, the end of a benchmark).
-
-        In one store call (one write per page: at SIGTERM an instance has seconds, and a storm
-        over 2,000 nodes leaves as many shards). Returns once merges already under way elsewhere
-        (the timer, another line) have finished too, so whoever reads the incidents next sees
-        every count this instance had.
-        """
-        with self._lock:
-            jobs = [job for k in list(self._pending) if (job := self._take(self._nodes[k], k, now))]
-        retries = self._take_retries()
-        with self._lock:
-            self._inflight += len(retries)
-        self._merge_all(jobs + retries, now)
-        with self._lock:
-            self._merged.wait_for(lambda: self._inflight == 0, timeout=wait_s)
-        self.watch_feed(now)  # what was resolved since the last look: replayed before the instance goes
-        return len(jobs)
+        """Write every buffered count now (services/count_flush.py ``Flusher.all``)."""
+        return self.flusher.all(now, wait_s)
 
     def flush_due(self, now: float) -> int:
-        """Look at the resolved feed, write the counts buffered for a flush interval or longer, check
-        lines written ``VERIFY_S`` ago that nothing checked since, drop idle node states.
-
-        A page with a node due is written whole: every node of it with lines buffered goes in the
-        same write (a write per page and interval, whatever the nodes). A shutdown's flush_all
-        waits for it.
-        """
-        self.watch_feed(now)
-        jobs = self._take_retries()
-        with self._lock:
-            self._inflight += len(jobs)
-            pages = {
-                self._nodes[k].page
-                for k in self._pending
-                if now - self._nodes[k].last_flush >= self.flush_interval
-            }
-            due = [k for k in self._pending if self._nodes[k].page in pages]
-            late = [
-                (k, st)
-                for k, st in self._nodes.items()
-                if (st.unverified and now - st.written_at >= VERIFY_S) or st.replays
-            ]
-            idle = [
-                k
-                for k, st in self._nodes.items()
-                if not st.buffered and not st.unverified and not st.replays and now - st.touched >= IDLE_S
-            ]
-            for k in idle:
-                del self._nodes[k]
-            merged = [job for k in due if (job := self._take(self._nodes[k], k, now))]
-        self._merge_all(jobs + merged, now)  # one store call: a write per page, not per node
-        for k, st in late:
-            self.verify(k, st, now)
-        return len(merged)
-
-    def _ensure_timer(self) -> bool:
-        """Under the lock: make sure the timer thread runs while counts are buffered (False: off)."""
-        if not self.timer or self._stop.is_set():
-            return False
-        if self._flusher is None or not self._flusher.is_alive():
-            self._flusher = threading.Thread(target=self._tick, name="pitstop-flush", daemon=True)
-            self._flusher.start()
-        return True
-
-    def _tick(self) -> None:
-        """The timer: merge due counts every interval, first as it starts (until its first look at the
-        feed, a write was checked by a read at once); stop when nothing was buffered for a while."""
-        quiet, tick = 0, self._tick_s
-        while True:
-            try:
-                self.flush_due(self.clock())
-            except Exception as exc:  # never let the timer die silently with counts buffered
-                log.emit("ERROR", "storm count flush failed", error=repr(exc)[:300])
-            with self._lock:
-                quiet = 0 if self._pending else quiet + 1
-                if quiet >= IDLE_TICKS:
-                    self._flusher = None
-                    return
-            # Jittered, so that instances started together do not merge into the same incidents at once.
-            if self._stop.wait(tick * _JITTER.uniform(0.75, 1.25)):
-                return
+        """The timer's work, for whoever plays it (services/count_flush.py ``Flusher.due``)."""
+        return self.flusher.due(now)
 
     def close(self) -> None:
         """Stop the timer thread (tests, benchmarks); buffered counts stay until flushed."""
-        self._stop.set()
-        flusher = self._flusher
-        if flusher is not None:
-            flusher.join(timeout=5)
+        self.flusher.close()
 
     def forget(self, nkey: str | None = None) -> None:
         """Drop cached node states (all, or one), except those with counts still to merge."""
-        with self._lock:
-            for k in [nkey] if nkey is not None else list(self._nodes):
-                st = self._nodes.get(k)
-                if st is not None and not st.buffered and not st.unverified and not st.replays:
-                    del self._nodes[k]
+        self.memory.forget(nkey)
 
     def stats(self) -> dict[str, int]:
         """Sizes of the in-memory maps (bounded; see the module docstring)."""
-        with self._lock:
-            return {"nodes": len(self._nodes), "seen": len(self._seen), "buffered_nodes": len(self._pending)}
+        return self.memory.stats()
