@@ -23,7 +23,7 @@ Places are compared within one source only (a Slurm switch name is not a Compute
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -196,6 +196,25 @@ def domain_of(place: Place | None) -> str | None:
     )
 
 
+def _nearest_to(anchor: Sequence[Place | None]) -> Callable[[Seat], int]:
+    """The index in TIERS of the nearest level a seat shares with any anchor: the least of
+    :func:`shared` over them, from sets (a gang of thousands is asked about every spare)."""
+    known = [p for p in anchor if p]
+    sources = {p.get("source") for p in known}
+    blocks = {(p.get("source"), p.get("block")) for p in known}
+    subs = {(p.get("source"), p.get("block"), p.get("subblock")) for p in known if p.get("subblock")}
+
+    def nearest(s: Seat) -> int:
+        p = s.place
+        if not p or p.get("source") not in sources:
+            return TIERS.index("unknown")
+        if p.get("subblock") and (p.get("source"), p.get("block"), p.get("subblock")) in subs:
+            return TIERS.index("subblock")
+        return TIERS.index("block" if (p.get("source"), p.get("block")) in blocks else "cluster")
+
+    return nearest
+
+
 def pick(
     gang: Sequence[Seat], fenced: Collection[str], spares: Sequence[Seat], need: int, nvl72: bool = False
 ) -> Pick:
@@ -224,9 +243,7 @@ def pick(
         )
         return Pick(before=before, blocked=why, domain=domain)
 
-    def nearest(s: Seat) -> int:
-        return min((TIERS.index(shared(p, s.place)) for p in anchor), default=TIERS.index("unknown"))
-
+    nearest = _nearest_to(anchor)
     ranked = sorted(enumerate(allowed), key=lambda iv: (nearest(iv[1]), iv[0]))
     chosen = tuple(s for _, s in ranked[:need])
     tier = TIERS[max(nearest(s) for s in chosen)] if chosen else "subblock"
