@@ -212,3 +212,25 @@ def test_a_move_among_places_nobody_named_is_not_priced_as_slower() -> None:
     assert pick.after == "unknown" and not pick.widens and tradeoff.penalty_of(pick, COSTS) == 0.0
     out = tradeoff.weigh(situation("REBOOT_NODE", topology.Pick.unnamed()), COSTS)
     assert out.decision == "move" and out.why.startswith("moved to a spare the scheduler picks:")
+
+
+def test_the_nearest_level_from_sets_is_the_least_shared_level_over_the_gang() -> None:
+    """pick ranks spares by the nearest level they share with any staying member; it reads that from
+    sets (a 2,048-node gang is asked about every spare): the same as the least of ``shared``."""
+    import random
+
+    rnd = random.Random(37)
+
+    def place() -> Place | None:
+        if rnd.random() < 0.1:
+            return None
+        p: Place = {"source": rnd.choice(["compute", "gke"]), "block": rnd.choice(["b0", "b1", "b2"])}
+        if rnd.random() < 0.8:
+            p["subblock"] = rnd.choice(["s0", "s1", ""])
+        return p
+
+    for _ in range(300):
+        anchor = [place() for _ in range(rnd.randrange(0, 6))]
+        spare = Seat("x", place())
+        want = min((topology.TIERS.index(topology.shared(a, spare.place)) for a in anchor), default=3)
+        assert topology._nearest_to(anchor)(spare) == want, (anchor, spare)
