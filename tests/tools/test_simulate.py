@@ -324,6 +324,28 @@ def test_cost_aware_pitstop_waits_for_a_gpu_reset_and_moves_for_a_host_report() 
     assert unpriced["gpu_hours_lost"]["fabric"] > priced["gpu_hours_lost"]["fabric"]
 
 
+def test_a_node_just_back_from_its_repair_gives_way_to_a_fresh_spare_as_narrow_for_the_gang() -> None:
+    """One gang over two blocks (it spans the cluster whichever spare it takes), a spare in each
+    block's spare sub-block. A reboot of node 5 (block 0) moves the gang onto block 0's spare and
+    node 5 comes back to the idle pool; two hours later node 6 (block 0) fails: the nearest spare is
+    node 5 (the gang's own sub-block) but it is on probation (``moves.probation_s``), so block 1's
+    fresh spare goes, no wider for the gang."""
+    topo: TopologyConf = {
+        "nodes_per_subblock": 16, "subblocks_per_block": 1, "spares_per_subblock": 0, "spares_per_block": 1,
+        "penalty": {"block": 0.02, "cluster": 0.05},
+    }  # fmt: skip
+    scn = _fabric(scenario(nodes=32, days=3), topo, spares=2, gang=32)
+    faults = [
+        _fault("f0", 1.0, 5, ("xid79",), "REBOOT_NODE"),
+        _fault("f1", 1.0 + 2 / 24, 6, ("xid79",), "REBOOT_NODE"),
+    ]
+    aware, sim = _run(scn, "pitstop-topology", faults)
+    assert isinstance(sim.strategy, Placed) and 5 in sim.strategy.returned
+    assert {32, 33} <= sim.jobs[0].members and 5 not in sim.jobs[0].members
+    assert aware["spare_tiers"] == {"block": 2}
+    assert aware["gpu_hours_lost"]["fabric"] == 0
+
+
 def test_the_a3_ultra_scenario_runs_by_name_with_every_strategy() -> None:
     doc = json.loads(_cli(["simulate", "--scenario", "a3-ultra", "--json", "--days", "10"]))
     fleet = doc["scenario"]["fleet"]

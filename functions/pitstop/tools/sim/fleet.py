@@ -132,6 +132,7 @@ class Fleet:
         self.pool: dict[int, None] = dict.fromkeys(n for n in range(physical) if self.job_of[n] < 0)
         self.ledger = Ledger()
         self._heap: list[tuple[float, int, str, Any]] = []
+        self.now = 0.0  # the time of the event being handled (a strategy's clock)
         self._seq = itertools.count()
 
     # -- the event loop ----------------------------------------------------------------------
@@ -152,6 +153,7 @@ class Fleet:
         }
         while self._heap and self._heap[0][0] < self.horizon:
             t, _, kind, data = heapq.heappop(self._heap)
+            self.now = t
             handlers[kind](t, data)
         for job in self.jobs:
             self._finish(job)

@@ -15,7 +15,7 @@ places are core/topology's, so the strategies that pick by them decide with the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable
 
 from pitstop.core.domain import Place
 from pitstop.core.topology import TIERS, Tier
@@ -65,12 +65,12 @@ def spread(keys: Iterable[Key]) -> Tier:
     return "cluster" if len(blocks) > 1 else "block" if len(seen) > 1 else "subblock"
 
 
-def first_of_each(nodes: Iterable[int], keys: Sequence[Key], per_place: int = 1) -> list[int]:
-    """The first ``per_place`` nodes of each place, in the given order."""
-    count: dict[Key, int] = {}
+def first_of_each(nodes: Iterable[int], key_of: Callable[[int], Hashable], per_place: int = 1) -> list[int]:
+    """The first ``per_place`` nodes of each place (whatever ``key_of`` tells apart), in the given order."""
+    count: dict[Hashable, int] = {}
     out: list[int] = []
     for n in nodes:
-        k = keys[n]
+        k = key_of(n)
         if count.get(k, 0) < per_place:
             count[k] = count.get(k, 0) + 1
             out.append(n)

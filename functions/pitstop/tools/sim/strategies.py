@@ -436,21 +436,24 @@ class Placed(_Base):
         self.measured: dict[str, list[float]] = {}  # action -> seconds from fence to healthy
         self.choices: dict[str, int] = {}
         self.decisions: list[tuple[str, str, str]] = []  # (action, decision, why) per weighed fault
+        self.returned: dict[int, float] = {}  # node -> when it last came back from a Pitstop repair
+        self.probation_s = float(self.world.p.moves["probation_s"])
 
     def respond(self, f: Fault, t: float, sim: Fleet) -> Response:
         r = self.inner.respond(f, t, sim)
         if r.node_back_at is None or r.action not in LADDER or r.checkpointed:
             return r  # no repair to wait for, or a planned move at a checkpoint
-        r.on_back = self._measure(r.action, r.requeue_at, r.on_back)
+        r.on_back = self._measure(f.node, r.action, r.requeue_at, r.on_back)
         if self.priced and sim.job_of[f.node] >= 0:
             self._weigh(f, r, sim)
         return r
 
     def _measure(
-        self, action: str, fenced: float, then: Callable[[float], None] | None
+        self, node: int, action: str, fenced: float, then: Callable[[float], None] | None
     ) -> Callable[[float], None]:
         def back(at: float) -> None:
             self.measured.setdefault(action, []).append(at - fenced)
+            self.returned[node] = at
             if then is not None:
                 then(at)
 
@@ -476,15 +479,19 @@ class Placed(_Base):
         pick = self._pick(job, set(job.left), free, need, sim)
         return [int(s.node) for s in pick.spares] if pick.spares else free[:need]
 
-    @staticmethod
-    def _pick(job: Job, fenced: set[int], free: list[int], need: int, sim: Fleet) -> topology.Pick:
-        """core/topology.pick over the gang and the idle nodes in the scheduler's order, one seat per
-        place the answer can depend on (a few dozen seats for thousands of members)."""
+    def _pick(self, job: Job, fenced: set[int], free: list[int], need: int, sim: Fleet) -> topology.Pick:
+        """core/topology.pick over the gang and the idle nodes in the scheduler's order, each with
+        when it came back from a Pitstop repair (the pick's probation), one seat per place and
+        probation the answer can depend on (a few dozen seats for thousands of members)."""
         staying = sorted({sim.keys[n]: n for n in job.members - fenced}.values())  # one per place
         gang = [topology.Seat(str(n), sim.places[n]) for n in [*staying, *sorted(fenced)]]
-        # only the first ``need`` idle nodes of a place can be chosen (ties go to the listed order)
-        spares = [topology.Seat(str(n), sim.places[n]) for n in placement.first_of_each(free, sim.keys, need)]
-        return topology.pick(gang, {str(n) for n in fenced}, spares, need)
+        back = self.returned
+        on = {n for n in free if n in back and sim.now - back[n] < self.probation_s}
+        # only the first ``need`` idle nodes of a place, on probation or not, can be chosen (ties go
+        # to the listed order)
+        firsts = placement.first_of_each(free, lambda n: (sim.keys[n], n in on), need)
+        spares = [topology.Seat(str(n), sim.places[n], back.get(n)) for n in firsts]
+        return topology.pick(gang, {str(n) for n in fenced}, spares, need, False, sim.now, self.probation_s)
 
 
 STRATEGIES: dict[str, Callable[[Scenario], _Base]] = {
