@@ -151,7 +151,9 @@ class Pick:
 
     ``tier``: where the farthest spare sits relative to the gang; ``before``/``after``: how widely
     the gang is spread without the fenced nodes and with the spares (a move costs only when it
-    widens it); ``blocked``: no spare inside the gang's NVLink domain (NVL72), or not enough.
+    widens it); ``blocked``: no spare inside the gang's NVLink domain (NVL72), or not enough;
+    ``passed_over``: spares listed before the first taken that would spread the gang wider or sit
+    farther; ``probation``: spares the pick would have taken but for their recent repair.
     """
 
     spares: tuple[Seat, ...] = ()
@@ -232,6 +234,11 @@ def _span_after(staying: Sequence[Place | None], before: Tier) -> Callable[[Seat
     return lambda s: max(wide, TIERS.index(shared(first, s.place)))
 
 
+def _best(seats: Sequence[Seat], need: int, rank: Callable[[Seat], tuple[int, ...]]) -> tuple[Seat, ...]:
+    """The ``need`` best-ranked seats, ties in the order listed (a stable sort)."""
+    return tuple(sorted(seats, key=rank)[:need])
+
+
 def on_probation(seat: Seat, now: float, probation_s: float) -> bool:
     """Whether the spare came back from a Pitstop repair less than ``probation_s`` ago."""
     return seat.returned_at is not None and now - seat.returned_at < probation_s
@@ -279,15 +286,11 @@ def pick(
         return Pick(before=before, blocked=why, domain=domain)
 
     nearest, wide = _nearest_to(anchor), _span_after([s.place for s in staying], before)
-    level = {id(s): (wide(s), nearest(s)) for s in allowed}
-    fresh = {id(s): on_probation(s, now, probation_s) for s in allowed}
-    ranked = sorted(
-        enumerate(allowed), key=lambda iv: (level[id(iv[1])][0], fresh[id(iv[1])], level[id(iv[1])][1], iv[0])
-    )
-    chosen = tuple(s for _, s in ranked[:need])
-    unwary = sorted(enumerate(allowed), key=lambda iv: (level[id(iv[1])], iv[0]))[:need]
+    level = {id(s): (wide(s), nearest(s)) for s in allowed}  # (span after the move, nearest level)
+    held = {id(s): on_probation(s, now, probation_s) for s in allowed}
+    chosen = _best(allowed, need, lambda s: (level[id(s)][0], held[id(s)], level[id(s)][1]))
     taken = {id(s) for s in chosen}
-    passed = tuple(s.node for _, s in unwary if id(s) not in taken)
+    passed = tuple(s.node for s in _best(allowed, need, lambda s: level[id(s)]) if id(s) not in taken)
     tier = TIERS[max(nearest(s) for s in chosen)] if chosen else "subblock"
     first = allowed.index(chosen[0]) if chosen else 0
     skipped = tuple(
