@@ -14,6 +14,7 @@ Shapes as the platforms document them:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import cast
 
 import pytest
@@ -212,3 +213,87 @@ def test_a_move_among_places_nobody_named_is_not_priced_as_slower() -> None:
     assert pick.after == "unknown" and not pick.widens and tradeoff.penalty_of(pick, COSTS) == 0.0
     out = tradeoff.weigh(situation("REBOOT_NODE", topology.Pick.unnamed()), COSTS)
     assert out.decision == "move" and out.why.startswith("moved to a spare the scheduler picks:")
+
+
+def test_the_nearest_level_from_sets_is_the_least_shared_level_over_the_gang() -> None:
+    """pick ranks spares by the nearest level they share with any staying member; it reads that from
+    sets (a 2,048-node gang is asked about every spare): the same as the least of ``shared``."""
+    import random
+
+    rnd = random.Random(37)
+
+    def place() -> Place | None:
+        if rnd.random() < 0.1:
+            return None
+        p: Place = {"source": rnd.choice(["compute", "gke"]), "block": rnd.choice(["b0", "b1", "b2"])}
+        if rnd.random() < 0.8:
+            p["subblock"] = rnd.choice(["s0", "s1", ""])
+        return p
+
+    for _ in range(300):
+        anchor = [place() for _ in range(rnd.randrange(0, 6))]
+        spare = Seat("x", place())
+        want = min((topology.TIERS.index(topology.shared(a, spare.place)) for a in anchor), default=3)
+        assert topology._nearest_to(anchor)(spare) == want, (anchor, spare)
+
+
+DAY = 86400.0
+
+
+def test_a_just_repaired_spare_ranks_after_a_fresh_one_that_spreads_the_gang_as_widely() -> None:
+    """The fabric's cost is the widest level the gang spans after the move: a gang already over two
+    blocks spans the cluster whichever spare it takes, so the spare just back from a repair in its
+    own sub-block (where a repaired node comes back) gives way to a fresh one in another block."""
+    gang = [Seat("n1", at("b1", "s1")), Seat("n2", at("b1", "s1")), Seat("n3", at("b2", "s4"))]
+    back = Seat("back", at("b1", "s1"), returned_at=10 * DAY - 600)
+    fresh = Seat("fresh", at("b3", "s7"))
+    pick = topology.pick(gang, {"n1"}, [back, fresh], 1, now=10 * DAY, probation_s=DAY)
+    assert [s.node for s in pick.spares] == ["fresh"] and pick.probation == ("back",)
+    assert (pick.tier, pick.before, pick.after, pick.widens) == ("cluster", "cluster", "cluster", False)
+    assert pick.passed_over == () and "passed over back" in pick.where and "probation" in pick.where
+    # back longer ago than the probation, or no probation at all: the nearest spare, as before
+    for seat, probation in ((replace(back, returned_at=8 * DAY), DAY), (back, 0.0)):
+        pick = topology.pick(gang, {"n1"}, [fresh, seat], 1, now=10 * DAY, probation_s=probation)
+        assert [s.node for s in pick.spares] == ["back"] and pick.probation == ()
+        assert pick.tier == "subblock" and pick.passed_over == ("fresh",) and "passed over" not in pick.where
+
+
+def test_probation_never_costs_the_gang_a_wider_span() -> None:
+    """Span first: the only spare that keeps the gang in its sub-block is taken though it was just
+    repaired; among the spares of the next span, the fresh one goes first."""
+    gang = [Seat("n1", at("b1", "s1")), Seat("n2", at("b1", "s1"))]
+    back = Seat("back", at("b1", "s1"), returned_at=10 * DAY - 60)
+    block_back = Seat("block-back", at("b1", "s2"), returned_at=10 * DAY - 60)
+    block_fresh = Seat("block-fresh", at("b1", "s3"))
+    spares = [block_back, block_fresh, back]
+    pick = topology.pick(gang, {"n1"}, spares, 1, now=10 * DAY, probation_s=DAY)
+    assert [s.node for s in pick.spares] == ["back"] and pick.after == "subblock" and not pick.widens
+    assert pick.probation == () and pick.passed_over == ("block-back", "block-fresh")
+    pick = topology.pick(gang, {"n1"}, spares[:2], 1, now=10 * DAY, probation_s=DAY)
+    assert [s.node for s in pick.spares] == ["block-fresh"] and pick.probation == ("block-back",)
+    assert pick.after == "block" and pick.passed_over == ()
+    pick = topology.pick(gang, {"n1"}, spares[:2], 2, now=10 * DAY, probation_s=DAY)
+    assert [s.node for s in pick.spares] == ["block-fresh", "block-back"] and pick.probation == ()
+
+
+def test_the_span_after_a_move_is_the_span_of_the_staying_members_and_the_spare() -> None:
+    """pick ranks spares by the span the gang would have with each; it reads that in one comparison
+    (a 2,048-node gang is asked about every spare): the same as ``span`` over them all."""
+    import random
+
+    rnd = random.Random(3737)
+
+    def place() -> Place | None:
+        if rnd.random() < 0.1:
+            return None
+        p: Place = {"source": rnd.choice(["compute", "gke"]), "block": rnd.choice(["b0", "b1", "b2"])}
+        if rnd.random() < 0.8:
+            p["subblock"] = rnd.choice(["s0", "s1", ""])
+        return p
+
+    for _ in range(300):
+        staying = [place() for _ in range(rnd.randrange(0, 6))]
+        spare = Seat("x", place())
+        want = topology.TIERS.index(topology.span([*staying, spare.place])) if staying else 0
+        got = topology._span_after(staying, topology.span(staying))(spare)
+        assert got == want, (staying, spare)

@@ -11,12 +11,14 @@ domain has no spare; a short reset is waited for while a host report moves the g
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from pitstop.core import engine, policy, remediation, topology
+from pitstop.core.domain import Incident, NodeDoc, NodeRef
 from pitstop.core.ops import Op
 from pitstop.core.scheduling import Capacity, JobRun, RequeueOutcome, StepRef
 from pitstop.core.topology import Seat
@@ -104,6 +106,33 @@ def test_the_gang_moves_to_the_spare_of_its_sub_block_though_another_was_listed_
     # 2 nodes x 8 GPUs: move = 16 x 600 s = 2.7 GPU-h; wait for the reboot = 16 x (600 + 600) s = 5.3
     assert choice.get("why") == "moved to sub-block b1-s1: 2.7 GPU-h expected vs 5.3 waiting for the reboot"
     assert "moved to sub-block b1-s1" in remediation.summary(inc, {"unfenced": NODE, "resumed": True})
+
+
+def test_a_spare_just_back_from_a_repair_gives_way_to_a_fresh_one_of_the_same_sub_block(
+    stop: list[Moves],
+) -> None:
+    """a3-node-003 came back from a Pitstop reboot ten minutes ago (its node document's latest
+    incident, acted on and healthy): the pick reads that through the store and takes a3-node-004 of
+    the same sub-block instead, and the reason says why."""
+    rig = Moves(PlacedGang([("a3-node-003", ["b1-s1", "b1"]), ("a3-node-004", ["b1-s1", "b1"])]))
+    stop.append(rig)
+    iid = rig.open()
+    inc, now = rig.store.get(iid), rig.clock()
+    assert inc is not None and inc["node"] is not None
+    spare = NodeRef(**{**inc["node"], "instance": "a3-node-003"})
+    # staged by hand as the store keeps them: the spare's node document and its resolved incident
+    back: dict[str, Any] = {**copy.deepcopy(inc), "id": "earlier", "node": spare, "state": "RESOLVED"}
+    back["timeline"] = {**inc["timeline"], "acted": now - 1200, "healthy": now - 600, "resolved": now - 600}
+    rig.store.docs.incidents["earlier"] = cast(Incident, back)
+    doc = {"node": spare, "latest_incident": "earlier", "remediations": [], "last_action_at": {}}
+    rig.store.records.put_node(engine.node_key(spare), cast(NodeDoc, doc))
+    rig.to_reschedule(iid)
+    assert rig.placed.onto == [("a3-node-002", "a3-node-004")]
+    inc = rig.store.get(iid)
+    assert inc is not None
+    choice = inc.get("choice") or {}
+    assert choice.get("spares") == ["a3-node-004"] and choice.get("tier") == "subblock"
+    assert "passed over a3-node-003: back from a repair, on probation" in str(choice.get("why"))
 
 
 def test_an_nvl72_gang_never_leaves_its_domain_it_waits_and_a_person_is_paged(stop: list[Moves]) -> None:

@@ -175,7 +175,9 @@ def test_bench_simulate_reports_one_run_and_a_sweep() -> None:
     result = json.loads(proc.stdout)
     assert result["benchmark"] == "simulate"
     assert result["rate"] == "llama3" and result["days"] == 10
-    assert result["strategies"] == ["manual", "gke", "nvsentinel", "pitstop", "pitstop+tel"]
+    assert result["strategies"] == [
+        "manual", "gke", "nvsentinel", "pitstop", "pitstop+tel", "pitstop-topology", "pitstop-cost",
+    ]  # fmt: skip
     assert result["cpus"] >= 1
     single, sweep = result["single"], result["sweep"]
     assert single["nodes"] == 128 and single["target_s"] == 30

@@ -14,10 +14,10 @@ import yaml
 
 from pitstop.core import resources
 from pitstop.tools import cli, simulate
-from pitstop.tools.sim import trace
+from pitstop.tools.sim import placement, trace
 from pitstop.tools.sim.fleet import Fleet
-from pitstop.tools.sim.scenario import Category, Comparison, Scenario, Summary, SweepValue
-from pitstop.tools.sim.strategies import Pitstop, catalog_action
+from pitstop.tools.sim.scenario import Category, Comparison, Scenario, Summary, SweepValue, TopologyConf
+from pitstop.tools.sim.strategies import STRATEGIES, Pitstop, Placed, catalog_action
 
 
 def scenario(**fields: SweepValue) -> Scenario:
@@ -59,7 +59,9 @@ def test_same_seed_same_result_other_seed_other_trace() -> None:
 
 
 def test_strategy_ordering_on_the_default_scenario() -> None:
-    res = by_name(simulate.simulate(scenario()))
+    scn = scenario()
+    scn["strategies"] = ["manual", "nvsentinel", "pitstop", "pitstop+tel"]  # the fabric's: tests below
+    res = by_name(simulate.simulate(scn))
     assert res["pitstop+tel"]["ettr"] > res["pitstop"]["ettr"]
     assert res["pitstop"]["ettr"] >= res["nvsentinel"]["ettr"] >= res["manual"]["ettr"]
     assert res["pitstop"]["time_to_resume_min"]["mean"] < res["manual"]["time_to_resume_min"]["mean"]
@@ -173,10 +175,19 @@ def test_cli_json_has_the_documented_shape() -> None:
     doc = json.loads(_cli(["simulate", "--json", "--nodes", "128", "--days", "5"]))
     assert set(doc) >= {"strategies", "scenario"}
     names = [r["strategy"] for r in doc["strategies"]]
-    assert names == ["manual", "gke", "nvsentinel", "pitstop", "pitstop+tel"]
+    assert names == [
+        "manual",
+        "gke",
+        "nvsentinel",
+        "pitstop",
+        "pitstop+tel",
+        "pitstop-topology",
+        "pitstop-cost",
+    ]
     for r in doc["strategies"]:
         assert 0 < r["ettr"] <= 1
-        assert set(r["gpu_hours_lost"]) == {"checkpoint", "lost_work", "slowed", "detect", "wait", "restart"}
+        lost = {"checkpoint", "lost_work", "slowed", "fabric", "detect", "wait", "restart"}
+        assert set(r["gpu_hours_lost"]) == lost
         assert set(r["time_to_resume_min"]) == {"mean", "p95"}
         for k in ("interruptions", "nodes_held", "nodes_wrongly_replaced", "money_lost_usd"):
             assert isinstance(r[k], int | float)
@@ -187,7 +198,7 @@ def test_cli_json_has_the_documented_shape() -> None:
 def test_cli_table_sweep_and_plot(tmp_path: Path) -> None:
     png = tmp_path / "ettr.png"
     out = _cli(["simulate", "--days", "3", "--nodes", "64", "--sweep", "nodes=32,64", "--plot", str(png)])
-    assert "pitstop" in out and "ETTR by nodes" in out
+    assert "pitstop-cost at each node repair" in out and "ETTR by nodes" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 10_000
 
@@ -232,3 +243,116 @@ def test_a_hang_is_found_at_the_heartbeats_window_instead_of_the_jobs_timeout_an
     assert after["time_to_resume_min"]["mean"] < before["time_to_resume_min"]["mean"]
     assert after["engine"]["decided"] == {"RESTART_JOB": after["faults"]}  # one hang incident per fault
     assert before["engine"]["incidents"] == 0  # today nothing Pitstop reads shows a hang
+
+
+# -- topology (issue 37) --------------------------------------------------------------------------
+
+
+def _fabric(scn: Scenario, topo: TopologyConf, spares: int, gang: int) -> Scenario:
+    out = copy.deepcopy(scn)
+    out["fleet"]["topology"] = topo
+    out["fleet"]["spares"] = spares
+    out["jobs"]["gang_nodes"] = gang
+    return out
+
+
+def _fault(fid: str, day: float, node: int, burst: tuple[str, ...], needs: str) -> trace.Fault:
+    return trace.Fault(fid, day * 86400.0, node, "hand", "xid", burst, needs, "0000:1b:00", 1200.0, 21600.0)
+
+
+def _run(scn: Scenario, name: str, faults: list[trace.Fault]) -> tuple[Summary, Fleet]:
+    sim = Fleet(scn, STRATEGIES[name](scn))
+    return simulate.summarize(name, sim.run(faults), sim, scn), sim
+
+
+def test_layout_puts_spares_in_their_sub_block_their_block_then_a_block_of_their_own() -> None:
+    topo: TopologyConf = {
+        "nodes_per_subblock": 4, "subblocks_per_block": 2, "spares_per_subblock": 1, "spares_per_block": 1,
+        "penalty": {"block": 0.02, "cluster": 0.05},
+    }  # fmt: skip
+    places = placement.layout(
+        {"nodes": 16, "gpus_per_node": 8, "spares": 8, "usd_per_gpu_hour": 1, "topology": topo}
+    )
+    where = [(p["block"], p["subblock"]) for p in places if p is not None]
+    assert where[0] == where[3] == ("b0", "sb0") and where[4] == ("b0", "sb1") and where[8] == ("b1", "sb2")
+    assert where[16:20] == [("b0", "sb0"), ("b0", "sb1"), ("b1", "sb2"), ("b1", "sb3")]  # one per sub-block
+    assert where[20:22] == [("b0", "sb0-spare"), ("b1", "sb1-spare")]  # one per block
+    assert where[22:] == [("b2", "sbspare")] * 2  # the rest: a block of their own
+
+
+def test_topology_aware_pitstop_keeps_the_gang_in_its_block_where_the_blind_one_crosses() -> None:
+    """Two gangs, one per block; the scheduler lists block 0's spare first. A reboot on gang 1
+    (block 1): the blind Pitstop restarts it on block 0's spare and its ring crosses blocks for the
+    rest of the run (the 5 % penalty); topology-aware Pitstop (core/topology.pick) takes block 1's."""
+    topo: TopologyConf = {
+        "nodes_per_subblock": 32, "subblocks_per_block": 1, "spares_per_subblock": 1, "spares_per_block": 0,
+        "penalty": {"block": 0.02, "cluster": 0.05},
+    }  # fmt: skip
+    scn = _fabric(scenario(nodes=64, days=10), topo, spares=2, gang=32)
+    faults = [_fault("f0", 1.0, 40, ("xid79",), "REBOOT_NODE")]
+    blind, blind_sim = _run(scn, "pitstop+tel", faults)
+    aware, aware_sim = _run(scn, "pitstop-topology", faults)
+    assert blind["spare_tiers"] == {"cluster": 1} and aware["spare_tiers"] == {"subblock": 1}
+    assert 64 in blind_sim.jobs[1].members and 65 in aware_sim.jobs[1].members
+    assert blind["gpu_hours_lost"]["fabric"] > 0 == aware["gpu_hours_lost"]["fabric"]
+    # 9 days at 5 % of 256 GPUs, less the restart: what the blind move costs
+    assert blind["gpu_hours_lost"]["fabric"] == pytest.approx(0.05 * 256 * 24 * 9, rel=0.02)
+    assert sum(aware["gpu_hours_lost"].values()) < sum(blind["gpu_hours_lost"].values())
+
+
+def test_cost_aware_pitstop_waits_for_a_gpu_reset_and_moves_for_a_host_report() -> None:
+    """One gang in sub-block 0; the only spare sits in the block's spare sub-block (a move there
+    costs 2 % for the day the policy assumes is left). core/tradeoff prices waiting for a GPU reset
+    (3 min) below the move, and the host report (~40 min) above it."""
+    topo: TopologyConf = {
+        "nodes_per_subblock": 32, "subblocks_per_block": 2, "spares_per_subblock": 0, "spares_per_block": 1,
+        "penalty": {"block": 0.02, "cluster": 0.05},
+    }  # fmt: skip
+    scn = _fabric(scenario(nodes=32, days=5), topo, spares=1, gang=32)
+    faults = [
+        _fault("f0", 1.0, 5, ("xid48_dram", "xid63"), "RESET_GPU"),
+        _fault("f1", 3.0, 10, ("xid64_remap",), "REPLACE_NODE"),
+    ]
+    priced, sim = _run(scn, "pitstop-cost", faults)
+    assert isinstance(sim.strategy, Placed)
+    assert [(a, d) for a, d, _ in sim.strategy.decisions] == [("RESET_GPU", "wait"), ("REPLACE_NODE", "move")]
+    assert sim.strategy.decisions[0][2].startswith("waited for the GPU reset")
+    assert priced["choices"] == {"move": 1, "wait": 1}
+    assert priced["spare_tiers"] == {"own node": 1, "block": 1}  # its node back, then the block's spare
+    unpriced, _ = _run(scn, "pitstop-topology", faults)
+    assert unpriced["spare_tiers"] == {"block": 1, "subblock": 1}  # moved at once both times
+    assert unpriced["gpu_hours_lost"]["fabric"] > priced["gpu_hours_lost"]["fabric"]
+
+
+def test_a_node_just_back_from_its_repair_gives_way_to_a_fresh_spare_as_narrow_for_the_gang() -> None:
+    """One gang over two blocks (it spans the cluster whichever spare it takes), a spare in each
+    block's spare sub-block. A reboot of node 5 (block 0) moves the gang onto block 0's spare and
+    node 5 comes back to the idle pool; two hours later node 6 (block 0) fails: the nearest spare is
+    node 5 (the gang's own sub-block) but it is on probation (``moves.probation_s``), so block 1's
+    fresh spare goes, no wider for the gang."""
+    topo: TopologyConf = {
+        "nodes_per_subblock": 16, "subblocks_per_block": 1, "spares_per_subblock": 0, "spares_per_block": 1,
+        "penalty": {"block": 0.02, "cluster": 0.05},
+    }  # fmt: skip
+    scn = _fabric(scenario(nodes=32, days=3), topo, spares=2, gang=32)
+    faults = [
+        _fault("f0", 1.0, 5, ("xid79",), "REBOOT_NODE"),
+        _fault("f1", 1.0 + 2 / 24, 6, ("xid79",), "REBOOT_NODE"),
+    ]
+    aware, sim = _run(scn, "pitstop-topology", faults)
+    assert isinstance(sim.strategy, Placed) and 5 in sim.strategy.returned
+    assert {32, 33} <= sim.jobs[0].members and 5 not in sim.jobs[0].members
+    assert aware["spare_tiers"] == {"block": 2}
+    assert aware["gpu_hours_lost"]["fabric"] == 0
+
+
+def test_the_a3_ultra_scenario_runs_by_name_with_every_strategy() -> None:
+    doc = json.loads(_cli(["simulate", "--scenario", "a3-ultra", "--json", "--days", "10"]))
+    fleet = doc["scenario"]["fleet"]
+    assert fleet["nodes"] * fleet["gpus_per_node"] == 4096 and "vertex" not in doc
+    res = {r["strategy"]: r for r in doc["strategies"]}
+    assert {"pitstop+tel", "pitstop-topology", "pitstop-cost"} <= set(res)
+    assert "cluster" not in res["pitstop-topology"]["spare_tiers"]
+    assert (
+        res["pitstop-topology"]["gpu_hours_lost"]["fabric"] < res["pitstop+tel"]["gpu_hours_lost"]["fabric"]
+    )

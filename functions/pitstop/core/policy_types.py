@@ -203,6 +203,7 @@ class MovesConfig(TypedDict):
     min_history: int
     repair_s: dict[str, float]  # an action (or ``default``) -> seconds
     nvlink_domain_families: list[str]
+    probation_s: float  # a spare just back from a Pitstop repair ranks after others of its span
 
 
 class CheckpointAdviceConfig(TypedDict):

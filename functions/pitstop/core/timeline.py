@@ -53,6 +53,14 @@ def repair_s(inc: HasTimeline) -> float | None:
     return round(float(end) - float(tl["acted"]), 3)
 
 
+def returned_at(inc: HasTimeline) -> float | None:
+    """When the node came back from the incident's repair (validated, else healthy): None if Pitstop
+    acted on nothing or the node is not back."""
+    tl = _timeline(inc)
+    end = tl.get("validated") or tl.get("healthy")
+    return None if tl.get("acted") is None or end is None else float(end)
+
+
 def render(inc: HasTimeline) -> list[str]:
     tl = _timeline(inc)
     d = durations(inc)

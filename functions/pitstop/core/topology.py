@@ -23,7 +23,7 @@ Places are compared within one source only (a Slurm switch name is not a Compute
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -137,10 +137,12 @@ def span(places: Sequence[Place | None]) -> Tier:
 
 @dataclass(frozen=True)
 class Seat:
-    """A node and its place (None: its platform did not say)."""
+    """A node and its place (None: its platform did not say); ``returned_at``: when it last came
+    back from a Pitstop repair (None: never, as far as Pitstop knows), for the spare's probation."""
 
     node: str
     place: Place | None = None
+    returned_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,9 @@ class Pick:
 
     ``tier``: where the farthest spare sits relative to the gang; ``before``/``after``: how widely
     the gang is spread without the fenced nodes and with the spares (a move costs only when it
-    widens it); ``blocked``: no spare inside the gang's NVLink domain (NVL72), or not enough.
+    widens it); ``blocked``: no spare inside the gang's NVLink domain (NVL72), or not enough;
+    ``passed_over``: spares listed before the first taken that would spread the gang wider or sit
+    farther; ``probation``: spares the pick would have taken but for their recent repair.
     """
 
     spares: tuple[Seat, ...] = ()
@@ -159,6 +163,7 @@ class Pick:
     blocked: str | None = None
     domain: str | None = None
     passed_over: tuple[str, ...] = field(default_factory=tuple)  # listed earlier, farther away
+    probation: tuple[str, ...] = field(default_factory=tuple)  # would have been taken, but just repaired
 
     @property
     def widens(self) -> bool:
@@ -181,10 +186,14 @@ class Pick:
             return "a spare the scheduler picks"
         p = self.spares[0].place or {}
         if p.get("subblock"):
-            return f"sub-block {p['subblock']}"
-        if p.get("block"):
-            return f"block {p['block']}"
-        return ", ".join(s.node for s in self.spares)
+            where = f"sub-block {p['subblock']}"
+        elif p.get("block"):
+            where = f"block {p['block']}"
+        else:
+            where = ", ".join(s.node for s in self.spares)
+        if self.probation:
+            where += f" (passed over {', '.join(self.probation)}: back from a repair, on probation)"
+        return where
 
 
 def domain_of(place: Place | None) -> str | None:
@@ -196,13 +205,65 @@ def domain_of(place: Place | None) -> str | None:
     )
 
 
+def _nearest_to(anchor: Sequence[Place | None]) -> Callable[[Seat], int]:
+    """The index in TIERS of the nearest level a seat shares with any anchor: the least of
+    :func:`shared` over them, from sets (a gang of thousands is asked about every spare)."""
+    known = [p for p in anchor if p]
+    sources = {p.get("source") for p in known}
+    blocks = {(p.get("source"), p.get("block")) for p in known}
+    subs = {(p.get("source"), p.get("block"), p.get("subblock")) for p in known if p.get("subblock")}
+
+    def nearest(s: Seat) -> int:
+        p = s.place
+        if not p or p.get("source") not in sources:
+            return TIERS.index("unknown")
+        if p.get("subblock") and (p.get("source"), p.get("block"), p.get("subblock")) in subs:
+            return TIERS.index("subblock")
+        return TIERS.index("block" if (p.get("source"), p.get("block")) in blocks else "cluster")
+
+    return nearest
+
+
+def _span_after(staying: Sequence[Place | None], before: Tier) -> Callable[[Seat], int]:
+    """The index in TIERS of the span the gang would have with this spare beside its staying
+    members: :func:`span` of them all, which is the wider of ``before`` and the level the spare
+    shares with the first of them (span measures from the first place)."""
+    if not staying:
+        return lambda s: TIERS.index("subblock")
+    first, wide = staying[0], TIERS.index(before)
+    return lambda s: max(wide, TIERS.index(shared(first, s.place)))
+
+
+def _best(seats: Sequence[Seat], need: int, rank: Callable[[Seat], tuple[int, ...]]) -> tuple[Seat, ...]:
+    """The ``need`` best-ranked seats, ties in the order listed (a stable sort)."""
+    return tuple(sorted(seats, key=rank)[:need])
+
+
+def on_probation(seat: Seat, now: float, probation_s: float) -> bool:
+    """Whether the spare came back from a Pitstop repair less than ``probation_s`` ago."""
+    return seat.returned_at is not None and now - seat.returned_at < probation_s
+
+
 def pick(
-    gang: Sequence[Seat], fenced: Collection[str], spares: Sequence[Seat], need: int, nvl72: bool = False
+    gang: Sequence[Seat],
+    fenced: Collection[str],
+    spares: Sequence[Seat],
+    need: int,
+    nvl72: bool = False,
+    now: float = 0.0,
+    probation_s: float = 0.0,
 ) -> Pick:
-    """The ``need`` spares nearest the gang: its sub-block first, then its block, then anywhere,
-    each level in the order the scheduler listed them. An NVL72 gang (``nvl72``: its machine type's
-    sub-block is one NVLink domain) takes only spares of its own domain; fewer than ``need`` there,
-    or a domain nobody can name, and it takes none (``blocked`` says why).
+    """The ``need`` spares that spread the gang least: ranked by the span the gang has after the move
+    (the fabric's cost depends on the widest level it spans, not on its nearest member), then a
+    spare back from a Pitstop repair less than ``probation_s`` before ``now`` after the others of
+    that span (a fault not really fixed relapses inside the job), then the nearest level it shares
+    with the gang (sub-block, block, anywhere), then the scheduler's order. Probation never costs a
+    wider span: a just-repaired spare is still taken when it is the only one of the best span.
+    Spares are ranked one by one against the staying members.
+
+    An NVL72 gang (``nvl72``: its machine type's sub-block is one NVLink domain) takes only spares
+    of its own domain; fewer than ``need`` there, or a domain nobody can name, and it takes none
+    (``blocked`` says why).
 
     ``gang``: every member with its place, the fenced ones among them (their place is where the
     gang was); ``spares``: the idle healthy nodes the scheduler may place it on.
@@ -224,13 +285,16 @@ def pick(
         )
         return Pick(before=before, blocked=why, domain=domain)
 
-    def nearest(s: Seat) -> int:
-        return min((TIERS.index(shared(p, s.place)) for p in anchor), default=TIERS.index("unknown"))
-
-    ranked = sorted(enumerate(allowed), key=lambda iv: (nearest(iv[1]), iv[0]))
-    chosen = tuple(s for _, s in ranked[:need])
+    nearest, wide = _nearest_to(anchor), _span_after([s.place for s in staying], before)
+    level = {id(s): (wide(s), nearest(s)) for s in allowed}  # (span after the move, nearest level)
+    held = {id(s): on_probation(s, now, probation_s) for s in allowed}
+    chosen = _best(allowed, need, lambda s: (level[id(s)][0], held[id(s)], level[id(s)][1]))
+    taken = {id(s) for s in chosen}
+    passed = tuple(s.node for s in _best(allowed, need, lambda s: level[id(s)]) if id(s) not in taken)
     tier = TIERS[max(nearest(s) for s in chosen)] if chosen else "subblock"
     first = allowed.index(chosen[0]) if chosen else 0
-    skipped = tuple(s.node for s in allowed[:first] if nearest(s) > nearest(chosen[0]))
+    skipped = tuple(
+        s.node for s in allowed[:first] if level[id(s)] > level[id(chosen[0])] and s.node not in passed
+    )
     after = span([*(s.place for s in staying), *(s.place for s in chosen)])
-    return Pick(chosen, tier, before, after, None, domain, skipped)
+    return Pick(chosen, tier, before, after, None, domain, skipped, passed)

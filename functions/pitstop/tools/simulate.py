@@ -15,7 +15,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
-from pitstop.core import resources
+import yaml
+
+from pitstop.core import policy, resources
 from pitstop.core.domain import Incident
 from pitstop.tools import timing
 from pitstop.tools.progress import Note, Progress, silent
@@ -23,7 +25,7 @@ from pitstop.tools.sim import trace as trace_mod
 from pitstop.tools.sim import vertex as vertex_sim
 from pitstop.tools.sim.fleet import PHASES, Fleet, Ledger
 from pitstop.tools.sim.scenario import Comparison, Scenario, Summary, SweepRun, SweepValue
-from pitstop.tools.sim.strategies import STRATEGIES, Pitstop
+from pitstop.tools.sim.strategies import STRATEGIES, Pitstop, Placed
 
 SCHEMA = "simulate.schema.json"
 # --sweep and the override flags: a short name for each scenario field they may set.
@@ -44,13 +46,34 @@ def default_path() -> Path:
     return resources.schema_dir() / "simulate.default.yaml"
 
 
+def scenario_path(name: str) -> Path:
+    """A scenario file's path, or a shipped one's by name (``a3-ultra``: schemas/simulate.a3-ultra.yaml)."""
+    shipped = resources.schema_dir() / f"simulate.{name}.yaml"
+    return shipped if "/" not in name and not Path(name).exists() and shipped.is_file() else Path(name)
+
+
 def load_scenario(
     path: str | Path | None = None, overrides: Mapping[str, SweepValue] | None = None
 ) -> Scenario:
     """The scenario file (or the shipped default) with overrides applied, validated."""
-    where = str(path or default_path())
-    scn = resources.load_yaml(Path(where), SCHEMA)
-    return with_fields(scn, overrides or {}, where)
+    where = scenario_path(str(path)) if path else default_path()
+    doc = _read(where)
+    base = doc.pop("extends", None)
+    if base is not None:  # a scenario written as its differences from another (one level)
+        merged = policy.deep_merge(_read(where.parent / str(base)), doc)
+        doc = {k: v for k, v in merged.items() if v is not None}  # null: without the base's section
+    resources.validate(doc, SCHEMA, str(where))
+    return with_fields(doc, overrides or {}, str(where))
+
+
+def _read(path: Path) -> dict[str, object]:
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise resources.DataFileError(f"{path}: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise resources.DataFileError(f"{path}: not a mapping")
+    return doc
 
 
 def with_fields(
@@ -92,7 +115,13 @@ def summarize(name: str, led: Ledger, sim: Fleet, scn: Scenario) -> Summary:
     """One strategy's figures: ETTR, GPU-hours lost by phase and by fault, resume times, money."""
     gang = sim.jobs[0].gang
     wall = sim.horizon * len(sim.jobs)
-    lost = {"checkpoint": led.checkpoint, "lost_work": led.lost_work, "slowed": led.slowed, **led.phases}
+    lost = {
+        "checkpoint": led.checkpoint,
+        "lost_work": led.lost_work,
+        "slowed": led.slowed,
+        "fabric": led.fabric,
+        **led.phases,
+    }
     lost_gh = {k: round(_gpu_hours(v, scn, gang), 1) for k, v in lost.items()}
     total_lost = _gpu_hours(sum(lost.values()), scn, gang)
     out: Summary = {
@@ -115,8 +144,11 @@ def summarize(name: str, led: Ledger, sim: Fleet, scn: Scenario) -> Summary:
         "nodes_replaced": led.replaced,
         "nodes_wrongly_replaced": led.wrongly_replaced,
         "money_lost_usd": round(total_lost * scn["fleet"]["usd_per_gpu_hour"], 0),
+        "spare_tiers": dict(sorted(led.spare_tiers.items())),
     }
-    if isinstance(sim.strategy, Pitstop):
+    if isinstance(sim.strategy, Placed) and sim.strategy.priced:
+        out["choices"] = dict(sorted(sim.strategy.choices.items()))
+    if isinstance(sim.strategy, Pitstop | Placed):
         w = sim.strategy.world
         out["engine"] = {
             "results": dict(sorted(w.results.items())),
@@ -150,8 +182,6 @@ def simulate(scn: Scenario, note: Note = silent) -> Comparison:
 
 def vertex_jobs(scn: Scenario) -> list[vertex_sim.VertexRun]:
     """The scenario's Vertex AI jobs, by a person in the morning and by Pitstop (its job budget)."""
-    from pitstop.core import policy
-
     budget = policy.from_doc(scn["policy"]).job_restarts()
     d = scn["durations"]
     human, detect = [float(x) for x in d["human_detect"]], float(d["pitstop_detect"])
@@ -210,6 +240,12 @@ def format_table(result: Comparison) -> str:
         f"{scn['days']} days, rate {scn['faults']['rate']}, checkpoint every "
         f"{scn['jobs']['checkpoint_interval_min']} min, seed {scn['seed']}"
     )
+    if "topology" in scn["fleet"]:
+        topo = scn["fleet"]["topology"]
+        head += (
+            f"; blocks of {topo['subblocks_per_block']} sub-blocks of {topo['nodes_per_subblock']} nodes"
+            f" (+{topo['spares_per_subblock']} spares each, +{topo['spares_per_block']} per block)"
+        )
     cols = (
         "strategy",
         "ETTR",
@@ -217,6 +253,7 @@ def format_table(result: Comparison) -> str:
         "ckpt",
         "work",
         "slow",
+        "fabric",
         "detect",
         "wait",
         "restart",
@@ -228,11 +265,11 @@ def format_table(result: Comparison) -> str:
         "wrong",
         "$M lost",
     )
-    fmt = "{:<11}{:>7}{:>12}{:>8}{:>8}{:>8}{:>8}{:>8}{:>9}{:>6}{:>8}{:>7}{:>6}{:>6}{:>6}{:>9}"
+    fmt = "{:<17}{:>7}{:>12}{:>8}{:>8}{:>8}{:>8}{:>8}{:>8}{:>9}{:>6}{:>8}{:>7}{:>6}{:>6}{:>6}{:>9}"
     lines = [
         head,
-        "GPU-hours lost in thousands by cause (slow: a straggler's gang running slower);"
-        " resume and p95 in minutes",
+        "GPU-hours lost in thousands by cause (slow: a straggler's gang running slower; fabric: a gang"
+        " spread over more blocks or sub-blocks than it started in); resume and p95 in minutes",
         fmt.format(*cols),
     ]
     for r in result["strategies"]:
@@ -242,7 +279,7 @@ def format_table(result: Comparison) -> str:
                 r["strategy"],
                 f"{r['ettr']:.4f}",
                 f"{sum(lost.values()) / 1e3:,.1f}",
-                *(f"{lost[k] / 1e3:,.1f}" for k in ("checkpoint", "lost_work", "slowed", *PHASES)),
+                *(f"{lost[k] / 1e3:,.1f}" for k in ("checkpoint", "lost_work", "slowed", "fabric", *PHASES)),
                 r["interruptions"],
                 r["time_to_resume_min"]["mean"],
                 r["time_to_resume_min"]["p95"],
@@ -252,6 +289,10 @@ def format_table(result: Comparison) -> str:
                 f"{r['money_lost_usd'] / 1e6:,.2f}",
             )
         )
+    for r in result["strategies"]:
+        if "choices" in r:
+            chose = ", ".join(f"{k} {v}" for k, v in r["choices"].items()) or "nothing to weigh"
+            lines.append(f"{r['strategy']} at each node repair (core/tradeoff): {chose}")
     return "\n".join(lines)
 
 
@@ -299,7 +340,7 @@ def plot(path: str, result: Comparison, sweep_key: str | None, runs: list[SweepR
     left.set_title("Effective training time ratio")
     left.grid(alpha=0.3)
     bottom = [0.0] * len(names)
-    for cause in ("checkpoint", "lost_work", "slowed", *PHASES):
+    for cause in ("checkpoint", "lost_work", "slowed", "fabric", *PHASES):
         vals = [r["gpu_hours_lost"][cause] for r in result["strategies"]]
         right.bar(names, vals, bottom=bottom, label=cause.replace("_", " "))
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
@@ -360,7 +401,11 @@ def add(sub: Any) -> None:
     s = sub.add_parser(
         "simulate", help="compare remediation strategies on a simulated fleet (ETTR, GPU-hours, $)"
     )
-    s.add_argument("--scenario", default=None, help="scenario YAML (default: schemas/simulate.default.yaml)")
+    s.add_argument(
+        "--scenario",
+        default=None,
+        help="scenario YAML, or a shipped one by name: a3-ultra (default: schemas/simulate.default.yaml)",
+    )
     s.add_argument(
         "--rate", default=None, help="fault rate: llama3, or a preset of the scenario (rsc1, rsc2)"
     )
@@ -369,7 +414,9 @@ def add(sub: Any) -> None:
     s.add_argument("--days", type=float, default=None, help="length of the simulated period")
     s.add_argument("--seed", type=int, default=None, help="seed of the fault trace (same seed, same trace)")
     s.add_argument(
-        "--strategies", default=None, help="comma-separated: manual,gke,nvsentinel,pitstop,pitstop+tel"
+        "--strategies",
+        default=None,
+        help="comma-separated: manual,gke,nvsentinel,pitstop,pitstop+tel,pitstop-topology,pitstop-cost",
     )
     s.add_argument("--sweep", type=parse_sweep, default=None, help="FIELD=V1,V2,... e.g. nodes=256,512,1024")
     s.add_argument("--json", action="store_true", help='{"strategies": [...], "scenario": {...}}')

@@ -5,16 +5,17 @@ is recorded on the incident (RecordChoice) before anything moves."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from pitstop.adapters.errors import ActuatorError
-from pitstop.core import checks, topology, tradeoff
+from pitstop.core import checks, engine, topology, tradeoff
 from pitstop.core.aggregate import RecordChoice
-from pitstop.core.domain import MoveChoice
+from pitstop.core.domain import MoveChoice, NodeRef
 from pitstop.core.scheduling import Capacity, Placer
 from pitstop.core.states import State
 from pitstop.core.store import InStates
-from pitstop.core.timeline import repair_s
+from pitstop.core.timeline import repair_s, returned_at
 from pitstop.services.actuate.context import Step
 
 FLEET_TTL_S = 600.0  # the fleet's measured repairs are read at most this often per instance
@@ -49,6 +50,22 @@ def measured_repairs(s: Step) -> dict[str, list[float]]:
     return out
 
 
+def returned(s: Step, spares: Sequence[topology.Seat]) -> tuple[topology.Seat, ...]:
+    """Each spare with when it last came back from a Pitstop repair: its node document's latest
+    incident, acted on and healthy again (spares are named as the fenced node is, in its zone)."""
+    if s.inc["node"] is None:
+        return tuple(spares)  # a job's incident: no zone to name its spares' documents by
+    project, zone, _ = s.node()
+    out = []
+    for seat in spares:
+        ref = NodeRef(project=project, zone=zone, instance=seat.node, instance_id=None)
+        doc = s.deps.store.records.node(engine.node_key(ref))
+        iid = doc.get("latest_incident") if doc else None
+        inc = s.deps.store.get(iid) if iid else None
+        out.append(replace(seat, returned_at=returned_at(inc) if inc else None))
+    return tuple(out)
+
+
 def _machine(s: Step) -> tuple[str, int]:
     """The fenced VM's machine type and GPUs per node (Compute), or what is assumed without them."""
     try:
@@ -66,12 +83,13 @@ def choose(s: Step, job: str, cap: Capacity) -> Move:
     nvl72 = topology.nvl72(machine, moves["nvlink_domain_families"])
     fenced = {s.instance, *cap.unusable}  # a member another fence holds does not come back either
     nodes = max(len(cap.gang), cap.need or 0, 1)
-    replace = max(1, sum(1 for seat in cap.gang if seat.node in fenced))
+    need = max(1, sum(1 for seat in cap.gang if seat.node in fenced))
     placer = isinstance(s.scheduler, Placer)
     if cap.enough and not cap.spares and not nvl72:
         pick = topology.Pick.unnamed()  # room for the gang, but the scheduler names no spare
     elif cap.enough or nvl72:
-        pick = topology.pick(cap.gang, fenced, cap.spares, replace, nvl72)
+        spares = returned(s, cap.spares) if moves["probation_s"] > 0 else cap.spares
+        pick = topology.pick(cap.gang, fenced, spares, need, nvl72, s.deps.clock(), moves["probation_s"])
     else:
         pick = topology.Pick(blocked=cap.why or "not enough healthy capacity")
     action = str(s.inc["action"])

@@ -6,6 +6,9 @@ Work since the last checkpoint is lost at an interruption. Checkpoints are not e
 segment's committed work follows from its length, so a 54-day run costs one event per fault.
 A straggling node (a ``straggler`` fault) interrupts nothing: while it is a member, its gang runs
 ``faults.straggler_slowdown`` times slower, and the difference is lost (``slowed``).
+With a topology (tools/sim/placement.py), a gang restarted on spares that spread it over a wider
+level of the fabric than it started in loses the level's penalty of its run time from then on
+(``fabric``); which spares it gets is its strategy's choice (``Strategy.spares_for``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pitstop.core.actions import RANK
+from pitstop.core.domain import Place
+from pitstop.core.topology import Tier
+from pitstop.tools.sim import placement
 from pitstop.tools.sim.scenario import Scenario
 from pitstop.tools.sim.trace import Fault, recurrence
 
@@ -38,12 +44,17 @@ class Response:
     held: bool = False
     replaced: bool = False
     on_back: Callable[[float], None] | None = None
+    wait_for_node: bool = False  # the gang waits for this node to come back instead of a spare
 
 
 class Strategy(Protocol):
     name: str
 
     def respond(self, f: Fault, t: float, sim: Fleet) -> Response: ...
+
+    def spares_for(self, job: Job, free: list[int], need: int, sim: Fleet) -> list[int]:
+        """Which ``need`` of the idle nodes ``free`` (the pool's order) the gang restarts on."""
+        ...
 
 
 @dataclass
@@ -59,6 +70,11 @@ class Job:
     gen: int = 0
     slow_since: float | None = None  # a straggler among its members since (while running)
     slow_cause: str = ""
+    home: Tier = "unknown"  # the level of the fabric it started in (placement.spread)
+    fabric: float = 0.0  # the share of its run lost to a wider spread since its last start
+    fabric_cause: str = ""
+    left: set[int] = field(default_factory=set)  # members taken out since it last started
+    awaiting: set[int] = field(default_factory=set)  # nodes it waits for rather than take a spare
 
 
 @dataclass
@@ -69,6 +85,7 @@ class Ledger:
     checkpoint: float = 0.0
     lost_work: float = 0.0
     slowed: float = 0.0  # run time lost to a straggling member (its gang ran slower)
+    fabric: float = 0.0  # run time lost to collectives across a wider level of the fabric
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     by_fault: dict[str, float] = field(default_factory=dict)
     interruptions: int = 0
@@ -78,6 +95,7 @@ class Ledger:
     replaced: int = 0
     wrongly_replaced: int = 0
     faults_seen: int = 0
+    spare_tiers: dict[str, int] = field(default_factory=dict)  # spares taken, by where they sat
 
 
 class Fleet:
@@ -99,6 +117,14 @@ class Fleet:
         for job in self.jobs:
             for n in job.members:
                 self.job_of[n] = job.idx
+        self.places: list[Place | None] = placement.layout(fleet)
+        self.keys = [placement.key(p) for p in self.places]
+        topo = fleet.get("topology")
+        self.penalty = (
+            {"block": topo["penalty"]["block"], "cluster": topo["penalty"]["cluster"]} if topo else {}
+        )
+        for job in self.jobs:
+            job.home = placement.spread(self.keys[n] for n in job.members)
         self.healthy = [True] * physical
         self.slowdown = float(scn["faults"]["straggler_slowdown"])
         self.slow: dict[int, str] = {}  # straggling nodes (in service) and their fault category
@@ -106,6 +132,7 @@ class Fleet:
         self.pool: dict[int, None] = dict.fromkeys(n for n in range(physical) if self.job_of[n] < 0)
         self.ledger = Ledger()
         self._heap: list[tuple[float, int, str, Any]] = []
+        self.now = 0.0  # the time of the event being handled (a strategy's clock)
         self._seq = itertools.count()
 
     # -- the event loop ----------------------------------------------------------------------
@@ -126,6 +153,7 @@ class Fleet:
         }
         while self._heap and self._heap[0][0] < self.horizon:
             t, _, kind, data = heapq.heappop(self._heap)
+            self.now = t
             handlers[kind](t, data)
         for job in self.jobs:
             self._finish(job)
@@ -169,6 +197,9 @@ class Fleet:
             self.pool.pop(f.node, None)
             if j >= 0:
                 self.jobs[j].members.discard(f.node)
+                self.jobs[j].left.add(f.node)
+                if r.wait_for_node:
+                    self.jobs[j].awaiting.add(f.node)
                 self.job_of[f.node] = -1
             self.schedule(max(r.node_back_at, t), "back", (f, r))
         elif not self._fixed(f, r):
@@ -200,7 +231,7 @@ class Fleet:
         if not self._fixed(f, r):
             nxt = recurrence(f, self.scn, t + f.recur_s)
             self.schedule(nxt.t, "fault", nxt)
-        for job in self.jobs:
+        for job in sorted(self.jobs, key=lambda j: f.node not in j.awaiting):  # its own node first
             if job.phase == "wait":
                 self._try_start(job, t)
 
@@ -214,14 +245,32 @@ class Fleet:
         self._try_start(job, t)
 
     def _try_start(self, job: Job, t: float) -> None:
-        while len(job.members) < job.gang and self.pool:
-            n = next(iter(self.pool))
-            del self.pool[n]
-            job.members.add(n)
-            self.job_of[n] = job.idx
+        for n in [n for n in job.awaiting if n in self.pool]:
+            job.awaiting.discard(n)
+            self._take(job, n, "own node")
+        if job.awaiting:
+            return  # the gang waits for its node rather than take a spare
+        need = job.gang - len(job.members)
+        if need > 0 and self.pool:
+            free = self.free()
+            chosen = self.strategy.spares_for(job, free, min(need, len(free)), self)
+            gang = {self.keys[n] for n in job.members | job.left}
+            for n in chosen:
+                self._take(job, n, placement.tier_of(self.keys[n], gang))
         if len(job.members) == job.gang:
             self._enter(job, "restart", t)
             self.schedule(t + self.restart_s, "resumed", (job.idx, job.gen))
+
+    def free(self) -> list[int]:
+        """The idle healthy nodes no waiting gang keeps for itself, longest idle first."""
+        reserved = {n for job in self.jobs for n in job.awaiting}
+        return [n for n in self.pool if n not in reserved]
+
+    def _take(self, job: Job, n: int, tier: str) -> None:
+        del self.pool[n]
+        job.members.add(n)
+        self.job_of[n] = job.idx
+        self.ledger.spare_tiers[tier] = self.ledger.spare_tiers.get(tier, 0) + 1
 
     def _on_resumed(self, t: float, ref: tuple[int, int]) -> None:
         job = self.jobs[ref[0]]
@@ -229,6 +278,10 @@ class Fleet:
             return
         self._enter(job, "run", t)
         job.run_start = t
+        job.left.clear()
+        now = placement.spread(self.keys[n] for n in job.members)
+        job.fabric = self.penalty.get(now, 0.0) if placement.wider(now, job.home) else 0.0
+        job.fabric_cause = job.cause
         slow = next((self.slow[n] for n in sorted(job.members) if n in self.slow), None)
         job.slow_since, job.slow_cause = (t, slow) if slow is not None else (None, "")
         self.ledger.resume_s.append(t - job.down_since)
@@ -252,6 +305,11 @@ class Fleet:
             self.ledger.slowed += slowed
             self.ledger.by_fault[job.slow_cause] = self.ledger.by_fault.get(job.slow_cause, 0.0) + slowed
             job.slow_since = None
+        if job.fabric:
+            fabric = length * job.fabric
+            length -= fabric
+            self.ledger.fabric += fabric
+            self.ledger.by_fault[job.fabric_cause] = self.ledger.by_fault.get(job.fabric_cause, 0.0) + fabric
         cycle = self.cp_s + self.write_s
         k = math.floor(length / cycle)
         rest = length - k * cycle

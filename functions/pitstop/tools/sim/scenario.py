@@ -13,11 +13,27 @@ from pitstop.core.domain import JsonObject
 from pitstop.tools.sim.vertex import VertexConf, VertexRun
 
 
+class Penalty(TypedDict):
+    block: float  # a gang that started in one sub-block now spans sub-blocks of its block
+    cluster: float  # ... now spans blocks
+
+
+class TopologyConf(TypedDict):
+    """Blocks and sub-blocks (tools/sim/placement.py): where each node and spare sits."""
+
+    nodes_per_subblock: int  # job nodes; the sub-block's spares come on top
+    subblocks_per_block: int
+    spares_per_subblock: int
+    spares_per_block: int  # in a spare sub-block of the block
+    penalty: Penalty
+
+
 class FleetConf(TypedDict):
     nodes: int  # nodes running jobs (spares come on top)
     gpus_per_node: int
     spares: int
     usd_per_gpu_hour: float
+    topology: NotRequired[TopologyConf]  # none: every node in one place, no move costs throughput
 
 
 class JobsConf(TypedDict):
@@ -119,7 +135,7 @@ class Summary(TypedDict):
     ettr: float
     productive_gpu_hours: float
     wall_gpu_hours: float
-    gpu_hours_lost: dict[str, float]  # checkpoint, lost_work, slowed and each fleet.PHASES
+    gpu_hours_lost: dict[str, float]  # checkpoint, lost_work, slowed, fabric and each fleet.PHASES
     gpu_hours_lost_by_fault: dict[str, float]
     faults: int
     interruptions: int
@@ -129,7 +145,9 @@ class Summary(TypedDict):
     nodes_replaced: int
     nodes_wrongly_replaced: int
     money_lost_usd: float
+    spare_tiers: dict[str, int]  # spares taken, by where they sat from the gang (placement.TIERS)
     engine: NotRequired[EngineCounts]  # the pitstop strategies only
+    choices: NotRequired[dict[str, int]]  # pitstop-cost: wait / move / hold, as core/tradeoff chose
 
 
 class SweepRun(TypedDict):

@@ -1,7 +1,9 @@
 """The remediation strategies compared on one fault trace.
 
 ``pitstop`` decides with the real classifier and incident engine, keeping node, incident and
-budget documents between calls as the store does. The others are small models of what their
+budget documents between calls as the store does; ``pitstop-topology`` and ``pitstop-cost`` add
+the actuate step's spare choice (core/topology.pick) and priced wait / move / hold
+(core/tradeoff.weigh). The others are small models of what their
 systems are documented to do (reference/peers.md); they read the same NVIDIA catalog (the
 classifier's proposed action) where their real counterparts read it too.
 """
@@ -11,9 +13,10 @@ from __future__ import annotations
 import copy
 import functools
 import math
+from collections.abc import Callable
 
 from pitstop.adapters.memory_store import MemoryStore
-from pitstop.core import aggregate, alerts, engine, policy
+from pitstop.core import aggregate, alerts, engine, policy, topology, tradeoff
 from pitstop.core.actions import JOB_ACTIONS, RECORD_ONLY_ACTIONS, Action, higher
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import FaultEvent
@@ -21,7 +24,8 @@ from pitstop.core.envelope import Delivery
 from pitstop.core.states import State
 from pitstop.local import alerting
 from pitstop.local.alerting import AlertNotification
-from pitstop.tools.sim.fleet import Fleet, Response
+from pitstop.tools.sim import placement
+from pitstop.tools.sim.fleet import Fleet, Job, Response
 from pitstop.tools.sim.scenario import Scenario
 from pitstop.tools.sim.trace import PROJECT, Fault, entries, node_ref
 
@@ -59,6 +63,10 @@ class _Base:
 
     def respond(self, f: Fault, t: float, sim: Fleet) -> Response:
         raise NotImplementedError
+
+    def spares_for(self, job: Job, free: list[int], need: int, sim: Fleet) -> list[int]:
+        """Blind to the fabric: the first idle nodes the scheduler lists."""
+        return free[:need]
 
     def repair_s(self, action: str) -> float:
         """How long a node action keeps the node out (reportHostAsFaulty for a replacement)."""
@@ -410,10 +418,88 @@ class PitstopTelemetry(Pitstop):
         return float(job.run_start + done * cycle)
 
 
-STRATEGIES: dict[str, type[_Base]] = {
+class Placed(_Base):
+    """Pitstop with its telemetry alerts (``pitstop+tel``, whose decisions it keeps), placing each
+    gang by the fabric as the actuate step does (services/actuate/moves.py): core/topology.pick takes
+    a spare of the gang's sub-block, then of its block, then anywhere. ``priced``: at each node
+    repair it also weighs waiting for the repair against moving (restart + the slower collectives
+    if the move widens the gang) and holding, with core/tradeoff and the policy's ``moves`` knobs,
+    the repair time the fleet's measured median once it has enough history."""
+
+    def __init__(self, scn: Scenario, priced: bool) -> None:
+        super().__init__(scn)
+        self.name = "pitstop-cost" if priced else "pitstop-topology"
+        self.inner = PitstopTelemetry(scn)
+        self.world = self.inner.world
+        self.priced = priced
+        self.costs = tradeoff.costs_of(self.world.p.moves)
+        self.measured: dict[str, list[float]] = {}  # action -> seconds from fence to healthy
+        self.choices: dict[str, int] = {}
+        self.decisions: list[tuple[str, str, str]] = []  # (action, decision, why) per weighed fault
+        self.returned: dict[int, float] = {}  # node -> when it last came back from a Pitstop repair
+        self.probation_s = float(self.world.p.moves["probation_s"])
+
+    def respond(self, f: Fault, t: float, sim: Fleet) -> Response:
+        r = self.inner.respond(f, t, sim)
+        if r.node_back_at is None or r.action not in LADDER or r.checkpointed:
+            return r  # no repair to wait for, or a planned move at a checkpoint
+        r.on_back = self._measure(f.node, r.action, r.requeue_at, r.on_back)
+        if self.priced and sim.job_of[f.node] >= 0:
+            self._weigh(f, r, sim)
+        return r
+
+    def _measure(
+        self, node: int, action: str, fenced: float, then: Callable[[float], None] | None
+    ) -> Callable[[float], None]:
+        def back(at: float) -> None:
+            self.measured.setdefault(action, []).append(at - fenced)
+            self.returned[node] = at
+            if then is not None:
+                then(at)
+
+        return back
+
+    def _weigh(self, f: Fault, r: Response, sim: Fleet) -> None:
+        job = sim.jobs[sim.job_of[f.node]]
+        fenced = {f.node} | job.left
+        free = sim.free()
+        pick = self._pick(job, fenced, free, 1, sim) if free else topology.Pick(blocked="no idle node")
+        repair, source = tradeoff.repair_estimate(r.action, self.measured.get(r.action, []), self.costs)
+        gpus = job.gang * self.scn["fleet"]["gpus_per_node"]
+        weighed = tradeoff.weigh(
+            tradeoff.Situation(r.action, job.gang, gpus, repair, source, pick), self.costs
+        )
+        r.wait_for_node = weighed.decision == tradeoff.WAIT
+        self.choices[weighed.decision] = self.choices.get(weighed.decision, 0) + 1
+        self.decisions.append((r.action, weighed.decision, weighed.why))
+
+    def spares_for(self, job: Job, free: list[int], need: int, sim: Fleet) -> list[int]:
+        if need <= 0:
+            return []
+        pick = self._pick(job, set(job.left), free, need, sim)
+        return [int(s.node) for s in pick.spares] if pick.spares else free[:need]
+
+    def _pick(self, job: Job, fenced: set[int], free: list[int], need: int, sim: Fleet) -> topology.Pick:
+        """core/topology.pick over the gang and the idle nodes in the scheduler's order, each with
+        when it came back from a Pitstop repair (the pick's probation), one seat per place and
+        probation the answer can depend on (a few dozen seats for thousands of members)."""
+        staying = sorted({sim.keys[n]: n for n in job.members - fenced}.values())  # one per place
+        gang = [topology.Seat(str(n), sim.places[n]) for n in [*staying, *sorted(fenced)]]
+        back = self.returned
+        on = {n for n in free if n in back and sim.now - back[n] < self.probation_s}
+        # only the first ``need`` idle nodes of a place, on probation or not, can be chosen (ties go
+        # to the listed order)
+        firsts = placement.first_of_each(free, lambda n: (sim.keys[n], n in on), need)
+        spares = [topology.Seat(str(n), sim.places[n], back.get(n)) for n in firsts]
+        return topology.pick(gang, {str(n) for n in fenced}, spares, need, False, sim.now, self.probation_s)
+
+
+STRATEGIES: dict[str, Callable[[Scenario], _Base]] = {
     "manual": Manual,
     "gke": Gke,
     "nvsentinel": NvSentinel,
     "pitstop": Pitstop,
     "pitstop+tel": PitstopTelemetry,
+    "pitstop-topology": functools.partial(Placed, priced=False),
+    "pitstop-cost": functools.partial(Placed, priced=True),
 }
