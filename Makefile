@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install system test lint typecheck unit demo golden clean
+.PHONY: install system test lint typecheck unit demo golden agent-wheel clean
 
 install: $(STAMP)
 
@@ -43,6 +43,11 @@ demo: system install
 # The deploy baselines (tests/fixtures/deploy/) from the code and data as they are: review the diff.
 golden: install
 	$(BIN)/python -m pitstop.tools.golden
+
+# The Slurm agent alone as a wheel, dist/pitstop_slurm_agent-VERSION-py3-none-any.whl, for
+# infra/slurm/startup-agent.sh (standard library only: no venv, no build backend, no network).
+agent-wheel:
+	$(PYTHON) functions/pitstop/tools/agent_wheel.py --out dist
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .import_linter_cache

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 import json
 import os
@@ -657,19 +656,100 @@ def test_every_command_is_accepted_by_the_real_gcloud_parser(
 
 
 def _rbac_steps(gke_steps: list[deploy.Step]) -> list[deploy.Step]:
-    return [s for s in gke_steps if s.program == "kubectl" and str(s.stdin).endswith("clusterrole.yaml")]
+    return [s for s in gke_steps if s.program == "kubectl" and s.overlay is not None]
 
 
-def test_kubectl_accepts_the_rbac_commands(gke_steps: list[deploy.Step]) -> None:
+def test_kubectl_accepts_the_kustomize_commands(gke_steps: list[deploy.Step]) -> None:
     """kubectl parses flags before --help: an unknown flag is an error (1), a valid line prints help (0)."""
-    rbac = [s for s in gke_steps if s.program == "kubectl"]
-    assert len(rbac) == 4  # per cluster: clusterrole.yaml, npd.yaml
-    for s in rbac:
+    kustomize = [s for s in gke_steps if s.program == "kubectl"]
+    assert len(kustomize) == 2  # per cluster: the base infra/gke
+    for s in kustomize:
         for argv in (s.argv, s.delete or []):
+            assert argv[:2] in (["apply", "-k"], ["delete", "-k"])
             proc = subprocess.run(["kubectl", *argv, "--help"], capture_output=True, text=True, timeout=60)
             assert proc.returncode == 0, (argv, proc.stderr)
-    bad = subprocess.run(["kubectl", "apply", "-f", "-", "--no-such-flag", "--help"], capture_output=True)
+    bad = subprocess.run(["kubectl", "apply", "-k", "x", "--no-such-flag", "--help"], capture_output=True)
     assert bad.returncode != 0
+
+
+def _manifests(*names: str) -> list[dict[str, Any]]:
+    return [d for n in names for d in yaml.safe_load_all((ROOT / "infra" / "gke" / n).read_text()) if d]
+
+
+def _key(doc: dict[str, Any]) -> tuple[str, str, str]:
+    return doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"]
+
+
+def _kustomized(directory: str) -> list[dict[str, Any]]:
+    """What `kubectl apply -k` sends: the overlay rendered by the installed kubectl's kustomize."""
+    proc = subprocess.run(["kubectl", "kustomize", directory], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return sorted((d for d in yaml.safe_load_all(proc.stdout) if d), key=_key)
+
+
+def _substituted(actuator: str, ingest: str) -> list[dict[str, Any]]:
+    """What deploy applied before the kustomize base: both files, each ${...} replaced (sed | kubectl)."""
+    text = "\n---\n".join((ROOT / "infra" / "gke" / n).read_text() for n in ("clusterrole.yaml", "npd.yaml"))
+    text = text.replace("${ACTUATOR_SA}", actuator).replace("${INGEST_SA}", ingest)
+    return sorted((d for d in yaml.safe_load_all(text) if d), key=_key)
+
+
+def test_the_base_lists_every_manifest_of_infra_gke() -> None:
+    """A GitOps tool pointed at infra/gke gets every file deploy applies (kubectl kustomize, for real)."""
+    listed = yaml.safe_load((ROOT / "infra" / "gke" / "kustomization.yaml").read_text())["resources"]
+    assert sorted(listed) == sorted(
+        p.name for p in (ROOT / "infra" / "gke").glob("*.yaml") if p.stem != "kustomization"
+    )
+    assert [_key(d) for d in _kustomized(str(ROOT / "infra" / "gke"))] == [
+        _key(d) for d in _substituted("${ACTUATOR_SA}", "${INGEST_SA}")
+    ]
+
+
+def test_gke_pieces_are_applied_with_kustomize_naming_the_accounts_and_credentials_kept_private(
+    gke_steps: list[deploy.Step],
+) -> None:
+    """Each cluster: gcloud writes its credentials, then `kubectl apply -k` an overlay of infra/gke
+    whose render (by the real kubectl) is object for object what the sed-substituted manifests were."""
+    rbac = _rbac_steps(gke_steps)
+    seen: list[tuple[str, list[str], dict[str, str]]] = []
+    rendered: list[list[dict[str, Any]]] = []
+
+    def tool(program: str, argv: list[str], env: Mapping[str, str]) -> Proc:
+        seen.append((program, argv, dict(env)))
+        kubeconfig = Path(env["KUBECONFIG"])
+        if program == "gcloud":
+            assert oct(kubeconfig.parent.stat().st_mode & 0o777) == "0o700"
+            kubeconfig.write_text("credentials")
+        else:
+            assert kubeconfig.read_text() == "credentials"  # kubectl uses what gcloud just wrote
+            overlay = argv[argv.index("-k") + 1]
+            assert Path(overlay).parent == kubeconfig.parent  # in the run's private directory
+            rendered.append(_kustomized(overlay))
+        return Proc(argv, 0, "", "")
+
+    logs: list[str] = []
+    assert deploy.apply(rbac, _never_gcloud, logs.append, tool) == 0
+    assert [x[0] for x in seen] == ["gcloud", "kubectl", "gcloud", "kubectl"]
+    creds = ["container", "clusters", "get-credentials", "gpu-a3", "--location=us-central1"]
+    assert seen[0][1] == [*creds, "--project", "my-train-proj"]
+    assert seen[2][1][3:] == ["tpu-b", "--location=europe-west4-b", "--project", "ml-other-proj"]
+    assert seen[1][1][:2] == ["apply", "-k"] and seen[1][1][2].endswith(
+        "/my-train-proj.us-central1.gpu-a3.kustomize"
+    )
+    actuator, ingest = (f"pitstop-{a}@my-train-proj.iam.gserviceaccount.com" for a in ("actuate", "ingest"))
+    want = _substituted(actuator, ingest)
+    assert rendered == [want, want]  # both clusters name the accounts of Pitstop's project
+    assert actuator in json.dumps(want) and "${" not in json.dumps(want)
+    assert seen[0][2] == seen[1][2] != seen[2][2]  # one kubeconfig per cluster, shared by its two commands
+    assert not Path(seen[0][2]["KUBECONFIG"]).parent.exists()  # removed when the run ends
+    seen.clear()
+    rendered.clear()
+    assert deploy.teardown(rbac, False, _never_gcloud, logs.append, tool) == 0
+    assert [(x[0], x[1][:2]) for x in seen] == [
+        ("gcloud", ["container", "clusters"]),
+        ("kubectl", ["delete", "-k"]),
+    ] * 2
+    assert rendered == [want, want]  # teardown deletes exactly what apply applied
 
 
 def test_a_changed_policy_redeploys_the_functions_and_nothing_else(tmp_path: Path) -> None:
@@ -693,50 +773,17 @@ def test_a_changed_policy_redeploys_the_functions_and_nothing_else(tmp_path: Pat
     assert changed == {k for k in shipped if k.startswith("function ")}
 
 
-def test_gke_rbac_is_applied_with_its_accounts_named_and_credentials_kept_private(
+def test_gke_rbac_lets_ingest_get_nodes_and_nothing_else(
     gke_steps: list[deploy.Step], tmp_path: Path
 ) -> None:
-    manifest = tmp_path / "clusterrole.yaml"  # infra/gke/clusterrole.yaml is another change's; a stand-in
-    manifest.write_text("subjects: [{kind: User, name: ${ACTUATOR_SA}}, {kind: User, name: ${INGEST_SA}}]\n")
-    rbac = [dataclasses.replace(s, stdin=str(manifest)) for s in _rbac_steps(gke_steps)]
-    seen: list[tuple[str, list[str], dict[str, str], str | None]] = []
-
-    def tool(program: str, argv: list[str], env: Mapping[str, str], stdin: str | None) -> Proc:
-        seen.append((program, argv, dict(env), stdin))
-        kubeconfig = Path(env["KUBECONFIG"])
-        if program == "gcloud":
-            assert oct(kubeconfig.parent.stat().st_mode & 0o777) == "0o700"
-            kubeconfig.write_text("credentials")
-        else:
-            assert kubeconfig.read_text() == "credentials"  # kubectl uses what gcloud just wrote
-        return Proc(argv, 0, "", "")
-
-    logs: list[str] = []
-    assert deploy.apply(rbac, _never_gcloud, logs.append, tool) == 0
-    assert [x[0] for x in seen] == ["gcloud", "kubectl", "gcloud", "kubectl"]
-    creds = ["container", "clusters", "get-credentials", "gpu-a3", "--location=us-central1"]
-    assert seen[0][1] == [*creds, "--project", "my-train-proj"]
-    assert seen[2][1][3:] == ["tpu-b", "--location=europe-west4-b", "--project", "ml-other-proj"]
-    assert seen[1][1] == ["apply", "-f", "-"]
-    actuator, ingest = (f"pitstop-{a}@my-train-proj.iam.gserviceaccount.com" for a in ("actuate", "ingest"))
-    assert seen[1][3] == f"subjects: [{{kind: User, name: {actuator}}}, {{kind: User, name: {ingest}}}]\n"
-    assert seen[0][2] == seen[1][2] != seen[2][2]  # one kubeconfig per cluster, shared by its two commands
-    assert not Path(seen[0][2]["KUBECONFIG"]).parent.exists()  # removed when the run ends
-    seen.clear()
-    assert deploy.teardown(rbac, False, _never_gcloud, logs.append, tool) == 0
-    assert [(x[0], x[1][:1]) for x in seen] == [("gcloud", ["container"]), ("kubectl", ["delete"])] * 2
-
-
-def test_gke_rbac_lets_ingest_get_nodes_and_nothing_else(gke_steps: list[deploy.Step]) -> None:
     """ingest reads one Node by name (spec.providerID: a regional node's zone; the XidCriticalError
     condition that corroborates a serial-console Xid line); a get of a node returns its status too."""
     rbac = _rbac_steps(gke_steps)
-    assert len(rbac) == 2 and all(s.stdin == rbac[0].stdin for s in rbac)
+    assert len(rbac) == 2 and all(s.overlay == rbac[0].overlay for s in rbac)
     email = "pitstop-{}@my-train-proj.iam.gserviceaccount.com".format
-    assert rbac[0].stdin_vars == {"${ACTUATOR_SA}": email("actuate"), "${INGEST_SA}": email("ingest")}
-    assert rbac[0].stdin is not None
-    text = Path(rbac[0].stdin).read_text()
-    docs = [d for d in yaml.safe_load_all(text) if d]
+    assert rbac[0].overlay is not None
+    assert rbac[0].overlay.accounts == {"actuator": email("actuate"), "ingest": email("ingest")}
+    docs = _manifests("clusterrole.yaml", "npd.yaml")
     named = [d for d in docs if "${INGEST_SA}" in json.dumps(d)]  # ingest's account, in one binding only
     assert [(d["kind"], d["metadata"]["name"]) for d in named] == [
         ("ClusterRoleBinding", "pitstop-ingest-reader")
@@ -762,10 +809,10 @@ def test_gke_rbac_lets_ingest_get_nodes_and_nothing_else(gke_steps: list[deploy.
         and d["roleRef"]["name"] == role["metadata"]["name"]
     ]
     assert bound == [binding]  # and no other account holds ingest's role
-    for k, v in rbac[0].stdin_vars.items():
-        text = text.replace(k, v)
+    directory = tmp_path / "overlay"
+    rbac[0].overlay.write(directory)
     applied = {
-        d["metadata"]["name"]: d for d in yaml.safe_load_all(text) if d and d["kind"] == "ClusterRoleBinding"
+        d["metadata"]["name"]: d for d in _kustomized(str(directory)) if d["kind"] == "ClusterRoleBinding"
     }
     assert [x["name"] for x in applied["pitstop-ingest-reader"]["subjects"]] == [email("ingest")]
     assert [x["name"] for x in applied["pitstop-actuator"]["subjects"]] == [email("actuate")]
@@ -1249,9 +1296,12 @@ def test_node_problem_detector_runs_alone_in_its_namespace_with_only_what_it_nee
     assert image == "registry.k8s.io/node-problem-detector/node-problem-detector" and tag.startswith("v")
     assert all(m["readOnly"] for m in ctr["volumeMounts"])
     assert "${" not in (ROOT / "infra" / "gke" / "npd.yaml").read_text()
-    applied = [s for s in gke_steps if s.stdin and s.stdin.endswith("gke/npd.yaml")]
+    base = yaml.safe_load((ROOT / "infra" / "gke" / "kustomization.yaml").read_text())
+    assert "npd.yaml" in base["resources"]
     clusters = _rbac_steps(gke_steps)
-    assert len(applied) == len(clusters) > 0
+    assert len(clusters) == 2 and all(
+        s.overlay and s.overlay.base == str(ROOT / "infra" / "gke") for s in clusters
+    )
     for grants in (ACTUATOR_GRANTS, CHECK_GRANTS):  # nothing of Pitstop's can change the DaemonSet
         assert not {r for _, r in grants} & {"daemonsets", "configmaps", "namespaces", "serviceaccounts"}
 

@@ -17,7 +17,9 @@ and ${INGEST_SA} in the RBAC manifest (ingest reads a node: a regional node's zo
 then for actuate's --memory=512Mi (issue 11: google-cloud-compute puts it at ~200 MiB before a request);
 then for telemetry alerts (issue 24: the pitstop-alerts topic, Monitoring's Pub/Sub channel to it and
 its service agent's publisher grant, ingest's second trigger with its dead-letter policy, the telemetry
-policies sent to that channel, PITSTOP_ALERTS_TOPIC in every function's environment).
+policies sent to that channel, PITSTOP_ALERTS_TOPIC in every function's environment); then for the
+kustomize base (issue 36: one `kubectl apply -k` of an overlay of infra/gke per GKE cluster instead of
+two `sed | kubectl apply -f -`; each step's `overlay` replaces `stdin` and `stdin_vars`).
 """
 
 from __future__ import annotations

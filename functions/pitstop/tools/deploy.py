@@ -7,7 +7,8 @@ prints the plan, one command per line, with values known only at run time as ``<
 A real run is idempotent: each step that creates something first asks gcloud whether it exists
 and then updates or skips it. Planning reads files and writes none.
 
-A few steps are not plain gcloud: a GKE cluster's RBAC is applied with kubectl (after gcloud
+A few steps are not plain gcloud: Pitstop's pieces in a GKE cluster are the kustomize base
+infra/gke, applied with ``kubectl apply -k`` through a small overlay written at run time (after gcloud
 fetched the cluster's credentials into a private directory), and read-only checks warn about
 settings Pitstop depends on but must not change (serial-port logging on GKE nodes).
 """
@@ -78,10 +79,9 @@ class Step:
     expect: str | None = None  # the check prints exactly this when what is deployed is current
     when: str | None = None  # run only when the check prints exactly this (warn: warn when argv does)
     warn: str | None = None  # a read-only check: argv's output (or `when`) is reported, never fatal
-    program: str = "gcloud"  # kubectl for GKE RBAC
+    program: str = "gcloud"  # kubectl for GKE's kustomize base
     env: dict[str, str] = field(default_factory=dict)  # e.g. KUBECONFIG under <gke-credentials>
-    stdin: str | None = None  # a file fed on standard input, each stdin_vars key replaced
-    stdin_vars: dict[str, str] = field(default_factory=dict)
+    overlay: Overlay | None = None  # a kustomize overlay written where argv's -k names, just before it runs
     credentials: list[str] | None = None  # a gcloud command run first (with env), before argv or delete
     purge: list[str] | None = None  # what `teardown --purge` runs: delete the data kept by default
     gate: Gate | None = None  # run only when gcloud reports this (a function's secrets readable)
@@ -90,12 +90,50 @@ class Step:
         """The step as a shell line: what a person would type to do it by hand."""
         env = "".join(f"{k}={shlex.quote(v)} " for k, v in self.env.items())  # an assignment, not a word
         cmd = env + shlex.join([self.program, *self.argv])
-        if self.stdin is not None:
-            subst = [x for k, v in self.stdin_vars.items() for x in ("-e", f"s|{k}|{v}|g")]
-            cmd = f"{shlex.join(['sed', *subst, self.stdin])} | {cmd}"
         if self.credentials is not None:
             cmd = f"{env}{shlex.join(['gcloud', *self.credentials])} && {cmd}"
+        if self.overlay is not None:
+            cmd += "  # " + self.overlay.comment()
         return cmd + (self.gate.comment() if self.gate is not None else "")
+
+
+@dataclass
+class Overlay:
+    """A kustomize overlay of a base under infra/: the base, the component that fills the accounts'
+    emails in (``accounts/`` beside it) and the local-config ConfigMap holding them (infra/gke)."""
+
+    base: str  # a directory with a kustomization.yaml
+    accounts: dict[str, str]  # pitstop-accounts' data: actuator, ingest -> service-account email
+
+    def comment(self) -> str:
+        """What the directory holds, for a dry run's line (the directory is made at run time)."""
+        named = ", ".join(f"{k}={v}" for k, v in self.accounts.items())
+        return f"-k: an overlay of {self.base} with {ACCOUNTS_CONFIGMAP} {named}"
+
+    def write(self, directory: Path) -> None:
+        """The overlay's two files. kustomize takes a base or component only by a relative path."""
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        base = os.path.relpath(self.base, directory)
+        kustomization = {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "resources": [base, "accounts.yaml"],
+            "components": [f"{base}/accounts"],
+        }
+        accounts = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": ACCOUNTS_CONFIGMAP,
+                "annotations": {"config.kubernetes.io/local-config": "true"},  # read, never applied
+            },
+            "data": self.accounts,
+        }
+        (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
+        (directory / "accounts.yaml").write_text(yaml.safe_dump(accounts, sort_keys=False))
+
+
+ACCOUNTS_CONFIGMAP = "pitstop-accounts"  # infra/gke/accounts/kustomization.yaml's source
 
 
 @functools.cache
@@ -954,28 +992,26 @@ def _gke_node_pool_check(e: Entry, t: Target) -> list[Step]:
     return [Step(e["what"], argv, warn=e["warn"])]
 
 
-def _gke_rbac(e: Entry, t: Target) -> list[Step]:
-    """A manifest applied with kubectl in the cluster itself: actuate's and ingest's ClusterRoles and
-    bindings (gke/clusterrole.yaml), the node-problem-detector DaemonSet (gke/npd.yaml).
+def _gke_kustomize(e: Entry, t: Target) -> list[Step]:
+    """The kustomize base ``e["base"]`` (infra/gke: actuate's and ingest's RBAC, the admission policy,
+    node-problem-detector) applied with ``kubectl apply -k`` in the cluster itself.
 
     gcloud writes the cluster's credentials (the caller's identity, not Pitstop's) into a private
-    directory of this run; the manifest names actuate's account where it says ${ACTUATOR_SA} and
-    ingest's where it says ${INGEST_SA}. Teardown deletes the same manifest's objects.
+    directory of this run; beside it an overlay names actuate's and ingest's accounts (Overlay).
+    Teardown deletes the same objects with ``kubectl delete -k``.
     """
     name, loc, proj = e["cluster"], e["location"], str(e.get("project") or t.project)
+    cluster = f"{WORKDIR}/{proj}.{loc}.{name}"
+    accounts = {"actuator": sa_email("actuate", t.project), "ingest": sa_email("ingest", t.project)}
     return [
         Step(
             e["what"],
-            ["apply", "-f", "-"],
+            ["apply", "-k", f"{cluster}.kustomize"],
             program="kubectl",
-            env={"KUBECONFIG": f"{WORKDIR}/{proj}.{loc}.{name}.kubeconfig"},
-            stdin=str(INFRA / e["file"]),
-            stdin_vars={
-                "${ACTUATOR_SA}": sa_email("actuate", t.project),
-                "${INGEST_SA}": sa_email("ingest", t.project),
-            },
+            env={"KUBECONFIG": f"{cluster}.kubeconfig"},
+            overlay=Overlay(str(INFRA / e["base"]), accounts),
             credentials=["container", "clusters", "get-credentials", name, f"--location={loc}", *t.at(e)],
-            delete=["delete", "-f", "-", "--ignore-not-found"],
+            delete=["delete", "-k", f"{cluster}.kustomize", "--ignore-not-found"],
         )
     ]
 
@@ -1232,7 +1268,7 @@ KINDS: dict[str, Callable[[Entry, Target], list[Step]]] = {
     "eventarc-trigger": _eventarc_trigger,
     "org-policy-check": _org_policy_check,
     "gke-node-pool-check": _gke_node_pool_check,
-    "gke-rbac": _gke_rbac,
+    "gke-kustomize": _gke_kustomize,
 }
 
 
@@ -1422,20 +1458,18 @@ def _learn(ph: str, step: Step, values: dict[str, str], run: Runner) -> str:
     return values.get(ph, "")
 
 
-Tool = Callable[[str, list[str], Mapping[str, str], str | None], subprocess.CompletedProcess[str]]
+Tool = Callable[[str, list[str], Mapping[str, str]], subprocess.CompletedProcess[str]]
 
 
-def _tool(
-    program: str, argv: list[str], env: Mapping[str, str], stdin: str | None
-) -> subprocess.CompletedProcess[str]:
+def _tool(program: str, argv: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
     """A command other than plain gcloud: kubectl, or gcloud with its own KUBECONFIG."""
     return subprocess.run(
-        [program, *argv], input=stdin, env={**os.environ, **env}, capture_output=True, text=True, check=False
+        [program, *argv], env={**os.environ, **env}, capture_output=True, text=True, check=False
     )
 
 
 def _plain(step: Step) -> bool:
-    return step.program == "gcloud" and not step.env and step.stdin is None and step.credentials is None
+    return step.program == "gcloud" and not step.env and step.overlay is None and step.credentials is None
 
 
 def _execute(
@@ -1446,15 +1480,13 @@ def _execute(
         return run(argv)
     env = {k: _fill(v, values) for k, v in step.env.items()}
     if step.credentials is not None:
-        got = tool("gcloud", [_fill(a, values) for a in step.credentials], env, None)
+        got = tool("gcloud", [_fill(a, values) for a in step.credentials], env)
         if got.returncode != 0:
             return got
-    stdin = None
-    if step.stdin is not None:
-        stdin = Path(step.stdin).read_text()
-        for k, v in step.stdin_vars.items():
-            stdin = stdin.replace(k, v)
-    return tool(step.program, argv, env, stdin)
+    argv = [_fill(a, values) for a in argv]
+    if step.overlay is not None:
+        step.overlay.write(Path(argv[argv.index("-k") + 1]))
+    return tool(step.program, argv, env)
 
 
 @contextmanager

@@ -57,6 +57,7 @@ class ResourceEntry(TypedDict, total=False):
     names: list[str]
     project: str
     file: str
+    base: str  # gke-kustomize: a kustomize base directory under infra/
     topic: str
     flags: list[str]
     collections: list[str]

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pitstop.adapters import log
+from pitstop.agent.slurm import credentials
 from pitstop.agent.slurm.access import (
     CheckTools,
 )
@@ -34,7 +35,15 @@ from pitstop.agent.slurm.text import (
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="pitstop-slurm-agent", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"%(prog)s {credentials.version()}")
     p.add_argument("--project", default=os.environ.get("GOOGLE_CLOUD_PROJECT"))
+    p.add_argument(
+        "--impersonate-service-account",
+        metavar="EMAIL",
+        default=os.environ.get("PITSTOP_IMPERSONATE_SA") or None,
+        help="call Pub/Sub as this service account (the VM's own identity mints its tokens; needs "
+        "roles/iam.serviceAccountTokenCreator on it); default: $PITSTOP_IMPERSONATE_SA, else the VM's",
+    )
     p.add_argument("--subscription", required=True, help="the cluster's command subscription id")
     p.add_argument(
         "--results-topic",
@@ -133,7 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if given[:1] == ["--run-check"]:
         return run_check_main(given[1:])
     args = parse_args(given)
-    agent = Agent(commands_for(args), Ledger(args.ledger), ResultsTopic(results_topic(args)))
+    creds = credentials.for_account(args.impersonate_service_account)
+    topic = ResultsTopic(results_topic(args), credentials=creds)
+    agent = Agent(commands_for(args), Ledger(args.ledger), topic)
     stop = threading.Event()
     import signal as sig
 
@@ -146,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results_topic=results_topic(args),
         ledger=args.ledger,
         owner=agent.owner,
+        impersonating=args.impersonate_service_account or "",
     )
-    agent.serve(f"projects/{args.project}/subscriptions/{args.subscription}", stop)
+    agent.serve(f"projects/{args.project}/subscriptions/{args.subscription}", stop, creds)
     return 0

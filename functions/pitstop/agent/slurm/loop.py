@@ -67,12 +67,15 @@ class ResultsTopic:
     caller can leave the command unacknowledged and answer again on its redelivery.
     """
 
-    def __init__(self, topic: str, publisher: Any = None) -> None:  # a PublisherClient: untyped library
+    def __init__(self, topic: str, publisher: Any = None, credentials: Any = None) -> None:
+        """``publisher``: a PublisherClient (untyped library); ``credentials``: google.auth's, or
+        None for the default (agent/slurm/credentials.py)."""
         if publisher is None:
             from google.cloud.pubsub_v1 import PublisherClient
             from google.cloud.pubsub_v1.types import PublisherOptions
 
-            publisher = PublisherClient(publisher_options=PublisherOptions(enable_message_ordering=True))
+            options = PublisherOptions(enable_message_ordering=True)
+            publisher = PublisherClient(publisher_options=options, credentials=credentials)
         self.topic, self.publisher = topic, publisher
 
     def send(self, doc: Result) -> None:
@@ -268,10 +271,10 @@ class Agent:
         if gone:
             log.emit("INFO", "slurm agent: old ledger rows deleted", rows=gone)
 
-    def serve(self, subscription: str, stop: threading.Event) -> None:
+    def serve(self, subscription: str, stop: threading.Event, credentials: Any = None) -> None:
         from google.cloud.pubsub_v1 import SubscriberClient
 
-        sub = SubscriberClient()
+        sub = SubscriberClient(credentials=credentials)
 
         def callback(message: Delivery) -> None:
             try:
