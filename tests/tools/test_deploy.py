@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from pitstop.core import sinks
-from pitstop.tools import deploy
+from pitstop.tools import deploy, deploy_monitoring
+from pitstop.tools.deploy_monitoring import API
 from pitstop.tools.deploy_types import Grant as IamGrant
 from pitstop.tools.deploy_types import IamCondition
 
@@ -65,7 +66,7 @@ def gke_steps(tmp_path_factory: pytest.TempPathFactory) -> list[deploy.Step]:
     return deploy.plan("my-train-proj", "us-central1", GKE_CONF, str(source))
 
 
-def test_dry_run_prints_one_gcloud_command_per_line() -> None:
+def test_dry_run_prints_one_gcloud_command_or_rest_call_per_line() -> None:
     proc = subprocess.run(
         ["pitstop", "deploy", "--project", "my-train-proj", "--dry-run"],
         capture_output=True,
@@ -77,9 +78,33 @@ def test_dry_run_prints_one_gcloud_command_per_line() -> None:
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) > 30
-    assert all(shlex.split(line)[0] == "gcloud" for line in lines)
+    rest = [
+        line
+        for line in lines
+        if re.match(r"(GET|POST|PATCH|DELETE) https://monitoring\.googleapis\.com/v3/", line)
+    ]
+    assert len(rest) == 11  # the channel and the alert policies (deploy_monitoring)
+    assert all(shlex.split(line)[0] == "gcloud" for line in lines if line not in rest)
     assert any("<pitstop-gpu-xid-writer-identity>" in line for line in lines)
     assert any("<pitstop-actuate-url>" in line for line in lines)
+
+
+def _every_argv(s: deploy.Step) -> list[list[str]]:
+    lists = [s.argv, s.check, s.update, s.delete, s.purge, s.credentials, *s.captures.values()]
+    return [a for a in [*lists, *(s.gate.commands if s.gate else [])] if a is not None]
+
+
+def test_no_step_uses_gcloud_alpha_or_beta(steps: list[deploy.Step], gke_steps: list[deploy.Step]) -> None:
+    """gcloud's alpha and beta commands may change or go without notice; Monitoring's alert
+    policies and channel (alpha/beta only in gcloud 528) are REST calls deploy makes itself."""
+    channels = deploy.plan(
+        "my-train-proj", "us-central1", deploy.load_config("tests/fixtures/deploy/channels.yaml")
+    )
+    every = [(s.program, a) for s in [*steps, *gke_steps, *channels] for a in _every_argv(s)]
+    assert [a for program, a in every if program == "gcloud" and a[0] in ("alpha", "beta")] == []
+    made = [s for s in steps if deploy_monitoring.is_api(s.argv)]
+    assert [s.argv[2].rsplit("/", 1)[-1] for s in made] == ["notificationChannels"] + ["alertPolicies"] * 10
+    assert all(deploy_monitoring.is_api(a) for s in made for a in _every_argv(s))
 
 
 def test_least_privilege(steps: list[deploy.Step]) -> None:
@@ -506,10 +531,12 @@ def test_apply_is_idempotent_and_fills_placeholders(steps: list[deploy.Step]) ->
             elif "writerIdentity" in " ".join(argv):
                 out = "serviceAccount:service-123@gcp-sa-logging.iam.gserviceaccount.com"
             return subprocess.CompletedProcess(argv, rc, out or ("name: x" if rc == 0 else ""), "")
-        if argv[:4] == ["beta", "monitoring", "channels", "list"]:  # the channel, found by its name once made
-            made = (
-                "beta monitoring channels create" in existing or "beta monitoring channels list" in existing
-            )
+        if argv[:3] == [
+            API,
+            "GET",
+            "projects/my-train-proj/notificationChannels",
+        ]:  # the channel, by its name once made
+            made = [API, "POST", "projects/my-train-proj/notificationChannels"] in [c[:3] for c in calls[:-1]]
             return subprocess.CompletedProcess(
                 argv, 0, "projects/p/notificationChannels/7\n" if made else "", ""
             )
@@ -526,7 +553,7 @@ def test_apply_is_idempotent_and_fills_placeholders(steps: list[deploy.Step]) ->
         "--member=serviceAccount:service-123@gcp-sa-logging.iam.gserviceaccount.com" in c for c in calls
     )
     assert any("eventarc-us-central1-pitstop-ingest-trigger-sub-123" in a for c in calls for a in c)
-    assert any("--notification-channels=projects/p/notificationChannels/7" in c for c in calls)
+    assert any("notificationChannels=projects/p/notificationChannels/7" in c for c in calls)
     calls.clear()
     logs.clear()
     assert deploy.apply(steps, fake_gcloud, logs.append) == 0
@@ -547,10 +574,9 @@ SAMPLE_VALUES = {  # what the placeholders hold at run time, so gcloud's own val
     "<pitstop-ingest-trigger-subscription>": "eventarc-us-central1-pitstop-ingest-123456-sub-781",
     "<pitstop-notify-trigger-subscription>": "eventarc-us-central1-pitstop-notify-123456-sub-782",
     "<pitstop-ingest-alerts-trigger-subscription>": "eventarc-us-central1-pitstop-ingest-alerts-sub-783",
-    "<pitstop-alerts-channel>": "projects/my-train-proj/notificationChannels/4242",
     "<pitstop-gpu-xid-writer-identity>": SINK_WRITER,
     "<pitstop-system-events-writer-identity>": SINK_WRITER,
-    "<existing>": "1234567890",  # a dashboard or alert policy id a check printed
+    "<existing>": "1234567890",  # a dashboard id a check printed
     "<gke-credentials>": "/tmp/pitstop-deploy-x",
 }
 
@@ -594,7 +620,9 @@ def _with_samples(line: str) -> list[str]:
 
 
 def _gcloud_lines(steps: list[deploy.Step]) -> list[str]:
-    """Every gcloud command a plan can run: steps, checks, updates, deletes, captures, credentials, gates."""
+    """Every gcloud command a plan can run: steps, checks, updates, deletes, captures, credentials, gates
+    (not the REST calls deploy makes itself, deploy_monitoring)."""
+    steps = [s for s in steps if not deploy_monitoring.is_api(s.argv)]
     plain = [s for s in steps if s.program == "gcloud"]
     lines = [shlex.join(["gcloud", *s.argv]) for s in plain]
     lines += [shlex.join(["gcloud", *s.check]) for s in steps if s.check]
@@ -602,7 +630,12 @@ def _gcloud_lines(steps: list[deploy.Step]) -> list[str]:
     lines += [shlex.join(["gcloud", *s.delete]) for s in plain if s.delete]
     lines += [shlex.join(["gcloud", *s.purge]) for s in steps if s.purge]
     lines += [shlex.join(["gcloud", *s.credentials]) for s in steps if s.credentials]
-    lines += [shlex.join(["gcloud", *argv]) for s in steps for argv in s.captures.values()]
+    lines += [
+        shlex.join(["gcloud", *argv])
+        for s in steps
+        for argv in s.captures.values()
+        if not deploy_monitoring.is_api(argv)
+    ]
     lines += [shlex.join(["gcloud", *argv]) for s in steps if s.gate for argv in s.gate.commands]
     return sorted(set(lines))
 

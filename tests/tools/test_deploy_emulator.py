@@ -29,7 +29,7 @@ from google.cloud.pubsub_v1 import PublisherClient, SubscriberClient
 
 from pitstop.core import sinks
 from pitstop.local import fake_gcp
-from pitstop.tools import deploy
+from pitstop.tools import deploy, deploy_monitoring
 from tests.tools import gcloud_batch
 
 # ~460 gcloud commands in one fixture, in one gcloud interpreter (tests/tools/gcloud_batch.py):
@@ -177,7 +177,8 @@ def gcloud(pubsub_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @pytest.fixture(scope="module")
 def deployed(gcloud: Gcloud) -> Iterator[Deployed]:
     project = f"dep-{uuid.uuid4().hex[:8]}"
-    fake, tmp, run = gcloud.fake, gcloud.tmp, gcloud.worker.run
+    fake, tmp = gcloud.fake, gcloud.tmp
+    run = deploy_monitoring.runner(gcloud.worker.run, gcloud.env)  # alert policies and the channel: REST
     policy = tmp / "policy.yaml"  # the operator's policy, switched to enforce
     policy.write_text(ENFORCE_POLICY)
     conf = {
@@ -586,6 +587,43 @@ def test_second_run_creates_nothing_and_changes_nothing(deployed: Deployed) -> N
     assert deployed.states[1] == deployed.states[0]
     assert deployed.topics[1] == deployed.topics[0] and set(deployed.subscriptions[1]) == set(
         deployed.subscriptions[0]
+    )
+
+
+def _monitoring(state: dict[str, Any], collection: str) -> list[str]:
+    return sorted(v["displayName"] for k, v in state["resources"].items() if f"/{collection}/" in k)
+
+
+def test_alert_policies_and_the_channel_exist_once_are_updated_in_place_and_torn_down(
+    deployed: Deployed,
+) -> None:
+    """Made through Monitoring's REST API, not gcloud alpha/beta: found again by display name, so a
+    second deploy replaces each policy (PATCH on its name) instead of adding one, and teardown
+    deletes each (https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.alertPolicies)."""
+    files = [
+        *sorted((ROOT / "infra" / "monitoring").glob("alert-*.json")),
+        *sorted(deploy.TELEMETRY.glob("*.json")),
+    ]
+    titles = sorted(json.loads(f.read_text())["displayName"] for f in files)
+    for state in deployed.states[:2]:  # after the first deploy and after the second
+        assert _monitoring(state, "alertPolicies") == titles
+        assert _monitoring(state, "notificationChannels") == [deploy.ALERTS_CHANNEL]
+    patched = [
+        c.path
+        for c in deployed.calls[1]
+        if c.api == "monitoring" and c.method == "PATCH" and "/alertPolicies/" in c.path
+    ]
+    assert len(patched) == len(set(patched)) == len(titles)
+    assert set(patched) == {
+        k.split(" ", 1)[1] for k in deployed.states[0]["resources"] if "/alertPolicies/" in k
+    }
+    deleted = [c.path for c in deployed.calls[2] if c.api == "monitoring" and c.method == "DELETE"]
+    assert len([d for d in deleted if "/alertPolicies/" in d]) == len(titles)
+    assert len([d for d in deleted if "/notificationChannels/" in d]) == 1
+    assert (
+        _monitoring(deployed.states[2], "alertPolicies")
+        == _monitoring(deployed.states[2], "notificationChannels")
+        == []
     )
 
 

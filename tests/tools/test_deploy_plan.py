@@ -19,7 +19,10 @@ then for telemetry alerts (issue 24: the pitstop-alerts topic, Monitoring's Pub/
 its service agent's publisher grant, ingest's second trigger with its dead-letter policy, the telemetry
 policies sent to that channel, PITSTOP_ALERTS_TOPIC in every function's environment); then for the
 kustomize base (issue 36: one `kubectl apply -k` of an overlay of infra/gke per GKE cluster instead of
-two `sed | kubectl apply -f -`; each step's `overlay` replaces `stdin` and `stdin_vars`).
+two `sed | kubectl apply -f -`; each step's `overlay` replaces `stdin` and `stdin_vars`); then for
+the alert policies and the notification channel (issue 36: Monitoring's v3 REST calls made in-process,
+deploy_monitoring, instead of `gcloud alpha monitoring policies` and `gcloud beta monitoring channels`;
+the configured channels are the policies' `notificationChannels=` field).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import pytest
 import yaml
 
 from pitstop.core import sinks
-from pitstop.tools import deploy, golden
+from pitstop.tools import deploy, deploy_monitoring, golden
 from tests.helpers import ops_agent_entry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,12 +166,14 @@ def test_every_kind_in_resources_yaml_has_a_builder() -> None:
 def test_alert_policies_notify_the_configured_channels_and_only_they_change() -> None:
     plain = deploy.plan("demo-proj", "us-central1", deploy.load_config(None))
     wired = deploy.plan("demo-proj", "us-central1", deploy.load_config("tests/fixtures/deploy/channels.yaml"))
-    policies = [w for w in wired if w.argv[:3] == ["alpha", "monitoring", "policies"]]
-    alerts = [w for w in policies if "/monitoring/telemetry/" not in w.argv[4]]
+    policies = [
+        w for w in wired if w.argv[:3] == [deploy_monitoring.API, "POST", "projects/demo-proj/alertPolicies"]
+    ]
+    alerts = [w for w in policies if "/monitoring/telemetry/" not in w.argv[3]]
     assert len(alerts) == len(list((deploy.INFRA / "monitoring").glob("alert-*.json"))) == 3
     for w in alerts:
-        assert w.argv[-1] == f"--notification-channels={CHANNELS}"
-        assert w.update is not None and w.update[-1] == f"--set-notification-channels={CHANNELS}"
+        assert w.argv[-1] == f"notificationChannels={CHANNELS}"
+        assert w.update is not None and w.update[-1] == f"notificationChannels={CHANNELS}"
     for p, w in zip(plain, wired, strict=True):
         if w not in alerts:
             assert dataclasses.asdict(p) == dataclasses.asdict(w), w.what
@@ -204,24 +209,21 @@ def offline_gcloud(config_dir: Path) -> dict[str, str]:
         "CLOUDSDK_CORE_CHECK_GCE_METADATA": "false",
         "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "true",
         "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "true",
-        "CLOUDSDK_API_ENDPOINT_OVERRIDES_MONITORING": "http://127.0.0.1:9/",  # never a real endpoint
-        "CLOUDSDK_API_ENDPOINT_OVERRIDES_EVENTARC": "http://127.0.0.1:9/",
+        "CLOUDSDK_API_ENDPOINT_OVERRIDES_EVENTARC": "http://127.0.0.1:9/",  # never a real endpoint
     }
 
 
-def test_channel_flags_are_accepted_by_the_real_gcloud_parser(tmp_path: Path) -> None:
-    """2 is gcloud's usage error; a command it accepts stops at authentication (1), offline."""
+def test_channels_become_the_notification_channels_of_the_policy_deploy_sends() -> None:
+    """The body of a policy's create and of its update (a whole-policy replace): the file's policy
+    with the configured channels (https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.alertPolicies)."""
     conf = deploy.load_config("tests/fixtures/deploy/channels.yaml")
-    steps = deploy.plan("demo-proj", "us-central1", conf)
-    alerts = [s for s in steps if s.argv[:2] == ["alpha", "monitoring"]]
-    env = offline_gcloud(tmp_path)
-    step = alerts[0]
-    assert step.update is not None
-    for argv in (step.argv, [a.replace(deploy.EXISTING, "1234567890") for a in step.update]):
-        proc = subprocess.run(
-            ["gcloud", *argv], capture_output=True, text=True, timeout=120, env=env, check=False
-        )
-        assert proc.returncode == 1, (argv, proc.stderr[-500:])
+    step = next(
+        s for s in deploy.plan("demo-proj", "us-central1", conf) if "alert-xid-spike" in " ".join(s.argv)
+    )
+    policy = json.loads((deploy.INFRA / "monitoring" / "alert-xid-spike.json").read_text())
+    assert step.update is not None and step.update[:3] == [deploy_monitoring.API, "PATCH", deploy.EXISTING]
+    for argv in (step.argv, step.update):
+        assert deploy_monitoring.body(argv[3:]) == {**policy, "notificationChannels": CHANNELS.split(",")}
 
 
 def test_pagerduty_is_deployed_only_when_asked_for() -> None:
@@ -252,14 +254,14 @@ def test_telemetry_policies_notify_pitstop_through_its_own_channel_whatever_else
         telemetry = [s for s in steps if "/monitoring/telemetry/" in " ".join(s.argv)]
         assert len(telemetry) == len(list(deploy.TELEMETRY.glob("*.json"))) >= 7
         for s in telemetry:
-            assert s.argv[-1] == "--notification-channels=<pitstop-alerts-channel>"
-            assert (
-                s.update is not None
-                and s.update[-1] == "--set-notification-channels=<pitstop-alerts-channel>"
-            )
-            learn = s.captures["<pitstop-alerts-channel>"]
-            assert learn[:4] == ["beta", "monitoring", "channels", "list"]
-            assert f"--filter=displayName={json.dumps(deploy.ALERTS_CHANNEL)}" in learn
+            assert s.argv[-1] == "notificationChannels=<pitstop-alerts-channel>"
+            assert s.update is not None and s.update[-1] == "notificationChannels=<pitstop-alerts-channel>"
+            assert s.captures["<pitstop-alerts-channel>"] == [
+                deploy_monitoring.API,
+                "GET",
+                "projects/demo-proj/notificationChannels",
+                f"displayName={deploy.ALERTS_CHANNEL}",
+            ]
         channel = whats.index("Cloud Monitoring notification channel to pitstop-alerts")
         grant = whats.index("Monitoring's notification service agent may publish to pitstop-alerts (only it)")
         assert whats.index("topic pitstop-alerts") < channel < grant < whats.index(telemetry[0].what)
@@ -305,8 +307,8 @@ def test_a_policy_of_your_own_may_notify_pitstop_when_it_says_what_it_raises(tmp
     conf = tmp_path / "deploy.yaml"
     conf.write_text(yaml.safe_dump({"telemetry_policies": [str(path)]}))
     steps = deploy.plan("demo-proj", "us-central1", deploy.load_config(str(conf)))
-    step = next(s for s in steps if f"--policy-from-file={path}" in s.argv)
-    assert step.argv[-1] == "--notification-channels=<pitstop-alerts-channel>"
+    step = next(s for s in steps if f"from={path}" in s.argv)
+    assert step.argv[-1] == "notificationChannels=<pitstop-alerts-channel>"
     del mine["userLabels"]["pitstop_signal"]
     path.write_text(json.dumps(mine))
     with pytest.raises(ValueError, match="pitstop_signal"):
@@ -317,17 +319,9 @@ def test_the_new_commands_are_accepted_by_the_real_gcloud_parser(tmp_path: Path)
     """2 is gcloud's usage error; a command it accepts stops at authentication (1), offline."""
     steps = deploy.plan("demo-proj", "us-central1", deploy.load_config(None))
     env = offline_gcloud(tmp_path)
-    picked = [
-        s
-        for s in steps
-        if s.argv[:3] in (["beta", "monitoring", "channels"], ["eventarc", "triggers", "create"])
-    ]
-    telemetry = next(s for s in steps if "/monitoring/telemetry/" in " ".join(s.argv))
-    assert len(picked) == 2
-    for argv in [p.argv for p in picked] + [p.check or [] for p in picked] + [telemetry.argv]:
-        argv = [
-            a.replace("<pitstop-alerts-channel>", "projects/demo-proj/notificationChannels/1") for a in argv
-        ]
+    picked = [s for s in steps if s.argv[:3] == ["eventarc", "triggers", "create"]]
+    assert len(picked) == 1  # the channel and the policies are REST calls, not gcloud (deploy_monitoring)
+    for argv in [p.argv for p in picked] + [p.check or [] for p in picked]:
         proc = subprocess.run(
             ["gcloud", *argv], capture_output=True, text=True, timeout=120, env=env, check=False
         )

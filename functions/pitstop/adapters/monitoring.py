@@ -216,3 +216,46 @@ def _end(p: Any) -> float:
 
 def _number(v: Any) -> float:
     return float(v.double_value if "double_value" in v else v.int64_value)
+
+
+MONITORING_API = "https://monitoring.googleapis.com/"  # v3 paths under it
+
+
+class AlertConfig:
+    """Alert policies and notification channels through Monitoring's v3 REST API, for deploy.
+
+    gcloud has commands for them only in alpha and beta, and google-cloud-monitoring (2.32) speaks
+    only gRPC; JSON over HTTPS reads the same files deploy keeps (infra/monitoring) and reaches a
+    local fake the way gcloud does (its API endpoint override).
+    """
+
+    def __init__(self, token: str, endpoint: str | None = None) -> None:
+        self.token = token
+        self.base = (endpoint or MONITORING_API).rstrip("/") + "/v3/"
+
+    def call(self, method: str, path: str, body: Mapping[str, object] | None = None) -> dict[str, Any]:
+        """One request (``path`` under v3/); an HTTP error raises urllib's HTTPError."""
+        import json
+        import urllib.request
+
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        url = self.base + path  # https, or the http of a local fake that gcloud's override names
+        req = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310
+        with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310
+            raw = resp.read()
+        got: dict[str, Any] = json.loads(raw) if raw else {}
+        return got
+
+    def names(self, collection: str, display_name: str) -> list[str]:
+        """The names of a collection's members with this display name, every page read
+        (https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.alertPolicies/list)."""
+        from urllib.parse import quote
+
+        key, out, page = collection.rsplit("/", 1)[-1], list[str](), ""
+        while True:
+            got = self.call("GET", collection + (f"?pageToken={quote(page)}" if page else ""))
+            out += [x["name"] for x in got.get(key, []) if x.get("displayName") == display_name]
+            page = got.get("nextPageToken", "")
+            if not page:
+                return out

@@ -37,6 +37,7 @@ import yaml
 
 from pitstop.core import plugins, resources, sinks
 from pitstop.core.policy import deep_merge, from_doc
+from pitstop.tools import deploy_monitoring
 from pitstop.tools.deploy_types import AccountSpec, Grant, IamCondition, IamDoc, ResourceEntry, ScaleKey
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -87,7 +88,10 @@ class Step:
     gate: Gate | None = None  # run only when gcloud reports this (a function's secrets readable)
 
     def line(self) -> str:
-        """The step as a shell line: what a person would type to do it by hand."""
+        """The step as a shell line: what a person would type to do it by hand (a REST call for
+        what deploy runs in-process, deploy_monitoring)."""
+        if deploy_monitoring.is_api(self.argv):
+            return deploy_monitoring.line(self.argv)
         env = "".join(f"{k}={shlex.quote(v)} " for k, v in self.env.items())  # an assignment, not a word
         cmd = env + shlex.join([self.program, *self.argv])
         if self.credentials is not None:
@@ -1191,35 +1195,41 @@ def _by_title(group: list[str], flag: str) -> Callable[[Entry, Target], list[Ste
     return build
 
 
+def _monitoring_by_name(collection: str, display_name: str) -> list[str]:
+    """Monitoring's own ids: a policy or channel is found again (each one) by its display name."""
+    return [deploy_monitoring.API, "GET", collection, f"displayName={display_name}"]
+
+
 def _alert_policy(e: Entry, t: Target) -> list[Step]:
     """An alert policy from its file, sent to `notification_channels` (with none, the file as is),
-    or, for a telemetry policy, to its own `channel` (Pitstop's, learned at run time)."""
-    steps = _by_title(["alpha", "monitoring", "policies"], "policy-from-file")(e, t)
+    or, for a telemetry policy, to its own `channel` (Pitstop's, learned at run time). In-process:
+    gcloud has policies only in alpha (deploy_monitoring); an update replaces the whole policy
+    (https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.alertPolicies/patch)."""
+    path, api, collection = INFRA / e["file"], deploy_monitoring.API, f"projects/{t.project}/alertPolicies"
     channels = e.get("channel") or ",".join(notification_channels(t.conf))
-    for step in steps if channels else []:
-        step.argv.append(f"--notification-channels={channels}")
-        step.update = [*(step.update or []), f"--set-notification-channels={channels}"]
-    return steps
-
-
-def _notification_channel(e: Entry, t: Target) -> list[Step]:
-    """A Pub/Sub notification channel to a Pitstop topic, found again (and deleted) by its display name."""
-    group = ["beta", "monitoring", "channels"]
-    topic = f"projects/{t.project}/topics/{e['topic']}"
-    create = [
-        *group,
-        "create",
-        f"--display-name={e['name']}",
-        "--type=pubsub",
-        f"--channel-labels=topic={topic}",
-    ]
-    listed = [*t.p, f"--filter=displayName={json.dumps(e['name'])}", "--format=value(name)"]
+    fields = [f"from={path}", *([f"notificationChannels={channels}"] if channels else [])]
     return [
         Step(
             e["what"],
-            [*create, *t.p],
-            check=[*group, "list", *listed],
-            delete=[*group, "delete", EXISTING, *t.p, "--quiet"],
+            [api, "POST", collection, *fields],
+            check=_monitoring_by_name(collection, json.loads(path.read_text())["displayName"]),
+            update=[api, "PATCH", EXISTING, *fields],
+            delete=[api, "DELETE", EXISTING],
+        )
+    ]
+
+
+def _notification_channel(e: Entry, t: Target) -> list[Step]:
+    """A Pub/Sub notification channel to a Pitstop topic, found again (and deleted) by its display
+    name. In-process: gcloud has channels only in beta (deploy_monitoring)."""
+    api, collection = deploy_monitoring.API, f"projects/{t.project}/notificationChannels"
+    topic = f"projects/{t.project}/topics/{e['topic']}"
+    return [
+        Step(
+            e["what"],
+            [api, "POST", collection, f"displayName={e['name']}", "type=pubsub", f"labels.topic={topic}"],
+            check=_monitoring_by_name(collection, e["name"]),
+            delete=[api, "DELETE", EXISTING],
         )
     ]
 
@@ -1382,6 +1392,7 @@ def _gcloud(argv: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 run_gcloud: Runner = _gcloud  # what a tool beside deploy runs gcloud with
+_run: Runner = deploy_monitoring.runner(_gcloud, os.environ)  # deploy's: gcloud, and its REST calls
 
 
 def runtime_values(project: str, region: str, sink_scope: list[str]) -> dict[str, list[str]]:
@@ -1422,11 +1433,9 @@ def runtime_values(project: str, region: str, sink_scope: list[str]) -> dict[str
         *p,
         "--format=value(transport.pubsub.subscription)",
     ]
-    out["<pitstop-alerts-channel>"] = [
-        *["beta", "monitoring", "channels", "list", *p],
-        f"--filter=displayName={json.dumps(ALERTS_CHANNEL)}",
-        "--format=value(name)",
-    ]
+    out["<pitstop-alerts-channel>"] = _monitoring_by_name(
+        f"projects/{project}/notificationChannels", ALERTS_CHANNEL
+    )
     plugin_sinks = [e["name"] for e in _resources() if e.get("kind") == "log-sink" and "filter_file" in e]
     for sink in [
         *sinks.SINK_FILTERS,
@@ -1527,7 +1536,7 @@ def _warned(step: Step, res: subprocess.CompletedProcess[str]) -> str:
 
 
 def apply(
-    steps: list[Step], run: Runner = _gcloud, log: Callable[[str], None] = print, tool: Tool = _tool
+    steps: list[Step], run: Runner = _run, log: Callable[[str], None] = print, tool: Tool = _tool
 ) -> int:
     """Run the plan; a step whose check finds the resource is skipped, updated or redeployed."""
     with _workdir(steps) as values:
@@ -1592,6 +1601,14 @@ def _fill(arg: str, values: Mapping[str, str]) -> str:
     return arg
 
 
+def _shown(argv: list[str]) -> str:
+    return (
+        deploy_monitoring.line(argv, inline=True)
+        if deploy_monitoring.is_api(argv)
+        else shlex.join(["gcloud", *argv])
+    )
+
+
 def teardown_lines(steps: list[Step], purge: bool) -> list[str]:
     """What teardown runs, in its order, as shell lines (``teardown --dry-run``). ``<existing>`` stands
     for each name the step's check finds (the comment after it says how), a resource named only when
@@ -1602,7 +1619,7 @@ def teardown_lines(steps: list[Step], purge: bool) -> list[str]:
             continue
         line = dataclasses.replace(step, argv=step.delete).line()
         if any(EXISTING in a for a in step.delete) and step.check is not None:
-            line += f"  # {EXISTING}: each name `{shlex.join(['gcloud', *step.check])}` prints"
+            line += f"  # {EXISTING}: each name `{_shown(step.check)}` prints"
         out.append(line)
     if purge:
         out += [shlex.join(["gcloud", *s.purge]) for s in steps if s.purge is not None]
@@ -1612,7 +1629,7 @@ def teardown_lines(steps: list[Step], purge: bool) -> list[str]:
 def teardown(
     steps: list[Step],
     purge: bool,
-    run: Runner = _gcloud,
+    run: Runner = _run,
     log: Callable[[str], None] = print,
     tool: Tool = _tool,
 ) -> int:
