@@ -61,6 +61,32 @@ def test_two_people_changing_at_once_both_count(store: ControlStore) -> None:
     assert sorted(c["version"] for c in store.control_changes(T0)) == [1, 2, 3, 4]
 
 
+def test_a_change_that_loses_every_commit_race_of_one_transaction_is_run_again(
+    firestore_host: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load the emulator answers a contended commit "Transaction lock timeout" (Aborted); the
+    client retries it at once five times, then raises ValueError (a fresh-clone CI run lost a
+    person's silence so). The change is run again after a wait and lands once."""
+    from google.api_core import exceptions as gexc
+    from google.cloud.firestore_v1 import transaction as fs_transaction
+
+    real = fs_transaction.Transaction._commit
+    lost = {"n": 0}
+
+    def commit(self: fs_transaction.Transaction) -> object:
+        if lost["n"] < 6:  # more than one transaction's own attempts
+            lost["n"] += 1
+            raise gexc.Aborted("Transaction lock timeout.")  # type: ignore[no-untyped-call]
+        return real(self)
+
+    monkeypatch.setattr(fs_transaction.Transaction, "_commit", commit)
+    store = FirestoreControl(firestore.Client(project=f"t-{uuid.uuid4().hex[:12]}"))
+    store.change_control(lambda d: control.pause(d, "train", {"by": "a", "at": T0, "reason": "r"}))
+    got = Control.of(store.read_control())
+    assert lost["n"] == 6 and got.version == 1 and got.pause("train") is not None
+    assert [c["version"] for c in store.control_changes(T0)] == [1]
+
+
 @pytest.fixture
 def project(firestore_host: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A project of its own on the emulator, and a policy that configures cluster train."""
