@@ -352,3 +352,28 @@ def test_the_verdict_on_a_job_outside_the_accounts_pitstop_may_act_as_is_a_page(
         vertex.judge("vertex_job", {**job, "jobSpec": {"serviceAccount": ACCOUNT}}, {ACCOUNT})["outcome"]
         == "resubmit"
     )
+
+
+def test_the_end_of_a_job_pitstop_cancelled_raising_the_episode_keeps_its_resubmission(rig: Rig) -> None:
+    """Pitstop cancels a hung job and resubmits it; the cancelled job's own end (Vertex's log line)
+    arrives before the step closes and raises the episode (a later step). That step finds the
+    resubmission on the incident: it neither judges the cancelled job again ("not hung: nothing to
+    do") nor overwrites the record (found by a whole-demo run beside CI)."""
+    old = rig.create(restartJobOnWorkerRestart=False)
+    assert rig.fake.worker_restart(old) == "hung"
+    inc = _hang(rig, old)
+    assert rig.ok(Op.CLAIM, inc["id"])["plan"] == "resubmit"
+    first = rig.ok(Op.RESUBMIT, inc["id"])
+    assert first["outcome"] == "resubmitted" and rig.fake.state(old) == "JOB_STATE_CANCELLED"
+    rig.deliver_logs()  # the cancelled job's end, through ingest
+    raised = rig.incident(inc["id"])
+    assert int(raised.get("step") or 1) == 2, "the end did not raise the episode: the case is not reached"
+    assert rig.call(Op.CLOSE, inc["id"])[0]["outcome"] == "superseded"  # step 1's close
+    assert rig.call(Op.CLAIM, inc["id"], step=2)[0]["plan"] == "resubmit"
+    again, status = rig.call(Op.RESUBMIT, inc["id"], step=2)
+    assert status == 200 and again["outcome"] == "resubmitted", again
+    assert again["resubmitted_as"] == first["resubmitted_as"]
+    assert rig.call(Op.CLOSE, inc["id"], step=2)[0]["outcome"] == "resolved"
+    rec = rig.incident(inc["id"]).get("vertex") or {}
+    assert (rec.get("outcome"), rec.get("resubmitted_as")) == ("resubmitted", first["resubmitted_as"])
+    assert rig.resubmissions(old) == [first["resubmitted_as"]]

@@ -44,6 +44,9 @@ def _job(s: Step) -> str:
 def resubmit(s: Step, warrant: Warrant) -> Resubmission:
     """Judge the job (or reuse an earlier attempt's verdict), then resubmit it once or leave it."""
     sched = _platform(s)
+    done = _resubmitted_before(s)
+    if done is not None:
+        return done
     rec, doc = s.decided().get("vertex"), None
     if rec is None:
         doc = sched.read_job(_job(s))
@@ -59,6 +62,22 @@ def resubmit(s: Step, warrant: Warrant) -> Resubmission:
     if doc is None:
         raise ActuatorError(409, f"{name} is gone: nothing to resubmit", False)
     return _resubmit(s, sched, rec, doc)
+
+
+def _resubmitted_before(s: Step) -> Resubmission | None:
+    """An earlier step of this episode resubmitted the job: its answer, found on the incident.
+
+    A hung job's cancel is Pitstop's own, and Vertex logs that end; when the line arrives before the
+    step closes it raises the episode, and the new step would judge the cancelled job ("not hung")
+    and overwrite the resubmission with "nothing to do". One resubmission per episode."""
+    rec = s.inc.get("vertex") or {}
+    name = str(rec.get("job") or "")
+    if rec.get("outcome") != "resubmitted" or name.rsplit("/", 1)[-1] != _job(s).rsplit("/", 1)[-1]:
+        return None
+    log.emit("INFO", "Vertex AI job resubmitted before", incident=s.iid, job=name,
+             resubmitted_as=rec.get("resubmitted_as"))  # fmt: skip
+    return {"outcome": "resubmitted", "job": name, "why": str(rec.get("why")),
+            "resubmitted_as": str(rec.get("resubmitted_as"))}  # fmt: skip
 
 
 def _resubmit(s: Step, sched: JobResubmission, rec: VertexRecord, doc: JsonObject) -> Resubmission:
