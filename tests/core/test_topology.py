@@ -14,6 +14,7 @@ Shapes as the platforms document them:
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from typing import cast
 
@@ -215,24 +216,24 @@ def test_a_move_among_places_nobody_named_is_not_priced_as_slower() -> None:
     assert out.decision == "move" and out.why.startswith("moved to a spare the scheduler picks:")
 
 
+def _random_place(rnd: random.Random) -> Place | None:
+    """A place as the platforms give it: sometimes none, sometimes a block without a sub-block."""
+    if rnd.random() < 0.1:
+        return None
+    p: Place = {"source": rnd.choice(["compute", "gke"]), "block": rnd.choice(["b0", "b1", "b2"])}
+    if rnd.random() < 0.8:
+        p["subblock"] = rnd.choice(["s0", "s1", ""])
+    return p
+
+
 def test_the_nearest_level_from_sets_is_the_least_shared_level_over_the_gang() -> None:
     """pick ranks spares by the nearest level they share with any staying member; it reads that from
     sets (a 2,048-node gang is asked about every spare): the same as the least of ``shared``."""
-    import random
-
     rnd = random.Random(37)
 
-    def place() -> Place | None:
-        if rnd.random() < 0.1:
-            return None
-        p: Place = {"source": rnd.choice(["compute", "gke"]), "block": rnd.choice(["b0", "b1", "b2"])}
-        if rnd.random() < 0.8:
-            p["subblock"] = rnd.choice(["s0", "s1", ""])
-        return p
-
     for _ in range(300):
-        anchor = [place() for _ in range(rnd.randrange(0, 6))]
-        spare = Seat("x", place())
+        anchor = [_random_place(rnd) for _ in range(rnd.randrange(0, 6))]
+        spare = Seat("x", _random_place(rnd))
         want = min((topology.TIERS.index(topology.shared(a, spare.place)) for a in anchor), default=3)
         assert topology._nearest_to(anchor)(spare) == want, (anchor, spare)
 
@@ -279,21 +280,11 @@ def test_probation_never_costs_the_gang_a_wider_span() -> None:
 def test_the_span_after_a_move_is_the_span_of_the_staying_members_and_the_spare() -> None:
     """pick ranks spares by the span the gang would have with each; it reads that in one comparison
     (a 2,048-node gang is asked about every spare): the same as ``span`` over them all."""
-    import random
-
     rnd = random.Random(3737)
 
-    def place() -> Place | None:
-        if rnd.random() < 0.1:
-            return None
-        p: Place = {"source": rnd.choice(["compute", "gke"]), "block": rnd.choice(["b0", "b1", "b2"])}
-        if rnd.random() < 0.8:
-            p["subblock"] = rnd.choice(["s0", "s1", ""])
-        return p
-
     for _ in range(300):
-        staying = [place() for _ in range(rnd.randrange(0, 6))]
-        spare = Seat("x", place())
+        staying = [_random_place(rnd) for _ in range(rnd.randrange(0, 6))]
+        spare = Seat("x", _random_place(rnd))
         want = topology.TIERS.index(topology.span([*staying, spare.place])) if staying else 0
         got = topology._span_after(staying, topology.span(staying))(spare)
         assert got == want, (staying, spare)
