@@ -10,6 +10,7 @@ the body as k8s.io/apiserver pkg/admission/plugin/policy/validating/dispatcher.g
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import urllib.error
@@ -120,7 +121,7 @@ def test_actuates_template_edit_is_refused_and_its_suspend_admitted_through_the_
     body = refused(lambda: patch_jobset(actuate, evil))
     said = (
         f"ValidatingAdmissionPolicy '{POLICY}' with binding '{POLICY}' denied request: "
-        "Pitstop may change only spec.suspend of a JobSet or Job"
+        "Pitstop may change only the topology keys of a JobSet's pod templates' nodeSelector"
     )
     assert body == {
         "kind": "Status",
@@ -151,7 +152,8 @@ def test_actuates_template_edit_is_refused_and_its_suspend_admitted_through_the_
     deadline = {"spec": {"activeDeadlineSeconds": 5}}
     refused(lambda: batch.patch_namespaced_job("solo", "default", deadline))
 
-    assert patch_jobset(other, evil)["spec"]["suspend"] is False  # not actuate: not the policy's to limit
+    theirs_ok = patch_jobset(other, labels)["metadata"]["labels"]  # not actuate: not the policy's to limit
+    assert theirs_ok["kueue.x-k8s.io/queue-name"] == "other"
     decided = [(d["user"], d["resource"], d["allowed"]) for d in kube.policies.decisions]
     assert decided == [
         (ACTUATE, "jobsets.jobset.x-k8s.io", True),
@@ -159,6 +161,44 @@ def test_actuates_template_edit_is_refused_and_its_suspend_admitted_through_the_
         (ACTUATE, "jobs.batch", True),
         (ACTUATE, "jobs.batch", False),
     ]
+
+
+def test_actuates_topology_pin_is_admitted_and_nothing_else_of_a_pod_template(
+    kube: FakeKube, tmp_path: Path
+) -> None:
+    """A move placed in a block (adapters/gke/pin.py): suspend, the two topology keys of the pod
+    templates' nodeSelector and Pitstop's marks, in one update; any other template change is refused."""
+    from pitstop.adapters.gke.pin import pinned_body
+
+    kubectl_apply(tmp_path, deployed_admission())
+    training(kube)
+    actuate = as_user(kube, "t-actuate")
+    js = kube.get("JobSet", "train", "default")
+    assert js is not None
+    block, sub = "cloud.google.com/gce-topology-block", "cloud.google.com/gce-topology-subblock"
+
+    def tampered(edit: Any) -> dict[str, Any]:
+        body: dict[str, Any] = json.loads(json.dumps(pinned_body(js, {block: "b1", sub: "s2"}, "i-1-1")))
+        edit(body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"])
+        return body
+
+    topology_only = "Pitstop may change only the topology keys of a JobSet's pod templates' nodeSelector"
+    for edit in (
+        lambda pod: pod["spec"]["containers"][0].update(image="evil:1"),
+        lambda pod: pod["spec"]["nodeSelector"].update(pool="other"),
+        lambda pod: pod.setdefault("metadata", {}).update(labels={"x": "y"}),
+        lambda pod: pod["spec"].update(hostNetwork=True),
+    ):
+        assert topology_only in refused(lambda e=edit: patch_jobset(actuate, tampered(e)))["message"]
+    more = tampered(lambda pod: None)
+    more["spec"]["replicatedJobs"].append(copy.deepcopy(more["spec"]["replicatedJobs"][0]) | {"name": "x"})
+    assert topology_only in refused(lambda: patch_jobset(actuate, more))["message"]
+
+    done = patch_jobset(actuate, tampered(lambda pod: None))
+    assert done["spec"]["suspend"] is True
+    pod = done["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {block: "b1", sub: "s2"}
+    assert done["metadata"]["annotations"]["pitstop.dev/pinned"] == f"{block}=b1,{sub}=s2"
 
 
 def test_an_unknown_token_is_unauthorized_and_no_token_is_anonymous(kube: FakeKube) -> None:

@@ -35,16 +35,19 @@ class PlacedGang(TypedGang):
     """The gang on NODE and ``a3-node-002`` (sub-block s1 of block b1); idle: ``a3-node-001`` in
     another block (listed first) and ``a3-node-003`` in the gang's own sub-block."""
 
-    def __init__(self, spares: list[tuple[str, list[str]]] | None = None) -> None:
+    def __init__(self, spares: list[tuple[str, list[str]]] | None = None, places: bool = True) -> None:
         super().__init__()
         self.onto: list[tuple[str, ...]] = []
         self.spares = spares or [("a3-node-001", ["b2-s1", "b2"]), ("a3-node-003", ["b1-s1", "b1"])]
+        self.places = places
 
     def capacity(self, job: str, node: str, ref: StepRef) -> Capacity:
         gang = (Seat(NODE, topology.from_switches(["b1-s1", "b1"])),
                 Seat("a3-node-002", topology.from_switches(["b1-s1", "b1"])))  # fmt: skip
         spares = tuple(Seat(n, topology.from_switches(p)) for n, p in self.spares)
-        return Capacity(bool(spares), f"{len(spares)} idle", 2, 1 + len(spares), gang, spares)
+        return Capacity(
+            bool(spares), f"{len(spares)} idle", 2, 1 + len(spares), gang, spares, places=self.places
+        )
 
     def requeue_onto(self, job: str, ref: StepRef, run: JobRun, nodes: tuple[str, ...]) -> RequeueOutcome:
         self.onto.append(nodes)
@@ -106,6 +109,24 @@ def test_the_gang_moves_to_the_spare_of_its_sub_block_though_another_was_listed_
     # 2 nodes x 8 GPUs: move = 16 x 600 s = 2.7 GPU-h; wait for the reboot = 16 x (600 + 600) s = 5.3
     assert choice.get("why") == "moved to sub-block b1-s1: 2.7 GPU-h expected vs 5.3 waiting for the reboot"
     assert "moved to sub-block b1-s1" in remediation.summary(inc, {"unfenced": NODE, "resumed": True})
+
+
+def test_a_gang_its_scheduler_cannot_place_is_requeued_unpinned_and_the_choice_says_so(
+    stop: list[Moves],
+) -> None:
+    """A Placer whose capacity says it does not place this job (GKE: a JobSet Kueue queues, or one
+    opted out of pinning): the move is weighed and told, the gang requeued for the scheduler to
+    place, nothing pinned."""
+    rig = Moves(PlacedGang(places=False))
+    stop.append(rig)
+    iid = rig.open()
+    assert rig.to_reschedule(iid)["mode"] == "early"
+    assert rig.placed.onto == [] and len(rig.gang.requeues) == 1
+    inc = rig.store.get(iid)
+    assert inc is not None
+    why = (inc.get("choice") or {}).get("why")
+    nearest = "a spare the scheduler picks (nearest: sub-block b1-s1)"
+    assert why == f"moved to {nearest}: 2.7 GPU-h expected vs 5.3 waiting for the reboot"
 
 
 def test_a_spare_just_back_from_a_repair_gives_way_to_a_fresh_one_of_the_same_sub_block(

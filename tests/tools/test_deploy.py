@@ -401,6 +401,26 @@ def test_every_slurm_cluster_gets_a_topic_a_subscription_and_the_agent_pull_righ
     }
 
 
+def test_a_slurm_controllers_account_may_mint_tokens_as_its_clusters_agent_account_only() -> None:
+    """deploy.yaml slurm_controller_accounts: roles/iam.serviceAccountTokenCreator on that cluster's
+    agent account (the agent's --impersonate-service-account), nothing else; a cluster deploy does
+    not know, or a value that is not an account's email, is refused."""
+    ctl = "slurm-ctl@my-train-proj.iam.gserviceaccount.com"
+    conf = {**CONF, "slurm_controller_accounts": {"train": ctl}}
+    base = {tuple(s.argv) for s in deploy.plan("my-train-proj", "us-central1", CONF)}
+    added = [s.argv for s in deploy.plan("my-train-proj", "us-central1", conf) if tuple(s.argv) not in base]
+    assert added == [
+        [
+            "iam", "service-accounts", "add-iam-policy-binding",
+            "pitstop-slurm-train@my-train-proj.iam.gserviceaccount.com", "--project", "my-train-proj",
+            f"--member=serviceAccount:{ctl}", "--role=roles/iam.serviceAccountTokenCreator",
+        ]
+    ]  # fmt: skip
+    for bad, why in (({"other": ctl}, "not one of slurm_clusters"), ({"train": "x;rm -rf"}, "not a service")):
+        with pytest.raises(ValueError, match=why):
+            deploy.plan("my-train-proj", "us-central1", {**CONF, "slurm_controller_accounts": bad})
+
+
 @pytest.mark.parametrize("name", ["Train", "a_b", "-x", "x-", "", "seventeen-chars-x", "a b", "x;rm"])
 def test_cluster_names_that_cannot_name_an_account_are_refused(name: str, tmp_path: Path) -> None:
     conf = tmp_path / "deploy.yaml"
@@ -1451,6 +1471,17 @@ def test_actuate_may_change_a_jobsets_suspend_and_its_own_annotations_and_nothin
     ]
     assert [_admitted(old, new) for new in refused] == [False] * len(refused)
     assert _admitted(old, image, user="someone@example.com")  # other users are not Pitstop's to limit
+
+    def selecting(**labels: str) -> dict[str, Any]:
+        pin = _jobset(spec__suspend=True)
+        pin["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["nodeSelector"] = labels
+        return pin
+
+    block, sub = "cloud.google.com/gce-topology-block", "cloud.google.com/gce-topology-subblock"
+    assert _admitted(old, selecting(**{block: "b1", sub: "s2"}))  # a move placed in its sub-block
+    assert _admitted(selecting(**{block: "b1"}), selecting(**{block: "b2"}))
+    assert not _admitted(old, selecting(**{"cloud.google.com/gke-nodepool": "other"}))
+    assert not _admitted(selecting(pool="a"), selecting(**{block: "b1"}))  # the owner's key removed
 
 
 def test_the_admission_policy_covers_every_job_kind_actuate_may_patch() -> None:

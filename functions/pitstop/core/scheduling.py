@@ -140,7 +140,9 @@ class Capacity:
     (core/topology.py picks among them); ``native``: the restart the scheduler itself gives the job
     on a node failure (``slurm-expedite``, ``kueue-tas``: Pitstop does not restart it a second time);
     ``elastic``: the job says it can run on fewer nodes; ``unusable``: members other than the
-    fenced node that cannot run it again (drained by another incident or a person, down).
+    fenced node that cannot run it again (drained by another incident or a person, down);
+    ``places``: a Placer can put this job's gang where the choice says (GKE: not a JobSet Kueue
+    queues, nor one its owner opted out of pinning).
     """
 
     enough: bool
@@ -152,6 +154,7 @@ class Capacity:
     native: str | None = None
     elastic: bool = False
     unusable: tuple[str, ...] = ()  # members of the gang that do not come back with it (another fence)
+    places: bool = True
 
 
 @dataclass(frozen=True)
@@ -268,11 +271,13 @@ class Scheduler(Protocol):
 @runtime_checkable
 class Placer(Protocol):
     """A scheduler that can put a requeued gang on named nodes (Slurm: the pending job's required
-    nodes). Optional: without it the scheduler places the gang itself, and the choice is only
-    weighed and told."""
+    nodes; GKE: a nodeSelector for the narrowest topology domain holding them all, on a JobSet's
+    pod templates). Optional: without it the scheduler places the gang itself, and the choice is
+    only weighed and told."""
 
     def requeue_onto(self, job: str, ref: StepRef, run: JobRun, nodes: tuple[str, ...]) -> RequeueOutcome:
-        """Restart the gang once onto exactly ``nodes`` (its own healthy ones and the spares)."""
+        """Restart the gang once onto ``nodes`` (its own healthy ones and the spares; Slurm: exactly
+        those, GKE: their domain)."""
         ...
 
 

@@ -615,6 +615,17 @@ class FakeGcp:
             body = dict(c.body or {})
             body.pop("name", None)  # the service names new dashboards, policies and channels itself
             return self._create(Call(c.api, c.method, c.path, c.verb, {}, body))
+        policy = re.fullmatch(r"projects/[^/]+/alertPolicies/[^/]+", c.path)
+        if policy and c.method == "PATCH" and not c.query.get("updateMask"):
+            # "If this field is empty, then the supplied alerting policy replaces the existing policy"
+            # (cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.alertPolicies/patch, updateMask):
+            # the same name, every other field the request's; a field it leaves out is gone.
+            old = self._need(c.api, c.path)
+            new = {**copy.deepcopy(dict(c.body or {})), "name": c.path}
+            if "creationRecord" in old:
+                new["creationRecord"] = old["creationRecord"]
+            self.resources[(c.api, c.path)] = new
+            return self._answer(c.api, new)
         return None
 
 

@@ -319,6 +319,40 @@ def api_defaults(kind: str, obj: Obj) -> None:
 _POD_MUTABLE = ("activeDeadlineSeconds", "tolerations", "schedulingGates", "terminationGracePeriodSeconds")
 
 
+# What JobSet's validating webhook lets change in a pod template while the JobSet is suspended or
+# being suspended, for Kueue (kubernetes-sigs/jobset pkg/webhooks/jobset_webhook.go ValidateUpdate).
+_JOBSET_TEMPLATE_MUTABLE = (("metadata", "annotations"), ("metadata", "labels"), ("spec", "nodeSelector"),
+                            ("spec", "tolerations"), ("spec", "schedulingGates"))  # fmt: skip
+
+
+def jobset_webhook(old: Obj, new: Obj) -> None:
+    """JobSet's webhook: ``spec.replicatedJobs`` and ``spec.managedBy`` are immutable, but for the
+    pod templates' scheduling fields when the old or the new JobSet is suspended. Its refusal is a
+    controller-runtime ``Denied`` (403 Forbidden) the API server words as a webhook's denial."""
+    old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
+
+    def comparable(spec: Obj) -> Obj:
+        rjobs = copy.deepcopy(spec.get("replicatedJobs"))
+        if old_spec.get("suspend") or new_spec.get("suspend"):
+            for rj in rjobs or []:
+                pod = ((rj.get("template") or {}).get("spec") or {}).get("template") or {}
+                for part, key in _JOBSET_TEMPLATE_MUTABLE:
+                    (pod.get(part) or {}).pop(key, None)
+        return {"replicatedJobs": rjobs, "managedBy": spec.get("managedBy")}
+
+    if comparable(old_spec) != comparable(new_spec):
+        field = (
+            "replicatedJobs"
+            if old_spec.get("replicatedJobs") != new_spec.get("replicatedJobs")
+            else "managedBy"
+        )
+        msg = (
+            'admission webhook "vjobset.kb.io" denied the request: '
+            f'spec.{field}: Invalid value: "object": field is immutable'
+        )
+        raise ApiError(403, "Forbidden", msg)
+
+
 def validate_update(res: Resource, old: Obj, new: Obj, sub: str) -> None:
     """Pod spec updates may change little (``ValidatePodUpdate``); nodeName only through binding."""
     if res.kind != "Pod" or sub == "status":
@@ -743,6 +777,10 @@ class FakeKube:
         def validate(old: Obj | None, new: Obj) -> None:
             check_supported(r.res.kind, new)
             self.policies.review(_request(user, operation, r, new.get("metadata") or {}), old, new)
+            if r.res.kind == "JobSet" and r.sub == "" and old is not None:
+                # validating webhooks run after the policies (kube-apiserver's plugin order: k8s.io/
+                # kubernetes pkg/kubeapiserver/options/plugins.go AllOrderedPlugins)
+                jobset_webhook(old, new)
 
         return validate
 

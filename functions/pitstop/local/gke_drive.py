@@ -72,6 +72,16 @@ class Gangs:
         js = self.kube.jobset(name)
         return -1 if js is None else int((js.get("status") or {}).get("restarts") or 0)
 
+    def pinned(self, name: str) -> str:
+        """The topology nodeSelector a move Pitstop placed left on the JobSet (its
+        ``pitstop.dev/pinned`` annotation; empty: none)."""
+        js = self.kube.jobset(name)
+        return (
+            ""
+            if js is None
+            else str(((js.get("metadata") or {}).get("annotations") or {}).get("pitstop.dev/pinned", ""))
+        )
+
     def moved(self, g: Gang, bad: list[str]) -> list[str]:
         """Once the gang runs again in full, the nodes it runs on (none of them ``bad``)."""
         want = len(g.members)

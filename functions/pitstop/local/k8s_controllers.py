@@ -1004,11 +1004,18 @@ def pod_from_template(job: Obj, index: int | None) -> Obj:
 
 
 def resume_job(job: Obj, template: Obj) -> None:
-    """``resumeJob``: the pod template may have changed while suspended (Kueue injects placement)."""
+    """``resumeJob``: the pod template may have changed while suspended (Kueue injects placement);
+    the template's nodeSelector is merged into the Job's and its tolerations added, so a key removed
+    from the template stays (kubernetes-sigs/jobset pkg/controllers/jobset_controller.go resumeJob:
+    collections.MergeMaps, MergeSlices)."""
     spec = job["spec"]["template"].setdefault("spec", {})
-    for key in ("nodeSelector", "tolerations"):
-        if key in (template.get("spec") or {}):
-            spec[key] = template["spec"][key]
+    given = template.get("spec") or {}
+    if given.get("nodeSelector"):
+        spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **given["nodeSelector"]}
+    have = spec.get("tolerations") or []
+    more = [t for t in given.get("tolerations") or [] if t not in have]
+    if more:
+        spec["tolerations"] = [*have, *more]
     job["spec"]["suspend"] = False
 
 

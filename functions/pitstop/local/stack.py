@@ -97,8 +97,8 @@ class ClusterSpec:
     scheduler: Literal["slurm", "gke", "vertex"] = "slurm"
     jobset_nodes: int = 0  # gke: a JobSet with the host-maintenance failure policy on this many nodes
     # Where nodes sit: node -> [block, sub-block] (the fake Compute's physicalHostTopology, GKE's
-    # gce-topology labels, Slurm's topology.conf); a node not named sits in block-1/sub-1, and a
-    # stack that names none runs Slurm without a topology plugin and GKE nodes without the labels.
+    # gce-topology labels, Slurm's topology.conf); a Slurm node not named sits in block-1/sub-1, a
+    # GKE node not named nowhere, and a stack that names none runs Slurm without a topology plugin.
     places: dict[str, list[str]] = field(default_factory=dict)
     machine_types: dict[str, str] = field(default_factory=dict)  # node -> its own machine type
 
@@ -404,8 +404,9 @@ class Stack:
         }
 
     def _place(self, node: str) -> dict[str, str]:
-        """The node's block and sub-block in cluster.json, when the stack places its nodes."""
-        if not self.spec.places:
+        """The node's block and sub-block in cluster.json, when the stack places its nodes (a GKE
+        node it does not name carries no topology label, as a node outside a reservation)."""
+        if not self.spec.places or (self.spec.scheduler == "gke" and node not in self.spec.places):
             return {}
         block, sub = self.spec.places.get(node, ["block-1", "sub-1"])
         return {"block": block, "subblock": sub}

@@ -51,8 +51,13 @@ SLURM_POLICY = {
     "validation": {"expected": {"a4x-highgpu-4g": {"busbw_gbps": 200}}},
 }
 # GKE: nine nodes that take a fault each (cooldowns outlast the demo; the serial scenario's 7 keeps its
-# recorded incident open), two for the degraded-node ones (9, 10), a gang partner and a spare
-GKE_NODES = 13
+# recorded incident open), two for the degraded-node ones (9, 10), a gang partner and a spare (11, 12:
+# demo_runner.GKE_PARTNER, GKE_SPARE), and four for the topology one (13-16)
+GKE_NODES = 17
+# Where the GKE topology scenario's nodes sit (GKE's gce-topology labels; the other nodes carry none, as
+# nodes outside a reservation): 13 alone in another block and first by name, 14-16 one sub-block
+# (gke_topology: the JobSet on 14 and 15, its spare 16).
+GKE_TOPOLOGY_PLACES = {13: ["block-2", "sub-3"], **{i: ["block-1", "sub-9"] for i in (14, 15, 16)}}
 GKE_COMPUTE_SCALE = 0.03  # a reset keeps the VM down ~1 s: time for the gang to restart off a preempted node
 
 
@@ -69,9 +74,12 @@ def slurm_spec(nodes: int) -> ClusterSpec:
 
 
 def gke_spec(nodes: int = GKE_NODES) -> ClusterSpec:
-    """The demo's GKE node pool; its fourth node is a Spot VM (the preemption scenario's)."""
+    """The demo's GKE node pool; its fourth node is a Spot VM (the preemption scenario's), and the
+    topology scenario's nodes sit where GKE_TOPOLOGY_PLACES puts them."""
     spec = ClusterSpec.gke(nodes)
     spec.spot = [spec.node_names[3]]
+    if nodes > max(GKE_TOPOLOGY_PLACES):
+        spec.places = {spec.node_names[i]: place for i, place in GKE_TOPOLOGY_PLACES.items()}
     return spec
 
 

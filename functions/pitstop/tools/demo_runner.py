@@ -43,6 +43,8 @@ XID_LINES = {
     13: "NVRM: Xid (PCI:0000:b5:00): 13, pid=4242, name=python3, Graphics SM Warp Exception on "
     "(GPC 1, TPC 3, SM 0): Out Of Range Address",
 }
+# The GKE stack's every-gang partner and spare (tools/demo.py GKE_NODES says what each node is for).
+GKE_PARTNER, GKE_SPARE = 11, 12
 WATCHES = {"nodes": "/api/v1/nodes", "pods": f"/api/v1/namespaces/{NAMESPACE}/pods"}
 
 
@@ -94,6 +96,14 @@ class VertexSpec(TypedDict, total=False):
     again: bool
 
 
+class GangSpec(TypedDict):
+    """GKE: the JobSet's nodes and the spares it may move to, by index (default: the faulty node and
+    the partner, the spare)."""
+
+    members: list[int]
+    spares: list[int]
+
+
 class Scenario(TypedDict):
     key: str
     name: str
@@ -104,7 +114,7 @@ class Scenario(TypedDict):
     settle: NotRequired[bool]
     step: NotRequired[str]
     node: NotRequired[int]
-    gang: NotRequired[bool]
+    gang: NotRequired[bool | GangSpec]
     watch: NotRequired[Literal["nodes", "pods"]]
     job: NotRequired[JobSpec]
     lemon: NotRequired[bool]
@@ -358,12 +368,16 @@ class Runner:
     # -- GKE ------------------------------------------------------------------------------------
 
     def on_gang(self, spec: Spec) -> Seen:
-        """A JobSet on the faulty node and the partner (the cluster's last but one), free to move to
-        the spare (its last); the fault; the JobSet removed afterwards."""
+        """A JobSet on the faulty node and the partner, free to move to the spare (or on the nodes and
+        spares the scenario's ``gang`` names); the fault; the JobSet removed afterwards."""
         st, gangs = self.stage, self.stage.gangs
         assert gangs is not None
         bad = st.nodes[spec["node"]]
-        g = gangs.gang(spec["key"].removeprefix("gke_"), [bad, st.nodes[-2]], [st.nodes[-1]])
+        given = spec.get("gang")
+        members, spares = [bad, st.nodes[GKE_PARTNER]], [st.nodes[GKE_SPARE]]
+        if isinstance(given, dict):
+            members, spares = [st.nodes[i] for i in given["members"]], [st.nodes[i] for i in given["spares"]]
+        g = gangs.gang(spec["key"].removeprefix("gke_"), members, spares)
         watch = Watch(gangs.kube.url, WATCHES[spec["watch"]]) if "watch" in spec else None
         try:
             before = inject.instance(st.state, bad)["id"]
@@ -371,12 +385,15 @@ class Runner:
             inc = st.finished(bad, timeout=spec.get("timeout_s", 90.0))
             where = gangs.moved(g, [bad])
             obs: Observations = {"back": gangs.node_back(bad), "restarts": gangs.restarts(g.name)}
+            obs["pinned"] = gangs.pinned(g.name)
             obs["notes"] = len(self.notes(spec, inc["id"]))
         finally:
             events = watch.stop() if watch else []
             gangs.done_with(g)
         evicted = evictions(events, bad)
         obs.update(incident_obs(inc), bad=bad, moved_to=",".join(where))
+        places = {n: "/".join(p) for n, p in st.stack.spec.places.items()}
+        obs.update(held_at=_places(members, places), now_at=_places(where, places))
         obs.update(self.node_obs(bad, before))
         obs.update(fenced_by=fenced_by(events, bad, inc["id"]), evicted=len(evicted), grace_s=POD_GRACE_S)
         obs["graceful"] = bool(evicted) and all(

@@ -32,7 +32,7 @@ from pitstop.local.gke_stack import JOBSET_LABEL, NAMESPACE, Watch, node_summary
 from pitstop.local.heartbeats import beating_again, beats, hang_ended
 from pitstop.local.stack import HEARTBEAT_EVERY_S, HEARTBEAT_MIN_POINTS, WebhookRecord, webhook_records
 from pitstop.plugins.channels.pagerduty.local import PATH as PAGERDUTY_PATH
-from pitstop.tools.demo_runner import XID_LINES, Runner, Seen, incident_obs
+from pitstop.tools.demo_runner import GKE_PARTNER, GKE_SPARE, XID_LINES, Runner, Seen, incident_obs
 from pitstop.tools.demo_stage import Observations, Stage
 
 if TYPE_CHECKING:
@@ -279,7 +279,7 @@ def gke_two_members(st: Stage) -> Seen:
     gangs = st.gangs
     assert gangs is not None
     a, b = st.nodes[1], st.nodes[2]
-    g = gangs.gang("pair", [a, b], [st.nodes[-2], st.nodes[-1]])
+    g = gangs.gang("pair", [a, b], [st.nodes[GKE_PARTNER], st.nodes[GKE_SPARE]])
     try:
         for n in (a, b):
             gangs.device_plugin_xid(n, 79)
@@ -302,7 +302,7 @@ def gke_pdb(st: Stage) -> Seen:
     gangs = st.gangs
     assert gangs is not None
     bad, pdb = st.nodes[5], "train-pdb"
-    g = gangs.gang("pdb", [bad, st.nodes[-2]], [st.nodes[-1]])
+    g = gangs.gang("pdb", [bad, st.nodes[GKE_PARTNER]], [st.nodes[GKE_SPARE]])
     gangs.kube.create_pdb(pdb, {JOBSET_LABEL: g.name}, min_available=2)
     try:
         st.router.publish(inject.maintenance(st.state, bad))
@@ -332,7 +332,7 @@ def gke_serial(st: Stage) -> Seen:
     forged, bad = st.nodes[7], st.nodes[8]
     st.router.publish(st.serial_entry(forged, XID79))
     st.wait(lambda: st.node_incidents(forged), 30, f"the record of {forged}'s line")
-    g = gangs.gang("serial", [bad, st.nodes[-2]], [st.nodes[-1]])
+    g = gangs.gang("serial", [bad, st.nodes[GKE_PARTNER]], [st.nodes[GKE_SPARE]])
     try:
         gangs.device_plugin_xid(bad, 79)
         st.router.publish(st.serial_entry(bad, XID79))
@@ -372,11 +372,11 @@ def gke_straggler_spare(st: Stage) -> Seen:
     On GKE the checkpoint is the pod's eviction with its grace period, and the JobSet's own failure
     policy restarts the gang at once (onto the spare, the node being cordoned); Pitstop's requeue
     then finds it already moved and does not restart it again. ``resume_s``: from the alert's open
-    (the incident's ``detected``) to the gang seen running in full off the node. The node: the
-    fourth from the end (node 9 of the demo's 13; the last two are the partner and the spare)."""
+    (the incident's ``detected``) to the gang seen running in full off the node. The node: 9
+    (tools/demo.py GKE_NODES)."""
     gangs = st.gangs
     assert gangs is not None
-    bad, partner, spare = st.nodes[-4], st.nodes[-2], st.nodes[-1]
+    bad, partner, spare = st.nodes[9], st.nodes[GKE_PARTNER], st.nodes[GKE_SPARE]
     g = gangs.gang("gke-straggler", [bad, partner], [spare])
     watch = Watch(gangs.kube.url, f"/api/v1/namespaces/{NAMESPACE}/pods")
     since = time.time()
@@ -408,10 +408,10 @@ def gke_straggler_spare(st: Stage) -> Seen:
 
 def gke_gang_wide_throttle(st: Stage) -> Seen:
     """Every member of the JobSet throttles alike (its own power cap): no move, no repair, a page.
-    The members: the third node from the end and the partner (neither is repaired)."""
+    The members: node 10 and the partner (neither is repaired)."""
     gangs = st.gangs
     assert gangs is not None
-    members = [st.nodes[-3], st.nodes[-2]]
+    members = [st.nodes[10], st.nodes[GKE_PARTNER]]
     g = gangs.gang("gke-capped", members, [])
     try:
         for n in members:

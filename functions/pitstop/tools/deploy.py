@@ -332,6 +332,27 @@ def policy_path(conf: Conf) -> str | None:
     return path
 
 
+ACCOUNT_EMAIL = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z0-9.-]+\.gserviceaccount\.com")
+
+
+def slurm_controller_accounts(conf: Conf, clusters: list[str]) -> dict[str, str]:
+    """`slurm_controller_accounts`: cluster -> the account its controller VM runs as, which may mint
+    tokens as the cluster's agent account (the agent's --impersonate-service-account)."""
+    given = conf.get("slurm_controller_accounts") or {}
+    if not isinstance(given, Mapping):
+        raise ValueError(f"slurm_controller_accounts: {given!r} is not {{cluster: account email}}")
+    for cluster, account in given.items():
+        if cluster not in clusters:
+            raise ValueError(
+                f"slurm_controller_accounts: {cluster!r} is not one of slurm_clusters {clusters}"
+            )
+        if not isinstance(account, str) or not ACCOUNT_EMAIL.fullmatch(account):
+            raise ValueError(
+                f"slurm_controller_accounts: {str(account)[:80]!r} is not a service account's email"
+            )
+    return {str(c): str(a) for c, a in given.items()}
+
+
 def slurm_clusters(conf: Conf) -> list[str]:
     """`slurm_clusters`: the names (expand_accounts checks each fits an account id)."""
     names = _listed(conf, "slurm_clusters")
@@ -714,6 +735,9 @@ def _render(value: object, variables: Mapping[str, str]) -> object:
 
 FOR_EACH: dict[str, Callable[[Entry, Target], list[dict[str, str]]]] = {
     "cluster": lambda _, t: [{"cluster": c} for c in t.clusters],
+    "controller": lambda _, t: [
+        {"cluster": c, "controller": a} for c, a in slurm_controller_accounts(t.conf, t.clusters).items()
+    ],
     "compute_project": lambda _, t: [{"compute_project": p} for p in t.compute],
     "gke_project": lambda _, t: [{"gke_project": p} for p in dict.fromkeys(c["project"] for c in t.gke)],
     "gke_cluster": lambda _, t: [

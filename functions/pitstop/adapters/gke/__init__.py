@@ -49,7 +49,7 @@ from pitstop.adapters.gke.client import (
 from pitstop.adapters.gke.doctor import doctor_findings
 from pitstop.adapters.gke.evict import Evictor
 from pitstop.adapters.gke.gang import GangStop
-from pitstop.adapters.gke.kinds import JobKind, kinds
+from pitstop.adapters.gke.kinds import JobKind, Stoppable, kinds
 from pitstop.adapters.gke.objects import (
     FENCE_KEY,
     REQUEUED_FOR,
@@ -67,6 +67,7 @@ from pitstop.adapters.gke.objects import (
     subs,
     valid_object_name,
 )
+from pitstop.adapters.gke.pin import GangPin
 from pitstop.adapters.gke.restart import STUCK_TERMINATING_S, WorkloadCycle
 from pitstop.adapters.gke.shapes import (
     CapacityAnswer,
@@ -157,6 +158,12 @@ class GkeCluster:
         self.kinds = kinds(self.kube, self.evictor, self.cycle, kueue_replaces)
         self.checks = GkeChecks(self.kube, self.settings)
         self.gang = GangStop(self.kube, self.kinds, self.cycle, self.checks, self._xid_condition)
+        self.pins = GangPin(self.kube, self._jobset_target, self.cycle)
+
+    def _jobset_target(self, ref: JobRef) -> Stoppable:
+        target = self.kinds["jobset"].stoppable(ref)
+        assert target is not None  # a JobSet is always stoppable
+        return target
 
     @property
     def core(self) -> Any:
@@ -242,13 +249,27 @@ class GkeCluster:
         log.emit("WARNING" if out.get("owner_action") else "INFO", "gke requeue", **out)
         return out
 
+    def requeue_onto(
+        self, job: str, ref: StepRef, restarts: int | None, nodes: tuple[str, ...]
+    ) -> RequeueAnswer:
+        """Restart the gang once in the topology domain of ``nodes`` (pin.py); a job Pitstop does not
+        pin (module doc there) is restarted as :meth:`requeue_outcome` does."""
+        jr = parse_job_id(job)
+        out = self.pins.move(jr, ref.key, restarts, nodes) if jr.kind == "jobset" and nodes else None
+        if out is None:
+            return self.requeue_outcome(job, ref, restarts)
+        log.emit("INFO", "gke requeue", **out)
+        return out
+
     def reactivate(self, jobs: list[str], incident: str) -> list[str]:
         """At the incident's close: the jobs a failed step of it left stopped for its checks resumed,
         and the Kueue Workloads Pitstop deactivated for it reactivated (what was done, per job)."""
         done: list[str] = []
         for job in jobs:
             jr = parse_job_id(job)
-            resumed = self.gang.release(job, incident)
+            resumed = self.gang.release(job, incident) or (
+                self.pins.release(jr, incident) if jr.kind == "jobset" else None
+            )
             if resumed:
                 log.emit("WARNING", "gke job resumed at close", incident=incident, job=jr.id)
                 done.append(resumed)
@@ -335,6 +356,13 @@ class GkeScheduler:
         owner = a.get("owner_action")
         return RequeueOutcome(job, not owner and a.get("restarted") is True, str(a.get("outcome")), owner)
 
+    def requeue_onto(self, job: str, ref: StepRef, run: JobRun, nodes: tuple[str, ...]) -> RequeueOutcome:
+        """core/scheduling.Placer: the gang restarted once in the domain of ``nodes`` (a JobSet Kueue
+        does not queue: adapters/gke/pin.py), else as :meth:`requeue` does."""
+        a = self.cluster.requeue_onto(job, ref, run.restarts, nodes)
+        owner = a.get("owner_action")
+        return RequeueOutcome(job, not owner and a.get("restarted") is True, str(a.get("outcome")), owner)
+
     def release_jobs(self, jobs: list[str], ref: StepRef) -> list[str]:
         """core/scheduling.JobReleaser: undo what a failed step left of Pitstop's own job changes."""
         return self.cluster.reactivate(jobs, ref.incident)
@@ -355,6 +383,7 @@ class GkeScheduler:
             spares=seats(a.get("spares") or []),
             native=a.get("native"),
             unusable=tuple(a.get("unusable") or []),
+            places=a.get("places") is True,
         )
 
     def start_gang_check(self, job: str, check: Mapping[str, object], ref: StepRef) -> GangCheckStart:

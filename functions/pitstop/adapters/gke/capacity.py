@@ -9,6 +9,7 @@ from pitstop.adapters.gke.kinds import JobKind, Templates
 from pitstop.adapters.gke.objects import (
     JobRef,
     allocatable_gpus,
+    annotations_of,
     labels_of,
     live,
     meta_of,
@@ -22,6 +23,7 @@ from pitstop.adapters.gke.objects import (
     sub,
     tas_admitted,
 )
+from pitstop.adapters.gke.pin import OPT_OUT
 from pitstop.adapters.gke.shapes import CapacityAnswer, KubeObject
 from pitstop.core import topology
 
@@ -43,7 +45,9 @@ def capacity(
     a cordon, NotReady or unhealthy, or gone, so the gang's choice does not pin a pod there);
     ``native`` is ``kueue-tas`` when Kueue admitted it with a topology assignment and replaces a
     failed node within its domain itself (``kueue_replaces``: TASFailedNodeReplacement, beta and on
-    by default since Kueue v0.14).
+    by default since Kueue v0.14); ``places``: Pitstop can restart the gang in the domain the
+    choice names (a JobSet Kueue does not queue, not opted out, on nodes with GKE's topology
+    labels: pin.py).
     """
     templates, kueue = kind.templates(ref)
     if templates is None:
@@ -59,7 +63,10 @@ def capacity(
         out["why"] = f"Kueue admits {ref.id} ({kueue}): it re-admits the gang when its quota allows"
         out["enough"] = True
         out["native"] = KUEUE_TAS if kueue_replaces and _tas(kube, ref) else None
+        out["places"] = False  # Kueue owns its suspend and its templates (pin.py)
         return out
+    known = all(topology.BLOCK_LABEL in labels.get(n, {}) for n in gang)  # a domain to pin it to
+    out["places"] = known and _pinnable(kube, ref)
     placed, hosts = _fit(nodes, pods, ref, node, templates)
     selectors = sorted({f"{k}={v}" for _, s in templates for k, v in sub(s, "nodeSelector").items()})
     sel = f" matching {', '.join(selectors)}" if selectors else ""
@@ -71,6 +78,12 @@ def capacity(
     )
     out["enough"], out["free"] = placed >= need, placed
     return out
+
+
+def _pinnable(kube: Kube, ref: JobRef) -> bool:
+    """A JobSet its owner did not opt out of pinning: Pitstop can restart it in a domain (pin.py)."""
+    js = kube.jobset(ref) if ref.kind == "jobset" else None
+    return js is not None and annotations_of(js).get(OPT_OUT) != "off"
 
 
 def _tas(kube: Kube, ref: JobRef) -> bool:

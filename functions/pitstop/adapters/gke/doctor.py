@@ -10,7 +10,9 @@ from pitstop.adapters.gke.objects import (
     JOBSETS,
     KUEUE_GROUP,
     KUEUE_VERSION,
+    PINNED,
     WORKLOADS,
+    annotations_of,
     meta_of,
     restart_blockers,
     spec_of,
@@ -62,6 +64,7 @@ def native_mechanisms(api_client: ApiClient, kueue_replaces: bool = True) -> lis
             f"jobset: {with_policy} of {len(jobsets)} JobSet(s) restart as a gang by their own failurePolicy"
             " (Pitstop evicts one pod of the current attempt; the JobSet controller restarts it once)"
         )
+        out += _pinned(jobsets)
     topologies = _listed(kube, KUEUE_GROUP, KUEUE_VERSION, TOPOLOGIES)
     if not topologies:
         said = "not installed" if topologies is None else "no Topology"
@@ -83,6 +86,20 @@ def native_mechanisms(api_client: ApiClient, kueue_replaces: bool = True) -> lis
             " restarts them itself"
         )
     return out
+
+
+def _pinned(jobsets: list[KubeObject]) -> list[str]:
+    """The JobSets a move of Pitstop's left in a topology domain (adapters/gke/pin.py: the selector
+    stays with the JobSet), each with its selector: what to lift by hand if the domain must go."""
+    pinned = [js for js in jobsets if annotations_of(js).get(PINNED)]
+    if not pinned:
+        return []
+    said = ", ".join(
+        f"{meta_of(js).get('namespace')}/{meta_of(js).get('name')} ({annotations_of(js).get(PINNED)})"
+        for js in pinned[:8]
+    )
+    more = f" and {len(pinned) - 8} more" if len(pinned) > 8 else ""
+    return [f"jobset: {len(pinned)} JobSet(s) pinned to a topology domain by a Pitstop move: {said}{more}"]
 
 
 def _listed(kube: Kube, group: str, version: str, plural: str) -> list[KubeObject] | None:

@@ -16,7 +16,9 @@ from pitstop.adapters.gke.objects import (
     JOBSET_VERSION,
     JOBSETS,
     KUEUE_QUEUE_LABEL,
+    MOVED_FOR,
     JobRef,
+    annotations_of,
     batch_job_state,
     jobset_state,
     labels_of,
@@ -101,6 +103,17 @@ def _nothing_restarts(ev: Evictor, ref: JobRef, incident: str, why: str) -> Requ
     }
 
 
+def _run_start(js: KubeObject) -> str | None:
+    """When this run of the JobSet started, as a name: its creation, and once a move Pitstop placed
+    has resumed it, that move (suspend and resume restart every pod without counting a restart:
+    pin.py). Not while it is still suspended for the move: a retry of that step is the same run."""
+    created = text(meta_of(js), "creationTimestamp")
+    mark = text(annotations_of(js), MOVED_FOR)
+    if created and mark and not spec_of(js).get("suspend"):
+        return f"{created} moved for {mark}"
+    return created
+
+
 class JobSetKind:
     """``kueue_replaces``: Kueue replaces a failed node of a workload it admitted with a topology
     assignment within the same domain (TASFailedNodeReplacement, beta and on by default since
@@ -127,7 +140,7 @@ class JobSetKind:
             **base,
             "state": jobset_state(js, pods),
             "restarts": restarts_of(js),
-            "start_time": text(meta_of(js), "creationTimestamp"),  # with restarts: one run of this JobSet
+            "start_time": _run_start(js),  # with restarts: one run of this JobSet
             "workload": name_of(wl) if wl else None,
             "opted_in": labels_of(js).get(HEARTBEAT_LABEL) == "true",
             "failure_policy": isinstance(spec_of(js).get("failurePolicy"), Mapping),

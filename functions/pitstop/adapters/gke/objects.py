@@ -22,6 +22,8 @@ WAS_UNSCHEDULABLE = "pitstop.dev/was-unschedulable"  # node annotation: "true" |
 CORDONED_BY = "pitstop.dev/cordoned-by"  # node annotation: the incident whose fence set the cordon
 TAINTS_BEFORE = "pitstop.dev/taints-before"  # node annotation: other taint keys when Pitstop fenced
 REQUEUED_FOR = "pitstop.dev/requeued-for"  # Workload annotation: the ctx of Pitstop's deactivation
+MOVED_FOR = "pitstop.dev/moved-for"  # JobSet annotation: the step key of the move Pitstop placed (pin.py)
+PINNED = "pitstop.dev/pinned"  # JobSet annotation: the topology selector that move added (``k=v,k=v``)
 GPU_RESOURCE = "nvidia.com/gpu"
 XID_CONDITION = "XidCriticalError"  # set by GKE's GPU device plugin (reference/gke.md §2)
 GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"

@@ -50,6 +50,9 @@ class WorkloadPatch(TypedDict, total=False):
 
 class SuspendSpec(TypedDict):
     suspend: bool
+    # the whole list (a merge patch replaces a list), its pod templates with Pitstop's topology
+    # nodeSelector: only in the update that suspends a JobSet (pin.py)
+    replicatedJobs: NotRequired[list[KubeObject]]
 
 
 class SuspendPatch(TypedDict, total=False):
@@ -189,6 +192,7 @@ class RequeueAnswer(TypedDict, total=False):
     workload: str
     forced: list[str]  # pods force-deleted while Kueue stopped the job (``pod@node``)
     native: str  # the restart was left to the scheduler's own mechanism (kueue-tas)
+    pinned: str  # the topology nodeSelector the gang was restarted under (pin.py), ``k=v,k=v``
 
 
 class CapacityAnswer(TypedDict):
@@ -201,6 +205,7 @@ class CapacityAnswer(TypedDict):
     labels: NotRequired[dict[str, dict[str, str]]]  # node -> its topology labels (gce-topology-*)
     native: NotRequired[str | None]  # kueue-tas: Kueue replaces the failed node in its domain
     unusable: NotRequired[list[str]]  # the gang's other nodes out of service (fenced, NotReady, gone)
+    places: NotRequired[bool]  # Pitstop can put the restarted gang in a domain (pin.py); else Kueue
 
 
 class CheckStarted(TypedDict):

@@ -84,7 +84,7 @@ def choose(s: Step, job: str, cap: Capacity) -> Move:
     fenced = {s.instance, *cap.unusable}  # a member another fence holds does not come back either
     nodes = max(len(cap.gang), cap.need or 0, 1)
     need = max(1, sum(1 for seat in cap.gang if seat.node in fenced))
-    placer = isinstance(s.scheduler, Placer)
+    placer = isinstance(s.scheduler, Placer) and cap.places
     if cap.enough and not cap.spares and not nvl72:
         pick = topology.Pick.unnamed()  # room for the gang, but the scheduler names no spare
     elif cap.enough or nvl72:
