@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 from pitstop.local import procs
 
@@ -40,3 +41,25 @@ def test_a_probe_that_reads_its_own_request_back_waits_for_the_server(tmp_path: 
         listener.close()
     serving.join(5)
     assert not serving.is_alive()  # both connections were made: the echo was probed past
+
+
+def test_an_emulator_whose_port_was_taken_is_started_again_on_another(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A demo beside a CI run (PITSTOP_PORT_RANGE inside the ephemeral ports, 2026-11-28): another
+    process's connection took the picked port before the Pub/Sub emulator bound it; its JVM logged
+    the BindException and lived on, and the stack waited 60 s and gave up. The port is now given
+    up at the emulator's word and another one tried."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    picks = iter([taken.getsockname()[1]])
+    real = procs.free_port
+    monkeypatch.setattr(procs, "free_port", lambda: next(picks, None) or real())
+    proc, host = procs.start_emulator("pubsub", tmp_path)
+    try:
+        assert host != f"127.0.0.1:{taken.getsockname()[1]}"
+        assert procs.BIND_FAILED in (tmp_path / "pubsub-emulator.log").read_text()
+    finally:
+        proc.stop()
+        taken.close()

@@ -14,7 +14,7 @@ from google.cloud import firestore
 
 from pitstop.adapters.firestore import QUEUED_S, IncidentStore
 from pitstop.core import engine
-from pitstop.core.aggregate import CloseByPerson, LeaseStart, RecordStarted
+from pitstop.core.aggregate import At, ClaimStep, CloseByPerson, LeaseStart, RecordStarted
 from pitstop.core.classify import Classifier
 from pitstop.core.domain import FaultEvent
 from pitstop.services.coalesce import DIRECT_LINES, Coalescer
@@ -77,6 +77,25 @@ def test_a_lease_taken_elsewhere_since_this_instance_wrote_the_incident_holds(
     )  # a late record of the same step still lands once
     inc = mine.get(iid)
     assert inc is not None and inc["workflow"] is not None and inc["workflow"]["state"] == "started"
+
+
+def test_a_claim_refused_on_this_instance_s_copy_is_decided_again_on_a_fresh_read(
+    fs_client: firestore.Client,
+) -> None:
+    """Seen in a CI run: actuate had just written step 1 of an incident (an Xid 31, notify-only);
+    ingest raised it to step 2 on an Xid 79 of the same burst; step 2's claim, decided on actuate's
+    copy of a moment before, was refused "superseded by step 1" (a refusal writes nothing, so no
+    write condition caught the stale read); the execution ended, the incident failed and paged."""
+    mine, _ = _counted(fs_client)
+    other = IncidentStore(fs_client, "pitstop")
+    xid31 = "NVRM: Xid (PCI:0000:b5:00): 31, pid=2512, name=python3, Ch 00000008, MMU Fault: ENGINE GRAPHICS"
+    out = mine.apply(_event(xid31, "a3-node-103", 1), make_policy(), T0)
+    assert out.incident is not None and out.incident["step"] == 1
+    iid = out.incident["id"]
+    raised = other.apply(_event(XID79, "a3-node-103", 2), make_policy(), T0 + 1)
+    assert raised.result == "raised" and raised.incident is not None and raised.incident["step"] == 2
+    claimed = mine.decide(iid, ClaimStep(At(2, "exec-2")), None, T0 + 2)
+    assert (claimed.result, claimed.refused) == ("claimed", None)
 
 
 def test_holds_in_a_row_read_the_budget_once(fs_client: firestore.Client) -> None:

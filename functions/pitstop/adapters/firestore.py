@@ -163,13 +163,20 @@ class IncidentStore:
         Optimistic, like an event's decision: the documents read as this process saw them in the
         last ``SNAP_S`` seconds (the decision that scheduled a step wrote its incident a moment
         before its start is leased), the writes one batch conditioned on each being as read;
-        refused, decided again on fresh reads. Commands that may claim or release blast-radius
+        refused (on its write conditions, or a command refused on what was read), decided again
+        on fresh reads. Commands that may claim or release blast-radius
         slots take turns in-process on the budgets.
         """
 
         def once() -> engine.Outcome:
             try:
-                return run(Optimistic(self._parts, SNAP_S), iid, cmd, policy, now)
+                out = run(Optimistic(self._parts, SNAP_S), iid, cmd, policy, now)
+                if out.result != "refused":
+                    return out
+                # a refusal writes nothing, so no write condition catches a stale read: a step's
+                # claim refused as "superseded by step 1" on this process's own copy of a moment
+                # ago, when another instance had raised the incident to step 2 since (seen in CI:
+                # the step's execution ended, the incident was failed and paged)
             except (*LOST, *STALE):  # refused on its conditions: read everything again
                 self.tally.retried()
             try:

@@ -103,12 +103,22 @@ class Proc:
             return ""
 
 
+class PortTakenError(RuntimeError):
+    """The child could not bind the port it was given: something took it after :func:`free_port`."""
+
+
+BIND_FAILED = "Address already in use"  # the JVM's BindException (the emulators), Python's OSError
+
+
 def wait_http(url: str, proc: Proc, timeout: float = 60.0, accept_errors: bool = False) -> None:
-    """Until the server answers; with ``accept_errors`` any HTTP status counts as up."""
+    """Until the server answers; with ``accept_errors`` any HTTP status counts as up. A child that
+    says its port was taken fails at once (an emulator's JVM lives on after its BindException)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not proc.alive():
             raise RuntimeError(f"{proc.name} exited early:\n{proc.tail()}")
+        if BIND_FAILED in proc.tail():
+            raise PortTakenError(f"{proc.name} could not bind its port:\n{proc.tail()}")
         try:
             with urllib.request.urlopen(url, timeout=2):  # noqa: S310 - loopback only
                 return
@@ -126,7 +136,20 @@ def wait_http(url: str, proc: Proc, timeout: float = 60.0, accept_errors: bool =
 
 
 def start_emulator(kind: str, workdir: Path, project: str = "pitstop-local") -> tuple[Proc, str]:
-    """Google's own emulator from the installed gcloud SDK, bound to a free loopback port."""
+    """Google's own emulator from the installed gcloud SDK, bound to a free loopback port; started
+    again on another port (three tries) when the one picked was taken before the emulator bound it
+    (a range given in PITSTOP_PORT_RANGE inside the kernel's ephemeral range can be, by any
+    process's outgoing connection)."""
+    for attempt in range(3):
+        try:
+            return _start_emulator(kind, workdir, project, attempt)
+        except PortTakenError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_emulator(kind: str, workdir: Path, project: str, attempt: int) -> tuple[Proc, str]:
     port = free_port()
     host = f"127.0.0.1:{port}"
     if kind == "firestore":
@@ -149,6 +172,11 @@ def start_emulator(kind: str, workdir: Path, project: str = "pitstop-local") -> 
     # An emulator outlives whatever Slurm cluster the caller pointed at: it takes none of its settings.
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["CLOUDSDK_CORE_DISABLE_PROMPTS"] = "1"
-    proc = Proc(f"{kind}-emulator", argv, workdir / f"{kind}-emulator.log", env).start()
-    wait_http(f"http://{host}/", proc)
+    log = workdir / (f"{kind}-emulator.log" if attempt == 0 else f"{kind}-emulator.{attempt}.log")
+    proc = Proc(f"{kind}-emulator", argv, log, env).start()
+    try:
+        wait_http(f"http://{host}/", proc)
+    except PortTakenError:
+        proc.stop()
+        raise
     return proc, host
