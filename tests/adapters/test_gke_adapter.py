@@ -435,6 +435,27 @@ def test_a_bare_pod_is_its_own_job(kube: FakeKube, sched: GkeCluster) -> None:
     assert kube.get("Pod", "notebook", "default")["metadata"].get("deletionTimestamp")  # type: ignore[index]
 
 
+def test_another_incidents_check_pod_on_the_node_is_not_one_of_its_jobs(
+    kube: FakeKube, sched: GkeCluster
+) -> None:
+    """A check of Pitstop's own (its namespace, its label) with its peer on this node is not a job
+    of the node's to fence or restart; the same label on a pod elsewhere is the pod's owner's."""
+    from pitstop.adapters.gke import CHECK_LABEL, CHECK_NAMESPACE
+
+    kube.create({"kind": "Namespace", "metadata": {"name": CHECK_NAMESPACE}})
+    labels = {CHECK_LABEL: "pitstop-iabcdefgh2-1-validate"}
+    for ns, name in ((CHECK_NAMESPACE, "pitstop-iabcdefgh2-1-validate-peer"), ("default", "mimic")):
+        kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": ns, "labels": labels},
+                "spec": {"containers": [{"name": "c", "image": "x"}], "nodeName": NODES[2]},
+            }
+        )
+    assert [j["id"] for j in sched.jobs_on(NODES[2], CTX)] == ["pod/default/mimic"]
+
+
 @pytest.mark.parametrize(
     "job",
     ["jobset/default", "jobset/Default/x", "cronjob/default/x", "pod/default/a/../b", "pod/default/x;y", ""],

@@ -256,6 +256,36 @@ def test_job_ids_are_strict_and_array_and_het_ids_reach_slurm() -> None:
             cmds.requeue({"job": bad})
 
 
+def test_another_incidents_check_job_on_the_node_is_not_one_of_its_jobs() -> None:
+    """Seen in the demo beside CI: a validation's NCCL check for one incident ran with its peer on a
+    node whose own (held) incident was then released; that fence listed the check job among the
+    node's jobs and its requeue was refused ("Requested operation is presently disabled": checks
+    are --no-requeue), so the incident failed with the node fenced. A job named as Pitstop names
+    checks and running in Pitstop's reservation of that name is Pitstop's own; a user job that only
+    takes the name is still the node's."""
+    check = "pitstop-iabcdefgh2-1-validate"
+    shown = {
+        "16": f"JobId=16 JobName={check} JobState=RUNNING Restarts=0 StartTime=2026-11-28T20:19:41 "
+        f"Reservation={check} NodeList=gpu-[0,4]",
+        "17": f"JobId=17 JobName={check} JobState=RUNNING Restarts=0 StartTime=2026-11-28T20:19:42 "
+        "Reservation=(null) NodeList=gpu-4",
+        "5": "JobId=5 JobName=train JobState=RUNNING Restarts=0 StartTime=2026-11-28T20:00:00 NodeList=gpu-4",
+    }
+
+    def answer(argv: list[str]) -> str:
+        if argv[0] == "squeue":
+            lines = [
+                f"16|RUNNING|root|2|gpu-[0,4]|{check}",
+                f"17|RUNNING|eve|1|gpu-4|{check}",
+                "5|RUNNING|a|1|gpu-4|x",
+            ]
+            return "\n".join(lines) + "\n"
+        return shown[argv[4]] if argv[:4] == ["scontrol", "show", "job", "-o"] else ""
+
+    cmds = SlurmCommands(Script(answer))
+    assert [j["id"] for j in cmds.jobs_on_node({"node": "gpu-4"})] == ["17", "5"]
+
+
 def test_jobs_carry_their_run_from_scontrol_show_job() -> None:
     shown = {
         "5": "JobId=5 JobName=train UserId=alice(1000) JobState=RUNNING Reason=None Restarts=2 "

@@ -56,6 +56,7 @@ from pitstop.adapters.gke.objects import (
     WAS_UNSCHEDULABLE,
     JobRef,
     attempt_of,
+    labels_of,
     live,
     meta_of,
     name_of,
@@ -195,6 +196,8 @@ class GkeCluster:
             raise ActuatorError(400, f"not a valid node name: {str(node)[:100]!r}", False)
         on_node: dict[JobRef, list[KubeObject]] = {}
         for pod in self.kube.pods_on(node):
+            if _own_check(pod):
+                continue  # another incident's check (a peer on this node): not the node's job to move
             owner = owner_ref(pod) if live(pod) else None
             if owner is not None:
                 on_node.setdefault(owner, []).append(pod)
@@ -411,6 +414,11 @@ class GkeScheduler:
         return CheckResult(
             bool(a.get("done")), dict(a.get("outputs") or {}), a.get("peer"), a.get("error"), a.get("note")
         )
+
+
+def _own_check(pod: KubeObject) -> bool:
+    """A check pod of Pitstop's own: in its namespace, with its check label (checks.py)."""
+    return meta_of(pod).get("namespace") == CHECK_NAMESPACE and CHECK_LABEL in labels_of(pod)
 
 
 def _job(doc: JobAnswer) -> JobInfo:

@@ -22,6 +22,7 @@ from pitstop.agent.slurm.text import (
     _need,
     _run_fields,
     job_leader,
+    own_check,
 )
 from pitstop.core.slurm_wire import JobOnNode, JobStateAnswer, RequeueAnswer, SignalAnswer
 
@@ -53,6 +54,9 @@ class JobCommands:
         for line in out.splitlines():
             parts = line.split("|", 5)
             if len(parts) == 6 and JOB.fullmatch(parts[0]):
+                kv = self.slurm.show_job(parts[0]) or {}
+                if own_check(parts[5], kv):
+                    continue  # another incident's check job (a peer on this node): not the node's to move
                 jobs.append(
                     {
                         "id": parts[0],
@@ -61,7 +65,7 @@ class JobCommands:
                         "nodes": int(parts[3] or 0),
                         "nodelist": parts[4],
                         "name": parts[5][:128],
-                        **_run_fields(self.slurm.show_job(parts[0]) or {}),
+                        **_run_fields(kv),
                     }
                 )
             elif line.strip():

@@ -149,6 +149,16 @@ class CheckNotReadyError(RuntimeError):
     """The node cannot take a check yet (not responding, still running jobs): a retry may."""
 
 
+CHECK_JOB = re.compile(r"pitstop-i[a-z2-7]{9}-[0-9]{1,6}-[a-z_]{1,32}")  # core/checks.check_name
+
+
+def own_check(name: str, kv: Mapping[str, str]) -> bool:
+    """A check job of Pitstop's own: named as core/checks names them and running in the reservation
+    of that name, which only Pitstop creates (checks.holder_argv). A requeue of it is refused
+    ("Requested operation is presently disabled": it is --no-requeue), and it is not the node's."""
+    return CHECK_JOB.fullmatch(name) is not None and kv.get("Reservation") == name
+
+
 def _need(args: Args, key: str, pattern: re.Pattern[str]) -> str:
     v = args.get(key)
     if not isinstance(v, str) or pattern.fullmatch(v) is None:
