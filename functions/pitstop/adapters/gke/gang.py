@@ -41,7 +41,7 @@ from pitstop.adapters.gke.objects import (
     text,
     valid_object_name,
 )
-from pitstop.adapters.gke.restart import WorkloadCycle
+from pitstop.adapters.gke.restart import WorkloadCycle, pods_where
 from pitstop.adapters.gke.shapes import CheckReport, GangResumed, GangStarted, KubeObject, SuspendPatch
 
 STOPPED_FOR = "pitstop.dev/stopped-for"  # job annotation: the step key of Pitstop's stop
@@ -261,7 +261,7 @@ def _strings(v: object) -> list[str]:
 
 
 def _held(jr: JobRef, pods: list[KubeObject], key: str) -> str:
-    where = ", ".join(f"{meta_of(p).get('name')} on {spec_of(p).get('nodeName')}" for p in pods[:4])
+    where = pods_where(pods)
     return (
         f"{jr.id}: pod {where} stuck Terminating past its grace period on a Ready node (its kubelet"
         f" cannot end it), so it is not force-deleted and its node cannot be checked. {jr.id} stays"

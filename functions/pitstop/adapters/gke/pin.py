@@ -55,7 +55,7 @@ from pitstop.adapters.gke.objects import (
     subs,
     text,
 )
-from pitstop.adapters.gke.restart import WorkloadCycle
+from pitstop.adapters.gke.restart import WorkloadCycle, pods_where
 from pitstop.adapters.gke.shapes import KubeObject, RequeueAnswer, SuspendPatch
 from pitstop.core import topology
 
@@ -135,7 +135,7 @@ class GangPin:
             return None
         if annotations_of(js).get(MOVED_FOR) == key:
             return self._finish(jr, target, key)  # a retry: this step suspended it (or resumed it)
-        why = self._skip(jr, js, seen)
+        why = self._skip(jr, target, js, seen)
         want = domain(self.kube.items("list nodes", self.kube.core.list_node), names) if why is None else {}
         why = why or (None if want else "the nodes share no block") or refusal(js, want)
         if why is not None:
@@ -155,7 +155,7 @@ class GangPin:
         target.patch({"spec": {"suspend": False}})
         return f"{jr.id}: resumed (suspended for {mark}'s move)"
 
-    def _skip(self, jr: JobRef, js: KubeObject, seen: int | None) -> str | None:
+    def _skip(self, jr: JobRef, target: Stoppable, js: KubeObject, seen: int | None) -> str | None:
         if text(annotations_of(js), OPT_OUT) == "off":
             return f"its owner annotated {OPT_OUT}: off"
         if labels_of(js).get(KUEUE_QUEUE_LABEL) or self.kube.workload(jr.namespace, meta_of(js).get("uid")):
@@ -164,12 +164,11 @@ class GangPin:
             return "it is suspended"
         if seen is not None and restarts_of(js) != seen:
             return "it restarted since the fault"
-        return self._budget(jr)
+        return self._budget(jr, target)
 
-    def _budget(self, jr: JobRef) -> str | None:
+    def _budget(self, jr: JobRef, target: Stoppable) -> str | None:
         """A suspend deletes pods without the Eviction API: a JobSet whose pods a PodDisruptionBudget
         covers is restarted through evictions instead, which honour it."""
-        target = self.jobsets(jr)
         pods = self.kube.items(f"list pods of {target.what}", self.kube.core.list_namespaced_pod,
                                jr.namespace, label_selector=target.pods)  # fmt: skip
         pdbs = self.kube.items(
@@ -223,7 +222,7 @@ class GangPin:
 
 def _held(jr: JobRef, key: str) -> Callable[[list[KubeObject]], str]:
     def message(pods: list[KubeObject]) -> str:
-        where = ", ".join(f"{meta_of(p).get('name')} on {spec_of(p).get('nodeName')}" for p in pods[:4])
+        where = pods_where(pods)
         return (
             f"{jr.id}: pod {where} stuck Terminating on a Ready node (its kubelet cannot end it), so"
             f" it is not force-deleted; {jr.id} stays suspended for {key}; closing the incident resumes it"

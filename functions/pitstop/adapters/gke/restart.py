@@ -281,8 +281,13 @@ def _deactivation(wl: KubeObject, key: str) -> WorkloadPatch:
     }
 
 
+def pods_where(pods: list[KubeObject]) -> str:
+    """The first pods held up, as a message names them (``pod on node``)."""
+    return ", ".join(f"{meta_of(p).get('name')} on {spec_of(p).get('nodeName')}" for p in pods[:4])
+
+
 def _stuck_message(ref: JobRef, name: str, pods: list[KubeObject]) -> str:
-    where = ", ".join(f"{meta_of(p).get('name')} on {spec_of(p).get('nodeName')}" for p in pods[:4])
+    where = pods_where(pods)
     phase = status_of(pods[0]).get("phase")
     return (
         f"{ref.id}: pod {where} stuck Terminating ({phase}) past its grace period on a Ready node: its "
